@@ -1,0 +1,60 @@
+# pulse — see README.md. Every target runs from a fresh clone; .ci/run installs
+# what a fresh machine lacks (protoc for `proto`/`verify`).
+GO        ?= go
+BIN       := bin
+TOOLS     := $(BIN)/tools
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/pulse-io/pulse/pkg/version.Version=$(VERSION)
+PKGS      := ./...
+FUZZTIME  ?= 20s
+
+.PHONY: all build run test bench fuzz lint fmt proto verify clean
+
+all: build
+
+build:
+	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
+	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
+
+# The local demo: an aggregator, a static-mode agent and four simulated vLLM
+# pods on loopback. Ctrl-C stops all of it.
+run: build
+	$(GO) run ./test/demo --bin=$(BIN)
+
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 $(PKGS)
+
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem -count=1 $(PKGS)
+
+# Each fuzz target runs for FUZZTIME.
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzExtract$$' -fuzztime=$(FUZZTIME) ./pkg/vllm
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
+
+lint:
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+proto:
+	$(GO) build -o $(TOOLS)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o $(TOOLS)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	protoc --plugin=protoc-gen-go=$(TOOLS)/protoc-gen-go \
+	  --plugin=protoc-gen-go-grpc=$(TOOLS)/protoc-gen-go-grpc \
+	  --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	  proto/pulse/v1/ingest.proto
+
+# Tidy modules, regenerate code, format: each must leave the tree unchanged.
+verify:
+	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+	$(MAKE) proto && git diff --exit-code proto/
+	$(MAKE) fmt && git diff --exit-code
+
+clean:
+	rm -rf $(BIN)

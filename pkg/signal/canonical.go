@@ -1,0 +1,169 @@
+package signal
+
+import "sort"
+
+// Rule says how a canonical metric is derived from raw values.
+type Rule uint8
+
+const (
+	// RuleGauge: the gauge's value; over a window, the mean of its samples.
+	RuleGauge Rule = iota + 1
+	// RuleRate: a counter's increase per second.
+	RuleRate
+	// RuleRatio: increase of one counter over increase of another
+	// (a hit rate, or a histogram's Δsum/Δcount: the interval mean).
+	RuleRatio
+)
+
+// Metric is a canonical metric: the names users write in trigger metadata and
+// see in the debug endpoint.
+type Metric struct {
+	Name string
+	Rule Rule
+	Num  ID // the gauge, the counter, or the ratio's numerator
+	Den  ID // the ratio's denominator
+}
+
+// Canonical lists every canonical metric, in documentation order.
+var Canonical = []Metric{
+	{Name: "waiting", Rule: RuleGauge, Num: Waiting},
+	{Name: "running", Rule: RuleGauge, Num: Running},
+	{Name: "swapped", Rule: RuleGauge, Num: Swapped},
+	{Name: "kvCacheUsage", Rule: RuleGauge, Num: KVCacheUsage},
+	{Name: "prefixCacheHitRate", Rule: RuleRatio, Num: PrefixHits, Den: PrefixQueries},
+	{Name: "promptTokensPerSecond", Rule: RuleRate, Num: PromptTokens},
+	{Name: "generationTokensPerSecond", Rule: RuleRate, Num: GenerationTokens},
+	{Name: "requestsPerSecond", Rule: RuleRate, Num: RequestSuccess},
+	{Name: "preemptionsPerSecond", Rule: RuleRate, Num: Preemptions},
+	{Name: "ttftSeconds", Rule: RuleRatio, Num: TTFTSum, Den: TTFTCount},
+	{Name: "queueTimeSeconds", Rule: RuleRatio, Num: QueueTimeSum, Den: QueueTimeCount},
+	{Name: "e2eLatencySeconds", Rule: RuleRatio, Num: E2ELatencySum, Den: E2ELatencyCount},
+	{Name: "itlSeconds", Rule: RuleRatio, Num: ITLSum, Den: ITLCount},
+	{Name: "gpuUtilization", Rule: RuleGauge, Num: GPUUtilization},
+	{Name: "gpuMemoryUsage", Rule: RuleGauge, Num: GPUMemoryUsage},
+}
+
+var byName = func() map[string]Metric {
+	m := make(map[string]Metric, len(Canonical))
+	for _, c := range Canonical {
+		m[c.Name] = c
+	}
+	return m
+}()
+
+// Lookup finds a canonical metric by name.
+func Lookup(name string) (Metric, bool) {
+	m, ok := byName[name]
+	return m, ok
+}
+
+// Names returns the canonical names, sorted.
+func Names() []string {
+	out := make([]string, 0, len(Canonical))
+	for _, c := range Canonical {
+		out = append(out, c.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Sample is a pod's raw values at a time (Unix milliseconds). In a series
+// handed to Eval, counters must be monotonic (see Monotonic).
+type Sample struct {
+	TimeMs int64
+	Values
+}
+
+// Eval derives m over a time-ordered series of samples: the mean of a gauge's
+// samples, or a rate or ratio between the first and the last sample that
+// carry the counters. ok is false when the series cannot give a value (the
+// metric is absent, a rate has fewer than two samples, a ratio's denominator
+// did not grow): an undefined value is never reported as 0.
+func (m Metric) Eval(series []Sample) (v float64, ok bool) {
+	switch m.Rule {
+	case RuleGauge:
+		var sum float64
+		n := 0
+		for i := range series {
+			if x, has := series[i].Get(m.Num); has {
+				sum += x
+				n++
+			}
+		}
+		if n == 0 {
+			return 0, false
+		}
+		return sum / float64(n), true
+	case RuleRate, RuleRatio:
+		first, last := -1, -1
+		for i := range series {
+			if series[i].Has(m.Num) && (m.Rule == RuleRate || series[i].Has(m.Den)) {
+				if first < 0 {
+					first = i
+				}
+				last = i
+			}
+		}
+		if first < 0 || first == last {
+			return 0, false
+		}
+		a, b := &series[first], &series[last]
+		if m.Rule == RuleRate {
+			dt := float64(b.TimeMs-a.TimeMs) / 1000
+			if dt <= 0 {
+				return 0, false
+			}
+			return (b.V[m.Num] - a.V[m.Num]) / dt, true
+		}
+		den := b.V[m.Den] - a.V[m.Den]
+		if den <= 0 {
+			return 0, false
+		}
+		return (b.V[m.Num] - a.V[m.Num]) / den, true
+	}
+	return 0, false
+}
+
+// Latest derives m from the end of a series: a gauge's last value, or a
+// rate or ratio over the last interval in which it is defined.
+func (m Metric) Latest(series []Sample) (float64, bool) {
+	if m.Rule == RuleGauge {
+		for i := len(series) - 1; i >= 0; i-- {
+			if x, ok := series[i].Get(m.Num); ok {
+				return x, true
+			}
+		}
+		return 0, false
+	}
+	// The shortest tail whose first and last samples give a value: with a
+	// ratio, an interval in which no request finished is skipped.
+	for start := len(series) - 2; start >= 0; start-- {
+		if v, ok := m.Eval(series[start:]); ok {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// Monotonic turns a pod's counters into monotonic series across resets: when
+// a counter goes down (the server restarted), the value before the reset is
+// added to every later value, as Prometheus' rate() does.
+type Monotonic struct {
+	last   Values
+	offset [NumIDs]float64
+}
+
+// Adjust rewrites the counters of v in place.
+func (m *Monotonic) Adjust(v *Values) {
+	for id := ID(1); id < NumIDs; id++ {
+		if id.Kind() != Counter || !v.Has(id) {
+			continue
+		}
+		raw := v.V[id]
+		if last, ok := m.last.Get(id); ok && raw < last {
+			m.offset[id] += last
+		}
+		m.last.Set(id, raw)
+		v.V[id] = raw + m.offset[id]
+	}
+}
