@@ -1,0 +1,284 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pulse-io/pulse/pkg/vllm"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// result is one scrape's outcome.
+type result struct {
+	uid     string
+	timeMs  int64
+	page    vllm.Page
+	missing pulsev1.MissingReason
+	err     string
+}
+
+// Agent scrapes targets and streams results to aggregators.
+type Agent struct {
+	opts      *Options
+	log       *slog.Logger
+	scraper   Scraper
+	extractor *vllm.Extractor
+	cat       *catalogue
+	streamers []*streamer
+	m         *agentMetrics
+	reg       *prometheus.Registry
+
+	inflightMu sync.Mutex
+	inflight   map[string]bool
+	lastTick   atomic.Int64 // Unix nanoseconds of the last scrape tick
+}
+
+// New wires an agent from validated options. The initial targets are set
+// with SetTargets (static mode does it in Run).
+func New(opts *Options, log *slog.Logger) (*Agent, error) {
+	var extras []vllm.ExtraMetric
+	for _, s := range opts.ExtraMetrics {
+		x, err := vllm.ParseExtraMetric(s)
+		if err != nil {
+			return nil, err
+		}
+		extras = append(extras, x)
+	}
+	ex, err := vllm.NewExtractor(extras)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	a := &Agent{
+		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg,
+		scraper:  newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent),
+		m:        newAgentMetrics(reg),
+		inflight: map[string]bool{},
+	}
+	for _, addr := range opts.Aggregators {
+		a.streamers = append(a.streamers, newStreamer(a, addr))
+	}
+	return a, nil
+}
+
+// SetTargets replaces the pods to scrape.
+func (a *Agent) SetTargets(ts []Target) {
+	a.cat.Set(ts)
+	a.m.targets.Set(float64(len(ts)))
+}
+
+// Run runs the agent until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.opts.StaticTargets != "" {
+		ts, err := LoadStaticTargets(a.opts.StaticTargets)
+		if err != nil {
+			return err
+		}
+		a.SetTargets(ts)
+		a.log.Info("static targets loaded", "targets", len(ts), "file", a.opts.StaticTargets)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.serveHTTP(ctx) })
+	g.Go(func() error { a.scrapeLoop(ctx); return nil })
+	for _, s := range a.streamers {
+		g.Go(func() error { s.run(ctx); return nil })
+	}
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// scrapeLoop starts, every interval, one scrape per ready target that is not
+// still in flight. Each scrape runs on its own with its own timeout, so a
+// slow pod delays no other pod's sample.
+func (a *Agent) scrapeLoop(ctx context.Context) {
+	sem := make(chan struct{}, a.opts.MaxConcurrent)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(a.opts.ScrapeInterval)
+	defer t.Stop()
+	// Jitter spreads a tick's scrapes over a tenth of the interval (at most
+	// 100ms), so that pods on a node are not all hit in the same instant.
+	jitter := min(a.opts.ScrapeInterval/10, 100*time.Millisecond)
+	for {
+		a.lastTick.Store(time.Now().UnixNano())
+		for _, tg := range a.cat.targets() {
+			if !tg.Ready || !a.startScrape(tg.UID) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer a.endScrape(tg.UID)
+				if !sleep(ctx, rand.N(jitter+1)) {
+					return
+				}
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				defer func() { <-sem }()
+				a.publish(a.scrapeOne(ctx, tg))
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) startScrape(uid string) bool {
+	a.inflightMu.Lock()
+	defer a.inflightMu.Unlock()
+	if a.inflight[uid] {
+		a.m.skipped.Inc()
+		return false
+	}
+	a.inflight[uid] = true
+	return true
+}
+
+func (a *Agent) endScrape(uid string) {
+	a.inflightMu.Lock()
+	delete(a.inflight, uid)
+	a.inflightMu.Unlock()
+}
+
+func (a *Agent) scrapeOne(ctx context.Context, tg Target) result {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+	defer cancel()
+	page, err := a.scraper.Scrape(sctx, tg.URL)
+	a.m.duration.Observe(time.Since(start).Seconds())
+	r := result{uid: tg.UID, timeMs: start.UnixMilli(), page: page}
+	if err != nil {
+		var se *ScrapeError
+		r.missing = pulsev1.MissingReason_MISSING_REASON_PARSE
+		if errors.As(err, &se) {
+			r.missing = se.Reason
+		}
+		r.err = err.Error()
+		if len(r.err) > 200 {
+			r.err = r.err[:200]
+		}
+		reason := wire.ReasonName(r.missing)
+		a.m.errors.WithLabelValues(reason).Inc()
+		a.log.Debug("scrape failed", "pod", tg.Namespace+"/"+tg.Pod, "reason", reason, "err", err)
+	}
+	return r
+}
+
+// publish hands a result to every stream; a newer result of the same pod
+// replaces one not yet sent (its values are cumulative, so none is lost).
+func (a *Agent) publish(r result) {
+	for _, s := range a.streamers {
+		s.offer(r)
+	}
+}
+
+func (a *Agent) serveHTTP(ctx context.Context) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		// The scrape loop ticks every interval; 1.5 intervals without a
+		// tick means it is stuck.
+		if age := time.Since(time.Unix(0, a.lastTick.Load())); age > a.opts.ScrapeInterval*3/2+time.Second {
+			http.Error(w, fmt.Sprintf("scrape loop stalled for %s", age), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if a.lastTick.Load() == 0 {
+			http.Error(w, "scrape loop not started", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	ln, err := net.Listen("tcp", a.opts.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	a.log.Info("agent http listening", "addr", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve http: %w", err)
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+type agentMetrics struct {
+	duration  prometheus.Histogram
+	errors    *prometheus.CounterVec
+	targets   prometheus.Gauge
+	skipped   prometheus.Counter
+	connected *prometheus.GaugeVec
+	batches   *prometheus.CounterVec
+	bytes     *prometheus.CounterVec
+	acked     *prometheus.GaugeVec
+}
+
+func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
+	m := &agentMetrics{
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "pulse_agent_scrape_duration_seconds", Help: "Duration of one pod scrape, successful or not.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pulse_agent_scrape_errors_total", Help: "Failed scrapes by reason."}, []string{"reason"}),
+		targets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pulse_agent_targets", Help: "Pods this agent knows of."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_agent_scrapes_skipped_total", Help: "Scrapes not started because the previous one of the pod was still in flight."}),
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pulse_agent_aggregator_connected", Help: "1 while a stream to the aggregator is open."}, []string{"aggregator"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pulse_agent_batches_sent_total", Help: "Sample batches sent."}, []string{"aggregator"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pulse_agent_batch_bytes_sent_total", Help: "Encoded bytes of the sample batches sent."}, []string{"aggregator"}),
+		acked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pulse_agent_acked_batch_seq", Help: "Sequence number of the last batch the aggregator acknowledged on the current stream."}, []string{"aggregator"}),
+	}
+	for _, r := range []pulsev1.MissingReason{1, 2, 3, 4, 5, 6} {
+		m.errors.WithLabelValues(wire.ReasonName(r))
+	}
+	reg.MustRegister(m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
+	return m
+}

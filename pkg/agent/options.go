@@ -1,0 +1,127 @@
+// Package agent is pulse's node agent: it scrapes the vLLM pods of its node
+// every interval and streams their values to every aggregator replica.
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/vllm"
+)
+
+// Options are the agent's flags.
+type Options struct {
+	StaticTargets       string
+	Aggregators         stringList
+	NodeName            string
+	ScrapeInterval      time.Duration
+	ScrapeTimeout       time.Duration
+	MaxConcurrent       int
+	MaxPageBytes        int64
+	ExtraMetrics        stringList
+	BatchDelay          time.Duration
+	ReconnectMaxBackoff time.Duration
+	HTTPAddr            string
+	LogFormat           string
+	LogLevel            string
+}
+
+// NewOptions returns the defaults. NODE_NAME (downward API) names the node.
+func NewOptions() *Options {
+	node := os.Getenv("NODE_NAME")
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	return &Options{
+		NodeName:            node,
+		ScrapeInterval:      time.Second,
+		MaxConcurrent:       64,
+		MaxPageBytes:        8 << 20,
+		BatchDelay:          20 * time.Millisecond,
+		ReconnectMaxBackoff: 5 * time.Second,
+		HTTPAddr:            ":8081",
+		LogFormat:           "json",
+		LogLevel:            "info",
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.StaticTargets, "static-targets", o.StaticTargets, "YAML file listing the pods to scrape (static mode, no Kubernetes)")
+	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port; repeatable or comma-separated")
+	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name (default $NODE_NAME, else the hostname)")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped")
+	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
+	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
+	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large)")
+	fs.Var(&o.ExtraMetrics, "extra-metric", "forward a gauge by its raw name, NAME[:sum|mean|max] (default sum over series); repeatable")
+	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")
+	fs.DurationVar(&o.ReconnectMaxBackoff, "reconnect-max-backoff", o.ReconnectMaxBackoff, "longest wait between reconnects to an aggregator")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
+	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
+}
+
+// Validate reports every problem of the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.StaticTargets == "" {
+		errs = append(errs, errors.New("--static-targets is required (Kubernetes discovery is not built in this version)"))
+	}
+	if len(o.Aggregators) == 0 {
+		errs = append(errs, errors.New("--aggregator is required"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("--node-name is empty and $NODE_NAME is not set"))
+	}
+	if o.ScrapeInterval < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--scrape-interval %s is below 100ms", o.ScrapeInterval))
+	}
+	if o.ScrapeTimeout < 0 || o.ScrapeTimeout > o.ScrapeInterval {
+		errs = append(errs, fmt.Errorf("--scrape-timeout %s must be between 0 and --scrape-interval", o.ScrapeTimeout))
+	}
+	if o.MaxConcurrent < 1 {
+		errs = append(errs, errors.New("--max-concurrent-scrapes must be at least 1"))
+	}
+	if o.MaxPageBytes < 1024 {
+		errs = append(errs, errors.New("--max-page-bytes must be at least 1024"))
+	}
+	if o.BatchDelay < 0 || o.BatchDelay >= o.ScrapeInterval {
+		errs = append(errs, errors.New("--batch-delay must be between 0 and --scrape-interval"))
+	}
+	for _, e := range o.ExtraMetrics {
+		if _, err := vllm.ParseExtraMetric(e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.LogFormat != "json" && o.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", o.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// timeout is the effective per-scrape timeout.
+func (o *Options) timeout() time.Duration {
+	if o.ScrapeTimeout > 0 {
+		return o.ScrapeTimeout
+	}
+	return o.ScrapeInterval * 8 / 10
+}
+
+// stringList is a repeatable, comma-separated flag.
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+
+func (s *stringList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*s = append(*s, p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/vllm"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Scraper reads one target's page.
+type Scraper interface {
+	Scrape(ctx context.Context, url string) (vllm.Page, error)
+}
+
+// ScrapeError is a failed scrape with its reason.
+type ScrapeError struct {
+	Reason pulsev1.MissingReason
+	Err    error
+}
+
+func (e *ScrapeError) Error() string { return e.Err.Error() }
+func (e *ScrapeError) Unwrap() error { return e.Err }
+
+// acceptHeader asks for the text format first and OpenMetrics second: pulse
+// reads both (see pkg/vllm), and the text format is the smaller page.
+const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5"
+
+// httpScraper fetches pages over HTTP with keep-alive connections.
+type httpScraper struct {
+	client    *http.Client
+	extractor *vllm.Extractor
+	maxBytes  int64
+}
+
+var _ Scraper = (*httpScraper)(nil)
+
+func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int) *httpScraper {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = maxConns
+	tr.MaxIdleConnsPerHost = 2
+	tr.IdleConnTimeout = 90 * time.Second
+	return &httpScraper{client: &http.Client{Transport: tr}, extractor: ex, maxBytes: maxBytes}
+}
+
+// Scrape fetches and extracts one page. Its error is a *ScrapeError.
+func (s *httpScraper) Scrape(ctx context.Context, url string) (vllm.Page, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
+	}
+	req.Header.Set("Accept", acceptHeader)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return vllm.Page{}, classify(ctx, url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, fmt.Errorf("scrape %s: HTTP %s", url, resp.Status)}
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		mt, _, _ := mime.ParseMediaType(ct)
+		if mt != "text/plain" && mt != "application/openmetrics-text" {
+			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content type %q is neither Prometheus text nor OpenMetrics", url, ct)}
+		}
+	}
+	// The transport undoes gzip; the cap applies to the page as parsed.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, s.maxBytes+1))
+	if err != nil {
+		return vllm.Page{}, classify(ctx, url, err)
+	}
+	if int64(len(body)) > s.maxBytes {
+		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
+	}
+	page, err := s.extractor.Extract(body)
+	switch {
+	case errors.Is(err, vllm.ErrNotVLLM):
+		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}
+	case err != nil:
+		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: %w", url, err)}
+	}
+	return page, nil
+}
+
+func classify(ctx context.Context, url string, err error) error {
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out: %w", url, err)}
+	}
+	return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
+}

@@ -1,0 +1,252 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/pulse-io/pulse/pkg/version"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// instance tells aggregators that this process's pod ids are new.
+var instance = func() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}()
+
+// ClientKeepalive pings an idle stream every 20s; the aggregator permits
+// pings every 10s (see pkg/aggregator).
+var ClientKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}
+
+// streamer keeps one stream open to one aggregator address and sends it the
+// catalogue and the samples.
+type streamer struct {
+	agent *Agent
+	addr  string
+
+	mu      sync.Mutex
+	pending map[string]result // by uid: the newest result not yet sent
+	wake    chan struct{}
+}
+
+func newStreamer(a *Agent, addr string) *streamer {
+	return &streamer{agent: a, addr: addr, pending: map[string]result{}, wake: make(chan struct{}, 1)}
+}
+
+func (s *streamer) offer(r result) {
+	s.mu.Lock()
+	s.pending[r.uid] = r
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *streamer) take() map[string]result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.pending
+	s.pending = make(map[string]result, len(out))
+	return out
+}
+
+// run keeps a stream open until ctx ends, reconnecting with jittered
+// exponential backoff.
+func (s *streamer) run(ctx context.Context) {
+	log := s.agent.log.With("aggregator", s.addr)
+	conn, err := grpc.NewClient(s.addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(ClientKeepalive),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
+			MinConnectTimeout: 2 * time.Second}))
+	if err != nil {
+		log.Error("aggregator address is not usable", "err", err)
+		return
+	}
+	defer conn.Close()
+	client := pulsev1.NewIngestClient(conn)
+	delay := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := s.session(ctx, client)
+		s.agent.m.connected.WithLabelValues(s.addr).Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("aggregator stream ended; reconnecting", "err", err)
+		if time.Since(start) > 10*time.Second {
+			delay = 100 * time.Millisecond // it was healthy for a while
+		}
+		// Full jitter: a fleet of agents does not reconnect in lockstep.
+		if !sleep(ctx, time.Duration(mrand.Int64N(int64(delay))+1)) {
+			return
+		}
+		delay = min(delay*2, s.agent.opts.ReconnectMaxBackoff)
+	}
+}
+
+// session runs one stream until it fails or ctx ends.
+func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stream, err := client.Report(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("open stream: %w", err)
+	}
+	names := make([]string, 0, len(s.agent.extractor.Extras()))
+	for _, x := range s.agent.extractor.Extras() {
+		names = append(names, x.Name)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: s.agent.opts.NodeName, AgentVersion: version.Version, AgentInstance: instance,
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names}}}); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	welcome, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("receive welcome: %w", err)
+	}
+	if welcome.GetWelcome() == nil {
+		return errors.New("aggregator did not answer the hello with a welcome")
+	}
+	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
+	s.agent.log.Info("aggregator stream open", "aggregator", s.addr, "aggregatorVersion", welcome.GetWelcome().AggregatorVersion)
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				cancel(fmt.Errorf("receive: %w", err))
+				return
+			}
+			if ack := msg.GetAck(); ack != nil {
+				s.agent.m.acked.WithLabelValues(s.addr).Set(float64(ack.Seq))
+			}
+		}
+	}()
+
+	enc := wire.NewEncoder()
+	sent := map[uint32]Target{}
+	var sentVersion uint64
+	first := true
+	var seq uint64
+	for {
+		version, current, changed := s.agent.cat.snapshot()
+		if first || version != sentVersion {
+			c := diffCatalogue(sent, current, first)
+			for _, id := range c.Remove {
+				enc.Forget(id)
+			}
+			for _, p := range c.Upsert {
+				if old, ok := sent[p.Id]; ok && old.UID != p.Uid {
+					enc.Forget(p.Id)
+				}
+			}
+			if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: c}}); err != nil {
+				return fmt.Errorf("send catalogue: %w", err)
+			}
+			sent, sentVersion, first = current, version, false
+		}
+		if batch := s.batch(sent, enc); batch != nil {
+			seq++
+			batch.Seq = seq
+			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
+			if err := stream.Send(msg); err != nil {
+				return fmt.Errorf("send batch: %w", err)
+			}
+			s.agent.m.batches.WithLabelValues(s.addr).Inc()
+			s.agent.m.bytes.WithLabelValues(s.addr).Add(float64(proto.Size(msg)))
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-changed:
+		case <-s.wake:
+			// Gather what the other scrapes of this tick bring.
+			if !sleep(ctx, s.agent.opts.BatchDelay) {
+				return context.Cause(ctx)
+			}
+		}
+	}
+}
+
+// batch encodes the pending results of pods in the sent catalogue.
+func (s *streamer) batch(sent map[uint32]Target, enc *wire.Encoder) *pulsev1.SampleBatch {
+	pending := s.take()
+	if len(pending) == 0 {
+		return nil
+	}
+	ids := make(map[string]uint32, len(sent))
+	for id, t := range sent {
+		ids[t.UID] = id
+	}
+	results := make([]result, 0, len(pending))
+	for _, r := range pending {
+		if _, ok := ids[r.uid]; ok {
+			results = append(results, r)
+		}
+	}
+	if len(results) == 0 {
+		return nil
+	}
+	sort.Slice(results, func(i, j int) bool { return results[i].timeMs < results[j].timeMs })
+	b := &pulsev1.SampleBatch{TimeUnixMs: results[0].timeMs, Samples: make([]*pulsev1.PodSample, 0, len(results))}
+	for _, r := range results {
+		ps := &pulsev1.PodSample{Pod: ids[r.uid], OffsetMs: int32(r.timeMs - b.TimeUnixMs)}
+		if r.missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+			ps.Missing, ps.Error = r.missing, r.err
+		} else {
+			enc.Encode(ps.Pod, &r.page.Values, ps)
+			for _, x := range r.page.Extra {
+				if !math.IsNaN(x) {
+					ps.Extra = r.page.Extra
+					break
+				}
+			}
+		}
+		b.Samples = append(b.Samples, ps)
+	}
+	return b
+}
+
+// diffCatalogue is the catalogue message that turns sent into current.
+func diffCatalogue(sent, current map[uint32]Target, full bool) *pulsev1.Catalogue {
+	c := &pulsev1.Catalogue{Full: full}
+	for id, old := range sent {
+		if t, ok := current[id]; !ok || t.UID != old.UID {
+			c.Remove = append(c.Remove, id)
+		}
+	}
+	for id, t := range current {
+		if old, ok := sent[id]; full || !ok || !old.equal(t) {
+			p := &pulsev1.Pod{Id: id, Uid: t.UID, Namespace: t.Namespace, Name: t.Pod, Ready: t.Ready}
+			for _, w := range t.Workloads {
+				p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: w.Kind, Name: w.Name})
+			}
+			c.Upsert = append(c.Upsert, p)
+		}
+	}
+	if full {
+		c.Remove = nil
+	}
+	sort.Slice(c.Upsert, func(i, j int) bool { return c.Upsert[i].Id < c.Upsert[j].Id })
+	sort.Slice(c.Remove, func(i, j int) bool { return c.Remove[i] < c.Remove[j] })
+	return c
+}

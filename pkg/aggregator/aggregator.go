@@ -1,0 +1,182 @@
+// Package aggregator wires pulse's aggregator: the agents' ingest stream
+// server, the store, the KEDA external-push scaler and the HTTP endpoints.
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/version"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Options are the aggregator's flags.
+type Options struct {
+	IngestAddr       string
+	ScalerAddr       string
+	HTTPAddr         string
+	MaxWindow        time.Duration
+	FreshFor         time.Duration
+	MaxPodsPerAgent  int
+	ShutdownTimeout  time.Duration
+	LogFormat        string
+	LogLevel         string
+	MaxSamplesPerPod int
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080",
+		MaxWindow: time.Minute, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024,
+		ShutdownTimeout: 5 * time.Second, LogFormat: "json", LogLevel: "info", MaxSamplesPerPod: 128,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
+	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /debug/workloads, /metrics, /livez and /readyz")
+	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "samples kept per pod, and the longest trigger window allowed")
+	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
+	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
+	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
+	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
+}
+
+// Validate reports every problem of the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.MaxWindow < time.Second {
+		errs = append(errs, errors.New("--max-window must be at least 1s"))
+	}
+	if o.FreshFor <= 0 {
+		errs = append(errs, errors.New("--fresh-for must be above 0"))
+	}
+	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 {
+		errs = append(errs, errors.New("--max-pods-per-agent must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if o.LogFormat != "json" && o.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", o.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// ServerKeepalive accepts KEDA's and the agents' keepalive pings.
+var (
+	ServerKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	ServerPolicy    = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
+)
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	st := store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(st.Pods()) }))
+
+	ingestLn, err := net.Listen("tcp", o.IngestAddr)
+	if err != nil {
+		return fmt.Errorf("listen on ingest address %s: %w", o.IngestAddr, err)
+	}
+	scalerLn, err := net.Listen("tcp", o.ScalerAddr)
+	if err != nil {
+		ingestLn.Close()
+		return fmt.Errorf("listen on scaler address %s: %w", o.ScalerAddr, err)
+	}
+	httpLn, err := net.Listen("tcp", o.HTTPAddr)
+	if err != nil {
+		ingestLn.Close()
+		scalerLn.Close()
+		return fmt.Errorf("listen on http address %s: %w", o.HTTPAddr, err)
+	}
+
+	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
+	ingestSrv := grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
+	pulsev1.RegisterIngestServer(ingestSrv, ingest.New(st, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
+
+	scalerSrv := grpc.NewServer(grpcOpts...)
+	sc := scaler.New(st, o.MaxWindow)
+	externalscaler.RegisterExternalScalerServer(scalerSrv, sc)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(scalerSrv, hs)
+	healthpb.RegisterHealthServer(ingestSrv, hs)
+
+	mux := http.NewServeMux()
+	(&debug.Handler{Store: st, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}).Register(mux)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	log.Info("aggregator listening", "ingest", ingestLn.Addr().String(), "scaler", scalerLn.Addr().String(),
+		"http", httpLn.Addr().String(), "version", version.Version)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveGRPC(ingestSrv, ingestLn, "ingest") })
+	g.Go(func() error { return serveGRPC(scalerSrv, scalerLn, "scaler") })
+	g.Go(func() error {
+		if err := httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		hs.Shutdown()
+		// KEDA's streams end with EOF first, so KEDA reconnects in 2s.
+		sc.Shutdown()
+		stopGracefully(scalerSrv, o.ShutdownTimeout)
+		stopGracefully(ingestSrv, o.ShutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+		defer cancel()
+		return httpSrv.Shutdown(sctx)
+	})
+	err = g.Wait()
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return nil
+	}
+	return err
+}
+
+func serveGRPC(s *grpc.Server, ln net.Listener, what string) error {
+	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve %s: %w", what, err)
+	}
+	return nil
+}
+
+// stopGracefully waits up to timeout for RPCs to end, then cuts them.
+func stopGracefully(s *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		s.Stop()
+		<-done
+	}
+}

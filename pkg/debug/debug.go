@@ -1,0 +1,164 @@
+// Package debug serves the aggregator's read-only view of its state:
+//
+//	GET /debug/workloads                     every workload
+//	GET /debug/workloads/{namespace}/{name}  one workload (every kind of that name)
+//
+// as JSON, or as a table with ?format=table or Accept: text/plain.
+// ?window=10s averages gauges and takes rates over that window instead of
+// showing each pod's latest values.
+package debug
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// Handler serves the debug endpoints from a store.
+type Handler struct {
+	Store *store.Store
+	// FreshFor is how recent a pod's last sample must be to count as fresh.
+	FreshFor time.Duration
+	// MaxWindow bounds ?window.
+	MaxWindow time.Duration
+}
+
+// Register adds the endpoints to mux.
+func (h *Handler) Register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/workloads", h.serve)
+	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.serve)
+}
+
+// Document is the JSON answer.
+type Document struct {
+	Workloads []Workload `json:"workloads"`
+}
+
+// Workload is one workload in the JSON answer.
+type Workload struct {
+	Namespace string             `json:"namespace"`
+	Kind      string             `json:"kind"`
+	Name      string             `json:"name"`
+	Pods      []Pod              `json:"pods"`
+	Averages  map[string]float64 `json:"averages"`
+}
+
+// Pod is one pod in the JSON answer.
+type Pod struct {
+	Name       string             `json:"name"`
+	Ready      bool               `json:"ready"`
+	Fresh      bool               `json:"fresh"`
+	AgeSeconds *float64           `json:"ageSeconds"` // null: never reported
+	Missing    string             `json:"missing,omitempty"`
+	Error      string             `json:"error,omitempty"`
+	Values     map[string]float64 `json:"values"`
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
+	var window time.Duration
+	if s := r.URL.Query().Get("window"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 || (h.MaxWindow > 0 && d > h.MaxWindow) {
+			http.Error(w, fmt.Sprintf("window %q: want a duration between 0 and %s", s, h.MaxWindow), http.StatusBadRequest)
+			return
+		}
+		window = d
+	}
+	opts := store.ViewOptions{Window: window, FreshFor: h.FreshFor}
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	if name != "" {
+		opts.Match = func(k store.Key) bool { return k.Namespace == ns && k.Name == name }
+	}
+	doc := Document{Workloads: []Workload{}}
+	for _, v := range h.Store.View(opts) {
+		doc.Workloads = append(doc.Workloads, toWorkload(v))
+	}
+	if name != "" && len(doc.Workloads) == 0 {
+		http.Error(w, fmt.Sprintf("no workload %s/%s", ns, name), http.StatusNotFound)
+		return
+	}
+	if r.URL.Query().Get("format") == "table" || strings.HasPrefix(r.Header.Get("Accept"), "text/plain") {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		writeTable(w, doc)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(doc)
+}
+
+func toWorkload(v store.WorkloadView) Workload {
+	out := Workload{Namespace: v.Namespace, Kind: v.Kind, Name: v.Name, Averages: clean(v.Averages), Pods: []Pod{}}
+	for _, p := range v.Pods {
+		pod := Pod{Name: p.Name, Ready: p.Ready, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
+		if p.Age >= 0 {
+			age := math.Round(p.Age.Seconds()*1000) / 1000
+			pod.AgeSeconds = &age
+		}
+		out.Pods = append(out.Pods, pod)
+	}
+	return out
+}
+
+// clean drops values JSON cannot carry.
+func clean(m map[string]float64) map[string]float64 {
+	for k, v := range m {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			delete(m, k)
+		}
+	}
+	return m
+}
+
+// tableMetrics are the columns of the table, when present.
+var tableMetrics = []string{"waiting", "running", "kvCacheUsage", "requestsPerSecond", "generationTokensPerSecond", "ttftSeconds", "gpuUtilization"}
+
+func writeTable(w http.ResponseWriter, doc Document) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "WORKLOAD\tPOD\tSTATE\tAGE")
+	for _, m := range tableMetrics {
+		fmt.Fprintf(tw, "\t%s", m)
+	}
+	fmt.Fprintln(tw)
+	for _, wl := range doc.Workloads {
+		id := wl.Namespace + "/" + wl.Name + " (" + wl.Kind + ")"
+		for _, p := range wl.Pods {
+			state := "fresh"
+			switch {
+			case !p.Ready:
+				state = "not-ready"
+			case p.Missing != "":
+				state = "missing:" + p.Missing
+			case !p.Fresh:
+				state = "stale"
+			}
+			age := "-"
+			if p.AgeSeconds != nil {
+				age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, p.Name, state, age)
+			writeValues(tw, p.Values)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t\t", id, "= average")
+		writeValues(tw, wl.Averages)
+	}
+	_ = tw.Flush()
+}
+
+func writeValues(tw *tabwriter.Writer, vals map[string]float64) {
+	for _, m := range tableMetrics {
+		if v, ok := vals[m]; ok {
+			fmt.Fprintf(tw, "\t%.4g", v)
+		} else {
+			fmt.Fprint(tw, "\t-")
+		}
+	}
+	fmt.Fprintln(tw)
+}

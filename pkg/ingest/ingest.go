@@ -1,0 +1,228 @@
+// Package ingest serves the agents' streams (pulse.v1.Ingest) and feeds the
+// store. Every stream is independent: a bad message fails only its stream.
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Limits bound what one stream may send.
+type Limits struct {
+	MaxPodsPerStream int
+	MaxExtraMetrics  int
+}
+
+// Server implements pulsev1.IngestServer.
+type Server struct {
+	pulsev1.UnimplementedIngestServer
+	store   *store.Store
+	log     *slog.Logger
+	version string
+	limits  Limits
+	m       metrics
+}
+
+var _ pulsev1.IngestServer = (*Server)(nil)
+
+type metrics struct {
+	streams  prometheus.Gauge
+	samples  *prometheus.CounterVec
+	rejected *prometheus.CounterVec
+}
+
+// New returns a Server that writes to st and registers its metrics on reg.
+func New(st *store.Store, log *slog.Logger, version string, limits Limits, reg prometheus.Registerer) *Server {
+	if limits.MaxPodsPerStream <= 0 {
+		limits.MaxPodsPerStream = 1024
+	}
+	if limits.MaxExtraMetrics <= 0 {
+		limits.MaxExtraMetrics = 32
+	}
+	s := &Server{store: st, log: log, version: version, limits: limits, m: metrics{
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pulse_aggregator_agent_streams", Help: "Agent streams open now."}),
+		samples: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pulse_aggregator_pod_samples_total", Help: "Pod samples received, by outcome (ok or missing)."},
+			[]string{"outcome"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pulse_aggregator_rejected_reports_total", Help: "Reports rejected, by reason."},
+			[]string{"reason"}),
+	}}
+	reg.MustRegister(s.m.streams, s.m.samples, s.m.rejected)
+	return s
+}
+
+var kinds = map[pulsev1.WorkloadKind]string{
+	pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE:         store.KindWorkspace,
+	pulsev1.WorkloadKind_WORKLOAD_KIND_INFERENCE_SET:     store.KindInferenceSet,
+	pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT:        store.KindDeployment,
+	pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET:      store.KindStatefulSet,
+	pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET: store.KindLeaderWorkerSet,
+	pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM:            store.KindWorkload,
+}
+
+// Report serves one agent stream.
+func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
+	}
+	if hello.ProtocolVersion != pulsev1.ProtocolVersion_PROTOCOL_VERSION_1 {
+		return status.Errorf(codes.FailedPrecondition, "protocol version %v is not supported", hello.ProtocolVersion)
+	}
+	if hello.Node == "" {
+		return status.Error(codes.InvalidArgument, "hello names no node")
+	}
+	if len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics {
+		return status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
+	}
+	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{
+		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
+		return err
+	}
+	log := s.log.With("node", hello.Node, "agent", hello.AgentVersion)
+	log.Info("agent stream opened")
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, dec: wire.NewDecoder()}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			log.Info("agent stream closed")
+			return nil
+		}
+		if err != nil {
+			log.Info("agent stream ended", "err", err)
+			return err
+		}
+		switch m := msg.Msg.(type) {
+		case *pulsev1.AgentMessage_Catalogue:
+			if err := st.catalogue(m.Catalogue); err != nil {
+				s.m.rejected.WithLabelValues("catalogue").Inc()
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
+		case *pulsev1.AgentMessage_Batch:
+			st.batch(m.Batch)
+			if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.Batch.Seq}}}); err != nil {
+				return err
+			}
+		default:
+			s.m.rejected.WithLabelValues("message").Inc()
+			return status.Error(codes.InvalidArgument, "unexpected message after hello")
+		}
+	}
+}
+
+// streamState is what one stream has established.
+type streamState struct {
+	srv   *Server
+	hello *pulsev1.Hello
+	ids   map[uint32]string // pod id → uid
+	dec   *wire.Decoder
+}
+
+func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
+	if c.Full {
+		for id := range st.ids {
+			st.dec.Forget(id)
+		}
+		clear(st.ids)
+	}
+	var removed []string
+	for _, id := range c.Remove {
+		if uid, ok := st.ids[id]; ok {
+			removed = append(removed, uid)
+			delete(st.ids, id)
+			st.dec.Forget(id)
+		}
+	}
+	infos := make([]store.PodInfo, 0, len(c.Upsert))
+	for _, p := range c.Upsert {
+		if p.Uid == "" || p.Namespace == "" || p.Name == "" {
+			return fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
+		}
+		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
+			st.dec.Forget(p.Id)
+			removed = append(removed, old)
+		}
+		st.ids[p.Id] = p.Uid
+		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready}
+		for _, w := range p.Workloads {
+			kind, ok := kinds[w.Kind]
+			if !ok || w.Name == "" {
+				return fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
+			}
+			info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
+		}
+		infos = append(infos, info)
+	}
+	if len(st.ids) > st.srv.limits.MaxPodsPerStream {
+		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", len(st.ids), st.srv.limits.MaxPodsPerStream)
+	}
+	if len(removed) > 0 {
+		st.srv.store.Remove(removed...)
+	}
+	st.srv.store.Upsert(st.hello.Node, st.hello.ExtraMetrics, infos, c.Full)
+	return nil
+}
+
+func (st *streamState) batch(b *pulsev1.SampleBatch) {
+	reports := make([]store.Report, 0, len(b.Samples))
+	for _, ps := range b.Samples {
+		uid, ok := st.ids[ps.Pod]
+		if !ok {
+			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
+			continue
+		}
+		r := store.Report{UID: uid}
+		r.TimeMs = b.TimeUnixMs + int64(ps.OffsetMs)
+		if ps.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+			r.Missing = wire.ReasonName(ps.Missing)
+			r.Error = ps.Error
+			st.srv.m.samples.WithLabelValues("missing").Inc()
+			reports = append(reports, r)
+			continue
+		}
+		v, err := st.dec.Decode(ps)
+		if err != nil {
+			st.srv.m.rejected.WithLabelValues("malformed_sample").Inc()
+			continue
+		}
+		if len(ps.Extra) > 0 {
+			if len(ps.Extra) != len(st.hello.ExtraMetrics) {
+				st.srv.m.rejected.WithLabelValues("malformed_sample").Inc()
+				continue
+			}
+			r.Extra = make([]float64, len(ps.Extra))
+			for i, x := range ps.Extra {
+				if math.IsInf(x, 0) {
+					x = math.NaN()
+				}
+				r.Extra[i] = x
+			}
+		}
+		r.Values = v
+		st.srv.m.samples.WithLabelValues("ok").Inc()
+		reports = append(reports, r)
+	}
+	if dropped := st.srv.store.Add(reports); dropped > 0 {
+		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
+	}
+}

@@ -1,0 +1,251 @@
+// Package store holds the aggregator's state: per pod, a short series of raw
+// samples (counters made monotonic across resets); per workload, the set of
+// its pods. Canonical values are derived on read, over any window up to the
+// retention, so every reader (debug endpoint, every KEDA trigger with its own
+// window) sees one consistent state.
+package store
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+)
+
+// Workload kinds as they appear in keys, the debug endpoint and metadata.
+const (
+	KindWorkspace       = "Workspace"
+	KindInferenceSet    = "InferenceSet"
+	KindDeployment      = "Deployment"
+	KindStatefulSet     = "StatefulSet"
+	KindLeaderWorkerSet = "LeaderWorkerSet"
+	KindWorkload        = "Workload" // a pulse.io/workload override or a static target's workload
+)
+
+// Key names a workload.
+type Key struct{ Namespace, Kind, Name string }
+
+// PodInfo is a catalogue entry as the aggregator keeps it.
+type PodInfo struct {
+	UID, Namespace, Name string
+	Workloads            []Key
+	Ready                bool
+}
+
+// Sample is one report of a pod: its values, or why it has none.
+type Sample struct {
+	TimeMs  int64
+	Values  signal.Values
+	Extra   []float64 // aligned with the reporting stream's extra names; NaN absent
+	Missing string    // empty when the scrape succeeded; else the reason
+	Error   string
+}
+
+// Options bound the store.
+type Options struct {
+	// Retention is the longest window a reader may ask for.
+	Retention time.Duration
+	// MaxSamples caps the samples kept per pod.
+	MaxSamples int
+}
+
+// Store is safe for concurrent use.
+type Store struct {
+	opts Options
+
+	mu        sync.RWMutex
+	pods      map[string]*pod // by uid
+	workloads map[Key]map[string]*pod
+	changed   chan struct{}
+	now       func() time.Time
+}
+
+type pod struct {
+	PodInfo
+	source     string // the stream that reports it (node/instance)
+	extraNames []string
+
+	series   []signal.Sample // oldest first; counters monotonic
+	extras   [][]float64     // parallel to series
+	mono     signal.Monotonic
+	lastSeen time.Time // aggregator clock of the last successful sample
+	missing  string
+	errText  string
+	missedAt time.Time
+}
+
+// New returns an empty store.
+func New(opts Options) *Store {
+	if opts.Retention <= 0 {
+		opts.Retention = time.Minute
+	}
+	if opts.MaxSamples <= 0 {
+		opts.MaxSamples = 128
+	}
+	return &Store{
+		opts:      opts,
+		pods:      make(map[string]*pod),
+		workloads: make(map[Key]map[string]*pod),
+		changed:   make(chan struct{}),
+		now:       time.Now,
+	}
+}
+
+// Changed returns a channel that is closed at the next change of the store.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
+}
+
+// notify must be called with mu held for writing.
+func (s *Store) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Upsert adds or updates pods reported by source. With full set, pods of the
+// same source that are not listed are removed.
+func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	listed := make(map[string]bool, len(pods))
+	for _, info := range pods {
+		listed[info.UID] = true
+		p := s.pods[info.UID]
+		if p == nil {
+			p = &pod{}
+			s.pods[info.UID] = p
+		} else {
+			s.unlink(p)
+		}
+		p.PodInfo = info
+		p.source = source
+		p.extraNames = extraNames
+		s.link(p)
+	}
+	if full {
+		for uid, p := range s.pods {
+			if p.source == source && !listed[uid] {
+				s.removeLocked(uid)
+			}
+		}
+	}
+	s.notify()
+}
+
+// Remove deletes pods by uid.
+func (s *Store) Remove(uids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, uid := range uids {
+		s.removeLocked(uid)
+	}
+	s.notify()
+}
+
+func (s *Store) removeLocked(uid string) {
+	if p := s.pods[uid]; p != nil {
+		s.unlink(p)
+		delete(s.pods, uid)
+	}
+}
+
+func (s *Store) link(p *pod) {
+	for _, k := range p.Workloads {
+		m := s.workloads[k]
+		if m == nil {
+			m = make(map[string]*pod)
+			s.workloads[k] = m
+		}
+		m[p.UID] = p
+	}
+}
+
+func (s *Store) unlink(p *pod) {
+	for _, k := range p.Workloads {
+		if m := s.workloads[k]; m != nil {
+			delete(m, p.UID)
+			if len(m) == 0 {
+				delete(s.workloads, k)
+			}
+		}
+	}
+}
+
+// Report is one pod's sample, by uid.
+type Report struct {
+	UID string
+	Sample
+}
+
+// Add records samples; samples of pods not in the catalogue are dropped and
+// counted in the return value.
+func (s *Store) Add(reports []Report) (dropped int) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range reports {
+		r := &reports[i]
+		p := s.pods[r.UID]
+		if p == nil {
+			dropped++
+			continue
+		}
+		if r.Missing != "" {
+			p.missing, p.errText, p.missedAt = r.Missing, r.Error, now
+			continue
+		}
+		if n := len(p.series); n > 0 && r.TimeMs <= p.series[n-1].TimeMs {
+			continue // out of order or repeated: keep the series monotonic in time
+		}
+		v := r.Values
+		p.mono.Adjust(&v)
+		p.series = append(p.series, signal.Sample{TimeMs: r.TimeMs, Values: v})
+		p.extras = append(p.extras, r.Extra)
+		p.trim(s.opts)
+		p.lastSeen, p.missing, p.errText = now, "", ""
+	}
+	s.notify()
+	return dropped
+}
+
+// trim drops samples older than the retention (keeping one before it, so a
+// rate over the full retention has its start) and beyond MaxSamples.
+func (p *pod) trim(o Options) {
+	last := p.series[len(p.series)-1].TimeMs
+	cut := 0
+	for cut+1 < len(p.series) && p.series[cut+1].TimeMs <= last-o.Retention.Milliseconds() {
+		cut++
+	}
+	if over := len(p.series) - o.MaxSamples; over > cut {
+		cut = over
+	}
+	if cut > 0 {
+		p.series = append(p.series[:0], p.series[cut:]...)
+		p.extras = append(p.extras[:0], p.extras[cut:]...)
+	}
+}
+
+// window returns the samples of the last d on the pod's own clock (d == 0:
+// all). For rates and ratios it includes the sample just before the window,
+// so that the increase covers the whole window.
+func (p *pod) window(d time.Duration, rule signal.Rule) []signal.Sample {
+	if d <= 0 || len(p.series) == 0 {
+		return p.series
+	}
+	from := p.series[len(p.series)-1].TimeMs - d.Milliseconds()
+	i := sort.Search(len(p.series), func(i int) bool { return p.series[i].TimeMs > from })
+	if i > 0 && rule != signal.RuleGauge {
+		i--
+	}
+	return p.series[i:]
+}
+
+// Pods returns the number of pods held.
+func (s *Store) Pods() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.pods)
+}
