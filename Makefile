@@ -16,11 +16,12 @@ build:
 	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
+	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
 # The local demo: an aggregator, a static-mode agent and four simulated vLLM
 # pods on loopback. Ctrl-C stops all of it.
 run: build
-	$(GO) run ./test/demo --bin=$(BIN)
+	$(BIN)/pulse-demo --bin=$(BIN)
 
 test:
 	$(GO) vet $(PKGS)

@@ -22,9 +22,13 @@ func main() {
 	if err == nil {
 		err = o.Validate()
 	}
+	var a *aggregator.Aggregator
+	if err == nil {
+		a, err = aggregator.New(o, log)
+	}
 	if err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err = aggregator.Run(ctx, o, log)
+		err = a.Run(ctx)
 		stop()
 	}
 	if err != nil {

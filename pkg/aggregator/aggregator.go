@@ -91,71 +91,97 @@ var (
 	ServerPolicy    = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
 )
 
-// Run serves until ctx ends.
-func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+// Aggregator is a wired aggregator whose listeners are open.
+type Aggregator struct {
+	opts                       *Options
+	log                        *slog.Logger
+	store                      *store.Store
+	scaler                     *scaler.Server
+	health                     *health.Server
+	ingestSrv, scalerSrv       *grpc.Server
+	httpSrv                    *http.Server
+	ingestLn, scalerLn, httpLn net.Listener
+}
+
+// New wires an aggregator and opens its listeners, so that addresses such
+// as 127.0.0.1:0 are bound (see the Addr methods) before Run.
+func New(o *Options, log *slog.Logger) (*Aggregator, error) {
+	a := &Aggregator{opts: o, log: log}
+	var err error
+	if a.ingestLn, err = net.Listen("tcp", o.IngestAddr); err != nil {
+		return nil, fmt.Errorf("listen on ingest address %s: %w", o.IngestAddr, err)
+	}
+	if a.scalerLn, err = net.Listen("tcp", o.ScalerAddr); err != nil {
+		a.ingestLn.Close()
+		return nil, fmt.Errorf("listen on scaler address %s: %w", o.ScalerAddr, err)
+	}
+	if a.httpLn, err = net.Listen("tcp", o.HTTPAddr); err != nil {
+		a.ingestLn.Close()
+		a.scalerLn.Close()
+		return nil, fmt.Errorf("listen on http address %s: %w", o.HTTPAddr, err)
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	st := store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod})
+	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(st.Pods()) }))
-
-	ingestLn, err := net.Listen("tcp", o.IngestAddr)
-	if err != nil {
-		return fmt.Errorf("listen on ingest address %s: %w", o.IngestAddr, err)
-	}
-	scalerLn, err := net.Listen("tcp", o.ScalerAddr)
-	if err != nil {
-		ingestLn.Close()
-		return fmt.Errorf("listen on scaler address %s: %w", o.ScalerAddr, err)
-	}
-	httpLn, err := net.Listen("tcp", o.HTTPAddr)
-	if err != nil {
-		ingestLn.Close()
-		scalerLn.Close()
-		return fmt.Errorf("listen on http address %s: %w", o.HTTPAddr, err)
-	}
+		Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }))
 
 	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
-	ingestSrv := grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
-	pulsev1.RegisterIngestServer(ingestSrv, ingest.New(st, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
-
-	scalerSrv := grpc.NewServer(grpcOpts...)
-	sc := scaler.New(st, o.MaxWindow)
-	externalscaler.RegisterExternalScalerServer(scalerSrv, sc)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(scalerSrv, hs)
-	healthpb.RegisterHealthServer(ingestSrv, hs)
+	a.ingestSrv = grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
+	pulsev1.RegisterIngestServer(a.ingestSrv, ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
+	a.scalerSrv = grpc.NewServer(grpcOpts...)
+	a.scaler = scaler.New(a.store, o.MaxWindow)
+	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
+	a.health = health.NewServer()
+	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
+	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
 
 	mux := http.NewServeMux()
-	(&debug.Handler{Store: st, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}).Register(mux)
+	(&debug.Handler{Store: a.store, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}).Register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return a, nil
+}
 
-	log.Info("aggregator listening", "ingest", ingestLn.Addr().String(), "scaler", scalerLn.Addr().String(),
-		"http", httpLn.Addr().String(), "version", version.Version)
+// IngestAddr is the bound ingest address.
+func (a *Aggregator) IngestAddr() string { return a.ingestLn.Addr().String() }
+
+// ScalerAddr is the bound scaler address.
+func (a *Aggregator) ScalerAddr() string { return a.scalerLn.Addr().String() }
+
+// HTTPAddr is the bound HTTP address.
+func (a *Aggregator) HTTPAddr() string { return a.httpLn.Addr().String() }
+
+// Run serves until ctx ends, then stops gracefully.
+func (a *Aggregator) Run(ctx context.Context) error {
+	a.log.Info("aggregator listening", "ingest", a.IngestAddr(), "scaler", a.ScalerAddr(),
+		"http", a.HTTPAddr(), "version", version.Version)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveGRPC(ingestSrv, ingestLn, "ingest") })
-	g.Go(func() error { return serveGRPC(scalerSrv, scalerLn, "scaler") })
+	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
+	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
 	g.Go(func() error {
-		if err := httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := a.httpSrv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve http: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		hs.Shutdown()
+		a.health.Shutdown()
 		// KEDA's streams end with EOF first, so KEDA reconnects in 2s.
-		sc.Shutdown()
-		stopGracefully(scalerSrv, o.ShutdownTimeout)
-		stopGracefully(ingestSrv, o.ShutdownTimeout)
-		sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+		a.scaler.Shutdown()
+		stopGracefully(a.scalerSrv, a.opts.ShutdownTimeout)
+		// Agent streams never end by themselves and carry cumulative values,
+		// so cutting them loses nothing; agents reconnect to another replica.
+		a.ingestSrv.Stop()
+		sctx, cancel := context.WithTimeout(context.Background(), a.opts.ShutdownTimeout)
 		defer cancel()
-		return httpSrv.Shutdown(sctx)
+		return a.httpSrv.Shutdown(sctx)
 	})
-	err = g.Wait()
+	err := g.Wait()
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		return nil
 	}

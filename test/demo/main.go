@@ -1,0 +1,139 @@
+// Command demo is `make run`: on loopback, an aggregator, a static-mode agent
+// and four simulated vLLM pods in two workloads (demo/llama: 3 pods, demo/phi:
+// 1 pod) whose load changes over time. Ctrl-C stops everything.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "directory holding pulse-agent and pulse-aggregator")
+	httpAddr := flag.String("http-addr", "127.0.0.1:8080", "aggregator HTTP address")
+	flag.Parse()
+	if err := run(*bin, *httpAddr); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+type pod struct {
+	workload, name string
+	// The arrival rate swings around base with this amplitude and period.
+	base, amp float64
+	period    time.Duration
+}
+
+func run(bin, httpAddr string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	pods := []pod{
+		{"llama", "llama-0", 14, 12, 90 * time.Second},
+		{"llama", "llama-1", 14, 12, 90 * time.Second},
+		{"llama", "llama-2", 14, 12, 90 * time.Second},
+		{"phi", "phi-0", 6, 5, 40 * time.Second},
+	}
+	dir, err := os.MkdirTemp("", "pulse-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	targets := "targets:\n"
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, p := range pods {
+		sim := vllmsim.New(vllmsim.Options{Seed: uint64(len(p.name)) + uint64(time.Now().UnixNano())})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(3)
+		go func() { defer wg.Done(); _ = srv.Serve(ln) }()
+		go func() { defer wg.Done(); <-ctx.Done(); _ = srv.Close() }()
+		go func() { defer wg.Done(); drive(ctx, sim, p) }()
+		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: http://%s/metrics\n", p.name, p.workload, ln.Addr())
+		fmt.Printf("simulated vLLM %-8s http://%s/metrics  (POST /load, /model, /hang to steer it)\n", p.name, ln.Addr())
+	}
+	file := filepath.Join(dir, "targets.yaml")
+	if err := os.WriteFile(file, []byte(targets), 0o600); err != nil {
+		return err
+	}
+
+	agg := command(ctx, filepath.Join(bin, "pulse-aggregator"), "--log-format=text",
+		"--ingest-addr=127.0.0.1:9091", "--scaler-addr=127.0.0.1:9090", "--http-addr="+httpAddr)
+	agent := command(ctx, filepath.Join(bin, "pulse-agent"), "--log-format=text", "--node-name=demo-node",
+		"--static-targets="+file, "--aggregator=127.0.0.1:9091", "--http-addr=127.0.0.1:8081")
+	for _, c := range []*exec.Cmd{agg, agent} {
+		if err := c.Start(); err != nil {
+			stop()
+			return fmt.Errorf("start %s: %w", c.Path, err)
+		}
+	}
+	fmt.Printf(`
+pulse demo is running. Look at:
+  curl -s 'http://%[1]s/debug/workloads?format=table'
+  curl -s http://%[1]s/debug/workloads/demo/llama
+  KEDA scaler (external-push) on 127.0.0.1:9090, agent metrics on http://127.0.0.1:8081/metrics
+Ctrl-C stops everything.
+
+`, httpAddr)
+	errs := make(chan error, 2)
+	for _, c := range []*exec.Cmd{agg, agent} {
+		go func() { errs <- c.Wait() }()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		stop()
+		<-errs
+		return fmt.Errorf("a pulse process exited: %v", err)
+	}
+	<-errs
+	<-errs
+	fmt.Println("demo stopped")
+	return nil
+}
+
+// command runs a child that gets SIGTERM when ctx ends and is killed if the
+// demo itself dies, so nothing is left behind.
+func command(ctx context.Context, path string, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, path, args...)
+	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
+	c.WaitDelay = 5 * time.Second
+	return c
+}
+
+// drive runs the queueing model with an arrival rate that swings over time.
+func drive(ctx context.Context, sim *vllmsim.Server, p pod) {
+	start := time.Now()
+	go sim.RunModel(ctx, 100*time.Millisecond)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		phase := 2 * math.Pi * time.Since(start).Seconds() / p.period.Seconds()
+		sim.SetModel(vllmsim.QueueModel{ArrivalRate: p.base + p.amp*math.Sin(phase), BatchCapacity: 16, ServiceRate: 1})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
