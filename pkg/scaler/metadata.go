@@ -94,7 +94,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration) 
 		case vllmNames[m] != "":
 			t.Metric = vllmNames[m]
 		default:
-			if _, ok := signal.Lookup(m); !ok && !model.UTF8Validation.IsValidMetricName(m) {
+			if _, ok := signal.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
 				return t, &MetadataError{"metricName", fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric

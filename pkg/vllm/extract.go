@@ -56,7 +56,7 @@ func ParseExtraMetric(s string) (ExtraMetric, error) {
 			name, comb = s[:i], s[i+1:]
 		}
 	}
-	if name == "" || !model.UTF8Validation.IsValidMetricName(name) {
+	if name == "" || !model.LegacyValidation.IsValidMetricName(name) {
 		return ExtraMetric{}, fmt.Errorf("extra metric %q: not a valid metric name", s)
 	}
 	return ExtraMetric{Name: name, Combine: comb}, nil

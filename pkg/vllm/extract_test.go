@@ -1,0 +1,247 @@
+package vllm
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// named turns a page into name → value for golden files and comparisons.
+func named(p Page, extras []ExtraMetric) map[string]float64 {
+	out := map[string]float64{}
+	for id := signal.ID(1); id < signal.NumIDs; id++ {
+		if v, ok := p.Get(id); ok {
+			out[id.Name()] = v
+		}
+	}
+	for i, x := range extras {
+		if !math.IsNaN(p.Extra[i]) {
+			out["extra:"+x.Name] = p.Extra[i]
+		}
+	}
+	return out
+}
+
+func newExtractor(t testing.TB, extras ...string) *Extractor {
+	t.Helper()
+	var xs []ExtraMetric
+	for _, s := range extras {
+		x, err := ParseExtraMetric(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		xs = append(xs, x)
+	}
+	e, err := NewExtractor(xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func simPage(opts vllmsim.Options, setup func(*vllmsim.Server), openMetrics bool) []byte {
+	s := vllmsim.New(opts)
+	if setup != nil {
+		setup(s)
+	}
+	return s.Page(openMetrics)
+}
+
+// goldenPages are the real captured pages and the simulator's V1 pages.
+func goldenPages(t *testing.T) map[string][]byte {
+	t.Helper()
+	pages := map[string][]byte{}
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages[strings.TrimSuffix(filepath.Base(f), ".txt")] = b
+	}
+	load := func(s *vllmsim.Server) {
+		s.SetSeries(0, 5, 3, 0.25)
+		s.SetSeries(1, 7, 2, 0.75)
+		s.Complete(4, 1.5)
+	}
+	pages["sim-v1-engine0-engine1"] = simPage(vllmsim.Options{Engines: 2}, load, false)
+	pages["sim-v1-engine0-engine1-openmetrics"] = simPage(vllmsim.Options{Engines: 2}, load, true)
+	pages["sim-v1-two-models"] = simPage(vllmsim.Options{Models: []string{"llama", "phi"}}, load, false)
+	pages["sim-v0"] = simPage(vllmsim.Options{V0: true}, func(s *vllmsim.Server) {
+		s.SetLoad(vllmsim.Load{Waiting: vllmsim.F(4), Running: vllmsim.F(2), Swapped: vllmsim.F(1), KVCacheUsage: vllmsim.F(0.5)})
+	}, false)
+	return pages
+}
+
+func TestGolden(t *testing.T) {
+	e := newExtractor(t, "vllm:cpu_cache_usage_perc:max")
+	for name, page := range goldenPages(t) {
+		t.Run(name, func(t *testing.T) {
+			got, err := e.Extract(page)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotJSON, _ := json.MarshalIndent(named(got, e.Extras()), "", "  ")
+			file := filepath.Join("testdata", "golden", name+".json")
+			if *update {
+				_ = os.MkdirAll(filepath.Dir(file), 0o755)
+				if err := os.WriteFile(file, append(gotJSON, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			wantJSON, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatalf("%v (run go test -update once to create it)", err)
+			}
+			if strings.TrimSpace(string(wantJSON)) != string(gotJSON) {
+				t.Errorf("got\n%s\nwant\n%s", gotJSON, wantJSON)
+			}
+		})
+	}
+}
+
+// TestRules pins the combination rules on pages whose answers are known.
+func TestRules(t *testing.T) {
+	e := newExtractor(t)
+	tests := map[string]struct {
+		page []byte
+		want map[string]float64
+	}{
+		"two engines: requests summed, kv averaged": {
+			page: simPage(vllmsim.Options{Engines: 2}, func(s *vllmsim.Server) {
+				s.SetSeries(0, 5, 3, 0.2)
+				s.SetSeries(1, 7, 2, 0.6)
+			}, false),
+			want: map[string]float64{"waiting": 12, "running": 5, "kvCacheUsage": 0.4},
+		},
+		"two models": {
+			page: simPage(vllmsim.Options{Models: []string{"a", "b"}}, func(s *vllmsim.Server) {
+				s.SetSeries(0, 1, 1, 0.1)
+				s.SetSeries(1, 2, 3, 0.3)
+			}, false),
+			want: map[string]float64{"waiting": 3, "running": 4, "kvCacheUsage": 0.2},
+		},
+		"kubeai V0 page with a second model": {
+			page: mustRead(t, "testdata/substratusai-kubeai__v0-llama3.1-8b-fp8-2024-08.txt"),
+			want: map[string]float64{"waiting": 5, "running": 3, "swapped": 0, "kvCacheUsage": 0.0026235242675994863},
+		},
+		"histogram sum and count of all finished reasons": {
+			page: simPage(vllmsim.Options{}, func(s *vllmsim.Server) { s.Complete(3, 0.9) }, false),
+			want: map[string]float64{"e2eLatencyCount": 3, "e2eLatencySum": 2.7, "requestSuccess": 3, "ttftCount": 3},
+		},
+		"no trailing newline, NaN series skipped, unknown families and label orders": {
+			page: []byte("# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n" +
+				"vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3\n" +
+				"vllm:num_requests_waiting{model_name=\"m\",engine=\"1\"} NaN\n" +
+				"something_else{a=\"}\"} 1\n" +
+				"# TYPE vllm:spec_decode_efficiency gauge\n" +
+				"vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5"),
+			want: map[string]float64{"waiting": 3, "kvCacheUsage": 0.5},
+		},
+		"V1 name wins over the deprecated V0 name": {
+			page: []byte("vllm:kv_cache_usage_perc 0.25\nvllm:gpu_cache_usage_perc 0.75\n" +
+				"vllm:inter_token_latency_seconds_sum 2\nvllm:time_per_output_token_seconds_sum 9\n"),
+			want: map[string]float64{"kvCacheUsage": 0.25, "itlSum": 2},
+		},
+		"OpenMetrics timestamps and exemplars": {
+			page: []byte("# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{engine=\"0\"} 12.0 1700000000.5 # {trace_id=\"a\"} 1.0\n# EOF\n"),
+			want: map[string]float64{"promptTokens": 12},
+		},
+		"empty families only": {
+			page: []byte("# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n"),
+			want: map[string]float64{},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p, err := e.Extract(tc.page)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := named(p, nil)
+			for k, v := range tc.want {
+				if g, ok := got[k]; !ok || math.Abs(g-v) > 1e-12 {
+					t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
+				}
+			}
+			if len(tc.want) == 0 && len(got) != 0 {
+				t.Errorf("got %v, want nothing: an absent metric is absent, never 0", got)
+			}
+		})
+	}
+}
+
+func TestErrors(t *testing.T) {
+	e := newExtractor(t)
+	tests := map[string]struct {
+		page    string
+		notVLLM bool
+	}{
+		"not a vLLM page":          {page: "# TYPE go_goroutines gauge\ngo_goroutines 12\n", notVLLM: true},
+		"empty page":               {page: "", notVLLM: true},
+		"malformed value":          {page: "vllm:num_requests_waiting{engine=\"0\"} twelve\n"},
+		"unterminated label set":   {page: "vllm:num_requests_waiting{engine=\"0\n"},
+		"missing value":            {page: "vllm:num_requests_waiting{engine=\"0\"}\n"},
+		"duplicate label in a set": {page: "vllm:num_requests_running{a=\"1\",a=\"2\"} 1\n"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := e.Extract([]byte(tc.page))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var pe *ParseError
+			if tc.notVLLM != errors.Is(err, ErrNotVLLM) || !tc.notVLLM && !errors.As(err, &pe) {
+				t.Fatalf("error %v: want notVLLM=%v or a ParseError", err, tc.notVLLM)
+			}
+		})
+	}
+}
+
+func TestParseExtraMetric(t *testing.T) {
+	tests := map[string]struct {
+		in   string
+		want ExtraMetric
+		bad  bool
+	}{
+		"plain":             {in: "my_gauge", want: ExtraMetric{"my_gauge", "sum"}},
+		"vllm name":         {in: "vllm:cpu_cache_usage_perc", want: ExtraMetric{"vllm:cpu_cache_usage_perc", "sum"}},
+		"vllm name and max": {in: "vllm:cpu_cache_usage_perc:max", want: ExtraMetric{"vllm:cpu_cache_usage_perc", "max"}},
+		"mean":              {in: "x:mean", want: ExtraMetric{"x", "mean"}},
+		"empty":             {in: "", bad: true},
+		"bad name":          {in: "a b", bad: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := ParseExtraMetric(tc.in)
+			if (err != nil) != tc.bad || got != tc.want {
+				t.Fatalf("got %v, %v; want %v, bad=%v", got, err, tc.want, tc.bad)
+			}
+		})
+	}
+	if _, err := NewExtractor([]ExtraMetric{{Name: "vllm:num_requests_waiting", Combine: "sum"}}); err == nil {
+		t.Error("an extra metric that the catalogue already reads was accepted")
+	}
+}
+
+func mustRead(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
