@@ -207,21 +207,17 @@ func (s *streamer) batch(sent map[uint32]Target, enc *wire.Encoder) *pulsev1.Sam
 		return nil
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].timeMs < results[j].timeMs })
-	b := &pulsev1.SampleBatch{TimeUnixMs: results[0].timeMs, Samples: make([]*pulsev1.PodSample, 0, len(results))}
+	b := &pulsev1.SampleBatch{TimeUnixMs: results[0].timeMs}
 	for _, r := range results {
-		ps := &pulsev1.PodSample{Pod: ids[r.uid], OffsetMs: int32(r.timeMs - b.TimeUnixMs)}
-		if r.missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			ps.Missing, ps.Error = r.missing, r.err
-		} else {
-			enc.Encode(ps.Pod, &r.page.Values, ps)
-			for _, x := range r.page.Extra {
-				if !math.IsNaN(x) {
-					ps.Extra = r.page.Extra
-					break
-				}
+		s := wire.Sample{Pod: ids[r.uid], OffsetMs: int32(r.timeMs - b.TimeUnixMs), Missing: r.missing, Error: r.err,
+			Values: r.page.Values}
+		for _, x := range r.page.Extra {
+			if !math.IsNaN(x) {
+				s.Extra = r.page.Extra
+				break
 			}
 		}
-		b.Samples = append(b.Samples, ps)
+		enc.Append(b, &s)
 	}
 	return b
 }

@@ -119,7 +119,9 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 		case *pulsev1.AgentMessage_Batch:
-			st.batch(m.Batch)
+			if err := st.batch(m.Batch); err != nil {
+				return status.Error(codes.InvalidArgument, err.Error())
+			}
 			if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.Batch.Seq}}}); err != nil {
 				return err
 			}
@@ -183,46 +185,48 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	return nil
 }
 
-func (st *streamState) batch(b *pulsev1.SampleBatch) {
-	reports := make([]store.Report, 0, len(b.Samples))
-	for _, ps := range b.Samples {
-		uid, ok := st.ids[ps.Pod]
+// batch stores a batch. A batch that does not decode ends the stream: the
+// two ends' encoding state no longer agree, and a new stream resets both.
+func (st *streamState) batch(b *pulsev1.SampleBatch) error {
+	samples, err := st.dec.Decode(b)
+	if err != nil {
+		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
+		return err
+	}
+	reports := make([]store.Report, 0, len(samples))
+	for _, s := range samples {
+		uid, ok := st.ids[s.Pod]
 		if !ok {
 			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
 			continue
 		}
 		r := store.Report{UID: uid}
-		r.TimeMs = b.TimeUnixMs + int64(ps.OffsetMs)
-		if ps.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			r.Missing = wire.ReasonName(ps.Missing)
-			r.Error = ps.Error
+		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
+		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+			r.Missing, r.Error = wire.ReasonName(s.Missing), s.Error
 			st.srv.m.samples.WithLabelValues("missing").Inc()
 			reports = append(reports, r)
 			continue
 		}
-		v, err := st.dec.Decode(ps)
-		if err != nil {
-			st.srv.m.rejected.WithLabelValues("malformed_sample").Inc()
-			continue
-		}
-		if len(ps.Extra) > 0 {
-			if len(ps.Extra) != len(st.hello.ExtraMetrics) {
-				st.srv.m.rejected.WithLabelValues("malformed_sample").Inc()
-				continue
+		if s.Extra != nil {
+			if len(s.Extra) != len(st.hello.ExtraMetrics) {
+				st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
+				return fmt.Errorf("pod %d sends %d extra values for %d extra metrics", s.Pod, len(s.Extra), len(st.hello.ExtraMetrics))
 			}
-			r.Extra = make([]float64, len(ps.Extra))
-			for i, x := range ps.Extra {
+			r.Extra = make([]float64, len(s.Extra))
+			for i, x := range s.Extra {
 				if math.IsInf(x, 0) {
 					x = math.NaN()
 				}
 				r.Extra[i] = x
 			}
 		}
-		r.Values = v
+		r.Values = s.Values
 		st.srv.m.samples.WithLabelValues("ok").Inc()
 		reports = append(reports, r)
 	}
 	if dropped := st.srv.store.Add(reports); dropped > 0 {
 		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
 	}
+	return nil
 }

@@ -59,7 +59,7 @@ var raws = [NumIDs]rawInfo{
 	Waiting:          {"waiting", Gauge, 0},
 	Running:          {"running", Gauge, 0},
 	Swapped:          {"swapped", Gauge, 0},
-	KVCacheUsage:     {"kvCacheUsage", Gauge, 6},
+	KVCacheUsage:     {"kvCacheUsage", Gauge, 4},
 	PrefixHits:       {"prefixCacheHits", Counter, 0},
 	PrefixQueries:    {"prefixCacheQueries", Counter, 0},
 	PromptTokens:     {"promptTokens", Counter, 0},
@@ -93,8 +93,8 @@ func (id ID) Name() string {
 func (id ID) Kind() Kind { return raws[id].kind }
 
 // Scale is the number of decimal digits the wire carries for id: values are
-// sent as round(v·10^Scale). Counts are exact; ratios keep 6 digits, GPU
-// ratios 4, seconds are carried in milliseconds.
+// sent as round(v·10^Scale). Counts are exact; ratios keep 4 digits
+// (0.01%); seconds are carried in milliseconds.
 func (id ID) Scale() int { return raws[id].scale }
 
 // Values is one pod's raw values at one instant. Present has bit id set for

@@ -1,8 +1,10 @@
-// Package wire encodes and decodes the values of a PodSample: each value is
-// quantized to its metric's resolution and sent as the zigzag difference from
-// the value last sent for the same pod and metric on the same stream.
-// An Encoder and a Decoder hold the two ends of that per-stream state; a new
-// stream starts both from zero, so the first value is absolute.
+// Package wire encodes and decodes the samples of a SampleBatch. Each value is
+// quantized to its metric's resolution and sent as a zigzag residual against
+// a prediction from what was last sent for the same pod and metric on the
+// same stream: the last value for a gauge, the last value plus the last
+// increase for a counter. The present bitmap travels as its XOR with the
+// last one. An Encoder and a Decoder hold the two ends of that per-stream
+// state; a new stream starts both from zero, so the first value is absolute.
 package wire
 
 import (
@@ -17,35 +19,75 @@ import (
 // presentMask has a bit for every valid metric id.
 const presentMask = (uint64(1)<<signal.NumIDs - 1) &^ 1
 
-// maxQuantum bounds quantized values so that differences cannot overflow.
+// maxQuantum bounds quantized values so that residuals cannot overflow.
 const maxQuantum = 1 << 53
 
-type last [signal.NumIDs]int64
+// podState is what one end last sent or received for a pod.
+type podState struct {
+	present uint64
+	last    [signal.NumIDs]int64
+	delta   [signal.NumIDs]int64 // last increase, counters only
+}
+
+// predict is the value both ends expect for id.
+func (s *podState) predict(id signal.ID) int64 {
+	if id.Kind() == signal.Counter {
+		return s.last[id] + s.delta[id]
+	}
+	return s.last[id]
+}
+
+func (s *podState) record(id signal.ID, n int64) {
+	s.delta[id] = n - s.last[id]
+	s.last[id] = n
+}
+
+// Sample is one pod's entry in a batch: its values, or why it has none.
+type Sample struct {
+	Pod      uint32
+	OffsetMs int32
+	Values   signal.Values
+	// Extra holds forwarded raw gauges (NaN when absent); nil when none.
+	Extra   []float64
+	Missing pulsev1.MissingReason
+	Error   string
+}
 
 // Encoder is the sending end of one stream.
-type Encoder struct{ last map[uint32]*last }
+type Encoder struct{ pods map[uint32]*podState }
 
 // NewEncoder returns an Encoder for a new stream.
-func NewEncoder() *Encoder { return &Encoder{last: make(map[uint32]*last)} }
+func NewEncoder() *Encoder { return &Encoder{pods: make(map[uint32]*podState)} }
 
-// Encode fills out.Present and out.Values from v, appending to out.Values.
-func (e *Encoder) Encode(pod uint32, v *signal.Values, out *pulsev1.PodSample) {
-	l := e.last[pod]
-	if l == nil {
-		l = new(last)
-		e.last[pod] = l
+// Append adds s to b. A pod must appear at most once per batch.
+func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
+	if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: s.Pod, OffsetMs: s.OffsetMs, Reason: s.Missing, Error: s.Error})
+		return
 	}
-	out.Present = v.Present & presentMask
-	for p := out.Present; p != 0; p &= p - 1 {
+	st := e.pods[s.Pod]
+	if st == nil {
+		st = new(podState)
+		e.pods[s.Pod] = st
+	}
+	present := s.Values.Present & presentMask
+	b.Pods = append(b.Pods, s.Pod)
+	b.OffsetsMs = append(b.OffsetsMs, s.OffsetMs)
+	b.PresentXor = append(b.PresentXor, present^st.present)
+	st.present = present
+	for p := present; p != 0; p &= p - 1 {
 		id := signal.ID(bits.TrailingZeros64(p))
-		n := quantize(id, v.V[id])
-		out.Values = append(out.Values, n-l[id])
-		l[id] = n
+		n := quantize(id, s.Values.V[id])
+		b.Values = append(b.Values, n-st.predict(id))
+		st.record(id, n)
+	}
+	if s.Extra != nil {
+		b.Extra = append(b.Extra, &pulsev1.ExtraValues{Pod: s.Pod, Values: s.Extra})
 	}
 }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
-func (e *Encoder) Forget(pod uint32) { delete(e.last, pod) }
+func (e *Encoder) Forget(pod uint32) { delete(e.pods, pod) }
 
 func quantize(id signal.ID, x float64) int64 {
 	q := math.RoundToEven(x * signal.Pow10(id.Scale()))
@@ -61,48 +103,84 @@ func quantize(id signal.ID, x float64) int64 {
 }
 
 // Decoder is the receiving end of one stream.
-type Decoder struct{ last map[uint32]*last }
+type Decoder struct{ pods map[uint32]*podState }
 
 // NewDecoder returns a Decoder for a new stream.
-func NewDecoder() *Decoder { return &Decoder{last: make(map[uint32]*last)} }
+func NewDecoder() *Decoder { return &Decoder{pods: make(map[uint32]*podState)} }
 
-// Decode returns the absolute values of a sample. A malformed sample (unknown
-// metric bits, a value count that does not match, a value out of range)
-// yields an error and leaves the decoder's state unchanged.
-func (d *Decoder) Decode(s *pulsev1.PodSample) (signal.Values, error) {
-	var v signal.Values
-	if s.Present&^presentMask != 0 {
-		return v, fmt.Errorf("decode sample of pod %d: unknown metric bits %#x", s.Pod, s.Present&^presentMask)
+// Decode returns the samples of a batch. A malformed batch (columns of
+// different lengths, a pod twice, unknown metric bits, a value count that
+// does not match, a value out of range) yields an error and leaves the
+// decoder's state unchanged; the stream must then be ended, since the two
+// ends no longer agree.
+func (d *Decoder) Decode(b *pulsev1.SampleBatch) ([]Sample, error) {
+	if len(b.OffsetsMs) != len(b.Pods) || len(b.PresentXor) != len(b.Pods) {
+		return nil, fmt.Errorf("decode batch %d: %d pods, %d offsets, %d present bitmaps", b.Seq, len(b.Pods), len(b.OffsetsMs), len(b.PresentXor))
 	}
-	if n := bits.OnesCount64(s.Present); n != len(s.Values) {
-		return v, fmt.Errorf("decode sample of pod %d: %d metrics present but %d values", s.Pod, n, len(s.Values))
-	}
-	l := d.last[s.Pod]
-	var next last
-	if l != nil {
-		next = *l
-	}
-	i := 0
-	for p := s.Present; p != 0; p &= p - 1 {
-		id := signal.ID(bits.TrailingZeros64(p))
-		n := next[id] + s.Values[i]
-		i++
-		if n > maxQuantum || n < -maxQuantum {
-			return signal.Values{}, fmt.Errorf("decode sample of pod %d: %s out of range", s.Pod, id.Name())
+	out := make([]Sample, 0, len(b.Pods)+len(b.Missing))
+	next := make([]podState, len(b.Pods))
+	index := make(map[uint32]int, len(b.Pods))
+	vi := 0
+	for i, pod := range b.Pods {
+		if _, dup := index[pod]; dup {
+			return nil, fmt.Errorf("decode batch %d: pod %d appears twice", b.Seq, pod)
 		}
-		next[id] = n
-		v.Set(id, float64(n)/signal.Pow10(id.Scale()))
+		index[pod] = i
+		if st := d.pods[pod]; st != nil {
+			next[i] = *st
+		}
+		st := &next[i]
+		present := b.PresentXor[i] ^ st.present
+		if present&^presentMask != 0 {
+			return nil, fmt.Errorf("decode batch %d: pod %d: unknown metric bits %#x", b.Seq, pod, present&^presentMask)
+		}
+		if n := bits.OnesCount64(present); vi+n > len(b.Values) {
+			return nil, fmt.Errorf("decode batch %d: pod %d: %d metrics present but only %d values left", b.Seq, pod, n, len(b.Values)-vi)
+		}
+		st.present = present
+		s := Sample{Pod: pod, OffsetMs: b.OffsetsMs[i]}
+		for p := present; p != 0; p &= p - 1 {
+			id := signal.ID(bits.TrailingZeros64(p))
+			pred, r := st.predict(id), b.Values[vi]
+			vi++
+			if r > 2*maxQuantum || r < -2*maxQuantum || pred+r > maxQuantum || pred+r < -maxQuantum {
+				return nil, fmt.Errorf("decode batch %d: pod %d: %s out of range", b.Seq, pod, id.Name())
+			}
+			st.record(id, pred+r)
+			s.Values.Set(id, float64(pred+r)/signal.Pow10(id.Scale()))
+		}
+		out = append(out, s)
 	}
-	if l == nil {
-		l = new(last)
-		d.last[s.Pod] = l
+	if vi != len(b.Values) {
+		return nil, fmt.Errorf("decode batch %d: %d values left over", b.Seq, len(b.Values)-vi)
 	}
-	*l = next
-	return v, nil
+	for _, x := range b.Extra {
+		i, ok := index[x.Pod]
+		if !ok || out[i].Extra != nil {
+			return nil, fmt.Errorf("decode batch %d: extra values of pod %d, which has no sample or has two", b.Seq, x.Pod)
+		}
+		out[i].Extra = x.Values
+	}
+	for _, m := range b.Missing {
+		if _, dup := index[m.Pod]; dup || m.Reason == pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+			return nil, fmt.Errorf("decode batch %d: missing entry of pod %d is a duplicate or has no reason", b.Seq, m.Pod)
+		}
+		index[m.Pod] = -1
+		out = append(out, Sample{Pod: m.Pod, OffsetMs: m.OffsetMs, Missing: m.Reason, Error: m.Error})
+	}
+	for i, pod := range b.Pods {
+		st := d.pods[pod]
+		if st == nil {
+			st = new(podState)
+			d.pods[pod] = st
+		}
+		*st = next[i]
+	}
+	return out, nil
 }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
-func (d *Decoder) Forget(pod uint32) { delete(d.last, pod) }
+func (d *Decoder) Forget(pod uint32) { delete(d.pods, pod) }
 
 // ReasonName is a missing reason's name in metrics labels and the debug endpoint.
 func ReasonName(r pulsev1.MissingReason) string {

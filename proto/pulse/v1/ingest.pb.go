@@ -11,12 +11,16 @@
 //   - Every value is carried at its metric's fixed resolution as an integer
 //     (value = n / 10^scale, scale given per Metric below), so that a decimal
 //     value with at most `scale` fractional digits round-trips exactly.
-//   - PodSample.values holds, for each metric whose bit is set in `present`,
-//     in ascending metric id order, the zigzag difference between this n and
-//     the n last sent for the same pod and metric on the same stream (0 if
-//     none was sent yet, so the first value is absolute). gRPC streams are
-//     ordered and lossless, and a new stream starts from zero again, so the
-//     receiver always reconstructs the absolute value.
+//   - The metrics present in a sample form a bitmap (bit i: Metric i). It is
+//     sent as its XOR with the bitmap last sent for the same pod on the same
+//     stream, so an unchanged set costs nothing.
+//   - PodSample.values holds, for each present metric in ascending id order,
+//     a zigzag residual against a prediction from what was last sent for the
+//     same pod and metric on the same stream: for gauges the last value, for
+//     counters the last value plus the last increase. Before anything was
+//     sent the prediction is 0, so the first value is absolute. gRPC streams
+//     are ordered and lossless, and a new stream starts from zero again, so
+//     the receiver always reconstructs the exact quantized value.
 //   - Counters and histogram sums/counts travel as their cumulative values:
 //     a batch the agent never sent (it skipped a tick) loses nothing, because
 //     the next value is still the cumulative one.
@@ -103,7 +107,7 @@ const (
 	Metric_METRIC_WAITING Metric = 1
 	Metric_METRIC_RUNNING Metric = 2
 	Metric_METRIC_SWAPPED Metric = 3
-	// Gauge, mean over engines, 0..1. Scale 6.
+	// Gauge, mean over engines, 0..1. Scale 4 (0.01%).
 	Metric_METRIC_KV_CACHE_USAGE Metric = 4
 	// Counters. Scale 0.
 	Metric_METRIC_PREFIX_CACHE_HITS    Metric = 5
@@ -844,14 +848,32 @@ func (x *Catalogue) GetRemove() []uint32 {
 	return nil
 }
 
-// SampleBatch is one scrape tick of one agent.
+// SampleBatch carries the samples of one or more pods, gathered over a short
+// delay after a scrape tick. It is columnar, so that a pod-sample costs only
+// its values plus about three bytes: entry i of pods, offsets_ms and
+// present_xor describe the same pod, and values holds the residuals of every
+// pod in that order (as many per pod as its present bitmap has bits).
 type SampleBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Increments by one per batch sent on a stream, starting at 1.
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	// Tick time, Unix milliseconds on the agent's clock.
-	TimeUnixMs    int64        `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
-	Samples       []*PodSample `protobuf:"bytes,3,rep,name=samples,proto3" json:"samples,omitempty"`
+	// Base time, Unix milliseconds on the agent's clock.
+	TimeUnixMs int64 `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// Pod ids from the catalogue; a pod appears at most once per batch.
+	Pods []uint32 `protobuf:"varint,3,rep,packed,name=pods,proto3" json:"pods,omitempty"`
+	// Scrape time of each pod relative to time_unix_ms, milliseconds.
+	OffsetsMs []int32 `protobuf:"zigzag32,4,rep,packed,name=offsets_ms,json=offsetsMs,proto3" json:"offsets_ms,omitempty"`
+	// XOR of each pod's present bitmap (bit i set: Metric i is on the page)
+	// with the bitmap last sent for that pod on this stream. Absent metrics
+	// are absent, never 0.
+	PresentXor []uint64 `protobuf:"varint,5,rep,packed,name=present_xor,json=presentXor,proto3" json:"present_xor,omitempty"`
+	// Zigzag residuals, per pod in the order above, per pod ascending metric id.
+	Values []int64 `protobuf:"zigzag64,6,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// Pods whose scrape failed this tick; they are not in pods, and their
+	// encoding state is unchanged.
+	Missing []*MissingSample `protobuf:"bytes,7,rep,name=missing,proto3" json:"missing,omitempty"`
+	// Forwarded raw gauges of pods in pods, one entry per pod that has any.
+	Extra         []*ExtraValues `protobuf:"bytes,8,rep,name=extra,proto3" json:"extra,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -900,47 +922,74 @@ func (x *SampleBatch) GetTimeUnixMs() int64 {
 	return 0
 }
 
-func (x *SampleBatch) GetSamples() []*PodSample {
+func (x *SampleBatch) GetPods() []uint32 {
 	if x != nil {
-		return x.Samples
+		return x.Pods
 	}
 	return nil
 }
 
-// PodSample is the values of one pod in one tick.
-type PodSample struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Pod   uint32                 `protobuf:"varint,1,opt,name=pod,proto3" json:"pod,omitempty"`
-	// Scrape time relative to SampleBatch.time_unix_ms, milliseconds.
-	OffsetMs int32 `protobuf:"zigzag32,2,opt,name=offset_ms,json=offsetMs,proto3" json:"offset_ms,omitempty"`
-	// Bit i set: Metric i is on the page. Absent metrics are absent, never 0.
-	Present uint64 `protobuf:"varint,3,opt,name=present,proto3" json:"present,omitempty"`
-	// Zigzag deltas, one per set bit of present, ascending metric id.
-	Values []int64 `protobuf:"zigzag64,4,rep,packed,name=values,proto3" json:"values,omitempty"`
-	// Set when the pod has no values this tick; present is then 0.
-	Missing MissingReason `protobuf:"varint,5,opt,name=missing,proto3,enum=pulse.v1.MissingReason" json:"missing,omitempty"`
-	// Human-readable cause of a missing sample (first 200 bytes).
-	Error string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
-	// Forwarded raw gauges, one per Hello.extra_metrics; NaN when absent.
-	Extra         []float64 `protobuf:"fixed64,7,rep,packed,name=extra,proto3" json:"extra,omitempty"`
+func (x *SampleBatch) GetOffsetsMs() []int32 {
+	if x != nil {
+		return x.OffsetsMs
+	}
+	return nil
+}
+
+func (x *SampleBatch) GetPresentXor() []uint64 {
+	if x != nil {
+		return x.PresentXor
+	}
+	return nil
+}
+
+func (x *SampleBatch) GetValues() []int64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *SampleBatch) GetMissing() []*MissingSample {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *SampleBatch) GetExtra() []*ExtraValues {
+	if x != nil {
+		return x.Extra
+	}
+	return nil
+}
+
+// MissingSample is a pod with no values in a tick.
+type MissingSample struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pod      uint32                 `protobuf:"varint,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	OffsetMs int32                  `protobuf:"zigzag32,2,opt,name=offset_ms,json=offsetMs,proto3" json:"offset_ms,omitempty"`
+	Reason   MissingReason          `protobuf:"varint,3,opt,name=reason,proto3,enum=pulse.v1.MissingReason" json:"reason,omitempty"`
+	// Human-readable cause (at most 200 bytes).
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PodSample) Reset() {
-	*x = PodSample{}
+func (x *MissingSample) Reset() {
+	*x = MissingSample{}
 	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PodSample) String() string {
+func (x *MissingSample) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PodSample) ProtoMessage() {}
+func (*MissingSample) ProtoMessage() {}
 
-func (x *PodSample) ProtoReflect() protoreflect.Message {
+func (x *MissingSample) ProtoReflect() protoreflect.Message {
 	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -952,56 +1001,89 @@ func (x *PodSample) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PodSample.ProtoReflect.Descriptor instead.
-func (*PodSample) Descriptor() ([]byte, []int) {
+// Deprecated: Use MissingSample.ProtoReflect.Descriptor instead.
+func (*MissingSample) Descriptor() ([]byte, []int) {
 	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{8}
 }
 
-func (x *PodSample) GetPod() uint32 {
+func (x *MissingSample) GetPod() uint32 {
 	if x != nil {
 		return x.Pod
 	}
 	return 0
 }
 
-func (x *PodSample) GetOffsetMs() int32 {
+func (x *MissingSample) GetOffsetMs() int32 {
 	if x != nil {
 		return x.OffsetMs
 	}
 	return 0
 }
 
-func (x *PodSample) GetPresent() uint64 {
+func (x *MissingSample) GetReason() MissingReason {
 	if x != nil {
-		return x.Present
-	}
-	return 0
-}
-
-func (x *PodSample) GetValues() []int64 {
-	if x != nil {
-		return x.Values
-	}
-	return nil
-}
-
-func (x *PodSample) GetMissing() MissingReason {
-	if x != nil {
-		return x.Missing
+		return x.Reason
 	}
 	return MissingReason_MISSING_REASON_UNSPECIFIED
 }
 
-func (x *PodSample) GetError() string {
+func (x *MissingSample) GetError() string {
 	if x != nil {
 		return x.Error
 	}
 	return ""
 }
 
-func (x *PodSample) GetExtra() []float64 {
+// ExtraValues are one pod's forwarded raw gauges, one per
+// Hello.extra_metrics, NaN when absent from the page.
+type ExtraValues struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pod           uint32                 `protobuf:"varint,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	Values        []float64              `protobuf:"fixed64,2,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraValues) Reset() {
+	*x = ExtraValues{}
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraValues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraValues) ProtoMessage() {}
+
+func (x *ExtraValues) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
 	if x != nil {
-		return x.Extra
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraValues.ProtoReflect.Descriptor instead.
+func (*ExtraValues) Descriptor() ([]byte, []int) {
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ExtraValues) GetPod() uint32 {
+	if x != nil {
+		return x.Pod
+	}
+	return 0
+}
+
+func (x *ExtraValues) GetValues() []float64 {
+	if x != nil {
+		return x.Values
 	}
 	return nil
 }
@@ -1016,7 +1098,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1110,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1123,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1087,20 +1169,27 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +
-	"\x06remove\x18\x03 \x03(\rR\x06remove\"p\n" +
+	"\x06remove\x18\x03 \x03(\rR\x06remove\"\x8d\x02\n" +
 	"\vSampleBatch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
 	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
-	"timeUnixMs\x12-\n" +
-	"\asamples\x18\x03 \x03(\v2\x13.pulse.v1.PodSampleR\asamples\"\xcb\x01\n" +
-	"\tPodSample\x12\x10\n" +
+	"timeUnixMs\x12\x12\n" +
+	"\x04pods\x18\x03 \x03(\rR\x04pods\x12\x1d\n" +
+	"\n" +
+	"offsets_ms\x18\x04 \x03(\x11R\toffsetsMs\x12\x1f\n" +
+	"\vpresent_xor\x18\x05 \x03(\x04R\n" +
+	"presentXor\x12\x16\n" +
+	"\x06values\x18\x06 \x03(\x12R\x06values\x121\n" +
+	"\amissing\x18\a \x03(\v2\x17.pulse.v1.MissingSampleR\amissing\x12+\n" +
+	"\x05extra\x18\b \x03(\v2\x15.pulse.v1.ExtraValuesR\x05extra\"\x85\x01\n" +
+	"\rMissingSample\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\rR\x03pod\x12\x1b\n" +
-	"\toffset_ms\x18\x02 \x01(\x11R\boffsetMs\x12\x18\n" +
-	"\apresent\x18\x03 \x01(\x04R\apresent\x12\x16\n" +
-	"\x06values\x18\x04 \x03(\x12R\x06values\x121\n" +
-	"\amissing\x18\x05 \x01(\x0e2\x17.pulse.v1.MissingReasonR\amissing\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
-	"\x05extra\x18\a \x03(\x01R\x05extra\"\x17\n" +
+	"\toffset_ms\x18\x02 \x01(\x11R\boffsetMs\x12/\n" +
+	"\x06reason\x18\x03 \x01(\x0e2\x17.pulse.v1.MissingReasonR\x06reason\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"7\n" +
+	"\vExtraValues\x12\x10\n" +
+	"\x03pod\x18\x01 \x01(\rR\x03pod\x12\x16\n" +
+	"\x06values\x18\x02 \x03(\x01R\x06values\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
@@ -1162,7 +1251,7 @@ func file_proto_pulse_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_pulse_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_proto_pulse_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_proto_pulse_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_proto_pulse_v1_ingest_proto_goTypes = []any{
 	(ProtocolVersion)(0),      // 0: pulse.v1.ProtocolVersion
 	(Metric)(0),               // 1: pulse.v1.Metric
@@ -1176,29 +1265,31 @@ var file_proto_pulse_v1_ingest_proto_goTypes = []any{
 	(*Pod)(nil),               // 9: pulse.v1.Pod
 	(*Catalogue)(nil),         // 10: pulse.v1.Catalogue
 	(*SampleBatch)(nil),       // 11: pulse.v1.SampleBatch
-	(*PodSample)(nil),         // 12: pulse.v1.PodSample
-	(*Ack)(nil),               // 13: pulse.v1.Ack
+	(*MissingSample)(nil),     // 12: pulse.v1.MissingSample
+	(*ExtraValues)(nil),       // 13: pulse.v1.ExtraValues
+	(*Ack)(nil),               // 14: pulse.v1.Ack
 }
 var file_proto_pulse_v1_ingest_proto_depIdxs = []int32{
 	6,  // 0: pulse.v1.AgentMessage.hello:type_name -> pulse.v1.Hello
 	10, // 1: pulse.v1.AgentMessage.catalogue:type_name -> pulse.v1.Catalogue
 	11, // 2: pulse.v1.AgentMessage.batch:type_name -> pulse.v1.SampleBatch
 	7,  // 3: pulse.v1.AggregatorMessage.welcome:type_name -> pulse.v1.Welcome
-	13, // 4: pulse.v1.AggregatorMessage.ack:type_name -> pulse.v1.Ack
+	14, // 4: pulse.v1.AggregatorMessage.ack:type_name -> pulse.v1.Ack
 	0,  // 5: pulse.v1.Hello.protocol_version:type_name -> pulse.v1.ProtocolVersion
 	0,  // 6: pulse.v1.Welcome.protocol_version:type_name -> pulse.v1.ProtocolVersion
 	2,  // 7: pulse.v1.Workload.kind:type_name -> pulse.v1.WorkloadKind
 	8,  // 8: pulse.v1.Pod.workloads:type_name -> pulse.v1.Workload
 	9,  // 9: pulse.v1.Catalogue.upsert:type_name -> pulse.v1.Pod
-	12, // 10: pulse.v1.SampleBatch.samples:type_name -> pulse.v1.PodSample
-	3,  // 11: pulse.v1.PodSample.missing:type_name -> pulse.v1.MissingReason
-	4,  // 12: pulse.v1.Ingest.Report:input_type -> pulse.v1.AgentMessage
-	5,  // 13: pulse.v1.Ingest.Report:output_type -> pulse.v1.AggregatorMessage
-	13, // [13:14] is the sub-list for method output_type
-	12, // [12:13] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 10: pulse.v1.SampleBatch.missing:type_name -> pulse.v1.MissingSample
+	13, // 11: pulse.v1.SampleBatch.extra:type_name -> pulse.v1.ExtraValues
+	3,  // 12: pulse.v1.MissingSample.reason:type_name -> pulse.v1.MissingReason
+	4,  // 13: pulse.v1.Ingest.Report:input_type -> pulse.v1.AgentMessage
+	5,  // 14: pulse.v1.Ingest.Report:output_type -> pulse.v1.AggregatorMessage
+	14, // [14:15] is the sub-list for method output_type
+	13, // [13:14] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_proto_pulse_v1_ingest_proto_init() }
@@ -1221,7 +1312,7 @@ func file_proto_pulse_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_pulse_v1_ingest_proto_rawDesc), len(file_proto_pulse_v1_ingest_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

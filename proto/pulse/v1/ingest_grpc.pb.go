@@ -11,12 +11,16 @@
 //   - Every value is carried at its metric's fixed resolution as an integer
 //     (value = n / 10^scale, scale given per Metric below), so that a decimal
 //     value with at most `scale` fractional digits round-trips exactly.
-//   - PodSample.values holds, for each metric whose bit is set in `present`,
-//     in ascending metric id order, the zigzag difference between this n and
-//     the n last sent for the same pod and metric on the same stream (0 if
-//     none was sent yet, so the first value is absolute). gRPC streams are
-//     ordered and lossless, and a new stream starts from zero again, so the
-//     receiver always reconstructs the absolute value.
+//   - The metrics present in a sample form a bitmap (bit i: Metric i). It is
+//     sent as its XOR with the bitmap last sent for the same pod on the same
+//     stream, so an unchanged set costs nothing.
+//   - PodSample.values holds, for each present metric in ascending id order,
+//     a zigzag residual against a prediction from what was last sent for the
+//     same pod and metric on the same stream: for gauges the last value, for
+//     counters the last value plus the last increase. Before anything was
+//     sent the prediction is 0, so the first value is absolute. gRPC streams
+//     are ordered and lossless, and a new stream starts from zero again, so
+//     the receiver always reconstructs the exact quantized value.
 //   - Counters and histogram sums/counts travel as their cumulative values:
 //     a batch the agent never sent (it skipped a tick) loses nothing, because
 //     the next value is still the cumulative one.

@@ -1,0 +1,212 @@
+package wire
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/vllm"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+// marshalRoundTrip sends a batch through the real encoding.
+func marshalRoundTrip(t testing.TB, b *pulsev1.SampleBatch) *pulsev1.SampleBatch {
+	t.Helper()
+	raw, err := proto.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back pulsev1.SampleBatch
+	if err := proto.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	return &back
+}
+
+func TestRoundTrip(t *testing.T) {
+	enc, dec := NewEncoder(), NewDecoder()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for step := range 300 {
+		var b pulsev1.SampleBatch
+		want := map[uint32]Sample{}
+		for pod := uint32(1); pod <= 3; pod++ {
+			s := Sample{Pod: pod, OffsetMs: int32(rng.IntN(100))}
+			switch rng.IntN(6) {
+			case 0:
+				continue // not in this batch: the next one spans a longer interval
+			case 1:
+				s.Missing, s.Error = pulsev1.MissingReason_MISSING_REASON_TIMEOUT, "timed out"
+			default:
+				for id := signal.ID(1); id < signal.NumIDs; id++ {
+					if rng.IntN(5) == 0 {
+						continue // absent this time
+					}
+					// A value on the metric's grid, as a page with that
+					// many decimals gives it.
+					n := rng.Int64N(1_000_000)
+					if id.Kind() == signal.Counter {
+						n += int64(step) * 1000 * int64(signal.Pow10(id.Scale()))
+					}
+					s.Values.Set(id, float64(n)/signal.Pow10(id.Scale()))
+				}
+				if pod == 2 {
+					s.Extra = []float64{float64(step), math.NaN()}
+				}
+			}
+			enc.Append(&b, &s)
+			want[pod] = s
+		}
+		got, err := dec.Decode(marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("step %d: %d samples, want %d", step, len(got), len(want))
+		}
+		for _, g := range got {
+			w := want[g.Pod]
+			if g.Values != w.Values || g.OffsetMs != w.OffsetMs || g.Missing != w.Missing || g.Error != w.Error ||
+				len(g.Extra) != len(w.Extra) || (w.Extra != nil && g.Extra[0] != w.Extra[0]) {
+				t.Fatalf("step %d pod %d: got %+v want %+v", step, g.Pod, g, w)
+			}
+		}
+	}
+}
+
+func TestQuantizedToResolution(t *testing.T) {
+	enc, dec := NewEncoder(), NewDecoder()
+	s := Sample{Pod: 1}
+	s.Values.Set(signal.KVCacheUsage, 0.0026235242675994863) // a real page's value
+	s.Values.Set(signal.TTFTSum, 12.3456789)                 // seconds: milliseconds kept
+	s.Values.Set(signal.Waiting, 7)
+	var b pulsev1.SampleBatch
+	enc.Append(&b, &s)
+	got, err := dec.Decode(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []signal.ID{signal.KVCacheUsage, signal.TTFTSum, signal.Waiting} {
+		if g, _ := got[0].Values.Get(id); g != signal.Quantize(id, s.Values.V[id]) {
+			t.Errorf("%s = %v, want %v", id.Name(), g, signal.Quantize(id, s.Values.V[id]))
+		}
+	}
+	if g := got[0].Values.V[signal.TTFTSum]; g != 12.346 {
+		t.Errorf("ttftSum = %v, want 12.346", g)
+	}
+}
+
+func TestMalformedBatchesAreRejectedWithoutHarm(t *testing.T) {
+	dec := NewDecoder()
+	good := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << signal.Waiting}, Values: []int64{5}}
+	if _, err := dec.Decode(good); err != nil {
+		t.Fatal(err)
+	}
+	for name, bad := range map[string]*pulsev1.SampleBatch{
+		"unknown bit":        {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << 40}, Values: []int64{1, 1}},
+		"bit 0":              {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1}, Values: []int64{1, 1}},
+		"too few values":     {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << signal.Running}, Values: []int64{1}},
+		"too many values":    {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Values: []int64{1, 2}},
+		"value overflowing":  {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Values: []int64{math.MaxInt64 - 2}},
+		"columns differ":     {Pods: []uint32{1, 2}, OffsetsMs: []int32{0}, PresentXor: []uint64{0, 0}},
+		"pod twice":          {Pods: []uint32{1, 1}, OffsetsMs: []int32{0, 0}, PresentXor: []uint64{0, 0}, Values: []int64{1, 1}},
+		"extra of no sample": {Extra: []*pulsev1.ExtraValues{{Pod: 9}}},
+		"missing, no reason": {Missing: []*pulsev1.MissingSample{{Pod: 3}}},
+	} {
+		if _, err := dec.Decode(bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// The state survived: the next residual applies to 5.
+	got, err := dec.Decode(&pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Values: []int64{2}})
+	if err != nil || got[0].Values.V[signal.Waiting] != 7 {
+		t.Fatalf("after bad batches: %v, %v; want waiting 7", got, err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	enc := NewEncoder()
+	s := Sample{Pod: 2, Extra: []float64{1}}
+	s.Values.Set(signal.Waiting, 3)
+	s.Values.Set(signal.TTFTSum, 1.5)
+	var b pulsev1.SampleBatch
+	enc.Append(&b, &s)
+	enc.Append(&b, &Sample{Pod: 3, Missing: pulsev1.MissingReason_MISSING_REASON_CONNECT})
+	raw, _ := proto.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}})
+	f.Add(raw)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var msg pulsev1.AgentMessage
+		if proto.Unmarshal(raw, &msg) != nil || msg.GetBatch() == nil {
+			return
+		}
+		dec := NewDecoder()
+		for range 2 { // twice: the second decode starts from the first's state
+			samples, err := dec.Decode(msg.GetBatch())
+			if err != nil {
+				return
+			}
+			for _, s := range samples {
+				if s.Values.Present&^presentMask != 0 {
+					t.Fatalf("decoded unknown metric bits %#x", s.Values.Present)
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkWireBytesPerPodSample reports the encoded size of one pod's values
+// as the agent sends them: one batch per tick of every pod of a node, for the
+// standard vLLM metric set under a steady simulated load (75% utilisation).
+func BenchmarkWireBytesPerPodSample(b *testing.B) {
+	const pods, ticks = 16, 60
+	ex, err := vllm.NewExtractor(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sims := make([]*vllmsim.Server, pods)
+	for i := range sims {
+		sims[i] = vllmsim.New(vllmsim.Options{Seed: uint64(i)})
+		sims[i].SetModel(vllmsim.QueueModel{ArrivalRate: 12, BatchCapacity: 16, ServiceRate: 1})
+		for range 600 { // ten simulated minutes of history
+			sims[i].Step(0.1)
+		}
+	}
+	// Pre-extract the pages of every tick, so the loop measures encoding.
+	pages := make([][]vllm.Page, ticks)
+	for tick := range pages {
+		for _, s := range sims {
+			for range 10 {
+				s.Step(0.1)
+			}
+			p, err := ex.Extract(s.Page(false))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pages[tick] = append(pages[tick], p)
+		}
+	}
+	var firstBytes, steadyBytes, steadySamples int
+	b.ReportAllocs()
+	for b.Loop() {
+		enc := NewEncoder()
+		firstBytes, steadyBytes, steadySamples = 0, 0, 0
+		for tick, ps := range pages {
+			batch := &pulsev1.SampleBatch{Seq: uint64(tick + 1), TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
+			for i := range ps {
+				enc.Append(batch, &Sample{Pod: uint32(i + 1), OffsetMs: int32(i * 3), Values: ps[i].Values})
+			}
+			n := proto.Size(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}})
+			if tick == 0 {
+				firstBytes = n
+			} else {
+				steadyBytes += n
+				steadySamples += len(ps)
+			}
+		}
+	}
+	b.ReportMetric(float64(steadyBytes)/float64(steadySamples), "B/pod-sample")
+	b.ReportMetric(float64(firstBytes)/pods, "B/pod-sample-first")
+}
