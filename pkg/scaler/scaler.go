@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -33,7 +34,15 @@ type Server struct {
 	done     chan struct{}
 	doneOnce sync.Once
 	streams  sync.WaitGroup
+	open     atomic.Int64
 }
+
+// OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
+// running now.
+func (s *Server) OpenStreams() int64 { return s.open.Load() }
+
+func (s *Server) enter() { s.streams.Add(1); s.open.Add(1) }
+func (s *Server) leave() { s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
@@ -200,7 +209,7 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	if err != nil {
 		return err
 	}
-	return s.watch(stream.Context(), func(sent bool, last bool) (bool, bool, error) {
+	return s.watch(stream.Context(), t.Workload, func(sent bool, last bool) (bool, bool, error) {
 		r, err := s.Evaluate(t)
 		if err != nil {
 			return last, false, nil // keep the stream; KEDA's polls see the error
@@ -224,8 +233,8 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	if err := stream.Send(spec(t)); err != nil {
 		return err
 	}
-	s.streams.Add(1)
-	defer s.streams.Done()
+	s.enter()
+	defer s.leave()
 	select {
 	case <-stream.Context().Done():
 		return stream.Context().Err()
@@ -234,18 +243,18 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	}
 }
 
-// watch runs step at once and after every store change (and every recheck
+// watch runs step at once and after every change of workload k (and every recheck
 // period) until the client cancels or the server shuts down. step receives
 // whether anything was sent and the last state sent, and returns the new
 // last state and whether it sent.
-func (s *Server) watch(ctx context.Context, step func(sent, last bool) (bool, bool, error)) error {
-	s.streams.Add(1)
-	defer s.streams.Done()
+func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bool) (bool, bool, error)) error {
+	s.enter()
+	defer s.leave()
 	tick := time.NewTicker(s.recheck)
 	defer tick.Stop()
 	var sent, last bool
 	for {
-		changed := s.store.Changed() // before evaluating, so no change is missed
+		changed := s.store.Changed(k) // before evaluating, so no change is missed
 		next, didSend, err := step(sent, last)
 		if err != nil {
 			return err

@@ -48,6 +48,8 @@ type Options struct {
 	Retention time.Duration
 	// MaxSamples caps the samples kept per pod.
 	MaxSamples int
+	// Now is the clock (time.Now when nil); tests set it.
+	Now func() time.Time
 }
 
 // Store is safe for concurrent use.
@@ -57,7 +59,7 @@ type Store struct {
 	mu        sync.RWMutex
 	pods      map[string]*pod // by uid
 	workloads map[Key]map[string]*pod
-	changed   chan struct{}
+	watches   map[Key]chan struct{} // closed at the workload's next change
 	now       func() time.Time
 }
 
@@ -72,7 +74,6 @@ type pod struct {
 	lastSeen time.Time // aggregator clock of the last successful sample
 	missing  string
 	errText  string
-	missedAt time.Time
 }
 
 // New returns an empty store.
@@ -83,26 +84,39 @@ func New(opts Options) *Store {
 	if opts.MaxSamples <= 0 {
 		opts.MaxSamples = 128
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	return &Store{
 		opts:      opts,
 		pods:      make(map[string]*pod),
 		workloads: make(map[Key]map[string]*pod),
-		changed:   make(chan struct{}),
-		now:       time.Now,
+		watches:   make(map[Key]chan struct{}),
+		now:       opts.Now,
 	}
 }
 
-// Changed returns a channel that is closed at the next change of the store.
-func (s *Store) Changed() <-chan struct{} {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.changed
+// Changed returns a channel that is closed at the next change of workload k:
+// a sample of one of its pods, or a pod joining, leaving or changing.
+func (s *Store) Changed(k Key) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.watches[k]
+	if ch == nil {
+		ch = make(chan struct{})
+		s.watches[k] = ch
+	}
+	return ch
 }
 
-// notify must be called with mu held for writing.
-func (s *Store) notify() {
-	close(s.changed)
-	s.changed = make(chan struct{})
+// notify wakes the watchers of p's workloads; mu must be held for writing.
+func (s *Store) notify(p *pod) {
+	for _, k := range p.Workloads {
+		if ch := s.watches[k]; ch != nil {
+			close(ch)
+			delete(s.watches, k)
+		}
+	}
 }
 
 // Upsert adds or updates pods reported by source. With full set, pods of the
@@ -118,12 +132,14 @@ func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full 
 			p = &pod{}
 			s.pods[info.UID] = p
 		} else {
+			s.notify(p)
 			s.unlink(p)
 		}
 		p.PodInfo = info
 		p.source = source
 		p.extraNames = extraNames
 		s.link(p)
+		s.notify(p)
 	}
 	if full {
 		for uid, p := range s.pods {
@@ -132,7 +148,6 @@ func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full 
 			}
 		}
 	}
-	s.notify()
 }
 
 // Remove deletes pods by uid.
@@ -142,11 +157,11 @@ func (s *Store) Remove(uids ...string) {
 	for _, uid := range uids {
 		s.removeLocked(uid)
 	}
-	s.notify()
 }
 
 func (s *Store) removeLocked(uid string) {
 	if p := s.pods[uid]; p != nil {
+		s.notify(p)
 		s.unlink(p)
 		delete(s.pods, uid)
 	}
@@ -194,7 +209,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue
 		}
 		if r.Missing != "" {
-			p.missing, p.errText, p.missedAt = r.Missing, r.Error, now
+			p.missing, p.errText = r.Missing, r.Error
+			s.notify(p)
 			continue
 		}
 		if n := len(p.series); n > 0 && r.TimeMs <= p.series[n-1].TimeMs {
@@ -206,8 +222,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		p.extras = append(p.extras, r.Extra)
 		p.trim(s.opts)
 		p.lastSeen, p.missing, p.errText = now, "", ""
+		s.notify(p)
 	}
-	s.notify()
 	return dropped
 }
 

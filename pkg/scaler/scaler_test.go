@@ -1,0 +1,394 @@
+package scaler
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type fixture struct {
+	store  *store.Store
+	clock  *clock
+	server *Server
+	grpc   *grpc.Server
+	client externalscaler.ExternalScalerClient
+	ms     int64 // the agents' clock, Unix ms
+	close  func()
+}
+
+// newFixture serves a scaler over bufconn to a client built from KEDA's
+// generated stubs, exactly as KEDA's external-push scaler calls it.
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{clock: &clock{t: time.Unix(1_700_000_000, 0)}, ms: 1_700_000_000_000}
+	f.store = store.New(store.Options{Retention: time.Minute, Now: f.clock.Now})
+	f.server = New(f.store, time.Minute)
+	f.server.recheck = 20 * time.Millisecond
+	lis := bufconn.Listen(1 << 20)
+	f.grpc = grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(f.grpc, f.server)
+	go func() { _ = f.grpc.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.close = func() {
+		conn.Close()
+		f.server.Shutdown()
+		f.grpc.Stop()
+	}
+	t.Cleanup(f.close)
+	f.client = externalscaler.NewExternalScalerClient(conn)
+	return f
+}
+
+var llama = store.Key{Namespace: "demo", Kind: store.KindWorkspace, Name: "llama"}
+
+// pods adds ready pods of llama.
+func (f *fixture) pods(names ...string) {
+	var infos []store.PodInfo
+	for _, n := range names {
+		infos = append(infos, store.PodInfo{UID: "uid-" + n, Namespace: "demo", Name: n, Ready: true, Workloads: []store.Key{llama}})
+	}
+	f.store.Upsert("node-1", nil, infos, false)
+}
+
+// report stores waiting values per pod name, one second after the last report.
+func (f *fixture) report(waiting map[string]float64) {
+	f.ms += 1000
+	var rs []store.Report
+	for n, w := range waiting {
+		r := store.Report{UID: "uid-" + n}
+		r.TimeMs = f.ms
+		r.Values.Set(signal.Waiting, w)
+		rs = append(rs, r)
+	}
+	f.store.Add(rs)
+}
+
+func ref(md map[string]string) *externalscaler.ScaledObjectRef {
+	return &externalscaler.ScaledObjectRef{Name: "llama-so", Namespace: "demo", ScalerMetadata: md}
+}
+
+func (f *fixture) metric(t *testing.T, md map[string]string) (float64, error) {
+	t.Helper()
+	resp, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "pulse-workspace-demo-llama-waiting"})
+	if err != nil {
+		return 0, err
+	}
+	if len(resp.MetricValues) != 1 {
+		t.Fatalf("%d metric values, want exactly 1 (the HPA sums them)", len(resp.MetricValues))
+	}
+	mv := resp.MetricValues[0]
+	if mv.MetricValue != int64(math.Round(mv.MetricValueFloat)) {
+		t.Fatalf("metricValue %d and metricValueFloat %v disagree", mv.MetricValue, mv.MetricValueFloat)
+	}
+	return mv.MetricValueFloat, nil
+}
+
+func TestHPAArithmetic(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b", "c")
+	f.report(map[string]float64{"a": 12, "b": 9, "c": 15})
+	tests := map[string]struct {
+		md   map[string]string
+		want float64
+	}{
+		// AverageValue: the HPA wants ceil(36/10) = 4 replicas.
+		"total (default)": {md: map[string]string{"workspace": "llama", "threshold": "10"}, want: 36},
+		// Value: the HPA multiplies 12/10 by the pod count itself.
+		"average":       {md: map[string]string{"workspace": "llama", "valueType": "average"}, want: 12},
+		"max":           {md: map[string]string{"workspace": "llama", "aggregation": "max", "valueType": "average"}, want: 15},
+		"max total":     {md: map[string]string{"workspace": "llama", "aggregation": "max"}, want: 45},
+		"seed aliases":  {md: map[string]string{"workspaceName": "llama", "workspaceNamespace": "demo", "metricName": "vllm:num_requests_waiting"}, want: 36},
+		"explicit ns":   {md: map[string]string{"workspace": "llama", "namespace": "demo", "metric": "waiting"}, want: 36},
+		"window of one": {md: map[string]string{"workspace": "llama", "window": "1s"}, want: 36},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := f.metric(t, tc.md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("GetMetrics = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestWindowAveragesGauges(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	for _, w := range []float64{2, 4, 6, 8} {
+		f.report(map[string]float64{"a": w})
+	}
+	got, err := f.metric(t, map[string]string{"workspace": "llama", "window": "10s"})
+	if err != nil || got != 5 {
+		t.Fatalf("10s window = %v, %v; want the mean 5", got, err)
+	}
+	got, err = f.metric(t, map[string]string{"workspace": "llama", "window": "1500ms"})
+	if err != nil || got != 7 {
+		t.Fatalf("1.5s window = %v, %v; want the mean of the last two, 7", got, err)
+	}
+}
+
+func TestMissingPods(t *testing.T) {
+	tests := map[string]struct {
+		a, b        float64
+		missingPods string
+		want        float64
+	}{
+		// Reporting average 13.5 > 10: the silent pod counts as 0, so it
+		// does not inflate the scale-up: (12+15+0) = 27.
+		"above threshold counts 0": {a: 12, b: 15, want: 27},
+		// Reporting average 7 <= 10: the silent pod counts as 15, so it does
+		// not cause a scale-down: 6+8+15 = 29.
+		"at or below counts 1.5x": {a: 6, b: 8, want: 29},
+		"ignore leaves it out":    {a: 6, b: 8, missingPods: "ignore", want: 14},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			f.pods("a", "b", "c")
+			f.report(map[string]float64{"a": tc.a, "b": tc.b, "c": 100})
+			f.clock.Add(6 * time.Second) // c goes silent past staleAfter (5s)
+			f.report(map[string]float64{"a": tc.a, "b": tc.b})
+			md := map[string]string{"workspace": "llama", "window": "1s"}
+			if tc.missingPods != "" {
+				md["missingPods"] = tc.missingPods
+			}
+			got, err := f.metric(t, md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("GetMetrics = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNotReadyPodCountsAsMissing(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b")
+	f.store.Upsert("node-1", nil, []store.PodInfo{{UID: "uid-c", Namespace: "demo", Name: "c", Ready: false, Workloads: []store.Key{llama}}}, false)
+	f.report(map[string]float64{"a": 4, "b": 6})
+	got, err := f.metric(t, map[string]string{"workspace": "llama", "valueType": "average"})
+	if err != nil || got != (4+6+15)/3.0 {
+		t.Fatalf("GetMetrics = %v, %v; want %v", got, err, (4+6+15)/3.0)
+	}
+}
+
+func TestStaleWorkloadIsAnErrorNeverZero(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b")
+	f.report(map[string]float64{"a": 3, "b": 4})
+	f.clock.Add(6 * time.Second)
+	md := map[string]string{"workspace": "llama"}
+	if _, err := f.metric(t, md); status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetMetrics error = %v, want Unavailable", err)
+	}
+	if _, err := f.client.IsActive(context.Background(), ref(md)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("IsActive error = %v, want Unavailable", err)
+	}
+	// A longer staleAfter accepts the same data.
+	md["staleAfter"] = "10s"
+	if got, err := f.metric(t, md); err != nil || got != 7 {
+		t.Fatalf("with staleAfter 10s: %v, %v", got, err)
+	}
+	// A workload nobody reported is an error too.
+	if _, err := f.metric(t, map[string]string{"workspace": "nobody"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown workload: %v, want NotFound", err)
+	}
+}
+
+func TestInvalidMetadata(t *testing.T) {
+	f := newFixture(t)
+	tests := map[string]struct {
+		md  map[string]string
+		key string
+	}{
+		"no workload":        {md: map[string]string{}, key: "workspace"},
+		"two workloads":      {md: map[string]string{"workspace": "a", "deployment": "b"}, key: "deployment"},
+		"unknown metric":     {md: map[string]string{"workspace": "a", "metric": "queue"}, key: "metric"},
+		"bad metricName":     {md: map[string]string{"workspace": "a", "metricName": "a b"}, key: "metricName"},
+		"zero threshold":     {md: map[string]string{"workspace": "a", "threshold": "0"}, key: "threshold"},
+		"text threshold":     {md: map[string]string{"workspace": "a", "threshold": "ten"}, key: "threshold"},
+		"NaN threshold":      {md: map[string]string{"workspace": "a", "threshold": "NaN"}, key: "threshold"},
+		"negative activate":  {md: map[string]string{"workspace": "a", "activationThreshold": "-1"}, key: "activationThreshold"},
+		"bad valueType":      {md: map[string]string{"workspace": "a", "valueType": "sum"}, key: "valueType"},
+		"bad aggregation":    {md: map[string]string{"workspace": "a", "aggregation": "p99"}, key: "aggregation"},
+		"bad missingPods":    {md: map[string]string{"workspace": "a", "missingPods": "zero"}, key: "missingPods"},
+		"window over max":    {md: map[string]string{"workspace": "a", "window": "2m"}, key: "window"},
+		"bad window":         {md: map[string]string{"workspace": "a", "window": "10"}, key: "window"},
+		"negative staleness": {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			for rpc, call := range map[string]func() error{
+				"GetMetricSpec": func() error { _, err := f.client.GetMetricSpec(context.Background(), ref(tc.md)); return err },
+				"GetMetrics":    func() error { _, err := f.metric(t, tc.md); return err },
+				"IsActive":      func() error { _, err := f.client.IsActive(context.Background(), ref(tc.md)); return err },
+			} {
+				err := call()
+				if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"`+tc.key+`"`) {
+					t.Errorf("%s: %v, want InvalidArgument naming %q", rpc, err, tc.key)
+				}
+			}
+		})
+	}
+	// Unknown keys are ignored.
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "colour": "blue"})); err != nil {
+		t.Errorf("unknown key: %v", err)
+	}
+}
+
+func TestMetricSpec(t *testing.T) {
+	f := newFixture(t)
+	md := map[string]string{"workspace": "Llama.Big_1", "namespace": "team/x", "threshold": "2.5", "metric": "kvCacheUsage"}
+	resp, err := f.client.GetMetricSpec(context.Background(), ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.MetricSpecs) != 1 {
+		t.Fatalf("%d specs, want 1", len(resp.MetricSpecs))
+	}
+	s := resp.MetricSpecs[0]
+	if s.MetricName != "pulse-workspace-team-x-llama-big-1-kvcacheusage" || s.TargetSizeFloat != 2.5 || s.TargetSize != 3 {
+		t.Fatalf("spec = %+v", s)
+	}
+	// StreamMetricSpec sends the same spec at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := f.client.StreamMetricSpec(ctx, ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := got.MetricSpecs[0]; g.MetricName != s.MetricName || g.TargetSizeFloat != s.TargetSizeFloat || g.TargetSize != s.TargetSize {
+		t.Fatalf("streamed spec %+v differs from GetMetricSpec %+v", g, s)
+	}
+}
+
+func TestIsActiveAgreesWithGetMetrics(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	md := map[string]string{"workspace": "llama", "activationThreshold": "2"}
+	for _, w := range []float64{0, 2, 3} {
+		f.report(map[string]float64{"a": w})
+		v, err := f.metric(t, md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := f.client.IsActive(context.Background(), ref(md))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Result != (v > 2) {
+			t.Fatalf("waiting %v: IsActive %v but GetMetrics %v", w, resp.Result, v)
+		}
+	}
+}
+
+func TestStreamIsActive(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.report(map[string]float64{"a": 0})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := f.client.StreamIsActive(ctx, ref(map[string]string{"workspace": "llama", "activationThreshold": "1", "window": "1s"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil || first.Result {
+		t.Fatalf("first message = %v, %v; want false at once", first, err)
+	}
+	// The queue rises above activationThreshold: true is pushed.
+	f.report(map[string]float64{"a": 5})
+	if msg, err := stream.Recv(); err != nil || !msg.Result {
+		t.Fatalf("after the queue rose: %v, %v; want true", msg, err)
+	}
+	// And back.
+	f.report(map[string]float64{"a": 0})
+	if msg, err := stream.Recv(); err != nil || msg.Result {
+		t.Fatalf("after the queue fell: %v, %v; want false", msg, err)
+	}
+	// Shutdown ends the stream with EOF (handler returned nil), so KEDA
+	// reconnects in 2s instead of backing off.
+	f.server.Shutdown()
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after shutdown: %v, want EOF", err)
+	}
+}
+
+func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	f := newFixture(t)
+	f.pods("a")
+	f.report(map[string]float64{"a": 3})
+	ctx, cancel := context.WithCancel(context.Background())
+	streams := make([]grpc.ServerStreamingClient[externalscaler.IsActiveResponse], 1000)
+	for i := range streams {
+		s, err := f.client.StreamIsActive(ctx, ref(map[string]string{"workspace": "llama"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = s
+	}
+	if n := f.server.OpenStreams(); n != 1000 {
+		t.Fatalf("%d handlers running, want 1000", n)
+	}
+	cancel()
+	for _, s := range streams {
+		if _, err := s.Recv(); status.Code(err) != codes.Canceled {
+			t.Fatalf("after cancel: %v", err)
+		}
+	}
+	// KEDA's cancel alone releases every handler, before any shutdown.
+	for deadline := time.Now().Add(10 * time.Second); f.server.OpenStreams() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d handlers still running after cancel", f.server.OpenStreams())
+		}
+	}
+	f.close()
+}

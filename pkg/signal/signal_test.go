@@ -1,0 +1,92 @@
+package signal
+
+import (
+	"math"
+	"testing"
+)
+
+func sample(ms int64, set map[ID]float64) Sample {
+	s := Sample{TimeMs: ms}
+	for id, v := range set {
+		s.Set(id, v)
+	}
+	return s
+}
+
+func TestEval(t *testing.T) {
+	rate, _ := Lookup("requestsPerSecond")
+	ttft, _ := Lookup("ttftSeconds")
+	hit, _ := Lookup("prefixCacheHitRate")
+	waiting, _ := Lookup("waiting")
+	series := []Sample{
+		sample(0, map[ID]float64{RequestSuccess: 10, TTFTSum: 1, TTFTCount: 4, PrefixHits: 0, PrefixQueries: 0, Waiting: 2}),
+		sample(1000, map[ID]float64{RequestSuccess: 14, TTFTSum: 2, TTFTCount: 6, PrefixHits: 5, PrefixQueries: 20, Waiting: 4}),
+		// A lost sample at 2000: the next interval is two seconds long.
+		sample(3000, map[ID]float64{RequestSuccess: 22, TTFTSum: 2, TTFTCount: 6, PrefixHits: 5, PrefixQueries: 20, Waiting: 6}),
+	}
+	tests := map[string]struct {
+		m      Metric
+		series []Sample
+		want   float64
+		ok     bool
+	}{
+		"rate over the window":               {rate, series, 4, true},
+		"rate across a lost sample":          {rate, series[1:], 4, true},
+		"ratio is an interval mean":          {ttft, series, 0.5, true},
+		"ratio with no request is undefined": {ttft, series[1:], 0, false},
+		"hit rate":                           {hit, series, 0.25, true},
+		"gauge mean":                         {waiting, series, 4, true},
+		"one sample has no rate":             {rate, series[:1], 0, false},
+		"absent metric is absent":            {Metric{Name: "x", Rule: RuleGauge, Num: Swapped}, series, 0, false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := tc.m.Eval(tc.series)
+			if ok != tc.ok || math.Abs(got-tc.want) > 1e-12 {
+				t.Fatalf("got %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+	// Latest skips the last interval when no request finished in it.
+	if got, ok := ttft.Latest(series); !ok || got != 0.5 {
+		t.Fatalf("Latest ttft = %v, %v; want 0.5 from the last interval with requests", got, ok)
+	}
+	if got, ok := waiting.Latest(series); !ok || got != 6 {
+		t.Fatalf("Latest waiting = %v, %v; want 6", got, ok)
+	}
+}
+
+func TestMonotonicSurvivesAReset(t *testing.T) {
+	var m Monotonic
+	raw := []float64{100, 150, 20, 50} // the server restarted after 150
+	var series []Sample
+	for i, v := range raw {
+		s := sample(int64(i)*1000, map[ID]float64{PromptTokens: v, Waiting: v})
+		m.Adjust(&s.Values)
+		series = append(series, s)
+	}
+	if got := series[3].V[PromptTokens]; got != 200 {
+		t.Fatalf("adjusted counter = %v, want 150+50", got)
+	}
+	if got := series[3].V[Waiting]; got != 50 {
+		t.Fatalf("gauge was adjusted: %v", got)
+	}
+	rate, _ := Lookup("promptTokensPerSecond")
+	if got, _ := rate.Eval(series); got != 100.0/3 {
+		t.Fatalf("rate across the reset = %v, want 100/3 (50 + 20 + 30 over 3s)", got)
+	}
+}
+
+func TestQuantize(t *testing.T) {
+	if got := Quantize(TTFTSum, 1.23456); got != 1.235 {
+		t.Fatalf("ttftSum = %v", got)
+	}
+	if got := Quantize(Waiting, 7); got != 7 {
+		t.Fatalf("waiting = %v", got)
+	}
+	for _, c := range Canonical {
+		if _, ok := Lookup(c.Name); !ok || !c.Num.Valid() {
+			t.Fatalf("%s does not resolve", c.Name)
+		}
+	}
+}
