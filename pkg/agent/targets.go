@@ -122,8 +122,8 @@ func newCatalogue() *catalogue {
 }
 
 // Set replaces the targets. Ids of pods that stay are kept; ids of removed
-// pods are reused only after every stream has been told of the removal (the
-// streams diff by id and uid, so a reused id is sent as remove + upsert).
+// pods are reused, which keeps ids small: the streams diff by id and uid, so
+// a reused id is sent as a removal plus an upsert.
 func (c *catalogue) Set(targets []Target) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -131,6 +131,15 @@ func (c *catalogue) Set(targets []Target) {
 	keep := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		keep[t.UID] = true
+	}
+	for uid, e := range c.entries {
+		if !keep[uid] {
+			c.free = append(c.free, e.id)
+			delete(c.entries, uid)
+			changed = true
+		}
+	}
+	for _, t := range targets {
 		if e, ok := c.entries[t.UID]; ok {
 			if !e.target.equal(t) {
 				e.target = t
@@ -146,13 +155,6 @@ func (c *catalogue) Set(targets []Target) {
 		}
 		c.entries[t.UID] = &entry{id: id, target: t}
 		changed = true
-	}
-	for uid, e := range c.entries {
-		if !keep[uid] {
-			c.free = append(c.free, e.id)
-			delete(c.entries, uid)
-			changed = true
-		}
 	}
 	if changed {
 		c.version++

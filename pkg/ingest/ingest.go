@@ -37,9 +37,10 @@ type Server struct {
 var _ pulsev1.IngestServer = (*Server)(nil)
 
 type metrics struct {
-	streams  prometheus.Gauge
-	samples  *prometheus.CounterVec
-	rejected *prometheus.CounterVec
+	streams     prometheus.Gauge
+	samples     *prometheus.CounterVec
+	ok, missing prometheus.Counter // children of samples, looked up once
+	rejected    *prometheus.CounterVec
 }
 
 // New returns a Server that writes to st and registers its metrics on reg.
@@ -60,6 +61,7 @@ func New(st *store.Store, log *slog.Logger, version string, limits Limits, reg p
 			Name: "pulse_aggregator_rejected_reports_total", Help: "Reports rejected, by reason."},
 			[]string{"reason"}),
 	}}
+	s.m.ok, s.m.missing = s.m.samples.WithLabelValues("ok"), s.m.samples.WithLabelValues("missing")
 	reg.MustRegister(s.m.streams, s.m.samples, s.m.rejected)
 	return s
 }
@@ -138,6 +140,9 @@ type streamState struct {
 	hello *pulsev1.Hello
 	ids   map[uint32]string // pod id → uid
 	dec   *wire.Decoder
+	// Reused from batch to batch.
+	samples []wire.Sample
+	reports []store.Report
 }
 
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
@@ -188,13 +193,16 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 // batch stores a batch. A batch that does not decode ends the stream: the
 // two ends' encoding state no longer agree, and a new stream resets both.
 func (st *streamState) batch(b *pulsev1.SampleBatch) error {
-	samples, err := st.dec.Decode(b)
+	samples, err := st.dec.Decode(st.samples[:0], b)
+	st.samples = samples
 	if err != nil {
 		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
 		return err
 	}
-	reports := make([]store.Report, 0, len(samples))
-	for _, s := range samples {
+	reports := st.reports[:0]
+	defer func() { st.reports = reports[:0] }()
+	for i := range samples {
+		s := &samples[i]
 		uid, ok := st.ids[s.Pod]
 		if !ok {
 			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
@@ -204,7 +212,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
 		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
 			r.Missing, r.Error = wire.ReasonName(s.Missing), s.Error
-			st.srv.m.samples.WithLabelValues("missing").Inc()
+			st.srv.m.missing.Inc()
 			reports = append(reports, r)
 			continue
 		}
@@ -222,7 +230,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 			}
 		}
 		r.Values = s.Values
-		st.srv.m.samples.WithLabelValues("ok").Inc()
+		st.srv.m.ok.Inc()
 		reports = append(reports, r)
 	}
 	if dropped := st.srv.store.Add(reports); dropped > 0 {

@@ -30,6 +30,9 @@ type Server struct {
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
 	recheck time.Duration
+	// minGap spaces a stream's evaluations: changes that come closer are
+	// coalesced into one evaluation, at most minGap after the first.
+	minGap time.Duration
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -48,7 +51,8 @@ var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
 // New returns a Server reading st; window metadata may ask for at most maxWindow.
 func New(st *store.Store, maxWindow time.Duration) *Server {
-	return &Server{store: st, maxWindow: maxWindow, recheck: 500 * time.Millisecond, done: make(chan struct{})}
+	return &Server{store: st, maxWindow: maxWindow, recheck: 500 * time.Millisecond, minGap: 20 * time.Millisecond,
+		done: make(chan struct{})}
 }
 
 // Shutdown ends every open stream with EOF (the handlers return nil), so
@@ -262,12 +266,27 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 		if didSend {
 			sent, last = true, next
 		}
+		last := time.Now()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.done:
 			return nil
 		case <-changed:
+			// Coalesce a burst of changes (every pod of a workload
+			// reporting in the same tick) into one evaluation.
+			if wait := s.minGap - time.Since(last); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-s.done:
+					t.Stop()
+					return nil
+				case <-t.C:
+				}
+			}
 		case <-tick.C:
 		}
 	}

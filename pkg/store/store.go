@@ -59,8 +59,12 @@ type Store struct {
 	mu        sync.RWMutex
 	pods      map[string]*pod // by uid
 	workloads map[Key]map[string]*pod
-	watches   map[Key]chan struct{} // closed at the workload's next change
 	now       func() time.Time
+
+	// watchMu guards watches; it is taken after mu (never before), so that
+	// watchers do not contend for mu.
+	watchMu sync.Mutex
+	watches map[Key]chan struct{} // closed at the workload's next change
 }
 
 type pod struct {
@@ -99,8 +103,8 @@ func New(opts Options) *Store {
 // Changed returns a channel that is closed at the next change of workload k:
 // a sample of one of its pods, or a pod joining, leaving or changing.
 func (s *Store) Changed(k Key) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
 	ch := s.watches[k]
 	if ch == nil {
 		ch = make(chan struct{})
@@ -111,6 +115,13 @@ func (s *Store) Changed(k Key) <-chan struct{} {
 
 // notify wakes the watchers of p's workloads; mu must be held for writing.
 func (s *Store) notify(p *pod) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	s.notifyLocked(p)
+}
+
+// notifyLocked is notify with watchMu held.
+func (s *Store) notifyLocked(p *pod) {
 	for _, k := range p.Workloads {
 		if ch := s.watches[k]; ch != nil {
 			close(ch)
@@ -201,6 +212,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
 	for i := range reports {
 		r := &reports[i]
 		p := s.pods[r.UID]
@@ -210,36 +223,54 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		}
 		if r.Missing != "" {
 			p.missing, p.errText = r.Missing, r.Error
-			s.notify(p)
+			s.notifyLocked(p)
 			continue
 		}
 		if n := len(p.series); n > 0 && r.TimeMs <= p.series[n-1].TimeMs {
 			continue // out of order or repeated: keep the series monotonic in time
 		}
-		v := r.Values
-		p.mono.Adjust(&v)
-		p.series = append(p.series, signal.Sample{TimeMs: r.TimeMs, Values: v})
-		p.extras = append(p.extras, r.Extra)
+		if p.series == nil {
+			p.series = make([]signal.Sample, 0, min(s.opts.MaxSamples, 64))
+		}
+		p.series = append(p.series, signal.Sample{TimeMs: r.TimeMs, Values: r.Values})
+		p.mono.Adjust(&p.series[len(p.series)-1].Values)
+		if r.Extra != nil || p.extras != nil {
+			// extras stays nil until a pod forwards any; then it runs
+			// parallel to series.
+			for len(p.extras) < len(p.series)-1 {
+				p.extras = append(p.extras, nil)
+			}
+			p.extras = append(p.extras, r.Extra)
+		}
 		p.trim(s.opts)
 		p.lastSeen, p.missing, p.errText = now, "", ""
-		s.notify(p)
+		s.notifyLocked(p)
 	}
 	return dropped
 }
 
 // trim drops samples older than the retention (keeping one before it, so a
-// rate over the full retention has its start) and beyond MaxSamples.
+// rate over the full retention has its start) and beyond MaxSamples. It
+// drops lazily, in one copy once half the series has expired, so that an
+// append costs O(1) amortized; readers pick their window from the end.
 func (p *pod) trim(o Options) {
-	last := p.series[len(p.series)-1].TimeMs
-	cut := 0
-	for cut+1 < len(p.series) && p.series[cut+1].TimeMs <= last-o.Retention.Milliseconds() {
-		cut++
+	n := len(p.series)
+	from := p.series[n-1].TimeMs - o.Retention.Milliseconds()
+	if n <= o.MaxSamples && p.series[n/2].TimeMs > from {
+		return // less than half has expired: nothing to do yet
 	}
-	if over := len(p.series) - o.MaxSamples; over > cut {
+	cut := sort.Search(n, func(i int) bool { return p.series[i].TimeMs > from })
+	if cut > 0 {
+		cut-- // keep the sample just before the retention
+	}
+	if over := n - o.MaxSamples; over > cut {
 		cut = over
 	}
-	if cut > 0 {
-		p.series = append(p.series[:0], p.series[cut:]...)
+	if cut == 0 {
+		return
+	}
+	p.series = append(p.series[:0], p.series[cut:]...)
+	if len(p.extras) >= cut {
 		p.extras = append(p.extras[:0], p.extras[cut:]...)
 	}
 }

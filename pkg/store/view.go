@@ -127,7 +127,7 @@ func (p *pod) extra(i int, window time.Duration) (float64, bool) {
 	}
 	var sum float64
 	cnt := 0
-	for j := max(from, 0); j < n; j++ {
+	for j := max(from, 0); j < n && j < len(p.extras); j++ {
 		if i < len(p.extras[j]) && !math.IsNaN(p.extras[j][i]) {
 			sum += p.extras[j][i]
 			cnt++

@@ -24,6 +24,8 @@ const maxQuantum = 1 << 53
 
 // podState is what one end last sent or received for a pod.
 type podState struct {
+	gen     uint64 // the Decode call that last saw the pod (duplicate check)
+	idx     int    // its sample's index in that call's output
 	present uint64
 	last    [signal.NumIDs]int64
 	delta   [signal.NumIDs]int64 // last increase, counters only
@@ -103,80 +105,79 @@ func quantize(id signal.ID, x float64) int64 {
 }
 
 // Decoder is the receiving end of one stream.
-type Decoder struct{ pods map[uint32]*podState }
+type Decoder struct {
+	pods map[uint32]*podState
+	gen  uint64
+}
 
 // NewDecoder returns a Decoder for a new stream.
 func NewDecoder() *Decoder { return &Decoder{pods: make(map[uint32]*podState)} }
 
-// Decode returns the samples of a batch. A malformed batch (columns of
-// different lengths, a pod twice, unknown metric bits, a value count that
-// does not match, a value out of range) yields an error and leaves the
-// decoder's state unchanged; the stream must then be ended, since the two
-// ends no longer agree.
-func (d *Decoder) Decode(b *pulsev1.SampleBatch) ([]Sample, error) {
+// Decode appends the samples of a batch to dst. A malformed batch (columns
+// of different lengths, a pod twice, unknown metric bits, a value count that
+// does not match, a value out of range) yields an error, after which the
+// Decoder must not be used again: the two ends no longer agree, so the stream
+// must end, and a new stream starts a new Decoder.
+func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error) {
 	if len(b.OffsetsMs) != len(b.Pods) || len(b.PresentXor) != len(b.Pods) {
-		return nil, fmt.Errorf("decode batch %d: %d pods, %d offsets, %d present bitmaps", b.Seq, len(b.Pods), len(b.OffsetsMs), len(b.PresentXor))
+		return dst, fmt.Errorf("decode batch %d: %d pods, %d offsets, %d present bitmaps", b.Seq, len(b.Pods), len(b.OffsetsMs), len(b.PresentXor))
 	}
-	out := make([]Sample, 0, len(b.Pods)+len(b.Missing))
-	next := make([]podState, len(b.Pods))
-	index := make(map[uint32]int, len(b.Pods))
+	d.gen++
 	vi := 0
-	for i, pod := range b.Pods {
-		if _, dup := index[pod]; dup {
-			return nil, fmt.Errorf("decode batch %d: pod %d appears twice", b.Seq, pod)
-		}
-		index[pod] = i
-		if st := d.pods[pod]; st != nil {
-			next[i] = *st
-		}
-		st := &next[i]
-		present := b.PresentXor[i] ^ st.present
-		if present&^presentMask != 0 {
-			return nil, fmt.Errorf("decode batch %d: pod %d: unknown metric bits %#x", b.Seq, pod, present&^presentMask)
-		}
-		if n := bits.OnesCount64(present); vi+n > len(b.Values) {
-			return nil, fmt.Errorf("decode batch %d: pod %d: %d metrics present but only %d values left", b.Seq, pod, n, len(b.Values)-vi)
-		}
-		st.present = present
-		s := Sample{Pod: pod, OffsetMs: b.OffsetsMs[i]}
-		for p := present; p != 0; p &= p - 1 {
-			id := signal.ID(bits.TrailingZeros64(p))
-			pred, r := st.predict(id), b.Values[vi]
-			vi++
-			if r > 2*maxQuantum || r < -2*maxQuantum || pred+r > maxQuantum || pred+r < -maxQuantum {
-				return nil, fmt.Errorf("decode batch %d: pod %d: %s out of range", b.Seq, pod, id.Name())
-			}
-			st.record(id, pred+r)
-			s.Values.Set(id, float64(pred+r)/signal.Pow10(id.Scale()))
-		}
-		out = append(out, s)
-	}
-	if vi != len(b.Values) {
-		return nil, fmt.Errorf("decode batch %d: %d values left over", b.Seq, len(b.Values)-vi)
-	}
-	for _, x := range b.Extra {
-		i, ok := index[x.Pod]
-		if !ok || out[i].Extra != nil {
-			return nil, fmt.Errorf("decode batch %d: extra values of pod %d, which has no sample or has two", b.Seq, x.Pod)
-		}
-		out[i].Extra = x.Values
-	}
-	for _, m := range b.Missing {
-		if _, dup := index[m.Pod]; dup || m.Reason == pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			return nil, fmt.Errorf("decode batch %d: missing entry of pod %d is a duplicate or has no reason", b.Seq, m.Pod)
-		}
-		index[m.Pod] = -1
-		out = append(out, Sample{Pod: m.Pod, OffsetMs: m.OffsetMs, Missing: m.Reason, Error: m.Error})
-	}
 	for i, pod := range b.Pods {
 		st := d.pods[pod]
 		if st == nil {
 			st = new(podState)
 			d.pods[pod] = st
 		}
-		*st = next[i]
+		if st.gen == d.gen {
+			return dst, fmt.Errorf("decode batch %d: pod %d appears twice", b.Seq, pod)
+		}
+		st.gen, st.idx = d.gen, len(dst)
+		present := b.PresentXor[i] ^ st.present
+		if present&^presentMask != 0 {
+			return dst, fmt.Errorf("decode batch %d: pod %d: unknown metric bits %#x", b.Seq, pod, present&^presentMask)
+		}
+		if n := bits.OnesCount64(present); vi+n > len(b.Values) {
+			return dst, fmt.Errorf("decode batch %d: pod %d: %d metrics present but only %d values left", b.Seq, pod, n, len(b.Values)-vi)
+		}
+		st.present = present
+		dst = append(dst, Sample{Pod: pod, OffsetMs: b.OffsetsMs[i]})
+		s := &dst[len(dst)-1]
+		for p := present; p != 0; p &= p - 1 {
+			id := signal.ID(bits.TrailingZeros64(p))
+			pred, r := st.predict(id), b.Values[vi]
+			vi++
+			if r > 2*maxQuantum || r < -2*maxQuantum || pred+r > maxQuantum || pred+r < -maxQuantum {
+				return dst, fmt.Errorf("decode batch %d: pod %d: %s out of range", b.Seq, pod, id.Name())
+			}
+			st.record(id, pred+r)
+			s.Values.Set(id, float64(pred+r)/signal.Pow10(id.Scale()))
+		}
 	}
-	return out, nil
+	if vi != len(b.Values) {
+		return dst, fmt.Errorf("decode batch %d: %d values left over", b.Seq, len(b.Values)-vi)
+	}
+	for _, x := range b.Extra {
+		st := d.pods[x.Pod]
+		if st == nil || st.gen != d.gen || st.idx < 0 || dst[st.idx].Extra != nil {
+			return dst, fmt.Errorf("decode batch %d: extra values of pod %d, which has no sample or has two", b.Seq, x.Pod)
+		}
+		dst[st.idx].Extra = x.Values
+	}
+	for _, m := range b.Missing {
+		st := d.pods[m.Pod]
+		if st == nil {
+			st = new(podState)
+			d.pods[m.Pod] = st
+		}
+		if st.gen == d.gen || m.Reason == pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+			return dst, fmt.Errorf("decode batch %d: missing entry of pod %d is a duplicate or has no reason", b.Seq, m.Pod)
+		}
+		st.gen, st.idx = d.gen, -1
+		dst = append(dst, Sample{Pod: m.Pod, OffsetMs: m.OffsetMs, Missing: m.Reason, Error: m.Error})
+	}
+	return dst, nil
 }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.

@@ -1,0 +1,189 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/vllm"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "targets.yaml")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestLoadStaticTargets(t *testing.T) {
+	ts, err := LoadStaticTargets(writeFile(t, `targets:
+- namespace: demo
+  pod: llama-0
+  workspace: llama
+  inferenceSet: llama-set
+  url: http://127.0.0.1:8001/metrics
+- namespace: demo
+  pod: phi-0
+  deployment: phi
+  url: https://10.0.0.1:5000/metrics
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 || len(ts[0].Workloads) != 2 || ts[1].Workloads[0].Kind != pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT {
+		t.Fatalf("targets = %+v", ts)
+	}
+}
+
+func TestLoadStaticTargetsReportsEveryProblem(t *testing.T) {
+	_, err := LoadStaticTargets(writeFile(t, `targets:
+- namespace: demo
+  url: ftp://x
+- namespace: demo
+  pod: a
+  workspace: w
+  url: http://127.0.0.1:1/metrics
+- namespace: demo
+  pod: a
+  workspace: w
+  url: http://127.0.0.1:1/metrics
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"target 0: namespace and pod are required", "target 0: name a workload", `target 0: url "ftp://x"`, "target 2: pod demo/a is listed twice"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := LoadStaticTargets(writeFile(t, "targets:\n- namespace: a\n  pood: x\n")); err == nil || !strings.Contains(err.Error(), "pood") {
+		t.Errorf("unknown key: %v", err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	o := NewOptions()
+	o.ScrapeInterval = time.Millisecond
+	o.ExtraMetrics = stringList{"bad name"}
+	o.LogFormat = "xml"
+	err := o.Validate()
+	for _, want := range []string{"--static-targets", "--aggregator", "--scrape-interval", "extra metric", "--log-format"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
+}
+
+func newScraper(t *testing.T, maxBytes int64) *httpScraper {
+	t.Helper()
+	ex, err := vllm.NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newHTTPScraper(ex, maxBytes, 4)
+}
+
+func TestScrapeNegotiatesAndDecompresses(t *testing.T) {
+	sim := vllmsim.New(vllmsim.Options{Engines: 2})
+	sim.SetLoad(vllmsim.Load{Waiting: vllmsim.F(6), KVCacheUsage: vllmsim.F(0.5)})
+	var accept, encoding string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		accept, encoding = r.Header.Get("Accept"), r.Header.Get("Accept-Encoding")
+		sim.Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	page, err := newScraper(t, 8<<20).Scrape(context.Background(), srv.URL+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(accept, "text/plain;version=0.0.4") || !strings.Contains(accept, "application/openmetrics-text") || encoding != "gzip" {
+		t.Fatalf("Accept %q, Accept-Encoding %q", accept, encoding)
+	}
+	if w, _ := page.Get(signal.Waiting); w != 6 {
+		t.Fatalf("waiting = %v", w)
+	}
+}
+
+func TestScrapeErrorsHaveReasons(t *testing.T) {
+	sim := vllmsim.New(vllmsim.Options{})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", sim.Handler())
+	mux.HandleFunc("/500", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "boom", 500) })
+	mux.HandleFunc("/go", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("go_goroutines 3\n")) })
+	mux.HandleFunc("/garbage", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("vllm:num_requests_waiting{ 3\n"))
+	})
+	mux.HandleFunc("/proto", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/vnd.google.protobuf")
+		_, _ = w.Write([]byte{1, 2})
+	})
+	mux.HandleFunc("/hang", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+
+	tests := map[string]struct {
+		url      string
+		maxBytes int64
+		reason   pulsev1.MissingReason
+	}{
+		"too large":    {srv.URL + "/metrics", 1024, pulsev1.MissingReason_MISSING_REASON_TOO_LARGE},
+		"http status":  {srv.URL + "/500", 8 << 20, pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS},
+		"not vllm":     {srv.URL + "/go", 8 << 20, pulsev1.MissingReason_MISSING_REASON_NOT_VLLM},
+		"parse":        {srv.URL + "/garbage", 8 << 20, pulsev1.MissingReason_MISSING_REASON_PARSE},
+		"content type": {srv.URL + "/proto", 8 << 20, pulsev1.MissingReason_MISSING_REASON_PARSE},
+		"timeout":      {srv.URL + "/hang", 8 << 20, pulsev1.MissingReason_MISSING_REASON_TIMEOUT},
+		"refused":      {deadURL + "/metrics", 8 << 20, pulsev1.MissingReason_MISSING_REASON_CONNECT},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url)
+			var se *ScrapeError
+			if !errors.As(err, &se) || se.Reason != tc.reason {
+				t.Fatalf("err = %v, want reason %v", err, tc.reason)
+			}
+		})
+	}
+}
+
+func TestCatalogueDiff(t *testing.T) {
+	c := newCatalogue()
+	a := Target{UID: "a", Namespace: "ns", Pod: "a", Ready: true, URL: "http://x"}
+	b := Target{UID: "b", Namespace: "ns", Pod: "b", URL: "http://y"}
+	c.Set([]Target{a, b})
+	_, first, _ := c.snapshot()
+	full := diffCatalogue(nil, first, true)
+	if !full.Full || len(full.Upsert) != 2 {
+		t.Fatalf("first catalogue = %v", full)
+	}
+	// b becomes ready, a goes, d arrives and takes a's freed id.
+	b.Ready = true
+	d := Target{UID: "d", Namespace: "ns", Pod: "d", Ready: true, URL: "http://z"}
+	c.Set([]Target{b, d})
+	_, second, _ := c.snapshot()
+	delta := diffCatalogue(first, second, false)
+	if delta.Full || len(delta.Upsert) != 2 || len(delta.Remove) != 1 {
+		t.Fatalf("delta = %v: want b and d upserted, a's id removed", delta)
+	}
+	if delta.Remove[0] != delta.Upsert[0].Id && delta.Remove[0] != delta.Upsert[1].Id {
+		t.Fatalf("a's freed id was not reused by d: %v", delta)
+	}
+	if got := diffCatalogue(second, second, false); len(got.Upsert)+len(got.Remove) != 0 {
+		t.Fatalf("no change gave %v", got)
+	}
+}

@@ -1,0 +1,212 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+const (
+	benchWorkloads   = 1000 // one KEDA stream each
+	benchPodsPerLoad = 4
+	benchAgents      = 8 // streams feeding the aggregator
+)
+
+// startBench runs a real aggregator on loopback with 1,000 StreamIsActive
+// streams open, one per workload, as KEDA would hold them.
+func startBench(b *testing.B) (a *Aggregator, keda externalscaler.ExternalScalerClient, ingestConn *grpc.ClientConn) {
+	b.Helper()
+	o := NewOptions()
+	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.MaxPodsPerAgent = benchWorkloads * benchPodsPerLoad
+	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = a.Run(ctx); close(done) }()
+	b.Cleanup(func() { cancel(); <-done })
+
+	kconn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { kconn.Close() })
+	keda = externalscaler.NewExternalScalerClient(kconn)
+	ingestConn, err = grpc.NewClient(a.IngestAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ingestConn.Close() })
+	return a, keda, ingestConn
+}
+
+func ref(w int) *externalscaler.ScaledObjectRef {
+	return &externalscaler.ScaledObjectRef{Name: "so", Namespace: "bench", ScalerMetadata: map[string]string{
+		"workspace": fmt.Sprintf("w%d", w), "activationThreshold": "5", "staleAfter": "1h"}}
+}
+
+func openKEDAStreams(b *testing.B, keda externalscaler.ExternalScalerClient) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	for w := range benchWorkloads {
+		s, err := keda.StreamIsActive(ctx, ref(w))
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := s.Recv(); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// agentStream is one agent's stream, with its pods listed.
+type agentStream struct {
+	stream grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage]
+	enc    *wire.Encoder
+	pods   []uint32
+	seq    uint64
+}
+
+func openAgent(b *testing.B, conn *grpc.ClientConn, agent int) *agentStream {
+	b.Helper()
+	s, err := pulsev1.NewIngestClient(conn).Report(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	must(s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: fmt.Sprintf("node-%d", agent), ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}))
+	if _, err := s.Recv(); err != nil {
+		b.Fatal(err)
+	}
+	as := &agentStream{stream: s, enc: wire.NewEncoder()}
+	cat := &pulsev1.Catalogue{Full: true}
+	// Agent k holds every benchAgents-th workload's pods.
+	for w := agent; w < benchWorkloads; w += benchAgents {
+		for p := range benchPodsPerLoad {
+			id := uint32(len(as.pods) + 1)
+			as.pods = append(as.pods, id)
+			cat.Upsert = append(cat.Upsert, &pulsev1.Pod{Id: id, Uid: fmt.Sprintf("w%d-p%d", w, p), Namespace: "bench",
+				Name: fmt.Sprintf("w%d-p%d", w, p), Ready: true,
+				Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: fmt.Sprintf("w%d", w)}}})
+		}
+	}
+	must(s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: cat}}))
+	return as
+}
+
+// batch is one tick of every pod of the agent, with the standard metric set.
+func (as *agentStream) batch(tick int) *pulsev1.AgentMessage {
+	as.seq++
+	b := &pulsev1.SampleBatch{Seq: as.seq, TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
+	for _, id := range as.pods {
+		s := wire.Sample{Pod: id, OffsetMs: int32(id % 50)}
+		for m := signal.ID(1); m <= signal.ITLCount; m++ {
+			s.Values.Set(m, float64(tick*int(m)+int(id)%7))
+		}
+		s.Values.Set(signal.Waiting, float64((tick+int(id))%10))
+		s.Values.Set(signal.KVCacheUsage, 0.5)
+		as.enc.Append(b, &s)
+	}
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+}
+
+// BenchmarkIngest measures pod-samples per second through the whole ingest
+// path (protobuf over loopback gRPC, decoding, the store, waking the KEDA
+// streams whose workload changed) while 1,000 StreamIsActive streams are open.
+func BenchmarkIngest(b *testing.B) {
+	a, keda, conn := startBench(b)
+	agents := make([]*agentStream, benchAgents)
+	for i := range agents {
+		agents[i] = openAgent(b, conn, i)
+	}
+	openKEDAStreams(b, keda)
+	_ = a
+	samples := 0
+	var busy time.Duration
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		// Encoding and marshalling are the agents' work: left out of the time.
+		b.StopTimer()
+		msgs := make([]*grpc.PreparedMsg, len(agents))
+		for i, as := range agents {
+			msgs[i] = new(grpc.PreparedMsg)
+			if err := msgs[i].Encode(as.stream, as.batch(n)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		// Every agent sends one tick; all are acked before the next.
+		for i, as := range agents {
+			if err := as.stream.SendMsg(msgs[i]); err != nil {
+				b.Fatal(err)
+			}
+			samples += len(as.pods)
+		}
+		for _, as := range agents {
+			if _, err := as.stream.Recv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		busy += time.Since(t0)
+	}
+	b.ReportMetric(float64(samples)/busy.Seconds(), "pod-samples/s")
+}
+
+// BenchmarkGetMetrics measures GetMetrics over loopback gRPC, as KEDA calls
+// it, with 1,000 streams open and agents reporting; it reports p50 and p99.
+func BenchmarkGetMetrics(b *testing.B) {
+	_, keda, conn := startBench(b)
+	agents := make([]*agentStream, benchAgents)
+	for i := range agents {
+		agents[i] = openAgent(b, conn, i)
+		for t := range 3 {
+			if err := agents[i].stream.Send(agents[i].batch(t)); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := agents[i].stream.Recv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	openKEDAStreams(b, keda)
+	var lat []time.Duration
+	ctx := context.Background()
+	n := 0
+	for b.Loop() {
+		req := &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(n % benchWorkloads), MetricName: "m"}
+		t0 := time.Now()
+		if _, err := keda.GetMetrics(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+		n++
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}

@@ -1,0 +1,135 @@
+package ingest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+type fixture struct {
+	store  *store.Store
+	srv    *Server
+	client pulsev1.IngestClient
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{store: store.New(store.Options{})}
+	f.srv = New(f.store, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", Limits{MaxPodsPerStream: 3}, prometheus.NewRegistry())
+	lis := bufconn.Listen(1 << 20)
+	g := grpc.NewServer()
+	pulsev1.RegisterIngestServer(g, f.srv)
+	go func() { _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); g.Stop() })
+	f.client = pulsev1.NewIngestClient(conn)
+	return f
+}
+
+func hello() *pulsev1.AgentMessage {
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: "node-1", AgentVersion: "test", ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}
+}
+
+func catalogue(pods ...*pulsev1.Pod) *pulsev1.AgentMessage {
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Full: true, Upsert: pods}}}
+}
+
+func pod(id uint32, name string) *pulsev1.Pod {
+	return &pulsev1.Pod{Id: id, Uid: "uid-" + name, Namespace: "ns", Name: name, Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+}
+
+// run sends msgs on a new stream and returns how the stream ended.
+func (f *fixture) run(t *testing.T, msgs ...*pulsev1.AgentMessage) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := f.client.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			break // the server ended the stream; Recv says why
+		}
+	}
+	_ = stream.CloseSend()
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+func TestGoodStreamFeedsTheStore(t *testing.T) {
+	f := newFixture(t)
+	enc := wire.NewEncoder()
+	var b pulsev1.SampleBatch
+	b.Seq, b.TimeUnixMs = 1, 1000
+	s := wire.Sample{Pod: 1}
+	s.Values.Set(signal.Waiting, 4)
+	enc.Append(&b, &s)
+	enc.Append(&b, &wire.Sample{Pod: 2, Missing: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Error: "timed out"})
+	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
+		t.Fatal(err)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+	if len(v) != 1 || len(v[0].Pods) != 2 || v[0].Pods[0].Values["waiting"] != 4 || v[0].Pods[1].Missing != "timeout" {
+		t.Fatalf("store = %+v", v)
+	}
+}
+
+func TestBadStreamsAreRefusedClearly(t *testing.T) {
+	badBatch := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Pods: []uint32{1}}}}
+	tests := map[string]struct {
+		msgs []*pulsev1.AgentMessage
+		code codes.Code
+	}{
+		"no hello":        {msgs: []*pulsev1.AgentMessage{catalogue(pod(1, "a"))}, code: codes.InvalidArgument},
+		"no node":         {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{ProtocolVersion: 1}}}}, code: codes.InvalidArgument},
+		"unknown version": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 9}}}}, code: codes.FailedPrecondition},
+		"pod with no uid": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Namespace: "ns", Name: "a"})}, code: codes.InvalidArgument},
+		"bad workload":    {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Uid: "u", Namespace: "ns", Name: "a", Workloads: []*pulsev1.Workload{{Name: "x"}}})}, code: codes.InvalidArgument},
+		"too many pods":   {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"))}, code: codes.InvalidArgument},
+		"malformed batch": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a")), badBatch}, code: codes.InvalidArgument},
+		"second hello":    {msgs: []*pulsev1.AgentMessage{hello(), hello()}, code: codes.InvalidArgument},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			if err := f.run(t, tc.msgs...); status.Code(err) != tc.code {
+				t.Fatalf("stream ended with %v, want %v", err, tc.code)
+			}
+		})
+	}
+	f := newFixture(t)
+	_ = f.run(t, hello(), catalogue(pod(1, "a")), badBatch)
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("malformed_batch")); got != 1 {
+		t.Fatalf("rejected malformed_batch = %v, want 1", got)
+	}
+}
