@@ -6,6 +6,8 @@ TOOLS     := $(BIN)/tools
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/pulse-io/pulse/pkg/version.Version=$(VERSION)
 PKGS      := ./...
+# The generated code in proto/ names the protoc that made it.
+PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
 .PHONY: all build run test bench fuzz lint fmt proto verify clean
@@ -43,6 +45,8 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 proto:
+	@protoc --version | grep -qx 'libprotoc $(PROTOC_VERSION)' || \
+	  { echo "make proto needs protoc $(PROTOC_VERSION) (Debian bookworm protobuf-compiler); found: $$(protoc --version)"; exit 1; }
 	$(GO) build -o $(TOOLS)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
 	$(GO) build -o $(TOOLS)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=$(TOOLS)/protoc-gen-go \
