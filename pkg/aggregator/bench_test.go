@@ -210,3 +210,71 @@ func BenchmarkGetMetrics(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkPushLatency measures the time from an agent's batch that raises a
+// workload's queue above activationThreshold (sent over loopback gRPC) to
+// KEDA's StreamIsActive receiving true, with 1,000 streams open.
+func BenchmarkPushLatency(b *testing.B) {
+	_, keda, conn := startBench(b)
+	as := openAgent(b, conn, 0)
+	openKEDAStreams(b, keda)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watched, err := keda.StreamIsActive(ctx, ref(0)) // workload w0: agent 0's first four pods
+	if err != nil {
+		b.Fatal(err)
+	}
+	send := func(tick int, waiting float64) {
+		as.seq++
+		batch := &pulsev1.SampleBatch{Seq: as.seq, TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
+		for _, id := range as.pods[:benchPodsPerLoad] {
+			s := wire.Sample{Pod: id}
+			s.Values.Set(signal.Waiting, waiting)
+			as.enc.Append(batch, &s)
+		}
+		if err := as.stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	await := func(want bool) {
+		for {
+			msg, err := watched.Recv()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if msg.Result == want {
+				return
+			}
+		}
+	}
+	go func() { // drain acks
+		for {
+			if _, err := as.stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	var lat []time.Duration
+	tick := 0
+	for b.Loop() {
+		tick++
+		send(tick, 0)
+		await(false)
+		// Samples of one pod come a scrape interval apart; a stream coalesces
+		// changes that come within 20ms of its last evaluation (a tick's
+		// batches), so the rise is sent after that quiet spell.
+		time.Sleep(25 * time.Millisecond)
+		// The window (10s) averages the gauge: the next ten seconds of the
+		// agent's clock all carry the high value, so the average leaves 0
+		// with the first of them.
+		tick += 10
+		t0 := time.Now()
+		send(tick, 100)
+		await(true)
+		lat = append(lat, time.Since(t0))
+		tick += 10
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}

@@ -73,11 +73,13 @@ var errStale = errors.New("stale")
 
 // Evaluate computes a trigger's value.
 func (s *Server) Evaluate(t Trigger) (Result, error) {
-	pods, found := s.store.Query(t.Workload, t.Metric, t.Window, t.StaleAfter)
+	var podBuf [16]store.PodValue
+	var valBuf [16]float64
+	pods, found := s.store.Query(podBuf[:0], t.Workload, t.Metric, t.Window, t.StaleAfter)
 	if !found {
 		return Result{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
 	}
-	var vals []float64
+	vals := valBuf[:0]
 	missing, reporting := 0, 0
 	for _, p := range pods {
 		if p.Reporting {
@@ -257,6 +259,7 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 	tick := time.NewTicker(s.recheck)
 	defer tick.Stop()
 	var sent, last bool
+	var woken time.Time // when a change last woke this stream
 	for {
 		changed := s.store.Changed(k) // before evaluating, so no change is missed
 		next, didSend, err := step(sent, last)
@@ -266,7 +269,6 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 		if didSend {
 			sent, last = true, next
 		}
-		last := time.Now()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -274,8 +276,12 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 			return nil
 		case <-changed:
 			// Coalesce a burst of changes (every pod of a workload
-			// reporting in the same tick) into one evaluation.
-			if wait := s.minGap - time.Since(last); wait > 0 {
+			// reporting in the same tick) into one evaluation: the first
+			// change is evaluated at once, later ones at most every minGap.
+			now := time.Now()
+			wait := s.minGap - now.Sub(woken)
+			woken = now
+			if wait > 0 {
 				t := time.NewTimer(wait)
 				select {
 				case <-ctx.Done():

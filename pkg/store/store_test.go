@@ -93,7 +93,7 @@ func TestMissingAndFreshness(t *testing.T) {
 	if _, ok := v.Averages["waiting"]; ok {
 		t.Fatal("a missing pod entered the average")
 	}
-	pods, _ := s.Query(ws, "waiting", 10*time.Second, time.Second)
+	pods, _ := s.Query(nil, ws, "waiting", 10*time.Second, time.Second)
 	if pods[0].Reporting || pods[0].Defined {
 		t.Fatalf("query = %+v: want not reporting", pods[0])
 	}

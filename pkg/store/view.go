@@ -149,19 +149,19 @@ type PodValue struct {
 	Value   float64
 }
 
-// Query derives one metric over window for every pod of workload k. The
-// metric is a canonical name or an extra gauge's raw name. found is false
+// Query appends to dst one metric over window for every pod of workload k.
+// The metric is a canonical name or an extra gauge's raw name. found is false
 // when the store knows no pod of k.
-func (s *Store) Query(k Key, metric string, window, freshFor time.Duration) (pods []PodValue, found bool) {
+func (s *Store) Query(dst []PodValue, k Key, metric string, window, freshFor time.Duration) (pods []PodValue, found bool) {
 	canon, isCanon := signal.Lookup(metric)
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	members := s.workloads[k]
 	if len(members) == 0 {
-		return nil, false
+		return dst, false
 	}
-	pods = make([]PodValue, 0, len(members))
+	pods = dst
 	for _, p := range members {
 		var pv PodValue
 		pv.Reporting = p.Ready && p.missing == "" && !p.lastSeen.IsZero() && now.Sub(p.lastSeen) <= freshFor
