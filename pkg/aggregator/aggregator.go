@@ -42,6 +42,8 @@ type Options struct {
 	LogFormat        string
 	LogLevel         string
 	MaxSamplesPerPod int
+	MaxPods          int
+	PodExpiry        time.Duration
 }
 
 // NewOptions returns the defaults.
@@ -50,6 +52,7 @@ func NewOptions() *Options {
 		IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080",
 		MaxWindow: time.Minute, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024,
 		ShutdownTimeout: 5 * time.Second, LogFormat: "json", LogLevel: "info", MaxSamplesPerPod: 128,
+		MaxPods: 10000, PodExpiry: 10 * time.Minute,
 	}
 }
 
@@ -62,6 +65,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
 	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
+	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it the pod listed least recently is evicted")
+	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
@@ -76,8 +81,11 @@ func (o *Options) Validate() error {
 	if o.FreshFor <= 0 {
 		errs = append(errs, errors.New("--fresh-for must be above 0"))
 	}
-	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 {
-		errs = append(errs, errors.New("--max-pods-per-agent must be at least 1 and --max-samples-per-pod at least 2"))
+	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
+		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if o.PodExpiry <= 0 {
+		errs = append(errs, errors.New("--pod-expiry must be above 0"))
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", o.LogFormat))
@@ -123,9 +131,12 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod})
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }))
+	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods, Expiry: o.PodExpiry})
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pulse_aggregator_pods_evicted_total", Help: "Pods evicted because --max-pods was reached."}, func() float64 { return float64(a.store.Evicted()) }))
 
 	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
 	a.ingestSrv = grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)

@@ -18,6 +18,11 @@ import (
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
+// maxWorkloadsPerPod bounds the workloads one pod may belong to (a Kaito
+// Workspace, its InferenceSet, a Deployment, an override...), and so, with
+// the store's pod cap, the number of workloads.
+const maxWorkloadsPerPod = 8
+
 // Limits bound what one stream may send.
 type Limits struct {
 	MaxPodsPerStream int
@@ -102,6 +107,8 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	log.Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
+	s.store.OpenSource(hello.Node)
+	defer s.store.CloseSource(hello.Node)
 
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, dec: wire.NewDecoder()}
 	for {
@@ -170,6 +177,9 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			removed = append(removed, old)
 		}
 		st.ids[p.Id] = p.Uid
+		if len(p.Workloads) > maxWorkloadsPerPod {
+			return fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
+		}
 		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready}
 		for _, w := range p.Workloads {
 			kind, ok := kinds[w.Kind]

@@ -51,7 +51,7 @@ var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
 // New returns a Server reading st; window metadata may ask for at most maxWindow.
 func New(st *store.Store, maxWindow time.Duration) *Server {
-	return &Server{store: st, maxWindow: maxWindow, recheck: 500 * time.Millisecond, minGap: 20 * time.Millisecond,
+	return &Server{store: st, maxWindow: maxWindow, recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond,
 		done: make(chan struct{})}
 }
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
 	"github.com/pulse-io/pulse/pkg/signal"
 )
 
@@ -48,6 +50,13 @@ type Options struct {
 	Retention time.Duration
 	// MaxSamples caps the samples kept per pod.
 	MaxSamples int
+	// MaxPods caps the pods held; past it the pod listed (by a catalogue)
+	// least recently is evicted, and counted. Workloads exist only through
+	// their pods.
+	MaxPods int
+	// Expiry: pods of an agent whose streams have all been closed this long
+	// are dropped. Pods of a connected agent stay until it removes them.
+	Expiry time.Duration
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
 }
@@ -57,14 +66,23 @@ type Store struct {
 	opts Options
 
 	mu        sync.RWMutex
-	pods      map[string]*pod // by uid
+	pods      *simplelru.LRU[string, *pod] // by uid, most recently listed first
 	workloads map[Key]map[string]*pod
+	sources   map[string]*source // by node
+	lastSweep time.Time
+	evicted   int
 	now       func() time.Time
 
 	// watchMu guards watches; it is taken after mu (never before), so that
 	// watchers do not contend for mu.
 	watchMu sync.Mutex
 	watches map[Key]chan struct{} // closed at the workload's next change
+}
+
+// source is one node's agent as the store knows it.
+type source struct {
+	streams  int       // open streams
+	closedAt time.Time // when the last one closed
 }
 
 type pod struct {
@@ -91,13 +109,81 @@ func New(opts Options) *Store {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{
+	if opts.MaxPods <= 0 {
+		opts.MaxPods = 10000
+	}
+	if opts.Expiry <= 0 {
+		opts.Expiry = 10 * time.Minute
+	}
+	s := &Store{
 		opts:      opts,
-		pods:      make(map[string]*pod),
 		workloads: make(map[Key]map[string]*pod),
+		sources:   make(map[string]*source),
 		watches:   make(map[Key]chan struct{}),
 		now:       opts.Now,
 	}
+	// The eviction callback runs with mu held, inside Add, Upsert or
+	// Remove: it unlinks the pod from its workloads and wakes their watchers.
+	s.pods, _ = simplelru.NewLRU(opts.MaxPods, func(_ string, p *pod) {
+		s.notify(p)
+		s.unlink(p)
+	})
+	return s
+}
+
+// OpenSource records an agent stream of node opening.
+func (s *Store) OpenSource(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	src := s.sources[node]
+	if src == nil {
+		src = &source{}
+		s.sources[node] = src
+	}
+	src.streams++
+}
+
+// CloseSource records an agent stream of node closing. Its pods stay (and
+// go stale) until the node reconnects or Expiry passes.
+func (s *Store) CloseSource(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if src := s.sources[node]; src != nil && src.streams > 0 {
+		src.streams--
+		if src.streams == 0 {
+			src.closedAt = s.now()
+		}
+	}
+}
+
+// sweep drops the pods of nodes disconnected for longer than Expiry; it
+// runs at most every few seconds, with mu held for writing.
+func (s *Store) sweep(now time.Time) {
+	if now.Sub(s.lastSweep) < 5*time.Second {
+		return
+	}
+	s.lastSweep = now
+	var gone []string
+	for node, src := range s.sources {
+		if src.streams == 0 && now.Sub(src.closedAt) > s.opts.Expiry {
+			delete(s.sources, node)
+			for _, uid := range s.pods.Keys() {
+				if p, ok := s.pods.Peek(uid); ok && p.source == node {
+					gone = append(gone, uid)
+				}
+			}
+		}
+	}
+	for _, uid := range gone {
+		s.pods.Remove(uid) // the eviction callback unlinks it
+	}
+}
+
+// Evicted is the number of pods evicted because MaxPods was reached.
+func (s *Store) Evicted() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.evicted
 }
 
 // Changed returns a channel that is closed at the next change of workload k:
@@ -122,6 +208,9 @@ func (s *Store) notify(p *pod) {
 
 // notifyLocked is notify with watchMu held.
 func (s *Store) notifyLocked(p *pod) {
+	if len(s.watches) == 0 {
+		return
+	}
 	for _, k := range p.Workloads {
 		if ch := s.watches[k]; ch != nil {
 			close(ch)
@@ -138,10 +227,12 @@ func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full 
 	listed := make(map[string]bool, len(pods))
 	for _, info := range pods {
 		listed[info.UID] = true
-		p := s.pods[info.UID]
-		if p == nil {
+		p, ok := s.pods.Get(info.UID)
+		if !ok {
 			p = &pod{}
-			s.pods[info.UID] = p
+			if s.pods.Add(info.UID, p) {
+				s.evicted++
+			}
 		} else {
 			s.notify(p)
 			s.unlink(p)
@@ -153,12 +244,13 @@ func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full 
 		s.notify(p)
 	}
 	if full {
-		for uid, p := range s.pods {
-			if p.source == source && !listed[uid] {
-				s.removeLocked(uid)
+		for _, uid := range s.pods.Keys() {
+			if p, _ := s.pods.Peek(uid); p.source == source && !listed[uid] {
+				s.pods.Remove(uid)
 			}
 		}
 	}
+	s.sweep(s.now())
 }
 
 // Remove deletes pods by uid.
@@ -166,15 +258,7 @@ func (s *Store) Remove(uids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, uid := range uids {
-		s.removeLocked(uid)
-	}
-}
-
-func (s *Store) removeLocked(uid string) {
-	if p := s.pods[uid]; p != nil {
-		s.notify(p)
-		s.unlink(p)
-		delete(s.pods, uid)
+		s.pods.Remove(uid) // the eviction callback unlinks it
 	}
 }
 
@@ -216,8 +300,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 	defer s.watchMu.Unlock()
 	for i := range reports {
 		r := &reports[i]
-		p := s.pods[r.UID]
-		if p == nil {
+		p, ok := s.pods.Peek(r.UID) // samples do not reorder the LRU: that costs too much per sample
+		if !ok {
 			dropped++
 			continue
 		}
@@ -294,5 +378,5 @@ func (p *pod) window(d time.Duration, rule signal.Rule) []signal.Sample {
 func (s *Store) Pods() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.pods)
+	return s.pods.Len()
 }

@@ -67,15 +67,15 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	default:
 	}
 	// Expired samples go lazily; what a reader sees is the window.
-	if n := len(s.pods["a"].series); n > 12 {
+	if n := len(s.peek("a").series); n > 12 {
 		t.Fatalf("%d samples kept, want at most twice the retention's", n)
 	}
-	if n := len(s.pods["a"].window(5*time.Second, signal.RuleRate)); n != 6 {
+	if n := len(s.peek("a").window(5*time.Second, signal.RuleRate)); n != 6 {
 		t.Fatalf("a 5s rate window holds %d samples, want 5s of them plus the one before", n)
 	}
 	// Out-of-order samples are dropped, keeping the series in time order.
 	s.Add([]Report{report("a", 3000, 99)})
-	if got, _ := s.pods["a"].series[len(s.pods["a"].series)-1].Get(signal.Waiting); got != 19 {
+	if got, _ := s.peek("a").series[len(s.peek("a").series)-1].Get(signal.Waiting); got != 19 {
 		t.Fatalf("last waiting = %v", got)
 	}
 }
@@ -96,5 +96,48 @@ func TestMissingAndFreshness(t *testing.T) {
 	pods, _ := s.Query(nil, ws, "waiting", 10*time.Second, time.Second)
 	if pods[0].Reporting || pods[0].Defined {
 		t.Fatalf("query = %+v: want not reporting", pods[0])
+	}
+}
+
+func (s *Store) peek(uid string) *pod {
+	p, _ := s.pods.Peek(uid)
+	return p
+}
+
+func TestMaxPodsEvictsTheLeastRecentlyListed(t *testing.T) {
+	s := New(Options{MaxPods: 2})
+	info := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	s.Upsert("n", nil, []PodInfo{info("a"), info("b")}, false)
+	s.Upsert("n", nil, []PodInfo{info("a")}, false) // a is listed again; b is not
+	s.Upsert("n", nil, []PodInfo{info("c")}, false)
+	if s.Pods() != 2 || s.Evicted() != 1 || s.peek("b") != nil {
+		t.Fatalf("pods %d evicted %d b %v: want b evicted", s.Pods(), s.Evicted(), s.peek("b"))
+	}
+	if v := s.View(ViewOptions{}); len(v[0].Pods) != 2 {
+		t.Fatalf("workload still lists %d pods", len(v[0].Pods))
+	}
+}
+
+func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	s.OpenSource("n1")
+	s.OpenSource("n2")
+	s.Upsert("n1", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
+	s.Upsert("n2", nil, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	s.OpenSource("n1") // a restarted agent's new stream opens before the old one closes
+	s.CloseSource("n1")
+	now = now.Add(2 * time.Minute)
+	s.Upsert("n2", nil, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	if s.Pods() != 2 {
+		t.Fatalf("%d pods: a connected agent's pods expired", s.Pods())
+	}
+	s.CloseSource("n1")
+	now = now.Add(2 * time.Minute)
+	s.Upsert("n2", nil, nil, false)
+	if s.Pods() != 1 || s.peek("a") != nil {
+		t.Fatalf("%d pods: the disconnected agent's pod did not expire", s.Pods())
 	}
 }
