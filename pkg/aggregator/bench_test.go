@@ -2,10 +2,10 @@ package aggregator
 
 import (
 	"context"
-	"os"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"testing"
 	"time"
