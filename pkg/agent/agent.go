@@ -44,6 +44,14 @@ type Agent struct {
 	inflightMu sync.Mutex
 	inflight   map[string]bool
 	lastTick   atomic.Int64 // Unix nanoseconds of the last scrape tick
+	httpAddr   atomic.Value // string: the bound HTTP address, once listening
+}
+
+// HTTPAddr is the bound address of /metrics, /livez and /readyz; empty until
+// Run is listening.
+func (a *Agent) HTTPAddr() string {
+	s, _ := a.httpAddr.Load().(string)
+	return s
 }
 
 // New wires an agent from validated options. The initial targets are set
@@ -224,6 +232,7 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
+	a.httpAddr.Store(ln.Addr().String())
 	a.log.Info("agent http listening", "addr", ln.Addr().String())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve http: %w", err)

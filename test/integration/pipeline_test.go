@@ -72,7 +72,7 @@ func startSims(t *testing.T, specs []simPod) []simPod {
 	return specs
 }
 
-func startAgent(t *testing.T, pods []simPod, aggregatorAddr string) {
+func startAgent(t *testing.T, pods []simPod, aggregatorAddr string, extra ...string) *agent.Agent {
 	t.Helper()
 	targets := "targets:\n"
 	for _, p := range pods {
@@ -85,6 +85,7 @@ func startAgent(t *testing.T, pods []simPod, aggregatorAddr string) {
 	o := agent.NewOptions()
 	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{aggregatorAddr}, "node-1"
 	o.ScrapeInterval, o.HTTPAddr, o.ReconnectMaxBackoff = 200*time.Millisecond, "127.0.0.1:0", 500*time.Millisecond
+	o.ExtraMetrics = extra
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +102,7 @@ func startAgent(t *testing.T, pods []simPod, aggregatorAddr string) {
 			t.Errorf("agent: %v", err)
 		}
 	})
+	return a
 }
 
 // workload fetches one workload from the debug endpoint.

@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+// TestKEDASeesWhatThePodsServe runs simulated pods, an agent and an
+// aggregator, and asks the aggregator's scaler port what KEDA would ask.
+func TestKEDASeesWhatThePodsServe(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}, {name: "llama-1", workload: "llama"}, {name: "llama-2", workload: "llama"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	startAgent(t, pods, agg.IngestAddr(), "process_open_fds:max")
+	setLoad(pods[0], 12, 1, 0.5)
+	setLoad(pods[1], 9, 1, 0.5)
+	setLoad(pods[2], 15, 1, 0.5)
+
+	conn, err := grpc.NewClient(agg.ScalerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	keda := externalscaler.NewExternalScalerClient(conn)
+	get := func(md map[string]string) (float64, error) {
+		resp, err := keda.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
+			ScaledObjectRef: &externalscaler.ScaledObjectRef{Name: "llama", Namespace: "demo", ScalerMetadata: md}, MetricName: "x"})
+		if err != nil {
+			return 0, err
+		}
+		return resp.MetricValues[0].MetricValueFloat, nil
+	}
+	eventually(t, "HPA total", func() error {
+		v, err := get(map[string]string{"workspace": "llama", "window": "1s"})
+		if err != nil {
+			return err
+		}
+		if v != 36 {
+			return fmt.Errorf("total = %v, want 36", v)
+		}
+		return nil
+	})
+	// A gauge forwarded with --extra-metric scales like any other.
+	eventually(t, "forwarded gauge", func() error {
+		v, err := get(map[string]string{"workspace": "llama", "metricName": "process_open_fds", "valueType": "average"})
+		if err != nil {
+			return err
+		}
+		if v != 76 {
+			return fmt.Errorf("process_open_fds = %v, want 76", v)
+		}
+		return nil
+	})
+	// The scaler port answers gRPC health, for native grpc: probes.
+	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v", h, err)
+	}
+}
+
+func TestRatesSurviveARestartedVLLM(t *testing.T) {
+	sim := vllmsim.New(vllmsim.Options{})
+	pods := startSims(t, []simPod{{name: "p-0", workload: "w", sim: sim}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	startAgent(t, pods, agg.IngestAddr())
+	eventually(t, "first report", func() error { _, err := workload(agg.HTTPAddr(), "w"); return err })
+	sim.Complete(50, 1)
+	eventually(t, "requests counted", func() error {
+		w, err := workload(agg.HTTPAddr(), "w")
+		if err != nil {
+			return err
+		}
+		if w.Pods[0].Values["e2eLatencySeconds"] != 1 {
+			return fmt.Errorf("e2eLatencySeconds = %v", w.Pods[0].Values["e2eLatencySeconds"])
+		}
+		return nil
+	})
+	sim.Restart() // every counter back to zero
+	sim.Complete(2, 3)
+	eventually(t, "after the restart", func() error {
+		w, err := workload(agg.HTTPAddr(), "w")
+		if err != nil {
+			return err
+		}
+		p := w.Pods[0]
+		if p.Values["requestsPerSecond"] < 0 || p.Values["e2eLatencySeconds"] != 3 {
+			return fmt.Errorf("requestsPerSecond %v e2eLatencySeconds %v: want no negative rate and the new requests' mean 3",
+				p.Values["requestsPerSecond"], p.Values["e2eLatencySeconds"])
+		}
+		return nil
+	})
+}
+
+func TestSelfMetricsAreValid(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "p-0", workload: "w"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	ag := startAgent(t, pods, agg.IngestAddr())
+	eventually(t, "pod reported", func() error { _, err := workload(agg.HTTPAddr(), "w"); return err })
+	eventually(t, "agent listening", func() error {
+		if ag.HTTPAddr() == "" {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	for _, url := range []string{"http://" + agg.HTTPAddr() + "/metrics", "http://" + ag.HTTPAddr() + "/metrics"} {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		problems, err := promlint.New(resp.Body).Lint()
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("%s: %s: %s", url, p.Metric, p.Text)
+		}
+	}
+	for _, url := range []string{"http://" + agg.HTTPAddr(), "http://" + ag.HTTPAddr()} {
+		for _, path := range []string{"/livez", "/readyz"} {
+			resp, err := http.Get(url + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s%s: %s", url, path, resp.Status)
+			}
+		}
+	}
+	// The agent's own metrics say what it did.
+	resp, err := http.Get("http://" + ag.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"pulse_agent_targets 1", "pulse_agent_scrape_duration_seconds_count", `pulse_agent_aggregator_connected{aggregator="` + agg.IngestAddr() + `"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("agent metrics lack %q", want)
+		}
+	}
+}
