@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -83,7 +84,7 @@ func New(opts *Options, log *slog.Logger) (*Agent, error) {
 }
 
 // SetTargets replaces the pods to scrape.
-func (a *Agent) SetTargets(ts []Target) {
+func (a *Agent) SetTargets(ts []discovery.Target) {
 	a.cat.Set(ts)
 	a.m.targets.Set(float64(len(ts)))
 }
@@ -91,7 +92,7 @@ func (a *Agent) SetTargets(ts []Target) {
 // Run runs the agent until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.StaticTargets != "" {
-		ts, err := LoadStaticTargets(a.opts.StaticTargets)
+		ts, err := discovery.LoadStaticTargets(a.opts.StaticTargets)
 		if err != nil {
 			return err
 		}
@@ -170,7 +171,7 @@ func (a *Agent) endScrape(uid string) {
 	a.inflightMu.Unlock()
 }
 
-func (a *Agent) scrapeOne(ctx context.Context, tg Target) result {
+func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target) result {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 	defer cancel()

@@ -5,72 +5,16 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
-
-func writeFile(t *testing.T, body string) string {
-	t.Helper()
-	f := filepath.Join(t.TempDir(), "targets.yaml")
-	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func TestLoadStaticTargets(t *testing.T) {
-	ts, err := LoadStaticTargets(writeFile(t, `targets:
-- namespace: demo
-  pod: llama-0
-  workspace: llama
-  inferenceSet: llama-set
-  url: http://127.0.0.1:8001/metrics
-- namespace: demo
-  pod: phi-0
-  deployment: phi
-  url: https://10.0.0.1:5000/metrics
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ts) != 2 || len(ts[0].Workloads) != 2 || ts[1].Workloads[0].Kind != pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT {
-		t.Fatalf("targets = %+v", ts)
-	}
-}
-
-func TestLoadStaticTargetsReportsEveryProblem(t *testing.T) {
-	_, err := LoadStaticTargets(writeFile(t, `targets:
-- namespace: demo
-  url: ftp://x
-- namespace: demo
-  pod: a
-  workspace: w
-  url: http://127.0.0.1:1/metrics
-- namespace: demo
-  pod: a
-  workspace: w
-  url: http://127.0.0.1:1/metrics
-`))
-	if err == nil {
-		t.Fatal("accepted")
-	}
-	for _, want := range []string{"target 0: namespace and pod are required", "target 0: name a workload", `target 0: url "ftp://x"`, "target 2: pod demo/a is listed twice"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error lacks %q:\n%v", want, err)
-		}
-	}
-	if _, err := LoadStaticTargets(writeFile(t, "targets:\n- namespace: a\n  pood: x\n")); err == nil || !strings.Contains(err.Error(), "pood") {
-		t.Errorf("unknown key: %v", err)
-	}
-}
 
 func TestOptionsValidate(t *testing.T) {
 	o := NewOptions()
@@ -163,9 +107,9 @@ func TestScrapeErrorsHaveReasons(t *testing.T) {
 
 func TestCatalogueDiff(t *testing.T) {
 	c := newCatalogue()
-	a := Target{UID: "a", Namespace: "ns", Pod: "a", Ready: true, URL: "http://x"}
-	b := Target{UID: "b", Namespace: "ns", Pod: "b", URL: "http://y"}
-	c.Set([]Target{a, b})
+	a := discovery.Target{UID: "a", Namespace: "ns", Pod: "a", Ready: true, URL: "http://x"}
+	b := discovery.Target{UID: "b", Namespace: "ns", Pod: "b", URL: "http://y"}
+	c.Set([]discovery.Target{a, b})
 	_, first, _ := c.snapshot()
 	full := diffCatalogue(nil, first, true)
 	if !full.Full || len(full.Upsert) != 2 {
@@ -173,8 +117,8 @@ func TestCatalogueDiff(t *testing.T) {
 	}
 	// b becomes ready, a goes, d arrives and takes a's freed id.
 	b.Ready = true
-	d := Target{UID: "d", Namespace: "ns", Pod: "d", Ready: true, URL: "http://z"}
-	c.Set([]Target{b, d})
+	d := discovery.Target{UID: "d", Namespace: "ns", Pod: "d", Ready: true, URL: "http://z"}
+	c.Set([]discovery.Target{b, d})
 	_, second, _ := c.snapshot()
 	delta := diffCatalogue(first, second, false)
 	if delta.Full || len(delta.Upsert) != 2 || len(delta.Remove) != 1 {

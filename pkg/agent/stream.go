@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -143,7 +144,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	}()
 
 	enc := wire.NewEncoder()
-	sent := map[uint32]Target{}
+	sent := map[uint32]discovery.Target{}
 	var sentVersion uint64
 	first := true
 	var seq uint64
@@ -188,7 +189,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 }
 
 // batch encodes the pending results of pods in the sent catalogue.
-func (s *streamer) batch(sent map[uint32]Target, enc *wire.Encoder) *pulsev1.SampleBatch {
+func (s *streamer) batch(sent map[uint32]discovery.Target, enc *wire.Encoder) *pulsev1.SampleBatch {
 	pending := s.take()
 	if len(pending) == 0 {
 		return nil
@@ -223,7 +224,7 @@ func (s *streamer) batch(sent map[uint32]Target, enc *wire.Encoder) *pulsev1.Sam
 }
 
 // diffCatalogue is the catalogue message that turns sent into current.
-func diffCatalogue(sent, current map[uint32]Target, full bool) *pulsev1.Catalogue {
+func diffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev1.Catalogue {
 	c := &pulsev1.Catalogue{Full: full}
 	for id, old := range sent {
 		if t, ok := current[id]; !ok || t.UID != old.UID {
@@ -231,7 +232,7 @@ func diffCatalogue(sent, current map[uint32]Target, full bool) *pulsev1.Catalogu
 		}
 	}
 	for id, t := range current {
-		if old, ok := sent[id]; full || !ok || !old.equal(t) {
+		if old, ok := sent[id]; full || !ok || !old.Equal(t) {
 			p := &pulsev1.Pod{Id: id, Uid: t.UID, Namespace: t.Namespace, Name: t.Pod, Ready: t.Ready}
 			for _, w := range t.Workloads {
 				p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: w.Kind, Name: w.Name})

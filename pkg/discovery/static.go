@@ -1,4 +1,6 @@
-package agent
+// Package discovery finds the pods an agent scrapes: from a static file, or
+// from the API server, scoped to the agent's own node.
+package discovery
 
 import (
 	"errors"
@@ -6,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"sync"
 
 	"sigs.k8s.io/yaml"
 
@@ -29,7 +30,8 @@ type Target struct {
 	URL       string
 }
 
-func (t Target) equal(o Target) bool {
+// Equal reports whether two targets are the same in every field.
+func (t Target) Equal(o Target) bool {
 	return t.UID == o.UID && t.Namespace == o.Namespace && t.Pod == o.Pod && t.Ready == o.Ready &&
 		t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads)
 }
@@ -102,86 +104,3 @@ func LoadStaticTargets(path string) ([]Target, error) {
 	return out, nil
 }
 
-// catalogue assigns each target a small id for the wire and versions the set.
-type catalogue struct {
-	mu      sync.Mutex
-	entries map[string]*entry // by uid
-	free    []uint32
-	next    uint32
-	version uint64
-	changed chan struct{}
-}
-
-type entry struct {
-	id     uint32
-	target Target
-}
-
-func newCatalogue() *catalogue {
-	return &catalogue{entries: map[string]*entry{}, next: 1, changed: make(chan struct{})}
-}
-
-// Set replaces the targets. Ids of pods that stay are kept; ids of removed
-// pods are reused, which keeps ids small: the streams diff by id and uid, so
-// a reused id is sent as a removal plus an upsert.
-func (c *catalogue) Set(targets []Target) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	changed := false
-	keep := make(map[string]bool, len(targets))
-	for _, t := range targets {
-		keep[t.UID] = true
-	}
-	for uid, e := range c.entries {
-		if !keep[uid] {
-			c.free = append(c.free, e.id)
-			delete(c.entries, uid)
-			changed = true
-		}
-	}
-	for _, t := range targets {
-		if e, ok := c.entries[t.UID]; ok {
-			if !e.target.equal(t) {
-				e.target = t
-				changed = true
-			}
-			continue
-		}
-		id := c.next
-		if n := len(c.free); n > 0 {
-			id, c.free = c.free[n-1], c.free[:n-1]
-		} else {
-			c.next++
-		}
-		c.entries[t.UID] = &entry{id: id, target: t}
-		changed = true
-	}
-	if changed {
-		c.version++
-		close(c.changed)
-		c.changed = make(chan struct{})
-	}
-}
-
-// snapshot returns the version, a copy of the entries by id, and a channel
-// closed at the next change.
-func (c *catalogue) snapshot() (uint64, map[uint32]Target, <-chan struct{}) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[uint32]Target, len(c.entries))
-	for _, e := range c.entries {
-		out[e.id] = e.target
-	}
-	return c.version, out, c.changed
-}
-
-// targets returns the current targets.
-func (c *catalogue) targets() []Target {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]Target, 0, len(c.entries))
-	for _, e := range c.entries {
-		out = append(out, e.target)
-	}
-	return out
-}

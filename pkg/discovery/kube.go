@@ -1,0 +1,303 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Labels and annotations pulse reads from pods.
+const (
+	// AnnotationScrape "true" adds a pod the selector does not match;
+	// "false" leaves out a pod it does.
+	AnnotationScrape = "pulse.io/scrape"
+	// AnnotationPort, AnnotationPath and AnnotationScheme place the page.
+	AnnotationPort   = "pulse.io/port"
+	AnnotationPath   = "pulse.io/path"
+	AnnotationScheme = "pulse.io/scheme"
+	// KeyWorkload, as a label or an annotation, names the one workload the
+	// pod is reported under, instead of the ones found from its labels and
+	// owners.
+	KeyWorkload = "pulse.io/workload"
+
+	LabelWorkspace    = "kaito.sh/workspace"
+	LabelInferenceSet = "inferenceset.kaito.sh/created-by"
+	LabelLWSName      = "leaderworkerset.sigs.k8s.io/name"
+	labelTemplateHash = "pod-template-hash"
+
+	// DefaultPort is Kaito's vLLM port, used when a pod names none.
+	DefaultPort = 5000
+	// DefaultSelector picks Kaito's inference pods.
+	DefaultSelector = LabelWorkspace
+)
+
+// KubeOptions configure node-local discovery.
+type KubeOptions struct {
+	Client   kubernetes.Interface
+	Node     string
+	Selector labels.Selector
+	// OnChange receives the full set of targets whenever it changes.
+	OnChange func([]Target)
+	Log      *slog.Logger
+}
+
+// Kube watches the pods of one node through a shared informer scoped by a
+// spec.nodeName field selector: the API server sends this agent only its own
+// node's pods.
+type Kube struct {
+	opts    KubeOptions
+	lister  listersv1.PodLister
+	changed chan struct{}
+}
+
+// NewKube returns node-local discovery.
+func NewKube(o KubeOptions) *Kube {
+	return &Kube{opts: o, changed: make(chan struct{}, 1)}
+}
+
+// Run watches until ctx ends.
+func (k *Kube) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(k.opts.Client, 0,
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.opts.Node).String()
+		}))
+	pods := factory.Core().V1().Pods()
+	inf := pods.Informer()
+	// Keep only what discovery reads: managed fields are most of a pod.
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			p.ManagedFields = nil
+		}
+		return obj, nil
+	}); err != nil {
+		return fmt.Errorf("set pod transform: %w", err)
+	}
+	poke := func(any) {
+		select {
+		case k.changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, n any) { poke(n) }, DeleteFunc: poke,
+	}); err != nil {
+		return fmt.Errorf("watch pods: %w", err)
+	}
+	k.lister = pods.Lister()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	k.opts.Log.Info("pod informer synced", "node", k.opts.Node, "selector", k.opts.Selector.String())
+	var last []Target
+	for first := true; ; first = false {
+		ts := k.Targets()
+		if first || !equalTargets(ts, last) {
+			k.opts.OnChange(ts)
+			last = ts
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-k.changed:
+		}
+	}
+}
+
+// Targets returns the targets of the pods in the cache, sorted by uid.
+func (k *Kube) Targets() []Target {
+	pods, err := k.lister.List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	out := make([]Target, 0, len(pods))
+	for _, p := range pods {
+		t, ok, err := TargetOf(p, k.opts.Node, k.opts.Selector)
+		if err != nil {
+			k.opts.Log.Warn("pod not scraped", "pod", p.Namespace+"/"+p.Name, "err", err)
+			continue
+		}
+		if ok {
+			out = append(out, t)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out
+}
+
+func equalTargets(a, b []Target) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TargetOf decides whether pod is scraped and where. ok is false for a pod
+// pulse does not look at; an error explains a pod that asks to be scraped
+// but cannot be (a bad annotation).
+func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok bool, err error) {
+	// The field selector already scopes the watch; this keeps the rule
+	// true whatever the cache holds.
+	if pod.Spec.NodeName != node {
+		return t, false, nil
+	}
+	switch pod.Annotations[AnnotationScrape] {
+	case "false":
+		return t, false, nil
+	case "true":
+	default:
+		if !sel.Matches(labels.Set(pod.Labels)) {
+			return t, false, nil
+		}
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return t, false, nil
+	}
+	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name, Workloads: Workloads(pod)}
+	if len(t.Workloads) == 0 {
+		return t, false, fmt.Errorf("no workload: label it %s or %s, or give it %s", LabelWorkspace, LabelInferenceSet, KeyWorkload)
+	}
+	port, err := portOf(pod)
+	if err != nil {
+		return t, false, err
+	}
+	scheme := pod.Annotations[AnnotationScheme]
+	if scheme == "" {
+		scheme = "http"
+	}
+	if scheme != "http" && scheme != "https" {
+		return t, false, fmt.Errorf("annotation %s=%q: want http or https", AnnotationScheme, scheme)
+	}
+	path := pod.Annotations[AnnotationPath]
+	if path == "" {
+		path = "/metrics"
+	}
+	if !strings.HasPrefix(path, "/") {
+		return t, false, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, path)
+	}
+	host := pod.Status.PodIP
+	if pod.Spec.HostNetwork {
+		host = "127.0.0.1" // over localhost: the agent shares the node's network
+	}
+	t.Ready = host != "" && pod.DeletionTimestamp == nil && podReady(pod)
+	if host != "" {
+		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
+	}
+	return t, true, nil
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// portOf: annotation, else the container port named metrics, else http,
+// else Kaito's 5000.
+func portOf(pod *corev1.Pod) (int, error) {
+	if s, ok := pod.Annotations[AnnotationPort]; ok {
+		p, err := strconv.Atoi(s)
+		if err != nil || p < 1 || p > 65535 {
+			return 0, fmt.Errorf("annotation %s=%q: not a port number", AnnotationPort, s)
+		}
+		return p, nil
+	}
+	for _, name := range []string{"metrics", "http"} {
+		for _, c := range pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == name {
+					return int(cp.ContainerPort), nil
+				}
+			}
+		}
+	}
+	return DefaultPort, nil
+}
+
+// Workloads are the workloads a pod belongs to, all of them: its Kaito
+// Workspace and InferenceSet (labels), its Deployment (its ReplicaSet owner
+// less the pod-template-hash suffix, so no ReplicaSet watch is needed), its
+// StatefulSet or LeaderWorkerSet (owners and LWS label). A pulse.io/workload
+// label or annotation replaces them all with one named workload.
+func Workloads(pod *corev1.Pod) []Workload {
+	if w := firstNonEmpty(pod.Labels[KeyWorkload], pod.Annotations[KeyWorkload]); w != "" {
+		return []Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM, Name: w}}
+	}
+	var out []Workload
+	add := func(kind pulsev1.WorkloadKind, name string) {
+		for _, w := range out {
+			if w.Kind == kind && w.Name == name {
+				return
+			}
+		}
+		out = append(out, Workload{Kind: kind, Name: name})
+	}
+	if v := pod.Labels[LabelWorkspace]; v != "" {
+		add(pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, v)
+	}
+	if v := pod.Labels[LabelInferenceSet]; v != "" {
+		add(pulsev1.WorkloadKind_WORKLOAD_KIND_INFERENCE_SET, v)
+	}
+	if v := pod.Labels[LabelLWSName]; v != "" {
+		add(pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, v)
+	}
+	for _, o := range pod.OwnerReferences {
+		switch o.Kind {
+		case "ReplicaSet":
+			if h := pod.Labels[labelTemplateHash]; h != "" && strings.HasSuffix(o.Name, "-"+h) {
+				add(pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, strings.TrimSuffix(o.Name, "-"+h))
+			}
+		case "StatefulSet":
+			if pod.Labels[LabelLWSName] == "" { // an LWS's own StatefulSets are the LWS
+				add(pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, o.Name)
+			}
+		case "LeaderWorkerSet":
+			add(pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, o.Name)
+		}
+	}
+	return out
+}
+
+func firstNonEmpty(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// ParseSelector parses --pod-selector.
+func ParseSelector(s string) (labels.Selector, error) {
+	sel, err := labels.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("--pod-selector %q: %w", s, err)
+	}
+	return sel, nil
+}
+

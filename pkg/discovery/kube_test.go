@@ -1,0 +1,237 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+func kaitoPod(name, node string, ready bool) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+			Labels: map[string]string{LabelWorkspace: "llama"}},
+		Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"},
+	}
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
+	return p
+}
+
+func TestTargetOf(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	tests := map[string]struct {
+		mutate func(*corev1.Pod)
+		ok     bool
+		bad    bool
+		want   Target
+	}{
+		"kaito pod on Kaito's port": {
+			ok: true, want: Target{UID: "uid-p", Namespace: "ns", Pod: "p", Ready: true, URL: "http://10.0.0.7:5000/metrics",
+				Workloads: []Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}},
+		},
+		"annotations place the page": {
+			mutate: func(p *corev1.Pod) {
+				p.Annotations = map[string]string{AnnotationPort: "8443", AnnotationPath: "/vllm/metrics", AnnotationScheme: "https"}
+			},
+			ok: true, want: Target{Ready: true, URL: "https://10.0.0.7:8443/vllm/metrics"},
+		},
+		"container port named metrics wins over http": {
+			mutate: func(p *corev1.Pod) {
+				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "metrics", ContainerPort: 9400}}
+			},
+			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:9400/metrics"},
+		},
+		"container port named http": {
+			mutate: func(p *corev1.Pod) { p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}} },
+			ok:     true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
+		},
+		"hostNetwork is scraped over localhost": {
+			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true },
+			ok:     true, want: Target{Ready: true, URL: "http://127.0.0.1:5000/metrics"},
+		},
+		"IPv6 pod": {
+			mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
+			ok:     true, want: Target{Ready: true, URL: "http://[fd00::7]:5000/metrics"},
+		},
+		"not selected":     {mutate: func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }},
+		"opted out":        {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScrape: "false"} }},
+		"other node":       {mutate: func(p *corev1.Pod) { p.Spec.NodeName = "node-2" }},
+		"finished":         {mutate: func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }},
+		"bad port":         {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationPort: "http"} }, bad: true},
+		"bad scheme":       {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScheme: "ftp"} }, bad: true},
+		"opted in, no workload": {
+			mutate: func(p *corev1.Pod) { p.Labels = nil; p.Annotations = map[string]string{AnnotationScrape: "true"} }, bad: true,
+		},
+		"not ready is listed, not scraped": {
+			mutate: func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse },
+			ok:     true, want: Target{Ready: false, URL: "http://10.0.0.7:5000/metrics"},
+		},
+		"no IP yet": {
+			mutate: func(p *corev1.Pod) { p.Status.PodIP = "" },
+			ok:     true, want: Target{Ready: false, URL: ""},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := kaitoPod("p", "node-1", true)
+			if tc.mutate != nil {
+				tc.mutate(p)
+			}
+			got, ok, err := TargetOf(p, "node-1", sel)
+			if (err != nil) != tc.bad || ok != tc.ok {
+				t.Fatalf("ok %v err %v; want ok %v bad %v", ok, err, tc.ok, tc.bad)
+			}
+			if !ok {
+				return
+			}
+			if got.URL != tc.want.URL || got.Ready != tc.want.Ready {
+				t.Fatalf("got %+v, want URL %q ready %v", got, tc.want.URL, tc.want.Ready)
+			}
+			if tc.want.UID != "" && !got.Equal(tc.want) {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestWorkloads(t *testing.T) {
+	ctrl := true
+	owner := func(kind, name string) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{Kind: kind, Name: name, Controller: &ctrl}}
+	}
+	tests := map[string]struct {
+		labels      map[string]string
+		annotations map[string]string
+		owners      []metav1.OwnerReference
+		want        []Workload
+	}{
+		"workspace and its inference set": {
+			labels: map[string]string{LabelWorkspace: "llama-0", LabelInferenceSet: "llama"},
+			want:   []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, "llama-0"}, {pulsev1.WorkloadKind_WORKLOAD_KIND_INFERENCE_SET, "llama"}},
+		},
+		"deployment from its replica set": {
+			labels: map[string]string{labelTemplateHash: "7d9f8c6b5"},
+			owners: owner("ReplicaSet", "phi-serving-7d9f8c6b5"),
+			want:   []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, "phi-serving"}},
+		},
+		"bare replica set": {owners: owner("ReplicaSet", "rs-abc")},
+		"statefulset":       {owners: owner("StatefulSet", "llama"), want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, "llama"}}},
+		"leader worker set": {
+			labels: map[string]string{LabelLWSName: "big"}, owners: owner("StatefulSet", "big-0"),
+			want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, "big"}},
+		},
+		"override by annotation": {
+			labels: map[string]string{LabelWorkspace: "llama"}, annotations: map[string]string{KeyWorkload: "gateway"},
+			want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM, "gateway"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: tc.labels, Annotations: tc.annotations, OwnerReferences: tc.owners}}
+			got := Workloads(p)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// recorder keeps the last target set a Kube reported.
+type recorder struct {
+	mu   sync.Mutex
+	last []Target
+	n    int
+}
+
+func (r *recorder) set(ts []Target) { r.mu.Lock(); r.last, r.n = ts, r.n+1; r.mu.Unlock() }
+func (r *recorder) get() []Target  { r.mu.Lock(); defer r.mu.Unlock(); return r.last }
+
+func waitFor(t *testing.T, what string, r *recorder, check func([]Target) error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err = check(r.get()); err == nil {
+			return
+		}
+	}
+	t.Fatalf("%s: %v", what, err)
+}
+
+func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
+	client := fake.NewClientset(kaitoPod("a", "node-1", false), kaitoPod("other", "node-2", true))
+	sel, _ := ParseSelector(DefaultSelector)
+	rec := &recorder{}
+	k := NewKube(KubeOptions{Client: client, Node: "node-1", Selector: sel, OnChange: rec.set,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- k.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	pods := client.CoreV1().Pods("ns")
+	names := func(ts []Target) string {
+		s := ""
+		for _, t := range ts {
+			s += fmt.Sprintf("%s:%v,", t.Pod, t.Ready)
+		}
+		return s
+	}
+	expect := func(what, want string) {
+		t.Helper()
+		waitFor(t, what, rec, func(ts []Target) error {
+			if got := names(ts); got != want {
+				return fmt.Errorf("targets %q, want %q", got, want)
+			}
+			return nil
+		})
+	}
+	expect("initial: a listed, not ready; the other node's pod never", "a:false,")
+
+	a := kaitoPod("a", "node-1", true)
+	if _, err := pods.UpdateStatus(context.Background(), a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("a made ready", "a:true,")
+
+	if _, err := pods.Create(context.Background(), kaitoPod("b", "node-1", true), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("b added", "a:true,b:true,")
+
+	a.Labels = map[string]string{LabelWorkspace: "phi"}
+	if _, err := pods.Update(context.Background(), a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a relabelled", rec, func(ts []Target) error {
+		if len(ts) == 0 || ts[0].Workloads[0].Name != "phi" {
+			return fmt.Errorf("targets %+v", ts)
+		}
+		return nil
+	})
+
+	b := kaitoPod("b", "node-2", true) // b moves to another node
+	if _, err := pods.Update(context.Background(), b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("b moved away", "a:true,")
+
+	if err := pods.Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("a deleted", "")
+}

@@ -1,0 +1,66 @@
+package discovery
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "targets.yaml")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestLoadStaticTargets(t *testing.T) {
+	ts, err := LoadStaticTargets(writeFile(t, `targets:
+- namespace: demo
+  pod: llama-0
+  workspace: llama
+  inferenceSet: llama-set
+  url: http://127.0.0.1:8001/metrics
+- namespace: demo
+  pod: phi-0
+  deployment: phi
+  url: https://10.0.0.1:5000/metrics
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 || len(ts[0].Workloads) != 2 || ts[1].Workloads[0].Kind != pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT {
+		t.Fatalf("targets = %+v", ts)
+	}
+}
+
+func TestLoadStaticTargetsReportsEveryProblem(t *testing.T) {
+	_, err := LoadStaticTargets(writeFile(t, `targets:
+- namespace: demo
+  url: ftp://x
+- namespace: demo
+  pod: a
+  workspace: w
+  url: http://127.0.0.1:1/metrics
+- namespace: demo
+  pod: a
+  workspace: w
+  url: http://127.0.0.1:1/metrics
+`))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"target 0: namespace and pod are required", "target 0: name a workload", `target 0: url "ftp://x"`, "target 2: pod demo/a is listed twice"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := LoadStaticTargets(writeFile(t, "targets:\n- namespace: a\n  pood: x\n")); err == nil || !strings.Contains(err.Error(), "pood") {
+		t.Errorf("unknown key: %v", err)
+	}
+}
+
