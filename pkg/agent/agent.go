@@ -12,11 +12,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -31,16 +37,39 @@ type result struct {
 	err     string
 }
 
+// Resolver resolves aggregator names; net.DefaultResolver is one.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// Deps are the agent's clients, built once at wiring time. New builds the
+// ones left nil from the options.
+type Deps struct {
+	// Kube lists the node's pods; unused in static mode.
+	Kube kubernetes.Interface
+	// NVML is the GPU library; unused with --nvml=off.
+	NVML nvml.Interface
+	// Resolver resolves --aggregator names.
+	Resolver Resolver
+}
+
 // Agent scrapes targets and streams results to aggregators.
 type Agent struct {
 	opts      *Options
 	log       *slog.Logger
+	deps      Deps
 	scraper   Scraper
 	extractor *vllm.Extractor
 	cat       *catalogue
-	streamers []*streamer
 	m         *agentMetrics
 	reg       *prometheus.Registry
+
+	streamersMu sync.RWMutex
+	streamers   map[string]*streamer // by address
+
+	nvml    *gpu.NVML // nil when NVML is off or unavailable
+	podRes  *gpu.PodResources
+	gpuPods atomic.Pointer[map[string]gpu.PodGPU] // by namespace/name
 
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -55,9 +84,13 @@ func (a *Agent) HTTPAddr() string {
 	return s
 }
 
-// New wires an agent from validated options. The initial targets are set
-// with SetTargets (static mode does it in Run).
+// New wires an agent from validated options, building its clients.
 func New(opts *Options, log *slog.Logger) (*Agent, error) {
+	return NewWithDeps(opts, log, Deps{})
+}
+
+// NewWithDeps wires an agent with the given clients (tests pass fakes).
+func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	var extras []vllm.ExtraMetric
 	for _, s := range opts.ExtraMetrics {
 		x, err := vllm.ParseExtraMetric(s)
@@ -73,12 +106,38 @@ func New(opts *Options, log *slog.Logger) (*Agent, error) {
 	reg := prometheus.NewRegistry()
 	a := &Agent{
 		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg,
-		scraper:  newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent),
-		m:        newAgentMetrics(reg),
-		inflight: map[string]bool{},
+		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent, opts.InsecureSkipVerify),
+		m:         newAgentMetrics(reg),
+		inflight:  map[string]bool{},
+		streamers: map[string]*streamer{},
 	}
-	for _, addr := range opts.Aggregators {
-		a.streamers = append(a.streamers, newStreamer(a, addr))
+	if deps.Resolver == nil {
+		deps.Resolver = net.DefaultResolver
+	}
+	if opts.StaticTargets == "" && deps.Kube == nil {
+		cfg, err := clientcmd.BuildConfigFromFlags("", opts.KubeConfig) // in-cluster when empty
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client config (set --kubeconfig, or --static-targets to run without Kubernetes): %w", err)
+		}
+		cfg.UserAgent = "pulse-agent/" + version.Version
+		if deps.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
+	if opts.NVML != gpu.ModeOff && deps.NVML == nil {
+		deps.NVML = nvml.New()
+	}
+	a.deps = deps
+	if opts.NVML != gpu.ModeOff {
+		if a.nvml, err = gpu.OpenNVML(deps.NVML, opts.NVML, log); err != nil {
+			return nil, err
+		}
+	}
+	if a.nvml != nil {
+		a.m.nvml.Set(1)
+		if a.podRes, err = gpu.DialPodResources(opts.PodResourcesSocket); err != nil {
+			return nil, err
+		}
 	}
 	return a, nil
 }
@@ -91,6 +150,8 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 
 // Run runs the agent until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.nvml.Close()
+	g, ctx := errgroup.WithContext(ctx)
 	if a.opts.StaticTargets != "" {
 		ts, err := discovery.LoadStaticTargets(a.opts.StaticTargets)
 		if err != nil {
@@ -98,13 +159,19 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.SetTargets(ts)
 		a.log.Info("static targets loaded", "targets", len(ts), "file", a.opts.StaticTargets)
+	} else {
+		sel, err := discovery.ParseSelector(a.opts.PodSelector)
+		if err != nil {
+			return err
+		}
+		k := discovery.NewKube(discovery.KubeOptions{Client: a.deps.Kube, Node: a.opts.NodeName, Selector: sel,
+			OnChange: a.SetTargets, Log: a.log})
+		g.Go(func() error { return k.Run(ctx) })
 	}
-	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.serveHTTP(ctx) })
 	g.Go(func() error { a.scrapeLoop(ctx); return nil })
-	for _, s := range a.streamers {
-		g.Go(func() error { s.run(ctx); return nil })
-	}
+	g.Go(func() error { a.gpuLoop(ctx); return nil })
+	g.Go(func() error { a.fanOut(ctx); return nil })
 	err := g.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -177,6 +244,9 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target) result {
 	defer cancel()
 	page, err := a.scraper.Scrape(sctx, tg.URL)
 	a.m.duration.Observe(time.Since(start).Seconds())
+	if err == nil {
+		a.addGPU(tg, &page)
+	}
 	r := result{uid: tg.UID, timeMs: start.UnixMilli(), page: page}
 	if err != nil {
 		var se *ScrapeError
@@ -198,8 +268,75 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target) result {
 // publish hands a result to every stream; a newer result of the same pod
 // replaces one not yet sent (its values are cumulative, so none is lost).
 func (a *Agent) publish(r result) {
+	a.streamersMu.RLock()
+	defer a.streamersMu.RUnlock()
 	for _, s := range a.streamers {
 		s.offer(r)
+	}
+}
+
+// addGPU adds the pod's GPU values, from the last GPU read, to its page.
+func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
+	m := a.gpuPods.Load()
+	if m == nil {
+		return
+	}
+	g, ok := (*m)[tg.Namespace+"/"+tg.Pod]
+	if !ok {
+		return
+	}
+	if g.HasUtilization {
+		page.Set(signal.GPUUtilization, g.Utilization)
+	}
+	if g.HasMemory {
+		page.Set(signal.GPUMemoryUsage, g.Memory)
+	}
+}
+
+// gpuLoop reads NVML and the kubelet's pod resources every interval. With
+// no NVML it does nothing; with no kubelet socket it says so once and goes
+// on trying (a kubelet that comes back is picked up).
+func (a *Agent) gpuLoop(ctx context.Context) {
+	if a.nvml == nil {
+		return
+	}
+	defer a.podRes.Close()
+	t := time.NewTicker(a.opts.ScrapeInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		devs, err := a.nvml.Read()
+		if err != nil {
+			a.log.Debug("NVML read", "err", err)
+		}
+		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+		pods, err := a.podRes.List(lctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.m.podResErrors.Inc()
+			if !failing {
+				a.log.Warn("kubelet pod-resources unavailable; GPU values are not attributed to pods", "socket", a.opts.PodResourcesSocket, "err", err)
+			}
+			failing = true
+			a.gpuPods.Store(nil)
+		case err == nil:
+			if failing {
+				a.log.Info("kubelet pod-resources available again", "socket", a.opts.PodResourcesSocket)
+			}
+			failing = false
+			byPod, unknown := gpu.Attribute(devs, pods)
+			if len(unknown) > 0 {
+				a.m.unknownDevices.Add(float64(len(unknown)))
+				a.log.Debug("device IDs that NVML does not know", "ids", unknown)
+			}
+			a.gpuPods.Store(&byPod)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
@@ -256,18 +393,27 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 type agentMetrics struct {
-	duration  prometheus.Histogram
-	errors    *prometheus.CounterVec
-	targets   prometheus.Gauge
-	skipped   prometheus.Counter
-	connected *prometheus.GaugeVec
-	batches   *prometheus.CounterVec
-	bytes     *prometheus.CounterVec
-	acked     *prometheus.GaugeVec
+	nvml           prometheus.Gauge
+	unknownDevices prometheus.Counter
+	podResErrors   prometheus.Counter
+	duration       prometheus.Histogram
+	errors         *prometheus.CounterVec
+	targets        prometheus.Gauge
+	skipped        prometheus.Counter
+	connected      *prometheus.GaugeVec
+	batches        *prometheus.CounterVec
+	bytes          *prometheus.CounterVec
+	acked          *prometheus.GaugeVec
 }
 
 func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 	m := &agentMetrics{
+		nvml: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pulse_agent_nvml_available", Help: "1 when NVML is initialized and GPU utilization is read."}),
+		unknownDevices: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_agent_gpu_unknown_devices_total", Help: "GPU device IDs from the kubelet that NVML does not know."}),
+		podResErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_agent_pod_resources_errors_total", Help: "Failed calls to the kubelet's pod-resources API."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "pulse_agent_scrape_duration_seconds", Help: "Duration of one pod scrape, successful or not.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
@@ -289,6 +435,6 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 	for _, r := range []pulsev1.MissingReason{1, 2, 3, 4, 5, 6} {
 		m.errors.WithLabelValues(wire.ReasonName(r))
 	}
-	reg.MustRegister(m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
+	reg.MustRegister(m.nvml, m.unknownDevices, m.podResErrors, m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
 	return m
 }

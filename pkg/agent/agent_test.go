@@ -21,8 +21,10 @@ func TestOptionsValidate(t *testing.T) {
 	o.ScrapeInterval = time.Millisecond
 	o.ExtraMetrics = stringList{"bad name"}
 	o.LogFormat = "xml"
+	o.NVML = "maybe"
+	o.PodSelector = "a in (b"
 	err := o.Validate()
-	for _, want := range []string{"--static-targets", "--aggregator", "--scrape-interval", "extra metric", "--log-format"} {
+	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "--log-format", "--nvml", "--pod-selector"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
@@ -35,7 +37,7 @@ func newScraper(t *testing.T, maxBytes int64) *httpScraper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHTTPScraper(ex, maxBytes, 4)
+	return newHTTPScraper(ex, maxBytes, 4, false)
 }
 
 func TestScrapeNegotiatesAndDecompresses(t *testing.T) {

@@ -6,16 +6,25 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/vllm"
 )
 
 // Options are the agent's flags.
 type Options struct {
 	StaticTargets       string
+	KubeConfig          string
+	PodSelector         string
+	InsecureSkipVerify  bool
+	NVML                string
+	PodResourcesSocket  string
+	ResolveInterval     time.Duration
 	Aggregators         stringList
 	NodeName            string
 	ScrapeInterval      time.Duration
@@ -37,6 +46,10 @@ func NewOptions() *Options {
 		node, _ = os.Hostname()
 	}
 	return &Options{
+		PodSelector:         discovery.DefaultSelector,
+		NVML:                gpu.ModeAuto,
+		PodResourcesSocket:  gpu.DefaultPodResourcesSocket,
+		ResolveInterval:     10 * time.Second,
 		NodeName:            node,
 		ScrapeInterval:      time.Second,
 		MaxConcurrent:       64,
@@ -52,7 +65,13 @@ func NewOptions() *Options {
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.StaticTargets, "static-targets", o.StaticTargets, "YAML file listing the pods to scrape (static mode, no Kubernetes)")
-	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port; repeatable or comma-separated")
+	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig file (default: the in-cluster config)")
+	fs.StringVar(&o.PodSelector, "pod-selector", o.PodSelector, "label selector of the pods to scrape (pods annotated pulse.io/scrape=true are added, =false left out)")
+	fs.BoolVar(&o.InsecureSkipVerify, "https-insecure-skip-verify", o.InsecureSkipVerify, "do not verify the certificates of pods scraped over https")
+	fs.StringVar(&o.NVML, "nvml", o.NVML, "GPU utilization from NVML: auto (when a driver is there), on (required) or off")
+	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "the kubelet's pod-resources socket, to attribute GPUs to pods")
+	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a headless Service gives every replica)")
+	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name (default $NODE_NAME, else the hostname)")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped")
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
@@ -69,8 +88,19 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // Validate reports every problem of the options.
 func (o *Options) Validate() error {
 	var errs []error
-	if o.StaticTargets == "" {
-		errs = append(errs, errors.New("--static-targets is required (Kubernetes discovery is not built in this version)"))
+	if _, err := discovery.ParseSelector(o.PodSelector); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NVML != gpu.ModeAuto && o.NVML != gpu.ModeOn && o.NVML != gpu.ModeOff {
+		errs = append(errs, fmt.Errorf("--nvml %q: want auto, on or off", o.NVML))
+	}
+	if o.ResolveInterval < 100*time.Millisecond {
+		errs = append(errs, errors.New("--resolve-interval must be at least 100ms"))
+	}
+	for _, a := range o.Aggregators {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port", a))
+		}
 	}
 	if len(o.Aggregators) == 0 {
 		errs = append(errs, errors.New("--aggregator is required"))

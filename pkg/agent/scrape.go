@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,8 +41,11 @@ type httpScraper struct {
 
 var _ Scraper = (*httpScraper)(nil)
 
-func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int) *httpScraper {
+func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSkipVerify bool) *httpScraper {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if insecureSkipVerify {
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's choice, --https-insecure-skip-verify
+	}
 	tr.MaxIdleConns = maxConns
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second

@@ -300,4 +300,3 @@ func ParseSelector(s string) (labels.Selector, error) {
 	}
 	return sel, nil
 }
-

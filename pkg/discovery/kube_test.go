@@ -57,8 +57,10 @@ func TestTargetOf(t *testing.T) {
 			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:9400/metrics"},
 		},
 		"container port named http": {
-			mutate: func(p *corev1.Pod) { p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}} },
-			ok:     true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
+			mutate: func(p *corev1.Pod) {
+				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}}
+			},
+			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
 		},
 		"hostNetwork is scraped over localhost": {
 			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true },
@@ -68,12 +70,12 @@ func TestTargetOf(t *testing.T) {
 			mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
 			ok:     true, want: Target{Ready: true, URL: "http://[fd00::7]:5000/metrics"},
 		},
-		"not selected":     {mutate: func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }},
-		"opted out":        {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScrape: "false"} }},
-		"other node":       {mutate: func(p *corev1.Pod) { p.Spec.NodeName = "node-2" }},
-		"finished":         {mutate: func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }},
-		"bad port":         {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationPort: "http"} }, bad: true},
-		"bad scheme":       {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScheme: "ftp"} }, bad: true},
+		"not selected": {mutate: func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }},
+		"opted out":    {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScrape: "false"} }},
+		"other node":   {mutate: func(p *corev1.Pod) { p.Spec.NodeName = "node-2" }},
+		"finished":     {mutate: func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }},
+		"bad port":     {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationPort: "http"} }, bad: true},
+		"bad scheme":   {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScheme: "ftp"} }, bad: true},
 		"opted in, no workload": {
 			mutate: func(p *corev1.Pod) { p.Labels = nil; p.Annotations = map[string]string{AnnotationScrape: "true"} }, bad: true,
 		},
@@ -130,7 +132,7 @@ func TestWorkloads(t *testing.T) {
 			want:   []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, "phi-serving"}},
 		},
 		"bare replica set": {owners: owner("ReplicaSet", "rs-abc")},
-		"statefulset":       {owners: owner("StatefulSet", "llama"), want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, "llama"}}},
+		"statefulset":      {owners: owner("StatefulSet", "llama"), want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, "llama"}}},
 		"leader worker set": {
 			labels: map[string]string{LabelLWSName: "big"}, owners: owner("StatefulSet", "big-0"),
 			want: []Workload{{pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, "big"}},
@@ -159,7 +161,7 @@ type recorder struct {
 }
 
 func (r *recorder) set(ts []Target) { r.mu.Lock(); r.last, r.n = ts, r.n+1; r.mu.Unlock() }
-func (r *recorder) get() []Target  { r.mu.Lock(); defer r.mu.Unlock(); return r.last }
+func (r *recorder) get() []Target   { r.mu.Lock(); defer r.mu.Unlock(); return r.last }
 
 func waitFor(t *testing.T, what string, r *recorder, check func([]Target) error) {
 	t.Helper()

@@ -103,4 +103,3 @@ func LoadStaticTargets(path string) ([]Target, error) {
 	}
 	return out, nil
 }
-

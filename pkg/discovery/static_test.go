@@ -63,4 +63,3 @@ func TestLoadStaticTargetsReportsEveryProblem(t *testing.T) {
 		t.Errorf("unknown key: %v", err)
 	}
 }
-

@@ -1,0 +1,117 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// DefaultPodResourcesSocket is the kubelet's pod-resources socket. The agent
+// mounts its directory, so a kubelet restart (a new socket) is survived.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// PodResources lists which devices the kubelet gave to which pod.
+type PodResources struct {
+	conn   *grpc.ClientConn
+	client podresourcesv1.PodResourcesListerClient
+}
+
+// DialPodResources connects to the kubelet's socket. gRPC redials it, with
+// a backoff of at most a second, when the kubelet restarts.
+func DialPodResources(socket string) (*PodResources, error) {
+	conn, err := grpc.NewClient("unix://"+socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
+	if err != nil {
+		return nil, fmt.Errorf("pod-resources socket %s: %w", socket, err)
+	}
+	return &PodResources{conn: conn, client: podresourcesv1.NewPodResourcesListerClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (p *PodResources) Close() error { return p.conn.Close() }
+
+// IsGPUResource reports whether a device plugin resource is an NVIDIA GPU or
+// MIG device.
+func IsGPUResource(name string) bool {
+	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-")
+}
+
+// List returns each pod's GPU device IDs, by "namespace/name".
+func (p *PodResources) List(ctx context.Context) (map[string][]string, error) {
+	resp, err := p.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list pod resources: %w", err)
+	}
+	out := map[string][]string{}
+	for _, pr := range resp.GetPodResources() {
+		for _, c := range pr.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if IsGPUResource(d.GetResourceName()) {
+					key := pr.GetNamespace() + "/" + pr.GetName()
+					out[key] = append(out[key], d.GetDeviceIds()...)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// PodGPU is what a pod's GPUs did.
+type PodGPU struct {
+	// Utilization: mean over the pod's devices that report one (0..1).
+	Utilization    float64
+	HasUtilization bool
+	// Memory: mean over the pod's devices of used/total (0..1).
+	Memory    float64
+	HasMemory bool
+}
+
+// Attribute maps each pod's device IDs (GPU UUIDs, MIG UUIDs, or indices) to
+// the devices read, and returns the pods' GPU values and the IDs it could
+// not map.
+func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, unknown []string) {
+	out = make(map[string]PodGPU, len(pods))
+	for pod, ids := range pods {
+		var g PodGPU
+		var util, mem float64
+		nu, nm := 0, 0
+		for _, id := range ids {
+			d, ok := devs.ByUUID[id]
+			if !ok {
+				if uuid, byIndex := devs.ByIndex[id]; byIndex {
+					d, ok = devs.ByUUID[uuid]
+				}
+			}
+			if !ok {
+				unknown = append(unknown, id)
+				continue
+			}
+			if d.HasUtilization {
+				util += d.Utilization
+				nu++
+			}
+			if d.MemTotal > 0 {
+				mem += float64(d.MemUsed) / float64(d.MemTotal)
+				nm++
+			}
+		}
+		if nu > 0 {
+			g.Utilization, g.HasUtilization = util/float64(nu), true
+		}
+		if nm > 0 {
+			g.Memory, g.HasMemory = mem/float64(nm), true
+		}
+		if nu > 0 || nm > 0 {
+			out[pod] = g
+		}
+	}
+	return out, unknown
+}

@@ -1,0 +1,210 @@
+package gpu
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"google.golang.org/grpc"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// mockGPUs is a DGX A100 whose GPU i is (10·i)% busy and holds i GiB of 40.
+// The mock wires no utilization call: the test sets GetSamples (GPUs 0-3,
+// two samples per read) and GetUtilizationRates (the others, where
+// GetSamples answers NOT_SUPPORTED).
+func mockGPUs(t *testing.T) *dgxa100.Server {
+	t.Helper()
+	s := dgxa100.New()
+	for i, d := range s.Devices {
+		dev := d.(*dgxa100.Device)
+		busy := uint32(10 * i)
+		dev.MemoryInfo = nvml.Memory{Total: 40 << 30, Used: uint64(i) << 30}
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			return nvml.Utilization{Gpu: busy}, nvml.SUCCESS
+		}
+		var ts uint64
+		dev.GetSamplesFunc = func(st nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			if i >= 4 || st != nvml.GPU_UTILIZATION_SAMPLES {
+				return 0, nil, nvml.ERROR_NOT_SUPPORTED
+			}
+			// Two samples since last: busy-5 and busy+5, mean busy.
+			var out []nvml.Sample
+			for _, v := range []uint32{busy - min(busy, 5), busy + 5 - (5 - min(busy, 5))} {
+				ts++
+				var sv [8]byte
+				binary.LittleEndian.PutUint32(sv[:4], v)
+				out = append(out, nvml.Sample{TimeStamp: last + ts, SampleValue: sv})
+			}
+			return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
+		}
+	}
+	return s
+}
+
+// fakeKubelet serves the pod-resources List on a unix socket.
+type fakeKubelet struct {
+	podresourcesv1.UnimplementedPodResourcesListerServer
+	mu   sync.Mutex
+	pods []*podresourcesv1.PodResources
+}
+
+func (f *fakeKubelet) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &podresourcesv1.ListPodResourcesResponse{PodResources: f.pods}, nil
+}
+
+func (f *fakeKubelet) serve(t *testing.T, socket string) (stop func()) {
+	t.Helper()
+	_ = os.Remove(socket)
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	podresourcesv1.RegisterPodResourcesListerServer(s, f)
+	go func() { _ = s.Serve(ln) }()
+	return s.Stop
+}
+
+func pod(name string, resource string, ids ...string) *podresourcesv1.PodResources {
+	return &podresourcesv1.PodResources{Namespace: "ns", Name: name, Containers: []*podresourcesv1.ContainerResources{
+		{Name: "vllm", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: resource, DeviceIds: ids}}},
+		{Name: "sidecar"},
+	}}
+}
+
+func TestOpenNVMLModes(t *testing.T) {
+	noDriver := &nvmlmock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
+	if n, err := OpenNVML(noDriver, ModeAuto, quiet()); n != nil || err != nil {
+		t.Fatalf("auto without a driver: %v, %v; want nil, nil", n, err)
+	}
+	if _, err := OpenNVML(noDriver, ModeOn, quiet()); err == nil || !strings.Contains(err.Error(), "NVML is not available") {
+		t.Fatalf("on without a driver: %v", err)
+	}
+	// off never calls Init (the mock would panic on an unset function).
+	if n, err := OpenNVML(&nvmlmock.Interface{}, ModeOff, quiet()); n != nil || err != nil {
+		t.Fatalf("off: %v, %v", n, err)
+	}
+	if _, err := OpenNVML(noDriver, "maybe", quiet()); err == nil {
+		t.Fatal("a bad mode was accepted")
+	}
+}
+
+func TestPodHoldingGPUs2And5(t *testing.T) {
+	lib := mockGPUs(t)
+	n, err := OpenNVML(lib, ModeOn, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
+	got, unknown := Attribute(devs, map[string][]string{
+		"ns/llama-0": {uuid(2), uuid(5)}, // 20% by samples, 50% by rates
+		"ns/phi-0":   {"3"},              // the index ID strategy
+		"ns/odd-0":   {"GPU-not-on-this-node"},
+	})
+	if g := got["ns/llama-0"]; !g.HasUtilization || math.Abs(g.Utilization-0.35) > 1e-9 || math.Abs(g.Memory-(2.0+5)/2/40) > 1e-9 {
+		t.Fatalf("llama-0 = %+v, want utilization 0.35, memory %v", g, (2.0+5)/2/40)
+	}
+	if g := got["ns/phi-0"]; math.Abs(g.Utilization-0.30) > 1e-9 {
+		t.Fatalf("phi-0 = %+v, want 0.30", g)
+	}
+	if _, ok := got["ns/odd-0"]; ok || len(unknown) != 1 || unknown[0] != "GPU-not-on-this-node" {
+		t.Fatalf("unknown IDs: %v, odd-0 %+v", unknown, got["ns/odd-0"])
+	}
+	// A second read averages only the samples newer than the first read's.
+	devs, _ = n.Read()
+	if d := devs.ByUUID[uuid(2)]; math.Abs(d.Utilization-0.2) > 1e-9 {
+		t.Fatalf("second read of GPU 2 = %v", d.Utilization)
+	}
+}
+
+func TestMIGDevicesReportMemoryOnly(t *testing.T) {
+	lib := mockGPUs(t)
+	gpu0 := lib.Devices[0].(*dgxa100.Device)
+	mig := &nvmlmock.Device{
+		GetUUIDFunc:       func() (string, nvml.Return) { return "MIG-1111", nvml.SUCCESS },
+		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 10 << 30, Used: 5 << 30}, nvml.SUCCESS },
+	}
+	gpu0.GetMigModeFunc = func() (int, int, nvml.Return) { return nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_ENABLE, nvml.SUCCESS }
+	gpu0.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 2, nvml.SUCCESS }
+	gpu0.GetMigDeviceHandleByIndexFunc = func(j int) (nvml.Device, nvml.Return) {
+		if j == 0 {
+			return mig, nvml.SUCCESS
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	n, _ := OpenNVML(lib, ModeOn, quiet())
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"MIG-1111"}})
+	g := got["ns/small-0"]
+	if len(unknown) != 0 || g.HasUtilization || !g.HasMemory || g.Memory != 0.5 {
+		t.Fatalf("MIG pod = %+v, unknown %v: want memory 0.5 and no utilization", g, unknown)
+	}
+}
+
+func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	k := &fakeKubelet{pods: []*podresourcesv1.PodResources{
+		pod("llama-0", "nvidia.com/gpu", "GPU-a", "GPU-b"),
+		pod("small-0", "nvidia.com/mig-1g.10gb", "MIG-c"),
+		pod("cpu-0", "example.com/fpga", "fpga-0"),
+	}}
+	stop := k.serve(t, socket)
+	pr, err := DialPodResources(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := pr.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || len(got["ns/llama-0"]) != 2 || got["ns/small-0"][0] != "MIG-c" {
+		t.Fatalf("List = %v", got)
+	}
+
+	// The kubelet restarts: the socket goes away and comes back.
+	stop()
+	k.mu.Lock()
+	k.pods = k.pods[:1]
+	k.mu.Unlock()
+	defer k.serve(t, socket)()
+	for {
+		got, err = pr.List(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("never reconnected: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(got) != 1 {
+		t.Fatalf("after the restart: %v", got)
+	}
+}

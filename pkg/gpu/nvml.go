@@ -1,0 +1,199 @@
+// Package gpu reads GPU utilization and memory with NVML and attributes GPUs
+// to pods through the kubelet's pod-resources API.
+//
+// NVML is reached only through nvml.Interface, and every call after Init is
+// made only once Init succeeded: with no driver, a call past a failed Init
+// kills the process.
+package gpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// NVML modes of the agent's --nvml flag.
+const (
+	ModeAuto = "auto" // use NVML when a driver is there; say once when not
+	ModeOn   = "on"   // require NVML: no driver is an error
+	ModeOff  = "off"  // never load NVML
+)
+
+// Device is one GPU, or one MIG device, at one read.
+type Device struct {
+	UUID string
+	// Utilization is 0..1, averaged over the interval since the last read;
+	// HasUtilization is false where NVML has none (a MIG device).
+	Utilization    float64
+	HasUtilization bool
+	MemUsed        uint64
+	MemTotal       uint64
+}
+
+// Devices are the devices of one read, by UUID, with full GPUs also by
+// index (the device plugin's index ID strategy).
+type Devices struct {
+	ByUUID  map[string]Device
+	ByIndex map[string]string // "0" → UUID
+}
+
+// NVML reads the node's devices.
+type NVML struct {
+	lib  nvml.Interface
+	last map[string]uint64 // per GPU UUID, the newest utilization sample seen
+}
+
+// ErrUnavailable is returned by OpenNVML in ModeOn when no driver is there.
+var ErrUnavailable = errors.New("NVML is not available")
+
+// OpenNVML initializes NVML as mode says. In ModeAuto with no driver it logs
+// once and returns nil, nil: the agent goes on without GPU values.
+func OpenNVML(lib nvml.Interface, mode string, log *slog.Logger) (*NVML, error) {
+	switch mode {
+	case ModeOff:
+		return nil, nil
+	case ModeAuto, ModeOn:
+	default:
+		return nil, fmt.Errorf("--nvml %q: want auto, on or off", mode)
+	}
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		err := fmt.Errorf("%w: init: %s", ErrUnavailable, nvml.ErrorString(ret))
+		if mode == ModeOn {
+			return nil, err
+		}
+		log.Info("NVML unavailable; GPU utilization will not be reported", "err", err)
+		return nil, nil
+	}
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		log.Info("NVML initialized", "driver", v)
+	}
+	return &NVML{lib: lib, last: map[string]uint64{}}, nil
+}
+
+// Close shuts NVML down.
+func (n *NVML) Close() {
+	if n != nil {
+		n.lib.Shutdown()
+	}
+}
+
+// Read reads every device. A device that fails is left out and its error
+// joined into the returned one; the others are returned.
+func (n *NVML) Read() (Devices, error) {
+	out := Devices{ByUUID: map[string]Device{}, ByIndex: map[string]string{}}
+	count, ret := n.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return out, fmt.Errorf("count GPUs: %s", nvml.ErrorString(ret))
+	}
+	var errs []error
+	for i := range count {
+		dev, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, nvml.ErrorString(ret)))
+			continue
+		}
+		d, err := n.readGPU(dev)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
+			continue
+		}
+		out.ByUUID[d.UUID] = d
+		out.ByIndex[strconv.Itoa(i)] = d.UUID
+		for _, m := range n.readMIG(dev) {
+			out.ByUUID[m.UUID] = m
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func (n *NVML) readGPU(dev nvml.Device) (Device, error) {
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		return Device{}, fmt.Errorf("uuid: %s", nvml.ErrorString(ret))
+	}
+	d := Device{UUID: uuid}
+	d.Utilization, d.HasUtilization = n.utilization(dev, uuid)
+	if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
+		d.MemUsed, d.MemTotal = mem.Used, mem.Total
+	}
+	return d, nil
+}
+
+// utilization averages the driver's utilization samples newer than the last
+// read (GetSamples), falling back to the instantaneous GetUtilizationRates.
+func (n *NVML) utilization(dev nvml.Device, uuid string) (float64, bool) {
+	vt, samples, ret := dev.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, n.last[uuid])
+	if ret == nvml.SUCCESS && len(samples) > 0 {
+		var sum float64
+		newest := n.last[uuid]
+		k := 0
+		for _, s := range samples {
+			if s.TimeStamp <= n.last[uuid] {
+				continue
+			}
+			sum += sampleValue(vt, s.SampleValue)
+			newest = max(newest, s.TimeStamp)
+			k++
+		}
+		if k > 0 {
+			n.last[uuid] = newest
+			return math.Min(sum/float64(k)/100, 1), true
+		}
+	}
+	if u, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
+		return math.Min(float64(u.Gpu)/100, 1), true
+	}
+	return 0, false
+}
+
+// sampleValue decodes an NVML sample (a C union) of type vt.
+func sampleValue(vt nvml.ValueType, v [8]byte) float64 {
+	switch vt {
+	case nvml.VALUE_TYPE_DOUBLE:
+		return math.Float64frombits(binary.LittleEndian.Uint64(v[:]))
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return float64(binary.LittleEndian.Uint64(v[:]))
+	case nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return float64(int64(binary.LittleEndian.Uint64(v[:])))
+	case nvml.VALUE_TYPE_SIGNED_INT:
+		return float64(int32(binary.LittleEndian.Uint32(v[:4])))
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return float64(binary.LittleEndian.Uint16(v[:2]))
+	}
+	return float64(binary.LittleEndian.Uint32(v[:4]))
+}
+
+// readMIG reads the MIG devices of a GPU in MIG mode: memory only, since
+// NVML reports no utilization per MIG device.
+func (n *NVML) readMIG(dev nvml.Device) []Device {
+	mode, _, ret := dev.GetMigMode()
+	if ret != nvml.SUCCESS || mode != nvml.DEVICE_MIG_ENABLE {
+		return nil
+	}
+	maxCount, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil
+	}
+	var out []Device
+	for j := range maxCount {
+		mig, ret := dev.GetMigDeviceHandleByIndex(j)
+		if ret != nvml.SUCCESS {
+			continue // an empty slot
+		}
+		uuid, ret := mig.GetUUID()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		d := Device{UUID: uuid}
+		if mem, ret := mig.GetMemoryInfo(); ret == nvml.SUCCESS {
+			d.MemUsed, d.MemTotal = mem.Used, mem.Total
+		}
+		out = append(out, d)
+	}
+	return out
+}
