@@ -2,91 +2,27 @@ package gpu
 
 import (
 	"context"
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"math"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
-	"google.golang.org/grpc"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/pulse-io/pulse/test/fakenode"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// mockGPUs is a DGX A100 whose GPU i is (10·i)% busy and holds i GiB of 40.
-// The mock wires no utilization call: the test sets GetSamples (GPUs 0-3,
-// two samples per read) and GetUtilizationRates (the others, where
-// GetSamples answers NOT_SUPPORTED).
 func mockGPUs(t *testing.T) *dgxa100.Server {
 	t.Helper()
-	s := dgxa100.New()
-	for i, d := range s.Devices {
-		dev := d.(*dgxa100.Device)
-		busy := uint32(10 * i)
-		dev.MemoryInfo = nvml.Memory{Total: 40 << 30, Used: uint64(i) << 30}
-		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
-			return nvml.Utilization{Gpu: busy}, nvml.SUCCESS
-		}
-		var ts uint64
-		dev.GetSamplesFunc = func(st nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
-			if i >= 4 || st != nvml.GPU_UTILIZATION_SAMPLES {
-				return 0, nil, nvml.ERROR_NOT_SUPPORTED
-			}
-			// Two samples since last: busy-5 and busy+5, mean busy.
-			var out []nvml.Sample
-			for _, v := range []uint32{busy - min(busy, 5), busy + 5 - (5 - min(busy, 5))} {
-				ts++
-				var sv [8]byte
-				binary.LittleEndian.PutUint32(sv[:4], v)
-				out = append(out, nvml.Sample{TimeStamp: last + ts, SampleValue: sv})
-			}
-			return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
-		}
-	}
-	return s
-}
-
-// fakeKubelet serves the pod-resources List on a unix socket.
-type fakeKubelet struct {
-	podresourcesv1.UnimplementedPodResourcesListerServer
-	mu   sync.Mutex
-	pods []*podresourcesv1.PodResources
-}
-
-func (f *fakeKubelet) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return &podresourcesv1.ListPodResourcesResponse{PodResources: f.pods}, nil
-}
-
-func (f *fakeKubelet) serve(t *testing.T, socket string) (stop func()) {
-	t.Helper()
-	_ = os.Remove(socket)
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(s, f)
-	go func() { _ = s.Serve(ln) }()
-	return s.Stop
-}
-
-func pod(name string, resource string, ids ...string) *podresourcesv1.PodResources {
-	return &podresourcesv1.PodResources{Namespace: "ns", Name: name, Containers: []*podresourcesv1.ContainerResources{
-		{Name: "vllm", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: resource, DeviceIds: ids}}},
-		{Name: "sidecar"},
-	}}
+	return fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
 }
 
 func TestOpenNVMLModes(t *testing.T) {
@@ -167,12 +103,14 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 
 func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "kubelet.sock")
-	k := &fakeKubelet{pods: []*podresourcesv1.PodResources{
-		pod("llama-0", "nvidia.com/gpu", "GPU-a", "GPU-b"),
-		pod("small-0", "nvidia.com/mig-1g.10gb", "MIG-c"),
-		pod("cpu-0", "example.com/fpga", "fpga-0"),
-	}}
-	stop := k.serve(t, socket)
+	k := &fakenode.Kubelet{}
+	all := []*podresourcesv1.PodResources{
+		fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-a", "GPU-b"),
+		fakenode.Pod("ns", "small-0", "nvidia.com/mig-1g.10gb", "MIG-c"),
+		fakenode.Pod("ns", "cpu-0", "example.com/fpga", "fpga-0"),
+	}
+	k.SetPods(all...)
+	stop := k.Serve(t, socket)
 	pr, err := DialPodResources(socket)
 	if err != nil {
 		t.Fatal(err)
@@ -190,10 +128,8 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 
 	// The kubelet restarts: the socket goes away and comes back.
 	stop()
-	k.mu.Lock()
-	k.pods = k.pods[:1]
-	k.mu.Unlock()
-	defer k.serve(t, socket)()
+	k.SetPods(all[0])
+	k.Serve(t, socket)
 	for {
 		got, err = pr.List(ctx)
 		if err == nil {
