@@ -19,6 +19,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/aggregator"
 	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -72,38 +73,18 @@ func startSims(t *testing.T, specs []simPod) []simPod {
 	return specs
 }
 
+// startAgent runs a static-mode agent (no GPU) for pods.
 func startAgent(t *testing.T, pods []simPod, aggregatorAddr string, extra ...string) *agent.Agent {
 	t.Helper()
-	targets := "targets:\n"
-	for _, p := range pods {
-		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: %s\n", p.name, p.workload, p.url)
-	}
 	file := filepath.Join(t.TempDir(), "targets.yaml")
-	if err := os.WriteFile(file, []byte(targets), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeTargets(t, file, pods)
 	o := agent.NewOptions()
-	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{aggregatorAddr}, "node-1"
-	o.ScrapeInterval, o.HTTPAddr, o.ReconnectMaxBackoff = 200*time.Millisecond, "127.0.0.1:0", 500*time.Millisecond
+	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{aggregatorAddr}, "node-1", gpu.ModeOff
 	o.ExtraMetrics = extra
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := agent.New(o, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
-	return a
+	return runAgent(t, o, agent.Deps{}, nil)
 }
+
+func writeFile(path, body string) error { return os.WriteFile(path, []byte(body), 0o600) }
 
 // workload fetches one workload from the debug endpoint.
 func workload(httpAddr, name string) (debug.Workload, error) {

@@ -1,0 +1,340 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/test/fakenode"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+// runAgent runs an agent with the given clients until the test ends.
+func runAgent(t *testing.T, o *agent.Options, deps agent.Deps, log *slog.Logger) *agent.Agent {
+	t.Helper()
+	o.ScrapeInterval, o.HTTPAddr, o.ReconnectMaxBackoff = 200*time.Millisecond, "127.0.0.1:0", 500*time.Millisecond
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if log == nil {
+		log = quietLog()
+	}
+	a, err := agent.NewWithDeps(o, log, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	return a
+}
+
+// countingSim serves a simulated vLLM and counts the scrapes it gets.
+type countingSim struct {
+	sim   *vllmsim.Server
+	port  string
+	calls atomic.Int64
+}
+
+func startCountingSim(t *testing.T) *countingSim {
+	t.Helper()
+	c := &countingSim{sim: vllmsim.New(vllmsim.Options{})}
+	h := c.sim.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			c.calls.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	c.port = u.Port()
+	return c
+}
+
+// kubePod is a Kaito inference pod on node whose page is the sim's.
+func kubePod(name, node, workspace string, sim *countingSim, ready bool) *corev1.Pod {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo", UID: types.UID("uid-" + name),
+			Labels:      map[string]string{discovery.LabelWorkspace: workspace},
+			Annotations: map[string]string{discovery.AnnotationPort: sim.port}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1",
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}},
+	}
+}
+
+func TestKubernetesPodsComeAndGo(t *testing.T) {
+	simA, simB, simOther := startCountingSim(t), startCountingSim(t), startCountingSim(t)
+	setLoad(simPod{sim: simA.sim}, 3, 1, 0.5)
+	setLoad(simPod{sim: simB.sim}, 5, 1, 0.5)
+	client := fake.NewClientset(kubePod("llama-a", "gpu-node-1", "llama", simA, false),
+		kubePod("elsewhere", "gpu-node-2", "llama", simOther, true))
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	o := agent.NewOptions()
+	o.Aggregators, o.NodeName, o.NVML = []string{agg.IngestAddr()}, "gpu-node-1", gpu.ModeOff
+	runAgent(t, o, agent.Deps{Kube: client}, nil)
+	pods := client.CoreV1().Pods("demo")
+	ctx := context.Background()
+
+	podsOf := func(name string) (map[string]string, error) {
+		w, err := workload(agg.HTTPAddr(), name)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]string{}
+		for _, p := range w.Pods {
+			out[p.Name] = fmt.Sprintf("ready=%v fresh=%v waiting=%v", p.Ready, p.Fresh, p.Values["waiting"])
+		}
+		return out, nil
+	}
+	expect := func(what, workloadName string, want map[string]string) {
+		t.Helper()
+		eventually(t, what, func() error {
+			got, err := podsOf(workloadName)
+			if len(want) == 0 {
+				if err == nil && len(got) > 0 {
+					return fmt.Errorf("still there: %v", got)
+				}
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("got %v, want %v", got, want)
+			}
+			return nil
+		})
+	}
+	expect("a listed, not ready, not scraped", "llama", map[string]string{"llama-a": "ready=false fresh=false waiting=0"})
+	if simA.calls.Load() != 0 {
+		t.Fatal("a pod that is not ready was scraped")
+	}
+
+	if _, err := pods.UpdateStatus(ctx, kubePod("llama-a", "gpu-node-1", "llama", simA, true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("a made ready", "llama", map[string]string{"llama-a": "ready=true fresh=true waiting=3"})
+
+	if _, err := pods.Create(ctx, kubePod("llama-b", "gpu-node-1", "llama", simB, true), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("b added", "llama", map[string]string{"llama-a": "ready=true fresh=true waiting=3", "llama-b": "ready=true fresh=true waiting=5"})
+
+	if _, err := pods.Update(ctx, kubePod("llama-a", "gpu-node-1", "phi", simA, true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("a relabelled: gone from llama", "llama", map[string]string{"llama-b": "ready=true fresh=true waiting=5"})
+	expect("a relabelled: in phi", "phi", map[string]string{"llama-a": "ready=true fresh=true waiting=3"})
+
+	if _, err := pods.Update(ctx, kubePod("llama-b", "gpu-node-2", "llama", simB, true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("b moved to another node", "llama", nil)
+
+	if err := pods.Delete(ctx, "llama-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("a deleted", "phi", nil)
+	if n := simOther.calls.Load(); n != 0 {
+		t.Fatalf("the pod of another node was scraped %d times", n)
+	}
+}
+
+func TestGPUUtilizationPerPod(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
+	kubelet := &fakenode.Kubelet{}
+	kubelet.SetPods(fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2), fakenode.UUID(gpus, 5)))
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	kubelet.Serve(t, socket)
+
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, pods)
+	o := agent.NewOptions()
+	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{agg.IngestAddr()}, "gpu-node-1"
+	o.NVML, o.PodResourcesSocket = gpu.ModeOn, socket
+	runAgent(t, o, agent.Deps{NVML: gpus}, nil)
+	eventually(t, "GPU values", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		v := w.Pods[0].Values
+		// GPUs 2 and 5: 20% and 50% busy, 2 and 5 GiB of 40 used.
+		if v["gpuUtilization"] != 0.35 || v["gpuMemoryUsage"] != 0.0875 {
+			return fmt.Errorf("gpuUtilization %v gpuMemoryUsage %v, want 0.35 and 0.0875", v["gpuUtilization"], v["gpuMemoryUsage"])
+		}
+		return nil
+	})
+}
+
+// syncBuffer is a log sink safe for the agent's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestNoGPUDriverSaysSoOnceAndKeepsStreaming(t *testing.T) {
+	if nvml.New().Init() == nvml.SUCCESS {
+		t.Skip("this machine has an NVIDIA driver")
+	}
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, pods)
+	o := agent.NewOptions()
+	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{agg.IngestAddr()}, "node-1", gpu.ModeAuto
+	var logs syncBuffer
+	runAgent(t, o, agent.Deps{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	for _, waiting := range []float64{1, 2, 3} {
+		setLoad(pods[0], waiting, 1, 0.1)
+		eventually(t, "vLLM values keep streaming", func() error {
+			w, err := workload(agg.HTTPAddr(), "llama")
+			if err != nil {
+				return err
+			}
+			if w.Pods[0].Values["waiting"] != waiting {
+				return fmt.Errorf("waiting %v, want %v", w.Pods[0].Values["waiting"], waiting)
+			}
+			return nil
+		})
+	}
+	if n := strings.Count(logs.String(), "NVML unavailable"); n != 1 {
+		t.Fatalf("NVML unavailable said %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// fakeDNS answers one name with the IPs it currently holds.
+type fakeDNS struct {
+	mu  sync.Mutex
+	ips []string
+}
+
+func (f *fakeDNS) set(ips ...string) { f.mu.Lock(); f.ips = ips; f.mu.Unlock() }
+func (f *fakeDNS) LookupHost(_ context.Context, host string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if host != "pulse-aggregator-ingest.pulse.svc" {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return append([]string(nil), f.ips...), nil
+}
+
+func TestEveryAggregatorReplicaIsFed(t *testing.T) {
+	// Three replicas behind one name, on one port of three loopback addresses.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	agg1, stop1 := startAggregator(t, "127.0.0.1:"+port)
+	agg2, _ := startAggregator(t, "127.0.0.2:"+port)
+	dns := &fakeDNS{}
+	dns.set("127.0.0.1", "127.0.0.2")
+
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}, {name: "llama-1", workload: "llama"}})
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, pods)
+	o := agent.NewOptions()
+	o.StaticTargets, o.NodeName, o.NVML = file, "node-1", gpu.ModeOff
+	o.Aggregators, o.ResolveInterval = []string{"pulse-aggregator-ingest.pulse.svc:" + port}, 200*time.Millisecond
+	runAgent(t, o, agent.Deps{Resolver: dns}, nil)
+
+	same := func(what string, aggs ...string) {
+		t.Helper()
+		eventually(t, what, func() error {
+			var first string
+			for _, addr := range aggs {
+				w, err := workload(addr, "llama")
+				if err != nil {
+					return fmt.Errorf("%s: %v", addr, err)
+				}
+				got := fmt.Sprint(len(w.Pods), w.Averages["waiting"], w.Averages["kvCacheUsage"])
+				if first == "" {
+					first = got
+				} else if got != first {
+					return fmt.Errorf("%s says %s, the first replica %s", addr, got, first)
+				}
+			}
+			return nil
+		})
+	}
+	setLoad(pods[0], 4, 1, 0.25)
+	setLoad(pods[1], 8, 1, 0.75)
+	same("both replicas hold the same state", agg1.HTTPAddr(), agg2.HTTPAddr())
+	eventually(t, "the values", func() error {
+		w, err := workload(agg2.HTTPAddr(), "llama")
+		if err != nil || w.Averages["waiting"] != 6 {
+			return fmt.Errorf("%v %v", w.Averages, err)
+		}
+		return nil
+	})
+
+	// One replica stops; the other goes on undisturbed.
+	stop1()
+	setLoad(pods[0], 10, 1, 0.25)
+	eventually(t, "the other replica goes on", func() error {
+		w, err := workload(agg2.HTTPAddr(), "llama")
+		if err != nil || w.Averages["waiting"] != 9 {
+			return fmt.Errorf("%v %v", w.Averages, err)
+		}
+		return nil
+	})
+
+	// A third replica appears behind the name: it is fed after a re-resolve.
+	agg3, _ := startAggregator(t, "127.0.0.3:"+port)
+	dns.set("127.0.0.2", "127.0.0.3")
+	same("the new replica holds the same state", agg2.HTTPAddr(), agg3.HTTPAddr())
+}
+
+func writeTargets(t *testing.T, file string, pods []simPod) {
+	t.Helper()
+	targets := "targets:\n"
+	for _, p := range pods {
+		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: %s\n", p.name, p.workload, p.url)
+	}
+	if err := writeFile(file, targets); err != nil {
+		t.Fatal(err)
+	}
+}
