@@ -10,7 +10,10 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test bench fuzz lint fmt proto verify clean
+.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify helm-lint clean
+
+# helm, built from the module proxy and cached outside the repository.
+HELM = $(shell test/e2e/tools/build.sh helm)/helm
 
 all: build
 
@@ -25,9 +28,28 @@ build:
 run: build
 	$(BIN)/pulse-demo --bin=$(BIN)
 
-test:
+test: helm-lint
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
+
+# Lint and render both charts (default values and every optional part on).
+helm-lint:
+	$(HELM) lint deploy/daemonset deploy/aggregator
+	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system >/dev/null
+	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system \
+	  --set serviceMonitor.enabled=true,podResources.enabled=false,runtimeClassName=nvidia,extraMetrics={x} >/dev/null
+	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system >/dev/null
+	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
+	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false >/dev/null
+
+# The e2e test on a real kube-apiserver with the real KEDA operator; the
+# first run builds the tools (about 20 minutes on 2 cores), later runs reuse them.
+e2e-tools:
+	test/e2e/tools/build.sh all
+
+e2e: build e2e-tools
+	PULSE_E2E_TOOLS=$$(test/e2e/tools/build.sh all) PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
+	  $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
 
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 $(PKGS)

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Builds the e2e tools from the Go module proxy and caches them by version
+# outside the repository: kube-apiserver and kube-controller-manager
+# (k8s.io/kubernetes), etcd, the KEDA operator (with KEDA's CRDs) and helm.
+# Prints the cache directory's bin path. A cached tool is not rebuilt.
+#
+#   PULSE_TOOLS_CACHE   cache root (default ~/.cache/pulse-e2e-tools)
+set -euo pipefail
+
+KUBE_VERSION=1.33.13
+STAGING_VERSION=0.33.13
+ETCD_VERSION=3.5.21
+KEDA_VERSION=2.21.0
+HELM_VERSION=3.22.0
+
+cache="${PULSE_TOOLS_CACHE:-$HOME/.cache/pulse-e2e-tools}"
+bin="$cache/bin"
+mkdir -p "$bin"
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+export GOTOOLCHAIN=local
+
+log() { echo "e2e-tools: $*" >&2; }
+
+# scratch MODULE: a throwaway module directory.
+scratch() {
+  local d
+  d=$(mktemp -d)
+  (cd "$d" && go mod init "$1" >/dev/null 2>&1)
+  echo "$d"
+}
+
+build_kube() {
+  local stamp="$bin/.kube-$KUBE_VERSION"
+  [ -f "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && return
+  log "building kube-apiserver and kube-controller-manager v$KUBE_VERSION (several minutes)"
+  local d
+  d=$(scratch pulse.local/e2e/kube)
+  cd "$d"
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces
+  # them with local paths, which a dependent module cannot see: pin them.
+  local staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+    cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client
+    csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
+    kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils
+    pod-security-admission sample-apiserver)
+  local args=()
+  for m in "${staging[@]}"; do args+=("-replace=k8s.io/$m=k8s.io/$m@v$STAGING_VERSION"); done
+  go mod edit "${args[@]}"
+  cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
+GO
+  go get "k8s.io/kubernetes@v$KUBE_VERSION" >/dev/null 2>&1 || go get "k8s.io/kubernetes@v$KUBE_VERSION"
+  go mod tidy -e >/dev/null 2>&1 || true
+  local v="k8s.io/component-base/version"
+  local ld="-s -w -X $v.gitVersion=v$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=33 -X $v.gitTreeState=clean"
+  go build -trimpath -ldflags "$ld" -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+  go build -trimpath -ldflags "$ld" -o "$bin/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
+  cd - >/dev/null
+  rm -rf "$d"
+  touch "$stamp"
+}
+
+build_etcd() {
+  local stamp="$bin/.etcd-$ETCD_VERSION"
+  [ -f "$stamp" ] && [ -x "$bin/etcd" ] && return
+  log "building etcd v$ETCD_VERSION"
+  local d
+  d=$(scratch pulse.local/e2e/etcd)
+  cd "$d"
+  cat > main.go <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  go mod tidy >/dev/null 2>&1
+  go build -trimpath -ldflags "-s -w" -o "$bin/etcd" .
+  cd - >/dev/null
+  rm -rf "$d"
+  touch "$stamp"
+}
+
+build_keda() {
+  local stamp="$bin/.keda-$KEDA_VERSION"
+  [ -f "$stamp" ] && [ -x "$bin/keda-operator" ] && [ -d "$cache/keda-crds" ] && return
+  log "building the KEDA operator v$KEDA_VERSION (several minutes)"
+  local d
+  d=$(scratch pulse.local/e2e/keda)
+  cd "$d"
+  # KEDA's own go.mod has one replace and one exclude a dependent must repeat.
+  go mod edit \
+    -replace=github.com/nexus-rpc/nexus-proto-annotations@v0.1.0=github.com/nexus-rpc/nexus-proto-annotations@v0.1.1-0.20260629224316-835bd8d49cb4 \
+    -exclude=github.com/go-chi/chi/v5@v5.2.3
+  cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "github.com/kedacore/keda/v2/cmd/operator"
+GO
+  go get "github.com/kedacore/keda/v2@v$KEDA_VERSION" >/dev/null 2>&1 || go get "github.com/kedacore/keda/v2@v$KEDA_VERSION"
+  go mod tidy -e >/dev/null 2>&1 || true
+  go build -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
+    -o "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  local src
+  src=$(go list -m -f '{{.Dir}}' "github.com/kedacore/keda/v2")
+  rm -rf "$cache/keda-crds"
+  mkdir -p "$cache/keda-crds"
+  cp "$src"/config/crd/bases/*.yaml "$cache/keda-crds/"
+  chmod -R u+w "$cache/keda-crds"
+  cd - >/dev/null
+  rm -rf "$d"
+  touch "$stamp"
+}
+
+build_helm() {
+  local stamp="$bin/.helm-$HELM_VERSION"
+  [ -f "$stamp" ] && [ -x "$bin/helm" ] && return
+  log "building helm v$HELM_VERSION"
+  local d
+  d=$(scratch pulse.local/e2e/helm)
+  cd "$d"
+  cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "helm.sh/helm/v3/cmd/helm"
+GO
+  go get "helm.sh/helm/v3@v$HELM_VERSION" >/dev/null 2>&1 || go get "helm.sh/helm/v3@v$HELM_VERSION"
+  go mod tidy -e >/dev/null 2>&1 || true
+  local v="helm.sh/helm/v3/internal/version"
+  go build -trimpath -ldflags "-s -w -X $v.version=v$HELM_VERSION -X $v.gitTreeState=clean" -o "$bin/helm" helm.sh/helm/v3/cmd/helm
+  cd - >/dev/null
+  rm -rf "$d"
+  touch "$stamp"
+}
+
+what="${1:-all}"
+case "$what" in
+  all) build_helm; build_etcd; build_keda; build_kube ;;
+  helm) build_helm ;;
+  etcd) build_etcd ;;
+  keda) build_keda ;;
+  kube) build_kube ;;
+  *) echo "usage: $0 [all|helm|etcd|keda|kube]" >&2; exit 2 ;;
+esac
+echo "$bin"
