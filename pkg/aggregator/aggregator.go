@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
@@ -44,6 +46,8 @@ type Options struct {
 	MaxSamplesPerPod int
 	MaxPods          int
 	PodExpiry        time.Duration
+	ResolveTargets   bool
+	KubeConfig       string
 }
 
 // NewOptions returns the defaults.
@@ -68,6 +72,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it the pod listed least recently is evicted")
 	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
+	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects)")
+	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig for --resolve-scale-targets (default: the in-cluster config)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 }
@@ -109,6 +115,7 @@ type Aggregator struct {
 	ingestSrv, scalerSrv       *grpc.Server
 	httpSrv                    *http.Server
 	ingestLn, scalerLn, httpLn net.Listener
+	resolver                   *scaler.InformerResolver // nil unless --resolve-scale-targets
 }
 
 // New wires an aggregator and opens its listeners, so that addresses such
@@ -142,7 +149,23 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	a.ingestSrv = grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
 	pulsev1.RegisterIngestServer(a.ingestSrv, ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
 	a.scalerSrv = grpc.NewServer(grpcOpts...)
-	a.scaler = scaler.New(a.store, o.MaxWindow)
+	var resolver scaler.TargetResolver
+	if o.ResolveTargets {
+		cfg, err := clientcmd.BuildConfigFromFlags("", o.KubeConfig) // in-cluster when empty
+		if err == nil {
+			cfg.UserAgent = "pulse-aggregator/" + version.Version
+			var dyn dynamic.Interface
+			if dyn, err = dynamic.NewForConfig(cfg); err == nil {
+				a.resolver = scaler.NewInformerResolver(dyn)
+				resolver = a.resolver
+			}
+		}
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("--resolve-scale-targets: kubernetes client: %w", err)
+		}
+	}
+	a.scaler = scaler.New(a.store, o.MaxWindow, resolver)
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
@@ -155,6 +178,13 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return a, nil
+}
+
+// close releases the listeners of an aggregator that will not run.
+func (a *Aggregator) close() {
+	a.ingestLn.Close()
+	a.scalerLn.Close()
+	a.httpLn.Close()
 }
 
 // IngestAddr is the bound ingest address.
@@ -171,6 +201,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	a.log.Info("aggregator listening", "ingest", a.IngestAddr(), "scaler", a.ScalerAddr(),
 		"http", a.HTTPAddr(), "version", version.Version)
 	g, gctx := errgroup.WithContext(ctx)
+	if a.resolver != nil {
+		g.Go(func() error { a.resolver.Run(gctx); return nil })
+	}
 	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
 	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
 	g.Go(func() error {

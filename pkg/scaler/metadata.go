@@ -60,8 +60,9 @@ type MetadataError struct{ Key, Msg string }
 func (e *MetadataError) Error() string { return fmt.Sprintf("trigger metadata %q: %s", e.Key, e.Msg) }
 
 // ParseTrigger reads a ScaledObjectRef's metadata. maxWindow bounds window.
-// Unknown keys are ignored.
-func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration) (Trigger, error) {
+// When the metadata names no workload, resolver (if not nil) finds it from
+// the ScaledObject's scaleTargetRef. Unknown keys are ignored.
+func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, resolver TargetResolver) (Trigger, error) {
 	md := ref.GetScalerMetadata()
 	t := Trigger{Metric: DefaultMetric, Threshold: DefaultThreshold, ValueType: "total", Aggregation: "avg",
 		MissingPods: "conservative", Window: DefaultWindow, StaleAfter: DefaultStaleAfter}
@@ -77,7 +78,18 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration) 
 		}
 	}
 	if named == 0 {
-		return t, &MetadataError{"workspace", "no workload named: set one of workspace, inferenceSet, deployment or workload"}
+		if resolver == nil {
+			return t, &MetadataError{"workspace", "no workload named: set one of workspace, inferenceSet, deployment or workload"}
+		}
+		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
+		if err != nil {
+			return t, &MetadataError{"workspace", fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err)}
+		}
+		k, ok := workloadKinds[kind]
+		if !ok {
+			return t, &MetadataError{"workspace", fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload", kind)}
+		}
+		t.Workload = store.Key{Kind: k, Name: name}
 	}
 	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
 	if t.Workload.Namespace == "" {

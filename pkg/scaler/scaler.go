@@ -27,6 +27,7 @@ type Server struct {
 	externalscaler.UnimplementedExternalScalerServer
 	store     *store.Store
 	maxWindow time.Duration
+	resolver  TargetResolver // nil: triggers must name their workload
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
 	recheck time.Duration
@@ -49,9 +50,10 @@ func (s *Server) leave() { s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
-// New returns a Server reading st; window metadata may ask for at most maxWindow.
-func New(st *store.Store, maxWindow time.Duration) *Server {
-	return &Server{store: st, maxWindow: maxWindow, recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond,
+// New returns a Server reading st; window metadata may ask for at most
+// maxWindow. resolver may be nil.
+func New(st *store.Store, maxWindow time.Duration, resolver TargetResolver) *Server {
+	return &Server{store: st, maxWindow: maxWindow, resolver: resolver, recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond,
 		done: make(chan struct{})}
 }
 
@@ -140,7 +142,7 @@ func describe(t Trigger) string {
 }
 
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
-	t, err := ParseTrigger(ref, s.maxWindow)
+	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 	if err != nil {
 		return t, status.Error(codes.InvalidArgument, err.Error())
 	}

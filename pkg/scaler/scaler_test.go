@@ -37,22 +37,25 @@ func (c *clock) Add(d time.Duration) {
 }
 
 type fixture struct {
-	store  *store.Store
-	clock  *clock
-	server *Server
-	grpc   *grpc.Server
-	client externalscaler.ExternalScalerClient
-	ms     int64 // the agents' clock, Unix ms
-	close  func()
+	store    *store.Store
+	clock    *clock
+	server   *Server
+	grpc     *grpc.Server
+	client   externalscaler.ExternalScalerClient
+	ms       int64 // the agents' clock, Unix ms
+	close    func()
+	resolver TargetResolver
 }
 
 // newFixture serves a scaler over bufconn to a client built from KEDA's
 // generated stubs, exactly as KEDA's external-push scaler calls it.
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
+
+func newFixtureWith(t *testing.T, resolver TargetResolver) *fixture {
 	t.Helper()
-	f := &fixture{clock: &clock{t: time.Unix(1_700_000_000, 0)}, ms: 1_700_000_000_000}
+	f := &fixture{clock: &clock{t: time.Unix(1_700_000_000, 0)}, ms: 1_700_000_000_000, resolver: resolver}
 	f.store = store.New(store.Options{Retention: time.Minute, Now: f.clock.Now})
-	f.server = New(f.store, time.Minute)
+	f.server = New(f.store, time.Minute, f.resolver)
 	f.server.recheck = 20 * time.Millisecond
 	lis := bufconn.Listen(1 << 20)
 	f.grpc = grpc.NewServer()

@@ -1,0 +1,57 @@
+package scaler
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+)
+
+func scaledObject(name, kind, target string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": name, "namespace": "demo"},
+		"spec":     map[string]any{"scaleTargetRef": map[string]any{"apiVersion": "kaito.sh/v1beta1", "kind": kind, "name": target}},
+	}}
+	return u
+}
+
+// TestWorkloadFromScaleTargetRef: a trigger that names no workload scales
+// the one its ScaledObject targets, read from a real informer's cache.
+func TestWorkloadFromScaleTargetRef(t *testing.T) {
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
+		scaledObject("llama-so", "Workspace", "llama"), scaledObject("odd-so", "CronJob", "x"))
+	r := NewInformerResolver(client)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); !r.informer.HasSynced(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("informer never synced")
+		}
+	}
+	f := newFixtureWith(t, r)
+	f.pods("a", "b")
+	f.report(map[string]float64{"a": 2, "b": 3})
+	got, err := f.metric(t, map[string]string{"threshold": "5"}) // ref(): ScaledObject demo/llama-so
+	if err != nil || got != 5 {
+		t.Fatalf("GetMetrics = %v, %v; want 5 for Workspace llama", got, err)
+	}
+	_, err = f.client.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "odd-so", Namespace: "demo"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "CronJob") {
+		t.Fatalf("unknown kind: %v", err)
+	}
+	_, err = f.client.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "nope", Namespace: "demo"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("missing ScaledObject: %v", err)
+	}
+}
