@@ -1,0 +1,288 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// freePort returns a port free on 127.0.0.1 now.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// proc is a child process whose output goes to a log file.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan error
+}
+
+// start runs a child that dies with the test process (Pdeathsig) and is
+// stopped when the test ends.
+func start(t testing.TB, dir, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait(); f.Close() }()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// stop ends the process (SIGTERM, then SIGKILL after 10s) and waits for it.
+func (p *proc) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// tail returns the last n lines of the process's log.
+func (p *proc) tail(n int) string {
+	b, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitFor polls check until it passes or d elapses.
+func waitFor(t testing.TB, d time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = check(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: %v", what, err)
+}
+
+// pki is the control plane's certificates.
+type pki struct {
+	dir                 string
+	caCert              *x509.Certificate
+	caKey               *ecdsa.PrivateKey
+	caPEM               []byte
+	serverCert, serverK string // apiserver
+	adminCert, adminKey string
+	saPub, saKey        string
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newPKI(t testing.TB, dir string) *pki {
+	t.Helper()
+	p := &pki{dir: dir}
+	var err error
+	p.caKey, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pulse-e2e-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &p.caKey.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.caCert, _ = x509.ParseCertificate(der)
+	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", der)
+	p.serverCert, p.serverK = p.issue(t, "apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default"},
+		[]net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
+	p.adminCert, p.adminKey = p.issue(t, "admin", "pulse-e2e-admin", []string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth)
+	sa, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.saKey, p.saPub = filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")
+	writePEM(t, p.saKey, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(sa))
+	pub, _ := x509.MarshalPKIXPublicKey(&sa.PublicKey)
+	writePEM(t, p.saPub, "PUBLIC KEY", pub)
+	return p
+}
+
+// issue signs a certificate and returns the paths of it and its key.
+func (p *pki) issue(t testing.TB, name, cn string, orgs, dns []string, ips []net.IP, usage x509.ExtKeyUsage) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: dns, IPAddresses: ips}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, keyPath := filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
+	writePEM(t, crt, "CERTIFICATE", der)
+	kb, _ := x509.MarshalECPrivateKey(key)
+	writePEM(t, keyPath, "EC PRIVATE KEY", kb)
+	return crt, keyPath
+}
+
+// controlPlane is etcd, kube-apiserver and kube-controller-manager.
+type controlPlane struct {
+	url        string
+	pki        *pki
+	admin      *rest.Config
+	kubeconfig string // the admin's
+	procs      []*proc
+}
+
+func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
+	t.Helper()
+	p := newPKI(t, dir)
+	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	etcd := start(t, dir, "etcd", nil, filepath.Join(tools, "etcd"),
+		"--data-dir="+filepath.Join(dir, "etcd-data"), "--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", peerPort),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", peerPort),
+		fmt.Sprintf("--initial-cluster=default=http://127.0.0.1:%d", peerPort),
+		"--unsafe-no-fsync", "--log-level=warn")
+	issuer := "https://kubernetes.default.svc.cluster.local"
+	api := start(t, dir, "kube-apiserver", nil, filepath.Join(tools, "kube-apiserver"),
+		"--etcd-servers="+etcdURL, fmt.Sprintf("--secure-port=%d", apiPort), "--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1", "--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverK,
+		"--client-ca-file="+filepath.Join(dir, "ca.crt"), "--service-account-issuer="+issuer,
+		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey, "--api-audiences="+issuer,
+		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+		"--enable-priority-and-fairness=false", "--v=1")
+	cp := &controlPlane{url: fmt.Sprintf("https://127.0.0.1:%d", apiPort), pki: p, procs: []*proc{etcd, api}}
+	cp.admin = &rest.Config{Host: cp.url, TLSClientConfig: rest.TLSClientConfig{
+		CAData: p.caPEM, CertFile: p.adminCert, KeyFile: p.adminKey}, QPS: 100, Burst: 200}
+	cp.kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	cp.writeKubeconfig(t, cp.kubeconfig, &clientcmdapi.AuthInfo{ClientCertificate: p.adminCert, ClientKey: p.adminKey})
+	waitFor(t, 90*time.Second, "kube-apiserver ready", func() error {
+		if api.cmd.ProcessState != nil {
+			t.Fatalf("kube-apiserver exited:\n%s", api.tail(30))
+		}
+		c, err := kubernetes.NewForConfig(cp.admin)
+		if err != nil {
+			return err
+		}
+		body, err := c.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(context.Background())
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, body)
+		}
+		return nil
+	})
+	kcm := start(t, dir, "kube-controller-manager", nil, filepath.Join(tools, "kube-controller-manager"),
+		"--kubeconfig="+cp.kubeconfig, "--leader-elect=false", "--secure-port=0",
+		"--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector,deployment,replicaset,daemonset,horizontalpodautoscaling",
+		"--service-account-private-key-file="+p.saKey, "--root-ca-file="+filepath.Join(dir, "ca.crt"),
+		"--use-service-account-credentials=false", "--v=1")
+	cp.procs = append(cp.procs, kcm)
+	return cp
+}
+
+// writeKubeconfig writes a kubeconfig for this cluster with auth.
+func (cp *controlPlane) writeKubeconfig(t testing.TB, path string, auth *clientcmdapi.AuthInfo) {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cp.url, CertificateAuthorityData: cp.pki.caPEM}
+	cfg.AuthInfos["user"] = auth
+	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "user"}
+	cfg.CurrentContext = "e2e"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dumpLogs prints the tail of every process's log, for a failed test.
+func dumpLogs(t *testing.T, procs ...*proc) {
+	for _, p := range procs {
+		if p != nil {
+			t.Logf("---- %s (last lines) ----\n%s", p.name, p.tail(25))
+		}
+	}
+}
+
+// scanMetric finds the value of the first sample of name whose labels
+// contain every want pair, in a Prometheus text page.
+func scanMetric(page []byte, name string, want map[string]string) (float64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(page))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		ok := true
+		for k, v := range want {
+			if !strings.Contains(line, k+`="`+v+`"`) {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
+			return v, true
+		}
+	}
+	return 0, false
+}

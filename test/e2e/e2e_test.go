@@ -1,0 +1,634 @@
+//go:build e2e
+
+// Package e2e runs pulse against a real kube-apiserver and the real KEDA
+// operator: `make e2e` (see README.md in this directory).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
+
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+const (
+	ns        = "pulse-system"
+	appNS     = "demo"
+	node      = "gpu-node-1"
+	otherNode = "gpu-node-2"
+)
+
+var (
+	crdGVR       = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	workspaceGVR = schema.GroupVersionResource{Group: "kaito.sh", Version: "v1beta1", Resource: "workspaces"}
+	infSetGVR    = schema.GroupVersionResource{Group: "kaito.sh", Version: "v1alpha1", Resource: "inferencesets"}
+	soGVR        = schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledobjects"}
+)
+
+type env struct {
+	t       *testing.T
+	dir     string
+	tools   string
+	bins    string
+	cp      *controlPlane
+	kube    kubernetes.Interface
+	dyn     dynamic.Interface
+	ctx     context.Context
+	keda    *proc
+	kedaMet string // the operator's metrics URL
+	agg     *proc
+	aggArgs []string
+	aggHTTP string
+	scaler  string
+	agent   *proc
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestE2E(t *testing.T) {
+	tools, bins := os.Getenv("PULSE_E2E_TOOLS"), os.Getenv("PULSE_E2E_BIN")
+	if tools == "" || bins == "" {
+		t.Fatal("PULSE_E2E_TOOLS and PULSE_E2E_BIN must be set: run `make e2e`")
+	}
+	e := &env{t: t, dir: t.TempDir(), tools: tools, bins: bins, ctx: context.Background()}
+	if d := os.Getenv("PULSE_E2E_LOGS"); d != "" {
+		e.dir = d
+		must(t, os.MkdirAll(d, 0o755))
+	}
+	t.Logf("logs in %s", e.dir)
+	e.cp = startControlPlane(t, tools, e.dir)
+	var err error
+	e.kube, err = kubernetes.NewForConfig(e.cp.admin)
+	must(t, err)
+	e.dyn, err = dynamic.NewForConfig(e.cp.admin)
+	must(t, err)
+	defer func() {
+		if t.Failed() {
+			dumpLogs(t, append(e.cp.procs, e.keda, e.agg, e.agent)...)
+		}
+	}()
+
+	e.startKEDA()
+	e.installCharts()
+	e.installKaitoCRDs()
+
+	// Simulated vLLM pods: two of Workspace llama (also of InferenceSet
+	// llama-set) on gpu-node-1, one on gpu-node-2 that must never be scraped.
+	sims := map[string]*countingSim{"llama-0": newSim(t), "llama-1": newSim(t), "elsewhere-0": newSim(t)}
+	e.createNamespace(appNS)
+	e.createPod("llama-0", node, sims["llama-0"])
+	e.createPod("llama-1", node, sims["llama-1"])
+	e.createPod("elsewhere-0", otherNode, sims["elsewhere-0"])
+
+	e.startAggregator()
+	e.startAgent()
+	waitFor(t, 60*time.Second, "the aggregator shows llama's two pods, fresh", func() error {
+		return e.expectPods("llama", 2)
+	})
+
+	e.createWorkload(workspaceGVR, "llama", map[string]any{"inference": map[string]any{"replicas": int64(0)}})
+	e.createWorkload(infSetGVR, "llama-set", map[string]any{"replicas": int64(0)})
+	e.createScaledObject("llama-so", "Workspace", "kaito.sh/v1beta1", "llama", nil, nil)
+
+	t.Run("push activation 0 to 1", func(t *testing.T) { e.pushActivation(t, sims) })
+	t.Run("KEDA's value is pulse's", func(t *testing.T) { e.sameValue(t, sims) })
+	t.Run("cron and pulse together", func(t *testing.T) { e.cronAndPulse(t) })
+	t.Run("aggregator killed and restarted", func(t *testing.T) { e.aggregatorRestart(t, sims) })
+	if n := sims["elsewhere-0"].calls(); n != 0 {
+		t.Fatalf("the pod on %s was scraped %d times", otherNode, n)
+	}
+}
+
+// countingSim is a simulated vLLM server that counts its scrapes.
+type countingSim struct {
+	*vllmsim.Server
+	port  string
+	count *int64
+}
+
+func newSim(t *testing.T) *countingSim {
+	s := vllmsim.New(vllmsim.Options{})
+	var n int64
+	h := s.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			n++
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	return &countingSim{Server: s, port: u.Port(), count: &n}
+}
+
+func (c *countingSim) calls() int64 { return *c.count }
+
+func (c *countingSim) setWaiting(w float64) {
+	c.SetLoad(vllmsim.Load{Waiting: &w, Running: vllmsim.F(1), KVCacheUsage: vllmsim.F(0.5)})
+}
+
+func (e *env) startKEDA() {
+	t := e.t
+	crds, err := filepath.Glob(filepath.Join(e.tools, "..", "keda-crds", "*.yaml"))
+	must(t, err)
+	if len(crds) == 0 {
+		t.Fatal("no KEDA CRDs next to the tools (run test/e2e/tools/build.sh)")
+	}
+	for _, f := range crds {
+		e.applyYAMLFile(f)
+	}
+	for _, f := range crds {
+		e.waitCRD(strings.TrimSuffix(strings.SplitN(filepath.Base(f), "_", 2)[1], ".yaml") + "." + strings.SplitN(filepath.Base(f), "_", 2)[0])
+	}
+	e.createNamespace("keda")
+	certDir := filepath.Join(e.dir, "keda-certs")
+	must(t, os.MkdirAll(certDir, 0o755))
+	crt, key := e.cp.pki.issue(t, "keda", "keda-operator", nil, []string{"localhost", "keda-operator.keda.svc"}, nil, 0)
+	for src, dst := range map[string]string{crt: "tls.crt", key: "tls.key", filepath.Join(e.cp.pki.dir, "ca.crt"): "ca.crt"} {
+		b, err := os.ReadFile(src)
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(certDir, dst), b, 0o600))
+	}
+	metPort := freePort(t)
+	e.kedaMet = fmt.Sprintf("http://127.0.0.1:%d/metrics", metPort)
+	e.keda = start(t, e.dir, "keda-operator", []string{"KUBECONFIG=" + e.cp.kubeconfig, "WATCH_NAMESPACE=",
+		"KEDA_CLUSTER_OBJECT_NAMESPACE=keda", "POD_NAMESPACE=keda", "OPERATOR_NAME=keda-operator"},
+		filepath.Join(e.tools, "keda-operator"), "--leader-elect=false", "--cert-dir="+certDir,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metPort),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", freePort(t)),
+		fmt.Sprintf("--metrics-service-bind-address=127.0.0.1:%d", freePort(t)),
+		"--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--zap-log-level=info")
+	waitFor(t, 60*time.Second, "the KEDA operator serves metrics", func() error {
+		if e.keda.cmd.ProcessState != nil {
+			t.Fatalf("keda-operator exited:\n%s", e.keda.tail(40))
+		}
+		_, err := e.kedaMetrics()
+		return err
+	})
+}
+
+func (e *env) kedaMetrics() ([]byte, error) {
+	resp, err := http.Get(e.kedaMet)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
+
+// applyYAMLFile creates every object of a YAML file.
+func (e *env) applyYAMLFile(path string) {
+	b, err := os.ReadFile(path)
+	must(e.t, err)
+	for _, doc := range strings.Split(string(b), "\n---") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var u unstructured.Unstructured
+		must(e.t, yaml.Unmarshal([]byte(doc), &u.Object))
+		if len(u.Object) == 0 {
+			continue
+		}
+		gvr := crdGVR
+		if u.GetKind() != "CustomResourceDefinition" {
+			e.t.Fatalf("%s: only CRDs are applied from files, got %s", path, u.GetKind())
+		}
+		_, err := e.dyn.Resource(gvr).Create(e.ctx, &u, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			e.t.Fatalf("create %s: %v", u.GetName(), err)
+		}
+	}
+}
+
+func (e *env) waitCRD(name string) {
+	waitFor(e.t, 30*time.Second, "CRD "+name+" established", func() error {
+		u, err := e.dyn.Resource(crdGVR).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				return nil
+			}
+		}
+		return fmt.Errorf("not established")
+	})
+}
+
+func (e *env) createNamespace(name string) {
+	_, err := e.kube.CoreV1().Namespaces().Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
+}
+
+// helm runs helm with the admin's kubeconfig.
+func (e *env) helm(args ...string) string {
+	cmd := exec.Command(filepath.Join(e.tools, "helm"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.cp.kubeconfig, "HELM_CACHE_HOME="+filepath.Join(e.dir, "helm-cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(e.dir, "helm-config"), "HELM_DATA_HOME="+filepath.Join(e.dir, "helm-data"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func repoRoot(t *testing.T) string {
+	wd, err := os.Getwd()
+	must(t, err)
+	return filepath.Join(wd, "..", "..")
+}
+
+func (e *env) installCharts() {
+	t := e.t
+	root := repoRoot(t)
+	out := e.helm("install", "pulse-aggregator", filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--create-namespace")
+	if !strings.Contains(out, "scalerAddress: pulse-aggregator.pulse-system.svc.cluster.local:9090") {
+		t.Fatalf("the aggregator chart's notes do not give the scalerAddress:\n%s", out)
+	}
+	e.helm("install", "pulse-agent", filepath.Join(root, "deploy", "daemonset"), "--namespace", ns)
+
+	// What the API server accepted.
+	ds, err := e.kube.AppsV1().DaemonSets(ns).Get(e.ctx, "pulse-agent", metav1.GetOptions{})
+	must(t, err)
+	spec := ds.Spec.Template.Spec
+	if spec.NodeSelector["nvidia.com/gpu.present"] != "true" || len(spec.Tolerations) == 0 || spec.Tolerations[0].Key != "nvidia.com/gpu" {
+		t.Errorf("DaemonSet scheduling: %v %v", spec.NodeSelector, spec.Tolerations)
+	}
+	c := spec.Containers[0]
+	if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem ||
+		len(c.SecurityContext.Capabilities.Drop) != 1 || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("DaemonSet container: %+v", c)
+	}
+	if v := spec.Volumes[0]; v.HostPath == nil || v.HostPath.Path != "/var/lib/kubelet/pod-resources" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("pod-resources volume: %+v %+v", spec.Volumes, c.VolumeMounts)
+	}
+	dep, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
+	must(t, err)
+	if *dep.Spec.Replicas != 2 || dep.Spec.Template.Spec.Containers[0].ReadinessProbe.GRPC == nil {
+		t.Errorf("aggregator Deployment: replicas %d, readiness %+v", *dep.Spec.Replicas, dep.Spec.Template.Spec.Containers[0].ReadinessProbe)
+	}
+	svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
+	must(t, err)
+	if svc.Spec.Ports[0].Port != 9090 {
+		t.Errorf("scaler Service ports %+v", svc.Spec.Ports)
+	}
+	headless, err := e.kube.CoreV1().Services(ns).Get(e.ctx, "pulse-aggregator-ingest", metav1.GetOptions{})
+	must(t, err)
+	if headless.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("ingest Service is not headless: %q", headless.Spec.ClusterIP)
+	}
+	_, err = e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
+	must(t, err)
+	for _, name := range []string{"pulse-agent", "pulse-aggregator"} {
+		_, err := e.kube.RbacV1().ClusterRoles().Get(e.ctx, name, metav1.GetOptions{})
+		must(t, err)
+		_, err = e.kube.RbacV1().ClusterRoleBindings().Get(e.ctx, name, metav1.GetOptions{})
+		must(t, err)
+		_, err = e.kube.CoreV1().ServiceAccounts(ns).Get(e.ctx, name, metav1.GetOptions{})
+		must(t, err)
+	}
+}
+
+// tokenKubeconfig writes a kubeconfig that authenticates as a chart's
+// ServiceAccount (TokenRequest), so that the chart's RBAC is what is used.
+func (e *env) tokenKubeconfig(sa string) string {
+	tr, err := e.kube.CoreV1().ServiceAccounts(ns).CreateToken(e.ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+	must(e.t, err)
+	path := filepath.Join(e.dir, sa+".kubeconfig")
+	e.cp.writeKubeconfig(e.t, path, &clientcmdapi.AuthInfo{Token: tr.Status.Token})
+	return path
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (e *env) installKaitoCRDs() {
+	crd := func(name, group, kind, plural, version, specPath, statusPath string) {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+			"metadata": map[string]any{"name": name},
+			"spec": map[string]any{
+				"group": group, "scope": "Namespaced",
+				"names": map[string]any{"kind": kind, "listKind": kind + "List", "plural": plural, "singular": strings.ToLower(kind)},
+				"versions": []any{map[string]any{
+					"name": version, "served": true, "storage": true,
+					"schema":       map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+					"subresources": map[string]any{"status": map[string]any{}, "scale": map[string]any{"specReplicasPath": specPath, "statusReplicasPath": statusPath}},
+				}},
+			},
+		}}
+		_, err := e.dyn.Resource(crdGVR).Create(e.ctx, u, metav1.CreateOptions{})
+		must(e.t, err)
+		e.waitCRD(name)
+	}
+	crd("workspaces.kaito.sh", "kaito.sh", "Workspace", "workspaces", "v1beta1", ".spec.inference.replicas", ".status.inference.replicas")
+	crd("inferencesets.kaito.sh", "kaito.sh", "InferenceSet", "inferencesets", "v1alpha1", ".spec.replicas", ".status.replicas")
+}
+
+// createPod makes a Kaito inference pod object of Workspace llama (and
+// InferenceSet llama-set) on nodeName, Running and Ready at 127.0.0.1, its
+// page on the sim's port. No kubelet runs: the test sets the status.
+func (e *env) createPod(name, nodeName string, sim *countingSim) {
+	t := e.t
+	waitFor(t, 30*time.Second, "default ServiceAccount of "+appNS, func() error {
+		_, err := e.kube.CoreV1().ServiceAccounts(appNS).Get(e.ctx, "default", metav1.GetOptions{})
+		return err
+	})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appNS,
+			Labels:      map[string]string{"kaito.sh/workspace": "llama", "inferenceset.kaito.sh/created-by": "llama-set"},
+			Annotations: map[string]string{"pulse.io/port": sim.port}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+	}
+	created, err := e.kube.CoreV1().Pods(appNS).Create(e.ctx, pod, metav1.CreateOptions{})
+	must(t, err)
+	created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", PodIPs: []corev1.PodIP{{IP: "127.0.0.1"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}}
+	_, err = e.kube.CoreV1().Pods(appNS).UpdateStatus(e.ctx, created, metav1.UpdateOptions{})
+	must(t, err)
+	sim.setWaiting(0)
+}
+
+func (e *env) startAggregator() {
+	t := e.t
+	if e.aggArgs == nil {
+		scaler, ingest, httpPort := freePort(t), freePort(t), freePort(t)
+		e.scaler = fmt.Sprintf("127.0.0.1:%d", scaler)
+		e.aggHTTP = fmt.Sprintf("127.0.0.1:%d", httpPort)
+		e.aggArgs = []string{"--scaler-addr=" + e.scaler, fmt.Sprintf("--ingest-addr=127.0.0.1:%d", ingest),
+			"--http-addr=" + e.aggHTTP, "--resolve-scale-targets", "--kubeconfig=" + e.tokenKubeconfig("pulse-aggregator"),
+			"--log-format=text"}
+	}
+	e.agg = start(t, e.dir, "pulse-aggregator", nil, filepath.Join(e.bins, "pulse-aggregator"), e.aggArgs...)
+	waitFor(t, 30*time.Second, "aggregator listening", func() error {
+		resp, err := http.Get("http://" + e.aggHTTP + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
+}
+
+func (e *env) ingestAddr() string {
+	for _, a := range e.aggArgs {
+		if v, ok := strings.CutPrefix(a, "--ingest-addr="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (e *env) startAgent() {
+	e.agent = start(e.t, e.dir, "pulse-agent", nil, filepath.Join(e.bins, "pulse-agent"),
+		"--kubeconfig="+e.tokenKubeconfig("pulse-agent"), "--node-name="+node, "--aggregator="+e.ingestAddr(),
+		"--scrape-interval=500ms", "--reconnect-max-backoff=1s", fmt.Sprintf("--http-addr=127.0.0.1:%d", freePort(e.t)),
+		"--nvml=auto", "--pod-resources-socket="+filepath.Join(e.dir, "no-kubelet.sock"), "--log-format=text")
+}
+
+// expectPods checks that the aggregator shows n fresh pods of a workload and
+// no pod of another node.
+func (e *env) expectPods(workload string, n int) error {
+	resp, err := http.Get("http://" + e.aggHTTP + "/debug/workloads/" + appNS + "/" + workload + "?format=table")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fresh := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[2] != "=" && f[3] == "fresh" {
+			fresh++
+		}
+	}
+	if fresh != n {
+		return fmt.Errorf("%d fresh pods, want %d:\n%s", fresh, n, b)
+	}
+	if strings.Contains(string(b), "elsewhere") {
+		return fmt.Errorf("a pod of another node is listed:\n%s", b)
+	}
+	return nil
+}
+
+func (e *env) createWorkload(gvr schema.GroupVersionResource, name string, spec map[string]any) {
+	kind := map[string]string{"workspaces": "Workspace", "inferencesets": "InferenceSet"}[gvr.Resource]
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvr.GroupVersion().String(), "kind": kind,
+		"metadata": map[string]any{"name": name, "namespace": appNS}, "spec": spec}}
+	_, err := e.dyn.Resource(gvr).Namespace(appNS).Create(e.ctx, u, metav1.CreateOptions{})
+	must(e.t, err)
+}
+
+// replicas reads a workload's /scale subresource.
+func (e *env) replicas(gvr schema.GroupVersionResource, name string) (int64, error) {
+	u, err := e.dyn.Resource(gvr).Namespace(appNS).Get(e.ctx, name, metav1.GetOptions{}, "scale")
+	if err != nil {
+		return 0, err
+	}
+	r, _, _ := unstructured.NestedInt64(u.Object, "spec", "replicas")
+	return r, nil
+}
+
+// createScaledObject: a ScaledObject on a workload, with a pulse trigger
+// (metadata md, which may omit the workload) and extra triggers.
+func (e *env) createScaledObject(name, kind, apiVersion, target string, md map[string]any, extra []any) {
+	meta := map[string]any{"scalerAddress": e.scaler, "threshold": "10", "activationThreshold": "0", "window": "2s"}
+	for k, v := range md {
+		meta[k] = v
+	}
+	triggers := append([]any{map[string]any{"type": "external-push", "metadata": meta}}, extra...)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": name, "namespace": appNS},
+		"spec": map[string]any{
+			"scaleTargetRef":  map[string]any{"apiVersion": apiVersion, "kind": kind, "name": target},
+			"minReplicaCount": int64(0), "maxReplicaCount": int64(3),
+			"pollingInterval": int64(2), "cooldownPeriod": int64(3),
+			"triggers": triggers,
+		}}}
+	_, err := e.dyn.Resource(soGVR).Namespace(appNS).Create(e.ctx, u, metav1.CreateOptions{})
+	must(e.t, err)
+}
+
+// pushActivation raises the queue and measures the time to the Workspace's
+// /scale update, over several runs.
+func (e *env) pushActivation(t *testing.T, sims map[string]*countingSim) {
+	var lat []time.Duration
+	for run := range 5 {
+		waitFor(t, 90*time.Second, "llama at 0 replicas", func() error {
+			r, err := e.replicas(workspaceGVR, "llama")
+			if err != nil || r != 0 {
+				return fmt.Errorf("replicas %d, %v", r, err)
+			}
+			return nil
+		})
+		time.Sleep(2 * time.Second) // KEDA has seen the inactive state
+		start := time.Now()
+		sims["llama-0"].setWaiting(4)
+		waitFor(t, 60*time.Second, "KEDA scales llama 0 → 1", func() error {
+			r, err := e.replicas(workspaceGVR, "llama")
+			if err != nil || r != 1 {
+				return fmt.Errorf("replicas %d, %v", r, err)
+			}
+			return nil
+		})
+		lat = append(lat, time.Since(start))
+		t.Logf("run %d: load change → /scale update in %s", run+1, lat[len(lat)-1].Round(time.Millisecond))
+		sims["llama-0"].setWaiting(0)
+	}
+	sorted := slices.Clone(lat)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	report := fmt.Sprintf("push activation (load change → Workspace /scale at 1), %d runs: median %s, max %s, all %v",
+		len(lat), sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond), lat)
+	t.Log(report)
+	if p := os.Getenv("PULSE_E2E_REPORT"); p != "" {
+		_ = os.WriteFile(p, []byte(report+"\n"), 0o644)
+	}
+}
+
+// pulseValue asks the aggregator what KEDA would get.
+func (e *env) pulseValue(md map[string]string, soName string) (float64, error) {
+	conn, err := grpc.NewClient(e.scaler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	resp, err := externalscaler.NewExternalScalerClient(conn).GetMetrics(e.ctx, &externalscaler.GetMetricsRequest{
+		ScaledObjectRef: &externalscaler.ScaledObjectRef{Name: soName, Namespace: appNS, ScalerMetadata: md}, MetricName: "x"})
+	if err != nil {
+		return 0, err
+	}
+	return resp.MetricValues[0].MetricValueFloat, nil
+}
+
+// sameValue: KEDA's own keda_scaler_metrics_value for the trigger equals
+// the value pulse serves.
+func (e *env) sameValue(t *testing.T, sims map[string]*countingSim) {
+	sims["llama-0"].setWaiting(7)
+	sims["llama-1"].setWaiting(5)
+	md := map[string]string{"threshold": "10", "activationThreshold": "0", "window": "2s"}
+	waitFor(t, 60*time.Second, "KEDA reports pulse's value", func() error {
+		want, err := e.pulseValue(md, "llama-so")
+		if err != nil {
+			return err
+		}
+		if want != 12 {
+			return fmt.Errorf("pulse serves %v, want 12 (7 + 5 waiting)", want)
+		}
+		page, err := e.kedaMetrics()
+		if err != nil {
+			return err
+		}
+		got, ok := scanMetric(page, "keda_scaler_metrics_value", map[string]string{"scaledObject": "llama-so", "triggerIndex": "0"})
+		if !ok || math.Abs(got-want) > 0.001 {
+			return fmt.Errorf("keda_scaler_metrics_value = %v (found %v), pulse %v", got, ok, want)
+		}
+		return nil
+	})
+	sims["llama-0"].setWaiting(0)
+	sims["llama-1"].setWaiting(0)
+}
+
+// cronAndPulse: a ScaledObject with a cron trigger and pulse on the
+// InferenceSet; both triggers report and the workload is scaled.
+func (e *env) cronAndPulse(t *testing.T) {
+	cron := map[string]any{"type": "cron", "metadata": map[string]any{
+		"timezone": "Etc/UTC", "start": "0 0 * * *", "end": "59 23 * * *", "desiredReplicas": "2"}}
+	e.createScaledObject("llama-set-so", "InferenceSet", "kaito.sh/v1alpha1", "llama-set",
+		map[string]any{"inferenceSet": "llama-set"}, []any{cron})
+	waitFor(t, 90*time.Second, "both triggers report to KEDA and the InferenceSet is scaled up", func() error {
+		page, err := e.kedaMetrics()
+		if err != nil {
+			return err
+		}
+		for _, idx := range []string{"0", "1"} {
+			if _, ok := scanMetric(page, "keda_scaler_metrics_value", map[string]string{"scaledObject": "llama-set-so", "triggerIndex": idx}); !ok {
+				return fmt.Errorf("no keda_scaler_metrics_value for trigger %s", idx)
+			}
+		}
+		r, err := e.replicas(infSetGVR, "llama-set")
+		if err != nil || r < 1 {
+			return fmt.Errorf("InferenceSet replicas %d, %v", r, err)
+		}
+		return nil
+	})
+}
+
+// aggregatorRestart: KEDA reports the scaler's error while the aggregator
+// is down, and recovers when it comes back, fed again by the same agent.
+func (e *env) aggregatorRestart(t *testing.T, sims map[string]*countingSim) {
+	errorsNow := func() float64 {
+		page, err := e.kedaMetrics()
+		if err != nil {
+			return 0
+		}
+		v, _ := scanMetric(page, "keda_scaler_detail_errors_total", map[string]string{"scaledObject": "llama-so"})
+		return v
+	}
+	before := errorsNow()
+	e.agg.stop()
+	waitFor(t, 60*time.Second, "KEDA reports the scaler error", func() error {
+		if now := errorsNow(); now <= before {
+			return fmt.Errorf("keda_scaler_detail_errors_total %v, before %v", now, before)
+		}
+		return nil
+	})
+	e.startAggregator()
+	waitFor(t, 60*time.Second, "the same agent feeds the new aggregator", func() error { return e.expectPods("llama", 2) })
+	// KEDA recovers: a push activation works again.
+	waitFor(t, 90*time.Second, "llama at 0 replicas", func() error {
+		r, err := e.replicas(workspaceGVR, "llama")
+		if err != nil || r != 0 {
+			return fmt.Errorf("replicas %d, %v", r, err)
+		}
+		return nil
+	})
+	sims["llama-1"].setWaiting(3)
+	waitFor(t, 60*time.Second, "KEDA scales llama again", func() error {
+		r, err := e.replicas(workspaceGVR, "llama")
+		if err != nil || r != 1 {
+			return fmt.Errorf("replicas %d, %v", r, err)
+		}
+		return nil
+	})
+	if e.agent.cmd.ProcessState != nil {
+		t.Fatal("the agent exited")
+	}
+}
