@@ -181,10 +181,12 @@ func (p *pki) issue(t testing.TB, name, cn string, orgs, dns []string, ips []net
 	return crt, keyPath
 }
 
-// controlPlane is etcd, kube-apiserver and kube-controller-manager.
+// controlPlane is etcd, kube-apiserver and kube-controller-manager, or an
+// existing cluster's API server.
 type controlPlane struct {
 	url        string
-	pki        *pki
+	caPEM      []byte // the API server's CA
+	pki        *pki   // certificates this test issues (KEDA's, and the local control plane's)
 	admin      *rest.Config
 	kubeconfig string // the admin's
 	procs      []*proc
@@ -209,7 +211,7 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey, "--api-audiences="+issuer,
 		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
 		"--enable-priority-and-fairness=false", "--v=1")
-	cp := &controlPlane{url: fmt.Sprintf("https://127.0.0.1:%d", apiPort), pki: p, procs: []*proc{etcd, api}}
+	cp := &controlPlane{url: fmt.Sprintf("https://127.0.0.1:%d", apiPort), caPEM: p.caPEM, pki: p, procs: []*proc{etcd, api}}
 	cp.admin = &rest.Config{Host: cp.url, TLSClientConfig: rest.TLSClientConfig{
 		CAData: p.caPEM, CertFile: p.adminCert, KeyFile: p.adminKey}, QPS: 100, Burst: 200}
 	cp.kubeconfig = filepath.Join(dir, "admin.kubeconfig")
@@ -237,11 +239,29 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 	return cp
 }
 
+// useCluster uses an existing cluster's API server (PULSE_E2E_KUBECONFIG)
+// with the kubeconfig's credentials as the admin's.
+func useCluster(t *testing.T, kubeconfig, dir string) *controlPlane {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatalf("PULSE_E2E_KUBECONFIG: %v", err)
+	}
+	ca := cfg.CAData
+	if len(ca) == 0 && cfg.CAFile != "" {
+		if ca, err = os.ReadFile(cfg.CAFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	return &controlPlane{url: cfg.Host, caPEM: ca, pki: newPKI(t, dir), admin: cfg, kubeconfig: kubeconfig}
+}
+
 // writeKubeconfig writes a kubeconfig for this cluster with auth.
 func (cp *controlPlane) writeKubeconfig(t testing.TB, path string, auth *clientcmdapi.AuthInfo) {
 	t.Helper()
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cp.url, CertificateAuthorityData: cp.pki.caPEM}
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cp.url, CertificateAuthorityData: cp.caPEM}
 	cfg.AuthInfos["user"] = auth
 	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "user"}
 	cfg.CurrentContext = "e2e"

@@ -88,7 +88,11 @@ func TestE2E(t *testing.T) {
 		must(t, os.MkdirAll(d, 0o755))
 	}
 	t.Logf("logs in %s", e.dir)
-	e.cp = startControlPlane(t, tools, e.dir)
+	if kc := os.Getenv("PULSE_E2E_KUBECONFIG"); kc != "" {
+		e.cp = useCluster(t, kc, e.dir)
+	} else {
+		e.cp = startControlPlane(t, tools, e.dir)
+	}
 	var err error
 	e.kube, err = kubernetes.NewForConfig(e.cp.admin)
 	must(t, err)
@@ -108,6 +112,8 @@ func TestE2E(t *testing.T) {
 	// llama-set) on gpu-node-1, one on gpu-node-2 that must never be scraped.
 	sims := map[string]*countingSim{"llama-0": newSim(t), "llama-1": newSim(t), "elsewhere-0": newSim(t)}
 	e.createNamespace(appNS)
+	e.createNode(node)
+	e.createNode(otherNode)
 	e.createPod("llama-0", node, sims["llama-0"])
 	e.createPod("llama-1", node, sims["llama-1"])
 	e.createPod("elsewhere-0", otherNode, sims["elsewhere-0"])
@@ -359,6 +365,15 @@ func (e *env) installKaitoCRDs() {
 	}
 	crd("workspaces.kaito.sh", "kaito.sh", "Workspace", "workspaces", "v1beta1", ".spec.inference.replicas", ".status.inference.replicas")
 	crd("inferencesets.kaito.sh", "kaito.sh", "InferenceSet", "inferencesets", "v1alpha1", ".spec.replicas", ".status.replicas")
+}
+
+// createNode registers a node object (no kubelet behind it), so that pods
+// bound to it are not orphans.
+func (e *env) createNode(name string) {
+	_, err := e.kube.CoreV1().Nodes().Create(e.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
 }
 
 // createPod makes a Kaito inference pod object of Workspace llama (and
