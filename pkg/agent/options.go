@@ -155,3 +155,6 @@ func (s *stringList) Set(v string) error {
 	}
 	return nil
 }
+
+// Logging returns the log format and level.
+func (o *Options) Logging() (format, level string) { return o.LogFormat, o.LogLevel }

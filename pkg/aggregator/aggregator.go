@@ -250,3 +250,6 @@ func stopGracefully(s *grpc.Server, timeout time.Duration) {
 		<-done
 	}
 }
+
+// Logging returns the log format and level.
+func (o *Options) Logging() (format, level string) { return o.LogFormat, o.LogLevel }
