@@ -93,6 +93,7 @@ func TestGoodStreamFeedsTheStore(t *testing.T) {
 	b.Seq, b.TimeUnixMs = 1, 1000
 	s := wire.Sample{Pod: 1}
 	s.Values.Set(signal.Waiting, 4)
+	s.Values.Set(signal.Running, -2) // bad input: dropped, the rest kept
 	enc.Append(&b, &s)
 	enc.Append(&b, &wire.Sample{Pod: 2, Missing: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Error: "timed out"})
 	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
@@ -101,6 +102,12 @@ func TestGoodStreamFeedsTheStore(t *testing.T) {
 	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
 	if len(v) != 1 || len(v[0].Pods) != 2 || v[0].Pods[0].Values["waiting"] != 4 || v[0].Pods[1].Missing != "timeout" {
 		t.Fatalf("store = %+v", v)
+	}
+	if _, ok := v[0].Pods[0].Values["running"]; ok {
+		t.Fatal("a negative value was stored")
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("negative_value")); got != 1 {
+		t.Fatalf("rejected negative_value = %v", got)
 	}
 }
 
