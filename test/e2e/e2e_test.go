@@ -609,19 +609,22 @@ func (e *env) cronAndPulse(t *testing.T) {
 // aggregatorRestart: KEDA reports the scaler's error while the aggregator
 // is down, and recovers when it comes back, fed again by the same agent.
 func (e *env) aggregatorRestart(t *testing.T, sims map[string]*countingSim) {
+	// KEDA counts a failed GetMetricSpec as a ScaledObject error and a
+	// failed GetMetrics as a scaler error: either says pulse is down.
 	errorsNow := func() float64 {
 		page, err := e.kedaMetrics()
 		if err != nil {
 			return 0
 		}
-		v, _ := scanMetric(page, "keda_scaler_detail_errors_total", map[string]string{"scaledObject": "llama-so"})
-		return v
+		so, _ := scanMetric(page, "keda_scaled_object_errors_total", map[string]string{"scaledObject": "llama-so"})
+		sc, _ := scanMetric(page, "keda_scaler_detail_errors_total", map[string]string{"scaledObject": "llama-so"})
+		return so + sc
 	}
 	before := errorsNow()
 	e.agg.stop()
 	waitFor(t, 60*time.Second, "KEDA reports the scaler error", func() error {
 		if now := errorsNow(); now <= before {
-			return fmt.Errorf("keda_scaler_detail_errors_total %v, before %v", now, before)
+			return fmt.Errorf("KEDA's error counters for llama-so: %v, before %v", now, before)
 		}
 		return nil
 	})
