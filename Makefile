@@ -58,6 +58,7 @@ bench:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzExtract$$' -fuzztime=$(FUZZTIME) ./pkg/vllm
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
+	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
 
 lint:
 	$(GO) vet $(PKGS)
