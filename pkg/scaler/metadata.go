@@ -55,9 +55,13 @@ var vllmNames = map[string]string{
 }
 
 // MetadataError names the key at fault.
-type MetadataError struct{ Key, Msg string }
+type MetadataError struct {
+	Key, Msg string
+	Err      error // the cause, if any
+}
 
 func (e *MetadataError) Error() string { return fmt.Sprintf("trigger metadata %q: %s", e.Key, e.Msg) }
+func (e *MetadataError) Unwrap() error { return e.Err }
 
 // ParseTrigger reads a ScaledObjectRef's metadata. maxWindow bounds window.
 // When the metadata names no workload, resolver (if not nil) finds it from
@@ -71,7 +75,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	for _, wk := range workloadKeys {
 		if v := md[wk.key]; v != "" {
 			if named > 0 && t.Workload.Name != v || named > 0 && t.Workload.Kind != wk.kind {
-				return t, &MetadataError{wk.key, "name exactly one workload: workspace, inferenceSet, deployment or workload"}
+				return t, &MetadataError{Key: wk.key, Msg: "name exactly one workload: workspace, inferenceSet, deployment or workload"}
 			}
 			t.Workload = store.Key{Kind: wk.kind, Name: v}
 			named++
@@ -79,26 +83,26 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 	if named == 0 {
 		if resolver == nil {
-			return t, &MetadataError{"workspace", "no workload named: set one of workspace, inferenceSet, deployment or workload"}
+			return t, &MetadataError{Key: "workspace", Msg: "no workload named: set one of workspace, inferenceSet, deployment or workload"}
 		}
 		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
 		if err != nil {
-			return t, &MetadataError{"workspace", fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err)}
+			return t, &MetadataError{Key: "workspace", Msg: fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err), Err: err}
 		}
 		k, ok := workloadKinds[kind]
 		if !ok {
-			return t, &MetadataError{"workspace", fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload", kind)}
+			return t, &MetadataError{Key: "workspace", Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload", kind)}
 		}
 		t.Workload = store.Key{Kind: k, Name: name}
 	}
 	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
 	if t.Workload.Namespace == "" {
-		return t, &MetadataError{"namespace", "no namespace given and the ScaledObject has none"}
+		return t, &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
 	}
 
 	if m := md["metric"]; m != "" {
 		if _, ok := signal.Lookup(m); !ok {
-			return t, &MetadataError{"metric", fmt.Sprintf("unknown metric %q; one of %s", m, strings.Join(signal.Names(), ", "))}
+			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s", m, strings.Join(signal.Names(), ", "))}
 		}
 		t.Metric = m
 	} else if m := md["metricName"]; m != "" {
@@ -107,7 +111,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 			t.Metric = vllmNames[m]
 		default:
 			if _, ok := signal.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
-				return t, &MetadataError{"metricName", fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
+				return t, &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
 		}
@@ -118,13 +122,13 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		return t, err
 	}
 	if t.Threshold <= 0 {
-		return t, &MetadataError{"threshold", "must be greater than 0"}
+		return t, &MetadataError{Key: "threshold", Msg: "must be greater than 0"}
 	}
 	if t.ActivationThreshold, err = number(md, "activationThreshold", 0); err != nil {
 		return t, err
 	}
 	if t.ActivationThreshold < 0 {
-		return t, &MetadataError{"activationThreshold", "must not be negative"}
+		return t, &MetadataError{Key: "activationThreshold", Msg: "must not be negative"}
 	}
 	if t.ValueType, err = oneOf(md, "valueType", t.ValueType, "total", "average"); err != nil {
 		return t, err
@@ -139,13 +143,13 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		return t, err
 	}
 	if t.Window <= 0 || t.Window > maxWindow {
-		return t, &MetadataError{"window", fmt.Sprintf("must be above 0 and at most %s (the aggregator's --max-window)", maxWindow)}
+		return t, &MetadataError{Key: "window", Msg: fmt.Sprintf("must be above 0 and at most %s (the aggregator's --max-window)", maxWindow)}
 	}
 	if t.StaleAfter, err = duration(md, "staleAfter", t.StaleAfter); err != nil {
 		return t, err
 	}
 	if t.StaleAfter <= 0 {
-		return t, &MetadataError{"staleAfter", "must be above 0"}
+		return t, &MetadataError{Key: "staleAfter", Msg: "must be above 0"}
 	}
 	return t, nil
 }
@@ -166,7 +170,7 @@ func number(md map[string]string, key string, def float64) (float64, error) {
 	}
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, &MetadataError{key, fmt.Sprintf("%q is not a finite number", s)}
+		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a finite number", s)}
 	}
 	return v, nil
 }
@@ -181,7 +185,7 @@ func oneOf(md map[string]string, key, def string, allowed ...string) (string, er
 			return s, nil
 		}
 	}
-	return "", &MetadataError{key, fmt.Sprintf("%q is not one of %s", s, strings.Join(allowed, ", "))}
+	return "", &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not one of %s", s, strings.Join(allowed, ", "))}
 }
 
 func duration(md map[string]string, key string, def time.Duration) (time.Duration, error) {
@@ -191,7 +195,7 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, &MetadataError{key, fmt.Sprintf("%q is not a duration such as 10s", s)}
+		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a duration such as 10s", s)}
 	}
 	return d, nil
 }

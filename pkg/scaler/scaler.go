@@ -143,7 +143,10 @@ func describe(t Trigger) string {
 
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNotSynced):
+		return t, status.Error(codes.Unavailable, err.Error()) // passes: KEDA retries
+	case err != nil:
 		return t, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return t, nil

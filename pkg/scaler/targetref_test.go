@@ -2,6 +2,7 @@ package scaler
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,9 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
 		scaledObject("llama-so", "Workspace", "llama"), scaledObject("odd-so", "CronJob", "x"))
 	r := NewInformerResolver(client)
+	if _, _, err := r.Resolve("demo", "llama-so"); !errors.Is(err, errNotSynced) {
+		t.Fatalf("before sync: %v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.Run(ctx)
