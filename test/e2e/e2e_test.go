@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -535,7 +536,9 @@ func (e *env) activate(t *testing.T, sim *countingSim, waiting float64) time.Dur
 		}
 		return nil
 	})
-	time.Sleep(500 * time.Millisecond)
+	// The change lands at a random point of the agent's scrape interval
+	// (500 ms here), as a real load change does.
+	time.Sleep(500*time.Millisecond + rand.N(500*time.Millisecond))
 	start := time.Now()
 	sim.setWaiting(waiting)
 	waitFor(t, 60*time.Second, "KEDA scales llama 0 → 1", func() error {
