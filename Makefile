@@ -40,7 +40,7 @@ helm-lint:
 	  --set serviceMonitor.enabled=true,podResources.enabled=false,runtimeClassName=nvidia,extraMetrics={x} >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
-	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false >/dev/null
+	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false,scaler.tls.secretName=pulse-tls >/dev/null
 
 # The e2e test on a real kube-apiserver with the real KEDA operator; the
 # first run builds the tools (about 20 minutes on 2 cores), later runs reuse them.

@@ -18,12 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/scaler"
@@ -48,6 +50,9 @@ type Options struct {
 	PodExpiry        time.Duration
 	ResolveTargets   bool
 	KubeConfig       string
+	TLSCertFile      string
+	TLSKeyFile       string
+	TLSClientCAFile  string
 }
 
 // NewOptions returns the defaults.
@@ -74,6 +79,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects)")
 	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig for --resolve-scale-targets (default: the in-cluster config)")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "scaler port: serve TLS with this certificate (re-read when it changes)")
+	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "scaler port: the certificate's key")
+	fs.StringVar(&o.TLSClientCAFile, "tls-client-ca-file", o.TLSClientCAFile, "scaler port: require client certificates signed by this CA (KEDA's tlsClientCert)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 }
@@ -89,6 +97,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
 		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if n := countSet(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile); n != 0 && n != 3 {
+		errs = append(errs, errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together"))
 	}
 	if o.PodExpiry <= 0 {
 		errs = append(errs, errors.New("--pod-expiry must be above 0"))
@@ -148,7 +159,17 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
 	a.ingestSrv = grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
 	pulsev1.RegisterIngestServer(a.ingestSrv, ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
-	a.scalerSrv = grpc.NewServer(grpcOpts...)
+	scalerOpts := grpcOpts
+	if o.TLSCertFile != "" {
+		files, err := certs.NewFiles(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile)
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("scaler TLS: %w", err)
+		}
+		scalerOpts = append(scalerOpts[:len(scalerOpts):len(scalerOpts)], grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+		log.Info("scaler port serves mutual TLS", "cert", o.TLSCertFile, "clientCA", o.TLSClientCAFile)
+	}
+	a.scalerSrv = grpc.NewServer(scalerOpts...)
 	var resolver scaler.TargetResolver
 	if o.ResolveTargets {
 		cfg, err := clientcmd.BuildConfigFromFlags("", o.KubeConfig) // in-cluster when empty
@@ -253,3 +274,13 @@ func stopGracefully(s *grpc.Server, timeout time.Duration) {
 
 // Logging returns the log format and level.
 func (o *Options) Logging() (format, level string) { return o.LogFormat, o.LogLevel }
+
+func countSet(vs ...string) int {
+	n := 0
+	for _, v := range vs {
+		if v != "" {
+			n++
+		}
+	}
+	return n
+}

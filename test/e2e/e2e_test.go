@@ -6,10 +6,13 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -24,6 +27,7 @@ import (
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -69,6 +73,8 @@ type env struct {
 	aggHTTP string
 	scaler  string
 	agent   *proc
+	// clientTLS is a KEDA-like client's side of the scaler port's mutual TLS.
+	clientTLS *tls.Config
 }
 
 func must(t *testing.T, err error) {
@@ -124,6 +130,15 @@ func TestE2E(t *testing.T) {
 	waitFor(t, 60*time.Second, "the aggregator shows llama's two pods, fresh", func() error {
 		return e.expectPods("llama", 2)
 	})
+	// The scaler port refuses a client without a certificate.
+	if conn, err := grpc.NewClient(e.scaler, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
+		_, err := externalscaler.NewExternalScalerClient(conn).GetMetricSpec(e.ctx, &externalscaler.ScaledObjectRef{
+			Name: "x", Namespace: appNS, ScalerMetadata: map[string]string{"workspace": "llama"}})
+		conn.Close()
+		if err == nil {
+			t.Fatal("the scaler port answered a plaintext client")
+		}
+	}
 
 	e.createWorkload(workspaceGVR, "llama", map[string]any{"inference": map[string]any{"replicas": int64(0)}})
 	e.createWorkload(infSetGVR, "llama-set", map[string]any{"replicas": int64(0)})
@@ -409,9 +424,13 @@ func (e *env) startAggregator() {
 		scaler, ingest, httpPort := freePort(t), freePort(t), freePort(t)
 		e.scaler = fmt.Sprintf("127.0.0.1:%d", scaler)
 		e.aggHTTP = fmt.Sprintf("127.0.0.1:%d", httpPort)
+		srvCrt, srvKey := e.cp.pki.issue(t, "scaler", "pulse-aggregator", nil, []string{"localhost"},
+			[]net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
 		e.aggArgs = []string{"--scaler-addr=" + e.scaler, fmt.Sprintf("--ingest-addr=127.0.0.1:%d", ingest),
 			"--http-addr=" + e.aggHTTP, "--resolve-scale-targets", "--kubeconfig=" + e.tokenKubeconfig("pulse-aggregator"),
+			"--tls-cert-file=" + srvCrt, "--tls-key-file=" + srvKey, "--tls-client-ca-file=" + filepath.Join(e.cp.pki.dir, "ca.crt"),
 			"--log-format=text"}
+		e.kedaCredentials()
 	}
 	e.agg = start(t, e.dir, "pulse-aggregator", nil, filepath.Join(e.bins, "pulse-aggregator"), e.aggArgs...)
 	waitFor(t, 30*time.Second, "aggregator listening", func() error {
@@ -491,7 +510,8 @@ func (e *env) createScaledObject(name, kind, apiVersion, target string, pollingI
 	for k, v := range md {
 		meta[k] = v
 	}
-	triggers := append([]any{map[string]any{"type": "external-push", "metadata": meta}}, extra...)
+	triggers := append([]any{map[string]any{"type": "external-push", "metadata": meta,
+		"authenticationRef": map[string]any{"name": "pulse-creds", "kind": "ClusterTriggerAuthentication"}}}, extra...)
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
 		"metadata": map[string]any{"name": name, "namespace": appNS},
@@ -571,9 +591,42 @@ func (e *env) pushActivation(t *testing.T, sims map[string]*countingSim) {
 	}
 }
 
-// pulseValue asks the aggregator what KEDA would get.
+// kedaCredentials gives KEDA a client certificate for the scaler port: a
+// Secret in KEDA's namespace and the ClusterTriggerAuthentication pulse-creds
+// mapping it to the external scaler's caCert, tlsClientCert and tlsClientKey.
+func (e *env) kedaCredentials() {
+	t := e.t
+	crt, key := e.cp.pki.issue(t, "keda-client", "keda-operator", nil, nil, nil, x509.ExtKeyUsageClientAuth)
+	data := map[string][]byte{"ca.crt": e.cp.pki.caPEM}
+	for name, path := range map[string]string{"tls.crt": crt, "tls.key": key} {
+		b, err := os.ReadFile(path)
+		must(t, err)
+		data[name] = b
+	}
+	_, err := e.kube.CoreV1().Secrets("keda").Create(e.ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "pulse-creds", Namespace: "keda"}, Data: data}, metav1.CreateOptions{})
+	must(t, err)
+	cta := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
+		"metadata": map[string]any{"name": "pulse-creds"},
+		"spec": map[string]any{"secretTargetRef": []any{
+			map[string]any{"parameter": "caCert", "name": "pulse-creds", "key": "ca.crt"},
+			map[string]any{"parameter": "tlsClientCert", "name": "pulse-creds", "key": "tls.crt"},
+			map[string]any{"parameter": "tlsClientKey", "name": "pulse-creds", "key": "tls.key"},
+		}}}}
+	_, err = e.dyn.Resource(schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}).
+		Create(e.ctx, cta, metav1.CreateOptions{})
+	must(t, err)
+	pair, err := tls.LoadX509KeyPair(crt, key)
+	must(t, err)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.cp.pki.caPEM)
+	e.clientTLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+}
+
+// pulseValue asks the aggregator what KEDA would get, over mutual TLS.
 func (e *env) pulseValue(md map[string]string, soName string) (float64, error) {
-	conn, err := grpc.NewClient(e.scaler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(e.scaler, grpc.WithTransportCredentials(credentials.NewTLS(e.clientTLS)))
 	if err != nil {
 		return 0, err
 	}

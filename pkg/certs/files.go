@@ -1,0 +1,96 @@
+// Package certs serves TLS certificates to pulse's gRPC servers.
+package certs
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+)
+
+// Files serves a certificate, its key and the CA that client certificates
+// must chain to, from files, re-read when any of them changes (as
+// cert-manager rotates a mounted Secret): each handshake takes the current
+// pair, so a renewal needs no restart. Client certificates are required.
+type Files struct {
+	CertFile, KeyFile, ClientCAFile string
+
+	mu      sync.Mutex
+	stamp   string // sizes and modification times of the three files
+	current *tls.Config
+}
+
+// NewFiles loads the files once, so that a bad file is an error at start.
+func NewFiles(certFile, keyFile, clientCAFile string) (*Files, error) {
+	f := &Files{CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile}
+	if _, err := f.config(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// ServerConfig is a tls.Config whose certificate and client CAs are read
+// per handshake.
+func (f *Files) ServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return f.config()
+		},
+	}
+}
+
+// config returns the current per-connection config, reloading the files
+// when they changed. A reload that fails keeps serving the last good pair.
+func (f *Files) config() (*tls.Config, error) {
+	stamp, err := f.stampNow()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil && stamp == f.stamp && f.current != nil {
+		return f.current, nil
+	}
+	cfg, lerr := f.load()
+	if lerr != nil || err != nil {
+		if f.current != nil {
+			return f.current, nil // keep the last good pair while files are being replaced
+		}
+		return nil, errors.Join(err, lerr)
+	}
+	f.current, f.stamp = cfg, stamp
+	return cfg, nil
+}
+
+func (f *Files) stampNow() (string, error) {
+	s := ""
+	for _, p := range []string{f.CertFile, f.KeyFile, f.ClientCAFile} {
+		st, err := os.Stat(p)
+		if err != nil {
+			return "", fmt.Errorf("tls file: %w", err)
+		}
+		s += fmt.Sprintf("%s:%d:%d;", p, st.Size(), st.ModTime().UnixNano())
+	}
+	return s, nil
+}
+
+func (f *Files) load() (*tls.Config, error) {
+	pair, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s: %w", f.CertFile, err)
+	}
+	ca, err := os.ReadFile(f.ClientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("read client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("client CA %s holds no PEM certificate", f.ClientCAFile)
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{pair},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+	}, nil
+}
