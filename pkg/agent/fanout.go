@@ -17,6 +17,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 	var wg sync.WaitGroup
 	cancels := map[string]context.CancelFunc{}
 	known := map[string][]string{} // per --aggregator entry, its last good addresses
+	names := map[string]string{}   // address → the name it was resolved from (for TLS)
 	defer func() {
 		for _, c := range cancels {
 			c()
@@ -39,8 +40,10 @@ func (a *Agent) fanOut(ctx context.Context) {
 				addrs = known[entry]
 			}
 			known[entry] = addrs
+			host, _, _ := net.SplitHostPort(entry)
 			for _, addr := range addrs {
 				want[addr] = true
+				names[addr] = host
 			}
 		}
 		for addr := range want {
@@ -49,7 +52,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			}
 			sctx, cancel := context.WithCancel(ctx)
 			cancels[addr] = cancel
-			s := newStreamer(a, addr)
+			s := newStreamer(a, addr, names[addr])
 			a.streamersMu.Lock()
 			a.streamers[addr] = s
 			a.streamersMu.Unlock()

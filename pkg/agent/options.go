@@ -26,6 +26,8 @@ type Options struct {
 	PodResourcesSocket  string
 	ResolveInterval     time.Duration
 	Aggregators         stringList
+	AggregatorCAFile    string
+	TokenFile           string
 	NodeName            string
 	ScrapeInterval      time.Duration
 	ScrapeTimeout       time.Duration
@@ -71,6 +73,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.NVML, "nvml", o.NVML, "GPU utilization from NVML: auto (when a driver is there), on (required) or off")
 	fs.StringVar(&o.PodResourcesSocket, "pod-resources-socket", o.PodResourcesSocket, "the kubelet's pod-resources socket, to attribute GPUs to pods")
 	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a headless Service gives every replica)")
+	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "connect to aggregators over TLS, trusting this CA (plaintext when empty)")
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "projected ServiceAccount token sent to aggregators (re-read on every connect; needs --aggregator-ca-file)")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name (default $NODE_NAME, else the hostname)")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped")
@@ -93,6 +97,9 @@ func (o *Options) Validate() error {
 	}
 	if o.NVML != gpu.ModeAuto && o.NVML != gpu.ModeOn && o.NVML != gpu.ModeOff {
 		errs = append(errs, fmt.Errorf("--nvml %q: want auto, on or off", o.NVML))
+	}
+	if o.TokenFile != "" && o.AggregatorCAFile == "" {
+		errs = append(errs, errors.New("--token-file needs --aggregator-ca-file: a token is never sent in plaintext"))
 	}
 	if o.ResolveInterval < 100*time.Millisecond {
 		errs = append(errs, errors.New("--resolve-interval must be at least 100ms"))

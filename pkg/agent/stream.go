@@ -3,17 +3,22 @@ package agent
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
@@ -38,16 +43,17 @@ var ClientKeepalive = keepalive.ClientParameters{Time: 20 * time.Second, Timeout
 // streamer keeps one stream open to one aggregator address and sends it the
 // catalogue and the samples.
 type streamer struct {
-	agent *Agent
-	addr  string
+	agent      *Agent
+	addr       string
+	serverName string // the name the aggregator's certificate must carry
 
 	mu      sync.Mutex
 	pending map[string]result // by uid: the newest result not yet sent
 	wake    chan struct{}
 }
 
-func newStreamer(a *Agent, addr string) *streamer {
-	return &streamer{agent: a, addr: addr, pending: map[string]result{}, wake: make(chan struct{}, 1)}
+func newStreamer(a *Agent, addr, serverName string) *streamer {
+	return &streamer{agent: a, addr: addr, serverName: serverName, pending: map[string]result{}, wake: make(chan struct{}, 1)}
 }
 
 func (s *streamer) offer(r result) {
@@ -72,12 +78,16 @@ func (s *streamer) take() map[string]result {
 // exponential backoff.
 func (s *streamer) run(ctx context.Context) {
 	log := s.agent.log.With("aggregator", s.addr)
-	conn, err := grpc.NewClient(s.addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	opts, err := s.agent.transport(s.serverName)
+	if err != nil {
+		log.Error("aggregator transport", "err", err)
+		return
+	}
+	conn, err := grpc.NewClient(s.addr, append(opts,
 		grpc.WithKeepaliveParams(ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
-			MinConnectTimeout: 2 * time.Second}))
+			MinConnectTimeout: 2 * time.Second}))...)
 	if err != nil {
 		log.Error("aggregator address is not usable", "err", err)
 		return
@@ -222,6 +232,43 @@ func (s *streamer) batch(sent map[uint32]discovery.Target, enc *wire.Encoder) *p
 	}
 	return b
 }
+
+// transport is how the agent reaches an aggregator: plaintext, or TLS
+// trusting --aggregator-ca-file (checking serverName), with the
+// ServiceAccount token of --token-file on every stream.
+func (a *Agent) transport(serverName string) ([]grpc.DialOption, error) {
+	if a.opts.AggregatorCAFile == "" {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+	}
+	pem, err := os.ReadFile(a.opts.AggregatorCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("read --aggregator-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--aggregator-ca-file %s holds no PEM certificate", a.opts.AggregatorCAFile)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}))}
+	if a.opts.TokenFile != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(a.opts.TokenFile)))
+	}
+	return opts, nil
+}
+
+// tokenFile sends the token in a file, re-read on every stream, so that a
+// rotated projected token is picked up.
+type tokenFile string
+
+func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	b, err := os.ReadFile(string(f))
+	if err != nil {
+		return nil, fmt.Errorf("read --token-file: %w", err)
+	}
+	return map[string]string{"authorization": "Bearer " + strings.TrimSpace(string(b))}, nil
+}
+
+func (tokenFile) RequireTransportSecurity() bool { return true }
 
 // diffCatalogue is the catalogue message that turns sent into current.
 func diffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev1.Catalogue {

@@ -23,6 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/pulse-io/pulse/pkg/certs"
@@ -53,6 +55,12 @@ type Options struct {
 	TLSCertFile      string
 	TLSKeyFile       string
 	TLSClientCAFile  string
+	IngestTLSCert    string
+	IngestTLSKey     string
+	AgentAuth        string
+	AgentAudience    string
+	AgentAccounts    []string
+	agentAccountsSet bool
 }
 
 // NewOptions returns the defaults.
@@ -62,6 +70,7 @@ func NewOptions() *Options {
 		MaxWindow: time.Minute, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024,
 		ShutdownTimeout: 5 * time.Second, LogFormat: "json", LogLevel: "info", MaxSamplesPerPod: 128,
 		MaxPods: 10000, PodExpiry: 10 * time.Minute,
+		AgentAuth: "none", AgentAudience: "pulse", AgentAccounts: []string{"pulse-system/pulse-agent"},
 	}
 }
 
@@ -82,6 +91,17 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "scaler port: serve TLS with this certificate (re-read when it changes)")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "scaler port: the certificate's key")
 	fs.StringVar(&o.TLSClientCAFile, "tls-client-ca-file", o.TLSClientCAFile, "scaler port: require client certificates signed by this CA (KEDA's tlsClientCert)")
+	fs.StringVar(&o.IngestTLSCert, "ingest-tls-cert-file", o.IngestTLSCert, "ingest port: serve TLS with this certificate (re-read when it changes)")
+	fs.StringVar(&o.IngestTLSKey, "ingest-tls-key-file", o.IngestTLSKey, "ingest port: the certificate's key")
+	fs.StringVar(&o.AgentAuth, "agent-auth", o.AgentAuth, "agent authentication: none, or tokenreview (ServiceAccount token bound to a pod; the stream may speak only for that pod's node)")
+	fs.StringVar(&o.AgentAudience, "agent-audience", o.AgentAudience, "audience agent tokens must carry")
+	fs.Func("agent-service-account", "namespace/name of the agents' ServiceAccount; repeatable (default pulse-system/pulse-agent)", func(v string) error {
+		if !o.agentAccountsSet {
+			o.AgentAccounts, o.agentAccountsSet = nil, true
+		}
+		o.AgentAccounts = append(o.AgentAccounts, v)
+		return nil
+	})
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 }
@@ -97,6 +117,12 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
 		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if n := countSet(o.IngestTLSCert, o.IngestTLSKey); n == 1 {
+		errs = append(errs, errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together"))
+	}
+	if o.AgentAuth != "none" && o.AgentAuth != "tokenreview" {
+		errs = append(errs, fmt.Errorf("--agent-auth %q: want none or tokenreview", o.AgentAuth))
 	}
 	if n := countSet(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile); n != 0 && n != 3 {
 		errs = append(errs, errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together"))
@@ -127,6 +153,7 @@ type Aggregator struct {
 	httpSrv                    *http.Server
 	ingestLn, scalerLn, httpLn net.Listener
 	resolver                   *scaler.InformerResolver // nil unless --resolve-scale-targets
+	ingest                     *ingest.Server
 }
 
 // New wires an aggregator and opens its listeners, so that addresses such
@@ -157,8 +184,18 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 			Name: "pulse_aggregator_pods_evicted_total", Help: "Pods evicted because --max-pods was reached."}, func() float64 { return float64(a.store.Evicted()) }))
 
 	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
-	a.ingestSrv = grpc.NewServer(append(grpcOpts, grpc.MaxRecvMsgSize(4<<20))...)
-	pulsev1.RegisterIngestServer(a.ingestSrv, ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg))
+	ingestOpts := append(grpcOpts[:len(grpcOpts):len(grpcOpts)], grpc.MaxRecvMsgSize(4<<20))
+	if o.IngestTLSCert != "" {
+		files, err := certs.NewFiles(o.IngestTLSCert, o.IngestTLSKey, "")
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("ingest TLS: %w", err)
+		}
+		ingestOpts = append(ingestOpts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+	}
+	a.ingestSrv = grpc.NewServer(ingestOpts...)
+	a.ingest = ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg)
+	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
 	scalerOpts := grpcOpts
 	if o.TLSCertFile != "" {
 		files, err := certs.NewFiles(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile)
@@ -172,19 +209,29 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	a.scalerSrv = grpc.NewServer(scalerOpts...)
 	var resolver scaler.TargetResolver
 	if o.ResolveTargets {
-		cfg, err := clientcmd.BuildConfigFromFlags("", o.KubeConfig) // in-cluster when empty
+		dyn, err := dynamicClient(o)
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("--resolve-scale-targets: %w", err)
+		}
+		a.resolver = scaler.NewInformerResolver(dyn)
+		resolver = a.resolver
+	}
+	if o.AgentAuth == "tokenreview" {
+		kube, err := kubeClient(o)
 		if err == nil {
-			cfg.UserAgent = "pulse-aggregator/" + version.Version
-			var dyn dynamic.Interface
-			if dyn, err = dynamic.NewForConfig(cfg); err == nil {
-				a.resolver = scaler.NewInformerResolver(dyn)
-				resolver = a.resolver
+			var tr *ingest.TokenReviewer
+			if tr, err = ingest.NewTokenReviewer(kube, o.AgentAudience, o.AgentAccounts); err == nil {
+				a.ingest.SetAuthenticator(tr)
 			}
 		}
 		if err != nil {
 			a.close()
-			return nil, fmt.Errorf("--resolve-scale-targets: kubernetes client: %w", err)
+			return nil, fmt.Errorf("--agent-auth=tokenreview: %w", err)
 		}
+		log.Info("agents authenticate with ServiceAccount tokens", "audience", o.AgentAudience, "serviceAccounts", o.AgentAccounts)
+	} else {
+		log.Info("agent streams are not authenticated (--agent-auth=none): use it on loopback or a trusted network only")
 	}
 	a.scaler = scaler.New(a.store, o.MaxWindow, resolver)
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
@@ -199,6 +246,12 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return a, nil
+}
+
+// SetAgentAuthenticator replaces how agent streams authenticate (tests
+// pass one over a fake API); call it before Run.
+func (a *Aggregator) SetAgentAuthenticator(auth ingest.Authenticator) {
+	a.ingest.SetAuthenticator(auth)
 }
 
 // close releases the listeners of an aggregator that will not run.
@@ -274,6 +327,32 @@ func stopGracefully(s *grpc.Server, timeout time.Duration) {
 
 // Logging returns the log format and level.
 func (o *Options) Logging() (format, level string) { return o.LogFormat, o.LogLevel }
+
+// restConfig is the in-cluster config, or --kubeconfig's.
+func restConfig(o *Options) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.KubeConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	cfg.UserAgent = "pulse-aggregator/" + version.Version
+	return cfg, nil
+}
+
+func dynamicClient(o *Options) (dynamic.Interface, error) {
+	cfg, err := restConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	return dynamic.NewForConfig(cfg)
+}
+
+func kubeClient(o *Options) (kubernetes.Interface, error) {
+	cfg, err := restConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
 
 func countSet(vs ...string) int {
 	n := 0

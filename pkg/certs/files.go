@@ -10,10 +10,11 @@ import (
 	"sync"
 )
 
-// Files serves a certificate, its key and the CA that client certificates
-// must chain to, from files, re-read when any of them changes (as
-// cert-manager rotates a mounted Secret): each handshake takes the current
-// pair, so a renewal needs no restart. Client certificates are required.
+// Files serves a certificate, its key and (optionally) the CA that client
+// certificates must chain to, from files, re-read when any of them changes
+// (as cert-manager rotates a mounted Secret): each handshake takes the
+// current pair, so a renewal needs no restart. With a client CA, client
+// certificates are required; without one, none is asked for.
 type Files struct {
 	CertFile, KeyFile, ClientCAFile string
 
@@ -65,6 +66,9 @@ func (f *Files) config() (*tls.Config, error) {
 func (f *Files) stampNow() (string, error) {
 	s := ""
 	for _, p := range []string{f.CertFile, f.KeyFile, f.ClientCAFile} {
+		if p == "" {
+			continue
+		}
 		st, err := os.Stat(p)
 		if err != nil {
 			return "", fmt.Errorf("tls file: %w", err)
@@ -78,6 +82,9 @@ func (f *Files) load() (*tls.Config, error) {
 	pair, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("load TLS certificate %s: %w", f.CertFile, err)
+	}
+	if f.ClientCAFile == "" {
+		return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}, nil
 	}
 	ca, err := os.ReadFile(f.ClientCAFile)
 	if err != nil {

@@ -3,14 +3,17 @@
 package ingest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/signal"
@@ -38,7 +41,12 @@ type Server struct {
 	version string
 	limits  Limits
 	m       metrics
+	auth    Authenticator // nil: streams are not authenticated (static/demo mode)
 }
+
+// SetAuthenticator makes every stream authenticate, and binds it to the
+// node its token is bound to. Call it before serving.
+func (s *Server) SetAuthenticator(a Authenticator) { s.auth = a }
 
 var _ pulsev1.IngestServer = (*Server)(nil)
 
@@ -83,6 +91,10 @@ var kinds = map[pulsev1.WorkloadKind]string{
 
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
+	boundNode, err := s.authenticate(stream.Context())
+	if err != nil {
+		return err
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -96,6 +108,10 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	}
 	if hello.Node == "" {
 		return status.Error(codes.InvalidArgument, "hello names no node")
+	}
+	if boundNode != "" && hello.Node != boundNode {
+		s.m.rejected.WithLabelValues("other_node").Inc()
+		return status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, hello.Node)
 	}
 	if len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics {
 		return status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
@@ -111,7 +127,8 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	s.store.OpenSource(hello.Node)
 	defer s.store.CloseSource(hello.Node)
 
-	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, dec: wire.NewDecoder()}
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, dec: wire.NewDecoder(), ctx: stream.Context(), log: log,
+		bound: boundNode != ""}
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -142,9 +159,37 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	}
 }
 
+// authenticate returns the node a stream's bearer token is bound to, or ""
+// when streams are not authenticated.
+func (s *Server) authenticate(ctx context.Context) (string, error) {
+	if s.auth == nil {
+		return "", nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	var token string
+	for _, v := range md.Get("authorization") {
+		if t, ok := strings.CutPrefix(v, "Bearer "); ok {
+			token = t
+		}
+	}
+	if token == "" {
+		s.m.rejected.WithLabelValues("unauthenticated").Inc()
+		return "", status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
+	}
+	node, err := s.auth.Authenticate(ctx, token)
+	if err != nil {
+		s.m.rejected.WithLabelValues("unauthenticated").Inc()
+		return "", status.Error(codes.Unauthenticated, err.Error())
+	}
+	return node, nil
+}
+
 // streamState is what one stream has established.
 type streamState struct {
 	srv   *Server
+	ctx   context.Context
+	log   *slog.Logger
+	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
 	ids   map[uint32]string // pod id → uid
 	dec   *wire.Decoder
@@ -172,6 +217,19 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	for _, p := range c.Upsert {
 		if p.Uid == "" || p.Namespace == "" || p.Name == "" {
 			return fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
+		}
+		if st.bound {
+			// An agent speaks only for the pods of its own node.
+			node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, p.Uid)
+			if err != nil || node != st.hello.Node {
+				reason := "other_node"
+				if err != nil {
+					reason = "unknown_pod"
+				}
+				st.srv.m.rejected.WithLabelValues(reason).Inc()
+				st.log.Warn("catalogue entry rejected", "pod", p.Namespace+"/"+p.Name, "reason", reason, "podNode", node, "err", err)
+				continue
+			}
 		}
 		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
 			st.dec.Forget(p.Id)

@@ -31,10 +31,25 @@ func startAggregator(t *testing.T, ingestAddr string) (a *aggregator.Aggregator,
 	t.Helper()
 	o := aggregator.NewOptions()
 	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = ingestAddr, "127.0.0.1:0", "127.0.0.1:0"
+	return startAggregatorWith(t, o, nil)
+}
+
+// runAggregator is startAggregator with options and a hook run before Run.
+func runAggregator(t *testing.T, o *aggregator.Options, before func(*aggregator.Aggregator)) *aggregator.Aggregator {
+	t.Helper()
+	a, _ := startAggregatorWith(t, o, before)
+	return a
+}
+
+func startAggregatorWith(t *testing.T, o *aggregator.Options, before func(*aggregator.Aggregator)) (a *aggregator.Aggregator, stop func()) {
+	t.Helper()
 	o.FreshFor = 3 * time.Second
 	a, err := aggregator.New(o, quietLog())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(a)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

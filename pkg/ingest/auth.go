@@ -1,0 +1,131 @@
+package ingest
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
+// which node the pod runs on.
+const NodeClaim = "authentication.kubernetes.io/node-name"
+
+// Authenticator decides which node an agent stream may speak for.
+type Authenticator interface {
+	// Authenticate returns the node the bearer token is bound to.
+	Authenticate(ctx context.Context, token string) (node string, err error)
+	// PodNode returns the node the API says a pod runs on.
+	PodNode(ctx context.Context, namespace, name, uid string) (string, error)
+}
+
+// TokenReviewer authenticates agents by their projected ServiceAccount
+// token: TokenReview with the pulse audience, one of the allowed service
+// accounts, and the node of the pod the token is bound to.
+type TokenReviewer struct {
+	client   kubernetes.Interface
+	audience string
+	allowed  []string // system:serviceaccount:NS:NAME
+
+	mu     sync.Mutex
+	tokens map[[32]byte]review // by token hash, for a minute
+	pods   *lru.Cache[string, string]
+}
+
+type review struct {
+	node    string
+	err     error
+	expires time.Time
+}
+
+var _ Authenticator = (*TokenReviewer)(nil)
+
+// NewTokenReviewer accepts tokens for audience from the given service
+// accounts ("namespace/name").
+func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
+	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}}
+	for _, sa := range serviceAccounts {
+		ns, name, ok := strings.Cut(sa, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("agent service account %q: want namespace/name", sa)
+		}
+		t.allowed = append(t.allowed, "system:serviceaccount:"+ns+":"+name)
+	}
+	var err error
+	if t.pods, err = lru.New[string, string](65536); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// ErrUnauthenticated: the token is not one of an allowed agent.
+var ErrUnauthenticated = errors.New("not an authenticated pulse agent")
+
+// Authenticate reviews the token (cached for a minute by its hash).
+func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string, error) {
+	key := sha256.Sum256([]byte(token))
+	t.mu.Lock()
+	if r, ok := t.tokens[key]; ok && time.Now().Before(r.expires) {
+		t.mu.Unlock()
+		return r.node, r.err
+	}
+	t.mu.Unlock()
+	node, err := t.review(ctx, token)
+	t.mu.Lock()
+	for k, r := range t.tokens { // keep the cache small
+		if time.Now().After(r.expires) {
+			delete(t.tokens, k)
+		}
+	}
+	t.tokens[key] = review{node: node, err: err, expires: time.Now().Add(time.Minute)}
+	t.mu.Unlock()
+	return node, err
+}
+
+func (t *TokenReviewer) review(ctx context.Context, token string) (string, error) {
+	tr, err := t.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{t.audience}}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("token review: %w", err)
+	}
+	st := tr.Status
+	if !st.Authenticated || st.Error != "" {
+		return "", fmt.Errorf("%w: %s", ErrUnauthenticated, st.Error)
+	}
+	if !slices.Contains(t.allowed, st.User.Username) {
+		return "", fmt.Errorf("%w: %s is not an agent service account", ErrUnauthenticated, st.User.Username)
+	}
+	nodes := st.User.Extra[NodeClaim]
+	if len(nodes) != 1 || nodes[0] == "" {
+		return "", fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
+	}
+	return nodes[0], nil
+}
+
+// PodNode reads a pod's node from the API, cached by uid (a pod never
+// changes node).
+func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string) (string, error) {
+	if n, ok := t.pods.Get(uid); ok {
+		return n, nil
+	}
+	p, err := t.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("look up pod %s/%s: %w", namespace, name, err)
+	}
+	if string(p.UID) != uid {
+		return "", fmt.Errorf("pod %s/%s has uid %s, not %s", namespace, name, p.UID, uid)
+	}
+	if p.Spec.NodeName != "" {
+		t.pods.Add(uid, p.Spec.NodeName)
+	}
+	return p.Spec.NodeName, nil
+}

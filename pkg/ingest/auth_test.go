@@ -1,0 +1,136 @@
+package ingest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/store"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/fakenode"
+)
+
+// fakeAPI answers TokenReviews as the API server does for pod-bound tokens:
+// "token-node-1" is the agent's ServiceAccount on a pod of node-1, and so on.
+func fakeAPI() *fake.Clientset {
+	pod := func(name, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: node}}
+	}
+	c := fake.NewClientset(pod("mine", "node-1"), pod("theirs", "node-2"))
+	agent := "system:serviceaccount:pulse-system:pulse-agent"
+	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{
+		"token-node-1":  {User: agent, Node: "node-1"},
+		"token-node-2":  {User: agent, Node: "node-2"},
+		"token-unbound": {User: agent},
+		"token-other":   {User: "system:serviceaccount:default:default", Node: "node-1"},
+	})
+	return c
+}
+
+func authFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{store: store.New(store.Options{})}
+	f.srv = New(f.store, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", Limits{}, prometheus.NewRegistry())
+	tr, err := NewTokenReviewer(fakeAPI(), "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv.SetAuthenticator(tr)
+	lis := bufconn.Listen(1 << 20)
+	g := grpc.NewServer()
+	pulsev1.RegisterIngestServer(g, f.srv)
+	go func() { _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); g.Stop() })
+	f.client = pulsev1.NewIngestClient(conn)
+	return f
+}
+
+// runAs sends msgs on a stream that carries token.
+func (f *fixture) runAs(t *testing.T, token string, msgs ...*pulsev1.AgentMessage) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	stream, err := f.client.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			break
+		}
+	}
+	_ = stream.CloseSend()
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+func TestAgentTokenBindsTheStreamToItsNode(t *testing.T) {
+	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	theirs := &pulsev1.Pod{Id: 2, Uid: "uid-theirs", Namespace: "ns", Name: "theirs", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+
+	f := authFixture(t)
+	// node-1's agent lists its own pod and node-2's: only its own is taken.
+	if err := f.run(t); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("no token: %v, want Unauthenticated", err)
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine, theirs)); err != nil {
+		t.Fatal(err)
+	}
+	v := f.store.View(store.ViewOptions{})
+	if len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "mine" {
+		t.Fatalf("store = %+v: want only node-1's pod", v)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("other_node")); got != 1 {
+		t.Fatalf("rejected other_node = %v, want 1", got)
+	}
+
+	for name, tc := range map[string]struct {
+		token string
+		code  codes.Code
+	}{
+		"another node's token":          {"token-node-2", codes.PermissionDenied}, // hello says node-1
+		"a token bound to no node":      {"token-unbound", codes.Unauthenticated},
+		"another service account":       {"token-other", codes.Unauthenticated},
+		"a token the API does not know": {"forged", codes.Unauthenticated},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := f.runAs(t, tc.token, hello(), catalogue(mine)); status.Code(err) != tc.code {
+				t.Fatalf("%v, want %v", err, tc.code)
+			}
+		})
+	}
+}

@@ -1,0 +1,35 @@
+package fakenode
+
+import (
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// Token is what the API server's TokenReview says of a token.
+type Token struct {
+	User string // the username, e.g. system:serviceaccount:pulse-system:pulse-agent
+	Node string // the node of the pod the token is bound to; "" for none
+}
+
+// NodeClaim is the TokenReview extra that names a pod-bound token's node.
+const NodeClaim = "authentication.kubernetes.io/node-name"
+
+// TokenReviews makes c answer TokenReviews for the given tokens and
+// audience as the API server does; any other token is not authenticated.
+func TokenReviews(c *fake.Clientset, audience string, tokens map[string]Token) {
+	c.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		tr := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
+		tok, ok := tokens[tr.Spec.Token]
+		ok = ok && len(tr.Spec.Audiences) == 1 && tr.Spec.Audiences[0] == audience
+		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: ok}
+		if ok {
+			tr.Status.User = authenticationv1.UserInfo{Username: tok.User}
+			if tok.Node != "" {
+				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{NodeClaim: {tok.Node}}
+			}
+		}
+		return true, tr, nil
+	})
+}

@@ -1,0 +1,85 @@
+package integration
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/aggregator"
+	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/test/fakenode"
+	"github.com/pulse-io/pulse/test/testpki"
+)
+
+// TestAgentOverTLSWithItsToken: the agent reaches the aggregator over TLS
+// with its ServiceAccount token; the aggregator reviews the token and takes
+// only the pods of the token's node.
+func TestAgentOverTLSWithItsToken(t *testing.T) {
+	simMine, simTheirs := startCountingSim(t), startCountingSim(t)
+	setLoad(simPod{sim: simMine.sim}, 6, 1, 0.5)
+	mine := kubePod("mine", "gpu-node-1", "llama", simMine, true)
+	theirs := kubePod("theirs", "gpu-node-2", "llama", simTheirs, true)
+	// The agent's view: a (wrongly) unfiltered cache holding both pods, as a
+	// compromised or buggy agent could send. The aggregator must refuse theirs.
+	agentAPI := fake.NewClientset(mine.DeepCopy(), theirs.DeepCopy())
+	theirsOnMyNode := theirs.DeepCopy()
+	theirsOnMyNode.Spec.NodeName = "gpu-node-1"
+	_, _ = agentAPI.CoreV1().Pods("demo").Update(context.Background(), theirsOnMyNode, metav1Update)
+	serverAPI := fake.NewClientset(mine.DeepCopy(), theirs.DeepCopy())
+	fakenode.TokenReviews(serverAPI, "pulse", map[string]fakenode.Token{
+		"agent-token": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-1"}})
+
+	dir := t.TempDir()
+	ca := testpki.NewCA(t)
+	crt, key := ca.Issue(t, "pulse-aggregator", 7, x509.ExtKeyUsageServerAuth)
+	files := testpki.Write(t, dir, map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": ca.PEM, "token": []byte("agent-token\n")},
+		"tls.crt", "tls.key", "ca.crt", "token")
+
+	o := aggregator.NewOptions()
+	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.IngestTLSCert, o.IngestTLSKey = files[0], files[1]
+	agg := runAggregator(t, o, func(a *aggregator.Aggregator) {
+		tr, err := ingest.NewTokenReviewer(serverAPI, "pulse", []string{"pulse-system/pulse-agent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.SetAgentAuthenticator(tr)
+	})
+
+	ao := agent.NewOptions()
+	ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, "gpu-node-1", gpu.ModeOff
+	ao.AggregatorCAFile, ao.TokenFile = files[2], files[3]
+	runAgent(t, ao, agent.Deps{Kube: agentAPI, Resolver: loopbackDNS{}}, nil)
+
+	eventually(t, "only the pod of the token's node", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		if len(w.Pods) != 1 || w.Pods[0].Name != "mine" || w.Pods[0].Values["waiting"] != 6 {
+			return fmt.Errorf("pods %+v", w.Pods)
+		}
+		return nil
+	})
+}
+
+var metav1Update = metav1.UpdateOptions{}
+
+func portOf(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
+}
+
+// loopbackDNS resolves every name to 127.0.0.1.
+type loopbackDNS struct{}
+
+func (loopbackDNS) LookupHost(context.Context, string) ([]string, error) {
+	return []string{"127.0.0.1"}, nil
+}
