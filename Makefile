@@ -38,9 +38,13 @@ helm-lint:
 	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system >/dev/null
 	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system \
 	  --set serviceMonitor.enabled=true,podResources.enabled=false,runtimeClassName=nvidia,extraMetrics={x} >/dev/null
+	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system \
+	  --set aggregatorTLS.caSecretName=pulse-ingest-ca,auth.enabled=true >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
 	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false,scaler.tls.secretName=pulse-tls >/dev/null
+	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
+	  --set ingest.tls.secretName=pulse-ingest-tls,agentAuth.mode=tokenreview >/dev/null
 
 # The e2e test on a real kube-apiserver with the real KEDA operator; the
 # first run builds the tools (about 20 minutes on 2 cores), later runs reuse them.

@@ -27,8 +27,11 @@ import (
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,6 +43,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -130,6 +134,8 @@ func TestE2E(t *testing.T) {
 	waitFor(t, 60*time.Second, "the aggregator shows llama's two pods, fresh", func() error {
 		return e.expectPods("llama", 2)
 	})
+	// A token bound to a pod on another node cannot speak for this one.
+	e.otherNodeTokenRefused()
 	// The scaler port refuses a client without a certificate.
 	if conn, err := grpc.NewClient(e.scaler, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
 		_, err := externalscaler.NewExternalScalerClient(conn).GetMetricSpec(e.ctx, &externalscaler.ScaledObjectRef{
@@ -301,11 +307,13 @@ func repoRoot(t *testing.T) string {
 func (e *env) installCharts() {
 	t := e.t
 	root := repoRoot(t)
-	out := e.helm("install", "pulse-aggregator", filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--create-namespace")
+	out := e.helm("install", "pulse-aggregator", filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--create-namespace",
+		"--set", "agentAuth.mode=tokenreview,ingest.tls.secretName=pulse-ingest-tls")
 	if !strings.Contains(out, "scalerAddress: pulse-aggregator.pulse-system.svc.cluster.local:9090") {
 		t.Fatalf("the aggregator chart's notes do not give the scalerAddress:\n%s", out)
 	}
-	e.helm("install", "pulse-agent", filepath.Join(root, "deploy", "daemonset"), "--namespace", ns)
+	e.helm("install", "pulse-agent", filepath.Join(root, "deploy", "daemonset"), "--namespace", ns,
+		"--set", "aggregatorTLS.caSecretName=pulse-ingest-ca,auth.enabled=true")
 
 	// What the API server accepted.
 	ds, err := e.kube.AppsV1().DaemonSets(ns).Get(e.ctx, "pulse-agent", metav1.GetOptions{})
@@ -429,6 +437,10 @@ func (e *env) startAggregator() {
 		e.aggArgs = []string{"--scaler-addr=" + e.scaler, fmt.Sprintf("--ingest-addr=127.0.0.1:%d", ingest),
 			"--http-addr=" + e.aggHTTP, "--resolve-scale-targets", "--kubeconfig=" + e.tokenKubeconfig("pulse-aggregator"),
 			"--tls-cert-file=" + srvCrt, "--tls-key-file=" + srvKey, "--tls-client-ca-file=" + filepath.Join(e.cp.pki.dir, "ca.crt"),
+			// Agents come over TLS with a pod-bound token (the chart's
+			// agentAuth.mode=tokenreview and its RBAC).
+			"--ingest-tls-cert-file=" + srvCrt, "--ingest-tls-key-file=" + srvKey,
+			"--agent-auth=tokenreview", "--agent-service-account=" + ns + "/pulse-agent",
 			"--log-format=text"}
 		e.kedaCredentials()
 	}
@@ -452,11 +464,51 @@ func (e *env) ingestAddr() string {
 	return ""
 }
 
+// agentToken writes a token of the agent's ServiceAccount for audience
+// pulse, bound to a pod of the agent on nodeName (as the kubelet projects it).
+func (e *env) agentToken(nodeName string) string {
+	t := e.t
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pulse-agent-" + nodeName, Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: nodeName, ServiceAccountName: "pulse-agent", AutomountServiceAccountToken: ptr(false),
+			Containers: []corev1.Container{{Name: "agent", Image: "pulse-agent"}}}}
+	created, err := e.kube.CoreV1().Pods(ns).Create(e.ctx, pod, metav1.CreateOptions{})
+	must(t, err)
+	tr, err := e.kube.CoreV1().ServiceAccounts(ns).CreateToken(e.ctx, "pulse-agent", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"pulse"}, ExpirationSeconds: ptr(int64(3600)),
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: created.Name, UID: created.UID}}},
+		metav1.CreateOptions{})
+	must(t, err)
+	path := filepath.Join(e.dir, "agent-token-"+nodeName)
+	must(t, os.WriteFile(path, []byte(tr.Status.Token), 0o600))
+	return path
+}
+
 func (e *env) startAgent() {
 	e.agent = start(e.t, e.dir, "pulse-agent", nil, filepath.Join(e.bins, "pulse-agent"),
+		"--aggregator-ca-file="+filepath.Join(e.cp.pki.dir, "ca.crt"), "--token-file="+e.agentToken(node),
 		"--kubeconfig="+e.tokenKubeconfig("pulse-agent"), "--node-name="+node, "--aggregator="+e.ingestAddr(),
 		"--scrape-interval=500ms", "--reconnect-max-backoff=1s", fmt.Sprintf("--http-addr=127.0.0.1:%d", freePort(e.t)),
 		"--nvml=auto", "--pod-resources-socket="+filepath.Join(e.dir, "no-kubelet.sock"), "--log-format=text")
+}
+
+// otherNodeTokenRefused opens an ingest stream with a token bound to a pod
+// on gpu-node-2 and a hello for gpu-node-1: the aggregator refuses it.
+func (e *env) otherNodeTokenRefused() {
+	t := e.t
+	token, err := os.ReadFile(e.agentToken(otherNode))
+	must(t, err)
+	conn, err := grpc.NewClient(e.ingestAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: e.clientTLS.RootCAs, MinVersion: tls.VersionTLS12})))
+	must(t, err)
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(e.ctx, "authorization", "Bearer "+string(token))
+	stream, err := pulsev1.NewIngestClient(conn).Report(ctx)
+	must(t, err)
+	must(t, stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}))
+	if _, err := stream.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a gpu-node-2 token speaking for gpu-node-1: %v, want PermissionDenied", err)
+	}
 }
 
 // expectPods checks that the aggregator shows n fresh pods of a workload and
