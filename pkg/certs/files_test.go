@@ -22,11 +22,16 @@ import (
 // serve runs a gRPC health server with f's TLS on loopback.
 func serve(t *testing.T, f *Files) string {
 	t.Helper()
+	return serveConfig(t, f.ServerConfig())
+}
+
+func serveConfig(t *testing.T, cfg *tls.Config) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(f.ServerConfig())))
+	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)

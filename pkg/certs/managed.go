@@ -1,0 +1,346 @@
+package certs
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// The keys of the managed Secret.
+const (
+	KeyCACert     = "ca.crt"
+	KeyCAKey      = "ca.key"
+	KeyServerCert = "tls.crt"
+	KeyServerKey  = "tls.key"
+	KeyClientCert = "client.crt"
+	KeyClientKey  = "client.key"
+)
+
+// ClusterTriggerAuthentications is KEDA's resource.
+var ClusterTriggerAuthentications = schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}
+
+// ManagedOptions configure certificates the aggregator makes itself.
+type ManagedOptions struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace and SecretName: where the CA, server and client pairs live.
+	Namespace, SecretName string
+	// DNSNames and IPs the server certificate names (the scaler Service).
+	DNSNames []string
+	IPs      []net.IP
+	// Validity of the certificates; they are renewed two thirds through it.
+	Validity time.Duration
+	// KEDANamespace and TriggerAuthName: the ClusterTriggerAuthentication
+	// KEDA uses, and the Secret of KEDA's client pair it reads, which KEDA
+	// resolves in its own namespace.
+	KEDANamespace, TriggerAuthName string
+	Log                            *slog.Logger
+	Now                            func() time.Time
+}
+
+// Managed keeps a CA, a server and a client certificate in a Secret, renews
+// them well before they expire, ensures KEDA's ClusterTriggerAuthentication,
+// and serves the server certificate per handshake from an informer's copy
+// of the Secret, so a renewal (by any replica) needs no restart.
+type Managed struct {
+	o       ManagedOptions
+	current atomic.Pointer[tls.Config]
+}
+
+// NewManaged returns a Managed; Run makes and serves the certificates.
+func NewManaged(o ManagedOptions) *Managed {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Validity <= 0 {
+		o.Validity = 90 * 24 * time.Hour
+	}
+	return &Managed{o: o}
+}
+
+// ServerConfig takes the current certificate per handshake.
+func (m *Managed) ServerConfig() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		if c := m.current.Load(); c != nil {
+			return c, nil
+		}
+		return nil, errors.New("certificates are not ready yet")
+	}}
+}
+
+// Run watches the Secret and ensures the certificates every check period.
+func (m *Managed) Run(ctx context.Context) error {
+	f := informers.NewSharedInformerFactoryWithOptions(m.o.Client, 0, informers.WithNamespace(m.o.Namespace),
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", m.o.SecretName).String()
+		}))
+	inf := f.Core().V1().Secrets().Informer()
+	load := func(obj any) {
+		if s, ok := obj.(*corev1.Secret); ok {
+			if err := m.load(s); err != nil {
+				m.o.Log.Warn("managed certificate secret not usable", "err", err)
+			}
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: load, UpdateFunc: func(_, n any) { load(n) }}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	every := min(time.Hour, m.o.Validity/10)
+	for {
+		wait := every
+		if err := m.Ensure(ctx); err != nil {
+			m.o.Log.Warn("ensure managed certificates", "err", err)
+			wait = 10 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Ensure creates or renews the certificates and KEDA's credentials.
+func (m *Managed) Ensure(ctx context.Context) error {
+	secrets := m.o.Client.CoreV1().Secrets(m.o.Namespace)
+	sec, err := secrets.Get(ctx, m.o.SecretName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}}, Type: corev1.SecretTypeOpaque}
+		if err := m.renew(sec); err != nil {
+			return err
+		}
+		if sec, err = secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create certificate secret: %w", err) // another replica may have won: retried
+		}
+		m.o.Log.Info("managed certificates created", "secret", m.o.Namespace+"/"+m.o.SecretName)
+	case err != nil:
+		return fmt.Errorf("get certificate secret: %w", err)
+	default:
+		if m.due(sec) {
+			if err := m.renew(sec); err != nil {
+				return err
+			}
+			if sec, err = secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("renew certificate secret: %w", err)
+			}
+			m.o.Log.Info("managed certificates renewed", "secret", m.o.Namespace+"/"+m.o.SecretName)
+		}
+	}
+	if err := m.load(sec); err != nil {
+		return err
+	}
+	return m.ensureKEDA(ctx, sec)
+}
+
+// due reports whether any certificate is missing, unreadable, not for the
+// configured names, or two thirds through its validity.
+func (m *Managed) due(sec *corev1.Secret) bool {
+	for _, k := range []string{KeyCACert, KeyServerCert, KeyClientCert} {
+		c, err := parseCert(sec.Data[k])
+		if err != nil {
+			return true
+		}
+		if m.o.Now().After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)) {
+			return true
+		}
+		if k == KeyServerCert && !sameNames(c, m.o.DNSNames, m.o.IPs) {
+			return true
+		}
+	}
+	return false
+}
+
+func sameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
+	if len(c.DNSNames) != len(dns) || len(c.IPAddresses) != len(ips) {
+		return false
+	}
+	for i := range dns {
+		if c.DNSNames[i] != dns[i] {
+			return false
+		}
+	}
+	for i := range ips {
+		if !c.IPAddresses[i].Equal(ips[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// renew writes new server and client pairs into sec, and a new CA when the
+// CA itself is missing or due.
+func (m *Managed) renew(sec *corev1.Secret) error {
+	if sec.Data == nil {
+		sec.Data = map[string][]byte{}
+	}
+	now := m.o.Now()
+	ca, caErr := parseCert(sec.Data[KeyCACert])
+	caKey, keyErr := parseKey(sec.Data[KeyCAKey])
+	if caErr != nil || keyErr != nil || now.After(ca.NotBefore.Add(ca.NotAfter.Sub(ca.NotBefore)*2/3)) {
+		// The CA lives three validities, so that a pair renewed late still
+		// chains to it.
+		var err error
+		if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = issue(nil, nil, "pulse-aggregator-ca", now, 3*m.o.Validity, true, 0, nil, nil); err != nil {
+			return err
+		}
+	}
+	var err error
+	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, caKey, "pulse-aggregator", now, m.o.Validity, false,
+		x509.ExtKeyUsageServerAuth, m.o.DNSNames, m.o.IPs); err != nil {
+		return err
+	}
+	_, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, caKey, "keda-operator", now, m.o.Validity, false,
+		x509.ExtKeyUsageClientAuth, nil, nil)
+	return err
+}
+
+// load makes the Secret's server pair the one served, trusting its CA for
+// client certificates.
+func (m *Managed) load(sec *corev1.Secret) error {
+	pair, err := tls.X509KeyPair(sec.Data[KeyServerCert], sec.Data[KeyServerKey])
+	if err != nil {
+		return fmt.Errorf("server pair: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(sec.Data[KeyCACert]) {
+		return errors.New("no CA certificate")
+	}
+	m.current.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
+		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
+	return nil
+}
+
+// ensureKEDA writes KEDA's client pair into a Secret in KEDA's namespace
+// and the ClusterTriggerAuthentication mapping it to the external scaler's
+// caCert, tlsClientCert and tlsClientKey.
+func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
+	want := map[string][]byte{"ca.crt": sec.Data[KeyCACert], "tls.crt": sec.Data[KeyClientCert], "tls.key": sec.Data[KeyClientKey]}
+	ks := m.o.Client.CoreV1().Secrets(m.o.KEDANamespace)
+	cur, err := ks.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = ks.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.TriggerAuthName, Namespace: m.o.KEDANamespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}}, Data: want}, metav1.CreateOptions{})
+	case err == nil && !equalData(cur.Data, want):
+		cur.Data = want
+		_, err = ks.Update(ctx, cur, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("KEDA credentials secret %s/%s: %w", m.o.KEDANamespace, m.o.TriggerAuthName, err)
+	}
+	refs := []any{}
+	for _, pk := range [][2]string{{"caCert", "ca.crt"}, {"tlsClientCert", "tls.crt"}, {"tlsClientKey", "tls.key"}} {
+		refs = append(refs, map[string]any{"parameter": pk[0], "name": m.o.TriggerAuthName, "key": pk[1]})
+	}
+	cta := m.o.Dynamic.Resource(ClusterTriggerAuthentications)
+	existing, err := cta.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = cta.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
+			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{"app.kubernetes.io/managed-by": "pulse-aggregator"}},
+			"spec":     map[string]any{"secretTargetRef": refs}}}, metav1.CreateOptions{})
+		if err == nil {
+			m.o.Log.Info("ClusterTriggerAuthentication created", "name", m.o.TriggerAuthName)
+		}
+	} else if err == nil {
+		if got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef"); len(got) != len(refs) {
+			_ = unstructured.SetNestedSlice(existing.Object, refs, "spec", "secretTargetRef")
+			_, err = cta.Update(ctx, existing, metav1.UpdateOptions{})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("ClusterTriggerAuthentication %s: %w", m.o.TriggerAuthName, err)
+	}
+	return nil
+}
+
+func equalData(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range b {
+		if !bytes.Equal(a[k], v) {
+			return false
+		}
+	}
+	return true
+}
+
+func parseCert(b []byte) (*x509.Certificate, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, errors.New("no PEM certificate")
+	}
+	return x509.ParseCertificate(blk.Bytes)
+}
+
+func parseKey(b []byte) (*ecdsa.PrivateKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, errors.New("no PEM key")
+	}
+	return x509.ParseECPrivateKey(blk.Bytes)
+}
+
+// issue makes a certificate: self-signed when parent is nil.
+func issue(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, cn string, now time.Time, validity time.Duration, isCA bool,
+	usage x509.ExtKeyUsage, dns []string, ips []net.IP) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
+		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(validity), DNSNames: dns, IPAddresses: ips,
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	if isCA {
+		tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.KeyUsage = true, true, x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature
+	} else {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{usage}
+	}
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent, parentKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	cert, _ := x509.ParseCertificate(der)
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), nil
+}

@@ -1,0 +1,110 @@
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// kedaClient is what KEDA builds from the ClusterTriggerAuthentication's
+// Secret: the CA, and the client pair.
+func kedaClient(t *testing.T, client *fake.Clientset) *tls.Config {
+	t.Helper()
+	s, err := client.CoreV1().Secrets("keda").Get(context.Background(), "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(s.Data["ca.crt"])
+	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+}
+
+func TestManagedCertificates(t *testing.T) {
+	client := fake.NewClientset()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	// The certificates are first made 21 days ago (of 30), so that "now"
+	// is two thirds through their validity and they are valid for real TLS.
+	clock := &testClock{t: time.Now().Add(-21 * 24 * time.Hour)}
+	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
+		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
+		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Made, with KEDA's credentials and ClusterTriggerAuthentication.
+	var cta *unstructured.Unstructured
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if cta, err = dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ClusterTriggerAuthentication: %v", err)
+		}
+	}
+	refs, _, _ := unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef")
+	if len(refs) != 3 || refs[0].(map[string]any)["parameter"] != "caCert" {
+		t.Fatalf("secretTargetRef = %v", refs)
+	}
+
+	addr := serveConfig(t, m.ServerConfig())
+	keda := kedaClient(t, client)
+	first, err := check(t, addr, keda)
+	if err != nil {
+		t.Fatalf("KEDA's client over the managed certificates: %v", err)
+	}
+	if _, err := check(t, addr, &tls.Config{RootCAs: keda.RootCAs, MinVersion: tls.VersionTLS12}); err == nil {
+		t.Fatal("a client without a certificate was served")
+	}
+
+	// Two thirds through the validity: renewed, served on the next
+	// handshake (taken from the informer's copy), no restart.
+	clock.Add(21*24*time.Hour + time.Minute)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keda = kedaClient(t, client)
+	var second int64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		second, err = check(t, addr, keda)
+		if err == nil && second != first {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("renewed certificate not served: serial %d (first %d), %v", second, first, err)
+		}
+	}
+}
