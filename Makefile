@@ -43,6 +43,7 @@ helm-lint:
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
 	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false,scaler.tls.secretName=pulse-tls >/dev/null
+	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system --set scaler.managedCerts.enabled=false >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
 	  --set ingest.tls.secretName=pulse-ingest-tls,agentAuth.mode=tokenreview >/dev/null
 

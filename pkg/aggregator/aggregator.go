@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -61,6 +62,14 @@ type Options struct {
 	AgentAudience    string
 	AgentAccounts    []string
 	agentAccountsSet bool
+	ManageCerts      bool
+	Namespace        string
+	CertSecret       string
+	CertDNSNames     []string
+	CertIPs          []string
+	CertValidity     time.Duration
+	KEDANamespace    string
+	TriggerAuthName  string
 }
 
 // NewOptions returns the defaults.
@@ -71,6 +80,8 @@ func NewOptions() *Options {
 		ShutdownTimeout: 5 * time.Second, LogFormat: "json", LogLevel: "info", MaxSamplesPerPod: 128,
 		MaxPods: 10000, PodExpiry: 10 * time.Minute,
 		AgentAuth: "none", AgentAudience: "pulse", AgentAccounts: []string{"pulse-system/pulse-agent"},
+		Namespace: os.Getenv("POD_NAMESPACE"), CertSecret: "pulse-aggregator-certs", CertValidity: 90 * 24 * time.Hour,
+		KEDANamespace: "keda", TriggerAuthName: "pulse-creds",
 	}
 }
 
@@ -102,6 +113,23 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		o.AgentAccounts = append(o.AgentAccounts, v)
 		return nil
 	})
+	fs.BoolVar(&o.ManageCerts, "manage-certs", o.ManageCerts, "scaler port: make, renew and serve a CA, server and client certificates (a Secret), and KEDA's ClusterTriggerAuthentication")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the aggregator's namespace, for --manage-certs (default $POD_NAMESPACE)")
+	fs.StringVar(&o.CertSecret, "cert-secret", o.CertSecret, "--manage-certs: the Secret holding the certificates")
+	fs.Func("cert-dns-name", "--manage-certs: a DNS name of the scaler Service for the server certificate; repeatable", func(v string) error {
+		o.CertDNSNames = append(o.CertDNSNames, v)
+		return nil
+	})
+	fs.Func("cert-ip", "--manage-certs: an IP for the server certificate; repeatable", func(v string) error {
+		if net.ParseIP(v) == nil {
+			return fmt.Errorf("%q is not an IP", v)
+		}
+		o.CertIPs = append(o.CertIPs, v)
+		return nil
+	})
+	fs.DurationVar(&o.CertValidity, "cert-validity", o.CertValidity, "--manage-certs: validity of the certificates (renewed two thirds through)")
+	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
+	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 }
@@ -117,6 +145,20 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
 		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if o.ManageCerts {
+		if o.TLSCertFile != "" {
+			errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
+		}
+		if o.Namespace == "" {
+			errs = append(errs, errors.New("--manage-certs needs --namespace (or $POD_NAMESPACE)"))
+		}
+		if len(o.CertDNSNames)+len(o.CertIPs) == 0 {
+			errs = append(errs, errors.New("--manage-certs needs a --cert-dns-name or --cert-ip for the scaler Service"))
+		}
+		if o.CertValidity < time.Hour {
+			errs = append(errs, errors.New("--cert-validity must be at least 1h"))
+		}
 	}
 	if n := countSet(o.IngestTLSCert, o.IngestTLSKey); n == 1 {
 		errs = append(errs, errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together"))
@@ -154,6 +196,7 @@ type Aggregator struct {
 	ingestLn, scalerLn, httpLn net.Listener
 	resolver                   *scaler.InformerResolver // nil unless --resolve-scale-targets
 	ingest                     *ingest.Server
+	managed                    *certs.Managed // nil unless --manage-certs
 }
 
 // New wires an aggregator and opens its listeners, so that addresses such
@@ -197,6 +240,27 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	a.ingest = ingest.New(a.store, log, version.Version, ingest.Limits{MaxPodsPerStream: o.MaxPodsPerAgent}, reg)
 	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
 	scalerOpts := grpcOpts
+	if o.ManageCerts {
+		kube, err := kubeClient(o)
+		var dyn dynamic.Interface
+		if err == nil {
+			dyn, err = dynamicClient(o)
+		}
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("--manage-certs: %w", err)
+		}
+		var ips []net.IP
+		for _, ip := range o.CertIPs {
+			ips = append(ips, net.ParseIP(ip))
+		}
+		a.managed = certs.NewManaged(certs.ManagedOptions{Client: kube, Dynamic: dyn, Namespace: o.Namespace, SecretName: o.CertSecret,
+			DNSNames: o.CertDNSNames, IPs: ips, Validity: o.CertValidity, KEDANamespace: o.KEDANamespace,
+			TriggerAuthName: o.TriggerAuthName, Log: log})
+		scalerOpts = append(scalerOpts[:len(scalerOpts):len(scalerOpts)], grpc.Creds(credentials.NewTLS(a.managed.ServerConfig())))
+		log.Info("scaler port serves mutual TLS with managed certificates", "secret", o.Namespace+"/"+o.CertSecret,
+			"triggerAuthentication", o.TriggerAuthName)
+	}
 	if o.TLSCertFile != "" {
 		files, err := certs.NewFiles(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile)
 		if err != nil {
@@ -277,6 +341,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	if a.resolver != nil {
 		g.Go(func() error { a.resolver.Run(gctx); return nil })
+	}
+	if a.managed != nil {
+		g.Go(func() error { return a.managed.Run(gctx) })
 	}
 	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
 	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })

@@ -436,15 +436,19 @@ func (e *env) startAggregator() {
 			[]net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
 		e.aggArgs = []string{"--scaler-addr=" + e.scaler, fmt.Sprintf("--ingest-addr=127.0.0.1:%d", ingest),
 			"--http-addr=" + e.aggHTTP, "--resolve-scale-targets", "--kubeconfig=" + e.tokenKubeconfig("pulse-aggregator"),
-			"--tls-cert-file=" + srvCrt, "--tls-key-file=" + srvKey, "--tls-client-ca-file=" + filepath.Join(e.cp.pki.dir, "ca.crt"),
+			// The scaler port: mutual TLS with certificates the aggregator
+			// makes itself, and KEDA's ClusterTriggerAuthentication pulse-creds.
+			"--manage-certs", "--namespace=" + ns, "--cert-ip=127.0.0.1", "--cert-dns-name=localhost",
 			// Agents come over TLS with a pod-bound token (the chart's
 			// agentAuth.mode=tokenreview and its RBAC).
 			"--ingest-tls-cert-file=" + srvCrt, "--ingest-tls-key-file=" + srvKey,
 			"--agent-auth=tokenreview", "--agent-service-account=" + ns + "/pulse-agent",
 			"--log-format=text"}
-		e.kedaCredentials()
 	}
 	e.agg = start(t, e.dir, "pulse-aggregator", nil, filepath.Join(e.bins, "pulse-aggregator"), e.aggArgs...)
+	if e.clientTLS == nil {
+		e.kedaCredentials()
+	}
 	waitFor(t, 30*time.Second, "aggregator listening", func() error {
 		resp, err := http.Get("http://" + e.aggHTTP + "/readyz")
 		if err != nil {
@@ -497,8 +501,10 @@ func (e *env) otherNodeTokenRefused() {
 	t := e.t
 	token, err := os.ReadFile(e.agentToken(otherNode))
 	must(t, err)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.cp.pki.caPEM)
 	conn, err := grpc.NewClient(e.ingestAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		RootCAs: e.clientTLS.RootCAs, MinVersion: tls.VersionTLS12})))
+		RootCAs: roots, MinVersion: tls.VersionTLS12})))
 	must(t, err)
 	defer conn.Close()
 	ctx := metadata.AppendToOutgoingContext(e.ctx, "authorization", "Bearer "+string(token))
@@ -643,36 +649,33 @@ func (e *env) pushActivation(t *testing.T, sims map[string]*countingSim) {
 	}
 }
 
-// kedaCredentials gives KEDA a client certificate for the scaler port: a
-// Secret in KEDA's namespace and the ClusterTriggerAuthentication pulse-creds
-// mapping it to the external scaler's caCert, tlsClientCert and tlsClientKey.
+// kedaCredentials waits for what the aggregator ensures for KEDA — a Secret
+// with KEDA's client pair in KEDA's namespace and the ClusterTriggerAuthentication
+// pulse-creds mapping it to caCert, tlsClientCert and tlsClientKey — and
+// makes the test's own KEDA-like client from the same Secret.
 func (e *env) kedaCredentials() {
 	t := e.t
-	crt, key := e.cp.pki.issue(t, "keda-client", "keda-operator", nil, nil, nil, x509.ExtKeyUsageClientAuth)
-	data := map[string][]byte{"ca.crt": e.cp.pki.caPEM}
-	for name, path := range map[string]string{"tls.crt": crt, "tls.key": key} {
-		b, err := os.ReadFile(path)
-		must(t, err)
-		data[name] = b
-	}
-	_, err := e.kube.CoreV1().Secrets("keda").Create(e.ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "pulse-creds", Namespace: "keda"}, Data: data}, metav1.CreateOptions{})
-	must(t, err)
-	cta := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
-		"metadata": map[string]any{"name": "pulse-creds"},
-		"spec": map[string]any{"secretTargetRef": []any{
-			map[string]any{"parameter": "caCert", "name": "pulse-creds", "key": "ca.crt"},
-			map[string]any{"parameter": "tlsClientCert", "name": "pulse-creds", "key": "tls.crt"},
-			map[string]any{"parameter": "tlsClientKey", "name": "pulse-creds", "key": "tls.key"},
-		}}}}
-	_, err = e.dyn.Resource(schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}).
-		Create(e.ctx, cta, metav1.CreateOptions{})
-	must(t, err)
-	pair, err := tls.LoadX509KeyPair(crt, key)
+	var sec *corev1.Secret
+	waitFor(t, 60*time.Second, "the aggregator's managed KEDA credentials", func() error {
+		var err error
+		if sec, err = e.kube.CoreV1().Secrets("keda").Get(e.ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		cta, err := e.dyn.Resource(schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}).
+			Get(e.ctx, "pulse-creds", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		refs, _, _ := unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef")
+		if len(refs) != 3 {
+			return fmt.Errorf("secretTargetRef %v", refs)
+		}
+		return nil
+	})
+	pair, err := tls.X509KeyPair(sec.Data["tls.crt"], sec.Data["tls.key"])
 	must(t, err)
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(e.cp.pki.caPEM)
+	roots.AppendCertsFromPEM(sec.Data["ca.crt"])
 	e.clientTLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 }
 
