@@ -79,6 +79,8 @@ type env struct {
 	agent   *proc
 	// clientTLS is a KEDA-like client's side of the scaler port's mutual TLS.
 	clientTLS *tls.Config
+	// agentTokenFile is the token of the agent's pod on gpu-node-1.
+	agentTokenFile string
 }
 
 func must(t *testing.T, err error) {
@@ -487,34 +489,77 @@ func (e *env) agentToken(nodeName string) string {
 	return path
 }
 
+func (e *env) agentTokenPath() string {
+	if e.agentTokenFile == "" {
+		e.agentTokenFile = e.agentToken(node)
+	}
+	return e.agentTokenFile
+}
+
 func (e *env) startAgent() {
 	e.agent = start(e.t, e.dir, "pulse-agent", nil, filepath.Join(e.bins, "pulse-agent"),
-		"--aggregator-ca-file="+filepath.Join(e.cp.pki.dir, "ca.crt"), "--token-file="+e.agentToken(node),
+		"--aggregator-ca-file="+filepath.Join(e.cp.pki.dir, "ca.crt"), "--token-file="+e.agentTokenPath(),
 		"--kubeconfig="+e.tokenKubeconfig("pulse-agent"), "--node-name="+node, "--aggregator="+e.ingestAddr(),
 		"--scrape-interval=500ms", "--reconnect-max-backoff=1s", fmt.Sprintf("--http-addr=127.0.0.1:%d", freePort(e.t)),
 		"--nvml=auto", "--pod-resources-socket="+filepath.Join(e.dir, "no-kubelet.sock"), "--log-format=text")
 }
 
-// otherNodeTokenRefused opens an ingest stream with a token bound to a pod
-// on gpu-node-2 and a hello for gpu-node-1: the aggregator refuses it.
+// otherNodeTokenRefused: a token bound to a pod on gpu-node-2 cannot open
+// a stream for gpu-node-1, and gpu-node-1's token cannot report a pod that
+// the API places on gpu-node-2 (rejected and counted).
 func (e *env) otherNodeTokenRefused() {
 	t := e.t
-	token, err := os.ReadFile(e.agentToken(otherNode))
-	must(t, err)
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(e.cp.pki.caPEM)
 	conn, err := grpc.NewClient(e.ingestAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 		RootCAs: roots, MinVersion: tls.VersionTLS12})))
 	must(t, err)
 	defer conn.Close()
-	ctx := metadata.AppendToOutgoingContext(e.ctx, "authorization", "Bearer "+string(token))
-	stream, err := pulsev1.NewIngestClient(conn).Report(ctx)
-	must(t, err)
-	must(t, stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
-		Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}))
-	if _, err := stream.Recv(); status.Code(err) != codes.PermissionDenied {
+	open := func(tokenFile string) grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage] {
+		token, err := os.ReadFile(tokenFile)
+		must(t, err)
+		ctx := metadata.AppendToOutgoingContext(e.ctx, "authorization", "Bearer "+string(token))
+		stream, err := pulsev1.NewIngestClient(conn).Report(ctx)
+		must(t, err)
+		must(t, stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+			Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}))
+		return stream
+	}
+	if _, err := open(e.agentToken(otherNode)).Recv(); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a gpu-node-2 token speaking for gpu-node-1: %v, want PermissionDenied", err)
 	}
+
+	before := e.rejected("other_node")
+	stream := open(e.agentTokenPath())
+	if _, err := stream.Recv(); err != nil { // the welcome
+		t.Fatal(err)
+	}
+	// An upsert (a full catalogue from this node would replace the real
+	// agent's list, which this stream, being node-1's, may do).
+	other, err := e.kube.CoreV1().Pods(appNS).Get(e.ctx, "elsewhere-0", metav1.GetOptions{})
+	must(t, err)
+	must(t, stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Full: false,
+		Upsert: []*pulsev1.Pod{{Id: 1, Uid: string(other.UID), Namespace: appNS, Name: other.Name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}}}}}))
+	waitFor(t, 30*time.Second, "the gpu-node-2 pod rejected and counted", func() error {
+		if got := e.rejected("other_node"); got <= before {
+			return fmt.Errorf("rejected other_node %v, before %v", got, before)
+		}
+		return e.expectPods("llama", 2) // and not listed
+	})
+	_ = stream.CloseSend()
+}
+
+// rejected reads pulse_aggregator_rejected_reports_total{reason}.
+func (e *env) rejected(reason string) float64 {
+	resp, err := http.Get("http://" + e.aggHTTP + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	v, _ := scanMetric(page, "pulse_aggregator_rejected_reports_total", map[string]string{"reason": reason})
+	return v
 }
 
 // expectPods checks that the aggregator shows n fresh pods of a workload and
