@@ -62,6 +62,7 @@ type Options struct {
 	AgentAudience    string
 	AgentAccounts    []string
 	agentAccountsSet bool
+	DebugAddr        string
 	ManageCerts      bool
 	Namespace        string
 	CertSecret       string
@@ -90,6 +91,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /debug/workloads, /metrics, /livez and /readyz")
+	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/workloads on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
 	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "samples kept per pod, and the longest trigger window allowed")
 	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
@@ -197,6 +199,8 @@ type Aggregator struct {
 	resolver                   *scaler.InformerResolver // nil unless --resolve-scale-targets
 	ingest                     *ingest.Server
 	managed                    *certs.Managed // nil unless --manage-certs
+	debugLn                    net.Listener   // nil unless --debug-addr
+	debugSrv                   *http.Server
 }
 
 // New wires an aggregator and opens its listeners, so that addresses such
@@ -304,7 +308,18 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
 
 	mux := http.NewServeMux()
-	(&debug.Handler{Store: a.store, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}).Register(mux)
+	dbg := &debug.Handler{Store: a.store, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}
+	if o.DebugAddr == "" {
+		dbg.Register(mux)
+	} else {
+		if a.debugLn, err = net.Listen("tcp", o.DebugAddr); err != nil {
+			a.close()
+			return nil, fmt.Errorf("listen on debug address %s: %w", o.DebugAddr, err)
+		}
+		dmux := http.NewServeMux()
+		dbg.Register(dmux)
+		a.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 5 * time.Second}
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -323,6 +338,9 @@ func (a *Aggregator) close() {
 	a.ingestLn.Close()
 	a.scalerLn.Close()
 	a.httpLn.Close()
+	if a.debugLn != nil {
+		a.debugLn.Close()
+	}
 }
 
 // IngestAddr is the bound ingest address.
@@ -330,6 +348,14 @@ func (a *Aggregator) IngestAddr() string { return a.ingestLn.Addr().String() }
 
 // ScalerAddr is the bound scaler address.
 func (a *Aggregator) ScalerAddr() string { return a.scalerLn.Addr().String() }
+
+// DebugAddr is the bound --debug-addr, or the HTTP address.
+func (a *Aggregator) DebugAddr() string {
+	if a.debugLn != nil {
+		return a.debugLn.Addr().String()
+	}
+	return a.HTTPAddr()
+}
 
 // HTTPAddr is the bound HTTP address.
 func (a *Aggregator) HTTPAddr() string { return a.httpLn.Addr().String() }
@@ -344,6 +370,14 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	if a.managed != nil {
 		g.Go(func() error { return a.managed.Run(gctx) })
+	}
+	if a.debugSrv != nil {
+		g.Go(func() error {
+			if err := a.debugSrv.Serve(a.debugLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve debug: %w", err)
+			}
+			return nil
+		})
 	}
 	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
 	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
@@ -364,6 +398,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		a.ingestSrv.Stop()
 		sctx, cancel := context.WithTimeout(context.Background(), a.opts.ShutdownTimeout)
 		defer cancel()
+		if a.debugSrv != nil {
+			_ = a.debugSrv.Shutdown(sctx)
+		}
 		return a.httpSrv.Shutdown(sctx)
 	})
 	err := g.Wait()
