@@ -3,19 +3,13 @@ package ingest
 import (
 	"context"
 	"io"
-	"log/slog"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -46,26 +40,11 @@ func fakeAPI() *fake.Clientset {
 
 func authFixture(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{store: store.New(store.Options{})}
-	f.srv = New(f.store, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", Limits{}, prometheus.NewRegistry())
 	tr, err := NewTokenReviewer(fakeAPI(), "pulse", []string{"pulse-system/pulse-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv.SetAuthenticator(tr)
-	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer()
-	pulsev1.RegisterIngestServer(g, f.srv)
-	go func() { _ = g.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(); g.Stop() })
-	f.client = pulsev1.NewIngestClient(conn)
-	return f
+	return newFixtureWith(t, tr)
 }
 
 // runAs sends msgs on a stream that carries token.

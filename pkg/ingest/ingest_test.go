@@ -28,10 +28,17 @@ type fixture struct {
 	client pulsev1.IngestClient
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
+
+// newFixtureWith serves ingest over bufconn, authenticating with auth when
+// it is not nil.
+func newFixtureWith(t *testing.T, auth Authenticator) *fixture {
 	t.Helper()
 	f := &fixture{store: store.New(store.Options{})}
 	f.srv = New(f.store, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", Limits{MaxPodsPerStream: 3}, prometheus.NewRegistry())
+	if auth != nil {
+		f.srv.SetAuthenticator(auth)
+	}
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
 	pulsev1.RegisterIngestServer(g, f.srv)
