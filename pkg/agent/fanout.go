@@ -102,15 +102,3 @@ func (a *Agent) resolve(ctx context.Context, entry string) ([]string, error) {
 	sort.Strings(out)
 	return out, nil
 }
-
-// Aggregators returns the addresses the agent keeps streams to.
-func (a *Agent) Aggregators() []string {
-	a.streamersMu.RLock()
-	defer a.streamersMu.RUnlock()
-	out := make([]string, 0, len(a.streamers))
-	for addr := range a.streamers {
-		out = append(out, addr)
-	}
-	sort.Strings(out)
-	return out
-}

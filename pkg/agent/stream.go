@@ -155,6 +155,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 
 	enc := wire.NewEncoder()
 	sent := map[uint32]discovery.Target{}
+	ids := map[string]uint32{} // uid → id of what was sent, for encoding batches
 	var sentVersion uint64
 	first := true
 	var seq uint64
@@ -174,8 +175,12 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 				return fmt.Errorf("send catalogue: %w", err)
 			}
 			sent, sentVersion, first = current, version, false
+			ids = make(map[string]uint32, len(sent))
+			for id, t := range sent {
+				ids[t.UID] = id
+			}
 		}
-		if batch := s.batch(sent, enc); batch != nil {
+		if batch := s.batch(ids, enc); batch != nil {
 			seq++
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
@@ -198,15 +203,12 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	}
 }
 
-// batch encodes the pending results of pods in the sent catalogue.
-func (s *streamer) batch(sent map[uint32]discovery.Target, enc *wire.Encoder) *pulsev1.SampleBatch {
+// batch encodes the pending results of pods in the sent catalogue (ids:
+// uid → id).
+func (s *streamer) batch(ids map[string]uint32, enc *wire.Encoder) *pulsev1.SampleBatch {
 	pending := s.take()
 	if len(pending) == 0 {
 		return nil
-	}
-	ids := make(map[string]uint32, len(sent))
-	for id, t := range sent {
-		ids[t.UID] = id
 	}
 	results := make([]result, 0, len(pending))
 	for _, r := range pending {

@@ -70,9 +70,6 @@ type Result struct {
 	Active bool
 }
 
-// errStale makes KEDA apply its fallback: never a silent 0.
-var errStale = errors.New("stale")
-
 // Evaluate computes a trigger's value.
 func (s *Server) Evaluate(t Trigger) (Result, error) {
 	var podBuf [16]store.PodValue
@@ -94,7 +91,8 @@ func (s *Server) Evaluate(t Trigger) (Result, error) {
 		}
 	}
 	if reporting == 0 {
-		return Result{}, status.Errorf(codes.Unavailable, "%s: %v: no pod reported within staleAfter %s", describe(t), errStale, t.StaleAfter)
+		// An error, so that KEDA applies its fallback: never a silent 0.
+		return Result{}, status.Errorf(codes.Unavailable, "%s: stale: no pod reported within staleAfter %s", describe(t), t.StaleAfter)
 	}
 	if len(vals) == 0 {
 		return Result{}, status.Errorf(codes.Unavailable, "%s: metric %q is not defined on any reporting pod (absent from the pages, or no requests finished in the window)", describe(t), t.Metric)

@@ -95,9 +95,6 @@ func New(opts Options) *Server {
 	return s
 }
 
-// Series returns the number of (model, engine) series.
-func (s *Server) Series() int { return len(s.series) }
-
 // Load is the directly set load. Totals are split over the series as evenly
 // as whole requests allow; KVCacheUsage is set on every series.
 type Load struct {
