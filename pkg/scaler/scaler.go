@@ -39,13 +39,27 @@ type Server struct {
 	doneOnce sync.Once
 	streams  sync.WaitGroup
 	open     atomic.Int64
+	closeMu  sync.Mutex
+	closing  bool // no stream may start once Shutdown has begun
 }
 
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
 // running now.
 func (s *Server) OpenStreams() int64 { return s.open.Load() }
 
-func (s *Server) enter() { s.streams.Add(1); s.open.Add(1) }
+// enter registers a stream handler; false once Shutdown has begun (the
+// handler then returns nil at once: EOF for KEDA).
+func (s *Server) enter() bool {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.streams.Add(1)
+	s.open.Add(1)
+	return true
+}
+
 func (s *Server) leave() { s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
@@ -60,6 +74,9 @@ func New(st *store.Store, maxWindow time.Duration, resolver TargetResolver) *Ser
 // Shutdown ends every open stream with EOF (the handlers return nil), so
 // KEDA reconnects in 2s rather than backing off; call it before GracefulStop.
 func (s *Server) Shutdown() {
+	s.closeMu.Lock()
+	s.closing = true
+	s.closeMu.Unlock()
 	s.doneOnce.Do(func() { close(s.done) })
 	s.streams.Wait()
 }
@@ -239,11 +256,13 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	if err != nil {
 		return err
 	}
+	if !s.enter() {
+		return nil
+	}
+	defer s.leave()
 	if err := stream.Send(spec(t)); err != nil {
 		return err
 	}
-	s.enter()
-	defer s.leave()
 	select {
 	case <-stream.Context().Done():
 		return stream.Context().Err()
@@ -257,7 +276,9 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 // whether anything was sent and the last state sent, and returns the new
 // last state and whether it sent.
 func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bool) (bool, bool, error)) error {
-	s.enter()
+	if !s.enter() {
+		return nil
+	}
 	defer s.leave()
 	tick := time.NewTicker(s.recheck)
 	defer tick.Stop()

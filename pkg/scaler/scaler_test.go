@@ -395,3 +395,25 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 	}
 	f.close()
 }
+
+// TestStreamsAfterShutdownEndAtOnce: a stream that opens while the server
+// shuts down ends with EOF instead of racing the shutdown's wait.
+func TestStreamsAfterShutdownEndAtOnce(t *testing.T) {
+	f := newFixture(t)
+	f.server.Shutdown()
+	md := map[string]string{"workspace": "llama"}
+	active, err := f.client.StreamIsActive(context.Background(), ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := active.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("StreamIsActive after shutdown: %v, want EOF", err)
+	}
+	specs, err := f.client.StreamMetricSpec(context.Background(), ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := specs.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("StreamMetricSpec after shutdown: %v, want EOF", err)
+	}
+}
