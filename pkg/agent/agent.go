@@ -73,8 +73,9 @@ type Agent struct {
 
 	inflightMu sync.Mutex
 	inflight   map[string]bool
-	lastTick   atomic.Int64 // Unix nanoseconds of the last scrape tick
-	httpAddr   atomic.Value // string: the bound HTTP address, once listening
+	counters   map[string]*vllm.Counters // by uid, for the pods listed now
+	lastTick   atomic.Int64              // Unix nanoseconds of the last scrape tick
+	httpAddr   atomic.Value              // string: the bound HTTP address, once listening
 }
 
 // HTTPAddr is the bound address of /metrics, /livez and /readyz; empty until
@@ -109,6 +110,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent, opts.InsecureSkipVerify),
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
+		counters:  map[string]*vllm.Counters{},
 		streamers: map[string]*streamer{},
 	}
 	if deps.Resolver == nil {
@@ -146,6 +148,17 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 func (a *Agent) SetTargets(ts []discovery.Target) {
 	a.cat.Set(ts)
 	a.m.targets.Set(float64(len(ts)))
+	listed := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		listed[t.UID] = true
+	}
+	a.inflightMu.Lock()
+	for uid := range a.counters {
+		if !listed[uid] {
+			delete(a.counters, uid)
+		}
+	}
+	a.inflightMu.Unlock()
 }
 
 // Run runs the agent until ctx ends.
@@ -194,7 +207,11 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 	for {
 		a.lastTick.Store(time.Now().UnixNano())
 		for _, tg := range a.cat.targets() {
-			if !tg.Ready || !a.startScrape(tg.UID) {
+			if !tg.Ready {
+				continue
+			}
+			counters := a.startScrape(tg.UID)
+			if counters == nil {
 				continue
 			}
 			wg.Add(1)
@@ -210,7 +227,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 					return
 				}
 				defer func() { <-sem }()
-				a.publish(a.scrapeOne(ctx, tg))
+				a.publish(a.scrapeOne(ctx, tg, counters))
 			}()
 		}
 		select {
@@ -221,15 +238,22 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 	}
 }
 
-func (a *Agent) startScrape(uid string) bool {
+// startScrape marks uid in flight and returns its counter state; nil when
+// the previous scrape of uid is still in flight.
+func (a *Agent) startScrape(uid string) *vllm.Counters {
 	a.inflightMu.Lock()
 	defer a.inflightMu.Unlock()
 	if a.inflight[uid] {
 		a.m.skipped.Inc()
-		return false
+		return nil
 	}
 	a.inflight[uid] = true
-	return true
+	c := a.counters[uid]
+	if c == nil {
+		c = vllm.NewCounters()
+		a.counters[uid] = c
+	}
+	return c
 }
 
 func (a *Agent) endScrape(uid string) {
@@ -238,11 +262,11 @@ func (a *Agent) endScrape(uid string) {
 	a.inflightMu.Unlock()
 }
 
-func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target) result {
+func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vllm.Counters) result {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 	defer cancel()
-	page, err := a.scraper.Scrape(sctx, tg.URL)
+	page, err := a.scraper.Scrape(sctx, tg.URL, counters)
 	a.m.duration.Observe(time.Since(start).Seconds())
 	if err == nil {
 		a.addGPU(tg, &page)

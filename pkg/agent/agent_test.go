@@ -49,7 +49,7 @@ func TestScrapeNegotiatesAndDecompresses(t *testing.T) {
 		sim.Handler().ServeHTTP(w, r)
 	}))
 	defer srv.Close()
-	page, err := newScraper(t, 8<<20).Scrape(context.Background(), srv.URL+"/metrics")
+	page, err := newScraper(t, 8<<20).Scrape(context.Background(), srv.URL+"/metrics", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestScrapeErrorsHaveReasons(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
-			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url)
+			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url, nil)
 			var se *ScrapeError
 			if !errors.As(err, &se) || se.Reason != tc.reason {
 				t.Fatalf("err = %v, want reason %v", err, tc.reason)

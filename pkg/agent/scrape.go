@@ -14,9 +14,10 @@ import (
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
-// Scraper reads one target's page.
+// Scraper reads one target's page; counters is the pod's counter state
+// (see vllm.Counters), used by one scrape at a time.
 type Scraper interface {
-	Scrape(ctx context.Context, url string) (vllm.Page, error)
+	Scrape(ctx context.Context, url string, counters *vllm.Counters) (vllm.Page, error)
 }
 
 // ScrapeError is a failed scrape with its reason.
@@ -53,7 +54,7 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 }
 
 // Scrape fetches and extracts one page. Its error is a *ScrapeError.
-func (s *httpScraper) Scrape(ctx context.Context, url string) (vllm.Page, error) {
+func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Counters) (vllm.Page, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
@@ -82,7 +83,7 @@ func (s *httpScraper) Scrape(ctx context.Context, url string) (vllm.Page, error)
 	if int64(len(body)) > s.maxBytes {
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
-	page, err := s.extractor.Extract(body)
+	page, err := s.extractor.ExtractWith(body, counters)
 	switch {
 	case errors.Is(err, vllm.ErrNotVLLM):
 		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}

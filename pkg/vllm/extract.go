@@ -97,7 +97,12 @@ func (e *Extractor) Extras() []ExtraMetric { return e.extras }
 // Extract reads a page in Prometheus text format 0.0.4 or OpenMetrics 1.0.
 // Lines of families pulse does not read are skipped unparsed, so an error in
 // one of them does not hide the values pulse needs.
-func (e *Extractor) Extract(page []byte) (Page, error) {
+func (e *Extractor) Extract(page []byte) (Page, error) { return e.ExtractWith(page, nil) }
+
+// ExtractWith is Extract with a pod's counter state: when c is not nil,
+// counters are made monotonic per series before they are summed (see
+// Counters).
+func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	bp := e.bufs.Get().(*[]byte)
 	defer e.bufs.Put(bp)
 	kept, isVLLM, err := e.filter(page, (*bp)[:0])
@@ -116,11 +121,22 @@ func (e *Extractor) Extract(page []byte) (Page, error) {
 	}
 	var acc accumulator
 	acc.init(len(e.extras))
+	if c != nil {
+		c.begin()
+	}
 	for name, mf := range fams {
 		src := e.sources[name]
+		counter := c != nil && src.extra == 0 && src.id.Kind() == signal.Counter
 		for _, m := range mf.Metric {
-			acc.add(src, m.GetUntyped().GetValue())
+			v := m.GetUntyped().GetValue()
+			if counter && !math.IsNaN(v) && !math.IsInf(v, 0) {
+				v = c.observe(src.id, name, m.Label, v)
+			}
+			acc.add(src, v)
 		}
+	}
+	if c != nil {
+		c.finish(&acc)
 	}
 	return acc.page(), nil
 }

@@ -1,0 +1,100 @@
+package vllm
+
+import (
+	"hash/fnv"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+)
+
+// retireAfter is how many scrapes a counter series may be absent before it
+// is forgotten (its last value stays in the sum).
+const retireAfter = 10
+
+// Counters makes a pod's counters monotonic per series before they are
+// summed. A counter pulse reads is the sum of several series (engines of a
+// data-parallel server, finished reasons, models); when one engine restarts,
+// its series starts again from 0 and the sum drops by what that engine had
+// counted. Seen only as a sum, that is indistinguishable from a restart of
+// the whole server, whose reset handling (everything before counted as new)
+// turns it into a spike of the other engines' whole history. Per series, the
+// drop is a reset of that series alone, and the sum stays exact.
+//
+// A series that disappears keeps its last value in the sum (a page that
+// briefly lacks it changes nothing); after retireAfter scrapes it is
+// forgotten and its value kept as an offset. A series that appears counts
+// from zero.
+//
+// One Counters belongs to one pod and is used by one scrape at a time.
+type Counters struct {
+	series  map[uint64]*counterSeries
+	retired [signal.NumIDs]float64
+	scrape  uint64
+}
+
+type counterSeries struct {
+	id           signal.ID
+	last, offset float64
+	seen         uint64 // the scrape that last saw it
+}
+
+// NewCounters returns the state of a pod not scraped before.
+func NewCounters() *Counters { return &Counters{series: map[uint64]*counterSeries{}} }
+
+// begin starts a scrape.
+func (c *Counters) begin() { c.scrape++ }
+
+// observe returns the series' value made monotonic.
+func (c *Counters) observe(id signal.ID, name string, labels []*dto.LabelPair, v float64) float64 {
+	key := seriesKey(name, labels)
+	s := c.series[key]
+	if s == nil {
+		s = &counterSeries{id: id}
+		c.series[key] = s
+	} else if v < s.last {
+		s.offset += s.last // this series restarted
+	}
+	s.last, s.seen = v, c.scrape
+	return v + s.offset
+}
+
+// finish adds, to every counter the page has, the series of that counter it
+// lacked this time (at their last value) and those retired; it forgets
+// series absent for retireAfter scrapes.
+func (c *Counters) finish(a *accumulator) {
+	for key, s := range c.series {
+		if s.seen == c.scrape {
+			continue
+		}
+		if c.scrape-s.seen >= retireAfter {
+			c.retired[s.id] += s.last + s.offset
+			delete(c.series, key)
+			continue
+		}
+		if a.raw[s.id].n > 0 {
+			a.raw[s.id].sum += s.last + s.offset
+		}
+	}
+	for id, r := range c.retired {
+		if r != 0 && a.raw[id].n > 0 {
+			a.raw[id].sum += r
+		}
+	}
+}
+
+// seriesKey identifies a series by its sample name and label set, whatever
+// the order of its labels.
+func seriesKey(name string, labels []*dto.LabelPair) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	key := h.Sum64()
+	for _, lp := range labels {
+		h.Reset()
+		_, _ = h.Write([]byte(lp.GetName()))
+		_, _ = h.Write([]byte{0xff})
+		_, _ = h.Write([]byte(lp.GetValue()))
+		key += h.Sum64() * 0x9E3779B97F4A7C15 // order-independent
+	}
+	return key
+}

@@ -1,0 +1,129 @@
+package vllm
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+)
+
+// dpPage is a data-parallel vLLM page: one generation-token counter per
+// engine, and a finished-reason counter per engine.
+func dpPage(engines map[string]float64, reversed bool) []byte {
+	page := "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n# TYPE vllm:generation_tokens_total counter\n"
+	order := []string{"0", "1", "2"}
+	if reversed {
+		order = []string{"2", "1", "0"}
+	}
+	for _, e := range order {
+		if v, ok := engines[e]; ok {
+			// Label order changes with reversed: the series is the same.
+			if reversed {
+				page += fmt.Sprintf("vllm:generation_tokens_total{model_name=\"m\",engine=\"%s\"} %g\n", e, v)
+			} else {
+				page += fmt.Sprintf("vllm:generation_tokens_total{engine=\"%s\",model_name=\"m\"} %g\n", e, v)
+			}
+		}
+	}
+	page += "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3\n"
+	return []byte(page)
+}
+
+// TestOneEngineRestartIsNotASpike: engine 1 of a data-parallel server
+// restarts. Summed without per-series state, the counter drops from 2,000
+// to 1,015, which the aggregator (rightly, for a whole-server restart)
+// treats as a reset: the next interval's increase becomes 1,015 tokens
+// instead of 15. Per series, the drop is engine 1's alone.
+func TestOneEngineRestartIsNotASpike(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := [][]byte{
+		dpPage(map[string]float64{"0": 1000, "1": 1000}, false),
+		dpPage(map[string]float64{"0": 1010, "1": 5}, true), // engine 1 restarted, and counted 5
+		dpPage(map[string]float64{"0": 1020, "1": 15}, false),
+	}
+	c := NewCounters()
+	var mono signal.Monotonic
+	var series []signal.Sample
+	for i, p := range pages {
+		pg, err := e.ExtractWith(p, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := signal.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
+		mono.Adjust(&s.Values)
+		series = append(series, s)
+	}
+	rate, _ := signal.Canonical[6].Eval(series) // generationTokensPerSecond
+	if signal.Canonical[6].Name != "generationTokensPerSecond" || rate != 17.5 {
+		t.Fatalf("generationTokensPerSecond = %v over 2 s, want (15 + 20) / 2 = 17.5", rate)
+	}
+	// Without the per-series state, the same pages give the spike.
+	var plain signal.Monotonic
+	series = series[:0]
+	for i, p := range pages {
+		pg, _ := e.Extract(p)
+		s := signal.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
+		plain.Adjust(&s.Values)
+		series = append(series, s)
+	}
+	if spike, _ := signal.Canonical[6].Eval(series[:2]); spike < 1000 {
+		t.Fatalf("stateless sum over the restart = %v/s; the test no longer shows the defect it guards", spike)
+	}
+}
+
+// TestSeriesThatComeAndGo: a series absent from one page keeps its last
+// value in the sum; one absent for good is retired at its last value; a new
+// series counts from zero.
+func TestSeriesThatComeAndGo(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	c := NewCounters()
+	get := func(engines map[string]float64) float64 {
+		t.Helper()
+		pg, err := e.ExtractWith(dpPage(engines, false), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := pg.Get(signal.GenerationTokens)
+		return v
+	}
+	steps := []struct {
+		engines map[string]float64
+		want    float64
+	}{
+		{map[string]float64{"0": 100, "1": 50}, 150},
+		{map[string]float64{"0": 110}, 160},                  // engine 1 missing once: held at 50
+		{map[string]float64{"0": 120, "1": 60}, 180},         // back
+		{map[string]float64{"0": 130, "1": 60, "2": 7}, 197}, // engine 2 appears: counted from 0
+		{map[string]float64{"0": 140, "1": 60, "2": 3}, 210}, // engine 2 restarts and counts 3: 7 + 3
+		{map[string]float64{"0": 150, "1": 60, "2": 3}, 220},
+	}
+	for i, s := range steps {
+		if got := get(s.engines); got != s.want {
+			t.Fatalf("step %d: %v, want %v", i, got, s.want)
+		}
+	}
+	// Engine 1 gone for good: after retireAfter scrapes it is forgotten,
+	// its 60 kept.
+	for i := range retireAfter + 2 {
+		if got := get(map[string]float64{"0": 150 + float64(i), "2": 3}); got != 220+float64(i) {
+			t.Fatalf("after engine 1 left, scrape %d: %v, want %v", i, got, 220+float64(i))
+		}
+	}
+	if n := len(c.series); n != 2 {
+		t.Fatalf("%d series tracked, want 2", n)
+	}
+	if pg, _ := e.ExtractWith(dpPage(map[string]float64{}, false), c); !math.IsNaN(nan(pg)) {
+		t.Fatalf("a page without the counter reports it: %+v", pg)
+	}
+}
+
+func nan(pg Page) float64 {
+	if v, ok := pg.Get(signal.GenerationTokens); ok {
+		return v
+	}
+	return math.NaN()
+}
