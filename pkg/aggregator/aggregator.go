@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -20,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
@@ -71,6 +71,9 @@ type Options struct {
 	CertValidity     time.Duration
 	KEDANamespace    string
 	TriggerAuthName  string
+	Warmup           time.Duration
+	ExpectedAgents   int
+	AgentDaemonSet   string
 }
 
 // NewOptions returns the defaults.
@@ -83,6 +86,10 @@ func NewOptions() *Options {
 		AgentAuth: "none", AgentAudience: "pulse", AgentAccounts: []string{"pulse-system/pulse-agent"},
 		Namespace: os.Getenv("POD_NAMESPACE"), CertSecret: "pulse-aggregator-certs", CertValidity: 90 * 24 * time.Hour,
 		KEDANamespace: "keda", TriggerAuthName: "pulse-creds",
+		// The agents re-resolve the headless Service every 10s (their
+		// --resolve-interval), then report within their 1s interval; the
+		// default staleAfter (5s) bounds the rest.
+		Warmup: 15 * time.Second,
 	}
 }
 
@@ -132,6 +139,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.CertValidity, "cert-validity", o.CertValidity, "--manage-certs: validity of the certificates (renewed two thirds through)")
 	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
 	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
+	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "after start, answer KEDA Unavailable (and stay unready) until the expected agents have reported or this long has passed, so that no answer is a partial total; about the agents' --resolve-interval plus staleAfter (0: none)")
+	fs.IntVar(&o.ExpectedAgents, "expected-agents", o.ExpectedAgents, "end the warm-up once this many agents have reported (0: unknown, unless --agent-daemonset gives it)")
+	fs.StringVar(&o.AgentDaemonSet, "agent-daemonset", o.AgentDaemonSet, "namespace/name of the agent DaemonSet: its desiredNumberScheduled is the number of agents the warm-up waits for")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 }
@@ -171,6 +181,14 @@ func (o *Options) Validate() error {
 	if n := countSet(o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile); n != 0 && n != 3 {
 		errs = append(errs, errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together"))
 	}
+	if o.Warmup < 0 || o.ExpectedAgents < 0 {
+		errs = append(errs, errors.New("--warmup and --expected-agents must not be negative"))
+	}
+	if o.AgentDaemonSet != "" {
+		if ns, name, ok := strings.Cut(o.AgentDaemonSet, "/"); !ok || ns == "" || name == "" {
+			errs = append(errs, fmt.Errorf("--agent-daemonset %q: want namespace/name", o.AgentDaemonSet))
+		}
+	}
 	if o.PodExpiry <= 0 {
 		errs = append(errs, errors.New("--pod-expiry must be above 0"))
 	}
@@ -192,7 +210,6 @@ type Aggregator struct {
 	log                        *slog.Logger
 	store                      *store.Store
 	scaler                     *scaler.Server
-	health                     *health.Server
 	ingestSrv, scalerSrv       *grpc.Server
 	httpSrv                    *http.Server
 	ingestLn, scalerLn, httpLn net.Listener
@@ -201,7 +218,15 @@ type Aggregator struct {
 	managed                    *certs.Managed // nil unless --manage-certs
 	debugLn                    net.Listener   // nil unless --debug-addr
 	debugSrv                   *http.Server
+	health                     *health
+	warmup                     *warmup
+	kube                       kubernetes.Interface  // nil unless a feature needs the API
+	reviewer                   *ingest.TokenReviewer // nil unless --agent-auth=tokenreview
 }
+
+// housekeepEvery is the period of the housekeeping loop (sweeping expired
+// pods); /livez fails when a tick is 1.5 periods late.
+const housekeepEvery = 2 * time.Second
 
 // New wires an aggregator and opens its listeners, so that addresses such
 // as 127.0.0.1:0 are bound (see the Addr methods) before Run.
@@ -288,9 +313,8 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	if o.AgentAuth == "tokenreview" {
 		kube, err := kubeClient(o)
 		if err == nil {
-			var tr *ingest.TokenReviewer
-			if tr, err = ingest.NewTokenReviewer(kube, o.AgentAudience, o.AgentAccounts); err == nil {
-				a.ingest.SetAuthenticator(tr)
+			if a.reviewer, err = ingest.NewTokenReviewer(kube, o.AgentAudience, o.AgentAccounts); err == nil {
+				a.ingest.SetAuthenticator(a.reviewer)
 			}
 		}
 		if err != nil {
@@ -301,14 +325,32 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 	} else {
 		log.Info("agent streams are not authenticated (--agent-auth=none): use it on loopback or a trusted network only")
 	}
-	a.scaler = scaler.New(a.store, o.MaxWindow, resolver)
+	a.health = newHealth(housekeepEvery)
+	a.warmup = newWarmup(a.store, o.Warmup, o.ExpectedAgents, time.Now, log)
+	a.health.addCheck("warm-up", a.warmup.check)
+	if a.managed != nil {
+		a.health.addCheck("certificates", a.managed.Ready)
+	}
+	if a.resolver != nil {
+		a.health.addCheck("ScaledObject cache", a.resolver.Ready)
+	}
+	if a.reviewer != nil {
+		a.health.addCheck("pod cache", a.reviewer.Ready)
+	}
+	if o.AgentDaemonSet != "" && a.kube == nil {
+		if a.kube, err = kubeClient(o); err != nil {
+			a.close()
+			return nil, fmt.Errorf("--agent-daemonset: %w", err)
+		}
+	}
+	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.MaxWindow, Resolver: resolver, Gate: a.warmup.check})
+	reg.MustRegister(a.scaler.Collector())
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
-	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
 	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
 
 	mux := http.NewServeMux()
-	dbg := &debug.Handler{Store: a.store, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow}
+	dbg := &debug.Handler{Store: a.store, FreshFor: o.FreshFor, MaxWindow: o.MaxWindow, Triggers: a.scaler}
 	if o.DebugAddr == "" {
 		dbg.Register(mux)
 	} else {
@@ -321,8 +363,8 @@ func New(o *Options, log *slog.Logger) (*Aggregator, error) {
 		a.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 5 * time.Second}
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
+	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return a, nil
 }
@@ -371,6 +413,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	if a.managed != nil {
 		g.Go(func() error { return a.managed.Run(gctx) })
 	}
+	if a.reviewer != nil {
+		g.Go(func() error { a.reviewer.Run(gctx); return nil })
+	}
 	if a.debugSrv != nil {
 		g.Go(func() error {
 			if err := a.debugSrv.Serve(a.debugLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -379,6 +424,11 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	if a.opts.AgentDaemonSet != "" {
+		ns, name, _ := strings.Cut(a.opts.AgentDaemonSet, "/")
+		g.Go(func() error { a.warmup.followDaemonSet(gctx, a.kube, ns, name); return nil })
+	}
+	g.Go(func() error { a.housekeep(gctx); return nil })
 	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
 	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
 	g.Go(func() error {
@@ -389,7 +439,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		a.health.Shutdown()
+		a.health.stopping.Store(true)
 		// KEDA's streams end with EOF first, so KEDA reconnects in 2s.
 		a.scaler.Shutdown()
 		stopGracefully(a.scalerSrv, a.opts.ShutdownTimeout)
@@ -408,6 +458,24 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// housekeep sweeps the pods of agents gone longer than --pod-expiry (so
+// that a dead node's pods go even when no other catalogue changes) and
+// proves the process live, every housekeepEvery.
+func (a *Aggregator) housekeep(ctx context.Context) {
+	t := time.NewTicker(housekeepEvery)
+	defer t.Stop()
+	for {
+		a.store.Sweep()
+		_ = a.warmup.check() // logs the end of the warm-up when it comes
+		a.health.tick()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func serveGRPC(s *grpc.Server, ln net.Listener, what string) error {
@@ -439,6 +507,9 @@ func restConfig(o *Options) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "pulse-aggregator/" + version.Version
+	// Above client-go's 5 QPS: a restart re-ensures certificates, syncs
+	// caches and reviews every agent's token at once.
+	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
 }
 

@@ -92,6 +92,15 @@ func (m *Managed) ServerConfig() *tls.Config {
 	}}
 }
 
+// Ready returns nil once a certificate is loaded and the scaler port can
+// complete a handshake.
+func (m *Managed) Ready() error {
+	if m.current.Load() == nil {
+		return errors.New("managed certificates are not loaded yet")
+	}
+	return nil
+}
+
 // Run watches the Secret and ensures the certificates every check period.
 func (m *Managed) Run(ctx context.Context) error {
 	f := informers.NewSharedInformerFactoryWithOptions(m.o.Client, 0, informers.WithNamespace(m.o.Namespace),

@@ -2,6 +2,7 @@
 //
 //	GET /debug/workloads                     every workload
 //	GET /debug/workloads/{namespace}/{name}  one workload (every kind of that name)
+//	GET /debug/triggers                      every ScaledObject trigger's last answer
 //
 // as JSON, or as a table with ?format=table or Accept: text/plain.
 // ?window=10s averages gauges and takes rates over that window instead of
@@ -17,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -27,12 +29,35 @@ type Handler struct {
 	FreshFor time.Duration
 	// MaxWindow bounds ?window.
 	MaxWindow time.Duration
+	// Triggers gives the triggers' last evaluations; nil: not served.
+	Triggers TriggerSource
 }
+
+// TriggerSource holds the last evaluation of every trigger pulse answered.
+type TriggerSource interface {
+	Evaluations() []scaler.Evaluation
+}
+
+var _ TriggerSource = (*scaler.Server)(nil)
 
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/workloads", h.serve)
 	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.serve)
+	if h.Triggers != nil {
+		mux.HandleFunc("GET /debug/triggers", h.serveTriggers)
+	}
+}
+
+func wantsTable(r *http.Request) bool {
+	return r.URL.Query().Get("format") == "table" || strings.HasPrefix(r.Header.Get("Accept"), "text/plain")
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }
 
 // Document is the JSON answer.
@@ -51,13 +76,14 @@ type Workload struct {
 
 // Pod is one pod in the JSON answer.
 type Pod struct {
-	Name       string             `json:"name"`
-	Ready      bool               `json:"ready"`
-	Fresh      bool               `json:"fresh"`
-	AgeSeconds *float64           `json:"ageSeconds"` // null: never reported
-	Missing    string             `json:"missing,omitempty"`
-	Error      string             `json:"error,omitempty"`
-	Values     map[string]float64 `json:"values"`
+	Name        string             `json:"name"`
+	Ready       bool               `json:"ready"`
+	Terminating bool               `json:"terminating,omitempty"`
+	Fresh       bool               `json:"fresh"`
+	AgeSeconds  *float64           `json:"ageSeconds"` // null: never reported
+	Missing     string             `json:"missing,omitempty"`
+	Error       string             `json:"error,omitempty"`
+	Values      map[string]float64 `json:"values"`
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
@@ -83,21 +109,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("no workload %s/%s", ns, name), http.StatusNotFound)
 		return
 	}
-	if r.URL.Query().Get("format") == "table" || strings.HasPrefix(r.Header.Get("Accept"), "text/plain") {
+	if wantsTable(r) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		writeTable(w, doc)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(doc)
+	writeJSON(w, doc)
 }
 
 func toWorkload(v store.WorkloadView) Workload {
 	out := Workload{Namespace: v.Namespace, Kind: v.Kind, Name: v.Name, Averages: clean(v.Averages), Pods: []Pod{}}
 	for _, p := range v.Pods {
-		pod := Pod{Name: p.Name, Ready: p.Ready, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
+		pod := Pod{Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
 		if p.Age >= 0 {
 			age := math.Round(p.Age.Seconds()*1000) / 1000
 			pod.AgeSeconds = &age
@@ -132,8 +155,10 @@ func writeTable(w http.ResponseWriter, doc Document) {
 		for _, p := range wl.Pods {
 			state := "fresh"
 			switch {
+			case p.Terminating:
+				state = "terminating"
 			case !p.Ready:
-				state = "not-ready"
+				state = "starting"
 			case p.Missing != "":
 				state = "missing:" + p.Missing
 			case !p.Fresh:

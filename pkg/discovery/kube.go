@@ -201,7 +201,10 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 	if pod.Spec.HostNetwork {
 		host = "127.0.0.1" // over localhost: the agent shares the node's network
 	}
-	t.Ready = host != "" && pod.DeletionTimestamp == nil && podReady(pod)
+	// A terminating pod is listed as terminating (scalers leave it out, as
+	// the HPA does) and is no longer scraped.
+	t.Terminating = pod.DeletionTimestamp != nil
+	t.Ready = host != "" && !t.Terminating && podReady(pod)
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
 	}

@@ -87,6 +87,12 @@ func TestTargetOf(t *testing.T) {
 			mutate: func(p *corev1.Pod) { p.Status.PodIP = "" },
 			ok:     true, want: Target{Ready: false, URL: ""},
 		},
+		// Terminating pods were listed as merely not ready, which scalers
+		// then filled as missing: flapping after every scale-down.
+		"terminating is listed as terminating, not scraped": {
+			mutate: func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
+			ok:     true, want: Target{Ready: false, Terminating: true, URL: "http://10.0.0.7:5000/metrics"},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -101,8 +107,8 @@ func TestTargetOf(t *testing.T) {
 			if !ok {
 				return
 			}
-			if got.URL != tc.want.URL || got.Ready != tc.want.Ready {
-				t.Fatalf("got %+v, want URL %q ready %v", got, tc.want.URL, tc.want.Ready)
+			if got.URL != tc.want.URL || got.Ready != tc.want.Ready || got.Terminating != tc.want.Terminating {
+				t.Fatalf("got %+v, want URL %q ready %v terminating %v", got, tc.want.URL, tc.want.Ready, tc.want.Terminating)
 			}
 			if tc.want.UID != "" && !got.Equal(tc.want) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)

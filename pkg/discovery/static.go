@@ -26,14 +26,18 @@ type Target struct {
 	Namespace string
 	Pod       string
 	Workloads []Workload
-	Ready     bool
-	URL       string
+	// Ready: the pod serves traffic and is scraped. A pod that is not
+	// ready is starting (loading its model): listed, not scraped.
+	Ready bool
+	// Terminating: the pod is being deleted: listed as such, not scraped.
+	Terminating bool
+	URL         string
 }
 
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {
 	return t.UID == o.UID && t.Namespace == o.Namespace && t.Pod == o.Pod && t.Ready == o.Ready &&
-		t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads)
+		t.Terminating == o.Terminating && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads)
 }
 
 // staticFile is the --static-targets file.
@@ -49,6 +53,10 @@ type staticTarget struct {
 	Deployment   string `json:"deployment"`
 	Workload     string `json:"workload"`
 	URL          string `json:"url"`
+	// Ready defaults to true; false lists a starting pod (not scraped).
+	Ready *bool `json:"ready"`
+	// Terminating lists a pod being deleted (not scraped).
+	Terminating bool `json:"terminating"`
 }
 
 // LoadStaticTargets reads a static targets file. Every problem is reported,
@@ -72,7 +80,14 @@ func LoadStaticTargets(path string) ([]Target, error) {
 		if st.Namespace == "" || st.Pod == "" {
 			bad("namespace and pod are required")
 		}
-		t := Target{UID: "static/" + st.Namespace + "/" + st.Pod, Namespace: st.Namespace, Pod: st.Pod, Ready: true, URL: st.URL}
+		t := Target{UID: "static/" + st.Namespace + "/" + st.Pod, Namespace: st.Namespace, Pod: st.Pod, Ready: true, URL: st.URL,
+			Terminating: st.Terminating}
+		if st.Ready != nil {
+			t.Ready = *st.Ready
+		}
+		if t.Terminating {
+			t.Ready = false
+		}
 		if seen[t.UID] {
 			bad("pod %s/%s is listed twice", st.Namespace, st.Pod)
 		}

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,28 @@ func TestLoadStaticTargets(t *testing.T) {
 	}
 	if len(ts) != 2 || len(ts[0].Workloads) != 2 || ts[1].Workloads[0].Kind != pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT {
 		t.Fatalf("targets = %+v", ts)
+	}
+}
+
+// TestStaticTargetsShowEveryState: a static target can be a starting pod
+// (ready: false) or a terminating one, so that the demo and tests show the
+// scaler's rule without a cluster.
+func TestStaticTargetsShowEveryState(t *testing.T) {
+	ts, err := LoadStaticTargets(writeFile(t, `targets:
+- {namespace: demo, pod: up, workspace: w, url: "http://127.0.0.1:1/metrics"}
+- {namespace: demo, pod: starting, workspace: w, url: "http://127.0.0.1:2/metrics", ready: false}
+- {namespace: demo, pod: leaving, workspace: w, url: "http://127.0.0.1:3/metrics", terminating: true}
+- {namespace: demo, pod: both, workspace: w, url: "http://127.0.0.1:4/metrics", ready: true, terminating: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	for _, tg := range ts {
+		got += fmt.Sprintf("%s:%v/%v ", tg.Pod, tg.Ready, tg.Terminating)
+	}
+	if want := "up:true/false starting:false/false leaving:false/true both:false/true "; got != want {
+		t.Fatalf("ready/terminating = %q, want %q", got, want)
 	}
 }
 

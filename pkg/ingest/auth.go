@@ -12,8 +12,12 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 )
 
 // NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
@@ -39,6 +43,10 @@ type TokenReviewer struct {
 	mu     sync.Mutex
 	tokens map[[32]byte]review // by token hash, for a minute
 	pods   *lru.Cache[string, string]
+	// podInformer caches every scheduled pod's node, so that an
+	// aggregator's restart with thousands of catalogued pods costs one
+	// LIST, not a GET per pod at the client's rate limit.
+	podInformer cache.SharedIndexInformer
 }
 
 type review struct {
@@ -64,7 +72,32 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	if t.pods, err = lru.New[string, string](65536); err != nil {
 		return nil, err
 	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		lo.FieldSelector = fields.OneTermNotEqualSelector("spec.nodeName", "").String()
+	}))
+	t.podInformer = f.Core().V1().Pods().Informer()
+	// Keep only what PodNode reads: a pod is mostly spec and status.
+	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+				ResourceVersion: p.ResourceVersion}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
 	return t, nil
+}
+
+// Run keeps the pod cache until ctx ends.
+func (t *TokenReviewer) Run(ctx context.Context) { t.podInformer.Run(ctx.Done()) }
+
+// Ready returns nil once the pod cache has synced.
+func (t *TokenReviewer) Ready() error {
+	if !t.podInformer.HasSynced() {
+		return errors.New("the pod cache for agent authentication is not synced yet")
+	}
+	return nil
 }
 
 // ErrUnauthenticated: the token is not one of an allowed agent.
@@ -111,11 +144,18 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 	return nodes[0], nil
 }
 
-// PodNode reads a pod's node from the API, cached by uid (a pod never
-// changes node).
+// PodNode reads a pod's node from the pod cache, or from the API for a pod
+// the cache does not hold yet (cached by uid: a pod never changes node).
 func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string) (string, error) {
 	if n, ok := t.pods.Get(uid); ok {
 		return n, nil
+	}
+	if t.podInformer.HasSynced() {
+		obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
+		if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == uid {
+			t.pods.Add(uid, p.Spec.NodeName)
+			return p.Spec.NodeName, nil
+		}
 	}
 	p, err := t.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

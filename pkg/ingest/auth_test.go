@@ -15,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/fakenode"
 )
@@ -86,12 +88,22 @@ func TestAgentTokenBindsTheStreamToItsNode(t *testing.T) {
 	if err := f.run(t); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("no token: %v, want Unauthenticated", err)
 	}
-	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine, theirs)); err != nil {
+	// The agent samples both: the rejected pod's samples are skipped, and
+	// its id, being catalogued, does not make the batch malformed.
+	enc := wire.NewEncoder()
+	var b pulsev1.SampleBatch
+	b.Seq, b.TimeUnixMs = 1, 1000
+	for _, id := range []uint32{1, 2} {
+		s := wire.Sample{Pod: id}
+		s.Values.Set(signal.Waiting, float64(id))
+		enc.Append(&b, &s)
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine, theirs), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
 		t.Fatal(err)
 	}
-	v := f.store.View(store.ViewOptions{})
-	if len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "mine" {
-		t.Fatalf("store = %+v: want only node-1's pod", v)
+	v := f.store.View(store.ViewOptions{FreshFor: time.Hour})
+	if len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "mine" || v[0].Pods[0].Values["waiting"] != 1 {
+		t.Fatalf("store = %+v: want only node-1's pod, with its sample", v)
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("other_node")); got != 1 {
 		t.Fatalf("rejected other_node = %v, want 1", got)
@@ -111,5 +123,50 @@ func TestAgentTokenBindsTheStreamToItsNode(t *testing.T) {
 				t.Fatalf("%v, want %v", err, tc.code)
 			}
 		})
+	}
+}
+
+// TestPodNodeFromTheCache: after an aggregator restart every catalogued pod
+// is checked; with the synced pod cache that costs no GET per pod (it cost
+// one each at client-go's 5 QPS), and a pod created after the cache synced
+// is still found through the API.
+func TestPodNodeFromTheCache(t *testing.T) {
+	c := fakeAPI()
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go tr.Run(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the pod cache did not sync")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gets := func() int {
+		n := 0
+		for _, a := range c.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct{ name, node string }{{"mine", "node-1"}, {"theirs", "node-2"}} {
+		if node, err := tr.PodNode(ctx, "ns", tc.name, "uid-"+tc.name); err != nil || node != tc.node {
+			t.Fatalf("PodNode(%s) = %q, %v; want %s", tc.name, node, err, tc.node)
+		}
+	}
+	if n := gets(); n != 0 {
+		t.Fatalf("%d pod GETs with a synced cache, want 0", n)
+	}
+	if _, err := tr.PodNode(ctx, "ns", "mine", "another-uid"); err == nil {
+		t.Fatal("a uid that does not match the pod was accepted")
+	}
+	if _, err := tr.PodNode(ctx, "ns", "nobody", "uid-nobody"); err == nil {
+		t.Fatal("an unknown pod was accepted")
 	}
 }

@@ -127,8 +127,8 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	s.store.OpenSource(hello.Node)
 	defer s.store.CloseSource(hello.Node)
 
-	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, dec: wire.NewDecoder(), ctx: stream.Context(), log: log,
-		bound: boundNode != ""}
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
+		ctx: stream.Context(), log: log, bound: boundNode != ""}
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -192,7 +192,11 @@ type streamState struct {
 	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
 	ids   map[uint32]string // pod id → uid
-	dec   *wire.Decoder
+	// rejected are ids the catalogue named for pods this stream may not
+	// report (another node's): their samples are skipped, not malformed.
+	rejected map[uint32]bool
+	heard    bool // a batch has arrived on this stream
+	dec      *wire.Decoder
 	// Reused from batch to batch.
 	samples []wire.Sample
 	reports []store.Report
@@ -203,15 +207,20 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		for id := range st.ids {
 			st.dec.Forget(id)
 		}
+		for id := range st.rejected {
+			st.dec.Forget(id)
+		}
 		clear(st.ids)
+		clear(st.rejected)
 	}
 	var removed []string
 	for _, id := range c.Remove {
 		if uid, ok := st.ids[id]; ok {
 			removed = append(removed, uid)
 			delete(st.ids, id)
-			st.dec.Forget(id)
 		}
+		delete(st.rejected, id)
+		st.dec.Forget(id)
 	}
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
 	for _, p := range c.Upsert {
@@ -228,9 +237,16 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 				}
 				st.srv.m.rejected.WithLabelValues(reason).Inc()
 				st.log.Warn("catalogue entry rejected", "pod", p.Namespace+"/"+p.Name, "reason", reason, "podNode", node, "err", err)
+				if old, ok := st.ids[p.Id]; ok {
+					removed = append(removed, old)
+					delete(st.ids, p.Id)
+					st.dec.Forget(p.Id)
+				}
+				st.rejected[p.Id] = true
 				continue
 			}
 		}
+		delete(st.rejected, p.Id)
 		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
 			st.dec.Forget(p.Id)
 			removed = append(removed, old)
@@ -239,7 +255,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if len(p.Workloads) > maxWorkloadsPerPod {
 			return fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
 		}
-		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready}
+		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating}
 		for _, w := range p.Workloads {
 			kind, ok := kinds[w.Kind]
 			if !ok || w.Name == "" {
@@ -249,19 +265,49 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		}
 		infos = append(infos, info)
 	}
-	if len(st.ids) > st.srv.limits.MaxPodsPerStream {
-		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", len(st.ids), st.srv.limits.MaxPodsPerStream)
+	if n := len(st.ids) + len(st.rejected); n > st.srv.limits.MaxPodsPerStream {
+		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
 	}
 	if len(removed) > 0 {
-		st.srv.store.Remove(removed...)
+		st.srv.store.Remove(st.hello.Node, removed...)
 	}
-	st.srv.store.Upsert(st.hello.Node, st.hello.ExtraMetrics, infos, c.Full)
+	st.srv.store.Upsert(store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics}, infos, c.Full)
+	return nil
+}
+
+// checkIDs returns an error naming the first pod id in b that the stream's
+// catalogue has not listed: checked before decoding, so that a batch of
+// unknown ids allocates no decoder state.
+func (st *streamState) checkIDs(b *pulsev1.SampleBatch) error {
+	known := func(id uint32) bool {
+		_, ok := st.ids[id]
+		return ok || st.rejected[id]
+	}
+	for _, id := range b.Pods {
+		if !known(id) {
+			return fmt.Errorf("batch %d names pod id %d, which the catalogue has not listed", b.Seq, id)
+		}
+	}
+	for _, m := range b.Missing {
+		if !known(m.Pod) {
+			return fmt.Errorf("batch %d names pod id %d, which the catalogue has not listed", b.Seq, m.Pod)
+		}
+	}
+	for _, x := range b.Extra {
+		if !known(x.Pod) {
+			return fmt.Errorf("batch %d names pod id %d, which the catalogue has not listed", b.Seq, x.Pod)
+		}
+	}
 	return nil
 }
 
 // batch stores a batch. A batch that does not decode ends the stream: the
 // two ends' encoding state no longer agree, and a new stream resets both.
 func (st *streamState) batch(b *pulsev1.SampleBatch) error {
+	if err := st.checkIDs(b); err != nil {
+		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
+		return err
+	}
 	samples, err := st.dec.Decode(st.samples[:0], b)
 	st.samples = samples
 	if err != nil {
@@ -312,6 +358,10 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	}
 	if dropped := st.srv.store.Add(reports); dropped > 0 {
 		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
+	}
+	if !st.heard {
+		st.heard = true
+		st.srv.store.MarkHeard(st.hello.Node)
 	}
 	return nil
 }

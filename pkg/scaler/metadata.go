@@ -22,7 +22,7 @@ type Trigger struct {
 	ActivationThreshold float64
 	ValueType           string // total or average
 	Aggregation         string // avg or max
-	MissingPods         string // conservative or ignore
+	MissingPods         string // hold, seed or ignore
 	Window              time.Duration
 	StaleAfter          time.Duration
 }
@@ -33,6 +33,8 @@ const (
 	DefaultThreshold  = 10
 	DefaultWindow     = 10 * time.Second
 	DefaultStaleAfter = 5 * time.Second
+	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
+	MinThreshold = 0.001
 )
 
 // workloadKeys map metadata keys to workload kinds; workspaceName is the
@@ -69,7 +71,7 @@ func (e *MetadataError) Unwrap() error { return e.Err }
 func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, resolver TargetResolver) (Trigger, error) {
 	md := ref.GetScalerMetadata()
 	t := Trigger{Metric: DefaultMetric, Threshold: DefaultThreshold, ValueType: "total", Aggregation: "avg",
-		MissingPods: "conservative", Window: DefaultWindow, StaleAfter: DefaultStaleAfter}
+		MissingPods: MissingHold, Window: DefaultWindow, StaleAfter: DefaultStaleAfter}
 
 	named := 0
 	for _, wk := range workloadKeys {
@@ -121,8 +123,10 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.Threshold, err = number(md, "threshold", t.Threshold); err != nil {
 		return t, err
 	}
-	if t.Threshold <= 0 {
-		return t, &MetadataError{Key: "threshold", Msg: "must be greater than 0"}
+	if t.Threshold < MinThreshold {
+		// KEDA renders the HPA's target in milli-units: a smaller one
+		// becomes 0, which the API server rejects.
+		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths)", MinThreshold)}
 	}
 	if t.ActivationThreshold, err = number(md, "activationThreshold", 0); err != nil {
 		return t, err
@@ -136,8 +140,11 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.Aggregation, err = oneOf(md, "aggregation", t.Aggregation, "avg", "max"); err != nil {
 		return t, err
 	}
-	if t.MissingPods, err = oneOf(md, "missingPods", t.MissingPods, "conservative", "ignore"); err != nil {
+	if t.MissingPods, err = oneOf(md, "missingPods", t.MissingPods, MissingHold, MissingSeed, MissingIgnore, "conservative"); err != nil {
 		return t, err
+	}
+	if t.MissingPods == "conservative" { // the name seed's rule had before hold existed
+		t.MissingPods = MissingSeed
 	}
 	if t.Window, err = duration(md, "window", t.Window); err != nil {
 		return t, err

@@ -6,7 +6,6 @@ package scaler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"regexp"
 	"strings"
@@ -28,6 +27,8 @@ type Server struct {
 	store     *store.Store
 	maxWindow time.Duration
 	resolver  TargetResolver // nil: triggers must name their workload
+	gate      func() error   // nil, or non-nil error while answers would be partial
+	decisions *recorder
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
 	recheck time.Duration
@@ -41,6 +42,21 @@ type Server struct {
 	open     atomic.Int64
 	closeMu  sync.Mutex
 	closing  bool // no stream may start once Shutdown has begun
+}
+
+// Options configure a Server.
+type Options struct {
+	// MaxWindow bounds the window a trigger may ask for.
+	MaxWindow time.Duration
+	// Resolver finds a trigger's workload from its ScaledObject when the
+	// metadata names none; nil: triggers must name their workload.
+	Resolver TargetResolver
+	// Gate, when set, is asked before every evaluation: while it returns an
+	// error (the aggregator is warming up), every answer is Unavailable
+	// with that error, and streams push nothing.
+	Gate func() error
+	// Now is the clock of the decision records (time.Now when nil).
+	Now func() time.Time
 }
 
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
@@ -64,11 +80,13 @@ func (s *Server) leave() { s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
-// New returns a Server reading st; window metadata may ask for at most
-// maxWindow. resolver may be nil.
-func New(st *store.Store, maxWindow time.Duration, resolver TargetResolver) *Server {
-	return &Server{store: st, maxWindow: maxWindow, resolver: resolver, recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond,
-		done: make(chan struct{})}
+// New returns a Server reading st.
+func New(st *store.Store, o Options) *Server {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, decisions: newRecorder(o.Now),
+		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{})}
 }
 
 // Shutdown ends every open stream with EOF (the handlers return nil), so
@@ -79,81 +97,6 @@ func (s *Server) Shutdown() {
 	s.closeMu.Unlock()
 	s.doneOnce.Do(func() { close(s.done) })
 	s.streams.Wait()
-}
-
-// Result is a trigger's evaluated value.
-type Result struct {
-	Value  float64 // what GetMetrics returns
-	Active bool
-}
-
-// Evaluate computes a trigger's value.
-func (s *Server) Evaluate(t Trigger) (Result, error) {
-	var podBuf [16]store.PodValue
-	var valBuf [16]float64
-	pods, found := s.store.Query(podBuf[:0], t.Workload, t.Metric, t.Window, t.StaleAfter)
-	if !found {
-		return Result{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
-	}
-	vals := valBuf[:0]
-	missing, reporting := 0, 0
-	for _, p := range pods {
-		if p.Reporting {
-			reporting++
-		}
-		if p.Defined {
-			vals = append(vals, p.Value)
-		} else {
-			missing++
-		}
-	}
-	if reporting == 0 {
-		// An error, so that KEDA applies its fallback: never a silent 0.
-		return Result{}, status.Errorf(codes.Unavailable, "%s: stale: no pod reported within staleAfter %s", describe(t), t.StaleAfter)
-	}
-	if len(vals) == 0 {
-		return Result{}, status.Errorf(codes.Unavailable, "%s: metric %q is not defined on any reporting pod (absent from the pages, or no requests finished in the window)", describe(t), t.Metric)
-	}
-	v := aggregate(vals, t.Aggregation)
-	if t.MissingPods == "conservative" && missing > 0 {
-		// A missing pod never causes a scale-down (it counts as 1.5×
-		// threshold when the others are at or below it) and never inflates
-		// a scale-up (it counts as 0 when they are above).
-		fill := 0.0
-		if v <= t.Threshold {
-			fill = 1.5 * t.Threshold
-		}
-		for range missing {
-			vals = append(vals, fill)
-		}
-		v = aggregate(vals, t.Aggregation)
-	}
-	if t.ValueType == "total" {
-		v *= float64(len(vals))
-	}
-	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return Result{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
-	}
-	return Result{Value: v, Active: v > t.ActivationThreshold}, nil
-}
-
-func aggregate(vals []float64, how string) float64 {
-	if how == "max" {
-		m := vals[0]
-		for _, v := range vals[1:] {
-			m = math.Max(m, v)
-		}
-		return m
-	}
-	var sum float64
-	for _, v := range vals {
-		sum += v
-	}
-	return sum / float64(len(vals))
-}
-
-func describe(t Trigger) string {
-	return fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name)
 }
 
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
@@ -195,11 +138,13 @@ func (s *Server) GetMetricSpec(_ context.Context, ref *externalscaler.ScaledObje
 
 // GetMetrics returns exactly one value (the HPA sums all values returned).
 func (s *Server) GetMetrics(_ context.Context, req *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
-	t, err := s.parse(req.GetScaledObjectRef())
+	ref := req.GetScaledObjectRef()
+	t, err := s.parse(ref)
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.Evaluate(t)
+	d, err := s.evaluate(t, true)
+	s.decisions.record(ref, t, d, err)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +155,7 @@ func (s *Server) GetMetrics(_ context.Context, req *externalscaler.GetMetricsReq
 	// KEDA reads the float when it is > 0 and the integer otherwise, so
 	// both say the same (KEDA keeps milli precision).
 	return &externalscaler.GetMetricsResponse{MetricValues: []*externalscaler.MetricValue{{
-		MetricName: name, MetricValueFloat: r.Value, MetricValue: int64(math.Round(r.Value)),
+		MetricName: name, MetricValueFloat: d.Value, MetricValue: int64(math.Round(d.Value)),
 	}}}, nil
 }
 
@@ -220,30 +165,32 @@ func (s *Server) IsActive(_ context.Context, ref *externalscaler.ScaledObjectRef
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.Evaluate(t)
+	d, err := s.evaluate(t, true)
+	s.decisions.record(ref, t, d, err)
 	if err != nil {
 		return nil, err
 	}
-	return &externalscaler.IsActiveResponse{Result: r.Active}, nil
+	return &externalscaler.IsActiveResponse{Result: d.Active}, nil
 }
 
 // StreamIsActive sends the current state at once, then every change, as soon
 // as the sample that causes it is stored. It returns nil (EOF for KEDA) when
-// the server shuts down, and returns when KEDA cancels.
+// the server shuts down, and returns when KEDA cancels. An evaluation that
+// fails (stale, warming up) sends nothing: KEDA's polls see the error.
 func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc.ServerStreamingServer[externalscaler.IsActiveResponse]) error {
 	t, err := s.parse(ref)
 	if err != nil {
 		return err
 	}
 	return s.watch(stream.Context(), t.Workload, func(sent bool, last bool) (bool, bool, error) {
-		r, err := s.Evaluate(t)
+		d, err := s.Evaluate(t)
 		if err != nil {
-			return last, false, nil // keep the stream; KEDA's polls see the error
-		}
-		if sent && r.Active == last {
 			return last, false, nil
 		}
-		return r.Active, true, stream.Send(&externalscaler.IsActiveResponse{Result: r.Active})
+		if sent && d.Active == last {
+			return last, false, nil
+		}
+		return d.Active, true, stream.Send(&externalscaler.IsActiveResponse{Result: d.Active})
 	})
 }
 
@@ -285,39 +232,55 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 	var sent, last bool
 	var woken time.Time // when a change last woke this stream
 	for {
-		changed := s.store.Changed(k) // before evaluating, so no change is missed
+		changed, release := s.store.Watch(k) // before evaluating, so no change is missed
 		next, didSend, err := step(sent, last)
+		if err == nil {
+			if didSend {
+				sent, last = true, next
+			}
+			err = s.wait(ctx, changed, tick.C, &woken)
+		}
+		release()
 		if err != nil {
+			if errors.Is(err, errShutdown) {
+				return nil
+			}
 			return err
 		}
-		if didSend {
-			sent, last = true, next
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.done:
-			return nil
-		case <-changed:
-			// Coalesce a burst of changes (every pod of a workload
-			// reporting in the same tick) into one evaluation: the first
-			// change is evaluated at once, later ones at most every minGap.
-			now := time.Now()
-			wait := s.minGap - now.Sub(woken)
-			woken = now
-			if wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				case <-s.done:
-					t.Stop()
-					return nil
-				case <-t.C:
-				}
-			}
-		case <-tick.C:
-		}
+	}
+}
+
+var errShutdown = errors.New("server shutting down")
+
+// wait returns when workload's change channel is closed (coalescing bursts:
+// the first change returns at once, later ones at most every minGap), when
+// tick fires, or with an error when ctx ends or the server shuts down.
+func (s *Server) wait(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time, woken *time.Time) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errShutdown
+	case <-tick:
+		return nil
+	case <-changed:
+	}
+	// Coalesce a burst of changes (every pod of a workload reporting in the
+	// same tick) into one evaluation.
+	now := time.Now()
+	wait := s.minGap - now.Sub(*woken)
+	*woken = now
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errShutdown
+	case <-t.C:
+		return nil
 	}
 }

@@ -55,7 +55,7 @@ func newFixtureWith(t *testing.T, resolver TargetResolver) *fixture {
 	t.Helper()
 	f := &fixture{clock: &clock{t: time.Unix(1_700_000_000, 0)}, ms: 1_700_000_000_000, resolver: resolver}
 	f.store = store.New(store.Options{Retention: time.Minute, Now: f.clock.Now})
-	f.server = New(f.store, time.Minute, f.resolver)
+	f.server = New(f.store, Options{MaxWindow: time.Minute, Resolver: f.resolver, Now: f.clock.Now})
 	f.server.recheck = 20 * time.Millisecond
 	lis := bufconn.Listen(1 << 20)
 	f.grpc = grpc.NewServer()
@@ -85,7 +85,7 @@ func (f *fixture) pods(names ...string) {
 	for _, n := range names {
 		infos = append(infos, store.PodInfo{UID: "uid-" + n, Namespace: "demo", Name: n, Ready: true, Workloads: []store.Key{llama}})
 	}
-	f.store.Upsert("node-1", nil, infos, false)
+	f.store.Upsert(store.Source{Node: "node-1"}, infos, false)
 }
 
 // report stores waiting values per pod name, one second after the last report.
@@ -165,53 +165,6 @@ func TestWindowAveragesGauges(t *testing.T) {
 	got, err = f.metric(t, map[string]string{"workspace": "llama", "window": "1500ms"})
 	if err != nil || got != 7 {
 		t.Fatalf("1.5s window = %v, %v; want the mean of the last two, 7", got, err)
-	}
-}
-
-func TestMissingPods(t *testing.T) {
-	tests := map[string]struct {
-		a, b        float64
-		missingPods string
-		want        float64
-	}{
-		// Reporting average 13.5 > 10: the silent pod counts as 0, so it
-		// does not inflate the scale-up: (12+15+0) = 27.
-		"above threshold counts 0": {a: 12, b: 15, want: 27},
-		// Reporting average 7 <= 10: the silent pod counts as 15, so it does
-		// not cause a scale-down: 6+8+15 = 29.
-		"at or below counts 1.5x": {a: 6, b: 8, want: 29},
-		"ignore leaves it out":    {a: 6, b: 8, missingPods: "ignore", want: 14},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			f := newFixture(t)
-			f.pods("a", "b", "c")
-			f.report(map[string]float64{"a": tc.a, "b": tc.b, "c": 100})
-			f.clock.Add(6 * time.Second) // c goes silent past staleAfter (5s)
-			f.report(map[string]float64{"a": tc.a, "b": tc.b})
-			md := map[string]string{"workspace": "llama", "window": "1s"}
-			if tc.missingPods != "" {
-				md["missingPods"] = tc.missingPods
-			}
-			got, err := f.metric(t, md)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != tc.want {
-				t.Fatalf("GetMetrics = %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestNotReadyPodCountsAsMissing(t *testing.T) {
-	f := newFixture(t)
-	f.pods("a", "b")
-	f.store.Upsert("node-1", nil, []store.PodInfo{{UID: "uid-c", Namespace: "demo", Name: "c", Ready: false, Workloads: []store.Key{llama}}}, false)
-	f.report(map[string]float64{"a": 4, "b": 6})
-	got, err := f.metric(t, map[string]string{"workspace": "llama", "valueType": "average"})
-	if err != nil || got != (4+6+15)/3.0 {
-		t.Fatalf("GetMetrics = %v, %v; want %v", got, err, (4+6+15)/3.0)
 	}
 }
 

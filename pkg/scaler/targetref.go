@@ -45,6 +45,14 @@ func NewInformerResolver(client dynamic.Interface) *InformerResolver {
 // Run runs the informer until ctx ends.
 func (r *InformerResolver) Run(ctx context.Context) { r.informer.Run(ctx.Done()) }
 
+// Ready returns nil once the cache has synced.
+func (r *InformerResolver) Ready() error {
+	if !r.informer.HasSynced() {
+		return errNotSynced
+	}
+	return nil
+}
+
 // errNotSynced: the cache is still filling.
 var errNotSynced = errors.New("the ScaledObject cache is not synced yet")
 

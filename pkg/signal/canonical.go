@@ -151,16 +151,29 @@ func (m Metric) Latest(series []Sample) (float64, bool) {
 type Monotonic struct {
 	last   Values
 	offset [NumIDs]float64
+	rebase bool
 }
+
+// Rebase says that the next values do not continue the earlier ones (they
+// come from another agent process, whose own reset handling started anew):
+// the next value continues the series with no increase, so the increase
+// over that one interval is lost rather than mistaken for a reset.
+func (m *Monotonic) Rebase() { m.rebase = true }
 
 // Adjust rewrites the counters of v in place.
 func (m *Monotonic) Adjust(v *Values) {
+	rebase := m.rebase
+	m.rebase = false
 	for id := ID(1); id < NumIDs; id++ {
 		if id.Kind() != Counter || !v.Has(id) {
 			continue
 		}
 		raw := v.V[id]
-		if last, ok := m.last.Get(id); ok && raw < last {
+		last, ok := m.last.Get(id)
+		switch {
+		case ok && rebase:
+			m.offset[id] += last - raw
+		case ok && raw < last:
 			m.offset[id] += last
 		}
 		m.last.Set(id, raw)

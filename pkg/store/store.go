@@ -6,6 +6,7 @@
 package store
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -32,7 +33,19 @@ type Key struct{ Namespace, Kind, Name string }
 type PodInfo struct {
 	UID, Namespace, Name string
 	Workloads            []Key
-	Ready                bool
+	// Ready: the pod's Ready condition is true; a pod that is not ready is
+	// starting (loading its model).
+	Ready bool
+	// Terminating: the pod is being deleted.
+	Terminating bool
+}
+
+// Source is the agent stream that lists pods: its node, its process
+// instance (a new one means its counters start a new series) and the names
+// of the extra gauges it forwards.
+type Source struct {
+	Node, Instance string
+	ExtraNames     []string
 }
 
 // Sample is one report of a pod: its values, or why it has none.
@@ -76,18 +89,27 @@ type Store struct {
 	// watchMu guards watches; it is taken after mu (never before), so that
 	// watchers do not contend for mu.
 	watchMu sync.Mutex
-	watches map[Key]chan struct{} // closed at the workload's next change
+	watches map[Key]*watch
+}
+
+// watch is the channel closed at a workload's next change, and how many
+// watchers hold it: the entry goes when the last one leaves.
+type watch struct {
+	ch      chan struct{}
+	holders int
 }
 
 // source is one node's agent as the store knows it.
 type source struct {
 	streams  int       // open streams
 	closedAt time.Time // when the last one closed
+	heard    bool      // a batch has arrived from it since the store started
 }
 
 type pod struct {
 	PodInfo
-	source     string // the stream that reports it (node/instance)
+	sources    []string // the nodes whose agents list it (almost always one)
+	instance   string   // the agent process whose counters the series carries
 	extraNames []string
 
 	series   []signal.Sample // oldest first; counters monotonic
@@ -96,6 +118,10 @@ type pod struct {
 	lastSeen time.Time // aggregator clock of the last successful sample
 	missing  string
 	errText  string
+	// capCutMs is the time of the newest sample dropped because MaxSamples
+	// was reached (not because it aged out): a window reaching back past it
+	// is cut short.
+	capCutMs int64
 }
 
 // New returns an empty store.
@@ -119,7 +145,7 @@ func New(opts Options) *Store {
 		opts:      opts,
 		workloads: make(map[Key]map[string]*pod),
 		sources:   make(map[string]*source),
-		watches:   make(map[Key]chan struct{}),
+		watches:   make(map[Key]*watch),
 		now:       opts.Now,
 	}
 	// The eviction callback runs with mu held, inside Add, Upsert or
@@ -156,27 +182,88 @@ func (s *Store) CloseSource(node string) {
 	}
 }
 
-// sweep drops the pods of nodes disconnected for longer than Expiry; it
-// runs at most every few seconds, with mu held for writing.
-func (s *Store) sweep(now time.Time) {
-	if now.Sub(s.lastSweep) < 5*time.Second {
+// MarkHeard records that a batch has arrived from node's agent.
+func (s *Store) MarkHeard(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if src := s.sources[node]; src != nil {
+		src.heard = true
+	}
+}
+
+// HeardSources is the number of agents a batch has arrived from since the
+// store started (connected now or not).
+func (s *Store) HeardSources() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, src := range s.sources {
+		if src.heard {
+			n++
+		}
+	}
+	return n
+}
+
+// Sweep drops the pods of nodes disconnected for longer than Expiry. Readers
+// already leave such pods out; Sweep frees them. The aggregator calls it on
+// a timer; Upsert calls it too, at most every few seconds.
+func (s *Store) Sweep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(s.now(), true)
+}
+
+// sweep is Sweep with mu held for writing; unless forced it runs at most
+// every few seconds.
+func (s *Store) sweep(now time.Time, force bool) {
+	if !force && now.Sub(s.lastSweep) < 5*time.Second {
 		return
 	}
 	s.lastSweep = now
-	var gone []string
+	expired := map[string]bool{}
 	for node, src := range s.sources {
-		if src.streams == 0 && now.Sub(src.closedAt) > s.opts.Expiry {
+		if s.expiredSource(src, now) {
+			expired[node] = true
 			delete(s.sources, node)
-			for _, uid := range s.pods.Keys() {
-				if p, ok := s.pods.Peek(uid); ok && p.source == node {
-					gone = append(gone, uid)
-				}
-			}
 		}
 	}
-	for _, uid := range gone {
-		s.pods.Remove(uid) // the eviction callback unlinks it
+	if len(expired) == 0 {
+		return
 	}
+	for _, uid := range s.pods.Keys() {
+		p, _ := s.pods.Peek(uid)
+		for node := range expired {
+			p.sources = without(p.sources, node)
+		}
+		if len(p.sources) == 0 {
+			s.pods.Remove(uid) // the eviction callback unlinks it
+		}
+	}
+}
+
+func (s *Store) expiredSource(src *source, now time.Time) bool {
+	return src.streams == 0 && now.Sub(src.closedAt) > s.opts.Expiry
+}
+
+// expired reports whether every agent that lists p has been disconnected
+// for longer than Expiry; mu must be held.
+func (s *Store) expired(p *pod, now time.Time) bool {
+	for _, node := range p.sources {
+		if src := s.sources[node]; src == nil || !s.expiredSource(src, now) {
+			return false
+		}
+	}
+	return len(p.sources) > 0
+}
+
+func without(list []string, v string) []string {
+	for i, x := range list {
+		if x == v {
+			return append(list[:i], list[i+1:]...)
+		}
+	}
+	return list
 }
 
 // Evicted is the number of pods evicted because MaxPods was reached.
@@ -186,17 +273,33 @@ func (s *Store) Evicted() int {
 	return s.evicted
 }
 
-// Changed returns a channel that is closed at the next change of workload k:
-// a sample of one of its pods, or a pod joining, leaving or changing.
-func (s *Store) Changed(k Key) <-chan struct{} {
+// Watch returns a channel that is closed at the next change of workload k
+// (a sample of one of its pods, or a pod joining, leaving or changing), and
+// a release function the watcher must call when it stops waiting on it.
+func (s *Store) Watch(k Key) (changed <-chan struct{}, release func()) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
-	ch := s.watches[k]
-	if ch == nil {
-		ch = make(chan struct{})
-		s.watches[k] = ch
+	w := s.watches[k]
+	if w == nil {
+		w = &watch{ch: make(chan struct{})}
+		s.watches[k] = w
 	}
-	return ch
+	w.holders++
+	return w.ch, func() {
+		s.watchMu.Lock()
+		defer s.watchMu.Unlock()
+		w.holders--
+		if w.holders == 0 && s.watches[k] == w {
+			delete(s.watches, k)
+		}
+	}
+}
+
+// Watches is the number of workloads being watched now.
+func (s *Store) Watches() int {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	return len(s.watches)
 }
 
 // notify wakes the watchers of p's workloads; mu must be held for writing.
@@ -212,16 +315,16 @@ func (s *Store) notifyLocked(p *pod) {
 		return
 	}
 	for _, k := range p.Workloads {
-		if ch := s.watches[k]; ch != nil {
-			close(ch)
+		if w := s.watches[k]; w != nil {
+			close(w.ch)
 			delete(s.watches, k)
 		}
 	}
 }
 
-// Upsert adds or updates pods reported by source. With full set, pods of the
-// same source that are not listed are removed.
-func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full bool) {
+// Upsert adds or updates pods listed by src. With full set, src no longer
+// lists the pods it does not name; a pod no agent lists is removed.
+func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	listed := make(map[string]bool, len(pods))
@@ -238,26 +341,48 @@ func (s *Store) Upsert(source string, extraNames []string, pods []PodInfo, full 
 			s.unlink(p)
 		}
 		p.PodInfo = info
-		p.source = source
-		p.extraNames = extraNames
+		if !slices.Contains(p.sources, src.Node) {
+			p.sources = append(p.sources, src.Node)
+		}
+		if p.instance != "" && p.instance != src.Instance {
+			// Another agent process: its cumulative values do not continue
+			// the series, so no increase is counted across the change.
+			p.mono.Rebase()
+		}
+		p.instance = src.Instance
+		p.extraNames = src.ExtraNames
 		s.link(p)
 		s.notify(p)
 	}
 	if full {
 		for _, uid := range s.pods.Keys() {
-			if p, _ := s.pods.Peek(uid); p.source == source && !listed[uid] {
-				s.pods.Remove(uid)
+			if listed[uid] {
+				continue
+			}
+			if p, _ := s.pods.Peek(uid); slices.Contains(p.sources, src.Node) {
+				s.unlist(uid, p, src.Node)
 			}
 		}
 	}
-	s.sweep(s.now())
+	s.sweep(s.now(), false)
 }
 
-// Remove deletes pods by uid.
-func (s *Store) Remove(uids ...string) {
+// Remove records that node's agent no longer lists the pods uids; a pod that
+// no agent lists any more is removed.
+func (s *Store) Remove(node string, uids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, uid := range uids {
+		if p, ok := s.pods.Peek(uid); ok {
+			s.unlist(uid, p, node)
+		}
+	}
+}
+
+// unlist takes node off p's list; mu must be held for writing.
+func (s *Store) unlist(uid string, p *pod, node string) {
+	p.sources = without(p.sources, node)
+	if len(p.sources) == 0 {
 		s.pods.Remove(uid) // the eviction callback unlinks it
 	}
 }
@@ -348,6 +473,7 @@ func (p *pod) trim(o Options) {
 		cut-- // keep the sample just before the retention
 	}
 	if over := n - o.MaxSamples; over > cut {
+		p.capCutMs = p.series[over-1].TimeMs
 		cut = over
 	}
 	if cut == 0 {

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -21,7 +23,7 @@ func report(uid string, ms int64, waiting float64) Report {
 
 func TestPodInSeveralWorkloads(t *testing.T) {
 	s := New(Options{})
-	s.Upsert("node-1", nil, []PodInfo{{UID: "u1", Namespace: "ns", Name: "p1", Ready: true, Workloads: []Key{ws, is}}}, true)
+	s.Upsert(Source{Node: "node-1"}, []PodInfo{{UID: "u1", Namespace: "ns", Name: "p1", Ready: true, Workloads: []Key{ws, is}}}, true)
 	s.Add([]Report{report("u1", 1000, 3)})
 	views := s.View(ViewOptions{FreshFor: time.Minute})
 	if len(views) != 2 {
@@ -36,10 +38,10 @@ func TestPodInSeveralWorkloads(t *testing.T) {
 
 func TestFullCatalogueReplacesThatNodesPods(t *testing.T) {
 	s := New(Options{})
-	s.Upsert("node-1", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
-	s.Upsert("node-2", nil, []PodInfo{{UID: "c", Namespace: "ns", Name: "c", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "node-1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "node-2"}, []PodInfo{{UID: "c", Namespace: "ns", Name: "c", Workloads: []Key{ws}}}, true)
 	// node-1's agent restarts and lists only a.
-	s.Upsert("node-1", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "node-1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
 	if n := s.Pods(); n != 2 {
 		t.Fatalf("%d pods, want a and c", n)
 	}
@@ -50,9 +52,11 @@ func TestFullCatalogueReplacesThatNodesPods(t *testing.T) {
 
 func TestRetentionAndChangeNotification(t *testing.T) {
 	s := New(Options{Retention: 5 * time.Second, MaxSamples: 100})
-	s.Upsert("n", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
-	changed := s.Changed(ws)
-	other := s.Changed(is)
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	changed, release := s.Watch(ws)
+	defer release()
+	other, releaseOther := s.Watch(is)
+	defer releaseOther()
 	for i := range 20 {
 		s.Add([]Report{report("a", int64(i)*1000, float64(i))})
 	}
@@ -83,7 +87,7 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 func TestMissingAndFreshness(t *testing.T) {
 	now := time.Unix(100, 0)
 	s := New(Options{Now: func() time.Time { return now }})
-	s.Upsert("n", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
 	s.Add([]Report{report("a", 1000, 2)})
 	s.Add([]Report{{UID: "a", Sample: Sample{TimeMs: 2000, Missing: "timeout", Error: "scrape timed out"}}})
 	v := s.View(ViewOptions{FreshFor: time.Second})[0]
@@ -94,8 +98,8 @@ func TestMissingAndFreshness(t *testing.T) {
 		t.Fatal("a missing pod entered the average")
 	}
 	pods, _ := s.Query(nil, ws, "waiting", 10*time.Second, time.Second)
-	if pods[0].Reporting || pods[0].Defined {
-		t.Fatalf("query = %+v: want not reporting", pods[0])
+	if pods[0].State != PodMissing || pods[0].Reason != "timeout" {
+		t.Fatalf("query = %+v: want missing (timeout)", pods[0])
 	}
 }
 
@@ -109,9 +113,9 @@ func TestMaxPodsEvictsTheLeastRecentlyListed(t *testing.T) {
 	info := func(uid string) PodInfo {
 		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
 	}
-	s.Upsert("n", nil, []PodInfo{info("a"), info("b")}, false)
-	s.Upsert("n", nil, []PodInfo{info("a")}, false) // a is listed again; b is not
-	s.Upsert("n", nil, []PodInfo{info("c")}, false)
+	s.Upsert(Source{Node: "n"}, []PodInfo{info("a"), info("b")}, false)
+	s.Upsert(Source{Node: "n"}, []PodInfo{info("a")}, false) // a is listed again; b is not
+	s.Upsert(Source{Node: "n"}, []PodInfo{info("c")}, false)
 	if s.Pods() != 2 || s.Evicted() != 1 || s.peek("b") != nil {
 		t.Fatalf("pods %d evicted %d b %v: want b evicted", s.Pods(), s.Evicted(), s.peek("b"))
 	}
@@ -125,19 +129,123 @@ func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
 	s.OpenSource("n1")
 	s.OpenSource("n2")
-	s.Upsert("n1", nil, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
-	s.Upsert("n2", nil, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
 	s.OpenSource("n1") // a restarted agent's new stream opens before the old one closes
 	s.CloseSource("n1")
 	now = now.Add(2 * time.Minute)
-	s.Upsert("n2", nil, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
 	if s.Pods() != 2 {
 		t.Fatalf("%d pods: a connected agent's pods expired", s.Pods())
 	}
 	s.CloseSource("n1")
 	now = now.Add(2 * time.Minute)
-	s.Upsert("n2", nil, nil, false)
+	s.Upsert(Source{Node: "n2"}, nil, false)
 	if s.Pods() != 1 || s.peek("a") != nil {
 		t.Fatalf("%d pods: the disconnected agent's pod did not expire", s.Pods())
+	}
+}
+
+// TestDeadNodesPodsGoWithoutCatalogueTraffic: a node that died kept its pods
+// counted until some other agent changed its catalogue. Readers now leave
+// them out once --pod-expiry has passed, and Sweep drops them.
+func TestDeadNodesPodsGoWithoutCatalogueTraffic(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	s.OpenSource("n1")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	s.CloseSource("n1")
+	now = now.Add(30 * time.Second)
+	if pods, found := s.Query(nil, ws, "waiting", time.Second, time.Second); !found || pods[0].State != PodMissing {
+		t.Fatalf("within --pod-expiry the pod is held as missing: %v %+v", found, pods)
+	}
+	now = now.Add(5 * time.Minute)
+	if pods, found := s.Query(nil, ws, "waiting", time.Second, time.Second); found {
+		t.Fatalf("a dead node's pod is still counted: %+v", pods)
+	}
+	if v := s.View(ViewOptions{}); len(v) != 0 {
+		t.Fatalf("the debug view still shows %+v", v)
+	}
+	s.Sweep()
+	if s.Pods() != 0 {
+		t.Fatalf("%d pods after Sweep", s.Pods())
+	}
+}
+
+// TestWatchEntriesGoWithTheirLastWatcher: Changed(k) left an entry per
+// workload name ever asked about (10,000 cancelled streams, 10,000 entries).
+func TestWatchEntriesGoWithTheirLastWatcher(t *testing.T) {
+	s := New(Options{})
+	var releases []func()
+	for i := range 10000 {
+		_, release := s.Watch(Key{Namespace: "ns", Kind: KindWorkspace, Name: fmt.Sprint(i)})
+		releases = append(releases, release)
+	}
+	_, again := s.Watch(Key{Namespace: "ns", Kind: KindWorkspace, Name: "0"})
+	for _, r := range releases {
+		r()
+	}
+	if n := s.Watches(); n != 1 {
+		t.Fatalf("%d watch entries left, want the one still held", n)
+	}
+	again()
+	if n := s.Watches(); n != 0 {
+		t.Fatalf("%d watch entries left", n)
+	}
+	// A release after the channel fired does not drop a newer watcher's entry.
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, false)
+	ch, old := s.Watch(ws)
+	s.Add([]Report{report("a", 1, 1)})
+	<-ch
+	_, current := s.Watch(ws)
+	old()
+	if n := s.Watches(); n != 1 {
+		t.Fatalf("%d entries, want the current watcher's", n)
+	}
+	current()
+}
+
+// TestRemoveByOneAgentKeepsAnotherAgentsPod: one agent's remove deleted the
+// pod globally although another agent still listed it.
+func TestRemoveByOneAgentKeepsAnotherAgentsPod(t *testing.T) {
+	s := New(Options{})
+	info := PodInfo{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{info}, false)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{info}, false)
+	s.Remove("n1", "a")
+	if s.Pods() != 1 {
+		t.Fatal("n1's remove deleted a pod n2 still lists")
+	}
+	s.Upsert(Source{Node: "n1"}, nil, true) // a full catalogue without it: no effect either
+	if s.Pods() != 1 {
+		t.Fatal("n1's full catalogue deleted a pod n2 still lists")
+	}
+	s.Remove("n2", "a")
+	if s.Pods() != 0 {
+		t.Fatal("a pod no agent lists is kept")
+	}
+}
+
+// TestNewAgentInstanceCountsNoIncreaseAcrossIt: a restarted agent starts its
+// per-series reset handling anew, so its cumulative values may be lower; no
+// increase (and no reset spike) is counted across the change of instance.
+func TestNewAgentInstanceCountsNoIncreaseAcrossIt(t *testing.T) {
+	s := New(Options{})
+	info := PodInfo{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}
+	tokens := func(ms int64, v float64) Report {
+		r := Report{UID: "a"}
+		r.TimeMs = ms
+		r.Values.Set(signal.GenerationTokens, v)
+		return r
+	}
+	s.Upsert(Source{Node: "n1", Instance: "one"}, []PodInfo{info}, true)
+	s.Add([]Report{tokens(1000, 5000), tokens(2000, 5100)})
+	s.Upsert(Source{Node: "n1", Instance: "two"}, []PodInfo{info}, true)
+	s.Add([]Report{tokens(3000, 1200), tokens(4000, 1300)})
+	pods, _ := s.Query(nil, ws, "generationTokensPerSecond", 10*time.Second, time.Hour)
+	// 100 tokens/s before, none counted across the restart, 100/s after:
+	// 200 tokens over 3 s.
+	if got := pods[0].Value; math.Abs(got-200.0/3) > 1e-9 {
+		t.Fatalf("rate %v, want %v (no spike across the agent restart)", got, 200.0/3)
 	}
 }

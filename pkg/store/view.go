@@ -10,9 +10,10 @@ import (
 
 // PodView is one pod as readers see it.
 type PodView struct {
-	UID   string
-	Name  string
-	Ready bool
+	UID         string
+	Name        string
+	Ready       bool
+	Terminating bool
 	// Fresh: a successful sample arrived within the freshness bound.
 	Fresh bool
 	// Age since the last successful sample; negative when there was none.
@@ -59,6 +60,9 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 		sums := map[string]float64{}
 		counts := map[string]int{}
 		for _, p := range pods {
+			if s.expired(p, now) {
+				continue
+			}
 			pv := p.view(now, o)
 			w.Pods = append(w.Pods, pv)
 			if !pv.Fresh {
@@ -71,6 +75,9 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 		}
 		for name, sum := range sums {
 			w.Averages[name] = sum / float64(counts[name])
+		}
+		if len(w.Pods) == 0 {
+			continue
 		}
 		sort.Slice(w.Pods, func(i, j int) bool { return w.Pods[i].Name < w.Pods[j].Name })
 		out = append(out, w)
@@ -89,7 +96,7 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 }
 
 func (p *pod) view(now time.Time, o ViewOptions) PodView {
-	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Age: -1, Missing: p.missing, Error: p.errText,
+	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Age: -1, Missing: p.missing, Error: p.errText,
 		Values: map[string]float64{}}
 	if !p.lastSeen.IsZero() {
 		pv.Age = now.Sub(p.lastSeen)
@@ -139,14 +146,52 @@ func (p *pod) extra(i int, window time.Duration) (float64, bool) {
 	return sum / float64(cnt), true
 }
 
+// PodState is how a scaler may use a pod's value.
+type PodState uint8
+
+const (
+	// PodCounted: ready, reporting, and its value is defined.
+	PodCounted PodState = iota + 1
+	// PodStarting: not ready (loading its model); it has no demand of its own.
+	PodStarting
+	// PodTerminating: being deleted; left out entirely, as the HPA does.
+	PodTerminating
+	// PodMissing: ready, but no successful sample within the freshness
+	// bound (the scrape fails, the agent is gone, or none arrived yet).
+	PodMissing
+	// PodUndefined: reporting, but the metric has no value over the window
+	// (absent from its page, or a ratio with no request finished).
+	PodUndefined
+)
+
+var podStateNames = [...]string{PodCounted: "counted", PodStarting: "starting", PodTerminating: "terminating",
+	PodMissing: "missing", PodUndefined: "undefined"}
+
+func (s PodState) String() string {
+	if int(s) < len(podStateNames) && podStateNames[s] != "" {
+		return podStateNames[s]
+	}
+	return "unknown"
+}
+
 // PodValue is one pod's value of one metric, for a scaler.
 type PodValue struct {
-	// Reporting: ready, and a successful sample within the freshness bound.
-	Reporting bool
-	// Defined: the pod's value is known (it is reporting and the metric
-	// is defined over the window).
-	Defined bool
-	Value   float64
+	Name  string
+	State PodState
+	// Value is defined when State is PodCounted.
+	Value float64
+	// Reason says why a PodMissing pod has no value: a scrape failure
+	// (timeout, connect, ...), "stale", or "no sample yet".
+	Reason string
+	// Idle (PodUndefined): no request is waiting or running on the pod, so
+	// an undefined rate or ratio means no load, not an unknown one.
+	Idle bool
+	// Truncated (PodCounted): the window reaches back past the samples kept
+	// (MaxSamples), so the value covers only SpanMs of it.
+	Truncated bool
+	SpanMs    int64
+	// Samples is the number of samples held for the pod.
+	Samples int
 }
 
 // Query appends to dst one metric over window for every pod of workload k.
@@ -157,24 +202,66 @@ func (s *Store) Query(dst []PodValue, k Key, metric string, window, freshFor tim
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	members := s.workloads[k]
-	if len(members) == 0 {
-		return dst, false
-	}
 	pods = dst
-	for _, p := range members {
-		var pv PodValue
-		pv.Reporting = p.Ready && p.missing == "" && !p.lastSeen.IsZero() && now.Sub(p.lastSeen) <= freshFor
-		if pv.Reporting {
+	for _, p := range s.workloads[k] {
+		if s.expired(p, now) {
+			continue // its agent is gone for good; Sweep will drop it
+		}
+		pv := PodValue{Name: p.Name, Samples: len(p.series)}
+		switch {
+		case p.Terminating:
+			pv.State = PodTerminating
+		case !p.Ready:
+			pv.State = PodStarting
+		case p.missing != "":
+			pv.State, pv.Reason = PodMissing, p.missing
+		case p.lastSeen.IsZero():
+			pv.State, pv.Reason = PodMissing, "no sample yet"
+		case now.Sub(p.lastSeen) > freshFor:
+			pv.State, pv.Reason = PodMissing, "stale"
+		default:
+			defined := false
 			if isCanon {
-				pv.Value, pv.Defined = p.value(canon, window)
+				pv.Value, defined = p.value(canon, window)
 			} else if i := indexOf(p.extraNames, metric); i >= 0 {
-				pv.Value, pv.Defined = p.extra(i, window)
+				pv.Value, defined = p.extra(i, window)
+			}
+			pv.State = PodUndefined
+			if defined {
+				pv.State = PodCounted
+				p.checkSpan(&pv, window)
+			} else if isCanon && canon.Rule != signal.RuleGauge {
+				pv.Idle = p.idle()
 			}
 		}
 		pods = append(pods, pv)
 	}
-	return pods, true
+	return pods, len(pods) > len(dst)
+}
+
+// checkSpan marks pv truncated when samples of the window were dropped by
+// the MaxSamples cap.
+func (p *pod) checkSpan(pv *PodValue, window time.Duration) {
+	if window <= 0 || p.capCutMs == 0 || len(p.series) == 0 {
+		return
+	}
+	last := p.series[len(p.series)-1].TimeMs
+	if p.capCutMs > last-window.Milliseconds() {
+		pv.Truncated = true
+		pv.SpanMs = last - p.series[0].TimeMs
+	}
+}
+
+// idle reports whether the pod's latest sample shows no request waiting or
+// running.
+func (p *pod) idle() bool {
+	if len(p.series) == 0 {
+		return false
+	}
+	v := &p.series[len(p.series)-1].Values
+	w, okW := v.Get(signal.Waiting)
+	r, okR := v.Get(signal.Running)
+	return (okW || okR) && w == 0 && r == 0
 }
 
 func indexOf(names []string, name string) int {

@@ -45,6 +45,7 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 	o := aggregator.NewOptions()
 	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	o.IngestTLSCert, o.IngestTLSKey = files[0], files[1]
+	o.Warmup = 0
 	agg := runAggregator(t, o, func(a *aggregator.Aggregator) {
 		tr, err := ingest.NewTokenReviewer(serverAPI, "pulse", []string{"pulse-system/pulse-agent"})
 		if err != nil {

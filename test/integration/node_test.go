@@ -333,6 +333,9 @@ func writeTargets(t *testing.T, file string, pods []simPod) {
 	targets := "targets:\n"
 	for _, p := range pods {
 		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: %s\n", p.name, p.workload, p.url)
+		if p.state != "" {
+			targets += "  " + p.state + "\n" // e.g. "ready: false" or "terminating: true"
+		}
 	}
 	if err := writeFile(file, targets); err != nil {
 		t.Fatal(err)

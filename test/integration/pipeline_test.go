@@ -31,6 +31,7 @@ func startAggregator(t *testing.T, ingestAddr string) (a *aggregator.Aggregator,
 	t.Helper()
 	o := aggregator.NewOptions()
 	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = ingestAddr, "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup = 0 // answer at once: these tests are about the values
 	return startAggregatorWith(t, o, nil)
 }
 
@@ -71,6 +72,7 @@ func startAggregatorWith(t *testing.T, o *aggregator.Options, before func(*aggre
 
 type simPod struct {
 	name, workload string
+	state          string // a static target's extra line: "ready: false", "terminating: true"
 	sim            *vllmsim.Server
 	url            string
 }

@@ -703,13 +703,18 @@ func (x *Workload) GetName() string {
 
 // Pod is one catalogue entry. The id is small and stream-scoped.
 type Pod struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Uid           string                 `protobuf:"bytes,2,opt,name=uid,proto3" json:"uid,omitempty"`
-	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	Workloads     []*Workload            `protobuf:"bytes,5,rep,name=workloads,proto3" json:"workloads,omitempty"`
-	Ready         bool                   `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Uid       string                 `protobuf:"bytes,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Namespace string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Workloads []*Workload            `protobuf:"bytes,5,rep,name=workloads,proto3" json:"workloads,omitempty"`
+	// Ready: the pod's Ready condition is true (it serves traffic). A pod that
+	// is not ready is starting (loading its model) and is not scraped.
+	Ready bool `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Terminating: the pod is being deleted (deletionTimestamp set). It is
+	// not scraped, and scalers leave it out entirely, as the HPA does.
+	Terminating   bool `protobuf:"varint,7,opt,name=terminating,proto3" json:"terminating,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +787,13 @@ func (x *Pod) GetWorkloads() []*Workload {
 func (x *Pod) GetReady() bool {
 	if x != nil {
 		return x.Ready
+	}
+	return false
+}
+
+func (x *Pod) GetTerminating() bool {
+	if x != nil {
+		return x.Terminating
 	}
 	return false
 }
@@ -1158,14 +1170,15 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\"J\n" +
 	"\bWorkload\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.pulse.v1.WorkloadKindR\x04kind\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xa1\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xc3\x01\n" +
 	"\x03Pod\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x120\n" +
 	"\tworkloads\x18\x05 \x03(\v2\x12.pulse.v1.WorkloadR\tworkloads\x12\x14\n" +
-	"\x05ready\x18\x06 \x01(\bR\x05ready\"^\n" +
+	"\x05ready\x18\x06 \x01(\bR\x05ready\x12 \n" +
+	"\vterminating\x18\a \x01(\bR\vterminating\"^\n" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +

@@ -1,0 +1,238 @@
+package aggregator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// start runs an aggregator on loopback until the test ends.
+func start(t *testing.T, mutate func(*Options)) *Aggregator {
+	t.Helper()
+	o := NewOptions()
+	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	mutate(o)
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func httpStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	for range 100 {
+		resp, err := http.Get(url)
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	t.Fatalf("GET %s never answered", url)
+	return 0, ""
+}
+
+func healthOf(t *testing.T, conn *grpc.ClientConn, service string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("health %q: %v", service, err)
+	}
+	return r.Status
+}
+
+// report opens an agent stream for node and reports one pod of Workspace
+// llama waiting w; the stream stays open until the test ends.
+func report(t *testing.T, addr, node string, w float64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := pulsev1.NewIngestClient(dial(t, addr)).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(m *pulsev1.AgentMessage) {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}})
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Full: true, Upsert: []*pulsev1.Pod{{
+		Id: 1, Uid: "uid-" + node, Namespace: "demo", Name: "llama-" + node, Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}}}}})
+	var b pulsev1.SampleBatch
+	b.Seq, b.TimeUnixMs = 1, time.Now().UnixMilli()
+	s := wire.Sample{Pod: 1}
+	s.Values.Set(signal.Waiting, w)
+	wire.NewEncoder().Append(&b, &s)
+	send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}})
+	if _, err := stream.Recv(); err != nil { // the ack: the batch is stored
+		t.Fatal(err)
+	}
+}
+
+func getMetrics(conn *grpc.ClientConn) (float64, error) {
+	resp, err := externalscaler.NewExternalScalerClient(conn).GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
+		ScaledObjectRef: &externalscaler.ScaledObjectRef{Name: "so", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama"}}})
+	if err != nil {
+		return 0, err
+	}
+	return resp.MetricValues[0].MetricValueFloat, nil
+}
+
+// TestWarmupHoldsAnswersUntilTheAgentsAreBack: after a restart, GetMetrics
+// answered from whatever agents had reconnected (40 of a true 60, no
+// error). A starting aggregator now stays unready and answers Unavailable
+// until the agents it expects have reported (or the warm-up has passed).
+func TestWarmupHoldsAnswersUntilTheAgentsAreBack(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup, o.ExpectedAgents = time.Hour, 3 })
+	scaler, ingest := dial(t, a.ScalerAddr()), a.IngestAddr()
+	if code, body := httpStatus(t, "http://"+a.HTTPAddr()+"/readyz"); code != 503 || !strings.Contains(body, "0 of 3 agents") {
+		t.Fatalf("/readyz = %d %q during the warm-up", code, body)
+	}
+	if code, _ := httpStatus(t, "http://"+a.HTTPAddr()+"/livez"); code != 200 {
+		t.Fatalf("/livez = %d: a warming-up aggregator is live", code)
+	}
+	for _, svc := range []string{"readiness", ""} {
+		if st := healthOf(t, scaler, svc); st != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("health %q = %v during the warm-up", svc, st)
+		}
+	}
+	if st := healthOf(t, dial(t, ingest), "liveness"); st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("liveness = %v", st)
+	}
+	report(t, ingest, "node-1", 20)
+	report(t, ingest, "node-2", 20)
+	if _, err := getMetrics(scaler); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "2 of 3 agents") {
+		t.Fatalf("GetMetrics with 2 of 3 agents back: %v; want Unavailable, never the partial 40", err)
+	}
+	report(t, ingest, "node-3", 20)
+	if v, err := getMetrics(scaler); err != nil || v != 60 {
+		t.Fatalf("GetMetrics with every agent back = %v, %v; want 60", v, err)
+	}
+	if code, _ := httpStatus(t, "http://"+a.HTTPAddr()+"/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d after the warm-up", code)
+	}
+	if st := healthOf(t, scaler, "readiness"); st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("readiness = %v after the warm-up", st)
+	}
+	if _, err := healthpb.NewHealthClient(scaler).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "other"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown health service: %v", err)
+	}
+}
+
+// TestWarmupEndsAfterItsDuration: with no expected count, the warm-up ends
+// when its duration has passed.
+func TestWarmupEndsAfterItsDuration(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup = 300 * time.Millisecond })
+	scaler := dial(t, a.ScalerAddr())
+	report(t, a.IngestAddr(), "node-1", 7)
+	if _, err := getMetrics(scaler); status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetMetrics at once: %v, want Unavailable", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := getMetrics(scaler)
+		if err == nil {
+			if v != 7 {
+				t.Fatalf("GetMetrics = %v", v)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLivezFailsWhenHousekeepingStalls: /livez reflects a stalled loop.
+func TestLivezFailsWhenHousekeepingStalls(t *testing.T) {
+	h := newHealth(time.Second)
+	if err := h.live(); err != nil {
+		t.Fatal(err)
+	}
+	h.lastTick.Store(time.Now().Add(-2 * time.Second).UnixNano())
+	if err := h.live(); err == nil || !strings.Contains(err.Error(), "stalled") {
+		t.Fatalf("live() = %v after a 2s stall of a 1s loop", err)
+	}
+	h.tick()
+	h.addCheck("thing", func() error { return io.EOF })
+	if err := h.ready(); err == nil || !strings.Contains(err.Error(), "thing: EOF") {
+		t.Fatalf("ready() = %v", err)
+	}
+}
+
+// TestWarmupExpectsTheAgentDaemonSet: with --agent-daemonset, the number of
+// agents waited for is the DaemonSet's desiredNumberScheduled.
+func TestWarmupExpectsTheAgentDaemonSet(t *testing.T) {
+	st := store.New(store.Options{})
+	w := newWarmup(st, time.Hour, 0, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kube := fake.NewClientset(&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "pulse-agent", Namespace: "pulse-system"},
+		Status: appsv1.DaemonSetStatus{DesiredNumberScheduled: 2}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.followDaemonSet(ctx, kube, "pulse-system", "pulse-agent")
+	for _, node := range []string{"n1", "n2"} {
+		st.OpenSource(node)
+		st.MarkHeard(node)
+		deadline := time.Now().Add(10 * time.Second)
+		for w.expected.Load() != 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		err := w.check()
+		if node == "n1" && (err == nil || !strings.Contains(err.Error(), "1 of 2 agents")) {
+			t.Fatalf("one of two agents heard: %v", err)
+		}
+		if node == "n2" && err != nil {
+			t.Fatalf("both agents heard: %v", err)
+		}
+	}
+}

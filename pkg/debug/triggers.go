@@ -1,0 +1,91 @@
+package debug
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
+)
+
+// TriggersDocument is the JSON answer of /debug/triggers.
+type TriggersDocument struct {
+	Triggers []Trigger `json:"triggers"`
+}
+
+// Trigger is one ScaledObject trigger's last evaluation: why pulse answered
+// the number it did.
+type Trigger struct {
+	scaler.TriggerID
+	Workload    string  `json:"workload"` // Kind namespace/name
+	Metric      string  `json:"metric"`
+	Threshold   float64 `json:"threshold"`
+	ValueType   string  `json:"valueType"`
+	Aggregation string  `json:"aggregation"`
+	MissingPods string  `json:"missingPods"`
+	Window      string  `json:"window"`
+	// EvaluatedAt is when pulse last answered it (GetMetrics or IsActive).
+	EvaluatedAt time.Time `json:"evaluatedAt"`
+	// Error is the answer when the evaluation failed; the fields below are
+	// then empty.
+	Error string `json:"error,omitempty"`
+	// DesiredReplicas is ceil(value / threshold) for valueType total
+	// (ceil(value / threshold × ready pods) for average): what the HPA
+	// derives before its tolerance, behaviour and min/max.
+	DesiredReplicas *int             `json:"desiredReplicas,omitempty"`
+	Decision        *scaler.Decision `json:"decision,omitempty"`
+}
+
+func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
+	doc := TriggersDocument{Triggers: []Trigger{}}
+	for _, e := range h.Triggers.Evaluations() {
+		t := e.Trigger
+		tr := Trigger{TriggerID: e.TriggerID, Workload: fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name),
+			Metric: t.Metric, Threshold: t.Threshold, ValueType: t.ValueType, Aggregation: t.Aggregation, MissingPods: t.MissingPods,
+			Window: t.Window.String(), EvaluatedAt: e.At.UTC(), Error: e.Err}
+		if e.Err == "" {
+			d := e.Decision
+			n := e.Desired()
+			tr.Decision, tr.DesiredReplicas = &d, &n
+		}
+		doc.Triggers = append(doc.Triggers, tr)
+	}
+	if wantsTable(r) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		writeTriggerTable(w, doc)
+		return
+	}
+	writeJSON(w, doc)
+}
+
+// writeTriggerTable writes one line per trigger, then one per pod under it
+// (its use under METRIC, its value under VALUE), with errors and reasons in
+// the last column.
+func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCALEDOBJECT\tMETRIC\tVALUE\tTHRESHOLD\tDESIRED\tDIRECTION\tCOUNTED/FILLED/LEFT OUT\tAGE\tWHY")
+	now := time.Now()
+	for _, t := range doc.Triggers {
+		id := t.Namespace + "/" + t.ScaledObject
+		age := now.Sub(t.EvaluatedAt).Round(100 * time.Millisecond).String()
+		if t.Error != "" {
+			fmt.Fprintf(tw, "%s\t%s\terror\t%g\t-\t-\t-\t%s\t%s\n", id, t.Metric, t.Threshold, age, oneLine(t.Error))
+			continue
+		}
+		d := t.Decision
+		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%g\t%d\t%s\t%d/%d/%d\t%s\t\n", id, t.Metric, d.Value, t.Threshold, *t.DesiredReplicas,
+			d.Direction, d.Counted, d.Filled, d.LeftOut, age)
+		for _, p := range d.Pods {
+			v := "-"
+			if p.Use != scaler.UseLeftOut {
+				v = fmt.Sprintf("%.4g", p.Value)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t\t\t\t\t\t%s\n", p.Name, p.Use, v, p.Why)
+		}
+	}
+	_ = tw.Flush()
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }

@@ -1,0 +1,266 @@
+package scaler
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// Missing-pod rules (trigger key missingPods; docs/scaledobject.md).
+const (
+	// MissingHold: a ready pod with no value counts 0 when the reporting
+	// pods are above the threshold (it cannot inflate a scale-up) and
+	// exactly the threshold when they are at or below it (it cannot cause a
+	// scale-down): the HPA's own rule for pods without metrics.
+	MissingHold = "hold"
+	// MissingSeed: as hold, but 1.5 × threshold in the scale-down direction
+	// (capped at the threshold with aggregation max): the seed design's rule.
+	MissingSeed = "seed"
+	// MissingIgnore: a ready pod with no value is left out.
+	MissingIgnore = "ignore"
+)
+
+// How a pod entered a decision.
+const (
+	UseCounted = "counted"
+	UseFilled  = "filled"
+	UseLeftOut = "left out"
+)
+
+// PodDecision is how one pod entered a trigger's value.
+type PodDecision struct {
+	Name string `json:"name"`
+	// Use is counted (its own value), filled (a value given by the
+	// missing-pod rule) or left out.
+	Use string `json:"use"`
+	// Value is what the pod contributed: its own value, or the fill.
+	Value float64 `json:"value"`
+	// Why: for a filled pod, the rule and why it has no value (e.g. "hold:
+	// stale"); for a pod left out, the reason (starting, terminating, idle,
+	// undefined, ignored: timeout).
+	Why string `json:"why,omitempty"`
+}
+
+// Decision is one evaluation of a trigger.
+type Decision struct {
+	// Value is what GetMetrics returns.
+	Value  float64 `json:"value"`
+	Active bool    `json:"active"`
+	// Direction compares the counted pods' value with the threshold: "up"
+	// (above it) or "down"; it picks the fill of pods with no value.
+	Direction string `json:"direction"`
+	// Reporting is the aggregate of the counted pods alone.
+	Reporting float64 `json:"reporting"`
+	// Counted, Filled and LeftOut count the pods by use.
+	Counted int `json:"counted"`
+	Filled  int `json:"filled"`
+	LeftOut int `json:"leftOut"`
+	// Ready is the number of ready pods (counted, filled, or left out as
+	// idle, undefined or ignored): the HPA's pod count for metricType Value.
+	Ready int `json:"ready"`
+	// Pods lists every pod, when asked for.
+	Pods []PodDecision `json:"pods,omitempty"`
+}
+
+// DesiredReplicas is the replica count the HPA derives from the decision:
+// ceil(value / threshold) for valueType total (metricType AverageValue),
+// ceil(value / threshold × ready pods) for average (metricType Value), before
+// its tolerance, behaviour and min/max apply.
+func (d Decision) DesiredReplicas(t Trigger) int {
+	if t.ValueType == "average" {
+		return int(math.Ceil(d.Value / t.Threshold * float64(d.Ready)))
+	}
+	return int(math.Ceil(d.Value / t.Threshold))
+}
+
+// Evaluate computes a trigger's value.
+func (s *Server) Evaluate(t Trigger) (Decision, error) { return s.evaluate(t, false) }
+
+// evaluate computes a trigger's value; with detail it lists every pod.
+//
+// The rule (docs/scaledobject.md, "Pods that start, stop, idle and fail"),
+// after the HPA's for pods without metrics
+// (k8s.io/kubernetes pkg/controller/podautoscaler/replica_calculator.go):
+//   - terminating pods are left out entirely;
+//   - starting (not ready) pods are left out: they add no demand;
+//   - reporting pods whose metric is undefined over the window (idle, or
+//     absent from the page) are left out;
+//   - ready pods with no value (failed or stale scrape) are filled by the
+//     missingPods rule, in the direction the counted pods give.
+func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
+	if s.gate != nil {
+		if err := s.gate(); err != nil {
+			return Decision{}, status.Errorf(codes.Unavailable, "%s: %v", describe(t), err)
+		}
+	}
+	var podBuf [16]store.PodValue
+	var valBuf [16]float64
+	pods, found := s.store.Query(podBuf[:0], t.Workload, t.Metric, t.Window, t.StaleAfter)
+	if !found {
+		return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
+	}
+	var d Decision
+	vals := valBuf[:0]
+	var missing, starting, terminating, undefined, busy int
+	for i := range pods {
+		p := &pods[i]
+		switch p.State {
+		case store.PodCounted:
+			if p.Truncated {
+				return Decision{}, status.Error(codes.InvalidArgument, truncated(t, p))
+			}
+			vals = append(vals, p.Value)
+		case store.PodMissing:
+			missing++
+		case store.PodStarting:
+			starting++
+		case store.PodTerminating:
+			terminating++
+		case store.PodUndefined:
+			undefined++
+			if !p.Idle {
+				busy++
+			}
+		}
+	}
+	if len(vals) == 0 && undefined == 0 {
+		// An error, so that KEDA applies its fallback and the HPA holds:
+		// never a silent 0.
+		if missing > 0 {
+			return Decision{}, status.Errorf(codes.Unavailable, "%s: stale: no ready pod reported within staleAfter %s (%d ready pods without a value, %d starting)",
+				describe(t), t.StaleAfter, missing, starting)
+		}
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: no pod is ready yet (%d starting, %d terminating)", describe(t), starting, terminating)
+	}
+	if len(vals) == 0 && busy > 0 {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: metric %q is not defined on any reporting pod (absent from the pages, or requests waiting or running but none finished in the window)", describe(t), t.Metric)
+	}
+	// Only idle pods report (no request waiting or running, none finished):
+	// the workload has no load, and its value is 0 before the fill.
+	if len(vals) > 0 {
+		d.Reporting = aggregate(vals, t.Aggregation)
+	}
+	up := d.Reporting > t.Threshold
+	d.Direction = "down"
+	if up {
+		d.Direction = "up"
+	}
+	fill, fillWhy := s.fill(t, up)
+	n := len(vals)
+	if fill >= 0 && missing > 0 {
+		for range missing {
+			vals = append(vals, fill)
+		}
+		if t.Aggregation == "avg" || fill > 0 {
+			// A pod counted 0 adds nothing to a max × pods total.
+			n += missing
+		}
+	}
+	v := 0.0
+	if len(vals) > 0 {
+		v = aggregate(vals, t.Aggregation)
+	}
+	if t.ValueType == "total" {
+		if t.Aggregation == "avg" {
+			v = sum(vals)
+		} else {
+			v *= float64(n)
+		}
+	}
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
+	}
+	d.Value, d.Active = v, v > t.ActivationThreshold
+	d.Counted = len(pods) - missing - starting - terminating - undefined
+	if fill >= 0 {
+		d.Filled = missing
+	}
+	d.LeftOut = len(pods) - d.Counted - d.Filled
+	d.Ready = len(pods) - starting - terminating
+	if detail {
+		d.Pods = podDecisions(pods, fill, fillWhy)
+	}
+	return d, nil
+}
+
+// fill is the value given to ready pods with no value, and the rule's name;
+// a negative fill leaves them out.
+func (s *Server) fill(t Trigger, up bool) (float64, string) {
+	switch {
+	case t.MissingPods == MissingIgnore:
+		return -1, "ignored"
+	case up:
+		return 0, "scale-up: 0"
+	case t.MissingPods == MissingSeed && t.Aggregation == "avg":
+		return 1.5 * t.Threshold, "seed: 1.5 × threshold"
+	case t.MissingPods == MissingSeed:
+		return t.Threshold, "seed: threshold (max)"
+	}
+	return t.Threshold, "hold: threshold"
+}
+
+func podDecisions(pods []store.PodValue, fill float64, fillWhy string) []PodDecision {
+	out := make([]PodDecision, 0, len(pods))
+	for _, p := range pods {
+		pd := PodDecision{Name: p.Name, Use: UseLeftOut}
+		switch p.State {
+		case store.PodCounted:
+			pd.Use, pd.Value = UseCounted, p.Value
+		case store.PodMissing:
+			if fill >= 0 {
+				pd.Use, pd.Value = UseFilled, fill
+			}
+			pd.Why = fillWhy + " (" + p.Reason + ")"
+		case store.PodUndefined:
+			pd.Why = "undefined"
+			if p.Idle {
+				pd.Why = "idle"
+			}
+		default:
+			pd.Why = p.State.String()
+		}
+		out = append(out, pd)
+	}
+	return out
+}
+
+func truncated(t Trigger, p *store.PodValue) string {
+	interval := time.Duration(0)
+	if p.Samples > 1 {
+		interval = time.Duration(p.SpanMs/int64(p.Samples-1)) * time.Millisecond
+	}
+	need := p.Samples
+	if interval > 0 {
+		need = int(t.Window/interval) + 2
+	}
+	return fmt.Sprintf("%s: trigger metadata \"window\": %s reaches past the samples kept: pod %s is sampled every %s and the aggregator keeps %d samples per pod (%s); shorten the window or raise the aggregator's --max-samples-per-pod to at least %d",
+		describe(t), t.Window, p.Name, interval, p.Samples, time.Duration(p.SpanMs)*time.Millisecond, need)
+}
+
+func aggregate(vals []float64, how string) float64 {
+	if how == "max" {
+		m := vals[0]
+		for _, v := range vals[1:] {
+			m = math.Max(m, v)
+		}
+		return m
+	}
+	return sum(vals) / float64(len(vals))
+}
+
+func sum(vals []float64) float64 {
+	var s float64
+	for _, v := range vals {
+		s += v
+	}
+	return s
+}
+
+func describe(t Trigger) string {
+	return fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name)
+}

@@ -1,0 +1,474 @@
+package scaler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// podSpec is one pod of a scenario: its state, and its waiting value when
+// it reports.
+type podSpec struct {
+	name        string
+	state       string // ready (reporting), starting, terminating, silent (ready, stale)
+	waiting     float64
+	terminating bool
+}
+
+// scenario lists the pods of llama in the store: ready ones report their
+// value, silent ones reported once and then went stale.
+func (f *fixture) scenario(pods ...podSpec) {
+	var infos []store.PodInfo
+	first, now := map[string]float64{}, map[string]float64{}
+	for _, p := range pods {
+		infos = append(infos, store.PodInfo{UID: "uid-" + p.name, Namespace: "demo", Name: p.name, Workloads: []store.Key{llama},
+			Ready: p.state == "ready" || p.state == "silent", Terminating: p.state == "terminating"})
+		switch p.state {
+		case "ready":
+			first[p.name], now[p.name] = p.waiting, p.waiting
+		case "silent":
+			first[p.name] = 100
+		}
+	}
+	f.store.Upsert(store.Source{Node: "node-1"}, infos, false)
+	f.report(first)
+	f.clock.Add(6 * time.Second) // silent pods go stale (staleAfter 5s)
+	f.report(now)
+}
+
+// addStarting lists n more pods of llama that are starting (not ready).
+func (f *fixture) addStarting(prefix string, n int) {
+	var infos []store.PodInfo
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		infos = append(infos, store.PodInfo{UID: "uid-" + name, Namespace: "demo", Name: name, Workloads: []store.Key{llama}})
+	}
+	f.store.Upsert(store.Source{Node: "node-1"}, infos, false)
+}
+
+// TestMissingPodRule: the value for every mix of ready, starting,
+// terminating and silent pods, with each missingPods rule, aggregation and
+// value type (docs/scaledobject.md, "Pods that start, stop, idle and fail").
+func TestMissingPodRule(t *testing.T) {
+	up := []podSpec{{"a", "ready", 12, false}, {"b", "ready", 15, false}, {"c", "silent", 0, false}}
+	down := []podSpec{{"a", "ready", 6, false}, {"b", "ready", 8, false}, {"c", "silent", 0, false}}
+	tests := map[string]struct {
+		pods []podSpec
+		md   map[string]string
+		want float64
+	}{
+		// Reporting mean 13.5 > 10: the silent pod counts 0 (it cannot
+		// inflate a scale-up): 12 + 15 + 0.
+		"hold, up: silent counts 0": {pods: up, want: 27},
+		// Reporting mean 7 <= 10: the silent pod holds at the threshold (it
+		// cannot cause a scale-down): 6 + 8 + 10.
+		"hold, down: silent holds at threshold": {pods: down, want: 24},
+		"seed, down: silent counts 1.5x":        {pods: down, md: map[string]string{"missingPods": "seed"}, want: 29},
+		"conservative is seed's former name":    {pods: down, md: map[string]string{"missingPods": "conservative"}, want: 29},
+		"seed, up: silent counts 0":             {pods: up, md: map[string]string{"missingPods": "seed"}, want: 27},
+		"ignore leaves it out":                  {pods: down, md: map[string]string{"missingPods": "ignore"}, want: 14},
+		// average (metricType Value): the HPA multiplies by its 3 ready pods.
+		"hold, down, average":  {pods: down, md: map[string]string{"valueType": "average"}, want: 8},
+		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 9},
+		"max, up: 0 adds none": {pods: up, md: map[string]string{"aggregation": "max"}, want: 30},
+		// max: the fill never exceeds the threshold, even with seed.
+		"max, down, hold":                  {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
+		"max, down, seed capped":           {pods: down, md: map[string]string{"aggregation": "max", "missingPods": "seed"}, want: 30},
+		"max, down, average":               {pods: down, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
+		"max, up, average":                 {pods: up, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 15},
+		"starting pods add no demand":      {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}, {"c", "starting", 0, false}}, want: 9},
+		"starting pods: average of ready":  {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}}, md: map[string]string{"valueType": "average"}, want: 9},
+		"starting pods: max × ready pods":  {pods: []podSpec{{"a", "ready", 2, false}, {"b", "ready", 2, false}, {"c", "starting", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 4},
+		"terminating pods are left out":    {pods: []podSpec{{"a", "ready", 5, false}, {"b", "ready", 5, false}, {"c", "terminating", 0, false}, {"d", "terminating", 0, false}}, want: 10},
+		"terminating pods, average":        {pods: []podSpec{{"a", "ready", 5, false}, {"c", "terminating", 0, false}}, md: map[string]string{"valueType": "average"}, want: 5},
+		"all kinds at once, down (worked)": {pods: []podSpec{{"a", "ready", 4, false}, {"b", "ready", 6, false}, {"c", "starting", 0, false}, {"d", "terminating", 0, false}, {"e", "silent", 0, false}}, want: 20},
+		"all kinds at once, up (worked)":   {pods: []podSpec{{"a", "ready", 14, false}, {"b", "ready", 16, false}, {"c", "starting", 0, false}, {"d", "terminating", 0, false}, {"e", "silent", 0, false}}, want: 30},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			f.scenario(tc.pods...)
+			md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10"}
+			for k, v := range tc.md {
+				md[k] = v
+			}
+			got, err := f.metric(t, md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("GetMetrics = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// hpaDesired is what the HPA makes of a value: ceil(value/threshold) for
+// AverageValue (total), ceil(value/threshold × ready pods) for Value.
+func hpaDesired(v, threshold float64, valueType string, ready int) int {
+	if valueType == "average" {
+		return int(math.Ceil(v / threshold * float64(ready)))
+	}
+	return int(math.Ceil(v / threshold))
+}
+
+// TestScaleUpDoesNotRunAway: 4 ready pods at 9 waiting and 4 starting after
+// a burst. Before the fix each starting pod counted 1.5 × threshold and the
+// HPA was asked for 10, 13, 18, 25, 36, 52 replicas on successive syncs.
+func TestScaleUpDoesNotRunAway(t *testing.T) {
+	for _, agg := range []string{"avg", "max"} {
+		t.Run(agg, func(t *testing.T) {
+			f := newFixture(t)
+			f.scenario(podSpec{"a", "ready", 9, false}, podSpec{"b", "ready", 9, false}, podSpec{"c", "ready", 9, false}, podSpec{"d", "ready", 9, false})
+			f.addStarting("burst", 4)
+			md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10", "aggregation": agg}
+			replicas := 8
+			var asks []int
+			for sync := range 6 {
+				v, err := f.metric(t, md)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := hpaDesired(v, 10, "total", 0)
+				asks = append(asks, want)
+				if want > replicas { // the HPA adds pods: they start
+					f.addStarting(fmt.Sprintf("sync%d", sync), want-replicas)
+					replicas = want
+				}
+			}
+			for _, a := range asks {
+				if a > asks[0] || a > 4 {
+					t.Fatalf("the HPA was asked for %v replicas on successive syncs; 4 ready pods at 9 waiting need at most 4", asks)
+				}
+			}
+		})
+	}
+}
+
+// TestScaleUpPropertyNeverAsksMore: for random mixes of ready, silent and
+// starting pods, re-evaluating after the HPA has added the replicas it asked
+// for (new pods starting, no new load) never asks for more than the first
+// time, whatever the rule, aggregation or value type.
+func TestScaleUpPropertyNeverAsksMore(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		agg := []string{"avg", "max"}[rng.IntN(2)]
+		vt := []string{"total", "average"}[rng.IntN(2)]
+		mp := []string{"hold", "seed", "ignore"}[rng.IntN(3)]
+		var pods []podSpec
+		ready := 1 + rng.IntN(5)
+		for j := range ready {
+			pods = append(pods, podSpec{name: fmt.Sprintf("r%d", j), state: "ready", waiting: float64(rng.IntN(40))})
+		}
+		silent := rng.IntN(3)
+		for j := range silent {
+			pods = append(pods, podSpec{name: fmt.Sprintf("s%d", j), state: "silent"})
+		}
+		starting := rng.IntN(4)
+		for j := range starting {
+			pods = append(pods, podSpec{name: fmt.Sprintf("p%d", j), state: "starting"})
+		}
+		name := fmt.Sprintf("%d/%s/%s/%s/ready%d-silent%d-starting%d", i, agg, vt, mp, ready, silent, starting)
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			f.scenario(pods...)
+			md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10", "aggregation": agg, "valueType": vt, "missingPods": mp}
+			// The HPA's ready-pod count (metricType Value) is Kubernetes'
+			// Ready pods: reporting and silent ones, never starting ones.
+			k8sReady := ready + silent
+			replicas := len(pods)
+			var first int
+			for sync := range 4 {
+				v, err := f.metric(t, md)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := hpaDesired(v, 10, vt, k8sReady)
+				if sync == 0 {
+					first = want
+				} else if want > first {
+					t.Fatalf("sync %d asks for %d replicas, more than the first %d", sync, want, first)
+				}
+				if want > replicas {
+					f.addStarting(fmt.Sprintf("sync%d", sync), want-replicas)
+					replicas = want
+				}
+			}
+		})
+	}
+}
+
+// reportTTFT stores, per pod, cumulative TTFT sums and counts and its queue.
+func (f *fixture) reportTTFT(vals map[string][3]float64) {
+	f.ms += 1000
+	var rs []store.Report
+	for n, v := range vals {
+		r := store.Report{UID: "uid-" + n}
+		r.TimeMs = f.ms
+		r.Values.Set(signal.TTFTSum, v[0])
+		r.Values.Set(signal.TTFTCount, v[1])
+		r.Values.Set(signal.Waiting, v[2])
+		r.Values.Set(signal.Running, v[2])
+		rs = append(rs, r)
+	}
+	f.store.Add(rs)
+}
+
+// TestIdlePodsAreLeftOut: the documented phi example (ttftSeconds,
+// threshold 1.5, max, average) with one pod at 0.1 s and two idle pods.
+// Before the fix the idle pods were filled with 1.5 × threshold: 2.25, and
+// the HPA wanted 5 replicas for an almost idle workload.
+func TestIdlePodsAreLeftOut(t *testing.T) {
+	md := map[string]string{"workspace": "llama", "metric": "ttftSeconds", "threshold": "1.5", "aggregation": "max", "valueType": "average"}
+	t.Run("one busy pod", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a", "b", "c")
+		f.reportTTFT(map[string][3]float64{"a": {1, 10, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
+		f.reportTTFT(map[string][3]float64{"a": {2, 20, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
+		got, err := f.metric(t, md)
+		if err != nil || math.Abs(got-0.1) > 1e-9 {
+			t.Fatalf("GetMetrics = %v, %v; want 0.1 (the idle pods left out)", got, err)
+		}
+		if d := f.server.Evaluations()[0].Decision; d.Counted != 1 || d.LeftOut != 2 {
+			t.Fatalf("decision %+v: want 1 counted, 2 left out", d)
+		}
+	})
+	t.Run("every pod idle", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a", "b")
+		f.reportTTFT(map[string][3]float64{"a": {1, 10, 0}, "b": {5, 50, 0}})
+		f.reportTTFT(map[string][3]float64{"a": {1, 10, 0}, "b": {5, 50, 0}})
+		if got, err := f.metric(t, md); err != nil || got != 0 {
+			t.Fatalf("GetMetrics = %v, %v; want 0: nothing waits, runs or finishes", got, err)
+		}
+	})
+	t.Run("queued but nothing finished is not idle", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a")
+		f.reportTTFT(map[string][3]float64{"a": {1, 10, 3}})
+		f.reportTTFT(map[string][3]float64{"a": {1, 10, 3}})
+		if _, err := f.metric(t, md); status.Code(err) != codes.Unavailable {
+			t.Fatalf("GetMetrics error %v, want Unavailable: requests wait and none finished", err)
+		}
+	})
+}
+
+func TestNoReadyPodIsAnError(t *testing.T) {
+	f := newFixture(t)
+	f.addStarting("loading", 2)
+	_, err := f.metric(t, map[string]string{"workspace": "llama"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no pod is ready yet (2 starting") {
+		t.Fatalf("GetMetrics error %v, want Unavailable: no pod is ready yet", err)
+	}
+}
+
+// TestWindowPastKeptSamples: at 250 ms scrapes with 128 samples kept, a 1m
+// window covered only the last 32 s, silently. Now it is InvalidArgument
+// naming the key, the interval and the flag to raise.
+func TestWindowPastKeptSamples(t *testing.T) {
+	f := newFixture(t)
+	f.store = store.New(store.Options{Retention: time.Minute, MaxSamples: 128, Now: f.clock.Now})
+	f.server.store = f.store
+	f.pods("a")
+	for i := range 240 {
+		f.ms += 250
+		r := store.Report{UID: "uid-a"}
+		r.TimeMs = f.ms
+		r.Values.Set(signal.Waiting, float64(100*(1-i/120)))
+		f.store.Add([]store.Report{r})
+	}
+	_, err := f.metric(t, map[string]string{"workspace": "llama", "window": "1m"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"window"`) ||
+		!strings.Contains(err.Error(), "--max-samples-per-pod to at least 242") {
+		t.Fatalf("error %v: want InvalidArgument naming window and --max-samples-per-pod 242", err)
+	}
+	if got, err := f.metric(t, map[string]string{"workspace": "llama", "window": "30s"}); err != nil || got != 0 {
+		t.Fatalf("a window within the kept samples: %v, %v", got, err)
+	}
+}
+
+func TestThresholdBelowKEDAResolution(t *testing.T) {
+	for _, v := range []string{"0.0004", "0.0009", "0"} {
+		_, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "threshold": v}), time.Minute, nil)
+		var me *MetadataError
+		if !asMetadataError(err, &me) || me.Key != "threshold" {
+			t.Errorf("threshold %s: %v, want an error naming threshold", v, err)
+		}
+	}
+	if _, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "threshold": "0.001"}), time.Minute, nil); err != nil {
+		t.Errorf("threshold 0.001: %v", err)
+	}
+}
+
+func asMetadataError(err error, target **MetadataError) bool {
+	me, ok := err.(*MetadataError)
+	if ok {
+		*target = me
+	}
+	return ok
+}
+
+// TestWarmupGate: while the gate says the aggregator is warming up, every
+// answer is Unavailable and StreamIsActive pushes nothing; then it answers.
+func TestWarmupGate(t *testing.T) {
+	f := newFixture(t)
+	open := make(chan struct{})
+	f.server.gate = func() error {
+		select {
+		case <-open:
+			return nil
+		default:
+			return fmt.Errorf("aggregator warming up")
+		}
+	}
+	f.pods("a")
+	f.report(map[string]float64{"a": 20})
+	md := map[string]string{"workspace": "llama", "window": "1s"}
+	if _, err := f.metric(t, md); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "warming up") {
+		t.Fatalf("GetMetrics during warm-up: %v, want Unavailable", err)
+	}
+	if _, err := f.client.IsActive(context.Background(), ref(md)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("IsActive during warm-up: %v, want Unavailable", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := f.client.StreamIsActive(ctx, ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan bool, 1)
+	go func() {
+		if r, err := stream.Recv(); err == nil {
+			got <- r.Result
+		}
+	}()
+	f.report(map[string]float64{"a": 21})
+	select {
+	case r := <-got:
+		t.Fatalf("pushed %v during the warm-up", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(open)
+	if r := <-got; !r {
+		t.Fatal("pushed false after the warm-up; want true")
+	}
+	if got, err := f.metric(t, md); err != nil || got != 21 {
+		t.Fatalf("after warm-up: %v, %v", got, err)
+	}
+}
+
+// TestDecisionsRecordedAndExported: the last answer for each trigger shows
+// every pod's use and reason, and is exported as lint-clean gauges.
+func TestDecisionsRecordedAndExported(t *testing.T) {
+	f := newFixture(t)
+	f.scenario(podSpec{"a", "ready", 4, false}, podSpec{"b", "ready", 6, false}, podSpec{"c", "starting", 0, false},
+		podSpec{"d", "terminating", 0, false}, podSpec{"e", "silent", 0, false})
+	md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10"}
+	if _, err := f.metric(t, md); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.metric(t, map[string]string{"workspace": "nobody"}); err == nil {
+		t.Fatal("an unknown workload answered")
+	}
+	evs := f.server.Evaluations()
+	if len(evs) != 2 {
+		t.Fatalf("%d evaluations, want 2", len(evs))
+	}
+	e := evs[0]
+	if e.Err != "" || e.Decision.Value != 20 || e.Desired() != 2 || e.Decision.Direction != "down" {
+		t.Fatalf("evaluation %+v", e)
+	}
+	want := map[string]string{"a": "counted/", "b": "counted/", "c": "left out/starting", "d": "left out/terminating", "e": "filled/hold: threshold (stale)"}
+	for _, p := range e.Decision.Pods {
+		if got := p.Use + "/" + p.Why; got != want[p.Name] {
+			t.Errorf("pod %s: %s, want %s", p.Name, got, want[p.Name])
+		}
+	}
+	if evs[1].Err == "" || evs[1].Desired() != -1 {
+		t.Fatalf("the failed evaluation: %+v", evs[1])
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.server.Collector())
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+	exp := `
+# HELP pulse_aggregator_trigger_pods Pods in the trigger's last evaluation, by use: counted, filled (missing-pod rule) or left_out.
+# TYPE pulse_aggregator_trigger_pods gauge
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="counted",workload="Workspace/llama"} 2
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="filled",workload="Workspace/llama"} 1
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="left_out",workload="Workspace/llama"} 2
+# HELP pulse_aggregator_trigger_desired_replicas The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.
+# TYPE pulse_aggregator_trigger_desired_replicas gauge
+pulse_aggregator_trigger_desired_replicas{metric="waiting",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_trigger_pods", "pulse_aggregator_trigger_desired_replicas"); err != nil {
+		t.Fatal(err)
+	}
+	// A ScaledObject not asked about for 10 minutes is forgotten.
+	f.clock.Add(11 * time.Minute)
+	if n := len(f.server.Evaluations()); n != 0 {
+		t.Fatalf("%d evaluations kept after 11 minutes", n)
+	}
+}
+
+// TestDashboardUsesExportedMetrics: every query of the chart's Grafana
+// dashboard names a metric the decision collector exports, with its labels.
+func TestDashboardUsesExportedMetrics(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/aggregator/dashboards/pulse-decisions.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	ch := make(chan *prometheus.Desc, 16)
+	decisionCollector{}.Describe(ch)
+	close(ch)
+	for d := range ch {
+		name := strings.Split(strings.Split(d.String(), `fqName: "`)[1], `"`)[0]
+		exported[name] = true
+	}
+	metricName := regexp.MustCompile(`pulse_[a-z_]+`)
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range metricName.FindAllString(tg.Expr, -1) {
+				n++
+				if !exported[m] {
+					t.Errorf("panel %q queries %s, which pulse does not export", p.Title, m)
+				}
+			}
+			for _, l := range []string{"namespace", "scaledobject"} {
+				if !strings.Contains(tg.Expr, l) {
+					t.Errorf("panel %q does not filter by %s", p.Title, l)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("the dashboard queries nothing")
+	}
+}

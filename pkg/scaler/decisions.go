@@ -1,0 +1,165 @@
+package scaler
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+)
+
+// Bounds of the decision records: a trigger not evaluated for decisionTTL
+// (its ScaledObject is gone; the HPA asks every 15 s) is forgotten, and at
+// most maxDecisions are kept.
+const (
+	decisionTTL  = 10 * time.Minute
+	maxDecisions = 10000
+)
+
+// TriggerID names one trigger of one ScaledObject.
+type TriggerID struct {
+	Namespace    string `json:"namespace"`
+	ScaledObject string `json:"scaledObject"`
+	// MetricName is the trigger's metric name (MetricName): unique per
+	// workload and metric.
+	MetricName string `json:"metricName"`
+}
+
+// Evaluation is the last answer pulse gave for one trigger.
+type Evaluation struct {
+	TriggerID
+	Trigger Trigger
+	At      time.Time
+	// Decision is set when Err is empty.
+	Decision Decision
+	Err      string
+}
+
+// Desired is the replica count the HPA derives from the evaluation, or -1
+// when it failed.
+func (e Evaluation) Desired() int {
+	if e.Err != "" {
+		return -1
+	}
+	return e.Decision.DesiredReplicas(e.Trigger)
+}
+
+// recorder keeps each trigger's last evaluation.
+type recorder struct {
+	now func() time.Time
+	mu  sync.Mutex
+	m   map[TriggerID]*Evaluation
+}
+
+func newRecorder(now func() time.Time) *recorder {
+	return &recorder{now: now, m: map[TriggerID]*Evaluation{}}
+}
+
+func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Decision, err error) {
+	id := TriggerID{Namespace: ref.GetNamespace(), ScaledObject: ref.GetName(), MetricName: MetricName(t)}
+	e := &Evaluation{TriggerID: id, Trigger: t, At: r.now(), Decision: d}
+	if err != nil {
+		e.Err = err.Error()
+		if st, ok := status.FromError(err); ok {
+			e.Err = st.Code().String() + ": " + st.Message()
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[id]; !ok && len(r.m) >= maxDecisions {
+		r.expireLocked(true)
+	}
+	r.m[id] = e
+}
+
+// expireLocked drops records older than decisionTTL and, if full, the oldest.
+func (r *recorder) expireLocked(full bool) {
+	now := r.now()
+	var oldest *Evaluation
+	for id, e := range r.m {
+		if now.Sub(e.At) > decisionTTL {
+			delete(r.m, id)
+			continue
+		}
+		if oldest == nil || e.At.Before(oldest.At) {
+			oldest = e
+		}
+	}
+	if full && len(r.m) >= maxDecisions && oldest != nil {
+		delete(r.m, oldest.TriggerID)
+	}
+}
+
+// Evaluations returns every trigger's last evaluation, sorted by namespace,
+// ScaledObject and metric name.
+func (s *Server) Evaluations() []Evaluation {
+	r := s.decisions
+	r.mu.Lock()
+	r.expireLocked(false)
+	out := make([]Evaluation, 0, len(r.m))
+	for _, e := range r.m {
+		out = append(out, *e)
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].TriggerID, out[j].TriggerID
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.ScaledObject != b.ScaledObject {
+			return a.ScaledObject < b.ScaledObject
+		}
+		return a.MetricName < b.MetricName
+	})
+	return out
+}
+
+// Collector exports each trigger's last evaluation as gauges labelled by
+// namespace, ScaledObject, workload and metric.
+func (s *Server) Collector() prometheus.Collector { return decisionCollector{s} }
+
+var (
+	triggerLabels = []string{"namespace", "scaledobject", "workload", "metric"}
+	descValue     = prometheus.NewDesc("pulse_aggregator_trigger_value",
+		"The value pulse last answered for a ScaledObject trigger.", triggerLabels, nil)
+	descThreshold = prometheus.NewDesc("pulse_aggregator_trigger_threshold",
+		"The trigger's threshold (the HPA's per-pod target).", triggerLabels, nil)
+	descDesired = prometheus.NewDesc("pulse_aggregator_trigger_desired_replicas",
+		"The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.", triggerLabels, nil)
+	descPods = prometheus.NewDesc("pulse_aggregator_trigger_pods",
+		"Pods in the trigger's last evaluation, by use: counted, filled (missing-pod rule) or left_out.",
+		append(triggerLabels[:len(triggerLabels):len(triggerLabels)], "use"), nil)
+	descFailed = prometheus.NewDesc("pulse_aggregator_trigger_failed",
+		"1 when the trigger's last evaluation answered an error (stale, warming up, not found).", triggerLabels, nil)
+)
+
+type decisionCollector struct{ s *Server }
+
+func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed} {
+		ch <- d
+	}
+}
+
+func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.s.Evaluations() {
+		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.Kind + "/" + e.Trigger.Workload.Name, e.Trigger.Metric}
+		ch <- prometheus.MustNewConstMetric(descThreshold, prometheus.GaugeValue, e.Trigger.Threshold, lv...)
+		failed := 0.0
+		if e.Err != "" {
+			failed = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descFailed, prometheus.GaugeValue, failed, lv...)
+		if e.Err != "" {
+			continue
+		}
+		d := e.Decision
+		ch <- prometheus.MustNewConstMetric(descValue, prometheus.GaugeValue, d.Value, lv...)
+		ch <- prometheus.MustNewConstMetric(descDesired, prometheus.GaugeValue, float64(e.Desired()), lv...)
+		for use, n := range map[string]int{"counted": d.Counted, "filled": d.Filled, "left_out": d.LeftOut} {
+			ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(n), append(lv, use)...)
+		}
+	}
+}
