@@ -46,6 +46,8 @@ helm-lint:
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system --set scaler.managedCerts.enabled=false >/dev/null
 	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
 	  --set ingest.tls.secretName=pulse-ingest-tls,agentAuth.mode=tokenreview >/dev/null
+	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
+	  --set grafanaDashboard.enabled=true,warmup.agentDaemonSet=-,warmup.duration=0s >/dev/null
 
 # The e2e test on a real kube-apiserver with the real KEDA operator; the
 # first run builds the tools (about 20 minutes on 2 cores), later runs reuse them.

@@ -41,3 +41,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/*
+A probe handler: the gRPC health service named by .service on the ingest
+port, or, when the ingest port speaks TLS (kubelet gRPC probes do not),
+HTTP GET .path on the http port.
+*/}}
+{{- define "pulse-aggregator.probe" -}}
+{{- if .root.Values.ingest.tls.secretName -}}
+httpGet:
+  path: {{ .path }}
+  port: http
+{{- else -}}
+grpc:
+  port: {{ .root.Values.ingest.port }}
+  service: {{ .service }}
+{{- end }}
+{{- end }}
+
+{{/*
+The agent DaemonSet the warm-up waits for: namespace/name, or empty.
+*/}}
+{{- define "pulse-aggregator.agentDaemonSet" -}}
+{{- $ds := .Values.warmup.agentDaemonSet -}}
+{{- if eq $ds "" -}}
+{{- printf "%s/pulse-agent" .Release.Namespace -}}
+{{- else if ne $ds "-" -}}
+{{- $ds -}}
+{{- end }}
+{{- end }}
