@@ -87,17 +87,20 @@ func TestMissingPodRule(t *testing.T) {
 		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 9},
 		"max, up: 0 adds none": {pods: up, md: map[string]string{"aggregation": "max"}, want: 30},
 		// max: the fill never exceeds the threshold, even with seed.
-		"max, down, hold":                  {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
-		"max, down, seed capped":           {pods: down, md: map[string]string{"aggregation": "max", "missingPods": "seed"}, want: 30},
-		"max, down, average":               {pods: down, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
-		"max, up, average":                 {pods: up, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 15},
-		"starting pods add no demand":      {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}, {"c", "starting", 0, false}}, want: 9},
-		"starting pods: average of ready":  {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}}, md: map[string]string{"valueType": "average"}, want: 9},
-		"starting pods: max × ready pods":  {pods: []podSpec{{"a", "ready", 2, false}, {"b", "ready", 2, false}, {"c", "starting", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 4},
-		"terminating pods are left out":    {pods: []podSpec{{"a", "ready", 5, false}, {"b", "ready", 5, false}, {"c", "terminating", 0, false}, {"d", "terminating", 0, false}}, want: 10},
-		"terminating pods, average":        {pods: []podSpec{{"a", "ready", 5, false}, {"c", "terminating", 0, false}}, md: map[string]string{"valueType": "average"}, want: 5},
-		"all kinds at once, down (worked)": {pods: []podSpec{{"a", "ready", 4, false}, {"b", "ready", 6, false}, {"c", "starting", 0, false}, {"d", "terminating", 0, false}, {"e", "silent", 0, false}}, want: 20},
-		"all kinds at once, up (worked)":   {pods: []podSpec{{"a", "ready", 14, false}, {"b", "ready", 16, false}, {"c", "starting", 0, false}, {"d", "terminating", 0, false}, {"e", "silent", 0, false}}, want: 30},
+		"max, down, hold":                 {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
+		"max, down, seed capped":          {pods: down, md: map[string]string{"aggregation": "max", "missingPods": "seed"}, want: 30},
+		"max, down, average":              {pods: down, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
+		"max, up, average":                {pods: up, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 15},
+		"starting pods add no demand":     {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}, {"c", "starting", 0, false}}, want: 9},
+		"starting pods: average of ready": {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}}, md: map[string]string{"valueType": "average"}, want: 9},
+		"starting pods: max × ready pods": {pods: []podSpec{{"a", "ready", 2, false}, {"b", "ready", 2, false}, {"c", "starting", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 4},
+		"terminating pods are left out":   {pods: []podSpec{{"a", "ready", 5, false}, {"b", "ready", 5, false}, {"c", "terminating", 0, false}, {"d", "terminating", 0, false}}, want: 10},
+		"terminating pods, average":       {pods: []podSpec{{"a", "ready", 5, false}, {"c", "terminating", 0, false}}, md: map[string]string{"valueType": "average"}, want: 5},
+		// The worked example of docs/scaledobject.md.
+		"worked example, down": {pods: []podSpec{{"llama-0", "ready", 4, false}, {"llama-1", "ready", 6, false}, {"llama-2", "silent", 0, false},
+			{"llama-3", "starting", 0, false}, {"llama-4", "starting", 0, false}, {"llama-old", "terminating", 0, false}}, want: 20},
+		"worked example, up": {pods: []podSpec{{"llama-0", "ready", 14, false}, {"llama-1", "ready", 16, false}, {"llama-2", "silent", 0, false},
+			{"llama-3", "starting", 0, false}, {"llama-4", "starting", 0, false}, {"llama-old", "terminating", 0, false}}, want: 30},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

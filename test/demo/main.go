@@ -1,6 +1,8 @@
 // Command demo is `make run`: on loopback, an aggregator, a static-mode agent
-// and four simulated vLLM pods in two workloads (demo/llama: 3 pods, demo/phi:
-// 1 pod) whose load changes over time. Ctrl-C stops everything.
+// and five simulated vLLM pods in two workloads (demo/llama: 3 serving pods
+// and one starting, demo/phi: 1 pod) whose load changes over time, and a
+// poller that asks the scaler what the HPA would ask every 15 s, so that
+// /debug/triggers shows each decision. Ctrl-C stops everything.
 package main
 
 import (
@@ -18,6 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -33,6 +39,9 @@ func main() {
 
 type pod struct {
 	workload, name string
+	// starting: listed as not ready (loading its model): not scraped, and
+	// no demand of its own.
+	starting bool
 	// The arrival rate swings around base with this amplitude and period.
 	base, amp float64
 	period    time.Duration
@@ -43,10 +52,11 @@ func run(bin, httpAddr string) error {
 	defer stop()
 
 	pods := []pod{
-		{"llama", "llama-0", 14, 12, 90 * time.Second},
-		{"llama", "llama-1", 14, 12, 90 * time.Second},
-		{"llama", "llama-2", 14, 12, 90 * time.Second},
-		{"phi", "phi-0", 6, 5, 40 * time.Second},
+		{"llama", "llama-0", false, 14, 12, 90 * time.Second},
+		{"llama", "llama-1", false, 14, 12, 90 * time.Second},
+		{"llama", "llama-2", false, 14, 12, 90 * time.Second},
+		{"llama", "llama-3", true, 14, 12, 90 * time.Second},
+		{"phi", "phi-0", false, 6, 5, 40 * time.Second},
 	}
 	dir, err := os.MkdirTemp("", "pulse-demo-")
 	if err != nil {
@@ -67,15 +77,19 @@ func run(bin, httpAddr string) error {
 		go func() { defer wg.Done(); _ = srv.Serve(ln) }()
 		go func() { defer wg.Done(); <-ctx.Done(); _ = srv.Close() }()
 		go func() { defer wg.Done(); drive(ctx, sim, p) }()
-		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: http://%s/metrics\n", p.name, p.workload, ln.Addr())
-		fmt.Printf("simulated vLLM %-8s http://%s/metrics  (POST /load, /model, /hang to steer it)\n", p.name, ln.Addr())
+		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: http://%s/metrics\n  ready: %v\n", p.name, p.workload, ln.Addr(), !p.starting)
+		note := "(POST /load, /model, /hang to steer it)"
+		if p.starting {
+			note = "(listed as starting: not scraped, no demand)"
+		}
+		fmt.Printf("simulated vLLM %-8s http://%s/metrics  %s\n", p.name, ln.Addr(), note)
 	}
 	file := filepath.Join(dir, "targets.yaml")
 	if err := os.WriteFile(file, []byte(targets), 0o600); err != nil {
 		return err
 	}
 
-	agg := command(ctx, filepath.Join(bin, "pulse-aggregator"), "--log-format=text",
+	agg := command(ctx, filepath.Join(bin, "pulse-aggregator"), "--log-format=text", "--expected-agents=1",
 		"--ingest-addr=127.0.0.1:9091", "--scaler-addr=127.0.0.1:9090", "--http-addr="+httpAddr)
 	agent := command(ctx, filepath.Join(bin, "pulse-agent"), "--log-format=text", "--node-name=demo-node",
 		"--static-targets="+file, "--aggregator=127.0.0.1:9091", "--http-addr=127.0.0.1:8081")
@@ -89,10 +103,13 @@ func run(bin, httpAddr string) error {
 pulse demo is running. Look at:
   curl -s 'http://%[1]s/debug/workloads?format=table'
   curl -s http://%[1]s/debug/workloads/demo/llama
+  curl -s 'http://%[1]s/debug/triggers?format=table'   (what the HPA was told, every 15 s, and why)
   KEDA scaler (external-push) on 127.0.0.1:9090, agent metrics on http://127.0.0.1:8081/metrics
 Ctrl-C stops everything.
 
 `, httpAddr)
+	wg.Add(1)
+	go func() { defer wg.Done(); poll(ctx, "127.0.0.1:9090") }()
 	errs := make(chan error, 2)
 	for _, c := range []*exec.Cmd{agg, agent} {
 		go func() { errs <- c.Wait() }()
@@ -135,5 +152,41 @@ func drive(ctx context.Context, sim *vllmsim.Server, p pod) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// poll asks the scaler for each workload's value every 15 s, as KEDA's HPA
+// does, so that /debug/triggers shows the decisions.
+func poll(ctx context.Context, addr string) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	keda := externalscaler.NewExternalScalerClient(conn)
+	t := time.NewTicker(15 * time.Second)
+	defer t.Stop()
+	if !sleepCtx(ctx, 3*time.Second) {
+		return
+	}
+	for {
+		for _, w := range []string{"llama", "phi"} {
+			_, _ = keda.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: &externalscaler.ScaledObjectRef{
+				Name: w, Namespace: "demo", ScalerMetadata: map[string]string{"workspace": w, "threshold": "10"}}})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }

@@ -204,13 +204,21 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 		fmt.Sprintf("--initial-cluster=default=http://127.0.0.1:%d", peerPort),
 		"--unsafe-no-fsync", "--log-level=warn")
 	issuer := "https://kubernetes.default.svc.cluster.local"
+	// The aggregation layer, for KEDA's metrics adapter (the HPA's External
+	// metrics): the API server authenticates to it as front-proxy-client and
+	// reaches it at its endpoint's address.
+	proxyCrt, proxyKey := p.issue(t, "front-proxy-client", "front-proxy-client", nil, nil, nil, x509.ExtKeyUsageClientAuth)
 	api := start(t, dir, "kube-apiserver", nil, filepath.Join(tools, "kube-apiserver"),
 		"--etcd-servers="+etcdURL, fmt.Sprintf("--secure-port=%d", apiPort), "--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1", "--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverK,
 		"--client-ca-file="+filepath.Join(dir, "ca.crt"), "--service-account-issuer="+issuer,
 		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey, "--api-audiences="+issuer,
 		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-		"--enable-priority-and-fairness=false", "--v=1")
+		"--enable-priority-and-fairness=false",
+		"--requestheader-client-ca-file="+filepath.Join(dir, "ca.crt"), "--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-", "--proxy-client-cert-file="+proxyCrt,
+		"--proxy-client-key-file="+proxyKey, "--enable-aggregator-routing=true", "--v=1")
 	cp := &controlPlane{url: fmt.Sprintf("https://127.0.0.1:%d", apiPort), caPEM: p.caPEM, pki: p, procs: []*proc{etcd, api}}
 	cp.admin = &rest.Config{Host: cp.url, TLSClientConfig: rest.TLSClientConfig{
 		CAData: p.caPEM, CertFile: p.adminCert, KeyFile: p.adminKey}, QPS: 100, Burst: 200}
@@ -256,6 +264,11 @@ func useCluster(t *testing.T, kubeconfig, dir string) *controlPlane {
 	cfg.QPS, cfg.Burst = 100, 200
 	return &controlPlane{url: cfg.Host, caPEM: ca, pki: newPKI(t, dir), admin: cfg, kubeconfig: kubeconfig}
 }
+
+// local reports whether the control plane is the test's own (not
+// PULSE_E2E_KUBECONFIG's): only then can its API server reach KEDA's metrics
+// adapter on this machine.
+func (cp *controlPlane) local() bool { return len(cp.procs) > 0 }
 
 // writeKubeconfig writes a kubeconfig for this cluster with auth.
 func (cp *controlPlane) writeKubeconfig(t testing.TB, path string, auth *clientcmdapi.AuthInfo) {

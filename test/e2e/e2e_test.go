@@ -72,6 +72,8 @@ type env struct {
 	ctx     context.Context
 	keda    *proc
 	kedaMet string // the operator's metrics URL
+	// kedaAdapter serves external.metrics.k8s.io: the HPA's path to pulse.
+	kedaAdapter *proc
 	agg     *proc
 	aggArgs []string
 	aggHTTP string
@@ -113,7 +115,7 @@ func TestE2E(t *testing.T) {
 	must(t, err)
 	defer func() {
 		if t.Failed() {
-			dumpLogs(t, append(e.cp.procs, e.keda, e.agg, e.agent)...)
+			dumpLogs(t, append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent)...)
 		}
 	}()
 
@@ -158,6 +160,7 @@ func TestE2E(t *testing.T) {
 	t.Run("cron and pulse together", func(t *testing.T) { e.cronAndPulse(t) })
 	t.Run("KEDA's value is pulse's", func(t *testing.T) { e.sameValue(t, sims) })
 	t.Run("aggregator killed and restarted", func(t *testing.T) { e.aggregatorRestart(t, sims) })
+	t.Run("scale-up while new pods load does not run away", func(t *testing.T) { e.scaleUpWhileLoading(t) })
 	if n := sims["elsewhere-0"].calls(); n != 0 {
 		t.Fatalf("the pod on %s was scraped %d times", otherNode, n)
 	}
@@ -213,14 +216,14 @@ func (e *env) startKEDA() {
 		must(t, err)
 		must(t, os.WriteFile(filepath.Join(certDir, dst), b, 0o600))
 	}
-	metPort := freePort(t)
+	metPort, metricsServicePort := freePort(t), freePort(t)
 	e.kedaMet = fmt.Sprintf("http://127.0.0.1:%d/metrics", metPort)
 	e.keda = start(t, e.dir, "keda-operator", []string{"KUBECONFIG=" + e.cp.kubeconfig, "WATCH_NAMESPACE=",
 		"KEDA_CLUSTER_OBJECT_NAMESPACE=keda", "POD_NAMESPACE=keda", "OPERATOR_NAME=keda-operator"},
 		filepath.Join(e.tools, "keda-operator"), "--leader-elect=false", "--cert-dir="+certDir,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metPort),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", freePort(t)),
-		fmt.Sprintf("--metrics-service-bind-address=127.0.0.1:%d", freePort(t)),
+		fmt.Sprintf("--metrics-service-bind-address=127.0.0.1:%d", metricsServicePort),
 		"--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--zap-log-level=info")
 	waitFor(t, 60*time.Second, "the KEDA operator serves metrics", func() error {
 		if e.keda.cmd.ProcessState != nil {
@@ -229,6 +232,9 @@ func (e *env) startKEDA() {
 		_, err := e.kedaMetrics()
 		return err
 	})
+	if e.cp.local() {
+		e.startKEDAAdapter(certDir, metricsServicePort)
+	}
 }
 
 func (e *env) kedaMetrics() ([]byte, error) {
@@ -334,8 +340,13 @@ func (e *env) installCharts() {
 	}
 	dep, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
-	if *dep.Spec.Replicas != 2 || dep.Spec.Template.Spec.Containers[0].ReadinessProbe.GRPC == nil {
-		t.Errorf("aggregator Deployment: replicas %d, readiness %+v", *dep.Spec.Replicas, dep.Spec.Template.Spec.Containers[0].ReadinessProbe)
+	// The ingest port speaks TLS here, which kubelet gRPC probes cannot:
+	// the chart probes /readyz and /livez over HTTP instead.
+	if rp := dep.Spec.Template.Spec.Containers[0].ReadinessProbe; *dep.Spec.Replicas != 2 || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
+		t.Errorf("aggregator Deployment: replicas %d, readiness %+v", *dep.Spec.Replicas, rp)
+	}
+	if svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx, "pulse-aggregator-ingest", metav1.GetOptions{}); err != nil || !svc.Spec.PublishNotReadyAddresses {
+		t.Errorf("the ingest Service must publish warming (not ready) replicas: %v", err)
 	}
 	svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
@@ -373,7 +384,12 @@ func (e *env) tokenKubeconfig(sa string) string {
 func ptr[T any](v T) *T { return &v }
 
 func (e *env) installKaitoCRDs() {
-	crd := func(name, group, kind, plural, version, specPath, statusPath string) {
+	crd := func(name, group, kind, plural, version, specPath, statusPath, selectorPath string) {
+		scale := map[string]any{"specReplicasPath": specPath, "statusReplicasPath": statusPath}
+		if selectorPath != "" {
+			// The HPA (1 to N) needs the target's /scale to carry a selector.
+			scale["labelSelectorPath"] = selectorPath
+		}
 		u := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
 			"metadata": map[string]any{"name": name},
@@ -383,7 +399,7 @@ func (e *env) installKaitoCRDs() {
 				"versions": []any{map[string]any{
 					"name": version, "served": true, "storage": true,
 					"schema":       map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-					"subresources": map[string]any{"status": map[string]any{}, "scale": map[string]any{"specReplicasPath": specPath, "statusReplicasPath": statusPath}},
+					"subresources": map[string]any{"status": map[string]any{}, "scale": scale},
 				}},
 			},
 		}}
@@ -391,8 +407,11 @@ func (e *env) installKaitoCRDs() {
 		must(e.t, err)
 		e.waitCRD(name)
 	}
-	crd("workspaces.kaito.sh", "kaito.sh", "Workspace", "workspaces", "v1beta1", ".spec.inference.replicas", ".status.inference.replicas")
-	crd("inferencesets.kaito.sh", "kaito.sh", "InferenceSet", "inferencesets", "v1alpha1", ".spec.replicas", ".status.replicas")
+	// As Kaito declares them: the Workspace's scale subresource has no
+	// selector (KEDA scales it 0 <-> 1), the InferenceSet's has
+	// .status.selector (kubebuilder selectorpath), so the HPA can scale it.
+	crd("workspaces.kaito.sh", "kaito.sh", "Workspace", "workspaces", "v1beta1", ".spec.inference.replicas", ".status.inference.replicas", "")
+	crd("inferencesets.kaito.sh", "kaito.sh", "InferenceSet", "inferencesets", "v1alpha1", ".spec.replicas", ".status.replicas", ".status.selector")
 }
 
 // createNode registers a node object (no kubelet behind it), so that pods
@@ -445,7 +464,8 @@ func (e *env) startAggregator() {
 			// agentAuth.mode=tokenreview and its RBAC).
 			"--ingest-tls-cert-file=" + srvCrt, "--ingest-tls-key-file=" + srvKey,
 			"--agent-auth=tokenreview", "--agent-service-account=" + ns + "/pulse-agent",
-			"--log-format=text"}
+			// The warm-up ends when the one agent has reported.
+			"--expected-agents=1", "--log-format=text"}
 	}
 	e.agg = start(t, e.dir, "pulse-aggregator", nil, filepath.Join(e.bins, "pulse-aggregator"), e.aggArgs...)
 	if e.clientTLS == nil {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the e2e tools from the Go module proxy and caches them by version
 # outside the repository: kube-apiserver and kube-controller-manager
-# (k8s.io/kubernetes), etcd, the KEDA operator (with KEDA's CRDs) and helm.
+# (k8s.io/kubernetes), etcd, the KEDA operator and its metrics adapter (with
+# KEDA's CRDs) and helm.
 # Prints the cache directory's bin path. A cached tool is not rebuilt.
 #
 #   PULSE_TOOLS_CACHE   cache root (default ~/.cache/pulse-e2e-tools)
@@ -95,8 +96,8 @@ GO
 
 build_keda() {
   local stamp="$bin/.keda-$KEDA_VERSION"
-  [ -f "$stamp" ] && [ -x "$bin/keda-operator" ] && [ -d "$cache/keda-crds" ] && return
-  log "building the KEDA operator v$KEDA_VERSION (several minutes)"
+  [ -f "$stamp" ] && [ -x "$bin/keda-operator" ] && [ -x "$bin/keda-adapter" ] && [ -d "$cache/keda-crds" ] && return
+  log "building the KEDA operator and metrics adapter v$KEDA_VERSION (several minutes)"
   local d
   d=$(scratch pulse.local/e2e/keda)
   cd "$d"
@@ -109,12 +110,17 @@ build_keda() {
 
 package tools
 
-import _ "github.com/kedacore/keda/v2/cmd/operator"
+import (
+	_ "github.com/kedacore/keda/v2/cmd/adapter"
+	_ "github.com/kedacore/keda/v2/cmd/operator"
+)
 GO
   go get "github.com/kedacore/keda/v2@v$KEDA_VERSION" >/dev/null 2>&1 || go get "github.com/kedacore/keda/v2@v$KEDA_VERSION"
   go mod tidy -e >/dev/null 2>&1 || true
   go build -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
     -o "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  go build -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
+    -o "$bin/keda-adapter" github.com/kedacore/keda/v2/cmd/adapter
   local src
   src=$(go list -m -f '{{.Dir}}' "github.com/kedacore/keda/v2")
   rm -rf "$cache/keda-crds"
