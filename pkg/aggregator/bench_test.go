@@ -31,6 +31,7 @@ func startBench(b *testing.B) (a *Aggregator, keda externalscaler.ExternalScaler
 	b.Helper()
 	o := NewOptions()
 	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup = 0 // measured: the answers, not the warm-up
 	o.MaxPodsPerAgent = benchWorkloads * benchPodsPerLoad
 	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
