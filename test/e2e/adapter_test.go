@@ -83,7 +83,7 @@ func (e *env) startKEDAAdapter(certDir string, metricsServicePort int) {
 
 	_, err := e.kube.CoreV1().Services("keda").Create(e.ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: svc, Namespace: "keda"},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443, TargetPort: intstr.FromInt32(int32(port))}}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443, TargetPort: intstr.FromInt32(int32(port))}}},
 	}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -112,8 +112,8 @@ func (e *env) startKEDAAdapter(certDir string, metricsServicePort int) {
 		"metadata": map[string]any{"name": "v1beta1.external.metrics.k8s.io"},
 		"spec": map[string]any{
 			"group": "external.metrics.k8s.io", "version": "v1beta1",
-			"service":  map[string]any{"namespace": "keda", "name": svc, "port": int64(443)},
-			"caBundle": base64.StdEncoding.EncodeToString(e.cp.pki.caPEM),
+			"service":              map[string]any{"namespace": "keda", "name": svc, "port": int64(443)},
+			"caBundle":             base64.StdEncoding.EncodeToString(e.cp.pki.caPEM),
 			"groupPriorityMinimum": int64(100), "versionPriority": int64(100),
 		}}}
 	if _, err := e.dyn.Resource(apiServiceGVR).Create(e.ctx, api, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -74,11 +74,11 @@ type env struct {
 	kedaMet string // the operator's metrics URL
 	// kedaAdapter serves external.metrics.k8s.io: the HPA's path to pulse.
 	kedaAdapter *proc
-	agg     *proc
-	aggArgs []string
-	aggHTTP string
-	scaler  string
-	agent   *proc
+	agg         *proc
+	aggArgs     []string
+	aggHTTP     string
+	scaler      string
+	agent       *proc
 	// clientTLS is a KEDA-like client's side of the scaler port's mutual TLS.
 	clientTLS *tls.Config
 	// agentTokenFile is the token of the agent's pod on gpu-node-1.
