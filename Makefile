@@ -21,6 +21,7 @@ build:
 	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
 	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
 # The local demo: an aggregator, a static-mode agent and four simulated vLLM

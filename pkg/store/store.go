@@ -8,6 +8,7 @@ package store
 import (
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,8 +81,8 @@ type Store struct {
 
 	mu        sync.RWMutex
 	pods      *simplelru.LRU[string, *pod] // by uid, most recently listed first
-	workloads map[Key]map[string]*pod
-	sources   map[string]*source // by node
+	workloads map[Key][]*pod               // each sorted by uid: readers see a stable order
+	sources   map[string]*source           // by node
 	lastSweep time.Time
 	evicted   int
 	now       func() time.Time
@@ -143,7 +144,7 @@ func New(opts Options) *Store {
 	}
 	s := &Store{
 		opts:      opts,
-		workloads: make(map[Key]map[string]*pod),
+		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
 		watches:   make(map[Key]*watch),
 		now:       opts.Now,
@@ -389,22 +390,27 @@ func (s *Store) unlist(uid string, p *pod, node string) {
 
 func (s *Store) link(p *pod) {
 	for _, k := range p.Workloads {
-		m := s.workloads[k]
-		if m == nil {
-			m = make(map[string]*pod)
-			s.workloads[k] = m
+		list := s.workloads[k]
+		i, found := slices.BinarySearchFunc(list, p.UID, func(x *pod, uid string) int { return strings.Compare(x.UID, uid) })
+		if found {
+			list[i] = p
+			continue
 		}
-		m[p.UID] = p
+		s.workloads[k] = slices.Insert(list, i, p)
 	}
 }
 
 func (s *Store) unlink(p *pod) {
 	for _, k := range p.Workloads {
-		if m := s.workloads[k]; m != nil {
-			delete(m, p.UID)
-			if len(m) == 0 {
-				delete(s.workloads, k)
-			}
+		list := s.workloads[k]
+		i, found := slices.BinarySearchFunc(list, p.UID, func(x *pod, uid string) int { return strings.Compare(x.UID, uid) })
+		if !found {
+			continue
+		}
+		if list = slices.Delete(list, i, i+1); len(list) == 0 {
+			delete(s.workloads, k)
+		} else {
+			s.workloads[k] = list
 		}
 	}
 }

@@ -1,0 +1,310 @@
+// Package cli is pulse-sim's command line: options, validation and the run
+// and tune commands (cmd/pulse-sim only calls Main).
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/plot"
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// Options are the flags common to run and tune.
+type Options struct {
+	Trace           string
+	ScaledObject    string
+	Profile         string
+	Pipelines       string
+	Out             string
+	RateScale       float64
+	Seed            uint64
+	TTFTSLO         time.Duration
+	Balancer        string
+	Format          string
+	Runs            int
+	DropOnScaleDown bool
+	ConfigTolerance bool
+	StatusReplicas  string
+
+	soRaw []byte // the ScaledObject as read (tune rewrites it)
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{Profile: "llama-3.1-8b-h100", Pipelines: strings.Join(sim.Pipelines(), ","), Out: "report", RateScale: 1,
+		Seed: 1, TTFTSLO: 2 * time.Second, Balancer: sim.BalanceRoundRobin, Format: "png", Runs: 1, ConfigTolerance: true,
+		StatusReplicas: sim.StatusAll}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D (each with optional prompt=N,output=N tokens)")
+	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its first external-push trigger, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
+	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
+	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", "))
+	fs.StringVar(&o.Out, "out", o.Out, "directory for report.json and the pictures")
+	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "replay the trace at this multiple of its rate, over the same time (each request copied, copies within a second: the bursts keep their shape)")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of everything random: the same seed gives the same report, byte for byte")
+	fs.DurationVar(&o.TTFTSLO, "ttft-slo", o.TTFTSLO, "time-to-first-token objective of sloAttainment, from a request's arrival at the gateway")
+	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "load balancer: round-robin (a Service) or least-outstanding (an inference gateway)")
+	fs.StringVar(&o.Format, "format", o.Format, "picture format: png or svg")
+	fs.IntVar(&o.Runs, "runs", o.Runs, "simulate this many seeds (seed, seed+1, ...): runs.json gets every run's scores, the table their mean; report.json and the pictures are the first seed's")
+	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
+	fs.BoolVar(&o.ConfigTolerance, "hpa-configurable-tolerance", o.ConfigTolerance, "honor the behavior's per-direction tolerance (Kubernetes' HPAConfigurableTolerance feature gate: alpha, off by default, in 1.33); false: the global 0.1 applies")
+	fs.StringVar(&o.StatusReplicas, "status-replicas", o.StatusReplicas, "what the target's /scale status.replicas counts: all (not terminating, a Deployment's) or ready")
+}
+
+// Validate reports every problem of the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Trace == "" {
+		errs = append(errs, errors.New("--trace is required"))
+	}
+	if o.ScaledObject == "" {
+		errs = append(errs, errors.New("--scaledobject is required"))
+	}
+	if o.RateScale <= 0 {
+		errs = append(errs, errors.New("--rate-scale must be above 0"))
+	}
+	if o.TTFTSLO <= 0 {
+		errs = append(errs, errors.New("--ttft-slo must be above 0"))
+	}
+	if o.Runs < 1 {
+		errs = append(errs, errors.New("--runs must be at least 1"))
+	}
+	if o.Format != "png" && o.Format != "svg" {
+		errs = append(errs, fmt.Errorf("--format %q: png or svg", o.Format))
+	}
+	return errors.Join(errs...)
+}
+
+// config builds the simulation's configuration for a seed.
+func (o *Options) config(seed uint64) (sim.Config, error) {
+	reqs, err := trace.Load(o.Trace, seed)
+	if err != nil {
+		return sim.Config{}, err
+	}
+	reqs = trace.Densify(reqs, o.RateScale, seed)
+	if o.soRaw == nil {
+		if o.soRaw, err = os.ReadFile(o.ScaledObject); err != nil {
+			return sim.Config{}, fmt.Errorf("read --scaledobject: %w", err)
+		}
+	}
+	so, err := sim.ParseScaledObject(o.soRaw)
+	if err != nil {
+		return sim.Config{}, err
+	}
+	p, err := replica.Load(o.Profile)
+	if err != nil {
+		return sim.Config{}, err
+	}
+	name := filepath.Base(o.Trace)
+	if o.RateScale != 1 {
+		name += fmt.Sprintf(" x%g", o.RateScale)
+	}
+	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
+		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas}
+	c.Defaults()
+	c.HPA.ConfigurableTolerance = o.ConfigTolerance
+	c.Pipelines = splitList(o.Pipelines)
+	return c, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Main runs pulse-sim with args (without the program name) and returns the
+// exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "run":
+		err = runCmd(args, stdout, stderr)
+	case "tune":
+		err = tuneCmd(args, stdout, stderr)
+	default:
+		err = fmt.Errorf("unknown command %q: run (the default) or tune", cmd)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "pulse-sim:", err)
+		return 1
+	}
+	return 0
+}
+
+// parse parses args; --help prints every flag, a bad flag only the error
+// and where help is.
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "usage: pulse-sim %s [flags]\n", fs.Name())
+			fs.PrintDefaults()
+			return err
+		}
+		return fmt.Errorf("%w (see pulse-sim %s --help)", err, fs.Name())
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (see pulse-sim %s --help)", fs.Args(), fs.Name())
+	}
+	return nil
+}
+
+func runCmd(args []string, stdout, stderr io.Writer) error {
+	o := NewOptions()
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	var reports []*sim.Report
+	for i := range o.Runs {
+		c, err := o.config(o.Seed + uint64(i))
+		if err != nil {
+			return err
+		}
+		r, err := sim.Run(c)
+		if err != nil {
+			return err
+		}
+		reports = append(reports, r)
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return fmt.Errorf("create --out: %w", err)
+	}
+	if err := writeJSON(filepath.Join(o.Out, "report.json"), reports[0]); err != nil {
+		return err
+	}
+	files, err := plot.Write(reports[0], o.Out, o.Format)
+	if err != nil {
+		return err
+	}
+	if o.Runs > 1 {
+		if err := writeJSON(filepath.Join(o.Out, "runs.json"), runsOf(reports)); err != nil {
+			return err
+		}
+	}
+	r := reports[0]
+	fmt.Fprintf(stdout, "%s, %d requests, %s, ScaledObject %s (%s, threshold %g), seed %d", r.Config.Trace, r.Config.Requests, r.Config.Profile,
+		r.Config.ScaledObject, r.Config.Metric, r.Config.Threshold, r.Config.Seed)
+	if o.Runs > 1 {
+		fmt.Fprintf(stdout, "; mean of %d seeds", o.Runs)
+	}
+	fmt.Fprintln(stdout)
+	PrintTable(stdout, meanScores(reports), r.Config.TTFTSLOSeconds)
+	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "report.json"), strings.Join(files, ", "))
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Run is one seed's scores of one pipeline, for runs.json.
+type Run struct {
+	Seed uint64 `json:"seed"`
+	sim.PipelineResult
+}
+
+func runsOf(reports []*sim.Report) []Run {
+	var out []Run
+	for _, r := range reports {
+		for _, p := range r.Pipelines {
+			pr := *p
+			pr.Series = sim.Series{}
+			out = append(out, Run{Seed: r.Config.Seed, PipelineResult: pr})
+		}
+	}
+	return out
+}
+
+// meanScores averages each pipeline's scores over the reports (one per seed).
+func meanScores(reports []*sim.Report) []*sim.PipelineResult {
+	out := make([]*sim.PipelineResult, len(reports[0].Pipelines))
+	n := float64(len(reports))
+	for i := range out {
+		var m sim.PipelineResult
+		m.Pipeline = reports[0].Pipelines[i].Pipeline
+		var first float64
+		firstN := 0
+		for _, r := range reports {
+			p := r.Pipelines[i]
+			m.Requests += p.Requests
+			m.TTFTP50 += p.TTFTP50 / n
+			m.TTFTP90 += p.TTFTP90 / n
+			m.TTFTP99 += p.TTFTP99 / n
+			m.SLOAttainment += p.SLOAttainment / n
+			m.GPUHours += p.GPUHours / n
+			m.MaxReplicas = max(m.MaxReplicas, p.MaxReplicas)
+			m.ScaleEvents += p.ScaleEvents
+			m.Reversals += p.Reversals
+			m.Dropped += p.Dropped
+			if p.FirstScaleUpSeconds != nil {
+				first += *p.FirstScaleUpSeconds
+				firstN++
+			}
+		}
+		m.Requests /= len(reports)
+		m.ScaleEvents /= len(reports)
+		m.Reversals /= len(reports)
+		m.Dropped /= len(reports)
+		if firstN > 0 {
+			v := first / float64(firstN)
+			m.FirstScaleUpSeconds = &v
+		}
+		out[i] = &m
+	}
+	return out
+}
+
+// PrintTable prints the comparison table.
+func PrintTable(w io.Writer, rs []*sim.PipelineResult, slo float64) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "pipeline\trequests\tTTFT p50\tp90\tp99\tSLO (≤%gs)\tGPU-hours\tmax replicas\tscale events\treversals\tfirst scale-up\tdropped\t\n", slo)
+	for _, r := range rs {
+		first := "-"
+		if r.FirstScaleUpSeconds != nil {
+			first = fmt.Sprintf("%.0fs", *r.FirstScaleUpSeconds)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2fs\t%.2fs\t%.2fs\t%.1f%%\t%.2f\t%d\t%d\t%d\t%s\t%d\t\n", r.Pipeline, r.Requests, r.TTFTP50, r.TTFTP90, r.TTFTP99,
+			100*r.SLOAttainment, r.GPUHours, r.MaxReplicas, r.ScaleEvents, r.Reversals, first, r.Dropped)
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,215 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/pulse-io/pulse/pkg/sim"
+)
+
+// tuneOptions are tune's own flags.
+type tuneOptions struct {
+	Metrics   string
+	ScaleUp   string
+	TargetSLO float64
+	Seeds     int
+}
+
+// Candidate is one configuration of the sweep and its mean scores.
+type Candidate struct {
+	Metric        string  `json:"metric"`
+	Threshold     float64 `json:"threshold"`
+	ScaleUpPods   int32   `json:"scaleUpPods"`
+	ScaleUpPeriod int32   `json:"scaleUpPeriodSeconds"`
+	SLOAttainment float64 `json:"sloAttainment"`
+	GPUHours      float64 `json:"gpuHours"`
+	TTFTP90       float64 `json:"ttftP90"`
+	MeetsTarget   bool    `json:"meetsTarget"`
+
+	raw []byte // its ScaledObject
+}
+
+type scaleUp struct{ pods, period int32 }
+
+func parseGrid(metrics, up string) (map[string][]float64, []string, []scaleUp, error) {
+	var errs []error
+	grid := map[string][]float64{}
+	var order []string
+	for _, m := range splitList(metrics) {
+		name, vals, ok := strings.Cut(m, "=")
+		if !ok {
+			errs = append(errs, fmt.Errorf("--metrics %q: want metric=threshold/threshold, such as waiting=5/10", m))
+			continue
+		}
+		for _, v := range strings.Split(vals, "/") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 {
+				errs = append(errs, fmt.Errorf("--metrics %s: threshold %q is not a number above 0", name, v))
+			}
+			grid[name] = append(grid[name], f)
+		}
+		order = append(order, name)
+	}
+	var ups []scaleUp
+	for _, u := range splitList(up) {
+		pods, per, ok := strings.Cut(u, "/")
+		n, err1 := strconv.Atoi(pods)
+		d, err2 := time.ParseDuration(per)
+		if !ok || err1 != nil || err2 != nil || n < 1 || d < time.Second {
+			errs = append(errs, fmt.Errorf("--scale-up %q: want pods/period such as 1/300s", u))
+			continue
+		}
+		ups = append(ups, scaleUp{int32(n), int32(d.Seconds())})
+	}
+	return grid, order, ups, errors.Join(errs...)
+}
+
+// variant rewrites the ScaledObject YAML with a metric, threshold and
+// scale-up policy, keeping everything else.
+func variant(raw []byte, metric string, threshold float64, up scaleUp) ([]byte, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	spec, _ := doc["spec"].(map[string]any)
+	triggers, _ := spec["triggers"].([]any)
+	for _, t := range triggers {
+		tm, _ := t.(map[string]any)
+		if tm["type"] != "external-push" {
+			continue
+		}
+		md, _ := tm["metadata"].(map[string]any)
+		if md == nil {
+			md = map[string]any{}
+			tm["metadata"] = md
+		}
+		delete(md, "metricName")
+		md["metric"] = metric
+		md["threshold"] = strconv.FormatFloat(threshold, 'g', -1, 64)
+		break
+	}
+	adv := child(spec, "advanced")
+	behavior := child(child(adv, "horizontalPodAutoscalerConfig"), "behavior")
+	su := child(behavior, "scaleUp")
+	su["policies"] = []any{map[string]any{"type": "Pods", "value": up.pods, "periodSeconds": up.period}}
+	su["selectPolicy"] = "Max"
+	return yaml.Marshal(doc)
+}
+
+func child(m map[string]any, k string) map[string]any {
+	c, _ := m[k].(map[string]any)
+	if c == nil {
+		c = map[string]any{}
+		m[k] = c
+	}
+	return c
+}
+
+func tuneCmd(args []string, stdout, stderr io.Writer) error {
+	o := NewOptions()
+	o.Pipelines, o.Out = "pulse", "tune"
+	t := tuneOptions{Metrics: "waiting=2/5/10/20,running=32/64/128/256,kvCacheUsage=0.4/0.6/0.8", ScaleUp: "1/300s,1/60s,2/60s,4/15s",
+		TargetSLO: 0.95, Seeds: 3}
+	fs := flag.NewFlagSet("tune", flag.ContinueOnError)
+	o.AddFlags(fs)
+	fs.StringVar(&t.Metrics, "metrics", t.Metrics, "metrics and thresholds to sweep: metric=t1/t2/...,metric=...")
+	fs.StringVar(&t.ScaleUp, "scale-up", t.ScaleUp, "scale-up policies to sweep, pods/period, comma-separated")
+	fs.Float64Var(&t.TargetSLO, "target-slo", t.TargetSLO, "the SLO attainment (fraction of requests with TTFT ≤ --ttft-slo) a configuration must reach")
+	fs.IntVar(&t.Seeds, "seeds", t.Seeds, "seeds each configuration is simulated with; scores are their mean")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	errs := []error{o.Validate()}
+	if t.TargetSLO <= 0 || t.TargetSLO > 1 {
+		errs = append(errs, errors.New("--target-slo must be in (0, 1]"))
+	}
+	if t.Seeds < 1 {
+		errs = append(errs, errors.New("--seeds must be at least 1"))
+	}
+	grid, order, ups, err := parseGrid(t.Metrics, t.ScaleUp)
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	base, err := os.ReadFile(o.ScaledObject)
+	if err != nil {
+		return fmt.Errorf("read --scaledobject: %w", err)
+	}
+	var cands []Candidate
+	for _, m := range order {
+		for _, thr := range grid[m] {
+			for _, up := range ups {
+				raw, err := variant(base, m, thr, up)
+				if err != nil {
+					return err
+				}
+				c := Candidate{Metric: m, Threshold: thr, ScaleUpPods: up.pods, ScaleUpPeriod: up.period, raw: raw}
+				for s := range t.Seeds {
+					o.soRaw = raw
+					cfg, err := o.config(o.Seed + uint64(s))
+					if err != nil {
+						return fmt.Errorf("%s threshold %g: %w", m, thr, err)
+					}
+					r, err := sim.Run(cfg)
+					if err != nil {
+						return fmt.Errorf("%s threshold %g: %w", m, thr, err)
+					}
+					p := r.Pipelines[0]
+					c.SLOAttainment += p.SLOAttainment / float64(t.Seeds)
+					c.GPUHours += p.GPUHours / float64(t.Seeds)
+					c.TTFTP90 += p.TTFTP90 / float64(t.Seeds)
+				}
+				c.MeetsTarget = c.SLOAttainment >= t.TargetSLO
+				cands = append(cands, c)
+			}
+		}
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].MeetsTarget != cands[j].MeetsTarget {
+			return cands[i].MeetsTarget
+		}
+		if cands[i].MeetsTarget {
+			return cands[i].GPUHours < cands[j].GPUHours
+		}
+		return cands[i].SLOAttainment > cands[j].SLOAttainment
+	})
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return fmt.Errorf("create --out: %w", err)
+	}
+	if err := writeJSON(filepath.Join(o.Out, "tune.json"), cands); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "metric\tthreshold\tscale-up\tSLO (≤%s)\tGPU-hours\tTTFT p90\t\n", o.TTFTSLO)
+	for _, c := range cands {
+		mark := ""
+		if c.MeetsTarget {
+			mark = " *"
+		}
+		fmt.Fprintf(tw, "%s\t%g\t%d pod/%ds\t%.1f%%%s\t%.2f\t%.2fs\t\n", c.Metric, c.Threshold, c.ScaleUpPods, c.ScaleUpPeriod, 100*c.SLOAttainment, mark, c.GPUHours, c.TTFTP90)
+	}
+	_ = tw.Flush()
+	if len(cands) == 0 || !cands[0].MeetsTarget {
+		fmt.Fprintf(stdout, "\nno configuration reaches %.1f%% of requests within %s; the closest is first above\n", 100*t.TargetSLO, o.TTFTSLO)
+		return nil
+	}
+	b := cands[0]
+	file := filepath.Join(o.Out, "tuned-scaledobject.yaml")
+	if err := os.WriteFile(file, b.raw, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", file, err)
+	}
+	fmt.Fprintf(stdout, "\ncheapest configuration meeting %.1f%% within %s (mean of %d seeds): %s threshold %g, scale up %d pod per %ds: %.2f GPU-hours, %.1f%%\n%s\n---\n%s",
+		100*t.TargetSLO, o.TTFTSLO, t.Seeds, b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, b.GPUHours, 100*b.SLOAttainment, file, b.raw)
+	return nil
+}

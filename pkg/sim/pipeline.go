@@ -1,0 +1,434 @@
+package sim
+
+import (
+	"errors"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// Pipeline is one autoscaling signal path: how the HPA (through KEDA) and
+// KEDA's activation learn the trigger's metric.
+type Pipeline interface {
+	// Attach schedules the pipeline's own periodic work.
+	Attach(w *world)
+	// Metric is the value KEDA's metrics adapter hands the HPA at a sync.
+	Metric(w *world) (float64, error)
+	// Active is what KEDA's poll (IsActive) gets.
+	Active(w *world) (bool, error)
+	// The workload's replicas as the pipeline's discovery sees them.
+	ReplicaAdded(w *world, rp *rep)
+	ReplicaReady(w *world, rp *rep)
+	ReplicaTerminating(w *world, rp *rep)
+	ReplicaRemoved(w *world, rp *rep)
+	// Demand: a request is held at the gateway (no replica is ready).
+	Demand(w *world)
+}
+
+// pipelines are the pipelines pulse-sim knows, by name.
+var pipelines = map[string]func(*Config) Pipeline{
+	"pulse":          newPulse,
+	"prometheus":     func(c *Config) Pipeline { return newPrometheus(c, false) },
+	"prometheus-avg": func(c *Config) Pipeline { return newPrometheus(c, true) },
+	"kaito":          newKaito,
+	"oracle":         func(*Config) Pipeline { return &oracle{} },
+}
+
+// Pipelines lists the pipeline names, in report order.
+func Pipelines() []string {
+	return []string{"pulse", "prometheus", "prometheus-avg", "kaito", "oracle"}
+}
+
+// gaugeOf is the raw gauge a canonical gauge metric reads; false for
+// metrics that are not plain gauges (rates, ratios), which only pulse and
+// the oracle through pulse's evaluation model.
+func gaugeOf(metric string) (signal.ID, bool) {
+	m, ok := signal.Lookup(metric)
+	if !ok || m.Rule != signal.RuleGauge {
+		return 0, false
+	}
+	return m.Num, true
+}
+
+// noHooks are empty replica hooks.
+type noHooks struct{}
+
+func (noHooks) ReplicaAdded(*world, *rep)       {}
+func (noHooks) ReplicaReady(*world, *rep)       {}
+func (noHooks) ReplicaTerminating(*world, *rep) {}
+func (noHooks) ReplicaRemoved(*world, *rep)     {}
+func (noHooks) Demand(*world)                   {}
+
+// ---- pulse ----------------------------------------------------------------
+
+// Delays of pulse's path, as the agent and aggregator run: the pod
+// informer's watch and the next catalogue (catalogueDelay), and a
+// sample's batch delay and network hop (sampleDelay).
+const (
+	catalogueDelay = time.Second
+	sampleDelay    = 25 * time.Millisecond
+)
+
+// pulsePipe runs pulse's own pkg/store and pkg/scaler under the virtual
+// clock: every ready pod is scraped every ScrapeInterval at its own stable
+// phase, its values quantized as the wire carries them, and stored after
+// the agent's batch delay; the HPA's query is the scaler's Evaluate.
+type pulsePipe struct {
+	noHooks
+	cfg     *Config
+	st      *store.Store
+	srv     *scaler.Server
+	base    time.Time
+	scraped map[*rep]bool
+}
+
+func newPulse(cfg *Config) Pipeline {
+	return &pulsePipe{cfg: cfg, scraped: map[*rep]bool{}}
+}
+
+func (p *pulsePipe) Attach(w *world) {
+	p.base = time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return p.base.Add(w.now) }
+	win := max(p.cfg.trigger.Window*2, time.Minute)
+	p.st = store.New(store.Options{Retention: win, MaxSamples: int(win/p.cfg.ScrapeInterval) + 4, Now: clock, MaxPods: 100000})
+	p.srv = scaler.New(p.st, scaler.Options{MaxWindow: win, Now: clock})
+}
+
+func (p *pulsePipe) info(rp *rep) store.PodInfo {
+	return store.PodInfo{UID: rp.uid, Namespace: p.cfg.trigger.Workload.Namespace, Name: rp.name,
+		Workloads: []store.Key{p.cfg.trigger.Workload}, Ready: rp.state == ready, Terminating: rp.state == terminating}
+}
+
+// list upserts the pod as the agent's catalogue would, after the
+// informer's and the stream's delay.
+func (p *pulsePipe) list(w *world, rp *rep) {
+	info := p.info(rp)
+	w.at(w.now+catalogueDelay, func() { p.st.Upsert(store.Source{Node: rp.uid, Instance: "agent"}, []store.PodInfo{info}, false) })
+}
+
+func (p *pulsePipe) ReplicaAdded(w *world, rp *rep)       { p.list(w, rp) }
+func (p *pulsePipe) ReplicaTerminating(w *world, rp *rep) { p.list(w, rp); delete(p.scraped, rp) }
+func (p *pulsePipe) ReplicaRemoved(w *world, rp *rep) {
+	delete(p.scraped, rp)
+	w.at(w.now+catalogueDelay, func() { p.st.Remove(rp.uid, rp.uid) })
+}
+
+func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
+	p.list(w, rp)
+	p.scraped[rp] = true
+	// Scrapes at the pod's stable phase of the interval, from when the
+	// agent sees it Ready.
+	iv := p.cfg.ScrapeInterval
+	ph := phase(rp.uid, iv)
+	first := (w.now+catalogueDelay)/iv*iv + ph
+	for first < w.now+catalogueDelay {
+		first += iv
+	}
+	var scrape func()
+	scrape = func() {
+		if !p.scraped[rp] {
+			return
+		}
+		w.touch(rp)
+		vals := rp.r.Values()
+		for id := signal.ID(1); id < signal.NumIDs; id++ {
+			if v, ok := vals.Get(id); ok {
+				vals.V[id] = signal.Quantize(id, v)
+			}
+		}
+		rep := store.Report{UID: rp.uid}
+		rep.TimeMs = p.base.Add(w.now).UnixMilli()
+		rep.Values = vals
+		w.at(w.now+sampleDelay, func() { p.st.Add([]store.Report{rep}) })
+		if next := w.now + iv; next <= w.cfg.horizon {
+			w.at(next, scrape)
+		}
+	}
+	w.at(first, scrape)
+}
+
+func (p *pulsePipe) Metric(*world) (float64, error) {
+	d, err := p.srv.Evaluate(p.cfg.trigger)
+	return d.Value, err
+}
+
+func (p *pulsePipe) Active(*world) (bool, error) {
+	d, err := p.srv.Evaluate(p.cfg.trigger)
+	return d.Active, err
+}
+
+// ---- Prometheus -----------------------------------------------------------
+
+// promPipe is KEDA's prometheus trigger over a PodMonitor: Prometheus scrapes
+// every pod every PrometheusInterval at its own phase (a pod not ready has
+// no vLLM server listening yet: its scrape fails, it has no series); an
+// instant query takes each series' latest sample within the 5-minute
+// lookback, a removed pod's series going stale at once. KEDA queries at each
+// HPA sync and at each poll (pollingInterval) for activation.
+//
+// The query follows the pulse trigger's semantics (sum for a total, the
+// mean for valueType average, max × count for aggregation max), or, for
+// prometheus-avg, is the Kaito proposal's avg(vllm:num_requests_waiting)
+// under KEDA's default AverageValue, as the proposal writes it.
+type promPipe struct {
+	noHooks
+	cfg     *Config
+	avgForm bool
+	gauge   signal.ID
+	last    map[*rep]promSample
+}
+
+type promSample struct {
+	at    time.Duration
+	value float64
+}
+
+const promLookback = 5 * time.Minute
+
+func newPrometheus(cfg *Config, avgForm bool) Pipeline {
+	return &promPipe{cfg: cfg, avgForm: avgForm, last: map[*rep]promSample{}}
+}
+
+func (p *promPipe) Attach(*world) {
+	g, ok := gaugeOf(p.cfg.trigger.Metric)
+	if !ok {
+		g = signal.Waiting // rate metrics are not modelled: documented
+	}
+	p.gauge = g
+}
+
+func (p *promPipe) ReplicaAdded(w *world, rp *rep) {
+	iv := p.cfg.PrometheusInterval
+	first := w.now/iv*iv + phase(rp.uid, iv)
+	for first <= w.now {
+		first += iv
+	}
+	var scrape func()
+	scrape = func() {
+		if !w.exists(rp) {
+			return
+		}
+		if rp.state != starting {
+			w.touch(rp)
+			v := rp.r.Values()
+			x, _ := v.Get(p.gauge)
+			p.last[rp] = promSample{w.now, x}
+		}
+		if next := w.now + iv; next <= w.cfg.horizon {
+			w.at(next, scrape)
+		}
+	}
+	w.at(first, scrape)
+}
+
+func (p *promPipe) ReplicaRemoved(_ *world, rp *rep) { delete(p.last, rp) }
+
+// query evaluates the instant query at now.
+func (p *promPipe) query(w *world) float64 {
+	var vals []float64
+	for _, rp := range w.reps {
+		if s, ok := p.last[rp]; ok && w.now-s.at <= promLookback {
+			vals = append(vals, s.value)
+		}
+	}
+	if len(vals) == 0 {
+		return 0 // KEDA's prometheus scaler: an empty result is 0 (ignoreNullValues)
+	}
+	sum, most := 0.0, vals[0]
+	for _, v := range vals {
+		sum += v
+		most = math.Max(most, v)
+	}
+	t := p.cfg.trigger
+	switch {
+	case p.avgForm:
+		return sum / float64(len(vals))
+	case t.ValueType == "average" && t.Aggregation == "max":
+		return most
+	case t.ValueType == "average":
+		return sum / float64(len(vals))
+	case t.Aggregation == "max":
+		return most * float64(len(vals))
+	}
+	return sum
+}
+
+func (p *promPipe) Metric(w *world) (float64, error) { return p.query(w), nil }
+func (p *promPipe) Active(w *world) (bool, error) {
+	return p.query(w) > p.cfg.trigger.ActivationThreshold, nil
+}
+
+// ---- keda-kaito-scaler ----------------------------------------------------
+
+// kaitoPipe is keda-kaito-scaler (v0.6): a background cache refreshed every
+// 15 s by scraping the workload's Service; for an InferenceSet, each replica
+// is a Workspace with its own Service (every ready replica is scraped), for
+// any other target one Service spreads over the replicas, so one ready
+// replica answers each scrape. Series of a page are summed; the workload's
+// value is the sum over the Services scraped, a failed one counted as the
+// threshold when the others average below it. A cached value older than
+// 45 s is an error (Unavailable); IsActive is "some replica is ready"; no
+// push.
+type kaitoPipe struct {
+	noHooks
+	cfg   *Config
+	gauge signal.ID
+	value float64
+	at    time.Duration
+	err   error
+	have  bool
+}
+
+const (
+	kaitoPoll       = 15 * time.Second
+	kaitoStaleAfter = 45 * time.Second
+)
+
+func newKaito(cfg *Config) Pipeline { return &kaitoPipe{cfg: cfg} }
+
+func (k *kaitoPipe) Attach(w *world) {
+	g, ok := gaugeOf(k.cfg.trigger.Metric)
+	if !ok {
+		g = signal.Waiting
+	}
+	k.gauge = g
+	k.at = -1
+	w.every(phase("keda-kaito-scaler", kaitoPoll), kaitoPoll, func() { k.refresh(w) })
+}
+
+func (k *kaitoPipe) refresh(w *world) {
+	thr := k.cfg.trigger.Threshold
+	read := func(rp *rep) float64 {
+		w.touch(rp)
+		v := rp.r.Values()
+		x, _ := v.Get(k.gauge)
+		return x
+	}
+	var sum float64
+	ok, failed := 0, 0
+	if k.cfg.ScaledObject.Spec.ScaleTargetRef.Kind == "InferenceSet" {
+		for _, rp := range w.reps {
+			if rp.state == ready {
+				sum += read(rp)
+				ok++
+			} else if rp.state == starting {
+				failed++ // its Service has no ready endpoint
+			}
+		}
+	} else if len(w.ready) > 0 {
+		sum, ok = read(w.ready[w.rng.IntN(len(w.ready))]), 1
+	} else {
+		failed = 1
+	}
+	if ok > 0 && sum/float64(ok) < thr {
+		sum += thr * float64(failed)
+	}
+	k.value, k.at, k.have = sum, w.now, true
+	k.err = nil
+	if ok == 0 {
+		k.err = errors.New("no Service of the workload answered")
+	}
+}
+
+func (k *kaitoPipe) Metric(w *world) (float64, error) {
+	if !k.have {
+		k.refresh(w) // the first request seeds the cache with a scrape
+	}
+	if k.err != nil {
+		return 0, k.err
+	}
+	if w.now-k.at > kaitoStaleAfter {
+		return 0, errors.New("metrics are not available yet (scrape failing or cold)")
+	}
+	return k.value, nil
+}
+
+func (k *kaitoPipe) Active(w *world) (bool, error) { return len(w.ready) > 0, nil }
+
+// ---- oracle ---------------------------------------------------------------
+
+// oracle knows the true current value at every HPA sync: each ready
+// replica's metric now, plus the requests held at the gateway for a queue
+// metric, aggregated as the trigger says. It pushes activation the moment
+// a request is held with no replica. The bound for any reactive signal.
+type oracle struct{ noHooks }
+
+func (*oracle) Attach(*world) {}
+func (*oracle) Metric(w *world) (float64, error) {
+	return trueValue(w), nil
+}
+func (*oracle) Active(w *world) (bool, error) {
+	return trueValue(w) > w.cfg.trigger.ActivationThreshold, nil
+}
+func (*oracle) Demand(w *world) {
+	if w.spec == 0 {
+		w.Push()
+	}
+}
+
+// trueValue is the trigger's value from the replicas' state now: gauges as
+// they are, rates and ratios over the trigger's window as pulse derives them
+// from exact samples (every 100 ms, no delay).
+func trueValue(w *world) float64 {
+	t := w.cfg.trigger
+	g, isGauge := gaugeOf(t.Metric)
+	var vals []float64
+	for _, rp := range w.ready {
+		w.touch(rp)
+		v := rp.r.Values()
+		if isGauge {
+			x, _ := v.Get(g)
+			vals = append(vals, x)
+		} else if x, ok := exactRate(w, rp, t); ok {
+			vals = append(vals, x)
+		}
+	}
+	if g == signal.Waiting && isGauge && len(w.gate) > 0 {
+		if len(vals) == 0 {
+			vals = append(vals, 0)
+		}
+		vals[0] += float64(len(w.gate))
+	}
+	if len(vals) == 0 {
+		return 0
+	}
+	sort.Float64s(vals)
+	sum, most := 0.0, vals[len(vals)-1]
+	for _, v := range vals {
+		sum += v
+	}
+	switch {
+	case t.ValueType == "average" && t.Aggregation == "max":
+		return most
+	case t.ValueType == "average":
+		return sum / float64(len(vals))
+	case t.Aggregation == "max":
+		return most * float64(len(vals))
+	}
+	return sum
+}
+
+// exactRate is a rate or ratio metric over the trigger's window from the
+// replica's counters now and at the window's start (kept by the world).
+func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
+	m, ok := signal.Lookup(t.Metric)
+	if !ok {
+		return 0, false
+	}
+	hist := w.history(rp)
+	cur := signal.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
+	from := w.now - t.Window
+	series := []signal.Sample{}
+	for _, s := range hist {
+		if time.Duration(s.TimeMs)*time.Millisecond >= from {
+			series = append(series, s)
+			break
+		}
+	}
+	series = append(series, cur)
+	return m.Eval(series)
+}

@@ -1,0 +1,136 @@
+package replica
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Profile describes a model served by vLLM on some GPUs: its step-time
+// coefficients, its KV cache and scheduler limits, and how long a new replica
+// takes to become Ready. Profiles are YAML files; those under profiles/ ship
+// with pulse-sim, each citing where its numbers come from.
+type Profile struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// GPUs per replica (for GPU-hours).
+	GPUs int `json:"gpus"`
+	// KVCacheTokens is the KV cache capacity in tokens (vLLM's "GPU KV
+	// cache size" at its gpu_memory_utilization).
+	KVCacheTokens int `json:"kvCacheTokens"`
+	// MaxNumSeqs and MaxNumBatchedTokens are vLLM's scheduler limits.
+	MaxNumSeqs          int `json:"maxNumSeqs"`
+	MaxNumBatchedTokens int `json:"maxNumBatchedTokens"`
+	// MaxModelLen: a request whose prompt and output exceed it is refused.
+	MaxModelLen int `json:"maxModelLen"`
+	// Step time = Beta0 + Beta1·prefill tokens + Beta2·decoding sequences.
+	Beta0Seconds float64 `json:"beta0Seconds"`
+	Beta1Seconds float64 `json:"beta1SecondsPerPrefillToken"`
+	Beta2Seconds float64 `json:"beta2SecondsPerDecodeSequence"`
+	// Startup is the mean time from a replica's creation to Ready
+	// (scheduling, image pull, model load); each replica's is drawn from a
+	// normal distribution with StartupStddev, cut at ±3 standard deviations.
+	Startup       Duration `json:"startup"`
+	StartupStddev Duration `json:"startupStddev"`
+	// Sources cite the measurements each number comes from.
+	Sources []string `json:"sources"`
+}
+
+// Duration is a time.Duration written as "240s" in YAML.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON reads a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+// StartupTime draws one replica's startup time from normal, a standard
+// normal variate.
+func (p *Profile) StartupTime(normal float64) time.Duration {
+	z := math.Max(-3, math.Min(3, normal))
+	return p.Startup.Duration + time.Duration(z*float64(p.StartupStddev.Duration))
+}
+
+func (p *Profile) stepTime(prefill, decode int) time.Duration {
+	s := p.Beta0Seconds + p.Beta1Seconds*float64(prefill) + p.Beta2Seconds*float64(decode)
+	return time.Duration(math.Round(s * 1e9))
+}
+
+// Validate reports every problem of the profile.
+func (p *Profile) Validate() error {
+	var errs []error
+	bad := func(f string, a ...any) {
+		errs = append(errs, fmt.Errorf("profile %s: "+f, append([]any{p.Name}, a...)...))
+	}
+	if p.Name == "" {
+		bad("name is required")
+	}
+	if p.GPUs < 1 {
+		bad("gpus must be at least 1")
+	}
+	if p.MaxNumSeqs < 1 || p.MaxNumBatchedTokens < 1 {
+		bad("maxNumSeqs and maxNumBatchedTokens must be at least 1")
+	}
+	if p.MaxModelLen < 1 || p.KVCacheTokens < p.MaxModelLen {
+		bad("kvCacheTokens (%d) must hold at least one request of maxModelLen (%d)", p.KVCacheTokens, p.MaxModelLen)
+	}
+	if p.Beta0Seconds <= 0 || p.Beta1Seconds < 0 || p.Beta2Seconds < 0 {
+		bad("beta0Seconds must be above 0, beta1 and beta2 not negative")
+	}
+	if p.Startup.Duration < 0 || p.StartupStddev.Duration < 0 || 3*p.StartupStddev.Duration > p.Startup.Duration {
+		bad("startup and startupStddev must not be negative, and three standard deviations at most the startup")
+	}
+	if len(p.Sources) == 0 {
+		bad("sources: cite where the numbers come from")
+	}
+	return errors.Join(errs...)
+}
+
+//go:embed profiles/*.yaml
+var shipped embed.FS
+
+// Shipped lists the names of the profiles that ship with pulse-sim.
+func Shipped() []string {
+	ents, _ := shipped.ReadDir("profiles")
+	var out []string
+	for _, e := range ents {
+		out = append(out, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Load reads a shipped profile by name, or a profile file by path.
+func Load(nameOrPath string) (*Profile, error) {
+	raw, err := shipped.ReadFile("profiles/" + nameOrPath + ".yaml")
+	if err != nil {
+		if raw, err = os.ReadFile(nameOrPath); err != nil {
+			return nil, fmt.Errorf("profile %q is neither a shipped profile (%s) nor a readable file: %w",
+				nameOrPath, strings.Join(Shipped(), ", "), err)
+		}
+	}
+	var p Profile
+	if err := yaml.UnmarshalStrict(raw, &p); err != nil {
+		return nil, fmt.Errorf("parse profile %s: %w", nameOrPath, err)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -1,0 +1,457 @@
+// Package replica models one vLLM replica with continuous batching, in
+// virtual time, and derives from its state the values pulse reads from a
+// vLLM page.
+//
+// Each engine step has a token budget (max_num_batched_tokens). The
+// scheduler (as vLLM V1's) gives one token to every running sequence that is
+// decoding, then prefill chunks to sequences still prefilling, then admits
+// waiting requests while the budget, max_num_seqs and the KV cache allow.
+// The step lasts beta0 + beta1·(prefill tokens) + beta2·(decoding sequences),
+// the linear step model of the BLIS simulator and llm-d's workload variant
+// autoscaler. When the KV cache cannot hold the next decode tokens, the most
+// recently admitted sequence is preempted (recompute): it goes back to the
+// front of the queue and is prefilled again.
+//
+// Runs of identical decode-only steps (nothing to prefill or admit) are
+// advanced in one go, so a replica costs work per request, not per step.
+package replica
+
+import (
+	"container/heap"
+	"math"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+)
+
+// Request is one inference request.
+type Request struct {
+	ID      int
+	Prompt  int // prompt tokens
+	Output  int // tokens to generate (at least 1)
+	Arrival time.Duration
+	// Set by the replica.
+	Dispatched time.Duration // when it reached this replica
+	Admitted   time.Duration // first scheduled (-1 before)
+	FirstToken time.Duration // -1 before
+	Finished   time.Duration // -1 before
+
+	prefilled, generated int
+	prefillTarget        int    // tokens to prefill: the prompt, plus what was generated before a preemption
+	finishAt             uint64 // decode counter value at which it has generated Output tokens
+	index                int    // in the finish heap
+	lastToken            time.Duration
+	prev, next           *Request // in the running list
+}
+
+// NewRequest returns a request not yet dispatched.
+func NewRequest(id, prompt, output int, arrival time.Duration) *Request {
+	return &Request{ID: id, Prompt: prompt, Output: max(output, 1), Arrival: arrival, Admitted: -1, FirstToken: -1, Finished: -1}
+}
+
+// Observer hears about requests' progress.
+type Observer interface {
+	FirstToken(r *Request)
+	Finished(r *Request)
+}
+
+// Counters are a replica's cumulative vLLM counters and histogram sums.
+type Counters struct {
+	PromptTokens, GenerationTokens, Success, Preemptions float64
+	TTFTSum, TTFTCount, QueueSum, QueueCount             float64
+	E2ESum, E2ECount, ITLSum, ITLCount                   float64
+}
+
+// Replica is one vLLM server. It is not safe for concurrent use.
+type Replica struct {
+	p   *Profile
+	obs Observer
+
+	waiting []*Request // FIFO
+	// preempted go before waiting, the last preempted first (vLLM puts a
+	// preempted request back at the front of its queue).
+	preempted []*Request
+	// running, in admission order (a list: the newest is preempted first).
+	head, tail *Request
+	nRunning   int
+	// prefilling: running sequences with prompt left to prefill, in
+	// admission order, and the tokens they have left.
+	prefilling     []*Request
+	pendingPrefill int
+	// decoding: running sequences whose prefill is done, by finishAt.
+	decoding finishHeap
+	usage    int // KV tokens in use
+	decodeN  uint64
+
+	// The current run: steps of identical composition from runStart, each
+	// dt long; runSteps of them are planned, done of them applied.
+	active   bool
+	runStart time.Duration
+	dt       time.Duration
+	runSteps uint64
+	done     uint64
+	// The composition of a step that prefills (runSteps == 1).
+	chunks []chunk
+	nDec   int
+
+	c Counters
+}
+
+type chunk struct {
+	r      *Request
+	tokens int
+}
+
+// New returns an idle replica.
+func New(p *Profile, obs Observer) *Replica { return &Replica{p: p, obs: obs} }
+
+// Enqueue hands a request to the replica at now (the replica has been
+// advanced to now). It is scheduled from the next step on.
+func (r *Replica) Enqueue(now time.Duration, req *Request) {
+	req.Dispatched = now
+	req.prefillTarget = req.Prompt
+	r.waiting = append(r.waiting, req)
+	if !r.active {
+		r.plan(now)
+		return
+	}
+	// The step in progress ends the run: the next one schedules the request.
+	r.runSteps = min(r.runSteps, r.done+1)
+}
+
+// Outstanding is the number of requests waiting or running.
+func (r *Replica) Outstanding() int { return r.Waiting() + r.nRunning }
+
+// Waiting and Running are vLLM's num_requests_waiting and _running.
+func (r *Replica) Waiting() int { return len(r.waiting) + len(r.preempted) }
+func (r *Replica) Running() int { return r.nRunning }
+
+// KVUsage is vLLM's kv_cache_usage_perc (0..1).
+func (r *Replica) KVUsage() float64 { return float64(r.usage) / float64(r.p.KVCacheTokens) }
+
+// Counters returns the cumulative counters.
+func (r *Replica) Counters() Counters { return r.c }
+
+// NextEvent is when the replica next changes state by itself; false when
+// it is idle.
+func (r *Replica) NextEvent() (time.Duration, bool) {
+	if !r.active {
+		return 0, false
+	}
+	return r.runStart + time.Duration(r.runSteps)*r.dt, true
+}
+
+// AdvanceTo applies every step that ends at or before t, planning new
+// steps as runs end.
+func (r *Replica) AdvanceTo(t time.Duration) {
+	for r.active {
+		end := r.runStart + time.Duration(r.runSteps)*r.dt
+		if end > t {
+			// Apply the whole steps of the run that end by t.
+			if k := uint64((t - r.runStart) / r.dt); k > r.done {
+				r.applyDecode(k-r.done, r.runStart+time.Duration(k)*r.dt)
+				r.done = k
+			}
+			return
+		}
+		if r.chunks != nil {
+			r.applyPrefillStep(end)
+		} else if r.runSteps > r.done {
+			r.applyDecode(r.runSteps-r.done, end)
+		}
+		r.active = false
+		r.plan(end)
+	}
+}
+
+// Drain takes every request off the replica (it is being removed and drops
+// its work), returning those not finished.
+func (r *Replica) Drain() []*Request {
+	var out []*Request
+	for q := r.head; q != nil; q = q.next {
+		out = append(out, q)
+	}
+	out = append(append(out, r.preempted...), r.waiting...)
+	r.head, r.tail, r.nRunning, r.prefilling, r.pendingPrefill = nil, nil, 0, nil, 0
+	r.preempted, r.waiting, r.decoding, r.usage, r.active = nil, nil, nil, 0, false
+	return out
+}
+
+// plan starts the next step at now, or goes idle.
+func (r *Replica) plan(now time.Duration) {
+	r.chunks, r.nDec, r.done = nil, 0, 0
+	if r.nRunning == 0 && r.Waiting() == 0 {
+		r.active = false
+		return
+	}
+	r.preemptForDecode(now)
+	nDec := r.decoding.Len()
+	budget := r.p.MaxNumBatchedTokens - nDec
+	var chunks []chunk
+	prefill := 0
+	for _, q := range r.prefilling {
+		if budget <= 0 {
+			break
+		}
+		n := min(q.prefillTarget-q.prefilled, budget)
+		chunks = append(chunks, chunk{q, n})
+		budget -= n
+		prefill += n
+	}
+	for budget > 0 && r.Waiting() > 0 && r.nRunning < r.p.MaxNumSeqs {
+		q := r.nextWaiting()
+		// The whole prompt must fit in the KV cache at admission.
+		if r.usage+r.pendingPrefill+q.prefillTarget > r.p.KVCacheTokens {
+			break
+		}
+		r.popHead()
+		if q.Admitted < 0 {
+			q.Admitted = now
+			r.c.QueueSum += (now - q.Dispatched).Seconds()
+			r.c.QueueCount++
+		}
+		r.pushRunning(q)
+		r.prefilling = append(r.prefilling, q)
+		r.pendingPrefill += q.prefillTarget
+		n := min(q.prefillTarget, budget)
+		chunks = append(chunks, chunk{q, n})
+		budget -= n
+		prefill += n
+	}
+	r.active, r.runStart = true, now
+	if len(chunks) > 0 {
+		r.chunks, r.nDec = chunks, nDec
+		r.dt = r.p.stepTime(prefill, nDec)
+		r.runSteps = 1
+		return
+	}
+	if nDec == 0 {
+		// Requests wait for KV space held by no running sequence: nothing
+		// can free it. (A prompt larger than the cache never runs.)
+		r.active = false
+		return
+	}
+	// Decode only: identical steps until the first sequence finishes, the
+	// KV cache is full, or a request arrives.
+	r.dt = r.p.stepTime(0, nDec)
+	first := r.decoding[0].at - r.decodeN
+	free := r.p.KVCacheTokens - r.usage
+	fits := uint64(free / nDec)
+	r.runSteps = max(1, min(first, fits))
+}
+
+func (r *Replica) pushRunning(q *Request) {
+	q.prev, q.next = r.tail, nil
+	if r.tail != nil {
+		r.tail.next = q
+	} else {
+		r.head = q
+	}
+	r.tail = q
+	r.nRunning++
+}
+
+func (r *Replica) unlinkRunning(q *Request) {
+	if q.prev != nil {
+		q.prev.next = q.next
+	} else {
+		r.head = q.next
+	}
+	if q.next != nil {
+		q.next.prev = q.prev
+	} else {
+		r.tail = q.prev
+	}
+	q.prev, q.next = nil, nil
+	r.nRunning--
+}
+
+// dropPrefilling takes q off the prefilling list.
+func (r *Replica) dropPrefilling(q *Request) {
+	for i, x := range r.prefilling {
+		if x == q {
+			r.prefilling = append(r.prefilling[:i], r.prefilling[i+1:]...)
+			r.pendingPrefill -= q.prefillTarget - q.prefilled
+			return
+		}
+	}
+}
+
+// next is the next request to admit.
+func (r *Replica) nextWaiting() *Request {
+	if n := len(r.preempted); n > 0 {
+		return r.preempted[n-1]
+	}
+	return r.waiting[0]
+}
+
+func (r *Replica) popHead() {
+	if n := len(r.preempted); n > 0 {
+		r.preempted = r.preempted[:n-1]
+		return
+	}
+	r.waiting[0] = nil
+	r.waiting = r.waiting[1:]
+}
+
+// preemptForDecode preempts the most recently admitted sequences until the
+// KV cache holds one more token for every decoding sequence.
+func (r *Replica) preemptForDecode(now time.Duration) {
+	for r.decoding.Len() > 0 && r.usage+r.decoding.Len() > r.p.KVCacheTokens {
+		q := r.tail
+		r.unlinkRunning(q)
+		if q.index >= 0 && q.index < r.decoding.Len() && r.decoding[q.index].q == q {
+			heap.Remove(&r.decoding, q.index)
+		} else {
+			r.dropPrefilling(q)
+		}
+		r.usage -= q.prefilled + q.generated
+		// Recompute: prefill the prompt and what it generated again.
+		q.prefillTarget = q.Prompt + q.generated
+		q.prefilled = 0
+		r.preempted = append(r.preempted, q)
+		r.c.Preemptions++
+	}
+	_ = now
+}
+
+// applyDecode applies k decode steps ending at end (the last one).
+func (r *Replica) applyDecode(k uint64, end time.Duration) {
+	n := r.decoding.Len()
+	if n == 0 || k == 0 {
+		return
+	}
+	r.decodeN += k
+	tokens := float64(k) * float64(n)
+	r.usage += int(k) * n
+	r.c.GenerationTokens += tokens
+	r.c.ITLSum += tokens * r.dt.Seconds()
+	r.c.ITLCount += tokens
+	for r.decoding.Len() > 0 && r.decoding[0].at <= r.decodeN {
+		q := heap.Pop(&r.decoding).(*Request)
+		// It finished at the end of the step that brought decodeN to finishAt.
+		q.generated = q.Output
+		r.finish(q, end-time.Duration(r.decodeN-q.finishAt)*r.dt)
+	}
+}
+
+// applyPrefillStep applies a step that prefills (and decodes) ending at end.
+func (r *Replica) applyPrefillStep(end time.Duration) {
+	r.applyDecode(1, end)
+	done := false
+	for _, ch := range r.chunks {
+		q := ch.r
+		q.prefilled += ch.tokens
+		r.pendingPrefill -= ch.tokens
+		r.usage += ch.tokens
+		r.c.PromptTokens += float64(ch.tokens)
+		if q.prefilled < q.prefillTarget {
+			continue
+		}
+		done = true
+		// Prefill done: the step produced the next token.
+		if q.FirstToken < 0 {
+			q.FirstToken = end
+			r.c.TTFTSum += (end - q.Dispatched).Seconds()
+			r.c.TTFTCount++
+			if r.obs != nil {
+				r.obs.FirstToken(q)
+			}
+		} else {
+			r.c.ITLSum += (end - q.lastToken).Seconds()
+			r.c.ITLCount++
+		}
+		q.lastToken = end
+		q.generated++
+		r.usage++
+		r.c.GenerationTokens++
+		if q.generated >= q.Output {
+			r.finish(q, end)
+			continue
+		}
+		q.finishAt = r.decodeN + uint64(q.Output-q.generated)
+		heap.Push(&r.decoding, q)
+	}
+	if done {
+		// Keep only those still prefilling (at the front, in order).
+		keep := r.prefilling[:0]
+		for _, q := range r.prefilling {
+			if q.prefilled < q.prefillTarget {
+				keep = append(keep, q)
+			}
+		}
+		clear(r.prefilling[len(keep):])
+		r.prefilling = keep
+	}
+	r.chunks = nil
+}
+
+func (r *Replica) finish(q *Request, at time.Duration) {
+	q.Finished = at
+	r.usage -= q.prefilled + q.generated
+	r.unlinkRunning(q)
+	r.c.Success++
+	r.c.E2ESum += (at - q.Dispatched).Seconds()
+	r.c.E2ECount++
+	if r.obs != nil {
+		r.obs.Finished(q)
+	}
+}
+
+// Values are the replica's vLLM values as pulse's agent reads them from
+// its page (counters cumulative).
+func (r *Replica) Values() signal.Values {
+	var v signal.Values
+	v.Set(signal.Waiting, float64(r.Waiting()))
+	v.Set(signal.Running, float64(r.nRunning))
+	v.Set(signal.KVCacheUsage, math.Min(1, r.KVUsage()))
+	c := r.c
+	v.Set(signal.PromptTokens, c.PromptTokens)
+	v.Set(signal.GenerationTokens, c.GenerationTokens)
+	v.Set(signal.RequestSuccess, c.Success)
+	v.Set(signal.Preemptions, c.Preemptions)
+	v.Set(signal.TTFTSum, c.TTFTSum)
+	v.Set(signal.TTFTCount, c.TTFTCount)
+	v.Set(signal.QueueTimeSum, c.QueueSum)
+	v.Set(signal.QueueTimeCount, c.QueueCount)
+	v.Set(signal.E2ELatencySum, c.E2ESum)
+	v.Set(signal.E2ELatencyCount, c.E2ECount)
+	v.Set(signal.ITLSum, c.ITLSum)
+	v.Set(signal.ITLCount, c.ITLCount)
+	return v
+}
+
+// finishHeap orders decoding sequences by the decode step they finish at;
+// the keys are kept in the entries so that comparisons touch no request.
+type finishHeap []finishEntry
+
+type finishEntry struct {
+	at uint64
+	id int
+	q  *Request
+}
+
+func (h finishHeap) Len() int { return len(h) }
+func (h finishHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].id < h[j].id
+}
+func (h finishHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].q.index, h[j].q.index = i, j
+}
+func (h *finishHeap) Push(x any) {
+	q := x.(*Request)
+	q.index = len(*h)
+	*h = append(*h, finishEntry{q.finishAt, q.ID, q})
+}
+func (h *finishHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = finishEntry{}
+	e.q.index = -1
+	*h = old[:len(old)-1]
+	return e.q
+}

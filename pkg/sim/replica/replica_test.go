@@ -1,0 +1,223 @@
+package replica
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+)
+
+type recorder struct {
+	first, done []*Request
+}
+
+func (r *recorder) FirstToken(q *Request) { r.first = append(r.first, q) }
+func (r *recorder) Finished(q *Request)   { r.done = append(r.done, q) }
+
+func profile(t *testing.T) *Profile {
+	t.Helper()
+	p, err := Load("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// run offers requests of fixed size at rate per second for d, sampling the
+// queue every second, and returns what finished and the queue samples.
+func run(t *testing.T, p *Profile, rate float64, prompt, output int, d time.Duration) (*recorder, *Replica, []int) {
+	t.Helper()
+	rec := &recorder{}
+	r := New(p, rec)
+	gap := time.Duration(float64(time.Second) / rate)
+	next, id := time.Duration(0), 0
+	var queue []int
+	for s := time.Second; s <= d; s += time.Second {
+		for ; next < s; next += gap {
+			r.AdvanceTo(next)
+			r.Enqueue(next, NewRequest(id, prompt, output, next))
+			id++
+		}
+		r.AdvanceTo(s)
+		queue = append(queue, r.Waiting())
+	}
+	return rec, r, queue
+}
+
+// capacity is the replica's saturated throughput (requests/s): offered far
+// more than it serves, what finishes over [200 s, 600 s].
+func capacity(t *testing.T, p *Profile, prompt, output int) float64 {
+	t.Helper()
+	rec, _, _ := run(t, p, 100, prompt, output, 600*time.Second)
+	return float64(finishedIn(rec, 200*time.Second, 600*time.Second)) / 400
+}
+
+func finishedIn(rec *recorder, from, to time.Duration) int {
+	n := 0
+	for _, q := range rec.done {
+		if q.Finished > from && q.Finished <= to {
+			n++
+		}
+	}
+	return n
+}
+
+func TestBelowCapacityNoQueueAndThroughputIsArrivals(t *testing.T) {
+	p := profile(t)
+	mu := capacity(t, p, 1000, 200)
+	rate := 0.5 * mu
+	rec, r, queue := run(t, p, rate, 1000, 200, 300*time.Second)
+	r.AdvanceTo(400 * time.Second)
+	if n := len(rec.done); math.Abs(float64(n)-rate*300) > 2 {
+		t.Fatalf("%d finished of %.0f offered below capacity (%.1f/s of %.1f/s)", n, rate*300, rate, mu)
+	}
+	// A request that arrives during a step waits for the next one (vLLM
+	// counts it as waiting too): the queue is empty but for those.
+	sum, most := 0, 0
+	for _, w := range queue {
+		sum += w
+		most = max(most, w)
+	}
+	if mean := float64(sum) / float64(len(queue)); mean > 1 || most > 4 {
+		t.Fatalf("queue mean %.2f, max %d at half capacity", mean, most)
+	}
+}
+
+// TestAboveCapacityTheQueueGrowsAtTheExcess: offered 1.5 times its
+// saturated capacity, the replica serves about its capacity (within 10 %:
+// how much recomputation preemptions cost settles slowly) and the queue
+// grows at arrivals minus what it serves.
+func TestAboveCapacityTheQueueGrowsAtTheExcess(t *testing.T) {
+	p := profile(t)
+	mu := capacity(t, p, 1000, 200)
+	rate := 1.5 * mu
+	rec, _, queue := run(t, p, rate, 1000, 200, 600*time.Second)
+	served := float64(finishedIn(rec, 200*time.Second, 600*time.Second)) / 400
+	if math.Abs(served-mu)/mu > 0.1 {
+		t.Fatalf("serves %.2f/s offered %.2f/s; saturated capacity %.2f/s", served, rate, mu)
+	}
+	growth := float64(queue[599]-queue[199]) / 400
+	if want := rate - served; math.Abs(growth-want)/want > 0.05 {
+		t.Fatalf("queue grows %.2f/s, want arrivals - served = %.2f - %.2f = %.2f", growth, rate, served, want)
+	}
+	t.Logf("saturated capacity %.2f requests/s (1000 in, 200 out); at 1.5x it serves %.2f/s and the queue grows %.2f/s", mu, served, growth)
+}
+
+// TestLittlesLaw: the mean number of requests in the replica equals the
+// throughput times the mean time in it, on the simulated numbers.
+func TestLittlesLaw(t *testing.T) {
+	p := profile(t)
+	rate := 0.8 * capacity(t, p, 1000, 200)
+	rec, r, _ := run(t, p, rate, 1000, 200, 600*time.Second)
+	// Sample the number in system every 100 ms over [100 s, 500 s].
+	rec2 := &recorder{}
+	r2 := New(p, rec2)
+	gap := time.Duration(float64(time.Second) / rate)
+	var inSystem, samples float64
+	next, id := time.Duration(0), 0
+	for s := 100 * time.Millisecond; s <= 600*time.Second; s += 100 * time.Millisecond {
+		for ; next < s; next += gap {
+			r2.AdvanceTo(next)
+			r2.Enqueue(next, NewRequest(id, 1000, 200, next))
+			id++
+		}
+		r2.AdvanceTo(s)
+		if s >= 100*time.Second && s <= 500*time.Second {
+			inSystem += float64(r2.Outstanding())
+			samples++
+		}
+	}
+	L := inSystem / samples
+	var wSum float64
+	n := 0
+	for _, q := range rec2.done {
+		if q.Dispatched >= 100*time.Second && q.Dispatched <= 500*time.Second {
+			wSum += (q.Finished - q.Dispatched).Seconds()
+			n++
+		}
+	}
+	W := wSum / float64(n)
+	if lw := rate * W; math.Abs(L-lw)/lw > 0.05 {
+		t.Fatalf("L = %.2f in system, lambda W = %.2f x %.3f s = %.2f", L, rate, W, lw)
+	}
+	_ = rec
+	_ = r
+}
+
+// TestValuesAreConsistent: the counters the pipelines read agree with the
+// requests' own times.
+func TestValuesAreConsistent(t *testing.T) {
+	p := profile(t)
+	rec, r, _ := run(t, p, 5, 500, 50, 60*time.Second)
+	r.AdvanceTo(120 * time.Second)
+	v := r.Values()
+	get := func(id signal.ID) float64 { x, _ := v.Get(id); return x }
+	if get(signal.RequestSuccess) != float64(len(rec.done)) || get(signal.TTFTCount) != float64(len(rec.first)) {
+		t.Fatalf("success %v ttft count %v; %d finished, %d first tokens", get(signal.RequestSuccess), get(signal.TTFTCount), len(rec.done), len(rec.first))
+	}
+	var ttft float64
+	for _, q := range rec.first {
+		ttft += (q.FirstToken - q.Dispatched).Seconds()
+	}
+	if math.Abs(get(signal.TTFTSum)-ttft) > 1e-6 {
+		t.Fatalf("TTFT sum %v, requests say %v", get(signal.TTFTSum), ttft)
+	}
+	if want := float64(len(rec.done) * 50); get(signal.GenerationTokens) != want {
+		t.Fatalf("generation tokens %v, want %v", get(signal.GenerationTokens), want)
+	}
+	if get(signal.Waiting) != 0 || get(signal.Running) != 0 || get(signal.KVCacheUsage) != 0 {
+		t.Fatalf("an idle replica shows %v waiting, %v running, %v KV", get(signal.Waiting), get(signal.Running), get(signal.KVCacheUsage))
+	}
+}
+
+// TestPreemptionWhenTheKVCacheRunsOut: a small cache preempts and recomputes,
+// and every request still finishes with its full output.
+func TestPreemptionWhenTheKVCacheRunsOut(t *testing.T) {
+	p := *profile(t)
+	p.KVCacheTokens, p.MaxModelLen = 20000, 8000
+	rec, r, _ := run(t, &p, 20, 1000, 400, 30*time.Second)
+	r.AdvanceTo(time.Hour)
+	c := r.Counters()
+	if c.Preemptions == 0 {
+		t.Fatal("no preemption with 20,000 KV tokens for 1,400-token requests at 20/s")
+	}
+	if len(rec.done) != 600 || c.GenerationTokens < 600*400 {
+		t.Fatalf("%d finished, %v tokens generated (recomputation regenerates none)", len(rec.done), c.GenerationTokens)
+	}
+	for _, q := range rec.done {
+		if q.generated != q.Output {
+			t.Fatalf("request %d generated %d of %d", q.ID, q.generated, q.Output)
+		}
+	}
+}
+
+// TestStepTimeIsTheLinearModel: one request alone: its TTFT is one prefill
+// step, its inter-token latency the one-sequence decode step.
+func TestStepTimeIsTheLinearModel(t *testing.T) {
+	p := profile(t)
+	rec := &recorder{}
+	r := New(p, rec)
+	r.Enqueue(0, NewRequest(1, 1000, 11, 0))
+	r.AdvanceTo(time.Minute)
+	q := rec.done[0]
+	prefill := p.stepTime(1000, 0)
+	decode := p.stepTime(0, 1)
+	if q.FirstToken != prefill || q.Finished != prefill+10*decode {
+		t.Fatalf("first token %v finished %v; want %v and %v", q.FirstToken, q.Finished, prefill, prefill+10*decode)
+	}
+}
+
+func TestShippedProfilesLoad(t *testing.T) {
+	if len(Shipped()) < 2 {
+		t.Fatalf("shipped profiles: %v", Shipped())
+	}
+	for _, n := range Shipped() {
+		if _, err := Load(n); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := Load("no-such-profile"); err == nil {
+		t.Error("an unknown profile loaded")
+	}
+}

@@ -1,0 +1,216 @@
+package sim
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// Report is pulse-sim's output (report.json).
+type Report struct {
+	Config    ReportConfig      `json:"config"`
+	Pipelines []*PipelineResult `json:"pipelines"`
+	// ArrivalsPerSecond is the trace's rate per SampleEvery.
+	ArrivalsPerSecond []float64 `json:"arrivalsPerSecond"`
+}
+
+// ReportConfig says what was simulated.
+type ReportConfig struct {
+	Trace           string   `json:"trace"`
+	Requests        int      `json:"requests"`
+	Profile         string   `json:"profile"`
+	ScaledObject    string   `json:"scaledObject"`
+	Metric          string   `json:"metric"`
+	Threshold       float64  `json:"threshold"`
+	Seed            uint64   `json:"seed"`
+	TTFTSLOSeconds  float64  `json:"ttftSloSeconds"`
+	Balancer        string   `json:"balancer"`
+	SampleSeconds   float64  `json:"sampleSeconds"`
+	HorizonSeconds  float64  `json:"horizonSeconds"`
+	PipelineNames   []string `json:"pipelineNames"`
+	ConfigTolerance bool     `json:"configurableTolerance"`
+}
+
+// PipelineResult is one pipeline's score and time series.
+type PipelineResult struct {
+	Pipeline string `json:"pipeline"`
+	// Requests offered.
+	Requests int `json:"requests"`
+	// TTFT percentiles (seconds) over the requests that got a first token,
+	// from their arrival at the gateway.
+	TTFTP50 float64 `json:"ttftP50"`
+	TTFTP90 float64 `json:"ttftP90"`
+	TTFTP99 float64 `json:"ttftP99"`
+	// SLOAttainment: the fraction of requests with TTFT ≤ the SLO (requests
+	// dropped, refused or never served count as misses).
+	SLOAttainment float64 `json:"sloAttainment"`
+	// GPUHours: replica-hours, starting and terminating replicas included,
+	// times GPUs per replica, up to the horizon.
+	GPUHours    float64 `json:"gpuHours"`
+	MaxReplicas int     `json:"maxReplicas"`
+	// ScaleEvents: changes of the replica count; Reversals: those in the
+	// opposite direction within 5 minutes of the previous one.
+	ScaleEvents int `json:"scaleEvents"`
+	Reversals   int `json:"reversals"`
+	// FirstScaleUpSeconds: from the first load rise (the first second at
+	// which the true metric asks for more replicas than run) to the first
+	// scale-up; null when there was none.
+	FirstScaleUpSeconds *float64 `json:"firstScaleUpSeconds"`
+	// Dropped: in-flight requests dropped by a scale-down; Refused: over
+	// the model's length; Unserved: neither served nor dropped nor refused
+	// by the horizon.
+	Dropped  int `json:"dropped"`
+	Refused  int `json:"refused"`
+	Unserved int `json:"unserved"`
+	// MetricErrors: HPA syncs at which the pipeline answered an error.
+	MetricErrors int `json:"metricErrors"`
+
+	Series Series `json:"series"`
+}
+
+// Series are sampled every SampleEvery.
+type Series struct {
+	Replicas []int     `json:"replicas"` // existing: starting, ready, terminating
+	Ready    []int     `json:"ready"`
+	Waiting  []int     `json:"waiting"` // on replicas and at the gateway
+	TTFTP50  []float64 `json:"ttftP50"` // of first tokens in the interval; NaN-free: -1 when none
+	TTFTP90  []float64 `json:"ttftP90"`
+}
+
+// stats gathers one world's numbers.
+type stats struct {
+	requests     []*replica.Request
+	first        []*replica.Request
+	dropped      int
+	droppedIDs   map[int]bool
+	refused      int
+	metricErrors int
+	scaleEvents  int
+	reversals    int
+	lastDir      int
+	lastEventAt  time.Duration
+	firstUp      time.Duration
+	loadRise     time.Duration
+	gpuSeconds   float64
+	lastAcct     time.Duration
+	gpus         int
+	maxReplicas  int
+	series       Series
+	binStart     int // index into first of the current sample bin
+}
+
+func (s *stats) init(cfg *Config) {
+	s.firstUp, s.loadRise, s.lastEventAt = -1, -1, -1
+	s.gpus = cfg.Profile.GPUs
+	s.droppedIDs = map[int]bool{}
+}
+
+// FirstToken and Finished make stats the replicas' observer.
+func (s *stats) FirstToken(q *replica.Request) { s.first = append(s.first, q) }
+func (s *stats) Finished(*replica.Request)     {}
+
+// account integrates replica-time up to t.
+func (s *stats) account(w *world, t time.Duration) {
+	if t > s.lastAcct {
+		s.gpuSeconds += float64(len(w.reps)*s.gpus) * (t - s.lastAcct).Seconds()
+		s.lastAcct = t
+	}
+	s.maxReplicas = max(s.maxReplicas, len(w.reps))
+}
+
+func (s *stats) scaleEvent(now time.Duration, from, to int32) {
+	dir := 1
+	if to < from {
+		dir = -1
+	}
+	if dir > 0 && s.firstUp < 0 {
+		s.firstUp = now
+	}
+	if s.lastDir != 0 && dir != s.lastDir && now-s.lastEventAt <= 5*time.Minute {
+		s.reversals++
+	}
+	s.scaleEvents++
+	s.lastDir, s.lastEventAt = dir, now
+}
+
+func (s *stats) sample(w *world) {
+	readyN, waiting := len(w.ready), len(w.gate)
+	for _, rp := range w.reps {
+		w.touch(rp)
+		waiting += rp.r.Waiting()
+	}
+	s.series.Replicas = append(s.series.Replicas, len(w.reps))
+	s.series.Ready = append(s.series.Ready, readyN)
+	s.series.Waiting = append(s.series.Waiting, waiting)
+	bin := s.first[s.binStart:]
+	s.binStart = len(s.first)
+	vals := make([]float64, len(bin))
+	for i, q := range bin {
+		vals[i] = (q.FirstToken - q.Arrival).Seconds()
+	}
+	sort.Float64s(vals)
+	s.series.TTFTP50 = append(s.series.TTFTP50, quantile(vals, 0.5))
+	s.series.TTFTP90 = append(s.series.TTFTP90, quantile(vals, 0.9))
+}
+
+// quantile of sorted values (nearest rank); -1 when empty.
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return -1
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return round(sorted[max(i, 0)])
+}
+
+func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
+
+func (s *stats) result(w *world) *PipelineResult {
+	slo := w.cfg.TTFTSLO
+	ttfts := make([]float64, 0, len(s.first))
+	met := 0
+	served := 0
+	for _, q := range s.first {
+		d := q.FirstToken - q.Arrival
+		ttfts = append(ttfts, d.Seconds())
+		if s.droppedIDs[q.ID] {
+			continue
+		}
+		served++
+		if d <= slo {
+			met++
+		}
+	}
+	sort.Float64s(ttfts)
+	r := &PipelineResult{
+		Requests: len(s.requests), TTFTP50: quantile(ttfts, 0.5), TTFTP90: quantile(ttfts, 0.9), TTFTP99: quantile(ttfts, 0.99),
+		GPUHours: round(s.gpuSeconds / 3600), MaxReplicas: s.maxReplicas, ScaleEvents: s.scaleEvents, Reversals: s.reversals,
+		Dropped: s.dropped, Refused: s.refused, Unserved: len(s.requests) - served - s.refused - s.dropped, MetricErrors: s.metricErrors,
+		Series: s.series,
+	}
+	if len(s.requests) > 0 {
+		r.SLOAttainment = round(float64(met) / float64(len(s.requests)))
+	}
+	if s.firstUp >= 0 && s.loadRise >= 0 {
+		v := round(math.Max(0, (s.firstUp - s.loadRise).Seconds()))
+		r.FirstScaleUpSeconds = &v
+	}
+	return r
+}
+
+func newReport(cfg *Config, results []*PipelineResult) *Report {
+	r := &Report{Pipelines: results, Config: ReportConfig{
+		Trace: cfg.TraceName, Requests: len(cfg.Trace), Profile: cfg.Profile.Name, ScaledObject: cfg.ScaledObject.Metadata.Name,
+		Metric: cfg.trigger.Metric, Threshold: cfg.trigger.Threshold, Seed: cfg.Seed, TTFTSLOSeconds: cfg.TTFTSLO.Seconds(),
+		Balancer: cfg.Balancer, SampleSeconds: cfg.SampleEvery.Seconds(), HorizonSeconds: cfg.horizon.Seconds(),
+		PipelineNames: cfg.Pipelines, ConfigTolerance: cfg.HPA.ConfigurableTolerance,
+	}}
+	rates := trace.Rate(cfg.Trace, cfg.SampleEvery)
+	for i := range rates {
+		rates[i] = round(rates[i])
+	}
+	r.ArrivalsPerSecond = rates
+	return r
+}

@@ -1,0 +1,154 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	"sigs.k8s.io/yaml"
+)
+
+// ScaledObject is the part of a KEDA ScaledObject pulse-sim reads: its
+// target, replica bounds, polling, cooldown, fallback, HPA behavior and its
+// first pulse trigger (type external-push). KEDA's own defaults apply to
+// what is absent.
+type ScaledObject struct {
+	Metadata struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Spec struct {
+		ScaleTargetRef struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Name       string `json:"name"`
+		} `json:"scaleTargetRef"`
+		MinReplicaCount       *int32 `json:"minReplicaCount"`
+		MaxReplicaCount       *int32 `json:"maxReplicaCount"`
+		PollingInterval       *int32 `json:"pollingInterval"`
+		CooldownPeriod        *int32 `json:"cooldownPeriod"`
+		InitialCooldownPeriod *int32 `json:"initialCooldownPeriod"`
+		Fallback              *struct {
+			FailureThreshold int32 `json:"failureThreshold"`
+			Replicas         int32 `json:"replicas"`
+		} `json:"fallback"`
+		Advanced *struct {
+			HorizontalPodAutoscalerConfig *struct {
+				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
+			} `json:"horizontalPodAutoscalerConfig"`
+		} `json:"advanced"`
+		Triggers []Trigger `json:"triggers"`
+	} `json:"spec"`
+}
+
+// Trigger is one ScaledObject trigger.
+type Trigger struct {
+	Type       string            `json:"type"`
+	MetricType string            `json:"metricType"` // AverageValue (default) or Value
+	Metadata   map[string]string `json:"metadata"`
+}
+
+// KEDA's defaults (keda.sh/v1alpha1 ScaledObject).
+const (
+	defaultPollingInterval = 30 * time.Second
+	defaultCooldown        = 300 * time.Second
+	defaultMaxReplicas     = 100
+)
+
+// ReadScaledObject reads a ScaledObject YAML file.
+func ReadScaledObject(path string) (*ScaledObject, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read ScaledObject: %w", err)
+	}
+	return ParseScaledObject(raw)
+}
+
+// ParseScaledObject parses a ScaledObject and checks what pulse-sim needs.
+func ParseScaledObject(raw []byte) (*ScaledObject, error) {
+	var so ScaledObject
+	if err := yaml.Unmarshal(raw, &so); err != nil {
+		return nil, fmt.Errorf("parse ScaledObject: %w", err)
+	}
+	var errs []error
+	if so.Metadata.Namespace == "" {
+		so.Metadata.Namespace = "default"
+	}
+	if so.Spec.ScaleTargetRef.Name == "" {
+		errs = append(errs, errors.New("spec.scaleTargetRef.name is required"))
+	}
+	if so.PulseTrigger() == nil {
+		errs = append(errs, errors.New("spec.triggers: no trigger of type external-push (pulse's)"))
+	}
+	if min, max := so.MinReplicas(), so.MaxReplicas(); min < 0 || max < 1 || min > max {
+		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, max >= 1", min, max))
+	}
+	if t := so.PulseTrigger(); t != nil && t.MetricType != "" && t.MetricType != "AverageValue" && t.MetricType != "Value" {
+		errs = append(errs, fmt.Errorf("trigger metricType %q: AverageValue or Value", t.MetricType))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ScaledObject %s: %w", so.Metadata.Name, errors.Join(errs...))
+	}
+	return &so, nil
+}
+
+// PulseTrigger is the first trigger of type external-push.
+func (so *ScaledObject) PulseTrigger() *Trigger {
+	for i := range so.Spec.Triggers {
+		if so.Spec.Triggers[i].Type == "external-push" {
+			return &so.Spec.Triggers[i]
+		}
+	}
+	return nil
+}
+
+// MinReplicas is minReplicaCount (KEDA's default 0).
+func (so *ScaledObject) MinReplicas() int32 {
+	if so.Spec.MinReplicaCount != nil {
+		return *so.Spec.MinReplicaCount
+	}
+	return 0
+}
+
+// MaxReplicas is maxReplicaCount (KEDA's default 100).
+func (so *ScaledObject) MaxReplicas() int32 {
+	if so.Spec.MaxReplicaCount != nil {
+		return *so.Spec.MaxReplicaCount
+	}
+	return defaultMaxReplicas
+}
+
+// HPAMinReplicas is the HPA's minReplicas KEDA sets: minReplicaCount, or 1.
+func (so *ScaledObject) HPAMinReplicas() int32 { return max(so.MinReplicas(), 1) }
+
+func seconds(p *int32, def time.Duration) time.Duration {
+	if p != nil {
+		return time.Duration(*p) * time.Second
+	}
+	return def
+}
+
+// PollingInterval is pollingInterval (KEDA's default 30 s).
+func (so *ScaledObject) PollingInterval() time.Duration {
+	return seconds(so.Spec.PollingInterval, defaultPollingInterval)
+}
+
+// Cooldown is cooldownPeriod (KEDA's default 300 s).
+func (so *ScaledObject) Cooldown() time.Duration {
+	return seconds(so.Spec.CooldownPeriod, defaultCooldown)
+}
+
+// InitialCooldown is initialCooldownPeriod (default 0).
+func (so *ScaledObject) InitialCooldown() time.Duration {
+	return seconds(so.Spec.InitialCooldownPeriod, 0)
+}
+
+// Behavior is the HPA behavior of advanced.horizontalPodAutoscalerConfig.
+func (so *ScaledObject) Behavior() *autoscalingv2.HorizontalPodAutoscalerBehavior {
+	if a := so.Spec.Advanced; a != nil && a.HorizontalPodAutoscalerConfig != nil {
+		return a.HorizontalPodAutoscalerConfig.Behavior
+	}
+	return nil
+}

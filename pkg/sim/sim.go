@@ -1,0 +1,183 @@
+// Package sim is pulse-sim: a deterministic, virtual-time simulation that
+// replays a request trace against simulated vLLM replicas (pkg/sim/replica)
+// and scores autoscaling signal pipelines — pulse, a Prometheus setup, the
+// keda-kaito-scaler and an oracle — each feeding the same Kubernetes HPA
+// (pkg/sim/hpa) through KEDA, side by side.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/sim/hpa"
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// Load balancers.
+const (
+	// BalanceRoundRobin spreads requests in turn, as a Service (IPVS) does.
+	BalanceRoundRobin = "round-robin"
+	// BalanceLeastOutstanding picks the replica with the fewest requests in
+	// flight, as an inference gateway does.
+	BalanceLeastOutstanding = "least-outstanding"
+)
+
+// What /scale status.replicas counts (the HPA's AverageValue divisor).
+const (
+	StatusAll   = "all"   // every pod not terminating (a Deployment's status.replicas)
+	StatusReady = "ready" // ready pods only
+)
+
+// Config is one simulation.
+type Config struct {
+	Trace        []trace.Request
+	TraceName    string
+	ScaledObject *ScaledObject
+	Profile      *replica.Profile
+	// Pipelines to score, by name (Pipelines lists them).
+	Pipelines []string
+	Seed      uint64
+	// TTFTSLO: a request meets its SLO when its time to first token, from
+	// its arrival at the gateway, is at most this.
+	TTFTSLO         time.Duration
+	Balancer        string
+	DropOnScaleDown bool
+	StatusReplicas  string
+	// InitialReplicas (warm, Ready at 0); 0: the HPA's minimum.
+	InitialReplicas int32
+	// Drain is how long the simulation runs past the last arrival.
+	Drain time.Duration
+	// HPA is kube-controller-manager's HPA configuration.
+	HPA           hpa.Options
+	HPASyncPeriod time.Duration
+	// ScrapeInterval is the pulse agent's; PrometheusInterval Prometheus's.
+	ScrapeInterval     time.Duration
+	PrometheusInterval time.Duration
+	// SampleEvery is the resolution of the report's time series.
+	SampleEvery time.Duration
+
+	trigger         scaler.Trigger
+	horizon         time.Duration
+	initialReplicas int32
+	hpaPhase        time.Duration
+	kedaPhase       time.Duration
+}
+
+// Defaults fills what is unset.
+func (c *Config) Defaults() {
+	if c.TTFTSLO == 0 {
+		c.TTFTSLO = 2 * time.Second
+	}
+	if c.Balancer == "" {
+		c.Balancer = BalanceRoundRobin
+	}
+	if c.StatusReplicas == "" {
+		c.StatusReplicas = StatusAll
+	}
+	if c.Drain == 0 {
+		c.Drain = 10 * time.Minute
+	}
+	if c.HPA == (hpa.Options{}) {
+		c.HPA = hpa.DefaultOptions()
+		c.HPA.ConfigurableTolerance = true
+	}
+	if c.HPASyncPeriod == 0 {
+		c.HPASyncPeriod = hpa.DefaultSyncPeriod
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = time.Second
+	}
+	if c.PrometheusInterval == 0 {
+		c.PrometheusInterval = 15 * time.Second
+	}
+	if c.SampleEvery == 0 {
+		c.SampleEvery = 10 * time.Second
+	}
+	if len(c.Pipelines) == 0 {
+		c.Pipelines = Pipelines()
+	}
+}
+
+// prepare checks the configuration and derives what every world shares.
+func (c *Config) prepare() error {
+	c.Defaults()
+	var errs []error
+	if len(c.Trace) == 0 {
+		errs = append(errs, errors.New("the trace has no request"))
+	}
+	if c.ScaledObject == nil || c.Profile == nil {
+		return errors.New("a ScaledObject and a profile are required")
+	}
+	if c.Balancer != BalanceRoundRobin && c.Balancer != BalanceLeastOutstanding {
+		errs = append(errs, fmt.Errorf("balancer %q: %s or %s", c.Balancer, BalanceRoundRobin, BalanceLeastOutstanding))
+	}
+	if c.StatusReplicas != StatusAll && c.StatusReplicas != StatusReady {
+		errs = append(errs, fmt.Errorf("status replicas %q: %s or %s", c.StatusReplicas, StatusAll, StatusReady))
+	}
+	for _, p := range c.Pipelines {
+		if _, ok := pipelines[p]; !ok {
+			errs = append(errs, fmt.Errorf("pipeline %q: one of %s", p, strings.Join(Pipelines(), ", ")))
+		}
+	}
+	so := c.ScaledObject
+	md := so.PulseTrigger().Metadata
+	t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: so.Metadata.Name, Namespace: so.Metadata.Namespace, ScalerMetadata: md},
+		5*time.Minute, staticResolver{so})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("the pulse trigger: %w", err))
+	}
+	c.trigger = t
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	c.horizon = c.Trace[len(c.Trace)-1].At + c.Drain
+	c.initialReplicas = c.InitialReplicas
+	if c.initialReplicas == 0 {
+		c.initialReplicas = so.HPAMinReplicas()
+	}
+	// The HPA's and KEDA's phases relative to the trace: random, the same
+	// for every pipeline.
+	rng := rand.New(rand.NewPCG(c.Seed, 0x9a5e))
+	c.hpaPhase = time.Duration(rng.Int64N(int64(c.HPASyncPeriod)))
+	c.kedaPhase = time.Duration(rng.Int64N(int64(so.PollingInterval())))
+	return nil
+}
+
+// staticResolver answers the pulse trigger's scaleTargetRef from the file.
+type staticResolver struct{ so *ScaledObject }
+
+func (r staticResolver) Resolve(_, _ string) (string, string, error) {
+	return r.so.Spec.ScaleTargetRef.Kind, r.so.Spec.ScaleTargetRef.Name, nil
+}
+
+// Run simulates every pipeline, in parallel, and returns the report.
+func Run(cfg Config) (*Report, error) {
+	if err := cfg.prepare(); err != nil {
+		return nil, err
+	}
+	results := make([]*PipelineResult, len(cfg.Pipelines))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, name := range cfg.Pipelines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			w := newWorld(&cfg, pipelines[name](&cfg))
+			results[i] = w.run()
+			results[i].Pipeline = name
+		}()
+	}
+	wg.Wait()
+	return newReport(&cfg, results), nil
+}

@@ -1,0 +1,209 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+func seedSO(t *testing.T, edits ...string) *ScaledObject {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/seed-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := string(raw)
+	for i := 0; i+1 < len(edits); i += 2 {
+		if !strings.Contains(y, edits[i]) {
+			t.Fatalf("the seed ScaledObject has no %q", edits[i])
+		}
+		y = strings.ReplaceAll(y, edits[i], edits[i+1])
+	}
+	so, err := ParseScaledObject([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return so
+}
+
+func profile(t *testing.T) *replica.Profile {
+	t.Helper()
+	p, err := replica.Load("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func load(t *testing.T, spec string, seed uint64) []trace.Request {
+	t.Helper()
+	reqs, err := trace.Load(spec, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+func run(t *testing.T, c Config) *Report {
+	t.Helper()
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func result(r *Report, name string) *PipelineResult {
+	for _, p := range r.Pipelines {
+		if p.Pipeline == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// TestDeterministic: the same seed gives the same report, byte for byte;
+// another seed another one.
+func TestDeterministic(t *testing.T) {
+	reqs := trace.Densify(load(t, "trace/testdata/azure-llm-2023-conv.csv", 1)[:6000], 6, 1)
+	c := Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 7}
+	a, _ := json.Marshal(run(t, c))
+	b, _ := json.Marshal(run(t, c))
+	if !bytes.Equal(a, b) {
+		t.Fatal("two runs with the same seed differ")
+	}
+	c.Seed = 8
+	if d, _ := json.Marshal(run(t, c)); bytes.Equal(a, d) {
+		t.Fatal("another seed gave the same report")
+	}
+}
+
+// TestStepReachesPulseBeforePrometheus: a step of load is seen by pulse
+// within its scrape interval and by Prometheus within its 15 s; the
+// difference of their first scale-ups, over many seeds (different phases of
+// the HPA, KEDA and the scrapes), is positive and about the sampling
+// difference — it is measured, not assumed.
+func TestStepReachesPulseBeforePrometheus(t *testing.T) {
+	so := seedSO(t, `threshold: "10"`, `threshold: "10"
+      window: 1s`)
+	var diffs []float64
+	for seed := uint64(1); seed <= 20; seed++ {
+		reqs := load(t, "steps:rates=5/60,step=5m,prompt=1000,output=200", seed)
+		r := run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: seed, Pipelines: []string{"pulse", "prometheus"}})
+		pu, pr := result(r, "pulse").FirstScaleUpSeconds, result(r, "prometheus").FirstScaleUpSeconds
+		if pu == nil || pr == nil {
+			t.Fatalf("seed %d: no scale-up (pulse %v, prometheus %v)", seed, pu, pr)
+		}
+		diffs = append(diffs, *pr-*pu)
+	}
+	mean := 0.0
+	for _, d := range diffs {
+		mean += d / float64(len(diffs))
+	}
+	// Prometheus' sample is on average half its interval older than
+	// pulse's, and a sync that misses it costs a whole HPA period.
+	if mean <= 0 || mean > (15*time.Second+15*time.Second).Seconds() {
+		t.Fatalf("prometheus - pulse first scale-up: mean %.1fs over %v", mean, diffs)
+	}
+	t.Logf("prometheus - pulse first scale-up, 20 seeds: mean %.1fs (%v)", mean, diffs)
+}
+
+// TestScaleUpWithLoadingReplicasDoesNotRunAway: a one-minute burst on one
+// replica, with a fast scale-up policy (4 pods per 15 s): the HPA asks for
+// more replicas, which load for 240 s while the first drains its queue. Once
+// the queue is empty, pulse must ask for no more than the oracle does
+// (before the missing-pod rule each starting replica counted 1.5 ×
+// threshold once the queue fell below it: 16 starting replicas made 240,
+// and pulse ran to maxReplicaCount with an empty queue).
+func TestScaleUpWithLoadingReplicasDoesNotRunAway(t *testing.T) {
+	so := seedSO(t, "maxReplicaCount: 10", "maxReplicaCount: 30", "value: 1\n            periodSeconds: 300", "value: 4\n            periodSeconds: 15",
+		"stabilizationWindowSeconds: 30\n", "stabilizationWindowSeconds: 0\n")
+	reqs := load(t, "steps:rates=10/40/10/10/10/10/10/10/10,step=1m,prompt=1000,output=200", 3)
+	r := run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: 3, Pipelines: []string{"pulse", "oracle"}})
+	pulse, oracle := result(r, "pulse"), result(r, "oracle")
+	if pulse.MaxReplicas > oracle.MaxReplicas || pulse.MaxReplicas >= 30 {
+		t.Fatalf("pulse ran to %d replicas (%v); the oracle needed %d", pulse.MaxReplicas, pulse.Series.Replicas, oracle.MaxReplicas)
+	}
+	t.Logf("max replicas: pulse %d, oracle %d", pulse.MaxReplicas, oracle.MaxReplicas)
+}
+
+// TestKEDAActivationAndCooldown: with minReplicaCount 0 the workload goes
+// to zero cooldownPeriod after its load stops; requests held at the gateway
+// wake it where a signal sees them (the oracle) and stay held where none
+// does (pulse and Prometheus read vLLM pods, and none runs).
+func TestKEDAActivationAndCooldown(t *testing.T) {
+	// running, not waiting: a workload that serves with an empty queue has
+	// waiting 0 and would be inactive (docs/simulation.md). The cooldown
+	// outlasts a replica's startup, or KEDA deactivates it while it loads.
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  cooldownPeriod: 300\n  initialCooldownPeriod: 300\n  pollingInterval: 5", "metric: waiting", "metric: running")
+	reqs := load(t, "steps:rates=4/0/0/1,step=5m,prompt=500,output=200", 1)
+	r := run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"oracle", "pulse"},
+		InitialReplicas: 1, Drain: 5 * time.Minute})
+	oracle, pulse := result(r, "oracle"), result(r, "pulse")
+	zeroAt := func(p *PipelineResult) float64 {
+		for i, n := range p.Series.Replicas {
+			if n == 0 {
+				return float64(i) * r.Config.SampleSeconds
+			}
+		}
+		return -1
+	}
+	for _, p := range []*PipelineResult{oracle, pulse} {
+		// Idle from 5 min: zero a cooldown (300 s) later.
+		if at := zeroAt(p); at < 600 || at > 660 {
+			t.Errorf("%s reached zero replicas at %.0fs, want about 600s", p.Pipeline, at)
+		}
+	}
+	last := len(oracle.Series.Ready) - 1
+	if oracle.Series.Ready[last] != 1 || oracle.Unserved != 0 {
+		t.Errorf("the oracle did not wake the workload when requests came back (ready %d, unserved %d)", oracle.Series.Ready[last], oracle.Unserved)
+	}
+	if pulse.Series.Replicas[last] != 0 || pulse.Unserved == 0 {
+		t.Errorf("pulse woke a workload with no pod to measure (replicas %d, unserved %d): its scale from zero needs a demand source",
+			pulse.Series.Replicas[last], pulse.Unserved)
+	}
+}
+
+// TestScoresAddUp: every request is served, dropped, refused or unserved;
+// GPU-hours are the replica count integrated over the run.
+func TestScoresAddUp(t *testing.T) {
+	reqs := load(t, "bursts:base=5,peak=60,on=2m,off=6m,duration=30m,prompt=800,output=150", 2)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 2, DropOnScaleDown: true,
+		Pipelines: []string{"pulse", "kaito", "prometheus-avg"}})
+	for _, p := range r.Pipelines {
+		if p.Requests != len(reqs) || p.SLOAttainment < 0 || p.SLOAttainment > 1 || p.Unserved < 0 {
+			t.Errorf("%s: %+v", p.Pipeline, p)
+		}
+		var integral float64
+		for _, n := range p.Series.Replicas {
+			integral += float64(n) * r.Config.SampleSeconds / 3600
+		}
+		if math.Abs(integral-p.GPUHours) > 0.1*p.GPUHours+0.05 {
+			t.Errorf("%s: %.2f GPU-hours, the sampled replica count integrates to %.2f", p.Pipeline, p.GPUHours, integral)
+		}
+	}
+}
+
+func TestBadConfigsAreRefused(t *testing.T) {
+	reqs := load(t, "poisson:rate=1,duration=1m", 1)
+	for name, c := range map[string]Config{
+		"pipeline": {Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{"nope"}},
+		"balancer": {Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Balancer: "random"},
+		"trigger":  {Trace: reqs, ScaledObject: seedSO(t, `metric: waiting`, `metric: nope`), Profile: profile(t)},
+		"trace":    {ScaledObject: seedSO(t), Profile: profile(t)},
+	} {
+		if _, err := Run(c); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := ParseScaledObject([]byte("spec: {scaleTargetRef: {name: x}, triggers: [{type: cron}]}")); err == nil {
+		t.Error("a ScaledObject with no pulse trigger was accepted")
+	}
+}

@@ -1,0 +1,461 @@
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/sim/hpa"
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+)
+
+// A world is one pipeline's copy of the cluster: the same trace and profile,
+// its own replicas, load balancer, KEDA and HPA. Worlds share nothing, so
+// they run in parallel and each is deterministic for a seed.
+type world struct {
+	cfg  *Config
+	pipe Pipeline
+	now  time.Duration
+	ev   eventHeap
+	seq  uint64
+	rng  *rand.Rand
+
+	reps   []*rep // existing: starting, ready, terminating; by id
+	ready  []*rep // ready, by id
+	nextID int
+	rr     int
+	spec   int32 // /scale spec.replicas
+	gate   []*replica.Request
+
+	hpa       *hpa.Controller
+	target    hpa.Target
+	lastAct   time.Duration // KEDA's lastActiveTime; -1: never
+	failures  int32
+
+	st stats
+}
+
+type repState uint8
+
+const (
+	starting repState = iota
+	ready
+	terminating
+)
+
+type rep struct {
+	hist    []signal.Sample // 1 s samples over the trigger's window, for rate metrics' true value
+	id      int
+	uid     string
+	name    string
+	r       *replica.Replica
+	state   repState
+	created time.Duration
+	readyAt time.Duration
+	gen     uint64
+	pending bool
+	at      time.Duration
+}
+
+type event struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// at runs fn at t (after anything already scheduled for t).
+func (w *world) at(t time.Duration, fn func()) {
+	w.seq++
+	heap.Push(&w.ev, event{at: max(t, w.now), seq: w.seq, fn: fn})
+}
+
+// every runs fn at phase, phase + period, ... until the end.
+func (w *world) every(phase, period time.Duration, fn func()) {
+	var tick func()
+	next := phase
+	tick = func() {
+		fn()
+		next += period
+		if next <= w.cfg.horizon {
+			w.at(next, tick)
+		}
+	}
+	w.at(next, tick)
+}
+
+// phase is a stable offset within period for a name, as Prometheus and
+// pulse's agent spread their targets' scrapes.
+func phase(name string, period time.Duration) time.Duration {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return time.Duration(h.Sum64() % uint64(period))
+}
+
+func newWorld(cfg *Config, pipe Pipeline) *world {
+	w := &world{cfg: cfg, pipe: pipe, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed)), lastAct: -1}
+	w.st.init(cfg)
+	so := cfg.ScaledObject
+	w.hpa = hpa.New(hpa.Spec{MinReplicas: so.HPAMinReplicas(), MaxReplicas: so.MaxReplicas(), Behavior: so.Behavior()}, cfg.HPA)
+	w.target = hpa.Target{AverageValue: so.PulseTrigger().MetricType != "Value", Milli: milli(cfg.trigger.Threshold)}
+	return w
+}
+
+// milli is KEDA's rendering of a value for the HPA: "%.3f" as a quantity.
+func milli(v float64) int64 {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0
+	}
+	return int64(math.Round(v * 1000))
+}
+
+// run simulates from 0 to the horizon.
+func (w *world) run() *PipelineResult {
+	cfg := w.cfg
+	w.pipe.Attach(w)
+	w.setSpec(cfg.initialReplicas, false)
+	// Replicas present at the start are Ready at once (a warm fleet).
+	for _, rp := range append([]*rep(nil), w.reps...) {
+		w.becomeReady(rp)
+	}
+	w.scheduleArrivals()
+	w.every(cfg.hpaPhase, cfg.HPASyncPeriod, w.hpaSync)
+	w.every(cfg.kedaPhase, cfg.ScaledObject.PollingInterval(), w.kedaPoll)
+	w.every(0, cfg.SampleEvery, w.sample)
+	if _, gauge := gaugeOf(cfg.trigger.Metric); !gauge {
+		w.every(0, time.Second, w.recordHistory)
+	}
+	w.every(cfg.SampleEvery/2, time.Second, w.watchLoadRise)
+	for w.ev.Len() > 0 {
+		e := heap.Pop(&w.ev).(event)
+		if e.at > cfg.horizon {
+			break
+		}
+		w.st.account(w, e.at)
+		w.now = e.at
+		e.fn()
+	}
+	w.st.account(w, cfg.horizon)
+	w.now = cfg.horizon
+	return w.st.result(w)
+}
+
+func (w *world) scheduleArrivals() {
+	reqs := w.cfg.Trace
+	i := 0
+	var next func()
+	next = func() {
+		for i < len(reqs) && reqs[i].At <= w.now {
+			tr := reqs[i]
+			q := replica.NewRequest(i, tr.Prompt, tr.Output, tr.At)
+			w.st.requests = append(w.st.requests, q)
+			if tr.Prompt+q.Output > w.cfg.Profile.MaxModelLen {
+				w.st.refused++ // vLLM answers 400: never served
+			} else {
+				w.dispatch(q)
+			}
+			i++
+		}
+		if i < len(reqs) {
+			w.at(reqs[i].At, next)
+		}
+	}
+	if len(reqs) > 0 {
+		w.at(reqs[0].At, next)
+	}
+}
+
+// dispatch sends a request to a ready replica, or holds it at the gateway.
+func (w *world) dispatch(q *replica.Request) {
+	if len(w.ready) == 0 {
+		w.gate = append(w.gate, q)
+		w.pipe.Demand(w)
+		return
+	}
+	var rp *rep
+	switch w.cfg.Balancer {
+	case BalanceLeastOutstanding:
+		for _, c := range w.ready {
+			if rp == nil || c.r.Outstanding() < rp.r.Outstanding() {
+				rp = c
+			}
+		}
+	default: // round-robin
+		w.rr = (w.rr + 1) % len(w.ready)
+		rp = w.ready[w.rr]
+	}
+	rp.r.AdvanceTo(w.now)
+	rp.r.Enqueue(w.now, q)
+	w.schedule(rp)
+}
+
+// schedule keeps one pending event for the replica's next state change.
+func (w *world) schedule(rp *rep) {
+	t, ok := rp.r.NextEvent()
+	if !ok || (rp.pending && rp.at == t) {
+		rp.pending = rp.pending && ok
+		return
+	}
+	rp.gen++
+	g := rp.gen
+	rp.pending, rp.at = true, t
+	w.at(t, func() {
+		if rp.gen != g {
+			return
+		}
+		rp.pending = false
+		rp.r.AdvanceTo(w.now)
+		if rp.state == terminating && rp.r.Outstanding() == 0 {
+			w.remove(rp)
+			return
+		}
+		w.schedule(rp)
+	})
+}
+
+// Touch advances a replica to now (before its values are read).
+func (w *world) touch(rp *rep) {
+	rp.r.AdvanceTo(w.now)
+	w.schedule(rp)
+}
+
+// setSpec is an update of /scale spec.replicas: the workload's controller
+// adds replicas (starting) or removes them, not-ready ones first, then the
+// most recently ready (a ReplicaSet's choice).
+func (w *world) setSpec(n int32, record bool) {
+	if n == w.spec && record {
+		return
+	}
+	if record {
+		w.st.scaleEvent(w.now, w.spec, n)
+	}
+	w.spec = n
+	alive := func() []*rep {
+		var out []*rep
+		for _, rp := range w.reps {
+			if rp.state != terminating {
+				out = append(out, rp)
+			}
+		}
+		return out
+	}
+	for int32(len(alive())) < n {
+		w.addReplica()
+	}
+	for a := alive(); int32(len(a)) > n; a = alive() {
+		sort.SliceStable(a, func(i, j int) bool {
+			if (a[i].state == starting) != (a[j].state == starting) {
+				return a[i].state == starting
+			}
+			if a[i].state == starting {
+				return a[i].created > a[j].created
+			}
+			return a[i].readyAt > a[j].readyAt
+		})
+		w.retire(a[0])
+	}
+}
+
+func (w *world) addReplica() {
+	w.nextID++
+	rp := &rep{id: w.nextID, created: w.now}
+	rp.name = fmt.Sprintf("%s-%d", w.cfg.ScaledObject.Spec.ScaleTargetRef.Name, rp.id)
+	rp.uid = fmt.Sprintf("uid-%d", rp.id)
+	rp.r = replica.New(w.cfg.Profile, &w.st)
+	w.reps = append(w.reps, rp)
+	w.pipe.ReplicaAdded(w, rp)
+	startup := w.cfg.Profile.StartupTime(w.rng.NormFloat64())
+	w.at(w.now+startup, func() {
+		if rp.state == starting && w.exists(rp) {
+			w.becomeReady(rp)
+		}
+	})
+}
+
+func (w *world) exists(rp *rep) bool {
+	for _, x := range w.reps {
+		if x == rp {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) becomeReady(rp *rep) {
+	rp.state, rp.readyAt = ready, w.now
+	w.ready = append(w.ready, rp)
+	sort.Slice(w.ready, func(i, j int) bool { return w.ready[i].id < w.ready[j].id })
+	w.pipe.ReplicaReady(w, rp)
+	held := w.gate
+	w.gate = nil
+	for _, q := range held {
+		w.dispatch(q)
+	}
+}
+
+// retire removes a replica: a starting one at once; a ready one stops
+// taking requests and finishes (or, with DropOnScaleDown, drops) its own.
+func (w *world) retire(rp *rep) {
+	if rp.state == starting {
+		w.remove(rp)
+		return
+	}
+	rp.state = terminating
+	for i, x := range w.ready {
+		if x == rp {
+			w.ready = append(w.ready[:i], w.ready[i+1:]...)
+			break
+		}
+	}
+	w.pipe.ReplicaTerminating(w, rp)
+	rp.r.AdvanceTo(w.now)
+	if w.cfg.DropOnScaleDown {
+		for _, q := range rp.r.Drain() {
+			w.st.dropped++
+			w.st.droppedIDs[q.ID] = true
+		}
+	}
+	if rp.r.Outstanding() == 0 {
+		w.remove(rp)
+	}
+}
+
+func (w *world) remove(rp *rep) {
+	for i, x := range w.reps {
+		if x == rp {
+			w.reps = append(w.reps[:i], w.reps[i+1:]...)
+			break
+		}
+	}
+	rp.gen++ // cancels its pending event
+	w.pipe.ReplicaRemoved(w, rp)
+}
+
+// hpaSync is one HPA reconcile, with KEDA's metric path (and fallback).
+func (w *world) hpaSync() {
+	readyPods := int32(len(w.ready))
+	status := readyPods
+	if w.cfg.StatusReplicas == StatusAll {
+		for _, rp := range w.reps {
+			if rp.state == starting {
+				status++
+			}
+		}
+	}
+	reading := hpa.Reading{Target: w.target}
+	v, err := w.pipe.Metric(w)
+	so := w.cfg.ScaledObject
+	switch {
+	case err == nil:
+		w.failures = 0
+		reading.Milli = milli(v)
+	case so.Spec.Fallback != nil && so.Spec.Fallback.Replicas > 0:
+		// KEDA's fallback: after failureThreshold failures the metric
+		// becomes fallback.replicas × target (static behavior).
+		w.failures++
+		if w.failures > so.Spec.Fallback.FailureThreshold {
+			reading.Milli = int64(so.Spec.Fallback.Replicas) * w.target.Milli
+			if !w.target.AverageValue {
+				reading.Milli = int64(float64(so.Spec.Fallback.Replicas) * float64(w.target.Milli) / float64(max(readyPods, 1)))
+			}
+		} else {
+			reading.Err = err
+		}
+	default:
+		reading.Err = err
+	}
+	if err != nil {
+		w.st.metricErrors++
+	}
+	res := w.hpa.Sync(w.now, hpa.State{SpecReplicas: w.spec, StatusReplicas: status, ReadyPods: readyPods}, []hpa.Reading{reading})
+	if res.Rescale {
+		w.setSpec(res.Desired, true)
+	}
+}
+
+// kedaPoll is KEDA's scale loop (IsActive) every pollingInterval.
+func (w *world) kedaPoll() {
+	active, err := w.pipe.Active(w)
+	w.kedaScale(active, err != nil)
+}
+
+// Push is KEDA's reaction to StreamIsActive sending true.
+func (w *world) Push() { w.kedaScale(true, false) }
+
+// kedaScale is KEDA's RequestScale: activation from 0, deactivation to 0
+// after cooldownPeriod, minReplicaCount.
+func (w *world) kedaScale(active, isErr bool) {
+	so := w.cfg.ScaledObject
+	minR := so.MinReplicas()
+	if active {
+		if w.spec == 0 {
+			w.setSpec(max(minR, 1), true)
+		}
+		w.lastAct = w.now
+		return
+	}
+	switch {
+	case isErr:
+		// an error keeps the replica count (or leads to the fallback)
+	case w.spec > 0 && minR == 0:
+		expired := (w.lastAct < 0 && w.now >= so.InitialCooldown()) || (w.lastAct >= 0 && w.now-w.lastAct > so.Cooldown())
+		if expired {
+			w.setSpec(0, true)
+		}
+	case w.spec < minR:
+		w.setSpec(minR, true)
+	}
+}
+
+// sample records the report's time series.
+func (w *world) sample() { w.st.sample(w) }
+
+// watchLoadRise finds the first instant at which the true value of the
+// trigger's metric asks for more replicas than there are (the load rise
+// the first scale-up answers).
+func (w *world) watchLoadRise() {
+	if w.st.loadRise >= 0 || w.st.firstUp >= 0 {
+		return
+	}
+	v := trueValue(w)
+	if want := int32(math.Ceil(float64(milli(v)) / float64(w.target.Milli))); want > w.spec {
+		w.st.loadRise = w.now
+	}
+}
+
+// recordHistory keeps each ready replica's values every second over the
+// trigger's window, for the true value of rate and ratio metrics.
+func (w *world) recordHistory() {
+	keep := w.cfg.trigger.Window + 2*time.Second
+	for _, rp := range w.ready {
+		w.touch(rp)
+		rp.hist = append(rp.hist, signal.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()})
+		for len(rp.hist) > 0 && w.now-time.Duration(rp.hist[0].TimeMs)*time.Millisecond > keep {
+			rp.hist = rp.hist[1:]
+		}
+	}
+}
+
+func (w *world) history(rp *rep) []signal.Sample { return rp.hist }
