@@ -83,6 +83,9 @@ type env struct {
 	clientTLS *tls.Config
 	// agentTokenFile is the token of the agent's pod on gpu-node-1.
 	agentTokenFile string
+	// extra are other processes a case started (their logs are dumped on
+	// failure).
+	extra []*proc
 }
 
 func must(t *testing.T, err error) {
@@ -115,7 +118,7 @@ func TestE2E(t *testing.T) {
 	must(t, err)
 	defer func() {
 		if t.Failed() {
-			dumpLogs(t, append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent)...)
+			dumpLogs(t, append(append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent), e.extra...)...)
 		}
 	}()
 
@@ -161,6 +164,7 @@ func TestE2E(t *testing.T) {
 	t.Run("KEDA's value is pulse's", func(t *testing.T) { e.sameValue(t, sims) })
 	t.Run("aggregator killed and restarted", func(t *testing.T) { e.aggregatorRestart(t, sims) })
 	t.Run("scale-up while new pods load does not run away", func(t *testing.T) { e.scaleUpWhileLoading(t) })
+	t.Run("a step of load through pulse and through Prometheus", func(t *testing.T) { e.stepLatency(t) })
 	if n := sims["elsewhere-0"].calls(); n != 0 {
 		t.Fatalf("the pod on %s was scraped %d times", otherNode, n)
 	}

@@ -36,6 +36,8 @@ type Options struct {
 	DropOnScaleDown bool
 	ConfigTolerance bool
 	StatusReplicas  string
+	ScrapeInterval  time.Duration
+	PromInterval    time.Duration
 
 	soRaw []byte // the ScaledObject as read (tune rewrites it)
 }
@@ -44,7 +46,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{Profile: "llama-3.1-8b-h100", Pipelines: strings.Join(sim.Pipelines(), ","), Out: "report", RateScale: 1,
 		Seed: 1, TTFTSLO: 2 * time.Second, Balancer: sim.BalanceRoundRobin, Format: "png", Runs: 1, ConfigTolerance: true,
-		StatusReplicas: sim.StatusAll}
+		StatusReplicas: sim.StatusAll, ScrapeInterval: time.Second, PromInterval: 15 * time.Second}
 }
 
 // AddFlags registers the options on fs.
@@ -62,6 +64,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Runs, "runs", o.Runs, "simulate this many seeds (seed, seed+1, ...): runs.json gets every run's scores, the table their mean; report.json and the pictures are the first seed's")
 	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
 	fs.BoolVar(&o.ConfigTolerance, "hpa-configurable-tolerance", o.ConfigTolerance, "honor the behavior's per-direction tolerance (Kubernetes' HPAConfigurableTolerance feature gate: alpha, off by default, in 1.33); false: the global 0.1 applies")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "the pulse agent's --scrape-interval")
+	fs.DurationVar(&o.PromInterval, "prometheus-interval", o.PromInterval, "Prometheus' scrape interval (the Kaito proposal's PodMonitor: 15s)")
 	fs.StringVar(&o.StatusReplicas, "status-replicas", o.StatusReplicas, "what the target's /scale status.replicas counts: all (not terminating, a Deployment's) or ready")
 }
 
@@ -79,6 +83,9 @@ func (o *Options) Validate() error {
 	}
 	if o.TTFTSLO <= 0 {
 		errs = append(errs, errors.New("--ttft-slo must be above 0"))
+	}
+	if o.ScrapeInterval < 100*time.Millisecond || o.PromInterval < time.Second {
+		errs = append(errs, errors.New("--scrape-interval must be at least 100ms and --prometheus-interval at least 1s"))
 	}
 	if o.Runs < 1 {
 		errs = append(errs, errors.New("--runs must be at least 1"))
@@ -114,7 +121,8 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 		name += fmt.Sprintf(" x%g", o.RateScale)
 	}
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
-		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas}
+		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
+		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval}
 	c.Defaults()
 	c.HPA.ConfigurableTolerance = o.ConfigTolerance
 	c.Pipelines = splitList(o.Pipelines)
