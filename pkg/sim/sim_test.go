@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"strings"
@@ -205,5 +206,38 @@ func TestBadConfigsAreRefused(t *testing.T) {
 	}
 	if _, err := ParseScaledObject([]byte("spec: {scaleTargetRef: {name: x}, triggers: [{type: cron}]}")); err == nil {
 		t.Error("a ScaledObject with no pulse trigger was accepted")
+	}
+}
+
+// failing is a pipeline whose every answer is an error.
+type failing struct{ noHooks }
+
+func (failing) Attach(*world)                  {}
+func (failing) Metric(*world) (float64, error) { return 0, errors.New("Unavailable") }
+func (failing) Active(*world) (bool, error)    { return false, errors.New("Unavailable") }
+
+// TestKEDAFallback: while the signal fails, the HPA holds; after
+// fallback.failureThreshold failed fetches KEDA hands it fallback.replicas ×
+// target, and the workload goes to fallback.replicas.
+func TestKEDAFallback(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 1\n  fallback:\n    failureThreshold: 3\n    replicas: 4",
+		"value: 1\n            periodSeconds: 300", "value: 4\n            periodSeconds: 15")
+	c := Config{Trace: load(t, "poisson:rate=1,duration=5m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}}
+	if err := c.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(&c, failing{})
+	res := w.run()
+	// Syncs every 15 s: the 4th failure (after 3) brings the fallback.
+	first := -1
+	for i, n := range res.Series.Replicas {
+		if n > 1 {
+			first = i
+			break
+		}
+	}
+	at := float64(first) * c.SampleEvery.Seconds()
+	if first < 0 || at < 45 || at > 90 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
+		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failed sync", res.Series.Replicas, at, res.MetricErrors)
 	}
 }
