@@ -10,7 +10,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify helm-lint clean
+.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries helm-lint clean
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -86,11 +86,22 @@ proto:
 	  --go-grpc_out=. --go-grpc_opt=paths=source_relative \
 	  proto/pulse/v1/ingest.proto
 
-# Tidy modules, regenerate code, format: each must leave the tree unchanged.
-verify:
+# Tidy modules, regenerate code, format: each must leave the tree unchanged;
+# and no tracked file is a compiled binary (ELF) or an executable that is not
+# a script.
+verify: verify-no-binaries
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
+
+verify-no-binaries:
+	@bad=$$(git ls-files -s | while read -r mode _ _ f; do \
+	  [ -f "$$f" ] || continue; \
+	  magic=$$(head -c 4 "$$f" | od -An -tx1 | tr -d ' \n'); \
+	  if [ "$$magic" = "7f454c46" ]; then echo "$$f (ELF)"; \
+	  elif [ "$$mode" = "100755" ] && [ "$$(head -c 2 "$$f")" != "#!" ]; then echo "$$f (executable, not a script)"; fi; \
+	done); \
+	if [ -n "$$bad" ]; then echo "tracked binaries (remove them; build outputs are ignored):"; echo "$$bad"; exit 1; fi
 
 clean:
 	rm -rf $(BIN)
