@@ -20,7 +20,7 @@ func TestOptionsValidate(t *testing.T) {
 	o := NewOptions()
 	o.ScrapeInterval = time.Millisecond
 	o.ExtraMetrics = stringList{"bad name"}
-	o.LogFormat = "xml"
+	o.Log.Format = "xml"
 	o.NVML = "maybe"
 	o.PodSelector = "a in (b"
 	err := o.Validate()

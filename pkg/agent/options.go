@@ -13,6 +13,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/vllm"
 )
 
@@ -37,8 +38,7 @@ type Options struct {
 	BatchDelay          time.Duration
 	ReconnectMaxBackoff time.Duration
 	HTTPAddr            string
-	LogFormat           string
-	LogLevel            string
+	Log                 logging.Options
 }
 
 // NewOptions returns the defaults. NODE_NAME (downward API) names the node.
@@ -59,8 +59,7 @@ func NewOptions() *Options {
 		BatchDelay:          20 * time.Millisecond,
 		ReconnectMaxBackoff: 5 * time.Second,
 		HTTPAddr:            ":8081",
-		LogFormat:           "json",
-		LogLevel:            "info",
+		Log:                 logging.DefaultOptions(),
 	}
 }
 
@@ -85,8 +84,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")
 	fs.DurationVar(&o.ReconnectMaxBackoff, "reconnect-max-backoff", o.ReconnectMaxBackoff, "longest wait between reconnects to an aggregator")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
-	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
+	o.Log.AddFlags(fs)
 }
 
 // Validate reports every problem of the options.
@@ -135,9 +133,7 @@ func (o *Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if o.LogFormat != "json" && o.LogFormat != "text" {
-		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", o.LogFormat))
-	}
+	errs = append(errs, o.Log.Validate())
 	return errors.Join(errs...)
 }
 
@@ -163,5 +159,5 @@ func (s *stringList) Set(v string) error {
 	return nil
 }
 
-// Logging returns the log format and level.
-func (o *Options) Logging() (format, level string) { return o.LogFormat, o.LogLevel }
+// LogOptions returns the logger's options.
+func (o *Options) LogOptions() logging.Options { return o.Log }

@@ -11,7 +11,7 @@ import (
 
 func TestDebugOnItsOwnAddress(t *testing.T) {
 	o := NewOptions()
-	o.IngestAddr, o.ScalerAddr, o.HTTPAddr, o.DebugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr, o.Serving.DebugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestDebugOnItsOwnAddress(t *testing.T) {
 
 func TestValidateNamesEveryProblem(t *testing.T) {
 	o := NewOptions()
-	o.ManageCerts, o.Namespace, o.TLSCertFile, o.AgentAuth, o.IngestTLSCert = true, "", "x", "maybe", "y"
+	o.Certs.Enabled, o.Certs.Namespace, o.ScalerTLS.CertFile, o.AgentAuth.Mode, o.IngestTLS.CertFile = true, "", "x", "maybe", "y"
 	err := o.Validate()
 	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together"} {
 		if err == nil || !strings.Contains(err.Error(), want) {

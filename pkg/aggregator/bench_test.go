@@ -30,9 +30,9 @@ const (
 func startBench(b *testing.B) (a *Aggregator, keda externalscaler.ExternalScalerClient, ingestConn *grpc.ClientConn) {
 	b.Helper()
 	o := NewOptions()
-	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	o.Warmup = 0 // measured: the answers, not the warm-up
-	o.MaxPodsPerAgent = benchWorkloads * benchPodsPerLoad
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup.Duration = 0 // measured: the answers, not the warm-up
+	o.Store.MaxPodsPerAgent = benchWorkloads * benchPodsPerLoad
 	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)

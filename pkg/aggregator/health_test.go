@@ -29,7 +29,7 @@ import (
 func start(t *testing.T, mutate func(*Options)) *Aggregator {
 	t.Helper()
 	o := NewOptions()
-	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	mutate(o)
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func getMetrics(conn *grpc.ClientConn) (float64, error) {
 // error). A starting aggregator now stays unready and answers Unavailable
 // until the agents it expects have reported (or the warm-up has passed).
 func TestWarmupHoldsAnswersUntilTheAgentsAreBack(t *testing.T) {
-	a := start(t, func(o *Options) { o.Warmup, o.ExpectedAgents = time.Hour, 3 })
+	a := start(t, func(o *Options) { o.Warmup.Duration, o.Warmup.ExpectedAgents = time.Hour, 3 })
 	scaler, ingest := dial(t, a.ScalerAddr()), a.IngestAddr()
 	if code, body := httpStatus(t, "http://"+a.HTTPAddr()+"/readyz"); code != 503 || !strings.Contains(body, "0 of 3 agents") {
 		t.Fatalf("/readyz = %d %q during the warm-up", code, body)
@@ -171,7 +171,7 @@ func TestWarmupHoldsAnswersUntilTheAgentsAreBack(t *testing.T) {
 // TestWarmupEndsAfterItsDuration: with no expected count, the warm-up ends
 // when its duration has passed.
 func TestWarmupEndsAfterItsDuration(t *testing.T) {
-	a := start(t, func(o *Options) { o.Warmup = 300 * time.Millisecond })
+	a := start(t, func(o *Options) { o.Warmup.Duration = 300 * time.Millisecond })
 	scaler := dial(t, a.ScalerAddr())
 	report(t, a.IngestAddr(), "node-1", 7)
 	if _, err := getMetrics(scaler); status.Code(err) != codes.Unavailable {

@@ -18,8 +18,8 @@ import (
 type Options interface {
 	AddFlags(fs *flag.FlagSet)
 	Validate() error
-	// Logging returns the --log-format and --log-level values.
-	Logging() (format, level string)
+	// LogOptions returns the --log-format and --log-level values.
+	LogOptions() logging.Options
 }
 
 // Runner is a wired component.
@@ -39,8 +39,8 @@ func Main(name string, o Options, build func(*slog.Logger) (Runner, error)) {
 }
 
 func run(o Options, build func(*slog.Logger) (Runner, error)) error {
-	format, level := o.Logging()
-	log, err := logging.New(os.Stderr, format, level)
+	lo := o.LogOptions()
+	log, err := lo.Logger(os.Stderr)
 	if err != nil {
 		return err
 	}

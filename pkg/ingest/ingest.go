@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -44,10 +45,6 @@ type Server struct {
 	auth    Authenticator // nil: streams are not authenticated (static/demo mode)
 }
 
-// SetAuthenticator makes every stream authenticate, and binds it to the
-// node its token is bound to. Call it before serving.
-func (s *Server) SetAuthenticator(a Authenticator) { s.auth = a }
-
 var _ pulsev1.IngestServer = (*Server)(nil)
 
 type metrics struct {
@@ -57,15 +54,31 @@ type metrics struct {
 	rejected    *prometheus.CounterVec
 }
 
-// New returns a Server that writes to st and registers its metrics on reg.
-func New(st *store.Store, log *slog.Logger, version string, limits Limits, reg prometheus.Registerer) *Server {
+// Options configure a Server.
+type Options struct {
+	Log     *slog.Logger
+	Version string // the aggregator's, sent in the welcome
+	Limits  Limits
+	// Registerer takes the server's metrics.
+	Registerer prometheus.Registerer
+	// Auth, when set, authenticates every stream and binds it to the node
+	// its token is bound to; nil: streams are not authenticated.
+	Auth Authenticator
+}
+
+// New returns a Server that writes to st.
+func New(st *store.Store, o Options) *Server {
+	limits := o.Limits
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
 	if limits.MaxPodsPerStream <= 0 {
 		limits.MaxPodsPerStream = 1024
 	}
 	if limits.MaxExtraMetrics <= 0 {
 		limits.MaxExtraMetrics = 32
 	}
-	s := &Server{store: st, log: log, version: version, limits: limits, m: metrics{
+	s := &Server{store: st, log: o.Log, version: o.Version, limits: limits, auth: o.Auth, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_agent_streams", Help: "Agent streams open now."}),
 		samples: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -76,7 +89,9 @@ func New(st *store.Store, log *slog.Logger, version string, limits Limits, reg p
 			[]string{"reason"}),
 	}}
 	s.m.ok, s.m.missing = s.m.samples.WithLabelValues("ok"), s.m.samples.WithLabelValues("missing")
-	reg.MustRegister(s.m.streams, s.m.samples, s.m.rejected)
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(s.m.streams, s.m.samples, s.m.rejected)
+	}
 	return s
 }
 
@@ -120,7 +135,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
 		return err
 	}
-	log := s.log.With("node", hello.Node, "agent", hello.AgentVersion)
+	log := s.log.With(logging.KeyNode, hello.Node, logging.KeyAgent, hello.AgentVersion)
 	log.Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
@@ -136,7 +151,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			return nil
 		}
 		if err != nil {
-			log.Info("agent stream ended", "err", err)
+			log.Info("agent stream ended", logging.KeyErr, err)
 			return err
 		}
 		switch m := msg.Msg.(type) {
@@ -236,7 +251,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 					reason = "unknown_pod"
 				}
 				st.srv.m.rejected.WithLabelValues(reason).Inc()
-				st.log.Warn("catalogue entry rejected", "pod", p.Namespace+"/"+p.Name, "reason", reason, "podNode", node, "err", err)
+				st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
 				if old, ok := st.ids[p.Id]; ok {
 					removed = append(removed, old)
 					delete(st.ids, p.Id)

@@ -36,10 +36,8 @@ func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, ni
 func newFixtureWith(t *testing.T, auth Authenticator) *fixture {
 	t.Helper()
 	f := &fixture{store: store.New(store.Options{})}
-	f.srv = New(f.store, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", Limits{MaxPodsPerStream: 3}, prometheus.NewRegistry())
-	if auth != nil {
-		f.srv.SetAuthenticator(auth)
-	}
+	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
+		Registerer: prometheus.NewRegistry(), Auth: auth})
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
 	pulsev1.RegisterIngestServer(g, f.srv)

@@ -13,7 +13,6 @@ import (
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/aggregator"
 	"github.com/pulse-io/pulse/pkg/gpu"
-	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/test/fakenode"
 	"github.com/pulse-io/pulse/test/testpki"
 )
@@ -43,16 +42,11 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 		"tls.crt", "tls.key", "ca.crt", "token")
 
 	o := aggregator.NewOptions()
-	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	o.IngestTLSCert, o.IngestTLSKey = files[0], files[1]
-	o.Warmup = 0
-	agg := runAggregator(t, o, func(a *aggregator.Aggregator) {
-		tr, err := ingest.NewTokenReviewer(serverAPI, "pulse", []string{"pulse-system/pulse-agent"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.SetAgentAuthenticator(tr)
-	})
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile = files[0], files[1]
+	o.Warmup.Duration = 0
+	o.AgentAuth.Mode = "tokenreview"
+	agg := runAggregator(t, o, aggregator.Deps{Kube: serverAPI})
 
 	ao := agent.NewOptions()
 	ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, "gpu-node-1", gpu.ModeOff

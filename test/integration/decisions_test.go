@@ -101,11 +101,11 @@ func TestRestartedAggregatorNeverAnswersAPartialTotal(t *testing.T) {
 	setLoad(pods[1], 20, 1, 0.5)
 	options := func(ingest string) *aggregator.Options {
 		o := aggregator.NewOptions()
-		o.IngestAddr, o.ScalerAddr, o.HTTPAddr = ingest, "127.0.0.1:0", "127.0.0.1:0"
-		o.Warmup, o.ExpectedAgents = time.Hour, 2
+		o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = ingest, "127.0.0.1:0", "127.0.0.1:0"
+		o.Warmup.Duration, o.Warmup.ExpectedAgents = time.Hour, 2
 		return o
 	}
-	agg, stop := startAggregatorWith(t, options("127.0.0.1:0"), nil)
+	agg, stop := startAggregatorWith(t, options("127.0.0.1:0"), aggregator.Deps{})
 	ingestAddr := agg.IngestAddr()
 	link := newForwarder(t, ingestAddr) // the second agent's way to the aggregator
 	for i, addr := range []string{ingestAddr, link.addr()} {
@@ -126,7 +126,7 @@ func TestRestartedAggregatorNeverAnswersAPartialTotal(t *testing.T) {
 
 	link.cut()
 	stop()
-	agg2, _ := startAggregatorWith(t, options(ingestAddr), nil)
+	agg2, _ := startAggregatorWith(t, options(ingestAddr), aggregator.Deps{})
 	keda := kedaClient(t, agg2.ScalerAddr())
 	eventually(t, "the first agent back", func() error {
 		w, err := workload(agg2.HTTPAddr(), "llama")

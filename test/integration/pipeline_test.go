@@ -30,27 +30,24 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 func startAggregator(t *testing.T, ingestAddr string) (a *aggregator.Aggregator, stop func()) {
 	t.Helper()
 	o := aggregator.NewOptions()
-	o.IngestAddr, o.ScalerAddr, o.HTTPAddr = ingestAddr, "127.0.0.1:0", "127.0.0.1:0"
-	o.Warmup = 0 // answer at once: these tests are about the values
-	return startAggregatorWith(t, o, nil)
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = ingestAddr, "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup.Duration = 0 // answer at once: these tests are about the values
+	return startAggregatorWith(t, o, aggregator.Deps{})
 }
 
-// runAggregator is startAggregator with options and a hook run before Run.
-func runAggregator(t *testing.T, o *aggregator.Options, before func(*aggregator.Aggregator)) *aggregator.Aggregator {
+// runAggregator is startAggregator with options and clients.
+func runAggregator(t *testing.T, o *aggregator.Options, deps aggregator.Deps) *aggregator.Aggregator {
 	t.Helper()
-	a, _ := startAggregatorWith(t, o, before)
+	a, _ := startAggregatorWith(t, o, deps)
 	return a
 }
 
-func startAggregatorWith(t *testing.T, o *aggregator.Options, before func(*aggregator.Aggregator)) (a *aggregator.Aggregator, stop func()) {
+func startAggregatorWith(t *testing.T, o *aggregator.Options, deps aggregator.Deps) (a *aggregator.Aggregator, stop func()) {
 	t.Helper()
-	o.FreshFor = 3 * time.Second
-	a, err := aggregator.New(o, quietLog())
+	o.Store.FreshFor = 3 * time.Second
+	a, err := aggregator.NewWithDeps(o, quietLog(), deps)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if before != nil {
-		before(a)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

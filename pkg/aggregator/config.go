@@ -1,0 +1,274 @@
+package aggregator
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/pulse-io/pulse/pkg/certs"
+	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/version"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Deps are the aggregator's clients, built once. Complete builds the ones
+// left nil that a feature needs, from one rest.Config; tests pass fakes.
+type Deps struct {
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+// Config is the validated options, ready to be completed into an
+// aggregator.
+type Config struct{ opts *Options }
+
+// Config validates the options.
+func (o *Options) Config() (*Config, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	return &Config{opts: o}, nil
+}
+
+// restConfig loads the API's client configuration (--kubeconfig, or the
+// in-cluster one).
+func (c *Config) restConfig() (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.opts.Kube.KubeConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config (--kubeconfig, or the in-cluster config): %w", err)
+	}
+	cfg.UserAgent = "pulse-aggregator/" + version.Version
+	// Above client-go's 5 QPS: a restart re-ensures certificates, syncs
+	// caches and reviews every agent's token at once.
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}
+
+// New wires an aggregator from options, building its clients.
+func New(o *Options, log *slog.Logger) (*Aggregator, error) { return NewWithDeps(o, log, Deps{}) }
+
+// NewWithDeps wires an aggregator with the given clients.
+func NewWithDeps(o *Options, log *slog.Logger, deps Deps) (*Aggregator, error) {
+	c, err := o.Config()
+	if err != nil {
+		return nil, err
+	}
+	return c.Complete(log, deps)
+}
+
+// Complete builds the clients the features need (one rest.Config, one
+// client of each kind), opens the listeners (so that addresses such as
+// 127.0.0.1:0 are bound before Run) and wires the servers.
+func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
+	if err := c.clients(&deps); err != nil {
+		return nil, err
+	}
+	a := &Aggregator{opts: c.opts, log: log, deps: deps, health: newHealth(housekeepEvery)}
+	if err := a.listen(); err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	steps := []func(prometheus.Registerer) error{a.buildStore, a.buildIngest, a.buildScaler}
+	for _, step := range steps {
+		if err := step(reg); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
+	if err := a.buildHTTP(reg); err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// clients fills the clients deps lacks that a feature needs, all from
+// one rest.Config.
+func (c *Config) clients(deps *Deps) error {
+	o := c.opts
+	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != ""
+	needDyn := o.Certs.Enabled || o.Kube.ResolveTargets
+	if (!needKube || deps.Kube != nil) && (!needDyn || deps.Dynamic != nil) {
+		return nil
+	}
+	cfg, err := c.restConfig()
+	if err != nil {
+		return err
+	}
+	if needKube && deps.Kube == nil {
+		if deps.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
+	if needDyn && deps.Dynamic == nil {
+		if deps.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes dynamic client: %w", err)
+		}
+	}
+	return nil
+}
+
+// listen opens every listener.
+func (a *Aggregator) listen() error {
+	s := a.opts.Serving
+	for _, l := range []struct {
+		ln   *net.Listener
+		addr string
+		what string
+	}{{&a.ingestLn, s.IngestAddr, "ingest"}, {&a.scalerLn, s.ScalerAddr, "scaler"}, {&a.httpLn, s.HTTPAddr, "http"}, {&a.debugLn, s.DebugAddr, "debug"}} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			a.close()
+			return fmt.Errorf("listen on %s address %s: %w", l.what, l.addr, err)
+		}
+		*l.ln = ln
+	}
+	return nil
+}
+
+// close releases the listeners of an aggregator that will not run.
+func (a *Aggregator) close() {
+	for _, ln := range []net.Listener{a.ingestLn, a.scalerLn, a.httpLn, a.debugLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// ServerKeepalive accepts KEDA's and the agents' keepalive pings.
+var (
+	ServerKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	ServerPolicy    = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
+)
+
+func grpcOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
+}
+
+func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
+	o := a.opts.Store
+	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods, Expiry: o.PodExpiry})
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "pulse_aggregator_pods_evicted_total", Help: "Pods evicted because --max-pods was reached."}, func() float64 { return float64(a.store.Evicted()) }))
+	a.warmup = newWarmup(a.store, a.opts.Warmup.Duration, a.opts.Warmup.ExpectedAgents, time.Now, a.log)
+	a.health.addCheck("warm-up", a.warmup.check)
+	return nil
+}
+
+// buildIngest: the agents' stream server, with TLS and authentication.
+func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
+	o := a.opts
+	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
+	if o.IngestTLS.CertFile != "" {
+		files, err := certs.NewFiles(o.IngestTLS.CertFile, o.IngestTLS.KeyFile, "")
+		if err != nil {
+			return fmt.Errorf("ingest TLS: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+	}
+	var auth ingest.Authenticator
+	if o.AgentAuth.Mode == "tokenreview" {
+		tr, err := ingest.NewTokenReviewer(a.deps.Kube, o.AgentAuth.Audience, o.AgentAuth.Accounts)
+		if err != nil {
+			return fmt.Errorf("--agent-auth=tokenreview: %w", err)
+		}
+		a.reviewer, auth = tr, tr
+		a.health.addCheck("pod cache", tr.Ready)
+	}
+	if auth != nil {
+		a.log.Info("agents authenticate with ServiceAccount tokens", logging.KeyAudience, o.AgentAuth.Audience, logging.KeyAccounts, o.AgentAuth.Accounts)
+	} else {
+		a.log.Info("agent streams are not authenticated (--agent-auth=none): use it on loopback or a trusted network only")
+	}
+	a.ingestSrv = grpc.NewServer(opts...)
+	a.ingest = ingest.New(a.store, ingest.Options{Log: a.log, Version: version.Version, Registerer: reg, Auth: auth,
+		Limits: ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})
+	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
+	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
+	return nil
+}
+
+// buildScaler: KEDA's scaler server, with its TLS (managed or files) and
+// the ScaledObject resolver.
+func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
+	o := a.opts
+	opts := grpcOptions()
+	switch {
+	case o.Certs.Enabled:
+		var ips []net.IP
+		for _, ip := range o.Certs.IPs {
+			ips = append(ips, net.ParseIP(ip))
+		}
+		a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
+			SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
+			KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, Log: a.log})
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managed.ServerConfig())))
+		a.health.addCheck("certificates", a.managed.Ready)
+		a.log.Info("scaler port serves mutual TLS with managed certificates", logging.KeySecret, o.Certs.Namespace+"/"+o.Certs.Secret,
+			logging.KeyTriggerAuth, o.Certs.TriggerAuthName)
+	case o.ScalerTLS.CertFile != "":
+		files, err := certs.NewFiles(o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile, o.ScalerTLS.ClientCAFile)
+		if err != nil {
+			return fmt.Errorf("scaler TLS: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+		a.log.Info("scaler port serves mutual TLS", logging.KeyCert, o.ScalerTLS.CertFile, logging.KeyClientCA, o.ScalerTLS.ClientCAFile)
+	}
+	var resolver scaler.TargetResolver
+	if o.Kube.ResolveTargets {
+		a.resolver = scaler.NewInformerResolver(a.deps.Dynamic)
+		resolver = a.resolver
+		a.health.addCheck("ScaledObject cache", a.resolver.Ready)
+	}
+	a.scalerSrv = grpc.NewServer(opts...)
+	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check})
+	reg.MustRegister(a.scaler.Collector())
+	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
+	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
+	return nil
+}
+
+// buildHTTP: /metrics, /livez, /readyz and the debug endpoints (on their
+// own listener with --debug-addr).
+func (a *Aggregator) buildHTTP(reg *prometheus.Registry) error {
+	mux := http.NewServeMux()
+	dbg := &debug.Handler{Store: a.store, FreshFor: a.opts.Store.FreshFor, MaxWindow: a.opts.Store.MaxWindow, Triggers: a.scaler}
+	if a.debugLn != nil {
+		dmux := http.NewServeMux()
+		dbg.Register(dmux)
+		a.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 5 * time.Second}
+	} else {
+		dbg.Register(mux)
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
+	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
+	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return nil
+}

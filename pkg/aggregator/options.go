@@ -1,0 +1,296 @@
+package aggregator
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/logging"
+)
+
+// Options are the aggregator's flags, in groups; each group registers its
+// own flags and reports its own problems.
+type Options struct {
+	Serving   ServingOptions
+	Store     StoreOptions
+	Warmup    WarmupOptions
+	Kube      KubeOptions
+	ScalerTLS ScalerTLSOptions
+	Certs     ManagedCertOptions
+	IngestTLS IngestTLSOptions
+	AgentAuth AgentAuthOptions
+	Log       logging.Options
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second},
+		Store: StoreOptions{MaxWindow: time.Minute, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
+			MaxPods: 10000, PodExpiry: 10 * time.Minute},
+		// The agents re-resolve the headless Service every 10s (their
+		// --resolve-interval), then report within their 1s interval; the
+		// default staleAfter (5s) bounds the rest.
+		Warmup: WarmupOptions{Duration: 15 * time.Second},
+		Certs: ManagedCertOptions{Namespace: os.Getenv("POD_NAMESPACE"), Secret: "pulse-aggregator-certs", Validity: 90 * 24 * time.Hour,
+			KEDANamespace: "keda", TriggerAuthName: "pulse-creds"},
+		AgentAuth: AgentAuthOptions{Mode: "none", Audience: "pulse", Accounts: []string{"pulse-system/pulse-agent"}},
+		Log:       logging.DefaultOptions(),
+	}
+}
+
+// AddFlags registers every group's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	o.Serving.AddFlags(fs)
+	o.Store.AddFlags(fs)
+	o.Warmup.AddFlags(fs)
+	o.Kube.AddFlags(fs)
+	o.ScalerTLS.AddFlags(fs)
+	o.Certs.AddFlags(fs)
+	o.IngestTLS.AddFlags(fs)
+	o.AgentAuth.AddFlags(fs)
+	o.Log.AddFlags(fs)
+}
+
+// Validate reports every problem of every group, and of their combination.
+func (o *Options) Validate() error {
+	errs := []error{o.Serving.Validate(), o.Store.Validate(), o.Warmup.Validate(), o.ScalerTLS.Validate(), o.Certs.Validate(),
+		o.IngestTLS.Validate(), o.AgentAuth.Validate(), o.Log.Validate()}
+	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
+		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
+	}
+	return errors.Join(errs...)
+}
+
+// LogOptions returns the logger's options.
+func (o *Options) LogOptions() logging.Options { return o.Log }
+
+// ServingOptions are the listeners.
+type ServingOptions struct {
+	IngestAddr, ScalerAddr, HTTPAddr, DebugAddr string
+	ShutdownTimeout                             time.Duration
+}
+
+// AddFlags registers the group's flags.
+func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
+	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /debug/workloads, /debug/triggers, /metrics, /livez and /readyz")
+	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
+}
+
+// Validate reports the group's problems.
+func (o *ServingOptions) Validate() error {
+	var errs []error
+	for flagName, addr := range map[string]string{"--ingest-addr": o.IngestAddr, "--scaler-addr": o.ScalerAddr, "--http-addr": o.HTTPAddr} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port", flagName, addr))
+		}
+	}
+	if o.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("--shutdown-timeout must be above 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// StoreOptions bound what the aggregator holds.
+type StoreOptions struct {
+	MaxWindow, FreshFor, PodExpiry             time.Duration
+	MaxSamplesPerPod, MaxPods, MaxPodsPerAgent int
+}
+
+// AddFlags registers the group's flags.
+func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "samples kept per pod, and the longest trigger window allowed")
+	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
+	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
+	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
+	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it the pod listed least recently is evicted")
+	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
+}
+
+// Validate reports the group's problems.
+func (o *StoreOptions) Validate() error {
+	var errs []error
+	if o.MaxWindow < time.Second {
+		errs = append(errs, errors.New("--max-window must be at least 1s"))
+	}
+	if o.FreshFor <= 0 {
+		errs = append(errs, errors.New("--fresh-for must be above 0"))
+	}
+	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
+		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	if o.PodExpiry <= 0 {
+		errs = append(errs, errors.New("--pod-expiry must be above 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// WarmupOptions hold a starting aggregator's answers back.
+type WarmupOptions struct {
+	Duration       time.Duration
+	ExpectedAgents int
+	AgentDaemonSet string
+}
+
+// AddFlags registers the group's flags.
+func (o *WarmupOptions) AddFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&o.Duration, "warmup", o.Duration, "after start, answer KEDA Unavailable (and stay unready) until the expected agents have reported or this long has passed, so that no answer is a partial total; about the agents' --resolve-interval plus staleAfter (0: none)")
+	fs.IntVar(&o.ExpectedAgents, "expected-agents", o.ExpectedAgents, "end the warm-up once this many agents have reported (0: unknown, unless --agent-daemonset gives it)")
+	fs.StringVar(&o.AgentDaemonSet, "agent-daemonset", o.AgentDaemonSet, "namespace/name of the agent DaemonSet: its desiredNumberScheduled is the number of agents the warm-up waits for")
+}
+
+// Validate reports the group's problems.
+func (o *WarmupOptions) Validate() error {
+	var errs []error
+	if o.Duration < 0 || o.ExpectedAgents < 0 {
+		errs = append(errs, errors.New("--warmup and --expected-agents must not be negative"))
+	}
+	if o.AgentDaemonSet != "" {
+		if ns, name, ok := strings.Cut(o.AgentDaemonSet, "/"); !ok || ns == "" || name == "" {
+			errs = append(errs, fmt.Errorf("--agent-daemonset %q: want namespace/name", o.AgentDaemonSet))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// KubeOptions are how the aggregator reaches the Kubernetes API, and the
+// feature that reads ScaledObjects.
+type KubeOptions struct {
+	KubeConfig     string
+	ResolveTargets bool
+}
+
+// AddFlags registers the group's flags.
+func (o *KubeOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig of the features that use the Kubernetes API (default: the in-cluster config)")
+	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects)")
+}
+
+// ScalerTLSOptions are certificate files for the scaler port.
+type ScalerTLSOptions struct{ CertFile, KeyFile, ClientCAFile string }
+
+// AddFlags registers the group's flags.
+func (o *ScalerTLSOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "scaler port: serve TLS with this certificate (re-read when it changes)")
+	fs.StringVar(&o.KeyFile, "tls-key-file", o.KeyFile, "scaler port: the certificate's key")
+	fs.StringVar(&o.ClientCAFile, "tls-client-ca-file", o.ClientCAFile, "scaler port: require client certificates signed by this CA (KEDA's tlsClientCert)")
+}
+
+// Validate reports the group's problems.
+func (o *ScalerTLSOptions) Validate() error {
+	if n := countSet(o.CertFile, o.KeyFile, o.ClientCAFile); n != 0 && n != 3 {
+		return errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together")
+	}
+	return nil
+}
+
+// ManagedCertOptions are the certificates the aggregator makes for the
+// scaler port and KEDA.
+type ManagedCertOptions struct {
+	Enabled                        bool
+	Namespace, Secret              string
+	DNSNames, IPs                  []string
+	Validity                       time.Duration
+	KEDANamespace, TriggerAuthName string
+}
+
+// AddFlags registers the group's flags.
+func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "manage-certs", o.Enabled, "scaler port: make, renew and serve a CA, server and client certificates (a Secret), and KEDA's ClusterTriggerAuthentication")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the aggregator's namespace, for --manage-certs (default $POD_NAMESPACE)")
+	fs.StringVar(&o.Secret, "cert-secret", o.Secret, "--manage-certs: the Secret holding the certificates")
+	fs.Func("cert-dns-name", "--manage-certs: a DNS name of the scaler Service for the server certificate; repeatable", func(v string) error {
+		o.DNSNames = append(o.DNSNames, v)
+		return nil
+	})
+	fs.Func("cert-ip", "--manage-certs: an IP for the server certificate; repeatable", func(v string) error {
+		if net.ParseIP(v) == nil {
+			return fmt.Errorf("%q is not an IP", v)
+		}
+		o.IPs = append(o.IPs, v)
+		return nil
+	})
+	fs.DurationVar(&o.Validity, "cert-validity", o.Validity, "--manage-certs: validity of the certificates (renewed two thirds through)")
+	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
+	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
+}
+
+// Validate reports the group's problems.
+func (o *ManagedCertOptions) Validate() error {
+	if !o.Enabled {
+		return nil
+	}
+	var errs []error
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("--manage-certs needs --namespace (or $POD_NAMESPACE)"))
+	}
+	if len(o.DNSNames)+len(o.IPs) == 0 {
+		errs = append(errs, errors.New("--manage-certs needs a --cert-dns-name or --cert-ip for the scaler Service"))
+	}
+	if o.Validity < time.Hour {
+		errs = append(errs, errors.New("--cert-validity must be at least 1h"))
+	}
+	return errors.Join(errs...)
+}
+
+// IngestTLSOptions are certificate files for the ingest port.
+type IngestTLSOptions struct{ CertFile, KeyFile string }
+
+// AddFlags registers the group's flags.
+func (o *IngestTLSOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.CertFile, "ingest-tls-cert-file", o.CertFile, "ingest port: serve TLS with this certificate (re-read when it changes)")
+	fs.StringVar(&o.KeyFile, "ingest-tls-key-file", o.KeyFile, "ingest port: the certificate's key")
+}
+
+// Validate reports the group's problems.
+func (o *IngestTLSOptions) Validate() error {
+	if countSet(o.CertFile, o.KeyFile) == 1 {
+		return errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together")
+	}
+	return nil
+}
+
+// AgentAuthOptions are how agents authenticate.
+type AgentAuthOptions struct {
+	Mode, Audience string
+	Accounts       []string
+	accountsSet    bool
+}
+
+// AddFlags registers the group's flags.
+func (o *AgentAuthOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Mode, "agent-auth", o.Mode, "agent authentication: none, or tokenreview (ServiceAccount token bound to a pod; the stream may speak only for that pod's node)")
+	fs.StringVar(&o.Audience, "agent-audience", o.Audience, "audience agent tokens must carry")
+	fs.Func("agent-service-account", "namespace/name of the agents' ServiceAccount; repeatable (default pulse-system/pulse-agent)", func(v string) error {
+		if !o.accountsSet {
+			o.Accounts, o.accountsSet = nil, true
+		}
+		o.Accounts = append(o.Accounts, v)
+		return nil
+	})
+}
+
+// Validate reports the group's problems.
+func (o *AgentAuthOptions) Validate() error {
+	if o.Mode != "none" && o.Mode != "tokenreview" {
+		return fmt.Errorf("--agent-auth %q: want none or tokenreview", o.Mode)
+	}
+	return nil
+}
+
+func countSet(vs ...string) int {
+	n := 0
+	for _, v := range vs {
+		if v != "" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,36 @@
+package logging
+
+// Keys of structured log attributes, defined once so that every component
+// logs the same thing under the same name.
+const (
+	KeyErr         = "err"
+	KeyPod         = "pod"        // namespace/name
+	KeyNode        = "node"       // the node an agent or stream speaks for
+	KeyPodNode     = "podNode"    // the node the API places a pod on
+	KeyWorkload    = "workload"   // Kind namespace/name
+	KeyReason      = "reason"     // why something failed or was rejected
+	KeyAggregator  = "aggregator" // an aggregator's ingest address
+	KeyAgent       = "agent"      // an agent's version
+	KeyVersion     = "version"
+	KeyAddr        = "addr"
+	KeyIngest      = "ingest" // listener addresses
+	KeyScaler      = "scaler"
+	KeyHTTP        = "http"
+	KeySocket      = "socket"
+	KeySecret      = "secret" // namespace/name
+	KeyName        = "name"
+	KeySelector    = "selector"
+	KeyTargets     = "targets"
+	KeyIDs         = "ids"
+	KeyFile        = "file"
+	KeyCert        = "cert"
+	KeyClientCA    = "clientCA"
+	KeyDriver      = "driver"
+	KeyAudience    = "audience"
+	KeyAccounts    = "serviceAccounts"
+	KeyTriggerAuth = "triggerAuthentication"
+	KeyDaemonSet   = "daemonset"
+	KeyAgents      = "agents"
+	KeyExpected    = "expectedAgents"
+	KeyElapsed     = "elapsed"
+)
