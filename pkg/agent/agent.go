@@ -21,6 +21,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/vllm"
@@ -171,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		a.SetTargets(ts)
-		a.log.Info("static targets loaded", "targets", len(ts), "file", a.opts.StaticTargets)
+		a.log.Info("static targets loaded", logging.KeyTargets, len(ts), logging.KeyFile, a.opts.StaticTargets)
 	} else {
 		sel, err := discovery.ParseSelector(a.opts.PodSelector)
 		if err != nil {
@@ -284,7 +285,7 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vl
 		}
 		reason := wire.ReasonName(r.missing)
 		a.m.errors.WithLabelValues(reason).Inc()
-		a.log.Debug("scrape failed", "pod", tg.Namespace+"/"+tg.Pod, "reason", reason, "err", err)
+		a.log.Debug("scrape failed", logging.KeyPod, tg.Namespace+"/"+tg.Pod, logging.KeyReason, reason, logging.KeyErr, err)
 	}
 	return r
 }
@@ -331,7 +332,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	for {
 		devs, err := a.nvml.Read()
 		if err != nil {
-			a.log.Debug("NVML read", "err", err)
+			a.log.Debug("NVML read", logging.KeyErr, err)
 		}
 		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 		pods, err := a.podRes.List(lctx)
@@ -340,19 +341,19 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			a.m.podResErrors.Inc()
 			if !failing {
-				a.log.Warn("kubelet pod-resources unavailable; GPU values are not attributed to pods", "socket", a.opts.PodResourcesSocket, "err", err)
+				a.log.Warn("kubelet pod-resources unavailable; GPU values are not attributed to pods", logging.KeySocket, a.opts.PodResourcesSocket, logging.KeyErr, err)
 			}
 			failing = true
 			a.gpuPods.Store(nil)
 		case err == nil:
 			if failing {
-				a.log.Info("kubelet pod-resources available again", "socket", a.opts.PodResourcesSocket)
+				a.log.Info("kubelet pod-resources available again", logging.KeySocket, a.opts.PodResourcesSocket)
 			}
 			failing = false
 			byPod, unknown := gpu.Attribute(devs, pods)
 			if len(unknown) > 0 {
 				a.m.unknownDevices.Add(float64(len(unknown)))
-				a.log.Debug("device IDs that NVML does not know", "ids", unknown)
+				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)
 			}
 			a.gpuPods.Store(&byPod)
 		}
@@ -395,7 +396,7 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	a.httpAddr.Store(ln.Addr().String())
-	a.log.Info("agent http listening", "addr", ln.Addr().String())
+	a.log.Info("agent http listening", logging.KeyAddr, ln.Addr().String())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve http: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/pulse-io/pulse/pkg/logging"
 )
 
 // fanOut keeps one stream to every aggregator address. An --aggregator
@@ -36,7 +38,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 				}
 				// A failed lookup keeps the streams it had: a DNS hiccup
 				// must not cut healthy streams.
-				a.log.Warn("resolve aggregator", "aggregator", entry, "err", err)
+				a.log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
 				addrs = known[entry]
 			}
 			known[entry] = addrs
@@ -56,7 +58,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			a.streamersMu.Lock()
 			a.streamers[addr] = s
 			a.streamersMu.Unlock()
-			a.log.Info("aggregator added", "aggregator", addr)
+			a.log.Info("aggregator added", logging.KeyAggregator, addr)
 			wg.Add(1)
 			go func() { defer wg.Done(); s.run(sctx) }()
 		}
@@ -70,7 +72,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			delete(a.streamers, addr)
 			a.streamersMu.Unlock()
 			a.m.connected.DeleteLabelValues(addr)
-			a.log.Info("aggregator removed", "aggregator", addr)
+			a.log.Info("aggregator removed", logging.KeyAggregator, addr)
 		}
 		select {
 		case <-ctx.Done():

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -77,10 +78,10 @@ func (s *streamer) take() map[string]result {
 // run keeps a stream open until ctx ends, reconnecting with jittered
 // exponential backoff.
 func (s *streamer) run(ctx context.Context) {
-	log := s.agent.log.With("aggregator", s.addr)
+	log := s.agent.log.With(logging.KeyAggregator, s.addr)
 	opts, err := s.agent.transport(s.serverName)
 	if err != nil {
-		log.Error("aggregator transport", "err", err)
+		log.Error("aggregator transport", logging.KeyErr, err)
 		return
 	}
 	conn, err := grpc.NewClient(s.addr, append(opts,
@@ -89,7 +90,7 @@ func (s *streamer) run(ctx context.Context) {
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
 			MinConnectTimeout: 2 * time.Second}))...)
 	if err != nil {
-		log.Error("aggregator address is not usable", "err", err)
+		log.Error("aggregator address is not usable", logging.KeyErr, err)
 		return
 	}
 	defer conn.Close()
@@ -102,7 +103,7 @@ func (s *streamer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("aggregator stream ended; reconnecting", "err", err)
+		log.Warn("aggregator stream ended; reconnecting", logging.KeyErr, err)
 		if time.Since(start) > 10*time.Second {
 			delay = 100 * time.Millisecond // it was healthy for a while
 		}
@@ -139,7 +140,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		return errors.New("aggregator did not answer the hello with a welcome")
 	}
 	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
-	s.agent.log.Info("aggregator stream open", "aggregator", s.addr, "aggregatorVersion", welcome.GetWelcome().AggregatorVersion)
+	s.agent.log.Info("aggregator stream open", logging.KeyAggregator, s.addr, logging.KeyVersion, welcome.GetWelcome().AggregatorVersion)
 	go func() {
 		for {
 			msg, err := stream.Recv()

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -57,7 +58,7 @@ func (w *warmup) check() error {
 	elapsed := w.now().Sub(w.start)
 	if elapsed >= w.d || (expected > 0 && int64(heard) >= expected) {
 		if !w.done.Swap(true) {
-			w.log.Info("warm-up over: answering KEDA", "agents", heard, "expectedAgents", expected, "elapsed", elapsed.Round(time.Millisecond))
+			w.log.Info("warm-up over: answering KEDA", logging.KeyAgents, heard, logging.KeyExpected, expected, logging.KeyElapsed, elapsed.Round(time.Millisecond))
 		}
 		return nil
 	}
@@ -85,7 +86,7 @@ func (w *warmup) followDaemonSet(ctx context.Context, kube kubernetes.Interface,
 			return
 		case !warned:
 			warned = true
-			w.log.Warn("agent DaemonSet not readable: the warm-up waits its full duration", "daemonset", namespace+"/"+name, "err", err)
+			w.log.Warn("agent DaemonSet not readable: the warm-up waits its full duration", logging.KeyDaemonSet, namespace+"/"+name, logging.KeyErr, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -28,6 +28,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/pulse-io/pulse/pkg/logging"
 )
 
 // The keys of the managed Secret.
@@ -111,7 +113,7 @@ func (m *Managed) Run(ctx context.Context) error {
 	load := func(obj any) {
 		if s, ok := obj.(*corev1.Secret); ok {
 			if err := m.load(s); err != nil {
-				m.o.Log.Warn("managed certificate secret not usable", "err", err)
+				m.o.Log.Warn("managed certificate secret not usable", logging.KeyErr, err)
 			}
 		}
 	}
@@ -124,7 +126,7 @@ func (m *Managed) Run(ctx context.Context) error {
 	for {
 		wait := every
 		if err := m.Ensure(ctx); err != nil {
-			m.o.Log.Warn("ensure managed certificates", "err", err)
+			m.o.Log.Warn("ensure managed certificates", logging.KeyErr, err)
 			wait = 10 * time.Second
 		}
 		select {
@@ -149,7 +151,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 		if sec, err = secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create certificate secret: %w", err) // another replica may have won: retried
 		}
-		m.o.Log.Info("managed certificates created", "secret", m.o.Namespace+"/"+m.o.SecretName)
+		m.o.Log.Info("managed certificates created", logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
@@ -160,7 +162,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 			if sec, err = secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
 				return fmt.Errorf("renew certificate secret: %w", err)
 			}
-			m.o.Log.Info("managed certificates renewed", "secret", m.o.Namespace+"/"+m.o.SecretName)
+			m.o.Log.Info("managed certificates renewed", logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
 		}
 	}
 	if err := m.load(sec); err != nil {
@@ -277,7 +279,7 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{"app.kubernetes.io/managed-by": "pulse-aggregator"}},
 			"spec":     map[string]any{"secretTargetRef": refs}}}, metav1.CreateOptions{})
 		if err == nil {
-			m.o.Log.Info("ClusterTriggerAuthentication created", "name", m.o.TriggerAuthName)
+			m.o.Log.Info("ClusterTriggerAuthentication created", logging.KeyName, m.o.TriggerAuthName)
 		}
 	} else if err == nil {
 		if got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef"); len(got) != len(refs) {

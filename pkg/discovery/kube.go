@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+
+	"github.com/pulse-io/pulse/pkg/logging"
 )
 
 // Labels and annotations pulse reads from pods.
@@ -105,7 +107,7 @@ func (k *Kube) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
-	k.opts.Log.Info("pod informer synced", "node", k.opts.Node, "selector", k.opts.Selector.String())
+	k.opts.Log.Info("pod informer synced", logging.KeyNode, k.opts.Node, logging.KeySelector, k.opts.Selector.String())
 	var last []Target
 	for first := true; ; first = false {
 		ts := k.Targets()
@@ -131,7 +133,7 @@ func (k *Kube) Targets() []Target {
 	for _, p := range pods {
 		t, ok, err := TargetOf(p, k.opts.Node, k.opts.Selector)
 		if err != nil {
-			k.opts.Log.Warn("pod not scraped", "pod", p.Namespace+"/"+p.Name, "err", err)
+			k.opts.Log.Warn("pod not scraped", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
 			continue
 		}
 		if ok {

@@ -15,6 +15,8 @@ import (
 	"strconv"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/pulse-io/pulse/pkg/logging"
 )
 
 // NVML modes of the agent's --nvml flag.
@@ -66,11 +68,11 @@ func OpenNVML(lib nvml.Interface, mode string, log *slog.Logger) (*NVML, error) 
 		if mode == ModeOn {
 			return nil, err
 		}
-		log.Info("NVML unavailable; GPU utilization will not be reported", "err", err)
+		log.Info("NVML unavailable; GPU utilization will not be reported", logging.KeyErr, err)
 		return nil, nil
 	}
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
-		log.Info("NVML initialized", "driver", v)
+		log.Info("NVML initialized", logging.KeyDriver, v)
 	}
 	return &NVML{lib: lib, last: map[string]uint64{}}, nil
 }

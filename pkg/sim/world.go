@@ -32,10 +32,10 @@ type world struct {
 	spec   int32 // /scale spec.replicas
 	gate   []*replica.Request
 
-	hpa       *hpa.Controller
-	target    hpa.Target
-	lastAct   time.Duration // KEDA's lastActiveTime; -1: never
-	failures  int32
+	hpa      *hpa.Controller
+	target   hpa.Target
+	lastAct  time.Duration // KEDA's lastActiveTime; -1: never
+	failures int32
 
 	st stats
 }
