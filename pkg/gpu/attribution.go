@@ -74,16 +74,41 @@ type PodGPU struct {
 	HasMemory bool
 }
 
-// Attribute maps each pod's device IDs (GPU UUIDs, MIG UUIDs, or indices) to
-// the devices read, and returns the pods' GPU values and the IDs it could
-// not map.
+// physicalID is the GPU a device plugin's device ID names, as dcgm-exporter's
+// pod mapper reads them (internal/pkg/transformation/kubernetes.go): the
+// NVIDIA device plugin names the replicas of a time-sliced or MPS-shared GPU
+// "<GPU UUID or index>::<replica>", GKE's plugin names shared GPUs
+// "nvidia<index>/vgpu<n>" and plain ones "nvidia<index>".
+func physicalID(id string) string {
+	if before, _, ok := strings.Cut(id, "::"); ok {
+		id = before
+	}
+	if before, _, ok := strings.Cut(id, "/vgpu"); ok {
+		id = before
+	}
+	if n, ok := strings.CutPrefix(id, "nvidia"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		id = n
+	}
+	return id
+}
+
+// Attribute maps each pod's device IDs (GPU UUIDs, MIG UUIDs, indices, or
+// the shared forms physicalID reads) to the devices read, and returns the
+// pods' GPU values and the IDs it could not map. Pods sharing a GPU each get
+// that GPU's values: NVML reports a device's utilization, not a share of it.
 func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, unknown []string) {
 	out = make(map[string]PodGPU, len(pods))
 	for pod, ids := range pods {
 		var g PodGPU
 		var util, mem float64
 		nu, nm := 0, 0
-		for _, id := range ids {
+		seen := map[string]bool{}
+		for _, raw := range ids {
+			id := physicalID(raw)
+			if seen[id] {
+				continue // two replicas of one shared GPU: count it once
+			}
+			seen[id] = true
 			d, ok := devs.ByUUID[id]
 			if !ok {
 				if uuid, byIndex := devs.ByIndex[id]; byIndex {
@@ -91,7 +116,7 @@ func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, u
 				}
 			}
 			if !ok {
-				unknown = append(unknown, id)
+				unknown = append(unknown, raw)
 				continue
 			}
 			if d.HasUtilization {

@@ -74,6 +74,40 @@ func TestPodHoldingGPUs2And5(t *testing.T) {
 	}
 }
 
+// TestSharedGPUs: time-sliced and MPS-shared replicas of a GPU (the NVIDIA
+// device plugin's "<id>::<n>") and GKE's shared and plain GPUs
+// ("nvidia<i>/vgpu<n>", "nvidia<i>") count as that GPU: two pods sharing one
+// each get its utilization. They counted as unknown before.
+func TestSharedGPUs(t *testing.T) {
+	lib := mockGPUs(t)
+	n, err := OpenNVML(lib, ModeOn, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
+	got, unknown := Attribute(devs, map[string][]string{
+		"ns/a":   {uuid(2) + "::0"},
+		"ns/b":   {uuid(2) + "::1"},
+		"ns/mps": {"4::3"},                           // index ID strategy, shared
+		"ns/gke": {"nvidia6/vgpu0"},                  // GKE time-sharing
+		"ns/two": {uuid(2) + "::2", uuid(2) + "::3"}, // two replicas of one GPU: counted once
+		"ns/idx": {"nvidia1"},
+	})
+	want := map[string]float64{"ns/a": 0.2, "ns/b": 0.2, "ns/mps": 0.4, "ns/gke": 0.6, "ns/two": 0.2, "ns/idx": 0.1}
+	for pod, w := range want {
+		if g := got[pod]; !g.HasUtilization || math.Abs(g.Utilization-w) > 1e-9 {
+			t.Errorf("%s = %+v, want utilization %v", pod, g, w)
+		}
+	}
+	if len(unknown) != 0 {
+		t.Errorf("unknown IDs: %v", unknown)
+	}
+}
+
 func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 	lib := mockGPUs(t)
 	gpu0 := lib.Devices[0].(*dgxa100.Device)
