@@ -22,7 +22,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -311,10 +311,10 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 		return
 	}
 	if g.HasUtilization {
-		page.Set(signal.GPUUtilization, g.Utilization)
+		page.Set(metric.GPUUtilization, g.Utilization)
 	}
 	if g.HasMemory {
-		page.Set(signal.GPUMemoryUsage, g.Memory)
+		page.Set(metric.GPUMemoryUsage, g.Memory)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
@@ -56,7 +56,7 @@ func TestScrapeNegotiatesAndDecompresses(t *testing.T) {
 	if !strings.Contains(accept, "text/plain;version=0.0.4") || !strings.Contains(accept, "application/openmetrics-text") || encoding != "gzip" {
 		t.Fatalf("Accept %q, Accept-Encoding %q", accept, encoding)
 	}
-	if w, _ := page.Get(signal.Waiting); w != 6 {
+	if w, _ := page.Get(metric.Waiting); w != 6 {
 		t.Fatalf("waiting = %v", w)
 	}
 }

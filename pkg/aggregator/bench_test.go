@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
@@ -126,11 +126,11 @@ func (as *agentStream) batch(tick int) *pulsev1.AgentMessage {
 	b := &pulsev1.SampleBatch{Seq: as.seq, TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
 	for _, id := range as.pods {
 		s := wire.Sample{Pod: id, OffsetMs: int32(id % 50)}
-		for m := signal.ID(1); m <= signal.ITLCount; m++ {
+		for m := metric.ID(1); m <= metric.ITLCount; m++ {
 			s.Values.Set(m, float64(tick*int(m)+int(id)%7))
 		}
-		s.Values.Set(signal.Waiting, float64((tick+int(id))%10))
-		s.Values.Set(signal.KVCacheUsage, 0.5)
+		s.Values.Set(metric.Waiting, float64((tick+int(id))%10))
+		s.Values.Set(metric.KVCacheUsage, 0.5)
 		as.enc.Append(b, &s)
 	}
 	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
@@ -234,7 +234,7 @@ func BenchmarkPushLatency(b *testing.B) {
 		batch := &pulsev1.SampleBatch{Seq: as.seq, TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
 		for _, id := range as.pods[:benchPodsPerLoad] {
 			s := wire.Sample{Pod: id}
-			s.Values.Set(signal.Waiting, waiting)
+			s.Values.Set(metric.Waiting, waiting)
 			as.enc.Append(batch, &s)
 		}
 		if err := as.stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}); err != nil {

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -110,7 +110,7 @@ func report(t *testing.T, addr, node string, w float64) {
 	var b pulsev1.SampleBatch
 	b.Seq, b.TimeUnixMs = 1, time.Now().UnixMilli()
 	s := wire.Sample{Pod: 1}
-	s.Values.Set(signal.Waiting, w)
+	s.Values.Set(metric.Waiting, w)
 	wire.NewEncoder().Append(&b, &s)
 	send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}})
 	if _, err := stream.Recv(); err != nil { // the ack: the batch is stored

@@ -12,8 +12,8 @@ import (
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/scaler"
-	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -27,7 +27,7 @@ func server(t *testing.T) *httptest.Server {
 	}, true)
 	r := store.Report{UID: "a"}
 	r.TimeMs = 1000
-	r.Values.Set(signal.Waiting, 3)
+	r.Values.Set(metric.Waiting, 3)
 	st.Add([]store.Report{r})
 	mux := http.NewServeMux()
 	(&Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute}).Register(mux)
@@ -102,7 +102,7 @@ func TestTriggers(t *testing.T) {
 	}, true)
 	r := store.Report{UID: "a"}
 	r.TimeMs = time.Now().UnixMilli()
-	r.Values.Set(signal.Waiting, 25)
+	r.Values.Set(metric.Waiting, 25)
 	st.Add([]store.Report{r})
 	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
 	ref := &externalscaler.ScaledObjectRef{Name: "llama-so", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama", "threshold": "10"}}

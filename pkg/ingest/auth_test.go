@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -95,7 +95,7 @@ func TestAgentTokenBindsTheStreamToItsNode(t *testing.T) {
 	b.Seq, b.TimeUnixMs = 1, 1000
 	for _, id := range []uint32{1, 2} {
 		s := wire.Sample{Pod: id}
-		s.Values.Set(signal.Waiting, float64(id))
+		s.Values.Set(metric.Waiting, float64(id))
 		enc.Append(&b, &s)
 	}
 	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine, theirs), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/logging"
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -362,7 +362,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		r.Values = s.Values
 		// Every pulse value is a count, a ratio, a rate or a duration: a
 		// negative one is bad input. It is dropped (absent), the rest kept.
-		for id := signal.ID(1); id < signal.NumIDs; id++ {
+		for id := metric.ID(1); id < metric.NumIDs; id++ {
 			if v, ok := r.Values.Get(id); ok && v < 0 {
 				r.Values.Present &^= 1 << id
 				st.srv.m.rejected.WithLabelValues("negative_value").Inc()

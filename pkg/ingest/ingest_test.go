@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -98,8 +98,8 @@ func TestGoodStreamFeedsTheStore(t *testing.T) {
 	var b pulsev1.SampleBatch
 	b.Seq, b.TimeUnixMs = 1, 1000
 	s := wire.Sample{Pod: 1}
-	s.Values.Set(signal.Waiting, 4)
-	s.Values.Set(signal.Running, -2) // bad input: dropped, the rest kept
+	s.Values.Set(metric.Waiting, 4)
+	s.Values.Set(metric.Running, -2) // bad input: dropped, the rest kept
 	enc.Append(&b, &s)
 	enc.Append(&b, &wire.Sample{Pod: 2, Missing: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Error: "timed out"})
 	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -223,10 +223,10 @@ func (f *fixture) reportTTFT(vals map[string][3]float64) {
 	for n, v := range vals {
 		r := store.Report{UID: "uid-" + n}
 		r.TimeMs = f.ms
-		r.Values.Set(signal.TTFTSum, v[0])
-		r.Values.Set(signal.TTFTCount, v[1])
-		r.Values.Set(signal.Waiting, v[2])
-		r.Values.Set(signal.Running, v[2])
+		r.Values.Set(metric.TTFTSum, v[0])
+		r.Values.Set(metric.TTFTCount, v[1])
+		r.Values.Set(metric.Waiting, v[2])
+		r.Values.Set(metric.Running, v[2])
 		rs = append(rs, r)
 	}
 	f.store.Add(rs)
@@ -292,7 +292,7 @@ func TestWindowPastKeptSamples(t *testing.T) {
 		f.ms += 250
 		r := store.Report{UID: "uid-a"}
 		r.TimeMs = f.ms
-		r.Values.Set(signal.Waiting, float64(100*(1-i/120)))
+		r.Values.Set(metric.Waiting, float64(100*(1-i/120)))
 		f.store.Add([]store.Report{r})
 	}
 	_, err := f.metric(t, map[string]string{"workspace": "llama", "window": "1m"})

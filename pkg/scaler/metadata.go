@@ -10,7 +10,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/common/model"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -103,8 +103,8 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 
 	if m := md["metric"]; m != "" {
-		if _, ok := signal.Lookup(m); !ok {
-			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s", m, strings.Join(signal.Names(), ", "))}
+		if _, ok := metric.Lookup(m); !ok {
+			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s", m, strings.Join(metric.Names(), ", "))}
 		}
 		t.Metric = m
 	} else if m := md["metricName"]; m != "" {
@@ -112,7 +112,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		case vllmNames[m] != "":
 			t.Metric = vllmNames[m]
 		default:
-			if _, ok := signal.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
+			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
 				return t, &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -95,7 +95,7 @@ func (f *fixture) report(waiting map[string]float64) {
 	for n, w := range waiting {
 		r := store.Report{UID: "uid-" + n}
 		r.TimeMs = f.ms
-		r.Values.Set(signal.Waiting, w)
+		r.Values.Set(metric.Waiting, w)
 		rs = append(rs, r)
 	}
 	f.store.Add(rs)

@@ -6,8 +6,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/scaler"
-	"github.com/pulse-io/pulse/pkg/signal"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -46,9 +46,9 @@ func Pipelines() []string {
 // gaugeOf is the raw gauge a canonical gauge metric reads; false for
 // metrics that are not plain gauges (rates, ratios), which only pulse and
 // the oracle through pulse's evaluation model.
-func gaugeOf(metric string) (signal.ID, bool) {
-	m, ok := signal.Lookup(metric)
-	if !ok || m.Rule != signal.RuleGauge {
+func gaugeOf(name string) (metric.ID, bool) {
+	m, ok := metric.Lookup(name)
+	if !ok || m.Rule != metric.RuleGauge {
 		return 0, false
 	}
 	return m.Num, true
@@ -135,9 +135,9 @@ func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
 		}
 		w.touch(rp)
 		vals := rp.r.Values()
-		for id := signal.ID(1); id < signal.NumIDs; id++ {
+		for id := metric.ID(1); id < metric.NumIDs; id++ {
 			if v, ok := vals.Get(id); ok {
-				vals.V[id] = signal.Quantize(id, v)
+				vals.V[id] = metric.Quantize(id, v)
 			}
 		}
 		rep := store.Report{UID: rp.uid}
@@ -178,7 +178,7 @@ type promPipe struct {
 	noHooks
 	cfg     *Config
 	avgForm bool
-	gauge   signal.ID
+	gauge   metric.ID
 	last    map[*rep]promSample
 }
 
@@ -196,7 +196,7 @@ func newPrometheus(cfg *Config, avgForm bool) Pipeline {
 func (p *promPipe) Attach(*world) {
 	g, ok := gaugeOf(p.cfg.trigger.Metric)
 	if !ok {
-		g = signal.Waiting // rate metrics are not modelled: documented
+		g = metric.Waiting // rate metrics are not modelled: documented
 	}
 	p.gauge = g
 }
@@ -276,7 +276,7 @@ func (p *promPipe) Active(w *world) (bool, error) {
 type kaitoPipe struct {
 	noHooks
 	cfg   *Config
-	gauge signal.ID
+	gauge metric.ID
 	value float64
 	at    time.Duration
 	err   error
@@ -293,7 +293,7 @@ func newKaito(cfg *Config) Pipeline { return &kaitoPipe{cfg: cfg} }
 func (k *kaitoPipe) Attach(w *world) {
 	g, ok := gaugeOf(k.cfg.trigger.Metric)
 	if !ok {
-		g = signal.Waiting
+		g = metric.Waiting
 	}
 	k.gauge = g
 	k.at = -1
@@ -387,7 +387,7 @@ func trueValue(w *world) float64 {
 			vals = append(vals, x)
 		}
 	}
-	if g == signal.Waiting && isGauge && len(w.gate) > 0 {
+	if g == metric.Waiting && isGauge && len(w.gate) > 0 {
 		if len(vals) == 0 {
 			vals = append(vals, 0)
 		}
@@ -415,14 +415,14 @@ func trueValue(w *world) float64 {
 // exactRate is a rate or ratio metric over the trigger's window from the
 // replica's counters now and at the window's start (kept by the world).
 func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
-	m, ok := signal.Lookup(t.Metric)
+	m, ok := metric.Lookup(t.Metric)
 	if !ok {
 		return 0, false
 	}
 	hist := w.history(rp)
-	cur := signal.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
+	cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
 	from := w.now - t.Window
-	series := []signal.Sample{}
+	series := []metric.Sample{}
 	for _, s := range hist {
 		if time.Duration(s.TimeMs)*time.Millisecond >= from {
 			series = append(series, s)

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/sim/hpa"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 )
@@ -49,7 +49,7 @@ const (
 )
 
 type rep struct {
-	hist    []signal.Sample // 1 s samples over the trigger's window, for rate metrics' true value
+	hist    []metric.Sample // 1 s samples over the trigger's window, for rate metrics' true value
 	id      int
 	uid     string
 	name    string
@@ -451,11 +451,11 @@ func (w *world) recordHistory() {
 	keep := w.cfg.trigger.Window + 2*time.Second
 	for _, rp := range w.ready {
 		w.touch(rp)
-		rp.hist = append(rp.hist, signal.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()})
+		rp.hist = append(rp.hist, metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()})
 		for len(rp.hist) > 0 && w.now-time.Duration(rp.hist[0].TimeMs)*time.Millisecond > keep {
 			rp.hist = rp.hist[1:]
 		}
 	}
 }
 
-func (w *world) history(rp *rep) []signal.Sample { return rp.hist }
+func (w *world) history(rp *rep) []metric.Sample { return rp.hist }

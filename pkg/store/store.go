@@ -14,7 +14,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // Workload kinds as they appear in keys, the debug endpoint and metadata.
@@ -52,7 +52,7 @@ type Source struct {
 // Sample is one report of a pod: its values, or why it has none.
 type Sample struct {
 	TimeMs  int64
-	Values  signal.Values
+	Values  metric.Values
 	Extra   []float64 // aligned with the reporting stream's extra names; NaN absent
 	Missing string    // empty when the scrape succeeded; else the reason
 	Error   string
@@ -113,9 +113,9 @@ type pod struct {
 	instance   string   // the agent process whose counters the series carries
 	extraNames []string
 
-	series   []signal.Sample // oldest first; counters monotonic
+	series   []metric.Sample // oldest first; counters monotonic
 	extras   [][]float64     // parallel to series
-	mono     signal.Monotonic
+	mono     metric.Monotonic
 	lastSeen time.Time // aggregator clock of the last successful sample
 	missing  string
 	errText  string
@@ -445,9 +445,9 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue // out of order or repeated: keep the series monotonic in time
 		}
 		if p.series == nil {
-			p.series = make([]signal.Sample, 0, min(s.opts.MaxSamples, 64))
+			p.series = make([]metric.Sample, 0, min(s.opts.MaxSamples, 64))
 		}
-		p.series = append(p.series, signal.Sample{TimeMs: r.TimeMs, Values: r.Values})
+		p.series = append(p.series, metric.Sample{TimeMs: r.TimeMs, Values: r.Values})
 		p.mono.Adjust(&p.series[len(p.series)-1].Values)
 		if r.Extra != nil || p.extras != nil {
 			// extras stays nil until a pod forwards any; then it runs
@@ -494,13 +494,13 @@ func (p *pod) trim(o Options) {
 // window returns the samples of the last d on the pod's own clock (d == 0:
 // all). For rates and ratios it includes the sample just before the window,
 // so that the increase covers the whole window.
-func (p *pod) window(d time.Duration, rule signal.Rule) []signal.Sample {
+func (p *pod) window(d time.Duration, rule metric.Rule) []metric.Sample {
 	if d <= 0 || len(p.series) == 0 {
 		return p.series
 	}
 	from := p.series[len(p.series)-1].TimeMs - d.Milliseconds()
 	i := sort.Search(len(p.series), func(i int) bool { return p.series[i].TimeMs > from })
-	if i > 0 && rule != signal.RuleGauge {
+	if i > 0 && rule != metric.RuleGauge {
 		i--
 	}
 	return p.series[i:]

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 var (
@@ -17,7 +17,7 @@ var (
 func report(uid string, ms int64, waiting float64) Report {
 	r := Report{UID: uid}
 	r.TimeMs = ms
-	r.Values.Set(signal.Waiting, waiting)
+	r.Values.Set(metric.Waiting, waiting)
 	return r
 }
 
@@ -74,12 +74,12 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	if n := len(s.peek("a").series); n > 12 {
 		t.Fatalf("%d samples kept, want at most twice the retention's", n)
 	}
-	if n := len(s.peek("a").window(5*time.Second, signal.RuleRate)); n != 6 {
+	if n := len(s.peek("a").window(5*time.Second, metric.RuleRate)); n != 6 {
 		t.Fatalf("a 5s rate window holds %d samples, want 5s of them plus the one before", n)
 	}
 	// Out-of-order samples are dropped, keeping the series in time order.
 	s.Add([]Report{report("a", 3000, 99)})
-	if got, _ := s.peek("a").series[len(s.peek("a").series)-1].Get(signal.Waiting); got != 19 {
+	if got, _ := s.peek("a").series[len(s.peek("a").series)-1].Get(metric.Waiting); got != 19 {
 		t.Fatalf("last waiting = %v", got)
 	}
 }
@@ -235,7 +235,7 @@ func TestNewAgentInstanceCountsNoIncreaseAcrossIt(t *testing.T) {
 	tokens := func(ms int64, v float64) Report {
 		r := Report{UID: "a"}
 		r.TimeMs = ms
-		r.Values.Set(signal.GenerationTokens, v)
+		r.Values.Set(metric.GenerationTokens, v)
 		return r
 	}
 	s.Upsert(Source{Node: "n1", Instance: "one"}, []PodInfo{info}, true)

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // PodView is one pod as readers see it.
@@ -102,7 +102,7 @@ func (p *pod) view(now time.Time, o ViewOptions) PodView {
 		pv.Age = now.Sub(p.lastSeen)
 		pv.Fresh = pv.Age <= o.FreshFor && p.missing == ""
 	}
-	for _, m := range signal.Canonical {
+	for _, m := range metric.Canonical {
 		if v, ok := p.value(m, o.Window); ok {
 			pv.Values[m.Name] = v
 		}
@@ -116,7 +116,7 @@ func (p *pod) view(now time.Time, o ViewOptions) PodView {
 }
 
 // value derives m for the pod over window (0: latest).
-func (p *pod) value(m signal.Metric, window time.Duration) (float64, bool) {
+func (p *pod) value(m metric.Def, window time.Duration) (float64, bool) {
 	if window <= 0 {
 		return m.Latest(p.series)
 	}
@@ -128,7 +128,7 @@ func (p *pod) extra(i int, window time.Duration) (float64, bool) {
 	n := len(p.series)
 	from := 0
 	if window > 0 && n > 0 {
-		from = n - len(p.window(window, signal.RuleGauge))
+		from = n - len(p.window(window, metric.RuleGauge))
 	} else {
 		from = n - 1
 	}
@@ -195,10 +195,10 @@ type PodValue struct {
 }
 
 // Query appends to dst one metric over window for every pod of workload k.
-// The metric is a canonical name or an extra gauge's raw name. found is false
-// when the store knows no pod of k.
-func (s *Store) Query(dst []PodValue, k Key, metric string, window, freshFor time.Duration) (pods []PodValue, found bool) {
-	canon, isCanon := signal.Lookup(metric)
+// The name is a canonical metric's or an extra gauge's raw name. found is
+// false when the store knows no pod of k.
+func (s *Store) Query(dst []PodValue, k Key, name string, window, freshFor time.Duration) (pods []PodValue, found bool) {
+	canon, isCanon := metric.Lookup(name)
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -223,14 +223,14 @@ func (s *Store) Query(dst []PodValue, k Key, metric string, window, freshFor tim
 			defined := false
 			if isCanon {
 				pv.Value, defined = p.value(canon, window)
-			} else if i := indexOf(p.extraNames, metric); i >= 0 {
+			} else if i := indexOf(p.extraNames, name); i >= 0 {
 				pv.Value, defined = p.extra(i, window)
 			}
 			pv.State = PodUndefined
 			if defined {
 				pv.State = PodCounted
 				p.checkSpan(&pv, window)
-			} else if isCanon && canon.Rule != signal.RuleGauge {
+			} else if isCanon && canon.Rule != metric.RuleGauge {
 				pv.Idle = p.idle()
 			}
 		}
@@ -259,8 +259,8 @@ func (p *pod) idle() bool {
 		return false
 	}
 	v := &p.series[len(p.series)-1].Values
-	w, okW := v.Get(signal.Waiting)
-	r, okR := v.Get(signal.Running)
+	w, okW := v.Get(metric.Waiting)
+	r, okR := v.Get(metric.Running)
 	return (okW || okR) && w == 0 && r == 0
 }
 

@@ -5,7 +5,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // retireAfter is how many scrapes a counter series may be absent before it
@@ -29,12 +29,12 @@ const retireAfter = 10
 // One Counters belongs to one pod and is used by one scrape at a time.
 type Counters struct {
 	series  map[uint64]*counterSeries
-	retired [signal.NumIDs]float64
+	retired [metric.NumIDs]float64
 	scrape  uint64
 }
 
 type counterSeries struct {
-	id           signal.ID
+	id           metric.ID
 	last, offset float64
 	seen         uint64 // the scrape that last saw it
 }
@@ -46,7 +46,7 @@ func NewCounters() *Counters { return &Counters{series: map[uint64]*counterSerie
 func (c *Counters) begin() { c.scrape++ }
 
 // observe returns the series' value made monotonic.
-func (c *Counters) observe(id signal.ID, name string, labels []*dto.LabelPair, v float64) float64 {
+func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v float64) float64 {
 	key := seriesKey(name, labels)
 	s := c.series[key]
 	if s == nil {

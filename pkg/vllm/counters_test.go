@@ -5,7 +5,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // dpPage is a data-parallel vLLM page: one generation-token counter per
@@ -46,31 +46,31 @@ func TestOneEngineRestartIsNotASpike(t *testing.T) {
 		dpPage(map[string]float64{"0": 1020, "1": 15}, false),
 	}
 	c := NewCounters()
-	var mono signal.Monotonic
-	var series []signal.Sample
+	var mono metric.Monotonic
+	var series []metric.Sample
 	for i, p := range pages {
 		pg, err := e.ExtractWith(p, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := signal.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
+		s := metric.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
 		mono.Adjust(&s.Values)
 		series = append(series, s)
 	}
-	rate, _ := signal.Canonical[6].Eval(series) // generationTokensPerSecond
-	if signal.Canonical[6].Name != "generationTokensPerSecond" || rate != 17.5 {
+	rate, _ := metric.Canonical[6].Eval(series) // generationTokensPerSecond
+	if metric.Canonical[6].Name != "generationTokensPerSecond" || rate != 17.5 {
 		t.Fatalf("generationTokensPerSecond = %v over 2 s, want (15 + 20) / 2 = 17.5", rate)
 	}
 	// Without the per-series state, the same pages give the spike.
-	var plain signal.Monotonic
+	var plain metric.Monotonic
 	series = series[:0]
 	for i, p := range pages {
 		pg, _ := e.Extract(p)
-		s := signal.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
+		s := metric.Sample{TimeMs: int64(i) * 1000, Values: pg.Values}
 		plain.Adjust(&s.Values)
 		series = append(series, s)
 	}
-	if spike, _ := signal.Canonical[6].Eval(series[:2]); spike < 1000 {
+	if spike, _ := metric.Canonical[6].Eval(series[:2]); spike < 1000 {
 		t.Fatalf("stateless sum over the restart = %v/s; the test no longer shows the defect it guards", spike)
 	}
 }
@@ -87,7 +87,7 @@ func TestSeriesThatComeAndGo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _ := pg.Get(signal.GenerationTokens)
+		v, _ := pg.Get(metric.GenerationTokens)
 		return v
 	}
 	steps := []struct {
@@ -122,7 +122,7 @@ func TestSeriesThatComeAndGo(t *testing.T) {
 }
 
 func nan(pg Page) float64 {
-	if v, ok := pg.Get(signal.GenerationTokens); ok {
+	if v, ok := pg.Get(metric.GenerationTokens); ok {
 		return v
 	}
 	return math.NaN()

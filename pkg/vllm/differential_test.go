@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -81,7 +81,7 @@ func FuzzExtract(f *testing.F) {
 		}
 		for id := range fast.V {
 			a, b := fast.V[id], full.V[id]
-			if a != b && !(math.IsNaN(a) && math.IsNaN(b)) && !lossyCount(signal.ID(id), a) {
+			if a != b && !(math.IsNaN(a) && math.IsNaN(b)) && !lossyCount(metric.ID(id), a) {
 				t.Fatalf("value %d: fast %v full %v", id, a, b)
 			}
 		}
@@ -91,9 +91,9 @@ func FuzzExtract(f *testing.F) {
 // lossyCount: expfmt's full parse stores a histogram count as an unsigned
 // integer, so a _count line that is negative, fractional or huge differs
 // there; pulse keeps the float the page says.
-func lossyCount(id signal.ID, a float64) bool {
+func lossyCount(id metric.ID, a float64) bool {
 	switch id {
-	case signal.TTFTCount, signal.QueueTimeCount, signal.E2ELatencyCount, signal.ITLCount:
+	case metric.TTFTCount, metric.QueueTimeCount, metric.E2ELatencyCount, metric.ITLCount:
 		return !(a >= 0 && a < 1<<53 && math.Trunc(a) == a)
 	}
 	return false

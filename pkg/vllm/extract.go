@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // ErrNotVLLM is returned for a page that carries no vllm: family.
@@ -33,7 +33,7 @@ func (e *ParseError) Unwrap() error { return e.Err }
 
 // Page is what one page says.
 type Page struct {
-	signal.Values
+	metric.Values
 	// Extra holds one value per configured extra metric, NaN when absent.
 	Extra []float64
 }
@@ -70,15 +70,15 @@ type Extractor struct {
 	bufs    sync.Pool
 }
 
-// NewExtractor returns an Extractor for the catalogue plus extras.
+// NewExtractor returns an Extractor for the known sources plus extras.
 func NewExtractor(extras []ExtraMetric) (*Extractor, error) {
-	e := &Extractor{sources: make(map[string]source, len(catalogue)+len(extras)), extras: extras}
-	for k, v := range catalogue {
+	e := &Extractor{sources: make(map[string]source, len(knownSources)+len(extras)), extras: extras}
+	for k, v := range knownSources {
 		e.sources[k] = v
 	}
 	for i, x := range extras {
 		if _, ok := e.sources[x.Name]; ok {
-			return nil, fmt.Errorf("extra metric %q: already read by the catalogue", x.Name)
+			return nil, fmt.Errorf("extra metric %q: already read by pulse", x.Name)
 		}
 		c := map[string]combine{"sum": sum, "mean": mean, "max": greatest}[x.Combine]
 		if c == 0 {
@@ -126,7 +126,7 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	}
 	for name, mf := range fams {
 		src := e.sources[name]
-		counter := c != nil && src.extra == 0 && src.id.Kind() == signal.Counter
+		counter := c != nil && src.extra == 0 && src.id.Kind() == metric.Counter
 		for _, m := range mf.Metric {
 			v := m.GetUntyped().GetValue()
 			if counter && !math.IsNaN(v) && !math.IsInf(v, 0) {
@@ -245,7 +245,7 @@ func truncate(b []byte) string {
 
 // accumulator combines the series of a page into raw values.
 type accumulator struct {
-	raw   [signal.NumIDs]slot
+	raw   [metric.NumIDs]slot
 	extra []slot
 }
 
@@ -301,7 +301,7 @@ func (a *accumulator) page() Page {
 	var p Page
 	for id := range a.raw {
 		if s := &a.raw[id]; s.n > 0 {
-			p.Set(signal.ID(id), s.value())
+			p.Set(metric.ID(id), s.value())
 		}
 	}
 	if len(a.extra) > 0 {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // named turns a page into name → value for golden files and comparisons.
 func named(p Page, extras []ExtraMetric) map[string]float64 {
 	out := map[string]float64{}
-	for id := signal.ID(1); id < signal.NumIDs; id++ {
+	for id := metric.ID(1); id < metric.NumIDs; id++ {
 		if v, ok := p.Get(id); ok {
 			out[id.Name()] = v
 		}
@@ -233,7 +233,7 @@ func TestParseExtraMetric(t *testing.T) {
 		})
 	}
 	if _, err := NewExtractor([]ExtraMetric{{Name: "vllm:num_requests_waiting", Combine: "sum"}}); err == nil {
-		t.Error("an extra metric that the catalogue already reads was accepted")
+		t.Error("an extra metric that pulse already reads was accepted")
 	}
 }
 

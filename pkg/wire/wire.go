@@ -12,12 +12,12 @@ import (
 	"math"
 	"math/bits"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
 // presentMask has a bit for every valid metric id.
-const presentMask = (uint64(1)<<signal.NumIDs - 1) &^ 1
+const presentMask = (uint64(1)<<metric.NumIDs - 1) &^ 1
 
 // maxQuantum bounds quantized values so that residuals cannot overflow.
 const maxQuantum = 1 << 53
@@ -27,19 +27,19 @@ type podState struct {
 	gen     uint64 // the Decode call that last saw the pod (duplicate check)
 	idx     int    // its sample's index in that call's output
 	present uint64
-	last    [signal.NumIDs]int64
-	delta   [signal.NumIDs]int64 // last increase, counters only
+	last    [metric.NumIDs]int64
+	delta   [metric.NumIDs]int64 // last increase, counters only
 }
 
 // predict is the value both ends expect for id.
-func (s *podState) predict(id signal.ID) int64 {
-	if id.Kind() == signal.Counter {
+func (s *podState) predict(id metric.ID) int64 {
+	if id.Kind() == metric.Counter {
 		return s.last[id] + s.delta[id]
 	}
 	return s.last[id]
 }
 
-func (s *podState) record(id signal.ID, n int64) {
+func (s *podState) record(id metric.ID, n int64) {
 	s.delta[id] = n - s.last[id]
 	s.last[id] = n
 }
@@ -48,7 +48,7 @@ func (s *podState) record(id signal.ID, n int64) {
 type Sample struct {
 	Pod      uint32
 	OffsetMs int32
-	Values   signal.Values
+	Values   metric.Values
 	// Extra holds forwarded raw gauges (NaN when absent); nil when none.
 	Extra   []float64
 	Missing pulsev1.MissingReason
@@ -78,7 +78,7 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	b.PresentXor = append(b.PresentXor, present^st.present)
 	st.present = present
 	for p := present; p != 0; p &= p - 1 {
-		id := signal.ID(bits.TrailingZeros64(p))
+		id := metric.ID(bits.TrailingZeros64(p))
 		n := quantize(id, s.Values.V[id])
 		b.Values = append(b.Values, n-st.predict(id))
 		st.record(id, n)
@@ -91,8 +91,8 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
 func (e *Encoder) Forget(pod uint32) { delete(e.pods, pod) }
 
-func quantize(id signal.ID, x float64) int64 {
-	q := math.RoundToEven(x * signal.Pow10(id.Scale()))
+func quantize(id metric.ID, x float64) int64 {
+	q := math.RoundToEven(x * metric.Pow10(id.Scale()))
 	switch {
 	case q > maxQuantum:
 		return maxQuantum
@@ -145,14 +145,14 @@ func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error)
 		dst = append(dst, Sample{Pod: pod, OffsetMs: b.OffsetsMs[i]})
 		s := &dst[len(dst)-1]
 		for p := present; p != 0; p &= p - 1 {
-			id := signal.ID(bits.TrailingZeros64(p))
+			id := metric.ID(bits.TrailingZeros64(p))
 			pred, r := st.predict(id), b.Values[vi]
 			vi++
 			if r > 2*maxQuantum || r < -2*maxQuantum || pred+r > maxQuantum || pred+r < -maxQuantum {
 				return dst, fmt.Errorf("decode batch %d: pod %d: %s out of range", b.Seq, pod, id.Name())
 			}
 			st.record(id, pred+r)
-			s.Values.Set(id, float64(pred+r)/signal.Pow10(id.Scale()))
+			s.Values.Set(id, float64(pred+r)/metric.Pow10(id.Scale()))
 		}
 	}
 	if vi != len(b.Values) {

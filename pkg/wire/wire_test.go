@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
@@ -41,17 +41,17 @@ func TestRoundTrip(t *testing.T) {
 			case 1:
 				s.Missing, s.Error = pulsev1.MissingReason_MISSING_REASON_TIMEOUT, "timed out"
 			default:
-				for id := signal.ID(1); id < signal.NumIDs; id++ {
+				for id := metric.ID(1); id < metric.NumIDs; id++ {
 					if rng.IntN(5) == 0 {
 						continue // absent this time
 					}
 					// A value on the metric's grid, as a page with that
 					// many decimals gives it.
 					n := rng.Int64N(1_000_000)
-					if id.Kind() == signal.Counter {
-						n += int64(step) * 1000 * int64(signal.Pow10(id.Scale()))
+					if id.Kind() == metric.Counter {
+						n += int64(step) * 1000 * int64(metric.Pow10(id.Scale()))
 					}
-					s.Values.Set(id, float64(n)/signal.Pow10(id.Scale()))
+					s.Values.Set(id, float64(n)/metric.Pow10(id.Scale()))
 				}
 				if pod == 2 {
 					s.Extra = []float64{float64(step), math.NaN()}
@@ -80,31 +80,31 @@ func TestRoundTrip(t *testing.T) {
 func TestQuantizedToResolution(t *testing.T) {
 	enc, dec := NewEncoder(), NewDecoder()
 	s := Sample{Pod: 1}
-	s.Values.Set(signal.KVCacheUsage, 0.0026235242675994863) // a real page's value
-	s.Values.Set(signal.TTFTSum, 12.3456789)                 // seconds: milliseconds kept
-	s.Values.Set(signal.Waiting, 7)
+	s.Values.Set(metric.KVCacheUsage, 0.0026235242675994863) // a real page's value
+	s.Values.Set(metric.TTFTSum, 12.3456789)                 // seconds: milliseconds kept
+	s.Values.Set(metric.Waiting, 7)
 	var b pulsev1.SampleBatch
 	enc.Append(&b, &s)
 	got, err := dec.Decode(nil, &b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []signal.ID{signal.KVCacheUsage, signal.TTFTSum, signal.Waiting} {
-		if g, _ := got[0].Values.Get(id); g != signal.Quantize(id, s.Values.V[id]) {
-			t.Errorf("%s = %v, want %v", id.Name(), g, signal.Quantize(id, s.Values.V[id]))
+	for _, id := range []metric.ID{metric.KVCacheUsage, metric.TTFTSum, metric.Waiting} {
+		if g, _ := got[0].Values.Get(id); g != metric.Quantize(id, s.Values.V[id]) {
+			t.Errorf("%s = %v, want %v", id.Name(), g, metric.Quantize(id, s.Values.V[id]))
 		}
 	}
-	if g := got[0].Values.V[signal.TTFTSum]; g != 12.346 {
+	if g := got[0].Values.V[metric.TTFTSum]; g != 12.346 {
 		t.Errorf("ttftSum = %v, want 12.346", g)
 	}
 }
 
 func TestMalformedBatchesAreRejected(t *testing.T) {
-	good := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << signal.Waiting}, Values: []int64{5}}
+	good := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << metric.Waiting}, Values: []int64{5}}
 	for name, bad := range map[string]*pulsev1.SampleBatch{
 		"unknown bit":        {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << 40}, Values: []int64{1, 1}},
 		"bit 0":              {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1}, Values: []int64{1, 1}},
-		"too few values":     {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << signal.Running}, Values: []int64{1}},
+		"too few values":     {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << metric.Running}, Values: []int64{1}},
 		"too many values":    {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Values: []int64{1, 2}},
 		"value overflowing":  {Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Values: []int64{math.MaxInt64 - 2}},
 		"columns differ":     {Pods: []uint32{1, 2}, OffsetsMs: []int32{0}, PresentXor: []uint64{0, 0}},
@@ -128,8 +128,8 @@ func TestMalformedBatchesAreRejected(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	enc := NewEncoder()
 	s := Sample{Pod: 2, Extra: []float64{1}}
-	s.Values.Set(signal.Waiting, 3)
-	s.Values.Set(signal.TTFTSum, 1.5)
+	s.Values.Set(metric.Waiting, 3)
+	s.Values.Set(metric.TTFTSum, 1.5)
 	var b pulsev1.SampleBatch
 	enc.Append(&b, &s)
 	enc.Append(&b, &Sample{Pod: 3, Missing: pulsev1.MissingReason_MISSING_REASON_CONNECT})

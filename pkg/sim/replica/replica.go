@@ -21,7 +21,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // Request is one inference request.
@@ -400,24 +400,24 @@ func (r *Replica) finish(q *Request, at time.Duration) {
 
 // Values are the replica's vLLM values as pulse's agent reads them from
 // its page (counters cumulative).
-func (r *Replica) Values() signal.Values {
-	var v signal.Values
-	v.Set(signal.Waiting, float64(r.Waiting()))
-	v.Set(signal.Running, float64(r.nRunning))
-	v.Set(signal.KVCacheUsage, math.Min(1, r.KVUsage()))
+func (r *Replica) Values() metric.Values {
+	var v metric.Values
+	v.Set(metric.Waiting, float64(r.Waiting()))
+	v.Set(metric.Running, float64(r.nRunning))
+	v.Set(metric.KVCacheUsage, math.Min(1, r.KVUsage()))
 	c := r.c
-	v.Set(signal.PromptTokens, c.PromptTokens)
-	v.Set(signal.GenerationTokens, c.GenerationTokens)
-	v.Set(signal.RequestSuccess, c.Success)
-	v.Set(signal.Preemptions, c.Preemptions)
-	v.Set(signal.TTFTSum, c.TTFTSum)
-	v.Set(signal.TTFTCount, c.TTFTCount)
-	v.Set(signal.QueueTimeSum, c.QueueSum)
-	v.Set(signal.QueueTimeCount, c.QueueCount)
-	v.Set(signal.E2ELatencySum, c.E2ESum)
-	v.Set(signal.E2ELatencyCount, c.E2ECount)
-	v.Set(signal.ITLSum, c.ITLSum)
-	v.Set(signal.ITLCount, c.ITLCount)
+	v.Set(metric.PromptTokens, c.PromptTokens)
+	v.Set(metric.GenerationTokens, c.GenerationTokens)
+	v.Set(metric.RequestSuccess, c.Success)
+	v.Set(metric.Preemptions, c.Preemptions)
+	v.Set(metric.TTFTSum, c.TTFTSum)
+	v.Set(metric.TTFTCount, c.TTFTCount)
+	v.Set(metric.QueueTimeSum, c.QueueSum)
+	v.Set(metric.QueueTimeCount, c.QueueCount)
+	v.Set(metric.E2ELatencySum, c.E2ESum)
+	v.Set(metric.E2ELatencyCount, c.E2ECount)
+	v.Set(metric.ITLSum, c.ITLSum)
+	v.Set(metric.ITLCount, c.ITLCount)
 	return v
 }
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pulse-io/pulse/pkg/signal"
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 type recorder struct {
@@ -152,22 +152,22 @@ func TestValuesAreConsistent(t *testing.T) {
 	rec, r, _ := run(t, p, 5, 500, 50, 60*time.Second)
 	r.AdvanceTo(120 * time.Second)
 	v := r.Values()
-	get := func(id signal.ID) float64 { x, _ := v.Get(id); return x }
-	if get(signal.RequestSuccess) != float64(len(rec.done)) || get(signal.TTFTCount) != float64(len(rec.first)) {
-		t.Fatalf("success %v ttft count %v; %d finished, %d first tokens", get(signal.RequestSuccess), get(signal.TTFTCount), len(rec.done), len(rec.first))
+	get := func(id metric.ID) float64 { x, _ := v.Get(id); return x }
+	if get(metric.RequestSuccess) != float64(len(rec.done)) || get(metric.TTFTCount) != float64(len(rec.first)) {
+		t.Fatalf("success %v ttft count %v; %d finished, %d first tokens", get(metric.RequestSuccess), get(metric.TTFTCount), len(rec.done), len(rec.first))
 	}
 	var ttft float64
 	for _, q := range rec.first {
 		ttft += (q.FirstToken - q.Dispatched).Seconds()
 	}
-	if math.Abs(get(signal.TTFTSum)-ttft) > 1e-6 {
-		t.Fatalf("TTFT sum %v, requests say %v", get(signal.TTFTSum), ttft)
+	if math.Abs(get(metric.TTFTSum)-ttft) > 1e-6 {
+		t.Fatalf("TTFT sum %v, requests say %v", get(metric.TTFTSum), ttft)
 	}
-	if want := float64(len(rec.done) * 50); get(signal.GenerationTokens) != want {
-		t.Fatalf("generation tokens %v, want %v", get(signal.GenerationTokens), want)
+	if want := float64(len(rec.done) * 50); get(metric.GenerationTokens) != want {
+		t.Fatalf("generation tokens %v, want %v", get(metric.GenerationTokens), want)
 	}
-	if get(signal.Waiting) != 0 || get(signal.Running) != 0 || get(signal.KVCacheUsage) != 0 {
-		t.Fatalf("an idle replica shows %v waiting, %v running, %v KV", get(signal.Waiting), get(signal.Running), get(signal.KVCacheUsage))
+	if get(metric.Waiting) != 0 || get(metric.Running) != 0 || get(metric.KVCacheUsage) != 0 {
+		t.Fatalf("an idle replica shows %v waiting, %v running, %v KV", get(metric.Waiting), get(metric.Running), get(metric.KVCacheUsage))
 	}
 }
 

@@ -1,4 +1,4 @@
-package signal
+package metric
 
 import "sort"
 
@@ -15,9 +15,9 @@ const (
 	RuleRatio
 )
 
-// Metric is a canonical metric: the names users write in trigger metadata and
+// Def is a canonical metric: the names users write in trigger metadata and
 // see in the debug endpoint.
-type Metric struct {
+type Def struct {
 	Name string
 	Rule Rule
 	Num  ID // the gauge, the counter, or the ratio's numerator
@@ -25,7 +25,7 @@ type Metric struct {
 }
 
 // Canonical lists every canonical metric, in documentation order.
-var Canonical = []Metric{
+var Canonical = []Def{
 	{Name: "waiting", Rule: RuleGauge, Num: Waiting},
 	{Name: "running", Rule: RuleGauge, Num: Running},
 	{Name: "swapped", Rule: RuleGauge, Num: Swapped},
@@ -43,8 +43,8 @@ var Canonical = []Metric{
 	{Name: "gpuMemoryUsage", Rule: RuleGauge, Num: GPUMemoryUsage},
 }
 
-var byName = func() map[string]Metric {
-	m := make(map[string]Metric, len(Canonical))
+var byName = func() map[string]Def {
+	m := make(map[string]Def, len(Canonical))
 	for _, c := range Canonical {
 		m[c.Name] = c
 	}
@@ -52,7 +52,7 @@ var byName = func() map[string]Metric {
 }()
 
 // Lookup finds a canonical metric by name.
-func Lookup(name string) (Metric, bool) {
+func Lookup(name string) (Def, bool) {
 	m, ok := byName[name]
 	return m, ok
 }
@@ -79,7 +79,7 @@ type Sample struct {
 // carry the counters. ok is false when the series cannot give a value (the
 // metric is absent, a rate has fewer than two samples, a ratio's denominator
 // did not grow): an undefined value is never reported as 0.
-func (m Metric) Eval(series []Sample) (v float64, ok bool) {
+func (m Def) Eval(series []Sample) (v float64, ok bool) {
 	switch m.Rule {
 	case RuleGauge:
 		var sum float64
@@ -126,7 +126,7 @@ func (m Metric) Eval(series []Sample) (v float64, ok bool) {
 
 // Latest derives m from the end of a series: a gauge's last value, or a
 // rate or ratio over the last interval in which it is defined.
-func (m Metric) Latest(series []Sample) (float64, bool) {
+func (m Def) Latest(series []Sample) (float64, bool) {
 	if m.Rule == RuleGauge {
 		for i := len(series) - 1; i >= 0; i-- {
 			if x, ok := series[i].Get(m.Num); ok {

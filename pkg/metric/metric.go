@@ -1,7 +1,7 @@
-// Package signal defines pulse's metric catalogue: the raw values an agent
+// Package metric defines pulse's metrics: the raw values an agent
 // reads (gauges and cumulative counters, one fixed id each, as on the wire)
 // and the canonical metrics that triggers scale on, derived from them.
-package signal
+package metric
 
 import (
 	"math"

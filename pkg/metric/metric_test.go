@@ -1,4 +1,4 @@
-package signal
+package metric
 
 import (
 	"math"
@@ -25,7 +25,7 @@ func TestEval(t *testing.T) {
 		sample(3000, map[ID]float64{RequestSuccess: 22, TTFTSum: 2, TTFTCount: 6, PrefixHits: 5, PrefixQueries: 20, Waiting: 6}),
 	}
 	tests := map[string]struct {
-		m      Metric
+		m      Def
 		series []Sample
 		want   float64
 		ok     bool
@@ -37,7 +37,7 @@ func TestEval(t *testing.T) {
 		"hit rate":                           {hit, series, 0.25, true},
 		"gauge mean":                         {waiting, series, 4, true},
 		"one sample has no rate":             {rate, series[:1], 0, false},
-		"absent metric is absent":            {Metric{Name: "x", Rule: RuleGauge, Num: Swapped}, series, 0, false},
+		"absent metric is absent":            {Def{Name: "x", Rule: RuleGauge, Num: Swapped}, series, 0, false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

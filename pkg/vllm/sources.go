@@ -1,0 +1,56 @@
+package vllm
+
+import "github.com/pulse-io/pulse/pkg/metric"
+
+// combine says how the series of one family (engines, models, finished
+// reasons) become one value.
+type combine uint8
+
+const (
+	sum      combine = iota + 1 // requests, counters, histogram sums and counts
+	mean                        // ratios such as KV-cache usage: never summed
+	greatest                    // extra gauges only
+)
+
+// source is one vLLM sample name that feeds a raw value. When several sources
+// feed the same value (V1 and V0 names, old and new histogram names), the one
+// with the lower rank that is on the page wins: vLLM versions that emit both
+// the new and the deprecated name emit the same number under each.
+type source struct {
+	id    metric.ID
+	extra int // 1 + index into the extra metrics; 0 for the known values
+	rank  uint8
+	comb  combine
+}
+
+// knownSources maps vLLM sample names (as they appear on a line, with their
+// _total/_sum/_count suffix) to the raw values they feed.
+var knownSources = map[string]source{
+	"vllm:num_requests_waiting": {id: metric.Waiting, rank: 0, comb: sum},
+	"vllm:num_requests_running": {id: metric.Running, rank: 0, comb: sum},
+	"vllm:num_requests_swapped": {id: metric.Swapped, rank: 0, comb: sum},
+
+	"vllm:kv_cache_usage_perc":  {id: metric.KVCacheUsage, rank: 0, comb: mean},
+	"vllm:gpu_cache_usage_perc": {id: metric.KVCacheUsage, rank: 1, comb: mean},
+
+	"vllm:prefix_cache_hits_total":        {id: metric.PrefixHits, rank: 0, comb: sum},
+	"vllm:gpu_prefix_cache_hits_total":    {id: metric.PrefixHits, rank: 1, comb: sum},
+	"vllm:prefix_cache_queries_total":     {id: metric.PrefixQueries, rank: 0, comb: sum},
+	"vllm:gpu_prefix_cache_queries_total": {id: metric.PrefixQueries, rank: 1, comb: sum},
+
+	"vllm:prompt_tokens_total":     {id: metric.PromptTokens, rank: 0, comb: sum},
+	"vllm:generation_tokens_total": {id: metric.GenerationTokens, rank: 0, comb: sum},
+	"vllm:request_success_total":   {id: metric.RequestSuccess, rank: 0, comb: sum},
+	"vllm:num_preemptions_total":   {id: metric.Preemptions, rank: 0, comb: sum},
+
+	"vllm:time_to_first_token_seconds_sum":     {id: metric.TTFTSum, rank: 0, comb: sum},
+	"vllm:time_to_first_token_seconds_count":   {id: metric.TTFTCount, rank: 0, comb: sum},
+	"vllm:request_queue_time_seconds_sum":      {id: metric.QueueTimeSum, rank: 0, comb: sum},
+	"vllm:request_queue_time_seconds_count":    {id: metric.QueueTimeCount, rank: 0, comb: sum},
+	"vllm:e2e_request_latency_seconds_sum":     {id: metric.E2ELatencySum, rank: 0, comb: sum},
+	"vllm:e2e_request_latency_seconds_count":   {id: metric.E2ELatencyCount, rank: 0, comb: sum},
+	"vllm:inter_token_latency_seconds_sum":     {id: metric.ITLSum, rank: 0, comb: sum},
+	"vllm:inter_token_latency_seconds_count":   {id: metric.ITLCount, rank: 0, comb: sum},
+	"vllm:time_per_output_token_seconds_sum":   {id: metric.ITLSum, rank: 1, comb: sum},
+	"vllm:time_per_output_token_seconds_count": {id: metric.ITLCount, rank: 1, comb: sum},
+}
