@@ -10,7 +10,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries helm-lint clean
+.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint clean
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -89,7 +89,7 @@ proto:
 # Tidy modules, regenerate code, format: each must leave the tree unchanged;
 # and no tracked file is a compiled binary (ELF) or an executable that is not
 # a script.
-verify: verify-no-binaries
+verify: verify-no-binaries verify-layout
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
@@ -102,6 +102,16 @@ verify-no-binaries:
 	  elif [ "$$mode" = "100755" ] && [ "$$(head -c 2 "$$f")" != "#!" ]; then echo "$$f (executable, not a script)"; fi; \
 	done); \
 	if [ -n "$$bad" ]; then echo "tracked binaries (remove them; build outputs are ignored):"; echo "$$bad"; exit 1; fi
+
+# The README's layout section names every directory of cmd, pkg, pkg/sim,
+# test and deploy.
+verify-layout:
+	@layout=$$(sed -n '/^## Layout/,/^## [^L]/p' README.md); bad=; \
+	for d in cmd/* pkg/* test/* deploy/*; do [ -d "$$d" ] || continue; \
+	  printf '%s' "$$layout" | grep -qF "\`$$d\`" || bad="$$bad $$d"; done; \
+	for d in pkg/sim/*; do [ -d "$$d" ] && [ "$${d##*/}" != testdata ] || continue; \
+	  printf '%s' "$$layout" | grep -qF "\`$${d##*/}\`" || bad="$$bad $$d"; done; \
+	if [ -n "$$bad" ]; then echo "README.md's layout section does not name:$$bad"; exit 1; fi
 
 clean:
 	rm -rf $(BIN)
