@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -193,35 +192,45 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// scrapeLoop starts, every interval, one scrape per ready target that is not
-// still in flight. Each scrape runs on its own with its own timeout, so a
-// slow pod delays no other pod's sample.
+// scrapeLoop starts each ready pod's scrape at the pod's own phase of the
+// interval (see phaser) unless its previous one is still in flight. Each
+// scrape runs on its own with its own timeout, so a slow pod delays no other
+// pod's sample; at most --max-concurrent-scrapes run at once.
 func (a *Agent) scrapeLoop(ctx context.Context) {
 	sem := make(chan struct{}, a.opts.MaxConcurrent)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	t := time.NewTicker(a.opts.ScrapeInterval)
-	defer t.Stop()
-	// Jitter spreads a tick's scrapes over a tenth of the interval (at most
-	// 100ms), so that pods on a node are not all hit in the same instant.
-	jitter := min(a.opts.ScrapeInterval/10, 100*time.Millisecond)
+	ph := newPhaser(a.opts.ScrapeInterval)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var ready map[string]discovery.Target
+	var changed <-chan struct{}
 	for {
-		a.lastTick.Store(time.Now().UnixNano())
-		for _, tg := range a.cat.targets() {
-			if !tg.Ready {
-				continue
+		now := time.Now()
+		a.lastTick.Store(now.UnixNano())
+		if changed == nil {
+			var byID map[uint32]discovery.Target
+			_, byID, changed = a.cat.snapshot()
+			ready = make(map[string]discovery.Target, len(byID))
+			uids := make([]string, 0, len(byID))
+			for _, tg := range byID {
+				if tg.Ready {
+					ready[tg.UID] = tg
+					uids = append(uids, tg.UID)
+				}
 			}
-			counters := a.startScrape(tg.UID)
+			ph.sync(uids, now)
+		}
+		ph.due(now, func(uid string) {
+			tg := ready[uid]
+			counters := a.startScrape(uid)
 			if counters == nil {
-				continue
+				return
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer a.endScrape(tg.UID)
-				if !sleep(ctx, rand.N(jitter+1)) {
-					return
-				}
+				defer a.endScrape(uid)
 				select {
 				case sem <- struct{}{}:
 				case <-ctx.Done():
@@ -230,11 +239,20 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 				defer func() { <-sem }()
 				a.publish(a.scrapeOne(ctx, tg, counters))
 			}()
+		})
+		// Wake for the next scrape, and at least every interval: /livez
+		// reads the loop's last pass.
+		wait := a.opts.ScrapeInterval
+		if at, ok := ph.next(); ok {
+			wait = min(wait, time.Until(at))
 		}
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-changed:
+			changed = nil // Reset (Go 1.23 timers) discards a pending fire
+		case <-timer.C:
 		}
 	}
 }

@@ -74,7 +74,14 @@ func TestRatesSurviveARestartedVLLM(t *testing.T) {
 	pods := startSims(t, []simPod{{name: "p-0", workload: "w", sim: sim}})
 	agg, _ := startAggregator(t, "127.0.0.1:0")
 	startAgent(t, pods, agg.IngestAddr())
-	eventually(t, "first report", func() error { _, err := workload(agg.HTTPAddr(), "w"); return err })
+	// A sample from before the requests complete: rates are increases.
+	eventually(t, "first sample", func() error {
+		w, err := workload(agg.HTTPAddr(), "w")
+		if err == nil && w.Pods[0].AgeSeconds == nil {
+			err = fmt.Errorf("no sample yet")
+		}
+		return err
+	})
 	sim.Complete(50, 1)
 	eventually(t, "requests counted", func() error {
 		w, err := workload(agg.HTTPAddr(), "w")
