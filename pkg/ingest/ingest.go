@@ -54,6 +54,10 @@ type metrics struct {
 	rejected    *prometheus.CounterVec
 }
 
+// rejectReasons are the reason label values of
+// pulse_aggregator_rejected_reports_total.
+var rejectReasons = []string{"catalogue", "malformed_batch", "message", "negative_value", "other_node", "unauthenticated", "unknown_pod"}
+
 // Options configure a Server.
 type Options struct {
 	Log     *slog.Logger
@@ -89,6 +93,11 @@ func New(st *store.Store, o Options) *Server {
 			[]string{"reason"}),
 	}}
 	s.m.ok, s.m.missing = s.m.samples.WithLabelValues("ok"), s.m.samples.WithLabelValues("missing")
+	// Every reason exists from the start, at 0, so that rates and alerts on
+	// it need no absent() guard.
+	for _, r := range rejectReasons {
+		s.m.rejected.WithLabelValues(r)
+	}
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(s.m.streams, s.m.samples, s.m.rejected)
 	}

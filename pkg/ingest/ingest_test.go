@@ -112,8 +112,32 @@ func TestGoodStreamFeedsTheStore(t *testing.T) {
 	if _, ok := v[0].Pods[0].Values["running"]; ok {
 		t.Fatal("a negative value was stored")
 	}
-	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("negative_value")); got != 1 {
-		t.Fatalf("rejected negative_value = %v", got)
+	want := `
+# HELP pulse_aggregator_agent_streams Agent streams open now.
+# TYPE pulse_aggregator_agent_streams gauge
+pulse_aggregator_agent_streams 0
+# HELP pulse_aggregator_pod_samples_total Pod samples received, by outcome (ok or missing).
+# TYPE pulse_aggregator_pod_samples_total counter
+pulse_aggregator_pod_samples_total{outcome="missing"} 1
+pulse_aggregator_pod_samples_total{outcome="ok"} 1
+# HELP pulse_aggregator_rejected_reports_total Reports rejected, by reason.
+# TYPE pulse_aggregator_rejected_reports_total counter
+pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
+pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
+pulse_aggregator_rejected_reports_total{reason="message"} 0
+pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
+pulse_aggregator_rejected_reports_total{reason="other_node"} 0
+pulse_aggregator_rejected_reports_total{reason="unauthenticated"} 0
+pulse_aggregator_rejected_reports_total{reason="unknown_pod"} 0
+`
+	if err := testutil.CollectAndCompare(f.srv.m.streams, strings.NewReader(want), "pulse_aggregator_agent_streams"); err != nil {
+		t.Error(err)
+	}
+	if err := testutil.CollectAndCompare(f.srv.m.samples, strings.NewReader(want), "pulse_aggregator_pod_samples_total"); err != nil {
+		t.Error(err)
+	}
+	if err := testutil.CollectAndCompare(f.srv.m.rejected, strings.NewReader(want), "pulse_aggregator_rejected_reports_total"); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -9,7 +9,11 @@ import (
 	"testing"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -121,17 +125,18 @@ func TestSelfMetricsAreValid(t *testing.T) {
 		return nil
 	})
 	for _, url := range []string{"http://" + agg.HTTPAddr() + "/metrics", "http://" + ag.HTTPAddr() + "/metrics"} {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		problems, err := promlint.New(resp.Body).Lint()
-		resp.Body.Close()
+		served := servedMetrics(t, url)
+		problems, err := testutil.GatherAndLint(served)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range problems {
 			t.Errorf("%s: %s: %s", url, p.Metric, p.Text)
+		}
+		// The Go runtime's and the process's own metrics, as every
+		// Kubernetes component exports them.
+		if n, err := testutil.GatherAndCount(served, "go_goroutines", "go_memstats_heap_alloc_bytes", "process_cpu_seconds_total", "process_resident_memory_bytes"); err != nil || n != 4 {
+			t.Errorf("%s: Go and process metrics: %d series (%v), want 4", url, n, err)
 		}
 	}
 	for _, url := range []string{"http://" + agg.HTTPAddr(), "http://" + ag.HTTPAddr()} {
@@ -158,4 +163,28 @@ func TestSelfMetricsAreValid(t *testing.T) {
 			t.Errorf("agent metrics lack %q", want)
 		}
 	}
+}
+
+// servedMetrics is the page an HTTP /metrics endpoint serves, as a Gatherer
+// for client_golang's testutil: what is linted is what a scraper reads.
+func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	byName, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	mfs := make([]*dto.MetricFamily, 0, len(byName))
+	for _, mf := range byName {
+		mfs = append(mfs, mf)
+	}
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return mfs, nil })
 }
