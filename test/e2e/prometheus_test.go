@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,9 +23,37 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
+// prometheusServer is a Debian prometheus process scraping one job.
+type prometheusServer struct {
+	url     string
+	config  string
+	targets []string
+	proc    *proc
+}
+
+// writeConfig writes a configuration whose job is named job: Prometheus
+// derives a target's scrape offset from its labels, so a new job name draws
+// a new phase of the scrapes.
+func (p *prometheusServer) writeConfig(t *testing.T, job string) {
+	quoted := make([]string, len(p.targets))
+	for i, tg := range p.targets {
+		quoted[i] = strconv.Quote(tg)
+	}
+	cfg := fmt.Sprintf("global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\nscrape_configs:\n- job_name: %s\n  static_configs:\n  - targets: [%s]\n",
+		job, strings.Join(quoted, ", "))
+	must(t, os.WriteFile(p.config, []byte(cfg), 0o644))
+}
+
+// relabel renames the job and reloads the configuration (SIGHUP), so that
+// the target's scrape offset is drawn anew.
+func (p *prometheusServer) relabel(t *testing.T, job string) {
+	p.writeConfig(t, job)
+	must(t, p.proc.cmd.Process.Signal(syscall.SIGHUP))
+}
+
 // startPrometheus runs Debian's prometheus scraping targets every 15 s (as
-// the Kaito proposal's PodMonitor does), on loopback, and returns its URL.
-func (e *env) startPrometheus(targets ...string) string {
+// the Kaito proposal's PodMonitor does), on loopback.
+func (e *env) startPrometheus(targets ...string) *prometheusServer {
 	t := e.t
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -32,18 +61,14 @@ func (e *env) startPrometheus(targets ...string) string {
 	}
 	dir := filepath.Join(e.dir, "prometheus")
 	must(t, os.MkdirAll(dir, 0o755))
-	quoted := make([]string, len(targets))
-	for i, tg := range targets {
-		quoted[i] = strconv.Quote(tg)
-	}
-	cfg := fmt.Sprintf("global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\nscrape_configs:\n- job_name: vllm\n  static_configs:\n  - targets: [%s]\n",
-		strings.Join(quoted, ", "))
-	must(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644))
+	ps := &prometheusServer{config: filepath.Join(dir, "prometheus.yml"), targets: targets}
+	ps.writeConfig(t, "vllm")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	p := start(t, e.dir, "prometheus", nil, bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+	ps.url = "http://" + addr
+	ps.proc = start(t, e.dir, "prometheus", nil, bin, "--config.file="+ps.config,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--storage.tsdb.retention.time=2h")
-	e.extra = append(e.extra, p)
-	return "http://" + addr
+	e.extra = append(e.extra, ps.proc)
+	return ps
 }
 
 // promQuery runs an instant query and returns its single value.
@@ -93,7 +118,7 @@ var stepBehavior = map[string]any{"horizontalPodAutoscalerConfig": map[string]an
 // StepQuery is the Kaito proposal's query in its sum form (the avg form
 // under KEDA's AverageValue would ask for ceil(25/10) replicas too, for one
 // pod: the two agree at one replica).
-const stepQuery = `sum(vllm:num_requests_waiting{job="vllm"})`
+const stepQuery = `sum(vllm:num_requests_waiting)`
 
 // stepLatency: one simulated vLLM pod, scraped by pulse's agent every
 // 500 ms and by a real Prometheus every 15 s; two InferenceSets at 1
@@ -108,7 +133,8 @@ func (e *env) stepLatency(t *testing.T) {
 	}
 	sim := newSim(t)
 	sim.setWaiting(0)
-	prom := e.startPrometheus("127.0.0.1:" + sim.port)
+	ps := e.startPrometheus("127.0.0.1:" + sim.port)
+	prom := ps.url
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "step-pulse-0", Namespace: appNS,
 		Labels:      map[string]string{"kaito.sh/workspace": "step-pulse-0", "inferenceset.kaito.sh/created-by": "step-pulse"},
 		Annotations: map[string]string{"pulse.io/port": sim.port}},
@@ -154,6 +180,16 @@ func (e *env) stepLatency(t *testing.T) {
 				return fmt.Errorf("prometheus sees %v, %v", v, err)
 			}
 			return nil
+		})
+		// Prometheus' scrapes and the HPA's syncs both come every 15 s:
+		// their relative phase would be the same for every run. A new job
+		// name gives the target a new scrape offset. (The old job's last
+		// sample is the empty queue, so the sum is 0 until the new one's.)
+		job := fmt.Sprintf("vllm-run%d", run)
+		ps.relabel(t, job)
+		waitFor(t, 60*time.Second, "the relabelled target scraped", func() error {
+			_, err := promQuery(prom, fmt.Sprintf("vllm:num_requests_waiting{job=%q}", job))
+			return err
 		})
 		// The step lands at a random point of the scrape and sync cycles.
 		time.Sleep(rand.N(15 * time.Second))
