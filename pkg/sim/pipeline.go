@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -297,7 +298,8 @@ func (k *kaitoPipe) Attach(w *world) {
 	}
 	k.gauge = g
 	k.at = -1
-	w.every(phase("keda-kaito-scaler", kaitoPoll), kaitoPoll, func() { k.refresh(w) })
+	// The scaler's poll phase relative to the traffic varies by seed.
+	w.every(phase(fmt.Sprintf("keda-kaito-scaler-%d", w.cfg.Seed), kaitoPoll), kaitoPoll, func() { k.refresh(w) })
 }
 
 func (k *kaitoPipe) refresh(w *world) {

@@ -282,7 +282,9 @@ func (w *world) addReplica() {
 	w.nextID++
 	rp := &rep{id: w.nextID, created: w.now}
 	rp.name = fmt.Sprintf("%s-%d", w.cfg.ScaledObject.Spec.ScaleTargetRef.Name, rp.id)
-	rp.uid = fmt.Sprintf("uid-%d", rp.id)
+	// Real UIDs are random, so a pod's scrape phases (pulse's agent's and
+	// Prometheus') fall anywhere relative to the traffic: vary them by seed.
+	rp.uid = fmt.Sprintf("uid-%d-%d", w.cfg.Seed, rp.id)
 	rp.r = replica.New(w.cfg.Profile, &w.st)
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)

@@ -116,7 +116,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	if err != nil {
 		return sim.Config{}, err
 	}
-	name := filepath.Base(o.Trace)
+	name := trace.Name(o.Trace)
 	if o.RateScale != 1 {
 		name += fmt.Sprintf(" x%g", o.RateScale)
 	}

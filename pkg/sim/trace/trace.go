@@ -24,6 +24,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +43,15 @@ const (
 	DefaultPrompt = 1155
 	DefaultOutput = 211
 )
+
+// Name is how reports name a trace: a file's base name, or a generator's
+// whole spec.
+func Name(spec string) string {
+	if name, _, ok := strings.Cut(spec, ":"); ok && isGenerator(name) {
+		return spec
+	}
+	return filepath.Base(spec)
+}
 
 // Load reads a trace file, or generates one from a generator spec; seed
 // drives the generators.

@@ -102,3 +102,16 @@ func TestDensifyKeepsTheShape(t *testing.T) {
 		}
 	}
 }
+
+func TestName(t *testing.T) {
+	for spec, want := range map[string]string{
+		"steps:rates=5/60,step=5m":         "steps:rates=5/60,step=5m",
+		"poisson:rate=20,duration=1h":      "poisson:rate=20,duration=1h",
+		"pkg/sim/trace/testdata/azure.csv": "azure.csv",
+		"/data/c:/weird/name.csv":          "name.csv",
+	} {
+		if got := Name(spec); got != want {
+			t.Errorf("Name(%q) = %q, want %q", spec, got, want)
+		}
+	}
+}
