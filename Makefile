@@ -68,9 +68,11 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
 
+# golangci-lint (.golangci.yml), pinned in tools/go.mod: its dependencies
+# cannot share the main module's.
 lint:
 	$(GO) vet $(PKGS)
-	$(GO) tool staticcheck $(PKGS)
+	$(GO) tool -modfile=tools/go.mod golangci-lint run $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -91,6 +93,7 @@ proto:
 # a script.
 verify: verify-no-binaries verify-layout
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+	cd tools && $(GO) mod tidy && git diff --exit-code go.mod go.sum
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
 

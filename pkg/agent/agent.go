@@ -345,7 +345,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	if a.nvml == nil {
 		return
 	}
-	defer a.podRes.Close()
+	defer func() { _ = a.podRes.Close() }()
 	t := time.NewTicker(a.opts.ScrapeInterval)
 	defer t.Stop()
 	failing := false
@@ -409,7 +409,7 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
+	go func() { //nolint:gosec // G118: ctx has ended when the shutdown starts; it needs a live context of its own
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

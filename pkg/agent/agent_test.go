@@ -74,7 +74,7 @@ func TestScrapeErrorsHaveReasons(t *testing.T) {
 		w.Header().Set("Content-Type", "application/vnd.google.protobuf")
 		_, _ = w.Write([]byte{1, 2})
 	})
-	mux.HandleFunc("/hang", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	mux.HandleFunc("/hang", func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	dead := httptest.NewServer(http.NotFoundHandler())

@@ -78,14 +78,3 @@ func (c *catalogue) snapshot() (uint64, map[uint32]discovery.Target, <-chan stru
 	}
 	return c.version, out, c.changed
 }
-
-// targets returns the current targets.
-func (c *catalogue) targets() []discovery.Target {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]discovery.Target, 0, len(c.entries))
-	for _, e := range c.entries {
-		out = append(out, e.target)
-	}
-	return out
-}

@@ -64,7 +64,7 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 	if err != nil {
 		return vllm.Page{}, classify(ctx, url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode/100 != 2 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, fmt.Errorf("scrape %s: HTTP %s", url, resp.Status)}

@@ -93,7 +93,7 @@ func (s *streamer) run(ctx context.Context) {
 		log.Error("aggregator address is not usable", logging.KeyErr, err)
 		return
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	client := pulsev1.NewIngestClient(conn)
 	delay := 100 * time.Millisecond
 	for {
@@ -108,7 +108,7 @@ func (s *streamer) run(ctx context.Context) {
 			delay = 100 * time.Millisecond // it was healthy for a while
 		}
 		// Full jitter: a fleet of agents does not reconnect in lockstep.
-		if !sleep(ctx, time.Duration(mrand.Int64N(int64(delay))+1)) {
+		if !sleep(ctx, time.Duration(mrand.Int64N(int64(delay))+1)) { //nolint:gosec // G404: reconnect jitter, not a secret
 			return
 		}
 		delay = min(delay*2, s.agent.opts.ReconnectMaxBackoff)

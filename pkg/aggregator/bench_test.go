@@ -27,7 +27,7 @@ const (
 
 // startBench runs a real aggregator on loopback with 1,000 StreamIsActive
 // streams open, one per workload, as KEDA would hold them.
-func startBench(b *testing.B) (a *Aggregator, keda externalscaler.ExternalScalerClient, ingestConn *grpc.ClientConn) {
+func startBench(b *testing.B) (keda externalscaler.ExternalScalerClient, ingestConn *grpc.ClientConn) {
 	b.Helper()
 	o := NewOptions()
 	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -46,14 +46,14 @@ func startBench(b *testing.B) (a *Aggregator, keda externalscaler.ExternalScaler
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { kconn.Close() })
+	b.Cleanup(func() { _ = kconn.Close() })
 	keda = externalscaler.NewExternalScalerClient(kconn)
 	ingestConn, err = grpc.NewClient(a.IngestAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { ingestConn.Close() })
-	return a, keda, ingestConn
+	b.Cleanup(func() { _ = ingestConn.Close() })
+	return keda, ingestConn
 }
 
 func ref(w int) *externalscaler.ScaledObjectRef {
@@ -140,7 +140,7 @@ func (as *agentStream) batch(tick int) *pulsev1.AgentMessage {
 // path (protobuf over loopback gRPC, decoding, the store, waking the KEDA
 // streams whose workload changed) while 1,000 StreamIsActive streams are open.
 func BenchmarkIngest(b *testing.B) {
-	a, keda, conn := startBench(b)
+	keda, conn := startBench(b)
 	agents := make([]*agentStream, benchAgents)
 	for i := range agents {
 		agents[i] = openAgent(b, conn, i)
@@ -149,7 +149,6 @@ func BenchmarkIngest(b *testing.B) {
 	if os.Getenv("PULSE_BENCH_NO_STREAMS") == "" {
 		openKEDAStreams(b, keda)
 	}
-	_ = a
 	samples := 0
 	var busy time.Duration
 	b.ResetTimer()
@@ -185,7 +184,7 @@ func BenchmarkIngest(b *testing.B) {
 // BenchmarkGetMetrics measures GetMetrics over loopback gRPC, as KEDA calls
 // it, with 1,000 streams open and agents reporting; it reports p50 and p99.
 func BenchmarkGetMetrics(b *testing.B) {
-	_, keda, conn := startBench(b)
+	keda, conn := startBench(b)
 	agents := make([]*agentStream, benchAgents)
 	for i := range agents {
 		agents[i] = openAgent(b, conn, i)
@@ -220,7 +219,7 @@ func BenchmarkGetMetrics(b *testing.B) {
 // workload's queue above activationThreshold (sent over loopback gRPC) to
 // KEDA's StreamIsActive receiving true, with 1,000 streams open.
 func BenchmarkPushLatency(b *testing.B) {
-	_, keda, conn := startBench(b)
+	keda, conn := startBench(b)
 	as := openAgent(b, conn, 0)
 	openKEDAStreams(b, keda)
 	ctx, cancel := context.WithCancel(context.Background())

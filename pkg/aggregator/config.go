@@ -95,10 +95,7 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 			return nil, err
 		}
 	}
-	if err := a.buildHTTP(reg); err != nil {
-		a.close()
-		return nil, err
-	}
+	a.buildHTTP(reg)
 	return a, nil
 }
 
@@ -153,7 +150,7 @@ func (a *Aggregator) listen() error {
 func (a *Aggregator) close() {
 	for _, ln := range []net.Listener{a.ingestLn, a.scalerLn, a.httpLn, a.debugLn} {
 		if ln != nil {
-			ln.Close()
+			_ = ln.Close()
 		}
 	}
 }
@@ -256,7 +253,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 
 // buildHTTP: /metrics, /livez, /readyz and the debug endpoints (on their
 // own listener with --debug-addr).
-func (a *Aggregator) buildHTTP(reg *prometheus.Registry) error {
+func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux := http.NewServeMux()
 	dbg := &debug.Handler{Store: a.store, FreshFor: a.opts.Store.FreshFor, MaxWindow: a.opts.Store.MaxWindow, Triggers: a.scaler}
 	if a.debugLn != nil {
@@ -270,5 +267,4 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) error {
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	return nil
 }

@@ -62,7 +62,12 @@ func TestManagedCertificates(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
 
 	// Made, with KEDA's credentials and ClusterTriggerAuthentication.
 	var cta *unstructured.Unstructured

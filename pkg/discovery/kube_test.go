@@ -189,7 +189,12 @@ func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- k.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
 
 	pods := client.CoreV1().Pods("ns")
 	names := func(ts []Target) string {

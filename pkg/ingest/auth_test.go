@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func (f *fixture) runAs(t *testing.T, token string, msgs ...*pulsev1.AgentMessag
 	_ = stream.CloseSend()
 	for {
 		if _, err := stream.Recv(); err != nil {
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -84,7 +85,7 @@ func (f *fixture) run(t *testing.T, msgs ...*pulsev1.AgentMessage) error {
 	_ = stream.CloseSend()
 	for {
 		if _, err := stream.Recv(); err != nil {
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err

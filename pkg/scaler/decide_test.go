@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -319,11 +320,7 @@ func TestThresholdBelowKEDAResolution(t *testing.T) {
 }
 
 func asMetadataError(err error, target **MetadataError) bool {
-	me, ok := err.(*MetadataError)
-	if ok {
-		*target = me
-	}
-	return ok
+	return errors.As(err, target)
 }
 
 // TestWarmupGate: while the gate says the aggregator is warming up, every

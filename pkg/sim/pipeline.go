@@ -314,10 +314,11 @@ func (k *kaitoPipe) refresh(w *world) {
 	ok, failed := 0, 0
 	if k.cfg.ScaledObject.Spec.ScaleTargetRef.Kind == "InferenceSet" {
 		for _, rp := range w.reps {
-			if rp.state == ready {
+			switch rp.state {
+			case ready:
 				sum += read(rp)
 				ok++
-			} else if rp.state == starting {
+			case starting:
 				failed++ // its Service has no ready endpoint
 			}
 		}

@@ -82,8 +82,8 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	if so.PulseTrigger() == nil {
 		errs = append(errs, errors.New("spec.triggers: no trigger of type external-push (pulse's)"))
 	}
-	if min, max := so.MinReplicas(), so.MaxReplicas(); min < 0 || max < 1 || min > max {
-		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, max >= 1", min, max))
+	if lo, hi := so.MinReplicas(), so.MaxReplicas(); lo < 0 || hi < 1 || lo > hi {
+		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, max >= 1", lo, hi))
 	}
 	if t := so.PulseTrigger(); t != nil && t.MetricType != "" && t.MetricType != "AverageValue" && t.MetricType != "Value" {
 		errs = append(errs, fmt.Errorf("trigger metricType %q: AverageValue or Value", t.MetricType))

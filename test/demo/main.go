@@ -114,15 +114,23 @@ Ctrl-C stops everything.
 	for _, c := range []*exec.Cmd{agg, agent} {
 		go func() { errs <- c.Wait() }()
 	}
+	// exited waits for n processes; those stopped by the demo's end exit
+	// with the signal, which says nothing.
+	exited := func(n int) {
+		for range n {
+			if err := <-errs; err != nil && ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errs:
 		stop()
-		<-errs
-		return fmt.Errorf("a pulse process exited: %v", err)
+		exited(1)
+		return fmt.Errorf("a pulse process exited: %w", err)
 	}
-	<-errs
-	<-errs
+	exited(2)
 	fmt.Println("demo stopped")
 	return nil
 }

@@ -36,7 +36,7 @@ var apiServiceGVR = schema.GroupVersionResource{Group: "apiregistration.k8s.io",
 func ipCmd(args ...string) error {
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }
@@ -90,9 +90,9 @@ func (e *env) startKEDAAdapter(certDir string, metricsServicePort int) {
 	}
 	// No endpoints controller runs: the Service has no selector, its
 	// endpoints are written here.
-	_, err = e.kube.CoreV1().Endpoints("keda").Create(e.ctx, &corev1.Endpoints{ //nolint:staticcheck // the aggregator reads Endpoints
+	_, err = e.kube.CoreV1().Endpoints("keda").Create(e.ctx, &corev1.Endpoints{ //nolint:staticcheck // SA1019: the kube-apiserver's aggregation layer routes by Endpoints
 		ObjectMeta: metav1.ObjectMeta{Name: svc, Namespace: "keda"},
-		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: adapterIP}},
+		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: adapterIP}}, //nolint:staticcheck // SA1019: as above
 			Ports: []corev1.EndpointPort{{Name: "https", Port: int32(port)}}}},
 	}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {

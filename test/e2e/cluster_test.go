@@ -46,7 +46,7 @@ type proc struct {
 	name string
 	cmd  *exec.Cmd
 	log  string
-	done chan error
+	done chan struct{} // closed when the process has exited
 }
 
 // start runs a child that dies with the test process (Pdeathsig) and is
@@ -65,8 +65,8 @@ func start(t testing.TB, dir, name string, env []string, bin string, args ...str
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); f.Close() }()
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(p.done) }() // its exit is read from cmd.ProcessState
 	t.Cleanup(func() { p.stop() })
 	return p
 }
@@ -234,7 +234,7 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 		}
 		body, err := c.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(context.Background())
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, body)
+			return fmt.Errorf("%w: %s", err, body)
 		}
 		return nil
 	})

@@ -678,8 +678,11 @@ func (e *env) activate(t *testing.T, sim *countingSim, waiting float64) time.Dur
 	md := map[string]string{"threshold": "10", "activationThreshold": "0", "window": "2s"}
 	waitFor(t, 30*time.Second, "llama inactive", func() error {
 		v, err := e.pulseValue(md, "llama-so")
-		if err != nil || v != 0 {
-			return fmt.Errorf("value %v, %v", v, err)
+		if err != nil {
+			return err
+		}
+		if v != 0 {
+			return fmt.Errorf("value %v", v)
 		}
 		return nil
 	})
@@ -690,8 +693,11 @@ func (e *env) activate(t *testing.T, sim *countingSim, waiting float64) time.Dur
 	sim.setWaiting(waiting)
 	waitFor(t, 60*time.Second, "KEDA scales llama 0 → 1", func() error {
 		r, err := e.replicas(workspaceGVR, "llama")
-		if err != nil || r != 1 {
-			return fmt.Errorf("replicas %d, %v", r, err)
+		if err != nil {
+			return err
+		}
+		if r != 1 {
+			return fmt.Errorf("replicas %d", r)
 		}
 		return nil
 	})
@@ -809,8 +815,11 @@ func (e *env) cronAndPulse(t *testing.T) {
 			}
 		}
 		r, err := e.replicas(infSetGVR, "llama-set")
-		if err != nil || r < 1 {
-			return fmt.Errorf("InferenceSet replicas %d, %v", r, err)
+		if err != nil {
+			return err
+		}
+		if r < 1 {
+			return fmt.Errorf("InferenceSet replicas %d", r)
 		}
 		return nil
 	})

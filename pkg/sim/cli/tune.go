@@ -64,7 +64,7 @@ func parseGrid(metrics, up string) (map[string][]float64, []string, []scaleUp, e
 	var ups []scaleUp
 	for _, u := range splitList(up) {
 		pods, per, ok := strings.Cut(u, "/")
-		n, err1 := strconv.Atoi(pods)
+		n, err1 := strconv.ParseInt(pods, 10, 32)
 		d, err2 := time.ParseDuration(per)
 		if !ok || err1 != nil || err2 != nil || n < 1 || d < time.Second {
 			errs = append(errs, fmt.Errorf("--scale-up %q: want pods/period such as 1/300s", u))

@@ -114,9 +114,10 @@ func rules(pods, podsPeriod, percent, percentPeriod, window int32) *autoscalingv
 	return r
 }
 
-// uniform spreads events over the last period seconds, each at the middle
-// of its segment (generateEventsUniformDistribution).
-func uniform(changes []int32, period int) []scaleEvent {
+// uniform spreads events over the last 120 seconds, each at the middle of
+// its segment (generateEventsUniformDistribution).
+func uniform(changes []int32) []scaleEvent {
+	const period = 120
 	seg := float64(period) / float64(len(changes))
 	out := make([]scaleEvent, len(changes))
 	for i, c := range changes {
@@ -168,20 +169,20 @@ func TestScalingWithRules(t *testing.T) {
 		"scale-down to min, large pods": {current: 10, proposal: 0, min: 1, max: 1000, down: rules(100, 60, 0, 0, 300), want: 1},
 		"scale-down pod limitation":     {current: 10, proposal: 2, min: 1, max: 1000, down: rules(5, 60, 0, 0, 300), want: 5},
 		"scale-down percent, in range":  {current: 10, proposal: 5, min: 1, max: 1000, down: rules(0, 0, 50, 60, 300), want: 5},
-		"scale-up, max with events": {ups: uniform([]int32{1, 5, 9}, 120), current: 100, proposal: 500, min: 1, max: 200,
+		"scale-up, max with events": {ups: uniform([]int32{1, 5, 9}), current: 100, proposal: 500, min: 1, max: 200,
 			up: rules(300, 60, 0, 0, 0), want: 200},
 		// 120 s ago there were 100 - 15 replicas; Pods 5 per 120 s allows none.
-		"no scale-up after many events": {ups: uniform([]int32{1, 5, 9}, 120), current: 100, proposal: 500, min: 1, max: 1000,
+		"no scale-up after many events": {ups: uniform([]int32{1, 5, 9}), current: 100, proposal: 500, min: 1, max: 1000,
 			up: rules(5, 120, 0, 0, 0), want: 100},
-		"pods policy after events":    {ups: uniform([]int32{1, 5, 9}, 120), current: 100, proposal: 500, min: 1, max: 1000, up: rules(150, 120, 0, 0, 0), want: 235},
-		"percent policy after events": {ups: uniform([]int32{1, 5, 9}, 120), current: 100, proposal: 500, min: 1, max: 1000, up: rules(0, 0, 200, 120, 0), want: 255},
-		"percent after up and down": {ups: uniform([]int32{4}, 120), downs: uniform([]int32{2}, 120), current: 6, proposal: 24,
+		"pods policy after events":    {ups: uniform([]int32{1, 5, 9}), current: 100, proposal: 500, min: 1, max: 1000, up: rules(150, 120, 0, 0, 0), want: 235},
+		"percent policy after events": {ups: uniform([]int32{1, 5, 9}), current: 100, proposal: 500, min: 1, max: 1000, up: rules(0, 0, 200, 120, 0), want: 255},
+		"percent after up and down": {ups: uniform([]int32{4}), downs: uniform([]int32{2}), current: 6, proposal: 24,
 			min: 1, max: 1000, up: rules(0, 0, 300, 300, 0), want: 16},
-		"scale-down pods after events": {downs: uniform([]int32{1, 5, 9}, 120), current: 100, proposal: 2, min: 1, max: 1000,
+		"scale-down pods after events": {downs: uniform([]int32{1, 5, 9}), current: 100, proposal: 2, min: 1, max: 1000,
 			down: rules(5, 120, 0, 0, 300), want: 100},
-		"scale-down percent after events": {downs: uniform([]int32{2, 4, 6}, 120), current: 100, proposal: 0, min: 1, max: 1000,
+		"scale-down percent after events": {downs: uniform([]int32{2, 4, 6}), current: 100, proposal: 0, min: 1, max: 1000,
 			down: rules(0, 0, 50, 120, 300), want: 56},
-		"scale-down after up and down": {ups: uniform([]int32{2}, 120), downs: uniform([]int32{4}, 120), current: 10, proposal: 1,
+		"scale-down after up and down": {ups: uniform([]int32{2}), downs: uniform([]int32{4}), current: 10, proposal: 1,
 			min: 1, max: 1000, down: rules(0, 0, 50, 180, 0), want: 6},
 	}
 	for name, tc := range tests {

@@ -63,7 +63,7 @@ func Load(spec string, seed uint64) ([]Request, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace %q: neither a file nor a generator (poisson:, steps:, bursts:): %w", spec, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	reqs, err := ReadAzure(f)
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", spec, err)
