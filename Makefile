@@ -10,7 +10,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint clean
+.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -33,22 +33,21 @@ test: helm-lint
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
 
-# Lint and render both charts (default values and every optional part on).
+# Lint and render each chart with each of its ci/*-values.yaml (the defaults
+# and every optional part on).
 helm-lint:
-	$(HELM) lint deploy/daemonset deploy/aggregator
-	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system >/dev/null
-	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system \
-	  --set serviceMonitor.enabled=true,podResources.enabled=false,runtimeClassName=nvidia,extraMetrics={x} >/dev/null
-	$(HELM) template pulse-agent deploy/daemonset --namespace pulse-system \
-	  --set aggregatorTLS.caSecretName=pulse-ingest-ca,auth.enabled=true >/dev/null
-	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system >/dev/null
-	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
-	  --set serviceMonitor.enabled=true,podDisruptionBudget.enabled=false,rbac.create=false,scaler.tls.secretName=pulse-tls >/dev/null
-	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system --set scaler.managedCerts.enabled=false >/dev/null
-	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
-	  --set ingest.tls.secretName=pulse-ingest-tls,agentAuth.mode=tokenreview >/dev/null
-	$(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system \
-	  --set grafanaDashboard.enabled=true,warmup.agentDaemonSet=-,warmup.duration=0s >/dev/null
+	@for c in deploy/daemonset deploy/aggregator; do \
+	  for f in $$c/ci/*-values.yaml; do \
+	    echo "helm lint/template $$c -f $$f"; \
+	    $(HELM) lint --quiet $$c -f $$f >/dev/null || { $(HELM) lint $$c -f $$f; exit 1; }; \
+	    $(HELM) template $$(sed -n "s/^name: //p" $$c/Chart.yaml) $$c --namespace pulse-system -f $$f >/dev/null || exit 1; \
+	  done; \
+	done
+
+# Each chart's README.md, generated from its values.yaml comments and
+# README.md.gotmpl by helm-docs, pinned in tools/helm-docs/go.mod.
+chart-docs:
+	$(GO) tool -modfile=tools/helm-docs/go.mod helm-docs --chart-search-root deploy --sort-values-order file
 
 # The e2e test on a real kube-apiserver with the real KEDA operator; the
 # first run builds the tools (about 20 minutes on 2 cores), later runs reuse them.
@@ -68,11 +67,11 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
 
-# golangci-lint (.golangci.yml), pinned in tools/go.mod: its dependencies
+# golangci-lint (.golangci.yml), pinned in tools/golangci-lint/go.mod: its dependencies
 # cannot share the main module's.
 lint:
 	$(GO) vet $(PKGS)
-	$(GO) tool -modfile=tools/go.mod golangci-lint run $(PKGS)
+	$(GO) tool -modfile=tools/golangci-lint/go.mod golangci-lint run $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -93,9 +92,10 @@ proto:
 # a script.
 verify: verify-no-binaries verify-layout
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	cd tools && $(GO) mod tidy && git diff --exit-code go.mod go.sum
+	for m in tools/*/; do (cd $$m && $(GO) mod tidy) && git diff --exit-code $$m; done
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
+	$(MAKE) chart-docs && git diff --exit-code deploy/
 
 verify-no-binaries:
 	@bad=$$(git ls-files -s | while read -r mode _ _ f; do \

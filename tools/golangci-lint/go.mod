@@ -1,7 +1,8 @@
-// Tools pulse's Makefile runs that cannot share the main module's
-// requirements: golangci-lint needs github.com/gobwas/glob v0.2.3, KEDA
-// v1.0.0 (same path, another API). `go tool -modfile=tools/go.mod NAME`.
-module github.com/pulse-io/pulse/tools
+// golangci-lint (make lint), in a module of its own: it cannot share the
+// main module's requirements (it needs github.com/gobwas/glob v0.2.3, KEDA
+// v1.0.0: same path, another API).
+// `go tool -modfile=tools/golangci-lint/go.mod golangci-lint`.
+module github.com/pulse-io/pulse/tools/golangci-lint
 
 go 1.26.8
 
