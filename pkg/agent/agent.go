@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,6 +387,24 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	}
 }
 
+// aggregatorConnected reports whether a stream to some aggregator is open,
+// and the addresses tried.
+func (a *Agent) aggregatorConnected() (addrs []string, ok bool) {
+	a.streamersMu.RLock()
+	defer a.streamersMu.RUnlock()
+	for addr, s := range a.streamers {
+		addrs = append(addrs, addr)
+		if s.connected.Load() {
+			ok = true
+		}
+	}
+	sort.Strings(addrs)
+	if len(addrs) == 0 {
+		addrs = []string{"none"}
+	}
+	return addrs, ok
+}
+
 func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -400,6 +420,12 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if a.lastTick.Load() == 0 {
 			http.Error(w, "scrape loop not started", http.StatusServiceUnavailable)
+			return
+		}
+		// An agent that delivers to no aggregator does nothing useful.
+		if addrs, ok := a.aggregatorConnected(); !ok {
+			http.Error(w, fmt.Sprintf("no aggregator connected (--aggregator %s; resolved: %s)",
+				strings.Join(a.opts.Aggregators, ","), strings.Join(addrs, ", ")), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))

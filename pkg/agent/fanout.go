@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -18,8 +19,9 @@ import (
 func (a *Agent) fanOut(ctx context.Context) {
 	var wg sync.WaitGroup
 	cancels := map[string]context.CancelFunc{}
-	known := map[string][]string{} // per --aggregator entry, its last good addresses
-	names := map[string]string{}   // address → the name it was resolved from (for TLS)
+	known := map[string][]string{}   // per --aggregator entry, its last good addresses
+	names := map[string]string{}     // address → the name it was resolved from (for TLS)
+	warned := map[string]time.Time{} // per entry, the last resolve warning
 	defer func() {
 		for _, c := range cancels {
 			c()
@@ -38,10 +40,23 @@ func (a *Agent) fanOut(ctx context.Context) {
 				}
 				// A failed lookup keeps the streams it had: a DNS hiccup
 				// must not cut healthy streams.
-				a.log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
+				if time.Since(warned[entry]) >= warnEvery {
+					a.log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
+					warned[entry] = time.Now()
+				}
 				addrs = known[entry]
 			}
 			known[entry] = addrs
+			// An entry with no address still shows, as not connected.
+			if len(addrs) == 0 {
+				if err == nil && time.Since(warned[entry]) >= warnEvery {
+					a.log.Warn("aggregator name resolves to no address", logging.KeyAggregator, entry)
+					warned[entry] = time.Now()
+				}
+				a.m.connected.WithLabelValues(entry).Set(0)
+			} else if !slices.Contains(addrs, entry) {
+				a.m.connected.DeleteLabelValues(entry)
+			}
 			host, _, _ := net.SplitHostPort(entry)
 			for _, addr := range addrs {
 				want[addr] = true
@@ -55,6 +70,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			sctx, cancel := context.WithCancel(ctx)
 			cancels[addr] = cancel
 			s := newStreamer(a, addr, names[addr])
+			a.m.connected.WithLabelValues(addr).Set(0) // from the start
 			a.streamersMu.Lock()
 			a.streamers[addr] = s
 			a.streamersMu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -51,7 +52,18 @@ type streamer struct {
 	mu      sync.Mutex
 	pending map[string]result // by uid: the newest result not yet sent
 	wake    chan struct{}
+
+	// connected: a stream is open and welcomed (readiness reads it).
+	connected atomic.Bool
 }
+
+// An aggregator the agent cannot reach is reported, never waited on in
+// silence: a warning once it has been unreachable for connectGrace, then at
+// most every warnEvery while it stays so (each with the last reason).
+const (
+	connectGrace = 5 * time.Second
+	warnEvery    = 30 * time.Second
+)
 
 func newStreamer(a *Agent, addr, serverName string) *streamer {
 	return &streamer{agent: a, addr: addr, serverName: serverName, pending: map[string]result{}, wake: make(chan struct{}, 1)}
@@ -96,14 +108,28 @@ func (s *streamer) run(ctx context.Context) {
 	defer func() { _ = conn.Close() }()
 	client := pulsev1.NewIngestClient(conn)
 	delay := 100 * time.Millisecond
+	down := time.Now() // not connected since
+	var lastWarn time.Time
+	attempts := 0
 	for {
 		start := time.Now()
 		err := s.session(ctx, client)
+		wasUp := s.connected.Swap(false)
 		s.agent.m.connected.WithLabelValues(s.addr).Set(0)
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("aggregator stream ended; reconnecting", logging.KeyErr, err)
+		if wasUp {
+			log.Warn("aggregator stream ended; reconnecting", logging.KeyErr, err)
+			down, lastWarn, attempts = time.Now(), time.Time{}, 0
+		} else {
+			attempts++
+			if time.Since(down) >= connectGrace && time.Since(lastWarn) >= warnEvery {
+				log.Warn("cannot reach the aggregator: no samples are delivered to it", logging.KeyDown, time.Since(down).Round(time.Second),
+					logging.KeyAttempts, attempts, logging.KeyErr, err)
+				lastWarn = time.Now()
+			}
+		}
 		if time.Since(start) > 10*time.Second {
 			delay = 100 * time.Millisecond // it was healthy for a while
 		}
@@ -119,7 +145,9 @@ func (s *streamer) run(ctx context.Context) {
 func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stream, err := client.Report(ctx, grpc.WaitForReady(true))
+	// Fail fast: an unreachable aggregator is an error with its reason (the
+	// last connection error), counted and reported by run, not a wait.
+	stream, err := client.Report(ctx)
 	if err != nil {
 		return fmt.Errorf("open stream: %w", err)
 	}
@@ -139,6 +167,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	if welcome.GetWelcome() == nil {
 		return errors.New("aggregator did not answer the hello with a welcome")
 	}
+	s.connected.Store(true)
 	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
 	s.agent.log.Info("aggregator stream open", logging.KeyAggregator, s.addr, logging.KeyVersion, welcome.GetWelcome().AggregatorVersion)
 	go func() {

@@ -33,4 +33,6 @@ const (
 	KeyAgents      = "agents"
 	KeyExpected    = "expectedAgents"
 	KeyElapsed     = "elapsed"
+	KeyDown        = "down"     // how long something has been unreachable
+	KeyAttempts    = "attempts" // failed attempts since it was last reached
 )
