@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
@@ -48,8 +48,9 @@ type Resolver interface {
 // Deps are the agent's clients, built once at wiring time. New builds the
 // ones left nil from the options.
 type Deps struct {
-	// Kube lists the node's pods; unused in static mode.
-	Kube kubernetes.Interface
+	// Pods lists and watches the node's pods (discovery.NodePods); unused
+	// in static mode.
+	Pods cache.ListerWatcher
 	// NVML is the GPU library; unused with --nvml=off.
 	NVML nvml.Interface
 	// Resolver resolves --aggregator names.
@@ -120,14 +121,14 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	if deps.Resolver == nil {
 		deps.Resolver = net.DefaultResolver
 	}
-	if opts.StaticTargets == "" && deps.Kube == nil {
+	if opts.StaticTargets == "" && deps.Pods == nil {
 		cfg, err := clientcmd.BuildConfigFromFlags("", opts.KubeConfig) // in-cluster when empty
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client config (set --kubeconfig, or --static-targets to run without Kubernetes): %w", err)
 		}
 		cfg.UserAgent = "pulse-agent/" + version.Version
-		if deps.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
-			return nil, fmt.Errorf("kubernetes client: %w", err)
+		if deps.Pods, err = discovery.NodePods(cfg, opts.NodeName); err != nil {
+			return nil, err
 		}
 	}
 	if opts.NVML != gpu.ModeOff && deps.NVML == nil {
@@ -181,7 +182,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		k := discovery.NewKube(discovery.KubeOptions{Client: a.deps.Kube, Node: a.opts.NodeName, Selector: sel,
+		k := discovery.NewKube(discovery.KubeOptions{Pods: a.deps.Pods, Node: a.opts.NodeName, Selector: sel,
 			OnChange: a.SetTargets, Log: a.log})
 		g.Go(func() error { return k.Run(ctx) })
 	}

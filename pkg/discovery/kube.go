@@ -11,11 +11,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -51,7 +47,8 @@ const (
 
 // KubeOptions configure node-local discovery.
 type KubeOptions struct {
-	Client   kubernetes.Interface
+	// Pods lists and watches the node's pods (see NodePods).
+	Pods     cache.ListerWatcher
 	Node     string
 	Selector labels.Selector
 	// OnChange receives the full set of targets whenever it changes.
@@ -59,9 +56,9 @@ type KubeOptions struct {
 	Log      *slog.Logger
 }
 
-// Kube watches the pods of one node through a shared informer scoped by a
-// spec.nodeName field selector: the API server sends this agent only its own
-// node's pods.
+// Kube watches the pods of one node through an informer whose list and
+// watch carry a spec.nodeName field selector (NodePods): the API server sends
+// this agent only its own node's pods.
 type Kube struct {
 	opts    KubeOptions
 	lister  listersv1.PodLister
@@ -75,12 +72,7 @@ func NewKube(o KubeOptions) *Kube {
 
 // Run watches until ctx ends.
 func (k *Kube) Run(ctx context.Context) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(k.opts.Client, 0,
-		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-			lo.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.opts.Node).String()
-		}))
-	pods := factory.Core().V1().Pods()
-	inf := pods.Informer()
+	inf := cache.NewSharedIndexInformer(k.opts.Pods, &corev1.Pod{}, 0, cache.Indexers{})
 	// Keep only what discovery reads: managed fields are most of a pod.
 	if err := inf.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
@@ -101,9 +93,8 @@ func (k *Kube) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watch pods: %w", err)
 	}
-	k.lister = pods.Lister()
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	k.lister = listersv1.NewPodLister(inf.GetIndexer())
+	go inf.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/fakenode"
 )
 
 func kaitoPod(name, node string, ready bool) *corev1.Pod {
@@ -184,7 +185,7 @@ func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
 	client := fake.NewClientset(kaitoPod("a", "node-1", false), kaitoPod("other", "node-2", true))
 	sel, _ := ParseSelector(DefaultSelector)
 	rec := &recorder{}
-	k := NewKube(KubeOptions{Client: client, Node: "node-1", Selector: sel, OnChange: rec.set,
+	k := NewKube(KubeOptions{Pods: fakenode.NodePods(client, "node-1"), Node: "node-1", Selector: sel, OnChange: rec.set,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

@@ -51,7 +51,7 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 	ao := agent.NewOptions()
 	ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, "gpu-node-1", gpu.ModeOff
 	ao.AggregatorCAFile, ao.TokenFile = files[2], files[3]
-	runAgent(t, ao, agent.Deps{Kube: agentAPI, Resolver: loopbackDNS{}}, nil)
+	runAgent(t, ao, agent.Deps{Pods: fakenode.NodePods(agentAPI, "gpu-node-1"), Resolver: loopbackDNS{}}, nil)
 
 	eventually(t, "only the pod of the token's node", func() error {
 		w, err := workload(agg.HTTPAddr(), "llama")

@@ -103,7 +103,7 @@ func TestKubernetesPodsComeAndGo(t *testing.T) {
 	agg, _ := startAggregator(t, "127.0.0.1:0")
 	o := agent.NewOptions()
 	o.Aggregators, o.NodeName, o.NVML = []string{agg.IngestAddr()}, "gpu-node-1", gpu.ModeOff
-	runAgent(t, o, agent.Deps{Kube: client}, nil)
+	runAgent(t, o, agent.Deps{Pods: fakenode.NodePods(client, "gpu-node-1")}, nil)
 	pods := client.CoreV1().Pods("demo")
 	ctx := context.Background()
 
