@@ -4,6 +4,7 @@ GO        ?= go
 BIN       := bin
 TOOLS     := $(BIN)/tools
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+TAGS      := grpcnotrace
 LDFLAGS   := -X github.com/pulse-io/pulse/pkg/version.Version=$(VERSION)
 PKGS      := ./...
 # The generated code in proto/ names the protoc that made it.
@@ -18,10 +19,10 @@ HELM = $(shell test/e2e/tools/build.sh helm)/helm
 all: build
 
 build:
-	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
+	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
 	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
 # The local demo: an aggregator, a static-mode agent and four simulated vLLM
