@@ -4,12 +4,20 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"runtime"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/app"
 )
 
 func main() {
+	// The agent's work is a few milliseconds of CPU a second; more Ps than
+	// two only add idle threads to wake (on a 16-P runtime it cost 60 %
+	// more CPU: docs/performance.md). GOMAXPROCS, when set, wins.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), agent.MaxProcs))
+	}
 	o := agent.NewOptions()
 	app.Main("pulse-agent", o, func(log *slog.Logger) (app.Runner, error) { return agent.New(o, log) })
 }

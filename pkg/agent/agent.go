@@ -197,7 +197,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// scrapeLoop starts each ready pod's scrape at the pod's own phase of the
+// scrapeLoop starts each ready pod's scrape at the node's phase of the
 // interval (see phaser) unless its previous one is still in flight. Each
 // scrape runs on its own with its own timeout, so a slow pod delays no other
 // pod's sample; at most --max-concurrent-scrapes run at once.
@@ -205,7 +205,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 	sem := make(chan struct{}, a.opts.MaxConcurrent)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	ph := newPhaser(a.opts.ScrapeInterval)
+	ph := newPhaser(a.opts.ScrapeInterval, phaseOf(a.opts.NodeName, a.opts.ScrapeInterval))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var ready map[string]discovery.Target

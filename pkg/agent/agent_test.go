@@ -40,24 +40,54 @@ func newScraper(t *testing.T, maxBytes int64) *httpScraper {
 	return newHTTPScraper(ex, maxBytes, 4, false)
 }
 
-func TestScrapeNegotiatesAndDecompresses(t *testing.T) {
+// TestScrapeAsksForIdentityAndReadsGzip: the agent asks for the text format
+// uncompressed (vLLM's prometheus_client gzips whenever "gzip" appears in
+// Accept-Encoding, q-values or not); a server that gzips anyway is read; an
+// encoding it cannot read is a parse error naming it.
+func TestScrapeAsksForIdentityAndReadsGzip(t *testing.T) {
 	sim := vllmsim.New(vllmsim.Options{Engines: 2})
 	sim.SetLoad(vllmsim.Load{Waiting: vllmsim.F(6), KVCacheUsage: vllmsim.F(0.5)})
 	var accept, encoding string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		accept, encoding = r.Header.Get("Accept"), r.Header.Get("Accept-Encoding")
 		sim.Handler().ServeHTTP(w, r)
-	}))
+	})
+	mux.HandleFunc("/always-gzip", func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set("Accept-Encoding", "gzip") // as a server that ignores the request's
+		r.URL.Path = "/metrics"
+		sim.Handler().ServeHTTP(w, r)
+	})
+	mux.HandleFunc("/br", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Encoding", "br")
+		_, _ = w.Write([]byte{1, 2, 3})
+	})
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	page, err := newScraper(t, 8<<20).Scrape(context.Background(), srv.URL+"/metrics", nil)
+	sc := newScraper(t, 8<<20)
+	page, err := sc.Scrape(context.Background(), srv.URL+"/metrics", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(accept, "text/plain;version=0.0.4") || !strings.Contains(accept, "application/openmetrics-text") || encoding != "gzip" {
+	if !strings.Contains(accept, "text/plain;version=0.0.4") || !strings.Contains(accept, "application/openmetrics-text") || encoding != "identity" {
 		t.Fatalf("Accept %q, Accept-Encoding %q", accept, encoding)
 	}
 	if w, _ := page.Get(metric.Waiting); w != 6 {
 		t.Fatalf("waiting = %v", w)
+	}
+	for range 3 { // pooled gzip readers and buffers are reused
+		page, err = sc.Scrape(context.Background(), srv.URL+"/always-gzip", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, _ := page.Get(metric.Waiting); w != 6 {
+			t.Fatalf("gzip page: waiting = %v", w)
+		}
+	}
+	_, err = sc.Scrape(context.Background(), srv.URL+"/br", nil)
+	var se *ScrapeError
+	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_PARSE || !strings.Contains(err.Error(), `"br"`) {
+		t.Fatalf("br: %v", err)
 	}
 }
 

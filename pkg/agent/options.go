@@ -41,6 +41,9 @@ type Options struct {
 	Log                 logging.Options
 }
 
+// MaxProcs is the agent's GOMAXPROCS unless the environment sets one.
+const MaxProcs = 2
+
 // NewOptions returns the defaults. NODE_NAME (downward API) names the node.
 func NewOptions() *Options {
 	node := os.Getenv("NODE_NAME")
@@ -76,7 +79,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "projected ServiceAccount token sent to aggregators (re-read on every connect; needs --aggregator-ca-file)")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name (default $NODE_NAME, else the hostname)")
-	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped, each at its own fixed phase of the interval")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
 	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large)")

@@ -6,13 +6,17 @@ import (
 	"time"
 )
 
-// phaser schedules each pod at its own fixed phase of the scrape interval,
-// as Prometheus does (scrape/target.go, Target.offset): the phase is a hash
-// of the pod's UID, pinned to absolute time, so one pod's samples are exactly
-// an interval apart (and stay so across agent restarts), and a node's pods
-// are spread over the interval instead of all scraped in one instant.
+// phaser schedules pods at a fixed phase of the scrape interval, pinned to
+// absolute time as Prometheus pins its targets' offsets (scrape/target.go,
+// Target.offset), so that one pod's samples are exactly an interval apart
+// and stay so across agent restarts. The phase is the node's (a hash of its
+// name): nodes are spread over the interval, and a node's pods are scraped
+// together, so the agent wakes once per interval. Spreading a node's pods
+// over the interval as well woke it once per pod and cost 2.5 times the CPU
+// (docs/performance.md) for no gain: each pod is its own server.
 type phaser struct {
 	interval time.Duration
+	phase    time.Duration
 	slots    map[string]*slot // by UID
 	queue    slotQueue
 }
@@ -24,14 +28,15 @@ type slot struct {
 	index int       // in queue; -1 once removed
 }
 
-func newPhaser(interval time.Duration) *phaser {
-	return &phaser{interval: interval, slots: map[string]*slot{}}
+// newPhaser schedules every pod at phase of interval.
+func newPhaser(interval, phase time.Duration) *phaser {
+	return &phaser{interval: interval, phase: phase, slots: map[string]*slot{}}
 }
 
-// phaseOf is uid's offset within the interval.
-func phaseOf(uid string, interval time.Duration) time.Duration {
+// phaseOf is name's offset within the interval.
+func phaseOf(name string, interval time.Duration) time.Duration {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(uid))
+	_, _ = h.Write([]byte(name))
 	return time.Duration(h.Sum64() % uint64(interval))
 }
 
@@ -55,8 +60,7 @@ func (p *phaser) sync(uids []string, now time.Time) {
 		if _, ok := p.slots[uid]; ok {
 			continue
 		}
-		ph := phaseOf(uid, p.interval)
-		s := &slot{uid: uid, phase: ph, at: nextAt(now, p.interval, ph)}
+		s := &slot{uid: uid, phase: p.phase, at: nextAt(now, p.interval, p.phase)}
 		p.slots[uid] = s
 		heap.Push(&p.queue, s)
 	}

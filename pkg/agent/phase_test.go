@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -24,12 +25,14 @@ func uids(n int) []string {
 	return out
 }
 
-// TestEachPodIsScrapedAtItsOwnFixedPhase: every pod's scrapes are exactly an
-// interval apart, at the phase its UID hashes to, pinned to absolute time.
-func TestEachPodIsScrapedAtItsOwnFixedPhase(t *testing.T) {
+// TestEachPodIsScrapedAtTheNodesFixedPhase: every pod's scrapes are exactly
+// an interval apart, at the node's phase, pinned to absolute time; the
+// node's pods are scraped together.
+func TestEachPodIsScrapedAtTheNodesFixedPhase(t *testing.T) {
 	const interval = time.Second
 	start := time.Unix(1_800_000_000, 123_000_000)
-	p := newPhaser(interval)
+	phase := phaseOf("gpu-node-7", interval)
+	p := newPhaser(interval, phase)
 	pods := uids(8)
 	p.sync(pods, start)
 	got := run(p, start, start.Add(30*time.Second), time.Millisecond)
@@ -45,24 +48,27 @@ func TestEachPodIsScrapedAtItsOwnFixedPhase(t *testing.T) {
 		}
 		// The loop wakes on the millisecond grid here: the first wake at or
 		// after the phase instant.
-		if ph, want := time.Duration(ts[0].UnixNano()%int64(interval)), phaseOf(uid, interval); ph < want || ph-want >= time.Millisecond {
-			t.Errorf("%s scraped at phase %v, want %v", uid, ph, want)
+		if ph := time.Duration(ts[0].UnixNano() % int64(interval)); ph < phase || ph-phase >= time.Millisecond {
+			t.Errorf("%s scraped at phase %v, want %v", uid, ph, phase)
+		}
+		if !slices.Equal(ts, got[pods[0]]) {
+			t.Errorf("%s and %s were not scraped together", uid, pods[0])
 		}
 	}
 }
 
-// TestPhasesSpreadOverTheInterval: a node's pods are not scraped in one
-// instant. 64 pods over 1s: every tenth of the interval holds some pods and
-// none holds more than a quarter of them.
-func TestPhasesSpreadOverTheInterval(t *testing.T) {
+// TestNodesSpreadOverTheInterval: the nodes' agents do not all scrape (and
+// report) in one instant. 64 nodes over 1s: every tenth of the interval
+// holds some and none holds more than a quarter of them.
+func TestNodesSpreadOverTheInterval(t *testing.T) {
 	const interval = time.Second
 	var bins [10]int
-	for _, uid := range uids(64) {
-		bins[phaseOf(uid, interval)*10/interval]++
+	for i := range 64 {
+		bins[phaseOf(fmt.Sprintf("aks-gpu-%d-vmss%06d", i%3, i), interval)*10/interval]++
 	}
 	for i, n := range bins {
 		if n == 0 || n > 16 {
-			t.Errorf("tenth %d of the interval holds %d of 64 pods: %v", i, n, bins)
+			t.Errorf("tenth %d of the interval holds %d of 64 nodes: %v", i, n, bins)
 		}
 	}
 }
@@ -74,7 +80,7 @@ func TestSyncKeepsPhasesAndDropsGonePods(t *testing.T) {
 	const interval = time.Second
 	start := time.Unix(1_800_000_000, 0)
 	pods := uids(3)
-	p := newPhaser(interval)
+	p := newPhaser(interval, 250*time.Millisecond)
 	p.sync(pods[:2], start)
 	before := run(p, start, start.Add(5*time.Second), time.Millisecond)
 
@@ -102,7 +108,8 @@ func TestLateLoopScrapesOnceNotInABurst(t *testing.T) {
 	const interval = time.Second
 	start := time.Unix(1_800_000_000, 0)
 	uid := uids(1)[0]
-	p := newPhaser(interval)
+	const phase = 700 * time.Millisecond
+	p := newPhaser(interval, phase)
 	p.sync([]string{uid}, start)
 	late := start.Add(3*interval + interval/2)
 	var calls []time.Time
@@ -111,8 +118,8 @@ func TestLateLoopScrapesOnceNotInABurst(t *testing.T) {
 		t.Fatalf("%d scrapes after a stall, want 1", len(calls))
 	}
 	at, ok := p.next()
-	if !ok || !at.After(late) || at.Sub(late) > interval || time.Duration(at.UnixNano()%int64(interval)) != phaseOf(uid, interval) {
-		t.Fatalf("next scrape at %v (phase %v), want the phase %v after %v", at, time.Duration(at.UnixNano()%int64(interval)), phaseOf(uid, interval), late)
+	if !ok || !at.After(late) || at.Sub(late) > interval || time.Duration(at.UnixNano()%int64(interval)) != phase {
+		t.Fatalf("next scrape at %v (phase %v), want the phase %v after %v", at, time.Duration(at.UnixNano()%int64(interval)), phase, late)
 	}
 }
 

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/vllm"
@@ -33,6 +36,23 @@ func (e *ScrapeError) Unwrap() error { return e.Err }
 // reads both (see pkg/vllm), and the text format is the smaller page.
 const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5"
 
+// acceptEncoding asks for the page uncompressed. On a pod network gzip costs
+// more CPU (the server's to compress, the agent's to inflate) than the bytes
+// it saves are worth, and a preference cannot be expressed with q-values:
+// vLLM serves /metrics with prometheus_client, whose gzip_accepted compresses
+// whenever "gzip" appears in Accept-Encoding at all. A server that sends gzip
+// anyway is still read.
+const acceptEncoding = "identity"
+
+// maxPooledBuffer is the largest page buffer kept for reuse; a larger page
+// (up to --max-page-bytes) gets a buffer of its own.
+const maxPooledBuffer = 1 << 20
+
+var (
+	pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	gzipReaders sync.Pool // *gzip.Reader
+)
+
 // httpScraper fetches pages over HTTP with keep-alive connections.
 type httpScraper struct {
 	client    *http.Client
@@ -50,6 +70,8 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	tr.MaxIdleConns = maxConns
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second
+	// The agent sets Accept-Encoding itself and inflates gzip itself.
+	tr.DisableCompression = true
 	return &httpScraper{client: &http.Client{Transport: tr}, extractor: ex, maxBytes: maxBytes}
 }
 
@@ -60,6 +82,7 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
 	}
 	req.Header.Set("Accept", acceptHeader)
+	req.Header.Set("Accept-Encoding", acceptEncoding)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return vllm.Page{}, classify(ctx, url, err)
@@ -75,15 +98,36 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content type %q is neither Prometheus text nor OpenMetrics", url, ct)}
 		}
 	}
-	// The transport undoes gzip; the cap applies to the page as parsed.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, s.maxBytes+1))
-	if err != nil {
+	var body io.Reader = resp.Body
+	switch enc := resp.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gunzip(resp.Body)
+		if err != nil {
+			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
+		}
+		defer gzipReaders.Put(zr)
+		body = zr
+	default:
+		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
+	}
+	// The page is read into a reused buffer; the cap applies to the page as
+	// parsed (after gzip).
+	buf := pageBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxPooledBuffer {
+			pageBuffers.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1)); err != nil {
 		return vllm.Page{}, classify(ctx, url, err)
 	}
-	if int64(len(body)) > s.maxBytes {
+	if int64(buf.Len()) > s.maxBytes {
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
-	page, err := s.extractor.ExtractWith(body, counters)
+	// The page keeps nothing of the buffer: values are parsed out of it.
+	page, err := s.extractor.ExtractWith(buf.Bytes(), counters)
 	switch {
 	case errors.Is(err, vllm.ErrNotVLLM):
 		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}
@@ -91,6 +135,18 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: %w", url, err)}
 	}
 	return page, nil
+}
+
+// gunzip returns a pooled gzip reader over r.
+func gunzip(r io.Reader) (*gzip.Reader, error) {
+	if zr, ok := gzipReaders.Get().(*gzip.Reader); ok {
+		if err := zr.Reset(r); err != nil {
+			gzipReaders.Put(zr)
+			return nil, err
+		}
+		return zr, nil
+	}
+	return gzip.NewReader(r)
 }
 
 func classify(ctx context.Context, url string, err error) error {

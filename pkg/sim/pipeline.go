@@ -121,8 +121,9 @@ func (p *pulsePipe) ReplicaRemoved(w *world, rp *rep) {
 func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
 	p.list(w, rp)
 	p.scraped[rp] = true
-	// Scrapes at the pod's stable phase of the interval, from when the
-	// agent sees it Ready.
+	// Scrapes at its node's stable phase of the interval (the agent scrapes
+	// a node's pods together; each replica is on a node of its own here),
+	// from when the agent sees it Ready.
 	iv := p.cfg.ScrapeInterval
 	ph := phase(rp.uid, iv)
 	first := (w.now+catalogueDelay)/iv*iv + ph
