@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean
+.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -61,6 +61,13 @@ e2e: build e2e-tools
 
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 $(PKGS)
+
+# The agent's CPU and memory beside Debian's Prometheus scraping the same 8
+# simulated vLLM pods at the same interval (docs/performance.md).
+# AGENT_COST_FLAGS: e.g. --interval 15s, --perf DIR.
+AGENT_COST_FLAGS ?=
+agent-cost: build
+	$(GO) run ./test/agentcost --bin $(BIN) $(AGENT_COST_FLAGS)
 
 # Each fuzz target runs for FUZZTIME.
 fuzz:
