@@ -25,10 +25,16 @@ build:
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
 	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
-# The local demo: an aggregator, a static-mode agent and four simulated vLLM
-# pods on loopback. Ctrl-C stops all of it.
+# The local demo: an aggregator, a static-mode agent and five simulated vLLM
+# pods on loopback. Ctrl-C stops all of it. Its addresses, for when a port is
+# taken: make run DEMO_HTTP=127.0.0.1:18080 ...
+DEMO_HTTP   ?= 127.0.0.1:8080
+DEMO_SCALER ?= 127.0.0.1:9090
+DEMO_INGEST ?= 127.0.0.1:9091
+DEMO_AGENT  ?= 127.0.0.1:8081
 run: build
-	$(BIN)/pulse-demo --bin=$(BIN)
+	$(BIN)/pulse-demo --bin=$(BIN) --http-addr=$(DEMO_HTTP) --scaler-addr=$(DEMO_SCALER) \
+	  --ingest-addr=$(DEMO_INGEST) --agent-http-addr=$(DEMO_AGENT)
 
 test: helm-lint
 	$(GO) vet $(PKGS)

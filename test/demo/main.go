@@ -9,6 +9,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -27,11 +28,26 @@ import (
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
+// config is the demo's flags.
+type config struct {
+	bin                                         string
+	httpAddr, scalerAddr, ingestAddr, agentAddr string
+	// out gets the demo's own lines (addresses, instructions); logs gets
+	// the aggregator's and the agent's.
+	out, logs io.Writer
+}
+
 func main() {
-	bin := flag.String("bin", "bin", "directory holding pulse-agent and pulse-aggregator")
-	httpAddr := flag.String("http-addr", "127.0.0.1:8080", "aggregator HTTP address")
+	c := config{out: os.Stdout, logs: os.Stdout}
+	flag.StringVar(&c.bin, "bin", "bin", "directory holding pulse-agent and pulse-aggregator")
+	flag.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8080", "the aggregator's HTTP address (debug endpoints, /metrics)")
+	flag.StringVar(&c.scalerAddr, "scaler-addr", "127.0.0.1:9090", "the aggregator's KEDA scaler address")
+	flag.StringVar(&c.ingestAddr, "ingest-addr", "127.0.0.1:9091", "the aggregator's ingest address")
+	flag.StringVar(&c.agentAddr, "agent-http-addr", "127.0.0.1:8081", "the agent's HTTP address (/metrics)")
 	flag.Parse()
-	if err := run(*bin, *httpAddr); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -47,8 +63,8 @@ type pod struct {
 	period    time.Duration
 }
 
-func run(bin, httpAddr string) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+func run(ctx context.Context, c config) error {
+	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 
 	pods := []pod{
@@ -78,48 +94,54 @@ func run(bin, httpAddr string) error {
 		go func() { defer wg.Done(); <-ctx.Done(); _ = srv.Close() }()
 		go func() { defer wg.Done(); drive(ctx, sim, p) }()
 		targets += fmt.Sprintf("- namespace: demo\n  pod: %s\n  workspace: %s\n  url: http://%s/metrics\n  ready: %v\n", p.name, p.workload, ln.Addr(), !p.starting)
-		note := "(POST /load, /model, /hang to steer it)"
+		note := "(steer it: POST /load, /model, /hang)"
 		if p.starting {
 			note = "(listed as starting: not scraped, no demand)"
 		}
-		fmt.Printf("simulated vLLM %-8s http://%s/metrics  %s\n", p.name, ln.Addr(), note)
+		fmt.Fprintf(c.out, "simulated vLLM %-8s http://%s/metrics  %s\n", p.name, ln.Addr(), note)
 	}
 	file := filepath.Join(dir, "targets.yaml")
 	if err := os.WriteFile(file, []byte(targets), 0o600); err != nil {
 		return err
 	}
 
-	agg := command(ctx, filepath.Join(bin, "pulse-aggregator"), "--log-format=text", "--expected-agents=1",
-		"--ingest-addr=127.0.0.1:9091", "--scaler-addr=127.0.0.1:9090", "--http-addr="+httpAddr)
-	agent := command(ctx, filepath.Join(bin, "pulse-agent"), "--log-format=text", "--node-name=demo-node",
-		"--static-targets="+file, "--aggregator=127.0.0.1:9091", "--http-addr=127.0.0.1:8081")
-	for _, c := range []*exec.Cmd{agg, agent} {
-		if err := c.Start(); err != nil {
+	agg := command(ctx, c.logs, filepath.Join(c.bin, "pulse-aggregator"), "--log-format=text", "--expected-agents=1",
+		"--ingest-addr="+c.ingestAddr, "--scaler-addr="+c.scalerAddr, "--http-addr="+c.httpAddr)
+	agent := command(ctx, c.logs, filepath.Join(c.bin, "pulse-agent"), "--log-format=text", "--node-name=demo-node",
+		"--static-targets="+file, "--aggregator="+c.ingestAddr, "--http-addr="+c.agentAddr)
+	for _, cmd := range []*exec.Cmd{agg, agent} {
+		if err := cmd.Start(); err != nil {
 			stop()
-			return fmt.Errorf("start %s: %w", c.Path, err)
+			return fmt.Errorf("start %s: %w", cmd.Path, err)
 		}
 	}
-	fmt.Printf(`
+	fmt.Fprintf(c.out, `
 pulse demo is running. Look at:
   curl -s 'http://%[1]s/debug/workloads?format=table'
   curl -s http://%[1]s/debug/workloads/demo/llama
   curl -s 'http://%[1]s/debug/triggers?format=table'   (what the HPA was told, every 15 s, and why)
-  KEDA scaler (external-push) on 127.0.0.1:9090, agent metrics on http://127.0.0.1:8081/metrics
+  KEDA scaler (external-push) on %[2]s, agent metrics on http://%[3]s/metrics
+Steer a simulated pod (its address is above):
+  curl -X POST -d '{"waiting":40}' http://POD/load     hold a value (DELETE /load releases it)
+  curl -X POST -d '{"arrivalRate":60,"batchCapacity":16,"serviceRate":1}' http://POD/model
+                                                      hold a load model (DELETE /model: back to the demo's swing)
+  curl -X POST -d '{"seconds":10}' http://POD/hang     its page hangs for 10 s (the agent reports it missing: timeout)
+  curl http://POD/load                                 what it serves now
 Ctrl-C stops everything.
 
-`, httpAddr)
+`, c.httpAddr, c.scalerAddr, c.agentAddr)
 	wg.Add(1)
-	go func() { defer wg.Done(); poll(ctx, "127.0.0.1:9090") }()
+	go func() { defer wg.Done(); poll(ctx, c.scalerAddr) }()
 	errs := make(chan error, 2)
-	for _, c := range []*exec.Cmd{agg, agent} {
-		go func() { errs <- c.Wait() }()
+	for _, cmd := range []*exec.Cmd{agg, agent} {
+		go func() { errs <- cmd.Wait() }()
 	}
 	// exited waits for n processes; those stopped by the demo's end exit
 	// with the signal, which says nothing.
 	exited := func(n int) {
 		for range n {
 			if err := <-errs; err != nil && ctx.Err() == nil {
-				fmt.Fprintln(os.Stderr, err)
+				fmt.Fprintln(c.logs, err)
 			}
 		}
 	}
@@ -131,22 +153,23 @@ Ctrl-C stops everything.
 		return fmt.Errorf("a pulse process exited: %w", err)
 	}
 	exited(2)
-	fmt.Println("demo stopped")
+	fmt.Fprintln(c.out, "demo stopped")
 	return nil
 }
 
 // command runs a child that gets SIGTERM when ctx ends and is killed if the
 // demo itself dies, so nothing is left behind.
-func command(ctx context.Context, path string, args ...string) *exec.Cmd {
+func command(ctx context.Context, logs io.Writer, path string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, path, args...)
-	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	c.Stdout, c.Stderr = logs, logs
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
 	c.WaitDelay = 5 * time.Second
 	return c
 }
 
-// drive runs the queueing model with an arrival rate that swings over time.
+// drive runs the queueing model with an arrival rate that swings over time;
+// a model posted to the pod (POST /model) holds instead until released.
 func drive(ctx context.Context, sim *vllmsim.Server, p pod) {
 	start := time.Now()
 	go sim.RunModel(ctx, 100*time.Millisecond)
@@ -154,7 +177,7 @@ func drive(ctx context.Context, sim *vllmsim.Server, p pod) {
 	defer t.Stop()
 	for {
 		phase := 2 * math.Pi * time.Since(start).Seconds() / p.period.Seconds()
-		sim.SetModel(vllmsim.QueueModel{ArrivalRate: p.base + p.amp*math.Sin(phase), BatchCapacity: 16, ServiceRate: 1})
+		sim.Drive(vllmsim.QueueModel{ArrivalRate: p.base + p.amp*math.Sin(phase), BatchCapacity: 16, ServiceRate: 1})
 		select {
 		case <-ctx.Done():
 			return

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -26,6 +25,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/test/fakenode"
+	"github.com/pulse-io/pulse/test/syncbuf"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -201,19 +201,6 @@ func TestGPUUtilizationPerPod(t *testing.T) {
 	})
 }
 
-// syncBuffer is a log sink safe for the agent's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func TestNoGPUDriverSaysSoOnceAndKeepsStreaming(t *testing.T) {
 	if nvml.New().Init() == nvml.SUCCESS {
 		t.Skip("this machine has an NVIDIA driver")
@@ -224,7 +211,7 @@ func TestNoGPUDriverSaysSoOnceAndKeepsStreaming(t *testing.T) {
 	writeTargets(t, file, pods)
 	o := agent.NewOptions()
 	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{agg.IngestAddr()}, "node-1", gpu.ModeAuto
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	runAgent(t, o, agent.Deps{}, slog.New(slog.NewTextHandler(&logs, nil)))
 	for _, waiting := range []float64{1, 2, 3} {
 		setLoad(pods[0], waiting, 1, 0.1)

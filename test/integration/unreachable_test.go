@@ -14,6 +14,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/test/syncbuf"
 )
 
 // agentHTTP returns an agent endpoint's status and body.
@@ -63,7 +64,7 @@ func TestAgentIsNeverSilentAboutItsAggregator(t *testing.T) {
 	writeTargets(t, file, pods)
 	o := agent.NewOptions()
 	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{addr}, "node-1", gpu.ModeOff
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ag := runAgent(t, o, agent.Deps{}, slog.New(slog.NewTextHandler(&logs, nil)))
 
 	eventually(t, "the gauge, 0, from the start", func() error { return connectedGauge(ag, addr, 0) })
@@ -126,7 +127,7 @@ func TestAgentWithAnUnresolvableAggregatorSaysSo(t *testing.T) {
 	o := agent.NewOptions()
 	entry := "pulse-aggregator-ingest.pulse.svc:9091"
 	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{entry}, "node-1", gpu.ModeOff
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ag := runAgent(t, o, agent.Deps{Resolver: noDNS{}}, slog.New(slog.NewTextHandler(&logs, nil)))
 	eventually(t, "the entry exported as not connected", func() error { return connectedGauge(ag, entry, 0) })
 	eventually(t, "a warning naming it", func() error {

@@ -12,10 +12,15 @@ import (
 //
 //	GET  /metrics  the page (OpenMetrics when the Accept header asks for it
 //	               first; gzip when accepted)
-//	GET  /load     the current State as JSON
-//	POST /load     a Load as JSON: set waiting/running/swapped/kvCacheUsage
-//	POST /model    a QueueModel as JSON: drive the load by the queueing model
-//	POST /hang     {"seconds": N}: make /metrics hang N seconds (0 ends it)
+//	GET    /load   the current State as JSON
+//	POST   /load   a Load as JSON: set waiting/running/swapped/kvCacheUsage
+//	               and hold them (the queueing model no longer moves them)
+//	DELETE /load   release them
+//	POST   /model  a QueueModel as JSON: drive the load by it, held until
+//	               changed (the demo's own swing no longer applies)
+//	DELETE /model  back to the demo's swing
+//	POST   /hang   {"seconds": N}: /metrics hangs for the next N seconds
+//	               (0 ends it)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
@@ -30,6 +35,14 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		s.SetLoad(l)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("DELETE /load", func(w http.ResponseWriter, _ *http.Request) {
+		s.ReleaseLoad()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("DELETE /model", func(w http.ResponseWriter, _ *http.Request) {
+		s.ReleaseModel()
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /model", func(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +60,10 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "decode hang: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		if h.Seconds < 0 {
+			http.Error(w, "hang: seconds must be 0 or more", http.StatusBadRequest)
+			return
+		}
 		s.SetHang(time.Duration(h.Seconds * float64(time.Second)))
 		w.WriteHeader(http.StatusNoContent)
 	})
@@ -55,11 +72,13 @@ func (s *Server) Handler() http.Handler {
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	hang := s.hang
+	hang := time.Until(s.hangUntil)
 	s.mu.Unlock()
 	if hang > 0 {
+		t := time.NewTimer(hang)
+		defer t.Stop()
 		select {
-		case <-time.After(hang):
+		case <-t.C:
 		case <-r.Context().Done():
 			return
 		}

@@ -15,10 +15,29 @@ type QueueModel struct {
 	ServiceRate   float64 `json:"serviceRate"`   // completions/s per running request
 }
 
-// SetModel replaces the queueing model; it takes effect from the next step.
+// SetModel replaces the queueing model and holds it: Drive no longer
+// changes it until ReleaseModel. It takes effect from the next step.
 func (s *Server) SetModel(m QueueModel) {
 	s.mu.Lock()
-	s.model = m
+	s.model, s.held = m, true
+	s.mu.Unlock()
+}
+
+// ReleaseModel returns the model to the driver's (the last Drive).
+func (s *Server) ReleaseModel() {
+	s.mu.Lock()
+	s.model, s.held = s.driven, false
+	s.mu.Unlock()
+}
+
+// Drive is an automatic driver's model (the demo's swinging arrival rate):
+// in force unless a model set by SetModel holds.
+func (s *Server) Drive(m QueueModel) {
+	s.mu.Lock()
+	s.driven = m
+	if !s.held {
+		s.model = m
+	}
 	s.mu.Unlock()
 }
 
@@ -73,11 +92,18 @@ func (s *Server) Step(dt float64) {
 			sr.serving = append(sr.serving, [2]float64{sr.queued[0], now})
 			sr.queued = sr.queued[1:]
 		}
-		sr.waiting = float64(len(sr.queued))
-		sr.running = float64(len(sr.serving))
-		// KV-cache usage follows the batch, rounded to whole blocks of a
-		// 27,798-block cache as vLLM reports it.
-		sr.kv = math.Round(0.9*sr.running/float64(m.BatchCapacity)*27798) / 27798
+		// Gauges held by SetLoad stay as set.
+		if s.pin.Waiting == nil {
+			sr.waiting = float64(len(sr.queued))
+		}
+		if s.pin.Running == nil {
+			sr.running = float64(len(sr.serving))
+		}
+		if s.pin.KVCacheUsage == nil {
+			// KV-cache usage follows the batch, rounded to whole blocks of
+			// a 27,798-block cache as vLLM reports it.
+			sr.kv = math.Round(0.9*float64(len(sr.serving))/float64(m.BatchCapacity)*27798) / 27798
+		}
 	}
 }
 

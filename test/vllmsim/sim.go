@@ -66,12 +66,15 @@ type Server struct {
 	opts    Options
 	created float64
 
-	mu     sync.Mutex
-	series []*series
-	rng    *rand.Rand
-	hang   time.Duration
-	model  QueueModel
-	clock  float64 // simulated seconds of the queueing model
+	mu        sync.Mutex
+	series    []*series
+	rng       *rand.Rand
+	hangUntil time.Time  // /metrics requests before it wait until then
+	pin       Load       // gauges set by SetLoad, held until ReleaseLoad
+	model     QueueModel // the queueing model in force
+	held      bool       // model was set by SetModel: Drive leaves it alone
+	driven    QueueModel // the driver's model, in force again after ReleaseModel
+	clock     float64    // simulated seconds of the queueing model
 }
 
 // New returns a server with no load.
@@ -113,6 +116,13 @@ type State struct {
 	KVCacheUsage float64    `json:"kvCacheUsage"`
 	Series       []SeriesOf `json:"series"`
 	Model        QueueModel `json:"model"`
+	// Pinned are the gauges SetLoad holds (the model does not move them).
+	Pinned Load `json:"pinned"`
+	// ModelHeld: the model was set by SetModel and holds until changed or
+	// released; false: the driver (the demo's swing) sets it.
+	ModelHeld bool `json:"modelHeld"`
+	// HangingFor is how long /metrics requests still hang.
+	HangingFor string `json:"hangingFor,omitempty"`
 }
 
 // SeriesOf is one series' gauges.
@@ -127,10 +137,35 @@ type SeriesOf struct {
 // F is a convenience for building a Load.
 func F(v float64) *float64 { return &v }
 
-// SetLoad sets the load directly.
+// SetLoad sets the given gauges and holds them: the queueing model no longer
+// moves them until ReleaseLoad. Gauges it leaves nil keep their state.
 func (s *Server) SetLoad(l Load) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if l.Waiting != nil {
+		s.pin.Waiting = F(*l.Waiting)
+	}
+	if l.Running != nil {
+		s.pin.Running = F(*l.Running)
+	}
+	if l.Swapped != nil {
+		s.pin.Swapped = F(*l.Swapped)
+	}
+	if l.KVCacheUsage != nil {
+		s.pin.KVCacheUsage = F(*l.KVCacheUsage)
+	}
+	s.applyLoad(l)
+}
+
+// ReleaseLoad lets the queueing model move every gauge again.
+func (s *Server) ReleaseLoad() {
+	s.mu.Lock()
+	s.pin = Load{}
+	s.mu.Unlock()
+}
+
+// applyLoad writes l's gauges into the series (s.mu held).
+func (s *Server) applyLoad(l Load) {
 	split := func(total float64, set func(*series, float64)) {
 		n := float64(len(s.series))
 		base := math.Floor(total / n)
@@ -175,7 +210,10 @@ func (s *Server) SetSeries(i int, waiting, running, kv float64) {
 func (s *Server) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := State{Model: s.model}
+	st := State{Model: s.model, Pinned: s.pin, ModelHeld: s.held}
+	if left := time.Until(s.hangUntil); left > 0 {
+		st.HangingFor = left.Round(100 * time.Millisecond).String()
+	}
 	for _, sr := range s.series {
 		st.Waiting += sr.waiting
 		st.Running += sr.running
@@ -187,11 +225,11 @@ func (s *Server) State() State {
 	return st
 }
 
-// SetHang makes every /metrics request wait d (or until the client gives up)
-// before it answers; 0 answers at once again.
+// SetHang makes /metrics hang for the next d: a request in that time waits
+// until d has passed (or until its client gives up); 0 ends it at once.
 func (s *Server) SetHang(d time.Duration) {
 	s.mu.Lock()
-	s.hang = d
+	s.hangUntil = time.Now().Add(d)
 	s.mu.Unlock()
 }
 
