@@ -169,12 +169,19 @@ func writeTable(w http.ResponseWriter, doc Document) {
 				age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, p.Name, state, age)
+			// A pod that is not fresh shows no values: its last sample is
+			// not what pulse counts (the JSON keeps it, beside "fresh").
+			if state != "fresh" {
+				writeValues(tw, nil)
+				continue
+			}
 			writeValues(tw, p.Values)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t\t", id, "= average")
 		writeValues(tw, wl.Averages)
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(w, "\n-: no value: the pod is not fresh, or the metric is not on its page (gpuUtilization needs the agent's NVML and the kubelet's pod-resources socket)")
 }
 
 func writeValues(tw *tabwriter.Writer, vals map[string]float64) {

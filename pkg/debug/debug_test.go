@@ -3,6 +3,7 @@ package debug
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,23 +18,43 @@ import (
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
+// llama is the workload every test here reports on.
+var llama = store.Key{Namespace: "demo", Kind: store.KindWorkspace, Name: "llama"}
+
+// pods puts pods of llama on node n, named llama-<i> in the order given.
+func pods(st *store.Store, ps ...store.PodInfo) {
+	for i := range ps {
+		ps[i].Namespace, ps[i].Name, ps[i].Workloads = "demo", fmt.Sprintf("llama-%d", i), []store.Key{llama}
+	}
+	st.Upsert(store.Source{Node: "n"}, ps, true)
+}
+
+// serve serves st's debug pages until the test ends.
+func serve(t *testing.T, st *store.Store, triggers *scaler.Server) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	h := &Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute}
+	if triggers != nil {
+		h.Triggers = triggers
+	}
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func server(t *testing.T) *httptest.Server {
 	t.Helper()
 	st := store.New(store.Options{})
-	k := store.Key{Namespace: "demo", Kind: store.KindWorkspace, Name: "llama"}
-	st.Upsert(store.Source{Node: "n"}, []store.PodInfo{
-		{UID: "a", Namespace: "demo", Name: "llama-0", Ready: true, Workloads: []store.Key{k}},
-		{UID: "b", Namespace: "demo", Name: "llama-1", Ready: false, Workloads: []store.Key{k}},
-	}, true)
+	pods(st,
+		store.PodInfo{UID: "a", Ready: true},
+		store.PodInfo{UID: "b", Ready: false},
+	)
 	r := store.Report{UID: "a"}
 	r.TimeMs = 1000
 	r.Values.Set(metric.Waiting, 3)
 	st.Add([]store.Report{r})
-	mux := http.NewServeMux()
-	(&Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute}).Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv
+	return serve(t, st, nil)
 }
 
 func get(t *testing.T, url, accept string) (int, string) {
@@ -94,12 +115,11 @@ func TestTableAndErrors(t *testing.T) {
 // which rule) or left out (and why).
 func TestTriggers(t *testing.T) {
 	st := store.New(store.Options{})
-	k := store.Key{Namespace: "demo", Kind: store.KindWorkspace, Name: "llama"}
-	st.Upsert(store.Source{Node: "n"}, []store.PodInfo{
-		{UID: "a", Namespace: "demo", Name: "llama-0", Ready: true, Workloads: []store.Key{k}},
-		{UID: "b", Namespace: "demo", Name: "llama-1", Ready: false, Workloads: []store.Key{k}},
-		{UID: "c", Namespace: "demo", Name: "llama-2", Ready: true, Terminating: true, Workloads: []store.Key{k}},
-	}, true)
+	pods(st,
+		store.PodInfo{UID: "a", Ready: true},
+		store.PodInfo{UID: "b", Ready: false},
+		store.PodInfo{UID: "c", Ready: true, Terminating: true},
+	)
 	r := store.Report{UID: "a"}
 	r.TimeMs = time.Now().UnixMilli()
 	r.Values.Set(metric.Waiting, 25)
@@ -113,10 +133,7 @@ func TestTriggers(t *testing.T) {
 	if _, err := sc.IsActive(context.Background(), bad); err == nil {
 		t.Fatal("a workload with no pod answered")
 	}
-	mux := http.NewServeMux()
-	(&Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute, Triggers: sc}).Register(mux)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
+	srv := serve(t, st, sc)
 
 	code, body := get(t, srv.URL+"/debug/triggers", "")
 	var doc TriggersDocument
@@ -146,5 +163,73 @@ func TestTriggers(t *testing.T) {
 		if code != 200 || !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+	// A pod's value sits under VALUE, its use under COUNTED/FILLED/LEFT
+	// OUT, its reason under WHY (they used to sit under METRIC and VALUE).
+	value, use, why := column(t, table, "VALUE"), column(t, table, "COUNTED/FILLED/LEFT OUT"), column(t, table, "WHY")
+	counted, left := lineOf(t, table, "pod llama-0"), lineOf(t, table, "pod llama-1")
+	if !strings.HasPrefix(counted[value:], "25") || !strings.HasPrefix(counted[use:], "counted") {
+		t.Errorf("counted pod's row misaligned:\n%s", table)
+	}
+	if !strings.HasPrefix(left[value:], "-") || !strings.HasPrefix(left[use:], "left out") || !strings.HasPrefix(left[why:], "starting") {
+		t.Errorf("left-out pod's row misaligned:\n%s", table)
+	}
+}
+
+// column is the offset of header's column name in the table's first line.
+func column(t *testing.T, table, name string) int {
+	t.Helper()
+	header, _, _ := strings.Cut(table, "\n")
+	i := strings.Index(header, name)
+	if i < 0 {
+		t.Fatalf("no column %s in %q", name, header)
+	}
+	return i
+}
+
+// lineOf is the table's line that contains s.
+func lineOf(t *testing.T, table, s string) string {
+	t.Helper()
+	for _, l := range strings.Split(table, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	t.Fatalf("no line with %q in\n%s", s, table)
+	return ""
+}
+
+// TestTableShowsNoStaleValues: a pod whose last scrape failed shows its
+// state and no values (it used to show its last values beside
+// missing:timeout), and the table says what "-" means.
+func TestTableShowsNoStaleValues(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st,
+		store.PodInfo{UID: "a", Ready: true},
+		store.PodInfo{UID: "b", Ready: true},
+	)
+	now := time.Now().UnixMilli()
+	ok := store.Report{UID: "a"}
+	ok.TimeMs = now
+	ok.Values.Set(metric.Waiting, 7)
+	before := store.Report{UID: "b"}
+	before.TimeMs = now - 2000
+	before.Values.Set(metric.Waiting, 41)
+	failed := store.Report{UID: "b"}
+	failed.TimeMs, failed.Missing = now-1000, "timeout"
+	st.Add([]store.Report{ok, before})
+	st.Add([]store.Report{failed})
+	srv := serve(t, st, nil)
+	_, table := get(t, srv.URL+"/debug/workloads?format=table", "")
+	missing := lineOf(t, table, "llama-1")
+	if !strings.Contains(missing, "missing:timeout") || strings.Contains(missing, "41") {
+		t.Errorf("missing pod's line %q: want its state and no stale value", missing)
+	}
+	waiting := column(t, table, "waiting")
+	if l := lineOf(t, table, "llama-0"); !strings.HasPrefix(l[waiting:], "7 ") {
+		t.Errorf("fresh pod's waiting not under its column:\n%s", table)
+	}
+	if !strings.Contains(table, "-: no value") {
+		t.Errorf("the table does not say what - means:\n%s", table)
 	}
 }

@@ -82,7 +82,9 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			if p.Use != scaler.UseLeftOut {
 				v = fmt.Sprintf("%.4g", p.Value)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t\t\t\t\t\t%s\n", p.Name, p.Use, v, p.Why)
+			// A pod row: its value under VALUE, its use under
+			// COUNTED/FILLED/LEFT OUT, the reason under WHY.
+			fmt.Fprintf(tw, "  pod %s\t\t%s\t\t\t\t%s\t\t%s\n", p.Name, v, p.Use, p.Why)
 		}
 	}
 	_ = tw.Flush()
