@@ -19,7 +19,7 @@ const (
 	// scale-down): the HPA's own rule for pods without metrics.
 	MissingHold = "hold"
 	// MissingSeed: as hold, but 1.5 × threshold in the scale-down direction
-	// (capped at the threshold with aggregation max): the seed design's rule.
+	// (capped at the threshold with aggregation max): pulse's first rule.
 	MissingSeed = "seed"
 	// MissingIgnore: a ready pod with no value is left out.
 	MissingIgnore = "ignore"

@@ -3,6 +3,7 @@ package scaler
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,15 +31,33 @@ type Trigger struct {
 // Defaults of the trigger metadata (docs/scaledobject.md).
 const (
 	DefaultMetric     = "waiting"
-	DefaultThreshold  = 10
 	DefaultWindow     = 10 * time.Second
 	DefaultStaleAfter = 5 * time.Second
 	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
 	MinThreshold = 0.001
 )
 
-// workloadKeys map metadata keys to workload kinds; workspaceName is the
-// seed design's alias of workspace.
+// DefaultThresholds are the per-replica thresholds of the metrics that have a
+// sensible starting value when the trigger sets none (docs/scaledobject.md,
+// "Choosing a threshold", says why each). Every other metric needs threshold
+// set: a default that fits one metric's scale (10 for waiting) scales another
+// (a 0-1 ratio, a rate) never or always.
+var DefaultThresholds = map[string]float64{
+	// Requests queued per replica: vLLM admits up to its batch at once, so
+	// 10 waiting is a queue that costs seconds of TTFT.
+	"waiting": 10,
+	// Requests in the batch per replica: pulse-sim's tune on the shipped
+	// trace found 64 for Llama-3.1-8B on one H100 (docs/simulation.md).
+	"running": 64,
+	// vLLM V0 swaps out only under KV-cache pressure: any is a shortage.
+	"swapped": 1,
+	// A fraction of the KV cache: pulse-sim's tune found 0.4 kept 94 % of
+	// requests under 2 s where 0.6 kept 74 % (docs/simulation.md).
+	"kvCacheUsage": 0.4,
+}
+
+// workloadKeys map metadata keys to workload kinds; workspaceName is the key
+// keda-kaito-scaler's proposal uses for workspace.
 var workloadKeys = []struct{ key, kind string }{
 	{"workspace", store.KindWorkspace},
 	{"workspaceName", store.KindWorkspace},
@@ -47,7 +66,8 @@ var workloadKeys = []struct{ key, kind string }{
 	{"workload", store.KindWorkload},
 }
 
-// vllmNames are the vLLM sample names metricName accepts, as in the seed design.
+// vllmNames are the vLLM sample names metricName accepts, as
+// keda-kaito-scaler's proposal writes them.
 var vllmNames = map[string]string{
 	"vllm:num_requests_waiting": "waiting",
 	"vllm:num_requests_running": "running",
@@ -62,16 +82,26 @@ type MetadataError struct {
 	Err      error // the cause, if any
 }
 
-func (e *MetadataError) Error() string { return fmt.Sprintf("trigger metadata %q: %s", e.Key, e.Msg) }
+func (e *MetadataError) Error() string {
+	if e.Key == "" {
+		return "trigger metadata: " + e.Msg
+	}
+	return fmt.Sprintf("trigger metadata %q: %s", e.Key, e.Msg)
+}
 func (e *MetadataError) Unwrap() error { return e.Err }
 
 // ParseTrigger reads a ScaledObjectRef's metadata. maxWindow bounds window.
 // When the metadata names no workload, resolver (if not nil) finds it from
-// the ScaledObject's scaleTargetRef. Unknown keys are ignored.
+// the ScaledObject's scaleTargetRef. A key that is neither pulse's nor
+// KEDA's is ignored, unless it is one edit or two from one of pulse's: that
+// is a typo, and an error that names the key meant.
 func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, resolver TargetResolver) (Trigger, error) {
-	md := ref.GetScalerMetadata()
-	t := Trigger{Metric: DefaultMetric, Threshold: DefaultThreshold, ValueType: "total", Aggregation: "avg",
+	t := Trigger{Metric: DefaultMetric, ValueType: "total", Aggregation: "avg",
 		MissingPods: MissingHold, Window: DefaultWindow, StaleAfter: DefaultStaleAfter}
+	md, err := metadata(ref.GetScalerMetadata())
+	if err != nil {
+		return t, err
+	}
 
 	named := 0
 	for _, wk := range workloadKeys {
@@ -85,15 +115,15 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 	if named == 0 {
 		if resolver == nil {
-			return t, &MetadataError{Key: "workspace", Msg: "no workload named: set one of workspace, inferenceSet, deployment or workload"}
+			return t, &MetadataError{Msg: "no workload named: set one of workspace, inferenceSet, deployment or workload (or run the aggregator with --resolve-scale-targets to take it from scaleTargetRef)"}
 		}
 		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
 		if err != nil {
-			return t, &MetadataError{Key: "workspace", Msg: fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err), Err: err}
+			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err), Err: err}
 		}
 		k, ok := workloadKinds[kind]
 		if !ok {
-			return t, &MetadataError{Key: "workspace", Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload", kind)}
+			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with workspace, inferenceSet, deployment or workload", kind)}
 		}
 		t.Workload = store.Key{Kind: k, Name: name}
 	}
@@ -119,8 +149,11 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		}
 	}
 
-	var err error
-	if t.Threshold, err = number(md, "threshold", t.Threshold); err != nil {
+	def, hasDefault := DefaultThresholds[t.Metric]
+	if md["threshold"] == "" && !hasDefault {
+		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric %s has no default threshold (its scale depends on the model and the hardware): set one; docs/scaledobject.md, \"Choosing a threshold\"", t.Metric)}
+	}
+	if t.Threshold, err = number(md, "threshold", def); err != nil {
 		return t, err
 	}
 	if t.Threshold < MinThreshold {
@@ -143,7 +176,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.MissingPods, err = oneOf(md, "missingPods", t.MissingPods, MissingHold, MissingSeed, MissingIgnore, "conservative"); err != nil {
 		return t, err
 	}
-	if t.MissingPods == "conservative" { // the name seed's rule had before hold existed
+	if t.MissingPods == "conservative" { // seed's former name
 		t.MissingPods = MissingSeed
 	}
 	if t.Window, err = duration(md, "window", t.Window); err != nil {
@@ -205,4 +238,93 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a duration such as 10s", s)}
 	}
 	return d, nil
+}
+
+// pulseKeys are the trigger metadata keys pulse reads.
+var pulseKeys = []string{"workspace", "workspaceName", "inferenceSet", "deployment", "workload", "namespace",
+	"workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold", "valueType", "aggregation",
+	"missingPods", "window", "staleAfter"}
+
+// kedaKeys are KEDA's own keys of an external-push trigger (and of its
+// TriggerAuthentication), which KEDA forwards too.
+var kedaKeys = []string{"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile"}
+
+// metadata returns the trigger's metadata with each "<key>FromEnv" of one of
+// pulse's keys read as that key (KEDA resolves the variable and forwards the
+// value under the FromEnv name), after checking that no key is a typo of
+// one of pulse's.
+func metadata(in map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	for k, v := range in {
+		if slices.Contains(pulseKeys, k) || slices.Contains(kedaKeys, k) {
+			continue
+		}
+		base, fromEnv := strings.CutSuffix(k, "FromEnv")
+		if fromEnv && slices.Contains(pulseKeys, base) {
+			if in[base] == "" {
+				out[base] = v
+			}
+			continue
+		}
+		if fromEnv && slices.Contains(kedaKeys, base) {
+			continue
+		}
+		if meant := nearestKey(base); meant != "" {
+			if fromEnv {
+				meant += "FromEnv"
+			}
+			return nil, &MetadataError{Msg: fmt.Sprintf("unknown key %s (did you mean %s?)", k, meant)}
+		}
+	}
+	return out, nil
+}
+
+// nearestKey is the key of pulse's that k is a likely typo of (the same but
+// for case, or within one edit, two for keys over five letters); "" when
+// none is.
+func nearestKey(k string) string {
+	best, bestD := "", 3
+	for _, p := range pulseKeys {
+		if strings.EqualFold(k, p) {
+			return p
+		}
+		limit := 1
+		if len(p) > 5 {
+			limit = 2
+		}
+		if d := editDistance(strings.ToLower(k), strings.ToLower(p)); d <= limit && d < bestD {
+			best, bestD = p, d
+		}
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance: insertions,
+// deletions, substitutions and swaps of adjacent letters.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	d := make([][]int, len(ra)+1)
+	for i := range d {
+		d[i] = make([]int, len(rb)+1)
+		d[i][0] = i
+	}
+	for j := range rb {
+		d[0][j+1] = j + 1
+	}
+	for i := 1; i <= len(ra); i++ {
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(ra)][len(rb)]
 }

@@ -6,8 +6,10 @@ package scaler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -133,7 +136,32 @@ func (s *Server) GetMetricSpec(_ context.Context, ref *externalscaler.ScaledObje
 	if err != nil {
 		return nil, err
 	}
+	if err := s.forwarded(t); err != nil {
+		return nil, err
+	}
 	return spec(t), nil
+}
+
+// forwarded checks that a metric that is not canonical (a raw gauge name) is
+// one the agents forward, so that a mistyped metricName is said when KEDA
+// first asks, not only later as "not defined on any reporting pod". With no
+// pod held at all (an aggregator just started) there is no telling: it
+// passes.
+func (s *Server) forwarded(t Trigger) error {
+	if _, ok := metric.Lookup(t.Metric); ok {
+		return nil
+	}
+	names, pods := s.store.ExtraNames()
+	if pods == 0 || slices.Contains(names, t.Metric) {
+		return nil
+	}
+	have := "none"
+	if len(names) > 0 {
+		have = strings.Join(names, ", ")
+	}
+	return status.Error(codes.InvalidArgument, (&MetadataError{Key: "metricName", Msg: fmt.Sprintf(
+		"%q is neither a vLLM metric pulse knows nor a gauge the agents forward (they forward: %s); forward it with the agents' --extra-metric (the daemonset chart's extraMetrics)",
+		t.Metric, have)}).Error())
 }
 
 // GetMetrics returns exactly one value (the HPA sums all values returned).

@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -197,7 +198,7 @@ func TestInvalidMetadata(t *testing.T) {
 		md  map[string]string
 		key string
 	}{
-		"no workload":        {md: map[string]string{}, key: "workspace"},
+		"no workload":        {md: map[string]string{}, key: "no workload named"},
 		"two workloads":      {md: map[string]string{"workspace": "a", "deployment": "b"}, key: "deployment"},
 		"unknown metric":     {md: map[string]string{"workspace": "a", "metric": "queue"}, key: "metric"},
 		"bad metricName":     {md: map[string]string{"workspace": "a", "metricName": "a b"}, key: "metricName"},
@@ -220,15 +221,80 @@ func TestInvalidMetadata(t *testing.T) {
 				"IsActive":      func() error { _, err := f.client.IsActive(context.Background(), ref(tc.md)); return err },
 			} {
 				err := call()
-				if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"`+tc.key+`"`) {
+				if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.key) {
 					t.Errorf("%s: %v, want InvalidArgument naming %q", rpc, err, tc.key)
 				}
 			}
 		})
 	}
-	// Unknown keys are ignored.
-	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "colour": "blue"})); err != nil {
-		t.Errorf("unknown key: %v", err)
+	// A missing workload is not blamed on workspace.
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{})); err == nil || strings.Contains(err.Error(), `"workspace"`) {
+		t.Errorf("no workload: %v", err)
+	}
+	// Keys that are neither pulse's nor KEDA's, and no typo of pulse's, are
+	// ignored: KEDA forwards every key of the trigger.
+	for _, md := range []map[string]string{
+		{"workspace": "a", "colour": "blue", "description": "the llama fleet"},
+		{"workspace": "a", "scalerAddress": "x:9090", "enableTLS": "true", "unsafeSsl": "false", "caCert": "...", "tlsClientCert": "...", "tlsClientKey": "..."},
+	} {
+		if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+			t.Errorf("%v: %v", md, err)
+		}
+	}
+}
+
+// TestTyposAreCaught: a key one or two edits from one of pulse's (or of
+// another case) is almost surely a typo: InvalidArgument naming the key
+// meant, where it used to be ignored and the default to apply.
+func TestTyposAreCaught(t *testing.T) {
+	f := newFixture(t)
+	for key, meant := range map[string]string{
+		"treshold": "threshold", "Threshold": "threshold", "windows": "window", "metirc": "metric",
+		"workpace": "workspace", "missingpods": "missingPods", "valuetype": "valueType", "treshholdFromEnv": "thresholdFromEnv",
+		"inferenceset": "inferenceSet", "staleafter": "staleAfter",
+	} {
+		_, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", key: "2"}))
+		want := fmt.Sprintf("unknown key %s (did you mean %s?)", key, meant)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want InvalidArgument %q", key, err, want)
+		}
+	}
+}
+
+// TestFromEnvKeys: KEDA resolves <key>FromEnv from the target's container
+// environment and forwards the value under that name; pulse reads it as the
+// key (the key itself, when set, wins).
+func TestFromEnvKeys(t *testing.T) {
+	f := newFixture(t)
+	resp, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "thresholdFromEnv": "7"}))
+	if err != nil || resp.MetricSpecs[0].TargetSizeFloat != 7 {
+		t.Fatalf("thresholdFromEnv: %v %v", resp, err)
+	}
+	resp, err = f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "threshold": "3", "thresholdFromEnv": "7"}))
+	if err != nil || resp.MetricSpecs[0].TargetSizeFloat != 3 {
+		t.Fatalf("threshold beside thresholdFromEnv: %v %v", resp, err)
+	}
+}
+
+// TestDefaultThresholdsFitTheMetric: each metric with a sensible starting
+// value gets its own (kvCacheUsage used to get 10 on a 0-1 value and never
+// scale); the others need threshold set.
+func TestDefaultThresholdsFitTheMetric(t *testing.T) {
+	f := newFixture(t)
+	for m, want := range map[string]float64{"waiting": 10, "running": 64, "swapped": 1, "kvCacheUsage": 0.4} {
+		resp, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "metric": m}))
+		if err != nil || resp.MetricSpecs[0].TargetSizeFloat != want {
+			t.Errorf("%s: %v %v, want target %v", m, resp, err, want)
+		}
+	}
+	for _, m := range metric.Names() {
+		if _, ok := DefaultThresholds[m]; ok {
+			continue
+		}
+		_, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "metric": m}))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "has no default threshold") {
+			t.Errorf("%s without threshold: %v", m, err)
+		}
 	}
 }
 
@@ -368,5 +434,28 @@ func TestStreamsAfterShutdownEndAtOnce(t *testing.T) {
 	}
 	if _, err := specs.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("StreamMetricSpec after shutdown: %v, want EOF", err)
+	}
+}
+
+// TestMetricNameNobodyForwards: a metricName that is neither a metric pulse
+// knows nor a gauge any agent forwards is said in GetMetricSpec's answer,
+// with what the agents do forward; one they forward passes; with no pod
+// held at all (no agent heard yet) there is no telling, and it passes.
+func TestMetricNameNobodyForwards(t *testing.T) {
+	f := newFixture(t)
+	md := map[string]string{"workspace": "a", "metricName": "vllm:lora_requests_waiting", "threshold": "5"}
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+		t.Fatalf("no pod held yet: %v", err)
+	}
+	f.store.Upsert(store.Source{Node: "node-1", ExtraNames: []string{"process_open_fds"}},
+		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "a-0", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "a"}}}}, true)
+	_, err := f.client.GetMetricSpec(context.Background(), ref(md))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "vllm:lora_requests_waiting") ||
+		!strings.Contains(err.Error(), "they forward: process_open_fds") || !strings.Contains(err.Error(), "--extra-metric") {
+		t.Fatalf("unforwarded metricName: %v", err)
+	}
+	md["metricName"] = "process_open_fds"
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+		t.Fatalf("forwarded metricName: %v", err)
 	}
 }

@@ -512,3 +512,21 @@ func (s *Store) Pods() int {
 	defer s.mu.RUnlock()
 	return s.pods.Len()
 }
+
+// ExtraNames returns the raw names of the gauges the agents forward
+// (--extra-metric) for the pods held, sorted, and the number of pods held.
+func (s *Store) ExtraNames() (names []string, pods int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	seen := map[string]bool{}
+	for _, p := range s.pods.Values() {
+		for _, n := range p.extraNames {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+	}
+	sort.Strings(names)
+	return names, s.pods.Len()
+}

@@ -57,7 +57,7 @@ func TestKEDASeesWhatThePodsServe(t *testing.T) {
 	})
 	// A gauge forwarded with --extra-metric scales like any other.
 	eventually(t, "forwarded gauge", func() error {
-		v, err := get(map[string]string{"workspace": "llama", "metricName": "process_open_fds", "valueType": "average"})
+		v, err := get(map[string]string{"workspace": "llama", "metricName": "process_open_fds", "valueType": "average", "threshold": "100"})
 		if err != nil {
 			return err
 		}
