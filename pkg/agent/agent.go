@@ -65,6 +65,7 @@ type Agent struct {
 	scraper   Scraper
 	extractor *vllm.Extractor
 	cat       *catalogue
+	static    []discovery.Target // --static-targets, read by New
 	m         *agentMetrics
 	reg       *prometheus.Registry
 
@@ -108,10 +109,18 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The static targets are read first: a bad file is reported before
+	// anything else is opened or logged.
+	var static []discovery.Target
+	if opts.StaticTargets != "" {
+		if static, err = discovery.LoadStaticTargets(opts.StaticTargets); err != nil {
+			return nil, err
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Agent{
-		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg,
+		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg, static: static,
 		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent, opts.InsecureSkipVerify),
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
@@ -171,12 +180,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.nvml.Close()
 	g, ctx := errgroup.WithContext(ctx)
 	if a.opts.StaticTargets != "" {
-		ts, err := discovery.LoadStaticTargets(a.opts.StaticTargets)
-		if err != nil {
-			return err
-		}
-		a.SetTargets(ts)
-		a.log.Info("static targets loaded", logging.KeyTargets, len(ts), logging.KeyFile, a.opts.StaticTargets)
+		a.SetTargets(a.static)
+		a.log.Info("static targets loaded", logging.KeyTargets, len(a.static), logging.KeyFile, a.opts.StaticTargets)
 	} else {
 		sel, err := discovery.ParseSelector(a.opts.PodSelector)
 		if err != nil {

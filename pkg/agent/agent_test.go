@@ -1,15 +1,20 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -161,5 +166,25 @@ func TestCatalogueDiff(t *testing.T) {
 	}
 	if got := diffCatalogue(second, second, false); len(got.Upsert)+len(got.Remove) != 0 {
 		t.Fatalf("no change gave %v", got)
+	}
+}
+
+// TestBadStaticTargetsBeforeAnythingElse: a bad --static-targets file is
+// the first and only thing the agent says (it used to log its NVML line
+// first, then fail).
+func TestBadStaticTargetsBeforeAnythingElse(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	if err := os.WriteFile(file, []byte("targets:\n  - pood: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := NewOptions()
+	o.StaticTargets, o.Aggregators, o.NVML = file, []string{"127.0.0.1:1"}, gpu.ModeAuto
+	var logs bytes.Buffer
+	_, err := NewWithDeps(o, slog.New(slog.NewTextHandler(&logs, nil)), Deps{})
+	if err == nil || !strings.Contains(err.Error(), file) {
+		t.Fatalf("err = %v, want the file named", err)
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("logged before the error:\n%s", logs.String())
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -32,7 +34,10 @@ func TestScrapeCountersCountEachScrapeOnce(t *testing.T) {
 	defer srv.Close()
 
 	o := NewOptions()
-	o.StaticTargets, o.NVML = "unused.yaml", gpu.ModeOff
+	o.StaticTargets, o.NVML = filepath.Join(t.TempDir(), "targets.yaml"), gpu.ModeOff
+	if err := os.WriteFile(o.StaticTargets, []byte("targets: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{})
 	if err != nil {
 		t.Fatal(err)

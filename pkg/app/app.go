@@ -4,8 +4,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -27,24 +29,56 @@ type Runner interface {
 	Run(ctx context.Context) error
 }
 
-// Main parses the flags into o, builds the logger, validates, wires with
-// build and runs until SIGINT or SIGTERM. It exits 1 on any error.
+// Main parses the flags into o, validates them, builds the logger, wires
+// with build and runs until SIGINT or SIGTERM. A bad flag exits 2, any other
+// error 1, each said in one line (a multi-error, one line per problem).
 func Main(name string, o Options, build func(*slog.Logger) (Runner, error)) {
-	o.AddFlags(flag.CommandLine)
-	flag.Parse()
+	if code, done := Parse(name, os.Args[1:], os.Stdout, os.Stderr, o); done {
+		os.Exit(code)
+	}
 	if err := run(o, build); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		Report(os.Stderr, name, err)
 		os.Exit(1)
 	}
 }
 
+// Parse parses args into o's flags. done is true when the program should
+// exit with code: after --help (the flags, on stdout, 0) or a bad flag (the
+// error and a pointer at --help, on stderr, 2) rather than the whole usage.
+func Parse(name string, args []string, stdout, stderr io.Writer, o Options) (code int, done bool) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // the flag package prints the whole usage on any error
+	fs.Usage = func() {}
+	o.AddFlags(fs)
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(stdout, "Usage of %s:\n", name)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for its flags.\n", name, err, name)
+		return 2, true
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (flags only)\nRun '%s --help' for its flags.\n", name, fs.Arg(0), name)
+		return 2, true
+	}
+	return 0, false
+}
+
+// Report writes err as the program's last words: name, the error, a newline.
+func Report(w io.Writer, name string, err error) {
+	fmt.Fprintf(w, "%s: %v\n", name, err)
+}
+
 func run(o Options, build func(*slog.Logger) (Runner, error)) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
 	lo := o.LogOptions()
 	log, err := lo.Logger(os.Stderr)
 	if err != nil {
-		return err
-	}
-	if err := o.Validate(); err != nil {
 		return err
 	}
 	r, err := build(log)

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
@@ -68,7 +70,7 @@ func LoadStaticTargets(path string) ([]Target, error) {
 	}
 	var f staticFile
 	if err := yaml.UnmarshalStrict(raw, &f); err != nil {
-		return nil, fmt.Errorf("parse static targets %s: %w", path, err)
+		return nil, fmt.Errorf("static targets file %s is not a valid targets YAML: %s", path, yamlProblem(err))
 	}
 	var errs []error
 	seen := map[string]bool{}
@@ -117,4 +119,22 @@ func LoadStaticTargets(path string) ([]Target, error) {
 		return nil, errors.Join(errs...)
 	}
 	return out, nil
+}
+
+var (
+	yamlTypeError = regexp.MustCompile(`cannot unmarshal (\w+) into Go struct field \w+\.([\w.]+) of type (\S+)`)
+	yamlPrefixes  = []string{"error converting YAML to JSON: yaml: ", "error unmarshaling JSON: while decoding JSON: json: ", "yaml: "}
+)
+
+// yamlProblem says what sigs.k8s.io/yaml found wrong in YAML terms: it
+// converts YAML to JSON first, so its errors speak of JSON and Go types.
+func yamlProblem(err error) string {
+	s := err.Error()
+	for _, p := range yamlPrefixes {
+		s = strings.TrimPrefix(s, p)
+	}
+	if m := yamlTypeError.FindStringSubmatch(s); m != nil {
+		return fmt.Sprintf("%s: want a %s, got a %s", m[2], m[3], m[1])
+	}
+	return strings.Replace(s, "unknown field", "unknown key", 1)
 }

@@ -86,3 +86,18 @@ func TestLoadStaticTargetsReportsEveryProblem(t *testing.T) {
 		t.Errorf("unknown key: %v", err)
 	}
 }
+
+// TestStaticTargetsErrorsSpeakYAML: the file is YAML and its errors say so,
+// in its own terms (they used to speak of JSON and Go struct fields).
+func TestStaticTargetsErrorsSpeakYAML(t *testing.T) {
+	for body, want := range map[string]string{
+		"targets:\n  - namespace: demo\n    pod: [x\n":                  `is not a valid targets YAML: line 3: did not find expected ',' or ']'`,
+		"targets:\n  - namespace: demo\n    pod: x\n    ready: maybe\n": `is not a valid targets YAML: targets.ready: want a bool, got a string`,
+		"targets:\n  - namespace: demo\n    pood: x\n":                  `is not a valid targets YAML: unknown key "pood"`,
+	} {
+		_, err := LoadStaticTargets(writeFile(t, body))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "JSON") {
+			t.Errorf("%q: %v, want %q", body, err, want)
+		}
+	}
+}
