@@ -19,7 +19,7 @@ func BenchmarkHourFiftyReplicas(b *testing.B) {
 		b.Fatal(err)
 	}
 	reqs = trace.Densify(reqs, 250, 1)
-	raw, err := os.ReadFile("testdata/seed-scaledobject.yaml")
+	raw, err := os.ReadFile("testdata/baseline-scaledobject.yaml")
 	if err != nil {
 		b.Fatal(err)
 	}

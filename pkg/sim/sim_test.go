@@ -16,14 +16,14 @@ import (
 
 func seedSO(t *testing.T, edits ...string) *ScaledObject {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/seed-scaledobject.yaml")
+	raw, err := os.ReadFile("testdata/baseline-scaledobject.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	y := string(raw)
 	for i := 0; i+1 < len(edits); i += 2 {
 		if !strings.Contains(y, edits[i]) {
-			t.Fatalf("the seed ScaledObject has no %q", edits[i])
+			t.Fatalf("the baseline ScaledObject has no %q", edits[i])
 		}
 		y = strings.ReplaceAll(y, edits[i], edits[i+1])
 	}

@@ -14,7 +14,7 @@ import (
 
 const (
 	shippedTrace = "../trace/testdata/azure-llm-2023-conv.csv"
-	seedSO       = "../testdata/seed-scaledobject.yaml"
+	seedSO       = "../testdata/baseline-scaledobject.yaml"
 )
 
 func main(t *testing.T, args ...string) (int, string, string) {
