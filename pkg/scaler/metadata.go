@@ -63,8 +63,24 @@ var workloadKeys = []struct{ key, kind string }{
 	{"workspaceName", store.KindWorkspace},
 	{"inferenceSet", store.KindInferenceSet},
 	{"deployment", store.KindDeployment},
+	{"statefulSet", store.KindStatefulSet},
+	{"leaderWorkerSet", store.KindLeaderWorkerSet},
 	{"workload", store.KindWorkload},
 }
+
+// WorkloadKey is the trigger metadata key that names a workload of kind (a
+// store kind), or "" if none does.
+func WorkloadKey(kind string) string {
+	for _, wk := range workloadKeys {
+		if wk.kind == kind {
+			return wk.key
+		}
+	}
+	return ""
+}
+
+// workloadKeyList names the keys for messages.
+const workloadKeyList = "workspace, inferenceSet, deployment, statefulSet, leaderWorkerSet or workload"
 
 // vllmNames are the vLLM sample names metricName accepts, as
 // keda-kaito-scaler's proposal writes them.
@@ -107,7 +123,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	for _, wk := range workloadKeys {
 		if v := md[wk.key]; v != "" {
 			if named > 0 && t.Workload.Name != v || named > 0 && t.Workload.Kind != wk.kind {
-				return t, &MetadataError{Key: wk.key, Msg: "name exactly one workload: workspace, inferenceSet, deployment or workload"}
+				return t, &MetadataError{Key: wk.key, Msg: "name exactly one workload: " + workloadKeyList}
 			}
 			t.Workload = store.Key{Kind: wk.kind, Name: v}
 			named++
@@ -115,7 +131,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 	if named == 0 {
 		if resolver == nil {
-			return t, &MetadataError{Msg: "no workload named: set one of workspace, inferenceSet, deployment or workload (or run the aggregator with --resolve-scale-targets to take it from scaleTargetRef)"}
+			return t, &MetadataError{Msg: "no workload named: set one of " + workloadKeyList + " (or run the aggregator with --resolve-scale-targets to take it from scaleTargetRef)"}
 		}
 		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
 		if err != nil {
@@ -123,7 +139,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		}
 		k, ok := workloadKinds[kind]
 		if !ok {
-			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with workspace, inferenceSet, deployment or workload", kind)}
+			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with "+workloadKeyList, kind)}
 		}
 		t.Workload = store.Key{Kind: k, Name: name}
 	}
@@ -241,7 +257,7 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 }
 
 // pulseKeys are the trigger metadata keys pulse reads.
-var pulseKeys = []string{"workspace", "workspaceName", "inferenceSet", "deployment", "workload", "namespace",
+var pulseKeys = []string{"workspace", "workspaceName", "inferenceSet", "deployment", "statefulSet", "leaderWorkerSet", "workload", "namespace",
 	"workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold", "valueType", "aggregation",
 	"missingPods", "window", "staleAfter"}
 

@@ -459,3 +459,23 @@ func TestMetricNameNobodyForwards(t *testing.T) {
 		t.Fatalf("forwarded metricName: %v", err)
 	}
 }
+
+// TestEveryWorkloadKindHasAKey: each kind the agents attribute pods to can
+// be named in a trigger, by the key WorkloadKey gives.
+func TestEveryWorkloadKindHasAKey(t *testing.T) {
+	for _, kind := range []string{store.KindWorkspace, store.KindInferenceSet, store.KindDeployment, store.KindStatefulSet,
+		store.KindLeaderWorkerSet, store.KindWorkload} {
+		key := WorkloadKey(kind)
+		if key == "" {
+			t.Errorf("%s: no key", kind)
+			continue
+		}
+		tr, err := ParseTrigger(ref(map[string]string{key: "llama"}), time.Minute, nil)
+		if err != nil || tr.Workload.Kind != kind || tr.Workload.Name != "llama" {
+			t.Errorf("%s: %+v, %v", key, tr.Workload, err)
+		}
+	}
+	if _, err := ParseTrigger(ref(map[string]string{"statefulSet": "a", "deployment": "b"}), time.Minute, nil); err == nil {
+		t.Error("two workloads named: no error")
+	}
+}
