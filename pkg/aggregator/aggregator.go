@@ -18,6 +18,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/version"
@@ -29,18 +30,22 @@ type Aggregator struct {
 	log  *slog.Logger
 	deps Deps
 
-	store     *store.Store
-	ingest    *ingest.Server
-	scaler    *scaler.Server
-	health    *health
-	warmup    *warmup
-	resolver  *scaler.InformerResolver // nil unless --resolve-scale-targets
-	managed   *certs.Managed           // nil unless --manage-certs
-	reviewer  *ingest.TokenReviewer    // nil unless --agent-auth=tokenreview
-	ingestSrv *grpc.Server
-	scalerSrv *grpc.Server
-	httpSrv   *http.Server
-	debugSrv  *http.Server // nil unless --debug-addr
+	store    *store.Store
+	ingest   *ingest.Server
+	scaler   *scaler.Server
+	health   *health
+	warmup   *warmup
+	resolver *scaler.InformerResolver // nil unless --resolve-scale-targets
+	managed  *certs.Managed           // nil unless --manage-certs
+	reviewer *ingest.TokenReviewer    // nil unless --agent-auth=tokenreview
+	// provisioner keeps ScaledObjects while elected; nil unless
+	// --provision-scaledobjects.
+	provisioner *provision.Controller
+	election    provision.Election
+	ingestSrv   *grpc.Server
+	scalerSrv   *grpc.Server
+	httpSrv     *http.Server
+	debugSrv    *http.Server // nil unless --debug-addr
 
 	ingestLn, scalerLn, httpLn net.Listener
 	debugLn                    net.Listener // nil unless --debug-addr
@@ -80,6 +85,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	if a.reviewer != nil {
 		g.Go(func() error { a.reviewer.Run(gctx); return nil })
+	}
+	if a.provisioner != nil {
+		g.Go(func() error { return a.provisioner.RunElected(gctx, a.election) })
 	}
 	if a.debugSrv != nil {
 		g.Go(func() error {

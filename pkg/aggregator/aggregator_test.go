@@ -1,33 +1,13 @@
 package aggregator
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 )
 
 func TestDebugOnItsOwnAddress(t *testing.T) {
-	o := NewOptions()
-	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr, o.Serving.DebugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	a := start(t, func(o *Options) { o.Serving.DebugAddr = "127.0.0.1:0" })
 	get := func(url string) int {
 		for range 50 {
 			resp, err := http.Get(url)

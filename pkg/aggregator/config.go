@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/version"
@@ -33,8 +35,9 @@ import (
 // Deps are the aggregator's clients, built once. Complete builds the ones
 // left nil that a feature needs, from one rest.Config; tests pass fakes.
 type Deps struct {
-	Kube    kubernetes.Interface
-	Dynamic dynamic.Interface
+	Kube     kubernetes.Interface
+	Dynamic  dynamic.Interface
+	Metadata metadata.Interface
 }
 
 // Config is the validated options, ready to be completed into an
@@ -88,7 +91,7 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	steps := []func(prometheus.Registerer) error{a.buildStore, a.buildIngest, a.buildScaler}
+	steps := []func(prometheus.Registerer) error{a.buildStore, a.buildIngest, a.buildScaler, a.buildProvision}
 	for _, step := range steps {
 		if err := step(reg); err != nil {
 			a.close()
@@ -103,9 +106,11 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 // one rest.Config.
 func (c *Config) clients(deps *Deps) error {
 	o := c.opts
-	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != ""
-	needDyn := o.Certs.Enabled || o.Kube.ResolveTargets
-	if (!needKube || deps.Kube != nil) && (!needDyn || deps.Dynamic != nil) {
+	prov := o.Provision.Enabled
+	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != "" || prov
+	needDyn := o.Certs.Enabled || o.Kube.ResolveTargets || prov
+	needMeta := prov
+	if (!needKube || deps.Kube != nil) && (!needDyn || deps.Dynamic != nil) && (!needMeta || deps.Metadata != nil) {
 		return nil
 	}
 	cfg, err := c.restConfig()
@@ -120,6 +125,11 @@ func (c *Config) clients(deps *Deps) error {
 	if needDyn && deps.Dynamic == nil {
 		if deps.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 			return fmt.Errorf("kubernetes dynamic client: %w", err)
+		}
+	}
+	if needMeta && deps.Metadata == nil {
+		if deps.Metadata, err = metadata.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes metadata client: %w", err)
 		}
 	}
 	return nil
@@ -251,11 +261,36 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	return nil
 }
 
+// buildProvision: the controller that keeps ScaledObjects for annotated
+// workloads, run while this replica holds the Lease.
+func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
+	o := a.opts
+	if !o.Provision.Enabled {
+		return nil
+	}
+	auth := o.Provision.TriggerAuth
+	if auth == "" && o.Certs.Enabled {
+		auth = o.Certs.TriggerAuthName
+	}
+	a.provisioner = provision.New(provision.Options{Metadata: a.deps.Metadata, Dynamic: a.deps.Dynamic, Discovery: a.deps.Kube.Discovery(),
+		Events: a.deps.Kube.CoreV1(), Target: provision.Target{ScalerAddress: o.Provision.ScalerAddress, TriggerAuth: auth},
+		MaxWindow: o.Store.MaxWindow, Log: a.log.With(logging.KeyComponent, "provisioner")}, reg)
+	a.election = provision.Election{Enabled: o.Provision.LeaderElect, Namespace: o.Provision.leaseNamespace(o), Name: o.Provision.LeaseName,
+		LeaseDuration: o.Provision.LeaseDuration, RenewDeadline: o.Provision.RenewDeadline, RetryPeriod: o.Provision.RetryPeriod,
+		Leases: a.deps.Kube.CoordinationV1()}
+	a.log.Info("provisioning ScaledObjects for annotated workloads", logging.KeyScaler, o.Provision.ScalerAddress, logging.KeyTriggerAuth, auth,
+		logging.KeyLease, a.election.Namespace+"/"+a.election.Name)
+	return nil
+}
+
 // buildHTTP: /metrics, /livez, /readyz and the debug endpoints (on their
 // own listener with --debug-addr).
 func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux := http.NewServeMux()
 	dbg := &debug.Handler{Store: a.store, FreshFor: a.opts.Store.FreshFor, MaxWindow: a.opts.Store.MaxWindow, Triggers: a.scaler}
+	if a.provisioner != nil {
+		dbg.Provisioning = a.provisioner
+	}
 	if a.debugLn != nil {
 		dmux := http.NewServeMux()
 		dbg.Register(dmux)

@@ -26,7 +26,10 @@ import (
 )
 
 // start runs an aggregator on loopback until the test ends.
-func start(t *testing.T, mutate func(*Options)) *Aggregator {
+func start(t *testing.T, mutate func(*Options)) *Aggregator { return startWith(t, mutate, Deps{}) }
+
+// startWith runs an aggregator with the given clients.
+func startWith(t *testing.T, mutate func(*Options), deps Deps) *Aggregator {
 	t.Helper()
 	o := NewOptions()
 	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -34,7 +37,7 @@ func start(t *testing.T, mutate func(*Options)) *Aggregator {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), deps)
 	if err != nil {
 		t.Fatal(err)
 	}

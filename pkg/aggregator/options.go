@@ -23,6 +23,7 @@ type Options struct {
 	Certs     ManagedCertOptions
 	IngestTLS IngestTLSOptions
 	AgentAuth AgentAuthOptions
+	Provision ProvisionOptions
 	Log       logging.Options
 }
 
@@ -39,7 +40,10 @@ func NewOptions() *Options {
 		Certs: ManagedCertOptions{Namespace: os.Getenv("POD_NAMESPACE"), Secret: "pulse-aggregator-certs", Validity: 90 * 24 * time.Hour,
 			KEDANamespace: "keda", TriggerAuthName: "pulse-creds"},
 		AgentAuth: AgentAuthOptions{Mode: "none", Audience: "pulse", Accounts: []string{"pulse-system/pulse-agent"}},
-		Log:       logging.DefaultOptions(),
+		// client-go's and kube-controller-manager's defaults.
+		Provision: ProvisionOptions{LeaderElect: true, LeaseName: "pulse-aggregator-provisioner",
+			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second},
+		Log: logging.DefaultOptions(),
 	}
 }
 
@@ -53,13 +57,17 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Certs.AddFlags(fs)
 	o.IngestTLS.AddFlags(fs)
 	o.AgentAuth.AddFlags(fs)
+	o.Provision.AddFlags(fs)
 	o.Log.AddFlags(fs)
 }
 
 // Validate reports every problem of every group, and of their combination.
 func (o *Options) Validate() error {
 	errs := []error{o.Serving.Validate(), o.Store.Validate(), o.Warmup.Validate(), o.ScalerTLS.Validate(), o.Certs.Validate(),
-		o.IngestTLS.Validate(), o.AgentAuth.Validate(), o.Log.Validate()}
+		o.IngestTLS.Validate(), o.AgentAuth.Validate(), o.Provision.Validate(), o.Log.Validate()}
+	if o.Provision.Enabled && o.Provision.LeaderElect && o.Provision.leaseNamespace(o) == "" {
+		errs = append(errs, errors.New("--provision-scaledobjects with --leader-elect needs --leader-elect-namespace (or --namespace, or $POD_NAMESPACE)"))
+	}
 	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
 		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
 	}
@@ -204,7 +212,7 @@ type ManagedCertOptions struct {
 // AddFlags registers the group's flags.
 func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Enabled, "manage-certs", o.Enabled, "scaler port: make, renew and serve a CA, server and client certificates (a Secret), and KEDA's ClusterTriggerAuthentication")
-	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the aggregator's namespace, for --manage-certs (default $POD_NAMESPACE)")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "the aggregator's namespace, for --manage-certs and the provisioner's Lease (default $POD_NAMESPACE)")
 	fs.StringVar(&o.Secret, "cert-secret", o.Secret, "--manage-certs: the Secret holding the certificates")
 	fs.Func("cert-dns-name", "--manage-certs: a DNS name of the scaler Service for the server certificate; repeatable", func(v string) error {
 		o.DNSNames = append(o.DNSNames, v)
@@ -283,6 +291,57 @@ func (o *AgentAuthOptions) Validate() error {
 		return fmt.Errorf("--agent-auth %q: want none or tokenreview", o.Mode)
 	}
 	return nil
+}
+
+// ProvisionOptions are the ScaledObjects the aggregator keeps for annotated
+// workloads, and the Lease that picks the one replica that does.
+type ProvisionOptions struct {
+	Enabled                                   bool
+	ScalerAddress, TriggerAuth                string
+	LeaderElect                               bool
+	LeaseNamespace, LeaseName                 string
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// AddFlags registers the group's flags.
+func (o *ProvisionOptions) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "provision-scaledobjects", o.Enabled, "keep a ScaledObject for every Workspace, InferenceSet, Deployment, StatefulSet and LeaderWorkerSet annotated pulse.io/autoscale: \"true\" (or scaledobject.kaito.sh/auto-provision: \"true\"); docs/scaledobject.md")
+	fs.StringVar(&o.ScalerAddress, "provision-scaler-address", o.ScalerAddress, "--provision-scaledobjects: the scalerAddress the ScaledObjects name (this aggregator's scaler Service, host:port)")
+	fs.StringVar(&o.TriggerAuth, "provision-trigger-auth", o.TriggerAuth, "--provision-scaledobjects: the ClusterTriggerAuthentication the ScaledObjects use (default: --trigger-auth-name with --manage-certs, else none)")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "--provision-scaledobjects: only the replica holding a coordination.k8s.io Lease provisions (false: run one replica only)")
+	fs.StringVar(&o.LeaseNamespace, "leader-elect-namespace", o.LeaseNamespace, "namespace of the Lease (default --namespace)")
+	fs.StringVar(&o.LeaseName, "leader-elect-lease-name", o.LeaseName, "name of the Lease")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a Lease not renewed holds: how soon another replica takes over from a dead leader")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader tries to renew before it stops provisioning")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "how often candidates try to take the Lease")
+}
+
+// Validate reports the group's problems.
+func (o *ProvisionOptions) Validate() error {
+	if !o.Enabled {
+		return nil
+	}
+	var errs []error
+	if _, _, err := net.SplitHostPort(o.ScalerAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--provision-scaledobjects needs --provision-scaler-address host:port (the scaler Service), not %q", o.ScalerAddress))
+	}
+	if o.LeaderElect {
+		if o.LeaseName == "" {
+			errs = append(errs, errors.New("--leader-elect-lease-name must not be empty"))
+		}
+		// client-go's own rules.
+		if o.RetryPeriod <= 0 || float64(o.RenewDeadline) <= 1.2*float64(o.RetryPeriod) || o.LeaseDuration <= o.RenewDeadline {
+			errs = append(errs, errors.New("want --leader-elect-lease-duration > --leader-elect-renew-deadline > 1.2 × --leader-elect-retry-period > 0"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o *ProvisionOptions) leaseNamespace(all *Options) string {
+	if o.LeaseNamespace != "" {
+		return o.LeaseNamespace
+	}
+	return all.Certs.Namespace
 }
 
 func countSet(vs ...string) int {

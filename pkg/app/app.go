@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/pulse-io/pulse/pkg/logging"
 )
 
@@ -81,6 +83,8 @@ func run(o Options, build func(*slog.Logger) (Runner, error)) error {
 	if err != nil {
 		return err
 	}
+	// client-go's own lines (leader election, watches) in the same format.
+	klog.SetSlogLogger(log.With(logging.KeyComponent, "client-go"))
 	r, err := build(log)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@
 //	GET /debug/workloads                     every workload
 //	GET /debug/workloads/{namespace}/{name}  one workload (every kind of that name)
 //	GET /debug/triggers                      every ScaledObject trigger's last answer
+//	GET /debug/provisioning                  the ScaledObjects kept for annotated workloads
 //
 // as JSON, or as a table with ?format=table or Accept: text/plain.
 // ?window=10s averages gauges and takes rates over that window instead of
@@ -31,6 +32,9 @@ type Handler struct {
 	MaxWindow time.Duration
 	// Triggers gives the triggers' last evaluations; nil: not served.
 	Triggers TriggerSource
+	// Provisioning gives the ScaledObject provisioner's state; nil: not
+	// served.
+	Provisioning ProvisioningSource
 }
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
@@ -46,6 +50,9 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.serve)
 	if h.Triggers != nil {
 		mux.HandleFunc("GET /debug/triggers", h.serveTriggers)
+	}
+	if h.Provisioning != nil {
+		mux.HandleFunc("GET /debug/provisioning", h.serveProvisioning)
 	}
 }
 

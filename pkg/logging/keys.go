@@ -33,6 +33,12 @@ const (
 	KeyAgents      = "agents"
 	KeyExpected    = "expectedAgents"
 	KeyElapsed     = "elapsed"
-	KeyDown        = "down"     // how long something has been unreachable
-	KeyAttempts    = "attempts" // failed attempts since it was last reached
+	KeyDown        = "down"      // how long something has been unreachable
+	KeyAttempts    = "attempts"  // failed attempts since it was last reached
+	KeyKind        = "kind"      // a kind of workload
+	KeyComponent   = "component" // a part of a binary with its own log lines
+	KeyMessage     = "message"
+	KeyLease       = "lease"    // namespace/name
+	KeyIdentity    = "identity" // a replica's leader-election identity
+	KeyLeader      = "leader"   // the identity holding a lease
 )

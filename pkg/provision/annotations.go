@@ -1,0 +1,275 @@
+package provision
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/scaler"
+)
+
+// The annotations a workload carries to be autoscaled through pulse
+// (docs/scaledobject.md, "One annotation instead of a ScaledObject").
+const (
+	AnnotationAutoscale           = "pulse.io/autoscale"
+	AnnotationMetric              = "pulse.io/metric"
+	AnnotationThreshold           = "pulse.io/threshold"
+	AnnotationActivationThreshold = "pulse.io/activation-threshold"
+	AnnotationWindow              = "pulse.io/window"
+	AnnotationMinReplicas         = "pulse.io/min-replicas"
+	AnnotationMaxReplicas         = "pulse.io/max-replicas"
+	AnnotationScaleUpPodsPerMin   = "pulse.io/scale-up-pods-per-minute"
+	AnnotationScaleDownInterval   = "pulse.io/scale-down-interval"
+	AnnotationScaleDownDelay      = "pulse.io/scale-down-delay"
+	AnnotationCooldownPeriod      = "pulse.io/cooldown-period"
+)
+
+// keda-kaito-scaler's annotations, read as aliases of pulse's.
+const (
+	KaitoAutoProvision = "scaledobject.kaito.sh/auto-provision"
+	KaitoThreshold     = "scaledobject.kaito.sh/threshold"
+	KaitoMetricName    = "scaledobject.kaito.sh/metricName"
+	KaitoMinReplicas   = "scaledobject.kaito.sh/min-replicas"
+	KaitoMaxReplicas   = "scaledobject.kaito.sh/max-replicas"
+	kaitoPrefix        = "scaledobject.kaito.sh/"
+)
+
+// aliases: pulse's annotation → keda-kaito-scaler's.
+var aliases = map[string]string{
+	AnnotationAutoscale:   KaitoAutoProvision,
+	AnnotationThreshold:   KaitoThreshold,
+	AnnotationMetric:      KaitoMetricName,
+	AnnotationMinReplicas: KaitoMinReplicas,
+	AnnotationMaxReplicas: KaitoMaxReplicas,
+}
+
+// Defaults of a provisioned ScaledObject. The metric, threshold and
+// behaviour are pulse-sim tune's choice on the shipped Azure trace for
+// Llama-3.1-8B on one H100 (docs/simulation.md, "What tune finds"): running
+// at 64 per replica, 2 pods a minute up, 1 pod per 10 minutes down after 5
+// minutes of lower load.
+const (
+	DefaultMetric            = "running"
+	DefaultMinReplicas       = 1
+	DefaultMaxReplicas       = 10
+	DefaultScaleUpPodsPerMin = 2
+	DefaultScaleUpDelay      = 30 * time.Second
+	DefaultScaleDownInterval = 10 * time.Minute
+	DefaultScaleDownDelay    = 5 * time.Minute
+	// KaitoDefaultMetric is keda-kaito-scaler's metric: a workload enabled
+	// through its annotation keeps its meaning for the threshold it sets.
+	KaitoDefaultMetric = "waiting"
+)
+
+// maxReplicasCap bounds min- and max-replicas.
+const maxReplicasCap = 10000
+
+// Settings are a workload's parsed annotations.
+type Settings struct {
+	// Enabled: pulse.io/autoscale (or keda-kaito-scaler's auto-provision)
+	// is "true".
+	Enabled bool
+	// ViaKaito: enabled through keda-kaito-scaler's annotation alone.
+	ViaKaito bool
+	// Trigger is the pulse trigger's metadata, less scalerAddress: the
+	// workload, metric, threshold and window, as ParseTrigger accepts it.
+	Trigger map[string]string
+	// Parsed is Trigger as the scaler reads it.
+	Parsed                   scaler.Trigger
+	MinReplicas, MaxReplicas int64
+	ScaleUpPodsPerMinute     int64
+	ScaleDownInterval        time.Duration
+	ScaleDownDelay           time.Duration
+	// CooldownPeriod is KEDA's cooldownPeriod; 0: KEDA's default.
+	CooldownPeriod time.Duration
+	// Ignored are keda-kaito-scaler annotations pulse does not read.
+	Ignored []string
+}
+
+// AnnotationError names the annotation at fault.
+type AnnotationError struct{ Annotation, Msg string }
+
+func (e *AnnotationError) Error() string {
+	return fmt.Sprintf("annotation %s: %s", e.Annotation, e.Msg)
+}
+
+// Workload identifies what the annotations are on.
+type Workload struct {
+	Kind      string // a store kind: Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet
+	Namespace string
+	Name      string
+}
+
+// Parse reads a workload's annotations. A workload without
+// pulse.io/autoscale: "true" (or keda-kaito-scaler's auto-provision: "true")
+// is not enabled, and nothing else is read. maxWindow is the aggregator's
+// --max-window, which bounds pulse.io/window.
+func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (Settings, error) {
+	var s Settings
+	r := reader{annotations: annotations}
+	on, via, err := r.get(AnnotationAutoscale)
+	if err != nil {
+		return s, err
+	}
+	switch on {
+	case "", "false":
+		return s, nil
+	case "true":
+	default:
+		return s, &AnnotationError{via, fmt.Sprintf("%q: want \"true\" or \"false\"", on)}
+	}
+	s.Enabled, s.ViaKaito = true, via == KaitoAutoProvision
+	for _, k := range []string{"metrics", "combinepolicy", "evaluationwindow", "scaleupcooldown", "scaledowncooldown"} {
+		if _, ok := annotations[kaitoPrefix+k]; ok {
+			s.Ignored = append(s.Ignored, kaitoPrefix+k)
+		}
+	}
+
+	if err := s.trigger(w, &r, maxWindow); err != nil {
+		return s, err
+	}
+	if s.MinReplicas, err = r.integer(AnnotationMinReplicas, DefaultMinReplicas, 0); err != nil {
+		return s, err
+	}
+	if s.MaxReplicas, err = r.integer(AnnotationMaxReplicas, DefaultMaxReplicas, 1); err != nil {
+		return s, err
+	}
+	if s.MaxReplicas < s.MinReplicas {
+		_, via, _ := r.get(AnnotationMaxReplicas)
+		if via == "" {
+			via = AnnotationMaxReplicas
+		}
+		return s, &AnnotationError{via, fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
+	}
+	if s.ScaleUpPodsPerMinute, err = r.integer(AnnotationScaleUpPodsPerMin, DefaultScaleUpPodsPerMin, 1); err != nil {
+		return s, err
+	}
+	// The HPA's policy period is at most 30 minutes; its stabilization
+	// window at most an hour.
+	if s.ScaleDownInterval, err = r.seconds(AnnotationScaleDownInterval, DefaultScaleDownInterval, time.Second, 30*time.Minute); err != nil {
+		return s, err
+	}
+	if s.ScaleDownDelay, err = r.seconds(AnnotationScaleDownDelay, DefaultScaleDownDelay, 0, time.Hour); err != nil {
+		return s, err
+	}
+	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// trigger builds the trigger metadata and checks it as the scaler will.
+func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error {
+	key := scaler.WorkloadKey(w.Kind)
+	if key == "" {
+		return &AnnotationError{AnnotationAutoscale, fmt.Sprintf("pulse cannot scale a %s", w.Kind)}
+	}
+	md := map[string]string{key: w.Name}
+	m, metricVia, err := r.get(AnnotationMetric)
+	if err != nil {
+		return err
+	}
+	switch {
+	case m == "" && s.ViaKaito:
+		md["metric"] = KaitoDefaultMetric
+	case m == "":
+		md["metric"] = DefaultMetric
+	default:
+		if _, ok := metric.Lookup(m); ok {
+			md["metric"] = m
+		} else {
+			md["metricName"] = m // a vLLM name, or an --extra-metric
+		}
+	}
+	annotationOf := map[string]string{"metric": metricVia, "metricName": metricVia}
+	for _, a := range []struct{ annotation, key string }{
+		{AnnotationThreshold, "threshold"}, {AnnotationActivationThreshold, "activationThreshold"}, {AnnotationWindow, "window"},
+	} {
+		v, via, err := r.get(a.annotation)
+		if err != nil {
+			return err
+		}
+		if v != "" {
+			md[a.key] = v
+		}
+		annotationOf[a.key] = via
+		if via == "" {
+			annotationOf[a.key] = a.annotation
+		}
+	}
+	t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: w.Namespace, ScalerMetadata: md}, maxWindow, nil)
+	if err != nil {
+		var me *scaler.MetadataError
+		if errors.As(err, &me) && annotationOf[me.Key] != "" {
+			return &AnnotationError{annotationOf[me.Key], me.Msg}
+		}
+		return &AnnotationError{AnnotationMetric, err.Error()}
+	}
+	// Written out, so that the ScaledObject says what it scales on.
+	md["threshold"] = strconv.FormatFloat(t.Threshold, 'g', -1, 64)
+	md["window"] = t.Window.String()
+	s.Trigger, s.Parsed = md, t
+	return nil
+}
+
+// reader reads annotations, each under pulse's name or its
+// keda-kaito-scaler alias.
+type reader struct{ annotations map[string]string }
+
+// get returns the value and the annotation it came from ("" if unset). A
+// value under both names must agree.
+func (r *reader) get(name string) (string, string, error) {
+	v, ok := r.annotations[name]
+	alias := aliases[name]
+	av, aok := r.annotations[alias]
+	v, av = strings.TrimSpace(v), strings.TrimSpace(av)
+	switch {
+	case ok && aok && alias != "" && v != av && name != AnnotationAutoscale:
+		return "", name, &AnnotationError{name, fmt.Sprintf("%q disagrees with %s %q: set one", v, alias, av)}
+	case ok:
+		return v, name, nil
+	case aok && alias != "":
+		return av, alias, nil
+	}
+	return "", "", nil
+}
+
+// integer reads a whole number of at least lowest.
+func (r *reader) integer(name string, def, lowest int64) (int64, error) {
+	v, via, err := r.get(name)
+	if err != nil || v == "" {
+		return def, err
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lowest || n > maxReplicasCap {
+		return def, &AnnotationError{via, fmt.Sprintf("%q: want a whole number from %d to %d", v, lowest, maxReplicasCap)}
+	}
+	return n, nil
+}
+
+// seconds reads a duration ("10m", "90s", or a number of seconds) of whole
+// seconds within [lowest, highest].
+func (r *reader) seconds(name string, def, lowest, highest time.Duration) (time.Duration, error) {
+	v, via, err := r.get(name)
+	if err != nil || v == "" {
+		return def, err
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.ParseInt(v, 10, 64)
+		if nerr != nil || n > math.MaxInt32 {
+			return def, &AnnotationError{via, fmt.Sprintf("%q: want a duration such as 90s or 10m", v)}
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d%time.Second != 0 || d < lowest || d > highest {
+		return def, &AnnotationError{via, fmt.Sprintf("%q: want whole seconds from %s to %s", v, lowest, highest)}
+	}
+	return d, nil
+}

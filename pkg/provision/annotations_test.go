@@ -1,0 +1,153 @@
+package provision
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+var llama = Workload{Kind: "InferenceSet", Namespace: "demo", Name: "llama"}
+
+func TestDefaultsAreTheTunedOnes(t *testing.T) {
+	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	if err != nil || !s.Enabled || s.ViaKaito {
+		t.Fatalf("%+v %v", s, err)
+	}
+	want := map[string]string{"inferenceSet": "llama", "metric": "running", "threshold": "64", "window": "10s"}
+	if !equalMaps(s.Trigger, want) {
+		t.Errorf("trigger %v, want %v", s.Trigger, want)
+	}
+	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.ScaleUpPodsPerMinute != 2 || s.ScaleDownInterval != 10*time.Minute ||
+		s.ScaleDownDelay != 5*time.Minute || s.CooldownPeriod != 0 {
+		t.Errorf("%+v", s)
+	}
+}
+
+func TestNotEnabled(t *testing.T) {
+	for _, a := range []map[string]string{
+		nil,
+		{AnnotationAutoscale: "false", AnnotationThreshold: "nonsense"},
+		// pulse's own "false" wins over keda-kaito-scaler's "true": the
+		// workload is left to keda-kaito-scaler.
+		{AnnotationAutoscale: "false", KaitoAutoProvision: "true"},
+		{KaitoAutoProvision: "false"},
+	} {
+		s, err := Parse(llama, a, time.Minute)
+		if err != nil || s.Enabled {
+			t.Errorf("%v: %+v %v", a, s, err)
+		}
+	}
+}
+
+func TestKaitoAliases(t *testing.T) {
+	s, err := Parse(llama, map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "5", KaitoMinReplicas: "2", KaitoMaxReplicas: "4",
+		KaitoMetricName: "vllm:num_requests_waiting", "scaledobject.kaito.sh/scaleupcooldown": "300"}, time.Minute)
+	if err != nil || !s.Enabled || !s.ViaKaito {
+		t.Fatalf("%+v %v", s, err)
+	}
+	if s.Trigger["metricName"] != "vllm:num_requests_waiting" || s.Parsed.Metric != "waiting" || s.Trigger["threshold"] != "5" ||
+		s.MinReplicas != 2 || s.MaxReplicas != 4 {
+		t.Errorf("%+v", s)
+	}
+	if len(s.Ignored) != 1 || s.Ignored[0] != "scaledobject.kaito.sh/scaleupcooldown" {
+		t.Errorf("ignored %v", s.Ignored)
+	}
+	// Enabled through keda-kaito-scaler's annotation alone, the metric is
+	// its own (waiting), so that its threshold keeps its meaning.
+	s, err = Parse(llama, map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "10"}, time.Minute)
+	if err != nil || s.Parsed.Metric != "waiting" || s.Parsed.Threshold != 10 {
+		t.Errorf("%+v %v", s, err)
+	}
+}
+
+func TestPulseMetricNames(t *testing.T) {
+	for v, metric := range map[string]string{"kvCacheUsage": "kvCacheUsage", "vllm:num_requests_running": "running"} {
+		s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: v}, time.Minute)
+		if err != nil || s.Parsed.Metric != metric {
+			t.Errorf("%s: %+v %v", v, s.Parsed, err)
+		}
+	}
+	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "kvCacheUsage", AnnotationThreshold: "0.5",
+		AnnotationActivationThreshold: "0.01", AnnotationWindow: "30s", AnnotationMinReplicas: "0", AnnotationMaxReplicas: "3",
+		AnnotationScaleUpPodsPerMin: "4", AnnotationScaleDownInterval: "5m", AnnotationScaleDownDelay: "0", AnnotationCooldownPeriod: "600"},
+		time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"inferenceSet": "llama", "metric": "kvCacheUsage", "threshold": "0.5", "activationThreshold": "0.01", "window": "30s"}
+	if !equalMaps(s.Trigger, want) || s.MinReplicas != 0 || s.MaxReplicas != 3 || s.ScaleUpPodsPerMinute != 4 ||
+		s.ScaleDownInterval != 5*time.Minute || s.ScaleDownDelay != 0 || s.CooldownPeriod != 10*time.Minute {
+		t.Errorf("%+v", s)
+	}
+}
+
+// TestInvalidAnnotationsNameTheAnnotation: each bad value is refused with
+// the annotation it came from.
+func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
+	on := func(kv ...string) map[string]string {
+		m := map[string]string{AnnotationAutoscale: "true"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	for _, c := range []struct {
+		annotations map[string]string
+		annotation  string
+		says        string
+	}{
+		{map[string]string{AnnotationAutoscale: "yes"}, AnnotationAutoscale, `want "true" or "false"`},
+		{map[string]string{KaitoAutoProvision: "on"}, KaitoAutoProvision, `want "true" or "false"`},
+		{on(AnnotationThreshold, "ten"), AnnotationThreshold, "not a finite number"},
+		{on(AnnotationThreshold, "0"), AnnotationThreshold, "at least"},
+		{on(KaitoAutoProvision, "true", KaitoThreshold, "-1"), KaitoThreshold, "at least"},
+		{on(AnnotationThreshold, "5", KaitoThreshold, "6"), AnnotationThreshold, "disagrees"},
+		{on(AnnotationMetric, "num requests"), AnnotationMetric, "neither"},
+		// A name no agent may forward (--extra-metric) has no default.
+		{on(AnnotationMetric, "queue"), AnnotationThreshold, "no default threshold"},
+		{on(AnnotationMetric, "ttftSeconds"), AnnotationThreshold, "no default threshold"},
+		{on(AnnotationWindow, "2m"), AnnotationWindow, "--max-window"},
+		{on(AnnotationActivationThreshold, "-1"), AnnotationActivationThreshold, "negative"},
+		{on(AnnotationMinReplicas, "-1"), AnnotationMinReplicas, "whole number"},
+		{on(AnnotationMaxReplicas, "0"), AnnotationMaxReplicas, "whole number"},
+		{on(AnnotationMaxReplicas, "2.5"), AnnotationMaxReplicas, "whole number"},
+		{on(AnnotationMinReplicas, "4", AnnotationMaxReplicas, "3"), AnnotationMaxReplicas, "below min-replicas"},
+		{on(KaitoMinReplicas, "4", KaitoMaxReplicas, "3"), KaitoMaxReplicas, "below min-replicas"},
+		{on(AnnotationScaleUpPodsPerMin, "0"), AnnotationScaleUpPodsPerMin, "whole number"},
+		{on(AnnotationScaleDownInterval, "1h"), AnnotationScaleDownInterval, "whole seconds"},
+		{on(AnnotationScaleDownInterval, "1.5s"), AnnotationScaleDownInterval, "whole seconds"},
+		{on(AnnotationScaleDownDelay, "soon"), AnnotationScaleDownDelay, "duration"},
+		{on(AnnotationCooldownPeriod, "-5s"), AnnotationCooldownPeriod, "whole seconds"},
+	} {
+		_, err := Parse(llama, c.annotations, time.Minute)
+		var ae *AnnotationError
+		if !errors.As(err, &ae) || ae.Annotation != c.annotation || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%v: %v; want an error on %s saying %q", c.annotations, err, c.annotation, c.says)
+		}
+	}
+}
+
+func TestEveryKindIsNamedInTheTrigger(t *testing.T) {
+	for _, k := range Kinds {
+		s, err := Parse(Workload{Kind: k.Kind, Namespace: "demo", Name: "w"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+		if err != nil || s.Parsed.Workload.Kind != k.Kind || s.Parsed.Workload.Name != "w" {
+			t.Errorf("%s: %+v %v", k.Kind, s.Parsed.Workload, err)
+		}
+	}
+	if _, err := Parse(Workload{Kind: "CronJob", Namespace: "demo", Name: "w"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute); err == nil {
+		t.Error("a CronJob: no error")
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}

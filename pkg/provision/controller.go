@@ -1,0 +1,542 @@
+// Package provision keeps a ScaledObject for every workload annotated
+// pulse.io/autoscale: "true" (or with keda-kaito-scaler's
+// scaledobject.kaito.sh/auto-provision): an external-push trigger on the
+// aggregator, the metric, threshold and window, replica bounds and a tuned
+// HPA behaviour, all from the workload's annotations with measured defaults.
+// It acts only while its replica holds the Lease (leader.go).
+package provision
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/pulse-io/pulse/pkg/logging"
+)
+
+// Kind is a kind of workload the controller watches, where the cluster
+// serves it.
+type Kind struct{ Group, Resource, Kind string }
+
+// Kinds are the workloads pulse provisions for, in the order checked.
+var Kinds = []Kind{
+	{"kaito.sh", "workspaces", "Workspace"},
+	{"kaito.sh", "inferencesets", "InferenceSet"},
+	{"apps", "deployments", "Deployment"},
+	{"apps", "statefulsets", "StatefulSet"},
+	{"leaderworkerset.x-k8s.io", "leaderworkersets", "LeaderWorkerSet"},
+}
+
+// Options configure a Controller.
+type Options struct {
+	// Metadata watches the workloads (their metadata only: the
+	// annotations are all that is read).
+	Metadata metadata.Interface
+	// Dynamic reads and writes ScaledObjects.
+	Dynamic dynamic.Interface
+	// Discovery finds which kinds the cluster serves, and at which version.
+	Discovery discovery.DiscoveryInterface
+	// Events records what was done on the workloads.
+	Events typedcorev1.EventsGetter
+	Target Target
+	// MaxWindow is the aggregator's --max-window (bounds pulse.io/window).
+	MaxWindow time.Duration
+	Log       *slog.Logger
+	// Resync re-checks every workload this often (repairs edits of the
+	// ScaledObjects pulse keeps); default 10m.
+	Resync time.Duration
+	// Rediscover looks for kinds installed since the start this often;
+	// default 1m.
+	Rediscover time.Duration
+}
+
+// Controller provisions ScaledObjects.
+type Controller struct {
+	o     Options
+	m     *metrics
+	runMu sync.Mutex // one Run at a time
+
+	mu       sync.Mutex
+	status   map[key]Status
+	leading  bool
+	holder   string
+	identity string
+}
+
+// key is a workload.
+type key struct{ Kind, Namespace, Name string }
+
+func (k key) String() string { return k.Kind + " " + k.Namespace + "/" + k.Name }
+
+// Status is what the controller last did for a workload, for the debug
+// endpoint.
+type Status struct {
+	Kind         string    `json:"kind"`
+	Namespace    string    `json:"namespace"`
+	Name         string    `json:"name"`
+	State        string    `json:"state"`
+	ScaledObject string    `json:"scaledObject"`
+	Message      string    `json:"message"`
+	Since        time.Time `json:"since"`
+}
+
+// States of a workload.
+const (
+	StateProvisioned = "provisioned"
+	StateInvalid     = "invalid"
+	StateConflict    = "conflict"
+	StateError       = "error"
+)
+
+// New makes a controller; reg (if not nil) gets its metrics.
+func New(o Options, reg prometheus.Registerer) *Controller {
+	if o.Resync <= 0 {
+		o.Resync = 10 * time.Minute
+	}
+	if o.Rediscover <= 0 {
+		o.Rediscover = time.Minute
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{o: o, status: map[key]Status{}}
+	c.m = newMetrics(c)
+	if reg != nil {
+		reg.MustRegister(c.m.collectors()...)
+	}
+	return c
+}
+
+// run is one leadership term's state.
+type run struct {
+	c         *Controller
+	queue     workqueue.TypedRateLimitingInterface[key]
+	recorder  record.EventRecorder
+	sos       cache.SharedIndexInformer
+	workloads map[string]*watched // by kind
+	mu        sync.Mutex
+}
+
+type watched struct {
+	gv       schema.GroupVersion
+	informer cache.SharedIndexInformer
+}
+
+// Run provisions until ctx ends. Run it while leading (RunElected).
+func (c *Controller) Run(ctx context.Context) error {
+	c.runMu.Lock()
+	defer c.runMu.Unlock()
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
+	defer broadcaster.Shutdown()
+	r := &run{c: c, workloads: map[string]*watched{},
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
+		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
+	defer r.queue.ShutDown()
+
+	r.sos = dynamicinformer.NewFilteredDynamicInformer(c.o.Dynamic, ScaledObjects, metav1.NamespaceAll, c.o.Resync, cache.Indexers{}, nil).Informer()
+	if _, err := r.sos.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    r.scaledObjectChanged,
+		UpdateFunc: func(_, o any) { r.scaledObjectChanged(o) },
+		DeleteFunc: r.scaledObjectChanged,
+	}); err != nil {
+		return err
+	}
+	go r.sos.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), r.sos.HasSynced) {
+		return ctx.Err()
+	}
+	r.discover(ctx)
+	go func() {
+		for r.processNext(ctx) {
+		}
+	}()
+	t := time.NewTicker(c.o.Rediscover)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			r.discover(ctx)
+		}
+	}
+}
+
+// discover starts an informer for each kind the cluster now serves.
+func (r *run) discover(ctx context.Context) {
+	for _, k := range Kinds {
+		r.mu.Lock()
+		_, ok := r.workloads[k.Kind]
+		r.mu.Unlock()
+		if ok {
+			continue
+		}
+		gv, err := served(r.c.o.Discovery, k)
+		if err != nil {
+			r.c.o.Log.Debug("kind not served", logging.KeyKind, k.Kind, logging.KeyErr, err)
+			continue
+		}
+		inf := metadatainformer.NewFilteredMetadataInformer(r.c.o.Metadata, gv.WithResource(k.Resource), metav1.NamespaceAll,
+			r.c.o.Resync, cache.Indexers{}, nil).Informer()
+		kind := k.Kind
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { r.workloadChanged(kind, o) },
+			UpdateFunc: func(old, o any) {
+				if annotationsChanged(old, o) {
+					r.workloadChanged(kind, o)
+				}
+			},
+			DeleteFunc: func(o any) { r.workloadChanged(kind, o) },
+		}); err != nil {
+			r.c.o.Log.Error("watch", logging.KeyKind, kind, logging.KeyErr, err)
+			continue
+		}
+		r.mu.Lock()
+		r.workloads[kind] = &watched{gv: gv, informer: inf}
+		r.mu.Unlock()
+		go inf.Run(ctx.Done())
+		r.c.o.Log.Info("watching workloads for pulse.io/autoscale", logging.KeyKind, kind, logging.KeyVersion, gv.String())
+	}
+}
+
+// served returns the version at which the cluster serves k, preferring the
+// group's preferred version.
+func served(d discovery.DiscoveryInterface, k Kind) (schema.GroupVersion, error) {
+	groups, err := d.ServerGroups()
+	if err != nil {
+		return schema.GroupVersion{}, err
+	}
+	for _, g := range groups.Groups {
+		if g.Name != k.Group {
+			continue
+		}
+		versions := []string{g.PreferredVersion.Version}
+		for _, v := range g.Versions {
+			versions = append(versions, v.Version)
+		}
+		for _, v := range versions {
+			gv := schema.GroupVersion{Group: k.Group, Version: v}
+			list, err := d.ServerResourcesForGroupVersion(gv.String())
+			if err != nil {
+				continue
+			}
+			for _, res := range list.APIResources {
+				if res.Name == k.Resource {
+					return gv, nil
+				}
+			}
+		}
+	}
+	return schema.GroupVersion{}, fmt.Errorf("%s.%s is not served", k.Resource, k.Group)
+}
+
+// annotationsChanged: a workload's status changes often; only its
+// annotations (or a resync, same resourceVersion) matter here.
+func annotationsChanged(old, o any) bool {
+	a, okA := old.(metav1.Object)
+	b, okB := o.(metav1.Object)
+	if !okA || !okB || a.GetResourceVersion() == b.GetResourceVersion() || a.GetUID() != b.GetUID() {
+		return true
+	}
+	return !equalAnnotations(a.GetAnnotations(), b.GetAnnotations())
+}
+
+func equalAnnotations(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func objectOf(o any) (metav1.Object, bool) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	m, ok := o.(metav1.Object)
+	return m, ok
+}
+
+func (r *run) workloadChanged(kind string, o any) {
+	if m, ok := objectOf(o); ok {
+		r.queue.Add(key{kind, m.GetNamespace(), m.GetName()})
+	}
+}
+
+// scaledObjectChanged queues the workloads a ScaledObject may concern: its
+// owner, its target, and any workload of its name (whose own ScaledObject
+// it may block or, deleted, unblock).
+func (r *run) scaledObjectChanged(o any) {
+	m, ok := objectOf(o)
+	if !ok {
+		return
+	}
+	ns := m.GetNamespace()
+	if ref := metav1.GetControllerOf(m); ref != nil {
+		r.queue.Add(key{ref.Kind, ns, ref.Name})
+	}
+	if u, ok := m.(*unstructured.Unstructured); ok {
+		kind, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
+		name, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")
+		if name != "" {
+			r.queue.Add(key{kind, ns, name})
+		}
+	}
+	for _, k := range Kinds {
+		r.queue.Add(key{k.Kind, ns, m.GetName()})
+	}
+}
+
+func (r *run) processNext(ctx context.Context) bool {
+	k, quit := r.queue.Get()
+	if quit {
+		return false
+	}
+	defer r.queue.Done(k)
+	if err := r.reconcile(ctx, k); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			// Changed under us (KEDA adds its label and finalizer): again,
+			// from the informer's newer copy.
+			r.c.o.Log.Debug("changed meanwhile; again", logging.KeyWorkload, k.String(), logging.KeyErr, err)
+			r.queue.AddRateLimited(k)
+			return true
+		}
+		r.c.m.errors.WithLabelValues("api").Inc()
+		r.c.o.Log.Warn("provisioning failed; retrying", logging.KeyWorkload, k.String(), logging.KeyErr, err)
+		r.queue.AddRateLimited(k)
+		return true
+	}
+	r.queue.Forget(k)
+	return true
+}
+
+// reconcile brings one workload's ScaledObject to what its annotations say.
+func (r *run) reconcile(ctx context.Context, k key) error {
+	r.mu.Lock()
+	w := r.workloads[k.Kind]
+	r.mu.Unlock()
+	if w == nil {
+		return nil // a ScaledObject's target of a kind not watched
+	}
+	obj, exists, err := w.informer.GetIndexer().GetByKey(k.Namespace + "/" + k.Name)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		r.c.forget(k) // deleted: the garbage collector deletes its ScaledObject
+		return nil
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return fmt.Errorf("%s %s/%s: unexpected %T", k.Kind, k.Namespace, k.Name, obj)
+	}
+	ref := &corev1.ObjectReference{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
+	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
+	existing, err := r.scaledObject(k.Namespace, k.Name)
+	if err != nil {
+		return err
+	}
+	if perr == nil && !s.Enabled {
+		return r.disable(ctx, k, ref, existing)
+	}
+	soName := k.Namespace + "/" + k.Name
+	if perr != nil {
+		r.c.m.errors.WithLabelValues("invalid_annotation").Inc()
+		r.report(k, ref, StateInvalid, soName, perr.Error()+"; the ScaledObject is left as it was")
+		return nil
+	}
+	if msg := r.conflict(k, m, existing); msg != "" {
+		r.c.m.errors.WithLabelValues("conflict").Inc()
+		r.report(k, ref, StateConflict, soName, msg)
+		return nil
+	}
+	desired := Desired(Owner{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
+	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
+	summary := Summary(s)
+	switch out, changed := r.next(existing, desired); {
+	case existing == nil:
+		if _, err := client.Create(ctx, desired, metav1.CreateOptions{FieldManager: "pulse-aggregator"}); err != nil {
+			return fmt.Errorf("create ScaledObject %s: %w", soName, err)
+		}
+		r.c.m.changes.WithLabelValues("create").Inc()
+		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
+	case changed:
+		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
+			return fmt.Errorf("update ScaledObject %s: %w", soName, err)
+		}
+		r.c.m.changes.WithLabelValues("update").Inc()
+		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
+	}
+	if len(s.Ignored) > 0 {
+		summary += fmt.Sprintf("; not read (keda-kaito-scaler's, which pulse does not take): %v", s.Ignored)
+	}
+	r.report(k, ref, StateProvisioned, soName, summary)
+	return nil
+}
+
+func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool) {
+	if existing == nil {
+		return desired, true
+	}
+	return Apply(existing, desired)
+}
+
+// disable deletes the ScaledObject pulse made for a workload whose
+// annotation is gone or "false".
+func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
+	if existing != nil && Managed(existing) && OwnedBy(existing, ref.UID) {
+		err := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace).Delete(ctx, k.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: ptr(existing.GetUID())}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
+		}
+		r.c.m.changes.WithLabelValues("delete").Inc()
+		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
+			"deleted ScaledObject %s: %s is no longer \"true\"", k.Name, AnnotationAutoscale)
+	}
+	r.c.forget(k)
+	return nil
+}
+
+// conflict says why pulse must leave the workload's ScaledObject alone: one
+// of its name that is not pulse's, or is pulse's for another workload, or
+// another ScaledObject that already scales the workload (KEDA allows one).
+func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructured) string {
+	if existing != nil {
+		if !Managed(existing) {
+			return fmt.Sprintf("ScaledObject %s/%s exists and is not pulse's (no label %s=%s): left alone; delete it or rename it for pulse to provision one",
+				k.Namespace, k.Name, LabelManagedBy, ManagedBy)
+		}
+		if !OwnedBy(existing, w.GetUID()) {
+			owner := "another workload"
+			if ref := metav1.GetControllerOf(existing); ref != nil {
+				owner = ref.Kind + " " + ref.Name
+			}
+			return fmt.Sprintf("ScaledObject %s/%s is pulse's for %s: left alone", k.Namespace, k.Name, owner)
+		}
+	}
+	for _, o := range r.sos.GetIndexer().List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok || u.GetNamespace() != k.Namespace || u.GetName() == k.Name {
+			continue
+		}
+		kind, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
+		name, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")
+		if kind == "" {
+			kind = "Deployment"
+		}
+		if kind == k.Kind && name == k.Name {
+			return fmt.Sprintf("ScaledObject %s/%s already scales %s %s (KEDA allows one per workload): left alone",
+				k.Namespace, u.GetName(), k.Kind, k.Name)
+		}
+	}
+	return ""
+}
+
+func (r *run) scaledObject(ns, name string) (*unstructured.Unstructured, error) {
+	o, exists, err := r.sos.GetIndexer().GetByKey(ns + "/" + name)
+	if err != nil || !exists {
+		return nil, err
+	}
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("ScaledObject %s/%s: unexpected %T", ns, name, o)
+	}
+	return u, nil
+}
+
+// report records a workload's state; a change of state or message is also
+// an Event on the workload (a warning unless provisioned) and a log line.
+func (r *run) report(k key, ref *corev1.ObjectReference, state, so, msg string) {
+	c := r.c
+	c.mu.Lock()
+	old, had := c.status[k]
+	same := had && old.State == state && old.Message == msg
+	if !same {
+		c.status[k] = Status{Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, State: state, ScaledObject: so, Message: msg, Since: time.Now()}
+	}
+	c.mu.Unlock()
+	if same {
+		return
+	}
+	c.m.refresh()
+	log := c.o.Log.With(logging.KeyWorkload, k.String())
+	switch state {
+	case StateProvisioned:
+		log.Info("ScaledObject provisioned", logging.KeyMessage, msg)
+	case StateInvalid:
+		r.recorder.Event(ref, corev1.EventTypeWarning, "InvalidAnnotation", msg)
+		log.Warn("invalid annotation", logging.KeyMessage, msg)
+	case StateConflict:
+		r.recorder.Event(ref, corev1.EventTypeWarning, "ScaledObjectConflict", msg)
+		log.Warn("ScaledObject conflict", logging.KeyMessage, msg)
+	}
+}
+
+func (c *Controller) forget(k key) {
+	c.mu.Lock()
+	_, had := c.status[k]
+	delete(c.status, k)
+	c.mu.Unlock()
+	if had {
+		c.m.refresh()
+	}
+}
+
+// Summary says what a provisioned ScaledObject scales on, for Events and
+// the debug endpoint.
+func Summary(s Settings) string {
+	t := s.Parsed
+	return fmt.Sprintf("%s, threshold %g per replica over %s, %d-%d replicas, up %d pods/min, down 1 pod per %s after %s lower",
+		t.Metric, t.Threshold, t.Window, s.MinReplicas, s.MaxReplicas, s.ScaleUpPodsPerMinute, s.ScaleDownInterval, s.ScaleDownDelay)
+}
+
+// Provisioning is the debug endpoint's view.
+type Provisioning struct {
+	Identity  string   `json:"identity"`
+	Leading   bool     `json:"leading"`
+	Leader    string   `json:"leader"`
+	Workloads []Status `json:"workloads"`
+}
+
+// Provisioning returns the controller's state.
+func (c *Controller) Provisioning() Provisioning {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := Provisioning{Identity: c.identity, Leading: c.leading, Leader: c.holder}
+	for _, s := range c.status {
+		p.Workloads = append(p.Workloads, s)
+	}
+	slices.SortFunc(p.Workloads, func(a, b Status) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind, b.Kind))
+	})
+	return p
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,382 @@
+package provision
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
+)
+
+var (
+	infSets     = schema.GroupVersionResource{Group: "kaito.sh", Version: "v1alpha1", Resource: "inferencesets"}
+	deployments = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+)
+
+// fixture: fake API clients behind real informers. The cluster serves
+// InferenceSets (kaito.sh/v1alpha1) and Deployments, not Workspaces.
+type fixture struct {
+	t    *testing.T
+	meta *metadatafake.FakeMetadataClient
+	dyn  *dynamicfake.FakeDynamicClient
+	kube *kubefake.Clientset
+	reg  *prometheus.Registry
+	c    *Controller
+}
+
+func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
+	t.Helper()
+	sch := metadatafake.NewTestScheme()
+	if err := metav1.AddMetaToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, meta: metadatafake.NewSimpleMetadataClient(sch, objs...), kube: kubefake.NewClientset(), reg: prometheus.NewRegistry()}
+	f.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"})
+	f.kube.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "kaito.sh/v1alpha1", APIResources: []metav1.APIResource{{Name: "inferencesets", Kind: "InferenceSet", Namespaced: true}}},
+		{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{{Name: "deployments", Kind: "Deployment", Namespaced: true},
+			{Name: "statefulsets", Kind: "StatefulSet", Namespaced: true}}},
+	}
+	f.c = New(Options{Metadata: f.meta, Dynamic: f.dyn, Discovery: f.kube.Discovery(), Events: f.kube.CoreV1(),
+		Target: Target{ScalerAddress: "pulse-aggregator.pulse-system.svc:9090", TriggerAuth: "pulse-creds"}, MaxWindow: time.Minute}, f.reg)
+	return f
+}
+
+func (f *fixture) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.RunElected(ctx, Election{Identity: "solo"}) }()
+	f.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func workload(gvr schema.GroupVersionResource, kind, name string, annotations map[string]string) *metav1.PartialObjectMetadata {
+	return &metav1.PartialObjectMetadata{
+		TypeMeta:   metav1.TypeMeta{APIVersion: gvr.GroupVersion().String(), Kind: kind},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo", UID: types.UID(kind + "-" + name), Annotations: annotations}}
+}
+
+func (f *fixture) annotate(gvr schema.GroupVersionResource, kind, name string, annotations map[string]string) {
+	f.t.Helper()
+	if err := f.meta.Tracker().Update(gvr, workload(gvr, kind, name, annotations), "demo"); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) scaledObject(name string) (*unstructured.Unstructured, error) {
+	return f.dyn.Resource(ScaledObjects).Namespace("demo").Get(context.Background(), name, metav1.GetOptions{})
+}
+
+func (f *fixture) waitFor(what string, check func() error) {
+	f.t.Helper()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err = check(); err == nil {
+			return
+		}
+	}
+	f.t.Fatalf("%s: %v", what, err)
+}
+
+// event waits for an Event on the workload with the reason, and returns its
+// message.
+func (f *fixture) event(name, reason string) string {
+	f.t.Helper()
+	var msg string
+	f.waitFor("event "+reason+" on "+name, func() error {
+		list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, e := range list.Items {
+			if e.InvolvedObject.Name == name && e.Reason == reason {
+				msg = e.Message
+				return nil
+			}
+		}
+		return fmt.Errorf("%d events, none %s", len(list.Items), reason)
+	})
+	return msg
+}
+
+func (f *fixture) state(kind, name string) Status {
+	for _, s := range f.c.Provisioning().Workloads {
+		if s.Kind == kind && s.Name == name {
+			return s
+		}
+	}
+	return Status{}
+}
+
+func triggerOf(t *testing.T, so *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	if len(triggers) != 1 {
+		t.Fatalf("triggers %v", triggers)
+	}
+	return triggers[0].(map[string]any)
+}
+
+// TestProvisionFollowsTheAnnotations: an annotated InferenceSet gets its
+// ScaledObject; a changed annotation changes it; an edit of the
+// ScaledObject is undone; a removed annotation deletes it.
+func TestProvisionFollowsTheAnnotations(t *testing.T) {
+	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{
+		KaitoAutoProvision: "true", KaitoThreshold: "10", KaitoMaxReplicas: "5"}))
+	f.run()
+
+	var so *unstructured.Unstructured
+	f.waitFor("the ScaledObject", func() (err error) { so, err = f.scaledObject("llama"); return err })
+	if so.GetLabels()[LabelManagedBy] != ManagedBy || !OwnedBy(so, "InferenceSet-llama") {
+		t.Errorf("labels %v owners %v", so.GetLabels(), so.GetOwnerReferences())
+	}
+	ref, _, _ := unstructured.NestedStringMap(so.Object, "spec", "scaleTargetRef")
+	if ref["kind"] != "InferenceSet" || ref["apiVersion"] != "kaito.sh/v1alpha1" || ref["name"] != "llama" {
+		t.Errorf("scaleTargetRef %v", ref)
+	}
+	tr := triggerOf(t, so)
+	md := tr["metadata"].(map[string]any)
+	if tr["type"] != "external-push" || md["scalerAddress"] != "pulse-aggregator.pulse-system.svc:9090" || md["inferenceSet"] != "llama" ||
+		md["metric"] != "waiting" || md["threshold"] != "10" {
+		t.Errorf("trigger %v", tr)
+	}
+	if auth := tr["authenticationRef"].(map[string]any); auth["name"] != "pulse-creds" || auth["kind"] != "ClusterTriggerAuthentication" {
+		t.Errorf("authenticationRef %v", auth)
+	}
+	if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 5 {
+		t.Errorf("maxReplicaCount %d", n)
+	}
+	// The trigger is one pulse's scaler accepts, and reads as intended.
+	smd := map[string]string{}
+	for k, v := range md {
+		smd[k] = v.(string)
+	}
+	if _, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: "llama", Namespace: "demo", ScalerMetadata: smd}, time.Minute, nil); err != nil {
+		t.Errorf("the scaler refuses the provisioned trigger: %v", err)
+	}
+	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "waiting, threshold 10") {
+		t.Errorf("event %q", msg)
+	}
+	if s := f.state("InferenceSet", "llama"); s.State != StateProvisioned {
+		t.Errorf("status %+v", s)
+	}
+
+	// The threshold annotation changes: the ScaledObject follows.
+	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "4", KaitoMaxReplicas: "5"})
+	f.waitFor("the new threshold", func() error {
+		so, err := f.scaledObject("llama")
+		if err != nil {
+			return err
+		}
+		if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
+			return fmt.Errorf("threshold %v", th)
+		}
+		return nil
+	})
+	f.event("llama", "ScaledObjectUpdated")
+
+	// Someone edits the ScaledObject pulse keeps: pulse puts it back.
+	so, _ = f.scaledObject("llama")
+	_ = unstructured.SetNestedField(so.Object, int64(50), "spec", "maxReplicaCount")
+	so.SetFinalizers([]string{"finalizer.keda.sh"})
+	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the edit undone", func() error {
+		so, err := f.scaledObject("llama")
+		if err != nil {
+			return err
+		}
+		if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 5 {
+			return fmt.Errorf("maxReplicaCount %d", n)
+		}
+		if len(so.GetFinalizers()) != 1 {
+			return fmt.Errorf("KEDA's finalizer was dropped: %v", so.GetFinalizers())
+		}
+		return nil
+	})
+
+	// An invalid annotation leaves the ScaledObject as it was, and says why.
+	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "four", KaitoMaxReplicas: "5"})
+	if msg := f.event("llama", "InvalidAnnotation"); !strings.Contains(msg, KaitoThreshold) || !strings.Contains(msg, "left as it was") {
+		t.Errorf("event %q", msg)
+	}
+	if s := f.state("InferenceSet", "llama"); s.State != StateInvalid {
+		t.Errorf("status %+v", s)
+	}
+	so, _ = f.scaledObject("llama")
+	if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
+		t.Errorf("an invalid annotation changed the ScaledObject: threshold %v", th)
+	}
+	if v := testutil.ToFloat64(f.c.m.errors.WithLabelValues("invalid_annotation")); v < 1 {
+		t.Errorf("pulse_provisioner_errors_total{reason=invalid_annotation} = %v", v)
+	}
+
+	// The annotation is removed: the ScaledObject goes.
+	f.annotate(infSets, "InferenceSet", "llama", nil)
+	f.waitFor("the ScaledObject deleted", func() error {
+		if _, err := f.scaledObject("llama"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	f.event("llama", "ScaledObjectDeleted")
+	if len(f.c.Provisioning().Workloads) != 0 {
+		t.Errorf("status after removal: %+v", f.c.Provisioning())
+	}
+	for action, want := range map[string]float64{"create": 1, "delete": 1} {
+		if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues(action)); v != want {
+			t.Errorf("changes{%s} = %v, want %v", action, v, want)
+		}
+	}
+	if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); v < 2 {
+		t.Errorf("changes{update} = %v, want at least 2", v)
+	}
+}
+
+// TestHandWrittenScaledObjectsAreLeftAlone: a ScaledObject pulse did not
+// make, of the workload's name or scaling the workload under another name,
+// is never changed: the conflict is reported.
+func TestHandWrittenScaledObjectsAreLeftAlone(t *testing.T) {
+	f := newFixture(t,
+		workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}),
+		workload(deployments, "Deployment", "other", map[string]string{AnnotationAutoscale: "true"}))
+	hand := func(name, target string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+			"metadata": map[string]any{"name": name, "namespace": "demo"},
+			"spec":     map[string]any{"scaleTargetRef": map[string]any{"name": target}, "maxReplicaCount": int64(7)}}}
+	}
+	for _, so := range []*unstructured.Unstructured{hand("mine", "mine"), hand("by-hand", "other")} {
+		if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), so, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.run()
+	if msg := f.event("mine", "ScaledObjectConflict"); !strings.Contains(msg, "not pulse's") {
+		t.Errorf("event %q", msg)
+	}
+	if msg := f.event("other", "ScaledObjectConflict"); !strings.Contains(msg, "by-hand already scales Deployment other") {
+		t.Errorf("event %q", msg)
+	}
+	so, err := f.scaledObject("mine")
+	if err != nil || Managed(so) {
+		t.Fatalf("the hand-written ScaledObject: %v %v", so, err)
+	}
+	if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 7 {
+		t.Errorf("the hand-written ScaledObject was changed: %v", so.Object["spec"])
+	}
+	if _, err := f.scaledObject("other"); !apierrors.IsNotFound(err) {
+		t.Errorf("a second ScaledObject for Deployment other: %v", err)
+	}
+	if s := f.state("Deployment", "mine"); s.State != StateConflict {
+		t.Errorf("status %+v", s)
+	}
+
+	// The user deletes theirs: pulse provisions.
+	if err := f.dyn.Resource(ScaledObjects).Namespace("demo").Delete(context.Background(), "mine", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("pulse's ScaledObject", func() error {
+		so, err := f.scaledObject("mine")
+		if err != nil {
+			return err
+		}
+		if !Managed(so) {
+			return fmt.Errorf("not pulse's: %v", so.GetLabels())
+		}
+		return nil
+	})
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(`
+# HELP pulse_provisioner_workloads Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's).
+# TYPE pulse_provisioner_workloads gauge
+pulse_provisioner_workloads{state="conflict"} 1
+pulse_provisioner_workloads{state="invalid"} 0
+pulse_provisioner_workloads{state="provisioned"} 1
+`), "pulse_provisioner_workloads"); err != nil {
+		t.Error(err)
+	}
+	if problems, err := testutil.GatherAndLint(f.reg); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// TestOnlyTheLeaderProvisions: two replicas on one Lease; one provisions,
+// and when it stops, the other takes over.
+func TestOnlyTheLeaderProvisions(t *testing.T) {
+	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{AnnotationAutoscale: "true"}))
+	second := New(Options{Metadata: f.meta, Dynamic: f.dyn, Discovery: f.kube.Discovery(), Events: f.kube.CoreV1(),
+		Target: f.c.o.Target, MaxWindow: time.Minute}, nil)
+	election := func(id string) Election {
+		return Election{Enabled: true, Namespace: "pulse-system", Name: "pulse-aggregator-provisioner", Identity: id,
+			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond, Leases: f.kube.CoordinationV1()}
+	}
+	var wg sync.WaitGroup
+	ctxA, stopA := context.WithCancel(context.Background())
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = f.c.RunElected(ctxA, election("a")) }()
+	go func() { defer wg.Done(); _ = second.RunElected(ctxB, election("b")) }()
+	defer wg.Wait()
+
+	var leader, follower *Controller
+	f.waitFor("a leader", func() error {
+		a, b := f.c.Provisioning(), second.Provisioning()
+		switch {
+		case a.Leading && b.Leading:
+			t.Fatal("two leaders")
+		case a.Leading:
+			leader, follower = f.c, second
+		case b.Leading:
+			leader, follower = second, f.c
+		default:
+			return fmt.Errorf("none leads: %+v %+v", a, b)
+		}
+		return nil
+	})
+	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("llama"); return err })
+	f.waitFor("the follower knows the leader", func() error {
+		if p := follower.Provisioning(); p.Leader != leader.Provisioning().Identity || p.Leading || len(p.Workloads) != 0 {
+			return fmt.Errorf("follower %+v", p)
+		}
+		return nil
+	})
+	// The leader stops (and releases the Lease): the follower takes over
+	// and provisions.
+	if leader == f.c {
+		stopA()
+	} else {
+		stopB()
+	}
+	f.waitFor("the follower leads and provisions", func() error {
+		p := follower.Provisioning()
+		if !p.Leading || len(p.Workloads) != 1 || p.Workloads[0].State != StateProvisioned {
+			return fmt.Errorf("follower %+v", p)
+		}
+		return nil
+	})
+	stopA()
+	stopB()
+}

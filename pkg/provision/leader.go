@@ -1,0 +1,113 @@
+package provision
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/pulse-io/pulse/pkg/logging"
+)
+
+// Election is how replicas agree on the one that provisions: a
+// coordination.k8s.io Lease, as kube-controller-manager's.
+type Election struct {
+	// Enabled: without it this replica provisions alone (one replica only).
+	Enabled bool
+	// Namespace and Name of the Lease.
+	Namespace, Name string
+	// Identity of this replica (default: $POD_NAME, or the host name, with
+	// a random suffix).
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod as client-go's
+	// leaderelection takes them (15s, 10s, 2s in the chart).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	Leases                                    coordinationv1.LeasesGetter
+}
+
+// DefaultIdentity is $POD_NAME (or the host name) and a random suffix, so
+// that a restarted pod of the same name is a new candidate.
+func DefaultIdentity() string {
+	id := os.Getenv("POD_NAME")
+	if id == "" {
+		id, _ = os.Hostname()
+	}
+	return id + "_" + rand.String(8)
+}
+
+// RunElected provisions while this replica holds the Lease, until ctx ends.
+// A replica that loses the Lease stops provisioning and stands again; on
+// ctx's end it releases the Lease, so that another takes over at once.
+func (c *Controller) RunElected(ctx context.Context, e Election) error {
+	if e.Identity == "" {
+		e.Identity = DefaultIdentity()
+	}
+	c.mu.Lock()
+	c.identity = e.Identity
+	c.mu.Unlock()
+	if !e.Enabled {
+		c.setLeading(true, e.Identity)
+		defer c.setLeading(false, "")
+		return c.Run(ctx)
+	}
+	lease := e.Namespace + "/" + e.Name
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock: &resourcelock.LeaseLock{
+				LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
+				Client:     e.Leases,
+				LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+			},
+			LeaseDuration:   e.LeaseDuration,
+			RenewDeadline:   e.RenewDeadline,
+			RetryPeriod:     e.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            "pulse-provisioner",
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					c.setLeading(true, e.Identity)
+					c.o.Log.Info("leading: provisioning ScaledObjects", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
+					if err := c.Run(ctx); err != nil {
+						c.o.Log.Error("provisioning stopped", logging.KeyErr, err)
+					}
+				},
+				OnStoppedLeading: func() {
+					c.setLeading(false, "")
+					c.o.Log.Info("not leading: provisioning stopped", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
+				},
+				OnNewLeader: func(id string) {
+					c.setHolder(id)
+					if id != e.Identity {
+						c.o.Log.Info("another replica provisions", logging.KeyLease, lease, logging.KeyLeader, id)
+					}
+				},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("leader election on Lease %s: %w", lease, err)
+		}
+		le.Run(ctx)
+	}
+	return nil
+}
+
+func (c *Controller) setLeading(on bool, holder string) {
+	c.mu.Lock()
+	c.leading = on
+	if on {
+		c.holder = holder
+	}
+	c.mu.Unlock()
+}
+
+func (c *Controller) setHolder(id string) {
+	c.mu.Lock()
+	c.holder = id
+	c.mu.Unlock()
+}

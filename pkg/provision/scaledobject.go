@@ -1,0 +1,179 @@
+package provision
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ScaledObjects is KEDA's ScaledObject resource.
+var ScaledObjects = schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "scaledobjects"}
+
+// The label that marks a ScaledObject as pulse's: pulse changes and deletes
+// only ScaledObjects that carry it.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "pulse"
+)
+
+// Target is where provisioned triggers point.
+type Target struct {
+	// ScalerAddress is the aggregator's scaler Service, host:port.
+	ScalerAddress string
+	// TriggerAuth names the ClusterTriggerAuthentication KEDA uses for the
+	// scaler port's TLS; "" for none.
+	TriggerAuth string
+}
+
+// Owner is the workload a ScaledObject is made for.
+type Owner struct {
+	APIVersion, Kind, Namespace, Name string
+	UID                               types.UID
+}
+
+// Desired is the ScaledObject pulse keeps for the workload: named after it,
+// in its namespace, owned by it (so that deleting the workload deletes it),
+// labelled as pulse's.
+func Desired(o Owner, s Settings, t Target) *unstructured.Unstructured {
+	md := map[string]any{"scalerAddress": t.ScalerAddress}
+	for k, v := range s.Trigger {
+		md[k] = v
+	}
+	trigger := map[string]any{"type": "external-push", "name": "pulse", "metadata": md}
+	if t.TriggerAuth != "" {
+		trigger["authenticationRef"] = map[string]any{"name": t.TriggerAuth, "kind": "ClusterTriggerAuthentication"}
+	}
+	spec := map[string]any{
+		"scaleTargetRef":  map[string]any{"apiVersion": o.APIVersion, "kind": o.Kind, "name": o.Name},
+		"minReplicaCount": s.MinReplicas,
+		"maxReplicaCount": s.MaxReplicas,
+		"triggers":        []any{trigger},
+		"advanced": map[string]any{"horizontalPodAutoscalerConfig": map[string]any{
+			"behavior": behavior(s),
+		}},
+	}
+	if s.CooldownPeriod > 0 {
+		spec["cooldownPeriod"] = int64(s.CooldownPeriod.Seconds())
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ScaledObjects.GroupVersion().String(),
+		"kind":       "ScaledObject",
+		"metadata": map[string]any{
+			"name":      o.Name,
+			"namespace": o.Namespace,
+			"labels":    map[string]any{LabelManagedBy: ManagedBy},
+			"ownerReferences": []any{map[string]any{
+				"apiVersion": o.APIVersion, "kind": o.Kind, "name": o.Name, "uid": string(o.UID), "controller": true,
+			}},
+		},
+		"spec": spec,
+	}}
+}
+
+// behavior is the HPA behaviour: scale up by ScaleUpPodsPerMinute pods a
+// minute once the load has held 30 s, down by one pod per
+// ScaleDownInterval once it has stayed lower for ScaleDownDelay. The
+// tolerances (10 % up, 50 % down) apply where the cluster enables the
+// HPAConfigurableTolerance feature gate; elsewhere the HPA's 10 % does.
+func behavior(s Settings) map[string]any {
+	return map[string]any{
+		"scaleUp": map[string]any{
+			"stabilizationWindowSeconds": int64(DefaultScaleUpDelay.Seconds()),
+			"tolerance":                  "0.1",
+			"selectPolicy":               "Max",
+			"policies": []any{map[string]any{
+				"type": "Pods", "value": s.ScaleUpPodsPerMinute, "periodSeconds": int64(60),
+			}},
+		},
+		"scaleDown": map[string]any{
+			"stabilizationWindowSeconds": int64(s.ScaleDownDelay.Seconds()),
+			"tolerance":                  "0.5",
+			"selectPolicy":               "Max",
+			"policies": []any{map[string]any{
+				"type": "Pods", "value": int64(1), "periodSeconds": int64(s.ScaleDownInterval.Seconds()),
+			}},
+		},
+	}
+}
+
+// Managed reports whether so carries pulse's label.
+func Managed(so metav1.Object) bool { return so.GetLabels()[LabelManagedBy] == ManagedBy }
+
+// OwnedBy reports whether so's controller is the workload with uid.
+func OwnedBy(so metav1.Object, uid types.UID) bool {
+	ref := metav1.GetControllerOf(so)
+	return ref != nil && ref.UID == uid
+}
+
+// Apply returns existing with desired's spec, pulse's label and owner, and
+// everything else of existing (other labels, annotations, finalizers, the
+// status KEDA writes) kept; changed is false when nothing differs.
+func Apply(existing, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool) {
+	out := existing.DeepCopy()
+	changed := false
+	if !equalJSON(canonical(existing.Object["spec"]), canonical(desired.Object["spec"])) {
+		out.Object["spec"] = desired.Object["spec"]
+		changed = true
+	}
+	labels := out.GetLabels()
+	if labels[LabelManagedBy] != ManagedBy {
+		labels = maps.Clone(labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[LabelManagedBy] = ManagedBy
+		out.SetLabels(labels)
+		changed = true
+	}
+	if want := desired.GetOwnerReferences(); !OwnedBy(existing, want[0].UID) {
+		out.SetOwnerReferences(want)
+		changed = true
+	}
+	return out, changed
+}
+
+// canonical is a spec as written by anyone: KEDA's operator updates the
+// ScaledObject through its Go types (adding its label and finalizer), which
+// writes tolerance "0.1" as "100m" and adds an empty scalingModifiers;
+// neither is a change.
+func canonical(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			e = canonical(e)
+			if m, ok := e.(map[string]any); ok && len(m) == 0 {
+				continue
+			}
+			if k == "tolerance" {
+				if q, err := resource.ParseQuantity(fmt.Sprint(e)); err == nil {
+					e = q.String()
+				}
+			}
+			out[k] = e
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = canonical(e)
+		}
+		return out
+	}
+	return v
+}
+
+// equalJSON compares two values as their JSON: the API's ints and pulse's
+// int64s, maps in any order.
+func equalJSON(a, b any) bool {
+	ja, errA := json.Marshal(a)
+	jb, errB := json.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
+}

@@ -1,0 +1,91 @@
+package provision
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// TestDefaultsArePulseSimsTuned: with no annotation but pulse.io/autoscale,
+// the ScaledObject's metric, threshold, replicas and behaviour are those of
+// the ScaledObject pulse-sim's tune chose (docs/simulation.md), so that
+// the defaults cannot drift from what was measured.
+func TestDefaultsArePulseSimsTuned(t *testing.T) {
+	b, err := os.ReadFile("../../docs/simulation/tuned-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tuned map[string]any
+	if err := yaml.Unmarshal(b, &tuned); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Parse(Workload{Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Desired(Owner{APIVersion: "kaito.sh/v1beta1", Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama", UID: "u"}, s,
+		Target{ScalerAddress: "pulse-aggregator.pulse-system.svc:9090"})
+	for _, path := range [][]string{
+		{"spec", "advanced", "horizontalPodAutoscalerConfig", "behavior"},
+		{"spec", "minReplicaCount"}, {"spec", "maxReplicaCount"}, {"spec", "scaleTargetRef"},
+	} {
+		want, _, _ := unstructured.NestedFieldNoCopy(tuned, path...)
+		have, _, _ := unstructured.NestedFieldNoCopy(got.Object, path...)
+		if !equalJSON(want, have) {
+			t.Errorf("%v: provisioned %v, tuned %v", path, have, want)
+		}
+	}
+	triggers, _, _ := unstructured.NestedSlice(tuned, "spec", "triggers")
+	want := triggers[0].(map[string]any)["metadata"].(map[string]any)
+	have := triggerOf(t, got)["metadata"].(map[string]any)
+	for k, v := range want {
+		if have[k] != v {
+			t.Errorf("trigger %s: provisioned %v, tuned %v", k, have[k], v)
+		}
+	}
+}
+
+func TestCooldownOnlyWhenSet(t *testing.T) {
+	o := Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "d", UID: "u"}
+	s, _ := Parse(Workload{Kind: "Deployment", Namespace: "demo", Name: "d"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	if _, ok := Desired(o, s, Target{}).Object["spec"].(map[string]any)["cooldownPeriod"]; ok {
+		t.Error("cooldownPeriod set without the annotation (KEDA's default applies)")
+	}
+	s, _ = Parse(Workload{Kind: "Deployment", Namespace: "demo", Name: "d"},
+		map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0", AnnotationCooldownPeriod: "10m"}, time.Minute)
+	so := Desired(o, s, Target{})
+	if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "cooldownPeriod"); n != 600 {
+		t.Errorf("cooldownPeriod %d", n)
+	}
+	if _, ok := triggerOf(t, so)["authenticationRef"]; ok {
+		t.Error("authenticationRef without a TriggerAuth")
+	}
+}
+
+// TestKEDAsRewriteIsNoChange: KEDA's operator updates the ScaledObject
+// through its Go types, which writes tolerance "0.1" as "100m" and adds an
+// empty scalingModifiers. That is not a change to undo (it would be a
+// tug of war with the operator); a changed value is.
+func TestKEDAsRewriteIsNoChange(t *testing.T) {
+	s, _ := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	desired := Desired(Owner{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Namespace: "demo", Name: "llama", UID: "u"}, s, Target{})
+	rewritten := desired.DeepCopy()
+	adv := rewritten.Object["spec"].(map[string]any)["advanced"].(map[string]any)
+	adv["scalingModifiers"] = map[string]any{}
+	b := adv["horizontalPodAutoscalerConfig"].(map[string]any)["behavior"].(map[string]any)
+	b["scaleUp"].(map[string]any)["tolerance"] = "100m"
+	b["scaleDown"].(map[string]any)["tolerance"] = "500m"
+	rewritten.SetLabels(map[string]string{LabelManagedBy: ManagedBy, "scaledobject.keda.sh/name": "llama"})
+	rewritten.SetFinalizers([]string{"finalizer.keda.sh"})
+	if _, changed := Apply(rewritten, desired); changed {
+		t.Error("KEDA's rewrite is taken for a change")
+	}
+	b["scaleDown"].(map[string]any)["tolerance"] = "200m"
+	out, changed := Apply(rewritten, desired)
+	if !changed || len(out.GetFinalizers()) != 1 || out.GetLabels()["scaledobject.keda.sh/name"] != "llama" {
+		t.Errorf("a changed tolerance: changed %v, finalizers %v, labels %v", changed, out.GetFinalizers(), out.GetLabels())
+	}
+}
