@@ -85,6 +85,15 @@ func (p *proc) stop() {
 	}
 }
 
+// kill ends the process at once (SIGKILL), as a node failure would.
+func (p *proc) kill() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
 // tail returns the last n lines of the process's log.
 func (p *proc) tail(n int) string {
 	b, _ := os.ReadFile(p.log)

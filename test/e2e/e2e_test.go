@@ -163,6 +163,7 @@ func TestE2E(t *testing.T) {
 	t.Run("cron and pulse together", func(t *testing.T) { e.cronAndPulse(t) })
 	t.Run("KEDA's value is pulse's", func(t *testing.T) { e.sameValue(t, sims) })
 	t.Run("aggregator killed and restarted", func(t *testing.T) { e.aggregatorRestart(t, sims) })
+	t.Run("one annotation instead of a ScaledObject", func(t *testing.T) { e.provisioning(t) })
 	t.Run("scale-up while new pods load does not run away", func(t *testing.T) { e.scaleUpWhileLoading(t) })
 	t.Run("a step of load through pulse and through Prometheus", func(t *testing.T) { e.stepLatency(t) })
 	if n := sims["elsewhere-0"].calls(); n != 0 {
@@ -470,6 +471,7 @@ func (e *env) startAggregator() {
 			"--agent-auth=tokenreview", "--agent-service-account=" + ns + "/pulse-agent",
 			// The warm-up ends when the one agent has reported.
 			"--expected-agents=1", "--log-format=text"}
+		e.aggArgs = append(e.aggArgs, provisionArgs(e.scaler)...)
 	}
 	e.agg = start(t, e.dir, "pulse-aggregator", nil, filepath.Join(e.bins, "pulse-aggregator"), e.aggArgs...)
 	if e.clientTLS == nil {

@@ -131,10 +131,11 @@ func (f *fakeInferenceSet) createPod(ctx context.Context, i int, sim *countingSi
 	return nil
 }
 
-func (f *fakeInferenceSet) sim(i int) *countingSim {
+// first is replica 0's sim: the pod Ready from the start.
+func (f *fakeInferenceSet) first() *countingSim {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.sims[i]
+	return f.sims[0]
 }
 
 // hpaDesired reads the desired replica count KEDA's HPA reports.
@@ -200,7 +201,7 @@ func (e *env) scaleUpWhileLoading(t *testing.T) {
 	f := &fakeInferenceSet{e: e, name: "burst", loadFor: loadFor, sims: map[int]*countingSim{}}
 	go f.run(ctx, t)
 	waitFor(t, 30*time.Second, "the first pod reports", func() error {
-		if f.sim(0) == nil {
+		if f.first() == nil {
 			return fmt.Errorf("no pod yet")
 		}
 		return e.expectPods("burst-0", 1)
@@ -220,7 +221,7 @@ func (e *env) scaleUpWhileLoading(t *testing.T) {
 		_ = e.dyn.Resource(soGVR).Namespace(appNS).Delete(e.ctx, "burst-so", metav1.DeleteOptions{})
 	}()
 
-	f.sim(0).setWaiting(25)
+	f.first().setWaiting(25)
 	waitFor(t, 90*time.Second, "the HPA asks for 3 and the InferenceSet has 3", func() error {
 		d, err := e.hpaDesired("burst-so")
 		r, rerr := e.replicas(infSetGVR, "burst")
@@ -231,7 +232,7 @@ func (e *env) scaleUpWhileLoading(t *testing.T) {
 	})
 	start := time.Now()
 	// The queue drains on the serving pod while the new ones load.
-	f.sim(0).setWaiting(9)
+	f.first().setWaiting(9)
 	seen := map[int32]bool{}
 	sawStarting := false
 	for time.Since(start) < loadFor-5*time.Second {
