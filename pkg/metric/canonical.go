@@ -13,7 +13,49 @@ const (
 	// RuleRatio: increase of one counter over increase of another
 	// (a hit rate, or a histogram's Δsum/Δcount: the interval mean).
 	RuleRatio
+	// RuleLoad: a replica's load fraction from its gauges against targets
+	// (Def.Load): the largest of KV-cache usage, waiting and running over
+	// their targets; over a window, the mean of its samples' loads.
+	RuleLoad
 )
+
+// Gauge reports whether the rule reads instants (a gauge, or a load made
+// of gauges), not increases of counters.
+func (r Rule) Gauge() bool { return r == RuleGauge || r == RuleLoad }
+
+// LoadTargets are the gauge values at which a replica is fully loaded
+// (load 1). A target of 0 leaves its gauge out.
+type LoadTargets struct {
+	KVCache float64 // KV-cache usage, 0..1
+	Waiting float64 // requests queued
+	Running float64 // requests in the batch
+}
+
+// DefaultLoad are the targets of saturation, from llm-d's
+// workload-variant-autoscaler (its capacity-scaling defaults): a replica is
+// saturated at KV-cache usage 0.8 or 5 waiting, and capacity is added when
+// the spare falls below 0.1 of the KV cache or 3 requests of queue; so a
+// replica is full (load 1) at 0.8 − 0.1 = 0.7 and 5 − 3 = 2 waiting. The
+// batch size is not used unless a running target is set.
+var DefaultLoad = LoadTargets{KVCache: 0.7, Waiting: 2}
+
+// load is a sample's load fraction; ok is false when none of the gauges
+// with a target is present.
+func (l LoadTargets) load(v *Values) (float64, bool) {
+	most, ok := 0.0, false
+	for _, c := range [...]struct {
+		id     ID
+		target float64
+	}{{KVCacheUsage, l.KVCache}, {Waiting, l.Waiting}, {Running, l.Running}} {
+		if c.target <= 0 {
+			continue
+		}
+		if x, has := v.Get(c.id); has {
+			most, ok = max(most, x/c.target), true
+		}
+	}
+	return most, ok
+}
 
 // Def is a canonical metric: the names users write in trigger metadata and
 // see in the debug endpoint.
@@ -22,6 +64,14 @@ type Def struct {
 	Rule Rule
 	Num  ID // the gauge, the counter, or the ratio's numerator
 	Den  ID // the ratio's denominator
+	// Load are RuleLoad's targets.
+	Load LoadTargets
+}
+
+// WithLoad returns m with other load targets.
+func (m Def) WithLoad(l LoadTargets) Def {
+	m.Load = l
+	return m
 }
 
 // Canonical lists every canonical metric, in documentation order.
@@ -41,6 +91,7 @@ var Canonical = []Def{
 	{Name: "itlSeconds", Rule: RuleRatio, Num: ITLSum, Den: ITLCount},
 	{Name: "gpuUtilization", Rule: RuleGauge, Num: GPUUtilization},
 	{Name: "gpuMemoryUsage", Rule: RuleGauge, Num: GPUMemoryUsage},
+	{Name: "saturation", Rule: RuleLoad, Load: DefaultLoad},
 }
 
 var byName = func() map[string]Def {
@@ -81,6 +132,19 @@ type Sample struct {
 // did not grow): an undefined value is never reported as 0.
 func (m Def) Eval(series []Sample) (v float64, ok bool) {
 	switch m.Rule {
+	case RuleLoad:
+		var sum float64
+		n := 0
+		for i := range series {
+			if x, has := m.Load.load(&series[i].Values); has {
+				sum += x
+				n++
+			}
+		}
+		if n == 0 {
+			return 0, false
+		}
+		return sum / float64(n), true
 	case RuleGauge:
 		var sum float64
 		n := 0
@@ -127,10 +191,10 @@ func (m Def) Eval(series []Sample) (v float64, ok bool) {
 // Latest derives m from the end of a series: a gauge's last value, or a
 // rate or ratio over the last interval in which it is defined.
 func (m Def) Latest(series []Sample) (float64, bool) {
-	if m.Rule == RuleGauge {
+	if m.Rule.Gauge() {
 		for i := len(series) - 1; i >= 0; i-- {
-			if x, ok := series[i].Get(m.Num); ok {
-				return x, true
+			if v, ok := m.Eval(series[i : i+1]); ok {
+				return v, true
 			}
 		}
 		return 0, false

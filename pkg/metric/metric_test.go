@@ -85,8 +85,49 @@ func TestQuantize(t *testing.T) {
 		t.Fatalf("waiting = %v", got)
 	}
 	for _, c := range Canonical {
-		if _, ok := Lookup(c.Name); !ok || !c.Num.Valid() {
+		if _, ok := Lookup(c.Name); !ok || (!c.Num.Valid() && c.Rule != RuleLoad) {
 			t.Fatalf("%s does not resolve", c.Name)
 		}
+	}
+}
+
+// TestSaturation: a sample's load is its largest gauge over its target;
+// over a window, the mean of the samples' loads; absent gauges are left
+// out, and a sample with none has no load.
+func TestSaturation(t *testing.T) {
+	sat, ok := Lookup("saturation")
+	if !ok || sat.Load != DefaultLoad {
+		t.Fatalf("%+v", sat)
+	}
+	sample := func(ms int64, kv, waiting float64) Sample {
+		s := Sample{TimeMs: ms}
+		s.Set(KVCacheUsage, kv)
+		s.Set(Waiting, waiting)
+		s.Set(Running, 40)
+		return s
+	}
+	// KV 0.35 of 0.7 → 0.5; 4 waiting of 2 → 2; KV 0.7 and 1 waiting → 1.
+	series := []Sample{sample(0, 0.35, 0), sample(1000, 0.35, 4), sample(2000, 0.7, 1)}
+	if v, ok := sat.Eval(series); !ok || v != (0.5+2+1)/3 {
+		t.Errorf("window = %v %v, want %v", v, ok, (0.5+2+1)/3)
+	}
+	if v, ok := sat.Latest(series); !ok || v != 1 {
+		t.Errorf("latest = %v %v", v, ok)
+	}
+	// A running target counts the batch too: 40 of 32 → 1.25.
+	withRunning := sat.WithLoad(LoadTargets{KVCache: 0.7, Waiting: 2, Running: 32})
+	if v, _ := withRunning.Eval(series[:1]); v != 1.25 {
+		t.Errorf("with a running target = %v, want 1.25", v)
+	}
+	// A page without KV-cache usage: waiting alone.
+	var noKV Sample
+	noKV.Set(Waiting, 1)
+	if v, ok := sat.Eval([]Sample{noKV}); !ok || v != 0.5 {
+		t.Errorf("waiting alone = %v %v", v, ok)
+	}
+	var none Sample
+	none.Set(PromptTokens, 5)
+	if _, ok := sat.Eval([]Sample{none}); ok {
+		t.Error("no gauge: defined")
 	}
 }

@@ -26,6 +26,19 @@ type Trigger struct {
 	MissingPods         string // hold, seed or ignore
 	Window              time.Duration
 	StaleAfter          time.Duration
+	// Load are saturation's targets (kvCacheTarget, waitingTarget,
+	// runningTarget).
+	Load metric.LoadTargets
+}
+
+// Def is the canonical metric the trigger scales on, with its parameters;
+// false for an extra gauge (a raw name).
+func (t Trigger) Def() (metric.Def, bool) {
+	d, ok := metric.Lookup(t.Metric)
+	if ok && d.Rule == metric.RuleLoad {
+		d = d.WithLoad(t.Load)
+	}
+	return d, ok
 }
 
 // Defaults of the trigger metadata (docs/scaledobject.md).
@@ -54,6 +67,9 @@ var DefaultThresholds = map[string]float64{
 	// A fraction of the KV cache: pulse-sim's tune found 0.4 kept 94 % of
 	// requests under 2 s where 0.6 kept 74 % (docs/simulation.md).
 	"kvCacheUsage": 0.4,
+	// Each replica's load fraction: at 1 the HPA asks for the replicas
+	// that would each be fully loaded.
+	"saturation": 1,
 }
 
 // workloadKeys map metadata keys to workload kinds; workspaceName is the key
@@ -113,7 +129,7 @@ func (e *MetadataError) Unwrap() error { return e.Err }
 // is a typo, and an error that names the key meant.
 func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, resolver TargetResolver) (Trigger, error) {
 	t := Trigger{Metric: DefaultMetric, ValueType: "total", Aggregation: "avg",
-		MissingPods: MissingHold, Window: DefaultWindow, StaleAfter: DefaultStaleAfter}
+		MissingPods: MissingHold, Window: DefaultWindow, StaleAfter: DefaultStaleAfter, Load: metric.DefaultLoad}
 	md, err := metadata(ref.GetScalerMetadata())
 	if err != nil {
 		return t, err
@@ -207,7 +223,31 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.StaleAfter <= 0 {
 		return t, &MetadataError{Key: "staleAfter", Msg: "must be above 0"}
 	}
-	return t, nil
+	return t, loadTargets(md, &t)
+}
+
+// loadTargets reads saturation's targets: each at least 0 (0 leaves its
+// gauge out), at least one above 0, the KV cache's at most 1.
+func loadTargets(md map[string]string, t *Trigger) error {
+	var err error
+	for _, c := range []struct {
+		key string
+		v   *float64
+	}{{"kvCacheTarget", &t.Load.KVCache}, {"waitingTarget", &t.Load.Waiting}, {"runningTarget", &t.Load.Running}} {
+		if *c.v, err = number(md, c.key, *c.v); err != nil {
+			return err
+		}
+		if *c.v < 0 {
+			return &MetadataError{Key: c.key, Msg: "must not be negative (0 leaves its gauge out of saturation)"}
+		}
+	}
+	if t.Load.KVCache > 1 {
+		return &MetadataError{Key: "kvCacheTarget", Msg: "is a fraction of the KV cache: at most 1"}
+	}
+	if t.Load == (metric.LoadTargets{}) {
+		return &MetadataError{Key: "kvCacheTarget", Msg: "kvCacheTarget, waitingTarget and runningTarget are all 0: saturation has nothing to measure"}
+	}
+	return nil
 }
 
 func first(vs ...string) string {
@@ -259,7 +299,7 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 // pulseKeys are the trigger metadata keys pulse reads.
 var pulseKeys = []string{"workspace", "workspaceName", "inferenceSet", "deployment", "statefulSet", "leaderWorkerSet", "workload", "namespace",
 	"workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold", "valueType", "aggregation",
-	"missingPods", "window", "staleAfter"}
+	"missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget"}
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its
 // TriggerAuthentication), which KEDA forwards too.

@@ -479,3 +479,54 @@ func TestEveryWorkloadKindHasAKey(t *testing.T) {
 		t.Error("two workloads named: no error")
 	}
 }
+
+// TestSaturationGivesTheReplicasNeeded: with threshold 1 (its default) the
+// HPA's ceil(total / threshold) is the number of replicas that would each
+// be fully loaded: the sum of the pods' load fractions.
+func TestSaturationGivesTheReplicasNeeded(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b", "c")
+	report := func(kv, waiting map[string]float64) {
+		f.ms += 1000
+		var rs []store.Report
+		for n := range kv {
+			r := store.Report{UID: "uid-" + n}
+			r.TimeMs = f.ms
+			r.Values.Set(metric.KVCacheUsage, kv[n])
+			r.Values.Set(metric.Waiting, waiting[n])
+			r.Values.Set(metric.Running, 48)
+			rs = append(rs, r)
+		}
+		f.store.Add(rs)
+	}
+	md := map[string]string{"workspace": "llama", "metric": "saturation", "window": "1s"}
+	// KV 0.35/0.7 = 0.5 each, no queue: 1.5 replicas' worth → the HPA asks 2.
+	report(map[string]float64{"a": 0.35, "b": 0.35, "c": 0.35}, map[string]float64{})
+	if v, err := f.metric(t, md); err != nil || math.Abs(v-1.5) > 1e-9 {
+		t.Fatalf("saturation = %v, %v; want 1.5", v, err)
+	}
+	// A queue on one: 6 waiting of 2 → 3; the others 0.5: 4 replicas.
+	report(map[string]float64{"a": 0.35, "b": 0.35, "c": 0.5}, map[string]float64{"c": 6})
+	if v, err := f.metric(t, md); err != nil || math.Abs(v-4) > 1e-9 {
+		t.Fatalf("saturation = %v, %v; want 4", v, err)
+	}
+	// Own targets: the batch counts, 48 of 32 = 1.5 per pod.
+	md["runningTarget"], md["kvCacheTarget"], md["waitingTarget"] = "32", "0", "0"
+	if v, err := f.metric(t, md); err != nil || math.Abs(v-4.5) > 1e-9 {
+		t.Fatalf("saturation with runningTarget = %v, %v; want 4.5", v, err)
+	}
+	spec, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "llama", "metric": "saturation"}))
+	if err != nil || spec.MetricSpecs[0].TargetSizeFloat != 1 {
+		t.Errorf("default threshold: %v %v", spec, err)
+	}
+	for md, key := range map[string]string{"kvCacheTarget": "kvCacheTarget", "waitingTarget": "waitingTarget"} {
+		bad := map[string]string{"workspace": "llama", "metric": "saturation", md: "-1"}
+		if _, err := f.client.GetMetricSpec(context.Background(), ref(bad)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s -1: %v", md, err)
+		}
+	}
+	none := map[string]string{"workspace": "llama", "metric": "saturation", "kvCacheTarget": "0", "waitingTarget": "0"}
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(none)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("no target: %v", err)
+	}
+}

@@ -49,7 +49,7 @@ func Pipelines() []string {
 // the oracle through pulse's evaluation model.
 func gaugeOf(name string) (metric.ID, bool) {
 	m, ok := metric.Lookup(name)
-	if !ok || m.Rule != metric.RuleGauge {
+	if !ok || m.Rule != metric.RuleGauge { // saturation (RuleLoad) is not one gauge
 		return 0, false
 	}
 	return m.Num, true
@@ -419,12 +419,15 @@ func trueValue(w *world) float64 {
 // exactRate is a rate or ratio metric over the trigger's window from the
 // replica's counters now and at the window's start (kept by the world).
 func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
-	m, ok := metric.Lookup(t.Metric)
+	m, ok := t.Def()
 	if !ok {
 		return 0, false
 	}
-	hist := w.history(rp)
 	cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
+	if m.Rule.Gauge() {
+		return m.Eval([]metric.Sample{cur}) // saturation: the load now
+	}
+	hist := w.history(rp)
 	from := w.now - t.Window
 	series := []metric.Sample{}
 	for _, s := range hist {

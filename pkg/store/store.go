@@ -500,7 +500,7 @@ func (p *pod) window(d time.Duration, rule metric.Rule) []metric.Sample {
 	}
 	from := p.series[len(p.series)-1].TimeMs - d.Milliseconds()
 	i := sort.Search(len(p.series), func(i int) bool { return p.series[i].TimeMs > from })
-	if i > 0 && rule != metric.RuleGauge {
+	if i > 0 && !rule.Gauge() {
 		i--
 	}
 	return p.series[i:]

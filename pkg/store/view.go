@@ -199,6 +199,16 @@ type PodValue struct {
 // false when the store knows no pod of k.
 func (s *Store) Query(dst []PodValue, k Key, name string, window, freshFor time.Duration) (pods []PodValue, found bool) {
 	canon, isCanon := metric.Lookup(name)
+	return s.query(dst, k, name, canon, isCanon, window, freshFor)
+}
+
+// QueryDef is Query for a canonical metric with its own parameters (the
+// load targets of saturation).
+func (s *Store) QueryDef(dst []PodValue, k Key, def metric.Def, window, freshFor time.Duration) (pods []PodValue, found bool) {
+	return s.query(dst, k, def.Name, def, true, window, freshFor)
+}
+
+func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration) (pods []PodValue, found bool) {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -230,7 +240,7 @@ func (s *Store) Query(dst []PodValue, k Key, name string, window, freshFor time.
 			if defined {
 				pv.State = PodCounted
 				p.checkSpan(&pv, window)
-			} else if isCanon && canon.Rule != metric.RuleGauge {
+			} else if isCanon && !canon.Rule.Gauge() {
 				pv.Idle = p.idle()
 			}
 		}
