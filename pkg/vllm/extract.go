@@ -1,4 +1,6 @@
-// Package vllm reads a vLLM /metrics page into pulse's raw values.
+// Package vllm reads a vLLM /metrics page into pulse's raw values, and
+// SGLang's and Hugging Face TGI's pages too (sources.go maps their names
+// onto the same values where the meaning is the same).
 //
 // The fast path (Extractor.Extract) drops every line that feeds no value
 // before github.com/prometheus/common/expfmt parses what is left; the full
@@ -22,13 +24,14 @@ import (
 	"github.com/pulse-io/pulse/pkg/metric"
 )
 
-// ErrNotVLLM is returned for a page that carries no vllm: family.
-var ErrNotVLLM = errors.New("not a vLLM metrics page")
+// ErrNotVLLM is returned for a page that carries no family of a server
+// pulse reads (vllm:, sglang:, tgi_).
+var ErrNotVLLM = errors.New("not a vLLM, SGLang or TGI metrics page")
 
 // ParseError is returned when a line that feeds a value does not parse.
 type ParseError struct{ Err error }
 
-func (e *ParseError) Error() string { return "parse vLLM metrics page: " + e.Err.Error() }
+func (e *ParseError) Error() string { return "parse metrics page: " + e.Err.Error() }
 func (e *ParseError) Unwrap() error { return e.Err }
 
 // Page is what one page says.
@@ -143,7 +146,7 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 
 // filter appends to dst the sample lines that feed a value, each reduced to
 // `name{labels} value\n` (timestamps and OpenMetrics exemplars dropped), and
-// reports whether the page names any vllm: family.
+// reports whether the page names any family of a server pulse reads.
 func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err error) {
 	for len(page) > 0 {
 		var line []byte
@@ -164,7 +167,7 @@ func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err erro
 		}
 		n := nameEnd(line)
 		name := line[:n]
-		if !isVLLM && bytes.HasPrefix(name, vllmPrefix) {
+		if !isVLLM && hasServerPrefix(name) {
 			isVLLM = true
 		}
 		if _, ok := e.sources[string(name)]; !ok {
@@ -182,13 +185,12 @@ func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err erro
 	return dst, isVLLM, nil
 }
 
-var vllmPrefix = []byte("vllm:")
-
-// isVLLMComment reports whether a comment line is a HELP or TYPE of a vllm: family.
+// isVLLMComment reports whether a comment line is a HELP or TYPE of a
+// family of a server pulse reads.
 func isVLLMComment(line []byte) bool {
 	f := bytes.Fields(line[1:])
 	return len(f) >= 2 && (bytes.Equal(f[0], []byte("TYPE")) || bytes.Equal(f[0], []byte("HELP"))) &&
-		bytes.HasPrefix(f[1], vllmPrefix)
+		hasServerPrefix(f[1])
 }
 
 // nameEnd returns the length of the metric name at the start of line.
@@ -332,7 +334,7 @@ func (e *Extractor) FullParse(page []byte) (Page, error) {
 	var acc accumulator
 	acc.init(len(e.extras))
 	for name, mf := range fams {
-		isVLLM = isVLLM || strings.HasPrefix(name, "vllm:")
+		isVLLM = isVLLM || Server(name) != ""
 		for _, m := range mf.Metric {
 			switch mf.GetType() {
 			case dto.MetricType_HISTOGRAM:

@@ -1,6 +1,11 @@
 package vllm
 
-import "github.com/pulse-io/pulse/pkg/metric"
+import (
+	"bytes"
+	"strings"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+)
 
 // combine says how the series of one family (engines, models, finished
 // reasons) become one value.
@@ -23,7 +28,7 @@ type source struct {
 	comb  combine
 }
 
-// knownSources maps vLLM sample names (as they appear on a line, with their
+// knownSources maps vLLM, SGLang and TGI sample names (as they appear on a line, with their
 // _total/_sum/_count suffix) to the raw values they feed.
 var knownSources = map[string]source{
 	"vllm:num_requests_waiting": {id: metric.Waiting, rank: 0, comb: sum},
@@ -53,4 +58,62 @@ var knownSources = map[string]source{
 	"vllm:inter_token_latency_seconds_count":   {id: metric.ITLCount, rank: 0, comb: sum},
 	"vllm:time_per_output_token_seconds_sum":   {id: metric.ITLSum, rank: 1, comb: sum},
 	"vllm:time_per_output_token_seconds_count": {id: metric.ITLCount, rank: 1, comb: sum},
+
+	// SGLang (python/sglang/srt/metrics/collector.py): the same meanings
+	// under its own names. token_usage is the share of the KV pool's
+	// tokens in use: vLLM's KV-cache usage.
+	"sglang:num_queue_reqs":                      {id: metric.Waiting, rank: 0, comb: sum},
+	"sglang:num_running_reqs":                    {id: metric.Running, rank: 0, comb: sum},
+	"sglang:token_usage":                         {id: metric.KVCacheUsage, rank: 0, comb: mean},
+	"sglang:prompt_tokens_total":                 {id: metric.PromptTokens, rank: 0, comb: sum},
+	"sglang:generation_tokens_total":             {id: metric.GenerationTokens, rank: 0, comb: sum},
+	"sglang:num_requests_total":                  {id: metric.RequestSuccess, rank: 0, comb: sum},
+	"sglang:time_to_first_token_seconds_sum":     {id: metric.TTFTSum, rank: 0, comb: sum},
+	"sglang:time_to_first_token_seconds_count":   {id: metric.TTFTCount, rank: 0, comb: sum},
+	"sglang:queue_time_seconds_sum":              {id: metric.QueueTimeSum, rank: 0, comb: sum},
+	"sglang:queue_time_seconds_count":            {id: metric.QueueTimeCount, rank: 0, comb: sum},
+	"sglang:e2e_request_latency_seconds_sum":     {id: metric.E2ELatencySum, rank: 0, comb: sum},
+	"sglang:e2e_request_latency_seconds_count":   {id: metric.E2ELatencyCount, rank: 0, comb: sum},
+	"sglang:inter_token_latency_seconds_sum":     {id: metric.ITLSum, rank: 0, comb: sum},
+	"sglang:inter_token_latency_seconds_count":   {id: metric.ITLCount, rank: 0, comb: sum},
+	"sglang:time_per_output_token_seconds_sum":   {id: metric.ITLSum, rank: 1, comb: sum},
+	"sglang:time_per_output_token_seconds_count": {id: metric.ITLCount, rank: 1, comb: sum},
+
+	// Hugging Face TGI (router/src/server.rs and infer/, docs
+	// reference/metrics.md): a router's queue and batch, and per-request
+	// histograms observed when a request ends. It has no KV-cache gauge and
+	// no TTFT or per-token latency histogram (its mean time per token is a
+	// per-request mean, not vLLM's inter-token latency: not mapped).
+	"tgi_queue_size":                   {id: metric.Waiting, rank: 0, comb: sum},
+	"tgi_batch_current_size":           {id: metric.Running, rank: 0, comb: sum},
+	"tgi_request_success":              {id: metric.RequestSuccess, rank: 0, comb: sum},
+	"tgi_request_input_length_sum":     {id: metric.PromptTokens, rank: 0, comb: sum},
+	"tgi_request_generated_tokens_sum": {id: metric.GenerationTokens, rank: 0, comb: sum},
+	"tgi_request_queue_duration_sum":   {id: metric.QueueTimeSum, rank: 0, comb: sum},
+	"tgi_request_queue_duration_count": {id: metric.QueueTimeCount, rank: 0, comb: sum},
+	"tgi_request_duration_sum":         {id: metric.E2ELatencySum, rank: 0, comb: sum},
+	"tgi_request_duration_count":       {id: metric.E2ELatencyCount, rank: 0, comb: sum},
+}
+
+// serverPrefixes are the name prefixes of the servers pulse reads: a page
+// with a family of one of them is a page pulse can read.
+var serverPrefixes = [][]byte{[]byte("vllm:"), []byte("sglang:"), []byte("tgi_")}
+
+// Server names the server a family name belongs to, or "".
+func Server(name string) string {
+	for _, p := range serverPrefixes {
+		if strings.HasPrefix(name, string(p)) {
+			return strings.TrimRight(string(p), ":_")
+		}
+	}
+	return ""
+}
+
+func hasServerPrefix(name []byte) bool {
+	for _, p := range serverPrefixes {
+		if bytes.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
