@@ -278,7 +278,7 @@ const (
 	MissingReason_MISSING_REASON_CONNECT     MissingReason = 2 // connection refused, reset or DNS
 	MissingReason_MISSING_REASON_HTTP_STATUS MissingReason = 3 // a non-2xx answer
 	MissingReason_MISSING_REASON_PARSE       MissingReason = 4 // the page did not parse
-	MissingReason_MISSING_REASON_NOT_VLLM    MissingReason = 5 // a page with no vllm: families
+	MissingReason_MISSING_REASON_NOT_VLLM    MissingReason = 5 // a page with no vllm:, sglang: or tgi_ family (not_vllm)
 	MissingReason_MISSING_REASON_TOO_LARGE   MissingReason = 6 // the page was over the size cap
 	MissingReason_MISSING_REASON_NOT_READY   MissingReason = 7 // the pod is not Ready; not scraped
 )
