@@ -396,6 +396,9 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	if len(s.Ignored) > 0 {
 		summary += fmt.Sprintf("; not read (keda-kaito-scaler's, which pulse does not take): %v", s.Ignored)
 	}
+	if k.Kind == "Workspace" {
+		summary += "; " + workspaceNote
+	}
 	r.report(k, ref, StateProvisioned, soName, summary)
 	return nil
 }
@@ -508,6 +511,11 @@ func (c *Controller) forget(k key) {
 		c.m.refresh()
 	}
 }
+
+// workspaceNote: Kaito declares the Workspace's /scale without a label
+// selector, and the HPA refuses a target without one; KEDA itself scales
+// it between 0 and 1.
+const workspaceNote = "a Workspace's /scale has no selector, so the HPA cannot take it past 1 replica: KEDA scales it 0 <-> 1 with pulse.io/min-replicas \"0\"; scale an InferenceSet for 1 -> N"
 
 // Summary says what a provisioned ScaledObject scales on, for Events and
 // the debug endpoint.

@@ -50,7 +50,8 @@ func newFixture(t *testing.T, objs ...runtime.Object) *fixture {
 	f.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"})
 	f.kube.Resources = []*metav1.APIResourceList{
-		{GroupVersion: "kaito.sh/v1alpha1", APIResources: []metav1.APIResource{{Name: "inferencesets", Kind: "InferenceSet", Namespaced: true}}},
+		{GroupVersion: "kaito.sh/v1alpha1", APIResources: []metav1.APIResource{{Name: "inferencesets", Kind: "InferenceSet", Namespaced: true},
+			{Name: "workspaces", Kind: "Workspace", Namespaced: true}}},
 		{GroupVersion: "apps/v1", APIResources: []metav1.APIResource{{Name: "deployments", Kind: "Deployment", Namespaced: true},
 			{Name: "statefulsets", Kind: "StatefulSet", Namespaced: true}}},
 	}
@@ -379,4 +380,21 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 	})
 	stopA()
 	stopB()
+}
+
+// TestWorkspaceSaysItScalesZeroToOne: a Workspace's ScaledObject is made,
+// and its status says the HPA cannot take it past one replica.
+func TestWorkspaceSaysItScalesZeroToOne(t *testing.T) {
+	workspaces := schema.GroupVersionResource{Group: "kaito.sh", Version: "v1alpha1", Resource: "workspaces"}
+	f := newFixture(t, workload(workspaces, "Workspace", "llama", map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0"}))
+	f.run()
+	f.waitFor("the Workspace provisioned", func() error {
+		if s := f.state("Workspace", "llama"); s.State != StateProvisioned || !strings.Contains(s.Message, "no selector") {
+			return fmt.Errorf("%+v", s)
+		}
+		return nil
+	})
+	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "0-10 replicas") {
+		t.Errorf("event %q", msg)
+	}
 }
