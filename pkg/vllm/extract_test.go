@@ -245,3 +245,32 @@ func mustRead(t testing.TB, path string) []byte {
 	}
 	return b
 }
+
+// TestSaturationOnRealPages: saturation reads from pages pulse was not
+// written against, each server's own gauges: SGLang's queue dominates its
+// KV share; TGI has no KV-cache gauge, so its queue alone counts; a vLLM
+// V0 page's KV usage.
+func TestSaturationOnRealPages(t *testing.T) {
+	e := newExtractor(t)
+	sat, _ := metric.Lookup("saturation")
+	for name, want := range map[string]float64{
+		"sgl-project-sglang__docs-llama3.1-8b":   2826.0 / 2, // 2826 queued of 2 > KV 0.28 of 0.7
+		"DataDog-integrations-core__tgi-PARTIAL": 0,          // an idle router: 0 queued
+	} {
+		page, err := e.Extract(mustRead(t, "testdata/"+name+".txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := sat.Eval([]metric.Sample{{Values: page.Values}}); !ok || math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: saturation %v %v, want %v", name, got, ok, want)
+		}
+	}
+	page, err := e.Extract(mustRead(t, "testdata/sgl-project-sglang__docs-llama3.1-8b.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvOnly := sat.WithLoad(metric.LoadTargets{KVCache: 0.7})
+	if got, _ := kvOnly.Eval([]metric.Sample{{Values: page.Values}}); math.Abs(got-0.4) > 1e-9 {
+		t.Errorf("SGLang KV term = %v, want 0.28/0.7 = 0.4", got)
+	}
+}
