@@ -11,12 +11,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -155,10 +157,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	defer r.queue.ShutDown()
 
-	r.sos = dynamicinformer.NewFilteredDynamicInformer(c.o.Dynamic, ScaledObjects, metav1.NamespaceAll, c.o.Resync, cache.Indexers{}, nil).Informer()
+	r.sos = dynamicinformer.NewFilteredDynamicInformer(c.o.Dynamic, ScaledObjects, metav1.NamespaceAll, c.o.Resync,
+		cache.Indexers{byTarget: targetIndex}, nil).Informer()
 	if _, err := r.sos.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    r.scaledObjectChanged,
-		UpdateFunc: func(_, o any) { r.scaledObjectChanged(o) },
+		AddFunc: r.scaledObjectChanged,
+		UpdateFunc: func(old, o any) {
+			if !statusOnly(old, o) {
+				r.scaledObjectChanged(o)
+			}
+		},
 		DeleteFunc: r.scaledObjectChanged,
 	}); err != nil {
 		return err
@@ -260,19 +267,7 @@ func annotationsChanged(old, o any) bool {
 	if !okA || !okB || a.GetResourceVersion() == b.GetResourceVersion() || a.GetUID() != b.GetUID() {
 		return true
 	}
-	return !equalAnnotations(a.GetAnnotations(), b.GetAnnotations())
-}
-
-func equalAnnotations(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+	return !maps.Equal(a.GetAnnotations(), b.GetAnnotations())
 }
 
 func objectOf(o any) (metav1.Object, bool) {
@@ -302,9 +297,7 @@ func (r *run) scaledObjectChanged(o any) {
 		r.queue.Add(key{ref.Kind, ns, ref.Name})
 	}
 	if u, ok := m.(*unstructured.Unstructured); ok {
-		kind, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
-		name, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")
-		if name != "" {
+		if kind, name := targetOf(u); name != "" {
 			r.queue.Add(key{kind, ns, name})
 		}
 	}
@@ -415,7 +408,7 @@ func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
 	if existing != nil && Managed(existing) && OwnedBy(existing, ref.UID) {
 		err := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace).Delete(ctx, k.Name, metav1.DeleteOptions{
-			Preconditions: &metav1.Preconditions{UID: ptr(existing.GetUID())}})
+			Preconditions: metav1.NewUIDPreconditions(string(existing.GetUID()))})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
 		}
@@ -444,22 +437,50 @@ func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructur
 			return fmt.Sprintf("ScaledObject %s/%s is pulse's for %s: left alone", k.Namespace, k.Name, owner)
 		}
 	}
-	for _, o := range r.sos.GetIndexer().List() {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok || u.GetNamespace() != k.Namespace || u.GetName() == k.Name {
-			continue
-		}
-		kind, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
-		name, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")
-		if kind == "" {
-			kind = "Deployment"
-		}
-		if kind == k.Kind && name == k.Name {
+	// ByIndex fails only for an index not registered; Run registers it.
+	others, _ := r.sos.GetIndexer().ByIndex(byTarget, k.Namespace+"/"+k.Kind+"/"+k.Name)
+	for _, o := range others {
+		if so, ok := o.(metav1.Object); ok && so.GetName() != k.Name {
 			return fmt.Sprintf("ScaledObject %s/%s already scales %s %s (KEDA allows one per workload): left alone",
-				k.Namespace, u.GetName(), k.Kind, k.Name)
+				k.Namespace, so.GetName(), k.Kind, k.Name)
 		}
 	}
 	return ""
+}
+
+// byTarget indexes ScaledObjects by namespace/kind/name of their
+// scaleTargetRef, so that finding the ones that scale a workload is a
+// lookup, not a scan of every ScaledObject.
+const byTarget = "scaleTarget"
+
+func targetIndex(o any) ([]string, error) {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil
+	}
+	kind, name := targetOf(u)
+	return []string{u.GetNamespace() + "/" + kind + "/" + name}, nil
+}
+
+// targetOf is a ScaledObject's scaleTargetRef kind (KEDA's default,
+// Deployment, when unset) and name.
+func targetOf(u *unstructured.Unstructured) (kind, name string) {
+	kind, _, _ = unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
+	name, _, _ = unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")
+	if kind == "" {
+		kind = "Deployment"
+	}
+	return kind, name
+}
+
+// statusOnly: an update that changed neither the spec (generation), the
+// labels nor the owners — KEDA writes a ScaledObject's status on every
+// poll — concerns no workload. A resync (same resourceVersion) does.
+func statusOnly(old, o any) bool {
+	a, okA := old.(metav1.Object)
+	b, okB := o.(metav1.Object)
+	return okA && okB && a.GetResourceVersion() != b.GetResourceVersion() && a.GetGeneration() == b.GetGeneration() &&
+		maps.Equal(a.GetLabels(), b.GetLabels()) && equality.Semantic.DeepEqual(a.GetOwnerReferences(), b.GetOwnerReferences())
 }
 
 func (r *run) scaledObject(ns, name string) (*unstructured.Unstructured, error) {
@@ -546,5 +567,3 @@ func (c *Controller) Provisioning() Provisioning {
 	})
 	return p
 }
-
-func ptr[T any](v T) *T { return &v }

@@ -398,3 +398,30 @@ func TestWorkspaceSaysItScalesZeroToOne(t *testing.T) {
 		t.Errorf("event %q", msg)
 	}
 }
+
+// TestStatusUpdatesConcernNoWorkload: KEDA writes a ScaledObject's status
+// on every poll; only a spec (generation), label or owner change, or a
+// resync, queues its workloads.
+func TestStatusUpdatesConcernNoWorkload(t *testing.T) {
+	so := func(rv string, gen int64, labels map[string]string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{}}
+		u.SetResourceVersion(rv)
+		u.SetGeneration(gen)
+		u.SetLabels(labels)
+		return u
+	}
+	mine := map[string]string{LabelManagedBy: ManagedBy}
+	for _, c := range []struct {
+		old, new *unstructured.Unstructured
+		skip     bool
+	}{
+		{so("1", 1, mine), so("2", 1, mine), true},                                                     // status
+		{so("1", 1, mine), so("2", 2, mine), false},                                                    // spec
+		{so("1", 1, mine), so("2", 1, map[string]string{"scaledobject.keda.sh/name": "llama"}), false}, // labels
+		{so("2", 1, mine), so("2", 1, mine), false},                                                    // resync
+	} {
+		if got := statusOnly(c.old, c.new); got != c.skip {
+			t.Errorf("%v → %v: statusOnly %v, want %v", c.old.Object, c.new.Object, got, c.skip)
+		}
+	}
+}
