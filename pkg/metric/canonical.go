@@ -68,6 +68,10 @@ type Def struct {
 	Load LoadTargets
 }
 
+// Extra is the Def of a gauge the agents forward by its raw name
+// (--extra-metric): it has no Rule.
+func Extra(name string) Def { return Def{Name: name} }
+
 // WithLoad returns m with other load targets.
 func (m Def) WithLoad(l LoadTargets) Def {
 	m.Load = l
@@ -132,24 +136,11 @@ type Sample struct {
 // did not grow): an undefined value is never reported as 0.
 func (m Def) Eval(series []Sample) (v float64, ok bool) {
 	switch m.Rule {
-	case RuleLoad:
+	case RuleGauge, RuleLoad:
 		var sum float64
 		n := 0
 		for i := range series {
-			if x, has := m.Load.load(&series[i].Values); has {
-				sum += x
-				n++
-			}
-		}
-		if n == 0 {
-			return 0, false
-		}
-		return sum / float64(n), true
-	case RuleGauge:
-		var sum float64
-		n := 0
-		for i := range series {
-			if x, has := series[i].Get(m.Num); has {
+			if x, has := m.instant(&series[i].Values); has {
 				sum += x
 				n++
 			}
@@ -188,12 +179,20 @@ func (m Def) Eval(series []Sample) (v float64, ok bool) {
 	return 0, false
 }
 
+// instant is a gauge rule's value in one sample.
+func (m Def) instant(v *Values) (float64, bool) {
+	if m.Rule == RuleLoad {
+		return m.Load.load(v)
+	}
+	return v.Get(m.Num)
+}
+
 // Latest derives m from the end of a series: a gauge's last value, or a
 // rate or ratio over the last interval in which it is defined.
 func (m Def) Latest(series []Sample) (float64, bool) {
 	if m.Rule.Gauge() {
 		for i := len(series) - 1; i >= 0; i-- {
-			if v, ok := m.Eval(series[i : i+1]); ok {
+			if v, ok := m.instant(&series[i].Values); ok {
 				return v, true
 			}
 		}

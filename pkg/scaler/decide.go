@@ -100,13 +100,7 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	}
 	var podBuf [16]store.PodValue
 	var valBuf [16]float64
-	var pods []store.PodValue
-	var found bool
-	if def, ok := t.Def(); ok {
-		pods, found = s.store.QueryDef(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
-	} else {
-		pods, found = s.store.Query(podBuf[:0], t.Workload, t.Metric, t.Window, t.StaleAfter)
-	}
+	pods, found := s.store.Query(podBuf[:0], t.Workload, t.Def(), t.Window, t.StaleAfter)
 	if !found {
 		return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
 	}

@@ -2,6 +2,7 @@ package scaler
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -29,16 +30,24 @@ type Trigger struct {
 	// Load are saturation's targets (kvCacheTarget, waitingTarget,
 	// runningTarget).
 	Load metric.LoadTargets
+	def  metric.Def // Def(), resolved by ParseTrigger
 }
 
-// Def is the canonical metric the trigger scales on, with its parameters;
-// false for an extra gauge (a raw name).
-func (t Trigger) Def() (metric.Def, bool) {
+// Def is the metric the trigger scales on, with its parameters: a
+// canonical metric, or an extra gauge (metric.Extra). ParseTrigger
+// resolves it once; a Trigger built by hand resolves it here.
+func (t Trigger) Def() metric.Def {
+	if t.def.Name == t.Metric && t.def.Name != "" {
+		return t.def
+	}
 	d, ok := metric.Lookup(t.Metric)
-	if ok && d.Rule == metric.RuleLoad {
+	if !ok {
+		return metric.Extra(t.Metric)
+	}
+	if d.Rule == metric.RuleLoad {
 		d = d.WithLoad(t.Load)
 	}
-	return d, ok
+	return d
 }
 
 // Defaults of the trigger metadata (docs/scaledobject.md).
@@ -95,8 +104,16 @@ func WorkloadKey(kind string) string {
 	return ""
 }
 
-// workloadKeyList names the keys for messages.
-const workloadKeyList = "workspace, inferenceSet, deployment, statefulSet, leaderWorkerSet or workload"
+// workloadKeyList names the keys for messages (the aliases left out).
+var workloadKeyList = func() string {
+	var names []string
+	for _, wk := range workloadKeys {
+		if wk.key != "workspaceName" {
+			names = append(names, wk.key)
+		}
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}()
 
 // vllmNames are the vLLM sample names metricName accepts, as
 // keda-kaito-scaler's proposal writes them.
@@ -155,7 +172,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		}
 		k, ok := workloadKinds[kind]
 		if !ok {
-			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with "+workloadKeyList, kind)}
+			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with %s", kind, workloadKeyList)}
 		}
 		t.Workload = store.Key{Kind: k, Name: name}
 	}
@@ -223,7 +240,11 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.StaleAfter <= 0 {
 		return t, &MetadataError{Key: "staleAfter", Msg: "must be above 0"}
 	}
-	return t, loadTargets(md, &t)
+	if err := loadTargets(md, &t); err != nil {
+		return t, err
+	}
+	t.def = t.Def()
+	return t, nil
 }
 
 // loadTargets reads saturation's targets: each at least 0 (0 leaves its
@@ -296,36 +317,48 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 	return d, nil
 }
 
-// pulseKeys are the trigger metadata keys pulse reads.
-var pulseKeys = []string{"workspace", "workspaceName", "inferenceSet", "deployment", "statefulSet", "leaderWorkerSet", "workload", "namespace",
-	"workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold", "valueType", "aggregation",
-	"missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget"}
+// pulseKeys are the trigger metadata keys pulse reads: the workload keys
+// and these.
+var pulseKeys = func() []string {
+	keys := []string{}
+	for _, wk := range workloadKeys {
+		keys = append(keys, wk.key)
+	}
+	return append(keys, "namespace", "workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold",
+		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget")
+}()
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its
 // TriggerAuthentication), which KEDA forwards too.
 var kedaKeys = []string{"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile"}
 
+// known holds pulseKeys and kedaKeys, for the lookup every call makes.
+var known = func() map[string]bool {
+	m := map[string]bool{}
+	for _, k := range append(slices.Clone(pulseKeys), kedaKeys...) {
+		m[k] = true
+	}
+	return m
+}()
+
 // metadata returns the trigger's metadata with each "<key>FromEnv" of one of
 // pulse's keys read as that key (KEDA resolves the variable and forwards the
 // value under the FromEnv name), after checking that no key is a typo of
-// one of pulse's.
+// one of pulse's. It copies the map only when a FromEnv key applies.
 func metadata(in map[string]string) (map[string]string, error) {
-	out := make(map[string]string, len(in))
+	out, copied := in, false
 	for k, v := range in {
-		out[k] = v
-	}
-	for k, v := range in {
-		if slices.Contains(pulseKeys, k) || slices.Contains(kedaKeys, k) {
+		if known[k] {
 			continue
 		}
 		base, fromEnv := strings.CutSuffix(k, "FromEnv")
-		if fromEnv && slices.Contains(pulseKeys, base) {
-			if in[base] == "" {
+		if fromEnv && known[base] {
+			if slices.Contains(pulseKeys, base) && in[base] == "" {
+				if !copied {
+					out, copied = maps.Clone(in), true
+				}
 				out[base] = v
 			}
-			continue
-		}
-		if fromEnv && slices.Contains(kedaKeys, base) {
 			continue
 		}
 		if meant := nearestKey(base); meant != "" {

@@ -419,9 +419,9 @@ func trueValue(w *world) float64 {
 // exactRate is a rate or ratio metric over the trigger's window from the
 // replica's counters now and at the window's start (kept by the world).
 func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
-	m, ok := t.Def()
-	if !ok {
-		return 0, false
+	m := t.Def()
+	if m.Rule == 0 {
+		return 0, false // an extra gauge: not modelled
 	}
 	cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
 	if m.Rule.Gauge() {

@@ -97,7 +97,7 @@ func TestMissingAndFreshness(t *testing.T) {
 	if _, ok := v.Averages["waiting"]; ok {
 		t.Fatal("a missing pod entered the average")
 	}
-	pods, _ := s.Query(nil, ws, "waiting", 10*time.Second, time.Second)
+	pods, _ := s.Query(nil, ws, canonical(t, "waiting"), 10*time.Second, time.Second)
 	if pods[0].State != PodMissing || pods[0].Reason != "timeout" {
 		t.Fatalf("query = %+v: want missing (timeout)", pods[0])
 	}
@@ -156,11 +156,11 @@ func TestDeadNodesPodsGoWithoutCatalogueTraffic(t *testing.T) {
 	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
 	s.CloseSource("n1")
 	now = now.Add(30 * time.Second)
-	if pods, found := s.Query(nil, ws, "waiting", time.Second, time.Second); !found || pods[0].State != PodMissing {
+	if pods, found := s.Query(nil, ws, canonical(t, "waiting"), time.Second, time.Second); !found || pods[0].State != PodMissing {
 		t.Fatalf("within --pod-expiry the pod is held as missing: %v %+v", found, pods)
 	}
 	now = now.Add(5 * time.Minute)
-	if pods, found := s.Query(nil, ws, "waiting", time.Second, time.Second); found {
+	if pods, found := s.Query(nil, ws, canonical(t, "waiting"), time.Second, time.Second); found {
 		t.Fatalf("a dead node's pod is still counted: %+v", pods)
 	}
 	if v := s.View(ViewOptions{}); len(v) != 0 {
@@ -242,10 +242,19 @@ func TestNewAgentInstanceCountsNoIncreaseAcrossIt(t *testing.T) {
 	s.Add([]Report{tokens(1000, 5000), tokens(2000, 5100)})
 	s.Upsert(Source{Node: "n1", Instance: "two"}, []PodInfo{info}, true)
 	s.Add([]Report{tokens(3000, 1200), tokens(4000, 1300)})
-	pods, _ := s.Query(nil, ws, "generationTokensPerSecond", 10*time.Second, time.Hour)
+	pods, _ := s.Query(nil, ws, canonical(t, "generationTokensPerSecond"), 10*time.Second, time.Hour)
 	// 100 tokens/s before, none counted across the restart, 100/s after:
 	// 200 tokens over 3 s.
 	if got := pods[0].Value; math.Abs(got-200.0/3) > 1e-9 {
 		t.Fatalf("rate %v, want %v (no spike across the agent restart)", got, 200.0/3)
 	}
+}
+
+func canonical(t *testing.T, name string) metric.Def {
+	t.Helper()
+	m, ok := metric.Lookup(name)
+	if !ok {
+		t.Fatalf("no metric %s", name)
+	}
+	return m
 }

@@ -194,18 +194,12 @@ type PodValue struct {
 	Samples int
 }
 
-// Query appends to dst one metric over window for every pod of workload k.
-// The name is a canonical metric's or an extra gauge's raw name. found is
-// false when the store knows no pod of k.
-func (s *Store) Query(dst []PodValue, k Key, name string, window, freshFor time.Duration) (pods []PodValue, found bool) {
-	canon, isCanon := metric.Lookup(name)
-	return s.query(dst, k, name, canon, isCanon, window, freshFor)
-}
-
-// QueryDef is Query for a canonical metric with its own parameters (the
-// load targets of saturation).
-func (s *Store) QueryDef(dst []PodValue, k Key, def metric.Def, window, freshFor time.Duration) (pods []PodValue, found bool) {
-	return s.query(dst, k, def.Name, def, true, window, freshFor)
+// Query appends to dst one metric over window for every pod of workload k:
+// a canonical metric (with its parameters, such as saturation's targets),
+// or an extra gauge (metric.Extra: its raw name). found is false when the
+// store knows no pod of k.
+func (s *Store) Query(dst []PodValue, k Key, m metric.Def, window, freshFor time.Duration) (pods []PodValue, found bool) {
+	return s.query(dst, k, m.Name, m, m.Rule != 0, window, freshFor)
 }
 
 func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration) (pods []PodValue, found bool) {

@@ -334,7 +334,7 @@ func (e *Extractor) FullParse(page []byte) (Page, error) {
 	var acc accumulator
 	acc.init(len(e.extras))
 	for name, mf := range fams {
-		isVLLM = isVLLM || Server(name) != ""
+		isVLLM = isVLLM || hasServerPrefix([]byte(name))
 		for _, m := range mf.Metric {
 			switch mf.GetType() {
 			case dto.MetricType_HISTOGRAM:

@@ -2,7 +2,6 @@ package vllm
 
 import (
 	"bytes"
-	"strings"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 )
@@ -98,16 +97,6 @@ var knownSources = map[string]source{
 // serverPrefixes are the name prefixes of the servers pulse reads: a page
 // with a family of one of them is a page pulse can read.
 var serverPrefixes = [][]byte{[]byte("vllm:"), []byte("sglang:"), []byte("tgi_")}
-
-// Server names the server a family name belongs to, or "".
-func Server(name string) string {
-	for _, p := range serverPrefixes {
-		if strings.HasPrefix(name, string(p)) {
-			return strings.TrimRight(string(p), ":_")
-		}
-	}
-	return ""
-}
 
 func hasServerPrefix(name []byte) bool {
 	for _, p := range serverPrefixes {
