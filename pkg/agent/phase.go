@@ -1,8 +1,8 @@
 package agent
 
 import (
-	"container/heap"
 	"hash/fnv"
+	"slices"
 	"time"
 )
 
@@ -17,20 +17,13 @@ import (
 type phaser struct {
 	interval time.Duration
 	phase    time.Duration
-	slots    map[string]*slot // by UID
-	queue    slotQueue
-}
-
-type slot struct {
-	uid   string
-	phase time.Duration
-	at    time.Time // the next scrape
-	index int       // in queue; -1 once removed
+	uids     []string  // the scheduled pods, sorted: a stable order
+	at       time.Time // their next scrape (zero: none scheduled)
 }
 
 // newPhaser schedules every pod at phase of interval.
 func newPhaser(interval, phase time.Duration) *phaser {
-	return &phaser{interval: interval, phase: phase, slots: map[string]*slot{}}
+	return &phaser{interval: interval, phase: phase}
 }
 
 // phaseOf is name's offset within the interval.
@@ -51,72 +44,32 @@ func nextAt(now time.Time, interval, phase time.Duration) time.Time {
 	return time.Unix(0, base)
 }
 
-// sync makes the scheduled pods exactly uids: new ones get their next phase
-// instant after now, gone ones are dropped, the rest keep their times.
+// sync makes the scheduled pods exactly uids. The pods that stay keep their
+// time; when none was scheduled, the next phase instant after now is.
+// Every pod shares the node's phase, so one time serves them all.
 func (p *phaser) sync(uids []string, now time.Time) {
-	keep := make(map[string]bool, len(uids))
-	for _, uid := range uids {
-		keep[uid] = true
-		if _, ok := p.slots[uid]; ok {
-			continue
-		}
-		s := &slot{uid: uid, phase: p.phase, at: nextAt(now, p.interval, p.phase)}
-		p.slots[uid] = s
-		heap.Push(&p.queue, s)
-	}
-	for uid, s := range p.slots {
-		if !keep[uid] {
-			heap.Remove(&p.queue, s.index)
-			delete(p.slots, uid)
-		}
+	p.uids = append(p.uids[:0], uids...)
+	slices.Sort(p.uids)
+	switch {
+	case len(p.uids) == 0:
+		p.at = time.Time{}
+	case p.at.IsZero():
+		p.at = nextAt(now, p.interval, p.phase)
 	}
 }
 
-// next is the time of the earliest scheduled scrape; false when none is.
-func (p *phaser) next() (time.Time, bool) {
-	if len(p.queue) == 0 {
-		return time.Time{}, false
-	}
-	return p.queue[0].at, true
-}
+// next is the time of the next scrape; false when no pod is scheduled.
+func (p *phaser) next() (time.Time, bool) { return p.at, !p.at.IsZero() }
 
-// due calls fn for every pod whose time has come and schedules each at its
-// next phase instant after now: a pod whose time was missed (a stalled
-// process, a slow loop) is scraped once, never in a burst.
+// due calls fn for every pod when their time has come and schedules the
+// next phase instant after now: a time missed (a stalled process, a slow
+// loop) is scraped once, never in a burst.
 func (p *phaser) due(now time.Time, fn func(uid string)) {
-	for len(p.queue) > 0 && !p.queue[0].at.After(now) {
-		s := p.queue[0]
-		fn(s.uid)
-		s.at = nextAt(now, p.interval, s.phase)
-		heap.Fix(&p.queue, 0)
+	if p.at.IsZero() || p.at.After(now) {
+		return
 	}
-}
-
-// slotQueue is a min-heap of slots by time, then UID (a stable order for
-// pods that share a phase).
-type slotQueue []*slot
-
-func (q slotQueue) Len() int { return len(q) }
-func (q slotQueue) Less(i, j int) bool {
-	if !q[i].at.Equal(q[j].at) {
-		return q[i].at.Before(q[j].at)
+	for _, uid := range p.uids {
+		fn(uid)
 	}
-	return q[i].uid < q[j].uid
-}
-func (q slotQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
-}
-func (q *slotQueue) Push(x any) {
-	s := x.(*slot)
-	s.index = len(*q)
-	*q = append(*q, s)
-}
-func (q *slotQueue) Pop() any {
-	old := *q
-	s := old[len(old)-1]
-	old[len(old)-1] = nil
-	s.index = -1
-	*q = old[:len(old)-1]
-	return s
+	p.at = nextAt(now, p.interval, p.phase)
 }
