@@ -48,10 +48,7 @@ const acceptEncoding = "identity"
 // (up to --max-page-bytes) gets a buffer of its own.
 const maxPooledBuffer = 1 << 20
 
-var (
-	pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-	gzipReaders sync.Pool // *gzip.Reader
-)
+var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // httpScraper fetches pages over HTTP with keep-alive connections.
 type httpScraper struct {
@@ -70,8 +67,6 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	tr.MaxIdleConns = maxConns
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second
-	// The agent sets Accept-Encoding itself and inflates gzip itself.
-	tr.DisableCompression = true
 	return &httpScraper{client: &http.Client{Transport: tr}, extractor: ex, maxBytes: maxBytes}
 }
 
@@ -102,11 +97,13 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 	switch enc := resp.Header.Get("Content-Encoding"); enc {
 	case "", "identity":
 	case "gzip":
-		zr, err := gunzip(resp.Body)
+		// Only a server that ignores Accept-Encoding: identity gets here
+		// (the transport inflates nothing for a request that sets it).
+		zr, err := gzip.NewReader(resp.Body)
 		if err != nil {
 			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
 		}
-		defer gzipReaders.Put(zr)
+		defer func() { _ = zr.Close() }()
 		body = zr
 	default:
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
@@ -135,18 +132,6 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: %w", url, err)}
 	}
 	return page, nil
-}
-
-// gunzip returns a pooled gzip reader over r.
-func gunzip(r io.Reader) (*gzip.Reader, error) {
-	if zr, ok := gzipReaders.Get().(*gzip.Reader); ok {
-		if err := zr.Reset(r); err != nil {
-			gzipReaders.Put(zr)
-			return nil, err
-		}
-		return zr, nil
-	}
-	return gzip.NewReader(r)
 }
 
 func classify(ctx context.Context, url string, err error) error {
