@@ -3,8 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -240,23 +239,10 @@ func (p *promPipe) query(w *world) float64 {
 	if len(vals) == 0 {
 		return 0 // KEDA's prometheus scaler: an empty result is 0 (ignoreNullValues)
 	}
-	sum, most := 0.0, vals[0]
-	for _, v := range vals {
-		sum += v
-		most = math.Max(most, v)
+	if p.avgForm {
+		return mean(vals)
 	}
-	t := p.cfg.trigger
-	switch {
-	case p.avgForm:
-		return sum / float64(len(vals))
-	case t.ValueType == "average" && t.Aggregation == "max":
-		return most
-	case t.ValueType == "average":
-		return sum / float64(len(vals))
-	case t.Aggregation == "max":
-		return most * float64(len(vals))
-	}
-	return sum
+	return aggregate(vals, p.cfg.trigger)
 }
 
 func (p *promPipe) Metric(w *world) (float64, error) { return p.query(w), nil }
@@ -400,21 +386,34 @@ func trueValue(w *world) float64 {
 	if len(vals) == 0 {
 		return 0
 	}
-	sort.Float64s(vals)
-	sum, most := 0.0, vals[len(vals)-1]
-	for _, v := range vals {
-		sum += v
-	}
+	return aggregate(vals, t)
+}
+
+// aggregate is the trigger's value from per-pod values, as pulse's scaler
+// combines them: the total (sum), or the mean with valueType average, and
+// with aggregation max the largest (times the pods for a total).
+func aggregate(vals []float64, t scaler.Trigger) float64 {
+	most := slices.Max(vals)
 	switch {
 	case t.ValueType == "average" && t.Aggregation == "max":
 		return most
 	case t.ValueType == "average":
-		return sum / float64(len(vals))
+		return mean(vals)
 	case t.Aggregation == "max":
 		return most * float64(len(vals))
 	}
-	return sum
+	return sum(vals)
 }
+
+func sum(vals []float64) float64 {
+	s := 0.0
+	for _, v := range vals {
+		s += v
+	}
+	return s
+}
+
+func mean(vals []float64) float64 { return sum(vals) / float64(len(vals)) }
 
 // exactRate is a rate or ratio metric over the trigger's window from the
 // replica's counters now and at the window's start (kept by the world).

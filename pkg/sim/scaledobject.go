@@ -7,6 +7,7 @@ import (
 	"time"
 
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -105,29 +106,18 @@ func (so *ScaledObject) PulseTrigger() *Trigger {
 }
 
 // MinReplicas is minReplicaCount (KEDA's default 0).
-func (so *ScaledObject) MinReplicas() int32 {
-	if so.Spec.MinReplicaCount != nil {
-		return *so.Spec.MinReplicaCount
-	}
-	return 0
-}
+func (so *ScaledObject) MinReplicas() int32 { return ptr.Deref(so.Spec.MinReplicaCount, 0) }
 
 // MaxReplicas is maxReplicaCount (KEDA's default 100).
 func (so *ScaledObject) MaxReplicas() int32 {
-	if so.Spec.MaxReplicaCount != nil {
-		return *so.Spec.MaxReplicaCount
-	}
-	return defaultMaxReplicas
+	return ptr.Deref(so.Spec.MaxReplicaCount, defaultMaxReplicas)
 }
 
 // HPAMinReplicas is the HPA's minReplicas KEDA sets: minReplicaCount, or 1.
 func (so *ScaledObject) HPAMinReplicas() int32 { return max(so.MinReplicas(), 1) }
 
 func seconds(p *int32, def time.Duration) time.Duration {
-	if p != nil {
-		return time.Duration(*p) * time.Second
-	}
-	return def
+	return time.Duration(ptr.Deref(p, int32(def/time.Second))) * time.Second
 }
 
 // PollingInterval is pollingInterval (KEDA's default 30 s).

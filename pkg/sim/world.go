@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -296,14 +297,7 @@ func (w *world) addReplica() {
 	})
 }
 
-func (w *world) exists(rp *rep) bool {
-	for _, x := range w.reps {
-		if x == rp {
-			return true
-		}
-	}
-	return false
-}
+func (w *world) exists(rp *rep) bool { return slices.Contains(w.reps, rp) }
 
 func (w *world) becomeReady(rp *rep) {
 	rp.state, rp.readyAt = ready, w.now
@@ -325,11 +319,8 @@ func (w *world) retire(rp *rep) {
 		return
 	}
 	rp.state = terminating
-	for i, x := range w.ready {
-		if x == rp {
-			w.ready = append(w.ready[:i], w.ready[i+1:]...)
-			break
-		}
+	if i := slices.Index(w.ready, rp); i >= 0 {
+		w.ready = slices.Delete(w.ready, i, i+1)
 	}
 	w.pipe.ReplicaTerminating(w, rp)
 	rp.r.AdvanceTo(w.now)
@@ -345,11 +336,8 @@ func (w *world) retire(rp *rep) {
 }
 
 func (w *world) remove(rp *rep) {
-	for i, x := range w.reps {
-		if x == rp {
-			w.reps = append(w.reps[:i], w.reps[i+1:]...)
-			break
-		}
+	if i := slices.Index(w.reps, rp); i >= 0 {
+		w.reps = slices.Delete(w.reps, i, i+1)
 	}
 	rp.gen++ // cancels its pending event
 	w.pipe.ReplicaRemoved(w, rp)
