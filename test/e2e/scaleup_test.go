@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -19,6 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/pulse-io/pulse/pkg/debug"
 )
 
 // fakeInferenceSet plays Kaito's InferenceSet controller (and the kubelet)
@@ -155,17 +156,8 @@ func (e *env) triggerPods(so string) (map[string]string, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var doc struct {
-		Triggers []struct {
-			ScaledObject string
-			Error        string
-			Decision     *struct {
-				Pods []struct{ Name, Use, Why string }
-			}
-		}
-	}
-	if err := json.Unmarshal(b, &doc); err != nil {
+	var doc debug.TriggersDocument
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
 		return nil, err
 	}
 	for _, tr := range doc.Triggers {
