@@ -105,7 +105,11 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		}
 		extras = append(extras, x)
 	}
-	ex, err := vllm.NewExtractor(extras)
+	var exOpts []vllm.Option
+	if opts.ForwardHistograms {
+		exOpts = append(exOpts, vllm.WithHistograms())
+	}
+	ex, err := vllm.NewExtractor(extras, exOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -35,6 +35,7 @@ type Options struct {
 	MaxConcurrent       int
 	MaxPageBytes        int64
 	ExtraMetrics        stringList
+	ForwardHistograms   bool
 	BatchDelay          time.Duration
 	ReconnectMaxBackoff time.Duration
 	HTTPAddr            string
@@ -84,6 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
 	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large)")
 	fs.Var(&o.ExtraMetrics, "extra-metric", "forward a gauge by its raw name, NAME[:sum|mean|max] (default sum over series); repeatable")
+	fs.BoolVar(&o.ForwardHistograms, "forward-histograms", o.ForwardHistograms, "forward the TTFT and inter-token latency histograms' buckets (metrics ttftP50/P90/P99Seconds, itlP50/P90/P99Seconds); about 80 more bytes per busy pod per scrape")
 	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")
 	fs.DurationVar(&o.ReconnectMaxBackoff, "reconnect-max-backoff", o.ReconnectMaxBackoff, "longest wait between reconnects to an aggregator")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")

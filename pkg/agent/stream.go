@@ -253,7 +253,7 @@ func (s *streamer) batch(ids map[string]uint32, enc *wire.Encoder) *pulsev1.Samp
 	b := &pulsev1.SampleBatch{TimeUnixMs: results[0].timeMs}
 	for _, r := range results {
 		s := wire.Sample{Pod: ids[r.uid], OffsetMs: int32(r.timeMs - b.TimeUnixMs), Missing: r.missing, Error: r.err,
-			Values: r.page.Values}
+			Values: r.page.Values, Hist: r.page.Hist}
 		for _, x := range r.page.Extra {
 			if !math.IsNaN(x) {
 				s.Extra = r.page.Extra

@@ -368,7 +368,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 				r.Extra[i] = x
 			}
 		}
-		r.Values = s.Values
+		r.Values, r.Hist = s.Values, s.Hist
 		// Every pulse value is a count, a ratio, a rate or a duration: a
 		// negative one is bad input. It is dropped (absent), the rest kept.
 		for id := metric.ID(1); id < metric.NumIDs; id++ {

@@ -17,6 +17,11 @@ const (
 	// (Def.Load): the largest of KV-cache usage, waiting and running over
 	// their targets; over a window, the mean of its samples' loads.
 	RuleLoad
+	// RuleQuantile: a latency quantile (Def.Q) of a histogram (Def.Hist)
+	// over the window's increase of its buckets, interpolated within a
+	// bucket as Prometheus' histogram_quantile does; a workload's is taken
+	// over its pods' buckets merged (Merge), not from their quantiles.
+	RuleQuantile
 )
 
 // Gauge reports whether the rule reads instants (a gauge, or a load made
@@ -66,6 +71,9 @@ type Def struct {
 	Den  ID // the ratio's denominator
 	// Load are RuleLoad's targets.
 	Load LoadTargets
+	// Hist and Q are RuleQuantile's histogram and quantile.
+	Hist Hist
+	Q    float64
 }
 
 // Extra is the Def of a gauge the agents forward by its raw name
@@ -96,6 +104,12 @@ var Canonical = []Def{
 	{Name: "gpuUtilization", Rule: RuleGauge, Num: GPUUtilization},
 	{Name: "gpuMemoryUsage", Rule: RuleGauge, Num: GPUMemoryUsage},
 	{Name: "saturation", Rule: RuleLoad, Load: DefaultLoad},
+	{Name: "ttftP50Seconds", Rule: RuleQuantile, Hist: TTFTHist, Q: 0.5},
+	{Name: "ttftP90Seconds", Rule: RuleQuantile, Hist: TTFTHist, Q: 0.9},
+	{Name: "ttftP99Seconds", Rule: RuleQuantile, Hist: TTFTHist, Q: 0.99},
+	{Name: "itlP50Seconds", Rule: RuleQuantile, Hist: ITLHist, Q: 0.5},
+	{Name: "itlP90Seconds", Rule: RuleQuantile, Hist: ITLHist, Q: 0.9},
+	{Name: "itlP99Seconds", Rule: RuleQuantile, Hist: ITLHist, Q: 0.99},
 }
 
 var byName = func() map[string]Def {
@@ -122,11 +136,13 @@ func Names() []string {
 	return out
 }
 
-// Sample is a pod's raw values at a time (Unix milliseconds). In a series
+// Sample is a pod's raw values at a time (Unix milliseconds), and its
+// histograms when its agent forwards them (nil otherwise). In a series
 // handed to Eval, counters must be monotonic (see Monotonic).
 type Sample struct {
 	TimeMs int64
 	Values
+	Hist *Histograms
 }
 
 // Eval derives m over a time-ordered series of samples: the mean of a gauge's
@@ -149,6 +165,12 @@ func (m Def) Eval(series []Sample) (v float64, ok bool) {
 			return 0, false
 		}
 		return sum / float64(n), true
+	case RuleQuantile:
+		bounds, delta, ok := histDelta(m.Hist, series)
+		if !ok {
+			return 0, false
+		}
+		return HistogramQuantile(m.Q, bounds, delta)
 	case RuleRate, RuleRatio:
 		first, last := -1, -1
 		for i := range series {
@@ -215,13 +237,33 @@ type Monotonic struct {
 	last   Values
 	offset [NumIDs]float64
 	rebase bool
+	hist   [NumHists]histMono
 }
 
 // Rebase says that the next values do not continue the earlier ones (they
 // come from another agent process, whose own reset handling started anew):
 // the next value continues the series with no increase, so the increase
 // over that one interval is lost rather than mistaken for a reset.
-func (m *Monotonic) Rebase() { m.rebase = true }
+func (m *Monotonic) Rebase() {
+	m.rebase = true
+	for h := range m.hist {
+		m.hist[h].rebase = true
+	}
+}
+
+// AdjustSample rewrites the counters and histogram buckets of s in place
+// (the buckets get slices of their own).
+func (m *Monotonic) AdjustSample(s *Sample) {
+	m.Adjust(&s.Values)
+	if s.Hist == nil {
+		return
+	}
+	for h := range s.Hist {
+		if s.Hist[h].Present() {
+			m.hist[h].adjust(&s.Hist[h])
+		}
+	}
+}
 
 // Adjust rewrites the counters of v in place.
 func (m *Monotonic) Adjust(v *Values) {

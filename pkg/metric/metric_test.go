@@ -85,7 +85,7 @@ func TestQuantize(t *testing.T) {
 		t.Fatalf("waiting = %v", got)
 	}
 	for _, c := range Canonical {
-		if _, ok := Lookup(c.Name); !ok || (!c.Num.Valid() && c.Rule != RuleLoad) {
+		if _, ok := Lookup(c.Name); !ok || (!c.Num.Valid() && c.Rule != RuleLoad && c.Rule != RuleQuantile) || (c.Rule == RuleQuantile && (c.Hist >= NumHists || c.Q <= 0 || c.Q >= 1)) {
 			t.Fatalf("%s does not resolve", c.Name)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -100,19 +101,38 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	}
 	var podBuf [16]store.PodValue
 	var valBuf [16]float64
-	pods, found := s.store.Query(podBuf[:0], t.Workload, t.Def(), t.Window, t.StaleAfter)
+	def := t.Def()
+	quantile := def.Rule == metric.RuleQuantile
+	var pods []store.PodValue
+	var found, mergedOK bool
+	var merged float64
+	if quantile {
+		// Every counted pod stands for the workload's quantile, taken over
+		// the counted pods' buckets merged: the missing-pod rule, valueType
+		// and aggregation then apply as to any per-pod value.
+		pods, merged, mergedOK, found = s.store.QueryQuantile(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
+	} else {
+		pods, found = s.store.Query(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
+	}
 	if !found {
 		return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
 	}
 	var d Decision
 	vals := valBuf[:0]
-	var missing, starting, terminating, undefined, busy int
+	var missing, starting, terminating, undefined, busy, noHist int
 	for i := range pods {
 		p := &pods[i]
 		switch p.State {
 		case store.PodCounted:
 			if p.Truncated {
 				return Decision{}, status.Error(codes.InvalidArgument, truncated(t, p))
+			}
+			if quantile {
+				if !mergedOK {
+					return Decision{}, status.Errorf(codes.Unavailable, "%s: the pods' %s histograms share no finite bucket bound: their servers' versions differ", describe(t), def.Hist.Name())
+				}
+				vals = append(vals, merged)
+				continue
 			}
 			vals = append(vals, p.Value)
 		case store.PodMissing:
@@ -123,10 +143,16 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 			terminating++
 		case store.PodUndefined:
 			undefined++
+			if p.Reason == store.NoHistograms {
+				noHist++
+			}
 			if !p.Idle {
 				busy++
 			}
 		}
+	}
+	if len(vals) == 0 && noHist > 0 && noHist == undefined {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: metric %q needs the %s histogram, which no agent forwards for this workload's pods: start the agents with --forward-histograms (value forwardHistograms of the deploy/daemonset chart)", describe(t), t.Metric, def.Hist.Name())
 	}
 	if len(vals) == 0 && undefined == 0 {
 		// An error, so that KEDA applies its fallback and the HPA holds:
@@ -183,7 +209,7 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	d.LeftOut = len(pods) - d.Counted - d.Filled
 	d.Ready = len(pods) - starting - terminating
 	if detail {
-		d.Pods = podDecisions(pods, fill, fillWhy)
+		d.Pods = podDecisions(pods, fill, fillWhy, quantile)
 	}
 	return d, nil
 }
@@ -204,13 +230,16 @@ func (s *Server) fill(t Trigger, up bool) (float64, string) {
 	return t.Threshold, "hold: threshold"
 }
 
-func podDecisions(pods []store.PodValue, fill float64, fillWhy string) []PodDecision {
+func podDecisions(pods []store.PodValue, fill float64, fillWhy string, quantile bool) []PodDecision {
 	out := make([]PodDecision, 0, len(pods))
 	for _, p := range pods {
 		pd := PodDecision{Name: p.Name, Use: UseLeftOut}
 		switch p.State {
 		case store.PodCounted:
 			pd.Use, pd.Value = UseCounted, p.Value
+			if quantile {
+				pd.Why = "its own quantile; its buckets are merged into the workload's"
+			}
 		case store.PodMissing:
 			if fill >= 0 {
 				pd.Use, pd.Value = UseFilled, fill
@@ -218,8 +247,11 @@ func podDecisions(pods []store.PodValue, fill float64, fillWhy string) []PodDeci
 			pd.Why = fillWhy + " (" + p.Reason + ")"
 		case store.PodUndefined:
 			pd.Why = "undefined"
-			if p.Idle {
+			switch {
+			case p.Idle:
 				pd.Why = "idle"
+			case p.Reason != "":
+				pd.Why = "undefined: " + p.Reason
 			}
 		default:
 			pd.Why = p.State.String()

@@ -472,3 +472,78 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 		t.Fatal("the dashboard queries nothing")
 	}
 }
+
+// reportHist stores, per pod, cumulative TTFT bucket counts over the bounds
+// 0.1, 1, 10, +Inf (nil: the pod forwards no histogram), with one request
+// running so that an undefined value is not idle.
+func (f *fixture) reportHist(counts map[string][]float64) {
+	f.ms += 1000
+	var rs []store.Report
+	for n, c := range counts {
+		r := store.Report{UID: "uid-" + n}
+		r.TimeMs = f.ms
+		r.Values.Set(metric.Waiting, 0)
+		r.Values.Set(metric.Running, 1)
+		if c != nil {
+			r.Hist = &metric.Histograms{}
+			r.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{0.1, 1, 10, math.Inf(1)}, Counts: c}
+		}
+		rs = append(rs, r)
+	}
+	f.store.Add(rs)
+}
+
+// TestQuantileIsTheWorkloads: ttftP90Seconds is the p90 of the workload's
+// requests (its pods' bucket increases merged), not a mean of the pods'
+// p90s; a stale pod is filled by the missing-pod rule as with any metric;
+// a workload whose agents forward no histogram gets an error that says how
+// to turn them on.
+func TestQuantileIsTheWorkloads(t *testing.T) {
+	md := map[string]string{"workspace": "llama", "metric": "ttftP90Seconds", "threshold": "2", "valueType": "average"}
+	t.Run("merged", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a", "b")
+		f.reportHist(map[string][]float64{"a": {0, 0, 0, 0}, "b": {0, 0, 0, 0}})
+		// a: 90 requests under 0.1 s; b: 10 between 1 and 10 s. The
+		// workload's p90 is at the top of the fast bucket (0.1); the pods'
+		// own p90s are 0.1 and 9.1, whose mean would be 4.6.
+		f.reportHist(map[string][]float64{"a": {90, 90, 90, 90}, "b": {0, 0, 10, 10}})
+		got, err := f.metric(t, md)
+		if err != nil || math.Abs(got-0.1) > 1e-9 {
+			t.Fatalf("GetMetrics = %v, %v; want 0.1", got, err)
+		}
+		d := f.server.Evaluations()[0].Decision
+		if d.Counted != 2 {
+			t.Fatalf("decision %+v: want 2 counted", d)
+		}
+	})
+	t.Run("stale pod held at the threshold", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a", "b")
+		f.reportHist(map[string][]float64{"a": {0, 0, 0, 0}, "b": {0, 0, 0, 0}})
+		f.clock.Add(6 * time.Second)
+		f.reportHist(map[string][]float64{"a": {10, 10, 10, 10}}) // b went silent
+		got, err := f.metric(t, md)
+		// a's p90 is 0.09 (rank 9 of 10 in (0, 0.1]): below 2, so b holds at 2.
+		if want := (0.09 + 2) / 2; err != nil || math.Abs(got-want) > 1e-9 {
+			t.Fatalf("GetMetrics = %v, %v; want %v", got, err, want)
+		}
+	})
+	t.Run("no histograms forwarded", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a")
+		f.reportHist(map[string][]float64{"a": nil})
+		f.reportHist(map[string][]float64{"a": nil})
+		_, err := f.metric(t, md)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--forward-histograms") {
+			t.Fatalf("GetMetrics error %v, want Unavailable naming --forward-histograms", err)
+		}
+	})
+	t.Run("threshold required", func(t *testing.T) {
+		f := newFixture(t)
+		f.pods("a")
+		if _, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "itlP99Seconds"}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("GetMetrics error %v, want InvalidArgument: threshold required", err)
+		}
+	})
+}

@@ -51,10 +51,14 @@ type Source struct {
 
 // Sample is one report of a pod: its values, or why it has none.
 type Sample struct {
-	TimeMs  int64
-	Values  metric.Values
-	Extra   []float64 // aligned with the reporting stream's extra names; NaN absent
-	Missing string    // empty when the scrape succeeded; else the reason
+	TimeMs int64
+	Values metric.Values
+	Extra  []float64 // aligned with the reporting stream's extra names; NaN absent
+	// Hist: the pod's histograms, when its agent forwards them; a histogram
+	// absent from a sample is unchanged since the pod's last one (the wire
+	// does not resend it), and is kept.
+	Hist    *metric.Histograms
+	Missing string // empty when the scrape succeeded; else the reason
 	Error   string
 }
 
@@ -447,8 +451,16 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		if p.series == nil {
 			p.series = make([]metric.Sample, 0, min(s.opts.MaxSamples, 64))
 		}
-		p.series = append(p.series, metric.Sample{TimeMs: r.TimeMs, Values: r.Values})
-		p.mono.Adjust(&p.series[len(p.series)-1].Values)
+		smp := metric.Sample{TimeMs: r.TimeMs, Values: r.Values}
+		if r.Hist != nil {
+			h := *r.Hist // adjusted below: the reporter's copy is left as it was
+			smp.Hist = &h
+		}
+		p.mono.AdjustSample(&smp)
+		if n := len(p.series); n > 0 && p.series[n-1].Hist != nil {
+			smp.Hist = carryHist(smp.Hist, p.series[n-1].Hist)
+		}
+		p.series = append(p.series, smp)
 		if r.Extra != nil || p.extras != nil {
 			// extras stays nil until a pod forwards any; then it runs
 			// parallel to series.
@@ -462,6 +474,20 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		s.notifyLocked(p)
 	}
 	return dropped
+}
+
+// carryHist completes a sample's histograms with the previous sample's
+// for those it lacks (unchanged, so not resent).
+func carryHist(cur, prev *metric.Histograms) *metric.Histograms {
+	if cur == nil {
+		return prev
+	}
+	for h := range cur {
+		if !cur[h].Present() {
+			cur[h] = prev[h]
+		}
+	}
+	return cur
 }
 
 // trim drops samples older than the retention (keeping one before it, so a

@@ -180,7 +180,7 @@ type PodValue struct {
 	State PodState
 	// Value is defined when State is PodCounted.
 	Value float64
-	// Reason says why a PodMissing pod has no value: a scrape failure
+	// Reason says why a PodMissing pod has no value (a scrape failure
 	// (timeout, connect, ...), "stale", or "no sample yet".
 	Reason string
 	// Idle (PodUndefined): no request is waiting or running on the pod, so
@@ -199,10 +199,24 @@ type PodValue struct {
 // or an extra gauge (metric.Extra: its raw name). found is false when the
 // store knows no pod of k.
 func (s *Store) Query(dst []PodValue, k Key, m metric.Def, window, freshFor time.Duration) (pods []PodValue, found bool) {
-	return s.query(dst, k, m.Name, m, m.Rule != 0, window, freshFor)
+	return s.query(dst, k, m.Name, m, m.Rule != 0, window, freshFor, nil)
 }
 
-func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration) (pods []PodValue, found bool) {
+// QueryQuantile is Query for a quantile metric (metric.RuleQuantile): each
+// pod's value is its own quantile, and merged is the workload's: over the
+// buckets of the counted pods, merged (metric.Merge).
+func (s *Store) QueryQuantile(dst []PodValue, k Key, m metric.Def, window, freshFor time.Duration) (pods []PodValue, merged float64, mergedOK, found bool) {
+	var mg metric.Merge
+	pods, found = s.query(dst, k, m.Name, m, true, window, freshFor, &mg)
+	merged, mergedOK = mg.Quantile(m.Q)
+	return pods, merged, mergedOK, found
+}
+
+// NoHistograms is the Reason of a PodUndefined pod whose agent forwards no
+// histogram a quantile metric needs.
+const NoHistograms = "no histograms"
+
+func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge) (pods []PodValue, found bool) {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -231,10 +245,16 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 				pv.Value, defined = p.extra(i, window)
 			}
 			pv.State = PodUndefined
-			if defined {
+			switch {
+			case defined:
 				pv.State = PodCounted
 				p.checkSpan(&pv, window)
-			} else if isCanon && !canon.Rule.Gauge() {
+				if mg != nil {
+					canon.AddTo(mg, p.window(window, canon.Rule))
+				}
+			case canon.Rule == metric.RuleQuantile && !canon.HasHist(p.series):
+				pv.Reason = NoHistograms
+			case isCanon && !canon.Rule.Gauge():
 				pv.Idle = p.idle()
 			}
 		}

@@ -28,15 +28,23 @@ const retireAfter = 10
 //
 // One Counters belongs to one pod and is used by one scrape at a time.
 type Counters struct {
-	series  map[uint64]*counterSeries
-	retired [metric.NumIDs]float64
-	scrape  uint64
+	series      map[uint64]*counterSeries
+	retired     [metric.NumIDs]float64
+	retiredHist map[bucketKey]float64
+	scrape      uint64
 }
 
 type counterSeries struct {
 	id           metric.ID
+	bucket       bucketKey // for a histogram bucket's series: hist is not 0
 	last, offset float64
 	seen         uint64 // the scrape that last saw it
+}
+
+// bucketKey is a histogram's bucket: 1 + the histogram, and its bound.
+type bucketKey struct {
+	hist uint8
+	le   float64
 }
 
 // NewCounters returns the state of a pod not scraped before.
@@ -59,6 +67,20 @@ func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v
 	return v + s.offset
 }
 
+// observeBucket is observe for a histogram bucket's series.
+func (c *Counters) observeBucket(hist uint8, le float64, name string, labels []*dto.LabelPair, v float64) float64 {
+	key := seriesKey(name, labels)
+	s := c.series[key]
+	if s == nil {
+		s = &counterSeries{bucket: bucketKey{hist, le}}
+		c.series[key] = s
+	} else if v < s.last {
+		s.offset += s.last
+	}
+	s.last, s.seen = v, c.scrape
+	return v + s.offset
+}
+
 // finish adds, to every counter the page has, the series of that counter it
 // lacked this time (at their last value) and those retired; it forgets
 // series absent for retireAfter scrapes.
@@ -68,17 +90,41 @@ func (c *Counters) finish(a *accumulator) {
 			continue
 		}
 		if c.scrape-s.seen >= retireAfter {
-			c.retired[s.id] += s.last + s.offset
+			if s.bucket.hist > 0 {
+				if c.retiredHist == nil {
+					c.retiredHist = map[bucketKey]float64{}
+				}
+				c.retiredHist[s.bucket] += s.last + s.offset
+			} else {
+				c.retired[s.id] += s.last + s.offset
+			}
 			delete(c.series, key)
 			continue
 		}
-		if a.raw[s.id].n > 0 {
+		if s.bucket.hist > 0 {
+			a.addToBucket(s.bucket, s.last+s.offset)
+		} else if a.raw[s.id].n > 0 {
 			a.raw[s.id].sum += s.last + s.offset
 		}
 	}
 	for id, r := range c.retired {
 		if r != 0 && a.raw[id].n > 0 {
 			a.raw[id].sum += r
+		}
+	}
+	for k, r := range c.retiredHist {
+		a.addToBucket(k, r)
+	}
+}
+
+// addToBucket adds v to a bucket the page has (a histogram absent from the
+// page stays absent; a bound it lacks is not made up).
+func (a *accumulator) addToBucket(k bucketKey, v float64) {
+	h := &a.hist[k.hist-1]
+	for i, b := range h.bounds {
+		if b == k.le {
+			h.counts[i] += v
+			return
 		}
 	}
 }

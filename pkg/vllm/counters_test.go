@@ -3,6 +3,7 @@ package vllm
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -126,4 +127,60 @@ func nan(pg Page) float64 {
 		return v
 	}
 	return math.NaN()
+}
+
+// TestHistogramBucketsPerEngine: the TTFT buckets of a data-parallel page are
+// summed by bound across engines, made monotonic per engine, and a bucket
+// series briefly absent keeps its last count; the workload quantile over the
+// restart of one engine is that of the requests actually served.
+func TestHistogramBucketsPerEngine(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := func(fast0, all0, fast1, all1 float64) []byte {
+		var b strings.Builder
+		for eng, c := range map[string][2]float64{"0": {fast0, all0}, "1": {fast1, all1}} {
+			fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"0.1\"} %g\n", eng, c[0])
+			fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"1.0\"} %g\n", eng, c[1])
+			fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"+Inf\"} %g\n", eng, c[1])
+		}
+		return []byte(b.String())
+	}
+	c := NewCounters()
+	var series []metric.Sample
+	var mono metric.Monotonic
+	for i, p := range [][]byte{
+		page(100, 100, 100, 100),
+		page(110, 110, 0, 10), // engine 1 restarted: 10 slow requests since
+		page(120, 120, 0, 20),
+	} {
+		pg, err := e.ExtractWith(p, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := metric.Sample{TimeMs: int64(i) * 1000, Values: pg.Values, Hist: pg.Hist}
+		mono.AdjustSample(&s)
+		series = append(series, s)
+	}
+	// Over the window: 20 fast (engine 0) and 20 slow (engine 1): p50 is the
+	// top of the fast bucket, p75 halfway into (0.1, 1].
+	p50 := metric.Def{Rule: metric.RuleQuantile, Hist: metric.TTFTHist, Q: 0.5}
+	if v, ok := p50.Eval(series); !ok || v != 0.1 {
+		t.Fatalf("p50 = %v, %v; want 0.1", v, ok)
+	}
+	p75 := p50
+	p75.Q = 0.75
+	if v, _ := p75.Eval(series); math.Abs(v-0.55) > 1e-12 {
+		t.Fatalf("p75 = %v; want 0.55", v)
+	}
+	// Without WithHistograms the buckets are not read.
+	plain, _ := NewExtractor(nil)
+	if pg, _ := plain.Extract(page(1, 1, 1, 1)); pg.Hist != nil {
+		t.Fatalf("histograms read without the option: %+v", pg.Hist)
+	}
+	// A histogram with no +Inf bucket is not forwarded.
+	if pg, _ := e.Extract([]byte("vllm:num_requests_waiting 1\nvllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 3\n")); pg.Hist != nil {
+		t.Fatalf("histogram without +Inf forwarded: %+v", pg.Hist)
+	}
 }

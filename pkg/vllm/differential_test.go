@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -42,7 +43,7 @@ func TestFastPathAgreesWithFullParse(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: full: %v", name, err)
 		}
-		if fast.Values != full.Values {
+		if fast.Values != full.Values || !reflect.DeepEqual(fast.Hist, full.Hist) {
 			t.Errorf("%s: fast %v\nfull %v", name, named(fast, nil), named(full, nil))
 		}
 		for i := range fast.Extra {

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -39,6 +41,9 @@ type Page struct {
 	metric.Values
 	// Extra holds one value per configured extra metric, NaN when absent.
 	Extra []float64
+	// Hist holds the latency histograms, when the Extractor forwards them
+	// and the page has any; nil otherwise.
+	Hist *metric.Histograms
 }
 
 // ExtraMetric is a gauge forwarded by its raw name, with the way its series
@@ -73,11 +78,27 @@ type Extractor struct {
 	bufs    sync.Pool
 }
 
+// Option changes what an Extractor reads.
+type Option func(*Extractor)
+
+// WithHistograms makes the Extractor read the TTFT and ITL histograms'
+// buckets (Page.Hist). Without it their lines are skipped like any other.
+func WithHistograms() Option {
+	return func(e *Extractor) {
+		for k, v := range histogramSources {
+			e.sources[k] = v
+		}
+	}
+}
+
 // NewExtractor returns an Extractor for the known sources plus extras.
-func NewExtractor(extras []ExtraMetric) (*Extractor, error) {
-	e := &Extractor{sources: make(map[string]source, len(knownSources)+len(extras)), extras: extras}
+func NewExtractor(extras []ExtraMetric, opts ...Option) (*Extractor, error) {
+	e := &Extractor{sources: make(map[string]source, len(knownSources)+len(histogramSources)+len(extras)), extras: extras}
 	for k, v := range knownSources {
 		e.sources[k] = v
+	}
+	for _, o := range opts {
+		o(e)
 	}
 	for i, x := range extras {
 		if _, ok := e.sources[x.Name]; ok {
@@ -129,6 +150,20 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	}
 	for name, mf := range fams {
 		src := e.sources[name]
+		if src.hist > 0 {
+			for _, m := range mf.Metric {
+				le, ok := bucketBound(m.Label)
+				v := m.GetUntyped().GetValue()
+				if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+					continue // a bucket with no bound, or no count, says nothing
+				}
+				if c != nil {
+					v = c.observeBucket(src.hist, le, name, m.Label, v)
+				}
+				acc.addBucket(src, le, v)
+			}
+			continue
+		}
 		counter := c != nil && src.extra == 0 && src.id.Kind() == metric.Counter
 		for _, m := range mf.Metric {
 			v := m.GetUntyped().GetValue()
@@ -245,10 +280,84 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
+// bucketBound is a bucket series' upper bound, its le label.
+func bucketBound(labels []*dto.LabelPair) (float64, bool) {
+	for _, lp := range labels {
+		if lp.GetName() == model.BucketLabel {
+			le, err := strconv.ParseFloat(lp.GetValue(), 64)
+			return le, err == nil && !math.IsNaN(le)
+		}
+	}
+	return 0, false
+}
+
 // accumulator combines the series of a page into raw values.
 type accumulator struct {
 	raw   [metric.NumIDs]slot
 	extra []slot
+	hist  [metric.NumHists]histSlot
+}
+
+// histSlot sums a histogram's bucket series by upper bound (engines,
+// models): the page's histogram is the pod's.
+type histSlot struct {
+	rank   uint8
+	bounds []float64
+	counts []float64
+}
+
+func (a *accumulator) addBucket(src source, le, v float64) {
+	h := &a.hist[src.hist-1]
+	if len(h.bounds) > 0 && src.rank > h.rank {
+		return
+	}
+	if len(h.bounds) > 0 && src.rank < h.rank {
+		*h = histSlot{}
+	}
+	h.rank = src.rank
+	for i, b := range h.bounds {
+		if b == le {
+			h.counts[i] += v
+			return
+		}
+	}
+	h.bounds = append(h.bounds, le)
+	h.counts = append(h.counts, v)
+}
+
+// histograms orders each histogram's buckets by bound. A histogram with no
+// +Inf bucket, or more than metric.MaxBuckets, is left out; counts that
+// decrease with the bound (series of an engine with other bounds) are raised
+// to stay cumulative.
+func (a *accumulator) histograms() *metric.Histograms {
+	var out *metric.Histograms
+	for h := range a.hist {
+		s := &a.hist[h]
+		n := len(s.bounds)
+		if n == 0 || n > metric.MaxBuckets {
+			continue
+		}
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.Slice(idx, func(i, j int) bool { return s.bounds[idx[i]] < s.bounds[idx[j]] })
+		b := metric.Buckets{Bounds: make([]float64, n), Counts: make([]float64, n)}
+		prev := 0.0
+		for i, k := range idx {
+			b.Bounds[i] = s.bounds[k]
+			prev = max(prev, s.counts[k])
+			b.Counts[i] = prev
+		}
+		if !math.IsInf(b.Bounds[n-1], 1) {
+			continue
+		}
+		if out == nil {
+			out = new(metric.Histograms)
+		}
+		out[h] = b
+	}
+	return out
 }
 
 type slot struct {
@@ -300,7 +409,7 @@ func (s *slot) value() float64 {
 }
 
 func (a *accumulator) page() Page {
-	var p Page
+	p := Page{Hist: a.histograms()}
 	for id := range a.raw {
 		if s := &a.raw[id]; s.n > 0 {
 			p.Set(metric.ID(id), s.value())
@@ -338,6 +447,16 @@ func (e *Extractor) FullParse(page []byte) (Page, error) {
 		for _, m := range mf.Metric {
 			switch mf.GetType() {
 			case dto.MetricType_HISTOGRAM:
+				if src, ok := e.sources[name+"_bucket"]; ok {
+					inf := false
+					for _, b := range m.GetHistogram().GetBucket() {
+						inf = inf || math.IsInf(b.GetUpperBound(), 1)
+						acc.addBucket(src, b.GetUpperBound(), float64(b.GetCumulativeCount()))
+					}
+					if !inf {
+						acc.addBucket(src, math.Inf(1), float64(m.GetHistogram().GetSampleCount()))
+					}
+				}
 				if src, ok := e.sources[name+"_sum"]; ok {
 					acc.add(src, m.GetHistogram().GetSampleSum())
 				}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -29,6 +30,14 @@ func named(p Page, extras []ExtraMetric) map[string]float64 {
 			out["extra:"+x.Name] = p.Extra[i]
 		}
 	}
+	if p.Hist != nil {
+		for h := range p.Hist {
+			b := &p.Hist[h]
+			for i := range b.Bounds {
+				out[fmt.Sprintf("hist:%s{le=%g}", metric.Hist(h).Name(), b.Bounds[i])] = b.Counts[i]
+			}
+		}
+	}
 	return out
 }
 
@@ -42,7 +51,7 @@ func newExtractor(t testing.TB, extras ...string) *Extractor {
 		}
 		xs = append(xs, x)
 	}
-	e, err := NewExtractor(xs)
+	e, err := NewExtractor(xs, WithHistograms())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,8 @@ const (
 // the new and the deprecated name emit the same number under each.
 type source struct {
 	id    metric.ID
-	extra int // 1 + index into the extra metrics; 0 for the known values
+	extra int   // 1 + index into the extra metrics; 0 for the known values
+	hist  uint8 // 1 + the histogram whose buckets it carries; 0 for values
 	rank  uint8
 	comb  combine
 }
@@ -92,6 +93,19 @@ var knownSources = map[string]source{
 	"tgi_request_queue_duration_count": {id: metric.QueueTimeCount, rank: 0, comb: sum},
 	"tgi_request_duration_sum":         {id: metric.E2ELatencySum, rank: 0, comb: sum},
 	"tgi_request_duration_count":       {id: metric.E2ELatencyCount, rank: 0, comb: sum},
+}
+
+// histogramSources are the bucket series of the latency histograms an agent
+// forwards with --forward-histograms, by the histogram they feed (1 + Hist).
+// vLLM renamed time_per_output_token to inter_token_latency (V1); a page
+// with both carries the same buckets under each. TGI has neither.
+var histogramSources = map[string]source{
+	"vllm:time_to_first_token_seconds_bucket":     {hist: 1 + uint8(metric.TTFTHist), rank: 0, comb: sum},
+	"vllm:inter_token_latency_seconds_bucket":     {hist: 1 + uint8(metric.ITLHist), rank: 0, comb: sum},
+	"vllm:time_per_output_token_seconds_bucket":   {hist: 1 + uint8(metric.ITLHist), rank: 1, comb: sum},
+	"sglang:time_to_first_token_seconds_bucket":   {hist: 1 + uint8(metric.TTFTHist), rank: 0, comb: sum},
+	"sglang:inter_token_latency_seconds_bucket":   {hist: 1 + uint8(metric.ITLHist), rank: 0, comb: sum},
+	"sglang:time_per_output_token_seconds_bucket": {hist: 1 + uint8(metric.ITLHist), rank: 1, comb: sum},
 }
 
 // serverPrefixes are the name prefixes of the servers pulse reads: a page

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -29,6 +30,13 @@ type podState struct {
 	present uint64
 	last    [metric.NumIDs]int64
 	delta   [metric.NumIDs]int64 // last increase, counters only
+	hist    [metric.NumHists]histState
+}
+
+// histState is what one end last sent or received of a pod's histogram.
+type histState struct {
+	bounds []float64
+	counts []int64
 }
 
 // predict is the value both ends expect for id.
@@ -50,7 +58,11 @@ type Sample struct {
 	OffsetMs int32
 	Values   metric.Values
 	// Extra holds forwarded raw gauges (NaN when absent); nil when none.
-	Extra   []float64
+	Extra []float64
+	// Hist holds forwarded histograms; nil when none. A histogram unchanged
+	// since the last sent for the pod on the stream is not sent: decoded, it
+	// is absent, and the receiver keeps the last it had.
+	Hist    *metric.Histograms
 	Missing pulsev1.MissingReason
 	Error   string
 }
@@ -86,6 +98,36 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	if s.Extra != nil {
 		b.Extra = append(b.Extra, &pulsev1.ExtraValues{Pod: s.Pod, Values: s.Extra})
 	}
+	if s.Hist != nil {
+		for h := range s.Hist {
+			if hb := &s.Hist[h]; hb.Present() {
+				if x := st.hist[h].encode(s.Pod, metric.Hist(h), hb); x != nil {
+					b.Histograms = append(b.Histograms, x)
+				}
+			}
+		}
+	}
+}
+
+// encode is one histogram's entry, and records it as sent; nil when it is
+// unchanged since the last sent (the receiver keeps the last: see Sample).
+func (st *histState) encode(pod uint32, h metric.Hist, b *metric.Buckets) *pulsev1.HistogramSample {
+	out := &pulsev1.HistogramSample{Pod: pod, Histogram: pulsev1.Histogram(h + 1), Counts: make([]int64, len(b.Counts))}
+	if !slices.Equal(st.bounds, b.Bounds) {
+		out.Bounds = b.Bounds
+		st.bounds, st.counts = slices.Clone(b.Bounds), make([]int64, len(b.Bounds))
+	}
+	changed := len(out.Bounds) > 0
+	for i, c := range b.Counts {
+		n := int64(min(max(math.Round(c), 0), maxQuantum))
+		out.Counts[i] = n - st.counts[i]
+		changed = changed || out.Counts[i] != 0
+		st.counts[i] = n
+	}
+	if !changed {
+		return nil
+	}
+	return out
 }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
@@ -165,6 +207,11 @@ func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error)
 		}
 		dst[st.idx].Extra = x.Values
 	}
+	for _, x := range b.Histograms {
+		if err := d.decodeHist(dst, x); err != nil {
+			return dst, fmt.Errorf("decode batch %d: %w", b.Seq, err)
+		}
+	}
 	for _, m := range b.Missing {
 		st := d.pods[m.Pod]
 		if st == nil {
@@ -178,6 +225,62 @@ func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error)
 		dst = append(dst, Sample{Pod: m.Pod, OffsetMs: m.OffsetMs, Missing: m.Reason, Error: m.Error})
 	}
 	return dst, nil
+}
+
+// decodeHist checks one histogram entry and sets it on its pod's sample.
+func (d *Decoder) decodeHist(dst []Sample, x *pulsev1.HistogramSample) error {
+	st := d.pods[x.Pod]
+	if st == nil || st.gen != d.gen || st.idx < 0 {
+		return fmt.Errorf("histogram of pod %d, which has no sample in the batch", x.Pod)
+	}
+	h := metric.Hist(x.Histogram - 1)
+	if x.Histogram <= 0 || h >= metric.NumHists {
+		return fmt.Errorf("pod %d: unknown histogram %d", x.Pod, x.Histogram)
+	}
+	s := &dst[st.idx]
+	if s.Hist != nil && s.Hist[h].Present() {
+		return fmt.Errorf("pod %d: histogram %s twice", x.Pod, h.Name())
+	}
+	hs := &st.hist[h]
+	if len(x.Bounds) > 0 {
+		if err := checkBounds(x.Bounds); err != nil {
+			return fmt.Errorf("pod %d: histogram %s: %w", x.Pod, h.Name(), err)
+		}
+		hs.bounds, hs.counts = x.Bounds, make([]int64, len(x.Bounds))
+	}
+	if len(hs.bounds) == 0 || len(x.Counts) != len(hs.bounds) {
+		return fmt.Errorf("pod %d: histogram %s: %d counts for %d bounds", x.Pod, h.Name(), len(x.Counts), len(hs.bounds))
+	}
+	b := metric.Buckets{Bounds: hs.bounds, Counts: make([]float64, len(x.Counts))}
+	for i, r := range x.Counts {
+		n := hs.counts[i] + r
+		if r > maxQuantum || r < -maxQuantum || n < 0 || n > maxQuantum || (i > 0 && n < hs.counts[i-1]) {
+			return fmt.Errorf("pod %d: histogram %s: bucket le=%g count out of range or below the bucket before", x.Pod, h.Name(), hs.bounds[i])
+		}
+		hs.counts[i] = n
+		b.Counts[i] = float64(n)
+	}
+	if s.Hist == nil {
+		s.Hist = new(metric.Histograms)
+	}
+	s.Hist[h] = b
+	return nil
+}
+
+// checkBounds: 2 to metric.MaxBuckets bounds, ascending, the last +Inf.
+func checkBounds(b []float64) error {
+	if len(b) < 2 || len(b) > metric.MaxBuckets {
+		return fmt.Errorf("%d buckets; want 2 to %d", len(b), metric.MaxBuckets)
+	}
+	for i, x := range b {
+		if math.IsNaN(x) || (i > 0 && x <= b[i-1]) {
+			return fmt.Errorf("bounds %v do not ascend", b)
+		}
+	}
+	if !math.IsInf(b[len(b)-1], 1) {
+		return fmt.Errorf("the last bound is %g, not +Inf", b[len(b)-1])
+	}
+	return nil
 }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.

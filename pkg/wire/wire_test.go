@@ -3,6 +3,7 @@ package wire
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -99,6 +100,86 @@ func TestQuantizedToResolution(t *testing.T) {
 	}
 }
 
+// TestHistogramsRoundTrip: histograms arrive as sent; bounds travel only
+// when they change, and a change of bounds restarts the counts.
+func TestHistogramsRoundTrip(t *testing.T) {
+	enc, dec := NewEncoder(), NewDecoder()
+	inf := math.Inf(1)
+	b1 := []float64{0.1, 1, inf}
+	b2 := []float64{0.5, inf}
+	steps := []metric.Buckets{
+		{Bounds: b1, Counts: []float64{1, 2, 3}},
+		{Bounds: b1, Counts: []float64{1, 5, 9}},
+		{Bounds: b1, Counts: []float64{1, 5, 9}},
+		{Bounds: b2, Counts: []float64{4, 4}},
+		{Bounds: b2, Counts: []float64{7, 8}},
+	}
+	for i, hb := range steps {
+		s := Sample{Pod: 1, Hist: &metric.Histograms{}}
+		s.Values.Set(metric.Waiting, 1)
+		s.Hist[metric.ITLHist] = hb
+		var b pulsev1.SampleBatch
+		enc.Append(&b, &s)
+		got, err := dec.Decode(nil, marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 { // unchanged: not sent, decoded absent
+			if len(b.Histograms) != 0 || got[0].Hist != nil {
+				t.Fatalf("step %d: an unchanged histogram was sent: %v", i, b.Histograms)
+			}
+			continue
+		}
+		if sent := len(b.Histograms[0].Bounds) > 0; sent != (i == 0 || i == 3) {
+			t.Fatalf("step %d: bounds sent = %v", i, sent)
+		}
+		g := got[0].Hist
+		if g == nil || g[metric.TTFTHist].Present() || !slices.Equal(g[metric.ITLHist].Bounds, hb.Bounds) || !slices.Equal(g[metric.ITLHist].Counts, hb.Counts) {
+			t.Fatalf("step %d: got %+v, want itl %+v", i, g, hb)
+		}
+	}
+	// A sample without histograms decodes without them.
+	var b pulsev1.SampleBatch
+	enc.Append(&b, &Sample{Pod: 1})
+	if got, err := dec.Decode(nil, marshalRoundTrip(t, &b)); err != nil || got[0].Hist != nil {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+}
+
+func TestMalformedHistogramsAreRejected(t *testing.T) {
+	inf := math.Inf(1)
+	sample := func(h ...*pulsev1.HistogramSample) *pulsev1.SampleBatch {
+		return &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0}, Histograms: h}
+	}
+	ttft := pulsev1.Histogram_HISTOGRAM_TTFT
+	for name, bad := range map[string]*pulsev1.SampleBatch{
+		"no sample":         {Histograms: []*pulsev1.HistogramSample{{Pod: 1, Histogram: ttft, Bounds: []float64{1, inf}, Counts: []int64{0, 0}}}},
+		"unknown histogram": sample(&pulsev1.HistogramSample{Pod: 1, Histogram: 9, Bounds: []float64{1, inf}, Counts: []int64{0, 0}}),
+		"no bounds yet":     sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Counts: []int64{0, 0}}),
+		"no +Inf":           sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{1, 2}, Counts: []int64{0, 0}}),
+		"not ascending":     sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{2, 1, inf}, Counts: []int64{0, 0, 0}}),
+		"counts differ":     sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{1, inf}, Counts: []int64{0}}),
+		"not cumulative":    sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{1, inf}, Counts: []int64{5, 3}}),
+		"negative":          sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{1, inf}, Counts: []int64{-1, 3}}),
+		"twice": sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: []float64{1, inf}, Counts: []int64{0, 1}},
+			&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Counts: []int64{0, 1}}),
+		"too many buckets": sample(&pulsev1.HistogramSample{Pod: 1, Histogram: ttft, Bounds: manyBounds(metric.MaxBuckets + 1), Counts: make([]int64, metric.MaxBuckets+1)}),
+	} {
+		if _, err := NewDecoder().Decode(nil, bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func manyBounds(n int) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = float64(i)
+	}
+	out[n-1] = math.Inf(1)
+	return out
+}
+
 func TestMalformedBatchesAreRejected(t *testing.T) {
 	good := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{1 << metric.Waiting}, Values: []int64{5}}
 	for name, bad := range map[string]*pulsev1.SampleBatch{
@@ -127,7 +208,8 @@ func TestMalformedBatchesAreRejected(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	enc := NewEncoder()
-	s := Sample{Pod: 2, Extra: []float64{1}}
+	s := Sample{Pod: 2, Extra: []float64{1}, Hist: &metric.Histograms{}}
+	s.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{0.1, 1, math.Inf(1)}, Counts: []float64{1, 4, 6}}
 	s.Values.Set(metric.Waiting, 3)
 	s.Values.Set(metric.TTFTSum, 1.5)
 	var b pulsev1.SampleBatch
@@ -158,9 +240,21 @@ func FuzzDecode(f *testing.F) {
 // BenchmarkWireBytesPerPodSample reports the encoded size of one pod's values
 // as the agent sends them: one batch per tick of every pod of a node, for the
 // standard vLLM metric set under a steady simulated load (75% utilisation).
+//
+// values+histograms adds the TTFT and ITL histograms (agent
+// --forward-histograms): their wire cost.
 func BenchmarkWireBytesPerPodSample(b *testing.B) {
+	b.Run("values", func(b *testing.B) { benchWireBytes(b, false) })
+	b.Run("values+histograms", func(b *testing.B) { benchWireBytes(b, true) })
+}
+
+func benchWireBytes(b *testing.B, hist bool) {
 	const pods, ticks = 16, 60
-	ex, err := vllm.NewExtractor(nil)
+	var opts []vllm.Option
+	if hist {
+		opts = append(opts, vllm.WithHistograms())
+	}
+	ex, err := vllm.NewExtractor(nil, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -194,7 +288,7 @@ func BenchmarkWireBytesPerPodSample(b *testing.B) {
 		for tick, ps := range pages {
 			batch := &pulsev1.SampleBatch{Seq: uint64(tick + 1), TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
 			for i := range ps {
-				enc.Append(batch, &Sample{Pod: uint32(i + 1), OffsetMs: int32(i * 3), Values: ps[i].Values})
+				enc.Append(batch, &Sample{Pod: uint32(i + 1), OffsetMs: int32(i * 3), Values: ps[i].Values, Hist: ps[i].Hist})
 			}
 			n := proto.Size(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}})
 			if tick == 0 {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,8 +20,30 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
+
+// kedaGetMetrics is a client of the scaler port and KEDA's GetMetrics call
+// for the ScaledObject demo/llama with the given metadata.
+func kedaGetMetrics(t *testing.T, addr string) (*grpc.ClientConn, func(md map[string]string) (float64, error)) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	keda := externalscaler.NewExternalScalerClient(conn)
+	return conn, func(md map[string]string) (float64, error) {
+		resp, err := keda.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
+			ScaledObjectRef: &externalscaler.ScaledObjectRef{Name: "llama", Namespace: "demo", ScalerMetadata: md}, MetricName: "x"})
+		if err != nil {
+			return 0, err
+		}
+		return resp.MetricValues[0].MetricValueFloat, nil
+	}
+}
 
 // TestKEDASeesWhatThePodsServe runs simulated pods, an agent and an
 // aggregator, and asks the aggregator's scaler port what KEDA would ask.
@@ -31,20 +55,7 @@ func TestKEDASeesWhatThePodsServe(t *testing.T) {
 	setLoad(pods[1], 9, 1, 0.5)
 	setLoad(pods[2], 15, 1, 0.5)
 
-	conn, err := grpc.NewClient(agg.ScalerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	keda := externalscaler.NewExternalScalerClient(conn)
-	get := func(md map[string]string) (float64, error) {
-		resp, err := keda.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
-			ScaledObjectRef: &externalscaler.ScaledObjectRef{Name: "llama", Namespace: "demo", ScalerMetadata: md}, MetricName: "x"})
-		if err != nil {
-			return 0, err
-		}
-		return resp.MetricValues[0].MetricValueFloat, nil
-	}
+	conn, get := kedaGetMetrics(t, agg.ScalerAddr())
 	eventually(t, "HPA total", func() error {
 		v, err := get(map[string]string{"workspace": "llama", "window": "1s"})
 		if err != nil {
@@ -187,4 +198,52 @@ func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
 		mfs = append(mfs, mf)
 	}
 	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return mfs, nil })
+}
+
+// TestLatencyQuantilesOfTheWorkload: an agent with --forward-histograms
+// carries vLLM's TTFT buckets to the aggregator, and ttftP90Seconds is the
+// quantile of the workload's requests (both pods' bucket increases merged),
+// interpolated as histogram_quantile does; a mean of the pods' own p90s
+// would be about 2.4 s.
+func TestLatencyQuantilesOfTheWorkload(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}, {name: "llama-1", workload: "llama"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, pods)
+	o := agent.NewOptions()
+	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{agg.IngestAddr()}, "node-1", gpu.ModeOff
+	o.ForwardHistograms = true
+	runAgent(t, o, agent.Deps{}, nil)
+	setLoad(pods[0], 0, 1, 0.5)
+	setLoad(pods[1], 0, 1, 0.5)
+
+	_, getMD := kedaGetMetrics(t, agg.ScalerAddr())
+	get := func(name string) (float64, error) {
+		return getMD(map[string]string{"workspace": "llama", "metric": name, "threshold": "1", "valueType": "average", "window": "1m"})
+	}
+	// Both pods report histograms (no request yet: nothing finished while
+	// one runs, so the quantile is undefined, not 0).
+	eventually(t, "histograms forwarded", func() error {
+		_, err := get("ttftP90Seconds")
+		if err == nil || !strings.Contains(err.Error(), "not defined on any reporting pod") {
+			return fmt.Errorf("want undefined before any request, got %v", err)
+		}
+		return nil
+	})
+	// 90 fast requests (TTFT 0.03 s, in vLLM's (0.02, 0.04] bucket) on one
+	// pod, 10 slow ones (TTFT 3 s, in (2.5, 5]) on the other.
+	pods[0].sim.Complete(90, 0.045)
+	pods[1].sim.Complete(10, 4.5)
+	for name, want := range map[string]float64{"ttftP90Seconds": 0.04, "ttftP50Seconds": 0.02 + 0.02*50/90, "ttftP99Seconds": 2.5 + 2.5*9.0/10} {
+		eventually(t, name, func() error {
+			v, err := get(name)
+			if err != nil {
+				return err
+			}
+			if math.Abs(v-want) > 1e-9 {
+				return fmt.Errorf("%s = %v, want %v", name, v, want)
+			}
+			return nil
+		})
+	}
 }

@@ -334,6 +334,56 @@ func (MissingReason) EnumDescriptor() ([]byte, []int) {
 	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{3}
 }
 
+// Histogram names a latency histogram.
+type Histogram int32
+
+const (
+	Histogram_HISTOGRAM_UNSPECIFIED Histogram = 0
+	Histogram_HISTOGRAM_TTFT        Histogram = 1 // time to first token, seconds
+	Histogram_HISTOGRAM_ITL         Histogram = 2 // inter-token latency (time per output token), seconds
+)
+
+// Enum value maps for Histogram.
+var (
+	Histogram_name = map[int32]string{
+		0: "HISTOGRAM_UNSPECIFIED",
+		1: "HISTOGRAM_TTFT",
+		2: "HISTOGRAM_ITL",
+	}
+	Histogram_value = map[string]int32{
+		"HISTOGRAM_UNSPECIFIED": 0,
+		"HISTOGRAM_TTFT":        1,
+		"HISTOGRAM_ITL":         2,
+	}
+)
+
+func (x Histogram) Enum() *Histogram {
+	p := new(Histogram)
+	*p = x
+	return p
+}
+
+func (x Histogram) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Histogram) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_pulse_v1_ingest_proto_enumTypes[4].Descriptor()
+}
+
+func (Histogram) Type() protoreflect.EnumType {
+	return &file_proto_pulse_v1_ingest_proto_enumTypes[4]
+}
+
+func (x Histogram) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Histogram.Descriptor instead.
+func (Histogram) EnumDescriptor() ([]byte, []int) {
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{4}
+}
+
 type AgentMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -885,7 +935,10 @@ type SampleBatch struct {
 	// encoding state is unchanged.
 	Missing []*MissingSample `protobuf:"bytes,7,rep,name=missing,proto3" json:"missing,omitempty"`
 	// Forwarded raw gauges of pods in pods, one entry per pod that has any.
-	Extra         []*ExtraValues `protobuf:"bytes,8,rep,name=extra,proto3" json:"extra,omitempty"`
+	Extra []*ExtraValues `protobuf:"bytes,8,rep,name=extra,proto3" json:"extra,omitempty"`
+	// Latency histograms of pods in pods (agent --forward-histograms), at most
+	// one entry per pod and histogram.
+	Histograms    []*HistogramSample `protobuf:"bytes,9,rep,name=histograms,proto3" json:"histograms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -976,6 +1029,13 @@ func (x *SampleBatch) GetExtra() []*ExtraValues {
 	return nil
 }
 
+func (x *SampleBatch) GetHistograms() []*HistogramSample {
+	if x != nil {
+		return x.Histograms
+	}
+	return nil
+}
+
 // MissingSample is a pod with no values in a tick.
 type MissingSample struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -1046,6 +1106,81 @@ func (x *MissingSample) GetError() string {
 	return ""
 }
 
+// HistogramSample is one pod's histogram at its sample's time: cumulative
+// bucket counts, each sent as its increase since the last count sent for
+// the same pod, histogram and bucket on this stream (the first absolute).
+// The bounds are sent when they differ from the last sent (so first on a
+// stream); a change of bounds starts the counts again from zero.
+type HistogramSample struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Pod       uint32                 `protobuf:"varint,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	Histogram Histogram              `protobuf:"varint,2,opt,name=histogram,proto3,enum=pulse.v1.Histogram" json:"histogram,omitempty"`
+	// Upper bounds, ascending, the last +Inf; empty: as last sent.
+	Bounds []float64 `protobuf:"fixed64,3,rep,packed,name=bounds,proto3" json:"bounds,omitempty"`
+	// One per bound.
+	Counts        []int64 `protobuf:"zigzag64,4,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistogramSample) Reset() {
+	*x = HistogramSample{}
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistogramSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistogramSample) ProtoMessage() {}
+
+func (x *HistogramSample) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistogramSample.ProtoReflect.Descriptor instead.
+func (*HistogramSample) Descriptor() ([]byte, []int) {
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HistogramSample) GetPod() uint32 {
+	if x != nil {
+		return x.Pod
+	}
+	return 0
+}
+
+func (x *HistogramSample) GetHistogram() Histogram {
+	if x != nil {
+		return x.Histogram
+	}
+	return Histogram_HISTOGRAM_UNSPECIFIED
+}
+
+func (x *HistogramSample) GetBounds() []float64 {
+	if x != nil {
+		return x.Bounds
+	}
+	return nil
+}
+
+func (x *HistogramSample) GetCounts() []int64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
 // ExtraValues are one pod's forwarded raw gauges, one per
 // Hello.extra_metrics, NaN when absent from the page.
 type ExtraValues struct {
@@ -1058,7 +1193,7 @@ type ExtraValues struct {
 
 func (x *ExtraValues) Reset() {
 	*x = ExtraValues{}
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1205,7 @@ func (x *ExtraValues) String() string {
 func (*ExtraValues) ProtoMessage() {}
 
 func (x *ExtraValues) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[9]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1218,7 @@ func (x *ExtraValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtraValues.ProtoReflect.Descriptor instead.
 func (*ExtraValues) Descriptor() ([]byte, []int) {
-	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExtraValues) GetPod() uint32 {
@@ -1110,7 +1245,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1257,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[10]
+	mi := &file_proto_pulse_v1_ingest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1270,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{10}
+	return file_proto_pulse_v1_ingest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1182,7 +1317,7 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +
-	"\x06remove\x18\x03 \x03(\rR\x06remove\"\x8d\x02\n" +
+	"\x06remove\x18\x03 \x03(\rR\x06remove\"\xc8\x02\n" +
 	"\vSampleBatch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
 	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
@@ -1194,12 +1329,20 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"presentXor\x12\x16\n" +
 	"\x06values\x18\x06 \x03(\x12R\x06values\x121\n" +
 	"\amissing\x18\a \x03(\v2\x17.pulse.v1.MissingSampleR\amissing\x12+\n" +
-	"\x05extra\x18\b \x03(\v2\x15.pulse.v1.ExtraValuesR\x05extra\"\x85\x01\n" +
+	"\x05extra\x18\b \x03(\v2\x15.pulse.v1.ExtraValuesR\x05extra\x129\n" +
+	"\n" +
+	"histograms\x18\t \x03(\v2\x19.pulse.v1.HistogramSampleR\n" +
+	"histograms\"\x85\x01\n" +
 	"\rMissingSample\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\rR\x03pod\x12\x1b\n" +
 	"\toffset_ms\x18\x02 \x01(\x11R\boffsetMs\x12/\n" +
 	"\x06reason\x18\x03 \x01(\x0e2\x17.pulse.v1.MissingReasonR\x06reason\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"7\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\x86\x01\n" +
+	"\x0fHistogramSample\x12\x10\n" +
+	"\x03pod\x18\x01 \x01(\rR\x03pod\x121\n" +
+	"\thistogram\x18\x02 \x01(\x0e2\x13.pulse.v1.HistogramR\thistogram\x12\x16\n" +
+	"\x06bounds\x18\x03 \x03(\x01R\x06bounds\x12\x16\n" +
+	"\x06counts\x18\x04 \x03(\x12R\x06counts\"7\n" +
 	"\vExtraValues\x12\x10\n" +
 	"\x03pod\x18\x01 \x01(\rR\x03pod\x12\x16\n" +
 	"\x06values\x18\x02 \x03(\x01R\x06values\"\x17\n" +
@@ -1247,7 +1390,11 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x14MISSING_REASON_PARSE\x10\x04\x12\x1b\n" +
 	"\x17MISSING_REASON_NOT_VLLM\x10\x05\x12\x1c\n" +
 	"\x18MISSING_REASON_TOO_LARGE\x10\x06\x12\x1c\n" +
-	"\x18MISSING_REASON_NOT_READY\x10\a2K\n" +
+	"\x18MISSING_REASON_NOT_READY\x10\a*M\n" +
+	"\tHistogram\x12\x19\n" +
+	"\x15HISTOGRAM_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eHISTOGRAM_TTFT\x10\x01\x12\x11\n" +
+	"\rHISTOGRAM_ITL\x10\x022K\n" +
 	"\x06Ingest\x12A\n" +
 	"\x06Report\x12\x16.pulse.v1.AgentMessage\x1a\x1b.pulse.v1.AggregatorMessage(\x010\x01B2Z0github.com/pulse-io/pulse/proto/pulse/v1;pulsev1b\x06proto3"
 
@@ -1263,46 +1410,50 @@ func file_proto_pulse_v1_ingest_proto_rawDescGZIP() []byte {
 	return file_proto_pulse_v1_ingest_proto_rawDescData
 }
 
-var file_proto_pulse_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_proto_pulse_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_proto_pulse_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_proto_pulse_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_proto_pulse_v1_ingest_proto_goTypes = []any{
 	(ProtocolVersion)(0),      // 0: pulse.v1.ProtocolVersion
 	(Metric)(0),               // 1: pulse.v1.Metric
 	(WorkloadKind)(0),         // 2: pulse.v1.WorkloadKind
 	(MissingReason)(0),        // 3: pulse.v1.MissingReason
-	(*AgentMessage)(nil),      // 4: pulse.v1.AgentMessage
-	(*AggregatorMessage)(nil), // 5: pulse.v1.AggregatorMessage
-	(*Hello)(nil),             // 6: pulse.v1.Hello
-	(*Welcome)(nil),           // 7: pulse.v1.Welcome
-	(*Workload)(nil),          // 8: pulse.v1.Workload
-	(*Pod)(nil),               // 9: pulse.v1.Pod
-	(*Catalogue)(nil),         // 10: pulse.v1.Catalogue
-	(*SampleBatch)(nil),       // 11: pulse.v1.SampleBatch
-	(*MissingSample)(nil),     // 12: pulse.v1.MissingSample
-	(*ExtraValues)(nil),       // 13: pulse.v1.ExtraValues
-	(*Ack)(nil),               // 14: pulse.v1.Ack
+	(Histogram)(0),            // 4: pulse.v1.Histogram
+	(*AgentMessage)(nil),      // 5: pulse.v1.AgentMessage
+	(*AggregatorMessage)(nil), // 6: pulse.v1.AggregatorMessage
+	(*Hello)(nil),             // 7: pulse.v1.Hello
+	(*Welcome)(nil),           // 8: pulse.v1.Welcome
+	(*Workload)(nil),          // 9: pulse.v1.Workload
+	(*Pod)(nil),               // 10: pulse.v1.Pod
+	(*Catalogue)(nil),         // 11: pulse.v1.Catalogue
+	(*SampleBatch)(nil),       // 12: pulse.v1.SampleBatch
+	(*MissingSample)(nil),     // 13: pulse.v1.MissingSample
+	(*HistogramSample)(nil),   // 14: pulse.v1.HistogramSample
+	(*ExtraValues)(nil),       // 15: pulse.v1.ExtraValues
+	(*Ack)(nil),               // 16: pulse.v1.Ack
 }
 var file_proto_pulse_v1_ingest_proto_depIdxs = []int32{
-	6,  // 0: pulse.v1.AgentMessage.hello:type_name -> pulse.v1.Hello
-	10, // 1: pulse.v1.AgentMessage.catalogue:type_name -> pulse.v1.Catalogue
-	11, // 2: pulse.v1.AgentMessage.batch:type_name -> pulse.v1.SampleBatch
-	7,  // 3: pulse.v1.AggregatorMessage.welcome:type_name -> pulse.v1.Welcome
-	14, // 4: pulse.v1.AggregatorMessage.ack:type_name -> pulse.v1.Ack
+	7,  // 0: pulse.v1.AgentMessage.hello:type_name -> pulse.v1.Hello
+	11, // 1: pulse.v1.AgentMessage.catalogue:type_name -> pulse.v1.Catalogue
+	12, // 2: pulse.v1.AgentMessage.batch:type_name -> pulse.v1.SampleBatch
+	8,  // 3: pulse.v1.AggregatorMessage.welcome:type_name -> pulse.v1.Welcome
+	16, // 4: pulse.v1.AggregatorMessage.ack:type_name -> pulse.v1.Ack
 	0,  // 5: pulse.v1.Hello.protocol_version:type_name -> pulse.v1.ProtocolVersion
 	0,  // 6: pulse.v1.Welcome.protocol_version:type_name -> pulse.v1.ProtocolVersion
 	2,  // 7: pulse.v1.Workload.kind:type_name -> pulse.v1.WorkloadKind
-	8,  // 8: pulse.v1.Pod.workloads:type_name -> pulse.v1.Workload
-	9,  // 9: pulse.v1.Catalogue.upsert:type_name -> pulse.v1.Pod
-	12, // 10: pulse.v1.SampleBatch.missing:type_name -> pulse.v1.MissingSample
-	13, // 11: pulse.v1.SampleBatch.extra:type_name -> pulse.v1.ExtraValues
-	3,  // 12: pulse.v1.MissingSample.reason:type_name -> pulse.v1.MissingReason
-	4,  // 13: pulse.v1.Ingest.Report:input_type -> pulse.v1.AgentMessage
-	5,  // 14: pulse.v1.Ingest.Report:output_type -> pulse.v1.AggregatorMessage
-	14, // [14:15] is the sub-list for method output_type
-	13, // [13:14] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	9,  // 8: pulse.v1.Pod.workloads:type_name -> pulse.v1.Workload
+	10, // 9: pulse.v1.Catalogue.upsert:type_name -> pulse.v1.Pod
+	13, // 10: pulse.v1.SampleBatch.missing:type_name -> pulse.v1.MissingSample
+	15, // 11: pulse.v1.SampleBatch.extra:type_name -> pulse.v1.ExtraValues
+	14, // 12: pulse.v1.SampleBatch.histograms:type_name -> pulse.v1.HistogramSample
+	3,  // 13: pulse.v1.MissingSample.reason:type_name -> pulse.v1.MissingReason
+	4,  // 14: pulse.v1.HistogramSample.histogram:type_name -> pulse.v1.Histogram
+	5,  // 15: pulse.v1.Ingest.Report:input_type -> pulse.v1.AgentMessage
+	6,  // 16: pulse.v1.Ingest.Report:output_type -> pulse.v1.AggregatorMessage
+	16, // [16:17] is the sub-list for method output_type
+	15, // [15:16] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_proto_pulse_v1_ingest_proto_init() }
@@ -1324,8 +1475,8 @@ func file_proto_pulse_v1_ingest_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_pulse_v1_ingest_proto_rawDesc), len(file_proto_pulse_v1_ingest_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   11,
+			NumEnums:      5,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

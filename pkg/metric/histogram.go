@@ -1,0 +1,258 @@
+package metric
+
+import (
+	"math"
+	"slices"
+	"sort"
+)
+
+// Hist names a latency histogram an agent may forward (agent flag
+// --forward-histograms); it equals the wire's pulsev1.Histogram minus one.
+type Hist uint8
+
+// The histograms.
+const (
+	// TTFTHist: time to first token, in seconds.
+	TTFTHist Hist = iota
+	// ITLHist: inter-token latency (vLLM's time per output token), in seconds.
+	ITLHist
+	// NumHists bounds the histograms.
+	NumHists
+)
+
+var histNames = [NumHists]string{TTFTHist: "ttft", ITLHist: "itl"}
+
+// Name is the histogram's name in logs and debug output.
+func (h Hist) Name() string {
+	if h >= NumHists {
+		return "unknown"
+	}
+	return histNames[h]
+}
+
+// MaxBuckets caps the buckets of one histogram (vLLM has 23 for TTFT): a
+// page or a batch with more is refused.
+const MaxBuckets = 64
+
+// Buckets is a cumulative histogram as Prometheus exposes it: Counts[i]
+// observations were at most Bounds[i]. Bounds ascend and the last is +Inf.
+// A zero Buckets is absent.
+type Buckets struct {
+	Bounds []float64
+	Counts []float64
+}
+
+// Present reports whether the histogram was read.
+func (b *Buckets) Present() bool { return len(b.Bounds) > 0 }
+
+// Total is the number of observations (the +Inf bucket).
+func (b *Buckets) Total() float64 {
+	if len(b.Counts) == 0 {
+		return 0
+	}
+	return b.Counts[len(b.Counts)-1]
+}
+
+// Histograms are one pod's histograms at one instant. The slices of a
+// sample handed to a store are not modified afterwards: samples of a pod may
+// share bounds.
+type Histograms [NumHists]Buckets
+
+// Any reports whether any histogram is present.
+func (h *Histograms) Any() bool {
+	if h == nil {
+		return false
+	}
+	for i := range h {
+		if h[i].Present() {
+			return true
+		}
+	}
+	return false
+}
+
+// HistogramQuantile is Prometheus' histogram_quantile over cumulative
+// buckets (promql/quantile.go, bucketQuantile): the bucket holding the rank
+// q·total is found, and the value is interpolated linearly within it, from
+// the bucket's lower bound (0 for the first bucket when its bound is
+// positive) to its upper bound. A rank in the +Inf bucket answers the
+// highest finite bound. ok is false with no observations, fewer than two
+// buckets, or no +Inf bucket. Counts that decrease (float noise of a merge)
+// are raised to stay monotonic, as Prometheus does.
+func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
+	n := len(bounds)
+	if n < 2 || len(counts) != n || !math.IsInf(bounds[n-1], 1) || math.IsNaN(q) {
+		return 0, false
+	}
+	total := counts[n-1]
+	if total <= 0 {
+		return 0, false
+	}
+	switch {
+	case q < 0:
+		return math.Inf(-1), true
+	case q > 1:
+		return math.Inf(1), true
+	}
+	rank := q * total
+	b, prev := -1, 0.0
+	for i := range n {
+		c := max(counts[i], prev)
+		if c >= rank {
+			b = i
+			break
+		}
+		prev = c
+	}
+	if b < 0 || b == n-1 {
+		return bounds[n-2], true
+	}
+	if b == 0 && bounds[0] <= 0 {
+		return bounds[0], true
+	}
+	start := 0.0
+	if b > 0 {
+		start = bounds[b-1]
+	}
+	count := max(counts[b], prev) - prev
+	if count <= 0 {
+		return bounds[b], true
+	}
+	return start + (bounds[b]-start)*((rank-prev)/count), true
+}
+
+// histDelta is the increase of histogram h over a series: between the first
+// and the last sample that carry it with the same bounds as the last.
+// ok is false when fewer than two samples carry it.
+func histDelta(h Hist, series []Sample) (bounds, delta []float64, ok bool) {
+	last := -1
+	for i := len(series) - 1; i >= 0; i-- {
+		if series[i].Hist != nil && series[i].Hist[h].Present() {
+			last = i
+			break
+		}
+	}
+	if last < 1 {
+		return nil, nil, false
+	}
+	lb := &series[last].Hist[h]
+	first := -1
+	for i := 0; i < last; i++ {
+		if series[i].Hist != nil && slices.Equal(series[i].Hist[h].Bounds, lb.Bounds) {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return nil, nil, false
+	}
+	fb := &series[first].Hist[h]
+	delta = make([]float64, len(lb.Counts))
+	for i := range delta {
+		delta[i] = max(lb.Counts[i]-fb.Counts[i], 0)
+	}
+	return lb.Bounds, delta, true
+}
+
+// Merge adds up the window increases of a histogram across the pods of a
+// workload, bucket by bucket (by upper bound), so that a quantile is the
+// workload's, not a mean of the pods' quantiles. Pods whose bounds differ
+// (another server version) are merged on the bounds they all have: a
+// cumulative count at a shared bound is exact for every pod.
+type Merge struct {
+	counts map[float64]float64
+	pods   map[float64]int
+	n      int
+}
+
+// Add merges one pod's increase.
+func (m *Merge) Add(bounds, delta []float64) {
+	if m.counts == nil {
+		m.counts, m.pods = map[float64]float64{}, map[float64]int{}
+	}
+	for i, b := range bounds {
+		m.counts[b] += delta[i]
+		m.pods[b]++
+	}
+	m.n++
+}
+
+// Pods is the number of pods merged.
+func (m *Merge) Pods() int { return m.n }
+
+// Quantile is the merged histogram's q-quantile.
+func (m *Merge) Quantile(q float64) (float64, bool) {
+	if m.n == 0 {
+		return 0, false
+	}
+	bounds := make([]float64, 0, len(m.counts))
+	for b, n := range m.pods {
+		if n == m.n {
+			bounds = append(bounds, b)
+		}
+	}
+	sort.Float64s(bounds)
+	counts := make([]float64, len(bounds))
+	for i, b := range bounds {
+		counts[i] = m.counts[b]
+	}
+	return HistogramQuantile(q, bounds, counts)
+}
+
+// AddTo merges the pod's increase of m's histogram over series into mg; it
+// reports whether the series had one. m must be a RuleQuantile metric.
+func (m Def) AddTo(mg *Merge, series []Sample) bool {
+	bounds, delta, ok := histDelta(m.Hist, series)
+	if ok {
+		mg.Add(bounds, delta)
+	}
+	return ok
+}
+
+// HasHist reports whether any sample of the series carries m's histogram.
+func (m Def) HasHist(series []Sample) bool {
+	for i := len(series) - 1; i >= 0; i-- {
+		if series[i].Hist != nil && series[i].Hist[m.Hist].Present() {
+			return true
+		}
+	}
+	return false
+}
+
+// histMono is Monotonic's state for one histogram.
+type histMono struct {
+	bounds []float64
+	last   []float64
+	offset []float64
+	rebase bool // the next counts come from another agent process
+}
+
+// adjust rewrites b's counts (a fresh slice) monotonic across resets.
+func (s *histMono) adjust(b *Buckets) {
+	rebase := s.rebase
+	s.rebase = false
+	if !slices.Equal(s.bounds, b.Bounds) {
+		// New bounds start a new series: windows do not reach across it.
+		s.bounds, s.last, s.offset = b.Bounds, slices.Clone(b.Counts), make([]float64, len(b.Counts))
+		return
+	}
+	reset := false
+	for i, c := range b.Counts {
+		if c < s.last[i] {
+			reset = true
+			break
+		}
+	}
+	out := make([]float64, len(b.Counts))
+	for i, c := range b.Counts {
+		switch {
+		case rebase:
+			s.offset[i] += s.last[i] - c
+		case reset:
+			s.offset[i] += s.last[i]
+		}
+		s.last[i] = c
+		out[i] = c + s.offset[i]
+	}
+	b.Counts = out
+}
