@@ -143,7 +143,7 @@ func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
 		}
 		rep := store.Report{UID: rp.uid}
 		rep.TimeMs = p.base.Add(w.now).UnixMilli()
-		rep.Values = vals
+		rep.Values, rep.Hist = vals, rp.r.Hist()
 		w.at(w.now+sampleDelay, func() { p.st.Add([]store.Report{rep}) })
 		if next := w.now + iv; next <= w.cfg.horizon {
 			w.at(next, scrape)
@@ -365,6 +365,9 @@ func (*oracle) Demand(w *world) {
 // from exact samples (every 100 ms, no delay).
 func trueValue(w *world) float64 {
 	t := w.cfg.trigger
+	if m := t.Def(); m.Rule == metric.RuleQuantile {
+		return trueQuantile(w, m, t)
+	}
 	g, isGauge := gaugeOf(t.Metric)
 	var vals []float64
 	for _, rp := range w.ready {
@@ -415,6 +418,30 @@ func sum(vals []float64) float64 {
 
 func mean(vals []float64) float64 { return sum(vals) / float64(len(vals)) }
 
+// trueQuantile is a quantile metric's value as pulse's scaler derives it
+// from exact samples: the workload's quantile over the buckets of the
+// replicas with requests in the window, merged, standing for each of them.
+func trueQuantile(w *world, m metric.Def, t scaler.Trigger) float64 {
+	var mg metric.Merge
+	n := 0
+	for _, rp := range w.ready {
+		w.touch(rp)
+		series := windowSeries(w, rp, t)
+		if _, ok := m.Eval(series); ok && m.AddTo(&mg, series) {
+			n++
+		}
+	}
+	q, ok := mg.Quantile(m.Q)
+	if !ok {
+		return 0
+	}
+	vals := make([]float64, n)
+	for i := range vals {
+		vals[i] = q
+	}
+	return aggregate(vals, t)
+}
+
 // exactRate is a rate or ratio metric over the trigger's window from the
 // replica's counters now and at the window's start (kept by the world).
 func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
@@ -422,10 +449,17 @@ func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
 	if m.Rule == 0 {
 		return 0, false // an extra gauge: not modelled
 	}
-	cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
 	if m.Rule.Gauge() {
+		cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()}
 		return m.Eval([]metric.Sample{cur}) // saturation: the load now
 	}
+	return m.Eval(windowSeries(w, rp, t))
+}
+
+// windowSeries is a replica's exact sample at the start of the trigger's
+// window (kept by the world) and now.
+func windowSeries(w *world, rp *rep, t scaler.Trigger) []metric.Sample {
+	cur := metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values(), Hist: rp.r.Hist()}
 	hist := w.history(rp)
 	from := w.now - t.Window
 	series := []metric.Sample{}
@@ -435,6 +469,5 @@ func exactRate(w *world, rp *rep, t scaler.Trigger) (float64, bool) {
 			break
 		}
 	}
-	series = append(series, cur)
-	return m.Eval(series)
+	return append(series, cur)
 }

@@ -287,6 +287,7 @@ func (w *world) addReplica() {
 	// Prometheus') fall anywhere relative to the traffic: vary them by seed.
 	rp.uid = fmt.Sprintf("uid-%d-%d", w.cfg.Seed, rp.id)
 	rp.r = replica.New(w.cfg.Profile, &w.st)
+	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)
 	startup := w.cfg.Profile.StartupTime(w.rng.NormFloat64())
@@ -441,7 +442,7 @@ func (w *world) recordHistory() {
 	keep := w.cfg.trigger.Window + 2*time.Second
 	for _, rp := range w.ready {
 		w.touch(rp)
-		rp.hist = append(rp.hist, metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values()})
+		rp.hist = append(rp.hist, metric.Sample{TimeMs: w.now.Milliseconds(), Values: rp.r.Values(), Hist: rp.r.Hist()})
 		for len(rp.hist) > 0 && w.now-time.Duration(rp.hist[0].TimeMs)*time.Millisecond > keep {
 			rp.hist = rp.hist[1:]
 		}

@@ -114,19 +114,20 @@ func BenchmarkExtract(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(fmt.Sprintf("engines=%d/full-expfmt", engines), func(b *testing.B) {
-			b.SetBytes(int64(len(page)))
-			b.ReportAllocs()
-			for b.Loop() {
-				sink, _ = e.FullParse(page)
-			}
-		})
-		b.Run(fmt.Sprintf("engines=%d/pulse", engines), func(b *testing.B) {
-			b.SetBytes(int64(len(page)))
-			b.ReportAllocs()
-			for b.Loop() {
-				sink, _ = e.Extract(page)
-			}
-		})
+		eh, err := NewExtractor(nil, WithHistograms())
+		if err != nil {
+			b.Fatal(err)
+		}
+		for name, read := range map[string]func([]byte) (Page, error){
+			"full-expfmt": e.FullParse, "pulse": e.Extract, "pulse+histograms": eh.Extract,
+		} {
+			b.Run(fmt.Sprintf("engines=%d/%s", engines, name), func(b *testing.B) {
+				b.SetBytes(int64(len(page)))
+				b.ReportAllocs()
+				for b.Loop() {
+					sink, _ = read(page)
+				}
+			})
+		}
 	}
 }

@@ -19,6 +19,7 @@ package replica
 import (
 	"container/heap"
 	"math"
+	"sort"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -62,6 +63,23 @@ type Counters struct {
 	E2ESum, E2ECount, ITLSum, ITLCount                   float64
 }
 
+// vLLM's TTFT and inter-token latency bucket bounds
+// (vllm/v1/metrics/loggers.py), with +Inf.
+var (
+	TTFTBounds = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+		7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.Inf(1)}
+	ITLBounds = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+		10.0, 20.0, 40.0, 80.0, math.Inf(1)}
+)
+
+// observe adds n observations of v to the bucket of bounds that holds it.
+func observe(buckets *[]float64, bounds []float64, v, n float64) {
+	if *buckets == nil {
+		*buckets = make([]float64, len(bounds))
+	}
+	(*buckets)[sort.SearchFloat64s(bounds, v)] += n
+}
+
 // Replica is one vLLM server. It is not safe for concurrent use.
 type Replica struct {
 	p   *Profile
@@ -95,6 +113,12 @@ type Replica struct {
 	nDec   int
 
 	c Counters
+
+	// Histograms: keep the TTFT and ITL histograms (Hist); off, the
+	// replica saves their cost.
+	Histograms bool
+	// Observations per bucket of TTFTBounds and ITLBounds (not cumulative).
+	ttftB, itlB []float64
 }
 
 type chunk struct {
@@ -327,6 +351,9 @@ func (r *Replica) applyDecode(k uint64, end time.Duration) {
 	r.c.GenerationTokens += tokens
 	r.c.ITLSum += tokens * r.dt.Seconds()
 	r.c.ITLCount += tokens
+	if r.Histograms {
+		observe(&r.itlB, ITLBounds, r.dt.Seconds(), tokens)
+	}
 	for r.decoding.Len() > 0 && r.decoding[0].at <= r.decodeN {
 		q := heap.Pop(&r.decoding).(*Request)
 		// It finished at the end of the step that brought decodeN to finishAt.
@@ -354,12 +381,18 @@ func (r *Replica) applyPrefillStep(end time.Duration) {
 			q.FirstToken = end
 			r.c.TTFTSum += (end - q.Dispatched).Seconds()
 			r.c.TTFTCount++
+			if r.Histograms {
+				observe(&r.ttftB, TTFTBounds, (end - q.Dispatched).Seconds(), 1)
+			}
 			if r.obs != nil {
 				r.obs.FirstToken(q)
 			}
 		} else {
 			r.c.ITLSum += (end - q.lastToken).Seconds()
 			r.c.ITLCount++
+			if r.Histograms {
+				observe(&r.itlB, ITLBounds, (end - q.lastToken).Seconds(), 1)
+			}
 		}
 		q.lastToken = end
 		q.generated++
@@ -400,6 +433,33 @@ func (r *Replica) finish(q *Request, at time.Duration) {
 
 // Values are the replica's vLLM values as pulse's agent reads them from
 // its page (counters cumulative).
+// Hist returns the replica's TTFT and ITL histograms as vLLM exposes them
+// (cumulative counts over TTFTBounds and ITLBounds): nil unless Histograms
+// is set; a histogram with no observation yet is absent.
+func (r *Replica) Hist() *metric.Histograms {
+	if !r.Histograms {
+		return nil
+	}
+	h := new(metric.Histograms)
+	for _, x := range [...]struct {
+		id     metric.Hist
+		bounds []float64
+		counts []float64
+	}{{metric.TTFTHist, TTFTBounds, r.ttftB}, {metric.ITLHist, ITLBounds, r.itlB}} {
+		if x.counts == nil {
+			continue
+		}
+		cum := make([]float64, len(x.counts))
+		run := 0.0
+		for i, c := range x.counts {
+			run += c
+			cum[i] = run
+		}
+		h[x.id] = metric.Buckets{Bounds: x.bounds, Counts: cum}
+	}
+	return h
+}
+
 func (r *Replica) Values() metric.Values {
 	var v metric.Values
 	v.Set(metric.Waiting, float64(r.Waiting()))

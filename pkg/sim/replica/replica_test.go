@@ -2,6 +2,7 @@ package replica
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -219,5 +220,48 @@ func TestShippedProfilesLoad(t *testing.T) {
 	}
 	if _, err := Load("no-such-profile"); err == nil {
 		t.Error("an unknown profile loaded")
+	}
+}
+
+// TestHistogramsMatchTheRequests: with Histograms set, the TTFT histogram
+// holds every first token in its vLLM bucket, and the ITL histogram every
+// token after the first; without it there are none.
+func TestHistogramsMatchTheRequests(t *testing.T) {
+	p := profile(t)
+	rec := &recorder{}
+	r := New(p, rec)
+	r.Histograms = true
+	for i := range 40 {
+		at := time.Duration(i) * 100 * time.Millisecond
+		r.AdvanceTo(at)
+		r.Enqueue(at, NewRequest(i, 800, 40, at))
+	}
+	r.AdvanceTo(2 * time.Minute)
+	h := r.Hist()
+	v := r.Values()
+	ttft, itl := h[metric.TTFTHist], h[metric.ITLHist]
+	if n, _ := v.Get(metric.TTFTCount); ttft.Total() != n || n != 40 {
+		t.Fatalf("TTFT histogram holds %v, count %v, want 40", ttft.Total(), n)
+	}
+	if n, _ := v.Get(metric.ITLCount); itl.Total() != n || n != 40*39 {
+		t.Fatalf("ITL histogram holds %v, count %v, want %d", itl.Total(), n, 40*39)
+	}
+	want := make([]float64, len(TTFTBounds))
+	for _, q := range rec.first {
+		x := (q.FirstToken - q.Dispatched).Seconds()
+		for i, b := range TTFTBounds {
+			if x <= b {
+				want[i]++
+			}
+		}
+	}
+	if !slices.Equal(ttft.Counts, want) || !slices.Equal(ttft.Bounds, TTFTBounds) {
+		t.Fatalf("TTFT buckets %v, want %v", ttft.Counts, want)
+	}
+	plain := New(p, nil)
+	plain.Enqueue(0, NewRequest(0, 10, 2, 0))
+	plain.AdvanceTo(time.Minute)
+	if plain.Hist() != nil {
+		t.Fatal("histograms kept without Histograms set")
 	}
 }
