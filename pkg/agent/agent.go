@@ -299,9 +299,9 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vl
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 	defer cancel()
-	page, err := a.scraper.Scrape(sctx, tg.URL, counters)
+	page, err := a.scraper.Scrape(sctx, tg.URL, tg.Demand, counters)
 	a.m.duration.Observe(time.Since(start).Seconds())
-	if err == nil {
+	if err == nil && tg.Demand == nil {
 		a.addGPU(tg, &page)
 	}
 	r := result{uid: tg.UID, timeMs: start.UnixMilli(), page: page}

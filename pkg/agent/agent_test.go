@@ -70,7 +70,7 @@ func TestScrapeAsksForIdentityAndReadsGzip(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	sc := newScraper(t, 8<<20)
-	page, err := sc.Scrape(context.Background(), srv.URL+"/metrics", nil)
+	page, err := sc.Scrape(context.Background(), srv.URL+"/metrics", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestScrapeAsksForIdentityAndReadsGzip(t *testing.T) {
 		t.Fatalf("waiting = %v", w)
 	}
 	for range 3 { // pooled gzip readers and buffers are reused
-		page, err = sc.Scrape(context.Background(), srv.URL+"/always-gzip", nil)
+		page, err = sc.Scrape(context.Background(), srv.URL+"/always-gzip", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestScrapeAsksForIdentityAndReadsGzip(t *testing.T) {
 			t.Fatalf("gzip page: waiting = %v", w)
 		}
 	}
-	_, err = sc.Scrape(context.Background(), srv.URL+"/br", nil)
+	_, err = sc.Scrape(context.Background(), srv.URL+"/br", nil, nil)
 	var se *ScrapeError
 	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_PARSE || !strings.Contains(err.Error(), `"br"`) {
 		t.Fatalf("br: %v", err)
@@ -133,7 +133,7 @@ func TestScrapeErrorsHaveReasons(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
-			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url, nil)
+			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url, nil, nil)
 			var se *ScrapeError
 			if !errors.As(err, &se) || se.Reason != tc.reason {
 				t.Fatalf("err = %v, want reason %v", err, tc.reason)

@@ -32,7 +32,7 @@ func BenchmarkScrape(b *testing.B) {
 	url := srv.URL + "/metrics"
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := sc.Scrape(context.Background(), url, counters); err != nil {
+		if _, err := sc.Scrape(context.Background(), url, nil, counters); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -20,7 +20,9 @@ import (
 // Scraper reads one target's page; counters is the pod's counter state
 // (see vllm.Counters), used by one scrape at a time.
 type Scraper interface {
-	Scrape(ctx context.Context, url string, counters *vllm.Counters) (vllm.Page, error)
+	// Scrape reads a model server's page, or with demand set a demand
+	// source's series for one workload.
+	Scrape(ctx context.Context, url string, demand *vllm.Demand, counters *vllm.Counters) (vllm.Page, error)
 }
 
 // ScrapeError is a failed scrape with its reason.
@@ -71,7 +73,7 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 }
 
 // Scrape fetches and extracts one page. Its error is a *ScrapeError.
-func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Counters) (vllm.Page, error) {
+func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Demand, counters *vllm.Counters) (vllm.Page, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
@@ -124,7 +126,12 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, counters *vllm.Cou
 		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
 	// The page keeps nothing of the buffer: values are parsed out of it.
-	page, err := s.extractor.ExtractWith(buf.Bytes(), counters)
+	var page vllm.Page
+	if demand != nil {
+		page, err = s.extractor.ExtractDemand(buf.Bytes(), demand)
+	} else {
+		page, err = s.extractor.ExtractWith(buf.Bytes(), counters)
+	}
 	switch {
 	case errors.Is(err, vllm.ErrNotVLLM):
 		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}

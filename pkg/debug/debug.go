@@ -86,6 +86,7 @@ type Pod struct {
 	Name        string             `json:"name"`
 	Ready       bool               `json:"ready"`
 	Terminating bool               `json:"terminating,omitempty"`
+	Demand      bool               `json:"demand,omitempty"` // a router's entry: pendingRequests or arrivedRequests
 	Fresh       bool               `json:"fresh"`
 	AgeSeconds  *float64           `json:"ageSeconds"` // null: never reported
 	Missing     string             `json:"missing,omitempty"`
@@ -127,7 +128,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 func toWorkload(v store.WorkloadView) Workload {
 	out := Workload{Namespace: v.Namespace, Kind: v.Kind, Name: v.Name, Averages: clean(v.Averages), Pods: []Pod{}}
 	for _, p := range v.Pods {
-		pod := Pod{Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
+		pod := Pod{Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
 		if p.Age >= 0 {
 			age := math.Round(p.Age.Seconds()*1000) / 1000
 			pod.AgeSeconds = &age
@@ -162,6 +163,11 @@ func writeTable(w http.ResponseWriter, doc Document) {
 		for _, p := range wl.Pods {
 			state := "fresh"
 			switch {
+			case p.Demand && p.Fresh:
+				state = "router"
+				if v, ok := p.Values["pendingRequests"]; ok {
+					state = fmt.Sprintf("router: %g held", v)
+				}
 			case p.Terminating:
 				state = "terminating"
 			case !p.Ready:

@@ -122,14 +122,12 @@ func (k *Kube) Targets() []Target {
 	}
 	out := make([]Target, 0, len(pods))
 	for _, p := range pods {
-		t, ok, err := TargetOf(p, k.opts.Node, k.opts.Selector)
+		ts, err := TargetsOf(p, k.opts.Node, k.opts.Selector)
 		if err != nil {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
 			continue
 		}
-		if ok {
-			out = append(out, t)
-		}
+		out = append(out, ts...)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
@@ -145,6 +143,26 @@ func equalTargets(a, b []Target) bool {
 		}
 	}
 	return true
+}
+
+// TargetsOf is TargetOf for any pod: a model server's one target, or a
+// demand source's (pulse.io/demand-source) one per workload it fronts.
+func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
+	if IsDemandSource(pod.Annotations) {
+		if pod.Spec.NodeName != node || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			return nil, nil
+		}
+		base, err := placeOf(pod, Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name})
+		if err != nil {
+			return nil, err
+		}
+		return DemandTargets(base, pod.Annotations)
+	}
+	t, ok, err := TargetOf(pod, node, sel)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return []Target{t}, nil
 }
 
 // TargetOf decides whether pod is scraped and where. ok is false for a pod
@@ -172,23 +190,33 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 	if len(t.Workloads) == 0 {
 		return t, false, fmt.Errorf("no workload: label it %s or %s, or give it %s", LabelWorkspace, LabelInferenceSet, KeyWorkload)
 	}
-	port, err := portOf(pod)
+	t, err = placeOf(pod, t)
 	if err != nil {
 		return t, false, err
+	}
+	return t, true, nil
+}
+
+// placeOf sets where t's page is (URL) and whether it is scraped now
+// (Ready, Terminating), from the pod's annotations, ports and status.
+func placeOf(pod *corev1.Pod, t Target) (Target, error) {
+	port, err := portOf(pod)
+	if err != nil {
+		return t, err
 	}
 	scheme := pod.Annotations[AnnotationScheme]
 	if scheme == "" {
 		scheme = "http"
 	}
 	if scheme != "http" && scheme != "https" {
-		return t, false, fmt.Errorf("annotation %s=%q: want http or https", AnnotationScheme, scheme)
+		return t, fmt.Errorf("annotation %s=%q: want http or https", AnnotationScheme, scheme)
 	}
 	path := pod.Annotations[AnnotationPath]
 	if path == "" {
 		path = "/metrics"
 	}
 	if !strings.HasPrefix(path, "/") {
-		return t, false, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, path)
+		return t, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, path)
 	}
 	host := pod.Status.PodIP
 	if pod.Spec.HostNetwork {
@@ -201,7 +229,7 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
 	}
-	return t, true, nil
+	return t, nil
 }
 
 func podReady(pod *corev1.Pod) bool {

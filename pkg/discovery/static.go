@@ -13,6 +13,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -34,12 +35,15 @@ type Target struct {
 	// Terminating: the pod is being deleted: listed as such, not scraped.
 	Terminating bool
 	URL         string
+	// Demand is set for a demand source's entry (a router's series for
+	// one workload, see DemandTargets); nil for a model server.
+	Demand *vllm.Demand
 }
 
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {
 	return t.UID == o.UID && t.Namespace == o.Namespace && t.Pod == o.Pod && t.Ready == o.Ready &&
-		t.Terminating == o.Terminating && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads)
+		t.Terminating == o.Terminating && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads) && t.Demand.Equal(o.Demand)
 }
 
 // staticFile is the --static-targets file.
@@ -59,6 +63,9 @@ type staticTarget struct {
 	Ready *bool `json:"ready"`
 	// Terminating lists a pod being deleted (not scraped).
 	Terminating bool `json:"terminating"`
+	// Annotations: a demand source's pulse.io/demand-* annotations, as on
+	// a pod (then no workload key is needed).
+	Annotations map[string]string `json:"annotations"`
 }
 
 // LoadStaticTargets reads a static targets file. Every problem is reported,
@@ -107,11 +114,19 @@ func LoadStaticTargets(path string) ([]Target, error) {
 				t.Workloads = append(t.Workloads, Workload{Kind: w.kind, Name: w.name})
 			}
 		}
-		if len(t.Workloads) == 0 {
-			bad("name a workload: workspace, inferenceSet, deployment or workload")
-		}
 		if u, err := url.Parse(st.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			bad("url %q is not an http(s) URL", st.URL)
+		}
+		if IsDemandSource(st.Annotations) {
+			ds, err := DemandTargets(t, st.Annotations)
+			if err != nil {
+				bad("%v", err)
+			}
+			out = append(out, ds...)
+			continue
+		}
+		if len(t.Workloads) == 0 {
+			bad("name a workload: workspace, inferenceSet, deployment or workload")
 		}
 		out = append(out, t)
 	}

@@ -279,7 +279,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if len(p.Workloads) > maxWorkloadsPerPod {
 			return fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
 		}
-		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating}
+		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
 		for _, w := range p.Workloads {
 			kind, ok := kinds[w.Kind]
 			if !ok || w.Name == "" {

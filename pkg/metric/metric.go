@@ -34,9 +34,11 @@ const (
 	ITLCount         = ID(pulsev1.Metric_METRIC_ITL_COUNT)
 	GPUUtilization   = ID(pulsev1.Metric_METRIC_GPU_UTILIZATION)
 	GPUMemoryUsage   = ID(pulsev1.Metric_METRIC_GPU_MEMORY_USAGE)
+	PendingRequests  = ID(pulsev1.Metric_METRIC_PENDING_REQUESTS)
+	ArrivedRequests  = ID(pulsev1.Metric_METRIC_ARRIVED_REQUESTS)
 
 	// NumIDs bounds the ids: every ID is < NumIDs.
-	NumIDs = 21
+	NumIDs = 23
 )
 
 // Kind says how a raw value behaves over time.
@@ -76,6 +78,8 @@ var raws = [NumIDs]rawInfo{
 	ITLCount:         {"itlCount", Counter, 0},
 	GPUUtilization:   {"gpuUtilization", Gauge, 4},
 	GPUMemoryUsage:   {"gpuMemoryUsage", Gauge, 4},
+	PendingRequests:  {"pendingRequests", Gauge, 0},
+	ArrivedRequests:  {"arrivedRequests", Counter, 0},
 }
 
 // Valid reports whether id names a raw value.

@@ -64,6 +64,10 @@ type Decision struct {
 	// Ready is the number of ready pods (counted, filled, or left out as
 	// idle, undefined or ignored): the HPA's pod count for metricType Value.
 	Ready int `json:"ready"`
+	// Pending is the demand that the workload's routers (demand sources)
+	// added to a waiting trigger: requests they hold, and with no ready
+	// replica the requests that arrived at them over the window.
+	Pending float64 `json:"pending,omitempty"`
 	// Pods lists every pod, when asked for.
 	Pods []PodDecision `json:"pods,omitempty"`
 }
@@ -114,7 +118,19 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	} else {
 		pods, found = s.store.Query(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
 	}
+	// Demand sources count toward a queue: their held requests are waiting
+	// nowhere else (docs/scaledobject.md, "Demand before the first pod").
+	var dv store.DemandValue
+	if def.Rule == metric.RuleGauge && def.Num == metric.Waiting {
+		dv = s.store.Demand(t.Workload, t.Window, t.StaleAfter)
+	}
 	if !found {
+		if dv.Sources > 0 {
+			return demandOnly(t, dv), nil
+		}
+		if dv.Stale > 0 {
+			return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
+		}
 		return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
 	}
 	var d Decision
@@ -155,6 +171,16 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: metric %q needs the %s histogram, which no agent forwards for this workload's pods: start the agents with --forward-histograms (value forwardHistograms of the deploy/daemonset chart)", describe(t), t.Metric, def.Hist.Name())
 	}
 	if len(vals) == 0 && undefined == 0 {
+		if missing == 0 && dv.Sources > 0 {
+			// No replica is ready (all start or stop): the routers' demand
+			// is the whole of it.
+			d := demandOnly(t, dv)
+			d.LeftOut = len(pods)
+			if detail {
+				d.Pods = podDecisions(pods, -1, "", false)
+			}
+			return d, nil
+		}
 		// An error, so that KEDA applies its fallback and the HPA holds:
 		// never a silent 0.
 		if missing > 0 {
@@ -198,6 +224,17 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 			v *= float64(n)
 		}
 	}
+	if dv.Held > 0 {
+		// Held at the routers, on top of the replicas' queues; with
+		// metricType Value the HPA multiplies by the ready pods, so an
+		// average carries it divided by them.
+		d.Pending = dv.Held
+		if t.ValueType == "average" {
+			v += dv.Held / float64(max(len(pods)-starting-terminating, 1))
+		} else {
+			v += dv.Held
+		}
+	}
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
 	}
@@ -212,6 +249,15 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		d.Pods = podDecisions(pods, fill, fillWhy, quantile)
 	}
 	return d, nil
+}
+
+// demandOnly is the decision of a waiting trigger whose workload has no
+// ready replica: the requests its routers hold, and those that arrived at
+// them over the window (a router that holds nothing refuses them: each is
+// demand no replica has seen).
+func demandOnly(t Trigger, dv store.DemandValue) Decision {
+	v := dv.Held + dv.Arrived
+	return Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "up", Reporting: v, Pending: v}
 }
 
 // fill is the value given to ready pods with no value, and the rule's name;

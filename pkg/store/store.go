@@ -39,6 +39,9 @@ type PodInfo struct {
 	Ready bool
 	// Terminating: the pod is being deleted.
 	Terminating bool
+	// Demand: a demand source's entry (a router's requests for the
+	// workload), not a replica: left out of Query, read by Demand.
+	Demand bool
 }
 
 // Source is the agent stream that lists pods: its node, its process

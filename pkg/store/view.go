@@ -14,6 +14,9 @@ type PodView struct {
 	Name        string
 	Ready       bool
 	Terminating bool
+	// Demand: a router's entry for the workload (Values has
+	// pendingRequests or arrivedRequests), not a replica.
+	Demand bool
 	// Fresh: a successful sample arrived within the freshness bound.
 	Fresh bool
 	// Age since the last successful sample; negative when there was none.
@@ -96,8 +99,16 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 }
 
 func (p *pod) view(now time.Time, o ViewOptions) PodView {
-	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Age: -1, Missing: p.missing, Error: p.errText,
+	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.missing, Error: p.errText,
 		Values: map[string]float64{}}
+	if p.Demand {
+		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
+			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(p.series); ok {
+				pv.Values[id.Name()] = v
+			}
+		}
+		return pv
+	}
 	if !p.lastSeen.IsZero() {
 		pv.Age = now.Sub(p.lastSeen)
 		pv.Fresh = pv.Age <= o.FreshFor && p.missing == ""
@@ -222,8 +233,8 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 	defer s.mu.RUnlock()
 	pods = dst
 	for _, p := range s.workloads[k] {
-		if s.expired(p, now) {
-			continue // its agent is gone for good; Sweep will drop it
+		if p.Demand || s.expired(p, now) {
+			continue // a router's entry is no replica; an expired agent's pod Sweep will drop
 		}
 		pv := PodValue{Name: p.Name, Samples: len(p.series)}
 		switch {
@@ -261,6 +272,49 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 		pods = append(pods, pv)
 	}
 	return pods, len(pods) > len(dst)
+}
+
+// DemandValue is what the demand sources of a workload report.
+type DemandValue struct {
+	// Sources is the number of demand entries with a fresh sample.
+	Sources int
+	// Held: requests the routers hold now (their latest samples).
+	Held float64
+	// Arrived: requests that arrived at the routers over the window.
+	Arrived float64
+	// Stale is the number of demand entries with no fresh sample.
+	Stale int
+}
+
+// Demand reads the demand sources of workload k: held requests from each
+// fresh entry's latest sample, arrivals over window.
+func (s *Store) Demand(k Key, window, freshFor time.Duration) DemandValue {
+	now := s.now()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var d DemandValue
+	held := metric.Def{Rule: metric.RuleGauge, Num: metric.PendingRequests}
+	for _, p := range s.workloads[k] {
+		if !p.Demand || s.expired(p, now) {
+			continue
+		}
+		if p.lastSeen.IsZero() || p.missing != "" || now.Sub(p.lastSeen) > freshFor {
+			d.Stale++
+			continue
+		}
+		d.Sources++
+		if v, ok := held.Latest(p.series); ok {
+			d.Held += v
+		}
+		if w := p.window(window, metric.RuleRate); len(w) > 1 {
+			a, okA := w[0].Get(metric.ArrivedRequests)
+			b, okB := w[len(w)-1].Get(metric.ArrivedRequests)
+			if okA && okB {
+				d.Arrived += b - a
+			}
+		}
+	}
+	return d
 }
 
 // checkSpan marks pv truncated when samples of the window were dropped by

@@ -185,12 +185,7 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err error) {
 	for len(page) > 0 {
 		var line []byte
-		if i := bytes.IndexByte(page, '\n'); i >= 0 {
-			line, page = page[:i], page[i+1:]
-		} else {
-			line, page = page, nil
-		}
-		line = bytes.TrimLeft(line, " \t")
+		line, page = nextLine(page)
 		if len(line) == 0 {
 			continue
 		}
@@ -218,6 +213,16 @@ func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err erro
 		dst = append(dst, '\n')
 	}
 	return dst, isVLLM, nil
+}
+
+// nextLine splits the first line off page, its leading blanks trimmed.
+func nextLine(page []byte) (line, rest []byte) {
+	if i := bytes.IndexByte(page, '\n'); i >= 0 {
+		line, rest = page[:i], page[i+1:]
+	} else {
+		line = page
+	}
+	return bytes.TrimLeft(line, " \t"), rest
 }
 
 // isVLLMComment reports whether a comment line is a HELP or TYPE of a

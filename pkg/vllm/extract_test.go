@@ -283,3 +283,37 @@ func TestSaturationOnRealPages(t *testing.T) {
 		t.Errorf("SGLang KV term = %v, want 0.28/0.7 = 0.4", got)
 	}
 }
+
+// TestExtractDemand: the first of the metrics the page has is read (llm-d's
+// two names for one gauge count once), series of other models are left
+// out, and a page with none of them is 0: a labelled gauge with no series
+// yet is not exported at all.
+func TestExtractDemand(t *testing.T) {
+	e := newExtractor(t)
+	page := []byte(`# TYPE llm_d_epp_flow_control_queue_size gauge
+llm_d_epp_flow_control_queue_size{fairness_id="a",priority="0",target_model_name="llama"} 2
+llm_d_epp_flow_control_queue_size{fairness_id="b",priority="1",target_model_name="llama"} 3
+llm_d_epp_flow_control_queue_size{fairness_id="a",priority="0",target_model_name="phi"} 7
+inference_extension_flow_control_queue_size{fairness_id="a",priority="0",target_model_name="llama"} 2
+inference_extension_flow_control_queue_size{fairness_id="b",priority="1",target_model_name="llama"} 3
+process_open_fds 9
+`)
+	d := DemandPresets["epp"]
+	d.Match = "llama"
+	got, err := e.ExtractDemand(page, &d)
+	if v, ok := got.Get(metric.PendingRequests); err != nil || !ok || v != 5 {
+		t.Fatalf("held = %v, %v, %v; want 5", v, ok, err)
+	}
+	if got, _ := e.ExtractDemand([]byte("process_open_fds 9\n"), &d); got.V[metric.PendingRequests] != 0 || !got.Has(metric.PendingRequests) {
+		t.Fatalf("empty page: %+v", got)
+	}
+	ps := DemandPresets["production-stack"]
+	ps.Match = "phi"
+	got, _ = e.ExtractDemand([]byte("vllm:num_incoming_requests_total{model=\"phi\"} 4\n"), &ps)
+	if v, ok := got.Get(metric.ArrivedRequests); !ok || v != 4 {
+		t.Fatalf("arrivals = %v, %v", v, ok)
+	}
+	if _, err := e.ExtractDemand([]byte("inference_extension_flow_control_queue_size{a=\"\n"), &d); err == nil {
+		t.Fatal("a malformed line of the demand metric is accepted")
+	}
+}

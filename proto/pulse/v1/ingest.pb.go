@@ -128,6 +128,10 @@ const (
 	// GPU gauges, 0..1. Scale 4.
 	Metric_METRIC_GPU_UTILIZATION  Metric = 19
 	Metric_METRIC_GPU_MEMORY_USAGE Metric = 20
+	// Demand sources (routers): requests a router holds for a workload (a
+	// gauge), and requests that arrived at it for a workload (a counter).
+	Metric_METRIC_PENDING_REQUESTS Metric = 21
+	Metric_METRIC_ARRIVED_REQUESTS Metric = 22
 )
 
 // Enum value maps for Metric.
@@ -154,6 +158,8 @@ var (
 		18: "METRIC_ITL_COUNT",
 		19: "METRIC_GPU_UTILIZATION",
 		20: "METRIC_GPU_MEMORY_USAGE",
+		21: "METRIC_PENDING_REQUESTS",
+		22: "METRIC_ARRIVED_REQUESTS",
 	}
 	Metric_value = map[string]int32{
 		"METRIC_UNSPECIFIED":          0,
@@ -177,6 +183,8 @@ var (
 		"METRIC_ITL_COUNT":            18,
 		"METRIC_GPU_UTILIZATION":      19,
 		"METRIC_GPU_MEMORY_USAGE":     20,
+		"METRIC_PENDING_REQUESTS":     21,
+		"METRIC_ARRIVED_REQUESTS":     22,
 	}
 )
 
@@ -764,7 +772,11 @@ type Pod struct {
 	Ready bool `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
 	// Terminating: the pod is being deleted (deletionTimestamp set). It is
 	// not scraped, and scalers leave it out entirely, as the HPA does.
-	Terminating   bool `protobuf:"varint,7,opt,name=terminating,proto3" json:"terminating,omitempty"`
+	Terminating bool `protobuf:"varint,7,opt,name=terminating,proto3" json:"terminating,omitempty"`
+	// A demand source's entry: a router pod's requests for one workload
+	// (pulse.io/demand-source), not a replica of it. Its samples carry only
+	// PENDING_REQUESTS or ARRIVED_REQUESTS.
+	Demand        bool `protobuf:"varint,8,opt,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,6 +856,13 @@ func (x *Pod) GetReady() bool {
 func (x *Pod) GetTerminating() bool {
 	if x != nil {
 		return x.Terminating
+	}
+	return false
+}
+
+func (x *Pod) GetDemand() bool {
+	if x != nil {
+		return x.Demand
 	}
 	return false
 }
@@ -1305,7 +1324,7 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\"J\n" +
 	"\bWorkload\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.pulse.v1.WorkloadKindR\x04kind\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xc3\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xdb\x01\n" +
 	"\x03Pod\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x1c\n" +
@@ -1313,7 +1332,8 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x120\n" +
 	"\tworkloads\x18\x05 \x03(\v2\x12.pulse.v1.WorkloadR\tworkloads\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12 \n" +
-	"\vterminating\x18\a \x01(\bR\vterminating\"^\n" +
+	"\vterminating\x18\a \x01(\bR\vterminating\x12\x16\n" +
+	"\x06demand\x18\b \x01(\bR\x06demand\"^\n" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +
@@ -1350,7 +1370,7 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
-	"\x12PROTOCOL_VERSION_1\x10\x01*\xa3\x04\n" +
+	"\x12PROTOCOL_VERSION_1\x10\x01*\xdd\x04\n" +
 	"\x06Metric\x12\x16\n" +
 	"\x12METRIC_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMETRIC_WAITING\x10\x01\x12\x12\n" +
@@ -1373,7 +1393,9 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x0eMETRIC_ITL_SUM\x10\x11\x12\x14\n" +
 	"\x10METRIC_ITL_COUNT\x10\x12\x12\x1a\n" +
 	"\x16METRIC_GPU_UTILIZATION\x10\x13\x12\x1b\n" +
-	"\x17METRIC_GPU_MEMORY_USAGE\x10\x14*\xe8\x01\n" +
+	"\x17METRIC_GPU_MEMORY_USAGE\x10\x14\x12\x1b\n" +
+	"\x17METRIC_PENDING_REQUESTS\x10\x15\x12\x1b\n" +
+	"\x17METRIC_ARRIVED_REQUESTS\x10\x16*\xe8\x01\n" +
 	"\fWorkloadKind\x12\x1d\n" +
 	"\x19WORKLOAD_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKLOAD_KIND_WORKSPACE\x10\x01\x12\x1f\n" +

@@ -1,0 +1,112 @@
+package discovery
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/pulse-io/pulse/pkg/vllm"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// Annotations of a demand source: a router pod whose page says how many
+// requests it holds (or has received) for the workloads behind it
+// (docs/scaledobject.md, "Demand before the first pod").
+const (
+	// AnnotationDemandSource names the router: a preset (epp,
+	// production-stack) or custom.
+	AnnotationDemandSource = "pulse.io/demand-source"
+	// AnnotationDemandWorkloads lists the workloads it fronts: NAME, or
+	// NAME=VALUE where the label's value is not the workload's name.
+	AnnotationDemandWorkloads = "pulse.io/demand-workloads"
+	// AnnotationDemandKind is their kind (default Workspace).
+	AnnotationDemandKind = "pulse.io/demand-kind"
+	// AnnotationDemandMetric, AnnotationDemandLabel and AnnotationDemandType
+	// (held or arrivals) set or override the preset's.
+	AnnotationDemandMetric = "pulse.io/demand-metric"
+	AnnotationDemandLabel  = "pulse.io/demand-label"
+	AnnotationDemandType   = "pulse.io/demand-type"
+)
+
+// demandKinds are the kinds pulse.io/demand-kind accepts.
+var demandKinds = map[string]pulsev1.WorkloadKind{
+	"Workspace":       pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE,
+	"InferenceSet":    pulsev1.WorkloadKind_WORKLOAD_KIND_INFERENCE_SET,
+	"Deployment":      pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT,
+	"StatefulSet":     pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET,
+	"LeaderWorkerSet": pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET,
+	"Workload":        pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM,
+}
+
+// IsDemandSource reports whether annotations mark a demand source.
+func IsDemandSource(annotations map[string]string) bool {
+	_, ok := annotations[AnnotationDemandSource]
+	return ok
+}
+
+// DemandTargets expands a demand source into one target per workload it
+// fronts, each reading that workload's series of the router's page: base is
+// the router pod's target (its uid, name, URL, readiness).
+func DemandTargets(base Target, annotations map[string]string) ([]Target, error) {
+	src := annotations[AnnotationDemandSource]
+	d, ok := vllm.DemandPresets[src]
+	switch {
+	case ok:
+	case src == "custom":
+	default:
+		return nil, fmt.Errorf("annotation %s=%q: want epp, production-stack or custom", AnnotationDemandSource, src)
+	}
+	if m := annotations[AnnotationDemandMetric]; m != "" {
+		d.Metrics = strings.Split(m, ",")
+		for i := range d.Metrics {
+			d.Metrics[i] = strings.TrimSpace(d.Metrics[i])
+		}
+	}
+	if l := annotations[AnnotationDemandLabel]; l != "" {
+		d.Label = l
+	}
+	switch annotations[AnnotationDemandType] {
+	case "":
+	case "held":
+		d.Arrivals = false
+	case "arrivals":
+		d.Arrivals = true
+	default:
+		return nil, fmt.Errorf("annotation %s=%q: want held or arrivals", AnnotationDemandType, annotations[AnnotationDemandType])
+	}
+	if err := vllm.ValidateDemand(&d); err != nil {
+		return nil, fmt.Errorf("demand source %q (annotations %s, %s): %w", src, AnnotationDemandMetric, AnnotationDemandLabel, err)
+	}
+	kindName := annotations[AnnotationDemandKind]
+	if kindName == "" {
+		kindName = "Workspace"
+	}
+	kind, ok := demandKinds[kindName]
+	if !ok {
+		return nil, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, kindName)
+	}
+	list := strings.TrimSpace(annotations[AnnotationDemandWorkloads])
+	if list == "" {
+		return nil, fmt.Errorf("annotation %s is required: the workloads the router fronts, NAME or NAME=LABEL_VALUE, comma-separated", AnnotationDemandWorkloads)
+	}
+	var out []Target
+	seen := map[string]bool{}
+	for item := range strings.SplitSeq(list, ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(item), "=")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if value == "" {
+			value = name
+		}
+		if name == "" || seen[name] {
+			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, list)
+		}
+		seen[name] = true
+		dd := d
+		dd.Match = value
+		t := base
+		t.UID = base.UID + "/demand/" + name
+		t.Workloads = []Workload{{Kind: kind, Name: name}}
+		t.Demand = &dd
+		out = append(out, t)
+	}
+	return out, nil
+}

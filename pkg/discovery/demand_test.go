@@ -1,0 +1,69 @@
+package discovery
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+func routerPod(annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "epp-0", Namespace: "models", UID: "u1", Annotations: annotations},
+		Spec:       corev1.PodSpec{NodeName: "node-1"},
+		Status: corev1.PodStatus{PodIP: "10.0.0.9", Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+}
+
+// TestDemandTargets: a router pod annotated as a demand source becomes one
+// target per workload it fronts, whatever the selector; bad annotations
+// are named in the error.
+func TestDemandTargets(t *testing.T) {
+	sel, _ := labels.Parse("kaito.sh/workspace")
+	ts, err := TargetsOf(routerPod(map[string]string{
+		AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama=meta-llama/Llama-3.1-8B-Instruct, phi",
+		AnnotationDemandKind: "InferenceSet", AnnotationPort: "9090",
+	}), "node-1", sel)
+	if err != nil || len(ts) != 2 {
+		t.Fatalf("targets %+v, %v", ts, err)
+	}
+	a := ts[0]
+	if a.UID != "u1/demand/llama" || a.URL != "http://10.0.0.9:9090/metrics" || !a.Ready || a.Demand == nil ||
+		a.Demand.Match != "meta-llama/Llama-3.1-8B-Instruct" || a.Demand.Label != "target_model_name" || a.Demand.Arrivals ||
+		len(a.Workloads) != 1 || a.Workloads[0] != (Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_INFERENCE_SET, Name: "llama"}) {
+		t.Fatalf("llama target %+v demand %+v", a, a.Demand)
+	}
+	if ts[1].Demand.Match != "phi" {
+		t.Fatalf("phi matches %q", ts[1].Demand.Match)
+	}
+	custom, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "w",
+		AnnotationDemandMetric: "kubeai_held, kubeai_held_v2", AnnotationDemandLabel: "model", AnnotationDemandType: "arrivals"}), "node-1", sel)
+	if err != nil || len(custom) != 1 || !custom[0].Demand.Arrivals || custom[0].Demand.Metrics[1] != "kubeai_held_v2" {
+		t.Fatalf("custom %+v, %v", custom, err)
+	}
+	for name, tc := range map[string]struct {
+		ann  map[string]string
+		want string
+	}{
+		"unknown preset":  {map[string]string{AnnotationDemandSource: "envoy", AnnotationDemandWorkloads: "a"}, "want epp, production-stack or custom"},
+		"no workloads":    {map[string]string{AnnotationDemandSource: "epp"}, AnnotationDemandWorkloads + " is required"},
+		"repeated":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a,a"}, "repeated"},
+		"custom, no name": {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a"}, "no metric"},
+		"bad metric":      {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a", AnnotationDemandMetric: "a b", AnnotationDemandLabel: "m"}, "not a valid metric name"},
+		"bad kind":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandKind: "Job"}, "want Workspace"},
+		"bad type":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandType: "queue"}, "want held or arrivals"},
+	} {
+		if _, err := TargetsOf(routerPod(tc.ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", name, err, tc.want)
+		}
+	}
+	// Another node's router is not this agent's.
+	if ts, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a"}), "node-2", sel); err != nil || ts != nil {
+		t.Fatalf("other node: %v, %v", ts, err)
+	}
+}
