@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
@@ -103,7 +104,7 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 		dd := d
 		dd.Match = value
 		t := base
-		t.UID = base.UID + "/demand/" + name
+		t.UID = store.DemandUID(base.UID, name)
 		t.Workloads = []Workload{{Kind: kind, Name: name}}
 		t.Demand = &dd
 		out = append(out, t)

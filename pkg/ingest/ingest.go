@@ -251,9 +251,18 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if p.Uid == "" || p.Namespace == "" || p.Name == "" {
 			return fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
 		}
+		podUID := p.Uid
+		if p.Demand {
+			// A router's entry for one workload: the router pod's uid and
+			// the workload's name.
+			var ok bool
+			if podUID, ok = store.DemandPodUID(p.Uid); !ok {
+				return fmt.Errorf("catalogue entry %d: a demand entry's uid %q is not POD_UID/demand/WORKLOAD", p.Id, p.Uid)
+			}
+		}
 		if st.bound {
 			// An agent speaks only for the pods of its own node.
-			node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, p.Uid)
+			node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, podUID)
 			if err != nil || node != st.hello.Node {
 				reason := "other_node"
 				if err != nil {

@@ -96,6 +96,39 @@ func (p *pulsePipe) Attach(w *world) {
 	win := max(p.cfg.trigger.Window*2, time.Minute)
 	p.st = store.New(store.Options{Retention: win, MaxSamples: int(win/p.cfg.ScrapeInterval) + 4, Now: clock, MaxPods: 100000})
 	p.srv = scaler.New(p.st, scaler.Options{MaxWindow: win, Now: clock})
+	if p.cfg.DemandSource {
+		p.scrapeGateway(w)
+	}
+}
+
+// scrapeGateway is the agent scraping the gateway as a demand source: every
+// ScrapeInterval it reports the requests held (no replica ready) as the
+// workload's pendingRequests; KEDA's push stream then sends true the
+// moment the scaler's answer turns active at zero replicas.
+func (p *pulsePipe) scrapeGateway(w *world) {
+	const node = "gateway-node"
+	uid := store.DemandUID("gateway", p.cfg.trigger.Workload.Name)
+	p.st.Upsert(store.Source{Node: node, Instance: "agent"}, []store.PodInfo{{UID: uid, Namespace: p.cfg.trigger.Workload.Namespace,
+		Name: "gateway", Workloads: []store.Key{p.cfg.trigger.Workload}, Ready: true, Demand: true}}, false)
+	iv := p.cfg.ScrapeInterval
+	var scrape func()
+	scrape = func() {
+		rep := store.Report{UID: uid}
+		rep.TimeMs = p.base.Add(w.now).UnixMilli()
+		rep.Values.Set(metric.PendingRequests, float64(len(w.gate)))
+		w.at(w.now+sampleDelay, func() {
+			p.st.Add([]store.Report{rep})
+			if w.spec == 0 {
+				if d, err := p.srv.Evaluate(p.cfg.trigger); err == nil && d.Active {
+					w.Push()
+				}
+			}
+		})
+		if next := w.now + iv; next <= w.cfg.horizon {
+			w.at(next, scrape)
+		}
+	}
+	w.at(phase("gateway", iv), scrape)
 }
 
 func (p *pulsePipe) info(rp *rep) store.PodInfo {

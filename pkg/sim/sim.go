@@ -62,6 +62,11 @@ type Config struct {
 	// ScrapeInterval is the pulse agent's; PrometheusInterval Prometheus's.
 	ScrapeInterval     time.Duration
 	PrometheusInterval time.Duration
+	// DemandSource: the gateway that holds requests while no replica is
+	// ready is an endpoint picker annotated pulse.io/demand-source, scraped
+	// by the pulse agent like a replica; its held requests are the
+	// workload's pendingRequests (pulse pipeline only).
+	DemandSource bool
 	// SampleEvery is the resolution of the report's time series.
 	SampleEvery time.Duration
 

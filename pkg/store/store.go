@@ -44,6 +44,20 @@ type PodInfo struct {
 	Demand bool
 }
 
+// demandSep joins a demand source's pod uid and the workload of one of its
+// entries: POD_UID/demand/WORKLOAD.
+const demandSep = "/demand/"
+
+// DemandUID is the uid of a demand source's entry for workload.
+func DemandUID(podUID, workload string) string { return podUID + demandSep + workload }
+
+// DemandPodUID is the router pod's uid in a demand entry's uid; ok is false
+// for a uid not of that form.
+func DemandPodUID(uid string) (string, bool) {
+	pod, workload, ok := strings.Cut(uid, demandSep)
+	return pod, ok && pod != "" && workload != ""
+}
+
 // Source is the agent stream that lists pods: its node, its process
 // instance (a new one means its counters start a new series) and the names
 // of the extra gauges it forwards.

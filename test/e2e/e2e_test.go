@@ -160,6 +160,7 @@ func TestE2E(t *testing.T) {
 	e.createScaledObject("llama-so", "Workspace", "kaito.sh/v1beta1", "llama", 300, nil, nil)
 
 	t.Run("push activation 0 to 1", func(t *testing.T) { e.pushActivation(t, sims) })
+	t.Run("demand at zero: a request held at the router activates an empty Workspace", func(t *testing.T) { e.demandAtZero(t) })
 	t.Run("cron and pulse together", func(t *testing.T) { e.cronAndPulse(t) })
 	t.Run("KEDA's value is pulse's", func(t *testing.T) { e.sameValue(t, sims) })
 	t.Run("aggregator killed and restarted", func(t *testing.T) { e.aggregatorRestart(t, sims) })
@@ -443,13 +444,34 @@ func (e *env) createPod(name, nodeName string, sim *countingSim) {
 			Annotations: map[string]string{"pulse.io/port": sim.port}},
 		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
+	e.runReady(pod)
+	sim.setWaiting(0)
+}
+
+// runReady creates pod and sets its status as a kubelet would: Running and
+// Ready at 127.0.0.1 (no kubelet runs).
+func (e *env) runReady(pod *corev1.Pod) {
 	created, err := e.kube.CoreV1().Pods(appNS).Create(e.ctx, pod, metav1.CreateOptions{})
-	must(t, err)
+	must(e.t, err)
 	created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", PodIPs: []corev1.PodIP{{IP: "127.0.0.1"}},
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}}
 	_, err = e.kube.CoreV1().Pods(appNS).UpdateStatus(e.ctx, created, metav1.UpdateOptions{})
-	must(t, err)
-	sim.setWaiting(0)
+	must(e.t, err)
+}
+
+// waitValue waits until pulse serves want for the trigger metadata md of
+// the ScaledObject so.
+func (e *env) waitValue(t *testing.T, what string, md map[string]string, so string, want float64) {
+	waitFor(t, 60*time.Second, what, func() error {
+		v, err := e.pulseValue(md, so)
+		if err != nil {
+			return err
+		}
+		if v != want {
+			return fmt.Errorf("value %v, want %v", v, want)
+		}
+		return nil
+	})
 }
 
 func (e *env) startAggregator() {

@@ -139,12 +139,7 @@ func (e *env) stepLatency(t *testing.T) {
 		Labels:      map[string]string{"kaito.sh/workspace": "step-pulse-0", "inferenceset.kaito.sh/created-by": "step-pulse"},
 		Annotations: map[string]string{"pulse.io/port": sim.port}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
-	created, err := e.kube.CoreV1().Pods(appNS).Create(e.ctx, pod, metav1.CreateOptions{})
-	must(t, err)
-	created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", PodIPs: []corev1.PodIP{{IP: "127.0.0.1"}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}}
-	_, err = e.kube.CoreV1().Pods(appNS).UpdateStatus(e.ctx, created, metav1.UpdateOptions{})
-	must(t, err)
+	e.runReady(pod)
 	for _, n := range []string{"step-pulse", "step-prom"} {
 		e.stepInferenceSet(n)
 	}

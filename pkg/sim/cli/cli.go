@@ -37,6 +37,7 @@ type Options struct {
 	ConfigTolerance bool
 	StatusReplicas  string
 	ScrapeInterval  time.Duration
+	DemandSource    bool
 	PromInterval    time.Duration
 
 	soRaw []byte // the ScaledObject as read (tune rewrites it)
@@ -65,6 +66,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
 	fs.BoolVar(&o.ConfigTolerance, "hpa-configurable-tolerance", o.ConfigTolerance, "honor the behavior's per-direction tolerance (Kubernetes' HPAConfigurableTolerance feature gate: alpha, off by default, in 1.33); false: the global 0.1 applies")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "the pulse agent's --scrape-interval")
+	fs.BoolVar(&o.DemandSource, "demand-source", o.DemandSource, "the gateway holding requests while no replica is ready is a pulse demand source (an endpoint picker annotated pulse.io/demand-source): pulse counts its held requests and activates on them")
 	fs.DurationVar(&o.PromInterval, "prometheus-interval", o.PromInterval, "Prometheus' scrape interval (the Kaito proposal's PodMonitor: 15s)")
 	fs.StringVar(&o.StatusReplicas, "status-replicas", o.StatusReplicas, "what the target's /scale status.replicas counts: all (not terminating, a Deployment's) or ready")
 }
@@ -122,7 +124,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	}
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
-		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval}
+		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource}
 	c.Defaults()
 	c.HPA.ConfigurableTolerance = o.ConfigTolerance
 	c.Pipelines = splitList(o.Pipelines)
