@@ -156,6 +156,8 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 		"too many pods":   {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"))}, code: codes.InvalidArgument},
 		"malformed batch": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a")), badBatch}, code: codes.InvalidArgument},
 		"second hello":    {msgs: []*pulsev1.AgentMessage{hello(), hello()}, code: codes.InvalidArgument},
+		"demand entry without its router's uid": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Uid: "u", Namespace: "ns", Name: "epp-0",
+			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})}, code: codes.InvalidArgument},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
