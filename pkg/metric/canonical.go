@@ -220,6 +220,9 @@ func (m Def) Latest(series []Sample) (float64, bool) {
 		}
 		return 0, false
 	}
+	if m.Rule == RuleQuantile {
+		return m.latestQuantile(series)
+	}
 	// The shortest tail whose first and last samples give a value: with a
 	// ratio, an interval in which no request finished is skipped.
 	for start := len(series) - 2; start >= 0; start-- {

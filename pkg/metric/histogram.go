@@ -199,14 +199,50 @@ func (m *Merge) Quantile(q float64) (float64, bool) {
 	return HistogramQuantile(q, bounds, counts)
 }
 
-// AddTo merges the pod's increase of m's histogram over series into mg; it
-// reports whether the series had one. m must be a RuleQuantile metric.
-func (m Def) AddTo(mg *Merge, series []Sample) bool {
+// EvalMerge is Eval of a RuleQuantile metric that also merges the pod's
+// bucket increases into mg when its quantile is defined (it had
+// observations): one pass gives the pod's own value and its part of the
+// workload's.
+func (m Def) EvalMerge(mg *Merge, series []Sample) (float64, bool) {
 	bounds, delta, ok := histDelta(m.Hist, series)
+	if !ok {
+		return 0, false
+	}
+	v, ok := HistogramQuantile(m.Q, bounds, delta)
 	if ok {
 		mg.Add(bounds, delta)
 	}
-	return ok
+	return v, ok
+}
+
+// latestQuantile is Latest of a RuleQuantile metric: over the shortest tail
+// whose first sample (with the same bounds) has fewer observations than the
+// last, in one pass.
+func (m Def) latestQuantile(series []Sample) (float64, bool) {
+	last := -1
+	for i := len(series) - 1; i >= 0; i-- {
+		if series[i].Hist != nil && series[i].Hist[m.Hist].Present() {
+			last = i
+			break
+		}
+	}
+	if last < 1 {
+		return 0, false
+	}
+	lb := &series[last].Hist[m.Hist]
+	for i := last - 1; i >= 0; i-- {
+		if series[i].Hist == nil {
+			continue
+		}
+		b := &series[i].Hist[m.Hist]
+		if !slices.Equal(b.Bounds, lb.Bounds) {
+			return 0, false
+		}
+		if b.Total() < lb.Total() {
+			return m.Eval([]Sample{series[i], series[last]})
+		}
+	}
+	return 0, false
 }
 
 // HasHist reports whether any sample of the series carries m's histogram.

@@ -138,3 +138,26 @@ func TestMonotonicHistogramsAcrossResetsAndRebase(t *testing.T) {
 		t.Fatalf("after rebase: got %v, want [8 15]", c)
 	}
 }
+
+// TestLatestQuantile: the latest value is over the last interval with
+// observations (an interval with none is skipped, as for ratios), and a
+// series with no histogram, or only one sample, has none.
+func TestLatestQuantile(t *testing.T) {
+	p90, _ := Lookup("ttftP90Seconds")
+	b := []float64{0.1, 1, inf}
+	series := []Sample{
+		hsample(0, b, []float64{0, 0, 0}),
+		hsample(1000, b, []float64{10, 10, 10}), // 10 fast
+		hsample(2000, b, []float64{10, 10, 10}), // none
+		{TimeMs: 3000},                          // a sample without histograms
+	}
+	if v, ok := p90.Latest(series); !ok || math.Abs(v-0.09) > 1e-12 {
+		t.Fatalf("Latest = %v, %v; want 0.09 over the last interval with requests", v, ok)
+	}
+	if v, ok := p90.Latest(series[:1]); ok {
+		t.Fatalf("one sample: %v", v)
+	}
+	if v, ok := p90.Latest([]Sample{{TimeMs: 0}, {TimeMs: 1}}); ok {
+		t.Fatalf("no histogram: %v", v)
+	}
+}

@@ -257,7 +257,11 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 // demand no replica has seen).
 func demandOnly(t Trigger, dv store.DemandValue) Decision {
 	v := dv.Held + dv.Arrived
-	return Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "up", Reporting: v, Pending: v}
+	d := Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "down", Reporting: v, Pending: v}
+	if v > t.Threshold {
+		d.Direction = "up"
+	}
+	return d
 }
 
 // fill is the value given to ready pods with no value, and the rule's name;

@@ -459,8 +459,7 @@ func trueQuantile(w *world, m metric.Def, t scaler.Trigger) float64 {
 	n := 0
 	for _, rp := range w.ready {
 		w.touch(rp)
-		series := windowSeries(w, rp, t)
-		if _, ok := m.Eval(series); ok && m.AddTo(&mg, series) {
+		if _, ok := m.EvalMerge(&mg, windowSeries(w, rp, t)); ok {
 			n++
 		}
 	}

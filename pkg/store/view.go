@@ -250,19 +250,21 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 			pv.State, pv.Reason = PodMissing, "stale"
 		default:
 			defined := false
-			if isCanon {
+			switch {
+			case mg != nil:
+				pv.Value, defined = canon.EvalMerge(mg, p.window(window, canon.Rule))
+			case isCanon:
 				pv.Value, defined = p.value(canon, window)
-			} else if i := indexOf(p.extraNames, name); i >= 0 {
-				pv.Value, defined = p.extra(i, window)
+			default:
+				if i := indexOf(p.extraNames, name); i >= 0 {
+					pv.Value, defined = p.extra(i, window)
+				}
 			}
 			pv.State = PodUndefined
 			switch {
 			case defined:
 				pv.State = PodCounted
 				p.checkSpan(&pv, window)
-				if mg != nil {
-					canon.AddTo(mg, p.window(window, canon.Rule))
-				}
 			case canon.Rule == metric.RuleQuantile && !canon.HasHist(p.series):
 				pv.Reason = NoHistograms
 			case isCanon && !canon.Rule.Gauge():

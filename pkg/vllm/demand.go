@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -106,10 +107,8 @@ func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
 	return out, nil
 }
 
-func labelValue[L interface {
-	GetName() string
-	GetValue() string
-}](labels []L, name string) string {
+// labelValue is the value of the label name, "" when absent.
+func labelValue(labels []*dto.LabelPair, name string) string {
 	for _, lp := range labels {
 		if lp.GetName() == name {
 			return lp.GetValue()

@@ -110,25 +110,28 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 }
 
 // encode is one histogram's entry, and records it as sent; nil when it is
-// unchanged since the last sent (the receiver keeps the last: see Sample).
+// unchanged since the last sent (the receiver keeps the last: see Sample),
+// which costs no allocation.
 func (st *histState) encode(pod uint32, h metric.Hist, b *metric.Buckets) *pulsev1.HistogramSample {
+	newBounds := !slices.Equal(st.bounds, b.Bounds)
+	if !newBounds && slices.EqualFunc(st.counts, b.Counts, func(n int64, c float64) bool { return n == quantizeCount(c) }) {
+		return nil
+	}
 	out := &pulsev1.HistogramSample{Pod: pod, Histogram: pulsev1.Histogram(h + 1), Counts: make([]int64, len(b.Counts))}
-	if !slices.Equal(st.bounds, b.Bounds) {
+	if newBounds {
 		out.Bounds = b.Bounds
 		st.bounds, st.counts = slices.Clone(b.Bounds), make([]int64, len(b.Bounds))
 	}
-	changed := len(out.Bounds) > 0
 	for i, c := range b.Counts {
-		n := int64(min(max(math.Round(c), 0), maxQuantum))
+		n := quantizeCount(c)
 		out.Counts[i] = n - st.counts[i]
-		changed = changed || out.Counts[i] != 0
 		st.counts[i] = n
-	}
-	if !changed {
-		return nil
 	}
 	return out
 }
+
+// quantizeCount is a bucket count as the wire carries it.
+func quantizeCount(c float64) int64 { return int64(min(max(math.Round(c), 0), maxQuantum)) }
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
 func (e *Encoder) Forget(pod uint32) { delete(e.pods, pod) }
