@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean
+.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -74,6 +74,18 @@ bench:
 AGENT_COST_FLAGS ?=
 agent-cost: build
 	$(GO) run ./test/agentcost --bin $(BIN) $(AGENT_COST_FLAGS)
+
+# A fleet on one box (test/fleet): a real pulse-aggregator driven by N agent
+# streams and K ScaledObjects on loopback, measured, with faults on request.
+# FLEET_ARGS: e.g. --agents 1000 --pods-per-agent 8 --scaledobjects 500 --duration 60s
+FLEET_ARGS ?=
+fleet: build
+	$(GO) run ./test/fleet --bin $(BIN) $(FLEET_ARGS)
+
+# Each fault scenario of the fleet harness as a test that asserts its
+# behaviour (build tag fleet; about 3 minutes).
+fleet-test: build
+	PULSE_FLEET_BIN=$(CURDIR)/$(BIN) $(GO) test -tags fleet -count=1 -timeout 20m -v ./test/fleet/
 
 # Each fuzz target runs for FUZZTIME.
 fuzz:

@@ -11,13 +11,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +25,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pulse-io/pulse/test/procs"
 )
 
 type options struct {
@@ -74,12 +73,12 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	var procs []*proc
+	var started []*proc
 	defer func() {
-		for _, p := range procs {
+		for _, p := range started {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
-		for _, p := range procs {
+		for _, p := range started {
 			_ = p.cmd.Wait()
 		}
 	}()
@@ -97,13 +96,13 @@ func run(ctx context.Context, o options) error {
 			return nil, fmt.Errorf("start %s: %w", name, err)
 		}
 		p := &proc{name: name, cmd: cmd}
-		procs = append(procs, p)
+		started = append(started, p)
 		return p, nil
 	}
 
 	var targets, urls []string
 	for i := range o.pods {
-		addr, err := freeAddr()
+		addr, err := procs.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -123,10 +122,10 @@ func run(ctx context.Context, o options) error {
 	if err := os.WriteFile(targetsFile, []byte(tf.String()), 0o600); err != nil {
 		return err
 	}
-	ingest, _ := freeAddr()
-	scalerAddr, _ := freeAddr()
-	aggHTTP, _ := freeAddr()
-	agentHTTP, _ := freeAddr()
+	ingest, _ := procs.FreeAddr()
+	scalerAddr, _ := procs.FreeAddr()
+	aggHTTP, _ := procs.FreeAddr()
+	agentHTTP, _ := procs.FreeAddr()
 	if _, err := start("aggregator", nil, filepath.Join(o.bin, "pulse-aggregator"), "--ingest-addr", ingest, "--scaler-addr", scalerAddr,
 		"--http-addr", aggHTTP, "--log-format", "text"); err != nil {
 		return err
@@ -154,7 +153,7 @@ func run(ctx context.Context, o options) error {
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 			return err
 		}
-		promAddr, _ := freeAddr()
+		promAddr, _ := procs.FreeAddr()
 		prom, err := start("prometheus", nil, promBin, "--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
 			"--web.listen-address="+promAddr, "--log.level=warn")
 		if err != nil {
@@ -169,7 +168,7 @@ func run(ctx context.Context, o options) error {
 	}
 	fmt.Printf("%d simulated vLLM servers at %g requests/s each, pages of %.1f KB; interval %s; warm-up %s, measured %s\n",
 		o.pods, o.rate, float64(size)/1000, o.interval, o.warmup, o.duration)
-	if !sleep(ctx, o.warmup) {
+	if !procs.Sleep(ctx, o.warmup) {
 		return ctx.Err()
 	}
 	for _, p := range measured {
@@ -202,7 +201,8 @@ type result struct {
 func measure(ctx context.Context, ps []*proc, d time.Duration) ([]result, error) {
 	cpu0 := make([]float64, len(ps))
 	for i, p := range ps {
-		c, err := cpuSeconds(p.cmd.Process.Pid)
+		u, err := procs.Read(p.cmd.Process.Pid)
+		c := u.CPUSeconds
 		if err != nil {
 			return nil, err
 		}
@@ -219,7 +219,8 @@ func measure(ctx context.Context, ps []*proc, d time.Duration) ([]result, error)
 		case <-tick.C:
 		}
 		for i, p := range ps {
-			r, err := rssMB(p.cmd.Process.Pid)
+			u, err := procs.Read(p.cmd.Process.Pid)
+			r := float64(u.RSSBytes) / 1e6
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", p.name, err)
 			}
@@ -229,7 +230,8 @@ func measure(ctx context.Context, ps []*proc, d time.Duration) ([]result, error)
 	elapsed := time.Since(t0).Seconds()
 	out := make([]result, len(ps))
 	for i, p := range ps {
-		c, err := cpuSeconds(p.cmd.Process.Pid)
+		u, err := procs.Read(p.cmd.Process.Pid)
+		c := u.CPUSeconds
 		if err != nil {
 			return nil, err
 		}
@@ -238,47 +240,6 @@ func measure(ctx context.Context, ps []*proc, d time.Duration) ([]result, error)
 			rssMin: rss[i][0], rssMedian: rss[i][len(rss[i])/2], rssMax: rss[i][len(rss[i])-1]}
 	}
 	return out, nil
-}
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux
-// for every architecture Go supports.
-const clockTicks = 100
-
-// cpuSeconds is a process's user plus system CPU time.
-func cpuSeconds(pid int) (float64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces: count from its ')'.
-	s := string(raw)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields))
-	}
-	utime, err1 := strconv.ParseFloat(fields[11], 64) // field 14
-	stime, err2 := strconv.ParseFloat(fields[12], 64) // field 15
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return (utime + stime) / clockTicks, nil
-}
-
-// rssMB is a process's resident set size (VmRSS), in MB.
-func rssMB(pid int) (float64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = f.Close() }()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb * 1024 / 1e6, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
 }
 
 // pageSize is the size of one page as served uncompressed.
@@ -368,24 +329,4 @@ func summarize(report string) map[string]float64 {
 		}
 	}
 	return shares
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String(), nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -1,0 +1,360 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// namespace holds every simulated workload.
+const namespace = "fleet"
+
+// Queue lengths the simulated pods report: steady workloads hold
+// steadyWaiting requests per pod; a probe's pods hold 0, then probeHigh for
+// probeHalf, then 0 for probeHalf, and so on. probeHalf is longer than the
+// trigger's default 10 s window, so that a probe really falls to inactive
+// before it rises again.
+const (
+	steadyWaiting = 3
+	probeHigh     = 20
+	probeHalf     = 15 * time.Second
+)
+
+// pod is one simulated vLLM pod as an agent lists it.
+type pod struct {
+	id          uint32
+	uid, name   string
+	workload    int
+	ready       bool
+	terminating bool
+	readyAt     time.Time // not Ready until then (model load)
+	removeAt    time.Time // terminating: removed from the catalogue then
+}
+
+// simAgent is one node's agent: one gRPC connection and one Ingest stream,
+// as pkg/agent holds it.
+type simAgent struct {
+	f    *fleet
+	idx  int
+	node string
+	addr string // what it dials: the aggregator, or the partition proxy
+
+	mu       sync.Mutex
+	pods     map[uint32]*pod
+	nextID   uint32
+	dirty    bool // the catalogue changed since it was last sent
+	sent     map[uint32]pod
+	malform  bool // send one malformed batch at the next tick
+	dead     bool // killed: no connection until revived
+	cancel   context.CancelFunc
+	sessions atomic.Int64 // sessions opened (a welcome received)
+	up       atomic.Bool
+	lastErr  atomic.Value // error: why the last session ended
+}
+
+func newSimAgent(f *fleet, idx int, addr string) *simAgent {
+	return &simAgent{f: f, idx: idx, node: fmt.Sprintf("node-%05d", idx), addr: addr, pods: map[uint32]*pod{}}
+}
+
+// add lists a new pod of workload w (not Ready until readyAt).
+func (a *simAgent) add(w int, readyAt time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.nextID++
+	uid := fmt.Sprintf("%s-%d", a.node, a.nextID)
+	a.pods[a.nextID] = &pod{id: a.nextID, uid: uid, name: fmt.Sprintf("w%d-%s", w, uid), workload: w,
+		ready: !readyAt.After(a.f.clock()), readyAt: readyAt}
+	a.dirty = true
+}
+
+// start runs the agent until ctx ends or it is killed.
+func (a *simAgent) start(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	a.mu.Lock()
+	a.dead, a.cancel = false, cancel
+	a.mu.Unlock()
+	a.f.wg.Add(1)
+	go func() {
+		defer a.f.wg.Done()
+		a.run(ctx)
+	}()
+}
+
+// kill cuts the agent off as a SIGKILL of its process would: its
+// connection closes at once, nothing more is sent.
+func (a *simAgent) kill() {
+	a.mu.Lock()
+	a.dead = true
+	cancel := a.cancel
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// run dials once (gRPC reconnects the connection underneath) and runs
+// sessions with the agent's backoff until ctx ends.
+func (a *simAgent) run(ctx context.Context) {
+	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(agent.ClientKeepalive),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 2 * time.Second}))
+	if err != nil {
+		a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	client := pulsev1.NewIngestClient(conn)
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := a.session(ctx, client)
+		a.up.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		a.lastErr.Store(err)
+		a.f.streamEnded("agent", err)
+		if time.Since(start) > 10*time.Second {
+			delay = 100 * time.Millisecond
+		}
+		if !procs.Sleep(ctx, time.Duration(rand.Int64N(int64(delay))+1)) { //nolint:gosec // G404: reconnect jitter
+			return
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// session is one stream: hello, welcome, the full catalogue, then a batch
+// of every listed pod at each tick, at the agent's own phase in the
+// interval (agents are not synchronised).
+func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stream, err := client.Report(ctx)
+	if err != nil {
+		return fmt.Errorf("open stream: %w", err)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: a.node, AgentVersion: "fleet", AgentInstance: fmt.Sprintf("%s-%d", a.node, time.Now().UnixNano()),
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	welcome, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("receive welcome: %w", err)
+	}
+	if welcome.GetWelcome() == nil {
+		return errors.New("no welcome")
+	}
+	a.sessions.Add(1)
+	a.up.Store(true)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				cancel(fmt.Errorf("receive: %w", err))
+				return
+			}
+		}
+	}()
+	enc := wire.NewEncoder()
+	a.mu.Lock()
+	a.sent = nil
+	a.mu.Unlock()
+	var seq uint64
+	phase := time.Duration(int64(a.f.o.interval) * int64(a.idx) / int64(a.f.o.agents))
+	next := a.f.epoch.Add(phase)
+	for {
+		now := time.Now()
+		for !next.After(now) {
+			next = next.Add(a.f.o.interval)
+		}
+		t := time.NewTimer(next.Sub(now))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+		cat, batch, rise := a.tick(enc, next)
+		if cat != nil {
+			if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: cat}}); err != nil {
+				return fmt.Errorf("send catalogue: %w", err)
+			}
+		}
+		if batch == nil {
+			continue
+		}
+		seq++
+		batch.Seq = seq
+		for _, w := range rise {
+			a.f.probeRise(w)
+		}
+		if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}); err != nil {
+			return fmt.Errorf("send batch: %w", err)
+		}
+		a.f.sent.Add(int64(len(batch.Pods) + len(batch.Missing)))
+	}
+}
+
+// tick advances the pods' states to now and returns the catalogue change
+// to send (nil: none), the batch, and the probe workloads this batch
+// raises.
+func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *pulsev1.SampleBatch, []int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, p := range a.pods {
+		if p.terminating && !now.Before(p.removeAt) {
+			delete(a.pods, id)
+			a.dirty = true
+		} else if !p.ready && !p.terminating && !now.Before(p.readyAt) {
+			p.ready = true
+			a.dirty = true
+		}
+	}
+	var cat *pulsev1.Catalogue
+	if a.sent == nil || a.dirty {
+		cat = &pulsev1.Catalogue{Full: a.sent == nil}
+		for id, old := range a.sent {
+			if p, ok := a.pods[id]; !ok || p.uid != old.uid {
+				cat.Remove = append(cat.Remove, id)
+				enc.Forget(id)
+			}
+		}
+		sent := make(map[uint32]pod, len(a.pods))
+		for id, p := range a.pods {
+			if old, ok := a.sent[id]; a.sent == nil || !ok || old != *p {
+				cat.Upsert = append(cat.Upsert, &pulsev1.Pod{Id: id, Uid: p.uid, Namespace: namespace, Name: p.name,
+					Ready: p.ready, Terminating: p.terminating,
+					Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: workloadName(p.workload)}}})
+			}
+			sent[id] = *p
+		}
+		a.sent, a.dirty = sent, false
+	}
+	if len(a.pods) == 0 {
+		return cat, nil, nil
+	}
+	ms := now.UnixMilli()
+	b := &pulsev1.SampleBatch{TimeUnixMs: ms}
+	if a.malform {
+		// A batch whose values do not match its present bitmaps: the
+		// aggregator must end this stream and nothing else.
+		a.malform = false
+		for id := range a.pods {
+			b.Pods = append(b.Pods, id)
+			b.OffsetsMs = append(b.OffsetsMs, 0)
+			b.PresentXor = append(b.PresentXor, 0b110)
+		}
+		return cat, b, nil
+	}
+	tick := now.Sub(a.f.epoch) / a.f.o.interval
+	var rise []int
+	high := a.f.probeHigh(now)
+	for id, p := range a.pods {
+		s := wire.Sample{Pod: id}
+		if !p.ready {
+			s.Missing = pulsev1.MissingReason_MISSING_REASON_NOT_READY
+			enc.Append(b, &s)
+			continue
+		}
+		waiting := float64(steadyWaiting)
+		if a.f.isProbe(p.workload) {
+			waiting = 0
+			if high {
+				waiting = probeHigh
+				rise = append(rise, p.workload)
+			}
+		}
+		a.f.values(&s.Values, int64(tick), int64(p.id), waiting)
+		enc.Append(b, &s)
+	}
+	return cat, b, rise
+}
+
+// values fills the standard vLLM set, as the agent extracts it: the
+// queue, KV cache, and counters growing at steady rates.
+func (f *fleet) values(v *metric.Values, tick, salt int64, waiting float64) {
+	v.Set(metric.Waiting, waiting)
+	v.Set(metric.Running, 8)
+	v.Set(metric.KVCacheUsage, 0.5)
+	n := float64(tick)
+	v.Set(metric.PrefixHits, 700*n+float64(salt))
+	v.Set(metric.PrefixQueries, 1000*n+float64(salt))
+	v.Set(metric.PromptTokens, 1200*n)
+	v.Set(metric.GenerationTokens, 300*n)
+	v.Set(metric.RequestSuccess, 4*n)
+	v.Set(metric.TTFTSum, 0.8*n)
+	v.Set(metric.TTFTCount, 4*n)
+	v.Set(metric.QueueTimeSum, 0.1*n)
+	v.Set(metric.QueueTimeCount, 4*n)
+	v.Set(metric.E2ELatencySum, 20*n)
+	v.Set(metric.E2ELatencyCount, 4*n)
+	v.Set(metric.ITLSum, 15*n)
+	v.Set(metric.ITLCount, 300*n)
+}
+
+func workloadName(w int) string { return fmt.Sprintf("w%d", w) }
+
+// churn applies pod events at rate per second across the fleet until ctx
+// ends: a pod restarts (a new uid on the same agent), moves (terminates
+// here, a new pod of its workload appears on another agent), or goes
+// not-Ready for loadTime. New pods load for loadTime before they are Ready.
+func (f *fleet) churn(ctx context.Context, rate float64) {
+	if rate <= 0 {
+		return
+	}
+	rng := rand.New(rand.NewPCG(1, 2)) //nolint:gosec // G404: a simulation
+	for {
+		d := time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		if !procs.Sleep(ctx, d) {
+			return
+		}
+		a := f.agents[rng.IntN(len(f.agents))]
+		now := f.clock()
+		a.mu.Lock()
+		var victim *pod
+		for _, p := range a.pods { // map order: random enough
+			if !p.terminating {
+				victim = p
+				break
+			}
+		}
+		if victim == nil {
+			a.mu.Unlock()
+			continue
+		}
+		kind := rng.IntN(3)
+		switch kind {
+		case 0, 1: // restart, move: this pod terminates
+			victim.terminating, victim.ready, victim.removeAt = true, false, now.Add(f.o.interval)
+		case 2: // not Ready for a while
+			victim.ready, victim.readyAt = false, now.Add(f.o.loadTime)
+		}
+		a.dirty = true
+		w := victim.workload
+		a.mu.Unlock()
+		switch kind {
+		case 0:
+			a.add(w, now.Add(f.o.loadTime))
+		case 1:
+			f.agents[rng.IntN(len(f.agents))].add(w, now.Add(f.o.loadTime))
+		}
+		f.churned.Add(1)
+	}
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// aggregatorProc is the pulse-aggregator process under test; Start after
+// Kill restarts it on the same addresses.
+type aggregatorProc struct {
+	bin, logPath             string
+	args                     []string
+	ingest, scaler, httpAddr string
+	mu                       sync.Mutex
+	cmd                      *exec.Cmd
+	exited                   chan struct{}
+	log                      *os.File
+	starts                   int
+	http                     *http.Client
+}
+
+func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, error) {
+	var addrs [3]string
+	for i := range addrs {
+		a, err := procs.FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		addrs[i] = a
+	}
+	p := &aggregatorProc{bin: filepath.Join(o.bin, "pulse-aggregator"), logPath: filepath.Join(dir, "aggregator.log"),
+		ingest: addrs[0], scaler: addrs[1], httpAddr: addrs[2], http: &http.Client{Timeout: 10 * time.Second}}
+	p.args = []string{"--ingest-addr", p.ingest, "--scaler-addr", p.scaler, "--http-addr", p.httpAddr,
+		"--log-format", "text", "--log-level", "warn",
+		// Room for the fleet and its churn; the default caps (10,000 pods)
+		// are for one cluster's normal size.
+		"--max-pods", strconv.Itoa(4*o.agents*o.podsPerAgent + 1024),
+		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
+		"--pod-expiry", o.podExpiry.String()}
+	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
+	return p, nil
+}
+
+// Start starts the process and waits for /livez.
+func (p *aggregatorProc) Start(ctx context.Context) error {
+	p.mu.Lock()
+	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	p.starts++
+	fmt.Fprintf(f, "---- start %d at %s\n", p.starts, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(p.bin, p.args...) //nolint:gosec // G204: the harness runs the binary it was given
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		p.mu.Unlock()
+		return fmt.Errorf("start pulse-aggregator: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(exited) }()
+	p.cmd, p.exited, p.log = cmd, exited, f
+	p.mu.Unlock()
+	for {
+		if resp, err := p.http.Get("http://" + p.httpAddr + "/livez"); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("pulse-aggregator exited at start: see %s", p.logPath)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *aggregatorProc) Kill() {
+	p.signal(syscall.SIGKILL)
+}
+
+// Stop ends the process with SIGTERM (SIGKILL after 10 s).
+func (p *aggregatorProc) Stop() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		p.Kill()
+	}
+}
+
+func (p *aggregatorProc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	<-exited
+}
+
+// PID is the running process's id.
+func (p *aggregatorProc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}
+
+// Metrics reads /metrics: each family's value summed over its series
+// (histograms and summaries: their count), and each series by its labels
+// as "name{k=v,...}" in label order.
+func (p *aggregatorProc) Metrics(ctx context.Context) (map[string]float64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read aggregator metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	return parseMetrics(resp.Body)
+}
+
+func parseMetrics(r io.Reader) (map[string]float64, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse aggregator metrics: %w", err)
+	}
+	out := map[string]float64{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			v := value(m)
+			out[name] += v
+			if len(m.GetLabel()) > 0 {
+				var b strings.Builder
+				b.WriteString(name + "{")
+				for i, l := range m.GetLabel() {
+					if i > 0 {
+						b.WriteByte(',')
+					}
+					b.WriteString(l.GetName() + "=" + l.GetValue())
+				}
+				b.WriteByte('}')
+				out[b.String()] += v
+			}
+		}
+	}
+	return out, nil
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	case m.Summary != nil:
+		return float64(m.Summary.GetSampleCount())
+	}
+	return 0
+}

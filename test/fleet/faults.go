@@ -1,0 +1,758 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// faultResult is one scenario's outcome: what it measured, and every
+// expectation it found broken (OK when none).
+type faultResult struct {
+	Name     string             `json:"name"`
+	OK       bool               `json:"ok"`
+	Failures []string           `json:"failures,omitempty"`
+	Measured map[string]float64 `json:"measured,omitempty"`
+	Notes    []string           `json:"notes,omitempty"`
+}
+
+func (r *faultResult) failf(format string, args ...any) {
+	r.Failures = append(r.Failures, fmt.Sprintf(format, args...))
+}
+
+func (r *faultResult) measure(name string, v float64) { r.Measured[name] = v }
+
+// fault runs one scenario. Errors the fleet sees meanwhile are counted as
+// expected, not as errors.
+func (f *fleet) fault(ctx context.Context, name string) (*faultResult, error) {
+	r := &faultResult{Name: name, Measured: map[string]float64{}}
+	f.logf("fault %s", name)
+	f.setFaulting(true)
+	var err error
+	switch name {
+	case "malformed-batch":
+		err = f.malformedBatch(ctx, r)
+	case "pages":
+		err = f.pages(ctx, r)
+	case "agent-kill":
+		err = f.agentKill(ctx, r)
+	case "partition":
+		err = f.partition(ctx, r)
+	case "aggregator-kill":
+		err = f.aggregatorKill(ctx, r)
+	default:
+		err = fmt.Errorf("unknown fault %q", name)
+	}
+	f.setFaulting(false)
+	r.OK = err == nil && len(r.Failures) == 0
+	f.logf("fault %s: ok=%v failures=%v measured=%v", name, r.OK, r.Failures, r.Measured)
+	return r, err
+}
+
+func (f *fleet) setFaulting(on bool) {
+	f.mu.Lock()
+	f.faulting = on
+	f.mu.Unlock()
+}
+
+// ask sends one GetMetrics for workload w, as the HPA would, outside the
+// measured polls.
+func (f *fleet) ask(ctx context.Context, w string) answer {
+	client := externalscaler.NewExternalScalerClient(f.conns[0])
+	ref := &externalscaler.ScaledObjectRef{Name: "so-" + w, Namespace: namespace, ScalerMetadata: map[string]string{
+		"deployment": w, "metric": "waiting", "threshold": "10", "activationThreshold": "5"}}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	spec, err := client.GetMetricSpec(ctx, ref)
+	if err != nil {
+		return answer{at: time.Now(), code: status.Code(err)}
+	}
+	resp, err := client.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: spec.MetricSpecs[0].MetricName})
+	a := answer{at: time.Now(), code: status.Code(err)}
+	if err == nil && len(resp.MetricValues) > 0 {
+		a.value = resp.MetricValues[0].MetricValue
+	}
+	return a
+}
+
+// steadyTotal is what workload w answers when every one of its pods
+// reports: steadyWaiting per listed Ready pod.
+func (f *fleet) steadyTotal(w int) int64 {
+	var n int64
+	for _, a := range f.agents {
+		a.mu.Lock()
+		for _, p := range a.pods {
+			if p.workload == w && p.ready {
+				n += steadyWaiting
+			}
+		}
+		a.mu.Unlock()
+	}
+	return n
+}
+
+// baseline waits until workload w answers its steady total (with --churn:
+// any answer), and returns it.
+func (f *fleet) baseline(ctx context.Context, w int) (int64, error) {
+	var got answer
+	if waitFor(ctx, 60*time.Second, func() bool {
+		got = f.ask(ctx, workloadName(w))
+		return got.code == codes.OK && (f.o.churn > 0 || got.value == f.steadyTotal(w))
+	}) < 0 {
+		return 0, fmt.Errorf("%s never answered its steady total %d (last: %v %d)", workloadName(w), f.steadyTotal(w), got.code, got.value)
+	}
+	return got.value, nil
+}
+
+// workload reads /debug/workloads for one workload; nil when the
+// aggregator holds no pod of it.
+func (f *fleet) workload(ctx context.Context, w string) (*debug.Workload, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.agg.httpAddr+"/debug/workloads/"+namespace+"/"+w, nil)
+	resp, err := f.agg.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, nil
+	}
+	var doc debug.Document
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return nil, fmt.Errorf("decode /debug/workloads: %w", err)
+	}
+	for i := range doc.Workloads {
+		if doc.Workloads[i].Kind == "Deployment" || len(doc.Workloads) == 1 {
+			return &doc.Workloads[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// waitFor polls cond every 100 ms until it holds or limit passes; it
+// returns how long it took, or -1.
+func waitFor(ctx context.Context, limit time.Duration, cond func() bool) time.Duration {
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit || !procs.Sleep(ctx, 100*time.Millisecond) {
+			return -1
+		}
+	}
+}
+
+// agentsOf returns, for a set of agents, the workloads all of whose pods
+// they hold, and one workload none of whose pods they hold.
+func (f *fleet) agentsOf(set map[int]bool) (all []int, none int) {
+	on, off := map[int]bool{}, map[int]bool{}
+	for i, a := range f.agents {
+		a.mu.Lock()
+		for _, p := range a.pods {
+			if set[i] {
+				on[p.workload] = true
+			} else {
+				off[p.workload] = true
+			}
+		}
+		a.mu.Unlock()
+	}
+	none = -1
+	for w := range on {
+		if !off[w] && !f.isProbe(w) {
+			all = append(all, w)
+		}
+	}
+	for w := range off {
+		if !on[w] && !f.isProbe(w) && (none < 0 || w < none) {
+			none = w
+		}
+	}
+	return all, none
+}
+
+// malformedBatch makes one agent send a batch whose values do not match
+// its bitmaps: its stream must end with InvalidArgument, every other
+// stream must stay, and the agent must come back on a new stream.
+func (f *fleet) malformedBatch(ctx context.Context, r *faultResult) error {
+	victim := f.agents[len(f.agents)-1]
+	before := make([]int64, len(f.agents))
+	for i, a := range f.agents {
+		before[i] = a.sessions.Load()
+	}
+	m0, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	victim.mu.Lock()
+	victim.malform = true
+	victim.mu.Unlock()
+	t0 := time.Now()
+	back := waitFor(ctx, 30*time.Second, func() bool { return victim.sessions.Load() > before[len(f.agents)-1] && victim.up.Load() })
+	if back < 0 {
+		r.failf("the agent that sent the malformed batch has no new stream after 30s")
+		return nil
+	}
+	r.measure("reconnectSeconds", time.Since(t0).Seconds())
+	if err, _ := victim.lastErr.Load().(error); status.Code(err) != codes.InvalidArgument {
+		r.failf("its stream ended with %v, want InvalidArgument", err)
+	}
+	m1, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	rejected := m1["pulse_aggregator_rejected_reports_total"] - m0["pulse_aggregator_rejected_reports_total"]
+	r.measure("rejectedReports", rejected)
+	if rejected < 1 {
+		r.failf("pulse_aggregator_rejected_reports_total did not count it")
+	}
+	for i, a := range f.agents[:len(f.agents)-1] {
+		if a.sessions.Load() != before[i] {
+			r.failf("agent %s's stream was also ended", a.node)
+		}
+	}
+	return nil
+}
+
+// node is a real pulse-agent process with its scraped servers.
+type node struct {
+	agent *exec.Cmd
+	procs []*exec.Cmd
+	srv   *http.Server
+	done  chan struct{}
+}
+
+func (n *node) stop() {
+	for _, c := range append([]*exec.Cmd{n.agent}, n.procs...) {
+		if c != nil && c.Process != nil {
+			_ = c.Process.Signal(syscall.SIGTERM)
+			_ = c.Wait()
+		}
+	}
+	if n.srv != nil {
+		_ = n.srv.Close()
+	}
+}
+
+// startNode starts vllm-sim servers for the workloads in sims (workload →
+// pods), serves the extra pages (workload → handler) itself, and runs a
+// real pulse-agent scraping all of them at the fleet's interval.
+func (f *fleet) startNode(ctx context.Context, name string, sims map[string]int, pages map[string]http.HandlerFunc, agentArgs ...string) (*node, error) {
+	n := &node{}
+	var tf strings.Builder
+	tf.WriteString("targets:\n")
+	for w, pods := range sims {
+		for i := range pods {
+			addr, err := procs.FreeAddr()
+			if err != nil {
+				return n, err
+			}
+			logf, err := os.Create(f.logPath(fmt.Sprintf("%s-%s-%d", name, w, i)))
+			if err != nil {
+				return n, err
+			}
+			c := exec.Command(filepath.Join(f.o.bin, "vllm-sim"), "--addr", addr, "--arrival-rate", "4") //nolint:gosec // G204: the harness's own binary
+			c.Stdout, c.Stderr = logf, logf
+			if err := c.Start(); err != nil {
+				return n, fmt.Errorf("start vllm-sim: %w", err)
+			}
+			n.procs = append(n.procs, c)
+			fmt.Fprintf(&tf, "  - {namespace: %s, pod: %s-%d, deployment: %s, url: \"http://%s/metrics\"}\n", namespace, w, i, w, addr)
+		}
+	}
+	if len(pages) > 0 {
+		addr, err := procs.FreeAddr()
+		if err != nil {
+			return n, err
+		}
+		mux := http.NewServeMux()
+		for w, h := range pages {
+			mux.HandleFunc("/"+w, h)
+			fmt.Fprintf(&tf, "  - {namespace: %s, pod: %s-0, deployment: %s, url: \"http://%s/%s\"}\n", namespace, w, w, addr, w)
+		}
+		n.srv = &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = n.srv.ListenAndServe() }()
+	}
+	targets := filepath.Join(f.dir, name+"-targets.yaml")
+	if err := os.WriteFile(targets, []byte(tf.String()), 0o600); err != nil {
+		return n, err
+	}
+	httpAddr, err := procs.FreeAddr()
+	if err != nil {
+		return n, err
+	}
+	logf, err := os.Create(f.logPath(name + "-agent"))
+	if err != nil {
+		return n, err
+	}
+	args := append([]string{"--static-targets", targets, "--aggregator", f.agg.ingest, "--node-name", name, "--nvml", "off",
+		"--scrape-interval", f.o.interval.String(), "--http-addr", httpAddr, "--log-format", "text"}, agentArgs...)
+	n.agent = exec.Command(filepath.Join(f.o.bin, "pulse-agent"), args...) //nolint:gosec // G204: the harness's own binary
+	n.agent.Stdout, n.agent.Stderr = logf, logf
+	if err := n.agent.Start(); err != nil {
+		return n, fmt.Errorf("start pulse-agent: %w", err)
+	}
+	return n, nil
+}
+
+// pages runs a real agent scraping two simulated vLLM pods, one page that
+// never answers and one over --max-page-bytes: the healthy pods stay fresh
+// at every scrape, the other two are reported missing with their reasons,
+// and their workloads answer an error, not 0.
+func (f *fleet) pages(ctx context.Context, r *faultResult) error {
+	const maxPage = 64 << 10
+	big := strings.Repeat("# padding line of an oversized page\n", 2*maxPage/36) + "vllm:num_requests_waiting{model_name=\"m\"} 1\n"
+	n, err := f.startNode(ctx, "node-pages", map[string]int{"pages-ok": 2}, map[string]http.HandlerFunc{
+		"pages-hung": func(w http.ResponseWriter, req *http.Request) { <-req.Context().Done() },
+		"pages-big":  func(w http.ResponseWriter, req *http.Request) { _, _ = w.Write([]byte(big)) },
+	}, "--max-page-bytes", fmt.Sprint(maxPage))
+	defer n.stop()
+	if err != nil {
+		return err
+	}
+	f.setFaulting(false) // the fleet must see no error from this
+	defer f.setFaulting(true)
+	if waitFor(ctx, 30*time.Second, func() bool { return f.ask(ctx, "pages-ok").code == codes.OK }) < 0 {
+		r.failf("the healthy pods' workload never answered")
+		return nil
+	}
+	// Ten scrapes: every answer for the healthy pods is fresh.
+	var worstAge float64
+	for range 10 {
+		if !procs.Sleep(ctx, f.o.interval) {
+			return ctx.Err()
+		}
+		if a := f.ask(ctx, "pages-ok"); a.code != codes.OK {
+			r.failf("the healthy pods' workload answered %v beside a hung page", a.code)
+		}
+		w, err := f.workload(ctx, "pages-ok")
+		if err != nil {
+			return err
+		}
+		if w == nil || len(w.Pods) != 2 {
+			r.failf("the healthy pods are not both held")
+			continue
+		}
+		for _, p := range w.Pods {
+			if !p.Fresh || p.AgeSeconds == nil {
+				r.failf("healthy pod %s not fresh beside a hung page", p.Name)
+			} else {
+				worstAge = max(worstAge, *p.AgeSeconds)
+			}
+		}
+	}
+	r.measure("healthyPodsWorstAgeSeconds", worstAge)
+	for w, want := range map[string]string{"pages-hung": "timeout", "pages-big": "too_large"} {
+		d, err := f.workload(ctx, w)
+		if err != nil {
+			return err
+		}
+		if d == nil || len(d.Pods) != 1 {
+			r.failf("%s: pod not held", w)
+			continue
+		}
+		if d.Pods[0].Missing != want {
+			r.failf("%s: missing %q, want %q", w, d.Pods[0].Missing, want)
+		}
+		if a := f.ask(ctx, w); a.code == codes.OK {
+			r.failf("%s answered %d, want an error", w, a.value)
+		}
+	}
+	return nil
+}
+
+// agentKill kills agents as SIGKILL would (the simulated ones' connections
+// closed at once, and a real pulse-agent process by SIGKILL): their pods
+// are held, their workloads answer an error (never a lower total), then
+// the pods are dropped at --pod-expiry; other workloads never notice.
+func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
+	real, err := f.startNode(ctx, "node-real", map[string]int{"kill-real": 2}, nil)
+	defer real.stop()
+	if err != nil {
+		return err
+	}
+	ppw := f.o.podsPerWorkload
+	first := 0
+	if f.proxy != nil {
+		first = (f.o.partitionAgents + ppw - 1) / ppw * ppw
+	}
+	killed := map[int]bool{}
+	for a := first; a < min(first+ppw, len(f.agents)); a++ {
+		killed[a] = true
+	}
+	victims, control := f.agentsOf(killed)
+	if len(victims) == 0 || control < 0 {
+		r.failf("no workload lies wholly on agents %d..%d and none wholly off them", first, first+ppw-1)
+		return nil
+	}
+	victim, ctl := workloadName(victims[0]), workloadName(control)
+	if waitFor(ctx, 30*time.Second, func() bool { return f.ask(ctx, "kill-real").code == codes.OK }) < 0 {
+		r.failf("the real agent's workload never answered")
+		return nil
+	}
+	base := map[string]int64{}
+	for _, w := range []int{victims[0], control} {
+		v, err := f.baseline(ctx, w)
+		if err != nil {
+			r.failf("before the kill: %v", err)
+			return nil
+		}
+		base[workloadName(w)] = v
+	}
+	base["kill-real"] = f.ask(ctx, "kill-real").value
+	t0 := time.Now()
+	for a := range killed {
+		f.agents[a].kill()
+	}
+	_ = real.agent.Process.Signal(syscall.SIGKILL)
+	_ = real.agent.Wait()
+	real.agent = nil
+	f.logf("killed agents %v and node-real; %s and kill-real lose every pod; control %s", keys(killed), victim, ctl)
+
+	heldSeen := map[string]bool{}
+	dropped := map[string]time.Duration{}
+	errSeen := map[string]time.Duration{}
+	for time.Since(t0) < f.o.podExpiry+20*time.Second && len(dropped) < 2 {
+		for _, w := range []string{victim, "kill-real"} {
+			if _, ok := dropped[w]; ok {
+				continue
+			}
+			a := f.ask(ctx, w)
+			d, err := f.workload(ctx, w)
+			if err != nil {
+				return err
+			}
+			switch {
+			case d == nil:
+				dropped[w] = time.Since(t0)
+			case a.code == codes.OK && a.value < base[w]:
+				// A failing pod is filled (missingPods: hold), never dropped.
+				r.failf("%s answered %d while its agent was dead, less than before (%d)", w, a.value, base[w])
+			case a.code != codes.OK:
+				if _, ok := errSeen[w]; !ok {
+					errSeen[w] = time.Since(t0)
+				}
+				heldSeen[w] = heldSeen[w] || len(d.Pods) > 0
+			}
+		}
+		if a := f.ask(ctx, ctl); a.code != codes.OK || f.o.churn == 0 && a.value != base[ctl] {
+			r.failf("control workload %s answered %v %d (before: %d)", ctl, a.code, a.value, base[ctl])
+		}
+		if !procs.Sleep(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	for _, w := range []string{victim, "kill-real"} {
+		if !heldSeen[w] {
+			r.failf("%s: its pods were never seen held with an error answered", w)
+		}
+		d, ok := dropped[w]
+		switch {
+		case !ok:
+			r.failf("%s: pods not dropped %s after --pod-expiry", w, 20*time.Second)
+		case d < f.o.podExpiry:
+			r.failf("%s: pods dropped after %s, before --pod-expiry %s", w, d, f.o.podExpiry)
+		}
+		r.measure(w+"/errorAfterSeconds", errSeen[w].Seconds())
+		r.measure(w+"/droppedAfterSeconds", dropped[w].Seconds())
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("%s: pods of simulated agents %v; kill-real: a real pulse-agent process, SIGKILL", victim, keys(killed)))
+	// Back: the killed agents start again, with new streams.
+	for a := range killed {
+		f.agents[a].start(f.runCtx)
+	}
+	if _, err := f.baseline(ctx, victims[0]); err != nil {
+		r.failf("after its agents came back: %v", err)
+	}
+	return nil
+}
+
+// partition black-holes the proxied agents' connections: the aggregator's
+// keepalive must close their streams, their workloads answer an error,
+// never another total, and after the heal they are back.
+func (f *fleet) partition(ctx context.Context, r *faultResult) error {
+	if f.proxy == nil {
+		return fmt.Errorf("no proxy: the fleet was not started with the partition fault")
+	}
+	set := map[int]bool{}
+	for a := range f.o.partitionAgents {
+		set[a] = true
+	}
+	victims, control := f.agentsOf(set)
+	if len(victims) == 0 || control < 0 {
+		r.failf("no workload lies wholly on the %d proxied agents (--partition-agents must be at least --pods-per-workload)", f.o.partitionAgents)
+		return nil
+	}
+	victim, ctl := workloadName(victims[0]), workloadName(control)
+	base := map[string]int64{}
+	for _, w := range []int{victims[0], control} {
+		v, err := f.baseline(ctx, w)
+		if err != nil {
+			r.failf("before the partition: %v", err)
+			return nil
+		}
+		base[workloadName(w)] = v
+	}
+	m0, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	streams0 := m0["pulse_aggregator_agent_streams"]
+	sessions0 := make([]int64, f.o.partitionAgents)
+	for a := range sessions0 {
+		sessions0[a] = f.agents[a].sessions.Load()
+	}
+	f.proxy.Partition()
+	t0 := time.Now()
+	var staleAt, detectedAt time.Duration = -1, -1
+	for time.Since(t0) < 120*time.Second && detectedAt < 0 {
+		a := f.ask(ctx, victim)
+		switch {
+		case a.code == codes.OK && a.value < base[victim]:
+			r.failf("%s answered %d during the partition, less than before (%d)", victim, a.value, base[victim])
+		case a.code != codes.OK && staleAt < 0:
+			staleAt = time.Since(t0)
+		}
+		if c := f.ask(ctx, ctl); c.code != codes.OK || f.o.churn == 0 && c.value != base[ctl] {
+			r.failf("control workload %s answered %v %d during the partition (before: %d)", ctl, c.code, c.value, base[ctl])
+		}
+		m, err := f.agg.Metrics(ctx)
+		if err != nil {
+			return err
+		}
+		if m["pulse_aggregator_agent_streams"] <= streams0-float64(f.o.partitionAgents) {
+			detectedAt = time.Since(t0)
+		}
+		if !procs.Sleep(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	r.measure("errorAfterSeconds", staleAt.Seconds())
+	r.measure("streamsClosedAfterSeconds", detectedAt.Seconds())
+	if staleAt < 0 {
+		r.failf("%s never answered an error during the partition", victim)
+	}
+	if detectedAt < 0 {
+		r.failf("the aggregator kept the partitioned streams open for 120s")
+	}
+	if a := f.ask(ctx, victim); a.code == codes.OK {
+		r.failf("%s answered %d after its streams were closed, want an error", victim, a.value)
+	}
+	f.proxy.Heal()
+	t1 := time.Now()
+	back := waitFor(ctx, 90*time.Second, func() bool {
+		for a := range sessions0 {
+			if f.agents[a].sessions.Load() == sessions0[a] || !f.agents[a].up.Load() {
+				return false
+			}
+		}
+		a := f.ask(ctx, victim)
+		return a.code == codes.OK && (f.o.churn > 0 || a.value == base[victim])
+	})
+	if back < 0 {
+		r.failf("the partitioned agents were not back, with their workload's steady total, 90s after the heal")
+	}
+	r.measure("recoveredAfterHealSeconds", time.Since(t1).Seconds())
+	return nil
+}
+
+// aggregatorKill SIGKILLs the aggregator and starts it again: every agent
+// and every KEDA stream must come back, and until the warm-up ends no
+// GetMetrics may answer a partial total: Unavailable, or what it answered
+// before.
+func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
+	// Up to 200 steady (non-probe) ScaledObjects, spread over the fleet,
+	// and their answers before.
+	var steady []*scaledObject
+	base := map[*scaledObject]int64{}
+	var all []*scaledObject
+	for _, s := range f.sos {
+		if !s.probe {
+			all = append(all, s)
+		}
+	}
+	for i := 0; i < len(all); i += max(1, len(all)/200) {
+		s := all[i]
+		v, err := f.baseline(ctx, s.workload)
+		if err != nil {
+			r.failf("before the kill: %v", err)
+			return nil
+		}
+		steady = append(steady, s)
+		base[s] = v
+	}
+	exact := f.o.churn == 0
+	if !exact {
+		r.Notes = append(r.Notes, "with --churn the totals move, so answers after the restart are not compared with those before")
+	}
+	r.measure("checkedWorkloads", float64(len(steady)))
+	sessions0 := make([]int64, len(f.agents))
+	for i, a := range f.agents {
+		sessions0[i] = a.sessions.Load()
+	}
+	active0, spec0 := make([]int64, len(f.sos)), make([]int64, len(f.sos))
+	for i, s := range f.sos {
+		active0[i], spec0[i] = s.activeOpens.Load(), s.specOpens.Load()
+	}
+	f.mu.Lock()
+	ends0 := cloneCounts(f.ends)
+	f.mu.Unlock()
+
+	// A checker asks every steady workload in turn, as fast as it answers.
+	var mu sync.Mutex
+	var unavailable, partial, filled, okAnswers int
+	firstOK := map[*scaledObject]time.Time{}
+	checkCtx, stopCheck := context.WithCancel(ctx)
+	checked := make(chan struct{})
+	var restarted time.Time
+	go func() {
+		defer close(checked)
+		for i := 0; checkCtx.Err() == nil; i++ {
+			if len(steady) == 0 {
+				return
+			}
+			s := steady[i%len(steady)]
+			a := f.ask(checkCtx, workloadName(s.workload))
+			if checkCtx.Err() != nil {
+				return
+			}
+			mu.Lock()
+			switch {
+			case a.code == codes.Unavailable:
+				unavailable++
+			case a.code == codes.OK:
+				okAnswers++
+				switch {
+				case exact && a.value < base[s]:
+					partial++
+					if partial <= 3 {
+						r.failf("%s answered %d after the restart (before: %d): a partial total", workloadName(s.workload), a.value, base[s])
+					}
+				case exact && a.value > base[s]:
+					filled++ // a pod not heard yet since the restart, filled (missingPods: hold)
+				}
+				if !restarted.IsZero() && a.at.After(restarted) {
+					if _, ok := firstOK[s]; !ok {
+						firstOK[s] = a.at
+					}
+				}
+			}
+			mu.Unlock()
+			if !procs.Sleep(checkCtx, 5*time.Millisecond) {
+				return
+			}
+		}
+	}()
+	t0 := time.Now()
+	f.agg.Kill()
+	killedFor := time.Since(t0)
+	if err := f.agg.Start(ctx); err != nil {
+		stopCheck()
+		<-checked
+		return err
+	}
+	mu.Lock()
+	restarted = time.Now()
+	mu.Unlock()
+	r.measure("restartSeconds", time.Since(t0).Seconds())
+	r.measure("killSeconds", killedFor.Seconds())
+	agentsBack := waitFor(ctx, 5*time.Minute, func() bool {
+		for i, a := range f.agents {
+			if a.sessions.Load() == sessions0[i] || !a.up.Load() {
+				return false
+			}
+		}
+		return true
+	})
+	r.measure("agentsBackSeconds", since(t0, agentsBack))
+	fresh := waitFor(ctx, 5*time.Minute, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(firstOK) == len(steady)
+	})
+	if fresh >= 0 {
+		mu.Lock()
+		var last time.Time
+		for _, at := range firstOK {
+			if at.After(last) {
+				last = at
+			}
+		}
+		mu.Unlock()
+		r.measure("freshSeconds", last.Sub(t0).Seconds())
+	}
+	kedaBack := waitFor(ctx, 5*time.Minute, func() bool {
+		for i, s := range f.sos {
+			if s.activeOpens.Load() == active0[i] || s.specOpens.Load() == spec0[i] {
+				return false
+			}
+		}
+		return true
+	})
+	r.measure("kedaStreamsBackSeconds", since(t0, kedaBack))
+	stopCheck()
+	<-checked
+	mu.Lock()
+	r.measure("unavailableAnswers", float64(unavailable))
+	r.measure("okAnswers", float64(okAnswers))
+	r.measure("partialAnswers", float64(partial))
+	r.measure("filledAnswers", float64(filled))
+	mu.Unlock()
+	if agentsBack < 0 {
+		r.failf("not every agent was back 5 min after the restart")
+	}
+	if fresh < 0 {
+		r.failf("not every workload answered 5 min after the restart")
+	}
+	if kedaBack < 0 {
+		r.failf("not every KEDA stream was back 5 min after the restart")
+	}
+	f.mu.Lock()
+	for kind, n := range f.ends {
+		d := n - ends0[kind]
+		if d == 0 || strings.HasPrefix(kind, "agent ") {
+			continue
+		}
+		r.measure("ended/"+kind, float64(d))
+		if !strings.HasSuffix(kind, " EOF") && !strings.HasSuffix(kind, " Unavailable") {
+			r.failf("%d KEDA streams ended with %s, want EOF or Unavailable (KEDA then retries in 2s)", d, kind)
+		}
+		// Back within 2 s, the aggregator takes every stream's first retry:
+		// each ends once.
+		if r.Measured["restartSeconds"] < 2 && d != int64(len(f.sos)) {
+			r.failf("%d ends of %s for %d ScaledObjects: some stream did not reconnect at KEDA's first 2s retry", d, kind, len(f.sos))
+		}
+	}
+	f.mu.Unlock()
+	return nil
+}
+
+func since(t0 time.Time, d time.Duration) float64 {
+	if d < 0 {
+		return -1
+	}
+	return time.Since(t0).Seconds()
+}
+
+func keys(m map[int]bool) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,476 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// fleet is one run: the aggregator process, the agents, the ScaledObjects
+// and what they observe.
+type fleet struct {
+	o     options
+	dir   string
+	log   io.Writer
+	agg   *aggregatorProc
+	proxy *proxy
+	epoch time.Time // tick 0 of every agent
+
+	agents []*simAgent
+	sos    []*scaledObject
+	byWL   map[int]*scaledObject
+	conns  []*grpc.ClientConn
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	runCtx context.Context // the agents' and ScaledObjects' context
+
+	sent    atomic.Int64 // pod-samples sent
+	churned atomic.Int64
+
+	mu         sync.Mutex
+	getMetrics []float64 // seconds, since the last reset
+	push       []float64
+	probes     map[int]*probeState
+	errs       map[string]int64 // unexpected, by kind
+	expected   map[string]int64 // during a fault, by kind
+	ends       map[string]int64 // stream ends, "RPC code"
+	faulting   bool
+	onAnswer   func(s *scaledObject, a answer)
+}
+
+// probeState is one probe workload's current rise.
+type probeState struct {
+	riseAt   time.Time // the first batch sending the high value this half-period
+	half     int64
+	measured bool
+}
+
+func (f *fleet) clock() time.Time { return time.Now() }
+
+// probeHigh reports whether probe workloads are high at t.
+func (f *fleet) probeHigh(t time.Time) bool { return (t.Sub(f.epoch)/probeHalf)%2 == 1 }
+
+func (f *fleet) isProbe(w int) bool {
+	s := f.byWL[w]
+	return s != nil && s.probe
+}
+
+// probeRise notes that a batch raising probe workload w is being sent now.
+func (f *fleet) probeRise(w int) {
+	now := time.Now()
+	half := int64(now.Sub(f.epoch) / probeHalf)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.probes[w]
+	if p.half != half {
+		*p = probeState{riseAt: now, half: half}
+	}
+}
+
+// probeActive notes StreamIsActive delivering true for probe workload w.
+func (f *fleet) probeActive(w int, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.probes[w]
+	if p.riseAt.IsZero() || p.measured || int64(at.Sub(f.epoch)/probeHalf) != p.half && at.Sub(p.riseAt) > probeHalf {
+		return
+	}
+	p.measured = true
+	f.push = append(f.push, at.Sub(p.riseAt).Seconds())
+}
+
+func (f *fleet) recordGetMetrics(s *scaledObject, a answer, d time.Duration, err error) {
+	f.mu.Lock()
+	f.getMetrics = append(f.getMetrics, d.Seconds())
+	hook := f.onAnswer
+	f.mu.Unlock()
+	if err != nil {
+		f.rpcError("GetMetrics", err)
+	}
+	if hook != nil {
+		hook(s, a)
+	}
+}
+
+// rpcError counts a failed RPC: expected while a fault is injected,
+// an error otherwise.
+func (f *fleet) rpcError(rpc string, err error) {
+	if err == nil {
+		err = errors.New("empty answer")
+	}
+	f.count(rpc + " " + status.Code(err).String())
+}
+
+// streamEnded counts a stream's end; outside a fault it is an error.
+func (f *fleet) streamEnded(name string, err error) {
+	kind := name + " "
+	switch {
+	case errors.Is(err, io.EOF):
+		kind += "EOF"
+	case status.Code(err) != codes.Unknown:
+		kind += status.Code(err).String()
+	default:
+		kind += "error"
+	}
+	f.mu.Lock()
+	f.ends[kind]++
+	f.mu.Unlock()
+	f.count(kind)
+}
+
+func (f *fleet) errorf(kind, format string, args ...any) {
+	f.count(kind)
+	fmt.Fprintf(f.log, "fleet: "+format+"\n", args...)
+}
+
+func (f *fleet) count(kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.faulting {
+		f.expected[kind]++
+	} else {
+		f.errs[kind]++
+	}
+}
+
+func (f *fleet) logf(format string, args ...any) {
+	if f.o.verbose {
+		fmt.Fprintf(f.log, "%s fleet: "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	}
+}
+
+// result is the run's outcome, printed as the last line.
+type result struct {
+	Agents              int              `json:"agents"`
+	PodsPerAgent        int              `json:"podsPerAgent"`
+	Pods                int              `json:"pods"` // held by the aggregator at the end of the measurement
+	ScaledObjects       int              `json:"scaledObjects"`
+	DurationSeconds     float64          `json:"durationSeconds"`
+	PodSamplesPerSecond float64          `json:"podSamplesPerSecond"` // received by the aggregator
+	AggregatorCPUCores  float64          `json:"aggregatorCpuCores"`
+	AggregatorRSSBytes  int64            `json:"aggregatorRssBytes"`
+	HeapInuseBytes      float64          `json:"heapInuseBytes"`
+	HeapBytesPerPod     float64          `json:"heapBytesPerPod"`
+	GetMetricsCount     int              `json:"getMetricsCount"`
+	GetMetricsP50       float64          `json:"getMetricsP50Seconds"`
+	GetMetricsP99       float64          `json:"getMetricsP99Seconds"`
+	PushCount           int              `json:"pushCount"`
+	PushLatencyP50      float64          `json:"pushLatencyP50Seconds"`
+	PushLatencyP99      float64          `json:"pushLatencyP99Seconds"`
+	AgentStreams        float64          `json:"agentStreams"`
+	Goroutines          float64          `json:"goroutines"`
+	OpenFDs             int              `json:"openFds"`
+	HarnessCPUCores     float64          `json:"harnessCpuCores"`
+	ChurnEvents         int64            `json:"churnEvents"`
+	Errors              int64            `json:"errors"`
+	ErrorKinds          map[string]int64 `json:"errorKinds,omitempty"`
+	Soak                *soakResult      `json:"soak,omitempty"`
+	Faults              []*faultResult   `json:"faults,omitempty"`
+}
+
+// run brings the fleet up, measures for o.duration, runs the faults, and
+// tears everything down.
+func run(ctx context.Context, o options, log io.Writer) (res *result, err error) {
+	raiseFileLimit()
+	dir := o.workdir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "fleet-"); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err == nil {
+				_ = os.RemoveAll(dir)
+			} else {
+				fmt.Fprintln(log, "fleet: logs kept in", dir)
+			}
+		}()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := start(ctx, o, dir, log)
+	if f != nil {
+		defer f.stop()
+	}
+	if err != nil {
+		return nil, err
+	}
+	res, err = f.measure(ctx)
+	if err != nil {
+		return res, err
+	}
+	var failed []string
+	for _, name := range o.faults {
+		fr, err := f.fault(ctx, name)
+		if err != nil {
+			return res, fmt.Errorf("fault %s: %w", name, err)
+		}
+		res.Faults = append(res.Faults, fr)
+		if !fr.OK {
+			failed = append(failed, name)
+		}
+	}
+	f.mu.Lock()
+	res.Errors, res.ErrorKinds = 0, cloneCounts(f.errs)
+	for _, n := range f.errs {
+		res.Errors += n
+	}
+	f.mu.Unlock()
+	switch {
+	case len(failed) > 0:
+		return res, fmt.Errorf("fault scenarios failed: %v", failed)
+	case res.Soak != nil && res.Soak.Leak:
+		return res, errors.New("the soak found a leak")
+	case res.Errors > 0:
+		return res, fmt.Errorf("%d errors outside fault scenarios", res.Errors)
+	}
+	return res, nil
+}
+
+// start brings up the aggregator, the agents and the ScaledObjects, and
+// waits until every agent has a stream and every ScaledObject's streams
+// have delivered.
+func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, error) {
+	f := &fleet{o: o, dir: dir, log: log, byWL: map[int]*scaledObject{}, probes: map[int]*probeState{},
+		errs: map[string]int64{}, expected: map[string]int64{}, ends: map[string]int64{},
+		faulting: true} // until every stream is up: warm-up answers are Unavailable
+	var err error
+	if f.agg, err = newAggregator(o, dir, o.agents); err != nil {
+		return nil, err
+	}
+	if err := f.agg.Start(ctx); err != nil {
+		return f, err
+	}
+	partitioned := 0
+	if contains(o.faults, "partition") {
+		if f.proxy, err = newProxy(f.agg.ingest); err != nil {
+			return f, err
+		}
+		partitioned = o.partitionAgents
+	}
+	// Workload w's pods: pod slot j of agents a with j*agents+a in
+	// [w*podsPerWorkload, (w+1)*podsPerWorkload), so a workload's pods are
+	// on consecutive agents, as a Deployment's replicas spread over nodes.
+	f.epoch = time.Now().Truncate(o.interval).Add(o.interval)
+	for a := range o.agents {
+		addr := f.agg.ingest
+		if a < partitioned {
+			addr = f.proxy.Addr()
+		}
+		f.agents = append(f.agents, newSimAgent(f, a, addr))
+	}
+	for j := range o.podsPerAgent {
+		for a := range o.agents {
+			f.agents[a].add((j*o.agents+a)/o.podsPerWorkload, time.Time{})
+		}
+	}
+	for i := range o.kedaConns {
+		c, err := grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return f, err
+		}
+		_ = i
+		f.conns = append(f.conns, c)
+	}
+	// ScaledObject k watches workload k*stride (spread over the fleet); the
+	// last --probes of them watch probe workloads.
+	stride := max(o.workloads()/max(o.scaledObjects, 1), 1)
+	for k := range o.scaledObjects {
+		w := k * stride
+		s := newScaledObject(f, k, w, k >= o.scaledObjects-o.probes, f.conns[k%len(f.conns)])
+		f.sos = append(f.sos, s)
+		f.byWL[w] = s
+		if s.probe {
+			f.probes[w] = &probeState{half: -1}
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	f.cancel, f.runCtx = cancel, runCtx
+	for _, a := range f.agents {
+		a.start(runCtx)
+	}
+	for _, s := range f.sos {
+		s.run(runCtx)
+	}
+	f.wg.Add(1)
+	go func() { defer f.wg.Done(); f.churn(runCtx, o.churn) }()
+	f.logf("started %d agents and %d ScaledObjects; waiting for them", o.agents, o.scaledObjects)
+	if err := f.waitUp(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
+	f.setFaulting(false)
+	return f, nil
+}
+
+// waitUp waits until every live agent has a stream and every ScaledObject's
+// StreamMetricSpec and StreamIsActive have delivered since marks.
+func (f *fleet) waitUp(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		agents, streams := f.upCounts()
+		if agents == f.liveAgents() && streams == len(f.sos) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s: %d of %d agents up, %d of %d ScaledObjects' streams delivering", limit, agents, f.liveAgents(), streams, len(f.sos))
+		}
+		if !procs.Sleep(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (f *fleet) upCounts() (agents, streams int) {
+	for _, a := range f.agents {
+		if a.up.Load() {
+			agents++
+		}
+	}
+	for _, s := range f.sos {
+		if s.activeOpens.Load() > 0 && s.specOpens.Load() > 0 {
+			streams++
+		}
+	}
+	return agents, streams
+}
+
+func (f *fleet) liveAgents() int {
+	n := 0
+	for _, a := range f.agents {
+		a.mu.Lock()
+		if !a.dead {
+			n++
+		}
+		a.mu.Unlock()
+	}
+	return n
+}
+
+// stop ends every client and the aggregator.
+func (f *fleet) stop() {
+	if f.cancel != nil {
+		f.cancel()
+	}
+	f.wg.Wait()
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+	if f.proxy != nil {
+		f.proxy.Close()
+	}
+	f.agg.Stop()
+}
+
+// measure settles, then measures the steady state for o.duration (and
+// samples the soak series when asked).
+func (f *fleet) measure(ctx context.Context) (*result, error) {
+	f.logf("up; settling for %s", f.o.settle)
+	if !procs.Sleep(ctx, f.o.settle) {
+		return nil, ctx.Err()
+	}
+	f.mu.Lock()
+	f.getMetrics, f.push = nil, nil
+	f.mu.Unlock()
+	pid := f.agg.PID()
+	p0, err := procs.Read(pid)
+	if err != nil {
+		return nil, err
+	}
+	m0, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h0 := selfCPU()
+	t0 := time.Now()
+	var soak *soakResult
+	f.logf("measuring for %s", f.o.duration)
+	if f.o.soakEvery > 0 {
+		if soak, err = f.soak(ctx, pid, t0.Add(f.o.duration)); err != nil {
+			return nil, err
+		}
+	} else if !procs.Sleep(ctx, f.o.duration) {
+		return nil, ctx.Err()
+	}
+	el := time.Since(t0).Seconds()
+	p1, err := procs.Read(pid)
+	if err != nil {
+		return nil, err
+	}
+	m1, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h1 := selfCPU()
+	f.mu.Lock()
+	gm, push := slices.Clone(f.getMetrics), slices.Clone(f.push)
+	f.mu.Unlock()
+	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
+		DurationSeconds:     math.Round(el*10) / 10,
+		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / el,
+		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
+		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
+		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
+		GetMetricsCount: len(gm), PushCount: len(push), Soak: soak}
+	if res.Pods > 0 {
+		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
+	}
+	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
+	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
+	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
+	return res, nil
+}
+
+// quantile is the q-quantile of xs (nearest rank); 0 for none.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[max(0, min(i, len(xs)-1))]
+}
+
+// selfCPU is this process's CPU time in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// raiseFileLimit lifts the soft limit on open files to the hard one: the
+// harness holds two sockets per agent, and the aggregator (which inherits
+// it) one.
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
+
+func cloneCounts(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// logPath is where a helper process's log goes.
+func (f *fleet) logPath(name string) string { return filepath.Join(f.dir, name+".log") }

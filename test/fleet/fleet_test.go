@@ -1,0 +1,136 @@
+//go:build fleet
+
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// bin holds pulse-aggregator, pulse-agent and vllm-sim: $PULSE_FLEET_BIN
+// (make fleet-test), else built here.
+var bin string
+
+func TestMain(m *testing.M) {
+	bin = os.Getenv("PULSE_FLEET_BIN")
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "fleet-bin-")
+		if err != nil {
+			panic(err)
+		}
+		defer func() { _ = os.RemoveAll(dir) }()
+		for name, pkg := range map[string]string{"pulse-aggregator": "./cmd/aggregator", "pulse-agent": "./cmd/agent", "vllm-sim": "./test/vllmsim/cmd/vllm-sim"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
+			cmd.Dir = "../.."
+			if out, err := cmd.CombinedOutput(); err != nil {
+				panic(string(out))
+			}
+		}
+		bin = dir
+	}
+	os.Exit(m.Run())
+}
+
+// small is a fleet of 12 agents × 4 pods (12 workloads of 4 pods) and 6
+// ScaledObjects, 2 of them probes.
+func small(t *testing.T, faults ...string) *fleet {
+	t.Helper()
+	o := defaultOptions()
+	o.bin, o.agents, o.podsPerAgent, o.scaledObjects, o.probes = bin, 12, 4, 6, 2
+	o.podExpiry, o.faults, o.verbose = 15*time.Second, faults, testing.Verbose()
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := start(t.Context(), o, t.TempDir(), os.Stderr)
+	if f != nil {
+		t.Cleanup(f.stop)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// runFault runs one scenario and fails the test with every expectation it
+// found broken.
+func runFault(t *testing.T, f *fleet, name string) *faultResult {
+	t.Helper()
+	r, err := f.fault(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range r.Failures {
+		t.Error(msg)
+	}
+	t.Logf("%s: measured %v", name, r.Measured)
+	return r
+}
+
+// noErrors checks that the fleet saw no error outside the scenario.
+func noErrors(t *testing.T, f *fleet) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.errs) > 0 {
+		t.Errorf("errors outside the fault: %v", f.errs)
+	}
+}
+
+func TestSteadyFleetAnswersAndPushes(t *testing.T) {
+	f := small(t)
+	f.o.settle, f.o.duration = time.Second, 35*time.Second // two probe rises
+	res, err := f.measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Pods != 48 || res.AgentStreams != 12 {
+		t.Errorf("aggregator holds %d pods on %v streams, want 48 on 12", res.Pods, res.AgentStreams)
+	}
+	if res.PodSamplesPerSecond < 40 {
+		t.Errorf("%.1f pod-samples/s received, want about 48", res.PodSamplesPerSecond)
+	}
+	if res.PushCount == 0 {
+		t.Error("no probe's rise was pushed")
+	}
+	if res.GetMetricsCount == 0 {
+		t.Error("no GetMetrics was measured")
+	}
+	noErrors(t, f)
+}
+
+func TestMalformedBatchEndsOnlyItsStream(t *testing.T) {
+	f := small(t)
+	runFault(t, f, "malformed-batch")
+	noErrors(t, f)
+}
+
+func TestHungAndOversizedPagesAffectNoOtherPod(t *testing.T) {
+	f := small(t)
+	runFault(t, f, "pages")
+	noErrors(t, f)
+}
+
+func TestDeadAgentsPodsAreHeldThenDropped(t *testing.T) {
+	f := small(t)
+	runFault(t, f, "agent-kill")
+	noErrors(t, f)
+}
+
+func TestPartitionedAgentGoesStaleNeverZero(t *testing.T) {
+	f := small(t, "partition")
+	runFault(t, f, "partition")
+	noErrors(t, f)
+}
+
+func TestAggregatorKillNeverAnswersAPartialTotal(t *testing.T) {
+	f := small(t)
+	r := runFault(t, f, "aggregator-kill")
+	if r.Measured["unavailableAnswers"] == 0 {
+		t.Error("no Unavailable answer seen during the warm-up: the check did not run through it")
+	}
+	noErrors(t, f)
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSoakJudgesLeaks(t *testing.T) {
+	series := func(heap func(i int) float64, goroutines func(i int) float64) *soakResult {
+		r := &soakResult{}
+		for i := range 61 {
+			r.Samples = append(r.Samples, soakSample{Seconds: float64(i) * 30, HeapInuse: heap(i), Goroutines: goroutines(i), FDs: 40})
+		}
+		r.fit()
+		return r
+	}
+	flat := func(int) float64 { return 1000 }
+	wobble := func(i int) float64 { return 100e6 + float64(i%3)*1e6 }
+	tests := map[string]struct {
+		r        *soakResult
+		leak     bool
+		contains string
+	}{
+		"steady":              {r: series(wobble, flat)},
+		"heap grows 20 %":     {r: series(func(i int) float64 { return 100e6 + float64(i)*0.5e6 }, flat), leak: true, contains: "heap grew"},
+		"goroutines grow":     {r: series(wobble, func(i int) float64 { return 1000 + float64(i) }), leak: true, contains: "goroutines grew"},
+		"start-up is ignored": {r: series(func(i int) float64 { return 100e6 + float64(min(i, 15))*2e6 }, flat)},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			if tt.r.Leak != tt.leak || !strings.Contains(tt.r.LeakReason, tt.contains) {
+				t.Errorf("leak %v (%q), want %v (%q); heap slope %.0f B/h", tt.r.Leak, tt.r.LeakReason, tt.leak, tt.contains, tt.r.HeapSlopeBytesPerHour)
+			}
+		})
+	}
+}
+
+func TestProxyHoldsTrafficWhilePartitioned(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+		}
+	}()
+	p, err := newProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	echo := func(msg string, within time.Duration) (string, error) {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return "", err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		buf := make([]byte, len(msg))
+		n, err := io.ReadFull(c, buf)
+		return string(buf[:n]), err
+	}
+	if got, err := echo("one", 5*time.Second); got != "one" {
+		t.Fatalf("through the proxy: %q, %v", got, err)
+	}
+	p.Partition()
+	if got, err := echo("two", 300*time.Millisecond); err == nil {
+		t.Fatalf("partitioned, the echo came back: %q", got)
+	}
+	p.Heal()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "two" {
+		t.Fatalf("after the heal: %q, %v; want what was held", buf, err)
+	}
+}
+
+func TestParseMetricsSumsFamiliesAndKeepsSeries(t *testing.T) {
+	page := `# TYPE pulse_aggregator_pod_samples_total counter
+pulse_aggregator_pod_samples_total{outcome="ok"} 10
+pulse_aggregator_pod_samples_total{outcome="missing"} 2
+# TYPE go_goroutines gauge
+go_goroutines 7
+`
+	m, err := parseMetrics(strings.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]float64{"pulse_aggregator_pod_samples_total": 12, "pulse_aggregator_pod_samples_total{outcome=ok}": 10, "go_goroutines": 7} {
+		if m[k] != want {
+			t.Errorf("%s = %v, want %v", k, m[k], want)
+		}
+	}
+	if _, err := parseMetrics(strings.NewReader("not a page {")); err == nil {
+		t.Error("a broken page parsed")
+	}
+}

@@ -1,0 +1,148 @@
+// Command fleet drives a real pulse-aggregator process as a fleet of GPU
+// nodes and a KEDA installation would, all on loopback, measures it, and
+// injects faults: `make fleet FLEET_ARGS='...'` (docs/performance.md,
+// docs/reliability.md).
+//
+// The agents are N gRPC connections, each one Ingest stream as the
+// DaemonSet's agent holds it (same keepalive, same reconnect backoff, the
+// same hello and catalogue), reporting M pods at the scrape interval in
+// batches encoded with pkg/wire's Encoder, the agent's own. The ScaledObjects
+// are K clients of KEDA's generated externalscaler API, each holding a
+// StreamIsActive and a StreamMetricSpec stream (KEDA v2.21 opens both per
+// external-push trigger and retries them as KEDA does: 2 s, doubling to a
+// minute, reset after EOF) and polling GetMetricSpec → GetMetrics → IsActive
+// every 30 s (KEDA's default pollingInterval) and GetMetrics every 15 s (the
+// HPA's sync period), each at its own offset in the period.
+//
+// The last line of output is one JSON object (see result).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	o := defaultOptions()
+	o.addFlags(flag.CommandLine)
+	flag.Parse()
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, o, os.Stderr)
+	if res != nil {
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the harness's flags.
+type options struct {
+	bin, workdir, aggregatorArgs string
+	agents, podsPerAgent         int
+	podsPerWorkload              int
+	scaledObjects, probes        int
+	kedaConns                    int
+	interval, settle, duration   time.Duration
+	churn                        float64
+	loadTime                     time.Duration
+	podExpiry                    time.Duration
+	soakEvery                    time.Duration
+	faults                       []string
+	partitionAgents              int
+	verbose                      bool
+}
+
+func defaultOptions() options {
+	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
+		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
+		podExpiry: 10 * time.Minute, partitionAgents: 4}
+}
+
+// faultNames are the scenarios --faults runs, in this order.
+var faultNames = []string{"malformed-batch", "pages", "agent-kill", "partition", "aggregator-kill"}
+
+func (o *options) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.bin, "bin", o.bin, "directory holding pulse-aggregator, pulse-agent and vllm-sim (make build)")
+	fs.StringVar(&o.workdir, "workdir", "", "where logs go (default: a temporary directory, removed unless the run fails)")
+	fs.IntVar(&o.agents, "agents", o.agents, "agent streams (nodes), each its own gRPC connection")
+	fs.IntVar(&o.podsPerAgent, "pods-per-agent", o.podsPerAgent, "pods each agent reports")
+	fs.IntVar(&o.podsPerWorkload, "pods-per-workload", o.podsPerWorkload, "pods per workload; a workload's pods are on consecutive agents")
+	fs.IntVar(&o.scaledObjects, "scaledobjects", o.scaledObjects, "ScaledObjects (one external-push trigger each, on distinct workloads spread over the fleet)")
+	fs.IntVar(&o.probes, "probes", o.probes, "of the ScaledObjects, how many watch a workload whose queue rises and falls every 15 s (push latency)")
+	fs.IntVar(&o.kedaConns, "keda-conns", o.kedaConns, "gRPC connections the ScaledObjects share (KEDA keeps one per scalerAddress)")
+	fs.DurationVar(&o.interval, "interval", o.interval, "agents' scrape interval")
+	fs.DurationVar(&o.settle, "settle", o.settle, "time after every agent and stream is up before measuring")
+	fs.DurationVar(&o.duration, "duration", o.duration, "time measured (a soak: 30m with --soak-every 30s)")
+	fs.Float64Var(&o.churn, "churn", o.churn, "pod events per second across the fleet: a pod restarts (new uid), moves to another agent, or goes not-Ready for --load-time")
+	fs.DurationVar(&o.loadTime, "load-time", o.loadTime, "how long a new or flapping pod stays not-Ready (its model load)")
+	fs.DurationVar(&o.podExpiry, "pod-expiry", o.podExpiry, "the aggregator's --pod-expiry")
+	fs.DurationVar(&o.soakEvery, "soak-every", o.soakEvery, "sample the aggregator's heap, goroutines and open files this often and report their slopes (0: off)")
+	fs.Func("faults", "comma-separated fault scenarios run after the measurement, or \"all\": "+strings.Join(faultNames, ", "), func(s string) error {
+		if s == "all" {
+			o.faults = faultNames
+			return nil
+		}
+		for _, f := range strings.Split(s, ",") {
+			if !contains(faultNames, f) {
+				return fmt.Errorf("unknown fault %q; one of %s", f, strings.Join(faultNames, ", "))
+			}
+			o.faults = append(o.faults, f)
+		}
+		return nil
+	})
+	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
+	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
+	fs.BoolVar(&o.verbose, "v", false, "log progress")
+}
+
+func (o *options) validate() error {
+	var errs []string
+	if o.agents < 1 || o.podsPerAgent < 1 || o.podsPerWorkload < 1 {
+		errs = append(errs, "--agents, --pods-per-agent and --pods-per-workload must be at least 1")
+	}
+	if o.scaledObjects < 0 || o.probes < 0 || o.probes > o.scaledObjects {
+		errs = append(errs, "--scaledobjects must be at least 0 and --probes at most --scaledobjects")
+	}
+	if o.scaledObjects > o.workloads() {
+		errs = append(errs, fmt.Sprintf("--scaledobjects %d: the fleet has only %d workloads", o.scaledObjects, o.workloads()))
+	}
+	if o.kedaConns < 1 || o.interval <= 0 || o.duration <= 0 || o.churn < 0 || o.podExpiry <= 0 || o.soakEvery < 0 {
+		errs = append(errs, "--keda-conns, --interval, --duration and --pod-expiry must be above 0, --churn and --soak-every at least 0")
+	}
+	if o.partitionAgents < 1 || o.partitionAgents >= o.agents && contains(o.faults, "partition") {
+		errs = append(errs, "--partition-agents must be at least 1 and, for the partition scenario, fewer than --agents")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// workloads is the number of workloads the fleet's pods form.
+func (o *options) workloads() int {
+	return (o.agents*o.podsPerAgent + o.podsPerWorkload - 1) / o.podsPerWorkload
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
