@@ -85,7 +85,7 @@ fleet: build
 # Each fault scenario of the fleet harness as a test that asserts its
 # behaviour (build tag fleet; about 3 minutes).
 fleet-test: build
-	PULSE_FLEET_BIN=$(CURDIR)/$(BIN) $(GO) test -tags fleet -count=1 -timeout 20m -v ./test/fleet/
+	PULSE_FLEET_BIN=$(CURDIR)/$(BIN) $(GO) test -race -tags fleet -count=1 -timeout 20m -v ./test/fleet/
 
 # Each fuzz target runs for FUZZTIME.
 fuzz:

@@ -133,7 +133,7 @@ func (a *simAgent) run(ctx context.Context) {
 		if time.Since(start) > 10*time.Second {
 			delay = 100 * time.Millisecond
 		}
-		if !procs.Sleep(ctx, time.Duration(rand.Int64N(int64(delay))+1)) { //nolint:gosec // G404: reconnect jitter
+		if !procs.Sleep(ctx, time.Duration(rand.Int64N(int64(delay))+1)) {
 			return
 		}
 		delay = min(delay*2, 5*time.Second)
@@ -319,7 +319,7 @@ func (f *fleet) churn(ctx context.Context, rate float64) {
 	if rate <= 0 {
 		return
 	}
-	rng := rand.New(rand.NewPCG(1, 2)) //nolint:gosec // G404: a simulation
+	rng := rand.New(rand.NewPCG(1, 2))
 	for {
 		d := time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
 		if !procs.Sleep(ctx, d) {

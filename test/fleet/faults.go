@@ -234,7 +234,6 @@ type node struct {
 	agent *exec.Cmd
 	procs []*exec.Cmd
 	srv   *http.Server
-	done  chan struct{}
 }
 
 func (n *node) stop() {
@@ -252,7 +251,7 @@ func (n *node) stop() {
 // startNode starts vllm-sim servers for the workloads in sims (workload →
 // pods), serves the extra pages (workload → handler) itself, and runs a
 // real pulse-agent scraping all of them at the fleet's interval.
-func (f *fleet) startNode(ctx context.Context, name string, sims map[string]int, pages map[string]http.HandlerFunc, agentArgs ...string) (*node, error) {
+func (f *fleet) startNode(name string, sims map[string]int, pages map[string]http.HandlerFunc, agentArgs ...string) (*node, error) {
 	n := &node{}
 	var tf strings.Builder
 	tf.WriteString("targets:\n")
@@ -266,7 +265,7 @@ func (f *fleet) startNode(ctx context.Context, name string, sims map[string]int,
 			if err != nil {
 				return n, err
 			}
-			c := exec.Command(filepath.Join(f.o.bin, "vllm-sim"), "--addr", addr, "--arrival-rate", "4") //nolint:gosec // G204: the harness's own binary
+			c := exec.Command(filepath.Join(f.o.bin, "vllm-sim"), "--addr", addr, "--arrival-rate", "4")
 			c.Stdout, c.Stderr = logf, logf
 			if err := c.Start(); err != nil {
 				return n, fmt.Errorf("start vllm-sim: %w", err)
@@ -302,7 +301,7 @@ func (f *fleet) startNode(ctx context.Context, name string, sims map[string]int,
 	}
 	args := append([]string{"--static-targets", targets, "--aggregator", f.agg.ingest, "--node-name", name, "--nvml", "off",
 		"--scrape-interval", f.o.interval.String(), "--http-addr", httpAddr, "--log-format", "text"}, agentArgs...)
-	n.agent = exec.Command(filepath.Join(f.o.bin, "pulse-agent"), args...) //nolint:gosec // G204: the harness's own binary
+	n.agent = exec.Command(filepath.Join(f.o.bin, "pulse-agent"), args...)
 	n.agent.Stdout, n.agent.Stderr = logf, logf
 	if err := n.agent.Start(); err != nil {
 		return n, fmt.Errorf("start pulse-agent: %w", err)
@@ -317,9 +316,9 @@ func (f *fleet) startNode(ctx context.Context, name string, sims map[string]int,
 func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 	const maxPage = 64 << 10
 	big := strings.Repeat("# padding line of an oversized page\n", 2*maxPage/36) + "vllm:num_requests_waiting{model_name=\"m\"} 1\n"
-	n, err := f.startNode(ctx, "node-pages", map[string]int{"pages-ok": 2}, map[string]http.HandlerFunc{
-		"pages-hung": func(w http.ResponseWriter, req *http.Request) { <-req.Context().Done() },
-		"pages-big":  func(w http.ResponseWriter, req *http.Request) { _, _ = w.Write([]byte(big)) },
+	n, err := f.startNode("node-pages", map[string]int{"pages-ok": 2}, map[string]http.HandlerFunc{
+		"pages-hung": func(_ http.ResponseWriter, req *http.Request) { <-req.Context().Done() },
+		"pages-big":  func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(big)) },
 	}, "--max-page-bytes", fmt.Sprint(maxPage))
 	defer n.stop()
 	if err != nil {
@@ -381,8 +380,8 @@ func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 // are held, their workloads answer an error (never a lower total), then
 // the pods are dropped at --pod-expiry; other workloads never notice.
 func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
-	real, err := f.startNode(ctx, "node-real", map[string]int{"kill-real": 2}, nil)
-	defer real.stop()
+	realNode, err := f.startNode("node-real", map[string]int{"kill-real": 2}, nil)
+	defer realNode.stop()
 	if err != nil {
 		return err
 	}
@@ -419,9 +418,9 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 	for a := range killed {
 		f.agents[a].kill()
 	}
-	_ = real.agent.Process.Signal(syscall.SIGKILL)
-	_ = real.agent.Wait()
-	real.agent = nil
+	_ = realNode.agent.Process.Signal(syscall.SIGKILL)
+	_ = realNode.agent.Wait()
+	realNode.agent = nil
 	f.logf("killed agents %v and node-real; %s and kill-real lose every pod; control %s", keys(killed), victim, ctl)
 
 	heldSeen := map[string]bool{}
@@ -632,10 +631,10 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 				return
 			}
 			mu.Lock()
-			switch {
-			case a.code == codes.Unavailable:
+			switch a.code {
+			case codes.Unavailable:
 				unavailable++
-			case a.code == codes.OK:
+			case codes.OK:
 				okAnswers++
 				switch {
 				case exact && a.value < base[s]:

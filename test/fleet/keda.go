@@ -29,7 +29,6 @@ type scaledObject struct {
 
 	mu         sync.Mutex
 	metricName string
-	last       answer
 
 	activeOpens atomic.Int64 // StreamIsActive streams that delivered a first value
 	specOpens   atomic.Int64 // StreamMetricSpec streams that delivered the spec
@@ -123,7 +122,7 @@ func (s *scaledObject) streamMetricSpec(ctx context.Context) error {
 // poll asks as KEDA (GetMetricSpec → GetMetrics → IsActive every 30 s)
 // and the HPA (GetMetrics every 15 s) do, each at a random offset.
 func (s *scaledObject) poll(ctx context.Context) {
-	rng := rand.New(rand.NewPCG(uint64(s.idx), 7)) //nolint:gosec // G404: spreading polls
+	rng := rand.New(rand.NewPCG(uint64(s.idx), 7))
 	nextKEDA := time.Now().Add(time.Duration(rng.Int64N(int64(30 * time.Second))))
 	nextHPA := time.Now().Add(time.Duration(rng.Int64N(int64(15 * time.Second))))
 	for {
@@ -155,7 +154,7 @@ func (s *scaledObject) kedaPoll(ctx context.Context) {
 		s.metricName = spec.MetricSpecs[0].MetricName
 		s.mu.Unlock()
 	}
-	if _, ok := s.getMetrics(ctx); !ok {
+	if !s.getMetrics(ctx) {
 		return
 	}
 	if _, err := s.client.IsActive(ctx, s.ref); err != nil {
@@ -163,8 +162,9 @@ func (s *scaledObject) kedaPoll(ctx context.Context) {
 	}
 }
 
-// getMetrics asks once and records the latency and the outcome.
-func (s *scaledObject) getMetrics(ctx context.Context) (answer, bool) {
+// getMetrics asks once and records the latency and the outcome; false
+// when it failed.
+func (s *scaledObject) getMetrics(ctx context.Context) bool {
 	s.mu.Lock()
 	name := s.metricName
 	s.mu.Unlock()
@@ -172,7 +172,7 @@ func (s *scaledObject) getMetrics(ctx context.Context) (answer, bool) {
 		spec, err := s.client.GetMetricSpec(ctx, s.ref)
 		if err != nil || len(spec.MetricSpecs) == 0 {
 			s.f.rpcError("GetMetricSpec", err)
-			return answer{}, false
+			return false
 		}
 		name = spec.MetricSpecs[0].MetricName
 		s.mu.Lock()
@@ -187,8 +187,5 @@ func (s *scaledObject) getMetrics(ctx context.Context) (answer, bool) {
 		a.value = resp.MetricValues[0].MetricValue
 	}
 	s.f.recordGetMetrics(s, a, d, err)
-	s.mu.Lock()
-	s.last = a
-	s.mu.Unlock()
-	return a, err == nil
+	return err == nil
 }
