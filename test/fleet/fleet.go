@@ -164,6 +164,7 @@ type result struct {
 	ScaledObjects       int              `json:"scaledObjects"`
 	DurationSeconds     float64          `json:"durationSeconds"`
 	PodSamplesPerSecond float64          `json:"podSamplesPerSecond"` // received by the aggregator
+	SentPerSecond       float64          `json:"podSamplesSentPerSecond"`
 	AggregatorCPUCores  float64          `json:"aggregatorCpuCores"`
 	AggregatorRSSBytes  int64            `json:"aggregatorRssBytes"`
 	HeapInuseBytes      float64          `json:"heapInuseBytes"`
@@ -396,7 +397,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	h0 := selfCPU()
+	h0, s0 := selfCPU(), f.sent.Load()
 	t0 := time.Now()
 	var soak *soakResult
 	f.logf("measuring for %s", f.o.duration)
@@ -416,13 +417,14 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	h1 := selfCPU()
+	h1, s1 := selfCPU(), f.sent.Load()
 	f.mu.Lock()
 	gm, push := slices.Clone(f.getMetrics), slices.Clone(f.push)
 	f.mu.Unlock()
 	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
 		DurationSeconds:     math.Round(el*10) / 10,
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / el,
+		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
