@@ -83,7 +83,7 @@ fleet: build
 	$(GO) run ./test/fleet --bin $(BIN) $(FLEET_ARGS)
 
 # Each fault scenario of the fleet harness as a test that asserts its
-# behaviour (build tag fleet; about 3 minutes).
+# behaviour (build tag fleet; about 2 minutes).
 fleet-test: build
 	PULSE_FLEET_BIN=$(CURDIR)/$(BIN) $(GO) test -race -tags fleet -count=1 -timeout 20m -v ./test/fleet/
 

@@ -63,8 +63,11 @@ type simAgent struct {
 	cancel   context.CancelFunc
 	sessions atomic.Int64 // sessions opened (a welcome received)
 	up       atomic.Bool
-	lastErr  atomic.Value // error: why the last session ended
+	lastErr  atomic.Pointer[errBox] // why the last session ended
 }
+
+// errBox holds an error of any concrete type in an atomic.Pointer.
+type errBox struct{ err error }
 
 func newSimAgent(f *fleet, idx int, addr string) *simAgent {
 	return &simAgent{f: f, idx: idx, node: fmt.Sprintf("node-%05d", idx), addr: addr, pods: map[uint32]*pod{}}
@@ -128,7 +131,7 @@ func (a *simAgent) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		a.lastErr.Store(err)
+		a.lastErr.Store(&errBox{err})
 		a.f.streamEnded("agent", err)
 		if time.Since(start) > 10*time.Second {
 			delay = 100 * time.Millisecond
@@ -299,6 +302,7 @@ func (f *fleet) values(v *metric.Values, tick, salt int64, waiting float64) {
 	v.Set(metric.PromptTokens, 1200*n)
 	v.Set(metric.GenerationTokens, 300*n)
 	v.Set(metric.RequestSuccess, 4*n)
+	v.Set(metric.Preemptions, float64(tick/600))
 	v.Set(metric.TTFTSum, 0.8*n)
 	v.Set(metric.TTFTCount, 4*n)
 	v.Set(metric.QueueTimeSum, 0.1*n)
@@ -324,6 +328,9 @@ func (f *fleet) churn(ctx context.Context, rate float64) {
 		d := time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
 		if !procs.Sleep(ctx, d) {
 			return
+		}
+		if f.churnPaused.Load() {
+			continue
 		}
 		a := f.agents[rng.IntN(len(f.agents))]
 		now := f.clock()

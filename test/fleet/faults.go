@@ -43,6 +43,8 @@ func (f *fleet) fault(ctx context.Context, name string) (*faultResult, error) {
 	r := &faultResult{Name: name, Measured: map[string]float64{}}
 	f.logf("fault %s", name)
 	f.setFaulting(true)
+	f.churnPaused.Store(true) // a victim's pods stay where the scenario put them
+	defer f.churnPaused.Store(false)
 	var err error
 	switch name {
 	case "malformed-batch":
@@ -71,23 +73,29 @@ func (f *fleet) setFaulting(on bool) {
 }
 
 // ask sends one GetMetrics for workload w, as the HPA would, outside the
-// measured polls.
+// measured polls, on the scenarios' own connection.
 func (f *fleet) ask(ctx context.Context, w string) answer {
-	client := externalscaler.NewExternalScalerClient(f.conns[0])
+	a, _ := f.askWithMessage(ctx, w)
+	return a
+}
+
+// askWithMessage is ask with the error's message.
+func (f *fleet) askWithMessage(ctx context.Context, w string) (answer, string) {
+	client := externalscaler.NewExternalScalerClient(f.askConn)
 	ref := &externalscaler.ScaledObjectRef{Name: "so-" + w, Namespace: namespace, ScalerMetadata: map[string]string{
 		"deployment": w, "metric": "waiting", "threshold": "10", "activationThreshold": "5"}}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	spec, err := client.GetMetricSpec(ctx, ref)
 	if err != nil {
-		return answer{at: time.Now(), code: status.Code(err)}
+		return answer{at: time.Now(), code: status.Code(err)}, status.Convert(err).Message()
 	}
 	resp, err := client.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: spec.MetricSpecs[0].MetricName})
 	a := answer{at: time.Now(), code: status.Code(err)}
 	if err == nil && len(resp.MetricValues) > 0 {
 		a.value = resp.MetricValues[0].MetricValue
 	}
-	return a
+	return a, status.Convert(err).Message()
 }
 
 // steadyTotal is what workload w answers when every one of its pods
@@ -209,8 +217,12 @@ func (f *fleet) malformedBatch(ctx context.Context, r *faultResult) error {
 		return nil
 	}
 	r.measure("reconnectSeconds", time.Since(t0).Seconds())
-	if err, _ := victim.lastErr.Load().(error); status.Code(err) != codes.InvalidArgument {
-		r.failf("its stream ended with %v, want InvalidArgument", err)
+	var err2 error
+	if b := victim.lastErr.Load(); b != nil {
+		err2 = b.err
+	}
+	if status.Code(err2) != codes.InvalidArgument {
+		r.failf("its stream ended with %v, want InvalidArgument", err2)
 	}
 	m1, err := f.agg.Metrics(ctx)
 	if err != nil {
@@ -413,7 +425,12 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 		}
 		base[workloadName(w)] = v
 	}
-	base["kill-real"] = f.ask(ctx, "kill-real").value
+	// The real pods' queue moves with vllm-sim's model, so for them only
+	// the error and the drop are checked, not "never lower".
+	if a := f.ask(ctx, "kill-real"); a.code != codes.OK {
+		r.failf("kill-real answered %v before the kill", a.code)
+		return nil
+	}
 	t0 := time.Now()
 	for a := range killed {
 		f.agents[a].kill()
@@ -439,7 +456,7 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 			switch {
 			case d == nil:
 				dropped[w] = time.Since(t0)
-			case a.code == codes.OK && a.value < base[w]:
+			case a.code == codes.OK && w == victim && a.value < base[w]:
 				// A failing pod is filled (missingPods: hold), never dropped.
 				r.failf("%s answered %d while its agent was dead, less than before (%d)", w, a.value, base[w])
 			case a.code != codes.OK:
@@ -466,6 +483,9 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 			r.failf("%s: pods not dropped %s after --pod-expiry", w, 20*time.Second)
 		case d < f.o.podExpiry:
 			r.failf("%s: pods dropped after %s, before --pod-expiry %s", w, d, f.o.podExpiry)
+		}
+		if _, ok := errSeen[w]; !ok {
+			r.failf("%s never answered an error while its agent was dead", w)
 		}
 		r.measure(w+"/errorAfterSeconds", errSeen[w].Seconds())
 		r.measure(w+"/droppedAfterSeconds", dropped[w].Seconds())
@@ -571,15 +591,15 @@ func (f *fleet) partition(ctx context.Context, r *faultResult) error {
 }
 
 // aggregatorKill SIGKILLs the aggregator and starts it again: every agent
-// and every KEDA stream must come back, and until the warm-up ends no
-// GetMetrics may answer a partial total: Unavailable, or what it answered
-// before.
+// and every KEDA stream must come back; after the restart every answer is
+// either the warm-up's Unavailable or a full total (never lower than before:
+// a pod not heard yet is filled, missingPods: hold), and the warm-up is
+// seen to answer.
 func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 	// Up to 200 steady (non-probe) ScaledObjects, spread over the fleet,
 	// and their answers before.
-	var steady []*scaledObject
+	var steady, all []*scaledObject
 	base := map[*scaledObject]int64{}
-	var all []*scaledObject
 	for _, s := range f.sos {
 		if !s.probe {
 			all = append(all, s)
@@ -605,36 +625,49 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 		sessions0[i] = a.sessions.Load()
 	}
 	active0, spec0 := make([]int64, len(f.sos)), make([]int64, len(f.sos))
+	activeEnds0, specEnds0 := make([]int64, len(f.sos)), make([]int64, len(f.sos))
 	for i, s := range f.sos {
 		active0[i], spec0[i] = s.activeOpens.Load(), s.specOpens.Load()
+		activeEnds0[i], specEnds0[i] = s.activeEnds.Load(), s.specEnds.Load()
 	}
 	f.mu.Lock()
 	ends0 := cloneCounts(f.ends)
 	f.mu.Unlock()
 
-	// A checker asks every steady workload in turn, as fast as it answers.
+	// A checker asks the steady workloads in turn, on its own connection,
+	// from the restart on.
 	var mu sync.Mutex
-	var unavailable, partial, filled, okAnswers int
+	var warming, otherUnavailable, partial, filled, okAnswers, otherErrors int
 	firstOK := map[*scaledObject]time.Time{}
 	checkCtx, stopCheck := context.WithCancel(ctx)
 	checked := make(chan struct{})
-	var restarted time.Time
+	t0 := time.Now()
+	f.agg.Kill()
+	r.measure("killSeconds", time.Since(t0).Seconds())
+	if err := f.agg.Start(ctx); err != nil {
+		stopCheck()
+		return err
+	}
+	restarted := time.Now()
+	r.measure("restartSeconds", restarted.Sub(t0).Seconds())
 	go func() {
 		defer close(checked)
-		for i := 0; checkCtx.Err() == nil; i++ {
-			if len(steady) == 0 {
-				return
-			}
+		for i := 0; checkCtx.Err() == nil && len(steady) > 0; i++ {
 			s := steady[i%len(steady)]
-			a := f.ask(checkCtx, workloadName(s.workload))
+			a, msg := f.askWithMessage(checkCtx, workloadName(s.workload))
 			if checkCtx.Err() != nil {
 				return
 			}
 			mu.Lock()
-			switch a.code {
-			case codes.Unavailable:
-				unavailable++
-			case codes.OK:
+			switch {
+			case a.code == codes.Unavailable && strings.Contains(msg, "warming up"):
+				warming++
+			case a.code == codes.Unavailable:
+				// Still reconnecting to the new process, or a workload
+				// none of whose pods has sent a sample yet: an error, which
+				// KEDA and the HPA hold on, never a number.
+				otherUnavailable++
+			case a.code == codes.OK:
 				okAnswers++
 				switch {
 				case exact && a.value < base[s]:
@@ -645,10 +678,13 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 				case exact && a.value > base[s]:
 					filled++ // a pod not heard yet since the restart, filled (missingPods: hold)
 				}
-				if !restarted.IsZero() && a.at.After(restarted) {
-					if _, ok := firstOK[s]; !ok {
-						firstOK[s] = a.at
-					}
+				if _, ok := firstOK[s]; !ok {
+					firstOK[s] = a.at
+				}
+			default:
+				otherErrors++
+				if otherErrors <= 3 {
+					r.failf("%s answered %v %q after the restart, want the warm-up's Unavailable or a total", workloadName(s.workload), a.code, msg)
 				}
 			}
 			mu.Unlock()
@@ -657,61 +693,43 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 			}
 		}
 	}()
-	t0 := time.Now()
-	f.agg.Kill()
-	killedFor := time.Since(t0)
-	if err := f.agg.Start(ctx); err != nil {
-		stopCheck()
-		<-checked
-		return err
-	}
-	mu.Lock()
-	restarted = time.Now()
-	mu.Unlock()
-	r.measure("restartSeconds", time.Since(t0).Seconds())
-	r.measure("killSeconds", killedFor.Seconds())
-	agentsBack := waitFor(ctx, 5*time.Minute, func() bool {
-		for i, a := range f.agents {
-			if a.sessions.Load() == sessions0[i] || !a.up.Load() {
-				return false
-			}
+	// Each condition's first time, polled together.
+	var agentsBack, fresh, kedaBack time.Duration = -1, -1, -1
+	waitFor(ctx, 5*time.Minute, func() bool {
+		if agentsBack < 0 && f.allAgentsBack(sessions0) {
+			agentsBack = time.Since(t0)
 		}
-		return true
-	})
-	r.measure("agentsBackSeconds", since(t0, agentsBack))
-	fresh := waitFor(ctx, 5*time.Minute, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(firstOK) == len(steady)
-	})
-	if fresh >= 0 {
-		mu.Lock()
-		var last time.Time
-		for _, at := range firstOK {
-			if at.After(last) {
-				last = at
+		if fresh < 0 {
+			mu.Lock()
+			if len(firstOK) == len(steady) {
+				fresh = time.Since(t0)
 			}
+			mu.Unlock()
 		}
-		mu.Unlock()
-		r.measure("freshSeconds", last.Sub(t0).Seconds())
-	}
-	kedaBack := waitFor(ctx, 5*time.Minute, func() bool {
-		for i, s := range f.sos {
-			if s.activeOpens.Load() == active0[i] || s.specOpens.Load() == spec0[i] {
-				return false
-			}
+		if kedaBack < 0 && f.allStreamsBack(active0, spec0) {
+			kedaBack = time.Since(t0)
 		}
-		return true
+		return agentsBack >= 0 && fresh >= 0 && kedaBack >= 0
 	})
-	r.measure("kedaStreamsBackSeconds", since(t0, kedaBack))
 	stopCheck()
 	<-checked
 	mu.Lock()
-	r.measure("unavailableAnswers", float64(unavailable))
+	defer mu.Unlock()
+	if fresh >= 0 {
+		var last time.Time
+		for _, at := range firstOK {
+			last = maxTime(last, at)
+		}
+		fresh = last.Sub(t0) // the last workload's first answer, not when the poll saw it
+	}
+	r.measure("agentsBackSeconds", agentsBack.Seconds())
+	r.measure("freshSeconds", fresh.Seconds())
+	r.measure("kedaStreamsBackSeconds", kedaBack.Seconds())
+	r.measure("warmupAnswers", float64(warming))
+	r.measure("otherUnavailableAnswers", float64(otherUnavailable))
 	r.measure("okAnswers", float64(okAnswers))
 	r.measure("partialAnswers", float64(partial))
 	r.measure("filledAnswers", float64(filled))
-	mu.Unlock()
 	if agentsBack < 0 {
 		r.failf("not every agent was back 5 min after the restart")
 	}
@@ -721,31 +739,55 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 	if kedaBack < 0 {
 		r.failf("not every KEDA stream was back 5 min after the restart")
 	}
+	if warming == 0 {
+		r.failf("no answer said the aggregator was warming up: the check did not run through the warm-up")
+	}
 	f.mu.Lock()
 	for kind, n := range f.ends {
-		d := n - ends0[kind]
-		if d == 0 || strings.HasPrefix(kind, "agent ") {
-			continue
-		}
-		r.measure("ended/"+kind, float64(d))
-		if !strings.HasSuffix(kind, " EOF") && !strings.HasSuffix(kind, " Unavailable") {
-			r.failf("%d KEDA streams ended with %s, want EOF or Unavailable (KEDA then retries in 2s)", d, kind)
-		}
-		// Back within 2 s, the aggregator takes every stream's first retry:
-		// each ends once.
-		if r.Measured["restartSeconds"] < 2 && d != int64(len(f.sos)) {
-			r.failf("%d ends of %s for %d ScaledObjects: some stream did not reconnect at KEDA's first 2s retry", d, kind, len(f.sos))
+		if d := n - ends0[kind]; d > 0 && !strings.HasPrefix(kind, "agent ") {
+			r.measure("ended/"+kind, float64(d))
+			if !strings.HasSuffix(kind, " EOF") && !strings.HasSuffix(kind, " Unavailable") {
+				r.failf("%d KEDA streams ended with %s, want EOF or Unavailable (KEDA then retries in 2s)", d, kind)
+			}
 		}
 	}
 	f.mu.Unlock()
+	// Back within 2 s, the aggregator takes every stream's first retry:
+	// each of a ScaledObject's two streams ends exactly once.
+	if restarted.Sub(t0) < 2*time.Second {
+		for i, s := range f.sos {
+			if a, b := s.activeEnds.Load()-activeEnds0[i], s.specEnds.Load()-specEnds0[i]; a != 1 || b != 1 {
+				r.failf("%s: StreamIsActive ended %d times, StreamMetricSpec %d, want once each (reconnected at KEDA's first 2s retry)", s.ref.Name, a, b)
+				break
+			}
+		}
+	}
 	return nil
 }
 
-func since(t0 time.Time, d time.Duration) float64 {
-	if d < 0 {
-		return -1
+func (f *fleet) allAgentsBack(sessions0 []int64) bool {
+	for i, a := range f.agents {
+		if a.sessions.Load() == sessions0[i] || !a.up.Load() {
+			return false
+		}
 	}
-	return time.Since(t0).Seconds()
+	return true
+}
+
+func (f *fleet) allStreamsBack(active0, spec0 []int64) bool {
+	for i, s := range f.sos {
+		if s.activeOpens.Load() == active0[i] || s.specOpens.Load() == spec0[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func keys(m map[int]bool) []int {

@@ -41,18 +41,20 @@ type fleet struct {
 	cancel context.CancelFunc
 	runCtx context.Context // the agents' and ScaledObjects' context
 
-	sent    atomic.Int64 // pod-samples sent
-	churned atomic.Int64
+	sent        atomic.Int64 // pod-samples sent
+	churned     atomic.Int64
+	churnPaused atomic.Bool      // during fault scenarios: their victims stay put
+	askConn     *grpc.ClientConn // the scenarios' own questions, apart from the ScaledObjects' connection
 
 	mu         sync.Mutex
-	getMetrics []float64 // seconds, since the last reset
+	getMetrics []float64 // seconds, successful calls, since the last reset
 	push       []float64
+	pushMissed int
 	probes     map[int]*probeState
 	errs       map[string]int64 // unexpected, by kind
 	expected   map[string]int64 // during a fault, by kind
 	ends       map[string]int64 // stream ends, "RPC code"
 	faulting   bool
-	onAnswer   func(s *scaledObject, a answer)
 }
 
 // probeState is one probe workload's current rise.
@@ -61,6 +63,9 @@ type probeState struct {
 	half     int64
 	measured bool
 }
+
+// pushMissed counts rises that StreamIsActive never delivered before the
+// next rise (30 s later); they are not in the push latencies.
 
 func (f *fleet) clock() time.Time { return time.Now() }
 
@@ -80,6 +85,9 @@ func (f *fleet) probeRise(w int) {
 	defer f.mu.Unlock()
 	p := f.probes[w]
 	if p.half != half {
+		if !p.riseAt.IsZero() && !p.measured {
+			f.pushMissed++
+		}
 		*p = probeState{riseAt: now, half: half}
 	}
 }
@@ -89,24 +97,23 @@ func (f *fleet) probeActive(w int, at time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := f.probes[w]
-	if p.riseAt.IsZero() || p.measured || int64(at.Sub(f.epoch)/probeHalf) != p.half && at.Sub(p.riseAt) > probeHalf {
+	if p.riseAt.IsZero() || p.measured {
 		return
 	}
 	p.measured = true
 	f.push = append(f.push, at.Sub(p.riseAt).Seconds())
 }
 
-func (f *fleet) recordGetMetrics(s *scaledObject, a answer, d time.Duration, err error) {
-	f.mu.Lock()
-	f.getMetrics = append(f.getMetrics, d.Seconds())
-	hook := f.onAnswer
-	f.mu.Unlock()
+// recordGetMetrics records a poll: the latency of a successful one, the
+// error of another.
+func (f *fleet) recordGetMetrics(d time.Duration, err error) {
 	if err != nil {
 		f.rpcError("GetMetrics", err)
+		return
 	}
-	if hook != nil {
-		hook(s, a)
-	}
+	f.mu.Lock()
+	f.getMetrics = append(f.getMetrics, d.Seconds())
+	f.mu.Unlock()
 }
 
 // rpcError counts a failed RPC: expected while a fault is injected,
@@ -173,6 +180,7 @@ type result struct {
 	GetMetricsP50       float64          `json:"getMetricsP50Seconds"`
 	GetMetricsP99       float64          `json:"getMetricsP99Seconds"`
 	PushCount           int              `json:"pushCount"`
+	PushMissed          int              `json:"pushMissed"` // rises never pushed before the next one
 	PushLatencyP50      float64          `json:"pushLatencyP50Seconds"`
 	PushLatencyP99      float64          `json:"pushLatencyP99Seconds"`
 	AgentStreams        float64          `json:"agentStreams"`
@@ -289,12 +297,16 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 		_ = i
 		f.conns = append(f.conns, c)
 	}
+	if f.askConn, err = grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return f, err
+	}
+	f.conns = append(f.conns, f.askConn) // closed with them; not given to ScaledObjects
 	// ScaledObject k watches workload k*stride (spread over the fleet); the
 	// last --probes of them watch probe workloads.
 	stride := max(o.workloads()/max(o.scaledObjects, 1), 1)
 	for k := range o.scaledObjects {
 		w := k * stride
-		s := newScaledObject(f, k, w, k >= o.scaledObjects-o.probes, f.conns[k%len(f.conns)])
+		s := newScaledObject(f, k, w, k >= o.scaledObjects-o.probes, f.conns[k%o.kedaConns])
 		f.sos = append(f.sos, s)
 		f.byWL[w] = s
 		if s.probe {
@@ -386,7 +398,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	}
 	f.mu.Lock()
-	f.getMetrics, f.push = nil, nil
+	f.getMetrics, f.push, f.pushMissed = nil, nil, 0
 	f.mu.Unlock()
 	pid := f.agg.PID()
 	p0, err := procs.Read(pid)
@@ -419,7 +431,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	}
 	h1, s1 := selfCPU(), f.sent.Load()
 	f.mu.Lock()
-	gm, push := slices.Clone(f.getMetrics), slices.Clone(f.push)
+	gm, push, missed := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed
 	f.mu.Unlock()
 	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
 		DurationSeconds:     math.Round(el*10) / 10,
@@ -428,7 +440,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), PushCount: len(push), Soak: soak}
+		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
 	}

@@ -32,7 +32,9 @@ type scaledObject struct {
 
 	activeOpens atomic.Int64 // StreamIsActive streams that delivered a first value
 	specOpens   atomic.Int64 // StreamMetricSpec streams that delivered the spec
-	active      atomic.Bool  // the last value StreamIsActive pushed
+	activeEnds  atomic.Int64 // StreamIsActive streams that ended
+	specEnds    atomic.Int64
+	active      atomic.Bool // the last value StreamIsActive pushed
 }
 
 // answer is one GetMetrics outcome.
@@ -58,20 +60,21 @@ func newScaledObject(f *fleet, idx, workload int, probe bool, conn *grpc.ClientC
 // run holds the two streams and polls until ctx ends.
 func (s *scaledObject) run(ctx context.Context) {
 	s.f.wg.Add(3)
-	go func() { defer s.f.wg.Done(); s.retry(ctx, "StreamIsActive", s.streamIsActive) }()
-	go func() { defer s.f.wg.Done(); s.retry(ctx, "StreamMetricSpec", s.streamMetricSpec) }()
+	go func() { defer s.f.wg.Done(); s.retry(ctx, "StreamIsActive", &s.activeEnds, s.streamIsActive) }()
+	go func() { defer s.f.wg.Done(); s.retry(ctx, "StreamMetricSpec", &s.specEnds, s.streamMetricSpec) }()
 	go func() { defer s.f.wg.Done(); s.poll(ctx) }()
 }
 
 // retry runs a stream as KEDA's externalPushScaler does: at once, then
 // after 2 s, doubling to a minute; an EOF resets the wait to 2 s.
-func (s *scaledObject) retry(ctx context.Context, name string, once func(context.Context) error) {
+func (s *scaledObject) retry(ctx context.Context, name string, ends *atomic.Int64, once func(context.Context) error) {
 	wait := 2 * time.Second
 	for {
 		err := once(ctx)
 		if ctx.Err() != nil {
 			return
 		}
+		ends.Add(1)
 		s.f.streamEnded(name, err)
 		if errors.Is(err, io.EOF) {
 			wait = 2 * time.Second
@@ -181,11 +184,9 @@ func (s *scaledObject) getMetrics(ctx context.Context) bool {
 	}
 	start := time.Now()
 	resp, err := s.client.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: s.ref, MetricName: name})
-	d := time.Since(start)
-	a := answer{at: start, code: status.Code(err)}
-	if err == nil && len(resp.MetricValues) > 0 {
-		a.value = resp.MetricValues[0].MetricValue
+	if err == nil && len(resp.MetricValues) == 0 {
+		err = status.Error(codes.Unknown, "GetMetrics answered no value")
 	}
-	s.f.recordGetMetrics(s, a, d, err)
+	s.f.recordGetMetrics(time.Since(start), err)
 	return err == nil
 }

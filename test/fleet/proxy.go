@@ -7,9 +7,13 @@ import (
 
 // proxy forwards TCP connections to one upstream and can black-hole them:
 // while partitioned it forwards nothing in either direction and closes
-// nothing, as a network that drops every packet; connections opened during
-// the partition are accepted and then hear nothing. Heal lets everything
-// through again, including what was held.
+// nothing, so neither end hears from the other. It is not a network that
+// drops packets: the loopback kernel still acknowledges what is written to
+// the proxy, so TCP retransmission and TCP_USER_TIMEOUT never fire, and the
+// ends learn of the partition by their gRPC keepalives only. Connections
+// opened during the partition are accepted and then hear nothing. Heal lets
+// everything through again, including what the proxy held (one 32 KiB read
+// per direction; the rest waits in the kernel's socket buffers).
 type proxy struct {
 	ln       net.Listener
 	upstream string
