@@ -148,7 +148,7 @@ func TestCatalogueDiff(t *testing.T) {
 	b := discovery.Target{UID: "b", Namespace: "ns", Pod: "b", URL: "http://y"}
 	c.Set([]discovery.Target{a, b})
 	_, first, _ := c.snapshot()
-	full := diffCatalogue(nil, first, true)
+	full := DiffCatalogue(nil, first, true)
 	if !full.Full || len(full.Upsert) != 2 {
 		t.Fatalf("first catalogue = %v", full)
 	}
@@ -157,14 +157,14 @@ func TestCatalogueDiff(t *testing.T) {
 	d := discovery.Target{UID: "d", Namespace: "ns", Pod: "d", Ready: true, URL: "http://z"}
 	c.Set([]discovery.Target{b, d})
 	_, second, _ := c.snapshot()
-	delta := diffCatalogue(first, second, false)
+	delta := DiffCatalogue(first, second, false)
 	if delta.Full || len(delta.Upsert) != 2 || len(delta.Remove) != 1 {
 		t.Fatalf("delta = %v: want b and d upserted, a's id removed", delta)
 	}
 	if delta.Remove[0] != delta.Upsert[0].Id && delta.Remove[0] != delta.Upsert[1].Id {
 		t.Fatalf("a's freed id was not reused by d: %v", delta)
 	}
-	if got := diffCatalogue(second, second, false); len(got.Upsert)+len(got.Remove) != 0 {
+	if got := DiffCatalogue(second, second, false); len(got.Upsert)+len(got.Remove) != 0 {
 		t.Fatalf("no change gave %v", got)
 	}
 }

@@ -192,7 +192,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	for {
 		version, current, changed := s.agent.cat.snapshot()
 		if first || version != sentVersion {
-			c := diffCatalogue(sent, current, first)
+			c := DiffCatalogue(sent, current, first)
 			for _, id := range c.Remove {
 				enc.Forget(id)
 			}
@@ -302,8 +302,10 @@ func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]st
 
 func (tokenFile) RequireTransportSecurity() bool { return true }
 
-// diffCatalogue is the catalogue message that turns sent into current.
-func diffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev1.Catalogue {
+// DiffCatalogue is the catalogue message that turns sent into current (all
+// of current when full). The fleet harness (test/fleet) sends its simulated
+// agents' catalogues with it, so that they speak as the agent does.
+func DiffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev1.Catalogue {
 	c := &pulsev1.Catalogue{Full: full}
 	for id, old := range sent {
 		if t, ok := current[id]; !ok || t.UID != old.UID {

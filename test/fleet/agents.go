@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -56,10 +57,10 @@ type simAgent struct {
 	mu       sync.Mutex
 	pods     map[uint32]*pod
 	nextID   uint32
-	dirty    bool // the catalogue changed since it was last sent
-	sent     map[uint32]pod
-	malform  bool // send one malformed batch at the next tick
-	dead     bool // killed: no connection until revived
+	dirty    bool                        // the catalogue changed since it was last sent
+	sent     map[uint32]discovery.Target // the catalogue last sent; nil: send it whole
+	malform  bool                        // send one malformed batch at the next tick
+	dead     bool                        // killed: no connection until revived
 	cancel   context.CancelFunc
 	sessions atomic.Int64 // sessions opened (a welcome received)
 	up       atomic.Bool
@@ -80,7 +81,7 @@ func (a *simAgent) add(w int, readyAt time.Time) {
 	a.nextID++
 	uid := fmt.Sprintf("%s-%d", a.node, a.nextID)
 	a.pods[a.nextID] = &pod{id: a.nextID, uid: uid, name: fmt.Sprintf("w%d-%s", w, uid), workload: w,
-		ready: !readyAt.After(a.f.clock()), readyAt: readyAt}
+		ready: !readyAt.After(time.Now()), readyAt: readyAt}
 	a.dirty = true
 }
 
@@ -232,29 +233,18 @@ func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *
 	}
 	var cat *pulsev1.Catalogue
 	if a.sent == nil || a.dirty {
-		cat = &pulsev1.Catalogue{Full: a.sent == nil}
-		for id, old := range a.sent {
-			if p, ok := a.pods[id]; !ok || p.uid != old.uid {
-				cat.Remove = append(cat.Remove, id)
-				enc.Forget(id)
-			}
-		}
-		sent := make(map[uint32]pod, len(a.pods))
+		current := make(map[uint32]discovery.Target, len(a.pods))
 		for id, p := range a.pods {
-			if old, ok := a.sent[id]; a.sent == nil || !ok || old != *p {
-				cat.Upsert = append(cat.Upsert, &pulsev1.Pod{Id: id, Uid: p.uid, Namespace: namespace, Name: p.name,
-					Ready: p.ready, Terminating: p.terminating,
-					Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: workloadName(p.workload)}}})
-			}
-			sent[id] = *p
+			current[id] = discovery.Target{UID: p.uid, Namespace: namespace, Pod: p.name, Ready: p.ready, Terminating: p.terminating,
+				Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: workloadName(p.workload)}}}
 		}
-		a.sent, a.dirty = sent, false
+		cat = agent.DiffCatalogue(a.sent, current, a.sent == nil)
+		for _, id := range cat.Remove {
+			enc.Forget(id) // ids are never reused, so a removal is the only reset
+		}
+		a.sent, a.dirty = current, false
 	}
-	if len(a.pods) == 0 {
-		return cat, nil, nil
-	}
-	ms := now.UnixMilli()
-	b := &pulsev1.SampleBatch{TimeUnixMs: ms}
+	b := &pulsev1.SampleBatch{TimeUnixMs: now.UnixMilli()}
 	if a.malform {
 		// A batch whose values do not match its present bitmaps: the
 		// aggregator must end this stream and nothing else.
@@ -270,12 +260,10 @@ func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *
 	var rise []int
 	high := a.f.probeHigh(now)
 	for id, p := range a.pods {
-		s := wire.Sample{Pod: id}
 		if !p.ready {
-			s.Missing = pulsev1.MissingReason_MISSING_REASON_NOT_READY
-			enc.Append(b, &s)
-			continue
+			continue // listed, not scraped: the agent sends nothing for it
 		}
+		s := wire.Sample{Pod: id}
 		waiting := float64(steadyWaiting)
 		if a.f.isProbe(p.workload) {
 			waiting = 0
@@ -286,6 +274,9 @@ func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *
 		}
 		a.f.values(&s.Values, int64(tick), int64(p.id), waiting)
 		enc.Append(b, &s)
+	}
+	if len(b.Pods) == 0 {
+		return cat, nil, nil
 	}
 	return cat, b, rise
 }
@@ -333,7 +324,7 @@ func (f *fleet) churn(ctx context.Context, rate float64) {
 			continue
 		}
 		a := f.agents[rng.IntN(len(f.agents))]
-		now := f.clock()
+		now := time.Now()
 		a.mu.Lock()
 		var victim *pod
 		for _, p := range a.pods { // map order: random enough

@@ -34,7 +34,6 @@ type scaledObject struct {
 	specOpens   atomic.Int64 // StreamMetricSpec streams that delivered the spec
 	activeEnds  atomic.Int64 // StreamIsActive streams that ended
 	specEnds    atomic.Int64
-	active      atomic.Bool // the last value StreamIsActive pushed
 }
 
 // answer is one GetMetrics outcome.
@@ -102,7 +101,6 @@ func (s *scaledObject) streamIsActive(ctx context.Context) error {
 			s.activeOpens.Add(1)
 			first = false
 		}
-		s.active.Store(resp.Result)
 		if s.probe && resp.Result {
 			s.f.probeActive(s.workload, now)
 		}
