@@ -3,6 +3,7 @@ package vllmsim
 import (
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -10,8 +11,10 @@ import (
 
 // Handler serves:
 //
+//	GET  /health   200 once the simulated model load (Options.LoadTime) is
+//	               over, 503 before: a readiness probe's path
 //	GET  /metrics  the page (OpenMetrics when the Accept header asks for it
-//	               first; gzip when accepted)
+//	               first; gzip when accepted); 503 while the model loads
 //	GET    /load   the current State as JSON
 //	POST   /load   a Load as JSON: set waiting/running/swapped/kvCacheUsage
 //	               and hold them (the queueing model no longer moves them)
@@ -23,7 +26,18 @@ import (
 //	               (0 ends it)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", s.serveMetrics)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if s.loading(w) {
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if s.loading(w) {
+			return
+		}
+		s.serveMetrics(w, r)
+	})
 	mux.HandleFunc("GET /load", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.State())
@@ -68,6 +82,16 @@ func (s *Server) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
+}
+
+// loading answers 503 and reports true while the simulated model loads.
+func (s *Server) loading(w http.ResponseWriter) bool {
+	left := time.Until(s.readyAt)
+	if left <= 0 {
+		return false
+	}
+	http.Error(w, fmt.Sprintf("loading model: %.1fs left", left.Seconds()), http.StatusServiceUnavailable)
+	return true
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {

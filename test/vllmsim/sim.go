@@ -27,6 +27,10 @@ type Options struct {
 	V0 bool
 	// Seed makes the queueing model and the histogram shapes repeatable.
 	Seed uint64
+	// LoadTime is the simulated model load: until it has passed since New,
+	// /health and /metrics answer 503, as a vLLM server that has not
+	// finished loading its weights serves nothing.
+	LoadTime time.Duration
 }
 
 // series is the state of one (model, engine) pair.
@@ -64,6 +68,7 @@ func newSeries(model string, engine int) *series {
 // Server is one simulated vLLM server. Its methods are safe for concurrent use.
 type Server struct {
 	opts    Options
+	readyAt time.Time // the end of the simulated model load
 	created float64
 
 	mu        sync.Mutex
@@ -85,9 +90,11 @@ func New(opts Options) *Server {
 	if opts.Engines <= 0 || opts.V0 {
 		opts.Engines = 1
 	}
+	now := time.Now()
 	s := &Server{
 		opts:    opts,
-		created: float64(time.Now().Unix()),
+		readyAt: now.Add(opts.LoadTime),
+		created: float64(now.Unix()),
 		rng:     rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	for _, m := range opts.Models {

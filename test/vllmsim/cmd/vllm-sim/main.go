@@ -23,11 +23,12 @@ func main() {
 	rate := flag.Float64("arrival-rate", 0, "queueing model: requests/s (0: load is set over HTTP only)")
 	capacity := flag.Int("batch-capacity", 16, "queueing model: running requests per engine")
 	service := flag.Float64("service-rate", 0.5, "queueing model: completions/s per running request")
+	loadTime := flag.Duration("load-time", 0, "simulated model load: /health and /metrics answer 503 for this long after start")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	s := vllmsim.New(vllmsim.Options{Models: strings.Split(*models, ","), Engines: *engines, V0: *v0, Seed: uint64(time.Now().UnixNano())})
+	s := vllmsim.New(vllmsim.Options{Models: strings.Split(*models, ","), Engines: *engines, V0: *v0, Seed: uint64(time.Now().UnixNano()), LoadTime: *loadTime})
 	if *rate > 0 {
 		s.SetModel(vllmsim.QueueModel{ArrivalRate: *rate, BatchCapacity: *capacity, ServiceRate: *service})
 	}
