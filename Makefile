@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test
+.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -39,6 +39,7 @@ run: build
 test: helm-lint
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
+	cd tools/images && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Lint and render each chart with each of its ci/*-values.yaml (the defaults
 # and every optional part on).
@@ -50,6 +51,18 @@ helm-lint:
 	    $(HELM) template $$(sed -n "s/^name: //p" $$c/Chart.yaml) $$c --namespace pulse-system -f $$f >/dev/null || exit 1; \
 	  done; \
 	done
+
+# OCI image tarballs, bin/images/<name>.tar (pulse-agent, pulse-aggregator,
+# vllm-sim, pause), built without a Docker engine by tools/images: the same
+# digest for the same source. Each prints `name reference digest path`;
+# `ctr images import` names it REGISTRY/<name>:VERSION. The agent's glibc
+# comes from Debian's libc6, pinned in tools/images/debian-packages.lock.
+# IMAGES_FLAGS: e.g. --only pulse-agent, --update-lock (docs: README.md, Images).
+REGISTRY     ?= ghcr.io/pulse-io
+IMAGES_FLAGS ?=
+images:
+	$(GO) run -C tools/images . --repo $(CURDIR) --out $(CURDIR)/$(BIN)/images \
+	  --version $(VERSION) --registry $(REGISTRY) $(IMAGES_FLAGS)
 
 # Each chart's README.md, generated from its values.yaml comments and
 # README.md.gotmpl by helm-docs, pinned in tools/helm-docs/go.mod.
