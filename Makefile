@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images
+.PHONY: all build run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -77,6 +77,13 @@ e2e-tools:
 e2e: build e2e-tools
 	PULSE_E2E_TOOLS=$$(test/e2e/tools/build.sh all) PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
 	  $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
+
+# The real-node e2e (test/e2e/README.md): as root, one Kubernetes node on
+# this machine (containerd, kubelet, kube-proxy, CoreDNS), both charts
+# installed from the images make images builds. The host is restored after.
+e2e-node: build images
+	PULSE_E2E_TOOLS=$$(test/e2e/tools/build.sh node) PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
+	  PULSE_E2E_IMAGES=$(CURDIR)/$(BIN)/images test/e2e/node/run.sh
 
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 $(PKGS)

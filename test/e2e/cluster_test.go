@@ -65,10 +65,36 @@ func start(t testing.TB, dir, name string, env []string, bin string, args ...str
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	recordPID(t, cmd.Process.Pid, name)
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); _ = f.Close(); close(p.done) }() // its exit is read from cmd.ProcessState
 	t.Cleanup(func() { p.stop() })
 	return p
+}
+
+// recordPID appends a started process to $PULSE_E2E_NODE_STATE/pids (PID,
+// start time, name), from which test/e2e/node/run.sh stops whatever is left
+// when the test is interrupted.
+func recordPID(t testing.TB, pid int, name string) {
+	state := os.Getenv("PULSE_E2E_NODE_STATE")
+	if state == "" {
+		return
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return // already gone
+	}
+	// Field 22, counted after the command's closing parenthesis.
+	rest := string(stat[bytes.LastIndexByte(stat, ')')+2:])
+	f := strings.Fields(rest)
+	f2, err := os.OpenFile(filepath.Join(state, "pids"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatalf("record %s's PID: %v", name, err)
+	}
+	defer f2.Close()
+	if _, err := fmt.Fprintf(f2, "%d %s %s\n", pid, f[19], name); err != nil {
+		t.Fatalf("record %s's PID: %v", name, err)
+	}
 }
 
 // stop ends the process (SIGTERM, then SIGKILL after 10s) and waits for it.
@@ -136,7 +162,9 @@ func writePEM(t testing.TB, path, typ string, der []byte) {
 	}
 }
 
-func newPKI(t testing.TB, dir string) *pki {
+// newPKI makes the CA and the control plane's certificates; the API server's
+// names 127.0.0.1 and apiIPs.
+func newPKI(t testing.TB, dir string, apiIPs ...net.IP) *pki {
 	t.Helper()
 	p := &pki{dir: dir}
 	var err error
@@ -154,8 +182,8 @@ func newPKI(t testing.TB, dir string) *pki {
 	p.caCert, _ = x509.ParseCertificate(der)
 	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", der)
-	p.serverCert, p.serverK = p.issue(t, "apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default"},
-		[]net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
+	p.serverCert, p.serverK = p.issue(t, "apiserver", "kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		append([]net.IP{net.ParseIP("127.0.0.1")}, apiIPs...), x509.ExtKeyUsageServerAuth)
 	p.adminCert, p.adminKey = p.issue(t, "admin", "pulse-e2e-admin", []string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth)
 	sa, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -201,9 +229,30 @@ type controlPlane struct {
 	procs      []*proc
 }
 
-func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
+// cpOptions change the control plane for a real node; the zero value is the
+// kubelet-less control plane on loopback.
+type cpOptions struct {
+	addr        string // the API server's bind and advertised address (default 127.0.0.1)
+	serviceCIDR string // default 10.0.0.0/24
+	serviceIP   string // the kubernetes Service's ClusterIP, named in the API server's certificate
+	controllers string // more kube-controller-manager controllers, comma-separated
+}
+
+func startControlPlane(t *testing.T, tools, dir string, o cpOptions) *controlPlane {
 	t.Helper()
-	p := newPKI(t, dir)
+	if o.addr == "" {
+		o.addr = "127.0.0.1"
+	}
+	if o.serviceCIDR == "" {
+		o.serviceCIDR = "10.0.0.0/24"
+	}
+	var ips []net.IP
+	for _, a := range []string{o.addr, o.serviceIP} {
+		if a != "" {
+			ips = append(ips, net.ParseIP(a))
+		}
+	}
+	p := newPKI(t, dir, ips...)
 	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	etcd := start(t, dir, "etcd", nil, filepath.Join(tools, "etcd"),
@@ -218,17 +267,20 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 	// reaches it at its endpoint's address.
 	proxyCrt, proxyKey := p.issue(t, "front-proxy-client", "front-proxy-client", nil, nil, nil, x509.ExtKeyUsageClientAuth)
 	api := start(t, dir, "kube-apiserver", nil, filepath.Join(tools, "kube-apiserver"),
-		"--etcd-servers="+etcdURL, fmt.Sprintf("--secure-port=%d", apiPort), "--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1", "--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverK,
+		"--etcd-servers="+etcdURL, fmt.Sprintf("--secure-port=%d", apiPort), "--bind-address="+o.addr,
+		"--advertise-address="+o.addr, "--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverK,
 		"--client-ca-file="+filepath.Join(dir, "ca.crt"), "--service-account-issuer="+issuer,
 		"--service-account-key-file="+p.saPub, "--service-account-signing-key-file="+p.saKey, "--api-audiences="+issuer,
-		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+		"--authorization-mode=RBAC", "--service-cluster-ip-range="+o.serviceCIDR, "--allow-privileged=true",
 		"--enable-priority-and-fairness=false",
 		"--requestheader-client-ca-file="+filepath.Join(dir, "ca.crt"), "--requestheader-allowed-names=front-proxy-client",
 		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-", "--proxy-client-cert-file="+proxyCrt,
-		"--proxy-client-key-file="+proxyKey, "--enable-aggregator-routing=true", "--v=1")
-	cp := &controlPlane{url: fmt.Sprintf("https://127.0.0.1:%d", apiPort), caPEM: p.caPEM, pki: p, procs: []*proc{etcd, api}}
+		"--proxy-client-key-file="+proxyKey, "--enable-aggregator-routing=true",
+		// To a kubelet (a real node's: logs), as the admin.
+		"--kubelet-client-certificate="+p.adminCert, "--kubelet-client-key="+p.adminKey,
+		"--kubelet-preferred-address-types=InternalIP,Hostname", "--v=1")
+	cp := &controlPlane{url: fmt.Sprintf("https://%s", net.JoinHostPort(o.addr, fmt.Sprint(apiPort))), caPEM: p.caPEM, pki: p, procs: []*proc{etcd, api}}
 	cp.admin = &rest.Config{Host: cp.url, TLSClientConfig: rest.TLSClientConfig{
 		CAData: p.caPEM, CertFile: p.adminCert, KeyFile: p.adminKey}, QPS: 100, Burst: 200}
 	cp.kubeconfig = filepath.Join(dir, "admin.kubeconfig")
@@ -247,9 +299,13 @@ func startControlPlane(t *testing.T, tools, dir string) *controlPlane {
 		}
 		return nil
 	})
+	controllers := "serviceaccount,serviceaccount-token,namespace,garbagecollector,deployment,replicaset,daemonset,horizontalpodautoscaling"
+	if o.controllers != "" {
+		controllers += "," + o.controllers
+	}
 	kcm := start(t, dir, "kube-controller-manager", nil, filepath.Join(tools, "kube-controller-manager"),
 		"--kubeconfig="+cp.kubeconfig, "--leader-elect=false", "--secure-port=0",
-		"--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector,deployment,replicaset,daemonset,horizontalpodautoscaling",
+		"--controllers="+controllers,
 		"--service-account-private-key-file="+p.saKey, "--root-ca-file="+filepath.Join(dir, "ca.crt"),
 		"--use-service-account-credentials=false", "--v=1")
 	cp.procs = append(cp.procs, kcm)

@@ -86,6 +86,9 @@ type env struct {
 	// extra are other processes a case started (their logs are dumped on
 	// failure).
 	extra []*proc
+	// kedaWrap, when set, wraps the KEDA operator's command (the real-node
+	// test runs it where it resolves the cluster's Service names).
+	kedaWrap func(bin string, args []string) (string, []string)
 }
 
 func must(t *testing.T, err error) {
@@ -109,13 +112,9 @@ func TestE2E(t *testing.T) {
 	if kc := os.Getenv("PULSE_E2E_KUBECONFIG"); kc != "" {
 		e.cp = useCluster(t, kc, e.dir)
 	} else {
-		e.cp = startControlPlane(t, tools, e.dir)
+		e.cp = startControlPlane(t, tools, e.dir, cpOptions{})
 	}
-	var err error
-	e.kube, err = kubernetes.NewForConfig(e.cp.admin)
-	must(t, err)
-	e.dyn, err = dynamic.NewForConfig(e.cp.admin)
-	must(t, err)
+	e.connect()
 	defer func() {
 		if t.Failed() {
 			dumpLogs(t, append(append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent), e.extra...)...)
@@ -172,6 +171,15 @@ func TestE2E(t *testing.T) {
 	}
 }
 
+// connect makes the admin's clients of the control plane.
+func (e *env) connect() {
+	var err error
+	e.kube, err = kubernetes.NewForConfig(e.cp.admin)
+	must(e.t, err)
+	e.dyn, err = dynamic.NewForConfig(e.cp.admin)
+	must(e.t, err)
+}
+
 // countingSim is a simulated vLLM server that counts its scrapes.
 type countingSim struct {
 	*vllmsim.Server
@@ -224,13 +232,16 @@ func (e *env) startKEDA() {
 	}
 	metPort, metricsServicePort := freePort(t), freePort(t)
 	e.kedaMet = fmt.Sprintf("http://127.0.0.1:%d/metrics", metPort)
-	e.keda = start(t, e.dir, "keda-operator", []string{"KUBECONFIG=" + e.cp.kubeconfig, "WATCH_NAMESPACE=",
-		"KEDA_CLUSTER_OBJECT_NAMESPACE=keda", "POD_NAMESPACE=keda", "OPERATOR_NAME=keda-operator"},
-		filepath.Join(e.tools, "keda-operator"), "--leader-elect=false", "--cert-dir="+certDir,
+	bin, args := filepath.Join(e.tools, "keda-operator"), []string{"--leader-elect=false", "--cert-dir=" + certDir,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metPort),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", freePort(t)),
 		fmt.Sprintf("--metrics-service-bind-address=127.0.0.1:%d", metricsServicePort),
-		"--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--zap-log-level=info")
+		"--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--zap-log-level=info"}
+	if e.kedaWrap != nil {
+		bin, args = e.kedaWrap(bin, args)
+	}
+	e.keda = start(t, e.dir, "keda-operator", []string{"KUBECONFIG=" + e.cp.kubeconfig, "WATCH_NAMESPACE=",
+		"KEDA_CLUSTER_OBJECT_NAMESPACE=keda", "POD_NAMESPACE=keda", "OPERATOR_NAME=keda-operator"}, bin, args...)
 	waitFor(t, 60*time.Second, "the KEDA operator serves metrics", func() error {
 		if e.keda.cmd.ProcessState != nil {
 			t.Fatalf("keda-operator exited:\n%s", e.keda.tail(40))

@@ -2,7 +2,8 @@
 # Builds the e2e tools from the Go module proxy and caches them by version
 # outside the repository: kube-apiserver and kube-controller-manager
 # (k8s.io/kubernetes), etcd, the KEDA operator and its metrics adapter (with
-# KEDA's CRDs) and helm.
+# KEDA's CRDs) and helm; for the real-node e2e (`node`), kube-scheduler,
+# kubelet and kube-proxy from the same k8s.io/kubernetes, and CoreDNS.
 # Prints the cache directory's bin path. A cached tool is not rebuilt.
 #
 #   PULSE_TOOLS_CACHE   cache root (default ~/.cache/pulse-e2e-tools)
@@ -13,6 +14,7 @@ STAGING_VERSION=0.33.13
 ETCD_VERSION=3.5.21
 KEDA_VERSION=2.21.0
 HELM_VERSION=3.22.0
+COREDNS_VERSION=1.14.7
 
 cache="${PULSE_TOOLS_CACHE:-$HOME/.cache/pulse-e2e-tools}"
 bin="$cache/bin"
@@ -30,10 +32,17 @@ scratch() {
   echo "$d"
 }
 
+# build_kube [node]: kube-apiserver and kube-controller-manager; with node,
+# kube-scheduler, kubelet and kube-proxy.
 build_kube() {
-  local stamp="$bin/.kube-$KUBE_VERSION"
-  [ -f "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && return
-  log "building kube-apiserver and kube-controller-manager v$KUBE_VERSION (several minutes)"
+  local stamp="$bin/.kube-$KUBE_VERSION" cmds=(kube-apiserver kube-controller-manager)
+  if [ "${1:-}" = node ]; then
+    stamp="$bin/.kube-node-$KUBE_VERSION" cmds=(kube-scheduler kubelet kube-proxy)
+  fi
+  local missing=0
+  for c in "${cmds[@]}"; do [ -x "$bin/$c" ] || missing=1; done
+  [ -f "$stamp" ] && [ "$missing" = 0 ] && return
+  log "building ${cmds[*]} v$KUBE_VERSION (several minutes)"
   local d
   d=$(scratch pulse.local/e2e/kube)
   cd "$d"
@@ -47,22 +56,18 @@ build_kube() {
   local args=()
   for m in "${staging[@]}"; do args+=("-replace=k8s.io/$m=k8s.io/$m@v$STAGING_VERSION"); done
   go mod edit "${args[@]}"
-  cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-)
-GO
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for c in "${cmds[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+    printf ')\n'
+  } > tools.go
   go get "k8s.io/kubernetes@v$KUBE_VERSION" >/dev/null 2>&1 || go get "k8s.io/kubernetes@v$KUBE_VERSION"
   go mod tidy -e >/dev/null 2>&1 || true
   local v="k8s.io/component-base/version"
   local ld="-s -w -X $v.gitVersion=v$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=33 -X $v.gitTreeState=clean"
-  go build -trimpath -ldflags "$ld" -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-  go build -trimpath -ldflags "$ld" -o "$bin/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
+  for c in "${cmds[@]}"; do
+    go build -trimpath -ldflags "$ld" -o "$bin/$c" "k8s.io/kubernetes/cmd/$c"
+  done
   cd - >/dev/null
   rm -rf "$d"
   touch "$stamp"
@@ -155,13 +160,53 @@ GO
   touch "$stamp"
 }
 
+# CoreDNS with only the plugins the node e2e uses (no forward: the test's
+# pods resolve cluster names only), built from external source as CoreDNS's
+# README describes: its directives set in main's init.
+build_coredns() {
+  local stamp="$bin/.coredns-$COREDNS_VERSION"
+  [ -f "$stamp" ] && [ -x "$bin/coredns" ] && return
+  log "building coredns v$COREDNS_VERSION"
+  local d
+  d=$(scratch pulse.local/e2e/coredns)
+  cd "$d"
+  cat > main.go <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	dnsserver.Directives = []string{"bind", "errors", "log", "health", "ready", "kubernetes"}
+}
+
+func main() { coremain.Run() }
+GO
+  go get "github.com/coredns/coredns@v$COREDNS_VERSION" >/dev/null 2>&1 || go get "github.com/coredns/coredns@v$COREDNS_VERSION"
+  go mod tidy -e >/dev/null 2>&1 || true
+  go build -trimpath -ldflags "-s -w" -o "$bin/coredns" .
+  cd - >/dev/null
+  rm -rf "$d"
+  touch "$stamp"
+}
+
 what="${1:-all}"
 case "$what" in
   all) build_helm; build_etcd; build_keda; build_kube ;;
+  node) build_helm; build_etcd; build_keda; build_kube; build_kube node; build_coredns ;;
   helm) build_helm ;;
   etcd) build_etcd ;;
   keda) build_keda ;;
   kube) build_kube ;;
-  *) echo "usage: $0 [all|helm|etcd|keda|kube]" >&2; exit 2 ;;
+  coredns) build_coredns ;;
+  *) echo "usage: $0 [all|node|helm|etcd|keda|kube|coredns]" >&2; exit 2 ;;
 esac
 echo "$bin"
