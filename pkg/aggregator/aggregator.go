@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/ingest"
@@ -29,6 +30,8 @@ type Aggregator struct {
 	opts *Options
 	log  *slog.Logger
 	deps Deps
+	// owner owns what the aggregator creates (--owner-cluster-role), or nil.
+	owner *metav1.OwnerReference
 
 	store    *store.Store
 	ingest   *ingest.Server

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -86,6 +88,9 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 		return nil, err
 	}
 	a := &Aggregator{opts: c.opts, log: log, deps: deps, health: newHealth(housekeepEvery)}
+	if err := a.resolveOwner(); err != nil {
+		return nil, err
+	}
 	if err := a.listen(); err != nil {
 		return nil, err
 	}
@@ -104,10 +109,28 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 
 // clients fills the clients deps lacks that a feature needs, all from
 // one rest.Config.
+// resolveOwner reads --owner-cluster-role's UID for the owner reference of
+// what the aggregator creates.
+func (a *Aggregator) resolveOwner() error {
+	name := a.opts.Kube.OwnerClusterRole
+	if name == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cr, err := a.deps.Kube.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("--owner-cluster-role %s: %w", name, err)
+	}
+	a.owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}
+	a.log.Info("what the aggregator creates is owned by a ClusterRole", logging.KeyName, name)
+	return nil
+}
+
 func (c *Config) clients(deps *Deps) error {
 	o := c.opts
 	prov := o.Provision.Enabled
-	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != "" || prov
+	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != "" || prov || o.Kube.OwnerClusterRole != ""
 	needDyn := o.Certs.Enabled || o.Kube.ResolveTargets || prov
 	needMeta := prov
 	if (!needKube || deps.Kube != nil) && (!needDyn || deps.Dynamic != nil) && (!needMeta || deps.Metadata != nil) {
@@ -234,7 +257,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		}
 		a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
 			SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
-			KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, Log: a.log})
+			KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, Owner: a.owner, Log: a.log})
 		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managed.ServerConfig())))
 		a.health.addCheck("certificates", a.managed.Ready)
 		a.log.Info("scaler port serves mutual TLS with managed certificates", logging.KeySecret, o.Certs.Namespace+"/"+o.Certs.Secret,
@@ -277,7 +300,7 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 		MaxWindow: o.Store.MaxWindow, Log: a.log.With(logging.KeyComponent, "provisioner")}, reg)
 	a.election = provision.Election{Enabled: o.Provision.LeaderElect, Namespace: o.Provision.leaseNamespace(o), Name: o.Provision.LeaseName,
 		LeaseDuration: o.Provision.LeaseDuration, RenewDeadline: o.Provision.RenewDeadline, RetryPeriod: o.Provision.RetryPeriod,
-		Leases: a.deps.Kube.CoordinationV1()}
+		Leases: a.deps.Kube.CoordinationV1(), Owner: a.owner}
 	a.log.Info("provisioning ScaledObjects for annotated workloads", logging.KeyScaler, o.Provision.ScalerAddress, logging.KeyTriggerAuth, auth,
 		logging.KeyLease, a.election.Namespace+"/"+a.election.Name)
 	return nil

@@ -60,8 +60,13 @@ type ManagedOptions struct {
 	// KEDA uses, and the Secret of KEDA's client pair it reads, which KEDA
 	// resolves in its own namespace.
 	KEDANamespace, TriggerAuthName string
-	Log                            *slog.Logger
-	Now                            func() time.Time
+	// Owner, if set, owns the Secrets and the ClusterTriggerAuthentication
+	// (a cluster-scoped object, the chart's ClusterRole, can own both
+	// namespaced and cluster-scoped ones): deleting it deletes them. It is
+	// added to existing ones that lack it.
+	Owner *metav1.OwnerReference
+	Log   *slog.Logger
+	Now   func() time.Time
 }
 
 // Managed keeps a CA, a server and a client certificate in a Secret, renews
@@ -144,7 +149,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}}, Type: corev1.SecretTypeOpaque}
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
 		if err := m.renew(sec); err != nil {
 			return err
 		}
@@ -155,13 +160,19 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
-		if m.due(sec) {
+		due, unowned := m.due(sec), m.unowned(sec.OwnerReferences)
+		if due {
 			if err := m.renew(sec); err != nil {
 				return err
 			}
+		}
+		if due || unowned {
+			sec.OwnerReferences = m.owners(sec.OwnerReferences)
 			if sec, err = secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
-				return fmt.Errorf("renew certificate secret: %w", err)
+				return fmt.Errorf("update certificate secret: %w", err)
 			}
+		}
+		if due {
 			m.o.Log.Info("managed certificates renewed", logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
 		}
 	}
@@ -259,9 +270,10 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err = ks.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.TriggerAuthName, Namespace: m.o.KEDANamespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}}, Data: want}, metav1.CreateOptions{})
-	case err == nil && !equalData(cur.Data, want):
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
+	case err == nil && (!equalData(cur.Data, want) || m.unowned(cur.OwnerReferences)):
 		cur.Data = want
+		cur.OwnerReferences = m.owners(cur.OwnerReferences)
 		_, err = ks.Update(ctx, cur, metav1.UpdateOptions{})
 	}
 	if err != nil {
@@ -274,16 +286,20 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	cta := m.o.Dynamic.Resource(ClusterTriggerAuthentications)
 	existing, err := cta.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = cta.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		obj := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
 			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{"app.kubernetes.io/managed-by": "pulse-aggregator"}},
-			"spec":     map[string]any{"secretTargetRef": refs}}}, metav1.CreateOptions{})
+			"spec":     map[string]any{"secretTargetRef": refs}}}
+		obj.SetOwnerReferences(m.owners(nil))
+		_, err = cta.Create(ctx, obj, metav1.CreateOptions{})
 		if err == nil {
 			m.o.Log.Info("ClusterTriggerAuthentication created", logging.KeyName, m.o.TriggerAuthName)
 		}
 	} else if err == nil {
-		if got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef"); len(got) != len(refs) {
+		got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef")
+		if unowned := m.unowned(existing.GetOwnerReferences()); len(got) != len(refs) || unowned {
 			_ = unstructured.SetNestedSlice(existing.Object, refs, "spec", "secretTargetRef")
+			existing.SetOwnerReferences(m.owners(existing.GetOwnerReferences()))
 			_, err = cta.Update(ctx, existing, metav1.UpdateOptions{})
 		}
 	}
@@ -291,6 +307,27 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 		return fmt.Errorf("ClusterTriggerAuthentication %s: %w", m.o.TriggerAuthName, err)
 	}
 	return nil
+}
+
+// unowned reports whether an Owner is set and refs lack it.
+func (m *Managed) unowned(refs []metav1.OwnerReference) bool {
+	if m.o.Owner == nil {
+		return false
+	}
+	for _, r := range refs {
+		if r.UID == m.o.Owner.UID {
+			return false
+		}
+	}
+	return true
+}
+
+// owners returns refs with the Owner added (once).
+func (m *Managed) owners(refs []metav1.OwnerReference) []metav1.OwnerReference {
+	if m.unowned(refs) {
+		return append(refs, *m.o.Owner)
+	}
+	return refs
 }
 
 func equalData(a, b map[string][]byte) bool {

@@ -113,3 +113,76 @@ func TestManagedCertificates(t *testing.T) {
 		}
 	}
 }
+
+// With an Owner, what Managed makes is owned by it; a Secret made before
+// (without the owner) gets it added, its certificates kept.
+func TestManagedOwner(t *testing.T) {
+	ctx := context.Background()
+	owner := &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "cr-uid"}
+	client := fake.NewClientset()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	opts := ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
+		DNSNames: []string{"localhost"}, KEDANamespace: "keda", TriggerAuthName: "pulse-creds",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	// Made before the owner was known.
+	if err := NewManaged(opts).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before.OwnerReferences) != 0 {
+		t.Fatalf("owner references without an Owner: %v", before.OwnerReferences)
+	}
+	opts.Owner = owner
+	for range 2 { // the second pass changes nothing
+		if err := NewManaged(opts).Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned := func(what string, refs []metav1.OwnerReference) {
+		t.Helper()
+		if len(refs) != 1 || refs[0] != *owner {
+			t.Errorf("%s owner references %v, want [%v]", what, refs, *owner)
+		}
+	}
+	after, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("certificate Secret", after.OwnerReferences)
+	if string(after.Data[KeyCACert]) != string(before.Data[KeyCACert]) {
+		t.Error("adding the owner replaced the CA")
+	}
+	kedaSecret, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("KEDA's Secret", kedaSecret.OwnerReferences)
+	cta, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("ClusterTriggerAuthentication", cta.GetOwnerReferences())
+
+	// Made with the owner from the start.
+	client2 := fake.NewClientset()
+	dyn2 := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	opts.Client, opts.Dynamic = client2, dyn2
+	if err := NewManaged(opts).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := client2.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("new certificate Secret", s2.OwnerReferences)
+	cta2, err := dyn2.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned("new ClusterTriggerAuthentication", cta2.GetOwnerReferences())
+}

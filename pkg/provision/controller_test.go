@@ -329,9 +329,12 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{AnnotationAutoscale: "true"}))
 	second := New(Options{Metadata: f.meta, Dynamic: f.dyn, Discovery: f.kube.Discovery(), Events: f.kube.CoreV1(),
 		Target: f.c.o.Target, MaxWindow: time.Minute}, nil)
+	// The chart's ClusterRole owns the Lease, so helm uninstall deletes it.
+	owner := metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "cr-uid"}
 	election := func(id string) Election {
 		return Election{Enabled: true, Namespace: "pulse-system", Name: "pulse-aggregator-provisioner", Identity: id,
-			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond, Leases: f.kube.CoordinationV1()}
+			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond, Leases: f.kube.CoordinationV1(),
+			Owner: &owner}
 	}
 	var wg sync.WaitGroup
 	ctxA, stopA := context.WithCancel(context.Background())
@@ -358,6 +361,16 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 		return nil
 	})
 	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("llama"); return err })
+	f.waitFor("the Lease owned by the ClusterRole", func() error {
+		lease, err := f.kube.CoordinationV1().Leases("pulse-system").Get(context.Background(), "pulse-aggregator-provisioner", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(lease.OwnerReferences) != 1 || lease.OwnerReferences[0] != owner {
+			return fmt.Errorf("owner references %v, want [%v]", lease.OwnerReferences, owner)
+		}
+		return nil
+	})
 	f.waitFor("the follower knows the leader", func() error {
 		if p := follower.Provisioning(); p.Leader != leader.Provisioning().Identity || p.Leading || len(p.Workloads) != 0 {
 			return fmt.Errorf("follower %+v", p)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
@@ -29,6 +30,9 @@ type Election struct {
 	// leaderelection takes them (15s, 10s, 2s in the chart).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	Leases                                    coordinationv1.LeasesGetter
+	// Owner, if set, owns the Lease when this replica creates it (a Lease
+	// made before, without it, is left as it is).
+	Owner *metav1.OwnerReference
 }
 
 // DefaultIdentity is $POD_NAME (or the host name) and a random suffix, so
@@ -58,12 +62,17 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 	}
 	lease := e.Namespace + "/" + e.Name
 	for ctx.Err() == nil {
+		ll := &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
+			Client:     e.Leases,
+			LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+		}
+		var lock resourcelock.Interface = ll
+		if e.Owner != nil {
+			lock = &ownedLease{LeaseLock: ll, owner: *e.Owner}
+		}
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
-				Client:     e.Leases,
-				LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
-			},
+			Lock:            lock,
 			LeaseDuration:   e.LeaseDuration,
 			RenewDeadline:   e.RenewDeadline,
 			RetryPeriod:     e.RetryPeriod,
@@ -110,4 +119,24 @@ func (c *Controller) setHolder(id string) {
 	c.mu.Lock()
 	c.holder = id
 	c.mu.Unlock()
+}
+
+// ownedLease is client-go's LeaseLock whose Create gives the Lease an
+// owner (LeaseLock's own Create sets its name and labels only).
+type ownedLease struct {
+	*resourcelock.LeaseLock
+	owner metav1.OwnerReference
+}
+
+func (l *ownedLease) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	_, err := l.Client.Leases(l.LeaseMeta.Namespace).Create(ctx, &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: l.LeaseMeta.Name, Namespace: l.LeaseMeta.Namespace, Labels: l.Labels,
+			OwnerReferences: []metav1.OwnerReference{l.owner}},
+		Spec: resourcelock.LeaderElectionRecordToLeaseSpec(&ler),
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	_, _, err = l.Get(ctx) // LeaseLock keeps the Lease it read for its updates
+	return err
 }
