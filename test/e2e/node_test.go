@@ -48,6 +48,8 @@ const (
 	agtRelease = "pulse-agent"
 )
 
+var ctaGVR = schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}
+
 // stubUtilization is the stub's utilization of each GPU, as pulse reports
 // it (0..1).
 var stubUtilization = map[string]float64{gpuUUID0: 0.37, gpuUUID1: 0.81}
@@ -978,7 +980,8 @@ func (n *realNode) scaleDeployment(t *testing.T) {
 }
 
 // uninstall: after helm uninstall, nothing either chart rendered is left,
-// nor any pod of either release.
+// nor any pod of either release, nor what the aggregator made at run time
+// (owned by the chart's ClusterRole, deleted by the garbage collector).
 func (n *realNode) uninstall(t *testing.T) {
 	type obj struct{ apiVersion, kind, namespace, name string }
 	var made []obj
@@ -1001,6 +1004,32 @@ func (n *realNode) uninstall(t *testing.T) {
 	}
 	if len(made) == 0 {
 		t.Fatal("the releases' manifests list nothing")
+	}
+	// What the aggregator made at run time, owned by the chart's
+	// ClusterRole: its certificates, KEDA's credentials and
+	// ClusterTriggerAuthentication, the provisioner's Lease.
+	runtimeMade := map[string]func() error{
+		"Secret pulse-system/pulse-aggregator-certs": func() error {
+			_, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+			return err
+		},
+		"Secret keda/pulse-creds": func() error {
+			_, err := n.kube.CoreV1().Secrets("keda").Get(n.ctx, "pulse-creds", metav1.GetOptions{})
+			return err
+		},
+		"ClusterTriggerAuthentication pulse-creds": func() error {
+			_, err := n.dyn.Resource(ctaGVR).Get(n.ctx, "pulse-creds", metav1.GetOptions{})
+			return err
+		},
+		"Lease pulse-system/pulse-aggregator-provisioner": func() error {
+			_, err := n.kube.CoordinationV1().Leases(ns).Get(n.ctx, "pulse-aggregator-provisioner", metav1.GetOptions{})
+			return err
+		},
+	}
+	for what, get := range runtimeMade {
+		if err := get(); err != nil {
+			t.Fatalf("before helm uninstall, %s: %v", what, err)
+		}
 	}
 	n.helm("uninstall", agtRelease, "--namespace", ns, "--wait", "--timeout", "2m")
 	n.helm("uninstall", aggRelease, "--namespace", ns, "--wait", "--timeout", "2m")
@@ -1045,10 +1074,15 @@ func (n *realNode) uninstall(t *testing.T) {
 		for _, p := range pods.Items {
 			left = append(left, "pod "+p.Name)
 		}
+		for what, get := range runtimeMade {
+			if err := get(); !apierrors.IsNotFound(err) {
+				left = append(left, fmt.Sprintf("%s (%v)", what, err))
+			}
+		}
 		if len(left) > 0 {
 			return fmt.Errorf("left: %s", strings.Join(left, ", "))
 		}
 		return nil
 	})
-	t.Logf("helm uninstall removed all %d objects the two releases made, and their pods", len(made))
+	t.Logf("helm uninstall removed all %d objects the two releases made, their pods, and the 4 objects the aggregator made", len(made))
 }

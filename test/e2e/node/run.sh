@@ -50,6 +50,10 @@ die() { log "$*"; exit 1; }
 for c in containerd ctr runc iptables iptables-save ip6tables-save ip gcc conntrack; do
   command -v "$c" >/dev/null || die "$c is missing (.ci/run installs containerd, runc, containernetworking-plugins, iptables, conntrack)"
 done
+# The kubelet runs with the cgroupfs driver on a cgroup v1 hierarchy; a
+# cgroup v2 host (where the systemd driver is the host's) is not supported.
+[ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] ||
+  die "this host has cgroup v2: the node e2e supports only cgroup v1 hosts (cgroupfs driver) so far"
 [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge is missing (Debian containernetworking-plugins)"
 [ -n "${PULSE_E2E_TOOLS:-}" ] && [ -n "${PULSE_E2E_BIN:-}" ] && [ -n "${PULSE_E2E_IMAGES:-}" ] ||
   die "PULSE_E2E_TOOLS, PULSE_E2E_BIN and PULSE_E2E_IMAGES must be set: run make e2e-node"
