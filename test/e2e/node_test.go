@@ -757,13 +757,26 @@ func (n *realNode) vllmPods(t *testing.T) {
 		if !loading[w] {
 			t.Errorf("%s's pod was never seen Running and not Ready during its %s model load", w, n.loadTime)
 		}
-		if pods, err := n.workloadPods(w); err == nil {
+	}
+	// While they load, the aggregator has nothing fresh of them: the
+	// workload is unknown to it (404) or its pods are not fresh.
+	if time.Since(created) < n.loadTime {
+		for _, w := range []string{"llama", "mixtral", "phi"} {
+			pods, err := n.workloadPods(w)
+			if err != nil && !strings.Contains(err.Error(), "404") {
+				t.Fatalf("%s while loading: %v", w, err)
+			}
 			for name, p := range pods {
 				if p.Fresh {
 					t.Errorf("%s reported fresh while its model loads: %+v", name, p)
 				}
 			}
 		}
+		if time.Since(created) >= n.loadTime {
+			t.Fatalf("the load ended while the aggregator was asked: raise PULSE_E2E_NODE_LOAD_TIME")
+		}
+	} else {
+		t.Fatalf("the pods ran only %s after creation, after their %s load: raise PULSE_E2E_NODE_LOAD_TIME", time.Since(created), n.loadTime)
 	}
 	waitFor(t, n.loadTime+60*time.Second, "every vLLM pod Ready", func() error {
 		pods, err := n.kube.CoreV1().Pods(appNS).List(n.ctx, metav1.ListOptions{})

@@ -6,32 +6,37 @@
 # What it changes, and undoes on exit:
 #   - a bridge pulse-node0 with 10.200.0.1/24 (the pod subnet) and a route
 #     for the Service range 10.201.0.0/24 over it;
-#   - iptables chains PULSE-E2E-NODE and PULSE-E2E-NODE-IN in the mangle
-#     table's FORWARD and INPUT chains that drops pod traffic to any interface but the bridge
-#     (nothing is masqueraded: the CNI bridge runs with ipMasq false);
+#   - iptables and ip6tables chains PULSE-E2E-NODE in the mangle table's
+#     FORWARD chain that drop whatever the bridge would forward to, or take
+#     from, any other interface, and (IPv4) PULSE-E2E-NODE-IN in INPUT that
+#     drops pod addresses arriving on anything but the bridge or loopback;
+#     nothing is masqueraded (the CNI bridge runs with ipMasq false);
 #   - cgroups under /sys/fs/cgroup/*/pulse-e2e (the kubelet's cgroup root);
 #   - /var/lib/kubelet, /var/log/pods, /var/log/containers, /var/lib/cni
 #     (refused if any exists before: another node's, not ours to delete);
 #   - the shims' sockets in /run/containerd/s, where containerd 1.6 always
-#     puts them (the directory too if the run made it; a host's own
-#     containerd's sockets are left alone);
+#     puts them (found by the shims' PIDs; another containerd's are left);
 #   - the bridge pulse-e2e0 the KEDA metrics adapter listens on (as in make e2e);
-#   - network namespaces (/run/netns/cni-*) and mounts the runtime makes;
-#   - the kube-proxy's iptables chains (kube-proxy --cleanup);
+#   - the network namespaces of the pods on the bridge, and the mounts under
+#     the state directory and /var/lib/kubelet;
+#   - the kube-proxy's iptables chains (kube-proxy --cleanup, then any KUBE-*);
 #   - sysctls the kubelet, the CNI plugin or kube-proxy set.
 # Every process the test starts is recorded in $STATE/pids and stopped by
-# PID; the runtime's shims and the containers' processes are found by their
-# state directory and cgroup. Finally the sysctls and iptables rules are
-# compared with what was recorded first: a difference fails the run loudly.
+# PID; the runtime's shims are found by their containerd address, the
+# containers' processes by their cgroup. Finally the sysctls, iptables rules
+# and the rest are compared with what was recorded first: a difference fails
+# the run loudly.
 #
-#   PULSE_E2E_NODE_STATE  the state directory (default /tmp/pulse-e2e-node)
+#   PULSE_E2E_NODE_STATE  the state directory, absolute (default /tmp/pulse-e2e-node)
 #   PULSE_E2E_LOGS        where the processes' logs go (default $STATE/logs)
 #   PULSE_E2E_TOOLS, PULSE_E2E_BIN, PULSE_E2E_IMAGES  set by make e2e-node
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 
-STATE="${PULSE_E2E_NODE_STATE:-/tmp/pulse-e2e-node}"
+STATE=$(realpath -m "${PULSE_E2E_NODE_STATE:-/tmp/pulse-e2e-node}")
+MARK=.pulse-e2e-node
 BRIDGE=pulse-node0
+ADAPTER_BRIDGE=pulse-e2e0
 POD_CIDR=10.200.0.0/24
 GATEWAY=10.200.0.1
 SERVICE_CIDR=10.201.0.0/24
@@ -47,7 +52,7 @@ log() { echo "e2e-node: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root: it brings up a kubelet, containerd and a bridge"
-for c in containerd ctr runc iptables iptables-save ip6tables-save ip gcc conntrack; do
+for c in containerd ctr runc iptables iptables-save ip6tables ip6tables-save ip ss gcc conntrack realpath; do
   command -v "$c" >/dev/null || die "$c is missing (.ci/run installs containerd, runc, containernetworking-plugins, iptables, conntrack)"
 done
 # The kubelet runs with the cgroupfs driver on a cgroup v1 hierarchy; a
@@ -57,19 +62,36 @@ done
 [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge is missing (Debian containernetworking-plugins)"
 [ -n "${PULSE_E2E_TOOLS:-}" ] && [ -n "${PULSE_E2E_BIN:-}" ] && [ -n "${PULSE_E2E_IMAGES:-}" ] ||
   die "PULSE_E2E_TOOLS, PULSE_E2E_BIN and PULSE_E2E_IMAGES must be set: run make e2e-node"
+# The state directory is removed and everything mounted under it unmounted:
+# it must be the run's own.
+case "$STATE" in
+  / | /tmp | /var | /var/* | /run | /run/* | /etc | /etc/* | /usr | /usr/* | "$HOME") die "PULSE_E2E_NODE_STATE=$STATE: not a directory the run may own" ;;
+esac
+[ "$(dirname "$STATE")" != / ] || die "PULSE_E2E_NODE_STATE=$STATE: too close to /"
+if [ -e "$STATE" ] && [ ! -e "$STATE/$MARK" ] && [ -n "$(ls -A "$STATE" 2>/dev/null)" ]; then
+  die "$STATE exists and is not a previous run's state directory: choose another PULSE_E2E_NODE_STATE"
+fi
+if awk '{print $5}' /proc/self/mountinfo | grep -q "^$STATE/"; then
+  die "something is mounted under $STATE: a run that could not clean up? Unmount it first."
+fi
 for d in "${HOST_DIRS[@]}"; do
   [ -e "$d" ] && die "$d exists: another node's (or a run that could not clean up). Remove it if it is not in use."
 done
-ip link show "$BRIDGE" >/dev/null 2>&1 && die "a link $BRIDGE exists: a run that could not clean up? ip link del $BRIDGE"
+for l in "$BRIDGE" "$ADAPTER_BRIDGE"; do
+  ip link show "$l" >/dev/null 2>&1 && die "a link $l exists: another run, or one that could not clean up? ip link del $l"
+done
 for c in /sys/fs/cgroup/*/; do
   [ -e "$c$CGROUP" ] && die "cgroup $c$CGROUP exists: a run that could not clean up?"
 done
 
-rm -rf "$STATE"
+rm -rf --one-file-system "$STATE"
 mkdir -p "$STATE"
+touch "$STATE/$MARK"
 : >"$STATE/pids"
 LOGS="${PULSE_E2E_LOGS:-$STATE/logs}"
 mkdir -p "$LOGS"
+LOGS=$(realpath "$LOGS")
+SOCK="$STATE/containerd/containerd.sock"
 
 # Record what the run may change.
 for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s" 2>/dev/null || echo absent)"; done >"$STATE/sysctl.before"
@@ -85,151 +107,193 @@ rules() {
 rules >"$STATE/iptables.before"
 grep -q 'KUBE-' "$STATE/iptables.before" && die "iptables has KUBE-* chains: another kube-proxy or kubelet runs here"
 ls /run/netns 2>/dev/null | sort >"$STATE/netns.before"
-if [ -d /run/containerd ]; then ls /run/containerd/s 2>/dev/null | sort >"$STATE/shim-sockets.before"; fi
+[ -d /run/containerd ] && touch "$STATE/run-containerd.existed"
 
+# alive PID START: the recorded process is still the one recorded.
+alive() { [ -d "/proc/$1" ] && [ "$(awk '{print $22}' "/proc/$1/stat" 2>/dev/null)" = "$2" ]; }
+# shims: PIDs of the runtime shims of this run's containerd.
+shims() {
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "containerd-shim.* -address $SOCK " && echo "${p#/proc/}"
+  done
+}
+# ours: what is still running of this run (recorded processes and shims).
+ours() {
+  local pid start name
+  while read -r pid start name; do
+    [ -n "$pid" ] && alive "$pid" "$start" && echo "$pid ($name)"
+  done <"$STATE/pids"
+  shims | sed 's/$/ (containerd shim)/'
+}
+# netns_ours: the network namespaces whose veths are on the bridge.
+netns_ours() {
+  local ids id
+  ids=$(ip -d -o link show master "$BRIDGE" 2>/dev/null | sed -n 's/.*link-netnsid \([0-9]*\).*/\1/p')
+  for id in $ids; do
+    ip netns list 2>/dev/null | sed -n "s/^\([^ ]*\) (id: $id)$/\1/p"
+  done
+  ip -d -o link show master "$BRIDGE" 2>/dev/null | sed -n 's/.*link-netns \([^ ]*\).*/\1/p'
+}
+
+TEST_PID=
 cleaned=0
 cleanup() {
   local rc=$?
   [ "$cleaned" = 1 ] && return
   cleaned=1
-  trap - EXIT INT TERM
+  # Nothing interrupts the cleanup.
+  trap '' INT TERM HUP
   log "cleaning up"
-  # The test's processes, by the PID it recorded (only if the PID is still
-  # the process it recorded: its start time matches).
-  local pid start
-  while read -r pid start _; do
-    [ -n "$pid" ] && [ -d "/proc/$pid" ] || continue
-    [ "$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null)" = "$start" ] || continue
-    kill -TERM "-$pid" "$pid" 2>/dev/null
-  done <"$STATE/pids"
-  sleep 2
-  while read -r pid start _; do
-    [ -n "$pid" ] && [ -d "/proc/$pid" ] || continue
-    [ "$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null)" = "$start" ] || continue
-    kill -KILL "-$pid" "$pid" 2>/dev/null
-  done <"$STATE/pids"
-  # The runtime's shims (their command line names the state directory) and
-  # every process in the kubelet's cgroups.
-  for p in /proc/[0-9]*; do
-    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF "$STATE/"; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
+  if [ -n "$TEST_PID" ] && kill -0 "$TEST_PID" 2>/dev/null; then
+    kill -TERM "$TEST_PID" 2>/dev/null
+    wait "$TEST_PID" 2>/dev/null
+  fi
+  # The test's processes, by the PID it recorded (each leads its process
+  # group), then the runtime's shims and every process in the kubelet's
+  # cgroups.
+  local pid start name sig
+  for sig in TERM KILL; do
+    while read -r pid start name; do
+      [ -n "$pid" ] && alive "$pid" "$start" && kill "-$sig" "-$pid" "$pid" 2>/dev/null
+    done <"$STATE/pids"
+    [ "$sig" = TERM ] && sleep 2
   done
+  local shim_pids sockets
+  shim_pids=$(shims)
+  # The shims' sockets (in /run/containerd/s, shared with any other
+  # containerd), by the shims' PIDs, before they go.
+  sockets=$(for pid in $shim_pids; do ss -xlpn 2>/dev/null | grep -F "pid=$pid," | awk '{print $5}'; done | grep '^/run/containerd/s/' | sort -u)
+  for pid in $shim_pids; do kill -KILL "$pid" 2>/dev/null; done
   for c in /sys/fs/cgroup/*/"$CGROUP"; do
     [ -d "$c" ] || continue
     find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null
   done
   sleep 1
-  # Mounts under the state directory, the kubelet's directory and the
-  # runtime's network namespaces, deepest first.
-  local netns_new
-  netns_new=$(comm -13 "$STATE/netns.before" <(ls /run/netns 2>/dev/null | sort))
+  # The pods' network namespaces (those with a veth on the bridge), then
+  # mounts under the state directory and the kubelet's, deepest first.
+  local n
+  for n in $(netns_ours | sort -u); do
+    umount "/run/netns/$n" 2>/dev/null
+    ip netns delete "$n" 2>/dev/null || rm -f "/run/netns/$n"
+  done
   awk '{print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
     case "$m" in
       "$STATE"/* | /var/lib/kubelet | /var/lib/kubelet/*) umount -l "$m" 2>/dev/null ;;
     esac
   done
-  for n in $netns_new; do
-    umount "/run/netns/$n" 2>/dev/null
-    ip netns delete "$n" 2>/dev/null || rm -f "/run/netns/$n"
-  done
-  # The bridge (its veths went with the namespaces; any left go with it).
+  # The bridges, and any veth left on ours.
+  local v
   for v in $(ip -o link show master "$BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
     ip link del "$v" 2>/dev/null
   done
   ip link del "$BRIDGE" 2>/dev/null
-  ip link del pulse-e2e0 2>/dev/null
-  # iptables: kube-proxy's chains, then ours.
+  ip link del "$ADAPTER_BRIDGE" 2>/dev/null
+  # iptables: kube-proxy's chains, then what --cleanup leaves (its canary
+  # chains, the kubelet's KUBE-FIREWALL and KUBE-MARK-MASQ): every KUBE-*
+  # chain and the jumps to them (none existed before: the run refuses to
+  # start otherwise); then ours.
   if [ -x "$PULSE_E2E_TOOLS/kube-proxy" ]; then
     "$PULSE_E2E_TOOLS/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1
   fi
-  # What --cleanup leaves (its canary chains, the kubelet's KUBE-FIREWALL and
-  # KUBE-MARK-MASQ): every KUBE-* chain, and the jumps to them (none existed
-  # before: the run refuses to start otherwise).
-  local ipt tbl line
+  local ipt tbl line c
   for ipt in iptables ip6tables; do
     for tbl in filter nat mangle raw; do
       "$ipt-save" -t "$tbl" 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' | while read -r line; do
-        eval "$ipt -t $tbl -D ${line#-A }" 2>/dev/null
+        eval "$ipt -w -t $tbl -D ${line#-A }" 2>/dev/null
       done
-      for c in $("$ipt-save" -t "$tbl" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do "$ipt" -t "$tbl" -F "$c" 2>/dev/null; done
-      for c in $("$ipt-save" -t "$tbl" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do "$ipt" -t "$tbl" -X "$c" 2>/dev/null; done
+      for c in $("$ipt-save" -t "$tbl" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do "$ipt" -w -t "$tbl" -F "$c" 2>/dev/null; done
+      for c in $("$ipt-save" -t "$tbl" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p'); do "$ipt" -w -t "$tbl" -X "$c" 2>/dev/null; done
     done
   done
   local hook chain
-  for hook in FORWARD:"$CHAIN" INPUT:"$CHAIN-IN"; do
-    chain=${hook#*:} hook=${hook%%:*}
-    while iptables -t mangle -D "$hook" -j "$chain" 2>/dev/null; do :; done
-    iptables -t mangle -F "$chain" 2>/dev/null
-    iptables -t mangle -X "$chain" 2>/dev/null
+  for hook in iptables:FORWARD:"$CHAIN" ip6tables:FORWARD:"$CHAIN" iptables:INPUT:"$CHAIN-IN"; do
+    ipt=${hook%%:*} chain=${hook##*:} hook=${hook#*:} hook=${hook%%:*}
+    while "$ipt" -w -t mangle -D "$hook" -j "$chain" 2>/dev/null; do :; done
+    "$ipt" -w -t mangle -F "$chain" 2>/dev/null
+    "$ipt" -w -t mangle -X "$chain" 2>/dev/null
   done
   # cgroups, deepest first.
   for c in /sys/fs/cgroup/*/"$CGROUP"; do
     [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
   done
-  # Host directories the node made.
-  for d in "${HOST_DIRS[@]}"; do rm -rf "$d"; done
-  if [ -f "$STATE/shim-sockets.before" ]; then
-    for f in $(comm -13 "$STATE/shim-sockets.before" <(ls /run/containerd/s 2>/dev/null | sort)); do rm -f "/run/containerd/s/$f"; done
-  else
-    rm -rf /run/containerd
+  # Host directories the node made, if nothing is mounted there any more
+  # (never through a mount), and the shims' sockets.
+  local d
+  for d in "${HOST_DIRS[@]}"; do
+    if awk '{print $5}' /proc/self/mountinfo | grep -q "^$d\(/\|$\)"; then
+      log "FAIL: still mounted under $d: not removed"
+    else
+      rm -rf --one-file-system "$d"
+    fi
+  done
+  for f in $sockets; do rm -f "$f"; done
+  if [ ! -e "$STATE/run-containerd.existed" ]; then
+    rmdir /run/containerd/s /run/containerd 2>/dev/null
   fi
   # Sysctls back to what they were.
-  local s v
-  while IFS='=' read -r s v; do
-    [ "$v" = absent ] || sysctl -qw "$s=$v" >/dev/null 2>&1
+  local s val
+  while IFS='=' read -r s val; do
+    [ "$val" = absent ] || sysctl -qw "$s=$val" >/dev/null 2>&1
   done <"$STATE/sysctl.before"
 
   # Compare: anything left is a failure, said loudly.
-  local bad=0
+  local bad=0 left
   for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s" 2>/dev/null || echo absent)"; done >"$STATE/sysctl.after"
   if ! diff -u "$STATE/sysctl.before" "$STATE/sysctl.after" >&2; then log "FAIL: sysctls differ from before the run"; bad=1; fi
   rules >"$STATE/iptables.after"
   if ! diff -u "$STATE/iptables.before" "$STATE/iptables.after" >&2; then log "FAIL: iptables rules differ from before the run"; bad=1; fi
-  for l in "$BRIDGE" pulse-e2e0; do
-    ip link show "$l" >/dev/null 2>&1 && { log "FAIL: link $l is still there"; bad=1; }
+  for v in "$BRIDGE" "$ADAPTER_BRIDGE"; do
+    ip link show "$v" >/dev/null 2>&1 && { log "FAIL: link $v is still there"; bad=1; }
   done
   for c in /sys/fs/cgroup/*/"$CGROUP"; do [ -e "$c" ] && { log "FAIL: cgroup $c is still there"; bad=1; }; done
   for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] && { log "FAIL: $d is still there"; bad=1; }; done
-  if [ -f "$STATE/shim-sockets.before" ]; then
-    left=$(comm -13 "$STATE/shim-sockets.before" <(ls /run/containerd/s 2>/dev/null | sort))
-    [ -n "$left" ] && { log "FAIL: shim sockets left in /run/containerd/s: $left"; bad=1; }
-  elif [ -e /run/containerd ]; then
+  if awk '{print $5}' /proc/self/mountinfo | grep -q -e "^$STATE/" -e "^/var/lib/kubelet"; then log "FAIL: mounts are left"; bad=1; fi
+  left=$(comm -13 "$STATE/netns.before" <(ls /run/netns 2>/dev/null | sort))
+  [ -n "$left" ] && { log "FAIL: network namespaces made during the run are left: $left"; bad=1; }
+  for f in $sockets; do [ -e "$f" ] && { log "FAIL: shim socket $f is left"; bad=1; }; done
+  if [ ! -e "$STATE/run-containerd.existed" ] && [ -e /run/containerd ]; then
     log "FAIL: /run/containerd is still there"
     bad=1
   fi
-  if grep -qF -e " $STATE/" -e " /var/lib/kubelet" /proc/self/mountinfo; then log "FAIL: mounts are left"; bad=1; fi
-  left=$(comm -13 "$STATE/netns.before" <(ls /run/netns 2>/dev/null | sort))
-  [ -n "$left" ] && { log "FAIL: network namespaces left: $left"; bad=1; }
-  for p in /proc/[0-9]*; do
-    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF "$STATE/"; then log "FAIL: process ${p#/proc/} is still running"; bad=1; fi
-  done
+  left=$(ours)
+  [ -n "$left" ] && { log "FAIL: still running: $left"; bad=1; }
   if [ "$bad" = 1 ]; then
     log "the host was NOT left as it was found (see above)"
     exit 1
   fi
-  log "host restored: processes stopped, mounts, namespaces, bridge, iptables rules, cgroups and directories removed, sysctls as before"
+  log "host restored: processes stopped, mounts, namespaces, bridges, iptables rules, cgroups and directories removed, sysctls as before"
   exit "$rc"
 }
 trap cleanup EXIT
+# A signal stops the test (which the script runs in the background, so that
+# the trap runs at once), then cleans up.
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP
 
-# The pod network: the bridge the CNI plugin will use, and the rule that
-# keeps pod traffic on it.
-ip link add "$BRIDGE" type bridge || die "create $BRIDGE"
-ip addr add "$GATEWAY/24" dev "$BRIDGE"
-ip link set "$BRIDGE" up
-ip route add "$SERVICE_CIDR" dev "$BRIDGE" src "$GATEWAY"
-iptables -t mangle -N "$CHAIN"
-iptables -t mangle -A "$CHAIN" -s "$POD_CIDR" -o "$BRIDGE" -j RETURN
-iptables -t mangle -A "$CHAIN" -s "$POD_CIDR" -j DROP
-iptables -t mangle -I FORWARD 1 -j "$CHAIN"
+# The pod network: the bridge the CNI plugin will use, and the rules that
+# keep pod traffic on it.
+must() { "$@" || die "failed: $*"; }
+must ip link add "$BRIDGE" type bridge
+must ip addr add "$GATEWAY/24" dev "$BRIDGE"
+must ip link set "$BRIDGE" up
+must ip route add "$SERVICE_CIDR" dev "$BRIDGE" src "$GATEWAY"
+for fam in iptables ip6tables; do
+  must "$fam" -w -t mangle -N "$CHAIN"
+  must "$fam" -w -t mangle -A "$CHAIN" -i "$BRIDGE" ! -o "$BRIDGE" -j DROP
+  must "$fam" -w -t mangle -A "$CHAIN" -o "$BRIDGE" ! -i "$BRIDGE" -j DROP
+  must "$fam" -w -t mangle -I FORWARD 1 -j "$CHAIN"
+  must "$fam" -w -t mangle -C FORWARD -j "$CHAIN"
+done
 # INPUT: pod addresses only from the bridge or this host itself (no
 # spoofing from elsewhere).
-iptables -t mangle -N "$CHAIN-IN"
-iptables -t mangle -A "$CHAIN-IN" -i lo -j RETURN
-iptables -t mangle -A "$CHAIN-IN" -i "$BRIDGE" -j RETURN
-iptables -t mangle -A "$CHAIN-IN" -s "$POD_CIDR" -j DROP
-iptables -t mangle -I INPUT 1 -j "$CHAIN-IN"
+must iptables -w -t mangle -N "$CHAIN-IN"
+must iptables -w -t mangle -A "$CHAIN-IN" -i lo -j RETURN
+must iptables -w -t mangle -A "$CHAIN-IN" -i "$BRIDGE" -j RETURN
+must iptables -w -t mangle -A "$CHAIN-IN" -s "$POD_CIDR" -j DROP
+must iptables -w -t mangle -I INPUT 1 -j "$CHAIN-IN"
+must iptables -w -t mangle -C INPUT -j "$CHAIN-IN"
 
 # The kubelet's cgroup root, in every v1 hierarchy (cpuset needs its
 # parent's CPUs and memory nodes copied).
@@ -246,4 +310,10 @@ export PULSE_E2E_NODE_STATE="$STATE" PULSE_E2E_LOGS="$LOGS" PULSE_E2E_NODE_BRIDG
 export PULSE_E2E_NODE_GATEWAY="$GATEWAY" PULSE_E2E_NODE_POD_CIDR="$POD_CIDR" PULSE_E2E_NODE_SERVICE_CIDR="$SERVICE_CIDR"
 export PULSE_E2E_NODE_CGROUP="$CGROUP"
 log "state in $STATE, logs in $LOGS"
-go test -tags e2e -count=1 -timeout 25m -v -run '^TestNode$' ./test/e2e/ "$@"
+go test -c -tags e2e -o "$STATE/e2e.test" ./test/e2e/ || die "build the e2e test"
+(cd test/e2e && exec "$STATE/e2e.test" -test.v -test.count=1 -test.timeout=25m -test.run '^TestNode$') &
+TEST_PID=$!
+wait "$TEST_PID"
+rc=$?
+TEST_PID=
+[ "$rc" = 0 ] || exit "$rc"
