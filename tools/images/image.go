@@ -3,15 +3,17 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
-	"sort"
+	"path/filepath"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -103,90 +105,49 @@ func buildImage(spec imageSpec) (v1.Image, error) {
 }
 
 // writeLayout writes img as an OCI image layout (oci-layout, index.json,
-// blobs/sha256/…) in one tar stream, sorted, with fixed times and owners.
-// The index entry carries annotations (the manifest's, plus the reference
-// names), so that `ctr images import` names the image.
+// blobs/sha256/…), made by go-containerregistry's layout package, in one tar
+// stream: sorted, with fixed times and owners. The index entry carries
+// annotations (the manifest's, plus the reference names), so that `ctr
+// images import` names the image.
 func writeLayout(w io.Writer, img v1.Image, indexAnnotations map[string]string, mtime time.Time) error {
-	blobs := map[string][]byte{}
-	manifest, err := img.RawManifest()
-	if err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	config, err := img.RawConfigFile()
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	for _, b := range [][]byte{manifest, config} {
-		h, _, err := v1.SHA256(bytes.NewReader(b))
+	root, err := os.MkdirTemp("", "pulse-layout-")
+	if err != nil {
+		return err
+	}
+	defer removeAll(root)
+	lp, err := layout.Write(root, empty.Index)
+	if err != nil {
+		return fmt.Errorf("layout: %w", err)
+	}
+	if err := lp.AppendImage(img, layout.WithAnnotations(indexAnnotations),
+		layout.WithPlatform(v1.Platform{OS: cf.OS, Architecture: cf.Architecture})); err != nil {
+		return fmt.Errorf("layout: %w", err)
+	}
+	// WalkDir visits in lexical order: the entries come sorted.
+	var entries []tarEntry
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		name := filepath.ToSlash(strings.TrimPrefix(p, root+string(filepath.Separator)))
+		if d.IsDir() {
+			entries = append(entries, tarEntry{name: name + "/", file: dir("/"+name, 0o755)})
+			return nil
+		}
+		b, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
-		blobs[h.Hex] = b
-	}
-	layers, err := img.Layers()
+		entries = append(entries, tarEntry{name: name, file: file{Type: tar.TypeReg, Mode: 0o644, Data: b}})
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("layers: %w", err)
+		return fmt.Errorf("read the layout: %w", err)
 	}
-	for _, l := range layers {
-		h, err := l.Digest()
-		if err != nil {
-			return fmt.Errorf("layer digest: %w", err)
-		}
-		rc, err := l.Compressed()
-		if err != nil {
-			return fmt.Errorf("layer %s: %w", h, err)
-		}
-		b, err := io.ReadAll(rc)
-		_ = rc.Close()
-		if err != nil {
-			return fmt.Errorf("layer %s: %w", h, err)
-		}
-		blobs[h.Hex] = b
-	}
-	mt, err := img.MediaType()
-	if err != nil {
-		return err
-	}
-	digest, err := img.Digest()
-	if err != nil {
-		return err
-	}
-	index := v1.IndexManifest{
-		SchemaVersion: 2,
-		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType:   mt,
-			Size:        int64(len(manifest)),
-			Digest:      digest,
-			Annotations: indexAnnotations,
-			Platform:    &v1.Platform{OS: cf.OS, Architecture: cf.Architecture},
-		}},
-	}
-	indexJSON, err := json.Marshal(index)
-	if err != nil {
-		return fmt.Errorf("index.json: %w", err)
-	}
-
-	entries := []tarEntry{
-		{name: "blobs/", file: dir("/blobs", 0o755)},
-		{name: "blobs/sha256/", file: dir("/blobs/sha256", 0o755)},
-	}
-	hexes := make([]string, 0, len(blobs))
-	for h := range blobs {
-		hexes = append(hexes, h)
-	}
-	sort.Strings(hexes)
-	for _, h := range hexes {
-		entries = append(entries, tarEntry{name: "blobs/sha256/" + h, file: file{Type: tar.TypeReg, Mode: 0o644, Data: blobs[h]}})
-	}
-	entries = append(entries,
-		tarEntry{name: "index.json", file: file{Type: tar.TypeReg, Mode: 0o644, Data: indexJSON}},
-		tarEntry{name: "oci-layout", file: file{Type: tar.TypeReg, Mode: 0o644, Data: []byte(`{"imageLayoutVersion":"1.0.0"}`)}},
-	)
 	b, err := writeTar(entries, mtime)
 	if err != nil {
 		return err
