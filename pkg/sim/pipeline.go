@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -29,7 +30,7 @@ type Pipeline interface {
 	Demand(w *world)
 }
 
-// pipelines are the pipelines pulse-sim knows, by name.
+// pipelines are the signal pipelines pulse-sim knows, by name.
 var pipelines = map[string]func(*Config) Pipeline{
 	"pulse":          newPulse,
 	"prometheus":     func(c *Config) Pipeline { return newPrometheus(c, false) },
@@ -38,14 +39,44 @@ var pipelines = map[string]func(*Config) Pipeline{
 	"oracle":         func(*Config) Pipeline { return &oracle{} },
 }
 
-// Pipelines lists the pipeline names, in report order.
+// Pipelines lists the signal pipelines' names, in report order. Besides
+// them, static:N and clairvoyant[:key=value,...] name references that set
+// the replica count themselves (planned.go).
 func Pipelines() []string {
 	return []string{"pulse", "prometheus", "prometheus-avg", "kaito", "oracle"}
 }
 
+// newPipeline makes the pipeline a name says for cfg (whose trigger is
+// parsed), or says why it cannot: an unknown name, bad parameters, or a
+// pipeline that cannot express the trigger's metric (never another
+// trigger under its name).
+func newPipeline(name string, cfg *Config) (Pipeline, error) {
+	base, args, hasArgs := strings.Cut(name, ":")
+	switch base {
+	case "static":
+		return newStatic(name, args, cfg)
+	case "clairvoyant":
+		return newClairvoyant(name, args, cfg)
+	}
+	f, ok := pipelines[name]
+	if !ok || hasArgs {
+		return nil, fmt.Errorf("pipeline %q: one of %s, static:N or clairvoyant[:window=D,horizon=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
+	}
+	if _, gauge := gaugeOf(cfg.trigger.Metric); !gauge && (base == "prometheus" || base == "prometheus-avg" || base == "kaito") {
+		what := "KEDA's prometheus trigger over one vLLM gauge"
+		if base == "kaito" {
+			what = "keda-kaito-scaler, which sums one vLLM gauge"
+		}
+		return nil, fmt.Errorf("pipeline %s cannot express metric %s: it is %s, and %s is not one (use waiting, running or kvCacheUsage, or leave %s out)",
+			base, cfg.trigger.Metric, what, cfg.trigger.Metric, base)
+	}
+	return f(cfg), nil
+}
+
 // gaugeOf is the raw gauge a canonical gauge metric reads; false for
-// metrics that are not plain gauges (rates, ratios), which only pulse and
-// the oracle through pulse's evaluation model.
+// metrics that are not plain gauges (rates, ratios, quantiles, saturation),
+// which only pulse and the oracle express (through pulse's evaluation
+// model); the Prometheus and Kaito pipelines refuse them.
 func gaugeOf(name string) (metric.ID, bool) {
 	m, ok := metric.Lookup(name)
 	if !ok || m.Rule != metric.RuleGauge { // saturation (RuleLoad) is not one gauge
@@ -228,11 +259,7 @@ func newPrometheus(cfg *Config, avgForm bool) Pipeline {
 }
 
 func (p *promPipe) Attach(*world) {
-	g, ok := gaugeOf(p.cfg.trigger.Metric)
-	if !ok {
-		g = metric.Waiting // rate metrics are not modelled: documented
-	}
-	p.gauge = g
+	p.gauge, _ = gaugeOf(p.cfg.trigger.Metric) // a gauge: newPipeline refuses any other
 }
 
 func (p *promPipe) ReplicaAdded(w *world, rp *rep) {
@@ -312,11 +339,7 @@ const (
 func newKaito(cfg *Config) Pipeline { return &kaitoPipe{cfg: cfg} }
 
 func (k *kaitoPipe) Attach(w *world) {
-	g, ok := gaugeOf(k.cfg.trigger.Metric)
-	if !ok {
-		g = metric.Waiting
-	}
-	k.gauge = g
+	k.gauge, _ = gaugeOf(k.cfg.trigger.Metric) // a gauge: newPipeline refuses any other
 	k.at = -1
 	// The scaler's poll phase relative to the traffic varies by seed.
 	w.every(phase(fmt.Sprintf("keda-kaito-scaler-%d", w.cfg.Seed), kaitoPoll), kaitoPoll, func() { k.refresh(w) })

@@ -32,6 +32,13 @@ type ReportConfig struct {
 	HorizonSeconds  float64  `json:"horizonSeconds"`
 	PipelineNames   []string `json:"pipelineNames"`
 	ConfigTolerance bool     `json:"configurableTolerance"`
+	// WarmupSeconds: what the *AfterWarmup scores leave out.
+	WarmupSeconds float64 `json:"warmupSeconds"`
+	// ClientTimeoutSeconds: 0 when clients wait for ever.
+	ClientTimeoutSeconds float64 `json:"clientTimeoutSeconds"`
+	// Skipped: pipelines left out because they cannot express the
+	// trigger (only when none were named), each with why.
+	Skipped []string `json:"skipped,omitempty"`
 }
 
 // PipelineResult is one pipeline's score and time series.
@@ -49,8 +56,16 @@ type PipelineResult struct {
 	SLOAttainment float64 `json:"sloAttainment"`
 	// GPUHours: replica-hours, starting and terminating replicas included,
 	// times GPUs per replica, up to the horizon.
-	GPUHours    float64 `json:"gpuHours"`
-	MaxReplicas int     `json:"maxReplicas"`
+	GPUHours float64 `json:"gpuHours"`
+	// SLOAfterWarmup: SLOAttainment of the requests arriving at or after
+	// the warm-up; GPUHoursAfterWarmup: GPU-hours from the warm-up on.
+	SLOAfterWarmup      float64 `json:"sloAfterWarmup"`
+	GPUHoursAfterWarmup float64 `json:"gpuHoursAfterWarmup"`
+	// GoodputPerGPUHour: requests arriving after the warm-up whose first
+	// token came within the SLO, per GPU-hour after the warm-up (NVIDIA
+	// Dynamo Planner Gym's score).
+	GoodputPerGPUHour float64 `json:"goodputPerGpuHour"`
+	MaxReplicas       int     `json:"maxReplicas"`
 	// ScaleEvents: changes of the replica count; Reversals: those in the
 	// opposite direction within 5 minutes of the previous one.
 	ScaleEvents int `json:"scaleEvents"`
@@ -60,11 +75,13 @@ type PipelineResult struct {
 	// scale-up; null when there was none.
 	FirstScaleUpSeconds *float64 `json:"firstScaleUpSeconds"`
 	// Dropped: in-flight requests dropped by a scale-down; Refused: over
-	// the model's length; Unserved: neither served nor dropped nor refused
-	// by the horizon.
-	Dropped  int `json:"dropped"`
-	Refused  int `json:"refused"`
-	Unserved int `json:"unserved"`
+	// the model's length; Abandoned: given up by their client before a
+	// first token (--client-timeout); Unserved: none of those, and no
+	// first token by the horizon.
+	Dropped   int `json:"dropped"`
+	Refused   int `json:"refused"`
+	Abandoned int `json:"abandoned"`
+	Unserved  int `json:"unserved"`
 	// MetricErrors: HPA syncs at which the pipeline answered an error.
 	MetricErrors int `json:"metricErrors"`
 
@@ -87,6 +104,7 @@ type stats struct {
 	dropped      int
 	droppedIDs   map[int]bool
 	refused      int
+	abandoned    int
 	metricErrors int
 	scaleEvents  int
 	reversals    int
@@ -95,6 +113,8 @@ type stats struct {
 	firstUp      time.Duration
 	loadRise     time.Duration
 	gpuSeconds   float64
+	gpuWarm      float64 // GPU-seconds from the warm-up on
+	warmup       time.Duration
 	lastAcct     time.Duration
 	gpus         int
 	maxReplicas  int
@@ -106,6 +126,7 @@ func (s *stats) init(cfg *Config) {
 	s.firstUp, s.loadRise, s.lastEventAt = -1, -1, -1
 	s.gpus = cfg.Profile.GPUs
 	s.droppedIDs = map[int]bool{}
+	s.warmup = max(cfg.Warmup, 0)
 }
 
 // FirstToken and Finished make stats the replicas' observer.
@@ -115,7 +136,11 @@ func (s *stats) Finished(*replica.Request)     {}
 // account integrates replica-time up to t.
 func (s *stats) account(w *world, t time.Duration) {
 	if t > s.lastAcct {
-		s.gpuSeconds += float64(len(w.reps)*s.gpus) * (t - s.lastAcct).Seconds()
+		g := float64(len(w.reps) * s.gpus)
+		s.gpuSeconds += g * (t - s.lastAcct).Seconds()
+		if t > s.warmup {
+			s.gpuWarm += g * (t - max(s.lastAcct, s.warmup)).Seconds()
+		}
 		s.lastAcct = t
 	}
 	s.maxReplicas = max(s.maxReplicas, len(w.reps))
@@ -170,7 +195,7 @@ func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
 func (s *stats) result(w *world) *PipelineResult {
 	slo := w.cfg.TTFTSLO
 	ttfts := make([]float64, 0, len(s.first))
-	met := 0
+	met, metWarm := 0, 0
 	served := 0
 	for _, q := range s.first {
 		d := q.FirstToken - q.Arrival
@@ -181,17 +206,32 @@ func (s *stats) result(w *world) *PipelineResult {
 		served++
 		if d <= slo {
 			met++
+			if q.Arrival >= s.warmup {
+				metWarm++
+			}
+		}
+	}
+	afterWarm := 0
+	for _, q := range s.requests {
+		if q.Arrival >= s.warmup {
+			afterWarm++
 		}
 	}
 	sort.Float64s(ttfts)
 	r := &PipelineResult{
 		Requests: len(s.requests), TTFTP50: quantile(ttfts, 0.5), TTFTP90: quantile(ttfts, 0.9), TTFTP99: quantile(ttfts, 0.99),
 		GPUHours: round(s.gpuSeconds / 3600), MaxReplicas: s.maxReplicas, ScaleEvents: s.scaleEvents, Reversals: s.reversals,
-		Dropped: s.dropped, Refused: s.refused, Unserved: len(s.requests) - served - s.refused - s.dropped, MetricErrors: s.metricErrors,
-		Series: s.series,
+		Dropped: s.dropped, Refused: s.refused, Abandoned: s.abandoned, Unserved: len(s.requests) - served - s.refused - s.dropped - s.abandoned,
+		MetricErrors: s.metricErrors, Series: s.series, GPUHoursAfterWarmup: round(s.gpuWarm / 3600),
 	}
 	if len(s.requests) > 0 {
 		r.SLOAttainment = round(float64(met) / float64(len(s.requests)))
+	}
+	if afterWarm > 0 {
+		r.SLOAfterWarmup = round(float64(metWarm) / float64(afterWarm))
+	}
+	if s.gpuWarm > 0 {
+		r.GoodputPerGPUHour = round(float64(metWarm) / (s.gpuWarm / 3600))
 	}
 	if s.firstUp >= 0 && s.loadRise >= 0 {
 		v := round(math.Max(0, (s.firstUp - s.loadRise).Seconds()))
@@ -206,6 +246,7 @@ func newReport(cfg *Config, results []*PipelineResult) *Report {
 		Metric: cfg.trigger.Metric, Threshold: cfg.trigger.Threshold, Seed: cfg.Seed, TTFTSLOSeconds: cfg.TTFTSLO.Seconds(),
 		Balancer: cfg.Balancer, SampleSeconds: cfg.SampleEvery.Seconds(), HorizonSeconds: cfg.horizon.Seconds(),
 		PipelineNames: cfg.Pipelines, ConfigTolerance: cfg.HPA.ConfigurableTolerance,
+		WarmupSeconds: max(cfg.Warmup, 0).Seconds(), ClientTimeoutSeconds: cfg.ClientTimeout.Seconds(), Skipped: cfg.skipped,
 	}}
 	rates := trace.Rate(cfg.Trace, cfg.SampleEvery)
 	for i := range rates {

@@ -2,7 +2,9 @@
 // replays a request trace against simulated vLLM replicas (pkg/sim/replica)
 // and scores autoscaling signal pipelines — pulse, a Prometheus setup, the
 // keda-kaito-scaler and an oracle — each feeding the same Kubernetes HPA
-// (pkg/sim/hpa) through KEDA, side by side.
+// (pkg/sim/hpa) through KEDA, side by side, next to the references no
+// signal path can argue with: fixed fleets (static:N) and perfect foresight
+// (clairvoyant), which set the replica count themselves.
 package sim
 
 import (
@@ -10,7 +12,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,18 @@ const (
 	// BalanceLeastOutstanding picks the replica with the fewest requests in
 	// flight, as an inference gateway does.
 	BalanceLeastOutstanding = "least-outstanding"
+	// BalanceGateway is an endpoint picker with flow control: a request
+	// waits at the gateway until some replica has room (fewer than
+	// GatewayQueueDepth requests waiting and its KV cache below
+	// GatewayKVCache), then goes to the one with the fewest in flight.
+	BalanceGateway = "gateway"
+)
+
+// The gateway's saturation thresholds: those of the Gateway API Inference
+// Extension's saturation detector (queue depth 5, KV cache 0.8).
+const (
+	GatewayQueueDepth = 5
+	GatewayKVCache    = 0.8
 )
 
 // What /scale status.replicas counts (the HPA's AverageValue divisor).
@@ -69,13 +82,24 @@ type Config struct {
 	DemandSource bool
 	// SampleEvery is the resolution of the report's time series.
 	SampleEvery time.Duration
+	// Warmup: the *AfterWarmup scores count requests arriving at or after
+	// it and replica-hours from it (default 10 minutes; -1: none).
+	Warmup time.Duration
+	// ClientTimeout: a request whose first token has not come this long
+	// after its arrival is abandoned by its client (taken off the gateway or
+	// its replica) and counted a miss; 0: clients wait for ever.
+	ClientTimeout time.Duration
 
 	trigger         scaler.Trigger
+	skipped         []string
 	horizon         time.Duration
 	initialReplicas int32
 	hpaPhase        time.Duration
 	kedaPhase       time.Duration
 }
+
+// DefaultWarmup is the start of a run the *AfterWarmup scores leave out.
+const DefaultWarmup = 10 * time.Minute
 
 // Defaults fills what is unset.
 func (c *Config) Defaults() {
@@ -107,8 +131,8 @@ func (c *Config) Defaults() {
 	if c.SampleEvery == 0 {
 		c.SampleEvery = 10 * time.Second
 	}
-	if len(c.Pipelines) == 0 {
-		c.Pipelines = Pipelines()
+	if c.Warmup == 0 {
+		c.Warmup = DefaultWarmup
 	}
 }
 
@@ -122,29 +146,39 @@ func (c *Config) prepare() error {
 	if c.ScaledObject == nil || c.Profile == nil {
 		return errors.New("a ScaledObject and a profile are required")
 	}
-	if c.Balancer != BalanceRoundRobin && c.Balancer != BalanceLeastOutstanding {
-		errs = append(errs, fmt.Errorf("balancer %q: %s or %s", c.Balancer, BalanceRoundRobin, BalanceLeastOutstanding))
+	if c.Balancer != BalanceRoundRobin && c.Balancer != BalanceLeastOutstanding && c.Balancer != BalanceGateway {
+		errs = append(errs, fmt.Errorf("balancer %q: %s, %s or %s", c.Balancer, BalanceRoundRobin, BalanceLeastOutstanding, BalanceGateway))
+	}
+	if c.ClientTimeout < 0 {
+		errs = append(errs, errors.New("the client timeout must not be negative"))
 	}
 	if c.StatusReplicas != StatusAll && c.StatusReplicas != StatusReady {
 		errs = append(errs, fmt.Errorf("status replicas %q: %s or %s", c.StatusReplicas, StatusAll, StatusReady))
 	}
-	for _, p := range c.Pipelines {
-		if _, ok := pipelines[p]; !ok {
-			errs = append(errs, fmt.Errorf("pipeline %q: one of %s", p, strings.Join(Pipelines(), ", ")))
-		}
-	}
 	so := c.ScaledObject
-	md := so.PulseTrigger().Metadata
-	t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: so.Metadata.Name, Namespace: so.Metadata.Namespace, ScalerMetadata: md},
-		5*time.Minute, staticResolver{so})
+	t, err := parseTrigger(so)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("the pulse trigger: %w", err))
 	}
 	c.trigger = t
+	if err == nil {
+		if len(c.Pipelines) == 0 {
+			// Every signal pipeline that can express the trigger.
+			c.Pipelines, c.skipped, _ = Expressible(so)
+		}
+		for _, name := range c.Pipelines {
+			if _, err := newPipeline(name, c); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	c.horizon = c.Trace[len(c.Trace)-1].At + c.Drain
+	if c.Warmup >= c.horizon {
+		return fmt.Errorf("the warm-up (%s) leaves nothing of the run (%s) to score", c.Warmup, c.horizon)
+	}
 	c.initialReplicas = c.InitialReplicas
 	if c.initialReplicas == 0 {
 		c.initialReplicas = so.HPAMinReplicas()
@@ -155,6 +189,30 @@ func (c *Config) prepare() error {
 	c.hpaPhase = time.Duration(rng.Int64N(int64(c.HPASyncPeriod)))
 	c.kedaPhase = time.Duration(rng.Int64N(int64(so.PollingInterval())))
 	return nil
+}
+
+func parseTrigger(so *ScaledObject) (scaler.Trigger, error) {
+	md := so.PulseTrigger().Metadata
+	return scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: so.Metadata.Name, Namespace: so.Metadata.Namespace, ScalerMetadata: md},
+		5*time.Minute, staticResolver{so})
+}
+
+// Expressible splits the signal pipelines (Pipelines) into those that can
+// express so's pulse trigger and, for each other one, why it cannot.
+func Expressible(so *ScaledObject) (names, skipped []string, err error) {
+	t, err := parseTrigger(so)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the pulse trigger: %w", err)
+	}
+	c := &Config{ScaledObject: so, trigger: t}
+	for _, name := range Pipelines() {
+		if _, err := newPipeline(name, c); err != nil {
+			skipped = append(skipped, err.Error())
+		} else {
+			names = append(names, name)
+		}
+	}
+	return names, skipped, nil
 }
 
 // staticResolver answers the pulse trigger's scaleTargetRef from the file.
@@ -178,7 +236,8 @@ func Run(cfg Config) (*Report, error) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			w := newWorld(&cfg, pipelines[name](&cfg))
+			p, _ := newPipeline(name, &cfg) // checked by prepare
+			w := newWorld(&cfg, p)
 			results[i] = w.run()
 			results[i].Pipeline = name
 		}()

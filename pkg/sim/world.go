@@ -33,6 +33,10 @@ type world struct {
 	spec   int32 // /scale spec.replicas
 	gate   []*replica.Request
 
+	// startups drawn ahead of their replicas (a planner's foresight), in
+	// the order replicas will take them.
+	startups []time.Duration
+
 	hpa      *hpa.Controller
 	target   hpa.Target
 	lastAct  time.Duration // KEDA's lastActiveTime; -1: never
@@ -132,18 +136,34 @@ func milli(v float64) int64 {
 	return int64(math.Round(v * 1000))
 }
 
+// planner is a pipeline that sets the replica count itself (/scale
+// spec.replicas), with neither KEDA nor the HPA: the references static:N
+// and clairvoyant.
+type planner interface {
+	Pipeline
+	// Initial is the warm fleet at 0.
+	Initial(w *world) int32
+}
+
 // run simulates from 0 to the horizon.
 func (w *world) run() *PipelineResult {
 	cfg := w.cfg
 	w.pipe.Attach(w)
-	w.setSpec(cfg.initialReplicas, false)
+	pl, planned := w.pipe.(planner)
+	initial := cfg.initialReplicas
+	if planned {
+		initial = pl.Initial(w)
+	}
+	w.setSpec(initial, false)
 	// Replicas present at the start are Ready at once (a warm fleet).
 	for _, rp := range append([]*rep(nil), w.reps...) {
 		w.becomeReady(rp)
 	}
 	w.scheduleArrivals()
-	w.every(cfg.hpaPhase, cfg.HPASyncPeriod, w.hpaSync)
-	w.every(cfg.kedaPhase, cfg.ScaledObject.PollingInterval(), w.kedaPoll)
+	if !planned {
+		w.every(cfg.hpaPhase, cfg.HPASyncPeriod, w.hpaSync)
+		w.every(cfg.kedaPhase, cfg.ScaledObject.PollingInterval(), w.kedaPoll)
+	}
 	w.every(0, cfg.SampleEvery, w.sample)
 	if _, gauge := gaugeOf(cfg.trigger.Metric); !gauge {
 		w.every(0, time.Second, w.recordHistory)
@@ -176,6 +196,9 @@ func (w *world) scheduleArrivals() {
 				w.st.refused++ // vLLM answers 400: never served
 			} else {
 				w.dispatch(q)
+				if d := w.cfg.ClientTimeout; d > 0 {
+					w.at(q.Arrival+d, func() { w.abandon(q) })
+				}
 			}
 			i++
 		}
@@ -188,6 +211,71 @@ func (w *world) scheduleArrivals() {
 	}
 }
 
+// abandon is a client giving up on a request with no first token yet: it
+// leaves the gateway or its replica, and counts a miss.
+func (w *world) abandon(q *replica.Request) {
+	if q.FirstToken >= 0 || w.st.droppedIDs[q.ID] {
+		return
+	}
+	if i := slices.Index(w.gate, q); i >= 0 {
+		w.gate = slices.Delete(w.gate, i, i+1)
+		w.st.abandoned++
+		return
+	}
+	for _, rp := range w.reps {
+		w.touch(rp)
+		if q.FirstToken >= 0 {
+			return // its first token came in the step that just ended
+		}
+		if rp.r.Abandon(q) {
+			w.st.abandoned++
+			if rp.state == terminating && rp.r.Outstanding() == 0 {
+				w.remove(rp)
+				return
+			}
+			w.schedule(rp)
+			w.flushGate()
+			return
+		}
+	}
+}
+
+// room: a replica the gateway would send a request to now.
+func room(rp *rep) bool {
+	return rp.r.Waiting() < GatewayQueueDepth && rp.r.KVUsage() < GatewayKVCache
+}
+
+// flushGate sends requests held by a flow-controlled gateway to replicas
+// with room, oldest first.
+func (w *world) flushGate() {
+	if w.cfg.Balancer != BalanceGateway || len(w.gate) == 0 {
+		return
+	}
+	for len(w.gate) > 0 {
+		rp := w.pickRoom()
+		if rp == nil {
+			return
+		}
+		q := w.gate[0]
+		w.gate = w.gate[1:]
+		rp.r.Enqueue(w.now, q)
+		w.schedule(rp)
+	}
+}
+
+// pickRoom is the ready replica with room and the fewest requests in
+// flight; nil when none has room.
+func (w *world) pickRoom() *rep {
+	var best *rep
+	for _, c := range w.ready {
+		w.touch(c)
+		if room(c) && (best == nil || c.r.Outstanding() < best.r.Outstanding()) {
+			best = c
+		}
+	}
+	return best
+}
+
 // dispatch sends a request to a ready replica, or holds it at the gateway.
 func (w *world) dispatch(q *replica.Request) {
 	if len(w.ready) == 0 {
@@ -197,6 +285,14 @@ func (w *world) dispatch(q *replica.Request) {
 	}
 	var rp *rep
 	switch w.cfg.Balancer {
+	case BalanceGateway:
+		if len(w.gate) == 0 {
+			rp = w.pickRoom()
+		}
+		if rp == nil {
+			w.gate = append(w.gate, q)
+			return
+		}
 	case BalanceLeastOutstanding:
 		for _, c := range w.ready {
 			if rp == nil || c.r.Outstanding() < rp.r.Outstanding() {
@@ -233,6 +329,7 @@ func (w *world) schedule(rp *rep) {
 			return
 		}
 		w.schedule(rp)
+		w.flushGate()
 	})
 }
 
@@ -290,12 +387,21 @@ func (w *world) addReplica() {
 	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)
-	startup := w.cfg.Profile.StartupTime(w.rng.NormFloat64())
+	startup := w.peekStartup()
+	w.startups = w.startups[1:]
 	w.at(w.now+startup, func() {
 		if rp.state == starting && w.exists(rp) {
 			w.becomeReady(rp)
 		}
 	})
+}
+
+// peekStartup is the startup time the next replica created will take.
+func (w *world) peekStartup() time.Duration {
+	if len(w.startups) == 0 {
+		w.startups = append(w.startups, w.cfg.Profile.StartupTime(w.rng.NormFloat64()))
+	}
+	return w.startups[0]
 }
 
 func (w *world) exists(rp *rep) bool { return slices.Contains(w.reps, rp) }
@@ -305,6 +411,10 @@ func (w *world) becomeReady(rp *rep) {
 	w.ready = append(w.ready, rp)
 	sort.Slice(w.ready, func(i, j int) bool { return w.ready[i].id < w.ready[j].id })
 	w.pipe.ReplicaReady(w, rp)
+	if w.cfg.Balancer == BalanceGateway {
+		w.flushGate()
+		return
+	}
 	held := w.gate
 	w.gate = nil
 	for _, q := range held {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/bench"
 	"github.com/pulse-io/pulse/pkg/sim/plot"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
@@ -39,28 +40,40 @@ type Options struct {
 	ScrapeInterval  time.Duration
 	DemandSource    bool
 	PromInterval    time.Duration
+	InitialReplicas int
+	Warmup          time.Duration
+	CopyJitter      time.Duration
+	CopyLengths     string
+	ClientTimeout   time.Duration
 
 	soRaw []byte // the ScaledObject as read (tune rewrites it)
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
-	return &Options{Profile: "llama-3.1-8b-h100", Pipelines: strings.Join(sim.Pipelines(), ","), Out: "report", RateScale: 1,
+	return &Options{Profile: "llama-3.1-8b-h100", Out: "report", RateScale: 1,
 		Seed: 1, TTFTSLO: 2 * time.Second, Balancer: sim.BalanceRoundRobin, Format: "png", Runs: 1, ConfigTolerance: true,
-		StatusReplicas: sim.StatusAll, ScrapeInterval: time.Second, PromInterval: 15 * time.Second}
+		StatusReplicas: sim.StatusAll, ScrapeInterval: time.Second, PromInterval: 15 * time.Second,
+		Warmup: sim.DefaultWarmup, CopyJitter: bench.DefaultCopyJitter, CopyLengths: "resample"}
 }
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D (each with optional prompt=N,output=N tokens)")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a Mooncake trace (.jsonl: timestamp in ms, input_length, output_length), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D | ramp:from=A,to=B,duration=D | diurnal:min=A,max=B,duration=D (each with optional prompt=N,output=N tokens, lengths=fixed|lognormal, sigma=S)")
 	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its first external-push trigger, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
-	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", "))
+	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", ")+
+		", static:N (N warm replicas all run long), clairvoyant[:utilisation=U,window=D,horizon=D] (perfect foresight); default: every one of the first five that can express the trigger")
 	fs.StringVar(&o.Out, "out", o.Out, "directory for report.json and the pictures")
-	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "replay the trace at this multiple of its rate, over the same time (each request copied, copies within a second: the bursts keep their shape)")
+	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "replay the trace at this multiple of its rate, over the same time (each request copied; see --copy-jitter and --copy-lengths)")
+	fs.DurationVar(&o.CopyJitter, "copy-jitter", o.CopyJitter, "--rate-scale's copies fall uniformly within ± half this of their original (1s with --copy-lengths same: pulse-sim's first, lockstep copies, each within a second after its original)")
+	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
+	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
+	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
+	fs.DurationVar(&o.ClientTimeout, "client-timeout", o.ClientTimeout, "a request whose first token has not come this long after its arrival is abandoned by its client and counted a miss (0: clients wait for ever; 60s is a realistic chat client)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of everything random: the same seed gives the same report, byte for byte")
 	fs.DurationVar(&o.TTFTSLO, "ttft-slo", o.TTFTSLO, "time-to-first-token objective of sloAttainment, from a request's arrival at the gateway")
-	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "load balancer: round-robin (a Service) or least-outstanding (an inference gateway)")
+	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "load balancer: round-robin (a Service), least-outstanding (an inference gateway binding each request at arrival) or gateway (an endpoint picker with flow control: requests wait at the gateway until a replica has room)")
 	fs.StringVar(&o.Format, "format", o.Format, "picture format: png or svg")
 	fs.IntVar(&o.Runs, "runs", o.Runs, "simulate this many seeds (seed, seed+1, ...): runs.json gets every run's scores, the table their mean; report.json and the pictures are the first seed's")
 	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
@@ -95,6 +108,21 @@ func (o *Options) Validate() error {
 	if o.Format != "png" && o.Format != "svg" {
 		errs = append(errs, fmt.Errorf("--format %q: png or svg", o.Format))
 	}
+	if o.InitialReplicas < 0 || o.InitialReplicas > 10000 {
+		errs = append(errs, errors.New("--initial-replicas must be from 0 to 10000"))
+	}
+	if o.Warmup < 0 {
+		errs = append(errs, errors.New("--warmup must not be negative"))
+	}
+	if o.CopyJitter < 0 {
+		errs = append(errs, errors.New("--copy-jitter must not be negative"))
+	}
+	if o.CopyLengths != "resample" && o.CopyLengths != "same" {
+		errs = append(errs, fmt.Errorf("--copy-lengths %q: resample or same", o.CopyLengths))
+	}
+	if o.ClientTimeout < 0 {
+		errs = append(errs, errors.New("--client-timeout must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -104,7 +132,11 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	if err != nil {
 		return sim.Config{}, err
 	}
-	reqs = trace.Densify(reqs, o.RateScale, seed)
+	copies := trace.Copies{Jitter: o.CopyJitter, Resample: o.CopyLengths == "resample"}
+	if copies.Jitter == time.Second && !copies.Resample {
+		copies = trace.Coherent
+	}
+	reqs = trace.DensifyWith(reqs, o.RateScale, seed, copies)
 	if o.soRaw == nil {
 		if o.soRaw, err = os.ReadFile(o.ScaledObject); err != nil {
 			return sim.Config{}, fmt.Errorf("read --scaledobject: %w", err)
@@ -124,7 +156,11 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	}
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
-		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource}
+		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
+		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout}
+	if o.Warmup == 0 {
+		c.Warmup = -1 // --warmup 0: none
+	}
 	c.Defaults()
 	c.HPA.ConfigurableTolerance = o.ConfigTolerance
 	c.Pipelines = splitList(o.Pipelines)
@@ -154,8 +190,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = runCmd(args, stdout, stderr)
 	case "tune":
 		err = tuneCmd(args, stdout, stderr)
+	case "bench":
+		err = benchCmd(args, stdout, stderr)
 	default:
-		err = fmt.Errorf("unknown command %q: run (the default) or tune", cmd)
+		err = fmt.Errorf("unknown command %q: run (the default), tune or bench", cmd)
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -231,7 +269,10 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "; mean of %d seeds", o.Runs)
 	}
 	fmt.Fprintln(stdout)
-	PrintTable(stdout, meanScores(reports), r.Config.TTFTSLOSeconds)
+	for _, sk := range r.Config.Skipped {
+		fmt.Fprintf(stdout, "not run: %s\n", sk)
+	}
+	PrintTable(stdout, meanScores(reports), r.Config.TTFTSLOSeconds, r.Config.WarmupSeconds)
 	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "report.json"), strings.Join(files, ", "))
 	return nil
 }
@@ -265,56 +306,69 @@ func runsOf(reports []*sim.Report) []Run {
 	return out
 }
 
+// Mean is one pipeline's scores averaged over seeds.
+type Mean struct {
+	Pipeline                                     string
+	Requests                                     float64
+	TTFTP50, TTFTP90, TTFTP99                    float64
+	SLOAttainment, GPUHours                      float64
+	SLOAfterWarmup, GPUHoursAfterWarmup, Goodput float64
+	MaxReplicas                                  int
+	ScaleEvents, Reversals, Dropped, Abandoned   float64
+	FirstScaleUpSeconds                          *float64
+}
+
 // meanScores averages each pipeline's scores over the reports (one per seed).
-func meanScores(reports []*sim.Report) []*sim.PipelineResult {
-	out := make([]*sim.PipelineResult, len(reports[0].Pipelines))
+func meanScores(reports []*sim.Report) []*Mean {
+	out := make([]*Mean, len(reports[0].Pipelines))
 	n := float64(len(reports))
 	for i := range out {
-		var m sim.PipelineResult
-		m.Pipeline = reports[0].Pipelines[i].Pipeline
+		m := &Mean{Pipeline: reports[0].Pipelines[i].Pipeline}
 		var first float64
 		firstN := 0
 		for _, r := range reports {
 			p := r.Pipelines[i]
-			m.Requests += p.Requests
+			m.Requests += float64(p.Requests) / n
 			m.TTFTP50 += p.TTFTP50 / n
 			m.TTFTP90 += p.TTFTP90 / n
 			m.TTFTP99 += p.TTFTP99 / n
 			m.SLOAttainment += p.SLOAttainment / n
 			m.GPUHours += p.GPUHours / n
+			m.SLOAfterWarmup += p.SLOAfterWarmup / n
+			m.GPUHoursAfterWarmup += p.GPUHoursAfterWarmup / n
+			m.Goodput += p.GoodputPerGPUHour / n
 			m.MaxReplicas = max(m.MaxReplicas, p.MaxReplicas)
-			m.ScaleEvents += p.ScaleEvents
-			m.Reversals += p.Reversals
-			m.Dropped += p.Dropped
+			m.ScaleEvents += float64(p.ScaleEvents) / n
+			m.Reversals += float64(p.Reversals) / n
+			m.Dropped += float64(p.Dropped) / n
+			m.Abandoned += float64(p.Abandoned) / n
 			if p.FirstScaleUpSeconds != nil {
 				first += *p.FirstScaleUpSeconds
 				firstN++
 			}
 		}
-		m.Requests /= len(reports)
-		m.ScaleEvents /= len(reports)
-		m.Reversals /= len(reports)
-		m.Dropped /= len(reports)
 		if firstN > 0 {
 			v := first / float64(firstN)
 			m.FirstScaleUpSeconds = &v
 		}
-		out[i] = &m
+		out[i] = m
 	}
 	return out
 }
 
-// PrintTable prints the comparison table.
-func PrintTable(w io.Writer, rs []*sim.PipelineResult, slo float64) {
+// PrintTable prints the comparison table: means with one decimal where a
+// mean over seeds need not be whole.
+func PrintTable(w io.Writer, rs []*Mean, slo, warmup float64) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "pipeline\trequests\tTTFT p50\tp90\tp99\tSLO (≤%gs)\tGPU-hours\tmax replicas\tscale events\treversals\tfirst scale-up\tdropped\t\n", slo)
+	fmt.Fprintf(tw, "pipeline\trequests\tTTFT p50\tp90\tp99\tSLO (≤%gs)\tGPU-hours\tSLO after %gm\tGPU-hours after\tgoodput/GPU-h\tmax replicas\tscale events\treversals\tfirst scale-up\tdropped\tabandoned\t\n",
+		slo, warmup/60)
 	for _, r := range rs {
 		first := "-"
 		if r.FirstScaleUpSeconds != nil {
 			first = fmt.Sprintf("%.0fs", *r.FirstScaleUpSeconds)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2fs\t%.2fs\t%.2fs\t%.1f%%\t%.2f\t%d\t%d\t%d\t%s\t%d\t\n", r.Pipeline, r.Requests, r.TTFTP50, r.TTFTP90, r.TTFTP99,
-			100*r.SLOAttainment, r.GPUHours, r.MaxReplicas, r.ScaleEvents, r.Reversals, first, r.Dropped)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2fs\t%.2fs\t%.2fs\t%.1f%%\t%.2f\t%.1f%%\t%.2f\t%.0f\t%d\t%.1f\t%.1f\t%s\t%.1f\t%.1f\t\n", r.Pipeline, r.Requests, r.TTFTP50, r.TTFTP90, r.TTFTP99,
+			100*r.SLOAttainment, r.GPUHours, 100*r.SLOAfterWarmup, r.GPUHoursAfterWarmup, r.Goodput, r.MaxReplicas, r.ScaleEvents, r.Reversals, first, r.Dropped, r.Abandoned)
 	}
 	_ = tw.Flush()
 }

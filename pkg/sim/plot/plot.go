@@ -6,8 +6,10 @@ package plot
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -32,7 +34,7 @@ func Write(r *sim.Report, dir, format string) ([]string, error) {
 	}
 	var files []string
 	for _, p := range r.Pipelines {
-		f := filepath.Join(dir, p.Pipeline+"."+format)
+		f := filepath.Join(dir, FileName(p.Pipeline)+"."+format)
 		if err := save(panels(r, p), f, format, 4); err != nil {
 			return files, err
 		}
@@ -47,6 +49,82 @@ func Write(r *sim.Report, dir, format string) ([]string, error) {
 		return files, err
 	}
 	return append(files, f), nil
+}
+
+// FileName is a pipeline's name as a file name: static:3 becomes static-3,
+// clairvoyant:utilisation=0.5,window=30s clairvoyant-utilisation-0.5-window-30s.
+func FileName(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_':
+			return r
+		}
+		return '-'
+	}, name)
+}
+
+// FrontierPoint is one point of a frontier picture.
+type FrontierPoint struct {
+	Name     string
+	GPUHours float64
+	SLO      float64 // 0..1
+}
+
+// Frontier draws SLO attainment against GPU-hours: every pipeline a
+// labelled point, the static and clairvoyant frontiers as step lines (the
+// best attainment reachable with no more GPU-hours), into file.
+func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file, format string) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "GPU-hours (after the warm-up)"
+	p.Y.Label.Text = "requests within the TTFT SLO (after the warm-up), %"
+	p.Y.Min, p.Y.Max = 0, 100
+	p.Add(plotter.NewGrid())
+	maxX := 0.0
+	for _, set := range [][]FrontierPoint{pipelines, static, clairvoyant} {
+		for _, q := range set {
+			maxX = math.Max(maxX, q.GPUHours)
+		}
+	}
+	p.X.Min, p.X.Max = 0, maxX*1.05+0.01
+	steps := func(front []FrontierPoint) plotter.XYs {
+		var xy plotter.XYs
+		for i, q := range front {
+			if i > 0 {
+				xy = append(xy, plotter.XY{X: q.GPUHours, Y: 100 * front[i-1].SLO})
+			}
+			xy = append(xy, plotter.XY{X: q.GPUHours, Y: 100 * q.SLO})
+		}
+		if n := len(front); n > 0 {
+			xy = append(xy, plotter.XY{X: p.X.Max, Y: 100 * front[n-1].SLO})
+		}
+		return xy
+	}
+	for i, f := range []struct {
+		name  string
+		front []FrontierPoint
+	}{{"static fleets (frontier)", static}, {"clairvoyant (frontier)", clairvoyant}} {
+		if len(f.front) == 0 {
+			continue
+		}
+		if err := line(p, steps(f.front), palette[i], f.name); err != nil {
+			return err
+		}
+	}
+	for i, q := range pipelines {
+		sc, err := plotter.NewScatter(plotter.XYs{{X: q.GPUHours, Y: 100 * q.SLO}})
+		if err != nil {
+			return err
+		}
+		sc.GlyphStyle.Color = palette[(i+2)%len(palette)]
+		sc.GlyphStyle.Radius = vg.Points(4)
+		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		p.Add(sc)
+		p.Legend.Add(q.Name, sc)
+	}
+	p.Legend.Top = false
+	p.Legend.Left = false
+	return save([]*plot.Plot{p}, file, format, 2)
 }
 
 func minutes(r *sim.Report, i int) float64 { return float64(i) * r.Config.SampleSeconds / 60 }

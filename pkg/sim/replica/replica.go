@@ -19,6 +19,7 @@ package replica
 import (
 	"container/heap"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -186,6 +187,35 @@ func (r *Replica) AdvanceTo(t time.Duration) {
 		r.active = false
 		r.plan(end)
 	}
+}
+
+// Abandon takes off the replica a request whose client gave up before its
+// first token (the replica has been advanced to now): waiting, preempted or
+// prefilling, its KV blocks freed; false when it is not here or already
+// past its prefill. A step in progress keeps its planned length (the GPU is
+// already computing it) without the request's chunk.
+func (r *Replica) Abandon(q *Request) bool {
+	if q.FirstToken >= 0 || q.Finished >= 0 {
+		return false
+	}
+	if i := slices.Index(r.waiting, q); i >= 0 {
+		r.waiting = slices.Delete(r.waiting, i, i+1)
+		return true
+	}
+	if i := slices.Index(r.preempted, q); i >= 0 {
+		r.preempted = slices.Delete(r.preempted, i, i+1)
+		return true
+	}
+	if !slices.Contains(r.prefilling, q) {
+		return false
+	}
+	r.dropPrefilling(q)
+	r.unlinkRunning(q)
+	r.usage -= q.prefilled
+	if i := slices.IndexFunc(r.chunks, func(c chunk) bool { return c.r == q }); i >= 0 {
+		r.chunks = slices.Delete(r.chunks, i, i+1)
+	}
+	return true
 }
 
 // Drain takes every request off the replica (it is being removed and drops

@@ -265,3 +265,63 @@ func TestHistogramsMatchTheRequests(t *testing.T) {
 		t.Fatal("histograms kept without Histograms set")
 	}
 }
+
+// TestAbandon: a client gives up on a waiting request and on one being
+// prefilled: each leaves the replica, its KV blocks freed, and is never
+// served; a request past its prefill cannot be abandoned; the others are
+// served as if the abandoned had never come.
+func TestAbandon(t *testing.T) {
+	p := profile(t)
+	rec := &recorder{}
+	r := New(p, rec)
+	// One long prompt (prefilled over several steps), then two more.
+	long := NewRequest(1, 40000, 10, 0)
+	a, b := NewRequest(2, 100, 10, 0), NewRequest(3, 100, 10, 0)
+	r.Enqueue(0, long)
+	r.Enqueue(0, a)
+	r.Enqueue(0, b)
+	// After the first step the long prompt is mid-prefill.
+	first, _ := r.NextEvent()
+	r.AdvanceTo(first)
+	if long.FirstToken >= 0 || r.KVUsage() == 0 {
+		t.Fatalf("the long prompt is not mid-prefill: first token %v, KV %.4f", long.FirstToken, r.KVUsage())
+	}
+	if !r.Abandon(long) || r.Running() != 0 && r.KVUsage() > float64(200)/float64(p.KVCacheTokens) {
+		t.Fatalf("abandoning the prefilling request: running %d, KV %.5f", r.Running(), r.KVUsage())
+	}
+	if r.Abandon(long) {
+		t.Fatal("a request abandoned twice")
+	}
+	for t0 := first; ; {
+		next, ok := r.NextEvent()
+		if !ok {
+			break
+		}
+		r.AdvanceTo(next)
+		if next == t0 {
+			break
+		}
+		t0 = next
+	}
+	if long.FirstToken >= 0 || long.Finished >= 0 || a.Finished < 0 || b.Finished < 0 {
+		t.Fatalf("long first token %v finished %v; a finished %v, b %v", long.FirstToken, long.Finished, a.Finished, b.Finished)
+	}
+	if r.KVUsage() != 0 || r.Outstanding() != 0 {
+		t.Fatalf("KV %.5f, %d outstanding after all finished", r.KVUsage(), r.Outstanding())
+	}
+	if r.Abandon(a) {
+		t.Fatal("a finished request was abandoned")
+	}
+	// A waiting request: the queue is full of others.
+	r2 := New(p, nil)
+	var qs []*Request
+	for i := range 50 {
+		q := NewRequest(i, 30000, 10, 0)
+		qs = append(qs, q)
+		r2.Enqueue(0, q)
+	}
+	last := qs[len(qs)-1]
+	if w := r2.Waiting(); w == 0 || !r2.Abandon(last) || r2.Waiting() != w-1 {
+		t.Fatalf("abandoning a waiting request: waiting %d", r2.Waiting())
+	}
+}

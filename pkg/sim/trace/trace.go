@@ -1,23 +1,30 @@
 // Package trace reads request traces and generates synthetic ones.
 //
-// The trace format is the Azure LLM inference trace's
-// (github.com/Azure/AzurePublicDataset): a CSV with the header
+// Two file formats are read: the Azure LLM inference trace's
+// (github.com/Azure/AzurePublicDataset), a CSV with the header
 // TIMESTAMP,ContextTokens,GeneratedTokens, timestamps like
-// "2023-11-16 18:15:46.6805900", optionally with a UTF-8 byte-order mark.
-// Generators are written name:key=value,...:
+// "2023-11-16 18:15:46.6805900", optionally with a UTF-8 byte-order mark;
+// and the Mooncake trace's (github.com/kvcache-ai/Mooncake), JSON lines with
+// timestamp (milliseconds), input_length and output_length (a file whose
+// name ends in .jsonl). Generators are written name:key=value,...:
 //
-//	poisson:rate=20,duration=1h[,prompt=1155,output=211]
-//	steps:rates=5/20/5,step=10m[,prompt=...,output=...]
-//	bursts:base=5,peak=30,on=2m,off=8m,duration=1h[,prompt=...,output=...]
+//	poisson:rate=20,duration=1h
+//	steps:rates=5/20/5,step=10m
+//	bursts:base=5,peak=30,on=2m,off=8m,duration=1h
+//	ramp:from=1,to=20,duration=1h
+//	diurnal:min=2,max=20,duration=1h
 //
-// (rates in requests per second; lengths in tokens, fixed; the defaults are
-// the means of the shipped Azure trace).
+// each with optional prompt=N,output=N (rates in requests per second; lengths
+// in tokens; the defaults are the means of the shipped Azure trace), fixed
+// unless lengths=lognormal, which draws each request's lengths from
+// lognormals with those means and shape sigma (default 1).
 package trace
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +32,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,17 +69,23 @@ func Load(spec string, seed uint64) ([]Request, error) {
 	}
 	f, err := os.Open(spec)
 	if err != nil {
-		return nil, fmt.Errorf("trace %q: neither a file nor a generator (poisson:, steps:, bursts:): %w", spec, err)
+		return nil, fmt.Errorf("trace %q: neither a file nor a generator (%s): %w", spec, strings.Join(generators, ":, ")+":", err)
 	}
 	defer func() { _ = f.Close() }() // read only
-	reqs, err := ReadAzure(f)
+	read := ReadAzure
+	if strings.HasSuffix(spec, ".jsonl") {
+		read = ReadMooncake
+	}
+	reqs, err := read(f)
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", spec, err)
 	}
 	return reqs, nil
 }
 
-func isGenerator(name string) bool { return name == "poisson" || name == "steps" || name == "bursts" }
+var generators = []string{"poisson", "steps", "bursts", "ramp", "diurnal"}
+
+func isGenerator(name string) bool { return slices.Contains(generators, name) }
 
 const timeLayout = "2006-01-02 15:04:05.9999999"
 
@@ -132,6 +146,55 @@ func ReadAzure(r io.Reader) ([]Request, error) {
 	return out, nil
 }
 
+// ReadMooncake reads the Mooncake trace format: one JSON object a line with
+// timestamp (milliseconds from the start), input_length and output_length
+// (other fields, such as hash_ids, are ignored). Times become offsets from
+// the first request; rows are sorted by time. Every bad line is reported.
+func ReadMooncake(r io.Reader) ([]Request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	type row struct {
+		Timestamp    *float64 `json:"timestamp"`
+		InputLength  *int     `json:"input_length"`
+		OutputLength *int     `json:"output_length"`
+	}
+	var out []Request
+	var errs []error
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var rw row
+		if err := json.Unmarshal(b, &rw); err != nil {
+			errs = append(errs, fmt.Errorf("line %d: %w", line, err))
+		} else if rw.Timestamp == nil || rw.InputLength == nil || rw.OutputLength == nil ||
+			*rw.Timestamp < 0 || math.IsNaN(*rw.Timestamp) || *rw.InputLength < 0 || *rw.OutputLength < 0 {
+			errs = append(errs, fmt.Errorf("line %d: want timestamp (ms), input_length and output_length, none negative", line))
+		} else {
+			out = append(out, Request{At: time.Duration(*rw.Timestamp * float64(time.Millisecond)), Prompt: *rw.InputLength, Output: max(*rw.OutputLength, 1)})
+		}
+		if len(errs) > 20 {
+			break
+		}
+	}
+	if err := sc.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("read: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no requests")
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	first := out[0].At
+	for i := range out {
+		out[i].At -= first
+	}
+	return out, nil
+}
+
 // Generate makes a synthetic trace.
 func Generate(name, args string, seed uint64) ([]Request, error) {
 	kv := map[string]string{}
@@ -147,6 +210,14 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 	}
 	g := gen{kv: kv, rng: rand.New(rand.NewPCG(seed, 0x7ace))}
 	prompt, output := g.int("prompt", DefaultPrompt), g.int("output", DefaultOutput)
+	lengths := g.str("lengths", "fixed")
+	sigma := g.float("sigma", 1)
+	if lengths != "fixed" && lengths != "lognormal" {
+		g.errs = append(g.errs, fmt.Errorf("lengths %q: fixed or lognormal", lengths))
+	}
+	if sigma <= 0 || sigma > 4 {
+		g.errs = append(g.errs, errors.New("sigma: want a number above 0 and at most 4"))
+	}
 	var rate func(t time.Duration) float64
 	var dur time.Duration
 	switch name {
@@ -176,8 +247,20 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 			}
 			return base
 		}
+	case "ramp":
+		from, to := g.float("from", -1), g.float("to", -1)
+		dur = g.dur("duration", time.Hour)
+		rate = func(t time.Duration) float64 { return from + (to-from)*float64(t)/float64(dur) }
+	case "diurnal":
+		// One day's swing compressed into duration: the trough at the
+		// start and end, the peak in the middle.
+		lo, hi := g.float("min", -1), g.float("max", -1)
+		dur = g.dur("duration", time.Hour)
+		rate = func(t time.Duration) float64 {
+			return lo + (hi-lo)*(1-math.Cos(2*math.Pi*float64(t)/float64(dur)))/2
+		}
 	default:
-		return nil, fmt.Errorf("unknown generator %q: poisson, steps or bursts", name)
+		return nil, fmt.Errorf("unknown generator %q: %s", name, strings.Join(generators, ", "))
 	}
 	for k := range kv {
 		if !g.used[k] {
@@ -203,10 +286,21 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 			break
 		}
 		if g.rng.Float64() < rate(at)/peak {
-			out = append(out, Request{At: at, Prompt: prompt, Output: output})
+			r := Request{At: at, Prompt: prompt, Output: output}
+			if lengths == "lognormal" {
+				r.Prompt, r.Output = lognormal(g.rng, prompt, sigma), lognormal(g.rng, output, sigma)
+			}
+			out = append(out, r)
 		}
 	}
 	return out, nil
+}
+
+// lognormal draws a whole number of at least 1 from a lognormal of the
+// given mean and shape: exp(N(ln mean - sigma²/2, sigma²)).
+func lognormal(rng *rand.Rand, mean int, sigma float64) int {
+	mu := math.Log(float64(mean)) - sigma*sigma/2
+	return max(1, int(math.Round(math.Exp(mu+sigma*rng.NormFloat64()))))
 }
 
 type gen struct {
@@ -258,16 +352,39 @@ func (g *gen) dur(k string, def time.Duration) time.Duration {
 	return v
 }
 
-// Densify returns the trace at scale times its rate over the same time span:
-// each request is kept floor(scale) times, and once more with probability
-// frac(scale); the copies fall uniformly within a second after the original,
-// so the per-minute shape (bursts) is kept. scale < 1 thins it.
+// Copies says how Densify places and sizes the copies of a request.
+type Copies struct {
+	// Jitter: each copy falls uniformly within ±Jitter/2 of its original
+	// (clipped to the trace's span), so copies are not in lockstep.
+	Jitter time.Duration
+	// Resample: each copy's prompt and output lengths are those of a
+	// request drawn at random from the trace (its own joint distribution);
+	// false keeps the original's.
+	Resample bool
+}
+
+// Coherent is pulse-sim's first way of copying: every copy within a second
+// after its original, with its lengths (bursts grow in lockstep).
+var Coherent = Copies{Jitter: time.Second}
+
+// Densify returns the trace at scale times its rate over the same time span,
+// copies placed as Coherent says.
 func Densify(reqs []Request, scale float64, seed uint64) []Request {
-	if scale == 1 {
+	return DensifyWith(reqs, scale, seed, Coherent)
+}
+
+// DensifyWith returns the trace at scale times its rate over the same time
+// span: each request is kept floor(scale) times, and once more with
+// probability frac(scale); the original keeps its time and lengths, the
+// copies are placed and sized as c says. Jitter well under the bursts'
+// length keeps the per-minute shape. scale < 1 thins it.
+func DensifyWith(reqs []Request, scale float64, seed uint64, c Copies) []Request {
+	if scale == 1 || len(reqs) == 0 {
 		return reqs
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xde75e))
 	whole, frac := math.Floor(scale), scale-math.Floor(scale)
+	end := reqs[len(reqs)-1].At
 	out := make([]Request, 0, int(float64(len(reqs))*scale)+1)
 	for _, r := range reqs {
 		n := int(whole)
@@ -275,11 +392,20 @@ func Densify(reqs []Request, scale float64, seed uint64) []Request {
 			n++
 		}
 		for i := range n {
-			c := r
+			cp := r
 			if i > 0 {
-				c.At += time.Duration(rng.Float64() * float64(time.Second))
+				if c == Coherent {
+					cp.At += time.Duration(rng.Float64() * float64(time.Second))
+				} else {
+					cp.At += time.Duration((rng.Float64() - 0.5) * float64(c.Jitter))
+					cp.At = min(max(cp.At, 0), end)
+				}
+				if c.Resample {
+					o := reqs[rng.IntN(len(reqs))]
+					cp.Prompt, cp.Output = o.Prompt, o.Output
+				}
 			}
-			out = append(out, c)
+			out = append(out, cp)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })

@@ -115,3 +115,137 @@ func TestName(t *testing.T) {
 		}
 	}
 }
+
+func TestReadTheShippedMooncakeTrace(t *testing.T) {
+	reqs, err := Load("testdata/mooncake-synthetic.jsonl", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The README's facts: 3,993 requests over 17 minutes, mean 15,325
+	// prompt and 149 generated tokens.
+	var p, o float64
+	for _, r := range reqs {
+		p += float64(r.Prompt)
+		o += float64(r.Output)
+	}
+	n := float64(len(reqs))
+	span := reqs[len(reqs)-1].At
+	if len(reqs) != 3993 || span < 16*time.Minute || span > 18*time.Minute || math.Abs(p/n-15325) > 1 || math.Abs(o/n-149) > 1 {
+		t.Fatalf("%d requests over %s, prompt %.0f, output %.0f", len(reqs), span, p/n, o/n)
+	}
+	if reqs[0].At != 0 || reqs[0].Prompt != 40160 || reqs[2].At != 40*time.Millisecond {
+		t.Fatalf("first requests %+v %+v", reqs[0], reqs[2])
+	}
+}
+
+func TestBadMooncakeLinesAreRefusedClearly(t *testing.T) {
+	for name, body := range map[string]string{
+		"not json":  "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\nnope\n",
+		"missing":   "{\"timestamp\": 0, \"input_length\": 1}\n",
+		"negative":  "{\"timestamp\": -5, \"input_length\": 1, \"output_length\": 1}\n",
+		"no lines":  "\n\n",
+		"bad field": "{\"timestamp\": \"soon\", \"input_length\": 1, \"output_length\": 1}\n",
+	} {
+		_, err := ReadMooncake(strings.NewReader(body))
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if name != "no lines" && !strings.Contains(err.Error(), "line ") {
+			t.Errorf("%s: %v does not name the line", name, err)
+		}
+	}
+}
+
+func TestShapesAndLengthMixes(t *testing.T) {
+	ramp, err := Load("ramp:from=2,to=20,duration=30m,prompt=100,output=10", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Rate(ramp, 10*time.Minute)
+	if len(r) != 3 || !(r[0] < r[1] && r[1] < r[2]) || math.Abs(r[0]-5) > 1 || math.Abs(r[2]-17) > 1.5 {
+		t.Fatalf("ramp: rates %v", r)
+	}
+	day, err := Load("diurnal:min=1,max=21,duration=1h", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = Rate(day, 15*time.Minute)
+	if len(r) != 4 || r[0] > 8 || r[3] > 8 || r[1] < 12 || r[2] < 12 {
+		t.Fatalf("diurnal: quarter-hour rates %v, want low, high, high, low", r)
+	}
+	mix, err := Load("poisson:rate=20,duration=30m,prompt=12000,output=300,lengths=lognormal,sigma=1", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p, o float64
+	distinct := map[int]bool{}
+	for _, q := range mix {
+		p += float64(q.Prompt)
+		o += float64(q.Output)
+		distinct[q.Prompt] = true
+		if q.Prompt < 1 || q.Output < 1 {
+			t.Fatalf("a length below 1: %+v", q)
+		}
+	}
+	n := float64(len(mix))
+	if math.Abs(p/n-12000) > 600 || math.Abs(o/n-300) > 15 || len(distinct) < len(mix)/2 {
+		t.Fatalf("lognormal: mean prompt %.0f (want 12000), output %.0f (want 300), %d distinct prompts of %d", p/n, o/n, len(distinct), len(mix))
+	}
+	for spec, want := range map[string]string{
+		"poisson:rate=1,lengths=uniform": "lengths",
+		"poisson:rate=1,sigma=0":         "sigma",
+		"ramp:from=1":                    "to is required",
+		"diurnal:min=1,max=x":            "max",
+	} {
+		if _, err := Load(spec, 1); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", spec, err, want)
+		}
+	}
+}
+
+func TestCopiesSpreadAndResample(t *testing.T) {
+	reqs, _ := Load("testdata/azure-llm-2023-conv.csv", 1)
+	dense := DensifyWith(reqs, 4, 3, Copies{Jitter: time.Minute, Resample: true})
+	if len(dense) != 4*len(reqs) {
+		t.Fatalf("%d requests, want %d", len(dense), 4*len(reqs))
+	}
+	// The per-5-minute shape is kept; lengths come from the trace's own.
+	a, b := Rate(reqs, 5*time.Minute), Rate(dense, 5*time.Minute)
+	for i := range a {
+		if math.Abs(b[i]-4*a[i]) > 0.15*4*a[i]+1 {
+			t.Fatalf("5 minutes %d: %.1f/s, want about 4 x %.1f", i, b[i], a[i])
+		}
+	}
+	lengths := map[[2]int]bool{}
+	for _, r := range reqs {
+		lengths[[2]int{r.Prompt, r.Output}] = true
+	}
+	for _, r := range dense {
+		if !lengths[[2]int{r.Prompt, r.Output}] {
+			t.Fatalf("a copy's lengths %d/%d are no request's of the trace", r.Prompt, r.Output)
+		}
+	}
+	// Copies are not in lockstep: one request every 10 s, ×4: coherent
+	// copies land in their original's second (4 a second), spread ones
+	// over the minute around it.
+	var even []Request
+	for i := range 360 {
+		even = append(even, Request{At: time.Duration(i) * 10 * time.Second, Prompt: 1, Output: 1})
+	}
+	if bc, bd := bunching(Densify(even, 4, 3)), bunching(DensifyWith(even, 4, 3, Copies{Jitter: time.Minute})); bc < 3 || bd > 2 {
+		t.Fatalf("requests sharing their second: coherent %.2f (want about 4), spread %.2f (want under 2)", bc, bd)
+	}
+}
+
+// bunching is the mean, over requests, of how many requests share their
+// second (Σ count² / N).
+func bunching(reqs []Request) float64 {
+	per := map[time.Duration]int{}
+	for _, r := range reqs {
+		per[r.At/time.Second]++
+	}
+	s := 0.0
+	for _, c := range per {
+		s += float64(c * c)
+	}
+	return s / float64(len(reqs))
+}

@@ -1,0 +1,340 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// Scoreboard is a suite's result (scoreboard.json).
+type Scoreboard struct {
+	Suite          string   `json:"suite"`
+	Seeds          []uint64 `json:"seeds"`
+	TTFTSLOSeconds float64  `json:"ttftSloSeconds"`
+	WarmupSeconds  float64  `json:"warmupSeconds"`
+	Cases          []*Case  `json:"cases"`
+	// AboveClairvoyant: every signal pipeline whose attainment after the
+	// warm-up is above the clairvoyant frontier at its GPU-hours ("case:
+	// pipeline"); empty when the clairvoyant bounds them all.
+	AboveClairvoyant []string `json:"aboveClairvoyant"`
+}
+
+// Case is one trace × profile × ScaledObject, scores the mean over seeds.
+type Case struct {
+	Trace        string  `json:"trace"`
+	RateScale    float64 `json:"rateScale"`
+	Requests     int     `json:"requests"`
+	Profile      string  `json:"profile"`
+	ScaledObject string  `json:"scaledObject"`
+	Metric       string  `json:"metric"`
+	Threshold    float64 `json:"threshold"`
+	// Pipelines: the signal pipelines; Static: static:1 … maxReplicaCount;
+	// Clairvoyant: the sweep.
+	Pipelines   []*Score `json:"pipelines"`
+	Static      []*Score `json:"static"`
+	Clairvoyant []*Score `json:"clairvoyant"`
+	// The frontiers (after the warm-up): the points no other point of the
+	// family beats with as few GPU-hours, by GPU-hours. The clairvoyant's
+	// family is its sweep and the fixed fleets (a plan foresight may pick):
+	// StaticAboveSweep names the fleets above the sweep's own frontier.
+	StaticFrontier      []Point  `json:"staticFrontier"`
+	ClairvoyantFrontier []Point  `json:"clairvoyantFrontier"`
+	StaticAboveSweep    []string `json:"staticAboveSweep"`
+	// PulseMinusPrometheus: paired by seed; nil unless both ran.
+	PulseMinusPrometheus *Paired `json:"pulseMinusPrometheus"`
+	// Skipped: pipelines that cannot express the trigger, with why.
+	Skipped []string `json:"skipped,omitempty"`
+}
+
+// Score is one pipeline's mean scores, and its distance to the frontiers.
+type Score struct {
+	Pipeline            string  `json:"pipeline"`
+	SLO                 float64 `json:"sloAttainment"`
+	GPUHours            float64 `json:"gpuHours"`
+	SLOAfterWarmup      float64 `json:"sloAfterWarmup"`
+	GPUHoursAfterWarmup float64 `json:"gpuHoursAfterWarmup"`
+	GoodputPerGPUHour   float64 `json:"goodputPerGpuHour"`
+	ScaleEvents         float64 `json:"scaleEvents"`
+	Reversals           float64 `json:"reversals"`
+	// ToStatic and ToClairvoyant: SLOAfterWarmup minus the frontier's
+	// attainment at GPUHoursAfterWarmup (negative: below it); nil where it
+	// used fewer GPU-hours than any point of that frontier.
+	ToStatic      *float64 `json:"toStatic"`
+	ToClairvoyant *float64 `json:"toClairvoyant"`
+	// The same over the whole run (SLO at GPUHours, against the frontiers
+	// of whole-run scores).
+	ToStaticWholeRun      *float64 `json:"toStaticWholeRun"`
+	ToClairvoyantWholeRun *float64 `json:"toClairvoyantWholeRun"`
+}
+
+// Point is a frontier point.
+type Point struct {
+	Pipeline string  `json:"pipeline"`
+	GPUHours float64 `json:"gpuHours"`
+	SLO      float64 `json:"slo"`
+}
+
+// Paired is a difference paired by seed: its mean and standard error.
+type Paired struct {
+	N              int     `json:"n"`
+	SLOMean        float64 `json:"sloMean"`
+	SLOStdErr      float64 `json:"sloStdErr"`
+	GPUHoursMean   float64 `json:"gpuHoursMean"`
+	GPUHoursStdErr float64 `json:"gpuHoursStdErr"`
+}
+
+// Sweep names the clairvoyant's sweep pipelines.
+func (s *Suite) sweep() []string {
+	var out []string
+	for _, w := range s.Clairvoyant.Windows {
+		for _, u := range s.Clairvoyant.Utilisations {
+			out = append(out, fmt.Sprintf("clairvoyant:utilisation=%s,window=%s", strconv.FormatFloat(u, 'g', -1, 64), w.Duration))
+		}
+	}
+	return out
+}
+
+// Run runs the suite, reporting progress (one line a case) to log.
+func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
+	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(), AboveClairvoyant: []string{}}
+	for i := range s.Seeds {
+		sb.Seeds = append(sb.Seeds, s.Seed+uint64(i))
+	}
+	var firsts []*sim.Report
+	for _, tc := range s.Traces {
+		for _, prof := range s.Profiles {
+			p, err := replica.Load(s.profilePath(prof))
+			if err != nil {
+				return nil, nil, err
+			}
+			for _, soPath := range s.ScaledObjects {
+				so, err := sim.ReadScaledObject(s.path(soPath))
+				if err != nil {
+					return nil, nil, err
+				}
+				start := time.Now()
+				c, first, err := s.runCase(tc, p, so, sb.Seeds)
+				if err != nil {
+					return nil, nil, fmt.Errorf("%s × %s × %s: %w", tc.Name, p.Name, so.Metadata.Name, err)
+				}
+				c.ScaledObject = soPath
+				sb.Cases = append(sb.Cases, c)
+				firsts = append(firsts, first)
+				for _, sc := range c.Pipelines {
+					if sc.ToClairvoyant != nil && *sc.ToClairvoyant > 1e-9 {
+						sb.AboveClairvoyant = append(sb.AboveClairvoyant, fmt.Sprintf("%s: %s", caseName(c), sc.Pipeline))
+					}
+				}
+				fmt.Fprintf(log, "%s: %d seeds in %.1fs\n", caseName(c), len(sb.Seeds), time.Since(start).Seconds())
+			}
+		}
+	}
+	return sb, firsts, nil
+}
+
+func caseName(c *Case) string {
+	return fmt.Sprintf("%s ×%g · %s · %s", c.Trace, c.RateScale, c.Profile, c.ScaledObject)
+}
+
+// runCase runs one case for every seed; it returns the scores and the first
+// seed's report (for pictures).
+func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, seeds []uint64) (*Case, *sim.Report, error) {
+	scale := tc.RateScale
+	if v, ok := tc.ByProfile[p.Name]; ok {
+		scale = v
+	}
+	var reports []*sim.Report
+	for _, seed := range seeds {
+		reqs, err := trace.Load(s.path(tc.Trace), seed)
+		if err != nil {
+			return nil, nil, err
+		}
+		reqs = trace.DensifyWith(reqs, scale, seed, trace.Copies{Jitter: s.CopyJitter.Duration, Resample: s.CopyLengths == "resample"})
+		pipes, _, err := sim.Expressible(so)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(s.Pipelines) > 0 {
+			pipes = append([]string(nil), s.Pipelines...)
+		}
+		for n := int32(1); n <= so.MaxReplicas(); n++ {
+			pipes = append(pipes, fmt.Sprintf("static:%d", n))
+		}
+		pipes = append(pipes, s.sweep()...)
+		r, err := sim.Run(sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
+			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer})
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, pr := range r.Pipelines {
+			pr.Series = sim.Series{} // not kept: the scoreboard is scores
+		}
+		reports = append(reports, r)
+	}
+	first := reports[0]
+	c := &Case{Trace: tc.Name, RateScale: scale, Requests: first.Config.Requests, Profile: p.Name,
+		Metric: first.Config.Metric, Threshold: first.Config.Threshold}
+	if len(s.Pipelines) == 0 {
+		_, c.Skipped, _ = sim.Expressible(so)
+	}
+	for i, pr := range first.Pipelines {
+		sc := mean(reports, i)
+		switch kind(pr.Pipeline) {
+		case "static":
+			c.Static = append(c.Static, sc)
+		case "clairvoyant":
+			c.Clairvoyant = append(c.Clairvoyant, sc)
+		default:
+			c.Pipelines = append(c.Pipelines, sc)
+		}
+	}
+	after := func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup }
+	whole := func(sc *Score) (float64, float64) { return sc.GPUHours, sc.SLO }
+	family := append(append([]*Score(nil), c.Clairvoyant...), c.Static...)
+	c.StaticFrontier, c.ClairvoyantFrontier = Frontier(c.Static, after), Frontier(family, after)
+	sw, cw := Frontier(c.Static, whole), Frontier(family, whole)
+	sweep := Frontier(c.Clairvoyant, after)
+	c.StaticAboveSweep = []string{}
+	for _, sc := range c.Static {
+		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup); d != nil && *d > 0 {
+			c.StaticAboveSweep = append(c.StaticAboveSweep, fmt.Sprintf("%s (%+.1f points)", sc.Pipeline, 100**d))
+		}
+	}
+	for _, sc := range append(append(append([]*Score(nil), c.Pipelines...), c.Static...), c.Clairvoyant...) {
+		sc.ToStatic = distance(c.StaticFrontier, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
+		sc.ToClairvoyant = distance(c.ClairvoyantFrontier, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
+		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO)
+		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO)
+	}
+	c.PulseMinusPrometheus = paired(reports, "pulse", "prometheus")
+	return c, first, nil
+}
+
+func kind(pipeline string) string {
+	for _, k := range []string{"static", "clairvoyant"} {
+		if len(pipeline) >= len(k) && pipeline[:len(k)] == k {
+			return k
+		}
+	}
+	return ""
+}
+
+// mean is pipeline i's scores averaged over the reports.
+func mean(reports []*sim.Report, i int) *Score {
+	sc := &Score{Pipeline: reports[0].Pipelines[i].Pipeline}
+	n := float64(len(reports))
+	for _, r := range reports {
+		p := r.Pipelines[i]
+		sc.SLO += p.SLOAttainment / n
+		sc.GPUHours += p.GPUHours / n
+		sc.SLOAfterWarmup += p.SLOAfterWarmup / n
+		sc.GPUHoursAfterWarmup += p.GPUHoursAfterWarmup / n
+		sc.GoodputPerGPUHour += p.GoodputPerGPUHour / n
+		sc.ScaleEvents += float64(p.ScaleEvents) / n
+		sc.Reversals += float64(p.Reversals) / n
+	}
+	for _, v := range []*float64{&sc.SLO, &sc.GPUHours, &sc.SLOAfterWarmup, &sc.GPUHoursAfterWarmup, &sc.GoodputPerGPUHour, &sc.ScaleEvents, &sc.Reversals} {
+		*v = round(*v)
+	}
+	return sc
+}
+
+func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
+
+// Frontier is the points of scores that no other beats with as few
+// GPU-hours (by GPU-hours, attainment rising), as xy says to read them.
+func Frontier(scores []*Score, xy func(*Score) (float64, float64)) []Point {
+	pts := make([]Point, 0, len(scores))
+	for _, sc := range scores {
+		x, y := xy(sc)
+		pts = append(pts, Point{Pipeline: sc.Pipeline, GPUHours: x, SLO: y})
+	}
+	sort.SliceStable(pts, func(i, j int) bool {
+		if pts[i].GPUHours != pts[j].GPUHours {
+			return pts[i].GPUHours < pts[j].GPUHours
+		}
+		return pts[i].SLO > pts[j].SLO
+	})
+	var out []Point
+	for _, p := range pts {
+		if len(out) == 0 || p.SLO > out[len(out)-1].SLO {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// FrontierTolerance: a frontier point counts at a pipeline's GPU-hours when
+// it uses at most this fraction more: runs of the same plan differ by the
+// startup times they draw (2 % of an hour of one replica is 72 s of it).
+const FrontierTolerance = 0.02
+
+// At is the frontier's attainment at g GPU-hours: the best of its points
+// that use no more (within FrontierTolerance); false below its first point.
+func At(front []Point, g float64) (float64, bool) {
+	best, ok := 0.0, false
+	for _, p := range front {
+		if p.GPUHours <= g*(1+FrontierTolerance)+1e-9 {
+			best, ok = math.Max(best, p.SLO), true
+		}
+	}
+	return best, ok
+}
+
+func distance(front []Point, g, slo float64) *float64 {
+	f, ok := At(front, g)
+	if !ok {
+		return nil
+	}
+	d := round(slo - f)
+	return &d
+}
+
+// paired is a − b by seed (after the warm-up), with its standard error.
+func paired(reports []*sim.Report, a, b string) *Paired {
+	var dSLO, dGPU []float64
+	for _, r := range reports {
+		var pa, pb *sim.PipelineResult
+		for _, p := range r.Pipelines {
+			switch p.Pipeline {
+			case a:
+				pa = p
+			case b:
+				pb = p
+			}
+		}
+		if pa == nil || pb == nil {
+			return nil
+		}
+		dSLO = append(dSLO, pa.SLOAfterWarmup-pb.SLOAfterWarmup)
+		dGPU = append(dGPU, pa.GPUHoursAfterWarmup-pb.GPUHoursAfterWarmup)
+	}
+	m1, se1 := meanSE(dSLO)
+	m2, se2 := meanSE(dGPU)
+	return &Paired{N: len(dSLO), SLOMean: round(m1), SLOStdErr: round(se1), GPUHoursMean: round(m2), GPUHoursStdErr: round(se2)}
+}
+
+// meanSE is the mean and its standard error (sample standard deviation
+// over √n; 0 for one value).
+func meanSE(v []float64) (float64, float64) {
+	n := float64(len(v))
+	m := 0.0
+	for _, x := range v {
+		m += x / n
+	}
+	if len(v) < 2 {
+		return m, 0
+	}
+	ss := 0.0
+	for _, x := range v {
+		ss += (x - m) * (x - m)
+	}
+	return m, math.Sqrt(ss/(n-1)) / math.Sqrt(n)
+}

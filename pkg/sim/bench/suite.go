@@ -1,0 +1,194 @@
+// Package bench is pulse-sim's benchmark: a suite of traces × profiles ×
+// ScaledObjects × seeds run as one command, every pipeline scored next to
+// the static-fleet and clairvoyant frontiers, written as a scoreboard.
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// Suite is a benchmark suite (YAML). Paths are relative to the suite file.
+type Suite struct {
+	// Seeds: each case runs seeds Seed … Seed+Seeds-1 (default 1 and 3).
+	Seed  uint64 `json:"seed"`
+	Seeds int    `json:"seeds"`
+	// Traces, each at its rate multiple (per profile where it differs).
+	Traces []TraceCase `json:"traces"`
+	// Profiles: shipped names or profile files.
+	Profiles []string `json:"profiles"`
+	// ScaledObjects: the ScaledObject files whose pipelines are scored.
+	ScaledObjects []string `json:"scaledObjects"`
+	// Pipelines: the signal pipelines (default: every one that can express
+	// each ScaledObject's trigger). static:1 … maxReplicaCount and the
+	// clairvoyant sweep are always added.
+	Pipelines []string `json:"pipelines"`
+	// Clairvoyant: the sweep that traces its frontier.
+	Clairvoyant Sweep `json:"clairvoyant"`
+	// The run's settings, as pulse-sim run's flags.
+	TTFTSLO       replica.Duration `json:"ttftSlo"`
+	Warmup        replica.Duration `json:"warmup"`
+	ClientTimeout replica.Duration `json:"clientTimeout"`
+	Balancer      string           `json:"balancer"`
+	// Copies: how rateScale copies requests (default: 30 s jitter,
+	// lengths resampled).
+	CopyJitter  replica.Duration `json:"copyJitter"`
+	CopyLengths string           `json:"copyLengths"`
+
+	dir string
+}
+
+// TraceCase is one trace of the suite.
+type TraceCase struct {
+	// Name in the scoreboard (default: the trace's).
+	Name string `json:"name"`
+	// Trace: a file (Azure CSV or Mooncake JSONL) or a generator spec.
+	Trace string `json:"trace"`
+	// RateScale: the multiple of its rate (default 1); ByProfile overrides
+	// it for a profile.
+	RateScale float64            `json:"rateScale"`
+	ByProfile map[string]float64 `json:"rateScaleByProfile"`
+}
+
+// Sweep is the clairvoyant's parameter grid.
+type Sweep struct {
+	Utilisations []float64          `json:"utilisations"`
+	Windows      []replica.Duration `json:"windows"`
+}
+
+// Defaults of a suite.
+var (
+	DefaultUtilisations = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2}
+	DefaultWindows      = []time.Duration{10 * time.Second, 30 * time.Second, 2 * time.Minute}
+)
+
+// DefaultCopyJitter is how far rateScale copies spread by default.
+const DefaultCopyJitter = 30 * time.Second
+
+// Read reads and checks a suite file.
+func Read(path string) (*Suite, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read suite: %w", err)
+	}
+	var s Suite
+	if err := yaml.UnmarshalStrict(raw, &s); err != nil {
+		return nil, fmt.Errorf("suite %s: %w", path, err)
+	}
+	s.dir = filepath.Dir(path)
+	if err := s.complete(); err != nil {
+		return nil, fmt.Errorf("suite %s: %w", path, err)
+	}
+	return &s, nil
+}
+
+func (s *Suite) complete() error {
+	var errs []error
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	if s.Seeds == 0 {
+		s.Seeds = 3
+	}
+	if s.Seeds < 1 || s.Seeds > 100 {
+		errs = append(errs, fmt.Errorf("seeds %d: from 1 to 100", s.Seeds))
+	}
+	if len(s.Traces) == 0 || len(s.Profiles) == 0 || len(s.ScaledObjects) == 0 {
+		errs = append(errs, errors.New("traces, profiles and scaledObjects each need at least one entry"))
+	}
+	names := map[string]bool{}
+	for i := range s.Traces {
+		tc := &s.Traces[i]
+		if tc.Trace == "" {
+			errs = append(errs, fmt.Errorf("traces[%d]: trace is required", i))
+			continue
+		}
+		if tc.Name == "" {
+			tc.Name = trace.Name(tc.Trace)
+		}
+		if names[tc.Name] {
+			errs = append(errs, fmt.Errorf("traces[%d]: name %q used twice", i, tc.Name))
+		}
+		names[tc.Name] = true
+		if tc.RateScale == 0 {
+			tc.RateScale = 1
+		}
+		for _, v := range append([]float64{tc.RateScale}, values(tc.ByProfile)...) {
+			if v <= 0 || v > 1000 {
+				errs = append(errs, fmt.Errorf("traces[%d] (%s): rate scale %g: above 0, at most 1000", i, tc.Name, v))
+			}
+		}
+		for p := range tc.ByProfile {
+			if !slices.Contains(s.Profiles, p) {
+				errs = append(errs, fmt.Errorf("traces[%d] (%s): rateScaleByProfile names %q, not one of the suite's profiles", i, tc.Name, p))
+			}
+		}
+	}
+	if len(s.Clairvoyant.Utilisations) == 0 {
+		s.Clairvoyant.Utilisations = DefaultUtilisations
+	}
+	if len(s.Clairvoyant.Windows) == 0 {
+		for _, d := range DefaultWindows {
+			s.Clairvoyant.Windows = append(s.Clairvoyant.Windows, replica.Duration{Duration: d})
+		}
+	}
+	if s.TTFTSLO.Duration == 0 {
+		s.TTFTSLO.Duration = 2 * time.Second
+	}
+	if s.Warmup.Duration == 0 {
+		s.Warmup.Duration = sim.DefaultWarmup
+	}
+	if s.CopyJitter.Duration == 0 {
+		s.CopyJitter.Duration = DefaultCopyJitter
+	}
+	if s.CopyLengths == "" {
+		s.CopyLengths = "resample"
+	}
+	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
+		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
+	}
+	for _, p := range s.Pipelines {
+		if strings.HasPrefix(p, "static") || strings.HasPrefix(p, "clairvoyant") {
+			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// path resolves a file named by the suite (a generator spec is kept).
+func (s *Suite) path(p string) string {
+	if name, _, ok := strings.Cut(p, ":"); ok && !strings.ContainsAny(name, "/.") {
+		return p // a generator
+	}
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(s.dir, p)
+}
+
+// profilePath: a shipped profile's name, or a file relative to the suite.
+func (s *Suite) profilePath(p string) string {
+	if slices.Contains(replica.Shipped(), p) {
+		return p
+	}
+	return s.path(p)
+}
+
+func values(m map[string]float64) []float64 {
+	var out []float64
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}

@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pulse-io/pulse/pkg/sim/plot"
+)
+
+// Write writes scoreboard.json, scoreboard.md and one frontier picture a
+// case into dir, returning the files written.
+func Write(sb *Scoreboard, dir, format string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	var files []string
+	b, err := json.MarshalIndent(sb, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	f := filepath.Join(dir, "scoreboard.json")
+	if err := os.WriteFile(f, append(b, '\n'), 0o644); err != nil {
+		return nil, fmt.Errorf("write %s: %w", f, err)
+	}
+	files = append(files, f)
+	pics := make([]string, len(sb.Cases))
+	for i, c := range sb.Cases {
+		pics[i] = fmt.Sprintf("frontier-%d-%s.%s", i+1, plot.FileName(c.Trace+"-"+c.Profile+"-"+strings.TrimSuffix(filepath.Base(c.ScaledObject), ".yaml")), format)
+		if err := plot.Frontier(caseName(c), points(c.Pipelines), frontierPoints(c.StaticFrontier), frontierPoints(c.ClairvoyantFrontier),
+			filepath.Join(dir, pics[i]), format); err != nil {
+			return files, err
+		}
+		files = append(files, filepath.Join(dir, pics[i]))
+	}
+	md, err := os.Create(filepath.Join(dir, "scoreboard.md"))
+	if err != nil {
+		return files, fmt.Errorf("write scoreboard.md: %w", err)
+	}
+	Markdown(md, sb, pics)
+	if err := md.Close(); err != nil {
+		return files, fmt.Errorf("write scoreboard.md: %w", err)
+	}
+	return append(files, filepath.Join(dir, "scoreboard.md")), nil
+}
+
+func points(scores []*Score) []plot.FrontierPoint {
+	out := make([]plot.FrontierPoint, len(scores))
+	for i, s := range scores {
+		out[i] = plot.FrontierPoint{Name: s.Pipeline, GPUHours: s.GPUHoursAfterWarmup, SLO: s.SLOAfterWarmup}
+	}
+	return out
+}
+
+func frontierPoints(front []Point) []plot.FrontierPoint {
+	out := make([]plot.FrontierPoint, len(front))
+	for i, p := range front {
+		out[i] = plot.FrontierPoint{Name: p.Pipeline, GPUHours: p.GPUHours, SLO: p.SLO}
+	}
+	return out
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f %%", 100*v) }
+
+func pts(v *float64) string {
+	if v == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%+.1f", 100**v)
+}
+
+// Markdown writes the scoreboard as Markdown (pics: each case's picture).
+func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
+	fmt.Fprintf(w, "# pulse-sim scoreboard: %s\n\n", sb.Suite)
+	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds. "+
+		"Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
+		"(— where it used fewer GPU-hours than any point of that frontier).\n\n", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
+	if len(sb.AboveClairvoyant) == 0 {
+		fmt.Fprintf(w, "**The clairvoyant frontier bounds every pipeline of every case.**\n\n")
+	} else {
+		fmt.Fprintf(w, "**Above the clairvoyant frontier** (it does not bound these): %s.\n\n", strings.Join(sb.AboveClairvoyant, "; "))
+	}
+	for i, c := range sb.Cases {
+		fmt.Fprintf(w, "## %s\n\n", caseName(c))
+		fmt.Fprintf(w, "%d requests; trigger `%s` threshold %g.\n\n", c.Requests, c.Metric, c.Threshold)
+		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | Δ clairvoyant | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | Δ clairvoyant (whole) | scale events | reversals |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, s := range c.Pipelines {
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %s | %.2f | %s | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
+				s.GoodputPerGPUHour, pts(s.ToStatic), pts(s.ToClairvoyant), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), pts(s.ToClairvoyantWholeRun),
+				s.ScaleEvents, s.Reversals)
+		}
+		fmt.Fprintf(w, "\nStatic frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
+		fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
+		if len(c.StaticAboveSweep) > 0 {
+			fmt.Fprintf(w, "Fixed fleets above the clairvoyant sweep alone: %s.\n\n", strings.Join(c.StaticAboveSweep, ", "))
+		}
+		if p := c.PulseMinusPrometheus; p != nil {
+			fmt.Fprintf(w, "pulse − prometheus, paired by seed (n = %d): SLO %+.1f ± %.1f points, GPU-hours %+.2f ± %.2f (mean ± standard error).\n\n",
+				p.N, 100*p.SLOMean, 100*p.SLOStdErr, p.GPUHoursMean, p.GPUHoursStdErr)
+		}
+		for _, s := range c.Skipped {
+			fmt.Fprintf(w, "Not run: %s.\n\n", s)
+		}
+		if i < len(pics) {
+			fmt.Fprintf(w, "![frontier](%s)\n\n", pics[i])
+		}
+	}
+}
+
+func frontierText(front []Point) string {
+	parts := make([]string, len(front))
+	for i, p := range front {
+		parts[i] = fmt.Sprintf("%s %s at %.2f", p.Pipeline, pct(p.SLO), p.GPUHours)
+	}
+	return strings.Join(parts, "; ")
+}

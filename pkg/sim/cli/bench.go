@@ -1,0 +1,58 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/bench"
+)
+
+// benchCmd runs a suite: pulse-sim bench --suite FILE --out DIR.
+func benchCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	suite := fs.String("suite", "", "the suite YAML: traces × profiles × ScaledObjects × seeds (docs/simulation/suite.yaml)")
+	out := fs.String("out", "bench", "directory for scoreboard.md, scoreboard.json and the frontier pictures")
+	format := fs.String("format", "png", "picture format: png or svg")
+	seeds := fs.Int("seeds", 0, "override the suite's number of seeds (0: the suite's)")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	var errs []error
+	if *suite == "" {
+		errs = append(errs, errors.New("--suite is required"))
+	}
+	if *format != "png" && *format != "svg" {
+		errs = append(errs, fmt.Errorf("--format %q: png or svg", *format))
+	}
+	if *seeds < 0 {
+		errs = append(errs, errors.New("--seeds must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s, err := bench.Read(*suite)
+	if err != nil {
+		return err
+	}
+	if *seeds > 0 {
+		s.Seeds = *seeds
+	}
+	start := time.Now()
+	sb, _, err := s.Run(*suite, stdout)
+	if err != nil {
+		return err
+	}
+	files, err := bench.Write(sb, *out, *format)
+	if err != nil {
+		return err
+	}
+	if len(sb.AboveClairvoyant) > 0 {
+		fmt.Fprintf(stdout, "above the clairvoyant frontier: %s\n", strings.Join(sb.AboveClairvoyant, "; "))
+	}
+	fmt.Fprintf(stdout, "%d cases in %.0fs; wrote %s\n", len(sb.Cases), time.Since(start).Seconds(), strings.Join(files, ", "))
+	return nil
+}

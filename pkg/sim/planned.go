@@ -1,0 +1,179 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/replica"
+)
+
+// The references: pipelines that set the replica count themselves, with
+// neither a signal nor KEDA nor the HPA in the way. static:N is what an
+// operator compares with first; clairvoyant is what perfect knowledge of
+// the future reaches. Neither is a thing to deploy: they bound the rest.
+
+// planOnly is the part of Pipeline a planner does not use: KEDA and the
+// HPA never ask it.
+type planOnly struct{ noHooks }
+
+var errPlanned = errors.New("a planned pipeline has no metric: it sets the replica count itself")
+
+func (planOnly) Metric(*world) (float64, error) { return 0, errPlanned }
+func (planOnly) Active(*world) (bool, error)    { return false, errPlanned }
+
+// ---- static:N ---------------------------------------------------------------
+
+// staticPipe is a fixed fleet: N replicas, warm at 0, all run long.
+type staticPipe struct {
+	planOnly
+	n int32
+}
+
+// maxStatic bounds N (a typo such as static:1000000 would only burn memory).
+const maxStatic = 10_000
+
+func newStatic(name, args string, _ *Config) (Pipeline, error) {
+	n, err := strconv.Atoi(args)
+	if err != nil || n < 1 || n > maxStatic {
+		return nil, fmt.Errorf("pipeline %q: want static:N with N a whole number from 1 to %d", name, maxStatic)
+	}
+	return &staticPipe{n: int32(n)}, nil
+}
+
+func (s *staticPipe) Attach(*world)        {}
+func (s *staticPipe) Initial(*world) int32 { return s.n }
+
+// ---- clairvoyant --------------------------------------------------------------
+
+// Clairvoyant's defaults (docs/simulation.md says why).
+const (
+	DefaultClairvoyantWindow      = 30 * time.Second
+	DefaultClairvoyantUtilisation = 0.7
+)
+
+// clairvoyant knows every arrival and every request's lengths in advance,
+// and the startup time of each replica it will create. Every second it sets
+// the replica count to what the coming horizon needs: for each second τ of
+// [now, now+horizon], the work arriving in [τ, τ+window) spread over the
+// window, in replicas at the target utilisation; the count is the largest
+// of those. The horizon is the startup time of the next replica it would
+// create (a replica started now serves from then on), or a fixed look-ahead.
+// Capacity is so released only once no peak within a startup time needs it,
+// and added a whole startup time before it is needed.
+//
+// A request's work is counted in the replica's two resources, from the
+// profile's step model: compute (replica-seconds: β1 per prompt token, and
+// per generated token β2 plus β0 shared over the batch at which a step
+// costs twice β0, b* = β0/β2 capped at maxNumSeqs) and KV cache
+// (token-seconds over the cache: its prompt and half its output held while
+// it decodes at that batch's step time). A replica's capacity is one of
+// each per second; the need is the larger.
+type clairvoyant struct {
+	planOnly
+	window, horizon time.Duration // horizon 0: the next replica's startup
+	util            float64
+	lo, hi          int32
+	need            []float64 // per second: replicas needed (before utilisation)
+}
+
+func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
+	c := &clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}
+	var errs []error
+	for _, kv := range strings.Split(args, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "window", "horizon":
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second || d > 24*time.Hour {
+				errs = append(errs, fmt.Errorf("%s %q: want a duration from 1s to 24h", k, v))
+			}
+			if k == "window" {
+				c.window = d
+			} else {
+				c.horizon = d
+			}
+		case "utilisation":
+			u, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(u > 0 && u <= 4) {
+				errs = append(errs, fmt.Errorf("utilisation %q: want a number above 0 and at most 4", v))
+			}
+			c.util = u
+		default:
+			errs = append(errs, fmt.Errorf("unknown key %q (window, horizon, utilisation)", k))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("pipeline %q: %w", name, errors.Join(errs...))
+	}
+	so := cfg.ScaledObject
+	c.lo, c.hi = so.MinReplicas(), so.MaxReplicas()
+	return c, nil
+}
+
+// Work is one request's demand on a replica of profile p: replica-seconds
+// of compute and KV-cache token-seconds (the clairvoyant's model).
+func Work(p *replica.Profile, prompt, output int) (compute, kv float64) {
+	batch := math.Min(p.Beta0Seconds/math.Max(p.Beta2Seconds, 1e-12), float64(p.MaxNumSeqs))
+	perToken := p.Beta2Seconds + p.Beta0Seconds/math.Max(batch, 1)
+	prefill := p.Beta1Seconds * float64(prompt)
+	decode := perToken * float64(output)
+	compute = prefill + decode
+	step := p.Beta0Seconds + p.Beta2Seconds*batch
+	kv = (float64(prompt) + float64(output)/2) * (prefill + step*float64(output))
+	return compute, kv
+}
+
+// Attach turns the trace into the replicas each second needs.
+func (c *clairvoyant) Attach(w *world) {
+	p := w.cfg.Profile
+	n := int(w.cfg.horizon/time.Second) + 2
+	compute, kv := make([]float64, n+1), make([]float64, n+1) // prefix sums by arrival second
+	for _, r := range w.cfg.Trace {
+		if r.Prompt+max(r.Output, 1) > p.MaxModelLen {
+			continue // refused: no work
+		}
+		i := min(int(r.At/time.Second), n-1)
+		cw, kw := Work(p, r.Prompt, max(r.Output, 1))
+		compute[i+1] += cw
+		kv[i+1] += kw
+	}
+	for i := 1; i <= n; i++ {
+		compute[i] += compute[i-1]
+		kv[i] += kv[i-1]
+	}
+	win := max(int(c.window/time.Second), 1)
+	c.need = make([]float64, n)
+	for t := range n {
+		e := min(t+win, n)
+		cw := (compute[e] - compute[t]) / float64(win)
+		kw := (kv[e] - kv[t]) / float64(win) / float64(p.KVCacheTokens)
+		c.need[t] = math.Max(cw, kw)
+	}
+	w.every(time.Second, time.Second, func() { w.setSpec(c.plan(w), true) })
+}
+
+// plan is the replica count for now.
+func (c *clairvoyant) plan(w *world) int32 {
+	h := c.horizon
+	if h == 0 {
+		h = w.peekStartup()
+	}
+	from := int(w.now / time.Second)
+	to := min(int((w.now+h)/time.Second), len(c.need)-1)
+	most := 0.0
+	for t := from; t <= to; t++ {
+		most = math.Max(most, c.need[t])
+	}
+	n := int32(math.Ceil(most/c.util - 1e-9))
+	return min(max(n, c.lo), c.hi)
+}
+
+// Initial: the count its plan asks for at 0, warm (it knew).
+func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }

@@ -1,0 +1,243 @@
+package sim
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/trace"
+)
+
+// TestStaticFleet: static:N runs N warm replicas for the whole run, with no
+// scale event, whatever the traffic.
+func TestStaticFleet(t *testing.T) {
+	reqs := load(t, "bursts:base=1,peak=40,on=2m,off=6m,duration=20m", 1)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: []string{"static:3"}})
+	p := result(r, "static:3")
+	for i, n := range p.Series.Replicas {
+		if n != 3 || p.Series.Ready[i] != 3 {
+			t.Fatalf("sample %d: %d replicas, %d ready; want 3 and 3", i, n, p.Series.Ready[i])
+		}
+	}
+	want := 3 * r.Config.HorizonSeconds / 3600
+	if p.ScaleEvents != 0 || p.GPUHours < want-0.001 || p.GPUHours > want+0.001 {
+		t.Fatalf("%d scale events, %.4f GPU-hours; want 0 and %.4f", p.ScaleEvents, p.GPUHours, want)
+	}
+	wantWarm := 3 * (r.Config.HorizonSeconds - DefaultWarmup.Seconds()) / 3600
+	if p.GPUHoursAfterWarmup < wantWarm-0.001 || p.GPUHoursAfterWarmup > wantWarm+0.001 {
+		t.Fatalf("%.4f GPU-hours after the warm-up, want %.4f", p.GPUHoursAfterWarmup, wantWarm)
+	}
+}
+
+// TestClairvoyantScalesAheadOfAStep: a step of load at 10 minutes; the
+// clairvoyant, knowing it and its replicas' startup times, has the capacity
+// Ready when it comes (98 % or more within the SLO) and releases it after; a
+// reactive pipeline on the same step misses requests while its replicas
+// start.
+func TestClairvoyantScalesAheadOfAStep(t *testing.T) {
+	reqs := load(t, "steps:rates=2/60/2,step=10m,prompt=1000,output=200", 4)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 4, Pipelines: []string{"clairvoyant", "oracle"}})
+	c, o := result(r, "clairvoyant"), result(r, "oracle")
+	stepAt := int(10 * time.Minute / time.Duration(r.Config.SampleSeconds*float64(time.Second)))
+	if c.Series.Ready[stepAt] < 2 {
+		t.Fatalf("the clairvoyant had %d replicas ready when the step came (%v)", c.Series.Ready[stepAt], c.Series.Ready)
+	}
+	if c.Series.Ready[stepAt-int(6*time.Minute/time.Duration(r.Config.SampleSeconds*float64(time.Second)))] != 1 {
+		t.Fatalf("the clairvoyant scaled more than a startup time early (%v)", c.Series.Ready)
+	}
+	last := len(c.Series.Replicas) - 1
+	if c.SLOAttainment < 0.98 || c.Series.Replicas[last] != 1 {
+		t.Fatalf("clairvoyant: %.4f within the SLO, %d replicas at the end", c.SLOAttainment, c.Series.Replicas[last])
+	}
+	if o.SLOAttainment >= c.SLOAttainment {
+		t.Fatalf("the oracle (%.4f) reached the clairvoyant (%.4f) through the HPA on a step", o.SLOAttainment, c.SLOAttainment)
+	}
+}
+
+// TestUtilisationTracesAFrontier: a lower target utilisation buys more
+// GPU-hours, never fewer.
+func TestUtilisationTracesAFrontier(t *testing.T) {
+	reqs := load(t, "bursts:base=2,peak=40,on=3m,off=7m,duration=30m", 2)
+	names := []string{"clairvoyant:utilisation=0.4", "clairvoyant:utilisation=0.7", "clairvoyant:utilisation=1.2"}
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 2, Pipelines: names})
+	for i := 1; i < len(names); i++ {
+		a, b := result(r, names[i-1]), result(r, names[i])
+		if a.GPUHours < b.GPUHours {
+			t.Errorf("%s: %.3f GPU-hours, below %s's %.3f", a.Pipeline, a.GPUHours, b.Pipeline, b.GPUHours)
+		}
+	}
+}
+
+// TestNoSilentSwaps: a pipeline that cannot express the trigger's metric is
+// refused by name when asked for, and left out (said in the report) when
+// none was named — never run as another trigger.
+func TestNoSilentSwaps(t *testing.T) {
+	reqs := load(t, "poisson:rate=2,duration=15m", 1)
+	so := seedSO(t, "metric: waiting", "metric: saturation", `threshold: "10"`, `threshold: "0.8"`)
+	for _, p := range []string{"prometheus", "prometheus-avg", "kaito"} {
+		_, err := Run(Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Pipelines: []string{p}})
+		if err == nil || !strings.Contains(err.Error(), "pipeline "+p+" cannot express metric saturation") {
+			t.Errorf("%s with saturation: %v", p, err)
+		}
+	}
+	r := run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: 1})
+	if got := strings.Join(r.Config.PipelineNames, ","); got != "pulse,oracle" {
+		t.Errorf("pipelines run for saturation: %s, want pulse,oracle", got)
+	}
+	if len(r.Config.Skipped) != 3 || !strings.Contains(r.Config.Skipped[0], "prometheus cannot express metric saturation") {
+		t.Errorf("skipped: %q", r.Config.Skipped)
+	}
+}
+
+// TestPlannedPipelineNamesAreChecked: bad static and clairvoyant parameters
+// are refused with what was wrong.
+func TestPlannedPipelineNamesAreChecked(t *testing.T) {
+	reqs := load(t, "poisson:rate=1,duration=15m", 1)
+	for name, want := range map[string]string{
+		"static:0":                    "static:N",
+		"static:x":                    "static:N",
+		"clairvoyant:utilisation=0":   "utilisation",
+		"clairvoyant:window=1ms":      "window",
+		"clairvoyant:colour=red":      "unknown key",
+		"pulse:fast":                  "one of pulse",
+		"clairvoyant:horizon=forever": "horizon",
+	} {
+		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", name, err, want)
+		}
+	}
+}
+
+// TestWarmupScores: the after-warm-up scores count only requests arriving
+// after it and replica-time after it; goodput is their quotient.
+func TestWarmupScores(t *testing.T) {
+	// Overloaded at first (one replica, 40/s), then light: the warm-up
+	// hides the bad start.
+	reqs := load(t, "steps:rates=40/2/2,step=5m,prompt=1000,output=200", 3)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 3, Pipelines: []string{"static:1"},
+		Warmup: 5 * time.Minute, Drain: time.Minute})
+	p := result(r, "static:1")
+	if p.SLOAfterWarmup <= p.SLOAttainment {
+		t.Fatalf("after the warm-up %.4f, whole run %.4f: the warm-up should leave out the overload", p.SLOAfterWarmup, p.SLOAttainment)
+	}
+	if want := (r.Config.HorizonSeconds - 300) / 3600; p.GPUHoursAfterWarmup < want-0.001 || p.GPUHoursAfterWarmup > want+0.001 {
+		t.Fatalf("%.4f GPU-hours after the warm-up, want %.4f", p.GPUHoursAfterWarmup, want)
+	}
+	after := 0
+	for _, q := range reqs {
+		if q.At >= 5*time.Minute {
+			after++
+		}
+	}
+	want := float64(after) * p.SLOAfterWarmup / p.GPUHoursAfterWarmup
+	if p.GoodputPerGPUHour < want*0.999 || p.GoodputPerGPUHour > want*1.001 {
+		t.Fatalf("goodput %.1f per GPU-hour, want %.1f", p.GoodputPerGPUHour, want)
+	}
+	if _, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Warmup: 2 * time.Hour}); err == nil {
+		t.Error("a warm-up longer than the run was accepted")
+	}
+}
+
+// TestInitialReplicasAreWarm: --initial-replicas N starts N Ready replicas.
+func TestInitialReplicasAreWarm(t *testing.T) {
+	reqs := load(t, "poisson:rate=1,duration=15m", 1)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: []string{"oracle"}, InitialReplicas: 4})
+	if p := result(r, "oracle"); p.Series.Ready[0] != 4 {
+		t.Fatalf("%d ready at 0, want 4", p.Series.Ready[0])
+	}
+}
+
+// TestClientTimeout: an overloaded replica; with a client timeout every
+// request without a first token by then is abandoned (a miss), none waits
+// longer, and the replica stops working on them.
+func TestClientTimeout(t *testing.T) {
+	reqs := load(t, "poisson:rate=40,duration=5m,prompt=2000,output=300", 5)
+	base := Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 5, Pipelines: []string{"static:1"}, Drain: 5 * time.Minute, Warmup: -1}
+	forever := result(run(t, base), "static:1")
+	base.ClientTimeout = 30 * time.Second
+	r := run(t, base)
+	p := result(r, "static:1")
+	if p.Abandoned == 0 || forever.Abandoned != 0 {
+		t.Fatalf("abandoned %d with a timeout, %d without", p.Abandoned, forever.Abandoned)
+	}
+	if p.TTFTP99 > 30 || forever.TTFTP99 <= 30 {
+		t.Fatalf("p99 TTFT %.1fs with a 30s timeout, %.1fs without", p.TTFTP99, forever.TTFTP99)
+	}
+	if p.Requests != len(reqs) || p.Unserved != 0 {
+		t.Fatalf("%d requests, %d unserved: every request is served, abandoned or refused", p.Requests, p.Unserved)
+	}
+	if p.SLOAttainment < forever.SLOAttainment {
+		t.Fatalf("abandoned requests freed no capacity: %.4f with the timeout, %.4f without", p.SLOAttainment, forever.SLOAttainment)
+	}
+}
+
+// TestGatewayHoldsRequests: with flow control no replica holds more than
+// the gateway's queue depth waiting; the rest wait at the gateway, and
+// all are served.
+func TestGatewayHoldsRequests(t *testing.T) {
+	reqs := load(t, "bursts:base=2,peak=60,on=1m,off=4m,duration=10m,prompt=3000,output=300", 6)
+	c := Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 6, Pipelines: []string{"static:2"}, Balancer: BalanceGateway}
+	if err := c.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := newPipeline("static:2", &c)
+	w := newWorld(&c, p)
+	most, held := 0, 0
+	w.every(0, time.Second, func() {
+		for _, rp := range w.ready {
+			w.touch(rp)
+			most = max(most, rp.r.Waiting())
+		}
+		held = max(held, len(w.gate))
+	})
+	res := w.run()
+	if most > GatewayQueueDepth || held == 0 {
+		t.Fatalf("most waiting on a replica %d (depth %d), most held at the gateway %d", most, GatewayQueueDepth, held)
+	}
+	if res.Unserved != 0 {
+		t.Fatalf("%d unserved", res.Unserved)
+	}
+}
+
+// TestMooncakeAndAzureAgree: the same requests as a Mooncake JSONL file and
+// as an Azure CSV give the same report.
+func itoa(v int) string { return strconv.Itoa(v) }
+
+func marshal(t *testing.T, r *Report) string {
+	t.Helper()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestMooncakeAndAzureAgree(t *testing.T) {
+	reqs := load(t, "bursts:base=1,peak=20,on=1m,off=4m,duration=15m,lengths=lognormal", 9)
+	var csv, jsonl strings.Builder
+	csv.WriteString("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+	t0 := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, q := range reqs {
+		q.At = q.At.Truncate(time.Millisecond)
+		csv.WriteString(t0.Add(q.At).Format("2006-01-02 15:04:05.0000000") + "," + itoa(q.Prompt) + "," + itoa(q.Output) + "\n")
+		jsonl.WriteString(`{"timestamp": ` + itoa(int(q.At.Milliseconds())) + `, "input_length": ` + itoa(q.Prompt) + `, "output_length": ` + itoa(q.Output) + `, "hash_ids": [1, 2]}` + "\n")
+	}
+	a, err := trace.ReadAzure(strings.NewReader(csv.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := trace.ReadMooncake(strings.NewReader(jsonl.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(r []trace.Request) Config {
+		return Config{Trace: r, ScaledObject: seedSO(t), Profile: profile(t), Seed: 9, Pipelines: []string{"pulse", "clairvoyant"}}
+	}
+	ra, rm := marshal(t, run(t, cfg(a))), marshal(t, run(t, cfg(m)))
+	if ra != rm {
+		t.Fatal("the Azure CSV and the Mooncake JSONL of the same requests gave different reports")
+	}
+}
