@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images
+.PHONY: all build run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images sim-suite
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -106,6 +106,11 @@ fleet: build
 # behaviour (build tag fleet; about 2 minutes).
 fleet-test: build
 	PULSE_FLEET_BIN=$(CURDIR)/$(BIN) $(GO) test -race -tags fleet -count=1 -timeout 20m -v ./test/fleet/
+
+# pulse-sim's shipped benchmark suite: the clairvoyant frontier must bound
+# every pipeline of every case (docs/simulation.md, "The benchmark").
+sim-suite:
+	$(GO) test -tags suite -count=1 -timeout 20m -run TestShippedSuiteClairvoyantBounds -v ./pkg/sim/bench/
 
 # Each fuzz target runs for FUZZTIME.
 fuzz:

@@ -90,15 +90,33 @@ type Paired struct {
 	GPUHoursStdErr float64 `json:"gpuHoursStdErr"`
 }
 
-// Sweep names the clairvoyant's sweep pipelines.
-func (s *Suite) sweep() []string {
+// SweepNames names the clairvoyant pipelines of a sweep.
+func SweepNames(utilisations []float64, windows []time.Duration) []string {
 	var out []string
-	for _, w := range s.Clairvoyant.Windows {
-		for _, u := range s.Clairvoyant.Utilisations {
-			out = append(out, fmt.Sprintf("clairvoyant:utilisation=%s,window=%s", strconv.FormatFloat(u, 'g', -1, 64), w.Duration))
+	for _, w := range windows {
+		for _, u := range utilisations {
+			out = append(out, fmt.Sprintf("clairvoyant:utilisation=%s,window=%s", strconv.FormatFloat(u, 'g', -1, 64), w))
 		}
 	}
 	return out
+}
+
+// References are the reference pipelines for so: static:1 … its
+// maxReplicaCount and the clairvoyant sweep.
+func References(so *sim.ScaledObject, utilisations []float64, windows []time.Duration) []string {
+	var out []string
+	for n := int32(1); n <= so.MaxReplicas(); n++ {
+		out = append(out, fmt.Sprintf("static:%d", n))
+	}
+	return append(out, SweepNames(utilisations, windows)...)
+}
+
+func (s *Suite) sweep() []time.Duration {
+	var ws []time.Duration
+	for _, w := range s.Clairvoyant.Windows {
+		ws = append(ws, w.Duration)
+	}
+	return ws
 }
 
 // Run runs the suite, reporting progress (one line a case) to log.
@@ -164,10 +182,7 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 		if len(s.Pipelines) > 0 {
 			pipes = append([]string(nil), s.Pipelines...)
 		}
-		for n := int32(1); n <= so.MaxReplicas(); n++ {
-			pipes = append(pipes, fmt.Sprintf("static:%d", n))
-		}
-		pipes = append(pipes, s.sweep()...)
+		pipes = append(pipes, References(so, s.Clairvoyant.Utilisations, s.sweep())...)
 		r, err := sim.Run(sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer})
 		if err != nil {
@@ -184,37 +199,48 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 	if len(s.Pipelines) == 0 {
 		_, c.Skipped, _ = sim.Expressible(so)
 	}
-	for i, pr := range first.Pipelines {
-		sc := mean(reports, i)
-		switch kind(pr.Pipeline) {
-		case "static":
-			c.Static = append(c.Static, sc)
-		case "clairvoyant":
-			c.Clairvoyant = append(c.Clairvoyant, sc)
-		default:
-			c.Pipelines = append(c.Pipelines, sc)
-		}
+	all := make([]*Score, len(first.Pipelines))
+	for i := range first.Pipelines {
+		all[i] = mean(reports, i)
 	}
-	after := func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup }
-	whole := func(sc *Score) (float64, float64) { return sc.GPUHours, sc.SLO }
-	family := append(append([]*Score(nil), c.Clairvoyant...), c.Static...)
-	c.StaticFrontier, c.ClairvoyantFrontier = Frontier(c.Static, after), Frontier(family, after)
-	sw, cw := Frontier(c.Static, whole), Frontier(family, whole)
-	sweep := Frontier(c.Clairvoyant, after)
+	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all)
+	sweep := Frontier(c.Clairvoyant, func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup })
 	c.StaticAboveSweep = []string{}
 	for _, sc := range c.Static {
 		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup); d != nil && *d > 0 {
 			c.StaticAboveSweep = append(c.StaticAboveSweep, fmt.Sprintf("%s (%+.1f points)", sc.Pipeline, 100**d))
 		}
 	}
-	for _, sc := range append(append(append([]*Score(nil), c.Pipelines...), c.Static...), c.Clairvoyant...) {
-		sc.ToStatic = distance(c.StaticFrontier, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
-		sc.ToClairvoyant = distance(c.ClairvoyantFrontier, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
+	c.PulseMinusPrometheus = paired(reports, "pulse", "prometheus")
+	return c, first, nil
+}
+
+// Split scores a set of mean scores against the references among them:
+// it splits them into signal pipelines, fixed fleets and the clairvoyant
+// sweep, and sets each one's distances to the frontiers.
+func Split(all []*Score) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
+	for _, sc := range all {
+		switch kind(sc.Pipeline) {
+		case "static":
+			static = append(static, sc)
+		case "clairvoyant":
+			clairvoyant = append(clairvoyant, sc)
+		default:
+			pipelines = append(pipelines, sc)
+		}
+	}
+	after := func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup }
+	whole := func(sc *Score) (float64, float64) { return sc.GPUHours, sc.SLO }
+	family := append(append([]*Score(nil), clairvoyant...), static...)
+	staticFront, clairvoyantFront = Frontier(static, after), Frontier(family, after)
+	sw, cw := Frontier(static, whole), Frontier(family, whole)
+	for _, sc := range all {
+		sc.ToStatic = distance(staticFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
+		sc.ToClairvoyant = distance(clairvoyantFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
 		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO)
 		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO)
 	}
-	c.PulseMinusPrometheus = paired(reports, "pulse", "prometheus")
-	return c, first, nil
+	return pipelines, static, clairvoyant, staticFront, clairvoyantFront
 }
 
 func kind(pipeline string) string {
@@ -226,7 +252,9 @@ func kind(pipeline string) string {
 	return ""
 }
 
-// mean is pipeline i's scores averaged over the reports.
+// Mean is pipeline i's scores averaged over the reports (one a seed).
+func Mean(reports []*sim.Report, i int) *Score { return mean(reports, i) }
+
 func mean(reports []*sim.Report, i int) *Score {
 	sc := &Score{Pipeline: reports[0].Pipelines[i].Pipeline}
 	n := float64(len(reports))

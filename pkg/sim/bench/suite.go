@@ -69,8 +69,8 @@ type Sweep struct {
 
 // Defaults of a suite.
 var (
-	DefaultUtilisations = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2}
-	DefaultWindows      = []time.Duration{10 * time.Second, 30 * time.Second, 2 * time.Minute}
+	DefaultUtilisations = []float64{0.25, 0.35, 0.5, 0.7, 0.85, 1, 1.25, 1.5, 2, 3}
+	DefaultWindows      = []time.Duration{10 * time.Second, time.Minute}
 )
 
 // DefaultCopyJitter is how far rateScale copies spread by default.

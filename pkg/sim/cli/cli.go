@@ -45,6 +45,7 @@ type Options struct {
 	CopyJitter      time.Duration
 	CopyLengths     string
 	ClientTimeout   time.Duration
+	References      bool
 
 	soRaw []byte // the ScaledObject as read (tune rewrites it)
 }
@@ -70,6 +71,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
+	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount and the clairvoyant sweep (utilisations "+
+		strings.Trim(fmt.Sprint(bench.DefaultUtilisations), "[]")+", windows 10s and 1m), print each pipeline's distance to the static and clairvoyant frontiers and draw frontier.png")
 	fs.DurationVar(&o.ClientTimeout, "client-timeout", o.ClientTimeout, "a request whose first token has not come this long after its arrival is abandoned by its client and counted a miss (0: clients wait for ever; 60s is a realistic chat client)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of everything random: the same seed gives the same report, byte for byte")
 	fs.DurationVar(&o.TTFTSLO, "ttft-slo", o.TTFTSLO, "time-to-first-token objective of sloAttainment, from a request's arrival at the gateway")
@@ -164,6 +167,14 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	c.Defaults()
 	c.HPA.ConfigurableTolerance = o.ConfigTolerance
 	c.Pipelines = splitList(o.Pipelines)
+	if o.References {
+		if len(c.Pipelines) == 0 {
+			if c.Pipelines, _, err = sim.Expressible(so); err != nil {
+				return sim.Config{}, err
+			}
+		}
+		c.Pipelines = append(c.Pipelines, bench.References(so, bench.DefaultUtilisations, bench.DefaultWindows)...)
+	}
 	return c, nil
 }
 
@@ -250,12 +261,48 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return fmt.Errorf("create --out: %w", err)
 	}
-	if err := writeJSON(filepath.Join(o.Out, "report.json"), reports[0]); err != nil {
+	first := *reports[0]
+	if o.References {
+		// The references' time series would be most of the file.
+		first.Pipelines = nil
+		for _, p := range reports[0].Pipelines {
+			if strings.HasPrefix(p.Pipeline, "static:") || strings.HasPrefix(p.Pipeline, "clairvoyant") {
+				q := *p
+				q.Series = sim.Series{}
+				p = &q
+			}
+			first.Pipelines = append(first.Pipelines, p)
+		}
+	}
+	if err := writeJSON(filepath.Join(o.Out, "report.json"), &first); err != nil {
 		return err
 	}
-	files, err := plot.Write(reports[0], o.Out, o.Format)
+	files, err := plot.Write(reports[0], o.Out, o.Format, !o.References)
 	if err != nil {
 		return err
+	}
+	var scores []*bench.Score
+	for i := range reports[0].Pipelines {
+		scores = append(scores, bench.Mean(reports, i))
+	}
+	signal, _, _, staticFront, clairFront := bench.Split(scores)
+	if o.References {
+		f := filepath.Join(o.Out, "frontier."+o.Format)
+		var pts []plot.FrontierPoint
+		for _, sc := range signal {
+			pts = append(pts, plot.FrontierPoint{Name: sc.Pipeline, GPUHours: sc.GPUHoursAfterWarmup, SLO: sc.SLOAfterWarmup})
+		}
+		fp := func(front []bench.Point) []plot.FrontierPoint {
+			var out []plot.FrontierPoint
+			for _, p := range front {
+				out = append(out, plot.FrontierPoint{Name: p.Pipeline, GPUHours: p.GPUHours, SLO: p.SLO})
+			}
+			return out
+		}
+		if err := plot.Frontier(reports[0].Config.Trace+" · "+reports[0].Config.Profile+" · "+reports[0].Config.ScaledObject, pts, fp(staticFront), fp(clairFront), f, o.Format); err != nil {
+			return err
+		}
+		files = append(files, f)
 	}
 	if o.Runs > 1 {
 		if err := writeJSON(filepath.Join(o.Out, "runs.json"), runsOf(reports)); err != nil {
@@ -273,6 +320,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "not run: %s\n", sk)
 	}
 	PrintTable(stdout, meanScores(reports), r.Config.TTFTSLOSeconds, r.Config.WarmupSeconds)
+	if len(staticFront) > 0 || len(clairFront) > 0 {
+		printFrontiers(stdout, signal, staticFront, clairFront)
+	}
 	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "report.json"), strings.Join(files, ", "))
 	return nil
 }
@@ -304,6 +354,33 @@ func runsOf(reports []*sim.Report) []Run {
 		}
 	}
 	return out
+}
+
+// printFrontiers prints the frontiers and each signal pipeline's distance
+// to them (after the warm-up).
+func printFrontiers(w io.Writer, signal []*bench.Score, staticFront, clairFront []bench.Point) {
+	text := func(front []bench.Point) string {
+		var parts []string
+		for _, p := range front {
+			parts = append(parts, fmt.Sprintf("%s %.1f%% at %.2f", p.Pipeline, 100*p.SLO, p.GPUHours))
+		}
+		if len(parts) == 0 {
+			return "none run"
+		}
+		return strings.Join(parts, "; ")
+	}
+	pts := func(v *float64) string {
+		if v == nil {
+			return "— (below its first point)"
+		}
+		return fmt.Sprintf("%+.1f points", 100**v)
+	}
+	fmt.Fprintf(w, "\nafter the warm-up: static frontier: %s\n", text(staticFront))
+	fmt.Fprintf(w, "clairvoyant frontier (its sweep and the fixed fleets): %s\n", text(clairFront))
+	for _, sc := range signal {
+		fmt.Fprintf(w, "%s: %.1f%% at %.2f GPU-hours: %s from the static frontier, %s from the clairvoyant\n", sc.Pipeline,
+			100*sc.SLOAfterWarmup, sc.GPUHoursAfterWarmup, pts(sc.ToStatic), pts(sc.ToClairvoyant))
+	}
 }
 
 // Mean is one pipeline's scores averaged over seeds.

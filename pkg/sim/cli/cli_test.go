@@ -132,6 +132,10 @@ func TestBadUsageIsClear(t *testing.T) {
 		"unknown command": {"simulate"},
 		"bad profile":     {"--trace", "poisson:rate=1,duration=1m", "--scaledobject", seedSO, "--profile", "gpt-9", "--out", t.TempDir()},
 		"bad grid":        {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting"},
+		"bad lengths":     {"--trace", shippedTrace, "--scaledobject", seedSO, "--copy-lengths", "longer"},
+		"bad timeout":     {"--trace", shippedTrace, "--scaledobject", seedSO, "--client-timeout", "-1s"},
+		"bench no suite":  {"bench"},
+		"bench bad suite": {"bench", "--suite", "no-such-suite.yaml"},
 	} {
 		code, _, errs := main(t, args...)
 		if code == 0 || !strings.HasPrefix(errs, "pulse-sim:") || strings.Count(errs, "\n") != 1 {
@@ -142,7 +146,81 @@ func TestBadUsageIsClear(t *testing.T) {
 
 func TestHelpListsEveryFlag(t *testing.T) {
 	code, _, errs := main(t, "--help")
-	if code != 0 || !strings.Contains(errs, "-rate-scale") || !strings.Contains(errs, "-ttft-slo") {
-		t.Fatalf("exit %d:\n%s", code, errs)
+	for _, f := range []string{"-rate-scale", "-ttft-slo", "-initial-replicas", "-warmup", "-copy-jitter", "-copy-lengths", "-client-timeout"} {
+		if code != 0 || !strings.Contains(errs, f) {
+			t.Fatalf("exit %d, no %s:\n%s", code, f, errs)
+		}
+	}
+	code, _, errs = main(t, "bench", "--help")
+	if code != 0 || !strings.Contains(errs, "-suite") || !strings.Contains(errs, "-seeds") {
+		t.Fatalf("bench --help: exit %d:\n%s", code, errs)
+	}
+}
+
+// TestRunWithReferencesAndNewFlags: the references, warm-up scores and
+// means with one decimal, with the new flags.
+func TestRunWithReferencesAndNewFlags(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errs := main(t, "--trace", "../trace/testdata/mooncake-synthetic.jsonl", "--scaledobject", seedSO,
+		"--pipelines", "pulse,static:2,clairvoyant:utilisation=0.8", "--out", dir, "--runs", "2", "--initial-replicas", "2",
+		"--warmup", "5m", "--client-timeout", "60s", "--balancer", "gateway", "--rate-scale", "1.5", "--copy-jitter", "20s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"SLO after 5m", "goodput/GPU-h", "abandoned", "static:2", "clairvoyant:utilisation=0.8", "static-2.png"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// scale events are means over 2 seeds: one decimal.
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "pulse ") && !strings.Contains(line, ".0 ") && !strings.Contains(line, ".5 ") {
+			t.Errorf("a mean without its decimal: %q", line)
+		}
+	}
+	var doc struct {
+		Config    map[string]any   `json:"config"`
+		Pipelines []map[string]any `json:"pipelines"`
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err := json.Unmarshal(raw, &doc); err != nil || len(doc.Pipelines) != 3 {
+		t.Fatalf("report.json: %v", err)
+	}
+	for _, f := range []string{"sloAfterWarmup", "gpuHoursAfterWarmup", "goodputPerGpuHour", "abandoned"} {
+		if _, ok := doc.Pipelines[0][f]; !ok {
+			t.Errorf("report.json lacks %s", f)
+		}
+	}
+	if doc.Config["warmupSeconds"] != 300.0 || doc.Config["clientTimeoutSeconds"] != 60.0 {
+		t.Errorf("config %v", doc.Config)
+	}
+}
+
+// TestBenchCommand: pulse-sim bench runs a suite and writes the scoreboard.
+func TestBenchCommand(t *testing.T) {
+	dir := t.TempDir()
+	so, _ := filepath.Abs(seedSO)
+	suite := filepath.Join(dir, "suite.yaml")
+	body := "seeds: 3\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [" + so + "]\npipelines: [pulse, prometheus]\n" +
+		"clairvoyant: {utilisations: [0.7, 1.2], windows: [30s]}\ntraces: [{name: steps, trace: 'steps:rates=2/20/2,step=8m'}]\n"
+	if err := os.WriteFile(suite, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "out"), "--seeds", "1", "--format", "svg")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "1 seeds in") || !strings.Contains(out, "scoreboard.md") {
+		t.Errorf("output:\n%s", out)
+	}
+	var sb struct {
+		Seeds []int `json:"seeds"`
+		Cases []struct {
+			Pipelines []struct{ Pipeline string } `json:"pipelines"`
+		} `json:"cases"`
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, "out", "scoreboard.json"))
+	if err := json.Unmarshal(raw, &sb); err != nil || len(sb.Seeds) != 1 || len(sb.Cases) != 1 || len(sb.Cases[0].Pipelines) != 2 {
+		t.Fatalf("scoreboard.json: %v %+v", err, sb)
 	}
 }

@@ -27,12 +27,22 @@ var palette = []color.Color{
 }
 
 // Write draws the report's pictures into dir, as PNG or SVG (format "png"
-// or "svg"), and returns the files written.
-func Write(r *sim.Report, dir, format string) ([]string, error) {
+// or "svg"), and returns the files written; references false leaves the
+// static and clairvoyant pipelines out of them (a reference sweep would
+// draw dozens).
+func Write(r *sim.Report, dir, format string, references bool) ([]string, error) {
 	if format != "png" && format != "svg" {
 		return nil, fmt.Errorf("picture format %q: png or svg", format)
 	}
 	var files []string
+	shown := *r
+	shown.Pipelines = nil
+	for _, p := range r.Pipelines {
+		if references || !(strings.HasPrefix(p.Pipeline, "static:") || strings.HasPrefix(p.Pipeline, "clairvoyant")) {
+			shown.Pipelines = append(shown.Pipelines, p)
+		}
+	}
+	r = &shown
 	for _, p := range r.Pipelines {
 		f := filepath.Join(dir, FileName(p.Pipeline)+"."+format)
 		if err := save(panels(r, p), f, format, 4); err != nil {
@@ -122,9 +132,10 @@ func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file
 		p.Add(sc)
 		p.Legend.Add(q.Name, sc)
 	}
+	p.Y.Min, p.Y.Max = 0, 101
 	p.Legend.Top = false
 	p.Legend.Left = false
-	return save([]*plot.Plot{p}, file, format, 2)
+	return saveSized([]*plot.Plot{p}, file, format, 1, 10*vg.Inch, 6*vg.Inch)
 }
 
 func minutes(r *sim.Report, i int) float64 { return float64(i) * r.Config.SampleSeconds / 60 }
@@ -204,7 +215,11 @@ func compare(r *sim.Report) (*plot.Plot, error) {
 
 // save lays the plots out in one column.
 func save(plots []*plot.Plot, file, format string, rows int) error {
-	w, h := 10*vg.Inch, vg.Length(rows)*2.6*vg.Inch
+	return saveSized(plots, file, format, rows, 10*vg.Inch, vg.Length(rows)*2.6*vg.Inch)
+}
+
+// saveSized lays the plots out in one column on a w × h canvas.
+func saveSized(plots []*plot.Plot, file, format string, rows int, w, h vg.Length) error {
 	var c draw.Canvas
 	var png *vgimg.PngCanvas
 	var svg *vgsvg.Canvas

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerates every result of docs/simulation.md (about 25 minutes on 2
+# cores): each command's table goes to docs/simulation/results/NAME.txt,
+# its report and pictures to docs/simulation/NAME/ where the document shows
+# them. Run from the repository root after `make build`.
+set -euo pipefail
+sim=bin/pulse-sim
+trace=pkg/sim/trace/testdata/azure-llm-2023-conv.csv
+out=docs/simulation/results
+mkdir -p "$out"
+run() { # name, then pulse-sim's arguments
+  local name=$1; shift
+  echo "== $name: pulse-sim $*" | tee "$out/$name.txt"
+  "$sim" "$@" | grep -v '^ *\(static\|clairvoyant\):' >> "$out/$name.txt"
+}
+# Checked against the real thing: the step, 100 seeds.
+run step --trace steps:rates=5/60,step=5m,prompt=1000,output=200 \
+  --scaledobject docs/simulation/step-scaledobject.yaml --pipelines pulse,prometheus \
+  --runs 100 --scrape-interval 500ms --out /tmp/pulse-sim-step
+cp /tmp/pulse-sim-step/runs.json "$out/step-runs.json"
+# (a) The baseline; (b) tune and the tuned ScaledObject; the 70B fleet.
+run baseline --trace $trace --scaledobject pkg/sim/testdata/baseline-scaledobject.yaml --rate-scale 6 --runs 10 \
+  --references --out docs/simulation/baseline
+echo "== tune" > "$out/tune.txt"
+"$sim" tune --trace $trace --scaledobject pkg/sim/testdata/baseline-scaledobject.yaml --rate-scale 6 --seeds 3 \
+  --target-slo 0.95 --out /tmp/pulse-sim-tune >> "$out/tune.txt"
+run tuned --trace $trace --scaledobject docs/simulation/tuned-scaledobject.yaml --rate-scale 6 --runs 10 \
+  --references --out docs/simulation/tuned
+for so in baseline:pkg/sim/testdata/baseline-scaledobject.yaml tuned:docs/simulation/tuned-scaledobject.yaml; do
+  run "70b-${so%%:*}" --trace $trace --scaledobject "${so#*:}" --profile llama-3.3-70b-h100x4 --rate-scale 1.5 --runs 10 \
+    --references --out "/tmp/pulse-sim-70b-${so%%:*}"
+done
+# (d) and (f): other signals, pulse and the oracle.
+for so in waiting saturation saturation-running ttft-p90 ttft-mean itl-p90; do
+  run "signals-$so" --trace $trace --rate-scale 6 --runs 10 --scaledobject "docs/simulation/signals/$so-scaledobject.yaml" \
+    --pipelines pulse,oracle --references --out "/tmp/pulse-sim-signals-$so"
+done
+# (g) Demand at zero.
+run zero --trace $trace --rate-scale 1 --runs 10 --scaledobject docs/simulation/signals/zero-waiting-scaledobject.yaml \
+  --pipelines pulse,oracle --references --out /tmp/pulse-sim-zero
+run zero-demand --trace $trace --rate-scale 1 --runs 10 --scaledobject docs/simulation/signals/zero-waiting-scaledobject.yaml \
+  --pipelines pulse,oracle --demand-source --references --out /tmp/pulse-sim-zero-demand
+# The benchmark suite.
+"$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"

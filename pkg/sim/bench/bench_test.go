@@ -1,0 +1,162 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// miniSuite writes a small suite beside the shipped ScaledObjects and trace.
+func miniSuite(t *testing.T, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	root, err := filepath.Abs("../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = strings.ReplaceAll(body, "ROOT", root)
+	f := filepath.Join(dir, "suite.yaml")
+	if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+const mini = `seeds: 2
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]
+clairvoyant: {utilisations: [0.5, 0.8, 1, 1.5], windows: [30s]}
+traces:
+- name: bursty
+  trace: bursts:base=1,peak=30,on=2m,off=6m,duration=30m,lengths=lognormal
+- name: mooncake-half
+  trace: ROOT/pkg/sim/trace/testdata/mooncake-synthetic.jsonl
+  rateScale: 0.5
+`
+
+// TestSuiteWritesTheScoreboard: a suite run writes scoreboard.json and .md
+// and a frontier picture a case; every signal pipeline and every fixed
+// fleet is scored, the frontiers are monotone, distances are the score
+// minus the frontier, and the same suite gives the same scoreboard, byte
+// for byte.
+func TestSuiteWritesTheScoreboard(t *testing.T) {
+	f := miniSuite(t, mini)
+	s, err := Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	sb, _, err := s.Run("mini", &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	files, err := Write(sb, out, "png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.Cases) != 2 || len(files) != 4 || strings.Count(log.String(), "2 seeds in") != 2 {
+		t.Fatalf("%d cases, files %v, log %q", len(sb.Cases), files, log.String())
+	}
+	for _, c := range sb.Cases {
+		if len(c.Pipelines) != 5 || len(c.Static) != 10 || len(c.Clairvoyant) != 4 {
+			t.Fatalf("%s: %d pipelines, %d static, %d clairvoyant", c.Trace, len(c.Pipelines), len(c.Static), len(c.Clairvoyant))
+		}
+		for _, front := range [][]Point{c.StaticFrontier, c.ClairvoyantFrontier} {
+			for i := 1; i < len(front); i++ {
+				if front[i].GPUHours < front[i-1].GPUHours || front[i].SLO <= front[i-1].SLO {
+					t.Fatalf("%s: frontier not monotone: %+v", c.Trace, front)
+				}
+			}
+		}
+		for _, sc := range c.Pipelines {
+			f, ok := At(c.StaticFrontier, sc.GPUHoursAfterWarmup)
+			if ok != (sc.ToStatic != nil) || ok && round(sc.SLOAfterWarmup-f) != *sc.ToStatic {
+				t.Fatalf("%s %s: to static %v, frontier %v %v", c.Trace, sc.Pipeline, sc.ToStatic, f, ok)
+			}
+		}
+		if p := c.PulseMinusPrometheus; p == nil || p.N != 2 {
+			t.Fatalf("%s: pulse − prometheus %+v", c.Trace, p)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "scoreboard.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## bursty ×1", "## mooncake-half ×0.5", "Static frontier", "Clairvoyant frontier", "pulse − prometheus, paired by seed (n = 2)", "![frontier](frontier-1-"} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("scoreboard.md lacks %q", want)
+		}
+	}
+	fh, err := os.Open(files[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if img, err := png.Decode(fh); err != nil || img.Bounds().Dx() < 500 {
+		t.Fatalf("%s: %v", files[1], err)
+	}
+	a, _ := json.Marshal(sb)
+	again, _, err := s.Run("mini", &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(again); !bytes.Equal(a, b) {
+		t.Fatal("the same suite gave another scoreboard")
+	}
+}
+
+func TestBadSuitesAreRefusedClearly(t *testing.T) {
+	for name, tc := range map[string]struct{ body, want string }{
+		"unknown key":  {"seeds: 1\ncolour: red\n", "colour"},
+		"empty":        {"seeds: 1\n", "at least one entry"},
+		"rate":         {"profiles: [llama-3.1-8b-h100]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1', rateScale: -1}]\n", "rate scale -1"},
+		"by profile":   {"profiles: [llama-3.1-8b-h100]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1', rateScaleByProfile: {other: 2}}]\n", "not one of the suite's profiles"},
+		"static":       {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, static:3]\n", "added by the suite itself"},
+		"copy lengths": {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\ncopyLengths: longer\n", "copyLengths"},
+		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
+		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
+	} {
+		_, err := Read(miniSuite(t, tc.body))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %q", name, err, tc.want)
+		}
+	}
+	if _, err := Read("no-such-suite.yaml"); err == nil {
+		t.Error("a missing suite was read")
+	}
+}
+
+func TestFrontierAndPairs(t *testing.T) {
+	xy := func(s *Score) (float64, float64) { return s.GPUHoursAfterWarmup, s.SLOAfterWarmup }
+	scores := []*Score{
+		{Pipeline: "c", GPUHoursAfterWarmup: 3, SLOAfterWarmup: 0.9},
+		{Pipeline: "a", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.5},
+		{Pipeline: "b", GPUHoursAfterWarmup: 2, SLOAfterWarmup: 0.4}, // beaten by a
+		{Pipeline: "d", GPUHoursAfterWarmup: 4, SLOAfterWarmup: 0.99},
+	}
+	front := Frontier(scores, xy)
+	var names []string
+	for _, p := range front {
+		names = append(names, p.Pipeline)
+	}
+	if strings.Join(names, ",") != "a,c,d" {
+		t.Fatalf("frontier %v, want a,c,d", names)
+	}
+	for g, want := range map[float64]float64{1: 0.5, 2.9: 0.5, 2.95: 0.9, 3.5: 0.9, 10: 0.99} {
+		if got, ok := At(front, g); !ok || got != want {
+			t.Errorf("At(%g) = %g %v, want %g", g, got, ok, want)
+		}
+	}
+	if _, ok := At(front, 0.5); ok {
+		t.Error("a frontier answered below its first point")
+	}
+	m, se := meanSE([]float64{1, 2, 3, 4})
+	if m != 2.5 || se < 0.6454 || se > 0.6455 {
+		t.Errorf("mean %g, standard error %g; want 2.5 and 0.6455", m, se)
+	}
+}
