@@ -37,7 +37,7 @@ type staticPipe struct {
 const maxStatic = 10_000
 
 func newStatic(name, args string, _ *Config) (Pipeline, error) {
-	n, err := strconv.Atoi(args)
+	n, err := strconv.ParseInt(args, 10, 32)
 	if err != nil || n < 1 || n > maxStatic {
 		return nil, fmt.Errorf("pipeline %q: want static:N with N a whole number from 1 to %d", name, maxStatic)
 	}

@@ -38,7 +38,7 @@ func Write(r *sim.Report, dir, format string, references bool) ([]string, error)
 	shown := *r
 	shown.Pipelines = nil
 	for _, p := range r.Pipelines {
-		if references || !(strings.HasPrefix(p.Pipeline, "static:") || strings.HasPrefix(p.Pipeline, "clairvoyant")) {
+		if references || !strings.HasPrefix(p.Pipeline, "static:") && !strings.HasPrefix(p.Pipeline, "clairvoyant") {
 			shown.Pipelines = append(shown.Pipelines, p)
 		}
 	}
@@ -126,9 +126,9 @@ func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file
 		if err != nil {
 			return err
 		}
-		sc.GlyphStyle.Color = palette[(i+2)%len(palette)]
-		sc.GlyphStyle.Radius = vg.Points(4)
-		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		sc.Color = palette[(i+2)%len(palette)]
+		sc.Radius = vg.Points(4)
+		sc.Shape = draw.CircleGlyph{}
 		p.Add(sc)
 		p.Legend.Add(q.Name, sc)
 	}
