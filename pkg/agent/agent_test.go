@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,11 +14,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/vllm"
+	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
@@ -186,5 +192,59 @@ func TestBadStaticTargetsBeforeAnythingElse(t *testing.T) {
 	}
 	if logs.Len() != 0 {
 		t.Fatalf("logged before the error:\n%s", logs.String())
+	}
+}
+
+// TestScrapeErrorTextAlwaysEncodes: a page's server chooses the status line
+// the agent quotes (here `HTTP/1.1 503 \xff\xfe`), and a long valid error
+// cut at a byte count can split a character: proto3 refuses to marshal a
+// string that is not UTF-8, and before the text was cleaned the send failed
+// on every tick and the node went stale. The text is now valid UTF-8, cut
+// on a character's boundary, and the batch marshals.
+func TestScrapeErrorTextAlwaysEncodes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = bufio.NewReader(c).ReadString('\n')
+				_, _ = c.Write([]byte("HTTP/1.1 503 \xff\xfe\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+			}()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, serr := newScraper(t, 8<<20).Scrape(ctx, "http://"+ln.Addr().String()+"/metrics", nil, nil)
+	if serr == nil {
+		t.Fatal("a 503 scraped")
+	}
+	long := "scrape failed: " + strings.Repeat("€", 100) // 315 bytes: byte 200 is inside a character
+	for name, text := range map[string]string{"status line": serr.Error(), "long": long} {
+		got := cleanText(text, maxErrorBytes)
+		if !utf8.ValidString(got) || len(got) > maxErrorBytes {
+			t.Fatalf("%s: %q (%d bytes) is not valid UTF-8 of at most %d bytes", name, got, len(got), maxErrorBytes)
+		}
+		var b pulsev1.SampleBatch
+		wire.NewEncoder().Append(&b, &wire.Sample{Pod: 1, Missing: pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, Error: got})
+		if _, err := proto.Marshal(&b); err != nil {
+			t.Fatalf("%s: the batch does not marshal: %v", name, err)
+		}
+	}
+	if got := cleanText(long, maxErrorBytes); !strings.HasPrefix(long, got) || len(got) != 198 {
+		t.Fatalf("cut at %d bytes, want 198 (the last whole character)", len(got))
+	}
+	// The wire itself never sends what proto3 cannot marshal.
+	var b pulsev1.SampleBatch
+	wire.NewEncoder().Append(&b, &wire.Sample{Pod: 1, Missing: pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, Error: "HTTP 503 \xff\xfe"})
+	if _, err := proto.Marshal(&b); err != nil {
+		t.Fatalf("the wire sent a string proto3 refuses: %v", err)
 	}
 }

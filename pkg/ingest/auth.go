@@ -42,7 +42,7 @@ type TokenReviewer struct {
 
 	mu     sync.Mutex
 	tokens map[[32]byte]review // by token hash, for a minute
-	pods   *lru.Cache[string, string]
+	pods   *lru.Cache[string, podIdentity]
 	// podInformer caches every scheduled pod's node, so that an
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
@@ -69,7 +69,7 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 		t.allowed = append(t.allowed, "system:serviceaccount:"+ns+":"+name)
 	}
 	var err error
-	if t.pods, err = lru.New[string, string](65536); err != nil {
+	if t.pods, err = lru.New[string, podIdentity](65536); err != nil {
 		return nil, err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -147,13 +147,18 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 // PodNode reads a pod's node from the pod cache, or from the API for a pod
 // the cache does not hold yet (cached by uid: a pod never changes node).
 func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string) (string, error) {
-	if n, ok := t.pods.Get(uid); ok {
-		return n, nil
+	if id, ok := t.pods.Get(uid); ok {
+		// A uid names one pod: the whole identity must match, or an agent
+		// could list its own pod's uid under another namespace and name.
+		if id.namespace != namespace || id.name != name {
+			return "", fmt.Errorf("pod uid %s is %s/%s, not %s/%s", uid, id.namespace, id.name, namespace, name)
+		}
+		return id.node, nil
 	}
 	if t.podInformer.HasSynced() {
 		obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
 		if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == uid {
-			t.pods.Add(uid, p.Spec.NodeName)
+			t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
 			return p.Spec.NodeName, nil
 		}
 	}
@@ -165,7 +170,10 @@ func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string
 		return "", fmt.Errorf("pod %s/%s has uid %s, not %s", namespace, name, p.UID, uid)
 	}
 	if p.Spec.NodeName != "" {
-		t.pods.Add(uid, p.Spec.NodeName)
+		t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
 	}
 	return p.Spec.NodeName, nil
 }
+
+// podIdentity is what the pod cache keeps of a pod, by uid.
+type podIdentity struct{ namespace, name, node string }

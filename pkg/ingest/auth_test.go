@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,5 +170,13 @@ func TestPodNodeFromTheCache(t *testing.T) {
 	}
 	if _, err := tr.PodNode(ctx, "ns", "nobody", "uid-nobody"); err == nil {
 		t.Fatal("an unknown pod was accepted")
+	}
+	// A uid cached for one pod vouches for no other namespace or name: an
+	// agent holding its token could otherwise re-list its own pod's uid
+	// under another tenant's namespace and workload.
+	for _, other := range [][2]string{{"victim", "mine"}, {"ns", "someone-else"}} {
+		if _, err := tr.PodNode(ctx, other[0], other[1], "uid-mine"); err == nil || !strings.Contains(err.Error(), "is ns/mine") {
+			t.Errorf("uid-mine as %s/%s: %v, want a refusal naming ns/mine", other[0], other[1], err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -374,7 +375,16 @@ func metadata(in map[string]string) (map[string]string, error) {
 // nearestKey is the key of pulse's that k is a likely typo of (the same but
 // for case, or within one edit, two for keys over five letters); "" when
 // none is.
+//
+// The work is bounded before it is done: a key that cannot be within two
+// edits of any of pulse's (longer than the longest by more than two) gets no
+// hint, and each candidate is skipped unless their lengths are within its
+// limit, so an unknown key of any length costs no more than a short one
+// (a 1 MiB key once cost seconds of CPU and gigabytes of allocation).
 func nearestKey(k string) string {
+	if len(k) > maxPulseKey+2 {
+		return ""
+	}
 	best, bestD := "", 3
 	for _, p := range pulseKeys {
 		if strings.EqualFold(k, p) {
@@ -384,12 +394,24 @@ func nearestKey(k string) string {
 		if len(p) > 5 {
 			limit = 2
 		}
+		if n := utf8.RuneCountInString(k); n > len(p)+limit || n < len(p)-limit {
+			continue // more edits apart than the limit
+		}
 		if d := editDistance(strings.ToLower(k), strings.ToLower(p)); d <= limit && d < bestD {
 			best, bestD = p, d
 		}
 	}
 	return best
 }
+
+// maxPulseKey is the length of pulse's longest metadata key.
+var maxPulseKey = func() int {
+	n := 0
+	for _, p := range pulseKeys {
+		n = max(n, len(p))
+	}
+	return n
+}()
 
 // editDistance is the optimal string alignment distance: insertions,
 // deletions, substitutions and swaps of adjacent letters.

@@ -530,3 +530,23 @@ func TestSaturationGivesTheReplicasNeeded(t *testing.T) {
 		t.Errorf("no target: %v", err)
 	}
 }
+
+// TestTypoHintsAreBounded: an unknown metadata key of 1 MiB (any
+// ScaledObject's author can write one) is ignored as any unknown key that is
+// not a typo, at the cost of a short one: the hint's edit distance is not
+// computed for keys it cannot match. (It once took 5–8 s of CPU and 2.7 GB
+// of allocations a call.)
+func TestTypoHintsAreBounded(t *testing.T) {
+	md := map[string]string{"workspace": "a", strings.Repeat("x", 1<<20): "1", strings.Repeat("é", 9): "2"}
+	if _, err := metadata(md); err != nil {
+		t.Fatalf("long unknown keys: %v", err)
+	}
+	allocs := testing.AllocsPerRun(3, func() { _, _ = metadata(md) })
+	short := testing.AllocsPerRun(3, func() { _, _ = metadata(map[string]string{"workspace": "a", "xxxxxxxxx": "1", "éééééééééé": "2"}) })
+	if allocs > short+2 {
+		t.Fatalf("a 1 MiB key: %.0f allocations a call, a short unknown key %.0f", allocs, short)
+	}
+	if meant := nearestKey("treshold"); meant != "threshold" {
+		t.Fatalf("the hint is gone: %q", meant)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strings"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -76,7 +77,9 @@ func NewEncoder() *Encoder { return &Encoder{pods: make(map[uint32]*podState)} }
 // Append adds s to b. A pod must appear at most once per batch.
 func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: s.Pod, OffsetMs: s.OffsetMs, Reason: s.Missing, Error: s.Error})
+		// proto3 refuses to marshal a string that is not UTF-8: an error's
+		// text that is not must never cost the batch.
+		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: s.Pod, OffsetMs: s.OffsetMs, Reason: s.Missing, Error: strings.ToValidUTF8(s.Error, "\uFFFD")})
 		return
 	}
 	st := e.pods[s.Pod]
