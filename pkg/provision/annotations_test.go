@@ -151,3 +151,24 @@ func equalMaps(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// TestLatencyTriggersAreAverages: a provisioned latency (or ratio) trigger
+// is per replica: valueType average. Summed over replicas (the default,
+// total), a p90 of 1.85 s against 1 s asked for 2 of 10 replicas and scaled
+// a slow workload down.
+func TestLatencyTriggersAreAverages(t *testing.T) {
+	for m, want := range map[string]string{"ttftP90Seconds": "average", "ttftSeconds": "average", "itlP99Seconds": "average",
+		"prefixCacheHitRate": "average", "waiting": "", "running": "", "promptTokensPerSecond": ""} {
+		s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: m, AnnotationThreshold: "1"}, time.Minute)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		parsed := want
+		if parsed == "" {
+			parsed = "total"
+		}
+		if s.Trigger["valueType"] != want || s.Parsed.ValueType != parsed {
+			t.Errorf("%s: valueType %q (parsed %q), want %q", m, s.Trigger["valueType"], s.Parsed.ValueType, want)
+		}
+	}
+}
