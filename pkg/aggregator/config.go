@@ -277,7 +277,8 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		a.health.addCheck("ScaledObject cache", a.resolver.Ready)
 	}
 	a.scalerSrv = grpc.NewServer(opts...)
-	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check})
+	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
+		AllowCrossNamespace: o.Kube.AllowCrossNamespace})
 	reg.MustRegister(a.scaler.Collector())
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)

@@ -173,6 +173,9 @@ func (o *WarmupOptions) Validate() error {
 type KubeOptions struct {
 	KubeConfig     string
 	ResolveTargets bool
+	// AllowCrossNamespace lets a trigger read another namespace than its
+	// ScaledObject's (its namespace or workspaceNamespace key).
+	AllowCrossNamespace bool
 	// OwnerClusterRole names the ClusterRole (the chart's) that owns what the
 	// aggregator creates at run time, so that deleting it (helm uninstall)
 	// has the garbage collector delete them too.
@@ -183,6 +186,7 @@ type KubeOptions struct {
 func (o *KubeOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig of the features that use the Kubernetes API (default: the in-cluster config)")
 	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects)")
+	fs.BoolVar(&o.AllowCrossNamespace, "allow-cross-namespace-triggers", o.AllowCrossNamespace, "let a trigger's namespace or workspaceNamespace key name another namespace than its ScaledObject's (default: a trigger reads only its own namespace)")
 	fs.StringVar(&o.OwnerClusterRole, "owner-cluster-role", o.OwnerClusterRole, "a ClusterRole that owns what the aggregator creates (--manage-certs' Secrets and ClusterTriggerAuthentication, the provisioner's Lease): deleting it deletes them (needs get on it)")
 }
 

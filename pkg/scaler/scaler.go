@@ -26,6 +26,7 @@ import (
 
 // Server implements externalscaler.ExternalScalerServer.
 type Server struct {
+	crossNS bool // Options.AllowCrossNamespace
 	externalscaler.UnimplementedExternalScalerServer
 	store     *store.Store
 	maxWindow time.Duration
@@ -60,6 +61,11 @@ type Options struct {
 	Gate func() error
 	// Now is the clock of the decision records (time.Now when nil).
 	Now func() time.Time
+	// AllowCrossNamespace lets a trigger's namespace or workspaceNamespace
+	// name another namespace than its ScaledObject's; false: a trigger reads
+	// only its own namespace (a tenant's ScaledObject must not read
+	// another tenant's workload).
+	AllowCrossNamespace bool
 }
 
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
@@ -88,7 +94,7 @@ func New(st *store.Store, o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, decisions: newRecorder(o.Now),
+	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now),
 		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{})}
 }
 
@@ -109,6 +115,11 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 		return t, status.Error(codes.Unavailable, err.Error()) // passes: KEDA retries
 	case err != nil:
 		return t, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if own := ref.GetNamespace(); !s.crossNS && own != "" && t.Workload.Namespace != own {
+		return t, status.Error(codes.InvalidArgument, fmt.Sprintf(
+			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
+			t.Workload.Namespace, own, ref.GetName(), own))
 	}
 	return t, nil
 }

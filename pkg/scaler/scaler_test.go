@@ -300,6 +300,7 @@ func TestDefaultThresholdsFitTheMetric(t *testing.T) {
 
 func TestMetricSpec(t *testing.T) {
 	f := newFixture(t)
+	f.server.crossNS = true // the name of a workload in another namespace
 	md := map[string]string{"workspace": "Llama.Big_1", "namespace": "team/x", "threshold": "2.5", "metric": "kvCacheUsage"}
 	resp, err := f.client.GetMetricSpec(context.Background(), ref(md))
 	if err != nil {
@@ -548,5 +549,38 @@ func TestTypoHintsAreBounded(t *testing.T) {
 	}
 	if meant := nearestKey("treshold"); meant != "threshold" {
 		t.Fatalf("the hint is gone: %q", meant)
+	}
+}
+
+// TestTriggersReadOnlyTheirNamespace: a ScaledObject's trigger could name
+// any namespace (namespace, workspaceNamespace) and read another tenant's
+// workload; by default it reads only its own, and the refusal names the
+// flag that allows more.
+func TestTriggersReadOnlyTheirNamespace(t *testing.T) {
+	f := newFixture(t)
+	f.pods("llama-0")
+	f.report(map[string]float64{"llama-0": 3})
+	for _, md := range []map[string]string{
+		{"workspace": "llama", "namespace": "other"},
+		{"workspaceName": "llama", "workspaceNamespace": "other"},
+	} {
+		_, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "x"})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--allow-cross-namespace-triggers") ||
+			!strings.Contains(err.Error(), "demo/llama-so") {
+			t.Errorf("%v: %v, want InvalidArgument naming the ScaledObject and the flag", md, err)
+		}
+		if _, err := f.client.IsActive(context.Background(), ref(md)); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: IsActive %v", md, err)
+		}
+	}
+	if _, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
+		ScaledObjectRef: ref(map[string]string{"workspace": "llama", "namespace": "demo"}), MetricName: "x"}); err != nil {
+		t.Fatalf("its own namespace, named: %v", err)
+	}
+	f.server.crossNS = true
+	_, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
+		ScaledObjectRef: ref(map[string]string{"workspace": "llama", "namespace": "other"}), MetricName: "x"})
+	if status.Code(err) == codes.InvalidArgument {
+		t.Fatalf("with --allow-cross-namespace-triggers: %v", err)
 	}
 }
