@@ -89,6 +89,11 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	if list == "" {
 		return nil, fmt.Errorf("annotation %s is required: the workloads the router fronts, NAME or NAME=LABEL_VALUE, comma-separated", AnnotationDemandWorkloads)
 	}
+	if n := strings.Count(list, ",") + 1; n > MaxDemandWorkloads {
+		// One router must not fill its node's catalogue: this router is
+		// left out, the node's other pods are not.
+		return nil, fmt.Errorf("annotation %s names %d workloads; at most %d", AnnotationDemandWorkloads, n, MaxDemandWorkloads)
+	}
 	var out []Target
 	seen := map[string]bool{}
 	for item := range strings.SplitSeq(list, ",") {

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -57,6 +58,9 @@ func TestDemandTargets(t *testing.T) {
 		"bad metric":      {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a", AnnotationDemandMetric: "a b", AnnotationDemandLabel: "m"}, "not a valid metric name"},
 		"bad kind":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandKind: "Job"}, "want Workspace"},
 		"bad type":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandType: "queue"}, "want held or arrivals"},
+		// One router naming 1,100 workloads filled its node's catalogue
+		// past the aggregator's limit: the node went silent.
+		"too many workloads": {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: manyNames(1100)}, "names 1100 workloads; at most 64"},
 	} {
 		if _, err := TargetsOf(routerPod(tc.ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", name, err, tc.want)
@@ -65,5 +69,36 @@ func TestDemandTargets(t *testing.T) {
 	// Another node's router is not this agent's.
 	if ts, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a"}), "node-2", sel); err != nil || ts != nil {
 		t.Fatalf("other node: %v, %v", ts, err)
+	}
+}
+
+func manyNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "w" + strconv.Itoa(i)
+	}
+	return strings.Join(names, ",")
+}
+
+// TestPodOfTooManyWorkloadsIsLeftOut: a pod with nine owner references
+// (nine workloads) once made the aggregator refuse its node's whole
+// catalogue; the agent now leaves that pod alone out, saying why.
+func TestPodOfTooManyWorkloadsIsLeftOut(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-p", Labels: map[string]string{"pod-template-hash": "h"}},
+		Spec:       corev1.PodSpec{NodeName: "node-1"},
+		Status:     corev1.PodStatus{PodIP: "10.0.0.7", Phase: corev1.PodRunning},
+	}
+	p.Annotations = map[string]string{AnnotationScrape: "true", AnnotationPort: "8000"}
+	for i := range 9 {
+		p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "StatefulSet", Name: "s" + strconv.Itoa(i)})
+	}
+	if _, ok, err := TargetOf(p, "node-1", sel); ok || err == nil || !strings.Contains(err.Error(), "belongs to 9 workloads (labels and owner references); at most 8") {
+		t.Fatalf("ok %v, err %v; want the pod left out, naming the limit", ok, err)
+	}
+	p.OwnerReferences = p.OwnerReferences[:8]
+	if tg, ok, err := TargetOf(p, "node-1", sel); !ok || err != nil || len(tg.Workloads) != 8 {
+		t.Fatalf("eight workloads: ok %v, %v, %d workloads", ok, err, len(tg.Workloads))
 	}
 }

@@ -145,6 +145,15 @@ func equalTargets(a, b []Target) bool {
 	return true
 }
 
+// MaxWorkloadsPerPod is the most workloads one pod may belong to (the
+// aggregator's limit per catalogue entry); MaxDemandWorkloads the most a
+// router's pulse.io/demand-workloads may name (each is an entry of the
+// node's catalogue, whose size the aggregator bounds per agent).
+const (
+	MaxWorkloadsPerPod = 8
+	MaxDemandWorkloads = 64
+)
+
 // TargetsOf is TargetOf for any pod: a model server's one target, or a
 // demand source's (pulse.io/demand-source) one per workload it fronts.
 func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
@@ -189,6 +198,11 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name, Workloads: Workloads(pod)}
 	if len(t.Workloads) == 0 {
 		return t, false, fmt.Errorf("no workload: label it %s or %s, or give it %s", LabelWorkspace, LabelInferenceSet, KeyWorkload)
+	}
+	if len(t.Workloads) > MaxWorkloadsPerPod {
+		// The aggregator refuses such an entry; sending it only costs the
+		// stream's budget. This pod alone is left out.
+		return t, false, fmt.Errorf("belongs to %d workloads (labels and owner references); at most %d", len(t.Workloads), MaxWorkloadsPerPod)
 	}
 	t, err = placeOf(pod, t)
 	if err != nil {

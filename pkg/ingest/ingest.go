@@ -56,7 +56,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"catalogue", "malformed_batch", "message", "negative_value", "other_node", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "too_many_workloads", "unauthenticated", "unknown_pod"}
 
 // Options configure a Server.
 type Options struct {
@@ -247,9 +247,23 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		st.dec.Forget(id)
 	}
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
+	// reject refuses one entry (counted, logged, its id's earlier pod
+	// removed); the rest of the catalogue and the stream go on: one pod's
+	// bad labels or annotations must not silence its node's other pods.
+	reject := func(p *pulsev1.Pod, reason, node string, err error) {
+		st.srv.m.rejected.WithLabelValues(reason).Inc()
+		st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
+		if old, ok := st.ids[p.Id]; ok {
+			removed = append(removed, old)
+			delete(st.ids, p.Id)
+			st.dec.Forget(p.Id)
+		}
+		st.rejected[p.Id] = true
+	}
 	for _, p := range c.Upsert {
 		if p.Uid == "" || p.Namespace == "" || p.Name == "" {
-			return fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
+			reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id))
+			continue
 		}
 		podUID := p.Uid
 		if p.Demand {
@@ -257,8 +271,27 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			// the workload's name.
 			var ok bool
 			if podUID, ok = store.DemandPodUID(p.Uid); !ok {
-				return fmt.Errorf("catalogue entry %d: a demand entry's uid %q is not POD_UID/demand/WORKLOAD", p.Id, p.Uid)
+				reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: a demand entry's uid %q is not POD_UID/demand/WORKLOAD", p.Id, p.Uid))
+				continue
 			}
+		}
+		if len(p.Workloads) > maxWorkloadsPerPod {
+			reject(p, "too_many_workloads", "", fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod))
+			continue
+		}
+		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
+		var bad error
+		for _, w := range p.Workloads {
+			kind, ok := kinds[w.Kind]
+			if !ok || w.Name == "" {
+				bad = fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
+				break
+			}
+			info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
+		}
+		if bad != nil {
+			reject(p, "invalid_entry", "", bad)
+			continue
 		}
 		if st.bound {
 			// An agent speaks only for the pods of its own node.
@@ -268,14 +301,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 				if err != nil {
 					reason = "unknown_pod"
 				}
-				st.srv.m.rejected.WithLabelValues(reason).Inc()
-				st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
-				if old, ok := st.ids[p.Id]; ok {
-					removed = append(removed, old)
-					delete(st.ids, p.Id)
-					st.dec.Forget(p.Id)
-				}
-				st.rejected[p.Id] = true
+				reject(p, reason, node, err)
 				continue
 			}
 		}
@@ -285,17 +311,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			removed = append(removed, old)
 		}
 		st.ids[p.Id] = p.Uid
-		if len(p.Workloads) > maxWorkloadsPerPod {
-			return fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
-		}
-		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
-		for _, w := range p.Workloads {
-			kind, ok := kinds[w.Kind]
-			if !ok || w.Name == "" {
-				return fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
-			}
-			info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
-		}
 		infos = append(infos, info)
 	}
 	if n := len(st.ids) + len(st.rejected); n > st.srv.limits.MaxPodsPerStream {

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -124,10 +125,12 @@ pulse_aggregator_pod_samples_total{outcome="ok"} 1
 # HELP pulse_aggregator_rejected_reports_total Reports rejected, by reason.
 # TYPE pulse_aggregator_rejected_reports_total counter
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
+pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
 pulse_aggregator_rejected_reports_total{reason="message"} 0
 pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
 pulse_aggregator_rejected_reports_total{reason="other_node"} 0
+pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
 pulse_aggregator_rejected_reports_total{reason="unauthenticated"} 0
 pulse_aggregator_rejected_reports_total{reason="unknown_pod"} 0
 `
@@ -151,13 +154,9 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 		"no hello":        {msgs: []*pulsev1.AgentMessage{catalogue(pod(1, "a"))}, code: codes.InvalidArgument},
 		"no node":         {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{ProtocolVersion: 1}}}}, code: codes.InvalidArgument},
 		"unknown version": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 9}}}}, code: codes.FailedPrecondition},
-		"pod with no uid": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Namespace: "ns", Name: "a"})}, code: codes.InvalidArgument},
-		"bad workload":    {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Uid: "u", Namespace: "ns", Name: "a", Workloads: []*pulsev1.Workload{{Name: "x"}}})}, code: codes.InvalidArgument},
 		"too many pods":   {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"))}, code: codes.InvalidArgument},
 		"malformed batch": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a")), badBatch}, code: codes.InvalidArgument},
 		"second hello":    {msgs: []*pulsev1.AgentMessage{hello(), hello()}, code: codes.InvalidArgument},
-		"demand entry without its router's uid": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(&pulsev1.Pod{Id: 1, Uid: "u", Namespace: "ns", Name: "epp-0",
-			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})}, code: codes.InvalidArgument},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -171,6 +170,53 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 	_ = f.run(t, hello(), catalogue(pod(1, "a")), badBatch)
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("malformed_batch")); got != 1 {
 		t.Fatalf("rejected malformed_batch = %v, want 1", got)
+	}
+}
+
+// TestOneBadEntryIsRefusedAlone: a pod whose entry breaks a limit (nine
+// owner references, a bad workload, no uid, a demand entry not named after
+// its router) once made the aggregator refuse the whole catalogue and end
+// the stream; the agent reconnected with the same catalogue for ever and
+// every other pod of the node went unreported. Now the one entry is refused
+// (counted by reason) and its samples dropped; the node's other pods are
+// stored and the stream stays open.
+func TestOneBadEntryIsRefusedAlone(t *testing.T) {
+	nine := make([]*pulsev1.Workload, 9)
+	for i := range nine {
+		nine[i] = &pulsev1.Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: fmt.Sprintf("d%d", i)}
+	}
+	tests := map[string]struct {
+		bad    *pulsev1.Pod
+		reason string
+	}{
+		"nine workloads": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true, Workloads: nine}, "too_many_workloads"},
+		"bad workload":   {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Workloads: []*pulsev1.Workload{{Name: "x"}}}, "invalid_entry"},
+		"no uid":         {&pulsev1.Pod{Id: 2, Namespace: "ns", Name: "b"}, "invalid_entry"},
+		"demand entry without its router's uid": {&pulsev1.Pod{Id: 2, Uid: "u", Namespace: "ns", Name: "epp-0",
+			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}, "invalid_entry"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			enc := wire.NewEncoder()
+			var b pulsev1.SampleBatch
+			b.Seq, b.TimeUnixMs = 1, 1000
+			for _, id := range []uint32{1, 2} {
+				s := wire.Sample{Pod: id}
+				s.Values.Set(metric.Waiting, 4)
+				enc.Append(&b, &s)
+			}
+			if err := f.run(t, hello(), catalogue(pod(1, "a"), tc.bad), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
+				t.Fatalf("the stream ended: %v", err)
+			}
+			v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+			if len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "a" || v[0].Pods[0].Values["waiting"] != 4 {
+				t.Fatalf("store = %+v, want pod a alone with its sample", v)
+			}
+			if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues(tc.reason)); got != 1 {
+				t.Fatalf("rejected %s = %v, want 1", tc.reason, got)
+			}
+		})
 	}
 }
 
