@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -246,5 +247,33 @@ func TestScrapeErrorTextAlwaysEncodes(t *testing.T) {
 	wire.NewEncoder().Append(&b, &wire.Sample{Pod: 1, Missing: pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, Error: "HTTP 503 \xff\xfe"})
 	if _, err := proto.Marshal(&b); err != nil {
 		t.Fatalf("the wire sent a string proto3 refuses: %v", err)
+	}
+}
+
+// TestScrapeFollowsRedirectsOnlyWithinThePod: a pod's page redirecting to
+// another address once had the agent fetch it (the agent is a client on the
+// node's network); it now follows a redirect only to the pod it scraped.
+func TestScrapeFollowsRedirectsOnlyWithinThePod(t *testing.T) {
+	var other atomic.Int32
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { other.Add(1) }))
+	defer elsewhere.Close()
+	sim := vllmsim.New(vllmsim.Options{})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", sim.Handler())
+	mux.HandleFunc("/moved", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/metrics", http.StatusFound) })
+	mux.HandleFunc("/away", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/metrics", http.StatusFound)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := newScraper(t, 8<<20).Scrape(ctx, srv.URL+"/moved", nil, nil); err != nil {
+		t.Fatalf("a redirect within the pod: %v", err)
+	}
+	_, err := newScraper(t, 8<<20).Scrape(ctx, srv.URL+"/away", nil, nil)
+	var se *ScrapeError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "redirect to another host") || other.Load() != 0 {
+		t.Fatalf("err %v, %d requests elsewhere; want the redirect refused and none", err, other.Load())
 	}
 }

@@ -69,7 +69,26 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	tr.MaxIdleConns = maxConns
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second
-	return &httpScraper{client: &http.Client{Transport: tr}, extractor: ex, maxBytes: maxBytes}
+	// A pod's server chooses its headers: bound them (vLLM's are a few
+	// hundred bytes).
+	tr.MaxResponseHeaderBytes = maxResponseHeaderBytes
+	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes}
+}
+
+// maxResponseHeaderBytes bounds a page's response headers.
+const maxResponseHeaderBytes = 64 << 10
+
+// sameHostRedirect follows at most 3 redirects, each to the pod it was
+// sent to: a pod's server must not turn the agent (which runs on the
+// host's network) into a client of any other address.
+func sameHostRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 3 {
+		return errors.New("stopped after 3 redirects")
+	}
+	if req.URL.Host != via[0].URL.Host {
+		return fmt.Errorf("redirect to another host (%s) refused", req.URL.Host)
+	}
+	return nil
 }
 
 // Scrape fetches and extracts one page. Its error is a *ScrapeError.
