@@ -175,8 +175,13 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 	if err != nil {
 		return err
 	}
+	// A threshold written for keda-kaito-scaler (its annotation, not
+	// pulse's) is a threshold of its metric, waiting: with no metric named,
+	// it keeps that meaning even when pulse.io/autoscale enables the
+	// workload (it was once applied to running).
+	_, thresholdVia, _ := r.get(AnnotationThreshold)
 	switch {
-	case m == "" && s.ViaKaito:
+	case m == "" && (s.ViaKaito || thresholdVia == KaitoThreshold):
 		md["metric"] = KaitoDefaultMetric
 	case m == "":
 		md["metric"] = DefaultMetric

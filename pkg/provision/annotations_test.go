@@ -172,3 +172,22 @@ func TestLatencyTriggersAreAverages(t *testing.T) {
 		}
 	}
 }
+
+// TestKaitoThresholdKeepsItsMetric: a workload enabled by pulse.io/autoscale
+// that also carries keda-kaito-scaler's threshold annotation: that threshold
+// is one of keda-kaito-scaler's metric (waiting); it was applied to pulse's
+// default, running.
+func TestKaitoThresholdKeepsItsMetric(t *testing.T) {
+	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", KaitoThreshold: "5"}, time.Minute)
+	if err != nil || s.Trigger["metric"] != KaitoDefaultMetric || s.Trigger["threshold"] != "5" {
+		t.Fatalf("trigger %v, %v; want waiting at 5", s.Trigger, err)
+	}
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationThreshold: "48"}, time.Minute)
+	if err != nil || s.Trigger["metric"] != DefaultMetric {
+		t.Fatalf("pulse's own threshold: trigger %v, %v; want %s", s.Trigger, err, DefaultMetric)
+	}
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", KaitoThreshold: "0.5", AnnotationMetric: "kvCacheUsage"}, time.Minute)
+	if err != nil || s.Trigger["metric"] != "kvCacheUsage" {
+		t.Fatalf("a named metric: trigger %v, %v", s.Trigger, err)
+	}
+}
