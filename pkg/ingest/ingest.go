@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -22,6 +23,25 @@ import (
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
+
+// Strings an agent sends are kept: bound them. A Kubernetes name is at most
+// 253 bytes; a demand entry's uid is a pod's uid and a workload's name.
+// A scrape error's text is kept up to maxErrorBytes (the agent sends 200).
+const (
+	maxNameBytes  = 600
+	maxErrorBytes = 256
+)
+
+// clip is s cut to at most n bytes on a character's boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
 
 // maxWorkloadsPerPod bounds the workloads one pod may belong to (a Kaito
 // Workspace, its InferenceSet, a Deployment, an override...), and so, with
@@ -265,6 +285,10 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id))
 			continue
 		}
+		if len(p.Uid) > maxNameBytes || len(p.Namespace) > maxNameBytes || len(p.Name) > maxNameBytes {
+			reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: a uid, namespace or name over %d bytes", p.Id, maxNameBytes))
+			continue
+		}
 		podUID := p.Uid
 		if p.Demand {
 			// A router's entry for one workload: the router pod's uid and
@@ -283,7 +307,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		var bad error
 		for _, w := range p.Workloads {
 			kind, ok := kinds[w.Kind]
-			if !ok || w.Name == "" {
+			if !ok || w.Name == "" || len(w.Name) > maxNameBytes {
 				bad = fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
 				break
 			}
@@ -374,7 +398,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		r := store.Report{UID: uid}
 		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
 		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			r.Missing, r.Error = wire.ReasonName(s.Missing), s.Error
+			r.Missing, r.Error = wire.ReasonName(s.Missing), clip(s.Error, maxErrorBytes)
 			st.srv.m.missing.Inc()
 			reports = append(reports, r)
 			continue

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -253,5 +254,32 @@ func TestBatchOfUncataloguedIDsEndsTheStream(t *testing.T) {
 		if err := f.run(t, hello(), catalogue(pod(1, "a")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s of an unknown id: %v, want InvalidArgument", name, err)
 		}
+	}
+}
+
+// TestAgentStringsAreBounded: strings an agent sends are kept; 40 missing
+// samples with 3 MiB error texts once held 143 MiB. An error's text is kept
+// to 256 bytes, and an entry whose names are longer than any Kubernetes
+// name is refused alone.
+func TestAgentStringsAreBounded(t *testing.T) {
+	f := newFixture(t)
+	enc := wire.NewEncoder()
+	var b pulsev1.SampleBatch
+	b.Seq, b.TimeUnixMs = 1, 1000
+	enc.Append(&b, &wire.Sample{Pod: 1, Missing: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Error: strings.Repeat("é", 1<<20)})
+	long := &pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: strings.Repeat("n", 1<<20),
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	if err := f.run(t, hello(), catalogue(pod(1, "a"), long), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
+		t.Fatalf("the stream ended: %v", err)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+	if len(v) != 1 || len(v[0].Pods) != 1 {
+		t.Fatalf("store = %+v, want pod a alone", v)
+	}
+	if e := v[0].Pods[0].Error; len(e) > 256 || !utf8.ValidString(e) || !strings.HasPrefix(e, "é") {
+		t.Fatalf("error kept: %d bytes, valid %v", len(e), utf8.ValidString(e))
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_entry")); got != 1 {
+		t.Fatalf("rejected invalid_entry = %v, want 1", got)
 	}
 }
