@@ -184,3 +184,55 @@ func TestHistogramBucketsPerEngine(t *testing.T) {
 		t.Fatalf("histogram without +Inf forwarded: %+v", pg.Hist)
 	}
 }
+
+// pageOfBounds is a page whose TTFT histogram has n distinct bounds, beside
+// a queue gauge.
+func pageOfBounds(n int) []byte {
+	var b strings.Builder
+	b.WriteString("vllm:num_requests_waiting 7\n")
+	for i := range n {
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"%d\"} %d\n", i+1, i)
+	}
+	b.WriteString("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 1e6\n")
+	return []byte(b.String())
+}
+
+// TestTooManyBoundsAreCappedFirst: a page's histogram of thousands of
+// bounds is left out, and the rest of the page kept. Each new bound was
+// searched among all before (quadratic: a 4.4 MiB page cost seconds of CPU
+// the scrape timeout cannot stop); the search now stops at
+// metric.MaxBuckets (BenchmarkExtractManyBounds).
+func TestTooManyBoundsAreCappedFirst(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, keep := range map[int]bool{metric.MaxBuckets - 1: true, 20000: false} {
+		pg, err := e.ExtractWith(pageOfBounds(n), NewCounters())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := pg.Values.Get(metric.Waiting); v != 7 {
+			t.Fatalf("%d bounds: waiting %v, want 7", n, v)
+		}
+		got := pg.Hist != nil && pg.Hist[metric.TTFTHist].Bounds != nil
+		if got != keep {
+			t.Fatalf("%d bounds: histogram kept %v, want %v", n, got, keep)
+		}
+	}
+}
+
+func BenchmarkExtractManyBounds(b *testing.B) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		b.Fatal(err)
+	}
+	page := pageOfBounds(20000)
+	b.SetBytes(int64(len(page)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := e.ExtractWith(page, NewCounters()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

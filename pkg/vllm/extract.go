@@ -309,6 +309,10 @@ type histSlot struct {
 	rank   uint8
 	bounds []float64
 	counts []float64
+	// over: the page has more bounds than metric.MaxBuckets; the histogram
+	// is left out, and no more bounds are searched (each search is linear:
+	// a page of thousands of bounds cost seconds before the cap).
+	over bool
 }
 
 func (a *accumulator) addBucket(src source, le, v float64) {
@@ -320,11 +324,18 @@ func (a *accumulator) addBucket(src source, le, v float64) {
 		*h = histSlot{}
 	}
 	h.rank = src.rank
+	if h.over {
+		return
+	}
 	for i, b := range h.bounds {
 		if b == le {
 			h.counts[i] += v
 			return
 		}
+	}
+	if len(h.bounds) == metric.MaxBuckets {
+		h.over = true
+		return
 	}
 	h.bounds = append(h.bounds, le)
 	h.counts = append(h.counts, v)
@@ -339,7 +350,7 @@ func (a *accumulator) histograms() *metric.Histograms {
 	for h := range a.hist {
 		s := &a.hist[h]
 		n := len(s.bounds)
-		if n == 0 || n > metric.MaxBuckets {
+		if n == 0 || s.over {
 			continue
 		}
 		idx := make([]int, n)
