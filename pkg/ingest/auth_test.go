@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -177,6 +178,32 @@ func TestPodNodeFromTheCache(t *testing.T) {
 	for _, other := range [][2]string{{"victim", "mine"}, {"ns", "someone-else"}} {
 		if _, err := tr.PodNode(ctx, other[0], other[1], "uid-mine"); err == nil || !strings.Contains(err.Error(), "is ns/mine") {
 			t.Errorf("uid-mine as %s/%s: %v, want a refusal naming ns/mine", other[0], other[1], err)
+		}
+	}
+}
+
+// TestTooManyPodsCostNoLookup: a catalogue over the stream's pod limit is
+// refused before any of its entries is looked up in the API (2,000 entries
+// once cost 2,000 pod GETs, then the refusal).
+func TestTooManyPodsCostNoLookup(t *testing.T) {
+	c := fakeAPI()
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, tr) // at most 3 pods a stream
+	var pods []*pulsev1.Pod
+	for i := range 5 {
+		pods = append(pods, &pulsev1.Pod{Id: uint32(i + 1), Uid: fmt.Sprintf("uid-%d", i), Namespace: "ns", Name: fmt.Sprintf("p%d", i),
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
+	}
+	err = f.runAs(t, "token-node-1", hello(), catalogue(pods...))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "at most 3 per agent") {
+		t.Fatalf("%v, want InvalidArgument naming the limit", err)
+	}
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+			t.Fatalf("a pod was looked up (%v) for a catalogue refused for its size", a)
 		}
 	}
 }

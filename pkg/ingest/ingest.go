@@ -266,6 +266,17 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		delete(st.rejected, id)
 		st.dec.Forget(id)
 	}
+	// The stream's limit, checked before any entry costs an API lookup (a
+	// refused catalogue of 2,000 pods once cost 2,000 GETs first).
+	n := len(st.ids) + len(st.rejected)
+	for _, p := range c.Upsert {
+		if _, ok := st.ids[p.Id]; !ok && !st.rejected[p.Id] {
+			n++
+		}
+	}
+	if n > st.srv.limits.MaxPodsPerStream {
+		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
+	}
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
 	// reject refuses one entry (counted, logged, its id's earlier pod
 	// removed); the rest of the catalogue and the stream go on: one pod's
