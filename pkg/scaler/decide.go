@@ -125,6 +125,15 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		dv = s.store.Demand(t.Workload, t.Window, t.StaleAfter)
 	}
 	if !found {
+		// Replicas that were reporting and are gone without their agent
+		// removing them (the agent lost past --pod-expiry, or evicted) are
+		// no workload without load: an error, so that KEDA's fallback
+		// applies and the HPA holds, never a 0 that scales a serving
+		// workload down or to zero.
+		if l, lost := s.store.LostReplicas(t.Workload); lost {
+			return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
+				describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
+		}
 		if dv.Sources > 0 {
 			return demandOnly(t, dv), nil
 		}

@@ -547,3 +547,57 @@ func TestQuantileIsTheWorkloads(t *testing.T) {
 		}
 	})
 }
+
+// TestLostReplicasAreNoZero: a workload with a demand source whose replicas'
+// agent is lost past the pod expiry (or whose pods are evicted) once read as
+// demand alone: 0 and inactive, and KEDA scaled a serving workload down or
+// to zero. Replicas that were reporting and are gone without their agent
+// removing them are now an error (KEDA's fallback; the HPA holds); replicas
+// the agent removes (a scale-down) still leave the routers' demand.
+func TestLostReplicasAreNoZero(t *testing.T) {
+	f := newFixture(t)
+	router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
+	reportDemand := func() {
+		r := store.Report{UID: router.UID}
+		r.TimeMs = f.clock.Now().UnixMilli()
+		r.Values.Set(metric.PendingRequests, 0)
+		f.store.Add([]store.Report{r})
+	}
+	f.store.OpenSource("node-router")
+	f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
+	f.store.OpenSource("node-1")
+	f.scenario(podSpec{name: "llama-0", state: "ready", waiting: 3}, podSpec{name: "llama-1", state: "ready", waiting: 4})
+	reportDemand()
+	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second,
+		StaleAfter: 5 * time.Second, MissingPods: "auto"}
+	if d, err := f.server.Evaluate(tr); err != nil || d.Value != 7 {
+		t.Fatalf("serving: %+v, %v", d, err)
+	}
+	// The replicas' agent is lost; past the expiry its pods are left out,
+	// then swept.
+	f.store.CloseSource("node-1")
+	f.clock.Add(11 * time.Minute)
+	reportDemand()
+	for _, sweep := range []bool{false, true} {
+		if sweep {
+			f.store.Sweep()
+		}
+		d, err := f.server.Evaluate(tr)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "2 replicas that were reporting are gone") {
+			t.Fatalf("swept %v: %+v, %v; want Unavailable naming the 2 lost replicas", sweep, d, err)
+		}
+	}
+	// A replica listed again: answers as before.
+	f.store.OpenSource("node-1")
+	f.scenario(podSpec{name: "llama-0", state: "ready", waiting: 2})
+	if d, err := f.server.Evaluate(tr); err != nil || d.Value != 2 {
+		t.Fatalf("listed again: %+v, %v", d, err)
+	}
+	// Its agent removes it (a scale-down to zero): the routers' demand,
+	// 0, is the answer.
+	f.store.Remove("node-1", "uid-llama-0")
+	reportDemand()
+	if d, err := f.server.Evaluate(tr); err != nil || d.Value != 0 || d.Active {
+		t.Fatalf("removed by its agent: %+v, %v; want 0 and inactive", d, err)
+	}
+}

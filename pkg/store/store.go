@@ -107,6 +107,12 @@ type Store struct {
 	lastSweep time.Time
 	evicted   int
 	now       func() time.Time
+	// lost: workloads whose replicas were dropped without their agent
+	// removing them (its streams expired, or MaxPods evicted them), and
+	// when; cleared when one of its replicas is listed again. losing is
+	// set while such drops happen (mu held).
+	lost   map[Key]Lost
+	losing bool
 
 	// watchMu guards watches; it is taken after mu (never before), so that
 	// watchers do not contend for mu.
@@ -168,6 +174,7 @@ func New(opts Options) *Store {
 		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
 		watches:   make(map[Key]*watch),
+		lost:      make(map[Key]Lost),
 		now:       opts.Now,
 	}
 	// The eviction callback runs with mu held, inside Add, Upsert or
@@ -175,6 +182,9 @@ func New(opts Options) *Store {
 	s.pods, _ = simplelru.NewLRU(opts.MaxPods, func(_ string, p *pod) {
 		s.notify(p)
 		s.unlink(p)
+		if s.losing && !p.Demand {
+			s.markLost(p, 1)
+		}
 	})
 	return s
 }
@@ -243,6 +253,11 @@ func (s *Store) sweep(now time.Time, force bool) {
 		return
 	}
 	s.lastSweep = now
+	for k, l := range s.lost {
+		if now.Sub(l.At) > lostFor {
+			delete(s.lost, k)
+		}
+	}
 	expired := map[string]bool{}
 	for node, src := range s.sources {
 		if s.expiredSource(src, now) {
@@ -253,15 +268,63 @@ func (s *Store) sweep(now time.Time, force bool) {
 	if len(expired) == 0 {
 		return
 	}
+	s.losing = true
+	defer func() { s.losing = false }()
 	for _, uid := range s.pods.Keys() {
 		p, _ := s.pods.Peek(uid)
 		for node := range expired {
 			p.sources = without(p.sources, node)
 		}
 		if len(p.sources) == 0 {
-			s.pods.Remove(uid) // the eviction callback unlinks it
+			s.pods.Remove(uid) // the eviction callback unlinks it (and marks it lost)
 		}
 	}
+}
+
+// Lost is what a workload lost without its agent removing it: replicas
+// that were reporting, dropped because their agent's streams expired or
+// MaxPods evicted them.
+type Lost struct {
+	At   time.Time
+	Pods int
+}
+
+// lostFor is how long a lost workload is remembered (then it is as if it
+// never had replicas).
+const lostFor = 24 * time.Hour
+
+// markLost records that p's workloads lost it now; mu must be held.
+func (s *Store) markLost(p *pod, n int) {
+	for _, k := range p.Workloads {
+		l := s.lost[k]
+		l.At, l.Pods = s.now(), l.Pods+n
+		s.lost[k] = l
+	}
+}
+
+// LostReplicas reports whether workload k has no replica listed but had
+// replicas that were dropped without their agent removing them (or that
+// are held only for an agent disconnected past Expiry): such an absence is
+// not a workload with no load.
+func (s *Store) LostReplicas(k Key) (Lost, bool) {
+	now := s.now()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	l, ok := s.lost[k]
+	for _, p := range s.workloads[k] {
+		if p.Demand {
+			continue
+		}
+		if !s.expired(p, now) {
+			return Lost{}, false // a replica is listed
+		}
+		l.Pods++
+		if l.At.IsZero() {
+			l.At = now
+		}
+		ok = true
+	}
+	return l, ok
 }
 
 func (s *Store) expiredSource(src *source, now time.Time) bool {
@@ -355,9 +418,11 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 		p, ok := s.pods.Get(info.UID)
 		if !ok {
 			p = &pod{}
+			s.losing = true
 			if s.pods.Add(info.UID, p) {
 				s.evicted++
 			}
+			s.losing = false
 		} else {
 			s.notify(p)
 			s.unlink(p)
@@ -411,6 +476,9 @@ func (s *Store) unlist(uid string, p *pod, node string) {
 
 func (s *Store) link(p *pod) {
 	for _, k := range p.Workloads {
+		if !p.Demand {
+			delete(s.lost, k) // a replica is listed again
+		}
 		list := s.workloads[k]
 		i, found := slices.BinarySearchFunc(list, p.UID, func(x *pod, uid string) int { return strings.Compare(x.UID, uid) })
 		if found {
