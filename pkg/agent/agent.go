@@ -300,15 +300,15 @@ func (a *Agent) endScrape(uid string) {
 const maxErrorBytes = 200
 
 // cleanText is s as valid UTF-8 (each invalid byte a U+FFFD) cut to at most
-// max bytes on a character's boundary: an error's text may quote what a
+// limit bytes on a character's boundary: an error's text may quote what a
 // pod's server chose to send (its status line), and proto3 refuses to
 // marshal a string that is not UTF-8, which would cost the whole stream.
-func cleanText(s string, max int) string {
+func cleanText(s string, limit int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= max {
+	if len(s) <= limit {
 		return s
 	}
-	cut := max
+	cut := limit
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

@@ -212,7 +212,7 @@ func TestTooManyBoundsAreCappedFirst(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := pg.Values.Get(metric.Waiting); v != 7 {
+		if v, _ := pg.Get(metric.Waiting); v != 7 {
 			t.Fatalf("%d bounds: waiting %v, want 7", n, v)
 		}
 		got := pg.Hist != nil && pg.Hist[metric.TTFTHist].Bounds != nil
