@@ -206,7 +206,15 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	if len(vals) > 0 {
 		d.Reporting = aggregate(vals, t.Aggregation)
 	}
-	up := d.Reporting > t.Threshold
+	// The direction the missing pods are filled in is the HPA's: from the
+	// counted pods' value with the requests the routers hold spread over
+	// them (held demand ignored here once gave 5 replicas where the HPA's
+	// rule gives at most 4).
+	perPod := d.Reporting
+	if dv.Held > 0 {
+		perPod += dv.Held / float64(max(len(vals), 1))
+	}
+	up := perPod > t.Threshold
 	d.Direction = "down"
 	if up {
 		d.Direction = "up"

@@ -601,3 +601,26 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 		t.Fatalf("removed by its agent: %+v, %v; want 0 and inactive", d, err)
 	}
 }
+
+// TestHeldDemandSetsTheFillDirection: two replicas at 8 waiting (threshold
+// 10), one stale, and 20 requests held at the router. By the HPA's rule the
+// counted pods with the held requests are at 18 a pod: scaling up, so the
+// stale pod counts 0 and the total is 36 (4 replicas). Ignoring the held
+// requests, the direction was down, the stale pod counted 10 and the total
+// 46 asked for 5.
+func TestHeldDemandSetsTheFillDirection(t *testing.T) {
+	f := newFixture(t)
+	router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
+	f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
+	f.scenario(podSpec{name: "a", state: "ready", waiting: 8}, podSpec{name: "b", state: "ready", waiting: 8}, podSpec{name: "c", state: "silent"})
+	r := store.Report{UID: router.UID}
+	r.TimeMs = f.clock.Now().UnixMilli()
+	r.Values.Set(metric.PendingRequests, 20)
+	f.store.Add([]store.Report{r})
+	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second,
+		StaleAfter: 5 * time.Second, MissingPods: "auto"}
+	d, err := f.server.Evaluate(tr)
+	if err != nil || d.Value != 36 || d.Direction != "up" || d.DesiredReplicas(tr) != 4 {
+		t.Fatalf("%+v, %v; want 36, up, 4 replicas", d, err)
+	}
+}
