@@ -232,10 +232,10 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	if !strings.HasPrefix(path, "/") {
 		return t, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, path)
 	}
+	// A hostNetwork pod's IP is its node's, which reaches its server from
+	// the agent's pod; 127.0.0.1 (once used for them) is the agent's own
+	// loopback, not theirs.
 	host := pod.Status.PodIP
-	if pod.Spec.HostNetwork {
-		host = "127.0.0.1" // over localhost: the agent shares the node's network
-	}
 	// A terminating pod is listed as terminating (scalers leave it out, as
 	// the HPA does) and is no longer scraped.
 	t.Terminating = pod.DeletionTimestamp != nil

@@ -63,9 +63,11 @@ func TestTargetOf(t *testing.T) {
 			},
 			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
 		},
-		"hostNetwork is scraped over localhost": {
-			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true },
-			ok:     true, want: Target{Ready: true, URL: "http://127.0.0.1:5000/metrics"},
+		// Its pod IP is the node's address; 127.0.0.1 was the agent's own
+		// loopback (the agent does not run in the host's network).
+		"hostNetwork is scraped at its node's address": {
+			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true; p.Status.PodIP = "192.0.2.10" },
+			ok:     true, want: Target{Ready: true, URL: "http://192.0.2.10:5000/metrics"},
 		},
 		"IPv6 pod": {
 			mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
