@@ -431,7 +431,15 @@ func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructur
 		}
 		if !OwnedBy(existing, w.GetUID()) {
 			owner := "another workload"
-			if ref := metav1.GetControllerOf(existing); ref != nil {
+			ref := metav1.GetControllerOf(existing)
+			if ref != nil {
+				// pulse's, for a workload of this kind and name whose uid is
+				// gone (re-created with --cascade=orphan): this workload is its
+				// successor (one name names one object at a time), and adopts
+				// it; it once stayed in conflict for ever.
+				if ref.Kind == k.Kind && ref.Name == k.Name {
+					return ""
+				}
 				owner = ref.Kind + " " + ref.Name
 			}
 			return fmt.Sprintf("ScaledObject %s/%s is pulse's for %s: left alone", k.Namespace, k.Name, owner)

@@ -438,3 +438,47 @@ func TestStatusUpdatesConcernNoWorkload(t *testing.T) {
 		}
 	}
 }
+
+// TestOrphanedScaledObjectIsAdopted: a workload deleted with
+// --cascade=orphan and re-created keeps pulse's ScaledObject, owned by the
+// old uid; the new workload (same kind and name) adopts it: its owner
+// reference is the new uid and the workload is provisioned, where it once
+// stayed in conflict for ever.
+func TestOrphanedScaledObjectIsAdopted(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	old := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "mine", UID: "Deployment-mine-before"},
+		Settings{MinReplicas: 1, MaxReplicas: 3, ScaleUpPodsPerMinute: 2, ScaleDownInterval: time.Minute, ScaleDownDelay: time.Minute,
+			Trigger: map[string]string{"deployment": "mine"}}, Target{ScalerAddress: "x:9090"})
+	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.run()
+	f.waitFor("the orphan adopted", func() error {
+		so, err := f.scaledObject("mine")
+		if err != nil {
+			return err
+		}
+		if !OwnedBy(so, "Deployment-mine") {
+			return fmt.Errorf("owners %v", so.GetOwnerReferences())
+		}
+		if s := f.state("Deployment", "mine"); s.State != StateProvisioned {
+			return fmt.Errorf("state %+v", s)
+		}
+		return nil
+	})
+	// A ScaledObject of pulse's for another workload is still left alone.
+	g := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	theirs := Desired(Owner{APIVersion: "apps/v1", Kind: "StatefulSet", Namespace: "demo", Name: "db", UID: "StatefulSet-db"},
+		Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"statefulSet": "db"}}, Target{ScalerAddress: "x:9090"})
+	theirs.SetName("mine")
+	if _, err := g.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	g.run()
+	g.waitFor("the conflict reported", func() error {
+		if s := g.state("Deployment", "mine"); s.State != StateConflict {
+			return fmt.Errorf("state %+v", s)
+		}
+		return nil
+	})
+}
