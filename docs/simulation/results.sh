@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every result of docs/simulation.md (about 25 minutes on 2
+# Regenerates every result of docs/simulation.md (about 15 minutes on 2
 # cores): each command's table goes to docs/simulation/results/NAME.txt,
 # its report and pictures to docs/simulation/NAME/ where the document shows
 # them. Run from the repository root after `make build`.
