@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/scaler"
 )
 
 // Options are the aggregator's flags, in groups; each group registers its
@@ -31,7 +32,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second},
-		Store: StoreOptions{MaxWindow: time.Minute, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
+		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
 		// --resolve-interval), then report within their 1s interval; the

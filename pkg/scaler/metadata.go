@@ -58,6 +58,9 @@ const (
 	DefaultStaleAfter = 5 * time.Second
 	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
 	MinThreshold = 0.001
+	// DefaultMaxWindow is the aggregator's --max-window: the longest window
+	// a trigger may ask for (pulse-sim checks triggers against the same).
+	DefaultMaxWindow = time.Minute
 )
 
 // DefaultThresholds are the per-replica thresholds of the metrics that have a

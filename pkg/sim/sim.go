@@ -82,6 +82,10 @@ type Config struct {
 	DemandSource bool
 	// SampleEvery is the resolution of the report's time series.
 	SampleEvery time.Duration
+	// MaxWindow is the aggregator's --max-window: a trigger asking for a
+	// longer window is refused, as the aggregator refuses it (default
+	// scaler.DefaultMaxWindow).
+	MaxWindow time.Duration
 	// Warmup: the *AfterWarmup scores count requests arriving at or after
 	// it and replica-hours from it (default 10 minutes; -1: none).
 	Warmup time.Duration
@@ -134,6 +138,9 @@ func (c *Config) Defaults() {
 	if c.Warmup == 0 {
 		c.Warmup = DefaultWarmup
 	}
+	if c.MaxWindow == 0 {
+		c.MaxWindow = scaler.DefaultMaxWindow
+	}
 }
 
 // prepare checks the configuration and derives what every world shares.
@@ -156,7 +163,7 @@ func (c *Config) prepare() error {
 		errs = append(errs, fmt.Errorf("status replicas %q: %s or %s", c.StatusReplicas, StatusAll, StatusReady))
 	}
 	so := c.ScaledObject
-	t, err := parseTrigger(so)
+	t, err := parseTrigger(so, c.MaxWindow)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("the pulse trigger: %w", err))
 	}
@@ -191,16 +198,16 @@ func (c *Config) prepare() error {
 	return nil
 }
 
-func parseTrigger(so *ScaledObject) (scaler.Trigger, error) {
+func parseTrigger(so *ScaledObject, maxWindow time.Duration) (scaler.Trigger, error) {
 	md := so.PulseTrigger().Metadata
 	return scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: so.Metadata.Name, Namespace: so.Metadata.Namespace, ScalerMetadata: md},
-		5*time.Minute, staticResolver{so})
+		maxWindow, staticResolver{so})
 }
 
 // Expressible splits the signal pipelines (Pipelines) into those that can
 // express so's pulse trigger and, for each other one, why it cannot.
 func Expressible(so *ScaledObject) (names, skipped []string, err error) {
-	t, err := parseTrigger(so)
+	t, err := parseTrigger(so, 24*time.Hour) // the window is checked by prepare
 	if err != nil {
 		return nil, nil, fmt.Errorf("the pulse trigger: %w", err)
 	}

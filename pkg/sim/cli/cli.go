@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/sim"
 	"github.com/pulse-io/pulse/pkg/sim/bench"
 	"github.com/pulse-io/pulse/pkg/sim/plot"
@@ -46,6 +47,7 @@ type Options struct {
 	CopyLengths     string
 	ClientTimeout   time.Duration
 	References      bool
+	MaxWindow       time.Duration
 
 	soRaw []byte // the ScaledObject as read (tune rewrites it)
 }
@@ -55,7 +57,7 @@ func NewOptions() *Options {
 	return &Options{Profile: "llama-3.1-8b-h100", Out: "report", RateScale: 1,
 		Seed: 1, TTFTSLO: 2 * time.Second, Balancer: sim.BalanceRoundRobin, Format: "png", Runs: 1, ConfigTolerance: true,
 		StatusReplicas: sim.StatusAll, ScrapeInterval: time.Second, PromInterval: 15 * time.Second,
-		Warmup: sim.DefaultWarmup, CopyJitter: bench.DefaultCopyJitter, CopyLengths: "resample"}
+		Warmup: sim.DefaultWarmup, CopyJitter: bench.DefaultCopyJitter, CopyLengths: "resample", MaxWindow: scaler.DefaultMaxWindow}
 }
 
 // AddFlags registers the options on fs.
@@ -71,6 +73,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
+	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the aggregator's --max-window: a trigger window longer than this is refused, as the aggregator refuses it")
 	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount and the clairvoyant sweep (utilisations "+
 		strings.Trim(fmt.Sprint(bench.DefaultUtilisations), "[]")+", windows 10s and 1m), print each pipeline's distance to the static and clairvoyant frontiers and draw frontier.png")
 	fs.DurationVar(&o.ClientTimeout, "client-timeout", o.ClientTimeout, "a request whose first token has not come this long after its arrival is abandoned by its client and counted a miss (0: clients wait for ever; 60s is a realistic chat client)")
@@ -126,6 +129,9 @@ func (o *Options) Validate() error {
 	if o.ClientTimeout < 0 {
 		errs = append(errs, errors.New("--client-timeout must not be negative"))
 	}
+	if o.MaxWindow < time.Second {
+		errs = append(errs, errors.New("--max-window must be at least 1s"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -160,7 +166,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
 		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
-		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout}
+		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
 	if o.Warmup == 0 {
 		c.Warmup = -1 // --warmup 0: none
 	}
@@ -225,6 +231,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
 			fmt.Fprintf(stderr, "usage: pulse-sim %s [flags]\n", fs.Name())
+			fmt.Fprintln(stderr, "commands: run (the default: simulate and score), tune (sweep trigger thresholds and scale-up policies), bench (run a suite into a scoreboard); pulse-sim COMMAND --help for each")
 			fs.PrintDefaults()
 			return err
 		}

@@ -151,6 +151,9 @@ func TestHelpListsEveryFlag(t *testing.T) {
 			t.Fatalf("exit %d, no %s:\n%s", code, f, errs)
 		}
 	}
+	if !strings.Contains(errs, "tune (sweep") || !strings.Contains(errs, "bench (run a suite") || !strings.Contains(errs, "-max-window") {
+		t.Fatalf("--help names neither the other commands nor --max-window:\n%s", errs)
+	}
 	code, _, errs = main(t, "bench", "--help")
 	if code != 0 || !strings.Contains(errs, "-suite") || !strings.Contains(errs, "-seeds") {
 		t.Fatalf("bench --help: exit %d:\n%s", code, errs)
@@ -222,5 +225,29 @@ func TestBenchCommand(t *testing.T) {
 	raw, _ := os.ReadFile(filepath.Join(dir, "out", "scoreboard.json"))
 	if err := json.Unmarshal(raw, &sb); err != nil || len(sb.Seeds) != 1 || len(sb.Cases) != 1 || len(sb.Cases[0].Pipelines) != 2 {
 		t.Fatalf("scoreboard.json: %v %+v", err, sb)
+	}
+}
+
+// TestWindowLimitIsTheAggregators: a trigger window the aggregator refuses
+// (over its --max-window, 1m by default) is refused by pulse-sim with the
+// same message; --max-window simulates an aggregator that allows it.
+func TestWindowLimitIsTheAggregators(t *testing.T) {
+	dir := t.TempDir()
+	raw, err := os.ReadFile(seedSO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := filepath.Join(dir, "so.yaml")
+	if err := os.WriteFile(so, []byte(strings.Replace(string(raw), `threshold: "10"`, `threshold: "10"
+      window: 2m`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--trace", "poisson:rate=2,duration=12m", "--scaledobject", so, "--pipelines", "pulse", "--out", dir}
+	code, _, errs := main(t, args...)
+	if code == 0 || !strings.Contains(errs, "window") || !strings.Contains(errs, "1m0s") {
+		t.Fatalf("window 2m: exit %d, %q; want the aggregator's refusal naming its 1m limit", code, errs)
+	}
+	if code, _, errs := main(t, append(args, "--max-window", "5m")...); code != 0 {
+		t.Fatalf("window 2m with --max-window 5m: exit %d, %s", code, errs)
 	}
 }
