@@ -46,13 +46,26 @@ var _ TriggerSource = (*scaler.Server)(nil)
 
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
-	mux.HandleFunc("GET /debug/workloads", h.serve)
-	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.serve)
+	mux.HandleFunc("GET /debug/workloads", checkFormat(h.serve))
+	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", checkFormat(h.serve))
 	if h.Triggers != nil {
-		mux.HandleFunc("GET /debug/triggers", h.serveTriggers)
+		mux.HandleFunc("GET /debug/triggers", checkFormat(h.serveTriggers))
 	}
 	if h.Provisioning != nil {
-		mux.HandleFunc("GET /debug/provisioning", h.serveProvisioning)
+		mux.HandleFunc("GET /debug/provisioning", checkFormat(h.serveProvisioning))
+	}
+}
+
+// checkFormat answers 400 to a ?format= the endpoint does not have (a
+// format asked for and silently not given is worse than a refusal).
+func checkFormat(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch f := r.URL.Query().Get("format"); f {
+		case "", "json", "table":
+			next(w, r)
+		default:
+			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
+		}
 	}
 }
 

@@ -108,6 +108,15 @@ func TestTableAndErrors(t *testing.T) {
 	if code, _ := get(t, srv.URL+"/debug/workloads?window=30s", ""); code != 200 {
 		t.Errorf("window: %d", code)
 	}
+	// A format the endpoint does not have was silently JSON.
+	for _, u := range []string{"/debug/workloads?format=csv", "/debug/workloads/demo/llama?format=yaml"} {
+		if code, body := get(t, srv.URL+u, ""); code != 400 || !strings.Contains(body, "json (the default) or table") {
+			t.Errorf("%s: %d %s", u, code, body)
+		}
+	}
+	if code, _ := get(t, srv.URL+"/debug/workloads?format=json", ""); code != 200 {
+		t.Errorf("format=json: %d", code)
+	}
 }
 
 // TestTriggers: /debug/triggers shows each trigger's last answer: its value,
