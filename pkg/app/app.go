@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/version"
 )
 
 // Options is a binary's option set.
@@ -45,15 +46,20 @@ func Main(name string, o Options, build func(*slog.Logger) (Runner, error)) {
 }
 
 // Parse parses args into o's flags. done is true when the program should
-// exit with code: after --help (the flags, on stdout, 0) or a bad flag (the
+// exit with code: after --help (the flags, on stdout, 0), --version (the
+// name and version, on stdout, 0) or a bad flag (the
 // error and a pointer at --help, on stderr, 2) rather than the whole usage.
 func Parse(name string, args []string, stdout, stderr io.Writer, o Options) (code int, done bool) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // the flag package prints the whole usage on any error
 	fs.Usage = func() {}
 	o.AddFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	err := fs.Parse(args)
 	switch {
+	case err == nil && *showVersion:
+		fmt.Fprintf(stdout, "%s %s\n", name, version.Version)
+		return 0, true
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprintf(stdout, "Usage of %s:\n", name)
 		fs.SetOutput(stdout)

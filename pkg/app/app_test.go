@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/version"
 )
 
 type opts struct {
@@ -42,6 +43,14 @@ func TestHelpPrintsTheFlags(t *testing.T) {
 	var out, errs bytes.Buffer
 	code, done := Parse("pulse-agent", []string{"--help"}, &out, &errs, &opts{})
 	if !done || code != 0 || !strings.Contains(out.String(), "-addr") || !strings.Contains(out.String(), "where to listen") || errs.Len() != 0 {
+		t.Fatalf("done %v code %d stdout %q stderr %q", done, code, out.String(), errs.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out, errs bytes.Buffer
+	code, done := Parse("pulse-agent", []string{"--version"}, &out, &errs, &opts{})
+	if !done || code != 0 || out.String() != "pulse-agent "+version.Version+"\n" || errs.Len() != 0 {
 		t.Fatalf("done %v code %d stdout %q stderr %q", done, code, out.String(), errs.String())
 	}
 }

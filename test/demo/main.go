@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -44,7 +45,12 @@ func main() {
 	flag.StringVar(&c.scalerAddr, "scaler-addr", "127.0.0.1:9090", "the aggregator's KEDA scaler address")
 	flag.StringVar(&c.ingestAddr, "ingest-addr", "127.0.0.1:9091", "the aggregator's ingest address")
 	flag.StringVar(&c.agentAddr, "agent-http-addr", "127.0.0.1:8081", "the agent's HTTP address (/metrics)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("pulse-demo", version.Version)
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c); err != nil {

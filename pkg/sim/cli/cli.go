@@ -20,6 +20,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/sim/plot"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
+	"github.com/pulse-io/pulse/pkg/version"
 )
 
 // Options are the flags common to run and tune.
@@ -197,6 +198,10 @@ func splitList(s string) []string {
 // Main runs pulse-sim with args (without the program name) and returns the
 // exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		fmt.Fprintf(stdout, "pulse-sim %s\n", version.Version)
+		return 0
+	}
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]

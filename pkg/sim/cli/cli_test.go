@@ -228,6 +228,12 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
+func TestVersion(t *testing.T) {
+	if code, out, _ := main(t, "--version"); code != 0 || !strings.HasPrefix(out, "pulse-sim ") {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+}
+
 // TestWindowLimitIsTheAggregators: a trigger window the aggregator refuses
 // (over its --max-window, 1m by default) is refused by pulse-sim with the
 // same message; --max-window simulates an aggregator that allows it.

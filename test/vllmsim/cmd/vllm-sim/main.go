@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -24,7 +25,12 @@ func main() {
 	capacity := flag.Int("batch-capacity", 16, "queueing model: running requests per engine")
 	service := flag.Float64("service-rate", 0.5, "queueing model: completions/s per running request")
 	loadTime := flag.Duration("load-time", 0, "simulated model load: /health and /metrics answer 503 for this long after start")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("vllm-sim", version.Version)
+		return
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
