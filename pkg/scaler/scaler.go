@@ -116,6 +116,11 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	case err != nil:
 		return t, status.Error(codes.InvalidArgument, err.Error())
 	}
+	// A metric the agents do not forward is the same InvalidArgument from
+	// every call (GetMetrics once answered it Unavailable).
+	if err := s.forwarded(t); err != nil {
+		return t, err
+	}
 	if own := ref.GetNamespace(); !s.crossNS && own != "" && t.Workload.Namespace != own {
 		return t, status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
@@ -145,9 +150,6 @@ func spec(t Trigger) *externalscaler.GetMetricSpecResponse {
 func (s *Server) GetMetricSpec(_ context.Context, ref *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
 	t, err := s.parse(ref)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.forwarded(t); err != nil {
 		return nil, err
 	}
 	return spec(t), nil

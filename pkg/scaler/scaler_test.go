@@ -439,7 +439,8 @@ func TestStreamsAfterShutdownEndAtOnce(t *testing.T) {
 }
 
 // TestMetricNameNobodyForwards: a metricName that is neither a metric pulse
-// knows nor a gauge any agent forwards is said in GetMetricSpec's answer,
+// knows nor a gauge any agent forwards is said in every answer (GetMetricSpec,
+// GetMetrics, IsActive alike),
 // with what the agents do forward; one they forward passes; with no pod
 // held at all (no agent heard yet) there is no telling, and it passes.
 func TestMetricNameNobodyForwards(t *testing.T) {
@@ -454,6 +455,14 @@ func TestMetricNameNobodyForwards(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "vllm:lora_requests_waiting") ||
 		!strings.Contains(err.Error(), "they forward: process_open_fds") || !strings.Contains(err.Error(), "--extra-metric") {
 		t.Fatalf("unforwarded metricName: %v", err)
+	}
+	// One error for one problem: GetMetrics (once Unavailable) and IsActive
+	// say the same.
+	if _, err2 := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "x"}); status.Code(err2) != codes.InvalidArgument || status.Convert(err2).Message() != status.Convert(err).Message() {
+		t.Fatalf("GetMetrics: %v, want %v", err2, err)
+	}
+	if _, err2 := f.client.IsActive(context.Background(), ref(md)); status.Code(err2) != codes.InvalidArgument {
+		t.Fatalf("IsActive: %v, want InvalidArgument", err2)
 	}
 	md["metricName"] = "process_open_fds"
 	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
