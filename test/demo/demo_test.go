@@ -252,3 +252,24 @@ func TestDemoPrintsHowToSteerIt(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTakenPortIsNamedFirst: a taken address once failed only after "pulse
+// demo is running"; it is now refused before anything starts, naming the
+// make variable that moves it.
+func TestTakenPortIsNamedFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out syncbuf.Buffer
+	c := config{bin: bin, httpAddr: ln.Addr().String(), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
+		out: &out, logs: io.Discard}
+	err = run(context.Background(), c)
+	if err == nil || !strings.Contains(err.Error(), "DEMO_HTTP") || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Fatalf("%v, want an error naming %s and DEMO_HTTP", err, ln.Addr())
+	}
+	if strings.Contains(out.String(), "running") {
+		t.Fatalf("it said it was running: %s", out.String())
+	}
+}

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,7 +70,29 @@ type pod struct {
 	period    time.Duration
 }
 
+// portsFree checks, before anything starts, that the demo's addresses can
+// be listened on, naming the make variable of each that cannot (a taken port
+// once failed only after "pulse demo is running").
+func portsFree(c config) error {
+	var errs []error
+	for _, a := range []struct{ addr, flag, variable string }{
+		{c.httpAddr, "--http-addr", "DEMO_HTTP"}, {c.scalerAddr, "--scaler-addr", "DEMO_SCALER"},
+		{c.ingestAddr, "--ingest-addr", "DEMO_INGEST"}, {c.agentAddr, "--agent-http-addr", "DEMO_AGENT"},
+	} {
+		ln, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s cannot be listened on (%w): choose another with make run %s=127.0.0.1:PORT", a.flag, a.addr, err, a.variable))
+			continue
+		}
+		_ = ln.Close()
+	}
+	return errors.Join(errs...)
+}
+
 func run(ctx context.Context, c config) error {
+	if err := portsFree(c); err != nil {
+		return err
+	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 
