@@ -3,8 +3,11 @@ package vllmsim
 import (
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 )
@@ -44,8 +47,12 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("POST /load", func(w http.ResponseWriter, r *http.Request) {
 		var l Load
-		if err := json.NewDecoder(r.Body).Decode(&l); err != nil {
+		if err := decodeStrict(r, &l); err != nil {
 			http.Error(w, "decode load: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := l.Validate(); err != nil {
+			http.Error(w, "load: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		s.SetLoad(l)
@@ -61,16 +68,22 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("POST /model", func(w http.ResponseWriter, r *http.Request) {
 		var m QueueModel
-		if err := json.NewDecoder(r.Body).Decode(&m); err != nil {
+		if err := decodeStrict(r, &m); err != nil {
 			http.Error(w, "decode model: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if m.ArrivalRate < 0 || m.BatchCapacity < 1 || m.ServiceRate <= 0 || math.IsNaN(m.ArrivalRate) || math.IsInf(m.ArrivalRate, 0) || math.IsInf(m.ServiceRate, 0) {
+			http.Error(w, "model: want arrivalRate >= 0, batchCapacity >= 1 and serviceRate > 0", http.StatusBadRequest)
 			return
 		}
 		s.SetModel(m)
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /hang", func(w http.ResponseWriter, r *http.Request) {
-		var h struct{ Seconds float64 }
-		if err := json.NewDecoder(r.Body).Decode(&h); err != nil {
+		var h struct {
+			Seconds float64 `json:"seconds"`
+		}
+		if err := decodeStrict(r, &h); err != nil {
 			http.Error(w, "decode hang: "+err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -82,6 +95,30 @@ func (s *Server) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
+}
+
+// decodeStrict decodes a steering request, refusing unknown fields (a typo
+// such as {"waitng":5} was once accepted and did nothing).
+func decodeStrict(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+// Validate refuses values no vLLM page shows: negative counts, a KV-cache
+// usage outside 0..1.
+func (l Load) Validate() error {
+	var errs []error
+	for name, v := range map[string]*float64{"waiting": l.Waiting, "running": l.Running, "swapped": l.Swapped} {
+		if v != nil && (*v < 0 || math.IsNaN(*v) || math.IsInf(*v, 0)) {
+			errs = append(errs, fmt.Errorf("%s %v: want a count of 0 or more", name, *v))
+		}
+	}
+	if v := l.KVCacheUsage; v != nil && !(*v >= 0 && *v <= 1) {
+		errs = append(errs, fmt.Errorf("kvCacheUsage %v: want 0 to 1", *v))
+	}
+	sort.Slice(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
+	return errors.Join(errs...)
 }
 
 // loading answers 503 and reports true while the simulated model loads.

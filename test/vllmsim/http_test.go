@@ -50,3 +50,48 @@ func TestLoaded(t *testing.T) {
 		t.Errorf("/metrics: %d, page without vllm:num_requests_waiting", code)
 	}
 }
+
+// TestBadSteeringIsRefused: a typo ({"waitng":5}), a negative count or a
+// KV-cache usage over 1 was once taken without a word; each is now a 400
+// naming what is wrong, and the page keeps its load.
+func TestBadSteeringIsRefused(t *testing.T) {
+	sim := New(Options{})
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	post := func(path, body string) (int, string) {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post("/load", `{"waiting":5}`); code != http.StatusNoContent {
+		t.Fatalf("a good load: %d %s", code, body)
+	}
+	for body, want := range map[string]string{
+		`{"waitng":5}`:                `unknown field "waitng"`,
+		`{"waiting":-1}`:              "waiting -1: want a count of 0 or more",
+		`{"kvCacheUsage":1.7}`:        "kvCacheUsage 1.7: want 0 to 1",
+		`{"running":-2,"swapped":-1}`: "running -2",
+	} {
+		if code, got := post("/load", body); code != http.StatusBadRequest || !strings.Contains(got, want) {
+			t.Errorf("%s: %d %q, want 400 naming %q", body, code, got, want)
+		}
+	}
+	for body, want := range map[string]string{
+		`{"arrivalRate":5,"batchCapacity":0,"serviceRate":1}`: "batchCapacity >= 1",
+		`{"arrivalRate":5,"batchCap":16,"serviceRate":1}`:     `unknown field "batchCap"`,
+	} {
+		if code, got := post("/model", body); code != http.StatusBadRequest || !strings.Contains(got, want) {
+			t.Errorf("model %s: %d %q, want 400 naming %q", body, code, got, want)
+		}
+	}
+	if code, got := post("/hang", `{"secs":3}`); code != http.StatusBadRequest || !strings.Contains(got, "secs") {
+		t.Errorf("hang typo: %d %q", code, got)
+	}
+	if st := sim.State(); st.Waiting != 5 {
+		t.Fatalf("the refused requests changed the load: waiting %v", st.Waiting)
+	}
+}
