@@ -552,7 +552,9 @@ func TestTypoHintsAreBounded(t *testing.T) {
 		t.Fatalf("long unknown keys: %v", err)
 	}
 	allocs := testing.AllocsPerRun(3, func() { _, _ = metadata(md) })
-	short := testing.AllocsPerRun(3, func() { _, _ = metadata(map[string]string{"workspace": "a", "xxxxxxxxx": "1", "éééééééééé": "2"}) })
+	short := testing.AllocsPerRun(3, func() {
+		_, _ = metadata(map[string]string{"workspace": "a", "xxxxxxxxx": "1", "éééééééééé": "2"})
+	})
 	if allocs > short+2 {
 		t.Fatalf("a 1 MiB key: %.0f allocations a call, a short unknown key %.0f", allocs, short)
 	}
