@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
@@ -299,22 +298,6 @@ func (a *Agent) endScrape(uid string) {
 // maxErrorBytes bounds a scrape error's text on the wire.
 const maxErrorBytes = 200
 
-// cleanText is s as valid UTF-8 (each invalid byte a U+FFFD) cut to at most
-// limit bytes on a character's boundary: an error's text may quote what a
-// pod's server chose to send (its status line), and proto3 refuses to
-// marshal a string that is not UTF-8, which would cost the whole stream.
-func cleanText(s string, limit int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
-
 func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vllm.Counters) result {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
@@ -331,7 +314,7 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vl
 		if errors.As(err, &se) {
 			r.missing = se.Reason
 		}
-		r.err = cleanText(err.Error(), maxErrorBytes)
+		r.err = wire.CleanText(err.Error(), maxErrorBytes)
 		reason := wire.ReasonName(r.missing)
 		a.m.errors.WithLabelValues(reason).Inc()
 		a.log.Debug("scrape failed", logging.KeyPod, tg.Namespace+"/"+tg.Pod, logging.KeyReason, reason, logging.KeyErr, err)

@@ -229,7 +229,7 @@ func TestScrapeErrorTextAlwaysEncodes(t *testing.T) {
 	}
 	long := "scrape failed: " + strings.Repeat("€", 100) // 315 bytes: byte 200 is inside a character
 	for name, text := range map[string]string{"status line": serr.Error(), "long": long} {
-		got := cleanText(text, maxErrorBytes)
+		got := wire.CleanText(text, maxErrorBytes)
 		if !utf8.ValidString(got) || len(got) > maxErrorBytes {
 			t.Fatalf("%s: %q (%d bytes) is not valid UTF-8 of at most %d bytes", name, got, len(got), maxErrorBytes)
 		}
@@ -239,7 +239,7 @@ func TestScrapeErrorTextAlwaysEncodes(t *testing.T) {
 			t.Fatalf("%s: the batch does not marshal: %v", name, err)
 		}
 	}
-	if got := cleanText(long, maxErrorBytes); !strings.HasPrefix(long, got) || len(got) != 198 {
+	if got := wire.CleanText(long, maxErrorBytes); !strings.HasPrefix(long, got) || len(got) != 198 {
 		t.Fatalf("cut at %d bytes, want 198 (the last whole character)", len(got))
 	}
 	// The wire itself never sends what proto3 cannot marshal.

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -31,17 +30,6 @@ const (
 	maxNameBytes  = 600
 	maxErrorBytes = 256
 )
-
-// clip is s cut to at most n bytes on a character's boundary.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
 
 // maxWorkloadsPerPod bounds the workloads one pod may belong to (a Kaito
 // Workspace, its InferenceSet, a Deployment, an override...), and so, with
@@ -409,7 +397,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		r := store.Report{UID: uid}
 		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
 		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			r.Missing, r.Error = wire.ReasonName(s.Missing), clip(s.Error, maxErrorBytes)
+			r.Missing, r.Error = wire.ReasonName(s.Missing), wire.CleanText(s.Error, maxErrorBytes)
 			st.srv.m.missing.Inc()
 			reports = append(reports, r)
 			continue

@@ -16,6 +16,16 @@ import (
 // operator compares with first; clairvoyant is what perfect knowledge of
 // the future reaches. Neither is a thing to deploy: they bound the rest.
 
+// Reference reports whether a pipeline name is a reference's (static:N or
+// clairvoyant[:…]) rather than a signal pipeline's, and which.
+func Reference(name string) (kind string, ok bool) {
+	base, _, _ := strings.Cut(name, ":")
+	if base == "static" || base == "clairvoyant" {
+		return base, true
+	}
+	return "", false
+}
+
 // planOnly is the part of Pipeline a planner does not use: KEDA and the
 // HPA never ask it.
 type planOnly struct{ noHooks }

@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -66,6 +67,20 @@ type Sample struct {
 	Hist    *metric.Histograms
 	Missing pulsev1.MissingReason
 	Error   string
+}
+
+// CleanText is s as valid UTF-8 (each invalid byte a U+FFFD) cut to at most
+// limit bytes on a character's boundary. proto3 refuses to marshal a string
+// that is not UTF-8; an error's text may quote what a pod's server sent.
+func CleanText(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= limit {
+		return s
+	}
+	for limit > 0 && !utf8.RuneStart(s[limit]) {
+		limit--
+	}
+	return s[:limit]
 }
 
 // Encoder is the sending end of one stream.

@@ -244,12 +244,8 @@ func Split(all []*Score) (pipelines, static, clairvoyant []*Score, staticFront, 
 }
 
 func kind(pipeline string) string {
-	for _, k := range []string{"static", "clairvoyant"} {
-		if len(pipeline) >= len(k) && pipeline[:len(k)] == k {
-			return k
-		}
-	}
-	return ""
+	k, _ := sim.Reference(pipeline)
+	return k
 }
 
 // Mean is pipeline i's scores averaged over the reports (one a seed).

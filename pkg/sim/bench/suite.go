@@ -159,7 +159,7 @@ func (s *Suite) complete() error {
 		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
 	}
 	for _, p := range s.Pipelines {
-		if strings.HasPrefix(p, "static") || strings.HasPrefix(p, "clairvoyant") {
+		if _, ref := sim.Reference(p); ref {
 			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
 		}
 	}

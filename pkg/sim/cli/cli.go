@@ -278,7 +278,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		// The references' time series would be most of the file.
 		first.Pipelines = nil
 		for _, p := range reports[0].Pipelines {
-			if strings.HasPrefix(p.Pipeline, "static:") || strings.HasPrefix(p.Pipeline, "clairvoyant") {
+			if _, ref := sim.Reference(p.Pipeline); ref {
 				q := *p
 				q.Series = sim.Series{}
 				p = &q

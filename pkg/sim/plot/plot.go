@@ -38,7 +38,7 @@ func Write(r *sim.Report, dir, format string, references bool) ([]string, error)
 	shown := *r
 	shown.Pipelines = nil
 	for _, p := range r.Pipelines {
-		if references || !strings.HasPrefix(p.Pipeline, "static:") && !strings.HasPrefix(p.Pipeline, "clairvoyant") {
+		if _, ref := sim.Reference(p.Pipeline); references || !ref {
 			shown.Pipelines = append(shown.Pipelines, p)
 		}
 	}
