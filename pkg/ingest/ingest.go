@@ -266,54 +266,10 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
 	}
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
-	// reject refuses one entry (counted, logged, its id's earlier pod
-	// removed); the rest of the catalogue and the stream go on: one pod's
-	// bad labels or annotations must not silence its node's other pods.
-	reject := func(p *pulsev1.Pod, reason, node string, err error) {
-		st.srv.m.rejected.WithLabelValues(reason).Inc()
-		st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
-		if old, ok := st.ids[p.Id]; ok {
-			removed = append(removed, old)
-			delete(st.ids, p.Id)
-			st.dec.Forget(p.Id)
-		}
-		st.rejected[p.Id] = true
-	}
 	for _, p := range c.Upsert {
-		if p.Uid == "" || p.Namespace == "" || p.Name == "" {
-			reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id))
-			continue
-		}
-		if len(p.Uid) > maxNameBytes || len(p.Namespace) > maxNameBytes || len(p.Name) > maxNameBytes {
-			reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: a uid, namespace or name over %d bytes", p.Id, maxNameBytes))
-			continue
-		}
-		podUID := p.Uid
-		if p.Demand {
-			// A router's entry for one workload: the router pod's uid and
-			// the workload's name.
-			var ok bool
-			if podUID, ok = store.DemandPodUID(p.Uid); !ok {
-				reject(p, "invalid_entry", "", fmt.Errorf("catalogue entry %d: a demand entry's uid %q is not POD_UID/demand/WORKLOAD", p.Id, p.Uid))
-				continue
-			}
-		}
-		if len(p.Workloads) > maxWorkloadsPerPod {
-			reject(p, "too_many_workloads", "", fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod))
-			continue
-		}
-		info := store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
-		var bad error
-		for _, w := range p.Workloads {
-			kind, ok := kinds[w.Kind]
-			if !ok || w.Name == "" || len(w.Name) > maxNameBytes {
-				bad = fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
-				break
-			}
-			info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
-		}
-		if bad != nil {
-			reject(p, "invalid_entry", "", bad)
+		info, podUID, reason, err := entryInfo(p)
+		if err != nil {
+			removed = st.reject(p, reason, "", err, removed)
 			continue
 		}
 		if st.bound {
@@ -324,7 +280,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 				if err != nil {
 					reason = "unknown_pod"
 				}
-				reject(p, reason, node, err)
+				removed = st.reject(p, reason, node, err, removed)
 				continue
 			}
 		}
@@ -336,14 +292,59 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		st.ids[p.Id] = p.Uid
 		infos = append(infos, info)
 	}
-	if n := len(st.ids) + len(st.rejected); n > st.srv.limits.MaxPodsPerStream {
-		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
-	}
 	if len(removed) > 0 {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
 	st.srv.store.Upsert(store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics}, infos, c.Full)
 	return nil
+}
+
+// reject refuses one catalogue entry (counted, logged, the pod its id named
+// before added to removed); the rest of the catalogue and the stream go on:
+// one pod's bad labels or annotations must not silence its node's others.
+func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, removed []string) []string {
+	st.srv.m.rejected.WithLabelValues(reason).Inc()
+	st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
+	if old, ok := st.ids[p.Id]; ok {
+		removed = append(removed, old)
+		delete(st.ids, p.Id)
+		st.dec.Forget(p.Id)
+	}
+	st.rejected[p.Id] = true
+	return removed
+}
+
+// entryInfo checks one catalogue entry against the limits and returns what
+// the store keeps of it and the uid of the pod that vouches for it (a
+// demand entry's router), or the rejection's reason and error.
+func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err error) {
+	if p.Uid == "" || p.Namespace == "" || p.Name == "" {
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
+	}
+	if len(p.Uid) > maxNameBytes || len(p.Namespace) > maxNameBytes || len(p.Name) > maxNameBytes {
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: a uid, namespace or name over %d bytes", p.Id, maxNameBytes)
+	}
+	podUID = p.Uid
+	if p.Demand {
+		// A router's entry for one workload: the router pod's uid and the
+		// workload's name.
+		var ok bool
+		if podUID, ok = store.DemandPodUID(p.Uid); !ok {
+			return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: a demand entry's uid %q is not POD_UID/demand/WORKLOAD", p.Id, p.Uid)
+		}
+	}
+	if len(p.Workloads) > maxWorkloadsPerPod {
+		return info, "", "too_many_workloads", fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
+	}
+	info = store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
+	for _, w := range p.Workloads {
+		kind, ok := kinds[w.Kind]
+		if !ok || w.Name == "" || len(w.Name) > maxNameBytes {
+			return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
+		}
+		info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
+	}
+	return info, podUID, "", nil
 }
 
 // checkIDs returns an error naming the first pod id in b that the stream's
