@@ -30,8 +30,7 @@ func Write(sb *Scoreboard, dir, format string) ([]string, error) {
 	pics := make([]string, len(sb.Cases))
 	for i, c := range sb.Cases {
 		pics[i] = fmt.Sprintf("frontier-%d-%s.%s", i+1, plot.FileName(c.Trace+"-"+c.Profile+"-"+strings.TrimSuffix(filepath.Base(c.ScaledObject), ".yaml")), format)
-		if err := plot.Frontier(caseName(c), points(c.Pipelines), frontierPoints(c.StaticFrontier), frontierPoints(c.ClairvoyantFrontier),
-			filepath.Join(dir, pics[i]), format); err != nil {
+		if err := WriteFrontier(caseName(c), c.Pipelines, c.StaticFrontier, c.ClairvoyantFrontier, filepath.Join(dir, pics[i]), format); err != nil {
 			return files, err
 		}
 		files = append(files, filepath.Join(dir, pics[i]))
@@ -45,6 +44,12 @@ func Write(sb *Scoreboard, dir, format string) ([]string, error) {
 		return files, fmt.Errorf("write scoreboard.md: %w", err)
 	}
 	return append(files, filepath.Join(dir, "scoreboard.md")), nil
+}
+
+// WriteFrontier draws the pipelines' scores after the warm-up beside the
+// static and clairvoyant frontiers into file.
+func WriteFrontier(title string, pipelines []*Score, static, clairvoyant []Point, file, format string) error {
+	return plot.Frontier(title, points(pipelines), frontierPoints(static), frontierPoints(clairvoyant), file, format)
 }
 
 func points(scores []*Score) []plot.FrontierPoint {

@@ -273,20 +273,11 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return fmt.Errorf("create --out: %w", err)
 	}
-	first := *reports[0]
+	first := reports[0]
 	if o.References {
-		// The references' time series would be most of the file.
-		first.Pipelines = nil
-		for _, p := range reports[0].Pipelines {
-			if _, ref := sim.Reference(p.Pipeline); ref {
-				q := *p
-				q.Series = sim.Series{}
-				p = &q
-			}
-			first.Pipelines = append(first.Pipelines, p)
-		}
+		first = withoutReferenceSeries(first) // they would be most of the file
 	}
-	if err := writeJSON(filepath.Join(o.Out, "report.json"), &first); err != nil {
+	if err := writeJSON(filepath.Join(o.Out, "report.json"), first); err != nil {
 		return err
 	}
 	files, err := plot.Write(reports[0], o.Out, o.Format, !o.References)
@@ -300,18 +291,8 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	signal, _, _, staticFront, clairFront := bench.Split(scores)
 	if o.References {
 		f := filepath.Join(o.Out, "frontier."+o.Format)
-		var pts []plot.FrontierPoint
-		for _, sc := range signal {
-			pts = append(pts, plot.FrontierPoint{Name: sc.Pipeline, GPUHours: sc.GPUHoursAfterWarmup, SLO: sc.SLOAfterWarmup})
-		}
-		fp := func(front []bench.Point) []plot.FrontierPoint {
-			var out []plot.FrontierPoint
-			for _, p := range front {
-				out = append(out, plot.FrontierPoint{Name: p.Pipeline, GPUHours: p.GPUHours, SLO: p.SLO})
-			}
-			return out
-		}
-		if err := plot.Frontier(reports[0].Config.Trace+" · "+reports[0].Config.Profile+" · "+reports[0].Config.ScaledObject, pts, fp(staticFront), fp(clairFront), f, o.Format); err != nil {
+		c := reports[0].Config
+		if err := bench.WriteFrontier(c.Trace+" · "+c.Profile+" · "+c.ScaledObject, signal, staticFront, clairFront, f, o.Format); err != nil {
 			return err
 		}
 		files = append(files, f)
@@ -337,6 +318,22 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(o.Out, "report.json"), strings.Join(files, ", "))
 	return nil
+}
+
+// withoutReferenceSeries is r with the reference pipelines' time series
+// left out.
+func withoutReferenceSeries(r *sim.Report) *sim.Report {
+	out := *r
+	out.Pipelines = nil
+	for _, p := range r.Pipelines {
+		if _, ref := sim.Reference(p.Pipeline); ref {
+			q := *p
+			q.Series = sim.Series{}
+			p = &q
+		}
+		out.Pipelines = append(out.Pipelines, p)
+	}
+	return &out
 }
 
 func writeJSON(path string, v any) error {
