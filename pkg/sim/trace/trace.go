@@ -218,8 +218,47 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 	if sigma <= 0 || sigma > 4 {
 		g.errs = append(g.errs, errors.New("sigma: want a number above 0 and at most 4"))
 	}
-	var rate func(t time.Duration) float64
-	var dur time.Duration
+	rate, dur, ok := g.shape(name)
+	if !ok {
+		return nil, fmt.Errorf("unknown generator %q: %s", name, strings.Join(generators, ", "))
+	}
+	for k := range kv {
+		if !g.used[k] {
+			g.errs = append(g.errs, fmt.Errorf("unknown key %q", k))
+		}
+	}
+	if len(g.errs) > 0 {
+		return nil, fmt.Errorf("%s: %w", name, errors.Join(g.errs...))
+	}
+	// A non-homogeneous Poisson process, by thinning at the peak rate.
+	peak := 0.0
+	for t := time.Duration(0); t < dur; t += time.Second {
+		peak = math.Max(peak, rate(t))
+	}
+	var out []Request
+	if peak <= 0 {
+		return out, nil
+	}
+	for t := 0.0; ; {
+		t += g.rng.ExpFloat64() / peak
+		at := time.Duration(t * float64(time.Second))
+		if at >= dur {
+			break
+		}
+		if g.rng.Float64() < rate(at)/peak {
+			r := Request{At: at, Prompt: prompt, Output: output}
+			if lengths == "lognormal" {
+				r.Prompt, r.Output = lognormal(g.rng, prompt, sigma), lognormal(g.rng, output, sigma)
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// shape reads a generator's keys: its rate over time and its duration;
+// false for a generator of another name.
+func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.Duration, ok bool) {
 	switch name {
 	case "poisson":
 		r := g.float("rate", -1)
@@ -260,40 +299,9 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 			return lo + (hi-lo)*(1-math.Cos(2*math.Pi*float64(t)/float64(dur)))/2
 		}
 	default:
-		return nil, fmt.Errorf("unknown generator %q: %s", name, strings.Join(generators, ", "))
+		return nil, 0, false
 	}
-	for k := range kv {
-		if !g.used[k] {
-			g.errs = append(g.errs, fmt.Errorf("unknown key %q", k))
-		}
-	}
-	if len(g.errs) > 0 {
-		return nil, fmt.Errorf("%s: %w", name, errors.Join(g.errs...))
-	}
-	// A non-homogeneous Poisson process, by thinning at the peak rate.
-	peak := 0.0
-	for t := time.Duration(0); t < dur; t += time.Second {
-		peak = math.Max(peak, rate(t))
-	}
-	var out []Request
-	if peak <= 0 {
-		return out, nil
-	}
-	for t := 0.0; ; {
-		t += g.rng.ExpFloat64() / peak
-		at := time.Duration(t * float64(time.Second))
-		if at >= dur {
-			break
-		}
-		if g.rng.Float64() < rate(at)/peak {
-			r := Request{At: at, Prompt: prompt, Output: output}
-			if lengths == "lognormal" {
-				r.Prompt, r.Output = lognormal(g.rng, prompt, sigma), lognormal(g.rng, output, sigma)
-			}
-			out = append(out, r)
-		}
-	}
-	return out, nil
+	return rate, dur, true
 }
 
 // lognormal draws a whole number of at least 1 from a lognormal of the
