@@ -125,22 +125,7 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		dv = s.store.Demand(t.Workload, t.Window, t.StaleAfter)
 	}
 	if !found {
-		// Replicas that were reporting and are gone without their agent
-		// removing them (the agent lost past --pod-expiry, or evicted) are
-		// no workload without load: an error, so that KEDA's fallback
-		// applies and the HPA holds, never a 0 that scales a serving
-		// workload down or to zero.
-		if l, lost := s.store.LostReplicas(t.Workload); lost {
-			return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
-				describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
-		}
-		if dv.Sources > 0 {
-			return demandOnly(t, dv), nil
-		}
-		if dv.Stale > 0 {
-			return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
-		}
-		return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
+		return s.noReplica(t, dv)
 	}
 	var d Decision
 	vals := valBuf[:0]
@@ -266,6 +251,27 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		d.Pods = podDecisions(pods, fill, fillWhy, quantile)
 	}
 	return d, nil
+}
+
+// noReplica answers for a workload with no replica listed: the routers'
+// demand, or an error, never a silent 0 for replicas that were reporting.
+func (s *Server) noReplica(t Trigger, dv store.DemandValue) (Decision, error) {
+	// Replicas that were reporting and are gone without their agent
+	// removing them (the agent lost past --pod-expiry, or evicted) are no
+	// workload without load: an error, so that KEDA's fallback applies and
+	// the HPA holds, never a 0 that scales a serving workload down or to
+	// zero.
+	if l, lost := s.store.LostReplicas(t.Workload); lost {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
+			describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
+	}
+	if dv.Sources > 0 {
+		return demandOnly(t, dv), nil
+	}
+	if dv.Stale > 0 {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
+	}
+	return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
 }
 
 // demandOnly is the decision of a waiting trigger whose workload has no
