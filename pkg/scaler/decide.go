@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -70,6 +71,8 @@ type Decision struct {
 	Pending float64 `json:"pending,omitempty"`
 	// Pods lists every pod, when asked for.
 	Pods []PodDecision `json:"pods,omitempty"`
+	// Plan explains a replicas trigger's value (pkg/planner).
+	Plan *planner.Plan `json:"plan,omitempty"`
 }
 
 // DesiredReplicas is the replica count the HPA derives from the decision:
@@ -102,6 +105,9 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		if err := s.gate(); err != nil {
 			return Decision{}, status.Errorf(codes.Unavailable, "%s: %v", describe(t), err)
 		}
+	}
+	if t.Metric == MetricReplicas {
+		return s.plan(t)
 	}
 	var podBuf [16]store.PodValue
 	var valBuf [16]float64

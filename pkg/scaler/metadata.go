@@ -31,7 +31,9 @@ type Trigger struct {
 	// Load are saturation's targets (kvCacheTarget, waitingTarget,
 	// runningTarget).
 	Load metric.LoadTargets
-	def  metric.Def // Def(), resolved by ParseTrigger
+	// SLOTTFT is the replicas trigger's time-to-first-token SLO (sloTtft).
+	SLOTTFT time.Duration
+	def     metric.Def // Def(), resolved by ParseTrigger
 }
 
 // Def is the metric the trigger scales on, with its parameters: a
@@ -83,6 +85,8 @@ var DefaultThresholds = map[string]float64{
 	// Each replica's load fraction: at 1 the HPA asks for the replicas
 	// that would each be fully loaded.
 	"saturation": 1,
+	// The planner's value is a replica count: the HPA's target is 1.
+	MetricReplicas: 1,
 }
 
 // workloadKeys map metadata keys to workload kinds; workspaceName is the key
@@ -186,8 +190,8 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 
 	if m := md["metric"]; m != "" {
-		if _, ok := metric.Lookup(m); !ok {
-			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s", m, strings.Join(metric.Names(), ", "))}
+		if _, ok := metric.Lookup(m); !ok && m != MetricReplicas {
+			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", m, MetricReplicas, strings.Join(metric.Names(), ", "))}
 		}
 		t.Metric = m
 	} else if m := md["metricName"]; m != "" {
@@ -232,6 +236,9 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.MissingPods == "conservative" { // seed's former name
 		t.MissingPods = MissingSeed
 	}
+	if t.Metric == MetricReplicas {
+		t.Window = DefaultPlanWindow
+	}
 	if t.Window, err = duration(md, "window", t.Window); err != nil {
 		return t, err
 	}
@@ -247,8 +254,37 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if err := loadTargets(md, &t); err != nil {
 		return t, err
 	}
+	if err := planKeys(md, &t); err != nil {
+		return t, err
+	}
 	t.def = t.Def()
 	return t, nil
+}
+
+// planKeys checks a replicas trigger: its value is a replica count, so the
+// HPA's target must be 1 per replica (threshold 1, valueType total); and
+// reads its SLO. sloTtft on another metric is an error (it would be
+// ignored).
+func planKeys(md map[string]string, t *Trigger) error {
+	var err error
+	if t.SLOTTFT, err = duration(md, "sloTtft", 0); err != nil {
+		return err
+	}
+	if t.Metric != MetricReplicas {
+		if md["sloTtft"] != "" {
+			return &MetadataError{Key: "sloTtft", Msg: "applies to metric replicas only (the planner); other metrics scale on their threshold"}
+		}
+		return nil
+	}
+	switch {
+	case t.SLOTTFT < 0 || t.SLOTTFT > 10*time.Minute:
+		return &MetadataError{Key: "sloTtft", Msg: "must be above 0 and at most 10m"}
+	case t.Threshold != 1:
+		return &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric replicas is a replica count: its threshold must be 1 (the HPA's target per replica), not %g", t.Threshold)}
+	case t.ValueType != "total":
+		return &MetadataError{Key: "valueType", Msg: "metric replicas is the workload's replica count: valueType must be total (metricType AverageValue)"}
+	}
+	return nil
 }
 
 // loadTargets reads saturation's targets: each at least 0 (0 leaves its
@@ -329,7 +365,7 @@ var pulseKeys = func() []string {
 		keys = append(keys, wk.key)
 	}
 	return append(keys, "namespace", "workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold",
-		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget")
+		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft")
 }()
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its

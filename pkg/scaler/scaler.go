@@ -33,6 +33,7 @@ type Server struct {
 	resolver  TargetResolver // nil: triggers must name their workload
 	gate      func() error   // nil, or non-nil error while answers would be partial
 	decisions *recorder
+	plans     *plans
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
 	recheck time.Duration
@@ -94,7 +95,7 @@ func New(st *store.Store, o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now),
+	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(),
 		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{})}
 }
 
@@ -161,7 +162,7 @@ func (s *Server) GetMetricSpec(_ context.Context, ref *externalscaler.ScaledObje
 // pod held at all (an aggregator just started) there is no telling: it
 // passes.
 func (s *Server) forwarded(t Trigger) error {
-	if _, ok := metric.Lookup(t.Metric); ok {
+	if _, ok := metric.Lookup(t.Metric); ok || t.Metric == MetricReplicas {
 		return nil
 	}
 	names, pods := s.store.ExtraNames()

@@ -150,6 +150,11 @@ type pod struct {
 	// was reached (not because it aged out): a window reaching back past it
 	// is cut short.
 	capCutMs int64
+	// listedAt is when the pod was first listed, not ready (zero when it
+	// was ready at its first listing: its start was not seen); readyAt is
+	// when it was first listed ready. Their difference is its startup
+	// time as the aggregator saw it (Snapshot).
+	listedAt, readyAt time.Time
 }
 
 // New returns an empty store.
@@ -310,6 +315,11 @@ func (s *Store) LostReplicas(k Key) (Lost, bool) {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	return s.lostReplicas(k, now)
+}
+
+// lostReplicas is LostReplicas with mu held.
+func (s *Store) lostReplicas(k Key, now time.Time) (Lost, bool) {
 	l, ok := s.lost[k]
 	for _, p := range s.workloads[k] {
 		if p.Demand {
@@ -428,6 +438,7 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 			s.unlink(p)
 		}
 		p.PodInfo = info
+		p.markStart(!ok, s.now())
 		if !slices.Contains(p.sources, src.Node) {
 			p.sources = append(p.sources, src.Node)
 		}
@@ -452,6 +463,18 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 		}
 	}
 	s.sweep(s.now(), false)
+}
+
+// markStart records when a pod was first listed starting and when it was
+// first listed ready.
+func (p *pod) markStart(first bool, now time.Time) {
+	switch {
+	case p.Demand || p.Terminating:
+	case first && !p.Ready:
+		p.listedAt = now
+	case p.Ready && p.readyAt.IsZero():
+		p.readyAt = now
+	}
 }
 
 // Remove records that node's agent no longer lists the pods uids; a pod that

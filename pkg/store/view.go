@@ -294,6 +294,11 @@ func (s *Store) Demand(k Key, window, freshFor time.Duration) DemandValue {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	return s.demand(k, window, freshFor, now)
+}
+
+// demand is Demand with mu held.
+func (s *Store) demand(k Key, window, freshFor time.Duration, now time.Time) DemandValue {
 	var d DemandValue
 	held := metric.Def{Rule: metric.RuleGauge, Num: metric.PendingRequests}
 	for _, p := range s.workloads[k] {

@@ -1,0 +1,498 @@
+// Package planner computes the replica count a workload needs to meet its
+// latency SLO: the work offered to its replicas, over the capacity each
+// replica has shown it sustains (learned from the workload's own pods),
+// held for as long as a new replica takes to start (learned too).
+//
+// Plan is a pure function of one store snapshot and the state learned so
+// far; it returns the next state. The scaler (trigger metric replicas),
+// pulse-sim and the tests call the same code (docs/planner.md).
+package planner
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// Config is the planner's SLO and its design constants. Only the SLO is a
+// user's knob (trigger metadata sloTtft, annotation pulse.io/slo-ttft);
+// the rest are documented constants (docs/planner.md, "Constants").
+type Config struct {
+	// TTFT is the time-to-first-token SLO.
+	TTFT time.Duration
+	// Utilisation of the learned capacity the plan aims at: the headroom
+	// for load that rises faster than a replica starts.
+	Utilisation float64
+	// KVTarget is the KV-cache usage a replica is planned to hold at most.
+	KVTarget float64
+	// DecodeCost is a generated token's work in prompt tokens.
+	DecodeCost float64
+	// LeadTime is the startup time assumed before any is observed.
+	LeadTime time.Duration
+	// HoldMargin is added to the lead time to hold a peak's capacity.
+	HoldMargin time.Duration
+	// ObserveEvery is the learning cadence: at most one observation of the
+	// pods per interval, whatever the evaluation rate.
+	ObserveEvery time.Duration
+	// ProbeEvery and ProbeStep: with every replica healthy and no break
+	// within the hold, the capacity believed is raised by ProbeStep once per
+	// ProbeEvery, so that a capacity proven low at light load can grow.
+	ProbeEvery time.Duration
+	ProbeStep  float64
+}
+
+// Defaults (docs/planner.md says why each).
+const (
+	DefaultTTFT         = 2 * time.Second
+	DefaultUtilisation  = 0.8
+	DefaultKVTarget     = 0.8
+	DefaultDecodeCost   = 4
+	DefaultLeadTime     = 5 * time.Minute
+	DefaultHoldMargin   = time.Minute
+	DefaultObserveEvery = 5 * time.Second
+	DefaultProbeEvery   = time.Minute
+	DefaultProbeStep    = 1.1
+)
+
+// Default is the planner's configuration for a TTFT SLO (0: DefaultTTFT).
+func Default(ttft time.Duration) Config {
+	if ttft <= 0 {
+		ttft = DefaultTTFT
+	}
+	return Config{TTFT: ttft, Utilisation: DefaultUtilisation, KVTarget: DefaultKVTarget, DecodeCost: DefaultDecodeCost,
+		LeadTime: DefaultLeadTime, HoldMargin: DefaultHoldMargin, ObserveEvery: DefaultObserveEvery,
+		ProbeEvery: DefaultProbeEvery, ProbeStep: DefaultProbeStep}
+}
+
+// Thresholds of a replica's health, as fractions of the TTFT SLO: a
+// replica whose requests queued on average longer than breakQueue × SLO
+// (or that preempted) was past its capacity; one whose requests queued less
+// than healthyQueue × SLO with no queue standing was within it.
+const (
+	breakQueue   = 0.25
+	healthyQueue = 0.1
+	// Without a queue-time histogram (e.g. a TGI page), TTFT is read
+	// instead: past breakTTFT × SLO broke, within healthyTTFT × SLO held.
+	breakTTFT   = 0.5
+	healthyTTFT = 0.25
+	// learnRate moves the capacity toward a break's throughput.
+	learnRate = 0.3
+	// maxHoldExtra bounds the hold's regret extension; regretQuiet halves
+	// it.
+	maxHoldExtra = 30 * time.Minute
+	regretQuiet  = time.Hour
+	// maxPeaks bounds the peaks held (one per ObserveEvery).
+	maxPeaks = 720
+)
+
+// State is what the planner has learned of one workload. The zero State is
+// a workload not seen yet.
+type State struct {
+	// Since is when the planner first saw the workload (this aggregator
+	// process): before Since + hold it never plans below the ready count.
+	Since time.Time
+	// Capacity: work (prompt tokens + DecodeCost × generated tokens) per
+	// second a replica sustains within the SLO; 0 until learned.
+	Capacity float64
+	// Observations: replica-windows that taught the capacity; Breaks: those
+	// past it; LastBreak the latest.
+	Observations, Breaks int
+	LastBreak            time.Time
+	// BreakCapacity: the throughput replicas broke at, smoothed; probes
+	// never raise the capacity past it. HealthyMax: the most a replica
+	// served within the SLO; probes never raise the capacity past it over
+	// the utilisation (no replica is planned past what one has shown).
+	BreakCapacity, HealthyMax float64
+	// HoldExtra lengthens the hold after a regret: capacity released and
+	// needed again within a lead time (halved after regretQuiet without
+	// one). lastPlan, released and releasedAt track the releases.
+	HoldExtra  time.Duration
+	lastPlan   int
+	released   int
+	releasedAt time.Time
+	lastRegret time.Time
+	// WorkPerRequest: the mean work of a request (prompt tokens and
+	// DecodeCost × generated tokens, per request that got its first
+	// token): it prices the queue and its growth in work.
+	WorkPerRequest float64
+	// LeadTime: observed startup, smoothed (mean + 2 deviations); Startups
+	// counts the observations; startupsTo is the newest ready time counted.
+	LeadTime, leadDev time.Duration
+	Startups          int
+	startupsTo        time.Time
+	lastObserve       time.Time
+	lastProbe         time.Time
+	healthySince      time.Time // every replica healthy and loaded since
+	peaks             []peak    // need at each observation, oldest first
+}
+
+type peak struct {
+	at   time.Time
+	need float64
+}
+
+// Input is one snapshot of the workload.
+type Input = store.Snapshot
+
+// Plan is one planning result and everything it came from.
+type Plan struct {
+	// Replicas is the count the workload needs now (the trigger's value).
+	Replicas int `json:"replicas"`
+	// Reason names what set it.
+	Reason string `json:"reason"`
+	// Need: replicas the current load needs (before the hold).
+	Need float64 `json:"need"`
+	// Work is the work offered per second (served, plus queue growth);
+	// Backlog the work waiting (queued and held at routers).
+	Work    float64 `json:"workPerSecond"`
+	Backlog float64 `json:"backlog"`
+	// WorkPerRequest: a request's mean work (see State).
+	WorkPerRequest float64 `json:"workPerRequest"`
+	// Capacity per replica learned, its observations and breaks.
+	Capacity     float64 `json:"capacityPerReplica"`
+	Observations int     `json:"observations"`
+	Breaks       int     `json:"breaks"`
+	// Confidence grows with the observations (0 to 1).
+	Confidence float64 `json:"confidence"`
+	// KVNeed: replicas the KV cache in use needs at KVTarget.
+	KVNeed float64 `json:"kvNeed"`
+	// LeadTime learned (or assumed), and the startups observed.
+	LeadTime time.Duration `json:"leadTime"`
+	Startups int           `json:"startups"`
+	// HeldPeak: the largest need within the hold, held until HeldUntil.
+	HeldPeak  float64   `json:"heldPeak"`
+	HeldUntil time.Time `json:"heldUntil,omitzero"`
+	// HoldExtra: the hold's extension after regrets (see State).
+	HoldExtra time.Duration `json:"holdExtra,omitempty"`
+	// Ready, Missing (ready with no fresh sample) and Starting replicas.
+	Ready    int `json:"ready"`
+	Missing  int `json:"missing"`
+	Starting int `json:"starting"`
+}
+
+// Errors of Plan: the workload cannot be planned now (the caller returns
+// them as Unavailable or NotFound, never a 0).
+var (
+	ErrNotFound = errors.New("no pod of this workload has been reported")
+	ErrStale    = errors.New("stale")
+	ErrLost     = errors.New("lost")
+)
+
+// Make plans the workload from one snapshot and the state learned so far;
+// it returns the plan and the next state (prev is not modified).
+func Make(in Input, prev State, cfg Config) (Plan, State, error) {
+	st := prev
+	st.peaks = append([]peak(nil), prev.peaks...)
+	if st.Since.IsZero() {
+		st.Since = in.At
+	}
+	if !in.Found {
+		return noReplica(in, st)
+	}
+	st.learnStartups(in)
+	var p Plan
+	var fresh []*store.PodLoad
+	for i := range in.Pods {
+		l := &in.Pods[i]
+		switch l.State {
+		case store.PodCounted:
+			p.Ready++
+			fresh = append(fresh, l)
+		case store.PodMissing:
+			p.Ready++
+			p.Missing++
+		case store.PodStarting:
+			p.Starting++
+		}
+	}
+	if p.Ready > 0 && len(fresh) == 0 {
+		return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
+	}
+	observe := in.At.Sub(st.lastObserve) >= cfg.ObserveEvery
+	if observe {
+		st.lastObserve = in.At
+		st.learnCapacity(fresh, in.At, cfg)
+	}
+	p.need(fresh, in, &st, cfg, observe)
+	hold := st.hold(cfg)
+	if observe {
+		st.peaks = append(st.peaks, peak{in.At, p.Need})
+	}
+	cut := 0
+	for cut < len(st.peaks) && (in.At.Sub(st.peaks[cut].at) > hold || len(st.peaks)-cut > maxPeaks) {
+		cut++
+	}
+	st.peaks = st.peaks[cut:]
+	p.HeldPeak = p.Need
+	for _, pk := range st.peaks {
+		if pk.need >= p.HeldPeak {
+			p.HeldPeak, p.HeldUntil = pk.need, pk.at.Add(hold)
+		}
+	}
+	p.Replicas = ceil(p.Need)
+	if held := ceil(p.HeldPeak); held > p.Replicas {
+		p.Replicas = held
+		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (lead time %s + %s)", p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), st.LeadTime.Round(time.Second), cfg.HoldMargin)
+	}
+	switch {
+	case p.Replicas >= p.Ready:
+	case p.Missing > 0:
+		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: %d have no fresh sample", p.Ready, p.Missing)
+	case in.At.Sub(st.Since) < hold:
+		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: observed for %s, less than the hold %s", p.Ready, in.At.Sub(st.Since).Round(time.Second), hold)
+	case st.Capacity == 0 && p.Work > 0:
+		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: no capacity learned yet", p.Ready)
+	}
+	st.regret(p.Replicas, in.At, cfg)
+	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
+	p.HoldExtra = st.HoldExtra
+	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
+	p.LeadTime, p.Startups = st.LeadTime, st.Startups
+	if st.LeadTime == 0 {
+		p.LeadTime = cfg.LeadTime
+	}
+	return p, st, nil
+}
+
+// need sets p's offered work, backlog, KV need and Need from the fresh
+// pods; with no capacity learned, the load fallback (see below).
+func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) {
+	var first, growth, queued, kv, fallback float64
+	for _, l := range fresh {
+		p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+		first += l.FirstTokens
+		growth += l.WaitingGrowth
+		queued += l.WaitingNow
+		kvl := math.Min(math.Max(l.KVCache, 0), 1)
+		kv += kvl
+		// The fallback load: KV cache against its target, the queue
+		// against two requests (metric.DefaultLoad's, llm-d's saturation).
+		fallback += math.Max(kvl/cfg.KVTarget, l.Waiting/2)
+	}
+	if observe && first > 0 && p.Work > 0 {
+		wpr := p.Work / first
+		if st.WorkPerRequest == 0 {
+			st.WorkPerRequest = wpr
+		} else {
+			st.WorkPerRequest += 0.1 * (wpr - st.WorkPerRequest)
+		}
+	}
+	p.WorkPerRequest = st.WorkPerRequest
+	queued += in.Demand.Held
+	if p.Ready == 0 {
+		queued += in.Demand.Arrived
+	}
+	p.Work += math.Max(growth, 0) * st.WorkPerRequest
+	p.Backlog = queued * st.WorkPerRequest
+	p.KVNeed = kv / cfg.KVTarget
+	// Pods without a fresh sample carry the fresh pods' mean load.
+	scale := 1.0
+	if len(fresh) > 0 {
+		scale = float64(len(fresh)+p.Missing) / float64(len(fresh))
+	}
+	p.KVNeed *= scale
+	switch {
+	case st.Capacity > 0:
+		work := p.Work * scale / (cfg.Utilisation * st.Capacity)
+		// The backlog is drained by capacity that arrives no sooner than a
+		// replica starts: planned over the lead time, less the replicas
+		// already starting.
+		backlog := math.Max(0, p.Backlog/(st.Capacity*st.lead(cfg).Seconds())-float64(p.Starting))
+		p.Need = work + backlog
+		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f", p.Work, st.Capacity, cfg.Utilisation, p.Backlog)
+	case queued > 0 && p.Ready == 0:
+		p.Need = 1
+		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready", queued)
+	default:
+		p.Need = fallback * scale
+		p.Reason = "no capacity learned yet: KV cache over its target, queue over 2 per replica"
+	}
+	if p.KVNeed > p.Need {
+		p.Need = p.KVNeed
+		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
+	}
+}
+
+// learnCapacity takes one observation of each fresh replica that served
+// work: past its capacity (a standing queue or preemptions) its throughput
+// pulls the capacity toward it; within it, a throughput above the capacity
+// proves more. With every replica healthy and no break within the hold, the
+// capacity is probed upward.
+func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
+	slo := cfg.TTFT.Seconds()
+	healthyAll, served := len(fresh) > 0, 0.0
+	for _, l := range fresh {
+		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+		if !l.Tokens || w <= 0 {
+			continue
+		}
+		served += w
+		broke, healthy := health(l, slo)
+		if healthy {
+			st.HealthyMax = max(st.HealthyMax, w)
+		}
+		healthyAll = healthyAll && healthy
+		switch {
+		case broke:
+			if st.Capacity == 0 {
+				st.Capacity = w
+			} else {
+				st.Capacity += learnRate * (w - st.Capacity)
+			}
+			if st.BreakCapacity == 0 {
+				st.BreakCapacity = w
+			} else {
+				st.BreakCapacity += learnRate * (w - st.BreakCapacity)
+			}
+			st.Observations++
+			st.Breaks++
+			st.LastBreak = now
+		case healthy && w > st.Capacity:
+			st.Capacity = w
+			st.Observations++
+		case healthy:
+			st.Observations++
+		}
+	}
+	if st.Capacity == 0 || !healthyAll || served < 0.5*cfg.Utilisation*st.Capacity*float64(len(fresh)) {
+		st.healthySince = time.Time{}
+		return
+	}
+	if st.healthySince.IsZero() {
+		st.healthySince = now
+	}
+	// At the planned utilisation no replica is planned past the most one
+	// has served within the SLO.
+	next := min(st.Capacity*cfg.ProbeStep, st.HealthyMax/cfg.Utilisation)
+	if st.BreakCapacity > 0 {
+		next = min(next, st.BreakCapacity)
+	}
+	if next > st.Capacity && now.Sub(st.LastBreak) > st.hold(cfg) && now.Sub(st.healthySince) >= cfg.ProbeEvery && now.Sub(st.lastProbe) >= cfg.ProbeEvery {
+		st.Capacity = next
+		st.lastProbe = now
+	}
+}
+
+// health says whether a replica's window was past its capacity or within
+// it (neither when in between, or when nothing says).
+func health(l *store.PodLoad, slo float64) (broke, healthy bool) {
+	if l.Preemptions > 0 {
+		return true, false
+	}
+	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
+	switch {
+	case l.QueueOK:
+		return l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo),
+			l.QueueTime <= healthyQueue*slo && l.Waiting < 1
+	case l.TTFTOK:
+		return l.TTFT > breakTTFT*slo, l.TTFT <= healthyTTFT*slo && l.Waiting < 1
+	}
+	return false, false
+}
+
+// learnStartups counts the startups of pods that became ready since the
+// last counted: the lead time is their mean plus two mean deviations.
+func (st *State) learnStartups(in Input) {
+	newest := st.startupsTo
+	for _, l := range in.Pods {
+		if l.Startup <= 0 || l.State == store.PodStarting {
+			continue
+		}
+		readyAt := in.At.Add(-l.Age + l.Startup)
+		if !readyAt.After(st.startupsTo) {
+			continue
+		}
+		if readyAt.After(newest) {
+			newest = readyAt
+		}
+		st.Startups++
+		if st.Startups == 1 {
+			st.LeadTime, st.leadDev = l.Startup, 0
+			continue
+		}
+		d := l.Startup - st.LeadTime
+		st.LeadTime += d / 4
+		st.leadDev += (abs(d) - st.leadDev) / 4
+	}
+	st.startupsTo = newest
+}
+
+// lead is the lead time learned, or assumed.
+func (st *State) lead(cfg Config) time.Duration {
+	if st.Startups == 0 {
+		return cfg.LeadTime
+	}
+	return st.LeadTime
+}
+
+// hold is how long a peak's capacity is held: the lead time (learned, or
+// assumed) with two deviations, the margin, and the regret extension.
+func (st *State) hold(cfg Config) time.Duration {
+	if st.Startups == 0 {
+		return cfg.LeadTime + cfg.HoldMargin + st.HoldExtra
+	}
+	return st.LeadTime + 2*st.leadDev + cfg.HoldMargin + st.HoldExtra
+}
+
+// regret records releases (the plan falling) and regrets: the released
+// count needed again within a lead time of its release, when a replica
+// released could not have started again in time. Each regret lengthens the
+// hold (to at least a lead time more, doubling, at most maxHoldExtra); an
+// hour without one halves the extension.
+func (st *State) regret(plan int, now time.Time, cfg Config) {
+	switch {
+	case plan < st.lastPlan:
+		st.released, st.releasedAt = st.lastPlan, now
+	case st.released > 0 && plan >= st.released:
+		if now.Sub(st.releasedAt) < st.lead(cfg) {
+			st.HoldExtra = min(max(2*st.HoldExtra, st.lead(cfg)), maxHoldExtra)
+			st.lastRegret = now
+		}
+		st.released = 0
+	}
+	if st.HoldExtra > 0 && now.Sub(st.lastRegret) > regretQuiet {
+		st.HoldExtra /= 2
+		st.lastRegret = now
+	}
+	st.lastPlan = plan
+}
+
+// noReplica plans a workload with no replica listed: the requests its
+// routers hold or saw arrive need one replica; lost replicas and a workload
+// never seen are errors.
+func noReplica(in Input, st State) (Plan, State, error) {
+	if in.LostOK {
+		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
+			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))
+	}
+	d := in.Demand
+	if d.Sources == 0 {
+		if d.Stale > 0 {
+			return Plan{}, st, fmt.Errorf("%w: no replica, and its %d demand sources have not reported within staleAfter", ErrStale, d.Stale)
+		}
+		return Plan{}, st, ErrNotFound
+	}
+	p := Plan{Backlog: d.Held + d.Arrived, Reason: "no replica and no request waits at the routers"}
+	if p.Backlog > 0 {
+		p.Need, p.Replicas = 1, 1
+		p.Reason = fmt.Sprintf("no replica: %.0f requests wait at the routers", p.Backlog)
+	}
+	return p, st, nil
+}
+
+func ceil(x float64) int {
+	if x <= 0 || math.IsNaN(x) {
+		return 0
+	}
+	return int(math.Ceil(x - 1e-9))
+}
+
+func abs(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}

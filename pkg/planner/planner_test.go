@@ -1,0 +1,245 @@
+package planner
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// serving is a ready replica serving w work per second (all prompt tokens)
+// with the given mean queue time.
+func serving(name string, w, queue float64) store.PodLoad {
+	return store.PodLoad{Name: name, State: store.PodCounted, PromptTokens: w, Tokens: true, FirstTokens: w / 1000,
+		TTFT: queue + 0.1, TTFTOK: true, QueueTime: queue, QueueOK: true, KVCache: w / 1e5}
+}
+
+func snap(at time.Time, pods ...store.PodLoad) Input {
+	return Input{At: at, Found: len(pods) > 0, Pods: pods}
+}
+
+// run feeds the planner the same pods every 5 s for d, from at.
+func run(t *testing.T, st State, cfg Config, at time.Time, d time.Duration, pods ...store.PodLoad) (Plan, State, time.Time) {
+	t.Helper()
+	var p Plan
+	var err error
+	for end := at.Add(d); !at.After(end); at = at.Add(5 * time.Second) {
+		if p, st, err = Make(snap(at, pods...), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p, st, at
+}
+
+func TestBreakTeachesCapacityAndScalesUpAtOnce(t *testing.T) {
+	cfg := Default(0)
+	// One replica serving 10000/s with requests queued 1 s (half the SLO):
+	// it is past its capacity, which is then about 10000/s.
+	p, st, err := Make(snap(t0, serving("a", 10000, 1)), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Capacity != 10000 || st.Breaks != 1 {
+		t.Fatalf("capacity %v breaks %d, want 10000 and 1", st.Capacity, st.Breaks)
+	}
+	// Work 10000 at utilisation 0.8 of 10000: 1.25 replicas: 2, at once.
+	if p.Replicas != 2 || p.Need < 1.24 || p.Need > 1.26 {
+		t.Fatalf("plan %d (need %.2f), want 2 (1.25): %s", p.Replicas, p.Need, p.Reason)
+	}
+}
+
+func TestHealthyThroughputProvesCapacity(t *testing.T) {
+	cfg := Default(0)
+	_, st, err := Make(snap(t0, serving("a", 8000, 0.01)), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Capacity != 8000 || st.HealthyMax != 8000 || st.Breaks != 0 {
+		t.Fatalf("capacity %v, healthy max %v, breaks %d: want 8000, 8000, 0", st.Capacity, st.HealthyMax, st.Breaks)
+	}
+	// A later break at 12000 pulls the capacity toward it.
+	_, st, _ = Make(snap(t0.Add(5*time.Second), serving("a", 12000, 2)), st, cfg)
+	if want := 8000 + learnRate*4000; st.Capacity != want || st.BreakCapacity != 12000 {
+		t.Fatalf("capacity %v, break capacity %v, want %v and 12000", st.Capacity, st.BreakCapacity, want)
+	}
+}
+
+func TestObservesAtMostOncePerInterval(t *testing.T) {
+	cfg := Default(0)
+	st := State{}
+	var err error
+	for i := range 10 {
+		_, st, err = Make(snap(t0.Add(time.Duration(i)*100*time.Millisecond), serving("a", 10000, 1)), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Breaks != 1 {
+		t.Fatalf("ten evaluations within a second made %d observations, want 1", st.Breaks)
+	}
+}
+
+func TestPeakHeldForLeadTimeThenReleased(t *testing.T) {
+	cfg := Default(0)
+	// Learn: two replicas at capacity 10000.
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 8000, 0.01), serving("b", 8000, 0.01))
+	// A peak of 4 replicas' work, then the load falls to 1 replica's.
+	p, st, at := run(t, st, cfg, at, 30*time.Second, serving("a", 16000, 0.01), serving("b", 16000, 0.01))
+	peak := p.Replicas
+	p, st, at = run(t, st, cfg, at, 2*time.Minute, serving("a", 2000, 0.01), serving("b", 2000, 0.01))
+	if p.Replicas != peak || p.HeldUntil.IsZero() || !strings.Contains(p.Reason, "holding a peak") {
+		t.Fatalf("2 min after a peak of %d: plan %d (%s), want the peak held", peak, p.Replicas, p.Reason)
+	}
+	// The hold is the assumed lead time (no startup seen) and the margin.
+	if want := cfg.LeadTime + cfg.HoldMargin + p.HoldExtra; p.HeldUntil.Sub(at) > want {
+		t.Fatalf("held until %s, more than %s from now", p.HeldUntil, want)
+	}
+	p, _, _ = run(t, st, cfg, at, cfg.LeadTime+cfg.HoldMargin+p.HoldExtra, serving("a", 2000, 0.01), serving("b", 2000, 0.01))
+	if p.Replicas >= peak || p.Replicas < 1 {
+		t.Fatalf("after the hold: plan %d, want fewer than the peak's %d and at least 1", p.Replicas, peak)
+	}
+}
+
+func TestLeadTimeLearnedFromStartups(t *testing.T) {
+	cfg := Default(0)
+	ready := serving("a", 1000, 0.01)
+	ready.Startup, ready.Age = 3*time.Minute, 4*time.Minute
+	p, st, err := Make(snap(t0, ready), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.LeadTime != 3*time.Minute || p.Startups != 1 {
+		t.Fatalf("lead time %s from %d startups, want 3m0s from 1", p.LeadTime, p.Startups)
+	}
+	// The same pod seen again is not counted again; a second one is.
+	other := serving("b", 1000, 0.01)
+	other.Startup, other.Age = 5*time.Minute, 5*time.Minute
+	ready.Age += 5 * time.Second
+	p, _, _ = Make(snap(t0.Add(5*time.Second), ready, other), st, cfg)
+	if p.Startups != 2 || p.LeadTime != 3*time.Minute+30*time.Second {
+		t.Fatalf("lead time %s from %d startups, want 3m30s from 2", p.LeadTime, p.Startups)
+	}
+}
+
+func TestStartingReplicasAreCapacityComing(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	before, _, _ := Make(snap(at, serving("a", 10000, 1)), st, cfg)
+	// While the replicas it asked for start, the overloaded replica's
+	// queue grows: the plan does not grow with it (no cascade).
+	starting := []store.PodLoad{{Name: "b", State: store.PodStarting}, {Name: "c", State: store.PodStarting}}
+	for i := range 48 { // 4 minutes
+		a := serving("a", 10000, 1)
+		a.WaitingNow = float64(10 * i)
+		p, next, err := Make(snap(at, append([]store.PodLoad{a}, starting...)...), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Replicas > max(before.Replicas, 3) {
+			t.Fatalf("%d queued while 2 replicas start: plan %d, was %d (%s)", 10*i, p.Replicas, before.Replicas, p.Reason)
+		}
+		st, at = next, at.Add(5*time.Second)
+	}
+}
+
+func TestNeverBelowReadyBeforeHoldAfterRestart(t *testing.T) {
+	cfg := Default(0)
+	// A fresh state (the aggregator restarted) sees four idle replicas: it
+	// holds them until it has watched for a hold.
+	pods := []store.PodLoad{serving("a", 0, 0), serving("b", 0, 0), serving("c", 0, 0), serving("d", 0, 0)}
+	p, st, at := run(t, State{}, cfg, t0, 5*time.Minute, pods...)
+	if p.Replicas != 4 {
+		t.Fatalf("5 min after a restart, four idle replicas planned %d (%s), want 4", p.Replicas, p.Reason)
+	}
+	p, _, _ = run(t, st, cfg, at, 2*time.Minute, pods...)
+	if p.Replicas != 0 {
+		t.Fatalf("after the hold, idle replicas planned %d (%s), want 0", p.Replicas, p.Reason)
+	}
+}
+
+func TestStaleAndLostAreErrorsMissingPodsHold(t *testing.T) {
+	cfg := Default(0)
+	missing := store.PodLoad{Name: "a", State: store.PodMissing, Reason: "stale"}
+	if _, _, err := Make(snap(t0, missing), State{}, cfg); !errors.Is(err, ErrStale) {
+		t.Fatalf("only a stale replica: error %v, want ErrStale", err)
+	}
+	lost := Input{At: t0, LostOK: true, Lost: store.Lost{At: t0, Pods: 3}}
+	if _, _, err := Make(lost, State{}, cfg); !errors.Is(err, ErrLost) {
+		t.Fatalf("lost replicas: error %v, want ErrLost", err)
+	}
+	if _, _, err := Make(Input{At: t0}, State{}, cfg); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("no replica: error %v, want ErrNotFound", err)
+	}
+	// One replica of three stale, long after any restart, with no load:
+	// the ready count is held.
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("b", 0, 0), serving("c", 0, 0))
+	p, _, err := Make(snap(at, missing, serving("b", 0, 0), serving("c", 0, 0)), st, cfg)
+	if err != nil || p.Replicas != 3 || p.Missing != 1 {
+		t.Fatalf("one of three replicas stale: plan %d, missing %d, %v (%s); want 3, 1", p.Replicas, p.Missing, err, p.Reason)
+	}
+}
+
+func TestDemandWithNoReplicaNeedsOne(t *testing.T) {
+	in := Input{At: t0, Demand: store.DemandValue{Sources: 1, Held: 3}}
+	p, _, err := Make(in, State{}, Default(0))
+	if err != nil || p.Replicas != 1 {
+		t.Fatalf("3 requests held, no replica: plan %d, %v; want 1", p.Replicas, err)
+	}
+	in.Demand.Held = 0
+	if p, _, err = Make(in, State{}, Default(0)); err != nil || p.Replicas != 0 {
+		t.Fatalf("nothing held, no replica: plan %d, %v; want 0", p.Replicas, err)
+	}
+}
+
+func TestKVCacheNeed(t *testing.T) {
+	cfg := Default(0)
+	a, b := serving("a", 1000, 0.01), serving("b", 1000, 0.01)
+	a.KVCache, b.KVCache = 0.95, 0.85
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a, b)
+	p, _, _ := Make(snap(at, a, b), st, cfg)
+	// 1.8 replicas' worth of KV cache at target 0.8: 2.25, so 3.
+	if p.Replicas != 3 || !strings.Contains(p.Reason, "KV cache") {
+		t.Fatalf("KV cache 0.95 and 0.85: plan %d (%s), want 3 for the KV cache", p.Replicas, p.Reason)
+	}
+}
+
+func TestProbeNeverPlansPastProvenThroughput(t *testing.T) {
+	cfg := Default(0)
+	// Healthy at 5000 each for an hour: probes raise the capacity to at
+	// most 5000 / utilisation, and no further.
+	_, st, _ := run(t, State{}, cfg, t0, time.Hour, serving("a", 5000, 0.01), serving("b", 5000, 0.01))
+	if limit := st.HealthyMax / cfg.Utilisation; st.Capacity > limit+1e-9 || st.Capacity <= 5000 {
+		t.Fatalf("capacity %v after an hour healthy at 5000: want above 5000 and at most %v", st.Capacity, limit)
+	}
+}
+
+func TestRegretLengthensTheHold(t *testing.T) {
+	cfg := Default(0)
+	st := State{}
+	busy := []store.PodLoad{serving("a", 8000, 0.01), serving("b", 8000, 0.01)}
+	idle := []store.PodLoad{serving("a", 0, 0), serving("b", 0, 0)}
+	_, st, at := run(t, st, cfg, t0, 10*time.Minute, busy...)
+	// Idle past the hold: released; busy again within a lead time: regret.
+	p, st, at := run(t, st, cfg, at, cfg.LeadTime+cfg.HoldMargin+10*time.Second, idle...)
+	if p.Replicas != 0 {
+		t.Fatalf("idle past the hold: plan %d, want 0", p.Replicas)
+	}
+	_, st, _ = run(t, st, cfg, at, time.Minute, busy...)
+	if st.HoldExtra != cfg.LeadTime {
+		t.Fatalf("needed again a minute after the release: hold extension %s, want the lead time %s", st.HoldExtra, cfg.LeadTime)
+	}
+}
+
+func TestMakeDoesNotModifyPrev(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 8000, 0.01))
+	n := len(st.peaks)
+	Make(snap(at, serving("a", 9000, 0.01)), st, cfg)
+	if len(st.peaks) != n || st.HealthyMax != 8000 {
+		t.Fatalf("Make changed the state it was given")
+	}
+}

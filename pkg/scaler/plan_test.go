@@ -1,0 +1,167 @@
+package scaler
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// serve stores n seconds of samples for each pod: prompt tokens at
+// tokensPerSec, one request a second, each queued queueSec.
+func (f *fixture) serve(n int, tokensPerSec, queueSec float64, names ...string) {
+	for range n {
+		f.ms += 1000
+		f.clock.Add(time.Second)
+		var rs []store.Report
+		for _, name := range names {
+			r := store.Report{UID: "uid-" + name}
+			r.TimeMs = f.ms
+			s := float64(f.ms-1_700_000_000_000) / 1000
+			r.Values.Set(metric.PromptTokens, tokensPerSec*s)
+			r.Values.Set(metric.TTFTCount, s)
+			r.Values.Set(metric.TTFTSum, (queueSec+0.1)*s)
+			r.Values.Set(metric.QueueTimeCount, s)
+			r.Values.Set(metric.QueueTimeSum, queueSec*s)
+			r.Values.Set(metric.Waiting, 0)
+			r.Values.Set(metric.Running, 4)
+			r.Values.Set(metric.KVCacheUsage, 0.1)
+			rs = append(rs, r)
+		}
+		f.store.Add(rs)
+	}
+}
+
+func replicasMD(extra ...string) map[string]string {
+	md := map[string]string{"workspace": "llama", "metric": "replicas"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		md[extra[i]] = extra[i+1]
+	}
+	return md
+}
+
+func TestReplicasTriggerPlansOverGRPC(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	// One replica serving 10000 prompt tokens a second, its requests
+	// queued 1 s: past its capacity at the 2 s SLO.
+	f.serve(40, 10000, 1, "a")
+	md := replicasMD()
+	spec, err := f.client.GetMetricSpec(context.Background(), ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := spec.MetricSpecs[0]; ms.TargetSizeFloat != 1 {
+		t.Fatalf("target %v, want 1 (AverageValue 1: the HPA's desired count is the plan)", ms.TargetSizeFloat)
+	}
+	got, err := f.metric(t, md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 2 {
+		t.Fatalf("GetMetrics = %v, want 2 replicas (10000/s over 0.8 × 10000/s)", got)
+	}
+	active, err := f.client.IsActive(context.Background(), ref(md))
+	if err != nil || !active.Result {
+		t.Fatalf("IsActive = %v, %v; want true", active, err)
+	}
+	ev := f.server.Evaluations()
+	if len(ev) != 1 || ev[0].Decision.Plan == nil || ev[0].Desired() != 2 {
+		t.Fatalf("decision records %+v: want one, with its plan, desiring 2", ev)
+	}
+	if p := ev[0].Decision.Plan; p.Breaks == 0 || p.Capacity != 10000 || !strings.Contains(p.Reason, "work") {
+		t.Fatalf("plan %+v: want a break teaching capacity 10000 and the work as reason", p)
+	}
+}
+
+func TestReplicasSLOIsTheKnob(t *testing.T) {
+	for _, tc := range []struct {
+		slo    string
+		breaks bool
+	}{{"", true}, {"10s", false}} {
+		f := newFixture(t)
+		f.pods("a")
+		f.serve(40, 10000, 1, "a")
+		tr, err := ParseTrigger(ref(replicasMD("sloTtft", tc.slo)), time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := f.server.Evaluate(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Plan.Breaks > 0; got != tc.breaks {
+			t.Fatalf("sloTtft %q: requests queued 1 s broke the SLO: %v, want %v", tc.slo, got, tc.breaks)
+		}
+	}
+}
+
+func TestReplicasNeverScaleDownAfterRestart(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b", "c")
+	f.serve(40, 0, 0, "a", "b", "c")
+	// A new server is an aggregator restarted over the same pods: three
+	// idle replicas are held until it has watched them for a hold.
+	srv := New(f.store, Options{MaxWindow: time.Minute, Now: f.clock.Now})
+	tr, err := ParseTrigger(ref(replicasMD()), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := srv.Evaluate(tr)
+	if err != nil || d.Value != 3 {
+		t.Fatalf("after a restart: %v, %v; want 3 (the ready replicas held)", d.Value, err)
+	}
+	if !strings.Contains(d.Plan.Reason, "holding the 3 ready replicas") {
+		t.Fatalf("reason %q", d.Plan.Reason)
+	}
+}
+
+func TestReplicasStaleIsAnError(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.serve(10, 1000, 0, "a")
+	f.clock.Add(10 * time.Second)
+	if _, err := f.metric(t, replicasMD()); status.Code(err) != codes.Unavailable {
+		t.Fatalf("stale replica: %v, want Unavailable", err)
+	}
+	if _, err := f.metric(t, map[string]string{"workspace": "nobody", "metric": "replicas"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown workload: %v, want NotFound", err)
+	}
+}
+
+func TestReplicasMetadata(t *testing.T) {
+	for name, tc := range map[string]struct {
+		md  map[string]string
+		key string
+	}{
+		"threshold not 1":       {replicasMD("threshold", "2"), "threshold"},
+		"valueType average":     {replicasMD("valueType", "average"), "valueType"},
+		"sloTtft not duration":  {replicasMD("sloTtft", "fast"), "sloTtft"},
+		"sloTtft over 10m":      {replicasMD("sloTtft", "11m"), "sloTtft"},
+		"sloTtft on waiting":    {map[string]string{"workspace": "llama", "sloTtft": "2s"}, "sloTtft"},
+		"sloTtft typo is named": {replicasMD("sloTTFTs", "2s"), ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseTrigger(ref(tc.md), time.Minute, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if tc.key != "" && !strings.Contains(err.Error(), `"`+tc.key+`"`) {
+				t.Fatalf("error %q does not name %s", err, tc.key)
+			}
+			if tc.key == "" && !strings.Contains(err.Error(), "did you mean sloTtft") {
+				t.Fatalf("error %q has no hint", err)
+			}
+		})
+	}
+	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms")), time.Minute, nil)
+	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
+		t.Fatalf("parsed %+v, %v", tr, err)
+	}
+}

@@ -1,0 +1,144 @@
+package store
+
+import (
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+)
+
+// PodLoad is one replica's load over a window, as a capacity planner reads
+// it (pkg/planner): what it served, what waits on it, how fast it answered.
+// Rates are per second over the window; gauges are the window's means.
+type PodLoad struct {
+	Name string
+	// State: PodCounted (ready, with a fresh sample), PodStarting,
+	// PodTerminating or PodMissing (ready, no fresh sample; Reason says
+	// why). PodUndefined is not used.
+	State  PodState
+	Reason string
+	// PromptTokens and GenerationTokens: tokens prefilled and generated per
+	// second; Tokens is false when the pod's page has neither counter.
+	PromptTokens, GenerationTokens float64
+	Tokens                         bool
+	// FirstTokens: requests that got their first token, per second; TTFT is
+	// their mean time to it (TTFTOK false when none did in the window, or
+	// the page has no TTFT histogram).
+	FirstTokens float64
+	TTFT        float64
+	TTFTOK      bool
+	// QueueTime: the mean time requests that left the queue in the window
+	// spent in it (QueueOK false when none left it, or the page has no
+	// queue-time histogram): the part of TTFT that load adds.
+	QueueTime float64
+	QueueOK   bool
+	// Preemptions per second.
+	Preemptions float64
+	// Waiting, Running and KVCache: the window's means; WaitingNow the
+	// latest; WaitingGrowth the increase of waiting over the window, per
+	// second (negative when the queue shrank).
+	Waiting, Running, KVCache float64
+	WaitingNow, WaitingGrowth float64
+	// Startup: from the pod's first listing (starting) to its first
+	// listing ready; 0 when the aggregator did not see it start. Age: since
+	// its first listing (starting pods), 0 when not seen.
+	Startup, Age time.Duration
+}
+
+// Snapshot is one workload as a planner reads it, taken under one lock.
+type Snapshot struct {
+	At time.Time
+	// Found is false when the store knows no replica of the workload.
+	Found bool
+	Pods  []PodLoad
+	// Demand is its demand sources' (held at routers).
+	Demand DemandValue
+	// Lost, when LostOK: its replicas were dropped without their agent
+	// removing them (as LostReplicas).
+	Lost   Lost
+	LostOK bool
+}
+
+var (
+	promptRate   = metric.Def{Rule: metric.RuleRate, Num: metric.PromptTokens}
+	genRate      = metric.Def{Rule: metric.RuleRate, Num: metric.GenerationTokens}
+	firstRate    = metric.Def{Rule: metric.RuleRate, Num: metric.TTFTCount}
+	preemptRate  = metric.Def{Rule: metric.RuleRate, Num: metric.Preemptions}
+	ttftMean     = metric.Def{Rule: metric.RuleRatio, Num: metric.TTFTSum, Den: metric.TTFTCount}
+	queueMean    = metric.Def{Rule: metric.RuleRatio, Num: metric.QueueTimeSum, Den: metric.QueueTimeCount}
+	waitingGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Waiting}
+	runningGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Running}
+	kvGauge      = metric.Def{Rule: metric.RuleGauge, Num: metric.KVCacheUsage}
+)
+
+// Snapshot reads workload k's replicas over window, its demand sources and
+// whether it lost replicas, in one pass under one lock; pods appended to
+// dst (which may be nil).
+func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) Snapshot {
+	now := s.now()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	snap := Snapshot{At: now, Pods: dst[:0]}
+	for _, p := range s.workloads[k] {
+		if p.Demand || s.expired(p, now) {
+			continue
+		}
+		snap.Pods = append(snap.Pods, p.load(now, window, freshFor))
+	}
+	snap.Found = len(snap.Pods) > 0
+	snap.Demand = s.demand(k, window, freshFor, now)
+	if !snap.Found {
+		snap.Lost, snap.LostOK = s.lostReplicas(k, now)
+	}
+	return snap
+}
+
+// load is p's PodLoad; mu must be held.
+func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
+	l := PodLoad{Name: p.Name}
+	if !p.readyAt.IsZero() && !p.listedAt.IsZero() {
+		l.Startup = p.readyAt.Sub(p.listedAt)
+	}
+	if !p.listedAt.IsZero() {
+		l.Age = now.Sub(p.listedAt)
+	}
+	switch {
+	case p.Terminating:
+		l.State = PodTerminating
+		return l
+	case !p.Ready:
+		l.State = PodStarting
+		return l
+	case p.missing != "":
+		l.State, l.Reason = PodMissing, p.missing
+		return l
+	case p.lastSeen.IsZero():
+		l.State, l.Reason = PodMissing, "no sample yet"
+		return l
+	case now.Sub(p.lastSeen) > freshFor:
+		l.State, l.Reason = PodMissing, "stale"
+		return l
+	}
+	l.State = PodCounted
+	rates := p.window(window, metric.RuleRate)
+	var okP, okG bool
+	l.PromptTokens, okP = promptRate.Eval(rates)
+	l.GenerationTokens, okG = genRate.Eval(rates)
+	l.Tokens = okP || okG
+	l.FirstTokens, _ = firstRate.Eval(rates)
+	l.TTFT, l.TTFTOK = ttftMean.Eval(rates)
+	l.QueueTime, l.QueueOK = queueMean.Eval(rates)
+	l.Preemptions, _ = preemptRate.Eval(rates)
+	gauges := p.window(window, metric.RuleGauge)
+	l.Waiting, _ = waitingGauge.Eval(gauges)
+	l.Running, _ = runningGauge.Eval(gauges)
+	l.KVCache, _ = kvGauge.Eval(gauges)
+	l.WaitingNow, _ = waitingGauge.Latest(gauges)
+	if n := len(gauges); n > 1 {
+		a, okA := gauges[0].Get(metric.Waiting)
+		b, okB := gauges[n-1].Get(metric.Waiting)
+		if dt := float64(gauges[n-1].TimeMs-gauges[0].TimeMs) / 1000; okA && okB && dt > 0 {
+			l.WaitingGrowth = (b - a) / dt
+		}
+	}
+	return l
+}

@@ -1,0 +1,69 @@
+package store
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+)
+
+func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	src := Source{Node: "node-1", Instance: "agent"}
+	starting := PodInfo{UID: "u1", Namespace: "ns", Name: "p1", Workloads: []Key{ws}}
+	s.Upsert(src, []PodInfo{starting}, false)
+	// Listed ready at its first sight: its start was not seen.
+	s.Upsert(src, []PodInfo{{UID: "u2", Namespace: "ns", Name: "p2", Ready: true, Workloads: []Key{ws}}}, false)
+	now = now.Add(3 * time.Minute)
+	starting.Ready = true
+	s.Upsert(src, []PodInfo{starting}, false)
+	s.Upsert(src, []PodInfo{{UID: DemandUID("router", "llama"), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: []Key{ws}}}, false)
+	for i := range 11 {
+		now = now.Add(time.Second)
+		ms := now.UnixMilli()
+		var rs []Report
+		for _, uid := range []string{"u1", "u2"} {
+			r := Report{UID: uid}
+			r.TimeMs = ms
+			r.Values.Set(metric.PromptTokens, 1000*float64(i))
+			r.Values.Set(metric.GenerationTokens, 50*float64(i))
+			r.Values.Set(metric.TTFTCount, float64(i))
+			r.Values.Set(metric.TTFTSum, 0.5*float64(i))
+			r.Values.Set(metric.QueueTimeCount, float64(i))
+			r.Values.Set(metric.QueueTimeSum, 0.2*float64(i))
+			r.Values.Set(metric.Waiting, float64(i))
+			r.Values.Set(metric.KVCacheUsage, 0.5)
+			rs = append(rs, r)
+		}
+		d := Report{UID: DemandUID("router", "llama")}
+		d.TimeMs = ms
+		d.Values.Set(metric.PendingRequests, 7)
+		rs = append(rs, d)
+		s.Add(rs)
+	}
+	snap := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second)
+	if !snap.Found || len(snap.Pods) != 2 || snap.Demand.Held != 7 || snap.LostOK {
+		t.Fatalf("snapshot %+v: want two replicas, 7 held at the router", snap)
+	}
+	p1, p2 := snap.Pods[0], snap.Pods[1]
+	if p1.Startup != 3*time.Minute || p1.Age != 3*time.Minute+11*time.Second || p2.Startup != 0 {
+		t.Fatalf("startups %s (age %s) and %s: want 3m0s (3m11s) and unseen", p1.Startup, p1.Age, p2.Startup)
+	}
+	if p1.State != PodCounted || !p1.Tokens || p1.PromptTokens != 1000 || p1.GenerationTokens != 50 || p1.FirstTokens != 1 {
+		t.Fatalf("rates %+v", p1)
+	}
+	if !p1.TTFTOK || p1.TTFT != 0.5 || !p1.QueueOK || p1.QueueTime != 0.2 || p1.KVCache != 0.5 {
+		t.Fatalf("latencies %+v", p1)
+	}
+	if p1.WaitingNow != 10 || p1.WaitingGrowth != 1 {
+		t.Fatalf("waiting now %v growth %v, want 10 and 1/s", p1.WaitingNow, p1.WaitingGrowth)
+	}
+	now = now.Add(6 * time.Second)
+	if snap = s.Snapshot(snap.Pods, ws, 10*time.Second, 5*time.Second); snap.Pods[0].State != PodMissing || snap.Pods[0].Reason != "stale" {
+		t.Fatalf("6 s later: %+v, want stale", snap.Pods[0])
+	}
+	if snap := s.Snapshot(nil, Key{Namespace: "ns", Kind: KindWorkspace, Name: "other"}, time.Second, time.Second); snap.Found {
+		t.Fatal("an unknown workload was found")
+	}
+}
