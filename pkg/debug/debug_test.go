@@ -242,3 +242,45 @@ func TestTableShowsNoStaleValues(t *testing.T) {
 		t.Errorf("the table does not say what - means:\n%s", table)
 	}
 }
+
+// TestTriggersExplainThePlan: a replicas trigger's answer carries its plan
+// (work, capacity, lead time, held peak, the reason), in JSON and under WHY
+// in the table.
+func TestTriggersExplainThePlan(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st, store.PodInfo{UID: "a", Ready: true})
+	now := time.Now().UnixMilli()
+	for i := range 20 {
+		r := store.Report{UID: "a"}
+		r.TimeMs = now - int64(19-i)*1000
+		r.Values.Set(metric.PromptTokens, 5000*float64(i))
+		r.Values.Set(metric.TTFTCount, 5*float64(i))
+		r.Values.Set(metric.TTFTSum, 0.2*float64(i))
+		r.Values.Set(metric.QueueTimeCount, 5*float64(i))
+		r.Values.Set(metric.QueueTimeSum, 0.05*float64(i))
+		r.Values.Set(metric.Waiting, 0)
+		r.Values.Set(metric.KVCacheUsage, 0.2)
+		st.Add([]store.Report{r})
+	}
+	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	ref := &externalscaler.ScaledObjectRef{Name: "llama-so", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama", "metric": "replicas"}}
+	if _, err := sc.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref}); err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, st, sc)
+	_, body := get(t, srv.URL+"/debug/triggers", "")
+	var doc TriggersDocument
+	if err := json.Unmarshal([]byte(body), &doc); err != nil || len(doc.Triggers) != 1 || doc.Triggers[0].Decision.Plan == nil {
+		t.Fatalf("%v\n%s", err, body)
+	}
+	p := doc.Triggers[0].Decision.Plan
+	if p.Replicas != 2 || p.Capacity != 5000 || p.Work != 5000 || p.LeadTimeSeconds != 300 || p.Reason == "" {
+		t.Fatalf("plan %+v", p)
+	}
+	_, table := get(t, srv.URL+"/debug/triggers?format=table", "")
+	why := column(t, table, "WHY")
+	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
+	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") {
+		t.Fatalf("the plan is not under WHY:\n%s", table)
+	}
+}

@@ -75,8 +75,21 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			continue
 		}
 		d := t.Decision
-		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%g\t%d\t%s\t%d/%d/%d\t%s\t\n", id, t.Metric, d.Value, t.Threshold, *t.DesiredReplicas,
-			d.Direction, d.Counted, d.Filled, d.LeftOut, age)
+		why := ""
+		if d.Plan != nil {
+			why = oneLine(d.Plan.Reason)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%g\t%d\t%s\t%d/%d/%d\t%s\t%s\n", id, t.Metric, d.Value, t.Threshold, *t.DesiredReplicas,
+			d.Direction, d.Counted, d.Filled, d.LeftOut, age, why)
+		if p := d.Plan; p != nil {
+			// The planner's parts, under WHY.
+			held := ""
+			if !p.HeldUntil.IsZero() {
+				held = " until " + p.HeldUntil.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "  plan\t\t\t\t\t\t\t\twork %.0f/s, capacity %.0f/s per replica (confidence %.2f, %d observations, %d breaks), lead time %s (%d startups), need %.2f, held peak %.2f%s, backlog %.0f, %d ready (%d without a fresh sample), %d starting\n",
+				p.Work, p.Capacity, p.Confidence, p.Observations, p.Breaks, p.LeadTime.Round(time.Second), p.Startups, p.Need, p.HeldPeak, held, p.Backlog, p.Ready, p.Missing, p.Starting)
+		}
 		for _, p := range d.Pods {
 			v := "-"
 			if p.Use != scaler.UseLeftOut {

@@ -160,13 +160,15 @@ type Plan struct {
 	// KVNeed: replicas the KV cache in use needs at KVTarget.
 	KVNeed float64 `json:"kvNeed"`
 	// LeadTime learned (or assumed), and the startups observed.
-	LeadTime time.Duration `json:"leadTime"`
+	LeadTime        time.Duration `json:"-"`
+	LeadTimeSeconds float64       `json:"leadTimeSeconds"`
 	Startups int           `json:"startups"`
 	// HeldPeak: the largest need within the hold, held until HeldUntil.
 	HeldPeak  float64   `json:"heldPeak"`
 	HeldUntil time.Time `json:"heldUntil,omitzero"`
 	// HoldExtra: the hold's extension after regrets (see State).
-	HoldExtra time.Duration `json:"holdExtra,omitempty"`
+	HoldExtra        time.Duration `json:"-"`
+	HoldExtraSeconds float64       `json:"holdExtraSeconds,omitempty"`
 	// Ready, Missing (ready with no fresh sample) and Starting replicas.
 	Ready    int `json:"ready"`
 	Missing  int `json:"missing"`
@@ -254,6 +256,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	if st.LeadTime == 0 {
 		p.LeadTime = cfg.LeadTime
 	}
+	p.LeadTimeSeconds, p.HoldExtraSeconds = p.LeadTime.Seconds(), p.HoldExtra.Seconds()
 	return p, st, nil
 }
 

@@ -28,6 +28,9 @@ const (
 	AnnotationScaleDownInterval   = "pulse.io/scale-down-interval"
 	AnnotationScaleDownDelay      = "pulse.io/scale-down-delay"
 	AnnotationCooldownPeriod      = "pulse.io/cooldown-period"
+	// AnnotationSLOTTFT is the planner's time-to-first-token SLO (trigger
+	// key sloTtft; metric replicas only).
+	AnnotationSLOTTFT = "pulse.io/slo-ttft"
 )
 
 // keda-kaito-scaler's annotations, read as aliases of pulse's.
@@ -49,13 +52,15 @@ var aliases = map[string]string{
 	AnnotationMaxReplicas: KaitoMaxReplicas,
 }
 
-// Defaults of a provisioned ScaledObject. The metric, threshold and
-// behaviour are pulse-sim tune's choice on the shipped Azure trace for
-// Llama-3.1-8B on one H100 (docs/simulation.md, "What tune finds"): running
-// at 64 per replica, 2 pods a minute up, 1 pod per 10 minutes down after 5
-// minutes of lower load.
+// Defaults of a provisioned ScaledObject. The metric is the planner's
+// (metric replicas, docs/planner.md), with an HPA behaviour that lets its
+// plan through (plannerBehavior). The scale-up and scale-down defaults are
+// those of a threshold metric (pulse.io/metric set to one): pulse-sim
+// tune's choice on the shipped Azure trace for Llama-3.1-8B on one H100
+// (docs/simulation.md, "What tune finds"): 2 pods a minute up, 1 pod per 10
+// minutes down after 5 minutes of lower load.
 const (
-	DefaultMetric            = "running"
+	DefaultMetric            = scaler.MetricReplicas
 	DefaultMinReplicas       = 1
 	DefaultMaxReplicas       = 10
 	DefaultScaleUpPodsPerMin = 2
@@ -65,6 +70,10 @@ const (
 	// KaitoDefaultMetric is keda-kaito-scaler's metric: a workload enabled
 	// through its annotation keeps its meaning for the threshold it sets.
 	KaitoDefaultMetric = "waiting"
+	// ThresholdDefaultMetric is the metric of a pulse.io/threshold set with
+	// no pulse.io/metric: pulse's default before the planner, so that the
+	// threshold keeps the meaning it was written with.
+	ThresholdDefaultMetric = "running"
 )
 
 // maxReplicasCap bounds min- and max-replicas.
@@ -81,7 +90,11 @@ type Settings struct {
 	// workload, metric, threshold and window, as ParseTrigger accepts it.
 	Trigger map[string]string
 	// Parsed is Trigger as the scaler reads it.
-	Parsed                   scaler.Trigger
+	Parsed scaler.Trigger
+	// Planner: the trigger is the planner's (metric replicas); the HPA
+	// behaviour lets its plan through, and the scale-up and scale-down
+	// settings below are unused.
+	Planner                  bool
 	MinReplicas, MaxReplicas int64
 	ScaleUpPodsPerMinute     int64
 	ScaleDownInterval        time.Duration
@@ -147,6 +160,20 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		}
 		return s, &AnnotationError{via, fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
+	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
+		return s, err
+	}
+	if s.Parsed.Metric == scaler.MetricReplicas {
+		// The planner holds capacity itself: an HPA behaviour on top
+		// delays its plan (docs/planner.md, "The HPA behaviour").
+		for _, a := range []string{AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval, AnnotationScaleDownDelay} {
+			if v, _, _ := r.get(a); v != "" {
+				return s, &AnnotationError{a, "applies to threshold metrics: metric replicas (the planner, the default) holds capacity for the lead time it learns and lets its plan through the HPA at once; set pulse.io/metric to scale on a threshold"}
+			}
+		}
+		s.Planner = true
+		return s, nil
+	}
 	if s.ScaleUpPodsPerMinute, err = r.integer(AnnotationScaleUpPodsPerMin, DefaultScaleUpPodsPerMin, 1); err != nil {
 		return s, err
 	}
@@ -156,9 +183,6 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		return s, err
 	}
 	if s.ScaleDownDelay, err = r.seconds(AnnotationScaleDownDelay, DefaultScaleDownDelay, 0, time.Hour); err != nil {
-		return s, err
-	}
-	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -183,10 +207,12 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 	switch {
 	case m == "" && (s.ViaKaito || thresholdVia == KaitoThreshold):
 		md["metric"] = KaitoDefaultMetric
+	case m == "" && thresholdVia == AnnotationThreshold:
+		md["metric"] = ThresholdDefaultMetric
 	case m == "":
 		md["metric"] = DefaultMetric
 	default:
-		if _, ok := metric.Lookup(m); ok {
+		if _, ok := metric.Lookup(m); ok || m == scaler.MetricReplicas {
 			md["metric"] = m
 		} else {
 			md["metricName"] = m // a vLLM name, or an --extra-metric
@@ -195,6 +221,7 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 	annotationOf := map[string]string{"metric": metricVia, "metricName": metricVia}
 	for _, a := range []struct{ annotation, key string }{
 		{AnnotationThreshold, "threshold"}, {AnnotationActivationThreshold, "activationThreshold"}, {AnnotationWindow, "window"},
+		{AnnotationSLOTTFT, "sloTtft"},
 	} {
 		v, via, err := r.get(a.annotation)
 		if err != nil {

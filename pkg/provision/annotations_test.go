@@ -9,17 +9,36 @@ import (
 
 var llama = Workload{Kind: "InferenceSet", Namespace: "demo", Name: "llama"}
 
-func TestDefaultsAreTheTunedOnes(t *testing.T) {
+func TestDefaultIsThePlanner(t *testing.T) {
 	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
-	if err != nil || !s.Enabled || s.ViaKaito {
+	if err != nil || !s.Enabled || s.ViaKaito || !s.Planner {
+		t.Fatalf("%+v %v", s, err)
+	}
+	want := map[string]string{"inferenceSet": "llama", "metric": "replicas", "threshold": "1", "window": "30s"}
+	if !equalMaps(s.Trigger, want) {
+		t.Errorf("trigger %v, want %v", s.Trigger, want)
+	}
+	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != 0 {
+		t.Errorf("%+v", s)
+	}
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms"}, time.Minute)
+	if err != nil || s.Trigger["sloTtft"] != "1500ms" || s.Parsed.SLOTTFT != 1500*time.Millisecond {
+		t.Fatalf("pulse.io/slo-ttft: trigger %v, %v", s.Trigger, err)
+	}
+}
+
+// TestThresholdMetricDefaults: a threshold metric keeps the tuned
+// behaviour's defaults.
+func TestThresholdMetricDefaults(t *testing.T) {
+	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "running"}, time.Minute)
+	if err != nil || s.Planner {
 		t.Fatalf("%+v %v", s, err)
 	}
 	want := map[string]string{"inferenceSet": "llama", "metric": "running", "threshold": "64", "window": "10s"}
 	if !equalMaps(s.Trigger, want) {
 		t.Errorf("trigger %v, want %v", s.Trigger, want)
 	}
-	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.ScaleUpPodsPerMinute != 2 || s.ScaleDownInterval != 10*time.Minute ||
-		s.ScaleDownDelay != 5*time.Minute || s.CooldownPeriod != 0 {
+	if s.ScaleUpPodsPerMinute != 2 || s.ScaleDownInterval != 10*time.Minute || s.ScaleDownDelay != 5*time.Minute {
 		t.Errorf("%+v", s)
 	}
 }
@@ -114,11 +133,17 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationMaxReplicas, "2.5"), AnnotationMaxReplicas, "whole number"},
 		{on(AnnotationMinReplicas, "4", AnnotationMaxReplicas, "3"), AnnotationMaxReplicas, "below min-replicas"},
 		{on(KaitoMinReplicas, "4", KaitoMaxReplicas, "3"), KaitoMaxReplicas, "below min-replicas"},
-		{on(AnnotationScaleUpPodsPerMin, "0"), AnnotationScaleUpPodsPerMin, "whole number"},
-		{on(AnnotationScaleDownInterval, "1h"), AnnotationScaleDownInterval, "whole seconds"},
-		{on(AnnotationScaleDownInterval, "1.5s"), AnnotationScaleDownInterval, "whole seconds"},
-		{on(AnnotationScaleDownDelay, "soon"), AnnotationScaleDownDelay, "duration"},
+		{on(AnnotationMetric, "waiting", AnnotationScaleUpPodsPerMin, "0"), AnnotationScaleUpPodsPerMin, "whole number"},
+		{on(AnnotationMetric, "waiting", AnnotationScaleDownInterval, "1h"), AnnotationScaleDownInterval, "whole seconds"},
+		{on(AnnotationMetric, "waiting", AnnotationScaleDownInterval, "1.5s"), AnnotationScaleDownInterval, "whole seconds"},
+		{on(AnnotationMetric, "waiting", AnnotationScaleDownDelay, "soon"), AnnotationScaleDownDelay, "duration"},
 		{on(AnnotationCooldownPeriod, "-5s"), AnnotationCooldownPeriod, "whole seconds"},
+		// The planner holds capacity itself: no behaviour on top.
+		{on(AnnotationScaleDownDelay, "10m"), AnnotationScaleDownDelay, "applies to threshold metrics"},
+		{on(AnnotationScaleUpPodsPerMin, "4"), AnnotationScaleUpPodsPerMin, "applies to threshold metrics"},
+		{on(AnnotationSLOTTFT, "fast"), AnnotationSLOTTFT, "duration"},
+		{on(AnnotationSLOTTFT, "2s", AnnotationMetric, "waiting"), AnnotationSLOTTFT, "metric replicas only"},
+		{on(AnnotationMetric, "replicas", AnnotationThreshold, "2"), AnnotationThreshold, "must be 1"},
 	} {
 		_, err := Parse(llama, c.annotations, time.Minute)
 		var ae *AnnotationError
@@ -176,15 +201,16 @@ func TestLatencyTriggersAreAverages(t *testing.T) {
 // TestKaitoThresholdKeepsItsMetric: a workload enabled by pulse.io/autoscale
 // that also carries keda-kaito-scaler's threshold annotation: that threshold
 // is one of keda-kaito-scaler's metric (waiting); it was applied to pulse's
-// default, running.
+// default, running. pulse's own threshold with no metric keeps the meaning
+// it was written with: running's (the default before the planner).
 func TestKaitoThresholdKeepsItsMetric(t *testing.T) {
 	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", KaitoThreshold: "5"}, time.Minute)
 	if err != nil || s.Trigger["metric"] != KaitoDefaultMetric || s.Trigger["threshold"] != "5" {
 		t.Fatalf("trigger %v, %v; want waiting at 5", s.Trigger, err)
 	}
 	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationThreshold: "48"}, time.Minute)
-	if err != nil || s.Trigger["metric"] != DefaultMetric {
-		t.Fatalf("pulse's own threshold: trigger %v, %v; want %s", s.Trigger, err, DefaultMetric)
+	if err != nil || s.Trigger["metric"] != ThresholdDefaultMetric {
+		t.Fatalf("pulse's own threshold: trigger %v, %v; want %s", s.Trigger, err, ThresholdDefaultMetric)
 	}
 	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", KaitoThreshold: "0.5", AnnotationMetric: "kvCacheUsage"}, time.Minute)
 	if err != nil || s.Trigger["metric"] != "kvCacheUsage" {

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/planner"
 )
 
 // Kind is a kind of workload the controller watches, where the cluster
@@ -550,6 +551,13 @@ const workspaceNote = "a Workspace's /scale has no selector, so the HPA cannot t
 // the debug endpoint.
 func Summary(s Settings) string {
 	t := s.Parsed
+	if s.Planner {
+		slo := t.SLOTTFT
+		if slo == 0 {
+			slo = planner.DefaultTTFT
+		}
+		return fmt.Sprintf("the planner (metric replicas) for a TTFT SLO of %s, %d-%d replicas, its plan let through the HPA", slo, s.MinReplicas, s.MaxReplicas)
+	}
 	return fmt.Sprintf("%s, threshold %g per replica over %s, %d-%d replicas, up %d pods/min, down 1 pod per %s after %s lower",
 		t.Metric, t.Threshold, t.Window, s.MinReplicas, s.MaxReplicas, s.ScaleUpPodsPerMinute, s.ScaleDownInterval, s.ScaleDownDelay)
 }

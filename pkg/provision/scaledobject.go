@@ -83,6 +83,9 @@ func Desired(o Owner, s Settings, t Target) *unstructured.Unstructured {
 // tolerances (10 % up, 50 % down) apply where the cluster enables the
 // HPAConfigurableTolerance feature gate; elsewhere the HPA's 10 % does.
 func behavior(s Settings) map[string]any {
+	if s.Planner {
+		return plannerBehavior
+	}
 	return map[string]any{
 		"scaleUp": map[string]any{
 			"stabilizationWindowSeconds": int64(DefaultScaleUpDelay.Seconds()),
@@ -101,6 +104,26 @@ func behavior(s Settings) map[string]any {
 			}},
 		},
 	}
+}
+
+// plannerBehavior lets the planner's plan through: no stabilization (the
+// planner holds a peak's capacity for its learned lead time itself), any
+// step up or down within one HPA sync, and no tolerance (a plan of 11 at 10
+// replicas is within the HPA's default 10 %; the tolerance applies where the
+// cluster enables HPAConfigurableTolerance, elsewhere the HPA's 10 % does).
+var plannerBehavior = map[string]any{
+	"scaleUp": map[string]any{
+		"stabilizationWindowSeconds": int64(0),
+		"tolerance":                  "0",
+		"selectPolicy":               "Max",
+		"policies":                   []any{map[string]any{"type": "Percent", "value": int64(1000), "periodSeconds": int64(15)}},
+	},
+	"scaleDown": map[string]any{
+		"stabilizationWindowSeconds": int64(0),
+		"tolerance":                  "0",
+		"selectPolicy":               "Max",
+		"policies":                   []any{map[string]any{"type": "Percent", "value": int64(100), "periodSeconds": int64(15)}},
+	},
 }
 
 // Managed reports whether so carries pulse's label.

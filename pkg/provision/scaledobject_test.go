@@ -9,17 +9,17 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// TestDefaultsArePulseSimsTuned: with no annotation but pulse.io/autoscale,
-// the ScaledObject's metric, threshold, replicas and behaviour are those of
-// the ScaledObject pulse-sim's tune chose (docs/simulation.md), so that
-// the defaults cannot drift from what was measured.
-func TestDefaultsArePulseSimsTuned(t *testing.T) {
-	b, err := os.ReadFile("../../docs/simulation/tuned-scaledobject.yaml")
+// TestDefaultIsTheSimulatedOne: with no annotation but pulse.io/autoscale,
+// an 8B Workspace gets exactly docs/simulation/default-scaledobject.yaml,
+// the ScaledObject pulse-sim's benchmark scores (docs/planner.md), so that
+// the default cannot drift from what was measured.
+func TestDefaultIsTheSimulatedOne(t *testing.T) {
+	b, err := os.ReadFile("../../docs/simulation/default-scaledobject.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tuned map[string]any
-	if err := yaml.Unmarshal(b, &tuned); err != nil {
+	var want map[string]any
+	if err := yaml.Unmarshal(b, &want); err != nil {
 		t.Fatal(err)
 	}
 	s, err := Parse(Workload{Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
@@ -28,23 +28,39 @@ func TestDefaultsArePulseSimsTuned(t *testing.T) {
 	}
 	got := Desired(Owner{APIVersion: "kaito.sh/v1beta1", Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama", UID: "u"}, s,
 		Target{ScalerAddress: "pulse-aggregator.pulse-system.svc:9090"})
-	for _, path := range [][]string{
-		{"spec", "advanced", "horizontalPodAutoscalerConfig", "behavior"},
-		{"spec", "minReplicaCount"}, {"spec", "maxReplicaCount"}, {"spec", "scaleTargetRef"},
-	} {
-		want, _, _ := unstructured.NestedFieldNoCopy(tuned, path...)
-		have, _, _ := unstructured.NestedFieldNoCopy(got.Object, path...)
-		if !equalJSON(want, have) {
-			t.Errorf("%v: provisioned %v, tuned %v", path, have, want)
-		}
+	if !equalJSON(canonical(want["spec"]), canonical(got.Object["spec"])) {
+		w, _ := yaml.Marshal(want["spec"])
+		g, _ := yaml.Marshal(got.Object["spec"])
+		t.Fatalf("provisioned spec:\n%s\ndocs/simulation/default-scaledobject.yaml:\n%s", g, w)
 	}
-	triggers, _, _ := unstructured.NestedSlice(tuned, "spec", "triggers")
-	want := triggers[0].(map[string]any)["metadata"].(map[string]any)
-	have := triggerOf(t, got)["metadata"].(map[string]any)
-	for k, v := range want {
-		if have[k] != v {
-			t.Errorf("trigger %s: provisioned %v, tuned %v", k, have[k], v)
-		}
+	md := want["metadata"].(map[string]any)
+	if got.GetName() != md["name"] || got.GetNamespace() != md["namespace"] || got.GetKind() != want["kind"] || got.GetAPIVersion() != want["apiVersion"] {
+		t.Fatalf("provisioned %s %s/%s, the file %v %v", got.GetKind(), got.GetNamespace(), got.GetName(), want["kind"], md)
+	}
+}
+
+// TestThresholdMetricBehaviourIsTheTunedOne: a threshold metric's
+// behaviour is that of the ScaledObject pulse-sim's tune chose.
+func TestThresholdMetricBehaviourIsTheTunedOne(t *testing.T) {
+	b, err := os.ReadFile("../../docs/simulation/tuned-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tuned map[string]any
+	if err := yaml.Unmarshal(b, &tuned); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Parse(Workload{Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama"}, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "running"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Desired(Owner{APIVersion: "kaito.sh/v1beta1", Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama", UID: "u"}, s,
+		Target{ScalerAddress: "pulse-aggregator.pulse-system.svc:9090"})
+	path := []string{"spec", "advanced", "horizontalPodAutoscalerConfig", "behavior"}
+	want, _, _ := unstructured.NestedFieldNoCopy(tuned, path...)
+	have, _, _ := unstructured.NestedFieldNoCopy(got.Object, path...)
+	if !equalJSON(want, have) {
+		t.Errorf("%v: provisioned %v, tuned %v", path, have, want)
 	}
 }
 
@@ -70,7 +86,7 @@ func TestCooldownOnlyWhenSet(t *testing.T) {
 // empty scalingModifiers. That is not a change to undo (it would be a
 // tug of war with the operator); a changed value is.
 func TestKEDAsRewriteIsNoChange(t *testing.T) {
-	s, _ := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	s, _ := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "running"}, time.Minute)
 	desired := Desired(Owner{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Namespace: "demo", Name: "llama", UID: "u"}, s, Target{})
 	rewritten := desired.DeepCopy()
 	adv := rewritten.Object["spec"].(map[string]any)["advanced"].(map[string]any)

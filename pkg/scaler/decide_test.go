@@ -444,7 +444,7 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	exported := map[string]bool{}
-	ch := make(chan *prometheus.Desc, 16)
+	ch := make(chan *prometheus.Desc, 32)
 	decisionCollector{}.Describe(ch)
 	close(ch)
 	for d := range ch {

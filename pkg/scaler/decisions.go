@@ -133,12 +133,34 @@ var (
 		append(triggerLabels[:len(triggerLabels):len(triggerLabels)], "use"), nil)
 	descFailed = prometheus.NewDesc("pulse_aggregator_trigger_failed",
 		"1 when the trigger's last evaluation answered an error (stale, warming up, not found).", triggerLabels, nil)
+
+	// The planner's (metric replicas) parts of its last plan.
+	descPlanWork = prometheus.NewDesc("pulse_aggregator_plan_work_per_second",
+		"Work offered to the workload's replicas (prompt tokens + 4 × generated tokens per second, with the queue's growth), in the planner's last plan.", triggerLabels, nil)
+	descPlanCapacity = prometheus.NewDesc("pulse_aggregator_plan_capacity_per_replica",
+		"Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has).", triggerLabels, nil)
+	descPlanConfidence = prometheus.NewDesc("pulse_aggregator_plan_capacity_confidence",
+		"The planner's confidence in the capacity learned (0 to 1, growing with its observations).", triggerLabels, nil)
+	descPlanObservations = prometheus.NewDesc("pulse_aggregator_plan_capacity_observations",
+		"Replica windows the capacity was learned from.", triggerLabels, nil)
+	descPlanLead = prometheus.NewDesc("pulse_aggregator_plan_lead_time_seconds",
+		"A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.", triggerLabels, nil)
+	descPlanNeed = prometheus.NewDesc("pulse_aggregator_plan_need_replicas",
+		"Replicas the current load needs, before the hold.", triggerLabels, nil)
+	descPlanHeld = prometheus.NewDesc("pulse_aggregator_plan_held_peak_replicas",
+		"The largest need within the hold (lead time + margin), which the plan keeps.", triggerLabels, nil)
+	descPlanBacklog = prometheus.NewDesc("pulse_aggregator_plan_backlog",
+		"Work waiting: queued on the replicas and held at the routers.", triggerLabels, nil)
+	descPlanStarting = prometheus.NewDesc("pulse_aggregator_plan_starting_replicas",
+		"Replicas starting (not Ready), counted as capacity coming.", triggerLabels, nil)
+	planDescs = []*prometheus.Desc{descPlanWork, descPlanCapacity, descPlanConfidence, descPlanObservations, descPlanLead,
+		descPlanNeed, descPlanHeld, descPlanBacklog, descPlanStarting}
 )
 
 type decisionCollector struct{ s *Server }
 
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed} {
+	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed}, planDescs...) {
 		ch <- d
 	}
 }
@@ -160,6 +182,12 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDesired, prometheus.GaugeValue, float64(e.Desired()), lv...)
 		for use, n := range map[string]int{"counted": d.Counted, "filled": d.Filled, "left_out": d.LeftOut} {
 			ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(n), append(lv, use)...)
+		}
+		if p := d.Plan; p != nil {
+			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
+				p.Need, p.HeldPeak, p.Backlog, float64(p.Starting)} {
+				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
+			}
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -163,5 +165,34 @@ func TestReplicasMetadata(t *testing.T) {
 	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms")), time.Minute, nil)
 	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
 		t.Fatalf("parsed %+v, %v", tr, err)
+	}
+}
+
+func TestPlanGauges(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.serve(40, 10000, 1, "a")
+	if _, err := f.metric(t, replicasMD()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.server.Collector())
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+	exp := `
+# HELP pulse_aggregator_plan_capacity_per_replica Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has).
+# TYPE pulse_aggregator_plan_capacity_per_replica gauge
+pulse_aggregator_plan_capacity_per_replica{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 10000
+# HELP pulse_aggregator_plan_lead_time_seconds A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.
+# TYPE pulse_aggregator_plan_lead_time_seconds gauge
+pulse_aggregator_plan_lead_time_seconds{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 300
+# HELP pulse_aggregator_trigger_desired_replicas The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.
+# TYPE pulse_aggregator_trigger_desired_replicas gauge
+pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_plan_capacity_per_replica",
+		"pulse_aggregator_plan_lead_time_seconds", "pulse_aggregator_trigger_desired_replicas"); err != nil {
+		t.Fatal(err)
 	}
 }
