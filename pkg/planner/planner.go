@@ -162,7 +162,7 @@ type Plan struct {
 	// LeadTime learned (or assumed), and the startups observed.
 	LeadTime        time.Duration `json:"-"`
 	LeadTimeSeconds float64       `json:"leadTimeSeconds"`
-	Startups int           `json:"startups"`
+	Startups        int           `json:"startups"`
 	// HeldPeak: the largest need within the hold, held until HeldUntil.
 	HeldPeak  float64   `json:"heldPeak"`
 	HeldUntil time.Time `json:"heldUntil,omitzero"`

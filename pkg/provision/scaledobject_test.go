@@ -9,19 +9,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+func readYAML(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // TestDefaultIsTheSimulatedOne: with no annotation but pulse.io/autoscale,
 // an 8B Workspace gets exactly docs/simulation/default-scaledobject.yaml,
 // the ScaledObject pulse-sim's benchmark scores (docs/planner.md), so that
 // the default cannot drift from what was measured.
 func TestDefaultIsTheSimulatedOne(t *testing.T) {
-	b, err := os.ReadFile("../../docs/simulation/default-scaledobject.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want map[string]any
-	if err := yaml.Unmarshal(b, &want); err != nil {
-		t.Fatal(err)
-	}
+	want := readYAML(t, "../../docs/simulation/default-scaledobject.yaml")
 	s, err := Parse(Workload{Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama"}, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -42,14 +48,7 @@ func TestDefaultIsTheSimulatedOne(t *testing.T) {
 // TestThresholdMetricBehaviourIsTheTunedOne: a threshold metric's
 // behaviour is that of the ScaledObject pulse-sim's tune chose.
 func TestThresholdMetricBehaviourIsTheTunedOne(t *testing.T) {
-	b, err := os.ReadFile("../../docs/simulation/tuned-scaledobject.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tuned map[string]any
-	if err := yaml.Unmarshal(b, &tuned); err != nil {
-		t.Fatal(err)
-	}
+	tuned := readYAML(t, "../../docs/simulation/tuned-scaledobject.yaml")
 	s, err := Parse(Workload{Kind: "Workspace", Namespace: "kaito-workloads", Name: "llama"}, map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "running"}, time.Minute)
 	if err != nil {
 		t.Fatal(err)

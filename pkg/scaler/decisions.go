@@ -134,28 +134,24 @@ var (
 	descFailed = prometheus.NewDesc("pulse_aggregator_trigger_failed",
 		"1 when the trigger's last evaluation answered an error (stale, warming up, not found).", triggerLabels, nil)
 
-	// The planner's (metric replicas) parts of its last plan.
-	descPlanWork = prometheus.NewDesc("pulse_aggregator_plan_work_per_second",
-		"Work offered to the workload's replicas (prompt tokens + 4 × generated tokens per second, with the queue's growth), in the planner's last plan.", triggerLabels, nil)
-	descPlanCapacity = prometheus.NewDesc("pulse_aggregator_plan_capacity_per_replica",
-		"Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has).", triggerLabels, nil)
-	descPlanConfidence = prometheus.NewDesc("pulse_aggregator_plan_capacity_confidence",
-		"The planner's confidence in the capacity learned (0 to 1, growing with its observations).", triggerLabels, nil)
-	descPlanObservations = prometheus.NewDesc("pulse_aggregator_plan_capacity_observations",
-		"Replica windows the capacity was learned from.", triggerLabels, nil)
-	descPlanLead = prometheus.NewDesc("pulse_aggregator_plan_lead_time_seconds",
-		"A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.", triggerLabels, nil)
-	descPlanNeed = prometheus.NewDesc("pulse_aggregator_plan_need_replicas",
-		"Replicas the current load needs, before the hold.", triggerLabels, nil)
-	descPlanHeld = prometheus.NewDesc("pulse_aggregator_plan_held_peak_replicas",
-		"The largest need within the hold (lead time + margin), which the plan keeps.", triggerLabels, nil)
-	descPlanBacklog = prometheus.NewDesc("pulse_aggregator_plan_backlog",
-		"Work waiting: queued on the replicas and held at the routers.", triggerLabels, nil)
-	descPlanStarting = prometheus.NewDesc("pulse_aggregator_plan_starting_replicas",
-		"Replicas starting (not Ready), counted as capacity coming.", triggerLabels, nil)
-	planDescs = []*prometheus.Desc{descPlanWork, descPlanCapacity, descPlanConfidence, descPlanObservations, descPlanLead,
-		descPlanNeed, descPlanHeld, descPlanBacklog, descPlanStarting}
+	// The planner's (metric replicas) parts of its last plan, in the order
+	// Collect gives their values.
+	planDescs = []*prometheus.Desc{
+		planDesc("work_per_second", "Work offered to the workload's replicas (prompt tokens + 4 × generated tokens per second, with the queue's growth), in the planner's last plan."),
+		planDesc("capacity_per_replica", "Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has)."),
+		planDesc("capacity_confidence", "The planner's confidence in the capacity learned (0 to 1, growing with its observations)."),
+		planDesc("capacity_observations", "Replica windows the capacity was learned from."),
+		planDesc("lead_time_seconds", "A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one."),
+		planDesc("need_replicas", "Replicas the current load needs, before the hold."),
+		planDesc("held_peak_replicas", "The largest need within the hold (lead time + margin), which the plan keeps."),
+		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
+		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
+	}
 )
+
+func planDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("pulse_aggregator_plan_"+name, help, triggerLabels, nil)
+}
 
 type decisionCollector struct{ s *Server }
 
