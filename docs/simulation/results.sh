@@ -40,5 +40,13 @@ run zero --trace $trace --rate-scale 1 --runs 10 --scaledobject docs/simulation/
   --pipelines pulse,oracle --references --out /tmp/pulse-sim-zero
 run zero-demand --trace $trace --rate-scale 1 --runs 10 --scaledobject docs/simulation/signals/zero-waiting-scaledobject.yaml \
   --pipelines pulse,oracle --demand-source --references --out /tmp/pulse-sim-zero-demand
+# The planner (docs/planner.md): the ScaledObject pulse provisions, on the
+# shipped trace, both profiles.
+run planner --trace $trace --scaledobject docs/simulation/default-scaledobject.yaml --rate-scale 6 --runs 10 \
+  --references --out docs/simulation/planner
+run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobject.yaml --profile llama-3.3-70b-h100x4 \
+  --rate-scale 1.5 --runs 10 --references --out /tmp/pulse-sim-70b-planner
+# Traffic the planner was not designed on (docs/planner.md, "Held out").
+"$sim" bench --suite docs/simulation/heldout.yaml --out docs/simulation/heldout | tail -1 > "$out/heldout.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"

@@ -69,17 +69,23 @@ func Default(ttft time.Duration) Config {
 
 // Thresholds of a replica's health, as fractions of the TTFT SLO: a
 // replica whose requests queued on average longer than breakQueue × SLO
-// (or that preempted) was past its capacity; one whose requests queued less
-// than healthyQueue × SLO with no queue standing was within it.
+// (or that preempted) was past its capacity; one whose requests queued no
+// longer, with no queue standing, was within it.
 const (
-	breakQueue   = 0.25
-	healthyQueue = 0.1
+	breakQueue = 0.25
 	// Without a queue-time histogram (e.g. a TGI page), TTFT is read
-	// instead: past breakTTFT × SLO broke, within healthyTTFT × SLO held.
-	breakTTFT   = 0.5
-	healthyTTFT = 0.25
+	// instead: past breakTTFT × SLO broke.
+	breakTTFT = 0.5
 	// learnRate moves the capacity toward a break's throughput.
 	learnRate = 0.3
+	// minEvidence: a replica's window says nothing of its capacity unless
+	// at least this many requests got their first token in it (a queue
+	// time of one or two requests is noise, not saturation).
+	minEvidence = 5
+	// healthyDecay forgets the most a replica served healthy, per
+	// observation (half in about an hour at one observation per 5 s), so
+	// that a changed mix of lengths is relearned.
+	healthyDecay = 0.999
 	// maxHoldExtra bounds the hold's regret extension; regretQuiet halves
 	// it.
 	maxHoldExtra = 30 * time.Minute
@@ -126,7 +132,10 @@ type State struct {
 	lastObserve       time.Time
 	lastProbe         time.Time
 	healthySince      time.Time // every replica healthy and loaded since
-	peaks             []peak    // need at each observation, oldest first
+	// startingFor: the longest a replica now starting has been starting
+	// (this snapshot's): the lead time is at least that.
+	startingFor time.Duration
+	peaks       []peak // need at each observation, oldest first
 }
 
 type peak struct {
@@ -197,6 +206,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st.learnStartups(in)
 	var p Plan
 	var fresh []*store.PodLoad
+	st.startingFor = 0
 	for i := range in.Pods {
 		l := &in.Pods[i]
 		switch l.State {
@@ -208,6 +218,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 			p.Missing++
 		case store.PodStarting:
 			p.Starting++
+			st.startingFor = max(st.startingFor, l.Age)
 		}
 	}
 	if p.Ready > 0 && len(fresh) == 0 {
@@ -252,10 +263,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
 	p.HoldExtra = st.HoldExtra
 	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
-	p.LeadTime, p.Startups = st.LeadTime, st.Startups
-	if st.LeadTime == 0 {
-		p.LeadTime = cfg.LeadTime
-	}
+	p.LeadTime, p.Startups = st.lead(cfg), st.Startups
 	p.LeadTimeSeconds, p.HoldExtraSeconds = p.LeadTime.Seconds(), p.HoldExtra.Seconds()
 	return p, st, nil
 }
@@ -301,9 +309,11 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	case st.Capacity > 0:
 		work := p.Work * scale / (cfg.Utilisation * st.Capacity)
 		// The backlog is drained by capacity that arrives no sooner than a
-		// replica starts: planned over the lead time, less the replicas
-		// already starting.
-		backlog := math.Max(0, p.Backlog/(st.Capacity*st.lead(cfg).Seconds())-float64(p.Starting))
+		// replica starts: planned over the lead time (at least the SLO:
+		// a replica that starts at once drains it within the SLO), less the
+		// replicas already starting.
+		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
+		backlog := math.Max(0, p.Backlog/(st.Capacity*drain)-float64(p.Starting))
 		p.Need = work + backlog
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f", p.Work, st.Capacity, cfg.Utilisation, p.Backlog)
 	case queued > 0 && p.Ready == 0:
@@ -327,12 +337,17 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
 	slo := cfg.TTFT.Seconds()
 	healthyAll, served := len(fresh) > 0, 0.0
+	st.HealthyMax *= healthyDecay
 	for _, l := range fresh {
 		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		if !l.Tokens || w <= 0 {
 			continue
 		}
 		served += w
+		if l.FirstTokens*l.Span.Seconds() < minEvidence {
+			healthyAll = false
+			continue
+		}
 		broke, healthy := health(l, slo)
 		if healthy {
 			st.HealthyMax = max(st.HealthyMax, w)
@@ -350,6 +365,10 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 			} else {
 				st.BreakCapacity += learnRate * (w - st.BreakCapacity)
 			}
+			// Never below what a replica has served within the SLO: a
+			// break below it was a burst or a long request, not the
+			// replica's capacity.
+			st.Capacity = max(st.Capacity, st.HealthyMax)
 			st.Observations++
 			st.Breaks++
 			st.LastBreak = now
@@ -380,7 +399,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 }
 
 // health says whether a replica's window was past its capacity or within
-// it (neither when in between, or when nothing says).
+// it: neither with a queue standing below the break, or when nothing says.
 func health(l *store.PodLoad, slo float64) (broke, healthy bool) {
 	if l.Preemptions > 0 {
 		return true, false
@@ -388,12 +407,13 @@ func health(l *store.PodLoad, slo float64) (broke, healthy bool) {
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	switch {
 	case l.QueueOK:
-		return l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo),
-			l.QueueTime <= healthyQueue*slo && l.Waiting < 1
+		broke = l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo)
 	case l.TTFTOK:
-		return l.TTFT > breakTTFT*slo, l.TTFT <= healthyTTFT*slo && l.Waiting < 1
+		broke = l.TTFT > breakTTFT*slo
+	default:
+		return false, false
 	}
-	return false, false
+	return broke, !broke && l.Waiting < 1
 }
 
 // learnStartups counts the startups of pods that became ready since the
@@ -426,18 +446,18 @@ func (st *State) learnStartups(in Input) {
 // lead is the lead time learned, or assumed.
 func (st *State) lead(cfg Config) time.Duration {
 	if st.Startups == 0 {
-		return cfg.LeadTime
+		return max(cfg.LeadTime, st.startingFor)
 	}
-	return st.LeadTime
+	return max(st.LeadTime, st.startingFor)
 }
 
 // hold is how long a peak's capacity is held: the lead time (learned, or
 // assumed) with two deviations, the margin, and the regret extension.
 func (st *State) hold(cfg Config) time.Duration {
 	if st.Startups == 0 {
-		return cfg.LeadTime + cfg.HoldMargin + st.HoldExtra
+		return st.lead(cfg) + cfg.HoldMargin + st.HoldExtra
 	}
-	return st.LeadTime + 2*st.leadDev + cfg.HoldMargin + st.HoldExtra
+	return max(st.LeadTime+2*st.leadDev, st.startingFor) + cfg.HoldMargin + st.HoldExtra
 }
 
 // regret records releases (the plan falling) and regrets: the released

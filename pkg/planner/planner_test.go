@@ -14,7 +14,7 @@ var t0 = time.Unix(1_700_000_000, 0)
 // serving is a ready replica serving w work per second (all prompt tokens)
 // with the given mean queue time.
 func serving(name string, w, queue float64) store.PodLoad {
-	return store.PodLoad{Name: name, State: store.PodCounted, PromptTokens: w, Tokens: true, FirstTokens: w / 1000,
+	return store.PodLoad{Name: name, State: store.PodCounted, PromptTokens: w, Tokens: true, FirstTokens: w / 1000, Span: 30 * time.Second,
 		TTFT: queue + 0.1, TTFTOK: true, QueueTime: queue, QueueOK: true, KVCache: w / 1e5}
 }
 
@@ -241,5 +241,63 @@ func TestMakeDoesNotModifyPrev(t *testing.T) {
 	Make(snap(at, serving("a", 9000, 0.01)), st, cfg)
 	if len(st.peaks) != n || st.HealthyMax != 8000 {
 		t.Fatalf("Make changed the state it was given")
+	}
+}
+
+func TestFewRequestsTeachNothing(t *testing.T) {
+	cfg := Default(0)
+	// Two requests in the window, queued 1 s: noise, not a break.
+	l := serving("a", 50, 1)
+	l.FirstTokens = 2 / l.Span.Seconds()
+	_, st, err := Make(snap(t0, l), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Capacity != 0 || st.Breaks != 0 || st.Observations != 0 {
+		t.Fatalf("two requests taught capacity %v (%d breaks)", st.Capacity, st.Breaks)
+	}
+}
+
+func TestBreakBelowProvenKeepsProven(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 8000, 0.01))
+	// A burst queues requests at 3000/s: the replica served 8000/s within
+	// the SLO a minute ago; its capacity is no less.
+	_, st, _ = Make(snap(at, serving("a", 3000, 1)), st, cfg)
+	if st.Capacity < st.HealthyMax || st.Breaks != 1 {
+		t.Fatalf("capacity %v below the healthy %v after a break at 3000", st.Capacity, st.HealthyMax)
+	}
+}
+
+// TestInstantStartupDrainsWithinTheSLO: replicas seen starting and Ready
+// within a millisecond (a lead time of almost nothing) drain a backlog
+// within the SLO, not within the millisecond (which once planned thousands
+// of replicas for 40 queued requests).
+func TestInstantStartupDrainsWithinTheSLO(t *testing.T) {
+	cfg := Default(0)
+	a := serving("a", 8000, 0.01)
+	a.Startup, a.Age = time.Millisecond, time.Minute
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a)
+	a.WaitingNow = 40
+	p, _, _ := Make(snap(at, a), st, cfg)
+	// 40 requests of 8 work units each... at 1000 work per request:
+	// 40000 over 8000/s × 2 s: 2.5 replicas more than the 1.25 the work
+	// needs.
+	if p.Replicas > 4 || p.LeadTime > time.Millisecond {
+		t.Fatalf("40 queued with a lead time of %s: plan %d (%s), want at most 4", p.LeadTime, p.Replicas, p.Reason)
+	}
+}
+
+// TestStartingLongerThanLearned: a replica starting for longer than the
+// lead time learned says the lead time is at least that long.
+func TestStartingLongerThanLearned(t *testing.T) {
+	cfg := Default(0)
+	a := serving("a", 8000, 0.01)
+	a.Startup, a.Age = 10*time.Millisecond, 10*time.Minute
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a)
+	b := store.PodLoad{Name: "b", State: store.PodStarting, Age: 90 * time.Second}
+	p, _, _ := Make(snap(at, a, b), st, cfg)
+	if p.LeadTime != 90*time.Second {
+		t.Fatalf("lead time %s with a replica starting for 90s, want 1m30s", p.LeadTime)
 	}
 }

@@ -38,6 +38,9 @@ type PodLoad struct {
 	// second (negative when the queue shrank).
 	Waiting, Running, KVCache float64
 	WaitingNow, WaitingGrowth float64
+	// Span: the time the rates cover (the window, or less while the pod
+	// has fewer samples).
+	Span time.Duration
 	// Startup: from the pod's first listing (starting) to its first
 	// listing ready; 0 when the aggregator did not see it start. Age: since
 	// its first listing (starting pods), 0 when not seen.
@@ -120,6 +123,9 @@ func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
 	}
 	l.State = PodCounted
 	rates := p.window(window, metric.RuleRate)
+	if n := len(rates); n > 1 {
+		l.Span = time.Duration(rates[n-1].TimeMs-rates[0].TimeMs) * time.Millisecond
+	}
 	var okP, okG bool
 	l.PromptTokens, okP = promptRate.Eval(rates)
 	l.GenerationTokens, okG = genRate.Eval(rates)

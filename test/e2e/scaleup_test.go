@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
 // fakeInferenceSet plays Kaito's InferenceSet controller (and the kubelet)
@@ -32,8 +33,43 @@ type fakeInferenceSet struct {
 	name    string
 	loadFor time.Duration
 
-	mu   sync.Mutex
-	sims map[int]*countingSim // by replica index
+	// model, when set, is every pod's queueing model, run from its
+	// creation (its own load, not pinned gauges), with model.ArrivalRate
+	// the whole set's: split evenly over the Ready pods, as a Service
+	// spreads requests (set it with setArrival).
+	model *vllmsim.QueueModel
+
+	mu      sync.Mutex
+	sims    map[int]*countingSim // by replica index
+	readyAt map[int]time.Time
+}
+
+// setArrival sets the whole set's arrival rate (requests a second).
+func (f *fakeInferenceSet) setArrival(rate float64) {
+	f.mu.Lock()
+	f.model.ArrivalRate = rate
+	f.mu.Unlock()
+}
+
+// spread gives each Ready pod its share of the arrivals; mu held.
+func (f *fakeInferenceSet) spread() {
+	if f.model == nil {
+		return
+	}
+	ready := 0
+	for i := range f.sims {
+		if !time.Now().Before(f.readyAt[i]) {
+			ready++
+		}
+	}
+	for i, sim := range f.sims {
+		m := *f.model
+		m.ArrivalRate = 0
+		if ready > 0 && !time.Now().Before(f.readyAt[i]) {
+			m.ArrivalRate = f.model.ArrivalRate / float64(ready)
+		}
+		sim.SetModel(m)
+	}
 }
 
 func (f *fakeInferenceSet) podName(i int) string { return fmt.Sprintf("%s-%d", f.name, i) }
@@ -65,11 +101,22 @@ func (f *fakeInferenceSet) reconcile(ctx context.Context, t *testing.T) error {
 	for i := range int(want) {
 		if _, ok := f.sims[i]; !ok {
 			sim := newSim(t)
-			sim.setWaiting(0)
+			if f.model != nil {
+				go sim.RunModel(ctx, 100*time.Millisecond)
+			} else {
+				sim.setWaiting(0)
+			}
 			if err := f.createPod(ctx, i, sim); err != nil {
 				return err
 			}
 			f.sims[i] = sim
+			if f.readyAt == nil {
+				f.readyAt = map[int]time.Time{}
+			}
+			f.readyAt[i] = time.Now()
+			if i > 0 {
+				f.readyAt[i] = f.readyAt[i].Add(f.loadFor)
+			}
 		}
 	}
 	for i := range f.sims {
@@ -79,8 +126,10 @@ func (f *fakeInferenceSet) reconcile(ctx context.Context, t *testing.T) error {
 				return err
 			}
 			delete(f.sims, i)
+			delete(f.readyAt, i)
 		}
 	}
+	f.spread()
 	if err := unstructured.SetNestedField(u.Object, int64(len(f.sims)), "status", "replicas"); err != nil {
 		return err
 	}
@@ -130,6 +179,21 @@ func (f *fakeInferenceSet) createPod(ctx context.Context, i int, sim *countingSi
 		}()
 	}
 	return nil
+}
+
+// startFakeSet creates InferenceSet name at 1 replica, runs its fake
+// controller until ctx ends, and waits for its first pod to report.
+func (e *env) startFakeSet(ctx context.Context, t *testing.T, name string, loadFor time.Duration, model *vllmsim.QueueModel) *fakeInferenceSet {
+	e.createWorkload(infSetGVR, name, map[string]any{"replicas": int64(1)})
+	f := &fakeInferenceSet{e: e, name: name, loadFor: loadFor, model: model, sims: map[int]*countingSim{}}
+	go f.run(ctx, t)
+	waitFor(t, 30*time.Second, "the first pod reports", func() error {
+		if f.first() == nil {
+			return fmt.Errorf("no pod yet")
+		}
+		return e.expectPods(name+"-0", 1)
+	})
+	return f
 }
 
 // first is replica 0's sim: the pod Ready from the start.
@@ -189,15 +253,7 @@ func (e *env) scaleUpWhileLoading(t *testing.T) {
 	const loadFor = 40 * time.Second
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
-	e.createWorkload(infSetGVR, "burst", map[string]any{"replicas": int64(1)})
-	f := &fakeInferenceSet{e: e, name: "burst", loadFor: loadFor, sims: map[int]*countingSim{}}
-	go f.run(ctx, t)
-	waitFor(t, 30*time.Second, "the first pod reports", func() error {
-		if f.first() == nil {
-			return fmt.Errorf("no pod yet")
-		}
-		return e.expectPods("burst-0", 1)
-	})
+	f := e.startFakeSet(ctx, t, "burst", loadFor, nil)
 
 	e.createScaledObjectSpec("burst-so", map[string]any{
 		"scaleTargetRef":  map[string]any{"apiVersion": "kaito.sh/v1alpha1", "kind": "InferenceSet", "name": "burst"},

@@ -1,0 +1,132 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/provision"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+// plannedReplicas reads, from /debug/triggers, the planner's last value for
+// a ScaledObject, and the whole plan as JSON (its reason and parts).
+func (e *env) plannedReplicas(so string) (int, string, error) {
+	resp, err := http.Get("http://" + e.aggHTTP + "/debug/triggers")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	var doc debug.TriggersDocument
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return 0, "", err
+	}
+	for _, tr := range doc.Triggers {
+		if tr.ScaledObject != so {
+			continue
+		}
+		if tr.Decision == nil || tr.Decision.Plan == nil {
+			return 0, "", fmt.Errorf("no plan: %s", tr.Error)
+		}
+		why, _ := json.Marshal(tr.Decision.Plan)
+		return tr.Decision.Plan.Replicas, string(why), nil
+	}
+	return 0, "", fmt.Errorf("no answer for %s yet", so)
+}
+
+// plannerStep: the ScaledObject pulse provisions by default (the planner,
+// its behaviour letting the plan through) on an InferenceSet of simulated
+// vLLM pods, each a queueing model of 4 requests at a time at 1 a second,
+// the set's requests spread over its Ready pods. A step of load from 2 to 10
+// requests a second queues them past the SLO: the plan rises at once, and
+// KEDA's HPA asks for the plan within its syncs (the behaviour adds no delay
+// of its own). While the new replicas load, the plan does not run away.
+func (e *env) plannerStep(t *testing.T) {
+	if !e.cp.local() {
+		t.Skip("1 → N needs KEDA's metrics adapter, which runs here only beside the test's own control plane")
+	}
+	const loadFor = 30 * time.Second
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	model := vllmsim.QueueModel{ArrivalRate: 2, BatchCapacity: 4, ServiceRate: 1}
+	f := e.startFakeSet(ctx, t, "planned", loadFor, &model)
+	defer func() {
+		_ = e.dyn.Resource(infSetGVR).Namespace(appNS).Delete(e.ctx, "planned", metav1.DeleteOptions{})
+	}()
+
+	s, err := provision.Parse(provision.Workload{Kind: "InferenceSet", Namespace: appNS, Name: "planned"}, map[string]string{provision.AnnotationAutoscale: "true"}, time.Minute)
+	must(t, err)
+	so := provision.Desired(provision.Owner{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Namespace: appNS, Name: "planned"}, s,
+		provision.Target{ScalerAddress: e.scaler, TriggerAuth: "pulse-creds"})
+	spec := so.Object["spec"].(map[string]any)
+	spec["pollingInterval"] = int64(5)
+	e.createScaledObjectSpec("planned-so", spec)
+	defer func() { _ = e.dyn.Resource(soGVR).Namespace(appNS).Delete(e.ctx, "planned-so", metav1.DeleteOptions{}) }()
+	waitFor(t, 90*time.Second, "the HPA follows the plan at light load", func() error {
+		p, why, err := e.plannedReplicas("planned-so")
+		d, derr := e.hpaDesired("planned-so")
+		if err != nil || derr != nil || d != int32(min(max(p, 1), 10)) {
+			return fmt.Errorf("plan %d (%s, %v), HPA desired %d (%v)", p, why, err, d, derr)
+		}
+		return nil
+	})
+	before, why, _ := e.plannedReplicas("planned-so")
+	t.Logf("at light load: %s", why)
+	// 2 requests a second on a replica that serves 4: one replica, two
+	// with the planned utilisation's headroom and rounding, never more.
+	if before > 3 {
+		t.Fatalf("at light load the plan is %d replicas: %s", before, why)
+	}
+
+	// The step: 10 requests a second where a replica serves 4.
+	f.setArrival(10)
+	stepped := time.Now()
+	var rose time.Time
+	var plan int
+	waitFor(t, 90*time.Second, "the plan rises", func() error {
+		p, why, err := e.plannedReplicas("planned-so")
+		if err != nil || p <= before {
+			return fmt.Errorf("plan %d (%s, %v), was %d", p, why, err, before)
+		}
+		rose, plan = time.Now(), p
+		return nil
+	})
+	t.Logf("the plan rose from %d to %d %s after the step", before, plan, rose.Sub(stepped).Round(time.Second))
+	// One HPA sync is 15 s; KEDA's metrics adapter answers from pulse at
+	// the sync. Two syncs at most, for the sync's phase.
+	waitFor(t, 30*time.Second, "the HPA asks for the plan within its syncs", func() error {
+		p, _, err := e.plannedReplicas("planned-so")
+		d, derr := e.hpaDesired("planned-so")
+		if err != nil || derr != nil || int(d) != min(p, 10) || p < plan {
+			return fmt.Errorf("plan %d (%v), HPA desired %d (%v)", p, err, d, derr)
+		}
+		return nil
+	})
+	t.Logf("the HPA asked for the plan %s after it rose", time.Since(rose).Round(time.Second))
+	// While the new replicas load, the queues grow on the ready ones: the
+	// plan does not chase them (replicas starting count as capacity
+	// coming). 10 requests a second need 3 replicas of 4, 4 at the planned
+	// utilisation; the backlog of a lead time adds a few.
+	high := plan
+	for time.Since(rose) < loadFor-5*time.Second {
+		p, why, err := e.plannedReplicas("planned-so")
+		must(t, err)
+		if p > high {
+			high = p
+		}
+		if p > 8 {
+			t.Fatalf("while the new replicas load: plan %d (%s), up from %d", p, why, plan)
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("the plan while the new replicas loaded: at most %d", high)
+	cancel()
+}
