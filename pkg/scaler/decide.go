@@ -112,88 +112,113 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	var podBuf [16]store.PodValue
 	var valBuf [16]float64
 	def := t.Def()
-	quantile := def.Rule == metric.RuleQuantile
-	var pods []store.PodValue
-	var found, mergedOK bool
-	var merged float64
-	if quantile {
-		// Every counted pod stands for the workload's quantile, taken over
-		// the counted pods' buckets merged: the missing-pod rule, valueType
-		// and aggregation then apply as to any per-pod value.
-		pods, merged, mergedOK, found = s.store.QueryQuantile(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
-	} else {
-		pods, found = s.store.Query(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter)
+	// One read of the store. Every counted pod of a quantile metric stands
+	// for the workload's quantile, taken over the counted pods' buckets
+	// merged: the missing-pod rule, valueType and aggregation then apply as
+	// to any per-pod value. Demand sources count toward a queue: their held
+	// requests are waiting nowhere else (docs/scaledobject.md, "Demand
+	// before the first pod").
+	r := s.store.Read(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter, def.Rule == metric.RuleGauge && def.Num == metric.Waiting)
+	if !r.Found {
+		return noReplica(t, r)
 	}
-	// Demand sources count toward a queue: their held requests are waiting
-	// nowhere else (docs/scaledobject.md, "Demand before the first pod").
-	var dv store.DemandValue
-	if def.Rule == metric.RuleGauge && def.Num == metric.Waiting {
-		dv = s.store.Demand(t.Workload, t.Window, t.StaleAfter)
+	c, err := tallyPods(t, def, &r, valBuf[:0])
+	if err != nil {
+		return Decision{}, err
 	}
-	if !found {
-		return s.noReplica(t, dv)
+	if len(c.vals) == 0 {
+		if d, done, err := unreported(t, def, &r, &c, detail); done {
+			return d, err
+		}
 	}
-	var d Decision
-	vals := valBuf[:0]
-	var missing, starting, terminating, undefined, busy, noHist int
-	for i := range pods {
-		p := &pods[i]
+	return s.decide(t, &r, &c, detail)
+}
+
+// tally is how a trigger's pods entered it: the counted pods' values, and
+// the others by state.
+type tally struct {
+	vals                                                   []float64
+	missing, starting, terminating, undefined, busy, noHist int
+}
+
+// tallyPods sorts the read's pods by state, appending the counted pods'
+// values to vals.
+func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tally, error) {
+	c := tally{vals: vals}
+	for i := range r.Pods {
+		p := &r.Pods[i]
 		switch p.State {
 		case store.PodCounted:
 			if p.Truncated {
-				return Decision{}, status.Error(codes.InvalidArgument, truncated(t, p))
+				return c, status.Error(codes.InvalidArgument, truncated(t, p))
 			}
-			if quantile {
-				if !mergedOK {
-					return Decision{}, status.Errorf(codes.Unavailable, "%s: the pods' %s histograms share no finite bucket bound: their servers' versions differ", describe(t), def.Hist.Name())
-				}
-				vals = append(vals, merged)
+			if def.Rule != metric.RuleQuantile {
+				c.vals = append(c.vals, p.Value)
 				continue
 			}
-			vals = append(vals, p.Value)
+			if !r.MergedOK {
+				return c, status.Errorf(codes.Unavailable, "%s: the pods' %s histograms share no finite bucket bound: their servers' versions differ", describe(t), def.Hist.Name())
+			}
+			c.vals = append(c.vals, r.Merged)
 		case store.PodMissing:
-			missing++
+			c.missing++
 		case store.PodStarting:
-			starting++
+			c.starting++
 		case store.PodTerminating:
-			terminating++
+			c.terminating++
 		case store.PodUndefined:
-			undefined++
+			c.undefined++
 			if p.Reason == store.NoHistograms {
-				noHist++
+				c.noHist++
 			}
 			if !p.Idle {
-				busy++
+				c.busy++
 			}
 		}
 	}
-	if len(vals) == 0 && noHist > 0 && noHist == undefined {
-		return Decision{}, status.Errorf(codes.Unavailable, "%s: metric %q needs the %s histogram, which no agent forwards for this workload's pods: start the agents with --forward-histograms (value forwardHistograms of the deploy/daemonset chart)", describe(t), t.Metric, def.Hist.Name())
+	return c, nil
+}
+
+// unreported answers a trigger no pod gives a value for: the routers'
+// demand when no replica is ready, or an error — never a silent 0; done is
+// false when only idle pods report (the workload has no load: decide
+// answers it).
+func unreported(t Trigger, def metric.Def, r *store.Reading, c *tally, detail bool) (Decision, bool, error) {
+	if c.noHist > 0 && c.noHist == c.undefined {
+		return Decision{}, true, status.Errorf(codes.Unavailable, "%s: metric %q needs the %s histogram, which no agent forwards for this workload's pods: start the agents with --forward-histograms (value forwardHistograms of the deploy/daemonset chart)", describe(t), t.Metric, def.Hist.Name())
 	}
-	if len(vals) == 0 && undefined == 0 {
-		if missing == 0 && dv.Sources > 0 {
+	if c.undefined == 0 {
+		if c.missing == 0 && r.Demand.Sources > 0 {
 			// No replica is ready (all start or stop): the routers' demand
 			// is the whole of it.
-			d := demandOnly(t, dv)
-			d.LeftOut = len(pods)
+			d := demandOnly(t, r.Demand)
+			d.LeftOut = len(r.Pods)
 			if detail {
-				d.Pods = podDecisions(pods, -1, "", false)
+				d.Pods = podDecisions(r.Pods, -1, "", false)
 			}
-			return d, nil
+			return d, true, nil
 		}
 		// An error, so that KEDA applies its fallback and the HPA holds:
 		// never a silent 0.
-		if missing > 0 {
-			return Decision{}, status.Errorf(codes.Unavailable, "%s: stale: no ready pod reported within staleAfter %s (%d ready pods without a value, %d starting)",
-				describe(t), t.StaleAfter, missing, starting)
+		if c.missing > 0 {
+			return Decision{}, true, status.Errorf(codes.Unavailable, "%s: stale: no ready pod reported within staleAfter %s (%d ready pods without a value, %d starting)",
+				describe(t), t.StaleAfter, c.missing, c.starting)
 		}
-		return Decision{}, status.Errorf(codes.Unavailable, "%s: no pod is ready yet (%d starting, %d terminating)", describe(t), starting, terminating)
+		return Decision{}, true, status.Errorf(codes.Unavailable, "%s: no pod is ready yet (%d starting, %d terminating)", describe(t), c.starting, c.terminating)
 	}
-	if len(vals) == 0 && busy > 0 {
-		return Decision{}, status.Errorf(codes.Unavailable, "%s: metric %q is not defined on any reporting pod (absent from the pages, or requests waiting or running but none finished in the window)", describe(t), t.Metric)
+	if c.busy > 0 {
+		return Decision{}, true, status.Errorf(codes.Unavailable, "%s: metric %q is not defined on any reporting pod (absent from the pages, or requests waiting or running but none finished in the window)", describe(t), t.Metric)
 	}
-	// Only idle pods report (no request waiting or running, none finished):
-	// the workload has no load, and its value is 0 before the fill.
+	return Decision{}, false, nil
+}
+
+// decide computes the value from the counted pods, the missing-pod rule's
+// fill and the routers' held demand. Only idle pods reporting (no request
+// waiting or running, none finished) is a workload with no load: its value
+// is 0 before the fill.
+func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Decision, error) {
+	var d Decision
+	vals, dv := c.vals, r.Demand
 	if len(vals) > 0 {
 		d.Reporting = aggregate(vals, t.Aggregation)
 	}
@@ -212,13 +237,13 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	}
 	fill, fillWhy := s.fill(t, up)
 	n := len(vals)
-	if fill >= 0 && missing > 0 {
-		for range missing {
+	if fill >= 0 && c.missing > 0 {
+		for range c.missing {
 			vals = append(vals, fill)
 		}
 		if t.Aggregation == "avg" || fill > 0 {
 			// A pod counted 0 adds nothing to a max × pods total.
-			n += missing
+			n += c.missing
 		}
 	}
 	v := 0.0
@@ -232,13 +257,14 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 			v *= float64(n)
 		}
 	}
+	pods := r.Pods
 	if dv.Held > 0 {
 		// Held at the routers, on top of the replicas' queues; with
 		// metricType Value the HPA multiplies by the ready pods, so an
 		// average carries it divided by them.
 		d.Pending = dv.Held
 		if t.ValueType == "average" {
-			v += dv.Held / float64(max(len(pods)-starting-terminating, 1))
+			v += dv.Held / float64(max(len(pods)-c.starting-c.terminating, 1))
 		} else {
 			v += dv.Held
 		}
@@ -247,30 +273,31 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
 	}
 	d.Value, d.Active = v, v > t.ActivationThreshold
-	d.Counted = len(pods) - missing - starting - terminating - undefined
+	d.Counted = len(pods) - c.missing - c.starting - c.terminating - c.undefined
 	if fill >= 0 {
-		d.Filled = missing
+		d.Filled = c.missing
 	}
 	d.LeftOut = len(pods) - d.Counted - d.Filled
-	d.Ready = len(pods) - starting - terminating
+	d.Ready = len(pods) - c.starting - c.terminating
 	if detail {
-		d.Pods = podDecisions(pods, fill, fillWhy, quantile)
+		d.Pods = podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile)
 	}
 	return d, nil
 }
 
 // noReplica answers for a workload with no replica listed: the routers'
 // demand, or an error, never a silent 0 for replicas that were reporting.
-func (s *Server) noReplica(t Trigger, dv store.DemandValue) (Decision, error) {
+func noReplica(t Trigger, r store.Reading) (Decision, error) {
 	// Replicas that were reporting and are gone without their agent
 	// removing them (the agent lost past --pod-expiry, or evicted) are no
 	// workload without load: an error, so that KEDA's fallback applies and
 	// the HPA holds, never a 0 that scales a serving workload down or to
 	// zero.
-	if l, lost := s.store.LostReplicas(t.Workload); lost {
+	if l := r.Lost; r.LostOK {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
 			describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
 	}
+	dv := r.Demand
 	if dv.Sources > 0 {
 		return demandOnly(t, dv), nil
 	}

@@ -231,6 +231,53 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	return s.queryLocked(dst, k, name, canon, isCanon, window, freshFor, mg, now)
+}
+
+// Reading is one trigger's read of a workload, taken under one lock: its
+// replicas' values of one metric, the merged quantile of a quantile metric,
+// the demand its routers hold, and whether it lost replicas.
+type Reading struct {
+	Pods  []PodValue
+	Found bool
+	// Merged and MergedOK: a quantile metric's workload quantile (as
+	// QueryQuantile).
+	Merged   float64
+	MergedOK bool
+	// Demand: the demand sources' (as Demand), when asked for.
+	Demand DemandValue
+	// Lost and LostOK: as LostReplicas, when no replica is found.
+	Lost   Lost
+	LostOK bool
+}
+
+// Read reads metric m of workload k over window for a trigger, in one
+// pass under one lock (Query or QueryQuantile, Demand when demand is set,
+// and LostReplicas when no replica is listed); pods are appended to dst.
+func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.Duration, demand bool) Reading {
+	now := s.now()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var r Reading
+	var mg *metric.Merge
+	if m.Rule == metric.RuleQuantile {
+		mg = new(metric.Merge)
+	}
+	r.Pods, r.Found = s.queryLocked(dst, k, m.Name, m, m.Rule != 0, window, freshFor, mg, now)
+	if mg != nil {
+		r.Merged, r.MergedOK = mg.Quantile(m.Q)
+	}
+	if demand {
+		r.Demand = s.demand(k, window, freshFor, now)
+	}
+	if !r.Found {
+		r.Lost, r.LostOK = s.lostReplicas(k, now)
+	}
+	return r
+}
+
+// queryLocked is query with mu held.
+func (s *Store) queryLocked(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge, now time.Time) (pods []PodValue, found bool) {
 	pods = dst
 	for _, p := range s.workloads[k] {
 		if p.Demand || s.expired(p, now) {
