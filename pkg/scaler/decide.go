@@ -137,7 +137,7 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 // tally is how a trigger's pods entered it: the counted pods' values, and
 // the others by state.
 type tally struct {
-	vals                                                   []float64
+	vals                                                    []float64
 	missing, starting, terminating, undefined, busy, noHist int
 }
 
