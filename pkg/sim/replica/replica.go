@@ -51,6 +51,14 @@ func NewRequest(id, prompt, output int, arrival time.Duration) *Request {
 	return &Request{ID: id, Prompt: prompt, Output: max(output, 1), Arrival: arrival, Admitted: -1, FirstToken: -1, Finished: -1}
 }
 
+// held is the KV tokens the request holds: what it prefilled (after a
+// preemption, its prompt and the tokens it had generated, recomputed), and
+// what it generated since.
+func (q *Request) held() int {
+	recomputed := max(q.prefillTarget-q.Prompt, 0)
+	return q.prefilled + q.generated - recomputed
+}
+
 // Observer hears about requests' progress.
 type Observer interface {
 	FirstToken(r *Request)
@@ -356,10 +364,13 @@ func (r *Replica) preemptForDecode(now time.Duration) {
 		r.unlinkRunning(q)
 		if q.index >= 0 && q.index < r.decoding.Len() && r.decoding[q.index].q == q {
 			heap.Remove(&r.decoding, q.index)
+			// Decode steps since it joined the heap generated tokens its
+			// count does not hold yet: it finishes at finishAt.
+			q.generated = q.Output - int(q.finishAt-r.decodeN)
 		} else {
 			r.dropPrefilling(q)
 		}
-		r.usage -= q.prefilled + q.generated
+		r.usage -= q.held()
 		// Recompute: prefill the prompt and what it generated again.
 		q.prefillTarget = q.Prompt + q.generated
 		q.prefilled = 0
@@ -451,7 +462,7 @@ func (r *Replica) applyPrefillStep(end time.Duration) {
 
 func (r *Replica) finish(q *Request, at time.Duration) {
 	q.Finished = at
-	r.usage -= q.prefilled + q.generated
+	r.usage -= q.held()
 	r.unlinkRunning(q)
 	r.c.Success++
 	r.c.E2ESum += (at - q.Dispatched).Seconds()

@@ -191,6 +191,12 @@ func TestPreemptionWhenTheKVCacheRunsOut(t *testing.T) {
 			t.Fatalf("request %d generated %d of %d", q.ID, q.generated, q.Output)
 		}
 	}
+	// Every token taken was given back: a preempted request's tokens are
+	// what it prefilled and generated so far (its generated count once
+	// lagged the decode steps, and the idle replica's usage went negative).
+	if r.usage != 0 {
+		t.Fatalf("idle after every request finished: %d KV tokens in use", r.usage)
+	}
 }
 
 // TestStepTimeIsTheLinearModel: one request alone: its TTFT is one prefill
