@@ -23,6 +23,9 @@ import (
 type Config struct {
 	// TTFT is the time-to-first-token SLO.
 	TTFT time.Duration
+	// ITL, when above 0, is an inter-token latency SLO: a replica whose
+	// mean time between tokens exceeds it is past its capacity too.
+	ITL time.Duration
 	// Utilisation of the learned capacity the plan aims at: the headroom
 	// for load that rises faster than a replica starts.
 	Utilisation float64
@@ -335,7 +338,6 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 // proves more. With every replica healthy and no break within the hold, the
 // capacity is probed upward.
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
-	slo := cfg.TTFT.Seconds()
 	healthyAll, served := len(fresh) > 0, 0.0
 	st.HealthyMax *= healthyDecay
 	for _, l := range fresh {
@@ -348,7 +350,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 			healthyAll = false
 			continue
 		}
-		broke, healthy := health(l, slo)
+		broke, healthy := health(l, cfg)
 		if healthy {
 			st.HealthyMax = max(st.HealthyMax, w)
 		}
@@ -400,10 +402,11 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 
 // health says whether a replica's window was past its capacity or within
 // it: neither with a queue standing below the break, or when nothing says.
-func health(l *store.PodLoad, slo float64) (broke, healthy bool) {
-	if l.Preemptions > 0 {
+func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
+	if l.Preemptions > 0 || cfg.ITL > 0 && l.ITLOK && l.ITL > cfg.ITL.Seconds() {
 		return true, false
 	}
+	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	switch {
 	case l.QueueOK:

@@ -301,3 +301,18 @@ func TestStartingLongerThanLearned(t *testing.T) {
 		t.Fatalf("lead time %s with a replica starting for 90s, want 1m30s", p.LeadTime)
 	}
 }
+
+func TestITLSLOBreaks(t *testing.T) {
+	cfg := Default(0)
+	cfg.ITL = 50 * time.Millisecond
+	l := serving("a", 8000, 0.01)
+	l.ITL, l.ITLOK = 0.08, true
+	_, st, err := Make(snap(t0, l), State{}, cfg)
+	if err != nil || st.Breaks != 1 {
+		t.Fatalf("80 ms between tokens against a 50 ms SLO: %d breaks, %v; want 1", st.Breaks, err)
+	}
+	// Without an ITL SLO the same replica is healthy.
+	if _, st, _ = Make(snap(t0, l), State{}, Default(0)); st.Breaks != 0 || st.HealthyMax != 8000 {
+		t.Fatalf("no ITL SLO: %d breaks", st.Breaks)
+	}
+}

@@ -31,6 +31,8 @@ const (
 	// AnnotationSLOTTFT is the planner's time-to-first-token SLO (trigger
 	// key sloTtft; metric replicas only).
 	AnnotationSLOTTFT = "pulse.io/slo-ttft"
+	// AnnotationSLOITL is its optional inter-token latency SLO (sloItl).
+	AnnotationSLOITL = "pulse.io/slo-itl"
 )
 
 // keda-kaito-scaler's annotations, read as aliases of pulse's.
@@ -221,7 +223,7 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 	annotationOf := map[string]string{"metric": metricVia, "metricName": metricVia}
 	for _, a := range []struct{ annotation, key string }{
 		{AnnotationThreshold, "threshold"}, {AnnotationActivationThreshold, "activationThreshold"}, {AnnotationWindow, "window"},
-		{AnnotationSLOTTFT, "sloTtft"},
+		{AnnotationSLOTTFT, "sloTtft"}, {AnnotationSLOITL, "sloItl"},
 	} {
 		v, via, err := r.get(a.annotation)
 		if err != nil {

@@ -21,8 +21,9 @@ func TestDefaultIsThePlanner(t *testing.T) {
 	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != 0 {
 		t.Errorf("%+v", s)
 	}
-	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms"}, time.Minute)
-	if err != nil || s.Trigger["sloTtft"] != "1500ms" || s.Parsed.SLOTTFT != 1500*time.Millisecond {
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms", AnnotationSLOITL: "80ms"}, time.Minute)
+	if err != nil || s.Trigger["sloTtft"] != "1500ms" || s.Parsed.SLOTTFT != 1500*time.Millisecond || s.Trigger["sloItl"] != "80ms" ||
+		!strings.Contains(Summary(s), "ITL SLO of 80ms") {
 		t.Fatalf("pulse.io/slo-ttft: trigger %v, %v", s.Trigger, err)
 	}
 }

@@ -556,7 +556,11 @@ func Summary(s Settings) string {
 		if slo == 0 {
 			slo = planner.DefaultTTFT
 		}
-		return fmt.Sprintf("the planner (metric replicas) for a TTFT SLO of %s, %d-%d replicas, its plan let through the HPA", slo, s.MinReplicas, s.MaxReplicas)
+		itl := ""
+		if t.SLOITL > 0 {
+			itl = fmt.Sprintf(" and an ITL SLO of %s", t.SLOITL)
+		}
+		return fmt.Sprintf("the planner (metric replicas) for a TTFT SLO of %s%s, %d-%d replicas, its plan let through the HPA", slo, itl, s.MinReplicas, s.MaxReplicas)
 	}
 	return fmt.Sprintf("%s, threshold %g per replica over %s, %d-%d replicas, up %d pods/min, down 1 pod per %s after %s lower",
 		t.Metric, t.Threshold, t.Window, s.MinReplicas, s.MaxReplicas, s.ScaleUpPodsPerMinute, s.ScaleDownInterval, s.ScaleDownDelay)

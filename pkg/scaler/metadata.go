@@ -31,9 +31,11 @@ type Trigger struct {
 	// Load are saturation's targets (kvCacheTarget, waitingTarget,
 	// runningTarget).
 	Load metric.LoadTargets
-	// SLOTTFT is the replicas trigger's time-to-first-token SLO (sloTtft).
-	SLOTTFT time.Duration
-	def     metric.Def // Def(), resolved by ParseTrigger
+	// SLOTTFT is the replicas trigger's time-to-first-token SLO (sloTtft);
+	// SLOITL its optional inter-token latency SLO (sloItl). 0: the default,
+	// and none.
+	SLOTTFT, SLOITL time.Duration
+	def             metric.Def // Def(), resolved by ParseTrigger
 }
 
 // Def is the metric the trigger scales on, with its parameters: a
@@ -263,22 +265,31 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 
 // planKeys checks a replicas trigger: its value is a replica count, so the
 // HPA's target must be 1 per replica (threshold 1, valueType total); and
-// reads its SLO. sloTtft on another metric is an error (it would be
-// ignored).
+// reads its SLOs. sloTtft or sloItl on another metric is an error (it would
+// be ignored).
 func planKeys(md map[string]string, t *Trigger) error {
-	var err error
-	if t.SLOTTFT, err = duration(md, "sloTtft", 0); err != nil {
-		return err
+	for _, k := range []struct {
+		key string
+		v   *time.Duration
+	}{{"sloTtft", &t.SLOTTFT}, {"sloItl", &t.SLOITL}} {
+		if md[k.key] == "" {
+			continue
+		}
+		if t.Metric != MetricReplicas {
+			return &MetadataError{Key: k.key, Msg: "applies to metric replicas only (the planner); other metrics scale on their threshold"}
+		}
+		var err error
+		if *k.v, err = duration(md, k.key, 0); err != nil {
+			return err
+		}
+		if *k.v <= 0 || *k.v > 10*time.Minute {
+			return &MetadataError{Key: k.key, Msg: "must be above 0 and at most 10m"}
+		}
 	}
 	if t.Metric != MetricReplicas {
-		if md["sloTtft"] != "" {
-			return &MetadataError{Key: "sloTtft", Msg: "applies to metric replicas only (the planner); other metrics scale on their threshold"}
-		}
 		return nil
 	}
 	switch {
-	case t.SLOTTFT < 0 || t.SLOTTFT > 10*time.Minute:
-		return &MetadataError{Key: "sloTtft", Msg: "must be above 0 and at most 10m"}
 	case t.Threshold != 1:
 		return &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric replicas is a replica count: its threshold must be 1 (the HPA's target per replica), not %g", t.Threshold)}
 	case t.ValueType != "total":
@@ -365,7 +376,7 @@ var pulseKeys = func() []string {
 		keys = append(keys, wk.key)
 	}
 	return append(keys, "namespace", "workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold",
-		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft")
+		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft", "sloItl")
 }()
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its

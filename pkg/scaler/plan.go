@@ -27,10 +27,10 @@ const DefaultPlanWindow = 30 * time.Second
 // recently planned is forgotten first (and relearned if planned again).
 const maxPlans = 10000
 
-// planKey: one learned state per workload and SLO.
+// planKey: one learned state per workload and SLOs.
 type planKey struct {
 	store.Key
-	TTFT time.Duration
+	TTFT, ITL time.Duration
 }
 
 // plans holds each workload's learned planner state.
@@ -49,7 +49,8 @@ func newPlans() *plans {
 func (s *Server) plan(t Trigger) (Decision, error) {
 	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter)
 	cfg := planner.Default(t.SLOTTFT)
-	k := planKey{t.Workload, cfg.TTFT}
+	cfg.ITL = t.SLOITL
+	k := planKey{t.Workload, cfg.TTFT, cfg.ITL}
 	s.plans.mu.Lock()
 	prev, _ := s.plans.lru.Get(k)
 	p, next, err := planner.Make(snap, prev, cfg)

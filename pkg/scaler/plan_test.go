@@ -147,6 +147,9 @@ func TestReplicasMetadata(t *testing.T) {
 		"sloTtft not duration":  {replicasMD("sloTtft", "fast"), "sloTtft"},
 		"sloTtft over 10m":      {replicasMD("sloTtft", "11m"), "sloTtft"},
 		"sloTtft on waiting":    {map[string]string{"workspace": "llama", "sloTtft": "2s"}, "sloTtft"},
+		"sloTtft 0":             {replicasMD("sloTtft", "0s"), "sloTtft"},
+		"sloItl negative":       {replicasMD("sloItl", "-50ms"), "sloItl"},
+		"sloItl on running":     {map[string]string{"workspace": "llama", "metric": "running", "sloItl": "50ms"}, "sloItl"},
 		"sloTtft typo is named": {replicasMD("sloTTFTs", "2s"), ""},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -162,8 +165,8 @@ func TestReplicasMetadata(t *testing.T) {
 			}
 		})
 	}
-	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms")), time.Minute, nil)
-	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
+	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms", "sloItl", "80ms")), time.Minute, nil)
+	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.SLOITL != 80*time.Millisecond || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
 		t.Fatalf("parsed %+v, %v", tr, err)
 	}
 }

@@ -31,6 +31,10 @@ type PodLoad struct {
 	// queue-time histogram): the part of TTFT that load adds.
 	QueueTime float64
 	QueueOK   bool
+	// ITL: the mean time between generated tokens in the window (ITLOK
+	// false when none was generated, or the page has no ITL histogram).
+	ITL   float64
+	ITLOK bool
 	// Preemptions per second.
 	Preemptions float64
 	// Waiting, Running and KVCache: the window's means; WaitingNow the
@@ -68,6 +72,7 @@ var (
 	preemptRate  = metric.Def{Rule: metric.RuleRate, Num: metric.Preemptions}
 	ttftMean     = metric.Def{Rule: metric.RuleRatio, Num: metric.TTFTSum, Den: metric.TTFTCount}
 	queueMean    = metric.Def{Rule: metric.RuleRatio, Num: metric.QueueTimeSum, Den: metric.QueueTimeCount}
+	itlMean      = metric.Def{Rule: metric.RuleRatio, Num: metric.ITLSum, Den: metric.ITLCount}
 	waitingGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Waiting}
 	runningGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Running}
 	kvGauge      = metric.Def{Rule: metric.RuleGauge, Num: metric.KVCacheUsage}
@@ -133,6 +138,7 @@ func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
 	l.FirstTokens, _ = firstRate.Eval(rates)
 	l.TTFT, l.TTFTOK = ttftMean.Eval(rates)
 	l.QueueTime, l.QueueOK = queueMean.Eval(rates)
+	l.ITL, l.ITLOK = itlMean.Eval(rates)
 	l.Preemptions, _ = preemptRate.Eval(rates)
 	gauges := p.window(window, metric.RuleGauge)
 	l.Waiting, _ = waitingGauge.Eval(gauges)
