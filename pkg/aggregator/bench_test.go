@@ -183,7 +183,18 @@ func BenchmarkIngest(b *testing.B) {
 
 // BenchmarkGetMetrics measures GetMetrics over loopback gRPC, as KEDA calls
 // it, with 1,000 streams open and agents reporting; it reports p50 and p99.
-func BenchmarkGetMetrics(b *testing.B) {
+func BenchmarkGetMetrics(b *testing.B) { benchGetMetrics(b, nil) }
+
+// BenchmarkGetMetricsPlanner is BenchmarkGetMetrics for the planner's
+// trigger (metric replicas): one store snapshot and one plan an answer.
+func BenchmarkGetMetricsPlanner(b *testing.B) {
+	benchGetMetrics(b, map[string]string{"metric": "replicas", "activationThreshold": ""})
+}
+
+// benchGetMetrics times GetMetrics round trips with 1,000 workloads
+// reported and their streams open; extra is added to each trigger's
+// metadata.
+func benchGetMetrics(b *testing.B, extra map[string]string) {
 	keda, conn := startBench(b)
 	agents := make([]*agentStream, benchAgents)
 	for i := range agents {
@@ -202,7 +213,11 @@ func BenchmarkGetMetrics(b *testing.B) {
 	ctx := context.Background()
 	n := 0
 	for b.Loop() {
-		req := &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(n % benchWorkloads), MetricName: "m"}
+		r := ref(n % benchWorkloads)
+		for k, v := range extra {
+			r.ScalerMetadata[k] = v
+		}
+		req := &externalscaler.GetMetricsRequest{ScaledObjectRef: r, MetricName: "m"}
 		t0 := time.Now()
 		if _, err := keda.GetMetrics(ctx, req); err != nil {
 			b.Fatal(err)

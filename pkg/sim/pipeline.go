@@ -62,6 +62,9 @@ func newPipeline(name string, cfg *Config) (Pipeline, error) {
 	if !ok || hasArgs {
 		return nil, fmt.Errorf("pipeline %q: one of %s, static:N or clairvoyant[:window=D,horizon=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
 	}
+	if base == "oracle" && cfg.trigger.Metric == scaler.MetricReplicas {
+		return nil, fmt.Errorf("pipeline oracle cannot express metric %s: it is a threshold metric's true value from the replicas' state, and the planner's value is a count it plans from what it learned (its bound is clairvoyant)", scaler.MetricReplicas)
+	}
 	if _, gauge := gaugeOf(cfg.trigger.Metric); !gauge && (base == "prometheus" || base == "prometheus-avg" || base == "kaito") {
 		what := "KEDA's prometheus trigger over one vLLM gauge"
 		if base == "kaito" {

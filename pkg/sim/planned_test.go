@@ -241,3 +241,29 @@ func TestMooncakeAndAzureAgree(t *testing.T) {
 		t.Fatal("the Azure CSV and the Mooncake JSONL of the same requests gave different reports")
 	}
 }
+
+// TestPlannerInTheSimulator: the ScaledObject pulse provisions (the
+// planner) runs as pulse alone — every other pipeline says why it cannot
+// express it, the oracle too — and scales a fleet past one replica when one
+// cannot serve the load.
+func TestPlannerInTheSimulator(t *testing.T) {
+	so, err := ReadScaledObject("../../docs/simulation/default-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, skipped, err := Expressible(so)
+	if err != nil || strings.Join(names, ",") != "pulse" || len(skipped) != 4 {
+		t.Fatalf("expressible: %v, skipped %q, %v", names, skipped, err)
+	}
+	reqs := load(t, "poisson:rate=40,duration=20m", 1)
+	if _, err := Run(Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Pipelines: []string{"oracle"}}); err == nil ||
+		!strings.Contains(err.Error(), "pipeline oracle cannot express metric replicas") {
+		t.Fatalf("oracle with the planner: %v", err)
+	}
+	r := run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}})
+	p := result(r, "pulse")
+	t.Logf("%d replicas at most, %.1f %% after the warm-up, %d requests", p.MaxReplicas, 100*p.SLOAfterWarmup, p.Requests)
+	if p.MaxReplicas < 2 || p.SLOAfterWarmup < 0.9 {
+		t.Fatalf("40 requests a second: at most %d replicas, %.1f %% after the warm-up; want a scale-up and at least 90 %%", p.MaxReplicas, 100*p.SLOAfterWarmup)
+	}
+}
