@@ -9,7 +9,7 @@ import (
 )
 
 // TestShippedSuiteClairvoyantBounds runs the shipped suite
-// (docs/simulation/suite.yaml, every seed; about 2½ minutes on 2 cores:
+// (docs/simulation/suite.yaml, every seed; about 3½ minutes on 2 cores:
 // make sim-suite) and checks that the clairvoyant frontier bounds every
 // signal pipeline of every case at its GPU-hours after the warm-up, and
 // that every case scored what it should.
