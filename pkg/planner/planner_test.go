@@ -238,7 +238,9 @@ func TestMakeDoesNotModifyPrev(t *testing.T) {
 	cfg := Default(0)
 	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 8000, 0.01))
 	n := len(st.peaks)
-	Make(snap(at, serving("a", 9000, 0.01)), st, cfg)
+	if _, _, err := Make(snap(at, serving("a", 9000, 0.01)), st, cfg); err != nil {
+		t.Fatal(err)
+	}
 	if len(st.peaks) != n || st.HealthyMax != 8000 {
 		t.Fatalf("Make changed the state it was given")
 	}

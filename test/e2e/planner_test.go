@@ -17,9 +17,13 @@ import (
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
+// plannedSO is the ScaledObject plannerStep makes.
+const plannedSO = "planned-so"
+
 // plannedReplicas reads, from /debug/triggers, the planner's last value for
-// a ScaledObject, and the whole plan as JSON (its reason and parts).
-func (e *env) plannedReplicas(so string) (int, string, error) {
+// plannedSO, and the whole plan as JSON (its reason and parts).
+func (e *env) plannedReplicas() (int, string, error) {
+	so := plannedSO
 	resp, err := http.Get("http://" + e.aggHTTP + "/debug/triggers")
 	if err != nil {
 		return 0, "", err
@@ -68,17 +72,17 @@ func (e *env) plannerStep(t *testing.T) {
 		provision.Target{ScalerAddress: e.scaler, TriggerAuth: "pulse-creds"})
 	spec := so.Object["spec"].(map[string]any)
 	spec["pollingInterval"] = int64(5)
-	e.createScaledObjectSpec("planned-so", spec)
-	defer func() { _ = e.dyn.Resource(soGVR).Namespace(appNS).Delete(e.ctx, "planned-so", metav1.DeleteOptions{}) }()
+	e.createScaledObjectSpec(plannedSO, spec)
+	defer func() { _ = e.dyn.Resource(soGVR).Namespace(appNS).Delete(e.ctx, plannedSO, metav1.DeleteOptions{}) }()
 	waitFor(t, 90*time.Second, "the HPA follows the plan at light load", func() error {
-		p, why, err := e.plannedReplicas("planned-so")
-		d, derr := e.hpaDesired("planned-so")
+		p, why, err := e.plannedReplicas()
+		d, derr := e.hpaDesired(plannedSO)
 		if err != nil || derr != nil || d != int32(min(max(p, 1), 10)) {
 			return fmt.Errorf("plan %d (%s, %v), HPA desired %d (%v)", p, why, err, d, derr)
 		}
 		return nil
 	})
-	before, why, _ := e.plannedReplicas("planned-so")
+	before, why, _ := e.plannedReplicas()
 	t.Logf("at light load: %s", why)
 	// 2 requests a second on a replica that serves 4: one replica, two
 	// with the planned utilisation's headroom and rounding, never more.
@@ -92,7 +96,7 @@ func (e *env) plannerStep(t *testing.T) {
 	var rose time.Time
 	var plan int
 	waitFor(t, 90*time.Second, "the plan rises", func() error {
-		p, why, err := e.plannedReplicas("planned-so")
+		p, why, err := e.plannedReplicas()
 		if err != nil || p <= before {
 			return fmt.Errorf("plan %d (%s, %v), was %d", p, why, err, before)
 		}
@@ -103,8 +107,8 @@ func (e *env) plannerStep(t *testing.T) {
 	// One HPA sync is 15 s; KEDA's metrics adapter answers from pulse at
 	// the sync. Two syncs at most, for the sync's phase.
 	waitFor(t, 30*time.Second, "the HPA asks for the plan within its syncs", func() error {
-		p, _, err := e.plannedReplicas("planned-so")
-		d, derr := e.hpaDesired("planned-so")
+		p, _, err := e.plannedReplicas()
+		d, derr := e.hpaDesired(plannedSO)
 		if err != nil || derr != nil || int(d) != min(p, 10) || p < plan {
 			return fmt.Errorf("plan %d (%v), HPA desired %d (%v)", p, err, d, derr)
 		}
@@ -117,7 +121,7 @@ func (e *env) plannerStep(t *testing.T) {
 	// utilisation; the backlog of a lead time adds a few.
 	high := plan
 	for time.Since(rose) < loadFor-5*time.Second {
-		p, why, err := e.plannedReplicas("planned-so")
+		p, why, err := e.plannedReplicas()
 		must(t, err)
 		if p > high {
 			high = p
