@@ -167,7 +167,7 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	}
 	if s.Parsed.Metric == scaler.MetricReplicas {
 		// The planner holds capacity itself: an HPA behaviour on top
-		// delays its plan (docs/planner.md, "The HPA behaviour").
+		// delays its plan (docs/scaledobject.md, "The planner: what pulse provisions, written by hand").
 		for _, a := range []string{AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval, AnnotationScaleDownDelay} {
 			if v, _, _ := r.get(a); v != "" {
 				return s, &AnnotationError{a, "applies to threshold metrics: metric replicas (the planner, the default) holds capacity for the lead time it learns and lets its plan through the HPA at once; set pulse.io/metric to scale on a threshold"}
