@@ -31,6 +31,11 @@ type Trigger struct {
 	// Error is the answer when the evaluation failed; the fields below are
 	// then empty.
 	Error string `json:"error,omitempty"`
+	// Refused: the trigger's metadata was refused (InvalidArgument, the
+	// error says which key and why); metricName is then "refused", and the
+	// fields above hold what of the metadata parsed. EvaluatedAt is when
+	// KEDA last sent it.
+	Refused bool `json:"refused,omitempty"`
 	// DesiredReplicas is ceil(value / threshold) for valueType total
 	// (ceil(value / threshold × ready pods) for average): what the HPA
 	// derives before its tolerance, behaviour and min/max.
@@ -44,7 +49,7 @@ func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
 		t := e.Trigger
 		tr := Trigger{TriggerID: e.TriggerID, Workload: fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name),
 			Metric: t.Metric, Threshold: t.Threshold, ValueType: t.ValueType, Aggregation: t.Aggregation, MissingPods: t.MissingPods,
-			Window: t.Window.String(), EvaluatedAt: e.At.UTC(), Error: e.Err}
+			Window: t.Window.String(), EvaluatedAt: e.At.UTC(), Error: e.Err, Refused: e.Refused}
 		if e.Err == "" {
 			d := e.Decision
 			n := e.Desired()
@@ -71,7 +76,11 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 		id := t.Namespace + "/" + t.ScaledObject
 		age := now.Sub(t.EvaluatedAt).Round(100 * time.Millisecond).String()
 		if t.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\terror\t%g\t-\t-\t-\t%s\t%s\n", id, t.Metric, t.Threshold, age, oneLine(t.Error))
+			what := "error"
+			if t.Refused {
+				what = "refused"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t-\t-\t-\t%s\t%s\n", id, t.Metric, what, t.Threshold, age, oneLine(t.Error))
 			continue
 		}
 		d := t.Decision

@@ -35,6 +35,9 @@ type Evaluation struct {
 	// Decision is set when Err is empty.
 	Decision Decision
 	Err      string
+	// Refused: the request was refused for the ScaledObject's metadata
+	// (InvalidArgument); Trigger holds what of it parsed.
+	Refused bool
 }
 
 // Desired is the replica count the HPA derives from the evaluation, or -1
@@ -48,13 +51,15 @@ func (e Evaluation) Desired() int {
 
 // recorder keeps each trigger's last evaluation.
 type recorder struct {
-	now func() time.Time
-	mu  sync.Mutex
-	m   map[TriggerID]*Evaluation
+	now     func() time.Time
+	mu      sync.Mutex
+	m       map[TriggerID]*Evaluation
+	refused refusals
 }
 
 func newRecorder(now func() time.Time) *recorder {
-	return &recorder{now: now, m: map[TriggerID]*Evaluation{}}
+	return &recorder{now: now, m: map[TriggerID]*Evaluation{},
+		refused: refusals{counts: map[string]float64{}, logged: map[TriggerID]time.Time{}}}
 }
 
 func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Decision, err error) {
@@ -156,12 +161,13 @@ func planDesc(name, help string) *prometheus.Desc {
 type decisionCollector struct{ s *Server }
 
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed}, planDescs...) {
+	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused}, planDescs...) {
 		ch <- d
 	}
 }
 
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
+	c.collectRefused(ch)
 	for _, e := range c.s.Evaluations() {
 		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.Kind + "/" + e.Trigger.Workload.Name, e.Trigger.Metric}
 		ch <- prometheus.MustNewConstMetric(descThreshold, prometheus.GaugeValue, e.Trigger.Threshold, lv...)

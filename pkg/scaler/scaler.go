@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"regexp"
 	"slices"
@@ -34,6 +35,7 @@ type Server struct {
 	gate      func() error   // nil, or non-nil error while answers would be partial
 	decisions *recorder
 	plans     *plans
+	log       *slog.Logger
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
 	recheck time.Duration
@@ -62,6 +64,8 @@ type Options struct {
 	Gate func() error
 	// Now is the clock of the decision records (time.Now when nil).
 	Now func() time.Time
+	// Logger logs refused triggers (nil: none).
+	Logger *slog.Logger
 	// AllowCrossNamespace lets a trigger's namespace or workspaceNamespace
 	// name another namespace than its ScaledObject's; false: a trigger reads
 	// only its own namespace (a tenant's ScaledObject must not read
@@ -95,7 +99,10 @@ func New(st *store.Store, o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(),
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
 		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{})}
 }
 
@@ -115,17 +122,22 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	case errors.Is(err, errNotSynced):
 		return t, status.Error(codes.Unavailable, err.Error()) // passes: KEDA retries
 	case err != nil:
-		return t, status.Error(codes.InvalidArgument, err.Error())
+		st := status.Error(codes.InvalidArgument, err.Error())
+		s.refuse(ref, t, refusalReason(err), st)
+		return t, st
 	}
 	// A metric the agents do not forward is the same InvalidArgument from
 	// every call (GetMetrics once answered it Unavailable).
 	if err := s.forwarded(t); err != nil {
+		s.refuse(ref, t, ReasonUnforwarded, err)
 		return t, err
 	}
 	if own := ref.GetNamespace(); !s.crossNS && own != "" && t.Workload.Namespace != own {
-		return t, status.Error(codes.InvalidArgument, fmt.Sprintf(
+		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
 			t.Workload.Namespace, own, ref.GetName(), own))
+		s.refuse(ref, t, ReasonNamespace, err)
+		return t, err
 	}
 	return t, nil
 }

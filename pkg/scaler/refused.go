@@ -1,0 +1,91 @@
+package scaler
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// RefusedMetricName is the MetricName of a refused trigger's record: its
+// metadata did not parse, so it has no metric name of its own.
+const RefusedMetricName = "refused"
+
+// refusalLogEvery rate-limits the log line of one ScaledObject's refusals.
+const refusalLogEvery = time.Minute
+
+// Reasons of pulse_aggregator_refused_triggers_total besides the metadata
+// key at fault.
+const (
+	ReasonNamespace   = "namespace"   // another namespace than the ScaledObject's
+	ReasonUnforwarded = "unforwarded" // a raw metric no agent forwards
+	ReasonMetadata    = "metadata"    // no one key at fault
+)
+
+var descRefused = prometheus.NewDesc("pulse_aggregator_refused_triggers_total",
+	"Trigger requests refused for their ScaledObject's metadata (InvalidArgument), by reason: the metadata key at fault, namespace, unforwarded or metadata.",
+	[]string{"reason"}, nil)
+
+// refusals counts refused requests by reason and rate-limits their log.
+type refusals struct {
+	counts map[string]float64 // by reason; mu of the recorder
+	logged map[TriggerID]time.Time
+}
+
+// refuse records a request refused for its metadata: in the trigger
+// records (/debug/triggers, pulse_aggregator_trigger_failed), in
+// pulse_aggregator_refused_triggers_total by reason, and in the log, once a
+// minute per ScaledObject. err is the InvalidArgument answer.
+func (s *Server) refuse(ref *externalscaler.ScaledObjectRef, t Trigger, reason string, err error) {
+	r := s.decisions
+	id := TriggerID{Namespace: ref.GetNamespace(), ScaledObject: ref.GetName(), MetricName: RefusedMetricName}
+	msg := err.Error()
+	if st, ok := status.FromError(err); ok {
+		msg = st.Message()
+	}
+	now := r.now()
+	r.mu.Lock()
+	if _, ok := r.m[id]; !ok && len(r.m) >= maxDecisions {
+		r.expireLocked(true)
+	}
+	r.m[id] = &Evaluation{TriggerID: id, Trigger: t, At: now, Err: codes.InvalidArgument.String() + ": " + msg, Refused: true}
+	r.refused.counts[reason]++
+	last, seen := r.refused.logged[id]
+	log := !seen || now.Sub(last) >= refusalLogEvery
+	if log {
+		if len(r.refused.logged) >= maxDecisions {
+			clear(r.refused.logged)
+		}
+		r.refused.logged[id] = now
+	}
+	r.mu.Unlock()
+	if log {
+		s.log.Warn("ScaledObject trigger refused", "namespace", id.Namespace, "scaledObject", id.ScaledObject, "reason", reason, "error", msg)
+	}
+}
+
+// refusalReason is the reason label of a refused trigger's error.
+func refusalReason(err error) string {
+	var me *MetadataError
+	if errors.As(err, &me) && me.Key != "" && (slices.Contains(pulseKeys, me.Key) || me.Key == "metricName") {
+		return me.Key
+	}
+	return ReasonMetadata
+}
+
+func (c decisionCollector) collectRefused(ch chan<- prometheus.Metric) {
+	r := c.s.decisions
+	r.mu.Lock()
+	counts := make(map[string]float64, len(r.refused.counts))
+	for k, v := range r.refused.counts {
+		counts[k] = v
+	}
+	r.mu.Unlock()
+	for reason, n := range counts {
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, n, reason)
+	}
+}

@@ -1,0 +1,66 @@
+package scaler
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestRefusedTriggersAreVisible: a ScaledObject whose metadata pulse
+// refuses shows on pulse's side — in the trigger records (/debug/triggers),
+// in pulse_aggregator_refused_triggers_total by reason, and in the log once
+// a minute — not only in KEDA's log.
+func TestRefusedTriggersAreVisible(t *testing.T) {
+	f := newFixture(t)
+	var logs bytes.Buffer
+	f.server.log = slog.New(slog.NewTextHandler(&logs, nil))
+	bad := map[string]string{"workspace": "llama", "threshold": "ten"}
+	for range 3 {
+		if _, err := f.client.GetMetricSpec(context.Background(), ref(bad)); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("bad threshold: %v", err)
+		}
+	}
+	other := map[string]string{"workspace": "llama", "namespace": "elsewhere"}
+	if _, err := f.client.IsActive(context.Background(), ref(other)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("another namespace: %v", err)
+	}
+	evs := f.server.Evaluations()
+	if len(evs) != 1 || !evs[0].Refused || evs[0].MetricName != RefusedMetricName || !strings.Contains(evs[0].Err, "namespace elsewhere") {
+		t.Fatalf("records %+v: want the ScaledObject's last refusal", evs)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.server.Collector())
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+	exp := `
+# HELP pulse_aggregator_refused_triggers_total Trigger requests refused for their ScaledObject's metadata (InvalidArgument), by reason: the metadata key at fault, namespace, unforwarded or metadata.
+# TYPE pulse_aggregator_refused_triggers_total counter
+pulse_aggregator_refused_triggers_total{reason="namespace"} 1
+pulse_aggregator_refused_triggers_total{reason="threshold"} 3
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_refused_triggers_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "ScaledObject trigger refused"); n != 1 {
+		t.Fatalf("%d log lines for 4 refusals within a minute, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "scaledObject=llama-so") || !strings.Contains(logs.String(), "reason=threshold") {
+		t.Fatalf("the log line does not name the ScaledObject and reason:\n%s", logs.String())
+	}
+	f.clock.Add(refusalLogEvery + time.Second)
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(bad)); err == nil {
+		t.Fatal("accepted")
+	}
+	if n := strings.Count(logs.String(), "ScaledObject trigger refused"); n != 2 {
+		t.Fatalf("%d log lines a minute later, want 2", n)
+	}
+}
