@@ -96,15 +96,18 @@ type Workload struct {
 
 // Pod is one pod in the JSON answer.
 type Pod struct {
-	Name        string             `json:"name"`
-	Ready       bool               `json:"ready"`
-	Terminating bool               `json:"terminating,omitempty"`
-	Demand      bool               `json:"demand,omitempty"` // a router's entry: pendingRequests or arrivedRequests
-	Fresh       bool               `json:"fresh"`
-	AgeSeconds  *float64           `json:"ageSeconds"` // null: never reported
-	Missing     string             `json:"missing,omitempty"`
-	Error       string             `json:"error,omitempty"`
-	Values      map[string]float64 `json:"values"`
+	Name        string   `json:"name"`
+	Ready       bool     `json:"ready"`
+	Terminating bool     `json:"terminating,omitempty"`
+	Demand      bool     `json:"demand,omitempty"` // a router's entry: pendingRequests or arrivedRequests
+	Fresh       bool     `json:"fresh"`
+	AgeSeconds  *float64 `json:"ageSeconds"` // null: never reported
+	Missing     string   `json:"missing,omitempty"`
+	Error       string   `json:"error,omitempty"`
+	// Rejected names the values refused from the pod's last sample (bad
+	// input: the values shown for them are older).
+	Rejected string             `json:"rejected,omitempty"`
+	Values   map[string]float64 `json:"values"`
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +144,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 func toWorkload(v store.WorkloadView) Workload {
 	out := Workload{Namespace: v.Namespace, Kind: v.Kind, Name: v.Name, Averages: clean(v.Averages), Pods: []Pod{}}
 	for _, p := range v.Pods {
-		pod := Pod{Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Values: clean(p.Values)}
+		pod := Pod{Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Fresh: p.Fresh, Missing: p.Missing, Error: p.Error, Rejected: p.Rejected, Values: clean(p.Values)}
 		if p.Age >= 0 {
 			age := math.Round(p.Age.Seconds()*1000) / 1000
 			pod.AgeSeconds = &age
@@ -189,14 +192,17 @@ func writeTable(w http.ResponseWriter, doc Document) {
 				state = "missing:" + p.Missing
 			case !p.Fresh:
 				state = "stale"
+			case p.Rejected != "":
+				state = "rejected:" + strings.ReplaceAll(p.Rejected, " ", "-")
 			}
 			age := "-"
 			if p.AgeSeconds != nil {
 				age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, p.Name, state, age)
-			// A pod that is not fresh shows no values: its last sample is
-			// not what pulse counts (the JSON keeps it, beside "fresh").
+			// A pod that is not fresh, or whose last sample was refused in
+			// part, shows no values: they are not what it reports now (the
+			// JSON keeps them, beside "fresh" and "rejected").
 			if state != "fresh" {
 				writeValues(tw, nil)
 				continue

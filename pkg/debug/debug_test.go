@@ -284,3 +284,24 @@ func TestTriggersExplainThePlan(t *testing.T) {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 }
+
+// TestTableShowsRejectedValues: a pod whose last sample had values refused
+// (a negative gauge) is shown so, without values, not as fresh with its
+// older ones.
+func TestTableShowsRejectedValues(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st, store.PodInfo{UID: "a", Ready: true})
+	r := store.Report{UID: "a", Sample: store.Sample{TimeMs: time.Now().UnixMilli(), Rejected: "negative waiting"}}
+	r.Values.Set(metric.Running, 3)
+	st.Add([]store.Report{r})
+	srv := serve(t, st, nil)
+	_, table := get(t, srv.URL+"/debug/workloads?format=table", "")
+	row := lineOf(t, table, "llama-0")
+	if !strings.Contains(row, "rejected:negative-waiting") || strings.Contains(row, " 3 ") {
+		t.Fatalf("the pod's row: %q, want its state rejected and no values", row)
+	}
+	_, body := get(t, srv.URL+"/debug/workloads", "")
+	if !strings.Contains(body, `"rejected": "negative waiting"`) {
+		t.Fatalf("JSON without the refused values: %s", body)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -159,7 +160,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	s.store.OpenSource(hello.Node)
 	defer s.store.CloseSource(hello.Node)
 
-	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), log: log, bound: boundNode != ""}
 	for {
 		msg, err := stream.Recv()
@@ -224,14 +225,35 @@ type streamState struct {
 	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
 	ids   map[uint32]string // pod id → uid
+	names map[uint32]string // pod id → namespace/name, for the log
 	// rejected are ids the catalogue named for pods this stream may not
 	// report (another node's): their samples are skipped, not malformed.
 	rejected map[uint32]bool
 	heard    bool // a batch has arrived on this stream
-	dec      *wire.Decoder
+	// loggedRejects: when each pod's refused values were last logged (once
+	// a minute per pod).
+	loggedRejects map[uint32]time.Time
+	dec           *wire.Decoder
 	// Reused from batch to batch.
 	samples []wire.Sample
 	reports []store.Report
+}
+
+// rejectLogEvery rate-limits the log of one pod's refused values.
+const rejectLogEvery = time.Minute
+
+// logRejected logs the values refused from a pod's sample, once a minute
+// per pod (the count is in pulse_aggregator_rejected_reports_total).
+func (st *streamState) logRejected(id uint32, what string) {
+	now := time.Now()
+	if last, ok := st.loggedRejects[id]; ok && now.Sub(last) < rejectLogEvery {
+		return
+	}
+	if st.loggedRejects == nil || len(st.loggedRejects) >= len(st.ids)+1 {
+		st.loggedRejects = map[uint32]time.Time{}
+	}
+	st.loggedRejects[id] = now
+	st.log.Warn("pod values rejected", logging.KeyPod, st.names[id], logging.KeyReason, what)
 }
 
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
@@ -243,6 +265,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			st.dec.Forget(id)
 		}
 		clear(st.ids)
+		clear(st.names)
 		clear(st.rejected)
 	}
 	var removed []string
@@ -250,6 +273,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if uid, ok := st.ids[id]; ok {
 			removed = append(removed, uid)
 			delete(st.ids, id)
+			delete(st.names, id)
 		}
 		delete(st.rejected, id)
 		st.dec.Forget(id)
@@ -290,6 +314,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			removed = append(removed, old)
 		}
 		st.ids[p.Id] = p.Uid
+		st.names[p.Id] = p.Namespace + "/" + p.Name
 		infos = append(infos, info)
 	}
 	if len(removed) > 0 {
@@ -308,6 +333,7 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 	if old, ok := st.ids[p.Id]; ok {
 		removed = append(removed, old)
 		delete(st.ids, p.Id)
+		delete(st.names, p.Id)
 		st.dec.Forget(p.Id)
 	}
 	st.rejected[p.Id] = true
@@ -418,12 +444,19 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		}
 		r.Values, r.Hist = s.Values, s.Hist
 		// Every pulse value is a count, a ratio, a rate or a duration: a
-		// negative one is bad input. It is dropped (absent), the rest kept.
+		// negative one is bad input. It is dropped (absent), the rest kept,
+		// and the pod shows it (/debug/workloads) and is logged.
+		var rejected []string
 		for id := metric.ID(1); id < metric.NumIDs; id++ {
 			if v, ok := r.Values.Get(id); ok && v < 0 {
 				r.Values.Present &^= 1 << id
 				st.srv.m.rejected.WithLabelValues("negative_value").Inc()
+				rejected = append(rejected, "negative "+id.Name())
 			}
+		}
+		if rejected != nil {
+			r.Rejected = strings.Join(rejected, ", ")
+			st.logRejected(s.Pod, r.Rejected)
 		}
 		st.srv.m.ok.Inc()
 		reports = append(reports, r)

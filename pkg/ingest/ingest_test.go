@@ -24,12 +24,14 @@ import (
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/syncbuf"
 )
 
 type fixture struct {
 	store  *store.Store
 	srv    *Server
 	client pulsev1.IngestClient
+	logs   *syncbuf.Buffer
 }
 
 func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
@@ -38,8 +40,8 @@ func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, ni
 // it is not nil.
 func newFixtureWith(t *testing.T, auth Authenticator) *fixture {
 	t.Helper()
-	f := &fixture{store: store.New(store.Options{})}
-	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
+	f := &fixture{store: store.New(store.Options{}), logs: new(syncbuf.Buffer)}
+	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(f.logs, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
 		Registerer: prometheus.NewRegistry(), Auth: auth})
 	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
@@ -114,6 +116,14 @@ func TestGoodStreamFeedsTheStore(t *testing.T) {
 	}
 	if _, ok := v[0].Pods[0].Values["running"]; ok {
 		t.Fatal("a negative value was stored")
+	}
+	// The pod shows what was refused (it once looked fresh and well with
+	// its older values).
+	if got := v[0].Pods[0].Rejected; got != "negative running" {
+		t.Fatalf("pod a's refused values: %q, want \"negative running\"", got)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "pod values rejected") || !strings.Contains(logs, "pod=ns/a") || !strings.Contains(logs, "negative running") {
+		t.Fatalf("no log line names the pod and the value:\n%s", logs)
 	}
 	want := `
 # HELP pulse_aggregator_agent_streams Agent streams open now.

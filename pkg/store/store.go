@@ -77,6 +77,9 @@ type Sample struct {
 	Hist    *metric.Histograms
 	Missing string // empty when the scrape succeeded; else the reason
 	Error   string
+	// Rejected names the values of a successful sample that were refused
+	// and left out (e.g. "negative waiting"); empty when none was.
+	Rejected string
 }
 
 // Options bound the store.
@@ -150,6 +153,10 @@ type pod struct {
 	// was reached (not because it aged out): a window reaching back past it
 	// is cut short.
 	capCutMs int64
+	// rejected: the values refused from the pod's last sample (empty when
+	// none was); shown, so that a pod whose samples are refused does not
+	// look well with its older values.
+	rejected string
 	// listedAt is when the pod was first listed, not ready (zero when it
 	// was ready at its first listing: its start was not seen); readyAt is
 	// when it was first listed ready. Their difference is its startup
@@ -578,7 +585,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			p.extras = append(p.extras, r.Extra)
 		}
 		p.trim(s.opts)
-		p.lastSeen, p.missing, p.errText = now, "", ""
+		p.lastSeen, p.missing, p.errText, p.rejected = now, "", "", r.Rejected
 		s.notifyLocked(p)
 	}
 	return dropped

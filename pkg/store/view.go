@@ -25,6 +25,10 @@ type PodView struct {
 	// reported successfully since.
 	Missing string
 	Error   string
+	// Rejected names the values refused from the pod's last sample (bad
+	// input, left out: the values shown for them are older); empty when none
+	// was.
+	Rejected string
 	// Values holds every canonical metric (and extra gauge) the pod defines.
 	Values map[string]float64
 }
@@ -100,7 +104,7 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 
 func (p *pod) view(now time.Time, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.missing, Error: p.errText,
-		Values: map[string]float64{}}
+		Rejected: p.rejected, Values: map[string]float64{}}
 	if p.Demand {
 		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
 			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(p.series); ok {
