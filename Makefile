@@ -23,6 +23,7 @@ build:
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulsectl ./cmd/pulsectl
 	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
 # The local demo: an aggregator, a static-mode agent and five simulated vLLM

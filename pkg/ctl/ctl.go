@@ -1,0 +1,422 @@
+// Package ctl is pulsectl: check, query and top.
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"sigs.k8s.io/yaml"
+
+	"github.com/pulse-io/pulse/pkg/provision"
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/version"
+)
+
+const usage = `usage: pulsectl COMMAND [flags]
+commands:
+  check FILE...                 validate ScaledObjects' pulse triggers and workloads' pulse.io annotations offline,
+                                with the aggregator's parser and limits: exit 0 when all are valid, 1 with each problem
+  query --scaler ADDR -f FILE   ask a running scaler what KEDA would (GetMetricSpec, GetMetrics, IsActive) for each
+                                pulse trigger of the ScaledObjects in FILE, and print the answer and the desired replicas
+  top --debug URL               a live table of the aggregator's triggers and decisions (/debug/triggers), refreshed
+  version                       print pulsectl's version
+pulsectl COMMAND --help for each command's flags`
+
+// Main runs pulsectl with args and returns its exit status: 0 done (or
+// valid), 1 problems found or an answer failed, 2 bad usage.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "check":
+		return check(args[1:], stdout, stderr)
+	case "query":
+		return query(args[1:], stdout, stderr)
+	case "top":
+		return top(args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "pulsectl", version.Version)
+		return 0
+	case "help", "-h", "--help", "-help":
+		fmt.Fprintln(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "pulsectl: unknown command %q\n%s\n", args[0], usage)
+	return 2
+}
+
+// object is one YAML document: a ScaledObject or a workload.
+type object struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Spec struct {
+		ScaleTargetRef struct {
+			Kind string `json:"kind"`
+			Name string `json:"name"`
+		} `json:"scaleTargetRef"`
+		Triggers []struct {
+			Type     string            `json:"type"`
+			Name     string            `json:"name"`
+			Metadata map[string]string `json:"metadata"`
+		} `json:"triggers"`
+	} `json:"spec"`
+}
+
+// readObjects reads a file of YAML documents (--- between them).
+func readObjects(path string) ([]object, error) {
+	raw, err := os.ReadFile(path) //nolint:gosec // G304: the file the user names on the command line
+	if err != nil {
+		return nil, err
+	}
+	var out []object
+	for i, doc := range splitDocs(raw) {
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		var o object
+		if err := yaml.Unmarshal(doc, &o); err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", path, i+1, err)
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+func splitDocs(raw []byte) [][]byte {
+	var docs [][]byte
+	var cur []byte
+	for _, line := range bytes.SplitAfter(raw, []byte("\n")) {
+		if t := bytes.TrimRight(line, "\r\n"); bytes.Equal(t, []byte("---")) {
+			docs, cur = append(docs, cur), nil
+			continue
+		}
+		cur = append(cur, line...)
+	}
+	return append(docs, cur)
+}
+
+// targetResolver answers a trigger's scaleTargetRef from the file.
+type targetResolver struct{ kind, name string }
+
+func (r targetResolver) Resolve(_, _ string) (string, string, error) {
+	if r.kind == "" {
+		return "", "", errors.New("the ScaledObject has no scaleTargetRef")
+	}
+	return r.kind, r.name, nil
+}
+
+// workloadKinds are the kinds whose pulse.io annotations check reads, as
+// the provisioner's store kinds.
+var workloadKinds = map[string]string{
+	"Workspace": store.KindWorkspace, "InferenceSet": store.KindInferenceSet, "Deployment": store.KindDeployment,
+	"StatefulSet": store.KindStatefulSet, "LeaderWorkerSet": store.KindLeaderWorkerSet,
+}
+
+// pulseTriggers are the ScaledObject's external-push triggers (pulse's), as
+// KEDA sends them: the trigger's metadata and the ScaledObject's name.
+func (o *object) pulseTriggers() []*externalscaler.ScaledObjectRef {
+	var refs []*externalscaler.ScaledObjectRef
+	for _, t := range o.Spec.Triggers {
+		if t.Type != "external-push" && t.Type != "external" {
+			continue
+		}
+		refs = append(refs, &externalscaler.ScaledObjectRef{Name: o.Metadata.Name, Namespace: o.Metadata.Namespace, ScalerMetadata: t.Metadata})
+	}
+	return refs
+}
+
+func check(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pulsectl check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	maxWindow := fs.Duration("max-window", scaler.DefaultMaxWindow, "the aggregator's --max-window: the longest trigger window it accepts")
+	crossNS := fs.Bool("allow-cross-namespace-triggers", false, "the aggregator's --allow-cross-namespace-triggers: a trigger may read another namespace")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: pulsectl check [flags] FILE...\nValidates every ScaledObject's external-push triggers and every workload's pulse.io annotations.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	problems, checked := 0, 0
+	for _, path := range fs.Args() {
+		objs, err := readObjects(path)
+		if err != nil {
+			fmt.Fprintf(stdout, "%v\n", err)
+			problems++
+			continue
+		}
+		for _, o := range objs {
+			id := fmt.Sprintf("%s: %s %s/%s", path, o.Kind, o.Metadata.Namespace, o.Metadata.Name)
+			for _, msg := range checkObject(&o, *maxWindow, *crossNS) {
+				checked++
+				if msg == "" {
+					fmt.Fprintf(stdout, "%s: valid\n", id)
+					continue
+				}
+				problems++
+				fmt.Fprintf(stdout, "%s: %s\n", id, msg)
+			}
+		}
+	}
+	if checked == 0 && problems == 0 {
+		fmt.Fprintln(stdout, "no pulse trigger and no pulse.io annotation found")
+		return 1
+	}
+	if problems > 0 {
+		fmt.Fprintf(stdout, "%d problems\n", problems)
+		return 1
+	}
+	return 0
+}
+
+// checkObject checks one document: "" for each valid trigger or annotated
+// workload, else the problem.
+func checkObject(o *object, maxWindow time.Duration, crossNS bool) []string {
+	var out []string
+	if o.Kind == "ScaledObject" {
+		res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
+		for i, ref := range o.pulseTriggers() {
+			t, err := scaler.ParseTrigger(ref, maxWindow, res)
+			switch {
+			case err != nil:
+				out = append(out, fmt.Sprintf("trigger %d: %v", i+1, err))
+			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
+				out = append(out, fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i+1, t.Workload.Namespace, ref.Namespace))
+			default:
+				out = append(out, "")
+			}
+		}
+		return out
+	}
+	kind, ok := workloadKinds[o.Kind]
+	if !ok || !hasPulseAnnotation(o.Metadata.Annotations) {
+		return nil
+	}
+	if _, err := provision.Parse(provision.Workload{Kind: kind, Namespace: o.Metadata.Namespace, Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow); err != nil {
+		return []string{err.Error()}
+	}
+	return []string{""}
+}
+
+func hasPulseAnnotation(a map[string]string) bool {
+	for k := range a {
+		if strings.HasPrefix(k, "pulse.io/") || strings.HasPrefix(k, "scaledobject.kaito.sh/") {
+			return true
+		}
+	}
+	return false
+}
+
+// tlsFlags are KEDA's TriggerAuthentication parameters for the scaler's
+// mutual TLS, as files.
+type tlsFlags struct {
+	caCert, clientCert, clientKey, serverName string
+	enableTLS, unsafeSsl                      bool
+}
+
+func (f *tlsFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.enableTLS, "enable-tls", false, "connect with TLS (KEDA's enableTLS); implied by the other TLS flags")
+	fs.StringVar(&f.caCert, "ca-cert", "", "PEM file of the CA that signed the scaler's certificate (KEDA's caCert)")
+	fs.StringVar(&f.clientCert, "tls-client-cert", "", "PEM file of the client certificate (KEDA's tlsClientCert)")
+	fs.StringVar(&f.clientKey, "tls-client-key", "", "PEM file of the client key (KEDA's tlsClientKey)")
+	fs.StringVar(&f.serverName, "server-name", "", "the name to verify the scaler's certificate against (default: the address's host)")
+	fs.BoolVar(&f.unsafeSsl, "unsafe-ssl", false, "skip verifying the scaler's certificate (KEDA's unsafeSsl)")
+}
+
+func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
+	if !f.enableTLS && f.caCert == "" && f.clientCert == "" && !f.unsafeSsl {
+		return insecure.NewCredentials(), nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.serverName, InsecureSkipVerify: f.unsafeSsl} //nolint:gosec // KEDA's unsafeSsl, asked for by name
+	if f.caCert != "" {
+		pem, err := os.ReadFile(f.caCert)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", f.caCert)
+		}
+		cfg.RootCAs = pool
+	}
+	if f.clientCert != "" || f.clientKey != "" {
+		c, err := tls.LoadX509KeyPair(f.clientCert, f.clientKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-client-cert, --tls-client-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{c}
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+func query(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pulsectl query", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("scaler", "", "the aggregator's scaler address, host:port (the trigger's scalerAddress)")
+	file := fs.String("f", "", "a file of ScaledObjects whose pulse triggers to ask about")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long each call may take")
+	var tf tlsFlags
+	tf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *addr == "" || *file == "" {
+		fmt.Fprintln(stderr, "pulsectl query: --scaler and -f are required")
+		fs.Usage()
+		return 2
+	}
+	objs, err := readObjects(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	creds, err := tf.credentials()
+	if err != nil {
+		fmt.Fprintln(stderr, "pulsectl query:", err)
+		return 2
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		fmt.Fprintln(stderr, "pulsectl query:", err)
+		return 1
+	}
+	defer func() { _ = conn.Close() }()
+	client := externalscaler.NewExternalScalerClient(conn)
+	failed, asked := 0, 0
+	for _, o := range objs {
+		if o.Kind != "ScaledObject" {
+			continue
+		}
+		for i, ref := range o.pulseTriggers() {
+			asked++
+			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, i+1)
+			if err := ask(client, ref, *timeout, stdout); err != nil {
+				fmt.Fprintf(stdout, "  %v\n", err)
+				failed++
+			}
+		}
+	}
+	if asked == 0 {
+		fmt.Fprintf(stderr, "pulsectl query: %s has no ScaledObject with an external-push trigger\n", *file)
+		return 1
+	}
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+// ask makes KEDA's three calls for one trigger and prints the answers and
+// the desired replica count the HPA derives (metricType AverageValue:
+// ceil(value / target)).
+func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObjectRef, timeout time.Duration, w io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	spec, err := c.GetMetricSpec(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("GetMetricSpec: %w", err)
+	}
+	if len(spec.MetricSpecs) == 0 {
+		return errors.New("GetMetricSpec: no metric spec")
+	}
+	ms := spec.MetricSpecs[0]
+	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", ms.MetricName, ms.TargetSizeFloat)
+	m, err := c.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: ms.MetricName})
+	if err != nil {
+		return fmt.Errorf("GetMetrics: %w", err)
+	}
+	if len(m.MetricValues) == 0 {
+		return errors.New("GetMetrics: no value")
+	}
+	v := m.MetricValues[0].MetricValueFloat
+	fmt.Fprintf(w, "  GetMetrics: %g\n", v)
+	active, err := c.IsActive(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("IsActive: %w", err)
+	}
+	fmt.Fprintf(w, "  IsActive: %v\n", active.Result)
+	if ms.TargetSizeFloat > 0 {
+		fmt.Fprintf(w, "  desired replicas (AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
+			int(math.Ceil(v/ms.TargetSizeFloat)))
+	}
+	return nil
+}
+
+func top(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pulsectl top", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	base := fs.String("debug", "", "the aggregator's HTTP address, e.g. http://127.0.0.1:8080 (a port-forward of its Service)")
+	every := fs.Duration("interval", 2*time.Second, "refresh interval")
+	count := fs.Int("n", 0, "refresh this many times and exit (0: until interrupted)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *base == "" {
+		fmt.Fprintln(stderr, "pulsectl top: --debug is required")
+		fs.Usage()
+		return 2
+	}
+	url := strings.TrimRight(*base, "/") + "/debug/triggers?format=table"
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := 0; *count == 0 || i < *count; i++ {
+		if i > 0 {
+			time.Sleep(*every)
+		}
+		body, err := fetch(client, url)
+		if err != nil {
+			fmt.Fprintln(stderr, "pulsectl top:", err)
+			return 1
+		}
+		if *count != 1 {
+			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
+		}
+		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), url, body)
+	}
+	return 0
+}
+
+func fetch(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return string(b), nil
+}

@@ -1,0 +1,185 @@
+package ctl
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
+
+	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+func write(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "objects.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func run(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := Main(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+const goodSO = `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: llama-so, namespace: demo}
+spec:
+  scaleTargetRef: {apiVersion: kaito.sh/v1alpha1, kind: InferenceSet, name: llama}
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", inferenceSet: llama, metric: waiting, threshold: "10"}
+  - type: cron
+    metadata: {timezone: UTC}
+`
+
+func TestCheckValidAndInvalid(t *testing.T) {
+	// The shipped default and tuned ScaledObjects are valid.
+	if code, out, _ := run("check", "../../docs/simulation/default-scaledobject.yaml", "../../docs/simulation/tuned-scaledobject.yaml"); code != 0 ||
+		strings.Count(out, ": valid") != 2 {
+		t.Fatalf("shipped ScaledObjects: exit %d\n%s", code, out)
+	}
+	bad := goodSO + `---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: typo, namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, treshold: "10"}
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: window, namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, window: 5m}
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: elsewhere, namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, namespace: other}
+---
+apiVersion: kaito.sh/v1alpha1
+kind: InferenceSet
+metadata:
+  name: planned
+  namespace: demo
+  annotations: {pulse.io/autoscale: "true", pulse.io/slo-ttft: fast}
+`
+	code, out, _ := run("check", write(t, bad))
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\n%s", code, out)
+	}
+	for _, want := range []string{
+		"ScaledObject demo/llama-so: valid",
+		"ScaledObject demo/typo: trigger 1: trigger metadata: unknown key treshold (did you mean threshold?)",
+		`ScaledObject demo/window: trigger 1: trigger metadata "window"`,
+		"ScaledObject demo/elsewhere: trigger 1: namespace other",
+		"InferenceSet demo/planned: annotation pulse.io/slo-ttft",
+		"4 problems",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	// The aggregator's own flags move the limits.
+	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
+		strings.Contains(out, "demo/elsewhere: trigger") {
+		t.Fatalf("with the aggregator's flags: exit %d\n%s", code, out)
+	}
+	if code, _, _ := run("check", write(t, "kind: ConfigMap\n")); code != 1 {
+		t.Fatalf("nothing of pulse's: exit %d, want 1", code)
+	}
+	if code, _, _ := run("check"); code != 2 {
+		t.Fatalf("no file: exit %d, want 2", code)
+	}
+}
+
+// serve runs a real scaler over loopback, and its debug endpoint, on a
+// store with one pod of InferenceSet llama at 25 waiting.
+func serve(t *testing.T) (scalerAddr, debugURL string) {
+	t.Helper()
+	st := store.New(store.Options{Retention: time.Minute})
+	k := store.Key{Namespace: "demo", Kind: store.KindInferenceSet, Name: "llama"}
+	st.Upsert(store.Source{Node: "n"}, []store.PodInfo{{UID: "u", Namespace: "demo", Name: "llama-0", Ready: true, Workloads: []store.Key{k}}}, false)
+	r := store.Report{UID: "u", Sample: store.Sample{TimeMs: time.Now().UnixMilli()}}
+	r.Values.Set(metric.Waiting, 25)
+	st.Add([]store.Report{r})
+	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(g, sc)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	mux := http.NewServeMux()
+	(&debug.Handler{Store: st, Triggers: sc, FreshFor: time.Minute, MaxWindow: time.Minute}).Register(mux)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return lis.Addr().String(), hs.URL
+}
+
+func TestQueryAsksWhatKEDAWould(t *testing.T) {
+	addr, _ := serve(t)
+	code, out, errs := run("query", "--scaler", addr, "-f", write(t, goodSO))
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	for _, want := range []string{"ScaledObject demo/llama-so trigger 1:", "target 10 per replica", "GetMetrics: 25", "IsActive: true", "): 3"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("query output lacks %q:\n%s", want, out)
+		}
+	}
+	// A refused trigger: the error, exit 1.
+	bad := strings.Replace(goodSO, `threshold: "10"`, `threshold: "ten"`, 1)
+	if code, out, _ := run("query", "--scaler", addr, "-f", write(t, bad)); code != 1 || !strings.Contains(out, "InvalidArgument") {
+		t.Fatalf("a bad threshold: exit %d\n%s", code, out)
+	}
+	if code, _, _ := run("query", "--scaler", addr); code != 2 {
+		t.Fatalf("no file: exit %d, want 2", code)
+	}
+}
+
+func TestTopShowsTheDecisions(t *testing.T) {
+	addr, url := serve(t)
+	if code, out, errs := run("query", "--scaler", addr, "-f", write(t, goodSO)); code != 0 {
+		t.Fatalf("query: %d %s %s", code, out, errs)
+	}
+	code, out, errs := run("top", "--debug", url, "-n", "1")
+	if code != 0 || !strings.Contains(out, "demo/llama-so") || !strings.Contains(out, "waiting") {
+		t.Fatalf("top: exit %d\n%s%s", code, out, errs)
+	}
+	if code, _, _ := run("top", "--debug", "http://127.0.0.1:1", "-n", "1"); code != 1 {
+		t.Fatalf("top against nothing: exit %d, want 1", code)
+	}
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	if code, out, _ := run("version"); code != 0 || !strings.HasPrefix(out, "pulsectl ") {
+		t.Fatalf("version: %d %q", code, out)
+	}
+	if code, _, errs := run("frobnicate"); code != 2 || !strings.Contains(errs, "unknown command") {
+		t.Fatalf("unknown command: %d %q", code, errs)
+	}
+}
