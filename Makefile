@@ -11,19 +11,25 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images sim-suite
+.PHONY: all build demo-bins run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images sim-suite
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
 
 all: build
 
-build:
+build: demo-bins
+	@echo "== building pulse-sim and pulsectl (first build: a few minutes)"
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulsectl ./cmd/pulsectl
+
+# What the local demo runs, and nothing else.
+demo-bins:
+	@echo "== building pulse-agent (cgo, for NVML: needs gcc), pulse-aggregator, vllm-sim and pulse-demo into $(BIN)/"
+	@echo "   the first build downloads the modules and compiles client-go and gRPC: 5-15 minutes on 2 cores; later ones seconds"
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
-	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
-	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulsectl ./cmd/pulsectl
 	$(GO) build -o $(BIN)/pulse-demo ./test/demo
 
 # The local demo: an aggregator, a static-mode agent and five simulated vLLM
@@ -33,11 +39,12 @@ DEMO_HTTP   ?= 127.0.0.1:8080
 DEMO_SCALER ?= 127.0.0.1:9090
 DEMO_INGEST ?= 127.0.0.1:9091
 DEMO_AGENT  ?= 127.0.0.1:8081
-run: build
+run: demo-bins
 	$(BIN)/pulse-demo --bin=$(BIN) --http-addr=$(DEMO_HTTP) --scaler-addr=$(DEMO_SCALER) \
 	  --ingest-addr=$(DEMO_INGEST) --agent-http-addr=$(DEMO_AGENT)
 
 test: helm-lint
+	@echo "== go vet, then every package's unit and integration tests with -race (first run compiles with -race: 10-20 minutes on 2 cores)"
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
 	cd tools/images && $(GO) vet ./... && $(GO) test -count=1 ./...

@@ -140,7 +140,7 @@ GO
 build_helm() {
   local stamp="$bin/.helm-$HELM_VERSION"
   [ -f "$stamp" ] && [ -x "$bin/helm" ] && return
-  log "building helm v$HELM_VERSION"
+  log "building helm v$HELM_VERSION from the module proxy, for the chart checks (first use only: about 10 minutes on 2 cores; cached in $cache)"
   local d
   d=$(scratch pulse.local/e2e/helm)
   cd "$d"
