@@ -79,7 +79,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "connect to aggregators over TLS, trusting this CA (plaintext when empty)")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "projected ServiceAccount token sent to aggregators (re-read on every connect; needs --aggregator-ca-file)")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
-	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name (default $NODE_NAME, else the hostname)")
+	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name: $NODE_NAME, else the hostname")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")

@@ -82,7 +82,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.TTFTSLO, "ttft-slo", o.TTFTSLO, "time-to-first-token objective of sloAttainment, from a request's arrival at the gateway")
 	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "load balancer: round-robin (a Service), least-outstanding (an inference gateway binding each request at arrival) or gateway (an endpoint picker with flow control: requests wait at the gateway until a replica has room)")
 	fs.StringVar(&o.Format, "format", o.Format, "picture format: png or svg")
-	fs.IntVar(&o.Runs, "runs", o.Runs, "simulate this many seeds (seed, seed+1, ...): runs.json gets every run's scores, the table their mean; report.json and the pictures are the first seed's")
 	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
 	fs.BoolVar(&o.ConfigTolerance, "hpa-configurable-tolerance", o.ConfigTolerance, "honor the behavior's per-direction tolerance (Kubernetes' HPAConfigurableTolerance feature gate: alpha, off by default, in 1.33); false: the global 0.1 applies")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "the pulse agent's --scrape-interval")
@@ -252,6 +251,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	o := NewOptions()
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	o.AddFlags(fs)
+	fs.IntVar(&o.Runs, "runs", o.Runs, "simulate this many seeds (seed, seed+1, ...): runs.json gets every run's scores, the table their mean; report.json and the pictures are the first seed's")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
