@@ -117,8 +117,10 @@ func (e *env) plannerStep(t *testing.T) {
 	t.Logf("the HPA asked for the plan %s after it rose", time.Since(rose).Round(time.Second))
 	// While the new replicas load, the queues grow on the ready ones: the
 	// plan does not chase them (replicas starting count as capacity
-	// coming). 10 requests a second need 3 replicas of 4, 4 at the planned
-	// utilisation; the backlog of a lead time adds a few.
+	// coming). 10 requests a second need 3 replicas of 4 (4 at the planned
+	// utilisation); a capacity proven only at light load can ask for about
+	// 8 before the first break teaches more. A plan that chased the backlog
+	// grew past the ScaledObject's 10 within seconds (14, 23, 36).
 	high := plan
 	for time.Since(rose) < loadFor-5*time.Second {
 		p, why, err := e.plannedReplicas()
@@ -126,7 +128,7 @@ func (e *env) plannerStep(t *testing.T) {
 		if p > high {
 			high = p
 		}
-		if p > 8 {
+		if p > 10 {
 			t.Fatalf("while the new replicas load: plan %d (%s), up from %d", p, why, plan)
 		}
 		time.Sleep(time.Second)
