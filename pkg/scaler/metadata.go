@@ -162,52 +162,12 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		return t, err
 	}
 
-	named := 0
-	for _, wk := range workloadKeys {
-		if v := md[wk.key]; v != "" {
-			if named > 0 && t.Workload.Name != v || named > 0 && t.Workload.Kind != wk.kind {
-				return t, &MetadataError{Key: wk.key, Msg: "name exactly one workload: " + workloadKeyList}
-			}
-			t.Workload = store.Key{Kind: wk.kind, Name: v}
-			named++
-		}
+	if err := parseWorkload(ref, md, resolver, &t); err != nil {
+		return t, err
 	}
-	if named == 0 {
-		if resolver == nil {
-			return t, &MetadataError{Msg: "no workload named: set one of " + workloadKeyList + " (or run the aggregator with --resolve-scale-targets to take it from scaleTargetRef)"}
-		}
-		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
-		if err != nil {
-			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err), Err: err}
-		}
-		k, ok := workloadKinds[kind]
-		if !ok {
-			return t, &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with %s", kind, workloadKeyList)}
-		}
-		t.Workload = store.Key{Kind: k, Name: name}
+	if err := parseMetric(md, &t); err != nil {
+		return t, err
 	}
-	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
-	if t.Workload.Namespace == "" {
-		return t, &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
-	}
-
-	if m := md["metric"]; m != "" {
-		if _, ok := metric.Lookup(m); !ok && m != MetricReplicas {
-			return t, &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", m, MetricReplicas, strings.Join(metric.Names(), ", "))}
-		}
-		t.Metric = m
-	} else if m := md["metricName"]; m != "" {
-		switch {
-		case vllmNames[m] != "":
-			t.Metric = vllmNames[m]
-		default:
-			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
-				return t, &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
-			}
-			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
-		}
-	}
-
 	def, hasDefault := DefaultThresholds[t.Metric]
 	if md["threshold"] == "" && !hasDefault {
 		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric %s has no default threshold (its scale depends on the model and the hardware): set one; docs/scaledobject.md, \"Choosing a threshold\"", t.Metric)}
@@ -261,6 +221,61 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 	t.def = t.Def()
 	return t, nil
+}
+
+// parseWorkload reads the workload a trigger names (or its ScaledObject's
+// scaleTargetRef, through resolver) and its namespace.
+func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, resolver TargetResolver, t *Trigger) error {
+	named := 0
+	for _, wk := range workloadKeys {
+		if v := md[wk.key]; v != "" {
+			if named > 0 && t.Workload.Name != v || named > 0 && t.Workload.Kind != wk.kind {
+				return &MetadataError{Key: wk.key, Msg: "name exactly one workload: " + workloadKeyList}
+			}
+			t.Workload = store.Key{Kind: wk.kind, Name: v}
+			named++
+		}
+	}
+	if named == 0 {
+		if resolver == nil {
+			return &MetadataError{Msg: "no workload named: set one of " + workloadKeyList + " (or run the aggregator with --resolve-scale-targets to take it from scaleTargetRef)"}
+		}
+		kind, name, err := resolver.Resolve(ref.GetNamespace(), ref.GetName())
+		if err != nil {
+			return &MetadataError{Msg: fmt.Sprintf("no workload named, and the ScaledObject's scaleTargetRef could not be read: %v", err), Err: err}
+		}
+		k, ok := workloadKinds[kind]
+		if !ok {
+			return &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with %s", kind, workloadKeyList)}
+		}
+		t.Workload = store.Key{Kind: k, Name: name}
+	}
+	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
+	if t.Workload.Namespace == "" {
+		return &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
+	}
+	return nil
+}
+
+// parseMetric reads metric or metricName.
+func parseMetric(md map[string]string, t *Trigger) error {
+	if m := md["metric"]; m != "" {
+		if _, ok := metric.Lookup(m); !ok && m != MetricReplicas {
+			return &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", m, MetricReplicas, strings.Join(metric.Names(), ", "))}
+		}
+		t.Metric = m
+	} else if m := md["metricName"]; m != "" {
+		switch {
+		case vllmNames[m] != "":
+			t.Metric = vllmNames[m]
+		default:
+			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
+				return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
+			}
+			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
+		}
+	}
+	return nil
 }
 
 // planKeys checks a replicas trigger: its value is a replica count, so the
