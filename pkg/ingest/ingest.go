@@ -65,7 +65,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "too_many_workloads", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
 
 // Options configure a Server.
 type Options struct {
@@ -229,7 +229,11 @@ type streamState struct {
 	// rejected are ids the catalogue named for pods this stream may not
 	// report (another node's): their samples are skipped, not malformed.
 	rejected map[uint32]bool
-	heard    bool // a batch has arrived on this stream
+	// pending are ids the store refused for room (--max-pods reached, every
+	// pod held listed by a connected agent): listed again at each batch
+	// until held; their samples are dropped (store_full) meanwhile.
+	pending map[uint32]store.PodInfo
+	heard   bool // a batch has arrived on this stream
 	// loggedRejects: when each pod's refused values were last logged (once
 	// a minute per pod).
 	loggedRejects map[uint32]time.Time
@@ -267,6 +271,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		clear(st.ids)
 		clear(st.names)
 		clear(st.rejected)
+		clear(st.pending)
 	}
 	var removed []string
 	for _, id := range c.Remove {
@@ -276,6 +281,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			delete(st.names, id)
 		}
 		delete(st.rejected, id)
+		delete(st.pending, id)
 		st.dec.Forget(id)
 	}
 	// The stream's limit, checked before any entry costs an API lookup (a
@@ -290,6 +296,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
 	}
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
+	ids := make([]uint32, 0, len(c.Upsert))
 	for _, p := range c.Upsert {
 		info, podUID, reason, err := entryInfo(p)
 		if err != nil {
@@ -315,13 +322,61 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		}
 		st.ids[p.Id] = p.Uid
 		st.names[p.Id] = p.Namespace + "/" + p.Name
+		delete(st.pending, p.Id)
 		infos = append(infos, info)
+		ids = append(ids, p.Id)
 	}
 	if len(removed) > 0 {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
-	st.srv.store.Upsert(store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics}, infos, c.Full)
+	refused := st.srv.store.Upsert(st.source(), infos, c.Full)
+	if len(refused) == 0 {
+		return nil
+	}
+	held := make(map[string]bool, len(refused))
+	for _, uid := range refused {
+		held[uid] = true
+	}
+	if st.pending == nil {
+		st.pending = map[uint32]store.PodInfo{}
+	}
+	for i, info := range infos {
+		if held[info.UID] {
+			st.pending[ids[i]] = info
+			st.srv.m.rejected.WithLabelValues("store_full").Inc()
+			st.log.Warn("pod not held: the aggregator holds --max-pods pods, each listed by a connected agent; it is listed again until there is room (raise --max-pods)",
+				logging.KeyPod, info.Namespace+"/"+info.Name)
+		}
+	}
 	return nil
+}
+
+// source is the stream's agent as the store knows it.
+func (st *streamState) source() store.Source {
+	return store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics}
+}
+
+// relist lists the pods the store refused for room again; those it holds
+// now leave pending.
+func (st *streamState) relist() {
+	infos := make([]store.PodInfo, 0, len(st.pending))
+	for _, info := range st.pending {
+		infos = append(infos, info)
+	}
+	refused := st.srv.store.Upsert(st.source(), infos, false)
+	if len(refused) == len(infos) {
+		return
+	}
+	still := make(map[string]bool, len(refused))
+	for _, uid := range refused {
+		still[uid] = true
+	}
+	for id, info := range st.pending {
+		if !still[info.UID] {
+			delete(st.pending, id)
+			st.log.Info("pod held now: the aggregator had room", logging.KeyPod, info.Namespace+"/"+info.Name)
+		}
+	}
 }
 
 // reject refuses one catalogue entry (counted, logged, the pod its id named
@@ -336,6 +391,7 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 		delete(st.names, p.Id)
 		st.dec.Forget(p.Id)
 	}
+	delete(st.pending, p.Id)
 	st.rejected[p.Id] = true
 	return removed
 }
@@ -412,6 +468,9 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
 		return err
 	}
+	if len(st.pending) > 0 {
+		st.relist()
+	}
 	reports := st.reports[:0]
 	defer func() { st.reports = reports[:0] }()
 	for i := range samples {
@@ -419,6 +478,10 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		uid, ok := st.ids[s.Pod]
 		if !ok {
 			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
+			continue
+		}
+		if _, waits := st.pending[s.Pod]; waits {
+			st.srv.m.rejected.WithLabelValues("store_full").Inc()
 			continue
 		}
 		r := store.Report{UID: uid}

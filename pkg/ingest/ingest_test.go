@@ -40,7 +40,13 @@ func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, ni
 // it is not nil.
 func newFixtureWith(t *testing.T, auth Authenticator) *fixture {
 	t.Helper()
-	f := &fixture{store: store.New(store.Options{}), logs: new(syncbuf.Buffer)}
+	return newFixtureStore(t, auth, store.Options{})
+}
+
+// newFixtureStore is newFixtureWith on a store with opts.
+func newFixtureStore(t *testing.T, auth Authenticator, opts store.Options) *fixture {
+	t.Helper()
+	f := &fixture{store: store.New(opts), logs: new(syncbuf.Buffer)}
 	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(f.logs, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
 		Registerer: prometheus.NewRegistry(), Auth: auth})
 	lis := bufconn.Listen(1 << 20)
@@ -141,6 +147,7 @@ pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
 pulse_aggregator_rejected_reports_total{reason="message"} 0
 pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
 pulse_aggregator_rejected_reports_total{reason="other_node"} 0
+pulse_aggregator_rejected_reports_total{reason="store_full"} 0
 pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
 pulse_aggregator_rejected_reports_total{reason="unauthenticated"} 0
 pulse_aggregator_rejected_reports_total{reason="unknown_pod"} 0
@@ -292,4 +299,113 @@ func TestAgentStringsAreBounded(t *testing.T) {
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_entry")); got != 1 {
 		t.Fatalf("rejected invalid_entry = %v, want 1", got)
 	}
+}
+
+// openStream opens a stream as node's agent, says hello and waits for the
+// welcome.
+func (f *fixture) openStream(t *testing.T, ctx context.Context, node string) pulsev1.Ingest_ReportClient {
+	t.Helper()
+	stream, err := f.client.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hello()
+	h.GetHello().Node = node
+	if err := stream.Send(h); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	return stream
+}
+
+// sendBatch sends a batch of one waiting value per pod id and waits for its
+// ack (the server has stored it, or ended the stream).
+func sendBatch(t *testing.T, stream pulsev1.Ingest_ReportClient, enc *wire.Encoder, seq uint64, waiting float64, ids ...uint32) {
+	t.Helper()
+	b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: int64(seq) * 1000}
+	for _, id := range ids {
+		s := wire.Sample{Pod: id}
+		s.Values.Set(metric.Waiting, waiting)
+		enc.Append(b, &s)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("batch %d: the stream ended: %v", seq, err)
+	}
+}
+
+// TestFullStoreRefusesTheNewPodNotALiveOne: at --max-pods, another agent's
+// new pods once evicted replicas whose agent was connected and reporting;
+// their samples were then dropped as unknown_pod until that agent
+// reconnected. Now the new pod waits (its samples counted as store_full,
+// its stream and the live pods untouched) and is held, from its own
+// stream's next batch, once there is room.
+func TestFullStoreRefusesTheNewPodNotALiveOne(t *testing.T) {
+	f := newFixtureStore(t, nil, store.Options{MaxPods: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	encA, encB := wire.NewEncoder(), wire.NewEncoder()
+
+	aCtx, closeA := context.WithCancel(ctx)
+	a := f.openStream(t, aCtx, "node-1")
+	if err := a.Send(catalogue(pod(1, "a"), pod(2, "b"))); err != nil {
+		t.Fatal(err)
+	}
+	sendBatch(t, a, encA, 1, 3, 1, 2)
+
+	b := f.openStream(t, ctx, "node-2")
+	neighbour := pod(1, "c")
+	neighbour.Workloads[0].Name = "other"
+	if err := b.Send(catalogue(neighbour)); err != nil {
+		t.Fatal(err)
+	}
+	sendBatch(t, b, encB, 1, 7, 1)
+	sendBatch(t, a, encA, 2, 4, 1, 2)
+	if got := f.store.Evicted(); got != 0 || f.store.Pods() != 2 {
+		t.Fatalf("evicted %d, pods %d: want a and b kept", got, f.store.Pods())
+	}
+	for _, p := range f.store.View(store.ViewOptions{FreshFor: time.Minute})[0].Pods {
+		if p.Values["waiting"] != 4 {
+			t.Fatalf("pod %s: %v, want its latest sample (4)", p.Name, p.Values)
+		}
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("store_full")); got != 2 {
+		t.Fatalf("rejected store_full = %v, want 2 (the entry, then its sample)", got)
+	}
+	if !strings.Contains(f.logs.String(), "pod not held") || !strings.Contains(f.logs.String(), "ns/c") {
+		t.Fatalf("no warning naming ns/c: %s", f.logs.String())
+	}
+
+	// node-1's agent goes: there is room; c is held at its stream's next
+	// batch, with that batch's sample.
+	closeA()
+	waitUntil(t, func() bool { return testutil.ToFloat64(f.srv.m.streams) == 1 })
+	sendBatch(t, b, encB, 2, 8, 1)
+	var got float64 = -1
+	for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Minute}) {
+		for _, p := range w.Pods {
+			if p.Name == "c" {
+				got = p.Values["waiting"]
+			}
+		}
+	}
+	if got != 8 || f.store.Evicted() != 1 {
+		t.Fatalf("c's waiting %v (evicted %d): want c held with its sample 8", got, f.store.Evicted())
+	}
+}
+
+// waitUntil polls cond for up to 5 s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("condition not met within 5s")
 }

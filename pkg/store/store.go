@@ -88,9 +88,12 @@ type Options struct {
 	Retention time.Duration
 	// MaxSamples caps the samples kept per pod.
 	MaxSamples int
-	// MaxPods caps the pods held; past it the pod listed (by a catalogue)
-	// least recently is evicted, and counted. Workloads exist only through
-	// their pods.
+	// MaxPods caps the pods held. Past it, the pod listed (by a catalogue)
+	// least recently among those no connected agent lists is evicted, and
+	// counted; a pod a connected agent lists is never evicted: with none
+	// to evict, the new pod is refused (Upsert returns it, and it is
+	// counted) until there is room. Workloads exist only through their
+	// pods.
 	MaxPods int
 	// Expiry: pods of an agent whose streams have all been closed this long
 	// are dropped. Pods of a connected agent stay until it removes them.
@@ -109,6 +112,11 @@ type Store struct {
 	sources   map[string]*source           // by node
 	lastSweep time.Time
 	evicted   int
+	refused   int
+	// gen counts the changes that may make a pod evictable (a stream
+	// closing, a pod dropped); noVictim is the gen at which a search found
+	// none, so that a full store of live pods refuses without a scan.
+	gen, noVictim uint64
 	now       func() time.Time
 	// lost: workloads whose replicas were dropped without their agent
 	// removing them (its streams expired, or MaxPods evicted them), and
@@ -191,7 +199,9 @@ func New(opts Options) *Store {
 	}
 	// The eviction callback runs with mu held, inside Add, Upsert or
 	// Remove: it unlinks the pod from its workloads and wakes their watchers.
+	s.noVictim = ^uint64(0)
 	s.pods, _ = simplelru.NewLRU(opts.MaxPods, func(_ string, p *pod) {
+		s.gen++
 		s.notify(p)
 		s.unlink(p)
 		if s.losing && !p.Demand {
@@ -222,6 +232,7 @@ func (s *Store) CloseSource(node string) {
 		src.streams--
 		if src.streams == 0 {
 			src.closedAt = s.now()
+			s.gen++ // its pods may be evicted now
 		}
 	}
 }
@@ -375,6 +386,14 @@ func (s *Store) Evicted() int {
 	return s.evicted
 }
 
+// Refused is the number of times a new pod was refused because MaxPods was
+// reached and every pod held is listed by a connected agent.
+func (s *Store) Refused() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.refused
+}
+
 // Watch returns a channel that is closed at the next change of workload k
 // (a sample of one of its pods, or a pod joining, leaving or changing), and
 // a release function the watcher must call when it stops waiting on it.
@@ -425,8 +444,11 @@ func (s *Store) notifyLocked(p *pod) {
 }
 
 // Upsert adds or updates pods listed by src. With full set, src no longer
-// lists the pods it does not name; a pod no agent lists is removed.
-func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
+// lists the pods it does not name; a pod no agent lists is removed. It
+// returns the uids of the new pods it refused: MaxPods is reached and every
+// pod held is listed by a connected agent (see Options.MaxPods). A refused
+// pod is not held; listing it again adds it once there is room.
+func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	listed := make(map[string]bool, len(pods))
@@ -434,12 +456,13 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 		listed[info.UID] = true
 		p, ok := s.pods.Get(info.UID)
 		if !ok {
-			p = &pod{}
-			s.losing = true
-			if s.pods.Add(info.UID, p) {
-				s.evicted++
+			if s.pods.Len() >= s.opts.MaxPods && !s.evictOne() {
+				s.refused++
+				refused = append(refused, info.UID)
+				continue
 			}
-			s.losing = false
+			p = &pod{}
+			s.pods.Add(info.UID, p)
 		} else {
 			s.notify(p)
 			s.unlink(p)
@@ -470,6 +493,40 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) {
 		}
 	}
 	s.sweep(s.now(), false)
+	return refused
+}
+
+// evictOne evicts the pod listed least recently among those no connected
+// agent lists, and reports whether there was one; mu must be held for
+// writing. A search that finds none is not repeated until a stream closes
+// or a pod is dropped.
+func (s *Store) evictOne() bool {
+	if s.noVictim == s.gen {
+		return false
+	}
+	for _, uid := range s.pods.Keys() { // least recently listed first
+		p, _ := s.pods.Peek(uid)
+		if s.live(p) {
+			continue
+		}
+		s.losing = true
+		s.pods.Remove(uid) // the callback unlinks it and marks it lost
+		s.losing = false
+		s.evicted++
+		return true
+	}
+	s.noVictim = s.gen
+	return false
+}
+
+// live reports whether a connected agent lists p; mu must be held.
+func (s *Store) live(p *pod) bool {
+	for _, node := range p.sources {
+		if src := s.sources[node]; src != nil && src.streams > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // markStart records when a pod was first listed starting and when it was

@@ -124,6 +124,50 @@ func TestMaxPodsEvictsTheLeastRecentlyListed(t *testing.T) {
 	}
 }
 
+// TestMaxPodsNeverEvictsALiveAgentsPod: at --max-pods, another tenant's
+// new pods (here a router's demand entries on another node) once evicted
+// the replicas listed least recently, though their agent was connected and
+// reporting; their samples were then dropped until it reconnected. Only a
+// pod no connected agent lists is evicted; with none, the new one is
+// refused, and held once there is room.
+func TestMaxPodsNeverEvictsALiveAgentsPod(t *testing.T) {
+	s := New(Options{MaxPods: 2})
+	other := Key{Namespace: "other", Kind: KindWorkspace, Name: "w"}
+	replica := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	demand := PodInfo{UID: DemandUID("router", "w"), Namespace: "other", Name: "router", Demand: true, Workloads: []Key{other}}
+	s.OpenSource("n1")
+	s.OpenSource("n2")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{replica("a"), replica("b")}, true)
+	if refused := s.Upsert(Source{Node: "n2"}, []PodInfo{demand}, true); len(refused) != 1 || refused[0] != demand.UID {
+		t.Fatalf("refused %v: want the new entry refused", refused)
+	}
+	if s.Pods() != 2 || s.Evicted() != 0 || s.Refused() != 1 || s.peek("a") == nil || s.peek("b") == nil {
+		t.Fatalf("pods %d evicted %d refused %d: want a and b kept", s.Pods(), s.Evicted(), s.Refused())
+	}
+	if s.lost[ws].Pods != 0 {
+		t.Fatalf("lost %+v: nothing was lost", s.lost[ws])
+	}
+	// Listed again while full: refused again, without a scan (the same
+	// answer), and still counted.
+	if refused := s.Upsert(Source{Node: "n2"}, []PodInfo{demand}, false); len(refused) != 1 || s.Refused() != 2 {
+		t.Fatalf("refused %v (%d): want refused again", refused, s.Refused())
+	}
+	// n1's agent disconnects: its pods may go, the one listed least
+	// recently first; the workload is marked lost, not empty.
+	s.CloseSource("n1")
+	if refused := s.Upsert(Source{Node: "n2"}, []PodInfo{demand}, false); len(refused) != 0 {
+		t.Fatalf("refused %v: want room made", refused)
+	}
+	if s.Evicted() != 1 || s.peek("a") != nil || s.peek("b") == nil || s.peek(demand.UID) == nil {
+		t.Fatalf("evicted %d, a %v, b %v: want a evicted for the router's entry", s.Evicted(), s.peek("a"), s.peek("b"))
+	}
+	if s.lost[ws].Pods != 1 {
+		t.Fatalf("lost %+v: want a counted as lost", s.lost[ws])
+	}
+}
+
 func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
