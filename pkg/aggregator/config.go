@@ -205,7 +205,7 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "pulse_aggregator_pods_evicted_total", Help: "Pods evicted because --max-pods was reached."}, func() float64 { return float64(a.store.Evicted()) }))
+			Name: "pulse_aggregator_pods_refused_total", Help: "Refusals of a new pod because --max-pods was reached (a waiting pod is listed again at each batch of its agent, and counted each time)."}, func() float64 { return float64(a.store.Refused()) }))
 	a.warmup = newWarmup(a.store, a.opts.Warmup.Duration, a.opts.Warmup.ExpectedAgents, time.Now, a.log)
 	a.health.addCheck("warm-up", a.warmup.check)
 	return nil

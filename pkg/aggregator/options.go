@@ -119,7 +119,7 @@ func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
 	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
-	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it the pod listed least recently among those no connected agent lists is evicted, and a new pod waits (counted as store_full) when every pod held is a connected agent's")
+	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it a new pod waits (counted as store_full) until there is room: no pod held is evicted for it")
 	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
 }
 

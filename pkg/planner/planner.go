@@ -491,7 +491,7 @@ func (st *State) regret(plan int, now time.Time, cfg Config) {
 // never seen are errors.
 func noReplica(in Input, st State) (Plan, State, error) {
 	if in.LostOK {
-		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
+		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))
 	}
 	d := in.Demand

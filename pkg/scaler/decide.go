@@ -289,12 +289,12 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 // demand, or an error, never a silent 0 for replicas that were reporting.
 func noReplica(t Trigger, r store.Reading) (Decision, error) {
 	// Replicas that were reporting and are gone without their agent
-	// removing them (the agent lost past --pod-expiry, or evicted) are no
+	// removing them (the agent lost past --pod-expiry) are no
 	// workload without load: an error, so that KEDA's fallback applies and
 	// the HPA holds, never a 0 that scales a serving workload down or to
 	// zero.
 	if l := r.Lost; r.LostOK {
-		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry, or evicted) since %s: no value, rather than 0",
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
 	}
 	dv := r.Demand

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 )
@@ -88,12 +87,11 @@ type Options struct {
 	Retention time.Duration
 	// MaxSamples caps the samples kept per pod.
 	MaxSamples int
-	// MaxPods caps the pods held. Past it, the pod listed (by a catalogue)
-	// least recently among those no connected agent lists is evicted, and
-	// counted; a pod a connected agent lists is never evicted: with none
-	// to evict, the new pod is refused (Upsert returns it, and it is
-	// counted) until there is room. Workloads exist only through their
-	// pods.
+	// MaxPods caps the pods held. Past it a new pod is refused (Upsert
+	// returns it, and it is counted) until there is room: no pod held is
+	// ever evicted for it. A pod is dropped only when its agent removes it,
+	// or Expiry after its agent's streams closed. Workloads exist only
+	// through their pods.
 	MaxPods int
 	// Expiry: pods of an agent whose streams have all been closed this long
 	// are dropped. Pods of a connected agent stay until it removes them.
@@ -107,23 +105,16 @@ type Store struct {
 	opts Options
 
 	mu        sync.RWMutex
-	pods      *simplelru.LRU[string, *pod] // by uid, most recently listed first
-	workloads map[Key][]*pod               // each sorted by uid: readers see a stable order
-	sources   map[string]*source           // by node
+	pods      map[string]*pod    // by uid
+	workloads map[Key][]*pod     // each sorted by uid: readers see a stable order
+	sources   map[string]*source // by node
 	lastSweep time.Time
-	evicted   int
 	refused   int
-	// gen counts the changes that may make a pod evictable (a stream
-	// closing, a pod dropped); noVictim is the gen at which a search found
-	// none, so that a full store of live pods refuses without a scan.
-	gen, noVictim uint64
 	now       func() time.Time
 	// lost: workloads whose replicas were dropped without their agent
-	// removing them (its streams expired, or MaxPods evicted them), and
-	// when; cleared when one of its replicas is listed again. losing is
-	// set while such drops happen (mu held).
-	lost   map[Key]Lost
-	losing bool
+	// removing them (its streams expired), and when; cleared when one of
+	// its replicas is listed again.
+	lost map[Key]Lost
 
 	// watchMu guards watches; it is taken after mu (never before), so that
 	// watchers do not contend for mu.
@@ -189,26 +180,27 @@ func New(opts Options) *Store {
 	if opts.Expiry <= 0 {
 		opts.Expiry = 10 * time.Minute
 	}
-	s := &Store{
+	return &Store{
 		opts:      opts,
+		pods:      make(map[string]*pod),
 		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
 		watches:   make(map[Key]*watch),
 		lost:      make(map[Key]Lost),
 		now:       opts.Now,
 	}
-	// The eviction callback runs with mu held, inside Add, Upsert or
-	// Remove: it unlinks the pod from its workloads and wakes their watchers.
-	s.noVictim = ^uint64(0)
-	s.pods, _ = simplelru.NewLRU(opts.MaxPods, func(_ string, p *pod) {
-		s.gen++
-		s.notify(p)
-		s.unlink(p)
-		if s.losing && !p.Demand {
-			s.markLost(p, 1)
-		}
-	})
-	return s
+}
+
+// drop removes a pod, unlinks it from its workloads and wakes their
+// watchers; lost: its agent did not remove it (its streams expired). mu
+// must be held for writing.
+func (s *Store) drop(uid string, p *pod, lost bool) {
+	delete(s.pods, uid)
+	s.notify(p)
+	s.unlink(p)
+	if lost && !p.Demand {
+		s.markLost(p, 1)
+	}
 }
 
 // OpenSource records an agent stream of node opening.
@@ -232,7 +224,6 @@ func (s *Store) CloseSource(node string) {
 		src.streams--
 		if src.streams == 0 {
 			src.closedAt = s.now()
-			s.gen++ // its pods may be evicted now
 		}
 	}
 }
@@ -291,22 +282,18 @@ func (s *Store) sweep(now time.Time, force bool) {
 	if len(expired) == 0 {
 		return
 	}
-	s.losing = true
-	defer func() { s.losing = false }()
-	for _, uid := range s.pods.Keys() {
-		p, _ := s.pods.Peek(uid)
+	for uid, p := range s.pods {
 		for node := range expired {
 			p.sources = without(p.sources, node)
 		}
 		if len(p.sources) == 0 {
-			s.pods.Remove(uid) // the eviction callback unlinks it (and marks it lost)
+			s.drop(uid, p, true)
 		}
 	}
 }
 
 // Lost is what a workload lost without its agent removing it: replicas
-// that were reporting, dropped because their agent's streams expired or
-// MaxPods evicted them.
+// that were reporting, dropped because their agent's streams expired.
 type Lost struct {
 	At   time.Time
 	Pods int
@@ -379,15 +366,8 @@ func without(list []string, v string) []string {
 	return list
 }
 
-// Evicted is the number of pods evicted because MaxPods was reached.
-func (s *Store) Evicted() int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.evicted
-}
-
 // Refused is the number of times a new pod was refused because MaxPods was
-// reached and every pod held is listed by a connected agent.
+// reached.
 func (s *Store) Refused() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -445,24 +425,24 @@ func (s *Store) notifyLocked(p *pod) {
 
 // Upsert adds or updates pods listed by src. With full set, src no longer
 // lists the pods it does not name; a pod no agent lists is removed. It
-// returns the uids of the new pods it refused: MaxPods is reached and every
-// pod held is listed by a connected agent (see Options.MaxPods). A refused
-// pod is not held; listing it again adds it once there is room.
+// returns the uids of the new pods it refused because MaxPods is reached
+// (see Options.MaxPods): a refused pod is not held; listing it again adds
+// it once there is room.
 func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	listed := make(map[string]bool, len(pods))
 	for _, info := range pods {
 		listed[info.UID] = true
-		p, ok := s.pods.Get(info.UID)
+		p, ok := s.pods[info.UID]
 		if !ok {
-			if s.pods.Len() >= s.opts.MaxPods && !s.evictOne() {
+			if len(s.pods) >= s.opts.MaxPods {
 				s.refused++
 				refused = append(refused, info.UID)
 				continue
 			}
 			p = &pod{}
-			s.pods.Add(info.UID, p)
+			s.pods[info.UID] = p
 		} else {
 			s.notify(p)
 			s.unlink(p)
@@ -483,50 +463,14 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		s.notify(p)
 	}
 	if full {
-		for _, uid := range s.pods.Keys() {
-			if listed[uid] {
-				continue
-			}
-			if p, _ := s.pods.Peek(uid); slices.Contains(p.sources, src.Node) {
+		for uid, p := range s.pods {
+			if !listed[uid] && slices.Contains(p.sources, src.Node) {
 				s.unlist(uid, p, src.Node)
 			}
 		}
 	}
 	s.sweep(s.now(), false)
 	return refused
-}
-
-// evictOne evicts the pod listed least recently among those no connected
-// agent lists, and reports whether there was one; mu must be held for
-// writing. A search that finds none is not repeated until a stream closes
-// or a pod is dropped.
-func (s *Store) evictOne() bool {
-	if s.noVictim == s.gen {
-		return false
-	}
-	for _, uid := range s.pods.Keys() { // least recently listed first
-		p, _ := s.pods.Peek(uid)
-		if s.live(p) {
-			continue
-		}
-		s.losing = true
-		s.pods.Remove(uid) // the callback unlinks it and marks it lost
-		s.losing = false
-		s.evicted++
-		return true
-	}
-	s.noVictim = s.gen
-	return false
-}
-
-// live reports whether a connected agent lists p; mu must be held.
-func (s *Store) live(p *pod) bool {
-	for _, node := range p.sources {
-		if src := s.sources[node]; src != nil && src.streams > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // markStart records when a pod was first listed starting and when it was
@@ -547,7 +491,7 @@ func (s *Store) Remove(node string, uids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, uid := range uids {
-		if p, ok := s.pods.Peek(uid); ok {
+		if p, ok := s.pods[uid]; ok {
 			s.unlist(uid, p, node)
 		}
 	}
@@ -557,7 +501,7 @@ func (s *Store) Remove(node string, uids ...string) {
 func (s *Store) unlist(uid string, p *pod, node string) {
 	p.sources = without(p.sources, node)
 	if len(p.sources) == 0 {
-		s.pods.Remove(uid) // the eviction callback unlinks it
+		s.drop(uid, p, false)
 	}
 }
 
@@ -607,7 +551,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 	defer s.watchMu.Unlock()
 	for i := range reports {
 		r := &reports[i]
-		p, ok := s.pods.Peek(r.UID) // samples do not reorder the LRU: that costs too much per sample
+		p, ok := s.pods[r.UID]
 		if !ok {
 			dropped++
 			continue
@@ -708,7 +652,7 @@ func (p *pod) window(d time.Duration, rule metric.Rule) []metric.Sample {
 func (s *Store) Pods() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.pods.Len()
+	return len(s.pods)
 }
 
 // ExtraNames returns the raw names of the gauges the agents forward
@@ -717,7 +661,7 @@ func (s *Store) ExtraNames() (names []string, pods int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	seen := map[string]bool{}
-	for _, p := range s.pods.Values() {
+	for _, p := range s.pods {
 		for _, n := range p.extraNames {
 			if !seen[n] {
 				seen[n] = true
@@ -726,5 +670,5 @@ func (s *Store) ExtraNames() (names []string, pods int) {
 		}
 	}
 	sort.Strings(names)
-	return names, s.pods.Len()
+	return names, len(s.pods)
 }
