@@ -43,6 +43,7 @@ type pod struct {
 	ready       bool
 	terminating bool
 	readyAt     time.Time // not Ready until then (model load)
+	owners      int       // more owners listed beside its workload (a hostile pod)
 	removeAt    time.Time // terminating: removed from the catalogue then
 }
 
@@ -83,6 +84,27 @@ func (a *simAgent) add(w int, readyAt time.Time) {
 	a.pods[a.nextID] = &pod{id: a.nextID, uid: uid, name: fmt.Sprintf("w%d-%s", w, uid), workload: w,
 		ready: !readyAt.After(time.Now()), readyAt: readyAt}
 	a.dirty = true
+}
+
+// addOwned lists a new pod of workload w with extra more owners (each a
+// workload of its own), as a hostile pod's owner references would make it.
+func (a *simAgent) addOwned(w, extra int) {
+	a.add(w, time.Time{})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pods[a.nextID].owners = extra
+}
+
+// removeWorkload removes the agent's pods of workload w (a scale-down).
+func (a *simAgent) removeWorkload(w int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, p := range a.pods {
+		if p.workload == w {
+			delete(a.pods, id)
+			a.dirty = true
+		}
+	}
 }
 
 // start runs the agent until ctx ends or it is killed.
@@ -235,8 +257,12 @@ func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *
 	if a.sent == nil || a.dirty {
 		current := make(map[uint32]discovery.Target, len(a.pods))
 		for id, p := range a.pods {
-			current[id] = discovery.Target{UID: p.uid, Namespace: namespace, Pod: p.name, Ready: p.ready, Terminating: p.terminating,
+			t := discovery.Target{UID: p.uid, Namespace: namespace, Pod: p.name, Ready: p.ready, Terminating: p.terminating,
 				Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: workloadName(p.workload)}}}
+			for i := range p.owners {
+				t.Workloads = append(t.Workloads, discovery.Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: fmt.Sprintf("%s-owner-%d", p.name, i)})
+			}
+			current[id] = t
 		}
 		cat = agent.DiffCatalogue(a.sent, current, a.sent == nil)
 		for _, id := range cat.Remove {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"google.golang.org/grpc/codes"
@@ -57,6 +59,10 @@ func (f *fleet) fault(ctx context.Context, name string) (*faultResult, error) {
 		err = f.partition(ctx, r)
 	case "aggregator-kill":
 		err = f.aggregatorKill(ctx, r)
+	case "node-silencing":
+		err = f.nodeSilencing(ctx, r)
+	case "eviction":
+		err = f.eviction(ctx, r)
 	default:
 		err = fmt.Errorf("unknown fault %q", name)
 	}
@@ -262,11 +268,15 @@ func (n *node) stop() {
 
 // startNode starts vllm-sim servers for the workloads in sims (workload →
 // pods), serves the extra pages (workload → handler) itself, and runs a
-// real pulse-agent scraping all of them at the fleet's interval.
-func (f *fleet) startNode(name string, sims map[string]int, pages map[string]http.HandlerFunc, agentArgs ...string) (*node, error) {
+// real pulse-agent scraping all of them at the fleet's interval; extra are
+// more targets, as lines of the static targets file.
+func (f *fleet) startNode(name string, sims map[string]int, pages map[string]http.HandlerFunc, extra []string, agentArgs ...string) (*node, error) {
 	n := &node{}
 	var tf strings.Builder
 	tf.WriteString("targets:\n")
+	for _, line := range extra {
+		tf.WriteString(line + "\n")
+	}
 	for w, pods := range sims {
 		for i := range pods {
 			addr, err := procs.FreeAddr()
@@ -331,7 +341,7 @@ func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 	n, err := f.startNode("node-pages", map[string]int{"pages-ok": 2}, map[string]http.HandlerFunc{
 		"pages-hung": func(_ http.ResponseWriter, req *http.Request) { <-req.Context().Done() },
 		"pages-big":  func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(big)) },
-	}, "--max-page-bytes", fmt.Sprint(maxPage))
+	}, nil, "--max-page-bytes", fmt.Sprint(maxPage))
 	defer n.stop()
 	if err != nil {
 		return err
@@ -392,7 +402,7 @@ func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 // are held, their workloads answer an error (never a lower total), then
 // the pods are dropped at --pod-expiry; other workloads never notice.
 func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
-	realNode, err := f.startNode("node-real", map[string]int{"kill-real": 2}, nil)
+	realNode, err := f.startNode("node-real", map[string]int{"kill-real": 2}, nil, nil)
 	defer realNode.stop()
 	if err != nil {
 		return err
@@ -796,4 +806,241 @@ func keys(m map[int]bool) []int {
 		out = append(out, k)
 	}
 	return out
+}
+
+// nodeSilencing: one tenant's pod once silenced its whole node. A pod
+// whose server answers a status line that is not UTF-8 made proto3 refuse
+// every batch of its agent (a real pulse-agent here); a pod of 9 owners
+// made the aggregator refuse its agent's whole catalogue and end the
+// stream, for ever (a simulated agent sends it, as an agent of before the
+// agent's own cap would). The neighbours' pods on both nodes stay fresh at
+// every scrape, on streams that never end; only the offending pods are
+// missing or refused.
+func (f *fleet) nodeSilencing(ctx context.Context, r *faultResult) error {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lis.Close() }()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = c.Close() }()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				_, _ = c.Read(make([]byte, 4096))
+				_, _ = c.Write([]byte("HTTP/1.1 503 \xff\xfe\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+			}()
+		}
+	}()
+	extra := []string{fmt.Sprintf("  - {namespace: %s, pod: silence-bad-0, deployment: silence-bad, url: \"http://%s/metrics\"}", namespace, lis.Addr())}
+	m0, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := f.startNode("node-silencing", map[string]int{"silence-ok": 2}, nil, extra)
+	defer n.stop()
+	if err != nil {
+		return err
+	}
+	const hostileWorkload = 90001
+	hostile := newSimAgent(f, len(f.agents), f.agg.ingest)
+	hostile.node = "node-hostile"
+	hostile.add(hostileWorkload, time.Time{})
+	hostile.add(hostileWorkload, time.Time{})
+	hostile.addOwned(hostileWorkload, 9)
+	hostile.start(f.runCtx)
+	defer hostile.kill()
+	f.setFaulting(false) // the fleet must see no error from this
+	defer f.setFaulting(true)
+	neighbours := []string{"silence-ok", workloadName(hostileWorkload)}
+	if waitFor(ctx, 30*time.Second, func() bool {
+		return f.ask(ctx, neighbours[0]).code == codes.OK && f.ask(ctx, neighbours[1]).code == codes.OK
+	}) < 0 {
+		r.failf("the neighbours' workloads never answered beside the hostile pods")
+		return nil
+	}
+	var worstAge float64
+	for range 10 {
+		if !procs.Sleep(ctx, f.o.interval) {
+			return ctx.Err()
+		}
+		for _, name := range neighbours {
+			if a := f.ask(ctx, name); a.code != codes.OK {
+				r.failf("%s answered %v beside the hostile pods", name, a.code)
+			}
+			w, err := f.workload(ctx, name)
+			if err != nil {
+				return err
+			}
+			if w == nil || len(w.Pods) != 2 {
+				r.failf("%s: the neighbours' pods are not both held", name)
+				continue
+			}
+			for _, p := range w.Pods {
+				if !p.Fresh || p.AgeSeconds == nil {
+					r.failf("neighbour pod %s not fresh beside the hostile pods", p.Name)
+				} else {
+					worstAge = max(worstAge, *p.AgeSeconds)
+				}
+			}
+		}
+	}
+	r.measure("neighbourPodsWorstAgeSeconds", worstAge)
+	bad, err := f.workload(ctx, "silence-bad")
+	switch {
+	case err != nil:
+		return err
+	case bad == nil || len(bad.Pods) != 1:
+		r.failf("the pod with a non-UTF-8 status line is not held")
+	case bad.Pods[0].Missing == "" || !utf8.ValidString(bad.Pods[0].Error):
+		r.failf("the pod with a non-UTF-8 status line: missing %q, error %q, want missing with a valid text", bad.Pods[0].Missing, bad.Pods[0].Error)
+	}
+	if s := hostile.sessions.Load(); s != 1 {
+		r.failf("the simulated agent beside a pod of 9 owners opened %d streams, want 1 (never ended)", s)
+	}
+	m1, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	if d := m1["pulse_aggregator_rejected_reports_total{reason=too_many_workloads}"] - m0["pulse_aggregator_rejected_reports_total{reason=too_many_workloads}"]; d < 1 {
+		r.failf("the pod of 9 owners was not refused (too_many_workloads %v)", d)
+	}
+	if d := m1["pulse_aggregator_rejected_reports_total{reason=catalogue}"] - m0["pulse_aggregator_rejected_reports_total{reason=catalogue}"]; d != 0 {
+		r.failf("%v catalogues refused whole", d)
+	}
+	r.Notes = append(r.Notes, "a real pulse-agent beside a page whose status line is not UTF-8; a simulated agent listing a pod of 9 owners beside 2 others")
+	return nil
+}
+
+// eviction: at --max-pods, a newcomer's pods once evicted the replicas
+// listed least recently though their agents were connected and reporting.
+// A simulated agent lists more new pods than there is room for: the pods
+// held stay (none evicted, every workload answering), the newcomer's extra
+// pods wait (store_full). A victim's agents die and come back: their pods
+// were kept, the newcomer still waits. Then they remove the victim's pods
+// (a scale-down): the newcomer's waiting pods are held.
+func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
+	m0, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	ppw := f.o.podsPerWorkload
+	first := 0
+	if f.proxy != nil {
+		first = (f.o.partitionAgents + ppw - 1) / ppw * ppw
+	}
+	killed := map[int]bool{}
+	for a := first; a < min(first+ppw, len(f.agents)); a++ {
+		killed[a] = true
+	}
+	victims, control := f.agentsOf(killed)
+	if len(victims) == 0 || control < 0 {
+		r.failf("no workload lies wholly on agents %d..%d and none wholly off them", first, first+ppw-1)
+		return nil
+	}
+	victim, ctl := workloadName(victims[0]), workloadName(control)
+	base := map[string]int64{}
+	for _, w := range []int{victims[0], control} {
+		v, err := f.baseline(ctx, w)
+		if err != nil {
+			r.failf("before the newcomer: %v", err)
+			return nil
+		}
+		base[workloadName(w)] = v
+	}
+	room := f.o.maxPods() - int(m0["pulse_aggregator_pods"])
+	if room < 0 || room > 2048 {
+		return fmt.Errorf("eviction: the aggregator has room for %d more pods; run the fleet with --max-pods near its pod count (the scenario lists that many and %d more)", room, ppw)
+	}
+	over := ppw // what the victim's scale-down frees
+	const newcomerWorkload = 90000
+	newcomer := newSimAgent(f, len(f.agents), f.agg.ingest)
+	newcomer.node = "node-newcomer"
+	for range room + over {
+		newcomer.add(newcomerWorkload, time.Time{})
+	}
+	newcomer.start(f.runCtx)
+	defer newcomer.kill()
+	held := func() int {
+		d, err := f.workload(ctx, workloadName(newcomerWorkload))
+		if err != nil || d == nil {
+			return 0
+		}
+		return len(d.Pods)
+	}
+	steady := func(what string) {
+		for w, want := range base {
+			if a := f.ask(ctx, w); a.code != codes.OK || f.o.churn == 0 && a.value != want {
+				r.failf("%s answered %v %d %s (before: %d)", w, a.code, a.value, what, want)
+			}
+		}
+	}
+	if waitFor(ctx, 30*time.Second, func() bool { return held() == room }) < 0 {
+		r.failf("the newcomer holds %d pods, want the %d there is room for", held(), room)
+		return nil
+	}
+	for range 5 {
+		if !procs.Sleep(ctx, f.o.interval) {
+			return ctx.Err()
+		}
+		steady("beside the newcomer")
+	}
+	// The victim's agents die and come back within --pod-expiry: their
+	// pods are kept for them, not given to the newcomer.
+	for a := range killed {
+		f.agents[a].kill()
+	}
+	if !procs.Sleep(ctx, 3*f.o.interval) {
+		return ctx.Err()
+	}
+	if n := held(); n != room {
+		r.failf("the newcomer holds %d pods while the victim's agents are away, want %d: their pods were given away", n, room)
+	}
+	if a := f.ask(ctx, victim); a.code == codes.OK && a.value < base[victim] {
+		r.failf("%s answered %d while its agents were away, less than before (%d)", victim, a.value, base[victim])
+	}
+	for a := range killed {
+		f.agents[a].start(f.runCtx)
+	}
+	t0 := time.Now()
+	if _, err := f.baseline(ctx, victims[0]); err != nil {
+		r.failf("after its agents came back: %v", err)
+	} else {
+		r.measure("victimBackAfterSeconds", time.Since(t0).Seconds())
+	}
+	steady("with the newcomer waiting")
+	m1, err := f.agg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	waited := m1["pulse_aggregator_rejected_reports_total{reason=store_full}"] - m0["pulse_aggregator_rejected_reports_total{reason=store_full}"]
+	// An evicted pod's samples were dropped as unknown_pod.
+	dropped := m1["pulse_aggregator_rejected_reports_total{reason=unknown_pod}"] - m0["pulse_aggregator_rejected_reports_total{reason=unknown_pod}"]
+	if dropped != 0 {
+		r.failf("%v samples dropped as unknown_pod: pods held were evicted for the newcomer", dropped)
+	}
+	if waited < float64(over) {
+		r.failf("store_full counted %v, want at least the %d pods that wait", waited, over)
+	}
+	r.measure("newcomerWaitingReports", waited)
+	// The victim's agents remove its pods (a scale-down): room, and the
+	// newcomer's waiting pods are held at its next batches.
+	for a := range killed {
+		f.agents[a].removeWorkload(victims[0])
+	}
+	t1 := time.Now()
+	if waitFor(ctx, 30*time.Second, func() bool { return held() == room+over }) < 0 {
+		r.failf("the newcomer holds %d pods after the scale-down, want %d", held(), room+over)
+	} else {
+		r.measure("newcomerHeldAfterSeconds", time.Since(t1).Seconds())
+	}
+	if a := f.ask(ctx, ctl); a.code != codes.OK {
+		r.failf("control workload %s answered %v", ctl, a.code)
+	}
+	r.Notes = append(r.Notes, fmt.Sprintf("--max-pods %d; a simulated newcomer listing %d pods where there was room for %d; victim %s on agents %v, scaled down at the end", f.o.maxPods(), room+over, room, victim, keys(killed)))
+	return nil
 }

@@ -131,3 +131,15 @@ func TestAggregatorKillNeverAnswersAPartialTotal(t *testing.T) {
 	runFault(t, f, "aggregator-kill")
 	noErrors(t, f)
 }
+
+func TestOnePodCannotSilenceItsNode(t *testing.T) {
+	f := small(t)
+	runFault(t, f, "node-silencing")
+	noErrors(t, f)
+}
+
+func TestFullStoreNeverEvictsALiveAgentsPods(t *testing.T) {
+	f := small(t, "eviction")
+	runFault(t, f, "eviction")
+	noErrors(t, f)
+}

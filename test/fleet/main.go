@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -64,7 +65,23 @@ type options struct {
 	soakEvery                    time.Duration
 	faults                       []string
 	partitionAgents              int
+	maxPodsFlag                  int
 	verbose                      bool
+}
+
+// maxPods is the aggregator's --max-pods: --max-pods when set; else, with
+// the eviction scenario, the fleet's pods and a little room for churn (the
+// scenario fills the rest); else room for the fleet four times over.
+func (o *options) maxPods() int {
+	pods := o.agents * o.podsPerAgent
+	switch {
+	case o.maxPodsFlag > 0:
+		return o.maxPodsFlag
+	case contains(o.faults, "eviction"):
+		return pods + 64 + int(math.Ceil(10*o.churn*o.loadTime.Seconds()))
+	default:
+		return 4*pods + 1024
+	}
 }
 
 func defaultOptions() options {
@@ -74,7 +91,7 @@ func defaultOptions() options {
 }
 
 // faultNames are the scenarios --faults runs, in this order.
-var faultNames = []string{"malformed-batch", "pages", "agent-kill", "partition", "aggregator-kill"}
+var faultNames = []string{"malformed-batch", "pages", "agent-kill", "partition", "aggregator-kill", "node-silencing", "eviction"}
 
 func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.bin, "bin", o.bin, "directory holding pulse-aggregator, pulse-agent and vllm-sim (make build)")
@@ -107,6 +124,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	})
 	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
+	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
 }
 
