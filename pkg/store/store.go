@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/pulse-io/pulse/pkg/metric"
 )
 
