@@ -352,30 +352,9 @@ func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 		r.failf("the healthy pods' workload never answered")
 		return nil
 	}
-	// Ten scrapes: every answer for the healthy pods is fresh.
-	var worstAge float64
-	for range 10 {
-		if !procs.Sleep(ctx, f.o.interval) {
-			return ctx.Err()
-		}
-		if a := f.ask(ctx, "pages-ok"); a.code != codes.OK {
-			r.failf("the healthy pods' workload answered %v beside a hung page", a.code)
-		}
-		w, err := f.workload(ctx, "pages-ok")
-		if err != nil {
-			return err
-		}
-		if w == nil || len(w.Pods) != 2 {
-			r.failf("the healthy pods are not both held")
-			continue
-		}
-		for _, p := range w.Pods {
-			if !p.Fresh || p.AgeSeconds == nil {
-				r.failf("healthy pod %s not fresh beside a hung page", p.Name)
-			} else {
-				worstAge = max(worstAge, *p.AgeSeconds)
-			}
-		}
+	worstAge, err := f.keepFresh(ctx, r, "beside a hung page", "pages-ok")
+	if err != nil {
+		return err
 	}
 	r.measure("healthyPodsWorstAgeSeconds", worstAge)
 	for w, want := range map[string]string{"pages-hung": "timeout", "pages-big": "too_large"} {
@@ -397,6 +376,38 @@ func (f *fleet) pages(ctx context.Context, r *faultResult) error {
 	return nil
 }
 
+// keepFresh checks, at each of ten scrapes, that each workload of names
+// answers and holds its 2 pods, every one fresh (beside what, for the
+// failures); it returns the oldest sample age seen.
+func (f *fleet) keepFresh(ctx context.Context, r *faultResult, beside string, names ...string) (worstAge float64, err error) {
+	for range 10 {
+		if !procs.Sleep(ctx, f.o.interval) {
+			return 0, ctx.Err()
+		}
+		for _, name := range names {
+			if a := f.ask(ctx, name); a.code != codes.OK {
+				r.failf("%s answered %v %s", name, a.code, beside)
+			}
+			w, err := f.workload(ctx, name)
+			if err != nil {
+				return 0, err
+			}
+			if w == nil || len(w.Pods) != 2 {
+				r.failf("%s: its 2 pods are not both held %s", name, beside)
+				continue
+			}
+			for _, p := range w.Pods {
+				if !p.Fresh || p.AgeSeconds == nil {
+					r.failf("pod %s not fresh %s", p.Name, beside)
+				} else {
+					worstAge = max(worstAge, *p.AgeSeconds)
+				}
+			}
+		}
+	}
+	return worstAge, nil
+}
+
 // agentKill kills agents as SIGKILL would (the simulated ones' connections
 // closed at once, and a real pulse-agent process by SIGKILL): their pods
 // are held, their workloads answer an error (never a lower total), then
@@ -407,34 +418,16 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 	if err != nil {
 		return err
 	}
-	ppw := f.o.podsPerWorkload
-	first := 0
-	if f.proxy != nil {
-		first = (f.o.partitionAgents + ppw - 1) / ppw * ppw
-	}
-	killed := map[int]bool{}
-	for a := first; a < min(first+ppw, len(f.agents)); a++ {
-		killed[a] = true
-	}
-	victims, control := f.agentsOf(killed)
-	if len(victims) == 0 || control < 0 {
-		r.failf("no workload lies wholly on agents %d..%d and none wholly off them", first, first+ppw-1)
-		return nil
-	}
-	victim, ctl := workloadName(victims[0]), workloadName(control)
 	if waitFor(ctx, 30*time.Second, func() bool { return f.ask(ctx, "kill-real").code == codes.OK }) < 0 {
 		r.failf("the real agent's workload never answered")
 		return nil
 	}
-	base := map[string]int64{}
-	for _, w := range []int{victims[0], control} {
-		v, err := f.baseline(ctx, w)
-		if err != nil {
-			r.failf("before the kill: %v", err)
-			return nil
-		}
-		base[workloadName(w)] = v
+	killed := f.killedAgents()
+	victimIdx, ctlIdx, base, ok := f.victimAndControl(ctx, r, killed, "the kill")
+	if !ok {
+		return nil
 	}
+	victim, ctl := workloadName(victimIdx), workloadName(ctlIdx)
 	// The real pods' queue moves with vllm-sim's model, so for them only
 	// the error and the drop are checked, not "never lower".
 	if a := f.ask(ctx, "kill-real"); a.code != codes.OK {
@@ -505,7 +498,7 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 	for a := range killed {
 		f.agents[a].start(f.runCtx)
 	}
-	if _, err := f.baseline(ctx, victims[0]); err != nil {
+	if _, err := f.baseline(ctx, victimIdx); err != nil {
 		r.failf("after its agents came back: %v", err)
 	}
 	return nil
@@ -522,21 +515,12 @@ func (f *fleet) partition(ctx context.Context, r *faultResult) error {
 	for a := range f.o.partitionAgents {
 		set[a] = true
 	}
-	victims, control := f.agentsOf(set)
-	if len(victims) == 0 || control < 0 {
-		r.failf("no workload lies wholly on the %d proxied agents (--partition-agents must be at least --pods-per-workload)", f.o.partitionAgents)
+	// (--partition-agents must be at least --pods-per-workload.)
+	victimIdx, ctlIdx, base, ok := f.victimAndControl(ctx, r, set, "the partition")
+	if !ok {
 		return nil
 	}
-	victim, ctl := workloadName(victims[0]), workloadName(control)
-	base := map[string]int64{}
-	for _, w := range []int{victims[0], control} {
-		v, err := f.baseline(ctx, w)
-		if err != nil {
-			r.failf("before the partition: %v", err)
-			return nil
-		}
-		base[workloadName(w)] = v
-	}
+	victim, ctl := workloadName(victimIdx), workloadName(ctlIdx)
 	m0, err := f.agg.Metrics(ctx)
 	if err != nil {
 		return err
@@ -863,31 +847,9 @@ func (f *fleet) nodeSilencing(ctx context.Context, r *faultResult) error {
 		r.failf("the neighbours' workloads never answered beside the hostile pods")
 		return nil
 	}
-	var worstAge float64
-	for range 10 {
-		if !procs.Sleep(ctx, f.o.interval) {
-			return ctx.Err()
-		}
-		for _, name := range neighbours {
-			if a := f.ask(ctx, name); a.code != codes.OK {
-				r.failf("%s answered %v beside the hostile pods", name, a.code)
-			}
-			w, err := f.workload(ctx, name)
-			if err != nil {
-				return err
-			}
-			if w == nil || len(w.Pods) != 2 {
-				r.failf("%s: the neighbours' pods are not both held", name)
-				continue
-			}
-			for _, p := range w.Pods {
-				if !p.Fresh || p.AgeSeconds == nil {
-					r.failf("neighbour pod %s not fresh beside the hostile pods", p.Name)
-				} else {
-					worstAge = max(worstAge, *p.AgeSeconds)
-				}
-			}
-		}
+	worstAge, err := f.keepFresh(ctx, r, "beside the hostile pods", neighbours...)
+	if err != nil {
+		return err
 	}
 	r.measure("neighbourPodsWorstAgeSeconds", worstAge)
 	bad, err := f.workload(ctx, "silence-bad")
@@ -916,6 +878,43 @@ func (f *fleet) nodeSilencing(ctx context.Context, r *faultResult) error {
 	return nil
 }
 
+// killedAgents are the agents a scenario kills: the first
+// --pods-per-workload agents not behind the partition proxy.
+func (f *fleet) killedAgents() map[int]bool {
+	ppw := f.o.podsPerWorkload
+	first := 0
+	if f.proxy != nil {
+		first = (f.o.partitionAgents + ppw - 1) / ppw * ppw
+	}
+	killed := map[int]bool{}
+	for a := first; a < min(first+ppw, len(f.agents)); a++ {
+		killed[a] = true
+	}
+	return killed
+}
+
+// victimAndControl picks a workload wholly on the agents of set (the
+// victim) and one wholly off them (the control), and waits for both to
+// answer their steady totals (before what); base holds them by name. ok is
+// false when the fleet has no such pair (a failure is recorded).
+func (f *fleet) victimAndControl(ctx context.Context, r *faultResult, set map[int]bool, what string) (victim, control int, base map[string]int64, ok bool) {
+	victims, control := f.agentsOf(set)
+	if len(victims) == 0 || control < 0 {
+		r.failf("no workload lies wholly on agents %v and none wholly off them", keys(set))
+		return 0, 0, nil, false
+	}
+	base = map[string]int64{}
+	for _, w := range []int{victims[0], control} {
+		v, err := f.baseline(ctx, w)
+		if err != nil {
+			r.failf("before %s: %v", what, err)
+			return 0, 0, nil, false
+		}
+		base[workloadName(w)] = v
+	}
+	return victims[0], control, base, true
+}
+
 // eviction: at --max-pods, a newcomer's pods once evicted the replicas
 // listed least recently though their agents were connected and reporting.
 // A simulated agent lists more new pods than there is room for: the pods
@@ -929,29 +928,12 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		return err
 	}
 	ppw := f.o.podsPerWorkload
-	first := 0
-	if f.proxy != nil {
-		first = (f.o.partitionAgents + ppw - 1) / ppw * ppw
-	}
-	killed := map[int]bool{}
-	for a := first; a < min(first+ppw, len(f.agents)); a++ {
-		killed[a] = true
-	}
-	victims, control := f.agentsOf(killed)
-	if len(victims) == 0 || control < 0 {
-		r.failf("no workload lies wholly on agents %d..%d and none wholly off them", first, first+ppw-1)
+	killed := f.killedAgents()
+	victimIdx, ctlIdx, base, ok := f.victimAndControl(ctx, r, killed, "the newcomer")
+	if !ok {
 		return nil
 	}
-	victim, ctl := workloadName(victims[0]), workloadName(control)
-	base := map[string]int64{}
-	for _, w := range []int{victims[0], control} {
-		v, err := f.baseline(ctx, w)
-		if err != nil {
-			r.failf("before the newcomer: %v", err)
-			return nil
-		}
-		base[workloadName(w)] = v
-	}
+	victim, ctl := workloadName(victimIdx), workloadName(ctlIdx)
 	room := f.o.maxPods() - int(m0["pulse_aggregator_pods"])
 	if room < 0 || room > 2048 {
 		return fmt.Errorf("eviction: the aggregator has room for %d more pods; run the fleet with --max-pods near its pod count (the scenario lists that many and %d more)", room, ppw)
@@ -1007,7 +989,7 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		f.agents[a].start(f.runCtx)
 	}
 	t0 := time.Now()
-	if _, err := f.baseline(ctx, victims[0]); err != nil {
+	if _, err := f.baseline(ctx, victimIdx); err != nil {
 		r.failf("after its agents came back: %v", err)
 	} else {
 		r.measure("victimBackAfterSeconds", time.Since(t0).Seconds())
@@ -1030,7 +1012,7 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 	// The victim's agents remove its pods (a scale-down): room, and the
 	// newcomer's waiting pods are held at its next batches.
 	for a := range killed {
-		f.agents[a].removeWorkload(victims[0])
+		f.agents[a].removeWorkload(victimIdx)
 	}
 	t1 := time.Now()
 	if waitFor(ctx, 30*time.Second, func() bool { return held() == room+over }) < 0 {
