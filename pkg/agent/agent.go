@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -209,7 +211,9 @@ func (a *Agent) Run(ctx context.Context) error {
 // scrapeLoop starts each ready pod's scrape at the node's phase of the
 // interval (see phaser) unless its previous one is still in flight. Each
 // scrape runs on its own with its own timeout, so a slow pod delays no other
-// pod's sample; at most --max-concurrent-scrapes run at once.
+// pod's sample; at most --max-concurrent-scrapes run at once. A router's
+// demand entries (one per workload it names) share one scrape of its page:
+// a router is one pod, and takes one slot, however many workloads it names.
 func (a *Agent) scrapeLoop(ctx context.Context) {
 	sem := make(chan struct{}, a.opts.MaxConcurrent)
 	var wg sync.WaitGroup
@@ -217,7 +221,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 	ph := newPhaser(a.opts.ScrapeInterval, phaseOf(a.opts.NodeName, a.opts.ScrapeInterval))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var ready map[string]discovery.Target
+	var units map[string][]discovery.Target
 	var changed <-chan struct{}
 	for {
 		now := time.Now()
@@ -225,33 +229,32 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 		if changed == nil {
 			var byID map[uint32]discovery.Target
 			_, byID, changed = a.cat.snapshot()
-			ready = make(map[string]discovery.Target, len(byID))
-			uids := make([]string, 0, len(byID))
-			for _, tg := range byID {
-				if tg.Ready {
-					ready[tg.UID] = tg
-					uids = append(uids, tg.UID)
-				}
-			}
-			ph.sync(uids, now)
+			units = scrapeUnits(byID)
+			ph.sync(slices.Collect(maps.Keys(units)), now)
 		}
-		ph.due(now, func(uid string) {
-			tg := ready[uid]
-			counters := a.startScrape(uid)
+		ph.due(now, func(key string) {
+			tgs := units[key]
+			counters := a.startScrape(key)
 			if counters == nil {
 				return
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer a.endScrape(uid)
+				defer a.endScrape(key)
 				select {
 				case sem <- struct{}{}:
 				case <-ctx.Done():
 					return
 				}
 				defer func() { <-sem }()
-				a.publish(a.scrapeOne(ctx, tg, counters))
+				if tgs[0].Demand == nil {
+					a.publish(a.scrapeOne(ctx, tgs[0], counters))
+					return
+				}
+				for _, r := range a.scrapeDemand(ctx, tgs) {
+					a.publish(r)
+				}
 			}()
 		})
 		// Wake for the next scrape, and at least every interval: /livez
@@ -270,6 +273,29 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 		}
 	}
 }
+
+// scrapeUnits groups the ready targets into what one scrape reads: a
+// model server's page (keyed by its pod's uid), or a router's page for all
+// its demand entries (keyed by the page's URL), each sorted by uid.
+func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target {
+	units := make(map[string][]discovery.Target, len(byID))
+	for _, tg := range byID {
+		switch {
+		case !tg.Ready:
+		case tg.Demand == nil:
+			units[tg.UID] = []discovery.Target{tg}
+		default:
+			units[demandUnit+tg.URL] = append(units[demandUnit+tg.URL], tg)
+		}
+	}
+	for _, tgs := range units {
+		slices.SortFunc(tgs, func(x, y discovery.Target) int { return strings.Compare(x.UID, y.UID) })
+	}
+	return units
+}
+
+// demandUnit prefixes the key of a router's scrape (a URL, never a uid).
+const demandUnit = "demand "
 
 // startScrape marks uid in flight and returns its counter state; nil when
 // the previous scrape of uid is still in flight.
@@ -298,6 +324,25 @@ func (a *Agent) endScrape(uid string) {
 // maxErrorBytes bounds a scrape error's text on the wire.
 const maxErrorBytes = 200
 
+// scrapeDemand reads a router's page once and returns one result for each
+// of its demand entries (tgs, all of one URL).
+func (a *Agent) scrapeDemand(ctx context.Context, tgs []discovery.Target) []result {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+	defer cancel()
+	demands := make([]*vllm.Demand, len(tgs))
+	for i, tg := range tgs {
+		demands[i] = tg.Demand
+	}
+	pages, errs := a.scraper.ScrapeDemand(sctx, tgs[0].URL, demands)
+	a.m.duration.Observe(time.Since(start).Seconds())
+	out := make([]result, len(tgs))
+	for i, tg := range tgs {
+		out[i] = a.result(tg, start, pages[i], errs[i])
+	}
+	return out
+}
+
 func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vllm.Counters) result {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
@@ -307,6 +352,12 @@ func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vl
 	if err == nil && tg.Demand == nil {
 		a.addGPU(tg, &page)
 	}
+	return a.result(tg, start, page, err)
+}
+
+// result is one target's scrape, started at start, as the streams send it:
+// its page, or why it is missing.
+func (a *Agent) result(tg discovery.Target, start time.Time, page vllm.Page, err error) result {
 	r := result{uid: tg.UID, timeMs: start.UnixMilli(), page: page}
 	if err != nil {
 		var se *ScrapeError

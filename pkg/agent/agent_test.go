@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -276,4 +277,57 @@ func TestScrapeFollowsRedirectsOnlyWithinThePod(t *testing.T) {
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "redirect to another host") || other.Load() != 0 {
 		t.Fatalf("err %v, %d requests elsewhere; want the redirect refused and none", err, other.Load())
 	}
+}
+
+// TestLargePagesWaitForEachOther: pages up to --max-page-bytes (8 MiB
+// then) were read by up to 64 scrapes at once: one router naming 8
+// workloads on an 8 MiB page took the real agent to 168 MB against its
+// 128Mi limit. A page over 256 KiB now waits for one of 4 large reads: a
+// fifth large page times out waiting, saying why, while a normal page is
+// read at once beside them.
+func TestLargePagesWaitForEachOther(t *testing.T) {
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(largeSlots)
+	big := bytes.Repeat([]byte("# padding line of a large page\n"), (smallPage+64<<10)/31)
+	sim := vllmsim.New(vllmsim.Options{})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", sim.Handler())
+	mux.HandleFunc("/held", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write(big)
+		w.(http.Flusher).Flush()
+		started.Done()
+		<-release
+	})
+	mux.HandleFunc("/big", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(big) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock() // before srv.Close, which waits for the held requests
+
+	sc := newScraper(t, 1<<20)
+	var wg sync.WaitGroup
+	for range largeSlots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = sc.Scrape(context.Background(), srv.URL+"/held", nil, nil)
+		}()
+	}
+	started.Wait()
+	for len(sc.large) < largeSlots { // each has read past smallPage and takes its slot
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil)
+	var se *ScrapeError
+	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TIMEOUT || !strings.Contains(err.Error(), "waiting to read a page over") {
+		t.Fatalf("a fifth large page: %v, want a timeout waiting for a large read", err)
+	}
+	if _, err := sc.Scrape(context.Background(), srv.URL+"/metrics", nil, nil); err != nil {
+		t.Errorf("a normal page beside 4 large reads: %v", err)
+	}
+	unblock()
+	wg.Wait()
 }

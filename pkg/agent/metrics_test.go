@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,12 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/vllm"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -33,15 +38,7 @@ func TestScrapeCountersCountEachScrapeOnce(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	o := NewOptions()
-	o.StaticTargets, o.NVML = filepath.Join(t.TempDir(), "targets.yaml"), gpu.ModeOff
-	if err := os.WriteFile(o.StaticTargets, []byte("targets: []\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newIdleAgent(t)
 	targets := []discovery.Target{
 		{UID: "u1", Namespace: "ns", Pod: "good", Ready: true, URL: srv.URL + "/metrics"},
 		{UID: "u2", Namespace: "ns", Pod: "error", Ready: true, URL: srv.URL + "/500"},
@@ -95,4 +92,76 @@ pulse_agent_scrapes_skipped_total 0
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
+}
+
+// TestARouterIsOneScrape: a router's demand entries (one per workload it
+// names) were each a scrape of the same page: a router naming 64
+// workloads cost 64 fetches and 64 page buffers a tick, and a slow one
+// filled every scrape slot of the node (a neighbour's pod went stale at
+// 20 of 40 polls). Its entries are now one scrape unit: one fetch of the
+// page a tick, each workload's value read from it.
+func TestARouterIsOneScrape(t *testing.T) {
+	var fetches atomic.Int64
+	var page strings.Builder
+	for i := range 64 {
+		fmt.Fprintf(&page, "router_pending{model=\"w%d\"} %d\n", i, i)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fetches.Add(1)
+		_, _ = w.Write([]byte(page.String()))
+	}))
+	defer srv.Close()
+
+	a := newIdleAgent(t)
+	byID := map[uint32]discovery.Target{
+		1: {UID: "model-pod", Namespace: "ns", Pod: "m", Ready: true, URL: srv.URL + "/metrics"},
+		2: {UID: "starting", Namespace: "ns", Pod: "s", URL: srv.URL + "/metrics"},
+	}
+	for i := range 64 {
+		byID[uint32(10+i)] = discovery.Target{UID: fmt.Sprintf("router/demand/w%d", i), Namespace: "ns", Pod: "router", Ready: true,
+			URL: srv.URL + "/router", Demand: &vllm.Demand{Metrics: []string{"router_pending"}, Label: "model", Match: fmt.Sprintf("w%d", i)}}
+	}
+	units := scrapeUnits(byID)
+	router := units[demandUnit+srv.URL+"/router"]
+	if len(units) != 2 || len(units["model-pod"]) != 1 || len(router) != 64 {
+		t.Fatalf("%d scrape units (model pod %d targets, router %d): want the model pod and the router's 64 entries in one", len(units), len(units["model-pod"]), len(router))
+	}
+	results := a.scrapeDemand(context.Background(), router)
+	if fetches.Load() != 1 {
+		t.Fatalf("the router's page was fetched %d times for its 64 workloads, want once", fetches.Load())
+	}
+	for i, r := range results {
+		v, ok := r.page.Get(metric.PendingRequests)
+		if r.uid != router[i].UID || !ok || r.err != "" {
+			t.Fatalf("result %d: %+v, want %s's pending requests", i, r, router[i].UID)
+		}
+		var n int
+		_, _ = fmt.Sscanf(r.uid, "router/demand/w%d", &n)
+		if v != float64(n) {
+			t.Fatalf("%s: pending %v, want %d", r.uid, v, n)
+		}
+	}
+	// A page that fails fails every entry, with its reason.
+	srv.Close()
+	for _, r := range a.scrapeDemand(context.Background(), router) {
+		if r.missing != pulsev1.MissingReason_MISSING_REASON_CONNECT || r.err == "" {
+			t.Fatalf("%s: missing %v (%q), want connect", r.uid, r.missing, r.err)
+		}
+	}
+}
+
+// newIdleAgent is an agent of no static target and no GPU, not running:
+// a test calls its parts.
+func newIdleAgent(t *testing.T) *Agent {
+	t.Helper()
+	o := NewOptions()
+	o.StaticTargets, o.NVML = filepath.Join(t.TempDir(), "targets.yaml"), gpu.ModeOff
+	if err := os.WriteFile(o.StaticTargets, []byte("targets: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -59,7 +59,7 @@ func NewOptions() *Options {
 		NodeName:            node,
 		ScrapeInterval:      time.Second,
 		MaxConcurrent:       64,
-		MaxPageBytes:        8 << 20,
+		MaxPageBytes:        1 << 20,
 		BatchDelay:          20 * time.Millisecond,
 		ReconnectMaxBackoff: 5 * time.Second,
 		HTTPAddr:            ":8081",
@@ -83,7 +83,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
-	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large)")
+	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large); a page over 256 KiB waits for one of 4 large reads at once")
 	fs.Var(&o.ExtraMetrics, "extra-metric", "forward a gauge by its raw name, NAME[:sum|mean|max] (default sum over series); repeatable")
 	fs.BoolVar(&o.ForwardHistograms, "forward-histograms", o.ForwardHistograms, "forward the TTFT and inter-token latency histograms' buckets (metrics ttftP50/P90/P99Seconds, itlP50/P90/P99Seconds); about 80 more bytes per busy pod per scrape")
 	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")

@@ -23,6 +23,9 @@ type Scraper interface {
 	// Scrape reads a model server's page, or with demand set a demand
 	// source's series for one workload.
 	Scrape(ctx context.Context, url string, demand *vllm.Demand, counters *vllm.Counters) (vllm.Page, error)
+	// ScrapeDemand reads a demand source's page once and its series for
+	// each of demands: a page and an error for each.
+	ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand) ([]vllm.Page, []error)
 }
 
 // ScrapeError is a failed scrape with its reason.
@@ -46,9 +49,17 @@ const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;
 // anyway is still read.
 const acceptEncoding = "identity"
 
-// maxPooledBuffer is the largest page buffer kept for reuse; a larger page
-// (up to --max-page-bytes) gets a buffer of its own.
-const maxPooledBuffer = 1 << 20
+// A page up to smallPage bytes (vLLM's are 5–40 KB) is read at once; a
+// larger one (up to --max-page-bytes) first waits for one of largeSlots,
+// within its scrape's timeout. So the page bytes in flight are bounded
+// (--max-concurrent-scrapes × smallPage, plus largeSlots × --max-page-bytes)
+// whatever the pods serve, and pods with large pages wait for each other,
+// never for the others. Only small buffers are kept for reuse.
+const (
+	smallPage       = 256 << 10
+	largeSlots      = 4
+	maxPooledBuffer = 2 * smallPage // a read of smallPage+1 may grow it this far
+)
 
 var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
@@ -57,6 +68,7 @@ type httpScraper struct {
 	client    *http.Client
 	extractor *vllm.Extractor
 	maxBytes  int64
+	large     chan struct{} // largeSlots: the reads of pages over smallPage
 }
 
 var _ Scraper = (*httpScraper)(nil)
@@ -72,7 +84,8 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	// A pod's server chooses its headers: bound them (vLLM's are a few
 	// hundred bytes).
 	tr.MaxResponseHeaderBytes = maxResponseHeaderBytes
-	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes}
+	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes,
+		large: make(chan struct{}, largeSlots)}
 }
 
 // maxResponseHeaderBytes bounds a page's response headers.
@@ -93,25 +106,73 @@ func sameHostRedirect(req *http.Request, via []*http.Request) error {
 
 // Scrape fetches and extracts one page. Its error is a *ScrapeError.
 func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Demand, counters *vllm.Counters) (vllm.Page, error) {
+	var page vllm.Page
+	err := s.fetch(ctx, url, func(body []byte) error {
+		var err error
+		if demand != nil {
+			page, err = s.extractor.ExtractDemand(body, demand)
+		} else {
+			page, err = s.extractor.ExtractWith(body, counters)
+		}
+		return extractError(url, err)
+	})
+	return page, err
+}
+
+// ScrapeDemand fetches a demand source's page once and extracts each of
+// demands from it. Each error is a *ScrapeError: the page's, for all, or
+// one demand's.
+func (s *httpScraper) ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand) ([]vllm.Page, []error) {
+	pages, errs := make([]vllm.Page, len(demands)), make([]error, len(demands))
+	err := s.fetch(ctx, url, func(body []byte) error {
+		for i, d := range demands {
+			var err error
+			pages[i], err = s.extractor.ExtractDemand(body, d)
+			errs[i] = extractError(url, err)
+		}
+		return nil
+	})
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return pages, errs
+}
+
+// extractError is an extraction's error as a *ScrapeError (nil for nil).
+func extractError(url string, err error) error {
+	switch {
+	case errors.Is(err, vllm.ErrNotVLLM):
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}
+	case err != nil:
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: %w", url, err)}
+	}
+	return nil
+}
+
+// fetch reads url's page into a reused buffer and hands it to use, which
+// keeps nothing of it. Its error is a *ScrapeError.
+func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byte) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_CONNECT, fmt.Errorf("scrape %s: %w", url, err)}
 	}
 	req.Header.Set("Accept", acceptHeader)
 	req.Header.Set("Accept-Encoding", acceptEncoding)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return vllm.Page{}, classify(ctx, url, err)
+		return classify(ctx, url, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode/100 != 2 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, fmt.Errorf("scrape %s: HTTP %s", url, resp.Status)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_HTTP_STATUS, fmt.Errorf("scrape %s: HTTP %s", url, resp.Status)}
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
 		mt, _, _ := mime.ParseMediaType(ct)
 		if mt != "text/plain" && mt != "application/openmetrics-text" {
-			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content type %q is neither Prometheus text nor OpenMetrics", url, ct)}
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content type %q is neither Prometheus text nor OpenMetrics", url, ct)}
 		}
 	}
 	var body io.Reader = resp.Body
@@ -122,12 +183,12 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Deman
 		// (the transport inflates nothing for a request that sets it).
 		zr, err := gzip.NewReader(resp.Body)
 		if err != nil {
-			return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
 		}
 		defer func() { _ = zr.Close() }()
 		body = zr
 	default:
-		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
 	}
 	// The page is read into a reused buffer; the cap applies to the page as
 	// parsed (after gzip).
@@ -138,26 +199,26 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Deman
 			pageBuffers.Put(buf)
 		}
 	}()
-	if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1)); err != nil {
-		return vllm.Page{}, classify(ctx, url, err)
+	first := min(s.maxBytes, smallPage)
+	if _, err := buf.ReadFrom(io.LimitReader(body, first+1)); err != nil {
+		return classify(ctx, url, err)
+	}
+	if int64(buf.Len()) > first && s.maxBytes > smallPage {
+		select {
+		case s.large <- struct{}{}:
+		case <-ctx.Done():
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once)", url, smallPage, largeSlots)}
+		}
+		defer func() { <-s.large }()
+		if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len()))); err != nil {
+			return classify(ctx, url, err)
+		}
 	}
 	if int64(buf.Len()) > s.maxBytes {
-		return vllm.Page{}, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
-	// The page keeps nothing of the buffer: values are parsed out of it.
-	var page vllm.Page
-	if demand != nil {
-		page, err = s.extractor.ExtractDemand(buf.Bytes(), demand)
-	} else {
-		page, err = s.extractor.ExtractWith(buf.Bytes(), counters)
-	}
-	switch {
-	case errors.Is(err, vllm.ErrNotVLLM):
-		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_NOT_VLLM, fmt.Errorf("scrape %s: %w", url, err)}
-	case err != nil:
-		return page, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: %w", url, err)}
-	}
-	return page, nil
+	// Nothing is kept of the buffer: values are parsed out of it.
+	return use(buf.Bytes())
 }
 
 func classify(ctx context.Context, url string, err error) error {

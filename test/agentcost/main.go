@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,7 +33,7 @@ import (
 type options struct {
 	bin, prometheus, perfDir string
 	perfFor                  time.Duration
-	pods                     int
+	pods, hostile            int
 	rate                     float64
 	interval                 time.Duration
 	warmup, duration         time.Duration
@@ -44,6 +45,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "bin", "directory holding pulse-agent, pulse-aggregator and vllm-sim (make build)")
 	flag.StringVar(&o.prometheus, "prometheus", "prometheus", "the prometheus binary (Debian's 2.42: apt-get install prometheus); \"\" to measure the agent alone")
 	flag.IntVar(&o.pods, "pods", 8, "simulated vLLM servers")
+	flag.IntVar(&o.hostile, "hostile", 0, "beside the servers, this many pods of a hostile tenant serving 8 MiB pages, and one router of theirs naming 64 workloads on an 8 MiB page")
 	flag.Float64Var(&o.rate, "rate", 12, "requests/s each server's queueing model receives")
 	flag.DurationVar(&o.interval, "interval", time.Second, "scrape interval of both the agent and Prometheus")
 	flag.DurationVar(&o.warmup, "warmup", 15*time.Second, "time before measuring (connections, caches, Prometheus' first compaction of its head)")
@@ -118,6 +120,21 @@ func run(ctx context.Context, o options) error {
 	for i, u := range urls {
 		fmt.Fprintf(&tf, "  - {namespace: bench, pod: vllm-%d, workspace: llama, url: %q}\n", i, u)
 	}
+	if o.hostile > 0 {
+		big, err := serveHostile(ctx)
+		if err != nil {
+			return err
+		}
+		for i := range o.hostile {
+			fmt.Fprintf(&tf, "  - {namespace: hostile, pod: big-%d, workspace: big, url: %q}\n", i, big)
+		}
+		names := make([]string, 64)
+		for i := range names {
+			names[i] = fmt.Sprintf("w%d", i)
+		}
+		fmt.Fprintf(&tf, "  - {namespace: hostile, pod: router, url: %q, annotations: {pulse.io/demand-source: epp, pulse.io/demand-workloads: %q}}\n",
+			big, strings.Join(names, ","))
+	}
 	targetsFile := filepath.Join(dir, "targets.yaml")
 	if err := os.WriteFile(targetsFile, []byte(tf.String()), 0o600); err != nil {
 		return err
@@ -168,6 +185,9 @@ func run(ctx context.Context, o options) error {
 	}
 	fmt.Printf("%d simulated vLLM servers at %g requests/s each, pages of %.1f KB; interval %s; warm-up %s, measured %s\n",
 		o.pods, o.rate, float64(size)/1000, o.interval, o.warmup, o.duration)
+	if o.hostile > 0 {
+		fmt.Printf("beside them, %d hostile pods with 8 MiB pages and a router naming 64 workloads on an 8 MiB page\n", o.hostile)
+	}
 	if !procs.Sleep(ctx, o.warmup) {
 		return ctx.Err()
 	}
@@ -188,6 +208,28 @@ func run(ctx context.Context, o options) error {
 		return profile(ctx, agent.cmd.Process.Pid, o.perfDir, o.perfFor)
 	}
 	return nil
+}
+
+// serveHostile serves an 8 MiB page (a valid one: comment lines, then a
+// vLLM gauge) on loopback until ctx ends, and returns its URL.
+func serveHostile(ctx context.Context) (string, error) {
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		return "", err
+	}
+	line := "# a hostile tenant's page, padded to 8 MiB\n"
+	page := []byte(strings.Repeat(line, (8<<20)/len(line)) + "vllm:num_requests_waiting{model_name=\"m\"} 1\n")
+	srv := &http.Server{Addr: addr, ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write(page)
+	})}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	go func() { _ = srv.Serve(ln) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	return "http://" + addr + "/metrics", nil
 }
 
 type result struct {
