@@ -39,4 +39,13 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	o = NewOptions()
+	o.IngestTLS.Managed = true
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--ingest-managed-tls needs --manage-certs") {
+		t.Errorf("Validate() = %v, want --ingest-managed-tls to need --manage-certs", err)
+	}
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile = "c", "k"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "choose one") {
+		t.Errorf("Validate() = %v, want managed and file TLS refused together", err)
+	}
 }

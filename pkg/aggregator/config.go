@@ -215,12 +215,16 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	o := a.opts
 	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
-	if o.IngestTLS.CertFile != "" {
+	switch {
+	case o.IngestTLS.CertFile != "":
 		files, err := certs.NewFiles(o.IngestTLS.CertFile, o.IngestTLS.KeyFile, "")
 		if err != nil {
 			return fmt.Errorf("ingest TLS: %w", err)
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+	case o.IngestTLS.Managed:
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts().ServerOnlyConfig())))
+		a.log.Info("ingest port serves TLS with managed certificates", logging.KeyName, o.Certs.Namespace+"/"+o.Certs.CAConfigMap)
 	}
 	var auth ingest.Authenticator
 	if o.AgentAuth.Mode == "tokenreview" {
@@ -251,15 +255,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	opts := grpcOptions()
 	switch {
 	case o.Certs.Enabled:
-		var ips []net.IP
-		for _, ip := range o.Certs.IPs {
-			ips = append(ips, net.ParseIP(ip))
-		}
-		a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
-			SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
-			KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, Owner: a.owner, Log: a.log})
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managed.ServerConfig())))
-		a.health.addCheck("certificates", a.managed.Ready)
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts().ServerConfig())))
 		a.log.Info("scaler port serves mutual TLS with managed certificates", logging.KeySecret, o.Certs.Namespace+"/"+o.Certs.Secret,
 			logging.KeyTriggerAuth, o.Certs.TriggerAuthName)
 	case o.ScalerTLS.CertFile != "":
@@ -283,6 +279,24 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
 	return nil
+}
+
+// managedCerts returns the managed certificates (--manage-certs), made at
+// the first call: the scaler and ingest ports share them.
+func (a *Aggregator) managedCerts() *certs.Managed {
+	if a.managed != nil {
+		return a.managed
+	}
+	o := a.opts
+	var ips []net.IP
+	for _, ip := range o.Certs.IPs {
+		ips = append(ips, net.ParseIP(ip))
+	}
+	a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
+		SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
+		KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, CAConfigMap: o.Certs.CAConfigMap, Owner: a.owner, Log: a.log})
+	a.health.addCheck("certificates", a.managed.Ready)
+	return a.managed
 }
 
 // buildProvision: the controller that keeps ScaledObjects for annotated

@@ -69,6 +69,9 @@ func (o *Options) Validate() error {
 	if o.Provision.Enabled && o.Provision.LeaderElect && o.Provision.leaseNamespace(o) == "" {
 		errs = append(errs, errors.New("--provision-scaledobjects with --leader-elect needs --leader-elect-namespace (or --namespace, or $POD_NAMESPACE)"))
 	}
+	if o.IngestTLS.Managed && !o.Certs.Enabled {
+		errs = append(errs, errors.New("--ingest-managed-tls needs --manage-certs"))
+	}
 	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
 		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
 	}
@@ -217,6 +220,7 @@ type ManagedCertOptions struct {
 	DNSNames, IPs                  []string
 	Validity                       time.Duration
 	KEDANamespace, TriggerAuthName string
+	CAConfigMap                    string
 }
 
 // AddFlags registers the group's flags.
@@ -238,6 +242,7 @@ func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Validity, "cert-validity", o.Validity, "--manage-certs: validity of the certificates (renewed two thirds through)")
 	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
 	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
+	fs.StringVar(&o.CAConfigMap, "ca-configmap", o.CAConfigMap, "--manage-certs: a ConfigMap (in --namespace) where the CA's certificate is published for the agents (--ingest-managed-tls); empty: not published")
 }
 
 // Validate reports the group's problems.
@@ -258,19 +263,27 @@ func (o *ManagedCertOptions) Validate() error {
 	return errors.Join(errs...)
 }
 
-// IngestTLSOptions are certificate files for the ingest port.
-type IngestTLSOptions struct{ CertFile, KeyFile string }
+// IngestTLSOptions are the ingest port's TLS: certificate files, or the
+// managed certificates.
+type IngestTLSOptions struct {
+	CertFile, KeyFile string
+	Managed           bool
+}
 
 // AddFlags registers the group's flags.
 func (o *IngestTLSOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CertFile, "ingest-tls-cert-file", o.CertFile, "ingest port: serve TLS with this certificate (re-read when it changes)")
 	fs.StringVar(&o.KeyFile, "ingest-tls-key-file", o.KeyFile, "ingest port: the certificate's key")
+	fs.BoolVar(&o.Managed, "ingest-managed-tls", o.Managed, "ingest port: serve TLS with the managed server certificate (--manage-certs; name the ingest Service with --cert-dns-name); agents trust the CA published in --ca-configmap")
 }
 
 // Validate reports the group's problems.
 func (o *IngestTLSOptions) Validate() error {
 	if countSet(o.CertFile, o.KeyFile) == 1 {
 		return errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together")
+	}
+	if o.Managed && o.CertFile != "" {
+		return errors.New("--ingest-managed-tls and --ingest-tls-cert-file: choose one")
 	}
 	return nil
 }

@@ -60,6 +60,10 @@ type ManagedOptions struct {
 	// KEDA uses, and the Secret of KEDA's client pair it reads, which KEDA
 	// resolves in its own namespace.
 	KEDANamespace, TriggerAuthName string
+	// CAConfigMap, when set, is a ConfigMap (in Namespace) where the CA's
+	// certificate alone (ca.crt, never its key) is published for the
+	// agents, which connect to the ingest port over TLS and verify it.
+	CAConfigMap string
 	// Owner, if set, owns the Secrets and the ClusterTriggerAuthentication
 	// (a cluster-scoped object, the chart's ClusterRole, can own both
 	// namespaced and cluster-scoped ones): deleting it deletes them. It is
@@ -75,7 +79,8 @@ type ManagedOptions struct {
 // of the Secret, so a renewal (by any replica) needs no restart.
 type Managed struct {
 	o       ManagedOptions
-	current atomic.Pointer[tls.Config]
+	current atomic.Pointer[tls.Config] // the scaler port's: client certificates required
+	server  atomic.Pointer[tls.Config] // the ingest port's: server authentication only
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -93,6 +98,18 @@ func NewManaged(o ManagedOptions) *Managed {
 func (m *Managed) ServerConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		if c := m.current.Load(); c != nil {
+			return c, nil
+		}
+		return nil, errors.New("certificates are not ready yet")
+	}}
+}
+
+// ServerOnlyConfig takes the current certificate per handshake and asks
+// no client certificate: the ingest port's, whose agents authenticate with
+// tokens (--agent-auth) and verify the server with the published CA.
+func (m *Managed) ServerOnlyConfig() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		if c := m.server.Load(); c != nil {
 			return c, nil
 		}
 		return nil, errors.New("certificates are not ready yet")
@@ -179,7 +196,38 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	if err := m.load(sec); err != nil {
 		return err
 	}
+	if err := m.ensureCA(ctx, sec); err != nil {
+		return err
+	}
 	return m.ensureKEDA(ctx, sec)
+}
+
+// ensureCA publishes the CA's certificate in CAConfigMap (when set), the
+// trust the agents mount; it changes only when the CA is renewed (once in
+// three validities), and the agents re-read it on every connect.
+func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
+	if m.o.CAConfigMap == "" {
+		return nil
+	}
+	want := map[string]string{KeyCACert: string(sec.Data[KeyCACert])}
+	cms := m.o.Client.CoreV1().ConfigMaps(m.o.Namespace)
+	cur, err := cms.Get(ctx, m.o.CAConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: m.o.CAConfigMap, Namespace: m.o.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
+		if err == nil {
+			m.o.Log.Info("CA certificate published for the agents", logging.KeyName, m.o.Namespace+"/"+m.o.CAConfigMap)
+		}
+	case err == nil && (cur.Data[KeyCACert] != want[KeyCACert] || m.unowned(cur.OwnerReferences)):
+		cur.Data = want
+		cur.OwnerReferences = m.owners(cur.OwnerReferences)
+		_, err = cms.Update(ctx, cur, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("CA ConfigMap %s/%s: %w", m.o.Namespace, m.o.CAConfigMap, err)
+	}
+	return nil
 }
 
 // due reports whether any certificate is missing, unreadable, not for the
@@ -257,6 +305,7 @@ func (m *Managed) load(sec *corev1.Secret) error {
 	}
 	m.current.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
 		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
+	m.server.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}})
 	return nil
 }
 

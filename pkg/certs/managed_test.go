@@ -57,7 +57,8 @@ func TestManagedCertificates(t *testing.T) {
 	clock := &testClock{t: time.Now().Add(-21 * 24 * time.Hour)}
 	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
 		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
-		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
+		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", CAConfigMap: "pulse-aggregator-ca",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -93,6 +94,22 @@ func TestManagedCertificates(t *testing.T) {
 	}
 	if _, err := check(t, addr, &tls.Config{RootCAs: keda.RootCAs, MinVersion: tls.VersionTLS12}); err == nil {
 		t.Fatal("a client without a certificate was served")
+	}
+
+	// The ingest port: the same server certificate, no client certificate
+	// asked; an agent trusts the CA published in the ConfigMap, which
+	// holds the CA's certificate and nothing else.
+	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("CA ConfigMap: %v", err)
+	}
+	if len(cm.Data) != 1 || cm.Data["ca.crt"] == "" {
+		t.Fatalf("CA ConfigMap holds %d keys: want ca.crt alone", len(cm.Data))
+	}
+	agentRoots := x509.NewCertPool()
+	agentRoots.AppendCertsFromPEM([]byte(cm.Data["ca.crt"]))
+	if _, err := check(t, serveConfig(t, m.ServerOnlyConfig()), &tls.Config{RootCAs: agentRoots, MinVersion: tls.VersionTLS12}); err != nil {
+		t.Fatalf("an agent trusting the published CA, on the ingest port's config: %v", err)
 	}
 
 	// Two thirds through the validity: renewed, served on the next

@@ -372,7 +372,7 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 func top(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pulsectl top", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	base := fs.String("debug", "", "the aggregator's HTTP address, e.g. http://127.0.0.1:8080 (a port-forward of its Service)")
+	base := fs.String("debug", "", "the aggregator's debug address, e.g. http://127.0.0.1:8082 (kubectl port-forward deploy/pulse-aggregator 8082; the chart serves it on the pod's loopback)")
 	every := fs.Duration("interval", 2*time.Second, "refresh interval")
 	count := fs.Int("n", 0, "refresh this many times and exit (0: until interrupted)")
 	if err := fs.Parse(args); err != nil {

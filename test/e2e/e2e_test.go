@@ -378,6 +378,13 @@ func (e *env) installCharts() {
 	}
 	_, err = e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
+	// Secure by default: only KEDA, the agents and the http port's clients
+	// reach the aggregator's pods.
+	np, err := e.kube.NetworkingV1().NetworkPolicies(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
+	must(t, err)
+	if len(np.Spec.Ingress) != 3 || np.Spec.Ingress[0].Ports[0].Port.String() != "scaler" || np.Spec.Ingress[1].Ports[0].Port.String() != "ingest" {
+		t.Errorf("aggregator NetworkPolicy ingress %+v", np.Spec.Ingress)
+	}
 	for _, name := range []string{"pulse-agent", "pulse-aggregator"} {
 		_, err := e.kube.RbacV1().ClusterRoles().Get(e.ctx, name, metav1.GetOptions{})
 		must(t, err)

@@ -502,14 +502,17 @@ func splitRef(ref string) (string, string) {
 	return ref[:i], ref[i+1:]
 }
 
-// chartsRun installs both charts with their defaults but the images, and
-// checks their pods run as the charts say.
+// chartsRun installs both charts with their defaults but the images (and
+// the debug endpoints on the pod's address, where the test reads them; by
+// default they are on its loopback only), and checks their pods run as the
+// charts say: the agent streams over TLS, trusting the CA the aggregator
+// publishes, with its ServiceAccount token.
 func (n *realNode) chartsRun(t *testing.T) {
 	defer n.dumpPodsOnFailure(t)
 	root := repoRoot(t)
 	repo, tag := splitRef(n.refs["pulse-aggregator"])
 	out := n.helm("install", aggRelease, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--create-namespace",
-		"--set", "image.repository="+repo+",image.tag="+tag)
+		"--set", "image.repository="+repo+",image.tag="+tag+",debug.localhostOnly=false")
 	t.Logf("helm install %s:\n%s", aggRelease, out)
 	repo, tag = splitRef(n.refs["pulse-agent"])
 	n.helm("install", agtRelease, filepath.Join(root, "deploy", "daemonset"), "--namespace", ns,
@@ -1019,9 +1022,14 @@ func (n *realNode) uninstall(t *testing.T) {
 		t.Fatal("the releases' manifests list nothing")
 	}
 	// What the aggregator made at run time, owned by the chart's
-	// ClusterRole: its certificates, KEDA's credentials and
-	// ClusterTriggerAuthentication, the provisioner's Lease.
+	// ClusterRole: its certificates, the CA published for the agents,
+	// KEDA's credentials and ClusterTriggerAuthentication, the
+	// provisioner's Lease.
 	runtimeMade := map[string]func() error{
+		"ConfigMap pulse-system/pulse-aggregator-ca": func() error {
+			_, err := n.kube.CoreV1().ConfigMaps(ns).Get(n.ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+			return err
+		},
 		"Secret pulse-system/pulse-aggregator-certs": func() error {
 			_, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-certs", metav1.GetOptions{})
 			return err
@@ -1097,5 +1105,5 @@ func (n *realNode) uninstall(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("helm uninstall removed all %d objects the two releases made, their pods, and the 4 objects the aggregator made", len(made))
+	t.Logf("helm uninstall removed all %d objects the two releases made, their pods, and the %d objects the aggregator made", len(made), len(runtimeMade))
 }

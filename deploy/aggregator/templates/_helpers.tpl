@@ -48,7 +48,7 @@ port, or, when the ingest port speaks TLS (kubelet gRPC probes do not),
 HTTP GET .path on the http port.
 */}}
 {{- define "pulse-aggregator.probe" -}}
-{{- if .root.Values.ingest.tls.secretName -}}
+{{- if include "pulse-aggregator.ingestTLS" .root -}}
 httpGet:
   path: {{ .path }}
   port: http
@@ -69,4 +69,27 @@ The agent DaemonSet the warm-up waits for: namespace/name, or empty.
 {{- else if ne $ds "-" -}}
 {{- $ds -}}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when the aggregator makes its own certificates (scaler.managedCerts,
+unless scaler.tls.secretName gives one).
+*/}}
+{{- define "pulse-aggregator.managedCerts" -}}
+{{- if and .Values.scaler.managedCerts.enabled (not .Values.scaler.tls.secretName) -}}true{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the ingest port serves TLS with the managed certificates:
+ingest.tls.managed, no ingest.tls.secretName, and managed certificates.
+*/}}
+{{- define "pulse-aggregator.ingestManagedTLS" -}}
+{{- if and .Values.ingest.tls.managed (not .Values.ingest.tls.secretName) (include "pulse-aggregator.managedCerts" .) -}}true{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the ingest port speaks TLS (a Secret's, or the managed one).
+*/}}
+{{- define "pulse-aggregator.ingestTLS" -}}
+{{- if or .Values.ingest.tls.secretName (include "pulse-aggregator.ingestManagedTLS" .) -}}true{{- end -}}
 {{- end }}
