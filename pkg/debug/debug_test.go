@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -304,4 +306,62 @@ func TestTableShowsRejectedValues(t *testing.T) {
 	if !strings.Contains(body, `"rejected": "negative waiting"`) {
 		t.Fatalf("JSON without the refused values: %s", body)
 	}
+}
+
+// TestDocsSampleIsTheRealTable: docs/scaledobject.md ("Why this number?")
+// shows a sample of /debug/triggers?format=table; it had drifted from the
+// real table. The same scenario is rendered here and compared with it, cell
+// by cell (the age aside).
+func TestDocsSampleIsTheRealTable(t *testing.T) {
+	now := time.Now()
+	st := store.New(store.Options{Now: func() time.Time { return now }})
+	pods(st,
+		store.PodInfo{UID: "a", Ready: true},
+		store.PodInfo{UID: "b", Ready: true},
+		store.PodInfo{UID: "c", Ready: true},
+		store.PodInfo{UID: "d"},
+		store.PodInfo{UID: "e"},
+		store.PodInfo{UID: "f", Terminating: true},
+	)
+	var rs []store.Report
+	for uid, waiting := range map[string]float64{"a": 4, "b": 6} {
+		r := store.Report{UID: uid}
+		r.TimeMs = now.UnixMilli()
+		r.Values.Set(metric.Waiting, waiting)
+		rs = append(rs, r)
+	}
+	miss := store.Report{UID: "c"}
+	miss.TimeMs, miss.Missing = now.UnixMilli(), "timeout"
+	st.Add(append(rs, miss))
+	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	ref := &externalscaler.ScaledObjectRef{Name: "llama", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama", "metric": "waiting", "threshold": "10"}}
+	if _, err := sc.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref}); err != nil {
+		t.Fatal(err)
+	}
+	_, table := get(t, serve(t, st, sc).URL+"/debug/triggers?format=table", "")
+
+	doc, err := os.ReadFile("../../docs/scaledobject.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "/debug/triggers?format=table'\n```\n\n```\n")
+	sample, _, ok2 := strings.Cut(after, "```\n")
+	if !ok || !ok2 {
+		t.Fatal("docs/scaledobject.md has no sample after its /debug/triggers?format=table command")
+	}
+	if got, want := cells(table), cells(sample); got != want {
+		t.Errorf("docs/scaledobject.md's sample table is not what pulse prints; pulse:\n%s\ndocs:\n%s", table, sample)
+	}
+}
+
+// age is a duration as the table prints an age.
+var age = regexp.MustCompile(`\b\d+(\.\d+)?(ms|s|m)\b`)
+
+// cells is a table's lines, each as its space-separated cells, ages as AGE.
+func cells(table string) string {
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(table), "\n") {
+		out = append(out, age.ReplaceAllString(strings.Join(strings.Fields(l), " "), "AGE"))
+	}
+	return strings.Join(out, "\n")
 }
