@@ -91,12 +91,7 @@ func (s *streamer) take() map[string]result {
 // exponential backoff.
 func (s *streamer) run(ctx context.Context) {
 	log := s.agent.log.With(logging.KeyAggregator, s.addr)
-	opts, err := s.agent.transport(s.serverName)
-	if err != nil {
-		log.Error("aggregator transport", logging.KeyErr, err)
-		return
-	}
-	conn, err := grpc.NewClient(s.addr, append(opts,
+	conn, err := grpc.NewClient(s.addr, append(s.agent.transport(s.serverName),
 		grpc.WithKeepaliveParams(ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
@@ -271,9 +266,9 @@ func (s *streamer) batch(ids map[string]uint32, enc *wire.Encoder) *pulsev1.Samp
 // at each handshake (parsed again only when it changes): a CA published
 // after the agent starts (the aggregator's managed CA, mounted from a
 // ConfigMap) or renewed later is trusted without a restart.
-func (a *Agent) transport(serverName string) ([]grpc.DialOption, error) {
+func (a *Agent) transport(serverName string) []grpc.DialOption {
 	if a.opts.AggregatorCAFile == "" {
-		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	ca := &caFile{path: a.opts.AggregatorCAFile, name: serverName}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
@@ -286,7 +281,7 @@ func (a *Agent) transport(serverName string) ([]grpc.DialOption, error) {
 	if a.opts.TokenFile != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(a.opts.TokenFile)))
 	}
-	return opts, nil
+	return opts
 }
 
 // caFile is a CA certificate file, parsed again when its size or time

@@ -303,7 +303,7 @@ func TestAgentStringsAreBounded(t *testing.T) {
 
 // openStream opens a stream as node's agent, says hello and waits for the
 // welcome.
-func (f *fixture) openStream(t *testing.T, ctx context.Context, node string) pulsev1.Ingest_ReportClient {
+func (f *fixture) openStream(ctx context.Context, t *testing.T, node string) pulsev1.Ingest_ReportClient {
 	t.Helper()
 	stream, err := f.client.Report(ctx)
 	if err != nil {
@@ -350,13 +350,13 @@ func TestFullStoreRefusesTheNewPodNotALiveOne(t *testing.T) {
 	defer cancel()
 	encA, encB := wire.NewEncoder(), wire.NewEncoder()
 
-	a := f.openStream(t, ctx, "node-1")
+	a := f.openStream(ctx, t, "node-1")
 	if err := a.Send(catalogue(pod(1, "a"), pod(2, "b"))); err != nil {
 		t.Fatal(err)
 	}
 	sendBatch(t, a, encA, 1, 3, 1, 2)
 
-	b := f.openStream(t, ctx, "node-2")
+	b := f.openStream(ctx, t, "node-2")
 	neighbour := pod(1, "c")
 	neighbour.Workloads[0].Name = "other"
 	if err := b.Send(catalogue(neighbour)); err != nil {

@@ -50,7 +50,7 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		"--log-format", "text", "--log-level", "warn",
 		// Room for the fleet and its churn; the default caps (10,000 pods)
 		// are for one cluster's normal size.
-		"--max-pods", strconv.Itoa(int(o.maxPods())),
+		"--max-pods", strconv.Itoa(o.maxPods()),
 		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
 		"--pod-expiry", o.podExpiry.String()}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
