@@ -175,7 +175,7 @@ func writeTable(w http.ResponseWriter, doc Document) {
 	}
 	fmt.Fprintln(tw)
 	for _, wl := range doc.Workloads {
-		id := wl.Namespace + "/" + wl.Name + " (" + wl.Kind + ")"
+		id := store.Key{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name}.String()
 		for _, p := range wl.Pods {
 			state := "fresh"
 			switch {

@@ -97,7 +97,7 @@ func TestTableAndErrors(t *testing.T) {
 		{srv.URL + "/debug/workloads", "text/plain"},
 	} {
 		code, body := get(t, c.url, c.accept)
-		if code != 200 || !strings.Contains(body, "demo/llama (Workspace)  llama-0") || !strings.Contains(body, "starting") {
+		if code != 200 || !strings.Contains(body, "Workspace demo/llama  llama-0") || !strings.Contains(body, "starting") {
 			t.Errorf("%s: %d\n%s", c.url, code, body)
 		}
 	}

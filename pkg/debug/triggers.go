@@ -47,7 +47,7 @@ func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
 	doc := TriggersDocument{Triggers: []Trigger{}}
 	for _, e := range h.Triggers.Evaluations() {
 		t := e.Trigger
-		tr := Trigger{TriggerID: e.TriggerID, Workload: fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name),
+		tr := Trigger{TriggerID: e.TriggerID, Workload: t.Workload.String(),
 			Metric: t.Metric, Threshold: t.Threshold, ValueType: t.ValueType, Aggregation: t.Aggregation, MissingPods: t.MissingPods,
 			Window: t.Window.String(), EvaluatedAt: e.At.UTC(), Error: e.Err, Refused: e.Refused}
 		if e.Err == "" {

@@ -90,6 +90,8 @@ type Controller struct {
 // key is a workload.
 type key struct{ Kind, Namespace, Name string }
 
+// String writes the workload as pulse writes every workload (store.Key's
+// String): "Workspace demo/llama".
 func (k key) String() string { return k.Kind + " " + k.Namespace + "/" + k.Name }
 
 // Status is what the controller last did for a workload, for the debug

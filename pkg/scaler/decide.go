@@ -400,5 +400,5 @@ func sum(vals []float64) float64 {
 }
 
 func describe(t Trigger) string {
-	return fmt.Sprintf("%s %s/%s", t.Workload.Kind, t.Workload.Namespace, t.Workload.Name)
+	return t.Workload.String()
 }

@@ -410,12 +410,12 @@ func TestDecisionsRecordedAndExported(t *testing.T) {
 	exp := `
 # HELP pulse_aggregator_trigger_pods Pods in the trigger's last evaluation, by use: counted, filled (missing-pod rule) or left_out.
 # TYPE pulse_aggregator_trigger_pods gauge
-pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="counted",workload="Workspace/llama"} 2
-pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="filled",workload="Workspace/llama"} 1
-pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="left_out",workload="Workspace/llama"} 2
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="counted",workload="Workspace demo/llama"} 2
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="filled",workload="Workspace demo/llama"} 1
+pulse_aggregator_trigger_pods{metric="waiting",namespace="demo",scaledobject="llama-so",use="left_out",workload="Workspace demo/llama"} 2
 # HELP pulse_aggregator_trigger_desired_replicas The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.
 # TYPE pulse_aggregator_trigger_desired_replicas gauge
-pulse_aggregator_trigger_desired_replicas{metric="waiting",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 2
+pulse_aggregator_trigger_desired_replicas{metric="waiting",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_trigger_pods", "pulse_aggregator_trigger_desired_replicas"); err != nil {
 		t.Fatal(err)

@@ -169,7 +169,7 @@ func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 	c.collectRefused(ch)
 	for _, e := range c.s.Evaluations() {
-		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.Kind + "/" + e.Trigger.Workload.Name, e.Trigger.Metric}
+		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.String(), e.Trigger.Metric}
 		ch <- prometheus.MustNewConstMetric(descThreshold, prometheus.GaugeValue, e.Trigger.Threshold, lv...)
 		failed := 0.0
 		if e.Err != "" {

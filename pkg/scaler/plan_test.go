@@ -186,13 +186,13 @@ func TestPlanGauges(t *testing.T) {
 	exp := `
 # HELP pulse_aggregator_plan_capacity_per_replica Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has).
 # TYPE pulse_aggregator_plan_capacity_per_replica gauge
-pulse_aggregator_plan_capacity_per_replica{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 10000
+pulse_aggregator_plan_capacity_per_replica{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 10000
 # HELP pulse_aggregator_plan_lead_time_seconds A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.
 # TYPE pulse_aggregator_plan_lead_time_seconds gauge
-pulse_aggregator_plan_lead_time_seconds{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 300
+pulse_aggregator_plan_lead_time_seconds{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 300
 # HELP pulse_aggregator_trigger_desired_replicas The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.
 # TYPE pulse_aggregator_trigger_desired_replicas gauge
-pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace/llama"} 2
+pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_plan_capacity_per_replica",
 		"pulse_aggregator_plan_lead_time_seconds", "pulse_aggregator_trigger_desired_replicas"); err != nil {

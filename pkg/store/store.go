@@ -28,6 +28,10 @@ const (
 // Key names a workload.
 type Key struct{ Namespace, Kind, Name string }
 
+// String is the one way pulse writes a workload, in tables, logs, errors
+// and metric labels alike: "Workspace demo/llama".
+func (k Key) String() string { return k.Kind + " " + k.Namespace + "/" + k.Name }
+
 // PodInfo is a catalogue entry as the aggregator keeps it.
 type PodInfo struct {
 	UID, Namespace, Name string
