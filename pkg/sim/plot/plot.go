@@ -110,6 +110,7 @@ func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file
 		}
 		return xy
 	}
+	entries := len(pipelines)
 	for i, f := range []struct {
 		name  string
 		front []FrontierPoint
@@ -120,6 +121,7 @@ func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file
 		if err := line(p, steps(f.front), palette[i], f.name); err != nil {
 			return err
 		}
+		entries++
 	}
 	for i, q := range pipelines {
 		sc, err := plotter.NewScatter(plotter.XYs{{X: q.GPUHours, Y: 100 * q.SLO}})
@@ -132,8 +134,10 @@ func Frontier(title string, pipelines, static, clairvoyant []FrontierPoint, file
 		p.Add(sc)
 		p.Legend.Add(q.Name, sc)
 	}
-	p.Y.Min, p.Y.Max = 0, 101
-	p.Legend.Top = false
+	// The legend sits above 100 %, where no point or frontier can be: it
+	// used to cover the points at the bottom right.
+	p.Y.Min, p.Y.Max = 0, 100+legendRoom(entries)
+	p.Legend.Top = true
 	p.Legend.Left = false
 	return saveSized([]*plot.Plot{p}, file, format, 1, 10*vg.Inch, 6*vg.Inch)
 }
@@ -192,12 +196,14 @@ func panels(r *sim.Report, pr *sim.PipelineResult) []*plot.Plot {
 	_ = line(reps, series(r, ints(pr.Series.Replicas)), palette[1], "all (starting, ready, terminating)")
 	_ = line(reps, series(r, ints(pr.Series.Ready)), palette[2], "ready")
 	reps.Legend.Top = true
+	headroom(reps, 2)
 	queue := newPlot(r, "queue", "requests waiting")
 	_ = line(queue, series(r, ints(pr.Series.Waiting)), palette[3], "")
 	ttft := newPlot(r, fmt.Sprintf("time to first token (SLO %gs)", r.Config.TTFTSLOSeconds), "seconds")
 	_ = line(ttft, series(r, pr.Series.TTFTP50), palette[0], "p50")
 	_ = line(ttft, series(r, pr.Series.TTFTP90), palette[4], "p90")
 	ttft.Legend.Top = true
+	headroom(ttft, 2)
 	return []*plot.Plot{load, reps, queue, ttft}
 }
 
@@ -210,7 +216,20 @@ func compare(r *sim.Report) (*plot.Plot, error) {
 		}
 	}
 	p.Legend.Top = true
+	headroom(p, len(r.Pipelines))
 	return p, nil
+}
+
+// legendRoom is the share of an axis (in %) a legend of n entries takes at
+// the plots' size, with a margin.
+func legendRoom(n int) float64 { return 10 + 7*float64(n) }
+
+// headroom raises the y axis so that a legend of n entries at the top sits
+// above the curves instead of over them.
+func headroom(p *plot.Plot, n int) {
+	if p.Y.Max > p.Y.Min {
+		p.Y.Max += (p.Y.Max - p.Y.Min) * legendRoom(n) / 100
+	}
 }
 
 // save lays the plots out in one column.
