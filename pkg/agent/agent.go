@@ -281,7 +281,7 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 	units := make(map[string][]discovery.Target, len(byID))
 	for _, tg := range byID {
 		switch {
-		case !tg.Ready:
+		case !tg.Ready || tg.Terminating:
 		case tg.Demand == nil:
 			units[tg.UID] = []discovery.Target{tg}
 		default:

@@ -236,10 +236,11 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	// the agent's pod; 127.0.0.1 (once used for them) is the agent's own
 	// loopback, not theirs.
 	host := pod.Status.PodIP
-	// A terminating pod is listed as terminating (scalers leave it out, as
-	// the HPA does) and is no longer scraped.
+	// A terminating pod is listed as terminating, and no longer scraped.
+	// Ready stays its Ready condition: a pod draining in its grace period
+	// is often still Ready, and the HPA counts it so for metricType Value.
 	t.Terminating = pod.DeletionTimestamp != nil
-	t.Ready = host != "" && !t.Terminating && podReady(pod)
+	t.Ready = host != "" && podReady(pod)
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
 	}

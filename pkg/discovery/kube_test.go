@@ -91,10 +91,12 @@ func TestTargetOf(t *testing.T) {
 			ok:     true, want: Target{Ready: false, URL: ""},
 		},
 		// Terminating pods were listed as merely not ready, which scalers
-		// then filled as missing: flapping after every scale-down.
-		"terminating is listed as terminating, not scraped": {
+		// then filled as missing: flapping after every scale-down. Their
+		// Ready condition is kept: the HPA counts a draining pod still
+		// Ready for metricType Value.
+		"terminating is listed as terminating, its Ready kept": {
 			mutate: func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
-			ok:     true, want: Target{Ready: false, Terminating: true, URL: "http://10.0.0.7:5000/metrics"},
+			ok:     true, want: Target{Ready: true, Terminating: true, URL: "http://10.0.0.7:5000/metrics"},
 		},
 	}
 	for name, tc := range tests {

@@ -92,10 +92,7 @@ func LoadStaticTargets(path string) ([]Target, error) {
 		t := Target{UID: "static/" + st.Namespace + "/" + st.Pod, Namespace: st.Namespace, Pod: st.Pod, Ready: true, URL: st.URL,
 			Terminating: st.Terminating}
 		if st.Ready != nil {
-			t.Ready = *st.Ready
-		}
-		if t.Terminating {
-			t.Ready = false
+			t.Ready = *st.Ready // a terminating pod may still be Ready
 		}
 		if seen[t.UID] {
 			bad("pod %s/%s is listed twice", st.Namespace, st.Pod)

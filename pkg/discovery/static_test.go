@@ -56,7 +56,9 @@ func TestStaticTargetsShowEveryState(t *testing.T) {
 	for _, tg := range ts {
 		got += fmt.Sprintf("%s:%v/%v ", tg.Pod, tg.Ready, tg.Terminating)
 	}
-	if want := "up:true/false starting:false/false leaving:false/true both:false/true "; got != want {
+	// A terminating pod keeps its Ready (default true), as a draining pod
+	// does; the agent does not scrape it.
+	if want := "up:true/false starting:false/false leaving:true/true both:true/true "; got != want {
 		t.Fatalf("ready/terminating = %q, want %q", got, want)
 	}
 }

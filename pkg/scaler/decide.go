@@ -63,7 +63,9 @@ type Decision struct {
 	Filled  int `json:"filled"`
 	LeftOut int `json:"leftOut"`
 	// Ready is the number of ready pods (counted, filled, or left out as
-	// idle, undefined or ignored): the HPA's pod count for metricType Value.
+	// idle, undefined or ignored), and for valueType average the
+	// terminating pods still Ready too: the HPA's pod count for metricType
+	// Value.
 	Ready int `json:"ready"`
 	// Pending is the demand that the workload's routers (demand sources)
 	// added to a waiting trigger: requests they hold, and with no ready
@@ -139,6 +141,9 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 type tally struct {
 	vals                                                    []float64
 	missing, starting, terminating, undefined, busy, noHist int
+	// drainingReady: terminating pods whose Ready condition still holds,
+	// which the HPA counts among the ready pods for metricType Value.
+	drainingReady int
 }
 
 // tallyPods sorts the read's pods by state, appending the counted pods'
@@ -166,6 +171,9 @@ func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tal
 			c.starting++
 		case store.PodTerminating:
 			c.terminating++
+			if p.Ready {
+				c.drainingReady++
+			}
 		case store.PodUndefined:
 			c.undefined++
 			if p.Reason == store.NoHistograms {
@@ -258,13 +266,23 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		}
 	}
 	pods := r.Pods
+	ready := len(pods) - c.starting - c.terminating
+	// With metricType Value the HPA multiplies the value by its count of
+	// Ready pods, which includes terminating pods still Ready in their
+	// grace period (replica_calculator.go, getReadyPodsCount): an average
+	// over the serving pods is scaled down by their share, so that the
+	// HPA's product is the serving pods' (it asked for one replica more
+	// during every scale-down, and undid it).
+	hpaReady := ready + c.drainingReady
+	if t.ValueType == "average" && c.drainingReady > 0 && hpaReady > 0 {
+		v *= float64(ready) / float64(hpaReady)
+	}
 	if dv.Held > 0 {
-		// Held at the routers, on top of the replicas' queues; with
-		// metricType Value the HPA multiplies by the ready pods, so an
-		// average carries it divided by them.
+		// Held at the routers, on top of the replicas' queues; an average
+		// carries it divided by the pods the HPA multiplies by.
 		d.Pending = dv.Held
 		if t.ValueType == "average" {
-			v += dv.Held / float64(max(len(pods)-c.starting-c.terminating, 1))
+			v += dv.Held / float64(max(hpaReady, 1))
 		} else {
 			v += dv.Held
 		}
@@ -278,7 +296,10 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		d.Filled = c.missing
 	}
 	d.LeftOut = len(pods) - d.Counted - d.Filled
-	d.Ready = len(pods) - c.starting - c.terminating
+	d.Ready = ready
+	if t.ValueType == "average" {
+		d.Ready = hpaReady
+	}
 	if detail {
 		d.Pods = podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile)
 	}

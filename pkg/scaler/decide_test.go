@@ -26,7 +26,7 @@ import (
 // it reports.
 type podSpec struct {
 	name        string
-	state       string // ready (reporting), starting, terminating, silent (ready, stale)
+	state       string // ready (reporting), starting, terminating, draining (terminating, still Ready), silent (ready, stale)
 	waiting     float64
 	terminating bool
 }
@@ -38,7 +38,7 @@ func (f *fixture) scenario(pods ...podSpec) {
 	first, now := map[string]float64{}, map[string]float64{}
 	for _, p := range pods {
 		infos = append(infos, store.PodInfo{UID: "uid-" + p.name, Namespace: "demo", Name: p.name, Workloads: []store.Key{llama},
-			Ready: p.state == "ready" || p.state == "silent", Terminating: p.state == "terminating"})
+			Ready: p.state == "ready" || p.state == "silent" || p.state == "draining", Terminating: p.state == "terminating" || p.state == "draining"})
 		switch p.state {
 		case "ready":
 			first[p.name], now[p.name] = p.waiting, p.waiting
@@ -97,6 +97,14 @@ func TestMissingPodRule(t *testing.T) {
 		"starting pods: max × ready pods": {pods: []podSpec{{"a", "ready", 2, false}, {"b", "ready", 2, false}, {"c", "starting", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 4},
 		"terminating pods are left out":   {pods: []podSpec{{"a", "ready", 5, false}, {"b", "ready", 5, false}, {"c", "terminating", 0, false}, {"d", "terminating", 0, false}}, want: 10},
 		"terminating pods, average":       {pods: []podSpec{{"a", "ready", 5, false}, {"c", "terminating", 0, false}}, md: map[string]string{"valueType": "average"}, want: 5},
+		// A pod draining in its grace period is still Ready, and the HPA
+		// (metricType Value) multiplies by it too: the average over the 4
+		// serving pods (10) is scaled by 4/5, so that the HPA asks for 4,
+		// not 5 (one more at every scale-down, then undone).
+		"draining pods, average: the HPA's product is the serving pods'": {pods: []podSpec{{"a", "ready", 10, false}, {"b", "ready", 10, false},
+			{"c", "ready", 10, false}, {"d", "ready", 10, false}, {"e", "draining", 0, false}}, md: map[string]string{"valueType": "average"}, want: 8},
+		"draining pods, total: left out": {pods: []podSpec{{"a", "ready", 10, false}, {"b", "ready", 10, false},
+			{"c", "ready", 10, false}, {"d", "ready", 10, false}, {"e", "draining", 0, false}}, want: 40},
 		// The worked example of docs/scaledobject.md.
 		"worked example, down": {pods: []podSpec{{"llama-0", "ready", 4, false}, {"llama-1", "ready", 6, false}, {"llama-2", "silent", 0, false},
 			{"llama-3", "starting", 0, false}, {"llama-4", "starting", 0, false}, {"llama-old", "terminating", 0, false}}, want: 20},

@@ -169,7 +169,9 @@ const (
 	PodCounted PodState = iota + 1
 	// PodStarting: not ready (loading its model); it has no demand of its own.
 	PodStarting
-	// PodTerminating: being deleted; left out entirely, as the HPA does.
+	// PodTerminating: being deleted; left out of the value. The HPA still
+	// counts one whose Ready condition holds among the ready pods it
+	// multiplies a metricType Value by (PodValue.Ready).
 	PodTerminating
 	// PodMissing: ready, but no successful sample within the freshness
 	// bound (the scrape fails, the agent is gone, or none arrived yet).
@@ -207,6 +209,9 @@ type PodValue struct {
 	SpanMs    int64
 	// Samples is the number of samples held for the pod.
 	Samples int
+	// Ready (PodTerminating): its Ready condition still holds (draining in
+	// its grace period).
+	Ready bool
 }
 
 // Query appends to dst one metric over window for every pod of workload k:
@@ -290,7 +295,7 @@ func (s *Store) queryLocked(dst []PodValue, k Key, name string, canon metric.Def
 		pv := PodValue{Name: p.Name, Samples: len(p.series)}
 		switch {
 		case p.Terminating:
-			pv.State = PodTerminating
+			pv.State, pv.Ready = PodTerminating, p.Ready
 		case !p.Ready:
 			pv.State = PodStarting
 		case p.missing != "":

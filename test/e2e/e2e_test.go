@@ -166,6 +166,7 @@ func TestE2E(t *testing.T) {
 	t.Run("one annotation instead of a ScaledObject", func(t *testing.T) { e.provisioning(t) })
 	t.Run("scale-up while new pods load does not run away", func(t *testing.T) { e.scaleUpWhileLoading(t) })
 	t.Run("the planner: a load step, the HPA asks for the plan", func(t *testing.T) { e.plannerStep(t) })
+	t.Run("a draining pod still Ready: the HPA asks for what pulse does", func(t *testing.T) { e.drainingPod(t) })
 	t.Run("a step of load through pulse and through Prometheus", func(t *testing.T) { e.stepLatency(t) })
 	if n := sims["elsewhere-0"].calls(); n != 0 {
 		t.Fatalf("the pod on %s was scraped %d times", otherNode, n)
