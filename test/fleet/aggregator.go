@@ -33,6 +33,7 @@ type aggregatorProc struct {
 	log                      *os.File
 	starts                   int
 	http                     *http.Client
+	cpus                     []int // the CPUs it runs on (--pin); nil: any
 }
 
 func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, error) {
@@ -68,6 +69,11 @@ func (p *aggregatorProc) Start(ctx context.Context) error {
 	p.starts++
 	fmt.Fprintf(f, "---- start %d at %s\n", p.starts, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(p.bin, p.args...)
+	if len(p.cpus) > 0 {
+		// taskset execs the aggregator in its own process: every thread
+		// it makes stays on these CPUs.
+		cmd = exec.Command("taskset", append([]string{"-c", cpuList(p.cpus), p.bin}, p.args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()

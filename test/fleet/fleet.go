@@ -31,7 +31,9 @@ type fleet struct {
 	log   io.Writer
 	agg   *aggregatorProc
 	proxy *proxy
-	epoch time.Time // tick 0 of every agent
+	// harnessCPUs: the CPUs the harness runs on (--pin auto); nil: any.
+	harnessCPUs []int
+	epoch       time.Time // tick 0 of every agent
 
 	agents []*simAgent
 	sos    []*scaledObject
@@ -159,33 +161,40 @@ func (f *fleet) logf(format string, args ...any) {
 
 // result is the run's outcome, printed as the last line.
 type result struct {
-	Agents              int              `json:"agents"`
-	PodsPerAgent        int              `json:"podsPerAgent"`
-	Pods                int              `json:"pods"` // held by the aggregator at the end of the measurement
-	ScaledObjects       int              `json:"scaledObjects"`
-	DurationSeconds     float64          `json:"durationSeconds"`
-	PodSamplesPerSecond float64          `json:"podSamplesPerSecond"` // received by the aggregator
-	SentPerSecond       float64          `json:"podSamplesSentPerSecond"`
-	AggregatorCPUCores  float64          `json:"aggregatorCpuCores"`
-	AggregatorRSSBytes  int64            `json:"aggregatorRssBytes"`
-	HeapInuseBytes      float64          `json:"heapInuseBytes"`
-	HeapBytesPerPod     float64          `json:"heapBytesPerPod"`
-	GetMetricsCount     int              `json:"getMetricsCount"`
-	GetMetricsP50       float64          `json:"getMetricsP50Seconds"`
-	GetMetricsP99       float64          `json:"getMetricsP99Seconds"`
-	PushCount           int              `json:"pushCount"`
-	PushMissed          int              `json:"pushMissed"` // rises never pushed before the next one
-	PushLatencyP50      float64          `json:"pushLatencyP50Seconds"`
-	PushLatencyP99      float64          `json:"pushLatencyP99Seconds"`
-	AgentStreams        float64          `json:"agentStreams"`
-	Goroutines          float64          `json:"goroutines"`
-	OpenFDs             int              `json:"openFds"`
-	HarnessCPUCores     float64          `json:"harnessCpuCores"`
-	ChurnEvents         int64            `json:"churnEvents"`
-	Errors              int64            `json:"errors"`
-	ErrorKinds          map[string]int64 `json:"errorKinds,omitempty"`
-	Soak                *soakResult      `json:"soak,omitempty"`
-	Faults              []*faultResult   `json:"faults,omitempty"`
+	Agents              int     `json:"agents"`
+	PodsPerAgent        int     `json:"podsPerAgent"`
+	Pods                int     `json:"pods"` // held by the aggregator at the end of the measurement
+	ScaledObjects       int     `json:"scaledObjects"`
+	DurationSeconds     float64 `json:"durationSeconds"`
+	PodSamplesPerSecond float64 `json:"podSamplesPerSecond"` // received by the aggregator
+	SentPerSecond       float64 `json:"podSamplesSentPerSecond"`
+	AggregatorCPUCores  float64 `json:"aggregatorCpuCores"`
+	AggregatorRSSBytes  int64   `json:"aggregatorRssBytes"`
+	HeapInuseBytes      float64 `json:"heapInuseBytes"`
+	HeapBytesPerPod     float64 `json:"heapBytesPerPod"`
+	GetMetricsCount     int     `json:"getMetricsCount"`
+	GetMetricsP50       float64 `json:"getMetricsP50Seconds"`
+	GetMetricsP99       float64 `json:"getMetricsP99Seconds"`
+	PushCount           int     `json:"pushCount"`
+	PushMissed          int     `json:"pushMissed"` // rises never pushed before the next one
+	PushLatencyP50      float64 `json:"pushLatencyP50Seconds"`
+	PushLatencyP99      float64 `json:"pushLatencyP99Seconds"`
+	AgentStreams        float64 `json:"agentStreams"`
+	Goroutines          float64 `json:"goroutines"`
+	OpenFDs             int     `json:"openFds"`
+	HarnessCPUCores     float64 `json:"harnessCpuCores"`
+	// AggregatorCPUs and HarnessCPUs: the CPUs each ran on (--pin auto),
+	// empty when they shared every CPU.
+	AggregatorCPUs string `json:"aggregatorCpus,omitempty"`
+	HarnessCPUs    string `json:"harnessCpus,omitempty"`
+	// AggregatorCPUSecondsPerMillionSamples: the aggregator's CPU time per
+	// million pod samples received (everything it did meanwhile included).
+	AggregatorCPUSecondsPerMillionSamples float64          `json:"aggregatorCpuSecondsPerMillionSamples"`
+	ChurnEvents                           int64            `json:"churnEvents"`
+	Errors                                int64            `json:"errors"`
+	ErrorKinds                            map[string]int64 `json:"errorKinds,omitempty"`
+	Soak                                  *soakResult      `json:"soak,omitempty"`
+	Faults                                []*faultResult   `json:"faults,omitempty"`
 }
 
 // run brings the fleet up, measures for o.duration, runs the faults, and
@@ -256,6 +265,13 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	var err error
 	if f.agg, err = newAggregator(o, dir, o.agents); err != nil {
 		return nil, err
+	}
+	if agg, harness, ok := cpuSplit(); ok && o.pin == "auto" {
+		if err := pinSelf(harness); err != nil {
+			return nil, err
+		}
+		f.agg.cpus, f.harnessCPUs = agg, harness
+		f.logf("the aggregator runs on CPUs %s, the harness on %s", cpuList(agg), cpuList(harness))
 	}
 	if err := f.agg.Start(ctx); err != nil {
 		return f, err
@@ -437,6 +453,12 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
+	}
+	if res.PodSamplesPerSecond > 0 {
+		res.AggregatorCPUSecondsPerMillionSamples = res.AggregatorCPUCores / res.PodSamplesPerSecond * 1e6
+	}
+	if len(f.agg.cpus) > 0 {
+		res.AggregatorCPUs, res.HarnessCPUs = cpuList(f.agg.cpus), cpuList(f.harnessCPUs)
 	}
 	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)

@@ -66,6 +66,7 @@ type options struct {
 	faults                       []string
 	partitionAgents              int
 	maxPodsFlag                  int
+	pin                          string
 	verbose                      bool
 }
 
@@ -87,7 +88,7 @@ func (o *options) maxPods() int {
 func defaultOptions() options {
 	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
 		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
-		podExpiry: 10 * time.Minute, partitionAgents: 4}
+		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto"}
 }
 
 // faultNames are the scenarios --faults runs, in this order.
@@ -125,6 +126,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
+	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
 }
 
@@ -141,6 +143,9 @@ func (o *options) validate() error {
 	}
 	if o.kedaConns < 1 || o.interval <= 0 || o.duration <= 0 || o.churn < 0 || o.podExpiry <= 0 || o.soakEvery < 0 {
 		errs = append(errs, "--keda-conns, --interval, --duration and --pod-expiry must be above 0, --churn and --soak-every at least 0")
+	}
+	if o.pin != "auto" && o.pin != "off" {
+		errs = append(errs, fmt.Sprintf("--pin %q: auto or off", o.pin))
 	}
 	if o.partitionAgents < 1 || o.partitionAgents >= o.agents && contains(o.faults, "partition") {
 		errs = append(errs, "--partition-agents must be at least 1 and, for the partition scenario, fewer than --agents")
