@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	runtimedebug "runtime/debug"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -206,9 +208,36 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "pulse_aggregator_pods_refused_total", Help: "Refusals of a new pod because --max-pods was reached (a waiting pod is listed again at each batch of its agent, and counted each time)."}, func() float64 { return float64(a.store.Refused()) }))
+	a.warnIfPodsOutgrowMemory(false)
 	a.warmup = newWarmup(a.store, a.opts.Warmup.Duration, a.opts.Warmup.ExpectedAgents, time.Now, a.log)
 	a.health.addCheck("warm-up", a.warmup.check)
 	return nil
+}
+
+// Memory a pod held costs, about (docs/performance.md; the aggregator
+// chart's maxPods): without and with latency histograms.
+const (
+	podBytes     = 27 << 10
+	podHistBytes = 81 << 10
+)
+
+// warnIfPodsOutgrowMemory logs a warning when --max-pods pods would not fit
+// in 80 % of the memory limit (GOMEMLIMIT, which the chart sets from the
+// container's limit): a store that fills up would be OOM-killed. It is
+// called at the start, and again when the first histograms arrive.
+func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
+	limit := runtimedebug.SetMemoryLimit(-1)
+	if limit == math.MaxInt64 {
+		return // no limit set
+	}
+	per, what := int64(podBytes), "without latency histograms"
+	if histograms {
+		per, what = podHistBytes, "with latency histograms (an agent runs --forward-histograms)"
+	}
+	if need := int64(a.opts.Store.MaxPods) * per; need > limit/10*8 {
+		a.log.Warn("--max-pods pods may not fit the memory limit: lower --max-pods (chart maxPods) or raise the limit (chart resources.limits.memory)",
+			logging.KeyMaxPods, a.opts.Store.MaxPods, logging.KeyNeedBytes, need, logging.KeyLimitBytes, limit, logging.KeyWhat, what)
+	}
 }
 
 // buildIngest: the agents' stream server, with TLS and authentication.
@@ -242,7 +271,8 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	}
 	a.ingestSrv = grpc.NewServer(opts...)
 	a.ingest = ingest.New(a.store, ingest.Options{Log: a.log, Version: version.Version, Registerer: reg, Auth: auth,
-		Limits: ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})
+		OnHistograms: func() { a.warnIfPodsOutgrowMemory(true) },
+		Limits:       ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})
 	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
 	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
 	return nil

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +53,8 @@ type Server struct {
 	limits  Limits
 	m       metrics
 	auth    Authenticator // nil: streams are not authenticated (static/demo mode)
+	onHist  func()
+	sawHist atomic.Bool
 }
 
 var _ pulsev1.IngestServer = (*Server)(nil)
@@ -77,6 +80,9 @@ type Options struct {
 	// Auth, when set, authenticates every stream and binds it to the node
 	// its token is bound to; nil: streams are not authenticated.
 	Auth Authenticator
+	// OnHistograms, when set, is called once, when the first sample with
+	// latency histograms arrives (an agent runs --forward-histograms).
+	OnHistograms func()
 }
 
 // New returns a Server that writes to st.
@@ -91,7 +97,7 @@ func New(st *store.Store, o Options) *Server {
 	if limits.MaxExtraMetrics <= 0 {
 		limits.MaxExtraMetrics = 32
 	}
-	s := &Server{store: st, log: o.Log, version: o.Version, limits: limits, auth: o.Auth, m: metrics{
+	s := &Server{store: st, log: o.Log, version: o.Version, limits: limits, auth: o.Auth, onHist: o.OnHistograms, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_agent_streams", Help: "Agent streams open now."}),
 		samples: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -506,6 +512,9 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 			}
 		}
 		r.Values, r.Hist = s.Values, s.Hist
+		if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
+			st.srv.onHist()
+		}
 		// Every pulse value is a count, a ratio, a rate or a duration: a
 		// negative one is bad input. It is dropped (absent), the rest kept,
 		// and the pod shows it (/debug/workloads) and is logged.

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -396,5 +398,31 @@ func TestFullStoreRefusesTheNewPodNotALiveOne(t *testing.T) {
 	}
 	if got != 8 || f.store.Pods() != 2 {
 		t.Fatalf("c's waiting %v (%d pods): want c held with its sample 8, beside a", got, f.store.Pods())
+	}
+}
+
+// TestFirstHistogramsAreAnnounced: the aggregator sizes its memory warning
+// by whether any agent forwards histograms: the first sample with them
+// calls OnHistograms, once.
+func TestFirstHistogramsAreAnnounced(t *testing.T) {
+	var calls atomic.Int64
+	f := newFixture(t)
+	f.srv.onHist = func() { calls.Add(1) }
+	enc := wire.NewEncoder()
+	var msgs []*pulsev1.AgentMessage
+	msgs = append(msgs, hello(), catalogue(pod(1, "a")))
+	for i := range 3 {
+		b := &pulsev1.SampleBatch{Seq: uint64(i + 1), TimeUnixMs: int64(i+1) * 1000}
+		s := wire.Sample{Pod: 1, Hist: &metric.Histograms{}}
+		s.Values.Set(metric.Waiting, 1)
+		s.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{0.5, math.Inf(1)}, Counts: []float64{float64(i), float64(2 * i)}}
+		enc.Append(b, &s)
+		msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
+	}
+	if err := f.run(t, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("OnHistograms called %d times, want once", n)
 	}
 }

@@ -41,4 +41,8 @@ const (
 	KeyLease       = "lease"    // namespace/name
 	KeyIdentity    = "identity" // a replica's leader-election identity
 	KeyLeader      = "leader"   // the identity holding a lease
+	KeyMaxPods     = "maxPods"
+	KeyNeedBytes   = "needBytes"  // an estimate of memory needed
+	KeyLimitBytes  = "limitBytes" // a memory limit
+	KeyWhat        = "what"
 )
