@@ -335,9 +335,15 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if len(removed) > 0 {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
-	refused := st.srv.store.Upsert(st.source(), infos, c.Full)
+	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
+	return nil
+}
+
+// wait keeps the entries the store refused for room (infos[i] listed as
+// ids[i]) pending, counted and warned of, to be listed again at each batch.
+func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []string) {
 	if len(refused) == 0 {
-		return nil
+		return
 	}
 	held := make(map[string]bool, len(refused))
 	for _, uid := range refused {
@@ -354,7 +360,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 				logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}
-	return nil
 }
 
 // source is the stream's agent as the store knows it.

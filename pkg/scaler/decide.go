@@ -267,26 +267,9 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	}
 	pods := r.Pods
 	ready := len(pods) - c.starting - c.terminating
-	// With metricType Value the HPA multiplies the value by its count of
-	// Ready pods, which includes terminating pods still Ready in their
-	// grace period (replica_calculator.go, getReadyPodsCount): an average
-	// over the serving pods is scaled down by their share, so that the
-	// HPA's product is the serving pods' (it asked for one replica more
-	// during every scale-down, and undid it).
 	hpaReady := ready + c.drainingReady
-	if t.ValueType == "average" && c.drainingReady > 0 && hpaReady > 0 {
-		v *= float64(ready) / float64(hpaReady)
-	}
-	if dv.Held > 0 {
-		// Held at the routers, on top of the replicas' queues; an average
-		// carries it divided by the pods the HPA multiplies by.
-		d.Pending = dv.Held
-		if t.ValueType == "average" {
-			v += dv.Held / float64(max(hpaReady, 1))
-		} else {
-			v += dv.Held
-		}
-	}
+	v = forTheHPA(t, v, ready, hpaReady, dv.Held)
+	d.Pending = dv.Held
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
 	}
@@ -304,6 +287,24 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		d.Pods = podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile)
 	}
 	return d, nil
+}
+
+// forTheHPA is the value v of the ready serving pods as the HPA should get
+// it, with the requests held at the routers added. With metricType Value
+// (valueType average) the HPA multiplies by its count of Ready pods, which
+// includes terminating pods still Ready in their grace period
+// (replica_calculator.go, getReadyPodsCount): the average is scaled by the
+// serving pods' share, so that the HPA's product is theirs (it asked for
+// one replica more during every scale-down, and undid it), and the held
+// requests are spread over the HPA's count.
+func forTheHPA(t Trigger, v float64, ready, hpaReady int, held float64) float64 {
+	if t.ValueType != "average" {
+		return v + held
+	}
+	if hpaReady > ready && hpaReady > 0 {
+		v *= float64(ready) / float64(hpaReady)
+	}
+	return v + held/float64(max(hpaReady, 1))
 }
 
 // noReplica answers for a workload with no replica listed: the routers'

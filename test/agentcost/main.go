@@ -115,28 +115,12 @@ func run(ctx context.Context, o options) error {
 		targets = append(targets, addr)
 		urls = append(urls, "http://"+addr+"/metrics")
 	}
-	var tf strings.Builder
-	tf.WriteString("targets:\n")
-	for i, u := range urls {
-		fmt.Fprintf(&tf, "  - {namespace: bench, pod: vllm-%d, workspace: llama, url: %q}\n", i, u)
-	}
-	if o.hostile > 0 {
-		big, err := serveHostile(ctx)
-		if err != nil {
-			return err
-		}
-		for i := range o.hostile {
-			fmt.Fprintf(&tf, "  - {namespace: hostile, pod: big-%d, workspace: big, url: %q}\n", i, big)
-		}
-		names := make([]string, 64)
-		for i := range names {
-			names[i] = fmt.Sprintf("w%d", i)
-		}
-		fmt.Fprintf(&tf, "  - {namespace: hostile, pod: router, url: %q, annotations: {pulse.io/demand-source: epp, pulse.io/demand-workloads: %q}}\n",
-			big, strings.Join(names, ","))
+	tf, err := targetsYAML(ctx, urls, o.hostile)
+	if err != nil {
+		return err
 	}
 	targetsFile := filepath.Join(dir, "targets.yaml")
-	if err := os.WriteFile(targetsFile, []byte(tf.String()), 0o600); err != nil {
+	if err := os.WriteFile(targetsFile, []byte(tf), 0o600); err != nil {
 		return err
 	}
 	ingest, _ := procs.FreeAddr()
@@ -208,6 +192,33 @@ func run(ctx context.Context, o options) error {
 		return profile(ctx, agent.cmd.Process.Pid, o.perfDir, o.perfFor)
 	}
 	return nil
+}
+
+// targetsYAML is the agent's static targets: the simulated servers at
+// urls, and with hostile > 0 that many pods of a hostile tenant and a router
+// of theirs naming 64 workloads, all serving 8 MiB pages.
+func targetsYAML(ctx context.Context, urls []string, hostile int) (string, error) {
+	var tf strings.Builder
+	tf.WriteString("targets:\n")
+	for i, u := range urls {
+		fmt.Fprintf(&tf, "  - {namespace: bench, pod: vllm-%d, workspace: llama, url: %q}\n", i, u)
+	}
+	if hostile > 0 {
+		big, err := serveHostile(ctx)
+		if err != nil {
+			return "", err
+		}
+		for i := range hostile {
+			fmt.Fprintf(&tf, "  - {namespace: hostile, pod: big-%d, workspace: big, url: %q}\n", i, big)
+		}
+		names := make([]string, 64)
+		for i := range names {
+			names[i] = fmt.Sprintf("w%d", i)
+		}
+		fmt.Fprintf(&tf, "  - {namespace: hostile, pod: router, url: %q, annotations: {pulse.io/demand-source: epp, pulse.io/demand-workloads: %q}}\n",
+			big, strings.Join(names, ","))
+	}
+	return tf.String(), nil
 }
 
 // serveHostile serves an 8 MiB page (a valid one: comment lines, then a

@@ -893,6 +893,24 @@ func (f *fleet) killedAgents() map[int]bool {
 	return killed
 }
 
+// scaleDownMakesRoom: the agents of killed remove the victim workload's
+// pods (a scale-down), and the newcomer's waiting pods are held at its next
+// batches (held() reaches want); the control workload still answers.
+func (f *fleet) scaleDownMakesRoom(ctx context.Context, r *faultResult, killed map[int]bool, victim int, ctl string, held func() int, want int) {
+	for a := range killed {
+		f.agents[a].removeWorkload(victim)
+	}
+	t0 := time.Now()
+	if waitFor(ctx, 30*time.Second, func() bool { return held() == want }) < 0 {
+		r.failf("the newcomer holds %d pods after the scale-down, want %d", held(), want)
+	} else {
+		r.measure("newcomerHeldAfterSeconds", time.Since(t0).Seconds())
+	}
+	if a := f.ask(ctx, ctl); a.code != codes.OK {
+		r.failf("control workload %s answered %v", ctl, a.code)
+	}
+}
+
 // victimAndControl picks a workload wholly on the agents of set (the
 // victim) and one wholly off them (the control), and waits for both to
 // answer their steady totals (before what); base holds them by name. ok is
@@ -1009,20 +1027,7 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		r.failf("store_full counted %v, want at least the %d pods that wait", waited, over)
 	}
 	r.measure("newcomerWaitingReports", waited)
-	// The victim's agents remove its pods (a scale-down): room, and the
-	// newcomer's waiting pods are held at its next batches.
-	for a := range killed {
-		f.agents[a].removeWorkload(victimIdx)
-	}
-	t1 := time.Now()
-	if waitFor(ctx, 30*time.Second, func() bool { return held() == room+over }) < 0 {
-		r.failf("the newcomer holds %d pods after the scale-down, want %d", held(), room+over)
-	} else {
-		r.measure("newcomerHeldAfterSeconds", time.Since(t1).Seconds())
-	}
-	if a := f.ask(ctx, ctl); a.code != codes.OK {
-		r.failf("control workload %s answered %v", ctl, a.code)
-	}
+	f.scaleDownMakesRoom(ctx, r, killed, victimIdx, ctl, held, room+over)
 	r.Notes = append(r.Notes, fmt.Sprintf("--max-pods %d; a simulated newcomer listing %d pods where there was room for %d; victim %s on agents %v, scaled down at the end", f.o.maxPods(), room+over, room, victim, keys(killed)))
 	return nil
 }

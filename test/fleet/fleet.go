@@ -197,6 +197,21 @@ type result struct {
 	Faults                                []*faultResult   `json:"faults,omitempty"`
 }
 
+// pin, with --pin auto and 2 CPUs or more, puts the harness on its share of
+// the CPUs and marks the aggregator's for its start.
+func (f *fleet) pin() error {
+	agg, harness, ok := cpuSplit()
+	if !ok || f.o.pin != "auto" {
+		return nil
+	}
+	if err := pinSelf(harness); err != nil {
+		return err
+	}
+	f.agg.cpus, f.harnessCPUs = agg, harness
+	f.logf("the aggregator runs on CPUs %s, the harness on %s", cpuList(agg), cpuList(harness))
+	return nil
+}
+
 // run brings the fleet up, measures for o.duration, runs the faults, and
 // tears everything down.
 func run(ctx context.Context, o options, log io.Writer) (res *result, err error) {
@@ -266,12 +281,8 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	if f.agg, err = newAggregator(o, dir, o.agents); err != nil {
 		return nil, err
 	}
-	if agg, harness, ok := cpuSplit(); ok && o.pin == "auto" {
-		if err := pinSelf(harness); err != nil {
-			return nil, err
-		}
-		f.agg.cpus, f.harnessCPUs = agg, harness
-		f.logf("the aggregator runs on CPUs %s, the harness on %s", cpuList(agg), cpuList(harness))
+	if err := f.pin(); err != nil {
+		return nil, err
 	}
 	if err := f.agg.Start(ctx); err != nil {
 		return f, err
