@@ -76,6 +76,16 @@ type Def struct {
 	Q    float64
 }
 
+// IDs is the set of raw values m derives from, as a Values.Present mask
+// (histograms aside): a reader that decodes only these derives m exactly.
+func (m Def) IDs() uint64 {
+	mask := uint64(1)<<m.Num | uint64(1)<<m.Den
+	if m.Rule == RuleLoad {
+		mask |= 1<<KVCacheUsage | 1<<Waiting | 1<<Running
+	}
+	return mask &^ 1 // id 0 is no value
+}
+
 // Extra is the Def of a gauge the agents forward by its raw name
 // (--extra-metric): it has no Rule.
 func Extra(name string) Def { return Def{Name: name} }
@@ -237,10 +247,12 @@ func (m Def) Latest(series []Sample) (float64, bool) {
 // a counter goes down (the server restarted), the value before the reset is
 // added to every later value, as Prometheus' rate() does.
 type Monotonic struct {
-	last   Values
-	offset [NumIDs]float64
+	last Values
+	// offset and hist are allocated at the first reset and the first
+	// histogram: most pods never need them, and a store holds thousands.
+	offset *[NumIDs]float64
 	rebase bool
-	hist   [NumHists]histMono
+	hist   *[NumHists]histMono
 }
 
 // Rebase says that the next values do not continue the earlier ones (they
@@ -249,8 +261,10 @@ type Monotonic struct {
 // over that one interval is lost rather than mistaken for a reset.
 func (m *Monotonic) Rebase() {
 	m.rebase = true
-	for h := range m.hist {
-		m.hist[h].rebase = true
+	if m.hist != nil {
+		for h := range m.hist {
+			m.hist[h].rebase = true
+		}
 	}
 }
 
@@ -260,6 +274,9 @@ func (m *Monotonic) AdjustSample(s *Sample) {
 	m.Adjust(&s.Values)
 	if s.Hist == nil {
 		return
+	}
+	if m.hist == nil {
+		m.hist = new([NumHists]histMono)
 	}
 	for h := range s.Hist {
 		if s.Hist[h].Present() {
@@ -278,13 +295,20 @@ func (m *Monotonic) Adjust(v *Values) {
 		}
 		raw := v.V[id]
 		last, ok := m.last.Get(id)
+		var step float64
 		switch {
 		case ok && rebase:
-			m.offset[id] += last - raw
+			step = last - raw
 		case ok && raw < last:
-			m.offset[id] += last
+			step = last
+		}
+		if step != 0 && m.offset == nil {
+			m.offset = new([NumIDs]float64)
 		}
 		m.last.Set(id, raw)
-		v.V[id] = raw + m.offset[id]
+		if m.offset != nil {
+			m.offset[id] += step
+			v.V[id] = raw + m.offset[id]
+		}
 	}
 }

@@ -131,3 +131,30 @@ func TestSaturation(t *testing.T) {
 		t.Error("no gauge: defined")
 	}
 }
+
+// TestIDsCoverWhatEachMetricReads: every canonical metric derived from its
+// IDs alone is what it is from every value (a compact store decodes only
+// those).
+func TestIDsCoverWhatEachMetricReads(t *testing.T) {
+	var series, only []Sample
+	for i := range 5 {
+		var s Sample
+		s.TimeMs = int64(i) * 1000
+		for id := ID(1); id < NumIDs; id++ {
+			s.Set(id, float64(i*int(id)+1)/10)
+		}
+		series = append(series, s)
+	}
+	for _, m := range Canonical {
+		only = only[:0]
+		for _, s := range series {
+			s.Present &= m.IDs()
+			only = append(only, s)
+		}
+		want, okW := m.Eval(series)
+		got, okG := m.Eval(only)
+		if want != got || okW != okG {
+			t.Errorf("%s from its IDs alone = %v %v, from every value %v %v", m.Name, got, okG, want, okW)
+		}
+	}
+}

@@ -76,6 +76,9 @@ var (
 	waitingGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Waiting}
 	runningGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Running}
 	kvGauge      = metric.Def{Rule: metric.RuleGauge, Num: metric.KVCacheUsage}
+
+	rateIDs  = ids(promptRate) | ids(genRate) | ids(firstRate) | ids(preemptRate) | ids(ttftMean) | ids(queueMean) | ids(itlMean)
+	gaugeIDs = ids(waitingGauge) | ids(runningGauge) | ids(kvGauge)
 )
 
 // Snapshot reads workload k's replicas over window, its demand sources and
@@ -85,15 +88,17 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) S
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	sc := getScratch()
+	defer putScratch(sc)
 	snap := Snapshot{At: now, Pods: dst[:0]}
 	for _, p := range s.workloads[k] {
 		if p.Demand || s.expired(p, now) {
 			continue
 		}
-		snap.Pods = append(snap.Pods, p.load(now, window, freshFor))
+		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor))
 	}
 	snap.Found = len(snap.Pods) > 0
-	snap.Demand = s.demand(k, window, freshFor, now)
+	snap.Demand = s.demand(sc, k, window, freshFor, now)
 	if !snap.Found {
 		snap.Lost, snap.LostOK = s.lostReplicas(k, now)
 	}
@@ -101,7 +106,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) S
 }
 
 // load is p's PodLoad; mu must be held.
-func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
+func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration) PodLoad {
 	l := PodLoad{Name: p.Name}
 	if !p.readyAt.IsZero() && !p.listedAt.IsZero() {
 		l.Startup = p.readyAt.Sub(p.listedAt)
@@ -127,7 +132,7 @@ func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
 		return l
 	}
 	l.State = PodCounted
-	rates := p.window(window, metric.RuleRate)
+	rates := p.window(sc, window, metric.RuleRate, rateIDs)
 	if n := len(rates); n > 1 {
 		l.Span = time.Duration(rates[n-1].TimeMs-rates[0].TimeMs) * time.Millisecond
 	}
@@ -140,7 +145,7 @@ func (p *pod) load(now time.Time, window, freshFor time.Duration) PodLoad {
 	l.QueueTime, l.QueueOK = queueMean.Eval(rates)
 	l.ITL, l.ITLOK = itlMean.Eval(rates)
 	l.Preemptions, _ = preemptRate.Eval(rates)
-	gauges := p.window(window, metric.RuleGauge)
+	gauges := p.window(sc, window, metric.RuleGauge, gaugeIDs)
 	l.Waiting, _ = waitingGauge.Eval(gauges)
 	l.Running, _ = runningGauge.Eval(gauges)
 	l.KVCache, _ = kvGauge.Eval(gauges)

@@ -145,8 +145,8 @@ type pod struct {
 	instance   string   // the agent process whose counters the series carries
 	extraNames []string
 
-	series   []metric.Sample // oldest first; counters monotonic
-	extras   [][]float64     // parallel to series
+	series   series      // oldest first; counters monotonic
+	extras   [][]float64 // parallel to series
 	mono     metric.Monotonic
 	lastSeen time.Time // aggregator clock of the last successful sample
 	missing  string
@@ -164,6 +164,8 @@ type pod struct {
 	// when it was first listed ready. Their difference is its startup
 	// time as the aggregator saw it (Snapshot).
 	listedAt, readyAt time.Time
+	// trimCheck counts appends since trim last looked for expired samples.
+	trimCheck int
 }
 
 // New returns an empty store.
@@ -564,11 +566,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			s.notifyLocked(p)
 			continue
 		}
-		if n := len(p.series); n > 0 && r.TimeMs <= p.series[n-1].TimeMs {
+		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
 			continue // out of order or repeated: keep the series monotonic in time
-		}
-		if p.series == nil {
-			p.series = make([]metric.Sample, 0, min(s.opts.MaxSamples, 64))
 		}
 		smp := metric.Sample{TimeMs: r.TimeMs, Values: r.Values}
 		if r.Hist != nil {
@@ -576,14 +575,14 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			smp.Hist = &h
 		}
 		p.mono.AdjustSample(&smp)
-		if n := len(p.series); n > 0 && p.series[n-1].Hist != nil {
-			smp.Hist = carryHist(smp.Hist, p.series[n-1].Hist)
+		if p.series.len() > 0 && p.series.lastHist != nil {
+			smp.Hist = carryHist(smp.Hist, p.series.lastHist)
 		}
-		p.series = append(p.series, smp)
+		p.series.add(smp)
 		if r.Extra != nil || p.extras != nil {
 			// extras stays nil until a pod forwards any; then it runs
 			// parallel to series.
-			for len(p.extras) < len(p.series)-1 {
+			for len(p.extras) < p.series.len()-1 {
 				p.extras = append(p.extras, nil)
 			}
 			p.extras = append(p.extras, r.Extra)
@@ -611,44 +610,56 @@ func carryHist(cur, prev *metric.Histograms) *metric.Histograms {
 
 // trim drops samples older than the retention (keeping one before it, so a
 // rate over the full retention has its start) and beyond MaxSamples. It
-// drops lazily, in one copy once half the series has expired, so that an
-// append costs O(1) amortized; readers pick their window from the end.
+// drops in one pass once an eighth of the series (at least 4 samples) has
+// expired, so that an append costs O(1) amortized and a series holds
+// little more than its retention; readers pick their window from the end.
 func (p *pod) trim(o Options) {
-	n := len(p.series)
-	from := p.series[n-1].TimeMs - o.Retention.Milliseconds()
-	if n <= o.MaxSamples && p.series[n/2].TimeMs > from {
-		return // less than half has expired: nothing to do yet
+	n := p.series.len()
+	from := p.series.lastMs - o.Retention.Milliseconds()
+	if n <= o.MaxSamples && n < 8 {
+		return
 	}
-	cut := sort.Search(n, func(i int) bool { return p.series[i].TimeMs > from })
+	// The samples are decoded to find the cut: at most one trim in
+	// max(4, n/8) appends decodes the series.
+	p.trimCheck++
+	if n <= o.MaxSamples && p.trimCheck < max(4, n/8) {
+		return
+	}
+	p.trimCheck = 0
+	sc := getScratch()
+	defer putScratch(sc)
+	all := sc.samples(p, 0)
+	cut := sort.Search(n, func(i int) bool { return all[i].TimeMs > from })
 	if cut > 0 {
 		cut-- // keep the sample just before the retention
 	}
 	if over := n - o.MaxSamples; over > cut {
-		p.capCutMs = p.series[over-1].TimeMs
+		p.capCutMs = all[over-1].TimeMs
 		cut = over
 	}
 	if cut == 0 {
 		return
 	}
-	p.series = append(p.series[:0], p.series[cut:]...)
+	p.series.drop(cut)
 	if len(p.extras) >= cut {
 		p.extras = append(p.extras[:0], p.extras[cut:]...)
 	}
 }
 
 // window returns the samples of the last d on the pod's own clock (d == 0:
-// all). For rates and ratios it includes the sample just before the window,
-// so that the increase covers the whole window.
-func (p *pod) window(d time.Duration, rule metric.Rule) []metric.Sample {
-	if d <= 0 || len(p.series) == 0 {
-		return p.series
+// all), with the metrics in want decoded, into sc. For rates and ratios it includes the sample just
+// before the window, so that the increase covers the whole window.
+func (p *pod) window(sc *scratch, d time.Duration, rule metric.Rule, want uint64) []metric.Sample {
+	all := sc.samples(p, want)
+	if d <= 0 || len(all) == 0 {
+		return all
 	}
-	from := p.series[len(p.series)-1].TimeMs - d.Milliseconds()
-	i := sort.Search(len(p.series), func(i int) bool { return p.series[i].TimeMs > from })
+	from := all[len(all)-1].TimeMs - d.Milliseconds()
+	i := sort.Search(len(all), func(i int) bool { return all[i].TimeMs > from })
 	if i > 0 && !rule.Gauge() {
 		i--
 	}
-	return p.series[i:]
+	return all[i:]
 }
 
 // Pods returns the number of pods held.

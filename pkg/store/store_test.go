@@ -71,15 +71,16 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	default:
 	}
 	// Expired samples go lazily; what a reader sees is the window.
-	if n := len(s.peek("a").series); n > 12 {
-		t.Fatalf("%d samples kept, want at most twice the retention's", n)
+	if n := s.peek("a").series.len(); n > 5+1+4 {
+		t.Fatalf("%d samples kept, want the retention's, the one before and at most 4 more", n)
 	}
-	if n := len(s.peek("a").window(5*time.Second, metric.RuleRate)); n != 6 {
+	if n := len(s.peek("a").window(new(scratch), 5*time.Second, metric.RuleRate, allIDs)); n != 6 {
 		t.Fatalf("a 5s rate window holds %d samples, want 5s of them plus the one before", n)
 	}
 	// Out-of-order samples are dropped, keeping the series in time order.
 	s.Add([]Report{report("a", 3000, 99)})
-	if got, _ := s.peek("a").series[len(s.peek("a").series)-1].Get(metric.Waiting); got != 19 {
+	all := s.peek("a").window(new(scratch), 0, metric.RuleGauge, allIDs)
+	if got, _ := all[len(all)-1].Get(metric.Waiting); got != 19 {
 		t.Fatalf("last waiting = %v", got)
 	}
 }

@@ -58,6 +58,8 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	sc := getScratch()
+	defer putScratch(sc)
 	out := make([]WorkloadView, 0, len(s.workloads))
 	for k, pods := range s.workloads {
 		if o.Match != nil && !o.Match(k) {
@@ -70,7 +72,7 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 			if s.expired(p, now) {
 				continue
 			}
-			pv := p.view(now, o)
+			pv := p.view(sc, now, o)
 			w.Pods = append(w.Pods, pv)
 			if !pv.Fresh {
 				continue
@@ -102,12 +104,12 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 	return out
 }
 
-func (p *pod) view(now time.Time, o ViewOptions) PodView {
+func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.missing, Error: p.errText,
 		Rejected: p.rejected, Values: map[string]float64{}}
 	if p.Demand {
 		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
-			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(p.series); ok {
+			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(sc.samples(p, 1<<id)); ok {
 				pv.Values[id.Name()] = v
 			}
 		}
@@ -118,12 +120,12 @@ func (p *pod) view(now time.Time, o ViewOptions) PodView {
 		pv.Fresh = pv.Age <= o.FreshFor && p.missing == ""
 	}
 	for _, m := range metric.Canonical {
-		if v, ok := p.value(m, o.Window); ok {
+		if v, ok := p.value(sc, m, o.Window); ok {
 			pv.Values[m.Name] = v
 		}
 	}
 	for i, name := range p.extraNames {
-		if v, ok := p.extra(i, o.Window); ok {
+		if v, ok := p.extra(sc, i, o.Window); ok {
 			pv.Values[name] = v
 		}
 	}
@@ -131,19 +133,19 @@ func (p *pod) view(now time.Time, o ViewOptions) PodView {
 }
 
 // value derives m for the pod over window (0: latest).
-func (p *pod) value(m metric.Def, window time.Duration) (float64, bool) {
+func (p *pod) value(sc *scratch, m metric.Def, window time.Duration) (float64, bool) {
 	if window <= 0 {
-		return m.Latest(p.series)
+		return m.Latest(sc.samples(p, ids(m)))
 	}
-	return m.Eval(p.window(window, m.Rule))
+	return m.Eval(p.window(sc, window, m.Rule, ids(m)))
 }
 
 // extra is the latest value, or the window's mean, of the i-th extra gauge.
-func (p *pod) extra(i int, window time.Duration) (float64, bool) {
-	n := len(p.series)
+func (p *pod) extra(sc *scratch, i int, window time.Duration) (float64, bool) {
+	n := p.series.len()
 	from := 0
 	if window > 0 && n > 0 {
-		from = n - len(p.window(window, metric.RuleGauge))
+		from = n - len(p.window(sc, window, metric.RuleGauge, 0))
 	} else {
 		from = n - 1
 	}
@@ -240,7 +242,9 @@ func (s *Store) query(dst []PodValue, k Key, name string, canon metric.Def, isCa
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.queryLocked(dst, k, name, canon, isCanon, window, freshFor, mg, now)
+	sc := getScratch()
+	defer putScratch(sc)
+	return s.queryLocked(sc, dst, k, name, canon, isCanon, window, freshFor, mg, now)
 }
 
 // Reading is one trigger's read of a workload, taken under one lock: its
@@ -272,12 +276,14 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 	if m.Rule == metric.RuleQuantile {
 		mg = new(metric.Merge)
 	}
-	r.Pods, r.Found = s.queryLocked(dst, k, m.Name, m, m.Rule != 0, window, freshFor, mg, now)
+	sc := getScratch()
+	defer putScratch(sc)
+	r.Pods, r.Found = s.queryLocked(sc, dst, k, m.Name, m, m.Rule != 0, window, freshFor, mg, now)
 	if mg != nil {
 		r.Merged, r.MergedOK = mg.Quantile(m.Q)
 	}
 	if demand {
-		r.Demand = s.demand(k, window, freshFor, now)
+		r.Demand = s.demand(sc, k, window, freshFor, now)
 	}
 	if !r.Found {
 		r.Lost, r.LostOK = s.lostReplicas(k, now)
@@ -286,13 +292,13 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 }
 
 // queryLocked is query with mu held.
-func (s *Store) queryLocked(dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge, now time.Time) (pods []PodValue, found bool) {
+func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge, now time.Time) (pods []PodValue, found bool) {
 	pods = dst
 	for _, p := range s.workloads[k] {
 		if p.Demand || s.expired(p, now) {
 			continue // a router's entry is no replica; an expired agent's pod Sweep will drop
 		}
-		pv := PodValue{Name: p.Name, Samples: len(p.series)}
+		pv := PodValue{Name: p.Name, Samples: p.series.len()}
 		switch {
 		case p.Terminating:
 			pv.State, pv.Ready = PodTerminating, p.Ready
@@ -308,23 +314,23 @@ func (s *Store) queryLocked(dst []PodValue, k Key, name string, canon metric.Def
 			defined := false
 			switch {
 			case mg != nil:
-				pv.Value, defined = canon.EvalMerge(mg, p.window(window, canon.Rule))
+				pv.Value, defined = canon.EvalMerge(mg, p.window(sc, window, canon.Rule, histBit))
 			case isCanon:
-				pv.Value, defined = p.value(canon, window)
+				pv.Value, defined = p.value(sc, canon, window)
 			default:
 				if i := indexOf(p.extraNames, name); i >= 0 {
-					pv.Value, defined = p.extra(i, window)
+					pv.Value, defined = p.extra(sc, i, window)
 				}
 			}
 			pv.State = PodUndefined
 			switch {
 			case defined:
 				pv.State = PodCounted
-				p.checkSpan(&pv, window)
-			case canon.Rule == metric.RuleQuantile && !canon.HasHist(p.series):
+				p.checkSpan(sc, &pv, window)
+			case canon.Rule == metric.RuleQuantile && !canon.HasHist(sc.samples(p, histBit)):
 				pv.Reason = NoHistograms
 			case isCanon && !canon.Rule.Gauge():
-				pv.Idle = p.idle()
+				pv.Idle = p.idle(sc)
 			}
 		}
 		pods = append(pods, pv)
@@ -350,11 +356,13 @@ func (s *Store) Demand(k Key, window, freshFor time.Duration) DemandValue {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.demand(k, window, freshFor, now)
+	sc := getScratch()
+	defer putScratch(sc)
+	return s.demand(sc, k, window, freshFor, now)
 }
 
 // demand is Demand with mu held.
-func (s *Store) demand(k Key, window, freshFor time.Duration, now time.Time) DemandValue {
+func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now time.Time) DemandValue {
 	var d DemandValue
 	held := metric.Def{Rule: metric.RuleGauge, Num: metric.PendingRequests}
 	for _, p := range s.workloads[k] {
@@ -366,10 +374,10 @@ func (s *Store) demand(k Key, window, freshFor time.Duration, now time.Time) Dem
 			continue
 		}
 		d.Sources++
-		if v, ok := held.Latest(p.series); ok {
+		if v, ok := held.Latest(sc.samples(p, 1<<metric.PendingRequests)); ok {
 			d.Held += v
 		}
-		if w := p.window(window, metric.RuleRate); len(w) > 1 {
+		if w := p.window(sc, window, metric.RuleRate, 1<<metric.ArrivedRequests); len(w) > 1 {
 			a, okA := w[0].Get(metric.ArrivedRequests)
 			b, okB := w[len(w)-1].Get(metric.ArrivedRequests)
 			if okA && okB {
@@ -382,24 +390,25 @@ func (s *Store) demand(k Key, window, freshFor time.Duration, now time.Time) Dem
 
 // checkSpan marks pv truncated when samples of the window were dropped by
 // the MaxSamples cap.
-func (p *pod) checkSpan(pv *PodValue, window time.Duration) {
-	if window <= 0 || p.capCutMs == 0 || len(p.series) == 0 {
+func (p *pod) checkSpan(sc *scratch, pv *PodValue, window time.Duration) {
+	if window <= 0 || p.capCutMs == 0 || p.series.len() == 0 {
 		return
 	}
-	last := p.series[len(p.series)-1].TimeMs
+	last := p.series.lastMs
 	if p.capCutMs > last-window.Milliseconds() {
 		pv.Truncated = true
-		pv.SpanMs = last - p.series[0].TimeMs
+		pv.SpanMs = last - sc.samples(p, 0)[0].TimeMs
 	}
 }
 
 // idle reports whether the pod's latest sample shows no request waiting or
 // running.
-func (p *pod) idle() bool {
-	if len(p.series) == 0 {
+func (p *pod) idle(sc *scratch) bool {
+	if p.series.len() == 0 {
 		return false
 	}
-	v := &p.series[len(p.series)-1].Values
+	all := sc.samples(p, 1<<metric.Waiting|1<<metric.Running)
+	v := &all[len(all)-1].Values
 	w, okW := v.Get(metric.Waiting)
 	r, okR := v.Get(metric.Running)
 	return (okW || okR) && w == 0 && r == 0

@@ -32,7 +32,17 @@ type podState struct {
 	present uint64
 	last    [metric.NumIDs]int64
 	delta   [metric.NumIDs]int64 // last increase, counters only
-	hist    [metric.NumHists]histState
+	// hist is allocated at the pod's first histogram: a decoder holds
+	// thousands of pods, most without.
+	hist *[metric.NumHists]histState
+}
+
+// histograms is s.hist, allocated.
+func (s *podState) histograms() *[metric.NumHists]histState {
+	if s.hist == nil {
+		s.hist = new([metric.NumHists]histState)
+	}
+	return s.hist
 }
 
 // histState is what one end last sent or received of a pod's histogram.
@@ -119,7 +129,7 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	if s.Hist != nil {
 		for h := range s.Hist {
 			if hb := &s.Hist[h]; hb.Present() {
-				if x := st.hist[h].encode(s.Pod, metric.Hist(h), hb); x != nil {
+				if x := st.histograms()[h].encode(s.Pod, metric.Hist(h), hb); x != nil {
 					b.Histograms = append(b.Histograms, x)
 				}
 			}
@@ -262,7 +272,7 @@ func (d *Decoder) decodeHist(dst []Sample, x *pulsev1.HistogramSample) error {
 	if s.Hist != nil && s.Hist[h].Present() {
 		return fmt.Errorf("pod %d: histogram %s twice", x.Pod, h.Name())
 	}
-	hs := &st.hist[h]
+	hs := &st.histograms()[h]
 	if len(x.Bounds) > 0 {
 		if err := checkBounds(x.Bounds); err != nil {
 			return fmt.Errorf("pod %d: histogram %s: %w", x.Pod, h.Name(), err)
