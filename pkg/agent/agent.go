@@ -562,7 +562,7 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_agent_batch_bytes_sent_total", Help: "Encoded bytes of the sample batches sent."}, []string{"aggregator"}),
 		acked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pulse_agent_acked_batch_seq", Help: "Sequence number of the last batch the aggregator acknowledged on the current stream."}, []string{"aggregator"}),
+			Name: "pulse_agent_acked_batch_seq", Help: "Sequence number of the last batch the aggregator acknowledged on the current stream (it acks at most every 10 s)."}, []string{"aggregator"}),
 	}
 	for _, r := range []pulsev1.MissingReason{1, 2, 3, 4, 5, 6} {
 		m.errors.WithLabelValues(wire.ReasonName(r))

@@ -65,6 +65,11 @@ const (
 	warnEvery    = 30 * time.Second
 )
 
+// AckEvery is how often the agent asks the aggregator to acknowledge its
+// batches (Hello.ack_every_ms): acks only feed pulse_agent_acked_batch_seq,
+// and each one is a write and a wake-up on both ends of every stream.
+const AckEvery = 10 * time.Second
+
 func newStreamer(a *Agent, addr, serverName string) *streamer {
 	return &streamer{agent: a, addr: addr, serverName: serverName, pending: map[string]result{}, wake: make(chan struct{}, 1)}
 }
@@ -152,7 +157,8 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	}
 	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
 		Node: s.agent.opts.NodeName, AgentVersion: version.Version, AgentInstance: instance,
-		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names}}}); err != nil {
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names,
+		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	welcome, err := stream.Recv()

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -188,6 +189,9 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			if err := st.batch(m.Batch); err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
+			if !st.ackDue(time.Now()) {
+				continue
+			}
 			if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.Batch.Seq}}}); err != nil {
 				return err
 			}
@@ -239,15 +243,35 @@ type streamState struct {
 	// pod held listed by a connected agent): listed again at each batch
 	// until held; their samples are dropped (store_full) meanwhile.
 	pending map[uint32]store.PodInfo
-	heard   bool // a batch has arrived on this stream
+	heard   bool      // a batch has arrived on this stream
+	acked   time.Time // when a batch was last acked
 	// loggedRejects: when each pod's refused values were last logged (once
 	// a minute per pod).
 	loggedRejects map[uint32]time.Time
 	dec           *wire.Decoder
-	// Reused from batch to batch.
+}
+
+// ackDue reports whether the batch just stored is acked: every batch, or
+// with the hello's ack_every_ms, the first one that long after the last
+// ack (it covers the batches before it).
+func (st *streamState) ackDue(now time.Time) bool {
+	every := time.Duration(st.hello.AckEveryMs) * time.Millisecond
+	if every > 0 && !st.acked.IsZero() && now.Sub(st.acked) < every {
+		return false
+	}
+	st.acked = now
+	return true
+}
+
+// batchBufs are one batch's decoded samples and reports: pooled across
+// streams, not held per stream, so that thousands of idle streams hold
+// none (only the batches being stored at once do).
+type batchBufs struct {
 	samples []wire.Sample
 	reports []store.Report
 }
+
+var batchPool = sync.Pool{New: func() any { return new(batchBufs) }}
 
 // rejectLogEvery rate-limits the log of one pod's refused values.
 const rejectLogEvery = time.Minute
@@ -473,8 +497,16 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
 		return err
 	}
-	samples, err := st.dec.Decode(st.samples[:0], b)
-	st.samples = samples
+	bufs := batchPool.Get().(*batchBufs)
+	defer func() {
+		// Nothing of this batch is kept alive by the pool.
+		clear(bufs.samples[:cap(bufs.samples)])
+		clear(bufs.reports[:cap(bufs.reports)])
+		bufs.samples, bufs.reports = bufs.samples[:0], bufs.reports[:0]
+		batchPool.Put(bufs)
+	}()
+	samples, err := st.dec.Decode(bufs.samples[:0], b)
+	bufs.samples = samples
 	if err != nil {
 		st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
 		return err
@@ -482,8 +514,8 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	if len(st.pending) > 0 {
 		st.relist()
 	}
-	reports := st.reports[:0]
-	defer func() { st.reports = reports[:0] }()
+	reports := bufs.reports[:0]
+	defer func() { bufs.reports = reports }()
 	for i := range samples {
 		s := &samples[i]
 		uid, ok := st.ids[s.Pod]

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -424,5 +425,58 @@ func TestFirstHistogramsAreAnnounced(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("OnHistograms called %d times, want once", n)
+	}
+}
+
+// TestAcksAsOftenAsTheAgentAsks: with the hello's ack_every_ms, a stream
+// of batches gets one ack (the first batch's) within that time, and every
+// batch is stored all the same; without it every batch is acked.
+func TestAcksAsOftenAsTheAgentAsks(t *testing.T) {
+	for _, every := range []uint32{0, 3_600_000} {
+		f := newFixture(t)
+		h := hello()
+		h.GetHello().AckEveryMs = every
+		enc := wire.NewEncoder()
+		msgs := []*pulsev1.AgentMessage{h, catalogue(pod(1, "a"))}
+		for seq := uint64(1); seq <= 5; seq++ {
+			b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: int64(seq) * 1000}
+			s := wire.Sample{Pod: 1}
+			s.Values.Set(metric.Waiting, float64(seq))
+			enc.Append(b, &s)
+			msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		stream, err := f.client.Report(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = stream.CloseSend()
+		var acks []uint64
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			if a := msg.GetAck(); a != nil {
+				acks = append(acks, a.Seq)
+			}
+		}
+		cancel()
+		want := []uint64{1, 2, 3, 4, 5}
+		if every > 0 {
+			want = []uint64{1}
+		}
+		if !slices.Equal(acks, want) {
+			t.Errorf("ack_every_ms %d: acks %v, want %v", every, acks, want)
+		}
+		v := f.store.View(store.ViewOptions{FreshFor: time.Hour, Window: 0})
+		if len(v) != 1 || v[0].Pods[0].Values["waiting"] != 5 {
+			t.Errorf("ack_every_ms %d: the store holds %+v, want the last batch's waiting 5", every, v)
+		}
 	}
 }

@@ -178,7 +178,7 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 	}
 	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
 		Node: a.node, AgentVersion: "fleet", AgentInstance: fmt.Sprintf("%s-%d", a.node, time.Now().UnixNano()),
-		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, AckEveryMs: uint32(agent.AckEvery.Milliseconds())}}}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	welcome, err := stream.Recv()

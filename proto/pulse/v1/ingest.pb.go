@@ -583,7 +583,13 @@ type Hello struct {
 	AgentInstance string `protobuf:"bytes,4,opt,name=agent_instance,json=agentInstance,proto3" json:"agent_instance,omitempty"`
 	// Names of forwarded raw gauges (agent --extra-metric). Their values travel
 	// in PodSample.extra, in this order.
-	ExtraMetrics  []string `protobuf:"bytes,5,rep,name=extra_metrics,json=extraMetrics,proto3" json:"extra_metrics,omitempty"`
+	ExtraMetrics []string `protobuf:"bytes,5,rep,name=extra_metrics,json=extraMetrics,proto3" json:"extra_metrics,omitempty"`
+	// How often the agent wants its batches acknowledged: the aggregator acks
+	// a batch when at least this long has passed since its last ack on the
+	// stream (the ack covers every batch up to it). 0 acks every batch, as
+	// before this field. Every ack is a write and a wake-up on both ends; one
+	// aggregator serves thousands of agents.
+	AckEveryMs    uint32 `protobuf:"varint,6,opt,name=ack_every_ms,json=ackEveryMs,proto3" json:"ack_every_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -651,6 +657,13 @@ func (x *Hello) GetExtraMetrics() []string {
 		return x.ExtraMetrics
 	}
 	return nil
+}
+
+func (x *Hello) GetAckEveryMs() uint32 {
+	if x != nil {
+		return x.AckEveryMs
+	}
+	return 0
 }
 
 // Welcome answers a Hello.
@@ -1312,13 +1325,15 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x11AggregatorMessage\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.pulse.v1.WelcomeH\x00R\awelcome\x12!\n" +
 	"\x03ack\x18\x02 \x01(\v2\r.pulse.v1.AckH\x00R\x03ackB\x05\n" +
-	"\x03msg\"\xd2\x01\n" +
+	"\x03msg\"\xf4\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12D\n" +
 	"\x10protocol_version\x18\x03 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\x12%\n" +
 	"\x0eagent_instance\x18\x04 \x01(\tR\ragentInstance\x12#\n" +
-	"\rextra_metrics\x18\x05 \x03(\tR\fextraMetrics\"~\n" +
+	"\rextra_metrics\x18\x05 \x03(\tR\fextraMetrics\x12 \n" +
+	"\fack_every_ms\x18\x06 \x01(\rR\n" +
+	"ackEveryMs\"~\n" +
 	"\aWelcome\x12-\n" +
 	"\x12aggregator_version\x18\x01 \x01(\tR\x11aggregatorVersion\x12D\n" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\"J\n" +
