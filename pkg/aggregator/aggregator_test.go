@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"io"
 	"log/slog"
 	"net/http"
 	runtimedebug "runtime/debug"
@@ -12,17 +13,7 @@ import (
 
 func TestDebugOnItsOwnAddress(t *testing.T) {
 	a := start(t, func(o *Options) { o.Serving.DebugAddr = "127.0.0.1:0" })
-	get := func(url string) int {
-		for range 50 {
-			resp, err := http.Get(url)
-			if err == nil {
-				resp.Body.Close()
-				return resp.StatusCode
-			}
-		}
-		t.Fatalf("GET %s never answered", url)
-		return 0
-	}
+	get := func(url string) int { return httpGet(t, url) }
 	if code := get("http://" + a.DebugAddr() + "/debug/workloads"); code != 200 {
 		t.Fatalf("debug address: %d", code)
 	}
@@ -32,6 +23,54 @@ func TestDebugOnItsOwnAddress(t *testing.T) {
 	if code := get("http://" + a.HTTPAddr() + "/metrics"); code != 200 {
 		t.Fatalf("metrics: %d", code)
 	}
+}
+
+func TestProfilesOnlyWhenAsked(t *testing.T) {
+	for _, profiling := range []bool{false, true} {
+		a := start(t, func(o *Options) { o.Serving.DebugAddr, o.Serving.Profiling = "127.0.0.1:0", profiling })
+		want := map[bool]int{false: 404, true: 200}[profiling]
+		if code := httpGet(t, "http://"+a.DebugAddr()+"/debug/pprof/heap"); code != want {
+			t.Errorf("--profiling=%v: the heap profile answers %d, want %d", profiling, code, want)
+		}
+		if code := httpGet(t, "http://"+a.HTTPAddr()+"/debug/pprof/heap"); code != 404 {
+			t.Errorf("--profiling=%v: the main HTTP address serves profiles beside a --debug-addr: %d", profiling, code)
+		}
+	}
+}
+
+// The fleet harness reads the live heap (docs/performance.md): heap in use
+// also holds what the next GC frees.
+func TestMetricsHaveTheLiveHeap(t *testing.T) {
+	a := start(t, func(*Options) {})
+	httpGet(t, "http://"+a.HTTPAddr()+"/livez")
+	resp, err := http.Get("http://" + a.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes "} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics has no %s", strings.TrimSpace(name))
+		}
+	}
+}
+
+// httpGet is the status of GET url, retried while the listener starts.
+func httpGet(t *testing.T, url string) int {
+	t.Helper()
+	for range 50 {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+	}
+	t.Fatalf("GET %s never answered", url)
+	return 0
 }
 
 func TestValidateNamesEveryProblem(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"regexp"
 	runtimedebug "runtime/debug"
 	"time"
 
@@ -97,7 +99,11 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// go_gc_heap_live_bytes (the heap the last GC found live) beside the
+	// default set: heap in use also holds what the next GC will free.
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	steps := []func(prometheus.Registerer) error{a.buildStore, a.buildIngest, a.buildScaler, a.buildProvision}
 	for _, step := range steps {
 		if err := step(reg); err != nil {
@@ -200,6 +206,25 @@ func grpcOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.KeepaliveParams(ServerKeepalive), grpc.KeepaliveEnforcementPolicy(ServerPolicy)}
 }
 
+// streamOptions size an agent stream's connection for what it carries: a
+// batch a second of a few hundred bytes, an ack back. gRPC's defaults
+// (32 KiB read and write buffers per connection, the write buffer held for
+// the connection's life, and a window that grows by pinging) are sized for
+// bulk transfers; one aggregator holds thousands of these connections.
+//   - 4 KiB read buffers: a batch is read in one call; a large catalogue in
+//     several.
+//   - 4 KiB write buffers (gRPC shares them: a connection takes one only
+//     while it writes, and returns it after the flush).
+//   - Fixed 64 KiB windows (gRPC's least): no bandwidth-estimation pings,
+//     so a batch wakes no extra writer, and a connection can hold at most
+//     64 KiB that its handler has not read (the estimate grows it to 16 MiB).
+func streamOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10),
+		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
+	}
+}
+
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	o := a.opts.Store
 	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods, Expiry: o.PodExpiry})
@@ -244,6 +269,7 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	o := a.opts
 	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
+	opts = append(opts, streamOptions()...)
 	switch {
 	case o.IngestTLS.CertFile != "":
 		files, err := certs.NewFiles(o.IngestTLS.CertFile, o.IngestTLS.KeyFile, "")
@@ -359,12 +385,17 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	if a.provisioner != nil {
 		dbg.Provisioning = a.provisioner
 	}
+	dmux := mux
 	if a.debugLn != nil {
-		dmux := http.NewServeMux()
-		dbg.Register(dmux)
+		dmux = http.NewServeMux()
 		a.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 5 * time.Second}
-	} else {
-		dbg.Register(mux)
+	}
+	dbg.Register(dmux)
+	if a.opts.Serving.Profiling {
+		dmux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		dmux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		dmux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		dmux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))

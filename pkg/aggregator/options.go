@@ -85,6 +85,9 @@ func (o *Options) LogOptions() logging.Options { return o.Log }
 type ServingOptions struct {
 	IngestAddr, ScalerAddr, HTTPAddr, DebugAddr string
 	ShutdownTimeout                             time.Duration
+	// Profiling serves Go's profiles (net/http/pprof) beside the debug
+	// endpoints, under /debug/pprof/.
+	Profiling bool
 }
 
 // AddFlags registers the group's flags.
@@ -93,6 +96,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /debug/workloads, /debug/triggers, /metrics, /livez and /readyz")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
+	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 }
 

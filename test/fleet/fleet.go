@@ -171,7 +171,11 @@ type result struct {
 	AggregatorCPUCores  float64 `json:"aggregatorCpuCores"`
 	AggregatorRSSBytes  int64   `json:"aggregatorRssBytes"`
 	HeapInuseBytes      float64 `json:"heapInuseBytes"`
-	HeapBytesPerPod     float64 `json:"heapBytesPerPod"`
+	HeapBytesPerPod     float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
+	// HeapLiveBytes: what the aggregator's last GC found live
+	// (go_gc_heap_live_bytes); heap in use runs up to twice it (GOGC=100).
+	HeapLiveBytes       float64 `json:"heapLiveBytes"`
+	HeapLiveBytesPerPod float64 `json:"heapLiveBytesPerPod"`
 	GetMetricsCount     int     `json:"getMetricsCount"`
 	GetMetricsP50       float64 `json:"getMetricsP50Seconds"`
 	GetMetricsP99       float64 `json:"getMetricsP99Seconds"`
@@ -459,11 +463,12 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / el,
 		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
-		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
+		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
+		res.HeapLiveBytesPerPod = res.HeapLiveBytes / float64(res.Pods)
 	}
 	if res.PodSamplesPerSecond > 0 {
 		res.AggregatorCPUSecondsPerMillionSamples = res.AggregatorCPUCores / res.PodSamplesPerSecond * 1e6
