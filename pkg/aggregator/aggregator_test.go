@@ -105,7 +105,7 @@ func TestWarnsWhenMaxPodsOutgrowMemory(t *testing.T) {
 		maxPods    int
 		histograms bool
 		warn       bool
-	}{{10000, false, false}, {10000, true, true}, {5000, true, false}, {20000, false, true}} {
+	}{{10000, false, false}, {10000, true, false}, {20000, true, true}, {20000, false, false}, {30000, false, true}} {
 		var logs syncbuf.Buffer
 		o := NewOptions()
 		o.Store.MaxPods = tc.maxPods

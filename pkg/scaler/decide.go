@@ -103,6 +103,7 @@ func (s *Server) Evaluate(t Trigger) (Decision, error) { return s.evaluate(t, fa
 //   - ready pods with no value (failed or stale scrape) are filled by the
 //     missingPods rule, in the direction the counted pods give.
 func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
+	s.windows.note(t.Window, s.now()) // before the gate: the warm-up fills what the triggers will read
 	if s.gate != nil {
 		if err := s.gate(); err != nil {
 			return Decision{}, status.Errorf(codes.Unavailable, "%s: %v", describe(t), err)

@@ -35,6 +35,10 @@ type Server struct {
 	gate      func() error   // nil, or non-nil error while answers would be partial
 	decisions *recorder
 	plans     *plans
+	// windows: the live triggers' windows, which size the store's
+	// retention (nil unless Options.FollowWindows).
+	windows *windows
+	now     func() time.Time
 	log       *slog.Logger
 	// recheck is how often open streams re-evaluate with no new sample, so
 	// that a workload going stale is noticed.
@@ -66,6 +70,10 @@ type Options struct {
 	Now func() time.Time
 	// Logger logs refused triggers (nil: none).
 	Logger *slog.Logger
+	// FollowWindows keeps the store's retention at the longest window the
+	// live triggers ask for (at least DefaultWindow, at most MaxWindow)
+	// rather than at MaxWindow; the aggregator sets it.
+	FollowWindows bool
 	// AllowCrossNamespace lets a trigger's namespace or workspaceNamespace
 	// name another namespace than its ScaledObject's; false: a trigger reads
 	// only its own namespace (a tenant's ScaledObject must not read
@@ -102,8 +110,16 @@ func New(st *store.Store, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
-		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{})}
+	s := &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
+		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{}), now: o.Now}
+	if o.FollowWindows {
+		floor := DefaultWindow
+		if o.MaxWindow > 0 {
+			floor = min(floor, o.MaxWindow)
+		}
+		s.windows = newWindows(floor, st.SetRetention)
+	}
+	return s
 }
 
 // Shutdown ends every open stream with EOF (the handlers return nil), so

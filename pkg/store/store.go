@@ -662,6 +662,23 @@ func (p *pod) window(sc *scratch, d time.Duration, rule metric.Rule, want uint64
 	return all[i:]
 }
 
+// SetRetention sets the longest window a reader may ask for: each pod's
+// samples older than that (but the one just before) go at its next
+// samples. A longer retention keeps more from then on; what was dropped
+// is not recovered.
+func (s *Store) SetRetention(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opts.Retention = d
+}
+
+// Retention is the longest window a reader may ask for now.
+func (s *Store) Retention() time.Duration {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.opts.Retention
+}
+
 // Pods returns the number of pods held.
 func (s *Store) Pods() int {
 	s.mu.RLock()
