@@ -40,8 +40,9 @@ type Server struct {
 	windows *windows
 	now     func() time.Time
 	log       *slog.Logger
-	// recheck is how often open streams re-evaluate with no new sample, so
-	// that a workload going stale is noticed.
+	// recheck: an open stream re-evaluates when this long has passed since
+	// its last evaluation with no new sample, so that a workload going stale
+	// is noticed; a workload whose samples keep coming is evaluated at them.
 	recheck time.Duration
 	// minGap spaces a stream's evaluations: changes that come closer are
 	// coalesced into one evaluation, at most minGap after the first.
@@ -288,8 +289,9 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	}
 }
 
-// watch runs step at once and after every change of workload k (and every recheck
-// period) until the client cancels or the server shuts down. step receives
+// watch runs step at once and after every change of workload k (and a
+// recheck period after any evaluation not followed by a change) until the
+// client cancels or the server shuts down. step receives
 // whether anything was sent and the last state sent, and returns the new
 // last state and whether it sent.
 func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bool) (bool, bool, error)) error {
@@ -304,6 +306,7 @@ func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bo
 	for {
 		changed, release := s.store.Watch(k) // before evaluating, so no change is missed
 		next, didSend, err := step(sent, last)
+		tick.Reset(s.recheck) // the next recheck is due a full period after this evaluation
 		if err == nil {
 			if didSend {
 				sent, last = true, next

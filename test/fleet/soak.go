@@ -14,6 +14,7 @@ import (
 type soakSample struct {
 	Seconds    float64 `json:"seconds"` // since the measurement began
 	HeapInuse  float64 `json:"heapInuseBytes"`
+	HeapLive   float64 `json:"heapLiveBytes"` // what the last GC found live: no sawtooth
 	Goroutines float64 `json:"goroutines"`
 	FDs        int     `json:"openFds"`
 	RSS        int64   `json:"rssBytes"`
@@ -25,6 +26,7 @@ type soakSample struct {
 type soakResult struct {
 	Samples               []soakSample `json:"samples"`
 	HeapSlopeBytesPerHour float64      `json:"heapSlopeBytesPerHour"`
+	LiveSlopeBytesPerHour float64      `json:"heapLiveSlopeBytesPerHour"`
 	GoroutineSlopePerHour float64      `json:"goroutinesSlopePerHour"`
 	FDSlopePerHour        float64      `json:"openFdsSlopePerHour"`
 	RSSSlopeBytesPerHour  float64      `json:"rssSlopeBytesPerHour"`
@@ -45,10 +47,10 @@ func (f *fleet) soak(ctx context.Context, pid int, end time.Time) (*soakResult, 
 		if err != nil {
 			return nil, err
 		}
-		s := soakSample{Seconds: time.Since(t0).Seconds(), HeapInuse: m["go_memstats_heap_inuse_bytes"], Goroutines: m["go_goroutines"],
+		s := soakSample{Seconds: time.Since(t0).Seconds(), HeapInuse: m["go_memstats_heap_inuse_bytes"], HeapLive: m["go_gc_heap_live_bytes"], Goroutines: m["go_goroutines"],
 			FDs: p.FDs, RSS: p.RSSBytes, Pods: m["pulse_aggregator_pods"]}
 		r.Samples = append(r.Samples, s)
-		f.logf("soak %4.0fs: heap %.1f MB, %0.f goroutines, %d fds, %.0f pods", s.Seconds, s.HeapInuse/1e6, s.Goroutines, s.FDs, s.Pods)
+		f.logf("soak %4.0fs: heap %.1f MB (live %.1f MB), %0.f goroutines, %d fds, %.0f pods", s.Seconds, s.HeapInuse/1e6, s.HeapLive/1e6, s.Goroutines, s.FDs, s.Pods)
 		if !time.Now().Add(f.o.soakEvery).Before(end.Add(time.Second)) {
 			break
 		}
@@ -83,6 +85,7 @@ func (r *soakResult) fit() {
 	r.GoroutineSlopePerHour, gMean = series(func(s soakSample) float64 { return s.Goroutines })
 	r.FDSlopePerHour, fdMean = series(func(s soakSample) float64 { return float64(s.FDs) })
 	r.RSSSlopeBytesPerHour, _ = series(func(s soakSample) float64 { return float64(s.RSS) })
+	r.LiveSlopeBytesPerHour, _ = series(func(s soakSample) float64 { return s.HeapLive })
 	switch {
 	case r.HeapSlopeBytesPerHour*span > 0.10*heapMean:
 		r.Leak, r.LeakReason = true, fmt.Sprintf("heap grew %.1f MB over %.0f min", r.HeapSlopeBytesPerHour*span/1e6, span*60)
