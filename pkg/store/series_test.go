@@ -245,3 +245,26 @@ func storeHeapPerPod(hist bool) float64 {
 	runtime.KeepAlive(s)
 	return float64(m1.HeapAlloc-m0.HeapAlloc) / pods
 }
+
+// BenchmarkFullCatalogue: one agent's full catalogue (8 pods) into a store
+// of 80,000 pods on 10,000 nodes. It touches that node's pods only (it
+// once walked every pod held: 10,000 agents connecting walked 800 million).
+func BenchmarkFullCatalogue(b *testing.B) {
+	s := New(Options{MaxPods: 100000})
+	node := func(n int) (Source, []PodInfo) {
+		var infos []PodInfo
+		for i := range 8 {
+			uid := fmt.Sprintf("n%d-p%d", n, i)
+			infos = append(infos, PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{{Namespace: "ns", Kind: KindDeployment, Name: fmt.Sprintf("w%d", n)}}})
+		}
+		return Source{Node: fmt.Sprintf("node-%d", n), Instance: "agent"}, infos
+	}
+	for n := range 10000 {
+		src, infos := node(n)
+		s.Upsert(src, infos, true)
+	}
+	src, infos := node(4242)
+	for b.Loop() {
+		s.Upsert(src, infos, true)
+	}
+}

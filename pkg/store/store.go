@@ -111,6 +111,9 @@ type Store struct {
 	pods      map[string]*pod    // by uid
 	workloads map[Key][]*pod     // each sorted by uid: readers see a stable order
 	sources   map[string]*source // by node
+	// listed: each node's pods, by uid (a pod is under every node whose
+	// agent lists it): a full catalogue touches its node's pods, not all.
+	listed map[string]map[string]*pod
 	lastSweep time.Time
 	refused   int
 	now       func() time.Time
@@ -190,6 +193,7 @@ func New(opts Options) *Store {
 		pods:      make(map[string]*pod),
 		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
+		listed:    make(map[string]map[string]*pod),
 		watches:   make(map[Key]*watch),
 		lost:      make(map[Key]Lost),
 		now:       opts.Now,
@@ -287,13 +291,14 @@ func (s *Store) sweep(now time.Time, force bool) {
 	if len(expired) == 0 {
 		return
 	}
-	for uid, p := range s.pods {
-		for node := range expired {
+	for node := range expired {
+		for uid, p := range s.listed[node] {
 			p.sources = without(p.sources, node)
+			if len(p.sources) == 0 && s.pods[uid] == p {
+				s.drop(uid, p, true)
+			}
 		}
-		if len(p.sources) == 0 {
-			s.drop(uid, p, true)
-		}
+		delete(s.listed, node)
 	}
 }
 
@@ -456,6 +461,7 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		p.markStart(!ok, s.now())
 		if !slices.Contains(p.sources, src.Node) {
 			p.sources = append(p.sources, src.Node)
+			s.list(src.Node, p)
 		}
 		if p.instance != "" && p.instance != src.Instance {
 			// Another agent process: its cumulative values do not continue
@@ -468,8 +474,8 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		s.notify(p)
 	}
 	if full {
-		for uid, p := range s.pods {
-			if !listed[uid] && slices.Contains(p.sources, src.Node) {
+		for uid, p := range s.listed[src.Node] {
+			if !listed[uid] {
 				s.unlist(uid, p, src.Node)
 			}
 		}
@@ -502,9 +508,25 @@ func (s *Store) Remove(node string, uids ...string) {
 	}
 }
 
+// list records that node's agent lists p; mu must be held for writing.
+func (s *Store) list(node string, p *pod) {
+	m := s.listed[node]
+	if m == nil {
+		m = make(map[string]*pod)
+		s.listed[node] = m
+	}
+	m[p.UID] = p
+}
+
 // unlist takes node off p's list; mu must be held for writing.
 func (s *Store) unlist(uid string, p *pod, node string) {
 	p.sources = without(p.sources, node)
+	if m := s.listed[node]; m != nil {
+		delete(m, uid)
+		if len(m) == 0 {
+			delete(s.listed, node)
+		}
+	}
 	if len(p.sources) == 0 {
 		s.drop(uid, p, false)
 	}

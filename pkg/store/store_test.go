@@ -147,6 +147,41 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 	}
 }
 
+// TestAPodListedByTwoNodesGoesOnce: a pod two agents list stays while one
+// of them lists it; when both expire in one sweep it is dropped, and
+// counted lost, once. A full catalogue of one node leaves the other's
+// pods alone.
+func TestAPodListedByTwoNodesGoesOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	a := PodInfo{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		s.OpenSource(n)
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{a}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{a, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n3"}, []PodInfo{{UID: "c", Namespace: "ns", Name: "c", Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n1"}, nil, true) // n1 lists nothing now: a stays, listed by n2
+	if s.Pods() != 3 || s.peek("a") == nil {
+		t.Fatalf("%d pods: a, still listed by n2, went with n1's empty catalogue", s.Pods())
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{a}, true)
+	s.CloseSource("n1")
+	s.CloseSource("n2")
+	now = now.Add(2 * time.Minute)
+	s.Sweep()
+	if s.Pods() != 1 || s.peek("c") == nil {
+		t.Fatalf("%d pods after both of a's agents expired: want c alone", s.Pods())
+	}
+	if l, ok := s.LostReplicas(ws); ok || l.Pods != 0 {
+		t.Fatalf("lost %+v %v: c still reports for the workload", l, ok)
+	}
+	s.Upsert(Source{Node: "n3"}, nil, true)
+	if l, ok := s.LostReplicas(ws); !ok || l.Pods != 2 {
+		t.Fatalf("lost %+v %v: want a and b, each counted once", l, ok)
+	}
+}
+
 func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
