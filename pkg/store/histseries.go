@@ -145,11 +145,7 @@ func (c *histColumn) dropFront(k int) {
 	} else {
 		first = []byte{histAbsent}
 	}
-	tail := c.buf[off:]
-	nb := make([]byte, len(first)+len(tail), len(first)+len(tail)+(len(first)+len(tail))/4+8)
-	copy(nb, first)
-	copy(nb[len(first):], tail)
-	c.buf = nb
+	c.buf = replaceHead(c.buf, off, first)
 	c.pruneBounds()
 }
 

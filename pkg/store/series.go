@@ -183,18 +183,7 @@ func (c *column) dropFront(k int) (kept bool) {
 	default:
 		first = binary.AppendUvarint(first, zigzag(n)<<2|tagInt)
 	}
-	tail := c.buf[off:]
-	size := len(first) + len(tail)
-	if size <= cap(c.buf) && size*2 > cap(c.buf) {
-		copy(c.buf[len(first):size], tail) // copy handles the overlap
-		copy(c.buf, first)
-		c.buf = c.buf[:size]
-	} else {
-		nb := make([]byte, size, size+size/4+8)
-		copy(nb, first)
-		copy(nb[len(first):], tail)
-		c.buf = nb
-	}
+	c.buf = replaceHead(c.buf, off, first)
 	if present {
 		return true
 	}
@@ -386,4 +375,22 @@ func (r *series) bytes() int {
 		n += cap(c.buf)
 	}
 	return n
+}
+
+// replaceHead returns buf with buf[:off] replaced by head, in place unless
+// it does not fit or would leave most of the buffer unused (a column drops
+// a few entries and gains as many: shrinking it at each drop and growing
+// it at the next appends would allocate twice for nothing).
+func replaceHead(buf []byte, off int, head []byte) []byte {
+	tail := buf[off:]
+	size := len(head) + len(tail)
+	if size <= cap(buf) && cap(buf) <= 2*size+64 {
+		copy(buf[len(head):size], tail) // copy handles the overlap
+		copy(buf, head)
+		return buf[:size]
+	}
+	nb := make([]byte, size, size+size/4+8)
+	copy(nb, head)
+	copy(nb[len(head):], tail)
+	return nb
 }
