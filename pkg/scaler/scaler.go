@@ -39,7 +39,7 @@ type Server struct {
 	// retention (nil unless Options.FollowWindows).
 	windows *windows
 	now     func() time.Time
-	log       *slog.Logger
+	log     *slog.Logger
 	// recheck: an open stream re-evaluates when this long has passed since
 	// its last evaluation with no new sample, so that a workload going stale
 	// is noticed; a workload whose samples keep coming is evaluated at them.

@@ -113,7 +113,7 @@ type Store struct {
 	sources   map[string]*source // by node
 	// listed: each node's pods, by uid (a pod is under every node whose
 	// agent lists it): a full catalogue touches its node's pods, not all.
-	listed map[string]map[string]*pod
+	listed    map[string]map[string]*pod
 	lastSweep time.Time
 	refused   int
 	now       func() time.Time
