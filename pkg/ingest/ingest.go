@@ -273,6 +273,14 @@ type batchBufs struct {
 
 var batchPool = sync.Pool{New: func() any { return new(batchBufs) }}
 
+// put gives b back to the pool, holding nothing of its batch.
+func (b *batchBufs) put() {
+	clear(b.samples[:cap(b.samples)])
+	clear(b.reports[:cap(b.reports)])
+	b.samples, b.reports = b.samples[:0], b.reports[:0]
+	batchPool.Put(b)
+}
+
 // rejectLogEvery rate-limits the log of one pod's refused values.
 const rejectLogEvery = time.Minute
 
@@ -490,6 +498,44 @@ func (st *streamState) checkIDs(b *pulsev1.SampleBatch) error {
 	return nil
 }
 
+// values fills r with a scraped sample's values, extra gauges and
+// histograms. Every pulse value is a count, a ratio, a rate or a duration:
+// a negative one is bad input. It is dropped (absent), the rest kept, and
+// the pod shows it (/debug/workloads) and is logged. Extra values that do
+// not match the hello's names are an error that ends the stream.
+func (st *streamState) values(r *store.Report, s *wire.Sample) error {
+	if s.Extra != nil {
+		if len(s.Extra) != len(st.hello.ExtraMetrics) {
+			st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
+			return fmt.Errorf("pod %d sends %d extra values for %d extra metrics", s.Pod, len(s.Extra), len(st.hello.ExtraMetrics))
+		}
+		r.Extra = make([]float64, len(s.Extra))
+		for i, x := range s.Extra {
+			if math.IsInf(x, 0) {
+				x = math.NaN()
+			}
+			r.Extra[i] = x
+		}
+	}
+	r.Values, r.Hist = s.Values, s.Hist
+	if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
+		st.srv.onHist()
+	}
+	var rejected []string
+	for id := metric.ID(1); id < metric.NumIDs; id++ {
+		if v, ok := r.Values.Get(id); ok && v < 0 {
+			r.Values.Present &^= 1 << id
+			st.srv.m.rejected.WithLabelValues("negative_value").Inc()
+			rejected = append(rejected, "negative "+id.Name())
+		}
+	}
+	if rejected != nil {
+		r.Rejected = strings.Join(rejected, ", ")
+		st.logRejected(s.Pod, r.Rejected)
+	}
+	return nil
+}
+
 // batch stores a batch. A batch that does not decode ends the stream: the
 // two ends' encoding state no longer agree, and a new stream resets both.
 func (st *streamState) batch(b *pulsev1.SampleBatch) error {
@@ -498,13 +544,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		return err
 	}
 	bufs := batchPool.Get().(*batchBufs)
-	defer func() {
-		// Nothing of this batch is kept alive by the pool.
-		clear(bufs.samples[:cap(bufs.samples)])
-		clear(bufs.reports[:cap(bufs.reports)])
-		bufs.samples, bufs.reports = bufs.samples[:0], bufs.reports[:0]
-		batchPool.Put(bufs)
-	}()
+	defer bufs.put()
 	samples, err := st.dec.Decode(bufs.samples[:0], b)
 	bufs.samples = samples
 	if err != nil {
@@ -515,7 +555,6 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		st.relist()
 	}
 	reports := bufs.reports[:0]
-	defer func() { bufs.reports = reports }()
 	for i := range samples {
 		s := &samples[i]
 		uid, ok := st.ids[s.Pod]
@@ -535,41 +574,13 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 			reports = append(reports, r)
 			continue
 		}
-		if s.Extra != nil {
-			if len(s.Extra) != len(st.hello.ExtraMetrics) {
-				st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
-				return fmt.Errorf("pod %d sends %d extra values for %d extra metrics", s.Pod, len(s.Extra), len(st.hello.ExtraMetrics))
-			}
-			r.Extra = make([]float64, len(s.Extra))
-			for i, x := range s.Extra {
-				if math.IsInf(x, 0) {
-					x = math.NaN()
-				}
-				r.Extra[i] = x
-			}
-		}
-		r.Values, r.Hist = s.Values, s.Hist
-		if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
-			st.srv.onHist()
-		}
-		// Every pulse value is a count, a ratio, a rate or a duration: a
-		// negative one is bad input. It is dropped (absent), the rest kept,
-		// and the pod shows it (/debug/workloads) and is logged.
-		var rejected []string
-		for id := metric.ID(1); id < metric.NumIDs; id++ {
-			if v, ok := r.Values.Get(id); ok && v < 0 {
-				r.Values.Present &^= 1 << id
-				st.srv.m.rejected.WithLabelValues("negative_value").Inc()
-				rejected = append(rejected, "negative "+id.Name())
-			}
-		}
-		if rejected != nil {
-			r.Rejected = strings.Join(rejected, ", ")
-			st.logRejected(s.Pod, r.Rejected)
+		if err := st.values(&r, s); err != nil {
+			return err
 		}
 		st.srv.m.ok.Inc()
 		reports = append(reports, r)
 	}
+	bufs.reports = reports
 	if dropped := st.srv.store.Add(reports); dropped > 0 {
 		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
 	}
