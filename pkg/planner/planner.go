@@ -95,6 +95,10 @@ const (
 	regretQuiet  = time.Hour
 	// maxPeaks bounds the peaks held (one per ObserveEvery).
 	maxPeaks = 720
+	// surgeHalfLife: the surge and the peak work it may return to fade by
+	// half in this long, so that traffic that stopped jumping is followed
+	// down again.
+	surgeHalfLife = time.Hour
 )
 
 // State is what the planner has learned of one workload. The zero State is
@@ -138,12 +142,19 @@ type State struct {
 	// startingFor: the longest a replica now starting has been starting
 	// (this snapshot's): the lead time is at least that.
 	startingFor time.Duration
-	peaks       []peak // need at each observation, oldest first
+	peaks       []peak // need and work at each observation, oldest first
+	// Surge: the largest rise of the offered work within one lead time
+	// seen, and PeakWork the largest offered work; both fade by half in
+	// surgeHalfLife (from surgeAt). A workload whose load has jumped by
+	// more than a replica can start for is planned to hold its peak.
+	Surge, PeakWork float64
+	surgeAt         time.Time
 }
 
 type peak struct {
 	at   time.Time
 	need float64
+	work float64
 }
 
 // Input is one snapshot of the workload.
@@ -161,6 +172,13 @@ type Plan struct {
 	// Backlog the work waiting (queued and held at routers).
 	Work    float64 `json:"workPerSecond"`
 	Backlog float64 `json:"backlog"`
+	// Surge: the largest rise of the work within one lead time seen
+	// (fading); PeakWork the peak work it may return to (fading); Level the
+	// work per second the plan covers: the work over the utilisation, or
+	// the work plus the surge up to the peak, whichever is more.
+	Surge    float64 `json:"surgeWorkPerSecond"`
+	PeakWork float64 `json:"peakWorkPerSecond"`
+	Level    float64 `json:"plannedWorkPerSecond"`
 	// WorkPerRequest: a request's mean work (see State).
 	WorkPerRequest float64 `json:"workPerRequest"`
 	// Capacity per replica learned, its observations and breaks.
@@ -232,10 +250,10 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		st.lastObserve = in.At
 		st.learnCapacity(fresh, in.At, cfg)
 	}
-	p.need(fresh, in, &st, cfg, observe)
+	work := p.need(fresh, in, &st, cfg, observe)
 	hold := st.hold(cfg)
 	if observe {
-		st.peaks = append(st.peaks, peak{in.At, p.Need})
+		st.peaks = append(st.peaks, peak{in.At, p.Need, work})
 	}
 	cut := 0
 	for cut < len(st.peaks) && (in.At.Sub(st.peaks[cut].at) > hold || len(st.peaks)-cut > maxPeaks) {
@@ -251,7 +269,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	p.Replicas = ceil(p.Need)
 	if held := ceil(p.HeldPeak); held > p.Replicas {
 		p.Replicas = held
-		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (lead time %s + %s)", p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), st.LeadTime.Round(time.Second), cfg.HoldMargin)
+		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time %s, margin %s)", p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), st.lead(cfg).Round(time.Second), cfg.HoldMargin)
 	}
 	switch {
 	case p.Replicas >= p.Ready:
@@ -272,8 +290,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 }
 
 // need sets p's offered work, backlog, KV need and Need from the fresh
-// pods; with no capacity learned, the load fallback (see below).
-func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) {
+// pods; with no capacity learned, the load fallback (see below). It returns
+// the offered work of all the ready replicas (the fresh pods' scaled).
+func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
 	var first, growth, queued, kv, fallback float64
 	for _, l := range fresh {
 		p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
@@ -308,17 +327,31 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		scale = float64(len(fresh)+p.Missing) / float64(len(fresh))
 	}
 	p.KVNeed *= scale
+	work := p.Work * scale
+	if observe {
+		st.learnSurge(work, in.At, st.lead(cfg))
+	}
+	p.Surge, p.PeakWork = st.Surge, st.PeakWork
+	// With no work at all, nothing is held for a surge: a workload let
+	// scale to zero goes there once the hold ends.
+	p.Level = work / cfg.Utilisation
+	if work > 0 {
+		p.Level = max(p.Level, min(work+st.Surge, st.PeakWork))
+	}
 	switch {
 	case st.Capacity > 0:
-		work := p.Work * scale / (cfg.Utilisation * st.Capacity)
 		// The backlog is drained by capacity that arrives no sooner than a
 		// replica starts: planned over the lead time (at least the SLO:
 		// a replica that starts at once drains it within the SLO), less the
 		// replicas already starting.
 		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
 		backlog := math.Max(0, p.Backlog/(st.Capacity*drain)-float64(p.Starting))
-		p.Need = work + backlog
+		p.Need = p.Level/st.Capacity + backlog
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f", p.Work, st.Capacity, cfg.Utilisation, p.Backlog)
+		if p.Level > work/cfg.Utilisation {
+			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has risen %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f",
+				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog)
+		}
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
 		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready", queued)
@@ -330,6 +363,31 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.KVNeed
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
+	return work
+}
+
+// learnSurge fades the surge and the peak work, then takes this
+// observation's work into both: the peak is the most offered, the surge the
+// most it rose above its lowest within one lead time (the observations held
+// in st.peaks). Capacity that arrives a lead time after it is asked for
+// hides a rise only if it was there before: a workload whose load has risen
+// by s within a lead time is planned to hold the work it had, up to s above
+// the present, until that fades.
+func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
+	if !st.surgeAt.IsZero() {
+		f := math.Exp2(-now.Sub(st.surgeAt).Seconds() / surgeHalfLife.Seconds())
+		st.Surge *= f
+		st.PeakWork *= f
+	}
+	st.surgeAt = now
+	st.PeakWork = max(st.PeakWork, work)
+	low := work
+	for _, pk := range st.peaks {
+		if now.Sub(pk.at) <= lead {
+			low = min(low, pk.work)
+		}
+	}
+	st.Surge = max(st.Surge, work-low)
 }
 
 // learnCapacity takes one observation of each fresh replica that served

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -316,5 +317,76 @@ func TestITLSLOBreaks(t *testing.T) {
 	// Without an ITL SLO the same replica is healthy.
 	if _, st, _ = Make(snap(t0, l), State{}, Default(0)); st.Breaks != 0 || st.HealthyMax != 8000 {
 		t.Fatalf("no ITL SLO: %d breaks", st.Breaks)
+	}
+}
+
+// ramp feeds the planner n replicas whose work goes linearly from w0 to w1
+// over d, every 5 s.
+func ramp(t *testing.T, st State, cfg Config, at time.Time, d time.Duration, n int, w0, w1 float64) (Plan, State, time.Time) {
+	t.Helper()
+	var p Plan
+	var err error
+	for end := at.Add(d); !at.After(end); at = at.Add(5 * time.Second) {
+		w := w0 + (w1-w0)*float64(at.Sub(end.Add(-d)))/float64(d)
+		pods := make([]store.PodLoad, n)
+		for i := range pods {
+			pods[i] = serving(string(rune('a'+i)), w/float64(n), 0.01)
+		}
+		if p, st, err = Make(snap(at, pods...), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p, st, at
+}
+
+func TestLoadThatJumpedIsPlannedToJumpAgain(t *testing.T) {
+	cfg := Default(0)
+	// Learn at 6000 on one replica, then the work jumps to 24000 (4
+	// replicas) for two minutes, and falls back to 6000 for 20 minutes.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	_, st, at = ramp(t, st, cfg, at, 2*time.Minute, 4, 24000, 24000)
+	if st.Surge != 18000 || st.PeakWork != 24000 {
+		t.Fatalf("surge %v, peak work %v: want 18000 and 24000", st.Surge, st.PeakWork)
+	}
+	p, st, _ := ramp(t, st, cfg, at, 20*time.Minute, 4, 6000, 6000)
+	// The work it may jump back to, faded for 20 minutes, is planned for;
+	// the work alone would need one replica.
+	f := math.Exp2(-(20*time.Minute + 5*time.Second).Seconds() / surgeHalfLife.Seconds())
+	level := min(6000+18000*f, 24000*f)
+	if math.Abs(p.Level-level) > 50 || math.Abs(p.Surge-st.Surge) > 0 || math.Abs(p.PeakWork-st.PeakWork) > 0 {
+		t.Fatalf("planned for %v (surge %v, peak %v), want about %v", p.Level, p.Surge, p.PeakWork, level)
+	}
+	if want := ceil(level / st.Capacity); p.Replicas < want || p.Replicas <= ceil(6000/(cfg.Utilisation*st.Capacity)) {
+		t.Fatalf("plan %d (%s), want at least %d: more than the work alone needs", p.Replicas, p.Reason, want)
+	}
+	if p.Need != p.Level/st.Capacity {
+		t.Fatalf("need %v, want the level planned for over the capacity, %v", p.Need, p.Level/st.Capacity)
+	}
+}
+
+func TestLoadThatDriftedIsFollowedDown(t *testing.T) {
+	cfg := Default(0)
+	// The same range, but risen and fallen over an hour each: no rise
+	// within a lead time comes near the headroom of the utilisation.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	_, st, at = ramp(t, st, cfg, at, time.Hour, 4, 6000, 24000)
+	p, st, _ := ramp(t, st, cfg, at, time.Hour, 4, 24000, 6000)
+	if st.Surge > 1600 {
+		t.Fatalf("surge %v over a ramp of 1500 per 5 min", st.Surge)
+	}
+	if p.Level != 6000/cfg.Utilisation || strings.Contains(p.Reason, "risen") {
+		t.Fatalf("planned for %v (%s), want the work over the utilisation, %v", p.Level, p.Reason, 6000/cfg.Utilisation)
+	}
+}
+
+func TestNoWorkHoldsNoSurge(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	_, st, at = ramp(t, st, cfg, at, 2*time.Minute, 4, 24000, 24000)
+	// Idle past the hold: the surge plans nothing, and the workload can
+	// scale to zero.
+	p, _, _ := ramp(t, st, cfg, at, 20*time.Minute, 4, 0, 0)
+	if p.Replicas != 0 || p.Level != 0 {
+		t.Fatalf("idle: plan %d for %v work (%s), want 0", p.Replicas, p.Level, p.Reason)
 	}
 }

@@ -151,6 +151,8 @@ var (
 		planDesc("held_peak_replicas", "The largest need within the hold (lead time + margin), which the plan keeps."),
 		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
 		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
+		planDesc("surge_work_per_second", "The largest rise of the work offered within one lead time the planner has seen (fading by half in an hour)."),
+		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, or the work plus the surge up to its recent peak, whichever is more."),
 	}
 )
 
@@ -187,7 +189,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, p.Backlog, float64(p.Starting)} {
+				p.Need, p.HeldPeak, p.Backlog, float64(p.Starting), p.Surge, p.Level} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}
