@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/store"
@@ -26,6 +27,10 @@ type Config struct {
 	// ITL, when above 0, is an inter-token latency SLO: a replica whose
 	// mean time between tokens exceeds it is past its capacity too.
 	ITL time.Duration
+	// Percentile, when in (0, 1), makes the TTFT SLO a percentile's (0.9:
+	// 90 % of first tokens within TTFT), read of each replica's TTFT
+	// histogram (the snapshot's TTFTQuantile); 0 plans on means.
+	Percentile float64
 	// Utilisation of the learned capacity the plan aims at: the headroom
 	// for load that rises faster than a replica starts.
 	Utilisation float64
@@ -166,6 +171,10 @@ type Plan struct {
 	Replicas int `json:"replicas"`
 	// Reason names what set it.
 	Reason string `json:"reason"`
+	// Rule says how a replica's health was judged: the TTFT percentile
+	// (when asked for, and the replicas' TTFT histograms are forwarded),
+	// else the means.
+	Rule string `json:"rule"`
 	// Need: replicas the current load needs (before the hold).
 	Need float64 `json:"need"`
 	// Work is the work offered per second (served, plus queue growth);
@@ -250,6 +259,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		st.lastObserve = in.At
 		st.learnCapacity(fresh, in.At, cfg)
 	}
+	p.Rule = rule(fresh, cfg)
 	work := p.need(fresh, in, &st, cfg, observe)
 	hold := st.hold(cfg)
 	if observe {
@@ -458,6 +468,21 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 }
 
+// rule describes how health judges the fresh replicas.
+func rule(fresh []*store.PodLoad, cfg Config) string {
+	means := fmt.Sprintf("means: mean queue time within %s, or mean TTFT within %s without a queue-time histogram", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
+	if cfg.Percentile <= 0 {
+		return means
+	}
+	pct := fmt.Sprintf("p%s TTFT within %s", strconv.FormatFloat(100*cfg.Percentile, 'g', -1, 64), cfg.TTFT)
+	for _, l := range fresh {
+		if l.TTFTQuantileOK {
+			return pct + ", read of the TTFT histograms"
+		}
+	}
+	return pct + " asked, but no replica's TTFT histogram is forwarded (the agents' --forward-histograms, value forwardHistograms of the deploy/daemonset chart) or none got a first token in the window: " + means
+}
+
 // health says whether a replica's window was past its capacity or within
 // it: neither with a queue standing below the break, or when nothing says.
 func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
@@ -467,6 +492,15 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	switch {
+	case cfg.Percentile > 0 && l.TTFTQuantileOK:
+		// Past the percentile's SLO with requests queued: load broke it.
+		// Past it with none queued, the prompts alone take longer than the
+		// SLO (no replica count changes that): nothing is learned.
+		queued := l.Waiting >= 1 || l.QueueOK && l.QueueTime > breakQueue*slo
+		if l.TTFTQuantile > slo {
+			return queued, false
+		}
+		return false, l.Waiting < 1
 	case l.QueueOK:
 		broke = l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo)
 	case l.TTFTOK:

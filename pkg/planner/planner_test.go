@@ -390,3 +390,32 @@ func TestNoWorkHoldsNoSurge(t *testing.T) {
 		t.Fatalf("idle: plan %d for %v work (%s), want 0", p.Replicas, p.Level, p.Reason)
 	}
 }
+
+func TestPercentileSLOPastWithoutAQueueTeachesNothing(t *testing.T) {
+	cfg := Default(0)
+	cfg.Percentile = 0.9
+	slow := serving("a", 10000, 0.01)
+	// Its p90 TTFT is 3 s with nothing queued: its prompts alone take
+	// longer than the SLO, and no replica count changes that.
+	slow.TTFTQuantile, slow.TTFTQuantileOK = 3, true
+	p, st, _ := run(t, State{}, cfg, t0, time.Minute, slow)
+	if st.Observations != 0 || st.Capacity != 0 || p.Replicas != 1 {
+		t.Fatalf("%d observations, capacity %v, plan %d (%s): want nothing learned and the ready replica held", st.Observations, st.Capacity, p.Replicas, p.Reason)
+	}
+	// With requests queued it broke; within the SLO with none queued, it
+	// was healthy.
+	slow.Waiting = 3
+	if _, st, _ = run(t, State{}, cfg, t0, 0, slow); st.Breaks != 1 {
+		t.Fatalf("p90 3 s with a queue: %d breaks, want 1", st.Breaks)
+	}
+	fast := serving("a", 10000, 0.01)
+	fast.TTFTQuantile, fast.TTFTQuantileOK = 1.5, true
+	if _, st, _ = run(t, State{}, cfg, t0, 0, fast); st.Breaks != 0 || st.Observations != 1 || st.Capacity != 10000 {
+		t.Fatalf("p90 1.5 s: %d breaks, %d observations, capacity %v: want a healthy 10000", st.Breaks, st.Observations, st.Capacity)
+	}
+	// Without the histogram, the means judge, and the plan says so.
+	p, _, _ = run(t, State{}, cfg, t0, 0, serving("a", 10000, 0.01))
+	if !strings.Contains(p.Rule, "no replica's TTFT histogram is forwarded") {
+		t.Fatalf("rule %q", p.Rule)
+	}
+}

@@ -49,7 +49,7 @@ func TestPlansFromRealPages(t *testing.T) {
 			r := store.Report{UID: "u", Sample: store.Sample{TimeMs: now.UnixMilli(), Values: page.Values}}
 			st.Add([]store.Report{r})
 			var p planner.Plan
-			if p, ps, err = planner.Make(st.Snapshot(nil, k, 30*time.Second, 5*time.Second), ps, planner.Default(0)); err != nil {
+			if p, ps, err = planner.Make(st.Snapshot(nil, k, 30*time.Second, 5*time.Second, 0), ps, planner.Default(0)); err != nil {
 				t.Fatal(err)
 			}
 			if s < 150 {

@@ -33,6 +33,9 @@ const (
 	AnnotationSLOTTFT = "pulse.io/slo-ttft"
 	// AnnotationSLOITL is its optional inter-token latency SLO (sloItl).
 	AnnotationSLOITL = "pulse.io/slo-itl"
+	// AnnotationSLOPercentile makes the TTFT SLO a percentile's
+	// (sloPercentile, e.g. 90).
+	AnnotationSLOPercentile = "pulse.io/slo-percentile"
 )
 
 // keda-kaito-scaler's annotations, read as aliases of pulse's.
@@ -223,7 +226,7 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 	annotationOf := map[string]string{"metric": metricVia, "metricName": metricVia}
 	for _, a := range []struct{ annotation, key string }{
 		{AnnotationThreshold, "threshold"}, {AnnotationActivationThreshold, "activationThreshold"}, {AnnotationWindow, "window"},
-		{AnnotationSLOTTFT, "sloTtft"}, {AnnotationSLOITL, "sloItl"},
+		{AnnotationSLOTTFT, "sloTtft"}, {AnnotationSLOITL, "sloItl"}, {AnnotationSLOPercentile, "sloPercentile"},
 	} {
 		v, via, err := r.get(a.annotation)
 		if err != nil {

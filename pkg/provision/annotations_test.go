@@ -21,10 +21,14 @@ func TestDefaultIsThePlanner(t *testing.T) {
 	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != 0 {
 		t.Errorf("%+v", s)
 	}
-	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms", AnnotationSLOITL: "80ms"}, time.Minute)
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms", AnnotationSLOITL: "80ms", AnnotationSLOPercentile: "90"}, time.Minute)
 	if err != nil || s.Trigger["sloTtft"] != "1500ms" || s.Parsed.SLOTTFT != 1500*time.Millisecond || s.Trigger["sloItl"] != "80ms" ||
-		!strings.Contains(Summary(s), "ITL SLO of 80ms") {
-		t.Fatalf("pulse.io/slo-ttft: trigger %v, %v", s.Trigger, err)
+		s.Trigger["sloPercentile"] != "90" || s.Parsed.SLOPercentile != 90 || !strings.Contains(Summary(s), "p90 TTFT SLO of 1.5s and an ITL SLO of 80ms") {
+		t.Fatalf("pulse.io/slo-ttft: trigger %v, summary %q, %v", s.Trigger, Summary(s), err)
+	}
+	// A bad percentile is refused naming its annotation.
+	if _, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOPercentile: "150"}, time.Minute); err == nil || !strings.Contains(err.Error(), AnnotationSLOPercentile) {
+		t.Fatalf("pulse.io/slo-percentile 150: %v, want an error naming it", err)
 	}
 }
 

@@ -558,11 +558,14 @@ func Summary(s Settings) string {
 		if slo == 0 {
 			slo = planner.DefaultTTFT
 		}
-		itl := ""
+		ttft, itl := "", ""
+		if t.SLOPercentile > 0 {
+			ttft = fmt.Sprintf("p%g ", t.SLOPercentile)
+		}
 		if t.SLOITL > 0 {
 			itl = fmt.Sprintf(" and an ITL SLO of %s", t.SLOITL)
 		}
-		return fmt.Sprintf("the planner (metric replicas) for a TTFT SLO of %s%s, %d-%d replicas, its plan let through the HPA", slo, itl, s.MinReplicas, s.MaxReplicas)
+		return fmt.Sprintf("the planner (metric replicas) for a %sTTFT SLO of %s%s, %d-%d replicas, its plan let through the HPA", ttft, slo, itl, s.MinReplicas, s.MaxReplicas)
 	}
 	return fmt.Sprintf("%s, threshold %g per replica over %s, %d-%d replicas, up %d pods/min, down 1 pod per %s after %s lower",
 		t.Metric, t.Threshold, t.Window, s.MinReplicas, s.MaxReplicas, s.ScaleUpPodsPerMinute, s.ScaleDownInterval, s.ScaleDownDelay)

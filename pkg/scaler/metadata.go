@@ -35,7 +35,10 @@ type Trigger struct {
 	// SLOITL its optional inter-token latency SLO (sloItl). 0: the default,
 	// and none.
 	SLOTTFT, SLOITL time.Duration
-	def             metric.Def // Def(), resolved by ParseTrigger
+	// SLOPercentile (sloPercentile, e.g. 90) makes the TTFT SLO a
+	// percentile's; 0: the planner plans on means.
+	SLOPercentile float64
+	def           metric.Def // Def(), resolved by ParseTrigger
 }
 
 // Def is the metric the trigger scales on, with its parameters: a
@@ -280,8 +283,8 @@ func parseMetric(md map[string]string, t *Trigger) error {
 
 // planKeys checks a replicas trigger: its value is a replica count, so the
 // HPA's target must be 1 per replica (threshold 1, valueType total); and
-// reads its SLOs. sloTtft or sloItl on another metric is an error (it would
-// be ignored).
+// reads its SLOs. sloTtft, sloItl or sloPercentile on another metric is an
+// error (it would be ignored).
 func planKeys(md map[string]string, t *Trigger) error {
 	for _, k := range []struct {
 		key string
@@ -299,6 +302,18 @@ func planKeys(md map[string]string, t *Trigger) error {
 		}
 		if *k.v <= 0 || *k.v > 10*time.Minute {
 			return &MetadataError{Key: k.key, Msg: "must be above 0 and at most 10m"}
+		}
+	}
+	if md["sloPercentile"] != "" {
+		if t.Metric != MetricReplicas {
+			return &MetadataError{Key: "sloPercentile", Msg: "applies to metric replicas only (the planner); other metrics scale on their threshold"}
+		}
+		var err error
+		if t.SLOPercentile, err = number(md, "sloPercentile", 0); err != nil {
+			return err
+		}
+		if !(t.SLOPercentile >= 50 && t.SLOPercentile < 100) {
+			return &MetadataError{Key: "sloPercentile", Msg: "must be at least 50 and below 100 (90: 90 % of first tokens within sloTtft)"}
 		}
 	}
 	if t.Metric != MetricReplicas {
@@ -391,7 +406,7 @@ var pulseKeys = func() []string {
 		keys = append(keys, wk.key)
 	}
 	return append(keys, "namespace", "workspaceNamespace", "metric", "metricName", "threshold", "activationThreshold",
-		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft", "sloItl")
+		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft", "sloItl", "sloPercentile")
 }()
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its

@@ -30,7 +30,8 @@ const maxPlans = 10000
 // planKey: one learned state per workload and SLOs.
 type planKey struct {
 	store.Key
-	TTFT, ITL time.Duration
+	TTFT, ITL  time.Duration
+	Percentile float64
 }
 
 // plans holds each workload's learned planner state.
@@ -47,10 +48,10 @@ func newPlans() *plans {
 // plan evaluates a replicas trigger: one store snapshot, planned with the
 // workload's learned state, which the plan then replaces.
 func (s *Server) plan(t Trigger) (Decision, error) {
-	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter)
 	cfg := planner.Default(t.SLOTTFT)
-	cfg.ITL = t.SLOITL
-	k := planKey{t.Workload, cfg.TTFT, cfg.ITL}
+	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
+	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
+	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile}
 	s.plans.mu.Lock()
 	prev, _ := s.plans.lru.Get(k)
 	p, next, err := planner.Make(snap, prev, cfg)

@@ -2,6 +2,8 @@ package scaler
 
 import (
 	"context"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -151,6 +154,10 @@ func TestReplicasMetadata(t *testing.T) {
 		"sloItl negative":       {replicasMD("sloItl", "-50ms"), "sloItl"},
 		"sloItl on running":     {map[string]string{"workspace": "llama", "metric": "running", "sloItl": "50ms"}, "sloItl"},
 		"sloTtft typo is named": {replicasMD("sloTTFTs", "2s"), ""},
+		"sloPercentile 100":     {replicasMD("sloPercentile", "100"), "sloPercentile"},
+		"sloPercentile 0.9":     {replicasMD("sloPercentile", "0.9"), "sloPercentile"},
+		"sloPercentile p90":     {replicasMD("sloPercentile", "p90"), "sloPercentile"},
+		"sloPercentile on kv":   {map[string]string{"workspace": "llama", "metric": "kvCacheUsage", "sloPercentile": "90"}, "sloPercentile"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseTrigger(ref(tc.md), time.Minute, nil)
@@ -165,8 +172,8 @@ func TestReplicasMetadata(t *testing.T) {
 			}
 		})
 	}
-	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms", "sloItl", "80ms")), time.Minute, nil)
-	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.SLOITL != 80*time.Millisecond || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
+	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms", "sloItl", "80ms", "sloPercentile", "99.5")), time.Minute, nil)
+	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.SLOITL != 80*time.Millisecond || tr.SLOPercentile != 99.5 || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
 		t.Fatalf("parsed %+v, %v", tr, err)
 	}
 }
@@ -198,4 +205,65 @@ pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",sca
 		"pulse_aggregator_plan_lead_time_seconds", "pulse_aggregator_trigger_desired_replicas"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// serveSlowTail serves like serve, with a request or two always waiting
+// and a TTFT histogram whose slowest 30 % took 0.5–4 s: a p90 of 2.83 s
+// above the 2 s SLO, while the mean queue time (0.3 s) is within a quarter
+// of it.
+func (f *fixture) serveSlowTail(n int, tokensPerSec float64, name string) {
+	for range n {
+		f.ms += 1000
+		f.clock.Add(time.Second)
+		r := store.Report{UID: "uid-" + name}
+		r.TimeMs = f.ms
+		s := float64(f.ms-1_700_000_000_000) / 1000
+		r.Values.Set(metric.PromptTokens, tokensPerSec*s)
+		r.Values.Set(metric.TTFTCount, s)
+		r.Values.Set(metric.TTFTSum, 0.4*s)
+		r.Values.Set(metric.QueueTimeCount, s)
+		r.Values.Set(metric.QueueTimeSum, 0.3*s)
+		r.Values.Set(metric.Waiting, 2)
+		r.Values.Set(metric.Running, 4)
+		r.Values.Set(metric.KVCacheUsage, 0.1)
+		var h metric.Histograms
+		h[metric.TTFTHist].Bounds = []float64{0.5, 4, math.Inf(1)}
+		h[metric.TTFTHist].Counts = []float64{0.7 * s, s, s}
+		r.Hist = &h
+		f.store.Add([]store.Report{r})
+	}
+}
+
+func TestPercentileSLOReadsTheTTFTHistogram(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.serveSlowTail(40, 10000, "a")
+	plan := func(md map[string]string) *planner.Plan {
+		t.Helper()
+		if _, err := f.metric(t, md); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range f.server.Evaluations() {
+			if e.Err == "" && e.Decision.Plan != nil && e.Trigger.SLOPercentile == md2pct(md) {
+				return e.Decision.Plan
+			}
+		}
+		t.Fatalf("no plan evaluated for %v", md)
+		return nil
+	}
+	// On means the replica is neither past its capacity (its mean queue
+	// time is within a quarter of the SLO) nor within it (requests wait).
+	if p := plan(replicasMD()); p.Breaks != 0 || p.Capacity != 0 || !strings.HasPrefix(p.Rule, "means") {
+		t.Fatalf("on means: %d breaks, capacity %v, rule %q: want none learned", p.Breaks, p.Capacity, p.Rule)
+	}
+	// Its p90 TTFT, 2.83 s with requests waiting, is past a p90 SLO of 2 s:
+	// the capacity is what it served.
+	if p := plan(replicasMD("sloPercentile", "90")); p.Breaks != 1 || p.Capacity != 10000 || !strings.Contains(p.Rule, "p90 TTFT within 2s, read of the TTFT histograms") {
+		t.Fatalf("p90: %d breaks, capacity %v, rule %q: want one break at 10000", p.Breaks, p.Capacity, p.Rule)
+	}
+}
+
+func md2pct(md map[string]string) float64 {
+	v, _ := strconv.ParseFloat(md["sloPercentile"], 64)
+	return v
 }

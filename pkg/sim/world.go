@@ -384,7 +384,9 @@ func (w *world) addReplica() {
 	// Prometheus') fall anywhere relative to the traffic: vary them by seed.
 	rp.uid = fmt.Sprintf("uid-%d-%d", w.cfg.Seed, rp.id)
 	rp.r = replica.New(w.cfg.Profile, &w.st)
-	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile
+	// The agents forward histograms where the trigger reads them: a
+	// quantile metric, or the planner with a percentile SLO.
+	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile || w.cfg.trigger.SLOPercentile > 0
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)
 	startup := w.peekStartup()

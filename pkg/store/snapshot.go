@@ -35,6 +35,11 @@ type PodLoad struct {
 	// false when none was generated, or the page has no ITL histogram).
 	ITL   float64
 	ITLOK bool
+	// TTFTQuantile: the Snapshot's TTFT quantile over the window, from the
+	// pod's TTFT histogram (TTFTQuantileOK false when none was asked for,
+	// the histogram is not forwarded, or no request got its first token).
+	TTFTQuantile   float64
+	TTFTQuantileOK bool
 	// Preemptions per second.
 	Preemptions float64
 	// Waiting, Running and KVCache: the window's means; WaitingNow the
@@ -83,8 +88,9 @@ var (
 
 // Snapshot reads workload k's replicas over window, its demand sources and
 // whether it lost replicas, in one pass under one lock; pods appended to
-// dst (which may be nil).
-func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) Snapshot {
+// dst (which may be nil). ttftQ, when in (0, 1), is the TTFT quantile read
+// of each pod's TTFT histogram (PodLoad.TTFTQuantile).
+func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, ttftQ float64) Snapshot {
 	now := s.now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -95,7 +101,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) S
 		if p.Demand || s.expired(p, now) {
 			continue
 		}
-		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor))
+		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
 	snap.Demand = s.demand(sc, k, window, freshFor, now)
@@ -106,7 +112,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration) S
 }
 
 // load is p's PodLoad; mu must be held.
-func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration) PodLoad {
+func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, ttftQ float64) PodLoad {
 	l := PodLoad{Name: p.Name}
 	if !p.readyAt.IsZero() && !p.listedAt.IsZero() {
 		l.Startup = p.readyAt.Sub(p.listedAt)
@@ -145,6 +151,10 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration) P
 	l.QueueTime, l.QueueOK = queueMean.Eval(rates)
 	l.ITL, l.ITLOK = itlMean.Eval(rates)
 	l.Preemptions, _ = preemptRate.Eval(rates)
+	if ttftQ > 0 && ttftQ < 1 {
+		q := metric.Def{Rule: metric.RuleQuantile, Hist: metric.TTFTHist, Q: ttftQ}
+		l.TTFTQuantile, l.TTFTQuantileOK = q.Eval(p.window(sc, window, metric.RuleQuantile, ids(q)))
+	}
 	gauges := p.window(sc, window, metric.RuleGauge, gaugeIDs)
 	l.Waiting, _ = waitingGauge.Eval(gauges)
 	l.Running, _ = runningGauge.Eval(gauges)

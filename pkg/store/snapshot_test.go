@@ -1,6 +1,7 @@
 package store
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -34,6 +35,13 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 			r.Values.Set(metric.QueueTimeSum, 0.2*float64(i))
 			r.Values.Set(metric.Waiting, float64(i))
 			r.Values.Set(metric.KVCacheUsage, 0.5)
+			// p1's TTFTs: each second one within 0.5 s and one within 4 s.
+			if uid == "u1" {
+				var h metric.Histograms
+				h[metric.TTFTHist].Bounds = []float64{0.5, 4, math.Inf(1)}
+				h[metric.TTFTHist].Counts = []float64{float64(i), 2 * float64(i), 2 * float64(i)}
+				r.Hist = &h
+			}
 			rs = append(rs, r)
 		}
 		d := Report{UID: DemandUID("router", "llama")}
@@ -42,7 +50,7 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 		rs = append(rs, d)
 		s.Add(rs)
 	}
-	snap := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second)
+	snap := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0)
 	if !snap.Found || len(snap.Pods) != 2 || snap.Demand.Held != 7 || snap.LostOK {
 		t.Fatalf("snapshot %+v: want two replicas, 7 held at the router", snap)
 	}
@@ -59,11 +67,23 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 	if p1.WaitingNow != 10 || p1.WaitingGrowth != 1 {
 		t.Fatalf("waiting now %v growth %v, want 10 and 1/s", p1.WaitingNow, p1.WaitingGrowth)
 	}
+	if p1.TTFTQuantileOK || p2.TTFTQuantileOK {
+		t.Fatalf("a TTFT quantile read when none was asked for: %+v %+v", p1, p2)
+	}
+	// The p90 of p1's TTFTs over the window: half within 0.5 s, half in
+	// (0.5, 4]: 0.5 + 3.5 × 0.8 (linear within the bucket, as Prometheus').
+	q := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0.9)
+	if p1 := q.Pods[0]; !p1.TTFTQuantileOK || math.Abs(p1.TTFTQuantile-3.3) > 1e-9 {
+		t.Fatalf("p90 TTFT %v (%v), want 3.3", p1.TTFTQuantile, p1.TTFTQuantileOK)
+	}
+	if p2 := q.Pods[1]; p2.TTFTQuantileOK {
+		t.Fatalf("p2 has no TTFT histogram, yet a p90 of %v", p2.TTFTQuantile)
+	}
 	now = now.Add(6 * time.Second)
-	if snap = s.Snapshot(snap.Pods, ws, 10*time.Second, 5*time.Second); snap.Pods[0].State != PodMissing || snap.Pods[0].Reason != "stale" {
+	if snap = s.Snapshot(snap.Pods, ws, 10*time.Second, 5*time.Second, 0); snap.Pods[0].State != PodMissing || snap.Pods[0].Reason != "stale" {
 		t.Fatalf("6 s later: %+v, want stale", snap.Pods[0])
 	}
-	if snap := s.Snapshot(nil, Key{Namespace: "ns", Kind: KindWorkspace, Name: "other"}, time.Second, time.Second); snap.Found {
+	if snap := s.Snapshot(nil, Key{Namespace: "ns", Kind: KindWorkspace, Name: "other"}, time.Second, time.Second, 0); snap.Found {
 		t.Fatal("an unknown workload was found")
 	}
 }
