@@ -260,10 +260,10 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		st.learnCapacity(fresh, in.At, cfg)
 	}
 	p.Rule = rule(fresh, cfg)
-	work := p.need(fresh, in, &st, cfg, observe)
+	arrived := p.need(fresh, in, &st, cfg, observe)
 	hold := st.hold(cfg)
 	if observe {
-		st.peaks = append(st.peaks, peak{in.At, p.Need, work})
+		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
 	}
 	cut := 0
 	for cut < len(st.peaks) && (in.At.Sub(st.peaks[cut].at) > hold || len(st.peaks)-cut > maxPeaks) {
@@ -301,7 +301,8 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 
 // need sets p's offered work, backlog, KV need and Need from the fresh
 // pods; with no capacity learned, the load fallback (see below). It returns
-// the offered work of all the ready replicas (the fresh pods' scaled).
+// the work that arrived at all the ready replicas (the fresh pods' scaled):
+// served, plus the queue's growth or less its shrinking.
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
 	var first, growth, queued, kv, fallback float64
 	for _, l := range fresh {
@@ -328,6 +329,9 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	if p.Ready == 0 {
 		queued += in.Demand.Arrived
 	}
+	// What arrives: the work served and the queue's growth, or less its
+	// shrinking — a queue drained is served twice over, not offered.
+	arrived := math.Max(0, p.Work+growth*st.WorkPerRequest)
 	p.Work += math.Max(growth, 0) * st.WorkPerRequest
 	p.Backlog = queued * st.WorkPerRequest
 	p.KVNeed = kv / cfg.KVTarget
@@ -339,7 +343,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	p.KVNeed *= scale
 	work := p.Work * scale
 	if observe {
-		st.learnSurge(work, in.At, st.lead(cfg))
+		st.learnSurge(arrived*scale, in.At, st.lead(cfg))
 	}
 	p.Surge, p.PeakWork = st.Surge, st.PeakWork
 	// With no work at all, nothing is held for a surge: a workload let
@@ -373,13 +377,16 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.KVNeed
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
-	return work
+	return arrived * scale
 }
 
 // learnSurge fades the surge and the peak work, then takes this
-// observation's work into both: the peak is the most offered, the surge the
-// most it rose above its lowest within one lead time (the observations held
-// in st.peaks). Capacity that arrives a lead time after it is asked for
+// observation's arrived work into both: the peak is the most that arrived,
+// the surge the most it rose above its lowest within one lead time (the
+// observations held in st.peaks), once the workload has been watched for
+// a lead time. Arrivals, not the work served: replicas
+// that come up and drain a backlog serve more than arrives, and that is no
+// rise of the load. Capacity that arrives a lead time after it is asked for
 // hides a rise only if it was there before: a workload whose load has risen
 // by s within a lead time is planned to hold the work it had, up to s above
 // the present, until that fades.
@@ -391,6 +398,12 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	}
 	st.surgeAt = now
 	st.PeakWork = max(st.PeakWork, work)
+	// A rise within a lead time needs a lead time watched: the first
+	// minutes are the workload's load arriving (or this process's start),
+	// not its load rising.
+	if now.Sub(st.Since) < lead {
+		return
+	}
 	low := work
 	for _, pk := range st.peaks {
 		if now.Sub(pk.at) <= lead {

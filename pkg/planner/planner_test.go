@@ -419,3 +419,31 @@ func TestPercentileSLOPastWithoutAQueueTeachesNothing(t *testing.T) {
 		t.Fatalf("rule %q", p.Rule)
 	}
 }
+
+func TestBacklogDrainedIsNoSurge(t *testing.T) {
+	cfg := Default(0)
+	// 20000 arrive, served by two replicas; then four replicas drain a
+	// backlog: they serve 40000, their queues shrinking by 20 requests
+	// (20000 of work) a second. What arrives has not changed.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 2, 20000, 20000)
+	draining := make([]store.PodLoad, 4)
+	for i := range draining {
+		draining[i] = serving(string(rune('a'+i)), 10000, 0.01)
+		draining[i].Waiting, draining[i].WaitingNow, draining[i].WaitingGrowth = 10, 10, -5
+	}
+	_, st, _ = run(t, st, cfg, at, 2*time.Minute, draining...)
+	if st.Surge > 1 || math.Abs(st.PeakWork-20000) > 1 {
+		t.Fatalf("surge %v, peak %v while a backlog drained: want 0 and 20000 (the arrivals)", st.Surge, st.PeakWork)
+	}
+}
+
+func TestLoadArrivingIsNoSurge(t *testing.T) {
+	cfg := Default(0)
+	// Idle for a minute, then 24000 arrive: within the first lead time
+	// watched, that is the workload's load arriving, not rising.
+	_, st, at := ramp(t, State{}, cfg, t0, time.Minute, 1, 0, 0)
+	_, st, _ = ramp(t, st, cfg, at, 3*time.Minute, 4, 24000, 24000)
+	if st.Surge != 0 || st.PeakWork != 24000 {
+		t.Fatalf("surge %v, peak %v: want 0 and 24000", st.Surge, st.PeakWork)
+	}
+}
