@@ -48,9 +48,10 @@ spec:
 `
 
 func TestCheckValidAndInvalid(t *testing.T) {
-	// The shipped default and tuned ScaledObjects are valid.
-	if code, out, _ := run("check", "../../docs/simulation/default-scaledobject.yaml", "../../docs/simulation/tuned-scaledobject.yaml"); code != 0 ||
-		strings.Count(out, ": valid") != 2 {
+	// The shipped default, percentile and tuned ScaledObjects are valid.
+	if code, out, _ := run("check", "../../docs/simulation/default-scaledobject.yaml", "../../docs/simulation/p90-scaledobject.yaml",
+		"../../docs/simulation/tuned-scaledobject.yaml"); code != 0 ||
+		strings.Count(out, ": valid") != 3 {
 		t.Fatalf("shipped ScaledObjects: exit %d\n%s", code, out)
 	}
 	bad := goodSO + `---

@@ -229,7 +229,7 @@ func (e *env) handWrittenIsLeftAlone(t *testing.T) {
 func (e *env) docsScaledObjectsAreValid(t *testing.T) {
 	root := repoRoot(t)
 	for _, f := range []string{"docs/simulation/tuned-scaledobject.yaml", "docs/simulation/step-scaledobject.yaml",
-		"pkg/sim/testdata/baseline-scaledobject.yaml"} {
+		"docs/simulation/p90-scaledobject.yaml", "pkg/sim/testdata/baseline-scaledobject.yaml"} {
 		b, err := os.ReadFile(filepath.Join(root, f))
 		must(t, err)
 		u := &unstructured.Unstructured{}
