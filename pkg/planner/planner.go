@@ -148,10 +148,10 @@ type State struct {
 	// (this snapshot's): the lead time is at least that.
 	startingFor time.Duration
 	peaks       []peak // need and work at each observation, oldest first
-	// Surge: the largest rise of the offered work within one lead time
-	// seen, and PeakWork the largest offered work; both fade by half in
-	// surgeHalfLife (from surgeAt). A workload whose load has jumped by
-	// more than a replica can start for is planned to hold its peak.
+	// Surge: the largest rise of the arriving work within one lead time
+	// seen, and PeakWork the most work that arrived; both fade by half in
+	// surgeHalfLife (from surgeAt). A workload whose load has jumped within
+	// a lead time is planned to hold the work it may jump back to.
 	Surge, PeakWork float64
 	surgeAt         time.Time
 }
@@ -181,8 +181,8 @@ type Plan struct {
 	// Backlog the work waiting (queued and held at routers).
 	Work    float64 `json:"workPerSecond"`
 	Backlog float64 `json:"backlog"`
-	// Surge: the largest rise of the work within one lead time seen
-	// (fading); PeakWork the peak work it may return to (fading); Level the
+	// Surge: the largest rise of the arriving work within one lead time
+	// seen (fading); PeakWork the most that arrived (fading); Level the
 	// work per second the plan covers: the work over the utilisation, or
 	// the work plus the surge up to the peak, whichever is more.
 	Surge    float64 `json:"surgeWorkPerSecond"`
@@ -383,13 +383,13 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 // learnSurge fades the surge and the peak work, then takes this
 // observation's arrived work into both: the peak is the most that arrived,
 // the surge the most it rose above its lowest within one lead time (the
-// observations held in st.peaks), once the workload has been watched for
-// a lead time. Arrivals, not the work served: replicas
-// that come up and drain a backlog serve more than arrives, and that is no
-// rise of the load. Capacity that arrives a lead time after it is asked for
-// hides a rise only if it was there before: a workload whose load has risen
-// by s within a lead time is planned to hold the work it had, up to s above
-// the present, until that fades.
+// observations held in st.peaks), once the workload has been watched for a
+// lead time. Arrivals, not the work served: replicas that come up and drain
+// a backlog serve more than arrives, and that is no rise of the load.
+// Capacity that arrives a lead time after it is asked for hides a rise only
+// if it was there before: a workload whose load has risen by s within a
+// lead time is planned to hold the work it had, up to s above the present,
+// until that fades.
 func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	if !st.surgeAt.IsZero() {
 		f := math.Exp2(-now.Sub(st.surgeAt).Seconds() / surgeHalfLife.Seconds())
