@@ -46,7 +46,10 @@ run planner --trace $trace --scaledobject docs/simulation/default-scaledobject.y
   --references --out docs/simulation/planner
 run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobject.yaml --profile llama-3.3-70b-h100x4 \
   --rate-scale 1.5 --runs 10 --references --out /tmp/pulse-sim-70b-planner
-# Traffic the planner was not designed on (docs/planner.md, "Held out").
+# Traffic the planner was not designed on (docs/planner.md, "Held out"),
+# and the two suites written after its surge rule.
 "$sim" bench --suite docs/simulation/heldout.yaml --out docs/simulation/heldout | tail -1 > "$out/heldout.txt"
+"$sim" bench --suite docs/simulation/heldout-surge.yaml --out docs/simulation/heldout-surge | tail -1 > "$out/heldout-surge.txt"
+"$sim" bench --suite docs/simulation/heldout-final.yaml --out docs/simulation/heldout-final | tail -1 > "$out/heldout-final.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
