@@ -483,17 +483,19 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 
 // rule describes how health judges the fresh replicas.
 func rule(fresh []*store.PodLoad, cfg Config) string {
-	means := fmt.Sprintf("means: mean queue time within %s, or mean TTFT within %s without a queue-time histogram", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
-	if cfg.Percentile <= 0 {
-		return means
+	means := func() string {
+		return fmt.Sprintf("means: mean queue time within %s, or mean TTFT within %s without a queue-time histogram", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
 	}
-	pct := fmt.Sprintf("p%s TTFT within %s", strconv.FormatFloat(100*cfg.Percentile, 'g', -1, 64), cfg.TTFT)
+	if cfg.Percentile <= 0 {
+		return means()
+	}
+	pct := "p" + strconv.FormatFloat(100*cfg.Percentile, 'g', -1, 64) + " TTFT within " + cfg.TTFT.String()
 	for _, l := range fresh {
 		if l.TTFTQuantileOK {
 			return pct + ", read of the TTFT histograms"
 		}
 	}
-	return pct + " asked, but no replica's TTFT histogram is forwarded (the agents' --forward-histograms, value forwardHistograms of the deploy/daemonset chart) or none got a first token in the window: " + means
+	return pct + " asked, but no replica's TTFT histogram is forwarded (the agents' --forward-histograms, value forwardHistograms of the deploy/daemonset chart) or none got a first token in the window: " + means()
 }
 
 // health says whether a replica's window was past its capacity or within
