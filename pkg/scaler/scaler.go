@@ -44,9 +44,10 @@ type Server struct {
 	// its last evaluation with no new sample, so that a workload going stale
 	// is noticed; a workload whose samples keep coming is evaluated at them.
 	recheck time.Duration
-	// minGap spaces a stream's evaluations: changes that come closer are
+	// minGap spaces the pusher's passes: changes that come closer are
 	// coalesced into one evaluation, at most minGap after the first.
 	minGap time.Duration
+	push   *pusher
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -112,7 +113,8 @@ func New(st *store.Store, o Options) *Server {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
-		recheck: 500 * time.Millisecond, minGap: 40 * time.Millisecond, done: make(chan struct{}), now: o.Now}
+		recheck: 500 * time.Millisecond, minGap: 5 * time.Millisecond, done: make(chan struct{}), now: o.Now}
+	s.push = newPusher(s)
 	if o.FollowWindows {
 		floor := DefaultWindow
 		if o.MaxWindow > 0 {
@@ -131,6 +133,7 @@ func (s *Server) Shutdown() {
 	s.closeMu.Unlock()
 	s.doneOnce.Do(func() { close(s.done) })
 	s.streams.Wait()
+	s.push.wg.Wait()
 }
 
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
@@ -245,24 +248,34 @@ func (s *Server) IsActive(_ context.Context, ref *externalscaler.ScaledObjectRef
 }
 
 // StreamIsActive sends the current state at once, then every change, as soon
-// as the sample that causes it is stored. It returns nil (EOF for KEDA) when
-// the server shuts down, and returns when KEDA cancels. An evaluation that
-// fails (stale, warming up) sends nothing: KEDA's polls see the error.
+// as the sample that causes it is stored (the pusher evaluates it). It
+// returns nil (EOF for KEDA) when the server shuts down, and returns when
+// KEDA cancels. An evaluation that fails (stale, warming up) sends nothing:
+// KEDA's polls see the error.
 func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc.ServerStreamingServer[externalscaler.IsActiveResponse]) error {
 	t, err := s.parse(ref)
 	if err != nil {
 		return err
 	}
-	return s.watch(stream.Context(), t.Workload, func(sent bool, last bool) (bool, bool, error) {
-		d, err := s.Evaluate(t)
-		if err != nil {
-			return last, false, nil
+	if !s.enter() {
+		return nil
+	}
+	defer s.leave()
+	u := s.push.add(t)
+	defer s.push.remove(u)
+	ctx := stream.Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return nil
+		case <-u.ready:
 		}
-		if sent && d.Active == last {
-			return last, false, nil
+		if err := stream.Send(&externalscaler.IsActiveResponse{Result: u.take()}); err != nil {
+			return err
 		}
-		return d.Active, true, stream.Send(&externalscaler.IsActiveResponse{Result: d.Active})
-	})
+	}
 }
 
 // StreamMetricSpec sends the spec at once. The spec depends only on the
@@ -285,75 +298,6 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	case <-stream.Context().Done():
 		return stream.Context().Err()
 	case <-s.done:
-		return nil
-	}
-}
-
-// watch runs step at once and after every change of workload k (and a
-// recheck period after any evaluation not followed by a change) until the
-// client cancels or the server shuts down. step receives
-// whether anything was sent and the last state sent, and returns the new
-// last state and whether it sent.
-func (s *Server) watch(ctx context.Context, k store.Key, step func(sent, last bool) (bool, bool, error)) error {
-	if !s.enter() {
-		return nil
-	}
-	defer s.leave()
-	tick := time.NewTicker(s.recheck)
-	defer tick.Stop()
-	var sent, last bool
-	var woken time.Time // when a change last woke this stream
-	for {
-		changed, release := s.store.Watch(k) // before evaluating, so no change is missed
-		next, didSend, err := step(sent, last)
-		tick.Reset(s.recheck) // the next recheck is due a full period after this evaluation
-		if err == nil {
-			if didSend {
-				sent, last = true, next
-			}
-			err = s.wait(ctx, changed, tick.C, &woken)
-		}
-		release()
-		if err != nil {
-			if errors.Is(err, errShutdown) {
-				return nil
-			}
-			return err
-		}
-	}
-}
-
-var errShutdown = errors.New("server shutting down")
-
-// wait returns when workload's change channel is closed (coalescing bursts:
-// the first change returns at once, later ones at most every minGap), when
-// tick fires, or with an error when ctx ends or the server shuts down.
-func (s *Server) wait(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time, woken *time.Time) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.done:
-		return errShutdown
-	case <-tick:
-		return nil
-	case <-changed:
-	}
-	// Coalesce a burst of changes (every pod of a workload reporting in the
-	// same tick) into one evaluation.
-	now := time.Now()
-	wait := s.minGap - now.Sub(*woken)
-	*woken = now
-	if wait <= 0 {
-		return nil
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.done:
-		return errShutdown
-	case <-t.C:
 		return nil
 	}
 }

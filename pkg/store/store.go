@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -122,17 +123,9 @@ type Store struct {
 	// its replicas is listed again.
 	lost map[Key]Lost
 
-	// watchMu guards watches; it is taken after mu (never before), so that
-	// watchers do not contend for mu.
-	watchMu sync.Mutex
-	watches map[Key]*watch
-}
-
-// watch is the channel closed at a workload's next change, and how many
-// watchers hold it: the entry goes when the last one leaves.
-type watch struct {
-	ch      chan struct{}
-	holders int
+	// changed is told of every workload that changes (OnChange); nil
+	// until set.
+	changed atomic.Pointer[func(Key)]
 }
 
 // source is one node's agent as the store knows it.
@@ -194,14 +187,13 @@ func New(opts Options) *Store {
 		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
 		listed:    make(map[string]map[string]*pod),
-		watches:   make(map[Key]*watch),
 		lost:      make(map[Key]Lost),
 		now:       opts.Now,
 	}
 }
 
-// drop removes a pod, unlinks it from its workloads and wakes their
-// watchers; lost: its agent did not remove it (its streams expired). mu
+// drop removes a pod, unlinks it from its workloads and tells of their
+// change; lost: its agent did not remove it (its streams expired). mu
 // must be held for writing.
 func (s *Store) drop(uid string, p *pod, lost bool) {
 	delete(s.pods, uid)
@@ -384,52 +376,21 @@ func (s *Store) Refused() int {
 	return s.refused
 }
 
-// Watch returns a channel that is closed at the next change of workload k
-// (a sample of one of its pods, or a pod joining, leaving or changing), and
-// a release function the watcher must call when it stops waiting on it.
-func (s *Store) Watch(k Key) (changed <-chan struct{}, release func()) {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	w := s.watches[k]
-	if w == nil {
-		w = &watch{ch: make(chan struct{})}
-		s.watches[k] = w
-	}
-	w.holders++
-	return w.ch, func() {
-		s.watchMu.Lock()
-		defer s.watchMu.Unlock()
-		w.holders--
-		if w.holders == 0 && s.watches[k] == w {
-			delete(s.watches, k)
-		}
-	}
-}
+// OnChange has fn called with each workload that changes (a sample of one
+// of its pods, or a pod joining, leaving or changing), as the change is
+// stored. fn runs under the store's write lock: it must return at once and
+// must not call the store. Calling OnChange again replaces fn.
+func (s *Store) OnChange(fn func(Key)) { s.changed.Store(&fn) }
 
-// Watches is the number of workloads being watched now.
-func (s *Store) Watches() int {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	return len(s.watches)
-}
-
-// notify wakes the watchers of p's workloads; mu must be held for writing.
+// notify tells OnChange's function of p's workloads; mu must be held for
+// writing.
 func (s *Store) notify(p *pod) {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	s.notifyLocked(p)
-}
-
-// notifyLocked is notify with watchMu held.
-func (s *Store) notifyLocked(p *pod) {
-	if len(s.watches) == 0 {
+	fn := s.changed.Load()
+	if fn == nil {
 		return
 	}
 	for _, k := range p.Workloads {
-		if w := s.watches[k]; w != nil {
-			close(w.ch)
-			delete(s.watches, k)
-		}
+		(*fn)(k)
 	}
 }
 
@@ -574,8 +535,6 @@ func (s *Store) Add(reports []Report) (dropped int) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
 	for i := range reports {
 		r := &reports[i]
 		p, ok := s.pods[r.UID]
@@ -585,7 +544,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		}
 		if r.Missing != "" {
 			p.missing, p.errText = r.Missing, r.Error
-			s.notifyLocked(p)
+			s.notify(p)
 			continue
 		}
 		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
@@ -611,7 +570,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		}
 		p.trim(s.opts)
 		p.lastSeen, p.missing, p.errText, p.rejected = now, "", "", r.Rejected
-		s.notifyLocked(p)
+		s.notify(p)
 	}
 	return dropped
 }

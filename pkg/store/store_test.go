@@ -1,8 +1,8 @@
 package store
 
 import (
-	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -53,22 +53,16 @@ func TestFullCatalogueReplacesThatNodesPods(t *testing.T) {
 func TestRetentionAndChangeNotification(t *testing.T) {
 	s := New(Options{Retention: 5 * time.Second, MaxSamples: 100})
 	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
-	changed, release := s.Watch(ws)
-	defer release()
-	other, releaseOther := s.Watch(is)
-	defer releaseOther()
+	changed := map[Key]int{}
+	s.OnChange(func(k Key) { changed[k]++ })
 	for i := range 20 {
 		s.Add([]Report{report("a", int64(i)*1000, float64(i))})
 	}
-	select {
-	case <-changed:
-	default:
-		t.Fatal("the workload's watch was not woken")
+	if changed[ws] != 20 {
+		t.Fatalf("the workload was told of %d changes, want one a sample", changed[ws])
 	}
-	select {
-	case <-other:
-		t.Fatal("another workload's watch was woken")
-	default:
+	if len(changed) != 1 {
+		t.Fatalf("changes told %v: only the pod's workload changed", changed)
 	}
 	// Expired samples go lazily; what a reader sees is the window.
 	if n := s.peek("a").series.len(); n > 5+1+4 {
@@ -230,37 +224,32 @@ func TestDeadNodesPodsGoWithoutCatalogueTraffic(t *testing.T) {
 	}
 }
 
-// TestWatchEntriesGoWithTheirLastWatcher: Changed(k) left an entry per
-// workload name ever asked about (10,000 cancelled streams, 10,000 entries).
-func TestWatchEntriesGoWithTheirLastWatcher(t *testing.T) {
+// TestChangesOfEveryKind: a pod joining, changing, reporting, missing a
+// scrape and leaving each tell of its workloads' change, the old and the new
+// one when it moves.
+func TestChangesOfEveryKind(t *testing.T) {
 	s := New(Options{})
-	var releases []func()
-	for i := range 10000 {
-		_, release := s.Watch(Key{Namespace: "ns", Kind: KindWorkspace, Name: fmt.Sprint(i)})
-		releases = append(releases, release)
+	var told []Key
+	s.OnChange(func(k Key) { told = append(told, k) })
+	expect := func(what string, want ...Key) {
+		t.Helper()
+		if !slices.Equal(told, want) {
+			t.Fatalf("%s told %v, want %v", what, told, want)
+		}
+		told = nil
 	}
-	_, again := s.Watch(Key{Namespace: "ns", Kind: KindWorkspace, Name: "0"})
-	for _, r := range releases {
-		r()
-	}
-	if n := s.Watches(); n != 1 {
-		t.Fatalf("%d watch entries left, want the one still held", n)
-	}
-	again()
-	if n := s.Watches(); n != 0 {
-		t.Fatalf("%d watch entries left", n)
-	}
-	// A release after the channel fired does not drop a newer watcher's entry.
 	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, false)
-	ch, old := s.Watch(ws)
-	s.Add([]Report{report("a", 1, 1)})
-	<-ch
-	_, current := s.Watch(ws)
-	old()
-	if n := s.Watches(); n != 1 {
-		t.Fatalf("%d entries, want the current watcher's", n)
-	}
-	current()
+	expect("a new pod", ws)
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{is}}}, false)
+	expect("a pod moved to another workload", ws, is)
+	s.Add([]Report{report("a", 1000, 1)})
+	expect("a sample", is)
+	s.Add([]Report{{UID: "a", Sample: Sample{TimeMs: 2000, Missing: "scrape failed"}}})
+	expect("a missed scrape", is)
+	s.Add([]Report{report("b", 3000, 1)})
+	expect("a sample of a pod not held")
+	s.Remove("n", "a")
+	expect("a pod removed", is)
 }
 
 // TestRemoveByOneAgentKeepsAnotherAgentsPod: one agent's remove deleted the

@@ -1,0 +1,265 @@
+package scaler
+
+import (
+	"hash/maphash"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// pusher evaluates every open StreamIsActive stream on a few goroutines
+// (one a CPU, at most maxShards), not on the stream's own: a stream's
+// handler wakes only to send a changed state. The store tells the pusher of
+// each workload that changes; a shard evaluates the streams of the
+// workloads changed since its last pass, then those not evaluated for a
+// recheck period (a workload going stale is noticed without a sample).
+//
+// A stream handler woken at every sample made the scheduler the aggregator's
+// largest cost on a fleet: thousands of wake-ups a second, each an
+// evaluation on its own goroutine, and a KEDA poll waiting behind them.
+type pusher struct {
+	s      *Server
+	shards []*shard
+	seed   maphash.Seed
+	once   sync.Once
+	wg     sync.WaitGroup
+}
+
+// maxShards bounds the evaluating goroutines: past a few, the passes spend
+// more on waking than on evaluating.
+const maxShards = 8
+
+// yieldEvery: a pass yields the CPU after this many evaluations, so that a
+// KEDA poll waiting for it is answered between them rather than after a
+// whole pass.
+const yieldEvery = 16
+
+type shard struct {
+	mu    sync.Mutex
+	subs  map[store.Key][]*sub // the open streams by workload
+	all   []*sub               // the same, in one slice (sub.at is the index)
+	dirty map[store.Key]struct{}
+	fresh []*sub        // streams still to send their first state
+	wake  chan struct{} // capacity 1: a pass is due
+
+	// Owned by the shard's goroutine.
+	batch []*sub
+}
+
+// sub is one open StreamIsActive stream.
+type sub struct {
+	t  Trigger
+	at int // index in shard.all; -1 once removed
+
+	// Owned by the shard's goroutine.
+	sent, last bool      // whether a state was handed over, and which
+	evaluated  time.Time // the last evaluation
+	queued     bool      // in the shard's batch of this pass
+
+	// The hand-over to the stream's handler: the newest state, and a wake
+	// signal (capacity 1).
+	mu    sync.Mutex
+	state bool
+	ready chan struct{}
+}
+
+func newPusher(s *Server) *pusher {
+	p := &pusher{s: s, seed: maphash.MakeSeed()}
+	n := min(max(runtime.GOMAXPROCS(0), 1), maxShards)
+	for range n {
+		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1)})
+	}
+	return p
+}
+
+// start runs the shards' goroutines (at the first stream: a Server that never
+// streams, as pulse-sim's, runs none) and has the store tell of changes.
+func (p *pusher) start() {
+	p.once.Do(func() {
+		p.s.store.OnChange(p.changed)
+		for _, sh := range p.shards {
+			p.wg.Add(1)
+			go p.run(sh)
+		}
+	})
+}
+
+func (p *pusher) shard(k store.Key) *shard {
+	if len(p.shards) == 1 {
+		return p.shards[0]
+	}
+	var h maphash.Hash
+	h.SetSeed(p.seed)
+	h.WriteString(k.Namespace)
+	h.WriteByte(0)
+	h.WriteString(k.Kind)
+	h.WriteByte(0)
+	h.WriteString(k.Name)
+	return p.shards[h.Sum64()%uint64(len(p.shards))]
+}
+
+// changed marks workload k changed; the store calls it under its write lock.
+func (p *pusher) changed(k store.Key) {
+	sh := p.shard(k)
+	sh.mu.Lock()
+	if _, watched := sh.subs[k]; watched {
+		sh.dirty[k] = struct{}{}
+		sh.signal()
+	}
+	sh.mu.Unlock()
+}
+
+func (sh *shard) signal() {
+	select {
+	case sh.wake <- struct{}{}:
+	default:
+	}
+}
+
+// add registers a stream; its first state is sent at the shard's next pass.
+func (p *pusher) add(t Trigger) *sub {
+	p.start()
+	u := &sub{t: t, ready: make(chan struct{}, 1)}
+	sh := p.shard(t.Workload)
+	sh.mu.Lock()
+	u.at = len(sh.all)
+	sh.all = append(sh.all, u)
+	sh.subs[t.Workload] = append(sh.subs[t.Workload], u)
+	sh.fresh = append(sh.fresh, u)
+	sh.signal()
+	sh.mu.Unlock()
+	return u
+}
+
+// remove unregisters a stream (its handler has returned or is returning).
+func (p *pusher) remove(u *sub) {
+	sh := p.shard(u.t.Workload)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	last := sh.all[len(sh.all)-1]
+	sh.all[u.at], last.at = last, u.at
+	sh.all[len(sh.all)-1] = nil
+	sh.all = sh.all[:len(sh.all)-1]
+	u.at = -1
+	k := u.t.Workload
+	rest := sh.subs[k]
+	if i := indexOf(rest, u); i >= 0 {
+		rest = append(rest[:i], rest[i+1:]...)
+	}
+	if len(rest) == 0 {
+		delete(sh.subs, k)
+		delete(sh.dirty, k)
+	} else {
+		sh.subs[k] = rest
+	}
+	if i := indexOf(sh.fresh, u); i >= 0 {
+		sh.fresh = append(sh.fresh[:i], sh.fresh[i+1:]...)
+	}
+}
+
+func indexOf(us []*sub, u *sub) int {
+	for i, v := range us {
+		if v == u {
+			return i
+		}
+	}
+	return -1
+}
+
+// run passes over the shard's streams when a workload changed (the first
+// change after a quiet minGap at once, later ones at most every minGap: the
+// changes between are one evaluation) and every quarter recheck period for
+// the streams no change woke.
+func (p *pusher) run(sh *shard) {
+	defer p.wg.Done()
+	scan := time.NewTicker(max(p.s.recheck/4, time.Millisecond))
+	defer scan.Stop()
+	gap := time.NewTimer(0)
+	defer gap.Stop()
+	var last time.Time // the last pass
+	for {
+		select {
+		case <-p.s.done:
+			return
+		case <-sh.wake:
+			if wait := p.s.minGap - time.Since(last); wait > 0 {
+				gap.Reset(wait)
+				select {
+				case <-p.s.done:
+					return
+				case <-gap.C:
+				}
+			}
+		case <-scan.C:
+		}
+		last = time.Now()
+		p.pass(sh, last)
+	}
+}
+
+// pass evaluates the streams of the workloads changed since the last pass,
+// the new streams and those not evaluated for a recheck period.
+func (p *pusher) pass(sh *shard, now time.Time) {
+	sh.mu.Lock()
+	b := sh.batch[:0]
+	take := func(u *sub) {
+		if !u.queued {
+			u.queued = true
+			b = append(b, u)
+		}
+	}
+	for _, u := range sh.fresh {
+		take(u)
+	}
+	sh.fresh = sh.fresh[:0]
+	for k := range sh.dirty {
+		for _, u := range sh.subs[k] {
+			take(u)
+		}
+	}
+	clear(sh.dirty)
+	due := now.Add(-p.s.recheck)
+	for _, u := range sh.all {
+		if !u.evaluated.After(due) {
+			take(u)
+		}
+	}
+	sh.mu.Unlock()
+	for i, u := range b {
+		if i > 0 && i%yieldEvery == 0 {
+			runtime.Gosched()
+		}
+		u.queued = false
+		p.evaluate(u)
+		b[i] = nil
+	}
+	sh.batch = b[:0]
+}
+
+// evaluate hands a stream's state to its handler when it changed (or was
+// never sent). An evaluation that fails (stale, warming up) hands nothing:
+// KEDA's polls see the error.
+func (p *pusher) evaluate(u *sub) {
+	u.evaluated = time.Now()
+	d, err := p.s.Evaluate(u.t)
+	if err != nil || (u.sent && d.Active == u.last) {
+		return
+	}
+	u.sent, u.last = true, d.Active
+	u.mu.Lock()
+	u.state = d.Active
+	u.mu.Unlock()
+	select {
+	case u.ready <- struct{}{}:
+	default: // the handler has not taken the last one yet: it takes this
+	}
+}
+
+// take is the newest state handed over.
+func (u *sub) take() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.state
+}
