@@ -22,6 +22,13 @@ import (
 // is written in full, so dropping the oldest samples rewrites only the new
 // first entry of each column.
 //
+// The columns lie one after another in one buffer, each with a 16-byte
+// header: a pod's few seconds of samples are a few hundred bytes, and a
+// buffer and a 40-byte header for each of its 18 columns took more than the
+// samples themselves. An append writes every column's entry in one pass
+// from the last column to the first, moving each column up by the entries
+// written before it.
+//
 // A value that is not exactly n/10^scale for an integer n (a counter made
 // monotonic across a reset adds two of them, which may fall off the grid
 // by a rounding error; NaN; a value too large for 53 bits) is kept as its
@@ -30,9 +37,12 @@ import (
 // Histograms are encoded likewise, one column per histogram (histseries.go),
 // once the pod has sent any.
 type series struct {
-	times column
-	cols  []column // by id, ascending; a column goes when all its entries are absent
-	n     int
+	// buf holds the columns' entries, column after column: cols[0] is the
+	// times', the others are by id, ascending; a metric's column goes when
+	// all its entries are absent.
+	buf  []byte
+	cols []column
+	n    int
 	// lastMs and lastHist are the newest sample's time and histograms.
 	lastMs   int64
 	lastHist *metric.Histograms
@@ -41,13 +51,26 @@ type series struct {
 	hist *hists
 }
 
-// column is one metric's entries (or the times').
+// column is one column's header: its entries are buf[start:end], where
+// start is the end of the column before it (0 for the first).
 type column struct {
-	id  metric.ID
-	buf []byte
 	// prev: the last entry's value as the next one is written against it
 	// (0 when it was absent).
 	prev int64
+	end  uint32
+	id   metric.ID // 0 for the times
+}
+
+// entries is column i's encoded entries (none in a series with no sample).
+func (r *series) entries(i int) []byte {
+	if i >= len(r.cols) {
+		return nil
+	}
+	start := uint32(0)
+	if i > 0 {
+		start = r.cols[i-1].end
+	}
+	return r.buf[start:r.cols[i].end]
 }
 
 // Entry tags, in the low two bits of an entry's first varint.
@@ -84,34 +107,29 @@ func baseOf(id metric.ID, x float64) int64 {
 func zigzag(d int64) uint64   { return uint64(d<<1) ^ uint64(d>>63) }
 func unzigzag(u uint64) int64 { return int64(u>>1) ^ -int64(u&1) }
 
-// appendInt appends an entry of integer n.
-func (c *column) appendInt(n int64) {
-	c.grow(binary.MaxVarintLen64)
-	c.buf = binary.AppendUvarint(c.buf, zigzag(n-c.prev)<<2|tagInt)
+// appendInt appends to dst an entry of integer n written against c.prev.
+func (c *column) appendInt(dst []byte, n int64) []byte {
+	dst = binary.AppendUvarint(dst, zigzag(n-c.prev)<<2|tagInt)
 	c.prev = n
+	return dst
 }
 
-// appendValue appends an entry of metric c.id's value x.
-func (c *column) appendValue(x float64) {
+// appendValue appends to dst an entry of metric c.id's value x.
+func (c *column) appendValue(dst []byte, x float64) []byte {
 	n, ok := grid(c.id, x)
 	if ok {
-		c.appendInt(n)
-		return
+		return c.appendInt(dst, n)
 	}
-	c.grow(9)
-	c.buf = append(c.buf, tagRaw)
-	c.buf = binary.LittleEndian.AppendUint64(c.buf, math.Float64bits(x))
+	dst = append(dst, tagRaw)
+	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
 	c.prev = n
+	return dst
 }
 
-func (c *column) appendAbsent() {
-	c.grow(1)
-	c.buf = append(c.buf, tagAbsent)
+func (c *column) appendAbsent(dst []byte) []byte {
 	c.prev = 0
+	return append(dst, tagAbsent)
 }
-
-// grow makes room for k more bytes.
-func (c *column) grow(k int) { c.buf = growBytes(c.buf, k) }
 
 // growBytes returns buf with room for k more bytes, grown by a quarter
 // rather than doubled: a series holds its window for the pod's life, and
@@ -125,21 +143,21 @@ func growBytes(buf []byte, k int) []byte {
 	return buf
 }
 
-// entry decodes the entry at c.buf[off:] written against prev: the
-// integer it stands for (what the next entry is written against), the
-// raw value when raw, whether it is present, and the offset past it. The
-// series wrote the bytes itself, so a malformed encoding is a bug: it
-// panics.
-func (c *column) entry(off int, prev int64) (n int64, raw float64, isRaw, present bool, next int) {
-	u, off := uvarintAt(c.buf, off)
+// entry decodes the entry of metric id (0: a time) at buf[off:] written
+// against prev: the integer it stands for (what the next entry is written
+// against), the raw value when raw, whether it is present, and the offset
+// past it. The series wrote the bytes itself, so a malformed encoding is a
+// bug: it panics.
+func entry(buf []byte, id metric.ID, off int, prev int64) (n int64, raw float64, isRaw, present bool, next int) {
+	u, off := uvarintAt(buf, off)
 	switch u & 3 {
 	case tagInt:
 		return prev + unzigzag(u>>2), 0, false, true, off
 	case tagAbsent:
 		return 0, 0, false, false, off
 	default:
-		x := math.Float64frombits(binary.LittleEndian.Uint64(c.buf[off:]))
-		return baseOf(c.id, x), x, true, true, off + 8
+		x := math.Float64frombits(binary.LittleEndian.Uint64(buf[off:]))
+		return baseOf(id, x), x, true, true, off + 8
 	}
 }
 
@@ -162,38 +180,33 @@ func varintAt(buf []byte, off int) (int64, int) {
 	return d, off + k
 }
 
-// dropFront removes the k oldest entries; the new first is written again
-// against nothing. It reports whether any entry left is present.
-func (c *column) dropFront(k int) (kept bool) {
+// appendDropped appends to dst column c's entries b without their k oldest;
+// the new first is written again against nothing. It reports whether any
+// entry left is present.
+func appendDropped(dst, b []byte, id metric.ID, k int) (_ []byte, kept bool) {
 	var n, prev int64
 	var raw float64
 	var isRaw, present bool
 	off := 0
 	for i := 0; i <= k; i++ {
-		n, raw, isRaw, present, off = c.entry(off, prev)
+		n, raw, isRaw, present, off = entry(b, id, off, prev)
 		prev = n
 	}
-	var head [binary.MaxVarintLen64 + 8]byte
-	first := head[:0]
 	switch {
 	case !present:
-		first = append(first, tagAbsent)
+		dst = append(dst, tagAbsent)
 	case isRaw:
-		first = binary.LittleEndian.AppendUint64(append(first, tagRaw), math.Float64bits(raw))
+		dst = binary.LittleEndian.AppendUint64(append(dst, tagRaw), math.Float64bits(raw))
 	default:
-		first = binary.AppendUvarint(first, zigzag(n)<<2|tagInt)
+		dst = binary.AppendUvarint(dst, zigzag(n)<<2|tagInt)
 	}
-	c.buf = replaceHead(c.buf, off, first)
-	if present {
-		return true
+	kept = present
+	if !kept {
+		// An absent entry is one tagAbsent byte; any other byte belongs to
+		// a present one.
+		kept = slices.ContainsFunc(b[off:], func(c byte) bool { return c != tagAbsent })
 	}
-	for off = len(first); off < len(c.buf); {
-		if c.buf[off] != tagAbsent {
-			return true
-		}
-		off++
-	}
-	return false
+	return append(dst, b[off:]...), kept
 }
 
 // validIDs is the mask of every metric id.
@@ -202,35 +215,54 @@ const validIDs = (uint64(1)<<metric.NumIDs - 1) &^ 1
 // len is the number of samples held.
 func (r *series) len() int { return r.n }
 
+// maxEntry bounds one entry's encoding.
+const maxEntry = binary.MaxVarintLen64 + 8
+
 // add appends s, newer than every sample held.
 func (r *series) add(s metric.Sample) {
-	r.times.appendInt(s.TimeMs)
 	present := s.Present & validIDs
-	for i := range r.cols {
-		c := &r.cols[i]
-		if present&(1<<c.id) != 0 {
-			c.appendValue(s.V[c.id])
-			present &^= 1 << c.id
-		} else {
-			c.appendAbsent()
-		}
+	for i := 1; i < len(r.cols); i++ {
+		present &^= 1 << r.cols[i].id
 	}
-	// Metrics the pod did not report before get a column, absent until
-	// now; the columns are reallocated once, exactly (they are added
-	// rarely: at the first sample, or when a page gains a metric).
-	if present != 0 {
-		cols := make([]column, 0, len(r.cols)+bits.OnesCount64(present))
-		cols = append(cols, r.cols...)
-		for ; present != 0; present &= present - 1 {
-			c := column{id: metric.ID(bits.TrailingZeros64(present))}
-			for range r.n {
-				c.appendAbsent()
-			}
-			c.appendValue(s.V[c.id])
-			cols = append(cols, c)
+	if len(r.cols) == 0 || present != 0 {
+		r.addColumns(present)
+	}
+	// Every column's new entry, then the buffer made room for them once.
+	var tmp [(metric.NumIDs + 1) * maxEntry]byte
+	var ends [metric.NumIDs + 1]uint32
+	e := r.cols[0].appendInt(tmp[:0], s.TimeMs)
+	ends[0] = uint32(len(e))
+	for i := 1; i < len(r.cols); i++ {
+		c := &r.cols[i]
+		if s.Present&(1<<c.id) != 0 {
+			e = c.appendValue(e, s.V[c.id])
+		} else {
+			e = c.appendAbsent(e)
 		}
-		slices.SortFunc(cols, func(a, b column) int { return int(a.id) - int(b.id) })
-		r.cols = cols
+		ends[i] = uint32(len(e))
+	}
+	size := len(r.buf)
+	r.buf = growBytes(r.buf, len(e))[:size+len(e)]
+	// From the last column to the first: column i moves up by the entries
+	// of the columns before it, and its own entry follows it.
+	for i := len(r.cols) - 1; i >= 0; i-- {
+		start, end := uint32(0), r.cols[i].end
+		if i > 0 {
+			start = r.cols[i-1].end
+		}
+		shift, from := uint32(0), uint32(0)
+		if i > 0 {
+			shift, from = ends[i-1], ends[i-1]
+		}
+		if shift > 0 {
+			copy(r.buf[start+shift:end+shift], r.buf[start:end])
+		}
+		if ends[i]-from == 1 {
+			r.buf[end+shift] = e[from] // most entries: one byte
+		} else {
+			copy(r.buf[end+shift:], e[from:ends[i]])
+		}
+		r.cols[i].end = end + ends[i]
 	}
 	if s.Hist != nil && r.hist == nil {
 		r.hist = new(hists)
@@ -242,6 +274,36 @@ func (r *series) add(s metric.Sample) {
 	r.lastMs, r.lastHist = s.TimeMs, s.Hist
 }
 
+// addColumns adds the times' column (when there is none yet) and a column
+// for each metric in ids, absent for every sample held. The buffer and the
+// headers are reallocated once, exactly (columns are added rarely: at the
+// first sample, or when a page gains a metric).
+func (r *series) addColumns(ids uint64) {
+	cols := make([]column, 0, max(len(r.cols), 1)+bits.OnesCount64(ids))
+	cols = append(cols, r.cols...)
+	if len(cols) == 0 {
+		cols = append(cols, column{end: ^uint32(0)}) // the times' (r.n is 0)
+	}
+	for ; ids != 0; ids &= ids - 1 {
+		cols = append(cols, column{id: metric.ID(bits.TrailingZeros64(ids)), end: ^uint32(0)})
+	}
+	slices.SortFunc(cols[1:], func(a, b column) int { return int(a.id) - int(b.id) })
+	buf := make([]byte, 0, len(r.buf)+r.n*(len(cols)-len(r.cols)))
+	j := 0 // the old column that comes next
+	for i := range cols {
+		if cols[i].end != ^uint32(0) {
+			buf = append(buf, r.entries(j)...)
+			j++
+		} else {
+			for range r.n {
+				buf = append(buf, tagAbsent)
+			}
+		}
+		cols[i].end = uint32(len(buf))
+	}
+	r.buf, r.cols = buf, cols
+}
+
 // decodeTimes writes the samples' times into dst[:len] (grown as
 // needed), oldest first, with no value or histogram present.
 func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
@@ -250,8 +312,9 @@ func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
 	}
 	dst = dst[:r.n]
 	var t int64
+	times := r.entries(0)
 	for i, off := 0, 0; i < r.n; i++ {
-		t, _, _, _, off = r.times.entry(off, t)
+		t, _, _, _, off = entry(times, 0, off, t)
 		dst[i].TimeMs, dst[i].Present, dst[i].Hist = t, 0, nil
 	}
 	return dst
@@ -260,25 +323,26 @@ func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
 // decode writes the values of the metrics in want into the samples dst
 // that decodeTimes wrote; other values are left as they were.
 func (r *series) decode(dst []metric.Sample, want uint64) {
-	for ci := range r.cols {
-		c := &r.cols[ci]
-		if want&(1<<c.id) == 0 {
+	for ci := 1; ci < len(r.cols); ci++ {
+		id := r.cols[ci].id
+		if want&(1<<id) == 0 {
 			continue
 		}
-		bit := uint64(1) << c.id
-		p := metric.Pow10(c.id.Scale())
+		b := r.entries(ci)
+		bit := uint64(1) << id
+		p := metric.Pow10(id.Scale())
 		var n int64
 		for i, off := 0, 0; i < r.n; i++ {
 			var raw float64
 			var isRaw, present bool
-			n, raw, isRaw, present, off = c.entry(off, n)
+			n, raw, isRaw, present, off = entry(b, id, off, n)
 			switch {
 			case !present:
 				dst[i].Present &^= bit
 			case isRaw:
-				dst[i].V[c.id], dst[i].Present = raw, dst[i].Present|bit
+				dst[i].V[id], dst[i].Present = raw, dst[i].Present|bit
 			default:
-				dst[i].V[c.id], dst[i].Present = float64(n)/p, dst[i].Present|bit
+				dst[i].V[id], dst[i].Present = float64(n)/p, dst[i].Present|bit
 			}
 		}
 	}
@@ -286,21 +350,49 @@ func (r *series) decode(dst []metric.Sample, want uint64) {
 
 // drop removes the k oldest samples (0 < k < len).
 func (r *series) drop(k int) {
-	r.times.dropFront(k)
-	cols := r.cols[:0]
-	for _, c := range r.cols {
-		if c.dropFront(k) {
-			cols = append(cols, c)
+	sc := dropScratch.Get().(*[]byte)
+	out := (*sc)[:0]
+	cols := r.cols[:0] // written behind the reads: kept columns are renumbered
+	start := uint32(0)
+	for i := range r.cols {
+		c := r.cols[i]
+		b := r.buf[start:c.end]
+		start = c.end
+		mark := len(out)
+		var kept bool
+		out, kept = appendDropped(out, b, c.id, k)
+		if i > 0 && !kept {
+			out = out[:mark] // every entry left is absent: the column goes
+			continue
 		}
+		c.end = uint32(len(out))
+		cols = append(cols, c)
 	}
 	clear(r.cols[len(cols):])
 	r.cols = cols
+	r.buf = replaceAll(r.buf, out)
+	*sc = out
+	dropScratch.Put(sc)
 	r.n -= k
 	if r.hist != nil {
 		for h := range r.hist {
 			r.hist[h].dropFront(k)
 		}
 	}
+}
+
+// dropScratch holds drop's rewritten buffer before it is copied back.
+var dropScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// replaceAll returns buf with its contents replaced by b: in place unless b
+// does not fit or would leave most of the buffer unused (see replaceHead).
+func replaceAll(buf, b []byte) []byte {
+	if len(b) <= cap(buf) && cap(buf) <= 2*len(b)+64 {
+		return append(buf[:0], b...)
+	}
+	nb := make([]byte, len(b), len(b)+len(b)/4+8)
+	copy(nb, b)
+	return nb
 }
 
 // scratch holds a reader's decoded samples, reused from pod to pod: a
@@ -367,12 +459,9 @@ func ids(m metric.Def) uint64 {
 // bytes is the memory the series' encoding holds (its buffers' capacity
 // and the columns' headers).
 func (r *series) bytes() int {
-	n := cap(r.times.buf) + cap(r.cols)*int(unsafe.Sizeof(column{}))
+	n := cap(r.buf) + cap(r.cols)*int(unsafe.Sizeof(column{}))
 	if r.hist != nil {
 		n += r.hist.bytes()
-	}
-	for _, c := range r.cols {
-		n += cap(c.buf)
 	}
 	return n
 }
