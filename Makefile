@@ -135,15 +135,22 @@ lint:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+# vtprotobuf: UnmarshalVT and pools for the agent's messages and batches,
+# which the aggregator's ingest codec reuses (pkg/ingest/codec.go).
+VTPOOL := ,pool=github.com/pulse-io/pulse/proto/pulse/v1.AgentMessage,pool=github.com/pulse-io/pulse/proto/pulse/v1.SampleBatch
+
 proto:
 	@protoc --version | grep -qx 'libprotoc $(PROTOC_VERSION)' || \
 	  { echo "make proto needs protoc $(PROTOC_VERSION) (Debian bookworm protobuf-compiler); found: $$(protoc --version)"; exit 1; }
 	$(GO) build -o $(TOOLS)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
 	$(GO) build -o $(TOOLS)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	$(GO) build -o $(TOOLS)/protoc-gen-go-vtproto github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
 	protoc --plugin=protoc-gen-go=$(TOOLS)/protoc-gen-go \
 	  --plugin=protoc-gen-go-grpc=$(TOOLS)/protoc-gen-go-grpc \
+	  --plugin=protoc-gen-go-vtproto=$(TOOLS)/protoc-gen-go-vtproto \
 	  --go_out=. --go_opt=paths=source_relative \
 	  --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	  --go-vtproto_out=. --go-vtproto_opt=paths=source_relative,features=unmarshal+pool$(VTPOOL) \
 	  proto/pulse/v1/ingest.proto
 
 # Tidy modules, regenerate code, format: each must leave the tree unchanged;

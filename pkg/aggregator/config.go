@@ -300,7 +300,8 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	} else {
 		a.log.Info("agent streams are not authenticated (--agent-auth=none): use it on loopback or a trusted network only")
 	}
-	a.ingestSrv = grpc.NewServer(opts...)
+	// The ingest codec decodes agents' batches into pooled messages.
+	a.ingestSrv = grpc.NewServer(append(opts, grpc.ForceServerCodecV2(ingest.Codec()))...)
 	a.ingest = ingest.New(a.store, ingest.Options{Log: a.log, Version: version.Version, Registerer: reg, Auth: auth,
 		OnHistograms: func() { a.warnIfPodsOutgrowMemory(true) },
 		Limits:       ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})

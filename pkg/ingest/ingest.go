@@ -169,8 +169,12 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), log: log, bound: boundNode != ""}
+	var r received // with Codec, the messages after the hello come pooled
+	defer r.release()
 	for {
-		msg, err := stream.Recv()
+		r.release()
+		err := stream.RecvMsg(&r)
+		msg := r.msg
 		if errors.Is(err, io.EOF) {
 			log.Info("agent stream closed")
 			return nil

@@ -53,7 +53,7 @@ func newFixtureStore(t *testing.T, auth Authenticator, opts store.Options) *fixt
 	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(f.logs, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
 		Registerer: prometheus.NewRegistry(), Auth: auth})
 	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.ForceServerCodecV2(Codec())) // as the aggregator serves it
 	pulsev1.RegisterIngestServer(g, f.srv)
 	go func() { _ = g.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
