@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"sync"
@@ -191,6 +192,8 @@ type result struct {
 	// empty when they shared every CPU.
 	AggregatorCPUs string `json:"aggregatorCpus,omitempty"`
 	HarnessCPUs    string `json:"harnessCpus,omitempty"`
+	// HarnessGOGC: the harness's own GC percent (--harness-gogc).
+	HarnessGOGC int `json:"harnessGogc"`
 	// AggregatorCPUSecondsPerMillionSamples: the aggregator's CPU time per
 	// million pod samples received (everything it did meanwhile included).
 	AggregatorCPUSecondsPerMillionSamples float64          `json:"aggregatorCpuSecondsPerMillionSamples"`
@@ -220,6 +223,8 @@ func (f *fleet) pin() error {
 // tears everything down.
 func run(ctx context.Context, o options, log io.Writer) (res *result, err error) {
 	raiseFileLimit()
+	// The harness's own GC only: the aggregator runs with the environment's.
+	defer debug.SetGCPercent(debug.SetGCPercent(o.harnessGOGC))
 	dir := o.workdir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "fleet-"); err != nil {
@@ -465,7 +470,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak}
+		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
 		res.HeapLiveBytesPerPod = res.HeapLiveBytes / float64(res.Pods)

@@ -58,6 +58,7 @@ type options struct {
 	podsPerWorkload              int
 	scaledObjects, probes        int
 	kedaConns                    int
+	harnessGOGC                  int
 	interval, settle, duration   time.Duration
 	churn                        float64
 	loadTime                     time.Duration
@@ -88,7 +89,7 @@ func (o *options) maxPods() int {
 func defaultOptions() options {
 	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
 		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
-		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto"}
+		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400}
 }
 
 // faultNames are the scenarios --faults runs, in this order.
@@ -127,6 +128,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
+	fs.IntVar(&o.harnessGOGC, "harness-gogc", o.harnessGOGC, "the harness's own GC percent (not the aggregator's): its GC's marks on its CPU delay the round trips it times, so it collects less often than Go's default 100")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
 }
 
