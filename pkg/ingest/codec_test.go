@@ -113,3 +113,32 @@ func TestReceivedDecodesWithGRPCsCodec(t *testing.T) {
 		t.Fatalf("decoded %v, %v; want %v", r.msg, err, want)
 	}
 }
+
+// TestReleasedBatchLeavesWhatTheDecoderKept: the decoder keeps a batch's
+// histogram bounds and reads its extra values in place; a batch decoded
+// into the released one after it leaves them as they were.
+func TestReleasedBatchLeavesWhatTheDecoderKept(t *testing.T) {
+	c := Codec()
+	batch := func(bounds []float64, extra float64) mem.BufferSlice {
+		data, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{
+			Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0},
+			Extra:      []*pulsev1.ExtraValues{{Pod: 1, Values: []float64{extra}}},
+			Histograms: []*pulsev1.HistogramSample{{Pod: 1, Histogram: pulsev1.Histogram_HISTOGRAM_TTFT, Bounds: bounds, Counts: make([]int64, len(bounds))}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	var r received
+	if err := c.Unmarshal(batch([]float64{1, 2, 4}, 7), &r); err != nil {
+		t.Fatal(err)
+	}
+	kept, extra := r.msg.GetBatch().Histograms[0].Bounds, r.msg.GetBatch().Extra[0].Values
+	r.release()
+	if err := c.Unmarshal(batch([]float64{10, 20, 40}, 70), &r); err != nil {
+		t.Fatal(err)
+	}
+	if kept[0] != 1 || kept[2] != 4 || extra[0] != 7 {
+		t.Fatalf("after the next batch: bounds %v, extra %v; want [1 2 4] and [7]", kept, extra)
+	}
+}
