@@ -90,14 +90,7 @@ func (p *pusher) shard(k store.Key) *shard {
 	if len(p.shards) == 1 {
 		return p.shards[0]
 	}
-	var h maphash.Hash
-	h.SetSeed(p.seed)
-	h.WriteString(k.Namespace)
-	h.WriteByte(0)
-	h.WriteString(k.Kind)
-	h.WriteByte(0)
-	h.WriteString(k.Name)
-	return p.shards[h.Sum64()%uint64(len(p.shards))]
+	return p.shards[maphash.Comparable(p.seed, k)%uint64(len(p.shards))]
 }
 
 // changed marks workload k changed; the store calls it under its write lock.
