@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/encoding"
@@ -63,9 +64,10 @@ func TestCodecDecodesEachMessageAsItIs(t *testing.T) {
 	}
 }
 
-// TestCodecReusesABatchsColumns: a batch decoded into a released one
-// allocates no array for its columns and no batch; gRPC's own codec
-// allocates a new message, a new batch and an array per column.
+// TestCodecReusesABatchsColumns: a batch decoded into a reset one writes
+// its columns into the arrays it had; through the pool, a batch allocates
+// no array and no batch (at most the oneof's wrapper), where gRPC's own
+// codec allocates a new message, a new batch and an array per column.
 func TestCodecReusesABatchsColumns(t *testing.T) {
 	b := &pulsev1.SampleBatch{Seq: 7, TimeUnixMs: 1_700_000_000_000}
 	for i := range 8 {
@@ -75,6 +77,29 @@ func TestCodecReusesABatchsColumns(t *testing.T) {
 		for j := range 18 {
 			b.Values = append(b.Values, int64(i*100+j))
 		}
+	}
+	rawBatch, err := proto.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reused pulsev1.SampleBatch
+	if err := reused.UnmarshalVT(rawBatch); err != nil {
+		t.Fatal(err)
+	}
+	arrays := []any{&reused.Pods[0], &reused.OffsetsMs[0], &reused.PresentXor[0], &reused.Values[0]}
+	reused.ResetVT()
+	if err := reused.UnmarshalVT(rawBatch); err != nil {
+		t.Fatal(err)
+	}
+	if again := []any{&reused.Pods[0], &reused.OffsetsMs[0], &reused.PresentXor[0], &reused.Values[0]}; !slices.Equal(arrays, again) {
+		t.Fatal("a reset batch decoded its columns into new arrays")
+	}
+	if !proto.Equal(&reused, b) {
+		t.Fatalf("decoded %v", &reused)
+	}
+
+	if raceEnabled {
+		t.Skip("allocations through sync.Pool vary under the race detector; the arrays' reuse is checked above")
 	}
 	data, err := Codec().Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
 	if err != nil {
