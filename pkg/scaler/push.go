@@ -173,6 +173,7 @@ func (p *pusher) run(sh *shard) {
 	defer gap.Stop()
 	var last time.Time // the last pass
 	for {
+		rechecks := false
 		select {
 		case <-p.s.done:
 			return
@@ -186,15 +187,18 @@ func (p *pusher) run(sh *shard) {
 				}
 			}
 		case <-scan.C:
+			rechecks = true
 		}
 		last = time.Now()
-		p.pass(sh, last)
+		p.pass(sh, last, rechecks)
 	}
 }
 
-// pass evaluates the streams of the workloads changed since the last pass,
-// the new streams and those not evaluated for a recheck period.
-func (p *pusher) pass(sh *shard, now time.Time) {
+// pass evaluates the streams of the workloads changed since the last pass
+// and the new streams; with rechecks (every quarter recheck period, not at
+// every pass: a pass comes every few milliseconds on a fleet), also those
+// not evaluated for a recheck period.
+func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	sh.mu.Lock()
 	b := sh.batch[:0]
 	take := func(u *sub) {
@@ -213,10 +217,12 @@ func (p *pusher) pass(sh *shard, now time.Time) {
 		}
 	}
 	clear(sh.dirty)
-	due := now.Add(-p.s.recheck)
-	for _, u := range sh.all {
-		if !u.evaluated.After(due) {
-			take(u)
+	if rechecks {
+		due := now.Add(-p.s.recheck)
+		for _, u := range sh.all {
+			if !u.evaluated.After(due) {
+				take(u)
+			}
 		}
 	}
 	sh.mu.Unlock()
