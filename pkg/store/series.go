@@ -370,7 +370,7 @@ func (r *series) drop(k int) {
 	}
 	clear(r.cols[len(cols):])
 	r.cols = cols
-	r.buf = replaceAll(r.buf, out)
+	r.buf = replaceHead(r.buf, len(r.buf), out)
 	*sc = out
 	dropScratch.Put(sc)
 	r.n -= k
@@ -383,17 +383,6 @@ func (r *series) drop(k int) {
 
 // dropScratch holds drop's rewritten buffer before it is copied back.
 var dropScratch = sync.Pool{New: func() any { return new([]byte) }}
-
-// replaceAll returns buf with its contents replaced by b: in place unless b
-// does not fit or would leave most of the buffer unused (see replaceHead).
-func replaceAll(buf, b []byte) []byte {
-	if len(b) <= cap(buf) && cap(buf) <= 2*len(b)+64 {
-		return append(buf[:0], b...)
-	}
-	nb := make([]byte, len(b), len(b)+len(b)/4+8)
-	copy(nb, b)
-	return nb
-}
 
 // scratch holds a reader's decoded samples, reused from pod to pod: a
 // read under the store's lock decodes each metric of a pod at most once,
