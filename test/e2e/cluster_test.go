@@ -19,7 +19,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -141,7 +143,38 @@ func waitFor(t testing.TB, d time.Duration, what string, check func() error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	failedWaits.add(fmt.Sprintf("%s: %s: %v", t.Name(), what, err))
 	t.Fatalf("%s: %v", what, err)
+}
+
+// failedWaits are the waits that timed out, in order. A failed run repeats
+// them at its very end (summary), where a CI log's tail shows them.
+var failedWaits waits
+
+type waits struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (w *waits) add(s string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.list = append(w.list, clip(s, 300))
+}
+
+func (w *waits) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.list)
+}
+
+// clip shortens s to at most n bytes, on one line.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
 }
 
 // pki is the control plane's certificates.
@@ -349,12 +382,66 @@ func (cp *controlPlane) writeKubeconfig(t testing.TB, path string, auth *clientc
 }
 
 // dumpLogs prints the tail of every process's log, for a failed test.
+// It ends with a summary of a few lines (summary), the part of a long log
+// that is read first.
 func dumpLogs(t *testing.T, procs ...*proc) {
 	for _, p := range procs {
 		if p != nil {
 			t.Logf("---- %s (last lines) ----\n%s", p.name, p.tail(25))
 		}
 	}
+}
+
+// summary is a failed run's diagnosis in a few lines: the waits that timed
+// out (the first few), what else the caller found (extra: the
+// ScaledObjects' conditions), the last error each process logged, and
+// which processes had exited.
+func summary(t *testing.T, extra []string, procs ...*proc) {
+	var b strings.Builder
+	b.WriteString("---- summary ----")
+	ws := failedWaits.all()
+	for i, w := range ws {
+		if i == 4 {
+			fmt.Fprintf(&b, "\n  and %d more waits timed out", len(ws)-i)
+			break
+		}
+		b.WriteString("\n  timed out: " + w)
+	}
+	for _, x := range extra {
+		b.WriteString("\n  " + clip(x, 400))
+	}
+	var states []string
+	for _, p := range procs {
+		if p == nil {
+			continue
+		}
+		state := "running"
+		select {
+		case <-p.done:
+			state = "EXITED (" + p.cmd.ProcessState.String() + ")"
+		default:
+		}
+		states = append(states, p.name+" "+state)
+		if e := p.lastError(); e != "" {
+			b.WriteString("\n  " + p.name + "'s last error: " + clip(e, 300))
+		}
+	}
+	b.WriteString("\n  processes: " + strings.Join(states, ", "))
+	t.Log(b.String())
+}
+
+// lastError is the last line of the process's log that reports an error.
+func (p *proc) lastError() string {
+	b, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if strings.Contains(l, "ERROR") || strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"error"`) ||
+			strings.Contains(l, "level=error") || strings.HasPrefix(l, "E1") || strings.HasPrefix(l, "panic:") {
+			return l
+		}
+	}
+	return ""
 }
 
 // scanMetric finds the value of the first sample of name whose labels

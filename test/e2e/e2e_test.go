@@ -117,7 +117,9 @@ func TestE2E(t *testing.T) {
 	e.connect()
 	defer func() {
 		if t.Failed() {
-			dumpLogs(t, append(append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent), e.extra...)...)
+			procs := append(append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent), e.extra...)
+			dumpLogs(t, procs...)
+			summary(t, e.scaledObjectConditions(), procs...)
 		}
 	}()
 
@@ -208,6 +210,39 @@ func (c *countingSim) calls() int64 { return *c.count }
 
 func (c *countingSim) setWaiting(w float64) {
 	c.SetLoad(vllmsim.Load{Waiting: &w, Running: vllmsim.F(1), KVCacheUsage: vllmsim.F(0.5)})
+}
+
+// scaledObjectConditions is a line for each ScaledObject whose Ready
+// condition is not True (KEDA's reason and message: why it does not scale),
+// for a failed run's summary.
+func (e *env) scaledObjectConditions() []string {
+	if e.dyn == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	list, err := e.dyn.Resource(soGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return []string{"ScaledObjects: " + err.Error()}
+	}
+	var out []string
+	for _, so := range list.Items {
+		conds, _, _ := unstructured.NestedSlice(so.Object, "status", "conditions")
+		var parts []string
+		ready := false
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			typ, _ := m["type"].(string)
+			st, _ := m["status"].(string)
+			msg, _ := m["message"].(string)
+			ready = ready || (typ == "Ready" && st == "True")
+			parts = append(parts, fmt.Sprintf("%s=%s (%s)", typ, st, msg))
+		}
+		if !ready {
+			out = append(out, fmt.Sprintf("ScaledObject %s/%s not Ready: %s", so.GetNamespace(), so.GetName(), strings.Join(parts, "; ")))
+		}
+	}
+	return out
 }
 
 func (e *env) startKEDA() {

@@ -102,7 +102,9 @@ func TestNode(t *testing.T) {
 	e.connect()
 	defer func() {
 		if t.Failed() {
-			dumpLogs(t, append(append(append(e.cp.procs, n.procs...), e.keda, e.kedaAdapter), e.extra...)...)
+			procs := append(append(append(e.cp.procs, n.procs...), e.keda, e.kedaAdapter), e.extra...)
+			dumpLogs(t, procs...)
+			summary(t, e.scaledObjectConditions(), procs...)
 		}
 	}()
 
