@@ -164,10 +164,7 @@ func caseName(c *Case) string {
 // runCase runs one case for every seed; it returns the scores and the first
 // seed's report (for pictures).
 func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, seeds []uint64) (*Case, *sim.Report, error) {
-	scale := tc.RateScale
-	if v, ok := tc.ByProfile[p.Name]; ok {
-		scale = v
-	}
+	scale := tc.scale(p.Name)
 	var reports []*sim.Report
 	for _, seed := range seeds {
 		reqs, err := trace.Load(s.path(tc.Trace), seed)

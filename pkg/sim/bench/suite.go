@@ -61,6 +61,14 @@ type TraceCase struct {
 	ByProfile map[string]float64 `json:"rateScaleByProfile"`
 }
 
+// scale is the trace's rate multiple for a profile.
+func (tc TraceCase) scale(profile string) float64 {
+	if v, ok := tc.ByProfile[profile]; ok {
+		return v
+	}
+	return tc.RateScale
+}
+
 // Sweep is the clairvoyant's parameter grid.
 type Sweep struct {
 	Utilisations []float64          `json:"utilisations"`
@@ -164,6 +172,33 @@ func (s *Suite) complete() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Run is one trace × profile of a suite, as pulse-sim run's settings: the
+// trace (a file path resolved against the suite, or a generator), the
+// profile (a shipped name or a resolved file) and the rate multiple for
+// that profile.
+type Run struct {
+	Name        string // the trace's name in the suite
+	Trace       string
+	Profile     string
+	ProfileName string // as the suite writes it
+	RateScale   float64
+}
+
+// Runs lists the suite's traces × profiles, in the suite's order.
+func (s *Suite) Runs() ([]Run, error) {
+	var out []Run
+	for _, tc := range s.Traces {
+		for _, prof := range s.Profiles {
+			p, err := replica.Load(s.profilePath(prof))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Run{Name: tc.Name, Trace: s.path(tc.Trace), Profile: s.profilePath(prof), ProfileName: p.Name, RateScale: tc.scale(p.Name)})
+		}
+	}
+	return out, nil
 }
 
 // path resolves a file named by the suite (a generator spec is kept).

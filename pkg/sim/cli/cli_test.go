@@ -124,18 +124,73 @@ func TestTunePrintsTheCheapestConfiguration(t *testing.T) {
 	}
 }
 
+// TestTuneSuiteSweepsEachTraceAlone: tune --suite writes, for each trace ×
+// profile of the suite, the sweep that tune on that trace alone (its rate
+// scale for the profile, the suite's settings) writes as tune.json.
+func TestTuneSuiteSweepsEachTraceAlone(t *testing.T) {
+	dir := t.TempDir()
+	suite := filepath.Join(dir, "suite.yaml")
+	if err := os.WriteFile(suite, []byte(`seeds: 2
+ttftSlo: 3s
+copyJitter: 10s
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [unused.yaml]
+traces:
+- name: burst
+  trace: bursts:base=5,peak=40,on=2m,off=6m,duration=12m
+- name: steps
+  trace: steps:rates=4/12,step=5m
+  rateScale: 2
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	grid := []string{"--scaledobject", seedSO, "--metrics", "waiting=5,running=64", "--scale-up", "1/300s,4/15s", "--seeds", "2", "--target-slo", "0.5"}
+	out := filepath.Join(dir, "out")
+	code, stdout, errs := main(t, append([]string{"tune", "--suite", suite, "--out", out}, grid...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, c := range []struct{ name, trace, scale string }{
+		{"burst", "bursts:base=5,peak=40,on=2m,off=6m,duration=12m", "1"},
+		{"steps", "steps:rates=4/12,step=5m", "2"},
+	} {
+		got, err := os.ReadFile(filepath.Join(out, c.name+"-llama-3.1-8b-h100.json"))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, stdout)
+		}
+		alone := filepath.Join(dir, c.name)
+		code, _, errs := main(t, append([]string{"tune", "--trace", c.trace, "--rate-scale", c.scale, "--ttft-slo", "3s", "--copy-jitter", "10s", "--out", alone}, grid...)...)
+		if code != 0 {
+			t.Fatalf("%s alone: exit %d: %s", c.name, code, errs)
+		}
+		want, _ := os.ReadFile(filepath.Join(alone, "tune.json"))
+		var cands []Candidate
+		if err := json.Unmarshal(got, &cands); err != nil || len(cands) != 4 {
+			t.Fatalf("%s: %v, %d candidates", c.name, err, len(cands))
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: the suite's sweep differs from the trace's alone:\n%s\n%s", c.name, got, want)
+		}
+		if !strings.Contains(stdout, c.name+" ×"+c.scale+" · llama-3.1-8b-h100: ") {
+			t.Errorf("no line for %s:\n%s", c.name, stdout)
+		}
+	}
+}
+
 func TestBadUsageIsClear(t *testing.T) {
 	for name, args := range map[string][]string{
-		"no trace":        {"--scaledobject", seedSO},
-		"bad rate-scale":  {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "0"},
-		"unknown flag":    {"--trace", shippedTrace, "--colour"},
-		"unknown command": {"simulate"},
-		"bad profile":     {"--trace", "poisson:rate=1,duration=1m", "--scaledobject", seedSO, "--profile", "gpt-9", "--out", t.TempDir()},
-		"bad grid":        {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting"},
-		"bad lengths":     {"--trace", shippedTrace, "--scaledobject", seedSO, "--copy-lengths", "longer"},
-		"bad timeout":     {"--trace", shippedTrace, "--scaledobject", seedSO, "--client-timeout", "-1s"},
-		"bench no suite":  {"bench"},
-		"bench bad suite": {"bench", "--suite", "no-such-suite.yaml"},
+		"no trace":             {"--scaledobject", seedSO},
+		"bad rate-scale":       {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "0"},
+		"unknown flag":         {"--trace", shippedTrace, "--colour"},
+		"unknown command":      {"simulate"},
+		"bad profile":          {"--trace", "poisson:rate=1,duration=1m", "--scaledobject", seedSO, "--profile", "gpt-9", "--out", t.TempDir()},
+		"bad grid":             {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting"},
+		"bad lengths":          {"--trace", shippedTrace, "--scaledobject", seedSO, "--copy-lengths", "longer"},
+		"bad timeout":          {"--trace", shippedTrace, "--scaledobject", seedSO, "--client-timeout", "-1s"},
+		"bench no suite":       {"bench"},
+		"tune suite and trace": {"tune", "--suite", "../../../docs/simulation/suite.yaml", "--trace", shippedTrace, "--scaledobject", seedSO},
+		"tune bad suite":       {"tune", "--suite", "no-such-suite.yaml", "--scaledobject", seedSO},
+		"bench bad suite":      {"bench", "--suite", "no-such-suite.yaml"},
 	} {
 		code, _, errs := main(t, args...)
 		if code == 0 || !strings.HasPrefix(errs, "pulse-sim:") || strings.Count(errs, "\n") != 1 {

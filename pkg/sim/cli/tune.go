@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/bench"
 )
 
 // tuneOptions are tune's own flags.
@@ -127,10 +128,21 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&t.ScaleUp, "scale-up", t.ScaleUp, "scale-up policies to sweep, pods/period, comma-separated")
 	fs.Float64Var(&t.TargetSLO, "target-slo", t.TargetSLO, "the SLO attainment (fraction of requests with TTFT ≤ --ttft-slo) a configuration must reach")
 	fs.IntVar(&t.Seeds, "seeds", t.Seeds, "seeds each configuration is simulated with; scores are their mean")
+	suite := fs.String("suite", "", "sweep each trace × profile of this bench suite (YAML) alone, with the suite's trace, profile, rate scale and run settings: --out gets NAME-PROFILE.json for each")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
-	errs := []error{o.Validate()}
+	var errs []error
+	if *suite != "" {
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed":
+				errs = append(errs, fmt.Errorf("--%s: --suite sets it", f.Name))
+			}
+		})
+		o.Trace = *suite // checked by bench.Read below
+	}
+	errs = append(errs, o.Validate())
 	if t.TargetSLO <= 0 || t.TargetSLO > 1 {
 		errs = append(errs, errors.New("--target-slo must be in (0, 1]"))
 	}
@@ -146,44 +158,14 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("read --scaledobject: %w", err)
 	}
-	var cands []Candidate
-	for _, m := range order {
-		for _, thr := range grid[m] {
-			for _, up := range ups {
-				raw, err := variant(base, m, thr, up)
-				if err != nil {
-					return err
-				}
-				c := Candidate{Metric: m, Threshold: thr, ScaleUpPods: up.pods, ScaleUpPeriod: up.period, raw: raw}
-				for s := range t.Seeds {
-					o.soRaw = raw
-					cfg, err := o.config(o.Seed + uint64(s))
-					if err != nil {
-						return fmt.Errorf("%s threshold %g: %w", m, thr, err)
-					}
-					r, err := sim.Run(cfg)
-					if err != nil {
-						return fmt.Errorf("%s threshold %g: %w", m, thr, err)
-					}
-					p := r.Pipelines[0]
-					c.SLOAttainment += p.SLOAttainment / float64(t.Seeds)
-					c.GPUHours += p.GPUHours / float64(t.Seeds)
-					c.TTFTP90 += p.TTFTP90 / float64(t.Seeds)
-				}
-				c.MeetsTarget = c.SLOAttainment >= t.TargetSLO
-				cands = append(cands, c)
-			}
-		}
+	g := tuneGrid{metrics: grid, order: order, ups: ups}
+	if *suite != "" {
+		return tuneSuite(*suite, o, t, g, base, stdout)
 	}
-	sort.SliceStable(cands, func(i, j int) bool {
-		if cands[i].MeetsTarget != cands[j].MeetsTarget {
-			return cands[i].MeetsTarget
-		}
-		if cands[i].MeetsTarget {
-			return cands[i].GPUHours < cands[j].GPUHours
-		}
-		return cands[i].SLOAttainment > cands[j].SLOAttainment
-	})
+	cands, err := g.sweep(o, t, base)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return fmt.Errorf("create --out: %w", err)
 	}
@@ -211,5 +193,100 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\ncheapest configuration meeting %.1f%% within %s (mean of %d seeds): %s threshold %g, scale up %d pod per %ds: %.2f GPU-hours, %.1f%%\n%s\n---\n%s",
 		100*t.TargetSLO, o.TTFTSLO, t.Seeds, b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, b.GPUHours, 100*b.SLOAttainment, file, b.raw)
+	return nil
+}
+
+// tuneGrid is the sweep: metrics × thresholds × scale-up policies.
+type tuneGrid struct {
+	metrics map[string][]float64
+	order   []string
+	ups     []scaleUp
+}
+
+// sweep simulates every configuration of the grid on o's trace and
+// profile, t.Seeds seeds each, and returns them best first: those meeting
+// the target by GPU-hours, then the rest by attainment.
+func (g tuneGrid) sweep(o *Options, t tuneOptions, base []byte) ([]Candidate, error) {
+	var cands []Candidate
+	for _, m := range g.order {
+		for _, thr := range g.metrics[m] {
+			for _, up := range g.ups {
+				raw, err := variant(base, m, thr, up)
+				if err != nil {
+					return nil, err
+				}
+				c := Candidate{Metric: m, Threshold: thr, ScaleUpPods: up.pods, ScaleUpPeriod: up.period, raw: raw}
+				for s := range t.Seeds {
+					o.soRaw = raw
+					cfg, err := o.config(o.Seed + uint64(s))
+					if err != nil {
+						return nil, fmt.Errorf("%s threshold %g: %w", m, thr, err)
+					}
+					r, err := sim.Run(cfg)
+					if err != nil {
+						return nil, fmt.Errorf("%s threshold %g: %w", m, thr, err)
+					}
+					p := r.Pipelines[0]
+					c.SLOAttainment += p.SLOAttainment / float64(t.Seeds)
+					c.GPUHours += p.GPUHours / float64(t.Seeds)
+					c.TTFTP90 += p.TTFTP90 / float64(t.Seeds)
+				}
+				c.MeetsTarget = c.SLOAttainment >= t.TargetSLO
+				cands = append(cands, c)
+			}
+		}
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].MeetsTarget != cands[j].MeetsTarget {
+			return cands[i].MeetsTarget
+		}
+		if cands[i].MeetsTarget {
+			return cands[i].GPUHours < cands[j].GPUHours
+		}
+		return cands[i].SLOAttainment > cands[j].SLOAttainment
+	})
+	return cands, nil
+}
+
+// tuneSuite sweeps each trace × profile of a suite alone, with the suite's
+// settings, writing --out/NAME-PROFILE.json (tune.json's form) for each
+// and a line of its best configuration.
+func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, stdout io.Writer) error {
+	s, err := bench.Read(path)
+	if err != nil {
+		return err
+	}
+	runs, err := s.Runs()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return fmt.Errorf("create --out: %w", err)
+	}
+	o.Seed, o.TTFTSLO, o.Warmup, o.ClientTimeout = s.Seed, s.TTFTSLO.Duration, s.Warmup.Duration, s.ClientTimeout.Duration
+	o.CopyJitter, o.CopyLengths = s.CopyJitter.Duration, s.CopyLengths
+	if s.Balancer != "" {
+		o.Balancer = s.Balancer
+	}
+	for _, r := range runs {
+		o.Trace, o.Profile, o.RateScale = r.Trace, r.Profile, r.RateScale
+		cands, err := g.sweep(o, t, base)
+		if err != nil {
+			return fmt.Errorf("%s × %s: %w", r.Name, r.ProfileName, err)
+		}
+		file := filepath.Join(o.Out, r.Name+"-"+r.ProfileName+".json")
+		if err := writeJSON(file, cands); err != nil {
+			return err
+		}
+		best := "none"
+		if len(cands) > 0 {
+			b := cands[0]
+			best = fmt.Sprintf("%s %g, scale up %d pod/%ds: %.1f%% at %.2f GPU-hours", b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, 100*b.SLOAttainment, b.GPUHours)
+			if !b.MeetsTarget {
+				best = fmt.Sprintf("none reaches %.1f%%; closest %s", 100*t.TargetSLO, best)
+			}
+		}
+		fmt.Fprintf(stdout, "%s ×%g · %s: %s (%s)\n", r.Name, r.RateScale, r.ProfileName, best, file)
+	}
 	return nil
 }
