@@ -17,6 +17,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/sim"
 	"github.com/pulse-io/pulse/pkg/sim/bench"
+	"github.com/pulse-io/pulse/pkg/sim/plot"
 )
 
 // tuneOptions are tune's own flags.
@@ -274,7 +275,8 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 		if err != nil {
 			return fmt.Errorf("%s × %s: %w", r.Name, r.ProfileName, err)
 		}
-		file := filepath.Join(o.Out, r.Name+"-"+r.ProfileName+".json")
+		// A file name of the suite's names, never a path out of --out.
+		file := filepath.Join(o.Out, plot.FileName(r.Name+"-"+r.ProfileName)+".json")
 		if err := writeJSON(file, cands); err != nil {
 			return err
 		}
