@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -181,6 +182,9 @@ type Plan struct {
 	// Backlog the work waiting (queued and held at routers).
 	Work    float64 `json:"workPerSecond"`
 	Backlog float64 `json:"backlog"`
+	// BacklogThen: the backlog projected to when capacity asked for now is
+	// ready (projectBacklog); the need drains it over a lead time.
+	BacklogThen float64 `json:"backlogThen"`
 	// Surge: the largest rise of the arriving work within one lead time
 	// seen (fading); PeakWork the most that arrived (fading); Level the
 	// work per second the plan covers: the work over the utilisation, or
@@ -355,16 +359,18 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	switch {
 	case st.Capacity > 0:
 		// The backlog is drained by capacity that arrives no sooner than a
-		// replica starts: planned over the lead time (at least the SLO:
-		// a replica that starts at once drains it within the SLO), less the
-		// replicas already starting.
+		// replica starts: the backlog there will be then (the replicas
+		// already starting drain their part of it from when they are
+		// ready, so a queue growing while they load is not planned twice),
+		// drained over the lead time (at least the SLO: a replica that
+		// starts at once drains it within the SLO).
 		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
-		backlog := math.Max(0, p.Backlog/(st.Capacity*drain)-float64(p.Starting))
-		p.Need = p.Level/st.Capacity + backlog
-		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f", p.Work, st.Capacity, cfg.Utilisation, p.Backlog)
+		p.BacklogThen = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg))
+		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
+		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
-			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has risen %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f",
-				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog)
+			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has risen %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
+				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
@@ -378,6 +384,29 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * scale
+}
+
+// projectBacklog is the backlog (work) when capacity asked for now is
+// ready, a lead time from now: the backlog now, grown by what arrives
+// beyond what the ready replicas serve (excess: the queues' growth in work
+// per second; negative while they shrink), less what each replica already
+// starting serves (capacity per second) from when it is ready, a lead time
+// after it was listed (at once if it has started for longer). A queue never
+// goes below empty.
+func projectBacklog(backlog, excess, capacity float64, in Input, lead time.Duration) float64 {
+	var arrive []time.Duration // from now, of the replicas starting
+	for i := range in.Pods {
+		if l := &in.Pods[i]; l.State == store.PodStarting {
+			arrive = append(arrive, max(lead-l.Age, 0))
+		}
+	}
+	slices.Sort(arrive)
+	var at time.Duration
+	for _, a := range arrive {
+		backlog = math.Max(0, backlog+excess*(a-at).Seconds())
+		at, excess = a, excess-capacity
+	}
+	return math.Max(0, backlog+excess*(lead-at).Seconds())
 }
 
 // learnSurge fades the surge and the peak work, then takes this

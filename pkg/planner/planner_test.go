@@ -132,10 +132,11 @@ func TestStartingReplicasAreCapacityComing(t *testing.T) {
 	before, _, _ := Make(snap(at, serving("a", 10000, 1)), st, cfg)
 	// While the replicas it asked for start, the overloaded replica's
 	// queue grows: the plan does not grow with it (no cascade).
-	starting := []store.PodLoad{{Name: "b", State: store.PodStarting}, {Name: "c", State: store.PodStarting}}
 	for i := range 48 { // 4 minutes
 		a := serving("a", 10000, 1)
-		a.WaitingNow = float64(10 * i)
+		a.WaitingNow, a.WaitingGrowth = float64(10*i), 2
+		age := time.Duration(i) * 5 * time.Second
+		starting := []store.PodLoad{{Name: "b", State: store.PodStarting, Age: age}, {Name: "c", State: store.PodStarting, Age: age}}
 		p, next, err := Make(snap(at, append([]store.PodLoad{a}, starting...)...), st, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -445,5 +446,58 @@ func TestLoadArrivingIsNoSurge(t *testing.T) {
 	_, st, _ = ramp(t, st, cfg, at, 3*time.Minute, 4, 24000, 24000)
 	if st.Surge != 0 || st.PeakWork != 24000 {
 		t.Fatalf("surge %v, peak %v: want 0 and 24000", st.Surge, st.PeakWork)
+	}
+}
+
+// TestBacklogProjectedToWhenCapacityArrives: the backlog the need drains is
+// the one there will be when capacity asked for now is ready: the queue
+// grows by what the ready replicas do not serve until then, less what the
+// replicas already starting serve from when they are ready, never below
+// empty.
+func TestBacklogProjectedToWhenCapacityArrives(t *testing.T) {
+	lead := 300 * time.Second
+	starting := func(ages ...time.Duration) Input {
+		in := snap(t0, serving("a", 10000, 1))
+		for _, a := range ages {
+			in.Pods = append(in.Pods, store.PodLoad{Name: "s", State: store.PodStarting, Age: a})
+		}
+		return in
+	}
+	for _, c := range []struct {
+		name                      string
+		backlog, excess, capacity float64
+		in                        Input
+		want                      float64
+	}{
+		{"growing, nothing starting", 0, 1000, 1000, starting(), 300_000},
+		{"one starting that serves the excess once ready, 100 s from now", 5000, 1000, 1000, starting(200 * time.Second), 105_000},
+		{"one starting that drains it once ready", 5000, 1000, 3000, starting(200 * time.Second), 0},
+		{"two starting, the older ready first", 0, 3000, 2000, starting(150*time.Second, 250*time.Second), 150_000 + 100_000 - 150_000},
+		{"one starting for longer than the lead: ready now", 1000, 1000, 2000, starting(400 * time.Second), 0},
+		{"shrinking", 50_000, -1000, 1000, starting(), 0},
+	} {
+		if got := projectBacklog(c.backlog, c.excess, c.capacity, c.in, lead); math.Abs(got-c.want) > 1e-6 {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestGrowingQueueIsPlannedAsItWillBe: an overloaded replica whose queue
+// grows while nothing starts is planned the work and the backlog the queue
+// will hold a lead time from now, drained over a lead time.
+func TestGrowingQueueIsPlannedAsItWillBe(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	a := serving("a", 10000, 1)
+	a.WaitingNow, a.WaitingGrowth = 30, 4 // 4 requests a second more than it serves
+	p, _, err := Make(snap(at, a), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A request is 1000 work: 30 queued are 30000, growing 4000/s for the
+	// 5-minute lead: 1.23 M then, drained over 5 minutes by 10000/s a
+	// replica: 0.41 replicas, on top of 14000/s over 0.8 × 10000: 1.75.
+	if math.Abs(p.BacklogThen-1_230_000) > 1 || math.Abs(p.Need-(1.75+0.41)) > 0.01 || p.Replicas != 3 {
+		t.Fatalf("backlog then %.0f, need %.3f, plan %d: want 1230000, 2.16, 3 (%s)", p.BacklogThen, p.Need, p.Replicas, p.Reason)
 	}
 }
