@@ -282,7 +282,8 @@ func TestTriggersExplainThePlan(t *testing.T) {
 	_, table := get(t, srv.URL+"/debug/triggers?format=table", "")
 	why := column(t, table, "WHY")
 	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
-	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") {
+	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") ||
+		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 }
