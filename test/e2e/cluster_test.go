@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -430,14 +431,18 @@ func summary(t *testing.T, extra []string, procs ...*proc) {
 	t.Log(b.String())
 }
 
+// errorLine matches a log line at error level: slog's text (pulse),
+// zap's JSON (KEDA), klog's E lines (Kubernetes), etcd's and Prometheus'
+// JSON or logfmt, and a panic.
+var errorLine = regexp.MustCompile(`level=(ERROR|error)\b|"level":"error"|^E\d{4} |^panic:`)
+
 // lastError is the last line of the process's log that reports an error.
 func (p *proc) lastError() string {
 	b, _ := os.ReadFile(p.log)
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		l := lines[i]
-		if strings.Contains(l, "ERROR") || strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"error"`) ||
-			strings.Contains(l, "level=error") || strings.HasPrefix(l, "E1") || strings.HasPrefix(l, "panic:") {
+		if errorLine.MatchString(l) {
 			return l
 		}
 	}
@@ -470,4 +475,23 @@ func scanMetric(page []byte, name string, want map[string]string) (float64, bool
 		}
 	}
 	return 0, false
+}
+
+// TestErrorLine: the summary's last error is a line at error level, not
+// one that only names an error.
+func TestErrorLine(t *testing.T) {
+	for line, want := range map[string]bool{
+		`time=2026-11-26T08:39:18Z level=ERROR msg="evaluate" err=stale`:                                      true,
+		`{"level":"error","ts":"2026-11-26T07:20:55Z","logger":"scale_handler","msg":"error getting metric"}`: true,
+		`E1126 08:39:16.341094 25015 remote_available_controller.go:448] "Unhandled Error"`:                   true,
+		`E0302 01:02:03.000000 1 controller.go:1] failed`:                                                     true,
+		`panic: runtime error: index out of range`:                                                            true,
+		`time=2026-11-26T08:39:18Z level=INFO msg="NVML unavailable" err="init: ERROR_LIBRARY_NOT_FOUND"`:     false,
+		`{"level":"warn","ts":"2026-11-26T07:20:55Z","msg":"slow fdatasync"}`:                                 false,
+		`I1126 08:39:16.341094 25015 controller.go:1] "error syncing" is only logged at info here`:            false,
+	} {
+		if got := errorLine.MatchString(line); got != want {
+			t.Errorf("%q: %v, want %v", line, got, want)
+		}
+	}
 }
