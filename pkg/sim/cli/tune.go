@@ -141,7 +141,7 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 				errs = append(errs, fmt.Errorf("--%s: --suite sets it", f.Name))
 			}
 		})
-		o.Trace = *suite // checked by bench.Read below
+		o.Trace = *suite // Validate asks for a trace; each of the suite's runs sets its own
 	}
 	errs = append(errs, o.Validate())
 	if t.TargetSLO <= 0 || t.TargetSLO > 1 {
