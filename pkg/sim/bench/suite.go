@@ -188,14 +188,18 @@ type Run struct {
 
 // Runs lists the suite's traces × profiles, in the suite's order.
 func (s *Suite) Runs() ([]Run, error) {
+	names := make([]string, len(s.Profiles)) // each profile's own name, read once
+	for i, prof := range s.Profiles {
+		p, err := replica.Load(s.profilePath(prof))
+		if err != nil {
+			return nil, err
+		}
+		names[i] = p.Name
+	}
 	var out []Run
 	for _, tc := range s.Traces {
-		for _, prof := range s.Profiles {
-			p, err := replica.Load(s.profilePath(prof))
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, Run{Name: tc.Name, Trace: s.path(tc.Trace), Profile: s.profilePath(prof), ProfileName: p.Name, RateScale: tc.scale(p.Name)})
+		for i, prof := range s.Profiles {
+			out = append(out, Run{Name: tc.Name, Trace: s.path(tc.Trace), Profile: s.profilePath(prof), ProfileName: names[i], RateScale: tc.scale(names[i])})
 		}
 	}
 	return out, nil

@@ -341,7 +341,7 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil { //nolint:gosec // G703: --out's directory, a file name made by plot.FileName
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil { //nolint:gosec // G703: a file in --out, named by pulse-sim (fixed names, or plot.FileName of a suite's names)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
