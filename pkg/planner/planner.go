@@ -149,10 +149,11 @@ type State struct {
 	// (this snapshot's): the lead time is at least that.
 	startingFor time.Duration
 	peaks       []peak // need and work at each observation, oldest first
-	// Surge: the largest rise of the arriving work within one lead time
-	// seen, and PeakWork the most work that arrived; both fade by half in
-	// surgeHalfLife (from surgeAt). A workload whose load has jumped within
-	// a lead time is planned to hold the work it may jump back to.
+	// Surge: the largest move of the arriving work within one lead time
+	// seen (a rise, or a fall from a level held: learnSurge), and PeakWork
+	// the most work that arrived; both fade by half in surgeHalfLife (from
+	// surgeAt). A workload whose load has jumped or dropped within a lead
+	// time is planned to hold the work it may jump back to.
 	Surge, PeakWork float64
 	surgeAt         time.Time
 }
@@ -185,8 +186,8 @@ type Plan struct {
 	// BacklogThen: the backlog projected to when capacity asked for now is
 	// ready (projectBacklog); the need drains it over a lead time.
 	BacklogThen float64 `json:"backlogThen"`
-	// Surge: the largest rise of the arriving work within one lead time
-	// seen (fading); PeakWork the most that arrived (fading); Level the
+	// Surge: the largest move of the arriving work within one lead time
+	// seen (a rise, or a fall from a level held; fading); PeakWork the most that arrived (fading); Level the
 	// work per second the plan covers: the work over the utilisation, or
 	// the work plus the surge up to the peak, whichever is more.
 	Surge    float64 `json:"surgeWorkPerSecond"`
@@ -369,7 +370,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
-			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has risen %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
+			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
 				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
 	case queued > 0 && p.Ready == 0:
@@ -411,14 +412,17 @@ func projectBacklog(backlog, excess, capacity float64, in Input, lead time.Durat
 
 // learnSurge fades the surge and the peak work, then takes this
 // observation's arrived work into both: the peak is the most that arrived,
-// the surge the most it rose above its lowest within one lead time (the
-// observations held in st.peaks), once the workload has been watched for a
-// lead time. Arrivals, not the work served: replicas that come up and drain
-// a backlog serve more than arrives, and that is no rise of the load.
-// Capacity that arrives a lead time after it is asked for hides a rise only
-// if it was there before: a workload whose load has risen by s within a
-// lead time is planned to hold the work it had, up to s above the present,
-// until that fades.
+// the surge the most it moved within one lead time (the observations held
+// in st.peaks), once the workload has been watched for a lead time: how far
+// it rose above its lowest, or fell below the level it held half a lead
+// time to a lead time ago (their mean: a level, not one low moment).
+// Arrivals, not the work served: replicas that come up and drain a backlog
+// serve more than arrives, and that is no rise of the load. Capacity that
+// arrives a lead time after it is asked for hides a rise only if it was
+// there before: a workload whose load has moved by s within a lead time is
+// planned to hold the work it had, up to s above the present, until that
+// fades. A fall teaches it as a rise does: load that has just dropped by s
+// can come back by s, and the capacity released could not.
 func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	if !st.surgeAt.IsZero() {
 		f := math.Exp2(-now.Sub(st.surgeAt).Seconds() / surgeHalfLife.Seconds())
@@ -427,19 +431,26 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	}
 	st.surgeAt = now
 	st.PeakWork = max(st.PeakWork, work)
-	// A rise within a lead time needs a lead time watched: the first
+	// A move within a lead time needs a lead time watched: the first
 	// minutes are the workload's load arriving (or this process's start),
 	// not its load rising.
 	if now.Sub(st.Since) < lead {
 		return
 	}
-	low := work
+	low, held, n := work, 0.0, 0
 	for _, pk := range st.peaks {
-		if now.Sub(pk.at) <= lead {
+		if age := now.Sub(pk.at); age <= lead {
 			low = min(low, pk.work)
+			if age >= lead/2 {
+				held += pk.work
+				n++
+			}
 		}
 	}
 	st.Surge = max(st.Surge, work-low)
+	if n > 0 {
+		st.Surge = max(st.Surge, held/float64(n)-work)
+	}
 }
 
 // learnCapacity takes one observation of each fresh replica that served

@@ -365,6 +365,32 @@ func TestLoadThatJumpedIsPlannedToJumpAgain(t *testing.T) {
 	}
 }
 
+func TestLoadThatDroppedIsPlannedToComeBack(t *testing.T) {
+	cfg := Default(0)
+	// 24000 on four replicas for 10 minutes, then it drops to 6000 for 20
+	// minutes: a fall from a level held teaches the surge as a rise does.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 4, 24000, 24000)
+	if st.Surge != 0 {
+		t.Fatalf("surge %v at a steady load", st.Surge)
+	}
+	p, st, _ := ramp(t, st, cfg, at, 20*time.Minute, 4, 6000, 6000)
+	// The surge (18000) was learned at the drop, or up to half a lead time
+	// after it (when the level before it is all the older half of the lead
+	// time holds), and has faded since; the level is the work plus it, up to
+	// the peak (24000, faded from the drop).
+	fade := func(d time.Duration) float64 { return math.Exp2(-d.Seconds() / surgeHalfLife.Seconds()) }
+	since := 20*time.Minute + 5*time.Second
+	if st.Surge < 18000*fade(since)-1 || st.Surge > 18000*fade(since-st.lead(cfg)/2)+1 || math.Abs(st.PeakWork-24000*fade(since)) > 1 {
+		t.Fatalf("surge %v, peak %v: want 18000 faded from the drop, or up to half a lead time after it, and 24000 faded from the drop", st.Surge, st.PeakWork)
+	}
+	if p.Level != min(6000+st.Surge, st.PeakWork) || !strings.Contains(p.Reason, "moved") {
+		t.Fatalf("planned for %v (%s), want %v", p.Level, p.Reason, min(6000+st.Surge, st.PeakWork))
+	}
+	if p.Replicas <= ceil(6000/(cfg.Utilisation*st.Capacity)) {
+		t.Fatalf("plan %d (%s): want more than the work alone needs", p.Replicas, p.Reason)
+	}
+}
+
 func TestLoadThatDriftedIsFollowedDown(t *testing.T) {
 	cfg := Default(0)
 	// The same range, but risen and fallen over an hour each: no rise
@@ -375,7 +401,7 @@ func TestLoadThatDriftedIsFollowedDown(t *testing.T) {
 	if st.Surge > 1600 {
 		t.Fatalf("surge %v over a ramp of 1500 per 5 min", st.Surge)
 	}
-	if p.Level != 6000/cfg.Utilisation || strings.Contains(p.Reason, "risen") {
+	if p.Level != 6000/cfg.Utilisation || strings.Contains(p.Reason, "moved") {
 		t.Fatalf("planned for %v (%s), want the work over the utilisation, %v", p.Level, p.Reason, 6000/cfg.Utilisation)
 	}
 }

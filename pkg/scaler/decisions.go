@@ -152,7 +152,7 @@ var (
 		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
 		planDesc("backlog_then", "The backlog projected to when capacity asked for now is ready, a lead time from now (the need drains it over a lead time)."),
 		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
-		planDesc("surge_work_per_second", "The largest rise of the work offered within one lead time the planner has seen (fading by half in an hour)."),
+		planDesc("surge_work_per_second", "The largest move of the work arriving within one lead time the planner has seen: a rise, or a fall from a level held (fading by half in an hour)."),
 		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, or the work plus the surge up to its recent peak, whichever is more."),
 	}
 )
