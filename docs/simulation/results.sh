@@ -51,7 +51,7 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout.yaml --out docs/simulation/heldout | tail -1 > "$out/heldout.txt"
 "$sim" bench --suite docs/simulation/heldout-surge.yaml --out docs/simulation/heldout-surge | tail -1 > "$out/heldout-surge.txt"
 "$sim" bench --suite docs/simulation/heldout-final.yaml --out docs/simulation/heldout-final | tail -1 > "$out/heldout-final.txt"
-# Written before the rule for falls (docs/planner.md, "A fall is a move"),
+# Written before the rule for falls (docs/planner.md, "Measured"),
 # and the same traffic at four times the rate.
 "$sim" bench --suite docs/simulation/heldout-lulls.yaml --out docs/simulation/heldout-lulls | tail -1 > "$out/heldout-lulls.txt"
 "$sim" bench --suite docs/simulation/heldout-lulls-heavy.yaml --out docs/simulation/heldout-lulls-heavy | tail -1 > "$out/heldout-lulls-heavy.txt"

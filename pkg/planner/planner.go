@@ -187,9 +187,10 @@ type Plan struct {
 	// ready (projectBacklog); the need drains it over a lead time.
 	BacklogThen float64 `json:"backlogThen"`
 	// Surge: the largest move of the arriving work within one lead time
-	// seen (a rise, or a fall from a level held; fading); PeakWork the most that arrived (fading); Level the
-	// work per second the plan covers: the work over the utilisation, or
-	// the work plus the surge up to the peak, whichever is more.
+	// seen (a rise, or a fall from a level held; fading); PeakWork the
+	// most that arrived (fading); Level the work per second the plan
+	// covers: the work over the utilisation, or the work plus the surge up
+	// to the peak, whichever is more.
 	Surge    float64 `json:"surgeWorkPerSecond"`
 	PeakWork float64 `json:"peakWorkPerSecond"`
 	Level    float64 `json:"plannedWorkPerSecond"`
