@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tunes a threshold trigger on each trace of the benchmark and five of the six
-# held-out suites (not heldout-headroom.yaml), that trace alone (docs/planner.md, "Against each trace's own best
-# threshold"): `pulse-sim tune --suite` sweeps metrics × thresholds × scale-up
+# held-out suites (not heldout-headroom.yaml), that trace alone
+# (docs/planner.md, "Against each trace's own best threshold"): `pulse-sim
+# tune --suite` sweeps metrics × thresholds × scale-up
 # policies (its defaults), 3 seeds, on tuned-scaledobject.yaml, for each trace ×
 # profile of a suite with the suite's rate scales and settings; each sweep goes
 # to docs/simulation/tune-per-trace/NAME-PROFILE.json. About 35 minutes on 2
