@@ -12,6 +12,7 @@ import (
 	runtimedebug "runtime/debug"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -196,6 +197,11 @@ func (a *Aggregator) close() {
 	}
 }
 
+// ScalerCallBuckets are grpc_server_handling_seconds' bounds: an answer
+// from the store takes a fraction of a millisecond, one that waits on the
+// Kubernetes API up to its timeout.
+var ScalerCallBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 0.5, 2}
+
 // ServerKeepalive accepts KEDA's and the agents' keepalive pings.
 var (
 	ServerKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
@@ -334,6 +340,13 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		resolver = a.resolver
 		a.health.addCheck("ScaledObject cache", a.resolver.Ready)
 	}
+	// KEDA's calls as the aggregator answers them: grpc_server_handled_total
+	// by method and code, and grpc_server_handling_seconds (unary calls; a
+	// stream's is its life), the aggregator's own time without the network
+	// or its client's.
+	calls := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(ScalerCallBuckets)))
+	reg.MustRegister(calls)
+	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()))
 	a.scalerSrv = grpc.NewServer(opts...)
 	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
 		AllowCrossNamespace: o.Kube.AllowCrossNamespace, Logger: a.log, FollowWindows: true})

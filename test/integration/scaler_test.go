@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/gpu"
@@ -186,7 +188,8 @@ func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s: %s", url, resp.Status)
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s: %s: %s", url, resp.Status, b)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	byName, err := p.TextToMetricFamilies(resp.Body)
@@ -198,6 +201,55 @@ func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
 		mfs = append(mfs, mf)
 	}
 	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return mfs, nil })
+}
+
+// TestScalerCallsAreCounted: the scaler port counts KEDA's calls by method
+// and code, and times the unary ones (grpc_server_handled_total and
+// grpc_server_handling_seconds, as gRPC's Prometheus middleware names
+// them): a call answered and a call refused each under its own code.
+func TestScalerCallsAreCounted(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	startAgent(t, pods, agg.IngestAddr())
+	_, get := kedaGetMetrics(t, agg.ScalerAddr())
+	eventually(t, "GetMetrics answered", func() error {
+		_, err := get(map[string]string{"workspace": "llama", "window": "1s"})
+		return err
+	})
+	if _, err := get(map[string]string{"workspace": "llama", "metric": "no-such-metric"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unknown metric: %v, want InvalidArgument", err)
+	}
+	served := servedMetrics(t, "http://"+agg.HTTPAddr()+"/metrics")
+	mfs, err := served.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{} // method/code and method/handled (handled), method (timed)
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			switch mf.GetName() {
+			case "grpc_server_handled_total":
+				counts[l["grpc_method"]+"/"+l["grpc_code"]] += m.GetCounter().GetValue()
+				counts[l["grpc_method"]+"/handled"] += m.GetCounter().GetValue()
+			case "grpc_server_handling_seconds":
+				counts[l["grpc_method"]] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	if counts["GetMetrics/OK"] < 1 || counts["GetMetrics/InvalidArgument"] != 1 {
+		t.Errorf("grpc_server_handled_total: GetMetrics OK %v, InvalidArgument %v; want at least 1 and 1",
+			counts["GetMetrics/OK"], counts["GetMetrics/InvalidArgument"])
+	}
+	if counts["GetMetrics"] != counts["GetMetrics/handled"] {
+		t.Errorf("grpc_server_handling_seconds: %v GetMetrics timed, want %v (every call handled)", counts["GetMetrics"], counts["GetMetrics/handled"])
+	}
+	if problems, err := testutil.GatherAndLint(served, "grpc_server_handled_total", "grpc_server_handling_seconds"); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
 }
 
 // TestLatencyQuantilesOfTheWorkload: an agent with --forward-histograms
