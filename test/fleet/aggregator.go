@@ -164,17 +164,17 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 		for _, m := range f.GetMetric() {
 			v := value(m)
 			out[name] += v
-			if len(m.GetLabel()) > 0 {
-				var b strings.Builder
-				b.WriteString(name + "{")
-				for i, l := range m.GetLabel() {
-					if i > 0 {
-						b.WriteByte(',')
-					}
-					b.WriteString(l.GetName() + "=" + l.GetValue())
-				}
-				b.WriteByte('}')
-				out[b.String()] += v
+			labels := make([]string, 0, len(m.GetLabel()))
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			if len(labels) > 0 {
+				out[name+"{"+strings.Join(labels, ",")+"}"] += v
+			}
+			// A histogram's buckets, cumulative, as NAME_bucket{LABELS,le=BOUND}.
+			for _, b := range m.GetHistogram().GetBucket() {
+				le := "le=" + strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+				out[name+"_bucket{"+strings.Join(append(labels, le), ",")+"}"] += float64(b.GetCumulativeCount())
 			}
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -180,6 +182,12 @@ type result struct {
 	GetMetricsCount     int     `json:"getMetricsCount"`
 	GetMetricsP50       float64 `json:"getMetricsP50Seconds"`
 	GetMetricsP99       float64 `json:"getMetricsP99Seconds"`
+	// GetMetricsServerP99: the aggregator's own p99 time to answer
+	// GetMetrics, without the network, its transport's scheduling or the
+	// client's (grpc_server_handling_seconds over the measurement): the
+	// upper bound of the bucket that holds it; 0 when none was answered, -1
+	// past the last finite bound.
+	GetMetricsServerP99 float64 `json:"getMetricsServerP99Seconds"`
 	PushCount           int     `json:"pushCount"`
 	PushMissed          int     `json:"pushMissed"` // rises never pushed before the next one
 	PushLatencyP50      float64 `json:"pushLatencyP50Seconds"`
@@ -482,9 +490,40 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		res.AggregatorCPUs, res.HarnessCPUs = cpuList(f.agg.cpus), cpuList(f.harnessCPUs)
 	}
 	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
+	res.GetMetricsServerP99 = handlingQuantile(m0, m1,
+		"grpc_method=GetMetrics,grpc_service=externalscaler.ExternalScaler,grpc_type=unary", 0.99)
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
 	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
 	return res, nil
+}
+
+// handlingQuantile is the upper bound of the bucket of the aggregator's
+// grpc_server_handling_seconds (its series labels) that holds its
+// q-quantile over what was observed from m0 to m1; 0 when nothing was, -1
+// when it lies past the last finite bound.
+func handlingQuantile(m0, m1 map[string]float64, labels string, q float64) float64 {
+	const name = "grpc_server_handling_seconds"
+	prefix := name + "_bucket{" + labels + ",le="
+	var bounds []float64
+	for k := range m1 {
+		if rest, ok := strings.CutPrefix(k, prefix); ok {
+			if le, err := strconv.ParseFloat(strings.TrimSuffix(rest, "}"), 64); err == nil && !math.IsInf(le, 1) {
+				bounds = append(bounds, le)
+			}
+		}
+	}
+	slices.Sort(bounds)
+	total := m1[name+"{"+labels+"}"] - m0[name+"{"+labels+"}"]
+	if total <= 0 {
+		return 0
+	}
+	for _, le := range bounds {
+		key := prefix + strconv.FormatFloat(le, 'g', -1, 64) + "}"
+		if m1[key]-m0[key] >= q*total {
+			return le
+		}
+	}
+	return -1
 }
 
 // quantile is the q-quantile of xs (nearest rank); 0 for none.
