@@ -4,9 +4,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	runtimedebug "runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pulse-io/pulse/test/syncbuf"
 )
@@ -114,5 +117,39 @@ func TestWarnsWhenMaxPodsOutgrowMemory(t *testing.T) {
 		if got := strings.Contains(logs.String(), "may not fit the memory limit"); got != tc.warn {
 			t.Errorf("maxPods %d, histograms %v: warned %v, want %v\n%s", tc.maxPods, tc.histograms, got, tc.warn, logs.String())
 		}
+	}
+}
+
+// duplicated collects the same series twice: a collection error.
+type duplicated struct{ desc *prometheus.Desc }
+
+func (d duplicated) Describe(ch chan<- *prometheus.Desc) { ch <- d.desc }
+func (d duplicated) Collect(ch chan<- prometheus.Metric) {
+	for range 2 {
+		ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, 1, "a")
+	}
+}
+
+// TestMetricsServeWhatCollects: a series that fails to collect (here the
+// second with the same labels) is left out and logged; every other is
+// served, with 200.
+func TestMetricsServeWhatCollects(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(duplicated{prometheus.NewDesc("test_broken", "Collected twice.", []string{"tenant"}, nil)})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "test_fine", Help: "Collected once."}, func() float64 { return 7 }))
+	var logs syncbuf.Buffer
+	srv := httptest.NewServer(metricsHandler(reg, slog.New(slog.NewTextHandler(&logs, nil))))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "\ntest_fine 7\n") || strings.Count(string(body), "test_broken{") != 1 {
+		t.Errorf("/metrics: %d\n%s\nwant 200, test_fine and test_broken's first series only", resp.StatusCode, body)
+	}
+	if !strings.Contains(logs.String(), "metrics left out of /metrics") || !strings.Contains(logs.String(), "test_broken") {
+		t.Errorf("the failure is not logged:\n%s", logs.String())
 	}
 }

@@ -398,6 +398,20 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 
 // buildHTTP: /metrics, /livez, /readyz and the debug endpoints (on their
 // own listener with --debug-addr).
+// metricsHandler serves g's metrics. A series that fails to collect (the
+// second with the same labels, say) is logged and left out, and every
+// other is served: one tenant's records never empty the page of all.
+func metricsHandler(g prometheus.Gatherer, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, ErrorLog: metricsErrorLog{log}})
+}
+
+// metricsErrorLog is promhttp's error log on the aggregator's.
+type metricsErrorLog struct{ log *slog.Logger }
+
+func (l metricsErrorLog) Println(v ...any) {
+	l.log.Warn("metrics left out of /metrics", "error", fmt.Sprint(v...))
+}
+
 func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux := http.NewServeMux()
 	dbg := &debug.Handler{Store: a.store, FreshFor: a.opts.Store.FreshFor, MaxWindow: a.opts.Store.MaxWindow, Triggers: a.scaler}
@@ -416,7 +430,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 		dmux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		dmux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", metricsHandler(reg, a.log))
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
