@@ -131,8 +131,8 @@ func (d duplicated) Collect(ch chan<- prometheus.Metric) {
 }
 
 // TestMetricsServeWhatCollects: a series that fails to collect (here the
-// second with the same labels) is left out and logged; every other is
-// served, with 200.
+// second with the same labels) is left out, counted and logged (once a
+// minute); every other is served, with 200.
 func TestMetricsServeWhatCollects(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(duplicated{prometheus.NewDesc("test_broken", "Collected twice.", []string{"tenant"}, nil)})
@@ -140,16 +140,23 @@ func TestMetricsServeWhatCollects(t *testing.T) {
 	var logs syncbuf.Buffer
 	srv := httptest.NewServer(metricsHandler(reg, slog.New(slog.NewTextHandler(&logs, nil))))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
+	var body []byte
+	for range 2 {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "\ntest_fine 7\n") || strings.Count(string(body), "test_broken{") != 1 {
+			t.Fatalf("/metrics: %d\n%s\nwant 200, test_fine and test_broken's first series only", resp.StatusCode, body)
+		}
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "\ntest_fine 7\n") || strings.Count(string(body), "test_broken{") != 1 {
-		t.Errorf("/metrics: %d\n%s\nwant 200, test_fine and test_broken's first series only", resp.StatusCode, body)
+	// The second page counts the first's failure.
+	if !strings.Contains(string(body), `promhttp_metric_handler_errors_total{cause="gathering"} 1`) {
+		t.Errorf("the failure is not counted:\n%s", body)
 	}
-	if !strings.Contains(logs.String(), "metrics left out of /metrics") || !strings.Contains(logs.String(), "test_broken") {
-		t.Errorf("the failure is not logged:\n%s", logs.String())
+	if n := strings.Count(logs.String(), "metrics left out of /metrics"); n != 1 || !strings.Contains(logs.String(), "test_broken") {
+		t.Errorf("%d log lines for two failing scrapes within a minute, want 1 naming the series:\n%s", n, logs.String())
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"net/http/pprof"
 	"regexp"
 	runtimedebug "runtime/debug"
+	"strings"
+	"sync"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -197,11 +199,6 @@ func (a *Aggregator) close() {
 	}
 }
 
-// ScalerCallBuckets are grpc_server_handling_seconds' bounds: an answer
-// from the store takes a fraction of a millisecond, one that waits on the
-// Kubernetes API up to its timeout.
-var ScalerCallBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 0.5, 2}
-
 // ServerKeepalive accepts KEDA's and the agents' keepalive pings.
 var (
 	ServerKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
@@ -340,11 +337,14 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		resolver = a.resolver
 		a.health.addCheck("ScaledObject cache", a.resolver.Ready)
 	}
-	// KEDA's calls as the aggregator answers them: grpc_server_handled_total
-	// by method and code, and grpc_server_handling_seconds (unary calls; a
-	// stream's is its life), the aggregator's own time without the network
-	// or its client's.
-	calls := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(ScalerCallBuckets)))
+	// KEDA's calls (and health checks) as the aggregator answers them:
+	// grpc_server_handled_total by method and code, and
+	// grpc_server_handling_seconds, the handler's time from the decoded
+	// request to its answer (not the reading, the writing or a wait to
+	// run; a stream's is its life). An answer from the store takes a
+	// fraction of a millisecond: the buckets are fine below 10 ms.
+	calls := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(
+		[]float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1})))
 	reg.MustRegister(calls)
 	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()))
 	a.scalerSrv = grpc.NewServer(opts...)
@@ -353,6 +353,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	reg.MustRegister(a.scaler.Collector())
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)
+	calls.InitializeMetrics(a.scalerSrv) // every method's series from the start, at 0
 	return nil
 }
 
@@ -396,22 +397,40 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 	return nil
 }
 
+// metricsHandler serves reg's metrics. A series that fails to collect (the
+// second with the same labels, say) is left out, and every other is
+// served: one tenant's records never empty the page of all. Each failure is
+// counted (promhttp_metric_handler_errors_total{cause="gathering"}) and
+// logged, at most once a minute.
+func metricsHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Registry: reg,
+		ErrorLog: &metricsErrorLog{log: log, every: time.Minute}})
+}
+
+// metricsErrorLog is promhttp's error log on the aggregator's, rate-limited.
+type metricsErrorLog struct {
+	log   *slog.Logger
+	every time.Duration
+	mu    sync.Mutex
+	last  time.Time
+}
+
+func (l *metricsErrorLog) Println(v ...any) {
+	l.mu.Lock()
+	now := time.Now()
+	logIt := l.last.IsZero() || now.Sub(l.last) >= l.every
+	if logIt {
+		l.last = now
+	}
+	l.mu.Unlock()
+	if logIt {
+		l.log.Warn("metrics left out of /metrics (logged once a minute; counted in promhttp_metric_handler_errors_total)",
+			logging.KeyErr, strings.TrimSuffix(fmt.Sprintln(v...), "\n"))
+	}
+}
+
 // buildHTTP: /metrics, /livez, /readyz and the debug endpoints (on their
 // own listener with --debug-addr).
-// metricsHandler serves g's metrics. A series that fails to collect (the
-// second with the same labels, say) is logged and left out, and every
-// other is served: one tenant's records never empty the page of all.
-func metricsHandler(g prometheus.Gatherer, log *slog.Logger) http.Handler {
-	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, ErrorLog: metricsErrorLog{log}})
-}
-
-// metricsErrorLog is promhttp's error log on the aggregator's.
-type metricsErrorLog struct{ log *slog.Logger }
-
-func (l metricsErrorLog) Println(v ...any) {
-	l.log.Warn("metrics left out of /metrics", "error", fmt.Sprint(v...))
-}
-
 func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux := http.NewServeMux()
 	dbg := &debug.Handler{Store: a.store, FreshFor: a.opts.Store.FreshFor, MaxWindow: a.opts.Store.MaxWindow, Triggers: a.scaler}

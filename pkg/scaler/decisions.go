@@ -171,21 +171,14 @@ func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 	c.collectRefused(ch)
-	// Each record's labels once: a second metric with the same labels would
-	// fail the whole scrape, every tenant's series with it.
-	seen := map[[4]string]bool{}
 	for _, e := range c.s.Evaluations() {
 		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.String(), e.Trigger.Metric}
 		if e.Refused {
 			// Its metadata did not parse: what was read of it may name the
-			// same workload and metric as a trigger answered beside it.
-			lv[3] = RefusedMetricName
+			// same workload and metric as a trigger answered beside it, and
+			// two series with the same labels are one too many.
+			lv[3] = RefusedMetricLabel
 		}
-		key := [4]string(lv)
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
 		ch <- prometheus.MustNewConstMetric(descThreshold, prometheus.GaugeValue, e.Trigger.Threshold, lv...)
 		failed := 0.0
 		if e.Err != "" {

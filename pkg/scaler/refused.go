@@ -15,6 +15,10 @@ import (
 // metadata did not parse, so it has no metric name of its own.
 const RefusedMetricName = "refused"
 
+// RefusedMetricLabel is the metric label of a refused trigger's series:
+// no metric a trigger can name (a Prometheus metric name) is written so.
+const RefusedMetricLabel = "(refused)"
+
 // refusalLogEvery rate-limits the log line of one ScaledObject's refusals.
 const refusalLogEvery = time.Minute
 

@@ -67,9 +67,9 @@ pulse_aggregator_refused_triggers_total{reason="threshold"} 3
 
 // TestARefusedTriggerBesideAnAnsweredOneKeepsTheScrape: a ScaledObject with
 // a trigger answered and another refused, whose metadata read as far as it
-// went names the same workload and metric, gets one series each; two with
-// the same labels would fail the whole scrape, every tenant's series with
-// it.
+// went names the same workload and metric, gets one series each (two with
+// the same labels made the whole scrape fail, every tenant's series with
+// it).
 func TestARefusedTriggerBesideAnAnsweredOneKeepsTheScrape(t *testing.T) {
 	f := newFixture(t)
 	f.pods("a")
@@ -85,7 +85,7 @@ func TestARefusedTriggerBesideAnAnsweredOneKeepsTheScrape(t *testing.T) {
 	exp := `
 # HELP pulse_aggregator_trigger_failed 1 when the trigger's last evaluation answered an error (stale, warming up, not found).
 # TYPE pulse_aggregator_trigger_failed gauge
-pulse_aggregator_trigger_failed{metric="refused",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 1
+pulse_aggregator_trigger_failed{metric="(refused)",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 1
 pulse_aggregator_trigger_failed{metric="waiting",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_trigger_failed"); err != nil {

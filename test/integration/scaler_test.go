@@ -206,7 +206,8 @@ func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
 // TestScalerCallsAreCounted: the scaler port counts KEDA's calls by method
 // and code, and times the unary ones (grpc_server_handled_total and
 // grpc_server_handling_seconds, as gRPC's Prometheus middleware names
-// them): a call answered and a call refused each under its own code.
+// them): a call answered and a call refused each under its own code; every
+// method's series from the start; none of the agents' stream.
 func TestScalerCallsAreCounted(t *testing.T) {
 	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
 	agg, _ := startAggregator(t, "127.0.0.1:0")
@@ -231,7 +232,13 @@ func TestScalerCallsAreCounted(t *testing.T) {
 			for _, lp := range m.GetLabel() {
 				l[lp.GetName()] = lp.GetValue()
 			}
+			if strings.HasPrefix(mf.GetName(), "grpc_server_") && l["grpc_service"] != "externalscaler.ExternalScaler" && l["grpc_service"] != "grpc.health.v1.Health" {
+				t.Errorf("%s{grpc_service=%q}: only the scaler port's calls are counted", mf.GetName(), l["grpc_service"])
+			}
 			switch mf.GetName() {
+			case "grpc_server_started_total":
+				counts[l["grpc_method"]+"/started"] += m.GetCounter().GetValue()
+				counts["series/"+l["grpc_method"]]++
 			case "grpc_server_handled_total":
 				counts[l["grpc_method"]+"/"+l["grpc_code"]] += m.GetCounter().GetValue()
 				counts[l["grpc_method"]+"/handled"] += m.GetCounter().GetValue()
@@ -246,6 +253,11 @@ func TestScalerCallsAreCounted(t *testing.T) {
 	}
 	if counts["GetMetrics"] != counts["GetMetrics/handled"] {
 		t.Errorf("grpc_server_handling_seconds: %v GetMetrics timed, want %v (every call handled)", counts["GetMetrics"], counts["GetMetrics/handled"])
+	}
+	// Every method's series is there from the start, at 0 until called.
+	if counts["series/IsActive"] != 1 || counts["IsActive/started"] != 0 || counts["series/StreamIsActive"] != 1 {
+		t.Errorf("grpc_server_started_total: IsActive %v series at %v, StreamIsActive %v series; want each method's at 0",
+			counts["series/IsActive"], counts["IsActive/started"], counts["series/StreamIsActive"])
 	}
 	if problems, err := testutil.GatherAndLint(served, "grpc_server_handled_total", "grpc_server_handling_seconds"); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
