@@ -141,8 +141,9 @@ func (p *aggregatorProc) PID() int {
 }
 
 // Metrics reads /metrics: each family's value summed over its series
-// (histograms and summaries: their count), and each series by its labels
-// as "name{k=v,...}" in label order.
+// (histograms and summaries: their count), each series by its labels as
+// "name{k=v,...}" in label order, and a histogram's cumulative buckets as
+// "name_bucket{k=v,...,le=BOUND}".
 func (p *aggregatorProc) Metrics(ctx context.Context) (map[string]float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
 	resp, err := p.http.Do(req)

@@ -490,19 +490,26 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		res.AggregatorCPUs, res.HarnessCPUs = cpuList(f.agg.cpus), cpuList(f.harnessCPUs)
 	}
 	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
-	res.GetMetricsServerP99 = handlingQuantile(m0, m1,
-		"grpc_method=GetMetrics,grpc_service=externalscaler.ExternalScaler,grpc_type=unary", 0.99)
+	res.GetMetricsServerP99 = getMetricsHandlingQuantile(m0, m1, 0.99)
+	if res.GetMetricsServerP99 == 0 && res.GetMetricsCount > 0 {
+		fmt.Fprintf(f.log, "fleet: the aggregator timed none of %d GetMetrics answers (no grpc_server_handling_seconds{%s})\n", res.GetMetricsCount, getMetricsSeries)
+	}
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
 	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
 	return res, nil
 }
 
-// handlingQuantile is the upper bound of the bucket of the aggregator's
-// grpc_server_handling_seconds (its series labels) that holds its
+// getMetricsSeries is the labels of GetMetrics' series of
+// grpc_server_handling_seconds, as parseMetrics keys them (the page's
+// order: by name).
+const getMetricsSeries = "grpc_method=GetMetrics,grpc_service=externalscaler.ExternalScaler,grpc_type=unary"
+
+// getMetricsHandlingQuantile is the upper bound of the bucket of the
+// aggregator's grpc_server_handling_seconds of GetMetrics that holds its
 // q-quantile over what was observed from m0 to m1; 0 when nothing was, -1
 // when it lies past the last finite bound.
-func handlingQuantile(m0, m1 map[string]float64, labels string, q float64) float64 {
-	const name = "grpc_server_handling_seconds"
+func getMetricsHandlingQuantile(m0, m1 map[string]float64, q float64) float64 {
+	const name, labels = "grpc_server_handling_seconds", getMetricsSeries
 	prefix := name + "_bucket{" + labels + ",le="
 	var bounds []float64
 	for k := range m1 {
