@@ -404,21 +404,21 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // logged, at most once a minute.
 func metricsHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Registry: reg,
-		ErrorLog: &metricsErrorLog{log: log, every: time.Minute}})
+		ErrorLog: &metricsErrorLog{log: log}})
 }
 
-// metricsErrorLog is promhttp's error log on the aggregator's, rate-limited.
+// metricsErrorLog is promhttp's error log on the aggregator's, at most once
+// a minute.
 type metricsErrorLog struct {
-	log   *slog.Logger
-	every time.Duration
-	mu    sync.Mutex
-	last  time.Time
+	log  *slog.Logger
+	mu   sync.Mutex
+	last time.Time
 }
 
 func (l *metricsErrorLog) Println(v ...any) {
 	l.mu.Lock()
 	now := time.Now()
-	logIt := l.last.IsZero() || now.Sub(l.last) >= l.every
+	logIt := now.Sub(l.last) >= time.Minute
 	if logIt {
 		l.last = now
 	}

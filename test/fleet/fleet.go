@@ -182,11 +182,11 @@ type result struct {
 	GetMetricsCount     int     `json:"getMetricsCount"`
 	GetMetricsP50       float64 `json:"getMetricsP50Seconds"`
 	GetMetricsP99       float64 `json:"getMetricsP99Seconds"`
-	// GetMetricsServerP99: the aggregator's own p99 time to answer
-	// GetMetrics, without the network, its transport's scheduling or the
-	// client's (grpc_server_handling_seconds over the measurement): the
-	// upper bound of the bucket that holds it; 0 when none was answered, -1
-	// past the last finite bound.
+	// GetMetricsServerP99: the p99 of the aggregator's GetMetrics handler,
+	// from the decoded request to its answer (grpc_server_handling_seconds
+	// over the measurement; not the reading, the writing, a wait to run or
+	// the network): the upper bound of the bucket that holds it; 0 when
+	// none was answered, -1 past the last finite bound.
 	GetMetricsServerP99 float64 `json:"getMetricsServerP99Seconds"`
 	PushCount           int     `json:"pushCount"`
 	PushMissed          int     `json:"pushMissed"` // rises never pushed before the next one
