@@ -11,7 +11,7 @@ PKGS      := ./...
 PROTOC_VERSION := 3.21.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build demo-bins run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images sim-suite
+.PHONY: all build demo-bins run test e2e e2e-node e2e-tools bench agent-cost fuzz lint fmt proto verify verify-no-binaries verify-layout helm-lint chart-docs clean fleet fleet-test images sim-suite gpu-check
 
 # helm, built from the module proxy and cached outside the repository.
 HELM = $(shell test/e2e/tools/build.sh helm)/helm
@@ -119,6 +119,14 @@ fleet-test: build
 # every pipeline of every case (docs/simulation.md, "The benchmark").
 sim-suite:
 	$(GO) test -tags suite -count=1 -timeout 20m -run TestShippedSuiteClairvoyantBounds -v ./pkg/sim/bench/
+
+# On a machine with an NVIDIA driver and PyTorch: the agent reads the real GPU
+# through NVML, attributed through a kubelet (pod-resources) fake, idle and
+# under test/integration/gpuload.py (build tag nvml; about a minute).
+gpu-check:
+	$(GO) test -tags nvml -count=1 -run TestRealDriver -v ./pkg/gpu
+	PULSE_GPU_LOAD='python3 $(CURDIR)/test/integration/gpuload.py 60' \
+	  $(GO) test -tags nvml -count=1 -run TestRealGPUThroughTheAgent -v ./test/integration
 
 # Each fuzz target runs for FUZZTIME.
 fuzz:

@@ -20,8 +20,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/aggregator"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/test/fakenode"
@@ -173,20 +175,8 @@ func TestKubernetesPodsComeAndGo(t *testing.T) {
 }
 
 func TestGPUUtilizationPerPod(t *testing.T) {
-	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
-	agg, _ := startAggregator(t, "127.0.0.1:0")
 	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
-	kubelet := &fakenode.Kubelet{}
-	kubelet.SetPods(fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2), fakenode.UUID(gpus, 5)))
-	socket := filepath.Join(t.TempDir(), "kubelet.sock")
-	kubelet.Serve(t, socket)
-
-	file := filepath.Join(t.TempDir(), "targets.yaml")
-	writeTargets(t, file, pods)
-	o := agent.NewOptions()
-	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{agg.IngestAddr()}, "gpu-node-1"
-	o.NVML, o.PodResourcesSocket = gpu.ModeOn, socket
-	runAgent(t, o, agent.Deps{NVML: gpus}, nil)
+	agg := runGPUAgent(t, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2), fakenode.UUID(gpus, 5)))
 	eventually(t, "GPU values", func() error {
 		w, err := workload(agg.HTTPAddr(), "llama")
 		if err != nil {
@@ -199,6 +189,30 @@ func TestGPUUtilizationPerPod(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// runGPUAgent runs an aggregator and an agent (--nvml=on, lib its NVML: nil
+// for the driver's) whose kubelet lists pods, each of workload llama with a
+// simulated page.
+func runGPUAgent(t *testing.T, lib nvml.Interface, pods ...*podresourcesv1.PodResources) *aggregator.Aggregator {
+	t.Helper()
+	var specs []simPod
+	for _, p := range pods {
+		specs = append(specs, simPod{name: p.Name, workload: "llama"})
+	}
+	sims := startSims(t, specs)
+	agg, _ := startAggregator(t, "127.0.0.1:0")
+	kubelet := &fakenode.Kubelet{}
+	kubelet.SetPods(pods...)
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	kubelet.Serve(t, socket)
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, sims)
+	o := agent.NewOptions()
+	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{agg.IngestAddr()}, "gpu-node-1"
+	o.NVML, o.PodResourcesSocket = gpu.ModeOn, socket
+	runAgent(t, o, agent.Deps{NVML: lib}, nil)
+	return agg
 }
 
 func TestNoGPUDriverSaysSoOnceAndKeepsStreaming(t *testing.T) {
