@@ -57,5 +57,8 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout-lulls-heavy.yaml --out docs/simulation/heldout-lulls-heavy | tail -1 > "$out/heldout-lulls-heavy.txt"
 # Written before the headroom on the surge rule's level was tried (not shipped).
 "$sim" bench --suite docs/simulation/heldout-headroom.yaml --out docs/simulation/heldout-headroom | tail -1 > "$out/heldout-headroom.txt"
+# Written for the tries at learning the capacity past the planned load (not shipped).
+"$sim" bench --suite docs/simulation/heldout-learning.yaml --out docs/simulation/heldout-learning | tail -1 > "$out/heldout-learning.txt"
+"$sim" bench --suite docs/simulation/heldout-learning-2.yaml --out docs/simulation/heldout-learning-2 | tail -1 > "$out/heldout-learning-2.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
