@@ -124,7 +124,7 @@ sim-suite:
 # through NVML, attributed through a kubelet (pod-resources) fake, idle and
 # under test/integration/gpuload.py (build tag nvml; about a minute).
 gpu-check:
-	$(GO) test -tags nvml -count=1 -run TestRealDriver -v ./pkg/gpu
+	$(GO) test -tags nvml -count=1 -run TestRealDriver -bench BenchmarkRealRead -benchmem -v ./pkg/gpu
 	PULSE_GPU_LOAD='python3 $(CURDIR)/test/integration/gpuload.py 60' \
 	  $(GO) test -tags nvml -count=1 -run TestRealGPUThroughTheAgent -v ./test/integration
 

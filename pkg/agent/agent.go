@@ -151,7 +151,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	}
 	a.deps = deps
 	if opts.NVML != gpu.ModeOff {
-		if a.nvml, err = gpu.OpenNVML(deps.NVML, opts.NVML, log); err != nil {
+		if a.nvml, err = gpu.OpenNVML(deps.NVML, opts.NVML, opts.ScrapeInterval, log); err != nil {
 			return nil, err
 		}
 	}

@@ -27,24 +27,24 @@ func mockGPUs(t *testing.T) *dgxa100.Server {
 
 func TestOpenNVMLModes(t *testing.T) {
 	noDriver := &nvmlmock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
-	if n, err := OpenNVML(noDriver, ModeAuto, quiet()); n != nil || err != nil {
+	if n, err := OpenNVML(noDriver, ModeAuto, time.Second, quiet()); n != nil || err != nil {
 		t.Fatalf("auto without a driver: %v, %v; want nil, nil", n, err)
 	}
-	if _, err := OpenNVML(noDriver, ModeOn, quiet()); err == nil || !strings.Contains(err.Error(), "NVML is not available") {
+	if _, err := OpenNVML(noDriver, ModeOn, time.Second, quiet()); err == nil || !strings.Contains(err.Error(), "NVML is not available") {
 		t.Fatalf("on without a driver: %v", err)
 	}
 	// off never calls Init (the mock would panic on an unset function).
-	if n, err := OpenNVML(&nvmlmock.Interface{}, ModeOff, quiet()); n != nil || err != nil {
+	if n, err := OpenNVML(&nvmlmock.Interface{}, ModeOff, time.Second, quiet()); n != nil || err != nil {
 		t.Fatalf("off: %v, %v", n, err)
 	}
-	if _, err := OpenNVML(noDriver, "maybe", quiet()); err == nil {
+	if _, err := OpenNVML(noDriver, "maybe", time.Second, quiet()); err == nil {
 		t.Fatal("a bad mode was accepted")
 	}
 }
 
 func TestPodHoldingGPUs2And5(t *testing.T) {
 	lib := mockGPUs(t)
-	n, err := OpenNVML(lib, ModeOn, quiet())
+	n, err := OpenNVML(lib, ModeOn, SamplesFrom, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestPodHoldingGPUs2And5(t *testing.T) {
 // each get its utilization. They counted as unknown before.
 func TestSharedGPUs(t *testing.T) {
 	lib := mockGPUs(t)
-	n, err := OpenNVML(lib, ModeOn, quiet())
+	n, err := OpenNVML(lib, ModeOn, time.Second, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
-	n, _ := OpenNVML(lib, ModeOn, quiet())
+	n, _ := OpenNVML(lib, ModeOn, time.Second, quiet())
 	devs, err := n.Read()
 	if err != nil {
 		t.Fatal(err)
@@ -176,5 +176,91 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	}
 	if len(got) != 1 {
 		t.Fatalf("after the restart: %v", got)
+	}
+}
+
+// TestShortIntervalsReadTheLastSamplePeriod: below SamplesFrom a read takes
+// the driver's last sample period (GetUtilizationRates, microseconds), never
+// GetSamples (about 2 ms of CPU a GPU); from it on, the samples' mean.
+func TestShortIntervalsReadTheLastSamplePeriod(t *testing.T) {
+	for _, c := range []struct {
+		interval time.Duration
+		samples  bool
+		want     float64 // GPU 2: 20 % by its samples' mean, 25 % by its last period
+	}{{time.Second, false, 0.25}, {SamplesFrom - time.Millisecond, false, 0.25}, {SamplesFrom, true, 0.20}, {time.Minute, true, 0.20}} {
+		lib := mockGPUs(t)
+		gpu2 := lib.Devices[2].(*dgxa100.Device)
+		var sampled, rated int
+		samples, rates := gpu2.GetSamplesFunc, gpu2.GetUtilizationRatesFunc
+		gpu2.GetSamplesFunc = func(st nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			sampled++
+			return samples(st, last)
+		}
+		gpu2.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			rated++
+			u, r := rates()
+			u.Gpu += 5
+			return u, r
+		}
+		n, err := OpenNVML(lib, ModeOn, c.interval, quiet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			devs, err := n.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			uuid, _ := gpu2.GetUUID()
+			if d := devs.ByUUID[uuid]; math.Abs(d.Utilization-c.want) > 1e-9 || !d.HasUtilization {
+				t.Fatalf("interval %v: GPU 2 utilization %v (%v), want %v", c.interval, d.Utilization, d.HasUtilization, c.want)
+			}
+		}
+		if c.samples && (sampled != 3 || rated != 0) || !c.samples && (sampled != 0 || rated != 3) {
+			t.Fatalf("interval %v: GetSamples %d times, GetUtilizationRates %d times over 3 reads", c.interval, sampled, rated)
+		}
+	}
+}
+
+// TestMIGModeIsReadOnceAMinute: a GPU's MIG mode changes only with a
+// reset, and reading it costs 0.14 ms a GPU (an H200): read at the first
+// read, then once it is a minute old.
+func TestMIGModeIsReadOnceAMinute(t *testing.T) {
+	lib := mockGPUs(t)
+	gpu0 := lib.Devices[0].(*dgxa100.Device)
+	reads, mode := 0, nvml.DEVICE_MIG_DISABLE
+	gpu0.GetMigModeFunc = func() (int, int, nvml.Return) { reads++; return mode, mode, nvml.SUCCESS }
+	gpu0.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 1, nvml.SUCCESS }
+	gpu0.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) {
+		return &nvmlmock.Device{
+			GetUUIDFunc:       func() (string, nvml.Return) { return "MIG-2222", nvml.SUCCESS },
+			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 10 << 30, Used: 1 << 30}, nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	n, _ := OpenNVML(lib, ModeOn, time.Second, quiet())
+	now := time.Unix(1_700_000_000, 0)
+	n.now = func() time.Time { return now }
+	read := func() Devices {
+		t.Helper()
+		devs, err := n.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return devs
+	}
+	read()
+	mode = nvml.DEVICE_MIG_ENABLE // enabled (after a reset) between reads
+	for range 59 {
+		now = now.Add(time.Second)
+		if _, ok := read().ByUUID["MIG-2222"]; ok {
+			t.Fatalf("MIG device listed %v after the mode was read as disabled", now.Sub(time.Unix(1_700_000_000, 0)))
+		}
+	}
+	if reads != 1 {
+		t.Fatalf("MIG mode read %d times in 59 s of reads, want once", reads)
+	}
+	now = now.Add(time.Second)
+	if _, ok := read().ByUUID["MIG-2222"]; !ok || reads != 2 {
+		t.Fatalf("a minute on: MIG mode read %d times, MIG device listed %v; want 2 and listed", reads, ok)
 	}
 }
