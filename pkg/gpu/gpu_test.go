@@ -263,4 +263,15 @@ func TestMIGModeIsReadOnceAMinute(t *testing.T) {
 	if _, ok := read().ByUUID["MIG-2222"]; !ok || reads != 2 {
 		t.Fatalf("a minute on: MIG mode read %d times, MIG device listed %v; want 2 and listed", reads, ok)
 	}
+	// A read that fails is not kept: the next read tries again.
+	now = now.Add(time.Minute)
+	gpu0.GetMigModeFunc = func() (int, int, nvml.Return) { reads++; return 0, 0, nvml.ERROR_UNKNOWN }
+	if _, ok := read().ByUUID["MIG-2222"]; ok {
+		t.Fatal("MIG device listed on a failed mode read")
+	}
+	gpu0.GetMigModeFunc = func() (int, int, nvml.Return) { reads++; return mode, mode, nvml.SUCCESS }
+	now = now.Add(time.Second)
+	if _, ok := read().ByUUID["MIG-2222"]; !ok || reads != 4 {
+		t.Fatalf("after a failed mode read: read %d times, MIG device listed %v; want 4 and listed", reads, ok)
+	}
 }

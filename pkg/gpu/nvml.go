@@ -30,7 +30,8 @@ const (
 // Device is one GPU, or one MIG device, at one read.
 type Device struct {
 	UUID string
-	// Utilization is 0..1, averaged over the interval since the last read;
+	// Utilization is 0..1: the driver's last sample period, or at intervals
+	// of SamplesFrom or more the mean of its samples since the last read;
 	// HasUtilization is false where NVML has none (a MIG device).
 	Utilization    float64
 	HasUtilization bool
@@ -46,17 +47,21 @@ type Devices struct {
 }
 
 // SamplesFrom is the shortest read interval at which a GPU's utilization is
-// the mean of the driver's samples since the last read (GetSamples). That
-// call costs about 2 ms of CPU a GPU whatever it is asked for (one H200,
-// docs/performance.md): 0.2 % of a core a GPU at a 1 s interval, more than
-// the rest of the agent. At shorter intervals a read takes the driver's last
-// sample period (GetUtilizationRates, microseconds; 1/6 s to 1 s by product,
-// 200 ms on an H200): one period an interval, whose mean over a window is
-// the window's utilization.
+// the mean of the driver's samples since the last read (GetSamples; the
+// driver keeps about 14 s of them on an H200). That call costs about 2 ms of
+// CPU a GPU whatever span it is asked for (one H200, docs/performance.md):
+// 0.2 % of a core a GPU at a 1 s interval, more than the rest of the agent
+// on a node of two GPUs or more. At shorter intervals a read takes the
+// driver's last sample period (GetUtilizationRates, microseconds; 1/6 s to
+// 1 s by product; the H200's samples come every 200 ms): one period an
+// interval, whose mean over a window estimates the window's utilization.
 const SamplesFrom = 5 * time.Second
 
 // migEvery is how often a GPU's MIG mode is read again (0.14 ms a GPU on an
-// H200); the MIG devices of a GPU in MIG mode are listed at every read.
+// H200; the mode changes only with a GPU reset or unbind): MIG devices of a
+// GPU put in MIG mode are listed within a minute, and until then their pods'
+// devices count as unknown. The MIG devices of a GPU in MIG mode are listed
+// at every read.
 const migEvery = time.Minute
 
 // NVML reads the node's devices.
@@ -210,14 +215,17 @@ func sampleValue(vt nvml.ValueType, v [8]byte) float64 {
 
 // readMIG reads the MIG devices of a GPU in MIG mode: memory only, since
 // NVML reports no utilization per MIG device. The mode is read again once
-// it is migEvery old: it changes only with a GPU reset.
+// it is migEvery old; a read that fails (other than NOT_SUPPORTED: no MIG
+// on this GPU) is not kept, and is tried again at the next read.
 func (n *NVML) readMIG(dev nvml.Device, uuid string) []Device {
 	now := n.now()
 	m, ok := n.mig[uuid]
 	if !ok || now.Sub(m.at) >= migEvery {
 		mode, _, ret := dev.GetMigMode()
 		m = migMode{enabled: ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE, at: now}
-		n.mig[uuid] = m
+		if ret == nvml.SUCCESS || ret == nvml.ERROR_NOT_SUPPORTED {
+			n.mig[uuid] = m
+		}
 	}
 	if !m.enabled {
 		return nil

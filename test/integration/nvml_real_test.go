@@ -1,8 +1,9 @@
 //go:build nvml
 
-// The agent on a machine with a real NVIDIA driver: make gpu-check, or
+// The agent on a machine with a real NVIDIA driver: make gpu-check, or,
+// from the repository root (the test runs in its package's directory),
 //
-//	PULSE_GPU_LOAD='python3 test/integration/gpuload.py 40' \
+//	PULSE_GPU_LOAD="python3 $PWD/test/integration/gpuload.py 40" \
 //	  go test -tags nvml -run TestRealGPUThroughTheAgent -v ./test/integration
 package integration
 
@@ -79,8 +80,10 @@ func TestRealGPUThroughTheAgent(t *testing.T) {
 					return fmt.Errorf("%s: %w", p.Name, err)
 				}
 			}
-			t.Logf("%s: gpuUtilization %v gpuMemoryUsage %.4f (NVML now: memory %.4f)", what,
-				w.Pods[0].Values["gpuUtilization"], w.Pods[0].Values["gpuMemoryUsage"], memShare())
+			for _, p := range w.Pods {
+				t.Logf("%s: %s: gpuUtilization %v gpuMemoryUsage %.4f", what, p.Name, p.Values["gpuUtilization"], p.Values["gpuMemoryUsage"])
+			}
+			t.Logf("%s: NVML reads memory %.4f now", what, memShare())
 			return nil
 		})
 	}
