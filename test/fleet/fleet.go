@@ -50,6 +50,8 @@ type fleet struct {
 	churned     atomic.Int64
 	churnPaused atomic.Bool      // during fault scenarios: their victims stay put
 	askConn     *grpc.ClientConn // the scenarios' own questions, apart from the ScaledObjects' connection
+	echo        *echoProc        // the machine's floor (--echo-every); nil: off
+	echoes      echoer
 
 	mu         sync.Mutex
 	getMetrics []float64 // seconds, successful calls, since the last reset
@@ -188,14 +190,21 @@ type result struct {
 	// the network): the upper bound of the bucket that holds it; 0 when
 	// none was answered, -1 past the last finite bound.
 	GetMetricsServerP99 float64 `json:"getMetricsServerP99Seconds"`
-	PushCount           int     `json:"pushCount"`
-	PushMissed          int     `json:"pushMissed"` // rises never pushed before the next one
-	PushLatencyP50      float64 `json:"pushLatencyP50Seconds"`
-	PushLatencyP99      float64 `json:"pushLatencyP99Seconds"`
-	AgentStreams        float64 `json:"agentStreams"`
-	Goroutines          float64 `json:"goroutines"`
-	OpenFDs             int     `json:"openFds"`
-	HarnessCPUCores     float64 `json:"harnessCpuCores"`
+	// Echo*: the machine's floor under the same load (--echo-every): a
+	// 32-byte TCP round trip between the harness and an echo process on
+	// the aggregator's CPUs, timed as the harness times GetMetrics. No
+	// answer's round trip can beat it; 0 when off.
+	EchoCount       int     `json:"echoCount"`
+	EchoP50         float64 `json:"echoP50Seconds"`
+	EchoP99         float64 `json:"echoP99Seconds"`
+	PushCount       int     `json:"pushCount"`
+	PushMissed      int     `json:"pushMissed"` // rises never pushed before the next one
+	PushLatencyP50  float64 `json:"pushLatencyP50Seconds"`
+	PushLatencyP99  float64 `json:"pushLatencyP99Seconds"`
+	AgentStreams    float64 `json:"agentStreams"`
+	Goroutines      float64 `json:"goroutines"`
+	OpenFDs         int     `json:"openFds"`
+	HarnessCPUCores float64 `json:"harnessCpuCores"`
 	// AggregatorCPUs and HarnessCPUs: the CPUs each ran on (--pin auto),
 	// empty when they shared every CPU.
 	AggregatorCPUs string `json:"aggregatorCpus,omitempty"`
@@ -361,6 +370,13 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	}
 	f.wg.Add(1)
 	go func() { defer f.wg.Done(); f.churn(runCtx, o.churn) }()
+	if o.echoEvery > 0 {
+		if f.echo, err = startEcho(f.agg.cpus, f.logPath("echo")); err != nil {
+			return f, err
+		}
+		f.wg.Add(1)
+		go func() { defer f.wg.Done(); f.echoes.run(runCtx, f.echo.addr, o.echoEvery) }()
+	}
 	f.logf("started %d agents and %d ScaledObjects; waiting for them", o.agents, o.scaledObjects)
 	if err := f.waitUp(ctx, 5*time.Minute); err != nil {
 		return f, err
@@ -425,6 +441,9 @@ func (f *fleet) stop() {
 	if f.proxy != nil {
 		f.proxy.Close()
 	}
+	if f.echo != nil {
+		f.echo.stop()
+	}
 	f.agg.Stop()
 }
 
@@ -438,6 +457,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	f.mu.Lock()
 	f.getMetrics, f.push, f.pushMissed = nil, nil, 0
 	f.mu.Unlock()
+	_, _ = f.echoes.take()
 	pid := f.agg.PID()
 	p0, err := procs.Read(pid)
 	if err != nil {
@@ -471,6 +491,13 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	f.mu.Lock()
 	gm, push, missed := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed
 	f.mu.Unlock()
+	echoes, echoErr := f.echoes.take()
+	if echoErr != nil {
+		f.mu.Lock()
+		f.errs["echo"]++
+		f.mu.Unlock()
+		fmt.Fprintln(f.log, "fleet: the machine's floor was not measured:", echoErr)
+	}
 	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
 		DurationSeconds:     math.Round(el*10) / 10,
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / el,
@@ -495,6 +522,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		fmt.Fprintf(f.log, "fleet: the aggregator timed none of %d GetMetrics answers (no grpc_server_handling_seconds{%s})\n", res.GetMetricsCount, getMetricsSeries)
 	}
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
+	res.EchoCount, res.EchoP50, res.EchoP99 = len(echoes), quantile(echoes, 0.5), quantile(echoes, 0.99)
 	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
 	return res, nil
 }

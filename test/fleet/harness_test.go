@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +149,83 @@ grpc_server_handling_seconds_count{grpc_method="IsActive",grpc_service="external
 	if got := getMetricsHandlingQuantile(m0, m0, 0.99); got != 0 {
 		t.Errorf("nothing observed: %v, want 0", got)
 	}
+}
+
+func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
+	serve := func(t *testing.T, handle func(net.Conn)) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		if handle == nil {
+			go func() { _ = serveEcho(ln) }()
+		} else {
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go handle(c)
+				}
+			}()
+		}
+		return ln.Addr().String()
+	}
+	t.Run("echo", func(t *testing.T) {
+		var e echoer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { e.run(ctx, serve(t, nil), time.Millisecond); close(done) }()
+		deadline := time.Now().Add(10 * time.Second)
+		var got []float64
+		for len(got) < 20 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			e.mu.Lock()
+			got = slices.Clone(e.rtts)
+			e.mu.Unlock()
+		}
+		cancel()
+		<-done
+		rtts, err := e.take()
+		if err != nil {
+			t.Fatalf("the run's end is no failure: %v", err)
+		}
+		if len(rtts) < 20 {
+			t.Fatalf("%d round trips timed, want at least 20", len(rtts))
+		}
+		for _, d := range rtts {
+			if d <= 0 {
+				t.Fatalf("round trip of %v s", d)
+			}
+		}
+		if again, _ := e.take(); len(again) != 0 {
+			t.Errorf("a second take returned %d round trips, want those since the first: none", len(again))
+		}
+	})
+	t.Run("wrong answer", func(t *testing.T) {
+		addr := serve(t, func(c net.Conn) {
+			defer func() { _ = c.Close() }()
+			b := make([]byte, echoSize)
+			for {
+				if _, err := io.ReadFull(c, b); err != nil {
+					return
+				}
+				b[0] = 'x'
+				if _, err := c.Write(b); err != nil {
+					return
+				}
+			}
+		})
+		var e echoer
+		e.run(t.Context(), addr, time.Millisecond) // returns at the first wrong answer
+		rtts, err := e.take()
+		if err == nil || !strings.Contains(err.Error(), "echo answered") {
+			t.Fatalf("err %v, want the wrong answer named", err)
+		}
+		if len(rtts) != 0 {
+			t.Errorf("%d round trips kept from a wrong echo", len(rtts))
+		}
+	})
 }

@@ -31,6 +31,9 @@ import (
 )
 
 func main() {
+	if serveEchoIfAsked() {
+		return
+	}
 	o := defaultOptions()
 	o.addFlags(flag.CommandLine)
 	flag.Parse()
@@ -59,6 +62,7 @@ type options struct {
 	scaledObjects, probes        int
 	kedaConns                    int
 	harnessGOGC                  int
+	echoEvery                    time.Duration
 	interval, settle, duration   time.Duration
 	churn                        float64
 	loadTime                     time.Duration
@@ -89,7 +93,7 @@ func (o *options) maxPods() int {
 func defaultOptions() options {
 	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
 		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
-		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400}
+		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400, echoEvery: 10 * time.Millisecond}
 }
 
 // faultNames are the scenarios --faults runs, in this order.
@@ -129,6 +133,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
 	fs.IntVar(&o.harnessGOGC, "harness-gogc", o.harnessGOGC, "the harness's own GC percent (not the aggregator's): its GC's marks on its CPU delay the round trips it times, so it collects less often than Go's default 100")
+	fs.DurationVar(&o.echoEvery, "echo-every", o.echoEvery, "time a 32-byte TCP round trip to an echo process on the aggregator's CPUs this often (the machine's floor under the same load: echoP99Seconds); 0: off")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
 }
 
@@ -145,6 +150,9 @@ func (o *options) validate() error {
 	}
 	if o.kedaConns < 1 || o.interval <= 0 || o.duration <= 0 || o.churn < 0 || o.podExpiry <= 0 || o.soakEvery < 0 {
 		errs = append(errs, "--keda-conns, --interval, --duration and --pod-expiry must be above 0, --churn and --soak-every at least 0")
+	}
+	if o.echoEvery < 0 {
+		errs = append(errs, "--echo-every must be at least 0")
 	}
 	if o.pin != "auto" && o.pin != "off" {
 		errs = append(errs, fmt.Sprintf("--pin %q: auto or off", o.pin))

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// The machine's floor under the run's load: a 32-byte TCP round trip
+// between the harness and an echo process on the aggregator's CPUs, at a
+// fixed rate through the measurement. An answer's round trip can be no
+// faster than that; what the aggregator adds is the difference. On a VM
+// whose idle CPUs sleep, a wake-up alone can take milliseconds
+// (docs/performance.md, "The machine's floor").
+
+// echoEnv names the address the echo process serves; a harness binary
+// started with it set serves echoes there and nothing else.
+const echoEnv = "PULSE_FLEET_ECHO_ADDR"
+
+// echoSize is the bytes each round trip sends: about a GetMetrics request.
+const echoSize = 32
+
+// serveEchoIfAsked serves echoes forever when the process was started as
+// the echo process; it returns false otherwise.
+func serveEchoIfAsked() bool {
+	addr := os.Getenv(echoEnv)
+	if addr == "" {
+		return false
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleet echo:", err)
+		os.Exit(1)
+	}
+	_ = serveEcho(ln)
+	return true
+}
+
+// serveEcho writes back what each connection sends until ln closes.
+func serveEcho(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer func() { _ = c.Close() }()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// echoProc is the echo process: the harness's own binary, on the
+// aggregator's CPUs when they are its own.
+type echoProc struct {
+	addr   string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func startEcho(cpus []int, logPath string) (*echoProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self)
+	if len(cpus) > 0 {
+		cmd = exec.Command("taskset", "-c", cpuList(cpus), self)
+	}
+	cmd.Env = append(os.Environ(), echoEnv+"="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with the harness
+	log, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("start the echo process: %w", err)
+	}
+	p := &echoProc{addr: addr, cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); _ = log.Close(); close(p.exited) }()
+	return p, nil
+}
+
+func (p *echoProc) stop() {
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// echoer times round trips to an echo server, every `every`, keeping the
+// ones since the last take.
+type echoer struct {
+	mu     sync.Mutex
+	rtts   []float64 // seconds
+	failed error     // the first failure; the echoer stops at it
+}
+
+// run dials addr and times a round trip every `every` until ctx ends. The
+// echo process starting may take a moment: the dial is retried for 10 s.
+func (e *echoer) run(ctx context.Context, addr string, every time.Duration) {
+	c, err := dialRetry(ctx, addr, 10*time.Second)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.fail(err)
+		}
+		return
+	}
+	defer func() { _ = c.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	out := bytes.Repeat([]byte{'p'}, echoSize)
+	in := make([]byte, echoSize)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		if _, err := c.Write(out); err != nil {
+			e.failUnlessDone(ctx, err)
+			return
+		}
+		if _, err := io.ReadFull(c, in); err != nil {
+			e.failUnlessDone(ctx, err)
+			return
+		}
+		d := time.Since(start)
+		if !bytes.Equal(in, out) {
+			e.fail(fmt.Errorf("echo answered %q to %q", in, out))
+			return
+		}
+		e.mu.Lock()
+		e.rtts = append(e.rtts, d.Seconds())
+		e.mu.Unlock()
+	}
+}
+
+func dialRetry(ctx context.Context, addr string, limit time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(limit)
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("dial the echo process at %s: %w", addr, err)
+		}
+		if !procs.Sleep(ctx, 20*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (e *echoer) failUnlessDone(ctx context.Context, err error) {
+	if ctx.Err() != nil { // the run ended: the connection was closed under it
+		return
+	}
+	e.fail(fmt.Errorf("echo round trip: %w", err))
+}
+
+func (e *echoer) fail(err error) {
+	e.mu.Lock()
+	if e.failed == nil {
+		e.failed = err
+	}
+	e.mu.Unlock()
+}
+
+// take returns the round trips since the last take and the first failure.
+func (e *echoer) take() ([]float64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.rtts
+	e.rtts = nil
+	return r, e.failed
+}
