@@ -105,6 +105,17 @@ const (
 	// half in this long, so that traffic that stopped jumping is followed
 	// down again.
 	surgeHalfLife = time.Hour
+	// drainWithin: the queue standing at a replica when capacity asked for
+	// now is ready is planned to be gone this long after (the hold margin's
+	// minute: four HPA syncs). A replica's queue drains only through that
+	// replica (no engine hands queued requests to another), at what its
+	// capacity leaves over from its share of new arrivals.
+	drainWithin = time.Minute
+	// drainFloor: a queue that even a replica sent nothing new could not
+	// drain within drainWithin leaves it at least this fraction of its
+	// capacity for new work, so the drain asks at most 1/drainFloor times
+	// the replicas the work alone needs.
+	drainFloor = 0.5
 )
 
 // State is what the planner has learned of one workload. The zero State is
@@ -186,6 +197,10 @@ type Plan struct {
 	// BacklogThen: the backlog projected to when capacity asked for now is
 	// ready (projectBacklog); the need drains it over a lead time.
 	BacklogThen float64 `json:"backlogThen"`
+	// DrainNeed: the replicas among which the work must be spread for
+	// each replica's own part of BacklogThen to be gone a minute after
+	// (drainNeed); the need is at least this.
+	DrainNeed float64 `json:"drainNeed"`
 	// Surge: the largest move of the arriving work within one lead time
 	// seen (a rise, or a fall from a level held; fading); PeakWork the
 	// most that arrived (fading); Level the work per second the plan
@@ -331,6 +346,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		}
 	}
 	p.WorkPerRequest = st.WorkPerRequest
+	atReplicas := queued // queued at the replicas, not held at the routers
 	queued += in.Demand.Held
 	if p.Ready == 0 {
 		queued += in.Demand.Arrived
@@ -374,6 +390,18 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
 				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
+		if queued > 0 && p.Ready > 0 {
+			// The backlog's part at the replicas, each holding an even
+			// share (a Service's round robin; with a gateway more of it
+			// waits at the routers, drained by any replica).
+			share := p.BacklogThen * (atReplicas / queued) / float64(p.Ready)
+			p.DrainNeed = drainNeed(work, share, st.Capacity)
+			if p.DrainNeed > p.Need {
+				p.Need = p.DrainNeed
+				p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f each when capacity asked for now is ready, gone within %s if the work is spread over %.2f replicas",
+					p.Work, st.Capacity, share, drainWithin, p.DrainNeed)
+			}
+		}
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
 		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready", queued)
@@ -386,6 +414,21 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * scale
+}
+
+// drainNeed is the replicas among which work (per second) must be spread
+// evenly for a replica holding a queue of share (work) to drain it within
+// drainWithin, at what its capacity leaves over from its part of the work:
+// work/N + share/drainWithin <= capacity. A queue that could not drain
+// within drainWithin even with nothing new sent to it leaves its replica
+// drainFloor of its capacity for new work (at most 1/drainFloor times the
+// replicas the work alone needs).
+func drainNeed(work, share, capacity float64) float64 {
+	if share <= 0 || capacity <= 0 {
+		return 0
+	}
+	room := math.Max(capacity-share/drainWithin.Seconds(), drainFloor*capacity)
+	return work / room
 }
 
 // projectBacklog is the backlog (work) when capacity asked for now is

@@ -510,7 +510,9 @@ func TestBacklogProjectedToWhenCapacityArrives(t *testing.T) {
 
 // TestGrowingQueueIsPlannedAsItWillBe: an overloaded replica whose queue
 // grows while nothing starts is planned the work and the backlog the queue
-// will hold a lead time from now, drained over a lead time.
+// will hold a lead time from now, drained over a lead time; and, since
+// that queue drains only through its own replica, the work is spread over
+// enough replicas for it to be gone a minute after.
 func TestGrowingQueueIsPlannedAsItWillBe(t *testing.T) {
 	cfg := Default(0)
 	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
@@ -522,8 +524,72 @@ func TestGrowingQueueIsPlannedAsItWillBe(t *testing.T) {
 	}
 	// A request is 1000 work: 30 queued are 30000, growing 4000/s for the
 	// 5-minute lead: 1.23 M then, drained over 5 minutes by 10000/s a
-	// replica: 0.41 replicas, on top of 14000/s over 0.8 × 10000: 1.75.
-	if math.Abs(p.BacklogThen-1_230_000) > 1 || math.Abs(p.Need-(1.75+0.41)) > 0.01 || p.Replicas != 3 {
-		t.Fatalf("backlog then %.0f, need %.3f, plan %d: want 1230000, 2.16, 3 (%s)", p.BacklogThen, p.Need, p.Replicas, p.Reason)
+	// replica: 0.41 replicas, on top of 14000/s over 0.8 × 10000: 1.75,
+	// 2.16 in all. But the 1.23 M stand at the one replica: gone within a
+	// minute would need 20500/s of its 10000/s, so it is left half its
+	// capacity for new work: 14000/s over 5000/s a replica, 2.8.
+	if math.Abs(p.BacklogThen-1_230_000) > 1 || math.Abs(p.DrainNeed-2.8) > 0.01 || math.Abs(p.Need-2.8) > 0.01 || p.Replicas != 3 {
+		t.Fatalf("backlog then %.0f, drain need %.3f, need %.3f, plan %d: want 1230000, 2.8, 2.8, 3 (%s)", p.BacklogThen, p.DrainNeed, p.Need, p.Replicas, p.Reason)
+	}
+	if !strings.Contains(p.Reason, "drains only through it") {
+		t.Errorf("reason %q does not name the drain", p.Reason)
+	}
+}
+
+// TestAReplicasQueueDrainsOnlyThroughIt: the queue standing at each ready
+// replica when capacity asked for now is ready is planned to be gone a
+// minute after, at what the replica's capacity leaves over from an even
+// share of the work; demand held at the routers is not, since any replica
+// drains it; and a queue no replica could drain within a minute asks at
+// most twice the replicas the work alone needs.
+func TestAReplicasQueueDrainsOnlyThroughIt(t *testing.T) {
+	for _, c := range []struct {
+		name                  string
+		work, share, capacity float64
+		want                  float64
+	}{
+		{"no queue", 14000, 0, 10000, 0},
+		// 120000 in a minute: 2000/s of the 10000/s, 8000/s left for new
+		// work: 14000/s over 8000/s.
+		{"a queue a replica drains in a minute with room to spare", 14000, 120_000, 10000, 1.75},
+		// 300000 in a minute: 5000/s, exactly the floor's half.
+		{"at the floor", 14000, 300_000, 10000, 2.8},
+		{"past the floor: at most twice the work's replicas", 14000, 6_000_000, 10000, 2.8},
+		{"no capacity learned", 14000, 120_000, 0, 0},
+	} {
+		if got := drainNeed(c.work, c.share, c.capacity); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+
+	cfg := Default(0)
+	// Two replicas at 5000/s each, well within 10000/s (probed no higher
+	// here: the capacity is what the first break taught).
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1), serving("b", 10000, 1))
+	a, b := serving("a", 5000, 0.1), serving("b", 5000, 0.1)
+	a.WaitingNow, b.WaitingNow = 60, 60 // 120 requests of 1000 work, steady
+	p, _, err := Make(snap(at, a, b), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Capacity <= 0 || p.BacklogThen != 120_000 {
+		t.Fatalf("capacity %v, backlog then %v: want some and 120000", p.Capacity, p.BacklogThen)
+	}
+	// 60000 each, gone within a minute: 1000/s of each replica's capacity.
+	want := 10000 / (p.Capacity - 1000)
+	if math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("drain need %v, want %v (capacity %v)", p.DrainNeed, want, p.Capacity)
+	}
+
+	// The same backlog held at the routers (a gateway's queue) instead:
+	// any replica drains it, so no replica's own drain is planned.
+	a.WaitingNow, b.WaitingNow = 0, 0
+	in := snap(at, a, b)
+	in.Demand = store.DemandValue{Sources: 1, Held: 120}
+	if p, _, err = Make(in, st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if p.BacklogThen != 120_000 || p.DrainNeed != 0 {
+		t.Fatalf("backlog then %v, drain need %v: want 120000 and 0", p.BacklogThen, p.DrainNeed)
 	}
 }
