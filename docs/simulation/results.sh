@@ -60,5 +60,7 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 # Written for the tries at learning the capacity past the planned load (not shipped).
 "$sim" bench --suite docs/simulation/heldout-learning.yaml --out docs/simulation/heldout-learning | tail -1 > "$out/heldout-learning.txt"
 "$sim" bench --suite docs/simulation/heldout-learning-2.yaml --out docs/simulation/heldout-learning-2 | tail -1 > "$out/heldout-learning-2.txt"
+# Written before the per-replica drain was tried (docs/planner.md, "Measured").
+"$sim" bench --suite docs/simulation/heldout-drain.yaml --out docs/simulation/heldout-drain | tail -1 > "$out/heldout-drain.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"

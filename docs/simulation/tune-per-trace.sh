@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tunes a threshold trigger on each trace of the benchmark and five of the eight
-# held-out suites (not heldout-headroom.yaml or the two heldout-learning
-# suites), that trace alone
+# Tunes a threshold trigger on each trace of the benchmark and five of the nine
+# held-out suites (not heldout-headroom.yaml, the two heldout-learning
+# suites or heldout-drain.yaml), that trace alone
 # (docs/planner.md, "Against each trace's own best threshold"): `pulse-sim
 # tune --suite` sweeps metrics × thresholds × scale-up
 # policies (its defaults), 3 seeds, on tuned-scaledobject.yaml, for each trace ×
