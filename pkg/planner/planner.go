@@ -111,10 +111,11 @@ const (
 	// replica (no engine hands queued requests to another), at what its
 	// capacity leaves over from its share of new arrivals.
 	drainWithin = time.Minute
-	// drainFloor: a queue that even a replica sent nothing new could not
-	// drain within drainWithin leaves it at least this fraction of its
-	// capacity for new work, so the drain asks at most 1/drainFloor times
-	// the replicas the work alone needs.
+	// drainFloor: a queue that would take more than this fraction of a
+	// replica's capacity to drain within drainWithin is given that fraction
+	// (it then drains more slowly), and the replica keeps the rest for new
+	// work: the drain asks at most 1/drainFloor times the replicas the work
+	// alone needs.
 	drainFloor = 0.5
 )
 
@@ -398,8 +399,9 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 			p.DrainNeed = drainNeed(work, share, st.Capacity)
 			if p.DrainNeed > p.Need {
 				p.Need = p.DrainNeed
-				p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f each when capacity asked for now is ready, gone within %s if the work is spread over %.2f replicas",
-					p.Work, st.Capacity, share, drainWithin, p.DrainNeed)
+				gone := time.Duration(share / (st.Capacity - work/p.DrainNeed) * float64(time.Second))
+				p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f work units each when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
+					work, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
 			}
 		}
 	case queued > 0 && p.Ready == 0:
@@ -419,9 +421,9 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 // drainNeed is the replicas among which work (per second) must be spread
 // evenly for a replica holding a queue of share (work) to drain it within
 // drainWithin, at what its capacity leaves over from its part of the work:
-// work/N + share/drainWithin <= capacity. A queue that could not drain
-// within drainWithin even with nothing new sent to it leaves its replica
-// drainFloor of its capacity for new work (at most 1/drainFloor times the
+// work/N + share/drainWithin <= capacity. A queue that would need more
+// than drainFloor of the capacity to drain within drainWithin is given
+// that much, and drains more slowly (at most 1/drainFloor times the
 // replicas the work alone needs).
 func drainNeed(work, share, capacity float64) float64 {
 	if share <= 0 || capacity <= 0 {

@@ -593,3 +593,36 @@ func TestAReplicasQueueDrainsOnlyThroughIt(t *testing.T) {
 		t.Fatalf("backlog then %v, drain need %v: want 120000 and 0", p.BacklogThen, p.DrainNeed)
 	}
 }
+
+// TestDrainSetsTheCount: a queue standing at each of two replicas is planned
+// a replica more than the pooled drain over a lead time asks, and a backlog
+// half at the replicas, half at the routers, is planned on the replicas'
+// half only.
+func TestDrainSetsTheCount(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	a, b := serving("a", 7000, 0.1), serving("b", 7000, 0.1)
+	a.WaitingNow, b.WaitingNow = 300, 300 // 300000 work at each, steady
+	p, _, err := Make(snap(at, a, b), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := p.Level/p.Capacity + p.BacklogThen/(p.Capacity*max(p.LeadTime, cfg.TTFT).Seconds())
+	if want := drainNeed(p.Work, 300_000, p.Capacity); math.Abs(p.DrainNeed-want) > 1e-9 || p.Need != p.DrainNeed {
+		t.Fatalf("drain need %v, need %v: want both %v", p.DrainNeed, p.Need, want)
+	}
+	if p.Replicas != ceil(p.DrainNeed) || ceil(pooled) >= p.Replicas {
+		t.Fatalf("plan %d (drain need %.2f, pooled %.2f): want the drain's count, above the pooled one (%s)", p.Replicas, p.DrainNeed, pooled, p.Reason)
+	}
+
+	a.WaitingNow, b.WaitingNow = 150, 150
+	in := snap(at, a, b)
+	in.Demand = store.DemandValue{Sources: 1, Held: 300}
+	if p, _, err = Make(in, st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// 600000 in all, half of it at the replicas: 150000 each.
+	if want := drainNeed(p.Work, 150_000, p.Capacity); p.BacklogThen != 600_000 || math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("backlog then %v, drain need %v: want 600000 and %v", p.BacklogThen, p.DrainNeed, want)
+	}
+}

@@ -17,10 +17,9 @@ import (
 
 // The machine's floor under the run's load: a 32-byte TCP round trip
 // between the harness and an echo process on the aggregator's CPUs, at a
-// fixed rate through the measurement. An answer's round trip can be no
-// faster than that; what the aggregator adds is the difference. On a VM
-// whose idle CPUs sleep, a wake-up alone can take milliseconds
-// (docs/performance.md, "The machine's floor").
+// fixed rate through the measurement. An answer's round trip is not
+// expected to be faster; what lies above it is, roughly, gRPC's and the
+// aggregator's (docs/performance.md, "The machine's floor").
 
 // echoEnv names the address the echo process serves; a harness binary
 // started with it set serves echoes there and nothing else.
