@@ -392,17 +392,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
 		if queued > 0 && p.Ready > 0 {
-			// The backlog's part at the replicas, each holding an even
-			// share (a Service's round robin; with a gateway more of it
-			// waits at the routers, drained by any replica).
-			share := p.BacklogThen * (atReplicas / queued) / float64(p.Ready)
-			p.DrainNeed = drainNeed(work, share, st.Capacity)
-			if p.DrainNeed > p.Need {
-				p.Need = p.DrainNeed
-				gone := time.Duration(share / (st.Capacity - work/p.DrainNeed) * float64(time.Second))
-				p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f work units each when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
-					work, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
-			}
+			p.drainEach(work, atReplicas/queued, st.Capacity)
 		}
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
@@ -416,6 +406,22 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * scale
+}
+
+// drainEach raises the need to drainNeed's for the part of BacklogThen at
+// the replicas (atReplicas, a fraction), each ready replica holding an even
+// share (a Service's round robin; with a gateway more of it waits at the
+// routers, drained by any replica).
+func (p *Plan) drainEach(work, atReplicas, capacity float64) {
+	share := p.BacklogThen * atReplicas / float64(p.Ready)
+	p.DrainNeed = drainNeed(work, share, capacity)
+	if p.DrainNeed <= p.Need {
+		return
+	}
+	p.Need = p.DrainNeed
+	gone := time.Duration(share / (capacity - work/p.DrainNeed) * float64(time.Second))
+	p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f work units each when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
+		work, capacity, share, gone.Round(time.Second), p.DrainNeed)
 }
 
 // drainNeed is the replicas among which work (per second) must be spread

@@ -370,12 +370,8 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	}
 	f.wg.Add(1)
 	go func() { defer f.wg.Done(); f.churn(runCtx, o.churn) }()
-	if o.echoEvery > 0 {
-		if f.echo, err = startEcho(f.agg.cpus, f.logPath("echo")); err != nil {
-			return f, err
-		}
-		f.wg.Add(1)
-		go func() { defer f.wg.Done(); f.echoes.run(runCtx, f.echo.addr, o.echoEvery) }()
+	if err := f.measureFloor(runCtx); err != nil {
+		return f, err
 	}
 	f.logf("started %d agents and %d ScaledObjects; waiting for them", o.agents, o.scaledObjects)
 	if err := f.waitUp(ctx, 5*time.Minute); err != nil {
@@ -383,6 +379,21 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	}
 	f.setFaulting(false)
 	return f, nil
+}
+
+// measureFloor starts the echo process and times round trips to it until
+// ctx ends (--echo-every; nothing when 0).
+func (f *fleet) measureFloor(ctx context.Context) error {
+	if f.o.echoEvery <= 0 {
+		return nil
+	}
+	var err error
+	if f.echo, err = startEcho(f.agg.cpus, f.logPath("echo")); err != nil {
+		return err
+	}
+	f.wg.Add(1)
+	go func() { defer f.wg.Done(); f.echoes.run(ctx, f.echo.addr, f.o.echoEvery) }()
+	return nil
 }
 
 // waitUp waits until every live agent has a stream and every ScaledObject's
