@@ -198,9 +198,10 @@ type Plan struct {
 	// BacklogThen: the backlog projected to when capacity asked for now is
 	// ready (projectBacklog); the need drains it over a lead time.
 	BacklogThen float64 `json:"backlogThen"`
-	// DrainNeed: the replicas among which the work must be spread for
-	// each replica's own part of BacklogThen to be gone a minute after
-	// (drainNeed); the need is at least this.
+	// DrainNeed: the replicas among which the arriving work must be
+	// spread for the largest queue standing at one ready replica, when
+	// capacity asked for now is ready, to be gone a minute after
+	// (drainEach); the need is at least this.
 	DrainNeed float64 `json:"drainNeed"`
 	// Surge: the largest move of the arriving work within one lead time
 	// seen (a rise, or a fall from a level held; fading); PeakWork the
@@ -347,7 +348,6 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		}
 	}
 	p.WorkPerRequest = st.WorkPerRequest
-	atReplicas := queued // queued at the replicas, not held at the routers
 	queued += in.Demand.Held
 	if p.Ready == 0 {
 		queued += in.Demand.Arrived
@@ -391,8 +391,8 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
 				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
-		if queued > 0 && p.Ready > 0 {
-			p.drainEach(work, atReplicas/queued, st.Capacity)
+		if p.Ready > 0 {
+			p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
 		}
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
@@ -408,20 +408,56 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	return arrived * scale
 }
 
-// drainEach raises the need to drainNeed's for the part of BacklogThen at
-// the replicas (atReplicas, a fraction), each ready replica holding an even
-// share (a Service's round robin; with a gateway more of it waits at the
-// routers, drained by any replica).
-func (p *Plan) drainEach(work, atReplicas, capacity float64) {
-	share := p.BacklogThen * atReplicas / float64(p.Ready)
-	p.DrainNeed = drainNeed(work, share, capacity)
+// drainEach raises the need to drainNeed's for the largest queue standing
+// at one ready replica when capacity asked for now is ready
+// (replicaBacklog), with the work arriving (arrived, per second) spread
+// evenly (a Service's round robin). Requests held at the routers are left
+// to the pooled drain: any replica serves them.
+func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Input, st *State, cfg Config) {
+	lead := st.lead(cfg)
+	joins := joining(in, lead)
+	var share float64
+	for _, l := range fresh {
+		share = max(share, replicaBacklog(l.WaitingNow*st.WorkPerRequest, growth, arrived, p.Ready, joins, lead))
+	}
+	p.DrainNeed = drainNeed(arrived, share, st.Capacity)
 	if p.DrainNeed <= p.Need {
 		return
 	}
 	p.Need = p.DrainNeed
-	gone := time.Duration(share / (capacity - work/p.DrainNeed) * float64(time.Second))
-	p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica; a replica's queue drains only through it: %.0f work units each when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
-		work, capacity, share, gone.Round(time.Second), p.DrainNeed)
+	gone := time.Duration(share / (st.Capacity - arrived/p.DrainNeed) * float64(time.Second))
+	p.Reason = fmt.Sprintf("work arriving %.0f/s over %.0f/s per replica; a replica's queue drains only through it: the largest %.0f work units when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
+		arrived, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
+}
+
+// replicaBacklog projects one ready replica's queue (q, work) to lead from
+// now: it grows as the ready replicas' queues do on average now (growth,
+// work per second; negative while they shrink), less, from when each
+// replica starting joins (joins, from now, sorted), what that one takes of
+// the arriving work (arrived, per second, spread evenly over the ready
+// replicas, ready of them now). A queue never goes below empty.
+func replicaBacklog(q, growth, arrived float64, ready int, joins []time.Duration, lead time.Duration) float64 {
+	var at time.Duration
+	n := float64(ready)
+	for _, a := range joins {
+		q = math.Max(0, q+growth*(a-at).Seconds())
+		growth -= arrived/n - arrived/(n+1)
+		at, n = a, n+1
+	}
+	return math.Max(0, q+growth*(lead-at).Seconds())
+}
+
+// joining is when each replica now starting is ready, from now, sorted: a
+// lead time after it was listed, at once if it has started for longer.
+func joining(in Input, lead time.Duration) []time.Duration {
+	var joins []time.Duration
+	for i := range in.Pods {
+		if l := &in.Pods[i]; l.State == store.PodStarting {
+			joins = append(joins, max(lead-l.Age, 0))
+		}
+	}
+	slices.Sort(joins)
+	return joins
 }
 
 // drainNeed is the replicas among which work (per second) must be spread
@@ -447,15 +483,8 @@ func drainNeed(work, share, capacity float64) float64 {
 // after it was listed (at once if it has started for longer). A queue never
 // goes below empty.
 func projectBacklog(backlog, excess, capacity float64, in Input, lead time.Duration) float64 {
-	var arrive []time.Duration // from now, of the replicas starting
-	for i := range in.Pods {
-		if l := &in.Pods[i]; l.State == store.PodStarting {
-			arrive = append(arrive, max(lead-l.Age, 0))
-		}
-	}
-	slices.Sort(arrive)
 	var at time.Duration
-	for _, a := range arrive {
+	for _, a := range joining(in, lead) {
 		backlog = math.Max(0, backlog+excess*(a-at).Seconds())
 		at, excess = a, excess-capacity
 	}

@@ -626,3 +626,63 @@ func TestDrainSetsTheCount(t *testing.T) {
 		t.Fatalf("backlog then %v, drain need %v: want 600000 and %v", p.BacklogThen, p.DrainNeed, want)
 	}
 }
+
+// TestReplicaBacklogProjection: one replica's queue grows or shrinks as the
+// ready replicas' do on average, less, from when each starting replica
+// joins, that one's part of the arriving work; it never goes below empty.
+func TestReplicaBacklogProjection(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		q, growth, arrived float64
+		ready              int
+		joins              []time.Duration
+		lead               time.Duration
+		want               float64
+	}{
+		{"steady, nothing joining", 1000, 0, 100, 2, nil, time.Minute, 1000},
+		{"growing", 0, 10, 100, 2, nil, time.Minute, 600},
+		{"shrinking to empty, never below", 1000, -10, 100, 2, nil, 2 * time.Minute, 0},
+		// 30 s at +20/s: 600; then the third replica takes 100/2 - 100/3
+		// of the arrivals from each: 20 - 16.67 = 3.33/s for 60 s: 800.
+		{"a replica joins", 0, 20, 100, 2, []time.Duration{30 * time.Second}, 90 * time.Second, 800},
+		// Empty after 10 s at -10/s (not -500), then -26.67/s: still empty.
+		{"emptied before a join", 100, -10, 100, 2, []time.Duration{30 * time.Second}, 90 * time.Second, 0},
+		// Joining at once (it started more than a lead time ago).
+		{"joined at once", 0, 50, 100, 1, []time.Duration{0}, time.Minute, 0},
+	} {
+		if got := replicaBacklog(c.q, c.growth, c.arrived, c.ready, c.joins, c.lead); math.Abs(got-c.want) > 1e-6 {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestTheLargestQueueDrainsFromTheArrivals: the drain is planned for the
+// replica with the largest queue (not the mean over replicas, which a
+// replica just ready with an empty queue dilutes), and spreads the work
+// arriving (not the work served, which includes the queue being drained).
+func TestTheLargestQueueDrainsFromTheArrivals(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	a, b := serving("a", 7000, 0.1), serving("b", 7000, 0.1)
+	a.WaitingNow = 300 // 300000 work at a, none at b (just ready), steady
+	p, _, err := Make(snap(at, a, b), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := drainNeed(p.Work, 300_000, p.Capacity); math.Abs(p.DrainNeed-want) > 1e-9 || p.BacklogThen != 300_000 {
+		t.Fatalf("drain need %v, backlog then %v: want %v (a's whole queue) and 300000", p.DrainNeed, p.BacklogThen, want)
+	}
+
+	// Both queues shrink by half a request a second: 13000/s arrive of the
+	// 14000/s served, and each queue is 300000 - 500 × lead when capacity
+	// asked for now is ready.
+	a.WaitingNow, b.WaitingNow = 300, 300
+	a.WaitingGrowth, b.WaitingGrowth = -0.5, -0.5
+	if p, _, err = Make(snap(at, a, b), st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	share := 300_000 - 500*p.LeadTime.Seconds()
+	if want := drainNeed(13000, share, p.Capacity); share <= 0 || math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("drain need %v, want %v (a share of %v, lead %s)", p.DrainNeed, want, share, p.LeadTime)
+	}
+}

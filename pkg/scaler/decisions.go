@@ -151,7 +151,7 @@ var (
 		planDesc("held_peak_replicas", "The largest need within the hold (lead time + margin), which the plan keeps."),
 		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
 		planDesc("backlog_then", "The backlog projected to when capacity asked for now is ready, a lead time from now (the need drains it over a lead time)."),
-		planDesc("drain_need_replicas", "Replicas among which the work must be spread for each replica's own part of the backlog then to be gone a minute after (a replica's queue drains only through it); the need is at least this."),
+		planDesc("drain_need_replicas", "Replicas among which the arriving work must be spread for the largest queue at one ready replica, when capacity asked for now is ready, to be gone a minute after (a replica's queue drains only through it); the need is at least this."),
 		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
 		planDesc("surge_work_per_second", "The largest move of the work arriving within one lead time the planner has seen: a rise, or a fall from a level held (fading by half in an hour)."),
 		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, or the work plus the surge up to its recent peak, whichever is more."),

@@ -194,7 +194,7 @@ func TestPlanGauges(t *testing.T) {
 # HELP pulse_aggregator_plan_capacity_per_replica Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has).
 # TYPE pulse_aggregator_plan_capacity_per_replica gauge
 pulse_aggregator_plan_capacity_per_replica{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 10000
-# HELP pulse_aggregator_plan_drain_need_replicas Replicas among which the work must be spread for each replica's own part of the backlog then to be gone a minute after (a replica's queue drains only through it); the need is at least this.
+# HELP pulse_aggregator_plan_drain_need_replicas Replicas among which the arriving work must be spread for the largest queue at one ready replica, when capacity asked for now is ready, to be gone a minute after (a replica's queue drains only through it); the need is at least this.
 # TYPE pulse_aggregator_plan_drain_need_replicas gauge
 pulse_aggregator_plan_drain_need_replicas{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 0
 # HELP pulse_aggregator_plan_lead_time_seconds A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.
