@@ -62,5 +62,7 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout-learning-2.yaml --out docs/simulation/heldout-learning-2 | tail -1 > "$out/heldout-learning-2.txt"
 # Written before the per-replica drain was tried (docs/planner.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-drain.yaml --out docs/simulation/heldout-drain | tail -1 > "$out/heldout-drain.txt"
+# Written before the drain's second form was tried (docs/planner.md, "Measured").
+"$sim" bench --suite docs/simulation/heldout-drain-2.yaml --out docs/simulation/heldout-drain-2 | tail -1 > "$out/heldout-drain-2.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
