@@ -57,10 +57,12 @@ func newPipeline(name string, cfg *Config) (Pipeline, error) {
 		return newStatic(name, args, cfg)
 	case "clairvoyant":
 		return newClairvoyant(name, args, cfg)
+	case "hindsight":
+		return newHindsight(name, args, cfg)
 	}
 	f, ok := pipelines[name]
 	if !ok || hasArgs {
-		return nil, fmt.Errorf("pipeline %q: one of %s, static:N or clairvoyant[:window=D,horizon=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
+		return nil, fmt.Errorf("pipeline %q: one of %s, static:N, clairvoyant[:window=D,horizon=D,utilisation=U] or hindsight[:window=D,hold=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
 	}
 	if base == "oracle" && cfg.trigger.Metric == scaler.MetricReplicas {
 		return nil, fmt.Errorf("pipeline oracle cannot express metric %s: it is a threshold metric's true value from the replicas' state, and the planner's value is a count it plans from what it learned (its bound is clairvoyant)", scaler.MetricReplicas)

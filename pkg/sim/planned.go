@@ -16,11 +16,12 @@ import (
 // operator compares with first; clairvoyant is what perfect knowledge of
 // the future reaches. Neither is a thing to deploy: they bound the rest.
 
-// Reference reports whether a pipeline name is a reference's (static:N or
-// clairvoyant[:…]) rather than a signal pipeline's, and which.
+// Reference reports whether a pipeline name is a reference's (static:N,
+// clairvoyant[:…] or hindsight[:…]) rather than a signal pipeline's, and
+// which.
 func Reference(name string) (kind string, ok bool) {
 	base, _, _ := strings.Cut(name, ":")
-	if base == "static" || base == "clairvoyant" {
+	if base == "static" || base == "clairvoyant" || base == "hindsight" {
 		return base, true
 	}
 	return "", false
@@ -142,6 +143,13 @@ func Work(p *replica.Profile, prompt, output int) (compute, kv float64) {
 
 // Attach turns the trace into the replicas each second needs.
 func (c *clairvoyant) Attach(w *world) {
+	c.needs(w)
+	w.every(time.Second, time.Second, func() { w.setSpec(c.plan(w), true) })
+}
+
+// needs sets c.need: for each second t, the work arriving in
+// [t, t+window), spread over the window, in replicas.
+func (c *clairvoyant) needs(w *world) {
 	p := w.cfg.Profile
 	n := int(w.cfg.horizon/time.Second) + 2
 	compute, kv := make([]float64, n+1), make([]float64, n+1) // prefix sums by arrival second
@@ -166,7 +174,6 @@ func (c *clairvoyant) Attach(w *world) {
 		kw := (kv[e] - kv[t]) / float64(win) / float64(p.KVCacheTokens)
 		c.need[t] = math.Max(cw, kw)
 	}
-	w.every(time.Second, time.Second, func() { w.setSpec(c.plan(w), true) })
 }
 
 // plan is the replica count for now.
@@ -187,3 +194,59 @@ func (c *clairvoyant) plan(w *world) int32 {
 
 // Initial: the count its plan asks for at 0, warm (it knew).
 func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
+
+// ---- hindsight --------------------------------------------------------------
+
+// hindsight knows every arrival and its lengths once it has arrived, and
+// nothing before: perfect measurement, no foresight. Every second it sets
+// the replica count to what the last hold needed: for each second τ of
+// [now-hold, now], the work that arrived in [τ-window, τ), spread over the
+// window, in replicas at the target utilisation (the clairvoyant's model of
+// a request's work); the count is the largest of those. The hold is the
+// startup time of the next replica it would create, or fixed. It starts at
+// minReplicaCount, knowing nothing. It is no bound — a reactive plan could
+// hold other capacity — but the best of a plain family that needs neither
+// a signal nor learning: what a reactive plan with perfect measurement and
+// a known capacity reaches, and so how much of a loss no measurement
+// could have saved, and only foresight (or capacity held for a jump not yet
+// seen) would.
+type hindsight struct{ clairvoyant }
+
+func newHindsight(name, args string, cfg *Config) (Pipeline, error) {
+	if strings.Contains(args, "horizon") {
+		return nil, fmt.Errorf("pipeline %q: unknown key \"horizon\" (window, hold, utilisation)", name)
+	}
+	args = strings.ReplaceAll(args, "hold=", "horizon=")
+	p, err := newClairvoyant(name, args, cfg)
+	if err != nil {
+		return nil, errors.New(strings.NewReplacer("horizon", "hold").Replace(err.Error()))
+	}
+	return &hindsight{*p.(*clairvoyant)}, nil
+}
+
+// Attach turns the trace into the replicas each second needed.
+func (h *hindsight) Attach(w *world) {
+	h.needs(w)
+	w.every(time.Second, time.Second, func() { w.setSpec(h.plan(w), true) })
+}
+
+// plan is the replica count for now, from the work that arrived in the
+// hold and the window before it.
+func (h *hindsight) plan(w *world) int32 {
+	hold := h.horizon
+	if hold == 0 {
+		hold = w.peekStartup()
+	}
+	win := max(int(h.window/time.Second), 1)
+	to := int(w.now/time.Second) - win // the last window wholly arrived
+	from := to - int(hold/time.Second)
+	most := 0.0
+	for t := max(from, 0); t <= to && t < len(h.need); t++ {
+		most = math.Max(most, h.need[t])
+	}
+	n := int32(math.Ceil(most/h.util - 1e-9))
+	return min(max(n, h.lo), h.hi)
+}
+
+// Initial: minReplicaCount (it has seen nothing).
+func (h *hindsight) Initial(*world) int32 { return h.lo }

@@ -56,6 +56,33 @@ func TestClairvoyantScalesAheadOfAStep(t *testing.T) {
 	}
 }
 
+// TestHindsightFollowsAStep: the same step as the clairvoyant's; hindsight
+// sees it only once it has arrived, so its replicas are ready a startup
+// after the step, not before, and it misses requests meanwhile as a
+// reactive pipeline does; it holds the capacity for its hold after the
+// step's end, then releases it.
+func TestHindsightFollowsAStep(t *testing.T) {
+	reqs := load(t, "steps:rates=2/60/2,step=10m,prompt=1000,output=200", 4)
+	names := []string{"hindsight:hold=2m", "clairvoyant"}
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 4, Pipelines: names})
+	h, c := result(r, names[0]), result(r, names[1])
+	per := time.Duration(r.Config.SampleSeconds * float64(time.Second))
+	stepAt := int(10 * time.Minute / per)
+	if h.Series.Replicas[stepAt-1] != 1 || h.Series.Ready[stepAt+int(time.Minute/per)] != 1 {
+		t.Fatalf("hindsight scaled before the step, or had replicas ready within a minute of it (%v)", h.Series.Ready)
+	}
+	if h.Series.Ready[stepAt+int(8*time.Minute/per)] < 2 {
+		t.Fatalf("hindsight had %d replicas ready 8 minutes into the step (%v)", h.Series.Ready[stepAt+int(8*time.Minute/per)], h.Series.Ready)
+	}
+	endAt := int(20 * time.Minute / per)
+	if h.Series.Replicas[endAt+int(time.Minute/per)] < 2 || h.Series.Replicas[endAt+int(5*time.Minute/per)] != 1 {
+		t.Fatalf("hindsight did not hold the step's count for its 2-minute hold and then release it (%v)", h.Series.Replicas)
+	}
+	if h.SLOAttainment >= c.SLOAttainment {
+		t.Fatalf("hindsight (%.4f) reached the clairvoyant (%.4f) on a step", h.SLOAttainment, c.SLOAttainment)
+	}
+}
+
 // TestUtilisationTracesAFrontier: a lower target utilisation buys more
 // GPU-hours, never fewer.
 func TestUtilisationTracesAFrontier(t *testing.T) {
@@ -91,7 +118,8 @@ func TestNoSilentSwaps(t *testing.T) {
 	}
 }
 
-// TestPlannedPipelineNamesAreChecked: bad static and clairvoyant parameters
+// TestPlannedPipelineNamesAreChecked: bad static, clairvoyant and hindsight
+// parameters
 // are refused with what was wrong.
 func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 	reqs := load(t, "poisson:rate=1,duration=15m", 1)
@@ -103,6 +131,9 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 		"clairvoyant:colour=red":      "unknown key",
 		"pulse:fast":                  "one of pulse",
 		"clairvoyant:horizon=forever": "horizon",
+		"hindsight:hold=forever":      "hold",
+		"hindsight:horizon=5m":        "unknown key \"horizon\"",
+		"hindsight:utilisation=9":     "utilisation",
 	} {
 		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -117,6 +117,7 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"rate":         {"profiles: [llama-3.1-8b-h100]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1', rateScale: -1}]\n", "rate scale -1"},
 		"by profile":   {"profiles: [llama-3.1-8b-h100]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1', rateScaleByProfile: {other: 2}}]\n", "not one of the suite's profiles"},
 		"static":       {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, static:3]\n", "added by the suite itself"},
+		"clairvoyant":  {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'clairvoyant:utilisation=1']\n", "added by the suite itself"},
 		"copy lengths": {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\ncopyLengths: longer\n", "copyLengths"},
 		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
@@ -128,6 +129,11 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 	}
 	if _, err := Read("no-such-suite.yaml"); err == nil {
 		t.Error("a missing suite was read")
+	}
+	// hindsight is a reference a suite may name: the bench adds only the
+	// fixed fleets and the clairvoyant sweep itself.
+	if _, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'hindsight:utilisation=0.5,hold=15m']\n")); err != nil {
+		t.Errorf("a suite naming hindsight: %v", err)
 	}
 }
 

@@ -31,8 +31,9 @@ type Suite struct {
 	// ScaledObjects: the ScaledObject files whose pipelines are scored.
 	ScaledObjects []string `json:"scaledObjects"`
 	// Pipelines: the signal pipelines (default: every one that can express
-	// each ScaledObject's trigger). static:1 … maxReplicaCount and the
-	// clairvoyant sweep are always added.
+	// each ScaledObject's trigger), and any hindsight reference, scored as
+	// they are. static:1 … maxReplicaCount and the clairvoyant sweep are
+	// always added.
 	Pipelines []string `json:"pipelines"`
 	// Clairvoyant: the sweep that traces its frontier.
 	Clairvoyant Sweep `json:"clairvoyant"`
@@ -167,7 +168,7 @@ func (s *Suite) complete() error {
 		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
 	}
 	for _, p := range s.Pipelines {
-		if _, ref := sim.Reference(p); ref {
+		if k, ref := sim.Reference(p); ref && k != "hindsight" {
 			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
 		}
 	}
