@@ -645,7 +645,8 @@ func TestReplicaBacklogProjection(t *testing.T) {
 		// 30 s at +20/s: 600; then the third replica takes 100/2 - 100/3
 		// of the arrivals from each: 20 - 16.67 = 3.33/s for 60 s: 800.
 		{"a replica joins", 0, 20, 100, 2, []time.Duration{30 * time.Second}, 90 * time.Second, 800},
-		// Empty after 10 s at -10/s (not -500), then -26.67/s: still empty.
+		// Empty after 10 s at -10/s, and it stays empty (-26.67/s after
+		// the join).
 		{"emptied before a join", 100, -10, 100, 2, []time.Duration{30 * time.Second}, 90 * time.Second, 0},
 		// Joining at once (it started more than a lead time ago).
 		{"joined at once", 0, 50, 100, 1, []time.Duration{0}, time.Minute, 0},
@@ -684,5 +685,50 @@ func TestTheLargestQueueDrainsFromTheArrivals(t *testing.T) {
 	share := 300_000 - 500*p.LeadTime.Seconds()
 	if want := drainNeed(13000, share, p.Capacity); share <= 0 || math.Abs(p.DrainNeed-want) > 1e-9 {
 		t.Fatalf("drain need %v, want %v (a share of %v, lead %s)", p.DrainNeed, want, share, p.LeadTime)
+	}
+}
+
+// TestAStartingReplicaTakesItsPartOfTheArrivals: through Make, a replica
+// starting joins the projection of the largest queue when it is ready (a
+// lead time after it was listed), from then taking its part of the
+// arrivals; and a ready replica without a fresh sample carries the fresh
+// ones' mean load in the arrivals spread.
+func TestAStartingReplicaTakesItsPartOfTheArrivals(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	a, b := serving("a", 7000, 0.1), serving("b", 7000, 0.1)
+	a.WaitingNow, b.WaitingNow = 300, 300       // 300000 work each
+	a.WaitingGrowth, b.WaitingGrowth = 0.5, 0.5 // +500 work/s each
+	p, _, err := Make(snap(at, a, b), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead := p.LeadTime.Seconds()
+	// 15000/s arrive (14000 served, 1000 queued); nothing starting: the
+	// queue grows at 500/s for a lead time.
+	if want := drainNeed(15000, 300_000+500*lead, p.Capacity); math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("drain need %v, want %v (lead %s)", p.DrainNeed, want, p.LeadTime)
+	}
+
+	// A third replica listed half a lead time ago joins half a lead time
+	// from now: from then each ready replica gets 15000/3 a second, not
+	// 15000/2, and its queue shrinks at 500 - 2500 = -2000/s.
+	c := store.PodLoad{Name: "c", State: store.PodStarting, Age: p.LeadTime / 2}
+	if p, _, err = Make(snap(at, a, b, c), st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	share := 300_000 + 500*lead/2 - 2000*lead/2
+	if want := drainNeed(15000, share, p.Capacity); share <= 0 || math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("drain need %v, want %v (a share of %v)", p.DrainNeed, want, share)
+	}
+
+	// b ready but without a fresh sample: the arrivals are a's scaled to
+	// two replicas (7500 × 2), the growth a's.
+	b.State = store.PodMissing
+	if p, _, err = Make(snap(at, a, b), st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if want := drainNeed(15000, 300_000+500*lead, p.Capacity); p.Missing != 1 || math.Abs(p.DrainNeed-want) > 1e-9 {
+		t.Fatalf("drain need %v with %d missing, want %v", p.DrainNeed, p.Missing, want)
 	}
 }

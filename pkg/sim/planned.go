@@ -14,7 +14,9 @@ import (
 // The references: pipelines that set the replica count themselves, with
 // neither a signal nor KEDA nor the HPA in the way. static:N is what an
 // operator compares with first; clairvoyant is what perfect knowledge of
-// the future reaches. Neither is a thing to deploy: they bound the rest.
+// the future reaches; hindsight what perfect measurement without
+// foresight reaches. None is a thing to deploy: the first two bound the
+// rest, and hindsight is a reference, not a bound.
 
 // Reference reports whether a pipeline name is a reference's (static:N,
 // clairvoyant[:…] or hindsight[:…]) rather than a signal pipeline's, and

@@ -130,10 +130,10 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 		"clairvoyant:window=1ms":      "window",
 		"clairvoyant:colour=red":      "unknown key",
 		"pulse:fast":                  "one of pulse",
-		"clairvoyant:horizon=forever": "horizon",
-		"hindsight:hold=forever":      "hold",
-		"hindsight:horizon=5m":        "unknown key \"horizon\"",
-		"hindsight:utilisation=9":     "utilisation",
+		"clairvoyant:horizon=forever": `horizon "forever"`,
+		"hindsight:hold=forever":      `hold "forever"`,
+		"hindsight:horizon=5m":        `unknown key "horizon"`,
+		"hindsight:utilisation=9":     `utilisation "9"`,
 	} {
 		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -137,8 +137,8 @@ func milli(v float64) int64 {
 }
 
 // planner is a pipeline that sets the replica count itself (/scale
-// spec.replicas), with neither KEDA nor the HPA: the references static:N
-// and clairvoyant.
+// spec.replicas), with neither KEDA nor the HPA: the references static:N,
+// clairvoyant and hindsight.
 type planner interface {
 	Pipeline
 	// Initial is the warm fleet at 0.
