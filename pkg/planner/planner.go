@@ -339,13 +339,8 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		// against two requests (metric.DefaultLoad's, llm-d's saturation).
 		fallback += math.Max(kvl/cfg.KVTarget, l.Waiting/2)
 	}
-	if observe && first > 0 && p.Work > 0 {
-		wpr := p.Work / first
-		if st.WorkPerRequest == 0 {
-			st.WorkPerRequest = wpr
-		} else {
-			st.WorkPerRequest += 0.1 * (wpr - st.WorkPerRequest)
-		}
+	if observe {
+		st.learnWorkPerRequest(p.Work, first)
 	}
 	p.WorkPerRequest = st.WorkPerRequest
 	queued += in.Demand.Held
@@ -406,6 +401,21 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * scale
+}
+
+// learnWorkPerRequest moves a request's mean work a tenth of the way
+// toward this observation's (work served over first tokens), or takes it
+// at the first.
+func (st *State) learnWorkPerRequest(work, first float64) {
+	if first <= 0 || work <= 0 {
+		return
+	}
+	wpr := work / first
+	if st.WorkPerRequest == 0 {
+		st.WorkPerRequest = wpr
+	} else {
+		st.WorkPerRequest += 0.1 * (wpr - st.WorkPerRequest)
+	}
 }
 
 // drainEach raises the need to drainNeed's for the largest queue standing

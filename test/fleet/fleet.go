@@ -336,29 +336,8 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 			f.agents[a].add((j*o.agents+a)/o.podsPerWorkload, time.Time{})
 		}
 	}
-	for i := range o.kedaConns {
-		c, err := grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return f, err
-		}
-		_ = i
-		f.conns = append(f.conns, c)
-	}
-	if f.askConn, err = grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if err := f.connectKEDA(); err != nil {
 		return f, err
-	}
-	f.conns = append(f.conns, f.askConn) // closed with them; not given to ScaledObjects
-	// ScaledObject k watches workload k*stride (spread over the fleet); the
-	// last --probes of them watch probe workloads.
-	stride := max(o.workloads()/max(o.scaledObjects, 1), 1)
-	for k := range o.scaledObjects {
-		w := k * stride
-		s := newScaledObject(f, k, w, k >= o.scaledObjects-o.probes, f.conns[k%o.kedaConns])
-		f.sos = append(f.sos, s)
-		f.byWL[w] = s
-		if s.probe {
-			f.probes[w] = &probeState{half: -1}
-		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel, f.runCtx = cancel, runCtx
@@ -379,6 +358,37 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	}
 	f.setFaulting(false)
 	return f, nil
+}
+
+// connectKEDA opens KEDA's connections to the scaler port (and one more
+// for the harness's own questions) and makes the ScaledObjects: object k
+// watches workload k*stride (spread over the fleet); the last --probes of
+// them watch probe workloads.
+func (f *fleet) connectKEDA() error {
+	o := f.o
+	for range o.kedaConns {
+		c, err := grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		f.conns = append(f.conns, c)
+	}
+	var err error
+	if f.askConn, err = grpc.NewClient(f.agg.scaler, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return err
+	}
+	f.conns = append(f.conns, f.askConn) // closed with them; not given to ScaledObjects
+	stride := max(o.workloads()/max(o.scaledObjects, 1), 1)
+	for k := range o.scaledObjects {
+		w := k * stride
+		s := newScaledObject(f, k, w, k >= o.scaledObjects-o.probes, f.conns[k%o.kedaConns])
+		f.sos = append(f.sos, s)
+		f.byWL[w] = s
+		if s.probe {
+			f.probes[w] = &probeState{half: -1}
+		}
+	}
+	return nil
 }
 
 // measureFloor starts the echo process and times round trips to it until
