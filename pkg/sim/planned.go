@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,7 +77,12 @@ const (
 // of those. The horizon is the startup time of the next replica it would
 // create (a replica started now serves from then on), or a fixed look-ahead.
 // Capacity is so released only once no peak within a startup time needs it,
-// and added a whole startup time before it is needed.
+// and added a whole startup time before it is needed. With a hold, the
+// count is also at least what each second of the last hold needed: the
+// same foresight, capacity kept after a peak rather than released and
+// started again (a replica started again costs its startup's GPU time, and
+// a queue left at a peak's end drains sooner), so that plans which keep
+// capacity, as a reactive one must, are in the family too.
 //
 // A request's work is counted in the replica's two resources, from the
 // profile's step model: compute (replica-seconds: β1 per prompt token, and
@@ -88,6 +94,7 @@ const (
 type clairvoyant struct {
 	planOnly
 	window, horizon time.Duration // horizon 0: the next replica's startup
+	hold            time.Duration // 0: none
 	util            float64
 	lo, hi          int32
 	need            []float64 // per second: replicas needed (before utilisation)
@@ -95,39 +102,52 @@ type clairvoyant struct {
 
 func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
 	c := &clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}
+	d, err := planArgs(name, args, &c.util, "window", "horizon", "hold")
+	if err != nil {
+		return nil, err
+	}
+	if w, ok := d["window"]; ok {
+		c.window = w
+	}
+	c.horizon, c.hold = d["horizon"], d["hold"]
+	so := cfg.ScaledObject
+	c.lo, c.hi = so.MinReplicas(), so.MaxReplicas()
+	return c, nil
+}
+
+// planArgs parses a planned pipeline's key=value list: the durations named
+// (1s to 24h) and utilisation (above 0, at most 4; left as it is unless
+// given). A key not named is refused with the keys that are.
+func planArgs(name, args string, util *float64, durations ...string) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	keys := append(append([]string(nil), durations...), "utilisation")
 	var errs []error
 	for _, kv := range strings.Split(args, ",") {
 		if kv == "" {
 			continue
 		}
 		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "window", "horizon":
-			d, err := time.ParseDuration(v)
-			if err != nil || d < time.Second || d > 24*time.Hour {
-				errs = append(errs, fmt.Errorf("%s %q: want a duration from 1s to 24h", k, v))
-			}
-			if k == "window" {
-				c.window = d
-			} else {
-				c.horizon = d
-			}
-		case "utilisation":
+		switch {
+		case k == "utilisation":
 			u, err := strconv.ParseFloat(v, 64)
 			if err != nil || !(u > 0 && u <= 4) {
 				errs = append(errs, fmt.Errorf("utilisation %q: want a number above 0 and at most 4", v))
 			}
-			c.util = u
+			*util = u
+		case slices.Contains(durations, k):
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second || d > 24*time.Hour {
+				errs = append(errs, fmt.Errorf("%s %q: want a duration from 1s to 24h", k, v))
+			}
+			out[k] = d
 		default:
-			errs = append(errs, fmt.Errorf("unknown key %q (window, horizon, utilisation)", k))
+			errs = append(errs, fmt.Errorf("unknown key %q (%s)", k, strings.Join(keys, ", ")))
 		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("pipeline %q: %w", name, errors.Join(errs...))
 	}
-	so := cfg.ScaledObject
-	c.lo, c.hi = so.MinReplicas(), so.MaxReplicas()
-	return c, nil
+	return out, nil
 }
 
 // Work is one request's demand on a replica of profile p: replica-seconds
@@ -184,7 +204,7 @@ func (c *clairvoyant) plan(w *world) int32 {
 	if h == 0 {
 		h = w.peekStartup()
 	}
-	from := int(w.now / time.Second)
+	from := max(int((w.now-c.hold)/time.Second), 0)
 	to := min(int((w.now+h)/time.Second), len(c.need)-1)
 	most := 0.0
 	for t := from; t <= to; t++ {
@@ -215,15 +235,18 @@ func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
 type hindsight struct{ clairvoyant }
 
 func newHindsight(name, args string, cfg *Config) (Pipeline, error) {
-	if strings.Contains(args, "horizon") {
-		return nil, fmt.Errorf("pipeline %q: unknown key \"horizon\" (window, hold, utilisation)", name)
-	}
-	args = strings.ReplaceAll(args, "hold=", "horizon=")
-	p, err := newClairvoyant(name, args, cfg)
+	h := &hindsight{clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}}
+	d, err := planArgs(name, args, &h.util, "window", "hold")
 	if err != nil {
-		return nil, errors.New(strings.NewReplacer("horizon", "hold").Replace(err.Error()))
+		return nil, err
 	}
-	return &hindsight{*p.(*clairvoyant)}, nil
+	if w, ok := d["window"]; ok {
+		h.window = w
+	}
+	h.horizon = d["hold"] // its hold looks back as the clairvoyant's horizon looks ahead
+	so := cfg.ScaledObject
+	h.lo, h.hi = so.MinReplicas(), so.MaxReplicas()
+	return h, nil
 }
 
 // Attach turns the trace into the replicas each second needed.

@@ -56,17 +56,23 @@ func TestClairvoyantScalesAheadOfAStep(t *testing.T) {
 	}
 }
 
+// onAStep runs two planned pipelines on the step of load of
+// TestClairvoyantScalesAheadOfAStep (2, 60, then 2 again, 10 minutes
+// each): their results, and the series' sample period.
+func onAStep(t *testing.T, names ...string) (a, b *PipelineResult, per time.Duration) {
+	t.Helper()
+	reqs := load(t, "steps:rates=2/60/2,step=10m,prompt=1000,output=200", 4)
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 4, Pipelines: names})
+	return result(r, names[0]), result(r, names[1]), time.Duration(r.Config.SampleSeconds * float64(time.Second))
+}
+
 // TestHindsightFollowsAStep: the same step as the clairvoyant's; hindsight
 // sees it only once it has arrived, so its replicas are ready a startup
 // after the step, not before, and it misses requests meanwhile as a
 // reactive pipeline does; it holds the capacity for its hold after the
 // step's end, then releases it.
 func TestHindsightFollowsAStep(t *testing.T) {
-	reqs := load(t, "steps:rates=2/60/2,step=10m,prompt=1000,output=200", 4)
-	names := []string{"hindsight:hold=2m", "clairvoyant"}
-	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 4, Pipelines: names})
-	h, c := result(r, names[0]), result(r, names[1])
-	per := time.Duration(r.Config.SampleSeconds * float64(time.Second))
+	h, c, per := onAStep(t, "hindsight:hold=2m", "clairvoyant")
 	stepAt := int(10 * time.Minute / per)
 	if h.Series.Replicas[stepAt-1] != 1 || h.Series.Ready[stepAt+int(time.Minute/per)] != 1 {
 		t.Fatalf("hindsight scaled before the step, or had replicas ready within a minute of it (%v)", h.Series.Ready)
@@ -80,6 +86,34 @@ func TestHindsightFollowsAStep(t *testing.T) {
 	}
 	if h.SLOAttainment >= c.SLOAttainment {
 		t.Fatalf("hindsight (%.4f) reached the clairvoyant (%.4f) on a step", h.SLOAttainment, c.SLOAttainment)
+	}
+}
+
+// TestClairvoyantHoldKeepsTheStep: the same step; the clairvoyant with a
+// hold is ready for it as the one without is (the same foresight), and
+// keeps the step's count for its hold after the step's end where the one
+// without releases it at once; it spends more GPU-hours, and never has
+// fewer replicas.
+func TestClairvoyantHoldKeepsTheStep(t *testing.T) {
+	h, c, per := onAStep(t, "clairvoyant:hold=5m", "clairvoyant")
+	stepAt, endAt := int(10*time.Minute/per), int(20*time.Minute/per)
+	if h.Series.Ready[stepAt] < 2 {
+		t.Fatalf("the clairvoyant with a hold had %d replicas ready when the step came (%v)", h.Series.Ready[stepAt], h.Series.Ready)
+	}
+	after := func(p *PipelineResult, d time.Duration) int { return p.Series.Replicas[endAt+int(d/per)] }
+	if after(c, time.Minute) != 1 {
+		t.Fatalf("the clairvoyant without a hold kept %d replicas a minute after the step (%v)", after(c, time.Minute), c.Series.Replicas)
+	}
+	if after(h, 4*time.Minute) < 2 || after(h, 7*time.Minute) != 1 {
+		t.Fatalf("the clairvoyant with a 5-minute hold did not keep the step's count 4 minutes after it and release it by 7 (%v)", h.Series.Replicas)
+	}
+	for i := range h.Series.Replicas {
+		if h.Series.Replicas[i] < c.Series.Replicas[i] {
+			t.Fatalf("sample %d: %d replicas with the hold, %d without", i, h.Series.Replicas[i], c.Series.Replicas[i])
+		}
+	}
+	if h.GPUHours <= c.GPUHours {
+		t.Fatalf("the hold cost nothing: %.4f GPU-hours against %.4f", h.GPUHours, c.GPUHours)
 	}
 }
 
@@ -132,7 +166,8 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 		"pulse:fast":                  "one of pulse",
 		"clairvoyant:horizon=forever": `horizon "forever"`,
 		"hindsight:hold=forever":      `hold "forever"`,
-		"hindsight:horizon=5m":        `unknown key "horizon"`,
+		"clairvoyant:hold=0s":         `hold "0s"`,
+		"hindsight:horizon=5m":        `unknown key "horizon" (window, hold, utilisation)`,
 		"hindsight:utilisation=9":     `utilisation "9"`,
 	} {
 		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -90,33 +91,59 @@ type Paired struct {
 	GPUHoursStdErr float64 `json:"gpuHoursStdErr"`
 }
 
-// SweepNames names the clairvoyant pipelines of a sweep.
-func SweepNames(utilisations []float64, windows []time.Duration) []string {
+// Names names the sweep's plans: a clairvoyant one for every utilisation ×
+// window × hold (a hold of 0: none, and not named), and with Hindsight a
+// hindsight one for each too (a hold of 0: its default, the next startup).
+func (sw Sweep) Names() []string {
 	var out []string
-	for _, w := range windows {
-		for _, u := range utilisations {
-			out = append(out, fmt.Sprintf("clairvoyant:utilisation=%s,window=%s", strconv.FormatFloat(u, 'g', -1, 64), w))
+	kinds := []string{"clairvoyant"}
+	if sw.Hindsight {
+		kinds = append(kinds, "hindsight")
+	}
+	for _, k := range kinds {
+		for _, h := range durations(sw.Holds) {
+			for _, w := range durations(sw.Windows) {
+				for _, u := range sw.Utilisations {
+					name := fmt.Sprintf("%s:utilisation=%s,window=%s", k, strconv.FormatFloat(u, 'g', -1, 64), w)
+					if h > 0 {
+						name += ",hold=" + h.String()
+					}
+					out = append(out, name)
+				}
+			}
 		}
 	}
 	return out
 }
 
+// DefaultSweep is the sweep a suite runs when it names none.
+func DefaultSweep() Sweep {
+	sw := Sweep{Utilisations: DefaultUtilisations}
+	for _, w := range DefaultWindows {
+		sw.Windows = append(sw.Windows, replica.Duration{Duration: w})
+	}
+	for _, h := range DefaultHolds {
+		sw.Holds = append(sw.Holds, replica.Duration{Duration: h})
+	}
+	return sw
+}
+
 // References are the reference pipelines for so: static:1 … its
-// maxReplicaCount and the clairvoyant sweep.
-func References(so *sim.ScaledObject, utilisations []float64, windows []time.Duration) []string {
+// maxReplicaCount and the sweep's plans.
+func References(so *sim.ScaledObject, sw Sweep) []string {
 	var out []string
 	for n := int32(1); n <= so.MaxReplicas(); n++ {
 		out = append(out, fmt.Sprintf("static:%d", n))
 	}
-	return append(out, SweepNames(utilisations, windows)...)
+	return append(out, sw.Names()...)
 }
 
-func (s *Suite) sweep() []time.Duration {
-	var ws []time.Duration
-	for _, w := range s.Clairvoyant.Windows {
-		ws = append(ws, w.Duration)
+func durations(ds []replica.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Duration
 	}
-	return ws
+	return out
 }
 
 // Run runs the suite, reporting progress (one line a case) to log.
@@ -179,7 +206,7 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 		if len(s.Pipelines) > 0 {
 			pipes = append([]string(nil), s.Pipelines...)
 		}
-		pipes = append(pipes, References(so, s.Clairvoyant.Utilisations, s.sweep())...)
+		pipes = append(pipes, References(so, s.Clairvoyant)...)
 		r, err := sim.Run(sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer})
 		if err != nil {
@@ -200,7 +227,7 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 	for i := range first.Pipelines {
 		all[i] = mean(reports, i)
 	}
-	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all)
+	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all, s.Clairvoyant.Names())
 	sweep := Frontier(c.Clairvoyant, func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup })
 	c.StaticAboveSweep = []string{}
 	for _, sc := range c.Static {
@@ -213,14 +240,16 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 }
 
 // Split scores a set of mean scores against the references among them:
-// it splits them into signal pipelines, fixed fleets and the clairvoyant
-// sweep, and sets each one's distances to the frontiers.
-func Split(all []*Score) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
+// it splits them into signal pipelines (with any hindsight plan not of the
+// sweep), fixed fleets and the clairvoyant family's plans (every
+// clairvoyant one, and the sweep's hindsight ones), and sets each one's
+// distances to the frontiers.
+func Split(all []*Score, sweep []string) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
 	for _, sc := range all {
-		switch kind(sc.Pipeline) {
-		case "static":
+		switch k := kind(sc.Pipeline); {
+		case k == "static":
 			static = append(static, sc)
-		case "clairvoyant":
+		case k == "clairvoyant", k == "hindsight" && slices.Contains(sweep, sc.Pipeline):
 			clairvoyant = append(clairvoyant, sc)
 		default:
 			pipelines = append(pipelines, sc)

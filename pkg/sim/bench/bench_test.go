@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/sim/replica"
 )
 
 // miniSuite writes a small suite beside the shipped ScaledObjects and trace.
@@ -29,7 +32,7 @@ func miniSuite(t *testing.T, body string) string {
 const mini = `seeds: 2
 profiles: [llama-3.1-8b-h100]
 scaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]
-clairvoyant: {utilisations: [0.5, 0.8, 1, 1.5], windows: [30s]}
+clairvoyant: {utilisations: [0.5, 0.8, 1, 1.5], windows: [30s], holds: [0s, 10m]}
 traces:
 - name: bursty
   trace: bursts:base=1,peak=30,on=2m,off=6m,duration=30m,lengths=lognormal
@@ -63,8 +66,11 @@ func TestSuiteWritesTheScoreboard(t *testing.T) {
 		t.Fatalf("%d cases, files %v, log %q", len(sb.Cases), files, log.String())
 	}
 	for _, c := range sb.Cases {
-		if len(c.Pipelines) != 5 || len(c.Static) != 10 || len(c.Clairvoyant) != 4 {
+		if len(c.Pipelines) != 5 || len(c.Static) != 10 || len(c.Clairvoyant) != 8 {
 			t.Fatalf("%s: %d pipelines, %d static, %d clairvoyant", c.Trace, len(c.Pipelines), len(c.Static), len(c.Clairvoyant))
+		}
+		if a, b := c.Clairvoyant[0].Pipeline, c.Clairvoyant[7].Pipeline; a != "clairvoyant:utilisation=0.5,window=30s" || b != "clairvoyant:utilisation=1.5,window=30s,hold=10m0s" {
+			t.Fatalf("%s: the sweep runs %s … %s, want no hold first and the 10-minute hold last", c.Trace, a, b)
 		}
 		for _, front := range [][]Point{c.StaticFrontier, c.ClairvoyantFrontier} {
 			for i := 1; i < len(front); i++ {
@@ -120,6 +126,7 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"clairvoyant":  {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'clairvoyant:utilisation=1']\n", "added by the suite itself"},
 		"copy lengths": {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\ncopyLengths: longer\n", "copyLengths"},
 		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
+		"hold":         {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {holds: [25h]}\n", "clairvoyant.holds: 25h0m0s"},
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
 	} {
 		_, err := Read(miniSuite(t, tc.body))
@@ -164,5 +171,46 @@ func TestFrontierAndPairs(t *testing.T) {
 	m, se := meanSE([]float64{1, 2, 3, 4})
 	if m != 2.5 || se < 0.6454 || se > 0.6455 {
 		t.Errorf("mean %g, standard error %g; want 2.5 and 0.6455", m, se)
+	}
+}
+
+// TestTheSweepsHindsightPlansJoinTheFamily: with hindsight in the sweep, its
+// hindsight plans are members of the clairvoyant family (a plan that knows
+// the future may act as one that does not) and bound the pipelines; a
+// hindsight plan a suite names is a pipeline scored against the family.
+func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
+	sw := Sweep{Utilisations: []float64{1}, Windows: []replica.Duration{{Duration: 30 * time.Second}}, Holds: []replica.Duration{{}}, Hindsight: true}
+	names := sw.Names()
+	if strings.Join(names, " ") != "clairvoyant:utilisation=1,window=30s hindsight:utilisation=1,window=30s" {
+		t.Fatalf("sweep names %q", names)
+	}
+	scores := []*Score{
+		{Pipeline: "static:1", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.2},
+		{Pipeline: names[0], GPUHoursAfterWarmup: 2, SLOAfterWarmup: 0.8},
+		{Pipeline: names[1], GPUHoursAfterWarmup: 1.5, SLOAfterWarmup: 0.9},
+		{Pipeline: "hindsight:utilisation=1,window=30s,hold=1h", GPUHoursAfterWarmup: 1.6, SLOAfterWarmup: 0.85},
+		{Pipeline: "pulse", GPUHoursAfterWarmup: 1.6, SLOAfterWarmup: 0.7},
+	}
+	pipes, static, family, _, front := Split(scores, names)
+	if len(pipes) != 2 || pipes[0].Pipeline != scores[3].Pipeline || pipes[1].Pipeline != "pulse" || len(static) != 1 || len(family) != 2 {
+		t.Fatalf("split into %d pipelines, %d static, %d of the family", len(pipes), len(static), len(family))
+	}
+	if len(front) != 2 || front[1].Pipeline != names[1] {
+		t.Fatalf("family frontier %+v, want static:1 then the sweep's hindsight plan", front)
+	}
+	if d := pipes[1].ToClairvoyant; d == nil || round(*d) != round(0.7-0.9) {
+		t.Fatalf("pulse's distance to the family %v, want %.2f (to the hindsight plan)", d, 0.7-0.9)
+	}
+	// Without it in the sweep, the same plan is a pipeline, and above the
+	// clairvoyant plans.
+	pipes, _, family, _, _ = Split(scores, names[:1])
+	if len(pipes) != 3 || len(family) != 1 || pipes[0].ToClairvoyant == nil || *pipes[0].ToClairvoyant <= 0 {
+		t.Fatalf("without hindsight in the sweep: %d pipelines, %d of the family", len(pipes), len(family))
+	}
+	// A suite may not name a hindsight plan its sweep adds.
+	_, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n"+
+		"clairvoyant: {utilisations: [1], windows: [30s], hindsight: true}\npipelines: [pulse, 'hindsight:utilisation=1,window=30s']\n"))
+	if err == nil || !strings.Contains(err.Error(), "hindsight:utilisation=1,window=30s is added by the suite itself") {
+		t.Fatalf("a suite naming its sweep's hindsight plan: %v", err)
 	}
 }

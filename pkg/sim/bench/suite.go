@@ -70,16 +70,22 @@ func (tc TraceCase) scale(profile string) float64 {
 	return tc.RateScale
 }
 
-// Sweep is the clairvoyant's parameter grid.
+// Sweep is the clairvoyant family's parameter grid: a clairvoyant plan for
+// every utilisation × window × hold (0: none), and with Hindsight a
+// hindsight plan for each too (0: its default hold), as members of the
+// family rather than pipelines scored against it.
 type Sweep struct {
 	Utilisations []float64          `json:"utilisations"`
 	Windows      []replica.Duration `json:"windows"`
+	Holds        []replica.Duration `json:"holds"`
+	Hindsight    bool               `json:"hindsight"`
 }
 
 // Defaults of a suite.
 var (
 	DefaultUtilisations = []float64{0.25, 0.35, 0.5, 0.7, 0.85, 1, 1.25, 1.5, 2, 3}
 	DefaultWindows      = []time.Duration{10 * time.Second, time.Minute}
+	DefaultHolds        = []time.Duration{0}
 )
 
 // DefaultCopyJitter is how far rateScale copies spread by default.
@@ -152,6 +158,16 @@ func (s *Suite) complete() error {
 			s.Clairvoyant.Windows = append(s.Clairvoyant.Windows, replica.Duration{Duration: d})
 		}
 	}
+	if len(s.Clairvoyant.Holds) == 0 {
+		for _, d := range DefaultHolds {
+			s.Clairvoyant.Holds = append(s.Clairvoyant.Holds, replica.Duration{Duration: d})
+		}
+	}
+	for _, h := range s.Clairvoyant.Holds {
+		if h.Duration != 0 && (h.Duration < time.Second || h.Duration > 24*time.Hour) {
+			errs = append(errs, fmt.Errorf("clairvoyant.holds: %s: 0 (none), or from 1s to 24h", h.Duration))
+		}
+	}
 	if s.TTFTSLO.Duration == 0 {
 		s.TTFTSLO.Duration = 2 * time.Second
 	}
@@ -167,8 +183,9 @@ func (s *Suite) complete() error {
 	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
 		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
 	}
+	sweep := s.Clairvoyant.Names()
 	for _, p := range s.Pipelines {
-		if k, ref := sim.Reference(p); ref && k != "hindsight" {
+		if k, ref := sim.Reference(p); ref && k != "hindsight" || slices.Contains(sweep, p) {
 			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
 		}
 	}

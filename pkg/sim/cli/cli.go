@@ -67,7 +67,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its first external-push trigger, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
 	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", ")+
-		", static:N (N warm replicas all run long), clairvoyant[:utilisation=U,window=D,horizon=D] (perfect foresight), hindsight[:utilisation=U,window=D,hold=D] (perfect measurement, no foresight); default: every one of the first five that can express the trigger")
+		", static:N (N warm replicas all run long), clairvoyant[:utilisation=U,window=D,horizon=D,hold=D] (perfect foresight), hindsight[:utilisation=U,window=D,hold=D] (perfect measurement, no foresight); default: every one of the first five that can express the trigger")
 	fs.StringVar(&o.Out, "out", o.Out, "directory for report.json and the pictures")
 	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "replay the trace at this multiple of its rate, over the same time (each request copied; see --copy-jitter and --copy-lengths)")
 	fs.DurationVar(&o.CopyJitter, "copy-jitter", o.CopyJitter, "--rate-scale's copies fall uniformly within ± half this of their original (1s with --copy-lengths same: pulse-sim's first, lockstep copies, each within a second after its original)")
@@ -179,7 +179,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 				return sim.Config{}, err
 			}
 		}
-		c.Pipelines = append(c.Pipelines, bench.References(so, bench.DefaultUtilisations, bench.DefaultWindows)...)
+		c.Pipelines = append(c.Pipelines, bench.References(so, bench.DefaultSweep())...)
 	}
 	return c, nil
 }
@@ -288,7 +288,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	for i := range reports[0].Pipelines {
 		scores = append(scores, bench.Mean(reports, i))
 	}
-	signal, _, _, staticFront, clairFront := bench.Split(scores)
+	signal, _, _, staticFront, clairFront := bench.Split(scores, nil)
 	if o.References {
 		f := filepath.Join(o.Out, "frontier."+o.Format)
 		c := reports[0].Config
