@@ -9,7 +9,7 @@
 # then compares each pipeline's Δ clairvoyant with the committed
 # scoreboard's (the same seeds reproduce it to the digit). Scoreboards go
 # to OUT/holds/SUITE and OUT/hindsight/SUITE (OUT: the first argument, or
-# /tmp/pulse-sim-families); SUITES narrows the suites. About 80 minutes on
+# /tmp/pulse-sim-families); SUITES narrows the suites. About 45 minutes on
 # 2 cores. Run from the repository root after `make build`; needs python3.
 set -euo pipefail
 out=${1:-/tmp/pulse-sim-families}
@@ -23,7 +23,8 @@ for suite in $suites; do
       family == "holds" && /^scaledObjects:/ { print; print "- default-scaledobject.yaml"; skip = 1; next }
       skip && /^(- |#)/ { next }
       { skip = 0; print }' "docs/simulation/$suite.yaml" > "$tmp"
-    echo "$family $suite: $(bin/pulse-sim bench --suite "$tmp" --out "$out/$family/$suite" | tail -1 | cut -d";" -f1)"
+    res=$(bin/pulse-sim bench --suite "$tmp" --out "$out/$family/$suite" | tail -1) # fails the script if the bench fails
+    echo "$family $suite: ${res%%;*}"
     rm -f "$tmp"
   done
 done
@@ -33,7 +34,7 @@ out, suites = sys.argv[1], sys.argv[2:]
 def cases(path):
     return {(c['trace'], c['profile'], c['scaledObject']): c for c in json.load(open(path))['cases']}
 for family in ('holds', 'hindsight'):
-    n = moved = above_before = above_after = points = wider = 0
+    n = moved = above_before = above_after = points = wider = planner_before = planner_after = 0
     planner_moved = 0.0
     for suite in suites:
         before = cases(f"docs/simulation/{'bench' if suite == 'suite' else suite}/scoreboard.json")
@@ -50,9 +51,12 @@ for family in ('holds', 'hindsight'):
                 above_after += b > 1e-9
                 if s['pipeline'] == 'pulse' and key[2] == 'default-scaledobject.yaml':
                     planner_moved = max(planner_moved, abs(a - b))
+                    planner_before += a > 1e-9
+                    planner_after += b > 1e-9
                 if abs(a - b) > 0.0005:
                     moved += 1
                     print(f"{family}: {suite}: {key[0]} · {key[1]} · {key[2]}: {s['pipeline']}: Δ clairvoyant {100*a:+.2f} → {100*b:+.2f}")
     print(f"{family}: {wider} of {points} frontier points are the wider family's; {moved} of {n} pipeline scores move by more than 0.05 points "
-          f"(the planner's by at most {100*planner_moved:.2f}); above the frontier {above_before} → {above_after}")
+          f"(the planner's by at most {100*planner_moved:.2f}); above the frontier {above_before} → {above_after} "
+          f"(the planner {planner_before} → {planner_after})")
 EOF

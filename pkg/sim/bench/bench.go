@@ -92,16 +92,21 @@ type Paired struct {
 }
 
 // Names names the sweep's plans: a clairvoyant one for every utilisation ×
-// window × hold (a hold of 0: none, and not named), and with Hindsight a
-// hindsight one for each too (a hold of 0: its default, the next startup).
+// window × hold (a hold of 0: none, and not named; no holds: DefaultHolds),
+// and with Hindsight a hindsight one for each too (a hold of 0: its
+// default, the next startup).
 func (sw Sweep) Names() []string {
 	var out []string
 	kinds := []string{"clairvoyant"}
 	if sw.Hindsight {
 		kinds = append(kinds, "hindsight")
 	}
+	holds := durations(sw.Holds)
+	if len(holds) == 0 {
+		holds = DefaultHolds
+	}
 	for _, k := range kinds {
-		for _, h := range durations(sw.Holds) {
+		for _, h := range holds {
 			for _, w := range durations(sw.Windows) {
 				for _, u := range sw.Utilisations {
 					name := fmt.Sprintf("%s:utilisation=%s,window=%s", k, strconv.FormatFloat(u, 'g', -1, 64), w)

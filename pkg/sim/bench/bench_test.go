@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,7 +180,7 @@ func TestFrontierAndPairs(t *testing.T) {
 // the future may act as one that does not) and bound the pipelines; a
 // hindsight plan a suite names is a pipeline scored against the family.
 func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
-	sw := Sweep{Utilisations: []float64{1}, Windows: []replica.Duration{{Duration: 30 * time.Second}}, Holds: []replica.Duration{{}}, Hindsight: true}
+	sw := Sweep{Utilisations: []float64{1}, Windows: []replica.Duration{{Duration: 30 * time.Second}}, Hindsight: true} // no holds: none
 	names := sw.Names()
 	if strings.Join(names, " ") != "clairvoyant:utilisation=1,window=30s hindsight:utilisation=1,window=30s" {
 		t.Fatalf("sweep names %q", names)
@@ -207,8 +208,29 @@ func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
 	if len(pipes) != 3 || len(family) != 1 || pipes[0].ToClairvoyant == nil || *pipes[0].ToClairvoyant <= 0 {
 		t.Fatalf("without hindsight in the sweep: %d pipelines, %d of the family", len(pipes), len(family))
 	}
+	// A suite run: the sweep's hindsight plans are scored in the family,
+	// not as pipelines; a suite that names no holds runs one plan a
+	// utilisation × window.
+	f := miniSuite(t, "seeds: 1\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml]\n"+
+		"clairvoyant: {utilisations: [1], windows: [30s], hindsight: true}\ntraces: [{trace: 'steps:rates=2/20/2,step=8m'}]\n")
+	s, err := Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, err := s.Run("family", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sb.Cases[0]
+	var got []string
+	for _, sc := range c.Clairvoyant {
+		got = append(got, sc.Pipeline)
+	}
+	if strings.Join(got, " ") != strings.Join(names, " ") || len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "pulse" {
+		t.Fatalf("the suite's family %q and pipelines %d, want %q and pulse alone", got, len(c.Pipelines), names)
+	}
 	// A suite may not name a hindsight plan its sweep adds.
-	_, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n"+
+	_, err = Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n"+
 		"clairvoyant: {utilisations: [1], windows: [30s], hindsight: true}\npipelines: [pulse, 'hindsight:utilisation=1,window=30s']\n"))
 	if err == nil || !strings.Contains(err.Error(), "hindsight:utilisation=1,window=30s is added by the suite itself") {
 		t.Fatalf("a suite naming its sweep's hindsight plan: %v", err)
