@@ -101,18 +101,29 @@ type clairvoyant struct {
 }
 
 func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
-	c := &clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}
-	d, err := planArgs(name, args, &c.util, "window", "horizon", "hold")
+	c, d, err := newPlan(name, args, cfg, "window", "horizon", "hold")
 	if err != nil {
 		return nil, err
+	}
+	c.horizon, c.hold = d["horizon"], d["hold"]
+	return &c, nil
+}
+
+// newPlan is the part clairvoyant and hindsight share: the defaults, the
+// window and utilisation parsed, the ScaledObject's bounds; it returns the
+// other durations parsed for the caller to place.
+func newPlan(name, args string, cfg *Config, durations ...string) (clairvoyant, map[string]time.Duration, error) {
+	c := clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}
+	d, err := planArgs(name, args, &c.util, durations...)
+	if err != nil {
+		return c, nil, err
 	}
 	if w, ok := d["window"]; ok {
 		c.window = w
 	}
-	c.horizon, c.hold = d["horizon"], d["hold"]
 	so := cfg.ScaledObject
 	c.lo, c.hi = so.MinReplicas(), so.MaxReplicas()
-	return c, nil
+	return c, d, nil
 }
 
 // planArgs parses a planned pipeline's key=value list: the durations named
@@ -235,18 +246,12 @@ func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
 type hindsight struct{ clairvoyant }
 
 func newHindsight(name, args string, cfg *Config) (Pipeline, error) {
-	h := &hindsight{clairvoyant{window: DefaultClairvoyantWindow, util: DefaultClairvoyantUtilisation}}
-	d, err := planArgs(name, args, &h.util, "window", "hold")
+	c, d, err := newPlan(name, args, cfg, "window", "hold")
 	if err != nil {
 		return nil, err
 	}
-	if w, ok := d["window"]; ok {
-		h.window = w
-	}
-	h.horizon = d["hold"] // its hold looks back as the clairvoyant's horizon looks ahead
-	so := cfg.ScaledObject
-	h.lo, h.hi = so.MinReplicas(), so.MaxReplicas()
-	return h, nil
+	c.horizon = d["hold"] // its hold looks back as the clairvoyant's horizon looks ahead
+	return &hindsight{c}, nil
 }
 
 // Attach turns the trace into the replicas each second needed.

@@ -122,6 +122,36 @@ func (s *Suite) complete() error {
 	if len(s.Traces) == 0 || len(s.Profiles) == 0 || len(s.ScaledObjects) == 0 {
 		errs = append(errs, errors.New("traces, profiles and scaledObjects each need at least one entry"))
 	}
+	errs = append(errs, s.completeTraces()...)
+	errs = append(errs, s.Clairvoyant.complete()...)
+	if s.TTFTSLO.Duration == 0 {
+		s.TTFTSLO.Duration = 2 * time.Second
+	}
+	if s.Warmup.Duration == 0 {
+		s.Warmup.Duration = sim.DefaultWarmup
+	}
+	if s.CopyJitter.Duration == 0 {
+		s.CopyJitter.Duration = DefaultCopyJitter
+	}
+	if s.CopyLengths == "" {
+		s.CopyLengths = "resample"
+	}
+	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
+		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
+	}
+	sweep := s.Clairvoyant.Names()
+	for _, p := range s.Pipelines {
+		if k, ref := sim.Reference(p); ref && k != "hindsight" || slices.Contains(sweep, p) {
+			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// completeTraces names each trace and sets its rate scale where the suite
+// left them, and checks them.
+func (s *Suite) completeTraces() []error {
+	var errs []error
 	names := map[string]bool{}
 	for i := range s.Traces {
 		tc := &s.Traces[i]
@@ -150,46 +180,29 @@ func (s *Suite) complete() error {
 			}
 		}
 	}
-	if len(s.Clairvoyant.Utilisations) == 0 {
-		s.Clairvoyant.Utilisations = DefaultUtilisations
+	return errs
+}
+
+// complete fills what the sweep left out with DefaultSweep's, and checks
+// its holds.
+func (sw *Sweep) complete() []error {
+	def := DefaultSweep()
+	if len(sw.Utilisations) == 0 {
+		sw.Utilisations = def.Utilisations
 	}
-	if len(s.Clairvoyant.Windows) == 0 {
-		for _, d := range DefaultWindows {
-			s.Clairvoyant.Windows = append(s.Clairvoyant.Windows, replica.Duration{Duration: d})
-		}
+	if len(sw.Windows) == 0 {
+		sw.Windows = def.Windows
 	}
-	if len(s.Clairvoyant.Holds) == 0 {
-		for _, d := range DefaultHolds {
-			s.Clairvoyant.Holds = append(s.Clairvoyant.Holds, replica.Duration{Duration: d})
-		}
+	if len(sw.Holds) == 0 {
+		sw.Holds = def.Holds
 	}
-	for _, h := range s.Clairvoyant.Holds {
+	var errs []error
+	for _, h := range sw.Holds {
 		if h.Duration != 0 && (h.Duration < time.Second || h.Duration > 24*time.Hour) {
 			errs = append(errs, fmt.Errorf("clairvoyant.holds: %s: 0 (none), or from 1s to 24h", h.Duration))
 		}
 	}
-	if s.TTFTSLO.Duration == 0 {
-		s.TTFTSLO.Duration = 2 * time.Second
-	}
-	if s.Warmup.Duration == 0 {
-		s.Warmup.Duration = sim.DefaultWarmup
-	}
-	if s.CopyJitter.Duration == 0 {
-		s.CopyJitter.Duration = DefaultCopyJitter
-	}
-	if s.CopyLengths == "" {
-		s.CopyLengths = "resample"
-	}
-	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
-		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
-	}
-	sweep := s.Clairvoyant.Names()
-	for _, p := range s.Pipelines {
-		if k, ref := sim.Reference(p); ref && k != "hindsight" || slices.Contains(sweep, p) {
-			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
-		}
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // Run is one trace × profile of a suite, as pulse-sim run's settings: the
