@@ -247,10 +247,14 @@ func (m Def) Latest(series []Sample) (float64, bool) {
 // a counter goes down (the server restarted), the value before the reset is
 // added to every later value, as Prometheus' rate() does.
 type Monotonic struct {
-	last Values
+	// last: each counter's last raw value, by ID.CounterIndex (a store
+	// holds one a pod: counters only); bit i of seen is set once counter i
+	// has one.
+	last [NumCounters]float64
+	seen uint16
 	// offset and hist are allocated at the first reset and the first
 	// histogram: most pods never need them, and a store holds thousands.
-	offset *[NumIDs]float64
+	offset *[NumCounters]float64
 	rebase bool
 	hist   *[NumHists]histMono
 }
@@ -290,11 +294,12 @@ func (m *Monotonic) Adjust(v *Values) {
 	rebase := m.rebase
 	m.rebase = false
 	for id := ID(1); id < NumIDs; id++ {
-		if id.Kind() != Counter || !v.Has(id) {
+		c := id.CounterIndex()
+		if c < 0 || !v.Has(id) {
 			continue
 		}
 		raw := v.V[id]
-		last, ok := m.last.Get(id)
+		last, ok := m.last[c], m.seen&(1<<c) != 0
 		var step float64
 		switch {
 		case ok && rebase:
@@ -303,12 +308,12 @@ func (m *Monotonic) Adjust(v *Values) {
 			step = last
 		}
 		if step != 0 && m.offset == nil {
-			m.offset = new([NumIDs]float64)
+			m.offset = new([NumCounters]float64)
 		}
-		m.last.Set(id, raw)
+		m.last[c], m.seen = raw, m.seen|1<<c
 		if m.offset != nil {
-			m.offset[id] += step
-			v.V[id] = raw + m.offset[id]
+			m.offset[c] += step
+			v.V[id] = raw + m.offset[c]
 		}
 	}
 }

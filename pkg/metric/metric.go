@@ -82,6 +82,34 @@ var raws = [NumIDs]rawInfo{
 	ArrivedRequests:  {"arrivedRequests", Counter, 0},
 }
 
+// NumCounters is how many raw values are counters (Kind Counter).
+const NumCounters = 15
+
+// counterIndex numbers the counters 0 … NumCounters-1 in id order, so that
+// state kept for counters only is an array of NumCounters; -1 for the rest.
+var counterIndex = func() (ix [NumIDs]int8) {
+	n := int8(0)
+	for id := range ix {
+		ix[id] = -1
+		if raws[id].kind == Counter {
+			ix[id], n = n, n+1
+		}
+	}
+	if n != NumCounters {
+		panic("metric: NumCounters is not the number of counters")
+	}
+	return ix
+}()
+
+// CounterIndex is id's place among the counters (0 … NumCounters-1), or -1
+// when id is not a counter.
+func (id ID) CounterIndex() int {
+	if id >= NumIDs {
+		return -1
+	}
+	return int(counterIndex[id])
+}
+
 // Valid reports whether id names a raw value.
 func (id ID) Valid() bool { return id > 0 && id < NumIDs }
 

@@ -77,6 +77,58 @@ func TestMonotonicSurvivesAReset(t *testing.T) {
 	}
 }
 
+// TestCounterIndexNumbersTheCounters: every counter has its own place in
+// 0 … NumCounters-1, and nothing else has one.
+func TestCounterIndexNumbersTheCounters(t *testing.T) {
+	seen := map[int]ID{}
+	for id := ID(0); id <= NumIDs; id++ {
+		c := id.CounterIndex()
+		if !id.Valid() || id.Kind() != Counter {
+			if c != -1 {
+				t.Errorf("%s (%d) is not a counter but has index %d", id.Name(), id, c)
+			}
+			continue
+		}
+		if c < 0 || c >= NumCounters {
+			t.Errorf("counter %s has index %d, outside 0 … %d", id.Name(), c, NumCounters-1)
+		}
+		if other, dup := seen[c]; dup {
+			t.Errorf("counters %s and %s share index %d", other.Name(), id.Name(), c)
+		}
+		seen[c] = id
+	}
+	if len(seen) != NumCounters {
+		t.Errorf("%d counters indexed, want NumCounters = %d", len(seen), NumCounters)
+	}
+}
+
+// TestMonotonicKeepsEachCounterApart: counters that appear at different
+// times, and reset apart, are each continued from their own last value.
+func TestMonotonicKeepsEachCounterApart(t *testing.T) {
+	var m Monotonic
+	steps := []map[ID]float64{
+		{PromptTokens: 100},
+		{PromptTokens: 150, ArrivedRequests: 7}, // the last counter first appears
+		{PromptTokens: 160, ArrivedRequests: 2}, // it resets alone
+		{PromptTokens: 10, ArrivedRequests: 5},  // then the first one does
+	}
+	want := []map[ID]float64{
+		{PromptTokens: 100},
+		{PromptTokens: 150, ArrivedRequests: 7},
+		{PromptTokens: 160, ArrivedRequests: 9},
+		{PromptTokens: 170, ArrivedRequests: 12},
+	}
+	for i, v := range steps {
+		s := sample(int64(i)*1000, v)
+		m.Adjust(&s.Values)
+		for id, w := range want[i] {
+			if got := s.V[id]; got != w {
+				t.Errorf("step %d: %s = %v, want %v", i, id.Name(), got, w)
+			}
+		}
+	}
+}
+
 func TestQuantize(t *testing.T) {
 	if got := Quantize(TTFTSum, 1.23456); got != 1.235 {
 		t.Fatalf("ttftSum = %v", got)

@@ -127,8 +127,8 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	case !p.Ready:
 		l.State = PodStarting
 		return l
-	case p.missing != "":
-		l.State, l.Reason = PodMissing, p.missing
+	case p.get().missing != "":
+		l.State, l.Reason = PodMissing, p.get().missing
 		return l
 	case p.lastSeen.IsZero():
 		l.State, l.Reason = PodMissing, "no sample yet"

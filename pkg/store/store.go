@@ -137,24 +137,14 @@ type source struct {
 
 type pod struct {
 	PodInfo
-	sources    []string // the nodes whose agents list it (almost always one)
-	instance   string   // the agent process whose counters the series carries
-	extraNames []string
+	sources  []string // the nodes whose agents list it (almost always one)
+	instance string   // the agent process whose counters the series carries
 
-	series   series      // oldest first; counters monotonic
-	extras   [][]float64 // parallel to series
+	series   series // oldest first; counters monotonic
 	mono     metric.Monotonic
 	lastSeen time.Time // aggregator clock of the last successful sample
-	missing  string
-	errText  string
-	// capCutMs is the time of the newest sample dropped because MaxSamples
-	// was reached (not because it aged out): a window reaching back past it
-	// is cut short.
-	capCutMs int64
-	// rejected: the values refused from the pod's last sample (empty when
-	// none was); shown, so that a pod whose samples are refused does not
-	// look well with its older values.
-	rejected string
+	// rare: what few pods have, nil until one is set.
+	rare *podRare
 	// listedAt is when the pod was first listed, not ready (zero when it
 	// was ready at its first listing: its start was not seen); readyAt is
 	// when it was first listed ready. Their difference is its startup
@@ -162,6 +152,46 @@ type pod struct {
 	listedAt, readyAt time.Time
 	// trimCheck counts appends since trim last looked for expired samples.
 	trimCheck int
+}
+
+// podRare is the part of a pod's state that few pods have: apart, so that
+// the many without it do not each carry its room (a store holds tens of
+// thousands of pods).
+type podRare struct {
+	// extraNames: the extra gauges its agent forwards (--extra-metric);
+	// extras: their values, parallel to the series, nil until the pod
+	// forwards any.
+	extraNames []string
+	extras     [][]float64
+	// missing and errText: why its last report had no sample.
+	missing, errText string
+	// rejected: the values refused from the pod's last sample (empty when
+	// none was); shown, so that a pod whose samples are refused does not
+	// look well with its older values.
+	rejected string
+	// capCutMs is the time of the newest sample dropped because MaxSamples
+	// was reached (not because it aged out): a window reaching back past it
+	// is cut short.
+	capCutMs int64
+}
+
+// none is what a pod without rare state reads.
+var none podRare
+
+// get is p's rare state to read (never nil).
+func (p *pod) get() *podRare {
+	if p.rare == nil {
+		return &none
+	}
+	return p.rare
+}
+
+// set is p's rare state to write (allocated at the first write).
+func (p *pod) set() *podRare {
+	if p.rare == nil {
+		p.rare = new(podRare)
+	}
+	return p.rare
 }
 
 // New returns an empty store.
@@ -430,7 +460,9 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 			p.mono.Rebase()
 		}
 		p.instance = src.Instance
-		p.extraNames = src.ExtraNames
+		if len(src.ExtraNames) > 0 || p.rare != nil {
+			p.set().extraNames = src.ExtraNames
+		}
 		s.link(p)
 		s.notify(p)
 	}
@@ -543,7 +575,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue
 		}
 		if r.Missing != "" {
-			p.missing, p.errText = r.Missing, r.Error
+			p.set().missing, p.set().errText = r.Missing, r.Error
 			s.notify(p)
 			continue
 		}
@@ -560,16 +592,21 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			smp.Hist = carryHist(smp.Hist, p.series.lastHist)
 		}
 		p.series.add(smp)
-		if r.Extra != nil || p.extras != nil {
+		if r.Extra != nil || p.get().extras != nil {
 			// extras stays nil until a pod forwards any; then it runs
 			// parallel to series.
-			for len(p.extras) < p.series.len()-1 {
-				p.extras = append(p.extras, nil)
+			rr := p.set()
+			for len(rr.extras) < p.series.len()-1 {
+				rr.extras = append(rr.extras, nil)
 			}
-			p.extras = append(p.extras, r.Extra)
+			rr.extras = append(rr.extras, r.Extra)
 		}
 		p.trim(s.opts)
-		p.lastSeen, p.missing, p.errText, p.rejected = now, "", "", r.Rejected
+		p.lastSeen = now
+		if r.Rejected != "" || p.rare != nil {
+			rr := p.set()
+			rr.missing, rr.errText, rr.rejected = "", "", r.Rejected
+		}
 		s.notify(p)
 	}
 	return dropped
@@ -615,15 +652,15 @@ func (p *pod) trim(o Options) {
 		cut-- // keep the sample just before the retention
 	}
 	if over := n - o.MaxSamples; over > cut {
-		p.capCutMs = all[over-1].TimeMs
+		p.set().capCutMs = all[over-1].TimeMs
 		cut = over
 	}
 	if cut == 0 {
 		return
 	}
 	p.series.drop(cut)
-	if len(p.extras) >= cut {
-		p.extras = append(p.extras[:0], p.extras[cut:]...)
+	if rr := p.rare; rr != nil && len(rr.extras) >= cut {
+		rr.extras = append(rr.extras[:0], rr.extras[cut:]...)
 	}
 }
 
@@ -674,7 +711,7 @@ func (s *Store) ExtraNames() (names []string, pods int) {
 	defer s.mu.RUnlock()
 	seen := map[string]bool{}
 	for _, p := range s.pods {
-		for _, n := range p.extraNames {
+		for _, n := range p.get().extraNames {
 			if !seen[n] {
 				seen[n] = true
 				names = append(names, n)

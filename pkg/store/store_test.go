@@ -79,6 +79,45 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	}
 }
 
+// TestAPodsRareStateComesAndGoes: what few pods have (a missing report, a
+// refused value, forwarded gauges) is kept apart from the pod, and a clean
+// sample, or a listing without extra gauges, clears it as before.
+func TestAPodsRareStateComesAndGoes(t *testing.T) {
+	now := time.Unix(100, 0)
+	s := New(Options{Now: func() time.Time { return now }})
+	info := []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}
+	s.Upsert(Source{Node: "n"}, info, true)
+	s.Add([]Report{report("a", 1000, 2)})
+	if p := s.peek("a"); p.rare != nil {
+		t.Fatalf("a pod with nothing rare holds rare state: %+v", p.rare)
+	}
+	s.Add([]Report{{UID: "a", Sample: Sample{TimeMs: 2000, Missing: "timeout", Error: "scrape timed out"}}})
+	if p := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0]; p.Missing != "timeout" || p.Error != "scrape timed out" || p.Fresh {
+		t.Fatalf("after a missing report: %+v", p)
+	}
+	bad := report("a", 3000, 3)
+	bad.Rejected = "negative running"
+	s.Add([]Report{bad})
+	if p := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0]; p.Missing != "" || p.Error != "" || p.Rejected != "negative running" || !p.Fresh {
+		t.Fatalf("after a sample with a refused value: %+v", p)
+	}
+	s.Add([]Report{report("a", 4000, 4)})
+	if p := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0]; p.Rejected != "" {
+		t.Fatalf("a clean sample left the refusal shown: %+v", p)
+	}
+	s.Upsert(Source{Node: "n", ExtraNames: []string{"queue_depth"}}, info, true)
+	x := report("a", 5000, 5)
+	x.Extra = []float64{7}
+	s.Add([]Report{x})
+	if got := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0].Values["queue_depth"]; got != 7 {
+		t.Fatalf("forwarded gauge = %v, want 7", got)
+	}
+	s.Upsert(Source{Node: "n"}, info, true)
+	if _, ok := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0].Values["queue_depth"]; ok {
+		t.Fatal("a listing without extra gauges left the pod's forwarded gauge shown")
+	}
+}
+
 func TestMissingAndFreshness(t *testing.T) {
 	now := time.Unix(100, 0)
 	s := New(Options{Now: func() time.Time { return now }})

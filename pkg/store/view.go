@@ -105,8 +105,8 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 }
 
 func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
-	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.missing, Error: p.errText,
-		Rejected: p.rejected, Values: map[string]float64{}}
+	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.get().missing, Error: p.get().errText,
+		Rejected: p.get().rejected, Values: map[string]float64{}}
 	if p.Demand {
 		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
 			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(sc.samples(p, 1<<id)); ok {
@@ -117,14 +117,14 @@ func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
 	}
 	if !p.lastSeen.IsZero() {
 		pv.Age = now.Sub(p.lastSeen)
-		pv.Fresh = pv.Age <= o.FreshFor && p.missing == ""
+		pv.Fresh = pv.Age <= o.FreshFor && p.get().missing == ""
 	}
 	for _, m := range metric.Canonical {
 		if v, ok := p.value(sc, m, o.Window); ok {
 			pv.Values[m.Name] = v
 		}
 	}
-	for i, name := range p.extraNames {
+	for i, name := range p.get().extraNames {
 		if v, ok := p.extra(sc, i, o.Window); ok {
 			pv.Values[name] = v
 		}
@@ -151,9 +151,10 @@ func (p *pod) extra(sc *scratch, i int, window time.Duration) (float64, bool) {
 	}
 	var sum float64
 	cnt := 0
-	for j := max(from, 0); j < n && j < len(p.extras); j++ {
-		if i < len(p.extras[j]) && !math.IsNaN(p.extras[j][i]) {
-			sum += p.extras[j][i]
+	extras := p.get().extras
+	for j := max(from, 0); j < n && j < len(extras); j++ {
+		if i < len(extras[j]) && !math.IsNaN(extras[j][i]) {
+			sum += extras[j][i]
 			cnt++
 		}
 	}
@@ -304,8 +305,8 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			pv.State, pv.Ready = PodTerminating, p.Ready
 		case !p.Ready:
 			pv.State = PodStarting
-		case p.missing != "":
-			pv.State, pv.Reason = PodMissing, p.missing
+		case p.get().missing != "":
+			pv.State, pv.Reason = PodMissing, p.get().missing
 		case p.lastSeen.IsZero():
 			pv.State, pv.Reason = PodMissing, "no sample yet"
 		case now.Sub(p.lastSeen) > freshFor:
@@ -318,7 +319,7 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			case isCanon:
 				pv.Value, defined = p.value(sc, canon, window)
 			default:
-				if i := indexOf(p.extraNames, name); i >= 0 {
+				if i := indexOf(p.get().extraNames, name); i >= 0 {
 					pv.Value, defined = p.extra(sc, i, window)
 				}
 			}
@@ -369,7 +370,7 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 		if !p.Demand || s.expired(p, now) {
 			continue
 		}
-		if p.lastSeen.IsZero() || p.missing != "" || now.Sub(p.lastSeen) > freshFor {
+		if p.lastSeen.IsZero() || p.get().missing != "" || now.Sub(p.lastSeen) > freshFor {
 			d.Stale++
 			continue
 		}
@@ -391,11 +392,12 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 // checkSpan marks pv truncated when samples of the window were dropped by
 // the MaxSamples cap.
 func (p *pod) checkSpan(sc *scratch, pv *PodValue, window time.Duration) {
-	if window <= 0 || p.capCutMs == 0 || p.series.len() == 0 {
+	capCutMs := p.get().capCutMs
+	if window <= 0 || capCutMs == 0 || p.series.len() == 0 {
 		return
 	}
 	last := p.series.lastMs
-	if p.capCutMs > last-window.Milliseconds() {
+	if capCutMs > last-window.Milliseconds() {
 		pv.Truncated = true
 		pv.SpanMs = last - sc.samples(p, 0)[0].TimeMs
 	}

@@ -31,7 +31,7 @@ type podState struct {
 	idx     int    // its sample's index in that call's output
 	present uint64
 	last    [metric.NumIDs]int64
-	delta   [metric.NumIDs]int64 // last increase, counters only
+	delta   [metric.NumCounters]int64 // last increase, by metric.ID.CounterIndex
 	// hist is allocated at the pod's first histogram: a decoder holds
 	// thousands of pods, most without.
 	hist *[metric.NumHists]histState
@@ -53,14 +53,16 @@ type histState struct {
 
 // predict is the value both ends expect for id.
 func (s *podState) predict(id metric.ID) int64 {
-	if id.Kind() == metric.Counter {
-		return s.last[id] + s.delta[id]
+	if c := id.CounterIndex(); c >= 0 {
+		return s.last[id] + s.delta[c]
 	}
 	return s.last[id]
 }
 
 func (s *podState) record(id metric.ID, n int64) {
-	s.delta[id] = n - s.last[id]
+	if c := id.CounterIndex(); c >= 0 {
+		s.delta[c] = n - s.last[id]
+	}
 	s.last[id] = n
 }
 
