@@ -34,6 +34,7 @@ type aggregatorProc struct {
 	starts                   int
 	http                     *http.Client
 	cpus                     []int // the CPUs it runs on (--pin); nil: any
+	env                      []string
 }
 
 func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, error) {
@@ -55,6 +56,12 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
 		"--pod-expiry", o.podExpiry.String()}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
+	// The environment's (its GOGC included), and --memory-limit as the
+	// chart sets it: of a name given twice, exec uses the last.
+	p.env = os.Environ()
+	if o.memoryLimit > 0 {
+		p.env = append(p.env, "GOMEMLIMIT="+strconv.FormatInt(o.memoryLimit, 10))
+	}
 	return p, nil
 }
 
@@ -74,7 +81,7 @@ func (p *aggregatorProc) Start(ctx context.Context) error {
 		// it makes stays on these CPUs.
 		cmd = exec.Command("taskset", append([]string{"-c", cpuList(p.cpus), p.bin}, p.args...)...)
 	}
-	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Stdout, cmd.Stderr, cmd.Env = f, f, p.env
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
 		p.mu.Unlock()

@@ -211,6 +211,9 @@ type result struct {
 	HarnessCPUs    string `json:"harnessCpus,omitempty"`
 	// HarnessGOGC: the harness's own GC percent (--harness-gogc).
 	HarnessGOGC int `json:"harnessGogc"`
+	// AggregatorMemoryLimitBytes: the aggregator's GOMEMLIMIT
+	// (--memory-limit); 0: none.
+	AggregatorMemoryLimitBytes int64 `json:"aggregatorMemoryLimitBytes"`
 	// AggregatorCPUSecondsPerMillionSamples: the aggregator's CPU time per
 	// million pod samples received (everything it did meanwhile included).
 	AggregatorCPUSecondsPerMillionSamples float64          `json:"aggregatorCpuSecondsPerMillionSamples"`
@@ -526,7 +529,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC}
+		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
 		res.HeapLiveBytesPerPod = res.HeapLiveBytes / float64(res.Pods)

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,4 +231,57 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("%d round trips kept from a wrong echo", len(rtts))
 		}
 	})
+}
+
+// TestMemoryLimitIsTheChartsGOMEMLIMIT: --memory-limit takes a Kubernetes
+// quantity, as resources.limits.memory does, and the aggregator gets it in
+// bytes as GOMEMLIMIT, over any the environment sets; a bad size is refused.
+func TestMemoryLimitIsTheChartsGOMEMLIMIT(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "64MiB")
+	for _, c := range []struct {
+		arg  string
+		want int64
+	}{{"1G", 1_000_000_000}, {"1Gi", 1 << 30}, {"512Mi", 512 << 20}} {
+		o := defaultOptions()
+		fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+		o.addFlags(fs)
+		if err := fs.Parse([]string{"--memory-limit", c.arg}); err != nil {
+			t.Fatalf("--memory-limit %s: %v", c.arg, err)
+		}
+		if o.memoryLimit != c.want {
+			t.Errorf("--memory-limit %s = %d bytes, want %d", c.arg, o.memoryLimit, c.want)
+		}
+		p, err := newAggregator(o, t.TempDir(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("true")
+		cmd.Env = p.env
+		var got string
+		for _, kv := range cmd.Environ() {
+			if v, ok := strings.CutPrefix(kv, "GOMEMLIMIT="); ok {
+				got = v
+			}
+		}
+		if want := strconv.FormatInt(c.want, 10); got != want {
+			t.Errorf("--memory-limit %s: the aggregator's GOMEMLIMIT is %q, want %q", c.arg, got, want)
+		}
+	}
+	o := defaultOptions()
+	p, err := newAggregator(o, t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(p.env, "GOMEMLIMIT=64MiB") {
+		t.Error("without --memory-limit the aggregator does not get the environment's GOMEMLIMIT")
+	}
+	for _, bad := range []string{"abc", "0", "-1G"} {
+		o := defaultOptions()
+		fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.addFlags(fs)
+		if err := fs.Parse([]string{"--memory-limit", bad}); err == nil {
+			t.Errorf("--memory-limit %s was accepted (%d bytes)", bad, o.memoryLimit)
+		}
+	}
 }

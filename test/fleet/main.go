@@ -28,6 +28,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func main() {
@@ -57,22 +59,25 @@ func main() {
 // options are the harness's flags.
 type options struct {
 	bin, workdir, aggregatorArgs string
-	agents, podsPerAgent         int
-	podsPerWorkload              int
-	scaledObjects, probes        int
-	kedaConns                    int
-	harnessGOGC                  int
-	echoEvery                    time.Duration
-	interval, settle, duration   time.Duration
-	churn                        float64
-	loadTime                     time.Duration
-	podExpiry                    time.Duration
-	soakEvery                    time.Duration
-	faults                       []string
-	partitionAgents              int
-	maxPodsFlag                  int
-	pin                          string
-	verbose                      bool
+	// memoryLimit: the aggregator's GOMEMLIMIT in bytes (--memory-limit),
+	// 0 for none.
+	memoryLimit                int64
+	agents, podsPerAgent       int
+	podsPerWorkload            int
+	scaledObjects, probes      int
+	kedaConns                  int
+	harnessGOGC                int
+	echoEvery                  time.Duration
+	interval, settle, duration time.Duration
+	churn                      float64
+	loadTime                   time.Duration
+	podExpiry                  time.Duration
+	soakEvery                  time.Duration
+	faults                     []string
+	partitionAgents            int
+	maxPodsFlag                int
+	pin                        string
+	verbose                    bool
 }
 
 // maxPods is the aggregator's --max-pods: --max-pods when set; else, with
@@ -130,6 +135,17 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	})
 	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
+	fs.Func("memory-limit", "the aggregator container's resources.limits.memory, a Kubernetes quantity (e.g. 1G or 1Gi): its GOMEMLIMIT is set to it in bytes, as the aggregator chart sets it; unset: the environment's GOMEMLIMIT, if any", func(v string) error {
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			return err
+		}
+		if q.Value() <= 0 {
+			return fmt.Errorf("%s: want a positive size", v)
+		}
+		o.memoryLimit = q.Value()
+		return nil
+	})
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
 	fs.IntVar(&o.harnessGOGC, "harness-gogc", o.harnessGOGC, "the harness's own GC percent (not the aggregator's): its GC's marks on its CPU delay the round trips it times, so it collects less often than Go's default 100")
