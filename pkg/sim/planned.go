@@ -101,7 +101,7 @@ type clairvoyant struct {
 }
 
 func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
-	c, d, err := newPlan(name, args, cfg, "window", "horizon", "hold")
+	c, d, err := newPlan(name, args, cfg, planDurations["clairvoyant"]...)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +124,39 @@ func newPlan(name, args string, cfg *Config, durations ...string) (clairvoyant, 
 	so := cfg.ScaledObject
 	c.lo, c.hi = so.MinReplicas(), so.MaxReplicas()
 	return c, d, nil
+}
+
+// planDurations are the duration keys each planned kind takes, in the
+// order PlanKey writes them.
+var planDurations = map[string][]string{"clairvoyant": {"window", "horizon", "hold"}, "hindsight": {"window", "hold"}}
+
+// PlanKey is a clairvoyant or hindsight plan's name written one way: its
+// kind, the utilisation and window with their defaults filled in, then any
+// other duration given, each value as Go writes it. Two names that plan
+// alike (keys in another order, 1m against 1m0s, a default written out)
+// have the same key. ok is false for any other pipeline, or a name that
+// does not parse.
+func PlanKey(name string) (key string, ok bool) {
+	kind, args, _ := strings.Cut(name, ":")
+	durs, planned := planDurations[kind]
+	if !planned {
+		return "", false
+	}
+	util := DefaultClairvoyantUtilisation
+	d, err := planArgs(name, args, &util, durs...)
+	if err != nil {
+		return "", false
+	}
+	if _, ok := d["window"]; !ok {
+		d["window"] = DefaultClairvoyantWindow
+	}
+	key = kind + ":utilisation=" + strconv.FormatFloat(util, 'g', -1, 64)
+	for _, k := range durs {
+		if v, ok := d[k]; ok {
+			key += "," + k + "=" + v.String()
+		}
+	}
+	return key, true
 }
 
 // planArgs parses a planned pipeline's key=value list: the durations named
@@ -246,7 +279,7 @@ func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
 type hindsight struct{ clairvoyant }
 
 func newHindsight(name, args string, cfg *Config) (Pipeline, error) {
-	c, d, err := newPlan(name, args, cfg, "window", "hold")
+	c, d, err := newPlan(name, args, cfg, planDurations["hindsight"]...)
 	if err != nil {
 		return nil, err
 	}

@@ -177,6 +177,42 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 	}
 }
 
+// TestPlanKeyWritesAPlanOneWay: names that plan alike have one key, names
+// that plan differently do not, and other pipelines have none.
+func TestPlanKeyWritesAPlanOneWay(t *testing.T) {
+	for _, same := range [][]string{
+		{"hindsight:utilisation=1,window=1m0s", "hindsight:window=1m,utilisation=1", "hindsight:window=60s,utilisation=1.0"},
+		{"clairvoyant", "clairvoyant:utilisation=0.7", "clairvoyant:window=30s"},
+		{"clairvoyant:hold=15m,utilisation=2", "clairvoyant:utilisation=2,window=30s,hold=900s"},
+	} {
+		want, ok := PlanKey(same[0])
+		if !ok {
+			t.Fatalf("%s has no key", same[0])
+		}
+		for _, n := range same[1:] {
+			if got, _ := PlanKey(n); got != want {
+				t.Errorf("%s: key %q, want %q (as %s)", n, got, want, same[0])
+			}
+		}
+	}
+	for _, pair := range [][2]string{
+		{"hindsight:utilisation=1", "clairvoyant:utilisation=1"},
+		{"clairvoyant:utilisation=1", "clairvoyant:utilisation=1,hold=1h"},
+		{"hindsight:window=1m", "hindsight:window=10s"},
+	} {
+		a, _ := PlanKey(pair[0])
+		b, _ := PlanKey(pair[1])
+		if a == b {
+			t.Errorf("%s and %s share key %q", pair[0], pair[1], a)
+		}
+	}
+	for _, n := range []string{"pulse", "static:3", "hindsight:colour=red", "clairvoyant:window=1ms"} {
+		if k, ok := PlanKey(n); ok {
+			t.Errorf("%s: key %q, want none", n, k)
+		}
+	}
+}
+
 // TestWarmupScores: the after-warm-up scores count only requests arriving
 // after it and replica-time after it; goodput is their quotient.
 func TestWarmupScores(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -254,7 +253,7 @@ func Split(all []*Score, sweep []string) (pipelines, static, clairvoyant []*Scor
 		switch k := kind(sc.Pipeline); {
 		case k == "static":
 			static = append(static, sc)
-		case k == "clairvoyant", k == "hindsight" && slices.Contains(sweep, sc.Pipeline):
+		case k == "clairvoyant", k == "hindsight" && inSweep(sweep, sc.Pipeline):
 			clairvoyant = append(clairvoyant, sc)
 		default:
 			pipelines = append(pipelines, sc)
@@ -272,6 +271,21 @@ func Split(all []*Score, sweep []string) (pipelines, static, clairvoyant []*Scor
 		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO)
 	}
 	return pipelines, static, clairvoyant, staticFront, clairvoyantFront
+}
+
+// inSweep says whether pipeline is one of the sweep's plans, however its
+// name is written (sim.PlanKey).
+func inSweep(sweep []string, pipeline string) bool {
+	k, ok := sim.PlanKey(pipeline)
+	if !ok {
+		return false
+	}
+	for _, s := range sweep {
+		if sk, _ := sim.PlanKey(s); sk == k {
+			return true
+		}
+	}
+	return false
 }
 
 func kind(pipeline string) string {

@@ -235,4 +235,17 @@ func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "hindsight:utilisation=1,window=30s is added by the suite itself") {
 		t.Fatalf("a suite naming its sweep's hindsight plan: %v", err)
 	}
+	// However it is written: keys in another order, the window as 0.5m,
+	// or left to its default (30 s).
+	for _, alias := range []string{"hindsight:window=0.5m,utilisation=1", "hindsight:utilisation=1.0"} {
+		_, err = Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n"+
+			"clairvoyant: {utilisations: [1], windows: [30s], hindsight: true}\npipelines: [pulse, '"+alias+"']\n"))
+		if err == nil || !strings.Contains(err.Error(), alias+" is added by the suite itself") {
+			t.Errorf("a suite naming its sweep's hindsight plan as %s: %v", alias, err)
+		}
+		alike := []*Score{{Pipeline: alias, GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.5}, {Pipeline: "pulse", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.5}}
+		if pipes, _, family, _, _ := Split(alike, names); len(pipes) != 1 || len(family) != 1 || family[0].Pipeline != alias {
+			t.Errorf("%s split as a pipeline, not as the sweep's plan", alias)
+		}
+	}
 }

@@ -141,7 +141,7 @@ func (s *Suite) complete() error {
 	}
 	sweep := s.Clairvoyant.Names()
 	for _, p := range s.Pipelines {
-		if k, ref := sim.Reference(p); ref && k != "hindsight" || slices.Contains(sweep, p) {
+		if k, ref := sim.Reference(p); ref && k != "hindsight" || inSweep(sweep, p) {
 			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
 		}
 	}
