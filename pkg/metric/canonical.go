@@ -250,12 +250,12 @@ type Monotonic struct {
 	// last: each counter's last raw value, by ID.CounterIndex (a store
 	// holds one a pod: counters only); bit i of seen is set once counter i
 	// has one.
-	last [NumCounters]float64
-	seen uint16
+	last   [NumCounters]float64
+	seen   uint16
+	rebase bool
 	// offset and hist are allocated at the first reset and the first
 	// histogram: most pods never need them, and a store holds thousands.
 	offset *[NumCounters]float64
-	rebase bool
 	hist   *[NumHists]histMono
 }
 
