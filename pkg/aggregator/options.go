@@ -94,7 +94,7 @@ type ServingOptions struct {
 func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
-	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /debug/workloads, /debug/triggers, /metrics, /livez and /readyz")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez, /readyz and, without --debug-addr, /debug/workloads, /debug/triggers and /debug/provisioning")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
@@ -122,7 +122,7 @@ type StoreOptions struct {
 
 // AddFlags registers the group's flags.
 func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "samples kept per pod, and the longest trigger window allowed")
+	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the longest trigger window allowed (the store keeps, per pod, the longest window a live trigger asks for, at least 10s)")
 	fs.IntVar(&o.MaxSamplesPerPod, "max-samples-per-pod", o.MaxSamplesPerPod, "cap on samples kept per pod")
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
 	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")

@@ -125,6 +125,8 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 		TargetSLO: 0.95, Seeds: 3}
 	fs := flag.NewFlagSet("tune", flag.ContinueOnError)
 	o.AddFlags(fs)
+	fs.Lookup("pipelines").Usage = "the pipeline each configuration is simulated with (the first named): one of " + strings.Join(sim.Pipelines(), ", ")
+	fs.Lookup("out").Usage = "directory for tune.json and tuned-scaledobject.yaml (with --suite, NAME-PROFILE.json for each trace × profile)"
 	fs.StringVar(&t.Metrics, "metrics", t.Metrics, "metrics and thresholds to sweep: metric=t1/t2/...,metric=...")
 	fs.StringVar(&t.ScaleUp, "scale-up", t.ScaleUp, "scale-up policies to sweep, pods/period, comma-separated")
 	fs.Float64Var(&t.TargetSLO, "target-slo", t.TargetSLO, "the SLO attainment (fraction of requests with TTFT ≤ --ttft-slo) a configuration must reach")
