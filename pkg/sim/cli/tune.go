@@ -118,12 +118,13 @@ func child(m map[string]any, k string) map[string]any {
 	return c
 }
 
-func tuneCmd(args []string, stdout, stderr io.Writer) error {
-	o := NewOptions()
+// tuneFlags are tune's flags: run's, with tune's defaults and meanings
+// for --pipelines and --out, and its own; suite is --suite's value.
+func tuneFlags(o *Options, t *tuneOptions) (fs *flag.FlagSet, suite *string) {
 	o.Pipelines, o.Out = "pulse", "tune"
-	t := tuneOptions{Metrics: "waiting=2/5/10/20,running=32/64/128/256,kvCacheUsage=0.4/0.6/0.8", ScaleUp: "1/300s,1/60s,2/60s,4/15s",
+	*t = tuneOptions{Metrics: "waiting=2/5/10/20,running=32/64/128/256,kvCacheUsage=0.4/0.6/0.8", ScaleUp: "1/300s,1/60s,2/60s,4/15s",
 		TargetSLO: 0.95, Seeds: 3}
-	fs := flag.NewFlagSet("tune", flag.ContinueOnError)
+	fs = flag.NewFlagSet("tune", flag.ContinueOnError)
 	o.AddFlags(fs)
 	fs.Lookup("pipelines").Usage = "the pipeline each configuration is simulated with (the first named): one of " + strings.Join(sim.Pipelines(), ", ")
 	fs.Lookup("out").Usage = "directory for tune.json and tuned-scaledobject.yaml (with --suite, NAME-PROFILE.json for each trace × profile)"
@@ -131,7 +132,14 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&t.ScaleUp, "scale-up", t.ScaleUp, "scale-up policies to sweep, pods/period, comma-separated")
 	fs.Float64Var(&t.TargetSLO, "target-slo", t.TargetSLO, "the SLO attainment (fraction of requests with TTFT ≤ --ttft-slo) a configuration must reach")
 	fs.IntVar(&t.Seeds, "seeds", t.Seeds, "seeds each configuration is simulated with; scores are their mean")
-	suite := fs.String("suite", "", "sweep each trace × profile of this bench suite (YAML) alone, with the suite's trace, profile, rate scale and run settings: --out gets NAME-PROFILE.json for each")
+	suite = fs.String("suite", "", "sweep each trace × profile of this bench suite (YAML) alone, with the suite's trace, profile, rate scale and run settings: --out gets NAME-PROFILE.json for each")
+	return fs, suite
+}
+
+func tuneCmd(args []string, stdout, stderr io.Writer) error {
+	o := NewOptions()
+	var t tuneOptions
+	fs, suite := tuneFlags(o, &t)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
