@@ -175,13 +175,13 @@ type podRare struct {
 	capCutMs int64
 }
 
-// none is what a pod without rare state reads.
-var none podRare
+// noRare is what a pod without rare state reads (never written).
+var noRare podRare
 
 // get is p's rare state to read (never nil).
 func (p *pod) get() *podRare {
 	if p.rare == nil {
-		return &none
+		return &noRare
 	}
 	return p.rare
 }
