@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -152,12 +153,45 @@ func (p *aggregatorProc) PID() int {
 // "name{k=v,...}" in label order, and a histogram's cumulative buckets as
 // "name_bucket{k=v,...,le=BOUND}".
 func (p *aggregatorProc) Metrics(ctx context.Context) (map[string]float64, error) {
+	m, _, err := p.MetricsAt(ctx)
+	return m, err
+}
+
+// metricsAttempts: a read of /metrics is tried this many times. At 10,000
+// agents the aggregator's CPU is busy: one run in five on 2026-11-27 lost
+// its summary to a read of the page that ran past the client's 10 s.
+const metricsAttempts = 3
+
+// MetricsAt is Metrics, and when the attempt that read the values began
+// (the counters are read then, not when the page has arrived): a failed
+// attempt (an error, a timeout, an answer other than 200) is tried again,
+// up to metricsAttempts in all.
+func (p *aggregatorProc) MetricsAt(ctx context.Context) (map[string]float64, time.Time, error) {
+	var errs []error
+	for range metricsAttempts {
+		at := time.Now()
+		m, err := p.metricsOnce(ctx)
+		if err == nil {
+			return m, at, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, time.Time{}, errors.Join(errs...)
+}
+
+func (p *aggregatorProc) metricsOnce(ctx context.Context) (map[string]float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
 	resp, err := p.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("read aggregator metrics: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read aggregator metrics: %s", resp.Status)
+	}
 	return parseMetrics(resp.Body)
 }
 

@@ -487,7 +487,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	m0, err := f.agg.Metrics(ctx)
+	m0, tm0, err := f.agg.MetricsAt(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -503,15 +503,17 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	}
 	el := time.Since(t0).Seconds()
+	h1, s1 := selfCPU(), f.sent.Load()
 	p1, err := procs.Read(pid)
 	if err != nil {
 		return nil, err
 	}
-	m1, err := f.agg.Metrics(ctx)
+	// The aggregator's counters over the time between the two reads that
+	// took them (a read tried again starts later).
+	m1, tm1, err := f.agg.MetricsAt(ctx)
 	if err != nil {
 		return nil, err
 	}
-	h1, s1 := selfCPU(), f.sent.Load()
 	f.mu.Lock()
 	gm, push, missed := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed
 	f.mu.Unlock()
@@ -524,7 +526,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	}
 	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
 		DurationSeconds:     math.Round(el*10) / 10,
-		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / el,
+		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / tm1.Sub(tm0).Seconds(),
 		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],

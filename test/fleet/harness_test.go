@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -283,5 +286,39 @@ func TestMemoryLimitIsTheChartsGOMEMLIMIT(t *testing.T) {
 		if err := fs.Parse([]string{"--memory-limit", bad}); err == nil {
 			t.Errorf("--memory-limit %s was accepted (%d bytes)", bad, o.memoryLimit)
 		}
+	}
+}
+
+// TestMetricsAreReadAgainAfterAFailure: a read of /metrics that fails (here
+// an answer other than 200) is tried again, and the time given is when the
+// attempt that read the values began; a page that keeps failing is an
+// error naming each attempt.
+func TestMetricsAreReadAgainAfterAFailure(t *testing.T) {
+	var calls atomic.Int32
+	var servedAt atomic.Int64
+	failing := atomic.Bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n := calls.Add(1)
+		if failing.Load() || n < 3 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		servedAt.Store(time.Now().UnixNano())
+		fmt.Fprintln(w, "pulse_aggregator_pods 8")
+	}))
+	defer srv.Close()
+	p := &aggregatorProc{httpAddr: strings.TrimPrefix(srv.URL, "http://"), http: srv.Client()}
+	before := time.Now()
+	m, at, err := p.MetricsAt(context.Background())
+	if err != nil || m["pulse_aggregator_pods"] != 8 {
+		t.Fatalf("after two failures: %v, %v", m, err)
+	}
+	if calls.Load() != 3 || at.Before(before) || at.UnixNano() > servedAt.Load() {
+		t.Fatalf("%d attempts, the values' time %v (began %v, served %v)", calls.Load(), at, before, time.Unix(0, servedAt.Load()))
+	}
+	failing.Store(true)
+	calls.Store(0)
+	if _, err := p.Metrics(context.Background()); err == nil || calls.Load() != metricsAttempts || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("a page that keeps failing: %d attempts, %v", calls.Load(), err)
 	}
 }
