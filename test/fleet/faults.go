@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -279,35 +281,35 @@ func (f *fleet) startNode(name string, sims map[string]int, pages map[string]htt
 	}
 	for w, pods := range sims {
 		for i := range pods {
-			addr, err := procs.FreeAddr()
-			if err != nil {
-				return n, err
-			}
 			logf, err := os.Create(f.logPath(fmt.Sprintf("%s-%s-%d", name, w, i)))
 			if err != nil {
 				return n, err
 			}
-			c := exec.Command(filepath.Join(f.o.bin, "vllm-sim"), "--addr", addr, "--arrival-rate", "4")
-			c.Stdout, c.Stderr = logf, logf
-			if err := c.Start(); err != nil {
-				return n, fmt.Errorf("start vllm-sim: %w", err)
+			addr, c, err := f.startSim(logf)
+			if c != nil {
+				n.procs = append(n.procs, c)
 			}
-			n.procs = append(n.procs, c)
+			if err != nil {
+				return n, err
+			}
 			fmt.Fprintf(&tf, "  - {namespace: %s, pod: %s-%d, deployment: %s, url: \"http://%s/metrics\"}\n", namespace, w, i, w, addr)
 		}
 	}
 	if len(pages) > 0 {
-		addr, err := procs.FreeAddr()
+		// Bound here and served on that listener: no other process can
+		// take the address between its choice and its use.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return n, err
 		}
+		addr := ln.Addr().String()
 		mux := http.NewServeMux()
 		for w, h := range pages {
 			mux.HandleFunc("/"+w, h)
 			fmt.Fprintf(&tf, "  - {namespace: %s, pod: %s-0, deployment: %s, url: \"http://%s/%s\"}\n", namespace, w, w, addr, w)
 		}
-		n.srv = &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = n.srv.ListenAndServe() }()
+		n.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = n.srv.Serve(ln) }()
 	}
 	targets := filepath.Join(f.dir, name+"-targets.yaml")
 	if err := os.WriteFile(targets, []byte(tf.String()), 0o600); err != nil {
@@ -329,6 +331,49 @@ func (f *fleet) startNode(name string, sims map[string]int, pages map[string]htt
 		return n, fmt.Errorf("start pulse-agent: %w", err)
 	}
 	return n, nil
+}
+
+// startSim starts a vllm-sim on a free loopback address and waits for its
+// page. An address found free is free only until something binds it (an
+// outbound connection's port among them): a server whose page does not
+// come is stopped and started again on another, three times at most. c is
+// the last one started, running (for the caller to stop) or reaped.
+func (f *fleet) startSim(logf *os.File) (addr string, c *exec.Cmd, err error) {
+	var errs []error
+	for range 3 {
+		if addr, err = procs.FreeAddr(); err != nil {
+			return "", nil, err
+		}
+		c = exec.Command(filepath.Join(f.o.bin, "vllm-sim"), "--addr", addr, "--arrival-rate", "4")
+		c.Stdout, c.Stderr = logf, logf
+		if err := c.Start(); err != nil {
+			return "", nil, fmt.Errorf("start vllm-sim: %w", err)
+		}
+		if servesVLLM(addr, 10*time.Second) {
+			return addr, c, nil
+		}
+		_ = c.Process.Kill()
+		_ = c.Wait()
+		errs = append(errs, fmt.Errorf("vllm-sim on %s: no vLLM page within 10s (see %s)", addr, logf.Name()))
+	}
+	return "", c, errors.Join(errs...)
+}
+
+// servesVLLM says whether addr serves a vLLM page within d.
+func servesVLLM(addr string, d time.Duration) bool {
+	client := &http.Client{Timeout: time.Second}
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := client.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		_ = resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "vllm:") {
+			return true
+		}
+	}
+	return false
 }
 
 // pages runs a real agent scraping two simulated vLLM pods, one page that

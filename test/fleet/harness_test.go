@@ -322,3 +322,32 @@ func TestMetricsAreReadAgainAfterAFailure(t *testing.T) {
 		t.Fatalf("a page that keeps failing: %d attempts, %v", calls.Load(), err)
 	}
 }
+
+// TestServesVLLMKnowsAVLLMPage: a server started on an address found free
+// is taken for the simulated pod only when that address serves a vLLM
+// page (another process may have bound it first).
+func TestServesVLLMKnowsAVLLMPage(t *testing.T) {
+	vllm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "vllm:num_requests_waiting{model_name=\"m\"} 0")
+	}))
+	defer vllm.Close()
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "go_goroutines 7")
+	}))
+	defer other.Close()
+	if !servesVLLM(strings.TrimPrefix(vllm.URL, "http://"), 5*time.Second) {
+		t.Error("a vLLM page was not recognised")
+	}
+	if servesVLLM(strings.TrimPrefix(other.URL, "http://"), 100*time.Millisecond) {
+		t.Error("another server's page was taken for a vLLM page")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if servesVLLM(addr, 100*time.Millisecond) {
+		t.Error("an address nothing serves was taken for a vLLM page")
+	}
+}
