@@ -488,56 +488,11 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 	realNode.agent = nil
 	f.logf("killed agents %v and node-real; %s and kill-real lose every pod; control %s", keys(killed), victim, ctl)
 
-	heldSeen := map[string]bool{}
-	dropped := map[string]time.Duration{}
-	errSeen := map[string]time.Duration{}
-	for time.Since(t0) < f.o.podExpiry+20*time.Second && len(dropped) < 2 {
-		for _, w := range []string{victim, "kill-real"} {
-			if _, ok := dropped[w]; ok {
-				continue
-			}
-			a := f.ask(ctx, w)
-			d, err := f.workload(ctx, w)
-			if err != nil {
-				return err
-			}
-			switch {
-			case d == nil:
-				dropped[w] = time.Since(t0)
-			case a.code == codes.OK && w == victim && a.value < base[w]:
-				// A failing pod is filled (missingPods: hold), never dropped.
-				r.failf("%s answered %d while its agent was dead, less than before (%d)", w, a.value, base[w])
-			case a.code != codes.OK:
-				if _, ok := errSeen[w]; !ok {
-					errSeen[w] = time.Since(t0)
-				}
-				heldSeen[w] = heldSeen[w] || len(d.Pods) > 0
-			}
-		}
-		if a := f.ask(ctx, ctl); a.code != codes.OK || f.o.churn == 0 && a.value != base[ctl] {
-			r.failf("control workload %s answered %v %d (before: %d)", ctl, a.code, a.value, base[ctl])
-		}
-		if !procs.Sleep(ctx, 500*time.Millisecond) {
-			return ctx.Err()
-		}
+	d := newDeadAgents(victim, "kill-real")
+	if err := f.watchDeadAgents(ctx, r, d, t0, ctl, base); err != nil {
+		return err
 	}
-	for _, w := range []string{victim, "kill-real"} {
-		if !heldSeen[w] {
-			r.failf("%s: its pods were never seen held with an error answered", w)
-		}
-		d, ok := dropped[w]
-		switch {
-		case !ok:
-			r.failf("%s: pods not dropped %s after --pod-expiry", w, 20*time.Second)
-		case d < f.o.podExpiry:
-			r.failf("%s: pods dropped after %s, before --pod-expiry %s", w, d, f.o.podExpiry)
-		}
-		if _, ok := errSeen[w]; !ok {
-			r.failf("%s never answered an error while its agent was dead", w)
-		}
-		r.measure(w+"/errorAfterSeconds", errSeen[w].Seconds())
-		r.measure(w+"/droppedAfterSeconds", dropped[w].Seconds())
-	}
+	d.judge(r, f.o.podExpiry)
 	r.Notes = append(r.Notes, fmt.Sprintf("%s: pods of simulated agents %v; kill-real: a real pulse-agent process, SIGKILL", victim, keys(killed)))
 	// Back: the killed agents start again, with new streams.
 	for a := range killed {
@@ -547,6 +502,82 @@ func (f *fleet) agentKill(ctx context.Context, r *faultResult) error {
 		r.failf("after its agents came back: %v", err)
 	}
 	return nil
+}
+
+// deadAgents is what agent-kill sees of the workloads whose agents died:
+// when each first answered an error, whether its pods were then still
+// held, and when they were dropped.
+type deadAgents struct {
+	workloads []string
+	held      map[string]bool
+	dropped   map[string]time.Duration
+	errAt     map[string]time.Duration
+}
+
+func newDeadAgents(workloads ...string) *deadAgents {
+	return &deadAgents{workloads: workloads, held: map[string]bool{}, dropped: map[string]time.Duration{}, errAt: map[string]time.Duration{}}
+}
+
+// watchDeadAgents asks the dead agents' workloads every half second until
+// every one is dropped or --pod-expiry and 20 s have passed since t0. A
+// workload with a total in base never answers less while held (kill-real's
+// queue moves with vllm-sim's model, so it has none); the control workload
+// keeps answering its total.
+func (f *fleet) watchDeadAgents(ctx context.Context, r *faultResult, d *deadAgents, t0 time.Time, ctl string, base map[string]int64) error {
+	for time.Since(t0) < f.o.podExpiry+20*time.Second && len(d.dropped) < len(d.workloads) {
+		for _, w := range d.workloads {
+			if _, ok := d.dropped[w]; ok {
+				continue
+			}
+			a := f.ask(ctx, w)
+			wl, err := f.workload(ctx, w)
+			if err != nil {
+				return err
+			}
+			_, exact := base[w]
+			switch {
+			case wl == nil:
+				d.dropped[w] = time.Since(t0)
+			case a.code == codes.OK && exact && a.value < base[w]:
+				// A failing pod is filled (missingPods: hold), never dropped.
+				r.failf("%s answered %d while its agent was dead, less than before (%d)", w, a.value, base[w])
+			case a.code != codes.OK:
+				if _, ok := d.errAt[w]; !ok {
+					d.errAt[w] = time.Since(t0)
+				}
+				d.held[w] = d.held[w] || len(wl.Pods) > 0
+			}
+		}
+		if a := f.ask(ctx, ctl); a.code != codes.OK || f.o.churn == 0 && a.value != base[ctl] {
+			r.failf("control workload %s answered %v %d (before: %d)", ctl, a.code, a.value, base[ctl])
+		}
+		if !procs.Sleep(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// judge: each workload answered an error with its pods still held, and
+// they were dropped no sooner than --pod-expiry, and not long after.
+func (d *deadAgents) judge(r *faultResult, podExpiry time.Duration) {
+	for _, w := range d.workloads {
+		if !d.held[w] {
+			r.failf("%s: its pods were never seen held with an error answered", w)
+		}
+		dropped, ok := d.dropped[w]
+		switch {
+		case !ok:
+			r.failf("%s: pods not dropped %s after --pod-expiry", w, 20*time.Second)
+		case dropped < podExpiry:
+			r.failf("%s: pods dropped after %s, before --pod-expiry %s", w, dropped, podExpiry)
+		}
+		if _, ok := d.errAt[w]; !ok {
+			r.failf("%s never answered an error while its agent was dead", w)
+		}
+		r.measure(w+"/errorAfterSeconds", d.errAt[w].Seconds())
+		r.measure(w+"/droppedAfterSeconds", dropped.Seconds())
+	}
 }
 
 // partition black-holes the proxied agents' connections: the aggregator's
@@ -635,128 +666,43 @@ func (f *fleet) partition(ctx context.Context, r *faultResult) error {
 // a pod not heard yet is filled, missingPods: hold), and the warm-up is
 // seen to answer.
 func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
-	// Up to 200 steady (non-probe) ScaledObjects, spread over the fleet,
-	// and their answers before.
-	var steady, all []*scaledObject
-	base := map[*scaledObject]int64{}
-	for _, s := range f.sos {
-		if !s.probe {
-			all = append(all, s)
-		}
-	}
-	for i := 0; i < len(all); i += max(1, len(all)/200) {
-		s := all[i]
-		v, err := f.baseline(ctx, s.workload)
-		if err != nil {
-			r.failf("before the kill: %v", err)
-			return nil
-		}
-		steady = append(steady, s)
-		base[s] = v
+	steady, base, ok := f.steadySample(ctx, r)
+	if !ok {
+		return nil
 	}
 	exact := f.o.churn == 0
 	if !exact {
 		r.Notes = append(r.Notes, "with --churn the totals move, so answers after the restart are not compared with those before")
 	}
 	r.measure("checkedWorkloads", float64(len(steady)))
-	sessions0 := make([]int64, len(f.agents))
-	for i, a := range f.agents {
-		sessions0[i] = a.sessions.Load()
-	}
-	active0, spec0 := make([]int64, len(f.sos)), make([]int64, len(f.sos))
-	activeEnds0, specEnds0 := make([]int64, len(f.sos)), make([]int64, len(f.sos))
-	for i, s := range f.sos {
-		active0[i], spec0[i] = s.activeOpens.Load(), s.specOpens.Load()
-		activeEnds0[i], specEnds0[i] = s.activeEnds.Load(), s.specEnds.Load()
-	}
-	f.mu.Lock()
-	ends0 := cloneCounts(f.ends)
-	f.mu.Unlock()
+	m := f.streamMarks()
 
-	// A checker asks the steady workloads in turn, on its own connection,
-	// from the restart on.
-	var mu sync.Mutex
-	var warming, otherUnavailable, partial, filled, okAnswers, otherErrors int
-	firstOK := map[*scaledObject]time.Time{}
-	checkCtx, stopCheck := context.WithCancel(ctx)
-	checked := make(chan struct{})
 	t0 := time.Now()
 	f.agg.Kill()
 	r.measure("killSeconds", time.Since(t0).Seconds())
 	if err := f.agg.Start(ctx); err != nil {
-		stopCheck()
 		return err
 	}
 	restarted := time.Now()
 	r.measure("restartSeconds", restarted.Sub(t0).Seconds())
+
+	// A checker asks the steady workloads in turn, on its own connection,
+	// from the restart on.
+	c := &restartChecker{f: f, r: r, steady: steady, base: base, exact: exact, firstOK: map[*scaledObject]time.Time{}}
+	checkCtx, stopCheck := context.WithCancel(ctx)
+	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		for i := 0; checkCtx.Err() == nil && len(steady) > 0; i++ {
-			s := steady[i%len(steady)]
-			a, msg := f.askWithMessage(checkCtx, workloadName(s.workload))
-			if checkCtx.Err() != nil {
-				return
-			}
-			mu.Lock()
-			switch {
-			case a.code == codes.Unavailable && strings.Contains(msg, "warming up"):
-				warming++
-			case a.code == codes.Unavailable:
-				// Still reconnecting to the new process, or a workload
-				// none of whose pods has sent a sample yet: an error, which
-				// KEDA and the HPA hold on, never a number.
-				otherUnavailable++
-			case a.code == codes.OK:
-				okAnswers++
-				switch {
-				case exact && a.value < base[s]:
-					partial++
-					if partial <= 3 {
-						r.failf("%s answered %d after the restart (before: %d): a partial total", workloadName(s.workload), a.value, base[s])
-					}
-				case exact && a.value > base[s]:
-					filled++ // a pod not heard yet since the restart, filled (missingPods: hold)
-				}
-				if _, ok := firstOK[s]; !ok {
-					firstOK[s] = a.at
-				}
-			default:
-				otherErrors++
-				if otherErrors <= 3 {
-					r.failf("%s answered %v %q after the restart, want the warm-up's Unavailable or a total", workloadName(s.workload), a.code, msg)
-				}
-			}
-			mu.Unlock()
-			if !procs.Sleep(checkCtx, 5*time.Millisecond) {
-				return
-			}
-		}
+		c.run(checkCtx)
 	}()
-	// Each condition's first time, polled together.
-	var agentsBack, fresh, kedaBack time.Duration = -1, -1, -1
-	waitFor(ctx, 5*time.Minute, func() bool {
-		if agentsBack < 0 && f.allAgentsBack(sessions0) {
-			agentsBack = time.Since(t0)
-		}
-		if fresh < 0 {
-			mu.Lock()
-			if len(firstOK) == len(steady) {
-				fresh = time.Since(t0)
-			}
-			mu.Unlock()
-		}
-		if kedaBack < 0 && f.allStreamsBack(active0, spec0) {
-			kedaBack = time.Since(t0)
-		}
-		return agentsBack >= 0 && fresh >= 0 && kedaBack >= 0
-	})
+	agentsBack, fresh, kedaBack := f.waitBack(ctx, t0, m, c)
 	stopCheck()
 	<-checked
-	mu.Lock()
-	defer mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if fresh >= 0 {
 		var last time.Time
-		for _, at := range firstOK {
+		for _, at := range c.firstOK {
 			last = maxTime(last, at)
 		}
 		fresh = last.Sub(t0) // the last workload's first answer, not when the poll saw it
@@ -764,11 +710,7 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 	r.measure("agentsBackSeconds", agentsBack.Seconds())
 	r.measure("freshSeconds", fresh.Seconds())
 	r.measure("kedaStreamsBackSeconds", kedaBack.Seconds())
-	r.measure("warmupAnswers", float64(warming))
-	r.measure("otherUnavailableAnswers", float64(otherUnavailable))
-	r.measure("okAnswers", float64(okAnswers))
-	r.measure("partialAnswers", float64(partial))
-	r.measure("filledAnswers", float64(filled))
+	c.report()
 	if agentsBack < 0 {
 		r.failf("not every agent was back 5 min after the restart")
 	}
@@ -778,12 +720,92 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 	if kedaBack < 0 {
 		r.failf("not every KEDA stream was back 5 min after the restart")
 	}
-	if warming == 0 {
-		r.failf("no answer said the aggregator was warming up: the check did not run through the warm-up")
+	f.judgeStreamEnds(r, m, restarted.Sub(t0))
+	return nil
+}
+
+// steadySample picks up to 200 steady (non-probe) ScaledObjects, spread
+// over the fleet, and their answers before the restart. ok is false when
+// one did not answer its total (a failure is recorded).
+func (f *fleet) steadySample(ctx context.Context, r *faultResult) (steady []*scaledObject, base map[*scaledObject]int64, ok bool) {
+	var all []*scaledObject
+	for _, s := range f.sos {
+		if !s.probe {
+			all = append(all, s)
+		}
+	}
+	base = map[*scaledObject]int64{}
+	for i := 0; i < len(all); i += max(1, len(all)/200) {
+		s := all[i]
+		v, err := f.baseline(ctx, s.workload)
+		if err != nil {
+			r.failf("before the kill: %v", err)
+			return nil, nil, false
+		}
+		steady = append(steady, s)
+		base[s] = v
+	}
+	return steady, base, true
+}
+
+// streamMarks are the agents' sessions and the KEDA streams' opens and
+// ends before a restart, by agent and by ScaledObject.
+type streamMarks struct {
+	sessions                           []int64
+	active, spec, activeEnds, specEnds []int64
+	ends                               map[string]int64
+}
+
+func (f *fleet) streamMarks() streamMarks {
+	m := streamMarks{sessions: make([]int64, len(f.agents))}
+	for i, a := range f.agents {
+		m.sessions[i] = a.sessions.Load()
+	}
+	n := len(f.sos)
+	m.active, m.spec, m.activeEnds, m.specEnds = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, s := range f.sos {
+		m.active[i], m.spec[i] = s.activeOpens.Load(), s.specOpens.Load()
+		m.activeEnds[i], m.specEnds[i] = s.activeEnds.Load(), s.specEnds.Load()
 	}
 	f.mu.Lock()
+	m.ends = cloneCounts(f.ends)
+	f.mu.Unlock()
+	return m
+}
+
+// waitBack polls, for at most 5 minutes, for every agent to be back on a new
+// session, every steady workload to have answered a total, and every KEDA
+// stream to be open again; each is the time from t0 it was first seen, or
+// -1.
+func (f *fleet) waitBack(ctx context.Context, t0 time.Time, m streamMarks, c *restartChecker) (agentsBack, fresh, kedaBack time.Duration) {
+	agentsBack, fresh, kedaBack = -1, -1, -1
+	waitFor(ctx, 5*time.Minute, func() bool {
+		if agentsBack < 0 && f.allAgentsBack(m.sessions) {
+			agentsBack = time.Since(t0)
+		}
+		if fresh < 0 {
+			c.mu.Lock()
+			if len(c.firstOK) == len(c.steady) {
+				fresh = time.Since(t0)
+			}
+			c.mu.Unlock()
+		}
+		if kedaBack < 0 && f.allStreamsBack(m.active, m.spec) {
+			kedaBack = time.Since(t0)
+		}
+		return agentsBack >= 0 && fresh >= 0 && kedaBack >= 0
+	})
+	return agentsBack, fresh, kedaBack
+}
+
+// judgeStreamEnds: every KEDA stream the restart ended, ended with EOF or
+// Unavailable (KEDA then retries in 2 s); and with the aggregator back
+// within 2 s, which takes every stream's first retry, each of a
+// ScaledObject's two streams ended exactly once.
+func (f *fleet) judgeStreamEnds(r *faultResult, m streamMarks, restart time.Duration) {
+	f.mu.Lock()
 	for kind, n := range f.ends {
-		if d := n - ends0[kind]; d > 0 && !strings.HasPrefix(kind, "agent ") {
+		if d := n - m.ends[kind]; d > 0 && !strings.HasPrefix(kind, "agent ") {
 			r.measure("ended/"+kind, float64(d))
 			if !strings.HasSuffix(kind, " EOF") && !strings.HasSuffix(kind, " Unavailable") {
 				r.failf("%d KEDA streams ended with %s, want EOF or Unavailable (KEDA then retries in 2s)", d, kind)
@@ -791,17 +813,92 @@ func (f *fleet) aggregatorKill(ctx context.Context, r *faultResult) error {
 		}
 	}
 	f.mu.Unlock()
-	// Back within 2 s, the aggregator takes every stream's first retry:
-	// each of a ScaledObject's two streams ends exactly once.
-	if restarted.Sub(t0) < 2*time.Second {
-		for i, s := range f.sos {
-			if a, b := s.activeEnds.Load()-activeEnds0[i], s.specEnds.Load()-specEnds0[i]; a != 1 || b != 1 {
-				r.failf("%s: StreamIsActive ended %d times, StreamMetricSpec %d, want once each (reconnected at KEDA's first 2s retry)", s.ref.Name, a, b)
-				break
-			}
+	if restart >= 2*time.Second {
+		return
+	}
+	for i, s := range f.sos {
+		if a, b := s.activeEnds.Load()-m.activeEnds[i], s.specEnds.Load()-m.specEnds[i]; a != 1 || b != 1 {
+			r.failf("%s: StreamIsActive ended %d times, StreamMetricSpec %d, want once each (reconnected at KEDA's first 2s retry)", s.ref.Name, a, b)
+			return
 		}
 	}
-	return nil
+}
+
+// restartChecker asks the steady workloads in turn after a restart and
+// counts what they answered: the warm-up's Unavailable, another
+// Unavailable, a total (partial, filled, or the one before) or another
+// error.
+type restartChecker struct {
+	f      *fleet
+	r      *faultResult
+	steady []*scaledObject
+	base   map[*scaledObject]int64
+	exact  bool // no churn: a total must equal the one before, or exceed it (filled)
+
+	mu                                                               sync.Mutex
+	warming, otherUnavailable, partial, filled, okAnswers, otherErrs int
+	firstOK                                                          map[*scaledObject]time.Time
+}
+
+func (c *restartChecker) run(ctx context.Context) {
+	for i := 0; ctx.Err() == nil && len(c.steady) > 0; i++ {
+		s := c.steady[i%len(c.steady)]
+		a, msg := c.f.askWithMessage(ctx, workloadName(s.workload))
+		if ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		c.count(s, a, msg)
+		c.mu.Unlock()
+		if !procs.Sleep(ctx, 5*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// count files one answer; c.mu is held.
+func (c *restartChecker) count(s *scaledObject, a answer, msg string) {
+	switch {
+	case a.code == codes.Unavailable && strings.Contains(msg, "warming up"):
+		c.warming++
+	case a.code == codes.Unavailable:
+		// Still reconnecting to the new process, or a workload none of
+		// whose pods has sent a sample yet: an error, which KEDA and the
+		// HPA hold on, never a number.
+		c.otherUnavailable++
+	case a.code == codes.OK:
+		c.okAnswers++
+		switch {
+		case c.exact && a.value < c.base[s]:
+			c.partial++
+			if c.partial <= 3 {
+				c.r.failf("%s answered %d after the restart (before: %d): a partial total", workloadName(s.workload), a.value, c.base[s])
+			}
+		case c.exact && a.value > c.base[s]:
+			c.filled++ // a pod not heard yet since the restart, filled (missingPods: hold)
+		}
+		if _, ok := c.firstOK[s]; !ok {
+			c.firstOK[s] = a.at
+		}
+	default:
+		c.otherErrs++
+		if c.otherErrs <= 3 {
+			c.r.failf("%s answered %v %q after the restart, want the warm-up's Unavailable or a total", workloadName(s.workload), a.code, msg)
+		}
+	}
+}
+
+// report measures the counts; c.mu is held. No warm-up answer means the
+// check did not run through the warm-up.
+func (c *restartChecker) report() {
+	c.r.measure("warmupAnswers", float64(c.warming))
+	c.r.measure("otherUnavailableAnswers", float64(c.otherUnavailable))
+	c.r.measure("okAnswers", float64(c.okAnswers))
+	c.r.measure("partialAnswers", float64(c.partial))
+	c.r.measure("filledAnswers", float64(c.filled))
+	if c.warming == 0 {
+		c.r.failf("no answer said the aggregator was warming up: the check did not run through the warm-up")
+	}
 }
 
 func (f *fleet) allAgentsBack(sessions0 []int64) bool {
@@ -1002,21 +1099,8 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		return fmt.Errorf("eviction: the aggregator has room for %d more pods; run the fleet with --max-pods near its pod count (the scenario lists that many and %d more)", room, ppw)
 	}
 	over := ppw // what the victim's scale-down frees
-	const newcomerWorkload = 90000
-	newcomer := newSimAgent(f, len(f.agents), f.agg.ingest)
-	newcomer.node = "node-newcomer"
-	for range room + over {
-		newcomer.add(newcomerWorkload, time.Time{})
-	}
-	newcomer.start(f.runCtx)
+	newcomer, held := f.newcomer(ctx, room+over)
 	defer newcomer.kill()
-	held := func() int {
-		d, err := f.workload(ctx, workloadName(newcomerWorkload))
-		if err != nil || d == nil {
-			return 0
-		}
-		return len(d.Pods)
-	}
 	steady := func(what string) {
 		for w, want := range base {
 			if a := f.ask(ctx, w); a.code != codes.OK || f.o.churn == 0 && a.value != want {
@@ -1034,8 +1118,43 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		}
 		steady("beside the newcomer")
 	}
-	// The victim's agents die and come back within --pod-expiry: their
-	// pods are kept for them, not given to the newcomer.
+	if err := f.victimAway(ctx, r, killed, victimIdx, base[victim], held, room); err != nil {
+		return err
+	}
+	steady("with the newcomer waiting")
+	if err := f.newcomerWaited(ctx, r, m0, over); err != nil {
+		return err
+	}
+	f.scaleDownMakesRoom(ctx, r, killed, victimIdx, ctl, held, room+over)
+	r.Notes = append(r.Notes, fmt.Sprintf("--max-pods %d; a simulated newcomer listing %d pods where there was room for %d; victim %s on agents %v, scaled down at the end", f.o.maxPods(), room+over, room, victim, keys(killed)))
+	return nil
+}
+
+// newcomer starts a simulated agent on a node of its own that lists n pods
+// of a new workload; held counts the pods the aggregator holds of it.
+func (f *fleet) newcomer(ctx context.Context, n int) (a *simAgent, held func() int) {
+	const newcomerWorkload = 90000
+	a = newSimAgent(f, len(f.agents), f.agg.ingest)
+	a.node = "node-newcomer"
+	for range n {
+		a.add(newcomerWorkload, time.Time{})
+	}
+	a.start(f.runCtx)
+	return a, func() int {
+		d, err := f.workload(ctx, workloadName(newcomerWorkload))
+		if err != nil || d == nil {
+			return 0
+		}
+		return len(d.Pods)
+	}
+}
+
+// victimAway: the victim's agents die and come back within --pod-expiry.
+// Their pods are kept for them, not given to the newcomer (held stays at
+// room), the victim never answers less than before meanwhile, and it
+// answers its total again once they are back.
+func (f *fleet) victimAway(ctx context.Context, r *faultResult, killed map[int]bool, victimIdx int, before int64, held func() int, room int) error {
+	victim := workloadName(victimIdx)
 	for a := range killed {
 		f.agents[a].kill()
 	}
@@ -1045,8 +1164,8 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 	if n := held(); n != room {
 		r.failf("the newcomer holds %d pods while the victim's agents are away, want %d: their pods were given away", n, room)
 	}
-	if a := f.ask(ctx, victim); a.code == codes.OK && a.value < base[victim] {
-		r.failf("%s answered %d while its agents were away, less than before (%d)", victim, a.value, base[victim])
+	if a := f.ask(ctx, victim); a.code == codes.OK && a.value < before {
+		r.failf("%s answered %d while its agents were away, less than before (%d)", victim, a.value, before)
 	}
 	for a := range killed {
 		f.agents[a].start(f.runCtx)
@@ -1057,14 +1176,19 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 	} else {
 		r.measure("victimBackAfterSeconds", time.Since(t0).Seconds())
 	}
-	steady("with the newcomer waiting")
+	return nil
+}
+
+// newcomerWaited: since m0, the newcomer's extra pods were refused as
+// store_full (at least over of them), and no sample was dropped as
+// unknown_pod, which is what an evicted pod's samples would be.
+func (f *fleet) newcomerWaited(ctx context.Context, r *faultResult, m0 map[string]float64, over int) error {
 	m1, err := f.agg.Metrics(ctx)
 	if err != nil {
 		return err
 	}
-	waited := m1["pulse_aggregator_rejected_reports_total{reason=store_full}"] - m0["pulse_aggregator_rejected_reports_total{reason=store_full}"]
-	// An evicted pod's samples were dropped as unknown_pod.
-	dropped := m1["pulse_aggregator_rejected_reports_total{reason=unknown_pod}"] - m0["pulse_aggregator_rejected_reports_total{reason=unknown_pod}"]
+	const waitKey, evictKey = "pulse_aggregator_rejected_reports_total{reason=store_full}", "pulse_aggregator_rejected_reports_total{reason=unknown_pod}"
+	waited, dropped := m1[waitKey]-m0[waitKey], m1[evictKey]-m0[evictKey]
 	if dropped != 0 {
 		r.failf("%v samples dropped as unknown_pod: pods held were evicted for the newcomer", dropped)
 	}
@@ -1072,7 +1196,5 @@ func (f *fleet) eviction(ctx context.Context, r *faultResult) error {
 		r.failf("store_full counted %v, want at least the %d pods that wait", waited, over)
 	}
 	r.measure("newcomerWaitingReports", waited)
-	f.scaleDownMakesRoom(ctx, r, killed, victimIdx, ctl, held, room+over)
-	r.Notes = append(r.Notes, fmt.Sprintf("--max-pods %d; a simulated newcomer listing %d pods where there was room for %d; victim %s on agents %v, scaled down at the end", f.o.maxPods(), room+over, room, victim, keys(killed)))
 	return nil
 }
