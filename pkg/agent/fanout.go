@@ -19,9 +19,7 @@ import (
 func (a *Agent) fanOut(ctx context.Context) {
 	var wg sync.WaitGroup
 	cancels := map[string]context.CancelFunc{}
-	known := map[string][]string{}   // per --aggregator entry, its last good addresses
-	names := map[string]string{}     // address → the name it was resolved from (for TLS)
-	warned := map[string]time.Time{} // per entry, the last resolve warning
+	r := resolved{known: map[string][]string{}, names: map[string]string{}, warned: map[string]time.Time{}}
 	defer func() {
 		for _, c := range cancels {
 			c()
@@ -31,37 +29,9 @@ func (a *Agent) fanOut(ctx context.Context) {
 	t := time.NewTicker(a.opts.ResolveInterval)
 	defer t.Stop()
 	for {
-		want := map[string]bool{}
-		for _, entry := range a.opts.Aggregators {
-			addrs, err := a.resolve(ctx, entry)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				// A failed lookup keeps the streams it had: a DNS hiccup
-				// must not cut healthy streams.
-				if time.Since(warned[entry]) >= warnEvery {
-					a.log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
-					warned[entry] = time.Now()
-				}
-				addrs = known[entry]
-			}
-			known[entry] = addrs
-			// An entry with no address still shows, as not connected.
-			if len(addrs) == 0 {
-				if err == nil && time.Since(warned[entry]) >= warnEvery {
-					a.log.Warn("aggregator name resolves to no address", logging.KeyAggregator, entry)
-					warned[entry] = time.Now()
-				}
-				a.m.connected.WithLabelValues(entry).Set(0)
-			} else if !slices.Contains(addrs, entry) {
-				a.m.connected.DeleteLabelValues(entry)
-			}
-			host, _, _ := net.SplitHostPort(entry)
-			for _, addr := range addrs {
-				want[addr] = true
-				names[addr] = host
-			}
+		want, ok := a.wanted(ctx, &r)
+		if !ok {
+			return
 		}
 		for addr := range want {
 			if _, ok := cancels[addr]; ok {
@@ -69,7 +39,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			}
 			sctx, cancel := context.WithCancel(ctx)
 			cancels[addr] = cancel
-			s := newStreamer(a, addr, names[addr])
+			s := newStreamer(a, addr, r.names[addr])
 			a.m.connected.WithLabelValues(addr).Set(0) // from the start
 			a.streamersMu.Lock()
 			a.streamers[addr] = s
@@ -96,6 +66,54 @@ func (a *Agent) fanOut(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// resolved is what fanOut keeps between resolutions: per --aggregator
+// entry its last good addresses and its last resolve warning, and the name
+// each address was resolved from (for TLS).
+type resolved struct {
+	known  map[string][]string
+	names  map[string]string
+	warned map[string]time.Time
+}
+
+// wanted resolves every --aggregator entry into the set of addresses that
+// should have a stream; false when ctx ended meanwhile. A failed lookup
+// keeps the entry's last good addresses.
+func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool) {
+	want := map[string]bool{}
+	for _, entry := range a.opts.Aggregators {
+		addrs, err := a.resolve(ctx, entry)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false
+			}
+			// A failed lookup keeps the streams it had: a DNS hiccup
+			// must not cut healthy streams.
+			if time.Since(r.warned[entry]) >= warnEvery {
+				a.log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
+				r.warned[entry] = time.Now()
+			}
+			addrs = r.known[entry]
+		}
+		r.known[entry] = addrs
+		// An entry with no address still shows, as not connected.
+		if len(addrs) == 0 {
+			if err == nil && time.Since(r.warned[entry]) >= warnEvery {
+				a.log.Warn("aggregator name resolves to no address", logging.KeyAggregator, entry)
+				r.warned[entry] = time.Now()
+			}
+			a.m.connected.WithLabelValues(entry).Set(0)
+		} else if !slices.Contains(addrs, entry) {
+			a.m.connected.DeleteLabelValues(entry)
+		}
+		host, _, _ := net.SplitHostPort(entry)
+		for _, addr := range addrs {
+			want[addr] = true
+			r.names[addr] = host
+		}
+	}
+	return want, true
 }
 
 // resolve turns host:port into one address per IP of host.

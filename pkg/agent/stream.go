@@ -145,73 +145,23 @@ func (s *streamer) run(ctx context.Context) {
 func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	// Fail fast: an unreachable aggregator is an error with its reason (the
-	// last connection error), counted and reported by run, not a wait.
-	stream, err := client.Report(ctx)
+	stream, err := s.open(ctx, client)
 	if err != nil {
-		return fmt.Errorf("open stream: %w", err)
+		return err
 	}
-	names := make([]string, 0, len(s.agent.extractor.Extras()))
-	for _, x := range s.agent.extractor.Extras() {
-		names = append(names, x.Name)
-	}
-	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
-		Node: s.agent.opts.NodeName, AgentVersion: version.Version, AgentInstance: instance,
-		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names,
-		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil {
-		return fmt.Errorf("send hello: %w", err)
-	}
-	welcome, err := stream.Recv()
-	if err != nil {
-		return fmt.Errorf("receive welcome: %w", err)
-	}
-	if welcome.GetWelcome() == nil {
-		return errors.New("aggregator did not answer the hello with a welcome")
-	}
-	s.connected.Store(true)
-	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
-	s.agent.log.Info("aggregator stream open", logging.KeyAggregator, s.addr, logging.KeyVersion, welcome.GetWelcome().AggregatorVersion)
-	go func() {
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				cancel(fmt.Errorf("receive: %w", err))
-				return
-			}
-			if ack := msg.GetAck(); ack != nil {
-				s.agent.m.acked.WithLabelValues(s.addr).Set(float64(ack.Seq))
-			}
-		}
-	}()
+	go s.readAcks(stream, cancel)
 
 	enc := wire.NewEncoder()
-	sent := map[uint32]discovery.Target{}
-	ids := map[string]uint32{} // uid → id of what was sent, for encoding batches
-	var sentVersion uint64
-	first := true
+	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
 	var seq uint64
 	for {
 		version, current, changed := s.agent.cat.snapshot()
-		if first || version != sentVersion {
-			c := DiffCatalogue(sent, current, first)
-			for _, id := range c.Remove {
-				enc.Forget(id)
-			}
-			for _, p := range c.Upsert {
-				if old, ok := sent[p.Id]; ok && old.UID != p.Uid {
-					enc.Forget(p.Id)
-				}
-			}
-			if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: c}}); err != nil {
-				return fmt.Errorf("send catalogue: %w", err)
-			}
-			sent, sentVersion, first = current, version, false
-			ids = make(map[string]uint32, len(sent))
-			for id, t := range sent {
-				ids[t.UID] = id
+		if cs.first || version != cs.version {
+			if err := cs.send(stream, enc, version, current); err != nil {
+				return err
 			}
 		}
-		if batch := s.batch(ids, enc); batch != nil {
+		if batch := s.batch(cs.ids, enc); batch != nil {
 			seq++
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
@@ -232,6 +182,85 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			}
 		}
 	}
+}
+
+// open opens the stream and says hello; the aggregator must answer with a
+// welcome. It fails fast: an unreachable aggregator is an error with its
+// reason (the last connection error), counted and reported by run, not a
+// wait.
+func (s *streamer) open(ctx context.Context, client pulsev1.IngestClient) (pulsev1.Ingest_ReportClient, error) {
+	stream, err := client.Report(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open stream: %w", err)
+	}
+	names := make([]string, 0, len(s.agent.extractor.Extras()))
+	for _, x := range s.agent.extractor.Extras() {
+		names = append(names, x.Name)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: s.agent.opts.NodeName, AgentVersion: version.Version, AgentInstance: instance,
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names,
+		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil {
+		return nil, fmt.Errorf("send hello: %w", err)
+	}
+	welcome, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("receive welcome: %w", err)
+	}
+	if welcome.GetWelcome() == nil {
+		return nil, errors.New("aggregator did not answer the hello with a welcome")
+	}
+	s.connected.Store(true)
+	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
+	s.agent.log.Info("aggregator stream open", logging.KeyAggregator, s.addr, logging.KeyVersion, welcome.GetWelcome().AggregatorVersion)
+	return stream, nil
+}
+
+// readAcks reads the aggregator's acks until the stream ends, and then ends
+// the session with the reason.
+func (s *streamer) readAcks(stream pulsev1.Ingest_ReportClient, cancel context.CancelCauseFunc) {
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			cancel(fmt.Errorf("receive: %w", err))
+			return
+		}
+		if ack := msg.GetAck(); ack != nil {
+			s.agent.m.acked.WithLabelValues(s.addr).Set(float64(ack.Seq))
+		}
+	}
+}
+
+// catalogueSent is the catalogue a session has sent: the targets by id,
+// their ids by pod UID (for encoding batches) and the version.
+type catalogueSent struct {
+	sent    map[uint32]discovery.Target
+	ids     map[string]uint32
+	version uint64
+	first   bool
+}
+
+// send sends what changed from the catalogue sent to current (all of it
+// the first time); the encoder forgets the pods removed or replaced.
+func (cs *catalogueSent) send(stream pulsev1.Ingest_ReportClient, enc *wire.Encoder, version uint64, current map[uint32]discovery.Target) error {
+	c := DiffCatalogue(cs.sent, current, cs.first)
+	for _, id := range c.Remove {
+		enc.Forget(id)
+	}
+	for _, p := range c.Upsert {
+		if old, ok := cs.sent[p.Id]; ok && old.UID != p.Uid {
+			enc.Forget(p.Id)
+		}
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: c}}); err != nil {
+		return fmt.Errorf("send catalogue: %w", err)
+	}
+	cs.sent, cs.version, cs.first = current, version, false
+	cs.ids = make(map[string]uint32, len(current))
+	for id, t := range current {
+		cs.ids[t.UID] = id
+	}
+	return nil
 }
 
 // batch encodes the pending results of pods in the sent catalogue (ids:
