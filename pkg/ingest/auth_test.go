@@ -193,7 +193,7 @@ func TestTooManyPodsCostNoLookup(t *testing.T) {
 	}
 	f := newFixtureWith(t, tr) // at most 3 pods a stream
 	var pods []*pulsev1.Pod
-	for i := range 5 {
+	for i := range 7 { // past twice the limit: the catalogue is refused whole
 		pods = append(pods, &pulsev1.Pod{Id: uint32(i + 1), Uid: fmt.Sprintf("uid-%d", i), Namespace: "ns", Name: fmt.Sprintf("p%d", i),
 			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
 	}

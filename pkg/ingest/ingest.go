@@ -69,7 +69,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"agent_full", "catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
 
 // Options configure a Server.
 type Options struct {
@@ -241,7 +241,8 @@ type streamState struct {
 	ids   map[uint32]string // pod id → uid
 	names map[uint32]string // pod id → namespace/name, for the log
 	// rejected are ids the catalogue named for pods this stream may not
-	// report (another node's): their samples are skipped, not malformed.
+	// report (another node's, a bad entry, one past its limit): their
+	// samples are skipped, not malformed.
 	rejected map[uint32]bool
 	// pending are ids the store refused for room (--max-pods reached, every
 	// pod held listed by a connected agent): listed again at each batch
@@ -326,20 +327,31 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		delete(st.pending, id)
 		st.dec.Forget(id)
 	}
-	// The stream's limit, checked before any entry costs an API lookup (a
-	// refused catalogue of 2,000 pods once cost 2,000 GETs first).
+	// The stream's limit: past it a new entry is refused alone (agent_full),
+	// before it costs an API lookup, and the pods held keep their places.
+	// The refused are remembered (their samples are skipped, not
+	// malformed), up to as many again: a catalogue past that ends the
+	// stream, checked before any lookup (a refused catalogue of 2,000 pods
+	// once cost 2,000 GETs first).
+	limit := st.srv.limits.MaxPodsPerStream
 	n := len(st.ids) + len(st.rejected)
 	for _, p := range c.Upsert {
 		if _, ok := st.ids[p.Id]; !ok && !st.rejected[p.Id] {
 			n++
 		}
 	}
-	if n > st.srv.limits.MaxPodsPerStream {
-		return fmt.Errorf("catalogue lists %d pods; at most %d per agent", n, st.srv.limits.MaxPodsPerStream)
+	if n > 2*limit {
+		return fmt.Errorf("catalogue lists %d pods; at most %d per agent, and as many again refused", n, limit)
 	}
+	room := limit - len(st.ids)
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
 	ids := make([]uint32, 0, len(c.Upsert))
 	for _, p := range c.Upsert {
+		_, held := st.ids[p.Id]
+		if !held && room <= 0 {
+			removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), removed)
+			continue
+		}
 		info, podUID, reason, err := entryInfo(p)
 		if err != nil {
 			removed = st.reject(p, reason, "", err, removed)
@@ -361,6 +373,9 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
 			st.dec.Forget(p.Id)
 			removed = append(removed, old)
+		}
+		if !held {
+			room--
 		}
 		st.ids[p.Id] = p.Uid
 		st.names[p.Id] = p.Namespace + "/" + p.Name

@@ -144,6 +144,7 @@ pulse_aggregator_pod_samples_total{outcome="missing"} 1
 pulse_aggregator_pod_samples_total{outcome="ok"} 1
 # HELP pulse_aggregator_rejected_reports_total Reports rejected, by reason.
 # TYPE pulse_aggregator_rejected_reports_total counter
+pulse_aggregator_rejected_reports_total{reason="agent_full"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
@@ -175,7 +176,8 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 		"no hello":        {msgs: []*pulsev1.AgentMessage{catalogue(pod(1, "a"))}, code: codes.InvalidArgument},
 		"no node":         {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{ProtocolVersion: 1}}}}, code: codes.InvalidArgument},
 		"unknown version": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 9}}}}, code: codes.FailedPrecondition},
-		"too many pods":   {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"))}, code: codes.InvalidArgument},
+		"too many pods": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"), pod(5, "e"),
+			pod(6, "f"), pod(7, "g"))}, code: codes.InvalidArgument}, // past twice the limit of 3
 		"malformed batch": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a")), badBatch}, code: codes.InvalidArgument},
 		"second hello":    {msgs: []*pulsev1.AgentMessage{hello(), hello()}, code: codes.InvalidArgument},
 	}
@@ -191,6 +193,53 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 	_ = f.run(t, hello(), catalogue(pod(1, "a")), badBatch)
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("malformed_batch")); got != 1 {
 		t.Fatalf("rejected malformed_batch = %v, want 1", got)
+	}
+}
+
+// TestPodsPastTheAgentsLimitAreRefusedAlone: a node listing more pods than
+// --max-pods-per-agent (a router naming 64 workloads is 64 entries) once
+// made the aggregator refuse the whole catalogue and end the stream, for
+// ever: the agent sent the same catalogue again on its next stream. Now the
+// entries past the limit are refused alone (agent_full), the pods held keep
+// their places, and a refused pod listed again once there is room is held.
+func TestPodsPastTheAgentsLimitAreRefusedAlone(t *testing.T) {
+	f := newFixture(t) // at most 3 pods a stream
+	enc := wire.NewEncoder() // the stream's, as an agent keeps it
+	batch := func(seq uint64, ids ...uint32) *pulsev1.AgentMessage {
+		b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: 1000 * int64(seq)}
+		for _, id := range ids {
+			s := wire.Sample{Pod: id}
+			s.Values.Set(metric.Waiting, float64(id))
+			enc.Append(b, &s)
+		}
+		return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+	}
+	names := func() []string {
+		var out []string
+		for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+			for _, p := range w.Pods {
+				out = append(out, p.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	relist := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Remove: []uint32{1}, Upsert: []*pulsev1.Pod{pod(4, "d")}}}}
+	first := batch(1, 1, 2, 3, 4, 5)
+	enc.Forget(1)
+	err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"), pod(5, "e")), first,
+		relist, batch(2, 2, 3, 4, 5))
+	if err != nil {
+		t.Fatalf("the stream ended: %v", err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("agent_full")); got != 2 {
+		t.Fatalf("rejected agent_full = %v, want 2 (d and e)", got)
+	}
+	if got, want := names(), []string{"b", "c", "d"}; !slices.Equal(got, want) {
+		t.Fatalf("pods held %v, want %v: d listed again once a left room", got, want)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "reason=agent_full") || !strings.Contains(logs, "pod=ns/e") {
+		t.Fatalf("no log line names the refused pod and why:\n%s", logs)
 	}
 }
 
