@@ -203,7 +203,7 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 // entries past the limit are refused alone (agent_full), the pods held keep
 // their places, and a refused pod listed again once there is room is held.
 func TestPodsPastTheAgentsLimitAreRefusedAlone(t *testing.T) {
-	f := newFixture(t) // at most 3 pods a stream
+	f := newFixture(t)       // at most 3 pods a stream
 	enc := wire.NewEncoder() // the stream's, as an agent keeps it
 	batch := func(seq uint64, ids ...uint32) *pulsev1.AgentMessage {
 		b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: 1000 * int64(seq)}
