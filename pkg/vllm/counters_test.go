@@ -236,3 +236,32 @@ func BenchmarkExtractManyBounds(b *testing.B) {
 		}
 	}
 }
+
+// TestHistogramsTheWireRefusesAreLeftOut: a histogram of one bucket (only
+// +Inf), a NaN bound or a NaN count was sent, the aggregator refused the
+// batch as malformed and ended the stream, and the next stream's first
+// batch sent it again: one pod's page silenced its node. Such a histogram
+// is left out now, the rest of the page kept; two buckets are kept.
+func TestHistogramsTheWireRefusesAreLeftOut(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for page, keep := range map[string]bool{
+		`vllm:time_to_first_token_seconds_bucket{le="+Inf"} 5`:                                                          false,
+		"vllm:time_to_first_token_seconds_bucket{le=\"NaN\"} 1\nvllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 5": false,
+		"vllm:time_to_first_token_seconds_bucket{le=\"1\"} NaN\nvllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 5": false,
+		"vllm:time_to_first_token_seconds_bucket{le=\"1\"} 2\nvllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 5":   true,
+	} {
+		pg, err := e.ExtractWith([]byte("vllm:num_requests_waiting 7\n"+page+"\n"), NewCounters())
+		if err != nil {
+			t.Fatalf("%q: %v", page, err)
+		}
+		if v, _ := pg.Get(metric.Waiting); v != 7 {
+			t.Fatalf("%q: waiting %v, want 7", page, v)
+		}
+		if got := pg.Hist != nil && pg.Hist[metric.TTFTHist].Present(); got != keep {
+			t.Fatalf("%q: histogram kept %v, want %v", page, got, keep)
+		}
+	}
+}

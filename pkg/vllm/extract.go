@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -342,15 +343,16 @@ func (a *accumulator) addBucket(src source, le, v float64) {
 }
 
 // histograms orders each histogram's buckets by bound. A histogram with no
-// +Inf bucket, or more than metric.MaxBuckets, is left out; counts that
-// decrease with the bound (series of an engine with other bounds) are raised
-// to stay cumulative.
+// +Inf bucket, fewer than 2 buckets or more than metric.MaxBuckets, or a
+// bound or a count that is NaN, is left out (the wire carries none of them); counts
+// that decrease with the bound (series of an engine with other bounds) are
+// raised to stay cumulative.
 func (a *accumulator) histograms() *metric.Histograms {
 	var out *metric.Histograms
 	for h := range a.hist {
 		s := &a.hist[h]
 		n := len(s.bounds)
-		if n == 0 || s.over {
+		if n < 2 || s.over || slices.ContainsFunc(s.bounds, math.IsNaN) || slices.ContainsFunc(s.counts, math.IsNaN) {
 			continue
 		}
 		idx := make([]int, n)

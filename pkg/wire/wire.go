@@ -51,10 +51,14 @@ type histState struct {
 	counts []int64
 }
 
-// predict is the value both ends expect for id.
+// predict is the value both ends expect for id, within ±maxQuantum as
+// every value is, so that a residual is within ±2·maxQuantum: a counter
+// that swung from −maxQuantum to +maxQuantum (a page's −1e300, then 1e300)
+// once predicted 3·maxQuantum, a residual the decoder refuses, and ended
+// its node's stream at every second scrape.
 func (s *podState) predict(id metric.ID) int64 {
 	if c := id.CounterIndex(); c >= 0 {
-		return s.last[id] + s.delta[c]
+		return min(max(s.last[id]+s.delta[c], -maxQuantum), maxQuantum)
 	}
 	return s.last[id]
 }
@@ -130,7 +134,7 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	}
 	if s.Hist != nil {
 		for h := range s.Hist {
-			if hb := &s.Hist[h]; hb.Present() {
+			if hb := &s.Hist[h]; hb.Present() && sendable(hb) {
 				if x := st.histograms()[h].encode(s.Pod, metric.Hist(h), hb); x != nil {
 					b.Histograms = append(b.Histograms, x)
 				}
@@ -160,8 +164,29 @@ func (st *histState) encode(pod uint32, h metric.Hist, b *metric.Buckets) *pulse
 	return out
 }
 
-// quantizeCount is a bucket count as the wire carries it.
-func quantizeCount(c float64) int64 { return int64(min(max(math.Round(c), 0), maxQuantum)) }
+// quantizeCount is a bucket count as the wire carries it (NaN as 0).
+func quantizeCount(c float64) int64 {
+	if c != c {
+		return 0
+	}
+	return int64(min(max(math.Round(c), 0), maxQuantum))
+}
+
+// sendable says whether the decoder takes b: bounds as checkBounds wants
+// them, a count for each, and counts that do not decrease once quantized.
+// The encoder leaves any other out (the extractor's histograms are so
+// already), so that no pod's page can end its node's stream.
+func sendable(b *metric.Buckets) bool {
+	if checkBounds(b.Bounds) != nil || len(b.Counts) != len(b.Bounds) {
+		return false
+	}
+	for i := 1; i < len(b.Counts); i++ {
+		if quantizeCount(b.Counts[i]) < quantizeCount(b.Counts[i-1]) {
+			return false
+		}
+	}
+	return true
+}
 
 // Forget drops a pod's state; call it when the pod leaves the catalogue.
 func (e *Encoder) Forget(pod uint32) { delete(e.pods, pod) }

@@ -302,3 +302,55 @@ func benchWireBytes(b *testing.B, hist bool) {
 	b.ReportMetric(float64(steadyBytes)/float64(steadySamples), "B/pod-sample")
 	b.ReportMetric(float64(firstBytes)/pods, "B/pod-sample-first")
 }
+
+// TestEncoderSendsNothingTheDecoderRefuses: what an agent's page may hold
+// must never end its node's stream. A counter that swings between the
+// wire's extremes predicted a value past them, a residual the decoder
+// refused; a histogram of one bucket, with a NaN bound or count, or counts
+// that decrease was sent and refused. Now the counter round-trips at every
+// step and such histograms are left out, the sample kept.
+func TestEncoderSendsNothingTheDecoderRefuses(t *testing.T) {
+	enc, dec := NewEncoder(), NewDecoder()
+	for i, v := range []float64{-1e300, 1e300, -1e300, 1e300, 5, -1e300} {
+		s := Sample{Pod: 1}
+		s.Values.Set(metric.PromptTokens, v)
+		var b pulsev1.SampleBatch
+		enc.Append(&b, &s)
+		got, err := dec.Decode(nil, marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatalf("step %d (%g): %v", i, v, err)
+		}
+		want := float64(quantize(metric.PromptTokens, v))
+		if x, _ := got[0].Values.Get(metric.PromptTokens); x != want {
+			t.Fatalf("step %d: got %g, want %g", i, x, want)
+		}
+	}
+	inf, nan := math.Inf(1), math.NaN()
+	for name, hb := range map[string]metric.Buckets{
+		"one bucket":    {Bounds: []float64{inf}, Counts: []float64{5}},
+		"a NaN bound":   {Bounds: []float64{nan, inf}, Counts: []float64{1, 5}},
+		"a NaN count":   {Bounds: []float64{1, inf}, Counts: []float64{5, nan}},
+		"decreasing":    {Bounds: []float64{1, inf}, Counts: []float64{5, 3}},
+		"no +Inf":       {Bounds: []float64{1, 2}, Counts: []float64{1, 2}},
+		"counts differ": {Bounds: []float64{1, inf}, Counts: []float64{1}},
+		"not ascending": {Bounds: []float64{2, 1, inf}, Counts: []float64{1, 2, 3}},
+		"too many":      {Bounds: manyBounds(metric.MaxBuckets + 1), Counts: make([]float64, metric.MaxBuckets+1)},
+	} {
+		enc, dec := NewEncoder(), NewDecoder()
+		s := Sample{Pod: 1, Hist: &metric.Histograms{}}
+		s.Values.Set(metric.Waiting, 3)
+		s.Hist[metric.TTFTHist] = hb
+		var b pulsev1.SampleBatch
+		enc.Append(&b, &s)
+		got, err := dec.Decode(nil, marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(b.Histograms) != 0 || got[0].Hist != nil {
+			t.Fatalf("%s: the histogram was sent", name)
+		}
+		if x, _ := got[0].Values.Get(metric.Waiting); x != 3 {
+			t.Fatalf("%s: waiting %v, want 3", name, x)
+		}
+	}
+}
