@@ -120,14 +120,14 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Deman
 }
 
 // ScrapeDemand fetches a demand source's page once and extracts each of
-// demands from it. Each error is a *ScrapeError: the page's, for all, or
+// demands from it (read once for all that read the same metrics). Each error is a *ScrapeError: the page's, for all, or
 // one demand's.
 func (s *httpScraper) ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand) ([]vllm.Page, []error) {
 	pages, errs := make([]vllm.Page, len(demands)), make([]error, len(demands))
 	err := s.fetch(ctx, url, func(body []byte) error {
-		for i, d := range demands {
-			var err error
-			pages[i], err = s.extractor.ExtractDemand(body, d)
+		var extracted []error
+		pages, extracted = s.extractor.ExtractDemands(body, demands)
+		for i, err := range extracted {
 			errs[i] = extractError(url, err)
 		}
 		return nil

@@ -57,6 +57,7 @@ func TestDemandTargets(t *testing.T) {
 		"custom, no name": {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a"}, "no metric"},
 		"bad metric":      {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a", AnnotationDemandMetric: "a b", AnnotationDemandLabel: "m"}, "not a valid metric name"},
 		"bad kind":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandKind: "Job"}, "want Workspace"},
+		"nine metrics":    {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a", AnnotationDemandMetric: "q1,q2,q3,q4,q5,q6,q7,q8,q9", AnnotationDemandLabel: "m"}, "9 metrics; at most 8"},
 		"bad type":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandType: "queue"}, "want held or arrivals"},
 		// One router naming 1,100 workloads filled its node's catalogue
 		// past the aggregator's limit: the node went silent.

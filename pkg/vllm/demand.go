@@ -56,6 +56,40 @@ var DemandPresets = map[string]Demand{
 // the metrics reports 0: a labelled gauge with no series yet is not
 // exported at all by Prometheus' client libraries.
 func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
+	fams, err := e.demandFamilies(page, d.Metrics)
+	if err != nil {
+		return Page{}, err
+	}
+	return demandPage(fams, d), nil
+}
+
+// ExtractDemands is ExtractDemand for each of demands, the page read once
+// for all that read the same metrics (a router's, one a workload it
+// fronts): 64 workloads once read a page of up to 1 MiB 64 times a scrape.
+func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []error) {
+	pages, errs := make([]Page, len(demands)), make([]error, len(demands))
+	type read struct {
+		metrics []string
+		fams    map[string]*dto.MetricFamily
+		err     error
+	}
+	var reads []read
+	for i, d := range demands {
+		k := slices.IndexFunc(reads, func(r read) bool { return slices.Equal(r.metrics, d.Metrics) })
+		if k < 0 {
+			fams, err := e.demandFamilies(page, d.Metrics)
+			reads = append(reads, read{metrics: d.Metrics, fams: fams, err: err})
+			k = len(reads) - 1
+		}
+		if errs[i] = reads[k].err; errs[i] == nil {
+			pages[i] = demandPage(reads[k].fams, d)
+		}
+	}
+	return pages, errs
+}
+
+// demandFamilies parses the page's series of metrics, and no other line.
+func (e *Extractor) demandFamilies(page []byte, metrics []string) (map[string]*dto.MetricFamily, error) {
 	bp := e.bufs.Get().(*[]byte)
 	defer e.bufs.Put(bp)
 	kept := (*bp)[:0]
@@ -66,12 +100,12 @@ func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
 			continue
 		}
 		n := nameEnd(line)
-		if !slices.Contains(d.Metrics, string(line[:n])) {
+		if !slices.Contains(metrics, string(line[:n])) {
 			continue
 		}
 		end, value, ok := labelsAndValue(line, n)
 		if !ok {
-			return Page{}, &ParseError{fmt.Errorf("malformed sample line %q", truncate(line))}
+			return nil, &ParseError{fmt.Errorf("malformed sample line %q", truncate(line))}
 		}
 		kept = append(append(append(append(kept, line[:end]...), ' '), value...), '\n')
 	}
@@ -80,8 +114,13 @@ func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
 	defer e.parsers.Put(p)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(kept))
 	if err != nil {
-		return Page{}, &ParseError{err}
+		return nil, &ParseError{err}
 	}
+	return fams, nil
+}
+
+// demandPage sums d's series among fams, the first of its metrics present.
+func demandPage(fams map[string]*dto.MetricFamily, d *Demand) Page {
 	id := metric.PendingRequests
 	if d.Arrivals {
 		id = metric.ArrivedRequests
@@ -104,7 +143,7 @@ func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
 		out.Set(id, sum)
 		break
 	}
-	return out, nil
+	return out
 }
 
 // labelValue is the value of the label name, "" when absent.
@@ -122,13 +161,24 @@ func ValidateDemand(d *Demand) error {
 	if len(d.Metrics) == 0 {
 		return fmt.Errorf("no metric")
 	}
+	if len(d.Metrics) > MaxDemandMetrics {
+		return fmt.Errorf("%d metrics; at most %d", len(d.Metrics), MaxDemandMetrics)
+	}
 	for _, m := range d.Metrics {
-		if !model.LegacyValidation.IsValidMetricName(m) {
-			return fmt.Errorf("metric %q is not a valid metric name", m)
+		if len(m) > maxDemandName || !model.LegacyValidation.IsValidMetricName(m) {
+			return fmt.Errorf("metric %q is not a valid metric name of at most %d bytes", truncate([]byte(m)), maxDemandName)
 		}
 	}
-	if !model.LegacyValidation.IsValidLabelName(d.Label) {
-		return fmt.Errorf("label %q is not a valid label name", d.Label)
+	if len(d.Label) > maxDemandName || !model.LegacyValidation.IsValidLabelName(d.Label) {
+		return fmt.Errorf("label %q is not a valid label name of at most %d bytes", truncate([]byte(d.Label)), maxDemandName)
 	}
 	return nil
 }
+
+// MaxDemandMetrics bounds the metrics a demand source names (the presets
+// name one or two, the first present read), and maxDemandName their names
+// and its label's: a router's page is read for them at every scrape.
+const (
+	MaxDemandMetrics = 8
+	maxDemandName    = 256
+)

@@ -317,3 +317,102 @@ process_open_fds 9
 		t.Fatal("a malformed line of the demand metric is accepted")
 	}
 }
+
+// TestExtractDemandsReadsThePageOnceForAll: a router naming many
+// workloads is read once a scrape for all of them, each its own sum, as
+// ExtractDemand reads it alone; a demand of other metrics is read apart,
+// and a page malformed in its metric fails it alone.
+func TestExtractDemandsReadsThePageOnceForAll(t *testing.T) {
+	e := newExtractor(t)
+	page := []byte(`llm_d_epp_flow_control_queue_size{target_model_name="llama"} 2
+llm_d_epp_flow_control_queue_size{target_model_name="llama"} 3
+llm_d_epp_flow_control_queue_size{target_model_name="phi"} 7
+other_queue{model="phi"} 1
+broken{a="
+`)
+	var demands []*Demand
+	for _, m := range []string{"llama", "phi", "qwen"} {
+		d := DemandPresets["epp"]
+		d.Match = m
+		demands = append(demands, &d)
+	}
+	demands = append(demands, &Demand{Metrics: []string{"other_queue"}, Label: "model", Match: "phi"},
+		&Demand{Metrics: []string{"broken"}, Label: "a", Match: "x"})
+	pages, errs := e.ExtractDemands(page, demands)
+	for i, want := range []float64{5, 7, 0, 1} {
+		alone, err := e.ExtractDemand(page, demands[i])
+		if errs[i] != nil || err != nil || pages[i].V != alone.V || pages[i].Present != alone.Present || pages[i].V[metric.PendingRequests] != want {
+			t.Fatalf("demand %d: %v (%v), alone %v (%v); want %v", i, pages[i].V[metric.PendingRequests], errs[i], alone.V[metric.PendingRequests], err, want)
+		}
+	}
+	if errs[4] == nil {
+		t.Fatal("a malformed line of the demand metric is accepted")
+	}
+}
+
+// TestDemandNamesAreBounded: a router's page is read for each metric its
+// annotations name, at every scrape; at most MaxDemandMetrics of at most
+// 256 bytes each are taken, and a label name of at most 256 bytes.
+func TestDemandNamesAreBounded(t *testing.T) {
+	many := make([]string, MaxDemandMetrics+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("queue_%d", i)
+	}
+	long := strings.Repeat("a", 257)
+	for name, d := range map[string]Demand{
+		"too many metrics": {Metrics: many, Label: "model"},
+		"a long metric":    {Metrics: []string{long}, Label: "model"},
+		"a long label":     {Metrics: []string{"queue"}, Label: long},
+	} {
+		if err := ValidateDemand(&d); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	ok := Demand{Metrics: many[:MaxDemandMetrics], Label: strings.Repeat("a", 256)}
+	if err := ValidateDemand(&ok); err != nil {
+		t.Fatalf("%d metrics, a 256-byte label: %v", MaxDemandMetrics, err)
+	}
+}
+
+// BenchmarkExtractDemands: a router fronting 64 workloads (the most a
+// demand source may name), its page of 64 × 16 queue series and 1,000 other
+// lines; each/ reads it once a workload, as the agent did, once/ once for
+// all.
+func BenchmarkExtractDemands(b *testing.B) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var page strings.Builder
+	var demands []*Demand
+	for w := range 64 {
+		for f := range 16 {
+			fmt.Fprintf(&page, "llm_d_epp_flow_control_queue_size{fairness_id=\"f%d\",priority=\"0\",target_model_name=\"model-%d\"} %d\n", f, w, f)
+		}
+		d := DemandPresets["epp"]
+		d.Match = fmt.Sprintf("model-%d", w)
+		demands = append(demands, &d)
+	}
+	for i := range 1000 {
+		fmt.Fprintf(&page, "http_requests_total{code=\"200\",handler=\"h%d\"} %d\n", i, i)
+	}
+	body := []byte(page.String())
+	b.Run("each", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for range b.N {
+			for _, d := range demands {
+				if _, err := e.ExtractDemand(body, d); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("once", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for range b.N {
+			if _, errs := e.ExtractDemands(body, demands); errs[0] != nil {
+				b.Fatal(errs[0])
+			}
+		}
+	})
+}
