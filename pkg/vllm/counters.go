@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"hash/fnv"
+	"slices"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -11,6 +12,17 @@ import (
 // retireAfter is how many scrapes a counter series may be absent before it
 // is forgotten (its last value stays in the sum).
 const retireAfter = 10
+
+// maxSeries bounds the series one pod's Counters follows (a vLLM page of 8
+// engines has a few hundred counter and bucket series pulse reads): a page
+// of new series at every scrape once grew the agent's memory without bound.
+// Past it a new series is summed as the page has it, not made monotonic.
+// maxRetiredBuckets bounds the retired bucket offsets kept; past it those
+// of bounds the page no longer has are dropped.
+const (
+	maxSeries         = 4096
+	maxRetiredBuckets = 2 * int(metric.NumHists) * metric.MaxBuckets
+)
 
 // Counters makes a pod's counters monotonic per series before they are
 // summed. A counter pulse reads is the sum of several series (engines of a
@@ -57,10 +69,13 @@ func (c *Counters) begin() { c.scrape++ }
 func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v float64) float64 {
 	key := seriesKey(name, labels)
 	s := c.series[key]
-	if s == nil {
+	switch {
+	case s == nil && len(c.series) >= maxSeries:
+		return v
+	case s == nil:
 		s = &counterSeries{id: id}
 		c.series[key] = s
-	} else if v < s.last {
+	case v < s.last:
 		s.offset += s.last // this series restarted
 	}
 	s.last, s.seen = v, c.scrape
@@ -71,10 +86,13 @@ func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v
 func (c *Counters) observeBucket(hist uint8, le float64, name string, labels []*dto.LabelPair, v float64) float64 {
 	key := seriesKey(name, labels)
 	s := c.series[key]
-	if s == nil {
+	switch {
+	case s == nil && len(c.series) >= maxSeries:
+		return v
+	case s == nil:
 		s = &counterSeries{bucket: bucketKey{hist, le}}
 		c.series[key] = s
-	} else if v < s.last {
+	case v < s.last:
 		s.offset += s.last
 	}
 	s.last, s.seen = v, c.scrape
@@ -115,6 +133,18 @@ func (c *Counters) finish(a *accumulator) {
 	for k, r := range c.retiredHist {
 		a.addToBucket(k, r)
 	}
+	if len(c.retiredHist) > maxRetiredBuckets {
+		for k := range c.retiredHist {
+			if !a.hasBucket(k) {
+				delete(c.retiredHist, k)
+			}
+		}
+	}
+}
+
+// hasBucket says whether the page has bucket k's bound.
+func (a *accumulator) hasBucket(k bucketKey) bool {
+	return slices.Contains(a.hist[k.hist-1].bounds, k.le)
 }
 
 // addToBucket adds v to a bucket the page has (a histogram absent from the

@@ -265,3 +265,45 @@ func TestHistogramsTheWireRefusesAreLeftOut(t *testing.T) {
 		}
 	}
 }
+
+// TestCountersOfNewSeriesAtEveryScrapeAreBounded: a pod whose page names
+// new series at every scrape (new labels on a counter, new bucket bounds)
+// once grew its Counters without bound: each series was followed, and each
+// retired bucket's offset kept for ever. Now at most maxSeries are followed
+// and the retired offsets of bounds the page no longer has are dropped past
+// maxRetiredBuckets, while the page's values are still read.
+func TestCountersOfNewSeriesAtEveryScrapeAreBounded(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCounters()
+	for scrape := range 40 {
+		var b strings.Builder
+		b.WriteString("vllm:num_requests_waiting 7\n")
+		for i := range 800 {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{req=\"%d-%d\"} 1\n", scrape, i)
+		}
+		for i := range 50 {
+			fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"%d.%d\"} %d\n", scrape, i, i)
+		}
+		b.WriteString("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 100\n")
+		pg, err := e.ExtractWith([]byte(b.String()), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := pg.Get(metric.Waiting); v != 7 {
+			t.Fatalf("scrape %d: waiting %v, want 7", scrape, v)
+		}
+		if pg.Hist == nil || !pg.Hist[metric.TTFTHist].Present() {
+			t.Fatalf("scrape %d: the page's histogram was not read", scrape)
+		}
+		if len(c.series) > maxSeries || len(c.retiredHist) > maxRetiredBuckets+51 {
+			t.Fatalf("scrape %d: %d series followed (at most %d), %d retired buckets (at most %d and the page's)",
+				scrape, len(c.series), maxSeries, len(c.retiredHist), maxRetiredBuckets)
+		}
+	}
+	if len(c.series) < maxSeries {
+		t.Fatalf("%d series followed: the cap was never reached, so the test tests nothing", len(c.series))
+	}
+}
