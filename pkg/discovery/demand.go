@@ -106,6 +106,9 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, list)
 		}
 		seen[name] = true
+		if err := checkWorkloadNames([]Workload{{Name: name}}); err != nil {
+			return nil, fmt.Errorf("annotation %s: %w", AnnotationDemandWorkloads, err)
+		}
 		dd := d
 		dd.Match = value
 		t := base

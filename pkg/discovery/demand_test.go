@@ -103,3 +103,34 @@ func TestPodOfTooManyWorkloadsIsLeftOut(t *testing.T) {
 		t.Fatalf("eight workloads: ok %v, %v, %d workloads", ok, err, len(tg.Workloads))
 	}
 }
+
+// TestWorkloadNamesNotUTF8AreLeftOut: a workload name from an annotation
+// (pulse.io/workload, pulse.io/demand-workloads) that is not UTF-8 made the
+// agent's catalogue fail to marshal at every stream, silencing the node;
+// one longer than an object's name was sent only to be refused. The pod
+// alone is left out, naming why.
+func TestWorkloadNamesNotUTF8AreLeftOut(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	pod := func(ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-p", Annotations: ann},
+			Spec:       corev1.PodSpec{NodeName: "node-1"},
+			Status:     corev1.PodStatus{PodIP: "10.0.0.7", Phase: corev1.PodRunning},
+		}
+	}
+	long := strings.Repeat("w", 254)
+	for name, ann := range map[string]map[string]string{
+		"workload not UTF-8": {AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: "llama\xff"},
+		"workload too long":  {AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: long},
+		"demand not UTF-8":   {AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a,b\xfe"},
+		"demand too long":    {AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a," + long},
+	} {
+		if ts, err := TargetsOf(pod(ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), "not UTF-8 of at most 253 bytes") || len(ts) != 0 {
+			t.Errorf("%s: %d targets, err %v; want the pod left out, naming why", name, len(ts), err)
+		}
+	}
+	ok := pod(map[string]string{AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: long[:253]})
+	if ts, err := TargetsOf(ok, "node-1", sel); err != nil || len(ts) != 1 {
+		t.Fatalf("a 253-byte name: %d targets, %v", len(ts), err)
+	}
+}

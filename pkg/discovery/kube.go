@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -18,6 +19,7 @@ import (
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Labels and annotations pulse reads from pods.
@@ -154,6 +156,23 @@ const (
 	MaxDemandWorkloads = 64
 )
 
+// maxWorkloadName bounds a workload's name as Kubernetes bounds an
+// object's (a DNS subdomain).
+const maxWorkloadName = 253
+
+// checkWorkloadNames refuses a workload name an annotation gave that is not
+// UTF-8 or is longer than an object's name may be: proto3 refuses to
+// marshal a string that is not UTF-8, and the catalogue that carried it
+// would fail at every stream, silencing the node.
+func checkWorkloadNames(ws []Workload) error {
+	for _, w := range ws {
+		if !utf8.ValidString(w.Name) || len(w.Name) > maxWorkloadName {
+			return fmt.Errorf("workload name %q is not UTF-8 of at most %d bytes", wire.CleanText(w.Name, 64), maxWorkloadName)
+		}
+	}
+	return nil
+}
+
 // TargetsOf is TargetOf for any pod: a model server's one target, or a
 // demand source's (pulse.io/demand-source) one per workload it fronts.
 func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
@@ -203,6 +222,9 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 		// The aggregator refuses such an entry; sending it only costs the
 		// stream's budget. This pod alone is left out.
 		return t, false, fmt.Errorf("belongs to %d workloads (labels and owner references); at most %d", len(t.Workloads), MaxWorkloadsPerPod)
+	}
+	if err := checkWorkloadNames(t.Workloads); err != nil {
+		return t, false, err
 	}
 	t, err = placeOf(pod, t)
 	if err != nil {
