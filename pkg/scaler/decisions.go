@@ -12,7 +12,8 @@ import (
 
 // Bounds of the decision records: a trigger not evaluated for decisionTTL
 // (its ScaledObject is gone; the HPA asks every 15 s) is forgotten, and at
-// most maxDecisions are kept.
+// most maxDecisions are kept (past it, the namespace holding the most loses
+// its oldest).
 const (
 	decisionTTL  = 10 * time.Minute
 	maxDecisions = 10000
@@ -79,20 +80,35 @@ func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Deci
 	r.m[id] = e
 }
 
-// expireLocked drops records older than decisionTTL and, if full, the oldest.
+// expireLocked drops records older than decisionTTL and, if full, the
+// oldest of the namespace holding the most: one tenant's many ScaledObjects
+// push out their own records (and gauges), never another tenant's.
 func (r *recorder) expireLocked(full bool) {
 	now := r.now()
-	var oldest *Evaluation
+	held := map[string]int{}
 	for id, e := range r.m {
 		if now.Sub(e.At) > decisionTTL {
 			delete(r.m, id)
 			continue
 		}
-		if oldest == nil || e.At.Before(oldest.At) {
+		held[id.Namespace]++
+	}
+	if !full || len(r.m) < maxDecisions {
+		return
+	}
+	most := ""
+	for ns, n := range held {
+		if most == "" || n > held[most] {
+			most = ns
+		}
+	}
+	var oldest *Evaluation
+	for _, e := range r.m {
+		if e.Namespace == most && (oldest == nil || e.At.Before(oldest.At)) {
 			oldest = e
 		}
 	}
-	if full && len(r.m) >= maxDecisions && oldest != nil {
+	if oldest != nil {
 		delete(r.m, oldest.TriggerID)
 	}
 }

@@ -23,8 +23,10 @@ const MetricReplicas = "replicas"
 // 30 s of samples (a 10 s window's noise would be held as peaks).
 const DefaultPlanWindow = 30 * time.Second
 
-// maxPlans bounds the workloads whose learned state is kept; the least
-// recently planned is forgotten first (and relearned if planned again).
+// maxPlans bounds the workloads whose learned state is kept. Past it the
+// least recently planned of the namespace holding the most is forgotten
+// (and relearned if planned again): one tenant's many workloads, or its
+// triggers of many SLOs, forget its own state, never another tenant's.
 const maxPlans = 10000
 
 // planKey: one learned state per workload and SLOs.
@@ -34,15 +36,62 @@ type planKey struct {
 	Percentile float64
 }
 
-// plans holds each workload's learned planner state.
+// plans holds each workload's learned planner state, by namespace.
 type plans struct {
 	mu  sync.Mutex
-	lru *simplelru.LRU[planKey, planner.State]
+	ns  map[string]*simplelru.LRU[planKey, planner.State]
+	n   int // states held, in all namespaces
+	max int
 }
 
 func newPlans() *plans {
-	l, _ := simplelru.NewLRU[planKey, planner.State](maxPlans, nil)
-	return &plans{lru: l}
+	return &plans{ns: map[string]*simplelru.LRU[planKey, planner.State]{}, max: maxPlans}
+}
+
+// get is k's state (the zero State when none is held).
+func (p *plans) get(k planKey) planner.State {
+	if l := p.ns[k.Namespace]; l != nil {
+		st, _ := l.Get(k)
+		return st
+	}
+	return planner.State{}
+}
+
+// put holds st as k's state; past p.max, the namespace holding the most
+// forgets its least recently planned.
+func (p *plans) put(k planKey, st planner.State) {
+	l := p.ns[k.Namespace]
+	if l == nil {
+		l, _ = simplelru.NewLRU[planKey, planner.State](p.max, nil)
+		p.ns[k.Namespace] = l
+	}
+	if !l.Contains(k) {
+		if p.n >= p.max {
+			p.forgetOne()
+		}
+		p.n++
+	}
+	l.Add(k, st)
+}
+
+// forgetOne drops the least recently planned state of the namespace
+// holding the most.
+func (p *plans) forgetOne() {
+	var most string
+	for ns, l := range p.ns {
+		if most == "" || l.Len() > p.ns[most].Len() {
+			most = ns
+		}
+	}
+	if most == "" {
+		return
+	}
+	l := p.ns[most]
+	l.RemoveOldest()
+	p.n--
+	if l.Len() == 0 {
+		delete(p.ns, most)
+	}
 }
 
 // plan evaluates a replicas trigger: one store snapshot, planned with the
@@ -53,9 +102,12 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
 	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile}
 	s.plans.mu.Lock()
-	prev, _ := s.plans.lru.Get(k)
-	p, next, err := planner.Make(snap, prev, cfg)
-	s.plans.lru.Add(k, next)
+	p, next, err := planner.Make(snap, s.plans.get(k), cfg)
+	if !errors.Is(err, planner.ErrNotFound) {
+		// A workload with no pod has nothing learned: a trigger naming one
+		// that does not exist holds no state.
+		s.plans.put(k, next)
+	}
 	s.plans.mu.Unlock()
 	switch {
 	case errors.Is(err, planner.ErrNotFound):

@@ -2,12 +2,14 @@ package scaler
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -269,4 +271,70 @@ func TestPercentileSLOReadsTheTTFTHistogram(t *testing.T) {
 func md2pct(md map[string]string) float64 {
 	v, _ := strconv.ParseFloat(md["sloPercentile"], 64)
 	return v
+}
+
+// TestOneTenantsPlansForgetOnlyItsOwn: the learned states were one LRU of
+// 10,000 for every tenant, and a trigger naming a workload that does not
+// exist added one at every evaluation: one tenant's made-up workloads, or
+// its triggers of many SLOs, pushed every other tenant's learned capacity
+// and lead time out. Now a workload with no pod holds no state, and past
+// the bound the namespace holding the most forgets its own.
+func TestOneTenantsPlansForgetOnlyItsOwn(t *testing.T) {
+	f := newFixture(t)
+	for i := range 50 {
+		if _, err := f.metric(t, map[string]string{"workspace": fmt.Sprintf("nobody-%d", i), "metric": "replicas"}); status.Code(err) != codes.NotFound {
+			t.Fatalf("unknown workload: %v, want NotFound", err)
+		}
+	}
+	if n := f.server.plans.n; n != 0 {
+		t.Fatalf("%d states held for workloads with no pod, want 0", n)
+	}
+
+	p := newPlans()
+	p.max = 4
+	key := func(ns, w string) planKey {
+		return planKey{Key: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: w}}
+	}
+	p.put(key("quiet", "llama"), planner.State{Capacity: 7})
+	for i := range 20 {
+		p.put(key("noisy", fmt.Sprint(i)), planner.State{Capacity: float64(i)})
+	}
+	if got := p.get(key("quiet", "llama")); got.Capacity != 7 {
+		t.Fatalf("the quiet tenant's state was forgotten: %+v", got)
+	}
+	if p.n != 4 || p.ns["noisy"].Len() != 3 {
+		t.Fatalf("%d states held, %d of the noisy tenant; want 4 and 3", p.n, p.ns["noisy"].Len())
+	}
+	if got := p.get(key("noisy", "19")); got.Capacity != 19 {
+		t.Fatalf("the noisy tenant's newest state: %+v", got)
+	}
+	if got := p.get(key("noisy", "0")); got.Capacity != 0 {
+		t.Fatalf("the noisy tenant's oldest state was kept: %+v", got)
+	}
+}
+
+// TestOneTenantsRecordsPushOutOnlyItsOwn: past maxDecisions the oldest
+// record went, whoever's it was: one tenant's many ScaledObjects pushed
+// every other tenant's /debug/triggers records and trigger gauges out. Now
+// the namespace holding the most loses its oldest.
+func TestOneTenantsRecordsPushOutOnlyItsOwn(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := newRecorder(func() time.Time { return now })
+	r.record(&externalscaler.ScaledObjectRef{Namespace: "quiet", Name: "llama"}, Trigger{Metric: "waiting"}, Decision{Value: 1}, nil)
+	for i := range maxDecisions + 50 {
+		now = now.Add(time.Millisecond)
+		r.record(&externalscaler.ScaledObjectRef{Namespace: "noisy", Name: fmt.Sprint(i)}, Trigger{Metric: "waiting"}, Decision{Value: 1}, nil)
+	}
+	quiet := 0
+	for id := range r.m {
+		if id.Namespace == "quiet" {
+			quiet++
+		}
+	}
+	if quiet != 1 || len(r.m) != maxDecisions {
+		t.Fatalf("%d records, %d of the quiet tenant; want %d and 1", len(r.m), quiet, maxDecisions)
+	}
+	if _, ok := r.m[TriggerID{Namespace: "noisy", ScaledObject: "0", MetricName: MetricName(Trigger{Metric: "waiting"})}]; ok {
+		t.Fatal("the noisy tenant's oldest record was kept")
+	}
 }
