@@ -8,6 +8,7 @@ import (
 	runtimedebug "runtime/debug"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -84,6 +85,17 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
+	}
+	// Below the replicas trigger's default window, every workload
+	// provisioned with the planner would be refused.
+	o = NewOptions()
+	o.Store.MaxWindow = 20 * time.Second
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--max-window must be at least 30s") {
+		t.Errorf("Validate() = %v, want --max-window 20s refused", err)
+	}
+	o.Store.MaxWindow = 30 * time.Second
+	if err := o.Validate(); err != nil {
+		t.Errorf("--max-window 30s: %v", err)
 	}
 	o = NewOptions()
 	o.IngestTLS.Managed = true

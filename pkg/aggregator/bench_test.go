@@ -58,7 +58,7 @@ func startBench(b *testing.B) (keda externalscaler.ExternalScalerClient, ingestC
 
 func ref(w int) *externalscaler.ScaledObjectRef {
 	return &externalscaler.ScaledObjectRef{Name: "so", Namespace: "bench", ScalerMetadata: map[string]string{
-		"workspace": fmt.Sprintf("w%d", w), "activationThreshold": "5", "staleAfter": "1h"}}
+		"workspace": fmt.Sprintf("w%d", w), "activationThreshold": "5", "staleAfter": "10m"}}
 }
 
 func openKEDAStreams(b *testing.B, keda externalscaler.ExternalScalerClient) {

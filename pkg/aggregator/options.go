@@ -133,8 +133,10 @@ func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
 // Validate reports the group's problems.
 func (o *StoreOptions) Validate() error {
 	var errs []error
-	if o.MaxWindow < time.Second {
-		errs = append(errs, errors.New("--max-window must be at least 1s"))
+	if least := max(scaler.DefaultWindow, scaler.DefaultPlanWindow); o.MaxWindow < least {
+		// Below it every trigger left at its default window is refused:
+		// every workload provisioned with the planner among them.
+		errs = append(errs, fmt.Errorf("--max-window must be at least %s, the longest default trigger window (metric replicas'; %s for the others)", least, scaler.DefaultWindow))
 	}
 	if o.FreshFor <= 0 {
 		errs = append(errs, errors.New("--fresh-for must be above 0"))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Trigger is a ScaledObject trigger's parsed metadata.
@@ -63,6 +64,9 @@ const (
 	DefaultMetric     = "waiting"
 	DefaultWindow     = 10 * time.Second
 	DefaultStaleAfter = 5 * time.Second
+	// MaxStaleAfter bounds staleAfter (the aggregator's default
+	// --pod-expiry).
+	MaxStaleAfter = 10 * time.Minute
 	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
 	MinThreshold = 0.001
 	// DefaultMaxWindow is the aggregator's --max-window: the longest window
@@ -213,8 +217,10 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.StaleAfter, err = duration(md, "staleAfter", t.StaleAfter); err != nil {
 		return t, err
 	}
-	if t.StaleAfter <= 0 {
-		return t, &MetadataError{Key: "staleAfter", Msg: "must be above 0"}
+	if t.StaleAfter <= 0 || t.StaleAfter > MaxStaleAfter {
+		// Past it a pod whose agent is gone would count as fresh for
+		// ever, rather than answer the error that KEDA's fallback takes.
+		return t, &MetadataError{Key: "staleAfter", Msg: fmt.Sprintf("must be above 0 and at most %s", MaxStaleAfter)}
 	}
 	if err := loadTargets(md, &t); err != nil {
 		return t, err
@@ -256,6 +262,12 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
 	if t.Workload.Namespace == "" {
 		return &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
+	}
+	if len(t.Workload.Name) > maxWorkloadName {
+		return &MetadataError{Msg: fmt.Sprintf("the workload's name is over %d bytes (an object's name)", maxWorkloadName)}
+	}
+	if len(t.Workload.Namespace) > maxNamespace {
+		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("over %d bytes (a namespace's name)", maxNamespace)}
 	}
 	return nil
 }
@@ -413,6 +425,19 @@ var pulseKeys = func() []string {
 // TriggerAuthentication), which KEDA forwards too.
 var kedaKeys = []string{"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile"}
 
+// The metadata is bounded before any work is done on it: at most
+// maxMetadataKeys keys (pulse and KEDA know fewer than 40), each key and
+// value at most maxMetadataBytes; a workload's name at most
+// maxWorkloadName bytes (an object's name) and its namespace at most
+// maxNamespace (a DNS label), as the agents' catalogue cannot list longer.
+// Every request parses the metadata, and a record keeps what parsed.
+const (
+	maxMetadataKeys  = 64
+	maxMetadataBytes = 1024
+	maxWorkloadName  = 253
+	maxNamespace     = 63
+)
+
 // known holds pulseKeys and kedaKeys, for the lookup every call makes.
 var known = func() map[string]bool {
 	m := map[string]bool{}
@@ -427,6 +452,14 @@ var known = func() map[string]bool {
 // value under the FromEnv name), after checking that no key is a typo of
 // one of pulse's. It copies the map only when a FromEnv key applies.
 func metadata(in map[string]string) (map[string]string, error) {
+	if len(in) > maxMetadataKeys {
+		return nil, &MetadataError{Msg: fmt.Sprintf("%d metadata keys; at most %d", len(in), maxMetadataKeys)}
+	}
+	for k, v := range in {
+		if len(k) > maxMetadataBytes || len(v) > maxMetadataBytes {
+			return nil, &MetadataError{Msg: fmt.Sprintf("key %q or its value is over %d bytes", wire.CleanText(k, 64), maxMetadataBytes)}
+		}
+	}
 	out, copied := in, false
 	for k, v := range in {
 		if known[k] {

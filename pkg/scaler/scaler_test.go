@@ -212,6 +212,7 @@ func TestInvalidMetadata(t *testing.T) {
 		"window over max":    {md: map[string]string{"workspace": "a", "window": "2m"}, key: "window"},
 		"bad window":         {md: map[string]string{"workspace": "a", "window": "10"}, key: "window"},
 		"negative staleness": {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
+		"staleness past 10m": {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -542,24 +543,59 @@ func TestSaturationGivesTheReplicasNeeded(t *testing.T) {
 }
 
 // TestTypoHintsAreBounded: an unknown metadata key of 1 MiB (any
-// ScaledObject's author can write one) is ignored as any unknown key that is
-// not a typo, at the cost of a short one: the hint's edit distance is not
-// computed for keys it cannot match. (It once took 5–8 s of CPU and 2.7 GB
-// of allocations a call.)
+// ScaledObject's author can write one) once took 5–8 s of CPU and 2.7 GB of
+// allocations a call, for its typo hint. It is refused now, before any
+// work, at the cost of a short key; an unknown key that is not a typo is
+// ignored, and a typo still named.
 func TestTypoHintsAreBounded(t *testing.T) {
 	md := map[string]string{"workspace": "a", strings.Repeat("x", 1<<20): "1", strings.Repeat("é", 9): "2"}
-	if _, err := metadata(md); err != nil {
-		t.Fatalf("long unknown keys: %v", err)
+	if _, err := metadata(md); err == nil || !strings.Contains(err.Error(), "over 1024 bytes") {
+		t.Fatalf("a 1 MiB key: %v, want it refused", err)
 	}
 	allocs := testing.AllocsPerRun(3, func() { _, _ = metadata(md) })
 	short := testing.AllocsPerRun(3, func() {
 		_, _ = metadata(map[string]string{"workspace": "a", "xxxxxxxxx": "1", "éééééééééé": "2"})
 	})
-	if allocs > short+2 {
+	if allocs > short+8 {
 		t.Fatalf("a 1 MiB key: %.0f allocations a call, a short unknown key %.0f", allocs, short)
+	}
+	if _, err := metadata(map[string]string{"workspace": "a", "xxxxxxxxx": "1", strings.Repeat("é", 9): "2"}); err != nil {
+		t.Fatalf("short unknown keys: %v", err)
 	}
 	if meant := nearestKey("treshold"); meant != "threshold" {
 		t.Fatalf("the hint is gone: %q", meant)
+	}
+}
+
+// TestMetadataIsBoundedBeforeWork: every request parses its ScaledObject's
+// metadata, and a record keeps what parsed. A hundred thousand unknown keys
+// each had their typo hint computed (about a second of CPU a call), and a
+// workload's name of 1 MiB was kept in records and a gauge's label. Too
+// many keys, a key or value over 1 KiB, a workload's name longer than an
+// object's or a namespace longer than a namespace's are refused, naming
+// the bound.
+func TestMetadataIsBoundedBeforeWork(t *testing.T) {
+	many := map[string]string{"workspace": "a"}
+	for i := range 100000 {
+		many[fmt.Sprintf("k%09d", i)] = "1"
+	}
+	for name, tc := range map[string]struct {
+		md   map[string]string
+		want string
+	}{
+		"100,000 keys":      {many, "100001 metadata keys; at most 64"},
+		"a value of 1 KiB+": {map[string]string{"workspace": "a", "metricName": strings.Repeat("m", 1025)}, "over 1024 bytes"},
+		"a long workload":   {map[string]string{"workspace": strings.Repeat("w", 254)}, "over 253 bytes"},
+		"a long namespace":  {map[string]string{"workspace": "a", "namespace": strings.Repeat("n", 64)}, "over 63 bytes"},
+	} {
+		_, err := ParseTrigger(ref(tc.md), time.Minute, nil)
+		var me *MetadataError
+		if !errors.As(err, &me) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a metadata error naming %q", name, err, tc.want)
+		}
+	}
+	if _, err := ParseTrigger(ref(map[string]string{"workspace": strings.Repeat("w", 253)}), time.Minute, nil); err != nil {
+		t.Fatalf("a 253-byte workload: %v", err)
 	}
 }
 

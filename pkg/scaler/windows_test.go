@@ -40,7 +40,7 @@ func TestRetentionFollowsTheLiveTriggers(t *testing.T) {
 	same := func(window string) {
 		t.Helper()
 		for _, m := range []string{"waiting", "promptTokensPerSecond"} {
-			tr, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "metric": m, "window": window, "staleAfter": "1h", "threshold": "100"}), time.Minute, nil)
+			tr, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "metric": m, "window": window, "staleAfter": "10m", "threshold": "100"}), time.Minute, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -129,8 +129,8 @@ func (o *Options) Validate() error {
 	if o.ClientTimeout < 0 {
 		errs = append(errs, errors.New("--client-timeout must not be negative"))
 	}
-	if o.MaxWindow < time.Second {
-		errs = append(errs, errors.New("--max-window must be at least 1s"))
+	if least := max(scaler.DefaultWindow, scaler.DefaultPlanWindow); o.MaxWindow < least {
+		errs = append(errs, fmt.Errorf("--max-window must be at least %s, as the aggregator's: the longest default trigger window", least))
 	}
 	return errors.Join(errs...)
 }
