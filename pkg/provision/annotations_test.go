@@ -18,7 +18,7 @@ func TestDefaultIsThePlanner(t *testing.T) {
 	if !equalMaps(s.Trigger, want) {
 		t.Errorf("trigger %v, want %v", s.Trigger, want)
 	}
-	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != 0 {
+	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != NoCooldown {
 		t.Errorf("%+v", s)
 	}
 	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms", AnnotationSLOITL: "80ms", AnnotationSLOPercentile: "90"}, time.Minute)

@@ -78,6 +78,13 @@ func TestCooldownOnlyWhenSet(t *testing.T) {
 	if _, ok := triggerOf(t, so)["authenticationRef"]; ok {
 		t.Error("authenticationRef without a TriggerAuth")
 	}
+	// "0" is KEDA's 0 (to zero at once), not its default: it was accepted
+	// and then left out, so KEDA waited its 300 s.
+	s, _ = Parse(Workload{Kind: "Deployment", Namespace: "demo", Name: "d"},
+		map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0", AnnotationCooldownPeriod: "0"}, time.Minute)
+	if n, ok, _ := unstructured.NestedInt64(Desired(o, s, Target{}).Object, "spec", "cooldownPeriod"); !ok || n != 0 {
+		t.Errorf("cooldown-period 0: cooldownPeriod %d (set %v), want 0 set", n, ok)
+	}
 }
 
 // TestKEDAsRewriteIsNoChange: KEDA's operator updates the ScaledObject

@@ -69,6 +69,9 @@ const (
 	MaxStaleAfter = 10 * time.Minute
 	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
 	MinThreshold = 0.001
+	// MaxThreshold is the largest: KEDA's milli-units of it, and
+	// targetSize, stay far within an int64.
+	MaxThreshold = 1e12
 	// DefaultMaxWindow is the aggregator's --max-window: the longest window
 	// a trigger may ask for (pulse-sim checks triggers against the same).
 	DefaultMaxWindow = time.Minute
@@ -182,10 +185,11 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.Threshold, err = number(md, "threshold", def); err != nil {
 		return t, err
 	}
-	if t.Threshold < MinThreshold {
+	if t.Threshold < MinThreshold || t.Threshold > MaxThreshold {
 		// KEDA renders the HPA's target in milli-units: a smaller one
-		// becomes 0, which the API server rejects.
-		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths)", MinThreshold)}
+		// becomes 0, which the API server rejects; a larger one than
+		// MaxThreshold overflows them (and targetSize's int64).
+		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths) and at most %g", MinThreshold, MaxThreshold)}
 	}
 	if t.ActivationThreshold, err = number(md, "activationThreshold", 0); err != nil {
 		return t, err

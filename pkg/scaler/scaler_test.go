@@ -198,21 +198,22 @@ func TestInvalidMetadata(t *testing.T) {
 		md  map[string]string
 		key string
 	}{
-		"no workload":        {md: map[string]string{}, key: "no workload named"},
-		"two workloads":      {md: map[string]string{"workspace": "a", "deployment": "b"}, key: "deployment"},
-		"unknown metric":     {md: map[string]string{"workspace": "a", "metric": "queue"}, key: "metric"},
-		"bad metricName":     {md: map[string]string{"workspace": "a", "metricName": "a b"}, key: "metricName"},
-		"zero threshold":     {md: map[string]string{"workspace": "a", "threshold": "0"}, key: "threshold"},
-		"text threshold":     {md: map[string]string{"workspace": "a", "threshold": "ten"}, key: "threshold"},
-		"NaN threshold":      {md: map[string]string{"workspace": "a", "threshold": "NaN"}, key: "threshold"},
-		"negative activate":  {md: map[string]string{"workspace": "a", "activationThreshold": "-1"}, key: "activationThreshold"},
-		"bad valueType":      {md: map[string]string{"workspace": "a", "valueType": "sum"}, key: "valueType"},
-		"bad aggregation":    {md: map[string]string{"workspace": "a", "aggregation": "p99"}, key: "aggregation"},
-		"bad missingPods":    {md: map[string]string{"workspace": "a", "missingPods": "zero"}, key: "missingPods"},
-		"window over max":    {md: map[string]string{"workspace": "a", "window": "2m"}, key: "window"},
-		"bad window":         {md: map[string]string{"workspace": "a", "window": "10"}, key: "window"},
-		"negative staleness": {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
-		"staleness past 10m": {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
+		"no workload":         {md: map[string]string{}, key: "no workload named"},
+		"two workloads":       {md: map[string]string{"workspace": "a", "deployment": "b"}, key: "deployment"},
+		"unknown metric":      {md: map[string]string{"workspace": "a", "metric": "queue"}, key: "metric"},
+		"bad metricName":      {md: map[string]string{"workspace": "a", "metricName": "a b"}, key: "metricName"},
+		"zero threshold":      {md: map[string]string{"workspace": "a", "threshold": "0"}, key: "threshold"},
+		"text threshold":      {md: map[string]string{"workspace": "a", "threshold": "ten"}, key: "threshold"},
+		"NaN threshold":       {md: map[string]string{"workspace": "a", "threshold": "NaN"}, key: "threshold"},
+		"negative activate":   {md: map[string]string{"workspace": "a", "activationThreshold": "-1"}, key: "activationThreshold"},
+		"bad valueType":       {md: map[string]string{"workspace": "a", "valueType": "sum"}, key: "valueType"},
+		"bad aggregation":     {md: map[string]string{"workspace": "a", "aggregation": "p99"}, key: "aggregation"},
+		"bad missingPods":     {md: map[string]string{"workspace": "a", "missingPods": "zero"}, key: "missingPods"},
+		"window over max":     {md: map[string]string{"workspace": "a", "window": "2m"}, key: "window"},
+		"bad window":          {md: map[string]string{"workspace": "a", "window": "10"}, key: "window"},
+		"negative staleness":  {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
+		"staleness past 10m":  {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
+		"threshold past 1e12": {md: map[string]string{"workspace": "a", "threshold": "2e12"}, key: "threshold"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
