@@ -36,16 +36,34 @@ const maxShards = 8
 // whole pass.
 const yieldEvery = 16
 
+// fairShare bounds one namespace's evaluations in a pass that has other
+// namespaces' too: the rest of its streams wait for the next pass, ahead of
+// what comes new. One tenant's
+// thousands of ScaledObjects on a busy workload once made every pass of
+// their shard evaluate them all before anyone else's; now they take turns
+// with the other tenants. Streams of the same trigger (the same workload
+// and metadata) are evaluated once a pass.
+const fairShare = 64
+
 type shard struct {
 	mu    sync.Mutex
 	subs  map[store.Key][]*sub // the open streams by workload
 	all   []*sub               // the same, in one slice (sub.at is the index)
 	dirty map[store.Key]struct{}
 	fresh []*sub        // streams still to send their first state
+	later []*sub        // streams past their namespace's fair share of a pass
 	wake  chan struct{} // capacity 1: a pass is due
 
 	// Owned by the shard's goroutine.
 	batch []*sub
+	share map[string]int      // evaluations a namespace had in this pass
+	memo  map[Trigger]outcome // this pass's evaluations, by trigger
+}
+
+// outcome is one evaluation's answer, for the streams of the same trigger.
+type outcome struct {
+	active bool
+	err    error
 }
 
 // sub is one open StreamIsActive stream.
@@ -69,7 +87,8 @@ func newPusher(s *Server) *pusher {
 	p := &pusher{s: s, seed: maphash.MakeSeed()}
 	n := min(max(runtime.GOMAXPROCS(0), 1), maxShards)
 	for range n {
-		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1)})
+		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1),
+			share: map[string]int{}, memo: map[Trigger]outcome{}})
 	}
 	return p
 }
@@ -150,6 +169,9 @@ func (p *pusher) remove(u *sub) {
 	if i := indexOf(sh.fresh, u); i >= 0 {
 		sh.fresh = append(sh.fresh[:i], sh.fresh[i+1:]...)
 	}
+	if i := indexOf(sh.later, u); i >= 0 {
+		sh.later = append(sh.later[:i], sh.later[i+1:]...)
+	}
 }
 
 func indexOf(us []*sub, u *sub) int {
@@ -194,10 +216,12 @@ func (p *pusher) run(sh *shard) {
 	}
 }
 
-// pass evaluates the streams of the workloads changed since the last pass
-// and the new streams; with rechecks (every quarter recheck period, not at
-// every pass: a pass comes every few milliseconds on a fleet), also those
-// not evaluated for a recheck period.
+// pass evaluates the streams left over from the last pass, then those of
+// the workloads changed since it and the new streams; with rechecks (every
+// quarter recheck period, not at every pass: a pass comes every few
+// milliseconds on a fleet), also those not evaluated for a recheck period.
+// With streams of more than one namespace in the pass, past a namespace's
+// fair share its streams wait for the next pass, which comes at once.
 func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	sh.mu.Lock()
 	b := sh.batch[:0]
@@ -207,6 +231,10 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 			b = append(b, u)
 		}
 	}
+	for _, u := range sh.later {
+		take(u)
+	}
+	sh.later = sh.later[:0]
 	for _, u := range sh.fresh {
 		take(u)
 	}
@@ -225,13 +253,43 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 			}
 		}
 	}
+	clear(sh.share)
+	clear(sh.memo)
+	for _, u := range b { // each namespace's evaluations: its distinct triggers
+		if _, same := sh.memo[u.t]; !same {
+			sh.memo[u.t] = outcome{}
+			sh.share[u.t.Workload.Namespace]++
+		}
+	}
+	fair := len(sh.share) > 1 // alone, a namespace takes the whole pass
+	clear(sh.share)
+	clear(sh.memo)
+	n := 0
+	for _, u := range b {
+		if _, same := sh.memo[u.t]; !same {
+			if fair && sh.share[u.t.Workload.Namespace] >= fairShare {
+				u.queued = false
+				sh.later = append(sh.later, u) // taken first next pass
+				continue
+			}
+			sh.share[u.t.Workload.Namespace]++
+			sh.memo[u.t] = outcome{}
+		}
+		b[n] = u
+		n++
+	}
+	b = b[:n]
+	if len(sh.later) > 0 {
+		sh.signal()
+	}
 	sh.mu.Unlock()
+	clear(sh.memo)
 	for i, u := range b {
 		if i > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
 		}
 		u.queued = false
-		p.evaluate(u)
+		p.evaluate(u, sh.memo)
 		b[i] = nil
 	}
 	sh.batch = b[:0]
@@ -240,15 +298,23 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 // evaluate hands a stream's state to its handler when it changed (or was
 // never sent). An evaluation that fails (stale, warming up) hands nothing:
 // KEDA's polls see the error.
-func (p *pusher) evaluate(u *sub) {
+// memo (nil: none) holds this pass's answers by trigger.
+func (p *pusher) evaluate(u *sub, memo map[Trigger]outcome) {
 	u.evaluated = time.Now()
-	d, err := p.s.Evaluate(u.t)
-	if err != nil || (u.sent && d.Active == u.last) {
+	o, ok := memo[u.t]
+	if !ok {
+		d, err := p.s.Evaluate(u.t)
+		o = outcome{active: d.Active, err: err}
+		if memo != nil {
+			memo[u.t] = o
+		}
+	}
+	if o.err != nil || (u.sent && o.active == u.last) {
 		return
 	}
-	u.sent, u.last = true, d.Active
+	u.sent, u.last = true, o.active
 	u.mu.Lock()
-	u.state = d.Active
+	u.state = o.active
 	u.mu.Unlock()
 	select {
 	case u.ready <- struct{}{}:

@@ -117,7 +117,7 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 	u := &sub{t: tr, ready: make(chan struct{}, 1)}
 	for i, waiting := range []float64{5, 0, 5, 0} {
 		f.report(map[string]float64{"a": waiting})
-		f.server.push.evaluate(u) // returns although nobody takes
+		f.server.push.evaluate(u, nil) // returns although nobody takes
 		if u.last != (waiting > 1) {
 			t.Fatalf("evaluation %d: last %v after waiting %v", i, u.last, waiting)
 		}
@@ -130,5 +130,66 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 	case <-u.ready:
 		t.Fatal("two wake-ups for one state")
 	default:
+	}
+}
+
+// TestOneTenantsStreamsTakeTurns: every pass of a shard evaluated all the
+// streams of the workloads that changed, one after another, so one
+// tenant's hundreds of ScaledObjects on a busy workload delayed every other
+// tenant's pushes in that shard by all of theirs. Now, in a pass with other
+// namespaces' streams, a namespace has at most fairShare evaluations and
+// the rest of its streams wait for the next pass (which comes at once, and
+// takes them first); alone, it takes a whole pass. Streams of the same
+// trigger are evaluated once.
+func TestOneTenantsStreamsTakeTurns(t *testing.T) {
+	f := newFixture(t)
+	p := newPusher(f.server)
+	sh := p.shards[0]
+	trigger := func(ns string, activation float64) Trigger {
+		return Trigger{Workload: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: "llama"}, Metric: "waiting", Threshold: 10,
+			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute}
+	}
+	open := func(t Trigger) *sub { // as add, without starting the shards' goroutines
+		u := &sub{t: t, ready: make(chan struct{}, 1), at: len(sh.all)}
+		sh.all = append(sh.all, u)
+		sh.subs[t.Workload] = append(sh.subs[t.Workload], u)
+		sh.fresh = append(sh.fresh, u)
+		return u
+	}
+	var noisy, same []*sub
+	for i := range 200 {
+		noisy = append(noisy, open(trigger("noisy", float64(i))))
+	}
+	for range 100 {
+		same = append(same, open(trigger("same", 1)))
+	}
+	quiet := open(trigger("quiet", 1))
+	evaluated := func(us []*sub) (n int) {
+		for _, u := range us {
+			if !u.evaluated.IsZero() {
+				n++
+			}
+		}
+		return n
+	}
+	p.pass(sh, time.Now(), false)
+	if quiet.evaluated.IsZero() {
+		t.Fatal("the quiet tenant's stream waited behind the noisy tenant's")
+	}
+	if n := evaluated(same); n != 100 {
+		t.Fatalf("%d of 100 streams of one trigger evaluated: the same trigger counts once against the share", n)
+	}
+	if n := evaluated(noisy); n != fairShare || len(sh.later) != 200-fairShare {
+		t.Fatalf("the noisy tenant: %d evaluated, %d waiting; want %d and %d", n, len(sh.later), fairShare, 200-fairShare)
+	}
+	select {
+	case <-sh.wake:
+	default:
+		t.Fatal("no pass is due for the streams that wait")
+	}
+	// Alone in the next pass, the noisy tenant takes all of it.
+	p.pass(sh, time.Now(), false)
+	if n := evaluated(noisy); n != 200 || len(sh.later) != 0 {
+		t.Fatalf("%d of the noisy tenant's 200 streams evaluated, %d waiting, after the second pass", n, len(sh.later))
 	}
 }
