@@ -272,6 +272,9 @@ func (s *Settings) trigger(w Workload, r *reader, maxWindow time.Duration) error
 // keda-kaito-scaler alias.
 type reader struct{ annotations map[string]string }
 
+// maxAnnotationValue bounds the value of an annotation pulse reads.
+const maxAnnotationValue = 256
+
 // get returns the value and the annotation it came from ("" if unset). A
 // value under both names must agree.
 func (r *reader) get(name string) (string, string, error) {
@@ -279,6 +282,14 @@ func (r *reader) get(name string) (string, string, error) {
 	alias := aliases[name]
 	av, aok := r.annotations[alias]
 	v, av = strings.TrimSpace(v), strings.TrimSpace(av)
+	// Bounded before it is read or quoted (in the status, an Event and
+	// the log): every value pulse reads is a name, a number or a duration.
+	if len(v) > maxAnnotationValue {
+		return "", name, &AnnotationError{name, fmt.Sprintf("a value of %d bytes; at most %d", len(v), maxAnnotationValue)}
+	}
+	if aok && alias != "" && len(av) > maxAnnotationValue {
+		return "", alias, &AnnotationError{alias, fmt.Sprintf("a value of %d bytes; at most %d", len(av), maxAnnotationValue)}
+	}
 	switch {
 	case ok && aok && alias != "" && v != av && name != AnnotationAutoscale:
 		return "", name, &AnnotationError{name, fmt.Sprintf("%q disagrees with %s %q: set one", v, alias, av)}
@@ -313,7 +324,7 @@ func (r *reader) seconds(name string, def, lowest, highest time.Duration) (time.
 	d, err := time.ParseDuration(v)
 	if err != nil {
 		n, nerr := strconv.ParseInt(v, 10, 64)
-		if nerr != nil || n > math.MaxInt32 {
+		if nerr != nil || n > math.MaxInt32 || n < math.MinInt32 {
 			return def, &AnnotationError{via, fmt.Sprintf("%q: want a duration such as 90s or 10m", v)}
 		}
 		d = time.Duration(n) * time.Second

@@ -143,6 +143,11 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationMetric, "waiting", AnnotationScaleDownInterval, "1.5s"), AnnotationScaleDownInterval, "whole seconds"},
 		{on(AnnotationMetric, "waiting", AnnotationScaleDownDelay, "soon"), AnnotationScaleDownDelay, "duration"},
 		{on(AnnotationCooldownPeriod, "-5s"), AnnotationCooldownPeriod, "whole seconds"},
+		// Seconds so negative that they wrapped, in nanoseconds, to 300 s.
+		{on(AnnotationCooldownPeriod, "-36028797018963668"), AnnotationCooldownPeriod, "duration"},
+		// A value is bounded before it is read or quoted.
+		{on(AnnotationMinReplicas, strings.Repeat("9", 200<<10)), AnnotationMinReplicas, "at most 256"},
+		{on(KaitoAutoProvision, "true", KaitoThreshold, strings.Repeat("1", 300)), KaitoThreshold, "at most 256"},
 		// The planner holds capacity itself: no behaviour on top.
 		{on(AnnotationScaleDownDelay, "10m"), AnnotationScaleDownDelay, "applies to threshold metrics"},
 		{on(AnnotationScaleUpPodsPerMin, "4"), AnnotationScaleUpPodsPerMin, "applies to threshold metrics"},
@@ -152,8 +157,8 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 	} {
 		_, err := Parse(llama, c.annotations, time.Minute)
 		var ae *AnnotationError
-		if !errors.As(err, &ae) || ae.Annotation != c.annotation || !strings.Contains(err.Error(), c.says) {
-			t.Errorf("%v: %v; want an error on %s saying %q", c.annotations, err, c.annotation, c.says)
+		if !errors.As(err, &ae) || ae.Annotation != c.annotation || !strings.Contains(err.Error(), c.says) || len(err.Error()) > 1024 {
+			t.Errorf("%.300v: %.300v; want an error on %s saying %q, of at most 1 KiB", c.annotations, err, c.annotation, c.says)
 		}
 	}
 }
