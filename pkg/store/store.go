@@ -461,7 +461,16 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		}
 		p.instance = src.Instance
 		if len(src.ExtraNames) > 0 || p.rare != nil {
-			p.set().extraNames = src.ExtraNames
+			rr := p.set()
+			if !slices.Equal(rr.extraNames, src.ExtraNames) {
+				// The values held came by position, under the old names
+				// (an agent rolled out with another --extra-metric list):
+				// none is read under a new one.
+				for i := range rr.extras {
+					rr.extras[i] = nil
+				}
+			}
+			rr.extraNames = src.ExtraNames
 		}
 		s.link(p)
 		s.notify(p)

@@ -112,6 +112,23 @@ func TestAPodsRareStateComesAndGoes(t *testing.T) {
 	if got := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0].Values["queue_depth"]; got != 7 {
 		t.Fatalf("forwarded gauge = %v, want 7", got)
 	}
+	// An agent rolled out with another --extra-metric list: the values
+	// held came by position under the old names, and are never read under
+	// a new one (queue_depth's 7 was once read as batch_size's).
+	s.Upsert(Source{Node: "n", ExtraNames: []string{"batch_size", "queue_depth"}}, info, true)
+	vals := s.View(ViewOptions{FreshFor: time.Hour, Window: time.Minute})[0].Pods[0].Values
+	if _, ok := vals["batch_size"]; ok {
+		t.Fatalf("after the names changed: %v, want neither gauge until a sample under the new names", vals)
+	}
+	if _, ok := vals["queue_depth"]; ok {
+		t.Fatalf("after the names changed: %v, want neither gauge until a sample under the new names", vals)
+	}
+	x = report("a", 6000, 6)
+	x.Extra = []float64{3, 9}
+	s.Add([]Report{x})
+	if vals := s.View(ViewOptions{FreshFor: time.Hour, Window: time.Minute})[0].Pods[0].Values; vals["batch_size"] != 3 || vals["queue_depth"] != 9 {
+		t.Fatalf("under the new names: %v, want batch_size 3 and queue_depth 9", vals)
+	}
 	s.Upsert(Source{Node: "n"}, info, true)
 	if _, ok := s.View(ViewOptions{FreshFor: time.Hour})[0].Pods[0].Values["queue_depth"]; ok {
 		t.Fatal("a listing without extra gauges left the pod's forwarded gauge shown")
