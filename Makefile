@@ -59,6 +59,9 @@ helm-lint:
 	    $(HELM) template $$(sed -n "s/^name: //p" $$c/Chart.yaml) $$c --namespace pulse-system -f $$f >/dev/null || exit 1; \
 	  done; \
 	done
+	@echo "helm template deploy/aggregator -f deploy/aggregator/ci/tls-files-rbac-values.yaml: no managed certificates' RBAC"
+	@! $(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system -f deploy/aggregator/ci/tls-files-rbac-values.yaml \
+	  | grep -E 'clustertriggerauthentications|resources: \["secrets"\]'
 
 # OCI image tarballs, bin/images/<name>.tar (pulse-agent, pulse-aggregator,
 # vllm-sim, pause), built without a Docker engine by tools/images: the same
