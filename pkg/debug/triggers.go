@@ -108,6 +108,9 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			// COUNTED/FILLED/LEFT OUT, the reason under WHY.
 			fmt.Fprintf(tw, "  pod %s\t\t%s\t\t\t\t%s\t\t%s\n", p.Name, v, p.Use, p.Why)
 		}
+		if d.PodsNotListed > 0 {
+			fmt.Fprintf(tw, "  and %d more pods\t\t\t\t\t\t\t\t(counted with the others above)\n", d.PodsNotListed)
+		}
 	}
 	_ = tw.Flush()
 }

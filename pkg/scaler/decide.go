@@ -1,8 +1,10 @@
 package scaler
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -71,8 +73,12 @@ type Decision struct {
 	// added to a waiting trigger: requests they hold, and with no ready
 	// replica the requests that arrived at them over the window.
 	Pending float64 `json:"pending,omitempty"`
-	// Pods lists every pod, when asked for.
-	Pods []PodDecision `json:"pods,omitempty"`
+	// Pods lists the pods, when asked for: at most maxPodDetail, those
+	// filled or left out first (the counts above cover them all);
+	// PodsNotListed is how many more there were. Each trigger's last
+	// decision is kept, so its size is bounded whatever the workload's.
+	Pods          []PodDecision `json:"pods,omitempty"`
+	PodsNotListed int           `json:"podsNotListed,omitempty"`
 	// Plan explains a replicas trigger's value (pkg/planner).
 	Plan *planner.Plan `json:"plan,omitempty"`
 }
@@ -203,7 +209,7 @@ func unreported(t Trigger, def metric.Def, r *store.Reading, c *tally, detail bo
 			d := demandOnly(t, r.Demand)
 			d.LeftOut = len(r.Pods)
 			if detail {
-				d.Pods = podDecisions(r.Pods, -1, "", false)
+				d.list(podDecisions(r.Pods, -1, "", false))
 			}
 			return d, true, nil
 		}
@@ -285,7 +291,7 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		d.Ready = hpaReady
 	}
 	if detail {
-		d.Pods = podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile)
+		d.list(podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile))
 	}
 	return d, nil
 }
@@ -357,6 +363,31 @@ func (s *Server) fill(t Trigger, up bool) (float64, string) {
 		return t.Threshold, "seed: threshold (max)"
 	}
 	return t.Threshold, "hold: threshold"
+}
+
+// maxPodDetail bounds the pods a decision lists.
+const maxPodDetail = 32
+
+// list sets the pods d lists: at most maxPodDetail, filled and left out
+// first.
+func (d *Decision) list(pods []PodDecision) {
+	d.Pods, d.PodsNotListed = pods, 0
+	if n := len(pods); n > maxPodDetail {
+		slices.SortStableFunc(pods, func(a, b PodDecision) int { return cmp.Compare(useRank(a.Use), useRank(b.Use)) })
+		d.Pods, d.PodsNotListed = slices.Clip(pods[:maxPodDetail]), n-maxPodDetail
+	}
+}
+
+// useRank orders the pods a decision lists: filled, then left out, then
+// counted.
+func useRank(use string) int {
+	switch use {
+	case UseFilled:
+		return 0
+	case UseLeftOut:
+		return 1
+	}
+	return 2
 }
 
 func podDecisions(pods []store.PodValue, fill float64, fillWhy string, quantile bool) []PodDecision {

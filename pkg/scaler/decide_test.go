@@ -632,3 +632,34 @@ func TestHeldDemandSetsTheFillDirection(t *testing.T) {
 		t.Fatalf("%+v, %v; want 36, up, 4 replicas", d, err)
 	}
 }
+
+// TestADecisionListsBoundedPods: each trigger's last decision is kept (up
+// to 10,000), and it listed every pod of its workload: one tenant's
+// triggers on a workload of hundreds of pods held hundreds of megabytes.
+// A decision lists at most maxPodDetail pods, those filled or left out
+// first, and how many more there were; its counts cover them all.
+func TestADecisionListsBoundedPods(t *testing.T) {
+	f := newFixture(t)
+	var names []string
+	for i := range 40 {
+		names = append(names, fmt.Sprintf("p%02d", i))
+	}
+	f.pods(names...)
+	waiting := map[string]float64{}
+	for _, n := range names[3:] { // p00, p01 and p02 never report: filled
+		waiting[n] = 5
+	}
+	f.report(waiting)
+	if _, err := f.metric(t, map[string]string{"workspace": "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	d := f.server.Evaluations()[0].Decision
+	if d.Counted != 37 || d.Filled != 3 || len(d.Pods) != maxPodDetail || d.PodsNotListed != 40-maxPodDetail {
+		t.Fatalf("counted %d, filled %d, %d pods listed and %d not; want 37, 3, %d and %d", d.Counted, d.Filled, len(d.Pods), d.PodsNotListed, maxPodDetail, 40-maxPodDetail)
+	}
+	for i, want := range []string{"p00", "p01", "p02"} {
+		if p := d.Pods[i]; p.Name != want || p.Use != UseFilled {
+			t.Fatalf("pod %d listed: %+v, want %s filled first", i, p, want)
+		}
+	}
+}
