@@ -36,6 +36,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Kind is a kind of workload the controller watches, where the cluster
@@ -80,8 +81,11 @@ type Controller struct {
 	m     *metrics
 	runMu sync.Mutex // one Run at a time
 
-	mu       sync.Mutex
-	status   map[key]Status
+	mu     sync.Mutex
+	status map[key]Status
+	// counts: the workloads in status by state, kept as status changes
+	// (counting them at each change was quadratic in the workloads).
+	counts   map[string]int
 	leading  bool
 	holder   string
 	identity string
@@ -125,7 +129,7 @@ func New(o Options, reg prometheus.Registerer) *Controller {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Controller{o: o, status: map[key]Status{}}
+	c := &Controller{o: o, status: map[key]Status{}, counts: map[string]int{}}
 	c.m = newMetrics(c)
 	if reg != nil {
 		reg.MustRegister(c.m.collectors()...)
@@ -152,6 +156,8 @@ type watched struct {
 func (c *Controller) Run(ctx context.Context) error {
 	c.runMu.Lock()
 	defer c.runMu.Unlock()
+	c.clearStatus() // what a run before this one saw may have changed since
+	defer c.clearStatus()
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
@@ -324,7 +330,7 @@ func (r *run) processNext(ctx context.Context) bool {
 			return true
 		}
 		r.c.m.errors.WithLabelValues("api").Inc()
-		r.c.o.Log.Warn("provisioning failed; retrying", logging.KeyWorkload, k.String(), logging.KeyErr, err)
+		r.failed(k, err)
 		r.queue.AddRateLimited(k)
 		return true
 	}
@@ -435,6 +441,15 @@ func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructur
 		if !OwnedBy(existing, w.GetUID()) {
 			owner := "another workload"
 			ref := metav1.GetControllerOf(existing)
+			if ref == nil {
+				// pulse's, with no owner left: the garbage collector takes
+				// the owner reference off a dependent when its owner is
+				// deleted with --cascade=orphan. The workload it scales by
+				// name adopts it (it once stayed in conflict for ever).
+				if kind, name := targetOf(existing); kind == k.Kind && name == k.Name {
+					return ""
+				}
+			}
 			if ref != nil {
 				// pulse's, for a workload of this kind and name whose uid is
 				// gone (re-created with --cascade=orphan): this workload is its
@@ -515,12 +530,16 @@ func (r *run) report(k key, ref *corev1.ObjectReference, state, so, msg string) 
 	same := had && old.State == state && old.Message == msg
 	if !same {
 		c.status[k] = Status{Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, State: state, ScaledObject: so, Message: msg, Since: time.Now()}
+		if had {
+			c.counts[old.State]--
+		}
+		c.counts[state]++
+		c.m.set(c.counts)
 	}
 	c.mu.Unlock()
 	if same {
 		return
 	}
-	c.m.refresh()
 	log := c.o.Log.With(logging.KeyWorkload, k.String())
 	switch state {
 	case StateProvisioned:
@@ -531,17 +550,51 @@ func (r *run) report(k key, ref *corev1.ObjectReference, state, so, msg string) 
 	case StateConflict:
 		r.recorder.Event(ref, corev1.EventTypeWarning, "ScaledObjectConflict", msg)
 		log.Warn("ScaledObject conflict", logging.KeyMessage, msg)
+	case StateError:
+		r.recorder.Event(ref, corev1.EventTypeWarning, "ProvisioningFailed", msg)
+		log.Warn("provisioning failed; retrying", logging.KeyMessage, msg)
 	}
+}
+
+// failed reports a workload whose ScaledObject the API server refused or
+// failed to write (KEDA's webhook refusing a second scaler of the
+// workload, a ResourceQuota, an outage): its status, an Event and the log
+// say so, not only the aggregator's log; it is retried.
+func (r *run) failed(k key, err error) {
+	r.mu.Lock()
+	w := r.workloads[k.Kind]
+	r.mu.Unlock()
+	if w == nil {
+		return
+	}
+	obj, exists, _ := w.informer.GetIndexer().GetByKey(k.Namespace + "/" + k.Name)
+	m, ok := obj.(metav1.Object)
+	if !exists || !ok {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
+	r.report(k, ref, StateError, k.Namespace+"/"+k.Name, wire.CleanText(err.Error(), 1024)+"; retrying")
 }
 
 func (c *Controller) forget(k key) {
 	c.mu.Lock()
-	_, had := c.status[k]
-	delete(c.status, k)
-	c.mu.Unlock()
-	if had {
-		c.m.refresh()
+	if old, had := c.status[k]; had {
+		delete(c.status, k)
+		c.counts[old.State]--
+		c.m.set(c.counts)
 	}
+	c.mu.Unlock()
+}
+
+// clearStatus forgets every workload's state: a replica that stops
+// leading shows none (the leader's are the ones that hold), and one that
+// starts leading learns them again.
+func (c *Controller) clearStatus() {
+	c.mu.Lock()
+	clear(c.status)
+	clear(c.counts)
+	c.m.set(c.counts)
+	c.mu.Unlock()
 }
 
 // workspaceNote: Kaito declares the Workspace's /scale without a label

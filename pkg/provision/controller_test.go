@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
 )
@@ -119,6 +121,17 @@ func (f *fixture) event(name, reason string) string {
 		return fmt.Errorf("%d events, none %s", len(list.Items), reason)
 	})
 	return msg
+}
+
+// waitState waits for the workload's state, its message saying says.
+func (f *fixture) waitState(kind, name, state, says string) {
+	f.t.Helper()
+	f.waitFor(kind+" "+name+" "+state, func() error {
+		if s := f.state(kind, name); s.State != state || !strings.Contains(s.Message, says) {
+			return fmt.Errorf("%+v", s)
+		}
+		return nil
+	})
 }
 
 func (f *fixture) state(kind, name string) Status {
@@ -310,9 +323,10 @@ func TestHandWrittenScaledObjectsAreLeftAlone(t *testing.T) {
 		return nil
 	})
 	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(`
-# HELP pulse_provisioner_workloads Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's).
+# HELP pulse_provisioner_workloads Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's), error (the API server refused or failed the write; retried). 0 on a replica not leading.
 # TYPE pulse_provisioner_workloads gauge
 pulse_provisioner_workloads{state="conflict"} 1
+pulse_provisioner_workloads{state="error"} 0
 pulse_provisioner_workloads{state="invalid"} 0
 pulse_provisioner_workloads{state="provisioned"} 1
 `), "pulse_provisioner_workloads"); err != nil {
@@ -401,12 +415,7 @@ func TestWorkspaceSaysItScalesZeroToOne(t *testing.T) {
 	workspaces := schema.GroupVersionResource{Group: "kaito.sh", Version: "v1alpha1", Resource: "workspaces"}
 	f := newFixture(t, workload(workspaces, "Workspace", "llama", map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0"}))
 	f.run()
-	f.waitFor("the Workspace provisioned", func() error {
-		if s := f.state("Workspace", "llama"); s.State != StateProvisioned || !strings.Contains(s.Message, "no selector") {
-			return fmt.Errorf("%+v", s)
-		}
-		return nil
-	})
+	f.waitState("Workspace", "llama", StateProvisioned, "no selector")
 	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "0-10 replicas") {
 		t.Errorf("event %q", msg)
 	}
@@ -445,27 +454,34 @@ func TestStatusUpdatesConcernNoWorkload(t *testing.T) {
 // reference is the new uid and the workload is provisioned, where it once
 // stayed in conflict for ever.
 func TestOrphanedScaledObjectIsAdopted(t *testing.T) {
-	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	old := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "mine", UID: "Deployment-mine-before"},
 		Settings{MinReplicas: 1, MaxReplicas: 3, ScaleUpPodsPerMinute: 2, ScaleDownInterval: time.Minute, ScaleDownDelay: time.Minute,
 			Trigger: map[string]string{"deployment": "mine"}}, Target{ScalerAddress: "x:9090"})
-	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), old, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// Owned by the old uid; and with no owner left, as the garbage
+	// collector leaves a dependent of an owner deleted with
+	// --cascade=orphan: the workload its scaleTargetRef names adopts it.
+	orphan := old.DeepCopy()
+	orphan.SetOwnerReferences(nil)
+	for what, so := range map[string]*unstructured.Unstructured{"owned by the old uid": old, "with no owner": orphan} {
+		f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+		if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), so, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.run()
+		f.waitFor("the orphan "+what+" adopted", func() error {
+			so, err := f.scaledObject("mine")
+			if err != nil {
+				return err
+			}
+			if !OwnedBy(so, "Deployment-mine") {
+				return fmt.Errorf("owners %v", so.GetOwnerReferences())
+			}
+			if s := f.state("Deployment", "mine"); s.State != StateProvisioned {
+				return fmt.Errorf("state %+v", s)
+			}
+			return nil
+		})
 	}
-	f.run()
-	f.waitFor("the orphan adopted", func() error {
-		so, err := f.scaledObject("mine")
-		if err != nil {
-			return err
-		}
-		if !OwnedBy(so, "Deployment-mine") {
-			return fmt.Errorf("owners %v", so.GetOwnerReferences())
-		}
-		if s := f.state("Deployment", "mine"); s.State != StateProvisioned {
-			return fmt.Errorf("state %+v", s)
-		}
-		return nil
-	})
 	// A ScaledObject of pulse's for another workload is still left alone.
 	g := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	theirs := Desired(Owner{APIVersion: "apps/v1", Kind: "StatefulSet", Namespace: "demo", Name: "db", UID: "StatefulSet-db"},
@@ -481,4 +497,40 @@ func TestOrphanedScaledObjectIsAdopted(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRefusedWriteIsReportedAndALostLeaseForgets: the API server refusing
+// the ScaledObject (KEDA's webhook refusing a second scaler of the
+// workload, a ResourceQuota) was only logged in the aggregator and retried:
+// the workload's status still said whatever it said before, and no Event
+// told its owner. Now its status is error, with the refusal, and a warning
+// Event says so. And a replica that stops leading forgets every workload's
+// state (it kept them, and its gauges counted them beside the new
+// leader's).
+func TestRefusedWriteIsReportedAndALostLeaseForgets(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.dyn.PrependReactor("create", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "keda.sh", Resource: "scaledobjects"}, "mine",
+			errors.New(`admission webhook "vscaledobject.kb.io" denied the request: the workload 'mine' of type 'apps/v1.Deployment' is already managed by the hpa 'mine'`))
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.RunElected(ctx, Election{Identity: "solo"}) }()
+	f.waitState("Deployment", "mine", StateError, "already managed by the hpa")
+	if msg := f.event("mine", "ProvisioningFailed"); !strings.Contains(msg, "already managed by the hpa") {
+		t.Fatalf("event %q", msg)
+	}
+	if n := testutil.ToFloat64(f.c.m.workloads.WithLabelValues(StateError)); n != 1 {
+		t.Fatalf("workloads{state=error} %v, want 1", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if p := f.c.Provisioning(); len(p.Workloads) != 0 || p.Leading {
+		t.Fatalf("after the lease was lost: %+v, want no workload and not leading", p)
+	}
+	if n := testutil.ToFloat64(f.c.m.workloads.WithLabelValues(StateError)); n != 0 {
+		t.Fatalf("workloads{state=error} %v after the lease was lost, want 0", n)
+	}
 }

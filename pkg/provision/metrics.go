@@ -23,7 +23,7 @@ func newMetrics(c *Controller) *metrics {
 		}),
 		workloads: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pulse_provisioner_workloads",
-			Help: "Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's)."},
+			Help: "Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's), error (the API server refused or failed the write; retried). 0 on a replica not leading."},
 			[]string{"state"}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_provisioner_changes_total",
@@ -33,7 +33,7 @@ func newMetrics(c *Controller) *metrics {
 			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried)."},
 			[]string{"reason"}),
 	}
-	for _, s := range []string{StateProvisioned, StateInvalid, StateConflict} {
+	for _, s := range states {
 		m.workloads.WithLabelValues(s)
 	}
 	for _, a := range []string{"create", "update", "delete"} {
@@ -49,13 +49,12 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.leader, m.workloads, m.changes, m.errors}
 }
 
-// refresh recounts the workloads by state.
-func (m *metrics) refresh() {
-	counts := map[string]float64{StateProvisioned: 0, StateInvalid: 0, StateConflict: 0}
-	for _, s := range m.c.Provisioning().Workloads {
-		counts[s.State]++
-	}
-	for s, n := range counts {
-		m.workloads.WithLabelValues(s).Set(n)
+// set sets the workloads by state from counts.
+func (m *metrics) set(counts map[string]int) {
+	for _, s := range states {
+		m.workloads.WithLabelValues(s).Set(float64(counts[s]))
 	}
 }
+
+// states are the workloads gauge's states.
+var states = []string{StateProvisioned, StateInvalid, StateConflict, StateError}
