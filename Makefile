@@ -56,7 +56,9 @@ helm-lint:
 	  for f in $$c/ci/*-values.yaml; do \
 	    echo "helm lint/template $$c -f $$f"; \
 	    $(HELM) lint --quiet $$c -f $$f >/dev/null || { $(HELM) lint $$c -f $$f; exit 1; }; \
-	    $(HELM) template $$(sed -n "s/^name: //p" $$c/Chart.yaml) $$c --namespace pulse-system -f $$f >/dev/null || exit 1; \
+	    out=$$($(HELM) template $$(sed -n "s/^name: //p" $$c/Chart.yaml) $$c --namespace pulse-system -f $$f) || exit 1; \
+	    if echo "$$out" | grep -q -- '--owner-cluster-role' && ! echo "$$out" | grep -q '^kind: ClusterRole$$'; then \
+	      echo "$$f: --owner-cluster-role names a ClusterRole the chart does not render"; exit 1; fi; \
 	  done; \
 	done
 	@echo "helm template deploy/aggregator -f deploy/aggregator/ci/tls-files-rbac-values.yaml: no managed certificates' RBAC"
