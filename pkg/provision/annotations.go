@@ -38,10 +38,6 @@ const (
 	AnnotationSLOPercentile = "pulse.io/slo-percentile"
 )
 
-// NoCooldown is a Spec's CooldownPeriod when pulse.io/cooldown-period is
-// not set: the ScaledObject leaves KEDA's default (300 s).
-const NoCooldown = -time.Second
-
 // keda-kaito-scaler's annotations, read as aliases of pulse's.
 const (
 	KaitoAutoProvision = "scaledobject.kaito.sh/auto-provision"
@@ -108,9 +104,11 @@ type Settings struct {
 	ScaleUpPodsPerMinute     int64
 	ScaleDownInterval        time.Duration
 	ScaleDownDelay           time.Duration
-	// CooldownPeriod is KEDA's cooldownPeriod (0 is written: KEDA then
-	// scales to zero at once); NoCooldown: not set, KEDA's default.
+	// CooldownPeriod is KEDA's cooldownPeriod when CooldownSet (0 is
+	// written: KEDA then scales to zero at once); not set, the ScaledObject
+	// leaves KEDA's default (300 s).
 	CooldownPeriod time.Duration
+	CooldownSet    bool
 	// Ignored are keda-kaito-scaler annotations pulse does not read.
 	Ignored []string
 }
@@ -170,7 +168,10 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		}
 		return s, &AnnotationError{via, fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
-	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, NoCooldown, 0, 24*time.Hour); err != nil {
+	if v, _, _ := r.get(AnnotationCooldownPeriod); v != "" {
+		s.CooldownSet = true
+	}
+	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
 		return s, err
 	}
 	if s.Parsed.Metric == scaler.MetricReplicas {

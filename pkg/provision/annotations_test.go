@@ -18,7 +18,7 @@ func TestDefaultIsThePlanner(t *testing.T) {
 	if !equalMaps(s.Trigger, want) {
 		t.Errorf("trigger %v, want %v", s.Trigger, want)
 	}
-	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownPeriod != NoCooldown {
+	if s.MinReplicas != 1 || s.MaxReplicas != 10 || s.CooldownSet {
 		t.Errorf("%+v", s)
 	}
 	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1500ms", AnnotationSLOITL: "80ms", AnnotationSLOPercentile: "90"}, time.Minute)
@@ -101,7 +101,7 @@ func TestPulseMetricNames(t *testing.T) {
 	}
 	want := map[string]string{"inferenceSet": "llama", "metric": "kvCacheUsage", "threshold": "0.5", "activationThreshold": "0.01", "window": "30s"}
 	if !equalMaps(s.Trigger, want) || s.MinReplicas != 0 || s.MaxReplicas != 3 || s.ScaleUpPodsPerMinute != 4 ||
-		s.ScaleDownInterval != 5*time.Minute || s.ScaleDownDelay != 0 || s.CooldownPeriod != 10*time.Minute {
+		s.ScaleDownInterval != 5*time.Minute || s.ScaleDownDelay != 0 || s.CooldownPeriod != 10*time.Minute || !s.CooldownSet {
 		t.Errorf("%+v", s)
 	}
 }

@@ -164,7 +164,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	r := &run{c: c, workloads: map[string]*watched{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
-	defer r.queue.ShutDown()
+	// The worker is done before the states are cleared: a reconcile still
+	// running would report after the clear, on a replica no longer leading.
+	var worker sync.WaitGroup
+	defer func() {
+		r.queue.ShutDown()
+		worker.Wait()
+	}()
 
 	r.sos = dynamicinformer.NewFilteredDynamicInformer(c.o.Dynamic, ScaledObjects, metav1.NamespaceAll, c.o.Resync,
 		cache.Indexers{byTarget: targetIndex}, nil).Informer()
@@ -184,7 +190,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	r.discover(ctx)
+	worker.Add(1)
 	go func() {
+		defer worker.Done()
 		for r.processNext(ctx) {
 		}
 	}()
@@ -328,6 +336,9 @@ func (r *run) processNext(ctx context.Context) bool {
 			r.c.o.Log.Debug("changed meanwhile; again", logging.KeyWorkload, k.String(), logging.KeyErr, err)
 			r.queue.AddRateLimited(k)
 			return true
+		}
+		if ctx.Err() != nil {
+			return true // no longer leading: not a failure to report
 		}
 		r.c.m.errors.WithLabelValues("api").Inc()
 		r.failed(k, err)

@@ -59,7 +59,7 @@ func Desired(o Owner, s Settings, t Target) *unstructured.Unstructured {
 			"behavior": behavior(s),
 		}},
 	}
-	if s.CooldownPeriod >= 0 {
+	if s.CooldownSet {
 		spec["cooldownPeriod"] = int64(s.CooldownPeriod.Seconds())
 	}
 	return &unstructured.Unstructured{Object: map[string]any{
