@@ -343,12 +343,13 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if n > 2*limit {
 		return fmt.Errorf("catalogue lists %d pods; at most %d per agent, and as many again refused", n, limit)
 	}
-	room := limit - len(st.ids)
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
 	ids := make([]uint32, 0, len(c.Upsert))
 	for _, p := range c.Upsert {
+		// The room is what is held now: an entry held before and refused
+		// in this catalogue gives its place back.
 		_, held := st.ids[p.Id]
-		if !held && room <= 0 {
+		if !held && len(st.ids) >= limit {
 			removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), removed)
 			continue
 		}
@@ -373,9 +374,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
 			st.dec.Forget(p.Id)
 			removed = append(removed, old)
-		}
-		if !held {
-			room--
 		}
 		st.ids[p.Id] = p.Uid
 		st.names[p.Id] = p.Namespace + "/" + p.Name

@@ -201,7 +201,8 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 // made the aggregator refuse the whole catalogue and end the stream, for
 // ever: the agent sent the same catalogue again on its next stream. Now the
 // entries past the limit are refused alone (agent_full), the pods held keep
-// their places, and a refused pod listed again once there is room is held.
+// their places, a refused pod listed again once there is room is held, and
+// a held entry refused gives its place to a new one of the same catalogue.
 func TestPodsPastTheAgentsLimitAreRefusedAlone(t *testing.T) {
 	f := newFixture(t)       // at most 3 pods a stream
 	enc := wire.NewEncoder() // the stream's, as an agent keeps it
@@ -225,18 +226,25 @@ func TestPodsPastTheAgentsLimitAreRefusedAlone(t *testing.T) {
 		return out
 	}
 	relist := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Remove: []uint32{1}, Upsert: []*pulsev1.Pod{pod(4, "d")}}}}
+	// c changes to an entry refused (no uid) beside a new pod f: c's place
+	// is f's.
+	badC := pod(3, "c")
+	badC.Uid = ""
+	swap := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Upsert: []*pulsev1.Pod{badC, pod(6, "f")}}}}
 	first := batch(1, 1, 2, 3, 4, 5)
 	enc.Forget(1)
+	second := batch(2, 2, 3, 4, 5)
+	enc.Forget(3)
 	err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"), pod(5, "e")), first,
-		relist, batch(2, 2, 3, 4, 5))
+		relist, second, swap, batch(3, 2, 4, 6))
 	if err != nil {
 		t.Fatalf("the stream ended: %v", err)
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("agent_full")); got != 2 {
 		t.Fatalf("rejected agent_full = %v, want 2 (d and e)", got)
 	}
-	if got, want := names(), []string{"b", "c", "d"}; !slices.Equal(got, want) {
-		t.Fatalf("pods held %v, want %v: d listed again once a left room", got, want)
+	if got, want := names(), []string{"b", "d", "f"}; !slices.Equal(got, want) {
+		t.Fatalf("pods held %v, want %v: d listed again once a left room, f in the place of c, refused", got, want)
 	}
 	if logs := f.logs.String(); !strings.Contains(logs, "reason=agent_full") || !strings.Contains(logs, "pod=ns/e") {
 		t.Fatalf("no log line names the refused pod and why:\n%s", logs)

@@ -96,10 +96,10 @@ func (r *recorder) expireLocked(full bool) {
 	if !full || len(r.m) < maxDecisions {
 		return
 	}
-	most := ""
+	most, found := "", false // a ref may have no namespace: "" is one
 	for ns, n := range held {
-		if most == "" || n > held[most] {
-			most = ns
+		if !found || n > held[most] {
+			most, found = ns, true
 		}
 	}
 	var oldest *Evaluation

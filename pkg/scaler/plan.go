@@ -60,16 +60,16 @@ func (p *plans) get(k planKey) planner.State {
 // put holds st as k's state; past p.max, the namespace holding the most
 // forgets its least recently planned.
 func (p *plans) put(k planKey, st planner.State) {
+	if l := p.ns[k.Namespace]; l == nil || !l.Contains(k) {
+		if p.n >= p.max {
+			p.forgetOne() // may forget k's namespace's last state, and its list
+		}
+		p.n++
+	}
 	l := p.ns[k.Namespace]
 	if l == nil {
 		l, _ = simplelru.NewLRU[planKey, planner.State](p.max, nil)
 		p.ns[k.Namespace] = l
-	}
-	if !l.Contains(k) {
-		if p.n >= p.max {
-			p.forgetOne()
-		}
-		p.n++
 	}
 	l.Add(k, st)
 }
@@ -77,20 +77,20 @@ func (p *plans) put(k planKey, st planner.State) {
 // forgetOne drops the least recently planned state of the namespace
 // holding the most.
 func (p *plans) forgetOne() {
-	var most string
+	var most *simplelru.LRU[planKey, planner.State]
+	var mostNS string
 	for ns, l := range p.ns {
-		if most == "" || l.Len() > p.ns[most].Len() {
-			most = ns
+		if most == nil || l.Len() > most.Len() {
+			most, mostNS = l, ns
 		}
 	}
-	if most == "" {
+	if most == nil {
 		return
 	}
-	l := p.ns[most]
-	l.RemoveOldest()
+	most.RemoveOldest()
 	p.n--
-	if l.Len() == 0 {
-		delete(p.ns, most)
+	if most.Len() == 0 {
+		delete(p.ns, mostNS)
 	}
 }
 

@@ -311,6 +311,25 @@ func TestOneTenantsPlansForgetOnlyItsOwn(t *testing.T) {
 	if got := p.get(key("noisy", "0")); got.Capacity != 0 {
 		t.Fatalf("the noisy tenant's oldest state was kept: %+v", got)
 	}
+	// Namespaces of one state each, full: a second state of one of them
+	// may forget its first, and its list; the new state is still held, and
+	// the count stays true.
+	q := newPlans()
+	q.max = 3
+	for _, ns := range []string{"a", "b", "c"} {
+		q.put(key(ns, "w"), planner.State{Capacity: 1})
+	}
+	for i := range 20 {
+		ns := []string{"a", "b", "c"}[i%3]
+		q.put(key(ns, fmt.Sprint(i)), planner.State{Capacity: float64(i + 2)})
+		held := 0
+		for _, l := range q.ns {
+			held += l.Len()
+		}
+		if got := q.get(key(ns, fmt.Sprint(i))); got.Capacity != float64(i+2) || held != q.n || q.n > q.max {
+			t.Fatalf("put %d: state %+v, %d held, counted %d (at most %d)", i, got, held, q.n, q.max)
+		}
+	}
 }
 
 // TestOneTenantsRecordsPushOutOnlyItsOwn: past maxDecisions the oldest

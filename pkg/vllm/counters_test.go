@@ -238,10 +238,11 @@ func BenchmarkExtractManyBounds(b *testing.B) {
 }
 
 // TestHistogramsTheWireRefusesAreLeftOut: a histogram of one bucket (only
-// +Inf), a NaN bound or a NaN count was sent, the aggregator refused the
-// batch as malformed and ended the stream, and the next stream's first
-// batch sent it again: one pod's page silenced its node. Such a histogram
-// is left out now, the rest of the page kept; two buckets are kept.
+// +Inf) was sent, the aggregator refused the batch as malformed and ended
+// the stream, and the next stream's first batch sent it again: one pod's
+// page silenced its node. Such a histogram is left out now, the rest of the
+// page kept; two buckets are kept. A bucket line whose bound or count is
+// NaN is dropped as the page is read, which leaves one bucket here.
 func TestHistogramsTheWireRefusesAreLeftOut(t *testing.T) {
 	e, err := NewExtractor(nil, WithHistograms())
 	if err != nil {

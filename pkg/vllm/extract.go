@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -343,16 +342,17 @@ func (a *accumulator) addBucket(src source, le, v float64) {
 }
 
 // histograms orders each histogram's buckets by bound. A histogram with no
-// +Inf bucket, fewer than 2 buckets or more than metric.MaxBuckets, or a
-// bound or a count that is NaN, is left out (the wire carries none of them); counts
-// that decrease with the bound (series of an engine with other bounds) are
-// raised to stay cumulative.
+// +Inf bucket, fewer than 2 buckets or more than metric.MaxBuckets is left
+// out (the wire carries none of them; a bucket line whose bound or count is
+// NaN was dropped as the page was read); counts that decrease with the
+// bound (series of an engine with other bounds) are raised to stay
+// cumulative.
 func (a *accumulator) histograms() *metric.Histograms {
 	var out *metric.Histograms
 	for h := range a.hist {
 		s := &a.hist[h]
 		n := len(s.bounds)
-		if n < 2 || s.over || slices.ContainsFunc(s.bounds, math.IsNaN) || slices.ContainsFunc(s.counts, math.IsNaN) {
+		if n < 2 || s.over {
 			continue
 		}
 		idx := make([]int, n)

@@ -348,6 +348,16 @@ broken{a="
 	if errs[4] == nil {
 		t.Fatal("a malformed line of the demand metric is accepted")
 	}
+	// Read once: 64 workloads of the same metrics cost about what one does.
+	var many []*Demand
+	for range 64 {
+		many = append(many, demands[0])
+	}
+	one := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemand(page[:len(page)-len("broken{a=\"\n")], demands[0]) })
+	all := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemands(page[:len(page)-len("broken{a=\"\n")], many) })
+	if all > 2*one+64 {
+		t.Fatalf("64 workloads: %.0f allocations a scrape, one alone %.0f: the page is read for each", all, one)
+	}
 }
 
 // TestDemandNamesAreBounded: a router's page is read for each metric its
