@@ -3,6 +3,8 @@ package ingest
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -21,8 +23,27 @@ import (
 )
 
 // NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
-// which node the pod runs on.
-const NodeClaim = "authentication.kubernetes.io/node-name"
+// which node the pod runs on, and PodClaim which pod it is bound to.
+const (
+	NodeClaim = "authentication.kubernetes.io/node-name"
+	PodClaim  = "authentication.kubernetes.io/pod-name"
+)
+
+// Bounds of the token reviews: at most maxReviews in flight (a stream
+// waits reviewWait for a turn, then is refused Unavailable, and its agent
+// retries), and maxCachedTokens answers kept. Every stream opening with a
+// token not cached costs a TokenReview on the aggregator's one API client,
+// whose rate limit its Lease renewals and pod lookups share: made-up
+// tokens once queued there without bound.
+const (
+	maxReviews      = 8
+	reviewWait      = 2 * time.Second
+	maxCachedTokens = 16384
+	tokenCacheFor   = time.Minute
+)
+
+// ErrBusy: too many token reviews are in flight; the agent retries.
+var ErrBusy = errors.New("too many agent token reviews in flight: try again")
 
 // Authenticator decides which node an agent stream may speak for.
 type Authenticator interface {
@@ -41,7 +62,9 @@ type TokenReviewer struct {
 	allowed  []string // system:serviceaccount:NS:NAME
 
 	mu     sync.Mutex
-	tokens map[[32]byte]review // by token hash, for a minute
+	tokens map[[32]byte]review // by token hash, for a minute at most
+	turns  chan struct{}       // a token review's turn (maxReviews)
+	wait   time.Duration       // how long a stream waits for a turn
 	pods   *lru.Cache[string, podIdentity]
 	// podInformer caches every scheduled pod's node, so that an
 	// aggregator's restart with thousands of catalogued pods costs one
@@ -60,7 +83,7 @@ var _ Authenticator = (*TokenReviewer)(nil)
 // NewTokenReviewer accepts tokens for audience from the given service
 // accounts ("namespace/name").
 func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
-	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}}
+	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait}
 	for _, sa := range serviceAccounts {
 		ns, name, ok := strings.Cut(sa, "/")
 		if !ok || ns == "" || name == "" {
@@ -103,7 +126,10 @@ func (t *TokenReviewer) Ready() error {
 // ErrUnauthenticated: the token is not one of an allowed agent.
 var ErrUnauthenticated = errors.New("not an authenticated pulse agent")
 
-// Authenticate reviews the token (cached for a minute by its hash).
+// Authenticate reviews the token. Its answer is cached by the token's hash
+// for a minute, and never past the token's expiry; an error of the API
+// (not an answer) is not cached, so that one blip does not refuse an agent
+// for a minute.
 func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string, error) {
 	key := sha256.Sum256([]byte(token))
 	t.mu.Lock()
@@ -112,16 +138,56 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 		return r.node, r.err
 	}
 	t.mu.Unlock()
+	wait := time.NewTimer(t.wait)
+	defer wait.Stop()
+	select {
+	case t.turns <- struct{}{}:
+	case <-wait.C:
+		return "", ErrBusy
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
 	node, err := t.review(ctx, token)
+	<-t.turns
+	if err != nil && !errors.Is(err, ErrUnauthenticated) {
+		return node, err
+	}
+	expires := time.Now().Add(tokenCacheFor)
+	if exp, ok := tokenExpiry(token); ok && exp.Before(expires) {
+		expires = exp
+	}
 	t.mu.Lock()
+	now := time.Now()
 	for k, r := range t.tokens { // keep the cache small
-		if time.Now().After(r.expires) {
+		if now.After(r.expires) {
 			delete(t.tokens, k)
 		}
 	}
-	t.tokens[key] = review{node: node, err: err, expires: time.Now().Add(time.Minute)}
+	if len(t.tokens) < maxCachedTokens {
+		t.tokens[key] = review{node: node, err: err, expires: expires}
+	}
 	t.mu.Unlock()
 	return node, err
+}
+
+// tokenExpiry reads a JWT's exp claim, unverified: only to cache its
+// review no longer than it holds.
+func tokenExpiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(claims.Exp, 0), true
 }
 
 func (t *TokenReviewer) review(ctx context.Context, token string) (string, error) {
@@ -134,11 +200,16 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 	if !st.Authenticated || st.Error != "" {
 		return "", fmt.Errorf("%w: %s", ErrUnauthenticated, st.Error)
 	}
+	// An authenticator that answers no audience did not check it (the
+	// TokenReview API asks its clients to verify this).
+	if !slices.Contains(st.Audiences, t.audience) {
+		return "", fmt.Errorf("%w: the review did not confirm the audience %q", ErrUnauthenticated, t.audience)
+	}
 	if !slices.Contains(t.allowed, st.User.Username) {
 		return "", fmt.Errorf("%w: %s is not an agent service account", ErrUnauthenticated, st.User.Username)
 	}
-	nodes := st.User.Extra[NodeClaim]
-	if len(nodes) != 1 || nodes[0] == "" {
+	nodes, pods := st.User.Extra[NodeClaim], st.User.Extra[PodClaim]
+	if len(nodes) != 1 || nodes[0] == "" || len(pods) != 1 || pods[0] == "" {
 		return "", fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
 	}
 	return nodes[0], nil

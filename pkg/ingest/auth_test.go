@@ -2,10 +2,13 @@ package ingest
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,8 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -206,4 +211,87 @@ func TestTooManyPodsCostNoLookup(t *testing.T) {
 			t.Fatalf("a pod was looked up (%v) for a catalogue refused for its size", a)
 		}
 	}
+}
+
+// TestTokenReviewsAreBoundedAndCheckedWhole: every stream with a token not
+// cached made a TokenReview, without bound, on the API client whose rate
+// limit the aggregator's Lease renewals and pod lookups share; an API
+// error was cached for a minute against the agent's real token; an answer
+// was cached past its token's expiry; and the review's audience and pod
+// binding were not checked. Now at most maxReviews are in flight (a stream
+// past them is refused, to retry), an API error is not cached, an answer is
+// cached no longer than its token holds, and the review must confirm the
+// audience and a pod.
+func TestTokenReviewsAreBoundedAndCheckedWhole(t *testing.T) {
+	c := fake.NewClientset()
+	agent := "system:serviceaccount:pulse-system:pulse-agent"
+	expired := jwt(time.Now().Add(-time.Second))
+	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{
+		"token-node-1": {User: agent, Node: "node-1"},
+		"no-audience":  {User: agent, Node: "node-1", AudienceUnaware: true},
+		"node-bound":   {User: agent, Node: "node-1", NotPodBound: true},
+		expired:        {User: agent, Node: "node-1"},
+	})
+	var reviews atomic.Int64
+	failOnce, block := atomic.Bool{}, make(chan struct{})
+	failOnce.Store(true)
+	var blocking atomic.Bool
+	c.PrependReactor("create", "tokenreviews", func(k8stesting.Action) (bool, runtime.Object, error) {
+		reviews.Add(1)
+		if blocking.Load() {
+			<-block
+		}
+		if failOnce.CompareAndSwap(true, false) {
+			return true, nil, errors.New("the server is currently unable to handle the request")
+		}
+		return false, nil, nil // on to the API's answer
+	})
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := tr.Authenticate(ctx, "token-node-1"); err == nil || errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("API error: %v, want an error that is not a refusal", err)
+	}
+	if node, err := tr.Authenticate(ctx, "token-node-1"); err != nil || node != "node-1" {
+		t.Fatalf("after the API came back: %q, %v (the error was cached)", node, err)
+	}
+	for tok, why := range map[string]string{"no-audience": "audience", "node-bound": "bound to a pod"} {
+		if _, err := tr.Authenticate(ctx, tok); !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), why) {
+			t.Errorf("%s: %v, want refused naming %q", tok, err, why)
+		}
+	}
+	before := reviews.Load()
+	for range 2 {
+		if _, err := tr.Authenticate(ctx, expired); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := reviews.Load() - before; n != 2 {
+		t.Fatalf("an expired token was reviewed %d times in two streams, want 2 (no answer cached past its expiry)", n)
+	}
+	// Past maxReviews in flight, a stream is refused at once it has waited.
+	tr.wait = 50 * time.Millisecond
+	blocking.Store(true)
+	var wg sync.WaitGroup
+	for i := range maxReviews {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = tr.Authenticate(ctx, fmt.Sprintf("made-up-%d", i)) }()
+	}
+	for len(tr.turns) < maxReviews { // every turn taken (the fake API answers one at a time)
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := tr.Authenticate(ctx, "made-up-extra"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("review past %d in flight: %v, want ErrBusy", maxReviews, err)
+	}
+	close(block)
+	wg.Wait()
+}
+
+// jwt is a token shaped as a JWT whose exp claim is exp (unsigned: the
+// fake API server answers by the whole token).
+func jwt(exp time.Time) string {
+	payload := base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, `{"exp":%d}`, exp.Unix()))
+	return "eyJhbGciOiJub25lIn0." + payload + ".sig"
 }

@@ -224,9 +224,14 @@ func (s *Server) authenticate(ctx context.Context) (string, error) {
 		return "", status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
 	}
 	node, err := s.auth.Authenticate(ctx, token)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
 		s.m.rejected.WithLabelValues("unauthenticated").Inc()
 		return "", status.Error(codes.Unauthenticated, err.Error())
+	case err != nil:
+		// Not an answer: too many reviews in flight, or the API failed.
+		// The agent retries.
+		return "", status.Error(codes.Unavailable, "agent authentication: "+err.Error())
 	}
 	return node, nil
 }

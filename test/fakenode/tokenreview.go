@@ -11,7 +11,16 @@ import (
 type Token struct {
 	User string // the username, e.g. system:serviceaccount:pulse-system:pulse-agent
 	Node string // the node of the pod the token is bound to; "" for none
+	// NotPodBound: a token with a node claim but no pod's (one bound to a
+	// Node object); with Node set, a token is otherwise bound to a pod.
+	NotPodBound bool
+	// AudienceUnaware: the review answers no audience, as an authenticator
+	// that does not check them.
+	AudienceUnaware bool
 }
+
+// PodClaim is the TokenReview extra that names a pod-bound token's pod.
+const PodClaim = "authentication.kubernetes.io/pod-name"
 
 // NodeClaim is the TokenReview extra that names a pod-bound token's node.
 const NodeClaim = "authentication.kubernetes.io/node-name"
@@ -26,8 +35,14 @@ func TokenReviews(c *fake.Clientset, audience string, tokens map[string]Token) {
 		tr.Status = authenticationv1.TokenReviewStatus{Authenticated: ok}
 		if ok {
 			tr.Status.User = authenticationv1.UserInfo{Username: tok.User}
+			if !tok.AudienceUnaware {
+				tr.Status.Audiences = []string{audience}
+			}
 			if tok.Node != "" {
 				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{NodeClaim: {tok.Node}}
+				if !tok.NotPodBound {
+					tr.Status.User.Extra[PodClaim] = authenticationv1.ExtraValue{"agent-on-" + tok.Node}
+				}
 			}
 		}
 		return true, tr, nil
