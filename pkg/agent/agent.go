@@ -468,7 +468,7 @@ func (a *Agent) aggregatorConnected() (addrs []string, ok bool) {
 
 func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 30 * time.Second}))
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		// The scrape loop ticks every interval; 1.5 intervals without a
 		// tick means it is stuck.
@@ -495,7 +495,10 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Bounded as the aggregator's: a slow or idle client holds nothing
+	// for long.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	go func() { //nolint:gosec // G118: ctx has ended when the shutdown starts; it needs a live context of its own
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -221,10 +221,14 @@ func grpcOptions() []grpc.ServerOption {
 //   - Fixed 64 KiB windows (gRPC's least): no bandwidth-estimation pings,
 //     so a batch wakes no extra writer, and a connection can hold at most
 //     64 KiB that its handler has not read (the estimate grows it to 16 MiB).
+//   - At most 4 streams a connection (an agent opens one): gRPC allows
+//     2^32 - 1, each a handler and, with agent authentication, a token
+//     review.
 func streamOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
+		grpc.MaxConcurrentStreams(4),
 	}
 }
 
@@ -404,7 +408,24 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // logged, at most once a minute.
 func metricsHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Registry: reg,
-		ErrorLog: &metricsErrorLog{log: log}})
+		ErrorLog: &metricsErrorLog{log: log}, MaxRequestsInFlight: MetricsInFlight, Timeout: MetricsTimeout})
+}
+
+// Bounds of the HTTP servers (/metrics, the debug endpoints, the health
+// checks), so that a slow or idle client holds nothing for long: headers
+// within 5 s, a request within 10 s, an answer written within a minute (a
+// CPU profile takes 30 s), an idle keep-alive closed after 2 minutes; at
+// most MetricsInFlight gatherings of /metrics at once (the others answered
+// 503), each within MetricsTimeout.
+const (
+	MetricsInFlight = 4
+	MetricsTimeout  = 30 * time.Second
+)
+
+// NewHTTPServer is an HTTP server of handler with those bounds.
+func NewHTTPServer(handler http.Handler) *http.Server {
+	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 }
 
 // metricsErrorLog is promhttp's error log on the aggregator's, at most once
@@ -440,7 +461,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	dmux := mux
 	if a.debugLn != nil {
 		dmux = http.NewServeMux()
-		a.debugSrv = &http.Server{Handler: dmux, ReadHeaderTimeout: 5 * time.Second}
+		a.debugSrv = NewHTTPServer(dmux)
 	}
 	dbg.Register(dmux)
 	if a.opts.Serving.Profiling {
@@ -452,5 +473,5 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux.Handle("GET /metrics", metricsHandler(reg, a.log))
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
-	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.httpSrv = NewHTTPServer(mux)
 }

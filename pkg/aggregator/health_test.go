@@ -5,11 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -237,5 +240,57 @@ func TestWarmupExpectsTheAgentDaemonSet(t *testing.T) {
 		if node == "n2" && err != nil {
 			t.Fatalf("both agents heard: %v", err)
 		}
+	}
+}
+
+// blockingCollector blocks every gathering until release is closed.
+type blockingCollector struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b blockingCollector) Describe(chan<- *prometheus.Desc) {}
+func (b blockingCollector) Collect(chan<- prometheus.Metric) {
+	b.started <- struct{}{}
+	<-b.release
+}
+
+// TestMetricsGatheringsAreBounded: /metrics had no bound on gatherings at
+// once, and the servers none on a request's time but its headers': a
+// client opening requests it never reads held a whole page each. At most
+// MetricsInFlight gather at once (the next is answered 503), and the
+// servers bound reading, writing and idling.
+func TestMetricsGatheringsAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := blockingCollector{started: make(chan struct{}, MetricsInFlight), release: make(chan struct{})}
+	reg.MustRegister(b)
+	srv := httptest.NewServer(metricsHandler(reg, slog.New(slog.DiscardHandler)))
+	defer srv.Close()
+	var wg sync.WaitGroup
+	for range MetricsInFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := http.Get(srv.URL); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	for range MetricsInFlight {
+		<-b.started
+	}
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a gathering past %d at once: %d, want 503", MetricsInFlight, resp.StatusCode)
+	}
+	close(b.release)
+	wg.Wait()
+	s := NewHTTPServer(http.NotFoundHandler())
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout < 30*time.Second || s.IdleTimeout <= 0 {
+		t.Fatalf("server bounds %+v: want every timeout set, writing at least a CPU profile's 30 s", s)
 	}
 }
