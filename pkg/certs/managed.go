@@ -40,6 +40,13 @@ const (
 	KeyServerKey  = "tls.key"
 	KeyClientCert = "client.crt"
 	KeyClientKey  = "client.key"
+	// KeyNextCACert and KeyNextCAKey: the CA that follows, made halfway
+	// through the current one's life and trusted (published in the bundle)
+	// from then on; it signs the pairs from the current one's renewal.
+	// KeyPrevCACert: the CA before, trusted until it expires.
+	KeyNextCACert = "ca-next.crt"
+	KeyNextCAKey  = "ca-next.key"
+	KeyPrevCACert = "ca-previous.crt"
 )
 
 // ClusterTriggerAuthentications is KEDA's resource.
@@ -209,7 +216,7 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	if m.o.CAConfigMap == "" {
 		return nil
 	}
-	want := map[string]string{KeyCACert: string(sec.Data[KeyCACert])}
+	want := map[string]string{KeyCACert: string(m.bundle(sec))}
 	cms := m.o.Client.CoreV1().ConfigMaps(m.o.Namespace)
 	cur, err := cms.Get(ctx, m.o.CAConfigMap, metav1.GetOptions{})
 	switch {
@@ -230,15 +237,42 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	return nil
 }
 
+// bundle is the CAs trusted: the current one, the next (once made) and the
+// previous (until it expires), in PEM. It is what the agents and KEDA are
+// given, so that a new CA is trusted everywhere long before it signs the
+// server's certificate, and the old one as long as anything it signed may
+// be presented.
+func (m *Managed) bundle(sec *corev1.Secret) []byte {
+	out := append([]byte(nil), sec.Data[KeyCACert]...)
+	if _, err := parseCert(sec.Data[KeyNextCACert]); err == nil {
+		out = append(out, sec.Data[KeyNextCACert]...)
+	}
+	if prev, err := parseCert(sec.Data[KeyPrevCACert]); err == nil && m.o.Now().Before(prev.NotAfter) {
+		out = append(out, sec.Data[KeyPrevCACert]...)
+	}
+	return out
+}
+
+// halfway and twoThirds are how far through its validity c is due for a
+// follower, and for renewal.
+func halfway(c *x509.Certificate) time.Time   { return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2) }
+func twoThirds(c *x509.Certificate) time.Time { return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3) }
+
 // due reports whether any certificate is missing, unreadable, not for the
-// configured names, or two thirds through its validity.
+// configured names, or two thirds through its validity, or the CA is
+// halfway through its own with no next CA made.
 func (m *Managed) due(sec *corev1.Secret) bool {
+	if ca, err := parseCert(sec.Data[KeyCACert]); err == nil && m.o.Now().After(halfway(ca)) {
+		if _, err := parseCert(sec.Data[KeyNextCACert]); err != nil {
+			return true
+		}
+	}
 	for _, k := range []string{KeyCACert, KeyServerCert, KeyClientCert} {
 		c, err := parseCert(sec.Data[k])
 		if err != nil {
 			return true
 		}
-		if m.o.Now().After(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)) {
+		if m.o.Now().After(twoThirds(c)) {
 			return true
 		}
 		if k == KeyServerCert && !sameNames(c, m.o.DNSNames, m.o.IPs) {
@@ -265,24 +299,48 @@ func sameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
 	return true
 }
 
-// renew writes new server and client pairs into sec, and a new CA when the
-// CA itself is missing or due.
+// renew writes new server and client pairs into sec, signed by the
+// current CA. The CA lives three validities. Halfway through it the next
+// CA is made, and published beside it; two thirds through, the next one
+// becomes the current one (it has been trusted for a sixth of the CA's
+// life: a CA renewed at once cut KEDA and the agents off until they read
+// the new one), and the old one stays trusted until it expires. A CA
+// missing or unreadable is made anew.
 func (m *Managed) renew(sec *corev1.Secret) error {
 	if sec.Data == nil {
 		sec.Data = map[string][]byte{}
 	}
 	now := m.o.Now()
+	newCA := func() (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
+		return issue(nil, nil, "pulse-aggregator-ca", now, 3*m.o.Validity, true, 0, nil, nil)
+	}
 	ca, caErr := parseCert(sec.Data[KeyCACert])
 	caKey, keyErr := parseKey(sec.Data[KeyCAKey])
-	if caErr != nil || keyErr != nil || now.After(ca.NotBefore.Add(ca.NotAfter.Sub(ca.NotBefore)*2/3)) {
-		// The CA lives three validities, so that a pair renewed late still
-		// chains to it.
-		var err error
-		if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = issue(nil, nil, "pulse-aggregator-ca", now, 3*m.o.Validity, true, 0, nil, nil); err != nil {
+	next, nextErr := parseCert(sec.Data[KeyNextCACert])
+	nextKey, nextKeyErr := parseKey(sec.Data[KeyNextCAKey])
+	var err error
+	switch {
+	case caErr != nil || keyErr != nil:
+		if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
+			return err
+		}
+		delete(sec.Data, KeyNextCACert)
+		delete(sec.Data, KeyNextCAKey)
+		delete(sec.Data, KeyPrevCACert)
+	case now.After(twoThirds(ca)):
+		sec.Data[KeyPrevCACert] = sec.Data[KeyCACert]
+		if nextErr == nil && nextKeyErr == nil {
+			ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
+		} else if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
+			return err
+		}
+		delete(sec.Data, KeyNextCACert)
+		delete(sec.Data, KeyNextCAKey)
+	case now.After(halfway(ca)) && (nextErr != nil || nextKeyErr != nil):
+		if _, _, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey], err = newCA(); err != nil {
 			return err
 		}
 	}
-	var err error
 	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, caKey, "pulse-aggregator", now, m.o.Validity, false,
 		x509.ExtKeyUsageServerAuth, m.o.DNSNames, m.o.IPs); err != nil {
 		return err
@@ -300,7 +358,7 @@ func (m *Managed) load(sec *corev1.Secret) error {
 		return fmt.Errorf("server pair: %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(sec.Data[KeyCACert]) {
+	if !pool.AppendCertsFromPEM(m.bundle(sec)) {
 		return errors.New("no CA certificate")
 	}
 	m.current.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
@@ -313,7 +371,7 @@ func (m *Managed) load(sec *corev1.Secret) error {
 // and the ClusterTriggerAuthentication mapping it to the external scaler's
 // caCert, tlsClientCert and tlsClientKey.
 func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
-	want := map[string][]byte{"ca.crt": sec.Data[KeyCACert], "tls.crt": sec.Data[KeyClientCert], "tls.key": sec.Data[KeyClientKey]}
+	want := map[string][]byte{"ca.crt": m.bundle(sec), "tls.crt": sec.Data[KeyClientCert], "tls.key": sec.Data[KeyClientKey]}
 	ks := m.o.Client.CoreV1().Secrets(m.o.KEDANamespace)
 	cur, err := ks.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
 	switch {

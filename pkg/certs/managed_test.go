@@ -203,3 +203,67 @@ func TestManagedOwner(t *testing.T) {
 	}
 	owned("new ClusterTriggerAuthentication", cta2.GetOwnerReferences())
 }
+
+// TestTheCAIsRolledOverWithoutACut: the CA and both pairs were replaced at
+// once, and the server at once trusted and presented only the new CA's:
+// KEDA and the agents, holding the old CA, were cut off until they read
+// the new one. Now the next CA is made halfway through the current one's
+// life and published beside it; two thirds through it signs the pairs, and
+// the old CA stays trusted. KEDA's credentials and the agents' CA as they
+// were before the switch still work after it.
+func TestTheCAIsRolledOverWithoutACut(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	now := time.Now()
+	clock := &testClock{t: now.Add(-61 * 24 * time.Hour)} // the CA lives 90 days: 45 halfway, 60 two thirds
+	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
+		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
+		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", CAConfigMap: "pulse-aggregator-ca",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
+	secret := func() map[string][]byte {
+		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Data
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := secret()
+	clock.Add(46 * 24 * time.Hour) // past halfway: the next CA, published
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	half := secret()
+	if string(half[KeyCACert]) != string(first[KeyCACert]) || len(half[KeyNextCACert]) == 0 {
+		t.Fatal("halfway: want the same CA and a next one")
+	}
+	kedaBefore := kedaClient(t, client)
+	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentBefore := x509.NewCertPool()
+	agentBefore.AppendCertsFromPEM([]byte(cm.Data[KeyCACert]))
+	clock.Add(15 * 24 * time.Hour) // past two thirds: now, the next CA signs
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := secret()
+	if string(after[KeyCACert]) != string(half[KeyNextCACert]) || string(after[KeyPrevCACert]) != string(first[KeyCACert]) {
+		t.Fatal("two thirds through: want the next CA current and the old one previous")
+	}
+	addr := serveConfig(t, m.ServerConfig())
+	if _, err := check(t, addr, kedaBefore); err != nil {
+		t.Fatalf("KEDA's credentials of before the switch, after it: %v", err)
+	}
+	if _, err := check(t, addr, kedaClient(t, client)); err != nil {
+		t.Fatalf("KEDA's credentials of after the switch: %v", err)
+	}
+	if _, err := check(t, serveConfig(t, m.ServerOnlyConfig()), &tls.Config{RootCAs: agentBefore, MinVersion: tls.VersionTLS12}); err != nil {
+		t.Fatalf("an agent trusting the CAs published before the switch, after it: %v", err)
+	}
+}
