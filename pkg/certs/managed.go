@@ -67,9 +67,10 @@ type ManagedOptions struct {
 	// KEDA uses, and the Secret of KEDA's client pair it reads, which KEDA
 	// resolves in its own namespace.
 	KEDANamespace, TriggerAuthName string
-	// CAConfigMap, when set, is a ConfigMap (in Namespace) where the CA's
-	// certificate alone (ca.crt, never its key) is published for the
-	// agents, which connect to the ingest port over TLS and verify it.
+	// CAConfigMap, when set, is a ConfigMap (in Namespace) where the CAs'
+	// certificates alone (ca.crt: the bundle, never a key) are published
+	// for the agents, which connect to the ingest port over TLS and verify
+	// it.
 	CAConfigMap string
 	// Owner, if set, owns the Secrets and the ClusterTriggerAuthentication
 	// (a cluster-scoped object, the chart's ClusterRole, can own both
@@ -209,9 +210,10 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	return m.ensureKEDA(ctx, sec)
 }
 
-// ensureCA publishes the CA's certificate in CAConfigMap (when set), the
-// trust the agents mount; it changes only when the CA is renewed (once in
-// three validities), and the agents re-read it on every connect.
+// ensureCA publishes the CAs' bundle in CAConfigMap (when set), the trust
+// the agents mount; it changes when the next CA is made, when it becomes
+// the current one and when the previous one expires, and the agents
+// re-read it on every connect.
 func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	if m.o.CAConfigMap == "" {
 		return nil
@@ -255,15 +257,22 @@ func (m *Managed) bundle(sec *corev1.Secret) []byte {
 
 // halfway and twoThirds are how far through its validity c is due for a
 // follower, and for renewal.
-func halfway(c *x509.Certificate) time.Time   { return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2) }
-func twoThirds(c *x509.Certificate) time.Time { return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3) }
+func halfway(c *x509.Certificate) time.Time { return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2) }
+func twoThirds(c *x509.Certificate) time.Time {
+	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)
+}
 
-// due reports whether any certificate is missing, unreadable, not for the
-// configured names, or two thirds through its validity, or the CA is
-// halfway through its own with no next CA made.
+// due reports whether any certificate or the CA's key is missing,
+// unreadable, not for the configured names, or two thirds through its
+// validity, or the CA is halfway through its own with no next CA made.
 func (m *Managed) due(sec *corev1.Secret) bool {
+	if _, err := parseKey(sec.Data[KeyCAKey]); err != nil {
+		return true // nothing could be signed at the next renewal
+	}
 	if ca, err := parseCert(sec.Data[KeyCACert]); err == nil && m.o.Now().After(halfway(ca)) {
-		if _, err := parseCert(sec.Data[KeyNextCACert]); err != nil {
+		_, certErr := parseCert(sec.Data[KeyNextCACert])
+		_, keyErr := parseKey(sec.Data[KeyNextCAKey])
+		if certErr != nil || keyErr != nil {
 			return true
 		}
 	}
@@ -320,6 +329,12 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 	nextKey, nextKeyErr := parseKey(sec.Data[KeyNextCAKey])
 	var err error
 	switch {
+	case (caErr != nil || keyErr != nil) && nextErr == nil && nextKeyErr == nil:
+		// The current CA is unreadable: the next one, published already,
+		// takes its place.
+		ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
+		delete(sec.Data, KeyNextCACert)
+		delete(sec.Data, KeyNextCAKey)
 	case caErr != nil || keyErr != nil:
 		if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
 			return err
@@ -350,8 +365,8 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 	return err
 }
 
-// load makes the Secret's server pair the one served, trusting its CA for
-// client certificates.
+// load makes the Secret's server pair the one served, trusting the CAs'
+// bundle for client certificates.
 func (m *Managed) load(sec *corev1.Secret) error {
 	pair, err := tls.X509KeyPair(sec.Data[KeyServerCert], sec.Data[KeyServerKey])
 	if err != nil {

@@ -49,16 +49,9 @@ func kedaClient(t *testing.T, client *fake.Clientset) *tls.Config {
 }
 
 func TestManagedCertificates(t *testing.T) {
-	client := fake.NewClientset()
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
 	// The certificates are first made 21 days ago (of 30), so that "now"
 	// is two thirds through their validity and they are valid for real TLS.
-	clock := &testClock{t: time.Now().Add(-21 * 24 * time.Hour)}
-	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
-		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
-		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", CAConfigMap: "pulse-aggregator-ca",
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
+	m, client, dyn, clock := managed(t, 21*24*time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -213,22 +206,7 @@ func TestManagedOwner(t *testing.T) {
 // were before the switch still work after it.
 func TestTheCAIsRolledOverWithoutACut(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
-	now := time.Now()
-	clock := &testClock{t: now.Add(-61 * 24 * time.Hour)} // the CA lives 90 days: 45 halfway, 60 two thirds
-	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
-		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
-		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", CAConfigMap: "pulse-aggregator-ca",
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
-	secret := func() map[string][]byte {
-		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Data
-	}
+	m, client, clock, secret := rollover(t)
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -265,5 +243,72 @@ func TestTheCAIsRolledOverWithoutACut(t *testing.T) {
 	}
 	if _, err := check(t, serveConfig(t, m.ServerOnlyConfig()), &tls.Config{RootCAs: agentBefore, MinVersion: tls.VersionTLS12}); err != nil {
 		t.Fatalf("an agent trusting the CAs published before the switch, after it: %v", err)
+	}
+}
+
+// managed is a Managed of 30-day certificates (its CA lives 90 days: 45
+// halfway, 60 two thirds) whose clock is back days back.
+func managed(t *testing.T, back time.Duration) (*Managed, *fake.Clientset, *dynamicfake.FakeDynamicClient, *testClock) {
+	t.Helper()
+	client := fake.NewClientset()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	clock := &testClock{t: time.Now().Add(-back)}
+	m := NewManaged(ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
+		DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: 30 * 24 * time.Hour,
+		KEDANamespace: "keda", TriggerAuthName: "pulse-creds", CAConfigMap: "pulse-aggregator-ca",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock.Now})
+	return m, client, dyn, clock
+}
+
+// rollover is managed 61 days back, and a reader of its Secret.
+func rollover(t *testing.T) (*Managed, *fake.Clientset, *testClock, func() map[string][]byte) {
+	m, client, _, clock := managed(t, 61*24*time.Hour)
+	secret := func() map[string][]byte {
+		s, err := client.CoreV1().Secrets("pulse-system").Get(context.Background(), "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Data
+	}
+	return m, client, clock, secret
+}
+
+// TestAnUnreadableCAGivesWayToTheNext: a current CA whose key is lost once
+// the next one is published is replaced by that one (it deleted both and
+// made a new, unpublished CA), and a next CA whose key is lost is made
+// again before the switch.
+func TestAnUnreadableCAGivesWayToTheNext(t *testing.T) {
+	ctx := context.Background()
+	m, client, clock, secret := rollover(t)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(46 * 24 * time.Hour)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	half := secret()
+	broken := func(key string) {
+		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Data[key] = []byte("lost")
+		if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	broken(KeyNextCAKey)
+	remade := secret()
+	if string(remade[KeyCACert]) != string(half[KeyCACert]) || len(remade[KeyNextCACert]) == 0 || string(remade[KeyNextCACert]) == string(half[KeyNextCACert]) {
+		t.Fatal("a next CA whose key is lost: want the same CA and a next one made again")
+	}
+	broken(KeyCAKey)
+	if got := secret(); string(got[KeyCACert]) != string(remade[KeyNextCACert]) {
+		t.Fatal("a current CA whose key is lost: want the published next CA in its place")
 	}
 }

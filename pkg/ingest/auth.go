@@ -147,8 +147,10 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
-	node, err := t.review(ctx, token)
-	<-t.turns
+	node, err := func() (string, error) {
+		defer func() { <-t.turns }()
+		return t.review(ctx, token)
+	}()
 	if err != nil && !errors.Is(err, ErrUnauthenticated) {
 		return node, err
 	}

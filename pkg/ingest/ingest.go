@@ -69,7 +69,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
 
 // Options configure a Server.
 type Options struct {
@@ -231,6 +231,7 @@ func (s *Server) authenticate(ctx context.Context) (string, error) {
 	case err != nil:
 		// Not an answer: too many reviews in flight, or the API failed.
 		// The agent retries.
+		s.m.rejected.WithLabelValues("auth_unavailable").Inc()
 		return "", status.Error(codes.Unavailable, "agent authentication: "+err.Error())
 	}
 	return node, nil

@@ -145,6 +145,7 @@ pulse_aggregator_pod_samples_total{outcome="ok"} 1
 # HELP pulse_aggregator_rejected_reports_total Reports rejected, by reason.
 # TYPE pulse_aggregator_rejected_reports_total counter
 pulse_aggregator_rejected_reports_total{reason="agent_full"} 0
+pulse_aggregator_rejected_reports_total{reason="auth_unavailable"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
