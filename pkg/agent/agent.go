@@ -76,7 +76,7 @@ type Agent struct {
 
 	nvml    *gpu.NVML // nil when NVML is off or unavailable
 	podRes  *gpu.PodResources
-	gpuPods atomic.Pointer[map[string]gpu.PodGPU] // by namespace/name
+	gpuPods atomic.Pointer[gpuRead]
 
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -383,13 +383,24 @@ func (a *Agent) publish(r result) {
 	}
 }
 
+// gpuRead is one GPU read attributed to pods (by namespace/name), and when.
+type gpuRead struct {
+	at   time.Time
+	pods map[string]gpu.PodGPU
+}
+
+// gpuStale: a GPU read older than this many scrape intervals is not sent
+// (an NVML call that hangs, on a GPU fallen off the bus, stopped the reads
+// and left the last one sent as fresh, for ever).
+const gpuStale = 3
+
 // addGPU adds the pod's GPU values, from the last GPU read, to its page.
 func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
-	m := a.gpuPods.Load()
-	if m == nil {
+	r := a.gpuPods.Load()
+	if r == nil || time.Since(r.at) > gpuStale*a.opts.ScrapeInterval {
 		return
 	}
-	g, ok := (*m)[tg.Namespace+"/"+tg.Pod]
+	g, ok := r.pods[tg.Namespace+"/"+tg.Pod]
 	if !ok {
 		return
 	}
@@ -399,6 +410,25 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 	if g.HasMemory {
 		page.Set(metric.GPUMemoryUsage, g.Memory)
 	}
+}
+
+// readNVML reads the GPUs; a read that fails, whole or for one GPU, is
+// counted, and warned of when it starts failing (failing holds whether the
+// last one did).
+func (a *Agent) readNVML(failing *bool) gpu.Devices {
+	devs, err := a.nvml.Read()
+	switch {
+	case err != nil:
+		a.m.nvmlErrors.Inc()
+		if !*failing {
+			a.log.Warn("NVML read failed; the GPUs it could not read have no values", logging.KeyErr, err)
+		}
+		*failing = true
+	case *failing:
+		a.log.Info("NVML reads every GPU again")
+		*failing = false
+	}
+	return devs
 }
 
 // gpuLoop reads NVML and the kubelet's pod resources every interval. With
@@ -411,12 +441,9 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	defer func() { _ = a.podRes.Close() }()
 	t := time.NewTicker(a.opts.ScrapeInterval)
 	defer t.Stop()
-	failing := false
+	failing, nvmlFailing := false, false
 	for {
-		devs, err := a.nvml.Read()
-		if err != nil {
-			a.log.Debug("NVML read", logging.KeyErr, err)
-		}
+		devs := a.readNVML(&nvmlFailing)
 		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 		pods, err := a.podRes.List(lctx)
 		cancel()
@@ -438,7 +465,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 				a.m.unknownDevices.Add(float64(len(unknown)))
 				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)
 			}
-			a.gpuPods.Store(&byPod)
+			a.gpuPods.Store(&gpuRead{at: time.Now(), pods: byPod})
 		}
 		select {
 		case <-ctx.Done():
@@ -531,6 +558,7 @@ type agentMetrics struct {
 	nvml           prometheus.Gauge
 	unknownDevices prometheus.Counter
 	podResErrors   prometheus.Counter
+	nvmlErrors     prometheus.Counter
 	duration       prometheus.Histogram
 	errors         *prometheus.CounterVec
 	targets        prometheus.Gauge
@@ -549,6 +577,8 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 			Name: "pulse_agent_gpu_unknown_devices_total", Help: "GPU device IDs from the kubelet that NVML does not know."}),
 		podResErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pulse_agent_pod_resources_errors_total", Help: "Failed calls to the kubelet's pod-resources API."}),
+		nvmlErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_agent_nvml_errors_total", Help: "NVML reads that failed, whole or for one GPU (its pods then have no GPU values)."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "pulse_agent_scrape_duration_seconds", Help: "Duration of one pod scrape, successful or not.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
@@ -570,6 +600,6 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 	for _, r := range []pulsev1.MissingReason{1, 2, 3, 4, 5, 6} {
 		m.errors.WithLabelValues(wire.ReasonName(r))
 	}
-	reg.MustRegister(m.nvml, m.unknownDevices, m.podResErrors, m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
+	reg.MustRegister(m.nvml, m.unknownDevices, m.podResErrors, m.nvmlErrors, m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
 	return m
 }

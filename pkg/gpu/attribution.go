@@ -78,8 +78,10 @@ type PodGPU struct {
 // pod mapper reads them (internal/pkg/transformation/kubernetes.go): the
 // NVIDIA device plugin names the replicas of a time-sliced or MPS-shared GPU
 // "<GPU UUID or index>::<replica>", GKE's plugin names shared GPUs
-// "nvidia<index>/vgpu<n>" and plain ones "nvidia<index>".
-func physicalID(id string) string {
+// "nvidia<minor>/vgpu<n>" and plain ones "nvidia<minor>" (after the
+// /dev/nvidiaN file: minor says the number is a minor number, not NVML's
+// index).
+func physicalID(id string) (phys string, minor bool) {
 	if before, _, ok := strings.Cut(id, "::"); ok {
 		id = before
 	}
@@ -87,38 +89,60 @@ func physicalID(id string) string {
 		id = before
 	}
 	if n, ok := strings.CutPrefix(id, "nvidia"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
-		id = n
+		return n, true
 	}
-	return id
+	return id, false
+}
+
+// uuidOf is the UUID of the device a device ID names ("" when none read).
+func (devs Devices) uuidOf(raw string) string {
+	id, minor := physicalID(raw)
+	if _, ok := devs.ByUUID[id]; ok && !minor {
+		return id
+	}
+	if minor {
+		return devs.ByMinor[id]
+	}
+	return devs.ByIndex[id]
 }
 
 // Attribute maps each pod's device IDs (GPU UUIDs, MIG UUIDs, indices, or
 // the shared forms physicalID reads) to the devices read, and returns the
-// pods' GPU values and the IDs it could not map. Pods sharing a GPU each get
-// that GPU's values: NVML reports a device's utilization, not a share of it.
+// pods' GPU values and the IDs it could not map. NVML reports a device's
+// utilization, not a share of it: pods of one namespace sharing a GPU each
+// get that GPU's values, but a GPU shared with a pod of another namespace
+// is left out of every pod's values (one tenant would read another's load,
+// and scale on it).
 func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, unknown []string) {
 	out = make(map[string]PodGPU, len(pods))
+	namespaces := map[string]map[string]bool{} // device UUID → the namespaces of the pods holding it
+	for pod, ids := range pods {
+		ns, _, _ := strings.Cut(pod, "/")
+		for _, raw := range ids {
+			if uuid := devs.uuidOf(raw); uuid != "" {
+				if namespaces[uuid] == nil {
+					namespaces[uuid] = map[string]bool{}
+				}
+				namespaces[uuid][ns] = true
+			}
+		}
+	}
 	for pod, ids := range pods {
 		var g PodGPU
 		var util, mem float64
 		nu, nm := 0, 0
 		seen := map[string]bool{}
 		for _, raw := range ids {
-			id := physicalID(raw)
-			if seen[id] {
-				continue // two replicas of one shared GPU: count it once
-			}
-			seen[id] = true
-			d, ok := devs.ByUUID[id]
-			if !ok {
-				if uuid, byIndex := devs.ByIndex[id]; byIndex {
-					d, ok = devs.ByUUID[uuid]
-				}
-			}
-			if !ok {
+			uuid := devs.uuidOf(raw)
+			if uuid == "" {
 				unknown = append(unknown, raw)
 				continue
 			}
+			if seen[uuid] || len(namespaces[uuid]) > 1 {
+				continue // a replica of a GPU counted already, or one another tenant shares
+			}
+			seen[uuid] = true
+			d := devs.ByUUID[uuid]
 			if d.HasUtilization {
 				util += d.Utilization
 				nu++

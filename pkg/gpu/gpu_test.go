@@ -80,15 +80,7 @@ func TestPodHoldingGPUs2And5(t *testing.T) {
 // each get its utilization. They counted as unknown before.
 func TestSharedGPUs(t *testing.T) {
 	lib := mockGPUs(t)
-	n, err := OpenNVML(lib, ModeOn, time.Second, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs, err := n.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
+	devs, uuid := readAll(t, lib)
 	got, unknown := Attribute(devs, map[string][]string{
 		"ns/a":   {uuid(2) + "::0"},
 		"ns/b":   {uuid(2) + "::1"},
@@ -274,4 +266,56 @@ func TestMIGModeIsReadOnceAMinute(t *testing.T) {
 	if _, ok := read().ByUUID["MIG-2222"]; !ok || reads != 4 {
 		t.Fatalf("after a failed mode read: read %d times, MIG device listed %v; want 4 and listed", reads, ok)
 	}
+}
+
+// TestAGPUSharedAcrossTenantsIsNobodys: a GPU time-sliced between pods of
+// two namespaces gave each the whole GPU's utilization and memory: one
+// tenant read the other's load, and scaled on it. Such a GPU is now left
+// out of both pods' values (a GPU a pod holds alone is still read), while
+// pods of one namespace sharing a GPU each still get it. And GKE's
+// "nvidia<N>" names the /dev/nvidiaN minor number, which NVML does not
+// promise equals its index: it is looked up by minor number.
+func TestAGPUSharedAcrossTenantsIsNobodys(t *testing.T) {
+	lib := mockGPUs(t)
+	// GPUs 1 and 7 with each other's minor numbers.
+	lib.Devices[1].(*dgxa100.Device).Minor, lib.Devices[7].(*dgxa100.Device).Minor = 7, 1
+	devs, uuid := readAll(t, lib)
+	got, unknown := Attribute(devs, map[string][]string{
+		"tenant-a/llama": {uuid(2) + "::0", uuid(3)},
+		"tenant-b/phi":   {uuid(2) + "::1"},
+		"tenant-c/x":     {uuid(4) + "::0"},
+		"tenant-c/y":     {uuid(4) + "::1"},
+		"tenant-d/gke":   {"nvidia7"}, // GPU 1, whose minor number is 7
+	})
+	if g := got["tenant-a/llama"]; !g.HasUtilization || math.Abs(g.Utilization-0.3) > 1e-9 {
+		t.Errorf("tenant-a/llama = %+v, want GPU 3's 0.3 alone (GPU 2 is shared with tenant-b)", g)
+	}
+	if g, ok := got["tenant-b/phi"]; ok {
+		t.Errorf("tenant-b/phi = %+v, want nothing: its GPU is shared with tenant-a", g)
+	}
+	for _, pod := range []string{"tenant-c/x", "tenant-c/y"} {
+		if g := got[pod]; math.Abs(g.Utilization-0.4) > 1e-9 {
+			t.Errorf("%s = %+v, want GPU 4's 0.4 (shared within one namespace)", pod, g)
+		}
+	}
+	if g := got["tenant-d/gke"]; math.Abs(g.Utilization-0.1) > 1e-9 {
+		t.Errorf("tenant-d/gke = %+v, want GPU 1's 0.1 (minor number 7)", g)
+	}
+	if len(unknown) != 0 {
+		t.Errorf("unknown IDs: %v", unknown)
+	}
+}
+
+// readAll reads lib's GPUs once, and names the UUID of GPU i.
+func readAll(t *testing.T, lib *dgxa100.Server) (Devices, func(int) string) {
+	t.Helper()
+	n, err := OpenNVML(lib, ModeOn, time.Second, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devs, func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
 }

@@ -44,6 +44,10 @@ type Device struct {
 type Devices struct {
 	ByUUID  map[string]Device
 	ByIndex map[string]string // "0" → UUID
+	// ByMinor: full GPUs by their /dev/nvidiaN minor number, which GKE's
+	// device plugin names them by ("nvidia3"); NVML does not promise it
+	// follows the index.
+	ByMinor map[string]string
 }
 
 // SamplesFrom is the shortest read interval at which a GPU's utilization is
@@ -117,7 +121,7 @@ func (n *NVML) Close() {
 // Read reads every device. A device that fails is left out and its error
 // joined into the returned one; the others are returned.
 func (n *NVML) Read() (Devices, error) {
-	out := Devices{ByUUID: map[string]Device{}, ByIndex: map[string]string{}}
+	out := Devices{ByUUID: map[string]Device{}, ByIndex: map[string]string{}, ByMinor: map[string]string{}}
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return out, fmt.Errorf("count GPUs: %s", nvml.ErrorString(ret))
@@ -136,6 +140,9 @@ func (n *NVML) Read() (Devices, error) {
 		}
 		out.ByUUID[d.UUID] = d
 		out.ByIndex[strconv.Itoa(i)] = d.UUID
+		if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS {
+			out.ByMinor[strconv.Itoa(minor)] = d.UUID
+		}
 		for _, m := range n.readMIG(dev, d.UUID) {
 			out.ByUUID[m.UUID] = m
 		}

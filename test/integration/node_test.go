@@ -191,6 +191,46 @@ func TestGPUUtilizationPerPod(t *testing.T) {
 	})
 }
 
+// TestAHungGPUReadIsNotSentAsFresh: an NVML call that hangs (a GPU fallen
+// off the bus, a wedged driver) stopped the GPU reads, and every pod kept
+// sending the last values read as fresh, for ever. Values older than three
+// scrape intervals are no longer sent.
+func TestAHungGPUReadIsNotSentAsFresh(t *testing.T) {
+	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
+	var hung atomic.Bool
+	release := make(chan struct{})
+	count := gpus.DeviceGetCountFunc
+	gpus.DeviceGetCountFunc = func() (int, nvml.Return) {
+		if hung.Load() {
+			<-release
+		}
+		return count()
+	}
+	agg := runGPUAgent(t, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)))
+	t.Cleanup(func() { close(release) }) // before the agent stops: its GPU loop waits in the hung call
+	gpuValue := func() (float64, bool, error) {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil || len(w.Pods) == 0 {
+			return 0, false, fmt.Errorf("no pod yet: %v", err)
+		}
+		v, ok := w.Pods[0].Values["gpuUtilization"]
+		return v, ok, nil
+	}
+	eventually(t, "GPU values", func() error {
+		if v, ok, err := gpuValue(); err != nil || !ok || v != 0.2 {
+			return fmt.Errorf("gpuUtilization %v (%v), want 0.2: %v", v, ok, err)
+		}
+		return nil
+	})
+	hung.Store(true)
+	eventually(t, "the GPU values gone while NVML hangs", func() error {
+		if v, ok, err := gpuValue(); err != nil || ok {
+			return fmt.Errorf("gpuUtilization %v (%v) still sent: %v", v, ok, err)
+		}
+		return nil
+	})
+}
+
 // runGPUAgent runs an aggregator and an agent (--nvml=on, lib its NVML: nil
 // for the driver's) whose kubelet lists pods, each of workload llama with a
 // simulated page.
