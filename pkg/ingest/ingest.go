@@ -333,12 +333,33 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		delete(st.pending, id)
 		st.dec.Forget(id)
 	}
-	// The stream's limit: past it a new entry is refused alone (agent_full),
-	// before it costs an API lookup, and the pods held keep their places.
-	// The refused are remembered (their samples are skipped, not
-	// malformed), up to as many again: a catalogue past that ends the
-	// stream, checked before any lookup (a refused catalogue of 2,000 pods
-	// once cost 2,000 GETs first).
+	if err := st.checkSize(c); err != nil {
+		return err
+	}
+	infos := make([]store.PodInfo, 0, len(c.Upsert))
+	ids := make([]uint32, 0, len(c.Upsert))
+	for _, p := range c.Upsert {
+		info, ok := st.admit(p, &removed)
+		if !ok {
+			continue
+		}
+		infos = append(infos, info)
+		ids = append(ids, p.Id)
+	}
+	if len(removed) > 0 {
+		st.srv.store.Remove(st.hello.Node, removed...)
+	}
+	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
+	return nil
+}
+
+// checkSize: past the stream's limit a new entry is refused alone
+// (agent_full, in admit), before it costs an API lookup, and the pods held
+// keep their places. The refused are remembered (their samples are
+// skipped, not malformed), up to as many again: a catalogue past that ends
+// the stream, checked here before any lookup (a refused catalogue of 2,000
+// pods once cost 2,000 GETs first).
+func (st *streamState) checkSize(c *pulsev1.Catalogue) error {
 	limit := st.srv.limits.MaxPodsPerStream
 	n := len(st.ids) + len(st.rejected)
 	for _, p := range c.Upsert {
@@ -349,49 +370,45 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if n > 2*limit {
 		return fmt.Errorf("catalogue lists %d pods; at most %d per agent, and as many again refused", n, limit)
 	}
-	infos := make([]store.PodInfo, 0, len(c.Upsert))
-	ids := make([]uint32, 0, len(c.Upsert))
-	for _, p := range c.Upsert {
-		// The room is what is held now: an entry held before and refused
-		// in this catalogue gives its place back.
-		_, held := st.ids[p.Id]
-		if !held && len(st.ids) >= limit {
-			removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), removed)
-			continue
-		}
-		info, podUID, reason, err := entryInfo(p)
-		if err != nil {
-			removed = st.reject(p, reason, "", err, removed)
-			continue
-		}
-		if st.bound {
-			// An agent speaks only for the pods of its own node.
-			node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, podUID)
-			if err != nil || node != st.hello.Node {
-				reason := "other_node"
-				if err != nil {
-					reason = "unknown_pod"
-				}
-				removed = st.reject(p, reason, node, err, removed)
-				continue
-			}
-		}
-		delete(st.rejected, p.Id)
-		if old, ok := st.ids[p.Id]; ok && old != p.Uid {
-			st.dec.Forget(p.Id)
-			removed = append(removed, old)
-		}
-		st.ids[p.Id] = p.Uid
-		st.names[p.Id] = p.Namespace + "/" + p.Name
-		delete(st.pending, p.Id)
-		infos = append(infos, info)
-		ids = append(ids, p.Id)
-	}
-	if len(removed) > 0 {
-		st.srv.store.Remove(st.hello.Node, removed...)
-	}
-	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
 	return nil
+}
+
+// admit takes one entry into the stream's pods, or refuses it alone (the
+// pod its id named before added to removed); ok is false when refused.
+func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodInfo, ok bool) {
+	// The room is what is held now: an entry held before and refused in
+	// this catalogue gives its place back.
+	limit := st.srv.limits.MaxPodsPerStream
+	if _, held := st.ids[p.Id]; !held && len(st.ids) >= limit {
+		*removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), *removed)
+		return info, false
+	}
+	info, podUID, reason, err := entryInfo(p)
+	if err != nil {
+		*removed = st.reject(p, reason, "", err, *removed)
+		return info, false
+	}
+	if st.bound {
+		// An agent speaks only for the pods of its own node.
+		node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, podUID)
+		if err != nil || node != st.hello.Node {
+			reason := "other_node"
+			if err != nil {
+				reason = "unknown_pod"
+			}
+			*removed = st.reject(p, reason, node, err, *removed)
+			return info, false
+		}
+	}
+	delete(st.rejected, p.Id)
+	if old, ok := st.ids[p.Id]; ok && old != p.Uid {
+		st.dec.Forget(p.Id)
+		*removed = append(*removed, old)
+	}
+	st.ids[p.Id] = p.Uid
+	st.names[p.Id] = p.Namespace + "/" + p.Name
+	delete(st.pending, p.Id)
+	return info, true
 }
 
 // wait keeps the entries the store refused for room (infos[i] listed as

@@ -159,7 +159,67 @@ func TestProvisionFollowsTheAnnotations(t *testing.T) {
 	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{
 		KaitoAutoProvision: "true", KaitoThreshold: "10", KaitoMaxReplicas: "5"}))
 	f.run()
+	f.firstScaledObject(t)
 
+	// The threshold annotation changes: the ScaledObject follows.
+	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "4", KaitoMaxReplicas: "5"})
+	f.waitFor("the new threshold", func() error {
+		so, err := f.scaledObject("llama")
+		if err != nil {
+			return err
+		}
+		if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
+			return fmt.Errorf("threshold %v", th)
+		}
+		return nil
+	})
+	f.event("llama", "ScaledObjectUpdated")
+
+	f.editIsUndone(t)
+
+	// An invalid annotation leaves the ScaledObject as it was, and says why.
+	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "four", KaitoMaxReplicas: "5"})
+	if msg := f.event("llama", "InvalidAnnotation"); !strings.Contains(msg, KaitoThreshold) || !strings.Contains(msg, "left as it was") {
+		t.Errorf("event %q", msg)
+	}
+	if s := f.state("InferenceSet", "llama"); s.State != StateInvalid {
+		t.Errorf("status %+v", s)
+	}
+	so, _ := f.scaledObject("llama")
+	if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
+		t.Errorf("an invalid annotation changed the ScaledObject: threshold %v", th)
+	}
+	if v := testutil.ToFloat64(f.c.m.errors.WithLabelValues("invalid_annotation")); v < 1 {
+		t.Errorf("pulse_provisioner_errors_total{reason=invalid_annotation} = %v", v)
+	}
+
+	// The annotation is removed: the ScaledObject goes.
+	f.annotate(infSets, "InferenceSet", "llama", nil)
+	f.waitFor("the ScaledObject deleted", func() error {
+		if _, err := f.scaledObject("llama"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	f.event("llama", "ScaledObjectDeleted")
+	if len(f.c.Provisioning().Workloads) != 0 {
+		t.Errorf("status after removal: %+v", f.c.Provisioning())
+	}
+	for action, want := range map[string]float64{"create": 1, "delete": 1} {
+		if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues(action)); v != want {
+			t.Errorf("changes{%s} = %v, want %v", action, v, want)
+		}
+	}
+	if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); v < 2 {
+		t.Errorf("changes{update} = %v, want at least 2", v)
+	}
+}
+
+// firstScaledObject: the InferenceSet llama's ScaledObject (threshold 10,
+// at most 5 replicas) is pulse's, scales it on waiting, is one pulse's
+// scaler accepts, and its creation is an Event and a state.
+func (f *fixture) firstScaledObject(t *testing.T) {
+	t.Helper()
 	var so *unstructured.Unstructured
 	f.waitFor("the ScaledObject", func() (err error) { so, err = f.scaledObject("llama"); return err })
 	if so.GetLabels()[LabelManagedBy] != ManagedBy || !OwnedBy(so, "InferenceSet-llama") {
@@ -195,23 +255,13 @@ func TestProvisionFollowsTheAnnotations(t *testing.T) {
 	if s := f.state("InferenceSet", "llama"); s.State != StateProvisioned {
 		t.Errorf("status %+v", s)
 	}
+}
 
-	// The threshold annotation changes: the ScaledObject follows.
-	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "4", KaitoMaxReplicas: "5"})
-	f.waitFor("the new threshold", func() error {
-		so, err := f.scaledObject("llama")
-		if err != nil {
-			return err
-		}
-		if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
-			return fmt.Errorf("threshold %v", th)
-		}
-		return nil
-	})
-	f.event("llama", "ScaledObjectUpdated")
-
-	// Someone edits the ScaledObject pulse keeps: pulse puts it back.
-	so, _ = f.scaledObject("llama")
+// editIsUndone: someone edits the ScaledObject pulse keeps (llama's,
+// at most 5 replicas): pulse puts it back, keeping KEDA's finalizer.
+func (f *fixture) editIsUndone(t *testing.T) {
+	t.Helper()
+	so, _ := f.scaledObject("llama")
 	_ = unstructured.SetNestedField(so.Object, int64(50), "spec", "maxReplicaCount")
 	so.SetFinalizers([]string{"finalizer.keda.sh"})
 	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{}); err != nil {
@@ -230,43 +280,6 @@ func TestProvisionFollowsTheAnnotations(t *testing.T) {
 		}
 		return nil
 	})
-
-	// An invalid annotation leaves the ScaledObject as it was, and says why.
-	f.annotate(infSets, "InferenceSet", "llama", map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "four", KaitoMaxReplicas: "5"})
-	if msg := f.event("llama", "InvalidAnnotation"); !strings.Contains(msg, KaitoThreshold) || !strings.Contains(msg, "left as it was") {
-		t.Errorf("event %q", msg)
-	}
-	if s := f.state("InferenceSet", "llama"); s.State != StateInvalid {
-		t.Errorf("status %+v", s)
-	}
-	so, _ = f.scaledObject("llama")
-	if th := triggerOf(t, so)["metadata"].(map[string]any)["threshold"]; th != "4" {
-		t.Errorf("an invalid annotation changed the ScaledObject: threshold %v", th)
-	}
-	if v := testutil.ToFloat64(f.c.m.errors.WithLabelValues("invalid_annotation")); v < 1 {
-		t.Errorf("pulse_provisioner_errors_total{reason=invalid_annotation} = %v", v)
-	}
-
-	// The annotation is removed: the ScaledObject goes.
-	f.annotate(infSets, "InferenceSet", "llama", nil)
-	f.waitFor("the ScaledObject deleted", func() error {
-		if _, err := f.scaledObject("llama"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there: %v", err)
-		}
-		return nil
-	})
-	f.event("llama", "ScaledObjectDeleted")
-	if len(f.c.Provisioning().Workloads) != 0 {
-		t.Errorf("status after removal: %+v", f.c.Provisioning())
-	}
-	for action, want := range map[string]float64{"create": 1, "delete": 1} {
-		if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues(action)); v != want {
-			t.Errorf("changes{%s} = %v, want %v", action, v, want)
-		}
-	}
-	if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); v < 2 {
-		t.Errorf("changes{update} = %v, want at least 2", v)
-	}
 }
 
 // TestHandWrittenScaledObjectsAreLeftAlone: a ScaledObject pulse did not

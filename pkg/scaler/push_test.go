@@ -45,24 +45,10 @@ func TestStreamsOfManyWorkloadsSeeOnlyTheirOwn(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	got := make([][]chan bool, workloads)
+	got := make([][]<-chan bool, workloads)
 	for w := range workloads {
 		for range 2 {
-			s, err := f.client.StreamIsActive(ctx, ref(map[string]string{"workspace": fmt.Sprint("w", w), "window": "1s", "activationThreshold": "1"}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ch := make(chan bool, 8)
-			go func(s grpc.ServerStreamingClient[externalscaler.IsActiveResponse]) {
-				for {
-					r, err := s.Recv()
-					if err != nil {
-						close(ch)
-						return
-					}
-					ch <- r.Result
-				}
-			}(s)
+			ch := f.activeStates(ctx, t, map[string]string{"workspace": fmt.Sprint("w", w), "window": "1s", "activationThreshold": "1"})
 			if first := <-ch; first {
 				t.Fatalf("w%d: first state true, want false", w)
 			}
@@ -192,4 +178,26 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	if n := evaluated(noisy); n != 200 || len(sh.later) != 0 {
 		t.Fatalf("%d of the noisy tenant's 200 streams evaluated, %d waiting, after the second pass", n, len(sh.later))
 	}
+}
+
+// activeStates opens a StreamIsActive stream of md and hands each state it
+// pushes to the channel returned, closed when the stream ends.
+func (f *fixture) activeStates(ctx context.Context, t *testing.T, md map[string]string) <-chan bool {
+	t.Helper()
+	s, err := f.client.StreamIsActive(ctx, ref(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan bool, 8)
+	go func(s grpc.ServerStreamingClient[externalscaler.IsActiveResponse]) {
+		for {
+			r, err := s.Recv()
+			if err != nil {
+				close(ch)
+				return
+			}
+			ch <- r.Result
+		}
+	}(s)
+	return ch
 }

@@ -37,26 +37,7 @@ func TestRetentionFollowsTheLiveTriggers(t *testing.T) {
 		f.store.Add([]store.Report{r})
 		full.Add([]store.Report{r})
 	}
-	same := func(window string) {
-		t.Helper()
-		for _, m := range []string{"waiting", "promptTokensPerSecond"} {
-			tr, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "metric": m, "window": window, "staleAfter": "10m", "threshold": "100"}), time.Minute, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := f.server.Evaluate(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := New(full, Options{MaxWindow: time.Minute, Now: f.clock.Now}).Evaluate(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if math.Float64bits(got.Value) != math.Float64bits(want.Value) {
-				t.Fatalf("%s over %s: %v, want %v (a store keeping a minute)", m, window, got.Value, want.Value)
-			}
-		}
-	}
+	same := func(window string) { t.Helper(); sameAsFull(t, f, full, window) }
 	report()
 	for range 30 {
 		report()
@@ -93,5 +74,28 @@ func TestRetentionFollowsTheLiveTriggers(t *testing.T) {
 	r := f.store.Read(nil, llama, metric.Canonical[0], 10*time.Second, time.Hour, false)
 	if n := r.Pods[0].Samples; n > 10+1+4 {
 		t.Fatalf("%d samples held at a 10 s retention", n)
+	}
+}
+
+// sameAsFull: over window, the fixture's server answers as one over full,
+// a store keeping a minute.
+func sameAsFull(t *testing.T, f *fixture, full *store.Store, window string) {
+	t.Helper()
+	for _, m := range []string{"waiting", "promptTokensPerSecond"} {
+		tr, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "metric": m, "window": window, "staleAfter": "10m", "threshold": "100"}), time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := f.server.Evaluate(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := New(full, Options{MaxWindow: time.Minute, Now: f.clock.Now}).Evaluate(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Float64bits(got.Value) != math.Float64bits(want.Value) {
+			t.Fatalf("%s over %s: %v, want %v (a store keeping a minute)", m, window, got.Value, want.Value)
+		}
 	}
 }
