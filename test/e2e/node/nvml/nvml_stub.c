@@ -8,8 +8,10 @@
  * compiled for; its nvmlDevice_t is a struct holding the handle):
  *   gcc -shared -fPIC -I<go-nvml>/pkg/nvml -o libnvidia-ml.so.1 nvml_stub.c
  *
- * GPU i has UUID STUB_UUID_PREFIX<i>, utilization STUB_UTIL[i] percent and
- * 20 of 80 GiB memory used; MIG is not supported.
+ * GPU i has UUID STUB_UUID_PREFIX<i>, minor number i, utilization
+ * STUB_UTIL[i] percent and 20 of 80 GiB memory used; MIG is not supported.
+ * Every function the agent may call must be here: go-nvml resolves them
+ * lazily, and one missing ends the agent ("symbol lookup error", exit 127).
  */
 #include <stddef.h>
 #include <string.h>
@@ -158,4 +160,12 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
   (void)index;
   (void)mig;
   return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* GPU i is /dev/nvidia<i>. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {
+  if (!valid(device) || minorNumber == NULL)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  *minorNumber = (unsigned int)device.handle->index;
+  return NVML_SUCCESS;
 }
