@@ -253,32 +253,9 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 			}
 		}
 	}
-	clear(sh.share)
-	clear(sh.memo)
-	for _, u := range b { // each namespace's evaluations: its distinct triggers
-		if _, same := sh.memo[u.t]; !same {
-			sh.memo[u.t] = outcome{}
-			sh.share[u.t.Workload.Namespace]++
-		}
+	if severalNamespaces(b) { // alone, a namespace takes the whole pass
+		b = sh.fairShares(b)
 	}
-	fair := len(sh.share) > 1 // alone, a namespace takes the whole pass
-	clear(sh.share)
-	clear(sh.memo)
-	n := 0
-	for _, u := range b {
-		if _, same := sh.memo[u.t]; !same {
-			if fair && sh.share[u.t.Workload.Namespace] >= fairShare {
-				u.queued = false
-				sh.later = append(sh.later, u) // taken first next pass
-				continue
-			}
-			sh.share[u.t.Workload.Namespace]++
-			sh.memo[u.t] = outcome{}
-		}
-		b[n] = u
-		n++
-	}
-	b = b[:n]
 	if len(sh.later) > 0 {
 		sh.signal()
 	}
@@ -293,6 +270,41 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 		b[i] = nil
 	}
 	sh.batch = b[:0]
+}
+
+// severalNamespaces is whether the streams of b are of more than one
+// namespace.
+func severalNamespaces(b []*sub) bool {
+	for _, u := range b {
+		if u.t.Workload.Namespace != b[0].t.Workload.Namespace {
+			return true
+		}
+	}
+	return false
+}
+
+// fairShares keeps of b, in order, each namespace's streams up to its fair
+// share of distinct triggers (the streams of a trigger kept share its
+// evaluation); the rest wait in sh.later, taken first next pass. Called
+// with sh.mu held.
+func (sh *shard) fairShares(b []*sub) []*sub {
+	clear(sh.share)
+	clear(sh.memo)
+	n := 0
+	for _, u := range b {
+		if _, same := sh.memo[u.t]; !same {
+			if sh.share[u.t.Workload.Namespace] >= fairShare {
+				u.queued = false
+				sh.later = append(sh.later, u)
+				continue
+			}
+			sh.share[u.t.Workload.Namespace]++
+			sh.memo[u.t] = outcome{}
+		}
+		b[n] = u
+		n++
+	}
+	return b[:n]
 }
 
 // evaluate hands a stream's state to its handler when it changed (or was
