@@ -328,7 +328,7 @@ const maxErrorBytes = 200
 // of its demand entries (tgs, all of one URL).
 func (a *Agent) scrapeDemand(ctx context.Context, tgs []discovery.Target) []result {
 	start := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+	sctx, cancel := context.WithTimeout(withTenant(ctx, tgs[0].Namespace), a.opts.timeout())
 	defer cancel()
 	demands := make([]*vllm.Demand, len(tgs))
 	for i, tg := range tgs {
@@ -345,7 +345,7 @@ func (a *Agent) scrapeDemand(ctx context.Context, tgs []discovery.Target) []resu
 
 func (a *Agent) scrapeOne(ctx context.Context, tg discovery.Target, counters *vllm.Counters) result {
 	start := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+	sctx, cancel := context.WithTimeout(withTenant(ctx, tg.Namespace), a.opts.timeout())
 	defer cancel()
 	page, err := a.scraper.Scrape(sctx, tg.URL, tg.Demand, counters)
 	a.m.duration.Observe(time.Since(start).Seconds())

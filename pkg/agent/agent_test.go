@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -282,16 +283,13 @@ func TestScrapeFollowsRedirectsOnlyWithinThePod(t *testing.T) {
 	}
 }
 
-// TestLargePagesWaitForEachOther: pages up to --max-page-bytes (8 MiB
-// then) were read by up to 64 scrapes at once: one router naming 8
-// workloads on an 8 MiB page took the real agent to 168 MB against its
-// 128Mi limit. A page over 256 KiB now waits for one of 4 large reads: a
-// fifth large page times out waiting, saying why, while a normal page is
-// read at once beside them.
-func TestLargePagesWaitForEachOther(t *testing.T) {
+// largePages serves /metrics (a simulated vLLM page), /big (one over
+// smallPage) and /held (one over smallPage whose end is held back until
+// unblock; held gets a value as each has written past smallPage).
+func largePages(t *testing.T) (srv *httptest.Server, held <-chan struct{}, unblock func()) {
+	t.Helper()
 	release := make(chan struct{})
-	var started sync.WaitGroup
-	started.Add(largeSlots)
+	wrote := make(chan struct{}, 2*largeSlots)
 	big := bytes.Repeat([]byte("# padding line of a large page\n"), (smallPage+64<<10)/31)
 	sim := vllmsim.New(vllmsim.Options{})
 	mux := http.NewServeMux()
@@ -299,15 +297,25 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	mux.HandleFunc("/held", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write(big)
 		w.(http.Flusher).Flush()
-		started.Done()
+		wrote <- struct{}{}
 		<-release
 	})
-	mux.HandleFunc("/big", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(big) })
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	unblock := sync.OnceFunc(func() { close(release) })
-	defer unblock() // before srv.Close, which waits for the held requests
+	mux.HandleFunc("/big", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(append(big, sim.Page(false)...)) })
+	srv = httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	unblock = sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // before srv.Close, which waits for the held requests
+	return srv, wrote, unblock
+}
 
+// TestLargePagesWaitForEachOther: pages up to --max-page-bytes (8 MiB
+// then) were read by up to 64 scrapes at once: one router naming 8
+// workloads on an 8 MiB page took the real agent to 168 MB against its
+// 128Mi limit. A page over 256 KiB now waits for one of 4 large reads: a
+// fifth large page times out waiting, saying why, while a normal page is
+// read at once beside them.
+func TestLargePagesWaitForEachOther(t *testing.T) {
+	srv, held, unblock := largePages(t)
 	sc := newScraper(t, 1<<20)
 	var wg sync.WaitGroup
 	for range largeSlots {
@@ -317,7 +325,9 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 			_, _ = sc.Scrape(context.Background(), srv.URL+"/held", nil, nil)
 		}()
 	}
-	started.Wait()
+	for range largeSlots {
+		<-held // each has written past smallPage
+	}
 	for len(sc.large) < largeSlots { // each has read past smallPage and takes its slot
 		time.Sleep(time.Millisecond)
 	}
@@ -333,6 +343,62 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	}
 	unblock()
 	wg.Wait()
+}
+
+// TestOneTenantReadsOneLargePageAtATime: four pods of one namespace that
+// sent 257 KiB and then trickled held all four large reads, and every
+// other tenant's page over 256 KiB timed out behind them. A namespace now
+// reads one large page at a time: its others wait, another tenant's is
+// read. Parses are bounded too: with every parse slot taken, a scrape
+// waits for one within its timeout. Pages are read from the pod, never
+// through a proxy of the agent's environment.
+func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
+	srv, held, unblock := largePages(t)
+	sc := newScraper(t, 1<<20)
+	if tr := sc.client.Transport.(*http.Transport); tr.Proxy != nil {
+		t.Error("the scraper's transport reads a proxy from the environment")
+	}
+	var wg sync.WaitGroup
+	for range largeSlots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(withTenant(context.Background(), "a"), 5*time.Second)
+			defer cancel()
+			_, _ = sc.Scrape(ctx, srv.URL+"/held", nil, nil)
+		}()
+	}
+	for range largeSlots {
+		<-held // each has written past smallPage
+	}
+	for len(sc.large) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(sc.large); n != 1 {
+		t.Fatalf("namespace a holds %d large reads, want 1", n)
+	}
+	if _, err := sc.Scrape(withTenant(context.Background(), "b"), srv.URL+"/big", nil, nil); err != nil {
+		t.Fatalf("namespace b's large page beside namespace a's held reads: %v", err)
+	}
+	for range cap(sc.parses) {
+		sc.parses <- struct{}{}
+	}
+	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "b"), 200*time.Millisecond)
+	defer cancel()
+	_, err := sc.Scrape(ctx, srv.URL+"/metrics", nil, nil)
+	if !strings.Contains(fmt.Sprint(err), "waiting to parse") {
+		t.Fatalf("a scrape with every parse slot taken: %v, want a timeout waiting to parse", err)
+	}
+	for range cap(sc.parses) {
+		<-sc.parses
+	}
+	unblock()
+	wg.Wait()
+	sc.largeMu.Lock()
+	defer sc.largeMu.Unlock()
+	if len(sc.largeBy) != 0 || len(sc.large) != 0 {
+		t.Fatalf("after the reads: %d tenants' slots and %d large reads held, want none", len(sc.largeBy), len(sc.large))
+	}
 }
 
 // TestAggregatorCAIsReadAtEachHandshake: the agent read its CA file once,

@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -54,7 +55,9 @@ const acceptEncoding = "identity"
 // within its scrape's timeout. So the page bytes in flight are bounded
 // (--max-concurrent-scrapes × smallPage, plus largeSlots × --max-page-bytes)
 // whatever the pods serve, and pods with large pages wait for each other,
-// never for the others. Only small buffers are kept for reuse.
+// never for the others; a tenant (namespace) reads one large page at a
+// time, so that one tenant's pods cannot hold every large read. Only small
+// buffers are kept for reuse.
 const (
 	smallPage       = 256 << 10
 	largeSlots      = 4
@@ -69,6 +72,28 @@ type httpScraper struct {
 	extractor *vllm.Extractor
 	maxBytes  int64
 	large     chan struct{} // largeSlots: the reads of pages over smallPage
+	// largeBy: each tenant's one large read at a time (only tenants with
+	// a read waiting or under way have an entry).
+	largeMu sync.Mutex
+	largeBy map[string]*tenantSlot
+	// parses: the pages parsed at once. Parsing is CPU's work, and a
+	// parsed page takes some ten times its bytes: the pages in flight
+	// are bounded, their parses are bounded too.
+	parses chan struct{}
+}
+
+type tenantSlot struct {
+	ch    chan struct{} // capacity 1
+	users int
+}
+
+// tenantKey carries the scrape's tenant (the pod's namespace) in its
+// context: withTenant.
+type tenantKey struct{}
+
+// withTenant is ctx for a scrape of a pod of namespace ns.
+func withTenant(ctx context.Context, ns string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, ns)
 }
 
 var _ Scraper = (*httpScraper)(nil)
@@ -84,8 +109,54 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	// A pod's server chooses its headers: bound them (vLLM's are a few
 	// hundred bytes).
 	tr.MaxResponseHeaderBytes = maxResponseHeaderBytes
+	// A pod's page is read from the pod, never through a proxy the
+	// agent's environment names.
+	tr.Proxy = nil
 	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes,
-		large: make(chan struct{}, largeSlots)}
+		large: make(chan struct{}, largeSlots), largeBy: map[string]*tenantSlot{}, parses: make(chan struct{}, max(runtime.GOMAXPROCS(0), 2))}
+}
+
+// takeLarge waits for a large read: the tenant's own (one at a time; a
+// scrape with no tenant has none), then one of largeSlots.
+func (s *httpScraper) takeLarge(ctx context.Context) (release func(), ok bool) {
+	tenant, _ := ctx.Value(tenantKey{}).(string)
+	if tenant == "" {
+		select {
+		case s.large <- struct{}{}:
+			return func() { <-s.large }, true
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+	s.largeMu.Lock()
+	ts := s.largeBy[tenant]
+	if ts == nil {
+		ts = &tenantSlot{ch: make(chan struct{}, 1)}
+		s.largeBy[tenant] = ts
+	}
+	ts.users++
+	s.largeMu.Unlock()
+	leave := func() {
+		s.largeMu.Lock()
+		if ts.users--; ts.users == 0 {
+			delete(s.largeBy, tenant)
+		}
+		s.largeMu.Unlock()
+	}
+	select {
+	case ts.ch <- struct{}{}:
+	case <-ctx.Done():
+		leave()
+		return nil, false
+	}
+	select {
+	case s.large <- struct{}{}:
+	case <-ctx.Done():
+		<-ts.ch
+		leave()
+		return nil, false
+	}
+	return func() { <-s.large; <-ts.ch; leave() }, true
 }
 
 // maxResponseHeaderBytes bounds a page's response headers.
@@ -204,12 +275,11 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		return classify(ctx, url, err)
 	}
 	if int64(buf.Len()) > first && s.maxBytes > smallPage {
-		select {
-		case s.large <- struct{}{}:
-		case <-ctx.Done():
-			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once)", url, smallPage, largeSlots)}
+		release, ok := s.takeLarge(ctx)
+		if !ok {
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once, one a namespace)", url, smallPage, largeSlots)}
 		}
-		defer func() { <-s.large }()
+		defer release()
 		if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len()))); err != nil {
 			return classify(ctx, url, err)
 		}
@@ -217,6 +287,12 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	if int64(buf.Len()) > s.maxBytes {
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
+	select {
+	case s.parses <- struct{}{}:
+	case <-ctx.Done():
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once)", url, cap(s.parses))}
+	}
+	defer func() { <-s.parses }()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
 }

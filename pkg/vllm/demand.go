@@ -92,7 +92,7 @@ func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []er
 func (e *Extractor) demandFamilies(page []byte, metrics []string) (map[string]*dto.MetricFamily, error) {
 	bp := e.bufs.Get().(*[]byte)
 	defer e.bufs.Put(bp)
-	kept := (*bp)[:0]
+	kept, lines := (*bp)[:0], 0
 	for len(page) > 0 {
 		var line []byte
 		line, page = nextLine(page)
@@ -103,9 +103,12 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string) (map[string]*d
 		if !slices.Contains(metrics, string(line[:n])) {
 			continue
 		}
-		end, value, ok := labelsAndValue(line, n)
-		if !ok {
-			return nil, &ParseError{fmt.Errorf("malformed sample line %q", truncate(line))}
+		end, value, err := labelsAndValue(line, n)
+		if err != nil {
+			return nil, &ParseError{err}
+		}
+		if lines++; lines > maxKeptPageSeries {
+			return nil, &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
 		}
 		kept = append(append(append(append(kept, line[:end]...), ' '), value...), '\n')
 	}

@@ -182,7 +182,8 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 // filter appends to dst the sample lines that feed a value, each reduced to
 // `name{labels} value\n` (timestamps and OpenMetrics exemplars dropped), and
 // reports whether the page names any family of a server pulse reads.
-func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err error) {
+func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) {
+	kept := 0
 	for len(page) > 0 {
 		var line []byte
 		line, page = nextLine(page)
@@ -203,9 +204,12 @@ func (e *Extractor) filter(page, dst []byte) (kept []byte, isVLLM bool, err erro
 		if _, ok := e.sources[string(name)]; !ok {
 			continue
 		}
-		end, value, ok := labelsAndValue(line, n)
-		if !ok {
-			return dst, isVLLM, &ParseError{fmt.Errorf("malformed sample line %q", truncate(line))}
+		end, value, err := labelsAndValue(line, n)
+		if err != nil {
+			return dst, isVLLM, &ParseError{err}
+		}
+		if kept++; kept > maxKeptPageSeries {
+			return dst, isVLLM, &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
 		}
 		dst = append(dst, line[:end]...)
 		dst = append(dst, ' ')
@@ -243,12 +247,22 @@ func nameEnd(line []byte) int {
 	return len(line)
 }
 
+// Bounds of one sample line pulse reads: real pages' lines carry a handful
+// of labels (engine, model_name, le, …). expfmt's parser rebuilds a map of
+// a line's labels at every label it reads, so its cost grows with the
+// square of their number: a line of 40,000 labels took it minutes.
+const (
+	maxLineLabels     = 64
+	maxLabelSetBytes  = 8 << 10
+	maxKeptPageSeries = 16 << 10 // sample lines kept of one page (parsed, they take some 10× their bytes)
+)
+
 // labelsAndValue finds the end of the label set that starts at line[n] (if
-// any) and the value token after it.
-func labelsAndValue(line []byte, n int) (end int, value []byte, ok bool) {
+// any) and the value token after it; err says why a line is refused.
+func labelsAndValue(line []byte, n int) (end int, value []byte, err error) {
 	i := n
 	if i < len(line) && line[i] == '{' {
-		inQuote := false
+		inQuote, commas := false, 0
 		for i++; i < len(line); i++ {
 			c := line[i]
 			switch {
@@ -256,11 +270,18 @@ func labelsAndValue(line []byte, n int) (end int, value []byte, ok bool) {
 				i++
 			case c == '"':
 				inQuote = !inQuote
+			case !inQuote && c == ',':
+				if commas++; commas >= maxLineLabels {
+					return 0, nil, fmt.Errorf("sample line %q has more than %d labels", truncate(line), maxLineLabels)
+				}
 			case !inQuote && c == '}':
 				goto closed
 			}
+			if i-n > maxLabelSetBytes {
+				return 0, nil, fmt.Errorf("sample line %q has labels of more than %d bytes", truncate(line), maxLabelSetBytes)
+			}
 		}
-		return 0, nil, false
+		return 0, nil, fmt.Errorf("malformed sample line %q", truncate(line))
 	closed:
 		i++
 	}
@@ -273,9 +294,9 @@ func labelsAndValue(line []byte, n int) (end int, value []byte, ok bool) {
 		j++
 	}
 	if j == i {
-		return 0, nil, false
+		return 0, nil, fmt.Errorf("malformed sample line %q", truncate(line))
 	}
-	return end, line[i:j], true
+	return end, line[i:j], nil
 }
 
 func truncate(b []byte) string {
@@ -285,12 +306,13 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
-// bucketBound is a bucket series' upper bound, its le label.
+// bucketBound is a bucket series' upper bound, its le label: a number, or
+// +Inf (no bucket holds what lies below -Inf).
 func bucketBound(labels []*dto.LabelPair) (float64, bool) {
 	for _, lp := range labels {
 		if lp.GetName() == model.BucketLabel {
 			le, err := strconv.ParseFloat(lp.GetValue(), 64)
-			return le, err == nil && !math.IsNaN(le)
+			return le, err == nil && !math.IsNaN(le) && !math.IsInf(le, -1)
 		}
 	}
 	return 0, false

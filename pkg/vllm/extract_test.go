@@ -426,3 +426,61 @@ func BenchmarkExtractDemands(b *testing.B) {
 		}
 	})
 }
+
+// labelsLine is a sample line of name with n labels.
+func labelsLine(name string, n int) string {
+	var b strings.Builder
+	b.WriteString(name + "{")
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "a%d=\"\"", i)
+	}
+	b.WriteString("} 1\n")
+	return b.String()
+}
+
+// TestLinesOfManyLabelsAreRefusedFirst: expfmt's parser rebuilds a map of
+// a line's labels at every label it reads, so one line of tens of
+// thousands of labels cost it minutes of CPU a scrape, which the scrape's
+// timeout cannot stop (the page is read by then). Such a line, a label
+// set past 8 KiB, and a page of more sample lines of the metrics read than
+// any engine writes are refused before the parse, as a page error of that
+// pod alone (BenchmarkExtractManyLabels).
+func TestLinesOfManyLabelsAreRefusedFirst(t *testing.T) {
+	e := newExtractor(t)
+	if _, err := e.Extract([]byte(labelsLine("vllm:num_requests_waiting", maxLineLabels))); err != nil {
+		t.Fatalf("a line of %d labels: %v", maxLineLabels, err)
+	}
+	many := labelsLine("vllm:num_requests_waiting", 40000)
+	long := "vllm:num_requests_waiting{a=\"" + strings.Repeat("x", maxLabelSetBytes) + "\"} 1\n"
+	lines := strings.Repeat("vllm:num_requests_waiting 1\n", maxKeptPageSeries+1)
+	for what, page := range map[string]string{"more than 64 labels": many, "labels of more than 8192 bytes": long, "more than 16384 sample lines": lines} {
+		_, err := e.Extract([]byte(page))
+		var pe *ParseError
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), what) {
+			t.Fatalf("%s: error %v, want a ParseError saying so", what, err)
+		}
+	}
+	d := DemandPresets["epp"]
+	d.Match = "llama"
+	if _, err := e.ExtractDemand([]byte(labelsLine("llm_d_epp_flow_control_queue_size", 40000)), &d); err == nil || !strings.Contains(err.Error(), "more than 64 labels") {
+		t.Fatalf("a demand page's line of 40,000 labels: %v", err)
+	}
+}
+
+func BenchmarkExtractManyLabels(b *testing.B) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	page := []byte(labelsLine("vllm:num_requests_waiting", 40000))
+	b.SetBytes(int64(len(page)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := e.Extract(page); err == nil {
+			b.Fatal("accepted")
+		}
+	}
+}
