@@ -6,6 +6,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/vllm"
+	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -54,7 +55,7 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	case ok:
 	case src == "custom":
 	default:
-		return nil, fmt.Errorf("annotation %s=%q: want epp, production-stack or custom", AnnotationDemandSource, src)
+		return nil, fmt.Errorf("annotation %s=%q: want epp, production-stack or custom", AnnotationDemandSource, wire.CleanText(src, 64))
 	}
 	if m := annotations[AnnotationDemandMetric]; m != "" {
 		d.Metrics = strings.Split(m, ",")
@@ -72,10 +73,10 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	case "arrivals":
 		d.Arrivals = true
 	default:
-		return nil, fmt.Errorf("annotation %s=%q: want held or arrivals", AnnotationDemandType, annotations[AnnotationDemandType])
+		return nil, fmt.Errorf("annotation %s=%q: want held or arrivals", AnnotationDemandType, wire.CleanText(annotations[AnnotationDemandType], 64))
 	}
 	if err := vllm.ValidateDemand(&d); err != nil {
-		return nil, fmt.Errorf("demand source %q (annotations %s, %s): %w", src, AnnotationDemandMetric, AnnotationDemandLabel, err)
+		return nil, fmt.Errorf("demand source %q (annotations %s, %s): %w", wire.CleanText(src, 64), AnnotationDemandMetric, AnnotationDemandLabel, err)
 	}
 	kindName := annotations[AnnotationDemandKind]
 	if kindName == "" {
@@ -83,7 +84,7 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	}
 	kind, ok := demandKinds[kindName]
 	if !ok {
-		return nil, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, kindName)
+		return nil, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, wire.CleanText(kindName, 64))
 	}
 	list := strings.TrimSpace(annotations[AnnotationDemandWorkloads])
 	if list == "" {
@@ -103,7 +104,7 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 			value = name
 		}
 		if name == "" || seen[name] {
-			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, list)
+			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, wire.CleanText(list, 64))
 		}
 		seen[name] = true
 		if err := checkWorkloadNames([]Workload{{Name: name}}); err != nil {

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,6 +67,15 @@ func TestDemandTargets(t *testing.T) {
 		if _, err := TargetsOf(routerPod(tc.ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", name, err, tc.want)
 		}
+	}
+	// A router opted out of scraping is not read either.
+	if ts, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationScrape: "false"}), "node-1", sel); err != nil || ts != nil {
+		t.Fatalf("opted out: %v, %v", ts, err)
+	}
+	// An annotation's value is quoted in the error (logged at every pod
+	// event) at most 64 bytes long.
+	if _, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: strings.Repeat("x", 200<<10), AnnotationDemandWorkloads: "a"}), "node-1", sel); err == nil || len(err.Error()) > 512 {
+		t.Fatalf("a 200 KiB preset name: error of %d bytes, want one of a few hundred", len(fmt.Sprint(err)))
 	}
 	// Another node's router is not this agent's.
 	if ts, err := TargetsOf(routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a"}), "node-2", sel); err != nil || ts != nil {

@@ -177,7 +177,7 @@ func checkWorkloadNames(ws []Workload) error {
 // demand source's (pulse.io/demand-source) one per workload it fronts.
 func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
 	if IsDemandSource(pod.Annotations) {
-		if pod.Spec.NodeName != node || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if pod.Spec.NodeName != node || pod.Annotations[AnnotationScrape] == "false" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil, nil
 		}
 		base, err := placeOf(pod, Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name})
@@ -240,19 +240,25 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	if err != nil {
 		return t, err
 	}
+	// A hostNetwork pod's address is its node's, whose ports are other
+	// pods' too (other tenants' hostNetwork servers): it is read only on a
+	// port it declares, which the scheduler keeps to one pod a node.
+	if pod.Spec.HostNetwork && !declares(pod, port) {
+		return t, fmt.Errorf("a hostNetwork pod is read only on a port it declares (a containerPort); port %d is not one (its node's ports are other pods' too)", port)
+	}
 	scheme := pod.Annotations[AnnotationScheme]
 	if scheme == "" {
 		scheme = "http"
 	}
 	if scheme != "http" && scheme != "https" {
-		return t, fmt.Errorf("annotation %s=%q: want http or https", AnnotationScheme, scheme)
+		return t, fmt.Errorf("annotation %s=%q: want http or https", AnnotationScheme, wire.CleanText(scheme, 64))
 	}
 	path := pod.Annotations[AnnotationPath]
 	if path == "" {
 		path = "/metrics"
 	}
 	if !strings.HasPrefix(path, "/") {
-		return t, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, path)
+		return t, fmt.Errorf("annotation %s=%q: want an absolute path", AnnotationPath, wire.CleanText(path, 64))
 	}
 	// A hostNetwork pod's IP is its node's, which reaches its server from
 	// the agent's pod; 127.0.0.1 (once used for them) is the agent's own
@@ -278,13 +284,25 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
+// declares is whether one of pod's containers declares port.
+func declares(pod *corev1.Pod, port int) bool {
+	for _, c := range pod.Spec.Containers {
+		for _, cp := range c.Ports {
+			if int(cp.ContainerPort) == port {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // portOf: annotation, else the container port named metrics, else http,
 // else Kaito's 5000.
 func portOf(pod *corev1.Pod) (int, error) {
 	if s, ok := pod.Annotations[AnnotationPort]; ok {
 		p, err := strconv.Atoi(s)
 		if err != nil || p < 1 || p > 65535 {
-			return 0, fmt.Errorf("annotation %s=%q: not a port number", AnnotationPort, s)
+			return 0, fmt.Errorf("annotation %s=%q: not a port number", AnnotationPort, wire.CleanText(s, 64))
 		}
 		return p, nil
 	}

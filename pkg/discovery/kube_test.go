@@ -66,8 +66,28 @@ func TestTargetOf(t *testing.T) {
 		// Its pod IP is the node's address; 127.0.0.1 was the agent's own
 		// loopback (the agent does not run in the host's network).
 		"hostNetwork is scraped at its node's address": {
+			mutate: func(p *corev1.Pod) {
+				p.Spec.HostNetwork = true
+				p.Status.PodIP = "192.0.2.10"
+				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
+			},
+			ok: true, want: Target{Ready: true, URL: "http://192.0.2.10:5000/metrics"},
+		},
+		// A hostNetwork pod's address is its node's: on a port it does not
+		// declare, another tenant's hostNetwork server could answer, and
+		// its values be read as this pod's.
+		"hostNetwork on a port it does not declare": {
+			mutate: func(p *corev1.Pod) {
+				p.Spec.HostNetwork = true
+				p.Status.PodIP = "192.0.2.10"
+				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
+				p.Annotations = map[string]string{AnnotationPort: "8000"}
+			},
+			bad: true,
+		},
+		"hostNetwork declaring no port": {
 			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true; p.Status.PodIP = "192.0.2.10" },
-			ok:     true, want: Target{Ready: true, URL: "http://192.0.2.10:5000/metrics"},
+			bad:    true,
 		},
 		"IPv6 pod": {
 			mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
