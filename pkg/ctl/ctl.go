@@ -2,6 +2,7 @@
 package ctl
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pulse-io/pulse/pkg/provision"
@@ -63,7 +65,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// object is one YAML document: a ScaledObject or a workload.
+// object is one YAML document: a ScaledObject or a workload; or a List of
+// them (kubectl get -o yaml), whose Items are read in its place.
 type object struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -83,39 +86,39 @@ type object struct {
 			Metadata map[string]string `json:"metadata"`
 		} `json:"triggers"`
 	} `json:"spec"`
+	Items []object `json:"items,omitempty"`
 }
 
-// readObjects reads a file of YAML documents (--- between them).
+// readObjects reads a file of YAML documents, as kubectl splits them (a
+// line that starts with --- and has nothing after it but a comment).
 func readObjects(path string) ([]object, error) {
 	raw, err := os.ReadFile(path) //nolint:gosec // G304: the file the user names on the command line
 	if err != nil {
 		return nil, err
 	}
 	var out []object
-	for i, doc := range splitDocs(raw) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	for i := 1; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", path, i, err)
+		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		var o object
 		if err := yaml.Unmarshal(doc, &o); err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", path, i+1, err)
+			return nil, fmt.Errorf("%s: document %d: %w", path, i, err)
+		}
+		if o.Kind == "List" {
+			out = append(out, o.Items...)
+			continue
 		}
 		out = append(out, o)
 	}
-	return out, nil
-}
-
-func splitDocs(raw []byte) [][]byte {
-	var docs [][]byte
-	var cur []byte
-	for _, line := range bytes.SplitAfter(raw, []byte("\n")) {
-		if t := bytes.TrimRight(line, "\r\n"); bytes.Equal(t, []byte("---")) {
-			docs, cur = append(docs, cur), nil
-			continue
-		}
-		cur = append(cur, line...)
-	}
-	return append(docs, cur)
 }
 
 // targetResolver answers a trigger's scaleTargetRef from the file.
@@ -292,6 +295,10 @@ func query(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "pulsectl query: --timeout %s: want a duration above 0\n", *timeout)
+		return 2
+	}
 	objs, err := readObjects(*file)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -318,7 +325,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 			asked++
 			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, i+1)
 			if err := ask(client, ref, *timeout, stdout); err != nil {
-				fmt.Fprintf(stdout, "  %v\n", err)
+				fmt.Fprintf(stdout, "  %s\n", printable(err.Error()))
 				failed++
 			}
 		}
@@ -347,7 +354,7 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 		return errors.New("GetMetricSpec: no metric spec")
 	}
 	ms := spec.MetricSpecs[0]
-	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", ms.MetricName, ms.TargetSizeFloat)
+	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", printable(ms.MetricName), ms.TargetSizeFloat)
 	m, err := c.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: ms.MetricName})
 	if err != nil {
 		return fmt.Errorf("GetMetrics: %w", err)
@@ -383,6 +390,10 @@ func top(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *every <= 0 || *count < 0 {
+		fmt.Fprintf(stderr, "pulsectl top: --interval %s, -n %d: want an interval above 0 and a count of 0 (until interrupted) or more\n", *every, *count)
+		return 2
+	}
 	url := strings.TrimRight(*base, "/") + "/debug/triggers?format=table"
 	if !strings.Contains(url, "://") {
 		url = "http://" + url
@@ -394,13 +405,13 @@ func top(args []string, stdout, stderr io.Writer) int {
 		}
 		body, err := fetch(client, url)
 		if err != nil {
-			fmt.Fprintln(stderr, "pulsectl top:", err)
+			fmt.Fprintln(stderr, "pulsectl top:", printable(err.Error()))
 			return 1
 		}
 		if *count != 1 {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
 		}
-		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), url, body)
+		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), printable(url), printable(body))
 	}
 	return 0
 }
@@ -416,7 +427,19 @@ func fetch(c *http.Client, url string) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+		return "", fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(printable(string(b[:min(len(b), 4096)]))))
 	}
 	return string(b), nil
+}
+
+// printable is s with the control characters a server could send to move
+// or restyle the terminal (C0 but newline and tab, DEL, C1) each replaced
+// by U+FFFD: what pulsectl prints of an answer is text, never commands.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || (r >= 0x20 && r < 0x7f) || r > 0x9f {
+			return r
+		}
+		return '\uFFFD'
+	}, s)
 }

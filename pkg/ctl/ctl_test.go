@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -107,6 +108,19 @@ metadata:
 		strings.Contains(out, "demo/elsewhere: trigger") {
 		t.Fatalf("with the aggregator's flags: exit %d\n%s", code, out)
 	}
+	// Documents split as kubectl splits them: a separator with a comment
+	// or blanks after it once hid the document after it, reported valid.
+	typo := "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: typo, namespace: demo}\nspec:\n  triggers:\n  - type: external-push\n    metadata: {scalerAddress: \"x:9090\", workspace: llama, treshold: \"10\"}\n"
+	for _, sep := range []string{"--- # the bad one\n", "---   \n", "---\r\n"} {
+		if code, out, _ := run("check", write(t, goodSO+sep+typo)); code != 1 || !strings.Contains(out, "demo/typo: trigger 1") {
+			t.Errorf("separator %q: exit %d, want 1 naming demo/typo\n%s", sep, code, out)
+		}
+	}
+	// kubectl get -o yaml writes a List: its items are read.
+	list := "apiVersion: v1\nkind: List\nitems:\n- " + strings.ReplaceAll(strings.TrimSuffix(typo, "\n"), "\n", "\n  ") + "\n"
+	if code, out, _ := run("check", write(t, list)); code != 1 || !strings.Contains(out, "demo/typo: trigger 1") {
+		t.Errorf("a List: exit %d, want 1 naming demo/typo\n%s", code, out)
+	}
 	if code, _, _ := run("check", write(t, "kind: ConfigMap\n")); code != 1 {
 		t.Fatalf("nothing of pulse's: exit %d, want 1", code)
 	}
@@ -173,6 +187,25 @@ func TestTopShowsTheDecisions(t *testing.T) {
 	}
 	if code, _, _ := run("top", "--debug", "http://127.0.0.1:1", "-n", "1"); code != 1 {
 		t.Fatalf("top against nothing: exit %d, want 1", code)
+	}
+	// Nonsense flags are refused, not run (--interval 0 polled without a
+	// pause).
+	for _, args := range [][]string{{"--interval", "0"}, {"--interval", "-5s"}, {"-n", "-1"}} {
+		if code, _, errs := run(append([]string{"top", "--debug", url}, args...)...); code != 2 || !strings.Contains(errs, "want an interval above 0") {
+			t.Errorf("top %v: exit %d, want 2\n%s", args, code, errs)
+		}
+	}
+	if code, _, errs := run("query", "--scaler", addr, "-f", write(t, goodSO), "--timeout", "-1s"); code != 2 || !strings.Contains(errs, "--timeout -1s") {
+		t.Errorf("query --timeout -1s: exit %d, want 2\n%s", code, errs)
+	}
+	// What a server sends is printed as text: a terminal's escapes in it
+	// are not passed on.
+	hostile := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\x1b]0;owned\x07\x1b[2Jrow\u009b31m\n")
+	}))
+	defer hostile.Close()
+	if code, out, _ := run("top", "--debug", hostile.URL, "-n", "1"); code != 0 || strings.ContainsAny(out, "\x1b\x07\u009b") || !strings.Contains(out, "ok\uFFFD]0;owned") {
+		t.Fatalf("top of a hostile server: exit %d, output %q", code, out)
 	}
 }
 
