@@ -83,8 +83,17 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	if so.PulseTrigger() == nil {
 		errs = append(errs, errors.New("spec.triggers: no trigger of type external-push (pulse's)"))
 	}
-	if lo, hi := so.MinReplicas(), so.MaxReplicas(); lo < 0 || hi < 1 || lo > hi {
-		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, max >= 1", lo, hi))
+	if lo, hi := so.MinReplicas(), so.MaxReplicas(); lo < 0 || hi < 1 || lo > hi || hi > maxStatic {
+		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, 1 <= max <= %d (the most replicas pulse-sim runs)", lo, hi, maxStatic))
+	}
+	if p := so.Spec.PollingInterval; p != nil && *p < 1 {
+		errs = append(errs, fmt.Errorf("pollingInterval %d: want at least 1 (seconds)", *p))
+	}
+	if v := so.Spec.CooldownPeriod; v != nil && *v < 0 {
+		errs = append(errs, fmt.Errorf("cooldownPeriod %d: want 0 or more (seconds)", *v))
+	}
+	if v := so.Spec.InitialCooldownPeriod; v != nil && *v < 0 {
+		errs = append(errs, fmt.Errorf("initialCooldownPeriod %d: want 0 or more (seconds)", *v))
 	}
 	if t := so.PulseTrigger(); t != nil && t.MetricType != "" && t.MetricType != "AverageValue" && t.MetricType != "Value" {
 		errs = append(errs, fmt.Errorf("trigger metricType %q: AverageValue or Value", t.MetricType))

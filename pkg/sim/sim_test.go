@@ -207,6 +207,21 @@ func TestBadConfigsAreRefused(t *testing.T) {
 	if _, err := ParseScaledObject([]byte("spec: {scaleTargetRef: {name: x}, triggers: [{type: cron}]}")); err == nil {
 		t.Error("a ScaledObject with no pulse trigger was accepted")
 	}
+	// A polling interval of 0 panicked the run; a maxReplicaCount of two
+	// billion ran the references (static:1 … max) out of memory.
+	for spec, want := range map[string]string{
+		"pollingInterval: 0":                     "pollingInterval 0: want at least 1",
+		"pollingInterval: -5":                    "pollingInterval -5",
+		"cooldownPeriod: -1":                     "cooldownPeriod -1",
+		"initialCooldownPeriod: -1":              "initialCooldownPeriod -1",
+		"maxReplicaCount: 2000000000":            "1 <= max <= 10000",
+		"minReplicaCount: 3, maxReplicaCount: 2": "0 <= min <= max",
+	} {
+		y := "spec: {" + spec + ", scaleTargetRef: {name: x}, triggers: [{type: external-push, metadata: {workspace: x}}]}"
+		if _, err := ParseScaledObject([]byte(y)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", spec, err, want)
+		}
+	}
 }
 
 // failing is a pipeline whose every answer is an error.

@@ -202,6 +202,9 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 		if err != nil {
 			return nil, nil, err
 		}
+		if err := trace.CheckScale(len(reqs), scale); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", tc.Trace, err)
+		}
 		reqs = trace.DensifyWith(reqs, scale, seed, trace.Copies{Jitter: s.CopyJitter.Duration, Resample: s.CopyLengths == "resample"})
 		pipes, _, err := sim.Expressible(so)
 		if err != nil {

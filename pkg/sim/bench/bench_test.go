@@ -129,6 +129,8 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
 		"hold":         {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {holds: [25h]}\n", "clairvoyant.holds: 25h0m0s"},
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
+		"ttft":         {"ttftSlo: -2s\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "ttftSlo -2s"},
+		"warmup":       {"warmup: -5m\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "warmup -5m0s"},
 	} {
 		_, err := Read(miniSuite(t, tc.body))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

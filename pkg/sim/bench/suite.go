@@ -124,6 +124,9 @@ func (s *Suite) complete() error {
 	}
 	errs = append(errs, s.completeTraces()...)
 	errs = append(errs, s.Clairvoyant.complete()...)
+	if s.TTFTSLO.Duration < 0 || s.Warmup.Duration < 0 {
+		errs = append(errs, fmt.Errorf("ttftSlo %s and warmup %s: want 0 (the default) or more", s.TTFTSLO.Duration, s.Warmup.Duration))
+	}
 	if s.TTFTSLO.Duration == 0 {
 		s.TTFTSLO.Duration = 2 * time.Second
 	}

@@ -28,8 +28,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if *format != "png" && *format != "svg" {
 		errs = append(errs, fmt.Errorf("--format %q: png or svg", *format))
 	}
-	if *seeds < 0 {
-		errs = append(errs, errors.New("--seeds must not be negative"))
+	if *seeds < 0 || *seeds > 100 {
+		errs = append(errs, errors.New("--seeds must be from 0 (the suite's) to 100"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -99,8 +99,8 @@ func (o *Options) Validate() error {
 	if o.ScaledObject == "" {
 		errs = append(errs, errors.New("--scaledobject is required"))
 	}
-	if o.RateScale <= 0 {
-		errs = append(errs, errors.New("--rate-scale must be above 0"))
+	if !(o.RateScale > 0) || o.RateScale > 1000 {
+		errs = append(errs, errors.New("--rate-scale must be above 0 and at most 1000"))
 	}
 	if o.TTFTSLO <= 0 {
 		errs = append(errs, errors.New("--ttft-slo must be above 0"))
@@ -144,6 +144,9 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	copies := trace.Copies{Jitter: o.CopyJitter, Resample: o.CopyLengths == "resample"}
 	if copies.Jitter == time.Second && !copies.Resample {
 		copies = trace.Coherent
+	}
+	if err := trace.CheckScale(len(reqs), o.RateScale); err != nil {
+		return sim.Config{}, fmt.Errorf("--rate-scale: %w", err)
 	}
 	reqs = trace.DensifyWith(reqs, o.RateScale, seed, copies)
 	if o.soRaw == nil {

@@ -191,6 +191,14 @@ func TestBadUsageIsClear(t *testing.T) {
 		"tune suite and trace": {"tune", "--suite", "../../../docs/simulation/suite.yaml", "--trace", shippedTrace, "--scaledobject", seedSO},
 		"tune bad suite":       {"tune", "--suite", "no-such-suite.yaml", "--scaledobject", seedSO},
 		"bench bad suite":      {"bench", "--suite", "no-such-suite.yaml"},
+		// NaN and infinite rate scales panicked; 1e12 ran out of memory.
+		"NaN rate-scale":       {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "NaN"},
+		"huge rate-scale":      {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "1e12"},
+		"NaN target":           {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--target-slo", "NaN"},
+		"NaN threshold":        {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting=NaN"},
+		"fractional period":    {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--scale-up", "1/1.5s"},
+		"tune too many seeds":  {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--seeds", "1000"},
+		"bench too many seeds": {"bench", "--suite", "../../../docs/simulation/suite.yaml", "--seeds", "1000"},
 	} {
 		code, _, errs := main(t, args...)
 		if code == 0 || !strings.HasPrefix(errs, "pulse-sim:") || strings.Count(errs, "\n") != 1 {

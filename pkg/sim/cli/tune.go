@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -56,7 +57,7 @@ func parseGrid(metrics, up string) (map[string][]float64, []string, []scaleUp, e
 		}
 		for _, v := range strings.Split(vals, "/") {
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 {
+			if err != nil || !(f > 0) || math.IsInf(f, 0) {
 				errs = append(errs, fmt.Errorf("--metrics %s: threshold %q is not a number above 0", name, v))
 			}
 			grid[name] = append(grid[name], f)
@@ -68,8 +69,8 @@ func parseGrid(metrics, up string) (map[string][]float64, []string, []scaleUp, e
 		pods, per, ok := strings.Cut(u, "/")
 		n, err1 := strconv.ParseInt(pods, 10, 32)
 		d, err2 := time.ParseDuration(per)
-		if !ok || err1 != nil || err2 != nil || n < 1 || d < time.Second {
-			errs = append(errs, fmt.Errorf("--scale-up %q: want pods/period such as 1/300s", u))
+		if !ok || err1 != nil || err2 != nil || n < 1 || d < time.Second || d%time.Second != 0 || d > 30*time.Minute {
+			errs = append(errs, fmt.Errorf("--scale-up %q: want pods/period such as 1/300s (a period of whole seconds, 1s to 30m: the HPA's periodSeconds)", u))
 			continue
 		}
 		ups = append(ups, scaleUp{int32(n), int32(d.Seconds())})
@@ -154,11 +155,11 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 		o.Trace = *suite // Validate asks for a trace; each of the suite's runs sets its own
 	}
 	errs = append(errs, o.Validate())
-	if t.TargetSLO <= 0 || t.TargetSLO > 1 {
+	if !(t.TargetSLO > 0 && t.TargetSLO <= 1) {
 		errs = append(errs, errors.New("--target-slo must be in (0, 1]"))
 	}
-	if t.Seeds < 1 {
-		errs = append(errs, errors.New("--seeds must be at least 1"))
+	if t.Seeds < 1 || t.Seeds > 100 {
+		errs = append(errs, errors.New("--seeds must be from 1 to 100"))
 	}
 	grid, order, ups, err := parseGrid(t.Metrics, t.ScaleUp)
 	errs = append(errs, err)

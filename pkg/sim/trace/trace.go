@@ -52,6 +52,31 @@ const (
 	DefaultOutput = 211
 )
 
+// Bounds of a trace, read or generated (and of a rate scale applied to it:
+// CheckScale): a run of more is refused before it is made, not left to
+// run for days of virtual time or out of memory.
+const (
+	// MaxTokens: a request's prompt or output, in tokens (past any
+	// model's context window).
+	MaxTokens = 1 << 24
+	// MaxSpan: from a trace's first request to its last.
+	MaxSpan = 7 * 24 * time.Hour
+	// MaxRequests: the requests of a trace, after its rate scale.
+	MaxRequests = 10_000_000
+)
+
+// CheckScale says whether n requests at scale times their rate stay
+// within MaxRequests, and that scale is a rate scale at all (above 0).
+func CheckScale(n int, scale float64) error {
+	if !(scale > 0) || math.IsInf(scale, 0) {
+		return fmt.Errorf("rate scale %v: want a number above 0", scale)
+	}
+	if float64(n)*scale > MaxRequests {
+		return fmt.Errorf("rate scale %v: %d requests become about %.3g, past the %d a run may have", scale, n, float64(n)*scale, MaxRequests)
+	}
+	return nil
+}
+
 // Name is how reports name a trace: a file's base name, or a generator's
 // whole spec.
 func Name(spec string) string {
@@ -123,13 +148,17 @@ func ReadAzure(r io.Reader) ([]Request, error) {
 		t, err1 := time.Parse(timeLayout, rec[0])
 		p, err2 := strconv.Atoi(rec[1])
 		o, err3 := strconv.Atoi(rec[2])
-		if err := errors.Join(err1, err2, err3); err != nil || p < 0 || o < 0 {
-			errs = append(errs, fmt.Errorf("line %d: %q: want a timestamp and two token counts", line, strings.Join(rec, ",")))
-			continue
+		if err := errors.Join(err1, err2, err3); err != nil || p < 0 || o < 0 || p > MaxTokens || o > MaxTokens {
+			errs = append(errs, fmt.Errorf("line %d: %q: want a timestamp and two token counts (0 to %d)", line, strings.Join(rec, ","), MaxTokens))
+		} else {
+			rows = append(rows, row{t, p, o})
 		}
-		rows = append(rows, row{t, p, o})
 		if len(errs) > 20 {
+			errs = append(errs, errors.New("and more: the first 21 bad lines are listed"))
 			break
+		}
+		if len(rows) > MaxRequests {
+			return nil, fmt.Errorf("more than %d requests", MaxRequests)
 		}
 	}
 	if len(errs) > 0 {
@@ -139,6 +168,9 @@ func ReadAzure(r io.Reader) ([]Request, error) {
 		return nil, errors.New("no requests")
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].t.Before(rows[j].t) })
+	if first, last := rows[0].t, rows[len(rows)-1].t; last.After(first.Add(MaxSpan)) {
+		return nil, fmt.Errorf("the requests span %s to %s, past the %s a trace may span", first.Format(timeLayout), last.Format(timeLayout), MaxSpan)
+	}
 	out := make([]Request, len(rows))
 	for i, rw := range rows {
 		out[i] = Request{At: rw.t.Sub(rows[0].t), Prompt: rw.p, Output: max(rw.out, 1)}
@@ -169,13 +201,18 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 		if err := json.Unmarshal(b, &rw); err != nil {
 			errs = append(errs, fmt.Errorf("line %d: %w", line, err))
 		} else if rw.Timestamp == nil || rw.InputLength == nil || rw.OutputLength == nil ||
-			*rw.Timestamp < 0 || math.IsNaN(*rw.Timestamp) || *rw.InputLength < 0 || *rw.OutputLength < 0 {
-			errs = append(errs, fmt.Errorf("line %d: want timestamp (ms), input_length and output_length, none negative", line))
+			!(*rw.Timestamp >= 0 && *rw.Timestamp <= float64(MaxSpan.Milliseconds())) ||
+			*rw.InputLength < 0 || *rw.OutputLength < 0 || *rw.InputLength > MaxTokens || *rw.OutputLength > MaxTokens {
+			errs = append(errs, fmt.Errorf("line %d: want timestamp (0 to %d ms), input_length and output_length (0 to %d)", line, MaxSpan.Milliseconds(), MaxTokens))
 		} else {
 			out = append(out, Request{At: time.Duration(*rw.Timestamp * float64(time.Millisecond)), Prompt: *rw.InputLength, Output: max(*rw.OutputLength, 1)})
 		}
 		if len(errs) > 20 {
+			errs = append(errs, errors.New("and more: the first 21 bad lines are listed"))
 			break
+		}
+		if len(out) > MaxRequests {
+			return nil, fmt.Errorf("more than %d requests", MaxRequests)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -222,6 +259,9 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown generator %q: %s", name, strings.Join(generators, ", "))
 	}
+	if dur > MaxSpan {
+		g.errs = append(g.errs, fmt.Errorf("a duration of %s, past the %s a trace may span", dur, MaxSpan))
+	}
 	for k := range kv {
 		if !g.used[k] {
 			g.errs = append(g.errs, fmt.Errorf("unknown key %q", k))
@@ -234,6 +274,9 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 	peak := 0.0
 	for t := time.Duration(0); t < dur; t += time.Second {
 		peak = math.Max(peak, rate(t))
+	}
+	if n := peak * dur.Seconds(); n > MaxRequests {
+		return nil, fmt.Errorf("%s: up to %.3g requests (a peak of %g a second for %s), past the %d a trace may have", name, n, peak, dur, MaxRequests)
 	}
 	var out []Request
 	if peak <= 0 {
@@ -268,12 +311,16 @@ func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.D
 		var levels []float64
 		for _, s := range strings.Split(g.str("rates", ""), "/") {
 			v, err := strconv.ParseFloat(s, 64)
-			if err != nil || v < 0 {
+			if err != nil || !(v >= 0) || math.IsInf(v, 0) {
 				g.errs = append(g.errs, fmt.Errorf("rates: %q is not a rate", s))
 			}
 			levels = append(levels, v)
 		}
 		step := g.dur("step", 10*time.Minute)
+		if step > MaxSpan/time.Duration(len(levels)) {
+			g.errs = append(g.errs, fmt.Errorf("%d steps of %s, past the %s a trace may span", len(levels), step, MaxSpan))
+			step = 0
+		}
 		dur = step * time.Duration(len(levels))
 		rate = func(t time.Duration) float64 { return levels[min(int(t/step), len(levels)-1)] }
 	case "bursts":
@@ -338,16 +385,18 @@ func (g *gen) float(k string, def float64) float64 {
 		d = strconv.FormatFloat(def, 'g', -1, 64)
 	}
 	v, err := strconv.ParseFloat(g.str(k, d), 64)
-	if err != nil || v < 0 {
+	if err != nil || !(v >= 0) || math.IsInf(v, 0) {
 		g.errs = append(g.errs, fmt.Errorf("%s: want a number of at least 0", k))
+		return 0
 	}
 	return v
 }
 
 func (g *gen) int(k string, def int) int {
 	v, err := strconv.Atoi(g.str(k, strconv.Itoa(def)))
-	if err != nil || v < 1 {
-		g.errs = append(g.errs, fmt.Errorf("%s: want a whole number of at least 1", k))
+	if err != nil || v < 1 || v > MaxTokens {
+		g.errs = append(g.errs, fmt.Errorf("%s: want a whole number from 1 to %d", k, MaxTokens))
+		return 1
 	}
 	return v
 }

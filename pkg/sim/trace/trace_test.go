@@ -59,6 +59,52 @@ func TestBadTracesAreRefusedClearly(t *testing.T) {
 	}
 }
 
+// TestTracesPastTheBoundsAreRefusedFirst: NaN or infinite rates hung a
+// generator for ever (or panicked, as a step's rate); token counts that
+// overflowed an int, a span of years and a generator of billions of
+// requests ran out of memory or for days of virtual time; 200,000 bad
+// rows in a row were each listed. Each is refused first, saying why.
+func TestTracesPastTheBoundsAreRefusedFirst(t *testing.T) {
+	const head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+	for spec, want := range map[string]string{
+		"poisson:rate=NaN,duration=10m":    "rate: want a number",
+		"poisson:rate=Inf,duration=10m":    "rate: want a number",
+		"ramp:from=1,to=Inf,duration=10m":  "to: want a number",
+		"steps:rates=1/NaN,step=5m":        "rates: \"NaN\" is not a rate",
+		"poisson:rate=1,sigma=NaN":         "sigma",
+		"poisson:rate=1,duration=100000h":  "past the 168h0m0s a trace may span",
+		"steps:rates=1/2,step=2000000h":    "past the 168h0m0s a trace may span",
+		"poisson:rate=1e7,duration=1h":     "past the 10000000 a trace may have",
+		"poisson:rate=1,prompt=1000000000": "prompt: want a whole number from 1 to 16777216",
+	} {
+		if _, err := Load(spec, 1); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", spec, err, want)
+		}
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"tokens past an int": {head + "2023-11-16 18:15:46.6805900,4611686018427387904,4611686018427387904\n", "0 to 16777216"},
+		"two years":          {head + "2023-11-16 18:15:46.6805900,1,1\n2025-11-16 18:15:46.6805900,1,1\n", "past the 168h0m0s a trace may span"},
+		"many bad rows":      {head + strings.Repeat("2023-11-16 18:15:46.6805900,x,1\n", 1000), "and more"},
+	} {
+		_, err := ReadAzure(strings.NewReader(c.body))
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Count(err.Error(), "\n") > 30 {
+			t.Errorf("%s: %v, want at most a few lines saying %q", name, err, c.want)
+		}
+	}
+	if _, err := ReadMooncake(strings.NewReader("{\"timestamp\": 1e13, \"input_length\": 1, \"output_length\": 1}\n")); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("a timestamp of 1e13 ms: %v", err)
+	}
+	for _, c := range []struct {
+		n     int
+		scale float64
+		ok    bool
+	}{{1000, 2, true}, {1000, math.NaN(), false}, {1000, math.Inf(1), false}, {1000, 0, false}, {1000, 1e12, false}} {
+		if err := CheckScale(c.n, c.scale); (err == nil) != c.ok {
+			t.Errorf("CheckScale(%d, %v): %v", c.n, c.scale, err)
+		}
+	}
+}
+
 func TestGenerators(t *testing.T) {
 	reqs, err := Load("poisson:rate=20,duration=10m", 7)
 	if err != nil {
