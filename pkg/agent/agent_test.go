@@ -377,7 +377,9 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	if n := len(sc.large); n != 1 {
 		t.Fatalf("namespace a holds %d large reads, want 1", n)
 	}
-	if _, err := sc.Scrape(withTenant(context.Background(), "b"), srv.URL+"/big", nil, nil); err != nil {
+	bctx, bcancel := context.WithTimeout(withTenant(context.Background(), "b"), 5*time.Second)
+	defer bcancel()
+	if _, err := sc.Scrape(bctx, srv.URL+"/big", nil, nil); err != nil {
 		t.Fatalf("namespace b's large page beside namespace a's held reads: %v", err)
 	}
 	for range cap(sc.parses) {

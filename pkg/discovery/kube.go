@@ -242,9 +242,11 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	}
 	// A hostNetwork pod's address is its node's, whose ports are other
 	// pods' too (other tenants' hostNetwork servers): it is read only on a
-	// port it declares, which the scheduler keeps to one pod a node.
+	// TCP port it declares on all the node's addresses, which the
+	// scheduler keeps to one pod a node (a listener no pod declares, a
+	// host daemon's, is not so kept).
 	if pod.Spec.HostNetwork && !declares(pod, port) {
-		return t, fmt.Errorf("a hostNetwork pod is read only on a port it declares (a containerPort); port %d is not one (its node's ports are other pods' too)", port)
+		return t, fmt.Errorf("a hostNetwork pod is read only on a TCP port it declares (a containerPort, no hostIP); port %d is not one (its node's ports are other pods' too)", port)
 	}
 	scheme := pod.Annotations[AnnotationScheme]
 	if scheme == "" {
@@ -284,11 +286,14 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
-// declares is whether one of pod's containers declares port.
+// declares is whether one of pod's containers declares port, TCP, on all
+// the node's addresses: the scheduler keeps a host's (IP, protocol, port)
+// to one pod, so a UDP port or one on another address claims nothing of
+// the TCP listener the page is read from.
 func declares(pod *corev1.Pod, port int) bool {
 	for _, c := range pod.Spec.Containers {
 		for _, cp := range c.Ports {
-			if int(cp.ContainerPort) == port {
+			if int(cp.ContainerPort) == port && (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && (cp.HostIP == "" || cp.HostIP == "0.0.0.0") {
 				return true
 			}
 		}

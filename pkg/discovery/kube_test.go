@@ -85,6 +85,14 @@ func TestTargetOf(t *testing.T) {
 			},
 			bad: true,
 		},
+		"hostNetwork declaring the port for UDP": {
+			mutate: func(p *corev1.Pod) {
+				p.Spec.HostNetwork = true
+				p.Status.PodIP = "192.0.2.10"
+				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, Protocol: corev1.ProtocolUDP}}
+			},
+			bad: true,
+		},
 		"hostNetwork declaring no port": {
 			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true; p.Status.PodIP = "192.0.2.10" },
 			bad:    true,

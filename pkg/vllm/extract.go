@@ -250,9 +250,10 @@ func nameEnd(line []byte) int {
 // Bounds of one sample line pulse reads: real pages' lines carry a handful
 // of labels (engine, model_name, le, …). expfmt's parser rebuilds a map of
 // a line's labels at every label it reads, so its cost grows with the
-// square of their number: a line of 40,000 labels took it minutes.
+// square of their number: a line of 40,000 labels took it minutes, and a
+// 1 MiB page of lines of 63 labels 0.42 s, twelve times a page of 4.
 const (
-	maxLineLabels     = 64
+	maxLineLabels     = 16
 	maxLabelSetBytes  = 8 << 10
 	maxKeptPageSeries = 16 << 10 // sample lines kept of one page (parsed, they take some 10× their bytes)
 )
@@ -262,7 +263,7 @@ const (
 func labelsAndValue(line []byte, n int) (end int, value []byte, err error) {
 	i := n
 	if i < len(line) && line[i] == '{' {
-		inQuote, commas := false, 0
+		inQuote, labels := false, 0
 		for i++; i < len(line); i++ {
 			c := line[i]
 			switch {
@@ -270,8 +271,8 @@ func labelsAndValue(line []byte, n int) (end int, value []byte, err error) {
 				i++
 			case c == '"':
 				inQuote = !inQuote
-			case !inQuote && c == ',':
-				if commas++; commas >= maxLineLabels {
+			case !inQuote && c == '=':
+				if labels++; labels > maxLineLabels {
 					return 0, nil, fmt.Errorf("sample line %q has more than %d labels", truncate(line), maxLineLabels)
 				}
 			case !inQuote && c == '}':

@@ -453,10 +453,14 @@ func TestLinesOfManyLabelsAreRefusedFirst(t *testing.T) {
 	if _, err := e.Extract([]byte(labelsLine("vllm:num_requests_waiting", maxLineLabels))); err != nil {
 		t.Fatalf("a line of %d labels: %v", maxLineLabels, err)
 	}
+	// A comma before the closing brace is legal, and no label.
+	if _, err := e.Extract([]byte(strings.Replace(labelsLine("vllm:num_requests_waiting", maxLineLabels), "}", ",}", 1))); err != nil {
+		t.Fatalf("a line of %d labels and a trailing comma: %v", maxLineLabels, err)
+	}
 	many := labelsLine("vllm:num_requests_waiting", 40000)
 	long := "vllm:num_requests_waiting{a=\"" + strings.Repeat("x", maxLabelSetBytes) + "\"} 1\n"
 	lines := strings.Repeat("vllm:num_requests_waiting 1\n", maxKeptPageSeries+1)
-	for what, page := range map[string]string{"more than 64 labels": many, "labels of more than 8192 bytes": long, "more than 16384 sample lines": lines} {
+	for what, page := range map[string]string{"more than 16 labels": many, "labels of more than 8192 bytes": long, "more than 16384 sample lines": lines} {
 		_, err := e.Extract([]byte(page))
 		var pe *ParseError
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), what) {
@@ -465,22 +469,34 @@ func TestLinesOfManyLabelsAreRefusedFirst(t *testing.T) {
 	}
 	d := DemandPresets["epp"]
 	d.Match = "llama"
-	if _, err := e.ExtractDemand([]byte(labelsLine("llm_d_epp_flow_control_queue_size", 40000)), &d); err == nil || !strings.Contains(err.Error(), "more than 64 labels") {
+	if _, err := e.ExtractDemand([]byte(labelsLine("llm_d_epp_flow_control_queue_size", 40000)), &d); err == nil || !strings.Contains(err.Error(), "more than 16 labels") {
 		t.Fatalf("a demand page's line of 40,000 labels: %v", err)
 	}
 }
 
+// BenchmarkExtractManyLabels: a line of 40,000 labels (refused before the
+// parse), and the costliest page that is parsed: 1 MiB of lines at the
+// label limit.
 func BenchmarkExtractManyLabels(b *testing.B) {
 	e, err := NewExtractor(nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	page := []byte(labelsLine("vllm:num_requests_waiting", 40000))
-	b.SetBytes(int64(len(page)))
-	b.ResetTimer()
-	for range b.N {
-		if _, err := e.Extract(page); err == nil {
-			b.Fatal("accepted")
-		}
+	var atLimit strings.Builder
+	for i := 0; atLimit.Len() < 1<<20-300; i++ {
+		atLimit.WriteString(strings.Replace(labelsLine("vllm:num_requests_waiting", maxLineLabels), "a0=\"\"", fmt.Sprintf("a0=\"%d\"", i), 1))
+	}
+	for name, c := range map[string]struct {
+		page []byte
+		ok   bool
+	}{"40000-labels-line": {[]byte(labelsLine("vllm:num_requests_waiting", 40000)), false}, "1MiB-at-the-limit": {[]byte(atLimit.String()), true}} {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.page)))
+			for range b.N {
+				if _, err := e.Extract(c.page); (err == nil) != c.ok {
+					b.Fatalf("error %v", err)
+				}
+			}
+		})
 	}
 }

@@ -154,7 +154,7 @@ func ReadAzure(r io.Reader) ([]Request, error) {
 			rows = append(rows, row{t, p, o})
 		}
 		if len(errs) > 20 {
-			errs = append(errs, errors.New("and more: the first 21 bad lines are listed"))
+			errs = append(errs, errors.New("(the listing stops at 21 bad lines)"))
 			break
 		}
 		if len(rows) > MaxRequests {
@@ -208,7 +208,7 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 			out = append(out, Request{At: time.Duration(*rw.Timestamp * float64(time.Millisecond)), Prompt: *rw.InputLength, Output: max(*rw.OutputLength, 1)})
 		}
 		if len(errs) > 20 {
-			errs = append(errs, errors.New("and more: the first 21 bad lines are listed"))
+			errs = append(errs, errors.New("(the listing stops at 21 bad lines)"))
 			break
 		}
 		if len(out) > MaxRequests {
