@@ -77,7 +77,7 @@ func (h *Histograms) Any() bool {
 // the bucket's lower bound (0 for the first bucket when its bound is
 // positive) to its upper bound. A rank in the +Inf bucket answers the
 // highest finite bound. ok is false with no observations, fewer than two
-// buckets, or no +Inf bucket. Counts that decrease (float noise of a merge)
+// buckets, no +Inf bucket, or a bound before it that is not finite. Counts that decrease (float noise of a merge)
 // are raised to stay monotonic, as Prometheus does.
 func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
 	n := len(bounds)
@@ -93,6 +93,11 @@ func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
 		return math.Inf(-1), true
 	case q > 1:
 		return math.Inf(1), true
+	}
+	for _, b := range bounds[:n-1] {
+		if math.IsInf(b, 0) || math.IsNaN(b) {
+			return 0, false // a bound of -Inf (or a second +Inf) leaves no bucket to interpolate in
+		}
 	}
 	rank := q * total
 	b, prev := -1, 0.0

@@ -41,6 +41,8 @@ func TestHistogramQuantile(t *testing.T) {
 		{[]float64{0.1, inf}, []float64{0, 0}},
 		{[]float64{0.1, 0.2}, []float64{1, 2}},
 		{[]float64{inf}, []float64{3}},
+		{[]float64{math.Inf(-1), 1, inf}, []float64{1, 2, 3}}, // a -Inf bound: -Inf + Inf·f is NaN
+		{[]float64{math.Inf(-1), inf}, []float64{1, 2}},
 	} {
 		if v, ok := HistogramQuantile(0.5, c.b, c.c); ok {
 			t.Errorf("%v %v: got %v, want undefined", c.b, c.c, v)

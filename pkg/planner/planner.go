@@ -119,6 +119,36 @@ const (
 	drainFloor = 0.5
 )
 
+// Bounds of what is believed of one replica's window. A page that says
+// more (its counters jumped, or it lies) is refused for as long as its
+// window holds the values: the replica is planned as one with no fresh
+// sample (never below the ready count), and the plan names it.
+const (
+	// maxTokenRate: tokens a second one replica prefills, or generates:
+	// over a thousand times the shipped step models' prefill (about 58,000
+	// a second on the 8B, 13,000 on the 70B: docs/simulation.md), room
+	// for prefix-cache hits, which vLLM counts as prompt tokens.
+	maxTokenRate = 1e8
+	// maxRequestRate: requests a second that get their first token at one
+	// replica.
+	maxRequestRate = 1e6
+	// maxQueue: requests waiting at one replica.
+	maxQueue = 1e6
+	// maxRise: one observation moves a request's mean work toward at most
+	// this many times the mean (it moves a tenth of the way: a window that
+	// lies for its whole 30 s moves it by at most 1.1⁶, not by the lie);
+	// maxRequestWork bounds the first observation, taken whole: a
+	// request's work past 10⁷ is past any model's context.
+	maxRise        = 2
+	maxRequestWork = 1e7
+	// stuckAfter: a replica starting longer than this, or than
+	// stuckLeads lead times learned, is stuck (an image that never pulls, a
+	// crash before readiness): it is no capacity coming, does not lengthen
+	// the lead time, and a startup this long is not learned.
+	stuckAfter = time.Hour
+	stuckLeads = 3
+)
+
 // State is what the planner has learned of one workload. The zero State is
 // a workload not seen yet.
 type State struct {
@@ -235,6 +265,15 @@ type Plan struct {
 	Ready    int `json:"ready"`
 	Missing  int `json:"missing"`
 	Starting int `json:"starting"`
+	// Refused: ready replicas whose window was past what is believed of
+	// one (see maxTokenRate), counted in Missing; RefusedWhy names the
+	// first and why. Stuck: replicas starting past stuckAfter, not
+	// counted in Starting (the HPA still counts them among the
+	// workload's replicas: the plan does not replace them, as a
+	// replacement would most likely be stuck the same way).
+	Refused    int    `json:"refusedReplicas,omitempty"`
+	RefusedWhy string `json:"refusedWhy,omitempty"`
+	Stuck      int    `json:"stuckReplicas,omitempty"`
 }
 
 // Errors of Plan: the workload cannot be planned now (the caller returns
@@ -265,16 +304,30 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		switch l.State {
 		case store.PodCounted:
 			p.Ready++
+			if why := implausible(l); why != "" {
+				p.Missing++
+				if p.Refused++; p.Refused == 1 {
+					p.RefusedWhy = l.Name + ": " + why
+				}
+				continue
+			}
 			fresh = append(fresh, l)
 		case store.PodMissing:
 			p.Ready++
 			p.Missing++
 		case store.PodStarting:
+			if st.stuck(l) {
+				p.Stuck++
+				continue
+			}
 			p.Starting++
 			st.startingFor = max(st.startingFor, l.Age)
 		}
 	}
 	if p.Ready > 0 && len(fresh) == 0 {
+		if p.Refused > 0 {
+			return Plan{}, st, fmt.Errorf("%w: no ready pod's window is believable (%d refused, %s; %d ready pods without a value, %d starting)", ErrStale, p.Refused, p.RefusedWhy, p.Missing-p.Refused, p.Starting)
+		}
 		return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
 	}
 	observe := in.At.Sub(st.lastObserve) >= cfg.ObserveEvery
@@ -312,6 +365,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: observed for %s, less than the hold %s", p.Ready, in.At.Sub(st.Since).Round(time.Second), hold)
 	case st.Capacity == 0 && p.Work > 0:
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: no capacity learned yet", p.Ready)
+	}
+	if p.Refused > 0 {
+		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
 	}
 	st.regret(p.Replicas, in.At, cfg)
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
@@ -379,7 +435,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		// drained over the lead time (at least the SLO: a replica that
 		// starts at once drains it within the SLO).
 		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
-		p.BacklogThen = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg))
+		p.BacklogThen = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg), st.stuckAfter())
 		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
@@ -404,13 +460,16 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 }
 
 // learnWorkPerRequest moves a request's mean work a tenth of the way
-// toward this observation's (work served over first tokens), or takes it
-// at the first.
+// toward this observation's (work served over first tokens, at most
+// maxRise times the mean), or takes it at the first.
 func (st *State) learnWorkPerRequest(work, first float64) {
 	if first <= 0 || work <= 0 {
 		return
 	}
-	wpr := work / first
+	wpr := min(work/first, maxRequestWork)
+	if st.WorkPerRequest > 0 {
+		wpr = min(wpr, maxRise*st.WorkPerRequest)
+	}
 	if st.WorkPerRequest == 0 {
 		st.WorkPerRequest = wpr
 	} else {
@@ -425,7 +484,7 @@ func (st *State) learnWorkPerRequest(work, first float64) {
 // to the pooled drain: any replica serves them.
 func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Input, st *State, cfg Config) {
 	lead := st.lead(cfg)
-	joins := joining(in, lead)
+	joins := joining(in, lead, st.stuckAfter())
 	var share float64
 	for _, l := range fresh {
 		share = max(share, replicaBacklog(l.WaitingNow*st.WorkPerRequest, growth, arrived, p.Ready, joins, lead))
@@ -459,10 +518,10 @@ func replicaBacklog(q, growth, arrived float64, ready int, joins []time.Duration
 
 // joining is when each replica now starting is ready, from now, sorted: a
 // lead time after it was listed, at once if it has started for longer.
-func joining(in Input, lead time.Duration) []time.Duration {
+func joining(in Input, lead, stuck time.Duration) []time.Duration {
 	var joins []time.Duration
 	for i := range in.Pods {
-		if l := &in.Pods[i]; l.State == store.PodStarting {
+		if l := &in.Pods[i]; l.State == store.PodStarting && l.Age <= stuck {
 			joins = append(joins, max(lead-l.Age, 0))
 		}
 	}
@@ -492,9 +551,9 @@ func drainNeed(work, share, capacity float64) float64 {
 // starting serves (capacity per second) from when it is ready, a lead time
 // after it was listed (at once if it has started for longer). A queue never
 // goes below empty.
-func projectBacklog(backlog, excess, capacity float64, in Input, lead time.Duration) float64 {
+func projectBacklog(backlog, excess, capacity float64, in Input, lead, stuck time.Duration) float64 {
 	var at time.Duration
-	for _, a := range joining(in, lead) {
+	for _, a := range joining(in, lead, stuck) {
 		backlog = math.Max(0, backlog+excess*(a-at).Seconds())
 		at, excess = a, excess-capacity
 	}
@@ -662,7 +721,7 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 func (st *State) learnStartups(in Input) {
 	newest := st.startupsTo
 	for _, l := range in.Pods {
-		if l.Startup <= 0 || l.State == store.PodStarting {
+		if l.Startup <= 0 || l.Startup > st.stuckAfter() || l.State == store.PodStarting {
 			continue
 		}
 		readyAt := in.At.Add(-l.Age + l.Startup)
@@ -747,11 +806,50 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	return p, st, nil
 }
 
+// ceil is x rounded up to a replica count: at most math.MaxInt32 (the
+// HPA's counts are int32; past it, Go's conversion to int is not defined).
 func ceil(x float64) int {
-	if x <= 0 || math.IsNaN(x) {
+	switch {
+	case x <= 0 || math.IsNaN(x):
 		return 0
+	case x >= math.MaxInt32:
+		return math.MaxInt32
 	}
 	return int(math.Ceil(x - 1e-9))
+}
+
+// stuckAfter is how long a replica starts before it is stuck: an hour, or
+// stuckLeads lead times learned, whichever is longer (a workload whose
+// replicas take long to start learns that they do).
+func (st *State) stuckAfter() time.Duration {
+	if st.Startups == 0 {
+		return stuckAfter
+	}
+	return max(stuckAfter, stuckLeads*st.LeadTime)
+}
+
+// stuck is whether a starting replica has been starting past stuckAfter.
+func (st *State) stuck(l *store.PodLoad) bool { return l.Age > st.stuckAfter() }
+
+// implausible says why a fresh replica's window is past what is believed
+// of one replica (maxTokenRate, maxRequestRate, maxQueue), or a value of it
+// is not a finite number; "" when it is believable.
+func implausible(l *store.PodLoad) string {
+	for _, v := range [...]float64{l.PromptTokens, l.GenerationTokens, l.FirstTokens, l.TTFT, l.QueueTime, l.ITL,
+		l.TTFTQuantile, l.Preemptions, l.Waiting, l.Running, l.KVCache, l.WaitingNow, l.WaitingGrowth} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return "a value that is not a finite number"
+		}
+	}
+	switch {
+	case max(l.PromptTokens, l.GenerationTokens) > maxTokenRate:
+		return fmt.Sprintf("%.3g tokens a second, past the %.0e believed of one replica", max(l.PromptTokens, l.GenerationTokens), maxTokenRate)
+	case l.FirstTokens > maxRequestRate:
+		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
+	case max(l.Waiting, l.WaitingNow) > maxQueue:
+		return fmt.Sprintf("%.3g requests waiting, past the %.0e believed of one replica", max(l.Waiting, l.WaitingNow), maxQueue)
+	}
+	return ""
 }
 
 func abs(d time.Duration) time.Duration {

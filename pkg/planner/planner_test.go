@@ -502,7 +502,7 @@ func TestBacklogProjectedToWhenCapacityArrives(t *testing.T) {
 		{"one starting for longer than the lead: ready now", 1000, 1000, 2000, starting(400 * time.Second), 0},
 		{"shrinking", 50_000, -1000, 1000, starting(), 0},
 	} {
-		if got := projectBacklog(c.backlog, c.excess, c.capacity, c.in, lead); math.Abs(got-c.want) > 1e-6 {
+		if got := projectBacklog(c.backlog, c.excess, c.capacity, c.in, lead, stuckAfter); math.Abs(got-c.want) > 1e-6 {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -730,5 +730,139 @@ func TestAStartingReplicaTakesItsPartOfTheArrivals(t *testing.T) {
 	}
 	if want := drainNeed(15000, 300_000+500*lead, p.Capacity); p.Missing != 1 || math.Abs(p.DrainNeed-want) > 1e-9 {
 		t.Fatalf("drain need %v with %d missing, want %v", p.DrainNeed, p.Missing, want)
+	}
+}
+
+func TestAReplicaCountIsBounded(t *testing.T) {
+	for _, c := range []struct {
+		x    float64
+		want int
+	}{{1e30, math.MaxInt32}, {math.Inf(1), math.MaxInt32}, {math.NaN(), 0}, {-1e30, 0}, {2.5, 3}} {
+		if got := ceil(c.x); got != c.want {
+			t.Errorf("ceil(%g) = %d, want %d", c.x, got, c.want)
+		}
+	}
+	// A queue priced at an enormous mean work: the need is past any int,
+	// and the plan is the most replicas there can be, never a negative.
+	cfg := Default(0)
+	st := State{Since: t0.Add(-time.Hour), Capacity: 1000, HealthyMax: 1000, WorkPerRequest: 1e13}
+	pod := serving("a", 1000, 0.01)
+	pod.WaitingNow, pod.Waiting = 9e5, 9e5
+	p, _, err := Make(snap(t0, pod), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas != math.MaxInt32 {
+		t.Fatalf("plan %d (need %g), want %d", p.Replicas, p.Need, math.MaxInt32)
+	}
+}
+
+func TestImplausibleWindowsAreRefusedAlone(t *testing.T) {
+	cfg := Default(0)
+	liar := serving("liar", 3e14, 0.01)
+	nan := serving("nan", 10000, 0.01)
+	nan.TTFTQuantile, nan.TTFTQuantileOK = math.NaN(), true
+	queue := serving("queue", 10000, 0.01)
+	queue.WaitingNow = 9e15
+	p, st, err := Make(snap(t0, serving("a", 10000, 0.01), liar, serving("b", 10000, 0.01), nan, queue), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Refused != 3 || p.Missing != 3 || p.Ready != 5 || !strings.HasPrefix(p.RefusedWhy, "liar: 3e+14 tokens a second") {
+		t.Fatalf("refused %d (%q), missing %d, ready %d: want 3 refused, the liar named first, 3 missing of 5", p.Refused, p.RefusedWhy, p.Missing, p.Ready)
+	}
+	// What is learned is the believable replicas' alone, and the plan
+	// never goes below the ready ones while some are refused.
+	if st.Capacity != 10000 || st.HealthyMax != 10000 {
+		t.Fatalf("capacity %v, healthy max %v: want 10000 (the believable replicas')", st.Capacity, st.HealthyMax)
+	}
+	if p.Replicas < 5 || !strings.Contains(p.Reason, "3 ready replicas refused: liar: 3e+14 tokens a second") {
+		t.Fatalf("plan %d (%s): want at least the 5 ready replicas, and the refusal named", p.Replicas, p.Reason)
+	}
+	// With no believable replica, the plan is an error that says why, not
+	// a count.
+	_, _, err = Make(snap(t0, liar), State{}, cfg)
+	if !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "liar: 3e+14 tokens a second") {
+		t.Fatalf("error %v, want ErrStale naming the refused replica", err)
+	}
+}
+
+func TestALyingWindowMovesTheMeanWorkLittle(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 10000, 0.01)) // 1,000 work a request
+	if st.WorkPerRequest != 1000 {
+		t.Fatalf("work per request %v, want 1000", st.WorkPerRequest)
+	}
+	// A whole window whose tokens jumped while one request got its first
+	// token (50,000 times the mean's work a request) moves the mean a
+	// tenth of the way toward at most twice it, an observation.
+	lie := serving("a", 5e7, 0.01)
+	lie.FirstTokens = 1.0 / 30
+	_, st, _ = run(t, st, cfg, at, 30*time.Second, lie)
+	if most := 1000 * math.Pow(1+0.1*(maxRise-1), 7); st.WorkPerRequest > most+1e-9 {
+		t.Fatalf("work per request %v after a window that lied, want at most %v", st.WorkPerRequest, most)
+	}
+	// The first observation (after a restart, say) is taken whole, but
+	// never past a request's most.
+	_, st, _ = run(t, State{}, cfg, t0, 0, lie)
+	if st.WorkPerRequest != maxRequestWork {
+		t.Fatalf("work per request %v at a first window that lied, want %v", st.WorkPerRequest, float64(maxRequestWork))
+	}
+}
+
+func TestAStuckReplicaIsNoCapacityComing(t *testing.T) {
+	cfg := Default(0)
+	// A capacity learned, and queues growing at the two ready replicas: a
+	// replica starting is planned to drain its part of them once ready.
+	st := State{Since: t0.Add(-time.Hour), Capacity: 10000, HealthyMax: 10000, WorkPerRequest: 1000}
+	pods := []store.PodLoad{serving("a", 10000, 1), serving("b", 10000, 1)}
+	for i := range pods {
+		pods[i].WaitingNow, pods[i].Waiting, pods[i].WaitingGrowth = 200, 150, 5
+	}
+	without, _, err := Make(snap(t0, pods...), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starting := store.PodLoad{Name: "c", State: store.PodStarting, Age: 4 * time.Minute}
+	coming, _, err := Make(snap(t0, append(pods, starting)...), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if coming.BacklogThen >= without.BacklogThen {
+		t.Fatalf("a replica a minute from ready drains nothing of the backlog: %v with it, %v without", coming.BacklogThen, without.BacklogThen)
+	}
+	// Starting for 72 hours, it is stuck: the plan is the one without it.
+	stuckPod := store.PodLoad{Name: "c", State: store.PodStarting, Age: 72 * time.Hour}
+	with, next, err := Make(snap(t0, append(pods, stuckPod)...), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if with.Replicas != without.Replicas || with.Need != without.Need || with.BacklogThen != without.BacklogThen || with.Stuck != 1 || with.Starting != 0 {
+		t.Fatalf("with a pod starting for 72 h: plan %d (need %v, backlog then %v, stuck %d, starting %d); without it %d (need %v, backlog then %v)",
+			with.Replicas, with.Need, with.BacklogThen, with.Stuck, with.Starting, without.Replicas, without.Need, without.BacklogThen)
+	}
+	if h := next.hold(cfg); h > cfg.LeadTime+cfg.HoldMargin {
+		t.Fatalf("hold %s with a stuck pod, want the assumed lead time's %s", h, cfg.LeadTime+cfg.HoldMargin)
+	}
+	// Nor is a startup that long learned once the pod is ready.
+	ready := serving("c", 10000, 0.01)
+	ready.Startup, ready.Age = 72*time.Hour, 72*time.Hour+time.Minute
+	_, next, err = Make(snap(t0.Add(5*time.Second), append(pods, ready)...), next, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Startups != 0 {
+		t.Fatalf("a 72 h startup learned (%d startups, lead time %s)", next.Startups, next.LeadTime)
+	}
+	// A workload whose replicas are learned to start in 40 minutes waits
+	// three of them before a replica is stuck.
+	slow := st
+	slow.Startups, slow.LeadTime = 3, 40*time.Minute
+	p, _, err := Make(snap(t0, append(pods, store.PodLoad{Name: "c", State: store.PodStarting, Age: 90 * time.Minute})...), slow, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Stuck != 0 || p.Starting != 1 {
+		t.Fatalf("a replica starting 90 minutes where startups take 40: stuck %d, starting %d; want starting", p.Stuck, p.Starting)
 	}
 }

@@ -171,6 +171,8 @@ var (
 		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
 		planDesc("surge_work_per_second", "The largest move of the work arriving within one lead time the planner has seen: a rise, or a fall from a level held (fading by half in an hour)."),
 		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, or the work plus the surge up to its recent peak, whichever is more."),
+		planDesc("refused_replicas", "Ready replicas whose window was past what is believed of one replica (planned as replicas without a fresh sample)."),
+		planDesc("stuck_replicas", "Replicas starting longer than an hour (or three lead times learned): no capacity coming."),
 	}
 )
 
@@ -213,7 +215,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.Level} {
+				p.Need, p.HeldPeak, p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.Level, float64(p.Refused), float64(p.Stuck)} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}

@@ -116,6 +116,9 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: %v", describe(t), err)
 	}
 	v := float64(p.Replicas)
+	if v < 0 {
+		return Decision{}, status.Errorf(codes.Internal, "%s: planned %d replicas, not a replica count", describe(t), p.Replicas)
+	}
 	d := Decision{Value: v, Active: v > t.ActivationThreshold, Reporting: p.Need, Ready: p.Ready, Counted: p.Ready - p.Missing,
 		Pending: snap.Demand.Held, Plan: &p, Direction: "down"}
 	if p.Replicas > p.Ready+p.Starting {
