@@ -4,6 +4,7 @@ package aggregator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,7 +52,10 @@ type Aggregator struct {
 	debugSrv    *http.Server // nil unless --debug-addr
 
 	ingestLn, scalerLn, httpLn net.Listener
-	debugLn                    net.Listener // nil unless --debug-addr
+	// ingestTLS: the ingest port's server TLS (nil: plaintext), which
+	// --http-tls serves on the http port too.
+	ingestTLS *tls.Config
+	debugLn   net.Listener // nil unless --debug-addr
 }
 
 // housekeepEvery is the period of the housekeeping loop (sweeping expired
@@ -115,19 +119,8 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		a.health.stopping.Store(true)
-		// KEDA's streams end with EOF first, so KEDA reconnects in 2s.
-		a.scaler.Shutdown()
-		stopGracefully(a.scalerSrv, a.opts.Serving.ShutdownTimeout)
-		// Agent streams never end by themselves and carry cumulative values,
-		// so cutting them loses nothing; agents reconnect to another replica.
-		a.ingestSrv.Stop()
-		sctx, cancel := context.WithTimeout(context.Background(), a.opts.Serving.ShutdownTimeout)
-		defer cancel()
-		if a.debugSrv != nil {
-			_ = a.debugSrv.Shutdown(sctx)
-		}
-		return a.httpSrv.Shutdown(sctx)
+		a.stop()
+		return nil
 	})
 	err := g.Wait()
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -162,6 +155,41 @@ func serveGRPC(s *grpc.Server, ln net.Listener, what string) error {
 }
 
 // stopGracefully waits up to timeout for RPCs to end, then cuts them.
+// stop is the graceful stop: not ready at once, the listeners open for
+// --shutdown-delay more (endpoints routing to this replica are removed
+// meanwhile, so new connections go to the others), then KEDA's streams
+// ended (each with EOF: KEDA reconnects in 2s), the scaler and the http
+// servers drained, all within --shutdown-timeout, past which they are cut.
+func (a *Aggregator) stop() {
+	a.health.stopping.Store(true)
+	time.Sleep(a.opts.Serving.ShutdownDelay)
+	deadline := time.Now().Add(a.opts.Serving.ShutdownTimeout)
+	drained := make(chan struct{})
+	go func() { a.scaler.Shutdown(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(time.Until(deadline)):
+		// A stream handler stuck sending to a peer that reads nothing:
+		// stopping the server below ends it.
+		a.log.Warn("KEDA's streams did not end within --shutdown-timeout: cut")
+	}
+	stopGracefully(a.scalerSrv, max(time.Until(deadline), 0))
+	<-drained
+	// Agent streams never end by themselves and carry cumulative values,
+	// so cutting them loses nothing; agents reconnect to another replica.
+	a.ingestSrv.Stop()
+	for _, srv := range []*http.Server{a.debugSrv, a.httpSrv} {
+		if srv == nil {
+			continue
+		}
+		sctx, cancel := context.WithDeadline(context.Background(), deadline.Add(time.Second))
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close() // a download still running (a profile, a debug page): cut
+		}
+		cancel()
+	}
+}
+
 func stopGracefully(s *grpc.Server, timeout time.Duration) {
 	done := make(chan struct{})
 	go func() { s.GracefulStop(); close(done) }()

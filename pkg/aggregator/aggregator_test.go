@@ -106,6 +106,20 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "choose one") {
 		t.Errorf("Validate() = %v, want managed and file TLS refused together", err)
 	}
+	// Flags that silently undid each other, and a validity whose CA (three
+	// of them) overflowed into the past.
+	o = NewOptions()
+	o.AgentAuth.Mode, o.AgentAuth.Audience = "tokenreview", ""
+	o.Warmup.AgentDaemonSet, o.Warmup.ExpectedAgents = "pulse-system/pulse-agent", 3
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames, o.Certs.Validity = true, "pulse-system", []string{"a"}, 876000*time.Hour
+	o.Serving.DebugAddr = "localhost"
+	o.Provision.Enabled, o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile = true, "c", "k"
+	err = o.Validate()
+	for _, want := range []string{"--provision-trigger-auth", "--agent-audience", "--expected-agents and --agent-daemonset", "--cert-validity 876000h0m0s: from 1h to 87600h0m0s", `--debug-addr "localhost"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
 }
 
 // TestWarnsWhenMaxPodsOutgrowMemory: --forward-histograms took a pod held

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"math"
@@ -141,7 +142,8 @@ func (a *Aggregator) resolveOwner() error {
 func (c *Config) clients(deps *Deps) error {
 	o := c.opts
 	prov := o.Provision.Enabled
-	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != "" || prov || o.Kube.OwnerClusterRole != ""
+	needKube := o.Certs.Enabled || o.AgentAuth.Mode == "tokenreview" || o.Warmup.AgentDaemonSet != "" || prov || o.Kube.OwnerClusterRole != "" ||
+		o.Serving.MetricsAuth == "kubernetes"
 	needDyn := o.Certs.Enabled || o.Kube.ResolveTargets || prov
 	needMeta := prov
 	if (!needKube || deps.Kube != nil) && (!needDyn || deps.Dynamic != nil) && (!needMeta || deps.Metadata != nil) {
@@ -288,9 +290,11 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 		if err != nil {
 			return fmt.Errorf("ingest TLS: %w", err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+		a.ingestTLS = files.ServerConfig()
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.ingestTLS)))
 	case o.IngestTLS.Managed:
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts().ServerOnlyConfig())))
+		a.ingestTLS = a.managedCerts().ServerOnlyConfig()
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.ingestTLS)))
 		a.log.Info("ingest port serves TLS with managed certificates", logging.KeyName, o.Certs.Namespace+"/"+o.Certs.CAConfigMap)
 	}
 	var auth ingest.Authenticator
@@ -470,7 +474,19 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 		dmux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		dmux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
-	mux.Handle("GET /metrics", metricsHandler(reg, a.log))
+	metrics := metricsHandler(reg, a.log)
+	if a.opts.Serving.MetricsAuth == "kubernetes" {
+		metrics = newMetricsAuthorizer(a.deps.Kube).wrap(metrics)
+		if !a.opts.Serving.HTTPTLS {
+			a.log.Warn("/metrics reviews bearer tokens sent in plaintext: serve the http port with --http-tls")
+		}
+	}
+	if a.opts.Serving.HTTPTLS {
+		// The ingest port's certificate (no client certificate asked): the
+		// kubelet's HTTPS probes and Prometheus present none.
+		a.httpLn = tls.NewListener(a.httpLn, a.ingestTLS.Clone())
+	}
+	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
 	a.httpSrv = NewHTTPServer(mux)

@@ -191,7 +191,10 @@ func (h *health) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_
 	for {
 		st, err := h.status(req.GetService())
 		if err != nil {
-			return err
+			// The health protocol: a service not known is watched as
+			// SERVICE_UNKNOWN, the stream kept open (Check answers
+			// NotFound).
+			st = healthpb.HealthCheckResponse_SERVICE_UNKNOWN
 		}
 		if st != last {
 			if err := stream.Send(&healthpb.HealthCheckResponse{Status: st}); err != nil {

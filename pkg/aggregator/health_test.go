@@ -294,3 +294,46 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 		t.Fatalf("server bounds %+v: want every timeout set, writing at least a CPU profile's 30 s", s)
 	}
 }
+
+// TestAStopIsNotReadyBeforeItCloses: readiness went false at the instant
+// the listeners closed, so no probe saw it and the Service still sent new
+// connections to a replica that refused them. With --shutdown-delay the
+// replica answers not ready, its listeners still open, for that long, then
+// stops within --shutdown-timeout; the gRPC health Watch of a service it
+// does not know is SERVICE_UNKNOWN on an open stream, as the protocol says.
+func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
+	o := NewOptions()
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup.Duration, o.Serving.ShutdownDelay = 0, 3*time.Second
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	base := "http://" + a.HTTPAddr()
+	if code, _ := httpStatus(t, base+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz before the stop: %d", code)
+	}
+	w, err := healthpb.NewHealthClient(dial(t, a.scalerLn.Addr().String())).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "nonesuch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVICE_UNKNOWN {
+		t.Fatalf("Watch of an unknown service: %v, %v; want SERVICE_UNKNOWN on an open stream", r, err)
+	}
+	cancel()
+	for !a.health.stopping.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if code, _ := httpStatus(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz once stopping, within --shutdown-delay: %d, want 503 from a listener still open", code)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("a stop: %v", err)
+	}
+}

@@ -31,7 +31,7 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second},
+		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none"},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -75,6 +75,12 @@ func (o *Options) Validate() error {
 	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
 		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
 	}
+	if o.Provision.Enabled && o.ScalerTLS.CertFile != "" && o.Provision.TriggerAuth == "" {
+		errs = append(errs, errors.New("--provision-scaledobjects with --tls-cert-file needs --provision-trigger-auth: KEDA reaches a TLS scaler only through a ClusterTriggerAuthentication holding its CA, and every provisioned ScaledObject would fail"))
+	}
+	if o.Serving.HTTPTLS && !o.IngestTLS.Managed && o.IngestTLS.CertFile == "" {
+		errs = append(errs, errors.New("--http-tls serves the ingest port's certificate: it needs --ingest-managed-tls or --ingest-tls-cert-file"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -84,10 +90,15 @@ func (o *Options) LogOptions() logging.Options { return o.Log }
 // ServingOptions are the listeners.
 type ServingOptions struct {
 	IngestAddr, ScalerAddr, HTTPAddr, DebugAddr string
-	ShutdownTimeout                             time.Duration
+	ShutdownTimeout, ShutdownDelay              time.Duration
 	// Profiling serves Go's profiles (net/http/pprof) beside the debug
 	// endpoints, under /debug/pprof/.
 	Profiling bool
+	// MetricsAuth: none, or kubernetes (a bearer token reviewed by the API
+	// server, whose user may get the non-resource URL /metrics).
+	MetricsAuth string
+	// HTTPTLS serves --http-addr with the ingest port's certificate.
+	HTTPTLS bool
 }
 
 // AddFlags registers the group's flags.
@@ -98,18 +109,30 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
+	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
+	fs.StringVar(&o.MetricsAuth, "metrics-auth", o.MetricsAuth, "who may read /metrics, whose series name every tenant's workloads: none (anyone who reaches --http-addr), or kubernetes (a bearer token the API server authenticates, whose user may get the non-resource URL /metrics: a TokenReview and a SubjectAccessReview, answers kept a minute)")
 }
 
 // Validate reports the group's problems.
 func (o *ServingOptions) Validate() error {
 	var errs []error
-	for flagName, addr := range map[string]string{"--ingest-addr": o.IngestAddr, "--scaler-addr": o.ScalerAddr, "--http-addr": o.HTTPAddr} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: want host:port", flagName, addr))
+	for _, a := range []struct{ flag, addr string }{{"--ingest-addr", o.IngestAddr}, {"--scaler-addr", o.ScalerAddr}, {"--http-addr", o.HTTPAddr}, {"--debug-addr", o.DebugAddr}} {
+		if a.addr == "" && a.flag == "--debug-addr" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port", a.flag, a.addr))
 		}
 	}
 	if o.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("--shutdown-timeout must be above 0"))
+	}
+	if o.ShutdownDelay < 0 || o.ShutdownDelay > time.Minute {
+		errs = append(errs, fmt.Errorf("--shutdown-delay %s: from 0 to 1m", o.ShutdownDelay))
+	}
+	if o.MetricsAuth != "none" && o.MetricsAuth != "kubernetes" {
+		errs = append(errs, fmt.Errorf("--metrics-auth %q: none or kubernetes", o.MetricsAuth))
 	}
 	return errors.Join(errs...)
 }
@@ -173,6 +196,9 @@ func (o *WarmupOptions) Validate() error {
 	if o.AgentDaemonSet != "" {
 		if ns, name, ok := strings.Cut(o.AgentDaemonSet, "/"); !ok || ns == "" || name == "" {
 			errs = append(errs, fmt.Errorf("--agent-daemonset %q: want namespace/name", o.AgentDaemonSet))
+		}
+		if o.ExpectedAgents > 0 {
+			errs = append(errs, errors.New("--expected-agents and --agent-daemonset exclude each other: the DaemonSet's count replaces the number every second"))
 		}
 	}
 	return errors.Join(errs...)
@@ -245,7 +271,7 @@ func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 		o.IPs = append(o.IPs, v)
 		return nil
 	})
-	fs.DurationVar(&o.Validity, "cert-validity", o.Validity, "--manage-certs: validity of the certificates (renewed two thirds through)")
+	fs.DurationVar(&o.Validity, "cert-validity", o.Validity, "--manage-certs: validity of the certificates (renewed two thirds through; 1h to 10 years, 87600h)")
 	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
 	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
 	fs.StringVar(&o.CAConfigMap, "ca-configmap", o.CAConfigMap, "--manage-certs: a ConfigMap (in --namespace) where the CA's certificate is published for the agents (--ingest-managed-tls); empty: not published")
@@ -263,11 +289,16 @@ func (o *ManagedCertOptions) Validate() error {
 	if len(o.DNSNames)+len(o.IPs) == 0 {
 		errs = append(errs, errors.New("--manage-certs needs a --cert-dns-name or --cert-ip for the scaler Service"))
 	}
-	if o.Validity < time.Hour {
-		errs = append(errs, errors.New("--cert-validity must be at least 1h"))
+	// The CA is made for three validities: past about 97 years that
+	// overflowed a time.Duration, and the CA was born expired.
+	if o.Validity < time.Hour || o.Validity > MaxCertValidity {
+		errs = append(errs, fmt.Errorf("--cert-validity %s: from 1h to %s (its CA is made for three times as long)", o.Validity, MaxCertValidity))
 	}
 	return errors.Join(errs...)
 }
+
+// MaxCertValidity bounds --cert-validity.
+const MaxCertValidity = 10 * 365 * 24 * time.Hour
 
 // IngestTLSOptions are the ingest port's TLS: certificate files, or the
 // managed certificates.
@@ -318,6 +349,9 @@ func (o *AgentAuthOptions) AddFlags(fs *flag.FlagSet) {
 func (o *AgentAuthOptions) Validate() error {
 	if o.Mode != "none" && o.Mode != "tokenreview" {
 		return fmt.Errorf("--agent-auth %q: want none or tokenreview", o.Mode)
+	}
+	if o.Mode == "tokenreview" && o.Audience == "" {
+		return errors.New("--agent-auth=tokenreview needs --agent-audience: every agent's token would be refused")
 	}
 	return nil
 }

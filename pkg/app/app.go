@@ -97,5 +97,8 @@ func run(o Options, build func(*slog.Logger) (Runner, error)) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts the graceful stop; a second one ends the
+	// process at once (the default action, restored once the first came).
+	go func() { <-ctx.Done(); stop() }()
 	return r.Run(ctx)
 }

@@ -45,13 +45,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/*
 A probe handler: the gRPC health service named by .service on the ingest
 port, or, when the ingest port speaks TLS (kubelet gRPC probes do not),
-HTTP GET .path on the http port.
+HTTPS GET .path on the http port (which then speaks TLS too).
 */}}
 {{- define "pulse-aggregator.probe" -}}
 {{- if include "pulse-aggregator.ingestTLS" .root -}}
 httpGet:
   path: {{ .path }}
   port: http
+  scheme: HTTPS
 {{- else -}}
 grpc:
   port: {{ .root.Values.ingest.port }}

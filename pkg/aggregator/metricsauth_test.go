@@ -1,0 +1,130 @@
+package aggregator
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/pulse-io/pulse/test/testpki"
+)
+
+const promUser = "system:serviceaccount:monitoring:prometheus"
+
+// reviewingAPI answers TokenReviews and SubjectAccessReviews as an API
+// server would for these tokens: prometheus's user may get /metrics, a
+// tenant's may not, a made-up token is not authenticated, and the first
+// review of "flaky" fails. It counts the reviews.
+func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
+	c := fake.NewClientset()
+	users := map[string]string{"prometheus": promUser, "tenant": "system:serviceaccount:team-a:app", "flaky": promUser}
+	var failed atomic.Bool
+	c.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		reviews.Add(1)
+		tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
+		if tr.Spec.Token == "flaky" && failed.CompareAndSwap(false, true) {
+			return true, nil, errors.New("the server is currently unable to handle the request")
+		}
+		if u, ok := users[tr.Spec.Token]; ok {
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: u, Groups: []string{"system:serviceaccounts"}}}
+		}
+		return true, tr, nil
+	})
+	c.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
+		na := sar.Spec.NonResourceAttributes
+		sar.Status.Allowed = sar.Spec.User == promUser && na != nil && na.Path == "/metrics" && na.Verb == "get"
+		return true, sar, nil
+	})
+	return c
+}
+
+func getWithToken(t *testing.T, c *http.Client, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestMetricsNeedAReviewedToken: /metrics names every tenant's workloads
+// and their load (the per-trigger series), and any pod that reached the
+// http port read them. With --metrics-auth=kubernetes a request needs a
+// bearer token the API server authenticates, whose user may get the
+// non-resource URL /metrics; with --http-tls the port speaks TLS with the
+// ingest port's certificate, so the token never travels in plaintext. The
+// probes stay open to the kubelet. Answers are kept a minute; an API
+// error is a 503, not kept.
+func TestMetricsNeedAReviewedToken(t *testing.T) {
+	ca := testpki.NewCA(t)
+	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
+	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": cert, "tls.key": key}, "tls.crt", "tls.key")
+	var reviews atomic.Int64
+	a := startWith(t, func(o *Options) {
+		o.Serving.MetricsAuth, o.Serving.HTTPTLS = "kubernetes", true
+		o.IngestTLS.CertFile, o.IngestTLS.KeyFile = paths[0], paths[1]
+	}, Deps{Kube: reviewingAPI(&reviews)})
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	base := "https://" + a.HTTPAddr()
+	if code, _ := getWithToken(t, c, base+"/livez", ""); code != http.StatusOK {
+		t.Fatalf("/livez without a token: %d, want 200 (the kubelet's probes carry none)", code)
+	}
+	if resp, err := http.Get("http://" + a.HTTPAddr() + "/livez"); err == nil && resp.StatusCode == http.StatusOK {
+		resp.Body.Close()
+		t.Fatal("the http port answered in plaintext with --http-tls")
+	}
+	for token, want := range map[string]int{"": http.StatusUnauthorized, "made-up": http.StatusUnauthorized, "tenant": http.StatusForbidden} {
+		if code, body := getWithToken(t, c, base+"/metrics", token); code != want || strings.Contains(body, "pulse_aggregator") {
+			t.Errorf("/metrics with token %q: %d, want %d and no series", token, code, want)
+		}
+	}
+	if code, body := getWithToken(t, c, base+"/metrics", "prometheus"); code != http.StatusOK || !strings.Contains(body, "pulse_aggregator_") {
+		t.Fatalf("/metrics with prometheus's token: %d", code)
+	}
+	before := reviews.Load()
+	for _, token := range []string{"prometheus", "tenant", "made-up"} {
+		getWithToken(t, c, base+"/metrics", token)
+	}
+	if n := reviews.Load() - before; n != 0 {
+		t.Errorf("%d reviews for tokens answered within the minute, want 0", n)
+	}
+	if code, _ := getWithToken(t, c, base+"/metrics", "flaky"); code != http.StatusServiceUnavailable {
+		t.Errorf("/metrics while the API fails: %d, want 503", code)
+	}
+	if code, _ := getWithToken(t, c, base+"/metrics", "flaky"); code != http.StatusOK {
+		t.Errorf("/metrics once the API answers: %d, want 200 (an error is not kept)", code)
+	}
+}
+
+func TestMetricsAuthIsValidated(t *testing.T) {
+	o := NewOptions()
+	o.Serving.MetricsAuth, o.Serving.HTTPTLS = "bearer", true
+	err := o.Validate()
+	for _, want := range []string{`--metrics-auth "bearer"`, "--http-tls serves the ingest port's certificate"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--metrics-auth bearer --http-tls without ingest TLS: %v, want %q", err, want)
+		}
+	}
+}
