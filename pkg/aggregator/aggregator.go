@@ -50,12 +50,14 @@ type Aggregator struct {
 	scalerSrv   *grpc.Server
 	httpSrv     *http.Server
 	debugSrv    *http.Server // nil unless --debug-addr
+	healthSrv   *http.Server // nil unless --health-addr
 
 	ingestLn, scalerLn, httpLn net.Listener
 	// ingestTLS: the ingest port's server TLS (nil: plaintext), which
 	// --http-tls serves on the http port too.
 	ingestTLS *tls.Config
 	debugLn   net.Listener // nil unless --debug-addr
+	healthLn  net.Listener // nil unless --health-addr
 }
 
 // housekeepEvery is the period of the housekeeping loop (sweeping expired
@@ -95,6 +97,14 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	if a.provisioner != nil {
 		g.Go(func() error { return a.provisioner.RunElected(gctx, a.election) })
+	}
+	if a.healthSrv != nil {
+		g.Go(func() error {
+			if err := a.healthSrv.Serve(a.healthLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve health: %w", err)
+			}
+			return nil
+		})
 	}
 	if a.debugSrv != nil {
 		g.Go(func() error {
@@ -178,7 +188,7 @@ func (a *Aggregator) stop() {
 	// Agent streams never end by themselves and carry cumulative values,
 	// so cutting them loses nothing; agents reconnect to another replica.
 	a.ingestSrv.Stop()
-	for _, srv := range []*http.Server{a.debugSrv, a.httpSrv} {
+	for _, srv := range []*http.Server{a.debugSrv, a.healthSrv, a.httpSrv} {
 		if srv == nil {
 			continue
 		}

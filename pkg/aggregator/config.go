@@ -178,7 +178,8 @@ func (a *Aggregator) listen() error {
 		ln   *net.Listener
 		addr string
 		what string
-	}{{&a.ingestLn, s.IngestAddr, "ingest"}, {&a.scalerLn, s.ScalerAddr, "scaler"}, {&a.httpLn, s.HTTPAddr, "http"}, {&a.debugLn, s.DebugAddr, "debug"}} {
+	}{{&a.ingestLn, s.IngestAddr, "ingest"}, {&a.scalerLn, s.ScalerAddr, "scaler"}, {&a.httpLn, s.HTTPAddr, "http"}, {&a.debugLn, s.DebugAddr, "debug"},
+		{&a.healthLn, s.HealthAddr, "health"}} {
 		if l.addr == "" {
 			continue
 		}
@@ -194,7 +195,7 @@ func (a *Aggregator) listen() error {
 
 // close releases the listeners of an aggregator that will not run.
 func (a *Aggregator) close() {
-	for _, ln := range []net.Listener{a.ingestLn, a.scalerLn, a.httpLn, a.debugLn} {
+	for _, ln := range []net.Listener{a.ingestLn, a.scalerLn, a.httpLn, a.debugLn, a.healthLn} {
 		if ln != nil {
 			_ = ln.Close()
 		}
@@ -490,4 +491,13 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
 	a.httpSrv = NewHTTPServer(mux)
+	if a.healthLn != nil {
+		// The probes alone, in plaintext: a kubelet's probe of a TLS port
+		// fails while the certificate is not there yet, and liveness would
+		// then restart a replica waiting for the API.
+		hmux := http.NewServeMux()
+		hmux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
+		hmux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
+		a.healthSrv = NewHTTPServer(hmux)
+	}
 }

@@ -81,7 +81,7 @@ func TestMetricsNeedAReviewedToken(t *testing.T) {
 	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": cert, "tls.key": key}, "tls.crt", "tls.key")
 	var reviews atomic.Int64
 	a := startWith(t, func(o *Options) {
-		o.Serving.MetricsAuth, o.Serving.HTTPTLS = "kubernetes", true
+		o.Serving.MetricsAuth, o.Serving.HTTPTLS, o.Serving.HealthAddr = "kubernetes", true, "127.0.0.1:0"
 		o.IngestTLS.CertFile, o.IngestTLS.KeyFile = paths[0], paths[1]
 	}, Deps{Kube: reviewingAPI(&reviews)})
 	pool := x509.NewCertPool()
@@ -94,6 +94,15 @@ func TestMetricsNeedAReviewedToken(t *testing.T) {
 	if resp, err := http.Get("http://" + a.HTTPAddr() + "/livez"); err == nil && resp.StatusCode == http.StatusOK {
 		resp.Body.Close()
 		t.Fatal("the http port answered in plaintext with --http-tls")
+	}
+	// The kubelet's probes on --health-addr, in plaintext; nothing else
+	// there.
+	hbase := "http://" + a.healthLn.Addr().String()
+	if code, _ := httpStatus(t, hbase+"/livez"); code != http.StatusOK {
+		t.Fatalf("/livez on the health port: %d", code)
+	}
+	if code, _ := httpStatus(t, hbase+"/metrics"); code != http.StatusNotFound {
+		t.Fatalf("/metrics on the health port: %d, want 404", code)
 	}
 	for token, want := range map[string]int{"": http.StatusUnauthorized, "made-up": http.StatusUnauthorized, "tenant": http.StatusForbidden} {
 		if code, body := getWithToken(t, c, base+"/metrics", token); code != want || strings.Contains(body, "pulse_aggregator") {

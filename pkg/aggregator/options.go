@@ -89,8 +89,8 @@ func (o *Options) LogOptions() logging.Options { return o.Log }
 
 // ServingOptions are the listeners.
 type ServingOptions struct {
-	IngestAddr, ScalerAddr, HTTPAddr, DebugAddr string
-	ShutdownTimeout, ShutdownDelay              time.Duration
+	IngestAddr, ScalerAddr, HTTPAddr, DebugAddr, HealthAddr string
+	ShutdownTimeout, ShutdownDelay                          time.Duration
 	// Profiling serves Go's profiles (net/http/pprof) beside the debug
 	// endpoints, under /debug/pprof/.
 	Profiling bool
@@ -106,6 +106,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez, /readyz and, without --debug-addr, /debug/workloads, /debug/triggers and /debug/provisioning")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, in plaintext, for the kubelet's probes (e.g. :8081): with --http-tls a probe of the http port fails until the certificate is there")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
@@ -117,8 +118,8 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 // Validate reports the group's problems.
 func (o *ServingOptions) Validate() error {
 	var errs []error
-	for _, a := range []struct{ flag, addr string }{{"--ingest-addr", o.IngestAddr}, {"--scaler-addr", o.ScalerAddr}, {"--http-addr", o.HTTPAddr}, {"--debug-addr", o.DebugAddr}} {
-		if a.addr == "" && a.flag == "--debug-addr" {
+	for _, a := range []struct{ flag, addr string }{{"--ingest-addr", o.IngestAddr}, {"--scaler-addr", o.ScalerAddr}, {"--http-addr", o.HTTPAddr}, {"--debug-addr", o.DebugAddr}, {"--health-addr", o.HealthAddr}} {
+		if a.addr == "" && (a.flag == "--debug-addr" || a.flag == "--health-addr") {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {

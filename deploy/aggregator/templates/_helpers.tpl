@@ -45,14 +45,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/*
 A probe handler: the gRPC health service named by .service on the ingest
 port, or, when the ingest port speaks TLS (kubelet gRPC probes do not),
-HTTPS GET .path on the http port (which then speaks TLS too).
+HTTP GET .path on the health port (plaintext, the probes alone: the http
+port then speaks TLS too, and a probe of it would fail while the
+certificate is not there yet).
 */}}
 {{- define "pulse-aggregator.probe" -}}
 {{- if include "pulse-aggregator.ingestTLS" .root -}}
 httpGet:
   path: {{ .path }}
-  port: http
-  scheme: HTTPS
+  port: health
 {{- else -}}
 grpc:
   port: {{ .root.Values.ingest.port }}
