@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -68,6 +69,10 @@ type realNode struct {
 	kubeletStart                                         time.Time
 	plugin                                               *devicePlugin
 	procs                                                []*proc
+	// aggClient reads an aggregator's http port, which speaks TLS with
+	// the managed certificate (the chart's default): it trusts the CA the
+	// aggregator publishes and checks the Service's name.
+	aggClient *http.Client
 }
 
 func TestNode(t *testing.T) {
@@ -621,6 +626,14 @@ func (n *realNode) aggregatorHTTP(t *testing.T) string {
 	must(t, err)
 	for _, p := range pods.Items {
 		if podReady(&p) {
+			cm, err := n.kube.CoreV1().ConfigMaps(ns).Get(n.ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+			must(t, err)
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM([]byte(cm.Data["ca.crt"])) {
+				t.Fatalf("ConfigMap pulse-aggregator-ca holds no CA certificate: %v", cm.Data)
+			}
+			n.aggClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+				RootCAs: pool, ServerName: aggRelease + "." + ns + ".svc", MinVersion: tls.VersionTLS12}}}
 			return net.JoinHostPort(p.Status.PodIP, "8080")
 		}
 	}
@@ -677,7 +690,7 @@ func (n *realNode) createDeployment(name string, replicas int32) {
 // workloadPods reads one workload's pods from an aggregator's debug
 // endpoint.
 func (n *realNode) workloadPods(workload string) (map[string]debug.Pod, error) {
-	resp, err := http.Get("http://" + n.aggHTTP + "/debug/workloads/" + appNS + "/" + workload)
+	resp, err := n.aggClient.Get("https://" + n.aggHTTP + "/debug/workloads/" + appNS + "/" + workload)
 	if err != nil {
 		return nil, err
 	}
