@@ -164,10 +164,10 @@ func serveGRPC(s *grpc.Server, ln net.Listener, what string) error {
 	return nil
 }
 
-// stopGracefully waits up to timeout for RPCs to end, then cuts them.
 // stop is the graceful stop: not ready at once, the listeners open for
-// --shutdown-delay more (endpoints routing to this replica are removed
-// meanwhile, so new connections go to the others), then KEDA's streams
+// --shutdown-delay more (the scaler Service's endpoints drop this replica
+// meanwhile, so KEDA's new connections go to the others; the agents, who
+// stream to every replica, are cut below and reconnect), then KEDA's streams
 // ended (each with EOF: KEDA reconnects in 2s), the scaler and the http
 // servers drained, all within --shutdown-timeout, past which they are cut.
 func (a *Aggregator) stop() {
@@ -200,6 +200,7 @@ func (a *Aggregator) stop() {
 	}
 }
 
+// stopGracefully waits up to timeout for RPCs to end, then cuts them.
 func stopGracefully(s *grpc.Server, timeout time.Duration) {
 	done := make(chan struct{})
 	go func() { s.GracefulStop(); close(done) }()

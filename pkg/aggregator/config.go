@@ -428,9 +428,12 @@ const (
 )
 
 // NewHTTPServer is an HTTP server of handler with those bounds.
-func NewHTTPServer(handler http.Handler) *http.Server {
+func NewHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
 	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
+		// The server's own lines (a TLS handshake a port scan or a wrong CA
+		// failed, one a connection) at debug, in the aggregator's format.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 }
 
 // metricsErrorLog is promhttp's error log on the aggregator's, at most once
@@ -466,7 +469,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	dmux := mux
 	if a.debugLn != nil {
 		dmux = http.NewServeMux()
-		a.debugSrv = NewHTTPServer(dmux)
+		a.debugSrv = NewHTTPServer(dmux, a.log)
 	}
 	dbg.Register(dmux)
 	if a.opts.Serving.Profiling {
@@ -477,7 +480,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	}
 	metrics := metricsHandler(reg, a.log)
 	if a.opts.Serving.MetricsAuth == "kubernetes" {
-		metrics = newMetricsAuthorizer(a.deps.Kube).wrap(metrics)
+		metrics = newMetricsAuthorizer(a.deps.Kube, a.log).wrap(metrics)
 		if !a.opts.Serving.HTTPTLS {
 			a.log.Warn("/metrics reviews bearer tokens sent in plaintext: serve the http port with --http-tls")
 		}
@@ -490,7 +493,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
-	a.httpSrv = NewHTTPServer(mux)
+	a.httpSrv = NewHTTPServer(mux, a.log)
 	if a.healthLn != nil {
 		// The probes alone, in plaintext: a kubelet's probe of a TLS port
 		// fails while the certificate is not there yet, and liveness would
@@ -498,6 +501,6 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 		hmux := http.NewServeMux()
 		hmux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 		hmux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
-		a.healthSrv = NewHTTPServer(hmux)
+		a.healthSrv = NewHTTPServer(hmux, a.log)
 	}
 }

@@ -289,7 +289,7 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 	}
 	close(b.release)
 	wg.Wait()
-	s := NewHTTPServer(http.NotFoundHandler())
+	s := NewHTTPServer(http.NotFoundHandler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout < 30*time.Second || s.IdleTimeout <= 0 {
 		t.Fatalf("server bounds %+v: want every timeout set, writing at least a CPU profile's 30 s", s)
 	}

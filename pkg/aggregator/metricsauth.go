@@ -5,30 +5,42 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/logging"
 )
 
 // Bounds of the reviews behind /metrics (--metrics-auth=kubernetes).
 const (
 	// metricsAuthTTL: how long an answer for a token is kept (a RoleBinding
-	// granted or taken back is seen within it).
+	// granted or taken back is seen within it), never past the token's
+	// own expiry. A token allowed is served from its answer for up to
+	// twice that while no review can be made (a flood of made-up tokens
+	// has taken the rate).
 	metricsAuthTTL = time.Minute
-	// metricsAuthCache: the tokens whose answers are kept.
+	// metricsAuthCache: the tokens allowed whose answers are kept; the
+	// tokens refused have a cache of their own, so that made-up tokens
+	// push out only each other.
 	metricsAuthCache = 1024
-	// metricsAuthInFlight reviews at once; a request waits at most
-	// metricsAuthWait for one (503 past it), so that made-up tokens cost
-	// the API server a bounded rate of reviews.
-	metricsAuthInFlight = 4
-	metricsAuthWait     = 2 * time.Second
-	metricsAuthTimeout  = 5 * time.Second
+	// Reviews of tokens not known: at most metricsAuthRate a second (a
+	// burst of metricsAuthBurst), past it 503 at once; the same token's
+	// reviews at once are one.
+	metricsAuthRate    = 10
+	metricsAuthBurst   = 20
+	metricsAuthTimeout = 5 * time.Second
 )
 
 // metricsAuthorizer admits a request to /metrics whose bearer token the
@@ -39,21 +51,24 @@ const (
 // another. An API error is answered 503 and not kept.
 type metricsAuthorizer struct {
 	kube    kubernetes.Interface
-	answers *expirable.LRU[[sha256.Size]byte, answer] // by the token's hash
-	reviews chan struct{}
+	log     *slog.Logger
+	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
+	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
+	limit   *rate.Limiter
+	flight  singleflight.Group
+	warnMu  sync.Mutex
+	warned  time.Time
 }
 
-// answer is a review's: whether the token is authenticated, and whether
-// its user may get /metrics.
-type answer struct{ authenticated, allowed bool }
-
-func newMetricsAuthorizer(kube kubernetes.Interface) *metricsAuthorizer {
-	return &metricsAuthorizer{kube: kube, answers: expirable.NewLRU[[sha256.Size]byte, answer](metricsAuthCache, nil, metricsAuthTTL),
-		reviews: make(chan struct{}, metricsAuthInFlight)}
+func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
+	return &metricsAuthorizer{kube: kube, log: log,
+		allowed: expirable.NewLRU[[sha256.Size]byte, time.Time](metricsAuthCache, nil, 2*metricsAuthTTL),
+		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
+		limit:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}
 }
 
-// errReviewsBusy: every review slot stayed taken for metricsAuthWait.
-var errReviewsBusy = errors.New("too many token reviews in flight")
+// errReviewsBusy: the reviews' rate is taken.
+var errReviewsBusy = errors.New("too many token reviews: try again")
 
 // wrap is next behind the review.
 func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
@@ -66,8 +81,11 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 		}
 		allowed, authenticated, err := m.allow(r.Context(), token)
 		switch {
+		case errors.Is(err, errReviewsBusy):
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		case err != nil:
-			http.Error(w, fmt.Sprintf("the token could not be reviewed: %v", err), http.StatusServiceUnavailable)
+			m.warn(err)
+			http.Error(w, "the token could not be reviewed: the API server did not answer; try again", http.StatusServiceUnavailable)
 		case !authenticated:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
 			http.Error(w, "the token is not authenticated", http.StatusUnauthorized)
@@ -79,33 +97,63 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// allow reviews token: whether its user may get /metrics, and whether it
-// is authenticated at all; an answer is kept for metricsAuthTTL, an error
-// is not.
+// warn logs a review's error, at most once a minute.
+func (m *metricsAuthorizer) warn(err error) {
+	m.warnMu.Lock()
+	defer m.warnMu.Unlock()
+	if time.Since(m.warned) < time.Minute {
+		return
+	}
+	m.warned = time.Now()
+	m.log.Warn("a /metrics token could not be reviewed (logged once a minute)", logging.KeyErr, err)
+}
+
+// allow says whether token's user may get /metrics, and whether the token
+// is authenticated at all: from an answer kept, else a review.
 func (m *metricsAuthorizer) allow(ctx context.Context, token string) (allowed, authenticated bool, err error) {
 	key := sha256.Sum256([]byte(token))
-	if a, ok := m.answers.Get(key); ok {
-		return a.allowed, a.authenticated, nil
+	now := time.Now()
+	until, known := m.allowed.Get(key)
+	if known && now.Before(until) {
+		return true, true, nil
 	}
-	wait := time.NewTimer(metricsAuthWait)
-	defer wait.Stop()
-	select {
-	case m.reviews <- struct{}{}:
-	case <-wait.C:
+	if auth, ok := m.refused.Get(key); ok {
+		return false, auth, nil
+	}
+	if !m.limit.Allow() {
+		// A token allowed a minute ago, still unexpired, keeps its answer
+		// while the rate is taken (by made-up tokens, say).
+		if known && now.Before(until.Add(metricsAuthTTL)) {
+			if exp, ok := ingest.TokenExpiry(token); !ok || now.Before(exp) {
+				return true, true, nil
+			}
+		}
 		return false, false, errReviewsBusy
-	case <-ctx.Done():
-		return false, false, ctx.Err()
 	}
-	defer func() { <-m.reviews }()
-	ctx, cancel := context.WithTimeout(ctx, metricsAuthTimeout)
-	defer cancel()
+	v, err, _ := m.flight.Do(string(key[:]), func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsAuthTimeout)
+		defer cancel()
+		return m.review(rctx, token, key)
+	})
+	if err != nil {
+		return false, false, err
+	}
+	a := v.(answer)
+	return a.allowed, a.authenticated, nil
+}
+
+// answer is a review's.
+type answer struct{ authenticated, allowed bool }
+
+// review asks the API server about token and keeps the answer.
+func (m *metricsAuthorizer) review(ctx context.Context, token string, key [sha256.Size]byte) (answer, error) {
 	tr, err := m.kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
-		return false, false, fmt.Errorf("TokenReview: %w", err)
+		return answer{}, fmt.Errorf("TokenReview: %w", err)
 	}
 	if !tr.Status.Authenticated {
-		m.answers.Add(key, answer{})
-		return false, false, nil
+		m.refused.Add(key, false)
+		return answer{}, nil
 	}
 	u := tr.Status.User
 	extra := make(map[string]authzv1.ExtraValue, len(u.Extra))
@@ -117,8 +165,16 @@ func (m *metricsAuthorizer) allow(ctx context.Context, token string) (allowed, a
 		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
 	}}, metav1.CreateOptions{})
 	if err != nil {
-		return false, true, fmt.Errorf("SubjectAccessReview: %w", err)
+		return answer{}, fmt.Errorf("SubjectAccessReview: %w", err)
 	}
-	m.answers.Add(key, answer{authenticated: true, allowed: sar.Status.Allowed})
-	return sar.Status.Allowed, true, nil
+	if !sar.Status.Allowed {
+		m.refused.Add(key, true)
+		return answer{authenticated: true}, nil
+	}
+	until := time.Now().Add(metricsAuthTTL)
+	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(until) {
+		until = exp
+	}
+	m.allowed.Add(key, until)
+	return answer{authenticated: true, allowed: true}, nil
 }

@@ -1,14 +1,20 @@
 package aggregator
 
 import (
+	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
@@ -136,4 +142,53 @@ func TestMetricsAuthIsValidated(t *testing.T) {
 			t.Errorf("--metrics-auth bearer --http-tls without ingest TLS: %v, want %q", err, want)
 		}
 	}
+}
+
+// TestMadeUpTokensDoNotLockPrometheusOut: made-up tokens, each a review,
+// once filled the one cache of answers (pushing out Prometheus's) and
+// queued every review behind them. Now the reviews of tokens not known
+// have a rate (past it 503 at once), tokens refused a cache of their own,
+// and a token allowed keeps its answer while the rate is taken, up to two
+// minutes and never past its own expiry.
+func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
+	var reviews atomic.Int64
+	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus: %v %v", ok, err)
+	}
+	busy := 0
+	for i := range 5000 {
+		if _, _, err := m.allow(ctx, fmt.Sprintf("made-up-%d", i)); errors.Is(err, errReviewsBusy) {
+			busy++
+		}
+	}
+	if busy == 0 || reviews.Load() > 2*metricsAuthBurst+10 {
+		t.Fatalf("5,000 made-up tokens: %d reviews, %d refused as busy; want the reviews bounded by the rate", reviews.Load(), busy)
+	}
+	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus during the flood: %v %v, want its answer kept", ok, err)
+	}
+	// Its answer a minute old: kept while no review can be made.
+	key := sha256.Sum256([]byte("prometheus"))
+	m.allowed.Add(key, time.Now().Add(-time.Second))
+	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus, its answer just past a minute, the rate taken: %v %v", ok, err)
+	}
+	if _, _, err := m.allow(ctx, "tenant"); !errors.Is(err, errReviewsBusy) {
+		t.Fatalf("a token never reviewed while the rate is taken: %v, want busy", err)
+	}
+	// Never past the token's own expiry.
+	expired := testJWT(time.Now().Add(-time.Second))
+	m.allowed.Add(sha256.Sum256([]byte(expired)), time.Now().Add(-time.Second))
+	if ok, _, _ := m.allow(ctx, expired); ok {
+		t.Fatal("an expired token allowed from its old answer")
+	}
+}
+
+// testJWT is a token shaped as a JWT, expiring at exp (unsigned: only its
+// exp claim is read here).
+func testJWT(exp time.Time) string {
+	payload := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf(`{"exp":%d}`, exp.Unix())))
+	return "e30." + payload + ".sig"
 }

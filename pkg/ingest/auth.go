@@ -155,7 +155,7 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 		return node, err
 	}
 	expires := time.Now().Add(tokenCacheFor)
-	if exp, ok := tokenExpiry(token); ok && exp.Before(expires) {
+	if exp, ok := TokenExpiry(token); ok && exp.Before(expires) {
 		expires = exp
 	}
 	t.mu.Lock()
@@ -172,9 +172,9 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	return node, err
 }
 
-// tokenExpiry reads a JWT's exp claim, unverified: only to cache its
+// TokenExpiry reads a JWT's exp claim, unverified: only to cache its
 // review no longer than it holds.
-func tokenExpiry(token string) (time.Time, bool) {
+func TokenExpiry(token string) (time.Time, bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
 		return time.Time{}, false
