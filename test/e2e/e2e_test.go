@@ -415,10 +415,12 @@ func (e *env) installCharts() {
 	_, err = e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
 	// Secure by default: only KEDA, the agents and the http port's clients
-	// reach the aggregator's pods.
+	// reach the aggregator's pods, and anyone (the kubelet) the probes'
+	// own port, which the ingest port's TLS gives them.
 	np, err := e.kube.NetworkingV1().NetworkPolicies(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
-	if len(np.Spec.Ingress) != 3 || np.Spec.Ingress[0].Ports[0].Port.String() != "scaler" || np.Spec.Ingress[1].Ports[0].Port.String() != "ingest" {
+	if len(np.Spec.Ingress) != 4 || np.Spec.Ingress[0].Ports[0].Port.String() != "scaler" || np.Spec.Ingress[1].Ports[0].Port.String() != "ingest" ||
+		np.Spec.Ingress[2].Ports[0].Port.String() != "http" || np.Spec.Ingress[3].Ports[0].Port.String() != "health" || len(np.Spec.Ingress[3].From) != 0 {
 		t.Errorf("aggregator NetworkPolicy ingress %+v", np.Spec.Ingress)
 	}
 	for _, name := range []string{"pulse-agent", "pulse-aggregator"} {
