@@ -133,15 +133,20 @@ func TestWarnsWhenMaxPodsOutgrowMemory(t *testing.T) {
 	for _, tc := range []struct {
 		maxPods    int
 		histograms bool
+		long       bool // --max-window 10m, --max-samples-per-pod 600: what one tenant's trigger may then make every pod keep
 		warn       bool
-	}{{10000, false, false}, {10000, true, false}, {20000, true, true}, {20000, false, false}, {30000, false, true}} {
+	}{{10000, false, false, false}, {10000, true, false, false}, {20000, true, false, true}, {20000, false, false, false}, {30000, false, false, true},
+		{10000, false, true, true}} {
 		var logs syncbuf.Buffer
 		o := NewOptions()
 		o.Store.MaxPods = tc.maxPods
+		if tc.long {
+			o.Store.MaxWindow, o.Store.MaxSamplesPerPod = 10*time.Minute, 600
+		}
 		a := &Aggregator{opts: o, log: slog.New(slog.NewTextHandler(&logs, nil))}
 		a.warnIfPodsOutgrowMemory(tc.histograms)
 		if got := strings.Contains(logs.String(), "may not fit the memory limit"); got != tc.warn {
-			t.Errorf("maxPods %d, histograms %v: warned %v, want %v\n%s", tc.maxPods, tc.histograms, got, tc.warn, logs.String())
+			t.Errorf("maxPods %d, histograms %v, long windows %v: warned %v, want %v\n%s", tc.maxPods, tc.histograms, tc.long, got, tc.warn, logs.String())
 		}
 	}
 }

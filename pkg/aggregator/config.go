@@ -256,9 +256,16 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 // one box"; the aggregator chart's maxPods): the heap in use just before a
 // GC, twice the live heap with GOGC=100 (its share of its agent's
 // connection included), without and with latency histograms.
+// Measured at a 60 s window (about 60 samples a pod at the agents' 1 s);
+// each sample past podSamples costs about sampleBytes more in use (the
+// store's 40 bytes live, 130 with histograms: BenchmarkStoreHeapPerPod,
+// twice that before a GC).
 const (
-	podBytes     = 16 << 10
-	podHistBytes = 27 << 10
+	podBytes        = 16 << 10
+	podHistBytes    = 27 << 10
+	podSamples      = 64
+	sampleBytes     = 80
+	sampleHistBytes = 260
 )
 
 // warnIfPodsOutgrowMemory logs a warning when --max-pods pods would not fit
@@ -270,10 +277,14 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 	if limit == math.MaxInt64 {
 		return // no limit set
 	}
-	per, what := int64(podBytes), "without latency histograms"
+	per, sample, what := int64(podBytes), int64(sampleBytes), "without latency histograms"
 	if histograms {
-		per, what = podHistBytes, "with latency histograms (an agent runs --forward-histograms)"
+		per, sample, what = podHistBytes, sampleHistBytes, "with latency histograms (an agent runs --forward-histograms)"
 	}
+	// One tenant's trigger asking for --max-window makes every pod keep
+	// that long (at most --max-samples-per-pod samples).
+	samples := min(int64(a.opts.Store.MaxSamplesPerPod), int64(a.opts.Store.MaxWindow/time.Second))
+	per += max(samples-podSamples, 0) * sample
 	if need := int64(a.opts.Store.MaxPods) * per; need > limit/10*8 {
 		a.log.Warn("--max-pods pods may not fit the memory limit: lower --max-pods (chart maxPods) or raise the limit (chart resources.limits.memory)",
 			logging.KeyMaxPods, a.opts.Store.MaxPods, logging.KeyNeedBytes, need, logging.KeyLimitBytes, limit, logging.KeyWhat, what)
