@@ -297,33 +297,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	}
 	st.learnStartups(in)
 	var p Plan
-	var fresh []*store.PodLoad
-	st.startingFor = 0
-	for i := range in.Pods {
-		l := &in.Pods[i]
-		switch l.State {
-		case store.PodCounted:
-			p.Ready++
-			if why := implausible(l); why != "" {
-				p.Missing++
-				if p.Refused++; p.Refused == 1 {
-					p.RefusedWhy = l.Name + ": " + why
-				}
-				continue
-			}
-			fresh = append(fresh, l)
-		case store.PodMissing:
-			p.Ready++
-			p.Missing++
-		case store.PodStarting:
-			if st.stuck(l) {
-				p.Stuck++
-				continue
-			}
-			p.Starting++
-			st.startingFor = max(st.startingFor, l.Age)
-		}
-	}
+	fresh := p.count(in, &st)
 	if p.Ready > 0 && len(fresh) == 0 {
 		if p.Refused > 0 {
 			return Plan{}, st, fmt.Errorf("%w: no ready pod's window is believable (%d refused, %s; %d ready pods without a value, %d starting)", ErrStale, p.Refused, p.RefusedWhy, p.Missing-p.Refused, p.Starting)
@@ -376,6 +350,40 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	p.LeadTime, p.Startups = st.lead(cfg), st.Startups
 	p.LeadTimeSeconds, p.HoldExtraSeconds = p.LeadTime.Seconds(), p.HoldExtra.Seconds()
 	return p, st, nil
+}
+
+// count sets p's ready, missing, refused, starting and stuck replicas
+// from in's pods, and st's startingFor; it returns the fresh ones (ready,
+// with a believable fresh sample).
+func (p *Plan) count(in Input, st *State) []*store.PodLoad {
+	var fresh []*store.PodLoad
+	st.startingFor = 0
+	for i := range in.Pods {
+		l := &in.Pods[i]
+		switch l.State {
+		case store.PodCounted:
+			p.Ready++
+			if why := implausible(l); why != "" {
+				p.Missing++
+				if p.Refused++; p.Refused == 1 {
+					p.RefusedWhy = l.Name + ": " + why
+				}
+				continue
+			}
+			fresh = append(fresh, l)
+		case store.PodMissing:
+			p.Ready++
+			p.Missing++
+		case store.PodStarting:
+			if st.stuck(l) {
+				p.Stuck++
+				continue
+			}
+			p.Starting++
+			st.startingFor = max(st.startingFor, l.Age)
+		}
+	}
+	return fresh
 }
 
 // need sets p's offered work, backlog, KV need and Need from the fresh
