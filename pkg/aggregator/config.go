@@ -417,6 +417,23 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 	return nil
 }
 
+// reviewRouted serves mux's endpoints behind auth's review (none with a
+// nil auth). A path mux does not route is answered by mux (404, 405)
+// without a review: only the endpoints' paths are sent to the API server.
+func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
+	if auth == nil {
+		return mux
+	}
+	guarded := auth.wrap(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		guarded.ServeHTTP(w, r)
+	})
+}
+
 // metricsHandler serves reg's metrics. A series that fails to collect (the
 // second with the same labels, say) is left out, and every other is
 // served: one tenant's records never empty the page of all. Each failure is
@@ -477,11 +494,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	if a.provisioner != nil {
 		dbg.Provisioning = a.provisioner
 	}
-	dmux := mux
-	if a.debugLn != nil {
-		dmux = http.NewServeMux()
-		a.debugSrv = NewHTTPServer(dmux, a.log)
-	}
+	dmux := http.NewServeMux()
 	dbg.Register(dmux)
 	if a.opts.Serving.Profiling {
 		dmux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -490,11 +503,21 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 		dmux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	metrics := metricsHandler(reg, a.log)
+	var auth *metricsAuthorizer
 	if a.opts.Serving.MetricsAuth == "kubernetes" {
-		metrics = newMetricsAuthorizer(a.deps.Kube, a.log).wrap(metrics)
+		auth = newMetricsAuthorizer(a.deps.Kube, a.log)
+		metrics = auth.wrap(metrics)
 		if !a.opts.Serving.HTTPTLS {
 			a.log.Warn("/metrics reviews bearer tokens sent in plaintext: serve the http port with --http-tls")
 		}
+	}
+	if a.debugLn != nil {
+		// On their own address (the chart's: the pod's loopback).
+		a.debugSrv = NewHTTPServer(dmux, a.log)
+	} else {
+		// On the http port, beside /metrics and behind the same review
+		// (of the request's path): they name every tenant's workloads.
+		mux.Handle("/debug/", reviewRouted(dmux, auth))
 	}
 	if a.opts.Serving.HTTPTLS {
 		// The ingest port's certificate (no client certificate asked): the

@@ -23,7 +23,8 @@ import (
 	"github.com/pulse-io/pulse/pkg/logging"
 )
 
-// Bounds of the reviews behind /metrics (--metrics-auth=kubernetes).
+// Bounds of the reviews behind /metrics and the debug endpoints on the
+// http port (--metrics-auth=kubernetes).
 const (
 	// metricsAuthTTL: how long an answer for a token is kept (a RoleBinding
 	// granted or taken back is seen within it), never past the token's
@@ -43,12 +44,14 @@ const (
 	metricsAuthTimeout = 5 * time.Second
 )
 
-// metricsAuthorizer admits a request to /metrics whose bearer token the
-// API server authenticates (a TokenReview) and whose user may get the
-// non-resource URL /metrics (a SubjectAccessReview): what kube-rbac-proxy
-// and controller-runtime's secure metrics do. The per-trigger series name
-// every tenant's workloads and their load, which no tenant may read of
-// another. An API error is answered 503 and not kept.
+// metricsAuthorizer admits a request to /metrics, or to a debug endpoint
+// served on the http port, whose bearer token the API server authenticates
+// (a TokenReview) and whose user may get the request's path as a
+// non-resource URL (a SubjectAccessReview): what kube-rbac-proxy and
+// controller-runtime's secure metrics do. The per-trigger series and the
+// debug pages name every tenant's workloads and their load, which no
+// tenant may read of another. An answer is kept per token and path; an API
+// error is answered 503 and not kept.
 type metricsAuthorizer struct {
 	kube    kubernetes.Interface
 	log     *slog.Logger
@@ -70,16 +73,17 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 // errReviewsBusy: the reviews' rate is taken.
 var errReviewsBusy = errors.New("too many token reviews: try again")
 
-// wrap is next behind the review.
+// wrap is next behind the review of the request's path.
 func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.Path
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
-			http.Error(w, "/metrics needs a bearer token whose user may get the non-resource URL /metrics (--metrics-auth=kubernetes)", http.StatusUnauthorized)
+			http.Error(w, fmt.Sprintf("%s needs a bearer token whose user may get the non-resource URL %s (--metrics-auth=kubernetes)", path, path), http.StatusUnauthorized)
 			return
 		}
-		allowed, authenticated, err := m.allow(r.Context(), token)
+		allowed, authenticated, err := m.allow(r.Context(), path, token)
 		switch {
 		case errors.Is(err, errReviewsBusy):
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -90,7 +94,7 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
 			http.Error(w, "the token is not authenticated", http.StatusUnauthorized)
 		case !allowed:
-			http.Error(w, "the token's user may not get the non-resource URL /metrics", http.StatusForbidden)
+			http.Error(w, "the token's user may not get the non-resource URL "+path, http.StatusForbidden)
 		default:
 			next.ServeHTTP(w, r)
 		}
@@ -105,13 +109,13 @@ func (m *metricsAuthorizer) warn(err error) {
 		return
 	}
 	m.warned = time.Now()
-	m.log.Warn("a /metrics token could not be reviewed (logged once a minute)", logging.KeyErr, err)
+	m.log.Warn("a token for /metrics or a debug endpoint could not be reviewed (logged once a minute)", logging.KeyErr, err)
 }
 
-// allow says whether token's user may get /metrics, and whether the token
-// is authenticated at all: from an answer kept, else a review.
-func (m *metricsAuthorizer) allow(ctx context.Context, token string) (allowed, authenticated bool, err error) {
-	key := sha256.Sum256([]byte(token))
+// allow says whether token's user may get path, and whether the token is
+// authenticated at all: from an answer kept, else a review.
+func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allowed, authenticated bool, err error) {
+	key := answerKey(path, token)
 	now := time.Now()
 	until, known := m.allowed.Get(key)
 	if known && now.Before(until) {
@@ -133,7 +137,7 @@ func (m *metricsAuthorizer) allow(ctx context.Context, token string) (allowed, a
 	v, err, _ := m.flight.Do(string(key[:]), func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsAuthTimeout)
 		defer cancel()
-		return m.review(rctx, token, key)
+		return m.review(rctx, path, token, key)
 	})
 	if err != nil {
 		return false, false, err
@@ -142,11 +146,17 @@ func (m *metricsAuthorizer) allow(ctx context.Context, token string) (allowed, a
 	return a.allowed, a.authenticated, nil
 }
 
+// answerKey is the key of token's answer for path (a path cannot hold a
+// NUL byte).
+func answerKey(path, token string) [sha256.Size]byte {
+	return sha256.Sum256([]byte(path + "\x00" + token))
+}
+
 // answer is a review's.
 type answer struct{ authenticated, allowed bool }
 
-// review asks the API server about token and keeps the answer.
-func (m *metricsAuthorizer) review(ctx context.Context, token string, key [sha256.Size]byte) (answer, error) {
+// review asks the API server about token and path, and keeps the answer.
+func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key [sha256.Size]byte) (answer, error) {
 	tr, err := m.kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
 		return answer{}, fmt.Errorf("TokenReview: %w", err)
@@ -162,7 +172,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, token string, key [sha25
 	}
 	sar, err := m.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
-		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: "/metrics", Verb: "get"},
+		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: "get"},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		return answer{}, fmt.Errorf("SubjectAccessReview: %w", err)

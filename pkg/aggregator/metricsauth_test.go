@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -25,15 +24,19 @@ import (
 	"github.com/pulse-io/pulse/test/testpki"
 )
 
-const promUser = "system:serviceaccount:monitoring:prometheus"
+const (
+	promUser  = "system:serviceaccount:monitoring:prometheus"
+	debugUser = "system:serviceaccount:ops:debugger"
+)
 
 // reviewingAPI answers TokenReviews and SubjectAccessReviews as an API
-// server would for these tokens: prometheus's user may get /metrics, a
-// tenant's may not, a made-up token is not authenticated, and the first
-// review of "flaky" fails. It counts the reviews.
+// server would for these tokens: prometheus's user may get /metrics,
+// debugger's /debug/* (as RBAC's nonResourceURLs match), a tenant's
+// neither, a made-up token is not authenticated, and the first review of
+// "flaky" fails. It counts the reviews.
 func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
 	c := fake.NewClientset()
-	users := map[string]string{"prometheus": promUser, "tenant": "system:serviceaccount:team-a:app", "flaky": promUser}
+	users := map[string]string{"prometheus": promUser, "tenant": "system:serviceaccount:team-a:app", "flaky": promUser, "debugger": debugUser}
 	var failed atomic.Bool
 	c.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		reviews.Add(1)
@@ -49,7 +52,13 @@ func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
 	c.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
 		na := sar.Spec.NonResourceAttributes
-		sar.Status.Allowed = sar.Spec.User == promUser && na != nil && na.Path == "/metrics" && na.Verb == "get"
+		switch {
+		case na == nil || na.Verb != "get":
+		case sar.Spec.User == promUser:
+			sar.Status.Allowed = na.Path == "/metrics"
+		case sar.Spec.User == debugUser:
+			sar.Status.Allowed = strings.HasPrefix(na.Path, "/debug/")
+		}
 		return true, sar, nil
 	})
 	return c
@@ -154,34 +163,34 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	var reviews atomic.Int64
 	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx := context.Background()
-	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus: %v %v", ok, err)
 	}
 	busy := 0
 	for i := range 5000 {
-		if _, _, err := m.allow(ctx, fmt.Sprintf("made-up-%d", i)); errors.Is(err, errReviewsBusy) {
+		if _, _, err := m.allow(ctx, "/metrics", fmt.Sprintf("made-up-%d", i)); errors.Is(err, errReviewsBusy) {
 			busy++
 		}
 	}
 	if busy == 0 || reviews.Load() > 2*metricsAuthBurst+10 {
 		t.Fatalf("5,000 made-up tokens: %d reviews, %d refused as busy; want the reviews bounded by the rate", reviews.Load(), busy)
 	}
-	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus during the flood: %v %v, want its answer kept", ok, err)
 	}
 	// Its answer a minute old: kept while no review can be made.
-	key := sha256.Sum256([]byte("prometheus"))
+	key := answerKey("/metrics", "prometheus")
 	m.allowed.Add(key, time.Now().Add(-time.Second))
-	if ok, _, err := m.allow(ctx, "prometheus"); !ok || err != nil {
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus, its answer just past a minute, the rate taken: %v %v", ok, err)
 	}
-	if _, _, err := m.allow(ctx, "tenant"); !errors.Is(err, errReviewsBusy) {
+	if _, _, err := m.allow(ctx, "/metrics", "tenant"); !errors.Is(err, errReviewsBusy) {
 		t.Fatalf("a token never reviewed while the rate is taken: %v, want busy", err)
 	}
 	// Never past the token's own expiry.
 	expired := testJWT(time.Now().Add(-time.Second))
-	m.allowed.Add(sha256.Sum256([]byte(expired)), time.Now().Add(-time.Second))
-	if ok, _, _ := m.allow(ctx, expired); ok {
+	m.allowed.Add(answerKey("/metrics", expired), time.Now().Add(-time.Second))
+	if ok, _, _ := m.allow(ctx, "/metrics", expired); ok {
 		t.Fatal("an expired token allowed from its old answer")
 	}
 }
@@ -191,4 +200,50 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 func testJWT(exp time.Time) string {
 	payload := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf(`{"exp":%d}`, exp.Unix())))
 	return "e30." + payload + ".sig"
+}
+
+// TestDebugOnTheHTTPPortNeedsAReviewedToken: the debug endpoints served on
+// the http port (no --debug-addr) name every tenant's workloads as
+// /metrics does, and were open to whoever reached the port. They are now
+// behind the same review, of the request's own path: a user granted
+// /metrics alone may not read them. A path no endpoint serves is answered
+// 404 without a review (no path of a caller's choosing goes to the API
+// server). On their own --debug-addr they are not on the http port.
+func TestDebugOnTheHTTPPortNeedsAReviewedToken(t *testing.T) {
+	var reviews atomic.Int64
+	a := startWith(t, func(o *Options) { o.Serving.MetricsAuth, o.Serving.Profiling = "kubernetes", true },
+		Deps{Kube: reviewingAPI(&reviews)})
+	base := "http://" + a.HTTPAddr()
+	for _, path := range []string{"/debug/workloads", "/debug/triggers", "/debug/workloads/team-a/llama", "/debug/pprof/heap"} {
+		for token, want := range map[string]int{"": http.StatusUnauthorized, "made-up": http.StatusUnauthorized,
+			"tenant": http.StatusForbidden, "prometheus": http.StatusForbidden} {
+			if code, _ := getWithToken(t, http.DefaultClient, base+path, token); code != want {
+				t.Errorf("%s with token %q: %d, want %d", path, token, code, want)
+			}
+		}
+		if code, body := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusOK && code != http.StatusNotFound {
+			t.Errorf("%s with a token whose user may get /debug/*: %d %s", path, code, body)
+		}
+	}
+	if code, body := getWithToken(t, http.DefaultClient, base+"/debug/triggers", "debugger"); code != http.StatusOK || !strings.Contains(body, `"triggers"`) {
+		t.Errorf("/debug/triggers with the debugger's token: %d %q, want the triggers", code, body)
+	}
+	before := reviews.Load()
+	if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/no-such-endpoint", "never-seen"); code != http.StatusNotFound {
+		t.Errorf("a path no endpoint serves: %d, want 404", code)
+	}
+	if n := reviews.Load() - before; n != 0 {
+		t.Errorf("%d reviews for a path no endpoint serves, want 0", n)
+	}
+
+	// With --debug-addr: the http port has none of them, the debug address
+	// all (it is the pod's loopback in the chart).
+	b := startWith(t, func(o *Options) { o.Serving.MetricsAuth, o.Serving.DebugAddr = "kubernetes", "127.0.0.1:0" },
+		Deps{Kube: reviewingAPI(&reviews)})
+	if code, _ := getWithToken(t, http.DefaultClient, "http://"+b.HTTPAddr()+"/debug/triggers", "debugger"); code != http.StatusNotFound {
+		t.Errorf("/debug/triggers on the http port with --debug-addr: %d, want 404", code)
+	}
+	if code, _ := httpStatus(t, "http://"+b.DebugAddr()+"/debug/triggers"); code != http.StatusOK {
+		t.Errorf("/debug/triggers on --debug-addr: %d, want 200", code)
+	}
 }

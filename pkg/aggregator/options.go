@@ -107,12 +107,12 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez, /readyz and, without --debug-addr, /debug/workloads, /debug/triggers and /debug/provisioning")
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, in plaintext, for the kubelet's probes (e.g. :8081): with --http-tls a probe of the http port fails until the certificate is there")
-	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone (e.g. 127.0.0.1:8082, reachable only from the pod) instead of on --http-addr")
+	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone, in plaintext and with no --metrics-auth (e.g. 127.0.0.1:8082, reachable only from the pod), instead of on --http-addr")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
 	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
-	fs.StringVar(&o.MetricsAuth, "metrics-auth", o.MetricsAuth, "who may read /metrics, whose series name every tenant's workloads: none (anyone who reaches --http-addr), or kubernetes (a bearer token the API server authenticates, whose user may get the non-resource URL /metrics: a TokenReview and a SubjectAccessReview, answers kept a minute)")
+	fs.StringVar(&o.MetricsAuth, "metrics-auth", o.MetricsAuth, "who may read /metrics, and the debug endpoints when they are on --http-addr (no --debug-addr), which name every tenant's workloads: none (anyone who reaches --http-addr), or kubernetes (a bearer token the API server authenticates, whose user may get the request's path as a non-resource URL, /metrics or /debug/...: a TokenReview and a SubjectAccessReview, answers kept a minute per token and path)")
 }
 
 // Validate reports the group's problems.

@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"strings"
 	"time"
@@ -382,6 +384,9 @@ func top(args []string, stdout, stderr io.Writer) int {
 	base := fs.String("debug", "", "the aggregator's debug address, e.g. http://127.0.0.1:8082 (kubectl port-forward deploy/pulse-aggregator 8082; the chart serves it on the pod's loopback)")
 	every := fs.Duration("interval", 2*time.Second, "refresh interval")
 	count := fs.Int("n", 0, "refresh this many times and exit (0: until interrupted)")
+	caCert := fs.String("ca-cert", "", "PEM file of the CA that signed the aggregator's certificate, for an https:// --debug (the ConfigMap pulse-aggregator-ca's ca.crt)")
+	serverName := fs.String("server-name", "", "the name to verify the aggregator's certificate against (default: the address's host), e.g. pulse-aggregator.pulse-system.svc through a port-forward")
+	tokenFile := fs.String("token-file", "", "a file holding the bearer token to send (re-read at each refresh): the debug endpoints on the http port with metricsAuth=kubernetes")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -398,7 +403,11 @@ func top(args []string, stdout, stderr io.Writer) int {
 	if !strings.Contains(url, "://") {
 		url = "http://" + url
 	}
-	client := &http.Client{Timeout: 10 * time.Second}
+	client, err := debugClient(url, *caCert, *serverName, *tokenFile)
+	if err != nil {
+		fmt.Fprintln(stderr, "pulsectl top:", err)
+		return 2
+	}
 	for i := 0; *count == 0 || i < *count; i++ {
 		if i > 0 {
 			time.Sleep(*every)
@@ -414,6 +423,82 @@ func top(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), printable(url), printable(body))
 	}
 	return 0
+}
+
+// debugClient reads url: over TLS trusting caCert (the system's roots
+// without it) and verifying serverName, sending the token in tokenFile. A
+// token is never sent in plaintext but to a loopback address (a
+// port-forward's).
+func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error) {
+	u, err := neturl.Parse(url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--debug %s: want http://HOST:PORT or https://HOST:PORT", printable(url))
+	}
+	tlsOnly := caCert != "" || serverName != ""
+	if tlsOnly && u.Scheme != "https" {
+		return nil, errors.New("--ca-cert and --server-name are for an https:// --debug")
+	}
+	if tokenFile != "" && u.Scheme != "https" {
+		if ip := net.ParseIP(u.Hostname()); u.Hostname() != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("--token-file with --debug %s: a token is sent in plaintext only to a loopback address; use https://", printable(url))
+		}
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if caCert != "" {
+		pem, err := os.ReadFile(caCert) //nolint:gosec // a file the user names by flag
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", caCert)
+		}
+	}
+	var rt http.RoundTripper = &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment}
+	if tokenFile != "" {
+		if _, err := readToken(tokenFile); err != nil {
+			return nil, err
+		}
+		rt = bearer{file: tokenFile, next: rt}
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: rt}, nil
+}
+
+// bearer sends the token in file, read at each request (a projected
+// token is rotated in place).
+type bearer struct {
+	file string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	token, err := readToken(b.file)
+	if err != nil {
+		return nil, err
+	}
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+token)
+	return b.next.RoundTrip(r)
+}
+
+// readToken is the token in file: at most 64 KiB, not empty.
+func readToken(file string) (string, error) {
+	f, err := os.Open(file) //nolint:gosec // a file the user names by flag
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10+1))
+	token := strings.TrimSpace(string(b))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("--token-file %s: %w", file, err)
+	case len(b) > 64<<10:
+		return "", fmt.Errorf("--token-file %s: larger than 64 KiB", file)
+	case token == "" || strings.ContainsAny(token, "\r\n"):
+		return "", fmt.Errorf("--token-file %s: want one token on one line", file)
+	}
+	return token, nil
 }
 
 func fetch(c *http.Client, url string) (string, error) {

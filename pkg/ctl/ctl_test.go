@@ -2,6 +2,8 @@ package ctl
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/test/testpki"
 )
 
 func write(t *testing.T, body string) string {
@@ -215,5 +218,56 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 	if code, _, errs := run("frobnicate"); code != 2 || !strings.Contains(errs, "unknown command") {
 		t.Fatalf("unknown command: %d %q", code, errs)
+	}
+}
+
+// TestTopReadsTheDebugEndpointWithATokenOverTLS: with the chart's
+// debug.localhostOnly=false the debug endpoints are on the http port, over
+// TLS with the aggregator's own CA and behind a token review; top could
+// read neither. It now trusts --ca-cert, verifies --server-name, and sends
+// the token in --token-file, never in plaintext but to a loopback address.
+func TestTopReadsTheDebugEndpointWithATokenOverTLS(t *testing.T) {
+	ca := testpki.NewCA(t)
+	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer reader-token" {
+			http.Error(w, "the token is not authenticated", http.StatusUnauthorized)
+			return
+		}
+		_, _ = io.WriteString(w, "SCALEDOBJECT  demo/llama-so\n")
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	defer srv.Close()
+	dir := t.TempDir()
+	paths := testpki.Write(t, dir, map[string][]byte{"ca.crt": ca.PEM, "token": []byte("reader-token\n"), "wrong": []byte("nope")}, "ca.crt", "token", "wrong")
+	base := []string{"top", "--debug", srv.URL, "-n", "1", "--ca-cert", paths[0]}
+	if code, out, errs := run(append(base, "--token-file", paths[1], "--server-name", "localhost")...); code != 0 || !strings.Contains(out, "demo/llama-so") {
+		t.Fatalf("top with the CA and a token: exit %d\n%s%s", code, out, errs)
+	}
+	if code, _, errs := run(append(base, "--token-file", paths[2])...); code != 1 || !strings.Contains(errs, "401") {
+		t.Errorf("top with a token refused: exit %d, want 1 and the 401\n%s", code, errs)
+	}
+	if code, _, errs := run(append(base, "--token-file", paths[1], "--server-name", "pulse-aggregator.pulse-system.svc")...); code != 1 || !strings.Contains(errs, "certificate") {
+		t.Errorf("top verifying a name the certificate lacks: exit %d, want 1\n%s", code, errs)
+	}
+	if code, _, errs := run("top", "--debug", srv.URL, "-n", "1", "--token-file", paths[1]); code != 1 || !strings.Contains(errs, "certificate") {
+		t.Errorf("top without the aggregator's CA: exit %d, want 1 (not trusted)\n%s", code, errs)
+	}
+	// Bad usage, refused before any request.
+	for _, args := range [][]string{
+		{"--debug", "http://10.0.0.1:8080", "--token-file", paths[1]}, // a token in plaintext off the machine
+		{"--debug", "http://127.0.0.1:1", "--ca-cert", paths[0]},      // a CA for plain HTTP
+		{"--debug", srv.URL, "--token-file", filepath.Join(dir, "missing")},
+		{"--debug", srv.URL, "--ca-cert", paths[1]}, // not a certificate
+		{"--debug", "ftp://127.0.0.1:1"},
+	} {
+		if code, _, errs := run(append([]string{"top", "-n", "1"}, args...)...); code != 2 {
+			t.Errorf("top %v: exit %d, want 2\n%s", args, code, errs)
+		}
 	}
 }

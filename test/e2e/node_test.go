@@ -25,7 +25,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	appsv1 "k8s.io/api/apps/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -632,13 +634,58 @@ func (n *realNode) aggregatorHTTP(t *testing.T) string {
 			if !pool.AppendCertsFromPEM([]byte(cm.Data["ca.crt"])) {
 				t.Fatalf("ConfigMap pulse-aggregator-ca holds no CA certificate: %v", cm.Data)
 			}
-			n.aggClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-				RootCAs: pool, ServerName: aggRelease + "." + ns + ".svc", MinVersion: tls.VersionTLS12}}}
-			return net.JoinHostPort(p.Status.PodIP, "8080")
+			tr := &http.Transport{TLSClientConfig: &tls.Config{
+				RootCAs: pool, ServerName: aggRelease + "." + ns + ".svc", MinVersion: tls.VersionTLS12}}
+			addr := net.JoinHostPort(p.Status.PodIP, "8080")
+			// The debug endpoints on the http port are behind the token
+			// review (metricsAuth=kubernetes): nothing without a token.
+			resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: tr}).Get("https://" + addr + "/debug/workloads")
+			must(t, err)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("/debug/workloads on the http port without a token: %s, want 401", resp.Status)
+			}
+			n.aggClient = &http.Client{Timeout: 10 * time.Second, Transport: bearerTransport{token: n.debugReaderToken(t), next: tr}}
+			return addr
 		}
 	}
 	t.Fatal("no aggregator pod Ready")
 	return ""
+}
+
+// debugReaderToken is a token of a ServiceAccount bound to the chart's
+// ClusterRole <release>-debug-reader, as README says to read the debug
+// endpoints on the http port.
+func (n *realNode) debugReaderToken(t *testing.T) string {
+	const sa = "pulse-debug-reader"
+	_, err := n.kube.CoreV1().ServiceAccounts(appNS).Create(n.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	_, err = n.kube.RbacV1().ClusterRoleBindings().Create(n.ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "pulse-e2e-debug-reader"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: aggRelease + "-debug-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: appNS}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	tr, err := n.kube.CoreV1().ServiceAccounts(appNS).CreateToken(n.ctx, sa, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+	must(t, err)
+	return tr.Status.Token
+}
+
+// bearerTransport sends a bearer token.
+type bearerTransport struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }
 
 // vllmContainer is a simulated vLLM server that loads its model for the
