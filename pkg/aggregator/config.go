@@ -269,7 +269,7 @@ const (
 )
 
 // warnIfPodsOutgrowMemory logs a warning when --max-pods pods would not fit
-// in 80 % of the memory limit (GOMEMLIMIT, which the chart sets from the
+// in 80 % of the memory limit (GOMEMLIMIT, which pkg/app sets from the
 // container's limit): a store that fills up would be OOM-killed. It is
 // called at the start, and again when the first histograms arrive.
 func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {

@@ -9,10 +9,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	runtimedebug "runtime/debug"
+	"strconv"
 	"syscall"
+	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"k8s.io/klog/v2"
 
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -91,14 +96,49 @@ func run(o Options, build func(*slog.Logger) (Runner, error)) error {
 	}
 	// client-go's own lines (leader election, watches) in the same format.
 	klog.SetSlogLogger(log.With(logging.KeyComponent, "client-go"))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := SetMemoryLimit(ctx, memlimit.FromCgroup, log); err != nil {
+		return err
+	}
 	r, err := build(log)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	// The first signal starts the graceful stop; a second one ends the
 	// process at once (the default action, restored once the first came).
 	go func() { <-ctx.Done(); stop() }()
 	return r.Run(ctx)
+}
+
+// MemoryLimitRatio is the share of the container's memory limit (its
+// cgroup's) that Go's soft memory limit is set to: the garbage collector
+// works harder as the heap nears it, and the rest is headroom for what the
+// runtime does not count (cgo's memory: NVML in the agent), as
+// automemlimit's default.
+const MemoryLimitRatio = 0.9
+
+// SetMemoryLimit sets Go's soft memory limit (GOMEMLIMIT) to
+// MemoryLimitRatio of the limit provider reads (the cgroup's), and again
+// each minute until ctx ends (a pod resized in place). GOMEMLIMIT in the
+// environment is kept as it is; AUTOMEMLIMIT=off leaves the limit unset,
+// AUTOMEMLIMIT=R takes the ratio R in (0, 1]; any other value of it is an
+// error. No limit to read (no cgroup, or none set) leaves it unset.
+func SetMemoryLimit(ctx context.Context, provider memlimit.Provider, log *slog.Logger) error {
+	if v, ok := os.LookupEnv("AUTOMEMLIMIT"); ok && v != "off" {
+		if r, err := strconv.ParseFloat(v, 64); err != nil || !(r > 0 && r <= 1) {
+			return fmt.Errorf("AUTOMEMLIMIT=%q: want off or a ratio of the container's memory limit in (0, 1]", v)
+		}
+	}
+	_, err := memlimit.Set(memlimit.WithProvider(provider), memlimit.WithRatio(MemoryLimitRatio),
+		memlimit.WithRefreshInterval(ctx, time.Minute))
+	switch limit := runtimedebug.SetMemoryLimit(-1); {
+	case errors.Is(err, memlimit.ErrCgroupsNotSupported):
+		log.Debug("no cgroup to read a memory limit from: Go's soft memory limit is GOMEMLIMIT's", logging.KeyErr, err)
+	case err != nil:
+		log.Warn("the container's memory limit could not be read: Go's soft memory limit is GOMEMLIMIT's", logging.KeyErr, err)
+	case limit != math.MaxInt64:
+		log.Info("Go's soft memory limit (GOMEMLIMIT, else AUTOMEMLIMIT or 90% of the container's limit)", logging.KeyLimitBytes, limit)
+	}
+	return nil
 }

@@ -2,10 +2,18 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	runtimedebug "runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/version"
@@ -71,5 +79,58 @@ func TestReportEndsTheLine(t *testing.T) {
 	want := "pulse-aggregator: --agent-auth \"maybe\": want none or tokenreview\n--namespace is required\n"
 	if b.String() != want {
 		t.Fatalf("%q, want %q", b.String(), want)
+	}
+}
+
+// TestMemoryLimitIsNinetyPercentOfTheContainers: the charts set GOMEMLIMIT
+// at the container's limit, where the garbage collector worked hardest
+// only at the point of the kernel's OOM kill, with no room for what Go
+// does not count (NVML's memory in the agent). Both binaries now set it to
+// 90 % of the limit they read; GOMEMLIMIT in the environment is kept;
+// AUTOMEMLIMIT sets another ratio or none, and a bad one is refused.
+func TestMemoryLimitIsNinetyPercentOfTheContainers(t *testing.T) {
+	prev := runtimedebug.SetMemoryLimit(-1)
+	t.Cleanup(func() { runtimedebug.SetMemoryLimit(prev) })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no refreshes
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const limit = 1 << 30
+	t.Setenv("AUTOMEMLIMIT", "") // restored at the end; unset below
+	t.Setenv("GOMEMLIMIT", "")
+	for _, c := range []struct {
+		env  map[string]string
+		want int64
+		err  string
+	}{
+		{want: 966367641}, // 0.9 GiB, as the library rounds it
+		{env: map[string]string{"AUTOMEMLIMIT": "0.5"}, want: limit / 2},
+		{env: map[string]string{"AUTOMEMLIMIT": "off"}, want: math.MaxInt64},
+		{env: map[string]string{"GOMEMLIMIT": "64MiB"}, want: math.MaxInt64}, // the runtime read it at start; kept
+		{env: map[string]string{"AUTOMEMLIMIT": "1.5"}, err: `AUTOMEMLIMIT="1.5"`},
+		{env: map[string]string{"AUTOMEMLIMIT": "ninety"}, err: `AUTOMEMLIMIT="ninety"`},
+	} {
+		_ = os.Unsetenv("AUTOMEMLIMIT")
+		_ = os.Unsetenv("GOMEMLIMIT")
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		runtimedebug.SetMemoryLimit(math.MaxInt64)
+		err := SetMemoryLimit(ctx, memlimit.Limit(limit), log)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: %v, want an error naming %s", c.env, err, c.err)
+			}
+			continue
+		}
+		if got := runtimedebug.SetMemoryLimit(-1); err != nil || got != c.want {
+			t.Errorf("%v: limit %d (%v), want %d", c.env, got, err, c.want)
+		}
+	}
+	// No limit to read: none set, no error.
+	_ = os.Unsetenv("AUTOMEMLIMIT")
+	runtimedebug.SetMemoryLimit(math.MaxInt64)
+	noLimit := func() (uint64, error) { return 0, memlimit.ErrNoLimit }
+	if err := SetMemoryLimit(ctx, noLimit, log); err != nil || runtimedebug.SetMemoryLimit(-1) != math.MaxInt64 {
+		t.Errorf("no limit: %v, limit %d", err, runtimedebug.SetMemoryLimit(-1))
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/test/procs"
 )
 
@@ -57,11 +58,13 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
 		"--pod-expiry", o.podExpiry.String()}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
-	// The environment's (its GOGC included), and --memory-limit as the
-	// chart sets it: of a name given twice, exec uses the last.
+	// The environment's (its GOGC included), and --memory-limit's soft
+	// limit: of a name given twice, exec uses the last.
 	p.env = os.Environ()
 	if o.memoryLimit > 0 {
-		p.env = append(p.env, "GOMEMLIMIT="+strconv.FormatInt(o.memoryLimit, 10))
+		// What the aggregator sets in a container of that limit (it reads
+		// its cgroup's).
+		p.env = append(p.env, "GOMEMLIMIT="+strconv.FormatInt(goMemLimit(o.memoryLimit), 10))
 	}
 	return p, nil
 }
@@ -237,4 +240,10 @@ func value(m *dto.Metric) float64 {
 		return float64(m.Summary.GetSampleCount())
 	}
 	return 0
+}
+
+// goMemLimit is the soft memory limit the aggregator sets in a container
+// whose memory limit is limit.
+func goMemLimit(limit int64) int64 {
+	return int64(float64(limit) * app.MemoryLimitRatio)
 }

@@ -211,8 +211,9 @@ type result struct {
 	HarnessCPUs    string `json:"harnessCpus,omitempty"`
 	// HarnessGOGC: the harness's own GC percent (--harness-gogc).
 	HarnessGOGC int `json:"harnessGogc"`
-	// AggregatorMemoryLimitBytes: the aggregator's GOMEMLIMIT from
-	// --memory-limit; 0: the flag unset (the environment's, if any).
+	// AggregatorMemoryLimitBytes: the container limit --memory-limit gave
+	// (the aggregator's GOMEMLIMIT 90 % of it); 0: the flag unset (the
+	// environment's GOMEMLIMIT, if any).
 	AggregatorMemoryLimitBytes int64 `json:"aggregatorMemoryLimitBytes"`
 	// AggregatorCPUSecondsPerMillionSamples: the aggregator's CPU time per
 	// million pod samples received (everything it did meanwhile included).

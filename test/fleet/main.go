@@ -135,7 +135,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	})
 	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
-	fs.Func("memory-limit", "the aggregator container's resources.limits.memory, a Kubernetes quantity (e.g. 1G or 1Gi): its GOMEMLIMIT is set to it in bytes, as the aggregator chart sets it; unset: the environment's GOMEMLIMIT, if any", func(v string) error {
+	fs.Func("memory-limit", "the aggregator container's resources.limits.memory, a Kubernetes quantity (e.g. 1G or 1Gi): its GOMEMLIMIT is set to 90 % of it in bytes, as the aggregator sets it in a container of that limit; unset: the environment's GOMEMLIMIT, if any", func(v string) error {
 		q, err := resource.ParseQuantity(v)
 		if err != nil {
 			return err
