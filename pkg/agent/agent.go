@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -495,7 +496,7 @@ func (a *Agent) aggregatorConnected() (addrs []string, ok bool) {
 
 func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 30 * time.Second}))
+	mux.Handle("GET /metrics", app.MetricsHandler(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		// The scrape loop ticks every interval; 1.5 intervals without a
 		// tick means it is stuck.

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
@@ -434,26 +435,22 @@ func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 	})
 }
 
-// metricsHandler serves reg's metrics. A series that fails to collect (the
-// second with the same labels, say) is left out, and every other is
-// served: one tenant's records never empty the page of all. Each failure is
-// counted (promhttp_metric_handler_errors_total{cause="gathering"}) and
-// logged, at most once a minute.
+// metricsHandler serves reg's metrics (bounded as app.MetricsHandler
+// says). A series that fails to collect (the second with the same labels,
+// say) is left out, and every other is served: one tenant's records never
+// empty the page of all. Each failure is counted
+// (promhttp_metric_handler_errors_total{cause="gathering"}) and logged, at
+// most once a minute.
 func metricsHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Registry: reg,
-		ErrorLog: &metricsErrorLog{log: log}, MaxRequestsInFlight: MetricsInFlight, Timeout: MetricsTimeout})
+	return app.MetricsHandler(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, Registry: reg,
+		ErrorLog: &metricsErrorLog{log: log}})
 }
 
 // Bounds of the HTTP servers (/metrics, the debug endpoints, the health
 // checks), so that a slow or idle client holds nothing for long: headers
 // within 5 s, a request within 10 s, an answer written within a minute (a
-// CPU profile takes 30 s), an idle keep-alive closed after 2 minutes; at
-// most MetricsInFlight gatherings of /metrics at once (the others answered
-// 503), each within MetricsTimeout.
-const (
-	MetricsInFlight = 4
-	MetricsTimeout  = 30 * time.Second
-)
+// CPU profile takes 30 s), an idle keep-alive closed after 2 minutes;
+// /metrics as app.MetricsHandler bounds it.
 
 // NewHTTPServer is an HTTP server of handler with those bounds.
 func NewHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -262,12 +266,12 @@ func (b blockingCollector) Collect(chan<- prometheus.Metric) {
 // servers bound reading, writing and idling.
 func TestMetricsGatheringsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	b := blockingCollector{started: make(chan struct{}, MetricsInFlight), release: make(chan struct{})}
+	b := blockingCollector{started: make(chan struct{}, app.MetricsInFlight), release: make(chan struct{})}
 	reg.MustRegister(b)
 	srv := httptest.NewServer(metricsHandler(reg, slog.New(slog.DiscardHandler)))
 	defer srv.Close()
 	var wg sync.WaitGroup
-	for range MetricsInFlight {
+	for range app.MetricsInFlight {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -276,7 +280,7 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 			}
 		}()
 	}
-	for range MetricsInFlight {
+	for range app.MetricsInFlight {
 		<-b.started
 	}
 	resp, err := http.Get(srv.URL)
@@ -285,7 +289,7 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("a gathering past %d at once: %d, want 503", MetricsInFlight, resp.StatusCode)
+		t.Fatalf("a gathering past %d at once: %d, want 503", app.MetricsInFlight, resp.StatusCode)
 	}
 	close(b.release)
 	wg.Wait()
@@ -335,5 +339,82 @@ func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("a stop: %v", err)
+	}
+}
+
+// largeCollector is a page of about size bytes: 8 series, each a label
+// value of size/8 bytes.
+type largeCollector struct {
+	desc  *prometheus.Desc
+	value string
+}
+
+func newLargeCollector(size int) largeCollector {
+	return largeCollector{desc: prometheus.NewDesc("large", "A large page.", []string{"v", "i"}, nil), value: strings.Repeat("x", size/8)}
+}
+
+func (c largeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c largeCollector) Collect(ch chan<- prometheus.Metric) {
+	for i := range 8 {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, c.value, strconv.Itoa(i))
+	}
+}
+
+// TestMetricsAnswersNotReadAreBounded: promhttp gathers a page into a
+// buffer and writes it after, its bound on gatherings released before the
+// write: clients that asked and never read held a whole page each until
+// the write timeout, as many as they asked for. At most MetricsWriting
+// answers are under way at once (the next 503, before any gathering); a
+// client that reads gets its page once they are gone.
+func TestMetricsAnswersNotReadAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newLargeCollector(8 << 20)) // more than the kernel's buffers hold
+	srv := httptest.NewServer(metricsHandler(reg, slog.New(slog.DiscardHandler)))
+	defer srv.Close()
+	// Clients with a small receive buffer that never read.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		_ = c.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return err
+	}}
+	var stuck []net.Conn
+	defer func() {
+		for _, c := range stuck {
+			_ = c.Close()
+		}
+	}()
+	// Ask on new connections until the next client is refused: each
+	// answer gathered is held by its client; those promhttp refused (its
+	// 4 gatherings at once) are done.
+	var code int
+	var body string
+	for len(stuck) < 4*app.MetricsWriting {
+		c, err := d.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		stuck = append(stuck, c)
+		if _, err := io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: aggregator\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if code, body = httpStatus(t, srv.URL); code == http.StatusServiceUnavailable && strings.Contains(body, "under way") {
+			break
+		}
+	}
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "answers of /metrics are under way") {
+		t.Fatalf("with %d answers not read: %d %.80q, want 503 for the answers under way", len(stuck), code, body)
+	}
+	for _, c := range stuck {
+		_ = c.Close()
+	}
+	stuck = nil
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if code, _ = httpStatus(t, srv.URL); code == http.StatusOK {
+			break
+		}
+	}
+	if code != http.StatusOK {
+		t.Fatalf("once the clients that did not read are gone: %d, want the page", code)
 	}
 }

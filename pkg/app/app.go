@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"os/signal"
 	runtimedebug "runtime/debug"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -141,4 +144,36 @@ func SetMemoryLimit(ctx context.Context, provider memlimit.Provider, log *slog.L
 		log.Info("Go's soft memory limit (GOMEMLIMIT, else AUTOMEMLIMIT or 90% of the container's limit)", logging.KeyLimitBytes, limit)
 	}
 	return nil
+}
+
+// Bounds of /metrics: at most MetricsInFlight gatherings at once, each
+// within MetricsTimeout, and at most MetricsWriting answers under way (each
+// a whole page in memory until its client has read it); past either, 503
+// at once.
+const (
+	MetricsInFlight = 4
+	MetricsTimeout  = 30 * time.Second
+	MetricsWriting  = 16
+)
+
+// MetricsHandler serves g's metrics with opts, bounded. promhttp's timeout
+// gathers the page into a buffer and writes it after, its bound on
+// gatherings (MaxRequestsInFlight) released before the write: a client
+// that does not read its answer held a whole page until the server's write
+// timeout, and clients that kept asking held as many pages as the
+// gatherings could make in that time. The bound on answers under way is
+// taken before any gathering.
+func MetricsHandler(g prometheus.Gatherer, opts promhttp.HandlerOpts) http.Handler {
+	opts.MaxRequestsInFlight, opts.Timeout = MetricsInFlight, MetricsTimeout
+	h := promhttp.HandlerFor(g, opts)
+	answers := make(chan struct{}, MetricsWriting)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case answers <- struct{}{}:
+			defer func() { <-answers }()
+			h.ServeHTTP(w, r)
+		default:
+			http.Error(w, fmt.Sprintf("%d answers of /metrics are under way (a client not reading its own holds one): try again", MetricsWriting), http.StatusServiceUnavailable)
+		}
+	})
 }
