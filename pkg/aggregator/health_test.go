@@ -2,11 +2,13 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -299,16 +301,14 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 	}
 }
 
-// TestAStopIsNotReadyBeforeItCloses: readiness went false at the instant
-// the listeners closed, so no probe saw it and the Service still sent new
-// connections to a replica that refused them. With --shutdown-delay the
-// replica answers not ready, its listeners still open, for that long, then
-// stops within --shutdown-timeout; the gRPC health Watch of a service it
-// does not know is SERVICE_UNKNOWN on an open stream, as the protocol says.
-func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
+// runToStop runs an aggregator on loopback, with no warm-up, and opts;
+// cancel starts its stop, and done gives Run's answer.
+func runToStop(t *testing.T, opts func(*Options)) (a *Aggregator, cancel context.CancelFunc, done chan error) {
+	t.Helper()
 	o := NewOptions()
 	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	o.Warmup.Duration, o.Serving.ShutdownDelay = 0, 3*time.Second
+	o.Warmup.Duration = 0
+	opts(o)
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -317,8 +317,19 @@ func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
+	return a, cancel, done
+}
+
+// TestAStopIsNotReadyBeforeItCloses: readiness went false at the instant
+// the listeners closed, so no probe saw it and the Service still sent new
+// connections to a replica that refused them. With --shutdown-delay the
+// replica answers not ready, its listeners still open, for that long, then
+// stops within --shutdown-timeout; the gRPC health Watch of a service it
+// does not know is SERVICE_UNKNOWN on an open stream, as the protocol says.
+func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
+	a, cancel, done := runToStop(t, func(o *Options) { o.Serving.ShutdownDelay = 3 * time.Second })
 	base := "http://" + a.HTTPAddr()
 	if code, _ := httpStatus(t, base+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz before the stop: %d", code)
@@ -339,6 +350,67 @@ func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("a stop: %v", err)
+	}
+}
+
+// TestAStopCutsWhatOutlastsItsTimeout: past --shutdown-timeout a stop cuts
+// what is still running rather than wait for it: a CPU profile asked for
+// 50 s on the http port, and a gRPC stream on the scaler port that never
+// ends by itself (a health Watch). The stop returns, and each client sees
+// its answer cut.
+func TestAStopCutsWhatOutlastsItsTimeout(t *testing.T) {
+	a, cancel, done := runToStop(t, func(o *Options) { o.Serving.ShutdownTimeout, o.Serving.Profiling = 500*time.Millisecond, true })
+	base := "http://" + a.HTTPAddr()
+	profile := make(chan error, 1)
+	ask := func() {
+		resp, err := http.Get(base + "/debug/pprof/profile?seconds=50")
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil {
+				err = errors.New(resp.Status)
+			}
+		}
+		profile <- err
+	}
+	go ask()
+	// The server's profile is running once this process's CPU profiler is
+	// taken (asked again if this probe took it first).
+	for pprof.StartCPUProfile(io.Discard) == nil {
+		pprof.StopCPUProfile()
+		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-profile:
+			if !strings.HasPrefix(err.Error(), "500") {
+				t.Fatalf("the profile ended before the stop: %v", err)
+			}
+			go ask()
+		default:
+		}
+	}
+	w, err := healthpb.NewHealthClient(dial(t, a.scalerLn.Addr().String())).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a stop: %v", err)
+		}
+	case <-time.After(40 * time.Second): // the profile alone would hold it 50 s
+		t.Fatal("the stop waited for the profile")
+	}
+	if err := <-profile; err == nil || strings.HasPrefix(err.Error(), "200") {
+		t.Errorf("the profile's client: %v, want its answer cut", err)
+	}
+	for {
+		if _, err := w.Recv(); err != nil {
+			break // the Watch ended: NOT_SERVING first, then the cut
+		}
 	}
 }
 
