@@ -285,11 +285,12 @@ func (r *reader) get(name string) (string, string, error) {
 	v, av = strings.TrimSpace(v), strings.TrimSpace(av)
 	// Bounded before it is read or quoted (in the status, an Event and
 	// the log): every value pulse reads is a name, a number or a duration.
+	// (The cache keeps at most maxAnnotationValue + 1 bytes of a value.)
 	if len(v) > maxAnnotationValue {
-		return "", name, &AnnotationError{name, fmt.Sprintf("a value of %d bytes; at most %d", len(v), maxAnnotationValue)}
+		return "", name, &AnnotationError{name, fmt.Sprintf("a value longer than %d bytes", maxAnnotationValue)}
 	}
 	if aok && alias != "" && len(av) > maxAnnotationValue {
-		return "", alias, &AnnotationError{alias, fmt.Sprintf("a value of %d bytes; at most %d", len(av), maxAnnotationValue)}
+		return "", alias, &AnnotationError{alias, fmt.Sprintf("a value longer than %d bytes", maxAnnotationValue)}
 	}
 	switch {
 	case ok && aok && alias != "" && v != av && name != AnnotationAutoscale:

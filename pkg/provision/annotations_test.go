@@ -146,8 +146,8 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		// Seconds so negative that they wrapped, in nanoseconds, to 300 s.
 		{on(AnnotationCooldownPeriod, "-36028797018963668"), AnnotationCooldownPeriod, "duration"},
 		// A value is bounded before it is read or quoted.
-		{on(AnnotationMinReplicas, strings.Repeat("9", 200<<10)), AnnotationMinReplicas, "at most 256"},
-		{on(KaitoAutoProvision, "true", KaitoThreshold, strings.Repeat("1", 300)), KaitoThreshold, "at most 256"},
+		{on(AnnotationMinReplicas, strings.Repeat("9", 200<<10)), AnnotationMinReplicas, "longer than 256 bytes"},
+		{on(KaitoAutoProvision, "true", KaitoThreshold, strings.Repeat("1", 300)), KaitoThreshold, "longer than 256 bytes"},
 		// The planner holds capacity itself: no behaviour on top.
 		{on(AnnotationScaleDownDelay, "10m"), AnnotationScaleDownDelay, "applies to threshold metrics"},
 		{on(AnnotationScaleUpPodsPerMin, "4"), AnnotationScaleUpPodsPerMin, "applies to threshold metrics"},

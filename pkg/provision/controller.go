@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,6 +175,9 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	r.sos = dynamicinformer.NewFilteredDynamicInformer(c.o.Dynamic, ScaledObjects, metav1.NamespaceAll, c.o.Resync,
 		cache.Indexers{byTarget: targetIndex}, nil).Informer()
+	if err := r.sos.SetTransform(trimScaledObject); err != nil {
+		return err
+	}
 	if _, err := r.sos.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: r.scaledObjectChanged,
 		UpdateFunc: func(old, o any) {
@@ -224,6 +228,10 @@ func (r *run) discover(ctx context.Context) {
 		}
 		inf := metadatainformer.NewFilteredMetadataInformer(r.c.o.Metadata, gv.WithResource(k.Resource), metav1.NamespaceAll,
 			r.c.o.Resync, cache.Indexers{}, nil).Informer()
+		if err := inf.SetTransform(trimWorkload); err != nil {
+			r.c.o.Log.Error("watch", logging.KeyKind, k.Kind, logging.KeyErr, err)
+			continue
+		}
 		kind := k.Kind
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: func(o any) { r.workloadChanged(kind, o) },
@@ -243,6 +251,47 @@ func (r *run) discover(ctx context.Context) {
 		go inf.Run(ctx.Done())
 		r.c.o.Log.Info("watching workloads for pulse.io/autoscale", logging.KeyKind, kind, logging.KeyVersion, gv.String())
 	}
+}
+
+// trimWorkload is what the cache keeps of a workload: its name, namespace,
+// uid and resource version, and of its annotations only pulse's and
+// keda-kaito-scaler's, each value cut past maxAnnotationValue + 1 bytes
+// (Parse refuses it as too long all the same). Every Deployment,
+// StatefulSet, ... of the cluster is watched, annotated or not: one
+// tenant's thousands of workloads with 256 KiB annotations
+// (last-applied-configuration) were all held, and with them other
+// tenants' configurations, in the process that answers KEDA.
+func trimWorkload(o any) (any, error) {
+	m, ok := o.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return o, nil // a tombstone: its object was trimmed when cached
+	}
+	var kept map[string]string
+	for k, v := range m.Annotations {
+		if !strings.HasPrefix(k, "pulse.io/") && !strings.HasPrefix(k, kaitoPrefix) {
+			continue
+		}
+		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue+1 {
+			v = v[:maxAnnotationValue+1]
+		}
+		if kept == nil {
+			kept = map[string]string{}
+		}
+		kept[k] = v
+	}
+	return &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		Generation: m.Generation, DeletionTimestamp: m.DeletionTimestamp, Annotations: kept}}, nil
+}
+
+// trimScaledObject drops a ScaledObject's managedFields from the cache
+// (the rest is kept: an update sends it back whole, and the server keeps
+// the managedFields an update leaves out).
+func trimScaledObject(o any) (any, error) {
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		u.SetManagedFields(nil)
+	}
+	return o, nil
 }
 
 // served returns the version at which the cluster serves k, preferring the
@@ -424,9 +473,11 @@ func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.
 }
 
 // disable deletes the ScaledObject pulse made for a workload whose
-// annotation is gone or "false".
+// annotation is gone or "false": the workload's own, or one it would adopt
+// (an orphan of its predecessor of the same name), which otherwise kept
+// scaling it with its predecessor's settings.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
-	if existing != nil && Managed(existing) && OwnedBy(existing, ref.UID) {
+	if existing != nil && Managed(existing) && (OwnedBy(existing, ref.UID) || adopts(k, existing)) {
 		err := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace).Delete(ctx, k.Name, metav1.DeleteOptions{
 			Preconditions: metav1.NewUIDPreconditions(string(existing.GetUID()))})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -449,26 +500,9 @@ func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructur
 			return fmt.Sprintf("ScaledObject %s/%s exists and is not pulse's (no label %s=%s): left alone; delete it or rename it for pulse to provision one",
 				k.Namespace, k.Name, LabelManagedBy, ManagedBy)
 		}
-		if !OwnedBy(existing, w.GetUID()) {
+		if !OwnedBy(existing, w.GetUID()) && !adopts(k, existing) {
 			owner := "another workload"
-			ref := metav1.GetControllerOf(existing)
-			if ref == nil {
-				// pulse's, with no owner left: the garbage collector takes
-				// the owner reference off a dependent when its owner is
-				// deleted with --cascade=orphan. The workload it scales by
-				// name adopts it (it once stayed in conflict for ever).
-				if kind, name := targetOf(existing); kind == k.Kind && name == k.Name {
-					return ""
-				}
-			}
-			if ref != nil {
-				// pulse's, for a workload of this kind and name whose uid is
-				// gone (re-created with --cascade=orphan): this workload is its
-				// successor (one name names one object at a time), and adopts
-				// it; it once stayed in conflict for ever.
-				if ref.Kind == k.Kind && ref.Name == k.Name {
-					return ""
-				}
+			if ref := metav1.GetControllerOf(existing); ref != nil {
 				owner = ref.Kind + " " + ref.Name
 			}
 			return fmt.Sprintf("ScaledObject %s/%s is pulse's for %s: left alone", k.Namespace, k.Name, owner)
@@ -483,6 +517,23 @@ func (r *run) conflict(k key, w metav1.Object, existing *unstructured.Unstructur
 		}
 	}
 	return ""
+}
+
+// adopts says whether the workload k takes pulse's ScaledObject so, owned
+// by another uid or by none, as its own (both once stayed in conflict for
+// ever):
+//   - with no owner left (the garbage collector takes the owner reference
+//     off a dependent when its owner is deleted with --cascade=orphan): the
+//     workload it scales by name;
+//   - owned by a workload of this kind and name whose uid is gone
+//     (re-created with --cascade=orphan): this workload is its successor
+//     (one name names one object at a time).
+func adopts(k key, so *unstructured.Unstructured) bool {
+	if ref := metav1.GetControllerOf(so); ref != nil {
+		return ref.Kind == k.Kind && ref.Name == k.Name
+	}
+	kind, name := targetOf(so)
+	return kind == k.Kind && name == k.Name
 }
 
 // byTarget indexes ScaledObjects by namespace/kind/name of their

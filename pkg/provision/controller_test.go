@@ -22,6 +22,7 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
 )
@@ -495,6 +496,22 @@ func TestOrphanedScaledObjectIsAdopted(t *testing.T) {
 			return nil
 		})
 	}
+	// Turned off before it was adopted: the orphan is deleted, as the
+	// workload's own would be (it kept scaling the workload with its
+	// predecessor's settings).
+	for what, so := range map[string]*unstructured.Unstructured{"owned by the old uid": old, "with no owner": orphan} {
+		f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "false"}))
+		if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), so.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.run()
+		f.waitFor("the orphan "+what+" deleted with the annotation false", func() error {
+			if _, err := f.scaledObject("mine"); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+	}
 	// A ScaledObject of pulse's for another workload is still left alone.
 	g := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	theirs := Desired(Owner{APIVersion: "apps/v1", Kind: "StatefulSet", Namespace: "demo", Name: "db", UID: "StatefulSet-db"},
@@ -546,4 +563,57 @@ func TestRefusedWriteIsReportedAndALostLeaseForgets(t *testing.T) {
 	if n := testutil.ToFloat64(f.c.m.workloads.WithLabelValues(StateError)); n != 0 {
 		t.Fatalf("workloads{state=error} %v after the lease was lost, want 0", n)
 	}
+}
+
+// TestTheCacheKeepsOnlyWhatPulseReads: every workload of the cluster is
+// watched, annotated or not, and the cache held each one's whole metadata:
+// one tenant's thousands of Deployments with 256 KiB annotations
+// (last-applied-configuration) were held in the process that answers KEDA,
+// other tenants' configurations with them. The cache now keeps a
+// workload's name, uid and versions and its pulse.io/ and
+// scaledobject.kaito.sh/ annotations, a value cut past 257 bytes (refused
+// as too long all the same); a ScaledObject without its managedFields.
+func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
+	big := strings.Repeat("x", 200<<10)
+	w := workload(deployments, "Deployment", "llama", map[string]string{
+		"kubectl.kubernetes.io/last-applied-configuration": big,
+		AnnotationAutoscale: " true ", AnnotationThreshold: strings.Repeat("9", 10<<10), KaitoMaxReplicas: "4"})
+	w.Labels = map[string]string{"app": "llama"}
+	w.ResourceVersion, w.Generation = "7", 3
+	w.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
+	o, err := trimWorkload(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.(*metav1.PartialObjectMetadata)
+	if len(got.Annotations) != 3 || got.Annotations[AnnotationAutoscale] != "true" || got.Annotations[KaitoMaxReplicas] != "4" ||
+		len(got.Annotations[AnnotationThreshold]) != maxAnnotationValue+1 {
+		t.Errorf("annotations kept: %d, want pulse's and keda-kaito-scaler's alone, values cut past %d bytes", len(got.Annotations), maxAnnotationValue+1)
+	}
+	if got.Labels != nil || got.ManagedFields != nil || got.Name != "llama" || got.Namespace != "demo" || got.UID != w.UID ||
+		got.ResourceVersion != "7" || got.Generation != 3 || got.APIVersion != "apps/v1" {
+		t.Errorf("kept %+v", got.ObjectMeta)
+	}
+	if _, err := Parse(Workload{Kind: "Deployment", Namespace: "demo", Name: "llama"}, got.Annotations, time.Minute); err == nil ||
+		!strings.Contains(err.Error(), AnnotationThreshold) || !strings.Contains(err.Error(), "longer than 256 bytes") {
+		t.Errorf("a value cut in the cache: %v, want it refused as too long", err)
+	}
+	// A tombstone (its object was trimmed when cached) passes as it is.
+	tomb := cache.DeletedFinalStateUnknown{Key: "demo/llama", Obj: got}
+	if o, _ := trimWorkload(tomb); o != tomb {
+		t.Errorf("a tombstone: %v", o)
+	}
+	so := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "llama",
+		"annotations": map[string]any{"keep": "me"}}, "spec": map[string]any{"minReplicaCount": int64(1)}}}
+	so.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "keda"}})
+	o, _ = trimScaledObject(so)
+	if u := o.(*unstructured.Unstructured); u.GetManagedFields() != nil || u.GetAnnotations()["keep"] != "me" || u.Object["spec"] == nil {
+		t.Errorf("a ScaledObject in the cache: %v, want all but its managedFields (an update sends it back whole)", u.Object)
+	}
+
+	// Through the informers: the workload's refusal names the annotation.
+	f := newFixture(t, workload(deployments, "Deployment", "llama", map[string]string{
+		"kubectl.kubernetes.io/last-applied-configuration": big, AnnotationAutoscale: "true", AnnotationMaxReplicas: strings.Repeat("9", 10<<10)}))
+	f.run()
+	f.waitState("Deployment", "llama", StateInvalid, AnnotationMaxReplicas+": a value longer than 256 bytes")
 }
