@@ -37,8 +37,9 @@ const (
 	// push out only each other.
 	metricsAuthCache = 1024
 	// Reviews of tokens not known: at most metricsAuthRate a second (a
-	// burst of metricsAuthBurst), past it 503 at once; the same token's
-	// reviews at once are one.
+	// burst of metricsAuthBurst), past it 503 at once; the reviews again of
+	// tokens allowed before as many, apart; the same token's reviews at
+	// once are one.
 	metricsAuthRate    = 10
 	metricsAuthBurst   = 20
 	metricsAuthTimeout = 5 * time.Second
@@ -57,7 +58,8 @@ type metricsAuthorizer struct {
 	log     *slog.Logger
 	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
-	limit   *rate.Limiter
+	limit   *rate.Limiter // reviews of tokens not known
+	renew   *rate.Limiter // reviews of tokens allowed before, their answer old
 	flight  singleflight.Group
 	warnMu  sync.Mutex
 	warned  time.Time
@@ -67,7 +69,8 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 	return &metricsAuthorizer{kube: kube, log: log,
 		allowed: expirable.NewLRU[[sha256.Size]byte, time.Time](metricsAuthCache, nil, 2*metricsAuthTTL),
 		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
-		limit:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}
+		limit:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst),
+		renew:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}
 }
 
 // errReviewsBusy: the reviews' rate is taken.
@@ -124,9 +127,17 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	if auth, ok := m.refused.Get(key); ok {
 		return false, auth, nil
 	}
-	if !m.limit.Allow() {
+	// A token allowed before is reviewed again within a rate of its own:
+	// made-up tokens, however many, take only the rate of tokens not
+	// known (the cache of tokens allowed holds only what the API server
+	// allowed).
+	limit := m.limit
+	if known {
+		limit = m.renew
+	}
+	if !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
-		// while the rate is taken (by made-up tokens, say).
+		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
 			if exp, ok := ingest.TokenExpiry(token); !ok || now.Before(exp) {
 				return true, true, nil

@@ -157,8 +157,9 @@ func TestMetricsAuthIsValidated(t *testing.T) {
 // once filled the one cache of answers (pushing out Prometheus's) and
 // queued every review behind them. Now the reviews of tokens not known
 // have a rate (past it 503 at once), tokens refused a cache of their own,
-// and a token allowed keeps its answer while the rate is taken, up to two
-// minutes and never past its own expiry.
+// a token allowed before is reviewed again within a rate of its own, and
+// keeps its answer while that is taken, up to two minutes and never past
+// its own expiry.
 func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	var reviews atomic.Int64
 	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -186,6 +187,14 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	}
 	if _, _, err := m.allow(ctx, "/metrics", "tenant"); !errors.Is(err, errReviewsBusy) {
 		t.Fatalf("a token never reviewed while the rate is taken: %v, want busy", err)
+	}
+	// Its answer past the two minutes, the flood still on: reviewed again
+	// within a rate of its own (it shared the made-up tokens' once, and
+	// was locked out).
+	m.allowed.Add(key, time.Now().Add(-3*time.Minute))
+	before := reviews.Load()
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil || reviews.Load() != before+1 {
+		t.Fatalf("prometheus, its answer three minutes old, the rate of tokens not known taken: %v %v (%d reviews)", ok, err, reviews.Load()-before)
 	}
 	// Never past the token's own expiry.
 	expired := testJWT(time.Now().Add(-time.Second))
