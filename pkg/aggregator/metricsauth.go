@@ -58,8 +58,8 @@ type metricsAuthorizer struct {
 	log     *slog.Logger
 	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
-	limit   *rate.Limiter // reviews of tokens not known
-	renew   *rate.Limiter // reviews of tokens allowed before, their answer old
+	limit   *rate.Limiter                                // reviews of tokens not known
+	renew   *rate.Limiter                                // reviews of tokens allowed before, their answer old
 	flight  singleflight.Group
 	warnMu  sync.Mutex
 	warned  time.Time

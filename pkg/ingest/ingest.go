@@ -69,7 +69,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
 
 // Options configure a Server.
 type Options struct {
@@ -129,6 +129,24 @@ var kinds = map[pulsev1.WorkloadKind]string{
 	pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM:            store.KindWorkload,
 }
 
+// checkHello bounds a hello's strings before any is logged or kept: the
+// agent's version is on every line of its stream's log, its instance and
+// extra metric names are kept with each of its pods (a hello may be up to
+// the 4 MiB of a message).
+func checkHello(h *pulsev1.Hello) error {
+	for _, f := range []struct{ what, v string }{{"node", h.Node}, {"agent version", h.AgentVersion}, {"agent instance", h.AgentInstance}} {
+		if len(f.v) > maxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "hello's %s is %d bytes; at most %d", f.what, len(f.v), maxNameBytes)
+		}
+	}
+	for i, name := range h.ExtraMetrics {
+		if len(name) > maxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "hello's extra metric %d is %d bytes; at most %d", i, len(name), maxNameBytes)
+		}
+	}
+	return nil
+}
+
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	boundNode, err := s.authenticate(stream.Context())
@@ -155,6 +173,10 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	}
 	if len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics {
 		return status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
+	}
+	if err := checkHello(hello); err != nil {
+		s.m.rejected.WithLabelValues("invalid_hello").Inc()
+		return err
 	}
 	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {

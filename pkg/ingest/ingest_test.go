@@ -148,6 +148,7 @@ pulse_aggregator_rejected_reports_total{reason="agent_full"} 0
 pulse_aggregator_rejected_reports_total{reason="auth_unavailable"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
+pulse_aggregator_rejected_reports_total{reason="invalid_hello"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
 pulse_aggregator_rejected_reports_total{reason="message"} 0
 pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
@@ -181,6 +182,15 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 			pod(6, "f"), pod(7, "g"))}, code: codes.InvalidArgument}, // past twice the limit of 3
 		"malformed batch": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a")), badBatch}, code: codes.InvalidArgument},
 		"second hello":    {msgs: []*pulsev1.AgentMessage{hello(), hello()}, code: codes.InvalidArgument},
+		// A hello's strings are bounded before they are logged or kept.
+		"4 MB agent version": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 1,
+			AgentVersion: strings.Repeat("v", 4<<20-64)}}}}, code: codes.InvalidArgument},
+		"long instance": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 1,
+			AgentInstance: strings.Repeat("i", 601)}}}}, code: codes.InvalidArgument},
+		"long extra metric name": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 1,
+			ExtraMetrics: []string{"ok", strings.Repeat("m", 100<<10)}}}}}, code: codes.InvalidArgument},
+		"long node": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: strings.Repeat("n", 601), ProtocolVersion: 1}}}},
+			code: codes.InvalidArgument},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -194,6 +204,10 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 	_ = f.run(t, hello(), catalogue(pod(1, "a")), badBatch)
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("malformed_batch")); got != 1 {
 		t.Fatalf("rejected malformed_batch = %v, want 1", got)
+	}
+	_ = f.run(t, tests["long instance"].msgs...)
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_hello")); got != 1 {
+		t.Fatalf("rejected invalid_hello = %v, want 1", got)
 	}
 }
 
