@@ -295,3 +295,36 @@ func jwt(exp time.Time) string {
 	payload := base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, `{"exp":%d}`, exp.Unix()))
 	return "eyJhbGciOiJub25lIn0." + payload + ".sig"
 }
+
+// TestAStreamEndsWithItsToken: a token was reviewed once, when its stream
+// opened, and the stream was then kept for as long as it stayed open: a
+// copied token kept reporting its node's pods past its expiry and its
+// pod's deletion. A message past the token's expiry now ends the stream
+// (Unauthenticated), unread; the agent reconnects with the token the
+// kubelet renewed.
+func TestAStreamEndsWithItsToken(t *testing.T) {
+	expired, fresh := jwt(time.Now().Add(-time.Second)), jwt(time.Now().Add(time.Hour))
+	c := fakeAPI()
+	agent := "system:serviceaccount:pulse-system:pulse-agent"
+	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{expired: {User: agent, Node: "node-1"}, fresh: {User: agent, Node: "node-1"}})
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, tr)
+	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	err = f.runAs(t, expired, hello(), catalogue(mine))
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "token expired") {
+		t.Fatalf("a message past the token's expiry: %v, want the stream ended Unauthenticated", err)
+	}
+	if v := f.store.View(store.ViewOptions{FreshFor: time.Hour}); len(v) != 0 {
+		t.Fatalf("store = %+v: the message past the expiry was read", v)
+	}
+	if err := f.runAs(t, fresh, hello(), catalogue(mine)); err != nil {
+		t.Fatalf("a token of an hour: %v", err)
+	}
+	if v := f.store.View(store.ViewOptions{FreshFor: time.Hour}); len(v) != 1 {
+		t.Fatalf("store = %+v, want the pod of the stream with a live token", v)
+	}
+}

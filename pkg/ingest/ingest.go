@@ -149,7 +149,7 @@ func checkHello(h *pulsev1.Hello) error {
 
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
-	boundNode, err := s.authenticate(stream.Context())
+	boundNode, tokenExpires, err := s.authenticate(stream.Context())
 	if err != nil {
 		return err
 	}
@@ -205,6 +205,14 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			log.Info("agent stream ended", logging.KeyErr, err)
 			return err
 		}
+		if !tokenExpires.IsZero() && time.Now().After(tokenExpires) {
+			// The token was reviewed when the stream opened: a stream
+			// outlives it no longer than the token does (a copied token
+			// kept a stream open for ever, past its pod's deletion). The
+			// agent reconnects with the token the kubelet renewed.
+			log.Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, tokenExpires)
+			return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", tokenExpires.UTC().Format(time.RFC3339))
+		}
 		switch m := msg.Msg.(type) {
 		case *pulsev1.AgentMessage_Catalogue:
 			if err := st.catalogue(m.Catalogue); err != nil {
@@ -229,10 +237,11 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 }
 
 // authenticate returns the node a stream's bearer token is bound to, or ""
-// when streams are not authenticated.
-func (s *Server) authenticate(ctx context.Context) (string, error) {
+// when streams are not authenticated, and when the token expires (zero: it
+// says not).
+func (s *Server) authenticate(ctx context.Context) (string, time.Time, error) {
 	if s.auth == nil {
-		return "", nil
+		return "", time.Time{}, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	var token string
@@ -243,20 +252,21 @@ func (s *Server) authenticate(ctx context.Context) (string, error) {
 	}
 	if token == "" {
 		s.m.rejected.WithLabelValues("unauthenticated").Inc()
-		return "", status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
+		return "", time.Time{}, status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
 	}
 	node, err := s.auth.Authenticate(ctx, token)
 	switch {
 	case errors.Is(err, ErrUnauthenticated):
 		s.m.rejected.WithLabelValues("unauthenticated").Inc()
-		return "", status.Error(codes.Unauthenticated, err.Error())
+		return "", time.Time{}, status.Error(codes.Unauthenticated, err.Error())
 	case err != nil:
 		// Not an answer: too many reviews in flight, or the API failed.
 		// The agent retries.
 		s.m.rejected.WithLabelValues("auth_unavailable").Inc()
-		return "", status.Error(codes.Unavailable, "agent authentication: "+err.Error())
+		return "", time.Time{}, status.Error(codes.Unavailable, "agent authentication: "+err.Error())
 	}
-	return node, nil
+	exp, _ := TokenExpiry(token) // reviewed: its exp is the API server's
+	return node, exp, nil
 }
 
 // streamState is what one stream has established.

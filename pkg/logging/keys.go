@@ -27,6 +27,7 @@ const (
 	KeyClientCA    = "clientCA"
 	KeyDriver      = "driver"
 	KeyAudience    = "audience"
+	KeyUntil       = "until" // when something ends (a token's expiry)
 	KeyAccounts    = "serviceAccounts"
 	KeyTriggerAuth = "triggerAuthentication"
 	KeyDaemonSet   = "daemonset"
