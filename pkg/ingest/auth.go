@@ -13,6 +13,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +67,8 @@ type TokenReviewer struct {
 	turns  chan struct{}       // a token review's turn (maxReviews)
 	wait   time.Duration       // how long a stream waits for a turn
 	pods   *lru.Cache[string, podIdentity]
+	misses *rate.Limiter // GETs of pods the pod cache does not hold
+	sync   time.Duration // how long a lookup waits for the pod cache
 	// podInformer caches every scheduled pod's node, so that an
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
@@ -83,7 +86,8 @@ var _ Authenticator = (*TokenReviewer)(nil)
 // NewTokenReviewer accepts tokens for audience from the given service
 // accounts ("namespace/name").
 func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
-	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait}
+	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait,
+		misses: rate.NewLimiter(missRate, missBurst), sync: podCacheWait}
 	for _, sa := range serviceAccounts {
 		ns, name, ok := strings.Cut(sa, "/")
 		if !ok || ns == "" || name == "" {
@@ -217,6 +221,24 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 	return nodes[0], nil
 }
 
+// ErrLookupUnavailable: a pod's node cannot be looked up now (the pod
+// cache is not synced yet, or the lookups' rate is taken); the agent's
+// stream is ended Unavailable and it retries.
+var ErrLookupUnavailable = errors.New("the aggregator cannot look pods up now")
+
+// Bounds of the pod lookups. Until the pod cache has synced (one LIST) a
+// lookup waits for it, at most podCacheWait: it was a GET for every
+// catalogued pod of every reconnecting agent, at the API client's rate
+// that the Lease renewals share. After it, a pod the cache does not hold
+// (created a moment ago, or made up) is a GET, at most missRate a second
+// for all streams (a burst of missBurst), each waiting at most missWait.
+const (
+	podCacheWait = 20 * time.Second
+	missRate     = 20
+	missBurst    = 100
+	missWait     = 5 * time.Second
+)
+
 // PodNode reads a pod's node from the pod cache, or from the API for a pod
 // the cache does not hold yet (cached by uid: a pod never changes node).
 func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string) (string, error) {
@@ -228,12 +250,24 @@ func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string
 		}
 		return id.node, nil
 	}
-	if t.podInformer.HasSynced() {
-		obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
-		if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == uid {
-			t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
-			return p.Spec.NodeName, nil
+	if !t.podInformer.HasSynced() {
+		wctx, cancel := context.WithTimeout(ctx, t.sync)
+		synced := cache.WaitForCacheSync(wctx.Done(), t.podInformer.HasSynced)
+		cancel()
+		if !synced {
+			return "", fmt.Errorf("%w: the pod cache has not synced", ErrLookupUnavailable)
 		}
+	}
+	obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
+	if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == uid {
+		t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
+		return p.Spec.NodeName, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, missWait)
+	err := t.misses.Wait(wctx)
+	cancel()
+	if err != nil {
+		return "", fmt.Errorf("%w: too many lookups of pods not in the pod cache", ErrLookupUnavailable)
 	}
 	p, err := t.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -50,11 +52,23 @@ func fakeAPI() *fake.Clientset {
 
 func authFixture(t *testing.T) *fixture {
 	t.Helper()
-	tr, err := NewTokenReviewer(fakeAPI(), "pulse", []string{"pulse-system/pulse-agent"})
+	return newFixtureWith(t, runningReviewer(t, fakeAPI()))
+}
+
+// runningReviewer is a TokenReviewer of c's with its pod cache synced.
+func runningReviewer(t *testing.T, c *fake.Clientset) *TokenReviewer {
+	t.Helper()
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newFixtureWith(t, tr)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go tr.Run(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), tr.podInformer.HasSynced) {
+		t.Fatal("the pod cache did not sync")
+	}
+	return tr
 }
 
 // runAs sends msgs on a stream that carries token.
@@ -154,15 +168,7 @@ func TestPodNodeFromTheCache(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	gets := func() int {
-		n := 0
-		for _, a := range c.Actions() {
-			if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
-				n++
-			}
-		}
-		return n
-	}
+	gets := func() int { return podGets(c) }
 	for _, tc := range []struct{ name, node string }{{"mine", "node-1"}, {"theirs", "node-2"}} {
 		if node, err := tr.PodNode(ctx, "ns", tc.name, "uid-"+tc.name); err != nil || node != tc.node {
 			t.Fatalf("PodNode(%s) = %q, %v; want %s", tc.name, node, err, tc.node)
@@ -307,14 +313,10 @@ func TestAStreamEndsWithItsToken(t *testing.T) {
 	c := fakeAPI()
 	agent := "system:serviceaccount:pulse-system:pulse-agent"
 	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{expired: {User: agent, Node: "node-1"}, fresh: {User: agent, Node: "node-1"}})
-	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixtureWith(t, tr)
+	f := newFixtureWith(t, runningReviewer(t, c))
 	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
 		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
-	err = f.runAs(t, expired, hello(), catalogue(mine))
+	err := f.runAs(t, expired, hello(), catalogue(mine))
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "token expired") {
 		t.Fatalf("a message past the token's expiry: %v, want the stream ended Unauthenticated", err)
 	}
@@ -327,4 +329,80 @@ func TestAStreamEndsWithItsToken(t *testing.T) {
 	if v := f.store.View(store.ViewOptions{FreshFor: time.Hour}); len(v) != 1 {
 		t.Fatalf("store = %+v, want the pod of the stream with a live token", v)
 	}
+}
+
+// TestPodLookupsAreBounded: until the pod cache synced, every catalogued
+// pod of every reconnecting agent was a GET, at the API client's rate that
+// the provisioner's Lease renewals share (15,000 pods: five minutes of
+// it); after it, every made-up pod was one. A lookup now waits for the
+// cache, at most a bound, and a pod not in it is a GET within a rate for
+// all streams; past either the stream ends Unavailable and its agent
+// retries, listing its pods again. Rejected entries are logged at most ten
+// a minute a stream.
+func TestPodLookupsAreBounded(t *testing.T) {
+	c := fakeAPI()
+	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.sync = 50 * time.Millisecond // its informer never runs
+	if _, err := tr.PodNode(context.Background(), "ns", "mine", "uid-mine"); !errors.Is(err, ErrLookupUnavailable) {
+		t.Fatalf("a lookup before the pod cache synced: %v, want ErrLookupUnavailable", err)
+	}
+	f := newFixtureWith(t, tr)
+	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a catalogue before the pod cache synced: %v, want the stream ended Unavailable", err)
+	}
+	gets := func() int { return podGets(c) }
+	if n := gets(); n != 0 {
+		t.Fatalf("%d pod GETs before the pod cache synced, want 0", n)
+	}
+
+	// Synced: made-up pods are GETs within the rate; past it the stream
+	// ends Unavailable.
+	g := newFixtureWith(t, runningReviewer(t, c))
+	g.srv.auth.(*TokenReviewer).misses = rate.NewLimiter(0, 2)
+	madeUp := func(id uint32) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: id, Uid: fmt.Sprint("uid-made-up-", id), Namespace: "ns", Name: fmt.Sprint("made-up-", id),
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	}
+	err = g.runAs(t, "token-node-1", hello(), catalogue(mine, madeUp(2), madeUp(3), madeUp(4)))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "too many lookups") {
+		t.Fatalf("made-up pods past the lookups' rate: %v, want the stream ended Unavailable", err)
+	}
+	if n := gets(); n != 2 {
+		t.Fatalf("%d pod GETs, want the 2 of the rate", n)
+	}
+	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("auth_unavailable")); got != 1 {
+		t.Fatalf("rejected auth_unavailable = %v, want 1", got)
+	}
+
+	// Thirty entries rejected on one stream: each counted, ten logged.
+	h := newFixture(t)
+	msgs := []*pulsev1.AgentMessage{hello()}
+	for range 10 {
+		msgs = append(msgs, catalogue(&pulsev1.Pod{Id: 1}, &pulsev1.Pod{Id: 2}, &pulsev1.Pod{Id: 3}))
+	}
+	if err := h.run(t, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(h.srv.m.rejected.WithLabelValues("invalid_entry")); got != 30 {
+		t.Fatalf("rejected invalid_entry = %v, want 30", got)
+	}
+	if n := strings.Count(h.logs.String(), "catalogue entry rejected"); n != 10 {
+		t.Fatalf("%d lines of rejected entries logged, want 10", n)
+	}
+}
+
+// podGets counts the pod GETs c was asked.
+func podGets(c *fake.Clientset) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+			n++
+		}
+	}
+	return n
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -215,7 +216,13 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		}
 		switch m := msg.Msg.(type) {
 		case *pulsev1.AgentMessage_Catalogue:
-			if err := st.catalogue(m.Catalogue); err != nil {
+			err := st.catalogue(m.Catalogue)
+			if errors.Is(err, ErrLookupUnavailable) {
+				s.m.rejected.WithLabelValues("auth_unavailable").Inc()
+				log.Info("agent stream ended: its pods cannot be looked up now; the agent retries", logging.KeyErr, err)
+				return status.Error(codes.Unavailable, err.Error())
+			}
+			if err != nil {
 				s.m.rejected.WithLabelValues("catalogue").Inc()
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
@@ -291,7 +298,9 @@ type streamState struct {
 	// loggedRejects: when each pod's refused values were last logged (once
 	// a minute per pod).
 	loggedRejects map[uint32]time.Time
-	dec           *wire.Decoder
+	// rejectLogs: the catalogue entries rejected that may be logged.
+	rejectLogs *rate.Limiter
+	dec        *wire.Decoder
 }
 
 // ackDue reports whether the batch just stored is acked: every batch, or
@@ -371,7 +380,10 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	infos := make([]store.PodInfo, 0, len(c.Upsert))
 	ids := make([]uint32, 0, len(c.Upsert))
 	for _, p := range c.Upsert {
-		info, ok := st.admit(p, &removed)
+		info, ok, err := st.admit(p, &removed)
+		if err != nil {
+			return err
+		}
 		if !ok {
 			continue
 		}
@@ -406,30 +418,35 @@ func (st *streamState) checkSize(c *pulsev1.Catalogue) error {
 }
 
 // admit takes one entry into the stream's pods, or refuses it alone (the
-// pod its id named before added to removed); ok is false when refused.
-func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodInfo, ok bool) {
+// pod its id named before added to removed); ok is false when refused. An
+// error (ErrLookupUnavailable) ends the stream: the entry's pod could not
+// be looked up now, and the agent lists it again when it reconnects.
+func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodInfo, ok bool, err error) {
 	// The room is what is held now: an entry held before and refused in
 	// this catalogue gives its place back.
 	limit := st.srv.limits.MaxPodsPerStream
 	if _, held := st.ids[p.Id]; !held && len(st.ids) >= limit {
 		*removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), *removed)
-		return info, false
+		return info, false, nil
 	}
 	info, podUID, reason, err := entryInfo(p)
 	if err != nil {
 		*removed = st.reject(p, reason, "", err, *removed)
-		return info, false
+		return info, false, nil
 	}
 	if st.bound {
 		// An agent speaks only for the pods of its own node.
 		node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, podUID)
+		if errors.Is(err, ErrLookupUnavailable) {
+			return info, false, err
+		}
 		if err != nil || node != st.hello.Node {
 			reason := "other_node"
 			if err != nil {
 				reason = "unknown_pod"
 			}
 			*removed = st.reject(p, reason, node, err, *removed)
-			return info, false
+			return info, false, nil
 		}
 	}
 	delete(st.rejected, p.Id)
@@ -440,7 +457,7 @@ func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodI
 	st.ids[p.Id] = p.Uid
 	st.names[p.Id] = p.Namespace + "/" + p.Name
 	delete(st.pending, p.Id)
-	return info, true
+	return info, true, nil
 }
 
 // wait keeps the entries the store refused for room (infos[i] listed as
@@ -499,7 +516,15 @@ func (st *streamState) relist() {
 // one pod's bad labels or annotations must not silence its node's others.
 func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, removed []string) []string {
 	st.srv.m.rejected.WithLabelValues(reason).Inc()
-	st.log.Warn("catalogue entry rejected", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
+	// Logged at most ten a minute a stream: an agent listing thousands of
+	// made-up pods at each catalogue wrote a line each.
+	if st.rejectLogs == nil {
+		st.rejectLogs = rate.NewLimiter(rate.Every(6*time.Second), 10)
+	}
+	if st.rejectLogs.Allow() {
+		st.log.Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
+			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
+	}
 	if old, ok := st.ids[p.Id]; ok {
 		removed = append(removed, old)
 		delete(st.ids, p.Id)
