@@ -306,7 +306,7 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 		a.ingestTLS = files.ServerConfig()
 		opts = append(opts, grpc.Creds(credentials.NewTLS(a.ingestTLS)))
 	case o.IngestTLS.Managed:
-		a.ingestTLS = a.managedCerts().ServerOnlyConfig()
+		a.ingestTLS = a.managedCerts(reg).ServerOnlyConfig()
 		opts = append(opts, grpc.Creds(credentials.NewTLS(a.ingestTLS)))
 		a.log.Info("ingest port serves TLS with managed certificates", logging.KeyName, o.Certs.Namespace+"/"+o.Certs.CAConfigMap)
 	}
@@ -341,7 +341,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	opts := grpcOptions()
 	switch {
 	case o.Certs.Enabled:
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts().ServerConfig())))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts(reg).ServerConfig())))
 		a.log.Info("scaler port serves mutual TLS with managed certificates", logging.KeySecret, o.Certs.Namespace+"/"+o.Certs.Secret,
 			logging.KeyTriggerAuth, o.Certs.TriggerAuthName)
 	case o.ScalerTLS.CertFile != "":
@@ -380,7 +380,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 
 // managedCerts returns the managed certificates (--manage-certs), made at
 // the first call: the scaler and ingest ports share them.
-func (a *Aggregator) managedCerts() *certs.Managed {
+func (a *Aggregator) managedCerts(reg prometheus.Registerer) *certs.Managed {
 	if a.managed != nil {
 		return a.managed
 	}
@@ -393,6 +393,15 @@ func (a *Aggregator) managedCerts() *certs.Managed {
 		SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
 		KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, CAConfigMap: o.Certs.CAConfigMap, Owner: a.owner, Log: a.log})
 	a.health.addCheck("certificates", a.managed.Ready)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pulse_aggregator_certificate_expiry_timestamp_seconds",
+		Help: "When the managed server certificate served expires (Unix seconds; 0 before one is loaded). Renewed two thirds through its life: alert when it is less than a sixth of --cert-validity away."},
+		func() float64 {
+			if t := a.managed.NotAfter(); !t.IsZero() {
+				return float64(t.Unix())
+			}
+			return 0
+		}))
 	return a.managed
 }
 

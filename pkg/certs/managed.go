@@ -86,9 +86,10 @@ type ManagedOptions struct {
 // and serves the server certificate per handshake from an informer's copy
 // of the Secret, so a renewal (by any replica) needs no restart.
 type Managed struct {
-	o       ManagedOptions
-	current atomic.Pointer[tls.Config] // the scaler port's: client certificates required
-	server  atomic.Pointer[tls.Config] // the ingest port's: server authentication only
+	o        ManagedOptions
+	current  atomic.Pointer[tls.Config] // the scaler port's: client certificates required
+	server   atomic.Pointer[tls.Config] // the ingest port's: server authentication only
+	notAfter atomic.Int64               // the served certificate's end, Unix seconds
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -125,12 +126,25 @@ func (m *Managed) ServerOnlyConfig() *tls.Config {
 }
 
 // Ready returns nil once a certificate is loaded and the scaler port can
-// complete a handshake.
+// complete a handshake, until the certificate served has expired (its
+// renewal failing: a Secret update refused, say): a replica serving it
+// answers no handshake of KEDA's or the agents', and was still Ready.
 func (m *Managed) Ready() error {
 	if m.current.Load() == nil {
 		return errors.New("managed certificates are not loaded yet")
 	}
+	if end := m.NotAfter(); !m.o.Now().Before(end) {
+		return fmt.Errorf("the served certificate expired at %s: its renewal is failing (see the log)", end.UTC().Format(time.RFC3339))
+	}
 	return nil
+}
+
+// NotAfter is the end of the certificate served (zero before one is).
+func (m *Managed) NotAfter() time.Time {
+	if v := m.notAfter.Load(); v != 0 {
+		return time.Unix(v, 0)
+	}
+	return time.Time{}
 }
 
 // Run watches the Secret and ensures the certificates every check period.
@@ -376,6 +390,11 @@ func (m *Managed) load(sec *corev1.Secret) error {
 	if !pool.AppendCertsFromPEM(m.bundle(sec)) {
 		return errors.New("no CA certificate")
 	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("server pair: %w", err)
+	}
+	m.notAfter.Store(leaf.NotAfter.Unix())
 	m.current.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
 		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
 	m.server.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}})

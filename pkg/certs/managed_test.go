@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 type testClock struct {
@@ -121,6 +124,23 @@ func TestManagedCertificates(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("renewed certificate not served: serial %d (first %d), %v", second, first, err)
 		}
+	}
+	if err := m.Ready(); err != nil {
+		t.Fatalf("ready with a certificate served: %v", err)
+	}
+
+	// Its renewal failing (the Secret's updates refused) until the
+	// certificate served expires: not ready (it answers no handshake), as
+	// it said it was.
+	client.PrependReactor("update", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("admission webhook denied the request")
+	})
+	clock.Add(31 * 24 * time.Hour)
+	if err := m.Ensure(ctx); err == nil {
+		t.Fatal("Ensure with the Secret's updates refused: no error")
+	}
+	if err := m.Ready(); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("ready with the certificate served expired: %v", err)
 	}
 }
 
