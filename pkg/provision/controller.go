@@ -74,6 +74,9 @@ type Options struct {
 	// Rediscover looks for kinds installed since the start this often;
 	// default 1m.
 	Rediscover time.Duration
+	// SyncTimeout bounds the first list of ScaledObjects (KEDA's CRD not
+	// installed, or the aggregator not allowed to list them); default 2m.
+	SyncTimeout time.Duration
 }
 
 // Controller provisions ScaledObjects.
@@ -123,6 +126,9 @@ const (
 func New(o Options, reg prometheus.Registerer) *Controller {
 	if o.Resync <= 0 {
 		o.Resync = 10 * time.Minute
+	}
+	if o.SyncTimeout <= 0 {
+		o.SyncTimeout = 2 * time.Minute
 	}
 	if o.Rediscover <= 0 {
 		o.Rediscover = time.Minute
@@ -190,8 +196,16 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	go r.sos.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), r.sos.HasSynced) {
-		return ctx.Err()
+	sctx, cancel := context.WithTimeout(ctx, c.o.SyncTimeout)
+	synced := cache.WaitForCacheSync(sctx.Done(), r.sos.HasSynced)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case !synced:
+		// The Lease was held, renewed, and nothing provisioned, silently.
+		c.m.errors.WithLabelValues("sync").Inc()
+		return fmt.Errorf("ScaledObjects not listed within %s: is KEDA's CRD installed, and may the aggregator list and watch scaledobjects.keda.sh?", c.o.SyncTimeout)
 	}
 	r.discover(ctx)
 	worker.Add(1)

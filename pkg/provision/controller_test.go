@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -616,4 +617,50 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		"kubectl.kubernetes.io/last-applied-configuration": big, AnnotationAutoscale: "true", AnnotationMaxReplicas: strings.Repeat("9", 10<<10)}))
 	f.run()
 	f.waitState("Deployment", "llama", StateInvalid, AnnotationMaxReplicas+": a value longer than 256 bytes")
+}
+
+// TestALeaderThatCannotListGivesTheLeaseBack: with ScaledObjects not listed
+// (KEDA's CRD not installed, or the aggregator not allowed to list them)
+// the leader waited for its cache for ever, renewing the Lease and
+// provisioning nothing, with no word. Now the wait is bounded: the failure
+// is logged and counted, the Lease given back, and the replica stands
+// again a lease duration later, provisioning once the list works.
+func TestALeaderThatCannotListGivesTheLeaseBack(t *testing.T) {
+	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{AnnotationAutoscale: "true"}))
+	f.c.o.SyncTimeout = 200 * time.Millisecond
+	var missing atomic.Bool
+	missing.Store(true)
+	f.dyn.PrependReactor("list", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if missing.Load() {
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "keda.sh", Resource: "scaledobjects"}, "")
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- f.c.RunElected(ctx, Election{Enabled: true, Namespace: "pulse-system", Name: "pulse-aggregator-provisioner", Identity: "a",
+			LeaseDuration: time.Second, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond, Leases: f.kube.CoordinationV1()})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunElected: %v", err)
+		}
+	}()
+	f.waitFor("the failure counted and the Lease given back", func() error {
+		if n := testutil.ToFloat64(f.c.m.errors.WithLabelValues("sync")); n < 1 {
+			return fmt.Errorf("errors{reason=sync} %v", n)
+		}
+		lease, err := f.kube.CoordinationV1().Leases("pulse-system").Get(context.Background(), "pulse-aggregator-provisioner", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+			return fmt.Errorf("the Lease is held by %q", *h)
+		}
+		return nil
+	})
+	missing.Store(false)
+	f.waitFor("provisioning once ScaledObjects are listed", func() error { _, err := f.scaledObject("llama"); return err })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -58,10 +59,22 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 	if !e.Enabled {
 		c.setLeading(true, e.Identity)
 		defer c.setLeading(false, "")
-		return c.Run(ctx)
+		for ctx.Err() == nil {
+			if err := c.Run(ctx); err != nil {
+				c.o.Log.Error("provisioning stopped; trying again in a minute", logging.KeyErr, err)
+				sleepCtx(ctx, time.Minute)
+			}
+		}
+		return nil
 	}
 	lease := e.Namespace + "/" + e.Name
 	for ctx.Err() == nil {
+		// A term whose provisioning fails (ScaledObjects cannot be listed)
+		// gives the Lease back, so that another replica may try, and this
+		// one stands again a lease duration later: it once held the Lease
+		// and provisioned nothing.
+		tctx, endTerm := context.WithCancel(ctx)
+		var failed atomic.Bool
 		ll := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
 			Client:     e.Leases,
@@ -83,7 +96,9 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 					c.setLeading(true, e.Identity)
 					c.o.Log.Info("leading: provisioning ScaledObjects", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
 					if err := c.Run(ctx); err != nil {
-						c.o.Log.Error("provisioning stopped", logging.KeyErr, err)
+						c.o.Log.Error("provisioning stopped: the Lease is given back", logging.KeyErr, err)
+						failed.Store(true)
+						endTerm()
 					}
 				},
 				OnStoppedLeading: func() {
@@ -99,11 +114,26 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 			},
 		})
 		if err != nil {
+			endTerm()
 			return fmt.Errorf("leader election on Lease %s: %w", lease, err)
 		}
-		le.Run(ctx)
+		le.Run(tctx)
+		endTerm()
+		if failed.Load() {
+			sleepCtx(ctx, e.LeaseDuration)
+		}
 	}
 	return nil
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 func (c *Controller) setLeading(on bool, holder string) {

@@ -30,7 +30,7 @@ func newMetrics(c *Controller) *metrics {
 			Help: "ScaledObjects created, updated and deleted by the provisioner."}, []string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_provisioner_errors_total",
-			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried)."},
+			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried), sync (ScaledObjects not listed within 2m of a term: the Lease given back)."},
 			[]string{"reason"}),
 	}
 	for _, s := range states {
@@ -39,7 +39,7 @@ func newMetrics(c *Controller) *metrics {
 	for _, a := range []string{"create", "update", "delete"} {
 		m.changes.WithLabelValues(a)
 	}
-	for _, r := range []string{"invalid_annotation", "conflict", "api"} {
+	for _, r := range []string{"invalid_annotation", "conflict", "api", "sync"} {
 		m.errors.WithLabelValues(r)
 	}
 	return m
