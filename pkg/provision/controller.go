@@ -9,6 +9,7 @@ package provision
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -152,7 +153,23 @@ type run struct {
 	sos       cache.SharedIndexInformer
 	workloads map[string]*watched // by kind
 	mu        sync.Mutex
+	// rewrites: when the worker last updated each ScaledObject (within
+	// rewriteWindow); the worker's alone.
+	rewrites map[key][]time.Time
 }
+
+// A ScaledObject updated rewriteLimit times within rewriteWindow has
+// another writer undoing pulse's (a provisioner of another release, a
+// GitOps tool's self-heal): pulse reports the conflict and backs off
+// (retrying ever more slowly) rather than fight it at the API server's
+// pace, an Event and an etcd write a round.
+const (
+	rewriteLimit  = 5
+	rewriteWindow = time.Minute
+)
+
+// errBackOff: the workload is retried later, ever more slowly.
+var errBackOff = errors.New("backing off")
 
 type watched struct {
 	gv       schema.GroupVersion
@@ -168,7 +185,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
-	r := &run{c: c, workloads: map[string]*watched{},
+	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	// The worker is done before the states are cleared: a reconcile still
@@ -393,6 +410,10 @@ func (r *run) processNext(ctx context.Context) bool {
 	}
 	defer r.queue.Done(k)
 	if err := r.reconcile(ctx, k); err != nil {
+		if errors.Is(err, errBackOff) {
+			r.queue.AddRateLimited(k)
+			return true
+		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			// Changed under us (KEDA adds its label and finalizer): again,
 			// from the informer's newer copy.
@@ -425,6 +446,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		return err
 	}
 	if !exists {
+		delete(r.rewrites, k)
 		r.c.forget(k) // deleted: the garbage collector deletes its ScaledObject
 		return nil
 	}
@@ -463,9 +485,16 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		r.c.m.changes.WithLabelValues("create").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	case changed:
+		if n := r.rewritten(k, time.Now()); n >= rewriteLimit {
+			r.c.m.errors.WithLabelValues("conflict").Inc()
+			r.report(k, ref, StateConflict, soName, fmt.Sprintf("pulse updated ScaledObject %s %d times within %s: something else keeps changing it "+
+				"(a provisioner of another release, a GitOps tool's self-heal); pulse backs off, retrying ever more slowly", soName, n, rewriteWindow))
+			return errBackOff
+		}
 		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
 			return fmt.Errorf("update ScaledObject %s: %w", soName, err)
 		}
+		r.rewrites[k] = append(r.rewrites[k], time.Now())
 		r.c.m.changes.WithLabelValues("update").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	}
@@ -477,6 +506,22 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	r.report(k, ref, StateProvisioned, soName, summary)
 	return nil
+}
+
+// rewritten is how many times the worker updated k's ScaledObject within
+// rewriteWindow before now (older updates forgotten).
+func (r *run) rewritten(k key, now time.Time) int {
+	times := r.rewrites[k]
+	i := 0
+	for i < len(times) && now.Sub(times[i]) > rewriteWindow {
+		i++
+	}
+	if times = times[i:]; len(times) == 0 {
+		delete(r.rewrites, k)
+		return 0
+	}
+	r.rewrites[k] = times
+	return len(times)
 }
 
 func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool) {

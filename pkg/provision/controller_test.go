@@ -664,3 +664,43 @@ func TestALeaderThatCannotListGivesTheLeaseBack(t *testing.T) {
 	missing.Store(false)
 	f.waitFor("provisioning once ScaledObjects are listed", func() error { _, err := f.scaledObject("llama"); return err })
 }
+
+// TestAnotherWriterIsNotFoughtForEver: a second writer of a provisioned
+// ScaledObject (a provisioner of another release, a GitOps tool's
+// self-heal) undoing pulse's spec made pulse write it back at once, every
+// time, for ever: an Update, an Event and an etcd write a round, at the API
+// server's pace. After rewriteLimit updates within rewriteWindow pulse
+// reports the conflict and backs off.
+func TestAnotherWriterIsNotFoughtForEver(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
+	stop := make(chan struct{})
+	fought := make(chan struct{})
+	go func() { // the other writer: its own maxReplicaCount, whenever it differs
+		defer close(fought)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			so, err := f.scaledObject("mine")
+			if err != nil {
+				continue
+			}
+			if v, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); v != 99 {
+				_ = unstructured.SetNestedField(so.Object, int64(99), "spec", "maxReplicaCount")
+				_, _ = f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{})
+			}
+		}
+	}()
+	f.waitState("Deployment", "mine", StateConflict, "something else keeps changing it")
+	updates := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update"))
+	time.Sleep(500 * time.Millisecond) // the fight goes on: pulse writes no more
+	close(stop)
+	<-fought
+	if n := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); n != updates || n > rewriteLimit {
+		t.Fatalf("pulse's updates: %v at the conflict, %v after; want at most %d", updates, n, rewriteLimit)
+	}
+}
