@@ -125,13 +125,17 @@ func TestManagedCertificates(t *testing.T) {
 			t.Fatalf("renewed certificate not served: serial %d (first %d), %v", second, first, err)
 		}
 	}
+	notReadyOnceExpired(ctx, t, m, client, clock)
+}
+
+// notReadyOnceExpired: m's renewal failing (the Secret's updates refused)
+// until the certificate served expires, m is not ready (it answers no
+// handshake), as it said it was.
+func notReadyOnceExpired(ctx context.Context, t *testing.T, m *Managed, client *fake.Clientset, clock *testClock) {
+	t.Helper()
 	if err := m.Ready(); err != nil {
 		t.Fatalf("ready with a certificate served: %v", err)
 	}
-
-	// Its renewal failing (the Secret's updates refused) until the
-	// certificate served expires: not ready (it answers no handshake), as
-	// it said it was.
 	client.PrependReactor("update", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("admission webhook denied the request")
 	})

@@ -111,15 +111,18 @@ metadata:
 		strings.Contains(out, "demo/elsewhere: trigger") {
 		t.Fatalf("with the aggregator's flags: exit %d\n%s", code, out)
 	}
-	// Documents split as kubectl splits them: a separator with a comment
-	// or blanks after it once hid the document after it, reported valid.
+}
+
+// TestCheckSplitsDocumentsAsKubectl: a separator with a comment or blanks
+// after it once hid the document after it, reported valid; kubectl get -o
+// yaml writes a List, whose items are read.
+func TestCheckSplitsDocumentsAsKubectl(t *testing.T) {
 	typo := "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: typo, namespace: demo}\nspec:\n  triggers:\n  - type: external-push\n    metadata: {scalerAddress: \"x:9090\", workspace: llama, treshold: \"10\"}\n"
 	for _, sep := range []string{"--- # the bad one\n", "---   \n", "---\r\n"} {
 		if code, out, _ := run("check", write(t, goodSO+sep+typo)); code != 1 || !strings.Contains(out, "demo/typo: trigger 1") {
 			t.Errorf("separator %q: exit %d, want 1 naming demo/typo\n%s", sep, code, out)
 		}
 	}
-	// kubectl get -o yaml writes a List: its items are read.
 	list := "apiVersion: v1\nkind: List\nitems:\n- " + strings.ReplaceAll(strings.TrimSuffix(typo, "\n"), "\n", "\n  ") + "\n"
 	if code, out, _ := run("check", write(t, list)); code != 1 || !strings.Contains(out, "demo/typo: trigger 1") {
 		t.Errorf("a List: exit %d, want 1 naming demo/typo\n%s", code, out)

@@ -148,35 +148,42 @@ func checkHello(h *pulsev1.Hello) error {
 	return nil
 }
 
+// hello reads a stream's first message, a hello, and checks it: its
+// protocol, its node (the token's, when bound) and its strings.
+func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*pulsev1.Hello, error) {
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	hello := first.GetHello()
+	switch {
+	case hello == nil:
+		return nil, status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
+	case hello.ProtocolVersion != pulsev1.ProtocolVersion_PROTOCOL_VERSION_1:
+		return nil, status.Errorf(codes.FailedPrecondition, "protocol version %v is not supported", hello.ProtocolVersion)
+	case hello.Node == "":
+		return nil, status.Error(codes.InvalidArgument, "hello names no node")
+	case boundNode != "" && hello.Node != boundNode:
+		s.m.rejected.WithLabelValues("other_node").Inc()
+		return nil, status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, hello.Node)
+	case len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics:
+		return nil, status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
+	}
+	if err := checkHello(hello); err != nil {
+		s.m.rejected.WithLabelValues("invalid_hello").Inc()
+		return nil, err
+	}
+	return hello, nil
+}
+
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	boundNode, tokenExpires, err := s.authenticate(stream.Context())
 	if err != nil {
 		return err
 	}
-	first, err := stream.Recv()
+	hello, err := s.hello(stream, boundNode)
 	if err != nil {
-		return err
-	}
-	hello := first.GetHello()
-	if hello == nil {
-		return status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
-	}
-	if hello.ProtocolVersion != pulsev1.ProtocolVersion_PROTOCOL_VERSION_1 {
-		return status.Errorf(codes.FailedPrecondition, "protocol version %v is not supported", hello.ProtocolVersion)
-	}
-	if hello.Node == "" {
-		return status.Error(codes.InvalidArgument, "hello names no node")
-	}
-	if boundNode != "" && hello.Node != boundNode {
-		s.m.rejected.WithLabelValues("other_node").Inc()
-		return status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, hello.Node)
-	}
-	if len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics {
-		return status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
-	}
-	if err := checkHello(hello); err != nil {
-		s.m.rejected.WithLabelValues("invalid_hello").Inc()
 		return err
 	}
 	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{

@@ -554,9 +554,37 @@ func (n *realNode) chartsRun(t *testing.T) {
 	})
 	t.Logf("charts' pods Ready %s after helm install", time.Since(start).Round(100*time.Millisecond))
 
-	// The agent's pod as the chart made it: on this node, root with every
-	// capability dropped and a read-only root, the pod-resources directory
-	// mounted from the host, NODE_NAME from the downward API.
+	checkAgentPod(t, &agent)
+	// Probes passed: every container Ready and none restarted.
+	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{})
+	must(t, err)
+	for _, p := range pods.Items {
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.RestartCount != 0 {
+				t.Errorf("%s/%s restarted %d times", p.Name, cs.Name, cs.RestartCount)
+			}
+		}
+	}
+	// The agent is connected to the aggregator (its readiness says so) and
+	// NVML was loaded through the stub.
+	waitFor(t, 30*time.Second, "the agent loaded NVML from the stub library", func() error {
+		logs, err := n.kube.CoreV1().Pods(ns).GetLogs(agent.Name, &corev1.PodLogOptions{}).DoRaw(n.ctx)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(logs, []byte("NVML initialized")) || !bytes.Contains(logs, []byte("stub-550.0")) {
+			return fmt.Errorf("agent log has no NVML initialized with the stub's driver version:\n%s", logs)
+		}
+		return nil
+	})
+	n.aggHTTP = n.aggregatorHTTP(t)
+}
+
+// checkAgentPod: the agent's pod as the chart made it: on this node, root
+// with every capability dropped and a read-only root, the pod-resources
+// directory mounted from the host, NODE_NAME from the downward API.
+func checkAgentPod(t *testing.T, agent *corev1.Pod) {
+	t.Helper()
 	if agent.Spec.NodeName != nodeName {
 		t.Errorf("agent pod on %q", agent.Spec.NodeName)
 	}
@@ -585,29 +613,6 @@ func (n *realNode) chartsRun(t *testing.T) {
 	if !nodeEnv {
 		t.Errorf("agent has no NODE_NAME from spec.nodeName: %+v", c.Env)
 	}
-	// Probes passed: every container Ready and none restarted.
-	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{})
-	must(t, err)
-	for _, p := range pods.Items {
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.RestartCount != 0 {
-				t.Errorf("%s/%s restarted %d times", p.Name, cs.Name, cs.RestartCount)
-			}
-		}
-	}
-	// The agent is connected to the aggregator (its readiness says so) and
-	// NVML was loaded through the stub.
-	waitFor(t, 30*time.Second, "the agent loaded NVML from the stub library", func() error {
-		logs, err := n.kube.CoreV1().Pods(ns).GetLogs(agent.Name, &corev1.PodLogOptions{}).DoRaw(n.ctx)
-		if err != nil {
-			return err
-		}
-		if !bytes.Contains(logs, []byte("NVML initialized")) || !bytes.Contains(logs, []byte("stub-550.0")) {
-			return fmt.Errorf("agent log has no NVML initialized with the stub's driver version:\n%s", logs)
-		}
-		return nil
-	})
-	n.aggHTTP = n.aggregatorHTTP(t)
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -823,8 +828,30 @@ func (n *realNode) vllmPods(t *testing.T) {
 			t.Errorf("%s's pod was never seen Running and not Ready during its %s model load", w, n.loadTime)
 		}
 	}
-	// While they load, the aggregator has nothing fresh of them: the
-	// workload is unknown to it (404) or its pods are not fresh.
+	n.notFreshWhileLoading(t, created)
+	waitFor(t, n.loadTime+60*time.Second, "every vLLM pod Ready", func() error {
+		pods, err := n.kube.CoreV1().Pods(appNS).List(n.ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if !podReady(&p) {
+				return fmt.Errorf("%s not Ready", p.Name)
+			}
+		}
+		return nil
+	})
+	if el := time.Since(created); el < n.loadTime {
+		t.Errorf("pods Ready %s after creation, before their %s model load ended", el, n.loadTime)
+	}
+	n.queuesReported(t)
+}
+
+// notFreshWhileLoading: while the pods load, the aggregator has nothing
+// fresh of them: the workload is unknown to it (404) or its pods are not
+// fresh.
+func (n *realNode) notFreshWhileLoading(t *testing.T, created time.Time) {
+	t.Helper()
 	if time.Since(created) < n.loadTime {
 		for _, w := range []string{"llama", "mixtral", "phi"} {
 			pods, err := n.workloadPods(w)
@@ -843,22 +870,12 @@ func (n *realNode) vllmPods(t *testing.T) {
 	} else {
 		t.Fatalf("the pods ran only %s after creation, after their %s load: raise PULSE_E2E_NODE_LOAD_TIME", time.Since(created), n.loadTime)
 	}
-	waitFor(t, n.loadTime+60*time.Second, "every vLLM pod Ready", func() error {
-		pods, err := n.kube.CoreV1().Pods(appNS).List(n.ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		for _, p := range pods.Items {
-			if !podReady(&p) {
-				return fmt.Errorf("%s not Ready", p.Name)
-			}
-		}
-		return nil
-	})
-	if el := time.Since(created); el < n.loadTime {
-		t.Errorf("pods Ready %s after creation, before their %s model load ended", el, n.loadTime)
-	}
-	// Each pod's queue, set at its IP, is what the aggregator reports.
+}
+
+// queuesReported: each pod's queue, set at its IP, is what the aggregator
+// reports.
+func (n *realNode) queuesReported(t *testing.T) {
+	t.Helper()
 	phi0 := n.deploymentPods(t, "phi")[0]
 	for pod, w := range map[string]float64{"llama-0": 3, "mixtral-0-0": 5, phi0: 7} {
 		n.setWaiting(t, pod, w)
@@ -994,8 +1011,27 @@ func (n *realNode) scaleDeployment(t *testing.T) {
 	})
 	t.Logf("1 → 3 %s after the queue rose", time.Since(start).Round(100*time.Millisecond))
 	n.setWaiting(t, first, 9)
-	// The new pods really start and stay not Ready while they load; the
-	// count does not run past 3 meanwhile.
+	n.newPodsLoadAtThree(t, first, deployReplicas)
+	n.freshPodsReport(t, "phi", 3)
+	if d, err := n.hpaDesired("phi-so"); err != nil || d > 3 {
+		t.Fatalf("HPA desired %d (%v) once the new pods report", d, err)
+	}
+	// The queue empties: back to one replica.
+	n.setWaiting(t, first, 0)
+	downStart := time.Now()
+	waitFor(t, 150*time.Second, "phi back to 1 replica", func() error {
+		if r, p := deployReplicas(), len(n.deploymentPods(t, "phi")); r != 1 || p != 1 {
+			return fmt.Errorf("Deployment %d replicas, %d pods", r, p)
+		}
+		return nil
+	})
+	t.Logf("3 → 1 %s after the queue emptied", time.Since(downStart).Round(100*time.Millisecond))
+}
+
+// newPodsLoadAtThree: the new pods of phi (beside first) really start and
+// stay not Ready while they load; the count does not run past 3 meanwhile.
+func (n *realNode) newPodsLoadAtThree(t *testing.T, first string, deployReplicas func() int32) {
+	t.Helper()
 	loadStart := time.Now()
 	sawLoading := map[string]bool{}
 	for time.Since(loadStart) < n.loadTime+30*time.Second {
@@ -1026,8 +1062,13 @@ func (n *realNode) scaleDeployment(t *testing.T) {
 	if len(sawLoading) != 2 {
 		t.Fatalf("the two new pods were not both seen running and loading: %v", sawLoading)
 	}
+}
+
+// freshPodsReport waits for want fresh pods of workload at the aggregator.
+func (n *realNode) freshPodsReport(t *testing.T, workload string, want int) {
+	t.Helper()
 	waitFor(t, 60*time.Second, "the new pods report", func() error {
-		pods, err := n.workloadPods("phi")
+		pods, err := n.workloadPods(workload)
 		if err != nil {
 			return err
 		}
@@ -1037,32 +1078,20 @@ func (n *realNode) scaleDeployment(t *testing.T) {
 				fresh++
 			}
 		}
-		if fresh != 3 {
+		if fresh != want {
 			return fmt.Errorf("%d fresh: %+v", fresh, pods)
 		}
 		return nil
 	})
-	if d, err := n.hpaDesired("phi-so"); err != nil || d > 3 {
-		t.Fatalf("HPA desired %d (%v) once the new pods report", d, err)
-	}
-	// The queue empties: back to one replica.
-	n.setWaiting(t, first, 0)
-	downStart := time.Now()
-	waitFor(t, 150*time.Second, "phi back to 1 replica", func() error {
-		if r, p := deployReplicas(), len(n.deploymentPods(t, "phi")); r != 1 || p != 1 {
-			return fmt.Errorf("Deployment %d replicas, %d pods", r, p)
-		}
-		return nil
-	})
-	t.Logf("3 → 1 %s after the queue emptied", time.Since(downStart).Round(100*time.Millisecond))
 }
 
-// uninstall: after helm uninstall, nothing either chart rendered is left,
-// nor any pod of either release, nor what the aggregator made at run time
-// (owned by the chart's ClusterRole, deleted by the garbage collector).
-func (n *realNode) uninstall(t *testing.T) {
-	type obj struct{ apiVersion, kind, namespace, name string }
-	var made []obj
+// madeObj is an object a release rendered.
+type madeObj struct{ apiVersion, kind, namespace, name string }
+
+// releasesMade lists what both releases rendered, from their manifests.
+func (n *realNode) releasesMade(t *testing.T) []madeObj {
+	t.Helper()
+	var made []madeObj
 	for _, rel := range []string{aggRelease, agtRelease} {
 		manifest := n.helm("get", "manifest", rel, "--namespace", ns)
 		for _, doc := range strings.Split(manifest, "\n---") {
@@ -1077,17 +1106,21 @@ func (n *realNode) uninstall(t *testing.T) {
 			if err := yaml.Unmarshal([]byte(doc), &m); err != nil || m.Kind == "" {
 				continue
 			}
-			made = append(made, obj{m.APIVersion, m.Kind, m.Metadata.Namespace, m.Metadata.Name})
+			made = append(made, madeObj{m.APIVersion, m.Kind, m.Metadata.Namespace, m.Metadata.Name})
 		}
 	}
 	if len(made) == 0 {
 		t.Fatal("the releases' manifests list nothing")
 	}
-	// What the aggregator made at run time, owned by the chart's
-	// ClusterRole: its certificates, the CA published for the agents,
-	// KEDA's credentials and ClusterTriggerAuthentication, the
-	// provisioner's Lease.
-	runtimeMade := map[string]func() error{
+	return made
+}
+
+// runtimeMade: what the aggregator made at run time, owned by the chart's
+// ClusterRole (its certificates, the CA published for the agents, KEDA's
+// credentials and ClusterTriggerAuthentication, the provisioner's Lease),
+// each a Get.
+func (n *realNode) runtimeMade() map[string]func() error {
+	return map[string]func() error{
 		"ConfigMap pulse-system/pulse-aggregator-ca": func() error {
 			_, err := n.kube.CoreV1().ConfigMaps(ns).Get(n.ctx, "pulse-aggregator-ca", metav1.GetOptions{})
 			return err
@@ -1109,6 +1142,14 @@ func (n *realNode) uninstall(t *testing.T) {
 			return err
 		},
 	}
+}
+
+// uninstall: after helm uninstall, nothing either chart rendered is left,
+// nor any pod of either release, nor what the aggregator made at run time
+// (owned by the chart's ClusterRole, deleted by the garbage collector).
+func (n *realNode) uninstall(t *testing.T) {
+	made := n.releasesMade(t)
+	runtimeMade := n.runtimeMade()
 	for what, get := range runtimeMade {
 		if err := get(); err != nil {
 			t.Fatalf("before helm uninstall, %s: %v", what, err)
