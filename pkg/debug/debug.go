@@ -1,9 +1,15 @@
 // Package debug serves the aggregator's read-only view of its state:
 //
 //	GET /debug/workloads                     every workload
+//	GET /debug/workloads/{namespace}         one namespace's workloads
 //	GET /debug/workloads/{namespace}/{name}  one workload (every kind of that name)
 //	GET /debug/triggers                      every ScaledObject trigger's last answer
 //	GET /debug/provisioning                  the ScaledObjects kept for annotated workloads
+//	GET /debug/provisioning/{namespace}      one namespace's
+//
+// (A namespace's own paths, for a tenant granted them alone: RBAC
+// nonResourceURLs "/debug/workloads/team-a", "/debug/workloads/team-a/*",
+// "/debug/provisioning/team-a".)
 //
 // as JSON, or as a table with ?format=table or Accept: text/plain.
 // ?window=10s averages gauges and takes rates over that window instead of
@@ -47,12 +53,14 @@ var _ TriggerSource = (*scaler.Server)(nil)
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/workloads", checkFormat(h.serve))
+	mux.HandleFunc("GET /debug/workloads/{namespace}", checkFormat(h.serve))
 	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", checkFormat(h.serve))
 	if h.Triggers != nil {
 		mux.HandleFunc("GET /debug/triggers", checkFormat(h.serveTriggers))
 	}
 	if h.Provisioning != nil {
 		mux.HandleFunc("GET /debug/provisioning", checkFormat(h.serveProvisioning))
+		mux.HandleFunc("GET /debug/provisioning/{namespace}", checkFormat(h.serveProvisioning))
 	}
 }
 
@@ -122,8 +130,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := store.ViewOptions{Window: window, FreshFor: h.FreshFor}
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
-	if name != "" {
+	switch {
+	case name != "":
 		opts.Match = func(k store.Key) bool { return k.Namespace == ns && k.Name == name }
+	case ns != "":
+		opts.Match = func(k store.Key) bool { return k.Namespace == ns }
 	}
 	doc := Document{Workloads: []Workload{}}
 	for _, v := range h.Store.View(opts) {

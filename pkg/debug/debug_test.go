@@ -16,6 +16,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 )
@@ -365,4 +366,37 @@ func cells(table string) string {
 		out = append(out, age.ReplaceAllString(strings.Join(strings.Fields(l), " "), "AGE"))
 	}
 	return strings.Join(out, "\n")
+}
+
+// provisioningOf is a provisioner's state, as given.
+type provisioningOf provision.Provisioning
+
+func (p provisioningOf) Provisioning() provision.Provisioning { return provision.Provisioning(p) }
+
+// TestOneNamespacesViews: a tenant may be granted its own namespace's
+// debug pages alone (RBAC nonResourceURLs of those paths, behind
+// --metrics-auth): /debug/workloads/{namespace} and
+// /debug/provisioning/{namespace} show that namespace's, nothing of
+// another's.
+func TestOneNamespacesViews(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st, store.PodInfo{UID: "a", Ready: true})
+	other := store.Key{Namespace: "team-b", Kind: store.KindDeployment, Name: "secret-model"}
+	st.Upsert(store.Source{Node: "m"}, []store.PodInfo{{UID: "b", Namespace: "team-b", Name: "b-0", Ready: true, Workloads: []store.Key{other}}}, true)
+	mux := http.NewServeMux()
+	h := &Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute, Provisioning: provisioningOf{Leading: true, Workloads: []provision.Status{
+		{Kind: "Workspace", Namespace: "demo", Name: "llama", State: provision.StateProvisioned},
+		{Kind: "Deployment", Namespace: "team-b", Name: "secret-model", State: provision.StateProvisioned}}}}
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for _, path := range []string{"/debug/workloads/demo", "/debug/provisioning/demo", "/debug/workloads/demo?format=table", "/debug/provisioning/demo?format=table"} {
+		code, body := get(t, srv.URL+path, "")
+		if code != http.StatusOK || !strings.Contains(body, "llama") || strings.Contains(body, "secret-model") || strings.Contains(body, "team-b") {
+			t.Errorf("%s: %d %s; want demo's alone", path, code, body)
+		}
+	}
+	if code, body := get(t, srv.URL+"/debug/workloads/nobody", ""); code != http.StatusOK || !strings.Contains(body, `"workloads": []`) {
+		t.Errorf("a namespace with nothing: %d %s", code, body)
+	}
 }

@@ -3,6 +3,7 @@ package debug
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -17,9 +18,12 @@ type ProvisioningSource interface {
 
 var _ ProvisioningSource = (*provision.Controller)(nil)
 
-// serveProvisioning: GET /debug/provisioning.
+// serveProvisioning: GET /debug/provisioning, and of one namespace.
 func (h *Handler) serveProvisioning(w http.ResponseWriter, r *http.Request) {
 	p := h.Provisioning.Provisioning()
+	if ns := r.PathValue("namespace"); ns != "" {
+		p.Workloads = slices.DeleteFunc(p.Workloads, func(s provision.Status) bool { return s.Namespace != ns })
+	}
 	if p.Workloads == nil {
 		p.Workloads = []provision.Status{}
 	}
