@@ -280,6 +280,11 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
 	}
+	if v > MaxValue {
+		// KEDA keeps a value in thousandths in an int64: past about 9.2e15
+		// it wraps negative, and the HPA scales to its minimum.
+		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %g is past %g, more than KEDA can carry", describe(t), v, MaxValue)
+	}
 	d.Value, d.Active = v, v > t.ActivationThreshold
 	d.Counted = len(pods) - c.missing - c.starting - c.terminating - c.undefined
 	if fill >= 0 {

@@ -72,6 +72,10 @@ const (
 	// MaxThreshold is the largest: KEDA's milli-units of it, and
 	// targetSize, stay far within an int64.
 	MaxThreshold = 1e12
+	// MaxValue is the largest value answered (past it an error): KEDA
+	// keeps a value in thousandths in an int64, which past about 9.2e15
+	// wraps negative.
+	MaxValue = 1e15
 	// DefaultMaxWindow is the aggregator's --max-window: the longest window
 	// a trigger may ask for (pulse-sim checks triggers against the same).
 	DefaultMaxWindow = time.Minute

@@ -192,6 +192,30 @@ func TestStaleWorkloadIsAnErrorNeverZero(t *testing.T) {
 	}
 }
 
+// TestAValueKEDACannotCarryIsAnError: KEDA keeps a value in thousandths in
+// an int64: a workload's total past about 9.2e15 (a replica's page
+// claiming 5e15 waiting requests) wrapped negative there, and the HPA
+// scaled to its minimum. Past MaxValue the answer is an error (KEDA keeps
+// the count, or its fallback), never the value.
+func TestAValueKEDACannotCarryIsAnError(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a", "b")
+	f.report(map[string]float64{"a": 5e15, "b": 5e15})
+	md := map[string]string{"workspace": "llama"}
+	if v, err := f.metric(t, md); status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "more than KEDA can carry") {
+		t.Fatalf("GetMetrics of 1e16: %v, %v; want Internal", v, err)
+	}
+	if _, err := f.client.IsActive(context.Background(), ref(md)); status.Code(err) != codes.Internal {
+		t.Fatalf("IsActive of 1e16: %v, want Internal", err)
+	}
+	f.clock.Add(time.Minute) // past the window
+	f.ms += 60_000
+	f.report(map[string]float64{"a": 3, "b": 4})
+	if v, err := f.metric(t, md); err != nil || v != 7 {
+		t.Fatalf("once the values are plausible again: %v, %v", v, err)
+	}
+}
+
 func TestInvalidMetadata(t *testing.T) {
 	f := newFixture(t)
 	tests := map[string]struct {
