@@ -40,6 +40,9 @@ type Trigger struct {
 	// percentile's; 0: the planner plans on means.
 	SLOPercentile float64
 	def           metric.Def // Def(), resolved by ParseTrigger
+	// fromTarget: the workload was read from the ScaledObject's
+	// scaleTargetRef (no workload key in the metadata).
+	fromTarget bool
 }
 
 // Def is the metric the trigger scales on, with its parameters: a
@@ -266,6 +269,7 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 			return &MetadataError{Msg: fmt.Sprintf("no workload named, and scaleTargetRef kind %q is not one pulse knows: name the workload with %s", kind, workloadKeyList)}
 		}
 		t.Workload = store.Key{Kind: k, Name: name}
+		t.fromTarget = true
 	}
 	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
 	if t.Workload.Namespace == "" {

@@ -139,7 +139,7 @@ func (s *Server) Shutdown() {
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 	switch {
-	case errors.Is(err, errNotSynced):
+	case errors.Is(err, errNotSynced), errors.Is(err, errNotCached):
 		return t, status.Error(codes.Unavailable, err.Error()) // passes: KEDA retries
 	case err != nil:
 		st := status.Error(codes.InvalidArgument, err.Error())
@@ -247,6 +247,10 @@ func (s *Server) IsActive(_ context.Context, ref *externalscaler.ScaledObjectRef
 	return &externalscaler.IsActiveResponse{Result: d.Active}, nil
 }
 
+// streamRecheck: how often an open stream whose workload came from its
+// ScaledObject's scaleTargetRef resolves it again.
+var streamRecheck = 15 * time.Second
+
 // StreamIsActive sends the current state at once, then every change, as soon
 // as the sample that causes it is stored (the pusher evaluates it). It
 // returns nil (EOF for KEDA) when the server shuts down, and returns when
@@ -264,12 +268,28 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	u := s.push.add(t)
 	defer s.push.remove(u)
 	ctx := stream.Context()
+	var recheck <-chan time.Time
+	if t.fromTarget {
+		tick := time.NewTicker(streamRecheck)
+		defer tick.Stop()
+		recheck = tick.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.done:
 			return nil
+		case <-recheck:
+			// KEDA reopens a stream when its ScaledObject changes, maybe
+			// before the aggregator's cache has the change: a stream
+			// resolved from the old scaleTargetRef followed the old
+			// workload for its whole life. One whose workload resolves
+			// otherwise now ends (EOF): KEDA opens it again.
+			if now, err := s.parse(ref); err == nil && now.Workload != t.Workload {
+				return nil
+			}
+			continue
 		case <-u.ready:
 		}
 		if err := stream.Send(&externalscaler.IsActiveResponse{Result: u.take()}); err != nil {

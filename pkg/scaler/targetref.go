@@ -53,8 +53,13 @@ func (r *InformerResolver) Ready() error {
 	return nil
 }
 
-// errNotSynced: the cache is still filling.
-var errNotSynced = errors.New("the ScaledObject cache is not synced yet")
+// errNotSynced: the cache is still filling; errNotCached: it has not seen
+// the ScaledObject yet. Both pass (Unavailable: KEDA retries), neither is
+// the tenant's error.
+var (
+	errNotSynced = errors.New("the ScaledObject cache is not synced yet")
+	errNotCached = errors.New("not in the aggregator's ScaledObject cache yet (made a moment ago?)")
+)
 
 // Resolve reads spec.scaleTargetRef from the cache.
 func (r *InformerResolver) Resolve(namespace, name string) (string, string, error) {
@@ -63,7 +68,9 @@ func (r *InformerResolver) Resolve(namespace, name string) (string, string, erro
 	}
 	obj, err := r.lister.ByNamespace(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
-		return "", "", fmt.Errorf("ScaledObject %s/%s not found", namespace, name)
+		// KEDA asks about a ScaledObject it has read: the cache has not
+		// seen it yet (made a moment ago). KEDA retries.
+		return "", "", fmt.Errorf("ScaledObject %s/%s: %w", namespace, name, errNotCached)
 	}
 	if err != nil {
 		return "", "", err

@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -55,7 +57,36 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 		t.Fatalf("unknown kind: %v", err)
 	}
 	_, err = f.client.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "nope", Namespace: "demo"})
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not found") {
+	// KEDA asks only about ScaledObjects it has read: one the cache lacks
+	// was made a moment ago. Unavailable (KEDA retries), not the tenant's
+	// error.
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "not in the aggregator's ScaledObject cache yet") {
 		t.Fatalf("missing ScaledObject: %v", err)
+	}
+
+	// A stream resolved from the old scaleTargetRef ends once the cache
+	// resolves it otherwise (KEDA then opens it again); it followed the
+	// old workload for its whole life.
+	defer func(d time.Duration) { streamRecheck = d }(streamRecheck)
+	streamRecheck = 20 * time.Millisecond
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	stream, err := f.client.StreamIsActive(sctx, ref(map[string]string{"threshold": "5"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("the stream's first state: %v", err)
+	}
+	if _, err := client.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), scaledObject("llama-so", "Workspace", "llama-v2"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("the stream of a retargeted ScaledObject: %v, want EOF", err)
+			}
+			break
+		}
 	}
 }
