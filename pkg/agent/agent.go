@@ -75,9 +75,13 @@ type Agent struct {
 	streamersMu sync.RWMutex
 	streamers   map[string]*streamer // by address
 
-	nvml    *gpu.NVML // nil when NVML is off or unavailable
-	podRes  *gpu.PodResources
-	gpuPods atomic.Pointer[gpuRead]
+	nvml *gpu.NVML // nil when NVML is off or unavailable
+	// nvmlLostTry: when NVML was last initialized again after the driver
+	// went away, and how long until the next try (the GPU loop's alone).
+	nvmlLostTry    time.Time
+	nvmlReopenWait time.Duration
+	podRes         *gpu.PodResources
+	gpuPods        atomic.Pointer[gpuRead]
 
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -417,7 +421,24 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 // counted, and warned of when it starts failing (failing holds whether the
 // last one did).
 func (a *Agent) readNVML(failing *bool) gpu.Devices {
+	if a.nvml.Lost() && time.Since(a.nvmlLostTry) >= a.nvmlReopenWait {
+		a.nvmlLostTry = time.Now()
+		if err := a.nvml.Reopen(); err != nil {
+			a.nvmlReopenWait = min(2*a.nvmlReopenWait, nvmlReopenMax)
+			a.log.Debug("NVML not initialized again yet", logging.KeyErr, err)
+		} else {
+			a.m.nvml.Set(1)
+			a.log.Info("NVML initialized again: GPU utilization is read")
+		}
+	}
+	wasLost := a.nvml.Lost()
 	devs, err := a.nvml.Read()
+	if !wasLost && a.nvml.Lost() { // this read found the driver gone
+		a.m.nvml.Set(0)
+		a.log.Warn("the NVIDIA driver went away: NVML shut down, GPUs have no values; initialized again (every interval, backing off to 30s) until it comes back",
+			logging.KeyErr, err)
+		a.nvmlLostTry, a.nvmlReopenWait = time.Now(), a.opts.ScrapeInterval
+	}
 	switch {
 	case err != nil:
 		a.m.nvmlErrors.Inc()
@@ -431,6 +452,10 @@ func (a *Agent) readNVML(failing *bool) gpu.Devices {
 	}
 	return devs
 }
+
+// nvmlReopenMax: after the driver went away NVML is initialized again at
+// the next interval, then ever less often, at most this far apart.
+const nvmlReopenMax = 30 * time.Second
 
 // gpuLoop reads NVML and the kubelet's pod resources every interval. With
 // no NVML it does nothing; with no kubelet socket it says so once and goes

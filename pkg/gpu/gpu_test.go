@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
@@ -318,4 +319,60 @@ func readAll(t *testing.T, lib *dgxa100.Server) (Devices, func(int) string) {
 		t.Fatal(err)
 	}
 	return devs, func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
+}
+
+// TestADriverThatGoesAwayIsOpenedAgain: a driver unloaded, or reloaded at
+// another version, made every read fail for good (NVML was initialized
+// once), with pulse_agent_nvml_available still 1. Now such a read shuts
+// NVML down (ErrLost), no call but Init is made until Reopen succeeds, and
+// the GPUs are read again after it.
+func TestADriverThatGoesAwayIsOpenedAgain(t *testing.T) {
+	lib := mockGPUs(t)
+	n, err := OpenNVML(lib, ModeOn, time.Second, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := lib.DeviceGetCountFunc
+	var gone bool
+	var counts, inits, shutdowns int
+	lib.DeviceGetCountFunc = func() (int, nvml.Return) {
+		counts++
+		if gone {
+			return 0, nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return count()
+	}
+	init, shutdown := lib.InitFunc, lib.ShutdownFunc
+	lib.InitFunc = func() nvml.Return {
+		inits++
+		if gone {
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return init()
+	}
+	lib.ShutdownFunc = func() nvml.Return { shutdowns++; return shutdown() }
+
+	gone = true
+	if _, err := n.Read(); !errors.Is(err, ErrLost) || !n.Lost() || shutdowns != 1 {
+		t.Fatalf("a read with the driver gone: %v, lost %v, %d shutdowns; want ErrLost and NVML shut down", err, n.Lost(), shutdowns)
+	}
+	before := counts
+	if _, err := n.Read(); !errors.Is(err, ErrLost) || counts != before {
+		t.Fatalf("a read while lost: %v, %d NVML calls; want ErrLost and none", err, counts-before)
+	}
+	if err := n.Reopen(); err == nil || !n.Lost() || inits != 1 {
+		t.Fatalf("Reopen with the driver still gone: %v (lost %v, %d inits)", err, n.Lost(), inits)
+	}
+	gone = false
+	if err := n.Reopen(); err != nil || n.Lost() {
+		t.Fatalf("Reopen with the driver back: %v", err)
+	}
+	devs, err := n.Read()
+	if err != nil || len(devs.ByIndex) != 8 {
+		t.Fatalf("a read once opened again: %d GPUs, %v", len(devs.ByIndex), err)
+	}
+	n.Close()
+	if shutdowns != 2 {
+		t.Fatalf("%d shutdowns, want 2 (one when lost, one at Close)", shutdowns)
+	}
 }

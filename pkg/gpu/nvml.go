@@ -71,6 +71,7 @@ const migEvery = time.Minute
 // NVML reads the node's devices.
 type NVML struct {
 	lib     nvml.Interface
+	lost    bool              // the driver went away: shut down, no call but Init until Reopen
 	samples bool              // average the driver's samples (see SamplesFrom)
 	last    map[string]uint64 // per GPU UUID, the newest utilization sample seen
 	mig     map[string]migMode
@@ -113,16 +114,52 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 
 // Close shuts NVML down.
 func (n *NVML) Close() {
-	if n != nil {
+	if n != nil && !n.lost {
 		_ = n.lib.Shutdown() // at exit: nothing to do if it fails
 	}
+}
+
+// ErrLost is a read's error when the driver went away (unloaded, reloaded
+// at another version): NVML is shut down, and no call but Reopen's Init is
+// made until Reopen succeeds.
+var ErrLost = errors.New("the NVIDIA driver went away")
+
+// driverGone says whether ret means NVML must be initialized again.
+func driverGone(ret nvml.Return) bool {
+	return ret == nvml.ERROR_UNINITIALIZED || ret == nvml.ERROR_DRIVER_NOT_LOADED || ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH
+}
+
+// Lost reports whether NVML is shut down after the driver went away.
+func (n *NVML) Lost() bool { return n.lost }
+
+// Reopen initializes NVML again after ErrLost (a driver reloaded or
+// upgraded); nil when it is open.
+func (n *NVML) Reopen() error {
+	if !n.lost {
+		return nil
+	}
+	if ret := n.lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("%w: init: %s", ErrUnavailable, nvml.ErrorString(ret))
+	}
+	n.lost = false
+	clear(n.last) // the samples' clock starts again with the driver
+	clear(n.mig)
+	return nil
 }
 
 // Read reads every device. A device that fails is left out and its error
 // joined into the returned one; the others are returned.
 func (n *NVML) Read() (Devices, error) {
 	out := Devices{ByUUID: map[string]Device{}, ByIndex: map[string]string{}, ByMinor: map[string]string{}}
+	if n.lost {
+		return out, ErrLost
+	}
 	count, ret := n.lib.DeviceGetCount()
+	if driverGone(ret) {
+		_ = n.lib.Shutdown()
+		n.lost = true
+		return out, fmt.Errorf("%w: count GPUs: %s", ErrLost, nvml.ErrorString(ret))
+	}
 	if ret != nvml.SUCCESS {
 		return out, fmt.Errorf("count GPUs: %s", nvml.ErrorString(ret))
 	}

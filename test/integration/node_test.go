@@ -231,6 +231,46 @@ func TestAHungGPUReadIsNotSentAsFresh(t *testing.T) {
 	})
 }
 
+// TestADriverReloadedIsReadAgain: a driver unloaded and loaded again (an
+// upgrade) made every NVML read fail for good: NVML was initialized once.
+// Now the agent shuts NVML down, initializes it again (at the next
+// interval, then backing off), and the GPU values come back.
+func TestADriverReloadedIsReadAgain(t *testing.T) {
+	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
+	var gone atomic.Bool
+	count, initNVML := gpus.DeviceGetCountFunc, gpus.InitFunc
+	gpus.DeviceGetCountFunc = func() (int, nvml.Return) {
+		if gone.Load() {
+			return 0, nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return count()
+	}
+	gpus.InitFunc = func() nvml.Return {
+		if gone.Load() {
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return initNVML()
+	}
+	agg := runGPUAgent(t, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)))
+	gpuValue := func(want bool) func() error {
+		return func() error {
+			w, err := workload(agg.HTTPAddr(), "llama")
+			if err != nil || len(w.Pods) == 0 {
+				return fmt.Errorf("no pod yet: %v", err)
+			}
+			if v, ok := w.Pods[0].Values["gpuUtilization"]; ok != want || (want && v != 0.2) {
+				return fmt.Errorf("gpuUtilization %v (%v), want it sent: %v", v, ok, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, "GPU values", gpuValue(true))
+	gone.Store(true)
+	eventually(t, "the GPU values gone with the driver", gpuValue(false))
+	gone.Store(false)
+	eventually(t, "the GPU values back with the driver", gpuValue(true))
+}
+
 // runGPUAgent runs an aggregator and an agent (--nvml=on, lib its NVML: nil
 // for the driver's) whose kubelet lists pods, each of workload llama with a
 // simulated page.
