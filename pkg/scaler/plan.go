@@ -2,6 +2,7 @@ package scaler
 
 import (
 	"errors"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -38,14 +39,25 @@ type planKey struct {
 
 // plans holds each workload's learned planner state, by namespace.
 type plans struct {
-	mu  sync.Mutex
+	mu  sync.Mutex // ns and n
 	ns  map[string]*simplelru.LRU[planKey, planner.State]
 	n   int // states held, in all namespaces
 	max int
+	// planning serializes the plans of one key (a state read, planned
+	// and written back), by the key's hash: plans of other keys go on
+	// meanwhile. One lock held across every plan once made every
+	// tenant's plans wait for each other's.
+	planning [64]sync.Mutex
+	seed     maphash.Seed
 }
 
 func newPlans() *plans {
-	return &plans{ns: map[string]*simplelru.LRU[planKey, planner.State]{}, max: maxPlans}
+	return &plans{ns: map[string]*simplelru.LRU[planKey, planner.State]{}, max: maxPlans, seed: maphash.MakeSeed()}
+}
+
+// lockFor is the lock that serializes k's plans.
+func (p *plans) lockFor(k planKey) *sync.Mutex {
+	return &p.planning[maphash.Comparable(p.seed, k)%uint64(len(p.planning))]
 }
 
 // get is k's state (the zero State when none is held).
@@ -101,14 +113,20 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
 	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
 	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile}
+	keyLock := s.plans.lockFor(k)
+	keyLock.Lock()
 	s.plans.mu.Lock()
-	p, next, err := planner.Make(snap, s.plans.get(k), cfg)
+	st := s.plans.get(k)
+	s.plans.mu.Unlock()
+	p, next, err := planner.Make(snap, st, cfg)
 	if !errors.Is(err, planner.ErrNotFound) {
 		// A workload with no pod has nothing learned: a trigger naming one
 		// that does not exist holds no state.
+		s.plans.mu.Lock()
 		s.plans.put(k, next)
+		s.plans.mu.Unlock()
 	}
-	s.plans.mu.Unlock()
+	keyLock.Unlock()
 	switch {
 	case errors.Is(err, planner.ErrNotFound):
 		return Decision{}, status.Errorf(codes.NotFound, "%s: %v", describe(t), err)

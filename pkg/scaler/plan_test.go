@@ -357,3 +357,42 @@ func TestOneTenantsRecordsPushOutOnlyItsOwn(t *testing.T) {
 		t.Fatal("the noisy tenant's oldest record was kept")
 	}
 }
+
+// TestOneWorkloadsPlanWaitsForNoOther: one lock was held across every
+// plan, so one tenant's large workloads made every other tenant's plans
+// (KEDA's polls, the pusher's) wait for them. Now only the plans of one
+// key wait for each other: with another key's plan under way, this one's
+// is made.
+func TestOneWorkloadsPlanWaitsForNoOther(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.report(map[string]float64{"a": 1})
+	md := map[string]string{"workspace": "llama", "metric": "replicas"}
+	mine := planKey{Key: llama, TTFT: 2 * time.Second}
+	var other planKey
+	for i := 0; ; i++ { // another tenant's key, under another lock
+		other = planKey{Key: store.Key{Namespace: "team-b", Kind: store.KindWorkspace, Name: fmt.Sprint("big-", i)}, TTFT: 2 * time.Second}
+		if f.server.plans.lockFor(other) != f.server.plans.lockFor(mine) {
+			break
+		}
+	}
+	busy := f.server.plans.lockFor(other)
+	busy.Lock() // its plan under way
+	defer busy.Unlock()
+	done := make(chan error, 1)
+	go func() { _, err := f.metric(t, md); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the plan waited for another workload's")
+	}
+	f.server.plans.mu.Lock()
+	held := f.server.plans.ns["demo"] != nil && f.server.plans.ns["demo"].Contains(mine)
+	f.server.plans.mu.Unlock()
+	if !held {
+		t.Fatal("no state under the key the test holds apart: the test's key is not the plan's")
+	}
+}
