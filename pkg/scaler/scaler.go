@@ -48,6 +48,7 @@ type Server struct {
 	// coalesced into one evaluation, at most minGap after the first.
 	minGap time.Duration
 	push   *pusher
+	extra  extraNames
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -188,6 +189,33 @@ func (s *Server) GetMetricSpec(_ context.Context, ref *externalscaler.ScaledObje
 	return spec(t), nil
 }
 
+// extraNames keeps the names of the gauges the agents forward, read from
+// the store (a walk of every pod under its read lock) at most once a
+// second: every call of a trigger on an extra gauge walked the whole
+// fleet. A name not known is read again after a second; a known one holds
+// for extraNamesFor.
+type extraNames struct {
+	mu    sync.Mutex
+	names []string
+	pods  int
+	at    time.Time
+}
+
+const extraNamesFor = 5 * time.Second
+
+func (e *extraNames) get(st *store.Store, want string, now time.Time) ([]string, int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	age := now.Sub(e.at)
+	// With no pod held the walk costs nothing, and the first pods' names
+	// are seen at once.
+	if e.pods == 0 || age > extraNamesFor || (age >= time.Second && !slices.Contains(e.names, want)) {
+		e.names, e.pods = st.ExtraNames()
+		e.at = now
+	}
+	return e.names, e.pods
+}
+
 // forwarded checks that a metric that is not canonical (a raw gauge name) is
 // one the agents forward, so that a mistyped metricName is said when KEDA
 // first asks, not only later as "not defined on any reporting pod". With no
@@ -197,7 +225,7 @@ func (s *Server) forwarded(t Trigger) error {
 	if _, ok := metric.Lookup(t.Metric); ok || t.Metric == MetricReplicas {
 		return nil
 	}
-	names, pods := s.store.ExtraNames()
+	names, pods := s.extra.get(s.store, t.Metric, s.now())
 	if pods == 0 || slices.Contains(names, t.Metric) {
 		return nil
 	}

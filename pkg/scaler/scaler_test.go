@@ -494,6 +494,19 @@ func TestMetricNameNobodyForwards(t *testing.T) {
 	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
 		t.Fatalf("forwarded metricName: %v", err)
 	}
+	// The names are read from the store (a walk of every pod) at most
+	// once a second: a gauge another agent starts forwarding is known
+	// within a second.
+	f.store.Upsert(store.Source{Node: "node-2", ExtraNames: []string{"vllm:lora_requests_waiting"}},
+		[]store.PodInfo{{UID: "u2", Namespace: "ns", Name: "a-1", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "a"}}}}, true)
+	md["metricName"] = "vllm:lora_requests_waiting"
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a name forwarded since the last read, within the second: %v, want the names read then", err)
+	}
+	f.clock.Add(time.Second)
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+		t.Fatalf("a name forwarded since the last read, a second later: %v", err)
+	}
 }
 
 // TestEveryWorkloadKindHasAKey: each kind the agents attribute pods to can
