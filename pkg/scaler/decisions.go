@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
@@ -50,16 +51,19 @@ func (e Evaluation) Desired() int {
 	return e.Decision.DesiredReplicas(e.Trigger)
 }
 
-// recorder keeps each trigger's last evaluation.
+// recorder keeps each trigger's last evaluation, by namespace, each
+// namespace's in the order they were last recorded.
 type recorder struct {
 	now     func() time.Time
 	mu      sync.Mutex
-	m       map[TriggerID]*Evaluation
+	ns      map[string]*simplelru.LRU[TriggerID, *Evaluation]
+	n       int       // records held, in all namespaces
+	swept   time.Time // when records past decisionTTL were last dropped
 	refused refusals
 }
 
 func newRecorder(now func() time.Time) *recorder {
-	return &recorder{now: now, m: map[TriggerID]*Evaluation{},
+	return &recorder{now: now, ns: map[string]*simplelru.LRU[TriggerID, *Evaluation]{},
 		refused: refusals{counts: map[string]float64{}, logged: map[TriggerID]time.Time{}}}
 }
 
@@ -74,42 +78,63 @@ func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Deci
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.m[id]; !ok && len(r.m) >= maxDecisions {
-		r.expireLocked(true)
-	}
-	r.m[id] = e
+	r.putLocked(e)
 }
 
-// expireLocked drops records older than decisionTTL and, if full, the
-// oldest of the namespace holding the most: one tenant's many ScaledObjects
-// push out their own records (and gauges), never another tenant's.
-func (r *recorder) expireLocked(full bool) {
+// putLocked holds e as its trigger's record. Full (maxDecisions), the
+// records past decisionTTL are dropped (a walk of all, at most once a
+// decisionSweep), then, if still full, the oldest of the namespace holding
+// the most: one tenant's many ScaledObjects push out their own records
+// (and gauges), never another tenant's. Each record once walked every
+// record twice when full.
+func (r *recorder) putLocked(e *Evaluation) {
+	l := r.ns[e.Namespace]
+	if l == nil || !l.Contains(e.TriggerID) {
+		if r.n >= maxDecisions {
+			if now := r.now(); now.Sub(r.swept) >= decisionSweep {
+				r.expireLocked()
+			}
+			if r.n >= maxDecisions {
+				r.forgetOneLocked()
+			}
+		}
+		r.n++
+		if l = r.ns[e.Namespace]; l == nil {
+			l, _ = simplelru.NewLRU[TriggerID, *Evaluation](maxDecisions, nil)
+			r.ns[e.Namespace] = l
+		}
+	}
+	l.Add(e.TriggerID, e)
+}
+
+// decisionSweep: how often a full recorder may walk its records for those
+// past decisionTTL.
+const decisionSweep = 10 * time.Second
+
+// expireLocked drops records older than decisionTTL.
+func (r *recorder) expireLocked() {
 	now := r.now()
-	held := map[string]int{}
-	for id, e := range r.m {
-		if now.Sub(e.At) > decisionTTL {
-			delete(r.m, id)
-			continue
+	r.swept = now
+	for ns, l := range r.ns {
+		for {
+			_, e, ok := l.GetOldest()
+			if !ok || now.Sub(e.At) <= decisionTTL {
+				break
+			}
+			l.RemoveOldest()
+			r.n--
 		}
-		held[id.Namespace]++
-	}
-	if !full || len(r.m) < maxDecisions {
-		return
-	}
-	most, found := "", false // a ref may have no namespace: "" is one
-	for ns, n := range held {
-		if !found || n > held[most] {
-			most, found = ns, true
+		if l.Len() == 0 {
+			delete(r.ns, ns)
 		}
 	}
-	var oldest *Evaluation
-	for _, e := range r.m {
-		if e.Namespace == most && (oldest == nil || e.At.Before(oldest.At)) {
-			oldest = e
-		}
-	}
-	if oldest != nil {
-		delete(r.m, oldest.TriggerID)
+}
+
+// forgetOneLocked drops the oldest record of the namespace holding the
+// most.
+func (r *recorder) forgetOneLocked() {
+	if forgetOldestOfMost(r.ns) {
+		r.n--
 	}
 }
 
@@ -118,10 +143,12 @@ func (r *recorder) expireLocked(full bool) {
 func (s *Server) Evaluations() []Evaluation {
 	r := s.decisions
 	r.mu.Lock()
-	r.expireLocked(false)
-	out := make([]Evaluation, 0, len(r.m))
-	for _, e := range r.m {
-		out = append(out, *e)
+	r.expireLocked()
+	out := make([]Evaluation, 0, r.n)
+	for _, l := range r.ns {
+		for _, e := range l.Values() {
+			out = append(out, *e)
+		}
 	}
 	r.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {

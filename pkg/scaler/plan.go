@@ -89,21 +89,29 @@ func (p *plans) put(k planKey, st planner.State) {
 // forgetOne drops the least recently planned state of the namespace
 // holding the most.
 func (p *plans) forgetOne() {
-	var most *simplelru.LRU[planKey, planner.State]
-	var mostNS string
-	for ns, l := range p.ns {
+	if forgetOldestOfMost(p.ns) {
+		p.n--
+	}
+}
+
+// forgetOldestOfMost drops the oldest entry of the namespace whose list
+// holds the most (and the list, emptied); false when there is none.
+func forgetOldestOfMost[K comparable, V any](ns map[string]*simplelru.LRU[K, V]) bool {
+	var most *simplelru.LRU[K, V]
+	mostNS := ""
+	for n, l := range ns {
 		if most == nil || l.Len() > most.Len() {
-			most, mostNS = l, ns
+			most, mostNS = l, n
 		}
 	}
 	if most == nil {
-		return
+		return false
 	}
 	most.RemoveOldest()
-	p.n--
 	if most.Len() == 0 {
-		delete(p.ns, mostNS)
+		delete(ns, mostNS)
 	}
+	return true
 }
 
 // plan evaluates a replicas trigger: one store snapshot, planned with the

@@ -344,17 +344,22 @@ func TestOneTenantsRecordsPushOutOnlyItsOwn(t *testing.T) {
 		now = now.Add(time.Millisecond)
 		r.record(&externalscaler.ScaledObjectRef{Namespace: "noisy", Name: fmt.Sprint(i)}, Trigger{Metric: "waiting"}, Decision{Value: 1}, nil)
 	}
-	quiet := 0
-	for id := range r.m {
-		if id.Namespace == "quiet" {
-			quiet++
-		}
+	held := 0
+	for _, l := range r.ns {
+		held += l.Len()
 	}
-	if quiet != 1 || len(r.m) != maxDecisions {
-		t.Fatalf("%d records, %d of the quiet tenant; want %d and 1", len(r.m), quiet, maxDecisions)
+	if quiet := r.ns["quiet"].Len(); quiet != 1 || held != maxDecisions || r.n != held {
+		t.Fatalf("%d records (counted %d), %d of the quiet tenant; want %d and 1", held, r.n, quiet, maxDecisions)
 	}
-	if _, ok := r.m[TriggerID{Namespace: "noisy", ScaledObject: "0", MetricName: MetricName(Trigger{Metric: "waiting"})}]; ok {
+	if r.ns["noisy"].Contains(TriggerID{Namespace: "noisy", ScaledObject: "0", MetricName: MetricName(Trigger{Metric: "waiting"})}) {
 		t.Fatal("the noisy tenant's oldest record was kept")
+	}
+	// Records past decisionTTL go, at the next record when full (at most
+	// one walk a decisionSweep) and at every read.
+	now = now.Add(decisionTTL + time.Second)
+	r.record(&externalscaler.ScaledObjectRef{Namespace: "fresh", Name: "x"}, Trigger{Metric: "waiting"}, Decision{Value: 1}, nil)
+	if r.n != 1 || len(r.ns) != 1 {
+		t.Fatalf("%d records in %d namespaces after the TTL, want the fresh one alone", r.n, len(r.ns))
 	}
 }
 

@@ -53,10 +53,7 @@ func (s *Server) refuse(ref *externalscaler.ScaledObjectRef, t Trigger, reason s
 	}
 	now := r.now()
 	r.mu.Lock()
-	if _, ok := r.m[id]; !ok && len(r.m) >= maxDecisions {
-		r.expireLocked(true)
-	}
-	r.m[id] = &Evaluation{TriggerID: id, Trigger: t, At: now, Err: codes.InvalidArgument.String() + ": " + msg, Refused: true}
+	r.putLocked(&Evaluation{TriggerID: id, Trigger: t, At: now, Err: codes.InvalidArgument.String() + ": " + msg, Refused: true})
 	r.refused.counts[reason]++
 	last, seen := r.refused.logged[id]
 	log := !seen || now.Sub(last) >= refusalLogEvery
