@@ -68,8 +68,13 @@ type outcome struct {
 
 // sub is one open StreamIsActive stream.
 type sub struct {
-	t  Trigger
-	at int // index in shard.all; -1 once removed
+	t Trigger
+	// tenant: the ScaledObject's namespace, whose fair share the stream
+	// takes (a trigger allowed to read another namespace, with
+	// --allow-cross-namespace-triggers, takes its own tenant's, not the
+	// namespace it reads).
+	tenant string
+	at     int // index in shard.all; -1 once removed
 
 	// Owned by the shard's goroutine.
 	sent, last bool      // whether a state was handed over, and which
@@ -131,9 +136,12 @@ func (sh *shard) signal() {
 }
 
 // add registers a stream; its first state is sent at the shard's next pass.
-func (p *pusher) add(t Trigger) *sub {
+func (p *pusher) add(t Trigger, tenant string) *sub {
 	p.start()
-	u := &sub{t: t, ready: make(chan struct{}, 1)}
+	if tenant == "" {
+		tenant = t.Workload.Namespace
+	}
+	u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1)}
 	sh := p.shard(t.Workload)
 	sh.mu.Lock()
 	u.at = len(sh.all)
@@ -276,7 +284,7 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 // namespace.
 func severalNamespaces(b []*sub) bool {
 	for _, u := range b {
-		if u.t.Workload.Namespace != b[0].t.Workload.Namespace {
+		if u.tenant != b[0].tenant {
 			return true
 		}
 	}
@@ -293,12 +301,12 @@ func (sh *shard) fairShares(b []*sub) []*sub {
 	n := 0
 	for _, u := range b {
 		if _, same := sh.memo[u.t]; !same {
-			if sh.share[u.t.Workload.Namespace] >= fairShare {
+			if sh.share[u.tenant] >= fairShare {
 				u.queued = false
 				sh.later = append(sh.later, u)
 				continue
 			}
-			sh.share[u.t.Workload.Namespace]++
+			sh.share[u.tenant]++
 			sh.memo[u.t] = outcome{}
 		}
 		b[n] = u

@@ -126,7 +126,9 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 // namespaces' streams, a namespace has at most fairShare evaluations and
 // the rest of its streams wait for the next pass (which comes at once, and
 // takes them first); alone, it takes a whole pass. Streams of the same
-// trigger are evaluated once.
+// trigger are evaluated once. A tenant's streams reading another namespace
+// (--allow-cross-namespace-triggers) take the reader's share: they took
+// the namespace's they read, and its own streams waited behind them.
 func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	f := newFixture(t)
 	p := newPusher(f.server)
@@ -135,14 +137,15 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 		return Trigger{Workload: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: "llama"}, Metric: "waiting", Threshold: 10,
 			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute}
 	}
-	open := func(t Trigger) *sub { // as add, without starting the shards' goroutines
-		u := &sub{t: t, ready: make(chan struct{}, 1), at: len(sh.all)}
+	openAs := func(t Trigger, tenant string) *sub { // as add, without starting the shards' goroutines
+		u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1), at: len(sh.all)}
 		sh.all = append(sh.all, u)
 		sh.subs[t.Workload] = append(sh.subs[t.Workload], u)
 		sh.fresh = append(sh.fresh, u)
 		return u
 	}
-	var noisy, same []*sub
+	open := func(t Trigger) *sub { return openAs(t, t.Workload.Namespace) }
+	var noisy, same, cross []*sub
 	for i := range 200 {
 		noisy = append(noisy, open(trigger("noisy", float64(i))))
 	}
@@ -150,6 +153,12 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 		same = append(same, open(trigger("same", 1)))
 	}
 	quiet := open(trigger("quiet", 1))
+	// A tenant allowed to read another namespace (--allow-cross-namespace-
+	// triggers) takes its own share, not the namespace's it reads.
+	for i := range 100 {
+		cross = append(cross, openAs(trigger("victim", float64(i+10)), "reader"))
+	}
+	victim := open(trigger("victim", 1))
 	evaluated := func(us []*sub) (n int) {
 		for _, u := range us {
 			if !u.evaluated.IsZero() {
@@ -162,21 +171,27 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	if quiet.evaluated.IsZero() {
 		t.Fatal("the quiet tenant's stream waited behind the noisy tenant's")
 	}
+	if victim.evaluated.IsZero() || evaluated(cross) != fairShare {
+		t.Fatalf("the streams of a tenant reading another namespace: %d evaluated (want %d), that namespace's own evaluated %v",
+			evaluated(cross), fairShare, !victim.evaluated.IsZero())
+	}
 	if n := evaluated(same); n != 100 {
 		t.Fatalf("%d of 100 streams of one trigger evaluated: the same trigger counts once against the share", n)
 	}
-	if n := evaluated(noisy); n != fairShare || len(sh.later) != 200-fairShare {
-		t.Fatalf("the noisy tenant: %d evaluated, %d waiting; want %d and %d", n, len(sh.later), fairShare, 200-fairShare)
+	if n := evaluated(noisy); n != fairShare || len(sh.later) != 200+100-2*fairShare {
+		t.Fatalf("the noisy tenant: %d evaluated, %d waiting; want %d and %d", n, len(sh.later), fairShare, 200+100-2*fairShare)
 	}
 	select {
 	case <-sh.wake:
 	default:
 		t.Fatal("no pass is due for the streams that wait")
 	}
-	// Alone in the next pass, the noisy tenant takes all of it.
-	p.pass(sh, time.Now(), false)
-	if n := evaluated(noisy); n != 200 || len(sh.later) != 0 {
-		t.Fatalf("%d of the noisy tenant's 200 streams evaluated, %d waiting, after the second pass", n, len(sh.later))
+	// The next passes take the rest, the streams that waited first.
+	for range 3 {
+		p.pass(sh, time.Now(), false)
+	}
+	if n := evaluated(noisy); n != 200 || evaluated(cross) != 100 || len(sh.later) != 0 {
+		t.Fatalf("%d of the noisy tenant's 200 streams and %d of the reader's 100 evaluated, %d waiting, after the passes", n, evaluated(cross), len(sh.later))
 	}
 }
 

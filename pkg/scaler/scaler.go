@@ -293,7 +293,7 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 		return nil
 	}
 	defer s.leave()
-	u := s.push.add(t)
+	u := s.push.add(t, ref.GetNamespace())
 	defer s.push.remove(u)
 	ctx := stream.Context()
 	var recheck <-chan time.Time
