@@ -365,6 +365,7 @@ type ProvisionOptions struct {
 	LeaderElect                               bool
 	LeaseNamespace, LeaseName                 string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	MaxReplicas                               int64
 }
 
 // AddFlags registers the group's flags.
@@ -378,6 +379,7 @@ func (o *ProvisionOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a Lease not renewed holds: how soon another replica takes over from a dead leader")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader tries to renew before it stops provisioning")
 	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "how often candidates try to take the Lease")
+	fs.Int64Var(&o.MaxReplicas, "provision-max-replicas", o.MaxReplicas, "--provision-scaledobjects: the most replicas a workload's pulse.io/min-replicas or max-replicas may ask for (past it the annotation is refused and its ScaledObject left as it was); 0: no cap but 10,000")
 }
 
 // Validate reports the group's problems.
@@ -386,6 +388,9 @@ func (o *ProvisionOptions) Validate() error {
 		return nil
 	}
 	var errs []error
+	if o.MaxReplicas < 0 || o.MaxReplicas > 10000 {
+		errs = append(errs, fmt.Errorf("--provision-max-replicas %d: want 0 (no cap but 10,000) to 10,000", o.MaxReplicas))
+	}
 	if _, _, err := net.SplitHostPort(o.ScalerAddress); err != nil {
 		errs = append(errs, fmt.Errorf("--provision-scaledobjects needs --provision-scaler-address host:port (the scaler Service), not %q", o.ScalerAddress))
 	}

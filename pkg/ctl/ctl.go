@@ -157,6 +157,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pulsectl check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	maxWindow := fs.Duration("max-window", scaler.DefaultMaxWindow, "the aggregator's --max-window: the longest trigger window it accepts")
+	maxReplicas := fs.Int64("provision-max-replicas", 0, "the aggregator's --provision-max-replicas: the most replicas an annotation may ask for (0: no cap but 10,000)")
 	crossNS := fs.Bool("allow-cross-namespace-triggers", false, "the aggregator's --allow-cross-namespace-triggers: a trigger may read another namespace")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: pulsectl check [flags] FILE...\nValidates every ScaledObject's external-push triggers and every workload's pulse.io annotations.")
@@ -169,6 +170,10 @@ func check(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *maxReplicas < 0 || *maxReplicas > 10000 {
+		fmt.Fprintf(stderr, "pulsectl check: --provision-max-replicas %d: want 0 (no cap but 10,000) to 10,000\n", *maxReplicas)
+		return 2
+	}
 	problems, checked := 0, 0
 	for _, path := range fs.Args() {
 		objs, err := readObjects(path)
@@ -179,7 +184,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 		}
 		for _, o := range objs {
 			id := fmt.Sprintf("%s: %s %s/%s", path, o.Kind, o.Metadata.Namespace, o.Metadata.Name)
-			for _, msg := range checkObject(&o, *maxWindow, *crossNS) {
+			for _, msg := range checkObject(&o, *maxWindow, *crossNS, *maxReplicas) {
 				checked++
 				if msg == "" {
 					fmt.Fprintf(stdout, "%s: valid\n", id)
@@ -203,7 +208,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 
 // checkObject checks one document: "" for each valid trigger or annotated
 // workload, else the problem.
-func checkObject(o *object, maxWindow time.Duration, crossNS bool) []string {
+func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas int64) []string {
 	var out []string
 	if o.Kind == "ScaledObject" {
 		res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
@@ -224,7 +229,11 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool) []string {
 	if !ok || !hasPulseAnnotation(o.Metadata.Annotations) {
 		return nil
 	}
-	if _, err := provision.Parse(provision.Workload{Kind: kind, Namespace: o.Metadata.Namespace, Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow); err != nil {
+	s, err := provision.Parse(provision.Workload{Kind: kind, Namespace: o.Metadata.Namespace, Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow)
+	if err == nil {
+		err = provision.CheckCap(s, maxReplicas)
+	}
+	if err != nil {
 		return []string{err.Error()}
 	}
 	return []string{""}

@@ -106,6 +106,17 @@ metadata:
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
+	// The aggregator's cap on replicas, as its flag.
+	big := "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: big\n  namespace: demo\n  annotations: {pulse.io/autoscale: \"true\", pulse.io/max-replicas: \"500\"}\n"
+	if code, out, _ := run("check", write(t, big)); code != 0 {
+		t.Errorf("500 replicas with no cap: exit %d\n%s", code, out)
+	}
+	if code, out, _ := run("check", "--provision-max-replicas", "64", write(t, big)); code != 1 || !strings.Contains(out, "past the cluster's cap of 64") {
+		t.Errorf("500 replicas with a cap of 64: exit %d\n%s", code, out)
+	}
+	if code, _, errs := run("check", "--provision-max-replicas", "-1", write(t, big)); code != 2 {
+		t.Errorf("a negative cap: exit %d, want 2\n%s", code, errs)
+	}
 	// The aggregator's own flags move the limits.
 	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
 		strings.Contains(out, "demo/elsewhere: trigger") {

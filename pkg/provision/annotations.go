@@ -84,6 +84,24 @@ const (
 // maxReplicasCap bounds min- and max-replicas.
 const maxReplicasCap = 10000
 
+// CheckCap refuses settings whose replica bounds pass the operator's cap
+// (the aggregator's --provision-max-replicas; 0: none but 10,000): in a
+// shared cluster with no quota, one tenant's annotation asking for
+// thousands of replicas made that many pods, pending ones driving the
+// cluster autoscaler. The ScaledObject is then left as it was.
+func CheckCap(s Settings, maxReplicas int64) error {
+	if maxReplicas <= 0 || !s.Enabled {
+		return nil
+	}
+	switch {
+	case s.MaxReplicas > maxReplicas:
+		return &AnnotationError{AnnotationMaxReplicas, fmt.Sprintf("%d is past the cluster's cap of %d replicas (the aggregator's --provision-max-replicas)", s.MaxReplicas, maxReplicas)}
+	case s.MinReplicas > maxReplicas:
+		return &AnnotationError{AnnotationMinReplicas, fmt.Sprintf("%d is past the cluster's cap of %d replicas (the aggregator's --provision-max-replicas)", s.MinReplicas, maxReplicas)}
+	}
+	return nil
+}
+
 // Settings are a workload's parsed annotations.
 type Settings struct {
 	// Enabled: pulse.io/autoscale (or keda-kaito-scaler's auto-provision)

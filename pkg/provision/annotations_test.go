@@ -227,3 +227,36 @@ func TestKaitoThresholdKeepsItsMetric(t *testing.T) {
 		t.Fatalf("a named metric: trigger %v, %v", s.Trigger, err)
 	}
 }
+
+// TestTheOperatorsCap: in a shared cluster with no quota one tenant's
+// annotation asking for thousands of replicas made that many pods. The
+// aggregator's --provision-max-replicas refuses bounds past it, naming the
+// annotation; 0 leaves only the 10,000 of every workload.
+func TestTheOperatorsCap(t *testing.T) {
+	w := Workload{Kind: "Deployment", Namespace: "team-a", Name: "llama"}
+	for _, c := range []struct {
+		annotations map[string]string
+		cap         int64
+		refused     string
+	}{
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 0, ""},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 64, AnnotationMaxReplicas},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "100", AnnotationMaxReplicas: "200"}, 64, AnnotationMaxReplicas},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "64"}, 64, ""},
+		{map[string]string{AnnotationAutoscale: "true"}, 5, AnnotationMaxReplicas}, // the default 10 past a cap of 5
+		{map[string]string{AnnotationAutoscale: "false", AnnotationMaxReplicas: "500"}, 64, ""},
+	} {
+		s, err := Parse(w, c.annotations, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = CheckCap(s, c.cap)
+		var ae *AnnotationError
+		switch {
+		case c.refused == "" && err != nil:
+			t.Errorf("%v with a cap of %d: %v", c.annotations, c.cap, err)
+		case c.refused != "" && (!errors.As(err, &ae) || ae.Annotation != c.refused || !strings.Contains(err.Error(), "--provision-max-replicas")):
+			t.Errorf("%v with a cap of %d: %v, want %s refused", c.annotations, c.cap, err, c.refused)
+		}
+	}
+}

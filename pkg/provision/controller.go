@@ -78,6 +78,9 @@ type Options struct {
 	// SyncTimeout bounds the first list of ScaledObjects (KEDA's CRD not
 	// installed, or the aggregator not allowed to list them); default 2m.
 	SyncTimeout time.Duration
+	// MaxReplicas caps the replica bounds an annotation may ask for (0:
+	// none but 10,000; CheckCap).
+	MaxReplicas int64
 }
 
 // Controller provisions ScaledObjects.
@@ -456,6 +459,9 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	ref := &corev1.ObjectReference{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
 	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
+	if perr == nil {
+		perr = CheckCap(s, r.c.o.MaxReplicas)
+	}
 	existing, err := r.scaledObject(k.Namespace, k.Name)
 	if err != nil {
 		return err

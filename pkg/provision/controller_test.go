@@ -704,3 +704,16 @@ func TestAnotherWriterIsNotFoughtForEver(t *testing.T) {
 		t.Fatalf("pulse's updates: %v at the conflict, %v after; want at most %d", updates, n, rewriteLimit)
 	}
 }
+
+// TestTheCapIsTheControllers: with --provision-max-replicas, a workload
+// asking past it is refused (invalid, naming the annotation), its
+// ScaledObject not made.
+func TestTheCapIsTheControllers(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}))
+	f.c.o.MaxReplicas = 64
+	f.run()
+	f.waitState("Deployment", "big", StateInvalid, AnnotationMaxReplicas+": 500 is past the cluster's cap of 64")
+	if _, err := f.scaledObject("big"); !apierrors.IsNotFound(err) {
+		t.Fatalf("a ScaledObject past the cap: %v", err)
+	}
+}
