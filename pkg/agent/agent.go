@@ -86,7 +86,7 @@ type Agent struct {
 	inflightMu sync.Mutex
 	inflight   map[string]bool
 	counters   map[string]*vllm.Counters // by uid, for the pods listed now
-	lastTick   atomic.Int64              // Unix nanoseconds of the last scrape tick
+	lastTick   atomic.Int64              // the last scrape tick, nanoseconds on the monotonic clock since monoStart (0: none yet)
 	httpAddr   atomic.Value              // string: the bound HTTP address, once listening
 }
 
@@ -96,6 +96,10 @@ func (a *Agent) HTTPAddr() string {
 	s, _ := a.httpAddr.Load().(string)
 	return s
 }
+
+// monoStart is the process's start on the monotonic clock: durations since
+// it are not moved by a wall clock stepped.
+var monoStart = time.Now()
 
 // New wires an agent from validated options, building its clients.
 func New(opts *Options, log *slog.Logger) (*Agent, error) {
@@ -184,6 +188,11 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 		}
 	}
 	a.inflightMu.Unlock()
+	a.streamersMu.RLock()
+	for _, s := range a.streamers {
+		s.prune(listed)
+	}
+	a.streamersMu.RUnlock()
 }
 
 // Run runs the agent until ctx ends.
@@ -230,7 +239,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 	var changed <-chan struct{}
 	for {
 		now := time.Now()
-		a.lastTick.Store(now.UnixNano())
+		a.lastTick.Store(int64(time.Since(monoStart)) + 1) // monotonic: a wall clock stepped is no stall
 		if changed == nil {
 			var byID map[uint32]discovery.Target
 			_, byID, changed = a.cat.snapshot()
@@ -525,7 +534,7 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		// The scrape loop ticks every interval; 1.5 intervals without a
 		// tick means it is stuck.
-		if age := time.Since(time.Unix(0, a.lastTick.Load())); age > a.opts.ScrapeInterval*3/2+time.Second {
+		if age := time.Since(monoStart) - time.Duration(a.lastTick.Load()); age > a.opts.ScrapeInterval*3/2+time.Second {
 			http.Error(w, fmt.Sprintf("scrape loop stalled for %s", age), http.StatusInternalServerError)
 			return
 		}

@@ -40,8 +40,9 @@ func TestOptionsValidate(t *testing.T) {
 	o.Log.Format = "xml"
 	o.NVML = "maybe"
 	o.PodSelector = "a in (b"
+	o.ReconnectMaxBackoff = 0 // the reconnect's jitter once panicked on it
 	err := o.Validate()
-	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "--log-format", "--nvml", "--pod-selector"} {
+	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "--log-format", "--nvml", "--pod-selector", "--reconnect-max-backoff"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}

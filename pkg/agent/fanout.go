@@ -19,6 +19,7 @@ import (
 func (a *Agent) fanOut(ctx context.Context) {
 	var wg sync.WaitGroup
 	cancels := map[string]context.CancelFunc{}
+	dones := map[string]chan struct{}{} // closed when the address's streamer has returned
 	r := resolved{known: map[string][]string{}, names: map[string]string{}, warned: map[string]time.Time{}}
 	defer func() {
 		for _, c := range cancels {
@@ -45,19 +46,27 @@ func (a *Agent) fanOut(ctx context.Context) {
 			a.streamers[addr] = s
 			a.streamersMu.Unlock()
 			a.log.Info("aggregator added", logging.KeyAggregator, addr)
+			done := make(chan struct{})
+			dones[addr] = done
 			wg.Add(1)
-			go func() { defer wg.Done(); s.run(sctx) }()
+			go func() { defer wg.Done(); defer close(done); s.run(sctx) }()
 		}
 		for addr, cancel := range cancels {
 			if want[addr] {
 				continue
 			}
 			cancel()
+			<-dones[addr] // its last words (connected 0) before its series go
 			delete(cancels, addr)
+			delete(dones, addr)
 			a.streamersMu.Lock()
 			delete(a.streamers, addr)
 			a.streamersMu.Unlock()
-			a.m.connected.DeleteLabelValues(addr)
+			// Every series of the address: after each aggregator rollout
+			// (new pod IPs) the old ones stayed, connected 0, for ever.
+			for _, v := range []interface{ DeleteLabelValues(...string) bool }{a.m.connected, a.m.batches, a.m.bytes, a.m.acked} {
+				v.DeleteLabelValues(addr)
+			}
 			a.log.Info("aggregator removed", logging.KeyAggregator, addr)
 		}
 		select {

@@ -107,6 +107,11 @@ func (o *Options) Validate() error {
 	if o.ResolveInterval < 100*time.Millisecond {
 		errs = append(errs, errors.New("--resolve-interval must be at least 100ms"))
 	}
+	if o.ReconnectMaxBackoff < 100*time.Millisecond {
+		// The reconnect's jitter draws from it: 0 panicked at the first
+		// failed reconnect.
+		errs = append(errs, fmt.Errorf("--reconnect-max-backoff %s: want at least 100ms", o.ReconnectMaxBackoff))
+	}
 	for _, a := range o.Aggregators {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port", a))

@@ -64,7 +64,15 @@ func (p *phaser) next() (time.Time, bool) { return p.at, !p.at.IsZero() }
 // due calls fn for every pod when their time has come and schedules the
 // next phase instant after now: a time missed (a stalled process, a slow
 // loop) is scraped once, never in a burst.
+//
+// The schedule is wall-clock time (the phase is pinned to the epoch): a
+// clock stepped back (chrony, a VM resumed) left the next time as far in
+// the future as the step, and the node's pods unscraped that long. A next
+// time more than an interval away is scheduled again from now.
 func (p *phaser) due(now time.Time, fn func(uid string)) {
+	if !p.at.IsZero() && p.at.Sub(now) > p.interval {
+		p.at = nextAt(now, p.interval, p.phase)
+	}
 	if p.at.IsZero() || p.at.After(now) {
 		return
 	}

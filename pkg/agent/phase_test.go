@@ -123,6 +123,33 @@ func TestLateLoopScrapesOnceNotInABurst(t *testing.T) {
 	}
 }
 
+// TestAClockSteppedBackKeepsScraping: the schedule is wall-clock time, and
+// a clock stepped back ten minutes (chrony, a VM resumed) left the next
+// scrape ten minutes away: no pod of the node was scraped meanwhile. A next
+// time more than an interval away is scheduled again from now, at the
+// node's phase.
+func TestAClockSteppedBackKeepsScraping(t *testing.T) {
+	const interval, phase = time.Second, 300 * time.Millisecond
+	start := time.Unix(1_800_000_000, 0)
+	p := newPhaser(interval, phase)
+	p.sync(uids(2), start)
+	var scraped int
+	p.due(start.Add(interval), func(string) { scraped++ })
+	if scraped != 2 {
+		t.Fatalf("%d scrapes at the first phase, want 2", scraped)
+	}
+	back := start.Add(-10 * time.Minute)
+	p.due(back, func(string) { scraped++ })
+	at, ok := p.next()
+	if !ok || at.Sub(back) > interval || !at.After(back) || time.Duration(at.UnixNano()%int64(interval)) != phase {
+		t.Fatalf("after a step back of 10m the next scrape is at %v, %v after now; want within an interval, at the phase", at, at.Sub(back))
+	}
+	p.due(at, func(string) { scraped++ })
+	if scraped != 4 {
+		t.Fatalf("%d scrapes, want the 2 pods scraped again an interval after the step", scraped)
+	}
+}
+
 func TestNextAt(t *testing.T) {
 	base := time.Unix(1_800_000_000, 0)
 	for _, c := range []struct {

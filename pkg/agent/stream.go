@@ -84,6 +84,23 @@ func (s *streamer) offer(r result) {
 	}
 }
 
+// maxHeldMs: a held result older than this before a batch's newest is not
+// sent (the aggregator's windows are at most minutes).
+const maxHeldMs = 10 * 60 * 1000
+
+// prune drops the held results of pods no longer listed: while an
+// aggregator was unreachable, every pod ever scraped kept one, and with
+// autoscaling's churn they grew for the outage's length, per replica.
+func (s *streamer) prune(listed map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid := range s.pending {
+		if !listed[uid] {
+			delete(s.pending, uid)
+		}
+	}
+}
+
 func (s *streamer) take() map[string]result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -145,11 +162,14 @@ func (s *streamer) run(ctx context.Context) {
 func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stream, err := s.open(ctx, client)
+	stream, err := s.open(ctx, cancel, client)
 	if err != nil {
 		return err
 	}
-	go s.readAcks(stream, cancel)
+	var acked atomic.Uint64 // the last batch acknowledged
+	go s.readAcks(stream, cancel, &acked)
+	var unackedSince time.Time // the first batch sent after the last ack seen (zero: none)
+	var ackSeen uint64
 
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
@@ -170,6 +190,18 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			}
 			s.agent.m.batches.WithLabelValues(s.addr).Inc()
 			s.agent.m.bytes.WithLabelValues(s.addr).Add(float64(proto.Size(msg)))
+			// An aggregator that takes batches and acknowledges none (a
+			// handler stuck; gRPC's transport still answers the
+			// keepalives) held the stream for ever: past ackDeadline
+			// without an ack of batches sent, the stream is dead.
+			if a := acked.Load(); a != ackSeen {
+				ackSeen, unackedSince = a, time.Time{}
+			}
+			if unackedSince.IsZero() {
+				unackedSince = time.Now()
+			} else if time.Since(unackedSince) > ackDeadline {
+				return fmt.Errorf("no batch acknowledged in %s: the aggregator takes no more", ackDeadline)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -188,7 +220,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 // welcome. It fails fast: an unreachable aggregator is an error with its
 // reason (the last connection error), counted and reported by run, not a
 // wait.
-func (s *streamer) open(ctx context.Context, client pulsev1.IngestClient) (pulsev1.Ingest_ReportClient, error) {
+func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, client pulsev1.IngestClient) (pulsev1.Ingest_ReportClient, error) {
 	stream, err := client.Report(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open stream: %w", err)
@@ -203,8 +235,15 @@ func (s *streamer) open(ctx context.Context, client pulsev1.IngestClient) (pulse
 		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil {
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
+	// A replica whose handler is stuck before its welcome held the stream
+	// for ever, in silence (gRPC's transport answers the keepalives).
+	noWelcome := time.AfterFunc(welcomeWait, func() { cancel(fmt.Errorf("no welcome within %s", welcomeWait)) })
 	welcome, err := stream.Recv()
+	noWelcome.Stop()
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = cause
+		}
 		return nil, fmt.Errorf("receive welcome: %w", err)
 	}
 	if welcome.GetWelcome() == nil {
@@ -218,7 +257,7 @@ func (s *streamer) open(ctx context.Context, client pulsev1.IngestClient) (pulse
 
 // readAcks reads the aggregator's acks until the stream ends, and then ends
 // the session with the reason.
-func (s *streamer) readAcks(stream pulsev1.Ingest_ReportClient, cancel context.CancelCauseFunc) {
+func (s *streamer) readAcks(stream pulsev1.Ingest_ReportClient, cancel context.CancelCauseFunc, acked *atomic.Uint64) {
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -226,10 +265,19 @@ func (s *streamer) readAcks(stream pulsev1.Ingest_ReportClient, cancel context.C
 			return
 		}
 		if ack := msg.GetAck(); ack != nil {
+			acked.Store(ack.Seq)
 			s.agent.m.acked.WithLabelValues(s.addr).Set(float64(ack.Seq))
 		}
 	}
 }
+
+// A stream is dead when the aggregator does not welcome it within
+// welcomeWait, or acknowledges none of the batches sent for ackDeadline
+// (it acks at least every AckEvery while batches come).
+var (
+	welcomeWait = 10 * time.Second
+	ackDeadline = 3 * AckEvery
+)
 
 // catalogueSent is the catalogue a session has sent: the targets by id,
 // their ids by pod UID (for encoding batches) and the version.
@@ -280,6 +328,13 @@ func (s *streamer) batch(ids map[string]uint32, enc *wire.Encoder) *pulsev1.Samp
 		return nil
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].timeMs < results[j].timeMs })
+	// A result held past maxHeldMs before the newest (a long outage, a
+	// clock stepped) is past any window, and its offset from the batch's
+	// time could overflow the wire's int32 milliseconds (24.8 days): it
+	// goes.
+	newest := results[len(results)-1].timeMs
+	first := sort.Search(len(results), func(i int) bool { return newest-results[i].timeMs <= maxHeldMs })
+	results = results[first:]
 	b := &pulsev1.SampleBatch{TimeUnixMs: results[0].timeMs}
 	for _, r := range results {
 		s := wire.Sample{Pod: ids[r.uid], OffsetMs: int32(r.timeMs - b.TimeUnixMs), Missing: r.missing, Error: r.err,

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -360,7 +361,7 @@ func TestEveryAggregatorReplicaIsFed(t *testing.T) {
 	o := agent.NewOptions()
 	o.StaticTargets, o.NodeName, o.NVML = file, "node-1", gpu.ModeOff
 	o.Aggregators, o.ResolveInterval = []string{"pulse-aggregator-ingest.pulse.svc:" + port}, 200*time.Millisecond
-	runAgent(t, o, agent.Deps{Resolver: dns}, nil)
+	ag := runAgent(t, o, agent.Deps{Resolver: dns}, nil)
 
 	same := func(what string, aggs ...string) {
 		t.Helper()
@@ -407,6 +408,24 @@ func TestEveryAggregatorReplicaIsFed(t *testing.T) {
 	agg3, _ := startAggregator(t, "127.0.0.3:"+port)
 	dns.set("127.0.0.2", "127.0.0.3")
 	same("the new replica holds the same state", agg2.HTTPAddr(), agg3.HTTPAddr())
+	// The replica gone from the name leaves no series behind: they stayed,
+	// connected 0, after every rollout (an alert on them fired for ever).
+	gone := `aggregator="127.0.0.1:` + port + `"`
+	eventually(t, "the series of the replica gone removed", func() error {
+		resp, err := http.Get("http://" + ag.HTTPAddr() + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if strings.Contains(string(b), gone) {
+			return fmt.Errorf("series of %s still exported", gone)
+		}
+		if !strings.Contains(string(b), `aggregator="127.0.0.3:`+port+`"`) {
+			return fmt.Errorf("no series of the new replica:\n%s", b)
+		}
+		return nil
+	})
 }
 
 func writeTargets(t *testing.T, file string, pods []simPod) {

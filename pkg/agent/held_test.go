@@ -1,0 +1,118 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// TestHeldResultsAreBounded: while an aggregator was unreachable every pod
+// ever scraped kept a held result, deleted pods' included (autoscaling's
+// churn grew them for the outage's length, per replica); and a result held
+// from before a clock step was sent with an offset past the wire's int32
+// milliseconds. Pods no longer listed lose their held results, and results
+// older than maxHeldMs before a batch's newest are not sent.
+func TestHeldResultsAreBounded(t *testing.T) {
+	s := newStreamer(nil, "127.0.0.1:1", "")
+	for _, uid := range []string{"a", "b", "gone"} {
+		s.offer(result{uid: uid, timeMs: 1_000_000})
+	}
+	s.prune(map[string]bool{"a": true, "b": true})
+	if _, held := s.pending["gone"]; held || len(s.pending) != 2 {
+		t.Fatalf("held after the pod went: %v", s.pending)
+	}
+	// a: held from 30 days before (a clock stepped forward since); b: now.
+	now := int64(1_800_000_000_000)
+	s.offer(result{uid: "a", timeMs: now - 30*24*3600*1000})
+	s.offer(result{uid: "b", timeMs: now})
+	b := s.batch(map[string]uint32{"a": 1, "b": 2}, wire.NewEncoder())
+	if b == nil || b.TimeUnixMs != now {
+		t.Fatalf("batch %+v: want b's result alone, at its time", b)
+	}
+	if n := len(b.Pods); n != 1 || b.Pods[0] != 2 {
+		t.Fatalf("batch of pods %v: want pod 2 alone", b.Pods)
+	}
+}
+
+// silentAggregator answers a stream's hello with a welcome, or not, and
+// acknowledges nothing.
+type silentAggregator struct {
+	pulsev1.UnimplementedIngestServer
+	welcome bool
+}
+
+func (f *silentAggregator) Report(stream pulsev1.Ingest_ReportServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	if f.welcome {
+		if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{}}}); err != nil {
+			return err
+		}
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+// TestAStuckAggregatorEndsTheStream: a replica whose handler is stuck
+// before its welcome, or that takes batches and acknowledges none, held
+// the agent's stream for ever (gRPC's transport still answers the
+// keepalives), in silence. Past welcomeWait without a welcome, or
+// ackDeadline without an ack of batches sent, the session ends with the
+// reason, and the agent reconnects.
+func TestAStuckAggregatorEndsTheStream(t *testing.T) {
+	defer func(w, d time.Duration) { welcomeWait, ackDeadline = w, d }(welcomeWait, ackDeadline)
+	welcomeWait, ackDeadline = 200*time.Millisecond, 300*time.Millisecond
+	for _, c := range []struct {
+		welcome bool
+		says    string
+	}{{false, "no welcome within"}, {true, "no batch acknowledged"}} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		pulsev1.RegisterIngestServer(g, &silentAggregator{welcome: c.welcome})
+		go func() { _ = g.Serve(ln) }()
+		a := newIdleAgent(t)
+		a.SetTargets([]discovery.Target{{UID: "u1", Namespace: "ns", Pod: "p", Ready: true,
+			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}})
+		s := newStreamer(a, ln.Addr().String(), "")
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { // a result every 20 ms, as scrapes bring them
+			for ctx.Err() == nil {
+				s.offer(result{uid: "u1", timeMs: time.Now().UnixMilli()})
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		done := make(chan error, 1)
+		go func() { done <- s.session(ctx, pulsev1.NewIngestClient(conn)) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("welcome %v: the session ended with %v, want %q", c.welcome, err, c.says)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("welcome %v: the session never ended", c.welcome)
+		}
+		cancel()
+		_ = conn.Close()
+		g.Stop()
+	}
+}
