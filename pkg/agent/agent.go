@@ -290,7 +290,10 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 
 // scrapeUnits groups the ready targets into what one scrape reads: a
 // model server's page (keyed by its pod's uid), or a router's page for all
-// its demand entries (keyed by the page's URL), each sorted by uid.
+// its demand entries (keyed by the router pod's uid and the page's URL:
+// two routers of two namespaces briefly at one address, the IP reused
+// before a pod's status caught up, were one unit, one page attributed to
+// both), each sorted by uid.
 func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target {
 	units := make(map[string][]discovery.Target, len(byID))
 	for _, tg := range byID {
@@ -299,7 +302,9 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 		case tg.Demand == nil:
 			units[tg.UID] = []discovery.Target{tg}
 		default:
-			units[demandUnit+tg.URL] = append(units[demandUnit+tg.URL], tg)
+			router, _, _ := strings.Cut(tg.UID, "/demand/")
+			k := demandUnit + router + " " + tg.URL
+			units[k] = append(units[k], tg)
 		}
 	}
 	for _, tgs := range units {
@@ -308,7 +313,7 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 	return units
 }
 
-// demandUnit prefixes the key of a router's scrape (a URL, never a uid).
+// demandUnit prefixes the key of a router's scrape (never a uid).
 const demandUnit = "demand "
 
 // startScrape marks uid in flight and returns its counter state; nil when
