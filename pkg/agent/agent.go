@@ -69,6 +69,7 @@ type Agent struct {
 	extractor *vllm.Extractor
 	cat       *catalogue
 	static    []discovery.Target // --static-targets, read by New
+	leftOut   int                // entries SetTargets left out last (past --max-pods)
 	m         *agentMetrics
 	reg       *prometheus.Registry
 
@@ -175,6 +176,13 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 
 // SetTargets replaces the pods to scrape.
 func (a *Agent) SetTargets(ts []discovery.Target) {
+	ts, left := fairList(ts, a.opts.MaxListed)
+	a.m.leftOut.Set(float64(left))
+	if left > 0 && left != a.leftOut {
+		a.log.Warn("catalogue entries left out: the node lists more than --max-pods, shared fairly among namespaces (the aggregator would refuse the whole catalogue past twice its --max-pods-per-agent)",
+			logging.KeyLeftOut, left, logging.KeyMaxPods, a.opts.MaxListed)
+	}
+	a.leftOut = left
 	a.cat.Set(ts)
 	a.m.targets.Set(float64(len(ts)))
 	listed := make(map[string]bool, len(ts))
@@ -286,6 +294,34 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// fairList is at most n of ts, shared fairly among their namespaces (in
+// turn, each namespace's by uid), and how many were left out: one
+// tenant's routers naming 64 workloads each, or its many pods, made a
+// catalogue the aggregator refused whole (past twice its limit, or 4 MiB),
+// silencing every tenant of the node at each reconnect.
+func fairList(ts []discovery.Target, n int) ([]discovery.Target, int) {
+	if len(ts) <= n {
+		return ts, 0
+	}
+	byNS := map[string][]discovery.Target{}
+	for _, t := range ts {
+		byNS[t.Namespace] = append(byNS[t.Namespace], t)
+	}
+	names := slices.Sorted(maps.Keys(byNS))
+	for _, ns := range names {
+		slices.SortFunc(byNS[ns], func(x, y discovery.Target) int { return strings.Compare(x.UID, y.UID) })
+	}
+	out := make([]discovery.Target, 0, n)
+	for i := 0; len(out) < n; i++ {
+		for _, ns := range names {
+			if i < len(byNS[ns]) && len(out) < n {
+				out = append(out, byNS[ns][i])
+			}
+		}
+	}
+	return out, len(ts) - n
 }
 
 // scrapeUnits groups the ready targets into what one scrape reads: a
@@ -602,6 +638,7 @@ type agentMetrics struct {
 	duration       prometheus.Histogram
 	errors         *prometheus.CounterVec
 	targets        prometheus.Gauge
+	leftOut        prometheus.Gauge
 	skipped        prometheus.Counter
 	connected      *prometheus.GaugeVec
 	batches        *prometheus.CounterVec
@@ -626,6 +663,8 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 			Name: "pulse_agent_scrape_errors_total", Help: "Failed scrapes by reason."}, []string{"reason"}),
 		targets: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_agent_targets", Help: "Pods this agent knows of."}),
+		leftOut: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pulse_agent_targets_left_out", Help: "Catalogue entries left out past --max-pods (shared fairly among namespaces)."}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pulse_agent_scrapes_skipped_total", Help: "Scrapes not started because the previous one of the pod was still in flight."}),
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -640,6 +679,6 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 	for _, r := range []pulsev1.MissingReason{1, 2, 3, 4, 5, 6} {
 		m.errors.WithLabelValues(wire.ReasonName(r))
 	}
-	reg.MustRegister(m.nvml, m.unknownDevices, m.podResErrors, m.nvmlErrors, m.duration, m.errors, m.targets, m.skipped, m.connected, m.batches, m.bytes, m.acked)
+	reg.MustRegister(m.nvml, m.unknownDevices, m.podResErrors, m.nvmlErrors, m.duration, m.errors, m.targets, m.leftOut, m.skipped, m.connected, m.batches, m.bytes, m.acked)
 	return m
 }

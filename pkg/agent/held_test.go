@@ -2,11 +2,13 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -114,5 +116,41 @@ func TestAStuckAggregatorEndsTheStream(t *testing.T) {
 		cancel()
 		_ = conn.Close()
 		g.Stop()
+	}
+}
+
+// TestTheCatalogueIsBoundedFairly: one tenant's routers naming 64
+// workloads each (the taint toleration is the tenant's) made a catalogue
+// of thousands of entries, which the aggregator refused whole at every
+// reconnect, silencing every tenant of the node. The agent lists at most
+// --max-pods entries, shared fairly among namespaces; the rest are left
+// out, said and counted.
+func TestTheCatalogueIsBoundedFairly(t *testing.T) {
+	var ts []discovery.Target
+	for i := range 3000 {
+		ts = append(ts, discovery.Target{UID: fmt.Sprintf("router-%d/demand/w", i), Namespace: "big", Pod: fmt.Sprint("r", i)})
+	}
+	for i := range 5 {
+		ts = append(ts, discovery.Target{UID: fmt.Sprint("small-", i), Namespace: "small", Pod: fmt.Sprint("s", i)})
+	}
+	a := newIdleAgent(t)
+	a.SetTargets(ts)
+	_, listed, _ := a.cat.snapshot()
+	small := 0
+	for _, tg := range listed {
+		if tg.Namespace == "small" {
+			small++
+		}
+	}
+	if len(listed) != a.opts.MaxListed || small != 5 {
+		t.Fatalf("%d listed, %d of the small tenant's 5; want %d and all 5", len(listed), small, a.opts.MaxListed)
+	}
+	if v := testutil.ToFloat64(a.m.leftOut); v != 3005-float64(a.opts.MaxListed) {
+		t.Fatalf("pulse_agent_targets_left_out %v", v)
+	}
+	// Within the bound, all are listed.
+	a.SetTargets(ts[2990:])
+	if _, listed, _ := a.cat.snapshot(); len(listed) != 15 || testutil.ToFloat64(a.m.leftOut) != 0 {
+		t.Fatalf("%d listed of 15", len(listed))
 	}
 }

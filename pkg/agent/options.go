@@ -33,6 +33,7 @@ type Options struct {
 	ScrapeInterval      time.Duration
 	ScrapeTimeout       time.Duration
 	MaxConcurrent       int
+	MaxListed           int
 	MaxPageBytes        int64
 	ExtraMetrics        stringList
 	ForwardHistograms   bool
@@ -59,6 +60,7 @@ func NewOptions() *Options {
 		NodeName:            node,
 		ScrapeInterval:      time.Second,
 		MaxConcurrent:       64,
+		MaxListed:           1024,
 		MaxPageBytes:        1 << 20,
 		BatchDelay:          20 * time.Millisecond,
 		ReconnectMaxBackoff: 5 * time.Second,
@@ -83,6 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
+	fs.IntVar(&o.MaxListed, "max-pods", o.MaxListed, "catalogue entries (pods, and routers' demand entries) the agent lists, shared fairly among namespaces; past it the rest are left out, said and counted: keep it at most the aggregator's --max-pods-per-agent")
 	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large); a page over 256 KiB waits for one of 4 large reads at once")
 	fs.Var(&o.ExtraMetrics, "extra-metric", "forward a gauge by its raw name, NAME[:sum|mean|max] (default sum over series); repeatable")
 	fs.BoolVar(&o.ForwardHistograms, "forward-histograms", o.ForwardHistograms, "forward the TTFT and inter-token latency histograms' buckets (metrics ttftP50/P90/P99Seconds, itlP50/P90/P99Seconds); about 80 more bytes per busy pod per scrape")
@@ -131,6 +134,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxConcurrent < 1 {
 		errs = append(errs, errors.New("--max-concurrent-scrapes must be at least 1"))
+	}
+	if o.MaxListed < 1 {
+		errs = append(errs, errors.New("--max-pods must be at least 1"))
 	}
 	if o.MaxPageBytes < 1024 {
 		errs = append(errs, errors.New("--max-page-bytes must be at least 1024"))
