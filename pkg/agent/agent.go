@@ -237,7 +237,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // demand entries (one per workload it names) share one scrape of its page:
 // a router is one pod, and takes one slot, however many workloads it names.
 func (a *Agent) scrapeLoop(ctx context.Context) {
-	sem := make(chan struct{}, a.opts.MaxConcurrent)
+	slots := newScrapeSlots(a.opts.MaxConcurrent)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ph := newPhaser(a.opts.ScrapeInterval, phaseOf(a.opts.NodeName, a.opts.ScrapeInterval))
@@ -264,17 +264,29 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 			go func() {
 				defer wg.Done()
 				defer a.endScrape(key)
-				select {
-				case sem <- struct{}{}:
-				case <-ctx.Done():
+				// The wait for a slot is within the scrape's timeout: one
+				// tenant's stalling pages held every slot, and the other
+				// tenants' scrapes started late and ran late.
+				sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+				defer cancel()
+				start := time.Now()
+				release, err := slots.take(sctx, tgs[0].Namespace)
+				if err != nil {
+					if ctx.Err() == nil {
+						err = &ScrapeError{Reason: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Err: fmt.Errorf(
+							"no scrape slot within the scrape timeout (at most %d scrapes at once, %d of one namespace)", slots.all, slots.perNS)}
+						for _, tg := range tgs {
+							a.publish(a.result(tg, start, vllm.Page{}, err))
+						}
+					}
 					return
 				}
-				defer func() { <-sem }()
+				defer release()
 				if tgs[0].Demand == nil {
-					a.publish(a.scrapeOne(ctx, tgs[0], counters))
+					a.publish(a.scrapeOne(sctx, tgs[0], counters))
 					return
 				}
-				for _, r := range a.scrapeDemand(ctx, tgs) {
+				for _, r := range a.scrapeDemand(sctx, tgs) {
 					a.publish(r)
 				}
 			}()
@@ -322,6 +334,56 @@ func fairList(ts []discovery.Target, n int) ([]discovery.Target, int) {
 		}
 	}
 	return out, len(ts) - n
+}
+
+// scrapeSlots bounds the scrapes at once: all of them, and one
+// namespace's (half of them, at least one), so that one tenant's pages
+// that accept and stall cannot hold every slot of the node.
+type scrapeSlots struct {
+	all, perNS int
+	any        chan struct{}
+	mu         sync.Mutex
+	ns         map[string]chan struct{}
+	users      map[string]int // holding or waiting on ns's, which goes with the last
+}
+
+func newScrapeSlots(n int) *scrapeSlots {
+	return &scrapeSlots{all: n, perNS: max(1, n/2), any: make(chan struct{}, n), ns: map[string]chan struct{}{}, users: map[string]int{}}
+}
+
+// take waits for a slot of namespace ns and one of all, until ctx ends;
+// release gives both back.
+func (s *scrapeSlots) take(ctx context.Context, ns string) (release func(), err error) {
+	s.mu.Lock()
+	c := s.ns[ns]
+	if c == nil {
+		c = make(chan struct{}, s.perNS)
+		s.ns[ns] = c
+	}
+	s.users[ns]++
+	s.mu.Unlock()
+	done := func() {
+		s.mu.Lock()
+		if s.users[ns]--; s.users[ns] == 0 {
+			delete(s.ns, ns)
+			delete(s.users, ns)
+		}
+		s.mu.Unlock()
+	}
+	select {
+	case c <- struct{}{}:
+	case <-ctx.Done():
+		done()
+		return nil, ctx.Err()
+	}
+	select {
+	case s.any <- struct{}{}:
+	case <-ctx.Done():
+		<-c
+		done()
+		return nil, ctx.Err()
+	}
+	return func() { <-s.any; <-c; done() }, nil
 }
 
 // scrapeUnits groups the ready targets into what one scrape reads: a

@@ -154,3 +154,37 @@ func TestTheCatalogueIsBoundedFairly(t *testing.T) {
 		t.Fatalf("%d listed of 15", len(listed))
 	}
 }
+
+// TestOneNamespaceHoldsHalfTheScrapeSlots: one global bound on scrapes at
+// once, waited for outside the scrape's timeout, let one tenant's pages
+// that accept and stall hold every slot of the node: the other tenants'
+// scrapes started late and ran late. One namespace now holds at most half
+// the slots, and the wait is within the scrape's timeout.
+func TestOneNamespaceHoldsHalfTheScrapeSlots(t *testing.T) {
+	s := newScrapeSlots(4)
+	ctx := context.Background()
+	var held []func()
+	for range 2 {
+		release, err := s.take(ctx, "stalling")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, release)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.take(short, "stalling"); err == nil {
+		t.Fatal("a namespace took more than half the slots")
+	}
+	release, err := s.take(ctx, "quiet")
+	if err != nil {
+		t.Fatalf("another namespace's scrape with half the slots free: %v", err)
+	}
+	release()
+	for _, r := range held {
+		r()
+	}
+	if len(s.ns) != 0 || len(s.users) != 0 || len(s.any) != 0 {
+		t.Fatalf("after every release: %d namespaces, %d users, %d slots held", len(s.ns), len(s.users), len(s.any))
+	}
+}
