@@ -243,6 +243,9 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 			m.o.Log.Info("CA certificate published for the agents", logging.KeyName, m.o.Namespace+"/"+m.o.CAConfigMap)
 		}
 	case err == nil && (cur.Data[KeyCACert] != want[KeyCACert] || m.unowned(cur.OwnerReferences)):
+		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
+			return serr // a newer Secret: its Ensure publishes it
+		}
 		cur.Data = want
 		cur.OwnerReferences = m.owners(cur.OwnerReferences)
 		_, err = cms.Update(ctx, cur, metav1.UpdateOptions{})
@@ -413,6 +416,9 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 		_, err = ks.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.TriggerAuthName, Namespace: m.o.KEDANamespace,
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
 	case err == nil && (!equalData(cur.Data, want) || m.unowned(cur.OwnerReferences)):
+		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
+			return serr // a newer Secret: its Ensure writes it
+		}
 		cur.Data = want
 		cur.OwnerReferences = m.owners(cur.OwnerReferences)
 		_, err = ks.Update(ctx, cur, metav1.UpdateOptions{})
@@ -448,6 +454,18 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 		return fmt.Errorf("ClusterTriggerAuthentication %s: %w", m.o.TriggerAuthName, err)
 	}
 	return nil
+}
+
+// stale reports whether sec is no longer the Secret's current version:
+// a replica slow between its read and its write once put an older CA
+// bundle (and KEDA's older credentials) back over a newer replica's, for
+// up to an hour. The write is then left to the Ensure of the newer copy.
+func (m *Managed) stale(ctx context.Context, sec *corev1.Secret) (bool, error) {
+	now, err := m.o.Client.CoreV1().Secrets(m.o.Namespace).Get(ctx, m.o.SecretName, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("get certificate secret: %w", err)
+	}
+	return now.ResourceVersion != sec.ResourceVersion, nil
 }
 
 // unowned reports whether an Owner is set and refs lack it.

@@ -336,3 +336,51 @@ func TestAnUnreadableCAGivesWayToTheNext(t *testing.T) {
 		t.Fatal("a current CA whose key is lost: want the published next CA in its place")
 	}
 }
+
+// TestAnOlderCopyDoesNotUndoANewerOne: a replica slow between reading the
+// Secret and writing the CA ConfigMap and KEDA's credentials put the older
+// bundle back over a newer replica's, for up to an hour. A write from a
+// copy that is no longer the Secret's current version is left to the
+// Ensure of the newer one.
+func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	ctx := context.Background()
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	secrets := client.CoreV1().Secrets("pulse-system")
+	old, err := secrets.Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.ResourceVersion = "1"
+	newer := old.DeepCopy()
+	newer.ResourceVersion = "2"
+	if _, err := secrets.Update(ctx, newer, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The published copies as a newer replica left them.
+	cms := client.CoreV1().ConfigMaps("pulse-system")
+	cm, _ := cms.Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	cm.Data[KeyCACert] = "the newer bundle"
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	keda := client.CoreV1().Secrets("keda")
+	ks, _ := keda.Get(ctx, "pulse-creds", metav1.GetOptions{})
+	ks.Data["ca.crt"] = []byte("the newer bundle")
+	if _, err := keda.Update(ctx, ks, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ensureCA(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ensureKEDA(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	cm, _ = cms.Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	ks, _ = keda.Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if cm.Data[KeyCACert] != "the newer bundle" || string(ks.Data["ca.crt"]) != "the newer bundle" {
+		t.Fatal("an older copy of the Secret wrote its bundle over the newer one")
+	}
+}
