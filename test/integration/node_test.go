@@ -410,7 +410,13 @@ func TestEveryAggregatorReplicaIsFed(t *testing.T) {
 	same("the new replica holds the same state", agg2.HTTPAddr(), agg3.HTTPAddr())
 	// The replica gone from the name leaves no series behind: they stayed,
 	// connected 0, after every rollout (an alert on them fired for ever).
-	gone := `aggregator="127.0.0.1:` + port + `"`
+	seriesOnlyOf(t, ag, "127.0.0.1:"+port, "127.0.0.3:"+port)
+}
+
+// seriesOnlyOf waits until the agent exports no series of the aggregator
+// address gone, and some of the one kept.
+func seriesOnlyOf(t *testing.T, ag *agent.Agent, gone, kept string) {
+	t.Helper()
 	eventually(t, "the series of the replica gone removed", func() error {
 		resp, err := http.Get("http://" + ag.HTTPAddr() + "/metrics")
 		if err != nil {
@@ -418,11 +424,11 @@ func TestEveryAggregatorReplicaIsFed(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		if strings.Contains(string(b), gone) {
+		if strings.Contains(string(b), `aggregator="`+gone+`"`) {
 			return fmt.Errorf("series of %s still exported", gone)
 		}
-		if !strings.Contains(string(b), `aggregator="127.0.0.3:`+port+`"`) {
-			return fmt.Errorf("no series of the new replica:\n%s", b)
+		if !strings.Contains(string(b), `aggregator="`+kept+`"`) {
+			return fmt.Errorf("no series of %s:\n%s", kept, b)
 		}
 		return nil
 	})
