@@ -270,13 +270,9 @@ func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.serverName, InsecureSkipVerify: f.unsafeSsl} //nolint:gosec // KEDA's unsafeSsl, asked for by name
 	if f.caCert != "" {
-		pem, err := os.ReadFile(f.caCert)
+		pool, err := caPool(f.caCert)
 		if err != nil {
 			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", f.caCert)
 		}
 		cfg.RootCAs = pool
 	}
@@ -288,6 +284,19 @@ func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
 		cfg.Certificates = []tls.Certificate{c}
 	}
 	return credentials.NewTLS(cfg), nil
+}
+
+// caPool is the CA certificates of file (--ca-cert), of query and top.
+func caPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file) //nolint:gosec // a file the user names by flag
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", file)
+	}
+	return pool, nil
 }
 
 func query(args []string, stdout, stderr io.Writer) int {
@@ -454,13 +463,8 @@ func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if caCert != "" {
-		pem, err := os.ReadFile(caCert) //nolint:gosec // a file the user names by flag
-		if err != nil {
+		if cfg.RootCAs, err = caPool(caCert); err != nil {
 			return nil, err
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", caCert)
 		}
 	}
 	var rt http.RoundTripper = &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment}
