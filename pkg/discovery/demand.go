@@ -86,32 +86,15 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	if !ok {
 		return nil, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, wire.CleanText(kindName, 64))
 	}
-	list := strings.TrimSpace(annotations[AnnotationDemandWorkloads])
-	if list == "" {
-		return nil, fmt.Errorf("annotation %s is required: the workloads the router fronts, NAME or NAME=LABEL_VALUE, comma-separated", AnnotationDemandWorkloads)
-	}
-	if n := strings.Count(list, ",") + 1; n > MaxDemandWorkloads {
-		// One router must not fill its node's catalogue: this router is
-		// left out, the node's other pods are not.
-		return nil, fmt.Errorf("annotation %s names %d workloads; at most %d", AnnotationDemandWorkloads, n, MaxDemandWorkloads)
+	items, err := demandItems(annotations[AnnotationDemandWorkloads])
+	if err != nil {
+		return nil, err
 	}
 	var out []Target
-	seen := map[string]bool{}
-	for item := range strings.SplitSeq(list, ",") {
-		name, value, _ := strings.Cut(strings.TrimSpace(item), "=")
-		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if value == "" {
-			value = name
-		}
-		if name == "" || seen[name] {
-			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, wire.CleanText(list, 64))
-		}
-		seen[name] = true
-		if err := checkWorkloadNames([]Workload{{Name: name}}); err != nil {
-			return nil, fmt.Errorf("annotation %s: %w", AnnotationDemandWorkloads, err)
-		}
+	for _, it := range items {
+		name := it.name
 		dd := d
-		dd.Match = value
+		dd.Match = it.value
 		t := base
 		t.UID = store.DemandUID(base.UID, name)
 		t.Workloads = []Workload{{Kind: kind, Name: name}}

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/pulse-io/pulse/pkg/discovery"
 )
 
 // NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
@@ -50,8 +52,9 @@ var ErrBusy = errors.New("too many agent token reviews in flight: try again")
 type Authenticator interface {
 	// Authenticate returns the node the bearer token is bound to.
 	Authenticate(ctx context.Context, token string) (node string, err error)
-	// PodNode returns the node the API says a pod runs on.
-	PodNode(ctx context.Context, namespace, name, uid string) (string, error)
+	// PodNode returns the node the API says an entry's pod runs on, or
+	// ErrClaim when the pod does not allow the entry's uid and workloads.
+	PodNode(ctx context.Context, e Entry) (string, error)
 }
 
 // TokenReviewer authenticates agents by their projected ServiceAccount
@@ -103,11 +106,11 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 		lo.FieldSelector = fields.OneTermNotEqualSelector("spec.nodeName", "").String()
 	}))
 	t.podInformer = f.Core().V1().Pods().Informer()
-	// Keep only what PodNode reads: a pod is mostly spec and status.
+	// Keep only what PodNode reads, its node and what discovery.Claims
+	// reads (bounded): a pod is mostly spec and status.
 	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
-			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
-				ResourceVersion: p.ResourceVersion}, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
+			return &corev1.Pod{ObjectMeta: discovery.ClaimsMeta(p), Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
 		}
 		return obj, nil
 	}); err != nil {
@@ -239,16 +242,36 @@ const (
 	missWait     = 5 * time.Second
 )
 
-// PodNode reads a pod's node from the pod cache, or from the API for a pod
-// the cache does not hold yet (cached by uid: a pod never changes node).
-func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string) (string, error) {
-	if id, ok := t.pods.Get(uid); ok {
+// ErrClaim: the API's pod has no catalogue entry of that uid and those
+// workloads (discovery.Claims): an agent named workloads the pod's labels,
+// annotations and owners do not give it.
+var ErrClaim = errors.New("the pod does not belong to the workloads its entry names")
+
+// Entry is what a catalogue entry says of a pod: its namespace, name and
+// uid, the entry's uid (a demand source's entry's differs) and the
+// workloads it names.
+type Entry struct {
+	Namespace, Name, PodUID, UID string
+	Workloads                    []discovery.Workload
+}
+
+// PodNode returns the node the API places an entry's pod on, once the pod
+// is known to allow the entry (its uid and workloads; ErrClaim if not). It
+// reads the uid's identity kept, else the pod cache, else the API for a
+// pod the cache does not hold yet. Kept claims that do not allow the entry
+// are read again (the labels may have changed): from the pod cache, then
+// the API, which may be ahead of it.
+func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
+	id, ok := t.pods.Get(e.PodUID)
+	if ok {
 		// A uid names one pod: the whole identity must match, or an agent
 		// could list its own pod's uid under another namespace and name.
-		if id.namespace != namespace || id.name != name {
-			return "", fmt.Errorf("pod uid %s is %s/%s, not %s/%s", uid, id.namespace, id.name, namespace, name)
+		if id.namespace != e.Namespace || id.name != e.Name {
+			return "", fmt.Errorf("pod uid %s is %s/%s, not %s/%s", e.PodUID, id.namespace, id.name, e.Namespace, e.Name)
 		}
-		return id.node, nil
+		if discovery.Allows(id.claims, e.UID, e.Workloads) {
+			return id.node, nil
+		}
 	}
 	if !t.podInformer.HasSynced() {
 		wctx, cancel := context.WithTimeout(ctx, t.sync)
@@ -258,10 +281,13 @@ func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string
 			return "", fmt.Errorf("%w: the pod cache has not synced", ErrLookupUnavailable)
 		}
 	}
-	obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
-	if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == uid {
-		t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
-		return p.Spec.NodeName, nil
+	obj, ok, _ := t.podInformer.GetStore().GetByKey(e.Namespace + "/" + e.Name)
+	if p, isPod := obj.(*corev1.Pod); ok && isPod && string(p.UID) == e.PodUID {
+		id := identityOf(p)
+		t.pods.Add(e.PodUID, id)
+		if discovery.Allows(id.claims, e.UID, e.Workloads) {
+			return id.node, nil
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, missWait)
 	err := t.misses.Wait(wctx)
@@ -269,18 +295,51 @@ func (t *TokenReviewer) PodNode(ctx context.Context, namespace, name, uid string
 	if err != nil {
 		return "", fmt.Errorf("%w: too many lookups of pods not in the pod cache", ErrLookupUnavailable)
 	}
-	p, err := t.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	p, err := t.client.CoreV1().Pods(e.Namespace).Get(ctx, e.Name, metav1.GetOptions{})
 	if err != nil {
-		return "", fmt.Errorf("look up pod %s/%s: %w", namespace, name, err)
+		return "", fmt.Errorf("look up pod %s/%s: %w", e.Namespace, e.Name, err)
 	}
-	if string(p.UID) != uid {
-		return "", fmt.Errorf("pod %s/%s has uid %s, not %s", namespace, name, p.UID, uid)
+	if string(p.UID) != e.PodUID {
+		return "", fmt.Errorf("pod %s/%s has uid %s, not %s", e.Namespace, e.Name, p.UID, e.PodUID)
 	}
-	if p.Spec.NodeName != "" {
-		t.pods.Add(uid, podIdentity{namespace, name, p.Spec.NodeName})
+	id = identityOf(p)
+	if id.node != "" {
+		t.pods.Add(e.PodUID, id)
 	}
-	return p.Spec.NodeName, nil
+	if !discovery.Allows(id.claims, e.UID, e.Workloads) {
+		return id.node, fmt.Errorf("%w: pod %s/%s allows entries %s", ErrClaim, e.Namespace, e.Name, describeClaims(id.claims))
+	}
+	return id.node, nil
+}
+
+// identityOf is what the pod cache keeps of a pod.
+func identityOf(p *corev1.Pod) podIdentity {
+	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p)}
+}
+
+// describeClaims lists claims for an error, at most four entries.
+func describeClaims(claims map[string][]discovery.Workload) string {
+	if len(claims) == 0 {
+		return "none (no workload its labels, annotations or owners give)"
+	}
+	var parts []string
+	for uid, ws := range claims {
+		if len(parts) == 4 {
+			parts = append(parts, "...")
+			break
+		}
+		names := make([]string, len(ws))
+		for i, w := range ws {
+			names[i] = kinds[w.Kind] + "/" + w.Name
+		}
+		parts = append(parts, uid+" of "+strings.Join(names, ", "))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
 }
 
 // podIdentity is what the pod cache keeps of a pod, by uid.
-type podIdentity struct{ namespace, name, node string }
+type podIdentity struct {
+	namespace, name, node string
+	claims                map[string][]discovery.Workload // discovery.Claims
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -36,8 +38,8 @@ import (
 // "token-node-1" is the agent's ServiceAccount on a pod of node-1, and so on.
 func fakeAPI() *fake.Clientset {
 	pod := func(name, node string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name)},
-			Spec: corev1.PodSpec{NodeName: node}}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+			Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: node}}
 	}
 	c := fake.NewClientset(pod("mine", "node-1"), pod("theirs", "node-2"))
 	agent := "system:serviceaccount:pulse-system:pulse-agent"
@@ -170,27 +172,33 @@ func TestPodNodeFromTheCache(t *testing.T) {
 	}
 	gets := func() int { return podGets(c) }
 	for _, tc := range []struct{ name, node string }{{"mine", "node-1"}, {"theirs", "node-2"}} {
-		if node, err := tr.PodNode(ctx, "ns", tc.name, "uid-"+tc.name); err != nil || node != tc.node {
+		if node, err := tr.PodNode(ctx, llama("ns", tc.name, "uid-"+tc.name)); err != nil || node != tc.node {
 			t.Fatalf("PodNode(%s) = %q, %v; want %s", tc.name, node, err, tc.node)
 		}
 	}
 	if n := gets(); n != 0 {
 		t.Fatalf("%d pod GETs with a synced cache, want 0", n)
 	}
-	if _, err := tr.PodNode(ctx, "ns", "mine", "another-uid"); err == nil {
+	if _, err := tr.PodNode(ctx, llama("ns", "mine", "another-uid")); err == nil {
 		t.Fatal("a uid that does not match the pod was accepted")
 	}
-	if _, err := tr.PodNode(ctx, "ns", "nobody", "uid-nobody"); err == nil {
+	if _, err := tr.PodNode(ctx, llama("ns", "nobody", "uid-nobody")); err == nil {
 		t.Fatal("an unknown pod was accepted")
 	}
 	// A uid cached for one pod vouches for no other namespace or name: an
 	// agent holding its token could otherwise re-list its own pod's uid
 	// under another tenant's namespace and workload.
 	for _, other := range [][2]string{{"victim", "mine"}, {"ns", "someone-else"}} {
-		if _, err := tr.PodNode(ctx, other[0], other[1], "uid-mine"); err == nil || !strings.Contains(err.Error(), "is ns/mine") {
+		if _, err := tr.PodNode(ctx, llama(other[0], other[1], "uid-mine")); err == nil || !strings.Contains(err.Error(), "is ns/mine") {
 			t.Errorf("uid-mine as %s/%s: %v, want a refusal naming ns/mine", other[0], other[1], err)
 		}
 	}
+}
+
+// llama is an entry of pod ns/name (uid) for Workspace llama.
+func llama(ns, name, uid string) Entry {
+	return Entry{Namespace: ns, Name: name, PodUID: uid, UID: uid,
+		Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
 }
 
 // TestTooManyPodsCostNoLookup: a catalogue over the stream's pod limit is
@@ -346,7 +354,7 @@ func TestPodLookupsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr.sync = 50 * time.Millisecond // its informer never runs
-	if _, err := tr.PodNode(context.Background(), "ns", "mine", "uid-mine"); !errors.Is(err, ErrLookupUnavailable) {
+	if _, err := tr.PodNode(context.Background(), llama("ns", "mine", "uid-mine")); !errors.Is(err, ErrLookupUnavailable) {
 		t.Fatalf("a lookup before the pod cache synced: %v, want ErrLookupUnavailable", err)
 	}
 	f := newFixtureWith(t, tr)
@@ -405,4 +413,110 @@ func podGets(c *fake.Clientset) int {
 		}
 	}
 	return n
+}
+
+// TestAnEntryNamesOnlyItsPodsWorkloads: an agent named the workloads of the
+// pods it listed unchecked, so a compromised one could attach its node's
+// pods to any workload of their namespace (its values read as that
+// workload's load) or list a router's demand for a workload the router
+// does not front. Each entry is now held to the pod as the API has it (its
+// labels and owners; a router's demand-workloads), the one wrong entry
+// refused; a pod relabelled a moment ago is taken under its new workload.
+func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
+	c := fakeAPI()
+	router := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "router", Namespace: "ns", UID: "uid-router",
+		Annotations: map[string]string{discovery.AnnotationDemandSource: "epp", discovery.AnnotationDemandWorkloads: "llama, qwen=q"}},
+		Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), router, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, runningReviewer(t, c))
+	ws := func(name string) []*pulsev1.Workload {
+		return []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: name}}
+	}
+	demand := func(id uint32, name string) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: id, Uid: store.DemandUID("uid-router", name), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: ws(name)}
+	}
+	entries := []*pulsev1.Pod{
+		{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("llama")},
+		demand(2, "qwen"),
+		demand(3, "victim"), // the router fronts no such workload
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entries...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
+		t.Fatalf("rejected workload_claim = %v, want 1 (the router's entry for a workload it does not front)", got)
+	}
+	held := map[string]bool{}
+	for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+		held[w.Name] = true
+	}
+	if !held["llama"] || !held["qwen"] || held["victim"] {
+		t.Fatalf("workloads held %v, want llama and qwen, not victim", held)
+	}
+
+	// The pod listed under another workload of its namespace: refused, the
+	// pod's entry alone; under its own, taken again.
+	g := newFixtureWith(t, runningReviewer(t, c))
+	wrong := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("victim")}
+	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong, demand(2, "llama"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
+		t.Fatalf("rejected workload_claim = %v, want 1", got)
+	}
+	for _, w := range g.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+		if w.Name == "victim" {
+			t.Fatalf("the pod was taken as workload victim's: %+v", w)
+		}
+	}
+
+	// Relabelled: the entry under the new workload is taken (the API read
+	// again when what is kept does not allow it).
+	p, err := c.CoreV1().Pods("ns").Get(context.Background(), "mine", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels[discovery.LabelWorkspace] = "victim"
+	if _, err := c.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
+		t.Fatalf("rejected workload_claim = %v after the relabel, want still 1", got)
+	}
+}
+
+// TestClaimsMetaKeepsWhatClaimsRead: the pod cache keeps of every pod only
+// what Claims reads, bounded; Claims of it is Claims of the pod.
+func TestClaimsMetaKeepsWhatClaimsRead(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	for name, p := range map[string]*corev1.Pod{
+		"deployment": {ObjectMeta: metav1.ObjectMeta{UID: "u", Labels: map[string]string{"pod-template-hash": "abc", "app": "x"},
+			Annotations:     map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("{", 100000)},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "llama-abc"}, {Kind: "Node", Name: "n"}}}},
+		"pulse.io/workload too long": {ObjectMeta: metav1.ObjectMeta{UID: "u", Annotations: map[string]string{discovery.KeyWorkload: long}}},
+		"router": {ObjectMeta: metav1.ObjectMeta{UID: "u", Annotations: map[string]string{discovery.AnnotationDemandSource: "epp",
+			discovery.AnnotationDemandKind: "Deployment", discovery.AnnotationDemandWorkloads: "a=" + long + ", b"}}},
+		"router, a repeated name": {ObjectMeta: metav1.ObjectMeta{UID: "u", Annotations: map[string]string{discovery.AnnotationDemandSource: "epp",
+			discovery.AnnotationDemandWorkloads: "a, a"}}},
+	} {
+		kept := &corev1.Pod{ObjectMeta: discovery.ClaimsMeta(p)}
+		if got, want := discovery.Claims(kept), discovery.Claims(p); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: Claims of what is kept = %v, of the pod %v", name, got, want)
+		}
+		n := 0
+		for k, v := range kept.Annotations {
+			n += len(k) + len(v)
+		}
+		for k, v := range kept.Labels {
+			n += len(k) + len(v)
+		}
+		if n > 600 {
+			t.Errorf("%s: %d bytes of labels and annotations kept", name, n)
+		}
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -70,7 +71,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -443,13 +444,17 @@ func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodI
 	}
 	if st.bound {
 		// An agent speaks only for the pods of its own node.
-		node, err := st.srv.auth.PodNode(st.ctx, p.Namespace, p.Name, podUID)
+		// It names only workloads its pod belongs to.
+		node, err := st.srv.auth.PodNode(st.ctx, entryOf(p, podUID))
 		if errors.Is(err, ErrLookupUnavailable) {
 			return info, false, err
 		}
 		if err != nil || node != st.hello.Node {
 			reason := "other_node"
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrClaim):
+				reason = "workload_claim"
+			case err != nil:
 				reason = "unknown_pod"
 			}
 			*removed = st.reject(p, reason, node, err, *removed)
@@ -574,6 +579,15 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 		info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
 	}
 	return info, podUID, "", nil
+}
+
+// entryOf is what the entry p claims of the pod podUID.
+func entryOf(p *pulsev1.Pod, podUID string) Entry {
+	e := Entry{Namespace: p.Namespace, Name: p.Name, PodUID: podUID, UID: p.Uid}
+	for _, w := range p.Workloads {
+		e.Workloads = append(e.Workloads, discovery.Workload{Kind: w.Kind, Name: w.Name})
+	}
+	return e
 }
 
 // checkIDs returns an error naming the first pod id in b that the stream's

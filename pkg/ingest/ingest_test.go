@@ -157,6 +157,7 @@ pulse_aggregator_rejected_reports_total{reason="store_full"} 0
 pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
 pulse_aggregator_rejected_reports_total{reason="unauthenticated"} 0
 pulse_aggregator_rejected_reports_total{reason="unknown_pod"} 0
+pulse_aggregator_rejected_reports_total{reason="workload_claim"} 0
 `
 	if err := testutil.CollectAndCompare(f.srv.m.streams, strings.NewReader(want), "pulse_aggregator_agent_streams"); err != nil {
 		t.Error(err)

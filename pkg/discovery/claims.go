@@ -1,0 +1,151 @@
+package discovery
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
+)
+
+// Claims are the catalogue entries an agent may list a pod under, by entry
+// uid, each with the workloads it may name: a model server's uid with its
+// workloads (Workloads), or a demand source's entry per workload its
+// pulse.io/demand-workloads names. The aggregator holds an agent's
+// catalogue to them, read from its own pod cache, so that an agent cannot
+// attach its node's pods to workloads their owners did not give them. A
+// demand source whose annotations are not valid claims nothing (its agent
+// lists none of its entries).
+func Claims(pod *corev1.Pod) map[string][]Workload {
+	if !IsDemandSource(pod.Annotations) {
+		ws := Workloads(pod)
+		if len(ws) == 0 || len(ws) > MaxWorkloadsPerPod || checkWorkloadNames(ws) != nil {
+			return nil
+		}
+		return map[string][]Workload{string(pod.UID): ws}
+	}
+	kindName := pod.Annotations[AnnotationDemandKind]
+	if kindName == "" {
+		kindName = "Workspace"
+	}
+	kind, ok := demandKinds[kindName]
+	if !ok {
+		return nil
+	}
+	items, err := demandItems(pod.Annotations[AnnotationDemandWorkloads])
+	if err != nil {
+		return nil
+	}
+	out := make(map[string][]Workload, len(items))
+	for _, it := range items {
+		out[store.DemandUID(string(pod.UID), it.name)] = []Workload{{Kind: kind, Name: it.name}}
+	}
+	return out
+}
+
+// Allows reports whether claims let an entry of uid name workloads.
+func Allows(claims map[string][]Workload, uid string, workloads []Workload) bool {
+	mine, ok := claims[uid]
+	if !ok {
+		return false
+	}
+	for _, w := range workloads {
+		if !slices.Contains(mine, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// maxOwnerRefs bounds the owner references ClaimsMeta keeps: Workloads
+// reads a pod's first few at most (MaxWorkloadsPerPod).
+const maxOwnerRefs = 2 * MaxWorkloadsPerPod
+
+// ClaimsMeta is the part of a pod's metadata that Claims reads, bounded:
+// what a cache of every pod of the cluster keeps (Claims of it is Claims of
+// the pod). Labels are at most 63 bytes; the pulse.io/workload annotation
+// is cut past what a valid name may be (still not valid); the
+// demand-workloads list is kept as its names (its NAME=VALUE values are
+// not claims), or dropped when it is not valid.
+func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion}
+	for _, k := range []string{KeyWorkload, LabelWorkspace, LabelInferenceSet, LabelLWSName, labelTemplateHash} {
+		if v, ok := pod.Labels[k]; ok {
+			if m.Labels == nil {
+				m.Labels = map[string]string{}
+			}
+			m.Labels[k] = v
+		}
+	}
+	keep := func(k, v string) {
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[k] = v
+	}
+	if v, ok := pod.Annotations[KeyWorkload]; ok {
+		keep(KeyWorkload, v[:min(len(v), maxWorkloadName+1)])
+	}
+	if IsDemandSource(pod.Annotations) {
+		keep(AnnotationDemandSource, "")
+		if v, ok := pod.Annotations[AnnotationDemandKind]; ok {
+			keep(AnnotationDemandKind, v[:min(len(v), 64)])
+		}
+		if items, err := demandItems(pod.Annotations[AnnotationDemandWorkloads]); err == nil {
+			names := make([]string, len(items))
+			for i, it := range items {
+				names[i] = it.name
+			}
+			keep(AnnotationDemandWorkloads, strings.Join(names, ","))
+		}
+	}
+	for _, o := range pod.OwnerReferences {
+		switch o.Kind {
+		case "ReplicaSet", "StatefulSet", "LeaderWorkerSet":
+			if len(m.OwnerReferences) < maxOwnerRefs {
+				m.OwnerReferences = append(m.OwnerReferences, metav1.OwnerReference{Kind: o.Kind, Name: o.Name})
+			}
+		}
+	}
+	return m
+}
+
+// demandItem is one workload of pulse.io/demand-workloads: its name and the
+// router's label value for it.
+type demandItem struct{ name, value string }
+
+// demandItems parses pulse.io/demand-workloads: NAME or NAME=VALUE,
+// comma-separated, at most MaxDemandWorkloads, no name empty or repeated.
+func demandItems(list string) ([]demandItem, error) {
+	list = strings.TrimSpace(list)
+	if list == "" {
+		return nil, fmt.Errorf("annotation %s is required: the workloads the router fronts, NAME or NAME=LABEL_VALUE, comma-separated", AnnotationDemandWorkloads)
+	}
+	if n := strings.Count(list, ",") + 1; n > MaxDemandWorkloads {
+		// One router must not fill its node's catalogue: this router is
+		// left out, the node's other pods are not.
+		return nil, fmt.Errorf("annotation %s names %d workloads; at most %d", AnnotationDemandWorkloads, n, MaxDemandWorkloads)
+	}
+	var out []demandItem
+	seen := map[string]bool{}
+	for item := range strings.SplitSeq(list, ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(item), "=")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if value == "" {
+			value = name
+		}
+		if name == "" || seen[name] {
+			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, wire.CleanText(list, 64))
+		}
+		seen[name] = true
+		if err := checkWorkloadNames([]Workload{{Name: name}}); err != nil {
+			return nil, fmt.Errorf("annotation %s: %w", AnnotationDemandWorkloads, err)
+		}
+		out = append(out, demandItem{name, value})
+	}
+	return out, nil
+}
