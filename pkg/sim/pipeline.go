@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -134,6 +135,13 @@ func (p *pulsePipe) Attach(w *world) {
 	p.srv = scaler.New(p.st, scaler.Options{MaxWindow: win, Now: clock})
 	if p.cfg.DemandSource {
 		p.scrapeGateway(w)
+	}
+	if p.cfg.trigger.Metric == scaler.MetricReplicas {
+		// The planner learns at each evaluation (at most an observation
+		// every 5 s; peaks at every one): in a cluster KEDA's open
+		// StreamIsActive stream has it evaluated at each batch of samples,
+		// about once a second, besides the HPA's syncs and KEDA's polls.
+		w.every(sampleDelay+time.Second/2, time.Second, func() { _, _ = p.srv.Evaluate(p.cfg.trigger) })
 	}
 }
 
@@ -334,6 +342,10 @@ type kaitoPipe struct {
 	at    time.Duration
 	err   error
 	have  bool
+	// rng picks the replica a Service's one scrape reaches: its own, so
+	// that every pipeline's i-th replica starts as slowly (w.rng draws the
+	// startup times).
+	rng *rand.Rand
 }
 
 const (
@@ -346,6 +358,7 @@ func newKaito(cfg *Config) Pipeline { return &kaitoPipe{cfg: cfg} }
 func (k *kaitoPipe) Attach(w *world) {
 	k.gauge, _ = gaugeOf(k.cfg.trigger.Metric) // a gauge: newPipeline refuses any other
 	k.at = -1
+	k.rng = rand.New(rand.NewPCG(w.cfg.Seed, 0x6a17))
 	// The scaler's poll phase relative to the traffic varies by seed.
 	w.every(phase(fmt.Sprintf("keda-kaito-scaler-%d", w.cfg.Seed), kaitoPoll), kaitoPoll, func() { k.refresh(w) })
 }
@@ -371,7 +384,7 @@ func (k *kaitoPipe) refresh(w *world) {
 			}
 		}
 	} else if len(w.ready) > 0 {
-		sum, ok = read(w.ready[w.rng.IntN(len(w.ready))]), 1
+		sum, ok = read(w.ready[k.rng.IntN(len(w.ready))]), 1
 	} else {
 		failed = 1
 	}

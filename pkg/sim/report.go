@@ -58,7 +58,8 @@ type PipelineResult struct {
 	// times GPUs per replica, up to the horizon.
 	GPUHours float64 `json:"gpuHours"`
 	// SLOAfterWarmup: SLOAttainment of the requests arriving at or after
-	// the warm-up; GPUHoursAfterWarmup: GPU-hours from the warm-up on.
+	// the warm-up; GPUHoursAfterWarmup: GPU-hours from the warm-up to the
+	// last arrival (the drain after it is not charged).
 	SLOAfterWarmup      float64 `json:"sloAfterWarmup"`
 	GPUHoursAfterWarmup float64 `json:"gpuHoursAfterWarmup"`
 	// GoodputPerGPUHour: requests arriving after the warm-up whose first
@@ -113,8 +114,9 @@ type stats struct {
 	firstUp      time.Duration
 	loadRise     time.Duration
 	gpuSeconds   float64
-	gpuWarm      float64 // GPU-seconds from the warm-up on
+	gpuWarm      float64 // GPU-seconds from the warm-up to the last arrival
 	warmup       time.Duration
+	scoreEnd     time.Duration // the last arrival
 	lastAcct     time.Duration
 	gpus         int
 	maxReplicas  int
@@ -127,6 +129,7 @@ func (s *stats) init(cfg *Config) {
 	s.gpus = cfg.Profile.GPUs
 	s.droppedIDs = map[int]bool{}
 	s.warmup = max(cfg.Warmup, 0)
+	s.scoreEnd = cfg.Trace[len(cfg.Trace)-1].At
 }
 
 // FirstToken and Finished make stats the replicas' observer.
@@ -138,8 +141,12 @@ func (s *stats) account(w *world, t time.Duration) {
 	if t > s.lastAcct {
 		g := float64(len(w.reps) * s.gpus)
 		s.gpuSeconds += g * (t - s.lastAcct).Seconds()
-		if t > s.warmup {
-			s.gpuWarm += g * (t - max(s.lastAcct, s.warmup)).Seconds()
+		// The drain after the last arrival is charged to no one's scored
+		// GPU-hours: a fixed fleet cannot give its replicas back there,
+		// and how fast an autoscaler empties an idle fleet at the end of a
+		// trace is not what it is judged on.
+		if from, to := max(s.lastAcct, s.warmup), min(t, s.scoreEnd); to > from {
+			s.gpuWarm += g * (to - from).Seconds()
 		}
 		s.lastAcct = t
 	}

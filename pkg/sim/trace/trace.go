@@ -412,7 +412,7 @@ func (g *gen) dur(k string, def time.Duration) time.Duration {
 // Copies says how Densify places and sizes the copies of a request.
 type Copies struct {
 	// Jitter: each copy falls uniformly within ±Jitter/2 of its original
-	// (clipped to the trace's span), so copies are not in lockstep.
+	// (reflected into the trace's span), so copies are not in lockstep.
 	Jitter time.Duration
 	// Resample: each copy's prompt and output lengths are those of a
 	// request drawn at random from the trace (its own joint distribution);
@@ -455,6 +455,15 @@ func DensifyWith(reqs []Request, scale float64, seed uint64, c Copies) []Request
 					cp.At += time.Duration(rng.Float64() * float64(time.Second))
 				} else {
 					cp.At += time.Duration((rng.Float64() - 0.5) * float64(c.Jitter))
+					// Reflected into the span, not clamped: clamping piled
+					// the copies that fell outside on its first and last
+					// instants, a burst only the clairvoyant saw coming.
+					if cp.At < 0 {
+						cp.At = -cp.At
+					}
+					if cp.At > end {
+						cp.At = 2*end - cp.At
+					}
 					cp.At = min(max(cp.At, 0), end)
 				}
 				if c.Resample {

@@ -295,3 +295,28 @@ func bunching(reqs []Request) float64 {
 	}
 	return s / float64(len(reqs))
 }
+
+// TestJitteredCopiesAreNotPiledAtTheEnds: copies the jitter placed outside
+// the trace's span were clamped onto its first and last instants (on the
+// Azure hour at 6×, about a hundred requests at one instant, a burst only
+// the clairvoyant saw coming). They are reflected into the span.
+func TestJitteredCopiesAreNotPiledAtTheEnds(t *testing.T) {
+	var reqs []Request
+	for i := range 600 {
+		reqs = append(reqs, Request{At: time.Duration(i) * time.Second, Prompt: 100, Output: 10})
+	}
+	out := DensifyWith(reqs, 6, 1, Copies{Jitter: 30 * time.Second})
+	end := reqs[len(reqs)-1].At
+	atEnds := 0
+	for _, r := range out {
+		if r.At < 0 || r.At > end {
+			t.Fatalf("a copy at %s, outside the span [0, %s]", r.At, end)
+		}
+		if r.At == 0 || r.At == end {
+			atEnds++
+		}
+	}
+	if atEnds > 4 { // the two originals there, and a copy landing exactly on one at most by chance
+		t.Fatalf("%d requests at the span's first or last instant, want the two originals", atEnds)
+	}
+}
