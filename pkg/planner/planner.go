@@ -266,7 +266,8 @@ type Plan struct {
 	Missing  int `json:"missing"`
 	Starting int `json:"starting"`
 	// Refused: ready replicas whose window was past what is believed of
-	// one (see maxTokenRate), counted in Missing; RefusedWhy names the
+	// one (see maxTokenRate), or held no requests-waiting gauge, counted
+	// in Missing; RefusedWhy names the
 	// first and why. Stuck: replicas starting past stuckAfter, not
 	// counted in Starting (the HPA still counts them among the
 	// workload's replicas: the plan does not replace them, as a
@@ -363,7 +364,12 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 		switch l.State {
 		case store.PodCounted:
 			p.Ready++
-			if why := implausible(l); why != "" {
+			why := implausible(l)
+			if why == "" && l.NoWaiting {
+				// A queue unknown is not an empty one.
+				why = "no requests-waiting gauge in its window (absent from its page, or every value refused)"
+			}
+			if why != "" {
 				p.Missing++
 				if p.Refused++; p.Refused == 1 {
 					p.RefusedWhy = l.Name + ": " + why
@@ -392,12 +398,27 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 // served, plus the queue's growth or less its shrinking.
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
 	var first, growth, queued, kv, fallback float64
+	// A replica whose page gives no KV-cache gauge (TGI's, or a gauge
+	// refused) carries the mean of those that do, or none when none does.
+	kvMean, withKV := 0.0, 0
+	for _, l := range fresh {
+		if !l.NoKV {
+			kvMean += math.Min(math.Max(l.KVCache, 0), 1)
+			withKV++
+		}
+	}
+	if withKV > 0 {
+		kvMean /= float64(withKV)
+	}
 	for _, l := range fresh {
 		p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		first += l.FirstTokens
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
-		kvl := math.Min(math.Max(l.KVCache, 0), 1)
+		kvl := kvMean
+		if !l.NoKV {
+			kvl = math.Min(math.Max(l.KVCache, 0), 1)
+		}
 		kv += kvl
 		// The fallback load: KV cache against its target, the queue
 		// against two requests (metric.DefaultLoad's, llm-d's saturation).

@@ -209,6 +209,38 @@ func TestKVCacheNeed(t *testing.T) {
 	}
 }
 
+// TestAGaugeAbsentIsNotAZero: the snapshot gave a gauge absent from a
+// replica's window as 0, so a replica whose page lost its queue gauge (or
+// whose every value was refused) was planned as one with an empty queue,
+// and judged healthy; one without a KV-cache gauge as an empty cache. A
+// replica with no queue gauge is now refused (held, carrying the others'
+// load); one with no KV-cache gauge carries the others' KV share (TGI's
+// pages have none: then the KV need says nothing).
+func TestAGaugeAbsentIsNotAZero(t *testing.T) {
+	cfg := Default(0)
+	a, b := serving("a", 1000, 0.01), serving("b", 1000, 0.01)
+	a.KVCache, b.KVCache = 0.95, 0
+	b.NoKV = true
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a, b)
+	p, _, err := Make(snap(at, a, b), st, cfg)
+	// b carries a's 0.95: 1.9 replicas' worth at target 0.8, so 3 (b
+	// read as an empty cache gave 0.95/0.8: 2).
+	if err != nil || p.Replicas != 3 || !strings.Contains(p.Reason, "KV cache") {
+		t.Fatalf("b without a KV-cache gauge: plan %d (%s), %v; want 3 for the KV cache", p.Replicas, p.Reason, err)
+	}
+
+	quiet := serving("quiet", 1000, 0.01)
+	quiet.NoWaiting = true
+	p, _, err = Make(snap(at, serving("a", 1000, 0.01), quiet), st, cfg)
+	if err != nil || p.Refused != 1 || p.Missing != 1 || !strings.Contains(p.RefusedWhy, "quiet: no requests-waiting gauge") || p.Replicas < 2 {
+		t.Fatalf("a replica without a queue gauge: refused %d (%q), missing %d, plan %d, %v; want it refused, the plan at least the 2 ready",
+			p.Refused, p.RefusedWhy, p.Missing, p.Replicas, err)
+	}
+	if _, _, err = Make(snap(at, quiet), st, cfg); !errors.Is(err, ErrStale) {
+		t.Fatalf("the only replica without a queue gauge: %v, want ErrStale", err)
+	}
+}
+
 func TestProbeNeverPlansPastProvenThroughput(t *testing.T) {
 	cfg := Default(0)
 	// Healthy at 5000 each for an hour: probes raise the capacity to at

@@ -34,7 +34,9 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 			r.Values.Set(metric.QueueTimeCount, float64(i))
 			r.Values.Set(metric.QueueTimeSum, 0.2*float64(i))
 			r.Values.Set(metric.Waiting, float64(i))
-			r.Values.Set(metric.KVCacheUsage, 0.5)
+			if uid == "u1" { // p2's page has no KV-cache gauge (TGI's has none)
+				r.Values.Set(metric.KVCacheUsage, 0.5)
+			}
 			// p1's TTFTs: each second one within 0.5 s and one within 4 s.
 			if uid == "u1" {
 				var h metric.Histograms
@@ -63,6 +65,11 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 	}
 	if !p1.TTFTOK || p1.TTFT != 0.5 || !p1.QueueOK || p1.QueueTime != 0.2 || p1.KVCache != 0.5 {
 		t.Fatalf("latencies %+v", p1)
+	}
+	// A gauge absent is said so, not read as 0 (the planner refused
+	// nothing and planned an empty queue).
+	if p1.NoWaiting || p1.NoKV || p2.NoWaiting || !p2.NoKV || p2.KVCache != 0 {
+		t.Fatalf("gauges absent: p1 %v %v, p2 %v %v (KV %v); want only p2's KV cache absent", p1.NoWaiting, p1.NoKV, p2.NoWaiting, p2.NoKV, p2.KVCache)
 	}
 	if p1.WaitingNow != 10 || p1.WaitingGrowth != 1 {
 		t.Fatalf("waiting now %v growth %v, want 10 and 1/s", p1.WaitingNow, p1.WaitingGrowth)
