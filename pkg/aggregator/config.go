@@ -238,7 +238,8 @@ func streamOptions() []grpc.ServerOption {
 
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	o := a.opts.Store
-	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods, Expiry: o.PodExpiry})
+	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods,
+		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),

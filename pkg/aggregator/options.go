@@ -142,6 +142,17 @@ func (o *ServingOptions) Validate() error {
 type StoreOptions struct {
 	MaxWindow, FreshFor, PodExpiry             time.Duration
 	MaxSamplesPerPod, MaxPods, MaxPodsPerAgent int
+	// MaxPodsPerNamespace: 0 is half of MaxPods (PodsPerNamespace).
+	MaxPodsPerNamespace int
+}
+
+// PodsPerNamespace is the pods one namespace may hold: --max-pods-per-namespace,
+// or half of --max-pods (at least 1) when it is 0.
+func (o *StoreOptions) PodsPerNamespace() int {
+	if o.MaxPodsPerNamespace > 0 {
+		return min(o.MaxPodsPerNamespace, o.MaxPods)
+	}
+	return max(o.MaxPods/2, 1)
 }
 
 // AddFlags registers the group's flags.
@@ -151,6 +162,7 @@ func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
 	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
 	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it a new pod waits (counted as store_full) until there is room: no pod held is evicted for it")
+	fs.IntVar(&o.MaxPodsPerNamespace, "max-pods-per-namespace", o.MaxPodsPerNamespace, "pods of one namespace held (0: half of --max-pods); past it a new pod of that namespace waits as past --max-pods, so that one tenant's pods cannot take every other tenant's room")
 	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
 }
 
@@ -170,6 +182,9 @@ func (o *StoreOptions) Validate() error {
 	}
 	if o.PodExpiry <= 0 {
 		errs = append(errs, errors.New("--pod-expiry must be above 0"))
+	}
+	if o.MaxPodsPerNamespace < 0 {
+		errs = append(errs, errors.New("--max-pods-per-namespace must be 0 (half of --max-pods) or more"))
 	}
 	return errors.Join(errs...)
 }

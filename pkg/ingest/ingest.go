@@ -489,7 +489,7 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 		if held[info.UID] {
 			st.pending[ids[i]] = info
 			st.srv.m.rejected.WithLabelValues("store_full").Inc()
-			st.log.Warn("pod not held: the aggregator holds --max-pods pods, each listed by a connected agent; it is listed again until there is room (raise --max-pods)",
+			st.log.Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent; it is listed again until there is room (raise the cap)",
 				logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}

@@ -820,6 +820,9 @@ func noReplica(in Input, st State) (Plan, State, error) {
 		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))
 	}
+	if !in.RefusedAt.IsZero() {
+		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
+	}
 	d := in.Demand
 	if d.Sources == 0 {
 		if d.Stale > 0 {
@@ -834,6 +837,11 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	}
 	return p, st, nil
 }
+
+// RoomRefused says why a workload whose new replicas the store refused for
+// room has no value: they are not absent (the routers' demand alone, or
+// NotFound, would scale a serving workload down).
+const RoomRefused = "its replicas wait for room in the aggregator (--max-pods or --max-pods-per-namespace reached): no value, rather than the routers' demand alone or 0"
 
 // ceil is x rounded up to a replica count: at most math.MaxInt32 (the
 // HPA's counts are int32; past it, Go's conversion to int is not defined).

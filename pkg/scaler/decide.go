@@ -331,6 +331,9 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
 	}
+	if !r.RefusedAt.IsZero() {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: %s", describe(t), planner.RoomRefused)
+	}
 	dv := r.Demand
 	if dv.Sources > 0 {
 		return demandOnly(t, dv), nil

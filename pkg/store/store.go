@@ -97,6 +97,11 @@ type Options struct {
 	// or Expiry after its agent's streams closed. Workloads exist only
 	// through their pods.
 	MaxPods int
+	// MaxPodsPerNamespace caps the pods of one namespace (0: MaxPods), so
+	// that one tenant's pods (a router's demand entries, say) cannot take
+	// the room every other tenant's new replicas need. Past it a new pod
+	// of that namespace is refused as past MaxPods.
+	MaxPodsPerNamespace int
 	// Expiry: pods of an agent whose streams have all been closed this long
 	// are dropped. Pods of a connected agent stay until it removes them.
 	Expiry time.Duration
@@ -122,6 +127,11 @@ type Store struct {
 	// removing them (its streams expired), and when; cleared when one of
 	// its replicas is listed again.
 	lost map[Key]Lost
+	// nsPods: pods held per namespace. refusedAt: workloads a new pod of
+	// which was refused for room, and when last (for refusedFor): a
+	// workload with none held then is not one without replicas.
+	nsPods    map[string]int
+	refusedAt map[Key]time.Time
 
 	// changed is told of every workload that changes (OnChange); nil
 	// until set.
@@ -211,6 +221,9 @@ func New(opts Options) *Store {
 	if opts.Expiry <= 0 {
 		opts.Expiry = 10 * time.Minute
 	}
+	if opts.MaxPodsPerNamespace <= 0 || opts.MaxPodsPerNamespace > opts.MaxPods {
+		opts.MaxPodsPerNamespace = opts.MaxPods
+	}
 	return &Store{
 		opts:      opts,
 		pods:      make(map[string]*pod),
@@ -218,6 +231,8 @@ func New(opts Options) *Store {
 		sources:   make(map[string]*source),
 		listed:    make(map[string]map[string]*pod),
 		lost:      make(map[Key]Lost),
+		nsPods:    make(map[string]int),
+		refusedAt: make(map[Key]time.Time),
 		now:       opts.Now,
 	}
 }
@@ -227,6 +242,9 @@ func New(opts Options) *Store {
 // must be held for writing.
 func (s *Store) drop(uid string, p *pod, lost bool) {
 	delete(s.pods, uid)
+	if s.nsPods[p.Namespace]--; s.nsPods[p.Namespace] <= 0 {
+		delete(s.nsPods, p.Namespace)
+	}
 	s.notify(p)
 	s.unlink(p)
 	if lost && !p.Demand {
@@ -303,6 +321,11 @@ func (s *Store) sweep(now time.Time, force bool) {
 			delete(s.lost, k)
 		}
 	}
+	for k, at := range s.refusedAt {
+		if now.Sub(at) > refusedFor {
+			delete(s.refusedAt, k)
+		}
+	}
 	expired := map[string]bool{}
 	for node, src := range s.sources {
 		if s.expiredSource(src, now) {
@@ -322,6 +345,20 @@ func (s *Store) sweep(now time.Time, force bool) {
 		}
 		delete(s.listed, node)
 	}
+}
+
+// refusedFor: how long a workload a new pod of which was refused for room
+// (MaxPods, MaxPodsPerNamespace) is remembered: its agent lists a refused
+// pod again at each batch, each refusal renewing it.
+const refusedFor = time.Minute
+
+// refusedRecently is when a new pod of k was last refused for room, within
+// refusedFor; zero if not. mu must be held.
+func (s *Store) refusedRecently(k Key, now time.Time) time.Time {
+	if at, ok := s.refusedAt[k]; ok && now.Sub(at) <= refusedFor {
+		return at
+	}
+	return time.Time{}
 }
 
 // Lost is what a workload lost without its agent removing it: replicas
@@ -437,13 +474,17 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		listed[info.UID] = true
 		p, ok := s.pods[info.UID]
 		if !ok {
-			if len(s.pods) >= s.opts.MaxPods {
+			if len(s.pods) >= s.opts.MaxPods || s.nsPods[info.Namespace] >= s.opts.MaxPodsPerNamespace {
 				s.refused++
 				refused = append(refused, info.UID)
+				for _, k := range info.Workloads {
+					s.refusedAt[k] = s.now()
+				}
 				continue
 			}
 			p = &pod{}
 			s.pods[info.UID] = p
+			s.nsPods[info.Namespace]++
 		} else {
 			s.notify(p)
 			s.unlink(p)

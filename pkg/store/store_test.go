@@ -197,6 +197,53 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 	}
 }
 
+// TestOneNamespaceCannotTakeEveryonesRoom: --max-pods was one cap for all
+// tenants: one namespace's pods (a router's demand entries on every node)
+// could fill it, and another tenant's rolled-out replicas (new uids) were
+// refused while the old ones went, so its workload had none held: read as
+// the routers' demand alone (0 when they held nothing: scaled to zero) or
+// NotFound. A namespace now holds at most MaxPodsPerNamespace, and a
+// workload whose new replicas were refused says so (RefusedAt).
+func TestOneNamespaceCannotTakeEveryonesRoom(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{MaxPods: 4, MaxPodsPerNamespace: 2, Now: func() time.Time { return now }})
+	other := Key{Namespace: "other", Kind: KindWorkspace, Name: "w"}
+	pod := func(ns, uid string, k Key) PodInfo {
+		return PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{k}}
+	}
+	s.OpenSource("n1")
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other)}, true); len(refused) != 1 || refused[0] != "o3" {
+		t.Fatalf("refused %v: want the namespace's third pod refused", refused)
+	}
+	// Room is left for another tenant.
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "a", ws), pod("ns", "b", ws)}, false); len(refused) != 0 {
+		t.Fatalf("refused %v: want ns's pods held", refused)
+	}
+	// ns rolls out: its new replicas are refused, the old ones removed.
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "c", ws)}, false); len(refused) != 1 {
+		t.Fatalf("refused %v: want the new replica refused", refused)
+	}
+	s.Remove("n1", "a", "b")
+	now = now.Add(30 * time.Second)
+	snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0)
+	waiting, _ := metric.Lookup("waiting")
+	r := s.Read(nil, ws, waiting, time.Minute, 5*time.Second, false)
+	if snap.Found || snap.RefusedAt.IsZero() || r.Found || r.RefusedAt.IsZero() {
+		t.Fatalf("snapshot found %v refused at %v, read found %v refused at %v: want none found, the refusal said", snap.Found, snap.RefusedAt, r.Found, r.RefusedAt)
+	}
+	// The pods removed freed its namespace's room: the replica is held.
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "c", ws)}, false); len(refused) != 0 {
+		t.Fatalf("refused %v after the old replicas left, want c held", refused)
+	}
+	// A refusal is remembered a minute, then forgotten.
+	now = now.Add(2 * time.Minute)
+	s.Remove("n1", "c")
+	s.Sweep()
+	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); !snap.RefusedAt.IsZero() {
+		t.Fatalf("refused at %v two minutes later, want forgotten", snap.RefusedAt)
+	}
+}
+
 // TestAPodListedByTwoNodesGoesOnce: a pod two agents list stays while one
 // of them lists it; when both expire in one sweep it is dropped, and
 // counted lost, once. A full catalogue of one node leaves the other's

@@ -263,6 +263,8 @@ type Reading struct {
 	// Lost and LostOK: as LostReplicas, when no replica is found.
 	Lost   Lost
 	LostOK bool
+	// RefusedAt: as Snapshot's, when no replica is found.
+	RefusedAt time.Time
 }
 
 // Read reads metric m of workload k over window for a trigger, in one
@@ -288,6 +290,7 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 	}
 	if !r.Found {
 		r.Lost, r.LostOK = s.lostReplicas(k, now)
+		r.RefusedAt = s.refusedRecently(k, now)
 	}
 	return r
 }

@@ -55,6 +55,8 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		// Room for the fleet and its churn; the default caps (10,000 pods)
 		// are for one cluster's normal size.
 		"--max-pods", strconv.Itoa(o.maxPods()),
+		// The fleet's pods are all of one namespace.
+		"--max-pods-per-namespace", strconv.Itoa(o.maxPods()),
 		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
 		"--pod-expiry", o.podExpiry.String()}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
