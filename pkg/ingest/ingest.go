@@ -71,7 +71,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -523,17 +523,22 @@ func (st *streamState) relist() {
 	}
 }
 
+// logAllowed: a rejection is logged at most ten a minute a stream (an
+// agent listing thousands of made-up pods at each catalogue wrote a line
+// each).
+func (st *streamState) logAllowed() bool {
+	if st.rejectLogs == nil {
+		st.rejectLogs = rate.NewLimiter(rate.Every(6*time.Second), 10)
+	}
+	return st.rejectLogs.Allow()
+}
+
 // reject refuses one catalogue entry (counted, logged, the pod its id named
 // before added to removed); the rest of the catalogue and the stream go on:
 // one pod's bad labels or annotations must not silence its node's others.
 func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, removed []string) []string {
 	st.srv.m.rejected.WithLabelValues(reason).Inc()
-	// Logged at most ten a minute a stream: an agent listing thousands of
-	// made-up pods at each catalogue wrote a line each.
-	if st.rejectLogs == nil {
-		st.rejectLogs = rate.NewLimiter(rate.Every(6*time.Second), 10)
-	}
-	if st.rejectLogs.Allow() {
+	if st.logAllowed() {
 		st.log.Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
 			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
 	}
@@ -588,6 +593,20 @@ func entryOf(p *pulsev1.Pod, podUID string) Entry {
 		e.Workloads = append(e.Workloads, discovery.Workload{Kind: w.Kind, Name: w.Name})
 	}
 	return e
+}
+
+// maxClockAhead bounds how far ahead of the aggregator's clock a sample's
+// time may be (its node's clock is NTP's too, or the cluster's TLS would
+// fail): past it the sample is refused alone (bad_time).
+const maxClockAhead = time.Hour
+
+// warnBadTime logs a sample refused for its time, at most ten a minute a
+// stream (with the entries' rejections).
+func (st *streamState) warnBadTime(timeMs, nowMs int64) {
+	if st.logAllowed() {
+		st.log.Warn("sample refused: its time is more than an hour ahead of the aggregator's clock (is the node's clock set?); counted in pulse_aggregator_rejected_reports_total{reason=\"bad_time\"}",
+			logging.KeyNode, st.hello.Node, logging.KeySampleTime, time.UnixMilli(timeMs).UTC().Format(time.RFC3339), logging.KeyNow, time.UnixMilli(nowMs).UTC().Format(time.RFC3339))
+	}
 }
 
 // checkIDs returns an error naming the first pod id in b that the stream's
@@ -673,6 +692,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		st.relist()
 	}
 	reports := bufs.reports[:0]
+	nowMs := time.Now().UnixMilli()
 	for i := range samples {
 		s := &samples[i]
 		uid, ok := st.ids[s.Pod]
@@ -686,6 +706,16 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		}
 		r := store.Report{UID: uid}
 		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
+		if r.TimeMs-nowMs > maxClockAhead.Milliseconds() {
+			// A time no clock of the cluster gives (the agent's, or a
+			// lie): the store keeps each pod's series in time order, and
+			// one sample years ahead held every later one out. (A time
+			// behind is a clock stepped back: the store starts the pod's
+			// series again.)
+			st.srv.m.rejected.WithLabelValues("bad_time").Inc()
+			st.warnBadTime(r.TimeMs, nowMs)
+			continue
+		}
 		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
 			r.Missing, r.Error = wire.ReasonName(s.Missing), wire.CleanText(s.Error, maxErrorBytes)
 			st.srv.m.missing.Inc()

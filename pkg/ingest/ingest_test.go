@@ -146,6 +146,7 @@ pulse_aggregator_pod_samples_total{outcome="ok"} 1
 # TYPE pulse_aggregator_rejected_reports_total counter
 pulse_aggregator_rejected_reports_total{reason="agent_full"} 0
 pulse_aggregator_rejected_reports_total{reason="auth_unavailable"} 0
+pulse_aggregator_rejected_reports_total{reason="bad_time"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_hello"} 0
@@ -551,5 +552,32 @@ func TestAcksAsOftenAsTheAgentAsks(t *testing.T) {
 		if len(v) != 1 || v[0].Pods[0].Values["waiting"] != 5 {
 			t.Errorf("ack_every_ms %d: the store holds %+v, want the last batch's waiting 5", every, v)
 		}
+	}
+}
+
+// TestASampleFromTheFarFutureIsRefusedAlone: a sample timed hours ahead
+// of the aggregator's clock held every later sample of its pod out (the
+// store keeps a pod's series in time order): refused alone (bad_time),
+// the stream and the other pods go on.
+func TestASampleFromTheFarFutureIsRefusedAlone(t *testing.T) {
+	f := newFixture(t)
+	batch := func(seq uint64, at time.Time, pod uint32, waiting float64) *pulsev1.AgentMessage {
+		enc := wire.NewEncoder()
+		b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: at.UnixMilli()}
+		s := wire.Sample{Pod: pod}
+		s.Values.Set(metric.Waiting, waiting)
+		enc.Append(b, &s)
+		return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+	}
+	now := time.Now()
+	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b")), batch(1, now.Add(2*time.Hour), 1, 9), batch(2, now, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+	if len(v) != 1 || len(v[0].Pods) != 2 || v[0].Pods[0].Fresh || v[0].Pods[1].Values["waiting"] != 3 {
+		t.Fatalf("store = %+v: want a with no sample, b's kept", v)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_time")); got != 1 {
+		t.Fatalf("rejected bad_time = %v, want 1", got)
 	}
 }

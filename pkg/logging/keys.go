@@ -27,7 +27,9 @@ const (
 	KeyClientCA    = "clientCA"
 	KeyDriver      = "driver"
 	KeyAudience    = "audience"
-	KeyUntil       = "until" // when something ends (a token's expiry)
+	KeyUntil       = "until"      // when something ends (a token's expiry)
+	KeySampleTime  = "sampleTime" // a sample's time, as its agent gave it
+	KeyNow         = "now"        // this process's clock
 	KeyAccounts    = "serviceAccounts"
 	KeyTriggerAuth = "triggerAuthentication"
 	KeyDaemonSet   = "daemonset"

@@ -630,7 +630,15 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue
 		}
 		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
-			continue // out of order or repeated: keep the series monotonic in time
+			if p.series.lastMs-r.TimeMs <= stepBack.Milliseconds() {
+				continue // out of order or repeated: keep the series monotonic in time
+			}
+			// Its agent's clock stepped back (chrony, a VM resumed): every
+			// sample would be held out until the clock passed the last
+			// one again, the pod stale meanwhile. Its series starts again
+			// (no window reaches across the step; no increase is counted
+			// across it).
+			p.restart()
 		}
 		smp := metric.Sample{TimeMs: r.TimeMs, Values: r.Values}
 		if r.Hist != nil {
@@ -660,6 +668,21 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		s.notify(p)
 	}
 	return dropped
+}
+
+// stepBack is how far behind a pod's last sample a sample may be and still
+// be taken as out of order (dropped): further, its agent's clock stepped
+// back, and the pod's series starts again.
+const stepBack = 5 * time.Second
+
+// restart empties p's series, as at its first sample; mu must be held for
+// writing.
+func (p *pod) restart() {
+	p.series = series{}
+	p.mono.Rebase()
+	if rr := p.rare; rr != nil {
+		rr.extras, rr.capCutMs = nil, 0
+	}
 }
 
 // carryHist completes a sample's histograms with the previous sample's

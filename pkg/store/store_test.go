@@ -71,8 +71,10 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	if n := len(s.peek("a").window(new(scratch), 5*time.Second, metric.RuleRate, allIDs)); n != 6 {
 		t.Fatalf("a 5s rate window holds %d samples, want 5s of them plus the one before", n)
 	}
-	// Out-of-order samples are dropped, keeping the series in time order.
-	s.Add([]Report{report("a", 3000, 99)})
+	// Out-of-order samples are dropped, keeping the series in time order
+	// (further back than a few seconds, a clock stepped back: see
+	// TestAClockSteppedBackStartsTheSeriesAgain).
+	s.Add([]Report{report("a", 17500, 99)})
 	all := s.peek("a").window(new(scratch), 0, metric.RuleGauge, allIDs)
 	if got, _ := all[len(all)-1].Get(metric.Waiting); got != 19 {
 		t.Fatalf("last waiting = %v", got)
@@ -407,4 +409,33 @@ func canonical(t *testing.T, name string) metric.Def {
 		t.Fatalf("no metric %s", name)
 	}
 	return m
+}
+
+// TestAClockSteppedBackStartsTheSeriesAgain: samples at or before a pod's
+// last were dropped, so a node whose clock stepped back ten minutes had
+// every sample of its pods dropped for ten minutes (each stale, its
+// workloads filled or in error), and one sample years ahead silenced its
+// pod for good. A step back past a few seconds now starts the pod's
+// series again; a sample a moment out of order is still dropped.
+func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
+	now := time.Unix(2000, 0)
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	for i := range 10 {
+		s.Add([]Report{report("a", 1_000_000+int64(i)*1000, 5)})
+	}
+	s.Add([]Report{report("a", 1_000_000+8500, 99)}) // a moment out of order
+	if n := s.peek("a").series.len(); n != 10 {
+		t.Fatalf("%d samples after one out of order, want 10 (it dropped)", n)
+	}
+	now = now.Add(3 * time.Second)
+	s.Add([]Report{report("a", 1_000_000-600_000, 7)}) // ten minutes back
+	p := s.View(ViewOptions{FreshFor: time.Second})[0].Pods[0]
+	if !p.Fresh || p.Values["waiting"] != 7 || s.peek("a").series.len() != 1 {
+		t.Fatalf("after the step back: %+v, %d samples; want fresh, waiting 7, the series started again", p, s.peek("a").series.len())
+	}
+	s.Add([]Report{report("a", 1_000_000-599_000, 8)})
+	if n := s.peek("a").series.len(); n != 2 {
+		t.Fatalf("%d samples after the step, want 2", n)
+	}
 }
