@@ -250,9 +250,11 @@ type Monotonic struct {
 	// last: each counter's last raw value, by ID.CounterIndex (a store
 	// holds one a pod: counters only); bit i of seen is set once counter i
 	// has one.
-	last   [NumCounters]float64
-	seen   uint16
-	rebase bool
+	last [NumCounters]float64
+	seen uint16
+	// rebase: bit i set until counter i's next value (Rebase); a counter
+	// absent from the next sample keeps its bit for the one after.
+	rebase uint16
 	// offset and hist are allocated at the first reset and the first
 	// histogram: most pods never need them, and a store holds thousands.
 	offset *[NumCounters]float64
@@ -264,7 +266,7 @@ type Monotonic struct {
 // the next value continues the series with no increase, so the increase
 // over that one interval is lost rather than mistaken for a reset.
 func (m *Monotonic) Rebase() {
-	m.rebase = true
+	m.rebase = 1<<NumCounters - 1
 	if m.hist != nil {
 		for h := range m.hist {
 			m.hist[h].rebase = true
@@ -291,13 +293,13 @@ func (m *Monotonic) AdjustSample(s *Sample) {
 
 // Adjust rewrites the counters of v in place.
 func (m *Monotonic) Adjust(v *Values) {
-	rebase := m.rebase
-	m.rebase = false
 	for id := ID(1); id < NumIDs; id++ {
 		c := id.CounterIndex()
 		if c < 0 || !v.Has(id) {
 			continue
 		}
+		rebase := m.rebase&(1<<c) != 0
+		m.rebase &^= 1 << c
 		raw := v.V[id]
 		last, ok := m.last[c], m.seen&(1<<c) != 0
 		var step float64

@@ -126,9 +126,11 @@ func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
 	return start + (bounds[b]-start)*((rank-prev)/count), true
 }
 
-// histDelta is the increase of histogram h over a series: between the first
-// and the last sample that carry it with the same bounds as the last.
-// ok is false when fewer than two samples carry it.
+// histDelta is the increase of histogram h over a series: between the last
+// sample that carries it and the first of the run of samples before it
+// with the same bounds (a window does not reach across a change of
+// bounds: the counts before it are another histogram's, even where the
+// bounds came back). ok is false when no two such samples carry it.
 func histDelta(h Hist, series []Sample) (bounds, delta []float64, ok bool) {
 	last := -1
 	for i := len(series) - 1; i >= 0; i-- {
@@ -142,11 +144,14 @@ func histDelta(h Hist, series []Sample) (bounds, delta []float64, ok bool) {
 	}
 	lb := &series[last].Hist[h]
 	first := -1
-	for i := 0; i < last; i++ {
-		if series[i].Hist != nil && slices.Equal(series[i].Hist[h].Bounds, lb.Bounds) {
-			first = i
+	for i := last - 1; i >= 0; i-- {
+		if series[i].Hist == nil || !series[i].Hist[h].Present() {
+			continue
+		}
+		if !slices.Equal(series[i].Hist[h].Bounds, lb.Bounds) {
 			break
 		}
+		first = i
 	}
 	if first < 0 {
 		return nil, nil, false

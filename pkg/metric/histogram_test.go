@@ -89,6 +89,15 @@ func TestQuantileOverAWindow(t *testing.T) {
 	if got, ok := p90.Eval(changed); !ok || math.Abs(got-(0.2+0.8*0.9)) > 1e-12 {
 		t.Fatalf("after a bounds change: got %v, %v", got, ok)
 	}
+	// Bounds that change and come back: the window starts where they came
+	// back (it reached back to the first sample with these bounds, whose
+	// counts were higher: every bucket's increase clamped to 0, the
+	// quantile undefined).
+	back := []Sample{hsample(0, b, []float64{100, 110, 120, 120}), hsample(1000, b2, []float64{0, 10, 10}),
+		hsample(2000, b, []float64{0, 0, 0, 0}), hsample(3000, b, []float64{0, 0, 10, 10})}
+	if got, ok := p90.Eval(back); !ok || math.Abs(got-(0.5+0.5*0.9)) > 1e-12 {
+		t.Fatalf("bounds that came back: got %v, %v; want the p90 of the run since they came back", got, ok)
+	}
 }
 
 func TestMergeIsTheWorkloadsQuantile(t *testing.T) {

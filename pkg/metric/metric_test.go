@@ -210,3 +210,31 @@ func TestIDsCoverWhatEachMetricReads(t *testing.T) {
 		}
 	}
 }
+
+// TestARebaseWaitsForEachCounter: after a Rebase (another agent process)
+// each counter's next value continues its series with no increase. The
+// rebase was one flag for all, spent by the next sample even for the
+// counters it lacked: a counter absent then, and lower after it than the
+// old process's (which carried offsets for retired series), was taken
+// for a server reset, its whole value an increase.
+func TestARebaseWaitsForEachCounter(t *testing.T) {
+	var m Monotonic
+	for i, v := range []map[ID]float64{{PromptTokens: 100, RequestSuccess: 500}, {PromptTokens: 110, RequestSuccess: 510}} {
+		s := sample(int64(i)*1000, v)
+		m.Adjust(&s.Values)
+	}
+	m.Rebase()
+	first := sample(2000, map[ID]float64{PromptTokens: 40}) // the new agent's first sample lacks requestSuccess
+	m.Adjust(&first.Values)
+	later := sample(3000, map[ID]float64{PromptTokens: 50, RequestSuccess: 300})
+	m.Adjust(&later.Values)
+	if got := first.V[PromptTokens]; got != 110 {
+		t.Errorf("promptTokens after the rebase = %v, want 110 (no increase)", got)
+	}
+	if got := later.V[PromptTokens]; got != 120 {
+		t.Errorf("promptTokens next = %v, want 120", got)
+	}
+	if got := later.V[RequestSuccess]; got != 510 {
+		t.Errorf("requestSuccess at its first value after the rebase = %v, want 510 (no increase), not a reset's 810", got)
+	}
+}
