@@ -707,13 +707,15 @@ func carryHist(cur, prev *metric.Histograms) *metric.Histograms {
 func (p *pod) trim(o Options) {
 	n := p.series.len()
 	from := p.series.lastMs - o.Retention.Milliseconds()
-	if n <= o.MaxSamples && n < 8 {
+	size := p.series.bytes()
+	big := size > maxPodBytes
+	if n <= o.MaxSamples && n < 8 && !big {
 		return
 	}
 	// The samples are decoded to find the cut: at most one trim in
 	// max(4, n/8) appends decodes the series.
 	p.trimCheck++
-	if n <= o.MaxSamples && p.trimCheck < max(4, n/8) {
+	if n <= o.MaxSamples && p.trimCheck < max(4, n/8) && !big {
 		return
 	}
 	p.trimCheck = 0
@@ -728,6 +730,15 @@ func (p *pod) trim(o Options) {
 		p.set().capCutMs = all[over-1].TimeMs
 		cut = over
 	}
+	if big {
+		// A page whose values and histogram bounds change at every sample
+		// costs ten times an honest one's: the pod keeps the newest
+		// samples that fit three quarters of maxPodBytes (its windows
+		// shorter), so that one tenant's pages cannot grow the store
+		// every tenant shares past its sizing.
+		keep := max(2, int(int64(n)*maxPodBytes*3/4/int64(size)))
+		cut = max(cut, n-keep)
+	}
 	if cut == 0 {
 		return
 	}
@@ -736,6 +747,11 @@ func (p *pod) trim(o Options) {
 		rr.extras = append(rr.extras[:0], rr.extras[cut:]...)
 	}
 }
+
+// maxPodBytes bounds one pod's series: about twice the most an honest
+// page's samples take at the default --max-samples-per-pod with
+// histograms (docs/performance.md, "The store's memory").
+const maxPodBytes = 48 << 10
 
 // window returns the samples of the last d on the pod's own clock (d == 0:
 // all), with the metrics in want decoded, into sc. For rates and ratios it includes the sample just

@@ -439,3 +439,44 @@ func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
 		t.Fatalf("%d samples after the step, want 2", n)
 	}
 }
+
+// TestAHostilePageIsBoundedInBytes: a page whose values swing across their
+// range and whose histogram bounds change at every sample wrote each
+// sample in full, about 2 KB, ten times an honest pod's: one tenant's
+// pods could grow the store every tenant shares far past its sizing. One
+// pod's series is now held to maxPodBytes (its newest samples kept).
+func TestAHostilePageIsBoundedInBytes(t *testing.T) {
+	s := New(Options{Retention: time.Hour, MaxSamples: 600})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	for i := range 600 {
+		r := Report{UID: "a"}
+		r.TimeMs = int64(i+1) * 1000
+		for id := metric.ID(1); id < metric.NumIDs; id++ {
+			if id.Kind() != metric.Counter {
+				r.Values.Set(id, float64((i%2)*9e12))
+			}
+		}
+		var h metric.Histograms
+		for k := range h {
+			bounds := make([]float64, 64)
+			for j := range 63 {
+				bounds[j] = float64(i*100 + j + 1)
+			}
+			bounds[63] = math.Inf(1)
+			counts := make([]float64, 64)
+			for j := range counts {
+				counts[j] = float64(i) * 1e12
+			}
+			h[k].Bounds, h[k].Counts = bounds, counts
+		}
+		r.Hist = &h
+		s.Add([]Report{r})
+	}
+	p := s.peek("a")
+	if b := p.series.bytes(); b > maxPodBytes+32<<10 {
+		t.Fatalf("the pod's series holds %d bytes, want about maxPodBytes (%d) at most", b, maxPodBytes)
+	}
+	if p.series.len() < 2 || p.series.lastMs != 600_000 {
+		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)
+	}
+}
