@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/sim"
+	"github.com/pulse-io/pulse/pkg/sim/hpa"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
 )
@@ -214,8 +215,13 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 			pipes = append([]string(nil), s.Pipelines...)
 		}
 		pipes = append(pipes, References(so, s.Clairvoyant)...)
-		r, err := sim.Run(sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
-			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer})
+		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
+			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer}
+		if s.HPAConfigurableTolerance != nil {
+			cfg.HPA = hpa.DefaultOptions()
+			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance
+		}
+		r, err := sim.Run(cfg)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"io"
 	"os"
@@ -248,6 +249,38 @@ func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
 		alike := []*Score{{Pipeline: alias, GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.5}, {Pipeline: "pulse", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0.5}}
 		if pipes, _, family, _, _ := Split(alike, names); len(pipes) != 1 || len(family) != 1 || family[0].Pipeline != alias {
 			t.Errorf("%s split as a pipeline, not as the sweep's plan", alias)
+		}
+	}
+}
+
+// TestASuiteMayRunTheDefaultHPATolerance: every suite ran the HPA with
+// the HPAConfigurableTolerance gate on (alpha and off by default in
+// Kubernetes 1.33), so the shipped planner's tolerance 0 was honoured
+// where a default cluster applies 10 %. hpaConfigurableTolerance: false
+// runs the default cluster's HPA.
+func TestASuiteMayRunTheDefaultHPATolerance(t *testing.T) {
+	for _, gate := range []bool{true, false} {
+		body := fmt.Sprintf(`seeds: 1
+hpaConfigurableTolerance: %v
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml]
+clairvoyant: {utilisations: [1], windows: [30s]}
+traces:
+- trace: poisson:rate=20,duration=12m
+`, gate)
+		s, err := Read(miniSuite(t, body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, reports, err := s.Run("gate", io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(reports) != 1 {
+			t.Fatalf("%d reports, want 1", len(reports))
+		}
+		if got := reports[0].Config.ConfigTolerance; got != gate {
+			t.Fatalf("hpaConfigurableTolerance %v: the run's HPA had it %v", gate, got)
 		}
 	}
 }

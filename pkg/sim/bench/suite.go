@@ -46,6 +46,11 @@ type Suite struct {
 	// lengths resampled).
 	CopyJitter  replica.Duration `json:"copyJitter"`
 	CopyLengths string           `json:"copyLengths"`
+	// HPAConfigurableTolerance: the HPA honours a behaviour's per-direction
+	// tolerance (Kubernetes' HPAConfigurableTolerance feature gate, alpha
+	// and off by default in 1.33); default true, as pulse-sim run's flag.
+	// false: the global 10 % applies, as on a default cluster.
+	HPAConfigurableTolerance *bool `json:"hpaConfigurableTolerance"`
 
 	dir string
 }
