@@ -52,6 +52,7 @@ test: helm-lint
 # Lint and render each chart with each of its ci/*-values.yaml (the defaults
 # and every optional part on).
 helm-lint:
+	@test -x $(HELM) || { echo "helm was not built: run test/e2e/tools/build.sh helm to see why"; exit 1; }
 	@for c in deploy/daemonset deploy/aggregator; do \
 	  for f in $$c/ci/*-values.yaml; do \
 	    echo "helm lint/template $$c -f $$f"; \
@@ -62,8 +63,8 @@ helm-lint:
 	  done; \
 	done
 	@echo "helm template deploy/aggregator -f deploy/aggregator/ci/tls-files-rbac-values.yaml: no managed certificates' RBAC"
-	@! $(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system -f deploy/aggregator/ci/tls-files-rbac-values.yaml \
-	  | grep -E 'clustertriggerauthentications|resources: \["secrets"\]'
+	@out=$$($(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system -f deploy/aggregator/ci/tls-files-rbac-values.yaml) || exit 1; \
+	  ! echo "$$out" | grep -E 'clustertriggerauthentications|resources: \["secrets"\]'
 
 # OCI image tarballs, bin/images/<name>.tar (pulse-agent, pulse-aggregator,
 # vllm-sim, pause), built without a Docker engine by tools/images: the same
@@ -88,14 +89,14 @@ e2e-tools:
 	test/e2e/tools/build.sh all
 
 e2e: build e2e-tools
-	PULSE_E2E_TOOLS=$$(test/e2e/tools/build.sh all) PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
+	tools=$$(test/e2e/tools/build.sh all) || exit 1; PULSE_E2E_TOOLS=$$tools PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
 	  $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
 
 # The real-node e2e (test/e2e/README.md): as root, one Kubernetes node on
 # this machine (containerd, kubelet, kube-proxy, CoreDNS), both charts
 # installed from the images make images builds. The host is restored after.
 e2e-node: build images
-	PULSE_E2E_TOOLS=$$(test/e2e/tools/build.sh node) PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
+	tools=$$(test/e2e/tools/build.sh node) || exit 1; PULSE_E2E_TOOLS=$$tools PULSE_E2E_BIN=$(CURDIR)/$(BIN) \
 	  PULSE_E2E_IMAGES=$(CURDIR)/$(BIN)/images test/e2e/node/run.sh
 
 bench:
@@ -171,7 +172,7 @@ proto:
 # a script.
 verify: verify-no-binaries verify-layout
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	for m in tools/*/; do (cd $$m && $(GO) mod tidy) && git diff --exit-code $$m; done
+	for m in tools/*/; do (cd $$m && $(GO) mod tidy) && git diff --exit-code $$m || exit 1; done
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
 	$(MAKE) chart-docs && git diff --exit-code deploy/
