@@ -205,7 +205,6 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 
 // Run runs the agent until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.nvml.Close()
 	g, ctx := errgroup.WithContext(ctx)
 	if a.opts.StaticTargets != "" {
 		a.SetTargets(a.static)
@@ -221,9 +220,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return a.serveHTTP(ctx) })
 	g.Go(func() error { a.scrapeLoop(ctx); return nil })
-	g.Go(func() error { a.gpuLoop(ctx); return nil })
+	// The GPU loop is not one of the group: an NVML call that hangs (a GPU
+	// fallen off the bus, a wedged driver) must not hold the agent's stop,
+	// which waited for it until the kubelet killed the pod.
+	gpuDone := make(chan struct{})
+	go func() { defer close(gpuDone); a.gpuLoop(ctx) }()
 	g.Go(func() error { a.fanOut(ctx); return nil })
 	err := g.Wait()
+	select {
+	case <-gpuDone:
+		a.nvml.Close()
+	case <-time.After(gpuStopWait):
+		a.log.Warn("an NVML call has not returned: stopping without it (NVML not shut down)", logging.KeyElapsed, gpuStopWait)
+	}
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -564,6 +573,9 @@ func (a *Agent) readNVML(failing *bool) gpu.Devices {
 	}
 	return devs
 }
+
+// gpuStopWait: how long a stop waits for the GPU loop's NVML call.
+const gpuStopWait = 2 * time.Second
 
 // nvmlReopenMax: after the driver went away NVML is initialized again at
 // the next interval, then ever less often, at most this far apart.

@@ -195,7 +195,8 @@ func TestGPUUtilizationPerPod(t *testing.T) {
 // TestAHungGPUReadIsNotSentAsFresh: an NVML call that hangs (a GPU fallen
 // off the bus, a wedged driver) stopped the GPU reads, and every pod kept
 // sending the last values read as fresh, for ever. Values older than three
-// scrape intervals are no longer sent.
+// scrape intervals are no longer sent, and the agent stops while the call
+// still hangs.
 func TestAHungGPUReadIsNotSentAsFresh(t *testing.T) {
 	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
 	var hung atomic.Bool
@@ -207,8 +208,11 @@ func TestAHungGPUReadIsNotSentAsFresh(t *testing.T) {
 		}
 		return count()
 	}
+	// Released after the agent stops (cleanups run last first): its stop
+	// no longer waits for the GPU loop's hung call, which once held it
+	// until the kubelet killed the pod.
+	t.Cleanup(func() { close(release) })
 	agg := runGPUAgent(t, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)))
-	t.Cleanup(func() { close(release) }) // before the agent stops: its GPU loop waits in the hung call
 	gpuValue := func() (float64, bool, error) {
 		w, err := workload(agg.HTTPAddr(), "llama")
 		if err != nil || len(w.Pods) == 0 {
