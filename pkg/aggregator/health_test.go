@@ -490,3 +490,32 @@ func TestMetricsAnswersNotReadAreBounded(t *testing.T) {
 		t.Fatalf("once the clients that did not read are gone: %d, want the page", code)
 	}
 }
+
+// TestIngestConnectionsAreBounded: the ingest port accepted connections
+// without bound (any client of it, with --agent-auth=none: each a TLS
+// handshake and HTTP/2 buffers). Past --max-ingest-connections a new one
+// waits to be accepted until one closes.
+func TestIngestConnectionsAreBounded(t *testing.T) {
+	a := start(t, func(o *Options) { o.Serving.MaxIngestConnections = 1; o.Warmup.Duration = 0 })
+	check := func(conn *grpc.ClientConn, d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "liveness"})
+		return err
+	}
+	first, err := grpc.NewClient(a.IngestAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := check(first, 10*time.Second); err != nil {
+		t.Fatalf("the first connection: %v", err)
+	}
+	second := dial(t, a.IngestAddr())
+	if err := check(second, time.Second); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a second connection past the bound: %v, want it not served (DeadlineExceeded)", err)
+	}
+	first.Close()
+	if err := check(second, 10*time.Second); err != nil {
+		t.Fatalf("the second connection once the first closed: %v", err)
+	}
+}

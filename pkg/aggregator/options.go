@@ -31,7 +31,8 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none"},
+		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none",
+			MaxIngestConnections: 20000},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -99,6 +100,8 @@ type ServingOptions struct {
 	MetricsAuth string
 	// HTTPTLS serves --http-addr with the ingest port's certificate.
 	HTTPTLS bool
+	// MaxIngestConnections bounds the ingest port's open connections.
+	MaxIngestConnections int
 }
 
 // AddFlags registers the group's flags.
@@ -111,6 +114,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
+	fs.IntVar(&o.MaxIngestConnections, "max-ingest-connections", o.MaxIngestConnections, "connections the ingest port holds open at once (an agent holds one to each replica): past it a new one waits to be accepted, so that clients of the port (any, with --agent-auth=none) cannot open them without bound")
 	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
 	fs.StringVar(&o.MetricsAuth, "metrics-auth", o.MetricsAuth, "who may read /metrics, and the debug endpoints when they are on --http-addr (no --debug-addr), which name every tenant's workloads: none (anyone who reaches --http-addr), or kubernetes (a bearer token the API server authenticates, whose user may get the request's path as a non-resource URL, /metrics or /debug/...: a TokenReview and a SubjectAccessReview, answers kept a minute per token and path)")
 }
@@ -131,6 +135,9 @@ func (o *ServingOptions) Validate() error {
 	}
 	if o.ShutdownDelay < 0 || o.ShutdownDelay > time.Minute {
 		errs = append(errs, fmt.Errorf("--shutdown-delay %s: from 0 to 1m", o.ShutdownDelay))
+	}
+	if o.MaxIngestConnections < 1 {
+		errs = append(errs, errors.New("--max-ingest-connections must be at least 1"))
 	}
 	if o.MetricsAuth != "none" && o.MetricsAuth != "kubernetes" {
 		errs = append(errs, fmt.Errorf("--metrics-auth %q: none or kubernetes", o.MetricsAuth))
