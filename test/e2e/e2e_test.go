@@ -394,8 +394,8 @@ func (e *env) installCharts() {
 	}
 	dep, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
-	// The ingest port speaks TLS here, which kubelet gRPC probes cannot:
-	// the chart probes /readyz and /livez over HTTP instead.
+	// The chart probes /readyz and /livez over HTTP on the health port
+	// (not the ingest port: TLS, and its connections bounded).
 	if rp := dep.Spec.Template.Spec.Containers[0].ReadinessProbe; *dep.Spec.Replicas != 2 || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
 		t.Errorf("aggregator Deployment: replicas %d, readiness %+v", *dep.Spec.Replicas, rp)
 	}

@@ -43,25 +43,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-A probe handler: the gRPC health service named by .service on the ingest
-port, or, when the ingest port speaks TLS (kubelet gRPC probes do not),
-HTTP GET .path on the health port (plaintext, the probes alone: the http
-port then speaks TLS too, and a probe of it would fail while the
-certificate is not there yet).
-*/}}
-{{- define "pulse-aggregator.probe" -}}
-{{- if include "pulse-aggregator.ingestTLS" .root -}}
-httpGet:
-  path: {{ .path }}
-  port: health
-{{- else -}}
-grpc:
-  port: {{ .root.Values.ingest.port }}
-  service: {{ .service }}
-{{- end }}
-{{- end }}
-
-{{/*
 The agent DaemonSet the warm-up waits for: namespace/name, or empty.
 */}}
 {{- define "pulse-aggregator.agentDaemonSet" -}}
