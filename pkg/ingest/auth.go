@@ -257,21 +257,17 @@ type Entry struct {
 
 // PodNode returns the node the API places an entry's pod on, once the pod
 // is known to allow the entry (its uid and workloads; ErrClaim if not). It
-// reads the uid's identity kept, else the pod cache, else the API for a
-// pod the cache does not hold yet. Kept claims that do not allow the entry
-// are read again (the labels may have changed): from the pod cache, then
-// the API, which may be ahead of it.
+// reads the pod cache (its labels and annotations current), else, for a
+// pod the cache does not hold yet, what the API said of it within
+// claimsFor, else the API. Where the pod cache's copy does not allow the
+// entry, the API is read (it may be ahead of the cache: a pod relabelled a
+// moment ago).
 func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
-	id, ok := t.pods.Get(e.PodUID)
-	if ok {
-		// A uid names one pod: the whole identity must match, or an agent
-		// could list its own pod's uid under another namespace and name.
-		if id.namespace != e.Namespace || id.name != e.Name {
-			return "", fmt.Errorf("pod uid %s is %s/%s, not %s/%s", e.PodUID, id.namespace, id.name, e.Namespace, e.Name)
-		}
-		if discovery.Allows(id.claims, e.UID, e.Workloads) {
-			return id.node, nil
-		}
+	id, cached := t.pods.Get(e.PodUID)
+	// A uid names one pod: the whole identity must match, or an agent
+	// could list its own pod's uid under another namespace and name.
+	if cached && (id.namespace != e.Namespace || id.name != e.Name) {
+		return "", fmt.Errorf("pod uid %s is %s/%s, not %s/%s", e.PodUID, id.namespace, id.name, e.Namespace, e.Name)
 	}
 	if !t.podInformer.HasSynced() {
 		wctx, cancel := context.WithTimeout(ctx, t.sync)
@@ -288,6 +284,8 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 		if discovery.Allows(id.claims, e.UID, e.Workloads) {
 			return id.node, nil
 		}
+	} else if cached && time.Since(id.at) < claimsFor && discovery.Allows(id.claims, e.UID, e.Workloads) {
+		return id.node, nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, missWait)
 	err := t.misses.Wait(wctx)
@@ -312,9 +310,13 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 	return id.node, nil
 }
 
+// claimsFor: how long what the API said of a pod the pod cache does not
+// hold yet is believed (labels and annotations change).
+const claimsFor = time.Minute
+
 // identityOf is what the pod cache keeps of a pod.
 func identityOf(p *corev1.Pod) podIdentity {
-	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p)}
+	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p), at: time.Now()}
 }
 
 // describeClaims lists claims for an error, at most four entries.
@@ -342,4 +344,5 @@ func describeClaims(claims map[string][]discovery.Workload) string {
 type podIdentity struct {
 	namespace, name, node string
 	claims                map[string][]discovery.Workload // discovery.Claims
+	at                    time.Time                       // when read
 }

@@ -458,7 +458,8 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 
 	// The pod listed under another workload of its namespace: refused, the
 	// pod's entry alone; under its own, taken again.
-	g := newFixtureWith(t, runningReviewer(t, c))
+	tr := runningReviewer(t, c)
+	g := newFixtureWith(t, tr)
 	wrong := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("victim")}
 	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong, demand(2, "llama"))); err != nil {
 		t.Fatal(err)
@@ -488,6 +489,45 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
 		t.Fatalf("rejected workload_claim = %v after the relabel, want still 1", got)
 	}
+	if !heldAs(g, "victim") {
+		t.Fatal("the relabelled pod is not held under its new workload")
+	}
+
+	// Relabelled back: the claim it had is refused again (what was read of
+	// the pod once is not believed for its life).
+	p.Labels[discovery.LabelWorkspace] = "llama"
+	if _, err := c.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		obj, _, _ := tr.podInformer.GetStore().GetByKey("ns/mine")
+		if cp, ok := obj.(*corev1.Pod); ok && cp.Labels[discovery.LabelWorkspace] == "llama" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pod cache did not see the relabel")
+		}
+	}
+	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 2 {
+		t.Fatalf("rejected workload_claim = %v after relabelling back, want 2", got)
+	}
+}
+
+// heldAs reports whether f's store holds pod ns/mine under Workspace w.
+func heldAs(f *fixture, w string) bool {
+	for _, v := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+		if v.Name == w {
+			for _, p := range v.Pods {
+				if p.Name == "mine" {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // TestClaimsMetaKeepsWhatClaimsRead: the pod cache keeps of every pod only

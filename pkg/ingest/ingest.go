@@ -452,9 +452,9 @@ func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodI
 		if err != nil || node != st.hello.Node {
 			reason := "other_node"
 			switch {
-			case errors.Is(err, ErrClaim):
+			case errors.Is(err, ErrClaim) && node == st.hello.Node:
 				reason = "workload_claim"
-			case err != nil:
+			case err != nil && !errors.Is(err, ErrClaim):
 				reason = "unknown_pod"
 			}
 			*removed = st.reject(p, reason, node, err, *removed)

@@ -293,6 +293,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	if st.Since.IsZero() {
 		st.Since = in.At
 	}
+	if !in.RefusedAt.IsZero() {
+		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
+	}
 	if !in.Found {
 		return noReplica(in, st)
 	}
@@ -820,9 +823,6 @@ func noReplica(in Input, st State) (Plan, State, error) {
 		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))
 	}
-	if !in.RefusedAt.IsZero() {
-		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
-	}
 	d := in.Demand
 	if d.Sources == 0 {
 		if d.Stale > 0 {
@@ -838,10 +838,10 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	return p, st, nil
 }
 
-// RoomRefused says why a workload whose new replicas the store refused for
-// room has no value: they are not absent (the routers' demand alone, or
-// NotFound, would scale a serving workload down).
-const RoomRefused = "its replicas wait for room in the aggregator (--max-pods or --max-pods-per-namespace reached): no value, rather than the routers' demand alone or 0"
+// RoomRefused says why a workload a new replica of which the store refused
+// for room has no value: the replicas held are not all of it (their load
+// alone, the routers' demand alone or NotFound would scale it down).
+const RoomRefused = "replicas of it wait for room in the aggregator (--max-pods or --max-pods-per-namespace reached): no value, rather than one of the replicas held alone, the routers' demand alone or 0"
 
 // ceil is x rounded up to a replica count: at most math.MaxInt32 (the
 // HPA's counts are int32; past it, Go's conversion to int is not defined).

@@ -128,6 +128,9 @@ func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	// requests are waiting nowhere else (docs/scaledobject.md, "Demand
 	// before the first pod").
 	r := s.store.Read(podBuf[:0], t.Workload, def, t.Window, t.StaleAfter, def.Rule == metric.RuleGauge && def.Num == metric.Waiting)
+	if !r.RefusedAt.IsZero() {
+		return Decision{}, status.Errorf(codes.Unavailable, "%s: %s", describe(t), planner.RoomRefused)
+	}
 	if !r.Found {
 		return noReplica(t, r)
 	}
@@ -330,9 +333,6 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 	if l := r.Lost; r.LostOK {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			describe(t), l.Pods, l.At.UTC().Format(time.RFC3339))
-	}
-	if !r.RefusedAt.IsZero() {
-		return Decision{}, status.Errorf(codes.Unavailable, "%s: %s", describe(t), planner.RoomRefused)
 	}
 	dv := r.Demand
 	if dv.Sources > 0 {

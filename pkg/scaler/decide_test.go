@@ -611,31 +611,43 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 }
 
 // TestReplicasWaitingForRoomAreNoZero: a workload whose new replicas the
-// store refused for room (--max-pods, --max-pods-per-namespace) had none
-// held, and read as the routers' demand alone (0, inactive: KEDA scaled it
-// to zero) or NotFound. It is now Unavailable, for a threshold trigger and
-// the planner alike.
+// store refused for room (--max-pods, --max-pods-per-namespace) read as
+// the replicas held alone (a total, or the planner's load, short by the
+// ones refused) or, none held, as the routers' demand alone (0, inactive:
+// KEDA scaled it to zero) or NotFound. It is now Unavailable, for a
+// threshold trigger and the planner alike.
 func TestReplicasWaitingForRoomAreNoZero(t *testing.T) {
-	f := newFixture(t)
-	f.store = store.New(store.Options{Retention: time.Minute, MaxPods: 10, MaxPodsPerNamespace: 1, Now: f.clock.Now})
-	f.server = New(f.store, Options{MaxWindow: time.Minute, Now: f.clock.Now})
 	router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
-	replica := store.PodInfo{UID: "uid-llama-0", Namespace: "demo", Name: "llama-0", Ready: true, Workloads: []store.Key{llama}}
-	f.store.OpenSource("node-1")
-	if refused := f.store.Upsert(store.Source{Node: "node-1"}, []store.PodInfo{router, replica}, true); len(refused) != 1 {
-		t.Fatalf("refused %v, want the replica refused for room", refused)
+	replica := func(i int) store.PodInfo {
+		return store.PodInfo{UID: fmt.Sprint("uid-llama-", i), Namespace: "demo", Name: fmt.Sprint("llama-", i), Ready: true, Workloads: []store.Key{llama}}
 	}
-	r := store.Report{UID: router.UID}
-	r.TimeMs = f.clock.Now().UnixMilli()
-	r.Values.Set(metric.PendingRequests, 0)
-	f.store.Add([]store.Report{r})
-	for _, tr := range []Trigger{
-		{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second, StaleAfter: 5 * time.Second, MissingPods: "auto"},
-		{Workload: llama, Metric: MetricReplicas, Threshold: 1, ValueType: "total", Window: time.Minute, StaleAfter: 5 * time.Second, SLOTTFT: 2 * time.Second},
-	} {
-		if d, err := f.server.Evaluate(tr); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "wait for room in the aggregator") {
-			t.Fatalf("%s: %+v, %v; want Unavailable, the replicas waiting for room", tr.Metric, d, err)
-		}
+	for name, room := range map[string]int{"none held": 1, "one held, one waiting": 2} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			f.store = store.New(store.Options{Retention: time.Minute, MaxPods: 10, MaxPodsPerNamespace: room, Now: f.clock.Now})
+			f.server = New(f.store, Options{MaxWindow: time.Minute, Now: f.clock.Now})
+			f.store.OpenSource("node-1")
+			if refused := f.store.Upsert(store.Source{Node: "node-1"}, []store.PodInfo{router, replica(0), replica(1)}, true); len(refused) != 3-room {
+				t.Fatalf("refused %v, want %d refused for room", refused, 3-room)
+			}
+			var rs []store.Report
+			for _, uid := range []string{router.UID, "uid-llama-0"} {
+				r := store.Report{UID: uid}
+				r.TimeMs = f.clock.Now().UnixMilli()
+				r.Values.Set(metric.PendingRequests, 0)
+				r.Values.Set(metric.Waiting, 3)
+				rs = append(rs, r)
+			}
+			f.store.Add(rs)
+			for _, tr := range []Trigger{
+				{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second, StaleAfter: 5 * time.Second, MissingPods: "auto"},
+				{Workload: llama, Metric: MetricReplicas, Threshold: 1, ValueType: "total", Window: time.Minute, StaleAfter: 5 * time.Second, SLOTTFT: 2 * time.Second},
+			} {
+				if d, err := f.server.Evaluate(tr); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "wait for room in the aggregator") {
+					t.Fatalf("%s: %+v, %v; want Unavailable, replicas waiting for room", tr.Metric, d, err)
+				}
+			}
+		})
 	}
 }
 

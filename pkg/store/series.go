@@ -445,6 +445,19 @@ func ids(m metric.Def) uint64 {
 	return m.IDs()
 }
 
+// size is what the series' encoding uses (its buffers' lengths and the
+// columns' headers): what maxPodBytes bounds (a buffer's capacity left by
+// a cut would have it cut again).
+func (r *series) size() int {
+	n := len(r.buf) + len(r.cols)*int(unsafe.Sizeof(column{}))
+	if r.hist != nil {
+		for k := range r.hist {
+			n += len(r.hist[k].buf)
+		}
+	}
+	return n
+}
+
 // bytes is the memory the series' encoding holds (its buffers' capacity
 // and the columns' headers).
 func (r *series) bytes() int {

@@ -71,9 +71,9 @@ type Snapshot struct {
 	// removing them (as LostReplicas).
 	Lost   Lost
 	LostOK bool
-	// RefusedAt, when no replica is found: a new pod of the workload was
-	// refused for room (MaxPods, MaxPodsPerNamespace) then, within the
-	// last minute: its replicas wait, it is not a workload without any.
+	// RefusedAt: a new pod of the workload was refused for room (MaxPods,
+	// MaxPodsPerNamespace) then, within the last minute: replicas of it
+	// wait, unseen, and what is held is not the whole workload.
 	RefusedAt time.Time
 }
 
@@ -114,8 +114,8 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 	snap.Demand = s.demand(sc, k, window, freshFor, now)
 	if !snap.Found {
 		snap.Lost, snap.LostOK = s.lostReplicas(k, now)
-		snap.RefusedAt = s.refusedRecently(k, now)
 	}
+	snap.RefusedAt = s.refusedRecently(k, now)
 	return snap
 }
 

@@ -162,6 +162,9 @@ type pod struct {
 	listedAt, readyAt time.Time
 	// trimCheck counts appends since trim last looked for expired samples.
 	trimCheck int
+	// behind: the last sample was more than stepBack behind the series
+	// (dropped); a second in a row restarts it.
+	behind bool
 }
 
 // podRare is the part of a pod's state that few pods have: apart, so that
@@ -242,13 +245,19 @@ func New(opts Options) *Store {
 // must be held for writing.
 func (s *Store) drop(uid string, p *pod, lost bool) {
 	delete(s.pods, uid)
-	if s.nsPods[p.Namespace]--; s.nsPods[p.Namespace] <= 0 {
-		delete(s.nsPods, p.Namespace)
-	}
+	s.countIn(p.Namespace, -1)
 	s.notify(p)
 	s.unlink(p)
 	if lost && !p.Demand {
 		s.markLost(p, 1)
+	}
+}
+
+// countIn adds d to the pods held in namespace ns; mu must be held for
+// writing.
+func (s *Store) countIn(ns string, d int) {
+	if s.nsPods[ns] += d; s.nsPods[ns] <= 0 {
+		delete(s.nsPods, ns)
 	}
 }
 
@@ -484,10 +493,16 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 			}
 			p = &pod{}
 			s.pods[info.UID] = p
-			s.nsPods[info.Namespace]++
+			s.countIn(info.Namespace, 1)
 		} else {
 			s.notify(p)
 			s.unlink(p)
+			if p.Namespace != info.Namespace {
+				// A uid listed under another namespace (only an agent that
+				// is not checked can): its count moves with it.
+				s.countIn(p.Namespace, -1)
+				s.countIn(info.Namespace, 1)
+			}
 		}
 		p.PodInfo = info
 		p.markStart(!ok, s.now())
@@ -630,16 +645,22 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue
 		}
 		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
-			if p.series.lastMs-r.TimeMs <= stepBack.Milliseconds() {
-				continue // out of order or repeated: keep the series monotonic in time
+			if p.series.lastMs-r.TimeMs <= stepBack.Milliseconds() || !p.behind {
+				// Out of order or repeated: dropped, keeping the series
+				// monotonic in time. Far behind, it is remembered: one
+				// sample is not a clock step (two agents listing the pod
+				// with clocks apart alternate).
+				p.behind = p.series.lastMs-r.TimeMs > stepBack.Milliseconds()
+				continue
 			}
-			// Its agent's clock stepped back (chrony, a VM resumed): every
-			// sample would be held out until the clock passed the last
-			// one again, the pod stale meanwhile. Its series starts again
-			// (no window reaches across the step; no increase is counted
-			// across it).
+			// A second sample in a row far behind: its agent's clock
+			// stepped back (chrony, a VM resumed), and every sample would
+			// be held out until the clock passed the last one again, the
+			// pod stale meanwhile. Its series starts again (no window
+			// reaches across the step; no increase is counted across it).
 			p.restart()
 		}
+		p.behind = false
 		smp := metric.Sample{TimeMs: r.TimeMs, Values: r.Values}
 		if r.Hist != nil {
 			h := *r.Hist // adjusted below: the reporter's copy is left as it was
@@ -671,8 +692,8 @@ func (s *Store) Add(reports []Report) (dropped int) {
 }
 
 // stepBack is how far behind a pod's last sample a sample may be and still
-// be taken as out of order (dropped): further, its agent's clock stepped
-// back, and the pod's series starts again.
+// be taken as out of order (dropped): two in a row further behind, its
+// agent's clock stepped back, and the pod's series starts again.
 const stepBack = 5 * time.Second
 
 // restart empties p's series, as at its first sample; mu must be held for
@@ -707,8 +728,8 @@ func carryHist(cur, prev *metric.Histograms) *metric.Histograms {
 func (p *pod) trim(o Options) {
 	n := p.series.len()
 	from := p.series.lastMs - o.Retention.Milliseconds()
-	size := p.series.bytes()
-	big := size > maxPodBytes
+	size, limit := p.series.size(), podBytes*o.MaxSamples
+	big := size > limit
 	if n <= o.MaxSamples && n < 8 && !big {
 		return
 	}
@@ -733,10 +754,10 @@ func (p *pod) trim(o Options) {
 	if big {
 		// A page whose values and histogram bounds change at every sample
 		// costs ten times an honest one's: the pod keeps the newest
-		// samples that fit three quarters of maxPodBytes (its windows
+		// samples that fit three quarters of its bound (its windows
 		// shorter), so that one tenant's pages cannot grow the store
 		// every tenant shares past its sizing.
-		keep := max(2, int(int64(n)*maxPodBytes*3/4/int64(size)))
+		keep := max(2, int(int64(n)*int64(limit)*3/4/int64(size)))
 		cut = max(cut, n-keep)
 	}
 	if cut == 0 {
@@ -748,10 +769,10 @@ func (p *pod) trim(o Options) {
 	}
 }
 
-// maxPodBytes bounds one pod's series: about twice the most an honest
-// page's samples take at the default --max-samples-per-pod with
-// histograms (docs/performance.md, "The store's memory").
-const maxPodBytes = 48 << 10
+// podBytes × MaxSamples bounds one pod's series (48 KiB at the default
+// --max-samples-per-pod): several times the most an honest page's sample
+// takes with histograms (docs/performance.md, "The store's memory").
+const podBytes = 384
 
 // window returns the samples of the last d on the pod's own clock (d == 0:
 // all), with the metrics in want decoded, into sc. For rates and ratios it includes the sample just

@@ -237,9 +237,18 @@ func TestOneNamespaceCannotTakeEveryonesRoom(t *testing.T) {
 	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "c", ws)}, false); len(refused) != 0 {
 		t.Fatalf("refused %v after the old replicas left, want c held", refused)
 	}
+	// A uid listed again under another namespace (an agent not checked)
+	// takes its count with it: the namespace it left is not full for ever.
+	s.Upsert(Source{Node: "n1"}, []PodInfo{pod("third", "c", ws)}, false)
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "d", ws)}, false); len(refused) != 0 || s.nsPods["ns"] != 1 || s.nsPods["third"] != 1 {
+		t.Fatalf("refused %v, counts %v: want ns's room back after c moved", refused, s.nsPods)
+	}
+	s.Remove("n1", "c", "d")
+	if s.nsPods["ns"] != 0 || s.nsPods["third"] != 0 {
+		t.Fatalf("counts %v after the removals, want none", s.nsPods)
+	}
 	// A refusal is remembered a minute, then forgotten.
 	now = now.Add(2 * time.Minute)
-	s.Remove("n1", "c")
 	s.Sweep()
 	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); !snap.RefusedAt.IsZero() {
 		t.Fatalf("refused at %v two minutes later, want forgotten", snap.RefusedAt)
@@ -416,7 +425,8 @@ func canonical(t *testing.T, name string) metric.Def {
 // every sample of its pods dropped for ten minutes (each stale, its
 // workloads filled or in error), and one sample years ahead silenced its
 // pod for good. A step back past a few seconds now starts the pod's
-// series again; a sample a moment out of order is still dropped.
+// series again (two samples in a row: one is a second agent's clock
+// apart); a sample a moment out of order is still dropped.
 func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
 	now := time.Unix(2000, 0)
 	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
@@ -428,13 +438,21 @@ func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
 	if n := s.peek("a").series.len(); n != 10 {
 		t.Fatalf("%d samples after one out of order, want 10 (it dropped)", n)
 	}
-	now = now.Add(3 * time.Second)
-	s.Add([]Report{report("a", 1_000_000-600_000, 7)}) // ten minutes back
-	p := s.View(ViewOptions{FreshFor: time.Second})[0].Pods[0]
-	if !p.Fresh || p.Values["waiting"] != 7 || s.peek("a").series.len() != 1 {
-		t.Fatalf("after the step back: %+v, %d samples; want fresh, waiting 7, the series started again", p, s.peek("a").series.len())
+	// One sample far behind (a second agent listing the pod, its clock
+	// apart) is dropped; the series goes on.
+	s.Add([]Report{report("a", 1_000_000-600_000, 7)})
+	s.Add([]Report{report("a", 1_000_000+10_000, 5)})
+	if n := s.peek("a").series.len(); n != 11 {
+		t.Fatalf("%d samples after one far behind, want 11 (it dropped)", n)
 	}
+	now = now.Add(3 * time.Second)
+	s.Add([]Report{report("a", 1_000_000-600_000, 7)}) // ten minutes back, then on from there
 	s.Add([]Report{report("a", 1_000_000-599_000, 8)})
+	p := s.View(ViewOptions{FreshFor: time.Second})[0].Pods[0]
+	if !p.Fresh || p.Values["waiting"] != 8 || s.peek("a").series.len() != 1 {
+		t.Fatalf("after the step back: %+v, %d samples; want fresh, waiting 8, the series started again", p, s.peek("a").series.len())
+	}
+	s.Add([]Report{report("a", 1_000_000-598_000, 9)})
 	if n := s.peek("a").series.len(); n != 2 {
 		t.Fatalf("%d samples after the step, want 2", n)
 	}
@@ -444,7 +462,7 @@ func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
 // range and whose histogram bounds change at every sample wrote each
 // sample in full, about 2 KB, ten times an honest pod's: one tenant's
 // pods could grow the store every tenant shares far past its sizing. One
-// pod's series is now held to maxPodBytes (its newest samples kept).
+// pod's series is now held to podBytes a sample kept (its newest).
 func TestAHostilePageIsBoundedInBytes(t *testing.T) {
 	s := New(Options{Retention: time.Hour, MaxSamples: 600})
 	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
@@ -473,8 +491,8 @@ func TestAHostilePageIsBoundedInBytes(t *testing.T) {
 		s.Add([]Report{r})
 	}
 	p := s.peek("a")
-	if b := p.series.bytes(); b > maxPodBytes+32<<10 {
-		t.Fatalf("the pod's series holds %d bytes, want about maxPodBytes (%d) at most", b, maxPodBytes)
+	if b, limit := p.series.size(), podBytes*600; b > limit+64<<10 {
+		t.Fatalf("the pod's series holds %d bytes, want about its bound (%d) at most", b, limit)
 	}
 	if p.series.len() < 2 || p.series.lastMs != 600_000 {
 		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)

@@ -263,7 +263,7 @@ type Reading struct {
 	// Lost and LostOK: as LostReplicas, when no replica is found.
 	Lost   Lost
 	LostOK bool
-	// RefusedAt: as Snapshot's, when no replica is found.
+	// RefusedAt: as Snapshot's.
 	RefusedAt time.Time
 }
 
@@ -290,8 +290,8 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 	}
 	if !r.Found {
 		r.Lost, r.LostOK = s.lostReplicas(k, now)
-		r.RefusedAt = s.refusedRecently(k, now)
 	}
+	r.RefusedAt = s.refusedRecently(k, now)
 	return r
 }
 
