@@ -22,8 +22,9 @@ type Scoreboard struct {
 	WarmupSeconds  float64  `json:"warmupSeconds"`
 	Cases          []*Case  `json:"cases"`
 	// AboveClairvoyant: every signal pipeline whose attainment after the
-	// warm-up is above the clairvoyant frontier at its GPU-hours ("case:
-	// pipeline"); empty when the clairvoyant bounds them all.
+	// warm-up is above the clairvoyant frontier at its GPU-hours by more
+	// than BoundTolerance ("case: pipeline"); empty when the clairvoyant
+	// bounds them all.
 	AboveClairvoyant []string `json:"aboveClairvoyant"`
 }
 
@@ -178,7 +179,7 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 				sb.Cases = append(sb.Cases, c)
 				firsts = append(firsts, first)
 				for _, sc := range c.Pipelines {
-					if sc.ToClairvoyant != nil && *sc.ToClairvoyant > 1e-9 {
+					if sc.ToClairvoyant != nil && *sc.ToClairvoyant > BoundTolerance {
 						sb.AboveClairvoyant = append(sb.AboveClairvoyant, fmt.Sprintf("%s: %s", caseName(c), sc.Pipeline))
 					}
 				}
@@ -240,11 +241,12 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 	for i := range first.Pipelines {
 		all[i] = mean(reports, i)
 	}
-	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all, s.Clairvoyant.Names())
+	slack := FrontierSlack(p)
+	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all, s.Clairvoyant.Names(), slack)
 	sweep := Frontier(c.Clairvoyant, func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup })
 	c.StaticAboveSweep = []string{}
 	for _, sc := range c.Static {
-		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup); d != nil && *d > 0 {
+		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack); d != nil && *d > 0 {
 			c.StaticAboveSweep = append(c.StaticAboveSweep, fmt.Sprintf("%s (%+.1f points)", sc.Pipeline, 100**d))
 		}
 	}
@@ -257,7 +259,7 @@ func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, 
 // sweep), fixed fleets and the clairvoyant family's plans (every
 // clairvoyant one, and the sweep's hindsight ones), and sets each one's
 // distances to the frontiers.
-func Split(all []*Score, sweep []string) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
+func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
 	for _, sc := range all {
 		switch k := kind(sc.Pipeline); {
 		case k == "static":
@@ -274,10 +276,10 @@ func Split(all []*Score, sweep []string) (pipelines, static, clairvoyant []*Scor
 	staticFront, clairvoyantFront = Frontier(static, after), Frontier(family, after)
 	sw, cw := Frontier(static, whole), Frontier(family, whole)
 	for _, sc := range all {
-		sc.ToStatic = distance(staticFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
-		sc.ToClairvoyant = distance(clairvoyantFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
-		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO)
-		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO)
+		sc.ToStatic = distance(staticFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
+		sc.ToClairvoyant = distance(clairvoyantFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
+		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO, slack)
+		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO, slack)
 	}
 	return pipelines, static, clairvoyant, staticFront, clairvoyantFront
 }
@@ -350,24 +352,43 @@ func Frontier(scores []*Score, xy func(*Score) (float64, float64)) []Point {
 }
 
 // FrontierTolerance: a frontier point counts at a pipeline's GPU-hours when
-// it uses at most this fraction more: runs of the same plan differ by the
-// startup times they draw (2 % of an hour of one replica is 72 s of it).
+// it uses at most this fraction more, or at most FrontierSlack more: runs
+// of the same plan differ by the startup times they draw (2 % of an hour
+// of one replica is 72 s of it; in a short scored window, less than the
+// spread of one replica's startup).
 const FrontierTolerance = 0.02
 
+// BoundTolerance: a signal pipeline lies above the clairvoyant frontier
+// (AboveClairvoyant) when its attainment is more than this above it: a
+// tenth of a point, the few requests by which runs of one plan differ
+// (the shipped suite's ramps: every pipeline at 100 %, the family's best
+// at its GPU-hours at 99.99 %).
+const BoundTolerance = 0.001
+
+// FrontierSlack is one replica's GPU-hours over the spread of its startup
+// (the profile's standard deviation): by that much two runs of one plan
+// differ whatever the window's length (a 7-minute window's 2 % is 15 s of
+// two replicas, against a 30 s spread).
+func FrontierSlack(p *replica.Profile) float64 {
+	return float64(p.GPUs) * p.StartupStddev.Hours()
+}
+
 // At is the frontier's attainment at g GPU-hours: the best of its points
-// that use no more (within FrontierTolerance); false below its first point.
-func At(front []Point, g float64) (float64, bool) {
+// that use no more (within FrontierTolerance, or slack GPU-hours); false
+// below its first point.
+func At(front []Point, g, slack float64) (float64, bool) {
+	limit := max(g*(1+FrontierTolerance), g+slack) + 1e-9
 	best, ok := 0.0, false
 	for _, p := range front {
-		if p.GPUHours <= g*(1+FrontierTolerance)+1e-9 {
+		if p.GPUHours <= limit {
 			best, ok = math.Max(best, p.SLO), true
 		}
 	}
 	return best, ok
 }
 
-func distance(front []Point, g, slo float64) *float64 {
-	f, ok := At(front, g)
+func distance(front []Point, g, slo, slack float64) *float64 {
+	f, ok := At(front, g, slack)
 	if !ok {
 		return nil
 	}

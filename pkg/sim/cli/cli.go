@@ -291,7 +291,11 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	for i := range reports[0].Pipelines {
 		scores = append(scores, bench.Mean(reports, i))
 	}
-	signal, _, _, staticFront, clairFront := bench.Split(scores, nil)
+	prof, err := replica.Load(o.Profile) // loaded for the run above
+	if err != nil {
+		return err
+	}
+	signal, _, _, staticFront, clairFront := bench.Split(scores, nil, bench.FrontierSlack(prof))
 	if o.References {
 		f := filepath.Join(o.Out, "frontier."+o.Format)
 		c := reports[0].Config
