@@ -456,12 +456,22 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 		t.Fatalf("workloads held %v, want llama and qwen, not victim", held)
 	}
 
-	// The pod listed under another workload of its namespace: refused, the
-	// pod's entry alone; under its own, taken again.
+}
+
+// TestARelabelledPodIsCheckedAgain: an entry is held to the pod as it is
+// now: listed under another workload of its namespace, refused (the
+// pod's entry alone); relabelled to it, taken at once (the API read when
+// the pod cache lags); relabelled away, refused again (what was read of a
+// pod once is not believed for its life).
+func TestARelabelledPodIsCheckedAgain(t *testing.T) {
+	c := fakeAPI()
+	ws := func(name string) []*pulsev1.Workload {
+		return []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: name}}
+	}
 	tr := runningReviewer(t, c)
 	g := newFixtureWith(t, tr)
 	wrong := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("victim")}
-	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong, demand(2, "llama"))); err != nil {
+	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong)); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {

@@ -395,33 +395,44 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 	return fresh
 }
 
+// kvShares is each fresh replica's KV-cache usage, in [0, 1]: a replica
+// whose page gives no KV-cache gauge (TGI's, or a gauge refused) carries
+// the mean of those that do, or none when none does.
+func kvShares(fresh []*store.PodLoad) []float64 {
+	out := make([]float64, len(fresh))
+	mean, with := 0.0, 0
+	for i, l := range fresh {
+		if !l.NoKV {
+			out[i] = math.Min(math.Max(l.KVCache, 0), 1)
+			mean += out[i]
+			with++
+		}
+	}
+	if with == 0 {
+		return out
+	}
+	mean /= float64(with)
+	for i, l := range fresh {
+		if l.NoKV {
+			out[i] = mean
+		}
+	}
+	return out
+}
+
 // need sets p's offered work, backlog, KV need and Need from the fresh
 // pods; with no capacity learned, the load fallback (see below). It returns
 // the work that arrived at all the ready replicas (the fresh pods' scaled):
 // served, plus the queue's growth or less its shrinking.
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
 	var first, growth, queued, kv, fallback float64
-	// A replica whose page gives no KV-cache gauge (TGI's, or a gauge
-	// refused) carries the mean of those that do, or none when none does.
-	kvMean, withKV := 0.0, 0
-	for _, l := range fresh {
-		if !l.NoKV {
-			kvMean += math.Min(math.Max(l.KVCache, 0), 1)
-			withKV++
-		}
-	}
-	if withKV > 0 {
-		kvMean /= float64(withKV)
-	}
-	for _, l := range fresh {
+	kvs := kvShares(fresh)
+	for i, l := range fresh {
 		p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		first += l.FirstTokens
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
-		kvl := kvMean
-		if !l.NoKV {
-			kvl = math.Min(math.Max(l.KVCache, 0), 1)
-		}
+		kvl := kvs[i]
 		kv += kvl
 		// The fallback load: KV cache against its target, the queue
 		// against two requests (metric.DefaultLoad's, llm-d's saturation).

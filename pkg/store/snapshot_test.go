@@ -34,9 +34,7 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 			r.Values.Set(metric.QueueTimeCount, float64(i))
 			r.Values.Set(metric.QueueTimeSum, 0.2*float64(i))
 			r.Values.Set(metric.Waiting, float64(i))
-			if uid == "u1" { // p2's page has no KV-cache gauge (TGI's has none)
-				r.Values.Set(metric.KVCacheUsage, 0.5)
-			}
+			r.Values.Set(metric.KVCacheUsage, 0.5)
 			// p1's TTFTs: each second one within 0.5 s and one within 4 s.
 			if uid == "u1" {
 				var h metric.Histograms
@@ -66,11 +64,6 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 	if !p1.TTFTOK || p1.TTFT != 0.5 || !p1.QueueOK || p1.QueueTime != 0.2 || p1.KVCache != 0.5 {
 		t.Fatalf("latencies %+v", p1)
 	}
-	// A gauge absent is said so, not read as 0 (the planner refused
-	// nothing and planned an empty queue).
-	if p1.NoWaiting || p1.NoKV || p2.NoWaiting || !p2.NoKV || p2.KVCache != 0 {
-		t.Fatalf("gauges absent: p1 %v %v, p2 %v %v (KV %v); want only p2's KV cache absent", p1.NoWaiting, p1.NoKV, p2.NoWaiting, p2.NoKV, p2.KVCache)
-	}
 	if p1.WaitingNow != 10 || p1.WaitingGrowth != 1 {
 		t.Fatalf("waiting now %v growth %v, want 10 and 1/s", p1.WaitingNow, p1.WaitingGrowth)
 	}
@@ -92,5 +85,32 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 	}
 	if snap := s.Snapshot(nil, Key{Namespace: "ns", Kind: KindWorkspace, Name: "other"}, time.Second, time.Second, 0); snap.Found {
 		t.Fatal("an unknown workload was found")
+	}
+}
+
+// TestAGaugeAbsentIsSaidSo: a gauge absent from a pod's window was read as
+// 0 (the planner refused nothing and planned an empty queue); it is said
+// so (NoWaiting, NoKV).
+func TestAGaugeAbsentIsSaidSo(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "vllm", Namespace: "ns", Name: "vllm", Ready: true, Workloads: []Key{ws}},
+		{UID: "tgi", Namespace: "ns", Name: "tgi", Ready: true, Workloads: []Key{ws}}}, false)
+	for i := range 3 {
+		now = now.Add(time.Second)
+		a, b := Report{UID: "vllm"}, Report{UID: "tgi"} // TGI's page has no KV-cache gauge
+		a.TimeMs, b.TimeMs = now.UnixMilli(), now.UnixMilli()
+		a.Values.Set(metric.Waiting, float64(i))
+		a.Values.Set(metric.KVCacheUsage, 0.5)
+		b.Values.Set(metric.Waiting, float64(i))
+		s.Add([]Report{a, b})
+	}
+	snap := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0)
+	if len(snap.Pods) != 2 {
+		t.Fatalf("%d pods, want 2", len(snap.Pods))
+	}
+	tgi, vllm := snap.Pods[0], snap.Pods[1]
+	if vllm.NoWaiting || vllm.NoKV || tgi.NoWaiting || !tgi.NoKV || tgi.KVCache != 0 {
+		t.Fatalf("gauges absent: vllm %v %v, tgi %v %v (KV %v); want only tgi's KV cache absent", vllm.NoWaiting, vllm.NoKV, tgi.NoWaiting, tgi.NoKV, tgi.KVCache)
 	}
 }
