@@ -503,10 +503,7 @@ func TestIngestConnectionsAreBounded(t *testing.T) {
 		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "liveness"})
 		return err
 	}
-	first, err := grpc.NewClient(a.IngestAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := dial(t, a.IngestAddr())
 	if err := check(first, 10*time.Second); err != nil {
 		t.Fatalf("the first connection: %v", err)
 	}

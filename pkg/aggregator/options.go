@@ -157,7 +157,7 @@ type StoreOptions struct {
 // or half of --max-pods (at least 1) when it is 0.
 func (o *StoreOptions) PodsPerNamespace() int {
 	if o.MaxPodsPerNamespace > 0 {
-		return min(o.MaxPodsPerNamespace, o.MaxPods)
+		return o.MaxPodsPerNamespace // the store caps it at MaxPods
 	}
 	return max(o.MaxPods/2, 1)
 }

@@ -22,18 +22,14 @@ import (
 // lists none of its entries).
 func Claims(pod *corev1.Pod) map[string][]Workload {
 	if !IsDemandSource(pod.Annotations) {
-		ws := Workloads(pod)
-		if len(ws) == 0 || len(ws) > MaxWorkloadsPerPod || checkWorkloadNames(ws) != nil {
+		ws, err := podWorkloads(pod)
+		if err != nil {
 			return nil
 		}
 		return map[string][]Workload{string(pod.UID): ws}
 	}
-	kindName := pod.Annotations[AnnotationDemandKind]
-	if kindName == "" {
-		kindName = "Workspace"
-	}
-	kind, ok := demandKinds[kindName]
-	if !ok {
+	kind, err := demandKind(pod.Annotations)
+	if err != nil {
 		return nil
 	}
 	items, err := demandItems(pod.Annotations[AnnotationDemandWorkloads])

@@ -78,13 +78,9 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	if err := vllm.ValidateDemand(&d); err != nil {
 		return nil, fmt.Errorf("demand source %q (annotations %s, %s): %w", wire.CleanText(src, 64), AnnotationDemandMetric, AnnotationDemandLabel, err)
 	}
-	kindName := annotations[AnnotationDemandKind]
-	if kindName == "" {
-		kindName = "Workspace"
-	}
-	kind, ok := demandKinds[kindName]
-	if !ok {
-		return nil, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, wire.CleanText(kindName, 64))
+	kind, err := demandKind(annotations)
+	if err != nil {
+		return nil, err
 	}
 	items, err := demandItems(annotations[AnnotationDemandWorkloads])
 	if err != nil {
@@ -92,14 +88,26 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 	}
 	var out []Target
 	for _, it := range items {
-		name := it.name
 		dd := d
 		dd.Match = it.value
 		t := base
-		t.UID = store.DemandUID(base.UID, name)
-		t.Workloads = []Workload{{Kind: kind, Name: name}}
+		t.UID = store.DemandUID(base.UID, it.name)
+		t.Workloads = []Workload{{Kind: kind, Name: it.name}}
 		t.Demand = &dd
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// demandKind is the kind pulse.io/demand-kind names (default Workspace).
+func demandKind(annotations map[string]string) (pulsev1.WorkloadKind, error) {
+	name := annotations[AnnotationDemandKind]
+	if name == "" {
+		name = "Workspace"
+	}
+	kind, ok := demandKinds[name]
+	if !ok {
+		return 0, fmt.Errorf("annotation %s=%q: want Workspace, InferenceSet, Deployment, StatefulSet, LeaderWorkerSet or Workload", AnnotationDemandKind, wire.CleanText(name, 64))
+	}
+	return kind, nil
 }

@@ -214,16 +214,8 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return t, false, nil
 	}
-	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name, Workloads: Workloads(pod)}
-	if len(t.Workloads) == 0 {
-		return t, false, fmt.Errorf("no workload: label it %s or %s, or give it %s", LabelWorkspace, LabelInferenceSet, KeyWorkload)
-	}
-	if len(t.Workloads) > MaxWorkloadsPerPod {
-		// The aggregator refuses such an entry; sending it only costs the
-		// stream's budget. This pod alone is left out.
-		return t, false, fmt.Errorf("belongs to %d workloads (labels and owner references); at most %d", len(t.Workloads), MaxWorkloadsPerPod)
-	}
-	if err := checkWorkloadNames(t.Workloads); err != nil {
+	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name}
+	if t.Workloads, err = podWorkloads(pod); err != nil {
 		return t, false, err
 	}
 	t, err = placeOf(pod, t)
@@ -231,6 +223,25 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 		return t, false, err
 	}
 	return t, true, nil
+}
+
+// podWorkloads is Workloads checked as an entry of them is: at least one,
+// at most MaxWorkloadsPerPod, their names valid; else why the pod alone is
+// left out.
+func podWorkloads(pod *corev1.Pod) ([]Workload, error) {
+	ws := Workloads(pod)
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("no workload: label it %s or %s, or give it %s", LabelWorkspace, LabelInferenceSet, KeyWorkload)
+	}
+	if len(ws) > MaxWorkloadsPerPod {
+		// The aggregator refuses such an entry; sending it only costs the
+		// stream's budget. This pod alone is left out.
+		return nil, fmt.Errorf("belongs to %d workloads (labels and owner references); at most %d", len(ws), MaxWorkloadsPerPod)
+	}
+	if err := checkWorkloadNames(ws); err != nil {
+		return nil, err
+	}
+	return ws, nil
 }
 
 // placeOf sets where t's page is (URL) and whether it is scraped now

@@ -431,14 +431,11 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFixtureWith(t, runningReviewer(t, c))
-	ws := func(name string) []*pulsev1.Workload {
-		return []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: name}}
-	}
 	demand := func(id uint32, name string) *pulsev1.Pod {
-		return &pulsev1.Pod{Id: id, Uid: store.DemandUID("uid-router", name), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: ws(name)}
+		return &pulsev1.Pod{Id: id, Uid: store.DemandUID("uid-router", name), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: workspace(name)}
 	}
 	entries := []*pulsev1.Pod{
-		{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("llama")},
+		pod(1, "mine"),
 		demand(2, "qwen"),
 		demand(3, "victim"), // the router fronts no such workload
 	}
@@ -455,7 +452,11 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 	if !held["llama"] || !held["qwen"] || held["victim"] {
 		t.Fatalf("workloads held %v, want llama and qwen, not victim", held)
 	}
+}
 
+// workspace is the catalogue's list of one Workspace, name.
+func workspace(name string) []*pulsev1.Workload {
+	return []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: name}}
 }
 
 // TestARelabelledPodIsCheckedAgain: an entry is held to the pod as it is
@@ -465,22 +466,18 @@ func TestAnEntryNamesOnlyItsPodsWorkloads(t *testing.T) {
 // pod once is not believed for its life).
 func TestARelabelledPodIsCheckedAgain(t *testing.T) {
 	c := fakeAPI()
-	ws := func(name string) []*pulsev1.Workload {
-		return []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: name}}
-	}
 	tr := runningReviewer(t, c)
 	g := newFixtureWith(t, tr)
-	wrong := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true, Workloads: ws("victim")}
+	wrong := pod(1, "mine")
+	wrong.Workloads = workspace("victim")
 	if err := g.runAs(t, "token-node-1", hello(), catalogue(wrong)); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(g.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
 		t.Fatalf("rejected workload_claim = %v, want 1", got)
 	}
-	for _, w := range g.store.View(store.ViewOptions{FreshFor: time.Hour}) {
-		if w.Name == "victim" {
-			t.Fatalf("the pod was taken as workload victim's: %+v", w)
-		}
+	if heldAs(g, "victim") {
+		t.Fatal("the pod was taken as workload victim's")
 	}
 
 	// Relabelled: the entry under the new workload is taken (the API read

@@ -367,12 +367,7 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 		switch l.State {
 		case store.PodCounted:
 			p.Ready++
-			why := implausible(l)
-			if why == "" && l.NoWaiting {
-				// A queue unknown is not an empty one.
-				why = "no requests-waiting gauge in its window (absent from its page, or every value refused)"
-			}
-			if why != "" {
+			if why := implausible(l); why != "" {
 				p.Missing++
 				if p.Refused++; p.Refused == 1 {
 					p.RefusedWhy = l.Name + ": " + why
@@ -880,8 +875,9 @@ func (st *State) stuckAfter() time.Duration {
 func (st *State) stuck(l *store.PodLoad) bool { return l.Age > st.stuckAfter() }
 
 // implausible says why a fresh replica's window is past what is believed
-// of one replica (maxTokenRate, maxRequestRate, maxQueue), or a value of it
-// is not a finite number; "" when it is believable.
+// of one replica (maxTokenRate, maxRequestRate, maxQueue), a value of it
+// is not a finite number, or it has no queue gauge; "" when it is
+// believable.
 func implausible(l *store.PodLoad) string {
 	for _, v := range [...]float64{l.PromptTokens, l.GenerationTokens, l.FirstTokens, l.TTFT, l.QueueTime, l.ITL,
 		l.TTFTQuantile, l.Preemptions, l.Waiting, l.Running, l.KVCache, l.WaitingNow, l.WaitingGrowth} {
@@ -896,6 +892,9 @@ func implausible(l *store.PodLoad) string {
 		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
 	case max(l.Waiting, l.WaitingNow) > maxQueue:
 		return fmt.Sprintf("%.3g requests waiting, past the %.0e believed of one replica", max(l.Waiting, l.WaitingNow), maxQueue)
+	case l.NoWaiting:
+		// A queue unknown is not an empty one.
+		return "no requests-waiting gauge in its window (absent from its page, or every value refused)"
 	}
 	return ""
 }

@@ -250,6 +250,15 @@ func (h *hists) decode(dst []metric.Sample, store []metric.Histograms, arena []f
 	return store, arena
 }
 
+// size is what the columns' encodings use (their lengths).
+func (h *hists) size() int {
+	n := 0
+	for k := range h {
+		n += len(h[k].buf)
+	}
+	return n
+}
+
 // bytes is the memory the columns' encodings hold (bounds are shared
 // with the wire's decoder and not counted).
 func (h *hists) bytes() int {

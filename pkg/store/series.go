@@ -446,14 +446,12 @@ func ids(m metric.Def) uint64 {
 }
 
 // size is what the series' encoding uses (its buffers' lengths and the
-// columns' headers): what maxPodBytes bounds (a buffer's capacity left by
-// a cut would have it cut again).
+// columns' headers): what podBytes bounds (a buffer's capacity left by a
+// cut would have it cut again).
 func (r *series) size() int {
 	n := len(r.buf) + len(r.cols)*int(unsafe.Sizeof(column{}))
 	if r.hist != nil {
-		for k := range r.hist {
-			n += len(r.hist[k].buf)
-		}
+		n += r.hist.size()
 	}
 	return n
 }

@@ -645,12 +645,12 @@ func (s *Store) Add(reports []Report) (dropped int) {
 			continue
 		}
 		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
-			if p.series.lastMs-r.TimeMs <= stepBack.Milliseconds() || !p.behind {
+			if far := p.series.lastMs-r.TimeMs > stepBack.Milliseconds(); !far || !p.behind {
 				// Out of order or repeated: dropped, keeping the series
 				// monotonic in time. Far behind, it is remembered: one
 				// sample is not a clock step (two agents listing the pod
 				// with clocks apart alternate).
-				p.behind = p.series.lastMs-r.TimeMs > stepBack.Milliseconds()
+				p.behind = far
 				continue
 			}
 			// A second sample in a row far behind: its agent's clock

@@ -262,11 +262,13 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var reports []*sim.Report
+	var prof *replica.Profile
 	for i := range o.Runs {
 		c, err := o.config(o.Seed + uint64(i))
 		if err != nil {
 			return err
 		}
+		prof = c.Profile
 		r, err := sim.Run(c)
 		if err != nil {
 			return err
@@ -290,10 +292,6 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	var scores []*bench.Score
 	for i := range reports[0].Pipelines {
 		scores = append(scores, bench.Mean(reports, i))
-	}
-	prof, err := replica.Load(o.Profile) // loaded for the run above
-	if err != nil {
-		return err
 	}
 	signal, _, _, staticFront, clairFront := bench.Split(scores, nil, bench.FrontierSlack(prof))
 	if o.References {
