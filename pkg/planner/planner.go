@@ -169,9 +169,10 @@ type State struct {
 	BreakCapacity, HealthyMax float64
 	// HoldExtra lengthens the hold after a regret: capacity released and
 	// needed again within a lead time (halved after regretQuiet without
-	// one). lastPlan, released and releasedAt track the releases.
+	// one). lastFleet, released and releasedAt track the releases: the
+	// replicas listed (ready or starting) falling.
 	HoldExtra  time.Duration
-	lastPlan   int
+	lastFleet  int
 	released   int
 	releasedAt time.Time
 	lastRegret time.Time
@@ -347,7 +348,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	if p.Refused > 0 {
 		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
 	}
-	st.regret(p.Replicas, in.At, cfg)
+	st.regret(p.Replicas, p.Ready+p.Starting, in.At, cfg)
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
 	p.HoldExtra = st.HoldExtra
 	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
@@ -798,15 +799,18 @@ func (st *State) hold(cfg Config) time.Duration {
 	return max(st.LeadTime+2*st.leadDev, st.startingFor) + cfg.HoldMargin + st.HoldExtra
 }
 
-// regret records releases (the plan falling) and regrets: the released
-// count needed again within a lead time of its release, when a replica
-// released could not have started again in time. Each regret lengthens the
-// hold (to at least a lead time more, doubling, at most maxHoldExtra); an
-// hour without one halves the extension.
-func (st *State) regret(plan int, now time.Time, cfg Config) {
+// regret records releases (the replicas listed, fleet, falling: a replica
+// removed) and regrets: the count released planned again within a lead time
+// of its release, when a replica released could not have started again in
+// time. A plan that dips for one evaluation and comes back released nothing
+// (the HPA did not act on it, or a replica the minimum keeps): only replicas
+// gone are a release. Each regret lengthens the hold (to at least a lead
+// time more, doubling, at most maxHoldExtra); an hour without one halves
+// the extension.
+func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
 	switch {
-	case plan < st.lastPlan:
-		st.released, st.releasedAt = st.lastPlan, now
+	case fleet < st.lastFleet:
+		st.released, st.releasedAt = st.lastFleet, now
 	case st.released > 0 && plan >= st.released:
 		if now.Sub(st.releasedAt) < st.lead(cfg) {
 			st.HoldExtra = min(max(2*st.HoldExtra, st.lead(cfg)), maxHoldExtra)
@@ -818,7 +822,7 @@ func (st *State) regret(plan int, now time.Time, cfg Config) {
 		st.HoldExtra /= 2
 		st.lastRegret = now
 	}
-	st.lastPlan = plan
+	st.lastFleet = fleet
 }
 
 // noReplica plans a workload with no replica listed: the requests its

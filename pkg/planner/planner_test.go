@@ -255,16 +255,38 @@ func TestRegretLengthensTheHold(t *testing.T) {
 	cfg := Default(0)
 	st := State{}
 	busy := []store.PodLoad{serving("a", 8000, 0.01), serving("b", 8000, 0.01)}
-	idle := []store.PodLoad{serving("a", 0, 0), serving("b", 0, 0)}
 	_, st, at := run(t, st, cfg, t0, 10*time.Minute, busy...)
-	// Idle past the hold: released; busy again within a lead time: regret.
-	p, st, at := run(t, st, cfg, at, cfg.LeadTime+cfg.HoldMargin+10*time.Second, idle...)
+	// Idle past the hold: released, and a replica goes (the minimum keeps
+	// the other); busy again within a lead time: regret.
+	p, st, at := run(t, st, cfg, at, cfg.LeadTime+cfg.HoldMargin+10*time.Second, serving("a", 0, 0), serving("b", 0, 0))
 	if p.Replicas != 0 {
 		t.Fatalf("idle past the hold: plan %d, want 0", p.Replicas)
 	}
-	_, st, _ = run(t, st, cfg, at, time.Minute, busy...)
-	if st.HoldExtra != cfg.LeadTime {
-		t.Fatalf("needed again a minute after the release: hold extension %s, want the lead time %s", st.HoldExtra, cfg.LeadTime)
+	_, st, at = run(t, st, cfg, at, 10*time.Second, serving("a", 0, 0))
+	if st.HoldExtra != 0 {
+		t.Fatalf("released: hold extension %s, want none yet", st.HoldExtra)
+	}
+	p, st, _ = run(t, st, cfg, at, time.Minute, serving("a", 16000, 0.01))
+	if p.Replicas < 2 || st.HoldExtra != cfg.LeadTime {
+		t.Fatalf("the released replica needed again a minute after it went (plan %d): hold extension %s, want the lead time %s", p.Replicas, st.HoldExtra, cfg.LeadTime)
+	}
+}
+
+// A plan that falls and comes back while no replica went released nothing:
+// KEDA's stream has the planner evaluated about once a second, and a need
+// seen at one evaluation and not the next, or a plan below the HPA's
+// minimum, removes no replica. Counted a regret, each doubled the hold.
+func TestADipThatReleasedNothingIsNoRegret(t *testing.T) {
+	cfg := Default(0)
+	busy := []store.PodLoad{serving("a", 8000, 0.01), serving("b", 8000, 0.01)}
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, busy...)
+	p, st, at := run(t, st, cfg, at, cfg.LeadTime+cfg.HoldMargin+10*time.Second, serving("a", 0, 0), serving("b", 0, 0))
+	if p.Replicas != 0 {
+		t.Fatalf("idle past the hold: plan %d, want 0", p.Replicas)
+	}
+	p, st, _ = run(t, st, cfg, at, time.Minute, busy...)
+	if p.Replicas < 2 || st.HoldExtra != 0 {
+		t.Fatalf("planned %d again with both replicas still there: hold extension %s, want none", p.Replicas, st.HoldExtra)
 	}
 }
 
