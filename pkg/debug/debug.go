@@ -41,7 +41,16 @@ type Handler struct {
 	// Provisioning gives the ScaledObject provisioner's state; nil: not
 	// served.
 	Provisioning ProvisioningSource
+
+	answers chan struct{} // InFlight answers under way (Register)
 }
+
+// InFlight bounds the debug answers under way: each decodes the series it
+// shows (a view of every workload: the whole store) and holds its whole
+// document until its client has read it; past the bound, 503 at once, as
+// /metrics answers. The aggregator's KEDA answers and ingest never wait for
+// more than these.
+const InFlight = 2
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
 type TriggerSource interface {
@@ -52,27 +61,34 @@ var _ TriggerSource = (*scaler.Server)(nil)
 
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
-	mux.HandleFunc("GET /debug/workloads", checkFormat(h.serve))
-	mux.HandleFunc("GET /debug/workloads/{namespace}", checkFormat(h.serve))
-	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", checkFormat(h.serve))
+	h.answers = make(chan struct{}, InFlight)
+	mux.HandleFunc("GET /debug/workloads", h.checked(h.serve))
+	mux.HandleFunc("GET /debug/workloads/{namespace}", h.checked(h.serve))
+	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.checked(h.serve))
 	if h.Triggers != nil {
-		mux.HandleFunc("GET /debug/triggers", checkFormat(h.serveTriggers))
+		mux.HandleFunc("GET /debug/triggers", h.checked(h.serveTriggers))
 	}
 	if h.Provisioning != nil {
-		mux.HandleFunc("GET /debug/provisioning", checkFormat(h.serveProvisioning))
-		mux.HandleFunc("GET /debug/provisioning/{namespace}", checkFormat(h.serveProvisioning))
+		mux.HandleFunc("GET /debug/provisioning", h.checked(h.serveProvisioning))
+		mux.HandleFunc("GET /debug/provisioning/{namespace}", h.checked(h.serveProvisioning))
 	}
 }
 
-// checkFormat answers 400 to a ?format= the endpoint does not have (a
-// format asked for and silently not given is worse than a refusal).
-func checkFormat(next http.HandlerFunc) http.HandlerFunc {
+// checked answers 400 to a ?format= the endpoint does not have (a format
+// asked for and silently not given is worse than a refusal), and 503 past
+// InFlight answers under way.
+func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		switch f := r.URL.Query().Get("format"); f {
-		case "", "json", "table":
+		if f := r.URL.Query().Get("format"); f != "" && f != "json" && f != "table" {
+			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
+			return
+		}
+		select {
+		case h.answers <- struct{}{}:
+			defer func() { <-h.answers }()
 			next(w, r)
 		default:
-			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
+			http.Error(w, fmt.Sprintf("%d debug answers are under way (a client not reading its own holds one): try again", InFlight), http.StatusServiceUnavailable)
 		}
 	}
 }
@@ -83,9 +99,12 @@ func wantsTable(r *http.Request) bool {
 
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		http.Error(w, "the answer could not be encoded: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // Document is the JSON answer.

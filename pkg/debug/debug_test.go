@@ -400,3 +400,50 @@ func TestOneNamespacesViews(t *testing.T) {
 		t.Errorf("a namespace with nothing: %d %s", code, body)
 	}
 }
+
+// blockingTriggers holds each /debug/triggers answer until released.
+type blockingTriggers struct{ in, release chan struct{} }
+
+func (b blockingTriggers) Evaluations() []scaler.Evaluation {
+	b.in <- struct{}{}
+	<-b.release
+	return nil
+}
+
+// At most InFlight debug answers are under way (each a whole document,
+// the store decoded for it): past them, 503 at once, not one more held.
+func TestDebugAnswersAreBounded(t *testing.T) {
+	b := blockingTriggers{in: make(chan struct{}), release: make(chan struct{})}
+	mux := http.NewServeMux()
+	h := &Handler{Store: store.New(store.Options{}), FreshFor: time.Minute, MaxWindow: time.Minute, Triggers: b}
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	codes := make(chan int, InFlight)
+	for range InFlight {
+		go func() {
+			resp, err := http.Get(srv.URL + "/debug/triggers")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+		<-b.in
+	}
+	for _, path := range []string{"/debug/triggers", "/debug/workloads", "/debug/workloads/demo?format=table"} {
+		if code, body := get(t, srv.URL+path, ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "under way") {
+			t.Errorf("%s with %d answers under way: %d %s, want 503", path, InFlight, code, body)
+		}
+	}
+	close(b.release)
+	for range InFlight {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("an answer under way: %d, want 200", code)
+		}
+	}
+	if code, body := get(t, srv.URL+"/debug/workloads", ""); code != http.StatusOK {
+		t.Errorf("after the answers: %d %s, want 200", code, body)
+	}
+}

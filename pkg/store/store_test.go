@@ -36,6 +36,29 @@ func TestPodInSeveralWorkloads(t *testing.T) {
 	}
 }
 
+// A view holds the store's lock one workload at a time: a writer (the
+// ingest) goes on between workloads. Match runs between them, so a write
+// from it would wait for ever on a view that held the lock throughout.
+func TestAViewLetsWritersInBetweenWorkloads(t *testing.T) {
+	s := New(Options{})
+	s.Upsert(Source{Node: "node-1"}, []PodInfo{{UID: "u1", Namespace: "ns", Name: "p1", Ready: true, Workloads: []Key{ws, is}}}, true)
+	s.Add([]Report{report("u1", 1000, 3)})
+	writes := 0
+	views := s.View(ViewOptions{FreshFor: time.Minute, Match: func(Key) bool {
+		writes++
+		s.Add([]Report{report("u1", 1000+int64(writes)*1000, 5)})
+		return true
+	}})
+	if len(views) != 2 || writes != 2 {
+		t.Fatalf("%d workloads viewed, %d writes between them: want 2 and 2", len(views), writes)
+	}
+	for _, v := range views {
+		if v.Averages["waiting"] != 5 {
+			t.Errorf("%v: waiting %v, want the value written before it was viewed", v.Key, v.Averages["waiting"])
+		}
+	}
+}
+
 func TestFullCatalogueReplacesThatNodesPods(t *testing.T) {
 	s := New(Options{})
 	s.Upsert(Source{Node: "node-1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)

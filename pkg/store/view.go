@@ -53,43 +53,29 @@ type ViewOptions struct {
 	Match func(Key) bool
 }
 
-// View derives the workloads, sorted by namespace, name and kind.
+// View derives the workloads, sorted by namespace, name and kind. It holds
+// the store's lock for one workload at a time, not for the whole view: a
+// view of thousands of workloads (a debug page) decodes every series it
+// shows, and the ingest's writers, and the scaler's readers queued behind
+// them, wait only for one workload's.
 func (s *Store) View(o ViewOptions) []WorkloadView {
 	now := s.now()
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	keys := make([]Key, 0, len(s.workloads))
+	for k := range s.workloads {
+		keys = append(keys, k)
+	}
+	s.mu.RUnlock()
 	sc := getScratch()
 	defer putScratch(sc)
-	out := make([]WorkloadView, 0, len(s.workloads))
-	for k, pods := range s.workloads {
+	out := make([]WorkloadView, 0, len(keys))
+	for _, k := range keys {
 		if o.Match != nil && !o.Match(k) {
 			continue
 		}
-		w := WorkloadView{Key: k, Averages: map[string]float64{}}
-		sums := map[string]float64{}
-		counts := map[string]int{}
-		for _, p := range pods {
-			if s.expired(p, now) {
-				continue
-			}
-			pv := p.view(sc, now, o)
-			w.Pods = append(w.Pods, pv)
-			if !pv.Fresh {
-				continue
-			}
-			for name, v := range pv.Values {
-				sums[name] += v
-				counts[name]++
-			}
+		if w, ok := s.viewWorkload(sc, k, now, o); ok {
+			out = append(out, w)
 		}
-		for name, sum := range sums {
-			w.Averages[name] = sum / float64(counts[name])
-		}
-		if len(w.Pods) == 0 {
-			continue
-		}
-		sort.Slice(w.Pods, func(i, j int) bool { return w.Pods[i].Name < w.Pods[j].Name })
-		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].Key, out[j].Key
@@ -102,6 +88,38 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 		return a.Kind < b.Kind
 	})
 	return out
+}
+
+// viewWorkload derives k's view under the store's read lock; false when k
+// has no pod (gone since the keys were listed, or every pod expired).
+func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (WorkloadView, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	w := WorkloadView{Key: k, Averages: map[string]float64{}}
+	sums := map[string]float64{}
+	counts := map[string]int{}
+	for _, p := range s.workloads[k] {
+		if s.expired(p, now) {
+			continue
+		}
+		pv := p.view(sc, now, o)
+		w.Pods = append(w.Pods, pv)
+		if !pv.Fresh {
+			continue
+		}
+		for name, v := range pv.Values {
+			sums[name] += v
+			counts[name]++
+		}
+	}
+	for name, sum := range sums {
+		w.Averages[name] = sum / float64(counts[name])
+	}
+	if len(w.Pods) == 0 {
+		return w, false
+	}
+	sort.Slice(w.Pods, func(i, j int) bool { return w.Pods[i].Name < w.Pods[j].Name })
+	return w, true
 }
 
 func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
