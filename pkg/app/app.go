@@ -133,8 +133,9 @@ func SetMemoryLimit(ctx context.Context, provider memlimit.Provider, log *slog.L
 			return fmt.Errorf("AUTOMEMLIMIT=%q: want off or a ratio of the container's memory limit in (0, 1]", v)
 		}
 	}
+	// The library's own log: a re-read that fails (each minute) is said.
 	_, err := memlimit.Set(memlimit.WithProvider(provider), memlimit.WithRatio(MemoryLimitRatio),
-		memlimit.WithRefreshInterval(ctx, time.Minute))
+		memlimit.WithRefreshInterval(ctx, time.Minute), memlimit.WithLogger(log))
 	switch limit := runtimedebug.SetMemoryLimit(-1); {
 	case errors.Is(err, memlimit.ErrCgroupsNotSupported):
 		log.Debug("no cgroup to read a memory limit from: Go's soft memory limit is GOMEMLIMIT's", logging.KeyErr, err)

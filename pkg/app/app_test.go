@@ -126,6 +126,15 @@ func TestMemoryLimitIsNinetyPercentOfTheContainers(t *testing.T) {
 			t.Errorf("%v: limit %d (%v), want %d", c.env, got, err, c.want)
 		}
 	}
+	// The library logs to the binary's log (each minute's re-read that
+	// fails is said there): here, that GOMEMLIMIT is kept.
+	var said strings.Builder
+	_ = os.Unsetenv("AUTOMEMLIMIT")
+	t.Setenv("GOMEMLIMIT", "64MiB")
+	if err := SetMemoryLimit(ctx, memlimit.Limit(limit), slog.New(slog.NewTextHandler(&said, nil))); err != nil || !strings.Contains(said.String(), "GOMEMLIMIT is already set") {
+		t.Errorf("the library's log: %v %q, want its line in the binary's log", err, said.String())
+	}
+	_ = os.Unsetenv("GOMEMLIMIT")
 	// No limit to read: none set, no error.
 	_ = os.Unsetenv("AUTOMEMLIMIT")
 	runtimedebug.SetMemoryLimit(math.MaxInt64)
