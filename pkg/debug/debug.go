@@ -4,12 +4,13 @@
 //	GET /debug/workloads/{namespace}         one namespace's workloads
 //	GET /debug/workloads/{namespace}/{name}  one workload (every kind of that name)
 //	GET /debug/triggers                      every ScaledObject trigger's last answer
+//	GET /debug/triggers/{namespace}          one namespace's ScaledObjects'
 //	GET /debug/provisioning                  the ScaledObjects kept for annotated workloads
 //	GET /debug/provisioning/{namespace}      one namespace's
 //
 // (A namespace's own paths, for a tenant granted them alone: RBAC
 // nonResourceURLs "/debug/workloads/team-a", "/debug/workloads/team-a/*",
-// "/debug/provisioning/team-a".)
+// "/debug/triggers/team-a", "/debug/provisioning/team-a".)
 //
 // as JSON, or as a table with ?format=table or Accept: text/plain.
 // ?window=10s averages gauges and takes rates over that window instead of
@@ -67,6 +68,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.checked(h.serve))
 	if h.Triggers != nil {
 		mux.HandleFunc("GET /debug/triggers", h.checked(h.serveTriggers))
+		mux.HandleFunc("GET /debug/triggers/{namespace}", h.checked(h.serveTriggers))
 	}
 	if h.Provisioning != nil {
 		mux.HandleFunc("GET /debug/provisioning", h.checked(h.serveProvisioning))

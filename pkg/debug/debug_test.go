@@ -447,3 +447,35 @@ func TestDebugAnswersAreBounded(t *testing.T) {
 		t.Errorf("after the answers: %d %s, want 200", code, body)
 	}
 }
+
+// /debug/triggers/{namespace}: one namespace's ScaledObjects' triggers, for
+// a tenant granted that path alone.
+func TestOneNamespacesTriggers(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st, store.PodInfo{UID: "a", Ready: true})
+	other := store.Key{Namespace: "team-b", Kind: store.KindDeployment, Name: "secret-model"}
+	st.Upsert(store.Source{Node: "m"}, []store.PodInfo{{UID: "b", Namespace: "team-b", Name: "b-0", Ready: true, Workloads: []store.Key{other}}}, true)
+	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute, AllowCrossNamespace: true})
+	for _, ref := range []*externalscaler.ScaledObjectRef{
+		{Name: "llama-so", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama"}},
+		{Name: "secret-so", Namespace: "team-b", ScalerMetadata: map[string]string{"deployment": "secret-model"}},
+		// Across namespaces (the operator allowed it): team-b's pods, so
+		// in neither namespace's view.
+		{Name: "across-so", Namespace: "demo", ScalerMetadata: map[string]string{"deployment": "secret-model", "namespace": "team-b"}},
+	} {
+		_, _ = sc.IsActive(context.Background(), ref)
+	}
+	srv := serve(t, st, sc)
+	if code, body := get(t, srv.URL+"/debug/triggers", ""); code != http.StatusOK || !strings.Contains(body, "llama-so") || !strings.Contains(body, "secret-so") || !strings.Contains(body, "across-so") {
+		t.Fatalf("every trigger: %d %s", code, body)
+	}
+	for _, path := range []string{"/debug/triggers/demo", "/debug/triggers/demo?format=table"} {
+		code, body := get(t, srv.URL+path, "")
+		if code != http.StatusOK || !strings.Contains(body, "llama-so") || strings.Contains(body, "secret") || strings.Contains(body, "team-b") || strings.Contains(body, "across") {
+			t.Errorf("%s: %d %s; want demo's alone", path, code, body)
+		}
+	}
+	if code, body := get(t, srv.URL+"/debug/triggers/nobody", ""); code != http.StatusOK || !strings.Contains(body, `"triggers": []`) {
+		t.Errorf("a namespace with no trigger: %d %s", code, body)
+	}
+}

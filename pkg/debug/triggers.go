@@ -44,9 +44,16 @@ type Trigger struct {
 }
 
 func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
+	ns := r.PathValue("namespace")
 	doc := TriggersDocument{Triggers: []Trigger{}}
 	for _, e := range h.Triggers.Evaluations() {
 		t := e.Trigger
+		// One namespace's: its ScaledObjects' triggers on its own workloads
+		// (a trigger across namespaces, allowed by the operator, shows the
+		// other's pods: left out).
+		if ns != "" && (e.Namespace != ns || t.Workload.Namespace != "" && t.Workload.Namespace != ns) {
+			continue
+		}
 		tr := Trigger{TriggerID: e.TriggerID, Workload: t.Workload.String(),
 			Metric: t.Metric, Threshold: t.Threshold, ValueType: t.ValueType, Aggregation: t.Aggregation, MissingPods: t.MissingPods,
 			Window: t.Window.String(), EvaluatedAt: e.At.UTC(), Error: e.Err, Refused: e.Refused}
