@@ -170,7 +170,7 @@ type State struct {
 	// HoldExtra lengthens the hold after a regret: capacity released and
 	// needed again within a lead time (halved after regretQuiet without
 	// one). lastFleet, released and releasedAt track the releases: the
-	// replicas listed (ready or starting) falling.
+	// replicas listed (ready, starting or stuck) falling.
 	HoldExtra  time.Duration
 	lastFleet  int
 	released   int
@@ -348,7 +348,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	if p.Refused > 0 {
 		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
 	}
-	st.regret(p.Replicas, p.Ready+p.Starting, in.At, cfg)
+	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
 	p.HoldExtra = st.HoldExtra
 	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
@@ -800,7 +800,7 @@ func (st *State) hold(cfg Config) time.Duration {
 }
 
 // regret records releases (the replicas listed, fleet, falling: a replica
-// removed) and regrets: the count released planned again within a lead time
+// removed; one stuck starting is still listed) and regrets: the count released planned again within a lead time
 // of its release, when a replica released could not have started again in
 // time. A plan that dips for one evaluation and comes back released nothing
 // (the HPA did not act on it, or a replica the minimum keeps): only replicas

@@ -290,6 +290,20 @@ func TestADipThatReleasedNothingIsNoRegret(t *testing.T) {
 	}
 }
 
+// A replica that has been starting past stuckAfter is still listed (the
+// HPA counts it): it turning stuck releases nothing.
+func TestAReplicaTurningStuckIsNoRelease(t *testing.T) {
+	cfg := Default(0)
+	a := serving("a", 8000, 0.01)
+	starting := store.PodLoad{Name: "b", State: store.PodStarting, Age: stuckAfter - time.Minute}
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, a, starting)
+	starting.Age = stuckAfter + time.Minute
+	p, st, _ := run(t, st, cfg, at, time.Minute, a, starting)
+	if p.Stuck != 1 || st.released != 0 || st.HoldExtra != 0 {
+		t.Fatalf("stuck %d, released %d, hold extension %s: a replica turning stuck went nowhere", p.Stuck, st.released, st.HoldExtra)
+	}
+}
+
 func TestMakeDoesNotModifyPrev(t *testing.T) {
 	cfg := Default(0)
 	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 8000, 0.01))
