@@ -169,10 +169,11 @@ type State struct {
 	BreakCapacity, HealthyMax float64
 	// HoldExtra lengthens the hold after a regret: capacity released and
 	// needed again within a lead time (halved after regretQuiet without
-	// one). lastFleet, released and releasedAt track the releases: the
-	// replicas listed (ready, starting or stuck) falling.
+	// one). lastFleet, lowPlan, released and releasedAt track the
+	// releases (regret).
 	HoldExtra  time.Duration
 	lastFleet  int
+	lowPlan    int
 	released   int
 	releasedAt time.Time
 	lastRegret time.Time
@@ -799,17 +800,20 @@ func (st *State) hold(cfg Config) time.Duration {
 	return max(st.LeadTime+2*st.leadDev, st.startingFor) + cfg.HoldMargin + st.HoldExtra
 }
 
-// regret records releases (the replicas listed, fleet, falling: a replica
-// removed; one stuck starting is still listed) and regrets: the count released planned again within a lead time
-// of its release, when a replica released could not have started again in
-// time. A plan that dips for one evaluation and comes back released nothing
-// (the HPA did not act on it, or a replica the minimum keeps): only replicas
-// gone are a release. Each regret lengthens the hold (to at least a lead
-// time more, doubling, at most maxHoldExtra); an hour without one halves
-// the extension.
+// regret records releases and regrets. A release is the replicas listed
+// (fleet: ready, starting or stuck) falling after the plan asked for fewer
+// than were listed (lowPlan, the lowest plan since the fleet last moved): a
+// plan that dips for one evaluation and comes back released nothing unless
+// the HPA acted on it, and a replica lost while the plan still wanted it (a
+// node drained, a rollout) is no release of the plan's. A regret is the
+// count released planned again within a lead time of its release, when a
+// replica released could not have started again in time. Each regret
+// lengthens the hold (to at least a lead time more, doubling, at most
+// maxHoldExtra); an hour without one halves the extension.
 func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
+	low := min(st.lowPlan, plan)
 	switch {
-	case fleet < st.lastFleet:
+	case fleet < st.lastFleet && low < st.lastFleet:
 		st.released, st.releasedAt = st.lastFleet, now
 	case st.released > 0 && plan >= st.released:
 		if now.Sub(st.releasedAt) < st.lead(cfg) {
@@ -822,7 +826,10 @@ func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
 		st.HoldExtra /= 2
 		st.lastRegret = now
 	}
-	st.lastFleet = fleet
+	if fleet != st.lastFleet {
+		low = plan
+	}
+	st.lastFleet, st.lowPlan = fleet, low
 }
 
 // noReplica plans a workload with no replica listed: the requests its

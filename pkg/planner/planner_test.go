@@ -290,6 +290,18 @@ func TestADipThatReleasedNothingIsNoRegret(t *testing.T) {
 	}
 }
 
+// A replica lost while the plan still wanted it (a node drained, a
+// rollout's pod replaced) is no release of the plan's: asking its count
+// again is no regret.
+func TestALostReplicaIsNoRelease(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 8000, 0.01), serving("b", 8000, 0.01))
+	p, st, _ := run(t, st, cfg, at, time.Minute, serving("a", 16000, 0.01))
+	if p.Replicas < 2 || st.released != 0 || st.HoldExtra != 0 {
+		t.Fatalf("plan %d after b went while planned: released %d, hold extension %s, want none", p.Replicas, st.released, st.HoldExtra)
+	}
+}
+
 // A replica that has been starting past stuckAfter is still listed (the
 // HPA counts it): it turning stuck releases nothing.
 func TestAReplicaTurningStuckIsNoRelease(t *testing.T) {
