@@ -405,6 +405,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 	caCert := fs.String("ca-cert", "", "PEM file of the CA that signed the aggregator's certificate, for an https:// --debug (the ConfigMap pulse-aggregator-ca's ca.crt)")
 	serverName := fs.String("server-name", "", "the name to verify the aggregator's certificate against (default: the address's host), e.g. pulse-aggregator.pulse-system.svc through a port-forward")
 	tokenFile := fs.String("token-file", "", "a file holding the bearer token to send (re-read at each refresh): the debug endpoints on the http port with metricsAuth=kubernetes")
+	namespace := fs.String("namespace", "", "show this namespace's ScaledObjects alone (/debug/triggers/NAMESPACE: the path to grant a tenant its own)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -417,7 +418,11 @@ func top(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pulsectl top: --interval %s, -n %d: want an interval above 0 and a count of 0 (until interrupted) or more\n", *every, *count)
 		return 2
 	}
-	url := strings.TrimRight(*base, "/") + "/debug/triggers?format=table"
+	path := "/debug/triggers"
+	if *namespace != "" {
+		path += "/" + neturl.PathEscape(*namespace)
+	}
+	url := strings.TrimRight(*base, "/") + path + "?format=table"
 	if !strings.Contains(url, "://") {
 		url = "http://" + url
 	}
@@ -431,6 +436,12 @@ func top(args []string, stdout, stderr io.Writer) int {
 			time.Sleep(*every)
 		}
 		body, err := fetch(client, url)
+		if errors.Is(err, errBusy) && (*count == 0 || i < *count-1) {
+			// The aggregator answers a few debug pages at once: the next
+			// refresh tries again.
+			fmt.Fprintln(stderr, "pulsectl top:", printable(err.Error()), "(trying again at the next refresh)")
+			continue
+		}
 		if err != nil {
 			fmt.Fprintln(stderr, "pulsectl top:", printable(err.Error()))
 			return 1
@@ -525,10 +536,18 @@ func fetch(c *http.Client, url string) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(printable(string(b[:min(len(b), 4096)]))))
+		err := fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(printable(string(b[:min(len(b), 4096)]))))
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			err = fmt.Errorf("%w: %w", errBusy, err)
+		}
+		return "", err
 	}
 	return string(b), nil
 }
+
+// errBusy: the server answered 503 (the aggregator's debug answers under
+// way are bounded).
+var errBusy = errors.New("busy")
 
 // printable is s with the control characters a server could send to move
 // or restyle the terminal (C0 but newline and tab, DEL, C1) each replaced

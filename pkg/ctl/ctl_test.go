@@ -226,6 +226,31 @@ func TestTopShowsTheDecisions(t *testing.T) {
 	}
 }
 
+// top asks one namespace's triggers with --namespace (the path a tenant is
+// granted), and goes on past a 503 (the aggregator answers a few debug
+// pages at once) to the next refresh.
+func TestTopOneNamespaceAndPastABusyAnswer(t *testing.T) {
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.URL.Path)
+		if len(paths) == 1 {
+			http.Error(w, "2 debug answers are under way", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "SCALEDOBJECT\nteam-a/llama-so\n")
+	}))
+	defer srv.Close()
+	code, out, errs := run("top", "--debug", srv.URL, "--namespace", "team-a", "-n", "2", "--interval", "1ms")
+	if code != 0 || !strings.Contains(out, "team-a/llama-so") || !strings.Contains(errs, "under way") || len(paths) != 2 || paths[1] != "/debug/triggers/team-a" {
+		t.Fatalf("top --namespace past a 503: exit %d, paths %v\n%s%s", code, paths, out, errs)
+	}
+	// A 503 at the last refresh is the answer.
+	paths = nil
+	if code, _, errs := run("top", "--debug", srv.URL, "-n", "1"); code != 1 || !strings.Contains(errs, "503") {
+		t.Fatalf("top -n 1 answered 503: exit %d, want 1\n%s", code, errs)
+	}
+}
+
 func TestVersionAndUsage(t *testing.T) {
 	if code, out, _ := run("version"); code != 0 || !strings.HasPrefix(out, "pulsectl ") {
 		t.Fatalf("version: %d %q", code, out)

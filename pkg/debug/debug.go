@@ -23,6 +23,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -43,15 +44,56 @@ type Handler struct {
 	// served.
 	Provisioning ProvisioningSource
 
-	answers chan struct{} // InFlight answers under way (Register)
+	answers answerSlots
 }
 
-// InFlight bounds the debug answers under way: each decodes the series it
-// shows (a view of every workload: the whole store) and holds its whole
-// document until its client has read it; past the bound, 503 at once, as
-// /metrics answers. The aggregator's KEDA answers and ingest never wait for
-// more than these.
-const InFlight = 2
+// InFlight bounds the debug answers under way, and InFlightPerNamespace
+// those of one namespace's paths (a tenant granted its own alone): each
+// decodes the series it shows (a view of every workload: the whole store)
+// and holds its whole document until its client has read it; past either,
+// 503 at once, as /metrics answers. The aggregator's KEDA answers and
+// ingest never wait for more than these, and one tenant asking in a loop
+// holds one of them.
+const (
+	InFlight             = 4
+	InFlightPerNamespace = 1
+)
+
+// answerSlots counts the answers under way, in all and per namespace.
+type answerSlots struct {
+	mu  sync.Mutex
+	all int
+	ns  map[string]int
+}
+
+// take takes a slot of all and, for a namespace's path (ns not empty), one
+// of ns's; false when either is full.
+func (s *answerSlots) take(ns string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.all >= InFlight || ns != "" && s.ns[ns] >= InFlightPerNamespace {
+		return false
+	}
+	s.all++
+	if ns != "" {
+		if s.ns == nil {
+			s.ns = map[string]int{}
+		}
+		s.ns[ns]++
+	}
+	return true
+}
+
+func (s *answerSlots) give(ns string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all--
+	if ns != "" {
+		if s.ns[ns]--; s.ns[ns] == 0 {
+			delete(s.ns, ns)
+		}
+	}
+}
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
 type TriggerSource interface {
@@ -62,7 +104,6 @@ var _ TriggerSource = (*scaler.Server)(nil)
 
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
-	h.answers = make(chan struct{}, InFlight)
 	mux.HandleFunc("GET /debug/workloads", h.checked(h.serve))
 	mux.HandleFunc("GET /debug/workloads/{namespace}", h.checked(h.serve))
 	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.checked(h.serve))
@@ -78,20 +119,20 @@ func (h *Handler) Register(mux *http.ServeMux) {
 
 // checked answers 400 to a ?format= the endpoint does not have (a format
 // asked for and silently not given is worse than a refusal), and 503 past
-// InFlight answers under way.
+// the answers under way (InFlight, InFlightPerNamespace).
 func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if f := r.URL.Query().Get("format"); f != "" && f != "json" && f != "table" {
 			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
 			return
 		}
-		select {
-		case h.answers <- struct{}{}:
-			defer func() { <-h.answers }()
-			next(w, r)
-		default:
-			http.Error(w, fmt.Sprintf("%d debug answers are under way (a client not reading its own holds one): try again", InFlight), http.StatusServiceUnavailable)
+		ns := r.PathValue("namespace")
+		if !h.answers.take(ns) {
+			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one): try again", InFlight, InFlightPerNamespace, ns), http.StatusServiceUnavailable)
+			return
 		}
+		defer h.answers.give(ns)
+		next(w, r)
 	}
 }
 

@@ -405,13 +405,18 @@ func TestOneNamespacesViews(t *testing.T) {
 type blockingTriggers struct{ in, release chan struct{} }
 
 func (b blockingTriggers) Evaluations() []scaler.Evaluation {
-	b.in <- struct{}{}
-	<-b.release
+	select {
+	case b.in <- struct{}{}:
+		<-b.release
+	case <-b.release:
+	}
 	return nil
 }
 
-// At most InFlight debug answers are under way (each a whole document,
-// the store decoded for it): past them, 503 at once, not one more held.
+// At most InFlight debug answers are under way, and InFlightPerNamespace
+// of one namespace's paths (each a whole document, the store decoded for
+// it): past them, 503 at once, not one more held; a tenant asking its own
+// in a loop leaves the others theirs.
 func TestDebugAnswersAreBounded(t *testing.T) {
 	b := blockingTriggers{in: make(chan struct{}), release: make(chan struct{})}
 	mux := http.NewServeMux()
@@ -420,9 +425,9 @@ func TestDebugAnswersAreBounded(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	codes := make(chan int, InFlight)
-	for range InFlight {
+	hold := func(path string) {
 		go func() {
-			resp, err := http.Get(srv.URL + "/debug/triggers")
+			resp, err := http.Get(srv.URL + path)
 			if err != nil {
 				codes <- 0
 				return
@@ -432,7 +437,17 @@ func TestDebugAnswersAreBounded(t *testing.T) {
 		}()
 		<-b.in
 	}
-	for _, path := range []string{"/debug/triggers", "/debug/workloads", "/debug/workloads/demo?format=table"} {
+	hold("/debug/triggers/team-a")
+	if code, body := get(t, srv.URL+"/debug/triggers/team-a", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "under way") {
+		t.Errorf("team-a's second answer while its first is under way: %d %s, want 503", code, body)
+	}
+	if code, body := get(t, srv.URL+"/debug/workloads/team-b", ""); code != http.StatusOK {
+		t.Errorf("team-b's while team-a's is under way: %d %s, want 200", code, body)
+	}
+	for range InFlight - 1 {
+		hold("/debug/triggers")
+	}
+	for _, path := range []string{"/debug/triggers", "/debug/workloads", "/debug/workloads/team-b?format=table"} {
 		if code, body := get(t, srv.URL+path, ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "under way") {
 			t.Errorf("%s with %d answers under way: %d %s, want 503", path, InFlight, code, body)
 		}
@@ -443,8 +458,10 @@ func TestDebugAnswersAreBounded(t *testing.T) {
 			t.Errorf("an answer under way: %d, want 200", code)
 		}
 	}
-	if code, body := get(t, srv.URL+"/debug/workloads", ""); code != http.StatusOK {
-		t.Errorf("after the answers: %d %s, want 200", code, body)
+	for _, path := range []string{"/debug/workloads", "/debug/triggers/team-a"} {
+		if code, body := get(t, srv.URL+path, ""); code != http.StatusOK {
+			t.Errorf("%s after the answers: %d %s, want 200", path, code, body)
+		}
 	}
 }
 
@@ -459,19 +476,30 @@ func TestOneNamespacesTriggers(t *testing.T) {
 	for _, ref := range []*externalscaler.ScaledObjectRef{
 		{Name: "llama-so", Namespace: "demo", ScalerMetadata: map[string]string{"workspace": "llama"}},
 		{Name: "secret-so", Namespace: "team-b", ScalerMetadata: map[string]string{"deployment": "secret-model"}},
-		// Across namespaces (the operator allowed it): team-b's pods, so
+		// Across namespaces (the operator allowed it): the other's pods, so
 		// in neither namespace's view.
 		{Name: "across-so", Namespace: "demo", ScalerMetadata: map[string]string{"deployment": "secret-model", "namespace": "team-b"}},
+		{Name: "reader-so", Namespace: "team-b", ScalerMetadata: map[string]string{"workspace": "llama", "namespace": "demo"}},
 	} {
 		_, _ = sc.IsActive(context.Background(), ref)
 	}
 	srv := serve(t, st, sc)
+	// Refused for reading across namespaces (not allowed there): the
+	// tenant's own, shown to it.
+	strict := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	if _, err := strict.IsActive(context.Background(), &externalscaler.ScaledObjectRef{Name: "refused-so", Namespace: "demo",
+		ScalerMetadata: map[string]string{"deployment": "secret-model", "namespace": "team-b"}}); err == nil {
+		t.Fatal("a trigger across namespaces was not refused")
+	}
+	if code, body := get(t, serve(t, st, strict).URL+"/debug/triggers/demo", ""); code != http.StatusOK || !strings.Contains(body, "refused-so") || !strings.Contains(body, `"refused": true`) {
+		t.Errorf("demo's refused trigger on its own page: %d %s", code, body)
+	}
 	if code, body := get(t, srv.URL+"/debug/triggers", ""); code != http.StatusOK || !strings.Contains(body, "llama-so") || !strings.Contains(body, "secret-so") || !strings.Contains(body, "across-so") {
 		t.Fatalf("every trigger: %d %s", code, body)
 	}
 	for _, path := range []string{"/debug/triggers/demo", "/debug/triggers/demo?format=table"} {
 		code, body := get(t, srv.URL+path, "")
-		if code != http.StatusOK || !strings.Contains(body, "llama-so") || strings.Contains(body, "secret") || strings.Contains(body, "team-b") || strings.Contains(body, "across") {
+		if code != http.StatusOK || !strings.Contains(body, "llama-so") || strings.Contains(body, "secret") || strings.Contains(body, "team-b") || strings.Contains(body, "across") || strings.Contains(body, "reader") {
 			t.Errorf("%s: %d %s; want demo's alone", path, code, body)
 		}
 	}

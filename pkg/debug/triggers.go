@@ -50,8 +50,8 @@ func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
 		t := e.Trigger
 		// One namespace's: its ScaledObjects' triggers on its own workloads
 		// (a trigger across namespaces, allowed by the operator, shows the
-		// other's pods: left out).
-		if ns != "" && (e.Namespace != ns || t.Workload.Namespace != "" && t.Workload.Namespace != ns) {
+		// other's pods: left out), and its refused ones (no pod of anyone's).
+		if ns != "" && (e.Namespace != ns || !e.Refused && t.Workload.Namespace != "" && t.Workload.Namespace != ns) {
 			continue
 		}
 		tr := Trigger{TriggerID: e.TriggerID, Workload: t.Workload.String(),
