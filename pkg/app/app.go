@@ -133,9 +133,15 @@ func SetMemoryLimit(ctx context.Context, provider memlimit.Provider, log *slog.L
 			return fmt.Errorf("AUTOMEMLIMIT=%q: want off or a ratio of the container's memory limit in (0, 1]", v)
 		}
 	}
-	// The library's own log: a re-read that fails (each minute) is said.
-	_, err := memlimit.Set(memlimit.WithProvider(provider), memlimit.WithRatio(MemoryLimitRatio),
-		memlimit.WithRefreshInterval(ctx, time.Minute), memlimit.WithLogger(log))
+	opts := []memlimit.Option{memlimit.WithProvider(provider), memlimit.WithRatio(MemoryLimitRatio),
+		memlimit.WithRefreshInterval(ctx, time.Minute)}
+	if _, err := provider(); err == nil {
+		// A limit read now: the library's own log says a re-read that
+		// fails later (each minute). With none to read it would log an
+		// error every minute for a host with no cgroup: said once below.
+		opts = append(opts, memlimit.WithLogger(log))
+	}
+	_, err := memlimit.Set(opts...)
 	switch limit := runtimedebug.SetMemoryLimit(-1); {
 	case errors.Is(err, memlimit.ErrCgroupsNotSupported):
 		log.Debug("no cgroup to read a memory limit from: Go's soft memory limit is GOMEMLIMIT's", logging.KeyErr, err)
