@@ -234,7 +234,7 @@ func TestTopOneNamespaceAndPastABusyAnswer(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		paths = append(paths, r.URL.Path)
 		if len(paths) == 1 {
-			http.Error(w, "2 debug answers are under way", http.StatusServiceUnavailable)
+			http.Error(w, "4 debug answers are under way", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "SCALEDOBJECT\nteam-a/llama-so\n")
