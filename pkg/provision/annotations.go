@@ -57,6 +57,28 @@ var aliases = map[string]string{
 	AnnotationMaxReplicas: KaitoMaxReplicas,
 }
 
+// ignoredKaito: keda-kaito-scaler's annotations pulse does not read, named
+// in Settings.Ignored when present.
+var ignoredKaito = []string{"metrics", "combinepolicy", "evaluationwindow", "scaleupcooldown", "scaledowncooldown"}
+
+// read is every annotation Parse reads, or names as ignored: the
+// provisioner's cache keeps these alone of a workload's annotations.
+var read = func() map[string]bool {
+	m := map[string]bool{}
+	for _, a := range []string{AnnotationAutoscale, AnnotationMetric, AnnotationThreshold, AnnotationActivationThreshold,
+		AnnotationWindow, AnnotationMinReplicas, AnnotationMaxReplicas, AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval,
+		AnnotationScaleDownDelay, AnnotationCooldownPeriod, AnnotationSLOTTFT, AnnotationSLOITL, AnnotationSLOPercentile} {
+		m[a] = true
+	}
+	for _, k := range aliases {
+		m[k] = true
+	}
+	for _, k := range ignoredKaito {
+		m[kaitoPrefix+k] = true
+	}
+	return m
+}()
+
 // Defaults of a provisioned ScaledObject. The metric is the planner's
 // (metric replicas, docs/planner.md), with an HPA behaviour that lets its
 // plan through (plannerBehavior). The scale-up and scale-down defaults are
@@ -164,7 +186,7 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		return s, &AnnotationError{via, fmt.Sprintf("%q: want \"true\" or \"false\"", on)}
 	}
 	s.Enabled, s.ViaKaito = true, via == KaitoAutoProvision
-	for _, k := range []string{"metrics", "combinepolicy", "evaluationwindow", "scaleupcooldown", "scaledowncooldown"} {
+	for _, k := range ignoredKaito {
 		if _, ok := annotations[kaitoPrefix+k]; ok {
 			s.Ignored = append(s.Ignored, kaitoPrefix+k)
 		}

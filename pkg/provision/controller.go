@@ -302,8 +302,8 @@ func trimWorkload(o any) (any, error) {
 	}
 	var kept map[string]string
 	for k, v := range m.Annotations {
-		if !strings.HasPrefix(k, "pulse.io/") && !strings.HasPrefix(k, kaitoPrefix) {
-			continue
+		if !read[k] {
+			continue // another's, or a pulse.io/ key pulse does not read
 		}
 		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue+1 {
 			v = v[:maxAnnotationValue+1]
@@ -457,6 +457,14 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	if !ok {
 		return fmt.Errorf("%s %s/%s: unexpected %T", k.Kind, k.Namespace, k.Name, obj)
 	}
+	if m.GetDeletionTimestamp() != nil {
+		// Being deleted (in the foreground, or waiting on a finalizer): the
+		// garbage collector deletes its ScaledObject, which would be made
+		// again at each of its deletions until the workload is gone.
+		delete(r.rewrites, k)
+		r.c.forget(k)
+		return nil
+	}
 	ref := &corev1.ObjectReference{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
 	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
 	if perr == nil {
@@ -552,6 +560,7 @@ func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, e
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
 			"deleted ScaledObject %s: %s is no longer \"true\"", k.Name, AnnotationAutoscale)
 	}
+	delete(r.rewrites, k)
 	r.c.forget(k)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -577,7 +578,7 @@ func TestRefusedWriteIsReportedAndALostLeaseForgets(t *testing.T) {
 func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 	big := strings.Repeat("x", 200<<10)
 	w := workload(deployments, "Deployment", "llama", map[string]string{
-		"kubectl.kubernetes.io/last-applied-configuration": big,
+		"kubectl.kubernetes.io/last-applied-configuration": big, "pulse.io/pad-1": big,
 		AnnotationAutoscale: " true ", AnnotationThreshold: strings.Repeat("9", 10<<10), KaitoMaxReplicas: "4"})
 	w.Labels = map[string]string{"app": "llama"}
 	w.ResourceVersion, w.Generation = "7", 3
@@ -589,7 +590,31 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 	got := o.(*metav1.PartialObjectMetadata)
 	if len(got.Annotations) != 3 || got.Annotations[AnnotationAutoscale] != "true" || got.Annotations[KaitoMaxReplicas] != "4" ||
 		len(got.Annotations[AnnotationThreshold]) != maxAnnotationValue+1 {
-		t.Errorf("annotations kept: %d, want pulse's and keda-kaito-scaler's alone, values cut past %d bytes", len(got.Annotations), maxAnnotationValue+1)
+		t.Errorf("annotations kept: %d, want those pulse reads alone (not a pulse.io/ key it does not read), values cut past %d bytes", len(got.Annotations), maxAnnotationValue+1)
+	}
+	// Every annotation pulse reads is kept: a workload annotated with all of
+	// them parses the same from the cache.
+	all := map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "kvCacheUsage", AnnotationThreshold: "0.5",
+		AnnotationActivationThreshold: "0.01", AnnotationWindow: "30s", AnnotationMinReplicas: "0", AnnotationMaxReplicas: "3",
+		AnnotationScaleUpPodsPerMin: "4", AnnotationScaleDownInterval: "5m", AnnotationScaleDownDelay: "0", AnnotationCooldownPeriod: "600",
+		kaitoPrefix + "metrics": "x"}
+	for k := range read {
+		if _, ok := all[k]; !ok && !strings.HasPrefix(k, kaitoPrefix) && k != AnnotationSLOTTFT && k != AnnotationSLOITL && k != AnnotationSLOPercentile {
+			t.Errorf("%s is read but not in this test's workload", k)
+		}
+	}
+	cached, _ := trimWorkload(workload(deployments, "Deployment", "llama", all))
+	want, err1 := Parse(llama, all, time.Minute)
+	have, err2 := Parse(llama, cached.(*metav1.PartialObjectMetadata).Annotations, time.Minute)
+	if err1 != nil || err2 != nil || !reflect.DeepEqual(want, have) {
+		t.Errorf("parsed from the cache: %+v %v, want %+v %v", have, err2, want, err1)
+	}
+	slo := map[string]string{AnnotationAutoscale: "true", AnnotationSLOTTFT: "1s", AnnotationSLOITL: "50ms", AnnotationSLOPercentile: "90"}
+	cached, _ = trimWorkload(workload(deployments, "Deployment", "llama", slo))
+	want, err1 = Parse(llama, slo, time.Minute)
+	have, err2 = Parse(llama, cached.(*metav1.PartialObjectMetadata).Annotations, time.Minute)
+	if err1 != nil || err2 != nil || !reflect.DeepEqual(want, have) {
+		t.Errorf("the planner's SLO from the cache: %+v %v, want %+v %v", have, err2, want, err1)
 	}
 	if got.Labels != nil || got.ManagedFields != nil || got.Name != "llama" || got.Namespace != "demo" || got.UID != w.UID ||
 		got.ResourceVersion != "7" || got.Generation != 3 || got.APIVersion != "apps/v1" {
@@ -617,6 +642,37 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		"kubectl.kubernetes.io/last-applied-configuration": big, AnnotationAutoscale: "true", AnnotationMaxReplicas: strings.Repeat("9", 10<<10)}))
 	f.run()
 	f.waitState("Deployment", "llama", StateInvalid, AnnotationMaxReplicas+": a value longer than 256 bytes")
+}
+
+// A workload being deleted (in the foreground, or waiting on a finalizer)
+// gets no ScaledObject: the garbage collector deletes its ScaledObject, and
+// one made again at each deletion would scale the workload on its way out.
+func TestAWorkloadBeingDeletedGetsNone(t *testing.T) {
+	going := workload(deployments, "Deployment", "going", map[string]string{AnnotationAutoscale: "true"})
+	now := metav1.Now()
+	going.DeletionTimestamp = &now
+	f := newFixture(t, going, workload(deployments, "Deployment", "staying", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("staying's ScaledObject", func() error { _, err := f.scaledObject("staying"); return err })
+	// One worker, in order: once staying's change is made, going's first
+	// reconcile was done.
+	f.annotate(deployments, "Deployment", "staying", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "5"})
+	f.waitFor("staying's change", func() error {
+		so, err := f.scaledObject("staying")
+		if err != nil {
+			return err
+		}
+		if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 5 {
+			return fmt.Errorf("maxReplicaCount %d", n)
+		}
+		return nil
+	})
+	if so, err := f.scaledObject("going"); err == nil {
+		t.Fatalf("a workload being deleted got a ScaledObject: %v", so.Object["spec"])
+	}
+	if st := f.state("Deployment", "going"); st.State != "" {
+		t.Errorf("a workload being deleted is listed: %+v", st)
+	}
 }
 
 // TestALeaderThatCannotListGivesTheLeaseBack: with ScaledObjects not listed

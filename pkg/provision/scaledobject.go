@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -135,7 +136,8 @@ func OwnedBy(so metav1.Object, uid types.UID) bool {
 	return ref != nil && ref.UID == uid
 }
 
-// Apply returns existing with desired's spec, pulse's label and owner, and
+// Apply returns existing with desired's spec, pulse's label and owner (the
+// workload as controller, the owners others added kept), and
 // everything else of existing (other labels, annotations, finalizers, the
 // status KEDA writes) kept; changed is false when nothing differs.
 func Apply(existing, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool) {
@@ -156,7 +158,12 @@ func Apply(existing, desired *unstructured.Unstructured) (*unstructured.Unstruct
 		changed = true
 	}
 	if want := desired.GetOwnerReferences(); !OwnedBy(existing, want[0].UID) {
-		out.SetOwnerReferences(want)
+		// The workload as controller; the owners others added (not
+		// controllers: one object has one) kept.
+		refs := slices.DeleteFunc(slices.Clone(existing.GetOwnerReferences()), func(r metav1.OwnerReference) bool {
+			return r.Controller != nil && *r.Controller || r.UID == want[0].UID
+		})
+		out.SetOwnerReferences(append(want, refs...))
 		changed = true
 	}
 	return out, changed

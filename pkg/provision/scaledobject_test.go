@@ -1,6 +1,7 @@
 package provision
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"os"
 	"testing"
 	"time"
@@ -109,5 +110,24 @@ func TestKEDAsRewriteIsNoChange(t *testing.T) {
 	out, changed := Apply(rewritten, desired)
 	if !changed || len(out.GetFinalizers()) != 1 || out.GetLabels()["scaledobject.keda.sh/name"] != "llama" {
 		t.Errorf("a changed tolerance: changed %v, finalizers %v, labels %v", changed, out.GetFinalizers(), out.GetLabels())
+	}
+}
+
+// Adopting a ScaledObject (an orphan of pulse's) makes the workload its
+// controller and keeps the owners others added (a GitOps application's),
+// as it keeps their labels, annotations and finalizers.
+func TestAdoptionKeepsOtherOwners(t *testing.T) {
+	s, _ := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	desired := Desired(Owner{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Namespace: "demo", Name: "llama", UID: "u"}, s, Target{})
+	orphan := desired.DeepCopy()
+	yes := true
+	orphan.SetOwnerReferences([]metav1.OwnerReference{
+		{APIVersion: "argoproj.io/v1alpha1", Kind: "Application", Name: "app", UID: "argo"},
+		{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Name: "llama", UID: "old", Controller: &yes},
+	})
+	out, changed := Apply(orphan, desired)
+	refs := out.GetOwnerReferences()
+	if !changed || !OwnedBy(out, "u") || len(refs) != 2 || refs[1].UID != "argo" {
+		t.Errorf("adopted: changed %v, owners %+v; want the workload as controller and the Application kept", changed, refs)
 	}
 }
