@@ -146,6 +146,18 @@ func (f *fixture) state(kind, name string) Status {
 	return Status{}
 }
 
+// maxOf is name's ScaledObject and an error unless its maxReplicaCount is n.
+func (f *fixture) maxOf(name string, n int64) (*unstructured.Unstructured, error) {
+	so, err := f.scaledObject(name)
+	if err != nil {
+		return nil, err
+	}
+	if got, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); got != n {
+		return so, fmt.Errorf("maxReplicaCount %d, want %d", got, n)
+	}
+	return so, nil
+}
+
 func triggerOf(t *testing.T, so *unstructured.Unstructured) map[string]any {
 	t.Helper()
 	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
@@ -271,12 +283,9 @@ func (f *fixture) editIsUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitFor("the edit undone", func() error {
-		so, err := f.scaledObject("llama")
+		so, err := f.maxOf("llama", 5)
 		if err != nil {
 			return err
-		}
-		if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 5 {
-			return fmt.Errorf("maxReplicaCount %d", n)
 		}
 		if len(so.GetFinalizers()) != 1 {
 			return fmt.Errorf("KEDA's finalizer was dropped: %v", so.GetFinalizers())
@@ -657,16 +666,7 @@ func TestAWorkloadBeingDeletedGetsNone(t *testing.T) {
 	// One worker, in order: once staying's change is made, going's first
 	// reconcile was done.
 	f.annotate(deployments, "Deployment", "staying", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "5"})
-	f.waitFor("staying's change", func() error {
-		so, err := f.scaledObject("staying")
-		if err != nil {
-			return err
-		}
-		if n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); n != 5 {
-			return fmt.Errorf("maxReplicaCount %d", n)
-		}
-		return nil
-	})
+	f.waitFor("staying's change", func() error { _, err := f.maxOf("staying", 5); return err })
 	if so, err := f.scaledObject("going"); err == nil {
 		t.Fatalf("a workload being deleted got a ScaledObject: %v", so.Object["spec"])
 	}
