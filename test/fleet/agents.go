@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -307,27 +308,48 @@ func (a *simAgent) tick(enc *wire.Encoder, now time.Time) (*pulsev1.Catalogue, *
 	return cat, b, rise
 }
 
-// values fills the standard vLLM set, as the agent extracts it: the
-// queue, KV cache, and counters growing at steady rates.
+// values fills the standard vLLM set, as the agent extracts it: the queue
+// (held at waiting: the fault scenarios check the answers against it), the
+// running requests and KV cache moving at every tick, and counters growing
+// by a different increase at every tick (half to one and a half times their
+// rate). A page whose values did not move, or whose counters grew by the
+// same amount each tick, cost the wire one byte a value (its predictions,
+// the last value and the last increase, exact) and the store its cheapest
+// deltas: the cost measured would be the least there is.
 func (f *fleet) values(v *metric.Values, tick, salt int64, waiting float64) {
 	v.Set(metric.Waiting, waiting)
-	v.Set(metric.Running, 8)
-	v.Set(metric.KVCacheUsage, 0.5)
-	n := float64(tick)
-	v.Set(metric.PrefixHits, 700*n+float64(salt))
-	v.Set(metric.PrefixQueries, 1000*n+float64(salt))
-	v.Set(metric.PromptTokens, 1200*n)
-	v.Set(metric.GenerationTokens, 300*n)
-	v.Set(metric.RequestSuccess, 4*n)
+	v.Set(metric.Running, math.Floor(4+8*wobble(tick, salt, 1)))
+	v.Set(metric.KVCacheUsage, math.Round((0.3+0.4*wobble(tick, salt, 2))*1e4)/1e4)
+	c := func(k uint64, rate float64) float64 { // cumulative, never falling
+		return math.Floor(rate*float64(tick) + rate/2*wobble(tick, salt, k))
+	}
+	ms := func(k uint64, rate float64) float64 { // a latency sum, in ms
+		return c(k, 1000*rate) / 1000
+	}
+	v.Set(metric.PrefixHits, c(3, 700)+float64(salt))
+	v.Set(metric.PrefixQueries, c(4, 1000)+float64(salt))
+	v.Set(metric.PromptTokens, c(5, 1200))
+	v.Set(metric.GenerationTokens, c(6, 300))
+	v.Set(metric.RequestSuccess, c(7, 4))
 	v.Set(metric.Preemptions, float64(tick/600))
-	v.Set(metric.TTFTSum, 0.8*n)
-	v.Set(metric.TTFTCount, 4*n)
-	v.Set(metric.QueueTimeSum, 0.1*n)
-	v.Set(metric.QueueTimeCount, 4*n)
-	v.Set(metric.E2ELatencySum, 20*n)
-	v.Set(metric.E2ELatencyCount, 4*n)
-	v.Set(metric.ITLSum, 15*n)
-	v.Set(metric.ITLCount, 300*n)
+	v.Set(metric.TTFTSum, ms(8, 0.8))
+	v.Set(metric.TTFTCount, c(9, 4))
+	v.Set(metric.QueueTimeSum, ms(10, 0.1))
+	v.Set(metric.QueueTimeCount, c(11, 4))
+	v.Set(metric.E2ELatencySum, ms(12, 20))
+	v.Set(metric.E2ELatencyCount, c(13, 4))
+	v.Set(metric.ITLSum, ms(14, 15))
+	v.Set(metric.ITLCount, c(15, 300))
+}
+
+// wobble is a value in [0, 1) of (tick, salt, k), the same at every call
+// (a run is reproducible) and unlike its neighbours.
+func wobble(tick, salt int64, k uint64) float64 {
+	x := uint64(tick)*0x9E3779B97F4A7C15 ^ uint64(salt)*0xBF58476D1CE4E5B9 ^ k*0x94D049BB133111EB
+	x ^= x >> 31
+	x *= 0xD6E8FEB86659FD93
+	x ^= x >> 32
+	return float64(x>>11) / (1 << 53)
 }
 
 func workloadName(w int) string { return fmt.Sprintf("w%d", w) }

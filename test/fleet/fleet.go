@@ -172,11 +172,15 @@ type result struct {
 	ScaledObjects       int     `json:"scaledObjects"`
 	DurationSeconds     float64 `json:"durationSeconds"`
 	PodSamplesPerSecond float64 `json:"podSamplesPerSecond"` // received by the aggregator
-	SentPerSecond       float64 `json:"podSamplesSentPerSecond"`
-	AggregatorCPUCores  float64 `json:"aggregatorCpuCores"`
-	AggregatorRSSBytes  int64   `json:"aggregatorRssBytes"`
-	HeapInuseBytes      float64 `json:"heapInuseBytes"`
-	HeapBytesPerPod     float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
+	// RejectedReports: reports the aggregator refused over the measurement
+	// (pulse_aggregator_rejected_reports_total, every reason), counted in
+	// podSamplesPerSecond as received; outside --churn each is an error.
+	RejectedReports    float64 `json:"rejectedReports"`
+	SentPerSecond      float64 `json:"podSamplesSentPerSecond"`
+	AggregatorCPUCores float64 `json:"aggregatorCpuCores"`
+	AggregatorRSSBytes int64   `json:"aggregatorRssBytes"`
+	HeapInuseBytes     float64 `json:"heapInuseBytes"`
+	HeapBytesPerPod    float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
 	// HeapLiveBytes: what the aggregator's last GC found live
 	// (go_gc_heap_live_bytes); heap in use runs up to twice it (GOGC=100).
 	HeapLiveBytes       float64 `json:"heapLiveBytes"`
@@ -533,6 +537,12 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
+	res.RejectedReports = m1["pulse_aggregator_rejected_reports_total"] - m0["pulse_aggregator_rejected_reports_total"]
+	if res.RejectedReports > 0 && f.o.churn == 0 {
+		f.mu.Lock()
+		f.errs["rejected_reports"] += int64(res.RejectedReports)
+		f.mu.Unlock()
+	}
 	if res.Pods > 0 {
 		res.HeapBytesPerPod = res.HeapInuseBytes / float64(res.Pods)
 		res.HeapLiveBytesPerPod = res.HeapLiveBytes / float64(res.Pods)
