@@ -230,7 +230,7 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 		seq++
 		batch.Seq = seq
 		for _, w := range rise {
-			a.f.probeRise(w)
+			a.f.probeRise(w, next)
 		}
 		if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}); err != nil {
 			return fmt.Errorf("send batch: %w", err)

@@ -57,6 +57,7 @@ type fleet struct {
 	getMetrics []float64 // seconds, successful calls, since the last reset
 	push       []float64
 	pushMissed int // rises StreamIsActive never delivered before the next one (30 s later)
+	pushRises  int // rises begun
 	probes     map[int]*probeState
 	errs       map[string]int64 // unexpected, by kind
 	ends       map[string]int64 // stream ends, "RPC code"
@@ -78,10 +79,11 @@ func (f *fleet) isProbe(w int) bool {
 	return s != nil && s.probe
 }
 
-// probeRise notes that a batch raising probe workload w is being sent now.
-func (f *fleet) probeRise(w int) {
+// probeRise notes that a batch raising probe workload w, built for the
+// tick at tick (which set the value high), is being sent now.
+func (f *fleet) probeRise(w int, tick time.Time) {
 	now := time.Now()
-	half := int64(now.Sub(f.epoch) / probeHalf)
+	half := int64(tick.Sub(f.epoch) / probeHalf)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := f.probes[w]
@@ -90,7 +92,20 @@ func (f *fleet) probeRise(w int) {
 			f.pushMissed++
 		}
 		*p = probeState{riseAt: now, half: half}
+		f.pushRises++
 	}
+}
+
+// unpushed is the rises begun more than probeHalf ago (fallen since) that
+// were never pushed: those the next rise has not counted yet. f.mu held.
+func (f *fleet) unpushed(now time.Time) int {
+	n := 0
+	for _, p := range f.probes {
+		if !p.riseAt.IsZero() && !p.measured && now.Sub(p.riseAt) > probeHalf {
+			n++
+		}
+	}
+	return n
 }
 
 // probeActive notes StreamIsActive delivering true for probe workload w.
@@ -201,8 +216,9 @@ type result struct {
 	EchoCount       int     `json:"echoCount"`
 	EchoP50         float64 `json:"echoP50Seconds"`
 	EchoP99         float64 `json:"echoP99Seconds"`
-	PushCount       int     `json:"pushCount"`
-	PushMissed      int     `json:"pushMissed"` // rises never pushed before the next one
+	PushCount       int     `json:"pushCount"`  // rises pushed (their latency measured)
+	PushRises       int     `json:"pushRises"`  // rises begun within the measurement
+	PushMissed      int     `json:"pushMissed"` // rises never pushed before the next one, or fallen unpushed by the end
 	PushLatencyP50  float64 `json:"pushLatencyP50Seconds"`
 	PushLatencyP99  float64 `json:"pushLatencyP99Seconds"`
 	AgentStreams    float64 `json:"agentStreams"`
@@ -484,7 +500,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	}
 	f.mu.Lock()
-	f.getMetrics, f.push, f.pushMissed = nil, nil, 0
+	f.getMetrics, f.push, f.pushMissed, f.pushRises = nil, nil, 0, 0
 	f.mu.Unlock()
 	_, _ = f.echoes.take()
 	pid := f.agg.PID()
@@ -520,7 +536,9 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	gm, push, missed := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed
+	// A rise fallen and never pushed is missed though no rise followed it
+	// within the measurement (the last of each probe).
+	gm, push, missed, rises := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed+f.unpushed(time.Now()), f.pushRises
 	f.mu.Unlock()
 	echoes, echoErr := f.echoes.take()
 	if echoErr != nil {
@@ -536,7 +554,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), PushCount: len(push), PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
+		GetMetricsCount: len(gm), PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
 	res.RejectedReports = m1["pulse_aggregator_rejected_reports_total"] - m0["pulse_aggregator_rejected_reports_total"]
 	if res.RejectedReports > 0 && f.o.churn == 0 {
 		f.mu.Lock()

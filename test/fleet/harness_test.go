@@ -352,3 +352,32 @@ func TestServesVLLMKnowsAVLLMPage(t *testing.T) {
 		t.Error("an address nothing serves was taken for a vLLM page")
 	}
 }
+
+// A probe's rise is counted when it begins; one that fell without being
+// pushed is missed whether or not a rise followed it within the
+// measurement (the last of each probe was never judged).
+func TestProbeRisesAndMisses(t *testing.T) {
+	epoch := time.Now().Add(-10 * probeHalf)
+	f := &fleet{epoch: epoch, probes: map[int]*probeState{7: {}, 8: {}}}
+	at := func(half int) time.Time { return epoch.Add(time.Duration(half)*probeHalf + time.Second) }
+	f.probeRise(7, at(1))
+	f.probeRise(7, at(1)) // another agent's batch of the same rise
+	f.probeRise(8, at(1))
+	f.probeActive(7, time.Now())
+	if f.pushRises != 2 || len(f.push) != 1 {
+		t.Fatalf("rises %d, pushed %d: want 2 and 1", f.pushRises, len(f.push))
+	}
+	// Probe 8's rise began probeHalf and more ago and was never pushed.
+	if n := f.unpushed(time.Now().Add(probeHalf + time.Second)); n != 1 {
+		t.Errorf("unpushed %d, want probe 8's", n)
+	}
+	f.probeRise(8, at(3)) // its next rise: the one before is missed
+	if f.pushMissed != 1 || f.pushRises != 3 {
+		t.Errorf("missed %d, rises %d: want 1 and 3", f.pushMissed, f.pushRises)
+	}
+	// A tick built in the high half and sent late is still that rise.
+	f.probeRise(8, at(3).Add(probeHalf-2*time.Second))
+	if f.pushRises != 3 {
+		t.Errorf("a late batch of the same rise counted as a new one: rises %d", f.pushRises)
+	}
+}
