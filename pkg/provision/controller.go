@@ -319,13 +319,35 @@ func trimWorkload(o any) (any, error) {
 }
 
 // trimScaledObject drops a ScaledObject's managedFields from the cache
-// (the rest is kept: an update sends it back whole, and the server keeps
-// the managedFields an update leaves out).
+// (the rest of pulse's own is kept: an update sends it back whole, and the
+// server keeps the managedFields an update leaves out). Of one without
+// pulse's label, which pulse never writes, it keeps only what the
+// conflicts read: its name, uid, versions, labels, owners and
+// scaleTargetRef (every tenant's hand-written ScaledObjects, their
+// last-applied-configuration with them, were held whole).
 func trimScaledObject(o any) (any, error) {
-	if u, ok := o.(*unstructured.Unstructured); ok {
-		u.SetManagedFields(nil)
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return o, nil // a tombstone: its object was trimmed when cached
 	}
-	return o, nil
+	if Managed(u) {
+		u.SetManagedFields(nil)
+		return u, nil
+	}
+	out := &unstructured.Unstructured{Object: map[string]any{}}
+	out.SetAPIVersion(u.GetAPIVersion())
+	out.SetKind(u.GetKind())
+	out.SetName(u.GetName())
+	out.SetNamespace(u.GetNamespace())
+	out.SetUID(u.GetUID())
+	out.SetResourceVersion(u.GetResourceVersion())
+	out.SetGeneration(u.GetGeneration())
+	out.SetLabels(u.GetLabels())
+	out.SetOwnerReferences(u.GetOwnerReferences())
+	if ref, ok, _ := unstructured.NestedMap(u.Object, "spec", "scaleTargetRef"); ok {
+		_ = unstructured.SetNestedMap(out.Object, ref, "spec", "scaleTargetRef")
+	}
+	return out, nil
 }
 
 // served returns the version at which the cluster serves k, preferring the

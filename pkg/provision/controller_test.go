@@ -639,11 +639,24 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		t.Errorf("a tombstone: %v", o)
 	}
 	so := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "llama",
-		"annotations": map[string]any{"keep": "me"}}, "spec": map[string]any{"minReplicaCount": int64(1)}}}
+		"labels": map[string]any{LabelManagedBy: ManagedBy}, "annotations": map[string]any{"keep": "me"}},
+		"spec": map[string]any{"minReplicaCount": int64(1)}}}
 	so.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "keda"}})
 	o, _ = trimScaledObject(so)
 	if u := o.(*unstructured.Unstructured); u.GetManagedFields() != nil || u.GetAnnotations()["keep"] != "me" || u.Object["spec"] == nil {
-		t.Errorf("a ScaledObject in the cache: %v, want all but its managedFields (an update sends it back whole)", u.Object)
+		t.Errorf("pulse's ScaledObject in the cache: %v, want all but its managedFields (an update sends it back whole)", u.Object)
+	}
+	// Another's (no pulse label, which pulse never writes): what the
+	// conflicts read, alone.
+	hand := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": "mine", "namespace": "demo", "uid": "h", "resourceVersion": "9", "generation": int64(2),
+			"labels": map[string]any{"team": "a"}, "annotations": map[string]any{"kubectl.kubernetes.io/last-applied-configuration": big}},
+		"spec": map[string]any{"scaleTargetRef": map[string]any{"kind": "Deployment", "name": "llama"}, "triggers": []any{map[string]any{"type": "cpu"}}}}}
+	o, _ = trimScaledObject(hand)
+	u := o.(*unstructured.Unstructured)
+	if kind, name := targetOf(u); kind != "Deployment" || name != "llama" || u.GetAnnotations() != nil || u.GetLabels()["team"] != "a" ||
+		u.GetUID() != "h" || u.GetResourceVersion() != "9" || u.GetGeneration() != 2 || len(u.Object["spec"].(map[string]any)) != 1 {
+		t.Errorf("another's ScaledObject in the cache: %v, want its metadata and scaleTargetRef alone", u.Object)
 	}
 
 	// Through the informers: the workload's refusal names the annotation.
