@@ -163,15 +163,17 @@ type run struct {
 
 // A ScaledObject updated rewriteLimit times within rewriteWindow has
 // another writer undoing pulse's (a provisioner of another release, a
-// GitOps tool's self-heal): pulse reports the conflict and backs off
-// (retrying ever more slowly) rather than fight it at the API server's
-// pace, an Event and an etcd write a round.
+// GitOps tool's self-heal): pulse reports the conflict and backs off for
+// the rest of the window (retrying with growing delays), then writes again,
+// rather than fight it at the API server's pace, an Event and an etcd write
+// a round: a writer that keeps undoing it costs about rewriteLimit updates
+// a minute or two, for as long as it keeps on.
 const (
 	rewriteLimit  = 5
 	rewriteWindow = time.Minute
 )
 
-// errBackOff: the workload is retried later, ever more slowly.
+// errBackOff: the workload is retried later, with growing delays.
 var errBackOff = errors.New("backing off")
 
 type watched struct {
@@ -524,7 +526,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		if n := r.rewritten(k, time.Now()); n >= rewriteLimit {
 			r.c.m.errors.WithLabelValues("conflict").Inc()
 			r.report(k, ref, StateConflict, soName, fmt.Sprintf("pulse updated ScaledObject %s %d times within %s: something else keeps changing it "+
-				"(a provisioner of another release, a GitOps tool's self-heal); pulse backs off, retrying ever more slowly", soName, n, rewriteWindow))
+				"(a provisioner of another release, a GitOps tool's self-heal); pulse backs off for the rest of the minute, then writes it again", soName, n, rewriteWindow))
 			return errBackOff
 		}
 		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
