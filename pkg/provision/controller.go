@@ -575,16 +575,28 @@ func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.
 // scaling it with its predecessor's settings.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
 	if existing != nil && Managed(existing) && (OwnedBy(existing, ref.UID) || adopts(k, existing)) {
+		// Deletes count with the updates: a writer that makes it again
+		// (a GitOps tool's self-heal of an exported copy) is not fought
+		// at the API server's pace either.
+		if n := r.rewritten(k, time.Now()); n >= rewriteLimit {
+			r.c.m.errors.WithLabelValues("conflict").Inc()
+			r.report(k, ref, StateConflict, k.Namespace+"/"+k.Name, fmt.Sprintf("pulse deleted or updated ScaledObject %s/%s %d times within %s: something else keeps making it again "+
+				"(a GitOps tool's self-heal); pulse backs off for the rest of the minute, then deletes it again (remove its label %s=%s to hand it over)",
+				k.Namespace, k.Name, n, rewriteWindow, LabelManagedBy, ManagedBy))
+			return errBackOff
+		}
 		err := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace).Delete(ctx, k.Name, metav1.DeleteOptions{
 			Preconditions: metav1.NewUIDPreconditions(string(existing.GetUID()))})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
 		}
+		r.rewrites[k] = append(r.rewrites[k], time.Now())
 		r.c.m.changes.WithLabelValues("delete").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
 			"deleted ScaledObject %s: %s is no longer \"true\"", k.Name, AnnotationAutoscale)
+	} else {
+		r.rewritten(k, time.Now()) // kept for the window: the copy may come back
 	}
-	delete(r.rewrites, k)
 	r.c.forget(k)
 	return nil
 }

@@ -158,6 +158,24 @@ func (f *fixture) maxOf(name string, n int64) (*unstructured.Unstructured, error
 	return so, nil
 }
 
+// otherWriter runs write every 5 ms, another writer of the cluster's, until
+// the stop it returns is called (which waits for it).
+func (f *fixture) otherWriter(write func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			write()
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 func triggerOf(t *testing.T, so *unstructured.Unstructured) map[string]any {
 	t.Helper()
 	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
@@ -744,31 +762,20 @@ func TestAnotherWriterIsNotFoughtForEver(t *testing.T) {
 	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	f.run()
 	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
-	stop := make(chan struct{})
-	fought := make(chan struct{})
-	go func() { // the other writer: its own maxReplicaCount, whenever it differs
-		defer close(fought)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			so, err := f.scaledObject("mine")
-			if err != nil {
-				continue
-			}
-			if v, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); v != 99 {
-				_ = unstructured.SetNestedField(so.Object, int64(99), "spec", "maxReplicaCount")
-				_, _ = f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{})
-			}
+	stop := f.otherWriter(func() { // its own maxReplicaCount, whenever it differs
+		so, err := f.scaledObject("mine")
+		if err != nil {
+			return
 		}
-	}()
+		if v, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); v != 99 {
+			_ = unstructured.SetNestedField(so.Object, int64(99), "spec", "maxReplicaCount")
+			_, _ = f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{})
+		}
+	})
 	f.waitState("Deployment", "mine", StateConflict, "something else keeps changing it")
 	updates := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update"))
 	time.Sleep(500 * time.Millisecond) // the fight goes on: pulse writes no more
-	close(stop)
-	<-fought
+	stop()
 	if n := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); n != updates || n > rewriteLimit {
 		t.Fatalf("pulse's updates: %v at the conflict, %v after; want at most %d", updates, n, rewriteLimit)
 	}
@@ -777,6 +784,28 @@ func TestAnotherWriterIsNotFoughtForEver(t *testing.T) {
 // TestTheCapIsTheControllers: with --provision-max-replicas, a workload
 // asking past it is refused (invalid, naming the annotation), its
 // ScaledObject not made.
+// A workload turned off whose exported copy a GitOps tool keeps making
+// again (pulse's label, no owner, so the workload would adopt it): pulse
+// deletes it at most rewriteLimit times a minute, not at the API server's
+// pace, and says why.
+func TestADeletedCopyMadeAgainIsNotFoughtForEver(t *testing.T) {
+	copyOf := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "mine", UID: "Deployment-mine"},
+		Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"deployment": "mine"}}, Target{ScalerAddress: "x:9090"})
+	copyOf.SetOwnerReferences(nil)
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "false"}))
+	f.run()
+	stop := f.otherWriter(func() { // the self-heal: the copy made again whenever it is gone
+		if _, err := f.scaledObject("mine"); err != nil {
+			_, _ = f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), copyOf.DeepCopy(), metav1.CreateOptions{})
+		}
+	})
+	f.waitState("Deployment", "mine", StateConflict, "something else keeps making it again")
+	stop()
+	if n := testutil.ToFloat64(f.c.m.changes.WithLabelValues("delete")); n > rewriteLimit {
+		t.Fatalf("pulse's deletes: %v, want at most %d within the minute", n, rewriteLimit)
+	}
+}
+
 func TestTheCapIsTheControllers(t *testing.T) {
 	f := newFixture(t, workload(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}))
 	f.c.o.MaxReplicas = 64
