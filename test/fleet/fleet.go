@@ -504,6 +504,9 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	f.mu.Unlock()
 	_, _ = f.echoes.take()
 	pid := f.agg.PID()
+	// The CPU read first and the time with it: the first /metrics read's
+	// CPU is in the span, and so is its time.
+	t0, h0, s0 := time.Now(), selfCPU(), f.sent.Load()
 	p0, err := procs.Read(pid)
 	if err != nil {
 		return nil, err
@@ -512,8 +515,6 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	h0, s0 := selfCPU(), f.sent.Load()
-	t0 := time.Now()
 	var soak *soakResult
 	f.logf("measuring for %s", f.o.duration)
 	if f.o.soakEvery > 0 {
