@@ -17,6 +17,9 @@ import (
 	"github.com/pulse-io/pulse/test/procs"
 )
 
+// getMetricsDeadline bounds one GetMetrics call (the HPA's sync is 15 s).
+const getMetricsDeadline = 10 * time.Second
+
 // scaledObject is one ScaledObject's external-push trigger, as KEDA and the
 // HPA drive it.
 type scaledObject struct {
@@ -181,7 +184,12 @@ func (s *scaledObject) getMetrics(ctx context.Context) bool {
 		s.mu.Unlock()
 	}
 	start := time.Now()
-	resp, err := s.client.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: s.ref, MetricName: name})
+	// A deadline, as KEDA's calls have: an answer later than it is an error,
+	// not a latency left out of the percentiles for being still under way
+	// when they are read.
+	cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+	resp, err := s.client.GetMetrics(cctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: s.ref, MetricName: name})
+	cancel()
 	if err == nil && len(resp.MetricValues) == 0 {
 		err = status.Error(codes.Unknown, "GetMetrics answered no value")
 	}
