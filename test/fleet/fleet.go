@@ -249,7 +249,11 @@ type result struct {
 // the CPUs and marks the aggregator's for its start.
 func (f *fleet) pin() error {
 	agg, harness, ok := cpuSplit()
-	if !ok || f.o.pin != "auto" {
+	if f.o.pin != "auto" {
+		return nil
+	}
+	if !ok {
+		f.logf("fewer than 2 CPUs: the aggregator and the harness share them (the summary names no CPUs)")
 		return nil
 	}
 	if err := pinSelf(harness); err != nil {
