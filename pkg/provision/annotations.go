@@ -61,9 +61,9 @@ var aliases = map[string]string{
 // in Settings.Ignored when present.
 var ignoredKaito = []string{"metrics", "combinepolicy", "evaluationwindow", "scaleupcooldown", "scaledowncooldown"}
 
-// read is every annotation Parse reads, or names as ignored: the
+// annotationsRead is every annotation Parse reads, or names as ignored: the
 // provisioner's cache keeps these alone of a workload's annotations.
-var read = func() map[string]bool {
+var annotationsRead = func() map[string]bool {
 	m := map[string]bool{}
 	for _, a := range []string{AnnotationAutoscale, AnnotationMetric, AnnotationThreshold, AnnotationActivationThreshold,
 		AnnotationWindow, AnnotationMinReplicas, AnnotationMaxReplicas, AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval,

@@ -304,7 +304,7 @@ func trimWorkload(o any) (any, error) {
 	}
 	var kept map[string]string
 	for k, v := range m.Annotations {
-		if !read[k] {
+		if !annotationsRead[k] {
 			continue // another's, or a pulse.io/ key pulse does not read
 		}
 		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue+1 {

@@ -625,7 +625,7 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		AnnotationActivationThreshold: "0.01", AnnotationWindow: "30s", AnnotationMinReplicas: "0", AnnotationMaxReplicas: "3",
 		AnnotationScaleUpPodsPerMin: "4", AnnotationScaleDownInterval: "5m", AnnotationScaleDownDelay: "0", AnnotationCooldownPeriod: "600",
 		kaitoPrefix + "metrics": "x"}
-	for k := range read {
+	for k := range annotationsRead {
 		if _, ok := all[k]; !ok && !strings.HasPrefix(k, kaitoPrefix) && k != AnnotationSLOTTFT && k != AnnotationSLOITL && k != AnnotationSLOPercentile {
 			t.Errorf("%s is read but not in this test's workload", k)
 		}
