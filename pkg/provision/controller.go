@@ -460,36 +460,44 @@ func (r *run) processNext(ctx context.Context) bool {
 	return true
 }
 
-// reconcile brings one workload's ScaledObject to what its annotations say.
-func (r *run) reconcile(ctx context.Context, k key) error {
+// live is k's workload in the cache and the version it is served at; none
+// when its kind is not watched, or it is gone or being deleted (in the
+// foreground, or waiting on a finalizer), and then it is forgotten: the
+// garbage collector deletes its ScaledObject, which would otherwise be made
+// again at each of its deletions until the workload is gone.
+func (r *run) live(k key) (metav1.Object, schema.GroupVersion, error) {
 	r.mu.Lock()
 	w := r.workloads[k.Kind]
 	r.mu.Unlock()
 	if w == nil {
-		return nil // a ScaledObject's target of a kind not watched
+		return nil, schema.GroupVersion{}, nil // a ScaledObject's target of a kind not watched
 	}
 	obj, exists, err := w.informer.GetIndexer().GetByKey(k.Namespace + "/" + k.Name)
 	if err != nil {
-		return err
+		return nil, w.gv, err
 	}
-	if !exists {
-		delete(r.rewrites, k)
-		r.c.forget(k) // deleted: the garbage collector deletes its ScaledObject
-		return nil
+	var m metav1.Object
+	if exists {
+		var ok bool
+		if m, ok = obj.(metav1.Object); !ok {
+			return nil, w.gv, fmt.Errorf("%s %s/%s: unexpected %T", k.Kind, k.Namespace, k.Name, obj)
+		}
 	}
-	m, ok := obj.(metav1.Object)
-	if !ok {
-		return fmt.Errorf("%s %s/%s: unexpected %T", k.Kind, k.Namespace, k.Name, obj)
-	}
-	if m.GetDeletionTimestamp() != nil {
-		// Being deleted (in the foreground, or waiting on a finalizer): the
-		// garbage collector deletes its ScaledObject, which would be made
-		// again at each of its deletions until the workload is gone.
+	if m == nil || m.GetDeletionTimestamp() != nil {
 		delete(r.rewrites, k)
 		r.c.forget(k)
-		return nil
+		return nil, w.gv, nil
 	}
-	ref := &corev1.ObjectReference{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
+	return m, w.gv, nil
+}
+
+// reconcile brings one workload's ScaledObject to what its annotations say.
+func (r *run) reconcile(ctx context.Context, k key) error {
+	m, gv, err := r.live(k)
+	if m == nil || err != nil {
+		return err
+	}
+	ref := &corev1.ObjectReference{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
 	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
 	if perr == nil {
 		perr = CheckCap(s, r.c.o.MaxReplicas)
@@ -512,7 +520,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		r.report(k, ref, StateConflict, soName, msg)
 		return nil
 	}
-	desired := Desired(Owner{APIVersion: w.gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
+	desired := Desired(Owner{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
 	summary := Summary(s)
 	switch out, changed := r.next(existing, desired); {

@@ -560,6 +560,19 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
+	f.derive(res, m0, m1)
+	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
+	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
+	res.EchoCount, res.EchoP50, res.EchoP99 = len(echoes), quantile(echoes, 0.5), quantile(echoes, 0.99)
+	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
+	return res, nil
+}
+
+// derive fills what res's figures and the aggregator's two /metrics reads
+// (m0, m1, bracketing the measurement) give: the reports refused (an error
+// outside --churn), the heap a pod, the CPU a million samples, the CPUs,
+// and the handler's GetMetrics p99.
+func (f *fleet) derive(res *result, m0, m1 map[string]float64) {
 	res.RejectedReports = m1["pulse_aggregator_rejected_reports_total"] - m0["pulse_aggregator_rejected_reports_total"]
 	if res.RejectedReports > 0 && f.o.churn == 0 {
 		f.mu.Lock()
@@ -576,15 +589,10 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if len(f.agg.cpus) > 0 {
 		res.AggregatorCPUs, res.HarnessCPUs = cpuList(f.agg.cpus), cpuList(f.harnessCPUs)
 	}
-	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
 	res.GetMetricsServerP99 = getMetricsHandlingQuantile(m0, m1, 0.99)
 	if res.GetMetricsServerP99 == 0 && res.GetMetricsCount > 0 {
 		fmt.Fprintf(f.log, "fleet: the aggregator timed none of %d GetMetrics answers (no grpc_server_handling_seconds{%s})\n", res.GetMetricsCount, getMetricsSeries)
 	}
-	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
-	res.EchoCount, res.EchoP50, res.EchoP99 = len(echoes), quantile(echoes, 0.5), quantile(echoes, 0.99)
-	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
-	return res, nil
 }
 
 // getMetricsSeries is the labels of GetMetrics' series of
