@@ -51,6 +51,10 @@ type Config struct {
 	// ProbeEvery, so that a capacity proven low at light load can grow.
 	ProbeEvery time.Duration
 	ProbeStep  float64
+	// Tolerance: a need at most this fraction over the replicas listed
+	// (ready and starting) adds none while no queue stands (the HPA's own
+	// default tolerance, which an integer plan would otherwise defeat).
+	Tolerance float64
 }
 
 // Defaults (docs/planner.md says why each).
@@ -64,6 +68,7 @@ const (
 	DefaultObserveEvery = 5 * time.Second
 	DefaultProbeEvery   = time.Minute
 	DefaultProbeStep    = 1.1
+	DefaultTolerance    = 0.1
 )
 
 // Default is the planner's configuration for a TTFT SLO (0: DefaultTTFT).
@@ -73,7 +78,7 @@ func Default(ttft time.Duration) Config {
 	}
 	return Config{TTFT: ttft, Utilisation: DefaultUtilisation, KVTarget: DefaultKVTarget, DecodeCost: DefaultDecodeCost,
 		LeadTime: DefaultLeadTime, HoldMargin: DefaultHoldMargin, ObserveEvery: DefaultObserveEvery,
-		ProbeEvery: DefaultProbeEvery, ProbeStep: DefaultProbeStep}
+		ProbeEvery: DefaultProbeEvery, ProbeStep: DefaultProbeStep, Tolerance: DefaultTolerance}
 }
 
 // Thresholds of a replica's health, as fractions of the TTFT SLO: a
@@ -287,6 +292,23 @@ var (
 	ErrLost     = errors.New("lost")
 )
 
+// tolerate keeps the replicas listed (ready and starting) where the need,
+// and the peak held, are at most cfg.Tolerance over them and fewer than
+// one request waits a ready replica: the HPA's tolerance, which a count
+// rounded up before the HPA sees it would defeat (a need of 3.05 is 4
+// replicas, a quarter more than the 3 that carry it at 0.82 of their
+// capacity). A queue standing is no rounding's noise: it is planned as is.
+func (p *Plan) tolerate(cfg Config) {
+	listed := p.Ready + p.Starting
+	if listed == 0 || p.Replicas <= listed || p.Backlog >= float64(p.Ready)*p.WorkPerRequest {
+		return
+	}
+	if most := math.Max(p.Need, p.HeldPeak); most <= float64(listed)*(1+cfg.Tolerance) {
+		p.Replicas = listed
+		p.Reason = fmt.Sprintf("keeping the %d replicas listed: a need of %.2f is within the tolerance %.2f over them, and no queue stands", listed, most, cfg.Tolerance)
+	}
+}
+
 // Make plans the workload from one snapshot and the state learned so far;
 // it returns the plan and the next state (prev is not modified).
 func Make(in Input, prev State, cfg Config) (Plan, State, error) {
@@ -337,6 +359,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		p.Replicas = held
 		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time %s, margin %s)", p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), st.lead(cfg).Round(time.Second), cfg.HoldMargin)
 	}
+	p.tolerate(cfg)
 	switch {
 	case p.Replicas >= p.Ready:
 	case p.Missing > 0:

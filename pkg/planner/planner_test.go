@@ -946,3 +946,43 @@ func TestAStuckReplicaIsNoCapacityComing(t *testing.T) {
 		t.Fatalf("a replica starting 90 minutes where startups take 40: stuck %d, starting %d; want starting", p.Stuck, p.Starting)
 	}
 }
+
+func TestANeedWithinTheToleranceAddsNoReplica(t *testing.T) {
+	cfg := Default(0)
+	three := func(w, waiting float64) []store.PodLoad {
+		var pods []store.PodLoad
+		for _, n := range []string{"a", "b", "c"} {
+			l := serving(n, w, 0.01)
+			l.Waiting, l.WaitingNow = waiting, waiting
+			pods = append(pods, l)
+		}
+		return pods
+	}
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, three(10000, 0)...)
+	// Three replicas each at 1.05 × the utilisation of the capacity learned
+	// need 3.15 replicas, within the tolerance of 3 (each at 0.84 of its
+	// capacity): kept at 3 while no queue stands. (A second after the last
+	// observation: nothing is learned from these.)
+	f, at := st.Capacity*cfg.Utilisation, at.Add(-4*time.Second)
+	for _, c := range []struct {
+		what       string
+		w, waiting float64
+		want       int
+	}{
+		{"within the tolerance, no queue", 1.05 * f, 0, 3},
+		{"within the tolerance, a request waiting at each replica", 1.05 * f, 1, 4},
+		{"past the tolerance", 1.15 * f, 0, 4},
+	} {
+		p, _, err := Make(snap(at, three(c.w, c.waiting)...), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Replicas != c.want || p.Need <= 3 {
+			t.Errorf("%s: need %.2f planned %d (%s), want %d", c.what, p.Need, p.Replicas, p.Reason, c.want)
+		}
+	}
+	cfg.Tolerance = 0
+	if p, _, _ := Make(snap(at, three(1.05*f, 0)...), st, cfg); p.Replicas != 4 {
+		t.Errorf("with no tolerance, need %.2f planned %d (%s), want 4", p.Need, p.Replicas, p.Reason)
+	}
+}
