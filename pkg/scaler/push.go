@@ -3,6 +3,7 @@ package scaler
 import (
 	"hash/maphash"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,6 +26,10 @@ type pusher struct {
 	seed   maphash.Seed
 	once   sync.Once
 	wg     sync.WaitGroup
+
+	// evaluated, when set (tests), is called after the i-th evaluation of
+	// a pass.
+	evaluated func(i int)
 }
 
 // maxShards bounds the evaluating goroutines: past a few, the passes spend
@@ -86,6 +91,9 @@ type sub struct {
 	mu    sync.Mutex
 	state bool
 	ready chan struct{}
+	// Owned by the handler (under mu): whether it took a state to send,
+	// and which.
+	handed, handedState bool
 }
 
 func newPusher(s *Server) *pusher {
@@ -166,7 +174,7 @@ func (p *pusher) remove(u *sub) {
 	k := u.t.Workload
 	rest := sh.subs[k]
 	if i := indexOf(rest, u); i >= 0 {
-		rest = append(rest[:i], rest[i+1:]...)
+		rest = slices.Delete(rest, i, i+1)
 	}
 	if len(rest) == 0 {
 		delete(sh.subs, k)
@@ -175,10 +183,10 @@ func (p *pusher) remove(u *sub) {
 		sh.subs[k] = rest
 	}
 	if i := indexOf(sh.fresh, u); i >= 0 {
-		sh.fresh = append(sh.fresh[:i], sh.fresh[i+1:]...)
+		sh.fresh = slices.Delete(sh.fresh, i, i+1)
 	}
 	if i := indexOf(sh.later, u); i >= 0 {
-		sh.later = append(sh.later[:i], sh.later[i+1:]...)
+		sh.later = slices.Delete(sh.later, i, i+1)
 	}
 }
 
@@ -242,10 +250,12 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	for _, u := range sh.later {
 		take(u)
 	}
+	clear(sh.later) // a stream gone since holds its trigger no longer
 	sh.later = sh.later[:0]
 	for _, u := range sh.fresh {
 		take(u)
 	}
+	clear(sh.fresh)
 	sh.fresh = sh.fresh[:0]
 	for k := range sh.dirty {
 		for _, u := range sh.subs[k] {
@@ -261,23 +271,72 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 			}
 		}
 	}
-	if severalNamespaces(b) { // alone, a namespace takes the whole pass
+	// Alone, a namespace takes the pass, until another's stream waits
+	// (looked at every yieldEvery evaluations past its fair share: the
+	// rest of the pass then waits for the next, as below).
+	if severalNamespaces(b) {
 		b = sh.fairShares(b)
 	}
 	if len(sh.later) > 0 {
 		sh.signal()
+	}
+	alone, tenant := len(b) > 0 && !severalNamespaces(b), ""
+	if alone {
+		tenant = b[0].tenant
 	}
 	sh.mu.Unlock()
 	clear(sh.memo)
 	for i, u := range b {
 		if i > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
+			if alone && i >= fairShare && sh.othersWaiting(tenant) {
+				sh.postpone(b[i:])
+				break
+			}
 		}
 		u.queued = false
 		p.evaluate(u, sh.memo)
 		b[i] = nil
+		if p.evaluated != nil {
+			p.evaluated(i)
+		}
 	}
 	sh.batch = b[:0]
+}
+
+// othersWaiting is whether another namespace than tenant has streams
+// waiting for a pass (new, or of a workload changed since this pass
+// began): a namespace alone in a pass takes it whole only while no one
+// else waits.
+func (sh *shard) othersWaiting(tenant string) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, u := range sh.fresh {
+		if u.tenant != tenant {
+			return true
+		}
+	}
+	for k := range sh.dirty {
+		for _, u := range sh.subs[k] {
+			if u.tenant != tenant {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// postpone hands the rest of a pass to the next (taken first, with the
+// others' turn), which is due at once.
+func (sh *shard) postpone(rest []*sub) {
+	sh.mu.Lock()
+	for i, u := range rest {
+		u.queued = false
+		sh.later = append(sh.later, u)
+		rest[i] = nil
+	}
+	sh.signal()
+	sh.mu.Unlock()
 }
 
 // severalNamespaces is whether the streams of b are of more than one
@@ -342,9 +401,15 @@ func (p *pusher) evaluate(u *sub, memo map[Trigger]outcome) {
 	}
 }
 
-// take is the newest state handed over.
-func (u *sub) take() bool {
+// next is the newest state handed over, and whether it is other than the
+// last the handler sent (states handed over and replaced before it woke,
+// false then true again, send nothing: KEDA asks for a scale at each true).
+func (u *sub) next() (state, send bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.state
+	if u.handed && u.state == u.handedState {
+		return u.state, false
+	}
+	u.handed, u.handedState = true, u.state
+	return u.state, true
 }

@@ -109,13 +109,30 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 		}
 	}
 	<-u.ready
-	if u.take() {
-		t.Fatal("took true, want the newest state, false")
+	if state, send := u.next(); state || !send {
+		t.Fatalf("took %v (send %v), want the newest state, false, to send", state, send)
 	}
 	select {
 	case <-u.ready:
 		t.Fatal("two wake-ups for one state")
 	default:
+	}
+	// true handed over, then false, before the handler woke: the handler
+	// sent false last, and sends nothing (KEDA asks for a scale at each
+	// true it gets).
+	for _, waiting := range []float64{5, 0} {
+		f.report(map[string]float64{"a": waiting})
+		f.server.push.evaluate(u, nil)
+	}
+	<-u.ready
+	if state, send := u.next(); state || send {
+		t.Fatalf("took %v (send %v) after true and false, want false and nothing sent: false was sent last", state, send)
+	}
+	f.report(map[string]float64{"a": 5})
+	f.server.push.evaluate(u, nil)
+	<-u.ready
+	if state, send := u.next(); !state || !send {
+		t.Fatalf("took %v (send %v), want true to send", state, send)
 	}
 }
 
@@ -192,6 +209,53 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	}
 	if n := evaluated(noisy); n != 200 || evaluated(cross) != 100 || len(sh.later) != 0 {
 		t.Fatalf("%d of the noisy tenant's 200 streams and %d of the reader's 100 evaluated, %d waiting, after the passes", n, evaluated(cross), len(sh.later))
+	}
+}
+
+func TestATenantAloneInAPassLetsAnotherIn(t *testing.T) {
+	f := newFixture(t)
+	p := newPusher(f.server)
+	sh := p.shards[0]
+	open := func(ns string, activation float64) *sub { // as add, without starting the shards' goroutines
+		tr := Trigger{Workload: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: "llama"}, Metric: "waiting", Threshold: 10,
+			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute}
+		u := &sub{t: tr, tenant: ns, ready: make(chan struct{}, 1), at: len(sh.all)}
+		sh.all = append(sh.all, u)
+		sh.subs[tr.Workload] = append(sh.subs[tr.Workload], u)
+		sh.fresh = append(sh.fresh, u)
+		return u
+	}
+	var noisy []*sub
+	for i := range 500 {
+		noisy = append(noisy, open("noisy", float64(i)))
+	}
+	// The noisy tenant is alone when the pass begins; another's stream
+	// opens while it is under way.
+	var quiet *sub
+	p.evaluated = func(i int) {
+		if i == 99 {
+			quiet = open("quiet", 1)
+		}
+	}
+	p.pass(sh, time.Now(), false)
+	p.evaluated = nil
+	n := 0
+	for _, u := range noisy {
+		if !u.evaluated.IsZero() {
+			n++
+		}
+	}
+	if n != 112 || len(sh.later) != 500-112 {
+		t.Fatalf("the noisy tenant alone: %d of 500 evaluated, %d left for the next pass; want it to stop at 112 (the first look past 100), 388 left", n, len(sh.later))
+	}
+	select {
+	case <-sh.wake:
+	default:
+		t.Fatal("no pass is due for the streams that wait")
+	}
+	p.pass(sh, time.Now(), false)
+	if quiet.evaluated.IsZero() {
+		t.Fatal("the stream that opened during the noisy tenant's pass waited past the next pass")
 	}
 }
 

@@ -313,14 +313,25 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 			// before the aggregator's cache has the change: a stream
 			// resolved from the old scaleTargetRef followed the old
 			// workload for its whole life. One whose workload resolves
-			// otherwise now ends (EOF): KEDA opens it again.
-			if now, err := s.parse(ref); err == nil && now.Workload != t.Workload {
+			// otherwise now ends (EOF): KEDA opens it again. One that no
+			// longer resolves at all (its target a kind pulse does not
+			// scale, another namespace) ends with the refusal, as KEDA's
+			// polls have it; a cache not ready (Unavailable) is waited out.
+			now, err := s.parse(ref)
+			switch {
+			case err == nil && now.Workload != t.Workload:
 				return nil
+			case status.Code(err) == codes.InvalidArgument:
+				return err
 			}
 			continue
 		case <-u.ready:
 		}
-		if err := stream.Send(&externalscaler.IsActiveResponse{Result: u.take()}); err != nil {
+		state, send := u.next()
+		if !send {
+			continue
+		}
+		if err := stream.Send(&externalscaler.IsActiveResponse{Result: state}); err != nil {
 			return err
 		}
 	}

@@ -439,6 +439,15 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 			t.Fatalf("%d handlers still running after cancel", f.server.OpenStreams())
 		}
 	}
+	// And the pusher holds none of them (a handler's deferred remove ran).
+	for i, sh := range f.server.push.shards {
+		sh.mu.Lock()
+		all, subs, dirty, fresh, later := len(sh.all), len(sh.subs), len(sh.dirty), len(sh.fresh), len(sh.later)
+		sh.mu.Unlock()
+		if all+subs+dirty+fresh+later > 0 {
+			t.Fatalf("shard %d after every stream ended: %d streams, %d workloads, %d changed, %d new, %d waiting", i, all, subs, dirty, fresh, later)
+		}
+	}
 	f.close()
 }
 

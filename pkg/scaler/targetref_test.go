@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,9 +65,14 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 		t.Fatalf("missing ScaledObject: %v", err)
 	}
 
-	// A stream resolved from the old scaleTargetRef ends once the cache
-	// resolves it otherwise (KEDA then opens it again); it followed the
-	// old workload for its whole life.
+	retargetedStreamsEnd(t, f, client)
+}
+
+// retargetedStreamsEnd: a stream resolved from the old scaleTargetRef ends
+// once the cache resolves it otherwise (KEDA then opens it again); it
+// followed the old workload for its whole life.
+func retargetedStreamsEnd(t *testing.T, f *fixture, client *dynamicfake.FakeDynamicClient) {
+	t.Helper()
 	defer func(d time.Duration) { streamRecheck = d }(streamRecheck)
 	streamRecheck = 20 * time.Millisecond
 	sctx, scancel := context.WithCancel(context.Background())
@@ -81,12 +87,36 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 	if _, err := client.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), scaledObject("llama-so", "Workspace", "llama-v2"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := stream.Recv(); err != nil {
-			if !errors.Is(err, io.EOF) {
-				t.Fatalf("the stream of a retargeted ScaledObject: %v, want EOF", err)
+	recvUntilEnd := func(stream grpc.ServerStreamingClient[externalscaler.IsActiveResponse]) error {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if _, err := stream.Recv(); err != nil {
+				return err
 			}
-			break
 		}
+		t.Fatal("the stream of a retargeted ScaledObject did not end")
+		return nil
+	}
+	if err := recvUntilEnd(stream); !errors.Is(err, io.EOF) {
+		t.Fatalf("the stream of a retargeted ScaledObject: %v, want EOF", err)
+	}
+	// Retargeted to a kind pulse does not scale: the stream ends with the
+	// refusal KEDA's polls get (it followed the old workload, pushing its
+	// state, until KEDA opened it again).
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	stream, err = f.client.StreamIsActive(ctx2, ref(map[string]string{"threshold": "5"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); f.server.OpenStreams() != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) { // the stream is open on llama-v2 (which has no pod: no state pushed)
+			t.Fatalf("the reopened stream never opened: %d open", f.server.OpenStreams())
+		}
+	}
+	if _, err := client.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), scaledObject("llama-so", "CronJob", "x"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvUntilEnd(stream); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "CronJob") {
+		t.Fatalf("the stream of a ScaledObject retargeted to a CronJob: %v, want its InvalidArgument", err)
 	}
 }
