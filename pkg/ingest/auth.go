@@ -16,6 +16,7 @@ import (
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -294,8 +295,16 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 		return "", fmt.Errorf("%w: too many lookups of pods not in the pod cache", ErrLookupUnavailable)
 	}
 	p, err := t.client.CoreV1().Pods(e.Namespace).Get(ctx, e.Name, metav1.GetOptions{})
-	if err != nil {
+	switch {
+	case apierrors.IsNotFound(err):
 		return "", fmt.Errorf("look up pod %s/%s: %w", e.Namespace, e.Name, err)
+	case err != nil:
+		// The API busy or unreachable, or the stream gone, says nothing of
+		// the pod: the entry is not refused (the agent sends an entry
+		// again only when it changes, so a refusal held for the stream's
+		// life), the stream ends and the agent sends its whole catalogue
+		// again.
+		return "", fmt.Errorf("%w: look up pod %s/%s: %w", ErrLookupUnavailable, e.Namespace, e.Name, err)
 	}
 	if string(p.UID) != e.PodUID {
 		return "", fmt.Errorf("pod %s/%s has uid %s, not %s", e.Namespace, e.Name, p.UID, e.PodUID)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -401,6 +402,40 @@ func TestPodLookupsAreBounded(t *testing.T) {
 	}
 	if n := strings.Count(h.logs.String(), "catalogue entry rejected"); n != 10 {
 		t.Fatalf("%d lines of rejected entries logged, want 10", n)
+	}
+}
+
+// TestAnAPIErrorRefusesNoPod: a lookup the API could not answer (busy,
+// throttled, the stream gone) refused the entry as an unknown pod, and the
+// agent sends an entry again only when it changes: the pod went unreported
+// for the stream's life. Now only a pod the API does not have is unknown;
+// any other error ends the stream (Unavailable), and the agent sends its
+// whole catalogue again.
+func TestAnAPIErrorRefusesNoPod(t *testing.T) {
+	c := fakeAPI()
+	f := newFixtureWith(t, runningReviewer(t, c))
+	var answered atomic.Bool
+	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if !answered.Swap(true) {
+			return true, nil, apierrors.NewServiceUnavailable("the API is busy")
+		}
+		return false, nil, nil
+	})
+	fresh := &pulsev1.Pod{Id: 1, Uid: "uid-fresh", Namespace: "ns", Name: "fresh", Ready: true, // not in the pod cache
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	err := f.runAs(t, "token-node-1", hello(), catalogue(fresh))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("a lookup the API could not answer: %v, want the stream ended Unavailable", err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod")); got != 0 {
+		t.Fatalf("rejected unknown_pod = %v after the API's 503, want 0", got)
+	}
+	// Asked again, the API has no such pod: that entry alone is refused.
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(fresh)); err != nil {
+		t.Fatalf("a pod the API does not have: %v, want the entry refused alone", err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod")); got != 1 {
+		t.Fatalf("rejected unknown_pod = %v, want 1", got)
 	}
 }
 

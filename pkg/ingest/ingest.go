@@ -71,7 +71,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -159,18 +159,20 @@ func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*p
 	hello := first.GetHello()
 	switch {
 	case hello == nil:
-		return nil, status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
+		err = status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
 	case hello.ProtocolVersion != pulsev1.ProtocolVersion_PROTOCOL_VERSION_1:
-		return nil, status.Errorf(codes.FailedPrecondition, "protocol version %v is not supported", hello.ProtocolVersion)
+		err = status.Errorf(codes.FailedPrecondition, "protocol version %v is not supported", hello.ProtocolVersion)
 	case hello.Node == "":
-		return nil, status.Error(codes.InvalidArgument, "hello names no node")
+		err = status.Error(codes.InvalidArgument, "hello names no node")
 	case boundNode != "" && hello.Node != boundNode:
 		s.m.rejected.WithLabelValues("other_node").Inc()
 		return nil, status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, hello.Node)
 	case len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics:
-		return nil, status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
+		err = status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
+	default:
+		err = checkHello(hello)
 	}
-	if err := checkHello(hello); err != nil {
+	if err != nil {
 		s.m.rejected.WithLabelValues("invalid_hello").Inc()
 		return nil, err
 	}
@@ -639,13 +641,16 @@ func (st *streamState) checkIDs(b *pulsev1.SampleBatch) error {
 // histograms. Every pulse value is a count, a ratio, a rate or a duration:
 // a negative one is bad input. It is dropped (absent), the rest kept, and
 // the pod shows it (/debug/workloads) and is logged. Extra values that do
-// not match the hello's names are an error that ends the stream.
-func (st *streamState) values(r *store.Report, s *wire.Sample) error {
-	if s.Extra != nil {
-		if len(s.Extra) != len(st.hello.ExtraMetrics) {
-			st.srv.m.rejected.WithLabelValues("malformed_batch").Inc()
-			return fmt.Errorf("pod %d sends %d extra values for %d extra metrics", s.Pod, len(s.Extra), len(st.hello.ExtraMetrics))
-		}
+// not match the hello's names are dropped the same way (bad_extra), that
+// sample's alone: the batch decoded, so the two ends still agree.
+func (st *streamState) values(r *store.Report, s *wire.Sample) {
+	var rejected []string
+	switch {
+	case s.Extra == nil:
+	case len(s.Extra) != len(st.hello.ExtraMetrics):
+		st.srv.m.rejected.WithLabelValues("bad_extra").Inc()
+		rejected = append(rejected, fmt.Sprintf("%d extra values for %d extra metrics", len(s.Extra), len(st.hello.ExtraMetrics)))
+	default:
 		r.Extra = make([]float64, len(s.Extra))
 		for i, x := range s.Extra {
 			if math.IsInf(x, 0) {
@@ -658,7 +663,6 @@ func (st *streamState) values(r *store.Report, s *wire.Sample) error {
 	if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
 		st.srv.onHist()
 	}
-	var rejected []string
 	for id := metric.ID(1); id < metric.NumIDs; id++ {
 		if v, ok := r.Values.Get(id); ok && v < 0 {
 			r.Values.Present &^= 1 << id
@@ -670,7 +674,6 @@ func (st *streamState) values(r *store.Report, s *wire.Sample) error {
 		r.Rejected = strings.Join(rejected, ", ")
 		st.logRejected(s.Pod, r.Rejected)
 	}
-	return nil
 }
 
 // batch stores a batch. A batch that does not decode ends the stream: the
@@ -696,7 +699,10 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	for i := range samples {
 		s := &samples[i]
 		uid, ok := st.ids[s.Pod]
-		if !ok {
+		switch {
+		case !ok && st.rejected[s.Pod]:
+			continue // its entry's refusal was counted, and logged, once
+		case !ok:
 			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
 			continue
 		}
@@ -706,12 +712,13 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		}
 		r := store.Report{UID: uid}
 		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
-		if r.TimeMs-nowMs > maxClockAhead.Milliseconds() {
+		if r.TimeMs < 0 || r.TimeMs-nowMs > maxClockAhead.Milliseconds() {
 			// A time no clock of the cluster gives (the agent's, or a
 			// lie): the store keeps each pod's series in time order, and
-			// one sample years ahead held every later one out. (A time
-			// behind is a clock stepped back: the store starts the pod's
-			// series again.)
+			// one sample years ahead held every later one out; one before
+			// 1970 (or past an int64) overflowed the series' time deltas.
+			// (A time behind is a clock stepped back: the store starts the
+			// pod's series again.)
 			st.srv.m.rejected.WithLabelValues("bad_time").Inc()
 			st.warnBadTime(r.TimeMs, nowMs)
 			continue
@@ -722,9 +729,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 			reports = append(reports, r)
 			continue
 		}
-		if err := st.values(&r, s); err != nil {
-			return err
-		}
+		st.values(&r, s)
 		st.srv.m.ok.Inc()
 		reports = append(reports, r)
 	}

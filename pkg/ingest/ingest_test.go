@@ -146,6 +146,7 @@ pulse_aggregator_pod_samples_total{outcome="ok"} 1
 # TYPE pulse_aggregator_rejected_reports_total counter
 pulse_aggregator_rejected_reports_total{reason="agent_full"} 0
 pulse_aggregator_rejected_reports_total{reason="auth_unavailable"} 0
+pulse_aggregator_rejected_reports_total{reason="bad_extra"} 0
 pulse_aggregator_rejected_reports_total{reason="bad_time"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
@@ -207,9 +208,12 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("malformed_batch")); got != 1 {
 		t.Fatalf("rejected malformed_batch = %v, want 1", got)
 	}
-	_ = f.run(t, tests["long instance"].msgs...)
-	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_hello")); got != 1 {
-		t.Fatalf("rejected invalid_hello = %v, want 1", got)
+	// Every hello refused is counted (only those past a string's bound were).
+	for _, name := range []string{"long instance", "no hello", "no node", "unknown version"} {
+		_ = f.run(t, tests[name].msgs...)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_hello")); got != 4 {
+		t.Fatalf("rejected invalid_hello = %v, want 4", got)
 	}
 }
 
@@ -570,14 +574,74 @@ func TestASampleFromTheFarFutureIsRefusedAlone(t *testing.T) {
 		return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
 	}
 	now := time.Now()
-	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b")), batch(1, now.Add(2*time.Hour), 1, 9), batch(2, now, 2, 3)); err != nil {
+	// And one before 1970 (its time delta overflowed the series' encoding).
+	if err := f.run(t, hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c")), batch(1, now.Add(2*time.Hour), 1, 9), batch(2, now, 2, 3),
+		batch(3, time.UnixMilli(-1<<62), 3, 7)); err != nil {
 		t.Fatal(err)
 	}
 	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
-	if len(v) != 1 || len(v[0].Pods) != 2 || v[0].Pods[0].Fresh || v[0].Pods[1].Values["waiting"] != 3 {
-		t.Fatalf("store = %+v: want a with no sample, b's kept", v)
+	if len(v) != 1 || len(v[0].Pods) != 3 || v[0].Pods[0].Fresh || v[0].Pods[1].Values["waiting"] != 3 || v[0].Pods[2].Fresh {
+		t.Fatalf("store = %+v: want a and c with no sample, b's kept", v)
 	}
-	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_time")); got != 1 {
-		t.Fatalf("rejected bad_time = %v, want 1", got)
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_time")); got != 2 {
+		t.Fatalf("rejected bad_time = %v, want 2", got)
+	}
+}
+
+// TestExtraValuesThatDoNotMatchAreDroppedAlone: one pod's sample with more
+// extra values than the hello named ended the stream, every other pod's
+// sample of the batch lost with it, though the batch decoded (the two ends
+// still agreed). Now that sample's extra values alone are dropped
+// (bad_extra), shown on the pod.
+func TestExtraValuesThatDoNotMatchAreDroppedAlone(t *testing.T) {
+	f := newFixture(t)
+	h := hello()
+	h.GetHello().ExtraMetrics = []string{"vllm:extra"}
+	enc := wire.NewEncoder()
+	b := &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: time.Now().UnixMilli()}
+	for i, extra := range [][]float64{{1, 2}, {5}} {
+		s := wire.Sample{Pod: uint32(i + 1), Extra: extra}
+		s.Values.Set(metric.Waiting, float64(4-i))
+		enc.Append(b, &s)
+	}
+	if err := f.run(t, h, catalogue(pod(1, "a"), pod(2, "b")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
+		t.Fatalf("one pod's extra values past the hello's: %v, want the stream on", err)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+	if len(v) != 1 || len(v[0].Pods) != 2 {
+		t.Fatalf("store = %+v, want pods a and b", v)
+	}
+	a, bp := v[0].Pods[0], v[0].Pods[1]
+	if a.Values["waiting"] != 4 || !strings.Contains(a.Rejected, "2 extra values for 1 extra metrics") || bp.Values["waiting"] != 3 {
+		t.Fatalf("pods = %+v, %+v: want a's waiting kept and its extra values refused, b's sample whole", a, bp)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_extra")); got != 1 {
+		t.Fatalf("rejected bad_extra = %v, want 1", got)
+	}
+}
+
+// TestSamplesOfARefusedEntryAreNotCountedAgain: an entry refused once had
+// every later sample of its pod counted unknown_pod, a steady rate that
+// read as the store losing pods. Its refusal is counted once.
+func TestSamplesOfARefusedEntryAreNotCountedAgain(t *testing.T) {
+	f := newFixture(t)
+	enc := wire.NewEncoder()
+	var msgs []*pulsev1.AgentMessage
+	for seq := range uint64(3) {
+		b := &pulsev1.SampleBatch{Seq: seq + 1, TimeUnixMs: time.Now().UnixMilli()}
+		for id := range uint32(2) {
+			s := wire.Sample{Pod: id + 1}
+			s.Values.Set(metric.Waiting, 1)
+			enc.Append(b, &s)
+		}
+		msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
+	}
+	if err := f.run(t, append([]*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), &pulsev1.Pod{Id: 2})}, msgs...)...); err != nil {
+		t.Fatal(err)
+	}
+	invalid := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_entry"))
+	unknown := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod"))
+	if invalid != 1 || unknown != 0 {
+		t.Fatalf("rejected invalid_entry = %v, unknown_pod = %v after three batches: want 1 and 0", invalid, unknown)
 	}
 }
