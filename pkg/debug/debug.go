@@ -23,11 +23,11 @@ import (
 	"math"
 	"net/http"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -44,7 +44,7 @@ type Handler struct {
 	// served.
 	Provisioning ProvisioningSource
 
-	answers answerSlots
+	answers slots.Slots
 }
 
 // InFlight bounds the debug answers under way, and InFlightPerNamespace
@@ -58,42 +58,6 @@ const (
 	InFlight             = 4
 	InFlightPerNamespace = 1
 )
-
-// answerSlots counts the answers under way, in all and per namespace.
-type answerSlots struct {
-	mu  sync.Mutex
-	all int
-	ns  map[string]int
-}
-
-// take takes a slot of all and, for a namespace's path (ns not empty), one
-// of ns's; false when either is full.
-func (s *answerSlots) take(ns string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.all >= InFlight || ns != "" && s.ns[ns] >= InFlightPerNamespace {
-		return false
-	}
-	s.all++
-	if ns != "" {
-		if s.ns == nil {
-			s.ns = map[string]int{}
-		}
-		s.ns[ns]++
-	}
-	return true
-}
-
-func (s *answerSlots) give(ns string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.all--
-	if ns != "" {
-		if s.ns[ns]--; s.ns[ns] == 0 {
-			delete(s.ns, ns)
-		}
-	}
-}
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
 type TriggerSource interface {
@@ -127,11 +91,11 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		ns := r.PathValue("namespace")
-		if !h.answers.take(ns) {
+		if !h.answers.Take(ns, InFlight, InFlightPerNamespace) {
 			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one): try again", InFlight, InFlightPerNamespace, ns), http.StatusServiceUnavailable)
 			return
 		}
-		defer h.answers.give(ns)
+		defer h.answers.Give(ns)
 		next(w, r)
 	}
 }

@@ -602,3 +602,61 @@ func TestClaimsMetaKeepsWhatClaimsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestANodesTokenHoldsFewStreams: a token leaked from a node's agent
+// opened streams without bound, each with its decoders' state. One node's
+// token holds at most maxStreamsPerNode open; the next is refused
+// (ResourceExhausted) and counted, another node's are not, and a stream
+// that ends gives its place back.
+func TestANodesTokenHoldsFewStreams(t *testing.T) {
+	f := newFixtureWith(t, runningReviewer(t, fakeAPI()))
+	open := func(token string) (pulsev1.Ingest_ReportClient, context.CancelFunc) {
+		ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token))
+		s, err := f.client.Report(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(hello()); err == nil {
+			_, err = s.Recv() // the welcome, or the refusal
+			if err != nil {
+				cancel()
+				return nil, func() {}
+			}
+		}
+		return s, cancel
+	}
+	var cancels []context.CancelFunc
+	for range maxStreamsPerNode {
+		s, cancel := open("token-node-1")
+		if s == nil {
+			t.Fatal("a stream within the node's limit was refused")
+		}
+		cancels = append(cancels, cancel)
+	}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	if err := f.runAs(t, "token-node-1", hello()); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a stream past the node's %d: %v, want ResourceExhausted", maxStreamsPerNode, err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("node_streams")); got != 1 {
+		t.Fatalf("rejected node_streams = %v, want 1", got)
+	}
+	h2 := hello()
+	h2.GetHello().Node = "node-2"
+	if err := f.runAs(t, "token-node-2", h2); err != nil {
+		t.Fatalf("another node's stream: %v", err)
+	}
+	cancels[0]()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		err := f.runAs(t, "token-node-1", hello())
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
+			t.Fatalf("a stream after one of the node's ended: %v", err)
+		}
+	}
+}

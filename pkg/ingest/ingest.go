@@ -23,6 +23,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -58,7 +59,17 @@ type Server struct {
 	auth    Authenticator // nil: streams are not authenticated (static/demo mode)
 	onHist  func()
 	sawHist atomic.Bool
+
+	nodes slots.Slots // open streams by the node their token is bound to
 }
+
+// maxStreamsPerNode: the agent streams one node's token may hold open at
+// once. An agent holds one, and one or two more while it reconnects before
+// the old one's end is noticed (the server's keepalive ends a dead
+// connection within a minute); past it a stream is refused
+// (ResourceExhausted, node_streams): a token leaked from a node's agent
+// opened streams without bound, each with its decoders' state.
+const maxStreamsPerNode = 4
 
 var _ pulsev1.IngestServer = (*Server)(nil)
 
@@ -71,7 +82,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -184,6 +195,13 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	boundNode, tokenExpires, err := s.authenticate(stream.Context())
 	if err != nil {
 		return err
+	}
+	if boundNode != "" {
+		if !s.nodes.Take(boundNode, 0, maxStreamsPerNode) {
+			s.m.rejected.WithLabelValues("node_streams").Inc()
+			return status.Errorf(codes.ResourceExhausted, "node %s's agent token holds %d streams open, the most it may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
+		}
+		defer s.nodes.Give(boundNode)
 	}
 	hello, err := s.hello(stream, boundNode)
 	if err != nil {

@@ -154,6 +154,7 @@ pulse_aggregator_rejected_reports_total{reason="invalid_hello"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
 pulse_aggregator_rejected_reports_total{reason="message"} 0
 pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
+pulse_aggregator_rejected_reports_total{reason="node_streams"} 0
 pulse_aggregator_rejected_reports_total{reason="other_node"} 0
 pulse_aggregator_rejected_reports_total{reason="store_full"} 0
 pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
