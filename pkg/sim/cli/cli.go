@@ -175,7 +175,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	}
 	c.Defaults()
 	c.HPA.ConfigurableTolerance = o.ConfigTolerance
-	c.Pipelines = splitList(o.Pipelines)
+	c.Pipelines = splitPipelines(o.Pipelines)
 	if o.References {
 		if len(c.Pipelines) == 0 {
 			if c.Pipelines, _, err = sim.Expressible(so); err != nil {
@@ -185,6 +185,22 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 		c.Pipelines = append(c.Pipelines, bench.References(so, bench.DefaultSweep())...)
 	}
 	return c, nil
+}
+
+// splitPipelines splits a list of pipelines at its commas, but for those
+// within one pipeline's parameters ("clairvoyant:utilisation=1,window=10s"
+// is one pipeline): a part of the form key=value with no pipeline's name
+// before it goes with the pipeline before it.
+func splitPipelines(s string) []string {
+	var out []string
+	for _, p := range splitList(s) {
+		if n := len(out); n > 0 && strings.Contains(out[n-1], ":") && strings.Contains(p, "=") && !strings.Contains(p, ":") {
+			out[n-1] += "," + p
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 func splitList(s string) []string {

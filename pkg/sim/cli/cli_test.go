@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -318,5 +319,22 @@ func TestWindowLimitIsTheAggregators(t *testing.T) {
 	}
 	if code, _, errs := main(t, append(args, "--max-window", "5m")...); code != 0 {
 		t.Fatalf("window 2m with --max-window 5m: exit %d, %s", code, errs)
+	}
+}
+
+// TestAPipelinesParametersAreOnePipeline: --pipelines is comma-separated,
+// and so are a clairvoyant or hindsight plan's parameters, as the flag's
+// help writes them; "clairvoyant:utilisation=1,window=10s" was refused as
+// a pipeline named "window=10s".
+func TestAPipelinesParametersAreOnePipeline(t *testing.T) {
+	got := splitPipelines("pulse, clairvoyant:utilisation=1,window=10s,hold=5m,static:2,hindsight:window=1m,utilisation=0.9")
+	want := []string{"pulse", "clairvoyant:utilisation=1,window=10s,hold=5m", "static:2", "hindsight:window=1m,utilisation=0.9"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("split %q, want %q", got, want)
+	}
+	code, out, errs := main(t, "--trace", "steps:rates=2/4,step=4m", "--scaledobject", seedSO,
+		"--pipelines", "clairvoyant:utilisation=1,window=10s", "--out", t.TempDir())
+	if code != 0 || !strings.Contains(out, "clairvoyant:utilisation=1,window=10s") {
+		t.Fatalf("a clairvoyant plan with two parameters: exit %d: %s%s", code, out, errs)
 	}
 }
