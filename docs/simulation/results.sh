@@ -66,6 +66,8 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout-drain-2.yaml --out docs/simulation/heldout-drain-2 | tail -1 > "$out/heldout-drain-2.txt"
 # Written before the regret was counted of replicas gone (docs/planner.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-next.yaml --out docs/simulation/heldout-next | tail -1 > "$out/heldout-next.txt"
+# Written before the HPA's tolerance was taken into the plan (docs/planner.md, "Measured").
+"$sim" bench --suite docs/simulation/heldout-tolerance.yaml --out docs/simulation/heldout-tolerance | tail -1 > "$out/heldout-tolerance.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
 # The benchmark suite's planner cases on a default 1.33 HPA (the
