@@ -188,3 +188,72 @@ func TestOneNamespaceHoldsHalfTheScrapeSlots(t *testing.T) {
 		t.Fatalf("after every release: %d namespaces, %d users, %d slots held", len(s.ns), len(s.users), len(s.any))
 	}
 }
+
+// deafAggregator welcomes a stream and then reads nothing more: the
+// stream's flow-control window fills, and the agent's Send blocks.
+type deafAggregator struct {
+	pulsev1.UnimplementedIngestServer
+}
+
+func (deafAggregator) Report(stream pulsev1.Ingest_ReportServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{}}}); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+// TestADeafAggregatorEndsTheStream: the ack deadline was checked after each
+// Send returned, and a replica that stops reading (its handler stuck in a
+// lookup) fills the stream's window within seconds: Send blocked until
+// the stream ended, which nothing did, and the agent stayed on that
+// replica for ever. The deadline now runs beside the sends.
+func TestADeafAggregatorEndsTheStream(t *testing.T) {
+	defer func(d time.Duration) { ackDeadline = d }(ackDeadline)
+	ackDeadline = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	pulsev1.RegisterIngestServer(g, deafAggregator{})
+	go func() { _ = g.Serve(ln) }()
+	defer g.Stop()
+	a := newIdleAgent(t)
+	var targets []discovery.Target
+	for i := range 200 {
+		targets = append(targets, discovery.Target{UID: fmt.Sprint("u", i), Namespace: "ns", Pod: fmt.Sprint("p", i), Ready: true,
+			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
+	}
+	a.SetTargets(targets)
+	s := newStreamer(a, ln.Addr().String(), "")
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // 200 pods' errors every 20 ms: tens of KB a batch
+		for ctx.Err() == nil {
+			for i := range 200 {
+				s.offer(result{uid: fmt.Sprint("u", i), timeMs: time.Now().UnixMilli(), missing: pulsev1.MissingReason_MISSING_REASON_CONNECT,
+					err: fmt.Sprintf("dial tcp 10.0.0.%d:8000: connect: connection refused %d %s", i, time.Now().UnixNano(), strings.Repeat("x", 150))})
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- s.session(ctx, pulsev1.NewIngestClient(conn)) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no batch acknowledged") {
+			t.Fatalf("the session ended with %v, want no batch acknowledged", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the session never ended: a Send blocked on a replica that reads nothing")
+	}
+}

@@ -166,10 +166,9 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	if err != nil {
 		return err
 	}
-	var acked atomic.Uint64 // the last batch acknowledged
+	var acked, sent atomic.Uint64 // the last batch acknowledged, and handed to Send
 	go s.readAcks(stream, cancel, &acked)
-	var unackedSince time.Time // the first batch sent after the last ack seen (zero: none)
-	var ackSeen uint64
+	go watchAcks(ctx, cancel, &sent, &acked)
 
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
@@ -185,23 +184,15 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			seq++
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
+			sent.Store(seq)
 			if err := stream.Send(msg); err != nil {
+				if ctx.Err() != nil { // watchAcks, readAcks or the agent ended it
+					return context.Cause(ctx)
+				}
 				return fmt.Errorf("send batch: %w", err)
 			}
 			s.agent.m.batches.WithLabelValues(s.addr).Inc()
 			s.agent.m.bytes.WithLabelValues(s.addr).Add(float64(proto.Size(msg)))
-			// An aggregator that takes batches and acknowledges none (a
-			// handler stuck; gRPC's transport still answers the
-			// keepalives) held the stream for ever: past ackDeadline
-			// without an ack of batches sent, the stream is dead.
-			if a := acked.Load(); a != ackSeen {
-				ackSeen, unackedSince = a, time.Time{}
-			}
-			if unackedSince.IsZero() {
-				unackedSince = time.Now()
-			} else if time.Since(unackedSince) > ackDeadline {
-				return fmt.Errorf("no batch acknowledged in %s: the aggregator takes no more", ackDeadline)
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -212,6 +203,29 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			if !sleep(ctx, s.agent.opts.BatchDelay) {
 				return context.Cause(ctx)
 			}
+		}
+	}
+}
+
+// watchAcks ends the session when batches sent wait past ackDeadline for
+// an ack. An aggregator that takes batches and acknowledges none (a handler
+// stuck; gRPC's transport still answers the keepalives) held the stream
+// for ever; one that stops reading altogether fills the stream's flow
+// control window, and Send then blocks until the stream's context ends:
+// so the watch runs beside the sends, not after them.
+func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked *atomic.Uint64) {
+	var waiting time.Time // since when sent batches wait with no ack come (zero: none waits)
+	var last uint64       // the ack last seen
+	for sleep(ctx, ackDeadline/4) {
+		a := acked.Load()
+		switch {
+		case a != last || sent.Load() <= a:
+			last, waiting = a, time.Time{}
+		case waiting.IsZero():
+			waiting = time.Now()
+		case time.Since(waiting) > ackDeadline:
+			cancel(fmt.Errorf("no batch acknowledged in %s: the aggregator takes no more", ackDeadline))
+			return
 		}
 	}
 }

@@ -660,3 +660,47 @@ func TestANodesTokenHoldsFewStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusedHeldEntryKeepsTheDecoderInStep: a pod held, listed again
+// with the same uid and refused (here a workload its labels do not give
+// it), had its decoder state forgotten while the agent's encoder, which
+// forgets only a pod removed or replaced, kept its own: the next batch
+// did not decode and ended the node's stream, every other pod's sample
+// with it. The decoder now forgets as the encoder does.
+func TestARefusedHeldEntryKeepsTheDecoderInStep(t *testing.T) {
+	c := fakeAPI()
+	second := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "second", Namespace: "ns", UID: "uid-second",
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, runningReviewer(t, c))
+	entry := func(id uint32, name, workload string) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: id, Uid: "uid-" + name, Namespace: "ns", Name: name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: workload}}}
+	}
+	enc := wire.NewEncoder() // one for the stream, as the agent's
+	batch := func(seq uint64, waiting float64) *pulsev1.AgentMessage {
+		b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: time.Now().Add(time.Duration(seq) * time.Second).UnixMilli()}
+		for id := range uint32(2) {
+			s := wire.Sample{Pod: id + 1}
+			s.Values.Set(metric.Waiting, waiting+float64(id))
+			enc.Append(b, &s)
+		}
+		return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+	}
+	msgs := []*pulsev1.AgentMessage{hello(), catalogue(entry(1, "mine", "llama"), entry(2, "second", "llama")), batch(1, 3)}
+	msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{ // what changed, as the agent sends it
+		Upsert: []*pulsev1.Pod{entry(1, "mine", "other")}}}}) // the same uid, refused
+	msgs = append(msgs, batch(2, 7))
+	if err := f.runAs(t, "token-node-1", msgs...); err != nil {
+		t.Fatalf("a held entry refused, then a batch: %v, want the stream on", err)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("workload_claim")); got != 1 {
+		t.Fatalf("rejected workload_claim = %v, want 1", got)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute, Window: time.Second})
+	if len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "second" || v[0].Pods[0].Values["waiting"] != 8 {
+		t.Fatalf("store = %+v (pods %+v): want the second pod's second sample (8), the refused pod gone", v, v[0].Pods)
+	}
+}

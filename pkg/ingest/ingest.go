@@ -566,7 +566,13 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 		removed = append(removed, old)
 		delete(st.ids, p.Id)
 		delete(st.names, p.Id)
-		st.dec.Forget(p.Id)
+		// The agent's encoder forgets a pod only removed or replaced (a
+		// new uid): the decoder does the same, or the next batch with
+		// this id does not decode and ends the stream. Its samples are
+		// decoded and dropped while it is refused.
+		if old != p.Uid {
+			st.dec.Forget(p.Id)
+		}
 	}
 	delete(st.pending, p.Id)
 	st.rejected[p.Id] = true
