@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,6 +66,9 @@ type Kube struct {
 	opts    KubeOptions
 	lister  listersv1.PodLister
 	changed chan struct{}
+
+	mu     sync.Mutex
+	warned map[string]string // the error each pod not scraped was last logged with, by uid
 }
 
 // NewKube returns node-local discovery.
@@ -123,14 +127,23 @@ func (k *Kube) Targets() []Target {
 		return nil
 	}
 	out := make([]Target, 0, len(pods))
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	bad := make(map[string]string)
 	for _, p := range pods {
 		ts, err := TargetsOf(p, k.opts.Node, k.opts.Selector)
 		if err != nil {
-			k.opts.Log.Warn("pod not scraped", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
+			// Logged when it is new or changes: Targets runs at every pod
+			// event of the node, and a bad pod was logged at each.
+			uid := string(p.UID)
+			if bad[uid] = err.Error(); k.warned[uid] != bad[uid] {
+				k.opts.Log.Warn("pod not scraped", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
+			}
 			continue
 		}
 		out = append(out, ts...)
 	}
+	k.warned = bad
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,9 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/fakenode"
+	"github.com/pulse-io/pulse/test/syncbuf"
 )
 
 func kaitoPod(name, node string, ready bool) *corev1.Pod {
@@ -280,4 +284,41 @@ func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("a deleted", "")
+}
+
+// TestABadPodIsLoggedOnceAState: the targets are listed again at every pod
+// event of the node, and a pod not scraped was logged at each (a
+// crash-looping neighbour flooded the log): it is logged when its error is
+// new or changes.
+func TestABadPodIsLoggedOnceAState(t *testing.T) {
+	var logs syncbuf.Buffer
+	sel, _ := ParseSelector(DefaultSelector)
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	k := NewKube(KubeOptions{Node: "node-1", Selector: sel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	k.lister = listersv1.NewPodLister(idx)
+	bad := kaitoPod("bad", "node-1", true)
+	bad.Annotations = map[string]string{AnnotationPort: "http"}
+	for _, p := range []*corev1.Pod{kaitoPod("good", "node-1", true), bad} {
+		if err := idx.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		if ts := k.Targets(); len(ts) != 1 {
+			t.Fatalf("targets %+v, want the good pod", ts)
+		}
+	}
+	if n := strings.Count(logs.String(), "pod not scraped"); n != 1 {
+		t.Fatalf("the bad pod logged %d times over five listings, want once:\n%s", n, logs.String())
+	}
+	bad = bad.DeepCopy()
+	bad.Annotations[AnnotationPort] = "99999"
+	if err := idx.Update(bad); err != nil {
+		t.Fatal(err)
+	}
+	k.Targets()
+	k.Targets()
+	if n := strings.Count(logs.String(), "pod not scraped"); n != 2 {
+		t.Fatalf("the bad pod with another error logged %d times in all, want twice", n)
+	}
 }
