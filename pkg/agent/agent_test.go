@@ -329,7 +329,7 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	for range largeSlots {
 		<-held // each has written past smallPage
 	}
-	for len(sc.large) < largeSlots { // each has read past smallPage and takes its slot
+	for len(sc.large.all) < largeSlots { // each has read past smallPage and takes its slot
 		time.Sleep(time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -372,10 +372,10 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	for range largeSlots {
 		<-held // each has written past smallPage
 	}
-	for len(sc.large) < 1 {
+	for len(sc.large.all) < 1 {
 		time.Sleep(time.Millisecond)
 	}
-	if n := len(sc.large); n != 1 {
+	if n := len(sc.large.all); n != 1 {
 		t.Fatalf("namespace a holds %d large reads, want 1", n)
 	}
 	bctx, bcancel := context.WithTimeout(withTenant(context.Background(), "b"), 5*time.Second)
@@ -383,8 +383,8 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	if _, err := sc.Scrape(bctx, srv.URL+"/big", nil, nil); err != nil {
 		t.Fatalf("namespace b's large page beside namespace a's held reads: %v", err)
 	}
-	for range cap(sc.parses) {
-		sc.parses <- struct{}{}
+	for range cap(sc.parses.all) {
+		sc.parses.all <- struct{}{}
 	}
 	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "b"), 200*time.Millisecond)
 	defer cancel()
@@ -392,15 +392,15 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(err), "waiting to parse") {
 		t.Fatalf("a scrape with every parse slot taken: %v, want a timeout waiting to parse", err)
 	}
-	for range cap(sc.parses) {
-		<-sc.parses
+	for range cap(sc.parses.all) {
+		<-sc.parses.all
 	}
 	unblock()
 	wg.Wait()
-	sc.largeMu.Lock()
-	defer sc.largeMu.Unlock()
-	if len(sc.largeBy) != 0 || len(sc.large) != 0 {
-		t.Fatalf("after the reads: %d tenants' slots and %d large reads held, want none", len(sc.largeBy), len(sc.large))
+	sc.large.mu.Lock()
+	defer sc.large.mu.Unlock()
+	if len(sc.large.by) != 0 || len(sc.large.all) != 0 {
+		t.Fatalf("after the reads: %d tenants' slots and %d large reads held, want none", len(sc.large.by), len(sc.large.all))
 	}
 }
 
@@ -466,5 +466,44 @@ func TestAggregatorCAIsReadAtEachHandshake(t *testing.T) {
 	testpki.Write(t, dir, map[string][]byte{"ca.crt": append(second.PEM, '\n')}, "ca.crt")
 	if err := dial(serve(second), "localhost"); err != nil {
 		t.Fatalf("the renewed CA: %v", err)
+	}
+}
+
+// TestOneTenantParsesHalfThePagesAtOnce: the parse slots were shared with
+// no bound a namespace, so one namespace's pages just under the large-read
+// size (some 30 ms of parsing each) held them all, and other tenants'
+// scrapes timed out waiting to parse. A namespace parses at most half the
+// pages at once: with its half held, its next waits and another's parses.
+func TestOneTenantParsesHalfThePagesAtOnce(t *testing.T) {
+	if s := newParseSlots(1); cap(s.all) != 2 || s.per != 1 {
+		t.Fatalf("on one CPU: %d parses, %d a namespace; want 2 and 1", cap(s.all), s.per)
+	}
+	if s := newParseSlots(8); cap(s.all) != 8 || s.per != 4 {
+		t.Fatalf("on eight CPUs: %d parses, %d a namespace; want 8 and 4", cap(s.all), s.per)
+	}
+	sc := newScraper(t, 1<<20)
+	srv := httptest.NewServer(vllmsim.New(vllmsim.Options{Engines: 1}).Handler())
+	defer srv.Close()
+	a := withTenant(context.Background(), "a")
+	var releases []func()
+	for range sc.parses.per {
+		release, ok := sc.parses.take(a)
+		if !ok {
+			t.Fatal("namespace a's own share of the parses refused")
+		}
+		releases = append(releases, release)
+	}
+	actx, acancel := context.WithTimeout(a, 200*time.Millisecond)
+	defer acancel()
+	if _, err := sc.Scrape(actx, srv.URL+"/metrics", nil, nil); !strings.Contains(fmt.Sprint(err), "waiting to parse") {
+		t.Fatalf("namespace a past its half of the parses: %v, want a timeout waiting to parse", err)
+	}
+	bctx, bcancel := context.WithTimeout(withTenant(context.Background(), "b"), 5*time.Second)
+	defer bcancel()
+	if _, err := sc.Scrape(bctx, srv.URL+"/metrics", nil, nil); err != nil {
+		t.Fatalf("namespace b's page beside namespace a's parses: %v", err)
+	}
+	for _, r := range releases {
+		r()
 	}
 }

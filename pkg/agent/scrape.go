@@ -71,20 +71,33 @@ type httpScraper struct {
 	client    *http.Client
 	extractor *vllm.Extractor
 	maxBytes  int64
-	large     chan struct{} // largeSlots: the reads of pages over smallPage
-	// largeBy: each tenant's one large read at a time (only tenants with
-	// a read waiting or under way have an entry).
-	largeMu sync.Mutex
-	largeBy map[string]*tenantSlot
-	// parses: the pages parsed at once. Parsing is CPU's work, and a
-	// parsed page takes some ten times its bytes: the pages in flight
-	// are bounded, their parses are bounded too.
-	parses chan struct{}
+	// large: the reads of pages over smallPage, largeSlots at once and
+	// one a tenant.
+	large *tenantSlots
+	// parses: the pages parsed at once, and half of them a tenant's.
+	// Parsing is CPU's work, and a parsed page takes some ten times its
+	// bytes: the pages in flight are bounded, their parses are bounded
+	// too, and one namespace's pages just under smallPage (some 30 ms of
+	// parsing each) cannot take every parse.
+	parses *tenantSlots
+}
+
+// tenantSlots bounds what is under way in all (all's capacity) and of each
+// tenant (per): a tenant past its own waits while another's goes.
+type tenantSlots struct {
+	all chan struct{}
+	per int
+	mu  sync.Mutex
+	by  map[string]*tenantSlot // only tenants with one waiting or under way
 }
 
 type tenantSlot struct {
-	ch    chan struct{} // capacity 1
+	ch    chan struct{} // capacity per
 	users int
+}
+
+func newTenantSlots(all, per int) *tenantSlots {
+	return &tenantSlots{all: make(chan struct{}, all), per: per, by: map[string]*tenantSlot{}}
 }
 
 // tenantKey carries the scrape's tenant (the pod's namespace) in its
@@ -113,35 +126,42 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	// agent's environment names.
 	tr.Proxy = nil
 	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes,
-		large: make(chan struct{}, largeSlots), largeBy: map[string]*tenantSlot{}, parses: make(chan struct{}, max(runtime.GOMAXPROCS(0), 2))}
+		large: newTenantSlots(largeSlots, 1), parses: newParseSlots(runtime.GOMAXPROCS(0))}
 }
 
-// takeLarge waits for a large read: the tenant's own (one at a time; a
-// scrape with no tenant has none), then one of largeSlots.
-func (s *httpScraper) takeLarge(ctx context.Context) (release func(), ok bool) {
+// newParseSlots: max(procs, 2) parses at once, half of them (at least one)
+// a tenant's.
+func newParseSlots(procs int) *tenantSlots {
+	n := max(procs, 2)
+	return newTenantSlots(n, max(n/2, 1))
+}
+
+// take waits for a slot: the scrape's tenant's own (a scrape with no
+// tenant has none), then one of all.
+func (t *tenantSlots) take(ctx context.Context) (release func(), ok bool) {
 	tenant, _ := ctx.Value(tenantKey{}).(string)
 	if tenant == "" {
 		select {
-		case s.large <- struct{}{}:
-			return func() { <-s.large }, true
+		case t.all <- struct{}{}:
+			return func() { <-t.all }, true
 		case <-ctx.Done():
 			return nil, false
 		}
 	}
-	s.largeMu.Lock()
-	ts := s.largeBy[tenant]
+	t.mu.Lock()
+	ts := t.by[tenant]
 	if ts == nil {
-		ts = &tenantSlot{ch: make(chan struct{}, 1)}
-		s.largeBy[tenant] = ts
+		ts = &tenantSlot{ch: make(chan struct{}, t.per)}
+		t.by[tenant] = ts
 	}
 	ts.users++
-	s.largeMu.Unlock()
+	t.mu.Unlock()
 	leave := func() {
-		s.largeMu.Lock()
+		t.mu.Lock()
 		if ts.users--; ts.users == 0 {
-			delete(s.largeBy, tenant)
+			delete(t.by, tenant)
 		}
-		s.largeMu.Unlock()
+		t.mu.Unlock()
 	}
 	select {
 	case ts.ch <- struct{}{}:
@@ -150,13 +170,13 @@ func (s *httpScraper) takeLarge(ctx context.Context) (release func(), ok bool) {
 		return nil, false
 	}
 	select {
-	case s.large <- struct{}{}:
+	case t.all <- struct{}{}:
 	case <-ctx.Done():
 		<-ts.ch
 		leave()
 		return nil, false
 	}
-	return func() { <-s.large; <-ts.ch; leave() }, true
+	return func() { <-t.all; <-ts.ch; leave() }, true
 }
 
 // maxResponseHeaderBytes bounds a page's response headers.
@@ -275,7 +295,7 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		return classify(ctx, url, err)
 	}
 	if int64(buf.Len()) > first && s.maxBytes > smallPage {
-		release, ok := s.takeLarge(ctx)
+		release, ok := s.large.take(ctx)
 		if !ok {
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once, one a namespace)", url, smallPage, largeSlots)}
 		}
@@ -287,12 +307,11 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	if int64(buf.Len()) > s.maxBytes {
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
 	}
-	select {
-	case s.parses <- struct{}{}:
-	case <-ctx.Done():
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once)", url, cap(s.parses))}
+	release, ok := s.parses.take(ctx)
+	if !ok {
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once, %d a namespace)", url, cap(s.parses.all), s.parses.per)}
 	}
-	defer func() { <-s.parses }()
+	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
 }
