@@ -274,13 +274,14 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	// Alone, a namespace takes the pass, until another's stream waits
 	// (looked at every yieldEvery evaluations past its fair share: the
 	// rest of the pass then waits for the next, as below).
-	if severalNamespaces(b) {
+	several := severalNamespaces(b)
+	if several {
 		b = sh.fairShares(b)
 	}
 	if len(sh.later) > 0 {
 		sh.signal()
 	}
-	alone, tenant := len(b) > 0 && !severalNamespaces(b), ""
+	alone, tenant := len(b) > 0 && !several, ""
 	if alone {
 		tenant = b[0].tenant
 	}
