@@ -42,10 +42,3 @@ func (s *Slots) Give(key string) {
 		}
 	}
 }
-
-// Len is the slots taken, in all and of key.
-func (s *Slots) Len(key string) (all, ofKey int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.all, s.keys[key]
-}
