@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -194,7 +193,7 @@ func (a *Aggregator) listen() error {
 	}
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
-	a.ingestLn = netutil.LimitListener(a.ingestLn, s.MaxIngestConnections)
+	a.ingestLn = newLimitListener(a.ingestLn, s.MaxIngestConnections)
 	return nil
 }
 

@@ -1,0 +1,79 @@
+package aggregator
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// limitListener accepts at most n connections at once, as
+// golang.org/x/net/netutil.LimitListener does (past n, Accept waits for
+// one to close; Close ends the wait). Unlike it, a plain TCP connection
+// keeps its read buffer pooled: gRPC (v1.84 on) reads a connection that is
+// a *net.TCPConn, or that has a ReadOnReady method, into a buffer it takes
+// from a pool only once the socket is readable and returns once the bytes
+// are consumed. Any other connection, netutil's wrapper included, gets a
+// 4 KiB buffer (grpc.ReadBufferSize) of its own for its life, most of it
+// idle: an agent's stream carries a few hundred bytes a second. So a TCP
+// connection's wrapper here has ReadOnReady, which reads as gRPC's own does
+// (google.golang.org/grpc/internal/transport/readyreader). A TLS
+// connection (the ingest port with TLS) is read through crypto/tls, which
+// has its own buffers, and is not affected.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	closeOnce sync.Once
+	done      chan struct{}
+	// readyReads counts ReadOnReady calls: the test that gRPC takes the
+	// pooled path reads it.
+	readyReads atomic.Int64
+}
+
+func newLimitListener(l net.Listener, n int) *limitListener {
+	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.done:
+		// Closed: the listener's own Accept fails at once. A connection it
+		// hands over all the same is closed (netutil does the same).
+		for {
+			c, err := l.Listener.Accept()
+			if err != nil {
+				return nil, err
+			}
+			_ = c.Close()
+		}
+	case l.sem <- struct{}{}:
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	lc := &limitConn{Conn: c, release: func() { <-l.sem }}
+	if rc := newReadyConn(lc, &l.readyReads); rc != nil {
+		return rc, nil
+	}
+	return lc, nil
+}
+
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.closeOnce.Do(func() { close(l.done) })
+	return err
+}
+
+// limitConn gives its slot back at its first Close.
+type limitConn struct {
+	net.Conn
+	releaseOnce sync.Once
+	release     func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.releaseOnce.Do(c.release)
+	return err
+}

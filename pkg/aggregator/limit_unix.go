@@ -1,0 +1,94 @@
+//go:build unix
+
+package aggregator
+
+import (
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+
+	"google.golang.org/grpc/mem"
+)
+
+// newReadyConn wraps a TCP connection of the limit so that gRPC reads it
+// into pooled buffers; nil for any other connection.
+func newReadyConn(lc *limitConn, reads *atomic.Int64) net.Conn {
+	tcp, ok := lc.Conn.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	rc := &readyConn{limitConn: lc, raw: raw, reads: reads}
+	rc.doRead = rc.read
+	return rc
+}
+
+// readyConn is a TCP connection of the limit that gRPC reads into pooled
+// buffers. Only gRPC's transport reader calls ReadOnReady, from one
+// goroutine, so the read's state lives in the struct (and doRead is bound
+// once): a read allocates nothing.
+type readyConn struct {
+	*limitConn
+	raw    syscall.RawConn
+	reads  *atomic.Int64
+	doRead func(fd uintptr) bool
+
+	pool mem.BufferPool
+	size int
+	buf  *[]byte
+	n    int
+	err  error
+}
+
+// ReadOnReady waits until the socket is readable, then takes a buffer of
+// size bytes from pool and reads into it. It returns the buffer (for the
+// caller to put back) and the bytes read; on an error or EOF no buffer.
+func (c *readyConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error) {
+	c.reads.Add(1)
+	c.pool, c.size, c.buf, c.n, c.err = pool, size, nil, 0, nil
+	err := c.raw.Read(c.doRead)
+	buf, n, rerr := c.buf, c.n, c.err
+	c.pool, c.buf, c.err = nil, nil, nil
+	switch {
+	case err != nil:
+		if buf != nil {
+			pool.Put(buf)
+		}
+		return nil, 0, err
+	case rerr != nil:
+		return nil, 0, rerr
+	case n == 0:
+		// read(2) returns 0 at the peer's close: io.Reader's EOF.
+		pool.Put(buf)
+		return nil, 0, io.EOF
+	}
+	return buf, n, nil
+}
+
+// read is the raw connection's read callback: false asks the poller to
+// wait until the socket is readable and call it again.
+func (c *readyConn) read(fd uintptr) bool {
+	c.buf = c.pool.Get(c.size)
+	for {
+		n, err := syscall.Read(int(fd), *c.buf)
+		switch err {
+		case nil:
+			c.n = n
+			return true
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			c.pool.Put(c.buf)
+			c.buf = nil
+			return false
+		}
+		c.pool.Put(c.buf)
+		c.buf = nil
+		c.err = err
+		return true
+	}
+}
