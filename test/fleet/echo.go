@@ -108,9 +108,10 @@ type echoer struct {
 	failed error     // the first failure; the echoer stops at it
 }
 
-// run dials addr and times a round trip every `every` until ctx ends. The
-// echo process starting may take a moment: the dial is retried for 10 s.
-func (e *echoer) run(ctx context.Context, addr string, every time.Duration) {
+// run dials addr and times a round trip every `every` until ctx ends,
+// but for the turns skip (nil: none) says are not its own. The echo
+// process starting may take a moment: the dial is retried for 10 s.
+func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip func() bool) {
 	c, err := dialRetry(ctx, addr, 10*time.Second)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -130,6 +131,9 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if skip != nil && skip() {
+			continue
 		}
 		start := time.Now()
 		if _, err := c.Write(out); err != nil {

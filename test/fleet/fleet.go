@@ -52,6 +52,7 @@ type fleet struct {
 	askConn     *grpc.ClientConn // the scenarios' own questions, apart from the ScaledObjects' connection
 	echo        *echoProc        // the machine's floor (--echo-every); nil: off
 	echoes      echoer
+	apart       atomic.Bool // the polls are made by the pollers' process apart, not here
 
 	mu         sync.Mutex
 	getMetrics []float64 // seconds, successful calls, since the last reset
@@ -201,6 +202,13 @@ type result struct {
 	HeapLiveBytes       float64 `json:"heapLiveBytes"`
 	HeapLiveBytesPerPod float64 `json:"heapLiveBytesPerPod"`
 	GetMetricsCount     int     `json:"getMetricsCount"`
+	// PollsApart: the polls were made and timed by a process apart from
+	// the harness's agents (--polls-apart, the default; apart.go), and
+	// GetMetrics* and Echo* are its; false: by the harness itself.
+	PollsApart bool `json:"pollsApart"`
+	// GetMetricsInHarness: the GetMetrics the harness itself timed in the
+	// measurement (none with the polls apart).
+	GetMetricsInHarness int     `json:"getMetricsInHarness"`
 	GetMetricsP50       float64 `json:"getMetricsP50Seconds"`
 	GetMetricsP99       float64 `json:"getMetricsP99Seconds"`
 	// GetMetricsServerP99: the p99 of the aggregator's GetMetrics handler,
@@ -429,8 +437,10 @@ func (f *fleet) measureFloor(ctx context.Context) error {
 	if f.echo, err = startEcho(f.agg.cpus, f.logPath("echo")); err != nil {
 		return err
 	}
+	// While the polls are apart, the pollers' process times the floor, as
+	// it times the answers.
 	f.wg.Add(1)
-	go func() { defer f.wg.Done(); f.echoes.run(ctx, f.echo.addr, f.o.echoEvery) }()
+	go func() { defer f.wg.Done(); f.echoes.run(ctx, f.echo.addr, f.o.echoEvery, f.apart.Load) }()
 	return nil
 }
 
@@ -519,6 +529,17 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var pollers *pollersProc
+	if f.o.pollsApart {
+		cfg := pollerConfig{Scaler: f.agg.scaler, Duration: f.o.duration, Objects: f.pollerObjects()}
+		if f.echo != nil {
+			cfg.Echo, cfg.EchoEvery = f.echo.addr, f.o.echoEvery
+		}
+		f.apart.Store(true)
+		if pollers, err = startPollers(f.harnessCPUs, f.logPath("pollers"), cfg); err != nil {
+			return nil, err
+		}
+	}
 	var soak *soakResult
 	f.logf("measuring for %s", f.o.duration)
 	if f.o.soakEvery > 0 {
@@ -527,6 +548,14 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		}
 	} else if !procs.Sleep(ctx, f.o.duration) {
 		return nil, ctx.Err()
+	}
+	var apart *pollerResult
+	if pollers != nil {
+		apart, err = pollers.wait(ctx)
+		f.apart.Store(false)
+		if err != nil {
+			return nil, err
+		}
 	}
 	el := time.Since(t0).Seconds()
 	h1, s1 := selfCPU(), f.sent.Load()
@@ -546,6 +575,19 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	gm, push, missed, rises := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed+f.unpushed(time.Now()), f.pushRises
 	f.mu.Unlock()
 	echoes, echoErr := f.echoes.take()
+	inHarness := len(gm)
+	if apart != nil {
+		gm, echoes, echoErr = apart.GetMetrics, apart.Echoes, nil
+		if apart.EchoError != "" {
+			echoErr = errors.New(apart.EchoError)
+		}
+		for kind, n := range apart.Errors {
+			for range n {
+				f.count(kind)
+			}
+		}
+		h1 += apart.CPUSeconds
+	}
 	if echoErr != nil {
 		f.mu.Lock()
 		f.errs["echo"]++
@@ -559,7 +601,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
+		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
 	f.derive(res, m0, m1)
 	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)

@@ -16,7 +16,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	if serveEchoIfAsked() { // the harness's echo process, started from this binary
+	if serveEchoIfAsked() || runPollersIfAsked() { // the harness's echo and pollers' processes, started from this binary
 		return
 	}
 	bin = os.Getenv("PULSE_FLEET_BIN")
@@ -107,6 +107,20 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 	}
 	if res.EchoCount == 0 || res.EchoP99 <= 0 {
 		t.Errorf("the machine's floor was not measured: %d echoes, p99 %v s", res.EchoCount, res.EchoP99)
+	}
+	if !res.PollsApart || res.GetMetricsInHarness > len(f.sos) {
+		t.Errorf("polls apart %v, %d GetMetrics timed in the harness: want them timed apart (at most one a ScaledObject under way as they moved)", res.PollsApart, res.GetMetricsInHarness)
+	}
+	noErrors(t, f)
+	// The same fleet with the polls made and timed in the harness, as
+	// before the pollers' process.
+	f.o.pollsApart, f.o.duration = false, 20*time.Second
+	if res, err = f.measure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if res.PollsApart || res.GetMetricsCount == 0 || res.GetMetricsInHarness != res.GetMetricsCount || res.EchoCount == 0 {
+		t.Errorf("polls in the harness: apart %v, %d GetMetrics (%d in the harness), %d echoes; want all of them timed here",
+			res.PollsApart, res.GetMetricsCount, res.GetMetricsInHarness, res.EchoCount)
 	}
 	noErrors(t, f)
 }

@@ -157,33 +157,54 @@ grpc_server_handling_seconds_count{grpc_method="IsActive",grpc_service="external
 	}
 }
 
-func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
-	serve := func(t *testing.T, handle func(net.Conn)) string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
-		if handle == nil {
-			go func() { _ = serveEcho(ln) }()
-		} else {
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go handle(c)
-				}
-			}()
-		}
-		return ln.Addr().String()
+// serveTest serves each connection with handle (nil: the echo) on a
+// loopback listener closed with the test; it returns the address.
+func serveTest(t *testing.T, handle func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = ln.Close() })
+	if handle == nil {
+		go func() { _ = serveEcho(ln) }()
+	} else {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go handle(c)
+			}
+		}()
+	}
+	return ln.Addr().String()
+}
+
+// echoChanged echoes each 32-byte message through change.
+func echoChanged(change func([]byte)) func(net.Conn) {
+	return func(c net.Conn) {
+		defer func() { _ = c.Close() }()
+		b := make([]byte, echoSize)
+		for {
+			if _, err := io.ReadFull(c, b); err != nil {
+				return
+			}
+			change(b)
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
+	serve := serveTest
 	t.Run("echo", func(t *testing.T) {
 		var e echoer
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { e.run(ctx, serve(t, nil), time.Millisecond); close(done) }()
+		go func() { e.run(ctx, serve(t, nil), time.Millisecond, nil); close(done) }()
 		deadline := time.Now().Add(10 * time.Second)
 		var got []float64
 		for len(got) < 20 && time.Now().Before(deadline) {
@@ -211,21 +232,9 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 		}
 	})
 	t.Run("wrong answer", func(t *testing.T) {
-		addr := serve(t, func(c net.Conn) {
-			defer func() { _ = c.Close() }()
-			b := make([]byte, echoSize)
-			for {
-				if _, err := io.ReadFull(c, b); err != nil {
-					return
-				}
-				b[0] = 'x'
-				if _, err := c.Write(b); err != nil {
-					return
-				}
-			}
-		})
+		addr := serve(t, echoChanged(func(b []byte) { b[0] = 'x' }))
 		var e echoer
-		e.run(t.Context(), addr, time.Millisecond) // returns at the first wrong answer
+		e.run(t.Context(), addr, time.Millisecond, nil) // returns at the first wrong answer
 		rtts, err := e.take()
 		if err == nil || !strings.Contains(err.Error(), "echo answered") {
 			t.Fatalf("err %v, want the wrong answer named", err)
@@ -234,6 +243,32 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("%d round trips kept from a wrong echo", len(rtts))
 		}
 	})
+}
+
+// TestEchoerSkipsTurnsNotItsOwn: while the polls are apart the harness's
+// echoer times nothing (the pollers' process times the floor).
+func TestEchoerSkipsTurnsNotItsOwn(t *testing.T) {
+	var served atomic.Int64
+	addr := serveTest(t, echoChanged(func([]byte) { served.Add(1) }))
+	var e echoer
+	var skip atomic.Bool
+	skip.Store(true)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { e.run(ctx, addr, time.Millisecond, skip.Load); close(done) }()
+	time.Sleep(100 * time.Millisecond) // a hundred turns, each skipped
+	if rtts, _ := e.take(); len(rtts) != 0 || served.Load() != 0 {
+		t.Fatalf("%d round trips timed, %d echoed while skipping, want none", len(rtts), served.Load())
+	}
+	skip.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); served.Load() < 5 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if rtts, err := e.take(); len(rtts) < 5 || err != nil {
+		t.Fatalf("once no longer skipping: %d round trips, %v; want them timed", len(rtts), err)
+	}
 }
 
 // TestMemoryLimitIsTheChartsGOMEMLIMIT: --memory-limit takes a Kubernetes

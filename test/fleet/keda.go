@@ -29,9 +29,7 @@ type scaledObject struct {
 	probe    bool
 	ref      *externalscaler.ScaledObjectRef
 	client   externalscaler.ExternalScalerClient
-
-	mu         sync.Mutex
-	metricName string
+	polls    *poller
 
 	activeOpens atomic.Int64 // StreamIsActive streams that delivered a first value
 	specOpens   atomic.Int64 // StreamMetricSpec streams that delivered the spec
@@ -55,8 +53,10 @@ func newScaledObject(f *fleet, idx, workload int, probe bool, conn *grpc.ClientC
 		// samples a window average needs.
 		md["aggregation"] = "max"
 	}
-	return &scaledObject{f: f, idx: idx, workload: workload, probe: probe, client: externalscaler.NewExternalScalerClient(conn),
+	s := &scaledObject{f: f, idx: idx, workload: workload, probe: probe, client: externalscaler.NewExternalScalerClient(conn),
 		ref: &externalscaler.ScaledObjectRef{Name: "so-" + workloadName(workload), Namespace: namespace, ScalerMetadata: md}}
+	s.polls = &poller{idx: idx, ref: s.ref, client: s.client, record: f.recordGetMetrics, fail: f.rpcError}
+	return s
 }
 
 // run holds the two streams and polls until ctx ends.
@@ -123,12 +123,47 @@ func (s *scaledObject) streamMetricSpec(ctx context.Context) error {
 	}
 }
 
-// poll asks as KEDA (GetMetricSpec → GetMetrics → IsActive every 30 s)
-// and the HPA (GetMetrics every 15 s) do, each at a random offset.
+// poll makes the ScaledObject's polls (poller.run) in the harness, except
+// while they are made by the pollers' process apart (f.apart): then it
+// keeps their schedule and makes none.
 func (s *scaledObject) poll(ctx context.Context) {
-	rng := rand.New(rand.NewPCG(uint64(s.idx), 7))
-	nextKEDA := time.Now().Add(time.Duration(rng.Int64N(int64(30 * time.Second))))
-	nextHPA := time.Now().Add(time.Duration(rng.Int64N(int64(15 * time.Second))))
+	s.polls.run(ctx, s.f.apart.Load)
+}
+
+// poller makes one ScaledObject's polls as KEDA (GetMetricSpec →
+// GetMetrics → IsActive every 30 s) and the HPA (GetMetrics every 15 s)
+// do, each at a random offset. The harness's ScaledObjects use it, and so
+// does the pollers' process apart (apart.go).
+type poller struct {
+	idx    int
+	ref    *externalscaler.ScaledObjectRef
+	client externalscaler.ExternalScalerClient
+	record func(time.Duration, error) // a GetMetrics made
+	fail   func(rpc string, err error)
+	// every: KEDA's and the HPA's periods; zero: theirs (the tests'
+	// shorter ones otherwise).
+	every [2]time.Duration
+
+	mu         sync.Mutex
+	metricName string
+}
+
+// KEDA's default pollingInterval and the HPA's sync period.
+const (
+	kedaPollEvery = 30 * time.Second
+	hpaPollEvery  = 15 * time.Second
+)
+
+// run polls until ctx ends; at each turn that skip (nil: never) says is
+// not the harness's to make, it makes none.
+func (p *poller) run(ctx context.Context, skip func() bool) {
+	kedaEvery, hpaEvery := kedaPollEvery, hpaPollEvery
+	if p.every[0] > 0 {
+		kedaEvery, hpaEvery = p.every[0], p.every[1]
+	}
+	rng := rand.New(rand.NewPCG(uint64(p.idx), 7))
+	nextKEDA := time.Now().Add(time.Duration(rng.Int64N(int64(kedaEvery))))
+	nextHPA := time.Now().Add(time.Duration(rng.Int64N(int64(hpaEvery))))
 	for {
 		next := nextHPA
 		if nextKEDA.Before(nextHPA) {
@@ -137,62 +172,73 @@ func (s *scaledObject) poll(ctx context.Context) {
 		if !procs.Sleep(ctx, time.Until(next)) {
 			return
 		}
-		if next.Equal(nextKEDA) {
-			nextKEDA = nextKEDA.Add(30 * time.Second)
-			s.kedaPoll(ctx)
+		kedas := next.Equal(nextKEDA)
+		if kedas {
+			nextKEDA = nextKEDA.Add(kedaEvery)
 		} else {
-			nextHPA = nextHPA.Add(15 * time.Second)
-			s.getMetrics(ctx)
+			nextHPA = nextHPA.Add(hpaEvery)
+		}
+		switch {
+		case skip != nil && skip():
+		case kedas:
+			p.kedaPoll(ctx)
+		default:
+			p.getMetrics(ctx)
 		}
 	}
 }
 
-func (s *scaledObject) kedaPoll(ctx context.Context) {
-	spec, err := s.client.GetMetricSpec(ctx, s.ref)
+func (p *poller) kedaPoll(ctx context.Context) {
+	spec, err := p.client.GetMetricSpec(ctx, p.ref)
 	if err != nil {
-		s.f.rpcError("GetMetricSpec", err)
+		p.fail("GetMetricSpec", err)
 		return
 	}
 	if len(spec.MetricSpecs) > 0 {
-		s.mu.Lock()
-		s.metricName = spec.MetricSpecs[0].MetricName
-		s.mu.Unlock()
+		p.mu.Lock()
+		p.metricName = spec.MetricSpecs[0].MetricName
+		p.mu.Unlock()
 	}
-	if !s.getMetrics(ctx) {
+	if !p.getMetrics(ctx) {
 		return
 	}
-	if _, err := s.client.IsActive(ctx, s.ref); err != nil {
-		s.f.rpcError("IsActive", err)
+	if _, err := p.client.IsActive(ctx, p.ref); err != nil {
+		p.fail("IsActive", err)
 	}
+}
+
+// name is the metric name learnt from GetMetricSpec; empty before.
+func (p *poller) name() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.metricName
 }
 
 // getMetrics asks once and records the latency and the outcome; false
 // when it failed.
-func (s *scaledObject) getMetrics(ctx context.Context) bool {
-	s.mu.Lock()
-	name := s.metricName
-	s.mu.Unlock()
+func (p *poller) getMetrics(ctx context.Context) bool {
+	name := p.name()
 	if name == "" {
-		spec, err := s.client.GetMetricSpec(ctx, s.ref)
+		spec, err := p.client.GetMetricSpec(ctx, p.ref)
 		if err != nil || len(spec.MetricSpecs) == 0 {
-			s.f.rpcError("GetMetricSpec", err)
+			p.fail("GetMetricSpec", err)
 			return false
 		}
 		name = spec.MetricSpecs[0].MetricName
-		s.mu.Lock()
-		s.metricName = name
-		s.mu.Unlock()
+		p.mu.Lock()
+		p.metricName = name
+		p.mu.Unlock()
 	}
 	start := time.Now()
 	// A deadline, as KEDA's calls have: an answer later than it is an error,
 	// not a latency left out of the percentiles for being still under way
 	// when they are read.
 	cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
-	resp, err := s.client.GetMetrics(cctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: s.ref, MetricName: name})
+	resp, err := p.client.GetMetrics(cctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: p.ref, MetricName: name})
 	cancel()
 	if err == nil && len(resp.MetricValues) == 0 {
 		err = status.Error(codes.Unknown, "GetMetrics answered no value")
 	}
-	s.f.recordGetMetrics(time.Since(start), err)
+	p.record(time.Since(start), err)
 	return err == nil
 }

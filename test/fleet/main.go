@@ -33,7 +33,7 @@ import (
 )
 
 func main() {
-	if serveEchoIfAsked() {
+	if serveEchoIfAsked() || runPollersIfAsked() {
 		return
 	}
 	o := defaultOptions()
@@ -78,6 +78,7 @@ type options struct {
 	maxPodsFlag                int
 	pin                        string
 	verbose                    bool
+	pollsApart                 bool
 }
 
 // maxPods is the aggregator's --max-pods: --max-pods when set; else, with
@@ -98,7 +99,7 @@ func (o *options) maxPods() int {
 func defaultOptions() options {
 	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
 		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
-		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400, echoEvery: 10 * time.Millisecond}
+		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400, echoEvery: 10 * time.Millisecond, pollsApart: true}
 }
 
 // faultNames are the scenarios --faults runs, in this order.
@@ -150,6 +151,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
 	fs.IntVar(&o.harnessGOGC, "harness-gogc", o.harnessGOGC, "the harness's own GC percent (not the aggregator's): its GC's marks on its CPU delay the round trips it times, so it collects less often than Go's default 100")
 	fs.DurationVar(&o.echoEvery, "echo-every", o.echoEvery, "time a 32-byte TCP round trip to an echo process on the aggregator's CPUs this often (the machine's floor under the same load: echoP99Seconds); 0: off")
+	fs.BoolVar(&o.pollsApart, "polls-apart", o.pollsApart, "through the measurement, make and time the ScaledObjects' polls (and the echo) in a process of their own, as KEDA's are, not in the harness that drives the agents; false: in the harness, as before 2026-11-28")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
 }
 
