@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/pulse-io/pulse/pkg/agent"
@@ -136,7 +137,11 @@ func (a *simAgent) kill() {
 // run dials once (gRPC reconnects the connection underneath) and runs
 // sessions with the agent's backoff until ctx ends.
 func (a *simAgent) run(ctx context.Context) {
-	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if t := a.f.agg.tls; t != nil {
+		creds = credentials.NewTLS(t.client.Clone())
+	}
+	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(agent.ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},

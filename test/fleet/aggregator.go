@@ -37,6 +37,7 @@ type aggregatorProc struct {
 	http                     *http.Client
 	cpus                     []int // the CPUs it runs on (--pin); nil: any
 	env                      []string
+	tls                      *ingestTLS // the ingest port's (--tls); nil: plaintext
 }
 
 func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, error) {
@@ -59,6 +60,13 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		"--max-pods-per-namespace", strconv.Itoa(o.maxPods()),
 		"--expected-agents", strconv.Itoa(expectedAgents), "--warmup", "60s",
 		"--pod-expiry", o.podExpiry.String()}
+	if o.tls {
+		var err error
+		if p.tls, err = newIngestTLS(dir); err != nil {
+			return nil, err
+		}
+		p.args = append(p.args, "--ingest-tls-cert-file", p.tls.certFile, "--ingest-tls-key-file", p.tls.keyFile)
+	}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
 	// The environment's (its GOGC included), and --memory-limit's soft
 	// limit: of a name given twice, exec uses the last.

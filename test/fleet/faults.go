@@ -325,6 +325,9 @@ func (f *fleet) startNode(name string, sims map[string]int, pages map[string]htt
 	}
 	args := append([]string{"--static-targets", targets, "--aggregator", f.agg.ingest, "--node-name", name, "--nvml", "off",
 		"--scrape-interval", f.o.interval.String(), "--http-addr", httpAddr, "--log-format", "text"}, agentArgs...)
+	if f.agg.tls != nil {
+		args = append(args, "--aggregator-ca-file", f.agg.tls.caFile)
+	}
 	n.agent = exec.Command(filepath.Join(f.o.bin, "pulse-agent"), args...)
 	n.agent.Stdout, n.agent.Stderr = logf, logf
 	if err := n.agent.Start(); err != nil {

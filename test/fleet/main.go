@@ -62,6 +62,7 @@ type options struct {
 	// memoryLimit: the aggregator's GOMEMLIMIT in bytes (--memory-limit),
 	// 0 for none.
 	memoryLimit                int64
+	tls                        bool
 	agents, podsPerAgent       int
 	podsPerWorkload            int
 	scaledObjects, probes      int
@@ -147,6 +148,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		o.memoryLimit = q.Value()
 		return nil
 	})
+	fs.BoolVar(&o.tls, "tls", o.tls, "the ingest port serves TLS, as the aggregator chart has it by default (ingest.tls.managed): the harness makes a CA and a certificate for 127.0.0.1 (ECDSA P-256) in its work directory, and the agents trust the CA; off: plaintext")
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
 	fs.IntVar(&o.harnessGOGC, "harness-gogc", o.harnessGOGC, "the harness's own GC percent (not the aggregator's): its GC's marks on its CPU delay the round trips it times, so it collects less often than Go's default 100")
