@@ -221,8 +221,13 @@ func grpcOptions() []grpc.ServerOption {
 // (32 KiB read and write buffers per connection, the write buffer held for
 // the connection's life, and a window that grows by pinging) are sized for
 // bulk transfers; one aggregator holds thousands of these connections.
-//   - 4 KiB read buffers: a batch is read in one call; a large catalogue in
-//     several.
+//   - In plaintext, 4 KiB read buffers, which gRPC takes from a pool only
+//     while a read is under way (limit.go): a batch is read in one call, a
+//     large catalogue in several. With TLS (tls), none: crypto/tls reads a
+//     whole record into a buffer of its own and hands it out from there,
+//     and gRPC cannot pool a buffer over a TLS connection, so a 4 KiB one
+//     on top was a second copy, held for the connection's life (4 KiB of
+//     heap an agent: docs/performance.md, "The ingest port with TLS").
 //   - 4 KiB write buffers (gRPC shares them: a connection takes one only
 //     while it writes, and returns it after the flush).
 //   - Fixed 64 KiB windows (gRPC's least): no bandwidth-estimation pings,
@@ -231,9 +236,13 @@ func grpcOptions() []grpc.ServerOption {
 //   - At most 4 streams a connection (an agent opens one): gRPC allows
 //     2^32 - 1, each a handler and, with agent authentication, a token
 //     review.
-func streamOptions() []grpc.ServerOption {
+func streamOptions(tls bool) []grpc.ServerOption {
+	read := 4 << 10
+	if tls {
+		read = 0
+	}
 	return []grpc.ServerOption{
-		grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10),
+		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
 		grpc.MaxConcurrentStreams(4),
 	}
@@ -300,7 +309,7 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	o := a.opts
 	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
-	opts = append(opts, streamOptions()...)
+	opts = append(opts, streamOptions(o.IngestTLS.CertFile != "" || o.IngestTLS.Managed)...)
 	switch {
 	case o.IngestTLS.CertFile != "":
 		files, err := certs.NewFiles(o.IngestTLS.CertFile, o.IngestTLS.KeyFile, "")
