@@ -42,10 +42,17 @@ func TestMain(m *testing.M) {
 // ScaledObjects, 2 of them probes.
 func small(t *testing.T, faults ...string) *fleet {
 	t.Helper()
+	return smallWith(t, func(o *options) { o.faults = faults })
+}
+
+// smallWith is small with its options changed by mutate.
+func smallWith(t *testing.T, mutate func(*options)) *fleet {
+	t.Helper()
 	o := defaultOptions()
 	o.bin, o.agents, o.podsPerAgent, o.scaledObjects, o.probes = bin, 12, 4, 6, 2
-	o.podExpiry, o.faults, o.verbose = 15*time.Second, faults, testing.Verbose()
+	o.podExpiry, o.verbose = 15*time.Second, testing.Verbose()
 	o.pin = "off" // the tests assert behaviour, not cost: both share the CPUs, as before
+	mutate(&o)
 	if err := o.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +129,27 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 		t.Errorf("polls in the harness: apart %v, %d GetMetrics (%d in the harness), %d echoes; want all of them timed here",
 			res.PollsApart, res.GetMetricsCount, res.GetMetricsInHarness, res.EchoCount)
 	}
+	noErrors(t, f)
+}
+
+// TestSteadyFleetOverTLS: the ingest port with TLS, as the chart serves it
+// by default (--tls): every agent streams, pushes and answers come, no
+// error; and a real agent trusting the fleet's CA streams beside them.
+func TestSteadyFleetOverTLS(t *testing.T) {
+	f := smallWith(t, func(o *options) { o.tls = true })
+	f.o.settle, f.o.duration = time.Second, 35*time.Second // two probe rises
+	res, err := f.measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.IngestTLS || res.Pods != 48 || res.AgentStreams != 12 || res.RejectedReports != 0 {
+		t.Errorf("TLS %v: %d pods on %v streams, %v refused; want 48 on 12, none refused", res.IngestTLS, res.Pods, res.AgentStreams, res.RejectedReports)
+	}
+	if res.PushCount == 0 || res.GetMetricsCount == 0 {
+		t.Errorf("%d rises pushed, %d GetMetrics: want some of each", res.PushCount, res.GetMetricsCount)
+	}
+	noErrors(t, f)
+	runFault(t, f, "node-silencing") // its real pulse-agent dials with --aggregator-ca-file
 	noErrors(t, f)
 }
 
