@@ -59,10 +59,14 @@ type shard struct {
 	later []*sub        // streams past their namespace's fair share of a pass
 	wake  chan struct{} // capacity 1: a pass is due
 
+	// triggers holds each trigger of the open streams once (mu): the
+	// streams of one trigger (the same workload and metadata) share it.
+	triggers map[Trigger]*shared
+
 	// Owned by the shard's goroutine.
 	batch []*sub
-	share map[string]int      // evaluations a namespace had in this pass
-	memo  map[Trigger]outcome // this pass's evaluations, by trigger
+	share map[string]int // evaluations a namespace had in this pass
+	pass  uint64         // stamps this pass's evaluations and counts (shared)
 }
 
 // outcome is one evaluation's answer, for the streams of the same trigger.
@@ -71,9 +75,27 @@ type outcome struct {
 	err    error
 }
 
+// shared is what the streams of one trigger in a shard share: the
+// trigger's evaluation in a pass, made once for all of them, and whether
+// the pass has counted it against its namespace's share. Interned when a
+// stream opens, so that a pass keys nothing by the trigger: a Trigger is
+// past the 128 bytes a Go map keeps in place, and a map keyed by it copied
+// each key it took onto the heap (the pass's memo allocated about 240
+// bytes an evaluation, an eighth of all the aggregator allocated at
+// 2,000 nodes × 8 pods) and hashed the whole struct at each lookup.
+type shared struct {
+	streams int // open streams holding it (shard.mu)
+
+	// Owned by the shard's goroutine.
+	evaluated uint64 // the pass whose evaluation o is (0: none)
+	o         outcome
+	counted   uint64 // the pass that counted it against a share
+}
+
 // sub is one open StreamIsActive stream.
 type sub struct {
-	t Trigger
+	t      Trigger
+	shared *shared // its trigger's, in its shard
 	// tenant: the ScaledObject's namespace, whose fair share the stream
 	// takes (a trigger allowed to read another namespace, with
 	// --allow-cross-namespace-triggers, takes its own tenant's, not the
@@ -101,7 +123,7 @@ func newPusher(s *Server) *pusher {
 	n := min(max(runtime.GOMAXPROCS(0), 1), maxShards)
 	for range n {
 		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1),
-			share: map[string]int{}, memo: map[Trigger]outcome{}})
+			share: map[string]int{}, triggers: map[Trigger]*shared{}})
 	}
 	return p
 }
@@ -152,13 +174,25 @@ func (p *pusher) add(t Trigger, tenant string) *sub {
 	u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1)}
 	sh := p.shard(t.Workload)
 	sh.mu.Lock()
-	u.at = len(sh.all)
-	sh.all = append(sh.all, u)
-	sh.subs[t.Workload] = append(sh.subs[t.Workload], u)
-	sh.fresh = append(sh.fresh, u)
+	sh.open(u)
 	sh.signal()
 	sh.mu.Unlock()
 	return u
+}
+
+// open registers u in the shard, its first state due, sharing its
+// trigger's evaluation with the other streams of the trigger. Called with
+// sh.mu held.
+func (sh *shard) open(u *sub) {
+	if u.shared = sh.triggers[u.t]; u.shared == nil {
+		u.shared = &shared{}
+		sh.triggers[u.t] = u.shared
+	}
+	u.shared.streams++
+	u.at = len(sh.all)
+	sh.all = append(sh.all, u)
+	sh.subs[u.t.Workload] = append(sh.subs[u.t.Workload], u)
+	sh.fresh = append(sh.fresh, u)
 }
 
 // remove unregisters a stream (its handler has returned or is returning).
@@ -171,6 +205,9 @@ func (p *pusher) remove(u *sub) {
 	sh.all[len(sh.all)-1] = nil
 	sh.all = sh.all[:len(sh.all)-1]
 	u.at = -1
+	if u.shared.streams--; u.shared.streams == 0 {
+		delete(sh.triggers, u.t)
+	}
 	k := u.t.Workload
 	rest := sh.subs[k]
 	if i := indexOf(rest, u); i >= 0 {
@@ -286,7 +323,7 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 		tenant = b[0].tenant
 	}
 	sh.mu.Unlock()
-	clear(sh.memo)
+	sh.pass++
 	for i, u := range b {
 		if i > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
@@ -296,7 +333,7 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 			}
 		}
 		u.queued = false
-		p.evaluate(u, sh.memo)
+		p.evaluate(u, sh.pass)
 		b[i] = nil
 		if p.evaluated != nil {
 			p.evaluated(i)
@@ -357,17 +394,17 @@ func severalNamespaces(b []*sub) bool {
 // with sh.mu held.
 func (sh *shard) fairShares(b []*sub) []*sub {
 	clear(sh.share)
-	clear(sh.memo)
+	sh.pass++
 	n := 0
 	for _, u := range b {
-		if _, same := sh.memo[u.t]; !same {
+		if u.shared.counted != sh.pass {
 			if sh.share[u.tenant] >= fairShare {
 				u.queued = false
 				sh.later = append(sh.later, u)
 				continue
 			}
 			sh.share[u.tenant]++
-			sh.memo[u.t] = outcome{}
+			u.shared.counted = sh.pass
 		}
 		b[n] = u
 		n++
@@ -378,17 +415,15 @@ func (sh *shard) fairShares(b []*sub) []*sub {
 // evaluate hands a stream's state to its handler when it changed (or was
 // never sent). An evaluation that fails (stale, warming up) hands nothing:
 // KEDA's polls see the error.
-// memo (nil: none) holds this pass's answers by trigger.
-func (p *pusher) evaluate(u *sub, memo map[Trigger]outcome) {
+// Streams of one trigger share its evaluation in pass.
+func (p *pusher) evaluate(u *sub, pass uint64) {
 	u.evaluated = time.Now()
-	o, ok := memo[u.t]
-	if !ok {
+	sh := u.shared
+	if sh.evaluated != pass {
 		d, err := p.s.Evaluate(u.t)
-		o = outcome{active: d.Active, err: err}
-		if memo != nil {
-			memo[u.t] = o
-		}
+		sh.evaluated, sh.o = pass, outcome{active: d.Active, err: err}
 	}
+	o := sh.o
 	if o.err != nil || (u.sent && o.active == u.last) {
 		return
 	}

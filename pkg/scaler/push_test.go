@@ -100,10 +100,12 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &sub{t: tr, ready: make(chan struct{}, 1)}
+	u := &sub{t: tr, shared: &shared{}, ready: make(chan struct{}, 1)}
+	var pass uint64 // each evaluation a pass of its own
 	for i, waiting := range []float64{5, 0, 5, 0} {
 		f.report(map[string]float64{"a": waiting})
-		f.server.push.evaluate(u, nil) // returns although nobody takes
+		pass++
+		f.server.push.evaluate(u, pass) // returns although nobody takes
 		if u.last != (waiting > 1) {
 			t.Fatalf("evaluation %d: last %v after waiting %v", i, u.last, waiting)
 		}
@@ -122,14 +124,16 @@ func TestPushHandsTheNewestStateOver(t *testing.T) {
 	// true it gets).
 	for _, waiting := range []float64{5, 0} {
 		f.report(map[string]float64{"a": waiting})
-		f.server.push.evaluate(u, nil)
+		pass++
+		f.server.push.evaluate(u, pass)
 	}
 	<-u.ready
 	if state, send := u.next(); state || send {
 		t.Fatalf("took %v (send %v) after true and false, want false and nothing sent: false was sent last", state, send)
 	}
 	f.report(map[string]float64{"a": 5})
-	f.server.push.evaluate(u, nil)
+	pass++
+	f.server.push.evaluate(u, pass)
 	<-u.ready
 	if state, send := u.next(); !state || !send {
 		t.Fatalf("took %v (send %v), want true to send", state, send)
@@ -155,10 +159,8 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute}
 	}
 	openAs := func(t Trigger, tenant string) *sub { // as add, without starting the shards' goroutines
-		u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1), at: len(sh.all)}
-		sh.all = append(sh.all, u)
-		sh.subs[t.Workload] = append(sh.subs[t.Workload], u)
-		sh.fresh = append(sh.fresh, u)
+		u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1)}
+		sh.open(u)
 		return u
 	}
 	open := func(t Trigger) *sub { return openAs(t, t.Workload.Namespace) }
@@ -219,10 +221,10 @@ func TestATenantAloneInAPassLetsAnotherIn(t *testing.T) {
 	open := func(ns string, activation float64) *sub { // as add, without starting the shards' goroutines
 		tr := Trigger{Workload: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: "llama"}, Metric: "waiting", Threshold: 10,
 			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute}
-		u := &sub{t: tr, tenant: ns, ready: make(chan struct{}, 1), at: len(sh.all)}
-		sh.all = append(sh.all, u)
-		sh.subs[tr.Workload] = append(sh.subs[tr.Workload], u)
-		sh.fresh = append(sh.fresh, u)
+		u := &sub{t: tr, tenant: ns, ready: make(chan struct{}, 1)}
+		sh.mu.Lock()
+		sh.open(u)
+		sh.mu.Unlock()
 		return u
 	}
 	var noisy []*sub
@@ -279,4 +281,42 @@ func (f *fixture) activeStates(ctx context.Context, t *testing.T, md map[string]
 		}
 	}(s)
 	return ch
+}
+
+// BenchmarkPushPass: a pass over 1,000 streams, each its own trigger on a
+// workload of 4 pods that reported. The pass's memo was keyed by the
+// Trigger, a struct Go's maps keep out of place: each evaluation copied its
+// key onto the heap. (docs/performance.md, "Aggregator ingest and KEDA
+// RPCs".)
+func BenchmarkPushPass(b *testing.B) {
+	now := time.Unix(1_700_000_000, 0)
+	st := store.New(store.Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	p := newPusher(New(st, Options{MaxWindow: time.Minute, Now: func() time.Time { return now }}))
+	sh := p.shards[0]
+	var infos []store.PodInfo
+	var reports []store.Report
+	for w := range 1000 {
+		k := store.Key{Namespace: "bench", Kind: store.KindWorkspace, Name: fmt.Sprintf("w%d", w)}
+		for i := range 4 {
+			uid := fmt.Sprintf("w%d-%d", w, i)
+			infos = append(infos, store.PodInfo{UID: uid, Namespace: "bench", Name: uid, Ready: true, Workloads: []store.Key{k}})
+			r := store.Report{UID: uid}
+			r.TimeMs = now.UnixMilli()
+			r.Values.Set(metric.Waiting, float64(i))
+			reports = append(reports, r)
+		}
+		sh.open(&sub{t: Trigger{Workload: k, Metric: "waiting", Threshold: 10, ActivationThreshold: 1, ValueType: "total", Aggregation: "avg",
+			MissingPods: MissingHold, Window: 10 * time.Second, StaleAfter: time.Minute}, tenant: "bench", ready: make(chan struct{}, 1)})
+	}
+	st.Upsert(store.Source{Node: "node-1"}, infos, false)
+	st.Add(reports)
+	p.pass(sh, now, false) // the first states sent
+	b.ReportAllocs()
+	for b.Loop() {
+		for k := range sh.subs {
+			sh.dirty[k] = struct{}{}
+		}
+		p.pass(sh, now, false)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "ns/evaluation")
 }

@@ -427,6 +427,19 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 	if n := f.server.OpenStreams(); n != 1000 {
 		t.Fatalf("%d handlers running, want 1000", n)
 	}
+	// The thousand streams of one trigger share its evaluation: one
+	// shared, held by all of them.
+	triggers, holders := 0, 0
+	for _, sh := range f.server.push.shards {
+		sh.mu.Lock()
+		for _, sr := range sh.triggers {
+			triggers, holders = triggers+1, holders+sr.streams
+		}
+		sh.mu.Unlock()
+	}
+	if triggers != 1 || holders != 1000 {
+		t.Fatalf("%d triggers held by %d streams, want 1 held by 1000", triggers, holders)
+	}
 	cancel()
 	for _, s := range streams {
 		if _, err := s.Recv(); status.Code(err) != codes.Canceled {
@@ -442,10 +455,10 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 	// And the pusher holds none of them (a handler's deferred remove ran).
 	for i, sh := range f.server.push.shards {
 		sh.mu.Lock()
-		all, subs, dirty, fresh, later := len(sh.all), len(sh.subs), len(sh.dirty), len(sh.fresh), len(sh.later)
+		all, subs, dirty, fresh, later, trigs := len(sh.all), len(sh.subs), len(sh.dirty), len(sh.fresh), len(sh.later), len(sh.triggers)
 		sh.mu.Unlock()
-		if all+subs+dirty+fresh+later > 0 {
-			t.Fatalf("shard %d after every stream ended: %d streams, %d workloads, %d changed, %d new, %d waiting", i, all, subs, dirty, fresh, later)
+		if all+subs+dirty+fresh+later+trigs > 0 {
+			t.Fatalf("shard %d after every stream ended: %d streams, %d workloads, %d changed, %d new, %d waiting, %d triggers", i, all, subs, dirty, fresh, later, trigs)
 		}
 	}
 	f.close()
