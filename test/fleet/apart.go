@@ -26,8 +26,8 @@ import (
 // adapter are processes apart from the nodes' agents; in the harness's one
 // process a GetMetrics answer waited, after it arrived, behind the agents'
 // own batches and the harness's GC before its time was taken, and that
-// wait was counted as the aggregator's (docs/performance.md, "The polls
-// timed apart"). The machine's floor (the echo) is timed there too, as the
+// wait was counted as the aggregator's (docs/performance.md, "The ingest
+// port's read buffers pooled, and the polls timed apart"). The machine's floor (the echo) is timed there too, as the
 // answers are. The streams (StreamIsActive, StreamMetricSpec) stay in the
 // harness: a push's latency is timed from the batch the harness sends.
 
