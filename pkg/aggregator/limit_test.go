@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/mem"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 )
 
 // TestIngestConnectionsReadIntoPooledBuffers: wrapped by netutil's limit,
