@@ -107,17 +107,29 @@ func runPollers(ctx context.Context, cfg pollerConfig) (*pollerResult, error) {
 		wg  sync.WaitGroup
 		ech echoer
 	)
+	// An error's time and text go to stderr (the work directory's
+	// pollers.log): when in the run it came says more than its count.
+	logError := func(rpc string, err error) {
+		fmt.Fprintf(os.Stderr, "%s %s: %v\n", time.Now().Format("15:04:05.000"), rpc, err)
+	}
 	record := func(d time.Duration, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
 			res.Errors["GetMetrics "+status.Code(err).String()]++
+			logError("GetMetrics", err)
 			return
 		}
 		res.GetMetrics = append(res.GetMetrics, d.Seconds())
 	}
+	// over: the measurement has ended. A call other than GetMetrics still
+	// under way then is cut by its deadline, and may come back
+	// DeadlineExceeded (the server's answer to the deadline it was sent)
+	// before ctx's own timer has run: the time, not ctx.Err alone, says so.
+	end, _ := ctx.Deadline()
+	over := func() bool { return ctx.Err() != nil || !time.Now().Before(end) }
 	fail := func(rpc string, err error) {
-		if ctx.Err() != nil { // the measurement ended under it
+		if over() { // the measurement ended under it
 			return
 		}
 		if err == nil {
@@ -126,14 +138,12 @@ func runPollers(ctx context.Context, cfg pollerConfig) (*pollerResult, error) {
 		mu.Lock()
 		res.Errors[rpc+" "+status.Code(err).String()]++
 		mu.Unlock()
+		logError(rpc, err)
 	}
 	for _, o := range cfg.Objects {
-		p := &poller{idx: o.Idx, client: client, metricName: o.MetricName, every: cfg.Every, fail: fail, record: func(d time.Duration, err error) {
-			if err != nil && ctx.Err() != nil {
-				return
-			}
-			record(d, err)
-		}, ref: &externalscaler.ScaledObjectRef{Name: o.Name, Namespace: o.Namespace, ScalerMetadata: o.Metadata}}
+		// Every GetMetrics is recorded: one under way at the end runs to its
+		// answer (poller.getMetrics).
+		p := &poller{idx: o.Idx, client: client, metricName: o.MetricName, every: cfg.Every, fail: fail, record: record, ref: &externalscaler.ScaledObjectRef{Name: o.Name, Namespace: o.Namespace, ScalerMetadata: o.Metadata}}
 		wg.Add(1)
 		go func() { defer wg.Done(); p.run(ctx, nil) }()
 	}

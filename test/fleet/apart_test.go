@@ -18,6 +18,8 @@ import (
 type scalerStub struct {
 	externalscaler.UnimplementedExternalScalerServer
 	specs, metrics atomic.Int64
+	// slow: GetMetrics for an object named "slow" answers after this long.
+	slow time.Duration
 }
 
 func (s *scalerStub) GetMetricSpec(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
@@ -27,6 +29,9 @@ func (s *scalerStub) GetMetricSpec(context.Context, *externalscaler.ScaledObject
 
 func (s *scalerStub) GetMetrics(_ context.Context, r *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
 	s.metrics.Add(1)
+	if r.ScaledObjectRef.GetName() == "slow" {
+		time.Sleep(s.slow)
+	}
 	if r.MetricName != "m" {
 		return nil, status.Errorf(codes.InvalidArgument, "metric %q", r.MetricName)
 	}
@@ -96,5 +101,41 @@ func TestPollersApartTimeEveryPoll(t *testing.T) {
 	}
 	if res.CPUSeconds <= 0 {
 		t.Errorf("CPU %v s, want the process's own", res.CPUSeconds)
+	}
+}
+
+// TestPollsUnderWayAtTheEndAreTimed: a GetMetrics still under way when
+// the measurement ends runs to its answer and is timed; cut there, the
+// slowest answers would be the ones left out (or, cut by the deadline
+// the server was sent, counted as errors of the aggregator's).
+func TestPollsUnderWayAtTheEndAreTimed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slow = 400 * time.Millisecond
+	srv := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(srv, &scalerStub{slow: slow})
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	// The first poll starts within 40 ms; it answers after 400 ms, past
+	// the end at 200 ms.
+	cfg := pollerConfig{Scaler: ln.Addr().String(), Duration: 200 * time.Millisecond,
+		Every:   [2]time.Duration{40 * time.Millisecond, 20 * time.Millisecond},
+		Objects: []pollerRef{{Idx: 0, Name: "slow", Namespace: "fleet", Metadata: map[string]string{"deployment": "w0"}, MetricName: "m"}}}
+	res, err := runPollers(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) > 0 {
+		t.Errorf("errors %v: the slow answer is an answer", res.Errors)
+	}
+	if len(res.GetMetrics) == 0 {
+		t.Fatal("no GetMetrics timed: the one under way at the end was cut")
+	}
+	for _, d := range res.GetMetrics {
+		if d < slow.Seconds() {
+			t.Errorf("a GetMetrics of %v s: every answer takes %v", d, slow)
+		}
 	}
 }

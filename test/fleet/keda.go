@@ -232,8 +232,10 @@ func (p *poller) getMetrics(ctx context.Context) bool {
 	start := time.Now()
 	// A deadline, as KEDA's calls have: an answer later than it is an error,
 	// not a latency left out of the percentiles for being still under way
-	// when they are read.
-	cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+	// when they are read. A call under way when ctx ends (the measurement's
+	// end) runs to its answer or its own deadline: cut there, the slowest
+	// answers, those still under way, would be the ones left out.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), getMetricsDeadline)
 	resp, err := p.client.GetMetrics(cctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: p.ref, MetricName: name})
 	cancel()
 	if err == nil && len(resp.MetricValues) == 0 {
