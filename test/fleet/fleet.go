@@ -63,6 +63,12 @@ type fleet struct {
 	errs       map[string]int64 // unexpected, by kind
 	ends       map[string]int64 // stream ends, "RPC code"
 	faulting   bool
+	// starting: until every agent and stream is up; startErrs: what
+	// failed meanwhile, by kind (not errors: the warm-up answers
+	// Unavailable by design), and startup how long it took.
+	starting  bool
+	startErrs map[string]int64
+	startup   time.Duration
 }
 
 // probeState is one probe workload's current rise.
@@ -140,6 +146,7 @@ func (f *fleet) rpcError(rpc string, err error) {
 		err = errors.New("empty answer")
 	}
 	f.count(rpc + " " + status.Code(err).String())
+	f.logf("%s: %v", rpc, err)
 }
 
 // streamEnded counts a stream's end; outside a fault it is an error.
@@ -169,7 +176,10 @@ func (f *fleet) errorf(kind, format string, args ...any) {
 func (f *fleet) count(kind string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.faulting {
+	switch {
+	case f.starting:
+		f.startErrs[kind]++
+	case !f.faulting:
 		f.errs[kind]++
 	}
 }
@@ -249,6 +259,13 @@ type result struct {
 	// million pod samples received (everything it did meanwhile included).
 	AggregatorCPUSecondsPerMillionSamples float64          `json:"aggregatorCpuSecondsPerMillionSamples"`
 	ChurnEvents                           int64            `json:"churnEvents"`
+	// StartupSeconds: from the first agent started to every agent and
+	// ScaledObject stream up (what an aggregator's restart looks like at
+	// this size); StartupFailures: the RPCs that failed meanwhile, by kind
+	// (the warm-up's answers are Unavailable; DeadlineExceeded is an
+	// answer later than KEDA's 10 s). Neither counts in errors.
+	StartupSeconds  float64          `json:"startupSeconds"`
+	StartupFailures map[string]int64 `json:"startupFailures,omitempty"`
 	Errors                                int64            `json:"errors"`
 	ErrorKinds                            map[string]int64 `json:"errorKinds,omitempty"`
 	Soak                                  *soakResult      `json:"soak,omitempty"`
@@ -339,8 +356,8 @@ func run(ctx context.Context, o options, log io.Writer) (res *result, err error)
 // have delivered.
 func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, error) {
 	f := &fleet{o: o, dir: dir, log: log, byWL: map[int]*scaledObject{}, probes: map[int]*probeState{},
-		errs: map[string]int64{}, ends: map[string]int64{},
-		faulting: true} // until every stream is up: warm-up answers are Unavailable
+		errs: map[string]int64{}, ends: map[string]int64{}, startErrs: map[string]int64{},
+		faulting: true, starting: true} // until every stream is up: warm-up answers are Unavailable
 	var err error
 	if f.agg, err = newAggregator(o, dir, o.agents); err != nil {
 		return nil, err
@@ -379,6 +396,7 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel, f.runCtx = cancel, runCtx
+	started := time.Now()
 	for _, a := range f.agents {
 		a.start(runCtx)
 	}
@@ -394,7 +412,9 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	if err := f.waitUp(ctx, 5*time.Minute); err != nil {
 		return f, err
 	}
-	f.setFaulting(false)
+	f.mu.Lock()
+	f.faulting, f.starting, f.startup = false, false, time.Since(started)
+	f.mu.Unlock()
 	return f, nil
 }
 
@@ -605,6 +625,9 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
 	f.derive(res, m0, m1)
+	f.mu.Lock()
+	res.StartupSeconds, res.StartupFailures = f.startup.Seconds(), cloneCounts(f.startErrs)
+	f.mu.Unlock()
 	res.GetMetricsP50, res.GetMetricsP99 = quantile(gm, 0.5), quantile(gm, 0.99)
 	res.PushLatencyP50, res.PushLatencyP99 = quantile(push, 0.5), quantile(push, 0.99)
 	res.EchoCount, res.EchoP50, res.EchoP99 = len(echoes), quantile(echoes, 0.5), quantile(echoes, 0.99)

@@ -103,6 +103,9 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 	}
 	// Samples arrived and none was refused (how many a second is the
 	// machine's, not a property of the code).
+	if res.StartupSeconds <= 0 {
+		t.Errorf("start-up %v s: want the time to every stream up", res.StartupSeconds)
+	}
 	if res.PodSamplesPerSecond <= 0 || res.RejectedReports != 0 {
 		t.Errorf("%.1f pod-samples/s received, %v refused: want some, none refused", res.PodSamplesPerSecond, res.RejectedReports)
 	}
