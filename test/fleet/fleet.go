@@ -257,8 +257,8 @@ type result struct {
 	AggregatorMemoryLimitBytes int64 `json:"aggregatorMemoryLimitBytes"`
 	// AggregatorCPUSecondsPerMillionSamples: the aggregator's CPU time per
 	// million pod samples received (everything it did meanwhile included).
-	AggregatorCPUSecondsPerMillionSamples float64          `json:"aggregatorCpuSecondsPerMillionSamples"`
-	ChurnEvents                           int64            `json:"churnEvents"`
+	AggregatorCPUSecondsPerMillionSamples float64 `json:"aggregatorCpuSecondsPerMillionSamples"`
+	ChurnEvents                           int64   `json:"churnEvents"`
 	// StartupSeconds: from the first agent started to every agent and
 	// ScaledObject stream up (what an aggregator's restart looks like at
 	// this size); StartupFailures: the RPCs that failed meanwhile, by kind
@@ -266,10 +266,10 @@ type result struct {
 	// answer later than KEDA's 10 s). Neither counts in errors.
 	StartupSeconds  float64          `json:"startupSeconds"`
 	StartupFailures map[string]int64 `json:"startupFailures,omitempty"`
-	Errors                                int64            `json:"errors"`
-	ErrorKinds                            map[string]int64 `json:"errorKinds,omitempty"`
-	Soak                                  *soakResult      `json:"soak,omitempty"`
-	Faults                                []*faultResult   `json:"faults,omitempty"`
+	Errors          int64            `json:"errors"`
+	ErrorKinds      map[string]int64 `json:"errorKinds,omitempty"`
+	Soak            *soakResult      `json:"soak,omitempty"`
+	Faults          []*faultResult   `json:"faults,omitempty"`
 }
 
 // pin, with --pin auto and 2 CPUs or more, puts the harness on its share of
