@@ -531,14 +531,9 @@ func (f *fleet) stop() {
 // measure settles, then measures the steady state for o.duration (and
 // samples the soak series when asked).
 func (f *fleet) measure(ctx context.Context) (*result, error) {
-	f.logf("up; settling for %s", f.o.settle)
-	if !procs.Sleep(ctx, f.o.settle) {
-		return nil, ctx.Err()
+	if err := f.settle(ctx); err != nil {
+		return nil, err
 	}
-	f.mu.Lock()
-	f.getMetrics, f.push, f.pushMissed, f.pushRises = nil, nil, 0, 0
-	f.mu.Unlock()
-	_, _ = f.echoes.take()
 	pid := f.agg.PID()
 	// The CPU read first and the time with it: the first /metrics read's
 	// CPU is in the span, and so is its time.
@@ -551,16 +546,9 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pollers *pollersProc
-	if f.o.pollsApart {
-		cfg := pollerConfig{Scaler: f.agg.scaler, Duration: f.o.duration, Objects: f.pollerObjects()}
-		if f.echo != nil {
-			cfg.Echo, cfg.EchoEvery = f.echo.addr, f.o.echoEvery
-		}
-		f.apart.Store(true)
-		if pollers, err = startPollers(f.harnessCPUs, f.logPath("pollers"), cfg); err != nil {
-			return nil, err
-		}
+	pollers, err := f.startApart()
+	if err != nil {
+		return nil, err
 	}
 	var soak *soakResult
 	f.logf("measuring for %s", f.o.duration)
@@ -599,23 +587,10 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	echoes, echoErr := f.echoes.take()
 	inHarness := len(gm)
 	if apart != nil {
-		gm, echoes, echoErr = apart.GetMetrics, apart.Echoes, nil
-		if apart.EchoError != "" {
-			echoErr = errors.New(apart.EchoError)
-		}
-		for kind, n := range apart.Errors {
-			for range n {
-				f.count(kind)
-			}
-		}
+		gm, echoes, echoErr = f.fromApart(apart)
 		h1 += apart.CPUSeconds
 	}
-	if echoErr != nil {
-		f.mu.Lock()
-		f.errs["echo"]++
-		f.mu.Unlock()
-		fmt.Fprintln(f.log, "fleet: the machine's floor was not measured:", echoErr)
-	}
+	f.floorMissed(echoErr)
 	res := &result{Agents: f.o.agents, PodsPerAgent: f.o.podsPerAgent, Pods: int(m1["pulse_aggregator_pods"]), ScaledObjects: len(f.sos),
 		DurationSeconds:     math.Round(el*10) / 10,
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / tm1.Sub(tm0).Seconds(),
@@ -633,6 +608,59 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	res.EchoCount, res.EchoP50, res.EchoP99 = len(echoes), quantile(echoes, 0.5), quantile(echoes, 0.99)
 	f.logf("measured: %.0f pod-samples/s, aggregator %.2f cores", res.PodSamplesPerSecond, res.AggregatorCPUCores)
 	return res, nil
+}
+
+// floorMissed counts an echo that failed (the machine's floor not
+// measured) as an error; nil is none.
+func (f *fleet) floorMissed(err error) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	f.errs["echo"]++
+	f.mu.Unlock()
+	fmt.Fprintln(f.log, "fleet: the machine's floor was not measured:", err)
+}
+
+// settle waits --settle, then forgets what was timed before it.
+func (f *fleet) settle(ctx context.Context) error {
+	f.logf("up; settling for %s", f.o.settle)
+	if !procs.Sleep(ctx, f.o.settle) {
+		return ctx.Err()
+	}
+	f.mu.Lock()
+	f.getMetrics, f.push, f.pushMissed, f.pushRises = nil, nil, 0, 0
+	f.mu.Unlock()
+	_, _ = f.echoes.take()
+	return nil
+}
+
+// startApart starts the pollers' process for the measurement with
+// --polls-apart (nil without it).
+func (f *fleet) startApart() (*pollersProc, error) {
+	if !f.o.pollsApart {
+		return nil, nil
+	}
+	cfg := pollerConfig{Scaler: f.agg.scaler, Duration: f.o.duration, Objects: f.pollerObjects()}
+	if f.echo != nil {
+		cfg.Echo, cfg.EchoEvery = f.echo.addr, f.o.echoEvery
+	}
+	f.apart.Store(true)
+	return startPollers(f.harnessCPUs, f.logPath("pollers"), cfg)
+}
+
+// fromApart is the pollers' process's timed polls and floor, in place of
+// the harness's; its failed RPCs are counted as the harness's are.
+func (f *fleet) fromApart(apart *pollerResult) (gm, echoes []float64, echoErr error) {
+	if apart.EchoError != "" {
+		echoErr = errors.New(apart.EchoError)
+	}
+	for kind, n := range apart.Errors {
+		for range n {
+			f.count(kind)
+		}
+	}
+	return apart.GetMetrics, apart.Echoes, echoErr
 }
 
 // derive fills what res's figures and the aggregator's two /metrics reads
