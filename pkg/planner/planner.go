@@ -205,6 +205,11 @@ type State struct {
 	// time is planned to hold the work it may jump back to.
 	Surge, PeakWork float64
 	surgeAt         time.Time
+	// LevelSurge: the largest move of the arriving work's level within
+	// one lead time seen (the mean of the last quarter of a lead time
+	// against the mean of the older half: learnSurge), fading as Surge
+	// does. A window's noise moves it far less than it moves Surge.
+	LevelSurge float64
 }
 
 type peak struct {
@@ -243,11 +248,15 @@ type Plan struct {
 	// Surge: the largest move of the arriving work within one lead time
 	// seen (a rise, or a fall from a level held; fading); PeakWork the
 	// most that arrived (fading); Level the work per second the plan
-	// covers: the work over the utilisation, or the work plus the surge up
-	// to the peak, whichever is more.
-	Surge    float64 `json:"surgeWorkPerSecond"`
-	PeakWork float64 `json:"peakWorkPerSecond"`
-	Level    float64 `json:"plannedWorkPerSecond"`
+	// covers: the work over the utilisation, the work plus the surge up
+	// to the peak, or the work plus the level's surge beyond the
+	// utilisation's headroom, up to the peak, over the utilisation —
+	// whichever is most. LevelSurge: the largest move of the arriving
+	// work's level within one lead time seen (fading).
+	Surge      float64 `json:"surgeWorkPerSecond"`
+	LevelSurge float64 `json:"levelSurgeWorkPerSecond"`
+	PeakWork   float64 `json:"peakWorkPerSecond"`
+	Level      float64 `json:"plannedWorkPerSecond"`
 	// WorkPerRequest: a request's mean work (see State).
 	WorkPerRequest float64 `json:"workPerRequest"`
 	// Capacity per replica learned, its observations and breaks.
@@ -482,13 +491,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	if observe {
 		st.learnSurge(arrived*scale, in.At, st.lead(cfg))
 	}
-	p.Surge, p.PeakWork = st.Surge, st.PeakWork
-	// With no work at all, nothing is held for a surge: a workload let
-	// scale to zero goes there once the hold ends.
-	p.Level = work / cfg.Utilisation
-	if work > 0 {
-		p.Level = max(p.Level, min(work+st.Surge, st.PeakWork))
-	}
+	p.plan(work, st, cfg)
 	switch {
 	case st.Capacity > 0:
 		// The backlog is drained by capacity that arrives no sooner than a
@@ -502,8 +505,8 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
-			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time, up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
-				p.Work, p.Level, st.Surge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
+			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
+				p.Work, p.Level, st.Surge, st.LevelSurge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
 		if p.Ready > 0 {
 			p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
@@ -520,6 +523,25 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * scale
+}
+
+// plan sets p's surges, peak and the level of work it plans for: the
+// work over the utilisation; the work it may return to within a lead
+// time, up to its peak (the surge: a window's move, its noise included,
+// at full utilisation); and the work plus the level's move beyond the
+// utilisation's headroom, up to the peak, over the utilisation, as the
+// work now is planned (a rise within the headroom is what the headroom is
+// for: load that drifts is followed down). With no work at all, nothing
+// is held for a surge: a workload let scale to zero goes there once the
+// hold ends.
+func (p *Plan) plan(work float64, st *State, cfg Config) {
+	p.Surge, p.LevelSurge, p.PeakWork = st.Surge, st.LevelSurge, st.PeakWork
+	p.Level = work / cfg.Utilisation
+	if work > 0 {
+		p.Level = max(p.Level, min(work+st.Surge, st.PeakWork))
+		rise := max(0, st.LevelSurge-work*(1/cfg.Utilisation-1))
+		p.Level = max(p.Level, min(work+rise, st.PeakWork)/cfg.Utilisation)
+	}
 }
 
 // learnWorkPerRequest moves a request's mean work a tenth of the way
@@ -628,7 +650,11 @@ func projectBacklog(backlog, excess, capacity float64, in Input, lead, stuck tim
 // the surge the most it moved within one lead time (the observations held
 // in st.peaks), once the workload has been watched for a lead time: how far
 // it rose above its lowest, or fell below the level it held half a lead
-// time to a lead time ago (their mean: a level, not one low moment).
+// time to a lead time ago (their mean: a level, not one low moment). The
+// level's surge is the most the level moved: the mean of the last quarter
+// of a lead time (this observation's included) against that of the older
+// half. A 30 s window's noise moves the surge by up to the work itself on
+// steady traffic; it moves the means far less, and a jump moves both.
 // Arrivals, not the work served: replicas that come up and drain a backlog
 // serve more than arrives, and that is no rise of the load. Capacity that
 // arrives a lead time after it is asked for hides a rise only if it was
@@ -641,6 +667,7 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 		f := math.Exp2(-now.Sub(st.surgeAt).Seconds() / surgeHalfLife.Seconds())
 		st.Surge *= f
 		st.PeakWork *= f
+		st.LevelSurge *= f
 	}
 	st.surgeAt = now
 	st.PeakWork = max(st.PeakWork, work)
@@ -651,6 +678,7 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 		return
 	}
 	low, held, n := work, 0.0, 0
+	recent, nr := work, 1
 	for _, pk := range st.peaks {
 		if age := now.Sub(pk.at); age <= lead {
 			low = min(low, pk.work)
@@ -658,11 +686,16 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 				held += pk.work
 				n++
 			}
+			if age <= lead/4 {
+				recent += pk.work
+				nr++
+			}
 		}
 	}
 	st.Surge = max(st.Surge, work-low)
 	if n > 0 {
 		st.Surge = max(st.Surge, held/float64(n)-work)
+		st.LevelSurge = max(st.LevelSurge, math.Abs(recent/float64(nr)-held/float64(n)))
 	}
 }
 

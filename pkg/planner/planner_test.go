@@ -426,14 +426,19 @@ func TestLoadThatJumpedIsPlannedToJumpAgain(t *testing.T) {
 	// replicas) for two minutes, and falls back to 6000 for 20 minutes.
 	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
 	_, st, at = ramp(t, st, cfg, at, 2*time.Minute, 4, 24000, 24000)
-	if st.Surge != 18000 || st.PeakWork != 24000 {
-		t.Fatalf("surge %v, peak work %v: want 18000 and 24000", st.Surge, st.PeakWork)
+	// Two minutes at 24000 are the last quarter of a lead time (5 min
+	// assumed) against an older half at 6000: the level moved as the
+	// window did.
+	if st.Surge != 18000 || st.PeakWork != 24000 || st.LevelSurge != 18000 {
+		t.Fatalf("surge %v, peak work %v, the level's surge %v: want 18000, 24000 and 18000", st.Surge, st.PeakWork, st.LevelSurge)
 	}
 	p, st, _ := ramp(t, st, cfg, at, 20*time.Minute, 4, 6000, 6000)
-	// The work it may jump back to, faded for 20 minutes, is planned for;
-	// the work alone would need one replica.
+	// The work it may jump back to, faded for 20 minutes, is planned for
+	// at the utilisation, as the work now is: the move less the 1500 the
+	// utilisation's headroom holds over 6000, up to the peak. The work
+	// alone would need one replica.
 	f := math.Exp2(-(20*time.Minute + 5*time.Second).Seconds() / surgeHalfLife.Seconds())
-	level := min(6000+18000*f, 24000*f)
+	level := min(6000+18000*f-1500, 24000*f) / cfg.Utilisation
 	if math.Abs(p.Level-level) > 50 || math.Abs(p.Surge-st.Surge) > 0 || math.Abs(p.PeakWork-st.PeakWork) > 0 {
 		t.Fatalf("planned for %v (surge %v, peak %v), want about %v", p.Level, p.Surge, p.PeakWork, level)
 	}
@@ -463,8 +468,14 @@ func TestLoadThatDroppedIsPlannedToComeBack(t *testing.T) {
 	if st.Surge < 18000*fade(since)-1 || st.Surge > 18000*fade(since-st.lead(cfg)/2)+1 || math.Abs(st.PeakWork-24000*fade(since)) > 1 {
 		t.Fatalf("surge %v, peak %v: want 18000 faded from the drop, or up to half a lead time after it, and 24000 faded from the drop", st.Surge, st.PeakWork)
 	}
-	if p.Level != min(6000+st.Surge, st.PeakWork) || !strings.Contains(p.Reason, "moved") {
-		t.Fatalf("planned for %v (%s), want %v", p.Level, p.Reason, min(6000+st.Surge, st.PeakWork))
+	// The level fell as the window did, once the last quarter of a lead
+	// time was all after the drop and the older half all before it.
+	if st.LevelSurge < 18000*fade(since)-1 || st.LevelSurge > 18000*fade(since-st.lead(cfg)/2)+1 {
+		t.Fatalf("the level's surge %v: want 18000 faded from the drop", st.LevelSurge)
+	}
+	want := min(6000+st.LevelSurge-1500, st.PeakWork) / cfg.Utilisation
+	if math.Abs(p.Level-want) > 1e-6 || !strings.Contains(p.Reason, "moved") {
+		t.Fatalf("planned for %v (%s), want %v", p.Level, p.Reason, want)
 	}
 	if p.Replicas <= ceil(6000/(cfg.Utilisation*st.Capacity)) {
 		t.Fatalf("plan %d (%s): want more than the work alone needs", p.Replicas, p.Reason)
@@ -483,6 +494,33 @@ func TestLoadThatDriftedIsFollowedDown(t *testing.T) {
 	}
 	if p.Level != 6000/cfg.Utilisation || strings.Contains(p.Reason, "moved") {
 		t.Fatalf("planned for %v (%s), want the work over the utilisation, %v", p.Level, p.Reason, 6000/cfg.Utilisation)
+	}
+}
+
+func TestAWindowsNoiseIsNoMoveOfTheLevel(t *testing.T) {
+	cfg := Default(0)
+	// Windows of 3000 and 9000 in turn: the work moves by 6000 from one
+	// observation to the next, its level (6000) not at all. The noise's
+	// peak is planned at full utilisation, as it always was; only a move
+	// of the level is planned at the utilisation.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 2, 6000, 6000)
+	var p Plan
+	for i := range 120 {
+		w := 3000.0
+		if i%2 == 1 {
+			w = 9000
+		}
+		at = at.Add(5 * time.Second)
+		var err error
+		if p, st, err = Make(snap(at, serving("a", w/2, 0.01), serving("b", w/2, 0.01)), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Surge < 5900 || st.LevelSurge > 300 {
+		t.Fatalf("surge %v, the level's surge %v: want about 6000 and about none", st.Surge, st.LevelSurge)
+	}
+	if want := max(9000/cfg.Utilisation, min(9000+st.Surge, st.PeakWork)); math.Abs(p.Level-want) > 1e-6 {
+		t.Fatalf("planned for %v (%s), want %v: the noise's peak at full utilisation", p.Level, p.Reason, want)
 	}
 }
 
