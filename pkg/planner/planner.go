@@ -247,12 +247,9 @@ type Plan struct {
 	DrainNeed float64 `json:"drainNeed"`
 	// Surge: the largest move of the arriving work within one lead time
 	// seen (a rise, or a fall from a level held; fading); PeakWork the
-	// most that arrived (fading); Level the work per second the plan
-	// covers: the work over the utilisation, the work plus the surge up
-	// to the peak, or the work plus the level's surge beyond the
-	// utilisation's headroom, up to the peak, over the utilisation —
-	// whichever is most. LevelSurge: the largest move of the arriving
-	// work's level within one lead time seen (fading).
+	// most that arrived (fading); LevelSurge the largest move of the
+	// arriving work's level within one lead time seen (fading); Level the
+	// work per second the plan covers (Plan.plan says how).
 	Surge      float64 `json:"surgeWorkPerSecond"`
 	LevelSurge float64 `json:"levelSurgeWorkPerSecond"`
 	PeakWork   float64 `json:"peakWorkPerSecond"`

@@ -426,9 +426,9 @@ func TestLoadThatJumpedIsPlannedToJumpAgain(t *testing.T) {
 	// replicas) for two minutes, and falls back to 6000 for 20 minutes.
 	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
 	_, st, at = ramp(t, st, cfg, at, 2*time.Minute, 4, 24000, 24000)
-	// Two minutes at 24000 are the last quarter of a lead time (5 min
-	// assumed) against an older half at 6000: the level moved as the
-	// window did.
+	// Two minutes at 24000 fill the last quarter of a lead time (75 s of
+	// the 5 min assumed), against an older half at 6000: the level moved
+	// as the window did.
 	if st.Surge != 18000 || st.PeakWork != 24000 || st.LevelSurge != 18000 {
 		t.Fatalf("surge %v, peak work %v, the level's surge %v: want 18000, 24000 and 18000", st.Surge, st.PeakWork, st.LevelSurge)
 	}
