@@ -210,6 +210,12 @@ type State struct {
 	// against the mean of the older half: learnSurge), fading as Surge
 	// does. A window's noise moves it far less than it moves Surge.
 	LevelSurge float64
+	// Trend: how far the arriving work's level rises within a lead time
+	// where it has been rising for the last one — each quarter of it
+	// rose on the quarter before (a step rises in one quarter, and noise
+	// seldom in all three) — at the slowest quarter's pace; 0 where it
+	// has not. Not a memory: each observation sets it anew (learnSurge).
+	Trend float64
 }
 
 type peak struct {
@@ -248,10 +254,13 @@ type Plan struct {
 	// Surge: the largest move of the arriving work within one lead time
 	// seen (a rise, or a fall from a level held; fading); PeakWork the
 	// most that arrived (fading); LevelSurge the largest move of the
-	// arriving work's level within one lead time seen (fading); Level the
-	// work per second the plan covers (Plan.plan says how).
+	// arriving work's level within one lead time seen (fading); Trend the
+	// rise of its level over the next lead time, where it has risen over
+	// the last one quarter after quarter (State.Trend); Level the work per
+	// second the plan covers (Plan.plan says how).
 	Surge      float64 `json:"surgeWorkPerSecond"`
 	LevelSurge float64 `json:"levelSurgeWorkPerSecond"`
+	Trend      float64 `json:"trendWorkPerSecond"`
 	PeakWork   float64 `json:"peakWorkPerSecond"`
 	Level      float64 `json:"plannedWorkPerSecond"`
 	// WorkPerRequest: a request's mean work (see State).
@@ -502,8 +511,8 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
-			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
-				p.Work, p.Level, st.Surge, st.LevelSurge, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
+			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s, rising %.0f/s a lead time), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
+				p.Work, p.Level, st.Surge, st.LevelSurge, st.Trend, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 		}
 		if p.Ready > 0 {
 			p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
@@ -522,22 +531,26 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	return arrived * scale
 }
 
-// plan sets p's surges, peak and the level of work it plans for: the
-// work over the utilisation; the work it may return to within a lead
+// plan sets p's surges, trend, peak and the level of work it plans for:
+// the work over the utilisation; the work it may return to within a lead
 // time, up to its peak (the surge: a window's move, its noise included,
-// at full utilisation); and the work plus the level's move beyond the
+// at full utilisation); the work plus the level's move beyond the
 // utilisation's headroom, up to the peak, over the utilisation, as the
 // work now is planned (a rise within the headroom is what the headroom is
-// for: load that drifts is followed down). With no work at all, nothing
-// is held for a surge: a workload let scale to zero goes there once the
-// hold ends.
+// for: load that drifts is followed down); and the work plus its trend
+// beyond the headroom, over the utilisation: the one part not bounded by
+// the peak, since a load that has risen quarter after quarter for a lead
+// time is where capacity asked for now, ready a lead time later, meets
+// more than the load has had. With no work at all, nothing is held for a
+// surge: a workload let scale to zero goes there once the hold ends.
 func (p *Plan) plan(work float64, st *State, cfg Config) {
-	p.Surge, p.LevelSurge, p.PeakWork = st.Surge, st.LevelSurge, st.PeakWork
+	p.Surge, p.LevelSurge, p.Trend, p.PeakWork = st.Surge, st.LevelSurge, st.Trend, st.PeakWork
 	p.Level = work / cfg.Utilisation
 	if work > 0 {
+		headroom := work * (1/cfg.Utilisation - 1)
 		p.Level = max(p.Level, min(work+st.Surge, st.PeakWork))
-		rise := max(0, st.LevelSurge-work*(1/cfg.Utilisation-1))
-		p.Level = max(p.Level, min(work+rise, st.PeakWork)/cfg.Utilisation)
+		p.Level = max(p.Level, min(work+max(0, st.LevelSurge-headroom), st.PeakWork)/cfg.Utilisation)
+		p.Level = max(p.Level, (work+max(0, st.Trend-headroom))/cfg.Utilisation)
 	}
 }
 
@@ -674,25 +687,35 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	if now.Sub(st.Since) < lead {
 		return
 	}
-	low, held, n := work, 0.0, 0
-	recent, nr := work, 1
+	low := work
+	// The sums and counts of the work in each quarter of the lead time,
+	// newest first (the work now in the newest).
+	q, nq := [4]float64{work}, [4]int{1}
 	for _, pk := range st.peaks {
 		if age := now.Sub(pk.at); age <= lead {
 			low = min(low, pk.work)
-			if age >= lead/2 {
-				held += pk.work
-				n++
+			i := 0 // the newest quarter holds its end: age lead/4
+			if age > lead/4 {
+				i = min(3, int(4*age/lead))
 			}
-			if age <= lead/4 {
-				recent += pk.work
-				nr++
-			}
+			q[i] += pk.work
+			nq[i]++
 		}
 	}
 	st.Surge = max(st.Surge, work-low)
-	if n > 0 {
-		st.Surge = max(st.Surge, held/float64(n)-work)
-		st.LevelSurge = max(st.LevelSurge, math.Abs(recent/float64(nr)-held/float64(n)))
+	st.Trend = 0
+	if nq[2]+nq[3] > 0 {
+		// The older half's level, and the last quarter's.
+		held, recent := (q[2]+q[3])/float64(nq[2]+nq[3]), q[0]/float64(nq[0])
+		st.Surge = max(st.Surge, held-work)
+		st.LevelSurge = max(st.LevelSurge, math.Abs(recent-held))
+		if nq[1] > 0 && nq[2] > 0 && nq[3] > 0 {
+			rise := math.Inf(1)
+			for i := range 3 {
+				rise = min(rise, q[i]/float64(nq[i])-q[i+1]/float64(nq[i+1]))
+			}
+			st.Trend = 4 * max(0, rise)
+		}
 	}
 }
 

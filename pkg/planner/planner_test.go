@@ -516,11 +516,55 @@ func TestAWindowsNoiseIsNoMoveOfTheLevel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st.Surge < 5900 || st.LevelSurge > 300 {
-		t.Fatalf("surge %v, the level's surge %v: want about 6000 and about none", st.Surge, st.LevelSurge)
+	if st.Surge < 5900 || st.LevelSurge > 300 || st.Trend != 0 {
+		t.Fatalf("surge %v, the level's surge %v, trend %v: want about 6000, about none and none", st.Surge, st.LevelSurge, st.Trend)
 	}
 	if want := max(9000/cfg.Utilisation, min(9000+st.Surge, st.PeakWork)); math.Abs(p.Level-want) > 1e-6 {
 		t.Fatalf("planned for %v (%s), want %v: the noise's peak at full utilisation", p.Level, p.Reason, want)
+	}
+}
+
+func TestALoadRisingQuarterAfterQuarterIsPlannedAhead(t *testing.T) {
+	cfg := Default(0)
+	// 6000 for 10 minutes, then a rise to 18000 over 10 minutes: 6000 a
+	// lead time (the 5 min assumed), more than the 4500 the utilisation's
+	// headroom holds over 18000. Each quarter of the last lead time rose
+	// on the one before, so the rise is planned to go on for the lead time
+	// that capacity asked for now takes: past the most the load has had.
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	p, st, _ := ramp(t, st, cfg, at, 10*time.Minute, 2, 6000, 18000)
+	// The quarters' means lie 72.5 to 77.5 s apart (observations every
+	// 5 s): the slowest quarter's rise, 1450, four times.
+	if math.Abs(st.Trend-5800) > 1e-6 || p.Trend != st.Trend {
+		t.Fatalf("trend %v (plan %v): want 5800, the slowest quarter's rise of 1450 four times", st.Trend, p.Trend)
+	}
+	want := (p.Work + st.Trend - p.Work*(1/cfg.Utilisation-1)) / cfg.Utilisation
+	if math.Abs(p.Work-18000) > 1e-6 || math.Abs(p.Level-want) > 1e-6 || p.Level <= st.PeakWork/cfg.Utilisation {
+		t.Fatalf("work %v, planned for %v (%s): want 18000 and %v, past the peak over the utilisation (%v)",
+			p.Work, p.Level, p.Reason, want, st.PeakWork/cfg.Utilisation)
+	}
+	if !strings.Contains(p.Reason, "rising 5800/s a lead time") {
+		t.Fatalf("reason %q: want the trend named", p.Reason)
+	}
+}
+
+func TestAStepIsNoTrend(t *testing.T) {
+	cfg := Default(0)
+	// A step from 6000 to 24000, watched for a lead time after it: it
+	// rises within one quarter of the lead time, not in each, so at no
+	// observation is it planned to go on rising (the surge rules hold it).
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	step := at
+	for range 6 * 12 {
+		at = at.Add(5 * time.Second)
+		p, next, err := Make(snap(at, serving("a", 6000, 0.01), serving("b", 6000, 0.01), serving("c", 6000, 0.01), serving("d", 6000, 0.01)), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st = next
+		if st.Trend != 0 || p.Level > 24000/cfg.Utilisation {
+			t.Fatalf("%v after the step: trend %v, planned for %v: want no trend, at most the step over the utilisation", at.Sub(step), st.Trend, p.Level)
+		}
 	}
 }
 

@@ -198,7 +198,8 @@ var (
 		planDesc("starting_replicas", "Replicas starting (not Ready), counted as capacity coming."),
 		planDesc("surge_work_per_second", "The largest move of the work arriving within one lead time the planner has seen: a rise, or a fall from a level held (fading by half in an hour)."),
 		planDesc("level_surge_work_per_second", "The largest move of the level of the work arriving within one lead time the planner has seen (the last quarter of a lead time's mean against the older half's; fading by half in an hour): a move of the level, not of one window."),
-		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, the work plus the surge up to its recent peak, or the work plus the level's surge beyond the utilisation's headroom, up to the peak, over the utilisation, whichever is most."),
+		planDesc("trend_work_per_second", "How far the level of the work arriving rises within the next lead time, where it rose in each quarter of the last one (four times the slowest quarter's rise; 0 where it did not): not a memory, each observation sets it."),
+		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, the work plus the surge up to its recent peak, the work plus the level's surge beyond the utilisation's headroom, up to the peak, over the utilisation, or the work plus its trend beyond that headroom over the utilisation, whichever is most."),
 		planDesc("refused_replicas", "Ready replicas whose window was past what is believed of one replica (planned as replicas without a fresh sample)."),
 		planDesc("stuck_replicas", "Replicas starting longer than an hour (or three lead times learned): no capacity coming."),
 	}
@@ -243,7 +244,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Level, float64(p.Refused), float64(p.Stuck)} {
+				p.Need, p.HeldPeak, p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck)} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}
