@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every result of docs/simulation.md (about 40 minutes on 2
+# Regenerates every result of docs/simulation.md (about 45 minutes on 2
 # cores): each command's table goes to docs/simulation/results/NAME.txt,
 # its report and pictures to docs/simulation/NAME/ where the document shows
 # them. Run from the repository root after `make build`.
@@ -73,9 +73,11 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout-rises.yaml --out docs/simulation/heldout-rises | tail -1 > "$out/heldout-rises.txt"
 # Written before the level's surge was tried (docs/planner.md, "Measured": shipped).
 "$sim" bench --suite docs/simulation/heldout-levels.yaml --out docs/simulation/heldout-levels | tail -1 > "$out/heldout-levels.txt"
-# Written before a plan for the load's trend was tried, and before its
-# second form (docs/planner.md, "Measured": the second shipped).
+# Written before a plan for the load's trend was tried (its first form,
+# not shipped, was run on it; docs/planner.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-trends.yaml --out docs/simulation/heldout-trends | tail -1 > "$out/heldout-trends.txt"
+# Written after the first form's run and before the form shipped was run on
+# any suite (docs/planner.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-trends-2.yaml --out docs/simulation/heldout-trends-2 | tail -1 > "$out/heldout-trends-2.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
