@@ -2,7 +2,9 @@ package wire
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -250,6 +252,70 @@ func BenchmarkWireBytesPerPodSample(b *testing.B) {
 
 func benchWireBytes(b *testing.B, hist bool) {
 	const pods, ticks = 16, 60
+	pages := simPages(b, pods, ticks, hist)
+	var firstBytes, steadyBytes, steadySamples int
+	b.ReportAllocs()
+	for b.Loop() {
+		enc := NewEncoder()
+		firstBytes, steadyBytes, steadySamples = 0, 0, 0
+		for tick, ps := range pages {
+			batch := &pulsev1.SampleBatch{Seq: uint64(tick + 1), TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
+			for i := range ps {
+				enc.Append(batch, &Sample{Pod: uint32(i + 1), OffsetMs: int32(i * 3), Values: ps[i].Values, Hist: ps[i].Hist})
+			}
+			n := proto.Size(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}})
+			if tick == 0 {
+				firstBytes = n
+			} else {
+				steadyBytes += n
+				steadySamples += len(ps)
+			}
+		}
+	}
+	b.ReportMetric(float64(steadyBytes)/float64(steadySamples), "B/pod-sample")
+	b.ReportMetric(float64(firstBytes)/pods, "B/pod-sample-first")
+}
+
+// BenchmarkDecoderHeapPerPod is the heap a stream's Decoder holds per pod:
+// 2,000 streams of 8 pods each (the fleet's CI-sized run) after a minute
+// of vLLM pages, without histograms.
+func BenchmarkDecoderHeapPerPod(b *testing.B) {
+	const streams, pods, ticks = 2000, 8, 60
+	pages := simPages(b, pods, ticks, false)
+	batches := make([]*pulsev1.SampleBatch, ticks)
+	enc := NewEncoder()
+	for tick, ps := range pages {
+		batches[tick] = &pulsev1.SampleBatch{Seq: uint64(tick + 1)}
+		for i := range ps {
+			enc.Append(batches[tick], &Sample{Pod: uint32(i + 1), Values: ps[i].Values})
+		}
+	}
+	for b.Loop() {
+		decs := make([]*Decoder, streams)
+		dst := make([]Sample, 0, pods)
+		runtime.GC()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for i := range decs {
+			decs[i] = NewDecoder()
+			for _, batch := range batches {
+				var err error
+				if dst, err = decs[i].Decode(dst[:0], batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		b.ReportMetric(float64(m1.HeapAlloc-m0.HeapAlloc)/(streams*pods), "heap-bytes/pod")
+		runtime.KeepAlive(decs)
+		runtime.KeepAlive(dst)
+	}
+}
+
+// simPages is the extracted pages of pods simulated vLLM servers, one
+// slice of them a tick (a second).
+func simPages(b *testing.B, pods, ticks int, hist bool) [][]vllm.Page {
 	var opts []vllm.Option
 	if hist {
 		opts = append(opts, vllm.WithHistograms())
@@ -280,27 +346,7 @@ func benchWireBytes(b *testing.B, hist bool) {
 			pages[tick] = append(pages[tick], p)
 		}
 	}
-	var firstBytes, steadyBytes, steadySamples int
-	b.ReportAllocs()
-	for b.Loop() {
-		enc := NewEncoder()
-		firstBytes, steadyBytes, steadySamples = 0, 0, 0
-		for tick, ps := range pages {
-			batch := &pulsev1.SampleBatch{Seq: uint64(tick + 1), TimeUnixMs: 1_700_000_000_000 + int64(tick)*1000}
-			for i := range ps {
-				enc.Append(batch, &Sample{Pod: uint32(i + 1), OffsetMs: int32(i * 3), Values: ps[i].Values, Hist: ps[i].Hist})
-			}
-			n := proto.Size(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}})
-			if tick == 0 {
-				firstBytes = n
-			} else {
-				steadyBytes += n
-				steadySamples += len(ps)
-			}
-		}
-	}
-	b.ReportMetric(float64(steadyBytes)/float64(steadySamples), "B/pod-sample")
-	b.ReportMetric(float64(firstBytes)/pods, "B/pod-sample-first")
+	return pages
 }
 
 // TestEncoderSendsNothingTheDecoderRefuses: what an agent's page may hold
@@ -351,6 +397,65 @@ func TestEncoderSendsNothingTheDecoderRefuses(t *testing.T) {
 		}
 		if x, _ := got[0].Values.Get(metric.Waiting); x != 3 {
 			t.Fatalf("%s: waiting %v, want 3", name, x)
+		}
+	}
+}
+
+// TestResidualsAsEveryIDHeldItsOwnState holds the encoding to its
+// definition, written out apart from the Encoder: agents and aggregators
+// of different versions must agree on every batch. A metric that goes
+// absent and comes back is predicted from its state before it went; one
+// never seen, from 0.
+func TestResidualsAsEveryIDHeldItsOwnState(t *testing.T) {
+	type fullState struct {
+		last  [metric.NumIDs]int64
+		delta [metric.NumCounters]int64
+	}
+	enc, dec := NewEncoder(), NewDecoder()
+	ref := map[uint32]*fullState{}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for step := range 400 {
+		var b pulsev1.SampleBatch
+		var want []int64
+		for pod := uint32(1); pod <= 4; pod++ {
+			if rng.IntN(8) == 0 {
+				continue // not in this batch
+			}
+			s := Sample{Pod: pod}
+			for id := metric.ID(1); id < metric.NumIDs; id++ {
+				// Each pod has its own few metrics, some of them flickering.
+				if (int(id)+int(pod))%3 == 0 || rng.IntN(5) == 0 {
+					continue
+				}
+				s.Values.Set(id, metric.Quantize(id, float64(step*int(id))+float64(rng.IntN(50))))
+			}
+			enc.Append(&b, &s)
+			r := ref[pod]
+			if r == nil {
+				r = new(fullState)
+				ref[pod] = r
+			}
+			for p := s.Values.Present & presentMask; p != 0; p &= p - 1 {
+				id := metric.ID(bits.TrailingZeros64(p))
+				n := quantize(id, s.Values.V[id])
+				pred := r.last[id]
+				if c := id.CounterIndex(); c >= 0 {
+					pred = min(max(r.last[id]+r.delta[c], -maxQuantum), maxQuantum)
+					r.delta[c] = n - r.last[id]
+				}
+				r.last[id] = n
+				want = append(want, n-pred)
+			}
+		}
+		if !slices.Equal(b.Values, want) {
+			t.Fatalf("step %d: residuals %v, want %v", step, b.Values, want)
+		}
+		got, err := dec.Decode(nil, marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if len(got) != len(b.Pods) {
+			t.Fatalf("step %d: %d samples decoded, want %d", step, len(got), len(b.Pods))
 		}
 	}
 }
