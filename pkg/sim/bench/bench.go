@@ -171,7 +171,7 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 					return nil, nil, err
 				}
 				start := time.Now()
-				c, first, err := s.runCase(tc, p, so, sb.Seeds)
+				c, first, err := s.runCase(tc, tc.scale(prof), p, so, sb.Seeds)
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s × %s × %s: %w", tc.Name, p.Name, so.Metadata.Name, err)
 				}
@@ -194,10 +194,9 @@ func caseName(c *Case) string {
 	return fmt.Sprintf("%s ×%g · %s · %s", c.Trace, c.RateScale, c.Profile, c.ScaledObject)
 }
 
-// runCase runs one case for every seed; it returns the scores and the first
-// seed's report (for pictures).
-func (s *Suite) runCase(tc TraceCase, p *replica.Profile, so *sim.ScaledObject, seeds []uint64) (*Case, *sim.Report, error) {
-	scale := tc.scale(p.Name)
+// runCase runs one case for every seed, the trace at rate multiple scale;
+// it returns the scores and the first seed's report (for pictures).
+func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim.ScaledObject, seeds []uint64) (*Case, *sim.Report, error) {
 	var reports []*sim.Report
 	for _, seed := range seeds {
 		reqs, err := trace.Load(s.path(tc.Trace), seed)

@@ -122,6 +122,57 @@ func TestSuiteWritesTheScoreboard(t *testing.T) {
 	}
 }
 
+// TestARateByProfileFileIsApplied: rateScaleByProfile's keys are the
+// suite's profiles as it writes them, a file's path included. The rate
+// was once looked up by the profile's own name, so a profile given as a
+// file ran every trace at the trace's rate: its key was accepted, and its
+// rate silently left out.
+func TestARateByProfileFileIsApplied(t *testing.T) {
+	f := miniSuite(t, `seeds: 1
+profiles: [llama-3.1-8b-h100, fast.yaml]
+scaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]
+pipelines: [pulse]
+clairvoyant: {utilisations: [1], windows: [30s]}
+traces:
+- name: steady
+  trace: poisson:rate=2,duration=5m
+  rateScale: 2
+  rateScaleByProfile: {fast.yaml: 0.5}
+`)
+	shipped, err := replica.Load("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := *shipped
+	fast.Name, fast.Startup, fast.StartupStddev = "llama-3.1-8b-h100-fast", replica.Duration{Duration: time.Minute}, replica.Duration{Duration: 10 * time.Second}
+	b, err := json.Marshal(fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(f), "fast.yaml"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := s.Runs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].RateScale != 2 || runs[1].RateScale != 0.5 || runs[1].ProfileName != "llama-3.1-8b-h100-fast" {
+		t.Fatalf("runs %+v: want the shipped profile at 2 and the file at 0.5", runs)
+	}
+	sb, _, err := s.Run("rates", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.Cases) != 2 || sb.Cases[0].RateScale != 2 || sb.Cases[1].RateScale != 0.5 || sb.Cases[1].Requests*4 > sb.Cases[0].Requests*3/2 {
+		t.Fatalf("cases: %s ×%g, %d requests; %s ×%g, %d requests: want the file's trace at a quarter of the other's rate",
+			sb.Cases[0].Profile, sb.Cases[0].RateScale, sb.Cases[0].Requests, sb.Cases[1].Profile, sb.Cases[1].RateScale, sb.Cases[1].Requests)
+	}
+}
+
 func TestBadSuitesAreRefusedClearly(t *testing.T) {
 	for name, tc := range map[string]struct{ body, want string }{
 		"unknown key":  {"seeds: 1\ncolour: red\n", "colour"},

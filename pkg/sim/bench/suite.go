@@ -67,7 +67,9 @@ type TraceCase struct {
 	ByProfile map[string]float64 `json:"rateScaleByProfile"`
 }
 
-// scale is the trace's rate multiple for a profile.
+// scale is the trace's rate multiple for a profile, as the suite writes it
+// (a shipped name, or a file's path): rateScaleByProfile's keys are
+// checked against those.
 func (tc TraceCase) scale(profile string) float64 {
 	if v, ok := tc.ByProfile[profile]; ok {
 		return v
@@ -221,7 +223,7 @@ type Run struct {
 	Name        string // the trace's name in the suite
 	Trace       string
 	Profile     string
-	ProfileName string // as the suite writes it
+	ProfileName string // the profile's own name (its file's name: for a file)
 	RateScale   float64
 }
 
@@ -238,7 +240,7 @@ func (s *Suite) Runs() ([]Run, error) {
 	var out []Run
 	for _, tc := range s.Traces {
 		for i, prof := range s.Profiles {
-			out = append(out, Run{Name: tc.Name, Trace: s.path(tc.Trace), Profile: s.profilePath(prof), ProfileName: names[i], RateScale: tc.scale(names[i])})
+			out = append(out, Run{Name: tc.Name, Trace: s.path(tc.Trace), Profile: s.profilePath(prof), ProfileName: names[i], RateScale: tc.scale(prof)})
 		}
 	}
 	return out, nil
