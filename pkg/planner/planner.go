@@ -727,13 +727,21 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
 	healthyAll, served := len(fresh) > 0, 0.0
 	st.HealthyMax *= healthyDecay
+	// span: the longest any replica's rates cover (the window, or less
+	// while every one has fewer samples: an aggregator just started).
+	var span time.Duration
+	for _, l := range fresh {
+		span = max(span, l.Span)
+	}
 	for _, l := range fresh {
 		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		if !l.Tokens || w <= 0 {
 			continue
 		}
 		served += w
-		if l.FirstTokens*l.Span.Seconds() < minEvidence {
+		// A window of a few seconds (a replica just ready, a series
+		// restarted) is one request's luck, as too few first tokens are.
+		if l.FirstTokens*l.Span.Seconds() < minEvidence || 2*l.Span < span {
 			healthyAll = false
 			continue
 		}

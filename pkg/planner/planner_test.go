@@ -1068,3 +1068,36 @@ func TestANeedWithinTheToleranceAddsNoReplica(t *testing.T) {
 		t.Errorf("with no tolerance, need %.2f planned %d (%s), want 4", p.Need, p.Replicas, p.Reason)
 	}
 }
+
+// TestAReplicaJustReadyProvesNoCapacity: a replica ready for a second has
+// rates over that second, while the others' cover the whole window; a
+// second's prompts make a rate far above what the replica sustains. A
+// window less than half the longest of the workload's replicas proves no
+// capacity, whatever its first tokens (it took a second's 24,000 a second
+// for proof, and raised the capacity to it); once its window is long
+// enough it does. A workload whose windows are all short (an aggregator
+// just started) is observed as before.
+func TestAReplicaJustReadyProvesNoCapacity(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 0.01))
+	capacity, healthyMax := st.Capacity, st.HealthyMax
+	old := serving("a", (29*10000+5000)/30.0, 0.01)
+	fresh := serving("b", 24000, 0.01)
+	fresh.Span, fresh.FirstTokens = time.Second, 8
+	_, next, err := Make(snap(at.Add(5*time.Second), old, fresh), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Capacity != capacity || next.HealthyMax > healthyMax {
+		t.Fatalf("capacity %v, healthy max %v after a one-second window; want %v and at most %v", next.Capacity, next.HealthyMax, capacity, healthyMax)
+	}
+	fresh.Span = 16 * time.Second
+	if _, next, err = Make(snap(at.Add(5*time.Second), old, fresh), st, cfg); err != nil || next.Capacity < 24000 {
+		t.Fatalf("capacity %v, %v after a 16-second window of 24,000 a second within the SLO: want at least 24000", next.Capacity, err)
+	}
+	a, b := serving("a", 12000, 0.01), serving("b", 12000, 0.01)
+	a.Span, b.Span = 2*time.Second, 2*time.Second
+	if _, next, err = Make(snap(at.Add(5*time.Second), a, b), st, cfg); err != nil || next.Capacity <= capacity || next.HealthyMax < 12000 {
+		t.Fatalf("capacity %v, healthy max %v, %v: want the windows of an aggregator just started observed", next.Capacity, next.HealthyMax, err)
+	}
+}
