@@ -223,7 +223,7 @@ type Run struct {
 	Name        string // the trace's name in the suite
 	Trace       string
 	Profile     string
-	ProfileName string // the profile's own name (its file's name: for a file)
+	ProfileName string // the profile's own name (the name: field of a file)
 	RateScale   float64
 }
 
