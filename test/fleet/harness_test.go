@@ -261,7 +261,11 @@ func TestEchoerSkipsTurnsNotItsOwn(t *testing.T) {
 		t.Fatalf("%d round trips timed, %d echoed while skipping, want none", len(rtts), served.Load())
 	}
 	skip.Store(false)
-	for deadline := time.Now().Add(10 * time.Second); served.Load() < 5 && time.Now().Before(deadline); {
+	// Wait on the echoer's own count: the server counts an echo before
+	// the echoer has read it, so a count of the server's can end the run
+	// with the last round trip still in flight.
+	timed := func() int { e.mu.Lock(); defer e.mu.Unlock(); return len(e.rtts) }
+	for deadline := time.Now().Add(10 * time.Second); timed() < 5 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()
