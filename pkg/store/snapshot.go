@@ -22,7 +22,9 @@ type PodLoad struct {
 	Tokens                         bool
 	// FirstTokens: requests that got their first token, per second; TTFT is
 	// their mean time to it (TTFTOK false when none did in the window, or
-	// the page has no TTFT histogram).
+	// the page has no TTFT histogram). A page with no TTFT histogram but a
+	// queue-time one (TGI's) counts the requests that left the queue: each
+	// is then prefilled, and its first token follows.
 	FirstTokens float64
 	TTFT        float64
 	TTFTOK      bool
@@ -81,6 +83,7 @@ var (
 	promptRate   = metric.Def{Rule: metric.RuleRate, Num: metric.PromptTokens}
 	genRate      = metric.Def{Rule: metric.RuleRate, Num: metric.GenerationTokens}
 	firstRate    = metric.Def{Rule: metric.RuleRate, Num: metric.TTFTCount}
+	dequeueRate  = metric.Def{Rule: metric.RuleRate, Num: metric.QueueTimeCount}
 	preemptRate  = metric.Def{Rule: metric.RuleRate, Num: metric.Preemptions}
 	ttftMean     = metric.Def{Rule: metric.RuleRatio, Num: metric.TTFTSum, Den: metric.TTFTCount}
 	queueMean    = metric.Def{Rule: metric.RuleRatio, Num: metric.QueueTimeSum, Den: metric.QueueTimeCount}
@@ -89,7 +92,7 @@ var (
 	runningGauge = metric.Def{Rule: metric.RuleGauge, Num: metric.Running}
 	kvGauge      = metric.Def{Rule: metric.RuleGauge, Num: metric.KVCacheUsage}
 
-	rateIDs  = ids(promptRate) | ids(genRate) | ids(firstRate) | ids(preemptRate) | ids(ttftMean) | ids(queueMean) | ids(itlMean)
+	rateIDs  = ids(promptRate) | ids(genRate) | ids(firstRate) | ids(dequeueRate) | ids(preemptRate) | ids(ttftMean) | ids(queueMean) | ids(itlMean)
 	gaugeIDs = ids(waitingGauge) | ids(runningGauge) | ids(kvGauge)
 )
 
@@ -154,7 +157,10 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	l.PromptTokens, okP = promptRate.Eval(rates)
 	l.GenerationTokens, okG = genRate.Eval(rates)
 	l.Tokens = okP || okG
-	l.FirstTokens, _ = firstRate.Eval(rates)
+	var okF bool
+	if l.FirstTokens, okF = firstRate.Eval(rates); !okF {
+		l.FirstTokens, _ = dequeueRate.Eval(rates)
+	}
 	l.TTFT, l.TTFTOK = ttftMean.Eval(rates)
 	l.QueueTime, l.QueueOK = queueMean.Eval(rates)
 	l.ITL, l.ITLOK = itlMean.Eval(rates)
