@@ -97,8 +97,9 @@ const (
 	// time of one or two requests is noise, not saturation).
 	minEvidence = 5
 	// healthyDecay forgets the most a replica served healthy, per
-	// observation (half in about an hour at one observation per 5 s), so
-	// that a changed mix of lengths is relearned.
+	// ObserveEvery of time (half in 58 minutes at the default 5 s), so that
+	// a changed mix of lengths is relearned: by the time elapsed, whether
+	// or not the workload was observed meanwhile (at zero, or stale).
 	healthyDecay = 0.999
 	// maxHoldExtra bounds the hold's regret extension; regretQuiet halves
 	// it.
@@ -192,6 +193,7 @@ type State struct {
 	Startups          int
 	startupsTo        time.Time
 	lastObserve       time.Time
+	healthyAt         time.Time // HealthyMax's last fade
 	lastProbe         time.Time
 	healthySince      time.Time // every replica healthy and loaded since
 	// startingFor: the longest a replica now starting has been starting
@@ -726,7 +728,13 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 // capacity is probed upward.
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
 	healthyAll, served := len(fresh) > 0, 0.0
-	st.HealthyMax *= healthyDecay
+	switch {
+	case cfg.ObserveEvery <= 0: // every call observes: a fade each
+		st.HealthyMax *= healthyDecay
+	case !st.healthyAt.IsZero():
+		st.HealthyMax *= math.Pow(healthyDecay, float64(now.Sub(st.healthyAt))/float64(cfg.ObserveEvery))
+	}
+	st.healthyAt = now
 	// span: the longest any replica's rates cover (the window, or less
 	// while every one has fewer samples: an aggregator just started).
 	var span time.Duration

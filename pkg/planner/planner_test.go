@@ -69,6 +69,30 @@ func TestHealthyThroughputProvesCapacity(t *testing.T) {
 	}
 }
 
+// TestTheProofOfCapacityFadesWithTime: the most a replica served within
+// the SLO fades by half in about an hour of time, not of observations: a
+// workload unobserved for two hours (at zero, or its agent lost) comes
+// back with a quarter of its proof, as one observed all along would. It
+// faded only at an observation, so two hours unobserved kept it whole,
+// and a changed mix of lengths was planned on the old floor for another
+// hour.
+func TestTheProofOfCapacityFadesWithTime(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 10000, 0.01))
+	if st.HealthyMax < 9900 {
+		t.Fatalf("proven %v after a minute at 10000, want about 10000", st.HealthyMax)
+	}
+	_, observed, _ := run(t, st, cfg, at, 2*time.Hour, serving("a", 1000, 0.01))
+	_, st, err := Make(snap(at.Add(2*time.Hour), serving("a", 1000, 0.01)), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 10000 * math.Pow(healthyDecay, float64(2*time.Hour/cfg.ObserveEvery)); math.Abs(st.HealthyMax-want) > 0.01*want ||
+		math.Abs(observed.HealthyMax-want) > 0.01*want {
+		t.Fatalf("proven after two hours unobserved %.0f, observed every 5 s %.0f; want both %.0f (a quarter, about)", st.HealthyMax, observed.HealthyMax, want)
+	}
+}
+
 func TestObservesAtMostOncePerInterval(t *testing.T) {
 	cfg := Default(0)
 	st := State{}
