@@ -837,7 +837,7 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 		if l.TTFTQuantile > slo {
 			return queued, false
 		}
-		return false, l.Waiting < 1
+		return false, !queued
 	case l.QueueOK:
 		broke = l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo)
 	case l.TTFTOK:

@@ -626,6 +626,14 @@ func TestPercentileSLOPastWithoutAQueueTeachesNothing(t *testing.T) {
 	if _, st, _ = run(t, State{}, cfg, t0, 0, fast); st.Breaks != 0 || st.Observations != 1 || st.Capacity != 10000 {
 		t.Fatalf("p90 1.5 s: %d breaks, %d observations, capacity %v: want a healthy 10000", st.Breaks, st.Observations, st.Capacity)
 	}
+	// Within the SLO with its requests queued past a quarter of it (0.8 s
+	// on average) and under one waiting on average, it is neither: a queue
+	// stood by the queue time's measure. It was proof of 10000.
+	queuing := fast
+	queuing.QueueTime, queuing.Waiting = 0.8, 0.5
+	if _, st, _ = run(t, State{}, cfg, t0, 0, queuing); st.Breaks != 0 || st.Observations != 0 || st.Capacity != 0 || st.HealthyMax != 0 {
+		t.Fatalf("p90 1.5 s, queued 0.8 s: %d breaks, %d observations, capacity %v, proven %v: want nothing learned", st.Breaks, st.Observations, st.Capacity, st.HealthyMax)
+	}
 	// Without the histogram, the means judge, and the plan says so.
 	p, _, _ = run(t, State{}, cfg, t0, 0, serving("a", 10000, 0.01))
 	if !strings.Contains(p.Rule, "no replica's TTFT histogram is forwarded") {
