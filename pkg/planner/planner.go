@@ -383,7 +383,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: %d have no fresh sample", p.Ready, p.Missing)
 	case in.At.Sub(st.Since) < hold:
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: observed for %s, less than the hold %s", p.Ready, in.At.Sub(st.Since).Round(time.Second), hold)
-	case st.Capacity == 0 && p.Work > 0:
+	case st.Capacity == 0 && (p.Work > 0 || busy(fresh)):
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: no capacity learned yet", p.Ready)
 	}
 	if p.Refused > 0 {
@@ -430,6 +430,17 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 		}
 	}
 	return fresh
+}
+
+// busy says whether any fresh replica runs or queues a request: load on a
+// page without token counters, where the work is 0.
+func busy(fresh []*store.PodLoad) bool {
+	for _, l := range fresh {
+		if l.Running > 0 || l.Waiting > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // kvShares is each fresh replica's KV-cache usage, in [0, 1]: a replica

@@ -265,6 +265,29 @@ func TestAGaugeAbsentIsNotAZero(t *testing.T) {
 	}
 }
 
+// TestLoadWithoutTokenCountersKeepsTheReadyReplicas: a page with no token
+// counters teaches no capacity, and its replicas' work reads 0; while they
+// run requests the fallback never plans below the ready replicas (it
+// judged the load by the work alone, and planned 4 replicas at 30 % of
+// their KV cache down to 2).
+func TestLoadWithoutTokenCountersKeepsTheReadyReplicas(t *testing.T) {
+	cfg := Default(0)
+	var pods []store.PodLoad
+	for _, name := range []string{"a", "b", "c", "d"} {
+		pods = append(pods, store.PodLoad{Name: name, State: store.PodCounted, Span: 30 * time.Second, Running: 5, KVCache: 0.3})
+	}
+	p, st, _ := run(t, State{}, cfg, t0, 10*time.Minute, pods...)
+	if st.Capacity != 0 || p.Replicas != 4 {
+		t.Fatalf("4 replicas running requests, no token counters, after 10 minutes: capacity %v, plan %d (%s); want none learned and the 4 held", st.Capacity, p.Replicas, p.Reason)
+	}
+	for i := range pods {
+		pods[i].Running = 0
+	}
+	if p, _, _ = run(t, st, cfg, t0.Add(10*time.Minute), time.Minute, pods...); p.Replicas != 2 {
+		t.Fatalf("idle, KV cache at 0.3 each: plan %d (%s), want 2 (1.2 replicas' worth of KV cache at 0.8)", p.Replicas, p.Reason)
+	}
+}
+
 func TestProbeNeverPlansPastProvenThroughput(t *testing.T) {
 	cfg := Default(0)
 	// Healthy at 5000 each for an hour: probes raise the capacity to at
