@@ -241,8 +241,9 @@ type Plan struct {
 	Rule string `json:"rule"`
 	// Need: replicas the current load needs (before the hold).
 	Need float64 `json:"need"`
-	// Work is the work offered per second (served, plus queue growth);
-	// Backlog the work waiting (queued and held at routers).
+	// Work is the work offered per second (served, plus queue growth) at
+	// the ready replicas, those without a fresh sample carrying the fresh
+	// ones' mean; Backlog the work waiting (queued and held at routers).
 	Work    float64 `json:"workPerSecond"`
 	Backlog float64 `json:"backlog"`
 	// BacklogThen: the backlog projected to when capacity asked for now is
@@ -374,7 +375,12 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	p.Replicas = ceil(p.Need)
 	if held := ceil(p.HeldPeak); held > p.Replicas {
 		p.Replicas = held
-		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time %s, margin %s)", p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), st.lead(cfg).Round(time.Second), cfg.HoldMargin)
+		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time and its deviations %s, margin %s",
+			p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), (hold - cfg.HoldMargin - st.HoldExtra).Round(time.Second), cfg.HoldMargin)
+		if st.HoldExtra > 0 {
+			p.Reason += fmt.Sprintf(", after regrets %s", st.HoldExtra.Round(time.Second))
+		}
+		p.Reason += ")"
 	}
 	p.tolerate(cfg)
 	switch {
@@ -506,7 +512,10 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		scale = float64(len(fresh)+p.Missing) / float64(len(fresh))
 	}
 	p.KVNeed *= scale
-	work := p.Work * scale
+	// The work planned (and shown) is the workload's: the fresh pods'
+	// scaled to the ready replicas.
+	p.Work *= scale
+	work := p.Work
 	if observe {
 		st.learnSurge(arrived*scale, in.At, st.lead(cfg))
 	}

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -313,9 +314,29 @@ func TestRegretLengthensTheHold(t *testing.T) {
 	if st.HoldExtra != 0 {
 		t.Fatalf("released: hold extension %s, want none yet", st.HoldExtra)
 	}
-	p, st, _ = run(t, st, cfg, at, time.Minute, serving("a", 16000, 0.01))
+	p, st, at = run(t, st, cfg, at, time.Minute, serving("a", 16000, 0.01))
 	if p.Replicas < 2 || st.HoldExtra != cfg.LeadTime {
 		t.Fatalf("the released replica needed again a minute after it went (plan %d): hold extension %s, want the lead time %s", p.Replicas, st.HoldExtra, cfg.LeadTime)
+	}
+	// The peak held says what its hold is made of, the extension included
+	// (it named the lead time and the margin only).
+	p, _, _ = run(t, st, cfg, at, 30*time.Second, serving("a", 0, 0), serving("b", 0, 0))
+	if want := fmt.Sprintf("(a hold of %s: lead time and its deviations %s, margin %s, after regrets %s)", st.hold(cfg), cfg.LeadTime, cfg.HoldMargin, cfg.LeadTime); !strings.Contains(p.Reason, want) {
+		t.Fatalf("reason %q, want it to hold %q", p.Reason, want)
+	}
+}
+
+// TestTheWorkShownIsTheWorkPlanned: replicas without a fresh sample carry
+// the fresh ones' mean work, in the plan and in what it shows (the plan
+// was made on 4 replicas' work and said 2's).
+func TestTheWorkShownIsTheWorkPlanned(t *testing.T) {
+	cfg := Default(0)
+	fresh := []store.PodLoad{serving("a", 1000, 0.01), serving("b", 1000, 0.01)}
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, append(fresh, serving("c", 1000, 0.01), serving("d", 1000, 0.01))...)
+	missing := store.PodLoad{Name: "c", State: store.PodMissing, Reason: "stale"}
+	p, _, err := Make(snap(at, append(fresh, missing, missing)...), st, cfg)
+	if err != nil || p.Work != 4000 || !strings.Contains(p.Reason, "work 4000/s") {
+		t.Fatalf("2 fresh replicas at 1000/s and 2 missing: work %v (%s), %v; want 4000 shown as planned", p.Work, p.Reason, err)
 	}
 }
 
