@@ -191,7 +191,7 @@ var (
 		planDesc("capacity_observations", "Replica windows the capacity was learned from."),
 		planDesc("lead_time_seconds", "A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one."),
 		planDesc("need_replicas", "Replicas the current load needs, before the hold."),
-		planDesc("held_peak_replicas", "The largest need within the hold (lead time + margin), which the plan keeps."),
+		planDesc("held_peak_replicas", "The largest need within the hold (the lead time and its deviations, a margin, and the extension regrets add), which the plan keeps."),
 		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
 		planDesc("backlog_then", "The backlog projected to when capacity asked for now is ready, a lead time from now (the need drains it over a lead time)."),
 		planDesc("drain_need_replicas", "Replicas among which the arriving work must be spread for the largest queue at one ready replica, when capacity asked for now is ready, to be gone a minute after (a replica's queue drains only through it); the need is at least this."),

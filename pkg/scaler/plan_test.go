@@ -210,6 +210,40 @@ pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",sca
 		"pulse_aggregator_plan_drain_need_replicas", "pulse_aggregator_plan_lead_time_seconds", "pulse_aggregator_trigger_desired_replicas"); err != nil {
 		t.Fatal(err)
 	}
+	// Every gauge of the plan is its part of the plan, by name.
+	evs := f.server.Evaluations()
+	if len(evs) != 1 || evs[0].Decision.Plan == nil {
+		t.Fatalf("evaluations %+v, want the one plan", evs)
+	}
+	p := evs[0].Decision.Plan
+	want := map[string]float64{
+		"work_per_second": p.Work, "capacity_per_replica": p.Capacity, "capacity_confidence": p.Confidence,
+		"capacity_observations": float64(p.Observations), "lead_time_seconds": p.LeadTime.Seconds(), "need_replicas": p.Need,
+		"held_peak_replicas": p.HeldPeak, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
+		"starting_replicas": float64(p.Starting), "surge_work_per_second": p.Surge, "level_surge_work_per_second": p.LevelSurge,
+		"trend_work_per_second": p.Trend, "planned_work_per_second": p.Level, "refused_replicas": float64(p.Refused), "stuck_replicas": float64(p.Stuck),
+	}
+	if p.Work == 0 || p.Confidence == 0 || p.Need == 0 || p.Level == 0 {
+		t.Fatalf("plan %+v: want work, confidence, need and level to tell the gauges apart", p)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, mf := range mfs {
+		name, ok := strings.CutPrefix(mf.GetName(), "pulse_aggregator_plan_")
+		if !ok {
+			continue
+		}
+		seen++
+		if w, known := want[name]; !known || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetGauge().GetValue() != w {
+			t.Errorf("%s: %v, want the plan's %v (known %v)", mf.GetName(), mf.GetMetric(), w, known)
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("%d plan gauges exported, want %d", seen, len(want))
+	}
 }
 
 // serveSlowTail serves like serve, with a request or two always waiting
