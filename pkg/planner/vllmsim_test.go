@@ -83,9 +83,9 @@ func TestATGIPageTeachesCapacity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if page.Values.Has(metric.TTFTCount) || !page.Values.Has(metric.QueueTimeCount) || !page.Values.Has(metric.PromptTokens) {
+	if page.Has(metric.TTFTCount) || !page.Has(metric.QueueTimeCount) || !page.Has(metric.PromptTokens) {
 		t.Fatalf("the TGI page maps TTFT count %v, queue-time count %v, prompt tokens %v; this test is of a page with the last two only",
-			page.Values.Has(metric.TTFTCount), page.Values.Has(metric.QueueTimeCount), page.Values.Has(metric.PromptTokens))
+			page.Has(metric.TTFTCount), page.Has(metric.QueueTimeCount), page.Has(metric.PromptTokens))
 	}
 	now := time.Unix(1_700_000_000, 0)
 	st := store.New(store.Options{Retention: time.Minute, Now: func() time.Time { return now }})
