@@ -88,6 +88,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	if a.resolver != nil {
 		g.Go(func() error { a.resolver.Run(gctx); return nil })
+		// Every replica learns every planner trigger it watches, not only
+		// those KEDA asks it about (scaler.Learn).
+		g.Go(func() error { a.scaler.LearnFrom(gctx, a.resolver); return nil })
 	}
 	if a.managed != nil {
 		g.Go(func() error { return a.managed.Run(gctx) })

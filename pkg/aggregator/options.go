@@ -244,7 +244,7 @@ type KubeOptions struct {
 // AddFlags registers the group's flags.
 func (o *KubeOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KubeConfig, "kubeconfig", o.KubeConfig, "kubeconfig of the features that use the Kubernetes API (default: the in-cluster config)")
-	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects)")
+	fs.BoolVar(&o.ResolveTargets, "resolve-scale-targets", o.ResolveTargets, "when a trigger names no workload, find it from its ScaledObject's scaleTargetRef (watches ScaledObjects); and learn every planner trigger (metric replicas) of the ScaledObjects watched, as the replica KEDA asks does, so that a failover keeps what was learned")
 	fs.BoolVar(&o.AllowCrossNamespace, "allow-cross-namespace-triggers", o.AllowCrossNamespace, "let a trigger's namespace or workspaceNamespace key name another namespace than its ScaledObject's (default: a trigger reads only its own namespace)")
 	fs.StringVar(&o.OwnerClusterRole, "owner-cluster-role", o.OwnerClusterRole, "a ClusterRole that owns what the aggregator creates (--manage-certs' Secrets and ClusterTriggerAuthentication, the provisioner's Lease): deleting it deletes them (needs get on it)")
 }

@@ -28,6 +28,20 @@ func scaledObject(name, kind, target string) *unstructured.Unstructured {
 	return u
 }
 
+// runSynced runs r's informer for the test's life, and waits for its
+// cache to sync.
+func runSynced(t *testing.T, r *InformerResolver) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go r.Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); !r.informer.HasSynced(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("informer never synced")
+		}
+	}
+}
+
 // TestWorkloadFromScaleTargetRef: a trigger that names no workload scales
 // the one its ScaledObject targets, read from a real informer's cache.
 func TestWorkloadFromScaleTargetRef(t *testing.T) {
@@ -38,14 +52,7 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 	if _, _, err := r.Resolve("demo", "llama-so"); !errors.Is(err, errNotSynced) {
 		t.Fatalf("before sync: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go r.Run(ctx)
-	for deadline := time.Now().Add(10 * time.Second); !r.informer.HasSynced(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("informer never synced")
-		}
-	}
+	runSynced(t, r)
 	f := newFixtureWith(t, r)
 	f.pods("a", "b")
 	f.report(map[string]float64{"a": 2, "b": 3})

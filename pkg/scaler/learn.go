@@ -1,0 +1,104 @@
+package scaler
+
+import (
+	"context"
+	"slices"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/pulse-io/pulse/pkg/planner"
+)
+
+// LearnEvery is how often every replica learns its planner triggers
+// (Learn): the planner's observation cadence, so that a replica KEDA does
+// not ask observes as often as the one it asks.
+const LearnEvery = planner.DefaultObserveEvery
+
+// PlannerRefs lists the planner triggers (type external-push, metric
+// replicas) of the ScaledObjects in the cache, as KEDA would send them:
+// at most limit, the namespaces taken in turn (sorted, as the
+// ScaledObjects within each), so that one tenant's many ScaledObjects do
+// not crowd out another's. Nil before the cache has synced.
+func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObjectRef {
+	if !r.informer.HasSynced() {
+		return nil
+	}
+	byNS := map[string][]*externalscaler.ScaledObjectRef{}
+	for _, obj := range r.informer.GetStore().List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		triggers, _, _ := unstructured.NestedSlice(u.Object, "spec", "triggers")
+		for _, tr := range triggers {
+			m, _ := tr.(map[string]any)
+			if typ, _, _ := unstructured.NestedString(m, "type"); typ != "external-push" {
+				continue
+			}
+			md, ok, _ := unstructured.NestedStringMap(m, "metadata")
+			if !ok || md["metric"] != MetricReplicas {
+				continue
+			}
+			ns := u.GetNamespace()
+			byNS[ns] = append(byNS[ns], &externalscaler.ScaledObjectRef{Name: u.GetName(), Namespace: ns, ScalerMetadata: md})
+		}
+	}
+	names := make([]string, 0, len(byNS))
+	for ns, refs := range byNS {
+		names = append(names, ns)
+		slices.SortStableFunc(refs, func(a, b *externalscaler.ScaledObjectRef) int {
+			if a.Name < b.Name {
+				return -1
+			}
+			if a.Name > b.Name {
+				return 1
+			}
+			return 0
+		})
+	}
+	slices.Sort(names)
+	var out []*externalscaler.ScaledObjectRef
+	for i := 0; len(out) < limit; i++ {
+		taken := false
+		for _, ns := range names {
+			if refs := byNS[ns]; i < len(refs) && len(out) < limit {
+				out, taken = append(out, refs[i]), true
+			}
+		}
+		if !taken {
+			break
+		}
+	}
+	return out
+}
+
+// Learn plans each of refs as KEDA's call would, for what the planner
+// learns (its capacity, lead time, surges and holds), and answers nothing:
+// every aggregator replica holds every workload's samples, and so, learning
+// every planner trigger, the state the replica KEDA asks holds; after a
+// failover KEDA's new replica plans from what it has learned, not from the
+// start. A trigger whose metadata KEDA's call would be refused for, or
+// that names another namespace's workload, teaches nothing and is not
+// recorded as refused (KEDA's own calls are). It returns the triggers
+// planned (a workload with no pod here, or none fresh, is not).
+func (s *Server) Learn(refs []*externalscaler.ScaledObjectRef) int {
+	n := 0
+	for _, ref := range refs {
+		t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
+		if err != nil || t.Metric != MetricReplicas || !s.crossNS && t.Workload.Namespace != ref.GetNamespace() {
+			continue
+		}
+		if _, err := s.plan(t); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// LearnFrom runs Learn over the cache's planner triggers each LearnEvery
+// until ctx ends.
+func (s *Server) LearnFrom(ctx context.Context, r *InformerResolver) {
+	wait.UntilWithContext(ctx, func(context.Context) { s.Learn(r.PlannerRefs(maxPlans)) }, LearnEvery)
+}

@@ -1,0 +1,95 @@
+package scaler
+
+import (
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/pulse-io/pulse/pkg/planner"
+)
+
+// withTriggers is a ScaledObject of Workspace llama with these triggers.
+func withTriggers(namespace, name string, triggers ...map[string]any) *unstructured.Unstructured {
+	u := scaledObject(name, "Workspace", "llama")
+	u.SetNamespace(namespace)
+	ts := make([]any, len(triggers))
+	for i, tr := range triggers {
+		ts[i] = tr
+	}
+	_ = unstructured.SetNestedSlice(u.Object, ts, "spec", "triggers")
+	return u
+}
+
+func trigger(typ string, md map[string]string) map[string]any {
+	m := map[string]any{}
+	for k, v := range md {
+		m[k] = v
+	}
+	return map[string]any{"type": typ, "metadata": m}
+}
+
+// TestEveryReplicaLearnsWhatTheAskedOneDoes: two aggregator replicas hold
+// the same samples; KEDA asks one. The other learns each planner trigger
+// of the ScaledObjects it watches, at the planner's own cadence, and holds
+// the same capacity and observations: after a failover KEDA's new replica
+// plans from them, not from the start. A replica KEDA did not ask learned
+// nothing, and relearned everything when asked. Triggers of another kind,
+// another metric, metadata KEDA's call would be refused for, or another
+// namespace's workload teach nothing, and are not recorded as refused.
+func TestEveryReplicaLearnsWhatTheAskedOneDoes(t *testing.T) {
+	replicas := replicasMD("scalerAddress", "pulse-aggregator.pulse-system.svc:9090")
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
+		withTriggers("demo", "llama-so", trigger("cpu", map[string]string{"value": "50"}), trigger("external-push", replicas)),
+		withTriggers("demo", "waiting-so", trigger("external-push", map[string]string{"workspace": "llama", "metric": "waiting"})),
+		withTriggers("demo", "typo-so", trigger("external-push", replicasMD("sloTtf", "3s"))),
+		withTriggers("evil", "reach-so", trigger("external-push", replicasMD("namespace", "demo", "sloTtft", "1s"))))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	refs := r.PlannerRefs(maxPlans)
+	if len(refs) != 3 || refs[0].Namespace != "demo" || refs[0].Name != "llama-so" || refs[1].Namespace != "evil" || refs[2].Name != "typo-so" {
+		t.Fatalf("planner refs %v, want demo/llama-so, evil/reach-so and demo/typo-so, namespaces in turn", refs)
+	}
+	if got := r.PlannerRefs(2); len(got) != 2 || got[1].Namespace != "evil" {
+		t.Fatalf("two refs at most: %v, want one of each namespace", got)
+	}
+
+	f := newFixtureWith(t, r)
+	f.pods("a", "b")
+	other := New(f.store, Options{MaxWindow: time.Minute, Resolver: r, Now: f.clock.Now})
+	t.Cleanup(other.Shutdown)
+	idle := New(f.store, Options{MaxWindow: time.Minute, Resolver: r, Now: f.clock.Now})
+	t.Cleanup(idle.Shutdown)
+	learned := 0
+	for s := range 180 {
+		f.serve(1, 10000, 0.01, "a", "b")
+		if _, err := f.metric(t, replicas); err != nil && s > 0 {
+			t.Fatal(err)
+		}
+		if s%int(LearnEvery/time.Second) == 0 {
+			learned += other.Learn(r.PlannerRefs(maxPlans))
+		}
+	}
+	k := planKey{Key: llama, TTFT: planner.DefaultTTFT}
+	asked, learnt := f.server.plans.get(k), other.plans.get(k)
+	if asked.Observations == 0 || learnt.Observations != asked.Observations || learnt.Capacity != asked.Capacity || learnt.HealthyMax != asked.HealthyMax {
+		t.Fatalf("the replica asked: %d observations, capacity %v, proven %v; the other: %d, %v, %v; want the same, learned",
+			asked.Observations, asked.Capacity, asked.HealthyMax, learnt.Observations, learnt.Capacity, learnt.HealthyMax)
+	}
+	if st := idle.plans.get(k); st.Observations != 0 {
+		t.Fatalf("a replica neither asked nor learning has %d observations", st.Observations)
+	}
+	if learned != 36 { // llama-so's, every 5 s for 3 minutes; typo-so and reach-so never
+		t.Fatalf("%d triggers planned in 36 passes, want llama-so's alone: 36", learned)
+	}
+	if other.plans.n != 1 {
+		t.Fatalf("the learning replica holds %d states, want llama's alone", other.plans.n)
+	}
+	if evs := other.Evaluations(); len(evs) != 0 {
+		t.Fatalf("learning recorded %d evaluations (%+v), want none: KEDA's calls are recorded, not the learner's", len(evs), evs)
+	}
+}
