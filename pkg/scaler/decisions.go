@@ -9,6 +9,8 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/planner"
 )
 
 // Bounds of the decision records: a trigger not evaluated for decisionTTL
@@ -192,6 +194,7 @@ var (
 		planDesc("lead_time_seconds", "A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one."),
 		planDesc("need_replicas", "Replicas the current load needs, before the hold."),
 		planDesc("held_peak_replicas", "The largest need within the hold (the lead time and its deviations, a margin, and the extension regrets add), which the plan keeps."),
+		planDesc("held_until_timestamp_seconds", "When the held peak is released (Unix seconds; 0 when no peak past the need now is held)."),
 		planDesc("backlog", "Work waiting: queued on the replicas and held at the routers."),
 		planDesc("backlog_then", "The backlog projected to when capacity asked for now is ready, a lead time from now (the need drains it over a lead time)."),
 		planDesc("drain_need_replicas", "Replicas among which the arriving work must be spread for the largest queue at one ready replica, when capacity asked for now is ready, to be gone a minute after (a replica's queue drains only through it); the need is at least this."),
@@ -204,6 +207,14 @@ var (
 		planDesc("stuck_replicas", "Replicas starting longer than an hour (or three lead times learned): no capacity coming."),
 	}
 )
+
+// heldUntil is when p's held peak is released, in Unix seconds (0: none).
+func heldUntil(p *planner.Plan) float64 {
+	if p.HeldUntil.IsZero() {
+		return 0
+	}
+	return float64(p.HeldUntil.UnixNano()) / 1e9
+}
 
 func planDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc("pulse_aggregator_plan_"+name, help, triggerLabels, nil)
@@ -244,7 +255,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck)} {
+				p.Need, p.HeldPeak, heldUntil(p), p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck)} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}

@@ -219,7 +219,7 @@ pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",sca
 	want := map[string]float64{
 		"work_per_second": p.Work, "capacity_per_replica": p.Capacity, "capacity_confidence": p.Confidence,
 		"capacity_observations": float64(p.Observations), "lead_time_seconds": p.LeadTime.Seconds(), "need_replicas": p.Need,
-		"held_peak_replicas": p.HeldPeak, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
+		"held_peak_replicas": p.HeldPeak, "held_until_timestamp_seconds": float64(p.HeldUntil.UnixNano()) / 1e9, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
 		"starting_replicas": float64(p.Starting), "surge_work_per_second": p.Surge, "level_surge_work_per_second": p.LevelSurge,
 		"trend_work_per_second": p.Trend, "planned_work_per_second": p.Level, "refused_replicas": float64(p.Refused), "stuck_replicas": float64(p.Stuck),
 	}
