@@ -165,14 +165,20 @@ func TestCatalogueDiff(t *testing.T) {
 	if !full.Full || len(full.Upsert) != 2 {
 		t.Fatalf("first catalogue = %v", full)
 	}
-	// b becomes ready, a goes, d arrives and takes a's freed id.
-	b.Ready = true
+	// b becomes ready, a goes, d arrives and takes a's freed id; each
+	// says when it was created and became ready.
+	b.Ready, b.Created, b.ReadySince = true, time.UnixMilli(1_700_000_000_000), time.UnixMilli(1_700_000_215_000)
 	d := discovery.Target{UID: "d", Namespace: "ns", Pod: "d", Ready: true, URL: "http://z"}
 	c.Set([]discovery.Target{b, d})
 	_, second, _ := c.snapshot()
 	delta := DiffCatalogue(first, second, false)
 	if delta.Full || len(delta.Upsert) != 2 || len(delta.Remove) != 1 {
 		t.Fatalf("delta = %v: want b and d upserted, a's id removed", delta)
+	}
+	for _, p := range delta.Upsert {
+		if want := map[string][2]int64{"b": {1_700_000_000_000, 1_700_000_215_000}, "d": {0, 0}}[p.Uid]; p.CreatedUnixMs != want[0] || p.ReadySinceUnixMs != want[1] {
+			t.Fatalf("%s: created %d, ready since %d; want %v (0: unknown)", p.Uid, p.CreatedUnixMs, p.ReadySinceUnixMs, want)
+		}
 	}
 	if delta.Remove[0] != delta.Upsert[0].Id && delta.Remove[0] != delta.Upsert[1].Id {
 		t.Fatalf("a's freed id was not reused by d: %v", delta)

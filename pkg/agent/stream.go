@@ -461,6 +461,14 @@ func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]st
 
 func (tokenFile) RequireTransportSecurity() bool { return true }
 
+// unixMs is t in Unix milliseconds, 0 for the zero time (unknown).
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
 // DiffCatalogue is the catalogue message that turns sent into current (all
 // of current when full). The fleet harness (test/fleet) sends its simulated
 // agents' catalogues with it, so that they speak as the agent does.
@@ -474,7 +482,7 @@ func DiffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev
 	for id, t := range current {
 		if old, ok := sent[id]; full || !ok || !old.Equal(t) {
 			p := &pulsev1.Pod{Id: id, Uid: t.UID, Namespace: t.Namespace, Name: t.Pod, Ready: t.Ready, Terminating: t.Terminating,
-				Demand: t.Demand != nil}
+				Demand: t.Demand != nil, CreatedUnixMs: unixMs(t.Created), ReadySinceUnixMs: unixMs(t.ReadySince)}
 			for _, w := range t.Workloads {
 				p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: w.Kind, Name: w.Name})
 			}

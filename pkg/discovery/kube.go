@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
@@ -294,20 +295,27 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	// Ready stays its Ready condition: a pod draining in its grace period
 	// is often still Ready, and the HPA counts it so for metricType Value.
 	t.Terminating = pod.DeletionTimestamp != nil
-	t.Ready = host != "" && podReady(pod)
+	since, ready := readySince(pod)
+	t.Ready = host != "" && ready
+	t.Created = pod.CreationTimestamp.Time
+	if t.Ready {
+		t.ReadySince = since
+	}
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
 	}
 	return t, nil
 }
 
-func podReady(pod *corev1.Pod) bool {
+// readySince is whether pod's Ready condition is true, and since when
+// (its lastTransitionTime).
+func readySince(pod *corev1.Pod) (time.Time, bool) {
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+			return c.LastTransitionTime.Time, c.Status == corev1.ConditionTrue
 		}
 	}
-	return false
+	return time.Time{}, false
 }
 
 // declares is whether one of pod's containers declares port, TCP, on all

@@ -154,6 +154,26 @@ func TestTargetOf(t *testing.T) {
 	}
 }
 
+// TestATargetSaysWhenItsPodStarted: a pod's creation and, while Ready,
+// its Ready condition's transition are listed with it (the planner's lead
+// time is a replica's startup from them); a pod not Ready has no ready
+// time, whatever its condition's transition.
+func TestATargetSaysWhenItsPodStarted(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	created, ready := time.Unix(1_700_000_000, 0), time.Unix(1_700_000_215, 0)
+	p := kaitoPod("p", "node-1", true)
+	p.CreationTimestamp = metav1.NewTime(created)
+	p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(ready)
+	got, ok, err := TargetOf(p, "node-1", sel)
+	if err != nil || !ok || !got.Created.Equal(created) || !got.ReadySince.Equal(ready) {
+		t.Fatalf("got %+v (%v, %v): want created %s, ready since %s", got, ok, err, created, ready)
+	}
+	p.Status.Conditions[0].Status = corev1.ConditionFalse
+	if got, _, _ = TargetOf(p, "node-1", sel); got.Ready || !got.ReadySince.IsZero() || !got.Created.Equal(created) {
+		t.Fatalf("not ready: %+v, want its creation and no ready time", got)
+	}
+}
+
 func TestWorkloads(t *testing.T) {
 	ctrl := true
 	owner := func(kind, name string) []metav1.OwnerReference {

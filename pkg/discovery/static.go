@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -34,7 +35,11 @@ type Target struct {
 	Ready bool
 	// Terminating: the pod is being deleted: listed as such, not scraped.
 	Terminating bool
-	URL         string
+	// Created: the pod's creationTimestamp; ReadySince: while it is Ready,
+	// its Ready condition's lastTransitionTime (zero when unknown: static
+	// targets). The planner's lead time is a replica's startup from them.
+	Created, ReadySince time.Time
+	URL                 string
 	// Demand is set for a demand source's entry (a router's series for
 	// one workload, see DemandTargets); nil for a model server.
 	Demand *vllm.Demand
@@ -43,7 +48,7 @@ type Target struct {
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {
 	return t.UID == o.UID && t.Namespace == o.Namespace && t.Pod == o.Pod && t.Ready == o.Ready &&
-		t.Terminating == o.Terminating && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads) && t.Demand.Equal(o.Demand)
+		t.Terminating == o.Terminating && t.Created.Equal(o.Created) && t.ReadySince.Equal(o.ReadySince) && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads) && t.Demand.Equal(o.Demand)
 }
 
 // staticFile is the --static-targets file.

@@ -601,7 +601,11 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 	if len(p.Workloads) > maxWorkloadsPerPod {
 		return info, "", "too_many_workloads", fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
 	}
-	info = store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
+	if p.CreatedUnixMs < 0 || p.ReadySinceUnixMs < 0 || p.ReadySinceUnixMs > 0 && p.ReadySinceUnixMs < p.CreatedUnixMs {
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: created %d ms and ready since %d ms: want neither negative, nor ready before created", p.Namespace, p.Name, p.CreatedUnixMs, p.ReadySinceUnixMs)
+	}
+	info = store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand,
+		CreatedMs: p.CreatedUnixMs, ReadySinceMs: p.ReadySinceUnixMs}
 	for _, w := range p.Workloads {
 		kind, ok := kinds[w.Kind]
 		if !ok || w.Name == "" || len(w.Name) > maxNameBytes {

@@ -292,6 +292,9 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 		"nine workloads": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true, Workloads: nine}, "too_many_workloads"},
 		"bad workload":   {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Workloads: []*pulsev1.Workload{{Name: "x"}}}, "invalid_entry"},
 		"no uid":         {&pulsev1.Pod{Id: 2, Namespace: "ns", Name: "b"}, "invalid_entry"},
+		"ready before created": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
+			CreatedUnixMs: 1_700_000_000_000, ReadySinceUnixMs: 1_699_999_999_000}, "invalid_entry"},
+		"created before 1970": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", CreatedUnixMs: -1}, "invalid_entry"},
 		"demand entry without its router's uid": {&pulsev1.Pod{Id: 2, Uid: "u", Namespace: "ns", Name: "epp-0",
 			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}, "invalid_entry"},
 	}

@@ -191,7 +191,7 @@ var (
 		planDesc("capacity_per_replica", "Work per second one replica sustains within the SLO, as the planner has learned it (0 before it has)."),
 		planDesc("capacity_confidence", "The planner's confidence in the capacity learned (0 to 1, growing with its observations)."),
 		planDesc("capacity_observations", "Replica windows the capacity was learned from."),
-		planDesc("lead_time_seconds", "A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one."),
+		planDesc("lead_time_seconds", "A replica's startup (created to Ready) as the planner has learned it, or assumed before it has seen one."),
 		planDesc("need_replicas", "Replicas the current load needs, before the hold."),
 		planDesc("held_peak_replicas", "The largest need within the hold (the lead time and its deviations, a margin, and the extension regrets add), which the plan keeps."),
 		planDesc("held_until_timestamp_seconds", "When the held peak is released (Unix seconds; 0 when no peak past the need now is held)."),

@@ -199,7 +199,7 @@ pulse_aggregator_plan_capacity_per_replica{metric="replicas",namespace="demo",sc
 # HELP pulse_aggregator_plan_drain_need_replicas Replicas among which the arriving work must be spread for the largest queue at one ready replica, when capacity asked for now is ready, to be gone a minute after (a replica's queue drains only through it); the need is at least this.
 # TYPE pulse_aggregator_plan_drain_need_replicas gauge
 pulse_aggregator_plan_drain_need_replicas{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 0
-# HELP pulse_aggregator_plan_lead_time_seconds A replica's startup (listed to Ready) as the planner has learned it, or assumed before it has seen one.
+# HELP pulse_aggregator_plan_lead_time_seconds A replica's startup (created to Ready) as the planner has learned it, or assumed before it has seen one.
 # TYPE pulse_aggregator_plan_lead_time_seconds gauge
 pulse_aggregator_plan_lead_time_seconds{metric="replicas",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 300
 # HELP pulse_aggregator_trigger_desired_replicas The replica count the HPA derives from the last value, before its tolerance, behaviour and min/max.

@@ -55,9 +55,11 @@ type PodLoad struct {
 	// Span: the time the rates cover (the window, or less while the pod
 	// has fewer samples).
 	Span time.Duration
-	// Startup: from the pod's first listing (starting) to its first
-	// listing ready; 0 when the aggregator did not see it start. Age: since
-	// its first listing (starting pods), 0 when not seen.
+	// Startup: from the pod's creation (its agent's listing says when;
+	// else its first listing, starting) to its Ready condition's
+	// transition (else its first listing ready); 0 when unknown: its start
+	// was not seen and its listing gives no times. Age: since its creation
+	// (else its first listing, starting), 0 when unknown.
 	Startup, Age time.Duration
 }
 
@@ -125,11 +127,11 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 // load is p's PodLoad; mu must be held.
 func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, ttftQ float64) PodLoad {
 	l := PodLoad{Name: p.Name}
-	if !p.readyAt.IsZero() && !p.listedAt.IsZero() {
-		l.Startup = p.readyAt.Sub(p.listedAt)
+	if p.readyNs != 0 && p.startNs != 0 {
+		l.Startup = time.Duration(p.readyNs - p.startNs)
 	}
-	if !p.listedAt.IsZero() {
-		l.Age = now.Sub(p.listedAt)
+	if p.startNs != 0 {
+		l.Age = max(0, now.Sub(time.Unix(0, p.startNs))) // a creation ahead of this clock: the API server's is
 	}
 	switch {
 	case p.Terminating:

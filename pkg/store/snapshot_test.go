@@ -88,6 +88,50 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 	}
 }
 
+// TestAStartupIsFromItsPodsCreation: a pod listed with its creation and
+// its Ready condition's transition (the agent's kube listing) started when
+// it was created and was ready when its condition turned, whenever the
+// store first saw it: the minutes before an agent lists a pod (scheduling,
+// a node provisioned for it) count, and a store started after the pod was
+// ready still learns its startup. Each time is the first listed: a later
+// transition (a readiness flap) is no new startup. A creation ahead of the
+// store's clock is an age of 0.
+func TestAStartupIsFromItsPodsCreation(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	src := Source{Node: "n"}
+	created := now.Add(-3 * time.Minute) // pending for a node until now
+	p := PodInfo{UID: "u", Namespace: "ns", Name: "p", Workloads: []Key{ws}, CreatedMs: created.UnixMilli()}
+	s.Upsert(src, []PodInfo{p}, false)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || l.Age != 3*time.Minute {
+		t.Fatalf("starting: %+v, want an age of 3m0s from its creation", l)
+	}
+	now = now.Add(2 * time.Minute)
+	p.Ready, p.ReadySinceMs = true, now.Add(-10*time.Second).UnixMilli()
+	s.Upsert(src, []PodInfo{p}, false)
+	now = now.Add(time.Minute)
+	p.ReadySinceMs = now.UnixMilli() // flapped: not its startup
+	s.Upsert(src, []PodInfo{p}, false)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.Startup != 5*time.Minute-10*time.Second || l.Age != 6*time.Minute {
+		t.Fatalf("ready: startup %s, age %s; want 4m50s (created to ready) and 6m0s", l.Startup, l.Age)
+	}
+	// A store that first sees it ready (an aggregator restarted) learns
+	// the same startup; one with no times, none.
+	fresh := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	p.ReadySinceMs = now.Add(-time.Minute - 10*time.Second).UnixMilli()
+	fresh.Upsert(src, []PodInfo{p, {UID: "v", Namespace: "ns", Name: "q", Ready: true, Workloads: []Key{ws}},
+		{UID: "w", Namespace: "ns", Name: "r", Workloads: []Key{ws}, CreatedMs: now.Add(time.Second).UnixMilli()}}, false)
+	snap := fresh.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0)
+	byName := map[string]PodLoad{}
+	for _, l := range snap.Pods {
+		byName[l.Name] = l
+	}
+	if byName["p"].Startup != 5*time.Minute-10*time.Second || byName["q"].Startup != 0 || byName["r"].Age != 0 {
+		t.Fatalf("after a restart: startups %s and %s, a creation ahead aged %s; want 4m50s, unknown, 0",
+			byName["p"].Startup, byName["q"].Startup, byName["r"].Age)
+	}
+}
+
 // TestAGaugeAbsentIsSaidSo: a gauge absent from a pod's window was read as
 // 0 (the planner refused nothing and planned an empty queue); it is said
 // so (NoWaiting, NoKV).

@@ -45,6 +45,13 @@ type PodInfo struct {
 	// Demand: a demand source's entry (a router's requests for the
 	// workload), not a replica: left out of Query, read by Demand.
 	Demand bool
+	// CreatedMs: the pod's creationTimestamp; ReadySinceMs: while it is
+	// Ready, its Ready condition's lastTransitionTime (Unix ms, as the
+	// wire carries them, so that a pod held costs no more; 0 when
+	// unknown). A pod's startup is from the first to the second (the
+	// first of each listed); without them, from its first listing not
+	// ready to its first listing ready, as the store sees them.
+	CreatedMs, ReadySinceMs int64
 }
 
 // demandSep joins a demand source's pod uid and the workload of one of its
@@ -155,11 +162,14 @@ type pod struct {
 	lastSeen time.Time // aggregator clock of the last successful sample
 	// rare: what few pods have, nil until one is set.
 	rare *podRare
-	// listedAt is when the pod was first listed, not ready (zero when it
-	// was ready at its first listing: its start was not seen); readyAt is
-	// when it was first listed ready. Their difference is its startup
-	// time as the aggregator saw it (Snapshot).
-	listedAt, readyAt time.Time
+	// startNs is when the pod started: its creation when its agent lists
+	// it, else when it was first listed not ready (0 when neither is
+	// known: it was ready at its first listing, with no creation time);
+	// readyNs is when it became ready: its Ready condition's transition
+	// when listed, else when it was first listed ready. Their difference
+	// is its startup (Snapshot). Each is the first known, and kept (Unix
+	// ns: two time.Time took 32 bytes more a pod, past its size class).
+	startNs, readyNs int64
 	// trimCheck counts appends since trim last looked for expired samples.
 	trimCheck int
 	// behind: the last sample was more than stepBack behind the series
@@ -542,15 +552,26 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 	return refused
 }
 
-// markStart records when a pod was first listed starting and when it was
-// first listed ready.
+// markStart records when a pod started (its creation, else its first
+// listing not ready) and when it became ready (its Ready condition's
+// transition, else its first listing ready): the first known of each.
 func (p *pod) markStart(first bool, now time.Time) {
-	switch {
-	case p.Demand || p.Terminating:
-	case first && !p.Ready:
-		p.listedAt = now
-	case p.Ready && p.readyAt.IsZero():
-		p.readyAt = now
+	if p.Demand || p.Terminating {
+		return
+	}
+	if p.startNs == 0 {
+		switch {
+		case p.CreatedMs > 0:
+			p.startNs = time.UnixMilli(p.CreatedMs).UnixNano()
+		case first && !p.Ready:
+			p.startNs = now.UnixNano()
+		}
+	}
+	if p.Ready && p.readyNs == 0 {
+		p.readyNs = now.UnixNano()
+		if p.ReadySinceMs > 0 {
+			p.readyNs = time.UnixMilli(p.ReadySinceMs).UnixNano()
+		}
 	}
 }
 

@@ -789,9 +789,17 @@ type Pod struct {
 	// A demand source's entry: a router pod's requests for one workload
 	// (pulse.io/demand-source), not a replica of it. Its samples carry only
 	// PENDING_REQUESTS or ARRIVED_REQUESTS.
-	Demand        bool `protobuf:"varint,8,opt,name=demand,proto3" json:"demand,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Demand bool `protobuf:"varint,8,opt,name=demand,proto3" json:"demand,omitempty"`
+	// created_unix_ms: the pod's metadata.creationTimestamp; ready_since_unix_ms:
+	// while it is Ready, its Ready condition's lastTransitionTime (Unix ms, the
+	// API server's clock; 0 when unknown). The planner's lead time is their
+	// difference: a replica's startup from its creation, scheduling and a new
+	// node's provisioning included, which the aggregator, seeing a pod only
+	// once an agent lists it on its node, cannot see.
+	CreatedUnixMs    int64 `protobuf:"varint,9,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	ReadySinceUnixMs int64 `protobuf:"varint,10,opt,name=ready_since_unix_ms,json=readySinceUnixMs,proto3" json:"ready_since_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Pod) Reset() {
@@ -878,6 +886,20 @@ func (x *Pod) GetDemand() bool {
 		return x.Demand
 	}
 	return false
+}
+
+func (x *Pod) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Pod) GetReadySinceUnixMs() int64 {
+	if x != nil {
+		return x.ReadySinceUnixMs
+	}
+	return 0
 }
 
 // Catalogue maps pod ids to pods. The first one on a stream is full; later
@@ -1339,7 +1361,7 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\"J\n" +
 	"\bWorkload\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.pulse.v1.WorkloadKindR\x04kind\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xdb\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xb2\x02\n" +
 	"\x03Pod\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x1c\n" +
@@ -1348,7 +1370,10 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\tworkloads\x18\x05 \x03(\v2\x12.pulse.v1.WorkloadR\tworkloads\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12 \n" +
 	"\vterminating\x18\a \x01(\bR\vterminating\x12\x16\n" +
-	"\x06demand\x18\b \x01(\bR\x06demand\"^\n" +
+	"\x06demand\x18\b \x01(\bR\x06demand\x12&\n" +
+	"\x0fcreated_unix_ms\x18\t \x01(\x03R\rcreatedUnixMs\x12-\n" +
+	"\x13ready_since_unix_ms\x18\n" +
+	" \x01(\x03R\x10readySinceUnixMs\"^\n" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +
