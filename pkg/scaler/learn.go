@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -48,15 +49,7 @@ func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObject
 	names := make([]string, 0, len(byNS))
 	for ns, refs := range byNS {
 		names = append(names, ns)
-		slices.SortStableFunc(refs, func(a, b *externalscaler.ScaledObjectRef) int {
-			if a.Name < b.Name {
-				return -1
-			}
-			if a.Name > b.Name {
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(refs, func(a, b *externalscaler.ScaledObjectRef) int { return strings.Compare(a.Name, b.Name) })
 	}
 	slices.Sort(names)
 	var out []*externalscaler.ScaledObjectRef

@@ -127,7 +127,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 // load is p's PodLoad; mu must be held.
 func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, ttftQ float64) PodLoad {
 	l := PodLoad{Name: p.Name}
-	if p.readyNs != 0 && p.startNs != 0 {
+	if p.readyNs > 0 && p.startNs != 0 {
 		l.Startup = time.Duration(p.readyNs - p.startNs)
 	}
 	if p.startNs != 0 {

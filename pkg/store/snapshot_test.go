@@ -93,9 +93,10 @@ func TestSnapshotStartupsLoadsAndDemand(t *testing.T) {
 // it was created and was ready when its condition turned, whenever the
 // store first saw it: the minutes before an agent lists a pod (scheduling,
 // a node provisioned for it) count, and a store started after the pod was
-// ready still learns its startup. Each time is the first listed: a later
-// transition (a readiness flap) is no new startup. A creation ahead of the
-// store's clock is an age of 0.
+// ready still learns its startup (but for a pod listed ready with no ready
+// time: its startup is not the store's clock less its creation). Each time
+// is the first listed: a later transition (a readiness flap) is no new
+// startup. A creation ahead of the store's clock is an age of 0.
 func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
@@ -120,15 +121,18 @@ func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 	fresh := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
 	p.ReadySinceMs = now.Add(-time.Minute - 10*time.Second).UnixMilli()
 	fresh.Upsert(src, []PodInfo{p, {UID: "v", Namespace: "ns", Name: "q", Ready: true, Workloads: []Key{ws}},
-		{UID: "w", Namespace: "ns", Name: "r", Workloads: []Key{ws}, CreatedMs: now.Add(time.Second).UnixMilli()}}, false)
+		{UID: "w", Namespace: "ns", Name: "r", Workloads: []Key{ws}, CreatedMs: now.Add(time.Second).UnixMilli()},
+		{UID: "x", Namespace: "ns", Name: "s", Ready: true, Workloads: []Key{ws}, CreatedMs: created.UnixMilli()}}, false)
+	now = now.Add(time.Second)
+	fresh.Upsert(src, []PodInfo{{UID: "x", Namespace: "ns", Name: "s", Ready: true, Workloads: []Key{ws}, CreatedMs: created.UnixMilli()}}, false)
 	snap := fresh.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0)
 	byName := map[string]PodLoad{}
 	for _, l := range snap.Pods {
 		byName[l.Name] = l
 	}
-	if byName["p"].Startup != 5*time.Minute-10*time.Second || byName["q"].Startup != 0 || byName["r"].Age != 0 {
-		t.Fatalf("after a restart: startups %s and %s, a creation ahead aged %s; want 4m50s, unknown, 0",
-			byName["p"].Startup, byName["q"].Startup, byName["r"].Age)
+	if byName["p"].Startup != 5*time.Minute-10*time.Second || byName["q"].Startup != 0 || byName["r"].Age != 0 || byName["s"].Startup != 0 {
+		t.Fatalf("after a restart: startups %s and %s, a creation ahead aged %s, ready with no ready time %s; want 4m50s, unknown, 0, unknown",
+			byName["p"].Startup, byName["q"].Startup, byName["r"].Age, byName["s"].Startup)
 	}
 }
 

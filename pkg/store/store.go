@@ -168,7 +168,8 @@ type pod struct {
 	// readyNs is when it became ready: its Ready condition's transition
 	// when listed, else when it was first listed ready. Their difference
 	// is its startup (Snapshot). Each is the first known, and kept (Unix
-	// ns: two time.Time took 32 bytes more a pod, past its size class).
+	// ns: two time.Time took 32 bytes more a pod, past its size class);
+	// readyNs is -1 when the pod's ready time is not known.
 	startNs, readyNs int64
 	// trimCheck counts appends since trim last looked for expired samples.
 	trimCheck int
@@ -568,9 +569,16 @@ func (p *pod) markStart(first bool, now time.Time) {
 		}
 	}
 	if p.Ready && p.readyNs == 0 {
-		p.readyNs = now.UnixNano()
-		if p.ReadySinceMs > 0 {
+		switch {
+		case p.ReadySinceMs > 0:
 			p.readyNs = time.UnixMilli(p.ReadySinceMs).UnixNano()
+		case first && p.CreatedMs > 0:
+			// Ready at its first listing, created at a time the listing
+			// gives but ready at one it does not: its startup is not
+			// this store's clock less its creation.
+			p.readyNs = -1
+		default:
+			p.readyNs = now.UnixNano()
 		}
 	}
 }
