@@ -28,6 +28,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -323,26 +324,9 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 // catalogue the aggregator refused whole (past twice its limit, or 4 MiB),
 // silencing every tenant of the node at each reconnect.
 func fairList(ts []discovery.Target, n int) ([]discovery.Target, int) {
-	if len(ts) <= n {
-		return ts, 0
-	}
-	byNS := map[string][]discovery.Target{}
-	for _, t := range ts {
-		byNS[t.Namespace] = append(byNS[t.Namespace], t)
-	}
-	names := slices.Sorted(maps.Keys(byNS))
-	for _, ns := range names {
-		slices.SortFunc(byNS[ns], func(x, y discovery.Target) int { return strings.Compare(x.UID, y.UID) })
-	}
-	out := make([]discovery.Target, 0, n)
-	for i := 0; len(out) < n; i++ {
-		for _, ns := range names {
-			if i < len(byNS[ns]) && len(out) < n {
-				out = append(out, byNS[ns][i])
-			}
-		}
-	}
-	return out, len(ts) - n
+	out := slots.Share(ts, n, func(t discovery.Target) string { return t.Namespace },
+		func(x, y discovery.Target) int { return strings.Compare(x.UID, y.UID) })
+	return out, len(ts) - len(out)
 }
 
 // scrapeSlots bounds the scrapes at once: all of them, and one

@@ -2,7 +2,6 @@ package scaler
 
 import (
 	"context"
-	"slices"
 	"strings"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -10,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/pkg/slots"
 )
 
 // LearnEvery is how often every replica learns its planner triggers
@@ -19,14 +19,14 @@ const LearnEvery = planner.DefaultObserveEvery
 
 // PlannerRefs lists the planner triggers (type external-push, metric
 // replicas) of the ScaledObjects in the cache, as KEDA would send them:
-// at most limit, the namespaces taken in turn (sorted, as the
-// ScaledObjects within each), so that one tenant's many ScaledObjects do
-// not crowd out another's. Nil before the cache has synced.
+// at most limit, shared fairly among the namespaces (slots.Share), so that
+// one tenant's many ScaledObjects do not crowd out another's. Nil before
+// the cache has synced.
 func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObjectRef {
 	if !r.informer.HasSynced() {
 		return nil
 	}
-	byNS := map[string][]*externalscaler.ScaledObjectRef{}
+	var refs []*externalscaler.ScaledObjectRef
 	for _, obj := range r.informer.GetStore().List() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -42,29 +42,11 @@ func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObject
 			if !ok || md["metric"] != MetricReplicas {
 				continue
 			}
-			ns := u.GetNamespace()
-			byNS[ns] = append(byNS[ns], &externalscaler.ScaledObjectRef{Name: u.GetName(), Namespace: ns, ScalerMetadata: md})
+			refs = append(refs, &externalscaler.ScaledObjectRef{Name: u.GetName(), Namespace: u.GetNamespace(), ScalerMetadata: md})
 		}
 	}
-	names := make([]string, 0, len(byNS))
-	for ns, refs := range byNS {
-		names = append(names, ns)
-		slices.SortFunc(refs, func(a, b *externalscaler.ScaledObjectRef) int { return strings.Compare(a.Name, b.Name) })
-	}
-	slices.Sort(names)
-	var out []*externalscaler.ScaledObjectRef
-	for i := 0; len(out) < limit; i++ {
-		taken := false
-		for _, ns := range names {
-			if refs := byNS[ns]; i < len(refs) && len(out) < limit {
-				out, taken = append(out, refs[i]), true
-			}
-		}
-		if !taken {
-			break
-		}
-	}
-	return out
+	return slots.Share(refs, limit, (*externalscaler.ScaledObjectRef).GetNamespace,
+		func(a, b *externalscaler.ScaledObjectRef) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // Learn plans each of refs as KEDA's call would, for what the planner

@@ -3,7 +3,11 @@
 // every slot.
 package slots
 
-import "sync"
+import (
+	"maps"
+	"slices"
+	"sync"
+)
 
 // Slots counts the slots taken; its zero value has none taken.
 type Slots struct {
@@ -41,4 +45,37 @@ func (s *Slots) Give(key string) {
 			delete(s.keys, key)
 		}
 	}
+}
+
+// Share is at most n of items, shared fairly among their keys: the keys
+// in turn (sorted), each key's items in the order cmp gives; items as they
+// are when they are n or fewer. One key's many items (a tenant's pods,
+// its ScaledObjects) take no more than their turn of another's.
+func Share[T any](items []T, n int, key func(T) string, cmp func(a, b T) int) []T {
+	if len(items) <= n {
+		return items
+	}
+	byKey := map[string][]T{}
+	for _, it := range items {
+		byKey[key(it)] = append(byKey[key(it)], it)
+	}
+	keys := slices.Sorted(maps.Keys(byKey))
+	for _, k := range keys {
+		slices.SortFunc(byKey[k], cmp)
+	}
+	out := make([]T, 0, max(n, 0))
+	for i := 0; len(out) < n && len(keys) > 0; i++ {
+		left := keys[:0] // the keys with an item past i
+		for _, k := range keys {
+			if len(out) == n {
+				break
+			}
+			out = append(out, byKey[k][i])
+			if i+1 < len(byKey[k]) {
+				left = append(left, k)
+			}
+		}
+		keys = left
+	}
+	return out
 }

@@ -1,6 +1,10 @@
 package slots
 
-import "testing"
+import (
+	"slices"
+	"strings"
+	"testing"
+)
 
 func TestSlotsBoundAllAndEachKey(t *testing.T) {
 	var s Slots
@@ -35,5 +39,28 @@ func TestSlotsBoundAllAndEachKey(t *testing.T) {
 		if !s.Take("k", 0, 10) {
 			t.Fatal("with no bound on all, a key's slot within its own bound refused")
 		}
+	}
+}
+
+// TestShareTakesTheKeysInTurn: past n, each key's items (in cmp's order)
+// are taken a turn at a time, keys sorted, and a key run out takes no more
+// turns; within n the items are as they were.
+func TestShareTakesTheKeysInTurn(t *testing.T) {
+	type item struct{ key, name string }
+	items := []item{{"b", "b2"}, {"a", "a3"}, {"b", "b1"}, {"a", "a1"}, {"c", "c1"}, {"a", "a2"}, {"a", "a4"}}
+	key := func(i item) string { return i.key }
+	cmp := func(x, y item) int { return strings.Compare(x.name, y.name) }
+	var got []string
+	for _, i := range Share(items, 6, key, cmp) {
+		got = append(got, i.name)
+	}
+	if want := []string{"a1", "b1", "c1", "a2", "b2", "a3"}; !slices.Equal(got, want) {
+		t.Fatalf("Share of 6: %v, want %v", got, want)
+	}
+	if all := Share(items, 7, key, cmp); !slices.Equal(all, items) {
+		t.Fatalf("within n: %v, want the items as they were", all)
+	}
+	if none := Share(items, 0, key, cmp); len(none) != 0 {
+		t.Fatalf("n 0: %v", none)
 	}
 }
