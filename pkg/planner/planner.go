@@ -293,7 +293,8 @@ type Plan struct {
 	// Refused: ready replicas whose window was past what is believed of
 	// one (see maxTokenRate), or held no requests-waiting gauge, counted
 	// in Missing; RefusedWhy names the
-	// first and why. Stuck: replicas starting past stuckAfter, not
+	// first and why, and the routers' demand when it is refused
+	// (implausibleDemand: left out of the plan). Stuck: replicas starting past stuckAfter, not
 	// counted in Starting (the HPA still counts them among the
 	// workload's replicas: the plan does not replace them, as a
 	// replacement would most likely be stuck the same way).
@@ -308,6 +309,9 @@ var (
 	ErrNotFound = errors.New("no pod of this workload has been reported")
 	ErrStale    = errors.New("stale")
 	ErrLost     = errors.New("lost")
+	// ErrRefused: with no replica, the routers' demand is past what is
+	// believed (implausibleDemand): unknown, which is not none.
+	ErrRefused = errors.New("refused")
 )
 
 // tolerate keeps the replicas listed (ready and starting) where the need,
@@ -392,8 +396,11 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	case st.Capacity == 0 && (p.Work > 0 || busy(fresh)):
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: no capacity learned yet", p.Ready)
 	}
-	if p.Refused > 0 {
+	switch {
+	case p.Refused > 0:
 		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
+	case p.RefusedWhy != "":
+		p.Reason += " (" + p.RefusedWhy + ")"
 	}
 	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
@@ -496,9 +503,13 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		st.learnWorkPerRequest(p.Work, first)
 	}
 	p.WorkPerRequest = st.WorkPerRequest
-	queued += in.Demand.Held
-	if p.Ready == 0 {
-		queued += in.Demand.Arrived
+	if why := implausibleDemand(in.Demand); why != "" {
+		p.RefusedWhy = joinWhy(p.RefusedWhy, why)
+	} else {
+		queued += in.Demand.Held
+		if p.Ready == 0 {
+			queued += in.Demand.Arrived
+		}
 	}
 	// What arrives: the work served and the queue's growth, or less its
 	// shrinking — a queue drained is served twice over, not offered.
@@ -959,6 +970,9 @@ func noReplica(in Input, st State) (Plan, State, error) {
 		}
 		return Plan{}, st, ErrNotFound
 	}
+	if why := implausibleDemand(d); why != "" {
+		return Plan{}, st, fmt.Errorf("%w: no replica, and %s", ErrRefused, why)
+	}
 	p := Plan{Backlog: d.Held + d.Arrived, Reason: "no replica and no request waits at the routers"}
 	if p.Backlog > 0 {
 		p.Need, p.Replicas = 1, 1
@@ -998,14 +1012,22 @@ func (st *State) stuckAfter() time.Duration {
 func (st *State) stuck(l *store.PodLoad) bool { return l.Age > st.stuckAfter() }
 
 // implausible says why a fresh replica's window is past what is believed
-// of one replica (maxTokenRate, maxRequestRate, maxQueue), a value of it
-// is not a finite number, or it has no queue gauge; "" when it is
-// believable.
+// of one replica (maxTokenRate, maxRequestRate, maxQueue, its queue moving
+// by more than maxQueue a second), a value of it is not a finite number
+// or is below 0 (its queue's growth excepted), or it has no queue gauge;
+// "" when it is believable.
 func implausible(l *store.PodLoad) string {
+	// The queue's growth is the one value that may be below 0.
+	if math.IsNaN(l.WaitingGrowth) || math.IsInf(l.WaitingGrowth, 0) {
+		return "a value that is not a finite number"
+	}
 	for _, v := range [...]float64{l.PromptTokens, l.GenerationTokens, l.FirstTokens, l.TTFT, l.QueueTime, l.ITL,
-		l.TTFTQuantile, l.Preemptions, l.Waiting, l.Running, l.KVCache, l.WaitingNow, l.WaitingGrowth} {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
+		l.TTFTQuantile, l.Preemptions, l.Waiting, l.Running, l.KVCache, l.WaitingNow} {
+		switch {
+		case math.IsNaN(v) || math.IsInf(v, 0):
 			return "a value that is not a finite number"
+		case v < 0:
+			return "a rate, count, mean or gauge below 0"
 		}
 	}
 	switch {
@@ -1015,11 +1037,34 @@ func implausible(l *store.PodLoad) string {
 		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
 	case max(l.Waiting, l.WaitingNow) > maxQueue:
 		return fmt.Sprintf("%.3g requests waiting, past the %.0e believed of one replica", max(l.Waiting, l.WaitingNow), maxQueue)
+	case math.Abs(l.WaitingGrowth) > maxQueue:
+		return fmt.Sprintf("a queue moving by %.3g requests a second, past the %.0e waiting believed of one replica", l.WaitingGrowth, maxQueue)
 	case l.NoWaiting:
 		// A queue unknown is not an empty one.
 		return "no requests-waiting gauge in its window (absent from its page, or every value refused)"
 	}
 	return ""
+}
+
+// implausibleDemand says why the routers' demand is not believed — a
+// count not a finite number, below 0 (a router's counter reset within the
+// window), or past maxQueue requests —, "" when it is. A demand refused is
+// left out of the plan, and named in it.
+func implausibleDemand(d store.DemandValue) string {
+	for _, v := range [...]float64{d.Held, d.Arrived} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxQueue {
+			return fmt.Sprintf("the routers' demand (%.3g held, %.3g arrived in the window) is refused: counts within 0 and %.0e are believed", d.Held, d.Arrived, float64(maxQueue))
+		}
+	}
+	return ""
+}
+
+// joinWhy adds why to a plan's refusals.
+func joinWhy(refused, why string) string {
+	if refused == "" {
+		return why
+	}
+	return refused + "; " + why
 }
 
 func abs(d time.Duration) time.Duration {

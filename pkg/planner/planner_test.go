@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -1040,6 +1041,60 @@ func TestImplausibleWindowsAreRefusedAlone(t *testing.T) {
 	_, _, err = Make(snap(t0, liar), State{}, cfg)
 	if !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "liar: 3e+14 tokens a second") {
 		t.Fatalf("error %v, want ErrStale naming the refused replica", err)
+	}
+}
+
+// TestBelowZeroAndRunawayQueuesAreRefused: a window with a rate, count or
+// gauge below 0, or a queue moving by more than a replica is believed to
+// hold in a second, is refused as a liar is (found by FuzzMake: a queue
+// growing 10³⁰⁰ a second planned 2³¹−1 replicas and kept an infinite need
+// among the peaks held, which no plan could show).
+func TestBelowZeroAndRunawayQueuesAreRefused(t *testing.T) {
+	cfg := Default(0)
+	negative := serving("negative", 10000, 0.01)
+	negative.FirstTokens = -3
+	runaway := serving("runaway", 10000, 0.01)
+	runaway.WaitingGrowth = 1e300
+	p, st, err := Make(snap(t0, serving("a", 10000, 0.01), negative, runaway), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Refused != 2 || !strings.HasPrefix(p.RefusedWhy, "negative: a rate, count, mean or gauge below 0") {
+		t.Fatalf("refused %d (%q): want both, the negative one named first", p.Refused, p.RefusedWhy)
+	}
+	// The refused replicas carry the believable one's load: 30,000 over
+	// 10,000 a replica at 0.8, 3.75 replicas, and nothing else is held.
+	if p.Need != 3.75 || p.Replicas != 4 || len(st.peaks) != 1 || st.peaks[0].need != 3.75 {
+		t.Fatalf("plan %d, need %v, peaks %+v: want 4 on a need of 3.75 (the believable replica's load, three times), and that need held", p.Replicas, p.Need, st.peaks)
+	}
+}
+
+// TestImplausibleDemandIsRefused: the routers' demand (requests held, and
+// arrived while no replica is ready) past what is believed — not a finite
+// number, below 0, or past a million requests — is left out of the plan
+// and named in it; with no replica it is an error, not 0 or 1 (found by
+// FuzzMake: a NaN held planned a NaN backlog, which no plan could show).
+func TestImplausibleDemandIsRefused(t *testing.T) {
+	cfg := Default(0)
+	st := State{Since: t0.Add(-time.Hour), Capacity: 10000, HealthyMax: 10000, WorkPerRequest: 1000}
+	for _, d := range []store.DemandValue{{Sources: 1, Held: math.NaN()}, {Sources: 1, Held: 5, Arrived: math.Inf(1)}, {Sources: 1, Held: -4}, {Sources: 1, Held: 2e6}} {
+		in := snap(t0, serving("a", 4000, 0.01))
+		in.Demand = d
+		p, _, err := Make(in, st, cfg)
+		if err != nil || p.Backlog != 0 || !strings.Contains(p.RefusedWhy, "the routers' demand") || !strings.Contains(p.Reason, "the routers' demand") || p.Refused != 0 {
+			t.Fatalf("demand %+v: plan %+v, %v: want no backlog, the demand named as refused, no replica refused", d, p, err)
+		}
+		if _, err := json.Marshal(p); err != nil {
+			t.Fatalf("demand %+v: the plan cannot be shown: %v", d, err)
+		}
+		if _, _, err := Make(Input{At: t0, Demand: d}, st, cfg); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "the routers' demand") {
+			t.Fatalf("demand %+v with no replica: error %v, want ErrRefused naming the demand", d, err)
+		}
+	}
+	// Believable demand still counts: 5 requests held, with no replica.
+	p, _, err := Make(Input{At: t0, Demand: store.DemandValue{Sources: 1, Held: 5}}, st, cfg)
+	if err != nil || p.Replicas != 1 {
+		t.Fatalf("5 held, no replica: plan %d, %v: want 1", p.Replicas, err)
 	}
 }
 
