@@ -292,10 +292,10 @@ type Plan struct {
 	Starting int `json:"starting"`
 	// Refused: ready replicas whose window was past what is believed of
 	// one (see maxTokenRate), or held no requests-waiting gauge, counted
-	// in Missing; RefusedWhy names the
-	// first and why, and the routers' demand when it is refused
-	// (implausibleDemand: left out of the plan). Stuck: replicas starting past stuckAfter, not
-	// counted in Starting (the HPA still counts them among the
+	// in Missing; RefusedWhy names the first and why, and the routers'
+	// demand when it is refused (implausibleDemand: left out of the
+	// plan). Stuck: replicas starting past stuckAfter, not counted in
+	// Starting (the HPA still counts them among the
 	// workload's replicas: the plan does not replace them, as a
 	// replacement would most likely be stuck the same way).
 	Refused    int    `json:"refusedReplicas,omitempty"`
@@ -504,7 +504,10 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	}
 	p.WorkPerRequest = st.WorkPerRequest
 	if why := implausibleDemand(in.Demand); why != "" {
-		p.RefusedWhy = joinWhy(p.RefusedWhy, why)
+		if p.RefusedWhy != "" {
+			p.RefusedWhy += "; "
+		}
+		p.RefusedWhy += why
 	} else {
 		queued += in.Demand.Held
 		if p.Ready == 0 {
@@ -1047,8 +1050,8 @@ func implausible(l *store.PodLoad) string {
 }
 
 // implausibleDemand says why the routers' demand is not believed — a
-// count not a finite number, below 0 (a router's counter reset within the
-// window), or past maxQueue requests —, "" when it is. A demand refused is
+// count not a finite number, below 0, or past maxQueue requests —, ""
+// when it is. A demand refused is
 // left out of the plan, and named in it.
 func implausibleDemand(d store.DemandValue) string {
 	for _, v := range [...]float64{d.Held, d.Arrived} {
@@ -1057,14 +1060,6 @@ func implausibleDemand(d store.DemandValue) string {
 		}
 	}
 	return ""
-}
-
-// joinWhy adds why to a plan's refusals.
-func joinWhy(refused, why string) string {
-	if refused == "" {
-		return why
-	}
-	return refused + "; " + why
 }
 
 func abs(d time.Duration) time.Duration {
