@@ -71,7 +71,9 @@ func (b *fuzzBytes) pod(i int) store.PodLoad {
 // finite, so /debug/triggers and the gauges can show it; with a ready
 // replica lacking a fresh sample, or within the first minute of a
 // workload (an aggregator just restarted), never fewer than the ready
-// replicas; and Make changes neither its input nor the state it is given.
+// replicas; no cascade from a replica starting, and no fewer replicas
+// for a longer queue (checkVariants); and Make changes neither its input
+// nor the state it is given.
 func FuzzMake(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{2, 1, 1, 5, 7, 3, 1, 4, 1, 2, 1, 2, 1, 0, 1, 3, 0, 4, 2, 3, 1, 2, 2, 2, 1, 0})
@@ -86,7 +88,7 @@ func FuzzMake(f *testing.F) {
 		at := t0
 		for step := 0; step < 40 && len(b) > 0; step++ {
 			at = at.Add(b.step())
-			in := Input{At: at, Found: b.pick(8) != 0, Demand: store.DemandValue{Held: b.float(), Arrived: b.float()}}
+			in := Input{At: at, Found: b.pick(8) != 0, Demand: store.DemandValue{Sources: b.pick(3), Held: b.float(), Arrived: b.float(), Stale: b.pick(2)}}
 			for i := range b.pick(7) {
 				in.Pods = append(in.Pods, b.pod(i))
 			}
@@ -103,7 +105,7 @@ func FuzzMake(f *testing.F) {
 			checkState(t, step, next)
 			st = next
 			if err != nil {
-				if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrStale) && !errors.Is(err, ErrLost) {
+				if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrStale) && !errors.Is(err, ErrLost) && !errors.Is(err, ErrRefused) {
 					t.Fatalf("step %d: error %v is none of the planner's", step, err)
 				}
 				continue
@@ -120,8 +122,38 @@ func FuzzMake(f *testing.F) {
 			if since := at.Sub(next.Since); since >= 0 && since < cfg.HoldMargin && p.Replicas < p.Ready {
 				t.Fatalf("step %d: %d replicas with %d ready, %s after the workload was first seen: want at least the ready", step, p.Replicas, p.Ready, since)
 			}
+			checkVariants(t, step, in, prev, cfg, p)
 		}
 	})
+}
+
+// checkVariants plans in again from the same state with one replica more
+// starting, and with more requests queued at one believable replica, and
+// fails unless the first asks for no replica beyond those listed and p's
+// (a replica starting is capacity coming: no cascade while it loads), and
+// the second for no fewer than p (a longer queue never needs less).
+func checkVariants(t *testing.T, step int, in Input, prev State, cfg Config, p Plan) {
+	t.Helper()
+	starting := in
+	starting.Pods = append(slices.Clone(in.Pods), store.PodLoad{Name: "new", State: store.PodStarting})
+	if q, _, err := Make(starting, prev, cfg); err == nil && q.Replicas > max(p.Replicas, q.Ready+q.Starting) {
+		t.Fatalf("step %d: one replica more starting planned %d (%s), against %d (%s) without it, with %d listed: a cascade", step, q.Replicas, q.Reason, p.Replicas, p.Reason, q.Ready+q.Starting)
+	}
+	for i := range in.Pods {
+		if in.Pods[i].State != store.PodCounted || implausible(&in.Pods[i]) != "" {
+			continue
+		}
+		longer := in
+		longer.Pods = slices.Clone(in.Pods)
+		longer.Pods[i].WaitingNow += 100
+		if implausible(&longer.Pods[i]) != "" {
+			break
+		}
+		if q, _, err := Make(longer, prev, cfg); err == nil && q.Replicas < p.Replicas {
+			t.Fatalf("step %d: 100 requests more queued at %s planned %d (%s), against %d (%s)", step, in.Pods[i].Name, q.Replicas, q.Reason, p.Replicas, p.Reason)
+		}
+		break
+	}
 }
 
 // checkState fails unless every number the state keeps, and will show or
