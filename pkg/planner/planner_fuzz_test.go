@@ -25,9 +25,9 @@ func (b *fuzzBytes) pick(n int) int {
 	return v
 }
 
-// Values a window can hold, sensible or not: a store that keeps its bounds
-// never gives the last six, but the planner is a pure function and is held
-// to its rules whatever it is given.
+// Values a window can hold, sensible (fuzzFloats) or not (fuzzOdd: pulse's
+// store never gives them, but the planner is a pure function and is held
+// to its rules whatever it is given).
 var (
 	fuzzFloats = [...]float64{0, 0.5, 1, 2, 5, 30, 1000, 4e4, 1e6, 1e8}
 	fuzzOdd    = [...]float64{-1, -1e4, math.NaN(), math.Inf(1), math.Inf(-1), 1e300}
