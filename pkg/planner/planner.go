@@ -503,17 +503,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		st.learnWorkPerRequest(p.Work, first)
 	}
 	p.WorkPerRequest = st.WorkPerRequest
-	if why := implausibleDemand(in.Demand); why != "" {
-		if p.RefusedWhy != "" {
-			p.RefusedWhy += "; "
-		}
-		p.RefusedWhy += why
-	} else {
-		queued += in.Demand.Held
-		if p.Ready == 0 {
-			queued += in.Demand.Arrived
-		}
-	}
+	queued += p.routersQueued(in.Demand)
 	// What arrives: the work served and the queue's growth, or less its
 	// shrinking — a queue drained is served twice over, not offered.
 	arrived := math.Max(0, p.Work+growth*st.WorkPerRequest)
@@ -1047,6 +1037,23 @@ func implausible(l *store.PodLoad) string {
 		return "no requests-waiting gauge in its window (absent from its page, or every value refused)"
 	}
 	return ""
+}
+
+// routersQueued is the requests the routers hold, and with no replica
+// ready those that arrived at them in the window: 0, and the demand named
+// in p.RefusedWhy, when it is past what is believed (implausibleDemand).
+func (p *Plan) routersQueued(d store.DemandValue) float64 {
+	if why := implausibleDemand(d); why != "" {
+		if p.RefusedWhy != "" {
+			p.RefusedWhy += "; "
+		}
+		p.RefusedWhy += why
+		return 0
+	}
+	if p.Ready == 0 {
+		return d.Held + d.Arrived
+	}
+	return d.Held
 }
 
 // implausibleDemand says why the routers' demand is not believed — a
