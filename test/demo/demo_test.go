@@ -273,3 +273,22 @@ func TestTakenPortIsNamedFirst(t *testing.T) {
 		t.Fatalf("it said it was running: %s", out.String())
 	}
 }
+
+// TestExitedChildSaysWhy: a child that exits before the demo ends fails
+// the demo with the child's name and its last words, not an exit status
+// alone.
+func TestExitedChildSaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pulse-aggregator"), []byte("#!/bin/sh\necho 'listen tcp: address already in use' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(bin, "pulse-agent"), filepath.Join(dir, "pulse-agent")); err != nil {
+		t.Fatal(err)
+	}
+	c := config{bin: dir, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
+		out: io.Discard, logs: io.Discard}
+	err := run(context.Background(), c)
+	if err == nil || !strings.Contains(err.Error(), "pulse-aggregator: exit status 1; its last words: listen tcp: address already in use") {
+		t.Fatalf("%v, want the aggregator's exit and its last words", err)
+	}
+}

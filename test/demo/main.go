@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -163,7 +164,13 @@ Ctrl-C stops everything.
 	go func() { defer wg.Done(); poll(ctx, c.scalerAddr) }()
 	errs := make(chan error, 2)
 	for _, cmd := range []*exec.Cmd{agg, agent} {
-		go func() { errs <- cmd.Wait() }()
+		go func() {
+			err := cmd.Wait()
+			if err != nil {
+				err = fmt.Errorf("%s: %w; its last words: %s", filepath.Base(cmd.Path), err, cmd.Stderr.(*tail).String())
+			}
+			errs <- err
+		}()
 	}
 	// exited waits for n processes; those stopped by the demo's end exit
 	// with the signal, which says nothing.
@@ -174,14 +181,20 @@ Ctrl-C stops everything.
 			}
 		}
 	}
+	n := 2
 	select {
 	case <-ctx.Done():
 	case err := <-errs:
-		stop()
-		exited(1)
-		return fmt.Errorf("a pulse process exited: %w", err)
+		// A child stopped by the demo's end may be waited on before the
+		// select sees that end: only an exit before it is a failure.
+		if ctx.Err() == nil {
+			stop()
+			exited(1)
+			return fmt.Errorf("a pulse process exited: %w", err)
+		}
+		n = 1
 	}
-	exited(2)
+	exited(n)
 	fmt.Fprintln(c.out, "demo stopped")
 	return nil
 }
@@ -190,7 +203,7 @@ Ctrl-C stops everything.
 // demo itself dies, so nothing is left behind.
 func command(ctx context.Context, logs io.Writer, path string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, path, args...)
-	c.Stdout, c.Stderr = logs, logs
+	c.Stdout, c.Stderr = logs, &tail{w: logs}
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
 	c.WaitDelay = 5 * time.Second
@@ -249,4 +262,30 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// tail passes a child's stderr on to w and keeps its last bytes, so that a
+// child that exits is reported with why.
+type tail struct {
+	w    io.Writer
+	mu   sync.Mutex
+	last []byte
+}
+
+const tailBytes = 1024
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	t.last = append(t.last, p...)
+	if len(t.last) > tailBytes {
+		t.last = t.last[len(t.last)-tailBytes:]
+	}
+	t.mu.Unlock()
+	return t.w.Write(p)
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.last))
 }
