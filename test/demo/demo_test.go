@@ -59,8 +59,10 @@ func freeAddr(t *testing.T) string {
 func demo(t *testing.T) (httpAddr string, pods map[string]string) {
 	t.Helper()
 	var out, logs syncbuf.Buffer
-	c := config{bin: bin, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
-		out: &out, logs: &logs}
+	// Port 0: each child takes a port the kernel chooses and says which
+	// (an address found free and then listened on could be taken between).
+	const kernels = "127.0.0.1:0"
+	c := config{bin: bin, httpAddr: kernels, scalerAddr: kernels, ingestAddr: kernels, agentAddr: kernels, out: &out, logs: &logs}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, c) }()
@@ -71,20 +73,24 @@ func demo(t *testing.T) (httpAddr string, pods map[string]string) {
 		}
 	})
 	re := regexp.MustCompile(`simulated vLLM (\S+)\s+http://(\S+)/metrics`)
+	reHTTP := regexp.MustCompile(`curl -s 'http://(\S+)/debug/workloads`)
 	pods = map[string]string{}
-	waitFor(t, "the demo's pod addresses", func() error {
+	waitFor(t, "the demo's addresses", func() error {
 		sc := bufio.NewScanner(strings.NewReader(out.String()))
 		for sc.Scan() {
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				pods[m[1]] = "http://" + m[2]
 			}
+			if m := reHTTP.FindStringSubmatch(sc.Text()); m != nil {
+				httpAddr = m[1]
+			}
 		}
-		if len(pods) < 5 {
-			return fmt.Errorf("%d pods in %q", len(pods), out.String())
+		if len(pods) < 5 || httpAddr == "" {
+			return fmt.Errorf("%d pods and the aggregator at %q in %q", len(pods), httpAddr, out.String())
 		}
 		return nil
 	})
-	return c.httpAddr, pods
+	return httpAddr, pods
 }
 
 func waitFor(t *testing.T, what string, check func() error) {
@@ -232,25 +238,53 @@ func TestDemoCanBeSteeredAsTheREADMESays(t *testing.T) {
 // TestDemoPrintsHowToSteerIt: the demo says how to steer its pods, on the
 // addresses it was given.
 func TestDemoPrintsHowToSteerIt(t *testing.T) {
-	var out syncbuf.Buffer
-	c := config{bin: bin, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
-		out: &out, logs: io.Discard}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c) }()
-	waitFor(t, "the instructions", func() error {
-		s := out.String()
-		for _, want := range []string{c.httpAddr + "/debug/workloads", c.scalerAddr, c.agentAddr, "/load", "DELETE /load", "/model", "/hang"} {
-			if !strings.Contains(s, want) {
-				return fmt.Errorf("output lacks %q:\n%s", want, s)
+	// Addresses found free can be taken before the children listen on
+	// them (other tests run beside this one): a few tries.
+	for try := 1; ; try++ {
+		var out syncbuf.Buffer
+		c := config{bin: bin, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
+			out: &out, logs: io.Discard}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, c) }()
+		var err error
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if err = instructed(out.String(), c); err == nil {
+				break
 			}
+			select {
+			case err = <-done:
+				done <- err
+			default:
+				continue
+			}
+			break
 		}
-		return nil
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+		cancel()
+		runErr := <-done
+		if runErr != nil && strings.Contains(runErr.Error(), "address already in use") && try < 3 {
+			t.Logf("try %d: %v", try, runErr)
+			continue
+		}
+		if runErr != nil {
+			t.Fatal(runErr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
+}
+
+// instructed checks that the demo's output says how to steer it, on c's
+// addresses.
+func instructed(s string, c config) error {
+	for _, want := range []string{c.httpAddr + "/debug/workloads", c.scalerAddr, c.agentAddr, "/load", "DELETE /load", "/model", "/hang"} {
+		if !strings.Contains(s, want) {
+			return fmt.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+	return nil
 }
 
 // TestTakenPortIsNamedFirst: a taken address once failed only after "pulse
@@ -276,19 +310,28 @@ func TestTakenPortIsNamedFirst(t *testing.T) {
 
 // TestExitedChildSaysWhy: a child that exits before the demo ends fails
 // the demo with the child's name and its last words, not an exit status
-// alone.
+// alone: before it says where it listens, and after.
 func TestExitedChildSaysWhy(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "pulse-aggregator"), []byte("#!/bin/sh\necho 'listen tcp: address already in use' >&2\nexit 1\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Join(bin, "pulse-agent"), filepath.Join(dir, "pulse-agent")); err != nil {
-		t.Fatal(err)
-	}
-	c := config{bin: dir, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: freeAddr(t),
-		out: io.Discard, logs: io.Discard}
-	err := run(context.Background(), c)
-	if err == nil || !strings.Contains(err.Error(), "pulse-aggregator: exit status 1; its last words: listen tcp: address already in use") {
-		t.Fatalf("%v, want the aggregator's exit and its last words", err)
+	for name, script := range map[string]string{
+		"before it listens": "echo 'listen tcp: address already in use' >&2\nexit 1\n",
+		"after it listens": fmt.Sprintf("echo 'level=INFO msg=\"aggregator listening\" ingest=%s scaler=%s http=%s' >&2\n"+
+			"sleep 1\necho 'listen tcp: address already in use' >&2\nexit 1\n", freeAddr(t), freeAddr(t), freeAddr(t)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "pulse-aggregator"), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(bin, "pulse-agent"), filepath.Join(dir, "pulse-agent")); err != nil {
+				t.Fatal(err)
+			}
+			c := config{bin: dir, httpAddr: freeAddr(t), scalerAddr: freeAddr(t), ingestAddr: freeAddr(t), agentAddr: "127.0.0.1:0",
+				out: io.Discard, logs: io.Discard}
+			err := run(context.Background(), c)
+			if err == nil || !strings.Contains(err.Error(), "pulse-aggregator: exit status 1; its last words:") ||
+				!strings.HasSuffix(err.Error(), "listen tcp: address already in use") {
+				t.Fatalf("%v, want the aggregator's exit and its last words", err)
+			}
+		})
 	}
 }

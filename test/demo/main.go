@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +19,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,8 +97,100 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	ctx, stop := context.WithCancel(ctx)
-	defer stop()
+	var wg sync.WaitGroup
+	// The pods' and the poller's goroutines end with ctx.
+	defer func() { stop(); wg.Wait() }()
+	dir, err := os.MkdirTemp("", "pulse-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "targets.yaml")
+	if err := startPods(ctx, c.out, file, &wg); err != nil {
+		return err
+	}
 
+	// Each child says where it listens once it does (an address with port
+	// 0 is the kernel's choice); the instructions name those addresses.
+	exits := make(chan error, 2)
+	running := 0
+	// fail stops the demo and waits for the children that still run.
+	fail := func(err error) error {
+		stop()
+		for ; running > 0; running-- {
+			if e := <-exits; e != nil {
+				fmt.Fprintln(c.logs, "stopped after the failure:", e)
+			}
+		}
+		return err
+	}
+	// launch starts a child and waits until it says where it listens.
+	launch := func(want *regexp.Regexp, name string, args ...string) ([]string, error) {
+		out, err := startChild(ctx, c.logs, exits, want, filepath.Join(c.bin, name), append([]string{"--log-format=text"}, args...)...)
+		if err != nil {
+			return nil, err
+		}
+		running++
+		return listening(ctx, out, exits, &running)
+	}
+	agg, err := launch(aggListening, "pulse-aggregator", "--expected-agents=1",
+		"--ingest-addr="+c.ingestAddr, "--scaler-addr="+c.scalerAddr, "--http-addr="+c.httpAddr)
+	if err != nil {
+		return fail(err)
+	}
+	ingestAddr, scalerAddr, httpAddr := agg[1], agg[2], agg[3]
+	agent, err := launch(agentListening, "pulse-agent", "--node-name=demo-node", "--static-targets="+file,
+		"--aggregator="+ingestAddr, "--http-addr="+c.agentAddr)
+	if err != nil {
+		return fail(err)
+	}
+	instruct(c.out, httpAddr, scalerAddr, agent[1])
+	wg.Add(1)
+	go func() { defer wg.Done(); poll(ctx, scalerAddr) }()
+	select {
+	case <-ctx.Done():
+	case err := <-exits:
+		running--
+		// A child stopped by the demo's end may be waited on before the
+		// select sees that end: only an exit before it is a failure.
+		if ctx.Err() == nil {
+			return fail(fmt.Errorf("a pulse process exited: %w", err))
+		}
+	}
+	for ; running > 0; running-- {
+		// Those stopped by the demo's end exit with the signal, which says
+		// nothing.
+		if err := <-exits; err != nil && ctx.Err() == nil {
+			fmt.Fprintln(c.logs, err)
+		}
+	}
+	fmt.Fprintln(c.out, "demo stopped")
+	return nil
+}
+
+// instruct says on out where the demo is and how to steer it.
+func instruct(out io.Writer, httpAddr, scalerAddr, agentAddr string) {
+	fmt.Fprintf(out, `
+pulse demo is running. Look at:
+  curl -s 'http://%[1]s/debug/workloads?format=table'
+  curl -s http://%[1]s/debug/workloads/demo/llama
+  curl -s 'http://%[1]s/debug/triggers?format=table'   (what the HPA was told, every 15 s, and why)
+  KEDA scaler (external-push) on %[2]s, agent metrics on http://%[3]s/metrics
+Steer a simulated pod (its address is above):
+  curl -X POST -d '{"waiting":40}' http://POD/load     hold a value (DELETE /load releases it)
+  curl -X POST -d '{"arrivalRate":60,"batchCapacity":16,"serviceRate":1}' http://POD/model
+                                                      hold a load model (DELETE /model: back to the demo's swing)
+  curl -X POST -d '{"seconds":10}' http://POD/hang     its page hangs for 10 s (the agent reports it missing: timeout)
+  curl http://POD/load                                 what it serves now
+Ctrl-C stops everything.
+
+`, httpAddr, scalerAddr, agentAddr)
+}
+
+// startPods starts the demo's simulated vLLM pods, each until ctx ends
+// (wg counts their goroutines), says where each is on out, and writes the
+// agent's static targets to file.
+func startPods(ctx context.Context, out io.Writer, file string, wg *sync.WaitGroup) error {
 	pods := []pod{
 		{"llama", "llama-0", false, 14, 12, 90 * time.Second},
 		{"llama", "llama-1", false, 14, 12, 90 * time.Second},
@@ -104,14 +198,7 @@ func run(ctx context.Context, c config) error {
 		{"llama", "llama-3", true, 14, 12, 90 * time.Second},
 		{"phi", "phi-0", false, 6, 5, 40 * time.Second},
 	}
-	dir, err := os.MkdirTemp("", "pulse-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	targets := "targets:\n"
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	for _, p := range pods {
 		sim := vllmsim.New(vllmsim.Options{Seed: uint64(len(p.name)) + uint64(time.Now().UnixNano())})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -128,82 +215,58 @@ func run(ctx context.Context, c config) error {
 		if p.starting {
 			note = "(listed as starting: not scraped, no demand)"
 		}
-		fmt.Fprintf(c.out, "simulated vLLM %-8s http://%s/metrics  %s\n", p.name, ln.Addr(), note)
+		fmt.Fprintf(out, "simulated vLLM %-8s http://%s/metrics  %s\n", p.name, ln.Addr(), note)
 	}
-	file := filepath.Join(dir, "targets.yaml")
-	if err := os.WriteFile(file, []byte(targets), 0o600); err != nil {
-		return err
-	}
+	return os.WriteFile(file, []byte(targets), 0o600)
+}
 
-	agg := command(ctx, c.logs, filepath.Join(c.bin, "pulse-aggregator"), "--log-format=text", "--expected-agents=1",
-		"--ingest-addr="+c.ingestAddr, "--scaler-addr="+c.scalerAddr, "--http-addr="+c.httpAddr)
-	agent := command(ctx, c.logs, filepath.Join(c.bin, "pulse-agent"), "--log-format=text", "--node-name=demo-node",
-		"--static-targets="+file, "--aggregator="+c.ingestAddr, "--http-addr="+c.agentAddr)
-	for _, cmd := range []*exec.Cmd{agg, agent} {
-		if err := cmd.Start(); err != nil {
-			stop()
-			return fmt.Errorf("start %s: %w", cmd.Path, err)
-		}
-	}
-	fmt.Fprintf(c.out, `
-pulse demo is running. Look at:
-  curl -s 'http://%[1]s/debug/workloads?format=table'
-  curl -s http://%[1]s/debug/workloads/demo/llama
-  curl -s 'http://%[1]s/debug/triggers?format=table'   (what the HPA was told, every 15 s, and why)
-  KEDA scaler (external-push) on %[2]s, agent metrics on http://%[3]s/metrics
-Steer a simulated pod (its address is above):
-  curl -X POST -d '{"waiting":40}' http://POD/load     hold a value (DELETE /load releases it)
-  curl -X POST -d '{"arrivalRate":60,"batchCapacity":16,"serviceRate":1}' http://POD/model
-                                                      hold a load model (DELETE /model: back to the demo's swing)
-  curl -X POST -d '{"seconds":10}' http://POD/hang     its page hangs for 10 s (the agent reports it missing: timeout)
-  curl http://POD/load                                 what it serves now
-Ctrl-C stops everything.
+// The lines (--log-format=text) in which the aggregator and the agent say
+// where they listen.
+var (
+	aggListening   = regexp.MustCompile(`msg="aggregator listening" ingest=(\S+) scaler=(\S+) http=(\S+)`)
+	agentListening = regexp.MustCompile(`msg="agent http listening" addr=(\S+)`)
+)
 
-`, c.httpAddr, c.scalerAddr, c.agentAddr)
-	wg.Add(1)
-	go func() { defer wg.Done(); poll(ctx, c.scalerAddr) }()
-	errs := make(chan error, 2)
-	for _, cmd := range []*exec.Cmd{agg, agent} {
-		go func() {
-			err := cmd.Wait()
-			if err != nil {
-				err = fmt.Errorf("%s: %w; its last words: %s", filepath.Base(cmd.Path), err, cmd.Stderr.(*tail).String())
-			}
-			errs <- err
-		}()
+// startChild starts a pulse binary whose exit, with its last words, is sent
+// on exits; its output's first line that want matches is kept.
+func startChild(ctx context.Context, logs io.Writer, exits chan<- error, want *regexp.Regexp, path string, args ...string) (*tail, error) {
+	out := &tail{w: logs, want: want, found: make(chan []string, 1)}
+	cmd := command(ctx, out, path, args...)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
-	// exited waits for n processes; those stopped by the demo's end exit
-	// with the signal, which says nothing.
-	exited := func(n int) {
-		for range n {
-			if err := <-errs; err != nil && ctx.Err() == nil {
-				fmt.Fprintln(c.logs, err)
-			}
+	go func() {
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("%s: %w; its last words: %s", filepath.Base(path), err, out.String())
 		}
-	}
-	n := 2
+		exits <- err
+	}()
+	return out, nil
+}
+
+// listening waits for a child's line that says where it listens; a child
+// that exits first (running counts it gone) or the demo's end is an error.
+func listening(ctx context.Context, out *tail, exits <-chan error, running *int) ([]string, error) {
 	select {
-	case <-ctx.Done():
-	case err := <-errs:
-		// A child stopped by the demo's end may be waited on before the
-		// select sees that end: only an exit before it is a failure.
-		if ctx.Err() == nil {
-			stop()
-			exited(1)
-			return fmt.Errorf("a pulse process exited: %w", err)
+	case m := <-out.found:
+		return m, nil
+	case err := <-exits:
+		*running--
+		if err == nil {
+			err = errors.New("exited with status 0")
 		}
-		n = 1
+		return nil, fmt.Errorf("a pulse process exited before it listened: %w", err)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	exited(n)
-	fmt.Fprintln(c.out, "demo stopped")
-	return nil
 }
 
 // command runs a child that gets SIGTERM when ctx ends and is killed if the
 // demo itself dies, so nothing is left behind.
-func command(ctx context.Context, logs io.Writer, path string, args ...string) *exec.Cmd {
+func command(ctx context.Context, out io.Writer, path string, args ...string) *exec.Cmd {
 	c := exec.CommandContext(ctx, path, args...)
-	c.Stdout, c.Stderr = logs, &tail{w: logs}
+	c.Stdout, c.Stderr = out, out
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c.Cancel = func() error { return c.Process.Signal(syscall.SIGTERM) }
 	c.WaitDelay = 5 * time.Second
@@ -264,21 +327,45 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// tail passes a child's stderr on to w and keeps its last bytes, so that a
-// child that exits is reported with why.
+// tail passes a child's output on to w and keeps its last bytes, so that a
+// child that exits is reported with why; the first line want matches is
+// sent on found.
 type tail struct {
-	w    io.Writer
-	mu   sync.Mutex
-	last []byte
+	w     io.Writer
+	want  *regexp.Regexp
+	found chan []string
+	mu    sync.Mutex
+	last  []byte
+	line  []byte // the line being written
+	sent  bool
 }
 
-const tailBytes = 1024
+const (
+	tailBytes = 1024
+	maxLine   = 64 << 10
+)
 
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	t.last = append(t.last, p...)
 	if len(t.last) > tailBytes {
 		t.last = t.last[len(t.last)-tailBytes:]
+	}
+	for rest := p; !t.sent && len(rest) > 0; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			t.line = append(t.line, rest...)
+			if len(t.line) > maxLine {
+				t.line = t.line[:0] // no log line of the two is this long
+			}
+			break
+		}
+		t.line = append(t.line, rest[:i]...)
+		if m := t.want.FindStringSubmatch(string(t.line)); m != nil {
+			t.found <- m
+			t.sent = true
+		}
+		t.line, rest = t.line[:0], rest[i+1:]
 	}
 	t.mu.Unlock()
 	return t.w.Write(p)
