@@ -138,6 +138,7 @@ gpu-check:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzExtract$$' -fuzztime=$(FUZZTIME) ./pkg/vllm
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
+	$(GO) test -run='^$$' -fuzz='^FuzzReport$$' -fuzztime=$(FUZZTIME) ./pkg/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
 	$(GO) test -run='^$$' -fuzz='^FuzzMake$$' -fuzztime=$(FUZZTIME) ./pkg/planner
 

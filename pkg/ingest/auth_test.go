@@ -59,7 +59,7 @@ func authFixture(t *testing.T) *fixture {
 }
 
 // runningReviewer is a TokenReviewer of c's with its pod cache synced.
-func runningReviewer(t *testing.T, c *fake.Clientset) *TokenReviewer {
+func runningReviewer(t testing.TB, c *fake.Clientset) *TokenReviewer {
 	t.Helper()
 	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
 	if err != nil {
@@ -75,7 +75,7 @@ func runningReviewer(t *testing.T, c *fake.Clientset) *TokenReviewer {
 }
 
 // runAs sends msgs on a stream that carries token.
-func (f *fixture) runAs(t *testing.T, token string, msgs ...*pulsev1.AgentMessage) error {
+func (f *fixture) runAs(t testing.TB, token string, msgs ...*pulsev1.AgentMessage) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

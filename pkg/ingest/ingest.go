@@ -164,6 +164,10 @@ func checkHello(h *pulsev1.Hello) error {
 // protocol, its node (the token's, when bound) and its strings.
 func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*pulsev1.Hello, error) {
 	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		// gRPC would end it with Unknown, "EOF".
+		return nil, status.Error(codes.InvalidArgument, "the stream ended before its hello")
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ func newFixtureWith(t *testing.T, auth Authenticator) *fixture {
 }
 
 // newFixtureStore is newFixtureWith on a store with opts.
-func newFixtureStore(t *testing.T, auth Authenticator, opts store.Options) *fixture {
+func newFixtureStore(t testing.TB, auth Authenticator, opts store.Options) *fixture {
 	t.Helper()
 	f := &fixture{store: store.New(opts), logs: new(syncbuf.Buffer)}
 	f.srv = New(f.store, Options{Log: slog.New(slog.NewTextHandler(f.logs, nil)), Version: "test", Limits: Limits{MaxPodsPerStream: 3},
@@ -179,7 +179,9 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 		msgs []*pulsev1.AgentMessage
 		code codes.Code
 	}{
-		"no hello":        {msgs: []*pulsev1.AgentMessage{catalogue(pod(1, "a"))}, code: codes.InvalidArgument},
+		"no hello": {msgs: []*pulsev1.AgentMessage{catalogue(pod(1, "a"))}, code: codes.InvalidArgument},
+		// Found by FuzzReport: it ended with Unknown, "EOF".
+		"no message":      {code: codes.InvalidArgument},
 		"no node":         {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{ProtocolVersion: 1}}}}, code: codes.InvalidArgument},
 		"unknown version": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 9}}}}, code: codes.FailedPrecondition},
 		"too many pods": {msgs: []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"), pod(3, "c"), pod(4, "d"), pod(5, "e"),
