@@ -140,6 +140,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
 	$(GO) test -run='^$$' -fuzz='^FuzzReport$$' -fuzztime=$(FUZZTIME) ./pkg/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/provision
 	$(GO) test -run='^$$' -fuzz='^FuzzMake$$' -fuzztime=$(FUZZTIME) ./pkg/planner
 
 # golangci-lint (.golangci.yml), pinned in tools/golangci-lint/go.mod: its dependencies
