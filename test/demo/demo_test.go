@@ -335,3 +335,22 @@ func TestExitedChildSaysWhy(t *testing.T) {
 		})
 	}
 }
+
+// TestStoppedWhileStartingIsNoFailure: Ctrl-C before the aggregator
+// listens stops the demo without an error.
+func TestStoppedWhileStartingIsNoFailure(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pulse-aggregator"), []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const kernels = "127.0.0.1:0"
+	c := config{bin: dir, httpAddr: kernels, scalerAddr: kernels, ingestAddr: kernels, agentAddr: kernels, out: io.Discard, logs: io.Discard}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c) }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("%v, want none", err)
+	}
+}

@@ -114,8 +114,12 @@ func run(ctx context.Context, c config) error {
 	// 0 is the kernel's choice); the instructions name those addresses.
 	exits := make(chan error, 2)
 	running := 0
-	// fail stops the demo and waits for the children that still run.
+	// fail stops the demo and waits for the children that still run; a
+	// demo stopped while it started has not failed.
 	fail := func(err error) error {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			err = nil
+		}
 		stop()
 		for ; running > 0; running-- {
 			if e := <-exits; e != nil {
