@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"encoding/binary"
 	"math"
 	"reflect"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/fuzzbytes"
 )
 
 // FuzzReport sends node-1's agent stream (its token bound to node-1)
@@ -61,7 +61,7 @@ func FuzzReport(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r := &recipe{b: data}
+		r := recipe{fuzzbytes.New(data)}
 		msgs := r.messages()
 		err := fx.runAs(t, "token-node-1", msgs...)
 		if err != nil {
@@ -115,33 +115,14 @@ func podView(s *store.Store, name string) *store.PodView {
 
 // recipe reads a stream's messages from the fuzzer's bytes; past the end
 // every read is 0.
-type recipe struct{ b []byte }
-
-func (r *recipe) byte() byte {
-	if len(r.b) == 0 {
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *recipe) pick(n int) int { return int(r.byte()) % n }
-
-func (r *recipe) u64() uint64 {
-	var b [8]byte
-	for i := range b {
-		b[i] = r.byte()
-	}
-	return binary.LittleEndian.Uint64(b[:])
-}
+type recipe struct{ *fuzzbytes.Reader }
 
 // str is one of a few names that mean something to the fixture, or an
 // odd one: empty, long, with a slash, upper case. (Not invalid UTF-8: the
 // client's codec refuses to send it.)
 func (r *recipe) str(names ...string) string {
 	odd := []string{"", strings.Repeat("é", 300), "ns/x", "UPPER", "a\x00b"}
-	i := r.pick(len(names) + len(odd))
+	i := r.Pick(len(names) + len(odd))
 	if i < len(names) {
 		return names[i]
 	}
@@ -150,38 +131,38 @@ func (r *recipe) str(names ...string) string {
 
 func (r *recipe) ms() int64 {
 	now := time.Now().UnixMilli()
-	return []int64{now, now - 1000, now + 1000, 0, -1, now + 365*24*3600*1000, math.MaxInt64, int64(r.u64())}[r.pick(8)]
+	return []int64{now, now - 1000, now + 1000, 0, -1, now + 365*24*3600*1000, math.MaxInt64, int64(r.U64())}[r.Pick(8)]
 }
 
 func (r *recipe) value() float64 {
-	return []float64{0, 1, 4, -1, 0.5, 1e6, 1e300, math.NaN(), math.Inf(1), math.Inf(-1), float64(r.byte()) * 1000}[r.pick(11)]
+	return []float64{0, 1, 4, -1, 0.5, 1e6, 1e300, math.NaN(), math.Inf(1), math.Inf(-1), float64(r.Byte()) * 1000}[r.Pick(11)]
 }
 
 // messages decodes up to 13 messages.
 func (r *recipe) messages() []*pulsev1.AgentMessage {
 	enc := wire.NewEncoder()
 	var out []*pulsev1.AgentMessage
-	if r.pick(8) != 0 {
+	if r.Pick(8) != 0 {
 		// Most streams open as an agent's do, so that the bytes reach what
 		// follows a hello.
 		out = append(out, helloFrom("node-1"))
 	}
-	for n := r.pick(12) + 1; n > 0 && len(r.b) > 0; n-- {
-		switch r.pick(4) {
+	for n := r.Pick(12) + 1; n > 0 && r.Len() > 0; n-- {
+		switch r.Pick(4) {
 		case 0:
 			h := &pulsev1.Hello{Node: r.str("node-1", "node-2"), AgentVersion: "fuzz",
-				ProtocolVersion: pulsev1.ProtocolVersion(r.pick(3)), AckEveryMs: uint32(r.byte()) * 100}
-			for range r.pick(4) {
+				ProtocolVersion: pulsev1.ProtocolVersion(r.Pick(3)), AckEveryMs: uint32(r.Byte()) * 100}
+			for range r.Pick(4) {
 				h.ExtraMetrics = append(h.ExtraMetrics, r.str("vllm:x", "vllm:y"))
 			}
 			out = append(out, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: h}})
 		case 1:
-			c := &pulsev1.Catalogue{Full: r.pick(2) == 0}
-			for range r.pick(5) {
+			c := &pulsev1.Catalogue{Full: r.Pick(2) == 0}
+			for range r.Pick(5) {
 				c.Upsert = append(c.Upsert, r.pod())
 			}
-			for range r.pick(3) {
-				c.Remove = append(c.Remove, uint32(r.pick(6)))
+			for range r.Pick(3) {
+				c.Remove = append(c.Remove, uint32(r.Pick(6)))
 			}
 			out = append(out, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: c}})
 		case 2:
@@ -194,15 +175,15 @@ func (r *recipe) messages() []*pulsev1.AgentMessage {
 }
 
 func (r *recipe) pod() *pulsev1.Pod {
-	p := &pulsev1.Pod{Id: uint32(r.pick(6)), Uid: r.str("uid-mine", "uid-theirs", "uid-ghost"),
+	p := &pulsev1.Pod{Id: uint32(r.Pick(6)), Uid: r.str("uid-mine", "uid-theirs", "uid-ghost"),
 		Namespace: r.str("ns", "other"), Name: r.str("mine", "theirs", "ghost"),
-		Ready: r.pick(2) == 0, Terminating: r.pick(4) == 0, Demand: r.pick(6) == 0,
+		Ready: r.Pick(2) == 0, Terminating: r.Pick(4) == 0, Demand: r.Pick(6) == 0,
 		CreatedUnixMs: r.ms(), ReadySinceUnixMs: r.ms()}
-	if r.pick(8) == 0 {
-		p.Id = uint32(r.u64())
+	if r.Pick(8) == 0 {
+		p.Id = uint32(r.U64())
 	}
-	for range r.pick(3) {
-		p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: pulsev1.WorkloadKind(r.pick(8)), Name: r.str("llama", "other")})
+	for range r.Pick(3) {
+		p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: pulsev1.WorkloadKind(r.Pick(8)), Name: r.str("llama", "other")})
 	}
 	return p
 }
@@ -210,35 +191,35 @@ func (r *recipe) pod() *pulsev1.Pod {
 // batch is a well-formed batch of the stream's encoder, its values
 // anything (below 0, NaN, infinite), its pods catalogued or not.
 func (r *recipe) batch(enc *wire.Encoder) *pulsev1.SampleBatch {
-	b := &pulsev1.SampleBatch{Seq: uint64(r.byte()), TimeUnixMs: r.ms()}
+	b := &pulsev1.SampleBatch{Seq: uint64(r.Byte()), TimeUnixMs: r.ms()}
 	used := map[uint32]bool{}
-	for range r.pick(4) {
-		s := wire.Sample{Pod: uint32(r.pick(6)), OffsetMs: int32(r.byte()) - 128}
+	for range r.Pick(4) {
+		s := wire.Sample{Pod: uint32(r.Pick(6)), OffsetMs: int32(r.Byte()) - 128}
 		if used[s.Pod] {
 			continue
 		}
 		used[s.Pod] = true
-		for range r.pick(6) {
-			s.Values.Set(metric.ID(r.pick(int(metric.NumIDs))), r.value())
+		for range r.Pick(6) {
+			s.Values.Set(metric.ID(r.Pick(int(metric.NumIDs))), r.value())
 		}
 		enc.Append(b, &s)
 	}
-	for range r.pick(2) {
-		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: uint32(r.pick(6)), Reason: pulsev1.MissingReason(r.pick(9)),
+	for range r.Pick(2) {
+		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: uint32(r.Pick(6)), Reason: pulsev1.MissingReason(r.Pick(9)),
 			Error: r.str("connection refused")})
 	}
-	for range r.pick(2) {
-		e := &pulsev1.ExtraValues{Pod: uint32(r.pick(6))}
-		for range r.pick(3) {
+	for range r.Pick(2) {
+		e := &pulsev1.ExtraValues{Pod: uint32(r.Pick(6))}
+		for range r.Pick(3) {
 			e.Values = append(e.Values, r.value())
 		}
 		b.Extra = append(b.Extra, e)
 	}
-	for range r.pick(2) {
-		h := &pulsev1.HistogramSample{Pod: uint32(r.pick(6)), Histogram: pulsev1.Histogram(r.pick(4))}
-		for i := range r.pick(4) {
-			h.Bounds = append(h.Bounds, []float64{0.1, 0.5, float64(i), math.Inf(1), math.NaN()}[r.pick(5)])
-			h.Counts = append(h.Counts, int64(r.byte())-8)
+	for range r.Pick(2) {
+		h := &pulsev1.HistogramSample{Pod: uint32(r.Pick(6)), Histogram: pulsev1.Histogram(r.Pick(4))}
+		for i := range r.Pick(4) {
+			h.Bounds = append(h.Bounds, []float64{0.1, 0.5, float64(i), math.Inf(1), math.NaN()}[r.Pick(5)])
+			h.Counts = append(h.Counts, int64(r.Byte())-8)
 		}
 		b.Histograms = append(b.Histograms, h)
 	}
@@ -248,18 +229,18 @@ func (r *recipe) batch(enc *wire.Encoder) *pulsev1.SampleBatch {
 // rawBatch is a batch's columns as the bytes say: of any lengths, with
 // any bits and values.
 func (r *recipe) rawBatch() *pulsev1.SampleBatch {
-	b := &pulsev1.SampleBatch{Seq: r.u64(), TimeUnixMs: r.ms()}
-	for range r.pick(4) {
-		b.Pods = append(b.Pods, uint32(r.pick(6)))
+	b := &pulsev1.SampleBatch{Seq: r.U64(), TimeUnixMs: r.ms()}
+	for range r.Pick(4) {
+		b.Pods = append(b.Pods, uint32(r.Pick(6)))
 	}
-	for range r.pick(4) {
-		b.OffsetsMs = append(b.OffsetsMs, int32(r.byte())-128)
+	for range r.Pick(4) {
+		b.OffsetsMs = append(b.OffsetsMs, int32(r.Byte())-128)
 	}
-	for range r.pick(4) {
-		b.PresentXor = append(b.PresentXor, r.u64()>>r.pick(64))
+	for range r.Pick(4) {
+		b.PresentXor = append(b.PresentXor, r.U64()>>r.Pick(64))
 	}
-	for range r.pick(8) {
-		b.Values = append(b.Values, int64(r.u64())>>r.pick(64))
+	for range r.Pick(8) {
+		b.Values = append(b.Values, int64(r.U64())>>r.Pick(64))
 	}
 	return b
 }

@@ -10,20 +10,12 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/test/fuzzbytes"
 )
 
 // fuzzBytes reads a fuzzer's bytes as choices; past their end every
 // choice is the first.
-type fuzzBytes []byte
-
-func (b *fuzzBytes) pick(n int) int {
-	if len(*b) == 0 {
-		return 0
-	}
-	v := int((*b)[0]) % n
-	*b = (*b)[1:]
-	return v
-}
+type fuzzBytes struct{ *fuzzbytes.Reader }
 
 // Values a window can hold, sensible (fuzzFloats) or not (fuzzOdd: pulse's
 // store never gives them, but the planner is a pure function and is held
@@ -41,16 +33,16 @@ var (
 // replica with one odd value is refused whole, and the rules for the
 // believed ones need most windows believable.
 func (b *fuzzBytes) float() float64 {
-	if i := b.pick(4 * len(fuzzFloats)); i < 3*len(fuzzFloats) {
+	if i := b.Pick(4 * len(fuzzFloats)); i < 3*len(fuzzFloats) {
 		return fuzzFloats[i%len(fuzzFloats)]
 	}
-	return fuzzOdd[b.pick(len(fuzzOdd))]
+	return fuzzOdd[b.Pick(len(fuzzOdd))]
 }
 
-func (b *fuzzBytes) dur() time.Duration    { return fuzzDurs[b.pick(len(fuzzDurs))] }
-func (b *fuzzBytes) flag() bool            { return b.pick(2) == 1 }
-func (b *fuzzBytes) step() time.Duration   { return fuzzSteps[b.pick(len(fuzzSteps))] }
-func (b *fuzzBytes) state() store.PodState { return store.PodState(1 + b.pick(5)) }
+func (b *fuzzBytes) dur() time.Duration    { return fuzzDurs[b.Pick(len(fuzzDurs))] }
+func (b *fuzzBytes) flag() bool            { return b.Pick(2) == 1 }
+func (b *fuzzBytes) step() time.Duration   { return fuzzSteps[b.Pick(len(fuzzSteps))] }
+func (b *fuzzBytes) state() store.PodState { return store.PodState(1 + b.Pick(5)) }
 
 func (b *fuzzBytes) pod(i int) store.PodLoad {
 	return store.PodLoad{
@@ -59,7 +51,7 @@ func (b *fuzzBytes) pod(i int) store.PodLoad {
 		FirstTokens: b.float(), TTFT: b.float(), TTFTOK: b.flag(), QueueTime: b.float(), QueueOK: b.flag(),
 		ITL: b.float(), ITLOK: b.flag(), TTFTQuantile: b.float(), TTFTQuantileOK: b.flag(), Preemptions: b.float(),
 		Waiting: b.float(), Running: b.float(), KVCache: b.float(), WaitingNow: b.float(), WaitingGrowth: b.float(),
-		NoWaiting: b.pick(8) == 0, NoKV: b.flag(), Span: b.dur(), Startup: b.dur(), Age: b.dur(),
+		NoWaiting: b.Pick(8) == 0, NoKV: b.flag(), Span: b.dur(), Startup: b.dur(), Age: b.dur(),
 	}
 }
 
@@ -80,16 +72,16 @@ func FuzzMake(f *testing.F) {
 	f.Add([]byte{2, 4, 0, 12, 13, 1, 14, 1, 15, 1, 12, 1, 13, 1, 14, 12, 13, 14, 15, 12, 13, 1, 1, 7, 7, 7})
 	f.Add([]byte{6, 0, 3, 1, 10, 10, 1, 9, 9, 1, 9, 1, 9, 1, 9, 1, 9, 9, 9, 9, 9, 9, 1, 1, 6, 6, 6, 3, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b := fuzzBytes(data)
-		cfg := Default([...]time.Duration{2 * time.Second, time.Millisecond, 10 * time.Minute}[b.pick(3)])
-		cfg.Percentile = [...]float64{0, 0.9}[b.pick(2)]
-		cfg.ITL = [...]time.Duration{0, 50 * time.Millisecond}[b.pick(2)]
+		b := fuzzBytes{fuzzbytes.New(data)}
+		cfg := Default([...]time.Duration{2 * time.Second, time.Millisecond, 10 * time.Minute}[b.Pick(3)])
+		cfg.Percentile = [...]float64{0, 0.9}[b.Pick(2)]
+		cfg.ITL = [...]time.Duration{0, 50 * time.Millisecond}[b.Pick(2)]
 		var st State
 		at := t0
-		for step := 0; step < 40 && len(b) > 0; step++ {
+		for step := 0; step < 40 && b.Len() > 0; step++ {
 			at = at.Add(b.step())
-			in := Input{At: at, Found: b.pick(8) != 0, Demand: store.DemandValue{Sources: b.pick(3), Held: b.float(), Arrived: b.float(), Stale: b.pick(2)}}
-			for i := range b.pick(7) {
+			in := Input{At: at, Found: b.Pick(8) != 0, Demand: store.DemandValue{Sources: b.Pick(3), Held: b.float(), Arrived: b.float(), Stale: b.Pick(2)}}
+			for i := range b.Pick(7) {
 				in.Pods = append(in.Pods, b.pod(i))
 			}
 			podsBefore := fmt.Sprint(in.Pods)
