@@ -3,7 +3,6 @@ package scaler
 import (
 	"hash/maphash"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 
@@ -102,6 +101,7 @@ type sub struct {
 	// namespace it reads).
 	tenant string
 	at     int // index in shard.all; -1 once removed
+	atW    int // index in shard.subs[t.Workload]
 
 	// Owned by the shard's goroutine.
 	sent, last bool      // whether a state was handed over, and which
@@ -191,49 +191,49 @@ func (sh *shard) open(u *sub) {
 	u.shared.streams++
 	u.at = len(sh.all)
 	sh.all = append(sh.all, u)
+	u.atW = len(sh.subs[u.t.Workload])
 	sh.subs[u.t.Workload] = append(sh.subs[u.t.Workload], u)
 	sh.fresh = append(sh.fresh, u)
 }
 
-// remove unregisters a stream (its handler has returned or is returning).
+// remove unregisters a stream (its handler has returned or is returning)
+// in constant time: KEDA restarting ends every stream at once, and a
+// remove that looked for its stream in its workload's list took time in
+// the number of streams of the workload, under the shard's lock (20,000
+// streams of one workload: about 2·10⁸ comparisons). A stream still among
+// the new or postponed ones is dropped by the next pass, signalled here.
 func (p *pusher) remove(u *sub) {
 	sh := p.shard(u.t.Workload)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	last := sh.all[len(sh.all)-1]
-	sh.all[u.at], last.at = last, u.at
-	sh.all[len(sh.all)-1] = nil
-	sh.all = sh.all[:len(sh.all)-1]
+	swapRemove(&sh.all, u.at, func(v *sub, i int) { v.at = i })
 	u.at = -1
 	if u.shared.streams--; u.shared.streams == 0 {
 		delete(sh.triggers, u.t)
 	}
 	k := u.t.Workload
 	rest := sh.subs[k]
-	if i := indexOf(rest, u); i >= 0 {
-		rest = slices.Delete(rest, i, i+1)
-	}
+	swapRemove(&rest, u.atW, func(v *sub, i int) { v.atW = i })
 	if len(rest) == 0 {
 		delete(sh.subs, k)
 		delete(sh.dirty, k)
 	} else {
 		sh.subs[k] = rest
 	}
-	if i := indexOf(sh.fresh, u); i >= 0 {
-		sh.fresh = slices.Delete(sh.fresh, i, i+1)
-	}
-	if i := indexOf(sh.later, u); i >= 0 {
-		sh.later = slices.Delete(sh.later, i, i+1)
+	if len(sh.fresh) > 0 || len(sh.later) > 0 {
+		sh.signal()
 	}
 }
 
-func indexOf(us []*sub, u *sub) int {
-	for i, v := range us {
-		if v == u {
-			return i
-		}
-	}
-	return -1
+// swapRemove removes (*us)[i], moving the last stream into its place and
+// telling it its new index.
+func swapRemove(us *[]*sub, i int, moved func(*sub, int)) {
+	s := *us
+	last := s[len(s)-1]
+	s[i] = last
+	moved(last, i)
+	s[len(s)-1] = nil
+	*us = s[:len(s)-1]
 }
 
 // run passes over the shard's streams when a workload changed (the first
@@ -279,7 +279,7 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	sh.mu.Lock()
 	b := sh.batch[:0]
 	take := func(u *sub) {
-		if !u.queued {
+		if !u.queued && u.at >= 0 { // not removed since it was listed
 			u.queued = true
 			b = append(b, u)
 		}
@@ -350,7 +350,7 @@ func (sh *shard) othersWaiting(tenant string) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for _, u := range sh.fresh {
-		if u.tenant != tenant {
+		if u.tenant != tenant && u.at >= 0 {
 			return true
 		}
 	}

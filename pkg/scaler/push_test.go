@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -319,4 +320,102 @@ func BenchmarkPushPass(b *testing.B) {
 		p.pass(sh, now, false)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "ns/evaluation")
+}
+
+// TestRemoveKeepsTheRestWhole: streams of three workloads, some sharing a
+// trigger, removed one by one in a shuffled order. After each remove every
+// stream left is where its indices say, in its shard's list and its
+// workload's, its trigger held by exactly its streams; the removed one is
+// in neither; once all are gone the shard holds nothing.
+func TestRemoveKeepsTheRestWhole(t *testing.T) {
+	p := newPusher(New(store.New(store.Options{Retention: time.Minute}), Options{MaxWindow: time.Minute}))
+	p.shards = p.shards[:1] // every workload's
+	sh := p.shards[0]
+	var us []*sub
+	for i := range 300 {
+		k := store.Key{Namespace: "demo", Kind: store.KindWorkspace, Name: fmt.Sprint("w", i%3)}
+		tr := Trigger{Workload: k, Metric: "waiting", Threshold: float64(1 + i%5), ValueType: "total", Window: 10 * time.Second}
+		u := &sub{t: tr, tenant: "demo", ready: make(chan struct{}, 1)}
+		sh.mu.Lock()
+		sh.open(u)
+		sh.mu.Unlock()
+		us = append(us, u)
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(us), func(i, j int) { us[i], us[j] = us[j], us[i] })
+	for n, gone := range us {
+		p.remove(gone)
+		left := us[n+1:]
+		sh.mu.Lock()
+		if gone.at != -1 {
+			t.Fatalf("remove %d: the removed stream's index is %d, want -1", n, gone.at)
+		}
+		if len(sh.all) != len(left) {
+			t.Fatalf("remove %d: %d streams in the shard, want %d", n, len(sh.all), len(left))
+		}
+		listed, held := 0, map[*shared]int{}
+		for _, u := range left {
+			if sh.all[u.at] != u || sh.subs[u.t.Workload][u.atW] != u {
+				t.Fatalf("remove %d: a stream left is not where its indices say", n)
+			}
+			held[u.shared]++
+		}
+		for _, l := range sh.subs {
+			listed += len(l)
+			for _, u := range l {
+				if u == gone {
+					t.Fatalf("remove %d: the removed stream is still in its workload's list", n)
+				}
+			}
+		}
+		if listed != len(left) {
+			t.Fatalf("remove %d: %d streams in the workloads' lists, want %d", n, listed, len(left))
+		}
+		if len(held) != len(sh.triggers) {
+			t.Fatalf("remove %d: %d triggers held, want %d", n, len(sh.triggers), len(held))
+		}
+		for tr, s := range sh.triggers {
+			if s.streams != held[s] {
+				t.Fatalf("remove %d: trigger %+v counts %d streams, %d hold it", n, tr, s.streams, held[s])
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if len(sh.subs)+len(sh.dirty)+len(sh.triggers) > 0 {
+		t.Fatalf("after every remove: %d workloads, %d changed, %d triggers", len(sh.subs), len(sh.dirty), len(sh.triggers))
+	}
+	// The new streams' list still names them, removed: the next pass drops
+	// them without evaluating any.
+	evaluated := 0
+	p.evaluated = func(int) { evaluated++ }
+	p.pass(sh, time.Now(), true)
+	if evaluated != 0 || len(sh.fresh)+len(sh.later) != 0 {
+		t.Fatalf("the pass after every remove evaluated %d and left %d new and %d waiting", evaluated, len(sh.fresh), len(sh.later))
+	}
+}
+
+// BenchmarkRemoveAll: KEDA restarting ends every stream at once; 20,000
+// streams of one workload removed. (docs/performance.md, "Aggregator
+// ingest and KEDA RPCs".)
+func BenchmarkRemoveAll(b *testing.B) {
+	const streams = 20000
+	p := newPusher(New(store.New(store.Options{Retention: time.Minute}), Options{MaxWindow: time.Minute}))
+	p.shards = p.shards[:1] // every workload's
+	sh := p.shards[0]
+	k := store.Key{Namespace: "bench", Kind: store.KindWorkspace, Name: "w"}
+	us := make([]*sub, streams)
+	for b.Loop() {
+		b.StopTimer()
+		sh.mu.Lock()
+		for i := range us {
+			us[i] = &sub{t: Trigger{Workload: k, Metric: "waiting", Threshold: 1}, tenant: "bench"}
+			sh.open(us[i])
+		}
+		sh.fresh = sh.fresh[:0] // as after the first pass
+		sh.mu.Unlock()
+		b.StartTimer()
+		for _, u := range us {
+			p.remove(u)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*streams), "ns/remove")
 }
