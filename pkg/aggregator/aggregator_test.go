@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/test/syncbuf"
 )
@@ -47,6 +51,17 @@ func TestProfilesOnlyWhenAsked(t *testing.T) {
 func TestMetricsHaveTheLiveHeap(t *testing.T) {
 	a := start(t, func(*Options) {})
 	httpGet(t, "http://"+a.HTTPAddr()+"/livez")
+	body := metricsPage(t, a)
+	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes "} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/metrics has no %s", strings.TrimSpace(name))
+		}
+	}
+}
+
+// metricsPage is a's /metrics.
+func metricsPage(t *testing.T, a *Aggregator) string {
+	t.Helper()
 	resp, err := http.Get("http://" + a.HTTPAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -56,11 +71,7 @@ func TestMetricsHaveTheLiveHeap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes "} {
-		if !strings.Contains(string(body), name) {
-			t.Errorf("/metrics has no %s", strings.TrimSpace(name))
-		}
-	}
+	return string(body)
 }
 
 // httpGet is the status of GET url, retried while the listener starts.
@@ -96,6 +107,17 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	o.Store.MaxWindow = 30 * time.Second
 	if err := o.Validate(); err != nil {
 		t.Errorf("--max-window 30s: %v", err)
+	}
+	o.Serving.MaxScalerStreams, o.Serving.MaxScalerStreamsPerNamespace = 0, -1
+	err = o.Validate()
+	for _, want := range []string{"--max-scaler-streams must be at least 1", "--max-scaler-streams-per-namespace must be 0"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
+	o.Serving.MaxScalerStreams, o.Serving.MaxScalerStreamsPerNamespace = 5, 0
+	if err := o.Validate(); err != nil || o.Serving.ScalerStreamsPerNamespace() != 2 {
+		t.Errorf("--max-scaler-streams 5: %v, %d a namespace; want no error and 2 (half)", err, o.Serving.ScalerStreamsPerNamespace())
 	}
 	o = NewOptions()
 	o.IngestTLS.Managed = true
@@ -189,5 +211,40 @@ func TestMetricsServeWhatCollects(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "metrics left out of /metrics"); n != 1 || !strings.Contains(logs.String(), "test_broken") {
 		t.Errorf("%d log lines for two failing scrapes within a minute, want 1 naming the series:\n%s", n, logs.String())
+	}
+}
+
+// TestScalerStreamsAreBounded: the flags reach the scaler port. With at
+// most 2 streams, 1 of a namespace, KEDA's second stream of namespace a
+// is refused, b's first is held, and c's, the third in all, is refused;
+// /metrics counts both.
+func TestScalerStreamsAreBounded(t *testing.T) {
+	a := start(t, func(o *Options) {
+		o.Warmup.Duration, o.Serving.MaxScalerStreams, o.Serving.MaxScalerStreamsPerNamespace = 0, 2, 1
+	})
+	keda := externalscaler.NewExternalScalerClient(dial(t, a.ScalerAddr()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(ns string) error {
+		s, err := keda.StreamMetricSpec(ctx, &externalscaler.ScaledObjectRef{Name: "so", Namespace: ns, ScalerMetadata: map[string]string{"workspace": "llama"}})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return err
+	}
+	for _, c := range []struct {
+		ns   string
+		want string // "" held
+	}{{"a", ""}, {"a", `namespace "a" holds 1 streams open`}, {"b", ""}, {"c", "the aggregator holds 2 streams open"}} {
+		err := open(c.ns)
+		if c.want == "" && err != nil || c.want != "" && (status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), c.want)) {
+			t.Fatalf("a stream of namespace %s: %v; want %q", c.ns, err, c.want)
+		}
+	}
+	body := metricsPage(t, a)
+	for _, want := range []string{"\npulse_aggregator_scaler_streams 2\n", "\npulse_aggregator_scaler_streams_refused_total{limit=\"all\"} 1\n", "\npulse_aggregator_scaler_streams_refused_total{limit=\"namespace\"} 1\n"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics has no %s", strings.TrimSpace(want))
+		}
 	}
 }

@@ -32,7 +32,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none",
-			MaxIngestConnections: 20000},
+			MaxIngestConnections: 20000, MaxScalerStreams: 40000},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -102,6 +102,20 @@ type ServingOptions struct {
 	HTTPTLS bool
 	// MaxIngestConnections bounds the ingest port's open connections.
 	MaxIngestConnections int
+	// MaxScalerStreams bounds KEDA's streams open on the scaler port (two
+	// for every external-push trigger), and MaxScalerStreamsPerNamespace
+	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).
+	MaxScalerStreams, MaxScalerStreamsPerNamespace int
+}
+
+// ScalerStreamsPerNamespace is the streams one namespace's ScaledObjects
+// may hold open: --max-scaler-streams-per-namespace, or half of
+// --max-scaler-streams (at least 1) when it is 0.
+func (o *ServingOptions) ScalerStreamsPerNamespace() int {
+	if o.MaxScalerStreamsPerNamespace > 0 {
+		return o.MaxScalerStreamsPerNamespace
+	}
+	return max(o.MaxScalerStreams/2, 1)
 }
 
 // AddFlags registers the group's flags.
@@ -115,6 +129,8 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
 	fs.IntVar(&o.MaxIngestConnections, "max-ingest-connections", o.MaxIngestConnections, "connections the ingest port holds open at once (an agent holds one to each replica): past it a new one waits to be accepted, so that clients of the port (any, with --agent-auth=none) cannot open them without bound")
+	fs.IntVar(&o.MaxScalerStreams, "max-scaler-streams", o.MaxScalerStreams, "KEDA's streams the scaler port holds open at once (KEDA opens a StreamIsActive and a StreamMetricSpec for every external-push trigger): past it a new one is refused (ResourceExhausted; KEDA retries, backing off to a minute, and its GetMetrics polls are answered as before)")
+	fs.IntVar(&o.MaxScalerStreamsPerNamespace, "max-scaler-streams-per-namespace", o.MaxScalerStreamsPerNamespace, "KEDA's streams of one namespace's ScaledObjects held open at once (0: half of --max-scaler-streams); past it a new one of that namespace is refused as past --max-scaler-streams, so that one tenant's ScaledObjects cannot take every other tenant's room")
 	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
 	fs.StringVar(&o.MetricsAuth, "metrics-auth", o.MetricsAuth, "who may read /metrics, and the debug endpoints when they are on --http-addr (no --debug-addr), which name every tenant's workloads: none (anyone who reaches --http-addr), or kubernetes (a bearer token the API server authenticates, whose user may get the request's path as a non-resource URL, /metrics or /debug/...: a TokenReview and a SubjectAccessReview, answers kept a minute per token and path)")
 }
@@ -138,6 +154,12 @@ func (o *ServingOptions) Validate() error {
 	}
 	if o.MaxIngestConnections < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections must be at least 1"))
+	}
+	if o.MaxScalerStreams < 1 {
+		errs = append(errs, errors.New("--max-scaler-streams must be at least 1"))
+	}
+	if o.MaxScalerStreamsPerNamespace < 0 {
+		errs = append(errs, errors.New("--max-scaler-streams-per-namespace must be 0 (half of --max-scaler-streams) or more"))
 	}
 	if o.MetricsAuth != "none" && o.MetricsAuth != "kubernetes" {
 		errs = append(errs, fmt.Errorf("--metrics-auth %q: none or kubernetes", o.MetricsAuth))

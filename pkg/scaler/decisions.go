@@ -223,13 +223,14 @@ func planDesc(name, help string) *prometheus.Desc {
 type decisionCollector struct{ s *Server }
 
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused}, planDescs...) {
+	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused, descStreams, descStreamsRefused}, planDescs...) {
 		ch <- d
 	}
 }
 
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 	c.collectRefused(ch)
+	c.collectStreams(ch)
 	for _, e := range c.s.Evaluations() {
 		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.String(), e.Trigger.Metric}
 		if e.Refused {

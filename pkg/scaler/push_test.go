@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -418,4 +422,92 @@ func BenchmarkRemoveAll(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*streams), "ns/remove")
+}
+
+// TestOneTenantsStreamsCannotTakeAnothersRoom: at most 3 streams of one
+// namespace, 4 in all. The fourth of namespace demo is refused
+// (ResourceExhausted, naming it), while its three open streams still
+// push and its polls are answered; namespace other opens the last one, and
+// the next of other is refused for the bound in all. A stream ended frees
+// its room, and both refusals are counted by bound.
+func TestOneTenantsStreamsCannotTakeAnothersRoom(t *testing.T) {
+	f := newFixture(t)
+	f.server.maxStreams, f.server.maxPerNS = 4, 3
+	f.pods("a")
+	f.report(map[string]float64{"a": 0})
+	other := store.Key{Namespace: "other", Kind: store.KindWorkspace, Name: "llama"}
+	f.store.Upsert(store.Source{Node: "node-2"}, []store.PodInfo{{UID: "uid-o", Namespace: "other", Name: "o", Ready: true, Workloads: []store.Key{other}}}, false)
+	r := store.Report{UID: "uid-o"}
+	r.TimeMs = f.ms
+	r.Values.Set(metric.Waiting, 0)
+	f.store.Add([]store.Report{r})
+	md := map[string]string{"workspace": "llama", "window": "1s", "activationThreshold": "1"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var demo []<-chan bool
+	for range 3 {
+		ch := f.activeStates(ctx, t, md)
+		if <-ch {
+			t.Fatal("first state true, want false")
+		}
+		demo = append(demo, ch)
+	}
+	refused := func(ns string) error {
+		s, err := f.client.StreamIsActive(ctx, &externalscaler.ScaledObjectRef{Name: "so", Namespace: ns, ScalerMetadata: md})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return err
+	}
+	if err := refused("demo"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), `namespace "demo" holds 3 streams open`) {
+		t.Fatalf("demo's fourth stream: %v; want ResourceExhausted naming namespace demo", err)
+	}
+	if _, err := f.metric(t, md); err != nil {
+		t.Fatalf("demo's poll beside its refused stream: %v", err)
+	}
+	f.report(map[string]float64{"a": 5})
+	for i, ch := range demo {
+		if !<-ch {
+			t.Fatalf("demo's stream %d after the refusal: pushed false, want true", i)
+		}
+	}
+
+	mine, err := f.client.StreamIsActive(ctx, &externalscaler.ScaledObjectRef{Name: "so", Namespace: "other", ScalerMetadata: md})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := mine.Recv(); err != nil || r.Result {
+		t.Fatalf("other's stream beside demo's three: %v, %v; want false", r, err)
+	}
+	if err := refused("other"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "the aggregator holds 4 streams open") {
+		t.Fatalf("a fifth stream: %v; want ResourceExhausted for the bound in all", err)
+	}
+	want := `
+# HELP pulse_aggregator_scaler_streams KEDA's StreamIsActive and StreamMetricSpec streams open now.
+# TYPE pulse_aggregator_scaler_streams gauge
+pulse_aggregator_scaler_streams 4
+# HELP pulse_aggregator_scaler_streams_refused_total Streams refused (ResourceExhausted) past a bound, by the bound: all (--max-scaler-streams) or namespace (--max-scaler-streams-per-namespace).
+# TYPE pulse_aggregator_scaler_streams_refused_total counter
+pulse_aggregator_scaler_streams_refused_total{limit="all"} 1
+pulse_aggregator_scaler_streams_refused_total{limit="namespace"} 1
+`
+	if err := testutil.CollectAndCompare(f.server.Collector(), strings.NewReader(want), "pulse_aggregator_scaler_streams", "pulse_aggregator_scaler_streams_refused_total"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The streams end (KEDA cancels them): their room is free again.
+	cancel()
+	for deadline := time.Now().Add(10 * time.Second); f.server.OpenStreams() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams still open after cancel", f.server.OpenStreams())
+		}
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 3 {
+		if v, ok := <-f.activeStates(ctx, t, md); !ok || !v {
+			t.Fatalf("demo's stream %d once the others ended: %v, %v; want true", i, v, ok)
+		}
+	}
 }

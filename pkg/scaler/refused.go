@@ -90,3 +90,20 @@ func (c decisionCollector) collectRefused(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, n, reason)
 	}
 }
+
+var (
+	descStreams = prometheus.NewDesc("pulse_aggregator_scaler_streams",
+		"KEDA's StreamIsActive and StreamMetricSpec streams open now.", nil, nil)
+	descStreamsRefused = prometheus.NewDesc("pulse_aggregator_scaler_streams_refused_total",
+		"Streams refused (ResourceExhausted) past a bound, by the bound: all (--max-scaler-streams) or namespace (--max-scaler-streams-per-namespace).",
+		[]string{"limit"}, nil)
+)
+
+// collectStreams gives the open streams and those refused, both bounds'
+// series from the start.
+func (c decisionCollector) collectStreams(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descStreams, prometheus.GaugeValue, float64(c.s.OpenStreams()))
+	for limit, name := range []string{limitAll: "all", limitNamespace: "namespace"} {
+		ch <- prometheus.MustNewConstMetric(descStreamsRefused, prometheus.CounterValue, float64(c.s.streamsRefused[limit].Load()), name)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/store"
 )
 
@@ -56,7 +57,21 @@ type Server struct {
 	open     atomic.Int64
 	closeMu  sync.Mutex
 	closing  bool // no stream may start once Shutdown has begun
+
+	// slots bound the open streams (Options.MaxStreams,
+	// MaxStreamsPerNamespace) by their ScaledObject's namespace.
+	slots                slots.Slots
+	maxStreams, maxPerNS int
+	// streamsRefused counts the streams refused past a bound, by the bound
+	// (limitAll, limitNamespace).
+	streamsRefused [2]atomic.Uint64
 }
+
+// The bounds a stream is refused past, in Server.streamsRefused.
+const (
+	limitAll = iota
+	limitNamespace
+)
 
 // Options configure a Server.
 type Options struct {
@@ -82,26 +97,49 @@ type Options struct {
 	// only its own namespace (a tenant's ScaledObject must not read
 	// another tenant's workload).
 	AllowCrossNamespace bool
+	// MaxStreams bounds the StreamIsActive and StreamMetricSpec streams
+	// open at once (KEDA opens one of each for every external-push
+	// trigger), and MaxStreamsPerNamespace those of one namespace (the
+	// ScaledObject's), so that one tenant's ScaledObjects cannot take
+	// every other tenant's room. A stream past either is refused
+	// (ResourceExhausted; KEDA retries, backing off to a minute, and its
+	// polls are answered as before). 0: no bound.
+	MaxStreams, MaxStreamsPerNamespace int
 }
 
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
 // running now.
 func (s *Server) OpenStreams() int64 { return s.open.Load() }
 
-// enter registers a stream handler; false once Shutdown has begun (the
-// handler then returns nil at once: EOF for KEDA).
-func (s *Server) enter() bool {
+// enter registers a stream handler of a ScaledObject of namespace ns.
+// False with a nil error once Shutdown has begun (the handler then returns
+// nil at once: EOF for KEDA); false with ResourceExhausted past
+// MaxStreams or MaxStreamsPerNamespace.
+func (s *Server) enter(ns string) (bool, error) {
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
 	if s.closing {
-		return false
+		return false, nil
+	}
+	perNS := s.maxPerNS
+	if perNS <= 0 {
+		perNS = math.MaxInt
+	}
+	if !s.slots.Take(ns, s.maxStreams, perNS) {
+		all, inNS := s.slots.Held(ns)
+		if s.maxStreams > 0 && all >= s.maxStreams {
+			s.streamsRefused[limitAll].Add(1)
+			return false, status.Errorf(codes.ResourceExhausted, "the aggregator holds %d streams open, the most it may: this one is refused (KEDA retries; polls are answered as before)", all)
+		}
+		s.streamsRefused[limitNamespace].Add(1)
+		return false, status.Errorf(codes.ResourceExhausted, "namespace %q holds %d streams open, the most one namespace may: this one is refused (KEDA retries; polls are answered as before)", ns, inNS)
 	}
 	s.streams.Add(1)
 	s.open.Add(1)
-	return true
+	return true, nil
 }
 
-func (s *Server) leave() { s.open.Add(-1); s.streams.Done() }
+func (s *Server) leave(ns string) { s.slots.Give(ns); s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
@@ -114,6 +152,7 @@ func New(st *store.Store, o Options) *Server {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
+		maxStreams: o.MaxStreams, maxPerNS: o.MaxStreamsPerNamespace,
 		recheck: 500 * time.Millisecond, minGap: 5 * time.Millisecond, done: make(chan struct{}), now: o.Now}
 	s.push = newPusher(s)
 	if o.FollowWindows {
@@ -289,10 +328,10 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	if err != nil {
 		return err
 	}
-	if !s.enter() {
-		return nil
+	if ok, err := s.enter(ref.GetNamespace()); !ok {
+		return err
 	}
-	defer s.leave()
+	defer s.leave(ref.GetNamespace())
 	u := s.push.add(t, ref.GetNamespace())
 	defer s.push.remove(u)
 	ctx := stream.Context()
@@ -346,10 +385,10 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	if err != nil {
 		return err
 	}
-	if !s.enter() {
-		return nil
+	if ok, err := s.enter(ref.GetNamespace()); !ok {
+		return err
 	}
-	defer s.leave()
+	defer s.leave(ref.GetNamespace())
 	if err := stream.Send(spec(t)); err != nil {
 		return err
 	}

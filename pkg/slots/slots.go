@@ -35,6 +35,13 @@ func (s *Slots) Take(key string, all, perKey int) bool {
 	return true
 }
 
+// Held is the slots taken in all, and for key.
+func (s *Slots) Held(key string) (all, ofKey int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.all, s.keys[key]
+}
+
 // Give gives back a slot Take took for key.
 func (s *Slots) Give(key string) {
 	s.mu.Lock()

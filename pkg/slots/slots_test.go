@@ -22,8 +22,11 @@ func TestSlotsBoundAllAndEachKey(t *testing.T) {
 	if s.Take("c", 3, 2) || s.Take("", 3, 2) {
 		t.Fatal("a slot past the 3 of all taken")
 	}
-	if s.all != 3 || s.keys["a"] != 2 {
-		t.Fatalf("taken %d in all, %d of a; want 3 and 2", s.all, s.keys["a"])
+	if all, a := s.Held("a"); all != 3 || a != 2 {
+		t.Fatalf("held %d in all, %d of a; want 3 and 2", all, a)
+	}
+	if _, c := s.Held("c"); c != 0 || len(s.keys) != 2 {
+		t.Fatalf("held %d of c, refused, and %d keys; want 0 and 2", c, len(s.keys))
 	}
 	s.Give("a")
 	if !s.Take("", 3, 2) {
