@@ -247,7 +247,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // demand entries (one per workload it names) share one scrape of its page:
 // a router is one pod, and takes one slot, however many workloads it names.
 func (a *Agent) scrapeLoop(ctx context.Context) {
-	slots := newScrapeSlots(a.opts.MaxConcurrent)
+	slots := newTenantSlots(a.opts.MaxConcurrent, a.opts.MaxConcurrent) // shared among the namespaces below
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ph := newPhaser(a.opts.ScrapeInterval, phaseOf(a.opts.NodeName, a.opts.ScrapeInterval))
@@ -262,6 +262,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 			var byID map[uint32]discovery.Target
 			_, byID, changed = a.cat.snapshot()
 			units = scrapeUnits(byID)
+			slots.share(namespaces(units))
 			ph.sync(slices.Collect(maps.Keys(units)), now)
 		}
 		ph.due(now, func(key string) {
@@ -277,14 +278,15 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 				// The wait for a slot is within the scrape's timeout: one
 				// tenant's stalling pages held every slot, and the other
 				// tenants' scrapes started late and ran late.
-				sctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
+				sctx, cancel := context.WithTimeout(withTenant(ctx, tgs[0].Namespace), a.opts.timeout())
 				defer cancel()
 				start := time.Now()
-				release, err := slots.take(sctx, tgs[0].Namespace)
-				if err != nil {
+				release, ok := slots.take(sctx)
+				if !ok {
 					if ctx.Err() == nil {
-						err = &ScrapeError{Reason: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Err: fmt.Errorf(
-							"no scrape slot within the scrape timeout (at most %d scrapes at once, %d of one namespace)", slots.all, slots.perNS)}
+						all, per := slots.bounds()
+						err := &ScrapeError{Reason: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Err: fmt.Errorf(
+							"no scrape slot within the scrape timeout (at most %d scrapes at once, %d of one namespace)", all, per)}
 						for _, tg := range tgs {
 							a.publish(a.result(tg, start, vllm.Page{}, err))
 						}
@@ -329,54 +331,19 @@ func fairList(ts []discovery.Target, n int) ([]discovery.Target, int) {
 	return out, len(ts) - len(out)
 }
 
-// scrapeSlots bounds the scrapes at once: all of them, and one
-// namespace's (half of them, at least one), so that one tenant's pages
-// that accept and stall cannot hold every slot of the node.
-type scrapeSlots struct {
-	all, perNS int
-	any        chan struct{}
-	mu         sync.Mutex
-	ns         map[string]chan struct{}
-	users      map[string]int // holding or waiting on ns's, which goes with the last
-}
-
-func newScrapeSlots(n int) *scrapeSlots {
-	return &scrapeSlots{all: n, perNS: max(1, n/2), any: make(chan struct{}, n), ns: map[string]chan struct{}{}, users: map[string]int{}}
-}
-
-// take waits for a slot of namespace ns and one of all, until ctx ends;
-// release gives both back.
-func (s *scrapeSlots) take(ctx context.Context, ns string) (release func(), err error) {
-	s.mu.Lock()
-	c := s.ns[ns]
-	if c == nil {
-		c = make(chan struct{}, s.perNS)
-		s.ns[ns] = c
+// namespaces is how many namespaces the units' pods are of: the scrape
+// slots are shared equally among them, so that one tenant's pages that
+// accept and stall hold at most its share of the node's slots (with
+// --max-concurrent-scrapes of 64: all of them for one namespace, 32 each
+// for two, 21 each for three; until 2026-11-30 half for any one
+// namespace, so that two tenants could hold every slot, and a lone one
+// never more than half).
+func namespaces(units map[string][]discovery.Target) int {
+	seen := map[string]struct{}{}
+	for _, tgs := range units {
+		seen[tgs[0].Namespace] = struct{}{}
 	}
-	s.users[ns]++
-	s.mu.Unlock()
-	done := func() {
-		s.mu.Lock()
-		if s.users[ns]--; s.users[ns] == 0 {
-			delete(s.ns, ns)
-			delete(s.users, ns)
-		}
-		s.mu.Unlock()
-	}
-	select {
-	case c <- struct{}{}:
-	case <-ctx.Done():
-		done()
-		return nil, ctx.Err()
-	}
-	select {
-	case s.any <- struct{}{}:
-	case <-ctx.Done():
-		<-c
-		done()
-		return nil, ctx.Err()
-	}
-	return func() { <-s.any; <-c; done() }, nil
+	return len(seen)
 }
 
 // scrapeUnits groups the ready targets into what one scrape reads: a

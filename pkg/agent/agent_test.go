@@ -405,7 +405,7 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	wg.Wait()
 	sc.large.mu.Lock()
 	defer sc.large.mu.Unlock()
-	if len(sc.large.by) != 0 || len(sc.large.all) != 0 {
+	if len(sc.large.by) != 0 || len(sc.large.all) != 0 || sc.large.waiting != 0 {
 		t.Fatalf("after the reads: %d tenants' slots and %d large reads held, want none", len(sc.large.by), len(sc.large.all))
 	}
 }

@@ -155,37 +155,90 @@ func TestTheCatalogueIsBoundedFairly(t *testing.T) {
 	}
 }
 
-// TestOneNamespaceHoldsHalfTheScrapeSlots: one global bound on scrapes at
-// once, waited for outside the scrape's timeout, let one tenant's pages
-// that accept and stall hold every slot of the node: the other tenants'
-// scrapes started late and ran late. One namespace now holds at most half
-// the slots, and the wait is within the scrape's timeout.
-func TestOneNamespaceHoldsHalfTheScrapeSlots(t *testing.T) {
-	s := newScrapeSlots(4)
-	ctx := context.Background()
+// TestTheScrapeSlotsAreSharedAmongTheNamespaces: one global bound on
+// scrapes at once, waited for outside the scrape's timeout, let one
+// tenant's pages that accept and stall hold every slot of the node: the
+// other tenants' scrapes started late and ran late. Then one namespace held
+// at most half the slots, so two tenants could still hold them all, and a
+// tenant alone on its node never more than half. The slots are now shared
+// equally among the namespaces of the node's pods, and the wait is within
+// the scrape's timeout.
+func TestTheScrapeSlotsAreSharedAmongTheNamespaces(t *testing.T) {
+	s := newTenantSlots(6, 6)
+	take := func(ns string, wait time.Duration) (func(), bool) {
+		ctx, cancel := context.WithTimeout(withTenant(context.Background(), ns), wait)
+		defer cancel()
+		return s.take(ctx)
+	}
+	// Alone on the node, a namespace takes every slot.
+	s.share(1)
+	var a []func()
+	for i := range 6 {
+		release, ok := take("a", time.Second)
+		if !ok {
+			t.Fatalf("namespace a alone: its slot %d of 6 refused", i+1)
+		}
+		a = append(a, release)
+	}
+	// Pods of two more namespaces come: a third each. a keeps what it
+	// holds, and each slot it gives back goes to another namespace.
+	s.share(3)
+	if all, per := s.bounds(); all != 6 || per != 2 {
+		t.Fatalf("shared among 3: %d in all, %d a namespace; want 6 and 2", all, per)
+	}
+	var others []func()
+	for _, ns := range []string{"b", "c", "b", "c"} {
+		got := make(chan func(), 1)
+		go func() {
+			release, _ := take(ns, 5*time.Second)
+			got <- release
+		}()
+		if release, ok := take(ns, 20*time.Millisecond); ok {
+			release()
+			t.Fatalf("namespace %s took a slot while a held every one", ns)
+		}
+		a[len(a)-1]()
+		a = a[:len(a)-1]
+		release := <-got
+		if release == nil {
+			t.Fatalf("namespace %s: refused the slot a gave back", ns)
+		}
+		others = append(others, release)
+		if release, ok := take("a", 20*time.Millisecond); ok {
+			release()
+			t.Fatalf("namespace a, holding %d of its share of 2, took another", len(a))
+		}
+	}
+	for _, release := range append(a, others...) {
+		release()
+	}
+	// Two stalling namespaces hold a third each; the third namespace's
+	// share is free.
 	var held []func()
-	for range 2 {
-		release, err := s.take(ctx, "stalling")
-		if err != nil {
-			t.Fatal(err)
+	for _, ns := range []string{"a", "a", "b", "b"} {
+		release, ok := take(ns, time.Second)
+		if !ok {
+			t.Fatalf("namespace %s: its share refused", ns)
 		}
 		held = append(held, release)
 	}
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	if _, err := s.take(short, "stalling"); err == nil {
-		t.Fatal("a namespace took more than half the slots")
+	if _, ok := take("a", 20*time.Millisecond); ok {
+		t.Fatal("namespace a took past its share")
 	}
-	release, err := s.take(ctx, "quiet")
-	if err != nil {
-		t.Fatalf("another namespace's scrape with half the slots free: %v", err)
+	for range 2 {
+		release, ok := take("c", time.Second)
+		if !ok {
+			t.Fatal("namespace c's share refused beside a's and b's held slots")
+		}
+		held = append(held, release)
 	}
-	release()
-	for _, r := range held {
-		r()
+	for _, release := range held {
+		release()
 	}
-	if len(s.ns) != 0 || len(s.users) != 0 || len(s.any) != 0 {
-		t.Fatalf("after every release: %d namespaces, %d users, %d slots held", len(s.ns), len(s.users), len(s.any))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.by) != 0 || len(s.all) != 0 || s.waiting != 0 {
+		t.Fatalf("after every release: %d namespaces, %d slots held, %d waiting", len(s.by), len(s.all), s.waiting)
 	}
 }
 

@@ -83,21 +83,21 @@ type httpScraper struct {
 }
 
 // tenantSlots bounds what is under way in all (all's capacity) and of each
-// tenant (per): a tenant past its own waits while another's goes.
+// tenant (per, or an equal share of all: share): a tenant past its own
+// waits while another's goes.
 type tenantSlots struct {
 	all chan struct{}
-	per int
 	mu  sync.Mutex
-	by  map[string]*tenantSlot // only tenants with one waiting or under way
-}
-
-type tenantSlot struct {
-	ch    chan struct{} // capacity per
-	users int
+	per int            // a tenant's slots
+	by  map[string]int // the slots each tenant holds; only tenants holding one
+	// freed is closed, and replaced, when a tenant's slot is given back or
+	// per grows, if waiting: a tenant at its bound waits for it.
+	freed   chan struct{}
+	waiting int
 }
 
 func newTenantSlots(all, per int) *tenantSlots {
-	return &tenantSlots{all: make(chan struct{}, all), per: per, by: map[string]*tenantSlot{}}
+	return &tenantSlots{all: make(chan struct{}, all), per: per, by: map[string]int{}, freed: make(chan struct{})}
 }
 
 // tenantKey carries the scrape's tenant (the pod's namespace) in its
@@ -148,35 +148,74 @@ func (t *tenantSlots) take(ctx context.Context) (release func(), ok bool) {
 			return nil, false
 		}
 	}
-	t.mu.Lock()
-	ts := t.by[tenant]
-	if ts == nil {
-		ts = &tenantSlot{ch: make(chan struct{}, t.per)}
-		t.by[tenant] = ts
-	}
-	ts.users++
-	t.mu.Unlock()
-	leave := func() {
+	for {
 		t.mu.Lock()
-		if ts.users--; ts.users == 0 {
-			delete(t.by, tenant)
+		if t.by[tenant] < t.per {
+			t.by[tenant]++
+			t.mu.Unlock()
+			break
 		}
+		t.waiting++
+		freed := t.freed
 		t.mu.Unlock()
-	}
-	select {
-	case ts.ch <- struct{}{}:
-	case <-ctx.Done():
-		leave()
-		return nil, false
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			t.mu.Lock()
+			t.waiting--
+			t.mu.Unlock()
+			return nil, false
+		}
+		t.mu.Lock()
+		t.waiting--
+		t.mu.Unlock()
 	}
 	select {
 	case t.all <- struct{}{}:
 	case <-ctx.Done():
-		<-ts.ch
-		leave()
+		t.give(tenant)
 		return nil, false
 	}
-	return func() { <-t.all; <-ts.ch; leave() }, true
+	return func() { <-t.all; t.give(tenant) }, true
+}
+
+// give gives back a slot of tenant's.
+func (t *tenantSlots) give(tenant string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.by[tenant]--; t.by[tenant] <= 0 {
+		delete(t.by, tenant)
+	}
+	t.wake()
+}
+
+// wake lets every tenant waiting look again. Called with t.mu held.
+func (t *tenantSlots) wake() {
+	if t.waiting > 0 {
+		close(t.freed)
+		t.freed = make(chan struct{})
+	}
+}
+
+// share gives each of n tenants an equal share of the slots (at least
+// one): all of them to one tenant, half to each of two, a third to each of
+// three. A tenant holding more than its new share keeps what it holds,
+// and takes no more until it is below it.
+func (t *tenantSlots) share(n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	per := max(cap(t.all)/max(n, 1), 1)
+	if per > t.per {
+		t.wake()
+	}
+	t.per = per
+}
+
+// bounds are the slots in all, and a tenant's.
+func (t *tenantSlots) bounds() (all, per int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return cap(t.all), t.per
 }
 
 // maxResponseHeaderBytes bounds a page's response headers.
@@ -309,7 +348,8 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	}
 	release, ok := s.parses.take(ctx)
 	if !ok {
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once, %d a namespace)", url, cap(s.parses.all), s.parses.per)}
+		all, per := s.parses.bounds()
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once, %d a namespace)", url, all, per)}
 	}
 	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
