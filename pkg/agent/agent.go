@@ -546,7 +546,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	for {
 		devs := a.readNVML(&nvmlFailing)
 		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
-		pods, err := a.podRes.List(lctx)
+		pods, ambiguous, err := a.podRes.List(lctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -561,6 +561,9 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 				a.log.Info("kubelet pod-resources available again", logging.KeySocket, a.opts.PodResourcesSocket)
 			}
 			failing = false
+			if len(ambiguous) > 0 {
+				a.log.Debug("pods the kubelet lists twice under one name (one replacing the other): no GPU value until one is gone", logging.KeyPod, ambiguous)
+			}
 			byPod, unknown := gpu.Attribute(devs, pods)
 			if len(unknown) > 0 {
 				a.m.unknownDevices.Add(float64(len(unknown)))

@@ -44,24 +44,39 @@ func IsGPUResource(name string) bool {
 	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-")
 }
 
-// List returns each pod's GPU device IDs, by "namespace/name".
-func (p *PodResources) List(ctx context.Context) (map[string][]string, error) {
+// List returns each pod's GPU device IDs, by "namespace/name", and the
+// pods left out because the kubelet listed two pods of that name: the
+// pod-resources API names a pod, not its uid, and a pod recreated under
+// its name (a StatefulSet's) can be listed beside the one it replaces
+// while that one ends. Their devices were merged, and the new pod read
+// the old one's GPUs as its own; a pod so named now has no GPU value
+// until one of the two is gone.
+func (p *PodResources) List(ctx context.Context) (pods map[string][]string, ambiguous []string, err error) {
 	resp, err := p.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("list pod resources: %w", err)
+		return nil, nil, fmt.Errorf("list pod resources: %w", err)
 	}
-	out := map[string][]string{}
+	pods = map[string][]string{}
+	seen := map[string]bool{}
 	for _, pr := range resp.GetPodResources() {
+		key := pr.GetNamespace() + "/" + pr.GetName()
+		if seen[key] {
+			ambiguous = append(ambiguous, key)
+			continue
+		}
+		seen[key] = true
 		for _, c := range pr.GetContainers() {
 			for _, d := range c.GetDevices() {
 				if IsGPUResource(d.GetResourceName()) {
-					key := pr.GetNamespace() + "/" + pr.GetName()
-					out[key] = append(out[key], d.GetDeviceIds()...)
+					pods[key] = append(pods[key], d.GetDeviceIds()...)
 				}
 			}
 		}
 	}
-	return out, nil
+	for _, key := range ambiguous {
+		delete(pods, key)
+	}
+	return pods, ambiguous, nil
 }
 
 // PodGPU is what a pod's GPUs did.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,12 +146,12 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	defer pr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	got, err := pr.List(ctx)
+	got, ambiguous, err := pr.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || len(got["ns/llama-0"]) != 2 || got["ns/small-0"][0] != "MIG-c" {
-		t.Fatalf("List = %v", got)
+	if len(got) != 2 || len(got["ns/llama-0"]) != 2 || got["ns/small-0"][0] != "MIG-c" || len(ambiguous) != 0 {
+		t.Fatalf("List = %v, %v left out", got, ambiguous)
 	}
 
 	// The kubelet restarts: the socket goes away and comes back.
@@ -158,7 +159,7 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	k.SetPods(all[0])
 	k.Serve(t, socket)
 	for {
-		got, err = pr.List(ctx)
+		got, _, err = pr.List(ctx)
 		if err == nil {
 			break
 		}
@@ -169,6 +170,18 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	}
 	if len(got) != 1 {
 		t.Fatalf("after the restart: %v", got)
+	}
+
+	// A StatefulSet's pod recreated under its name, listed beside the one
+	// it replaces: neither's GPUs are the name's (they were merged: the new
+	// pod read the old one's GPUs as its own), until one is gone.
+	k.SetPods(all[0], fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-c"), all[1])
+	if got, ambiguous, err = pr.List(ctx); err != nil || len(got) != 1 || got["ns/small-0"] == nil || !slices.Equal(ambiguous, []string{"ns/llama-0"}) {
+		t.Fatalf("with llama-0 listed twice: List = %v, %v left out, %v; want small-0 alone, llama-0 left out", got, ambiguous, err)
+	}
+	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-c"), all[1])
+	if got, ambiguous, err = pr.List(ctx); err != nil || !slices.Equal(got["ns/llama-0"], []string{"GPU-c"}) || len(ambiguous) != 0 {
+		t.Fatalf("the old llama-0 gone: List = %v, %v left out, %v; want the new one's GPU-c", got, ambiguous, err)
 	}
 }
 
