@@ -497,20 +497,7 @@ func TestAHostilePageIsBoundedInBytes(t *testing.T) {
 				r.Values.Set(id, float64((i%2)*9e12))
 			}
 		}
-		var h metric.Histograms
-		for k := range h {
-			bounds := make([]float64, 64)
-			for j := range 63 {
-				bounds[j] = float64(i*100 + j + 1)
-			}
-			bounds[63] = math.Inf(1)
-			counts := make([]float64, 64)
-			for j := range counts {
-				counts[j] = float64(i) * 1e12
-			}
-			h[k].Bounds, h[k].Counts = bounds, counts
-		}
-		r.Hist = &h
+		r.Hist = changingBounds(i, float64(i)*1e12)
 		s.Add([]Report{r})
 	}
 	p := s.peek("a")
@@ -520,4 +507,53 @@ func TestAHostilePageIsBoundedInBytes(t *testing.T) {
 	if p.series.len() < 2 || p.series.lastMs != 600_000 {
 		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)
 	}
+}
+
+// TestChangingBoundsCountAgainstThePodsBound: a page whose histogram
+// bounds change at every sample, with counts of 0 (cheap to encode), had
+// a slice of bounds held for each sample kept, none counted against the
+// pod's bound: 137 KB a pod where the bound is 48 KiB. The bounds held
+// now count.
+func TestChangingBoundsCountAgainstThePodsBound(t *testing.T) {
+	s := New(Options{Retention: time.Minute, MaxSamples: 128})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	for i := range 400 {
+		r := Report{UID: "a"}
+		r.TimeMs = int64(i+1) * 250
+		r.Values.Set(metric.Waiting, 1)
+		r.Hist = changingBounds(i, 0)
+		s.Add([]Report{r})
+	}
+	p := s.peek("a")
+	held := p.series.bytes()
+	for k := range p.series.hist {
+		for _, b := range p.series.hist[k].bounds {
+			held += 8*cap(b) + 24
+		}
+	}
+	if limit := podBytes * 128; held > limit {
+		t.Fatalf("the pod's series holds %d bytes with its bounds (%d samples), want at most its bound, %d", held, p.series.len(), limit)
+	}
+	if p.series.len() < 2 || p.series.lastMs != 100_000 {
+		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)
+	}
+}
+
+// changingBounds is sample i's histograms with 64 bounds of their own (a
+// hostile page's: no two samples' alike), every count the given one.
+func changingBounds(i int, count float64) *metric.Histograms {
+	var h metric.Histograms
+	for k := range h {
+		bounds := make([]float64, 64)
+		for j := range 63 {
+			bounds[j] = float64(i*100 + j + 1)
+		}
+		bounds[63] = math.Inf(1)
+		counts := make([]float64, 64)
+		for j := range counts {
+			counts[j] = count
+		}
+		h[k].Bounds, h[k].Counts = bounds, counts
+	}
+	return &h
 }
