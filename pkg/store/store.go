@@ -259,10 +259,17 @@ func (s *Store) drop(uid string, p *pod, lost bool) {
 	s.countIn(p.Namespace, -1)
 	s.notify(p)
 	s.unlink(p)
-	if lost && !p.Demand {
+	if lost && countsLost(p) {
 		s.markLost(p, 1)
 	}
 }
+
+// countsLost is whether p, gone with its agent, is a replica lost: not a
+// router's demand entry, nor a pod being deleted. A terminating pod was
+// leaving: a workload scaling to zero whose last replica's agent went
+// with it was held lost for a day, every answer Unavailable and its
+// routers' demand unread, so it never scaled from zero again.
+func countsLost(p *pod) bool { return !p.Demand && !p.Terminating }
 
 // countIn adds d to the pods held in namespace ns; mu must be held for
 // writing.
@@ -421,6 +428,9 @@ func (s *Store) lostReplicas(k Key, now time.Time) (Lost, bool) {
 		}
 		if !s.expired(p, now) {
 			return Lost{}, false // a replica is listed
+		}
+		if !countsLost(p) {
+			continue
 		}
 		l.Pods++
 		if l.At.IsZero() {

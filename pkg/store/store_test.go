@@ -557,3 +557,36 @@ func changingBounds(i int, count float64) *metric.Histograms {
 	}
 	return &h
 }
+
+// TestATerminatingPodGoneWithItsAgentIsNoReplicaLost: a workload scaling
+// to zero whose last pod, terminating, went with its agent was held lost
+// for a day (every answer Unavailable, its routers' demand unread), so it
+// never scaled from zero again. A terminating pod was leaving: it is no
+// replica lost, held for its expired agent or dropped.
+func TestATerminatingPodGoneWithItsAgentIsNoReplicaLost(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	s.OpenSource("n1")
+	s.OpenSource("n2")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Terminating: true, Workloads: []Key{ws}}}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: DemandUID("r", "llama"), Namespace: "ns", Name: "router", Demand: true, Workloads: []Key{ws}}}, true)
+	s.CloseSource("n1")
+	now = now.Add(2 * time.Minute)
+	if l, ok := s.LostReplicas(ws); ok {
+		t.Fatalf("held for its expired agent: lost %+v", l)
+	}
+	s.Sweep()
+	now = now.Add(time.Hour)
+	if l, ok := s.LostReplicas(ws); ok {
+		t.Fatalf("dropped with its agent: lost %+v", l)
+	}
+	// A ready replica gone the same way is lost.
+	s.OpenSource("n3")
+	s.Upsert(Source{Node: "n3"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}}}, true)
+	s.CloseSource("n3")
+	now = now.Add(2 * time.Minute)
+	s.Sweep()
+	if l, ok := s.LostReplicas(ws); !ok || l.Pods != 1 {
+		t.Fatalf("a ready replica gone with its agent: lost %+v %v, want 1", l, ok)
+	}
+}
