@@ -95,6 +95,9 @@ func (s *Store) View(o ViewOptions) []WorkloadView {
 func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (WorkloadView, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	// What sc decoded was read under an earlier hold of the lock: a pod of
+	// two workloads has been written since, and is decoded again.
+	sc.of = nil
 	w := WorkloadView{Key: k, Averages: map[string]float64{}}
 	sums := map[string]float64{}
 	counts := map[string]int{}
