@@ -794,8 +794,10 @@ func (p *pod) trim(o Options) {
 		// A page whose values and histogram bounds change at every sample
 		// costs ten times an honest one's: the pod keeps the newest
 		// samples that fit three quarters of its bound (its windows
-		// shorter), so that one tenant's pages cannot grow the store
-		// every tenant shares past its sizing.
+		// shorter, not marked: an honest page never comes near it, and
+		// its own workload's answers go on over what is kept rather than
+		// fail), so that one tenant's pages cannot grow the store every
+		// tenant shares past its sizing.
 		keep := max(2, int(int64(n)*int64(limit)*3/4/int64(size)))
 		cut = max(cut, n-keep)
 	}

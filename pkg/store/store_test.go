@@ -592,3 +592,34 @@ func TestATerminatingPodGoneWithItsAgentIsNoReplicaLost(t *testing.T) {
 		t.Fatalf("a ready replica gone with its agent: lost %+v %v, want 1", l, ok)
 	}
 }
+
+// TestACutIsMarkedOnTheWindowsItShortens: a rate needs the sample at or
+// before its window's start, and when MaxSamples dropped only that one
+// the rate was answered over a shorter span, unmarked. It is now marked
+// (Truncated: the scaler refuses such a window, naming what would hold
+// it), and no window the cut leaves whole is.
+func TestACutIsMarkedOnTheWindowsItShortens(t *testing.T) {
+	s := New(Options{Retention: time.Hour, MaxSamples: 10})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	for i := int64(1); i <= 11; i++ { // 11 samples a second apart: the first is dropped
+		r := report("a", i*1000, 1)
+		r.Values.Set(metric.GenerationTokens, float64(i*100))
+		s.Add([]Report{r})
+	}
+	for _, c := range []struct {
+		metric    string
+		window    time.Duration
+		truncated bool
+	}{
+		{"generationTokensPerSecond", 10 * time.Second, true}, // its start, at 1 s, dropped
+		{"generationTokensPerSecond", 9500 * time.Millisecond, true},
+		{"generationTokensPerSecond", 9 * time.Second, false}, // from 2 s, kept
+		{"waiting", 10 * time.Second, false},                  // a gauge: the samples after 1 s
+		{"waiting", 10500 * time.Millisecond, true},           // the one at 1 s is within it
+	} {
+		pods, _ := s.Query(nil, ws, canonical(t, c.metric), c.window, time.Hour)
+		if p := pods[0]; p.State != PodCounted || p.Truncated != c.truncated {
+			t.Errorf("%s over %v: %v, truncated %v; want counted, truncated %v", c.metric, c.window, p.State, p.Truncated, c.truncated)
+		}
+	}
+}

@@ -351,7 +351,7 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			switch {
 			case defined:
 				pv.State = PodCounted
-				p.checkSpan(sc, &pv, window)
+				p.checkSpan(sc, &pv, window, canon.Rule.Gauge() || !isCanon && mg == nil)
 			case canon.Rule == metric.RuleQuantile && !canon.HasHist(sc.samples(p, histBit)):
 				pv.Reason = NoHistograms
 			case isCanon && !canon.Rule.Gauge():
@@ -413,17 +413,21 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 	return d
 }
 
-// checkSpan marks pv truncated when samples of the window were dropped by
-// the MaxSamples cap.
-func (p *pod) checkSpan(sc *scratch, pv *PodValue, window time.Duration) {
+// checkSpan marks pv truncated when samples its window needs were dropped
+// by the MaxSamples bound: one within the window, or,
+// for a rule over increases (gauge false), the one at or before its start
+// (until 2026-11-30 a rate that lost only that sample was answered over a
+// shorter span, unmarked).
+func (p *pod) checkSpan(sc *scratch, pv *PodValue, window time.Duration, gauge bool) {
 	capCutMs := p.get().capCutMs
 	if window <= 0 || capCutMs == 0 || p.series.len() == 0 {
 		return
 	}
-	last := p.series.lastMs
-	if capCutMs > last-window.Milliseconds() {
+	from := p.series.lastMs - window.Milliseconds()
+	first := sc.samples(p, 0)[0].TimeMs
+	if capCutMs > from || !gauge && first > from {
 		pv.Truncated = true
-		pv.SpanMs = last - sc.samples(p, 0)[0].TimeMs
+		pv.SpanMs = p.series.lastMs - first
 	}
 }
 
