@@ -263,7 +263,7 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 // be presented.
 func (m *Managed) bundle(sec *corev1.Secret) []byte {
 	out := append([]byte(nil), sec.Data[KeyCACert]...)
-	if _, err := parseCert(sec.Data[KeyNextCACert]); err == nil {
+	if next, err := parseCert(sec.Data[KeyNextCACert]); err == nil && m.o.Now().Before(next.NotAfter) {
 		out = append(out, sec.Data[KeyNextCACert]...)
 	}
 	if prev, err := parseCert(sec.Data[KeyPrevCACert]); err == nil && m.o.Now().Before(prev.NotAfter) {
@@ -279,17 +279,45 @@ func twoThirds(c *x509.Certificate) time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)
 }
 
-// due reports whether any certificate or the CA's key is missing,
-// unreadable, not for the configured names, or two thirds through its
-// validity, or the CA is halfway through its own with no next CA made.
+// nextDue is when the next CA is made and published: halfway through
+// ca's life, or, where that is more than half a validity before ca is
+// replaced (at two thirds through it: the validity was lowered since ca
+// was made), half a validity before that, so that the next CA, made for
+// three validities, still has two and a half left when it signs.
+func (m *Managed) nextDue(ca *x509.Certificate) time.Time {
+	later := twoThirds(ca).Add(-m.o.Validity / 2)
+	if h := halfway(ca); h.After(later) {
+		return h
+	}
+	return later
+}
+
+// nextFit is whether the next CA and its key are readable and it
+// outlives what it will sign when it replaces ca (at two thirds through
+// ca's life): made before the validity was lowered, it can expire first.
+func (m *Managed) nextFit(sec *corev1.Secret, ca *x509.Certificate) bool {
+	next, certErr := parseCert(sec.Data[KeyNextCACert])
+	_, keyErr := parseKey(sec.Data[KeyNextCAKey])
+	return certErr == nil && keyErr == nil && !next.NotAfter.Before(twoThirds(ca).Add(m.o.Validity))
+}
+
+// due reports whether any certificate or key is missing, unreadable, not
+// its certificate's, not for the configured names, or two thirds through
+// its validity, or the next CA is due and none that would outlive what it
+// signs is made.
 func (m *Managed) due(sec *corev1.Secret) bool {
 	if _, err := parseKey(sec.Data[KeyCAKey]); err != nil {
 		return true // nothing could be signed at the next renewal
 	}
-	if ca, err := parseCert(sec.Data[KeyCACert]); err == nil && m.o.Now().After(halfway(ca)) {
-		_, certErr := parseCert(sec.Data[KeyNextCACert])
-		_, keyErr := parseKey(sec.Data[KeyNextCAKey])
-		if certErr != nil || keyErr != nil {
+	if ca, err := parseCert(sec.Data[KeyCACert]); err == nil && m.o.Now().After(m.nextDue(ca)) {
+		if !m.nextFit(sec, ca) {
+			return true
+		}
+	}
+	for _, pair := range [][2]string{{KeyServerCert, KeyServerKey}, {KeyClientCert, KeyClientKey}} {
+		// A key lost or garbled (or not its certificate's) made every
+		// Ensure fail, every 10 s, for ever: it is issued again.
+		if _, err := tls.X509KeyPair(sec.Data[pair[0]], sec.Data[pair[1]]); err != nil {
 			return true
 		}
 	}
@@ -326,8 +354,8 @@ func sameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
 }
 
 // renew writes new server and client pairs into sec, signed by the
-// current CA. The CA lives three validities. Halfway through it the next
-// CA is made, and published beside it; two thirds through, the next one
+// current CA. The CA lives three validities. Halfway through it (nextDue)
+// the next CA is made, and published beside it; two thirds through, the next one
 // becomes the current one (it has been trusted for a sixth of the CA's
 // life: a CA renewed at once cut KEDA and the agents off until they read
 // the new one), and the old one stays trusted until it expires. A CA
@@ -344,6 +372,9 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 	caKey, keyErr := parseKey(sec.Data[KeyCAKey])
 	next, nextErr := parseCert(sec.Data[KeyNextCACert])
 	nextKey, nextKeyErr := parseKey(sec.Data[KeyNextCAKey])
+	if caErr == nil && !m.nextFit(sec, ca) {
+		nextErr = errors.New("the next CA would expire before what it signs") // made again when due
+	}
 	var err error
 	switch {
 	case (caErr != nil || keyErr != nil) && nextErr == nil && nextKeyErr == nil:
@@ -368,7 +399,7 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 		}
 		delete(sec.Data, KeyNextCACert)
 		delete(sec.Data, KeyNextCAKey)
-	case now.After(halfway(ca)) && (nextErr != nil || nextKeyErr != nil):
+	case now.After(m.nextDue(ca)) && (nextErr != nil || nextKeyErr != nil):
 		if _, _, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey], err = newCA(); err != nil {
 			return err
 		}

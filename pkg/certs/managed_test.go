@@ -384,3 +384,85 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 		t.Fatal("an older copy of the Secret wrote its bundle over the newer one")
 	}
 }
+
+// TestALostKeyIsIssuedAgain: a server key lost, or a client key garbled,
+// made every Ensure fail (every 10 s, for ever) and the garbled key was
+// copied to KEDA. Both pairs are now issued again, and serve.
+func TestALostKeyIsIssuedAgain(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, _ := managed(t, 0)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(s.Data, KeyServerKey)
+	s.Data[KeyClientKey] = []byte("garbled")
+	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatalf("Ensure with the server key lost and the client key garbled: %v", err)
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
+		t.Fatalf("KEDA against the aggregator after the keys were issued again: %v", err)
+	}
+}
+
+// TestALoweredValidityLeavesNoCut: the next CA was made halfway through
+// the current one's life, for three of the validity then configured, and
+// took over at two thirds. With the validity lowered (90 days to 7: a CA
+// of 270 days, its next made for 21 days at day 135), the next CA expired
+// before it took over, was put in place all the same (every handshake
+// failing), and was replaced at once by a CA never published. The next CA
+// is now made half a validity before it takes over, and one that would
+// expire before what it signs is made again: hour by hour over 200 days,
+// the CA that signs is never expired, and was published before it signed.
+func TestALoweredValidityLeavesNoCut(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, clock := managed(t, 200*24*time.Hour)
+	m.o.Validity = 90 * 24 * time.Hour
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lowered := NewManaged(m.o)
+	lowered.o.Validity = 7 * 24 * time.Hour
+	published := func() string {
+		cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm.Data[KeyCACert]
+	}
+	before, signing, switches := published(), "", 0
+	for hour := 1; hour <= 200*24; hour++ {
+		clock.Add(time.Hour)
+		if err := lowered.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := parseCert(s.Data[KeyCACert])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !clock.Now().Before(ca.NotAfter) {
+			t.Fatalf("hour %d: the CA that signs expired at %s", hour, ca.NotAfter)
+		}
+		if string(s.Data[KeyCACert]) != signing {
+			if signing != "" && !strings.Contains(before, string(s.Data[KeyCACert])) {
+				t.Fatalf("hour %d: a CA signs that was not published before", hour)
+			}
+			signing = string(s.Data[KeyCACert])
+			switches++
+		}
+		before = published()
+	}
+	if switches < 3 {
+		t.Fatalf("%d CAs signed over 200 days at a 7-day validity, want the rollover to go on", switches)
+	}
+}
