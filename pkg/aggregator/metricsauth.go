@@ -157,8 +157,10 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	return a.allowed, a.authenticated, nil
 }
 
-// answerKey is the key of token's answer for path (a path cannot hold a
-// NUL byte).
+// answerKey is the key of token's answer for path. A path can hold a NUL
+// byte (%00 decodes to one), a token cannot (Go's HTTP server refuses
+// control bytes in a header's value), so the last NUL splits the two
+// unambiguously: no other path and token have the same key.
 func answerKey(path, token string) [sha256.Size]byte {
 	return sha256.Sum256([]byte(path + "\x00" + token))
 }
