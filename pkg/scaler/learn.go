@@ -65,6 +65,11 @@ func (s *Server) Learn(refs []*externalscaler.ScaledObjectRef) int {
 		if err != nil || t.Metric != MetricReplicas || !s.crossNS && t.Workload.Namespace != ref.GetNamespace() {
 			continue
 		}
+		// Its window sizes the store's retention here too, as KEDA's calls'
+		// do on the replica KEDA asks: a replica that only learned kept 10 s
+		// of each pod, and planned over that (a 10 s window's noise held as
+		// peaks) what it would answer with after a failover.
+		s.windows.note(t.Window, s.now())
 		if _, err := s.plan(t); err == nil {
 			n++
 		}

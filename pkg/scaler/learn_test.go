@@ -98,3 +98,26 @@ func TestEveryReplicaLearnsWhatTheAskedOneDoes(t *testing.T) {
 		t.Fatalf("learning recorded %d evaluations (%+v), want none: KEDA's calls are recorded, not the learner's", len(evs), evs)
 	}
 }
+
+// TestALearningReplicaKeepsThePlannersWindow: a replica KEDA does not ask
+// learns each planner trigger, but only KEDA's calls set the store's
+// retention: it kept 10 s of each pod and planned over that (a 10 s
+// window's noise held as peaks), and after a failover answered from it.
+// Learning a trigger now holds its window, as KEDA's call does.
+func TestALearningReplicaKeepsThePlannersWindow(t *testing.T) {
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
+		withTriggers("demo", "llama-so", trigger("external-push", replicasMD())))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	f := newFixtureWith(t, r)
+	standby := New(f.store, Options{MaxWindow: time.Minute, Resolver: r, Now: f.clock.Now, FollowWindows: true})
+	t.Cleanup(standby.Shutdown)
+	if got := f.store.Retention(); got != DefaultWindow {
+		t.Fatalf("retention %s before any trigger, want %s", got, DefaultWindow)
+	}
+	standby.Learn(r.PlannerRefs(maxPlans))
+	if got := f.store.Retention(); got != DefaultPlanWindow {
+		t.Fatalf("retention %s once the planner's trigger was learned, want its window, %s", got, DefaultPlanWindow)
+	}
+}
