@@ -279,6 +279,9 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	ready := len(pods) - c.starting - c.terminating
 	hpaReady := ready + c.drainingReady
 	v = forTheHPA(t, v, ready, hpaReady, dv.Held)
+	if up && fill == 0 && c.missing > 0 {
+		v = heldUp(t, v, len(c.vals)+c.missing, hpaReady)
+	}
 	d.Pending = dv.Held
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
@@ -302,6 +305,22 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		d.list(podDecisions(pods, fill, fillWhy, t.Def().Rule == metric.RuleQuantile))
 	}
 	return d, nil
+}
+
+// heldUp is v (as the HPA gets it, the routers' held requests in), in
+// the scale-up direction with pods failing (counted 0), at least what
+// keeps the pods counted and filled: the HPA's rule, whose fill is undone
+// when it flips the direction (replica_calculator.go: a new usage ratio on
+// the other side of 1 keeps the current count). Two pods at 12 (threshold
+// 10) beside two failing answered 24, and the HPA took an overloaded
+// workload from 4 replicas to 3. With valueType average the HPA's product
+// (v × its ready pods, hpaReady) is held the same.
+func heldUp(t Trigger, v float64, pods, hpaReady int) float64 {
+	least := t.Threshold * float64(pods)
+	if t.ValueType == "average" {
+		least /= float64(max(hpaReady, 1))
+	}
+	return max(v, least)
 }
 
 // forTheHPA is the value v of the ready serving pods as the HPA should get

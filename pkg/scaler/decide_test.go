@@ -68,24 +68,32 @@ func (f *fixture) addStarting(prefix string, n int) {
 func TestMissingPodRule(t *testing.T) {
 	up := []podSpec{{"a", "ready", 12, false}, {"b", "ready", 15, false}, {"c", "silent", 0, false}}
 	down := []podSpec{{"a", "ready", 6, false}, {"b", "ready", 8, false}, {"c", "silent", 0, false}}
+	twoFailing := []podSpec{{"a", "ready", 12, false}, {"b", "ready", 12, false}, {"c", "silent", 0, false}, {"d", "silent", 0, false}}
 	tests := map[string]struct {
 		pods []podSpec
 		md   map[string]string
 		want float64
 	}{
 		// Reporting mean 13.5 > 10: the silent pod counts 0 (it cannot
-		// inflate a scale-up): 12 + 15 + 0.
-		"hold, up: silent counts 0": {pods: up, want: 27},
+		// inflate a scale-up): 12 + 15 + 0 = 27, which would flip the
+		// direction (below 3 × 10), so the 3 pods are kept: 30 (the HPA's
+		// rule; before 2026-11-30, 27).
+		"hold, up: silent counts 0, and cannot cause a scale-down": {pods: up, want: 30},
+		// Two pods at 12 beside two failing: 24 asked an overloaded
+		// workload of 4 for 3 replicas.
+		"hold, up: two failing of four keep the four": {pods: twoFailing, want: 40},
+		"hold, up, average: two failing of four":      {pods: twoFailing, md: map[string]string{"valueType": "average"}, want: 10},
+		"hold, up, max: three failing of four":        {pods: []podSpec{{"a", "ready", 12, false}, {"b", "silent", 0, false}, {"c", "silent", 0, false}, {"d", "silent", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 40},
 		// Reporting mean 7 <= 10: the silent pod holds at the threshold (it
 		// cannot cause a scale-down): 6 + 8 + 10.
 		"hold, down: silent holds at threshold": {pods: down, want: 24},
 		"seed, down: silent counts 1.5x":        {pods: down, md: map[string]string{"missingPods": "seed"}, want: 29},
 		"conservative is seed's former name":    {pods: down, md: map[string]string{"missingPods": "conservative"}, want: 29},
-		"seed, up: silent counts 0":             {pods: up, md: map[string]string{"missingPods": "seed"}, want: 27},
+		"seed, up: silent counts 0":             {pods: up, md: map[string]string{"missingPods": "seed"}, want: 30},
 		"ignore leaves it out":                  {pods: down, md: map[string]string{"missingPods": "ignore"}, want: 14},
 		// average (metricType Value): the HPA multiplies by its 3 ready pods.
 		"hold, down, average":  {pods: down, md: map[string]string{"valueType": "average"}, want: 8},
-		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 9},
+		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 10},
 		"max, up: 0 adds none": {pods: up, md: map[string]string{"aggregation": "max"}, want: 30},
 		// max: the fill never exceeds the threshold, even with seed.
 		"max, down, hold":                 {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
