@@ -209,7 +209,7 @@ func unreported(t Trigger, def metric.Def, r *store.Reading, c *tally, detail bo
 		if c.missing == 0 && r.Demand.Sources > 0 {
 			// No replica is ready (all start or stop): the routers' demand
 			// is the whole of it.
-			d := demandOnly(t, r.Demand)
+			d := demandOnly(t, r.Demand, c.drainingReady)
 			d.LeftOut = len(r.Pods)
 			if detail {
 				d.list(podDecisions(r.Pods, -1, "", false))
@@ -355,7 +355,7 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 	}
 	dv := r.Demand
 	if dv.Sources > 0 {
-		return demandOnly(t, dv), nil
+		return demandOnly(t, dv, 0), nil
 	}
 	if dv.Stale > 0 {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
@@ -366,10 +366,17 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 // demandOnly is the decision of a waiting trigger whose workload has no
 // ready replica: the requests its routers hold, and those that arrived at
 // them over the window (a router that holds nothing refuses them: each is
-// demand no replica has seen).
-func demandOnly(t Trigger, dv store.DemandValue) Decision {
-	v := dv.Held + dv.Arrived
+// demand no replica has seen). With valueType average they are spread
+// over the HPA's count of Ready pods, hpaReady (pods draining in their
+// grace period; at least one), as forTheHPA spreads them: the HPA
+// multiplied the whole by its count (20 requests held beside 2 draining
+// pods, threshold 10: 4 replicas, not 2).
+func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) Decision {
+	v := forTheHPA(t, 0, 0, hpaReady, dv.Held+dv.Arrived)
 	d := Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "down", Reporting: v, Pending: v}
+	if t.ValueType == "average" {
+		d.Ready = hpaReady // what the HPA multiplies by: the desired count shown is its
+	}
 	if v > t.Threshold {
 		d.Direction = "up"
 	}

@@ -712,3 +712,32 @@ func TestADecisionListsBoundedPods(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldDemandBesideDrainingPodsIsSpreadForTheHPA: no pod serves (two
+// draining in their grace period, still Ready, and one starting) and 20
+// requests are held at the router. With valueType average the HPA
+// multiplies the value by its 2 Ready pods: the whole 20 asked for 4
+// replicas where the demand is 2's (threshold 10). It is now spread over
+// them, as the held requests beside serving pods are; with total it is
+// the whole.
+func TestHeldDemandBesideDrainingPodsIsSpreadForTheHPA(t *testing.T) {
+	for _, c := range []struct {
+		valueType string
+		want      float64
+	}{{"average", 10}, {"total", 20}} {
+		f := newFixture(t)
+		router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
+		f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
+		f.scenario(podSpec{name: "a", state: "draining"}, podSpec{name: "b", state: "draining"}, podSpec{name: "c", state: "starting"})
+		r := store.Report{UID: router.UID}
+		r.TimeMs = f.clock.Now().UnixMilli()
+		r.Values.Set(metric.PendingRequests, 20)
+		f.store.Add([]store.Report{r})
+		tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: c.valueType, Aggregation: "avg", Window: 10 * time.Second,
+			StaleAfter: 5 * time.Second, MissingPods: "auto"}
+		d, err := f.server.Evaluate(tr)
+		if err != nil || d.Value != c.want || hpaDesired(d.Value, 10, c.valueType, 2) != 2 || d.DesiredReplicas(tr) != 2 {
+			t.Fatalf("%s: %+v, %v; want %v, 2 replicas", c.valueType, d, err, c.want)
+		}
+	}
+}
