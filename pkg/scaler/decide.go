@@ -278,7 +278,14 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	pods := r.Pods
 	ready := len(pods) - c.starting - c.terminating
 	hpaReady := ready + c.drainingReady
-	v = forTheHPA(t, v, ready, hpaReady, dv.Held)
+	serving := ready
+	if fill < 0 {
+		// Ignored: with valueType average the HPA multiplies by them too,
+		// and counted them at the others' mean; they are left out of its
+		// product as of the value.
+		serving -= c.missing
+	}
+	v = forTheHPA(t, v, serving, hpaReady, dv.Held)
 	if up && fill == 0 && c.missing > 0 {
 		v = heldUp(t, v, len(c.vals)+c.missing, hpaReady)
 	}

@@ -91,6 +91,10 @@ func TestMissingPodRule(t *testing.T) {
 		"conservative is seed's former name":    {pods: down, md: map[string]string{"missingPods": "conservative"}, want: 29},
 		"seed, up: silent counts 0":             {pods: up, md: map[string]string{"missingPods": "seed"}, want: 30},
 		"ignore leaves it out":                  {pods: down, md: map[string]string{"missingPods": "ignore"}, want: 14},
+		// The HPA multiplies by its 3 ready pods, the ignored one too: the
+		// mean of the other two (7) is scaled by 2/3, so that its product
+		// is theirs, 14, as with total (before 2026-11-30: 7, the product 21).
+		"ignore, average: left out of the HPA's product too": {pods: down, md: map[string]string{"missingPods": "ignore", "valueType": "average"}, want: 14.0 / 3},
 		// average (metricType Value): the HPA multiplies by its 3 ready pods.
 		"hold, down, average":  {pods: down, md: map[string]string{"valueType": "average"}, want: 8},
 		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 10},
