@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -80,10 +81,9 @@ func NewKube(o KubeOptions) *Kube {
 // Run watches until ctx ends.
 func (k *Kube) Run(ctx context.Context) error {
 	inf := cache.NewSharedIndexInformer(k.opts.Pods, &corev1.Pod{}, 0, cache.Indexers{})
-	// Keep only what discovery reads: managed fields are most of a pod.
 	if err := inf.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
-			p.ManagedFields = nil
+			return slim(p, k.opts.Selector), nil
 		}
 		return obj, nil
 	}); err != nil {
@@ -185,6 +185,59 @@ func checkWorkloadNames(ws []Workload) error {
 		}
 	}
 	return nil
+}
+
+// slim is what discovery reads of pod, and no more: its identity, node,
+// phase and times always; and only for a pod pulse looks at (the selector
+// matches it, pulse.io/scrape is "true", or it is a demand source) and
+// that has not finished, the labels the selector and Workloads read, its
+// pulse.io/ annotations, its owners, its containers' ports, its IP and
+// conditions. The cache held every pod of the node whole (only managed
+// fields were dropped): a tenant's pods, finished or never selected, with
+// 250 KiB of annotations and a 1 MiB variable each, held 125 MiB of an
+// agent limited to 128 Mi, and every tenant of the node lost its signal.
+func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
+	out := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp},
+		Spec:   corev1.PodSpec{NodeName: pod.Spec.NodeName, HostNetwork: pod.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase},
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return out
+	}
+	var ann map[string]string
+	for k, v := range pod.Annotations {
+		if strings.HasPrefix(k, "pulse.io/") {
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann[k] = v
+		}
+	}
+	if ann[AnnotationScrape] != "true" && !IsDemandSource(ann) && !sel.Matches(labels.Set(pod.Labels)) {
+		return out
+	}
+	read := []string{KeyWorkload, LabelWorkspace, LabelInferenceSet, LabelLWSName, labelTemplateHash}
+	if reqs, ok := sel.Requirements(); ok {
+		for _, r := range reqs {
+			read = append(read, r.Key())
+		}
+	}
+	for _, k := range read {
+		if v, ok := pod.Labels[k]; ok {
+			if out.Labels == nil {
+				out.Labels = map[string]string{}
+			}
+			out.Labels[k] = v
+		}
+	}
+	out.Annotations, out.OwnerReferences = ann, pod.OwnerReferences
+	for _, c := range pod.Spec.Containers {
+		out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
+	}
+	out.Status.PodIP, out.Status.Conditions = pod.Status.PodIP, pod.Status.Conditions
+	return out
 }
 
 // TargetsOf is TargetOf for any pod: a model server's one target, or a
@@ -299,7 +352,14 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	t.Ready = host != "" && ready
 	t.Created = pod.CreationTimestamp.Time
 	if t.Ready {
+		// The Ready condition's time is the node's clock, the creation
+		// the API server's: on a node whose clock runs behind, a pod that
+		// started fast was ready before it was created, an entry the
+		// aggregator refuses, and the pod went unreported until it changed.
 		t.ReadySince = since
+		if !since.IsZero() && since.Before(t.Created) {
+			t.ReadySince = t.Created
+		}
 	}
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()

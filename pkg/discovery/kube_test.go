@@ -141,6 +141,10 @@ func TestTargetOf(t *testing.T) {
 			if (err != nil) != tc.bad || ok != tc.ok {
 				t.Fatalf("ok %v err %v; want ok %v bad %v", ok, err, tc.ok, tc.bad)
 			}
+			// The informer's cache holds slim(p): it decides the same.
+			if sg, sok, serr := TargetOf(slim(p, sel), "node-1", sel); sok != ok || fmt.Sprint(serr) != fmt.Sprint(err) || ok && !sg.Equal(got) {
+				t.Fatalf("slim: %+v, %v, %v; the pod whole: %+v, %v, %v", sg, sok, serr, got, ok, err)
+			}
 			if !ok {
 				return
 			}
@@ -168,9 +172,49 @@ func TestATargetSaysWhenItsPodStarted(t *testing.T) {
 	if err != nil || !ok || !got.Created.Equal(created) || !got.ReadySince.Equal(ready) {
 		t.Fatalf("got %+v (%v, %v): want created %s, ready since %s", got, ok, err, created, ready)
 	}
+	// The Ready condition's time is the node's clock, the creation the API
+	// server's: on a node behind by 2 s, a pod ready within a second was
+	// ready before it was created, an entry the aggregator refuses. It is
+	// ready since its creation.
+	p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(created.Add(-2 * time.Second))
+	if got, _, _ = TargetOf(p, "node-1", sel); !got.ReadySince.Equal(created) {
+		t.Fatalf("ready 2 s before created: ready since %s, want its creation %s", got.ReadySince, created)
+	}
 	p.Status.Conditions[0].Status = corev1.ConditionFalse
 	if got, _, _ = TargetOf(p, "node-1", sel); got.Ready || !got.ReadySince.IsZero() || !got.Created.Equal(created) {
 		t.Fatalf("not ready: %+v, want its creation and no ready time", got)
+	}
+}
+
+// TestTheCacheHoldsOnlyWhatDiscoveryReads: the pod informer held every pod
+// of the node whole: a tenant's pods that pulse never looks at, or that
+// have finished, with 250 KiB of annotations and a 1 MiB variable each,
+// held 125 MiB of an agent limited to 128 Mi. It holds what discovery
+// reads: of such pods their identity, node, phase and times.
+func TestTheCacheHoldsOnlyWhatDiscoveryReads(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	heavy := func(p *corev1.Pod) *corev1.Pod {
+		p.Annotations = map[string]string{"big": strings.Repeat("x", 250<<10), AnnotationPort: "8000"}
+		p.Labels["other"] = "x"
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("y", 1<<20)}}
+		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8000}}
+		return p
+	}
+	unselected := heavy(kaitoPod("u", "node-1", true))
+	delete(unselected.Labels, LabelWorkspace)
+	finished := heavy(kaitoPod("f", "node-1", false))
+	finished.Status.Phase = corev1.PodFailed
+	for _, p := range []*corev1.Pod{unselected, finished} {
+		s := slim(p, sel)
+		if s.Labels != nil || s.Annotations != nil || s.Spec.Containers != nil || s.Name != p.Name || s.UID != p.UID || s.Status.Phase != p.Status.Phase || s.Spec.NodeName != "node-1" {
+			t.Fatalf("%s: slim kept %+v", p.Name, s)
+		}
+	}
+	served := heavy(kaitoPod("s", "node-1", true))
+	s := slim(served, sel)
+	if len(s.Annotations) != 1 || s.Annotations[AnnotationPort] != "8000" || len(s.Labels) != 1 || s.Labels[LabelWorkspace] != "llama" ||
+		len(s.Spec.Containers) != 1 || s.Spec.Containers[0].Env != nil || s.Spec.Containers[0].Ports[0].ContainerPort != 8000 {
+		t.Fatalf("a pod pulse scrapes: slim kept %+v", s)
 	}
 }
 
