@@ -267,27 +267,12 @@ func (deafAggregator) Report(stream pulsev1.Ingest_ReportServer) error {
 func TestADeafAggregatorEndsTheStream(t *testing.T) {
 	defer func(d time.Duration) { ackDeadline = d }(ackDeadline)
 	ackDeadline = 300 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	pulsev1.RegisterIngestServer(g, deafAggregator{})
-	go func() { _ = g.Serve(ln) }()
-	defer g.Stop()
-	a := newIdleAgent(t)
 	var targets []discovery.Target
 	for i := range 200 {
 		targets = append(targets, discovery.Target{UID: fmt.Sprint("u", i), Namespace: "ns", Pod: fmt.Sprint("p", i), Ready: true,
 			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
 	}
-	a.SetTargets(targets)
-	s := newStreamer(a, ln.Addr().String(), "")
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	s, client := streamTo(t, deafAggregator{}, targets)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { // 200 pods' errors every 20 ms: tens of KB a batch
@@ -300,7 +285,7 @@ func TestADeafAggregatorEndsTheStream(t *testing.T) {
 		}
 	}()
 	done := make(chan error, 1)
-	go func() { done <- s.session(ctx, pulsev1.NewIngestClient(conn)) }()
+	go func() { done <- s.session(ctx, client) }()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "no batch acknowledged") {
@@ -309,4 +294,63 @@ func TestADeafAggregatorEndsTheStream(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the session never ended: a Send blocked on a replica that reads nothing")
 	}
+}
+
+// TestAnIdleStreamIsNoStuckOne: the aggregator acknowledges at a batch, at
+// most every AckEvery, so the last batches before a node's last ready pod
+// goes wait for the next one. The ack deadline ended such a stream 30 s
+// later on every aggregator replica (a warning, a flap of /readyz, the
+// catalogue sent again). A stream with nothing to send waits for no ack;
+// once it sends again, an aggregator that acknowledges none still ends it.
+func TestAnIdleStreamIsNoStuckOne(t *testing.T) {
+	defer func(d time.Duration) { ackDeadline = d }(ackDeadline)
+	ackDeadline = 300 * time.Millisecond
+	s, client := streamTo(t, &silentAggregator{welcome: true}, []discovery.Target{{UID: "u1", Namespace: "ns", Pod: "p", Ready: true,
+		Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	scrapes := func(d time.Duration) { // a result every 20 ms, as scrapes bring them
+		for end := time.Now().Add(d); ctx.Err() == nil && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			s.offer(result{uid: "u1", timeMs: time.Now().UnixMilli()})
+		}
+	}
+	scrapes(60 * time.Millisecond) // batches no ack answers, then none
+	done := make(chan error, 1)
+	go func() { done <- s.session(ctx, client) }()
+	select {
+	case err := <-done:
+		t.Fatalf("an idle stream ended after its last batches: %v", err)
+	case <-time.After(10 * ackDeadline):
+	}
+	go scrapes(time.Hour)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no batch acknowledged") {
+			t.Fatalf("the session ended with %v, want no batch acknowledged", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("sending again to an aggregator that acknowledges none, the session never ended")
+	}
+}
+
+// streamTo serves srv as an aggregator on loopback, and returns an idle
+// agent's streamer to it, listing targets, and a client of it.
+func streamTo(t *testing.T, srv pulsev1.IngestServer, targets []discovery.Target) (*streamer, pulsev1.IngestClient) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	pulsev1.RegisterIngestServer(g, srv)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	a := newIdleAgent(t)
+	a.SetTargets(targets)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return newStreamer(a, ln.Addr().String(), ""), pulsev1.NewIngestClient(conn)
 }

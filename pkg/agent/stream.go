@@ -167,8 +167,9 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		return err
 	}
 	var acked, sent atomic.Uint64 // the last batch acknowledged, and handed to Send
+	var sentAt atomic.Int64       // when the last Send of a batch returned (Unix ns; 0 while one is under way)
 	go s.readAcks(stream, cancel, &acked)
-	go watchAcks(ctx, cancel, &sent, &acked)
+	go watchAcks(ctx, cancel, &sent, &acked, &sentAt)
 
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
@@ -185,7 +186,10 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
 			sent.Store(seq)
-			if err := stream.Send(msg); err != nil {
+			sentAt.Store(0)
+			err := stream.Send(msg)
+			sentAt.Store(time.Now().UnixNano())
+			if err != nil {
 				if ctx.Err() != nil { // watchAcks, readAcks or the agent ended it
 					return context.Cause(ctx)
 				}
@@ -213,13 +217,20 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 // for ever; one that stops reading altogether fills the stream's flow
 // control window, and Send then blocks until the stream's context ends:
 // so the watch runs beside the sends, not after them.
-func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked *atomic.Uint64) {
+//
+// The aggregator acknowledges at a batch, at most every AckEvery: the last
+// batches before the node has no ready pod left wait for the next, and a
+// stream with none to send (its last Send returned a third of ackDeadline
+// ago: AckEvery) waits for nothing; a Send blocked is no idle stream. It was ended 30 s after every node's last replica
+// went, on every aggregator replica, its catalogue sent again at the
+// reconnect.
+func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked *atomic.Uint64, sentAt *atomic.Int64) {
 	var waiting time.Time // since when sent batches wait with no ack come (zero: none waits)
 	var last uint64       // the ack last seen
 	for sleep(ctx, ackDeadline/4) {
 		a := acked.Load()
 		switch {
-		case a != last || sent.Load() <= a:
+		case a != last || sent.Load() <= a || idle(sentAt.Load()):
 			last, waiting = a, time.Time{}
 		case waiting.IsZero():
 			waiting = time.Now()
@@ -228,6 +239,13 @@ func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked 
 			return
 		}
 	}
+}
+
+// idle is whether a stream whose last Send of a batch returned at
+// sentAt (0: one is under way) has sent none since, for a third of
+// ackDeadline.
+func idle(sentAt int64) bool {
+	return sentAt != 0 && time.Since(time.Unix(0, sentAt)) > ackDeadline/3
 }
 
 // open opens the stream and says hello; the aggregator must answer with a
