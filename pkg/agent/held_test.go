@@ -335,13 +335,13 @@ func TestAnIdleStreamIsNoStuckOne(t *testing.T) {
 
 // streamTo serves srv as an aggregator on loopback, and returns an idle
 // agent's streamer to it, listing targets, and a client of it.
-func streamTo(t *testing.T, srv pulsev1.IngestServer, targets []discovery.Target) (*streamer, pulsev1.IngestClient) {
+func streamTo(t *testing.T, srv pulsev1.IngestServer, targets []discovery.Target, opts ...grpc.ServerOption) (*streamer, pulsev1.IngestClient) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	pulsev1.RegisterIngestServer(g, srv)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
@@ -353,4 +353,40 @@ func streamTo(t *testing.T, srv pulsev1.IngestServer, targets []discovery.Target
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return newStreamer(a, ln.Addr().String(), ""), pulsev1.NewIngestClient(conn)
+}
+
+// TestACatalogueNotTakenEndsTheStream: a catalogue is acknowledged by no
+// ack, and the watch of acks covered batches only: an aggregator that
+// stops reading after its welcome, sent catalogues past its flow-control
+// window before any batch (a first of 1,000 entries, then a change),
+// held the stream for ever, connected, with no batch going out. Such a
+// catalogue blocked past the ack deadline now ends the session.
+func TestACatalogueNotTakenEndsTheStream(t *testing.T) {
+	defer func(d time.Duration) { ackDeadline = d }(ackDeadline)
+	ackDeadline = 300 * time.Millisecond
+	var targets []discovery.Target
+	for i := range 1000 {
+		targets = append(targets, discovery.Target{UID: fmt.Sprintf("%036d", i), Namespace: "ns", Pod: fmt.Sprintf("pod-%0100d", i), Ready: true,
+			URL: fmt.Sprintf("http://10.0.%d.%d:8000/metrics", i/256, i%256), Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
+	}
+	// The aggregator's fixed 64 KiB windows (no bandwidth estimate to grow them).
+	s, client := streamTo(t, deafAggregator{}, targets, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.session(ctx, client) }()
+	go func() { // the catalogue changes: more are sent, past the window the first filled
+		for i := 1; ctx.Err() == nil; i++ {
+			s.agent.SetTargets(targets[i%2:])
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "a catalogue not taken") {
+			t.Fatalf("the session ended with %v, want a catalogue not taken", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the session never ended: its catalogue's Send blocked on a replica that reads nothing")
+	}
 }

@@ -168,8 +168,9 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	}
 	var acked, sent atomic.Uint64 // the last batch acknowledged, and handed to Send
 	var sentAt atomic.Int64       // when the last Send of a batch returned (Unix ns; 0 while one is under way)
+	var cataloguing atomic.Int64  // since when a catalogue is being sent (Unix ns; 0: none is)
 	go s.readAcks(stream, cancel, &acked)
-	go watchAcks(ctx, cancel, &sent, &acked, &sentAt)
+	go watchAcks(ctx, cancel, &sent, &acked, &sentAt, &cataloguing)
 
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
@@ -177,7 +178,13 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	for {
 		version, current, changed := s.agent.cat.snapshot()
 		if cs.first || version != cs.version {
-			if err := cs.send(stream, enc, version, current); err != nil {
+			cataloguing.Store(time.Now().UnixNano())
+			err := cs.send(stream, enc, version, current)
+			cataloguing.Store(0)
+			if err != nil {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
 				return err
 			}
 		}
@@ -224,11 +231,21 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 // ago: AckEvery) waits for nothing; a Send blocked is no idle stream. It was ended 30 s after every node's last replica
 // went, on every aggregator replica, its catalogue sent again at the
 // reconnect.
-func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked *atomic.Uint64, sentAt *atomic.Int64) {
+//
+// A catalogue is acknowledged by no ack: one sent while no batch waits
+// (before the first, or after the last was acknowledged) and blocked past
+// ackDeadline (the aggregator reads nothing, its window full) ends the
+// session too. Before, nothing did, and the stream said it was connected
+// for ever while no batch went out.
+func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked *atomic.Uint64, sentAt, cataloguing *atomic.Int64) {
 	var waiting time.Time // since when sent batches wait with no ack come (zero: none waits)
 	var last uint64       // the ack last seen
 	for sleep(ctx, ackDeadline/4) {
 		a := acked.Load()
+		if c := cataloguing.Load(); c != 0 && sent.Load() <= a && time.Since(time.Unix(0, c)) > ackDeadline {
+			cancel(fmt.Errorf("a catalogue not taken in %s: the aggregator reads no more", ackDeadline))
+			return
+		}
 		switch {
 		case a != last || sent.Load() <= a || idle(sentAt.Load()):
 			last, waiting = a, time.Time{}
