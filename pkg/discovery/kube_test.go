@@ -37,124 +37,134 @@ func kaitoPod(name, node string, ready bool) *corev1.Pod {
 	return p
 }
 
+// targetCase is a pod (kaitoPod's, changed by mutate) and what TargetOf
+// makes of it.
+type targetCase struct {
+	mutate func(*corev1.Pod)
+	ok     bool
+	bad    bool
+	want   Target
+}
+
+// targetCases: what TargetOf makes of kaitoPod's pod, changed.
+var targetCases = map[string]targetCase{
+	"kaito pod on Kaito's port": {
+		ok: true, want: Target{UID: "uid-p", Namespace: "ns", Pod: "p", Ready: true, URL: "http://10.0.0.7:5000/metrics",
+			Workloads: []Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}},
+	},
+	"annotations place the page": {
+		mutate: func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationPort: "8443", AnnotationPath: "/vllm/metrics", AnnotationScheme: "https"}
+		},
+		ok: true, want: Target{Ready: true, URL: "https://10.0.0.7:8443/vllm/metrics"},
+	},
+	"container port named metrics wins over http": {
+		mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "metrics", ContainerPort: 9400}}
+		},
+		ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:9400/metrics"},
+	},
+	"container port named http": {
+		mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}}
+		},
+		ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
+	},
+	// Its pod IP is the node's address; 127.0.0.1 was the agent's own
+	// loopback (the agent does not run in the host's network).
+	"hostNetwork is scraped at its node's address": {
+		mutate: func(p *corev1.Pod) {
+			p.Spec.HostNetwork = true
+			p.Status.PodIP = "192.0.2.10"
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
+		},
+		ok: true, want: Target{Ready: true, URL: "http://192.0.2.10:5000/metrics"},
+	},
+	// A hostNetwork pod's address is its node's: on a port it does not
+	// declare, another tenant's hostNetwork server could answer, and
+	// its values be read as this pod's.
+	"hostNetwork on a port it does not declare": {
+		mutate: func(p *corev1.Pod) {
+			p.Spec.HostNetwork = true
+			p.Status.PodIP = "192.0.2.10"
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
+			p.Annotations = map[string]string{AnnotationPort: "8000"}
+		},
+		bad: true,
+	},
+	"hostNetwork declaring the port for UDP": {
+		mutate: func(p *corev1.Pod) {
+			p.Spec.HostNetwork = true
+			p.Status.PodIP = "192.0.2.10"
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, Protocol: corev1.ProtocolUDP}}
+		},
+		bad: true,
+	},
+	"hostNetwork declaring no port": {
+		mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true; p.Status.PodIP = "192.0.2.10" },
+		bad:    true,
+	},
+	"IPv6 pod": {
+		mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
+		ok:     true, want: Target{Ready: true, URL: "http://[fd00::7]:5000/metrics"},
+	},
+	"not selected": {mutate: func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }},
+	"opted out":    {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScrape: "false"} }},
+	"other node":   {mutate: func(p *corev1.Pod) { p.Spec.NodeName = "node-2" }},
+	"finished":     {mutate: func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }},
+	"bad port":     {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationPort: "http"} }, bad: true},
+	"bad scheme":   {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScheme: "ftp"} }, bad: true},
+	"opted in, no workload": {
+		mutate: func(p *corev1.Pod) { p.Labels = nil; p.Annotations = map[string]string{AnnotationScrape: "true"} }, bad: true,
+	},
+	"not ready is listed, not scraped": {
+		mutate: func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse },
+		ok:     true, want: Target{Ready: false, URL: "http://10.0.0.7:5000/metrics"},
+	},
+	"no IP yet": {
+		mutate: func(p *corev1.Pod) { p.Status.PodIP = "" },
+		ok:     true, want: Target{Ready: false, URL: ""},
+	},
+	// Terminating pods were listed as merely not ready, which scalers
+	// then filled as missing: flapping after every scale-down. Their
+	// Ready condition is kept: the HPA counts a draining pod still
+	// Ready for metricType Value.
+	"terminating is listed as terminating, its Ready kept": {
+		mutate: func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
+		ok:     true, want: Target{Ready: true, Terminating: true, URL: "http://10.0.0.7:5000/metrics"},
+	},
+}
+
 func TestTargetOf(t *testing.T) {
-	sel, _ := ParseSelector(DefaultSelector)
-	tests := map[string]struct {
-		mutate func(*corev1.Pod)
-		ok     bool
-		bad    bool
-		want   Target
-	}{
-		"kaito pod on Kaito's port": {
-			ok: true, want: Target{UID: "uid-p", Namespace: "ns", Pod: "p", Ready: true, URL: "http://10.0.0.7:5000/metrics",
-				Workloads: []Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}},
-		},
-		"annotations place the page": {
-			mutate: func(p *corev1.Pod) {
-				p.Annotations = map[string]string{AnnotationPort: "8443", AnnotationPath: "/vllm/metrics", AnnotationScheme: "https"}
-			},
-			ok: true, want: Target{Ready: true, URL: "https://10.0.0.7:8443/vllm/metrics"},
-		},
-		"container port named metrics wins over http": {
-			mutate: func(p *corev1.Pod) {
-				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "metrics", ContainerPort: 9400}}
-			},
-			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:9400/metrics"},
-		},
-		"container port named http": {
-			mutate: func(p *corev1.Pod) {
-				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}}
-			},
-			ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:8000/metrics"},
-		},
-		// Its pod IP is the node's address; 127.0.0.1 was the agent's own
-		// loopback (the agent does not run in the host's network).
-		"hostNetwork is scraped at its node's address": {
-			mutate: func(p *corev1.Pod) {
-				p.Spec.HostNetwork = true
-				p.Status.PodIP = "192.0.2.10"
-				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
-			},
-			ok: true, want: Target{Ready: true, URL: "http://192.0.2.10:5000/metrics"},
-		},
-		// A hostNetwork pod's address is its node's: on a port it does not
-		// declare, another tenant's hostNetwork server could answer, and
-		// its values be read as this pod's.
-		"hostNetwork on a port it does not declare": {
-			mutate: func(p *corev1.Pod) {
-				p.Spec.HostNetwork = true
-				p.Status.PodIP = "192.0.2.10"
-				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, HostPort: 5000}}
-				p.Annotations = map[string]string{AnnotationPort: "8000"}
-			},
-			bad: true,
-		},
-		"hostNetwork declaring the port for UDP": {
-			mutate: func(p *corev1.Pod) {
-				p.Spec.HostNetwork = true
-				p.Status.PodIP = "192.0.2.10"
-				p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5000, Protocol: corev1.ProtocolUDP}}
-			},
-			bad: true,
-		},
-		"hostNetwork declaring no port": {
-			mutate: func(p *corev1.Pod) { p.Spec.HostNetwork = true; p.Status.PodIP = "192.0.2.10" },
-			bad:    true,
-		},
-		"IPv6 pod": {
-			mutate: func(p *corev1.Pod) { p.Status.PodIP = "fd00::7" },
-			ok:     true, want: Target{Ready: true, URL: "http://[fd00::7]:5000/metrics"},
-		},
-		"not selected": {mutate: func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} }},
-		"opted out":    {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScrape: "false"} }},
-		"other node":   {mutate: func(p *corev1.Pod) { p.Spec.NodeName = "node-2" }},
-		"finished":     {mutate: func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }},
-		"bad port":     {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationPort: "http"} }, bad: true},
-		"bad scheme":   {mutate: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationScheme: "ftp"} }, bad: true},
-		"opted in, no workload": {
-			mutate: func(p *corev1.Pod) { p.Labels = nil; p.Annotations = map[string]string{AnnotationScrape: "true"} }, bad: true,
-		},
-		"not ready is listed, not scraped": {
-			mutate: func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse },
-			ok:     true, want: Target{Ready: false, URL: "http://10.0.0.7:5000/metrics"},
-		},
-		"no IP yet": {
-			mutate: func(p *corev1.Pod) { p.Status.PodIP = "" },
-			ok:     true, want: Target{Ready: false, URL: ""},
-		},
-		// Terminating pods were listed as merely not ready, which scalers
-		// then filled as missing: flapping after every scale-down. Their
-		// Ready condition is kept: the HPA counts a draining pod still
-		// Ready for metricType Value.
-		"terminating is listed as terminating, its Ready kept": {
-			mutate: func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
-			ok:     true, want: Target{Ready: true, Terminating: true, URL: "http://10.0.0.7:5000/metrics"},
-		},
+	for name, tc := range targetCases {
+		t.Run(name, func(t *testing.T) { tc.check(t) })
 	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			p := kaitoPod("p", "node-1", true)
-			if tc.mutate != nil {
-				tc.mutate(p)
-			}
-			got, ok, err := TargetOf(p, "node-1", sel)
-			if (err != nil) != tc.bad || ok != tc.ok {
-				t.Fatalf("ok %v err %v; want ok %v bad %v", ok, err, tc.ok, tc.bad)
-			}
-			// The informer's cache holds slim(p): it decides the same.
-			if sg, sok, serr := TargetOf(slim(p, sel), "node-1", sel); sok != ok || fmt.Sprint(serr) != fmt.Sprint(err) || ok && !sg.Equal(got) {
-				t.Fatalf("slim: %+v, %v, %v; the pod whole: %+v, %v, %v", sg, sok, serr, got, ok, err)
-			}
-			if !ok {
-				return
-			}
-			if got.URL != tc.want.URL || got.Ready != tc.want.Ready || got.Terminating != tc.want.Terminating {
-				t.Fatalf("got %+v, want URL %q ready %v terminating %v", got, tc.want.URL, tc.want.Ready, tc.want.Terminating)
-			}
-			if tc.want.UID != "" && !got.Equal(tc.want) {
-				t.Fatalf("got %+v, want %+v", got, tc.want)
-			}
-		})
+}
+
+// check is TargetOf of the case's pod, whole and as the informer's cache
+// holds it (slim): both as the case wants.
+func (tc targetCase) check(t *testing.T) {
+	t.Helper()
+	sel, _ := ParseSelector(DefaultSelector)
+	p := kaitoPod("p", "node-1", true)
+	if tc.mutate != nil {
+		tc.mutate(p)
+	}
+	got, ok, err := TargetOf(p, "node-1", sel)
+	if (err != nil) != tc.bad || ok != tc.ok {
+		t.Fatalf("ok %v err %v; want ok %v bad %v", ok, err, tc.ok, tc.bad)
+	}
+	if sg, sok, serr := TargetOf(slim(p, sel), "node-1", sel); sok != ok || fmt.Sprint(serr) != fmt.Sprint(err) || ok && !sg.Equal(got) {
+		t.Fatalf("slim: %+v, %v, %v; the pod whole: %+v, %v, %v", sg, sok, serr, got, ok, err)
+	}
+	if !ok {
+		return
+	}
+	if got.URL != tc.want.URL || got.Ready != tc.want.Ready || got.Terminating != tc.want.Terminating {
+		t.Fatalf("got %+v, want URL %q ready %v terminating %v", got, tc.want.URL, tc.want.Ready, tc.want.Terminating)
+	}
+	if tc.want.UID != "" && !got.Equal(tc.want) {
+		t.Fatalf("got %+v, want %+v", got, tc.want)
 	}
 }
 
