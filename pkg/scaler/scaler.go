@@ -335,12 +335,8 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	u := s.push.add(t, ref.GetNamespace())
 	defer s.push.remove(u)
 	ctx := stream.Context()
-	var recheck <-chan time.Time
-	if t.fromTarget {
-		tick := time.NewTicker(streamRecheck)
-		defer tick.Stop()
-		recheck = tick.C
-	}
+	recheck, stop := rechecks(t)
+	defer stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -376,10 +372,25 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	}
 }
 
-// StreamMetricSpec sends the spec at once. The spec depends only on the
-// trigger's metadata, which KEDA sends when it opens the stream, so it never
-// changes during a stream; the stream stays open until KEDA cancels it or
-// the server shuts down.
+// rechecks ticks every streamRecheck for a trigger whose workload comes
+// from its ScaledObject's scaleTargetRef (nil for one whose metadata names
+// it: that never changes during a stream), and stops the ticker.
+func rechecks(t Trigger) (<-chan time.Time, func()) {
+	if !t.fromTarget {
+		return nil, func() {}
+	}
+	tick := time.NewTicker(streamRecheck)
+	return tick.C, tick.Stop
+}
+
+// StreamMetricSpec sends the spec at once, and again when it changes: a
+// trigger's metadata, which KEDA sends when it opens the stream, never
+// changes during it, but the workload a trigger resolves from its
+// ScaledObject's scaleTargetRef does, and the metric's name with it (a
+// stream opened before the aggregator's cache had the change kept the old
+// name, where GetMetricSpec gave the new). A resolution refused ends the
+// stream with the refusal; a cache not ready is waited out. The stream
+// stays open until KEDA cancels it or the server shuts down.
 func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream grpc.ServerStreamingServer[externalscaler.GetMetricSpecResponse]) error {
 	t, err := s.parse(ref)
 	if err != nil {
@@ -392,10 +403,25 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	if err := stream.Send(spec(t)); err != nil {
 		return err
 	}
-	select {
-	case <-stream.Context().Done():
-		return stream.Context().Err()
-	case <-s.done:
-		return nil
+	recheck, stop := rechecks(t)
+	defer stop()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		case <-s.done:
+			return nil
+		case <-recheck:
+		}
+		now, err := s.parse(ref)
+		switch {
+		case err == nil && MetricName(now) != MetricName(t):
+			t = now
+			if err := stream.Send(spec(t)); err != nil {
+				return err
+			}
+		case status.Code(err) == codes.InvalidArgument:
+			return err
+		}
 	}
 }

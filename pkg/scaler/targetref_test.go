@@ -73,6 +73,52 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 	}
 
 	retargetedStreamsEnd(t, f, client)
+	retargetedSpecsFollow(t, f, client)
+}
+
+// retargetedSpecsFollow: a StreamMetricSpec resolved from the old
+// scaleTargetRef kept the old workload's metric name for its life, where
+// GetMetricSpec gave the new one. It sends the new spec once the cache
+// resolves the trigger otherwise.
+func retargetedSpecsFollow(t *testing.T, f *fixture, client *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	defer func(d time.Duration) { streamRecheck = d }(streamRecheck)
+	streamRecheck = 20 * time.Millisecond
+	retarget := func(name string) {
+		if _, err := client.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), scaledObject("llama-so", "Workspace", name), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) { // the cache has it
+			s, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"threshold": "5"}))
+			if err == nil && strings.HasSuffix(s.MetricSpecs[0].MetricName, "-"+name+"-waiting") {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GetMetricSpec never resolved Workspace %s: %v, %v", name, s, err)
+			}
+		}
+	}
+	retarget("llama")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := f.client.StreamMetricSpec(ctx, ref(map[string]string{"threshold": "5"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func() string {
+		s, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the spec stream: %v", err)
+		}
+		return s.MetricSpecs[0].MetricName
+	}
+	if got := names(); !strings.HasSuffix(got, "-llama-waiting") {
+		t.Fatalf("the first spec: %s, want Workspace llama's", got)
+	}
+	retarget("llama-v2")
+	if got := names(); !strings.HasSuffix(got, "-llama-v2-waiting") {
+		t.Fatalf("after the retarget: %s, want Workspace llama-v2's", got)
+	}
 }
 
 // retargetedStreamsEnd: a stream resolved from the old scaleTargetRef ends
