@@ -231,7 +231,7 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 	}
 	s, err := provision.Parse(provision.Workload{Kind: kind, Namespace: o.Metadata.Namespace, Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow)
 	if err == nil {
-		err = provision.CheckCap(s, maxReplicas)
+		err = provision.ApplyCap(&s, maxReplicas)
 	}
 	if err != nil {
 		return []string{err.Error()}

@@ -1,6 +1,7 @@
 package provision
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -106,20 +107,29 @@ const (
 // maxReplicasCap bounds min- and max-replicas.
 const maxReplicasCap = 10000
 
-// CheckCap refuses settings whose replica bounds pass the operator's cap
-// (the aggregator's --provision-max-replicas; 0: none but 10,000): in a
-// shared cluster with no quota, one tenant's annotation asking for
-// thousands of replicas made that many pods, pending ones driving the
-// cluster autoscaler. The ScaledObject is then left as it was.
-func CheckCap(s Settings, maxReplicas int64) error {
+// ApplyCap applies the operator's cap on replica bounds (the aggregator's
+// --provision-max-replicas; 0: none but 10,000): in a shared cluster with
+// no quota, one tenant's annotation asking for thousands of replicas made
+// that many pods, pending ones driving the cluster autoscaler. A bound an
+// annotation asks for past the cap is refused, naming the annotation it
+// came from (the ScaledObject is then left as it was); the default
+// max-replicas is lowered to the cap (a workload that asked for nothing
+// was refused, under a cap below 10, naming an annotation it did not
+// have).
+func ApplyCap(s *Settings, maxReplicas int64) error {
 	if maxReplicas <= 0 || !s.Enabled {
 		return nil
 	}
+	refuse := func(via, name string, n int64) error {
+		return &AnnotationError{cmp.Or(via, name), fmt.Sprintf("%d is past the cluster's cap of %d replicas (the aggregator's --provision-max-replicas)", n, maxReplicas)}
+	}
 	switch {
-	case s.MaxReplicas > maxReplicas:
-		return &AnnotationError{AnnotationMaxReplicas, fmt.Sprintf("%d is past the cluster's cap of %d replicas (the aggregator's --provision-max-replicas)", s.MaxReplicas, maxReplicas)}
 	case s.MinReplicas > maxReplicas:
-		return &AnnotationError{AnnotationMinReplicas, fmt.Sprintf("%d is past the cluster's cap of %d replicas (the aggregator's --provision-max-replicas)", s.MinReplicas, maxReplicas)}
+		return refuse(s.MinVia, AnnotationMinReplicas, s.MinReplicas)
+	case s.MaxReplicas > maxReplicas && s.MaxVia != "":
+		return refuse(s.MaxVia, AnnotationMaxReplicas, s.MaxReplicas)
+	case s.MaxReplicas > maxReplicas:
+		s.MaxReplicas = maxReplicas
 	}
 	return nil
 }
@@ -141,9 +151,12 @@ type Settings struct {
 	// settings below are unused.
 	Planner                  bool
 	MinReplicas, MaxReplicas int64
-	ScaleUpPodsPerMinute     int64
-	ScaleDownInterval        time.Duration
-	ScaleDownDelay           time.Duration
+	// MinVia and MaxVia name the annotation each bound came from ("": the
+	// default).
+	MinVia, MaxVia       string
+	ScaleUpPodsPerMinute int64
+	ScaleDownInterval    time.Duration
+	ScaleDownDelay       time.Duration
 	// CooldownPeriod is KEDA's cooldownPeriod when CooldownSet (0 is
 	// written: KEDA then scales to zero at once); not set, the ScaledObject
 	// leaves KEDA's default (300 s).
@@ -201,12 +214,9 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	if s.MaxReplicas, err = r.integer(AnnotationMaxReplicas, DefaultMaxReplicas, 1); err != nil {
 		return s, err
 	}
+	s.MinVia, s.MaxVia = r.via(AnnotationMinReplicas), r.via(AnnotationMaxReplicas)
 	if s.MaxReplicas < s.MinReplicas {
-		_, via, _ := r.get(AnnotationMaxReplicas)
-		if via == "" {
-			via = AnnotationMaxReplicas
-		}
-		return s, &AnnotationError{via, fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
+		return s, &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
 	if v, _, _ := r.get(AnnotationCooldownPeriod); v != "" {
 		s.CooldownSet = true
@@ -341,6 +351,15 @@ func (r *reader) get(name string) (string, string, error) {
 		return av, alias, nil
 	}
 	return "", "", nil
+}
+
+// via is the annotation name's value came from: "" when it is unset or
+// empty (its default applies).
+func (r *reader) via(name string) string {
+	if v, via, err := r.get(name); err == nil && v != "" {
+		return via
+	}
+	return ""
 }
 
 // integer reads a whole number of at least lowest.

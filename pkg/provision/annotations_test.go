@@ -230,31 +230,41 @@ func TestKaitoThresholdKeepsItsMetric(t *testing.T) {
 
 // TestTheOperatorsCap: in a shared cluster with no quota one tenant's
 // annotation asking for thousands of replicas made that many pods. The
-// aggregator's --provision-max-replicas refuses bounds past it, naming the
-// annotation; 0 leaves only the 10,000 of every workload.
+// aggregator's --provision-max-replicas refuses bounds an annotation asks
+// for past it, naming that annotation (Kaito's alias too); the default
+// max-replicas is lowered to it (a workload that asked for nothing was
+// refused under a cap below 10, naming an annotation it did not carry); 0
+// leaves only the 10,000 of every workload.
 func TestTheOperatorsCap(t *testing.T) {
 	w := Workload{Kind: "Deployment", Namespace: "team-a", Name: "llama"}
 	for _, c := range []struct {
 		annotations map[string]string
 		cap         int64
 		refused     string
+		max         int64 // the max-replicas provisioned, when not refused
 	}{
-		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 0, ""},
-		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 64, AnnotationMaxReplicas},
-		{map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "100", AnnotationMaxReplicas: "200"}, 64, AnnotationMaxReplicas},
-		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "64"}, 64, ""},
-		{map[string]string{AnnotationAutoscale: "true"}, 5, AnnotationMaxReplicas}, // the default 10 past a cap of 5
-		{map[string]string{AnnotationAutoscale: "false", AnnotationMaxReplicas: "500"}, 64, ""},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 0, "", 500},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}, 64, AnnotationMaxReplicas, 0},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "100", AnnotationMaxReplicas: "200"}, 64, AnnotationMinReplicas, 0},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "64"}, 64, "", 64},
+		{map[string]string{AnnotationAutoscale: "true"}, 5, "", 5},   // the default 10 lowered to a cap of 5
+		{map[string]string{AnnotationAutoscale: "true"}, 64, "", 10}, // the default under the cap
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: " "}, 5, "", 5},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "6"}, 5, AnnotationMinReplicas, 0},
+		{map[string]string{KaitoAutoProvision: "true", aliases[AnnotationMaxReplicas]: "9"}, 5, aliases[AnnotationMaxReplicas], 0},
+		{map[string]string{AnnotationAutoscale: "false", AnnotationMaxReplicas: "500"}, 64, "", 0},
 	} {
 		s, err := Parse(w, c.annotations, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = CheckCap(s, c.cap)
+		err = ApplyCap(&s, c.cap)
 		var ae *AnnotationError
 		switch {
 		case c.refused == "" && err != nil:
 			t.Errorf("%v with a cap of %d: %v", c.annotations, c.cap, err)
+		case c.refused == "" && s.Enabled && s.MaxReplicas != c.max:
+			t.Errorf("%v with a cap of %d: max-replicas %d, want %d", c.annotations, c.cap, s.MaxReplicas, c.max)
 		case c.refused != "" && (!errors.As(err, &ae) || ae.Annotation != c.refused || !strings.Contains(err.Error(), "--provision-max-replicas")):
 			t.Errorf("%v with a cap of %d: %v, want %s refused", c.annotations, c.cap, err, c.refused)
 		}

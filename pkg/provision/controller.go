@@ -79,7 +79,7 @@ type Options struct {
 	// installed, or the aggregator not allowed to list them); default 2m.
 	SyncTimeout time.Duration
 	// MaxReplicas caps the replica bounds an annotation may ask for (0:
-	// none but 10,000; CheckCap).
+	// none but 10,000; ApplyCap).
 	MaxReplicas int64
 }
 
@@ -500,7 +500,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	ref := &corev1.ObjectReference{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
 	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
 	if perr == nil {
-		perr = CheckCap(s, r.c.o.MaxReplicas)
+		perr = ApplyCap(&s, r.c.o.MaxReplicas)
 	}
 	existing, err := r.scaledObject(k.Namespace, k.Name)
 	if err != nil {

@@ -781,9 +781,6 @@ func TestAnotherWriterIsNotFoughtForEver(t *testing.T) {
 	}
 }
 
-// TestTheCapIsTheControllers: with --provision-max-replicas, a workload
-// asking past it is refused (invalid, naming the annotation), its
-// ScaledObject not made.
 // A workload turned off whose exported copy a GitOps tool keeps making
 // again (pulse's label, no owner, so the workload would adopt it): pulse
 // deletes it at most rewriteLimit times a minute, not at the API server's
@@ -806,12 +803,22 @@ func TestADeletedCopyMadeAgainIsNotFoughtForEver(t *testing.T) {
 	}
 }
 
+// TestTheCapIsTheControllers: with --provision-max-replicas, a workload
+// asking past it is refused (invalid, naming the annotation), its
+// ScaledObject not made; one that asks for nothing, under a cap below the
+// default 10, is provisioned at the cap (it was refused, naming an
+// annotation it did not carry).
 func TestTheCapIsTheControllers(t *testing.T) {
-	f := newFixture(t, workload(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}))
-	f.c.o.MaxReplicas = 64
+	f := newFixture(t, workload(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}),
+		workload(deployments, "Deployment", "plain", map[string]string{AnnotationAutoscale: "true"}))
+	f.c.o.MaxReplicas = 4
 	f.run()
-	f.waitState("Deployment", "big", StateInvalid, AnnotationMaxReplicas+": 500 is past the cluster's cap of 64")
+	f.waitState("Deployment", "big", StateInvalid, AnnotationMaxReplicas+": 500 is past the cluster's cap of 4")
 	if _, err := f.scaledObject("big"); !apierrors.IsNotFound(err) {
 		t.Fatalf("a ScaledObject past the cap: %v", err)
+	}
+	f.waitState("Deployment", "plain", StateProvisioned, "1-4 replicas")
+	if _, err := f.maxOf("plain", 4); err != nil {
+		t.Fatal(err)
 	}
 }
