@@ -187,6 +187,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.runMu.Unlock()
 	c.clearStatus() // what a run before this one saw may have changed since
 	defer c.clearStatus()
+	// The informers run for this run only: one that failed to list
+	// ScaledObjects returned with its informer still listing on the
+	// caller's context, and --leader-elect=false runs again every minute on
+	// that context (a reflector more each minute, each a copy of every
+	// ScaledObject once the list worked).
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()

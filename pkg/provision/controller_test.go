@@ -822,3 +822,31 @@ func TestTheCapIsTheControllers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAFailedRunStopsItsInformer: a run that cannot list ScaledObjects
+// (KEDA's CRD not installed, the aggregator not allowed) returns with its
+// informers stopped. They ran on the caller's context, and
+// --leader-elect=false runs again every minute on that context: a
+// reflector more each minute, each listing for ever.
+func TestAFailedRunStopsItsInformer(t *testing.T) {
+	f := newFixture(t)
+	f.c.o.SyncTimeout = 100 * time.Millisecond
+	var lists atomic.Int64
+	f.dyn.PrependReactor("list", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists.Add(1)
+		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "keda.sh", Resource: "scaledobjects"}, "")
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 3 {
+		if err := f.c.Run(ctx); err == nil {
+			t.Fatal("Run succeeded without a list")
+		}
+	}
+	time.Sleep(time.Second) // a list under way when Run returned ends
+	before := lists.Load()
+	time.Sleep(3 * time.Second) // a reflector lists again within about a second and a half
+	if n := lists.Load() - before; n != 0 {
+		t.Fatalf("%d lists of ScaledObjects after every Run returned: their informers still run", n)
+	}
+}
