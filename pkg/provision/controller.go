@@ -217,6 +217,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		AddFunc: r.scaledObjectChanged,
 		UpdateFunc: func(old, o any) {
 			if !statusOnly(old, o) {
+				// The old copy's workloads too: a ScaledObject that
+				// blocked one and now scales another (or has another
+				// owner) unblocks it at once, not at the next resync.
+				r.scaledObjectChanged(old)
 				r.scaledObjectChanged(o)
 			}
 		},

@@ -850,3 +850,25 @@ func TestAFailedRunStopsItsInformer(t *testing.T) {
 		t.Fatalf("%d lists of ScaledObjects after every Run returned: their informers still run", n)
 	}
 }
+
+// TestARetargetedScaledObjectUnblocks: a hand-written ScaledObject that
+// blocked a workload (KEDA allows one per workload) and is changed to
+// scale another unblocks it at once: only the new copy's workloads were
+// queued, and the blocked one waited for the next resync (10 minutes).
+func TestARetargetedScaledObjectUnblocks(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "other", map[string]string{AnnotationAutoscale: "true"}))
+	hand := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": "by-hand", "namespace": "demo", "generation": int64(1)},
+		"spec":     map[string]any{"scaleTargetRef": map[string]any{"name": "other"}}}}
+	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Create(context.Background(), hand, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.run()
+	f.waitState("Deployment", "other", StateConflict, "by-hand already scales")
+	hand.Object["spec"] = map[string]any{"scaleTargetRef": map[string]any{"name": "third"}}
+	hand.SetGeneration(2)
+	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), hand, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("other's ScaledObject once by-hand scales third", func() error { _, err := f.scaledObject("other"); return err })
+}
