@@ -9,6 +9,8 @@ package provision
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -156,13 +158,16 @@ type run struct {
 	sos       cache.SharedIndexInformer
 	workloads map[string]*watched // by kind
 	mu        sync.Mutex
-	// rewrites: when the worker last updated each ScaledObject (within
-	// rewriteWindow); the worker's alone.
+	// rewrites: when the worker last wrote back what it had written
+	// before (within rewriteWindow); wrote: what it last wrote of each
+	// workload's ScaledObject (writeOf). The worker's alone.
 	rewrites map[key][]time.Time
+	wrote    map[key][sha256.Size]byte
 }
 
-// A ScaledObject updated rewriteLimit times within rewriteWindow has
-// another writer undoing pulse's (a provisioner of another release, a
+// A ScaledObject that pulse wrote back rewriteLimit times within
+// rewriteWindow — made, updated or deleted again as it was before, the
+// workload asking for nothing new — has another writer undoing pulse's (a provisioner of another release, a
 // GitOps tool's self-heal): pulse reports the conflict and backs off for
 // the rest of the window (retrying with growing delays), then writes again,
 // rather than fight it at the API server's pace, an Event and an etcd write
@@ -197,7 +202,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
-	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{},
+	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{}, wrote: map[key][sha256.Size]byte{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	// The worker is done before the states are cleared: a reconcile still
@@ -496,6 +501,7 @@ func (r *run) live(k key) (metav1.Object, schema.GroupVersion, error) {
 	}
 	if m == nil || m.GetDeletionTimestamp() != nil {
 		delete(r.rewrites, k)
+		delete(r.wrote, k)
 		r.c.forget(k)
 		return nil, w.gv, nil
 	}
@@ -534,39 +540,81 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	desired := Desired(Owner{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
 	summary := Summary(s)
-	switch out, changed := r.next(existing, desired); {
-	case existing == nil:
+	out, changed := r.next(existing, desired)
+	if !changed {
+		r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+		return nil
+	}
+	verb := map[bool]string{true: "create", false: "update"}[existing == nil]
+	write := writeOf(desired)
+	if n, ok := r.mayWrite(k, write); !ok {
+		r.c.m.errors.WithLabelValues("conflict").Inc()
+		r.report(k, ref, StateConflict, soName, fmt.Sprintf("pulse %sd ScaledObject %s as it was %d times within %s: something else keeps %s it "+
+			"(a provisioner of another release, a GitOps tool's self-heal, a clean-up policy); pulse backs off for the rest of the minute, then writes it again",
+			verb, soName, n, rewriteWindow, map[bool]string{true: "deleting", false: "changing"}[existing == nil]))
+		return errBackOff
+	}
+	if existing == nil {
 		if _, err := client.Create(ctx, desired, metav1.CreateOptions{FieldManager: "pulse-aggregator"}); err != nil {
 			return fmt.Errorf("create ScaledObject %s: %w", soName, err)
 		}
-		r.c.m.changes.WithLabelValues("create").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
-	case changed:
-		if n := r.rewritten(k, time.Now()); n >= rewriteLimit {
-			r.c.m.errors.WithLabelValues("conflict").Inc()
-			r.report(k, ref, StateConflict, soName, fmt.Sprintf("pulse updated ScaledObject %s %d times within %s: something else keeps changing it "+
-				"(a provisioner of another release, a GitOps tool's self-heal); pulse backs off for the rest of the minute, then writes it again", soName, n, rewriteWindow))
-			return errBackOff
-		}
+	} else {
 		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
 			return fmt.Errorf("update ScaledObject %s: %w", soName, err)
 		}
-		r.rewrites[k] = append(r.rewrites[k], time.Now())
-		r.c.m.changes.WithLabelValues("update").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	}
+	r.didWrite(k, write)
+	r.c.m.changes.WithLabelValues(verb).Inc()
+	r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+	return nil
+}
+
+// provisionedSummary is what a provisioned workload's state says.
+func provisionedSummary(k key, s Settings) string {
+	summary := Summary(s)
 	if len(s.Ignored) > 0 {
 		summary += fmt.Sprintf("; not read (keda-kaito-scaler's, which pulse does not take): %v", s.Ignored)
 	}
 	if k.Kind == "Workspace" {
 		summary += "; " + workspaceNote
 	}
-	r.report(k, ref, StateProvisioned, soName, summary)
-	return nil
+	return summary
 }
 
-// rewritten is how many times the worker updated k's ScaledObject within
-// rewriteWindow before now (older updates forgotten).
+// writeOf identifies a write of desired (deleted: a delete), to tell a
+// write back of what pulse wrote before from one the workload asked for.
+func writeOf(desired *unstructured.Unstructured) [sha256.Size]byte {
+	if desired == nil {
+		return [sha256.Size]byte{}
+	}
+	b, _ := json.Marshal(desired.Object) // maps are written in key order
+	return sha256.Sum256(b)
+}
+
+// mayWrite says whether the worker may write w for k now: it may, unless
+// w is what it wrote last (something undid it) and it already wrote back
+// rewriteLimit times within rewriteWindow; n is that count.
+func (r *run) mayWrite(k key, w [sha256.Size]byte) (n int, ok bool) {
+	if last, had := r.wrote[k]; !had || last != w {
+		return 0, true
+	}
+	n = r.rewritten(k, time.Now())
+	return n, n < rewriteLimit
+}
+
+// didWrite records a write of w for k: a write back when it was the last
+// one too.
+func (r *run) didWrite(k key, w [sha256.Size]byte) {
+	if last, had := r.wrote[k]; had && last == w {
+		r.rewrites[k] = append(r.rewrites[k], time.Now())
+	}
+	r.wrote[k] = w
+}
+
+// rewritten is how many times the worker wrote k's ScaledObject back
+// within rewriteWindow before now (older writes forgotten).
 func (r *run) rewritten(k key, now time.Time) int {
 	times := r.rewrites[k]
 	i := 0
@@ -594,12 +642,12 @@ func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.
 // scaling it with its predecessor's settings.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
 	if existing != nil && Managed(existing) && (OwnedBy(existing, ref.UID) || adopts(k, existing)) {
-		// Deletes count with the updates: a writer that makes it again
-		// (a GitOps tool's self-heal of an exported copy) is not fought
-		// at the API server's pace either.
-		if n := r.rewritten(k, time.Now()); n >= rewriteLimit {
+		// A delete again counts as a write back: a writer that makes it
+		// again (a GitOps tool's self-heal of an exported copy) is not
+		// fought at the API server's pace either.
+		if n, ok := r.mayWrite(k, writeOf(nil)); !ok {
 			r.c.m.errors.WithLabelValues("conflict").Inc()
-			r.report(k, ref, StateConflict, k.Namespace+"/"+k.Name, fmt.Sprintf("pulse deleted or updated ScaledObject %s/%s %d times within %s: something else keeps making it again "+
+			r.report(k, ref, StateConflict, k.Namespace+"/"+k.Name, fmt.Sprintf("pulse deleted ScaledObject %s/%s again %d times within %s: something else keeps making it again "+
 				"(a GitOps tool's self-heal); pulse backs off for the rest of the minute, then deletes it again (remove its label %s=%s to hand it over)",
 				k.Namespace, k.Name, n, rewriteWindow, LabelManagedBy, ManagedBy))
 			return errBackOff
@@ -609,7 +657,7 @@ func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, e
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
 		}
-		r.rewrites[k] = append(r.rewrites[k], time.Now())
+		r.didWrite(k, writeOf(nil))
 		r.c.m.changes.WithLabelValues("delete").Inc()
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
 			"deleted ScaledObject %s: %s is no longer \"true\"", k.Name, AnnotationAutoscale)
