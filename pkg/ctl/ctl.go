@@ -233,6 +233,9 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 	if err == nil {
 		err = provision.ApplyCap(&s, maxReplicas)
 	}
+	if err == nil && s.Enabled {
+		err = provision.CheckName(o.Metadata.Name)
+	}
 	if err != nil {
 		return []string{err.Error()}
 	}

@@ -117,6 +117,11 @@ metadata:
 	if code, _, errs := run("check", "--provision-max-replicas", "-1", write(t, big)); code != 2 {
 		t.Errorf("a negative cap: exit %d, want 2\n%s", code, errs)
 	}
+	// A name KEDA cannot take for the ScaledObject pulse would make.
+	long := strings.Replace(big, "name: big", "name: "+strings.Repeat("l", 64), 1)
+	if code, out, _ := run("check", write(t, long)); code != 1 || !strings.Contains(out, "KEDA takes ScaledObject names of at most 63") {
+		t.Errorf("a 64-character workload name: exit %d\n%s", code, out)
+	}
 	// The aggregator's own flags move the limits.
 	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
 		strings.Contains(out, "demo/elsewhere: trigger") {

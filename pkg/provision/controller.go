@@ -519,6 +519,9 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	if perr == nil {
 		perr = ApplyCap(&s, r.c.o.MaxReplicas)
 	}
+	if perr == nil && s.Enabled {
+		perr = CheckName(k.Name)
+	}
 	existing, err := r.scaledObject(k.Namespace, k.Name)
 	if err != nil {
 		return err

@@ -916,3 +916,19 @@ func TestTheWorkloadsOwnChangesAreNoFight(t *testing.T) {
 		})
 	}
 }
+
+// TestALongNameIsRefusedOnce: a workload named past what KEDA takes as a
+// ScaledObject's name is invalid, once, saying why; its neighbours are
+// provisioned. It was provisioned, and KEDA's webhook refused the create
+// for ever (state error), or, without the webhook, never reconciled it.
+func TestALongNameIsRefusedOnce(t *testing.T) {
+	long := "llama-3-1-8b-instruct-" + strings.Repeat("a", 42) // 64
+	f := newFixture(t, workload(deployments, "Deployment", long, map[string]string{AnnotationAutoscale: "true"}),
+		workload(deployments, "Deployment", "short", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("short's ScaledObject", func() error { _, err := f.scaledObject("short"); return err })
+	f.waitState("Deployment", long, StateInvalid, "KEDA takes ScaledObject names of at most 63")
+	if _, err := f.scaledObject(long); !apierrors.IsNotFound(err) {
+		t.Fatalf("a ScaledObject KEDA cannot take: %v", err)
+	}
+}

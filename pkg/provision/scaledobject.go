@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,14 +53,16 @@ func Desired(o Owner, s Settings, t Target) *unstructured.Unstructured {
 	if t.TriggerAuth != "" {
 		trigger["authenticationRef"] = map[string]any{"name": t.TriggerAuth, "kind": "ClusterTriggerAuthentication"}
 	}
+	hpa := map[string]any{"behavior": behavior(s)}
+	if name := hpaName(o.Name); name != "" {
+		hpa["name"] = name
+	}
 	spec := map[string]any{
 		"scaleTargetRef":  map[string]any{"apiVersion": o.APIVersion, "kind": o.Kind, "name": o.Name},
 		"minReplicaCount": s.MinReplicas,
 		"maxReplicaCount": s.MaxReplicas,
 		"triggers":        []any{trigger},
-		"advanced": map[string]any{"horizontalPodAutoscalerConfig": map[string]any{
-			"behavior": behavior(s),
-		}},
+		"advanced":        map[string]any{"horizontalPodAutoscalerConfig": hpa},
 	}
 	if s.CooldownSet {
 		spec["cooldownPeriod"] = int64(s.CooldownPeriod.Seconds())
@@ -76,6 +80,39 @@ func Desired(o Owner, s Settings, t Target) *unstructured.Unstructured {
 		},
 		"spec": spec,
 	}}
+}
+
+// KEDA (its admission webhook, v2.21) takes a ScaledObject whose name is at
+// most maxName long, and whose HPA's name, keda-hpa-<name> unless
+// horizontalPodAutoscalerConfig.name says otherwise, is too: both are label
+// values. The ScaledObject is named after its workload.
+const (
+	maxName       = 63
+	kedaHPAPrefix = "keda-hpa-"
+)
+
+// CheckName refuses a workload whose name KEDA cannot take as a
+// ScaledObject's: pulse's would be refused by KEDA's webhook, or, without
+// it, never reconciled.
+func CheckName(name string) error {
+	if len(name) > maxName {
+		return fmt.Errorf("the workload's name is %d characters: KEDA takes ScaledObject names of at most %d (a label value), and pulse names the ScaledObject after the workload; write a ScaledObject of a shorter name by hand (docs/scaledobject.md)", len(name), maxName)
+	}
+	return nil
+}
+
+// hpaName is the HPA's name for a ScaledObject named name when KEDA's own
+// (keda-hpa-<name>) would be too long: the name cut, and a hash of it whole
+// so that two names cut alike differ; "" when KEDA's fits.
+func hpaName(name string) string {
+	if len(kedaHPAPrefix+name) <= maxName {
+		return ""
+	}
+	sum := fnv.New32a()
+	sum.Write([]byte(name))
+	suffix := fmt.Sprintf("-%08x", sum.Sum32())
+	cut := strings.TrimRight(name[:maxName-len(kedaHPAPrefix)-len(suffix)], "-.")
+	return kedaHPAPrefix + cut + suffix
 }
 
 // behavior is the HPA behaviour: scale up by ScaleUpPodsPerMinute pods a

@@ -1,12 +1,14 @@
 package provision
 
 import (
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -129,5 +131,41 @@ func TestAdoptionKeepsOtherOwners(t *testing.T) {
 	refs := out.GetOwnerReferences()
 	if !changed || !OwnedBy(out, "u") || len(refs) != 2 || refs[1].UID != "argo" {
 		t.Errorf("adopted: changed %v, owners %+v; want the workload as controller and the Application kept", changed, refs)
+	}
+}
+
+// TestNamesKEDATakes: KEDA's webhook refuses a ScaledObject named past 63
+// characters, or whose HPA's name (keda-hpa-<name>) is: pulse names the
+// HPA itself past 54 (the name cut, and a hash of it whole), and refuses a
+// workload named past 63. A 60-character name was provisioned, and KEDA
+// refused it (with its webhook; without, never reconciled it).
+func TestNamesKEDATakes(t *testing.T) {
+	short := strings.Repeat("a", 54)
+	if hpaName(short) != "" {
+		t.Errorf("%d characters: HPA named %q, want KEDA's own", len(short), hpaName(short))
+	}
+	seen := map[string]string{}
+	for _, name := range []string{"llama-3-1-8b-instruct-" + strings.Repeat("a", 38), strings.Repeat("b", 55), strings.Repeat("c", 63),
+		strings.Repeat("d", 40) + "-" + strings.Repeat("e", 22), strings.Repeat("d", 40) + "-" + strings.Repeat("f", 22),
+		strings.Repeat("g", 44) + ".h" + strings.Repeat("i", 16)} {
+		h := hpaName(name)
+		if len(h) > maxName || !strings.HasPrefix(h, kedaHPAPrefix) || len(validation.IsDNS1123Subdomain(h)) > 0 || len(validation.IsValidLabelValue(h)) > 0 {
+			t.Errorf("%q: HPA named %q (%d characters)", name, h, len(h))
+		}
+		if other, ok := seen[h]; ok {
+			t.Errorf("%q and %q: the same HPA name %q", name, other, h)
+		}
+		seen[h] = name
+		if err := CheckName(name); err != nil {
+			t.Errorf("%q: %v", name, err)
+		}
+		so := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: name, UID: "u"},
+			Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"deployment": name}}, Target{ScalerAddress: "x:9090"})
+		if got, _, _ := unstructured.NestedString(so.Object, "spec", "advanced", "horizontalPodAutoscalerConfig", "name"); got != h {
+			t.Errorf("%q: ScaledObject's HPA name %q, want %q", name, got, h)
+		}
+	}
+	if err := CheckName(strings.Repeat("x", 64)); err == nil || !strings.Contains(err.Error(), "at most 63") {
+		t.Errorf("a 64-character name: %v", err)
 	}
 }
