@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -336,21 +338,19 @@ func trimWorkload(o any) (any, error) {
 		Generation: m.Generation, DeletionTimestamp: m.DeletionTimestamp, Annotations: kept}}, nil
 }
 
-// trimScaledObject drops a ScaledObject's managedFields from the cache
-// (the rest of pulse's own is kept: an update sends it back whole, and the
-// server keeps the managedFields an update leaves out). Of one without
-// pulse's label, which pulse never writes, it keeps only what the
-// conflicts read: its name, uid, versions, labels, owners and
-// scaleTargetRef (every tenant's hand-written ScaledObjects, their
-// last-applied-configuration with them, were held whole).
+// trimScaledObject is what the cache keeps of a ScaledObject, whoever
+// wrote it: its identity and versions, pulse's label, its controller, its
+// scaleTargetRef's kind and name (each name cut past maxKept bytes: longer
+// names no object Kubernetes serves), and, of one with pulse's label, a
+// hash of its spec (specHash) to tell whether it is as pulse wants it. An
+// update reads the live object first (reconcile). Any tenant may put pulse's
+// label on its own ScaledObjects, and a tenant's labels, owners and
+// scaleTargetRef are its to size: such ScaledObjects were held whole (800
+// KiB and 1.3 MiB each, in the process that answers KEDA).
 func trimScaledObject(o any) (any, error) {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
 		return o, nil // a tombstone: its object was trimmed when cached
-	}
-	if Managed(u) {
-		u.SetManagedFields(nil)
-		return u, nil
 	}
 	out := &unstructured.Unstructured{Object: map[string]any{}}
 	out.SetAPIVersion(u.GetAPIVersion())
@@ -360,12 +360,48 @@ func trimScaledObject(o any) (any, error) {
 	out.SetUID(u.GetUID())
 	out.SetResourceVersion(u.GetResourceVersion())
 	out.SetGeneration(u.GetGeneration())
-	out.SetLabels(u.GetLabels())
-	out.SetOwnerReferences(u.GetOwnerReferences())
-	if ref, ok, _ := unstructured.NestedMap(u.Object, "spec", "scaleTargetRef"); ok {
+	if Managed(u) {
+		out.SetLabels(map[string]string{LabelManagedBy: ManagedBy})
+		out.Object[specHashKey] = specHash(u.Object["spec"])
+	}
+	if ref := metav1.GetControllerOf(u); ref != nil {
+		out.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: kept(ref.APIVersion), Kind: kept(ref.Kind), Name: kept(ref.Name),
+			UID: types.UID(kept(string(ref.UID))), Controller: ref.Controller}})
+	}
+	ref := map[string]any{}
+	for _, f := range []string{"kind", "name"} {
+		if v, ok, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", f); ok {
+			ref[f] = kept(v)
+		}
+	}
+	if len(ref) > 0 {
 		_ = unstructured.SetNestedMap(out.Object, ref, "spec", "scaleTargetRef")
 	}
 	return out, nil
+}
+
+// maxKept bounds a name the cache keeps of a tenant's ScaledObject: a
+// Kubernetes name is at most 253 bytes.
+const maxKept = 253
+
+// kept is v, or, past maxKept bytes, v cut and marked (it matches no name).
+func kept(v string) string {
+	if len(v) <= maxKept {
+		return v
+	}
+	return v[:maxKept] + "..."
+}
+
+// specHashKey holds, in the cache's copy of a ScaledObject with pulse's
+// label, the hash of its spec (no field of the API's).
+const specHashKey = "pulseSpecHash"
+
+// specHash is a hash of a ScaledObject's spec as written by anyone
+// (canonical).
+func specHash(spec any) string {
+	b, _ := json.Marshal(canonical(spec)) // maps are written in key order
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // served returns the version at which the cluster serves k, preferring the
@@ -543,8 +579,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	desired := Desired(Owner{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
 	summary := Summary(s)
-	out, changed := r.next(existing, desired)
-	if !changed {
+	if !r.differs(existing, desired) {
 		r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
 		return nil
 	}
@@ -563,6 +598,22 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		}
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
+		// The cache holds a projection (trimScaledObject): the update is
+		// of the object as the API server has it, others' labels,
+		// annotations, finalizers and owners kept.
+		live, err := client.Get(ctx, k.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("read ScaledObject %s: %w", soName, err)
+		}
+		if live.GetUID() != existing.GetUID() {
+			return apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
+		}
+		out, changed := Apply(live, desired)
+		if !changed {
+			r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+			return nil
+		}
+		out.SetManagedFields(nil) // the server keeps those an update leaves out
 		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
 			return fmt.Errorf("update ScaledObject %s: %w", soName, err)
 		}
@@ -632,11 +683,14 @@ func (r *run) rewritten(k key, now time.Time) int {
 	return len(times)
 }
 
-func (r *run) next(existing, desired *unstructured.Unstructured) (*unstructured.Unstructured, bool) {
+// differs says whether existing, as the cache holds it, is not desired:
+// none, or its spec, pulse's label or its controller not desired's.
+func (r *run) differs(existing, desired *unstructured.Unstructured) bool {
 	if existing == nil {
-		return desired, true
+		return true
 	}
-	return Apply(existing, desired)
+	return existing.Object[specHashKey] != specHash(desired.Object["spec"]) || !Managed(existing) ||
+		!OwnedBy(existing, desired.GetOwnerReferences()[0].UID)
 }
 
 // disable deletes the ScaledObject pulse made for a workload whose

@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -656,13 +657,15 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 	if o, _ := trimWorkload(tomb); o != tomb {
 		t.Errorf("a tombstone: %v", o)
 	}
-	so := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "llama",
-		"labels": map[string]any{LabelManagedBy: ManagedBy}, "annotations": map[string]any{"keep": "me"}},
-		"spec": map[string]any{"minReplicaCount": int64(1)}}}
+	// pulse's (its label): what the conflicts read, and a hash of its spec.
+	so := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "llama", UID: "w"},
+		Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"deployment": "llama"}}, Target{ScalerAddress: "x:9090"})
+	so.SetAnnotations(map[string]string{"keep": "me"})
 	so.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "keda"}})
 	o, _ = trimScaledObject(so)
-	if u := o.(*unstructured.Unstructured); u.GetManagedFields() != nil || u.GetAnnotations()["keep"] != "me" || u.Object["spec"] == nil {
-		t.Errorf("pulse's ScaledObject in the cache: %v, want all but its managedFields (an update sends it back whole)", u.Object)
+	if u := o.(*unstructured.Unstructured); u.GetManagedFields() != nil || u.GetAnnotations() != nil || !OwnedBy(u, "w") || !Managed(u) ||
+		u.Object[specHashKey] != specHash(so.Object["spec"]) {
+		t.Errorf("pulse's ScaledObject in the cache: %v, want its identity, label, owner and spec's hash", u.Object)
 	}
 	// Another's (no pulse label, which pulse never writes): what the
 	// conflicts read, alone.
@@ -672,8 +675,9 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		"spec": map[string]any{"scaleTargetRef": map[string]any{"kind": "Deployment", "name": "llama"}, "triggers": []any{map[string]any{"type": "cpu"}}}}}
 	o, _ = trimScaledObject(hand)
 	u := o.(*unstructured.Unstructured)
-	if kind, name := targetOf(u); kind != "Deployment" || name != "llama" || u.GetAnnotations() != nil || u.GetLabels()["team"] != "a" ||
-		u.GetUID() != "h" || u.GetResourceVersion() != "9" || u.GetGeneration() != 2 || len(u.Object["spec"].(map[string]any)) != 1 {
+	if kind, name := targetOf(u); kind != "Deployment" || name != "llama" || u.GetAnnotations() != nil || u.GetLabels() != nil ||
+		u.GetUID() != "h" || u.GetResourceVersion() != "9" || u.GetGeneration() != 2 || len(u.Object["spec"].(map[string]any)) != 1 ||
+		u.Object[specHashKey] != nil {
 		t.Errorf("another's ScaledObject in the cache: %v, want its metadata and scaleTargetRef alone", u.Object)
 	}
 
@@ -930,5 +934,62 @@ func TestALongNameIsRefusedOnce(t *testing.T) {
 	f.waitState("Deployment", long, StateInvalid, "KEDA takes ScaledObject names of at most 63")
 	if _, err := f.scaledObject(long); !apierrors.IsNotFound(err) {
 		t.Fatalf("a ScaledObject KEDA cannot take: %v", err)
+	}
+}
+
+// TestATenantsScaledObjectsAreHeldSmall: whatever a tenant writes on its
+// own ScaledObjects — pulse's label (anyone's to set) with 200 KiB of
+// annotations and 600 KiB of trigger metadata, or 10,000 labels and a
+// 400 KiB scaleTargetRef name — the cache holds a few hundred bytes of
+// each: they were held whole (800 KiB and 1.3 MiB each) in the process
+// that answers KEDA.
+func TestATenantsScaledObjectsAreHeldSmall(t *testing.T) {
+	big := strings.Repeat("x", 200<<10)
+	labels := map[string]any{LabelManagedBy: ManagedBy}
+	for i := range 10000 {
+		labels[fmt.Sprintf("team.example.com/k%05d", i)] = strings.Repeat("v", 63)
+	}
+	owners := []any{map[string]any{"apiVersion": big, "kind": big, "name": big, "uid": big, "controller": true},
+		map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": big, "uid": "c"}}
+	fake := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": "fake", "namespace": "tenant-a", "labels": map[string]any{LabelManagedBy: ManagedBy},
+			"annotations": map[string]any{"pad": big}, "ownerReferences": owners},
+		"spec": map[string]any{"scaleTargetRef": map[string]any{"name": "nothing"},
+			"triggers": []any{map[string]any{"type": "cpu", "metadata": map[string]any{"pad": big + big + big}}}}}}
+	hand := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+		"metadata": map[string]any{"name": "hand", "namespace": "tenant-a", "labels": labels},
+		"spec":     map[string]any{"scaleTargetRef": map[string]any{"kind": big, "name": big + big}}}}
+	for name, so := range map[string]*unstructured.Unstructured{"labelled pulse's": fake, "hand-written": hand} {
+		o, _ := trimScaledObject(so)
+		b, _ := json.Marshal(o)
+		if len(b) > 2<<10 {
+			t.Errorf("%s ScaledObject held in the cache: %d bytes", name, len(b))
+		}
+		if kind, target := targetOf(o.(*unstructured.Unstructured)); len(kind) > maxKept+3 || len(target) > maxKept+3 || target == "" {
+			t.Errorf("%s ScaledObject's target in the cache: %d and %d bytes", name, len(kind), len(target))
+		}
+	}
+}
+
+// TestAnUpdateKeepsWhatOthersAdded: the cache holds a projection of
+// pulse's ScaledObject, so an update is of the object the API server has:
+// labels, annotations, finalizers and owners others added are kept.
+func TestAnUpdateKeepsWhatOthersAdded(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
+	so, _ := f.scaledObject("mine")
+	so.SetLabels(map[string]string{LabelManagedBy: ManagedBy, "team": "a"})
+	so.SetAnnotations(map[string]string{"note": "kept"})
+	so.SetFinalizers([]string{"finalizer.keda.sh"})
+	so.SetOwnerReferences(append(so.GetOwnerReferences(), metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "c", UID: "c"}))
+	if _, err := f.dyn.Resource(ScaledObjects).Namespace("demo").Update(context.Background(), so, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "7"})
+	f.waitFor("max-replicas 7", func() error { _, err := f.maxOf("mine", 7); return err })
+	so, _ = f.scaledObject("mine")
+	if so.GetLabels()["team"] != "a" || so.GetAnnotations()["note"] != "kept" || len(so.GetFinalizers()) != 1 || len(so.GetOwnerReferences()) != 2 {
+		t.Fatalf("what others added, after pulse's update: %v", so.Object["metadata"])
 	}
 }
