@@ -212,7 +212,7 @@ func writeTable(w http.ResponseWriter, doc Document) {
 	}
 	fmt.Fprintln(tw)
 	for _, wl := range doc.Workloads {
-		id := store.Key{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name}.String()
+		id := cell(store.Key{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name}.String())
 		for _, p := range wl.Pods {
 			state := "fresh"
 			switch {
@@ -236,7 +236,7 @@ func writeTable(w http.ResponseWriter, doc Document) {
 			if p.AgeSeconds != nil {
 				age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, p.Name, state, age)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, cell(p.Name), cell(state), age)
 			// A pod that is not fresh, or whose last sample was refused in
 			// part, shows no values: they are not what it reports now (the
 			// JSON keeps them, beside "fresh" and "rejected").

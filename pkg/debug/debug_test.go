@@ -507,3 +507,36 @@ func TestOneNamespacesTriggers(t *testing.T) {
 		t.Errorf("a namespace with no trigger: %d %s", code, body)
 	}
 }
+
+// TestTablesHoldTenantTextInItsCell: a tenant's workload name
+// (pulse.io/workload: any UTF-8 of at most 253 bytes) and trigger metadata
+// are written into the tables as one cell each: a newline in a name forged
+// a row under another namespace's name in /debug/workloads, and escape
+// sequences reached the terminal of whoever read either table.
+func TestTablesHoldTenantTextInItsCell(t *testing.T) {
+	st := store.New(store.Options{})
+	forged := "llama\nDeployment team-b/secret-model  secret-0  fresh  0.0s  999\x1b]0;owned\x07"
+	k := store.Key{Namespace: "team-a", Kind: store.KindDeployment, Name: forged}
+	st.Upsert(store.Source{Node: "n"}, []store.PodInfo{{UID: "a", Namespace: "team-a", Name: "a-0", Ready: true, Workloads: []store.Key{k}}}, true)
+	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	_, _ = sc.IsActive(context.Background(), &externalscaler.ScaledObjectRef{Name: "so", Namespace: "team-a",
+		ScalerMetadata: map[string]string{"workspace": "x\x1b[2J"}})
+	srv := serve(t, st, sc)
+	for _, path := range []string{"/debug/workloads?format=table", "/debug/triggers?format=table"} {
+		code, body := get(t, srv.URL+path, "")
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "Deployment team-b/") {
+				t.Errorf("%s: a row forged under team-b's name by team-a's workload name: %q", path, line)
+			}
+		}
+		if strings.ContainsAny(body, "\x1b\x07") {
+			t.Errorf("%s: terminal escapes from tenant text passed through: %q", path, body)
+		}
+	}
+	if got := cell("a\tb\r\nc\x00\x7f\u0085é"); got != "a b  c\uFFFD\uFFFD\uFFFDé" {
+		t.Errorf("cell: %q", got)
+	}
+}

@@ -44,8 +44,8 @@ func (h *Handler) serveProvisioning(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(tw, "WORKLOAD\tSTATE\tSCALEDOBJECT\tSINCE\tMESSAGE")
 	now := time.Now()
 	for _, s := range p.Workloads {
-		fmt.Fprintf(tw, "%s %s/%s\t%s\t%s\t%s\t%s\n", s.Kind, s.Namespace, s.Name, s.State, s.ScaledObject,
-			now.Sub(s.Since).Round(time.Second), oneLine(s.Message))
+		fmt.Fprintf(tw, "%s %s/%s\t%s\t%s\t%s\t%s\n", s.Kind, s.Namespace, cell(s.Name), s.State, cell(s.ScaledObject),
+			now.Sub(s.Since).Round(time.Second), cell(s.Message))
 	}
 	_ = tw.Flush()
 }

@@ -80,22 +80,22 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 	fmt.Fprintln(tw, "SCALEDOBJECT\tMETRIC\tVALUE\tTHRESHOLD\tDESIRED\tDIRECTION\tCOUNTED/FILLED/LEFT OUT\tAGE\tWHY")
 	now := time.Now()
 	for _, t := range doc.Triggers {
-		id := t.Namespace + "/" + t.ScaledObject
+		id := cell(t.Namespace + "/" + t.ScaledObject)
 		age := now.Sub(t.EvaluatedAt).Round(100 * time.Millisecond).String()
 		if t.Error != "" {
 			what := "error"
 			if t.Refused {
 				what = "refused"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t-\t-\t-\t%s\t%s\n", id, t.Metric, what, t.Threshold, age, oneLine(t.Error))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t-\t-\t-\t%s\t%s\n", id, cell(t.Metric), what, t.Threshold, age, cell(t.Error))
 			continue
 		}
 		d := t.Decision
 		why := ""
 		if d.Plan != nil {
-			why = oneLine(d.Plan.Reason)
+			why = cell(d.Plan.Reason)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%g\t%d\t%s\t%d/%d/%d\t%s\t%s\n", id, t.Metric, d.Value, t.Threshold, *t.DesiredReplicas,
+		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%g\t%d\t%s\t%d/%d/%d\t%s\t%s\n", id, cell(t.Metric), d.Value, t.Threshold, *t.DesiredReplicas,
 			d.Direction, d.Counted, d.Filled, d.LeftOut, age, why)
 		if p := d.Plan; p != nil {
 			// The planner's parts, under WHY.
@@ -113,7 +113,7 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			}
 			// A pod row: its value under VALUE, its use under
 			// COUNTED/FILLED/LEFT OUT, the reason under WHY.
-			fmt.Fprintf(tw, "  pod %s\t\t%s\t\t\t\t%s\t\t%s\n", p.Name, v, p.Use, p.Why)
+			fmt.Fprintf(tw, "  pod %s\t\t%s\t\t\t\t%s\t\t%s\n", cell(p.Name), v, p.Use, cell(p.Why))
 		}
 		if d.PodsNotListed > 0 {
 			fmt.Fprintf(tw, "  and %d more pods\t\t\t\t\t\t\t\t(counted with the others above)\n", d.PodsNotListed)
@@ -122,4 +122,19 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 	_ = tw.Flush()
 }
 
-func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
+// cell is tenant text (a workload's or pod's name, an error or reason that
+// quotes one, a trigger's metadata) as one table cell: line breaks and tabs
+// as spaces, other control characters as U+FFFD. Printed as it was, a name
+// with a newline forged a row under another namespace's name, and escape
+// sequences reached the terminal of whoever read the table.
+func cell(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\t' || r == '\r':
+			return ' '
+		case r < 0x20 || r >= 0x7f && r <= 0x9f:
+			return '\uFFFD'
+		}
+		return r
+	}, s)
+}
