@@ -533,8 +533,20 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		// drained over the lead time (at least the SLO: a replica that
 		// starts at once drains it within the SLO).
 		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
-		p.BacklogThen = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg), st.stuckAfter())
+		var counted int
+		p.BacklogThen, counted = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg), st.stuckAfter())
 		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
+		if p.Ready == 0 && counted > 0 {
+			// With no replica ready, the replicas starting that the
+			// backlog is projected to drain on are kept: a workload scaled
+			// from zero for requests held at its routers planned 0 once
+			// its replica was listed, releasing the capacity it counted
+			// on, and the requests waited on. (With replicas ready, the
+			// plan follows the work they serve; keeping every replica
+			// counted on cost 4 % more GPU-hours on the planner's report,
+			// at the same attainment.)
+			p.Need = max(p.Need, float64(counted))
+		}
 		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
 		if p.Level > work/cfg.Utilisation {
 			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s, rising %.0f/s a lead time), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
@@ -671,14 +683,18 @@ func drainNeed(work, share, capacity float64) float64 {
 // per second; negative while they shrink), less what each replica already
 // starting serves (capacity per second) from when it is ready, a lead time
 // after it was listed (at once if it has started for longer). A queue never
-// goes below empty.
-func projectBacklog(backlog, excess, capacity float64, in Input, lead, stuck time.Duration) float64 {
+// goes below empty. counted is how many of the replicas starting it counts
+// on to drain the backlog: those that arrive to one.
+func projectBacklog(backlog, excess, capacity float64, in Input, lead, stuck time.Duration) (then float64, counted int) {
 	var at time.Duration
 	for _, a := range joining(in, lead, stuck) {
 		backlog = math.Max(0, backlog+excess*(a-at).Seconds())
+		if backlog > 0 {
+			counted++
+		}
 		at, excess = a, excess-capacity
 	}
-	return math.Max(0, backlog+excess*(lead-at).Seconds())
+	return math.Max(0, backlog+excess*(lead-at).Seconds()), counted
 }
 
 // learnSurge fades the surge and the peak work, then takes this

@@ -759,7 +759,7 @@ func TestBacklogProjectedToWhenCapacityArrives(t *testing.T) {
 		{"one starting for longer than the lead: ready now", 1000, 1000, 2000, starting(400 * time.Second), 0},
 		{"shrinking", 50_000, -1000, 1000, starting(), 0},
 	} {
-		if got := projectBacklog(c.backlog, c.excess, c.capacity, c.in, lead, stuckAfter); math.Abs(got-c.want) > 1e-6 {
+		if got, _ := projectBacklog(c.backlog, c.excess, c.capacity, c.in, lead, stuckAfter); math.Abs(got-c.want) > 1e-6 {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -1248,5 +1248,44 @@ func TestAReplicaJustReadyProvesNoCapacity(t *testing.T) {
 	a.Span, b.Span = 2*time.Second, 2*time.Second
 	if _, next, err = Make(snap(at.Add(5*time.Second), a, b), st, cfg); err != nil || next.Capacity <= capacity || next.HealthyMax < 12000 {
 		t.Fatalf("capacity %v, healthy max %v, %v: want the windows of an aggregator just started observed", next.Capacity, next.HealthyMax, err)
+	}
+}
+
+// TestAReplicaStartingForRequestsWaitingIsKept: a workload scaled to zero
+// (a capacity learned, every hold past) whose routers hold requests is
+// planned one replica; once that replica is listed, starting, the backlog
+// is projected to drain on it, and the plan was 0 — the replica it counted
+// on, released (KEDA deactivates it before it is ready when it starts for
+// longer than the cooldown, and the requests wait on).
+func TestAReplicaStartingForRequestsWaitingIsKept(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	if st.Capacity == 0 || st.WorkPerRequest == 0 {
+		t.Fatal("no capacity learned")
+	}
+	demand := store.DemandValue{Sources: 1}
+	for end := at.Add(20 * time.Minute); at.Before(end); at = at.Add(5 * time.Second) {
+		p, next, err := Make(Input{At: at, Demand: demand}, st, cfg)
+		if err != nil || p.Replicas != 0 {
+			t.Fatalf("idle at zero: %d, %v", p.Replicas, err)
+		}
+		st = next
+	}
+	demand.Held = 10
+	p, st, err := Make(Input{At: at, Demand: demand}, st, cfg)
+	if err != nil || p.Replicas != 1 {
+		t.Fatalf("10 requests held, no replica: %d, %v; want 1", p.Replicas, err)
+	}
+	for i := range 12 {
+		at = at.Add(5 * time.Second)
+		starting := store.PodLoad{Name: "new", State: store.PodStarting, Age: 20*time.Second + time.Duration(i)*5*time.Second}
+		p, st, err = Make(Input{At: at, Found: true, Pods: []store.PodLoad{starting}, Demand: demand}, st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Replicas < 1 {
+			t.Fatalf("10 requests held at the routers, the one replica starting for %s: planned %d (%s; backlog %.0f, then %.0f); want 1",
+				starting.Age, p.Replicas, p.Reason, p.Backlog, p.BacklogThen)
+		}
 	}
 }
