@@ -86,6 +86,18 @@ func (p *plans) put(k planKey, st planner.State) {
 	l.Add(k, st)
 }
 
+// remove forgets k's state.
+func (p *plans) remove(k planKey) {
+	l := p.ns[k.Namespace]
+	if l == nil || !l.Remove(k) {
+		return
+	}
+	p.n--
+	if l.Len() == 0 {
+		delete(p.ns, k.Namespace)
+	}
+}
+
 // forgetOne drops the least recently planned state of the namespace
 // holding the most.
 func (p *plans) forgetOne() {
@@ -127,13 +139,18 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 	st := s.plans.get(k)
 	s.plans.mu.Unlock()
 	p, next, err := planner.Make(snap, st, cfg)
-	if !errors.Is(err, planner.ErrNotFound) {
-		// A workload with no pod has nothing learned: a trigger naming one
-		// that does not exist holds no state.
-		s.plans.mu.Lock()
+	s.plans.mu.Lock()
+	if errors.Is(err, planner.ErrNotFound) {
+		// A workload with no pod (and no router that holds requests for
+		// it) holds nothing learned: a trigger naming one that does not
+		// exist holds no state, and one deleted forgets its own (a
+		// workload made again under its name, another model, inherited
+		// its capacity, its proof of capacity fading over an hour).
+		s.plans.remove(k)
+	} else {
 		s.plans.put(k, next)
-		s.plans.mu.Unlock()
 	}
+	s.plans.mu.Unlock()
 	keyLock.Unlock()
 	switch {
 	case errors.Is(err, planner.ErrNotFound):

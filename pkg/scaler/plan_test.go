@@ -435,3 +435,47 @@ func TestOneWorkloadsPlanWaitsForNoOther(t *testing.T) {
 		t.Fatal("no state under the key the test holds apart: the test's key is not the plan's")
 	}
 }
+
+// TestADeletedWorkloadForgetsWhatItLearned: a workload whose pods are all
+// gone (no router holds requests for it) holds no learned state, and one
+// made again under its name (a 70B where an 8B was) is planned on its own
+// capacity: the old state was kept, its proof of capacity (8,000 a
+// second) flooring the new workload's, which breaks at 3,000, for an hour.
+func TestADeletedWorkloadForgetsWhatItLearned(t *testing.T) {
+	f := newFixture(t)
+	f.pods("a")
+	f.serve(40, 8000, 0.01, "a") // the old model: 8000/s proven within the SLO
+	tr, err := ParseTrigger(ref(replicasMD()), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 12 {
+		f.serve(5, 8000, 0.01, "a")
+		if _, err := f.server.Evaluate(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.store.Upsert(store.Source{Node: "node-1"}, nil, true) // deleted: its agent lists it no more
+	f.clock.Add(time.Minute)
+	if _, err := f.server.Evaluate(tr); status.Code(err) != codes.NotFound {
+		t.Fatalf("no pod: %v, want NotFound", err)
+	}
+	f.server.plans.mu.Lock()
+	st, held := f.server.plans.get(planKey{llama, 2 * time.Second, 0, 0}), f.server.plans.n
+	f.server.plans.mu.Unlock()
+	if st.Capacity != 0 || !st.Since.IsZero() || held != 0 {
+		t.Fatalf("the workload has no pod: %d states held, capacity %v, since %s; want none", held, st.Capacity, st.Since)
+	}
+	f.pods("x")
+	f.serve(40, 3000, 1, "x")
+	var d Decision
+	for range 8 * 12 {
+		f.serve(5, 3000, 1, "x")
+		if d, err = f.server.Evaluate(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.Plan.Capacity > 3000*1.01 {
+		t.Fatalf("the workload made again broke at 3000/s: capacity %v, plan %v (%s); want about 3000", d.Plan.Capacity, d.Value, d.Plan.Reason)
+	}
+}
