@@ -65,38 +65,38 @@ func NewCounters() *Counters { return &Counters{series: map[uint64]*counterSerie
 // begin starts a scrape.
 func (c *Counters) begin() { c.scrape++ }
 
-// observe returns the series' value made monotonic.
-func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v float64) float64 {
-	key := seriesKey(name, labels)
+// observe returns the series' value made monotonic; ok is false for a
+// line to skip: a series the page already gave this scrape (the first line
+// holds, as Prometheus keeps it: read as a reset of the series at every
+// scrape, a second line made a page that never changed count up by the
+// first line's value each second), or a negative count (no counter is
+// below zero: read as a reset, one sample of -1 counted the whole counter
+// again; the series is held at its last value, as one the page lacks).
+func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
+	return c.observeSeries(seriesKey(name, labels), counterSeries{id: id}, v)
+}
+
+// observeBucket is observe for a histogram bucket's series.
+func (c *Counters) observeBucket(hist uint8, le float64, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
+	return c.observeSeries(seriesKey(name, labels), counterSeries{bucket: bucketKey{hist, le}}, v)
+}
+
+// observeSeries is observe for the series of key, new ones made as blank.
+func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (float64, bool) {
 	s := c.series[key]
 	switch {
+	case v < 0 || s != nil && s.seen == c.scrape:
+		return 0, false
 	case s == nil && len(c.series) >= maxSeries:
-		return v
+		return v, true
 	case s == nil:
-		s = &counterSeries{id: id}
+		s = &blank
 		c.series[key] = s
 	case v < s.last:
 		s.offset += s.last // this series restarted
 	}
 	s.last, s.seen = v, c.scrape
-	return v + s.offset
-}
-
-// observeBucket is observe for a histogram bucket's series.
-func (c *Counters) observeBucket(hist uint8, le float64, name string, labels []*dto.LabelPair, v float64) float64 {
-	key := seriesKey(name, labels)
-	s := c.series[key]
-	switch {
-	case s == nil && len(c.series) >= maxSeries:
-		return v
-	case s == nil:
-		s = &counterSeries{bucket: bucketKey{hist, le}}
-		c.series[key] = s
-	case v < s.last:
-		s.offset += s.last
-	}
-	s.last, s.seen = v, c.scrape
-	return v + s.offset
+	return v + s.offset, true
 }
 
 // finish adds, to every counter the page has, the series of that counter it

@@ -3,6 +3,7 @@ package vllm
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -310,5 +311,63 @@ func TestCountersOfNewSeriesAtEveryScrapeAreBounded(t *testing.T) {
 	}
 	if len(c.series) < maxSeries {
 		t.Fatalf("%d series followed: the cap was never reached, so the test tests nothing", len(c.series))
+	}
+}
+
+// TestASeriesTwiceOnAPageCountsOnce: a page that gives one series twice
+// (the same name and labels) is read as Prometheus reads it, the first line
+// holding. The second line was read as a reset of the series at every
+// scrape: a page that never changed counted up by the first line's value
+// each second (prompt tokens 250, 450, ... 1050), and repeated bucket
+// lines added observations to the TTFT histogram.
+func TestASeriesTwiceOnAPageCountsOnce(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCounters()
+	page := []byte("vllm:prompt_tokens_total{engine=\"0\"} 100\nvllm:prompt_tokens_total{engine=\"0\"} 50\n" +
+		"vllm:time_to_first_token_seconds_bucket{le=\"1\"} 4\nvllm:time_to_first_token_seconds_bucket{le=\"1\"} 2\n" +
+		"vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 9\n")
+	for i := range 5 {
+		p, err := e.ExtractWith(page, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := p.Get(metric.PromptTokens); v != 100 {
+			t.Errorf("scrape %d of the same page: prompt tokens %v, want 100", i, v)
+		}
+		if h := p.Hist[metric.TTFTHist]; h.Total() != 9 || h.Counts[0] != 4 {
+			t.Errorf("scrape %d of the same page: TTFT buckets %v, want [4 9]", i, h.Counts)
+		}
+	}
+}
+
+// TestANegativeCountIsNoReset: no counter is below zero; one sample of -1
+// was read as a reset of its series, so the pod's counter went 1000 -> 999
+// and the aggregator, taking that for a restart, counted the whole 1000
+// again. The sample says nothing; the series is held at its last value.
+func TestANegativeCountIsNoReset(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCounters()
+	var mono metric.Monotonic
+	var out []float64
+	for _, v := range []string{"1000", "-1", "1001"} {
+		page := "vllm:generation_tokens_total{engine=\"0\"} " + v + "\nvllm:generation_tokens_total{engine=\"1\"} 5\n"
+		p, err := e.ExtractWith([]byte(page), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !p.Has(metric.GenerationTokens) {
+			t.Fatalf("after %s: no generation tokens", v)
+		}
+		mono.Adjust(&p.Values)
+		out = append(out, p.V[metric.GenerationTokens])
+	}
+	if !slices.Equal(out, []float64{1005, 1005, 1006}) {
+		t.Fatalf("the aggregator's series %v for a counter that went 1000, -1, 1001 (and another at 5); want [1005 1005 1006]", out)
 	}
 }

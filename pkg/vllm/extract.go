@@ -158,7 +158,9 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 					continue // a bucket with no bound, or no count, says nothing
 				}
 				if c != nil {
-					v = c.observeBucket(src.hist, le, name, m.Label, v)
+					if v, ok = c.observeBucket(src.hist, le, name, m.Label, v); !ok {
+						continue
+					}
 				}
 				acc.addBucket(src, le, v)
 			}
@@ -168,7 +170,10 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 		for _, m := range mf.Metric {
 			v := m.GetUntyped().GetValue()
 			if counter && !math.IsNaN(v) && !math.IsInf(v, 0) {
-				v = c.observe(src.id, name, m.Label, v)
+				var ok bool
+				if v, ok = c.observe(src.id, name, m.Label, v); !ok {
+					continue
+				}
 			}
 			acc.add(src, v)
 		}
