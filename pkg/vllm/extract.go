@@ -235,11 +235,22 @@ func nextLine(page []byte) (line, rest []byte) {
 }
 
 // isVLLMComment reports whether a comment line is a HELP or TYPE of a
-// family of a server pulse reads.
+// family of a server pulse reads. Only its first two words are read: split
+// whole, a 1 MiB comment of one-letter words allocated 12 MB a scrape.
 func isVLLMComment(line []byte) bool {
-	f := bytes.Fields(line[1:])
-	return len(f) >= 2 && (bytes.Equal(f[0], []byte("TYPE")) || bytes.Equal(f[0], []byte("HELP"))) &&
-		hasServerPrefix(f[1])
+	kind, rest := firstWord(line[1:])
+	name, _ := firstWord(rest)
+	return (bytes.Equal(kind, []byte("TYPE")) || bytes.Equal(kind, []byte("HELP"))) && hasServerPrefix(name)
+}
+
+// firstWord is b's first word (blank-separated) and what follows it.
+func firstWord(b []byte) (word, rest []byte) {
+	b = bytes.TrimLeft(b, " \t")
+	i := bytes.IndexAny(b, " \t")
+	if i < 0 {
+		return b, nil
+	}
+	return b[:i], b[i:]
 }
 
 // nameEnd returns the length of the metric name at the start of line.
@@ -267,6 +278,12 @@ const (
 // any) and the value token after it; err says why a line is refused.
 func labelsAndValue(line []byte, n int) (end int, value []byte, err error) {
 	i := n
+	// The text format allows blanks between the name and its labels
+	// (`name {l="v"} 5`, which expfmt and Prometheus read): the labels were
+	// taken for the value, and the whole page refused.
+	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+		i++
+	}
 	if i < len(line) && line[i] == '{' {
 		inQuote, labels := false, 0
 		for i++; i < len(line); i++ {
@@ -457,7 +474,9 @@ func (s *slot) value() float64 {
 func (a *accumulator) page() Page {
 	p := Page{Hist: a.histograms()}
 	for id := range a.raw {
-		if s := &a.raw[id]; s.n > 0 {
+		// Finite series can sum past the largest float (two of 1e308):
+		// an infinite value says nothing, as an infinite series does.
+		if s := &a.raw[id]; s.n > 0 && !math.IsInf(s.value(), 0) {
 			p.Set(metric.ID(id), s.value())
 		}
 	}
@@ -465,8 +484,8 @@ func (a *accumulator) page() Page {
 		p.Extra = make([]float64, len(a.extra))
 		for i := range a.extra {
 			p.Extra[i] = math.NaN()
-			if a.extra[i].n > 0 {
-				p.Extra[i] = a.extra[i].value()
+			if v := a.extra[i].value(); a.extra[i].n > 0 && !math.IsInf(v, 0) {
+				p.Extra[i] = v
 			}
 		}
 	}

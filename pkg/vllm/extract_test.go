@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -498,5 +500,81 @@ func BenchmarkExtractManyLabels(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestFiniteSeriesThatSumPastTheLargestFloat: an infinite series is
+// skipped, and so is a sum of finite ones that is infinite (two of
+// 1e308): it was reported as present, and the wire clamped it to 2^53
+// requests waiting.
+func TestFiniteSeriesThatSumPastTheLargestFloat(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, page := range []string{
+		"vllm:num_requests_waiting{engine=\"0\"} 1e308\nvllm:num_requests_waiting{engine=\"1\"} 1e308\n",
+		"vllm:num_requests_waiting{engine=\"0\"} -1e308\nvllm:num_requests_waiting{engine=\"1\"} -1e308\n",
+	} {
+		for name, extract := range map[string]func([]byte) (Page, error){"fast": e.Extract, "full": e.FullParse} {
+			p, err := extract([]byte(page))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, ok := p.Get(metric.Waiting); ok {
+				t.Errorf("%s path: waiting = %v, present", name, v)
+			}
+		}
+	}
+}
+
+// TestABlankBeforeTheLabels: the text format allows blanks between a
+// metric's name and its labels, and expfmt and Prometheus read
+// `name {l="v"} 5`; the fast path took the labels for the value and refused
+// the whole page.
+func TestABlankBeforeTheLabels(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := []byte("vllm:num_requests_waiting {engine=\"0\"} 5\nvllm:num_requests_running\t{engine=\"0\"} 3\nvllm:num_requests_running 2\n")
+	full, ferr := e.FullParse(page)
+	fast, err := e.Extract(page)
+	if ferr != nil || err != nil || fast.Values != full.Values {
+		t.Fatalf("fast path %v (%v), full parse %v (%v)", fast.Values, err, full.Values, ferr)
+	}
+	if v, _ := fast.Get(metric.Waiting); v != 5 {
+		t.Fatalf("waiting %v, want 5", v)
+	}
+}
+
+// TestACommentIsReadForItsFirstWords: until a page shows a family pulse
+// reads, its comments are read for a HELP or TYPE of one; only their first
+// two words are. Split whole, a 1 MiB comment of one-letter words allocated
+// 12 MB a scrape, in an agent limited to 128 Mi.
+func TestACommentIsReadForItsFirstWords(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := append([]byte("#"), bytes.Repeat([]byte(" a"), 512<<10)...)
+	page = append(page, "\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1\n"...)
+	if _, err := e.Extract(page); err != nil {
+		t.Fatal(err)
+	}
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	if _, err := e.Extract(page); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&m1)
+	if got := m1.TotalAlloc - m0.TotalAlloc; got > uint64(len(page)) {
+		t.Fatalf("one %d-byte page allocated %d bytes", len(page), got)
+	}
+	for line, want := range map[string]bool{"# TYPE vllm:x gauge": true, "#HELP\tsglang:y z": true, "# TYPE other gauge": false, "# a b": false, "#": false, "# TYPE": false} {
+		if got := isVLLMComment([]byte(line)); got != want {
+			t.Errorf("%q: %v, want %v", line, got, want)
+		}
 	}
 }
