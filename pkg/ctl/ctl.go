@@ -174,6 +174,12 @@ func check(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pulsectl check: --provision-max-replicas %d: want 0 (no cap but 10,000) to 10,000\n", *maxReplicas)
 		return 2
 	}
+	if least := max(scaler.DefaultWindow, scaler.DefaultPlanWindow); *maxWindow < least {
+		// The aggregator refuses to start below it; every trigger was
+		// reported as a problem instead.
+		fmt.Fprintf(stderr, "pulsectl check: --max-window %s: want at least %s, as the aggregator's\n", *maxWindow, least)
+		return 2
+	}
 	problems, checked := 0, 0
 	for _, path := range fs.Args() {
 		objs, err := readObjects(path)
@@ -363,11 +369,14 @@ func query(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// ask makes KEDA's three calls for one trigger and prints the answers and
-// the desired replica count the HPA derives (metricType AverageValue:
-// ceil(value / target)).
+// ask makes KEDA's three calls for one trigger, each within timeout, and
+// prints the answers and the desired replica count the HPA derives
+// (metricType AverageValue: ceil(value / target)).
 func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObjectRef, timeout time.Duration, w io.Writer) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	call := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), timeout)
+	}
+	ctx, cancel := call()
 	defer cancel()
 	spec, err := c.GetMetricSpec(ctx, ref)
 	if err != nil {
@@ -378,6 +387,8 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 	}
 	ms := spec.MetricSpecs[0]
 	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", printable(ms.MetricName), ms.TargetSizeFloat)
+	ctx, cancel = call()
+	defer cancel()
 	m, err := c.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: ms.MetricName})
 	if err != nil {
 		return fmt.Errorf("GetMetrics: %w", err)
@@ -387,6 +398,8 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 	}
 	v := m.MetricValues[0].MetricValueFloat
 	fmt.Fprintf(w, "  GetMetrics: %g\n", v)
+	ctx, cancel = call()
+	defer cancel()
 	active, err := c.IsActive(ctx, ref)
 	if err != nil {
 		return fmt.Errorf("IsActive: %w", err)
@@ -486,19 +499,24 @@ func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error
 		if _, err := readToken(tokenFile); err != nil {
 			return nil, err
 		}
-		rt = bearer{file: tokenFile, next: rt}
+		rt = bearer{file: tokenFile, scheme: u.Scheme, host: u.Host, next: rt}
 	}
 	return &http.Client{Timeout: 10 * time.Second, Transport: rt}, nil
 }
 
 // bearer sends the token in file, read at each request (a projected
-// token is rotated in place).
+// token is rotated in place), to --debug's scheme and host alone: a
+// RoundTripper's header outlives the client's redirect rules, and a
+// redirect to another host, or to plaintext, got the token.
 type bearer struct {
-	file string
-	next http.RoundTripper
+	file, scheme, host string
+	next               http.RoundTripper
 }
 
 func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Scheme != b.scheme || r.URL.Host != b.host {
+		return b.next.RoundTrip(r)
+	}
 	token, err := readToken(b.file)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,6 +314,102 @@ func TestTopReadsTheDebugEndpointWithATokenOverTLS(t *testing.T) {
 	} {
 		if code, _, errs := run(append([]string{"top", "-n", "1"}, args...)...); code != 2 {
 			t.Errorf("top %v: exit %d, want 2\n%s", args, code, errs)
+		}
+	}
+}
+
+// slowScaler answers each of KEDA's calls after delay.
+type slowScaler struct {
+	externalscaler.UnimplementedExternalScalerServer
+	delay time.Duration
+}
+
+func (s slowScaler) GetMetricSpec(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
+	time.Sleep(s.delay)
+	return &externalscaler.GetMetricSpecResponse{MetricSpecs: []*externalscaler.MetricSpec{{MetricName: "m", TargetSizeFloat: 10}}}, nil
+}
+
+func (s slowScaler) GetMetrics(context.Context, *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
+	time.Sleep(s.delay)
+	return &externalscaler.GetMetricsResponse{MetricValues: []*externalscaler.MetricValue{{MetricName: "m", MetricValueFloat: 25}}}, nil
+}
+
+func (s slowScaler) IsActive(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.IsActiveResponse, error) {
+	time.Sleep(s.delay)
+	return &externalscaler.IsActiveResponse{Result: true}, nil
+}
+
+// TestQueryTimeoutIsPerCall: --timeout bounds each of KEDA's three calls,
+// as the README and the flag say; one context bounded all three, so three
+// calls of 400 ms each failed a --timeout of 1s.
+func TestQueryTimeoutIsPerCall(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(g, slowScaler{delay: 400 * time.Millisecond})
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	if code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO), "--timeout", "1s"); code != 0 {
+		t.Fatalf("each call took 400ms against --timeout 1s: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestTopSendsTheTokenToItsHostAlone: top's token goes to --debug's scheme
+// and host alone; a redirect elsewhere (here another port, in plaintext)
+// got it too, a RoundTripper's header outliving the client's rules for
+// redirects.
+func TestTopSendsTheTokenToItsHostAlone(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		_, _ = io.WriteString(w, "SCALEDOBJECT\n")
+	}))
+	defer elsewhere.Close()
+	ca := testpki.NewCA(t)
+	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var home []string
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		home = append(home, r.Header.Get("Authorization"))
+		mu.Unlock()
+		http.Redirect(w, r, elsewhere.URL+"/debug/triggers?format=table", http.StatusFound)
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	defer srv.Close()
+	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"ca.crt": ca.PEM, "token": []byte("reader-token\n")}, "ca.crt", "token")
+	code, out, errs := run("top", "--debug", srv.URL, "-n", "1", "--ca-cert", paths[0], "--token-file", paths[1], "--server-name", "localhost")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(home) == 0 || home[0] != "Bearer reader-token" {
+		t.Fatalf("--debug's host got %q (exit %d)\n%s%s", home, code, out, errs)
+	}
+	if len(got) == 0 {
+		t.Fatalf("the redirect was not followed (exit %d)\n%s%s", code, out, errs)
+	}
+	for _, h := range got {
+		if h != "" {
+			t.Errorf("the token went in plaintext to another host after a redirect: %q", h)
+		}
+	}
+}
+
+// TestCheckRefusesAMaxWindowTheAggregatorWould: --max-window below the
+// aggregator's least (30s) is bad usage, as the aggregator refuses it at
+// start; every trigger of a valid file was reported a problem instead.
+func TestCheckRefusesAMaxWindowTheAggregatorWould(t *testing.T) {
+	for _, mw := range []string{"0s", "-1m", "29s"} {
+		if code, out, errs := run("check", "--max-window", mw, write(t, goodSO)); code != 2 || !strings.Contains(errs, "want at least 30s") {
+			t.Errorf("check --max-window %s: exit %d, want 2 (bad usage)\n%s%s", mw, code, out, errs)
 		}
 	}
 }
