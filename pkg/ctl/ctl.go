@@ -371,7 +371,8 @@ func query(args []string, stdout, stderr io.Writer) int {
 
 // ask makes KEDA's three calls for one trigger, each within timeout, and
 // prints the answers and the desired replica count the HPA derives
-// (metricType AverageValue: ceil(value / target)).
+// (metricType AverageValue: ceil(value / target); with valueType average,
+// metricType Value, the ratio the HPA multiplies by its ready replicas).
 func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObjectRef, timeout time.Duration, w io.Writer) error {
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), timeout)
@@ -405,7 +406,14 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 		return fmt.Errorf("IsActive: %w", err)
 	}
 	fmt.Fprintf(w, "  IsActive: %v\n", active.Result)
-	if ms.TargetSizeFloat > 0 {
+	switch {
+	case ms.TargetSizeFloat <= 0:
+	case ref.ScalerMetadata["valueType"] == "average":
+		// metricType Value: the HPA multiplies by the replicas it counts
+		// ready, which KEDA's calls do not say (/debug/triggers does).
+		fmt.Fprintf(w, "  desired replicas (valueType average, metricType Value: ceil(ready replicas × value / target), before the HPA's tolerance, behaviour and min/max): ceil(ready replicas × %.4g)\n",
+			v/ms.TargetSizeFloat)
+	default:
 		fmt.Fprintf(w, "  desired replicas (AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
 			int(math.Ceil(v/ms.TargetSizeFloat)))
 	}

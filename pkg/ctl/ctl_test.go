@@ -413,3 +413,31 @@ func TestCheckRefusesAMaxWindowTheAggregatorWould(t *testing.T) {
 		}
 	}
 }
+
+// TestQueryDesiredForAnAverageTrigger: a valueType average trigger
+// (metricType Value; what pulse provisions for latencies) is multiplied by
+// the HPA's ready replicas, which KEDA's calls do not say: query prints
+// the ratio, where it printed ceil(value / target) labelled AverageValue
+// (3 for 4 pods at 25 waiting against 10, where the HPA asks for 10).
+func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(g, slowScaler{}) // 25 against a target of 10
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	so := strings.Replace(goodSO, `threshold: "10"}`, `threshold: "10", valueType: average}`, 1)
+	if so == goodSO {
+		t.Fatal("the fixture's trigger changed")
+	}
+	code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, so))
+	if code != 0 || strings.Contains(out, "AverageValue") || !strings.Contains(out, "ceil(ready replicas × 2.5)") {
+		t.Errorf("valueType average: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO))
+	if code != 0 || !strings.Contains(out, "(AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): 3\n") {
+		t.Errorf("valueType total: exit %d\n%s%s", code, out, errs)
+	}
+}
