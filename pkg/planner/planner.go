@@ -140,6 +140,11 @@ const (
 	maxRequestRate = 1e6
 	// maxQueue: requests waiting at one replica.
 	maxQueue = 1e6
+	// minServed: work a second a replica's window must show to teach
+	// capacity: less than a token in 15 minutes is no measure of what a
+	// replica serves (a break at 1e-306 tokens a second took the capacity
+	// there, the need to +Inf, and a plan no JSON can hold).
+	minServed = 1e-3
 	// maxRise: one observation moves a request's mean work toward at most
 	// this many times the mean (it moves a tenth of the way: a window that
 	// lies for its whole 30 s moves it by at most 1.1⁶, not by the lie);
@@ -361,6 +366,11 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	}
 	p.Rule = rule(fresh, cfg)
 	arrived := p.need(fresh, in, &st, cfg, observe)
+	if math.IsNaN(p.Need) || math.IsInf(p.Need, 0) {
+		// Every value is bounded, so this is a defect; no plan is better
+		// than one of no number, held as a peak.
+		return Plan{}, prev, fmt.Errorf("%w: the need is not a finite number (work %g, capacity %g, backlog %g)", ErrRefused, p.Work, st.Capacity, p.Backlog)
+	}
 	hold := st.hold(cfg)
 	if observe {
 		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
@@ -375,6 +385,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		if pk.need >= p.HeldPeak {
 			p.HeldPeak, p.HeldUntil = pk.need, pk.at.Add(hold)
 		}
+	}
+	if p.HeldPeak <= p.Need {
+		p.HeldUntil = time.Time{} // no peak past the need now is held (this one's own was)
 	}
 	p.Replicas = ceil(p.Need)
 	if held := ceil(p.HeldPeak); held > p.Replicas {
@@ -488,9 +501,17 @@ func kvShares(fresh []*store.PodLoad) []float64 {
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
 	var first, growth, queued, kv, fallback float64
 	kvs := kvShares(fresh)
+	// Fresh pods whose page has no token counters: a window of samples
+	// (a span) with no token rate. One of a single sample (a replica just
+	// ready) counts as it did, as no work yet.
+	noCounters := 0
 	for i, l := range fresh {
-		p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
-		first += l.FirstTokens
+		if !l.Tokens && l.Span > 0 {
+			noCounters++
+		} else {
+			p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+			first += l.FirstTokens
+		}
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
 		kvl := kvs[i]
@@ -517,11 +538,18 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	}
 	p.KVNeed *= scale
 	// The work planned (and shown) is the workload's: the fresh pods'
-	// scaled to the ready replicas.
-	p.Work *= scale
+	// scaled to the ready replicas. A page without token counters (a
+	// server of another version in a rollout) says nothing of its work:
+	// its replica carries the others' mean, as one without a fresh sample
+	// does (it counted as no work, and the workload was planned down).
+	workScale := scale
+	if noCounters > 0 && noCounters < len(fresh) {
+		workScale = float64(len(fresh)+p.Missing) / float64(len(fresh)-noCounters)
+	}
+	p.Work *= workScale
 	work := p.Work
 	if observe {
-		st.learnSurge(arrived*scale, in.At, st.lead(cfg))
+		st.learnSurge(arrived*workScale, in.At, st.lead(cfg))
 	}
 	p.plan(work, st, cfg)
 	switch {
@@ -562,11 +590,15 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = fallback * scale
 		p.Reason = "no capacity learned yet: KV cache over its target, queue over 2 per replica"
 	}
+	if noCounters > 0 && noCounters == len(fresh) && st.Capacity > 0 && p.Need < float64(p.Ready) {
+		p.Need = float64(p.Ready)
+		p.Reason = "no fresh replica's page has token counters: the work is unknown, and the ready replicas are kept"
+	}
 	if p.KVNeed > p.Need {
 		p.Need = p.KVNeed
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
-	return arrived * scale
+	return arrived * workScale
 }
 
 // plan sets p's surges, trend, peak and the level of work it plans for:
@@ -725,8 +757,11 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 	st.PeakWork = max(st.PeakWork, work)
 	// A move within a lead time needs a lead time watched: the first
 	// minutes are the workload's load arriving (or this process's start),
-	// not its load rising.
+	// not its load rising. The trend is no memory: none is measured then
+	// (a replica starting for longer than the workload was watched
+	// lengthens the lead past it, and a trend that had stopped was kept).
 	if now.Sub(st.Since) < lead {
+		st.Trend = 0
 		return
 	}
 	low := work
@@ -783,7 +818,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 	for _, l := range fresh {
 		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
-		if !l.Tokens || w <= 0 {
+		if !l.Tokens || w < minServed {
 			continue
 		}
 		served += w

@@ -1289,3 +1289,102 @@ func TestAReplicaStartingForRequestsWaitingIsKept(t *testing.T) {
 		}
 	}
 }
+
+// TestNoPeakHeldHoldsUntilNothing: under steady load no peak past the need
+// is held, and the plan says so (HeldUntil zero, and its gauge 0, as the
+// docs say); the newest observation's own need, held a hold from now, was
+// reported as a peak held.
+func TestNoPeakHeldHoldsUntilNothing(t *testing.T) {
+	cfg := Default(0)
+	p, _, _ := run(t, State{}, cfg, t0, 20*time.Minute, serving("a", 5000, 0.01), serving("b", 5000, 0.01))
+	if p.HeldPeak > p.Need+1e-9 {
+		t.Fatalf("steady load: a peak of %v past the need %v held", p.HeldPeak, p.Need)
+	}
+	if !p.HeldUntil.IsZero() {
+		t.Fatalf("steady load, held peak %.3f == need %.3f: held until %s, want zero", p.HeldPeak, p.Need, p.HeldUntil)
+	}
+}
+
+// TestATinyCapacityIsNoCapacity: a window that served less than a token in
+// 15 minutes, within every bound believed, teaches no capacity: one that
+// broke at 1e-306 tokens a second took the capacity there, the need to
+// +Inf (held among the peaks), and a plan no JSON can hold, which failed
+// /debug/triggers for every tenant.
+func TestATinyCapacityIsNoCapacity(t *testing.T) {
+	cfg := Default(0)
+	tiny := store.PodLoad{Name: "a", State: store.PodCounted, PromptTokens: 1e-306, Tokens: true, FirstTokens: 1, Span: 30 * time.Second,
+		TTFT: 1.1, TTFTOK: true, QueueTime: 1, QueueOK: true}
+	_, st, err := Make(snap(t0, tiny), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Capacity != 0 {
+		t.Fatalf("capacity %g learned from 1e-306 tokens a second", st.Capacity)
+	}
+	busy := serving("a", 1e4, 0.01)
+	busy.FirstTokens = 0 // teaches nothing
+	p, next, err := Make(snap(t0.Add(5*time.Second), busy), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := json.Marshal(p); err != nil {
+		t.Fatalf("the plan cannot be shown: %v (need %v)", err, p.Need)
+	}
+	for _, pk := range next.peaks {
+		if math.IsInf(pk.need, 0) || math.IsNaN(pk.need) {
+			t.Fatalf("a peak held is %+v", pk)
+		}
+	}
+}
+
+// TestTheTrendIsNoMemoryWhileAReplicaStartsLong: the trend is set anew at
+// each observation, and is 0 once a quarter does not rise (rule 5); a
+// replica starting for longer than the workload has been watched
+// lengthens the lead time past the time watched, and the trend of a rise
+// that had stopped was kept, planned ahead for as long as it started.
+func TestTheTrendIsNoMemoryWhileAReplicaStartsLong(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := ramp(t, State{}, cfg, t0, 10*time.Minute, 1, 6000, 6000)
+	_, st, at = ramp(t, st, cfg, at, 10*time.Minute, 2, 6000, 18000)
+	if st.Trend <= 0 {
+		t.Fatalf("no trend learned: %v", st.Trend)
+	}
+	slow := store.PodLoad{Name: "slow", State: store.PodStarting, Age: 40 * time.Minute}
+	var p Plan
+	for end := at.Add(10 * time.Minute); at.Before(end); {
+		at = at.Add(5 * time.Second)
+		slow.Age += 5 * time.Second
+		var err error
+		if p, st, err = Make(snap(at, serving("a", 9000, 0.01), serving("b", 9000, 0.01), slow), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Trend != 0 || p.Trend != 0 {
+		t.Fatalf("10 minutes flat at 18000 (a replica starting for %s): trend %v, planned for %v (%s); want no trend", slow.Age, st.Trend, p.Level, p.Reason)
+	}
+}
+
+// TestAPageWithoutTokenCountersIsNoZeroWork: once a capacity is learned, a
+// fresh replica whose page has no token counters (a server of another
+// version in a rollout) carries the others' mean work, as one with no fresh
+// sample does; it counted as no work, and four replicas serving were
+// planned down to two once the surge faded. With no page of token
+// counters at all, the ready replicas are kept.
+func TestAPageWithoutTokenCountersIsNoZeroWork(t *testing.T) {
+	cfg := Default(0)
+	pods := []store.PodLoad{serving("a", 8000, 0.01), serving("b", 8000, 0.01), serving("c", 8000, 0.01), serving("d", 8000, 0.01)}
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, pods...)
+	for _, i := range []int{2, 3} {
+		pods[i] = store.PodLoad{Name: pods[i].Name, State: store.PodCounted, Span: 30 * time.Second, Running: 50, KVCache: 0.1}
+	}
+	p, st2, at2 := run(t, st, cfg, at, 3*time.Hour, pods...)
+	if p.Replicas < 4 {
+		t.Fatalf("4 replicas serving, 2 of them with no token counters: planned %d (%s); want the 4 kept", p.Replicas, p.Reason)
+	}
+	for _, i := range []int{0, 1} {
+		pods[i] = store.PodLoad{Name: pods[i].Name, State: store.PodCounted, Span: 30 * time.Second, Running: 50, KVCache: 0.1}
+	}
+	if p, _, _ = run(t, st2, cfg, at2, time.Hour, pods...); p.Replicas < 4 {
+		t.Fatalf("4 replicas serving, none with token counters: planned %d (%s); want the 4 kept", p.Replicas, p.Reason)
+	}
+}

@@ -216,10 +216,14 @@ pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",sca
 		t.Fatalf("evaluations %+v, want the one plan", evs)
 	}
 	p := evs[0].Decision.Plan
+	heldUntil := 0.0 // no peak past the need held
+	if !p.HeldUntil.IsZero() {
+		heldUntil = float64(p.HeldUntil.UnixNano()) / 1e9
+	}
 	want := map[string]float64{
 		"work_per_second": p.Work, "capacity_per_replica": p.Capacity, "capacity_confidence": p.Confidence,
 		"capacity_observations": float64(p.Observations), "lead_time_seconds": p.LeadTime.Seconds(), "need_replicas": p.Need,
-		"held_peak_replicas": p.HeldPeak, "held_until_timestamp_seconds": float64(p.HeldUntil.UnixNano()) / 1e9, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
+		"held_peak_replicas": p.HeldPeak, "held_until_timestamp_seconds": heldUntil, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
 		"starting_replicas": float64(p.Starting), "surge_work_per_second": p.Surge, "level_surge_work_per_second": p.LevelSurge,
 		"trend_work_per_second": p.Trend, "planned_work_per_second": p.Level, "refused_replicas": float64(p.Refused), "stuck_replicas": float64(p.Stuck),
 	}
