@@ -97,6 +97,22 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	// Names of what --manage-certs writes, empty (each write failed every
+	// 10 s and the replica never became ready), an account that names no
+	// namespace (refused only once the listeners were open), and every
+	// problem of a group, not its first.
+	o = NewOptions()
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames = true, "pulse-system", []string{"pulse-aggregator.pulse-system.svc"}
+	o.Certs.Secret, o.Certs.KEDANamespace, o.Certs.TriggerAuthName, o.Certs.CAConfigMap = "", "", "", "Bad_Name"
+	o.AgentAuth.Mode, o.AgentAuth.Audience, o.AgentAuth.Accounts = "maybe", "", []string{"pulse-agent", "a/b/c"}
+	o.IngestTLS.Managed, o.IngestTLS.CertFile = true, "c"
+	err = o.Validate()
+	for _, want := range []string{"--cert-secret", "--keda-namespace", "--trigger-auth-name", "--ca-configmap", `--agent-service-account "pulse-agent"`,
+		`--agent-service-account "a/b/c"`, "--agent-auth \"maybe\"", "go together", "choose one"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
 	// Below the replicas trigger's default window, every workload
 	// provisioned with the planner would be refused.
 	o = NewOptions()

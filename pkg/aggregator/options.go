@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/scaler"
 )
@@ -339,6 +341,18 @@ func (o *ManagedCertOptions) Validate() error {
 	if o.Validity < time.Hour || o.Validity > MaxCertValidity {
 		errs = append(errs, fmt.Errorf("--cert-validity %s: from 1h to %s (its CA is made for three times as long)", o.Validity, MaxCertValidity))
 	}
+	// Names of objects the aggregator writes: empty, each write failed
+	// every 10 s and the replica never became ready.
+	for _, n := range []struct{ flag, value string }{{"--cert-secret", o.Secret}, {"--keda-namespace", o.KEDANamespace}, {"--trigger-auth-name", o.TriggerAuthName}} {
+		if msgs := validation.IsDNS1123Subdomain(n.value); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
+		}
+	}
+	if o.CAConfigMap != "" {
+		if msgs := validation.IsDNS1123Subdomain(o.CAConfigMap); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--manage-certs: --ca-configmap %q: %s", o.CAConfigMap, strings.Join(msgs, "; ")))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -361,13 +375,14 @@ func (o *IngestTLSOptions) AddFlags(fs *flag.FlagSet) {
 
 // Validate reports the group's problems.
 func (o *IngestTLSOptions) Validate() error {
+	var errs []error
 	if countSet(o.CertFile, o.KeyFile) == 1 {
-		return errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together")
+		errs = append(errs, errors.New("--ingest-tls-cert-file and --ingest-tls-key-file go together"))
 	}
 	if o.Managed && o.CertFile != "" {
-		return errors.New("--ingest-managed-tls and --ingest-tls-cert-file: choose one")
+		errs = append(errs, errors.New("--ingest-managed-tls and --ingest-tls-cert-file: choose one"))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // AgentAuthOptions are how agents authenticate.
@@ -392,13 +407,20 @@ func (o *AgentAuthOptions) AddFlags(fs *flag.FlagSet) {
 
 // Validate reports the group's problems.
 func (o *AgentAuthOptions) Validate() error {
+	var errs []error
 	if o.Mode != "none" && o.Mode != "tokenreview" {
-		return fmt.Errorf("--agent-auth %q: want none or tokenreview", o.Mode)
+		errs = append(errs, fmt.Errorf("--agent-auth %q: want none or tokenreview", o.Mode))
 	}
 	if o.Mode == "tokenreview" && o.Audience == "" {
-		return errors.New("--agent-auth=tokenreview needs --agent-audience: every agent's token would be refused")
+		errs = append(errs, errors.New("--agent-auth=tokenreview needs --agent-audience: every agent's token would be refused"))
 	}
-	return nil
+	// Refused here with the others, not once the listeners are open.
+	for _, sa := range o.Accounts {
+		if ns, name, ok := strings.Cut(sa, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			errs = append(errs, fmt.Errorf("--agent-service-account %q: want namespace/name", sa))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ProvisionOptions are the ScaledObjects the aggregator keeps for annotated
