@@ -287,6 +287,14 @@ func TestTriggersExplainThePlan(t *testing.T) {
 		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
+	// The rest of what docs/planner.md lists ("Every plan explained"): it
+	// was in the JSON alone.
+	more := lineOf(t, table, "  plan, more")
+	for _, want := range []string{"work per request", "planned for 6250/s", "surge", "level's surge", "trend", "peak", "drain need", "KV need", "hold extension", "rule " + p.Rule} {
+		if !strings.Contains(more[why:], want) {
+			t.Errorf("the table's plan lacks %q:\n%s", want, more)
+		}
+	}
 }
 
 // TestTableShowsRejectedValues: a pod whose last sample had values refused

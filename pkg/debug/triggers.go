@@ -105,6 +105,12 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			}
 			fmt.Fprintf(tw, "  plan\t\t\t\t\t\t\t\twork %.0f/s, capacity %.0f/s per replica (confidence %.2f, %d observations, %d breaks), lead time %s (%d startups), need %.2f, held peak %.2f%s, backlog %.0f (%.0f when capacity asked for now is ready), %d ready (%d without a fresh sample, %d of them refused), %d starting, %d stuck\n",
 				p.Work, p.Capacity, p.Confidence, p.Observations, p.Breaks, p.LeadTime.Round(time.Second), p.Startups, p.Need, p.HeldPeak, held, p.Backlog, p.BacklogThen, p.Ready, p.Missing, p.Refused, p.Starting, p.Stuck)
+			refused := ""
+			if p.RefusedWhy != "" {
+				refused = ", refused: " + cell(p.RefusedWhy)
+			}
+			fmt.Fprintf(tw, "  plan, more\t\t\t\t\t\t\t\twork per request %.0f, planned for %.0f/s (surge %.0f/s, level's surge %.0f/s, trend %.0f/s, peak %.0f/s), drain need %.2f, KV need %.2f, hold extension %s, rule %s%s\n",
+				p.WorkPerRequest, p.Level, p.Surge, p.LevelSurge, p.Trend, p.PeakWork, p.DrainNeed, p.KVNeed, p.HoldExtra.Round(time.Second), cell(p.Rule), refused)
 		}
 		for _, p := range d.Pods {
 			v := "-"
