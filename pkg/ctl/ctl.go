@@ -225,6 +225,11 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 				out = append(out, fmt.Sprintf("trigger %d: %v", i+1, err))
 			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
 				out = append(out, fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i+1, t.Workload.Namespace, ref.Namespace))
+			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != "":
+				// Most manifests name no namespace (applied with -n), and
+				// KEDA sends the one they are applied in: such a trigger
+				// was called valid, and refused wherever else it went.
+				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i+1, printable(t.Workload.Namespace)))
 			default:
 				out = append(out, "")
 			}

@@ -441,3 +441,29 @@ func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
 		t.Errorf("valueType total: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// TestCheckACrossNamespaceTriggerOfNoStatedNamespace: a ScaledObject that
+// names no namespace (applied with -n, as most are) whose trigger names
+// one is refused by the aggregator wherever it is applied but there (KEDA
+// sends the namespace it is applied in): check called it valid.
+func TestCheckACrossNamespaceTriggerOfNoStatedNamespace(t *testing.T) {
+	so := `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: reader-so}
+spec:
+  scaleTargetRef: {kind: Deployment, name: mine}
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", deployment: secret-model, namespace: team-b, metric: waiting, threshold: "10"}
+`
+	if code, out, errs := run("check", write(t, so)); code != 1 || !strings.Contains(out, "names no namespace") {
+		t.Errorf("a trigger naming namespace team-b in a ScaledObject of no stated namespace: exit %d, want 1\n%s%s", code, out, errs)
+	}
+	if code, out, errs := run("check", "--allow-cross-namespace-triggers", write(t, so)); code != 0 {
+		t.Errorf("the same with --allow-cross-namespace-triggers: exit %d, want 0\n%s%s", code, out, errs)
+	}
+	stated := strings.Replace(so, "metadata: {name: reader-so}", "metadata: {name: reader-so, namespace: team-b}", 1)
+	if code, out, errs := run("check", write(t, stated)); code != 0 {
+		t.Errorf("the same, stated in team-b: exit %d, want 0\n%s%s", code, out, errs)
+	}
+}
