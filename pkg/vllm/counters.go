@@ -44,6 +44,7 @@ type Counters struct {
 	retired     [metric.NumIDs]float64
 	retiredHist map[bucketKey]float64
 	scrape      uint64
+	unseen      []uint64 // finish's, kept between scrapes
 }
 
 type counterSeries struct {
@@ -103,10 +104,19 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 // lacked this time (at their last value) and those retired; it forgets
 // series absent for retireAfter scrapes.
 func (c *Counters) finish(a *accumulator) {
+	// The series the page lacked, in the order of their keys: float sums
+	// in the map's (random) order differed by an ulp from scrape to scrape
+	// of the same page, which, on a rounding edge of the wire's
+	// resolution, made a counter drop, and the aggregator count a reset.
+	c.unseen = c.unseen[:0]
 	for key, s := range c.series {
-		if s.seen == c.scrape {
-			continue
+		if s.seen != c.scrape {
+			c.unseen = append(c.unseen, key)
 		}
+	}
+	slices.Sort(c.unseen)
+	for _, key := range c.unseen {
+		s := c.series[key]
 		if c.scrape-s.seen >= retireAfter {
 			if s.bucket.hist > 0 {
 				if c.retiredHist == nil {

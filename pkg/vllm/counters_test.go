@@ -371,3 +371,41 @@ func TestANegativeCountIsNoReset(t *testing.T) {
 		t.Fatalf("the aggregator's series %v for a counter that went 1000, -1, 1001 (and another at 5); want [1005 1005 1006]", out)
 	}
 }
+
+// TestSeriesAPageLacksAreSummedInOneOrder: the series of a counter a page
+// lacks are added at their last values in one order: in the map's order
+// their float sum differed from scrape to scrape of the same pages (here
+// 1e16 and seven 1s: 1e16 or 1e16+8), which, on a rounding edge of the
+// wire's resolution, made a counter drop and the aggregator count a reset.
+func TestSeriesAPageLacksAreSummedInOneOrder(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full, lacking strings.Builder
+	for i := range 8 {
+		v := 1.0
+		if i == 0 {
+			v = 1e16
+		}
+		fmt.Fprintf(&full, "vllm:prompt_tokens_total{engine=\"%d\"} %g\n", i, v)
+	}
+	full.WriteString("vllm:prompt_tokens_total{engine=\"8\"} 0\n")
+	lacking.WriteString("vllm:prompt_tokens_total{engine=\"8\"} 0\n")
+	seen := map[float64]bool{}
+	for range 50 {
+		c := NewCounters()
+		if _, err := e.ExtractWith([]byte(full.String()), c); err != nil {
+			t.Fatal(err)
+		}
+		p, err := e.ExtractWith([]byte(lacking.String()), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := p.Get(metric.PromptTokens)
+		seen[v] = true
+	}
+	if len(seen) != 1 {
+		t.Fatalf("the same two pages summed to %v", seen)
+	}
+}
