@@ -109,7 +109,7 @@ func hpaName(name string) string {
 		return ""
 	}
 	sum := fnv.New32a()
-	sum.Write([]byte(name))
+	_, _ = sum.Write([]byte(name)) // a hash.Hash never fails to write
 	suffix := fmt.Sprintf("-%08x", sum.Sum32())
 	cut := strings.TrimRight(name[:maxName-len(kedaHPAPrefix)-len(suffix)], "-.")
 	return kedaHPAPrefix + cut + suffix
