@@ -375,30 +375,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	if observe {
 		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
 	}
-	cut := 0
-	for cut < len(st.peaks) && (in.At.Sub(st.peaks[cut].at) > hold || len(st.peaks)-cut > maxPeaks) {
-		cut++
-	}
-	st.peaks = st.peaks[cut:]
-	p.HeldPeak = p.Need
-	for _, pk := range st.peaks {
-		if pk.need >= p.HeldPeak {
-			p.HeldPeak, p.HeldUntil = pk.need, pk.at.Add(hold)
-		}
-	}
-	if p.HeldPeak <= p.Need {
-		p.HeldUntil = time.Time{} // no peak past the need now is held (this one's own was)
-	}
-	p.Replicas = ceil(p.Need)
-	if held := ceil(p.HeldPeak); held > p.Replicas {
-		p.Replicas = held
-		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time and its deviations %s, margin %s",
-			p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), (hold - cfg.HoldMargin - st.HoldExtra).Round(time.Second), cfg.HoldMargin)
-		if st.HoldExtra > 0 {
-			p.Reason += fmt.Sprintf(", after regrets %s", st.HoldExtra.Round(time.Second))
-		}
-		p.Reason += ")"
-	}
+	p.holdPeaks(&st, in.At, hold, cfg)
 	p.tolerate(cfg)
 	switch {
 	case p.Replicas >= p.Ready:
@@ -422,6 +399,35 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	p.LeadTime, p.Startups = st.lead(cfg), st.Startups
 	p.LeadTimeSeconds, p.HoldExtraSeconds = p.LeadTime.Seconds(), p.HoldExtra.Seconds()
 	return p, st, nil
+}
+
+// holdPeaks drops the peaks past the hold (or past maxPeaks) and sets p's
+// replicas: the need, or the largest need held, until its hold ends.
+func (p *Plan) holdPeaks(st *State, now time.Time, hold time.Duration, cfg Config) {
+	cut := 0
+	for cut < len(st.peaks) && (now.Sub(st.peaks[cut].at) > hold || len(st.peaks)-cut > maxPeaks) {
+		cut++
+	}
+	st.peaks = st.peaks[cut:]
+	p.HeldPeak = p.Need
+	for _, pk := range st.peaks {
+		if pk.need >= p.HeldPeak {
+			p.HeldPeak, p.HeldUntil = pk.need, pk.at.Add(hold)
+		}
+	}
+	if p.HeldPeak <= p.Need {
+		p.HeldUntil = time.Time{} // no peak past the need now is held (this one's own was)
+	}
+	p.Replicas = ceil(p.Need)
+	if held := ceil(p.HeldPeak); held > p.Replicas {
+		p.Replicas = held
+		p.Reason = fmt.Sprintf("holding a peak of %.2f replicas until %s (a hold of %s: lead time and its deviations %s, margin %s",
+			p.HeldPeak, p.HeldUntil.UTC().Format(time.RFC3339), hold.Round(time.Second), (hold - cfg.HoldMargin - st.HoldExtra).Round(time.Second), cfg.HoldMargin)
+		if st.HoldExtra > 0 {
+			p.Reason += fmt.Sprintf(", after regrets %s", st.HoldExtra.Round(time.Second))
+		}
+		p.Reason += ")"
+	}
 }
 
 // count sets p's ready, missing, refused, starting and stuck replicas
@@ -554,35 +560,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	p.plan(work, st, cfg)
 	switch {
 	case st.Capacity > 0:
-		// The backlog is drained by capacity that arrives no sooner than a
-		// replica starts: the backlog there will be then (the replicas
-		// already starting drain their part of it from when they are
-		// ready, so a queue growing while they load is not planned twice),
-		// drained over the lead time (at least the SLO: a replica that
-		// starts at once drains it within the SLO).
-		drain := max(st.lead(cfg), cfg.TTFT).Seconds()
-		var counted int
-		p.BacklogThen, counted = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg), st.stuckAfter())
-		p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
-		if p.Ready == 0 && counted > 0 {
-			// With no replica ready, the replicas starting that the
-			// backlog is projected to drain on are kept: a workload scaled
-			// from zero for requests held at its routers planned 0 once
-			// its replica was listed, releasing the capacity it counted
-			// on, and the requests waited on. (With replicas ready, the
-			// plan follows the work they serve; keeping every replica
-			// counted on cost 4 % more GPU-hours on the planner's report,
-			// at the same attainment.)
-			p.Need = max(p.Need, float64(counted))
-		}
-		p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
-		if p.Level > work/cfg.Utilisation {
-			p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s, rising %.0f/s a lead time), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
-				p.Work, p.Level, st.Surge, st.LevelSurge, st.Trend, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
-		}
-		if p.Ready > 0 {
-			p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
-		}
+		p.planLearned(fresh, in, st, cfg, work, arrived, growth, scale)
 	case queued > 0 && p.Ready == 0:
 		p.Need = 1
 		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready", queued)
@@ -599,6 +577,42 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
 	return arrived * workScale
+}
+
+// planLearned sets p's need and reason from the capacity learned: the
+// level planned for, and the backlog there will be when capacity asked for
+// now is ready, drained over a lead time; then each replica's queue
+// (drainEach).
+func (p *Plan) planLearned(fresh []*store.PodLoad, in Input, st *State, cfg Config, work, arrived, growth, scale float64) {
+	// The backlog is drained by capacity that arrives no sooner than a
+	// replica starts: the backlog there will be then (the replicas
+	// already starting drain their part of it from when they are
+	// ready, so a queue growing while they load is not planned twice),
+	// drained over the lead time (at least the SLO: a replica that
+	// starts at once drains it within the SLO).
+	drain := max(st.lead(cfg), cfg.TTFT).Seconds()
+	var counted int
+	p.BacklogThen, counted = projectBacklog(p.Backlog, growth*st.WorkPerRequest*scale, st.Capacity, in, st.lead(cfg), st.stuckAfter())
+	p.Need = p.Level/st.Capacity + p.BacklogThen/(st.Capacity*drain)
+	if p.Ready == 0 && counted > 0 {
+		// With no replica ready, the replicas starting that the
+		// backlog is projected to drain on are kept: a workload scaled
+		// from zero for requests held at its routers planned 0 once
+		// its replica was listed, releasing the capacity it counted
+		// on, and the requests waited on. (With replicas ready, the
+		// plan follows the work they serve; keeping every replica
+		// counted on cost 4 % more GPU-hours on the planner's report,
+		// at the same attainment.)
+		p.Need = max(p.Need, float64(counted))
+	}
+	p.Reason = fmt.Sprintf("work %.0f/s over %.0f/s per replica at utilisation %.2f, backlog %.0f (%.0f when capacity asked for now is ready)", p.Work, st.Capacity, cfg.Utilisation, p.Backlog, p.BacklogThen)
+	if p.Level > work/cfg.Utilisation {
+		p.Reason = fmt.Sprintf("work %.0f/s, planned for %.0f/s: it has moved %.0f/s within a lead time (its level %.0f/s, rising %.0f/s a lead time), up to %.0f/s; over %.0f/s per replica, backlog %.0f (%.0f when capacity asked for now is ready)",
+			p.Work, p.Level, st.Surge, st.LevelSurge, st.Trend, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
+	}
+	if p.Ready > 0 {
+		p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
+	}
 }
 
 // plan sets p's surges, trend, peak and the level of work it plans for:

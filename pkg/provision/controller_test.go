@@ -657,12 +657,24 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 	if o, _ := trimWorkload(tomb); o != tomb {
 		t.Errorf("a tombstone: %v", o)
 	}
+	// Through the informers: the workload's refusal names the annotation.
+	f := newFixture(t, workload(deployments, "Deployment", "llama", map[string]string{
+		"kubectl.kubernetes.io/last-applied-configuration": big, AnnotationAutoscale: "true", AnnotationMaxReplicas: strings.Repeat("9", 10<<10)}))
+	f.run()
+	f.waitState("Deployment", "llama", StateInvalid, AnnotationMaxReplicas+": a value longer than 256 bytes")
+}
+
+// TestTheCacheKeepsOfAScaledObjectWhatPulseReads: of pulse's ScaledObject
+// the cache keeps what the conflicts read and a hash of its spec; of
+// another's, what the conflicts read alone.
+func TestTheCacheKeepsOfAScaledObjectWhatPulseReads(t *testing.T) {
+	big := strings.Repeat("x", 200<<10)
 	// pulse's (its label): what the conflicts read, and a hash of its spec.
 	so := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "demo", Name: "llama", UID: "w"},
 		Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"deployment": "llama"}}, Target{ScalerAddress: "x:9090"})
 	so.SetAnnotations(map[string]string{"keep": "me"})
 	so.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "keda"}})
-	o, _ = trimScaledObject(so)
+	o, _ := trimScaledObject(so)
 	if u := o.(*unstructured.Unstructured); u.GetManagedFields() != nil || u.GetAnnotations() != nil || !OwnedBy(u, "w") || !Managed(u) ||
 		u.Object[specHashKey] != specHash(so.Object["spec"]) {
 		t.Errorf("pulse's ScaledObject in the cache: %v, want its identity, label, owner and spec's hash", u.Object)
@@ -680,12 +692,6 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		u.Object[specHashKey] != nil {
 		t.Errorf("another's ScaledObject in the cache: %v, want its metadata and scaleTargetRef alone", u.Object)
 	}
-
-	// Through the informers: the workload's refusal names the annotation.
-	f := newFixture(t, workload(deployments, "Deployment", "llama", map[string]string{
-		"kubectl.kubernetes.io/last-applied-configuration": big, AnnotationAutoscale: "true", AnnotationMaxReplicas: strings.Repeat("9", 10<<10)}))
-	f.run()
-	f.waitState("Deployment", "llama", StateInvalid, AnnotationMaxReplicas+": a value longer than 256 bytes")
 }
 
 // A workload being deleted (in the foreground, or waiting on a finalizer)
