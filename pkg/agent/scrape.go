@@ -125,6 +125,14 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSk
 	// A pod's page is read from the pod, never through a proxy the
 	// agent's environment names.
 	tr.Proxy = nil
+	// HTTP/1.1 alone: over HTTP/2 (an https pod), a pod's server may go on
+	// sending DATA frames on a stream whose response is complete, and Go's
+	// client drops them and returns their flow control, so the pod
+	// streamed into the agent (225 MiB a second) on a connection kept for
+	// the next scrape, outside every timeout, slot and --max-page-bytes.
+	// HTTP/1.1 closes a connection that sends what was not asked for.
+	tr.ForceAttemptHTTP2 = false
+	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes,
 		large: newTenantSlots(largeSlots, 1), parses: newParseSlots(runtime.GOMAXPROCS(0))}
 }
@@ -311,7 +319,10 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	case "gzip":
 		// Only a server that ignores Accept-Encoding: identity gets here
 		// (the transport inflates nothing for a request that sets it).
-		zr, err := gzip.NewReader(resp.Body)
+		// The compressed body is bounded too: one that inflates to
+		// nothing (empty deflate blocks, empty members) was read at the
+		// network's pace until the scrape's timeout, a CPU for each.
+		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
 		if err != nil {
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
 		}
@@ -331,7 +342,7 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	}()
 	first := min(s.maxBytes, smallPage)
 	if _, err := buf.ReadFrom(io.LimitReader(body, first+1)); err != nil {
-		return classify(ctx, url, err)
+		return classifyRead(ctx, url, err, s.maxBytes)
 	}
 	if int64(buf.Len()) > first && s.maxBytes > smallPage {
 		release, ok := s.large.take(ctx)
@@ -340,7 +351,7 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		}
 		defer release()
 		if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len()))); err != nil {
-			return classify(ctx, url, err)
+			return classifyRead(ctx, url, err, s.maxBytes)
 		}
 	}
 	if int64(buf.Len()) > s.maxBytes {
@@ -354,6 +365,36 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
+}
+
+// boundedBody reads at most n bytes of r, then fails with
+// errCompressedOver: a compressed page's bound.
+type boundedBody struct {
+	r io.Reader
+	n int64
+}
+
+var errCompressedOver = errors.New("compressed page over --max-page-bytes")
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, errCompressedOver
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	k, err := b.r.Read(p)
+	b.n -= int64(k)
+	return k, err
+}
+
+// classifyRead is classify for a failed read of the page: a compressed
+// page past its bound is too large, not a failure of the network.
+func classifyRead(ctx context.Context, url string, err error, maxBytes int64) error {
+	if errors.Is(err, errCompressedOver) {
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: compressed page is over %d bytes", url, maxBytes)}
+	}
+	return classify(ctx, url, err)
 }
 
 func classify(ctx context.Context, url string, err error) error {

@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/vllmsim"
+)
+
+// TestAnHTTPSPodIsReadOverHTTP1: over HTTP/2 (what Go's transport takes
+// for an https pod), a pod's server may go on sending DATA frames on a
+// stream whose response is complete; Go's client drops them and returns
+// their flow control, so a pod streamed into the agent (225 MiB a second,
+// on the connection kept for its next scrape) outside every timeout, slot
+// and --max-page-bytes. HTTP/1.1 closes a connection that sends what was
+// not asked for; a server that offers HTTP/2 is read over HTTP/1.1.
+func TestAnHTTPSPodIsReadOverHTTP1(t *testing.T) {
+	page := vllmsim.New(vllmsim.Options{}).Page(false)
+	var proto atomic.Value
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proto.Store(r.Proto)
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write(page)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	ex := newScraper(t, 1<<20).extractor
+	sc := newHTTPScraper(ex, 1<<20, 4, true) // --https-insecure-skip-verify
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := sc.Scrape(ctx, srv.URL+"/metrics", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := proto.Load(); got != "HTTP/1.1" {
+		t.Fatalf("an https pod offering HTTP/2 was read over %v", got)
+	}
+}
+
+// TestAGzipPageOfNothingIsBounded: --max-page-bytes bounds the page as
+// inflated and, now, as sent: a gzip body that inflates to nothing (empty
+// stored deflate blocks, for ever) was read at the network's pace until the
+// scrape's timeout, a CPU for each such pod, and reported as a timeout.
+func TestAGzipPageOfNothingIsBounded(t *testing.T) {
+	var written atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Encoding", "gzip")
+		hdr := []byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff} // a gzip header, then empty stored blocks
+		n, _ := w.Write(hdr)
+		written.Add(int64(n))
+		block := []byte{0x00, 0x00, 0x00, 0xff, 0xff} // BFINAL=0, stored, LEN=0
+		chunk := make([]byte, 0, 64<<10)
+		for len(chunk)+len(block) <= cap(chunk) {
+			chunk = append(chunk, block...)
+		}
+		for r.Context().Err() == nil {
+			n, err := w.Write(chunk)
+			written.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := newScraper(t, 1<<20).Scrape(ctx, srv.URL+"/metrics", nil, nil)
+	var se *ScrapeError
+	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TOO_LARGE {
+		t.Fatalf("a page that inflates to nothing, sent without end: %v (the server wrote %d MiB), want it too large", err, written.Load()>>20)
+	}
+}
