@@ -622,10 +622,11 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	ln, err := net.Listen("tcp", a.opts.HTTPAddr)
+	raw, err := net.Listen("tcp", a.opts.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
 	}
+	ln := newBoundedListener(raw, maxHTTPConns, maxHTTPConnsPerIP)
 	// Bounded as the aggregator's: a slow or idle client holds nothing
 	// for long.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,

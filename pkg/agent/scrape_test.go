@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -75,5 +78,71 @@ func TestAGzipPageOfNothingIsBounded(t *testing.T) {
 	var se *ScrapeError
 	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TOO_LARGE {
 		t.Fatalf("a page that inflates to nothing, sent without end: %v (the server wrote %d MiB), want it too large", err, written.Load()>>20)
+	}
+}
+
+// TestTheAgentsHTTPPortHoldsBoundedConnections: the agent's /metrics,
+// /livez and /readyz port (reachable from any pod: the chart has no
+// NetworkPolicy for it) held every connection for up to its IdleTimeout,
+// 19 KiB each: one pod opening thousands took the agent past its 128Mi
+// limit. It holds at most maxHTTPConnsPerIP from one address, and the
+// kubelet's probe, from another, still gets its answer.
+func TestTheAgentsHTTPPortHoldsBoundedConnections(t *testing.T) {
+	a := newIdleAgent(t)
+	a.opts.HTTPAddr = "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.serveHTTP(ctx) }()
+	for a.HTTPAddr() == "" {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	accepted := 0
+	for range 200 {
+		c, err := net.Dial("tcp", a.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: agent\r\n\r\n"); err != nil {
+			continue
+		}
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			_ = resp.Body.Close()
+			accepted++ // held open after its answer (keep-alive)
+		}
+	}
+	if accepted == 0 || accepted > maxHTTPConnsPerIP {
+		t.Fatalf("one address's 200 connections: %d held, want 1 to %d", accepted, maxHTTPConnsPerIP)
+	}
+	// The probe, from another address.
+	probe := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+	resp, err := probe.Get("http://" + a.HTTPAddr() + "/livez")
+	if err != nil {
+		t.Fatalf("the probe beside a flood: %v", err)
+	}
+	_ = resp.Body.Close()
+	// The flood gone, its address is served again.
+	for _, c := range held {
+		_ = c.Close()
+	}
+	held = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get("http://" + a.HTTPAddr() + "/livez")
+		if err == nil {
+			_ = resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the flood closed, its address is still refused: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
