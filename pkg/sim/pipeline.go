@@ -121,6 +121,9 @@ type pulsePipe struct {
 	srv     *scaler.Server
 	base    time.Time
 	scraped map[*rep]bool
+	// pushed: what KEDA's StreamIsActive stream last sent (pushed), if
+	// it sent anything (sent).
+	pushed, sent bool
 }
 
 func newPulse(cfg *Config) Pipeline {
@@ -136,13 +139,26 @@ func (p *pulsePipe) Attach(w *world) {
 	if p.cfg.DemandSource {
 		p.scrapeGateway(w)
 	}
-	if p.cfg.trigger.Metric == scaler.MetricReplicas {
-		// The planner learns at each evaluation (at most an observation
-		// every 5 s; peaks at every one): in a cluster KEDA's open
-		// StreamIsActive stream has it evaluated at each batch of samples,
-		// about once a second, besides the HPA's syncs and KEDA's polls.
-		w.every(sampleDelay+time.Second/2, time.Second, func() { _, _ = p.srv.Evaluate(p.cfg.trigger) })
+	// KEDA's open StreamIsActive stream has the trigger evaluated at each
+	// batch of samples, about once a second, besides the HPA's syncs and
+	// KEDA's polls (the planner learns at each evaluation: at most an
+	// observation every 5 s, peaks at every one), and sends each change of
+	// its state, true or false, which KEDA takes at once as a poll's
+	// answer (RequestScale): a turn to active refreshes its lastActiveTime,
+	// a turn to inactive checks the cooldown. Only a turn to active at zero
+	// replicas was modelled: queue bursts between two polls were not
+	// activity, and a workload that may go to zero cycled through it more.
+	w.every(sampleDelay+time.Second/2, time.Second, func() { p.push(w) })
+}
+
+// push is one evaluation of KEDA's stream: its state sent if it changed.
+func (p *pulsePipe) push(w *world) {
+	d, err := p.srv.Evaluate(p.cfg.trigger)
+	if err != nil || p.sent && d.Active == p.pushed {
+		return // pulse sends nothing on an error, nor the same state again
 	}
+	p.pushed, p.sent = d.Active, true
+	w.kedaScale(d.Active, false)
 }
 
 // scrapeGateway is the agent scraping the gateway as a demand source: every
@@ -163,9 +179,7 @@ func (p *pulsePipe) scrapeGateway(w *world) {
 		w.at(w.now+sampleDelay, func() {
 			p.st.Add([]store.Report{rep})
 			if w.spec == 0 {
-				if d, err := p.srv.Evaluate(p.cfg.trigger); err == nil && d.Active {
-					w.Push()
-				}
+				p.push(w) // the batch that carries demand at zero: evaluated at once
 			}
 		})
 		if next := w.now + iv; next <= w.cfg.horizon {

@@ -256,3 +256,45 @@ func TestKEDAFallback(t *testing.T) {
 		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failed sync", res.Series.Replicas, at, res.MetricErrors)
 	}
 }
+
+// TestPulsesStreamIsKEDAsAtOnce: pulse's StreamIsActive sends every change
+// of its state, true and false (pkg/scaler/push.go), and KEDA takes each
+// at once as a poll's answer: a turn to active at replicas > 0 refreshes
+// its lastActiveTime within the next batch, not at its next poll (30 s
+// here). pulse-sim pushed only a turn to active at zero replicas, so a
+// burst between two polls was no activity, and a workload that may go to
+// zero cycled through it more.
+func TestPulsesStreamIsKEDAsAtOnce(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  cooldownPeriod: 300\n  initialCooldownPeriod: 3600\n  pollingInterval: 30",
+		"maxReplicaCount: 10", "maxReplicaCount: 1")
+	c := Config{Trace: load(t, "bursts:base=0.5,peak=40,on=15s,off=105s,duration=20m,prompt=2000,output=100", 1), ScaledObject: so,
+		Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}, InitialReplicas: 1}
+	if err := c.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	pp := newPulse(&c).(*pulsePipe)
+	w := newWorld(&c, pp)
+	var was bool
+	var missed, turns int
+	w.every(1500*time.Millisecond, time.Second, func() {
+		d, err := pp.srv.Evaluate(c.trigger)
+		now := err == nil && d.Active
+		if now && !was && w.spec > 0 {
+			turns++
+			at := w.now
+			w.at(at+2*time.Second, func() { // the stream's next evaluation has come
+				if w.lastAct < at-time.Second {
+					missed++
+				}
+			})
+		}
+		was = now
+	})
+	w.run()
+	if turns == 0 {
+		t.Fatal("pulse never turned active")
+	}
+	if missed > 0 {
+		t.Fatalf("pulse turned active %d times at replicas > 0; KEDA's lastActiveTime was not refreshed for %d of them (polled every 30 s)", turns, missed)
+	}
+}
