@@ -49,14 +49,25 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		m.ReturnToVTPool()
 		return err
 	}
-	r.msg = m
+	r.msg, r.pool = m, buf.Len() <= maxPooledMessage
 	return nil
 }
+
+// maxPooledMessage: a message decoded from more bytes than this is not
+// given back to the pool. The pool keeps a message's columns and
+// sub-messages at their capacity: one 4 MiB batch of 2-byte empty entries
+// (85 bytes each decoded) held 165 MB in the pool that every stream
+// shares, handed out again under steady traffic and so never collected.
+// An agent's batch of 1,024 pods (its bound) is about 46 KB.
+const maxPooledMessage = 64 << 10
 
 // received is what a stream's RecvMsg decodes into: with Codec, a pooled
 // message, to be released once handled; with gRPC's own codec (a server
 // without Codec: tests), a new message as gRPC decodes it.
-type received struct{ msg *pulsev1.AgentMessage }
+type received struct {
+	msg  *pulsev1.AgentMessage
+	pool bool // given back to the pool once handled
+}
 
 // ProtoReflect makes a received a protobuf message for gRPC's own codec,
 // which decodes into a new message.
@@ -72,8 +83,8 @@ func (r *received) ProtoReflect() protoreflect.Message {
 // a batch, extra values and histogram bounds, are arrays of sub-messages,
 // which the pool resets but does not reuse.)
 func (r *received) release() {
-	if r.msg != nil {
+	if r.msg != nil && r.pool {
 		r.msg.ReturnToVTPool()
-		r.msg = nil
 	}
+	r.msg, r.pool = nil, false
 }

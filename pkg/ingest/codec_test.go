@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -166,4 +167,44 @@ func TestReleasedBatchLeavesWhatTheDecoderKept(t *testing.T) {
 	if kept[0] != 1 || kept[2] != 4 || extra[0] != 7 {
 		t.Fatalf("after the next batch: bounds %v, extra %v; want [1 2 4] and [7]", kept, extra)
 	}
+}
+
+// TestALargeMessageGoesBackToNoPool: a message decoded from more than
+// maxPooledMessage bytes is not given back to the pool every stream
+// shares, which keeps a message's columns and sub-messages at their
+// capacity: one 4 MiB batch of 2-byte empty entries (85 bytes each
+// decoded) held 165 MB there, handed out again under steady traffic and
+// so never collected.
+func TestALargeMessageGoesBackToNoPool(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
+	c := Codec()
+	hostile := &pulsev1.SampleBatch{Seq: 1}
+	for range 100_000 {
+		hostile.Missing = append(hostile.Missing, &pulsev1.MissingSample{})
+	}
+	big, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: hostile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 2,
+		Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{2}, Values: []int64{3}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if big.Len() <= maxPooledMessage || small.Len() > maxPooledMessage {
+		t.Fatalf("messages of %d and %d bytes", big.Len(), small.Len())
+	}
+	var r received
+	if err := c.Unmarshal(big, &r); err != nil {
+		t.Fatal(err)
+	}
+	large := r.msg
+	r.release()
+	if err := c.Unmarshal(small, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.msg == large {
+		t.Fatalf("a message of %d bytes went back to the pool: the next one decoded into it, its %d entries held", big.Len(), cap(large.GetBatch().GetMissing()))
+	}
+	r.release()
 }

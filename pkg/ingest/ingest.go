@@ -437,6 +437,12 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 // pods once cost 2,000 GETs first).
 func (st *streamState) checkSize(c *pulsev1.Catalogue) error {
 	limit := st.srv.limits.MaxPodsPerStream
+	// Entries, whatever they name: one held pod listed 60,000 times
+	// counted as none new, and each copy was looked up and upserted under
+	// the store's lock (61 ms a catalogue, every reader waiting).
+	if len(c.Upsert) > 2*limit {
+		return fmt.Errorf("catalogue has %d entries; at most %d per agent, and as many again refused", len(c.Upsert), limit)
+	}
 	n := len(st.ids) + len(st.rejected)
 	for _, p := range c.Upsert {
 		if _, ok := st.ids[p.Id]; !ok && !st.rejected[p.Id] {
@@ -513,6 +519,9 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 		if held[info.UID] {
 			st.pending[ids[i]] = info
 			st.srv.m.rejected.WithLabelValues("store_full").Inc()
+			if !st.logAllowed() { // listed again at each batch: bounded as every refusal
+				continue
+			}
 			st.log.Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent; it is listed again until there is room (raise the cap)",
 				logging.KeyPod, info.Namespace+"/"+info.Name)
 		}

@@ -651,3 +651,39 @@ func TestSamplesOfARefusedEntryAreNotCountedAgain(t *testing.T) {
 		t.Fatalf("rejected invalid_entry = %v, unknown_pod = %v after three batches: want 1 and 0", invalid, unknown)
 	}
 }
+
+// TestACatalogueRepeatingAHeldEntryIsBounded: a catalogue's entries are
+// bounded whatever they name (twice the stream's limit): one held pod
+// listed 60,000 times counted as no new pod, and each copy was looked up
+// and upserted under the store's lock (61 ms a catalogue, every reader
+// waiting). Such a catalogue ends the stream, as one of too many pods does.
+func TestACatalogueRepeatingAHeldEntryIsBounded(t *testing.T) {
+	f := newFixture(t) // at most 3 pods a stream
+	dup := &pulsev1.Catalogue{}
+	for range 7 {
+		dup.Upsert = append(dup.Upsert, pod(1, "mine"))
+	}
+	err := f.run(t, hello(), catalogue(pod(1, "mine")), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: dup}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "7 entries") {
+		t.Fatalf("a catalogue of 7 copies of one held pod (limit 3): %v, want the stream ended", err)
+	}
+}
+
+// TestPodsWaitingForRoomAreLoggedBounded: an entry the store refuses for
+// room is listed again at each batch; its warning is bounded as every
+// refusal's (ten a minute a stream), where it was logged each time, as
+// fast as an agent sends.
+func TestPodsWaitingForRoomAreLoggedBounded(t *testing.T) {
+	f := newFixtureStore(t, nil, store.Options{MaxPods: 1})
+	msgs := []*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"))}
+	for range 500 {
+		msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{
+			Upsert: []*pulsev1.Pod{pod(2, "b"), pod(3, "c")}}}})
+	}
+	if err := f.run(t, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(f.logs.String(), "pod not held"); n == 0 || n > 10 {
+		t.Fatalf("%d warnings of pods waiting for room from one stream, want 1 to 10", n)
+	}
+}
