@@ -704,3 +704,62 @@ func TestARefusedHeldEntryKeepsTheDecoderInStep(t *testing.T) {
 		t.Fatalf("store = %+v (pods %+v): want the second pod's second sample (8), the refused pod gone", v, v[0].Pods)
 	}
 }
+
+// TestANodeCannotKeepAnotherTenantsDeletedPod: a stream's first catalogue
+// is taken as full. The store's listing of a node outlived its streams, so
+// a node (its token compromised) that reconnected with a delta and stayed
+// connected kept every pod its earlier streams had listed: another
+// tenant's deleted pod held that namespace's room for ever, and its new
+// replica on an honest node waited.
+func TestANodeCannotKeepAnotherTenantsDeletedPod(t *testing.T) {
+	c, bg := fakeAPI(), context.Background()
+	mk := func(name, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "victim", UID: types.UID("uid-" + name),
+			Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: node}}
+	}
+	entry := func(name string) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: 1, Uid: "uid-" + name, Namespace: "victim", Name: name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	}
+	if _, err := c.CoreV1().Pods("victim").Create(bg, mk("old", "node-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureStore(t, runningReviewer(t, c), store.Options{MaxPods: 10, MaxPodsPerNamespace: 1})
+	pods := func() []string {
+		var out []string
+		for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+			for _, p := range w.Pods {
+				out = append(out, w.Namespace+"/"+p.Name)
+			}
+		}
+		return out
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entry("old"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CoreV1().Pods("victim").Delete(bg, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(bg, "authorization", "Bearer token-node-1"), 20*time.Second)
+	defer cancel()
+	s := f.openStream(ctx, t, "node-1") // reconnects with an empty delta, and stays
+	if err := s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{}}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(pods()) != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-1's new stream listed nothing, and the store holds %v", pods())
+		}
+	}
+	if _, err := c.CoreV1().Pods("victim").Create(bg, mk("new", "node-2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h2 := hello()
+	h2.GetHello().Node = "node-2"
+	if err := f.runAs(t, "token-node-2", h2, catalogue(entry("new"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := pods(); len(got) != 1 || got[0] != "victim/new" {
+		t.Fatalf("pods held %v; want victim/new alone", got)
+	}
+}
