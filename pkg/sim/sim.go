@@ -87,8 +87,11 @@ type Config struct {
 	// scaler.DefaultMaxWindow).
 	MaxWindow time.Duration
 	// Warmup: the *AfterWarmup scores count requests arriving at or after
-	// it and replica-hours from it (default 10 minutes; -1: none).
-	Warmup time.Duration
+	// it and replica-hours from it (default 10 minutes, none for a trace
+	// whose last request arrives within them; -1: none). One set at or
+	// past the last arrival is refused.
+	Warmup        time.Duration
+	warmupDefault bool // Warmup was 0, and is the default
 	// ClientTimeout: a request whose first token has not come this long
 	// after its arrival is abandoned by its client (taken off the gateway or
 	// its replica) and counted a miss; 0: clients wait for ever.
@@ -136,7 +139,7 @@ func (c *Config) Defaults() {
 		c.SampleEvery = 10 * time.Second
 	}
 	if c.Warmup == 0 {
-		c.Warmup = DefaultWarmup
+		c.Warmup, c.warmupDefault = DefaultWarmup, true
 	}
 	if c.MaxWindow == 0 {
 		c.MaxWindow = scaler.DefaultMaxWindow
@@ -183,8 +186,15 @@ func (c *Config) prepare() error {
 		return errors.Join(errs...)
 	}
 	c.horizon = c.Trace[len(c.Trace)-1].At + c.Drain
-	if c.Warmup >= c.horizon {
-		return fmt.Errorf("the warm-up (%s) leaves nothing of the run (%s) to score", c.Warmup, c.horizon)
+	// Scoring after the warm-up stops at the last arrival (the drain
+	// scores nothing): a warm-up past it left every pipeline and fixed
+	// fleet at 0 % for 0 GPU-hours, the frontiers at one point.
+	switch last := c.Trace[len(c.Trace)-1].At; {
+	case c.Warmup < last:
+	case !c.warmupDefault:
+		return fmt.Errorf("the warm-up (%s) leaves nothing of the trace (its last request arrives at %s) to score: shorten it (--warmup) or use a longer trace", c.Warmup, last)
+	default:
+		c.Warmup = -1 // a trace shorter than the default warm-up is scored whole
 	}
 	c.initialReplicas = c.InitialReplicas
 	if c.initialReplicas == 0 {

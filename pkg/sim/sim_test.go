@@ -298,3 +298,23 @@ func TestPulsesStreamIsKEDAsAtOnce(t *testing.T) {
 		t.Fatalf("pulse turned active %d times at replicas > 0; KEDA's lastActiveTime was not refreshed for %d of them (polled every 30 s)", turns, missed)
 	}
 }
+
+// TestAWarmupPastTheLastArrival: scoring after the warm-up stops at the
+// last arrival, so a warm-up past it left every pipeline and fixed fleet
+// at 0 % for 0 GPU-hours, the frontiers at one point, silently. One asked
+// for is refused; the default (10 minutes) scores a shorter trace whole.
+func TestAWarmupPastTheLastArrival(t *testing.T) {
+	c := Config{Trace: load(t, "poisson:rate=2,duration=5m,prompt=500,output=100", 1), ScaledObject: seedSO(t), Profile: profile(t),
+		Seed: 1, Pipelines: []string{"static:2"}, Warmup: 6 * time.Minute}
+	if _, err := Run(c); err == nil || !strings.Contains(err.Error(), "leaves nothing of the trace") {
+		t.Fatalf("a warm-up of 6m on a 5-minute trace: %v, want it refused", err)
+	}
+	c.Warmup = 0
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Pipelines[0]; r.Config.WarmupSeconds != 0 || p.SLOAfterWarmup != p.SLOAttainment || p.SLOAfterWarmup == 0 {
+		t.Fatalf("the default warm-up on a 5-minute trace: warm-up %gs, %v after it of %v", r.Config.WarmupSeconds, p.SLOAfterWarmup, p.SLOAttainment)
+	}
+}

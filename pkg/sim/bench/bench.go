@@ -216,7 +216,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		}
 		pipes = append(pipes, References(so, s.Clairvoyant)...)
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
-			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.Warmup.Duration, ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer}
+			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer}
 		if s.HPAConfigurableTolerance != nil {
 			cfg.HPA = hpa.DefaultOptions()
 			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance
@@ -435,4 +435,13 @@ func meanSE(v []float64) (float64, float64) {
 		ss += (x - m) * (x - m)
 	}
 	return m, math.Sqrt(ss/(n-1)) / math.Sqrt(n)
+}
+
+// warmup is the suite's warm-up as a run takes it: 0, the default (none
+// for a trace shorter than it), when the suite names none.
+func (s *Suite) warmup() time.Duration {
+	if s.warmupDefault {
+		return 0
+	}
+	return s.Warmup.Duration
 }

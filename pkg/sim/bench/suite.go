@@ -40,6 +40,7 @@ type Suite struct {
 	// The run's settings, as pulse-sim run's flags.
 	TTFTSLO       replica.Duration `json:"ttftSlo"`
 	Warmup        replica.Duration `json:"warmup"`
+	warmupDefault bool             // warmup was 0: the default, none for a trace shorter than it
 	ClientTimeout replica.Duration `json:"clientTimeout"`
 	Balancer      string           `json:"balancer"`
 	// Copies: how rateScale copies requests (default: 30 s jitter,
@@ -138,7 +139,7 @@ func (s *Suite) complete() error {
 		s.TTFTSLO.Duration = 2 * time.Second
 	}
 	if s.Warmup.Duration == 0 {
-		s.Warmup.Duration = sim.DefaultWarmup
+		s.Warmup.Duration, s.warmupDefault = sim.DefaultWarmup, true
 	}
 	if s.CopyJitter.Duration == 0 {
 		s.CopyJitter.Duration = DefaultCopyJitter

@@ -44,6 +44,7 @@ type Options struct {
 	PromInterval    time.Duration
 	InitialReplicas int
 	Warmup          time.Duration
+	warmupSet       bool // --warmup was given (else a trace shorter than the default is scored whole)
 	CopyJitter      time.Duration
 	CopyLengths     string
 	ClientTimeout   time.Duration
@@ -170,7 +171,10 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
 		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
 		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
-	if o.Warmup == 0 {
+	switch {
+	case !o.warmupSet:
+		c.Warmup = 0 // the default: none for a trace shorter than it
+	case o.Warmup == 0:
 		c.Warmup = -1 // --warmup 0: none
 	}
 	c.Defaults()
@@ -247,6 +251,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 // parse parses args; --help prints every flag, a bad flag only the error
 // and where help is.
+// noteWarmup records whether --warmup was given.
+func (o *Options) noteWarmup(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { o.warmupSet = o.warmupSet || f.Name == "warmup" })
+}
+
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -274,6 +283,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
+	o.noteWarmup(fs)
 	if err := o.Validate(); err != nil {
 		return err
 	}

@@ -144,6 +144,7 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
+	o.noteWarmup(fs)
 	var errs []error
 	if *suite != "" {
 		fs.Visit(func(f *flag.Flag) {
