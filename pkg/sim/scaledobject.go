@@ -98,6 +98,10 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	if t := so.PulseTrigger(); t != nil && t.MetricType != "" && t.MetricType != "AverageValue" && t.MetricType != "Value" {
 		errs = append(errs, fmt.Errorf("trigger metricType %q: AverageValue or Value", t.MetricType))
 	}
+	if b := so.Behavior(); b != nil {
+		errs = append(errs, behaviorErrors("scaleUp", b.ScaleUp)...)
+		errs = append(errs, behaviorErrors("scaleDown", b.ScaleDown)...)
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ScaledObject %s: %w", so.Metadata.Name, errors.Join(errs...))
 	}
@@ -150,4 +154,40 @@ func (so *ScaledObject) Behavior() *autoscalingv2.HorizontalPodAutoscalerBehavio
 		return a.HorizontalPodAutoscalerConfig.Behavior
 	}
 	return nil
+}
+
+// behaviorErrors is what the API server refuses of an HPA's scaling rules
+// (autoscaling/v2 validation), which KEDA could not create: such a
+// behavior was simulated all the same (a policy of type "pods" proposed 0:
+// the HPA never scaled up, and down without limit).
+func behaviorErrors(dir string, r *autoscalingv2.HPAScalingRules) []error {
+	if r == nil {
+		return nil
+	}
+	var errs []error
+	if w := r.StabilizationWindowSeconds; w != nil && (*w < 0 || *w > 3600) {
+		errs = append(errs, fmt.Errorf("behavior.%s.stabilizationWindowSeconds %d: want 0 to 3600", dir, *w))
+	}
+	if sp := r.SelectPolicy; sp != nil {
+		switch *sp {
+		case autoscalingv2.MaxChangePolicySelect, autoscalingv2.MinChangePolicySelect, autoscalingv2.DisabledPolicySelect:
+		default:
+			errs = append(errs, fmt.Errorf("behavior.%s.selectPolicy %q: Max, Min or Disabled", dir, *sp))
+		}
+	}
+	for i, p := range r.Policies {
+		if p.Type != autoscalingv2.PodsScalingPolicy && p.Type != autoscalingv2.PercentScalingPolicy {
+			errs = append(errs, fmt.Errorf("behavior.%s.policies[%d].type %q: Pods or Percent", dir, i, p.Type))
+		}
+		if p.Value <= 0 {
+			errs = append(errs, fmt.Errorf("behavior.%s.policies[%d].value %d: want above 0", dir, i, p.Value))
+		}
+		if p.PeriodSeconds <= 0 || p.PeriodSeconds > 1800 {
+			errs = append(errs, fmt.Errorf("behavior.%s.policies[%d].periodSeconds %d: want 1 to 1800", dir, i, p.PeriodSeconds))
+		}
+	}
+	if tol := r.Tolerance; tol != nil && tol.Sign() < 0 {
+		errs = append(errs, fmt.Errorf("behavior.%s.tolerance %s: want 0 or more", dir, tol))
+	}
+	return errs
 }

@@ -318,3 +318,33 @@ func TestAWarmupPastTheLastArrival(t *testing.T) {
 		t.Fatalf("the default warm-up on a 5-minute trace: warm-up %gs, %v after it of %v", r.Config.WarmupSeconds, p.SLOAfterWarmup, p.SLOAttainment)
 	}
 }
+
+// TestABehaviorTheAPIServerRefusesIsRefused: the API server validates an
+// HPA's behavior (policy type Pods or Percent, value above 0, periodSeconds
+// 1 to 1800, stabilizationWindowSeconds 0 to 3600, selectPolicy Max, Min
+// or Disabled), so KEDA cannot create such an HPA; pulse-sim simulated it
+// (a policy of type "pods" proposed 0: the HPA never scaled up).
+func TestABehaviorTheAPIServerRefusesIsRefused(t *testing.T) {
+	raw, err := os.ReadFile("testdata/baseline-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := string(raw)
+	if _, err := ParseScaledObject(raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, edit := range [][2]string{
+		{"- type: Pods\n            value: 1\n            periodSeconds: 300", "- type: pods\n            value: 1\n            periodSeconds: 300"},
+		{"periodSeconds: 300", "periodSeconds: 0"},
+		{"periodSeconds: 600", "periodSeconds: 7200"},
+		{"stabilizationWindowSeconds: 30", "stabilizationWindowSeconds: -30"},
+		{"selectPolicy: Max\n        scaleDown", "selectPolicy: Maximum\n        scaleDown"},
+	} {
+		if !strings.Contains(y, edit[0]) {
+			t.Fatalf("the baseline has no %q", edit[0])
+		}
+		if _, err := ParseScaledObject([]byte(strings.Replace(y, edit[0], edit[1], 1))); err == nil {
+			t.Errorf("accepted %q", strings.ReplaceAll(edit[1], "\n", " "))
+		}
+	}
+}
