@@ -270,8 +270,11 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 	if len(g.errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", name, errors.Join(g.errs...))
 	}
-	// A non-homogeneous Poisson process, by thinning at the peak rate.
-	peak := 0.0
+	// A non-homogeneous Poisson process, by thinning at the peak rate:
+	// the most the rate is at a whole second, or a stepped generator's
+	// highest level, which a step or burst shorter than a second may hold
+	// between two (bursts of 500 ms were generated at the base rate).
+	peak := g.ceiling
 	for t := time.Duration(0); t < dur; t += time.Second {
 		peak = math.Max(peak, rate(t))
 	}
@@ -323,6 +326,7 @@ func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.D
 		}
 		dur = step * time.Duration(len(levels))
 		rate = func(t time.Duration) float64 { return levels[min(int(t/step), len(levels)-1)] }
+		g.ceiling = slices.Max(levels)
 	case "bursts":
 		base, peak := g.float("base", -1), g.float("peak", -1)
 		on, off := g.dur("on", 2*time.Minute), g.dur("off", 8*time.Minute)
@@ -333,6 +337,7 @@ func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.D
 			}
 			return base
 		}
+		g.ceiling = max(base, peak)
 	case "ramp":
 		from, to := g.float("from", -1), g.float("to", -1)
 		dur = g.dur("duration", time.Hour)
@@ -363,6 +368,8 @@ type gen struct {
 	used map[string]bool
 	rng  *rand.Rand
 	errs []error
+	// ceiling: a stepped generator's highest rate (shape's), 0 for others
+	ceiling float64
 }
 
 func (g *gen) str(k, def string) string {

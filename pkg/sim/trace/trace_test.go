@@ -320,3 +320,25 @@ func TestJitteredCopiesAreNotPiledAtTheEnds(t *testing.T) {
 		t.Fatalf("%d requests at the span's first or last instant, want the two originals", atEnds)
 	}
 }
+
+// TestBurstsShorterThanASecond: the thinning's peak was the rate at whole
+// seconds, and an "on" phase that holds no whole second was never seen:
+// bursts of 500 ms were generated at the base rate. Steps shorter than a
+// second the same.
+func TestBurstsShorterThanASecond(t *testing.T) {
+	reqs, err := Generate("bursts", "base=1,peak=20,on=500ms,off=1500ms,duration=10m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A quarter of the time at 20, the rest at 1: 5.75 a second.
+	if got := float64(len(reqs)) / 600; got < 5.2 || got > 6.3 {
+		t.Fatalf("%.2f requests a second, want about 5.75", got)
+	}
+	steps, err := Generate("steps", "rates=1/20,step=500ms", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) < 3 {
+		t.Fatalf("steps of 500 ms at 1 and 20 a second: %d requests, want about 10", len(steps))
+	}
+}
