@@ -146,11 +146,17 @@ func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, u
 		var g PodGPU
 		var util, mem float64
 		nu, nm := 0, 0
+		// A GPU of the pod that was not read (its handle or UUID failed:
+		// a GPU lost, an Xid), or whose utilization or memory was not,
+		// leaves the pod with no such value: the mean of the others was
+		// sent as the whole pod's, and could drive a scale-down.
+		utilOK, memOK := true, true
 		seen := map[string]bool{}
 		for _, raw := range ids {
 			uuid := devs.uuidOf(raw)
 			if uuid == "" {
 				unknown = append(unknown, raw)
+				utilOK, memOK = false, false
 				continue
 			}
 			if seen[uuid] || len(namespaces[uuid]) > 1 {
@@ -161,16 +167,20 @@ func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, u
 			if d.HasUtilization {
 				util += d.Utilization
 				nu++
+			} else {
+				utilOK = false
 			}
 			if d.MemTotal > 0 {
 				mem += float64(d.MemUsed) / float64(d.MemTotal)
 				nm++
+			} else {
+				memOK = false
 			}
 		}
-		if nu > 0 {
+		if nu > 0 && utilOK {
 			g.Utilization, g.HasUtilization = util/float64(nu), true
 		}
-		if nm > 0 {
+		if nm > 0 && memOK {
 			g.Memory, g.HasMemory = mem/float64(nm), true
 		}
 		if nu > 0 || nm > 0 {

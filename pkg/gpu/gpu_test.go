@@ -389,3 +389,28 @@ func TestADriverThatGoesAwayIsOpenedAgain(t *testing.T) {
 		t.Fatalf("%d shutdowns, want 2 (one when lost, one at Close)", shutdowns)
 	}
 }
+
+// TestAPodWithAGPUNotReadHasNoValueOfTheOthers: a pod on two GPUs one of
+// which was not read (its handle or UUID failed, a GPU lost), or whose
+// utilization read failed, has no utilization: the other's alone was sent
+// as the pod's, and could drive a scale-down (the agent's warning and
+// pulse_agent_nvml_errors_total's help say its pods then have none).
+func TestAPodWithAGPUNotReadHasNoValueOfTheOthers(t *testing.T) {
+	read := Device{UUID: "GPU-a", Utilization: 0.2, HasUtilization: true, MemUsed: 1, MemTotal: 4}
+	devs := Devices{ByUUID: map[string]Device{"GPU-a": read}, ByIndex: map[string]string{}, ByMinor: map[string]string{}}
+	got, unknown := Attribute(devs, map[string][]string{"ns/lost": {"GPU-a", "GPU-b"}, "ns/whole": {"GPU-a"}})
+	if g := got["ns/lost"]; g.HasUtilization || g.HasMemory {
+		t.Errorf("a pod one of whose GPUs was not read: %+v, want no value", g)
+	}
+	if g := got["ns/whole"]; !g.HasUtilization || g.Utilization != 0.2 || !g.HasMemory {
+		t.Errorf("a pod whose GPU was read: %+v", g)
+	}
+	if len(unknown) != 1 || unknown[0] != "GPU-b" {
+		t.Errorf("unknown %v, want GPU-b", unknown)
+	}
+	devs.ByUUID["GPU-b"] = Device{UUID: "GPU-b", MemUsed: 2, MemTotal: 4} // its utilization read failed
+	got, _ = Attribute(devs, map[string][]string{"ns/half": {"GPU-a", "GPU-b"}})
+	if g := got["ns/half"]; g.HasUtilization || !g.HasMemory || g.Memory != 0.375 {
+		t.Errorf("a pod one of whose GPUs' utilization was not read: %+v, want its memory alone", g)
+	}
+}
