@@ -562,9 +562,9 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 			}
 			failing = false
 			if len(ambiguous) > 0 {
-				a.log.Debug("pods the kubelet lists twice under one name (one replacing the other): no GPU value until one is gone", logging.KeyPod, ambiguous)
+				a.log.Debug("pods the kubelet lists twice under one name (one replacing the other): no GPU value until one is gone", logging.KeyPod, slices.Sorted(maps.Keys(ambiguous)))
 			}
-			byPod, unknown := gpu.Attribute(devs, pods)
+			byPod, unknown := gpu.Attribute(devs, pods, ambiguous)
 			if len(unknown) > 0 {
 				a.m.unknownDevices.Add(float64(len(unknown)))
 				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)

@@ -44,37 +44,40 @@ func IsGPUResource(name string) bool {
 	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-")
 }
 
-// List returns each pod's GPU device IDs, by "namespace/name", and the
-// pods left out because the kubelet listed two pods of that name: the
-// pod-resources API names a pod, not its uid, and a pod recreated under
-// its name (a StatefulSet's) can be listed beside the one it replaces
-// while that one ends. Their devices were merged, and the new pod read
-// the old one's GPUs as its own; a pod so named now has no GPU value
-// until one of the two is gone.
-func (p *PodResources) List(ctx context.Context) (pods map[string][]string, ambiguous []string, err error) {
+// List returns each pod's GPU device IDs, by "namespace/name", and apart
+// the pods the kubelet listed twice under one name, with every device of
+// both: the pod-resources API names a pod, not its uid, and a pod
+// recreated under its name (a StatefulSet's) can be listed beside the one
+// it replaces while that one ends. Their devices were merged, and the new
+// pod read the old one's GPUs as its own; a pod so named now has no GPU
+// value until one of the two is gone, but its devices still count as its
+// namespace's (Attribute: a GPU another tenant shares is nobody's).
+func (p *PodResources) List(ctx context.Context) (pods, ambiguous map[string][]string, err error) {
 	resp, err := p.client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list pod resources: %w", err)
 	}
-	pods = map[string][]string{}
+	pods, ambiguous = map[string][]string{}, map[string][]string{}
 	seen := map[string]bool{}
 	for _, pr := range resp.GetPodResources() {
 		key := pr.GetNamespace() + "/" + pr.GetName()
 		if seen[key] {
-			ambiguous = append(ambiguous, key)
-			continue
+			ambiguous[key] = append(ambiguous[key], pods[key]...)
+			delete(pods, key)
 		}
 		seen[key] = true
 		for _, c := range pr.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if IsGPUResource(d.GetResourceName()) {
+				if !IsGPUResource(d.GetResourceName()) {
+					continue
+				}
+				if _, twice := ambiguous[key]; twice {
+					ambiguous[key] = append(ambiguous[key], d.GetDeviceIds()...)
+				} else {
 					pods[key] = append(pods[key], d.GetDeviceIds()...)
 				}
 			}
 		}
-	}
-	for _, key := range ambiguous {
-		delete(pods, key)
 	}
 	return pods, ambiguous, nil
 }
@@ -127,18 +130,21 @@ func (devs Devices) uuidOf(raw string) string {
 // utilization, not a share of it: pods of one namespace sharing a GPU each
 // get that GPU's values, but a GPU shared with a pod of another namespace
 // is left out of every pod's values (one tenant would read another's load,
-// and scale on it).
-func Attribute(devs Devices, pods map[string][]string) (out map[string]PodGPU, unknown []string) {
+// and scale on it). others hold devices and get no value (List's pods
+// listed twice): their devices count toward who shares a GPU.
+func Attribute(devs Devices, pods, others map[string][]string) (out map[string]PodGPU, unknown []string) {
 	out = make(map[string]PodGPU, len(pods))
 	namespaces := map[string]map[string]bool{} // device UUID → the namespaces of the pods holding it
-	for pod, ids := range pods {
-		ns, _, _ := strings.Cut(pod, "/")
-		for _, raw := range ids {
-			if uuid := devs.uuidOf(raw); uuid != "" {
-				if namespaces[uuid] == nil {
-					namespaces[uuid] = map[string]bool{}
+	for _, holders := range []map[string][]string{pods, others} {
+		for pod, ids := range holders {
+			ns, _, _ := strings.Cut(pod, "/")
+			for _, raw := range ids {
+				if uuid := devs.uuidOf(raw); uuid != "" {
+					if namespaces[uuid] == nil {
+						namespaces[uuid] = map[string]bool{}
+					}
+					namespaces[uuid][ns] = true
 				}
-				namespaces[uuid][ns] = true
 			}
 		}
 	}

@@ -59,7 +59,7 @@ func TestPodHoldingGPUs2And5(t *testing.T) {
 		"ns/llama-0": {uuid(2), uuid(5)}, // 20% by samples, 50% by rates
 		"ns/phi-0":   {"3"},              // the index ID strategy
 		"ns/odd-0":   {"GPU-not-on-this-node"},
-	})
+	}, nil)
 	if g := got["ns/llama-0"]; !g.HasUtilization || math.Abs(g.Utilization-0.35) > 1e-9 || math.Abs(g.Memory-(2.0+5)/2/40) > 1e-9 {
 		t.Fatalf("llama-0 = %+v, want utilization 0.35, memory %v", g, (2.0+5)/2/40)
 	}
@@ -90,7 +90,7 @@ func TestSharedGPUs(t *testing.T) {
 		"ns/gke": {"nvidia6/vgpu0"},                  // GKE time-sharing
 		"ns/two": {uuid(2) + "::2", uuid(2) + "::3"}, // two replicas of one GPU: counted once
 		"ns/idx": {"nvidia1"},
-	})
+	}, nil)
 	want := map[string]float64{"ns/a": 0.2, "ns/b": 0.2, "ns/mps": 0.4, "ns/gke": 0.6, "ns/two": 0.2, "ns/idx": 0.1}
 	for pod, w := range want {
 		if g := got[pod]; !g.HasUtilization || math.Abs(g.Utilization-w) > 1e-9 {
@@ -122,7 +122,7 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"MIG-1111"}})
+	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"MIG-1111"}}, nil)
 	g := got["ns/small-0"]
 	if len(unknown) != 0 || g.HasUtilization || !g.HasMemory || g.Memory != 0.5 {
 		t.Fatalf("MIG pod = %+v, unknown %v: want memory 0.5 and no utilization", g, unknown)
@@ -176,7 +176,7 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	// it replaces: neither's GPUs are the name's (they were merged: the new
 	// pod read the old one's GPUs as its own), until one is gone.
 	k.SetPods(all[0], fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-c"), all[1])
-	if got, ambiguous, err = pr.List(ctx); err != nil || len(got) != 1 || got["ns/small-0"] == nil || !slices.Equal(ambiguous, []string{"ns/llama-0"}) {
+	if got, ambiguous, err = pr.List(ctx); err != nil || len(got) != 1 || got["ns/small-0"] == nil || len(ambiguous) != 1 || len(ambiguous["ns/llama-0"]) != 3 {
 		t.Fatalf("with llama-0 listed twice: List = %v, %v left out, %v; want small-0 alone, llama-0 left out", got, ambiguous, err)
 	}
 	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-c"), all[1])
@@ -300,7 +300,7 @@ func TestAGPUSharedAcrossTenantsIsNobodys(t *testing.T) {
 		"tenant-c/x":     {uuid(4) + "::0"},
 		"tenant-c/y":     {uuid(4) + "::1"},
 		"tenant-d/gke":   {"nvidia7"}, // GPU 1, whose minor number is 7
-	})
+	}, nil)
 	if g := got["tenant-a/llama"]; !g.HasUtilization || math.Abs(g.Utilization-0.3) > 1e-9 {
 		t.Errorf("tenant-a/llama = %+v, want GPU 3's 0.3 alone (GPU 2 is shared with tenant-b)", g)
 	}
@@ -398,7 +398,7 @@ func TestADriverThatGoesAwayIsOpenedAgain(t *testing.T) {
 func TestAPodWithAGPUNotReadHasNoValueOfTheOthers(t *testing.T) {
 	read := Device{UUID: "GPU-a", Utilization: 0.2, HasUtilization: true, MemUsed: 1, MemTotal: 4}
 	devs := Devices{ByUUID: map[string]Device{"GPU-a": read}, ByIndex: map[string]string{}, ByMinor: map[string]string{}}
-	got, unknown := Attribute(devs, map[string][]string{"ns/lost": {"GPU-a", "GPU-b"}, "ns/whole": {"GPU-a"}})
+	got, unknown := Attribute(devs, map[string][]string{"ns/lost": {"GPU-a", "GPU-b"}, "ns/whole": {"GPU-a"}}, nil)
 	if g := got["ns/lost"]; g.HasUtilization || g.HasMemory {
 		t.Errorf("a pod one of whose GPUs was not read: %+v, want no value", g)
 	}
@@ -409,8 +409,25 @@ func TestAPodWithAGPUNotReadHasNoValueOfTheOthers(t *testing.T) {
 		t.Errorf("unknown %v, want GPU-b", unknown)
 	}
 	devs.ByUUID["GPU-b"] = Device{UUID: "GPU-b", MemUsed: 2, MemTotal: 4} // its utilization read failed
-	got, _ = Attribute(devs, map[string][]string{"ns/half": {"GPU-a", "GPU-b"}})
+	got, _ = Attribute(devs, map[string][]string{"ns/half": {"GPU-a", "GPU-b"}}, nil)
 	if g := got["ns/half"]; g.HasUtilization || !g.HasMemory || g.Memory != 0.375 {
 		t.Errorf("a pod one of whose GPUs' utilization was not read: %+v, want its memory alone", g)
+	}
+}
+
+// TestAGPUSharedWithAPodListedTwiceIsStillShared: a pod the kubelet lists
+// twice under one name gets no GPU value, but its devices still count as
+// its namespace's: left out whole, the time-sliced GPU it shares with
+// another tenant's pod looked like that tenant's alone, which read the
+// whole GPU's utilization, the first tenant's load with it.
+func TestAGPUSharedWithAPodListedTwiceIsStillShared(t *testing.T) {
+	devs := Devices{ByUUID: map[string]Device{"GPU-a": {UUID: "GPU-a", Utilization: 0.9, HasUtilization: true, MemUsed: 1, MemTotal: 4}},
+		ByIndex: map[string]string{}, ByMinor: map[string]string{}}
+	got, _ := Attribute(devs, map[string][]string{"tenant-b/phi-0": {"GPU-a::1"}}, map[string][]string{"tenant-a/llama-0": {"GPU-a::0", "GPU-a::2"}})
+	if g, ok := got["tenant-b/phi-0"]; ok {
+		t.Fatalf("tenant-b/phi-0 = %+v beside tenant-a's pod listed twice on its GPU; want no value", g)
+	}
+	if _, ok := got["tenant-a/llama-0"]; ok {
+		t.Fatal("a pod listed twice got a value")
 	}
 }
