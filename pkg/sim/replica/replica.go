@@ -43,6 +43,7 @@ type Request struct {
 	finishAt             uint64 // decode counter value at which it has generated Output tokens
 	index                int    // in the finish heap
 	lastToken            time.Duration
+	promptCounted        int      // of its prompt, the tokens counted in PromptTokens
 	prev, next           *Request // in the running list
 }
 
@@ -109,6 +110,8 @@ type Replica struct {
 	decoding finishHeap
 	usage    int // KV tokens in use
 	decodeN  uint64
+	// lastDecodeEnd: when the last decode step ended (applyDecode)
+	lastDecodeEnd time.Duration
 
 	// The current run: steps of identical composition from runStart, each
 	// dt long; runSteps of them are planned, done of them applied.
@@ -367,6 +370,10 @@ func (r *Replica) preemptForDecode(now time.Duration) {
 			// Decode steps since it joined the heap generated tokens its
 			// count does not hold yet: it finishes at finishAt.
 			q.generated = q.Output - int(q.finishAt-r.decodeN)
+			// Its last token came at the last decode step (decode steps
+			// keep no per-request time): the gap to its next token, after
+			// the recompute, is from there, not from its last prefill's.
+			q.lastToken = max(q.lastToken, r.lastDecodeEnd)
 		} else {
 			r.dropPrefilling(q)
 		}
@@ -387,6 +394,7 @@ func (r *Replica) applyDecode(k uint64, end time.Duration) {
 		return
 	}
 	r.decodeN += k
+	r.lastDecodeEnd = end
 	tokens := float64(k) * float64(n)
 	r.usage += int(k) * n
 	r.c.GenerationTokens += tokens
@@ -412,7 +420,13 @@ func (r *Replica) applyPrefillStep(end time.Duration) {
 		q.prefilled += ch.tokens
 		r.pendingPrefill -= ch.tokens
 		r.usage += ch.tokens
-		r.c.PromptTokens += float64(ch.tokens)
+		// A request's prompt is counted once, as vLLM counts it: the
+		// recompute after a preemption is no prompt token (it was, and a
+		// replica preempting often counted 5.6 times its prompts).
+		if c := min(ch.tokens, q.Prompt-q.promptCounted); c > 0 {
+			r.c.PromptTokens += float64(c)
+			q.promptCounted += c
+		}
 		if q.prefilled < q.prefillTarget {
 			continue
 		}

@@ -331,3 +331,34 @@ func TestAbandon(t *testing.T) {
 		t.Fatalf("abandoning a waiting request: waiting %d", r2.Waiting())
 	}
 }
+
+// TestCountersUnderPreemption: a replica preempting often counts what vLLM
+// counts. Each request's prompt once (the recompute after a preemption was
+// counted as prompt tokens: 1,089,764 for 600 prompts of 1,000), and the
+// inter-token times add up to each request's first-to-last token time (the
+// token after a recompute was timed from the request's last prefill, its
+// decode time counted twice).
+func TestCountersUnderPreemption(t *testing.T) {
+	p := *profile(t)
+	p.KVCacheTokens, p.MaxModelLen = 20000, 8000
+	rec, r, _ := run(t, &p, 20, 1000, 400, 30*time.Second)
+	r.AdvanceTo(time.Hour)
+	c := r.Counters()
+	if c.Preemptions == 0 {
+		t.Fatal("no preemption")
+	}
+	prompts := 0
+	for _, q := range rec.first {
+		prompts += q.Prompt
+	}
+	if c.PromptTokens != float64(prompts) {
+		t.Errorf("prompt_tokens %.0f over %.0f preemptions; the %d requests' prompts add up to %d", c.PromptTokens, c.Preemptions, len(rec.first), prompts)
+	}
+	gaps := 0.0
+	for _, q := range rec.done {
+		gaps += (q.Finished - q.FirstToken).Seconds()
+	}
+	if math.Abs(c.ITLSum-gaps) > 1e-6*gaps+1e-3 {
+		t.Errorf("ITL sum %.1fs over %.0f preemptions; the requests' first-to-last token times add up to %.1fs", c.ITLSum, c.Preemptions, gaps)
+	}
+}
