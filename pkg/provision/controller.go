@@ -169,8 +169,9 @@ type run struct {
 
 // A ScaledObject that pulse wrote back rewriteLimit times within
 // rewriteWindow — made, updated or deleted again as it was before, the
-// workload asking for nothing new — has another writer undoing pulse's (a provisioner of another release, a
-// GitOps tool's self-heal): pulse reports the conflict and backs off for
+// workload asking for nothing new — has another writer undoing pulse's (a
+// provisioner of another release, a GitOps tool's self-heal, a clean-up
+// policy): pulse reports the conflict and backs off for
 // the rest of the window (retrying with growing delays), then writes again,
 // rather than fight it at the API server's pace, an Event and an etcd write
 // a round: a writer that keeps undoing it costs about rewriteLimit updates
