@@ -333,7 +333,6 @@ type streamState struct {
 	// rejectLogs: the catalogue entries rejected that may be logged.
 	rejectLogs *rate.Limiter
 	dec        *wire.Decoder
-	catalogued bool // a catalogue came (the first is full, whatever it says)
 }
 
 // ackDue reports whether the batch just stored is acked: every batch, or
@@ -384,15 +383,7 @@ func (st *streamState) logRejected(id uint32, what string) {
 }
 
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
-	// A stream's first catalogue is full (the protocol's order: a Hello,
-	// a full Catalogue, then batches), whatever it says: the store's
-	// listing of a node outlived its streams, so a node that reconnected
-	// with a delta and stayed connected kept every pod its earlier streams
-	// had listed, other tenants' deleted pods among them, holding their
-	// namespace's room for ever.
-	full := c.Full || !st.catalogued
-	st.catalogued = true
-	if full {
+	if c.Full {
 		for id := range st.ids {
 			st.dec.Forget(id)
 		}
@@ -434,7 +425,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if len(removed) > 0 {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
-	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, full))
+	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
 	return nil
 }
 
