@@ -233,7 +233,7 @@ func TestWarmupExpectsTheAgentDaemonSet(t *testing.T) {
 	defer cancel()
 	go w.followDaemonSet(ctx, kube, "pulse-system", "pulse-agent")
 	for _, node := range []string{"n1", "n2"} {
-		st.OpenSource(node)
+		_, _ = st.OpenSource(node)
 		st.MarkHeard(node)
 		deadline := time.Now().Add(10 * time.Second)
 		for w.expected.Load() != 2 && time.Now().Before(deadline) {

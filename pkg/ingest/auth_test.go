@@ -704,3 +704,127 @@ func TestARefusedHeldEntryKeepsTheDecoderInStep(t *testing.T) {
 		t.Fatalf("store = %+v (pods %+v): want the second pod's second sample (8), the refused pod gone", v, v[0].Pods)
 	}
 }
+
+// TestANodeCannotKeepAnotherTenantsDeletedPod: the store's listing of a
+// node outlived its streams, so a node (its token compromised) that
+// reconnected with a delta and stayed connected kept every pod its earlier
+// streams had listed: another tenant's deleted pod held that namespace's
+// room (--max-pods-per-namespace) for ever, and its new replica on an
+// honest node waited. A pod that only ended streams listed goes
+// --pod-expiry after the last of them ended.
+func TestANodeCannotKeepAnotherTenantsDeletedPod(t *testing.T) {
+	c, bg := fakeAPI(), context.Background()
+	mk := func(name, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "victim", UID: types.UID("uid-" + name),
+			Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: node}}
+	}
+	entry := func(name string) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: 1, Uid: "uid-" + name, Namespace: "victim", Name: name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	}
+	if _, err := c.CoreV1().Pods("victim").Create(bg, mk("old", "node-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var skew atomic.Int64 // the store's clock runs ahead of the wall's by it
+	f := newFixtureStore(t, runningReviewer(t, c), store.Options{MaxPods: 10, MaxPodsPerNamespace: 1, Expiry: time.Minute,
+		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+	pods := func() []string {
+		var out []string
+		for _, w := range f.store.View(store.ViewOptions{FreshFor: 24 * time.Hour}) {
+			for _, p := range w.Pods {
+				out = append(out, w.Namespace+"/"+p.Name)
+			}
+		}
+		return out
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entry("old"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CoreV1().Pods("victim").Delete(bg, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(bg, "authorization", "Bearer token-node-1"), 20*time.Second)
+	defer cancel()
+	s := f.openStream(ctx, t, "node-1") // reconnects with an empty delta, and stays
+	if err := s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: 1000}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Recv(); err != nil || m.GetAck() == nil {
+		t.Fatalf("the new stream's batch: %v, %v; want an ack", m, err)
+	}
+	// The new stream is open and its delta taken. The old pod is held
+	// (stale) until --pod-expiry after the first stream ended.
+	if got := pods(); len(got) != 1 || got[0] != "victim/old" {
+		t.Fatalf("pods held %v; want victim/old, kept until --pod-expiry", got)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(pods()) != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-1's open stream listed nothing, past --pod-expiry, and the store holds %v", pods())
+		}
+		skew.Add(int64(time.Minute + time.Second)) // the first stream's close may come late: past it again
+	}
+	if _, err := c.CoreV1().Pods("victim").Create(bg, mk("new", "node-2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h2 := hello()
+	h2.GetHello().Node = "node-2"
+	if err := f.runAs(t, "token-node-2", h2, catalogue(entry("new"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := pods(); len(got) != 1 || got[0] != "victim/new" {
+		t.Fatalf("pods held %v; want victim/new alone", got)
+	}
+}
+
+// TestAnIdleStreamDoesNotKeepADeletedPodPastItsToken: a stream ended at its
+// token's expiry only when a message came, so a node (its token
+// compromised) that listed a pod on one stream and then sent nothing more
+// on it kept that stream, and the pod, for ever, though the token expired
+// and the pod was deleted. What a stream listed is let go at its token's
+// expiry, as if it had closed.
+func TestAnIdleStreamDoesNotKeepADeletedPodPastItsToken(t *testing.T) {
+	c, bg := fakeAPI(), context.Background()
+	expiry := time.Unix(time.Now().Add(2*time.Second).Unix(), 0) // a JWT's exp is in seconds
+	short := jwt(expiry)
+	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{short: {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "node-1"}})
+	if _, err := c.CoreV1().Pods("victim").Create(bg, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "old", Namespace: "victim", UID: types.UID("uid-old"),
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var skew atomic.Int64 // the store's clock runs ahead of the wall's by it
+	f := newFixtureStore(t, runningReviewer(t, c), store.Options{MaxPods: 10, MaxPodsPerNamespace: 1, Expiry: time.Minute,
+		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+	held := func() int { return len(f.store.View(store.ViewOptions{FreshFor: 24 * time.Hour})) }
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(bg, "authorization", "Bearer "+short), 20*time.Second)
+	defer cancel()
+	s := f.openStream(ctx, t, "node-1")
+	if err := s.Send(catalogue(&pulsev1.Pod{Id: 1, Uid: "uid-old", Namespace: "victim", Name: "old", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: 1000}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Recv(); err != nil || m.GetAck() == nil {
+		t.Fatalf("batch: %v, %v; want an ack", m, err)
+	}
+	if held() != 1 {
+		t.Fatal("the pod is not held")
+	}
+	if err := c.CoreV1().Pods("victim").Delete(bg, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The stream stays open and idle; once its token expires, what it
+	// listed goes --pod-expiry later.
+	for deadline := time.Now().Add(10 * time.Second); held() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the token expired, the pod was deleted, --pod-expiry passed many times over: the idle stream still holds victim/old")
+		}
+		if time.Now().After(expiry) {
+			skew.Add(int64(time.Minute + time.Second))
+		}
+	}
+}

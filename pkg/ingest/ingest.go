@@ -219,10 +219,23 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	log.Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
-	s.store.OpenSource(hello.Node)
-	defer s.store.CloseSource(hello.Node)
+	held, err := s.store.OpenSource(hello.Node)
+	if err != nil {
+		s.m.rejected.WithLabelValues("node_streams").Inc()
+		return status.Errorf(codes.ResourceExhausted, "node %s: %v: this one is refused (the agent retries)", hello.Node, err)
+	}
+	closeHeld := sync.OnceFunc(func() { s.store.CloseSource(hello.Node, held) })
+	defer closeHeld()
+	if !tokenExpires.IsZero() {
+		// A stream ends at its token's expiry only when a message comes:
+		// an idle one (or one whose agent stopped reading) stayed open, and
+		// what it listed was held for ever, another tenant's deleted pod
+		// among them. What it listed is let go then all the same.
+		t := time.AfterFunc(time.Until(tokenExpires), closeHeld)
+		defer t.Stop()
+	}
 
-	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
+	st := &streamState{srv: s, hello: hello, stream: held, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), log: log, bound: boundNode != ""}
 	var r received // with Codec, the messages after the hello come pooled
 	defer r.release()
@@ -333,6 +346,7 @@ type streamState struct {
 	// rejectLogs: the catalogue entries rejected that may be logged.
 	rejectLogs *rate.Limiter
 	dec        *wire.Decoder
+	stream     store.Stream // the store's name for this stream
 }
 
 // ackDue reports whether the batch just stored is acked: every batch, or
@@ -530,7 +544,7 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 
 // source is the stream's agent as the store knows it.
 func (st *streamState) source() store.Source {
-	return store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics}
+	return store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics, Stream: st.stream}
 }
 
 // relist lists the pods the store refused for room again; those it holds

@@ -583,9 +583,9 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 		r.Values.Set(metric.PendingRequests, 0)
 		f.store.Add([]store.Report{r})
 	}
-	f.store.OpenSource("node-router")
+	_, _ = f.store.OpenSource("node-router")
 	f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
-	f.store.OpenSource("node-1")
+	_, _ = f.store.OpenSource("node-1")
 	f.scenario(podSpec{name: "llama-0", state: "ready", waiting: 3}, podSpec{name: "llama-1", state: "ready", waiting: 4})
 	reportDemand()
 	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second,
@@ -595,7 +595,7 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 	}
 	// The replicas' agent is lost; past the expiry its pods are left out,
 	// then swept.
-	f.store.CloseSource("node-1")
+	f.store.CloseSource("node-1", 1)
 	f.clock.Add(11 * time.Minute)
 	reportDemand()
 	for _, sweep := range []bool{false, true} {
@@ -608,7 +608,7 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 		}
 	}
 	// A replica listed again: answers as before.
-	f.store.OpenSource("node-1")
+	_, _ = f.store.OpenSource("node-1")
 	f.scenario(podSpec{name: "llama-0", state: "ready", waiting: 2})
 	if d, err := f.server.Evaluate(tr); err != nil || d.Value != 2 {
 		t.Fatalf("listed again: %+v, %v", d, err)
@@ -638,7 +638,7 @@ func TestReplicasWaitingForRoomAreNoZero(t *testing.T) {
 			f := newFixture(t)
 			f.store = store.New(store.Options{Retention: time.Minute, MaxPods: 10, MaxPodsPerNamespace: room, Now: f.clock.Now})
 			f.server = New(f.store, Options{MaxWindow: time.Minute, Now: f.clock.Now})
-			f.store.OpenSource("node-1")
+			_, _ = f.store.OpenSource("node-1")
 			if refused := f.store.Upsert(store.Source{Node: "node-1"}, []store.PodInfo{router, replica(0), replica(1)}, true); len(refused) != 3-room {
 				t.Fatalf("refused %v, want %d refused for room", refused, 3-room)
 			}

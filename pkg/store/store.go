@@ -6,6 +6,8 @@
 package store
 
 import (
+	"errors"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -69,12 +71,31 @@ func DemandPodUID(uid string) (string, bool) {
 }
 
 // Source is the agent stream that lists pods: its node, its process
-// instance (a new one means its counters start a new series) and the names
-// of the extra gauges it forwards.
+// instance (a new one means its counters start a new series), the names
+// of the extra gauges it forwards, and the stream (OpenSource; none when
+// zero: the pods it lists are held until removed or their node expires).
 type Source struct {
 	Node, Instance string
 	ExtraNames     []string
+	Stream         Stream
 }
+
+// Stream is one open agent stream of a node (OpenSource). A node's listing
+// is kept per stream: the pods that only its ended streams listed, and no
+// open one lists again, go Expiry after the last of those ended, though
+// the node has another stream open (a node that reconnected with a delta
+// and stayed connected had kept every pod its earlier streams listed,
+// another tenant's deleted pods among them, holding that namespace's
+// room). The zero Stream is none: what it lists is held until removed.
+type Stream uint8
+
+// maxStreams is the most streams one node may hold open in a store (the
+// bits of a listing's mask, less the zero Stream's); ingest bounds a
+// token's streams far below it.
+const maxStreams = 63
+
+// ErrStreams: a node holds maxStreams streams open.
+var ErrStreams = errors.New("the node holds 63 agent streams open in the store, the most it may")
 
 // Sample is one report of a pod: its values, or why it has none.
 type Sample struct {
@@ -125,8 +146,9 @@ type Store struct {
 	workloads map[Key][]*pod     // each sorted by uid: readers see a stable order
 	sources   map[string]*source // by node
 	// listed: each node's pods, by uid (a pod is under every node whose
-	// agent lists it): a full catalogue touches its node's pods, not all.
-	listed    map[string]map[string]*pod
+	// agent lists it), and which of its streams list each: a full
+	// catalogue touches its node's pods, not all.
+	listed    map[string]map[string]listing
 	lastSweep time.Time
 	refused   int
 	now       func() time.Time
@@ -147,9 +169,19 @@ type Store struct {
 
 // source is one node's agent as the store knows it.
 type source struct {
-	streams  int       // open streams
+	open     uint64    // its open streams, a bit each (bit 0 is never one)
 	closedAt time.Time // when the last one closed
 	heard    bool      // a batch has arrived from it since the store started
+	// orphans: its pods no open stream lists (those that listed them
+	// ended), and when the last of those ended; nil when none.
+	orphans map[string]time.Time
+}
+
+// listing is one pod under one node: the pod, and the node's streams that
+// list it (bit 0: the zero Stream, never closed).
+type listing struct {
+	p  *pod
+	by uint64
 }
 
 type pod struct {
@@ -243,7 +275,7 @@ func New(opts Options) *Store {
 		pods:      make(map[string]*pod),
 		workloads: make(map[Key][]*pod),
 		sources:   make(map[string]*source),
-		listed:    make(map[string]map[string]*pod),
+		listed:    make(map[string]map[string]listing),
 		lost:      make(map[Key]Lost),
 		nsPods:    make(map[string]int),
 		refusedAt: make(map[Key]time.Time),
@@ -279,8 +311,10 @@ func (s *Store) countIn(ns string, d int) {
 	}
 }
 
-// OpenSource records an agent stream of node opening.
-func (s *Store) OpenSource(node string) {
+// OpenSource records an agent stream of node opening, and returns it (the
+// Source of what it lists, and CloseSource's); ErrStreams when the node
+// holds maxStreams open.
+func (s *Store) OpenSource(node string) (Stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	src := s.sources[node]
@@ -288,19 +322,39 @@ func (s *Store) OpenSource(node string) {
 		src = &source{}
 		s.sources[node] = src
 	}
-	src.streams++
+	free := ^src.open &^ 1 // bit 0 is the zero Stream's
+	if free == 0 {
+		return 0, ErrStreams
+	}
+	st := Stream(bits.TrailingZeros64(free))
+	src.open |= 1 << st
+	return st, nil
 }
 
-// CloseSource records an agent stream of node closing. Its pods stay (and
-// go stale) until the node reconnects or Expiry passes.
-func (s *Store) CloseSource(node string) {
+// CloseSource records node's stream st closing. The pods it listed stay
+// (and go stale) until a stream of the node lists them again or Expiry
+// passes, though the node has another stream open.
+func (s *Store) CloseSource(node string, st Stream) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if src := s.sources[node]; src != nil && src.streams > 0 {
-		src.streams--
-		if src.streams == 0 {
-			src.closedAt = s.now()
+	src := s.sources[node]
+	bit := uint64(1) << st
+	if src == nil || st == 0 || src.open&bit == 0 {
+		return
+	}
+	now := s.now()
+	if src.open &^= bit; src.open == 0 {
+		src.closedAt = now
+	}
+	m := s.listed[node]
+	for uid, l := range m {
+		if l.by&bit == 0 {
+			continue
 		}
+		if l.by &^= bit; l.by == 0 {
+			src.orphan(uid, now)
+		}
+		m[uid] = l
 	}
 }
 
@@ -358,13 +412,19 @@ func (s *Store) sweep(now time.Time, force bool) {
 		if s.expiredSource(src, now) {
 			expired[node] = true
 			delete(s.sources, node)
+			continue
+		}
+		for uid, at := range src.orphans {
+			if l, ok := s.listed[node][uid]; !ok {
+				s.unorphan(src, uid)
+			} else if s.orphanExpired(at, now) {
+				s.unlist(uid, l.p, node, true)
+			}
 		}
 	}
-	if len(expired) == 0 {
-		return
-	}
 	for node := range expired {
-		for uid, p := range s.listed[node] {
+		for uid, l := range s.listed[node] {
+			p := l.p
 			p.sources = without(p.sources, node)
 			if len(p.sources) == 0 && s.pods[uid] == p {
 				s.drop(uid, p, true)
@@ -372,6 +432,23 @@ func (s *Store) sweep(now time.Time, force bool) {
 		}
 		delete(s.listed, node)
 	}
+}
+
+// orphanExpired: a pod orphaned at has been so longer than Expiry.
+func (s *Store) orphanExpired(at, now time.Time) bool {
+	return now.Sub(at) > s.opts.Expiry
+}
+
+// orphan records that no open stream of src lists its pod uid, from now
+// (kept if it was so already).
+func (src *source) orphan(uid string, now time.Time) {
+	if _, ok := src.orphans[uid]; ok {
+		return
+	}
+	if src.orphans == nil {
+		src.orphans = make(map[string]time.Time)
+	}
+	src.orphans[uid] = now
 }
 
 // refusedFor: how long a workload a new pod of which was refused for room
@@ -442,14 +519,22 @@ func (s *Store) lostReplicas(k Key, now time.Time) (Lost, bool) {
 }
 
 func (s *Store) expiredSource(src *source, now time.Time) bool {
-	return src.streams == 0 && now.Sub(src.closedAt) > s.opts.Expiry
+	return src.open == 0 && now.Sub(src.closedAt) > s.opts.Expiry
 }
 
-// expired reports whether every agent that lists p has been disconnected
-// for longer than Expiry; mu must be held.
+// expired reports whether, under every node that lists p, the streams that
+// listed it have all been closed for longer than Expiry (the node's, or
+// those that listed it while the node has others open); mu must be held.
 func (s *Store) expired(p *pod, now time.Time) bool {
 	for _, node := range p.sources {
-		if src := s.sources[node]; src == nil || !s.expiredSource(src, now) {
+		src := s.sources[node]
+		if src == nil {
+			return false
+		}
+		if s.expiredSource(src, now) {
+			continue
+		}
+		if at, ok := src.orphans[p.UID]; !ok || !s.orphanExpired(at, now) {
 			return false
 		}
 	}
@@ -499,6 +584,7 @@ func (s *Store) notify(p *pod) {
 func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sweep(s.now(), false) // first: the room of pods expired is free
 	listed := make(map[string]bool, len(pods))
 	for _, info := range pods {
 		listed[info.UID] = true
@@ -529,8 +615,8 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		p.markStart(!ok, s.now())
 		if !slices.Contains(p.sources, src.Node) {
 			p.sources = append(p.sources, src.Node)
-			s.list(src.Node, p)
 		}
+		s.list(src.Node, src.Stream, p)
 		if p.instance != "" && p.instance != src.Instance {
 			// Another agent process: its cumulative values do not continue
 			// the series, so no increase is counted across the change.
@@ -553,13 +639,12 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		s.notify(p)
 	}
 	if full {
-		for uid, p := range s.listed[src.Node] {
+		for uid, l := range s.listed[src.Node] {
 			if !listed[uid] {
-				s.unlist(uid, p, src.Node)
+				s.unlist(uid, l.p, src.Node, false)
 			}
 		}
 	}
-	s.sweep(s.now(), false)
 	return refused
 }
 
@@ -600,23 +685,46 @@ func (s *Store) Remove(node string, uids ...string) {
 	defer s.mu.Unlock()
 	for _, uid := range uids {
 		if p, ok := s.pods[uid]; ok {
-			s.unlist(uid, p, node)
+			s.unlist(uid, p, node, false)
 		}
 	}
 }
 
-// list records that node's agent lists p; mu must be held for writing.
-func (s *Store) list(node string, p *pod) {
+// list records that node's stream st lists p; mu must be held for
+// writing. A stream already closed (its token expired while it listed)
+// lists nothing: the pod is held as its closed streams' are.
+func (s *Store) list(node string, st Stream, p *pod) {
 	m := s.listed[node]
 	if m == nil {
-		m = make(map[string]*pod)
+		m = make(map[string]listing)
 		s.listed[node] = m
 	}
-	m[p.UID] = p
+	src := s.sources[node]
+	l := listing{p: p, by: m[p.UID].by}
+	if st == 0 || src != nil && src.open&(1<<st) != 0 {
+		l.by |= 1 << st
+	}
+	m[p.UID] = l
+	switch {
+	case src == nil:
+	case l.by == 0:
+		src.orphan(p.UID, s.now())
+	case src.orphans != nil:
+		s.unorphan(src, p.UID)
+	}
 }
 
-// unlist takes node off p's list; mu must be held for writing.
-func (s *Store) unlist(uid string, p *pod, node string) {
+// unorphan: src's pod uid is listed again, or no longer; mu must be held
+// for writing.
+func (s *Store) unorphan(src *source, uid string) {
+	if delete(src.orphans, uid); len(src.orphans) == 0 {
+		src.orphans = nil
+	}
+}
+
+// unlist takes node off p's list; lost: its node's streams that listed it
+// expired. mu must be held for writing.
+func (s *Store) unlist(uid string, p *pod, node string, lost bool) {
 	p.sources = without(p.sources, node)
 	if m := s.listed[node]; m != nil {
 		delete(m, uid)
@@ -624,8 +732,11 @@ func (s *Store) unlist(uid string, p *pod, node string) {
 			delete(s.listed, node)
 		}
 	}
+	if src := s.sources[node]; src != nil && src.orphans != nil {
+		s.unorphan(src, uid)
+	}
 	if len(p.sources) == 0 {
-		s.drop(uid, p, false)
+		s.drop(uid, p, lost)
 	}
 }
 

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -199,8 +200,8 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
 	}
 	demand := PodInfo{UID: DemandUID("router", "w"), Namespace: "other", Name: "router", Demand: true, Workloads: []Key{other}}
-	s.OpenSource("n1")
-	s.OpenSource("n2")
+	mustOpen(t, s, "n1")
+	mustOpen(t, s, "n2")
 	s.Upsert(Source{Node: "n1"}, []PodInfo{replica("a"), replica("b")}, true)
 	if refused := s.Upsert(Source{Node: "n2"}, []PodInfo{demand}, true); len(refused) != 1 || refused[0] != demand.UID {
 		t.Fatalf("refused %v: want the new entry refused", refused)
@@ -210,7 +211,7 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 	}
 	// An agent briefly gone (a restart, a partition) keeps its pods: the
 	// newcomer still waits.
-	s.CloseSource("n1")
+	s.CloseSource("n1", 1)
 	if refused := s.Upsert(Source{Node: "n2"}, []PodInfo{demand}, false); len(refused) != 1 || s.Refused() != 2 {
 		t.Fatalf("refused %v (%d): want refused again", refused, s.Refused())
 	}
@@ -238,7 +239,7 @@ func TestOneNamespaceCannotTakeEveryonesRoom(t *testing.T) {
 	pod := func(ns, uid string, k Key) PodInfo {
 		return PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{k}}
 	}
-	s.OpenSource("n1")
+	mustOpen(t, s, "n1")
 	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other)}, true); len(refused) != 1 || refused[0] != "o3" {
 		t.Fatalf("refused %v: want the namespace's third pod refused", refused)
 	}
@@ -289,7 +290,7 @@ func TestAPodListedByTwoNodesGoesOnce(t *testing.T) {
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
 	a := PodInfo{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}
 	for _, n := range []string{"n1", "n2", "n3"} {
-		s.OpenSource(n)
+		mustOpen(t, s, n)
 	}
 	s.Upsert(Source{Node: "n1"}, []PodInfo{a}, true)
 	s.Upsert(Source{Node: "n2"}, []PodInfo{a, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
@@ -299,8 +300,8 @@ func TestAPodListedByTwoNodesGoesOnce(t *testing.T) {
 		t.Fatalf("%d pods: a, still listed by n2, went with n1's empty catalogue", s.Pods())
 	}
 	s.Upsert(Source{Node: "n1"}, []PodInfo{a}, true)
-	s.CloseSource("n1")
-	s.CloseSource("n2")
+	s.CloseSource("n1", 1)
+	s.CloseSource("n2", 1)
 	now = now.Add(2 * time.Minute)
 	s.Sweep()
 	if s.Pods() != 1 || s.peek("c") == nil {
@@ -318,18 +319,18 @@ func TestAPodListedByTwoNodesGoesOnce(t *testing.T) {
 func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
-	s.OpenSource("n1")
-	s.OpenSource("n2")
+	mustOpen(t, s, "n1")
+	mustOpen(t, s, "n2")
 	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}}, true)
 	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
-	s.OpenSource("n1") // a restarted agent's new stream opens before the old one closes
-	s.CloseSource("n1")
+	mustOpen(t, s, "n1") // a restarted agent's new stream opens before the old one closes
+	s.CloseSource("n1", 1)
 	now = now.Add(2 * time.Minute)
 	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}, true)
 	if s.Pods() != 2 {
 		t.Fatalf("%d pods: a connected agent's pods expired", s.Pods())
 	}
-	s.CloseSource("n1")
+	s.CloseSource("n1", 2)
 	now = now.Add(2 * time.Minute)
 	s.Upsert(Source{Node: "n2"}, nil, false)
 	if s.Pods() != 1 || s.peek("a") != nil {
@@ -343,9 +344,9 @@ func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 func TestDeadNodesPodsGoWithoutCatalogueTraffic(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
-	s.OpenSource("n1")
+	mustOpen(t, s, "n1")
 	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
-	s.CloseSource("n1")
+	s.CloseSource("n1", 1)
 	now = now.Add(30 * time.Second)
 	if pods, found := s.Query(nil, ws, canonical(t, "waiting"), time.Second, time.Second); !found || pods[0].State != PodMissing {
 		t.Fatalf("within --pod-expiry the pod is held as missing: %v %+v", found, pods)
@@ -568,11 +569,11 @@ func changingBounds(i int, count float64) *metric.Histograms {
 func TestATerminatingPodGoneWithItsAgentIsNoReplicaLost(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
-	s.OpenSource("n1")
-	s.OpenSource("n2")
+	mustOpen(t, s, "n1")
+	mustOpen(t, s, "n2")
 	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Terminating: true, Workloads: []Key{ws}}}, true)
 	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: DemandUID("r", "llama"), Namespace: "ns", Name: "router", Demand: true, Workloads: []Key{ws}}}, true)
-	s.CloseSource("n1")
+	s.CloseSource("n1", 1)
 	now = now.Add(2 * time.Minute)
 	if l, ok := s.LostReplicas(ws); ok {
 		t.Fatalf("held for its expired agent: lost %+v", l)
@@ -583,9 +584,9 @@ func TestATerminatingPodGoneWithItsAgentIsNoReplicaLost(t *testing.T) {
 		t.Fatalf("dropped with its agent: lost %+v", l)
 	}
 	// A ready replica gone the same way is lost.
-	s.OpenSource("n3")
+	mustOpen(t, s, "n3")
 	s.Upsert(Source{Node: "n3"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}}}, true)
-	s.CloseSource("n3")
+	s.CloseSource("n3", 1)
 	now = now.Add(2 * time.Minute)
 	s.Sweep()
 	if l, ok := s.LostReplicas(ws); !ok || l.Pods != 1 {
@@ -622,4 +623,110 @@ func TestACutIsMarkedOnTheWindowsItShortens(t *testing.T) {
 			t.Errorf("%s over %v: %v, truncated %v; want counted, truncated %v", c.metric, c.window, p.State, p.Truncated, c.truncated)
 		}
 	}
+}
+
+// TestAStreamsListingEndsWithIt: a node's listing is kept per stream. A
+// pod that only its ended streams listed, and that no open stream lists
+// again, goes Expiry after the last of them ended, though the node has
+// another stream open (a node that reconnected with a delta and stayed
+// connected had kept every pod its earlier streams listed); one listed
+// again by an open stream stays.
+func TestAStreamsListingEndsWithIt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	replica := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	held := func() []string {
+		var out []string
+		for _, w := range s.View(ViewOptions{FreshFor: time.Hour}) {
+			for _, p := range w.Pods {
+				out = append(out, p.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	a, err := s.OpenSource("n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Upsert(Source{Node: "n1", Stream: a}, []PodInfo{replica("x"), replica("y"), replica("z")}, true)
+	b, err := s.OpenSource("n1")
+	if err != nil || b == a {
+		t.Fatalf("second stream %d (%v): want one apart from %d", b, err, a)
+	}
+	s.Upsert(Source{Node: "n1", Stream: b}, []PodInfo{replica("x")}, false) // a delta
+	s.CloseSource("n1", a)
+	now = now.Add(30 * time.Second)
+	s.Upsert(Source{Node: "n1", Stream: b}, []PodInfo{replica("y")}, false) // listed again before the expiry
+	if got := held(); !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Fatalf("held %v within the expiry: want x y z", got)
+	}
+	now = now.Add(31 * time.Second)
+	if got := held(); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("held %v past the expiry of the stream that alone listed z: want x y", got)
+	}
+	if l, ok := s.LostReplicas(ws); ok {
+		t.Fatalf("lost %+v: x and y still report", l)
+	}
+	s.Sweep()
+	if s.Pods() != 2 || s.peek("z") != nil {
+		t.Fatalf("%d pods after the sweep: want z dropped", s.Pods())
+	}
+	// A restarted agent's new stream lists in full: nothing of the old one
+	// is orphaned past it.
+	c, _ := s.OpenSource("n1")
+	s.CloseSource("n1", b)
+	s.Upsert(Source{Node: "n1", Stream: c}, []PodInfo{replica("x"), replica("y")}, true)
+	now = now.Add(time.Hour)
+	s.Sweep()
+	if got := held(); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("held %v an hour on: want x y, listed by the open stream", got)
+	}
+	// A stream closed (its token expired) while it listed lists nothing:
+	// what it named is held as its closed streams' are, then goes.
+	s.Upsert(Source{Node: "n1", Stream: b}, []PodInfo{replica("w")}, false)
+	if c2, _ := s.OpenSource("n1"); c2 != b {
+		t.Fatalf("stream %d opened: want %d, free again", c2, b)
+	}
+	now = now.Add(61 * time.Second)
+	if got := held(); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("held %v: want w gone, listed only by a stream already closed", got)
+	}
+}
+
+// TestANodesOpenStreamsAreBounded: a node holds at most 63 streams open in
+// a store (each a bit of its listings); the next is refused, and one
+// closed makes room.
+func TestANodesOpenStreamsAreBounded(t *testing.T) {
+	s := New(Options{})
+	seen := map[Stream]bool{}
+	for i := 0; i < maxStreams; i++ {
+		st, err := s.OpenSource("n1")
+		if err != nil || st == 0 || seen[st] {
+			t.Fatalf("stream %d: %d, %v", i, st, err)
+		}
+		seen[st] = true
+	}
+	if _, err := s.OpenSource("n1"); !errors.Is(err, ErrStreams) {
+		t.Fatalf("stream past the bound: %v, want ErrStreams", err)
+	}
+	if _, err := s.OpenSource("n2"); err != nil {
+		t.Fatalf("another node: %v", err)
+	}
+	s.CloseSource("n1", 5)
+	if st, err := s.OpenSource("n1"); err != nil || st != 5 {
+		t.Fatalf("after one closed: %d, %v; want 5 again", st, err)
+	}
+}
+
+// mustOpen opens a stream of node.
+func mustOpen(t *testing.T, s *Store, node string) Stream {
+	t.Helper()
+	st, err := s.OpenSource(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
