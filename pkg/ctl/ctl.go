@@ -30,6 +30,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/version"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 const usage = `usage: pulsectl COMMAND [flags]
@@ -229,7 +230,7 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 				// Most manifests name no namespace (applied with -n), and
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
-				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i+1, printable(t.Workload.Namespace)))
+				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i+1, wire.Printable(t.Workload.Namespace)))
 			default:
 				out = append(out, "")
 			}
@@ -359,7 +360,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 			asked++
 			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, i+1)
 			if err := ask(client, ref, *timeout, stdout); err != nil {
-				fmt.Fprintf(stdout, "  %s\n", printable(err.Error()))
+				fmt.Fprintf(stdout, "  %s\n", wire.Printable(err.Error()))
 				failed++
 			}
 		}
@@ -392,7 +393,7 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 		return errors.New("GetMetricSpec: no metric spec")
 	}
 	ms := spec.MetricSpecs[0]
-	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", printable(ms.MetricName), ms.TargetSizeFloat)
+	fmt.Fprintf(w, "  GetMetricSpec: metric %s, target %g per replica\n", wire.Printable(ms.MetricName), ms.TargetSizeFloat)
 	ctx, cancel = call()
 	defer cancel()
 	m, err := c.GetMetrics(ctx, &externalscaler.GetMetricsRequest{ScaledObjectRef: ref, MetricName: ms.MetricName})
@@ -468,17 +469,17 @@ func top(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, errBusy) && (*count == 0 || i < *count-1) {
 			// The aggregator answers a few debug pages at once: the next
 			// refresh tries again.
-			fmt.Fprintln(stderr, "pulsectl top:", printable(err.Error()), "(trying again at the next refresh)")
+			fmt.Fprintln(stderr, "pulsectl top:", wire.Printable(err.Error()), "(trying again at the next refresh)")
 			continue
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, "pulsectl top:", printable(err.Error()))
+			fmt.Fprintln(stderr, "pulsectl top:", wire.Printable(err.Error()))
 			return 1
 		}
 		if *count != 1 {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
 		}
-		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), printable(url), printable(body))
+		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), wire.Printable(url), wire.Printable(body))
 	}
 	return 0
 }
@@ -490,7 +491,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error) {
 	u, err := neturl.Parse(url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--debug %s: want http://HOST:PORT or https://HOST:PORT", printable(url))
+		return nil, fmt.Errorf("--debug %s: want http://HOST:PORT or https://HOST:PORT", wire.Printable(url))
 	}
 	tlsOnly := caCert != "" || serverName != ""
 	if tlsOnly && u.Scheme != "https" {
@@ -498,7 +499,7 @@ func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error
 	}
 	if tokenFile != "" && u.Scheme != "https" {
 		if ip := net.ParseIP(u.Hostname()); u.Hostname() != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			return nil, fmt.Errorf("--token-file with --debug %s: a token is sent in plaintext only to a loopback address; use https://", printable(url))
+			return nil, fmt.Errorf("--token-file with --debug %s: a token is sent in plaintext only to a loopback address; use https://", wire.Printable(url))
 		}
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
@@ -570,7 +571,7 @@ func fetch(c *http.Client, url string) (string, error) {
 		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		err := fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(printable(string(b[:min(len(b), 4096)]))))
+		err := fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(wire.Printable(string(b[:min(len(b), 4096)]))))
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			err = fmt.Errorf("%w: %w", errBusy, err)
 		}
@@ -582,15 +583,3 @@ func fetch(c *http.Client, url string) (string, error) {
 // errBusy: the server answered 503 (the aggregator's debug answers under
 // way are bounded).
 var errBusy = errors.New("busy")
-
-// printable is s with the control characters a server could send to move
-// or restyle the terminal (C0 but newline and tab, DEL, C1) each replaced
-// by U+FFFD: what pulsectl prints of an answer is text, never commands.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\t' || (r >= 0x20 && r < 0x7f) || r > 0x9f {
-			return r
-		}
-		return '\uFFFD'
-	}, s)
-}

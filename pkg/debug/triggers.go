@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // TriggersDocument is the JSON answer of /debug/triggers.
@@ -130,17 +131,15 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 
 // cell is tenant text (a workload's or pod's name, an error or reason that
 // quotes one, a trigger's metadata) as one table cell: line breaks and tabs
-// as spaces, other control characters as U+FFFD. Printed as it was, a name
-// with a newline forged a row under another namespace's name, and escape
-// sequences reached the terminal of whoever read the table.
+// as spaces, other control and format characters as U+FFFD
+// (wire.Printable). Printed as it was, a name with a newline forged a row
+// under another namespace's name, and escape sequences reached the
+// terminal of whoever read the table.
 func cell(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r == '\n' || r == '\t' || r == '\r':
+	return wire.Printable(strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || r == '\r' {
 			return ' '
-		case r < 0x20 || r >= 0x7f && r <= 0x9f:
-			return '\uFFFD'
 		}
 		return r
-	}, s)
+	}, s))
 }

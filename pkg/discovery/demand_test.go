@@ -117,7 +117,8 @@ func TestPodOfTooManyWorkloadsIsLeftOut(t *testing.T) {
 // TestWorkloadNamesNotUTF8AreLeftOut: a workload name from an annotation
 // (pulse.io/workload, pulse.io/demand-workloads) that is not UTF-8 made the
 // agent's catalogue fail to marshal at every stream, silencing the node;
-// one longer than an object's name was sent only to be refused. The pod
+// one longer than an object's name was sent only to be refused, and one
+// with a control or format character was sent to be printed. The pod
 // alone is left out, naming why.
 func TestWorkloadNamesNotUTF8AreLeftOut(t *testing.T) {
 	sel, _ := ParseSelector(DefaultSelector)
@@ -134,8 +135,13 @@ func TestWorkloadNamesNotUTF8AreLeftOut(t *testing.T) {
 		"workload too long":  {AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: long},
 		"demand not UTF-8":   {AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a,b\xfe"},
 		"demand too long":    {AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a," + long},
+		// A newline in a name forged a row of the debug tables; an escape
+		// reached the terminal of whoever read them.
+		"workload with a newline":       {AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: "llama\nx  Workspace victim/y"},
+		"demand with an escape":         {AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a,b\x1b[2J"},
+		"workload with a bidi override": {AnnotationScrape: "true", AnnotationPort: "8000", KeyWorkload: "llama\u202e"},
 	} {
-		if ts, err := TargetsOf(pod(ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), "not UTF-8 of at most 253 bytes") || len(ts) != 0 {
+		if ts, err := TargetsOf(pod(ann), "node-1", sel); err == nil || !strings.Contains(err.Error(), "not UTF-8 of at most 253 bytes, of printable characters alone") || len(ts) != 0 {
 			t.Errorf("%s: %d targets, err %v; want the pod left out, naming why", name, len(ts), err)
 		}
 	}

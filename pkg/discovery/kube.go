@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -175,13 +174,15 @@ const (
 const maxWorkloadName = 253
 
 // checkWorkloadNames refuses a workload name an annotation gave that is not
-// UTF-8 or is longer than an object's name may be: proto3 refuses to
-// marshal a string that is not UTF-8, and the catalogue that carried it
-// would fail at every stream, silencing the node.
+// UTF-8, is longer than an object's name may be, or has a control or
+// format character: proto3 refuses to marshal a string that is not UTF-8,
+// and the catalogue that carried it would fail at every stream, silencing
+// the node; a newline in a name forged a row of the debug tables under
+// another namespace's name (the aggregator refuses such an entry too).
 func checkWorkloadNames(ws []Workload) error {
 	for _, w := range ws {
-		if !utf8.ValidString(w.Name) || len(w.Name) > maxWorkloadName {
-			return fmt.Errorf("workload name %q is not UTF-8 of at most %d bytes", wire.CleanText(w.Name, 64), maxWorkloadName)
+		if !wire.IsName(w.Name) || len(w.Name) > maxWorkloadName {
+			return fmt.Errorf("workload name %q is not UTF-8 of at most %d bytes, of printable characters alone", wire.CleanText(w.Name, 64), maxWorkloadName)
 		}
 	}
 	return nil

@@ -616,6 +616,11 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 	if len(p.Uid) > maxNameBytes || len(p.Namespace) > maxNameBytes || len(p.Name) > maxNameBytes {
 		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: a uid, namespace or name over %d bytes", p.Id, maxNameBytes)
 	}
+	if !wire.IsName(p.Uid) || !wire.IsName(p.Namespace) || !wire.IsName(p.Name) {
+		// A newline in a name forged a row of the debug tables under
+		// another namespace's name; a bidi override reordered the rest.
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: a uid, namespace or name with a control or format character", p.Id)
+	}
 	podUID = p.Uid
 	if p.Demand {
 		// A router's entry for one workload: the router pod's uid and the
@@ -635,7 +640,7 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 		CreatedMs: p.CreatedUnixMs, ReadySinceMs: p.ReadySinceUnixMs}
 	for _, w := range p.Workloads {
 		kind, ok := kinds[w.Kind]
-		if !ok || w.Name == "" || len(w.Name) > maxNameBytes {
+		if !ok || w.Name == "" || len(w.Name) > maxNameBytes || !wire.IsName(w.Name) {
 			return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
 		}
 		info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})

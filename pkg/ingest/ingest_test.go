@@ -297,6 +297,12 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 		"ready before created": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
 			CreatedUnixMs: 1_700_000_000_000, ReadySinceUnixMs: 1_699_999_999_000}, "invalid_entry"},
 		"created before 1970": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", CreatedUnixMs: -1}, "invalid_entry"},
+		// A newline in a name forged a row of the debug tables under
+		// another namespace's name; a bidi override reorders the rest.
+		"newline in a workload's name": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "x\nother  Workspace victim/llama"}}}, "invalid_entry"},
+		"escape in a pod's name":       {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b\x1b[2J"}, "invalid_entry"},
+		"bidi override in a namespace": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns\u202e", Name: "b"}, "invalid_entry"},
 		"demand entry without its router's uid": {&pulsev1.Pod{Id: 2, Uid: "u", Namespace: "ns", Name: "epp-0",
 			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}, "invalid_entry"},
 	}

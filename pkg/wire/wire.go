@@ -13,6 +13,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -83,6 +84,37 @@ type Sample struct {
 	Hist    *metric.Histograms
 	Missing pulsev1.MissingReason
 	Error   string
+}
+
+// Printable is s as a terminal shows it as text: each character that
+// would move or restyle it (C0 controls but newline and tab, DEL, C1), or
+// that reorders or hides what follows (Unicode's format characters: bidi
+// overrides, zero-width ones), replaced by U+FFFD. What pulse prints of
+// tenant text (a workload's name, an error quoting a page) is text, never
+// commands.
+func Printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || unicode.IsGraphic(r) {
+			return r
+		}
+		return '\uFFFD'
+	}, s)
+}
+
+// IsName reports whether s is a name pulse takes from a tenant (a pod's,
+// a namespace's, a workload's): valid UTF-8 of graphic characters alone
+// (no control or format character: a newline in a workload's name forged
+// a row of the debug tables, a bidi override reordered what follows it).
+func IsName(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsGraphic(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // CleanText is s as valid UTF-8 (each invalid byte a U+FFFD) cut to at most

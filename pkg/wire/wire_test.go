@@ -459,3 +459,31 @@ func TestResidualsAsEveryIDHeldItsOwnState(t *testing.T) {
 		}
 	}
 }
+
+// TestNamesAndPrintable: a tenant's name of printable characters alone is
+// a name (any script); one with a control or format character (a newline
+// forged a row of the debug tables, an escape restyled the reader's
+// terminal, a bidi override reorders what follows) is not, and Printable
+// shows each such character as U+FFFD, keeping lines and tabs.
+func TestNamesAndPrintable(t *testing.T) {
+	for _, s := range []string{"llama-3.1-8b", "Llama_3 8B", "модель", "模型", "a\u00a0b"} {
+		if !IsName(s) {
+			t.Errorf("IsName(%q) = false, want a name", s)
+		}
+	}
+	for _, s := range []string{"a\nb", "a\tb", "a\x1b[2Jb", "a\x7fb", "a\u0085b", "a\u202eb", "a\u200bb", "a\xffb"} {
+		if IsName(s) {
+			t.Errorf("IsName(%q) = true, want refused", s)
+		}
+	}
+	for in, want := range map[string]string{
+		"line one\n\tline two": "line one\n\tline two",
+		"red\x1b[31m":          "red\uFFFD[31m",
+		"a\u202eb\u0085c\x7f":  "a\uFFFDb\uFFFDc\uFFFD",
+		"модель":               "модель",
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
