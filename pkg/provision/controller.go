@@ -42,6 +42,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/wire"
 )
 
@@ -341,7 +342,7 @@ func trimWorkload(o any) (any, error) {
 
 // trimScaledObject is what the cache keeps of a ScaledObject, whoever
 // wrote it: its identity and versions, pulse's label, its controller, its
-// scaleTargetRef's kind and name (each name cut past maxKept bytes: longer
+// scaleTargetRef's kind and name (each name cut past 253 bytes: longer
 // names no object Kubernetes serves), and, of one with pulse's label, a
 // hash of its spec (specHash) to tell whether it is as pulse wants it. An
 // update reads the live object first (reconcile). Any tenant may put pulse's
@@ -353,44 +354,16 @@ func trimScaledObject(o any) (any, error) {
 	if !ok {
 		return o, nil // a tombstone: its object was trimmed when cached
 	}
-	out := &unstructured.Unstructured{Object: map[string]any{}}
-	out.SetAPIVersion(u.GetAPIVersion())
-	out.SetKind(u.GetKind())
-	out.SetName(u.GetName())
-	out.SetNamespace(u.GetNamespace())
-	out.SetUID(u.GetUID())
-	out.SetResourceVersion(u.GetResourceVersion())
-	out.SetGeneration(u.GetGeneration())
+	out := scaler.TrimmedScaledObject(u)
 	if Managed(u) {
 		out.SetLabels(map[string]string{LabelManagedBy: ManagedBy})
 		out.Object[specHashKey] = specHash(u.Object["spec"])
 	}
 	if ref := metav1.GetControllerOf(u); ref != nil {
-		out.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: kept(ref.APIVersion), Kind: kept(ref.Kind), Name: kept(ref.Name),
-			UID: types.UID(kept(string(ref.UID))), Controller: ref.Controller}})
-	}
-	ref := map[string]any{}
-	for _, f := range []string{"kind", "name"} {
-		if v, ok, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", f); ok {
-			ref[f] = kept(v)
-		}
-	}
-	if len(ref) > 0 {
-		_ = unstructured.SetNestedMap(out.Object, ref, "spec", "scaleTargetRef")
+		out.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: scaler.CutName(ref.APIVersion), Kind: scaler.CutName(ref.Kind), Name: scaler.CutName(ref.Name),
+			UID: types.UID(scaler.CutName(string(ref.UID))), Controller: ref.Controller}})
 	}
 	return out, nil
-}
-
-// maxKept bounds a name the cache keeps of a tenant's ScaledObject: a
-// Kubernetes name is at most 253 bytes.
-const maxKept = 253
-
-// kept is v, or, past maxKept bytes, v cut and marked (it matches no name).
-func kept(v string) string {
-	if len(v) <= maxKept {
-		return v
-	}
-	return v[:maxKept] + "..."
 }
 
 // specHashKey holds, in the cache's copy of a ScaledObject with pulse's

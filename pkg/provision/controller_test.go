@@ -971,7 +971,7 @@ func TestATenantsScaledObjectsAreHeldSmall(t *testing.T) {
 		if len(b) > 2<<10 {
 			t.Errorf("%s ScaledObject held in the cache: %d bytes", name, len(b))
 		}
-		if kind, target := targetOf(o.(*unstructured.Unstructured)); len(kind) > maxKept+3 || len(target) > maxKept+3 || target == "" {
+		if kind, target := targetOf(o.(*unstructured.Unstructured)); len(kind) > 253+3 || len(target) > 253+3 || target == "" {
 			t.Errorf("%s ScaledObject's target in the cache: %d and %d bytes", name, len(kind), len(target))
 		}
 	}

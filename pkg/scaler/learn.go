@@ -39,7 +39,7 @@ func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObject
 				continue
 			}
 			md, ok, _ := unstructured.NestedStringMap(m, "metadata")
-			if !ok || md["metric"] != MetricReplicas {
+			if !ok || !isPlanner(md) {
 				continue
 			}
 			refs = append(refs, &externalscaler.ScaledObjectRef{Name: u.GetName(), Namespace: u.GetNamespace(), ScalerMetadata: md})

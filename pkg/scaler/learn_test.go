@@ -1,7 +1,9 @@
 package scaler
 
 import (
+	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,11 +58,12 @@ func TestEveryReplicaLearnsWhatTheAskedOneDoes(t *testing.T) {
 	for _, ref := range refs {
 		names = append(names, ref.Namespace+"/"+ref.Name)
 	}
-	if slices.Sort(names); !slices.Equal(names, []string{"demo/llama-so", "demo/typo-so", "evil/reach-so"}) {
-		t.Fatalf("planner refs %v, want demo/llama-so, demo/typo-so and evil/reach-so", names)
+	// typo-so's trigger, which KEDA's call is refused, is not cached.
+	if slices.Sort(names); !slices.Equal(names, []string{"demo/llama-so", "evil/reach-so"}) {
+		t.Fatalf("planner refs %v, want demo/llama-so and evil/reach-so", names)
 	}
-	if got := r.PlannerRefs(2); len(got) != 2 || got[0].Namespace+"/"+got[0].Name != "demo/llama-so" || got[1].Namespace != "evil" {
-		t.Fatalf("two refs at most: %v, want one of each namespace, in turn", got)
+	if got := r.PlannerRefs(1); len(got) != 1 {
+		t.Fatalf("one ref at most: %v", got)
 	}
 
 	f := newFixtureWith(t, r)
@@ -119,5 +122,54 @@ func TestALearningReplicaKeepsThePlannersWindow(t *testing.T) {
 	standby.Learn(r.PlannerRefs(maxPlans))
 	if got := f.store.Retention(); got != DefaultPlanWindow {
 		t.Fatalf("retention %s once the planner's trigger was learned, want its window, %s", got, DefaultPlanWindow)
+	}
+}
+
+// TestTheScaledObjectCacheHoldsOnlyWhatItReads: the resolver's cache held
+// every tenant's ScaledObjects whole (a last-applied annotation, every
+// trigger of every scaler): a tenant's few hundred of 1 MB each took the
+// aggregator past its memory limit, and PlannerRefs copied every trigger
+// of every one every few seconds. It keeps the scale target and the
+// planner triggers' known metadata keys, and a planner trigger written
+// with metricName is learned as KEDA's call plans it.
+func TestTheScaledObjectCacheHoldsOnlyWhatItReads(t *testing.T) {
+	big := strings.Repeat("x", 256<<10)
+	so := withTriggers("tenant-a", "big-so",
+		trigger("prometheus", map[string]string{"query": big}),
+		trigger("external-push", replicasMD("scalerAddress", "pulse-aggregator.pulse-system.svc:9090", "note", big[:1000])),
+		trigger("external-push", map[string]string{"workspace": "llama", "metricName": "replicas", "threshold": "1"}))
+	so.SetAnnotations(map[string]string{"kubectl.kubernetes.io/last-applied-configuration": big})
+	many := make([]map[string]any, 20)
+	for i := range many {
+		many[i] = trigger("external-push", replicasMD())
+	}
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"}, so, withTriggers("tenant-b", "many-so", many...))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	if kind, name, err := r.Resolve("tenant-a", "big-so"); err != nil || kind != "Workspace" || name != "llama" {
+		t.Fatalf("Resolve: %s %s %v", kind, name, err)
+	}
+	var got []string
+	for _, ref := range r.PlannerRefs(maxPlans) {
+		tr, err := ParseTrigger(ref, time.Minute, r)
+		if err != nil || tr.Metric != MetricReplicas {
+			t.Fatalf("%s/%s: %+v, %v; want a planner trigger that parses", ref.Namespace, ref.Name, tr, err)
+		}
+		got = append(got, ref.Namespace+"/"+ref.Name)
+	}
+	if slices.Sort(got); len(got) != 2+maxPlannerTriggers || got[1] != "tenant-a/big-so" || got[2] != "tenant-b/many-so" {
+		t.Fatalf("planner refs %v: want big-so's two (metric and metricName) and %d of many-so's", got, maxPlannerTriggers)
+	}
+	held := 0
+	for _, obj := range r.informer.GetStore().List() {
+		b, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += len(b)
+	}
+	if held > 8<<10 {
+		t.Fatalf("the ScaledObject cache holds %d bytes of two ScaledObjects whose targets and planner triggers are a few hundred", held)
 	}
 }

@@ -35,11 +35,126 @@ type InformerResolver struct {
 
 var _ TargetResolver = (*InformerResolver)(nil)
 
-// NewInformerResolver watches ScaledObjects in every namespace.
+// NewInformerResolver watches ScaledObjects in every namespace; its cache
+// keeps of each only what Resolve and PlannerRefs read (trimScaledObject).
 func NewInformerResolver(client dynamic.Interface) *InformerResolver {
 	f := dynamicinformer.NewDynamicSharedInformerFactory(client, 0)
 	gi := f.ForResource(ScaledObjects)
-	return &InformerResolver{informer: gi.Informer(), lister: gi.Lister()}
+	inf := gi.Informer()
+	if err := inf.SetTransform(trimScaledObject); err != nil {
+		panic(err) // only once the informer runs: it has not
+	}
+	return &InformerResolver{informer: inf, lister: gi.Lister()}
+}
+
+// maxPlannerTriggers bounds the planner triggers the cache keeps of one
+// ScaledObject (KEDA takes any number; a workload needs one).
+const maxPlannerTriggers = 8
+
+// trimScaledObject is what the cache keeps of a ScaledObject: its name,
+// spec.scaleTargetRef's kind and name, and of its planner triggers
+// (external-push, metric replicas) the metadata keys pulse and KEDA know,
+// each trigger whose metadata a KEDA call would be refused for left out.
+// Every tenant's ScaledObjects were held whole (a last-applied annotation,
+// managed fields, every trigger of every scaler): a tenant's few hundred
+// of 1 MB each took the aggregator past its memory limit, and its every
+// replica with it; and PlannerRefs copied every trigger of every one, every
+// few seconds, before any bound.
+func trimScaledObject(o any) (any, error) {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return o, nil // a tombstone: its object was trimmed when cached
+	}
+	out := TrimmedScaledObject(u)
+	var kept []any
+	triggers, _, _ := unstructured.NestedSlice(u.Object, "spec", "triggers")
+	for _, tr := range triggers {
+		if md := plannerMetadata(tr); md != nil && len(kept) < maxPlannerTriggers {
+			kept = append(kept, map[string]any{"type": "external-push", "metadata": md})
+		}
+	}
+	if len(kept) > 0 {
+		_ = unstructured.SetNestedSlice(out.Object, kept, "spec", "triggers")
+	}
+	return out, nil
+}
+
+// TrimmedScaledObject is what every cache of pulse keeps of a ScaledObject
+// u: its identity and versions, and its scaleTargetRef's kind and name,
+// each cut past 253 bytes and marked (a name no object Kubernetes serves
+// has, so it matches none).
+func TrimmedScaledObject(u *unstructured.Unstructured) *unstructured.Unstructured {
+	out := &unstructured.Unstructured{Object: map[string]any{}}
+	out.SetAPIVersion(u.GetAPIVersion())
+	out.SetKind(u.GetKind())
+	out.SetName(u.GetName())
+	out.SetNamespace(u.GetNamespace())
+	out.SetUID(u.GetUID())
+	out.SetResourceVersion(u.GetResourceVersion())
+	out.SetGeneration(u.GetGeneration())
+	ref := map[string]any{}
+	for _, f := range []string{"kind", "name"} {
+		if v, ok, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", f); ok {
+			ref[f] = CutName(v)
+		}
+	}
+	if len(ref) > 0 {
+		_ = unstructured.SetNestedMap(out.Object, ref, "spec", "scaleTargetRef")
+	}
+	return out
+}
+
+// CutName is v, or, past 253 bytes (a Kubernetes name's most), v cut and
+// marked: it matches no name.
+func CutName(v string) string {
+	if len(v) <= maxWorkloadName {
+		return v
+	}
+	return v[:maxWorkloadName] + "..."
+}
+
+// plannerMetadata is the metadata of tr, a ScaledObject's trigger, as the
+// cache keeps it when tr is a planner trigger KEDA's call would parse: the
+// keys pulse and KEDA know; nil otherwise.
+func plannerMetadata(tr any) map[string]any {
+	m, _ := tr.(map[string]any)
+	if typ, _, _ := unstructured.NestedString(m, "type"); typ != "external-push" {
+		return nil
+	}
+	raw, _ := m["metadata"].(map[string]any)
+	if len(raw) == 0 || len(raw) > maxMetadataKeys {
+		return nil
+	}
+	md := make(map[string]string, len(raw))
+	for k, v := range raw {
+		s, ok := v.(string)
+		if !ok {
+			return nil
+		}
+		md[k] = s
+	}
+	if !isPlanner(md) {
+		return nil
+	}
+	if _, err := metadata(md); err != nil {
+		return nil // bounded, then checked: KEDA's call is refused it
+	}
+	out := map[string]any{}
+	for k, v := range md {
+		if known[k] {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// isPlanner reports whether md names the planner, as parseMetric reads it
+// (metric, else metricName).
+func isPlanner(md map[string]string) bool {
+	if m := md["metric"]; m != "" {
+		return m == MetricReplicas
+	}
+	return md["metricName"] == MetricReplicas
 }
 
 // Run runs the informer until ctx ends.
