@@ -43,6 +43,9 @@ type Trigger struct {
 	// fromTarget: the workload was read from the ScaledObject's
 	// scaleTargetRef (no workload key in the metadata).
 	fromTarget bool
+	// Owner is the ScaledObject's namespace (ParseTrigger; the workload's
+	// when empty): the tenant whose room the planner's state takes.
+	Owner string
 }
 
 // Def is the metric the trigger scales on, with its parameters: a
@@ -178,7 +181,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if err != nil {
 		return t, err
 	}
-
+	t.Owner = ref.GetNamespace()
 	if err := parseWorkload(ref, md, resolver, &t); err != nil {
 		return t, err
 	}

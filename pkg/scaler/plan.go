@@ -27,17 +27,22 @@ const DefaultPlanWindow = 30 * time.Second
 // maxPlans bounds the workloads whose learned state is kept. Past it the
 // least recently planned of the namespace holding the most is forgotten
 // (and relearned if planned again): one tenant's many workloads, or its
-// triggers of many SLOs, forget its own state, never another tenant's.
+// triggers of many SLOs, forget its own state, never another tenant's. A
+// state is its ScaledObject's namespace's: with cross-namespace triggers
+// allowed, a reader's triggers on another tenant's workload were counted
+// in that tenant's namespace and forgot its own state.
 const maxPlans = 10000
 
-// planKey: one learned state per workload and SLOs.
+// planKey: one learned state per asking namespace, workload and SLOs.
 type planKey struct {
 	store.Key
 	TTFT, ITL  time.Duration
 	Percentile float64
+	Owner      string // the ScaledObject's namespace
 }
 
-// plans holds each workload's learned planner state, by namespace.
+// plans holds each workload's learned planner state, by the namespace of
+// the ScaledObjects that ask.
 type plans struct {
 	mu  sync.Mutex // ns and n
 	ns  map[string]*simplelru.LRU[planKey, planner.State]
@@ -62,7 +67,7 @@ func (p *plans) lockFor(k planKey) *sync.Mutex {
 
 // get is k's state (the zero State when none is held).
 func (p *plans) get(k planKey) planner.State {
-	if l := p.ns[k.Namespace]; l != nil {
+	if l := p.ns[k.Owner]; l != nil {
 		st, _ := l.Get(k)
 		return st
 	}
@@ -72,29 +77,29 @@ func (p *plans) get(k planKey) planner.State {
 // put holds st as k's state; past p.max, the namespace holding the most
 // forgets its least recently planned.
 func (p *plans) put(k planKey, st planner.State) {
-	if l := p.ns[k.Namespace]; l == nil || !l.Contains(k) {
+	if l := p.ns[k.Owner]; l == nil || !l.Contains(k) {
 		if p.n >= p.max {
 			p.forgetOne() // may forget k's namespace's last state, and its list
 		}
 		p.n++
 	}
-	l := p.ns[k.Namespace]
+	l := p.ns[k.Owner]
 	if l == nil {
 		l, _ = simplelru.NewLRU[planKey, planner.State](p.max, nil)
-		p.ns[k.Namespace] = l
+		p.ns[k.Owner] = l
 	}
 	l.Add(k, st)
 }
 
 // remove forgets k's state.
 func (p *plans) remove(k planKey) {
-	l := p.ns[k.Namespace]
+	l := p.ns[k.Owner]
 	if l == nil || !l.Remove(k) {
 		return
 	}
 	p.n--
 	if l.Len() == 0 {
-		delete(p.ns, k.Namespace)
+		delete(p.ns, k.Owner)
 	}
 }
 
@@ -131,10 +136,15 @@ func forgetOldestOfMost[K comparable, V any](ns map[string]*simplelru.LRU[K, V])
 func (s *Server) plan(t Trigger) (Decision, error) {
 	cfg := planner.Default(t.SLOTTFT)
 	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
-	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
-	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile}
+	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile, t.Owner}
+	if k.Owner == "" {
+		k.Owner = t.Workload.Namespace
+	}
 	keyLock := s.plans.lockFor(k)
 	keyLock.Lock()
+	// The snapshot is taken under the key's lock: one taken before it
+	// could be planned after a newer one, over the state that one left.
+	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
 	s.plans.mu.Lock()
 	st := s.plans.get(k)
 	s.plans.mu.Unlock()

@@ -331,7 +331,7 @@ func TestOneTenantsPlansForgetOnlyItsOwn(t *testing.T) {
 	p := newPlans()
 	p.max = 4
 	key := func(ns, w string) planKey {
-		return planKey{Key: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: w}}
+		return planKey{Key: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: w}, Owner: ns}
 	}
 	p.put(key("quiet", "llama"), planner.State{Capacity: 7})
 	for i := range 20 {
@@ -411,10 +411,10 @@ func TestOneWorkloadsPlanWaitsForNoOther(t *testing.T) {
 	f.pods("a")
 	f.report(map[string]float64{"a": 1})
 	md := map[string]string{"workspace": "llama", "metric": "replicas"}
-	mine := planKey{Key: llama, TTFT: 2 * time.Second}
+	mine := planKey{Key: llama, TTFT: 2 * time.Second, Owner: llama.Namespace}
 	var other planKey
 	for i := 0; ; i++ { // another tenant's key, under another lock
-		other = planKey{Key: store.Key{Namespace: "team-b", Kind: store.KindWorkspace, Name: fmt.Sprint("big-", i)}, TTFT: 2 * time.Second}
+		other = planKey{Key: store.Key{Namespace: "team-b", Kind: store.KindWorkspace, Name: fmt.Sprint("big-", i)}, TTFT: 2 * time.Second, Owner: "team-b"}
 		if f.server.plans.lockFor(other) != f.server.plans.lockFor(mine) {
 			break
 		}
@@ -465,7 +465,7 @@ func TestADeletedWorkloadForgetsWhatItLearned(t *testing.T) {
 		t.Fatalf("no pod: %v, want NotFound", err)
 	}
 	f.server.plans.mu.Lock()
-	st, held := f.server.plans.get(planKey{llama, 2 * time.Second, 0, 0}), f.server.plans.n
+	st, held := f.server.plans.get(planKey{llama, 2 * time.Second, 0, 0, llama.Namespace}), f.server.plans.n
 	f.server.plans.mu.Unlock()
 	if st.Capacity != 0 || !st.Since.IsZero() || held != 0 {
 		t.Fatalf("the workload has no pod: %d states held, capacity %v, since %s; want none", held, st.Capacity, st.Since)
@@ -481,5 +481,41 @@ func TestADeletedWorkloadForgetsWhatItLearned(t *testing.T) {
 	}
 	if d.Plan.Capacity > 3000*1.01 {
 		t.Fatalf("the workload made again broke at 3000/s: capacity %v, plan %v (%s); want about 3000", d.Plan.Capacity, d.Value, d.Plan.Reason)
+	}
+}
+
+// TestAReadersPlansForgetOnlyItsOwn: with cross-namespace triggers allowed,
+// a planner state was counted in the namespace of the workload it reads,
+// so another tenant's triggers on a workload of this one (one per SLO)
+// were counted in this one's namespace and, past the bound, forgot its own
+// learned state. A state is its ScaledObject's namespace's.
+func TestAReadersPlansForgetOnlyItsOwn(t *testing.T) {
+	f := newFixture(t)
+	f.server.crossNS = true
+	f.server.plans.max = 4
+	f.pods("a")
+	f.report(map[string]float64{"a": 1})
+	if _, err := f.client.IsActive(t.Context(), ref(replicasMD())); err != nil {
+		t.Fatal(err)
+	}
+	own := planKey{Key: llama, TTFT: 2 * time.Second, Owner: llama.Namespace}
+	f.server.plans.mu.Lock()
+	before := f.server.plans.get(own)
+	f.server.plans.mu.Unlock()
+	if before.Since.IsZero() {
+		t.Fatal("the victim's plan held no state")
+	}
+	for i := range 8 {
+		_, err := f.client.IsActive(t.Context(), &externalscaler.ScaledObjectRef{Name: "reader-so", Namespace: "reader",
+			ScalerMetadata: replicasMD("namespace", llama.Namespace, "sloTtft", fmt.Sprintf("%dms", 1100+i))})
+		if err != nil {
+			t.Fatalf("the reader's trigger: %v", err)
+		}
+	}
+	f.server.plans.mu.Lock()
+	after, held := f.server.plans.get(own), f.server.plans.n
+	f.server.plans.mu.Unlock()
+	if after.Since.IsZero() || held != 4 {
+		t.Fatalf("another tenant's 8 triggers: the victim's state %+v, %d states held; want it kept, and 4 held", after, held)
 	}
 }
