@@ -88,8 +88,13 @@ type Agent struct {
 	inflightMu sync.Mutex
 	inflight   map[string]bool
 	counters   map[string]*vllm.Counters // by uid, for the pods listed now
-	lastTick   atomic.Int64              // the last scrape tick, nanoseconds on the monotonic clock since monoStart (0: none yet)
-	httpAddr   atomic.Value              // string: the bound HTTP address, once listening
+	// series bounds the counter series every pod's counters follow;
+	// released are the counters of pods no longer listed whose scrape is
+	// in flight: their room is given back when it ends.
+	series   *vllm.Budget
+	released map[string]*vllm.Counters
+	lastTick atomic.Int64 // the last scrape tick, nanoseconds on the monotonic clock since monoStart (0: none yet)
+	httpAddr atomic.Value // string: the bound HTTP address, once listening
 }
 
 // HTTPAddr is the bound address of /metrics, /livez and /readyz; empty until
@@ -142,6 +147,8 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
 		counters:  map[string]*vllm.Counters{},
+		series:    vllm.NewBudget(maxSeries, maxSeries/2),
+		released:  map[string]*vllm.Counters{},
 		streamers: map[string]*streamer{},
 	}
 	if deps.Resolver == nil {
@@ -191,9 +198,15 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 		listed[t.UID] = true
 	}
 	a.inflightMu.Lock()
-	for uid := range a.counters {
-		if !listed[uid] {
-			delete(a.counters, uid)
+	for uid, c := range a.counters {
+		if listed[uid] {
+			continue
+		}
+		delete(a.counters, uid)
+		if a.inflight[uid] {
+			a.released[uid] = c
+		} else {
+			c.Release()
 		}
 	}
 	a.inflightMu.Unlock()
@@ -267,7 +280,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 		}
 		ph.due(now, func(key string) {
 			tgs := units[key]
-			counters := a.startScrape(key)
+			counters := a.startScrape(key, tgs[0].Namespace)
 			if counters == nil {
 				return
 			}
@@ -374,9 +387,14 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 // demandUnit prefixes the key of a router's scrape (never a uid).
 const demandUnit = "demand "
 
-// startScrape marks uid in flight and returns its counter state; nil when
-// the previous scrape of uid is still in flight.
-func (a *Agent) startScrape(uid string) *vllm.Counters {
+// maxSeries bounds the counter series the agent follows for all its pods
+// (vllm.Budget: 65,536 take about 6 MiB), half of them for one namespace's
+// pods; a vLLM page of 8 engines has a few hundred.
+const maxSeries = 1 << 16
+
+// startScrape marks uid, of namespace ns, in flight and returns its counter
+// state; nil when the previous scrape of uid is still in flight.
+func (a *Agent) startScrape(uid, ns string) *vllm.Counters {
 	a.inflightMu.Lock()
 	defer a.inflightMu.Unlock()
 	if a.inflight[uid] {
@@ -386,7 +404,7 @@ func (a *Agent) startScrape(uid string) *vllm.Counters {
 	a.inflight[uid] = true
 	c := a.counters[uid]
 	if c == nil {
-		c = vllm.NewCounters()
+		c = vllm.NewCountersIn(a.series, ns)
 		a.counters[uid] = c
 	}
 	return c
@@ -395,6 +413,10 @@ func (a *Agent) startScrape(uid string) *vllm.Counters {
 func (a *Agent) endScrape(uid string) {
 	a.inflightMu.Lock()
 	delete(a.inflight, uid)
+	if c := a.released[uid]; c != nil {
+		c.Release()
+		delete(a.released, uid)
+	}
 	a.inflightMu.Unlock()
 }
 

@@ -46,7 +46,7 @@ func TestScrapeCountersCountEachScrapeOnce(t *testing.T) {
 	}
 	a.SetTargets(targets)
 	for _, tg := range targets {
-		a.scrapeOne(context.Background(), tg, a.startScrape(tg.UID))
+		a.scrapeOne(context.Background(), tg, a.startScrape(tg.UID, tg.Namespace))
 		a.endScrape(tg.UID)
 	}
 	want := `
@@ -168,4 +168,49 @@ func newIdleAgent(t *testing.T) *Agent {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestTheAgentsCounterSeriesAreBounded: each pod's counters followed at
+// most 4,096 series, but nothing bounded them all: a node's pods each
+// naming thousands took 37 MiB of an agent limited to 128 Mi at 110 pods.
+// The agent's budget (maxSeries, half of it for one namespace) bounds
+// them; a pod no longer listed gives its room back, once its scrape in
+// flight ends.
+func TestTheAgentsCounterSeriesAreBounded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range 4096 {
+			fmt.Fprintf(w, "vllm:prompt_tokens_total{req=%q} 1\n", r.URL.Path+fmt.Sprint(i))
+		}
+	}))
+	defer srv.Close()
+	a := newIdleAgent(t)
+	var targets []discovery.Target
+	for i := range 10 {
+		targets = append(targets, discovery.Target{UID: fmt.Sprint("h", i), Namespace: "hostile", Pod: fmt.Sprint("h", i), Ready: true, URL: fmt.Sprintf("%s/h%d", srv.URL, i)})
+	}
+	victim := discovery.Target{UID: "v", Namespace: "victim", Pod: "v", Ready: true, URL: srv.URL + "/v"}
+	a.SetTargets(append(targets, victim))
+	for _, tg := range targets {
+		a.scrapeOne(context.Background(), tg, a.startScrape(tg.UID, tg.Namespace))
+		a.endScrape(tg.UID)
+	}
+	if _, of := a.series.Held("hostile"); of != maxSeries/2 {
+		t.Fatalf("the hostile namespace's pods hold %d series, want its share %d", of, maxSeries/2)
+	}
+	a.scrapeOne(context.Background(), victim, a.startScrape(victim.UID, victim.Namespace))
+	a.endScrape(victim.UID)
+	if all, of := a.series.Held("victim"); of != 4096 || all != maxSeries/2+4096 {
+		t.Fatalf("held %d in all, %d of the victim's pod: want its 4096 followed", all, of)
+	}
+	// The hostile pods go, one of them with its scrape in flight.
+	inFlight := a.startScrape("h0", "hostile")
+	a.SetTargets([]discovery.Target{victim})
+	if _, of := a.series.Held("hostile"); of != 4096 {
+		t.Fatalf("the hostile namespace holds %d series after its pods went, want 4096: the one in flight's", of)
+	}
+	a.scrapeOne(context.Background(), targets[0], inFlight)
+	a.endScrape("h0")
+	if all, of := a.series.Held("hostile"); of != 0 || all != 4096 {
+		t.Fatalf("held %d in all, %d of the hostile namespace, once its scrape ended: want 4096 (the victim's) and 0", all, of)
+	}
 }

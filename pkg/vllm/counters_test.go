@@ -409,3 +409,55 @@ func TestSeriesAPageLacksAreSummedInOneOrder(t *testing.T) {
 		t.Fatalf("the same two pages summed to %v", seen)
 	}
 }
+
+// TestABudgetBoundsEveryPodsSeries: each pod follows at most maxSeries,
+// but a node's pods each holding their most took 37 MiB of an agent
+// limited to 128 Mi (110 pods). A Budget shared by every pod's Counters
+// bounds them all, and one namespace's; past it a new series is summed as
+// the page has it (the page's values still read); a series retired, and a
+// pod's Counters released, give their room back.
+func TestABudgetBoundsEveryPodsSeries(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := func(prefix string, n int) []byte {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{req=\"%s-%d\"} 1\n", prefix, i)
+		}
+		return []byte(b.String())
+	}
+	b := NewBudget(100, 60)
+	hostile := []*Counters{NewCountersIn(b, "hostile"), NewCountersIn(b, "hostile")}
+	for i, c := range hostile {
+		pg, err := e.ExtractWith(page(fmt.Sprint(i), 50), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := pg.Get(metric.PromptTokens); v != 50 {
+			t.Fatalf("a hostile pod's page: prompt tokens %v, want 50 (read past the budget too)", v)
+		}
+	}
+	if all, of := b.Held("hostile"); all != 60 || of != 60 {
+		t.Fatalf("held %d in all, %d of the hostile namespace: want 60, its share", all, of)
+	}
+	victim := NewCountersIn(b, "victim")
+	if _, err := e.ExtractWith(page("v", 30), victim); err != nil {
+		t.Fatal(err)
+	}
+	if all, of := b.Held("victim"); all != 90 || of != 30 || len(victim.series) != 30 {
+		t.Fatalf("held %d in all, %d of the victim (%d followed): want 90, 30 and 30", all, of, len(victim.series))
+	}
+	// The first hostile pod's series are retired (its page names others),
+	// then the second is released: their room is given back.
+	for range retireAfter {
+		if _, err := e.ExtractWith([]byte("vllm:num_requests_waiting 1\n"), hostile[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostile[1].Release()
+	if all, of := b.Held("hostile"); all != 30 || of != 0 {
+		t.Fatalf("after retiring and releasing: held %d in all, %d of the hostile namespace; want 30 and 0", all, of)
+	}
+}
