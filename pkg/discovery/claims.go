@@ -57,8 +57,9 @@ func Allows(claims map[string][]Workload, uid string, workloads []Workload) bool
 	return true
 }
 
-// maxOwnerRefs bounds the owner references ClaimsMeta keeps: Workloads
-// reads a pod's first few at most (MaxWorkloadsPerPod).
+// maxOwnerRefs bounds the owner references a cache keeps of a pod (each
+// one workload's: readOwners); an entry of more than MaxWorkloadsPerPod
+// workloads is refused.
 const maxOwnerRefs = 2 * MaxWorkloadsPerPod
 
 // ClaimsMeta is the part of a pod's metadata that Claims reads, bounded:
@@ -99,14 +100,7 @@ func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
 			keep(AnnotationDemandWorkloads, strings.Join(names, ","))
 		}
 	}
-	for _, o := range pod.OwnerReferences {
-		switch o.Kind {
-		case "ReplicaSet", "StatefulSet", "LeaderWorkerSet":
-			if len(m.OwnerReferences) < maxOwnerRefs {
-				m.OwnerReferences = append(m.OwnerReferences, metav1.OwnerReference{Kind: o.Kind, Name: o.Name})
-			}
-		}
-	}
+	m.OwnerReferences = readOwners(pod)
 	return m
 }
 

@@ -58,6 +58,12 @@ func DemandTargets(base Target, annotations map[string]string) ([]Target, error)
 		return nil, fmt.Errorf("annotation %s=%q: want epp, production-stack or custom", AnnotationDemandSource, wire.CleanText(src, 64))
 	}
 	if m := annotations[AnnotationDemandMetric]; m != "" {
+		// Counted before it is split: 250 KiB of commas was split into
+		// 256,000 names at every listing of the node's targets, then
+		// refused.
+		if n := strings.Count(m, ",") + 1; n > vllm.MaxDemandMetrics {
+			return nil, fmt.Errorf("demand source %q (annotation %s): %d metrics; at most %d", wire.CleanText(src, 64), AnnotationDemandMetric, n, vllm.MaxDemandMetrics)
+		}
 		d.Metrics = strings.Split(m, ",")
 		for i := range d.Metrics {
 			d.Metrics[i] = strings.TrimSpace(d.Metrics[i])

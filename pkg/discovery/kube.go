@@ -191,12 +191,15 @@ func checkWorkloadNames(ws []Workload) error {
 // slim is what discovery reads of pod, and no more: its identity, node,
 // phase and times always; and only for a pod pulse looks at (the selector
 // matches it, pulse.io/scrape is "true", or it is a demand source) and
-// that has not finished, the labels the selector and Workloads read, its
-// pulse.io/ annotations, its owners, its containers' ports, its IP and
-// conditions. The cache held every pod of the node whole (only managed
-// fields were dropped): a tenant's pods, finished or never selected, with
-// 250 KiB of annotations and a 1 MiB variable each, held 125 MiB of an
-// agent limited to 128 Mi, and every tenant of the node lost its signal.
+// that has not finished, the labels the selector and Workloads read, the
+// pulse.io/ annotations discovery reads, the owners Workloads reads
+// (readOwners), the container ports portOf and declares read (readPorts),
+// its IP and Ready condition. The cache held every pod of the node whole
+// (only managed fields were dropped): a tenant's pods, finished or never
+// selected, with 250 KiB of annotations and a 1 MiB variable each, held
+// 125 MiB of an agent limited to 128 Mi, and every tenant of the node lost
+// its signal; then a scraped pod's every port, owner and pulse.io/ key:
+// 40 pods of 60,000 ports each held 138 MiB.
 func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 	out := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
@@ -208,8 +211,8 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 		return out
 	}
 	var ann map[string]string
-	for k, v := range pod.Annotations {
-		if strings.HasPrefix(k, "pulse.io/") {
+	for _, k := range annotationsRead {
+		if v, ok := pod.Annotations[k]; ok {
 			if ann == nil {
 				ann = map[string]string{}
 			}
@@ -233,12 +236,52 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			out.Labels[k] = v
 		}
 	}
-	out.Annotations, out.OwnerReferences = ann, pod.OwnerReferences
-	for _, c := range pod.Spec.Containers {
-		out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
+	out.Annotations, out.OwnerReferences = ann, readOwners(pod)
+	if ports := readPorts(pod); len(ports) > 0 {
+		out.Spec.Containers = []corev1.Container{{Ports: ports}}
 	}
-	out.Status.PodIP, out.Status.Conditions = pod.Status.PodIP, pod.Status.Conditions
+	out.Status.PodIP = pod.Status.PodIP
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime}}
+			break
+		}
+	}
 	return out
+}
+
+// annotationsRead are the pulse.io/ annotations discovery reads of a pod.
+var annotationsRead = []string{AnnotationScrape, AnnotationPort, AnnotationPath, AnnotationScheme, KeyWorkload,
+	AnnotationDemandSource, AnnotationDemandWorkloads, AnnotationDemandKind, AnnotationDemandMetric, AnnotationDemandLabel, AnnotationDemandType}
+
+// readPorts are the container ports of pod that portOf and declares read,
+// in the order portOf reads them: the first named metrics, the first named
+// http, and the first that declares the port in use.
+func readPorts(pod *corev1.Pod) []corev1.ContainerPort {
+	var out []corev1.ContainerPort
+	for _, name := range []string{"metrics", "http"} {
+		if cp, ok := firstPort(pod, func(cp corev1.ContainerPort) bool { return cp.Name == name }); ok {
+			out = append(out, cp)
+		}
+	}
+	if port, err := portOf(pod); err == nil {
+		if cp, ok := firstPort(pod, func(cp corev1.ContainerPort) bool { return declaresPort(cp, port) }); ok {
+			out = append(out, cp)
+		}
+	}
+	return out
+}
+
+// firstPort is the first of pod's container ports that is.
+func firstPort(pod *corev1.Pod, is func(corev1.ContainerPort) bool) (corev1.ContainerPort, bool) {
+	for _, c := range pod.Spec.Containers {
+		for _, cp := range c.Ports {
+			if is(cp) {
+				return corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol, HostIP: cp.HostIP}, true
+			}
+		}
+	}
+	return corev1.ContainerPort{}, false
 }
 
 // TargetsOf is TargetOf for any pod: a model server's one target, or a
@@ -384,14 +427,14 @@ func readySince(pod *corev1.Pod) (time.Time, bool) {
 // to one pod, so a UDP port or one on another address claims nothing of
 // the TCP listener the page is read from.
 func declares(pod *corev1.Pod, port int) bool {
-	for _, c := range pod.Spec.Containers {
-		for _, cp := range c.Ports {
-			if int(cp.ContainerPort) == port && (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && (cp.HostIP == "" || cp.HostIP == "0.0.0.0") {
-				return true
-			}
-		}
-	}
-	return false
+	_, ok := firstPort(pod, func(cp corev1.ContainerPort) bool { return declaresPort(cp, port) })
+	return ok
+}
+
+// declaresPort is whether cp declares port, TCP, on all the node's
+// addresses.
+func declaresPort(cp corev1.ContainerPort, port int) bool {
+	return int(cp.ContainerPort) == port && (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && (cp.HostIP == "" || cp.HostIP == "0.0.0.0")
 }
 
 // portOf: annotation, else the container port named metrics, else http,
@@ -444,18 +487,46 @@ func Workloads(pod *corev1.Pod) []Workload {
 		add(pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, v)
 	}
 	for _, o := range pod.OwnerReferences {
-		switch o.Kind {
-		case "ReplicaSet":
-			if h := pod.Labels[labelTemplateHash]; h != "" && strings.HasSuffix(o.Name, "-"+h) {
-				add(pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, strings.TrimSuffix(o.Name, "-"+h))
-			}
-		case "StatefulSet":
-			if pod.Labels[LabelLWSName] == "" { // an LWS's own StatefulSets are the LWS
-				add(pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, o.Name)
-			}
-		case "LeaderWorkerSet":
-			add(pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, o.Name)
+		if w, ok := ownerWorkload(pod, o); ok {
+			add(w.Kind, w.Name)
 		}
+	}
+	return out
+}
+
+// ownerWorkload is the workload owner reference o gives pod, if any.
+func ownerWorkload(pod *corev1.Pod, o metav1.OwnerReference) (Workload, bool) {
+	switch o.Kind {
+	case "ReplicaSet":
+		if h := pod.Labels[labelTemplateHash]; h != "" && strings.HasSuffix(o.Name, "-"+h) {
+			return Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_DEPLOYMENT, Name: strings.TrimSuffix(o.Name, "-"+h)}, true
+		}
+	case "StatefulSet":
+		if pod.Labels[LabelLWSName] == "" { // an LWS's own StatefulSets are the LWS
+			return Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_STATEFUL_SET, Name: o.Name}, true
+		}
+	case "LeaderWorkerSet":
+		return Workload{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_LEADER_WORKER_SET, Name: o.Name}, true
+	}
+	return Workload{}, false
+}
+
+// readOwners are the owner references of pod that give it a workload
+// (ownerWorkload), one for each workload, the first maxOwnerRefs: the
+// cache of the agent's node and the aggregator's of every pod keep these
+// alone. Past a pod's MaxWorkloadsPerPod workloads its entry is refused.
+func readOwners(pod *corev1.Pod) []metav1.OwnerReference {
+	var out []metav1.OwnerReference
+	seen := map[Workload]bool{}
+	for _, o := range pod.OwnerReferences {
+		w, ok := ownerWorkload(pod, o)
+		if !ok || seen[w] {
+			continue
+		}
+		if seen[w] = true; len(out) == maxOwnerRefs {
+			break
+		}
+		out = append(out, metav1.OwnerReference{Kind: o.Kind, Name: o.Name})
 	}
 	return out
 }

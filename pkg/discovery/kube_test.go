@@ -396,3 +396,62 @@ func TestABadPodIsLoggedOnceAState(t *testing.T) {
 		t.Fatalf("the bad pod with another error logged %d times in all, want twice", n)
 	}
 }
+
+// TestTheCacheBoundsAScrapedPod: slim kept a scraped pod's every port,
+// owner and pulse.io/ annotation, though discovery reads a few: a tenant's
+// pod annotated pulse.io/scrape with 60,000 ports and 200 KiB of
+// pulse.io/pad-N annotations kept 1.18 MiB, and 40 of them held 138 MiB of
+// an agent limited to 128 Mi. It keeps the ports portOf and declares read,
+// the owners that give a workload, the annotations discovery reads, and
+// the Ready condition; the pod's target is the same.
+func TestTheCacheBoundsAScrapedPod(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	p := kaitoPod("heavy", "node-1", true)
+	p.Spec.HostNetwork = true
+	p.Labels[labelTemplateHash] = "abc"
+	p.Annotations = map[string]string{AnnotationScrape: "true", AnnotationPort: "9000"}
+	for j := range 200 {
+		p.Annotations[fmt.Sprintf("pulse.io/pad-%d", j)] = strings.Repeat("x", 1<<10)
+	}
+	for port := int32(1); port <= 60000; port++ {
+		p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: port, Protocol: corev1.ProtocolTCP})
+	}
+	for i := range 1000 {
+		p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "ReplicaSet", Name: fmt.Sprint("old-", i)})
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodConditionType(fmt.Sprint("gate-", i)), Status: corev1.ConditionTrue})
+	}
+	p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "ReplicaSet", Name: "llama-abc"})
+	want, ok, err := TargetOf(p, "node-1", sel)
+	if !ok || err != nil {
+		t.Fatalf("the pod's target: %v, %v", ok, err)
+	}
+	s := slim(p, sel)
+	if size := s.Size(); size > 2<<10 {
+		t.Errorf("slim kept %d bytes of a pod discovery reads a port, a workload and a condition of (%d ports, %d annotations, %d owners, %d conditions)",
+			size, len(s.Spec.Containers[0].Ports), len(s.Annotations), len(s.OwnerReferences), len(s.Status.Conditions))
+	}
+	if got, ok, err := TargetOf(s, "node-1", sel); !ok || err != nil || !got.Equal(want) {
+		t.Fatalf("the slimmed pod's target %+v (%v, %v), want %+v", got, ok, err, want)
+	}
+	if fmt.Sprint(Workloads(s)) != fmt.Sprint(Workloads(p)) {
+		t.Fatalf("the slimmed pod's workloads %v, want %v", Workloads(s), Workloads(p))
+	}
+}
+
+// TestClaimsMetaClaimsWhatThePodClaims: ClaimsMeta kept a pod's first 16
+// owner references of the kinds Workloads reads, many of which give no
+// workload (a ReplicaSet not of the pod's template hash), so a workload
+// the 17th gave was missing from the cached claims, and each listing of
+// the pod cost an API lookup from the budget every stream shares.
+func TestClaimsMetaClaimsWhatThePodClaims(t *testing.T) {
+	p := kaitoPod("p", "node-1", true)
+	p.Labels = map[string]string{labelTemplateHash: "abc"}
+	for i := range 16 {
+		p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "ReplicaSet", Name: fmt.Sprintf("old-%d", i)})
+	}
+	p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "StatefulSet", Name: "llama"})
+	want := Claims(p)
+	if got := Claims(&corev1.Pod{ObjectMeta: ClaimsMeta(p)}); fmt.Sprint(got) != fmt.Sprint(want) || len(want) == 0 {
+		t.Fatalf("Claims of ClaimsMeta = %v, of the pod %v", got, want)
+	}
+}
