@@ -14,6 +14,9 @@ type catalogue struct {
 	next    uint32
 	version uint64
 	changed chan struct{}
+	// known is closed at the first Set: the node's pods have been listed.
+	known     chan struct{}
+	knownOnce sync.Once
 }
 
 type entry struct {
@@ -22,7 +25,7 @@ type entry struct {
 }
 
 func newCatalogue() *catalogue {
-	return &catalogue{entries: map[string]*entry{}, next: 1, changed: make(chan struct{})}
+	return &catalogue{entries: map[string]*entry{}, next: 1, changed: make(chan struct{}), known: make(chan struct{})}
 }
 
 // Set replaces the targets. Ids of pods that stay are kept; ids of removed
@@ -31,6 +34,7 @@ func newCatalogue() *catalogue {
 func (c *catalogue) Set(targets []discovery.Target) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.knownOnce.Do(func() { close(c.known) })
 	changed := false
 	keep := make(map[string]bool, len(targets))
 	for _, t := range targets {

@@ -27,6 +27,16 @@ func (a *Agent) fanOut(ctx context.Context) {
 		}
 		wg.Wait()
 	}()
+	// No stream before discovery has listed the node's pods once: a
+	// stream's first catalogue is full, and the empty one a restarted
+	// agent sent while its pod informer synced unlisted every pod of the
+	// node on every aggregator replica (their windows and counters
+	// dropped, relisted as new a moment later).
+	select {
+	case <-a.cat.known:
+	case <-ctx.Done():
+		return
+	}
 	t := time.NewTicker(a.opts.ResolveInterval)
 	defer t.Stop()
 	for {
