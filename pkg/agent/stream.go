@@ -242,7 +242,12 @@ func watchAcks(ctx context.Context, cancel context.CancelCauseFunc, sent, acked 
 	var last uint64       // the ack last seen
 	for sleep(ctx, ackDeadline/4) {
 		a := acked.Load()
-		if c := cataloguing.Load(); c != 0 && sent.Load() <= a && time.Since(time.Unix(0, c)) > ackDeadline {
+		// A catalogue's Send blocked past the deadline ends the stream,
+		// whether batches wait for an ack or not: behind unacknowledged
+		// batches (acks come every 10 s) it held the session's loop, so no
+		// batch was sent after it, the batch watch reset as idle, and the
+		// stream stayed connected for ever, delivering nothing.
+		if c := cataloguing.Load(); c != 0 && time.Since(time.Unix(0, c)) > ackDeadline {
 			cancel(fmt.Errorf("a catalogue not taken in %s: the aggregator reads no more", ackDeadline))
 			return
 		}
