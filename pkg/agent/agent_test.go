@@ -37,12 +37,15 @@ func TestOptionsValidate(t *testing.T) {
 	o := NewOptions()
 	o.ScrapeInterval = time.Millisecond
 	o.ExtraMetrics = stringList{"bad name"}
+	for i := range 32 { // 33 in all: the aggregator refuses a hello of more than 32
+		o.ExtraMetrics = append(o.ExtraMetrics, fmt.Sprint("gauge_", i))
+	}
 	o.Log.Format = "xml"
 	o.NVML = "maybe"
 	o.PodSelector = "a in (b"
 	o.ReconnectMaxBackoff = 0 // the reconnect's jitter once panicked on it
 	err := o.Validate()
-	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "--log-format", "--nvml", "--pod-selector", "--reconnect-max-backoff"} {
+	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "given 33 times; at most 32", "--log-format", "--nvml", "--pod-selector", "--reconnect-max-backoff"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/vllm"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Options are the agent's flags.
@@ -148,6 +149,9 @@ func (o *Options) Validate() error {
 		if _, err := vllm.ParseExtraMetric(e); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(o.ExtraMetrics) > wire.MaxExtraMetrics {
+		errs = append(errs, fmt.Errorf("--extra-metric is given %d times; at most %d (the aggregator refuses a stream that forwards more)", len(o.ExtraMetrics), wire.MaxExtraMetrics))
 	}
 	errs = append(errs, o.Log.Validate())
 	return errors.Join(errs...)

@@ -109,7 +109,7 @@ func New(st *store.Store, o Options) *Server {
 		limits.MaxPodsPerStream = 1024
 	}
 	if limits.MaxExtraMetrics <= 0 {
-		limits.MaxExtraMetrics = 32
+		limits.MaxExtraMetrics = wire.MaxExtraMetrics
 	}
 	s := &Server{store: st, log: o.Log, version: o.Version, limits: limits, auth: o.Auth, onHist: o.OnHistograms, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{

@@ -86,6 +86,11 @@ type Sample struct {
 	Error   string
 }
 
+// MaxExtraMetrics bounds the extra gauges a stream forwards (a hello
+// naming more is refused): the agent refuses more --extra-metric, which
+// had validated, then had every stream refused, delivering nothing.
+const MaxExtraMetrics = 32
+
 // Printable is s as a terminal shows it as text: each character that
 // would move or restyle it (C0 controls but newline and tab, DEL, C1), or
 // that reorders or hides what follows (Unicode's format characters: bidi
