@@ -28,6 +28,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/netbound"
 	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/vllm"
@@ -619,6 +620,19 @@ func (a *Agent) aggregatorConnected() (addrs []string, ok bool) {
 	return addrs, ok
 }
 
+// The agent's HTTP port (/metrics, /livez, /readyz) is reachable from any
+// pod of the cluster (the chart has no NetworkPolicy for it). Each
+// connection held costs a goroutine and its buffers, about 19 KiB, for up to
+// the server's IdleTimeout: one pod opening thousands took the agent past
+// its 128Mi limit, and every tenant of the node lost its scraping with it.
+// The port holds at most maxHTTPConns connections (netbound), and at most
+// maxHTTPConnsPerIP from one address, so that one client cannot take the
+// room of the kubelet's probes (from the node's address) or Prometheus's.
+const (
+	maxHTTPConns      = 256
+	maxHTTPConnsPerIP = 16
+)
+
 func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", app.MetricsHandler(a.reg, promhttp.HandlerOpts{}))
@@ -648,7 +662,7 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
 	}
-	ln := newBoundedListener(raw, maxHTTPConns, maxHTTPConnsPerIP)
+	ln := netbound.New(raw, maxHTTPConns, maxHTTPConnsPerIP)
 	// Bounded as the aggregator's: a slow or idle client holds nothing
 	// for long.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,

@@ -36,6 +36,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/netbound"
 	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -194,8 +195,25 @@ func (a *Aggregator) listen() error {
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
 	a.ingestLn = newLimitListener(a.ingestLn, s.MaxIngestConnections)
+	// The HTTP ports held every connection for up to their IdleTimeout,
+	// 10 to 19 KiB each, unbounded: the health port is open to every pod
+	// (the kubelet's probes), the http port by default; one pod opening
+	// 30,000 took every replica past its memory limit.
+	for _, ln := range []*net.Listener{&a.httpLn, &a.healthLn, &a.debugLn} {
+		if *ln != nil {
+			*ln = netbound.New(*ln, maxHTTPConns, maxHTTPConnsPerIP)
+		}
+	}
 	return nil
 }
+
+// maxHTTPConns bounds the connections each HTTP port holds at once (past
+// it a new one is closed), maxHTTPConnsPerIP those of one address: a flood
+// from one pod leaves room for the kubelet's probes and Prometheus.
+const (
+	maxHTTPConns      = 1024
+	maxHTTPConnsPerIP = 64
+)
 
 // close releases the listeners of an aggregator that will not run.
 func (a *Aggregator) close() {

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -514,5 +515,46 @@ func TestIngestConnectionsAreBounded(t *testing.T) {
 	first.Close()
 	if err := check(second, 10*time.Second); err != nil {
 		t.Fatalf("the second connection once the first closed: %v", err)
+	}
+}
+
+// TestTheHTTPPortsHoldBoundedConnections: the health port (open to every
+// pod for the kubelet's probes) and the http port held every connection
+// for up to their IdleTimeout, 19 and 10 KiB each, unbounded: one pod
+// opening 30,000 took every replica past its 512Mi limit. Each holds at
+// most maxHTTPConnsPerIP from one address, and a probe from another
+// address is answered beside the flood.
+func TestTheHTTPPortsHoldBoundedConnections(t *testing.T) {
+	a := start(t, func(o *Options) { o.Serving.HealthAddr = "127.0.0.1:0"; o.Warmup.Duration = 0 })
+	for _, port := range []struct{ name, addr string }{{"health", a.healthLn.Addr().String()}, {"http", a.HTTPAddr()}} {
+		var held []net.Conn
+		accepted := 0
+		for range 2 * maxHTTPConnsPerIP {
+			c, err := net.Dial("tcp", port.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: aggregator\r\n\r\n"); err != nil {
+				continue
+			}
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				_ = resp.Body.Close()
+				accepted++ // held open after its answer (keep-alive)
+			}
+		}
+		if accepted == 0 || accepted > maxHTTPConnsPerIP {
+			t.Errorf("%s port: one address's %d connections, %d held; want 1 to %d", port.name, 2*maxHTTPConnsPerIP, accepted, maxHTTPConnsPerIP)
+		}
+		probe := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+		resp, err := probe.Get("http://" + port.addr + "/livez")
+		if err != nil {
+			t.Fatalf("%s port: the probe beside a flood: %v", port.name, err)
+		}
+		_ = resp.Body.Close()
+		for _, c := range held {
+			_ = c.Close()
+		}
 	}
 }

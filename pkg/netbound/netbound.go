@@ -1,0 +1,84 @@
+// Package netbound bounds the connections an HTTP port holds: in all, and
+// from one address. A port reachable from any pod of a shared cluster (the
+// agent's /metrics, /livez and /readyz; the aggregator's health, http and
+// debug ports) held every connection for up to its server's IdleTimeout,
+// about 10 to 19 KiB each: one pod opening thousands took the process past
+// its memory limit, and every tenant's signal with it.
+package netbound
+
+import (
+	"net"
+	"sync"
+)
+
+// Listener accepts connections within its bounds; past them a connection
+// is closed at once (waiting would hold the kubelet's probes, from another
+// address, behind a flood).
+type Listener struct {
+	net.Listener
+	mu            sync.Mutex
+	all           int
+	byIP          map[string]int
+	maxAll, maxIP int
+}
+
+// New bounds l to maxAll connections held at once, maxIP of them from one
+// address.
+func New(l net.Listener, maxAll, maxIP int) *Listener {
+	return &Listener{Listener: l, byIP: map[string]int{}, maxAll: maxAll, maxIP: maxIP}
+}
+
+// Accept returns the next connection within the bounds.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := c.RemoteAddr().String()
+		if host, _, err := net.SplitHostPort(ip); err == nil {
+			ip = host
+		}
+		l.mu.Lock()
+		ok := l.all < l.maxAll && l.byIP[ip] < l.maxIP
+		if ok {
+			l.all++
+			l.byIP[ip]++
+		}
+		l.mu.Unlock()
+		if !ok {
+			_ = c.Close()
+			continue
+		}
+		return &conn{Conn: c, release: func() { l.release(ip) }}, nil
+	}
+}
+
+// Held is the number of connections held now.
+func (l *Listener) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all
+}
+
+func (l *Listener) release(ip string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all--
+	if l.byIP[ip]--; l.byIP[ip] <= 0 {
+		delete(l.byIP, ip)
+	}
+}
+
+// conn gives its room back once, at its first Close.
+type conn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *conn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}

@@ -1,0 +1,67 @@
+package netbound
+
+import (
+	"net"
+	"testing"
+	"time"
+)
+
+// TestConnectionsAreBounded: past its bound from one address a connection
+// is closed at once, another address is still served, and a connection
+// closed gives its room back.
+func TestConnectionsAreBounded(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(raw, 3, 2)
+	defer func() { _ = l.Close() }()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func(from string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	held := func(want int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); l.Held() != want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections held, want %d", l.Held(), want)
+			}
+		}
+	}
+	a1, a2 := dial("127.0.0.1"), dial("127.0.0.1")
+	held(2)
+	a3 := dial("127.0.0.1") // past 2 from one address: closed by the listener
+	_ = a3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := a3.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a third connection from one address was held")
+	}
+	b1 := dial("127.0.0.2")
+	held(3)
+	b2 := dial("127.0.0.2") // past 3 in all
+	_ = b2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := b2.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a fourth connection was held")
+	}
+	_ = (<-accepted).Close()
+	held(2)
+	b3 := dial("127.0.0.2") // room again
+	held(3)
+	for _, c := range []net.Conn{a1, a2, a3, b1, b2, b3} {
+		_ = c.Close()
+	}
+}
