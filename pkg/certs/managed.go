@@ -294,11 +294,18 @@ func (m *Managed) nextDue(ca *x509.Certificate) time.Time {
 
 // nextFit is whether the next CA and its key are readable and it
 // outlives what it will sign when it replaces ca (at two thirds through
-// ca's life): made before the validity was lowered, it can expire first.
+// ca's life, or now, if that is past): made before the validity was
+// lowered, it can expire first; and an aggregator not running across the
+// switch and the next CA's expiry (scaled to zero, a cluster stopped) put
+// the expired next CA in place at its start, every handshake failing.
 func (m *Managed) nextFit(sec *corev1.Secret, ca *x509.Certificate) bool {
 	next, certErr := parseCert(sec.Data[KeyNextCACert])
 	_, keyErr := parseKey(sec.Data[KeyNextCAKey])
-	return certErr == nil && keyErr == nil && !next.NotAfter.Before(twoThirds(ca).Add(m.o.Validity))
+	at := twoThirds(ca)
+	if now := m.o.Now(); now.After(at) {
+		at = now
+	}
+	return certErr == nil && keyErr == nil && !next.NotAfter.Before(at.Add(m.o.Validity))
 }
 
 // due reports whether any certificate or key is missing, unreadable, not

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -442,14 +443,7 @@ func TestALoweredValidityLeavesNoCut(t *testing.T) {
 		if err := lowered.Ensure(ctx); err != nil {
 			t.Fatal(err)
 		}
-		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := parseCert(s.Data[KeyCACert])
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, ca := signingCA(t, client)
 		if !clock.Now().Before(ca.NotAfter) {
 			t.Fatalf("hour %d: the CA that signs expired at %s", hour, ca.NotAfter)
 		}
@@ -465,4 +459,49 @@ func TestALoweredValidityLeavesNoCut(t *testing.T) {
 	if switches < 3 {
 		t.Fatalf("%d CAs signed over 200 days at a 7-day validity, want the rollover to go on", switches)
 	}
+}
+
+// TestAnExpiredNextCAIsNotPutInPlace: the next CA is made halfway through
+// the current one's life (day 45 of 90 at a 30-day validity) for three
+// validities (to day 136). An aggregator that is not running from day 50
+// to day 141 (scaled to zero, a cluster stopped) finds at its start both
+// CAs expired; nextFit measured the next one against the switch as it was
+// due (day 60 plus a validity), not against now, so the expired next CA
+// was put in place and signed the pairs: every handshake failed until the
+// next check (up to an hour), and the replica said it was ready. A CA is
+// made anew.
+func TestAnExpiredNextCAIsNotPutInPlace(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, clock := managed(t, 141*24*time.Hour)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(46 * 24 * time.Hour) // the next CA, published
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(95 * 24 * time.Hour) // back to now: both CAs expired
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ca := signingCA(t, client); !clock.Now().Before(ca.NotAfter) {
+		t.Errorf("the CA that signs expired at %s (now %s)", ca.NotAfter.Format(time.DateOnly), clock.Now().Format(time.DateOnly))
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
+		t.Errorf("KEDA after the start: %v (ready: %v)", err, m.Ready())
+	}
+}
+
+// signingCA is the managed Secret and the CA that signs its pairs.
+func signingCA(t *testing.T, client *fake.Clientset) (*corev1.Secret, *x509.Certificate) {
+	t.Helper()
+	s, err := client.CoreV1().Secrets("pulse-system").Get(context.Background(), "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := parseCert(s.Data[KeyCACert])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ca
 }
