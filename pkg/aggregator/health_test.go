@@ -558,3 +558,41 @@ func TestTheHTTPPortsHoldBoundedConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmupCountsAnAgentWithNoReadyPod: an agent whose node has no ready
+// vLLM pod (an idle GPU node, or its pods loading their model) sends its
+// catalogue and no batch (it has nothing to scrape), and the warm-up
+// counted only agents a batch came from: with --agent-daemonset (the
+// chart's default) or --expected-agents, one such node held every
+// restarted replica unready and answering Unavailable for the whole
+// --warmup, though every agent was back and its state complete. Such an
+// agent is counted at its full catalogue.
+func TestWarmupCountsAnAgentWithNoReadyPod(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup.Duration, o.Warmup.ExpectedAgents = time.Hour, 2 })
+	report(t, a.IngestAddr(), "node-1", 20)
+	// node-2's agent: its one pod is loading its model (not ready).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := pulsev1.NewIngestClient(dial(t, a.IngestAddr())).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "node-2", ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}})
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Full: true, Upsert: []*pulsev1.Pod{{
+		Id: 1, Uid: "uid-node-2", Namespace: "demo", Name: "llama-node-2", Ready: false,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}}}}})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := httpStatus(t, "http://"+a.HTTPAddr()+"/readyz")
+		if code == 200 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("both agents back, their catalogues in: /readyz %d %q", code, strings.TrimSpace(body))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -440,8 +441,21 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
 	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
+	if c.Full && !st.heard && !slices.ContainsFunc(infos, scraped) {
+		// Its agent scrapes none of its pods (none ready: an idle GPU
+		// node, or its pods loading their model), so no batch comes: its
+		// state is whole with its catalogue. The warm-up counted agents a
+		// batch came from, and one such node held every restarted replica
+		// unready for the whole --warmup.
+		st.heard = true
+		st.srv.store.MarkHeard(st.hello.Node)
+	}
 	return nil
 }
+
+// scraped is whether the agent scrapes the pod info lists: one ready and
+// not being deleted.
+func scraped(info store.PodInfo) bool { return info.Ready && !info.Terminating }
 
 // checkSize: past the stream's limit a new entry is refused alone
 // (agent_full, in admit), before it costs an API lookup, and the pods held
