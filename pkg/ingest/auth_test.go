@@ -345,9 +345,9 @@ func TestAStreamEndsWithItsToken(t *testing.T) {
 // the provisioner's Lease renewals share (15,000 pods: five minutes of
 // it); after it, every made-up pod was one. A lookup now waits for the
 // cache, at most a bound, and a pod not in it is a GET within a rate for
-// all streams; past either the stream ends Unavailable and its agent
-// retries, listing its pods again. Rejected entries are logged at most ten
-// a minute a stream.
+// all streams; past either that entry is not held, looked up again at a
+// batch (TestAnAPIErrorRefusesNoPod), the stream's other entries held.
+// Rejected entries are logged at most ten a minute a stream.
 func TestPodLookupsAreBounded(t *testing.T) {
 	c := fakeAPI()
 	tr, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
@@ -361,16 +361,16 @@ func TestPodLookupsAreBounded(t *testing.T) {
 	f := newFixtureWith(t, tr)
 	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
 		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
-	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine)); status.Code(err) != codes.Unavailable {
-		t.Fatalf("a catalogue before the pod cache synced: %v, want the stream ended Unavailable", err)
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(mine)); err != nil || f.store.Pods() != 0 {
+		t.Fatalf("a catalogue before the pod cache synced: %v, %d pods held; want the entry not held, the stream kept", err, f.store.Pods())
 	}
 	gets := func() int { return podGets(c) }
 	if n := gets(); n != 0 {
 		t.Fatalf("%d pod GETs before the pod cache synced, want 0", n)
 	}
 
-	// Synced: made-up pods are GETs within the rate; past it the stream
-	// ends Unavailable.
+	// Synced: made-up pods are GETs within the rate; past it the entry is
+	// not held, the others are.
 	g := newFixtureWith(t, runningReviewer(t, c))
 	g.srv.auth.(*TokenReviewer).misses = rate.NewLimiter(0, 2)
 	madeUp := func(id uint32) *pulsev1.Pod {
@@ -378,8 +378,8 @@ func TestPodLookupsAreBounded(t *testing.T) {
 			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
 	}
 	err = g.runAs(t, "token-node-1", hello(), catalogue(mine, madeUp(2), madeUp(3), madeUp(4)))
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "too many lookups") {
-		t.Fatalf("made-up pods past the lookups' rate: %v, want the stream ended Unavailable", err)
+	if err != nil || g.store.Pods() != 1 || !strings.Contains(g.logs.String(), "too many lookups") {
+		t.Fatalf("made-up pods past the lookups' rate: %v, %d pods held; want mine held, the stream kept, the entry past the rate named", err, g.store.Pods())
 	}
 	if n := gets(); n != 2 {
 		t.Fatalf("%d pod GETs, want the 2 of the rate", n)
@@ -408,9 +408,10 @@ func TestPodLookupsAreBounded(t *testing.T) {
 // TestAnAPIErrorRefusesNoPod: a lookup the API could not answer (busy,
 // throttled, the stream gone) refused the entry as an unknown pod, and the
 // agent sends an entry again only when it changes: the pod went unreported
-// for the stream's life. Now only a pod the API does not have is unknown;
-// any other error ends the stream (Unavailable), and the agent sends its
-// whole catalogue again.
+// for the stream's life. Then it ended the stream, every other pod of the
+// node unreported until its agent reconnected. Now only a pod the API does
+// not have is unknown; an entry whose pod could not be looked up is not
+// held, the others are, and it is looked up again at a batch.
 func TestAnAPIErrorRefusesNoPod(t *testing.T) {
 	c := fakeAPI()
 	f := newFixtureWith(t, runningReviewer(t, c))
@@ -421,17 +422,40 @@ func TestAnAPIErrorRefusesNoPod(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	fresh := &pulsev1.Pod{Id: 1, Uid: "uid-fresh", Namespace: "ns", Name: "fresh", Ready: true, // not in the pod cache
+	fresh := &pulsev1.Pod{Id: 2, Uid: "uid-fresh", Namespace: "ns", Name: "fresh", Ready: true, // not in the pod cache
 		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
-	err := f.runAs(t, "token-node-1", hello(), catalogue(fresh))
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "busy") {
-		t.Fatalf("a lookup the API could not answer: %v, want the stream ended Unavailable", err)
+	mine := &pulsev1.Pod{Id: 1, Uid: "uid-mine", Namespace: "ns", Name: "mine", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer token-node-1"), 20*time.Second)
+	defer cancel()
+	stream := f.openStream(ctx, t, "node-1")
+	if err := stream.Send(catalogue(mine, fresh)); err != nil {
+		t.Fatal(err)
+	}
+	enc := wire.NewEncoder()
+	sendBatch(t, stream, enc, 1, 3, 1, 2)
+	if v := f.store.View(store.ViewOptions{FreshFor: time.Hour}); len(v) != 1 || len(v[0].Pods) != 1 || v[0].Pods[0].Name != "mine" {
+		t.Fatalf("after the API's 503: %+v; want mine held, the stream kept, fresh not held", v)
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod")); got != 0 {
 		t.Fatalf("rejected unknown_pod = %v after the API's 503, want 0", got)
 	}
-	// Asked again, the API has no such pod: that entry alone is refused.
-	if err := f.runAs(t, "token-node-1", hello(), catalogue(fresh)); err != nil {
+	// The pod is made; at the next batch (a second on) it is looked up
+	// again and held.
+	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fresh", Namespace: "ns", UID: "uid-fresh",
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(uncheckedEvery)
+	sendBatch(t, stream, enc, 2, 5, 1, 2)
+	v := f.store.View(store.ViewOptions{FreshFor: time.Hour})
+	if len(v) != 1 || len(v[0].Pods) != 2 || v[0].Pods[0].Values["waiting"] != 5 || v[0].Pods[1].Values["waiting"] != 5 {
+		t.Fatalf("after it was looked up again: %+v; want both held, with the batch's values", v)
+	}
+	// An entry the API does not have is refused alone, for good.
+	ghost := &pulsev1.Pod{Id: 3, Uid: "uid-ghost", Namespace: "ns", Name: "ghost",
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(ghost)); err != nil {
 		t.Fatalf("a pod the API does not have: %v, want the entry refused alone", err)
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod")); got != 1 {

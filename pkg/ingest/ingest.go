@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -220,21 +222,11 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	log.Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
-	held, err := s.store.OpenSource(hello.Node)
+	held, release, err := s.openSource(hello.Node, tokenExpires)
 	if err != nil {
-		s.m.rejected.WithLabelValues("node_streams").Inc()
-		return status.Errorf(codes.ResourceExhausted, "node %s: %v: this one is refused (the agent retries)", hello.Node, err)
+		return err
 	}
-	closeHeld := sync.OnceFunc(func() { s.store.CloseSource(hello.Node, held) })
-	defer closeHeld()
-	if !tokenExpires.IsZero() {
-		// A stream ends at its token's expiry only when a message comes:
-		// an idle one (or one whose agent stopped reading) stayed open, and
-		// what it listed was held for ever, another tenant's deleted pod
-		// among them. What it listed is let go then all the same.
-		t := time.AfterFunc(time.Until(tokenExpires), closeHeld)
-		defer t.Stop()
-	}
+	defer release()
 
 	st := &streamState{srv: s, hello: hello, stream: held, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), log: log, bound: boundNode != ""}
@@ -262,13 +254,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		}
 		switch m := msg.Msg.(type) {
 		case *pulsev1.AgentMessage_Catalogue:
-			err := st.catalogue(m.Catalogue)
-			if errors.Is(err, ErrLookupUnavailable) {
-				s.m.rejected.WithLabelValues("auth_unavailable").Inc()
-				log.Info("agent stream ended: its pods cannot be looked up now; the agent retries", logging.KeyErr, err)
-				return status.Error(codes.Unavailable, err.Error())
-			}
-			if err != nil {
+			if err := st.catalogue(m.Catalogue); err != nil {
 				s.m.rejected.WithLabelValues("catalogue").Inc()
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
@@ -287,6 +273,26 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			return status.Error(codes.InvalidArgument, "unexpected message after hello")
 		}
 	}
+}
+
+// openSource opens the stream's source in the store (release closes it),
+// or refuses the stream past the node's bound there.
+func (s *Server) openSource(node string, tokenExpires time.Time) (store.Stream, func(), error) {
+	held, err := s.store.OpenSource(node)
+	if err != nil {
+		s.m.rejected.WithLabelValues("node_streams").Inc()
+		return 0, nil, status.Errorf(codes.ResourceExhausted, "node %s: %v: this one is refused (the agent retries)", node, err)
+	}
+	closeHeld := sync.OnceFunc(func() { s.store.CloseSource(node, held) })
+	if tokenExpires.IsZero() {
+		return held, closeHeld, nil
+	}
+	// A stream ends at its token's expiry only when a message comes: an
+	// idle one (or one whose agent stopped reading) stayed open, and what
+	// it listed was held for ever, another tenant's deleted pod among
+	// them. What it listed is let go then all the same.
+	t := time.AfterFunc(time.Until(tokenExpires), closeHeld)
+	return held, func() { t.Stop(); closeHeld() }, nil
 }
 
 // authenticate returns the node a stream's bearer token is bound to, or ""
@@ -348,6 +354,14 @@ type streamState struct {
 	rejectLogs *rate.Limiter
 	dec        *wire.Decoder
 	stream     store.Stream // the store's name for this stream
+	// unchecked are entries whose pod could not be looked up (the pod
+	// cache not synced, the lookups' rate taken, the API busy): not held
+	// (a held pod's entry keeps its last admitted state), their samples
+	// skipped, looked up again at a batch at most every uncheckedEvery.
+	// One such entry ended the stream, every other pod of the node
+	// unreported until its agent reconnected and listed them all again.
+	unchecked map[uint32]*pulsev1.Pod
+	checked   time.Time // when unchecked entries were last looked up
 }
 
 // ackDue reports whether the batch just stored is acked: every batch, or
@@ -409,6 +423,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		clear(st.names)
 		clear(st.rejected)
 		clear(st.pending)
+		clear(st.unchecked)
 	}
 	var removed []string
 	for _, id := range c.Remove {
@@ -419,18 +434,36 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		}
 		delete(st.rejected, id)
 		delete(st.pending, id)
+		delete(st.unchecked, id)
 		st.dec.Forget(id)
 	}
 	if err := st.checkSize(c); err != nil {
 		return err
 	}
-	infos := make([]store.PodInfo, 0, len(c.Upsert))
-	ids := make([]uint32, 0, len(c.Upsert))
-	for _, p := range c.Upsert {
-		info, ok, err := st.admit(p, &removed)
-		if err != nil {
-			return err
+	st.admitAll(st.ctx, c.Upsert, c.Full, removed)
+	return nil
+}
+
+// admitAll admits entries, looking their pods up within ctx, and stores
+// those held (with full, the node's listing is theirs alone). After one
+// whose pod cannot be looked up now, the rest are looked up without
+// waiting (one waited up to the lookups' bounds: a catalogue of misses
+// would have waited that long each).
+func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, full bool, removed []string) {
+	infos := make([]store.PodInfo, 0, len(entries))
+	ids := make([]uint32, 0, len(entries))
+	for _, p := range entries {
+		info, ok, err := st.admit(ctx, p, &removed)
+		if errors.Is(err, ErrLookupUnavailable) {
+			st.uncheck(p, err)
+			if ctx.Err() == nil {
+				done, cancel := context.WithCancel(ctx)
+				cancel()
+				ctx = done
+			}
+			continue
 		}
+		delete(st.unchecked, p.Id) // admitted, or refused for good
 		if !ok {
 			continue
 		}
@@ -440,8 +473,8 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if len(removed) > 0 {
 		st.srv.store.Remove(st.hello.Node, removed...)
 	}
-	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, c.Full))
-	if c.Full && !st.heard && !slices.ContainsFunc(infos, scraped) {
+	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, full))
+	if full && !st.heard && len(st.unchecked) == 0 && !slices.ContainsFunc(infos, scraped) {
 		// Its agent scrapes none of its pods (none ready: an idle GPU
 		// node, or its pods loading their model), so no batch comes: its
 		// state is whole with its catalogue. The warm-up counted agents a
@@ -450,7 +483,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		st.heard = true
 		st.srv.store.MarkHeard(st.hello.Node)
 	}
-	return nil
 }
 
 // scraped is whether the agent scrapes the pod info lists: one ready and
@@ -485,9 +517,9 @@ func (st *streamState) checkSize(c *pulsev1.Catalogue) error {
 
 // admit takes one entry into the stream's pods, or refuses it alone (the
 // pod its id named before added to removed); ok is false when refused. An
-// error (ErrLookupUnavailable) ends the stream: the entry's pod could not
-// be looked up now, and the agent lists it again when it reconnects.
-func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodInfo, ok bool, err error) {
+// error (ErrLookupUnavailable) is an entry whose pod could not be looked
+// up now (uncheck).
+func (st *streamState) admit(ctx context.Context, p *pulsev1.Pod, removed *[]string) (info store.PodInfo, ok bool, err error) {
 	// The room is what is held now: an entry held before and refused in
 	// this catalogue gives its place back.
 	limit := st.srv.limits.MaxPodsPerStream
@@ -503,7 +535,7 @@ func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodI
 	if st.bound {
 		// An agent speaks only for the pods of its own node.
 		// It names only workloads its pod belongs to.
-		node, err := st.srv.auth.PodNode(st.ctx, entryOf(p, podUID))
+		node, err := st.srv.auth.PodNode(ctx, entryOf(p, podUID))
 		if errors.Is(err, ErrLookupUnavailable) {
 			return info, false, err
 		}
@@ -528,6 +560,53 @@ func (st *streamState) admit(p *pulsev1.Pod, removed *[]string) (info store.PodI
 	st.names[p.Id] = p.Namespace + "/" + p.Name
 	delete(st.pending, p.Id)
 	return info, true, nil
+}
+
+// uncheck keeps entry p, whose pod could not be looked up now, to be
+// looked up again at a batch: a pod held keeps what was admitted of it;
+// one not held is not, its samples skipped (counted once, as
+// auth_unavailable).
+func (st *streamState) uncheck(p *pulsev1.Pod, err error) {
+	if _, again := st.unchecked[p.Id]; !again {
+		st.srv.m.rejected.WithLabelValues("auth_unavailable").Inc()
+		if st.logAllowed() {
+			st.log.Info("catalogue entry not looked up now: looked up again at a batch", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
+		}
+	}
+	if len(st.unchecked) == 0 {
+		st.checked = time.Now() // looked up again uncheckedEvery from now
+	}
+	if st.unchecked == nil {
+		st.unchecked = map[uint32]*pulsev1.Pod{}
+	}
+	st.unchecked[p.Id] = proto.Clone(p).(*pulsev1.Pod) // the message goes back to its pool
+	if _, held := st.ids[p.Id]; !held {
+		delete(st.pending, p.Id)
+		st.rejected[p.Id] = true
+	}
+}
+
+// uncheckedEvery: how often a stream's unchecked entries are looked up
+// again, each time within uncheckedWait.
+const (
+	uncheckedEvery = time.Second
+	uncheckedWait  = time.Second
+)
+
+// recheck looks the unchecked entries up again, when due.
+func (st *streamState) recheck(now time.Time) {
+	if now.Sub(st.checked) < uncheckedEvery {
+		return
+	}
+	st.checked = now
+	ids := slices.Sorted(maps.Keys(st.unchecked))
+	entries := make([]*pulsev1.Pod, len(ids))
+	for i, id := range ids {
+		entries[i] = st.unchecked[id]
+	}
+	ctx, cancel := context.WithTimeout(st.ctx, uncheckedWait)
+	defer cancel()
+	st.admitAll(ctx, entries, false, nil)
 }
 
 // wait keeps the entries the store refused for room (infos[i] listed as
@@ -767,6 +846,9 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	}
 	if len(st.pending) > 0 {
 		st.relist()
+	}
+	if len(st.unchecked) > 0 {
+		st.recheck(time.Now())
 	}
 	reports := bufs.reports[:0]
 	nowMs := time.Now().UnixMilli()
