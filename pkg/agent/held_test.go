@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
@@ -440,5 +442,26 @@ func TestACatalogueBlockedBehindBatchesEndsTheStream(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the session never ended (connected %v, %v batches sent): its catalogue's Send blocked on a replica that reads nothing, batches unacknowledged before it",
 			s.connected.Load(), testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)))
+	}
+}
+
+// TestAnIdleStreamSendsHeartbeats: a stream whose node has no ready pod
+// sent nothing after its catalogue, and the aggregator ends a stream whose
+// token expired, and looks up entries it could not look up, only at a
+// message: an idle agent's entries were never held, its expired token
+// never seen. It sends an empty batch every heartbeatEvery without one.
+func TestAnIdleStreamSendsHeartbeats(t *testing.T) {
+	defer func(d time.Duration) { heartbeatEvery = d }(heartbeatEvery)
+	heartbeatEvery = 50 * time.Millisecond
+	loading := discovery.Target{UID: "u1", Namespace: "ns", Pod: "p1", Ready: false,
+		Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	s, client := streamTo(t, ingest.New(store.New(store.Options{}), ingest.Options{}), []discovery.Target{loading})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = s.session(ctx, client) }()
+	for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)) < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle stream sent %v batches, want heartbeats", testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)))
+		}
 	}
 }

@@ -175,6 +175,10 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
 	var seq uint64
+	beat := time.NewTicker(heartbeatEvery)
+	defer beat.Stop()
+	var lastSent time.Time // when a batch was last sent
+	due := false           // a heartbeat is due: no batch for heartbeatEvery
 	for {
 		version, current, changed := s.agent.cat.snapshot()
 		if cs.first || version != cs.version {
@@ -188,7 +192,13 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 				return err
 			}
 		}
-		if batch := s.batch(cs.ids, enc); batch != nil {
+		batch := s.batch(cs.ids, enc)
+		if batch == nil && due {
+			batch = &pulsev1.SampleBatch{TimeUnixMs: time.Now().UnixMilli()} // a heartbeat
+		}
+		due = false
+		if batch != nil {
+			lastSent = time.Now()
 			seq++
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
@@ -209,6 +219,8 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-changed:
+		case <-beat.C:
+			due = time.Since(lastSent) >= heartbeatEvery
 		case <-s.wake:
 			// Gather what the other scrapes of this tick bring.
 			if !sleep(ctx, s.agent.opts.BatchDelay) {
@@ -217,6 +229,14 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		}
 	}
 }
+
+// heartbeatEvery: a stream that has sent no batch this long (its node has
+// no ready pod: an idle GPU node, or its pods loading their model) sends
+// an empty one. The aggregator ends a stream whose token expired only at
+// a message, and looks entries it could not look up again only at a
+// batch: an idle agent's stream went on with neither, its entries never
+// held and its token's expiry never seen.
+var heartbeatEvery = 10 * time.Second
 
 // watchAcks ends the session when batches sent wait past ackDeadline for
 // an ack. An aggregator that takes batches and acknowledges none (a handler

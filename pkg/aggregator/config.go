@@ -254,17 +254,33 @@ func grpcOptions() []grpc.ServerOption {
 //   - At most 4 streams a connection (an agent opens one): gRPC allows
 //     2^32 - 1, each a handler and, with agent authentication, a token
 //     review.
+//   - A connection lives at most ingestConnectionAge (then a GOAWAY, and
+//     ingestConnectionGrace later it is closed; the agent reconnects with
+//     its current token and lists its pods in full). A stream ends at its
+//     token's expiry only when a message comes: a node's idle stream (its
+//     token copied) had held what it listed for ever, another tenant's
+//     deleted pods among them; it now outlives its token by at most this.
 func streamOptions(tls bool) []grpc.ServerOption {
 	read := 4 << 10
 	if tls {
 		read = 0
 	}
+	ka := ServerKeepalive
+	ka.MaxConnectionAge, ka.MaxConnectionAgeGrace = ingestConnectionAge, ingestConnectionGrace
 	return []grpc.ServerOption{
 		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
-		grpc.MaxConcurrentStreams(4),
+		grpc.MaxConcurrentStreams(4), grpc.KeepaliveParams(ka),
 	}
 }
+
+// ingestConnectionAge and ingestConnectionGrace bound an agent connection's
+// life (streamOptions): the agents' token lives an hour (the chart's
+// auth.expirationSeconds).
+var (
+	ingestConnectionAge   = time.Hour
+	ingestConnectionGrace = 30 * time.Second
+)
 
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	o := a.opts.Store

@@ -596,3 +596,38 @@ func TestWarmupCountsAnAgentWithNoReadyPod(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestAnIdleAgentConnectionEnds: a stream ends at its token's expiry only
+// when a message comes, so a node's idle stream (its token copied) held
+// what it listed for ever, another tenant's deleted pods among them. An
+// agent connection lives at most ingestConnectionAge (a GOAWAY, then
+// ingestConnectionGrace): the idle stream ends, what it listed goes
+// --pod-expiry later, and an honest agent reconnects with its current
+// token and lists its pods in full.
+func TestAnIdleAgentConnectionEnds(t *testing.T) {
+	defer func(a, g time.Duration) { ingestConnectionAge, ingestConnectionGrace = a, g }(ingestConnectionAge, ingestConnectionGrace)
+	ingestConnectionAge, ingestConnectionGrace = 500*time.Millisecond, 500*time.Millisecond
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := pulsev1.NewIngestClient(dial(t, a.IngestAddr())).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "node-1", ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() { _, err := stream.Recv(); ended <- err }() // idle: nothing more sent
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the idle stream got a message, want it ended")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("an idle agent stream outlived its connection's age")
+	}
+}

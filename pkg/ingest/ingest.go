@@ -222,7 +222,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	log.Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
-	held, release, err := s.openSource(hello.Node, tokenExpires)
+	held, release, err := s.openSource(hello.Node)
 	if err != nil {
 		return err
 	}
@@ -277,22 +277,13 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 
 // openSource opens the stream's source in the store (release closes it),
 // or refuses the stream past the node's bound there.
-func (s *Server) openSource(node string, tokenExpires time.Time) (store.Stream, func(), error) {
+func (s *Server) openSource(node string) (store.Stream, func(), error) {
 	held, err := s.store.OpenSource(node)
 	if err != nil {
 		s.m.rejected.WithLabelValues("node_streams").Inc()
 		return 0, nil, status.Errorf(codes.ResourceExhausted, "node %s: %v: this one is refused (the agent retries)", node, err)
 	}
-	closeHeld := sync.OnceFunc(func() { s.store.CloseSource(node, held) })
-	if tokenExpires.IsZero() {
-		return held, closeHeld, nil
-	}
-	// A stream ends at its token's expiry only when a message comes: an
-	// idle one (or one whose agent stopped reading) stayed open, and what
-	// it listed was held for ever, another tenant's deleted pod among
-	// them. What it listed is let go then all the same.
-	t := time.AfterFunc(time.Until(tokenExpires), closeHeld)
-	return held, func() { t.Stop(); closeHeld() }, nil
+	return held, func() { s.store.CloseSource(node, held) }, nil
 }
 
 // authenticate returns the node a stream's bearer token is bound to, or ""
@@ -893,7 +884,9 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	if dropped := st.srv.store.Add(reports); dropped > 0 {
 		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
 	}
-	if !st.heard {
+	if !st.heard && len(st.unchecked) == 0 {
+		// Its state is whole: the warm-up may count it (one whose
+		// entries are not looked up yet holds it).
 		st.heard = true
 		st.srv.store.MarkHeard(st.hello.Node)
 	}
