@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -403,45 +404,23 @@ func TestACatalogueNotTakenEndsTheStream(t *testing.T) {
 // connected, no batch going out.
 func TestACatalogueBlockedBehindBatchesEndsTheStream(t *testing.T) {
 	defer func(d time.Duration) { ackDeadline = d }(ackDeadline)
-	ackDeadline = time.Second
-	var targets []discovery.Target
-	for i := range 200 {
-		targets = append(targets, discovery.Target{UID: fmt.Sprint("u", i), Namespace: "ns", Pod: fmt.Sprint("p", i), Ready: true,
-			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})
-	}
-	s, client := streamTo(t, deafAggregator{}, targets, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- s.session(ctx, client) }()
-	// Batches of 200 failing pods go out into the window until they pass
-	// it and the stream's write quota (64 KiB each), no ack coming.
-	for n := 1.0; testutil.ToFloat64(s.agent.m.bytes.WithLabelValues(s.addr)) < 150<<10; n++ {
-		for i := range 200 {
-			s.offer(result{uid: fmt.Sprint("u", i), timeMs: time.Now().UnixMilli(), missing: pulsev1.MissingReason_MISSING_REASON_CONNECT,
-				err: fmt.Sprintf("connection refused %d %s", time.Now().UnixNano(), strings.Repeat("x", 150))})
-		}
-		for testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)) < n {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	// The catalogue changes (one pod more); the scrapes go on.
-	s.agent.SetTargets(append(targets, discovery.Target{UID: "new", Namespace: "ns", Pod: "new", Ready: true,
-		Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}))
-	go func() {
-		for ctx.Err() == nil {
-			s.offer(result{uid: "u0", timeMs: time.Now().UnixMilli()})
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	ackDeadline = 300 * time.Millisecond
+	var acked, sent atomic.Uint64
+	var sentAt, cataloguing atomic.Int64
+	sent.Store(4) // four batches wait for an ack
+	now := time.Now()
+	sentAt.Store(now.Add(-ackDeadline).UnixNano())          // the last batch's Send returned long ago: idle
+	cataloguing.Store(now.Add(-2 * ackDeadline).UnixNano()) // a catalogue's Send blocked since
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	go watchAcks(ctx, cancel, &sent, &acked, &sentAt, &cataloguing)
 	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "not taken") {
+	case <-ctx.Done():
+		if err := context.Cause(ctx); !strings.Contains(err.Error(), "not taken") {
 			t.Fatalf("the session ended with %v, want a catalogue not taken", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the session never ended (connected %v, %v batches sent): its catalogue's Send blocked on a replica that reads nothing, batches unacknowledged before it",
-			s.connected.Load(), testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)))
+	case <-time.After(10 * ackDeadline):
+		t.Fatal("a catalogue blocked behind unacknowledged batches did not end the session")
 	}
 }
 
