@@ -4,6 +4,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
 // limitListener accepts at most n connections at once, as
@@ -52,7 +54,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		<-l.sem
 		return nil, err
 	}
-	lc := &limitConn{Conn: c, release: func() { <-l.sem }}
+	lc := netbound.NewConn(c, func() { <-l.sem })
 	if rc := newReadyConn(lc, &l.readyReads); rc != nil {
 		return rc, nil
 	}
@@ -62,18 +64,5 @@ func (l *limitListener) Accept() (net.Conn, error) {
 func (l *limitListener) Close() error {
 	err := l.Listener.Close()
 	l.closeOnce.Do(func() { close(l.done) })
-	return err
-}
-
-// limitConn gives its slot back at its first Close.
-type limitConn struct {
-	net.Conn
-	releaseOnce sync.Once
-	release     func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.releaseOnce.Do(c.release)
 	return err
 }

@@ -9,11 +9,13 @@ import (
 	"syscall"
 
 	"google.golang.org/grpc/mem"
+
+	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
 // newReadyConn wraps a TCP connection of the limit so that gRPC reads it
 // into pooled buffers; nil for any other connection.
-func newReadyConn(lc *limitConn, reads *atomic.Int64) net.Conn {
+func newReadyConn(lc *netbound.Conn, reads *atomic.Int64) net.Conn {
 	tcp, ok := lc.Conn.(*net.TCPConn)
 	if !ok {
 		return nil
@@ -22,7 +24,7 @@ func newReadyConn(lc *limitConn, reads *atomic.Int64) net.Conn {
 	if err != nil {
 		return nil
 	}
-	rc := &readyConn{limitConn: lc, raw: raw, reads: reads}
+	rc := &readyConn{Conn: lc, raw: raw, reads: reads}
 	rc.doRead = rc.read
 	return rc
 }
@@ -32,7 +34,7 @@ func newReadyConn(lc *limitConn, reads *atomic.Int64) net.Conn {
 // goroutine, so the read's state lives in the struct (and doRead is bound
 // once): a read allocates nothing.
 type readyConn struct {
-	*limitConn
+	*netbound.Conn
 	raw    syscall.RawConn
 	reads  *atomic.Int64
 	doRead func(fd uintptr) bool

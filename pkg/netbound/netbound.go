@@ -50,7 +50,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		return &conn{Conn: c, release: func() { l.release(ip) }}, nil
+		return NewConn(c, func() { l.release(ip) }), nil
 	}
 }
 
@@ -70,14 +70,19 @@ func (l *Listener) release(ip string) {
 	}
 }
 
-// conn gives its room back once, at its first Close.
-type conn struct {
+// Conn is a connection that gives its room back once, at its first Close
+// (a bounded listener's: this one's, and the aggregator's ingest port's).
+type Conn struct {
 	net.Conn
 	once    sync.Once
 	release func()
 }
 
-func (c *conn) Close() error {
+// NewConn wraps c so that its first Close calls release.
+func NewConn(c net.Conn, release func()) *Conn { return &Conn{Conn: c, release: release} }
+
+// Close closes the connection and gives its room back (once).
+func (c *Conn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
