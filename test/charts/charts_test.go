@@ -1,0 +1,193 @@
+// Package charts renders deploy/daemonset and deploy/aggregator with helm
+// (the e2e tools' pinned build) and checks what they render against what
+// the binaries and the documents say.
+package charts
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// root is the repository root, from this package's directory.
+const root = "../.."
+
+// helm returns the pinned helm (HELM, else test/e2e/tools/build.sh helm),
+// or skips the test.
+func helm(t *testing.T) string {
+	t.Helper()
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	out, err := exec.Command(filepath.Join(root, "test", "e2e", "tools", "build.sh"), "helm").Output()
+	if err != nil {
+		t.Skipf("helm not built (test/e2e/tools/build.sh helm): %v", err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), "helm")
+}
+
+// render runs helm template on chart (a path) as the release named like
+// the README installs it, in pulse-system, with args.
+func render(t *testing.T, chart string, args ...string) (string, error) {
+	t.Helper()
+	release := map[string]string{"daemonset": "pulse-agent", "aggregator": "pulse-aggregator"}[filepath.Base(chart)]
+	if release == "" {
+		release = "pulse-aggregator"
+	}
+	cmd := exec.Command(helm(t), append([]string{"template", release, chart, "--namespace", "pulse-system"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func valuesFile(t *testing.T, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// The daemonset chart documents nvml.mode as auto, on or off. Written so in
+// a values file, on and off are YAML booleans: the chart must still render
+// the agent's --nvml as the mode, not fail (or render --nvml=true/false,
+// which the agent refuses).
+func TestAgentNVMLModeFromAValuesFile(t *testing.T) {
+	for _, mode := range []string{"auto", "on", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			out, err := render(t, filepath.Join(root, "deploy", "daemonset"), "-f", valuesFile(t, "nvml:\n  mode: "+mode+"\n"))
+			if err != nil {
+				t.Fatalf("helm template with nvml.mode: %s in a values file: %v\n%s", mode, err, out)
+			}
+			if !strings.Contains(out, "- --nvml="+mode+"\n") {
+				t.Errorf("want --nvml=%s rendered:\n%s", mode, out)
+			}
+			if nv := strings.Contains(out, "NVIDIA_VISIBLE_DEVICES"); nv != (mode != "off") {
+				t.Errorf("nvml.mode %s: NVIDIA_VISIBLE_DEVICES rendered %v", mode, nv)
+			}
+		})
+	}
+}
+
+// README.md, "Upgrading from the open defaults", lists the values that keep
+// the old (plaintext) behaviour; the aggregator chart must render with them.
+func TestREADMEsOldBehaviourValuesRender(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	para := regexp.MustCompile(`(?s)To keep the old behaviour, set(.*?)on the aggregator\s+chart`).FindSubmatch(readme)
+	if para == nil {
+		t.Fatal(`README.md has no "To keep the old behaviour, set ... on the aggregator chart"`)
+	}
+	var args []string
+	for _, m := range regexp.MustCompile("`([^`=]+=[^`]*)`").FindAllSubmatch(para[1], -1) {
+		args = append(args, "--set", string(m[1]))
+	}
+	if len(args) == 0 {
+		t.Fatal("no values found in the paragraph")
+	}
+	if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), args...); err != nil {
+		t.Errorf("helm template deploy/aggregator %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// renderNotes renders the aggregator chart's NOTES.txt (helm template
+// leaves it out) by rendering a copy of the chart in which a template
+// holds it.
+func renderNotes(t *testing.T, args ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "aggregator")
+	if out, err := exec.Command("cp", "-r", filepath.Join(root, "deploy", "aggregator"), dir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	notes, err := os.ReadFile(filepath.Join(dir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), notes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tpl := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n{{ tpl (.Files.Get \"notes.txt\") . | indent 4 }}\n"
+	if err := os.WriteFile(filepath.Join(dir, "templates", "zz-notes.yaml"), []byte(tpl), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := render(t, dir, append(args, "--show-only", "templates/zz-notes.yaml")...)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	return out
+}
+
+// The aggregator's notes print the command that installs the agents. With
+// agentAuth.mode tokenreview, an agent whose token carries another audience
+// than agentAuth.audience, or whose ServiceAccount is not one of
+// agentAuth.serviceAccounts, is refused: the command must give the agents
+// what the aggregator will accept.
+func TestNotesInstallAgentsTheAggregatorAccepts(t *testing.T) {
+	t.Run("audience", func(t *testing.T) {
+		out := renderNotes(t, "--set", "agentAuth.audience=pulse-prod")
+		if !strings.Contains(out, "auth.audience=pulse-prod") {
+			t.Errorf("agentAuth.audience=pulse-prod, but the agent's install command keeps the daemonset chart's auth.audience (pulse):\n%s", agentCommand(out))
+		}
+	})
+	t.Run("service account", func(t *testing.T) {
+		out := renderNotes(t, "--set", "agentAuth.serviceAccounts[0]=pulse-system/gpu-agent")
+		if !regexp.MustCompile(`helm install gpu-agent |serviceAccount\.name=gpu-agent`).MatchString(out) {
+			t.Errorf("agentAuth.serviceAccounts=[pulse-system/gpu-agent], but the agent's install command makes ServiceAccount pulse-agent:\n%s", agentCommand(out))
+		}
+	})
+}
+
+func agentCommand(notes string) string {
+	i := strings.Index(notes, "Install the agent with:")
+	if i < 0 {
+		return notes
+	}
+	if j := regexp.MustCompile(`\n[ \t]*(\n|Then )`).FindStringIndex(notes[i:]); j != nil {
+		return notes[i : i+j[0]]
+	}
+	return notes[i:]
+}
+
+// helm-docs starts a value's description at a comment line "# --"; a
+// continuation line of a description that begins with a flag ("#
+// --max-pods-per-agent") starts it again, and the chart's README (made by
+// make chart-docs) drops everything written before it.
+func TestValuesCommentsKeepTheirDescriptions(t *testing.T) {
+	restart := regexp.MustCompile(`^\s*#\s*--\S`)
+	for _, c := range []string{"daemonset", "aggregator"} {
+		b, err := os.ReadFile(filepath.Join(root, "deploy", c, "values.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			if restart.MatchString(l) {
+				t.Errorf("deploy/%s/values.yaml:%d: %q restarts the value's description for helm-docs", c, i+1, strings.TrimSpace(l))
+			}
+		}
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "deploy", "daemonset", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?m)^\| maxPods \|.*$`).Find(readme)
+	if !strings.Contains(string(row), "Catalogue entries") {
+		t.Errorf("deploy/daemonset/README.md: maxPods is described as %q", row)
+	}
+}
+
+// The aggregator chart sets the probes' handlers and takes their timing
+// from livenessProbe and readinessProbe; the daemonset chart leaves a probe
+// set to null out. Null must render a valid manifest in the aggregator
+// chart too.
+func TestAggregatorProbeSetToNullRenders(t *testing.T) {
+	for _, p := range []string{"livenessProbe", "readinessProbe"} {
+		if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", p+"=null"); err != nil {
+			t.Errorf("--set %s=null: %v\n%s", p, err, out)
+		}
+	}
+}
