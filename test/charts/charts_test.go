@@ -72,7 +72,7 @@ func TestAgentNVMLModeFromAValuesFile(t *testing.T) {
 	}
 }
 
-// README.md, "Upgrading from the open defaults", lists the values that keep
+// README.md, "Security", lists the values that keep
 // the old (plaintext) behaviour; the aggregator chart must render with them.
 func TestREADMEsOldBehaviourValuesRender(t *testing.T) {
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
