@@ -45,11 +45,16 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if _, batch := m.Msg.(*pulsev1.AgentMessage_Batch); err == nil && !batch {
 		err = proto.Unmarshal(buf.ReadOnlyData(), m)
 	}
+	// The bound holds on both paths: a message that fails after a whole
+	// batch (one truncated field after it) holds that batch at its size.
+	pool := buf.Len() <= maxPooledMessage
 	if err != nil {
-		m.ReturnToVTPool()
+		if pool {
+			m.ReturnToVTPool()
+		}
 		return err
 	}
-	r.msg, r.pool = m, buf.Len() <= maxPooledMessage
+	r.msg, r.pool = m, pool
 	return nil
 }
 

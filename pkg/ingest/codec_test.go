@@ -208,3 +208,48 @@ func TestALargeMessageGoesBackToNoPool(t *testing.T) {
 	}
 	r.release()
 }
+
+// TestALargeMessageThatFailsToDecodeGoesBackToNoPool: the bound on what
+// goes back to the shared pool (maxPooledMessage) holds only on success.
+// A message over the bound whose batch decodes whole and that then fails
+// (one truncated field after the batch) is handed to m.ReturnToVTPool()
+// on Codec.Unmarshal's error path, whatever its size: its batch, with
+// 100,000 entries' capacity, goes back to the pool every stream shares,
+// and the next honest batch decodes into it.
+func TestALargeMessageThatFailsToDecodeGoesBackToNoPool(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop what is put back at random")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
+	c := Codec()
+	hostile := &pulsev1.SampleBatch{Seq: 1}
+	for range 100_000 {
+		hostile.Missing = append(hostile.Missing, &pulsev1.MissingSample{})
+	}
+	big, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: hostile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After the whole batch: field 3 again, its length past the end.
+	raw := append(big.Materialize(), 0x1a, 0xff, 0x01)
+	if len(raw) <= maxPooledMessage {
+		t.Fatalf("message of %d bytes", len(raw))
+	}
+	small, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 2,
+		Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{2}, Values: []int64{3}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r received
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &r); err == nil {
+		t.Fatal("the truncated message decoded")
+	}
+	r.release()
+	if err := c.Unmarshal(small, &r); err != nil {
+		t.Fatal(err)
+	}
+	defer r.release()
+	if n := cap(r.msg.GetBatch().GetMissing()); n >= 100_000 {
+		t.Fatalf("a message of %d bytes that failed to decode went back to the pool: the next batch decoded into it, its %d entries held", len(raw), n)
+	}
+}

@@ -487,3 +487,19 @@ func TestNamesAndPrintable(t *testing.T) {
 		}
 	}
 }
+
+// TestAnUnknownHistogramEnumIsRefused: docs/protocol.md (rule 6) says an
+// unknown histogram ends the stream as a malformed batch. Histogram 257
+// (or 258) is unknown, but decodeHist converts x.Histogram-1 to the
+// uint8 metric.Hist before it checks the range, so 257 wraps to TTFT and
+// 258 to ITL: the entry is taken as a known histogram.
+func TestAnUnknownHistogramEnumIsRefused(t *testing.T) {
+	for _, h := range []pulsev1.Histogram{3, 257, 258, 513} {
+		b := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0},
+			Histograms: []*pulsev1.HistogramSample{{Pod: 1, Histogram: h, Bounds: []float64{1, math.Inf(1)}, Counts: []int64{2, 5}}}}
+		got, err := NewDecoder().Decode(nil, marshalRoundTrip(t, b))
+		if err == nil {
+			t.Errorf("histogram %d: accepted (decoded as %+v), want refused as unknown", h, got[0].Hist)
+		}
+	}
+}
