@@ -328,10 +328,12 @@ func (d *Decoder) decodeHist(dst []Sample, x *pulsev1.HistogramSample) error {
 	if st == nil || st.gen != d.gen || st.idx < 0 {
 		return fmt.Errorf("histogram of pod %d, which has no sample in the batch", x.Pod)
 	}
-	h := metric.Hist(x.Histogram - 1)
-	if x.Histogram <= 0 || h >= metric.NumHists {
+	// The range is checked on the wire's value: converted first, 257
+	// wrapped to TTFT and 258 to ITL.
+	if x.Histogram <= 0 || x.Histogram > pulsev1.Histogram(metric.NumHists) {
 		return fmt.Errorf("pod %d: unknown histogram %d", x.Pod, x.Histogram)
 	}
+	h := metric.Hist(x.Histogram - 1)
 	s := &dst[st.idx]
 	if s.Hist != nil && s.Hist[h].Present() {
 		return fmt.Errorf("pod %d: histogram %s twice", x.Pod, h.Name())
