@@ -72,7 +72,12 @@ type TokenReviewer struct {
 	wait   time.Duration       // how long a stream waits for a turn
 	pods   *lru.Cache[string, podIdentity]
 	misses *rate.Limiter // GETs of pods the pod cache does not hold
-	sync   time.Duration // how long a lookup waits for the pod cache
+	// nodeMisses: each node's share of misses (nodeRate, nodeBurst), so
+	// that one node listing made-up pods cannot take every node's GETs.
+	nodeMisses *lru.Cache[string, *rate.Limiter]
+	nodeRate   rate.Limit
+	nodeBurst  int
+	sync       time.Duration // how long a lookup waits for the pod cache
 	// podInformer caches every scheduled pod's node, so that an
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
@@ -91,7 +96,7 @@ var _ Authenticator = (*TokenReviewer)(nil)
 // accounts ("namespace/name").
 func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
 	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait,
-		misses: rate.NewLimiter(missRate, missBurst), sync: podCacheWait}
+		misses: rate.NewLimiter(missRate, missBurst), nodeRate: nodeMissRate, nodeBurst: nodeMissBurst, sync: podCacheWait}
 	for _, sa := range serviceAccounts {
 		ns, name, ok := strings.Cut(sa, "/")
 		if !ok || ns == "" || name == "" {
@@ -101,6 +106,9 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	}
 	var err error
 	if t.pods, err = lru.New[string, podIdentity](65536); err != nil {
+		return nil, err
+	}
+	if t.nodeMisses, err = lru.New[string, *rate.Limiter](maxNodeLimiters); err != nil {
 		return nil, err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -226,8 +234,8 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 }
 
 // ErrLookupUnavailable: a pod's node cannot be looked up now (the pod
-// cache is not synced yet, or the lookups' rate is taken); the agent's
-// stream is ended Unavailable and it retries.
+// cache is not synced yet, the lookups' rate is taken, the API did not
+// answer); the entry is not held, and looked up again at a batch.
 var ErrLookupUnavailable = errors.New("the aggregator cannot look pods up now")
 
 // Bounds of the pod lookups. Until the pod cache has synced (one LIST) a
@@ -235,13 +243,41 @@ var ErrLookupUnavailable = errors.New("the aggregator cannot look pods up now")
 // catalogued pod of every reconnecting agent, at the API client's rate
 // that the Lease renewals share. After it, a pod the cache does not hold
 // (created a moment ago, or made up) is a GET, at most missRate a second
-// for all streams (a burst of missBurst), each waiting at most missWait.
+// for all streams (a burst of missBurst), and at most nodeMissRate of them
+// for the entries of one node (a burst of nodeMissBurst), each waiting at
+// most missWait: one node listing made-up pods took the whole rate, and
+// every other node's new pods waited behind it. The nodes' shares are kept
+// for the maxNodeLimiters nodes that looked up last.
 const (
-	podCacheWait = 20 * time.Second
-	missRate     = 20
-	missBurst    = 100
-	missWait     = 5 * time.Second
+	podCacheWait    = 20 * time.Second
+	missRate        = 20
+	missBurst       = 100
+	nodeMissRate    = 5
+	nodeMissBurst   = 25
+	maxNodeLimiters = 16384
+	missWait        = 5 * time.Second
 )
+
+// waitMiss waits, at most missWait, for a GET of a pod the cache does not
+// hold: first within node's share, then within the rate all share.
+func (t *TokenReviewer) waitMiss(ctx context.Context, node string) error {
+	wctx, cancel := context.WithTimeout(ctx, missWait)
+	defer cancel()
+	if node != "" {
+		lim, ok := t.nodeMisses.Get(node)
+		if !ok {
+			lim = rate.NewLimiter(t.nodeRate, t.nodeBurst)
+			t.nodeMisses.Add(node, lim)
+		}
+		if err := lim.Wait(wctx); err != nil {
+			return fmt.Errorf("%w: too many lookups of pods not in the pod cache from node %s", ErrLookupUnavailable, node)
+		}
+	}
+	if err := t.misses.Wait(wctx); err != nil {
+		return fmt.Errorf("%w: too many lookups of pods not in the pod cache", ErrLookupUnavailable)
+	}
+	return nil
+}
 
 // ErrClaim: the API's pod has no catalogue entry of that uid and those
 // workloads (discovery.Claims): an agent named workloads the pod's labels,
@@ -250,10 +286,12 @@ var ErrClaim = errors.New("the pod does not belong to the workloads its entry na
 
 // Entry is what a catalogue entry says of a pod: its namespace, name and
 // uid, the entry's uid (a demand source's entry's differs) and the
-// workloads it names.
+// workloads it names; Node is the node whose agent lists it (its share of
+// the lookups; empty: the shared rate alone).
 type Entry struct {
 	Namespace, Name, PodUID, UID string
 	Workloads                    []discovery.Workload
+	Node                         string
 }
 
 // PodNode returns the node the API places an entry's pod on, once the pod
@@ -288,11 +326,8 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 	} else if cached && time.Since(id.at) < claimsFor && discovery.Allows(id.claims, e.UID, e.Workloads) {
 		return id.node, nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, missWait)
-	err := t.misses.Wait(wctx)
-	cancel()
-	if err != nil {
-		return "", fmt.Errorf("%w: too many lookups of pods not in the pod cache", ErrLookupUnavailable)
+	if err := t.waitMiss(ctx, e.Node); err != nil {
+		return "", err
 	}
 	p, err := t.client.CoreV1().Pods(e.Namespace).Get(ctx, e.Name, metav1.GetOptions{})
 	switch {
@@ -302,8 +337,7 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 		// The API busy or unreachable, or the stream gone, says nothing of
 		// the pod: the entry is not refused (the agent sends an entry
 		// again only when it changes, so a refusal held for the stream's
-		// life), the stream ends and the agent sends its whole catalogue
-		// again.
+		// life); it is looked up again at a batch.
 		return "", fmt.Errorf("%w: look up pod %s/%s: %w", ErrLookupUnavailable, e.Namespace, e.Name, err)
 	}
 	if string(p.UID) != e.PodUID {

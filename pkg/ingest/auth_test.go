@@ -405,6 +405,42 @@ func TestPodLookupsAreBounded(t *testing.T) {
 	}
 }
 
+// TestOneNodeCannotTakeEveryLookup: the GETs of pods the pod cache does
+// not hold were one rate for all streams, so one node listing made-up pods
+// took it, and every other node's new pods waited behind it (each not held
+// until a lookup came). A node now has a share of the rate; past it its
+// own entries wait, and another node's are looked up.
+func TestOneNodeCannotTakeEveryLookup(t *testing.T) {
+	c := fakeAPI()
+	tr := runningReviewer(t, c)
+	tr.misses = rate.NewLimiter(0, 6)
+	tr.nodeRate, tr.nodeBurst = 0, 3
+	f := newFixtureWith(t, tr)
+	madeUp := func(id uint32) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: id, Uid: fmt.Sprint("uid-made-up-", id), Namespace: "ns", Name: fmt.Sprint("made-up-", id),
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	}
+	var many []*pulsev1.Pod
+	for id := range uint32(6) { // the fixture's stream takes 3 pods, and as many refused
+		many = append(many, madeUp(id+1))
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(many...)); err != nil {
+		t.Fatal(err)
+	}
+	if n := podGets(c); n != 3 {
+		t.Fatalf("node-1's 6 made-up pods: %d pod GETs, want its share of 3", n)
+	}
+	if err := f.runAs(t, "token-node-2", helloFrom("node-2"), catalogue(madeUp(100))); err != nil {
+		t.Fatal(err)
+	}
+	if n := podGets(c); n != 4 {
+		t.Fatalf("%d pod GETs, want node-2's entry looked up too (4)", n)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("unknown_pod")); got != 4 {
+		t.Fatalf("rejected unknown_pod = %v, want node-1's 3 and node-2's 1", got)
+	}
+}
+
 // TestAnAPIErrorRefusesNoPod: a lookup the API could not answer (busy,
 // throttled, the stream gone) refused the entry as an unknown pod, and the
 // agent sends an entry again only when it changes: the pod went unreported

@@ -526,7 +526,7 @@ func (st *streamState) admit(ctx context.Context, p *pulsev1.Pod, removed *[]str
 	if st.bound {
 		// An agent speaks only for the pods of its own node.
 		// It names only workloads its pod belongs to.
-		node, err := st.srv.auth.PodNode(ctx, entryOf(p, podUID))
+		node, err := st.srv.auth.PodNode(ctx, entryOf(p, podUID, st.hello.Node))
 		if errors.Is(err, ErrLookupUnavailable) {
 			return info, false, err
 		}
@@ -733,8 +733,8 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 }
 
 // entryOf is what the entry p claims of the pod podUID.
-func entryOf(p *pulsev1.Pod, podUID string) Entry {
-	e := Entry{Namespace: p.Namespace, Name: p.Name, PodUID: podUID, UID: p.Uid}
+func entryOf(p *pulsev1.Pod, podUID, node string) Entry {
+	e := Entry{Namespace: p.Namespace, Name: p.Name, PodUID: podUID, UID: p.Uid, Node: node}
 	for _, w := range p.Workloads {
 		e.Workloads = append(e.Workloads, discovery.Workload{Kind: w.Kind, Name: w.Name})
 	}
