@@ -1,6 +1,6 @@
 // Command pulsectl checks ScaledObjects and workload annotations offline
 // with the aggregator's own parser and limits, asks a running scaler what
-// KEDA would, and watches its decisions (README, "pulsectl").
+// KEDA would, and watches its decisions (README.md, "Checking and asking: pulsectl").
 package main
 
 import (

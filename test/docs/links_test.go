@@ -28,7 +28,8 @@ var (
 	// The house's reference to a section: a document's path, then the
 	// section's title in quotes (docs/scaledobject.md, "Choosing a
 	// threshold").
-	sectionRef = regexp.MustCompile("((?:docs/[A-Za-z0-9_./-]+|deploy/[a-z]+/README|README)\\.md)`?\\)?,? +\"([^\"]+)\"")
+	// README without .md is the top README.
+	sectionRef = regexp.MustCompile("((?:docs/[A-Za-z0-9_./-]+|deploy/[a-z]+/README)\\.md|\\bREADME(?:\\.md)?)`?\\)?,? +\"([^\"]+)\"")
 	nonSlug    = regexp.MustCompile(`[^\p{L}\p{N} _-]`)
 )
 
@@ -126,6 +127,9 @@ func TestReferencesResolve(t *testing.T) {
 		}
 		for _, m := range sectionRef.FindAllStringSubmatch(text, -1) {
 			doc, section := m[1], strings.ToLower(title(m[2]))
+			if doc == "README" {
+				doc = "README.md"
+			}
 			h := headingsOf(doc)
 			checked++
 			if h == nil {

@@ -1,0 +1,57 @@
+package docs
+
+import (
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/pulse-io/pulse/pkg/wire"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// TestMissingReasonsNamedInDocsExist: a reason the docs give for a pod
+// reported missing (`timeout`, `too_large`, ...) is one the agent sends:
+// the label value of pulse_agent_scrape_errors_total{reason} and the
+// "missing" field of /debug/workloads (wire.ReasonName).
+func TestMissingReasonsNamedInDocsExist(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]bool{}
+	for v := range pulsev1.MissingReason_name {
+		if v != 0 {
+			reasons[wire.ReasonName(pulsev1.MissingReason(v))] = true
+		}
+	}
+	// "reported missing (`timeout`)", "missing, `timeout`", "a page error
+	// (`too_large`)": the reason in code marks just after the words.
+	cited := regexp.MustCompile("(?:missing|page error|error)[ ,:(]*`([a-z_]+)`")
+	docs, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	docs = append(docs, filepath.Join(root, "README.md"))
+	sort.Strings(docs)
+	checked := 0
+	for _, f := range docs {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			for _, m := range cited.FindAllStringSubmatch(line, -1) {
+				checked++
+				if !reasons[m[1]] {
+					rel, _ := filepath.Rel(root, f)
+					t.Errorf("%s: names the missing reason %q, which the agent never sends (it sends %v)", rel, m[1], slices.Sorted(maps.Keys(reasons)))
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no reason found: the pattern is wrong")
+	}
+}
