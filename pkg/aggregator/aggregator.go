@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/pulse-io/pulse/pkg/certs"
@@ -92,14 +93,30 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		// those KEDA asks it about (scaler.Learn).
 		g.Go(func() error { a.scaler.LearnFrom(gctx, a.resolver); return nil })
 	}
-	if a.managed != nil {
-		g.Go(func() error { return a.managed.Run(gctx) })
+	// What the aggregator creates (its certificates' Secrets and ConfigMap,
+	// the provisioner's Lease) is owned by --owner-cluster-role: those
+	// parts start once it is read.
+	owned := func() {
+		if a.managed != nil {
+			g.Go(func() error { return a.managed.Run(gctx) })
+		}
+		if a.provisioner != nil {
+			g.Go(func() error { return a.provisioner.RunElected(gctx, a.election) })
+		}
+	}
+	if a.owner != nil {
+		g.Go(func() error {
+			if err := a.resolveOwner(gctx); err != nil {
+				return err
+			}
+			owned()
+			return nil
+		})
+	} else {
+		owned()
 	}
 	if a.reviewer != nil {
 		g.Go(func() error { a.reviewer.Run(gctx); return nil })
-	}
-	if a.provisioner != nil {
-		g.Go(func() error { return a.provisioner.RunElected(gctx, a.election) })
 	}
 	if a.healthSrv != nil {
 		g.Go(func() error {
@@ -141,6 +158,48 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// resolveOwner reads --owner-cluster-role's UID into a.owner, the owner
+// reference of what the aggregator creates. An API that does not answer
+// (unavailable, throttled, unreachable) is waited for, the next read up
+// to ownerRetryMax later; a ClusterRole the API says is not there, or
+// that the aggregator may not read, is an error (the process ends: its
+// chart is wrong). It was read once at start, and one 503 of the API
+// ended the process, restarted under CrashLoopBackOff for up to five
+// minutes after the API was back.
+func (a *Aggregator) resolveOwner(ctx context.Context) error {
+	name := a.opts.Kube.OwnerClusterRole
+	wait := ownerRetryMin
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cr, err := a.deps.Kube.RbacV1().ClusterRoles().Get(rctx, name, metav1.GetOptions{})
+		cancel()
+		switch {
+		case err == nil:
+			*a.owner = metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}
+			a.log.Info("what the aggregator creates is owned by a ClusterRole", logging.KeyName, name)
+			return nil
+		case apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+			return fmt.Errorf("--owner-cluster-role %s: %w", name, err)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		a.log.Warn("--owner-cluster-role not read: the certificates and the provisioner wait for it", logging.KeyName, name, logging.KeyErr, err, logging.KeyRetryIn, wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, ownerRetryMax)
+	}
+}
+
+// ownerRetryMin and ownerRetryMax bound the wait between reads of the
+// owner ClusterRole while the API does not answer.
+var (
+	ownerRetryMin = time.Second
+	ownerRetryMax = 30 * time.Second
+)
 
 // housekeep sweeps the pods of agents gone longer than --pod-expiry (so
 // that a dead node's pods go even when no other catalogue changes) and

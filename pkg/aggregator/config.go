@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -98,8 +97,9 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 		return nil, err
 	}
 	a := &Aggregator{opts: c.opts, log: log, deps: deps, health: newHealth(housekeepEvery)}
-	if err := a.resolveOwner(); err != nil {
-		return nil, err
+	if c.opts.Kube.OwnerClusterRole != "" {
+		// Filled in by Run (resolveOwner) before what reads it runs.
+		a.owner = &metav1.OwnerReference{}
 	}
 	if err := a.listen(); err != nil {
 		return nil, err
@@ -123,24 +123,6 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 
 // clients fills the clients deps lacks that a feature needs, all from
 // one rest.Config.
-// resolveOwner reads --owner-cluster-role's UID for the owner reference of
-// what the aggregator creates.
-func (a *Aggregator) resolveOwner() error {
-	name := a.opts.Kube.OwnerClusterRole
-	if name == "" {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cr, err := a.deps.Kube.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("--owner-cluster-role %s: %w", name, err)
-	}
-	a.owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}
-	a.log.Info("what the aggregator creates is owned by a ClusterRole", logging.KeyName, name)
-	return nil
-}
-
 func (c *Config) clients(deps *Deps) error {
 	o := c.opts
 	prov := o.Provision.Enabled

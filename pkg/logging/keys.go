@@ -49,4 +49,5 @@ const (
 	KeyNeedBytes   = "needBytes"  // an estimate of memory needed
 	KeyLimitBytes  = "limitBytes" // a memory limit
 	KeyWhat        = "what"
+	KeyRetryIn     = "retryIn" // how long until the next try
 )

@@ -1,0 +1,95 @@
+package aggregator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// ownedAggregator is an aggregator with --owner-cluster-role on kube.
+func ownedAggregator(t *testing.T, kube *fake.Clientset) *Aggregator {
+	t.Helper()
+	o := NewOptions()
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Warmup.Duration = 0
+	o.Kube.OwnerClusterRole = "pulse-aggregator"
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{Kube: kube})
+	if err != nil {
+		t.Fatalf("one 503 from the API server at start: %v (the process exits 1 and is restarted under CrashLoopBackOff)", err)
+	}
+	return a
+}
+
+// TestAnAPIBlipAtStartIsNoCrash: with --owner-cluster-role (the chart's
+// default whenever it renders its ClusterRole) the aggregator read the
+// ClusterRole once, before any listener served; one error of the API
+// server there (a 503 during a control-plane upgrade, a 429, a timeout)
+// ended the process, restarted under CrashLoopBackOff (up to 5 minutes
+// between tries) where every other part that needs the API waits for it.
+// Now it starts, serves, and reads the owner again until the API answers.
+func TestAnAPIBlipAtStartIsNoCrash(t *testing.T) {
+	defer func(lo, hi time.Duration) { ownerRetryMin, ownerRetryMax = lo, hi }(ownerRetryMin, ownerRetryMax)
+	ownerRetryMin, ownerRetryMax = 10*time.Millisecond, 20*time.Millisecond
+	kube := fake.NewClientset(&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator", UID: "cr-uid"}})
+	var gets atomic.Int64
+	kube.PrependReactor("get", "clusterroles", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if gets.Add(1) <= 2 { // the API server's first two answers: unavailable
+			return true, nil, apierrors.NewServiceUnavailable("the server is currently unable to handle the request")
+		}
+		return false, nil, nil
+	})
+	a := ownedAggregator(t, kube)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + a.HTTPAddr() + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		if err == nil && resp.StatusCode == http.StatusOK && gets.Load() >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s on: ready %v, %d reads of the ClusterRole; want ready and the third read made", err == nil && resp.StatusCode == http.StatusOK, gets.Load())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if a.owner.UID != "cr-uid" || a.owner.Kind != "ClusterRole" {
+		t.Fatalf("owner = %+v, want the ClusterRole's (uid cr-uid)", a.owner)
+	}
+}
+
+// TestAMissingOwnerEndsTheProcess: a ClusterRole the API says is not
+// there is the chart's mistake, not the API's: Run ends with it.
+func TestAMissingOwnerEndsTheProcess(t *testing.T) {
+	a := ownedAggregator(t, fake.NewClientset())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "--owner-cluster-role pulse-aggregator") {
+			t.Fatalf("Run = %v, want the missing ClusterRole named", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run went on 15 s with no owner ClusterRole")
+	}
+}
