@@ -6,11 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -117,8 +117,8 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--reconnect-max-backoff %s: want at least 100ms", o.ReconnectMaxBackoff))
 	}
 	for _, a := range o.Aggregators {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port", a))
+		if err := app.DialAddr(a); err != nil {
+			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port: %w", a, err))
 		}
 	}
 	if len(o.Aggregators) == 0 {

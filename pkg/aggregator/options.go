@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/scaler"
 )
@@ -144,8 +145,8 @@ func (o *ServingOptions) Validate() error {
 		if a.addr == "" && (a.flag == "--debug-addr" || a.flag == "--health-addr") {
 			continue
 		}
-		if _, _, err := net.SplitHostPort(a.addr); err != nil {
-			errs = append(errs, fmt.Errorf("%s %q: want host:port", a.flag, a.addr))
+		if err := app.ListenAddr(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port: %w", a.flag, a.addr, err))
 		}
 	}
 	if o.ShutdownTimeout <= 0 {
@@ -457,8 +458,8 @@ func (o *ProvisionOptions) Validate() error {
 	if o.MaxReplicas < 0 || o.MaxReplicas > 10000 {
 		errs = append(errs, fmt.Errorf("--provision-max-replicas %d: want 0 (no cap but 10,000) to 10,000", o.MaxReplicas))
 	}
-	if _, _, err := net.SplitHostPort(o.ScalerAddress); err != nil {
-		errs = append(errs, fmt.Errorf("--provision-scaledobjects needs --provision-scaler-address host:port (the scaler Service), not %q", o.ScalerAddress))
+	if err := app.DialAddr(o.ScalerAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--provision-scaledobjects needs --provision-scaler-address host:port (the scaler Service), not %q: %w", o.ScalerAddress, err))
 	}
 	if o.LeaderElect {
 		if o.LeaseName == "" {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -183,4 +184,36 @@ func MetricsHandler(g prometheus.Gatherer, opts promhttp.HandlerOpts) http.Handl
 			http.Error(w, fmt.Sprintf("%d answers of /metrics are under way (a client not reading its own holds one): try again", MetricsWriting), http.StatusServiceUnavailable)
 		}
 	})
+}
+
+// ListenAddr checks a listening address: host:port, the host possibly
+// empty (every interface), the port a number (0: one the kernel picks).
+// "host:" passed net.SplitHostPort alone, and listened on a port nobody
+// configured (a chart value rendered empty).
+func ListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q: want a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// DialAddr checks an address to connect to: host:port, both given, the
+// port from 1 to 65535. ":9090" passed net.SplitHostPort alone, and was
+// dialled on the dialler's own loopback.
+func DialAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("no host")
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("port %q: want a number from 1 to 65535", port)
+	}
+	return nil
 }

@@ -149,3 +149,22 @@ func TestMemoryLimitIsNinetyPercentOfTheContainers(t *testing.T) {
 		t.Errorf("no cgroup (a local run): %v, log %q; want no error", err, said.String())
 	}
 }
+
+// TestAddressesNeedTheirParts: net.SplitHostPort alone took "host:" (no
+// port) and ":port" (no host): an aggregator listened on a port the kernel
+// chose, and a provisioned ScaledObject's scalerAddress ":9090" was dialled
+// on KEDA's own loopback.
+func TestAddressesNeedTheirParts(t *testing.T) {
+	for addr, ok := range map[string]bool{"127.0.0.1:0": true, ":9090": true, "[::1]:9090": true,
+		"127.0.0.1:": false, ":": false, "": false, "host": false, "127.0.0.1:http": false, "127.0.0.1:70000": false} {
+		if err := ListenAddr(addr); (err == nil) != ok {
+			t.Errorf("ListenAddr(%q) = %v, want ok %v", addr, err, ok)
+		}
+	}
+	for addr, ok := range map[string]bool{"pulse-aggregator.pulse-system.svc:9090": true, "[::1]:9090": true,
+		":9090": false, "svc:": false, "svc:0": false, "svc:65536": false, "": false} {
+		if err := DialAddr(addr); (err == nil) != ok {
+			t.Errorf("DialAddr(%q) = %v, want ok %v", addr, err, ok)
+		}
+	}
+}
