@@ -54,7 +54,11 @@ type Config struct {
 	// Tolerance: a need at most this fraction over the replicas listed
 	// (ready and starting) adds none while no queue stands (the HPA's own
 	// default tolerance, which an integer plan would otherwise defeat).
-	Tolerance float64
+	Tolerance float64 // Answered: the plan is the HPA's answer (KEDA's GetMetrics), which it
+	// acts on. Between observations such a need above the newest peak is
+	// held too, folded into that peak; other evaluations (IsActive, the
+	// pushed activity, a standby's learning) hold observations only.
+	Answered bool
 }
 
 // Defaults (docs/planner.md says why each).
@@ -372,8 +376,18 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		return Plan{}, prev, fmt.Errorf("%w: the need is not a finite number (work %g, capacity %g, backlog %g)", ErrRefused, p.Work, st.Capacity, p.Backlog)
 	}
 	hold := st.hold(cfg)
-	if observe {
+	switch n := len(st.peaks); {
+	case observe:
 		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
+	case cfg.Answered && n > 0 && p.Need > st.peaks[n-1].need:
+		// A plan answered to the HPA between observations is held too,
+		// folded into the newest peak (so at most one a ObserveEvery),
+		// from that observation (up to ObserveEvery less than a hold):
+		// the HPA's syncs fall between observations, and a need answered
+		// there was released a second later, the replicas the HPA added
+		// for it removed at its next sync. Its time and work stay the
+		// observation's: the surge reads observations only.
+		st.peaks[n-1].need = p.Need
 	}
 	p.holdPeaks(&st, in.At, hold, cfg)
 	p.tolerate(cfg)
@@ -938,9 +952,17 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 }
 
 // learnStartups counts the startups of pods that became ready since the
-// last counted: the lead time is their mean plus two mean deviations.
+// last counted: the lead time is their mean plus two mean deviations. The
+// startups of pods ready before this process listed them (StartupUnseen:
+// after a restart, every pod's) end at their Ready condition's latest
+// transition, which a readiness flap moved later: one such pod, flapping
+// 45 minutes after its creation, taught a restarted aggregator a lead
+// time of 21 minutes for replicas that start in 4. Of those only their
+// lower median is counted, once a snapshot: a flap can only lengthen a
+// startup, and fewer than half of them flapping move nothing.
 func (st *State) learnStartups(in Input) {
 	newest := st.startupsTo
+	var unseen []time.Duration
 	for _, l := range in.Pods {
 		if l.Startup <= 0 || l.Startup > st.stuckAfter() || l.State == store.PodStarting {
 			continue
@@ -952,16 +974,29 @@ func (st *State) learnStartups(in Input) {
 		if readyAt.After(newest) {
 			newest = readyAt
 		}
-		st.Startups++
-		if st.Startups == 1 {
-			st.LeadTime, st.leadDev = l.Startup, 0
+		if l.StartupUnseen {
+			unseen = append(unseen, l.Startup)
 			continue
 		}
-		d := l.Startup - st.LeadTime
-		st.LeadTime += d / 4
-		st.leadDev += (abs(d) - st.leadDev) / 4
+		st.countStartup(l.Startup)
+	}
+	if len(unseen) > 0 {
+		slices.Sort(unseen)
+		st.countStartup(unseen[(len(unseen)-1)/2])
 	}
 	st.startupsTo = newest
+}
+
+// countStartup moves the lead time learned toward one startup.
+func (st *State) countStartup(d time.Duration) {
+	st.Startups++
+	if st.Startups == 1 {
+		st.LeadTime, st.leadDev = d, 0
+		return
+	}
+	dev := d - st.LeadTime
+	st.LeadTime += dev / 4
+	st.leadDev += (abs(dev) - st.leadDev) / 4
 }
 
 // lead is the lead time learned, or assumed.

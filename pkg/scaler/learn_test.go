@@ -82,7 +82,7 @@ func TestEveryReplicaLearnsWhatTheAskedOneDoes(t *testing.T) {
 			learned += other.Learn(r.PlannerRefs(maxPlans))
 		}
 	}
-	k := planKey{Key: llama, TTFT: planner.DefaultTTFT, Owner: llama.Namespace}
+	k := planKey{Key: llama, TTFT: planner.DefaultTTFT, Window: DefaultPlanWindow, StaleAfter: DefaultStaleAfter, Owner: llama.Namespace}
 	asked, learnt := f.server.plans.get(k), other.plans.get(k)
 	if asked.Observations == 0 || learnt.Observations != asked.Observations || learnt.Capacity != asked.Capacity || learnt.HealthyMax != asked.HealthyMax {
 		t.Fatalf("the replica asked: %d observations, capacity %v, proven %v; the other: %d, %v, %v; want the same, learned",

@@ -33,12 +33,25 @@ const DefaultPlanWindow = 30 * time.Second
 // in that tenant's namespace and forgot its own state.
 const maxPlans = 10000
 
-// planKey: one learned state per asking namespace, workload and SLOs.
+// planKey: one learned state per asking namespace, workload, SLOs, window
+// and staleness: two ScaledObjects of one namespace planning a workload
+// over different windows shared one state, and a 10 s window's peaks were
+// held in the 30 s one's plan.
 type planKey struct {
 	store.Key
-	TTFT, ITL  time.Duration
-	Percentile float64
-	Owner      string // the ScaledObject's namespace
+	TTFT, ITL          time.Duration
+	Percentile         float64
+	Window, StaleAfter time.Duration
+	Owner              string // the ScaledObject's namespace
+}
+
+// keyOf is the key of t's state, planned with cfg.
+func keyOf(t Trigger, cfg planner.Config) planKey {
+	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile, t.Window, t.StaleAfter, t.Owner}
+	if k.Owner == "" {
+		k.Owner = t.Workload.Namespace
+	}
+	return k
 }
 
 // plans holds each workload's learned planner state, by the namespace of
@@ -133,13 +146,10 @@ func forgetOldestOfMost[K comparable, V any](ns map[string]*simplelru.LRU[K, V])
 
 // plan evaluates a replicas trigger: one store snapshot, planned with the
 // workload's learned state, which the plan then replaces.
-func (s *Server) plan(t Trigger) (Decision, error) {
+func (s *Server) plan(t Trigger, answered bool) (Decision, error) {
 	cfg := planner.Default(t.SLOTTFT)
-	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
-	k := planKey{t.Workload, cfg.TTFT, cfg.ITL, cfg.Percentile, t.Owner}
-	if k.Owner == "" {
-		k.Owner = t.Workload.Namespace
-	}
+	cfg.ITL, cfg.Percentile, cfg.Answered = t.SLOITL, t.SLOPercentile/100, answered
+	k := keyOf(t, cfg)
 	keyLock := s.plans.lockFor(k)
 	keyLock.Lock()
 	// The snapshot is taken under the key's lock: one taken before it

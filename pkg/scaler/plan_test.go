@@ -411,7 +411,7 @@ func TestOneWorkloadsPlanWaitsForNoOther(t *testing.T) {
 	f.pods("a")
 	f.report(map[string]float64{"a": 1})
 	md := map[string]string{"workspace": "llama", "metric": "replicas"}
-	mine := planKey{Key: llama, TTFT: 2 * time.Second, Owner: llama.Namespace}
+	mine := planKey{Key: llama, TTFT: 2 * time.Second, Window: DefaultPlanWindow, StaleAfter: DefaultStaleAfter, Owner: llama.Namespace}
 	var other planKey
 	for i := 0; ; i++ { // another tenant's key, under another lock
 		other = planKey{Key: store.Key{Namespace: "team-b", Kind: store.KindWorkspace, Name: fmt.Sprint("big-", i)}, TTFT: 2 * time.Second, Owner: "team-b"}
@@ -465,7 +465,7 @@ func TestADeletedWorkloadForgetsWhatItLearned(t *testing.T) {
 		t.Fatalf("no pod: %v, want NotFound", err)
 	}
 	f.server.plans.mu.Lock()
-	st, held := f.server.plans.get(planKey{llama, 2 * time.Second, 0, 0, llama.Namespace}), f.server.plans.n
+	st, held := f.server.plans.get(keyOf(tr, planner.Default(2*time.Second))), f.server.plans.n
 	f.server.plans.mu.Unlock()
 	if st.Capacity != 0 || !st.Since.IsZero() || held != 0 {
 		t.Fatalf("the workload has no pod: %d states held, capacity %v, since %s; want none", held, st.Capacity, st.Since)
@@ -498,7 +498,7 @@ func TestAReadersPlansForgetOnlyItsOwn(t *testing.T) {
 	if _, err := f.client.IsActive(t.Context(), ref(replicasMD())); err != nil {
 		t.Fatal(err)
 	}
-	own := planKey{Key: llama, TTFT: 2 * time.Second, Owner: llama.Namespace}
+	own := planKey{Key: llama, TTFT: 2 * time.Second, Window: DefaultPlanWindow, StaleAfter: DefaultStaleAfter, Owner: llama.Namespace}
 	f.server.plans.mu.Lock()
 	before := f.server.plans.get(own)
 	f.server.plans.mu.Unlock()

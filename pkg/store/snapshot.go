@@ -61,6 +61,10 @@ type PodLoad struct {
 	// was not seen and its listing gives no times. Age: since its creation
 	// (else its first listing, starting), 0 when unknown.
 	Startup, Age time.Duration
+	// StartupUnseen: the pod was ready when first listed (this process
+	// started after it), so Startup ends at its Ready condition's latest
+	// transition: a readiness flap since then lengthened it.
+	StartupUnseen bool
 }
 
 // Snapshot is one workload as a planner reads it, taken under one lock.
@@ -128,7 +132,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, ttftQ float64) PodLoad {
 	l := PodLoad{Name: p.Name}
 	if p.readyNs > 0 && p.startNs != 0 {
-		l.Startup = time.Duration(p.readyNs - p.startNs)
+		l.Startup, l.StartupUnseen = time.Duration(p.readyNs-p.startNs), p.readyUnseen
 	}
 	if p.startNs != 0 {
 		l.Age = max(0, now.Sub(time.Unix(0, p.startNs))) // a creation ahead of this clock: the API server's is

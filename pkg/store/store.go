@@ -208,6 +208,10 @@ type pod struct {
 	// behind: the last sample was more than stepBack behind the series
 	// (dropped); a second in a row restarts it.
 	behind bool
+	// readyUnseen: the pod was ready at its first listing, so readyNs is
+	// its Ready condition's latest transition, which a readiness flap
+	// since its start moved later (PodLoad.StartupUnseen).
+	readyUnseen bool
 }
 
 // podRare is the part of a pod's state that few pods have: apart, so that
@@ -667,6 +671,7 @@ func (p *pod) markStart(first bool, now time.Time) {
 		switch {
 		case p.ReadySinceMs > 0:
 			p.readyNs = time.UnixMilli(p.ReadySinceMs).UnixNano()
+			p.readyUnseen = first
 		case first && p.CreatedMs > 0:
 			// Ready at its first listing, created at a time the listing
 			// gives but ready at one it does not: its startup is not
