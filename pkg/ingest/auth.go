@@ -266,8 +266,11 @@ func (t *TokenReviewer) waitMiss(ctx context.Context, node string) error {
 	if node != "" {
 		lim, ok := t.nodeMisses.Get(node)
 		if !ok {
+			// Two streams of a node may get here at once: one limiter.
 			lim = rate.NewLimiter(t.nodeRate, t.nodeBurst)
-			t.nodeMisses.Add(node, lim)
+			if prev, had, _ := t.nodeMisses.PeekOrAdd(node, lim); had {
+				lim = prev
+			}
 		}
 		if err := lim.Wait(wctx); err != nil {
 			return fmt.Errorf("%w: too many lookups of pods not in the pod cache from node %s", ErrLookupUnavailable, node)
