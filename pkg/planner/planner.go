@@ -54,11 +54,7 @@ type Config struct {
 	// Tolerance: a need at most this fraction over the replicas listed
 	// (ready and starting) adds none while no queue stands (the HPA's own
 	// default tolerance, which an integer plan would otherwise defeat).
-	Tolerance float64 // Answered: the plan is the HPA's answer (KEDA's GetMetrics), which it
-	// acts on. Between observations such a need above the newest peak is
-	// held too, folded into that peak; other evaluations (IsActive, the
-	// pushed activity, a standby's learning) hold observations only.
-	Answered bool
+	Tolerance float64
 }
 
 // Defaults (docs/planner.md says why each).
@@ -376,18 +372,12 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		return Plan{}, prev, fmt.Errorf("%w: the need is not a finite number (work %g, capacity %g, backlog %g)", ErrRefused, p.Work, st.Capacity, p.Backlog)
 	}
 	hold := st.hold(cfg)
-	switch n := len(st.peaks); {
-	case observe:
+	// A peak is an observation's need. One answered between two
+	// observations (the HPA's syncs fall anywhere) is not held: holding
+	// it, or answering no more than the newest observation there, were
+	// both measured worse (docs/planner.md, rule 7).
+	if observe {
 		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
-	case cfg.Answered && n > 0 && p.Need > st.peaks[n-1].need:
-		// A plan answered to the HPA between observations is held too,
-		// folded into the newest peak (so at most one a ObserveEvery),
-		// from that observation (up to ObserveEvery less than a hold):
-		// the HPA's syncs fall between observations, and a need answered
-		// there was released a second later, the replicas the HPA added
-		// for it removed at its next sync. Its time and work stay the
-		// observation's: the surge reads observations only.
-		st.peaks[n-1].need = p.Need
 	}
 	p.holdPeaks(&st, in.At, hold, cfg)
 	p.tolerate(cfg)

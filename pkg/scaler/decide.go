@@ -95,15 +95,9 @@ func (d Decision) DesiredReplicas(t Trigger) int {
 }
 
 // Evaluate computes a trigger's value.
-func (s *Server) Evaluate(t Trigger) (Decision, error) { return s.evaluate(t, false, false) }
+func (s *Server) Evaluate(t Trigger) (Decision, error) { return s.evaluate(t, false) }
 
-// Answer computes a trigger's value as GetMetrics answers the HPA: a plan
-// so answered is held (planner.Config.Answered).
-func (s *Server) Answer(t Trigger) (Decision, error) { return s.evaluate(t, false, true) }
-
-// evaluate computes a trigger's value; with detail it lists every pod;
-// answered: the value is the HPA's (GetMetrics), and a plan is held as
-// such (planner.Config.Answered).
+// evaluate computes a trigger's value; with detail it lists every pod.
 //
 // The rule (docs/scaledobject.md, "Pods that start, stop, idle and fail"),
 // after the HPA's for pods without metrics
@@ -114,7 +108,7 @@ func (s *Server) Answer(t Trigger) (Decision, error) { return s.evaluate(t, fals
 //     absent from the page) are left out;
 //   - ready pods with no value (failed or stale scrape) are filled by the
 //     missingPods rule, in the direction the counted pods give.
-func (s *Server) evaluate(t Trigger, detail, answered bool) (Decision, error) {
+func (s *Server) evaluate(t Trigger, detail bool) (Decision, error) {
 	s.windows.note(t.Window, s.now()) // before the gate: the warm-up fills what the triggers will read
 	if s.gate != nil {
 		if err := s.gate(); err != nil {
@@ -122,7 +116,7 @@ func (s *Server) evaluate(t Trigger, detail, answered bool) (Decision, error) {
 		}
 	}
 	if t.Metric == MetricReplicas {
-		return s.plan(t, answered)
+		return s.plan(t)
 	}
 	var podBuf [16]store.PodValue
 	var valBuf [16]float64

@@ -70,7 +70,7 @@ func (s *Server) Learn(refs []*externalscaler.ScaledObjectRef) int {
 		// of each pod, and planned over that (a 10 s window's noise held as
 		// peaks) what it would answer with after a failover.
 		s.windows.note(t.Window, s.now())
-		if _, err := s.plan(t, false); err == nil {
+		if _, err := s.plan(t); err == nil {
 			n++
 		}
 	}

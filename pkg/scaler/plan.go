@@ -146,9 +146,9 @@ func forgetOldestOfMost[K comparable, V any](ns map[string]*simplelru.LRU[K, V])
 
 // plan evaluates a replicas trigger: one store snapshot, planned with the
 // workload's learned state, which the plan then replaces.
-func (s *Server) plan(t Trigger, answered bool) (Decision, error) {
+func (s *Server) plan(t Trigger) (Decision, error) {
 	cfg := planner.Default(t.SLOTTFT)
-	cfg.ITL, cfg.Percentile, cfg.Answered = t.SLOITL, t.SLOPercentile/100, answered
+	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
 	k := keyOf(t, cfg)
 	keyLock := s.plans.lockFor(k)
 	keyLock.Lock()

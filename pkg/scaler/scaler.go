@@ -284,7 +284,7 @@ func (s *Server) GetMetrics(_ context.Context, req *externalscaler.GetMetricsReq
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.evaluate(t, true, true)
+	d, err := s.evaluate(t, true)
 	s.decisions.record(ref, t, d, err)
 	if err != nil {
 		return nil, err
@@ -306,7 +306,7 @@ func (s *Server) IsActive(_ context.Context, ref *externalscaler.ScaledObjectRef
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.evaluate(t, true, false)
+	d, err := s.evaluate(t, true)
 	s.decisions.record(ref, t, d, err)
 	if err != nil {
 		return nil, err

@@ -244,7 +244,7 @@ func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
 }
 
 func (p *pulsePipe) Metric(*world) (float64, error) {
-	d, err := p.srv.Answer(p.cfg.trigger) // the HPA's GetMetrics
+	d, err := p.srv.Evaluate(p.cfg.trigger)
 	return d.Value, err
 }
 
