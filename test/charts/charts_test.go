@@ -134,6 +134,15 @@ func TestNotesInstallAgentsTheAggregatorAccepts(t *testing.T) {
 			t.Errorf("agentAuth.audience=pulse-prod, but the agent's install command keeps the daemonset chart's auth.audience (pulse):\n%s", agentCommand(out))
 		}
 	})
+	t.Run("service account in another namespace", func(t *testing.T) {
+		out := renderNotes(t, "--set", "agentAuth.serviceAccounts[0]=gpu/gpu-agent")
+		if !strings.Contains(out, "--namespace gpu ") || !strings.Contains(out, "serviceAccount.name=gpu-agent") {
+			t.Errorf("agentAuth.serviceAccounts=[gpu/gpu-agent], but the agent's install command is not in namespace gpu with ServiceAccount gpu-agent:\n%s", agentCommand(out))
+		}
+		if !strings.Contains(out, "The managed CA is published in") {
+			t.Errorf("an agent namespace apart from the aggregator's, without the note that the managed CA is not there:\n%s", out)
+		}
+	})
 	t.Run("service account", func(t *testing.T) {
 		out := renderNotes(t, "--set", "agentAuth.serviceAccounts[0]=pulse-system/gpu-agent")
 		if !regexp.MustCompile(`helm install gpu-agent |serviceAccount\.name=gpu-agent`).MatchString(out) {

@@ -28,8 +28,9 @@ var (
 	// The house's reference to a section: a document's path, then the
 	// section's title in quotes (docs/scaledobject.md, "Choosing a
 	// threshold").
-	// README without .md is the top README.
-	sectionRef = regexp.MustCompile("((?:docs/[A-Za-z0-9_./-]+|deploy/[a-z]+/README)\\.md|\\bREADME(?:\\.md)?)`?\\)?,? +\"([^\"]+)\"")
+	// README without .md is the top README (not another directory's:
+	// the character before it is no path's).
+	sectionRef = regexp.MustCompile("((?:docs/[A-Za-z0-9_./-]+|deploy/[a-z]+/README)\\.md|(?:^|[^/\\w.-])README(?:\\.md)?)`?\\)?,? +\"([^\"]+)\"")
 	nonSlug    = regexp.MustCompile(`[^\p{L}\p{N} _-]`)
 )
 
@@ -127,8 +128,8 @@ func TestReferencesResolve(t *testing.T) {
 		}
 		for _, m := range sectionRef.FindAllStringSubmatch(text, -1) {
 			doc, section := m[1], strings.ToLower(title(m[2]))
-			if doc == "README" {
-				doc = "README.md"
+			if !strings.HasPrefix(doc, "docs/") && !strings.HasPrefix(doc, "deploy/") {
+				doc = "README.md" // the bare form, with the character before it
 			}
 			h := headingsOf(doc)
 			checked++
