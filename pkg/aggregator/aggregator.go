@@ -162,14 +162,14 @@ func (a *Aggregator) Run(ctx context.Context) error {
 // resolveOwner reads --owner-cluster-role's UID into a.owner, the owner
 // reference of what the aggregator creates. An API that does not answer
 // (unavailable, throttled, unreachable) is waited for, the next read up
-// to ownerRetryMax later; a ClusterRole the API says is not there, or
+// to ownerRetryLongest later; a ClusterRole the API says is not there, or
 // that the aggregator may not read, is an error (the process ends: its
 // chart is wrong). It was read once at start, and one 503 of the API
 // ended the process, restarted under CrashLoopBackOff for up to five
 // minutes after the API was back.
 func (a *Aggregator) resolveOwner(ctx context.Context) error {
 	name := a.opts.Kube.OwnerClusterRole
-	wait := ownerRetryMin
+	wait := ownerRetryFirst
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cr, err := a.deps.Kube.RbacV1().ClusterRoles().Get(rctx, name, metav1.GetOptions{})
@@ -190,15 +190,15 @@ func (a *Aggregator) resolveOwner(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, ownerRetryMax)
+		wait = min(2*wait, ownerRetryLongest)
 	}
 }
 
-// ownerRetryMin and ownerRetryMax bound the wait between reads of the
+// ownerRetryFirst and ownerRetryLongest bound the wait between reads of the
 // owner ClusterRole while the API does not answer.
 var (
-	ownerRetryMin = time.Second
-	ownerRetryMax = 30 * time.Second
+	ownerRetryFirst   = time.Second
+	ownerRetryLongest = 30 * time.Second
 )
 
 // housekeep sweeps the pods of agents gone longer than --pod-expiry (so

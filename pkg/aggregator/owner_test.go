@@ -43,8 +43,8 @@ func ownedAggregator(t *testing.T, kube *fake.Clientset) *Aggregator {
 // between tries) where every other part that needs the API waits for it.
 // Now it starts, serves, and reads the owner again until the API answers.
 func TestAnAPIBlipAtStartIsNoCrash(t *testing.T) {
-	defer func(lo, hi time.Duration) { ownerRetryMin, ownerRetryMax = lo, hi }(ownerRetryMin, ownerRetryMax)
-	ownerRetryMin, ownerRetryMax = 10*time.Millisecond, 20*time.Millisecond
+	defer func(lo, hi time.Duration) { ownerRetryFirst, ownerRetryLongest = lo, hi }(ownerRetryFirst, ownerRetryLongest)
+	ownerRetryFirst, ownerRetryLongest = 10*time.Millisecond, 20*time.Millisecond
 	kube := fake.NewClientset(&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator", UID: "cr-uid"}})
 	var gets atomic.Int64
 	kube.PrependReactor("get", "clusterroles", func(k8stesting.Action) (bool, runtime.Object, error) {

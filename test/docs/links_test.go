@@ -126,24 +126,34 @@ func TestReferencesResolve(t *testing.T) {
 				}
 			}
 		}
-		for _, m := range sectionRef.FindAllStringSubmatch(text, -1) {
-			doc, section := m[1], strings.ToLower(title(m[2]))
-			if !strings.HasPrefix(doc, "docs/") && !strings.HasPrefix(doc, "deploy/") {
-				doc = "README.md" // the bare form, with the character before it
-			}
-			h := headingsOf(doc)
-			checked++
-			if h == nil {
-				t.Errorf("%s: refers to %s, which does not exist", f, doc)
-				continue
-			}
-			if !h[section] {
-				t.Errorf("%s: refers to %s, %q: no such heading", f, doc, m[2])
-			}
-		}
+		checked += checkSectionRefs(t, f, text, headingsOf)
 	}
 	if checked == 0 {
 		t.Fatal("no reference found: the patterns are wrong")
 	}
 	t.Logf("%d references checked", checked)
+}
+
+// checkSectionRefs checks file f's references to sections (sectionRef)
+// against headingsOf each document's headings (nil: no such document),
+// and returns how many it checked.
+func checkSectionRefs(t *testing.T, f, text string, headingsOf func(string) map[string]bool) int {
+	t.Helper()
+	checked := 0
+	for _, m := range sectionRef.FindAllStringSubmatch(text, -1) {
+		doc, section := m[1], strings.ToLower(title(m[2]))
+		if !strings.HasPrefix(doc, "docs/") && !strings.HasPrefix(doc, "deploy/") {
+			doc = "README.md" // the bare form, with the character before it
+		}
+		h := headingsOf(doc)
+		checked++
+		if h == nil {
+			t.Errorf("%s: refers to %s, which does not exist", f, doc)
+			continue
+		}
+		if !h[section] {
+			t.Errorf("%s: refers to %s, %q: no such heading", f, doc, m[2])
+		}
+	}
+	return checked
 }
