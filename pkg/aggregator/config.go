@@ -267,7 +267,7 @@ var (
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	o := a.opts.Store
 	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods,
-		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry})
+		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry, Exists: a.podExists})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
@@ -319,6 +319,14 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 		a.log.Warn("--max-pods pods may not fit the memory limit: lower --max-pods (chart maxPods) or raise the limit (chart resources.limits.memory)",
 			logging.KeyMaxPods, a.opts.Store.MaxPods, logging.KeyNeedBytes, need, logging.KeyLimitBytes, limit, logging.KeyWhat, what)
 	}
+}
+
+// podExists is the store's Options.Exists: with agent authentication the
+// pod cache says whether a replica whose agent is lost is still in the API
+// (buildIngest sets a.reviewer after buildStore, before Run); without it
+// there is no cache, and such a replica is gone.
+func (a *Aggregator) podExists(namespace, name, uid string) bool {
+	return a.reviewer != nil && a.reviewer.PodExists(namespace, name, uid)
 }
 
 // buildIngest: the agents' stream server, with TLS and authentication.

@@ -116,10 +116,13 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	}))
 	t.podInformer = f.Core().V1().Pods().Informer()
 	// Keep only what PodNode reads, its node and what discovery.Claims
-	// reads (bounded): a pod is mostly spec and status.
+	// reads (bounded), and whether it is being deleted (PodExists): a pod
+	// is mostly spec and status.
 	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
-			return &corev1.Pod{ObjectMeta: discovery.ClaimsMeta(p), Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
+			m := discovery.ClaimsMeta(p)
+			m.DeletionTimestamp = p.DeletionTimestamp // PodExists
+			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
 		}
 		return obj, nil
 	}); err != nil {
@@ -130,6 +133,20 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 
 // Run keeps the pod cache until ctx ends.
 func (t *TokenReviewer) Run(ctx context.Context) { t.podInformer.Run(ctx.Done()) }
+
+// PodExists reports whether the API has the pod namespace/name of that uid,
+// not being deleted, as the pod cache last saw it. Before the cache has
+// synced it says true: the store asks it whether a replica whose agent is
+// lost may serve on, and keeping one a moment too long holds a scale-down
+// back, where dropping it scales a serving workload down.
+func (t *TokenReviewer) PodExists(namespace, name, uid string) bool {
+	if !t.podInformer.HasSynced() {
+		return true
+	}
+	obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
+	p, isPod := obj.(*corev1.Pod)
+	return ok && isPod && string(p.UID) == uid && p.DeletionTimestamp == nil
+}
 
 // Ready returns nil once the pod cache has synced.
 func (t *TokenReviewer) Ready() error {

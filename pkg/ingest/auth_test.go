@@ -877,3 +877,53 @@ func TestAnIdleStreamsEntriesAreLookedUpAtABatch(t *testing.T) {
 		t.Fatalf("at the heartbeat after the sync: %d pods held, %d agents heard; want 1 and 1", f.store.Pods(), f.store.HeardSources())
 	}
 }
+
+// TestPodExistsReadsThePodCache: whether a replica whose agent is lost may
+// serve on (store.Options.Exists): the pod of that uid in the cache, not
+// being deleted; true before the cache has synced (a scale-down held a
+// moment, never a serving replica dropped).
+func TestPodExistsReadsThePodCache(t *testing.T) {
+	c := fakeAPI()
+	unsynced, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !unsynced.PodExists("ns", "gone", "uid-gone") {
+		t.Fatal("before the cache synced: want true")
+	}
+	tr := runningReviewer(t, c)
+	for _, tc := range []struct {
+		ns, name, uid string
+		want          bool
+	}{
+		{"ns", "mine", "uid-mine", true},
+		{"ns", "mine", "uid-of-an-older-mine", false}, // a pod of that name made again
+		{"ns", "nobody", "uid-nobody", false},
+		{"other", "mine", "uid-mine", false},
+	} {
+		if got := tr.PodExists(tc.ns, tc.name, tc.uid); got != tc.want {
+			t.Errorf("PodExists(%s/%s, %s) = %v, want %v", tc.ns, tc.name, tc.uid, got, tc.want)
+		}
+	}
+	// Being deleted (a node lost: its pods evicted stay Terminating until
+	// the node goes) is gone; so is deleted.
+	p, err := c.CoreV1().Pods("ns").Get(context.Background(), "theirs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	if _, err := c.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CoreV1().Pods("ns").Delete(context.Background(), "mine", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.PodExists("ns", "theirs", "uid-theirs") || tr.PodExists("ns", "mine", "uid-mine") {
+		if time.Now().After(deadline) {
+			t.Fatal("a pod being deleted, and one deleted, still exist in the cache after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

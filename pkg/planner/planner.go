@@ -306,6 +306,10 @@ type Plan struct {
 	Refused    int    `json:"refusedReplicas,omitempty"`
 	RefusedWhy string `json:"refusedWhy,omitempty"`
 	Stuck      int    `json:"stuckReplicas,omitempty"`
+	// Unseen: replicas whose agent is lost past --pod-expiry that the API
+	// still has (store.PodLoad.Unseen), counted in Missing when ready and
+	// in Starting when not.
+	Unseen int `json:"unseenReplicas,omitempty"`
 }
 
 // Errors of Plan: the workload cannot be planned now (the caller returns
@@ -385,6 +389,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	case p.Replicas >= p.Ready:
 	case p.Missing > 0:
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: %d have no fresh sample", p.Ready, p.Missing)
+		if p.Unseen > 0 {
+			p.Reason += fmt.Sprintf(" (%d unseen: their agent is lost, and the API still has them)", p.Unseen)
+		}
 	case in.At.Sub(st.Since) < hold:
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: observed for %s, less than the hold %s", p.Ready, in.At.Sub(st.Since).Round(time.Second), hold)
 	case st.Capacity == 0 && (p.Work > 0 || busy(fresh)):
@@ -442,6 +449,9 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 	st.startingFor = 0
 	for i := range in.Pods {
 		l := &in.Pods[i]
+		if l.Unseen {
+			p.Unseen++
+		}
 		switch l.State {
 		case store.PodCounted:
 			p.Ready++

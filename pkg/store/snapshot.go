@@ -65,6 +65,10 @@ type PodLoad struct {
 	// started after it), so Startup ends at its Ready condition's latest
 	// transition: a readiness flap since then lengthened it.
 	StartupUnseen bool
+	// Unseen: a replica whose agent is lost (its streams closed past the
+	// store's Expiry) and that the API still has (Options.Exists): ready
+	// with no sample (PodMissing, Reason UnseenReason), or starting.
+	Unseen bool
 }
 
 // Snapshot is one workload as a planner reads it, taken under one lock.
@@ -113,13 +117,26 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 	sc := getScratch()
 	defer putScratch(sc)
 	snap := Snapshot{At: now, Pods: dst[:0]}
+	var expired []*pod
 	for _, p := range s.workloads[k] {
-		if p.Demand || s.expired(p, now) {
+		if p.Demand {
+			continue
+		}
+		if s.expired(p, now) {
+			if countsLost(p) {
+				expired = append(expired, p)
+			}
 			continue
 		}
 		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
+	if snap.Found {
+		// Some replica is listed: those its agents lost that the API
+		// still has are replicas too (with none listed, the workload's
+		// loss is an error: Lost).
+		s.appendUnseen(&snap, k, expired, now)
+	}
 	snap.Demand = s.demand(sc, k, window, freshFor, now)
 	if !snap.Found {
 		snap.Lost, snap.LostOK = s.lostReplicas(k, now)

@@ -133,6 +133,13 @@ type Options struct {
 	// Expiry: pods of an agent whose streams have all been closed this long
 	// are dropped. Pods of a connected agent stay until it removes them.
 	Expiry time.Duration
+	// Exists says whether the API still has a pod (namespace, name, uid;
+	// not being deleted). A replica dropped because its agent's streams
+	// expired, not removed by its agent, is then planned as a ready
+	// replica with no sample (Snapshot, PodLoad.Unseen) for as long as
+	// the API has it, up to a day: its agent lost, it may serve on. Nil:
+	// such a replica is gone (no API to ask).
+	Exists func(namespace, name, uid string) bool
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
 }
@@ -156,6 +163,9 @@ type Store struct {
 	// removing them (its streams expired), and when; cleared when one of
 	// its replicas is listed again.
 	lost map[Key]Lost
+	// unseen: each workload's replicas dropped with their agent, until
+	// listed again or lostFor (unseen.go).
+	unseen map[Key][]unseenPod
 	// nsPods: pods held per namespace. refusedAt: workloads a new pod of
 	// which was refused for room, and when last (for refusedFor): a
 	// workload with none held then is not one without replicas.
@@ -281,6 +291,7 @@ func New(opts Options) *Store {
 		sources:   make(map[string]*source),
 		listed:    make(map[string]map[string]listing),
 		lost:      make(map[Key]Lost),
+		unseen:    make(map[Key][]unseenPod),
 		nsPods:    make(map[string]int),
 		refusedAt: make(map[Key]time.Time),
 		now:       opts.Now,
@@ -297,6 +308,7 @@ func (s *Store) drop(uid string, p *pod, lost bool) {
 	s.unlink(p)
 	if lost && countsLost(p) {
 		s.markLost(p, 1)
+		s.markUnseen(p, s.now())
 	}
 }
 
@@ -411,6 +423,7 @@ func (s *Store) sweep(now time.Time, force bool) {
 			delete(s.refusedAt, k)
 		}
 	}
+	s.sweepUnseen(now)
 	expired := map[string]bool{}
 	for node, src := range s.sources {
 		if s.expiredSource(src, now) {
@@ -746,6 +759,9 @@ func (s *Store) unlist(uid string, p *pod, node string, lost bool) {
 }
 
 func (s *Store) link(p *pod) {
+	if !p.Demand {
+		s.seenAgain(p)
+	}
 	for _, k := range p.Workloads {
 		if !p.Demand {
 			delete(s.lost, k) // a replica is listed again

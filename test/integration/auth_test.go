@@ -35,11 +35,7 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 	fakenode.TokenReviews(serverAPI, "pulse", map[string]fakenode.Token{
 		"agent-token": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-1"}})
 
-	dir := t.TempDir()
-	ca := testpki.NewCA(t)
-	crt, key := ca.Issue(t, "pulse-aggregator", 7, x509.ExtKeyUsageServerAuth)
-	files := testpki.Write(t, dir, map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": ca.PEM, "token": []byte("agent-token\n")},
-		"tls.crt", "tls.key", "ca.crt", "token")
+	files := agentTLS(t, "agent-token")
 
 	o := aggregator.NewOptions()
 	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -66,6 +62,21 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 }
 
 var metav1Update = metav1.UpdateOptions{}
+
+// agentTLS writes the aggregator's serving certificate and key, the CA
+// that signed them, and a file for each token: their paths, in that order.
+func agentTLS(t *testing.T, tokens ...string) []string {
+	t.Helper()
+	ca := testpki.NewCA(t)
+	crt, key := ca.Issue(t, "pulse-aggregator", 7, x509.ExtKeyUsageServerAuth)
+	content := map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": ca.PEM}
+	names := []string{"tls.crt", "tls.key", "ca.crt"}
+	for i, tok := range tokens {
+		name := fmt.Sprintf("token-%d", i)
+		content[name], names = []byte(tok+"\n"), append(names, name)
+	}
+	return testpki.Write(t, t.TempDir(), content, names...)
+}
 
 func portOf(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)

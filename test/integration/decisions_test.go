@@ -66,13 +66,8 @@ func TestDecisionUnderChurn(t *testing.T) {
 		}
 		return nil
 	})
-	resp, err := http.Get("http://" + agg.HTTPAddr() + "/debug/triggers")
+	doc, err := triggers(agg.HTTPAddr())
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var doc debug.TriggersDocument
-	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
 		t.Fatal(err)
 	}
 	if len(doc.Triggers) != 1 || *doc.Triggers[0].DesiredReplicas != 3 {
@@ -154,6 +149,18 @@ func TestRestartedAggregatorNeverAnswersAPartialTotal(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// triggers reads /debug/triggers.
+func triggers(httpAddr string) (debug.TriggersDocument, error) {
+	var doc debug.TriggersDocument
+	resp, err := http.Get("http://" + httpAddr + "/debug/triggers")
+	if err != nil {
+		return doc, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&doc)
+	return doc, err
 }
 
 // forwarder is a TCP link to target that can be cut (every connection

@@ -1,0 +1,91 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/aggregator"
+	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/test/fakenode"
+)
+
+// TestALostAgentsReplicasAreHeldWhileTheAPIHasThem: a workload's two
+// replicas on two nodes; one node's agent is cut off (no removal, its
+// stream simply gone) past --pod-expiry while its replica serves on. The
+// planner saw only the other replica and planned one (docs/planner.md,
+// rule 8). While the API still has the pod it is now planned as a ready
+// replica with no sample: 2, with the plan naming it unseen. Once the pod
+// is deleted, it is gone: 1.
+func TestALostAgentsReplicasAreHeldWhileTheAPIHasThem(t *testing.T) {
+	simA, simB := startCountingSim(t), startCountingSim(t)
+	setLoad(simPod{sim: simA.sim}, 0, 2, 0.2)
+	setLoad(simPod{sim: simB.sim}, 0, 2, 0.2)
+	a, b := kubePod("llama-a", "gpu-node-1", "llama", simA, true), kubePod("llama-b", "gpu-node-2", "llama", simB, true)
+	agentAPI := fake.NewClientset(a.DeepCopy(), b.DeepCopy())
+	serverAPI := fake.NewClientset(a.DeepCopy(), b.DeepCopy())
+	fakenode.TokenReviews(serverAPI, "pulse", map[string]fakenode.Token{
+		"token-1": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-1"},
+		"token-2": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-2"}})
+	files := agentTLS(t, "token-1", "token-2")
+
+	o := aggregator.NewOptions()
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile = files[0], files[1]
+	o.Warmup.Duration, o.AgentAuth.Mode, o.Store.PodExpiry = 0, "tokenreview", 2*time.Second
+	agg := runAggregator(t, o, aggregator.Deps{Kube: serverAPI})
+	link := newForwarder(t, agg.IngestAddr()) // node 1's way to the aggregator
+	for i, addr := range []string{link.addr(), agg.IngestAddr()} {
+		node := fmt.Sprintf("gpu-node-%d", i+1)
+		ao := agent.NewOptions()
+		ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(addr)}, node, gpu.ModeOff
+		ao.AggregatorCAFile, ao.TokenFile = files[2], files[3+i]
+		runAgent(t, ao, agent.Deps{Pods: fakenode.NodePods(agentAPI, node), Resolver: loopbackDNS{}}, nil)
+	}
+	keda := kedaClient(t, agg.ScalerAddr())
+	md := map[string]string{"workspace": "llama", "metric": "replicas"}
+	plan := func(want float64, unseen int) func() error {
+		return func() error {
+			v, err := getMetric(keda, md)
+			if err != nil || v != want {
+				return fmt.Errorf("GetMetrics = %v, %v; want %v", v, err, want)
+			}
+			p, err := planOf(agg.HTTPAddr())
+			if err != nil || p.Unseen != unseen || p.Ready != int(want) {
+				return fmt.Errorf("plan %+v, %v: want %v ready, %d unseen", p, err, want, unseen)
+			}
+			return nil
+		}
+	}
+	eventually(t, "both replicas reporting", plan(2, 0))
+	link.cut()
+	// Past --pod-expiry node 1's replica is dropped from the store; the
+	// API still has it.
+	eventually(t, "node 1's replica unseen, held", plan(2, 1))
+	time.Sleep(2 * o.Store.PodExpiry)
+	if err := plan(2, 1)(); err != nil {
+		t.Fatalf("well past --pod-expiry: %v", err)
+	}
+	if err := serverAPI.CoreV1().Pods("demo").Delete(context.Background(), "llama-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node 1's replica deleted, gone", plan(1, 0))
+}
+
+// planOf reads the replicas trigger's plan from /debug/triggers.
+func planOf(httpAddr string) (*planner.Plan, error) {
+	doc, err := triggers(httpAddr)
+	if err != nil {
+		return nil, err
+	}
+	if len(doc.Triggers) != 1 || doc.Triggers[0].Decision.Plan == nil {
+		return nil, fmt.Errorf("triggers %+v: want one, with its plan", doc.Triggers)
+	}
+	return doc.Triggers[0].Decision.Plan, nil
+}
