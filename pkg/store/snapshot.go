@@ -117,25 +117,17 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 	sc := getScratch()
 	defer putScratch(sc)
 	snap := Snapshot{At: now, Pods: dst[:0]}
-	var expired []*pod
 	for _, p := range s.workloads[k] {
-		if p.Demand {
-			continue
-		}
-		if s.expired(p, now) {
-			if countsLost(p) {
-				expired = append(expired, p)
-			}
+		if p.Demand || s.expired(p, now) {
 			continue
 		}
 		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
 	if snap.Found {
-		// Some replica is listed: those its agents lost that the API
-		// still has are replicas too (with none listed, the workload's
-		// loss is an error: Lost).
-		s.appendUnseen(&snap, k, expired, now)
+		for _, u := range s.stillThere(k, now) {
+			snap.Pods = append(snap.Pods, u.load(now))
+		}
 	}
 	snap.Demand = s.demand(sc, k, window, freshFor, now)
 	if !snap.Found {

@@ -1,6 +1,10 @@
 package store
 
-import "time"
+import (
+	"slices"
+	"strings"
+	"time"
+)
 
 // unseenPod is a replica dropped because its agent's streams expired (its
 // agent lost past Expiry), not because its agent removed it: it may serve
@@ -70,38 +74,51 @@ func (s *Store) sweepUnseen(now time.Time) {
 	}
 }
 
-// unseenLoad is the PodLoad of a replica its agent no longer reports but
-// the API still has: ready with no sample (PodMissing), or starting.
-func unseenLoad(name string, ready bool, startNs int64, now time.Time) PodLoad {
-	l := PodLoad{Name: name, State: PodMissing, Reason: UnseenReason, Unseen: true}
-	if !ready {
+// load is u's PodLoad: ready with no sample (PodMissing), or starting.
+func (u unseenPod) load(now time.Time) PodLoad {
+	l := PodLoad{Name: u.name, State: PodMissing, Reason: UnseenReason, Unseen: true}
+	if !u.ready {
 		l.State, l.Reason = PodStarting, ""
-		if startNs != 0 {
-			l.Age = max(0, now.Sub(time.Unix(0, startNs)))
+		if u.startNs != 0 {
+			l.Age = max(0, now.Sub(time.Unix(0, u.startNs)))
 		}
 	}
 	return l
 }
 
+// value is u's PodValue, as load.
+func (u unseenPod) value() PodValue {
+	if !u.ready {
+		return PodValue{Name: u.name, State: PodStarting}
+	}
+	return PodValue{Name: u.name, State: PodMissing, Reason: UnseenReason}
+}
+
 // UnseenReason is why an unseen replica (PodLoad.Unseen) has no sample.
 const UnseenReason = "its agent is lost (its streams closed past --pod-expiry) and the API still has the pod"
 
-// appendUnseen adds to snap workload k's replicas that its agents no
-// longer report but the API still has (Options.Exists): those dropped
-// with their agent, and expired ones not yet swept (expired); mu must be
+// stillThere is workload k's replicas that its agents no longer report but
+// the API still has (Options.Exists): those dropped with their agent, and
+// expired ones not yet swept. Only called where some replica of k is
+// listed: with none, the workload's loss is an error (Lost). mu must be
 // held.
-func (s *Store) appendUnseen(snap *Snapshot, k Key, expired []*pod, now time.Time) {
+func (s *Store) stillThere(k Key, now time.Time) []unseenPod {
 	if s.opts.Exists == nil {
-		return
+		return nil
 	}
-	for _, p := range expired {
-		if s.opts.Exists(p.Namespace, p.Name, p.UID) {
-			snap.Pods = append(snap.Pods, unseenLoad(p.Name, p.Ready, p.startNs, now))
+	var out []unseenPod
+	for _, p := range s.workloads[k] {
+		if !p.Demand && countsLost(p) && s.expired(p, now) && s.opts.Exists(p.Namespace, p.Name, p.UID) {
+			out = append(out, unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, ready: p.Ready, startNs: p.startNs})
 		}
 	}
 	for _, u := range s.unseen[k] {
 		if now.Sub(u.at) <= lostFor && s.opts.Exists(u.namespace, u.name, u.uid) {
-			snap.Pods = append(snap.Pods, unseenLoad(u.name, u.ready, u.startNs, now))
+			out = append(out, u)
 		}
 	}
+	// In uid order, as a workload's listed pods: readers see a stable
+	// order (a sweep drops a node's pods in a map's).
+	slices.SortFunc(out, func(a, b unseenPod) int { return strings.Compare(a.uid, b.uid) })
+	return out
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/pulse-io/pulse/pkg/metric"
 )
 
 // TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt: when a node's
@@ -37,6 +39,11 @@ func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
 	s.Sweep()
 	if got := loads(s); got != want {
 		t.Fatalf("swept: %s; want %s", got, want)
+	}
+	// A threshold trigger's query lists them too, as the snapshot does.
+	pods, found := s.Query(nil, ws, metric.Def{Rule: metric.RuleGauge, Num: metric.Running}, time.Minute, 5*time.Second)
+	if !found || len(pods) != 3 || pods[1].Name != "pod-a1" || pods[1].State != PodMissing || pods[1].Reason != UnseenReason || pods[2].State != PodStarting {
+		t.Fatalf("query: %+v, %v; want b1, a1 missing (unseen), a3 starting", pods, found)
 	}
 	// With no replica listed, the loss is an error (Lost), as before.
 	s.Upsert(Source{Node: "kept"}, nil, true)

@@ -360,7 +360,15 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 		}
 		pods = append(pods, pv)
 	}
-	return pods, len(pods) > len(dst)
+	if len(pods) == len(dst) {
+		return pods, false
+	}
+	// Some replica is listed: those its agents lost that the API still
+	// has are replicas too (stillThere).
+	for _, u := range s.stillThere(k, now) {
+		pods = append(pods, u.value())
+	}
+	return pods, true
 }
 
 // DemandValue is what the demand sources of a workload report.

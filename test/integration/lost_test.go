@@ -21,8 +21,9 @@ import (
 // stream simply gone) past --pod-expiry while its replica serves on. The
 // planner saw only the other replica and planned one (docs/planner.md,
 // rule 8). While the API still has the pod it is now planned as a ready
-// replica with no sample: 2, with the plan naming it unseen. Once the pod
-// is deleted, it is gone: 1.
+// replica with no sample: 2, with the plan naming it unseen; a threshold
+// trigger fills it as the HPA's rule fills a ready pod with no value. Once
+// the pod is deleted, it is gone: 1.
 func TestALostAgentsReplicasAreHeldWhileTheAPIHasThem(t *testing.T) {
 	simA, simB := startCountingSim(t), startCountingSim(t)
 	setLoad(simPod{sim: simA.sim}, 0, 2, 0.2)
@@ -50,11 +51,21 @@ func TestALostAgentsReplicasAreHeldWhileTheAPIHasThem(t *testing.T) {
 	}
 	keda := kedaClient(t, agg.ScalerAddr())
 	md := map[string]string{"workspace": "llama", "metric": "replicas"}
+	// A threshold trigger too: each replica runs 2, under 10, so the
+	// HPA's rule fills a ready replica with no value at the threshold.
+	running := map[string]string{"workspace": "llama", "metric": "running", "threshold": "10", "window": "5s"}
 	plan := func(want float64, unseen int) func() error {
 		return func() error {
 			v, err := getMetric(keda, md)
 			if err != nil || v != want {
 				return fmt.Errorf("GetMetrics = %v, %v; want %v", v, err, want)
+			}
+			wantRunning := 2 * (want - float64(unseen))
+			if unseen > 0 {
+				wantRunning += 10
+			}
+			if v, err := getMetric(keda, running); err != nil || v != wantRunning {
+				return fmt.Errorf("running: GetMetrics = %v, %v; want %v", v, err, wantRunning)
 			}
 			p, err := planOf(agg.HTTPAddr())
 			if err != nil || p.Unseen != unseen || p.Ready != int(want) {
@@ -84,8 +95,10 @@ func planOf(httpAddr string) (*planner.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(doc.Triggers) != 1 || doc.Triggers[0].Decision.Plan == nil {
-		return nil, fmt.Errorf("triggers %+v: want one, with its plan", doc.Triggers)
+	for _, tr := range doc.Triggers {
+		if tr.Decision != nil && tr.Decision.Plan != nil {
+			return tr.Decision.Plan, nil
+		}
 	}
-	return doc.Triggers[0].Decision.Plan, nil
+	return nil, fmt.Errorf("triggers %+v: want a replicas trigger's plan", doc.Triggers)
 }
