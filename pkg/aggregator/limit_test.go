@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 )
@@ -119,5 +120,37 @@ func TestLimitListenerCloseEndsTheWait(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting Accept did not return after Close")
+	}
+}
+
+// TestTheIngestPortKeepsNoHeaderTable: the ingest port's first SETTINGS
+// frame asks for a header table of 0, so that no agent connection's
+// headers (its token among them) are held for the connection's life in
+// HPACK's dynamic table (streamOptions).
+func TestTheIngestPortKeepsNoHeaderTable(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	c, err := net.DialTimeout("tcp", a.IngestAddr(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf, ok := f.(*http2.SettingsFrame)
+	if !ok || sf.IsAck() {
+		t.Fatalf("first frame %v: want the server's SETTINGS", f)
+	}
+	if v, ok := sf.Value(http2.SettingHeaderTableSize); !ok || v != 0 {
+		t.Fatalf("SETTINGS_HEADER_TABLE_SIZE %d (sent: %v): want 0", v, ok)
 	}
 }

@@ -218,8 +218,9 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
 		return err
 	}
-	log := s.log.With(logging.KeyNode, hello.Node, logging.KeyAgent, hello.AgentVersion)
-	log.Info("agent stream opened")
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
+		ctx: stream.Context(), bound: boundNode != ""}
+	st.logger().Info("agent stream opened")
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	held, release, err := s.openSource(hello.Node)
@@ -228,8 +229,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	}
 	defer release()
 
-	st := &streamState{srv: s, hello: hello, stream: held, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
-		ctx: stream.Context(), log: log, bound: boundNode != ""}
+	st.stream = held
 	var r received // with Codec, the messages after the hello come pooled
 	defer r.release()
 	for {
@@ -237,11 +237,11 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		err := stream.RecvMsg(&r)
 		msg := r.msg
 		if errors.Is(err, io.EOF) {
-			log.Info("agent stream closed")
+			st.logger().Info("agent stream closed")
 			return nil
 		}
 		if err != nil {
-			log.Info("agent stream ended", logging.KeyErr, err)
+			st.logger().Info("agent stream ended", logging.KeyErr, err)
 			return err
 		}
 		if !tokenExpires.IsZero() && time.Now().After(tokenExpires) {
@@ -249,7 +249,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			// outlives it no longer than the token does (a copied token
 			// kept a stream open for ever, past its pod's deletion). The
 			// agent reconnects with the token the kubelet renewed.
-			log.Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, tokenExpires)
+			st.logger().Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, tokenExpires)
 			return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", tokenExpires.UTC().Format(time.RFC3339))
 		}
 		switch m := msg.Msg.(type) {
@@ -319,11 +319,17 @@ func (s *Server) authenticate(ctx context.Context) (string, time.Time, error) {
 	return node, exp, nil
 }
 
+// logger is the stream's log: every line names its node and agent version.
+// It is made at each (rare) line, not kept: a logger with attributes holds
+// a copy of its handler, about 500 bytes a stream held for its life.
+func (st *streamState) logger() *slog.Logger {
+	return st.srv.log.With(logging.KeyNode, st.hello.Node, logging.KeyAgent, st.hello.AgentVersion)
+}
+
 // streamState is what one stream has established.
 type streamState struct {
 	srv   *Server
 	ctx   context.Context
-	log   *slog.Logger
 	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
 	ids   map[uint32]string // pod id → uid
@@ -399,7 +405,7 @@ func (st *streamState) logRejected(id uint32, what string) {
 		st.loggedRejects = map[uint32]time.Time{}
 	}
 	st.loggedRejects[id] = now
-	st.log.Warn("pod values rejected", logging.KeyPod, st.names[id], logging.KeyReason, what)
+	st.logger().Warn("pod values rejected", logging.KeyPod, st.names[id], logging.KeyReason, what)
 }
 
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
@@ -561,7 +567,7 @@ func (st *streamState) uncheck(p *pulsev1.Pod, err error) {
 	if _, again := st.unchecked[p.Id]; !again {
 		st.srv.m.rejected.WithLabelValues("auth_unavailable").Inc()
 		if st.logAllowed() {
-			st.log.Info("catalogue entry not looked up now: looked up again at a batch", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
+			st.logger().Info("catalogue entry not looked up now: looked up again at a batch", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
 		}
 	}
 	if len(st.unchecked) == 0 {
@@ -620,7 +626,7 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 			if !st.logAllowed() { // listed again at each batch: bounded as every refusal
 				continue
 			}
-			st.log.Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent; it is listed again until there is room (raise the cap)",
+			st.logger().Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent; it is listed again until there is room (raise the cap)",
 				logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}
@@ -649,7 +655,7 @@ func (st *streamState) relist() {
 	for id, info := range st.pending {
 		if !still[info.UID] {
 			delete(st.pending, id)
-			st.log.Info("pod held now: the aggregator had room", logging.KeyPod, info.Namespace+"/"+info.Name)
+			st.logger().Info("pod held now: the aggregator had room", logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}
 }
@@ -670,7 +676,7 @@ func (st *streamState) logAllowed() bool {
 func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, removed []string) []string {
 	st.srv.m.rejected.WithLabelValues(reason).Inc()
 	if st.logAllowed() {
-		st.log.Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
+		st.logger().Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
 			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
 	}
 	if old, ok := st.ids[p.Id]; ok {
@@ -750,7 +756,7 @@ const maxClockAhead = time.Hour
 // stream (with the entries' rejections).
 func (st *streamState) warnBadTime(timeMs, nowMs int64) {
 	if st.logAllowed() {
-		st.log.Warn("sample refused: its time is more than an hour ahead of the aggregator's clock (is the node's clock set?); counted in pulse_aggregator_rejected_reports_total{reason=\"bad_time\"}",
+		st.logger().Warn("sample refused: its time is more than an hour ahead of the aggregator's clock (is the node's clock set?); counted in pulse_aggregator_rejected_reports_total{reason=\"bad_time\"}",
 			logging.KeyNode, st.hello.Node, logging.KeySampleTime, time.UnixMilli(timeMs).UTC().Format(time.RFC3339), logging.KeyNow, time.UnixMilli(nowMs).UTC().Format(time.RFC3339))
 	}
 }
