@@ -70,6 +70,14 @@ func (s *Server) Learn(refs []*externalscaler.ScaledObjectRef) int {
 		// of each pod, and planned over that (a 10 s window's noise held as
 		// peaks) what it would answer with after a failover.
 		s.windows.note(t.Window, s.now())
+		if s.gate != nil && s.gate() != nil {
+			// While answers would be partial (the warm-up after a start,
+			// before every agent is heard), KEDA's calls are not planned:
+			// neither is learning. A plan made over some nodes' replicas
+			// started its state then (the restart's hold counted from
+			// it) and held their share of the work as peaks.
+			continue
+		}
 		if _, err := s.plan(t); err == nil {
 			n++
 		}

@@ -2,6 +2,7 @@ package scaler
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -108,14 +109,7 @@ func TestEveryReplicaLearnsWhatTheAskedOneDoes(t *testing.T) {
 // window's noise held as peaks), and after a failover answered from it.
 // Learning a trigger now holds its window, as KEDA's call does.
 func TestALearningReplicaKeepsThePlannersWindow(t *testing.T) {
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
-		withTriggers("demo", "llama-so", trigger("external-push", replicasMD())))
-	r := NewInformerResolver(client)
-	runSynced(t, r)
-	f := newFixtureWith(t, r)
-	standby := New(f.store, Options{MaxWindow: time.Minute, Resolver: r, Now: f.clock.Now, FollowWindows: true})
-	t.Cleanup(standby.Shutdown)
+	f, r, standby := standbyFixture(t, nil)
 	if got := f.store.Retention(); got != DefaultWindow {
 		t.Fatalf("retention %s before any trigger, want %s", got, DefaultWindow)
 	}
@@ -123,6 +117,45 @@ func TestALearningReplicaKeepsThePlannersWindow(t *testing.T) {
 	if got := f.store.Retention(); got != DefaultPlanWindow {
 		t.Fatalf("retention %s once the planner's trigger was learned, want its window, %s", got, DefaultPlanWindow)
 	}
+}
+
+// TestALearningReplicaWaitsForTheWarmUp: while the warm-up gate is shut
+// (answers would be partial: not every agent heard since the start),
+// KEDA's calls are not planned, and a standby replica's learning planned
+// all the same, over some nodes' replicas: its state started then and
+// held their share of the work. Learning waits as the calls do; the
+// trigger's window is held meanwhile (the warm-up fills it).
+func TestALearningReplicaWaitsForTheWarmUp(t *testing.T) {
+	warming := errors.New("warming up")
+	f, r, standby := standbyFixture(t, func() error { return warming })
+	f.pods("a")
+	f.serve(20, 1000, 0, "a")
+	if n := standby.Learn(r.PlannerRefs(maxPlans)); n != 0 || standby.plans.n != 0 {
+		t.Fatalf("learned %d triggers (%d states) during the warm-up, want none", n, standby.plans.n)
+	}
+	if got := f.store.Retention(); got != DefaultPlanWindow {
+		t.Fatalf("retention %s during the warm-up, want the trigger's window %s", got, DefaultPlanWindow)
+	}
+	warming = nil
+	if n := standby.Learn(r.PlannerRefs(maxPlans)); n != 1 || standby.plans.n != 1 {
+		t.Fatalf("learned %d triggers (%d states) after the warm-up, want 1", n, standby.plans.n)
+	}
+}
+
+// standbyFixture: a fixture whose resolver watches one ScaledObject with a
+// planner trigger, and a second server over its store that learns (with
+// gate, when not nil).
+func standbyFixture(t *testing.T, gate func() error) (*fixture, *InformerResolver, *Server) {
+	t.Helper()
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
+		withTriggers("demo", "llama-so", trigger("external-push", replicasMD())))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	f := newFixtureWith(t, r)
+	standby := New(f.store, Options{MaxWindow: time.Minute, Resolver: r, Now: f.clock.Now, FollowWindows: true, Gate: gate})
+	t.Cleanup(standby.Shutdown)
+	return f, r, standby
 }
 
 // TestTheScaledObjectCacheHoldsOnlyWhatItReads: the resolver's cache held
