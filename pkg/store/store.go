@@ -166,6 +166,8 @@ type Store struct {
 	// unseen: each workload's replicas dropped with their agent, until
 	// listed again or lostFor (unseen.go).
 	unseen map[Key][]unseenPod
+	// unseenKeys: the workloads whose unseen list holds each uid.
+	unseenKeys map[string][]Key
 	// nsPods: pods held per namespace. refusedAt: workloads a new pod of
 	// which was refused for room, and when last (for refusedFor): a
 	// workload with none held then is not one without replicas.
@@ -285,16 +287,17 @@ func New(opts Options) *Store {
 		opts.MaxPodsPerNamespace = opts.MaxPods
 	}
 	return &Store{
-		opts:      opts,
-		pods:      make(map[string]*pod),
-		workloads: make(map[Key][]*pod),
-		sources:   make(map[string]*source),
-		listed:    make(map[string]map[string]listing),
-		lost:      make(map[Key]Lost),
-		unseen:    make(map[Key][]unseenPod),
-		nsPods:    make(map[string]int),
-		refusedAt: make(map[Key]time.Time),
-		now:       opts.Now,
+		opts:       opts,
+		pods:       make(map[string]*pod),
+		workloads:  make(map[Key][]*pod),
+		sources:    make(map[string]*source),
+		listed:     make(map[string]map[string]listing),
+		lost:       make(map[Key]Lost),
+		unseen:     make(map[Key][]unseenPod),
+		unseenKeys: make(map[string][]Key),
+		nsPods:     make(map[string]int),
+		refusedAt:  make(map[Key]time.Time),
+		now:        opts.Now,
 	}
 }
 

@@ -28,31 +28,39 @@ func (s *Store) markUnseen(p *pod, now time.Time) {
 	for _, k := range p.Workloads {
 		list := s.unseen[k]
 		if len(list) >= maxUnseen {
+			s.unindex(list[0].uid, k)
 			list = append(list[:0], list[1:]...)
 		}
 		s.unseen[k] = append(list, u)
+		s.unseenKeys[p.UID] = append(s.unseenKeys[p.UID], k)
 	}
 }
 
-// seenAgain forgets p among its workloads' unseen replicas: it is listed
-// again (its agent back); mu must be held for writing.
+// seenAgain forgets p wherever it is remembered unseen: it is listed
+// again (its agent back), under whichever workloads it names now; mu must
+// be held for writing.
 func (s *Store) seenAgain(p *pod) {
-	for _, k := range p.Workloads {
-		list, ok := s.unseen[k]
-		if !ok {
-			continue
-		}
-		kept := list[:0]
-		for _, u := range list {
-			if u.uid != p.UID {
-				kept = append(kept, u)
-			}
-		}
-		if len(kept) == 0 {
+	keys, ok := s.unseenKeys[p.UID]
+	if !ok {
+		return
+	}
+	delete(s.unseenKeys, p.UID)
+	for _, k := range keys {
+		s.unseen[k] = slices.DeleteFunc(s.unseen[k], func(u unseenPod) bool { return u.uid == p.UID })
+		if len(s.unseen[k]) == 0 {
 			delete(s.unseen, k)
-		} else {
-			s.unseen[k] = kept
 		}
+	}
+}
+
+// unindex records that k's list no longer holds uid; mu must be held for
+// writing.
+func (s *Store) unindex(uid string, k Key) {
+	keys := slices.DeleteFunc(s.unseenKeys[uid], func(x Key) bool { return x == k })
+	if len(keys) == 0 {
+		delete(s.unseenKeys, uid)
+	} else {
+		s.unseenKeys[uid] = keys
 	}
 }
 
@@ -64,6 +72,8 @@ func (s *Store) sweepUnseen(now time.Time) {
 		for _, u := range list {
 			if now.Sub(u.at) <= lostFor {
 				kept = append(kept, u)
+			} else {
+				s.unindex(u.uid, k)
 			}
 		}
 		if len(kept) == 0 {
@@ -73,29 +83,6 @@ func (s *Store) sweepUnseen(now time.Time) {
 		}
 	}
 }
-
-// load is u's PodLoad: ready with no sample (PodMissing), or starting.
-func (u unseenPod) load(now time.Time) PodLoad {
-	l := PodLoad{Name: u.name, State: PodMissing, Reason: UnseenReason, Unseen: true}
-	if !u.ready {
-		l.State, l.Reason = PodStarting, ""
-		if u.startNs != 0 {
-			l.Age = max(0, now.Sub(time.Unix(0, u.startNs)))
-		}
-	}
-	return l
-}
-
-// value is u's PodValue, as load.
-func (u unseenPod) value() PodValue {
-	if !u.ready {
-		return PodValue{Name: u.name, State: PodStarting}
-	}
-	return PodValue{Name: u.name, State: PodMissing, Reason: UnseenReason}
-}
-
-// UnseenReason is why an unseen replica (PodLoad.Unseen) has no sample.
-const UnseenReason = "its agent is lost (its streams closed past --pod-expiry) and the API still has the pod"
 
 // stillThere is workload k's replicas that its agents no longer report but
 // the API still has (Options.Exists): those dropped with their agent, and
@@ -122,3 +109,26 @@ func (s *Store) stillThere(k Key, now time.Time) []unseenPod {
 	slices.SortFunc(out, func(a, b unseenPod) int { return strings.Compare(a.uid, b.uid) })
 	return out
 }
+
+// load is u's PodLoad: ready with no sample (PodMissing), or starting.
+func (u unseenPod) load(now time.Time) PodLoad {
+	l := PodLoad{Name: u.name, State: PodMissing, Reason: UnseenReason, Unseen: true}
+	if !u.ready {
+		l.State, l.Reason = PodStarting, ""
+		if u.startNs != 0 {
+			l.Age = max(0, now.Sub(time.Unix(0, u.startNs)))
+		}
+	}
+	return l
+}
+
+// value is u's PodValue, as load.
+func (u unseenPod) value() PodValue {
+	if !u.ready {
+		return PodValue{Name: u.name, State: PodStarting}
+	}
+	return PodValue{Name: u.name, State: PodMissing, Reason: UnseenReason}
+}
+
+// UnseenReason is why an unseen replica (PodLoad.Unseen) has no sample.
+const UnseenReason = "its agent is lost (its streams closed past --pod-expiry) and the API still has the pod"

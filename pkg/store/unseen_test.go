@@ -52,7 +52,7 @@ func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
 	}
 	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
 	// Its agent back, a1 is listed again: once.
-	mustOpen(t, s, "lost")
+	back := mustOpen(t, s, "lost")
 	s.Upsert(Source{Node: "lost"}, []PodInfo{info("a1", true)}, true)
 	if got, want := loads(s), "pod-a1 missing, pod-b1 missing, pod-a3 starting unseen"; got != want {
 		t.Fatalf("a1 listed again: %s; want %s", got, want)
@@ -68,8 +68,23 @@ func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
 	if got, want := loads(s), "pod-a1 missing, pod-b1 missing"; got != want {
 		t.Fatalf("a day later: %s; want %s", got, want)
 	}
-	if len(s.unseen) != 0 {
-		t.Fatalf("unseen %v a day later: want forgotten", s.unseen)
+	if len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
+		t.Fatalf("unseen %v (index %v) a day later: want forgotten", s.unseen, s.unseenKeys)
+	}
+	// Lost again, then listed again under another workload (relabelled
+	// meanwhile): forgotten under the workload it was lost from too.
+	s.CloseSource("lost", back)
+	now = now.Add(2 * time.Minute)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
+	if got, want := loads(s), "pod-b1 missing, pod-a1 missing unseen"; got != want {
+		t.Fatalf("a1 lost again: %s; want %s", got, want)
+	}
+	mustOpen(t, s, "lost")
+	relabelled := info("a1", true)
+	relabelled.Workloads = []Key{{Namespace: "ns", Kind: ws.Kind, Name: "other"}}
+	s.Upsert(Source{Node: "lost"}, []PodInfo{relabelled}, true)
+	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseenKeys) != 0 {
+		t.Fatalf("a1 listed again under another workload: %s (index %v); want %s", got, s.unseenKeys, want)
 	}
 
 	// No API to ask: a replica gone with its agent is gone.
@@ -109,6 +124,9 @@ func TestUnseenReplicasAreBoundedPerWorkload(t *testing.T) {
 	}
 	if first := snap.Pods[1].Name; first != "n10" {
 		t.Fatalf("oldest unseen kept %s: want n10 (the first 10 forgotten)", first)
+	}
+	if n := len(s.unseenKeys); n != maxUnseen {
+		t.Fatalf("the index holds %d uids, want the %d remembered", n, maxUnseen)
 	}
 }
 
