@@ -205,6 +205,7 @@ var (
 		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, the work plus the surge up to its recent peak, the work plus the level's surge beyond the utilisation's headroom, up to the peak, over the utilisation, or the work plus its trend beyond that headroom over the utilisation, whichever is most."),
 		planDesc("refused_replicas", "Ready replicas whose window was past what is believed of one replica (planned as replicas without a fresh sample)."),
 		planDesc("stuck_replicas", "Replicas starting longer than an hour (or three lead times learned): no capacity coming."),
+		planDesc("unseen_replicas", "Replicas whose agent is lost past --pod-expiry that the API still has (planned as replicas without a fresh sample, or starting)."),
 	}
 )
 
@@ -256,7 +257,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, heldUntil(p), p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck)} {
+				p.Need, p.HeldPeak, heldUntil(p), p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck), float64(p.Unseen)} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}
