@@ -271,8 +271,12 @@ var (
 
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	o := a.opts.Store
-	a.store = store.New(store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods,
-		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry, Exists: a.podExists})
+	so := store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods,
+		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry}
+	if a.opts.AgentAuth.Mode == "tokenreview" {
+		so.Exists = a.podExists
+	}
+	a.store = store.New(so)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
@@ -326,12 +330,12 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 	}
 }
 
-// podExists is the store's Options.Exists: with agent authentication the
+// podExists is the store's Options.Exists with agent authentication: its
 // pod cache says whether a replica whose agent is lost is still in the API
-// (buildIngest sets a.reviewer after buildStore, before Run); without it
-// there is no cache, and such a replica is gone.
-func (a *Aggregator) podExists(namespace, name, uid string) bool {
-	return a.reviewer != nil && a.reviewer.PodExists(namespace, name, uid)
+// (buildIngest sets a.reviewer after buildStore, before Run). Without it
+// there is no cache: the store has no Exists, and such a replica is gone.
+func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
+	return a.reviewer != nil && a.reviewer.PodExists(namespace, name, uid, k)
 }
 
 // buildIngest: the agents' stream server, with TLS and authentication.

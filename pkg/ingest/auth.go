@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/store"
 )
 
 // NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
@@ -116,13 +117,13 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	}))
 	t.podInformer = f.Core().V1().Pods().Informer()
 	// Keep only what PodNode reads, its node and what discovery.Claims
-	// reads (bounded), and whether it is being deleted (PodExists): a pod
-	// is mostly spec and status.
+	// reads (bounded), and whether it is being deleted or has finished
+	// (PodExists): a pod is mostly spec and status.
 	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
 			m := discovery.ClaimsMeta(p)
 			m.DeletionTimestamp = p.DeletionTimestamp // PodExists
-			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}}, nil
+			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}, Status: corev1.PodStatus{Phase: p.Status.Phase}}, nil
 		}
 		return obj, nil
 	}); err != nil {
@@ -134,18 +135,31 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 // Run keeps the pod cache until ctx ends.
 func (t *TokenReviewer) Run(ctx context.Context) { t.podInformer.Run(ctx.Done()) }
 
-// PodExists reports whether the API has the pod namespace/name of that uid,
-// not being deleted, as the pod cache last saw it. Before the cache has
-// synced it says true: the store asks it whether a replica whose agent is
-// lost may serve on, and keeping one a moment too long holds a scale-down
-// back, where dropping it scales a serving workload down.
-func (t *TokenReviewer) PodExists(namespace, name, uid string) bool {
+// PodExists reports whether the API has the pod namespace/name of that uid
+// as a replica of workload k, as the pod cache last saw it: not being
+// deleted, not finished (Failed or Succeeded: its ReplicaSet has replaced
+// it, and the HPA does not count it), and giving k by its labels,
+// annotations or owners (a pod relabelled out of k is no replica of it).
+// Before the cache has synced it says true: the store asks it whether a
+// replica whose agent is lost may serve on, and keeping one a moment too
+// long holds a scale-down back, where dropping it scales a serving
+// workload down.
+func (t *TokenReviewer) PodExists(namespace, name, uid string, k store.Key) bool {
 	if !t.podInformer.HasSynced() {
 		return true
 	}
 	obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
 	p, isPod := obj.(*corev1.Pod)
-	return ok && isPod && string(p.UID) == uid && p.DeletionTimestamp == nil
+	if !ok || !isPod || string(p.UID) != uid || p.DeletionTimestamp != nil ||
+		p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded || k.Namespace != namespace {
+		return false
+	}
+	for _, w := range discovery.Claims(p)[uid] {
+		if kinds[w.Kind] == k.Kind && w.Name == k.Name {
+			return true
+		}
+	}
+	return false
 }
 
 // Ready returns nil once the pod cache has synced.

@@ -879,50 +879,79 @@ func TestAnIdleStreamsEntriesAreLookedUpAtABatch(t *testing.T) {
 }
 
 // TestPodExistsReadsThePodCache: whether a replica whose agent is lost may
-// serve on (store.Options.Exists): the pod of that uid in the cache, not
-// being deleted; true before the cache has synced (a scale-down held a
-// moment, never a serving replica dropped).
+// serve on (store.Options.Exists): the pod of that uid in the cache, a
+// replica of the workload asked about, not being deleted, not finished;
+// true before the cache has synced (a scale-down held a moment, never a
+// serving replica dropped).
 func TestPodExistsReadsThePodCache(t *testing.T) {
 	c := fakeAPI()
+	llama := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
 	unsynced, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !unsynced.PodExists("ns", "gone", "uid-gone") {
+	if !unsynced.PodExists("ns", "gone", "uid-gone", llama) {
 		t.Fatal("before the cache synced: want true")
 	}
 	tr := runningReviewer(t, c)
 	for _, tc := range []struct {
 		ns, name, uid string
+		k             store.Key
 		want          bool
 	}{
-		{"ns", "mine", "uid-mine", true},
-		{"ns", "mine", "uid-of-an-older-mine", false}, // a pod of that name made again
-		{"ns", "nobody", "uid-nobody", false},
-		{"other", "mine", "uid-mine", false},
+		{"ns", "mine", "uid-mine", llama, true},
+		{"ns", "mine", "uid-of-an-older-mine", llama, false}, // a pod of that name made again
+		{"ns", "nobody", "uid-nobody", llama, false},
+		{"other", "mine", "uid-mine", llama, false},
+		{"ns", "mine", "uid-mine", store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "mistral"}, false},
+		{"ns", "mine", "uid-mine", store.Key{Namespace: "other", Kind: store.KindWorkspace, Name: "llama"}, false},
 	} {
-		if got := tr.PodExists(tc.ns, tc.name, tc.uid); got != tc.want {
-			t.Errorf("PodExists(%s/%s, %s) = %v, want %v", tc.ns, tc.name, tc.uid, got, tc.want)
+		if got := tr.PodExists(tc.ns, tc.name, tc.uid, tc.k); got != tc.want {
+			t.Errorf("PodExists(%s/%s, %s, %s) = %v, want %v", tc.ns, tc.name, tc.uid, tc.k, got, tc.want)
 		}
 	}
 	// Being deleted (a node lost: its pods evicted stay Terminating until
-	// the node goes) is gone; so is deleted.
-	p, err := c.CoreV1().Pods("ns").Get(context.Background(), "theirs", metav1.GetOptions{})
-	if err != nil {
+	// the node goes), deleted, finished (evicted by the kubelet, a node's
+	// graceful shutdown: Failed; its ReplicaSet has replaced it) or
+	// relabelled out of the workload is no replica of it.
+	ctx := context.Background()
+	pods := c.CoreV1().Pods("ns")
+	for _, name := range []string{"deleting", "failed", "relabelled"} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+			Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	change := func(name string, f func(*corev1.Pod)) {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(p)
+		if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the new pods in the cache", func() bool { return tr.PodExists("ns", "relabelled", "uid-relabelled", llama) })
+	change("deleting", func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now })
+	change("failed", func(p *corev1.Pod) { p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Evicted" })
+	change("relabelled", func(p *corev1.Pod) { p.Labels = map[string]string{discovery.LabelWorkspace: "quarantine"} })
+	if err := pods.Delete(ctx, "mine", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	now := metav1.Now()
-	p.DeletionTimestamp = &now
-	if _, err := c.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"deleting", "failed", "relabelled", "mine"} {
+		waitFor(t, name+" no replica of llama", func() bool { return !tr.PodExists("ns", name, "uid-"+name, llama) })
 	}
-	if err := c.CoreV1().Pods("ns").Delete(context.Background(), "mine", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+}
+
+// waitFor waits up to 10 s for cond.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for tr.PodExists("ns", "theirs", "uid-theirs") || tr.PodExists("ns", "mine", "uid-mine") {
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("a pod being deleted, and one deleted, still exist in the cache after 10 s")
+			t.Fatalf("%s: not after 10 s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

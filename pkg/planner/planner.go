@@ -308,7 +308,7 @@ type Plan struct {
 	Stuck      int    `json:"stuckReplicas,omitempty"`
 	// Unseen: replicas whose agent is lost past --pod-expiry that the API
 	// still has (store.PodLoad.Unseen), counted in Missing when ready and
-	// in Starting when not.
+	// in Starting (or Stuck) when not.
 	Unseen int `json:"unseenReplicas,omitempty"`
 }
 

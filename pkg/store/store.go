@@ -134,12 +134,14 @@ type Options struct {
 	// are dropped. Pods of a connected agent stay until it removes them.
 	Expiry time.Duration
 	// Exists says whether the API still has a pod (namespace, name, uid;
-	// not being deleted). A replica dropped because its agent's streams
-	// expired, not removed by its agent, is then planned as a ready
-	// replica with no sample (Snapshot, PodLoad.Unseen) for as long as
-	// the API has it, up to a day: its agent lost, it may serve on. Nil:
-	// such a replica is gone (no API to ask).
-	Exists func(namespace, name, uid string) bool
+	// not being deleted, not finished) as a replica of workload k (its
+	// labels, annotations or owners give k). A replica dropped because its
+	// agent's streams expired, not removed by its agent, is then a ready
+	// replica with no sample (Snapshot, PodLoad.Unseen; Query) for as long
+	// as the API has it so, its agent does not list its node in full
+	// again, and at most a day: its agent lost, it may serve on. Nil: such
+	// a replica is gone (no API to ask).
+	Exists func(namespace, name, uid string, k Key) bool
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
 }
@@ -302,16 +304,16 @@ func New(opts Options) *Store {
 }
 
 // drop removes a pod, unlinks it from its workloads and tells of their
-// change; lost: its agent did not remove it (its streams expired). mu
-// must be held for writing.
-func (s *Store) drop(uid string, p *pod, lost bool) {
+// change; lostOn: the node whose agent did not remove it (its streams
+// expired), "" when its agent removed it. mu must be held for writing.
+func (s *Store) drop(uid string, p *pod, lostOn string) {
 	delete(s.pods, uid)
 	s.countIn(p.Namespace, -1)
 	s.notify(p)
 	s.unlink(p)
-	if lost && countsLost(p) {
+	if lostOn != "" && countsLost(p) {
 		s.markLost(p, 1)
-		s.markUnseen(p, s.now())
+		s.markUnseen(p, lostOn, s.now())
 	}
 }
 
@@ -426,7 +428,6 @@ func (s *Store) sweep(now time.Time, force bool) {
 			delete(s.refusedAt, k)
 		}
 	}
-	s.sweepUnseen(now)
 	expired := map[string]bool{}
 	for node, src := range s.sources {
 		if s.expiredSource(src, now) {
@@ -447,11 +448,12 @@ func (s *Store) sweep(now time.Time, force bool) {
 			p := l.p
 			p.sources = without(p.sources, node)
 			if len(p.sources) == 0 && s.pods[uid] == p {
-				s.drop(uid, p, true)
+				s.drop(uid, p, node)
 			}
 		}
 		delete(s.listed, node)
 	}
+	s.sweepUnseen(now) // last: what this sweep dropped too
 }
 
 // orphanExpired: a pod orphaned at has been so longer than Expiry.
@@ -664,6 +666,9 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 				s.unlist(uid, l.p, src.Node, false)
 			}
 		}
+		// The node's agent says in full what runs there: what it lost
+		// and does not list now is gone from the node.
+		s.forgetUnseenOn(src.Node)
 	}
 	return refused
 }
@@ -757,7 +762,11 @@ func (s *Store) unlist(uid string, p *pod, node string, lost bool) {
 		s.unorphan(src, uid)
 	}
 	if len(p.sources) == 0 {
-		s.drop(uid, p, lost)
+		lostOn := ""
+		if lost {
+			lostOn = node
+		}
+		s.drop(uid, p, lostOn)
 	}
 }
 

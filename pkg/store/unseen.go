@@ -11,6 +11,7 @@ import (
 // on, unseen (Options.Exists says whether the API still has it).
 type unseenPod struct {
 	namespace, name, uid string
+	node                 string // whose agent was lost
 	ready                bool
 	startNs              int64
 	at                   time.Time // when it was dropped
@@ -21,10 +22,14 @@ type unseenPod struct {
 // after another would otherwise grow its list for lostFor.
 const maxUnseen = 256
 
-// markUnseen remembers p, dropped with its agent, under each of its
-// workloads; mu must be held for writing.
-func (s *Store) markUnseen(p *pod, now time.Time) {
-	u := unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, ready: p.Ready, startNs: p.startNs, at: now}
+// markUnseen remembers p, dropped with node's agent, under each of its
+// workloads; with no API to ask (Options.Exists nil), nothing. mu must be
+// held for writing.
+func (s *Store) markUnseen(p *pod, node string, now time.Time) {
+	if s.opts.Exists == nil {
+		return
+	}
+	u := unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, node: node, ready: p.Ready, startNs: p.startNs, at: now}
 	for _, k := range p.Workloads {
 		list := s.unseen[k]
 		if len(list) >= maxUnseen {
@@ -64,13 +69,32 @@ func (s *Store) unindex(uid string, k Key) {
 	}
 }
 
-// sweepUnseen forgets unseen replicas dropped more than lostFor ago; mu
-// must be held for writing.
+// sweepUnseen forgets unseen replicas dropped more than lostFor ago, and
+// those the API no longer has as replicas of their workload (a uid does
+// not come back); mu must be held for writing.
 func (s *Store) sweepUnseen(now time.Time) {
+	if s.opts.Exists == nil {
+		return
+	}
+	s.filterUnseen(func(k Key, u unseenPod) bool {
+		return now.Sub(u.at) <= lostFor && s.opts.Exists(u.namespace, u.name, u.uid, k)
+	})
+}
+
+// forgetUnseenOn forgets the unseen replicas of node's lost agent: it is
+// back, and has listed what runs there in full. mu must be held for
+// writing.
+func (s *Store) forgetUnseenOn(node string) {
+	s.filterUnseen(func(_ Key, u unseenPod) bool { return u.node != node })
+}
+
+// filterUnseen keeps the unseen replicas keep says to; mu must be held for
+// writing.
+func (s *Store) filterUnseen(keep func(Key, unseenPod) bool) {
 	for k, list := range s.unseen {
 		kept := list[:0]
 		for _, u := range list {
-			if now.Sub(u.at) <= lostFor {
+			if keep(k, u) {
 				kept = append(kept, u)
 			} else {
 				s.unindex(u.uid, k)
@@ -95,12 +119,12 @@ func (s *Store) stillThere(k Key, now time.Time) []unseenPod {
 	}
 	var out []unseenPod
 	for _, p := range s.workloads[k] {
-		if !p.Demand && countsLost(p) && s.expired(p, now) && s.opts.Exists(p.Namespace, p.Name, p.UID) {
+		if !p.Demand && countsLost(p) && s.expired(p, now) && s.opts.Exists(p.Namespace, p.Name, p.UID, k) {
 			out = append(out, unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, ready: p.Ready, startNs: p.startNs})
 		}
 	}
 	for _, u := range s.unseen[k] {
-		if now.Sub(u.at) <= lostFor && s.opts.Exists(u.namespace, u.name, u.uid) {
+		if now.Sub(u.at) <= lostFor && s.opts.Exists(u.namespace, u.name, u.uid, k) {
 			out = append(out, u)
 		}
 	}

@@ -8,96 +8,126 @@ import (
 	"github.com/pulse-io/pulse/pkg/metric"
 )
 
+// unseenFixture: a store whose API (Exists) has the pods inAPI names, as
+// replicas of ws; node "lost" lists a1, a2 (ready) and a3 (starting), node
+// "kept" lists b1, and node lost's agent is lost past Expiry (not swept).
+type unseenFixture struct {
+	s     *Store
+	now   time.Time
+	inAPI map[string]bool
+}
+
+func newUnseenFixture(t *testing.T) *unseenFixture {
+	t.Helper()
+	f := &unseenFixture{now: time.Unix(1000, 0), inAPI: map[string]bool{"a1": true, "a2": true, "a3": true}}
+	f.s = New(Options{Expiry: time.Minute, Now: func() time.Time { return f.now },
+		Exists: func(ns, name, uid string, k Key) bool {
+			return ns == "ns" && name == "pod-"+uid && f.inAPI[uid] && k == ws
+		}})
+	mustOpen(t, f.s, "lost")
+	mustOpen(t, f.s, "kept")
+	f.s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", true), unseenInfo("a2", true), unseenInfo("a3", false)}, true)
+	f.s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	f.s.CloseSource("lost", 1)
+	f.now = f.now.Add(2 * time.Minute)
+	return f
+}
+
+func unseenInfo(uid string, ready bool) PodInfo {
+	return PodInfo{UID: uid, Namespace: "ns", Name: "pod-" + uid, Ready: ready, Workloads: []Key{ws}}
+}
+
 // TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt: when a node's
 // agent is lost past Expiry while its replicas serve on, the snapshot
 // had only the other nodes' replicas, so the planner (which sees only
 // their share of the work) planned the workload down (an audit measured
 // 5 → 3). A replica dropped so, that the API still has, is now in the
-// snapshot as a ready replica with no sample (Unseen): before the sweep
-// drops it and after; not once the API no longer has it, nor with no API
-// to ask (Exists nil); once, not twice, when its agent lists it again;
-// and not past lostFor.
+// snapshot and a threshold trigger's query as a ready replica with no
+// sample (Unseen; starting, if it was): before the sweep drops it and
+// after; not once the API no longer has it; and with no replica listed,
+// the loss is an error as before (Lost).
 func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
-	now := time.Unix(1000, 0)
-	inAPI := map[string]bool{"a1": true, "a2": true, "a3": true}
-	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
-		Exists: func(ns, name, uid string) bool { return ns == "ns" && name == "pod-"+uid && inAPI[uid] }})
-	info := func(uid string, ready bool) PodInfo {
-		return PodInfo{UID: uid, Namespace: "ns", Name: "pod-" + uid, Ready: ready, Workloads: []Key{ws}}
-	}
-	mustOpen(t, s, "lost")
-	mustOpen(t, s, "kept")
-	s.Upsert(Source{Node: "lost"}, []PodInfo{info("a1", true), info("a2", true), info("a3", false)}, true)
-	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
-	s.CloseSource("lost", 1)
-	now = now.Add(2 * time.Minute)
-	inAPI["a2"] = false // deleted (or being deleted) since
+	f := newUnseenFixture(t)
+	s := f.s
+	f.inAPI["a2"] = false // deleted (or being deleted, or finished) since
 	want := "pod-b1 missing, pod-a1 missing unseen, pod-a3 starting unseen"
 	if got := loads(s); got != want {
 		t.Fatalf("expired, not swept: %s; want %s", got, want)
 	}
 	s.Sweep()
-	if got := loads(s); got != want {
-		t.Fatalf("swept: %s; want %s", got, want)
+	if got := loads(s); got != want || len(s.unseenKeys) != 2 {
+		t.Fatalf("swept: %s (index %v); want %s, a2 forgotten", got, s.unseenKeys, want)
 	}
-	// A threshold trigger's query lists them too, as the snapshot does.
 	pods, found := s.Query(nil, ws, metric.Def{Rule: metric.RuleGauge, Num: metric.Running}, time.Minute, 5*time.Second)
 	if !found || len(pods) != 3 || pods[1].Name != "pod-a1" || pods[1].State != PodMissing || pods[1].Reason != UnseenReason || pods[2].State != PodStarting {
 		t.Fatalf("query: %+v, %v; want b1, a1 missing (unseen), a3 starting", pods, found)
 	}
-	// With no replica listed, the loss is an error (Lost), as before.
 	s.Upsert(Source{Node: "kept"}, nil, true)
 	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); snap.Found || !snap.LostOK {
 		t.Fatalf("no replica listed: found %v, lost %v; want the loss", snap.Found, snap.LostOK)
 	}
-	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
-	// Its agent back, a1 is listed again: once.
+}
+
+// TestAnUnseenReplicaIsForgotten: when its agent lists it again (once, not
+// twice; under whichever workload it names now), when its agent lists its
+// node in full without it, when the API no longer has it, and a day after
+// it was lost.
+func TestAnUnseenReplicaIsForgotten(t *testing.T) {
+	f := newUnseenFixture(t)
+	s := f.s
+	s.Sweep()
 	back := mustOpen(t, s, "lost")
-	s.Upsert(Source{Node: "lost"}, []PodInfo{info("a1", true)}, true)
-	if got, want := loads(s), "pod-a1 missing, pod-b1 missing, pod-a3 starting unseen"; got != want {
+	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", true)}, false)
+	if got, want := loads(s), "pod-a1 missing, pod-b1 missing, pod-a2 missing unseen, pod-a3 starting unseen"; got != want {
 		t.Fatalf("a1 listed again: %s; want %s", got, want)
 	}
-	inAPI["a3"] = false
-	if got, want := loads(s), "pod-a1 missing, pod-b1 missing"; got != want {
-		t.Fatalf("a3 gone from the API: %s; want %s", got, want)
+	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", true), unseenInfo("a2", true)}, true)
+	if got, want := loads(s), "pod-a1 missing, pod-a2 missing, pod-b1 missing"; got != want || len(s.unseenKeys) != 0 {
+		t.Fatalf("node lost listed in full without a3: %s (index %v); want %s", got, s.unseenKeys, want)
 	}
-	inAPI["a3"] = true
-	now = now.Add(lostFor + time.Minute)
-	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
-	s.Upsert(Source{Node: "lost"}, []PodInfo{info("a1", true)}, true)
-	if got, want := loads(s), "pod-a1 missing, pod-b1 missing"; got != want {
-		t.Fatalf("a day later: %s; want %s", got, want)
-	}
-	if len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
-		t.Fatalf("unseen %v (index %v) a day later: want forgotten", s.unseen, s.unseenKeys)
-	}
-	// Lost again, then listed again under another workload (relabelled
-	// meanwhile): forgotten under the workload it was lost from too.
+	// Lost again: gone from the API, it is forgotten at the sweep.
 	s.CloseSource("lost", back)
-	now = now.Add(2 * time.Minute)
-	s.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
-	if got, want := loads(s), "pod-b1 missing, pod-a1 missing unseen"; got != want {
-		t.Fatalf("a1 lost again: %s; want %s", got, want)
+	f.now = f.now.Add(2 * time.Minute)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	f.inAPI["a1"] = false
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-a2 missing unseen"; got != want || len(s.unseenKeys) != 1 {
+		t.Fatalf("a1 gone from the API: %s (index %v); want %s", got, s.unseenKeys, want)
 	}
-	mustOpen(t, s, "lost")
-	relabelled := info("a1", true)
+	// A day later.
+	f.now = f.now.Add(lostFor + time.Minute)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
+		t.Fatalf("a day later: %s (unseen %v, index %v); want %s", got, s.unseen, s.unseenKeys, want)
+	}
+	// Listed again under another workload (relabelled meanwhile):
+	// forgotten under the workload it was lost from too.
+	f2 := newUnseenFixture(t)
+	f2.s.Sweep()
+	mustOpen(t, f2.s, "lost")
+	relabelled := unseenInfo("a1", true)
 	relabelled.Workloads = []Key{{Namespace: "ns", Kind: ws.Kind, Name: "other"}}
-	s.Upsert(Source{Node: "lost"}, []PodInfo{relabelled}, true)
-	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseenKeys) != 0 {
-		t.Fatalf("a1 listed again under another workload: %s (index %v); want %s", got, s.unseenKeys, want)
+	f2.s.Upsert(Source{Node: "lost"}, []PodInfo{relabelled}, false)
+	if got, want := loads(f2.s), "pod-b1 missing, pod-a2 missing unseen, pod-a3 starting unseen"; got != want || len(f2.s.unseenKeys) != 2 {
+		t.Fatalf("a1 listed again under another workload: %s (index %v); want %s", got, f2.s.unseenKeys, want)
 	}
+}
 
-	// No API to ask: a replica gone with its agent is gone.
-	s2 := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
-	mustOpen(t, s2, "lost")
-	mustOpen(t, s2, "kept")
-	s2.Upsert(Source{Node: "lost"}, []PodInfo{info("a1", true)}, true)
-	s2.Upsert(Source{Node: "kept"}, []PodInfo{info("b1", true)}, true)
-	s2.CloseSource("lost", 1)
+// TestNoAPINoUnseen: with no API to ask (Exists nil, --agent-auth=none), a
+// replica gone with its agent is gone, and nothing is kept of it.
+func TestNoAPINoUnseen(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	mustOpen(t, s, "lost")
+	mustOpen(t, s, "kept")
+	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", true)}, true)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	s.CloseSource("lost", 1)
 	now = now.Add(2 * time.Minute)
-	s2.Sweep()
-	if got, want := loads(s2), "pod-b1 missing"; got != want {
-		t.Fatalf("without Exists: %s; want %s", got, want)
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
+		t.Fatalf("without Exists: %s (unseen %v); want %s, nothing kept", got, s.unseen, want)
 	}
 }
 
@@ -107,7 +137,7 @@ func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
 func TestUnseenReplicasAreBoundedPerWorkload(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, MaxPods: 2 * maxUnseen, Now: func() time.Time { return now },
-		Exists: func(string, string, string) bool { return true }})
+		Exists: func(string, string, string, Key) bool { return true }})
 	mustOpen(t, s, "kept")
 	s.Upsert(Source{Node: "kept"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}}}, true)
 	for i := range maxUnseen + 10 {

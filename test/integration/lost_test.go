@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -23,7 +24,7 @@ import (
 // rule 8). While the API still has the pod it is now planned as a ready
 // replica with no sample: 2, with the plan naming it unseen; a threshold
 // trigger fills it as the HPA's rule fills a ready pod with no value. Once
-// the pod is deleted, it is gone: 1.
+// the pod has failed (evicted), it is gone: 1.
 func TestALostAgentsReplicasAreHeldWhileTheAPIHasThem(t *testing.T) {
 	simA, simB := startCountingSim(t), startCountingSim(t)
 	setLoad(simPod{sim: simA.sim}, 0, 2, 0.2)
@@ -83,10 +84,14 @@ func TestALostAgentsReplicasAreHeldWhileTheAPIHasThem(t *testing.T) {
 	if err := plan(2, 1)(); err != nil {
 		t.Fatalf("well past --pod-expiry: %v", err)
 	}
-	if err := serverAPI.CoreV1().Pods("demo").Delete(context.Background(), "llama-a", metav1.DeleteOptions{}); err != nil {
+	// Evicted by its kubelet (Failed, not deleted): its ReplicaSet has
+	// replaced it, and it is no replica.
+	failed := a.DeepCopy()
+	failed.Status.Phase, failed.Status.Reason = corev1.PodFailed, "Evicted"
+	if _, err := serverAPI.CoreV1().Pods("demo").UpdateStatus(context.Background(), failed, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node 1's replica deleted, gone", plan(1, 0))
+	eventually(t, "node 1's replica evicted, gone", plan(1, 0))
 }
 
 // planOf reads the replicas trigger's plan from /debug/triggers.
