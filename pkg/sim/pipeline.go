@@ -143,22 +143,28 @@ func (p *pulsePipe) Attach(w *world) {
 	// batch of samples, about once a second, besides the HPA's syncs and
 	// KEDA's polls (the planner learns at each evaluation: at most an
 	// observation every 5 s, peaks at every one), and sends each change of
-	// its state, true or false, which KEDA takes at once as a poll's
-	// answer (RequestScale): a turn to active refreshes its lastActiveTime,
-	// a turn to inactive checks the cooldown. Only a turn to active at zero
-	// replicas was modelled: queue bursts between two polls were not
-	// activity, and a workload that may go to zero cycled through it more.
+	// its state, true or false. KEDA takes a turn to active at once as a
+	// poll's answer (RequestScale: from zero, and its lastActiveTime
+	// refreshed), and ignores a turn to inactive: "inactivation events are
+	// ignored and inactivation happens through the standard metric scaling
+	// logic" (KEDA v2.21 pkg/scaling/scale_handler.go, startPushScalers),
+	// so a workload goes to zero only at a poll. Until 2026-11-30 (first
+	// session) only a turn to active at zero replicas was modelled; then,
+	// until the second, a turn to inactive checked the cooldown at once.
 	w.every(sampleDelay+time.Second/2, time.Second, func() { p.push(w) })
 }
 
-// push is one evaluation of KEDA's stream: its state sent if it changed.
+// push is one evaluation of KEDA's stream: its state sent if it changed,
+// and taken by KEDA if it is active.
 func (p *pulsePipe) push(w *world) {
 	d, err := p.srv.Evaluate(p.cfg.trigger)
 	if err != nil || p.sent && d.Active == p.pushed {
 		return // pulse sends nothing on an error, nor the same state again
 	}
 	p.pushed, p.sent = d.Active, true
-	w.kedaScale(d.Active, false)
+	if d.Active {
+		w.kedaScale(true, false)
+	}
 }
 
 // scrapeGateway is the agent scraping the gateway as a demand source: every

@@ -299,6 +299,43 @@ func TestPulsesStreamIsKEDAsAtOnce(t *testing.T) {
 	}
 }
 
+// TestKEDAIgnoresAnInactivePush: KEDA v2.21 ignores a push scaler's turn
+// to inactive ("inactivation happens through the standard metric scaling
+// logic", pkg/scaling/scale_handler.go): a workload goes to zero only at
+// one of its polls. pulse-sim took the push at once, and went to zero up
+// to a polling interval early (58 s here).
+func TestKEDAIgnoresAnInactivePush(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  cooldownPeriod: 0\n  initialCooldownPeriod: 120\n  pollingInterval: 60",
+		"metric: waiting", "metric: running")
+	c := Config{Trace: load(t, "steps:rates=2/0,step=3m,prompt=500,output=100", 1), ScaledObject: so, Profile: profile(t),
+		Seed: 1, Pipelines: []string{"pulse"}, InitialReplicas: 1, Drain: 5 * time.Minute}
+	if err := c.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(&c, newPulse(&c))
+	const tick = 10 * time.Millisecond
+	prev := int32(-1)
+	var zeroAt []time.Duration
+	w.every(0, tick, func() {
+		if w.spec == 0 && prev > 0 {
+			zeroAt = append(zeroAt, w.now)
+		}
+		prev = w.spec
+	})
+	w.run()
+	if len(zeroAt) == 0 {
+		t.Fatal("never went to zero")
+	}
+	every := so.PollingInterval()
+	for _, z := range zeroAt {
+		poll := c.kedaPhase + (z-c.kedaPhase)/every*every // the poll at or before the turn
+		if z-poll >= tick {
+			t.Errorf("scaled to zero at %.2fs, %.2fs after KEDA's poll at %.2fs (next at %.2fs): KEDA scales to zero only at a poll",
+				z.Seconds(), (z - poll).Seconds(), poll.Seconds(), (poll + every).Seconds())
+		}
+	}
+}
+
 // TestAWarmupPastTheLastArrival: scoring after the warm-up stops at the
 // last arrival, so a warm-up past it left every pipeline and fixed fleet
 // at 0 % for 0 GPU-hours, the frontiers at one point, silently. One asked

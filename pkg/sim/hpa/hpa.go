@@ -285,6 +285,19 @@ func (c *Controller) metricReplicas(st State, m Reading) (int32, error) {
 	return int32(math.Ceil(ratio * float64(st.ReadyPods))), nil
 }
 
+// tiedOut: a recommendation or scale event exactly a window (or policy
+// period) old is out of it. pulse-sim syncs on an exact 15 s grid, so one
+// from n syncs ago sits exactly on the cutoff; in a cluster each sync
+// comes 15 s plus the reconcile's own time after the last (the HPA's work
+// queue re-adds the key 15 s after reconcileKey returns), so it is always
+// strictly older, and horizontal.go's Before(cutoff) drops it
+// (stabilizeRecommendation, stabilizeRecommendationWithBehaviors,
+// markScaleEventsOutdated). Before 2026-11-30 the sim kept it: a
+// downscale stabilization of 315 s rather than 300, and scale-ups one
+// longest period apart both counted in a scale-down policy's period
+// (deeper scale-downs: the tuned ScaledObject's 7 → 2 where Kubernetes
+// goes 7 → 4).
+
 // normalize is the path without a behavior: the highest recommendation of
 // the downscale stabilization window, then min, max and the scale-up limit.
 func (c *Controller) normalize(now time.Duration, current, desired, minR int32) int32 {
@@ -292,7 +305,7 @@ func (c *Controller) normalize(now time.Duration, current, desired, minR int32) 
 	cutoff := now - c.opts.DownscaleStabilization
 	oldIndex := -1
 	for i, r := range c.recs {
-		if r.at < cutoff {
+		if r.at <= cutoff { // tiedOut
 			oldIndex = i
 		} else if r.replicas > stabilized {
 			stabilized = r.replicas
@@ -332,7 +345,7 @@ func (c *Controller) normalizeWithBehavior(now time.Duration, current, desired, 
 		if r.at > downCutoff {
 			downRec = max(r.replicas, downRec)
 		}
-		if r.at < upCutoff && r.at < downCutoff {
+		if r.at <= upCutoff && r.at <= downCutoff { // tiedOut
 			oldIndex = i
 		}
 	}
@@ -452,7 +465,7 @@ func (c *Controller) storeScaleEvent(now time.Duration, prev, next int32) {
 	cutoff := now - time.Duration(longest)*time.Second
 	old := -1
 	for i := range *events {
-		if (*events)[i].at < cutoff {
+		if (*events)[i].at <= cutoff { // tiedOut
 			(*events)[i].outdated = true
 		}
 		if (*events)[i].outdated {
