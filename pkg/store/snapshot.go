@@ -117,15 +117,20 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 	sc := getScratch()
 	defer putScratch(sc)
 	snap := Snapshot{At: now, Pods: dst[:0]}
+	var expired []*pod
 	for _, p := range s.workloads[k] {
-		if p.Demand || s.expired(p, now) {
+		if p.Demand {
+			continue
+		}
+		if s.expired(p, now) {
+			expired = s.expiredLost(expired, p)
 			continue
 		}
 		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
 	if snap.Found {
-		for _, u := range s.stillThere(k, now) {
+		for _, u := range s.stillThere(k, expired, now) {
 			snap.Pods = append(snap.Pods, u.load(now))
 		}
 	}

@@ -108,18 +108,28 @@ func (s *Store) filterUnseen(keep func(Key, unseenPod) bool) {
 	}
 }
 
+// expiredLost adds p to list when it is a replica its agent lost (expired,
+// not yet swept) that stillThere may hold: only with an API to ask.
+func (s *Store) expiredLost(list []*pod, p *pod) []*pod {
+	if s.opts.Exists == nil || !countsLost(p) {
+		return list
+	}
+	return append(list, p)
+}
+
 // stillThere is workload k's replicas that its agents no longer report but
 // the API still has (Options.Exists): those dropped with their agent, and
-// expired ones not yet swept. Only called where some replica of k is
+// expired ones not yet swept (expired: the caller's walk of k's pods
+// collects them, expiredLost). Only called where some replica of k is
 // listed: with none, the workload's loss is an error (Lost). mu must be
 // held.
-func (s *Store) stillThere(k Key, now time.Time) []unseenPod {
+func (s *Store) stillThere(k Key, expired []*pod, now time.Time) []unseenPod {
 	if s.opts.Exists == nil {
 		return nil
 	}
 	var out []unseenPod
-	for _, p := range s.workloads[k] {
-		if !p.Demand && countsLost(p) && s.expired(p, now) && s.opts.Exists(p.Namespace, p.Name, p.UID, k) {
+	for _, p := range expired {
+		if s.opts.Exists(p.Namespace, p.Name, p.UID, k) {
 			out = append(out, unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, ready: p.Ready, startNs: p.startNs})
 		}
 	}

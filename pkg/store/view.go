@@ -319,9 +319,14 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 // queryLocked is query with mu held.
 func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge, now time.Time) (pods []PodValue, found bool) {
 	pods = dst
+	var expired []*pod
 	for _, p := range s.workloads[k] {
-		if p.Demand || s.expired(p, now) {
-			continue // a router's entry is no replica; an expired agent's pod Sweep will drop
+		if p.Demand {
+			continue // a router's entry is no replica
+		}
+		if s.expired(p, now) {
+			expired = s.expiredLost(expired, p) // an expired agent's pod Sweep will drop
+			continue
 		}
 		pv := PodValue{Name: p.Name, Samples: p.series.len()}
 		switch {
@@ -365,7 +370,7 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 	}
 	// Some replica is listed: those its agents lost that the API still
 	// has are replicas too (stillThere).
-	for _, u := range s.stillThere(k, now) {
+	for _, u := range s.stillThere(k, expired, now) {
 		pods = append(pods, u.value())
 	}
 	return pods, true
