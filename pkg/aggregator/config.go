@@ -274,7 +274,7 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 	so := store.Options{Retention: o.MaxWindow, MaxSamples: o.MaxSamplesPerPod, MaxPods: o.MaxPods,
 		MaxPodsPerNamespace: o.PodsPerNamespace(), Expiry: o.PodExpiry}
 	if a.opts.AgentAuth.Mode == "tokenreview" {
-		so.Exists = a.podExists
+		so.Exists, so.Replicas = a.podExists, a.apiReplicas
 	}
 	a.store = store.New(so)
 	reg.MustRegister(
@@ -336,6 +336,15 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 // there is no cache: the store has no Exists, and such a replica is gone.
 func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
 	return a.reviewer != nil && a.reviewer.PodExists(namespace, name, uid, k)
+}
+
+// apiReplicas is the store's Options.Replicas with agent authentication,
+// from the same pod cache as podExists.
+func (a *Aggregator) apiReplicas(k store.Key) []store.APIPod {
+	if a.reviewer == nil {
+		return nil
+	}
+	return a.reviewer.Replicas(k)
 }
 
 // buildIngest: the agents' stream server, with TLS and authentication.

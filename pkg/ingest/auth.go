@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -117,20 +118,54 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	}))
 	t.podInformer = f.Core().V1().Pods().Informer()
 	// Keep only what PodNode reads, its node and what discovery.Claims
-	// reads (bounded), and whether it is being deleted or has finished
-	// (PodExists): a pod is mostly spec and status.
+	// reads (bounded), whether it is being deleted or has finished
+	// (PodExists), and its creation and Ready condition (Replicas): a pod
+	// is mostly spec and status.
 	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
 			m := discovery.ClaimsMeta(p)
-			m.DeletionTimestamp = p.DeletionTimestamp // PodExists
-			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}, Status: corev1.PodStatus{Phase: p.Status.Phase}}, nil
+			m.DeletionTimestamp, m.CreationTimestamp = p.DeletionTimestamp, p.CreationTimestamp
+			st := corev1.PodStatus{Phase: p.Status.Phase}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady {
+					st.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+				}
+			}
+			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}, Status: st}, nil
 		}
 		return obj, nil
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
+	if err := t.podInformer.AddIndexers(cache.Indexers{byWorkload: workloadIndex}); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
 	return t, nil
 }
+
+// byWorkload indexes the pod cache by the workloads a model server's pod
+// claims (workloadKey): Replicas' lookup.
+const byWorkload = "workload"
+
+// workloadIndex is byWorkload's index function: the keys of the workloads
+// the pod's labels, annotations or owners give it; none for a demand
+// source (a router is no replica) or a pod whose claims are not valid.
+func workloadIndex(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || discovery.IsDemandSource(p.Annotations) {
+		return nil, nil
+	}
+	var keys []string
+	for _, w := range discovery.Claims(p)[string(p.UID)] {
+		if kind, ok := kinds[w.Kind]; ok {
+			keys = append(keys, workloadKey(store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name}))
+		}
+	}
+	return keys, nil
+}
+
+// workloadKey is k's byWorkload key.
+func workloadKey(k store.Key) string { return k.Namespace + "/" + k.Kind + "/" + k.Name }
 
 // Run keeps the pod cache until ctx ends.
 func (t *TokenReviewer) Run(ctx context.Context) { t.podInformer.Run(ctx.Done()) }
@@ -150,13 +185,63 @@ func (t *TokenReviewer) PodExists(namespace, name, uid string, k store.Key) bool
 	}
 	obj, ok, _ := t.podInformer.GetStore().GetByKey(namespace + "/" + name)
 	p, isPod := obj.(*corev1.Pod)
-	if !ok || !isPod || string(p.UID) != uid || p.DeletionTimestamp != nil ||
-		p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded || k.Namespace != namespace {
+	return ok && isPod && string(p.UID) == uid && replicaOf(p, k)
+}
+
+// replicaOf is whether the cached pod p is a replica of workload k: not
+// being deleted, not finished, in k's namespace and claiming k.
+func replicaOf(p *corev1.Pod, k store.Key) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded ||
+		k.Namespace != p.Namespace || discovery.IsDemandSource(p.Annotations) {
 		return false
 	}
-	for _, w := range discovery.Claims(p)[uid] {
+	for _, w := range discovery.Claims(p)[string(p.UID)] {
 		if kinds[w.Kind] == k.Kind && w.Name == k.Name {
 			return true
+		}
+	}
+	return false
+}
+
+// Replicas is the API's replicas of workload k as the pod cache last saw
+// them (each one PodExists says true of), with their nodes, the oldest
+// first; none before the cache has synced (the store adopts them as unseen
+// where no agent reports their node: what the cache does not know yet is
+// left out, not guessed).
+func (t *TokenReviewer) Replicas(k store.Key) []store.APIPod {
+	if !t.podInformer.HasSynced() {
+		return nil
+	}
+	objs, err := t.podInformer.GetIndexer().ByIndex(byWorkload, workloadKey(k))
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	out := make([]store.APIPod, 0, len(objs))
+	for _, obj := range objs {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || !replicaOf(p, k) {
+			continue
+		}
+		r := store.APIPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName, Ready: podReady(p)}
+		if !p.CreationTimestamp.IsZero() {
+			r.CreatedMs = p.CreationTimestamp.UnixMilli()
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b store.APIPod) int {
+		if c := cmp.Compare(a.CreatedMs, b.CreatedMs); c != 0 {
+			return c
+		}
+		return strings.Compare(a.UID, b.UID)
+	})
+	return out
+}
+
+// podReady is whether the cached pod's Ready condition is true.
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
 		}
 	}
 	return false

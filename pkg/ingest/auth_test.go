@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -954,5 +955,48 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not after 10 s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReplicasReadsThePodCache: the API's replicas of a workload with
+// their nodes, readiness and creation, the oldest first (the store adopts
+// those on a node no agent streams from as unseen): not a router claiming
+// the workload for its demand, a finished pod, nor a pod of another
+// namespace; none before the cache has synced.
+func TestReplicasReadsThePodCache(t *testing.T) {
+	c := fakeAPI()
+	llama := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
+	unsynced, err := NewTokenReviewer(c, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := unsynced.Replicas(llama); got != nil {
+		t.Fatalf("before the cache synced: %v; want none", got)
+	}
+	created := metav1.NewTime(time.Unix(1000, 0))
+	add := func(ns, name string, labels, annotations map[string]string, status corev1.PodStatus) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), CreationTimestamp: created,
+			Labels: labels, Annotations: annotations}, Spec: corev1.PodSpec{NodeName: "node-3"}, Status: status}
+		if _, err := c.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	llamaLabel := map[string]string{discovery.LabelWorkspace: "llama"}
+	add("ns", "ready", llamaLabel, nil, corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}, {Type: corev1.PodReady, Status: corev1.ConditionTrue}}})
+	add("ns", "router", nil, map[string]string{discovery.AnnotationDemandSource: "epp", discovery.AnnotationDemandWorkloads: "llama"}, corev1.PodStatus{})
+	add("ns", "failed", llamaLabel, nil, corev1.PodStatus{Phase: corev1.PodFailed})
+	add("other", "elsewhere", llamaLabel, nil, corev1.PodStatus{})
+	tr := runningReviewer(t, c)
+	want := []store.APIPod{
+		{Namespace: "ns", Name: "mine", UID: "uid-mine", Node: "node-1"},
+		{Namespace: "ns", Name: "theirs", UID: "uid-theirs", Node: "node-2"},
+		{Namespace: "ns", Name: "ready", UID: "uid-ready", Node: "node-3", Ready: true, CreatedMs: 1000_000},
+	}
+	if got := tr.Replicas(llama); !slices.Equal(got, want) {
+		t.Fatalf("Replicas = %+v\nwant %+v", got, want)
+	}
+	if got := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}); len(got) != 0 {
+		t.Fatalf("an InferenceSet of that name: %+v; want none", got)
 	}
 }

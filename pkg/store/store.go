@@ -142,8 +142,23 @@ type Options struct {
 	// again, and at most a day: its agent lost, it may serve on. Nil: such
 	// a replica is gone (no API to ask).
 	Exists func(namespace, name, uid string, k Key) bool
+	// Replicas lists the API's replicas of workload k (each one Exists
+	// says true of) with their nodes. At each sweep, those of a workload
+	// some agent lists a replica of that run on a node no agent streams
+	// from (none has since the store started, or its streams expired) are
+	// unseen replicas too, as if dropped with a lost agent: an aggregator
+	// started while a node's agent was lost never hears of that node's
+	// replicas, which serve on. Nil (or Exists nil): none.
+	Replicas func(k Key) []APIPod
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
+}
+
+// APIPod is a replica of a workload as the API has it (Options.Replicas).
+type APIPod struct {
+	Namespace, Name, UID, Node string
+	Ready                      bool
+	CreatedMs                  int64 // its creationTimestamp, Unix milliseconds
 }
 
 // Store is safe for concurrent use.
@@ -165,8 +180,9 @@ type Store struct {
 	// removing them (its streams expired), and when; cleared when one of
 	// its replicas is listed again.
 	lost map[Key]Lost
-	// unseen: each workload's replicas dropped with their agent, until
-	// listed again or lostFor (unseen.go).
+	// unseen: each workload's replicas dropped with their agent, or that
+	// the API has on a node no agent streams from, until listed again or
+	// lostFor (unseen.go).
 	unseen map[Key][]unseenPod
 	// unseenKeys: the workloads whose unseen list holds each uid.
 	unseenKeys map[string][]Key
@@ -407,8 +423,10 @@ func (s *Store) HeardSources() int {
 // a timer; Upsert calls it too, at most every few seconds.
 func (s *Store) Sweep() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sweep(s.now(), true)
+	now := s.now()
+	s.sweep(now, true)
+	s.mu.Unlock()
+	s.adoptUnheard(now)
 }
 
 // sweep is Sweep with mu held for writing; unless forced it runs at most

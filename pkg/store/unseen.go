@@ -31,13 +31,91 @@ func (s *Store) markUnseen(p *pod, node string, now time.Time) {
 	}
 	u := unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, node: node, ready: p.Ready, startNs: p.startNs, at: now}
 	for _, k := range p.Workloads {
-		list := s.unseen[k]
-		if len(list) >= maxUnseen {
-			s.unindex(list[0].uid, k)
-			list = append(list[:0], list[1:]...)
+		s.remember(k, u)
+	}
+}
+
+// remember adds u to k's unseen replicas, the oldest forgotten past
+// maxUnseen; mu must be held for writing.
+func (s *Store) remember(k Key, u unseenPod) {
+	list := s.unseen[k]
+	if len(list) >= maxUnseen {
+		s.unindex(list[0].uid, k)
+		list = append(list[:0], list[1:]...)
+	}
+	s.unseen[k] = append(list, u)
+	s.unseenKeys[u.uid] = append(s.unseenKeys[u.uid], k)
+}
+
+// adoptUnheard remembers as unseen the API's replicas (Options.Replicas)
+// of each workload some agent lists a pod of, where they run on a node no
+// agent streams from (no source: none has since the store started, or its
+// streams expired) and no agent lists them: an aggregator started while a
+// node's agent was lost would otherwise never count that node's replicas,
+// which serve on. Their agent back, it lists them (seenAgain) or lists its
+// node in full without them (forgetUnseenOn). Sweep calls it: the API is
+// asked with mu not held, so that readers wait on one map pass only.
+func (s *Store) adoptUnheard(now time.Time) {
+	if s.opts.Replicas == nil || s.opts.Exists == nil {
+		return
+	}
+	s.mu.RLock()
+	keys := make([]Key, 0, len(s.workloads))
+	for k := range s.workloads {
+		keys = append(keys, k)
+	}
+	s.mu.RUnlock()
+	found := make(map[Key][]APIPod)
+	for _, k := range keys {
+		if rs := s.opts.Replicas(k); len(rs) > 0 {
+			found[k] = rs
 		}
-		s.unseen[k] = append(list, u)
-		s.unseenKeys[p.UID] = append(s.unseenKeys[p.UID], k)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, rs := range found {
+		if _, listed := s.workloads[k]; !listed {
+			continue // gone meanwhile
+		}
+		for _, r := range rs {
+			s.adopt(k, r, now)
+		}
+	}
+}
+
+// adopt remembers r, the API's replica of k, as unseen unless an agent
+// streams from its node or lists it (updating its readiness when it is
+// already); mu must be held for writing.
+func (s *Store) adopt(k Key, r APIPod, now time.Time) {
+	if _, heard := s.sources[r.Node]; heard || r.Node == "" || r.Namespace != k.Namespace {
+		return
+	}
+	if _, listed := s.pods[r.UID]; listed {
+		return
+	}
+	if slices.Contains(s.unseenKeys[r.UID], k) {
+		s.readyAsAPI(k, r)
+		return
+	}
+	var startNs int64
+	if r.CreatedMs > 0 {
+		startNs = time.UnixMilli(r.CreatedMs).UnixNano()
+	}
+	s.remember(k, unseenPod{namespace: r.Namespace, name: r.Name, uid: r.UID, node: r.Node, ready: r.Ready, startNs: startNs, at: now})
+}
+
+// readyAsAPI marks k's unseen replica r.UID ready once the API has it
+// Ready (a replica starting when it was last seen has finished). Not the
+// other way: a replica the API has as not ready, on a node it cannot
+// reach, is held ready until the API no longer has it (evicted), a
+// replica too many rather than one too few. mu must be held for writing.
+func (s *Store) readyAsAPI(k Key, r APIPod) {
+	if !r.Ready {
+		return
+	}
+	list := s.unseen[k]
+	if i := slices.IndexFunc(list, func(u unseenPod) bool { return u.uid == r.UID }); i >= 0 {
+		list[i].ready = true
 	}
 }
 
@@ -165,4 +243,4 @@ func (u unseenPod) value() PodValue {
 }
 
 // UnseenReason is why an unseen replica (PodLoad.Unseen) has no sample.
-const UnseenReason = "its agent is lost (its streams closed past --pod-expiry) and the API still has the pod"
+const UnseenReason = "no agent reports its node (its agent lost past --pod-expiry, or not heard since the aggregator started) and the API still has the pod"

@@ -176,3 +176,74 @@ func loads(s *Store) string {
 	}
 	return out
 }
+
+// TestTheAPIsReplicasNoAgentReportsAreUnseen: an aggregator started while
+// a node's agent was lost never hears of that node's replicas, and
+// planned the workload from the others' share as if they were gone. The
+// API's replicas (Options.Replicas) on a node no agent streams from are
+// unseen replicas, ready or starting as the API has them (a starting one
+// ready once the API has it so; a ready one held ready); not those of a
+// node whose agent streams, nor those its agent lists; forgotten when the
+// node's agent lists it in full without them or the API no longer has
+// them.
+func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
+	now := time.Unix(1000, 0)
+	api := map[string]APIPod{
+		"b1": {Namespace: "ns", Name: "pod-b1", UID: "b1", Node: "kept", Ready: true},
+		"b2": {Namespace: "ns", Name: "pod-b2", UID: "b2", Node: "kept", Ready: true}, // its agent does not list it
+		"c1": {Namespace: "ns", Name: "pod-c1", UID: "c1", Node: "quiet", Ready: true},
+		"c2": {Namespace: "ns", Name: "pod-c2", UID: "c2", Node: "quiet", CreatedMs: now.Add(-time.Minute).UnixMilli()},
+	}
+	exists := func(ns, name, uid string, k Key) bool {
+		p, ok := api[uid]
+		return ok && k == ws && p.Namespace == ns && p.Name == name
+	}
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }, Exists: exists,
+		Replicas: func(k Key) []APIPod {
+			var out []APIPod
+			for _, uid := range []string{"b1", "b2", "c1", "c2"} {
+				if p, ok := api[uid]; ok && k == ws {
+					out = append(out, p)
+				}
+			}
+			return out
+		}})
+	s.Sweep()
+	if len(s.unseen) != 0 {
+		t.Fatalf("no workload listed yet: unseen %v; want none", s.unseen)
+	}
+	mustOpen(t, s, "kept")
+	s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-c1 missing unseen, pod-c2 starting unseen"; got != want {
+		t.Fatalf("node quiet unheard: %s; want %s", got, want)
+	}
+	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); snap.Pods[2].Age != time.Minute {
+		t.Fatalf("c2 starting for %v; want its age from its creation, 1m", snap.Pods[2].Age)
+	}
+	c2 := api["c2"]
+	c2.Ready = true
+	api["c2"] = c2
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-c1 missing unseen, pod-c2 missing unseen"; got != want {
+		t.Fatalf("c2 ready in the API: %s; want %s", got, want)
+	}
+	c1 := api["c1"]
+	c1.Ready = false // its node unreachable: held ready until the API evicts it
+	api["c1"] = c1
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-c1 missing unseen, pod-c2 missing unseen"; got != want {
+		t.Fatalf("c1 not ready in the API: %s; want %s", got, want)
+	}
+	delete(api, "c1")
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-c2 missing unseen"; got != want {
+		t.Fatalf("c1 gone from the API: %s; want %s", got, want)
+	}
+	mustOpen(t, s, "quiet")
+	s.Upsert(Source{Node: "quiet"}, nil, true)
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
+		t.Fatalf("node quiet's agent listed its node in full: %s (unseen %v); want %s", got, s.unseen, want)
+	}
+}
