@@ -195,15 +195,22 @@ func planArgs(name, args string, util *float64, durations ...string) (map[string
 }
 
 // Work is one request's demand on a replica of profile p: replica-seconds
-// of compute and KV-cache token-seconds (the clairvoyant's model).
+// of compute and KV-cache token-seconds (the clairvoyant's model). Its
+// decode is a share of a step of batch sequences like it: batch is where
+// the step's fixed cost is its sequences' (beta0/beta2), at most
+// max_num_seqs and what the KV cache holds of its context, and the step
+// lasts at least the time to read the weights and those contexts (the
+// profile's bandwidth floor).
 func Work(p *replica.Profile, prompt, output int) (compute, kv float64) {
+	ctx := float64(prompt) + float64(output)/2
 	batch := math.Min(p.Beta0Seconds/math.Max(p.Beta2Seconds, 1e-12), float64(p.MaxNumSeqs))
-	perToken := p.Beta2Seconds + p.Beta0Seconds/math.Max(batch, 1)
+	batch = math.Max(math.Min(batch, float64(p.KVCacheTokens)/math.Max(ctx, 1)), 1)
+	step := math.Max(p.Beta0Seconds+p.Beta2Seconds*batch, p.ReadSeconds(batch*ctx))
+	perToken := step / batch
 	prefill := p.Beta1Seconds * float64(prompt)
 	decode := perToken * float64(output)
 	compute = prefill + decode
-	step := p.Beta0Seconds + p.Beta2Seconds*batch
-	kv = (float64(prompt) + float64(output)/2) * (prefill + step*float64(output))
+	kv = ctx * (prefill + step*float64(output))
 	return compute, kv
 }
 

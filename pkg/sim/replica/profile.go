@@ -34,6 +34,17 @@ type Profile struct {
 	Beta0Seconds float64 `json:"beta0Seconds"`
 	Beta1Seconds float64 `json:"beta1SecondsPerPrefillToken"`
 	Beta2Seconds float64 `json:"beta2SecondsPerDecodeSequence"`
+	// The memory-bandwidth floor of a step: every step reads the weights
+	// and the KV cache of every running sequence, so it lasts at least
+	// (WeightBytesPerGPU + KV tokens in use × KVBytesPerTokenPerGPU) /
+	// MemoryBandwidthBytesPerSecond, however few tokens it computes. The
+	// linear model above is fitted at short contexts and holds a decoding
+	// sequence's cost constant; at long ones (thousands of tokens a
+	// sequence) decode is bound by reading the KV cache, and the floor
+	// binds. All three 0: no floor.
+	WeightBytesPerGPU             float64 `json:"weightBytesPerGPU"`
+	KVBytesPerTokenPerGPU         float64 `json:"kvBytesPerTokenPerGPU"`
+	MemoryBandwidthBytesPerSecond float64 `json:"memoryBandwidthBytesPerSecond"`
 	// Startup is the mean time from a replica's creation to Ready
 	// (scheduling, image pull, model load); each replica's is drawn from a
 	// normal distribution with StartupStddev, cut at ±3 standard deviations.
@@ -67,9 +78,22 @@ func (p *Profile) StartupTime(normal float64) time.Duration {
 	return p.Startup.Duration + time.Duration(z*float64(p.StartupStddev.Duration))
 }
 
-func (p *Profile) stepTime(prefill, decode int) time.Duration {
+// stepTime is a step's length: the linear model of its prefill tokens and
+// decoding sequences, and at least the time to read the weights and the
+// kvTokens in use (the bandwidth floor).
+func (p *Profile) stepTime(prefill, decode, kvTokens int) time.Duration {
 	s := p.Beta0Seconds + p.Beta1Seconds*float64(prefill) + p.Beta2Seconds*float64(decode)
+	s = max(s, p.ReadSeconds(float64(kvTokens)))
 	return time.Duration(math.Round(s * 1e9))
+}
+
+// ReadSeconds is the time a step takes to read the weights and kvTokens of
+// KV cache at the profile's memory bandwidth (0 with no bandwidth given).
+func (p *Profile) ReadSeconds(kvTokens float64) float64 {
+	if p.MemoryBandwidthBytesPerSecond <= 0 {
+		return 0
+	}
+	return (p.WeightBytesPerGPU + kvTokens*p.KVBytesPerTokenPerGPU) / p.MemoryBandwidthBytesPerSecond
 }
 
 // Validate reports every problem of the profile.
@@ -92,6 +116,10 @@ func (p *Profile) Validate() error {
 	}
 	if p.Beta0Seconds <= 0 || p.Beta1Seconds < 0 || p.Beta2Seconds < 0 {
 		bad("beta0Seconds must be above 0, beta1 and beta2 not negative")
+	}
+	if p.WeightBytesPerGPU < 0 || p.KVBytesPerTokenPerGPU < 0 || p.MemoryBandwidthBytesPerSecond < 0 ||
+		(p.MemoryBandwidthBytesPerSecond == 0) != (p.WeightBytesPerGPU == 0 && p.KVBytesPerTokenPerGPU == 0) {
+		bad("weightBytesPerGPU and kvBytesPerTokenPerGPU must not be negative, and memoryBandwidthBytesPerSecond above 0 when either is given (all three 0: no bandwidth floor)")
 	}
 	if p.Startup.Duration < 0 || p.StartupStddev.Duration < 0 || 3*p.StartupStddev.Duration > p.Startup.Duration {
 		bad("startup and startupStddev must not be negative, and three standard deviations at most the startup")

@@ -8,9 +8,14 @@
 // waiting requests while the budget, max_num_seqs and the KV cache allow.
 // The step lasts beta0 + beta1·(prefill tokens) + beta2·(decoding sequences),
 // the linear step model of the BLIS simulator and llm-d's workload variant
-// autoscaler. When the KV cache cannot hold the next decode tokens, the most
-// recently admitted sequence is preempted (recompute): it goes back to the
-// front of the queue and is prefilled again.
+// autoscaler, and at least the time to read the weights and the KV cache in
+// use at the GPU's memory bandwidth (the profile's floor, which binds at
+// long contexts). When the KV cache cannot hold the next decode tokens, the
+// most recently admitted sequence is preempted (recompute): it goes back to
+// the front of the queue and is prefilled again, and, as in vLLM V1, no
+// waiting request is admitted in that step. The counters are vLLM V1's: a
+// prompt counted whole at its first token, a queue time observed when its
+// request finishes.
 //
 // Runs of identical decode-only steps (nothing to prefill or admit) are
 // advanced in one go, so a replica costs work per request, not per step.
@@ -43,7 +48,6 @@ type Request struct {
 	finishAt             uint64 // decode counter value at which it has generated Output tokens
 	index                int    // in the finish heap
 	lastToken            time.Duration
-	promptCounted        int      // of its prompt, the tokens counted in PromptTokens
 	prev, next           *Request // in the running list
 }
 
@@ -249,7 +253,11 @@ func (r *Replica) plan(now time.Duration) {
 		r.active = false
 		return
 	}
-	r.preemptForDecode(now)
+	// vLLM V1 admits no waiting request in a step that preempted
+	// (vllm/v1/core/sched/scheduler.py: "if not preempted_reqs"): the
+	// victim waits a step at least, rather than being prefilled again at
+	// once and preempted again at the next.
+	preempted := r.preemptForDecode()
 	nDec := r.decoding.Len()
 	budget := r.p.MaxNumBatchedTokens - nDec
 	var chunks []chunk
@@ -263,7 +271,7 @@ func (r *Replica) plan(now time.Duration) {
 		budget -= n
 		prefill += n
 	}
-	for budget > 0 && r.Waiting() > 0 && r.nRunning < r.p.MaxNumSeqs {
+	for !preempted && budget > 0 && r.Waiting() > 0 && r.nRunning < r.p.MaxNumSeqs {
 		q := r.nextWaiting()
 		// The whole prompt must fit in the KV cache at admission.
 		if r.usage+r.pendingPrefill+q.prefillTarget > r.p.KVCacheTokens {
@@ -271,9 +279,7 @@ func (r *Replica) plan(now time.Duration) {
 		}
 		r.popHead()
 		if q.Admitted < 0 {
-			q.Admitted = now
-			r.c.QueueSum += (now - q.Dispatched).Seconds()
-			r.c.QueueCount++
+			q.Admitted = now // its queue time is observed when it finishes
 		}
 		r.pushRunning(q)
 		r.prefilling = append(r.prefilling, q)
@@ -286,7 +292,7 @@ func (r *Replica) plan(now time.Duration) {
 	r.active, r.runStart = true, now
 	if len(chunks) > 0 {
 		r.chunks, r.nDec = chunks, nDec
-		r.dt = r.p.stepTime(prefill, nDec)
+		r.dt = r.p.stepTime(prefill, nDec, r.usage)
 		r.runSteps = 1
 		return
 	}
@@ -298,7 +304,7 @@ func (r *Replica) plan(now time.Duration) {
 	}
 	// Decode only: identical steps until the first sequence finishes, the
 	// KV cache is full, or a request arrives.
-	r.dt = r.p.stepTime(0, nDec)
+	r.dt = r.p.stepTime(0, nDec, r.usage)
 	first := r.decoding[0].at - r.decodeN
 	free := r.p.KVCacheTokens - r.usage
 	fits := uint64(free / nDec)
@@ -360,8 +366,9 @@ func (r *Replica) popHead() {
 }
 
 // preemptForDecode preempts the most recently admitted sequences until the
-// KV cache holds one more token for every decoding sequence.
-func (r *Replica) preemptForDecode(now time.Duration) {
+// KV cache holds one more token for every decoding sequence, and reports
+// whether it preempted any.
+func (r *Replica) preemptForDecode() (preempted bool) {
 	for r.decoding.Len() > 0 && r.usage+r.decoding.Len() > r.p.KVCacheTokens {
 		q := r.tail
 		r.unlinkRunning(q)
@@ -383,8 +390,9 @@ func (r *Replica) preemptForDecode(now time.Duration) {
 		q.prefilled = 0
 		r.preempted = append(r.preempted, q)
 		r.c.Preemptions++
+		preempted = true
 	}
-	_ = now
+	return preempted
 }
 
 // applyDecode applies k decode steps ending at end (the last one).
@@ -420,19 +428,18 @@ func (r *Replica) applyPrefillStep(end time.Duration) {
 		q.prefilled += ch.tokens
 		r.pendingPrefill -= ch.tokens
 		r.usage += ch.tokens
-		// A request's prompt is counted once, as vLLM counts it: the
-		// recompute after a preemption is no prompt token (it was, and a
-		// replica preempting often counted 5.6 times its prompts).
-		if c := min(ch.tokens, q.Prompt-q.promptCounted); c > 0 {
-			r.c.PromptTokens += float64(c)
-			q.promptCounted += c
-		}
 		if q.prefilled < q.prefillTarget {
 			continue
 		}
 		done = true
 		// Prefill done: the step produced the next token.
 		if q.FirstToken < 0 {
+			// vLLM V1 counts a request's whole prompt at its first token
+			// (vllm/v1/metrics/stats.py, update_from_output), once: not
+			// chunk by chunk, nor its recompute after a preemption (a
+			// replica preempting often counted 5.6 times its prompts),
+			// nor a prompt abandoned before it.
+			r.c.PromptTokens += float64(q.Prompt)
 			q.FirstToken = end
 			r.c.TTFTSum += (end - q.Dispatched).Seconds()
 			r.c.TTFTCount++
@@ -481,6 +488,11 @@ func (r *Replica) finish(q *Request, at time.Duration) {
 	r.c.Success++
 	r.c.E2ESum += (at - q.Dispatched).Seconds()
 	r.c.E2ECount++
+	// vLLM observes request_queue_time_seconds (first scheduled less
+	// queued) when the request finishes (vllm/v1/metrics/loggers.py,
+	// finished_requests), not when it is scheduled.
+	r.c.QueueSum += (q.Admitted - q.Dispatched).Seconds()
+	r.c.QueueCount++
 	if r.obs != nil {
 		r.obs.Finished(q)
 	}

@@ -208,8 +208,8 @@ func TestStepTimeIsTheLinearModel(t *testing.T) {
 	r.Enqueue(0, NewRequest(1, 1000, 11, 0))
 	r.AdvanceTo(time.Minute)
 	q := rec.done[0]
-	prefill := p.stepTime(1000, 0)
-	decode := p.stepTime(0, 1)
+	prefill := p.stepTime(1000, 0, 0)
+	decode := p.stepTime(0, 1, 0)
 	if q.FirstToken != prefill || q.Finished != prefill+10*decode {
 		t.Fatalf("first token %v finished %v; want %v and %v", q.FirstToken, q.Finished, prefill, prefill+10*decode)
 	}

@@ -1,0 +1,127 @@
+package replica
+
+import (
+	"testing"
+	"time"
+)
+
+// TestLongContextsAreBoundByReadingTheKVCache: the linear step model,
+// fitted at short contexts, costs a decoding sequence 42 µs whatever its
+// context, and gave 24 sequences of 15,000 tokens a token every 8.0 ms on
+// one H100, where reading the weights and their KV cache alone takes
+// 18.9 ms at its 3.35 TB/s. Every step now lasts at least that read.
+func TestLongContextsAreBoundByReadingTheKVCache(t *testing.T) {
+	p := profile(t)
+	rec := &recorder{}
+	r := New(p, rec)
+	const n, prompt, out = 24, 15000, 100
+	for i := range n {
+		r.Enqueue(0, NewRequest(i, prompt, out, 0))
+	}
+	for len(rec.first) < n {
+		next, _ := r.NextEvent()
+		r.AdvanceTo(next)
+	}
+	// The next run of steps decodes all 24, until the first finishes.
+	c0, held := r.Counters(), r.usage
+	next, _ := r.NextEvent()
+	r.AdvanceTo(next)
+	c1 := r.Counters()
+	itl := (c1.ITLSum - c0.ITLSum) / (c1.ITLCount - c0.ITLCount)
+	floor := p.ReadSeconds(float64(held))
+	if held < n*prompt || floor < 0.0185 || itl < floor-1e-9 {
+		t.Fatalf("mean ITL %.4f ms at %d × %d-token contexts (%d held, %v finished); reading the weights and KV cache takes %.4f ms", itl*1e3, n, prompt, held, c1.Success, floor*1e3)
+	}
+	// At short contexts the linear model is above the floor, and holds.
+	if short := p.stepTime(0, 10, 10*1200); short != time.Duration((p.Beta0Seconds+10*p.Beta2Seconds)*1e9+0.5) {
+		t.Fatalf("10 sequences of 1,200 tokens: %v, want the linear model's", short)
+	}
+}
+
+// TestQueueTimeIsObservedWhenTheRequestFinishes: vLLM observes
+// request_queue_time_seconds for finished requests (the simulator did at
+// admission, a decode ahead of vLLM, and for requests that never finish).
+func TestQueueTimeIsObservedWhenTheRequestFinishes(t *testing.T) {
+	p := profile(t)
+	rec := &recorder{}
+	r := New(p, rec)
+	r.Enqueue(0, NewRequest(1, 1000, 200, 0))
+	r.AdvanceTo(500 * time.Millisecond)
+	if len(rec.first) != 1 || len(rec.done) != 0 {
+		t.Fatalf("setup: %d first tokens, %d finished", len(rec.first), len(rec.done))
+	}
+	if c := r.Counters(); c.QueueCount != 0 || c.PromptTokens != 1000 {
+		t.Fatalf("first token, not finished: queue time count %v, prompt tokens %v; want 0 and the whole prompt", c.QueueCount, c.PromptTokens)
+	}
+	r.AdvanceTo(time.Minute)
+	if c := r.Counters(); c.QueueCount != 1 || c.QueueCount != c.Success {
+		t.Fatalf("finished: queue time count %v, %v finished", c.QueueCount, c.Success)
+	}
+}
+
+// TestAPromptIsCountedAtItsFirstToken: vLLM V1 adds a request's whole
+// prompt to prompt_tokens_total at its first token; a prompt prefilled in
+// chunks is not counted chunk by chunk, and one abandoned before its first
+// token is not counted.
+func TestAPromptIsCountedAtItsFirstToken(t *testing.T) {
+	p := profile(t)
+	r := New(p, nil)
+	long := NewRequest(1, 3*p.MaxNumBatchedTokens, 10, 0)
+	r.Enqueue(0, long)
+	next, _ := r.NextEvent()
+	r.AdvanceTo(next) // the first chunk
+	if c := r.Counters(); c.PromptTokens != 0 || long.prefilled == 0 {
+		t.Fatalf("one chunk in (%d prefilled): %v prompt tokens; want 0", long.prefilled, c.PromptTokens)
+	}
+	if !r.Abandon(long) {
+		t.Fatal("abandon: not taken off")
+	}
+	r.AdvanceTo(time.Minute)
+	if c := r.Counters(); c.PromptTokens != 0 {
+		t.Fatalf("abandoned mid-prefill: %v prompt tokens; want 0", c.PromptTokens)
+	}
+}
+
+// TestNoAdmissionInAStepThatPreempted: vLLM V1 schedules no waiting
+// request in a step that preempted one; the simulator admitted its victim
+// at once, which recomputed and was preempted again at the next step.
+func TestNoAdmissionInAStepThatPreempted(t *testing.T) {
+	p := *profile(t)
+	p.KVCacheTokens, p.MaxModelLen = 10000, 10000
+	r := New(&p, nil)
+	for i := range 40 {
+		r.Enqueue(0, NewRequest(i, 50, 1000, 0))
+	}
+	preempting := 0
+	for range 200 {
+		before := r.Counters().Preemptions
+		next, ok := r.NextEvent()
+		if !ok {
+			break
+		}
+		r.AdvanceTo(next)
+		if r.Counters().Preemptions > before {
+			preempting++
+			if len(r.preempted) == 0 {
+				t.Fatalf("at %v a step preempted and its victim was admitted again in the same step", next)
+			}
+		}
+	}
+	if preempting == 0 {
+		t.Fatal("no step preempted: the test proves nothing")
+	}
+}
+
+// TestABandwidthFloorNeedsItsBandwidth: weights or KV bytes with no
+// bandwidth to read them at is a profile error, not a floor of 0 or +Inf.
+func TestABandwidthFloorNeedsItsBandwidth(t *testing.T) {
+	p := *profile(t)
+	p.MemoryBandwidthBytesPerSecond = 0
+	if err := p.Validate(); err == nil {
+		t.Fatal("weights and KV bytes with no bandwidth: valid")
+	}
+	p.WeightBytesPerGPU, p.KVBytesPerTokenPerGPU = 0, 0
+	if err := p.Validate(); err != nil || p.ReadSeconds(1e6) != 0 {
+		t.Fatalf("no floor: %v, %v s", err, p.ReadSeconds(1e6))
+	}
+}
