@@ -339,9 +339,12 @@ func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
 }
 
 // apiReplicas is the store's Options.Replicas with agent authentication,
-// from the same pod cache as podExists.
+// from the same pod cache as podExists; none during the warm-up, while the
+// agents of a restarted aggregator connect again (each node's replicas
+// would be adopted as unseen, and each agent's first catalogue forget
+// them).
 func (a *Aggregator) apiReplicas(k store.Key) []store.APIPod {
-	if a.reviewer == nil {
+	if a.reviewer == nil || !a.warmup.done.Load() { // set by check, at each housekeeping tick
 		return nil
 	}
 	return a.reviewer.Replicas(k)

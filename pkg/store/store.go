@@ -186,6 +186,8 @@ type Store struct {
 	unseen map[Key][]unseenPod
 	// unseenKeys: the workloads whose unseen list holds each uid.
 	unseenKeys map[string][]Key
+	// unseenOn: how many unseen entries each node's lost agent left.
+	unseenOn map[string]int
 	// nsPods: pods held per namespace. refusedAt: workloads a new pod of
 	// which was refused for room, and when last (for refusedFor): a
 	// workload with none held then is not one without replicas.
@@ -313,6 +315,7 @@ func New(opts Options) *Store {
 		lost:       make(map[Key]Lost),
 		unseen:     make(map[Key][]unseenPod),
 		unseenKeys: make(map[string][]Key),
+		unseenOn:   make(map[string]int),
 		nsPods:     make(map[string]int),
 		refusedAt:  make(map[Key]time.Time),
 		now:        opts.Now,

@@ -41,10 +41,20 @@ func (s *Store) remember(k Key, u unseenPod) {
 	list := s.unseen[k]
 	if len(list) >= maxUnseen {
 		s.unindex(list[0].uid, k)
+		s.forgot(list[0])
 		list = append(list[:0], list[1:]...)
 	}
 	s.unseen[k] = append(list, u)
 	s.unseenKeys[u.uid] = append(s.unseenKeys[u.uid], k)
+	s.unseenOn[u.node]++
+}
+
+// forgot records that an unseen list no longer holds u (unseenOn); mu must
+// be held for writing.
+func (s *Store) forgot(u unseenPod) {
+	if s.unseenOn[u.node]--; s.unseenOn[u.node] <= 0 {
+		delete(s.unseenOn, u.node)
+	}
 }
 
 // adoptUnheard remembers as unseen the API's replicas (Options.Replicas)
@@ -129,7 +139,13 @@ func (s *Store) seenAgain(p *pod) {
 	}
 	delete(s.unseenKeys, p.UID)
 	for _, k := range keys {
-		s.unseen[k] = slices.DeleteFunc(s.unseen[k], func(u unseenPod) bool { return u.uid == p.UID })
+		s.unseen[k] = slices.DeleteFunc(s.unseen[k], func(u unseenPod) bool {
+			if u.uid == p.UID {
+				s.forgot(u)
+				return true
+			}
+			return false
+		})
 		if len(s.unseen[k]) == 0 {
 			delete(s.unseen, k)
 		}
@@ -160,9 +176,14 @@ func (s *Store) sweepUnseen(now time.Time) {
 }
 
 // forgetUnseenOn forgets the unseen replicas of node's lost agent: it is
-// back, and has listed what runs there in full. mu must be held for
-// writing.
+// back, and has listed what runs there in full. Every agent's stream
+// opens with a full catalogue, so a node with none (unseenOn) costs no
+// walk: thousands of agents reconnecting to a restarted aggregator would
+// each walk every unseen replica. mu must be held for writing.
 func (s *Store) forgetUnseenOn(node string) {
+	if s.unseenOn[node] == 0 {
+		return
+	}
 	s.filterUnseen(func(_ Key, u unseenPod) bool { return u.node != node })
 }
 
@@ -176,6 +197,7 @@ func (s *Store) filterUnseen(keep func(Key, unseenPod) bool) {
 				kept = append(kept, u)
 			} else {
 				s.unindex(u.uid, k)
+				s.forgot(u)
 			}
 		}
 		if len(kept) == 0 {

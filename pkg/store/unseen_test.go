@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -101,6 +102,7 @@ func TestAnUnseenReplicaIsForgotten(t *testing.T) {
 	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
 		t.Fatalf("a day later: %s (unseen %v, index %v); want %s", got, s.unseen, s.unseenKeys, want)
 	}
+	checkUnseenOn(t, s)
 	// Listed again under another workload (relabelled meanwhile):
 	// forgotten under the workload it was lost from too.
 	f2 := newUnseenFixture(t)
@@ -112,6 +114,7 @@ func TestAnUnseenReplicaIsForgotten(t *testing.T) {
 	if got, want := loads(f2.s), "pod-b1 missing, pod-a2 missing unseen, pod-a3 starting unseen"; got != want || len(f2.s.unseenKeys) != 2 {
 		t.Fatalf("a1 listed again under another workload: %s (index %v); want %s", got, f2.s.unseenKeys, want)
 	}
+	checkUnseenOn(t, f2.s)
 }
 
 // TestNoAPINoUnseen: with no API to ask (Exists nil, --agent-auth=none), a
@@ -157,6 +160,22 @@ func TestUnseenReplicasAreBoundedPerWorkload(t *testing.T) {
 	}
 	if n := len(s.unseenKeys); n != maxUnseen {
 		t.Fatalf("the index holds %d uids, want the %d remembered", n, maxUnseen)
+	}
+	checkUnseenOn(t, s)
+}
+
+// checkUnseenOn fails t unless the count of unseen entries by node
+// (unseenOn, which spares a full catalogue a walk) is the lists' own.
+func checkUnseenOn(t *testing.T, s *Store) {
+	t.Helper()
+	want := map[string]int{}
+	for _, list := range s.unseen {
+		for _, u := range list {
+			want[u.node]++
+		}
+	}
+	if !maps.Equal(want, s.unseenOn) {
+		t.Fatalf("unseen entries by node %v; the lists hold %v", s.unseenOn, want)
 	}
 }
 
@@ -240,10 +259,12 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 	if got, want := loads(s), "pod-b1 missing, pod-c2 missing unseen"; got != want {
 		t.Fatalf("c1 gone from the API: %s; want %s", got, want)
 	}
+	checkUnseenOn(t, s)
 	mustOpen(t, s, "quiet")
 	s.Upsert(Source{Node: "quiet"}, nil, true)
 	s.Sweep()
 	if got, want := loads(s), "pod-b1 missing"; got != want || len(s.unseen) != 0 || len(s.unseenKeys) != 0 {
 		t.Fatalf("node quiet's agent listed its node in full: %s (unseen %v); want %s", got, s.unseen, want)
 	}
+	checkUnseenOn(t, s)
 }
