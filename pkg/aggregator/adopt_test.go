@@ -41,11 +41,11 @@ func TestNoReplicaIsAdoptedDuringTheWarmUp(t *testing.T) {
 	st := store.New(store.Options{})
 	a := &Aggregator{reviewer: tr, store: st, warmup: newWarmup(st, time.Hour, 0, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	k := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
-	if got := a.apiReplicas(k); got != nil {
+	if got := a.apiReplicas(k, func(string) bool { return true }); got != nil {
 		t.Fatalf("during the warm-up: %+v; want none", got)
 	}
 	a.warmup.done.Store(true)
-	if got := a.apiReplicas(k); len(got) != 1 || got[0].Node != "gpu-1" {
+	if got := a.apiReplicas(k, func(string) bool { return true }); len(got) != 1 || got[0].Node != "gpu-1" {
 		t.Fatalf("after the warm-up: %+v; want llama-0 on gpu-1", got)
 	}
 }

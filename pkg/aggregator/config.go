@@ -343,11 +343,11 @@ func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
 // agents of a restarted aggregator connect again (each node's replicas
 // would be adopted as unseen, and each agent's first catalogue forget
 // them).
-func (a *Aggregator) apiReplicas(k store.Key) []store.APIPod {
+func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) []store.APIPod {
 	if a.reviewer == nil || !a.warmup.done.Load() { // set by check, at each housekeeping tick
 		return nil
 	}
-	return a.reviewer.Replicas(k)
+	return a.reviewer.Replicas(k, on)
 }
 
 // buildIngest: the agents' stream server, with TLS and authentication.

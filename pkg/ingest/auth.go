@@ -204,11 +204,11 @@ func replicaOf(p *corev1.Pod, k store.Key) bool {
 }
 
 // Replicas is the API's replicas of workload k as the pod cache last saw
-// them (each one PodExists says true of), with their nodes, the oldest
-// first; none before the cache has synced (the store adopts them as unseen
-// where no agent reports their node: what the cache does not know yet is
-// left out, not guessed).
-func (t *TokenReviewer) Replicas(k store.Key) []store.APIPod {
+// them (each one PodExists says true of) on the nodes on says true of,
+// with their nodes, the oldest first; none before the cache has synced
+// (the store adopts them as unseen where no agent reports their node: what
+// the cache does not know yet is left out, not guessed).
+func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) []store.APIPod {
 	if !t.podInformer.HasSynced() {
 		return nil
 	}
@@ -216,10 +216,10 @@ func (t *TokenReviewer) Replicas(k store.Key) []store.APIPod {
 	if err != nil || len(objs) == 0 {
 		return nil
 	}
-	out := make([]store.APIPod, 0, len(objs))
+	var out []store.APIPod
 	for _, obj := range objs {
 		p, ok := obj.(*corev1.Pod)
-		if !ok || !replicaOf(p, k) {
+		if !ok || !on(p.Spec.NodeName) || !replicaOf(p, k) {
 			continue
 		}
 		r := store.APIPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName, Ready: podReady(p)}

@@ -970,7 +970,8 @@ func TestReplicasReadsThePodCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := unsynced.Replicas(llama); got != nil {
+	all := func(string) bool { return true }
+	if got := unsynced.Replicas(llama, all); got != nil {
 		t.Fatalf("before the cache synced: %v; want none", got)
 	}
 	created := metav1.NewTime(time.Unix(1000, 0))
@@ -993,10 +994,13 @@ func TestReplicasReadsThePodCache(t *testing.T) {
 		{Namespace: "ns", Name: "theirs", UID: "uid-theirs", Node: "node-2"},
 		{Namespace: "ns", Name: "ready", UID: "uid-ready", Node: "node-3", Ready: true, CreatedMs: 1000_000},
 	}
-	if got := tr.Replicas(llama); !slices.Equal(got, want) {
+	if got := tr.Replicas(llama, all); !slices.Equal(got, want) {
 		t.Fatalf("Replicas = %+v\nwant %+v", got, want)
 	}
-	if got := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}); len(got) != 0 {
+	if got := tr.Replicas(llama, func(node string) bool { return node == "node-3" }); !slices.Equal(got, want[2:]) {
+		t.Fatalf("Replicas on node-3 = %+v\nwant %+v", got, want[2:])
+	}
+	if got := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}, all); len(got) != 0 {
 		t.Fatalf("an InferenceSet of that name: %+v; want none", got)
 	}
 }

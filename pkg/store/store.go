@@ -143,13 +143,15 @@ type Options struct {
 	// a replica is gone (no API to ask).
 	Exists func(namespace, name, uid string, k Key) bool
 	// Replicas lists the API's replicas of workload k (each one Exists
-	// says true of) with their nodes. At each sweep, those of a workload
+	// says true of) with their nodes, on the nodes on says true of (no
+	// agent streams from them: a replica elsewhere costs nothing). At each
+	// sweep, those of a workload
 	// some agent lists a replica of that run on a node no agent streams
 	// from (none has since the store started, or its streams expired) are
 	// unseen replicas too, as if dropped with a lost agent: an aggregator
 	// started while a node's agent was lost never hears of that node's
 	// replicas, which serve on. Nil (or Exists nil): none.
-	Replicas func(k Key) []APIPod
+	Replicas func(k Key, on func(node string) bool) []APIPod
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
 }

@@ -75,9 +75,15 @@ func (s *Store) adoptUnheard(now time.Time) {
 		keys = append(keys, k)
 	}
 	s.mu.RUnlock()
+	unheard := func(node string) bool {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		_, heard := s.sources[node]
+		return !heard
+	}
 	found := make(map[Key][]APIPod)
 	for _, k := range keys {
-		if rs := s.opts.Replicas(k); len(rs) > 0 {
+		if rs := s.opts.Replicas(k, unheard); len(rs) > 0 {
 			found[k] = rs
 		}
 	}

@@ -218,10 +218,10 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 		return ok && k == ws && p.Namespace == ns && p.Name == name
 	}
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }, Exists: exists,
-		Replicas: func(k Key) []APIPod {
+		Replicas: func(k Key, on func(string) bool) []APIPod {
 			var out []APIPod
 			for _, uid := range []string{"b1", "b2", "c1", "c2"} {
-				if p, ok := api[uid]; ok && k == ws {
+				if p, ok := api[uid]; ok && k == ws && on(p.Node) {
 					out = append(out, p)
 				}
 			}
