@@ -25,7 +25,9 @@ func TestNoReplicaIsAdoptedDuringTheWarmUp(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "ns", UID: "uid-0",
 		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "gpu-1"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-	tr, err := ingest.NewTokenReviewer(fake.NewClientset(pod), "pulse", []string{"pulse-system/pulse-agent"})
+	agent := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pulse-agent-x", Namespace: "pulse-system", UID: "uid-agent"},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", ServiceAccountName: "pulse-agent"}}
+	tr, err := ingest.NewTokenReviewer(fake.NewClientset(pod, agent), "pulse", []string{"pulse-system/pulse-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,36 +123,83 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	// is mostly spec and status.
 	if err := t.podInformer.SetTransform(func(obj any) (any, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
-			m := discovery.ClaimsMeta(p)
-			m.DeletionTimestamp, m.CreationTimestamp = p.DeletionTimestamp, p.CreationTimestamp
-			st := corev1.PodStatus{Phase: p.Status.Phase}
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodReady {
-					st.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
-				}
-			}
-			return &corev1.Pod{ObjectMeta: m, Spec: corev1.PodSpec{NodeName: p.Spec.NodeName}, Status: st}, nil
+			return t.keep(p), nil
 		}
 		return obj, nil
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
-	if err := t.podInformer.AddIndexers(cache.Indexers{byWorkload: workloadIndex}); err != nil {
+	if err := t.podInformer.AddIndexers(cache.Indexers{byWorkload: workloadIndex, byAgentNode: agentNodeIndex}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	return t, nil
 }
 
+// keep is what the pod cache keeps of p: its node and what
+// discovery.Claims reads (bounded; PodNode), whether it is being deleted
+// or has finished (PodExists), its creation, its Ready condition and
+// whether it is left out of scraping (pulse.io/scrape: "false"), and the
+// service account of an agent's pod (Replicas): a pod is mostly spec and
+// status.
+func (t *TokenReviewer) keep(p *corev1.Pod) *corev1.Pod {
+	m := discovery.ClaimsMeta(p)
+	m.DeletionTimestamp, m.CreationTimestamp = p.DeletionTimestamp, p.CreationTimestamp
+	if p.Annotations[discovery.AnnotationScrape] == "false" {
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[discovery.AnnotationScrape] = "false"
+	}
+	spec := corev1.PodSpec{NodeName: p.Spec.NodeName}
+	if slices.Contains(t.allowed, "system:serviceaccount:"+p.Namespace+":"+p.Spec.ServiceAccountName) {
+		spec.ServiceAccountName = p.Spec.ServiceAccountName
+	}
+	st := corev1.PodStatus{Phase: p.Status.Phase}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			st.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return &corev1.Pod{ObjectMeta: m, Spec: spec, Status: st}
+}
+
 // byWorkload indexes the pod cache by the workloads a model server's pod
-// claims (workloadKey): Replicas' lookup.
-const byWorkload = "workload"
+// claims (workloadKey), and byAgentNode the agents' pods (of an allowed
+// service account, the only pods keep leaves one) by their node:
+// Replicas' lookups.
+const (
+	byWorkload  = "workload"
+	byAgentNode = "agent-node"
+)
+
+// agentNodeIndex is byAgentNode's index function.
+func agentNodeIndex(obj any) ([]string, error) {
+	if p, ok := obj.(*corev1.Pod); ok && p.Spec.ServiceAccountName != "" {
+		return []string{p.Spec.NodeName}, nil
+	}
+	return nil, nil
+}
+
+// agentOn is whether the pod cache has an agent's pod on node, not being
+// deleted nor finished: an agent that runs there, or should, and does
+// not stream is lost; a node with none has no agent to lose.
+func (t *TokenReviewer) agentOn(node string) bool {
+	objs, _ := t.podInformer.GetIndexer().ByIndex(byAgentNode, node)
+	for _, obj := range objs {
+		if p, ok := obj.(*corev1.Pod); ok && p.DeletionTimestamp == nil &&
+			p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
+			return true
+		}
+	}
+	return false
+}
 
 // workloadIndex is byWorkload's index function: the keys of the workloads
 // the pod's labels, annotations or owners give it; none for a demand
 // source (a router is no replica) or a pod whose claims are not valid.
 func workloadIndex(obj any) ([]string, error) {
 	p, ok := obj.(*corev1.Pod)
-	if !ok || discovery.IsDemandSource(p.Annotations) {
+	if !ok || discovery.IsDemandSource(p.Annotations) || p.Annotations[discovery.AnnotationScrape] == "false" {
 		return nil, nil
 	}
 	var keys []string
@@ -189,10 +236,11 @@ func (t *TokenReviewer) PodExists(namespace, name, uid string, k store.Key) bool
 }
 
 // replicaOf is whether the cached pod p is a replica of workload k: not
-// being deleted, not finished, in k's namespace and claiming k.
+// being deleted, not finished, not left out of scraping, in k's namespace
+// and claiming k.
 func replicaOf(p *corev1.Pod, k store.Key) bool {
 	if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded ||
-		k.Namespace != p.Namespace || discovery.IsDemandSource(p.Annotations) {
+		k.Namespace != p.Namespace || discovery.IsDemandSource(p.Annotations) || p.Annotations[discovery.AnnotationScrape] == "false" {
 		return false
 	}
 	for _, w := range discovery.Claims(p)[string(p.UID)] {
@@ -204,10 +252,12 @@ func replicaOf(p *corev1.Pod, k store.Key) bool {
 }
 
 // Replicas is the API's replicas of workload k as the pod cache last saw
-// them (each one PodExists says true of) on the nodes on says true of,
-// with their nodes, the oldest first; none before the cache has synced
-// (the store adopts them as unseen where no agent reports their node: what
-// the cache does not know yet is left out, not guessed).
+// them (each one PodExists says true of) on the nodes on says true of that
+// run an agent's pod (agentOn: a node with no agent at all is not one
+// whose agent is lost), with their nodes, the oldest first; none before
+// the cache has synced (the store adopts them as unseen where no agent
+// reports their node: what the cache does not know yet is left out, not
+// guessed).
 func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) []store.APIPod {
 	if !t.podInformer.HasSynced() {
 		return nil
@@ -219,7 +269,7 @@ func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) []store
 	var out []store.APIPod
 	for _, obj := range objs {
 		p, ok := obj.(*corev1.Pod)
-		if !ok || !on(p.Spec.NodeName) || !replicaOf(p, k) {
+		if !ok || !on(p.Spec.NodeName) || !replicaOf(p, k) || !t.agentOn(p.Spec.NodeName) {
 			continue
 		}
 		r := store.APIPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName, Ready: podReady(p)}

@@ -960,8 +960,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestReplicasReadsThePodCache: the API's replicas of a workload with
 // their nodes, readiness and creation, the oldest first (the store adopts
-// those on a node no agent streams from as unseen): not a router claiming
-// the workload for its demand, a finished pod, nor a pod of another
+// those on a node no agent streams from as unseen), on nodes that run an
+// agent's pod (a node with no agent has none to lose: its replicas would
+// hold the plan for ever): not a router claiming the workload for its
+// demand, a finished pod, a pod left out of scraping, nor a pod of another
 // namespace; none before the cache has synced.
 func TestReplicasReadsThePodCache(t *testing.T) {
 	c := fakeAPI()
@@ -988,17 +990,26 @@ func TestReplicasReadsThePodCache(t *testing.T) {
 	add("ns", "router", nil, map[string]string{discovery.AnnotationDemandSource: "epp", discovery.AnnotationDemandWorkloads: "llama"}, corev1.PodStatus{})
 	add("ns", "failed", llamaLabel, nil, corev1.PodStatus{Phase: corev1.PodFailed})
 	add("other", "elsewhere", llamaLabel, nil, corev1.PodStatus{})
+	add("ns", "opted-out", llamaLabel, map[string]string{discovery.AnnotationScrape: "false"}, corev1.PodStatus{}) // no agent lists it
+	// The agents' pods on node-1 and node-3; node-2 runs none (no agent
+	// to lose), and a pod of another service account there is no agent.
+	for node, sa := range map[string]string{"node-1": "pulse-agent", "node-3": "pulse-agent", "node-2": "default"} {
+		a := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent-" + node, Namespace: "pulse-system", UID: types.UID("uid-agent-" + node)},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa}}
+		if _, err := c.CoreV1().Pods("pulse-system").Create(context.Background(), a, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tr := runningReviewer(t, c)
 	want := []store.APIPod{
 		{Namespace: "ns", Name: "mine", UID: "uid-mine", Node: "node-1"},
-		{Namespace: "ns", Name: "theirs", UID: "uid-theirs", Node: "node-2"},
 		{Namespace: "ns", Name: "ready", UID: "uid-ready", Node: "node-3", Ready: true, CreatedMs: 1000_000},
 	}
 	if got := tr.Replicas(llama, all); !slices.Equal(got, want) {
 		t.Fatalf("Replicas = %+v\nwant %+v", got, want)
 	}
-	if got := tr.Replicas(llama, func(node string) bool { return node == "node-3" }); !slices.Equal(got, want[2:]) {
-		t.Fatalf("Replicas on node-3 = %+v\nwant %+v", got, want[2:])
+	if got := tr.Replicas(llama, func(node string) bool { return node == "node-3" }); !slices.Equal(got, want[1:]) {
+		t.Fatalf("Replicas on node-3 = %+v\nwant %+v", got, want[1:])
 	}
 	if got := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}, all); len(got) != 0 {
 		t.Fatalf("an InferenceSet of that name: %+v; want none", got)

@@ -560,6 +560,18 @@ func (s *Store) lostReplicas(k Key, now time.Time) (Lost, bool) {
 		}
 		ok = true
 	}
+	if !ok {
+		// None listed, none dropped here, and the API has replicas of k on
+		// nodes whose agents are lost (unseen: an aggregator started while
+		// they were): a workload serving unseen, not one with no load.
+		for _, u := range s.stillThere(k, nil, now) {
+			l.Pods++
+			if l.At.IsZero() || u.at.Before(l.At) {
+				l.At = u.at
+			}
+			ok = true
+		}
+	}
 	return l, ok
 }
 

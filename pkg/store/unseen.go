@@ -120,18 +120,15 @@ func (s *Store) adopt(k Key, r APIPod, now time.Time) {
 	s.remember(k, unseenPod{namespace: r.Namespace, name: r.Name, uid: r.UID, node: r.Node, ready: r.Ready, startNs: startNs, at: now})
 }
 
-// readyAsAPI marks k's unseen replica r.UID ready once the API has it
-// Ready (a replica starting when it was last seen has finished). Not the
-// other way: a replica the API has as not ready, on a node it cannot
-// reach, is held ready until the API no longer has it (evicted), a
-// replica too many rather than one too few. mu must be held for writing.
+// readyAsAPI sets the readiness of k's unseen replica r.UID to the API's:
+// no agent reports it, and the API's is the one there is (a replica that
+// was starting turns ready; one crash-looping, or on a node the API cannot
+// reach, turns starting: capacity coming, not serving). mu must be held
+// for writing.
 func (s *Store) readyAsAPI(k Key, r APIPod) {
-	if !r.Ready {
-		return
-	}
 	list := s.unseen[k]
 	if i := slices.IndexFunc(list, func(u unseenPod) bool { return u.uid == r.UID }); i >= 0 {
-		list[i].ready = true
+		list[i].ready = r.Ready
 	}
 }
 

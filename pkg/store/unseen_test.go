@@ -200,8 +200,7 @@ func loads(s *Store) string {
 // a node's agent was lost never hears of that node's replicas, and
 // planned the workload from the others' share as if they were gone. The
 // API's replicas (Options.Replicas) on a node no agent streams from are
-// unseen replicas, ready or starting as the API has them (a starting one
-// ready once the API has it so; a ready one held ready); not those of a
+// unseen replicas, ready or starting as the API has them now; not those of a
 // node whose agent streams, nor those its agent lists; forgotten when the
 // node's agent lists it in full without them or the API no longer has
 // them.
@@ -248,10 +247,10 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 		t.Fatalf("c2 ready in the API: %s; want %s", got, want)
 	}
 	c1 := api["c1"]
-	c1.Ready = false // its node unreachable: held ready until the API evicts it
+	c1.Ready = false // crash-looping, or its node unreachable
 	api["c1"] = c1
 	s.Sweep()
-	if got, want := loads(s), "pod-b1 missing, pod-c1 missing unseen, pod-c2 missing unseen"; got != want {
+	if got, want := loads(s), "pod-b1 missing, pod-c1 starting unseen, pod-c2 missing unseen"; got != want {
 		t.Fatalf("c1 not ready in the API: %s; want %s", got, want)
 	}
 	delete(api, "c1")
@@ -267,4 +266,36 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 		t.Fatalf("node quiet's agent listed its node in full: %s (unseen %v); want %s", got, s.unseen, want)
 	}
 	checkUnseenOn(t, s)
+}
+
+// TestAWorkloadServingOnlyUnseenIsLostNotIdle: a workload whose replicas
+// all run on a node whose agent is lost, fronted by a router on another
+// node, was read as its router's demand alone (scale from zero: 1, or 0),
+// the adopted replicas unread; it is lost (an error, the HPA holds), as
+// when its replicas are dropped with their agent.
+func TestAWorkloadServingOnlyUnseenIsLostNotIdle(t *testing.T) {
+	now := time.Unix(1000, 0)
+	api := []APIPod{{Namespace: "ns", Name: "pod-c1", UID: "c1", Node: "quiet", Ready: true},
+		{Namespace: "ns", Name: "pod-c2", UID: "c2", Node: "quiet", Ready: true}}
+	inAPI := true
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
+		Exists: func(_, _, _ string, k Key) bool { return k == ws && inAPI },
+		Replicas: func(k Key, on func(string) bool) []APIPod {
+			if k == ws && on("quiet") {
+				return api
+			}
+			return nil
+		}})
+	mustOpen(t, s, "router-node")
+	s.Upsert(Source{Node: "router-node"}, []PodInfo{{UID: DemandUID("r1", "llama"), Namespace: "ns", Name: "router", Demand: true, Workloads: []Key{ws}}}, true)
+	s.Sweep()
+	snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0)
+	if snap.Found || !snap.LostOK || snap.Lost.Pods != 2 {
+		t.Fatalf("2 replicas serving unseen: found %v, lost %v %+v; want lost, 2", snap.Found, snap.LostOK, snap.Lost)
+	}
+	inAPI, api = false, nil // evicted
+	s.Sweep()
+	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); snap.LostOK {
+		t.Fatalf("none left: lost %+v; want the router's demand alone", snap.Lost)
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -69,7 +70,14 @@ func newLostCluster(t *testing.T) *lostCluster {
 	setLoad(simPod{sim: simA.sim}, 0, 2, 0.2)
 	setLoad(simPod{sim: simB.sim}, 0, 2, 0.2)
 	a, b := kubePod("llama-a", "gpu-node-1", "llama", simA, true), kubePod("llama-b", "gpu-node-2", "llama", simB, true)
-	c := &lostCluster{a: a, agentAPI: fake.NewClientset(a.DeepCopy(), b.DeepCopy()), serverAPI: fake.NewClientset(a.DeepCopy(), b.DeepCopy())}
+	// The agents' own pods (the DaemonSet's), as the API has them: a node
+	// whose agent's pod is there and does not stream has its agent lost.
+	agentPod := func(node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pulse-agent-" + node, Namespace: "pulse-system", UID: types.UID("uid-agent-" + node)},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "pulse-agent"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	c := &lostCluster{a: a, agentAPI: fake.NewClientset(a.DeepCopy(), b.DeepCopy()),
+		serverAPI: fake.NewClientset(a.DeepCopy(), b.DeepCopy(), agentPod("gpu-node-1"), agentPod("gpu-node-2"))}
 	fakenode.TokenReviews(c.serverAPI, "pulse", map[string]fakenode.Token{
 		"token-1": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-1"},
 		"token-2": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-2"}})
