@@ -125,3 +125,22 @@ func TestABandwidthFloorNeedsItsBandwidth(t *testing.T) {
 		t.Fatalf("no floor: %v, %v s", err, p.ReadSeconds(1e6))
 	}
 }
+
+// TestADecodeRunReadsItsGrowingCache: a run of decode-only steps is priced
+// at one dt; each step reads one token a sequence more than the last.
+// Priced at the run's start, a 100,000-token prompt's 30,000 tokens took
+// 4m21s where its steps, each at its own context, take 4m39s.
+func TestADecodeRunReadsItsGrowingCache(t *testing.T) {
+	p := profile(t)
+	r := New(p, &recorder{})
+	q := NewRequest(1, 100_000, 30_000, 0)
+	r.Enqueue(0, q)
+	r.AdvanceTo(time.Hour)
+	var want time.Duration
+	for i := range 29_999 {
+		want += p.stepTime(0, 1, 100_001+i)
+	}
+	if d := q.Finished - q.FirstToken - want; d < -want/1000 || d > want/1000 {
+		t.Fatalf("decoded in %v; its steps each at its own context take %v", q.Finished-q.FirstToken, want)
+	}
+}
