@@ -43,11 +43,12 @@ func TestNoReplicaIsAdoptedDuringTheWarmUp(t *testing.T) {
 	st := store.New(store.Options{})
 	a := &Aggregator{reviewer: tr, store: st, warmup: newWarmup(st, time.Hour, 0, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	k := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
-	if got := a.apiReplicas(k, func(string) bool { return true }); got != nil {
-		t.Fatalf("during the warm-up: %+v; want none", got)
+	all := func(string) bool { return true }
+	if got, ok := a.apiReplicas(k, all); got != nil || ok {
+		t.Fatalf("during the warm-up: %+v, %v; want no answer", got, ok)
 	}
 	a.warmup.done.Store(true)
-	if got := a.apiReplicas(k, func(string) bool { return true }); len(got) != 1 || got[0].Node != "gpu-1" {
-		t.Fatalf("after the warm-up: %+v; want llama-0 on gpu-1", got)
+	if got, ok := a.apiReplicas(k, all); !ok || len(got) != 1 || got[0].Node != "gpu-1" {
+		t.Fatalf("after the warm-up: %+v, %v; want llama-0 on gpu-1", got, ok)
 	}
 }

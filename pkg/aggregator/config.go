@@ -343,9 +343,9 @@ func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
 // agents of a restarted aggregator connect again (each node's replicas
 // would be adopted as unseen, and each agent's first catalogue forget
 // them).
-func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) []store.APIPod {
+func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) ([]store.APIPod, bool) {
 	if a.reviewer == nil || !a.warmup.done.Load() { // set by check, at each housekeeping tick
-		return nil
+		return nil, false
 	}
 	return a.reviewer.Replicas(k, on)
 }

@@ -254,17 +254,17 @@ func replicaOf(p *corev1.Pod, k store.Key) bool {
 // Replicas is the API's replicas of workload k as the pod cache last saw
 // them (each one PodExists says true of) on the nodes on says true of that
 // run an agent's pod (agentOn: a node with no agent at all is not one
-// whose agent is lost), with their nodes, the oldest first; none before
+// whose agent is lost), with their nodes, the oldest first; false before
 // the cache has synced (the store adopts them as unseen where no agent
-// reports their node: what the cache does not know yet is left out, not
-// guessed).
-func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) []store.APIPod {
+// reports their node, and forgets those it no longer gives: what the
+// cache does not know yet is not an answer).
+func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) ([]store.APIPod, bool) {
 	if !t.podInformer.HasSynced() {
-		return nil
+		return nil, false
 	}
 	objs, err := t.podInformer.GetIndexer().ByIndex(byWorkload, workloadKey(k))
-	if err != nil || len(objs) == 0 {
-		return nil
+	if err != nil {
+		return nil, false
 	}
 	var out []store.APIPod
 	for _, obj := range objs {
@@ -284,7 +284,7 @@ func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) []store
 		}
 		return strings.Compare(a.UID, b.UID)
 	})
-	return out
+	return out, true
 }
 
 // podReady is whether the cached pod's Ready condition is true.

@@ -973,8 +973,8 @@ func TestReplicasReadsThePodCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := func(string) bool { return true }
-	if got := unsynced.Replicas(llama, all); got != nil {
-		t.Fatalf("before the cache synced: %v; want none", got)
+	if got, ok := unsynced.Replicas(llama, all); got != nil || ok {
+		t.Fatalf("before the cache synced: %v, %v; want no answer", got, ok)
 	}
 	created := metav1.NewTime(time.Unix(1000, 0))
 	add := func(ns, name string, labels, annotations map[string]string, status corev1.PodStatus) {
@@ -1005,13 +1005,48 @@ func TestReplicasReadsThePodCache(t *testing.T) {
 		{Namespace: "ns", Name: "mine", UID: "uid-mine", Node: "node-1"},
 		{Namespace: "ns", Name: "ready", UID: "uid-ready", Node: "node-3", Ready: true, CreatedMs: 1000_000},
 	}
-	if got := tr.Replicas(llama, all); !slices.Equal(got, want) {
+	if got, _ := tr.Replicas(llama, all); !slices.Equal(got, want) {
 		t.Fatalf("Replicas = %+v\nwant %+v", got, want)
 	}
-	if got := tr.Replicas(llama, func(node string) bool { return node == "node-3" }); !slices.Equal(got, want[1:]) {
+	if got, _ := tr.Replicas(llama, func(node string) bool { return node == "node-3" }); !slices.Equal(got, want[1:]) {
 		t.Fatalf("Replicas on node-3 = %+v\nwant %+v", got, want[1:])
 	}
-	if got := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}, all); len(got) != 0 {
+	if got, ok := tr.Replicas(store.Key{Namespace: "ns", Kind: store.KindInferenceSet, Name: "llama"}, all); len(got) != 0 || !ok {
 		t.Fatalf("an InferenceSet of that name: %+v; want none", got)
+	}
+}
+
+// TestANodeWhoseAgentsPodIsGoneHoldsNoReplica: the store, with the pod
+// cache as its API, holds a replica on a node whose agent's pod is there
+// and streams nothing; once that pod is gone (the DaemonSet no longer runs
+// there: no agent to lose), the replica is no longer held, though the API
+// still has it.
+func TestANodeWhoseAgentsPodIsGoneHoldsNoReplica(t *testing.T) {
+	ws := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
+	replica := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-0", Namespace: "ns", UID: "uid-0",
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "gpu-1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	agent := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pulse-agent-x", Namespace: "pulse-system", UID: "uid-agent"},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", ServiceAccountName: "pulse-agent"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	c := fake.NewClientset(replica, agent)
+	tr := runningReviewer(t, c)
+	s := store.New(store.Options{Expiry: time.Minute, Exists: tr.PodExists, Replicas: tr.Replicas})
+	st, err := s.OpenSource("router-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Upsert(store.Source{Node: "router-node", Stream: st}, []store.PodInfo{{UID: store.DemandUID("r1", "llama"), Namespace: "ns",
+		Name: "router", Demand: true, Workloads: []store.Key{ws}}}, true)
+	s.Sweep()
+	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); !snap.LostOK || snap.Lost.Pods != 1 {
+		t.Fatalf("llama-0 on gpu-1, whose agent is lost: %+v; want it held (lost, 1)", snap)
+	}
+	if err := c.CoreV1().Pods("pulse-system").Delete(context.Background(), "pulse-agent-x", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the agent's pod gone from the cache", func() bool { return !tr.agentOn("gpu-1") })
+	s.Sweep()
+	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); snap.LostOK {
+		t.Fatalf("gpu-1 runs no agent's pod, yet llama-0 is held: %+v", snap.Lost)
 	}
 }

@@ -150,8 +150,10 @@ type Options struct {
 	// from (none has since the store started, or its streams expired) are
 	// unseen replicas too, as if dropped with a lost agent: an aggregator
 	// started while a node's agent was lost never hears of that node's
-	// replicas, which serve on. Nil (or Exists nil): none.
-	Replicas func(k Key, on func(node string) bool) []APIPod
+	// replicas, which serve on; and those unseen on such a node that it no
+	// longer gives are forgotten. ok false: it cannot say now (the pod
+	// cache not synced, the warm-up). Nil (or Exists nil): none.
+	Replicas func(k Key, on func(node string) bool) (pods []APIPod, ok bool)
 	// Now is the clock (time.Now when nil); tests set it.
 	Now func() time.Time
 }

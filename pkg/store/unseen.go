@@ -63,16 +63,24 @@ func (s *Store) forgot(u unseenPod) {
 // streams expired) and no agent lists them: an aggregator started while a
 // node's agent was lost would otherwise never count that node's replicas,
 // which serve on. Their agent back, it lists them (seenAgain) or lists its
-// node in full without them (forgetUnseenOn). Sweep calls it: the API is
-// asked with mu not held, so that readers wait on one map pass only.
+// node in full without them (forgetUnseenOn). And it forgets the unseen
+// replicas on such nodes that the API no longer gives (its answer is
+// Options.Replicas' whole rule: on a node whose agent's pod has gone, say,
+// there is no agent to lose). Sweep calls it: the API is asked with mu not
+// held, so that readers wait on one map pass only.
 func (s *Store) adoptUnheard(now time.Time) {
 	if s.opts.Replicas == nil || s.opts.Exists == nil {
 		return
 	}
 	s.mu.RLock()
-	keys := make([]Key, 0, len(s.workloads))
+	keys := make([]Key, 0, len(s.workloads)+len(s.unseen))
 	for k := range s.workloads {
 		keys = append(keys, k)
+	}
+	for k := range s.unseen {
+		if _, listed := s.workloads[k]; !listed {
+			keys = append(keys, k)
+		}
 	}
 	s.mu.RUnlock()
 	unheard := func(node string) bool {
@@ -81,21 +89,46 @@ func (s *Store) adoptUnheard(now time.Time) {
 		_, heard := s.sources[node]
 		return !heard
 	}
-	found := make(map[Key][]APIPod)
+	answers := make(map[Key][]APIPod, len(keys))
 	for _, k := range keys {
-		if rs := s.opts.Replicas(k, unheard); len(rs) > 0 {
-			found[k] = rs
+		if rs, ok := s.opts.Replicas(k, unheard); ok {
+			answers[k] = rs
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, rs := range found {
+	for k, rs := range answers {
+		s.reconcile(k, rs)
 		if _, listed := s.workloads[k]; !listed {
-			continue // gone meanwhile
+			continue // none listed (or gone meanwhile): nothing to adopt for
 		}
 		for _, r := range rs {
 			s.adopt(k, r, now)
 		}
+	}
+}
+
+// reconcile forgets k's unseen replicas on nodes no agent streams from that
+// the API's answer rs does not hold; mu must be held for writing.
+func (s *Store) reconcile(k Key, rs []APIPod) {
+	list := s.unseen[k]
+	if len(list) == 0 {
+		return
+	}
+	kept := list[:0]
+	for _, u := range list {
+		_, heard := s.sources[u.node]
+		if heard || slices.ContainsFunc(rs, func(r APIPod) bool { return r.UID == u.uid }) {
+			kept = append(kept, u)
+			continue
+		}
+		s.unindex(u.uid, k)
+		s.forgot(u)
+	}
+	if len(kept) == 0 {
+		delete(s.unseen, k)
+	} else {
+		s.unseen[k] = kept
 	}
 }
 

@@ -217,14 +217,14 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 		return ok && k == ws && p.Namespace == ns && p.Name == name
 	}
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }, Exists: exists,
-		Replicas: func(k Key, on func(string) bool) []APIPod {
+		Replicas: func(k Key, on func(string) bool) ([]APIPod, bool) {
 			var out []APIPod
 			for _, uid := range []string{"b1", "b2", "c1", "c2"} {
 				if p, ok := api[uid]; ok && k == ws && on(p.Node) {
 					out = append(out, p)
 				}
 			}
-			return out
+			return out, true
 		}})
 	s.Sweep()
 	if len(s.unseen) != 0 {
@@ -280,11 +280,11 @@ func TestAWorkloadServingOnlyUnseenIsLostNotIdle(t *testing.T) {
 	inAPI := true
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
 		Exists: func(_, _, _ string, k Key) bool { return k == ws && inAPI },
-		Replicas: func(k Key, on func(string) bool) []APIPod {
+		Replicas: func(k Key, on func(string) bool) ([]APIPod, bool) {
 			if k == ws && on("quiet") {
-				return api
+				return api, true
 			}
-			return nil
+			return nil, true
 		}})
 	mustOpen(t, s, "router-node")
 	s.Upsert(Source{Node: "router-node"}, []PodInfo{{UID: DemandUID("r1", "llama"), Namespace: "ns", Name: "router", Demand: true, Workloads: []Key{ws}}}, true)
