@@ -304,15 +304,25 @@ func (r *Replica) plan(now time.Duration) {
 	}
 	// Decode only: identical steps until the first sequence finishes, the
 	// KV cache is full, or a request arrives. Each step reads nDec tokens
-	// more of KV cache than the one before: the run's steps are all priced
-	// at its middle one's, whose sum is theirs wherever the bandwidth floor
-	// binds (at the start's, a 30,000-token decode was 6 % short).
+	// more of KV cache than the one before, and all are priced at the
+	// first's: where the bandwidth floor binds, a run is cut where the
+	// cache has grown by 1/maxRunGrowth (unbounded, a 30,000-token decode
+	// was 6 % short; priced at the run's middle step instead, a run that
+	// an arrival cuts short was overpriced).
 	first := r.decoding[0].at - r.decodeN
 	free := r.p.KVCacheTokens - r.usage
 	fits := uint64(free / nDec)
 	r.runSteps = max(1, min(first, fits))
-	r.dt = r.p.stepTime(0, nDec, r.usage+nDec*int(r.runSteps-1)/2)
+	r.dt = r.p.stepTime(0, nDec, r.usage)
+	if r.p.ReadSeconds(float64(r.usage+nDec*int(r.runSteps))) > r.p.Beta0Seconds+r.p.Beta2Seconds*float64(nDec) {
+		r.runSteps = max(1, min(r.runSteps, uint64(r.usage/(maxRunGrowth*nDec))))
+	}
 }
+
+// maxRunGrowth: a decode-only run under the bandwidth floor lasts while
+// the KV cache grows by at most 1/maxRunGrowth of itself (its steps, priced
+// at the first's, are at most that short).
+const maxRunGrowth = 256
 
 func (r *Replica) pushRunning(q *Request) {
 	q.prev, q.next = r.tail, nil
