@@ -154,13 +154,17 @@ func (t *TokenReviewer) keep(p *corev1.Pod) *corev1.Pod {
 	if slices.Contains(t.allowed, "system:serviceaccount:"+p.Namespace+":"+p.Spec.ServiceAccountName) {
 		spec.ServiceAccountName = p.Spec.ServiceAccountName
 	}
-	st := corev1.PodStatus{Phase: p.Status.Phase}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			st.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+	kept := &corev1.Pod{ObjectMeta: m, Spec: spec, Status: corev1.PodStatus{Phase: p.Status.Phase}}
+	// The Ready condition only of a pod that claims a workload (Replicas
+	// reads no other's): a cache of every pod of the cluster.
+	if ws, _ := workloadIndex(kept); len(ws) > 0 {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				kept.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+			}
 		}
 	}
-	return &corev1.Pod{ObjectMeta: m, Spec: spec, Status: st}
+	return kept
 }
 
 // byWorkload indexes the pod cache by the workloads a model server's pod

@@ -98,7 +98,7 @@ func (s *Store) adoptUnheard(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, rs := range answers {
-		s.reconcile(k, rs)
+		s.reconcile(k, rs, now)
 		if _, listed := s.workloads[k]; !listed {
 			continue // none listed (or gone meanwhile): nothing to adopt for
 		}
@@ -109,8 +109,10 @@ func (s *Store) adoptUnheard(now time.Time) {
 }
 
 // reconcile forgets k's unseen replicas on nodes no agent streams from that
-// the API's answer rs does not hold; mu must be held for writing.
-func (s *Store) reconcile(k Key, rs []APIPod) {
+// the API's answer rs, asked at asked, does not hold (one remembered since,
+// its agent's streams expired meanwhile, was not asked about); mu must be
+// held for writing.
+func (s *Store) reconcile(k Key, rs []APIPod, asked time.Time) {
 	list := s.unseen[k]
 	if len(list) == 0 {
 		return
@@ -118,7 +120,7 @@ func (s *Store) reconcile(k Key, rs []APIPod) {
 	kept := list[:0]
 	for _, u := range list {
 		_, heard := s.sources[u.node]
-		if heard || slices.ContainsFunc(rs, func(r APIPod) bool { return r.UID == u.uid }) {
+		if heard || !u.at.Before(asked) || slices.ContainsFunc(rs, func(r APIPod) bool { return r.UID == u.uid }) {
 			kept = append(kept, u)
 			continue
 		}

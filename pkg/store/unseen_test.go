@@ -299,3 +299,33 @@ func TestAWorkloadServingOnlyUnseenIsLostNotIdle(t *testing.T) {
 		t.Fatalf("none left: lost %+v; want the router's demand alone", snap.Lost)
 	}
 }
+
+// TestAReplicaDroppedWhileTheAPIIsAskedIsKept: the API is asked with the
+// store's lock not held; a replica dropped with its agent meanwhile (an
+// Upsert's own sweep) was not asked about, and the answer does not make it
+// forgotten.
+func TestAReplicaDroppedWhileTheAPIIsAskedIsKept(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var s *Store
+	asked := false
+	s = New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
+		Exists: func(_, _, _ string, k Key) bool { return k == ws },
+		Replicas: func(Key, func(string) bool) ([]APIPod, bool) {
+			if !asked {
+				asked = true
+				now = now.Add(2 * time.Minute) // node lost's streams expire: the Upsert's sweep drops a1
+				s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+			}
+			return nil, true
+		}})
+	mustOpen(t, s, "lost")
+	mustOpen(t, s, "kept")
+	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", true)}, true)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{unseenInfo("b1", true)}, true)
+	s.CloseSource("lost", 1)
+	s.Sweep()
+	if got, want := loads(s), "pod-b1 missing, pod-a1 missing unseen"; !asked || got != want {
+		t.Fatalf("a1 dropped while the API was asked: %s; want %s", got, want)
+	}
+	checkUnseenOn(t, s)
+}
