@@ -633,6 +633,11 @@ func (e *env) otherNodeTokenRefused() {
 	if _, err := open(e.agentToken(otherNode)).Recv(); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a gpu-node-2 token speaking for gpu-node-1: %v, want PermissionDenied", err)
 	}
+	// The pod that token is bound to stands for an agent on gpu-node-2,
+	// which runs none: it goes, or gpu-node-2 would be a node whose agent
+	// is lost, and its pod elsewhere-0 a replica the aggregator holds
+	// unseen (docs/planner.md, rule 8).
+	must(t, e.kube.CoreV1().Pods(ns).Delete(e.ctx, "pulse-agent-"+otherNode, metav1.DeleteOptions{}))
 
 	before := e.rejected("other_node")
 	stream := open(e.agentTokenPath())
