@@ -411,6 +411,12 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 	return t, nil
 }
 
+// Ready is whether pod's Ready condition is true.
+func Ready(pod *corev1.Pod) bool {
+	_, ok := readySince(pod)
+	return ok
+}
+
 // readySince is whether pod's Ready condition is true, and since when
 // (its lastTransitionTime).
 func readySince(pod *corev1.Pod) (time.Time, bool) {

@@ -276,7 +276,7 @@ func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) ([]stor
 		if !ok || !on(p.Spec.NodeName) || !replicaOf(p, k) || !t.agentOn(p.Spec.NodeName) {
 			continue
 		}
-		r := store.APIPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName, Ready: podReady(p)}
+		r := store.APIPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName, Ready: discovery.Ready(p)}
 		if !p.CreationTimestamp.IsZero() {
 			r.CreatedMs = p.CreationTimestamp.UnixMilli()
 		}
@@ -289,16 +289,6 @@ func (t *TokenReviewer) Replicas(k store.Key, on func(node string) bool) ([]stor
 		return strings.Compare(a.UID, b.UID)
 	})
 	return out, true
-}
-
-// podReady is whether the cached pod's Ready condition is true.
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // Ready returns nil once the pod cache has synced.
