@@ -200,14 +200,15 @@ func planArgs(name, args string, util *float64, durations ...string) (map[string
 // the step's fixed cost is its sequences' (beta0/beta2), at most
 // max_num_seqs and what the KV cache holds of its context, and the step
 // lasts at least the time to read the weights and those contexts (the
-// profile's bandwidth floor).
+// profile's bandwidth floor). Its prefill attends to its prompt as it goes
+// (PrefillUnits).
 func Work(p *replica.Profile, prompt, output int) (compute, kv float64) {
 	ctx := float64(prompt) + float64(output)/2
 	batch := math.Min(p.Beta0Seconds/math.Max(p.Beta2Seconds, 1e-12), float64(p.MaxNumSeqs))
 	batch = math.Max(math.Min(batch, float64(p.KVCacheTokens)/math.Max(ctx, 1)), 1)
 	step := math.Max(p.Beta0Seconds+p.Beta2Seconds*batch, p.ReadSeconds(batch*ctx))
 	perToken := step / batch
-	prefill := p.Beta1Seconds * float64(prompt)
+	prefill := p.Beta1Seconds * p.PrefillUnits(prompt, 0)
 	decode := perToken * float64(output)
 	compute = prefill + decode
 	kv = ctx * (prefill + step*float64(output))

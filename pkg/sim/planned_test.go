@@ -406,3 +406,21 @@ func TestThePlannerIsEvaluatedEachSecond(t *testing.T) {
 		t.Fatalf("%d observations over 10 busy minutes of one replica, want about one every 5 s (90 or more)", d.Plan.Observations)
 	}
 }
+
+// TestTheClairvoyantPricesAPromptAsTheReplicaDoes: its work per request
+// is the replica's prefill, attention to the context included (a
+// 15,000-token prompt on the 8B profile 28 % dearer than the linear model
+// alone), so its frontier is not drawn for replicas faster than the
+// simulated ones.
+func TestTheClairvoyantPricesAPromptAsTheReplicaDoes(t *testing.T) {
+	p := profile(t)
+	long, _ := Work(p, 15000, 1)
+	// Its prefill, and one token's share of a decode step (at most a step
+	// of its own).
+	prefill := p.Beta1Seconds * p.PrefillUnits(15000, 0)
+	step := max(p.Beta0Seconds+p.Beta2Seconds, p.ReadSeconds(15000))
+	if prefill < 1.27*p.Beta1Seconds*15000 || long < prefill || long > prefill+step {
+		t.Fatalf("a 15,000-token prompt and one token: %.4f s of work; its prefill %.4f s (the linear model's %.4f s), a step %.4f s",
+			long, prefill, p.Beta1Seconds*15000, step)
+	}
+}

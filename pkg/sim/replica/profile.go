@@ -45,6 +45,14 @@ type Profile struct {
 	WeightBytesPerGPU             float64 `json:"weightBytesPerGPU"`
 	KVBytesPerTokenPerGPU         float64 `json:"kvBytesPerTokenPerGPU"`
 	MemoryBandwidthBytesPerSecond float64 `json:"memoryBandwidthBytesPerSecond"`
+	// PrefillAttentionPerContextToken is what a prefill token costs more,
+	// as a share of Beta1, for every token of context before it: it
+	// attends to each (4 × layers × hidden size FLOPs a token of context,
+	// against the 2 × its matrices' parameters that Beta1 prices), so a
+	// token at position p costs Beta1·(1 + this·p). Beta1 is fitted at
+	// short prompts, where this is a few percent; a 15,000-token prompt's
+	// attention is a quarter of its prefill on an 8B model. 0: none.
+	PrefillAttentionPerContextToken float64 `json:"prefillAttentionPerContextToken"`
 	// Startup is the mean time from a replica's creation to Ready
 	// (scheduling, image pull, model load); each replica's is drawn from a
 	// normal distribution with StartupStddev, cut at ±3 standard deviations.
@@ -78,13 +86,21 @@ func (p *Profile) StartupTime(normal float64) time.Duration {
 	return p.Startup.Duration + time.Duration(z*float64(p.StartupStddev.Duration))
 }
 
-// stepTime is a step's length: the linear model of its prefill tokens and
-// decoding sequences, and at least the time to read the weights and the
-// kvTokens in use (the bandwidth floor).
-func (p *Profile) stepTime(prefill, decode, kvTokens int) time.Duration {
-	s := p.Beta0Seconds + p.Beta1Seconds*float64(prefill) + p.Beta2Seconds*float64(decode)
+// stepTime is a step's length: the linear model of its prefill (in
+// PrefillUnits) and decoding sequences, and at least the time to read the
+// weights and the kvTokens in use (the bandwidth floor).
+func (p *Profile) stepTime(prefill float64, decode, kvTokens int) time.Duration {
+	s := p.Beta0Seconds + p.Beta1Seconds*prefill + p.Beta2Seconds*float64(decode)
 	s = max(s, p.ReadSeconds(float64(kvTokens)))
 	return time.Duration(math.Round(s * 1e9))
+}
+
+// PrefillUnits is what prefilling tokens after before tokens of context
+// costs, in prefill tokens at no context (Beta1's unit): each token also
+// attends to every token before it, and to itself.
+func (p *Profile) PrefillUnits(tokens, before int) float64 {
+	n, k := float64(tokens), float64(before)
+	return n + p.PrefillAttentionPerContextToken*(n*k+n*(n+1)/2)
 }
 
 // ReadSeconds is the time a step takes to read the weights and kvTokens of
@@ -114,8 +130,8 @@ func (p *Profile) Validate() error {
 	if p.MaxModelLen < 1 || p.KVCacheTokens < p.MaxModelLen {
 		bad("kvCacheTokens (%d) must hold at least one request of maxModelLen (%d)", p.KVCacheTokens, p.MaxModelLen)
 	}
-	if p.Beta0Seconds <= 0 || p.Beta1Seconds < 0 || p.Beta2Seconds < 0 {
-		bad("beta0Seconds must be above 0, beta1 and beta2 not negative")
+	if p.Beta0Seconds <= 0 || p.Beta1Seconds < 0 || p.Beta2Seconds < 0 || !(p.PrefillAttentionPerContextToken >= 0) {
+		bad("beta0Seconds must be above 0, beta1, beta2 and prefillAttentionPerContextToken not negative")
 	}
 	if p.WeightBytesPerGPU < 0 || p.KVBytesPerTokenPerGPU < 0 || p.MemoryBandwidthBytesPerSecond < 0 ||
 		(p.MemoryBandwidthBytesPerSecond == 0) != (p.WeightBytesPerGPU == 0 && p.KVBytesPerTokenPerGPU == 0) {

@@ -8,7 +8,8 @@
 // waiting requests while the budget, max_num_seqs and the KV cache allow.
 // The step lasts beta0 + beta1·(prefill tokens) + beta2·(decoding sequences),
 // the linear step model of the BLIS simulator and llm-d's workload variant
-// autoscaler, and at least the time to read the weights and the KV cache in
+// autoscaler, each prefill token dearer by its attention to the context
+// before it (the profile's prefillAttentionPerContextToken), and at least the time to read the weights and the KV cache in
 // use at the GPU's memory bandwidth (the profile's floor, which binds at
 // long contexts). When the KV cache cannot hold the next decode tokens, the
 // most recently admitted sequence is preempted (recompute): it goes back to
@@ -261,7 +262,7 @@ func (r *Replica) plan(now time.Duration) {
 	nDec := r.decoding.Len()
 	budget := r.p.MaxNumBatchedTokens - nDec
 	var chunks []chunk
-	prefill := 0
+	prefill := 0.0 // in PrefillUnits
 	for _, q := range r.prefilling {
 		if budget <= 0 {
 			break
@@ -269,7 +270,7 @@ func (r *Replica) plan(now time.Duration) {
 		n := min(q.prefillTarget-q.prefilled, budget)
 		chunks = append(chunks, chunk{q, n})
 		budget -= n
-		prefill += n
+		prefill += r.p.PrefillUnits(n, q.prefilled)
 	}
 	for !preempted && budget > 0 && r.Waiting() > 0 && r.nRunning < r.p.MaxNumSeqs {
 		q := r.nextWaiting()
@@ -287,7 +288,7 @@ func (r *Replica) plan(now time.Duration) {
 		n := min(q.prefillTarget, budget)
 		chunks = append(chunks, chunk{q, n})
 		budget -= n
-		prefill += n
+		prefill += r.p.PrefillUnits(n, 0)
 	}
 	r.active, r.runStart = true, now
 	if len(chunks) > 0 {

@@ -200,7 +200,8 @@ func TestPreemptionWhenTheKVCacheRunsOut(t *testing.T) {
 }
 
 // TestStepTimeIsTheLinearModel: one request alone: its TTFT is one prefill
-// step, its inter-token latency the one-sequence decode step.
+// step (its 1,000 tokens, each with its attention to those before it), its
+// inter-token latency the one-sequence decode step.
 func TestStepTimeIsTheLinearModel(t *testing.T) {
 	p := profile(t)
 	rec := &recorder{}
@@ -208,7 +209,7 @@ func TestStepTimeIsTheLinearModel(t *testing.T) {
 	r.Enqueue(0, NewRequest(1, 1000, 11, 0))
 	r.AdvanceTo(time.Minute)
 	q := rec.done[0]
-	prefill := p.stepTime(1000, 0, 0)
+	prefill := p.stepTime(p.PrefillUnits(1000, 0), 0, 0)
 	decode := p.stepTime(0, 1, 0)
 	if q.FirstToken != prefill || q.Finished != prefill+10*decode {
 		t.Fatalf("first token %v finished %v; want %v and %v", q.FirstToken, q.Finished, prefill, prefill+10*decode)

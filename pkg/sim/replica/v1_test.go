@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -152,5 +153,38 @@ func TestADecodeRunReadsItsGrowingCache(t *testing.T) {
 		if d := q.Finished - q.FirstToken - want; d < -want/200 || d > want/200 {
 			t.Fatalf("arrivals %v: decoded in %v; its steps each at its own context take %v", arrivals, q.Finished-q.FirstToken, want)
 		}
+	}
+}
+
+// TestALongPromptPaysForItsAttention: the linear step model prices every
+// prefill token alike, as at the short prompts it was fitted on; a token
+// also attends to every token before it, which on the 8B profile made a
+// 15,000-token prompt's prefill 28 % longer than beta1 alone (its
+// matrices' FLOPs 2 × 6.98 B a token, its attention's 4 × 32 × 4,096 a
+// token of context). Chunked or whole, a prompt's prefill costs the same.
+func TestALongPromptPaysForItsAttention(t *testing.T) {
+	p := profile(t)
+	if whole, chunked := p.PrefillUnits(20000, 0), p.PrefillUnits(8192, 0)+p.PrefillUnits(8192, 8192)+p.PrefillUnits(3616, 16384); math.Abs(whole-chunked) > 1e-6 {
+		t.Fatalf("20,000 tokens whole: %v units, in three chunks: %v", whole, chunked)
+	}
+	if extra := p.PrefillUnits(15000, 0)/15000 - 1; extra < 0.27 || extra > 0.29 {
+		t.Fatalf("a 15,000-token prompt costs %.1f %% more than beta1 alone, want 28 %%", extra*100)
+	}
+	if extra := p.PrefillUnits(1000, 0)/1000 - 1; extra > 0.02 {
+		t.Fatalf("a 1,000-token prompt costs %.1f %% more than beta1 alone: the fit's own lengths must stay near it", extra*100)
+	}
+	// A 20,000-token prompt alone is prefilled in three chunks of
+	// max_num_batched_tokens; its first token comes after the three steps,
+	// which cost its whole prefill's units.
+	rec := &recorder{}
+	r := New(p, rec)
+	r.Enqueue(0, NewRequest(1, 20000, 1, 0))
+	r.AdvanceTo(time.Minute)
+	want := 3*p.Beta0Seconds + p.Beta1Seconds*p.PrefillUnits(20000, 0)
+	if len(rec.first) != 1 || math.Abs(rec.first[0].FirstToken.Seconds()-want) > 3e-9 {
+		t.Fatalf("first token of a 20,000-token prompt at %v, want %.6f s", rec.first, want)
+	}
+	if linear := 3*p.Beta0Seconds + p.Beta1Seconds*20000; want < 1.3*linear {
+		t.Fatalf("with attention %.3f s, linear %.3f s: want about a third more", want, linear)
 	}
 }
