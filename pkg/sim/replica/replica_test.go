@@ -2,7 +2,10 @@ package replica
 
 import (
 	"math"
+	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -361,5 +364,40 @@ func TestCountersUnderPreemption(t *testing.T) {
 	}
 	if math.Abs(c.ITLSum-gaps) > 1e-6*gaps+1e-3 {
 		t.Errorf("ITL sum %.1fs over %.0f preemptions; the requests' first-to-last token times add up to %.1fs", c.ITLSum, c.Preemptions, gaps)
+	}
+}
+
+// TestTheStartupVariantsDifferOnlyInTheirStartup: the held-out suites'
+// profiles (docs/simulation/profiles) are the shipped ones with only the
+// startup changed. They were written by hand before the bandwidth floor,
+// and kept the replica of before it until 2026-11-30: every other number
+// is now held to the shipped profile's.
+func TestTheStartupVariantsDifferOnlyInTheirStartup(t *testing.T) {
+	files, err := filepath.Glob("../../../docs/simulation/profiles/*.yaml")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("variants: %v, %v", files, err)
+	}
+	rest := func(p *Profile) Profile {
+		q := *p
+		q.Name, q.Description, q.Startup, q.StartupStddev = "", "", Duration{}, Duration{}
+		q.Sources = slices.DeleteFunc(slices.Clone(q.Sources), func(s string) bool { return strings.HasPrefix(s, "Startup:") })
+		return q
+	}
+	for _, f := range files {
+		v, err := Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, _, _ := strings.Cut(filepath.Base(f), "-start-")
+		b, err := Load(base)
+		if err != nil {
+			t.Fatalf("%s: its shipped profile: %v", f, err)
+		}
+		if got, want := rest(v), rest(b); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s differs from %s in more than its startup:\n%+v\n%+v", f, base, got, want)
+		}
+		if v.Startup == b.Startup {
+			t.Errorf("%s: the startup is the shipped one's", f)
+		}
 	}
 }
