@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
 )
 
@@ -408,12 +409,16 @@ func TestThePlannerIsEvaluatedEachSecond(t *testing.T) {
 }
 
 // TestTheClairvoyantPricesAPromptAsTheReplicaDoes: its work per request
-// is the replica's prefill, attention to the context included (a
-// 15,000-token prompt on the 8B profile 28 % dearer than the linear model
+// is the replica's prefill, attention to the context included where the
+// profile prices it (a 15,000-token prompt on the 8B profile with its
+// attention priced 28 % dearer than the linear model
 // alone), so its frontier is not drawn for replicas faster than the
 // simulated ones.
 func TestTheClairvoyantPricesAPromptAsTheReplicaDoes(t *testing.T) {
-	p := profile(t)
+	p, err := replica.Load("../../docs/simulation/profiles/llama-3.1-8b-h100-attention.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	long, _ := Work(p, 15000, 1)
 	// Its prefill, and one token's share of a decode step (at most a step
 	// of its own).

@@ -46,10 +46,10 @@ type Profile struct {
 	KVBytesPerTokenPerGPU         float64 `json:"kvBytesPerTokenPerGPU"`
 	MemoryBandwidthBytesPerSecond float64 `json:"memoryBandwidthBytesPerSecond"`
 	// PrefillAttentionPerContextToken is what a prefill token costs more,
-	// as a share of Beta1, for every token of context before it: it
-	// attends to each (4 × layers × hidden size FLOPs a token of context,
-	// against the 2 × its matrices' parameters that Beta1 prices), so a
-	// token at position p costs Beta1·(1 + this·p). Beta1 is fitted at
+	// as a share of Beta1, for every token it attends to, those before it
+	// and itself (4 × layers × hidden size FLOPs each, against the 2 × its
+	// matrices' parameters that Beta1 prices), so the p-th token of a
+	// prompt (the first is 1) costs Beta1·(1 + this·p). Beta1 is fitted at
 	// short prompts, where this is a few percent; a 15,000-token prompt's
 	// attention is a quarter of its prefill on an 8B model. 0: none.
 	PrefillAttentionPerContextToken float64 `json:"prefillAttentionPerContextToken"`

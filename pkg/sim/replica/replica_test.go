@@ -19,9 +19,12 @@ type recorder struct {
 func (r *recorder) FirstToken(q *Request) { r.first = append(r.first, q) }
 func (r *recorder) Finished(q *Request)   { r.done = append(r.done, q) }
 
-func profile(t *testing.T) *Profile {
+func profile(t *testing.T) *Profile { return load(t, "llama-3.1-8b-h100") }
+
+// load is a profile by name or path.
+func load(t *testing.T, nameOrPath string) *Profile {
 	t.Helper()
-	p, err := Load("llama-3.1-8b-h100")
+	p, err := Load(nameOrPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +376,7 @@ func TestCountersUnderPreemption(t *testing.T) {
 // and kept the replica of before it until 2026-11-30: every other number
 // is now held to the shipped profile's.
 func TestTheStartupVariantsDifferOnlyInTheirStartup(t *testing.T) {
-	files, err := filepath.Glob("../../../docs/simulation/profiles/*.yaml")
+	files, err := filepath.Glob("../../../docs/simulation/profiles/*-start-*.yaml")
 	if err != nil || len(files) < 4 {
 		t.Fatalf("variants: %v, %v", files, err)
 	}
@@ -400,4 +403,31 @@ func TestTheStartupVariantsDifferOnlyInTheirStartup(t *testing.T) {
 			t.Errorf("%s: the startup is the shipped one's", f)
 		}
 	}
+}
+
+// TestTheAttentionVariantsDifferOnlyInTheirAttention: the profiles with
+// prefill attention priced (docs/simulation/profiles/*-attention.yaml,
+// measured and not shipped) are the shipped ones with only that added.
+func TestTheAttentionVariantsDifferOnlyInTheirAttention(t *testing.T) {
+	for _, base := range Shipped() {
+		v, err := Load("../../../docs/simulation/profiles/" + base + "-attention.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := Load(base)
+		if b.PrefillAttentionPerContextToken != 0 || v.PrefillAttentionPerContextToken <= 0 {
+			t.Fatalf("%s: attention %v, its variant's %v", base, b.PrefillAttentionPerContextToken, v.PrefillAttentionPerContextToken)
+		}
+		q := *v
+		q.Name, q.Description, q.PrefillAttentionPerContextToken = b.Name, b.Description, 0
+		q.Sources = slices.DeleteFunc(slices.Clone(q.Sources), func(s string) bool { return strings.HasPrefix(s, "Prefill attention:") })
+		if !reflect.DeepEqual(&q, b) {
+			t.Errorf("%s-attention differs from %s in more than its attention:\n%+v\n%+v", base, base, q, *b)
+		}
+	}
+}
+
+// attention is the 8B profile with prefill attention priced.
+func attention(t *testing.T) *Profile {
+	return load(t, "../../../docs/simulation/profiles/llama-3.1-8b-h100-attention.yaml")
 }
