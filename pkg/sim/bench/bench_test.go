@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -362,5 +363,37 @@ func TestTheBoundAllowsARunsNoise(t *testing.T) {
 		if got := d != nil && *d > BoundTolerance; got != tc.above {
 			t.Errorf("attainment %g: above %v, want %v", tc.slo, got, tc.above)
 		}
+	}
+}
+
+// TestTheAttentionSuiteIsTheShippedOne: docs/simulation/suite-attention.yaml
+// (prefill attention measured and not shipped, docs/simulation.md) is the
+// shipped suite with each profile's -attention variant, every trace at the
+// same rate for it.
+func TestTheAttentionSuiteIsTheShippedOne(t *testing.T) {
+	s, err := Read("../../../docs/simulation/suite.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Read("../../../docs/simulation/suite-attention.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Profiles) != len(s.Profiles) || len(a.Traces) != len(s.Traces) {
+		t.Fatalf("profiles %v against %v, %d traces against %d", a.Profiles, s.Profiles, len(a.Traces), len(s.Traces))
+	}
+	for i, prof := range s.Profiles {
+		if want := "profiles/" + prof + "-attention.yaml"; a.Profiles[i] != want {
+			t.Errorf("profile %d: %s, want %s", i, a.Profiles[i], want)
+		}
+		for j, tc := range s.Traces {
+			if at, st := a.Traces[j], tc; at.Trace != st.Trace || at.scale(a.Profiles[i]) != st.scale(prof) {
+				t.Errorf("%s on %s: %s at ×%g, want %s at ×%g", tc.Name, prof, at.Trace, at.scale(a.Profiles[i]), st.Trace, st.scale(prof))
+			}
+		}
+	}
+	a.Profiles, a.Traces, s.Profiles, s.Traces = nil, nil, nil, nil
+	if !reflect.DeepEqual(a, s) {
+		t.Errorf("the suites differ in more than their profiles:\n%+v\n%+v", *a, *s)
 	}
 }

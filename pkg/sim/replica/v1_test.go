@@ -183,7 +183,7 @@ func TestALongPromptPaysForItsAttention(t *testing.T) {
 	r.AdvanceTo(time.Minute)
 	want := 3*p.Beta0Seconds + p.Beta1Seconds*p.PrefillUnits(20000, 0)
 	if len(rec.first) != 1 || math.Abs(rec.first[0].FirstToken.Seconds()-want) > 3e-9 {
-		t.Fatalf("first token of a 20,000-token prompt at %v, want %.6f s", rec.first, want)
+		t.Fatalf("%d first tokens; of a 20,000-token prompt at %v, want %.6f s", len(rec.first), firstAt(rec), want)
 	}
 	if linear := 3*p.Beta0Seconds + p.Beta1Seconds*20000; want < 1.3*linear {
 		t.Fatalf("with attention %.3f s, linear %.3f s: want about a third more", want, linear)
@@ -198,4 +198,12 @@ func TestTheShippedProfilesPricePrefillAlike(t *testing.T) {
 	if u := p.PrefillUnits(15000, 5000); u != 15000 {
 		t.Fatalf("15,000 tokens after 5,000: %v units, want 15,000", u)
 	}
+}
+
+// firstAt is the first request's first token time (-1 with none).
+func firstAt(rec *recorder) time.Duration {
+	if len(rec.first) == 0 {
+		return -1
+	}
+	return rec.first[0].FirstToken
 }
