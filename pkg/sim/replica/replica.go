@@ -9,7 +9,8 @@
 // The step lasts beta0 + beta1·(prefill tokens) + beta2·(decoding sequences),
 // the linear step model of the BLIS simulator and llm-d's workload variant
 // autoscaler, each prefill token dearer by its attention to the context
-// before it (the profile's prefillAttentionPerContextToken), and at least the time to read the weights and the KV cache in
+// before it where the profile prices it (prefillAttentionPerContextToken),
+// and at least the time to read the weights and the KV cache in
 // use at the GPU's memory bandwidth (the profile's floor, which binds at
 // long contexts). When the KV cache cannot hold the next decode tokens, the
 // most recently admitted sequence is preempted (recompute): it goes back to
