@@ -56,6 +56,8 @@ func newPipeline(name string, cfg *Config) (Pipeline, error) {
 	switch base {
 	case "static":
 		return newStatic(name, args, cfg)
+	case "switch":
+		return newSwitch(name, args, cfg)
 	case "clairvoyant":
 		return newClairvoyant(name, args, cfg)
 	case "hindsight":
@@ -63,7 +65,7 @@ func newPipeline(name string, cfg *Config) (Pipeline, error) {
 	}
 	f, ok := pipelines[name]
 	if !ok || hasArgs {
-		return nil, fmt.Errorf("pipeline %q: one of %s, static:N, clairvoyant[:window=D,horizon=D,hold=D,utilisation=U] or hindsight[:window=D,hold=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
+		return nil, fmt.Errorf("pipeline %q: one of %s, static:N, switch:from=N,to=M,at=F, clairvoyant[:window=D,horizon=D,hold=D,utilisation=U] or hindsight[:window=D,hold=D,utilisation=U]", name, strings.Join(Pipelines(), ", "))
 	}
 	if base == "oracle" && cfg.trigger.Metric == scaler.MetricReplicas {
 		return nil, fmt.Errorf("pipeline oracle cannot express metric %s: it is a threshold metric's true value from the replicas' state, and the planner's value is a count it plans from what it learned (its bound is clairvoyant)", scaler.MetricReplicas)

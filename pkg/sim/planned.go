@@ -20,11 +20,11 @@ import (
 // rest, and hindsight is a reference, not a bound.
 
 // Reference reports whether a pipeline name is a reference's (static:N,
-// clairvoyant[:…] or hindsight[:…]) rather than a signal pipeline's, and
-// which.
+// switch:…, clairvoyant[:…] or hindsight[:…]) rather than a signal
+// pipeline's, and which.
 func Reference(name string) (kind string, ok bool) {
 	base, _, _ := strings.Cut(name, ":")
-	if base == "static" || base == "clairvoyant" || base == "hindsight" {
+	if base == "static" || base == "switch" || base == "clairvoyant" || base == "hindsight" {
 		return base, true
 	}
 	return "", false
@@ -60,6 +60,91 @@ func newStatic(name, args string, _ *Config) (Pipeline, error) {
 
 func (s *staticPipe) Attach(*world)        {}
 func (s *staticPipe) Initial(*world) int32 { return s.n }
+
+// ---- switch:from=N,to=M,at=F ---------------------------------------------------
+
+// switchPipe is a fixed fleet that changes once: N replicas, warm at 0,
+// and M from the time a fraction F of the way through the scored window
+// (from the end of the warm-up to the last arrival); a replica added then
+// starts then, one removed drains. A plan with foresight may pick it, as
+// it may pick a fixed fleet: between two fleet sizes, the clairvoyant's
+// plans, which size the fleet for the peak of a coming startup time, are
+// often one size or the next for the whole window, and a pipeline that
+// moves from one to the other within it lies between them (docs/
+// simulation.md, "The benchmark").
+type switchPipe struct {
+	planOnly
+	from, to int32
+	at       float64
+}
+
+func newSwitch(name, args string, _ *Config) (Pipeline, error) {
+	s, err := parseSwitch(name, args)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// parseSwitch reads from=N,to=M,at=F: N and M from 1 to maxStatic and
+// different, F strictly between 0 and 1; every key is required.
+func parseSwitch(name, args string) (switchPipe, error) {
+	var s switchPipe
+	seen := map[string]bool{}
+	var errs []error
+	for _, kv := range strings.Split(args, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		seen[k] = true
+		switch k {
+		case "from", "to":
+			n, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || n < 1 || n > maxStatic {
+				errs = append(errs, fmt.Errorf("%s %q: want a whole number from 1 to %d", k, v, maxStatic))
+			}
+			if k == "from" {
+				s.from = int32(n)
+			} else {
+				s.to = int32(n)
+			}
+		case "at":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0 && f < 1) {
+				errs = append(errs, fmt.Errorf("at %q: want a fraction of the scored window above 0 and below 1", v))
+			}
+			s.at = f
+		default:
+			errs = append(errs, fmt.Errorf("unknown key %q (from, to, at)", k))
+		}
+	}
+	for _, k := range []string{"from", "to", "at"} {
+		if !seen[k] {
+			errs = append(errs, fmt.Errorf("%s is required", k))
+		}
+	}
+	if len(errs) == 0 && s.from == s.to {
+		errs = append(errs, fmt.Errorf("from and to are both %d: that is static:%d", s.from, s.from))
+	}
+	if len(errs) > 0 {
+		return s, fmt.Errorf("pipeline %q: want switch:from=N,to=M,at=F: %w", name, errors.Join(errs...))
+	}
+	return s, nil
+}
+
+// SwitchName names the plan of from replicas, then to from a fraction at
+// of the scored window.
+func SwitchName(from, to int32, at float64) string {
+	return fmt.Sprintf("switch:from=%d,to=%d,at=%s", from, to, strconv.FormatFloat(at, 'g', -1, 64))
+}
+
+// Attach sets the fleet to s.to at its time.
+func (s *switchPipe) Attach(w *world) {
+	last := w.cfg.Trace[len(w.cfg.Trace)-1].At
+	start := min(w.cfg.Warmup, last)
+	t := start + time.Duration(s.at*float64(last-start))
+	w.at(t, func() { w.setSpec(s.to, true) })
+}
+
+func (s *switchPipe) Initial(*world) int32 { return s.from }
 
 // ---- clairvoyant --------------------------------------------------------------
 
@@ -130,7 +215,8 @@ func newPlan(name, args string, cfg *Config, durations ...string) (clairvoyant, 
 // order PlanKey writes them.
 var planDurations = map[string][]string{"clairvoyant": {"window", "horizon", "hold"}, "hindsight": {"window", "hold"}}
 
-// PlanKey is a clairvoyant or hindsight plan's name written one way: its
+// PlanKey is a clairvoyant, hindsight or switch plan's name written one
+// way (a switch: SwitchName's); for the first two: its
 // kind, the utilisation and window with their defaults filled in, then any
 // other duration given, each value as Go writes it. Two names that plan
 // alike (keys in another order, 1m against 1m0s, a default written out)
@@ -138,6 +224,13 @@ var planDurations = map[string][]string{"clairvoyant": {"window", "horizon", "ho
 // does not parse.
 func PlanKey(name string) (key string, ok bool) {
 	kind, args, _ := strings.Cut(name, ":")
+	if kind == "switch" {
+		s, err := parseSwitch(name, args)
+		if err != nil {
+			return "", false
+		}
+		return SwitchName(s.from, s.to, s.at), true
+	}
 	durs, planned := planDurations[kind]
 	if !planned {
 		return "", false

@@ -33,6 +33,45 @@ func TestStaticFleet(t *testing.T) {
 	}
 }
 
+// TestSwitchChangesTheFleetOnce: switch:from=N,to=M,at=F runs N warm
+// replicas, and asks for M once, a fraction F of the way from the end of
+// the warm-up to the last arrival: up, a replica starts then and is Ready
+// a startup later; down, one leaves then. Its GPU-hours after the warm-up
+// lie between the two fleets'.
+func TestSwitchChangesTheFleetOnce(t *testing.T) {
+	reqs := load(t, "poisson:rate=4,duration=30m", 1)
+	last := reqs[len(reqs)-1].At
+	at := DefaultWarmup + (last-DefaultWarmup)/2
+	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1,
+		Pipelines: []string{"static:2", "static:3", "switch:from=2,to=3,at=0.5", "switch:from=3,to=2,at=0.5"}})
+	every := time.Duration(r.Config.SampleSeconds * float64(time.Second))
+	i := int(at / every) // the sample at the switch (or just before it)
+	up, down := result(r, "switch:from=2,to=3,at=0.5"), result(r, "switch:from=3,to=2,at=0.5")
+	for _, c := range []struct {
+		p                       *PipelineResult
+		before, after, readyNow int
+	}{{up, 2, 3, 2}, {down, 3, 2, 2}} {
+		s := c.p.Series
+		if s.Replicas[0] != c.before || s.Ready[0] != c.before || s.Replicas[i-1] != c.before || c.p.ScaleEvents != 1 {
+			t.Fatalf("%s: %d replicas (%d ready) at 0, %d before the switch, %d scale events; want %d warm and one event",
+				c.p.Pipeline, s.Replicas[0], s.Ready[0], s.Replicas[i-1], c.p.ScaleEvents, c.before)
+		}
+		if s.Ready[i+1] != c.readyNow || s.Replicas[len(s.Replicas)-1] != c.after {
+			t.Fatalf("%s: %d ready just after the switch, %d replicas at the end; want %d and %d",
+				c.p.Pipeline, s.Ready[i+1], s.Replicas[len(s.Replicas)-1], c.readyNow, c.after)
+		}
+	}
+	if s := up.Series; s.Ready[i+int(10*time.Minute/every)] != 3 {
+		t.Fatalf("the replica asked for at the switch is not Ready 10 minutes later: %v", s.Ready[i:])
+	}
+	lo, hi := result(r, "static:2").GPUHoursAfterWarmup, result(r, "static:3").GPUHoursAfterWarmup
+	for _, p := range []*PipelineResult{up, down} {
+		if g := p.GPUHoursAfterWarmup; g <= lo+0.05 || g >= hi-0.05 {
+			t.Fatalf("%s: %.3f GPU-hours after the warm-up, want well between static:2's %.3f and static:3's %.3f", p.Pipeline, g, lo, hi)
+		}
+	}
+}
+
 // TestClairvoyantScalesAheadOfAStep: a step of load at 10 minutes; the
 // clairvoyant, knowing it and its replicas' startup times, has the capacity
 // Ready when it comes (98 % or more within the SLO) and releases it after; a
@@ -154,9 +193,8 @@ func TestNoSilentSwaps(t *testing.T) {
 	}
 }
 
-// TestPlannedPipelineNamesAreChecked: bad static, clairvoyant and hindsight
-// parameters
-// are refused with what was wrong.
+// TestPlannedPipelineNamesAreChecked: bad static, switch, clairvoyant and
+// hindsight parameters are refused with what was wrong.
 func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 	reqs := load(t, "poisson:rate=1,duration=15m", 1)
 	for name, want := range map[string]string{
@@ -171,6 +209,11 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 		"clairvoyant:hold=0s":         `hold "0s"`,
 		"hindsight:horizon=5m":        `unknown key "horizon" (window, hold, utilisation)`,
 		"hindsight:utilisation=9":     `utilisation "9"`,
+		"switch:from=1,to=2":          "at is required",
+		"switch:from=2,to=2,at=0.5":   "that is static:2",
+		"switch:from=0,to=2,at=0.5":   `from "0"`,
+		"switch:from=1,to=2,at=1":     `at "1"`,
+		"switch:from=1,to=2,at=0.5,x": `unknown key "x" (from, to, at)`,
 	} {
 		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -186,6 +229,7 @@ func TestPlanKeyWritesAPlanOneWay(t *testing.T) {
 		{"hindsight:utilisation=1,window=1m0s", "hindsight:window=1m,utilisation=1", "hindsight:window=60s,utilisation=1.0"},
 		{"clairvoyant", "clairvoyant:utilisation=0.7", "clairvoyant:window=30s"},
 		{"clairvoyant:hold=15m,utilisation=2", "clairvoyant:utilisation=2,window=30s,hold=900s"},
+		{"switch:from=1,to=2,at=0.5", "switch:at=0.50,to=2,from=1"},
 	} {
 		want, ok := PlanKey(same[0])
 		if !ok {
@@ -201,6 +245,7 @@ func TestPlanKeyWritesAPlanOneWay(t *testing.T) {
 		{"hindsight:utilisation=1", "clairvoyant:utilisation=1"},
 		{"clairvoyant:utilisation=1", "clairvoyant:utilisation=1,hold=1h"},
 		{"hindsight:window=1m", "hindsight:window=10s"},
+		{"switch:from=1,to=2,at=0.5", "switch:from=2,to=1,at=0.5"},
 	} {
 		a, _ := PlanKey(pair[0])
 		b, _ := PlanKey(pair[1])
@@ -208,7 +253,7 @@ func TestPlanKeyWritesAPlanOneWay(t *testing.T) {
 			t.Errorf("%s and %s share key %q", pair[0], pair[1], a)
 		}
 	}
-	for _, n := range []string{"pulse", "static:3", "hindsight:colour=red", "clairvoyant:window=1ms"} {
+	for _, n := range []string{"pulse", "static:3", "hindsight:colour=red", "clairvoyant:window=1ms", "switch:from=1,to=2"} {
 		if k, ok := PlanKey(n); ok {
 			t.Errorf("%s: key %q, want none", n, k)
 		}

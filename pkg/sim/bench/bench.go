@@ -38,7 +38,7 @@ type Case struct {
 	Metric       string  `json:"metric"`
 	Threshold    float64 `json:"threshold"`
 	// Pipelines: the signal pipelines; Static: static:1 … maxReplicaCount;
-	// Clairvoyant: the sweep.
+	// Clairvoyant: the switches between those fleets, and the sweep.
 	Pipelines   []*Score `json:"pipelines"`
 	Static      []*Score `json:"static"`
 	Clairvoyant []*Score `json:"clairvoyant"`
@@ -124,7 +124,7 @@ func (sw Sweep) Names() []string {
 
 // DefaultSweep is the sweep a suite runs when it names none.
 func DefaultSweep() Sweep {
-	sw := Sweep{Utilisations: DefaultUtilisations}
+	sw := Sweep{Utilisations: DefaultUtilisations, Switches: DefaultSwitches}
 	for _, w := range DefaultWindows {
 		sw.Windows = append(sw.Windows, replica.Duration{Duration: w})
 	}
@@ -135,11 +135,17 @@ func DefaultSweep() Sweep {
 }
 
 // References are the reference pipelines for so: static:1 … its
-// maxReplicaCount and the sweep's plans.
+// maxReplicaCount, at each of the sweep's switches a switch from each of
+// those fleets to the next and back, and the sweep's plans.
 func References(so *sim.ScaledObject, sw Sweep) []string {
 	var out []string
 	for n := int32(1); n <= so.MaxReplicas(); n++ {
 		out = append(out, fmt.Sprintf("static:%d", n))
+	}
+	for _, f := range sw.Switches {
+		for n := int32(1); n < so.MaxReplicas(); n++ {
+			out = append(out, sim.SwitchName(n, n+1, f), sim.SwitchName(n+1, n, f))
+		}
 	}
 	return append(out, sw.Names()...)
 }
@@ -256,14 +262,15 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 // Split scores a set of mean scores against the references among them:
 // it splits them into signal pipelines (with any hindsight plan not of the
 // sweep), fixed fleets and the clairvoyant family's plans (every
-// clairvoyant one, and the sweep's hindsight ones), and sets each one's
+// clairvoyant and switch one, and the sweep's hindsight ones), and sets
+// each one's
 // distances to the frontiers.
 func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
 	for _, sc := range all {
 		switch k := kind(sc.Pipeline); {
 		case k == "static":
 			static = append(static, sc)
-		case k == "clairvoyant", k == "hindsight" && inSweep(sweep, sc.Pipeline):
+		case k == "clairvoyant", k == "switch", k == "hindsight" && inSweep(sweep, sc.Pipeline):
 			clairvoyant = append(clairvoyant, sc)
 		default:
 			pipelines = append(pipelines, sc)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/sim"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 )
 
@@ -69,10 +70,12 @@ func TestSuiteWritesTheScoreboard(t *testing.T) {
 		t.Fatalf("%d cases, files %v, log %q", len(sb.Cases), files, log.String())
 	}
 	for _, c := range sb.Cases {
-		if len(c.Pipelines) != 5 || len(c.Static) != 10 || len(c.Clairvoyant) != 8 {
+		// The family: the default switches (3 fractions × 9 sizes × up and
+		// down), then the sweep's 8 plans.
+		if len(c.Pipelines) != 5 || len(c.Static) != 10 || len(c.Clairvoyant) != 54+8 {
 			t.Fatalf("%s: %d pipelines, %d static, %d clairvoyant", c.Trace, len(c.Pipelines), len(c.Static), len(c.Clairvoyant))
 		}
-		if a, b := c.Clairvoyant[0].Pipeline, c.Clairvoyant[7].Pipeline; a != "clairvoyant:utilisation=0.5,window=30s" || b != "clairvoyant:utilisation=1.5,window=30s,hold=10m0s" {
+		if a, b := c.Clairvoyant[54].Pipeline, c.Clairvoyant[61].Pipeline; a != "clairvoyant:utilisation=0.5,window=30s" || b != "clairvoyant:utilisation=1.5,window=30s,hold=10m0s" {
 			t.Fatalf("%s: the sweep runs %s … %s, want no hold first and the 10-minute hold last", c.Trace, a, b)
 		}
 		for _, front := range [][]Point{c.StaticFrontier, c.ClairvoyantFrontier} {
@@ -185,6 +188,8 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"copy lengths": {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\ncopyLengths: longer\n", "copyLengths"},
 		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
 		"hold":         {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {holds: [25h]}\n", "clairvoyant.holds: 25h0m0s"},
+		"switch at":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {switches: [0.5, 1]}\n", "clairvoyant.switches: 1:"},
+		"switch":       {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'switch:from=1,to=2,at=0.5']\n", "added by the suite itself"},
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
 		"ttft":         {"ttftSlo: -2s\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "ttftSlo -2s"},
 		"warmup":       {"warmup: -5m\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "warmup -5m0s"},
@@ -291,7 +296,9 @@ func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
 	c := sb.Cases[0]
 	var got []string
 	for _, sc := range c.Clairvoyant {
-		got = append(got, sc.Pipeline)
+		if kind(sc.Pipeline) != "switch" {
+			got = append(got, sc.Pipeline)
+		}
 	}
 	if strings.Join(got, " ") != strings.Join(names, " ") || len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "pulse" {
 		t.Fatalf("the suite's family %q and pipelines %d, want %q and pulse alone", got, len(c.Pipelines), names)
@@ -314,6 +321,46 @@ func TestTheSweepsHindsightPlansJoinTheFamily(t *testing.T) {
 		if pipes, _, family, _, _ := Split(alike, names, 0); len(pipes) != 1 || len(family) != 1 || family[0].Pipeline != alias {
 			t.Errorf("%s split as a pipeline, not as the sweep's plan", alias)
 		}
+	}
+}
+
+// TestTheSwitchesJoinTheFamily: at each of the sweep's switches the
+// references change each fleet size to the next and back, and those plans
+// are the clairvoyant family's: a pipeline between two fixed fleets that
+// a switch beats is below the family, not above it.
+func TestTheSwitchesJoinTheFamily(t *testing.T) {
+	so, err := sim.ReadScaledObject("../../../docs/simulation/default-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var switches []string
+	for _, n := range References(so, Sweep{Switches: []float64{0.25, 0.5}}) {
+		if kind(n) == "switch" {
+			switches = append(switches, n)
+		}
+	}
+	if most := int(so.MaxReplicas()); len(switches) != 2*2*(most-1) || switches[0] != "switch:from=1,to=2,at=0.25" ||
+		switches[1] != "switch:from=2,to=1,at=0.25" || switches[len(switches)-1] != fmt.Sprintf("switch:from=%d,to=%d,at=0.5", most, most-1) {
+		t.Fatalf("switches %q, want each of 1…%d to the next and back at 0.25 and 0.5", switches, most)
+	}
+	scores := []*Score{
+		{Pipeline: "static:1", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0},
+		{Pipeline: "static:2", GPUHoursAfterWarmup: 2, SLOAfterWarmup: 0.2},
+		{Pipeline: "switch:from=2,to=1,at=0.5", GPUHoursAfterWarmup: 1.5, SLOAfterWarmup: 0.15},
+		{Pipeline: "prometheus-avg", GPUHoursAfterWarmup: 1.6, SLOAfterWarmup: 0.1},
+	}
+	pipes, static, family, _, front := Split(scores, nil, 0)
+	if len(pipes) != 1 || len(static) != 2 || len(family) != 1 || family[0].Pipeline != scores[2].Pipeline {
+		t.Fatalf("split into %d pipelines, %d static, family %d", len(pipes), len(static), len(family))
+	}
+	if len(front) != 3 || front[1].Pipeline != scores[2].Pipeline {
+		t.Fatalf("family frontier %+v, want the switch between the fixed fleets", front)
+	}
+	if d := pipes[0].ToClairvoyant; d == nil || round(*d) != round(0.1-0.15) {
+		t.Fatalf("prometheus-avg's distance to the family %v, want %.2f (below the switch)", d, 0.1-0.15)
+	}
+	if d := pipes[0].ToStatic; d == nil || round(*d) != 0.1 {
+		t.Fatalf("prometheus-avg's distance to the fixed fleets %v, want +0.1 (the switch is no fixed fleet)", d)
 	}
 }
 

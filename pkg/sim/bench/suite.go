@@ -87,6 +87,10 @@ type Sweep struct {
 	Windows      []replica.Duration `json:"windows"`
 	Holds        []replica.Duration `json:"holds"`
 	Hindsight    bool               `json:"hindsight"`
+	// Switches: the fractions of the scored window at which a switch plan
+	// goes from each fleet size to the next, and back (References); none
+	// named: DefaultSwitches.
+	Switches []float64 `json:"switches"`
 }
 
 // Defaults of a suite.
@@ -94,6 +98,7 @@ var (
 	DefaultUtilisations = []float64{0.25, 0.35, 0.5, 0.7, 0.85, 1, 1.25, 1.5, 2, 3}
 	DefaultWindows      = []time.Duration{10 * time.Second, time.Minute}
 	DefaultHolds        = []time.Duration{0}
+	DefaultSwitches     = []float64{0.25, 0.5, 0.75}
 )
 
 // DefaultCopyJitter is how far rateScale copies spread by default.
@@ -153,7 +158,7 @@ func (s *Suite) complete() error {
 	sweep := s.Clairvoyant.Names()
 	for _, p := range s.Pipelines {
 		if k, ref := sim.Reference(p); ref && k != "hindsight" || inSweep(sweep, p) {
-			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the clairvoyant sweep)", p))
+			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the switches between them, the clairvoyant sweep)", p))
 		}
 	}
 	return errors.Join(errs...)
@@ -207,7 +212,15 @@ func (sw *Sweep) complete() []error {
 	if len(sw.Holds) == 0 {
 		sw.Holds = def.Holds
 	}
+	if len(sw.Switches) == 0 {
+		sw.Switches = def.Switches
+	}
 	var errs []error
+	for _, f := range sw.Switches {
+		if !(f > 0 && f < 1) {
+			errs = append(errs, fmt.Errorf("clairvoyant.switches: %g: want a fraction of the scored window above 0 and below 1", f))
+		}
+	}
 	for _, h := range sw.Holds {
 		if h.Duration != 0 && (h.Duration < time.Second || h.Duration > 24*time.Hour) {
 			errs = append(errs, fmt.Errorf("clairvoyant.holds: %s: 0 (none), or from 1s to 24h", h.Duration))

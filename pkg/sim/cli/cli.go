@@ -68,7 +68,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its first external-push trigger, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
 	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", ")+
-		", static:N (N warm replicas all run long), clairvoyant[:utilisation=U,window=D,horizon=D,hold=D] (perfect foresight), hindsight[:utilisation=U,window=D,hold=D] (perfect measurement, no foresight); default: every one of the first five that can express the trigger")
+		", static:N (N warm replicas all run long), switch:from=N,to=M,at=F (N warm replicas, M from a fraction F of the scored window), clairvoyant[:utilisation=U,window=D,horizon=D,hold=D] (perfect foresight), hindsight[:utilisation=U,window=D,hold=D] (perfect measurement, no foresight); default: every one of the first five that can express the trigger")
 	fs.StringVar(&o.Out, "out", o.Out, "directory for report.json and the pictures")
 	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "replay the trace at this multiple of its rate, over the same time (each request copied; see --copy-jitter and --copy-lengths)")
 	fs.DurationVar(&o.CopyJitter, "copy-jitter", o.CopyJitter, "--rate-scale's copies fall uniformly within ± half this of their original (1s with --copy-lengths same: pulse-sim's first, lockstep copies, each within a second after its original)")
@@ -76,7 +76,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
 	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the aggregator's --max-window: a trigger window longer than this is refused, as the aggregator refuses it")
-	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount and the clairvoyant sweep (utilisations "+
+	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount, the switches from each to the next and back (at "+
+		strings.Trim(fmt.Sprint(bench.DefaultSwitches), "[]")+" of the scored window) and the clairvoyant sweep (utilisations "+
 		strings.Trim(fmt.Sprint(bench.DefaultUtilisations), "[]")+", windows 10s and 1m), print each pipeline's distance to the static and clairvoyant frontiers and draw frontier.png")
 	fs.DurationVar(&o.ClientTimeout, "client-timeout", o.ClientTimeout, "a request whose first token has not come this long after its arrival is abandoned by its client and counted a miss (0: clients wait for ever; 60s is a realistic chat client)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of everything random: the same seed gives the same report, byte for byte")
