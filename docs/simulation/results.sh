@@ -11,7 +11,7 @@ mkdir -p "$out"
 run() { # name, then pulse-sim's arguments
   local name=$1; shift
   echo "== $name: pulse-sim $*" | tee "$out/$name.txt"
-  "$sim" "$@" | grep -v '^ *\(static\|clairvoyant\):' >> "$out/$name.txt"
+  "$sim" "$@" | grep -v '^ *\(static\|switch\|clairvoyant\):' >> "$out/$name.txt"
 }
 # Checked against the real thing: the step, 100 seeds.
 run step --trace steps:rates=5/60,step=5m,prompt=1000,output=200 \

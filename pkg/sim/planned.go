@@ -139,7 +139,7 @@ func SwitchName(from, to int32, at float64) string {
 // Attach sets the fleet to s.to at its time.
 func (s *switchPipe) Attach(w *world) {
 	last := w.cfg.Trace[len(w.cfg.Trace)-1].At
-	start := min(w.cfg.Warmup, last)
+	start := max(w.cfg.Warmup, 0) // as the scores count it (-1: none)
 	t := start + time.Duration(s.at*float64(last-start))
 	w.at(t, func() { w.setSpec(s.to, true) })
 }

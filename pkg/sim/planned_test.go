@@ -56,6 +56,11 @@ func TestSwitchChangesTheFleetOnce(t *testing.T) {
 			t.Fatalf("%s: %d replicas (%d ready) at 0, %d before the switch, %d scale events; want %d warm and one event",
 				c.p.Pipeline, s.Replicas[0], s.Ready[0], s.Replicas[i-1], c.p.ScaleEvents, c.before)
 		}
+		// Up, the new replica is there (starting) from the switch on; down,
+		// the one removed drains, and is gone by the end.
+		if c.after > c.before && s.Replicas[i+1] != c.after {
+			t.Fatalf("%s: %d replicas just after the switch, want %d", c.p.Pipeline, s.Replicas[i+1], c.after)
+		}
 		if s.Ready[i+1] != c.readyNow || s.Replicas[len(s.Replicas)-1] != c.after {
 			t.Fatalf("%s: %d ready just after the switch, %d replicas at the end; want %d and %d",
 				c.p.Pipeline, s.Ready[i+1], s.Replicas[len(s.Replicas)-1], c.readyNow, c.after)
@@ -455,12 +460,11 @@ func TestThePlannerIsEvaluatedEachSecond(t *testing.T) {
 
 // TestTheClairvoyantPricesAPromptAsTheReplicaDoes: its work per request
 // is the replica's prefill, attention to the context included where the
-// profile prices it (a 15,000-token prompt on the 8B profile with its
-// attention priced 28 % dearer than the linear model
-// alone), so its frontier is not drawn for replicas faster than the
-// simulated ones.
+// profile prices it (a 15,000-token prompt on the 8B profile 28 % dearer
+// than the linear model alone), so its frontier is not drawn for replicas
+// faster than the simulated ones.
 func TestTheClairvoyantPricesAPromptAsTheReplicaDoes(t *testing.T) {
-	p, err := replica.Load("../../docs/simulation/profiles/llama-3.1-8b-h100-attention.yaml")
+	p, err := replica.Load("llama-3.1-8b-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -44,8 +45,9 @@ type Case struct {
 	Clairvoyant []*Score `json:"clairvoyant"`
 	// The frontiers (after the warm-up): the points no other point of the
 	// family beats with as few GPU-hours, by GPU-hours. The clairvoyant's
-	// family is its sweep and the fixed fleets (a plan foresight may pick):
-	// StaticAboveSweep names the fleets above the sweep's own frontier.
+	// family is its sweep, the switches and the fixed fleets (plans
+	// foresight may pick): StaticAboveSweep names the fleets above the
+	// sweep's own frontier.
 	StaticFrontier      []Point  `json:"staticFrontier"`
 	ClairvoyantFrontier []Point  `json:"clairvoyantFrontier"`
 	StaticAboveSweep    []string `json:"staticAboveSweep"`
@@ -248,7 +250,8 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 	}
 	slack := FrontierSlack(p)
 	c.Pipelines, c.Static, c.Clairvoyant, c.StaticFrontier, c.ClairvoyantFrontier = Split(all, s.Clairvoyant.Names(), slack)
-	sweep := Frontier(c.Clairvoyant, func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup })
+	plans := slices.DeleteFunc(slices.Clone(c.Clairvoyant), func(sc *Score) bool { return kind(sc.Pipeline) == "switch" })
+	sweep := Frontier(plans, func(sc *Score) (float64, float64) { return sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup })
 	c.StaticAboveSweep = []string{}
 	for _, sc := range c.Static {
 		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack); d != nil && *d > 0 {

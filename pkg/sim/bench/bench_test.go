@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +188,7 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"duplicate":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}, {trace: 'poisson:rate=1'}]\n", "used twice"},
 		"hold":         {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {holds: [25h]}\n", "clairvoyant.holds: 25h0m0s"},
 		"switch at":    {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {switches: [0.5, 1]}\n", "clairvoyant.switches: 1:"},
+		"switch twice": {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\nclairvoyant: {switches: [0.5, 0.25, 0.5]}\n", "0.5 is named twice"},
 		"switch":       {"profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'switch:from=1,to=2,at=0.5']\n", "added by the suite itself"},
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
 		"ttft":         {"ttftSlo: -2s\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "ttftSlo -2s"},
@@ -410,37 +410,5 @@ func TestTheBoundAllowsARunsNoise(t *testing.T) {
 		if got := d != nil && *d > BoundTolerance; got != tc.above {
 			t.Errorf("attainment %g: above %v, want %v", tc.slo, got, tc.above)
 		}
-	}
-}
-
-// TestTheAttentionSuiteIsTheShippedOne: docs/simulation/suite-attention.yaml
-// (prefill attention measured and not shipped, docs/simulation.md) is the
-// shipped suite with each profile's -attention variant, every trace at the
-// same rate for it.
-func TestTheAttentionSuiteIsTheShippedOne(t *testing.T) {
-	s, err := Read("../../../docs/simulation/suite.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := Read("../../../docs/simulation/suite-attention.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(a.Profiles) != len(s.Profiles) || len(a.Traces) != len(s.Traces) {
-		t.Fatalf("profiles %v against %v, %d traces against %d", a.Profiles, s.Profiles, len(a.Traces), len(s.Traces))
-	}
-	for i, prof := range s.Profiles {
-		if want := "profiles/" + prof + "-attention.yaml"; a.Profiles[i] != want {
-			t.Errorf("profile %d: %s, want %s", i, a.Profiles[i], want)
-		}
-		for j, tc := range s.Traces {
-			if at, st := a.Traces[j], tc; at.Trace != st.Trace || at.scale(a.Profiles[i]) != st.scale(prof) {
-				t.Errorf("%s on %s: %s at ×%g, want %s at ×%g", tc.Name, prof, at.Trace, at.scale(a.Profiles[i]), st.Trace, st.scale(prof))
-			}
-		}
-	}
-	a.Profiles, a.Traces, s.Profiles, s.Traces = nil, nil, nil, nil
-	if !reflect.DeepEqual(a, s) {
-		t.Errorf("the suites differ in more than their profiles:\n%+v\n%+v", *a, *s)
 	}
 }

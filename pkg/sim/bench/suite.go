@@ -216,9 +216,12 @@ func (sw *Sweep) complete() []error {
 		sw.Switches = def.Switches
 	}
 	var errs []error
-	for _, f := range sw.Switches {
+	for i, f := range sw.Switches {
 		if !(f > 0 && f < 1) {
 			errs = append(errs, fmt.Errorf("clairvoyant.switches: %g: want a fraction of the scored window above 0 and below 1", f))
+		}
+		if slices.Contains(sw.Switches[:i], f) {
+			errs = append(errs, fmt.Errorf("clairvoyant.switches: %g is named twice", f))
 		}
 	}
 	for _, h := range sw.Holds {

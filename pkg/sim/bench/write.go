@@ -99,7 +99,7 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 				s.ScaleEvents, s.Reversals)
 		}
 		fmt.Fprintf(w, "\nStatic frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
-		fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
+		fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep, the switches and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
 		if len(c.StaticAboveSweep) > 0 {
 			fmt.Fprintf(w, "Fixed fleets above the clairvoyant sweep alone: %s.\n\n", strings.Join(c.StaticAboveSweep, ", "))
 		}

@@ -417,7 +417,7 @@ func printFrontiers(w io.Writer, signal []*bench.Score, staticFront, clairFront 
 		return fmt.Sprintf("%+.1f points", 100**v)
 	}
 	fmt.Fprintf(w, "\nafter the warm-up: static frontier: %s\n", text(staticFront))
-	fmt.Fprintf(w, "clairvoyant frontier (its sweep and the fixed fleets): %s\n", text(clairFront))
+	fmt.Fprintf(w, "clairvoyant frontier (its sweep, the switches and the fixed fleets): %s\n", text(clairFront))
 	for _, sc := range signal {
 		fmt.Fprintf(w, "%s: %.1f%% at %.2f GPU-hours: %s from the static frontier, %s from the clairvoyant\n", sc.Pipeline,
 			100*sc.SLOAfterWarmup, sc.GPUHoursAfterWarmup, pts(sc.ToStatic), pts(sc.ToClairvoyant))

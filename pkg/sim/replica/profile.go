@@ -52,7 +52,7 @@ type Profile struct {
 	// prompt (the first is 1) costs Beta1·(1 + this·p). Beta1 is fitted at
 	// short prompts, where this is a few percent; a 15,000-token prompt's
 	// attention is a fifth of its prefill on an 8B model (28 % on top of
-	// Beta1 alone). 0: none, as in the shipped profiles.
+	// Beta1 alone). 0: none.
 	PrefillAttentionPerContextToken float64 `json:"prefillAttentionPerContextToken"`
 	// Startup is the mean time from a replica's creation to Ready
 	// (scheduling, image pull, model load); each replica's is drawn from a

@@ -404,30 +404,3 @@ func TestTheStartupVariantsDifferOnlyInTheirStartup(t *testing.T) {
 		}
 	}
 }
-
-// TestTheAttentionVariantsDifferOnlyInTheirAttention: the profiles with
-// prefill attention priced (docs/simulation/profiles/*-attention.yaml,
-// measured and not shipped) are the shipped ones with only that added.
-func TestTheAttentionVariantsDifferOnlyInTheirAttention(t *testing.T) {
-	for _, base := range Shipped() {
-		v, err := Load("../../../docs/simulation/profiles/" + base + "-attention.yaml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := Load(base)
-		if b.PrefillAttentionPerContextToken != 0 || v.PrefillAttentionPerContextToken <= 0 {
-			t.Fatalf("%s: attention %v, its variant's %v", base, b.PrefillAttentionPerContextToken, v.PrefillAttentionPerContextToken)
-		}
-		q := *v
-		q.Name, q.Description, q.PrefillAttentionPerContextToken = b.Name, b.Description, 0
-		q.Sources = slices.DeleteFunc(slices.Clone(q.Sources), func(s string) bool { return strings.HasPrefix(s, "Prefill attention:") })
-		if !reflect.DeepEqual(&q, b) {
-			t.Errorf("%s-attention differs from %s in more than its attention:\n%+v\n%+v", base, base, q, *b)
-		}
-	}
-}
-
-// attention is the 8B profile with prefill attention priced.
-func attention(t *testing.T) *Profile {
-	return load(t, "../../../docs/simulation/profiles/llama-3.1-8b-h100-attention.yaml")
-}

@@ -158,13 +158,12 @@ func TestADecodeRunReadsItsGrowingCache(t *testing.T) {
 
 // TestALongPromptPaysForItsAttention: the linear step model prices every
 // prefill token alike, as at the short prompts it was fitted on; a token
-// also attends to every token before it, which on the 8B profile (with
-// its attention priced, docs/simulation/profiles) made a
+// also attends to every token before it, which on the 8B profile makes a
 // 15,000-token prompt's prefill 28 % longer than beta1 alone (its
 // matrices' FLOPs 2 × 6.98 B a token, its attention's 4 × 32 × 4,096 a
 // token of context). Chunked or whole, a prompt's prefill costs the same.
 func TestALongPromptPaysForItsAttention(t *testing.T) {
-	p := attention(t)
+	p := profile(t)
 	if whole, chunked := p.PrefillUnits(20000, 0), p.PrefillUnits(8192, 0)+p.PrefillUnits(8192, 8192)+p.PrefillUnits(3616, 16384); math.Abs(whole-chunked) > 1e-6 {
 		t.Fatalf("20,000 tokens whole: %v units, in three chunks: %v", whole, chunked)
 	}
@@ -190,13 +189,21 @@ func TestALongPromptPaysForItsAttention(t *testing.T) {
 	}
 }
 
-// TestTheShippedProfilesPricePrefillAlike: the shipped profiles leave
-// prefill attention out (measured, and not shipped: docs/simulation.md),
-// so a prompt token costs beta1 at any context.
-func TestTheShippedProfilesPricePrefillAlike(t *testing.T) {
-	p := profile(t)
-	if u := p.PrefillUnits(15000, 5000); u != 15000 {
-		t.Fatalf("15,000 tokens after 5,000: %v units, want 15,000", u)
+// TestTheShippedProfilesPriceTheirAttention: each shipped profile prices
+// prefill attention at 2 × layers × hidden size over the parameters of its
+// matrices (the model's config: docs/simulation.md, "The model").
+func TestTheShippedProfilesPriceTheirAttention(t *testing.T) {
+	for name, want := range map[string]float64{
+		"llama-3.1-8b-h100":    2 * 32 * 4096 / 6.98e9,
+		"llama-3.3-70b-h100x4": 2 * 80 * 8192 / 68.5e9,
+	} {
+		p := load(t, name)
+		if got := p.PrefillAttentionPerContextToken; math.Abs(got/want-1) > 0.001 {
+			t.Errorf("%s: prefill attention %g a token of context, want %.4g", name, got, want)
+		}
+	}
+	if n := len(Shipped()); n != 2 {
+		t.Errorf("%d shipped profiles, the test knows 2", n)
 	}
 }
 
