@@ -266,8 +266,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 // it splits them into signal pipelines (with any hindsight plan not of the
 // sweep), fixed fleets and the clairvoyant family's plans (every
 // clairvoyant and switch one, and the sweep's hindsight ones), and sets
-// each one's
-// distances to the frontiers.
+// each one's distances to the frontiers.
 func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
 	for _, sc := range all {
 		switch k := kind(sc.Pipeline); {
