@@ -3,88 +3,84 @@
 "A trend fitted by least squares, tried").
 
 The references a suite scores (the fixed fleets, the switches, the
-clairvoyant sweep) do not depend on the planner, so two planners are
-compared by running the `pulse` pipeline alone: each suite's cases whose
-ScaledObject is a planner's (`metric: replicas`), at the suite's rates,
-SLO, warm-up, copies and seeds, through two pulse-sim binaries. About 9
-minutes a binary for the 22 suites on 2 cores, where `pulse-sim bench`
-takes hours. Run from the repository root:
+clairvoyant sweep) do not depend on any pipeline, so two builds of the
+planner are compared by its pipeline alone: each suite is run by each
+binary as `pulse-sim bench --references=false --pipelines pulse --metric
+replicas` (the suite's own cases, rates, SLO, warm-up and seeds, read by
+pulse-sim itself), about 9 minutes a binary for the 22 suites of
+docs/simulation/ on 2 cores, where the whole suites take hours. Run from
+the repository root:
 
     python3 docs/simulation/planner-ab.py BEFORE_BIN AFTER_BIN [SUITE.yaml ...]
 
-Each binary may be the same one with another environment (the script
-passes its own on). Prints every case that moved by more than half a
-point, then the totals: the mean attainment after the warm-up, the cases
-at 95 % or more, and the GPU-hours after it. Needs PyYAML.
+Both binaries run with this script's environment: to compare one binary
+under two environments, give a wrapper script that sets one of them.
+Prints every case whose attainment after the warm-up moved by more than
+half a point or whose GPU-hours after it moved by more than 5 %, then the
+totals. A case's distance to the frontiers is its suite's to measure, with
+`pulse-sim bench` on the suite as it is.
 """
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
-
-import yaml
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 
-def cases(suite_files):
-    for sf in suite_files:
-        d = os.path.dirname(sf)
-        s = yaml.safe_load(open(sf))
-        if not isinstance(s, dict) or 'traces' not in s:
-            continue
-        for so in s['scaledObjects']:
-            sop = os.path.normpath(os.path.join(d, so))
-            if 'metric: replicas' not in open(sop).read():
-                continue
-            for prof in s['profiles']:
-                for t in s['traces']:
-                    tr = t['trace']
-                    if not tr.split(':')[0].isalpha() or '=' not in tr:
-                        tr = os.path.normpath(os.path.join(d, tr))
-                    p = os.path.join(d, prof) if prof.endswith('.yaml') else prof
-                    rs = t.get('rateScaleByProfile', {}).get(prof, t.get('rateScale', 1))
-                    args = ['run', '--trace', tr, '--scaledobject', sop, '--profile', p,
-                            '--rate-scale', str(rs), '--runs', str(s.get('seeds', 3)), '--pipelines', 'pulse',
-                            '--ttft-slo', s.get('ttftSlo', '2s'), '--warmup', s.get('warmup', '10m'),
-                            '--copy-jitter', s.get('copyJitter', '30s'),
-                            '--copy-lengths', s.get('copyLengths', 'resample')]
-                    if 'hpaConfigurableTolerance' in s:
-                        args.append('--hpa-configurable-tolerance=' + str(s['hpaConfigurableTolerance']).lower())
-                    yield '%s %s %s %s' % (os.path.basename(sf), os.path.basename(so), t['name'], os.path.basename(prof)), args
+def suites(args):
+    files = args or sorted(glob.glob('docs/simulation/*.yaml'))
+    # A suite has traces; the directory's ScaledObjects do not.
+    return [f for f in files if re.search(r'^traces:', open(f).read(), re.M)]
 
 
-def run(binary, key, args):
-    with tempfile.TemporaryDirectory() as out:
-        r = subprocess.run([binary] + args + ['--out', out], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit('%s: %s: %s' % (binary, key, r.stderr.strip()[-500:]))
-        runs = json.load(open(os.path.join(out, 'runs.json')))
-    n = len(runs)
-    return (100 * sum(x['sloAfterWarmup'] for x in runs) / n, sum(x['gpuHoursAfterWarmup'] for x in runs) / n)
+def run(binary, suite, out):
+    """The planner's scores in suite, by case: (attainment %, GPU-hours)."""
+    r = subprocess.run([binary, 'bench', '--suite', suite, '--references=false', '--pipelines', 'pulse',
+                        '--metric', 'replicas', '--out', out], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError('%s bench --suite %s: %s' % (binary, suite, r.stderr.strip()[-1000:]))
+    sb = json.load(open(os.path.join(out, 'scoreboard.json')))
+    scores = {}
+    for c in sb['cases']:
+        for p in c['pipelines']:
+            key = '%s %s ×%g %s %s' % (os.path.basename(suite), c['trace'], c['rateScale'], c['profile'],
+                                        os.path.basename(c['scaledObject']))
+            scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'])
+    return scores
 
 
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    before, after = sys.argv[1], sys.argv[2]
-    suites = sys.argv[3:] or sorted(glob.glob('docs/simulation/*.yaml'))
-    todo = list(cases(suites))
-    with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        a = list(ex.map(lambda c: run(before, *c), todo))
-        b = list(ex.map(lambda c: run(after, *c), todo))
-    moved = sorted((y[0] - x[0], k, x, y) for (k, _), x, y in zip(todo, a, b))
-    for d, k, x, y in moved:
-        if abs(d) > 0.5:
-            print('%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, x[0], x[1], y[0], y[1]))
-    n = len(todo)
-    ga, gb = sum(x[1] for x in a), sum(y[1] for y in b)
-    print('%d cases: mean SLO after the warm-up %.2f %% -> %.2f %%; at 95 %% or more %d -> %d; '
-          'up by more than half a point %d, down %d; GPU-hours %.1f -> %.1f (%+.1f %%)' % (
-              n, sum(x[0] for x in a) / n, sum(y[0] for y in b) / n,
-              sum(x[0] >= 95 for x in a), sum(y[0] >= 95 for y in b),
-              sum(d > 0.5 for d, *_ in moved), sum(d < -0.5 for d, *_ in moved), ga, gb, 100 * (gb / ga - 1)))
+    binaries, todo = sys.argv[1:3], suites(sys.argv[3:])
+    results = [{}, {}]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+        jobs = {ex.submit(run, b, s, os.path.join(tmp, '%d-%d' % (i, j))): i
+                for i, b in enumerate(binaries) for j, s in enumerate(todo)}
+        for f in as_completed(jobs):
+            try:
+                results[jobs[f]].update(f.result())
+            except (RuntimeError, OSError) as e:
+                ex.shutdown(cancel_futures=True)
+                sys.exit(str(e))
+    a, b = results
+    if a.keys() != b.keys():
+        sys.exit('the two binaries ran different cases: %s' % sorted(a.keys() ^ b.keys()))
+    moved = sorted((b[k][0] - a[k][0], k) for k in a)
+    for d, k in moved:
+        (sa, ga), (sb, gb) = a[k], b[k]
+        if abs(d) > 0.5 or abs(gb - ga) > 0.05 * ga:
+            print('%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, sa, ga, sb, gb))
+    n = len(a)
+    ga, gb = sum(v[1] for v in a.values()), sum(v[1] for v in b.values())
+    print('%d cases of %d suites: mean SLO after the warm-up %.2f %% -> %.2f %%; at 95 %% or more %d -> %d; '
+          'up by more than half a point %d, down %d; GPU-hours after the warm-up %.1f -> %.1f (%+.1f %%)' % (
+              n, len(todo), sum(v[0] for v in a.values()) / n, sum(v[0] for v in b.values()) / n,
+              sum(v[0] >= 95 for v in a.values()), sum(v[0] >= 95 for v in b.values()),
+              sum(d > 0.5 for d, _ in moved), sum(d < -0.5 for d, _ in moved), ga, gb, 100 * (gb / ga - 1)))
 
 
 if __name__ == '__main__':

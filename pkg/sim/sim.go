@@ -214,6 +214,16 @@ func parseTrigger(so *ScaledObject, maxWindow time.Duration) (scaler.Trigger, er
 		maxWindow, staticResolver{so})
 }
 
+// TriggerMetric is the metric so's pulse trigger asks for (Report's
+// Config.Metric: "replicas" for the planner).
+func TriggerMetric(so *ScaledObject) (string, error) {
+	t, err := parseTrigger(so, 24*time.Hour) // the window is checked by prepare
+	if err != nil {
+		return "", fmt.Errorf("the pulse trigger: %w", err)
+	}
+	return t.Metric, nil
+}
+
 // Expressible splits the signal pipelines (Pipelines) into those that can
 // express so's pulse trigger and, for each other one, why it cannot.
 func Expressible(so *ScaledObject) (names, skipped []string, err error) {

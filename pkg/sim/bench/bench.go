@@ -27,6 +27,9 @@ type Scoreboard struct {
 	// than BoundTolerance ("case: pipeline"); empty when the clairvoyant
 	// bounds them all.
 	AboveClairvoyant []string `json:"aboveClairvoyant"`
+	// NoReferences: the pipelines were run alone (Suite.NoReferences), so
+	// there is no frontier and no distance to one.
+	NoReferences bool `json:"noReferences,omitempty"`
 }
 
 // Case is one trace × profile × ScaledObject, scores the mean over seeds.
@@ -162,7 +165,8 @@ func durations(ds []replica.Duration) []time.Duration {
 
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
-	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(), AboveClairvoyant: []string{}}
+	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(), AboveClairvoyant: []string{},
+		NoReferences: s.NoReferences}
 	for i := range s.Seeds {
 		sb.Seeds = append(sb.Seeds, s.Seed+uint64(i))
 	}
@@ -177,6 +181,15 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 				so, err := sim.ReadScaledObject(s.path(soPath))
 				if err != nil {
 					return nil, nil, err
+				}
+				if s.Metric != "" {
+					m, err := sim.TriggerMetric(so)
+					if err != nil {
+						return nil, nil, fmt.Errorf("%s: %w", soPath, err)
+					}
+					if m != s.Metric {
+						continue
+					}
 				}
 				start := time.Now()
 				c, first, err := s.runCase(tc, tc.scale(prof), p, so, sb.Seeds)
@@ -222,7 +235,9 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		if len(s.Pipelines) > 0 {
 			pipes = append([]string(nil), s.Pipelines...)
 		}
-		pipes = append(pipes, References(so, s.Clairvoyant)...)
+		if !s.NoReferences {
+			pipes = append(pipes, References(so, s.Clairvoyant)...)
+		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer}
 		if s.HPAConfigurableTolerance != nil {

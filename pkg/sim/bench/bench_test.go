@@ -412,3 +412,62 @@ func TestTheBoundAllowsARunsNoise(t *testing.T) {
 		}
 	}
 }
+
+// TestThePipelinesScoreTheSameWithoutTheReferences: a suite run with
+// NoReferences and Metric runs only the ScaledObjects whose trigger asks
+// for that metric, scores their pipelines as the whole run does — each
+// pipeline's world is its own, so the references change none of its
+// numbers, which is what lets two planners be compared by the planner's
+// pipeline alone (docs/simulation/planner-ab.py) — and writes no frontier
+// and no picture, saying so.
+func TestThePipelinesScoreTheSameWithoutTheReferences(t *testing.T) {
+	body := `seeds: 2
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml, ROOT/docs/simulation/tuned-scaledobject.yaml]
+clairvoyant: {utilisations: [0.8, 1.5], windows: [30s]}
+traces:
+- name: bursty
+  trace: bursts:base=1,peak=30,on=2m,off=6m,duration=20m,lengths=lognormal
+`
+	s, err := Read(miniSuite(t, body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Pipelines = []string{"pulse"}
+	whole, _, err := s.Run("whole", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.NoReferences, s.Metric = true, "replicas"
+	alone, _, err := s.Run("alone", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(whole.Cases) != 2 || len(alone.Cases) != 1 || !alone.NoReferences || whole.NoReferences {
+		t.Fatalf("%d cases with the references, %d alone (noReferences %v, %v); want 2 and the planner's 1", len(whole.Cases), len(alone.Cases), whole.NoReferences, alone.NoReferences)
+	}
+	w, a := whole.Cases[0], alone.Cases[0]
+	if w.Metric != "replicas" || a.Metric != "replicas" || len(w.Static) == 0 || len(a.Static)+len(a.Clairvoyant)+len(a.StaticFrontier) != 0 {
+		t.Fatalf("with the references: %s, %d fixed fleets; alone: %s, %d fixed fleets, %d plans, %d frontier points", w.Metric, len(w.Static), a.Metric, len(a.Static), len(a.Clairvoyant), len(a.StaticFrontier))
+	}
+	if len(w.Pipelines) != 1 || len(a.Pipelines) != 1 || a.Pipelines[0].ToStatic != nil {
+		t.Fatalf("pipelines %d and %d, alone to static %v", len(w.Pipelines), len(a.Pipelines), a.Pipelines[0].ToStatic)
+	}
+	ws, as := *w.Pipelines[0], *a.Pipelines[0]
+	ws.ToStatic, ws.ToClairvoyant, ws.ToStaticWholeRun, ws.ToClairvoyantWholeRun = nil, nil, nil, nil
+	if ws != as {
+		t.Fatalf("the planner's scores moved without the references:\n%+v\n%+v", ws, as)
+	}
+	out := t.TempDir()
+	files, err := Write(alone, out, "png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "scoreboard.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 || !bytes.Contains(md, []byte("No references were run")) || bytes.Contains(md, []byte("frontier (after")) || bytes.Contains(md, []byte("![frontier]")) {
+		t.Fatalf("files %v; scoreboard.md:\n%s", files, md)
+	}
+}

@@ -53,6 +53,16 @@ type Suite struct {
 	// false: the global 10 % applies, as on a default cluster.
 	HPAConfigurableTolerance *bool `json:"hpaConfigurableTolerance"`
 
+	// Set by the caller (pulse-sim bench's flags), not the suite file:
+	// NoReferences scores the pipelines alone — no fixed fleets, switches
+	// or clairvoyant sweep, so no frontier and no distance to one — and
+	// Metric, when set, runs only the ScaledObjects whose trigger asks for
+	// that metric. The references do not depend on any pipeline, so two
+	// builds of the planner are compared by its pipeline alone, in minutes
+	// where the whole suite takes hours (docs/simulation/planner-ab.py).
+	NoReferences bool   `json:"-"`
+	Metric       string `json:"-"`
+
 	dir string
 }
 

@@ -27,8 +27,12 @@ func Write(sb *Scoreboard, dir, format string) ([]string, error) {
 		return nil, fmt.Errorf("write %s: %w", f, err)
 	}
 	files = append(files, f)
-	pics := make([]string, len(sb.Cases))
-	for i, c := range sb.Cases {
+	var pics []string
+	if !sb.NoReferences { // with no frontier, a picture shows one point
+		pics = make([]string, len(sb.Cases))
+	}
+	for i := range pics {
+		c := sb.Cases[i]
 		pics[i] = fmt.Sprintf("frontier-%d-%s.%s", i+1, plot.FileName(c.Trace+"-"+c.Profile+"-"+strings.TrimSuffix(filepath.Base(c.ScaledObject), ".yaml")), format)
 		if err := WriteFrontier(caseName(c), c.Pipelines, c.StaticFrontier, c.ClairvoyantFrontier, filepath.Join(dir, pics[i]), format); err != nil {
 			return files, err
@@ -83,9 +87,12 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds. "+
 		"Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
 		"(— where it used fewer GPU-hours than any point of that frontier).\n\n", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
-	if len(sb.AboveClairvoyant) == 0 {
+	switch {
+	case sb.NoReferences:
+		fmt.Fprintf(w, "**No references were run** (`pulse-sim bench --references=false`): the pipelines' scores alone, with no frontier to measure them against.\n\n")
+	case len(sb.AboveClairvoyant) == 0:
 		fmt.Fprintf(w, "**The clairvoyant frontier bounds every pipeline of every case.**\n\n")
-	} else {
+	default:
 		fmt.Fprintf(w, "**Above the clairvoyant frontier** (it does not bound these): %s.\n\n", strings.Join(sb.AboveClairvoyant, "; "))
 	}
 	for i, c := range sb.Cases {
@@ -98,8 +105,11 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 				s.GoodputPerGPUHour, pts(s.ToStatic), pts(s.ToClairvoyant), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), pts(s.ToClairvoyantWholeRun),
 				s.ScaleEvents, s.Reversals)
 		}
-		fmt.Fprintf(w, "\nStatic frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
-		fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep, the switches and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
+		fmt.Fprintln(w)
+		if !sb.NoReferences {
+			fmt.Fprintf(w, "Static frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
+			fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep, the switches and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
+		}
 		if len(c.StaticAboveSweep) > 0 {
 			fmt.Fprintf(w, "Fixed fleets above the clairvoyant sweep alone: %s.\n\n", strings.Join(c.StaticAboveSweep, ", "))
 		}

@@ -18,6 +18,9 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("out", "bench", "directory for scoreboard.md, scoreboard.json and the frontier pictures")
 	format := fs.String("format", "png", "picture format: png or svg")
 	seeds := fs.Int("seeds", 0, "override the suite's number of seeds (0: the suite's)")
+	references := fs.Bool("references", true, "also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
+	pipelines := fs.String("pipelines", "", "override the suite's pipelines, comma-separated (default: the suite's, else every one that can express each ScaledObject's trigger)")
+	metric := fs.String("metric", "", "run only the ScaledObjects whose pulse trigger asks for this metric (replicas: the planner's); default: every one")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -41,6 +44,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if *seeds > 0 {
 		s.Seeds = *seeds
 	}
+	if *pipelines != "" {
+		s.Pipelines = strings.Split(*pipelines, ",")
+	}
+	s.NoReferences, s.Metric = !*references, *metric
 	start := time.Now()
 	sb, _, err := s.Run(*suite, stdout)
 	if err != nil {

@@ -290,6 +290,31 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &sb); err != nil || len(sb.Seeds) != 1 || len(sb.Cases) != 1 || len(sb.Cases[0].Pipelines) != 2 {
 		t.Fatalf("scoreboard.json: %v %+v", err, sb)
 	}
+	// The pipelines given, alone, of the ScaledObjects of the metric given:
+	// the suite's one asks for waiting.
+	for metric, cases := range map[string]int{"waiting": 1, "replicas": 0} {
+		out := filepath.Join(dir, "alone-"+metric)
+		code, _, errs := main(t, "bench", "--suite", suite, "--out", out, "--seeds", "1", "--references=false", "--pipelines", "prometheus", "--metric", metric)
+		if code != 0 {
+			t.Fatalf("--metric %s: exit %d: %s", metric, code, errs)
+		}
+		var alone struct {
+			NoReferences bool `json:"noReferences"`
+			Cases        []struct {
+				Pipelines []struct{ Pipeline string } `json:"pipelines"`
+				Static    []struct{ Pipeline string } `json:"static"`
+			} `json:"cases"`
+		}
+		raw, _ := os.ReadFile(filepath.Join(out, "scoreboard.json"))
+		if err := json.Unmarshal(raw, &alone); err != nil || !alone.NoReferences || len(alone.Cases) != cases {
+			t.Fatalf("--metric %s: scoreboard.json: %v %+v, want %d cases", metric, err, alone, cases)
+		}
+		for _, c := range alone.Cases {
+			if len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "prometheus" || len(c.Static) != 0 {
+				t.Fatalf("--metric %s: %+v, want prometheus alone", metric, c)
+			}
+		}
+	}
 }
 
 func TestVersion(t *testing.T) {
