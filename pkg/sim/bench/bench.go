@@ -208,6 +208,9 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 			}
 		}
 	}
+	if s.Metric != "" && len(sb.Cases) == 0 {
+		return nil, nil, fmt.Errorf("no ScaledObject of the suite asks for metric %q", s.Metric)
+	}
 	return sb, firsts, nil
 }
 

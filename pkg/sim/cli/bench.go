@@ -20,7 +20,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	seeds := fs.Int("seeds", 0, "override the suite's number of seeds (0: the suite's)")
 	references := fs.Bool("references", true, "also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
 	pipelines := fs.String("pipelines", "", "override the suite's pipelines, comma-separated (default: the suite's, else every one that can express each ScaledObject's trigger)")
-	metric := fs.String("metric", "", "run only the ScaledObjects whose pulse trigger asks for this metric (replicas: the planner's); default: every one")
+	metric := fs.String("metric", "", "run only the ScaledObjects whose pulse trigger asks for this metric (replicas: the planner's), refused when none does; default: every one")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}

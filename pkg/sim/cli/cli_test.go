@@ -290,30 +290,30 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &sb); err != nil || len(sb.Seeds) != 1 || len(sb.Cases) != 1 || len(sb.Cases[0].Pipelines) != 2 {
 		t.Fatalf("scoreboard.json: %v %+v", err, sb)
 	}
+	// A metric no ScaledObject asks for (a typo) is refused, not 0 cases.
+	if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "none"), "--references=false", "--metric", "replicas"); code == 0 || !strings.Contains(errs, `no ScaledObject of the suite asks for metric "replicas"`) {
+		t.Fatalf("--metric replicas: exit %d: %s", code, errs)
+	}
 	// The pipelines given, alone, of the ScaledObjects of the metric given:
 	// the suite's one asks for waiting.
-	for metric, cases := range map[string]int{"waiting": 1, "replicas": 0} {
-		out := filepath.Join(dir, "alone-"+metric)
-		code, _, errs := main(t, "bench", "--suite", suite, "--out", out, "--seeds", "1", "--references=false", "--pipelines", "prometheus", "--metric", metric)
-		if code != 0 {
-			t.Fatalf("--metric %s: exit %d: %s", metric, code, errs)
-		}
-		var alone struct {
-			NoReferences bool `json:"noReferences"`
-			Cases        []struct {
-				Pipelines []struct{ Pipeline string } `json:"pipelines"`
-				Static    []struct{ Pipeline string } `json:"static"`
-			} `json:"cases"`
-		}
-		raw, _ := os.ReadFile(filepath.Join(out, "scoreboard.json"))
-		if err := json.Unmarshal(raw, &alone); err != nil || !alone.NoReferences || len(alone.Cases) != cases {
-			t.Fatalf("--metric %s: scoreboard.json: %v %+v, want %d cases", metric, err, alone, cases)
-		}
-		for _, c := range alone.Cases {
-			if len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "prometheus" || len(c.Static) != 0 {
-				t.Fatalf("--metric %s: %+v, want prometheus alone", metric, c)
-			}
-		}
+	aloneDir := filepath.Join(dir, "alone")
+	code, _, errs = main(t, "bench", "--suite", suite, "--out", aloneDir, "--seeds", "1", "--references=false", "--pipelines", "prometheus", "--metric", "waiting")
+	if code != 0 {
+		t.Fatalf("--metric waiting: exit %d: %s", code, errs)
+	}
+	var alone struct {
+		NoReferences bool `json:"noReferences"`
+		Cases        []struct {
+			Pipelines []struct{ Pipeline string } `json:"pipelines"`
+			Static    []struct{ Pipeline string } `json:"static"`
+		} `json:"cases"`
+	}
+	raw, _ = os.ReadFile(filepath.Join(aloneDir, "scoreboard.json"))
+	if err := json.Unmarshal(raw, &alone); err != nil || !alone.NoReferences || len(alone.Cases) != 1 {
+		t.Fatalf("--metric waiting: scoreboard.json: %v %+v, want 1 case", err, alone)
+	}
+	if c := alone.Cases[0]; len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "prometheus" || len(c.Static) != 0 {
+		t.Fatalf("--metric waiting: %+v, want prometheus alone", c)
 	}
 }
 
