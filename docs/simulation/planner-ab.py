@@ -48,6 +48,8 @@ def run(binary, suite, out):
         for p in c['pipelines']:
             key = '%s %s ×%g %s %s' % (os.path.basename(suite), c['trace'], c['rateScale'], c['profile'],
                                         os.path.basename(c['scaledObject']))
+            if key in scores:
+                raise RuntimeError('%s: case %s twice' % (suite, key))
             scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'])
     return scores
 
@@ -56,6 +58,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     binaries, todo = sys.argv[1:3], suites(sys.argv[3:])
+    if not todo:
+        sys.exit('no suite (a YAML file with traces) among %s' % (sys.argv[3:] or 'docs/simulation/*.yaml'))
     results = [{}, {}]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as ex:
         jobs = {ex.submit(run, b, s, os.path.join(tmp, '%d-%d' % (i, j))): i
@@ -75,12 +79,14 @@ def main():
         if abs(d) > 0.5 or abs(gb - ga) > 0.05 * ga:
             print('%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, sa, ga, sb, gb))
     n = len(a)
+    if n == 0:
+        sys.exit('no planner case in %s' % ' '.join(todo))
     ga, gb = sum(v[1] for v in a.values()), sum(v[1] for v in b.values())
     print('%d cases of %d suites: mean SLO after the warm-up %.2f %% -> %.2f %%; at 95 %% or more %d -> %d; '
           'up by more than half a point %d, down %d; GPU-hours after the warm-up %.1f -> %.1f (%+.1f %%)' % (
               n, len(todo), sum(v[0] for v in a.values()) / n, sum(v[0] for v in b.values()) / n,
               sum(v[0] >= 95 for v in a.values()), sum(v[0] >= 95 for v in b.values()),
-              sum(d > 0.5 for d, _ in moved), sum(d < -0.5 for d, _ in moved), ga, gb, 100 * (gb / ga - 1)))
+              sum(d > 0.5 for d, _ in moved), sum(d < -0.5 for d, _ in moved), ga, gb, 100 * (gb / ga - 1) if ga else 0))
 
 
 if __name__ == '__main__':

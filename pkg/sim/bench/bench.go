@@ -28,7 +28,8 @@ type Scoreboard struct {
 	// bounds them all.
 	AboveClairvoyant []string `json:"aboveClairvoyant"`
 	// NoReferences: the pipelines were run alone (Suite.NoReferences), so
-	// there is no frontier and no distance to one.
+	// there is no frontier and no distance to one (AboveClairvoyant is
+	// null, not empty).
 	NoReferences bool `json:"noReferences,omitempty"`
 }
 
@@ -207,6 +208,9 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 				fmt.Fprintf(log, "%s: %d seeds in %.1fs\n", caseName(c), len(sb.Seeds), time.Since(start).Seconds())
 			}
 		}
+	}
+	if s.NoReferences {
+		sb.AboveClairvoyant = nil // no family: not "bounded by it" ([])
 	}
 	if s.Metric != "" && len(sb.Cases) == 0 {
 		return nil, nil, fmt.Errorf("no ScaledObject of the suite asks for metric %q", s.Metric)

@@ -467,7 +467,19 @@ traces:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 2 || !bytes.Contains(md, []byte("No references were run")) || bytes.Contains(md, []byte("frontier (after")) || bytes.Contains(md, []byte("![frontier]")) {
-		t.Fatalf("files %v; scoreboard.md:\n%s", files, md)
+	if len(files) != 2 || !bytes.Contains(md, []byte("No references were run")) || bytes.Contains(md, []byte("frontier (after")) || bytes.Contains(md, []byte("![frontier]")) || bytes.Contains(md, []byte("Δ")) {
+		t.Fatalf("files %v; scoreboard.md, with no frontier and no distance to one:\n%s", files, md)
+	}
+	// No family, so not "bounded by it" (an empty list).
+	raw, _ := json.Marshal(alone)
+	if whole.AboveClairvoyant == nil || !bytes.Contains(raw, []byte(`"aboveClairvoyant":null`)) || !bytes.Contains(raw, []byte(`"noReferences":true`)) {
+		t.Fatalf("above the clairvoyant: with the references %v; alone %s", whole.AboveClairvoyant, raw)
+	}
+	// The pipelines set as a suite file's are, and refused as theirs are.
+	if err := s.SetPipelines([]string{"pulse", "static:2"}); err == nil || !strings.Contains(err.Error(), "static:2 is added by the suite itself") {
+		t.Fatalf("a fixed fleet among the pipelines: %v", err)
+	}
+	if err := s.SetPipelines(nil); err == nil {
+		t.Fatal("no pipeline named: accepted")
 	}
 }

@@ -165,13 +165,31 @@ func (s *Suite) complete() error {
 	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
 		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
 	}
+	errs = append(errs, s.checkPipelines()...)
+	return errors.Join(errs...)
+}
+
+// SetPipelines replaces the suite's pipelines (pulse-sim bench
+// --pipelines), refused as the suite file's are.
+func (s *Suite) SetPipelines(ps []string) error {
+	if len(ps) == 0 {
+		return errors.New("pipelines: none named")
+	}
+	s.Pipelines = ps
+	return errors.Join(s.checkPipelines()...)
+}
+
+// checkPipelines refuses the references among the pipelines: the suite
+// adds them itself.
+func (s *Suite) checkPipelines() []error {
+	var errs []error
 	sweep := s.Clairvoyant.Names()
 	for _, p := range s.Pipelines {
 		if k, ref := sim.Reference(p); ref && k != "hindsight" || inSweep(sweep, p) {
 			errs = append(errs, fmt.Errorf("pipelines: %s is added by the suite itself (static:1…max, the switches between them, the clairvoyant sweep)", p))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // completeTraces names each trace and sets its rate scale where the suite

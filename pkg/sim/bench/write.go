@@ -84,9 +84,12 @@ func pts(v *float64) string {
 // Markdown writes the scoreboard as Markdown (pics: each case's picture).
 func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	fmt.Fprintf(w, "# pulse-sim scoreboard: %s\n\n", sb.Suite)
-	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds. "+
-		"Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
-		"(— where it used fewer GPU-hours than any point of that frontier).\n\n", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
+	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds.", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
+	if !sb.NoReferences {
+		fmt.Fprintf(w, " Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
+			"(— where it used fewer GPU-hours than any point of that frontier).")
+	}
+	fmt.Fprint(w, "\n\n")
 	switch {
 	case sb.NoReferences:
 		fmt.Fprintf(w, "**No references were run** (`pulse-sim bench --references=false`): the pipelines' scores alone, with no frontier to measure them against.\n\n")
@@ -98,13 +101,7 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	for i, c := range sb.Cases {
 		fmt.Fprintf(w, "## %s\n\n", caseName(c))
 		fmt.Fprintf(w, "%d requests; trigger `%s` threshold %g.\n\n", c.Requests, c.Metric, c.Threshold)
-		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | Δ clairvoyant | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | Δ clairvoyant (whole) | scale events | reversals |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-		for _, s := range c.Pipelines {
-			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %s | %.2f | %s | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
-				s.GoodputPerGPUHour, pts(s.ToStatic), pts(s.ToClairvoyant), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), pts(s.ToClairvoyantWholeRun),
-				s.ScaleEvents, s.Reversals)
-		}
+		pipelineRows(w, c.Pipelines, sb.NoReferences)
 		fmt.Fprintln(w)
 		if !sb.NoReferences {
 			fmt.Fprintf(w, "Static frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
@@ -123,6 +120,27 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 		if i < len(pics) {
 			fmt.Fprintf(w, "![frontier](%s)\n\n", pics[i])
 		}
+	}
+}
+
+// pipelineRows writes the table of the pipelines' scores: with no
+// references, without the distances to the frontiers there are none of.
+func pipelineRows(w io.Writer, scores []*Score, noReferences bool) {
+	if noReferences {
+		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | SLO (whole run) | GPU-h (whole run) | scale events | reversals |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, s := range scores {
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %.2f | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
+				s.GoodputPerGPUHour, pct(s.SLO), s.GPUHours, s.ScaleEvents, s.Reversals)
+		}
+		return
+	}
+	fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | Δ clairvoyant | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | Δ clairvoyant (whole) | scale events | reversals |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, s := range scores {
+		fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %s | %.2f | %s | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
+			s.GoodputPerGPUHour, pts(s.ToStatic), pts(s.ToClairvoyant), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), pts(s.ToClairvoyantWholeRun),
+			s.ScaleEvents, s.Reversals)
 	}
 }
 

@@ -45,7 +45,9 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		s.Seeds = *seeds
 	}
 	if *pipelines != "" {
-		s.Pipelines = strings.Split(*pipelines, ",")
+		if err := s.SetPipelines(splitPipelines(*pipelines)); err != nil {
+			return fmt.Errorf("--pipelines: %w", err)
+		}
 	}
 	s.NoReferences, s.Metric = !*references, *metric
 	start := time.Now()

@@ -290,6 +290,16 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &sb); err != nil || len(sb.Seeds) != 1 || len(sb.Cases) != 1 || len(sb.Cases[0].Pipelines) != 2 {
 		t.Fatalf("scoreboard.json: %v %+v", err, sb)
 	}
+	// --pipelines is split as run's is (a plan's parameters and spaces
+	// kept with it), and a reference among them, or none, refused.
+	for list, want := range map[string]string{
+		"pulse, static:2": "static:2 is added by the suite itself",
+		" , ":             "pipelines: none named",
+	} {
+		if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "bad"), "--pipelines", list); code == 0 || !strings.Contains(errs, want) {
+			t.Fatalf("--pipelines %q: exit %d: %s", list, code, errs)
+		}
+	}
 	// A metric no ScaledObject asks for (a typo) is refused, not 0 cases.
 	if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "none"), "--references=false", "--metric", "replicas"); code == 0 || !strings.Contains(errs, `no ScaledObject of the suite asks for metric "replicas"`) {
 		t.Fatalf("--metric replicas: exit %d: %s", code, errs)
@@ -297,7 +307,7 @@ func TestBenchCommand(t *testing.T) {
 	// The pipelines given, alone, of the ScaledObjects of the metric given:
 	// the suite's one asks for waiting.
 	aloneDir := filepath.Join(dir, "alone")
-	code, _, errs = main(t, "bench", "--suite", suite, "--out", aloneDir, "--seeds", "1", "--references=false", "--pipelines", "prometheus", "--metric", "waiting")
+	code, _, errs = main(t, "bench", "--suite", suite, "--out", aloneDir, "--seeds", "1", "--references=false", "--pipelines", "prometheus, hindsight:utilisation=1.5,window=1m", "--metric", "waiting")
 	if code != 0 {
 		t.Fatalf("--metric waiting: exit %d: %s", code, errs)
 	}
@@ -312,8 +322,8 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &alone); err != nil || !alone.NoReferences || len(alone.Cases) != 1 {
 		t.Fatalf("--metric waiting: scoreboard.json: %v %+v, want 1 case", err, alone)
 	}
-	if c := alone.Cases[0]; len(c.Pipelines) != 1 || c.Pipelines[0].Pipeline != "prometheus" || len(c.Static) != 0 {
-		t.Fatalf("--metric waiting: %+v, want prometheus alone", c)
+	if c := alone.Cases[0]; len(c.Pipelines) != 2 || c.Pipelines[0].Pipeline != "prometheus" || c.Pipelines[1].Pipeline != "hindsight:utilisation=1.5,window=1m" || len(c.Static) != 0 {
+		t.Fatalf("--metric waiting: %+v, want prometheus and the hindsight plan alone", c)
 	}
 }
 
