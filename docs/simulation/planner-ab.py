@@ -7,7 +7,7 @@ clairvoyant sweep) do not depend on any pipeline, so two builds of the
 planner are compared by its pipeline alone: each suite is run by each
 binary as `pulse-sim bench --references=false --pipelines pulse --metric
 replicas` (the suite's own cases, rates, SLO, warm-up and seeds, read by
-pulse-sim itself), about 9 minutes a binary for the 22 suites of
+pulse-sim itself): about 2 minutes a binary for the 22 suites of
 docs/simulation/ on 2 cores, where the whole suites take hours. Run from
 the repository root:
 
