@@ -11,14 +11,20 @@ pulse-sim itself): about 2 minutes a binary for the 22 suites of
 docs/simulation/ on 2 cores, where the whole suites take hours. Run from
 the repository root:
 
-    python3 docs/simulation/planner-ab.py BEFORE_BIN AFTER_BIN [SUITE.yaml ...]
+    python3 docs/simulation/planner-ab.py [--static] BEFORE_BIN AFTER_BIN [SUITE.yaml ...]
 
 Both binaries run with this script's environment: to compare one binary
 under two environments, give a wrapper script that sets one of them.
 Prints every case whose attainment after the warm-up moved by more than
-half a point or whose GPU-hours after it moved by more than 5 %, then the
-totals. A case's distance to the frontiers is its suite's to measure, with
-`pulse-sim bench` on the suite as it is.
+half a point or whose GPU-hours after it moved by more than 5 % (with
+--static, or that came onto the static frontier or left it), then the
+totals. With --static each binary runs the fixed fleets beside the
+planner (`--references=static`: static:1 … maxReplicaCount, no switch and
+no clairvoyant sweep), and the lines and totals
+give the planner's distance to the static frontier too (Δ static, in
+points) and the cases on or above it: within half a point, or using
+fewer GPU-hours than any fixed fleet. The clairvoyant frontier is its
+suite's to measure, with `pulse-sim bench` on the suite as it is.
 """
 import glob
 import json
@@ -36,9 +42,10 @@ def suites(args):
     return [f for f in files if re.search(r'^traces:', open(f).read(), re.M)]
 
 
-def run(binary, suite, out):
-    """The planner's scores in suite, by case: (attainment %, GPU-hours)."""
-    r = subprocess.run([binary, 'bench', '--suite', suite, '--references=false', '--pipelines', 'pulse',
+def run(binary, suite, out, refs):
+    """The planner's scores in suite, by case: (attainment %, GPU-hours,
+    Δ static in points or None)."""
+    r = subprocess.run([binary, 'bench', '--suite', suite, '--references=' + refs, '--pipelines', 'pulse',
                         '--metric', 'replicas', '--out', out], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError('%s bench --suite %s: %s' % (binary, suite, r.stderr.strip()[-1000:]))
@@ -50,19 +57,35 @@ def run(binary, suite, out):
                                         os.path.basename(c['scaledObject']))
             if key in scores:
                 raise RuntimeError('%s: case %s twice' % (suite, key))
-            scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'])
+            to = p.get('toStatic')
+            scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'], None if to is None else 100 * to)
     return scores
 
 
+def on_frontier(to):
+    """On or above the static frontier: within half a point, or cheaper
+    than any fixed fleet (no distance)."""
+    return to is None or to >= -0.5
+
+
+def dist(to):
+    return '—' if to is None else '%+.2f' % to
+
+
 def main():
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    static = bool(args) and args[0] == '--static'
+    if static:
+        args = args[1:]
+    if len(args) < 2:
         sys.exit(__doc__)
-    binaries, todo = sys.argv[1:3], suites(sys.argv[3:])
+    binaries, todo = args[:2], suites(args[2:])
     if not todo:
-        sys.exit('no suite (a YAML file with traces) among %s' % (sys.argv[3:] or 'docs/simulation/*.yaml'))
+        sys.exit('no suite (a YAML file with traces) among %s' % (args[2:] or 'docs/simulation/*.yaml'))
+    refs = 'static' if static else 'false'
     results = [{}, {}]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        jobs = {ex.submit(run, b, s, os.path.join(tmp, '%d-%d' % (i, j))): i
+        jobs = {ex.submit(run, b, s, os.path.join(tmp, '%d-%d' % (i, j)), refs): i
                 for i, b in enumerate(binaries) for j, s in enumerate(todo)}
         for f in as_completed(jobs):
             try:
@@ -73,20 +96,29 @@ def main():
     a, b = results
     if a.keys() != b.keys():
         sys.exit('the two binaries ran different cases: %s' % sorted(a.keys() ^ b.keys()))
-    moved = sorted((b[k][0] - a[k][0], k) for k in a)
-    for d, k in moved:
-        (sa, ga), (sb, gb) = a[k], b[k]
-        if abs(d) > 0.5 or abs(gb - ga) > 0.05 * ga:
-            print('%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, sa, ga, sb, gb))
     n = len(a)
     if n == 0:
         sys.exit('no planner case in %s' % ' '.join(todo))
+    moved = sorted((b[k][0] - a[k][0], k) for k in a)
+    for d, k in moved:
+        (sa, ga, ta), (sb, gb, tb) = a[k], b[k]
+        if abs(d) > 0.5 or abs(gb - ga) > 0.05 * ga or static and on_frontier(ta) != on_frontier(tb):
+            line = '%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, sa, ga, sb, gb)
+            if static:
+                line += ' (Δ static %s -> %s)' % (dist(ta), dist(tb))
+            print(line)
     ga, gb = sum(v[1] for v in a.values()), sum(v[1] for v in b.values())
     print('%d cases of %d suites: mean SLO after the warm-up %.2f %% -> %.2f %%; at 95 %% or more %d -> %d; '
           'up by more than half a point %d, down %d; GPU-hours after the warm-up %.1f -> %.1f (%+.1f %%)' % (
               n, len(todo), sum(v[0] for v in a.values()) / n, sum(v[0] for v in b.values()) / n,
               sum(v[0] >= 95 for v in a.values()), sum(v[0] >= 95 for v in b.values()),
               sum(d > 0.5 for d, _ in moved), sum(d < -0.5 for d, _ in moved), ga, gb, 100 * (gb / ga - 1) if ga else 0))
+    if static:
+        print('on or above the static frontier (within half a point, or cheaper than any fixed fleet) %d -> %d; '
+              'on it and at 95 %% or more %d -> %d' % (
+                  sum(on_frontier(v[2]) for v in a.values()), sum(on_frontier(v[2]) for v in b.values()),
+                  sum(on_frontier(v[2]) and v[0] >= 95 for v in a.values()),
+                  sum(on_frontier(v[2]) and v[0] >= 95 for v in b.values())))
 
 
 if __name__ == '__main__':

@@ -31,6 +31,10 @@ type Scoreboard struct {
 	// there is no frontier and no distance to one (AboveClairvoyant is
 	// null, not empty).
 	NoReferences bool `json:"noReferences,omitempty"`
+	// StaticOnly: of the references only the fixed fleets were run
+	// (Suite.StaticOnly), so there is no clairvoyant frontier and no
+	// distance to one (AboveClairvoyant is null, not empty).
+	StaticOnly bool `json:"staticOnly,omitempty"`
 }
 
 // Case is one trace × profile × ScaledObject, scores the mean over seeds.
@@ -144,16 +148,22 @@ func DefaultSweep() Sweep {
 // maxReplicaCount, at each of the sweep's switches a switch from each of
 // those fleets to the next and back, and the sweep's plans.
 func References(so *sim.ScaledObject, sw Sweep) []string {
-	var out []string
-	for n := int32(1); n <= so.MaxReplicas(); n++ {
-		out = append(out, fmt.Sprintf("static:%d", n))
-	}
+	out := Statics(so)
 	for _, f := range sw.Switches {
 		for n := int32(1); n < so.MaxReplicas(); n++ {
 			out = append(out, sim.SwitchName(n, n+1, f), sim.SwitchName(n+1, n, f))
 		}
 	}
 	return append(out, sw.Names()...)
+}
+
+// Statics are the fixed fleets of so: static:1 … its maxReplicaCount.
+func Statics(so *sim.ScaledObject) []string {
+	var out []string
+	for n := int32(1); n <= so.MaxReplicas(); n++ {
+		out = append(out, fmt.Sprintf("static:%d", n))
+	}
+	return out
 }
 
 func durations(ds []replica.Duration) []time.Duration {
@@ -167,7 +177,7 @@ func durations(ds []replica.Duration) []time.Duration {
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
 	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(), AboveClairvoyant: []string{},
-		NoReferences: s.NoReferences}
+		NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
 	for i := range s.Seeds {
 		sb.Seeds = append(sb.Seeds, s.Seed+uint64(i))
 	}
@@ -209,7 +219,7 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 			}
 		}
 	}
-	if s.NoReferences {
+	if sb.NoReferences || sb.StaticOnly {
 		sb.AboveClairvoyant = nil // no family: not "bounded by it" ([])
 	}
 	if s.Metric != "" && len(sb.Cases) == 0 {
@@ -242,7 +252,11 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		if len(s.Pipelines) > 0 {
 			pipes = append([]string(nil), s.Pipelines...)
 		}
-		if !s.NoReferences {
+		switch {
+		case s.NoReferences:
+		case s.StaticOnly:
+			pipes = append(pipes, Statics(so)...)
+		default:
 			pipes = append(pipes, References(so, s.Clairvoyant)...)
 		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
@@ -278,6 +292,14 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 	for _, sc := range c.Static {
 		if d := distance(sweep, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack); d != nil && *d > 0 {
 			c.StaticAboveSweep = append(c.StaticAboveSweep, fmt.Sprintf("%s (%+.1f points)", sc.Pipeline, 100**d))
+		}
+	}
+	if s.StaticOnly && !s.NoReferences {
+		// The family is the fixed fleets alone: its frontier is the
+		// static one, and no distance to it is the clairvoyant's.
+		c.ClairvoyantFrontier, c.StaticAboveSweep = nil, nil
+		for _, sc := range all {
+			sc.ToClairvoyant, sc.ToClairvoyantWholeRun = nil, nil
 		}
 	}
 	c.PulseMinusPrometheus = paired(reports, "pulse", "prometheus")

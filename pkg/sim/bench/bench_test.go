@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -421,23 +422,7 @@ func TestTheBoundAllowsARunsNoise(t *testing.T) {
 // pipeline alone (docs/simulation/planner-ab.py) — and writes no frontier
 // and no picture, saying so.
 func TestThePipelinesScoreTheSameWithoutTheReferences(t *testing.T) {
-	body := `seeds: 2
-profiles: [llama-3.1-8b-h100]
-scaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml, ROOT/docs/simulation/tuned-scaledobject.yaml]
-clairvoyant: {utilisations: [0.8, 1.5], windows: [30s]}
-traces:
-- name: bursty
-  trace: bursts:base=1,peak=30,on=2m,off=6m,duration=20m,lengths=lognormal
-`
-	s, err := Read(miniSuite(t, body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Pipelines = []string{"pulse"}
-	whole, _, err := s.Run("whole", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, whole := plannerSuite(t, "ROOT/docs/simulation/default-scaledobject.yaml, ROOT/docs/simulation/tuned-scaledobject.yaml")
 	s.NoReferences, s.Metric = true, "replicas"
 	alone, _, err := s.Run("alone", io.Discard)
 	if err != nil {
@@ -482,4 +467,75 @@ traces:
 	if err := s.SetPipelines(nil); err == nil {
 		t.Fatal("no pipeline named: accepted")
 	}
+}
+
+// TestTheFixedFleetsAloneGiveTheSameStaticDistances: with only the fixed
+// fleets run of the references (StaticOnly), the static frontier and every
+// pipeline's distance to it are those of the whole run, and nothing of the
+// clairvoyant family is given: no frontier, no distance, no "bounded by it".
+func TestTheFixedFleetsAloneGiveTheSameStaticDistances(t *testing.T) {
+	s, whole := plannerSuite(t, "ROOT/docs/simulation/default-scaledobject.yaml")
+	s.StaticOnly = true
+	fleets, _, err := s.Run("fleets", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, f := whole.Cases[0], fleets.Cases[0]
+	if !fleets.StaticOnly || whole.StaticOnly || len(f.Clairvoyant) != 0 || len(f.ClairvoyantFrontier) != 0 || f.StaticAboveSweep != nil {
+		t.Fatalf("static only %v (whole %v): %d plans, %d clairvoyant frontier points, fleets above the sweep %v", fleets.StaticOnly, whole.StaticOnly, len(f.Clairvoyant), len(f.ClairvoyantFrontier), f.StaticAboveSweep)
+	}
+	if len(w.Clairvoyant) == 0 || len(f.Static) != len(w.Static) || !reflect.DeepEqual(f.StaticFrontier, w.StaticFrontier) {
+		t.Fatalf("fixed fleets %d and %d, plans in the whole run %d; static frontiers\n%v\n%v", len(f.Static), len(w.Static), len(w.Clairvoyant), f.StaticFrontier, w.StaticFrontier)
+	}
+	ws, fs := *w.Pipelines[0], *f.Pipelines[0]
+	if ws.ToStatic == nil || fs.ToStatic == nil || *ws.ToStatic != *fs.ToStatic || fs.ToClairvoyant != nil || fs.ToClairvoyantWholeRun != nil || ws.ToClairvoyant == nil {
+		t.Fatalf("to static %v and %v; to the clairvoyant with the fleets alone %v (whole run %v)", ws.ToStatic, fs.ToStatic, fs.ToClairvoyant, ws.ToClairvoyant)
+	}
+	ws.ToClairvoyant, ws.ToClairvoyantWholeRun = nil, nil
+	ws.ToStatic, fs.ToStatic, ws.ToStaticWholeRun, fs.ToStaticWholeRun = nil, nil, nil, nil
+	if ws != fs {
+		t.Fatalf("the planner's scores moved with the fleets alone:\n%+v\n%+v", ws, fs)
+	}
+	out := t.TempDir()
+	files, err := Write(fleets, out, "png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "scoreboard.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 3 || !bytes.Contains(md, []byte("Only the fixed fleets were run")) || !bytes.Contains(md, []byte("Static frontier (after")) ||
+		bytes.Contains(md, []byte("Clairvoyant frontier")) || bytes.Contains(md, []byte("clairvoyant |")) || !bytes.Contains(md, []byte("| Δ static |")) {
+		t.Fatalf("files %v; scoreboard.md, with the static frontier alone:\n%s", files, md)
+	}
+	raw, _ := json.Marshal(fleets)
+	if !bytes.Contains(raw, []byte(`"aboveClairvoyant":null`)) || !bytes.Contains(raw, []byte(`"staticOnly":true`)) {
+		t.Fatalf("with the fixed fleets alone: %s", raw)
+	}
+}
+
+// plannerSuite reads a small suite of scaledObjects (a YAML list's
+// items) on a bursty 20 minutes, 2 seeds and a small clairvoyant sweep,
+// its pipelines set to pulse alone, and runs it with every reference.
+func plannerSuite(t *testing.T, scaledObjects string) (*Suite, *Scoreboard) {
+	t.Helper()
+	body := `seeds: 2
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [` + scaledObjects + `]
+clairvoyant: {utilisations: [0.8, 1.5], windows: [30s]}
+traces:
+- name: bursty
+  trace: bursts:base=1,peak=30,on=2m,off=6m,duration=20m,lengths=lognormal
+`
+	s, err := Read(miniSuite(t, body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Pipelines = []string{"pulse"}
+	whole, _, err := s.Run("whole", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, whole
 }

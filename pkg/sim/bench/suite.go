@@ -62,6 +62,12 @@ type Suite struct {
 	// where the whole suite takes hours (docs/simulation/planner-ab.py).
 	NoReferences bool   `json:"-"`
 	Metric       string `json:"-"`
+	// StaticOnly runs the fixed fleets alone of the references (static:1
+	// … maxReplicaCount: no switch, no clairvoyant sweep): the static
+	// frontier and each pipeline's distance to it, which the goal of the
+	// planner is stated against, at a small part of the sweep's cost, and
+	// no clairvoyant frontier (ignored with NoReferences).
+	StaticOnly bool `json:"-"`
 
 	dir string
 }

@@ -85,7 +85,12 @@ func pts(v *float64) string {
 func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	fmt.Fprintf(w, "# pulse-sim scoreboard: %s\n\n", sb.Suite)
 	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds.", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
-	if !sb.NoReferences {
+	switch {
+	case sb.NoReferences:
+	case sb.StaticOnly:
+		fmt.Fprintf(w, " Δ static: the pipeline's attainment minus the static frontier's at its GPU-hours, in points "+
+			"(— where it used fewer GPU-hours than any fixed fleet).")
+	default:
 		fmt.Fprintf(w, " Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
 			"(— where it used fewer GPU-hours than any point of that frontier).")
 	}
@@ -93,6 +98,8 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	switch {
 	case sb.NoReferences:
 		fmt.Fprintf(w, "**No references were run** (`pulse-sim bench --references=false`): the pipelines' scores alone, with no frontier to measure them against.\n\n")
+	case sb.StaticOnly:
+		fmt.Fprintf(w, "**Only the fixed fleets were run of the references** (`pulse-sim bench --references=static`): no clairvoyant frontier, and no distance to one.\n\n")
 	case len(sb.AboveClairvoyant) == 0:
 		fmt.Fprintf(w, "**The clairvoyant frontier bounds every pipeline of every case.**\n\n")
 	default:
@@ -101,10 +108,12 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	for i, c := range sb.Cases {
 		fmt.Fprintf(w, "## %s\n\n", caseName(c))
 		fmt.Fprintf(w, "%d requests; trigger `%s` threshold %g.\n\n", c.Requests, c.Metric, c.Threshold)
-		pipelineRows(w, c.Pipelines, sb.NoReferences)
+		pipelineRows(w, c.Pipelines, sb.NoReferences, !sb.StaticOnly)
 		fmt.Fprintln(w)
 		if !sb.NoReferences {
 			fmt.Fprintf(w, "Static frontier (after warm-up): %s.\n\n", frontierText(c.StaticFrontier))
+		}
+		if !sb.NoReferences && !sb.StaticOnly {
 			fmt.Fprintf(w, "Clairvoyant frontier (after warm-up; its sweep, the switches and the fixed fleets): %s.\n\n", frontierText(c.ClairvoyantFrontier))
 		}
 		if len(c.StaticAboveSweep) > 0 {
@@ -124,14 +133,25 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 }
 
 // pipelineRows writes the table of the pipelines' scores: with no
-// references, without the distances to the frontiers there are none of.
-func pipelineRows(w io.Writer, scores []*Score, noReferences bool) {
+// references, without the distances to the frontiers there are none of;
+// without the clairvoyant family (clairvoyant false), with the distances
+// to the static frontier alone.
+func pipelineRows(w io.Writer, scores []*Score, noReferences, clairvoyant bool) {
 	if noReferences {
 		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | SLO (whole run) | GPU-h (whole run) | scale events | reversals |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, s := range scores {
 			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %.2f | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
 				s.GoodputPerGPUHour, pct(s.SLO), s.GPUHours, s.ScaleEvents, s.Reversals)
+		}
+		return
+	}
+	if !clairvoyant {
+		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | scale events | reversals |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, s := range scores {
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %.2f | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
+				s.GoodputPerGPUHour, pts(s.ToStatic), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), s.ScaleEvents, s.Reversals)
 		}
 		return
 	}

@@ -18,7 +18,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("out", "bench", "directory for scoreboard.md, scoreboard.json and the frontier pictures")
 	format := fs.String("format", "png", "picture format: png or svg")
 	seeds := fs.Int("seeds", 0, "override the suite's number of seeds (0: the suite's)")
-	references := fs.Bool("references", true, "also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
+	references := referencesFlag("true")
+	fs.Var(&references, "references", "true: also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; static: the fixed fleets alone of them, so the static frontier and no clairvoyant one, at a small part of the cost; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
 	pipelines := fs.String("pipelines", "", "override the suite's pipelines, comma-separated (default: the suite's, else every one that can express each ScaledObject's trigger)")
 	metric := fs.String("metric", "", "run only the ScaledObjects whose pulse trigger asks for this metric (replicas: the planner's), refused when none does; default: every one")
 	if err := parse(fs, args, stderr); err != nil {
@@ -49,7 +50,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--pipelines: %w", err)
 		}
 	}
-	s.NoReferences, s.Metric = !*references, *metric
+	s.NoReferences, s.StaticOnly, s.Metric = references == "false", references == "static", *metric
 	start := time.Now()
 	sb, _, err := s.Run(*suite, stdout)
 	if err != nil {
@@ -65,3 +66,21 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%d cases in %.0fs; wrote %s\n", len(sb.Cases), time.Since(start).Seconds(), strings.Join(files, ", "))
 	return nil
 }
+
+// referencesFlag is bench's --references: true, false or static. Given
+// bare (--references), it is true, as the boolean flag it was.
+type referencesFlag string
+
+func (r *referencesFlag) String() string { return string(*r) }
+
+func (r *referencesFlag) Set(v string) error {
+	switch v {
+	case "true", "false", "static":
+		*r = referencesFlag(v)
+		return nil
+	}
+	return fmt.Errorf("%q: true, false or static", v)
+}
+
+// IsBoolFlag lets --references stand alone, as true.
+func (r *referencesFlag) IsBoolFlag() bool { return true }

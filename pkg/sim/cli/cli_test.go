@@ -325,6 +325,34 @@ func TestBenchCommand(t *testing.T) {
 	if c := alone.Cases[0]; len(c.Pipelines) != 2 || c.Pipelines[0].Pipeline != "prometheus" || c.Pipelines[1].Pipeline != "hindsight:utilisation=1.5,window=1m" || len(c.Static) != 0 {
 		t.Fatalf("--metric waiting: %+v, want prometheus and the hindsight plan alone", c)
 	}
+	// The fixed fleets alone of the references, and a value that is none
+	// of the three refused.
+	fleetsDir := filepath.Join(dir, "fleets")
+	if code, _, errs := main(t, "bench", "--suite", suite, "--out", fleetsDir, "--seeds", "1", "--references=static", "--pipelines", "prometheus"); code != 0 {
+		t.Fatalf("--references=static: exit %d: %s", code, errs)
+	}
+	var fleets struct {
+		StaticOnly bool `json:"staticOnly"`
+		Cases      []struct {
+			Static              []struct{ Pipeline string } `json:"static"`
+			Clairvoyant         []struct{ Pipeline string } `json:"clairvoyant"`
+			ClairvoyantFrontier []struct{ Pipeline string } `json:"clairvoyantFrontier"`
+			Pipelines           []struct {
+				ToStatic      *float64 `json:"toStatic"`
+				ToClairvoyant *float64 `json:"toClairvoyant"`
+			} `json:"pipelines"`
+		} `json:"cases"`
+	}
+	raw, _ = os.ReadFile(filepath.Join(fleetsDir, "scoreboard.json"))
+	if err := json.Unmarshal(raw, &fleets); err != nil || !fleets.StaticOnly || len(fleets.Cases) != 1 {
+		t.Fatalf("--references=static: scoreboard.json: %v %+v", err, fleets)
+	}
+	if c := fleets.Cases[0]; len(c.Static) == 0 || len(c.Clairvoyant)+len(c.ClairvoyantFrontier) != 0 || len(c.Pipelines) != 1 || c.Pipelines[0].ToStatic == nil || c.Pipelines[0].ToClairvoyant != nil {
+		t.Fatalf("--references=static: %+v, want the fixed fleets, a distance to them and none to the clairvoyant", c)
+	}
+	if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "maybe"), "--references=maybe"); code == 0 || !strings.Contains(errs, `"maybe": true, false or static`) {
+		t.Fatalf("--references=maybe: exit %d: %s", code, errs)
+	}
 }
 
 func TestVersion(t *testing.T) {
