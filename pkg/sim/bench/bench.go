@@ -296,7 +296,9 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 	}
 	if s.StaticOnly && !s.NoReferences {
 		// The family is the fixed fleets alone: its frontier is the
-		// static one, and no distance to it is the clairvoyant's.
+		// static one, and no distance to it is the clairvoyant's (a plan
+		// of the family cannot be named among the pipelines:
+		// checkPipelines).
 		c.ClairvoyantFrontier, c.StaticAboveSweep = nil, nil
 		for _, sc := range all {
 			sc.ToClairvoyant, sc.ToClairvoyantWholeRun = nil, nil

@@ -491,10 +491,20 @@ func TestTheFixedFleetsAloneGiveTheSameStaticDistances(t *testing.T) {
 	if ws.ToStatic == nil || fs.ToStatic == nil || *ws.ToStatic != *fs.ToStatic || fs.ToClairvoyant != nil || fs.ToClairvoyantWholeRun != nil || ws.ToClairvoyant == nil {
 		t.Fatalf("to static %v and %v; to the clairvoyant with the fleets alone %v (whole run %v)", ws.ToStatic, fs.ToStatic, fs.ToClairvoyant, ws.ToClairvoyant)
 	}
+	if ws.ToStaticWholeRun == nil || fs.ToStaticWholeRun == nil || *ws.ToStaticWholeRun != *fs.ToStaticWholeRun {
+		t.Fatalf("to static over the whole run %v and %v", ws.ToStaticWholeRun, fs.ToStaticWholeRun)
+	}
 	ws.ToClairvoyant, ws.ToClairvoyantWholeRun = nil, nil
-	ws.ToStatic, fs.ToStatic, ws.ToStaticWholeRun, fs.ToStaticWholeRun = nil, nil, nil, nil
+	ws.ToStatic, fs.ToStatic, ws.ToStaticWholeRun, fs.ToStaticWholeRun = nil, nil, nil, nil // compared above
 	if ws != fs {
 		t.Fatalf("the planner's scores moved with the fleets alone:\n%+v\n%+v", ws, fs)
+	}
+	for i := range w.Static {
+		a, b := *w.Static[i], *f.Static[i]
+		a.ToClairvoyant, a.ToClairvoyantWholeRun = nil, nil
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("fixed fleet %d: with every reference %+v, alone %+v", i, a, b)
+		}
 	}
 	out := t.TempDir()
 	files, err := Write(fleets, out, "png")

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	format := fs.String("format", "png", "picture format: png or svg")
 	seeds := fs.Int("seeds", 0, "override the suite's number of seeds (0: the suite's)")
 	references := referencesFlag("true")
-	fs.Var(&references, "references", "true: also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; static: the fixed fleets alone of them, so the static frontier and no clairvoyant one, at a small part of the cost; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
+	fs.Var(&references, "references", "true, static or false: true: also run the references (static:1 … maxReplicaCount, the switches, the clairvoyant sweep) and score every pipeline against their frontiers; static: the fixed fleets alone of them, so the static frontier and no clairvoyant one, at a small part of the cost; false: the pipelines alone, no frontier (a change to one pipeline compared in minutes: docs/simulation/planner-ab.py)")
 	pipelines := fs.String("pipelines", "", "override the suite's pipelines, comma-separated (default: the suite's, else every one that can express each ScaledObject's trigger)")
 	metric := fs.String("metric", "", "run only the ScaledObjects whose pulse trigger asks for this metric (replicas: the planner's), refused when none does; default: every one")
 	if err := parse(fs, args, stderr); err != nil {
@@ -67,20 +68,23 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// referencesFlag is bench's --references: true, false or static. Given
-// bare (--references), it is true, as the boolean flag it was.
+// referencesFlag is bench's --references: true, false (as the boolean
+// flag it was, in any form strconv.ParseBool reads) or static. It takes a
+// value (--references=static or --references static): bare, as the
+// boolean flag's default, it meant nothing.
 type referencesFlag string
 
 func (r *referencesFlag) String() string { return string(*r) }
 
 func (r *referencesFlag) Set(v string) error {
-	switch v {
-	case "true", "false", "static":
-		*r = referencesFlag(v)
+	if v == "static" {
+		*r = "static"
 		return nil
 	}
-	return fmt.Errorf("%q: true, false or static", v)
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("%q: true, false or static", v)
+	}
+	*r = referencesFlag(strconv.FormatBool(b))
+	return nil
 }
-
-// IsBoolFlag lets --references stand alone, as true.
-func (r *referencesFlag) IsBoolFlag() bool { return true }

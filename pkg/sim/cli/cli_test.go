@@ -328,7 +328,8 @@ func TestBenchCommand(t *testing.T) {
 	// The fixed fleets alone of the references, and a value that is none
 	// of the three refused.
 	fleetsDir := filepath.Join(dir, "fleets")
-	if code, _, errs := main(t, "bench", "--suite", suite, "--out", fleetsDir, "--seeds", "1", "--references=static", "--pipelines", "prometheus"); code != 0 {
+	// The flag takes its value after a space too.
+	if code, _, errs := main(t, "bench", "--suite", suite, "--out", fleetsDir, "--seeds", "1", "--references", "static", "--pipelines", "prometheus"); code != 0 {
 		t.Fatalf("--references=static: exit %d: %s", code, errs)
 	}
 	var fleets struct {
@@ -338,6 +339,7 @@ func TestBenchCommand(t *testing.T) {
 			Clairvoyant         []struct{ Pipeline string } `json:"clairvoyant"`
 			ClairvoyantFrontier []struct{ Pipeline string } `json:"clairvoyantFrontier"`
 			Pipelines           []struct {
+				Pipeline      string   `json:"pipeline"`
 				ToStatic      *float64 `json:"toStatic"`
 				ToClairvoyant *float64 `json:"toClairvoyant"`
 			} `json:"pipelines"`
@@ -347,8 +349,13 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &fleets); err != nil || !fleets.StaticOnly || len(fleets.Cases) != 1 {
 		t.Fatalf("--references=static: scoreboard.json: %v %+v", err, fleets)
 	}
-	if c := fleets.Cases[0]; len(c.Static) == 0 || len(c.Clairvoyant)+len(c.ClairvoyantFrontier) != 0 || len(c.Pipelines) != 1 || c.Pipelines[0].ToStatic == nil || c.Pipelines[0].ToClairvoyant != nil {
-		t.Fatalf("--references=static: %+v, want the fixed fleets, a distance to them and none to the clairvoyant", c)
+	if c := fleets.Cases[0]; len(c.Static) == 0 || len(c.Clairvoyant)+len(c.ClairvoyantFrontier) != 0 || len(c.Pipelines) != 1 ||
+		c.Pipelines[0].Pipeline != "prometheus" || c.Pipelines[0].ToStatic == nil || c.Pipelines[0].ToClairvoyant != nil {
+		t.Fatalf("--references static: %+v, want the fixed fleets, the pipeline, its distance to the fleets and none to the clairvoyant", c)
+	}
+	// The boolean flag's other spellings still read.
+	if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "f"), "--seeds", "1", "--references=0", "--pipelines", "prometheus"); code != 0 {
+		t.Fatalf("--references=0: exit %d: %s", code, errs)
 	}
 	if code, _, errs := main(t, "bench", "--suite", suite, "--out", filepath.Join(dir, "maybe"), "--references=maybe"); code == 0 || !strings.Contains(errs, `"maybe": true, false or static`) {
 		t.Fatalf("--references=maybe: exit %d: %s", code, errs)
