@@ -176,8 +176,13 @@ func durations(ds []replica.Duration) []time.Duration {
 
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
-	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(), AboveClairvoyant: []string{},
+	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(),
 		NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
+	if !sb.NoReferences && !sb.StaticOnly {
+		// Bounded by the clairvoyant family: [] until a pipeline is above
+		// it. With no family it stays null, not "bounded by it".
+		sb.AboveClairvoyant = []string{}
+	}
 	for i := range s.Seeds {
 		sb.Seeds = append(sb.Seeds, s.Seed+uint64(i))
 	}
@@ -218,9 +223,6 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 				fmt.Fprintf(log, "%s: %d seeds in %.1fs\n", caseName(c), len(sb.Seeds), time.Since(start).Seconds())
 			}
 		}
-	}
-	if sb.NoReferences || sb.StaticOnly {
-		sb.AboveClairvoyant = nil // no family: not "bounded by it" ([])
 	}
 	if s.Metric != "" && len(sb.Cases) == 0 {
 		return nil, nil, fmt.Errorf("no ScaledObject of the suite asks for metric %q", s.Metric)

@@ -137,30 +137,42 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 // without the clairvoyant family (clairvoyant false), with the distances
 // to the static frontier alone.
 func pipelineRows(w io.Writer, scores []*Score, noReferences, clairvoyant bool) {
-	if noReferences {
-		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | SLO (whole run) | GPU-h (whole run) | scale events | reversals |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
-		for _, s := range scores {
-			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %.2f | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
-				s.GoodputPerGPUHour, pct(s.SLO), s.GPUHours, s.ScaleEvents, s.Reversals)
-		}
-		return
+	type column struct {
+		head string
+		cell func(*Score) string
 	}
-	if !clairvoyant {
-		fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | scale events | reversals |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-		for _, s := range scores {
-			fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %.2f | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
-				s.GoodputPerGPUHour, pts(s.ToStatic), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), s.ScaleEvents, s.Reversals)
+	f2 := func(x float64) string { return fmt.Sprintf("%.2f", x) }
+	f1 := func(x float64) string { return fmt.Sprintf("%.1f", x) }
+	static, clair := !noReferences, !noReferences && clairvoyant
+	var cols []column
+	add := func(on bool, head string, cell func(*Score) string) {
+		if on {
+			cols = append(cols, column{head, cell})
 		}
-		return
 	}
-	fmt.Fprintln(w, "| pipeline | SLO after warm-up | GPU-h after warm-up | goodput / GPU-h | Δ static | Δ clairvoyant | SLO (whole run) | GPU-h (whole run) | Δ static (whole) | Δ clairvoyant (whole) | scale events | reversals |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	add(true, "pipeline", func(s *Score) string { return s.Pipeline })
+	add(true, "SLO after warm-up", func(s *Score) string { return pct(s.SLOAfterWarmup) })
+	add(true, "GPU-h after warm-up", func(s *Score) string { return f2(s.GPUHoursAfterWarmup) })
+	add(true, "goodput / GPU-h", func(s *Score) string { return fmt.Sprintf("%.0f", s.GoodputPerGPUHour) })
+	add(static, "Δ static", func(s *Score) string { return pts(s.ToStatic) })
+	add(clair, "Δ clairvoyant", func(s *Score) string { return pts(s.ToClairvoyant) })
+	add(true, "SLO (whole run)", func(s *Score) string { return pct(s.SLO) })
+	add(true, "GPU-h (whole run)", func(s *Score) string { return f2(s.GPUHours) })
+	add(static, "Δ static (whole)", func(s *Score) string { return pts(s.ToStaticWholeRun) })
+	add(clair, "Δ clairvoyant (whole)", func(s *Score) string { return pts(s.ToClairvoyantWholeRun) })
+	add(true, "scale events", func(s *Score) string { return f1(s.ScaleEvents) })
+	add(true, "reversals", func(s *Score) string { return f1(s.Reversals) })
+	row := func(cells func(column) string) {
+		parts := make([]string, len(cols))
+		for i, c := range cols {
+			parts[i] = cells(c)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(parts, " | "))
+	}
+	row(func(c column) string { return c.head })
+	fmt.Fprintln(w, "|---"+strings.Repeat("|---:", len(cols)-1)+"|")
 	for _, s := range scores {
-		fmt.Fprintf(w, "| %s | %s | %.2f | %.0f | %s | %s | %s | %.2f | %s | %s | %.1f | %.1f |\n", s.Pipeline, pct(s.SLOAfterWarmup), s.GPUHoursAfterWarmup,
-			s.GoodputPerGPUHour, pts(s.ToStatic), pts(s.ToClairvoyant), pct(s.SLO), s.GPUHours, pts(s.ToStaticWholeRun), pts(s.ToClairvoyantWholeRun),
-			s.ScaleEvents, s.Reversals)
+		row(func(c column) string { return c.cell(s) })
 	}
 }
 

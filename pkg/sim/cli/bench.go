@@ -69,9 +69,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // referencesFlag is bench's --references: true, false (as the boolean
-// flag it was, in any form strconv.ParseBool reads) or static. It takes a
-// value (--references=static or --references static): bare, as the
-// boolean flag's default, it meant nothing.
+// flag it was, in any form strconv.ParseBool reads) or static. It needs a
+// value (--references=static or --references static): a bare
+// --references, which the boolean flag read as true (its default), is now
+// refused.
 type referencesFlag string
 
 func (r *referencesFlag) String() string { return string(*r) }
