@@ -85,7 +85,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "duplicate_id", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -446,10 +446,23 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 // whose pod cannot be looked up now, the rest are looked up without
 // waiting (one waited up to the lookups' bounds: a catalogue of misses
 // would have waited that long each).
+//
+// An id a catalogue lists twice is taken at its first entry, and each
+// later entry for it refused alone (duplicate_id): each had moved the id
+// to its own uid, past the stream's room (an id held takes none), and
+// every uid was stored while the stream kept only the last, so one stream
+// held pods it could neither report nor remove, as many as it listed, up
+// to --max-pods. The agent lists an id once.
 func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, full bool, removed []string) {
 	infos := make([]store.PodInfo, 0, len(entries))
 	ids := make([]uint32, 0, len(entries))
+	listed := make(map[uint32]bool, len(entries))
 	for _, p := range entries {
+		if listed[p.Id] {
+			st.refuseRepeat(p)
+			continue
+		}
+		listed[p.Id] = true
 		info, ok, err := st.admit(ctx, p, &removed)
 		if errors.Is(err, ErrLookupUnavailable) {
 			st.uncheck(p, err)
@@ -479,6 +492,18 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		// unready for the whole --warmup.
 		st.heard = true
 		st.srv.store.MarkHeard(st.hello.Node)
+	}
+}
+
+// refuseRepeat refuses p, an entry whose id its catalogue listed before:
+// counted and logged (bounded), and nothing else changed (what the first
+// entry for the id did stands).
+func (st *streamState) refuseRepeat(p *pulsev1.Pod) {
+	st.srv.m.rejected.WithLabelValues("duplicate_id").Inc()
+	if st.logAllowed() {
+		st.logger().Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
+			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, "duplicate_id",
+			logging.KeyErr, fmt.Errorf("the catalogue lists pod id %d more than once: its first entry is taken, this one refused", p.Id))
 	}
 }
 
@@ -756,7 +781,11 @@ const maxClockAhead = time.Hour
 // stream (with the entries' rejections).
 func (st *streamState) warnBadTime(timeMs, nowMs int64) {
 	if st.logAllowed() {
-		st.logger().Warn("sample refused: its time is more than an hour ahead of the aggregator's clock (is the node's clock set?); counted in pulse_aggregator_rejected_reports_total{reason=\"bad_time\"}",
+		what := "more than an hour ahead of the aggregator's clock"
+		if timeMs < 0 {
+			what = "before 1970"
+		}
+		st.logger().Warn("sample refused: its time is "+what+" (is the node's clock set?); counted in pulse_aggregator_rejected_reports_total{reason=\"bad_time\"}",
 			logging.KeyNode, st.hello.Node, logging.KeySampleTime, time.UnixMilli(timeMs).UTC().Format(time.RFC3339), logging.KeyNow, time.UnixMilli(nowMs).UTC().Format(time.RFC3339))
 	}
 }

@@ -149,6 +149,7 @@ pulse_aggregator_rejected_reports_total{reason="auth_unavailable"} 0
 pulse_aggregator_rejected_reports_total{reason="bad_extra"} 0
 pulse_aggregator_rejected_reports_total{reason="bad_time"} 0
 pulse_aggregator_rejected_reports_total{reason="catalogue"} 0
+pulse_aggregator_rejected_reports_total{reason="duplicate_id"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_entry"} 0
 pulse_aggregator_rejected_reports_total{reason="invalid_hello"} 0
 pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
@@ -597,6 +598,54 @@ func TestASampleFromTheFarFutureIsRefusedAlone(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_time")); got != 2 {
 		t.Fatalf("rejected bad_time = %v, want 2", got)
+	}
+	// Each warning says which: one before 1970 was logged as an hour ahead.
+	if logs := f.logs.String(); !strings.Contains(logs, "its time is more than an hour ahead") || !strings.Contains(logs, "its time is before 1970") {
+		t.Fatalf("the warnings do not say which way each time is wrong:\n%s", logs)
+	}
+}
+
+// TestAnIDListedTwiceInOneCatalogueIsRefusedAlone: each later entry for an
+// id a catalogue had listed moved the id to its own uid, past the stream's
+// room (an id held takes none), and every uid was stored while the stream
+// kept the last: one stream held pods it could neither report nor remove,
+// as many as it listed. The first entry for an id stands; each later one
+// is refused alone (duplicate_id), named in a warning, and the stream and
+// its other pods go on.
+func TestAnIDListedTwiceInOneCatalogueIsRefusedAlone(t *testing.T) {
+	f := newFixture(t) // at most 3 pods a stream
+	names := func() []string {
+		var out []string
+		for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+			for _, p := range w.Pods {
+				out = append(out, p.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	// An invalid entry after a valid one for the same id: the valid one
+	// stands.
+	bad := pod(2, "b2")
+	bad.Uid = ""
+	repeats := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{
+		Upsert: []*pulsev1.Pod{pod(1, "a"), pod(1, "a2"), pod(1, "a3"), pod(1, "a4"), pod(2, "b"), bad}}}}
+	more := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{
+		Upsert: []*pulsev1.Pod{pod(3, "c"), pod(4, "d")}}}}
+	if err := f.run(t, hello(), repeats, more); err != nil {
+		t.Fatalf("the stream ended: %v", err)
+	}
+	if got, want := names(), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+		t.Fatalf("pods held %v, want %v: each id's first entry, and no more than the stream's room", got, want)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("duplicate_id")); got != 4 {
+		t.Fatalf("rejected duplicate_id = %v, want 4", got)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("agent_full")); got != 1 {
+		t.Fatalf("rejected agent_full = %v, want 1 (d: a, b and c fill the room)", got)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "reason=duplicate_id") || !strings.Contains(logs, "pod=ns/a2") || !strings.Contains(logs, "lists pod id 1 more than once") {
+		t.Fatalf("no warning names the repeated entry and why:\n%s", logs)
 	}
 }
 
