@@ -206,3 +206,35 @@ func TestTheScaledObjectCacheHoldsOnlyWhatItReads(t *testing.T) {
 		t.Fatalf("the ScaledObject cache holds %d bytes of two ScaledObjects whose targets and planner triggers are a few hundred", held)
 	}
 }
+
+// TestATriggerWithKeysFromTheEnvironmentIsNotLearned: KEDA resolves a
+// <key>FromEnv from the scale target's containers and forwards the value,
+// but the ScaledObject holds only the variable's name. The cache kept the
+// trigger without its FromEnv keys, so learning planned it under the
+// defaults (an SLO of 2 s where KEDA's calls plan 500 ms): a state KEDA
+// never asks for, and nothing kept for a failover. Such a trigger is not
+// learned; one with only pulse's plain keys beside it still is, and KEDA's
+// own call with the value resolved plans as before.
+func TestATriggerWithKeysFromTheEnvironmentIsNotLearned(t *testing.T) {
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"},
+		withTriggers("tenant-a", "slo-from-env", trigger("external-push", replicasMD("sloTtftFromEnv", "SLO_TTFT"))),
+		withTriggers("tenant-a", "metric-from-env", trigger("external-push", map[string]string{"workspace": "llama", "metricFromEnv": "METRIC"})),
+		withTriggers("tenant-a", "window-from-env", trigger("external-push", replicasMD("windowFromEnv", "WINDOW"))),
+		withTriggers("tenant-a", "plain", trigger("external-push", replicasMD("sloTtft", "500ms"))),
+		// A KEDA key from the environment is KEDA's: the trigger is learned.
+		withTriggers("tenant-a", "keda-from-env", trigger("external-push", replicasMD("scalerAddressFromEnv", "ADDR"))))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	var got []string
+	for _, ref := range r.PlannerRefs(maxPlans) {
+		got = append(got, ref.Name)
+	}
+	if slices.Sort(got); !slices.Equal(got, []string{"keda-from-env", "plain"}) {
+		t.Fatalf("learned %v; want only the triggers without pulse's keys from the environment", got)
+	}
+	tr, err := ParseTrigger(ref(replicasMD("sloTtftFromEnv", "500ms")), time.Minute, r)
+	if err != nil || tr.SLOTTFT != 500*time.Millisecond {
+		t.Fatalf("KEDA's call, the value resolved: %+v, %v", tr, err)
+	}
+}

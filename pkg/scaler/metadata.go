@@ -274,6 +274,10 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 		t.Workload = store.Key{Kind: k, Name: name}
 		t.fromTarget = true
 	}
+	if a, b := md["namespace"], md["workspaceNamespace"]; a != "" && b != "" && a != b {
+		// One of the two was silently ignored.
+		return &MetadataError{Key: "workspaceNamespace", Msg: fmt.Sprintf("names namespace %q where namespace names %q: give one (workspaceNamespace is namespace's other name)", wire.CleanText(b, 64), wire.CleanText(a, 64))}
+	}
 	t.Workload.Namespace = first(md["namespace"], md["workspaceNamespace"], ref.GetNamespace())
 	if t.Workload.Namespace == "" {
 		return &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
@@ -287,13 +291,17 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	return nil
 }
 
-// parseMetric reads metric or metricName.
+// parseMetric reads metric or metricName; both, naming different metrics,
+// are refused (metricName was ignored).
 func parseMetric(md map[string]string, t *Trigger) error {
 	if m := md["metric"]; m != "" {
 		if _, ok := metric.Lookup(m); !ok && m != MetricReplicas {
 			return &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", m, MetricReplicas, strings.Join(metric.Names(), ", "))}
 		}
 		t.Metric = m
+		if n := md["metricName"]; n != "" && n != m && vllmNames[n] != m {
+			return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("names %q where metric names %q: give one (metricName is metric's other name)", wire.CleanText(n, 64), m)}
+		}
 	} else if m := md["metricName"]; m != "" {
 		switch {
 		case vllmNames[m] != "":
@@ -351,18 +359,29 @@ func planKeys(md map[string]string, t *Trigger) error {
 		return &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric replicas is a replica count: its threshold must be 1 (the HPA's target per replica), not %g", t.Threshold)}
 	case t.ValueType != "total":
 		return &MetadataError{Key: "valueType", Msg: "metric replicas is the workload's replica count: valueType must be total (metricType AverageValue)"}
+	case md["aggregation"] != "":
+		// Checked, then ignored: the planner aggregates no replica's value.
+		return &MetadataError{Key: "aggregation", Msg: "does not apply to metric replicas: the planner plans from every replica's work, and aggregates no value of theirs"}
+	case md["missingPods"] != "":
+		return &MetadataError{Key: "missingPods", Msg: "does not apply to metric replicas: the planner holds a replica with no fresh sample by its own rule (docs/planner.md, \"Safety\")"}
 	}
 	return nil
 }
 
 // loadTargets reads saturation's targets: each at least 0 (0 leaves its
-// gauge out), at least one above 0, the KV cache's at most 1.
+// gauge out), at least one above 0, the KV cache's at most 1. One on
+// another metric is an error: it was checked, then ignored.
 func loadTargets(md map[string]string, t *Trigger) error {
+	d, ok := metric.Lookup(t.Metric)
+	load := ok && d.Rule == metric.RuleLoad
 	var err error
 	for _, c := range []struct {
 		key string
 		v   *float64
 	}{{"kvCacheTarget", &t.Load.KVCache}, {"waitingTarget", &t.Load.Waiting}, {"runningTarget", &t.Load.Running}} {
+		if md[c.key] != "" && !load {
+			return &MetadataError{Key: c.key, Msg: fmt.Sprintf("applies to metric saturation only; metric %s scales on its threshold", t.Metric)}
+		}
 		if *c.v, err = number(md, c.key, *c.v); err != nil {
 			return err
 		}

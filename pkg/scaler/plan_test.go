@@ -160,6 +160,10 @@ func TestReplicasMetadata(t *testing.T) {
 		"sloPercentile 0.9":     {replicasMD("sloPercentile", "0.9"), "sloPercentile"},
 		"sloPercentile p90":     {replicasMD("sloPercentile", "p90"), "sloPercentile"},
 		"sloPercentile on kv":   {map[string]string{"workspace": "llama", "metric": "kvCacheUsage", "sloPercentile": "90"}, "sloPercentile"},
+		// Checked, then ignored by the planner.
+		"aggregation":         {replicasMD("aggregation", "max"), "aggregation"},
+		"missingPods":         {replicasMD("missingPods", "ignore"), "missingPods"},
+		"a saturation target": {replicasMD("kvCacheTarget", "0.5"), "kvCacheTarget"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseTrigger(ref(tc.md), time.Minute, nil)

@@ -238,6 +238,14 @@ func TestInvalidMetadata(t *testing.T) {
 		"negative staleness":  {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
 		"staleness past 10m":  {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
 		"threshold past 1e12": {md: map[string]string{"workspace": "a", "threshold": "2e12"}, key: "threshold"},
+		// Keys that were checked, then ignored.
+		"kvCacheTarget on waiting":  {md: map[string]string{"workspace": "a", "kvCacheTarget": "0.5"}, key: "kvCacheTarget"},
+		"runningTarget on running":  {md: map[string]string{"workspace": "a", "metric": "running", "runningTarget": "32"}, key: "runningTarget"},
+		"waitingTarget on an extra": {md: map[string]string{"workspace": "a", "metricName": "vllm:extra", "threshold": "5", "waitingTarget": "3"}, key: "waitingTarget"},
+		// Two names of one key that disagree: one was ignored.
+		"two namespaces":         {md: map[string]string{"workspace": "a", "namespace": "default", "workspaceNamespace": "other"}, key: "workspaceNamespace"},
+		"metric and metricName":  {md: map[string]string{"workspace": "a", "metric": "waiting", "metricName": "vllm:kv_cache_usage_perc"}, key: "metricName"},
+		"metric and a raw gauge": {md: map[string]string{"workspace": "a", "metric": "running", "metricName": "vllm:extra"}, key: "metricName"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -252,6 +260,17 @@ func TestInvalidMetadata(t *testing.T) {
 				}
 			}
 		})
+	}
+	// The two names of a key agreeing are one key given twice.
+	for _, md := range []map[string]string{
+		{"workspace": "a", "namespace": "demo", "workspaceNamespace": "demo"},
+		{"workspace": "a", "metric": "waiting", "metricName": "vllm:num_requests_waiting"},
+		{"workspace": "a", "metric": "kvCacheUsage", "metricName": "kvCacheUsage"},
+		{"workspace": "a", "metric": "saturation", "kvCacheTarget": "0.5", "waitingTarget": "3"},
+	} {
+		if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+			t.Errorf("%v: %v", md, err)
+		}
 	}
 	// A missing workload is not blamed on workspace.
 	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{})); err == nil || strings.Contains(err.Error(), `"workspace"`) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -116,6 +118,16 @@ func CutName(v string) string {
 // plannerMetadata is the metadata of tr, a ScaledObject's trigger, as the
 // cache keeps it when tr is a planner trigger KEDA's call would parse: the
 // keys pulse and KEDA know; nil otherwise.
+//
+// A trigger with one of pulse's keys from the environment (<key>FromEnv)
+// is nil too: KEDA reads the variable from the scale target's containers
+// and forwards its value, but the ScaledObject holds only the variable's
+// name, so what the aggregator would learn from it (its SLO, its window,
+// its workload) need not be what KEDA's call plans: it learned under
+// another key, one KEDA never asks for, and a failover kept nothing.
+// Such a trigger is planned at KEDA's calls alone, and a replica that
+// takes over relearns it (docs/planner.md, "What is kept, and what is
+// relearned").
 func plannerMetadata(tr any) map[string]any {
 	m, _ := tr.(map[string]any)
 	if typ, _, _ := unstructured.NestedString(m, "type"); typ != "external-push" {
@@ -133,7 +145,7 @@ func plannerMetadata(tr any) map[string]any {
 		}
 		md[k] = s
 	}
-	if !isPlanner(md) {
+	if !isPlanner(md) || fromEnv(md) {
 		return nil
 	}
 	if _, err := metadata(md); err != nil {
@@ -146,6 +158,17 @@ func plannerMetadata(tr any) map[string]any {
 		}
 	}
 	return out
+}
+
+// fromEnv reports whether md takes one of pulse's keys from the
+// environment.
+func fromEnv(md map[string]string) bool {
+	for k := range md {
+		if base, ok := strings.CutSuffix(k, "FromEnv"); ok && slices.Contains(pulseKeys, base) {
+			return true
+		}
+	}
+	return false
 }
 
 // isPlanner reports whether md names the planner, as parseMetric reads it
@@ -173,7 +196,7 @@ func (r *InformerResolver) Ready() error {
 // the tenant's error.
 var (
 	errNotSynced = errors.New("the ScaledObject cache is not synced yet")
-	errNotCached = errors.New("not in the aggregator's ScaledObject cache yet (made a moment ago?)")
+	errNotCached = errors.New("not in the aggregator's ScaledObject cache yet (made a moment ago? A ScaledJob's trigger must name its workload: only a ScaledObject's scaleTargetRef is read)")
 )
 
 // Resolve reads spec.scaleTargetRef from the cache.

@@ -67,8 +67,9 @@ func TestWorkloadFromScaleTargetRef(t *testing.T) {
 	_, err = f.client.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "nope", Namespace: "demo"})
 	// KEDA asks only about ScaledObjects it has read: one the cache lacks
 	// was made a moment ago. Unavailable (KEDA retries), not the tenant's
-	// error.
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "not in the aggregator's ScaledObject cache yet") {
+	// error. A ScaledJob's trigger comes the same way, and the answer says
+	// what it must do.
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "not in the aggregator's ScaledObject cache yet") || !strings.Contains(err.Error(), "A ScaledJob's trigger must name its workload") {
 		t.Fatalf("missing ScaledObject: %v", err)
 	}
 
