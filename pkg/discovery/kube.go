@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -253,6 +254,9 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 // annotationsRead are the pulse.io/ annotations discovery reads of a pod.
 var annotationsRead = []string{AnnotationScrape, AnnotationPort, AnnotationPath, AnnotationScheme, KeyWorkload,
 	AnnotationDemandSource, AnnotationDemandWorkloads, AnnotationDemandKind, AnnotationDemandMetric, AnnotationDemandLabel, AnnotationDemandType}
+
+// PodAnnotations are the pulse.io/ annotations read of a pod (a copy).
+func PodAnnotations() []string { return slices.Clone(annotationsRead) }
 
 // readPorts are the container ports of pod that portOf and declares read,
 // in the order portOf reads them: the first named metrics, the first named

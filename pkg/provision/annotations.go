@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 
+	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/scaler"
 )
@@ -66,9 +68,7 @@ var ignoredKaito = []string{"metrics", "combinepolicy", "evaluationwindow", "sca
 // provisioner's cache keeps these alone of a workload's annotations.
 var annotationsRead = func() map[string]bool {
 	m := map[string]bool{}
-	for _, a := range []string{AnnotationAutoscale, AnnotationMetric, AnnotationThreshold, AnnotationActivationThreshold,
-		AnnotationWindow, AnnotationMinReplicas, AnnotationMaxReplicas, AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval,
-		AnnotationScaleDownDelay, AnnotationCooldownPeriod, AnnotationSLOTTFT, AnnotationSLOITL, AnnotationSLOPercentile} {
+	for _, a := range provisionerAnnotations {
 		m[a] = true
 	}
 	for _, k := range aliases {
@@ -166,6 +166,47 @@ type Settings struct {
 	Ignored []string
 }
 
+// provisionerAnnotations are pulse's own annotations Parse reads.
+var provisionerAnnotations = []string{AnnotationAutoscale, AnnotationMetric, AnnotationThreshold, AnnotationActivationThreshold,
+	AnnotationWindow, AnnotationMinReplicas, AnnotationMaxReplicas, AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval,
+	AnnotationScaleDownDelay, AnnotationCooldownPeriod, AnnotationSLOTTFT, AnnotationSLOITL, AnnotationSLOPercentile}
+
+// podAnnotations are the pulse.io/ annotations read of pods: no typo of
+// the provisioner's.
+var podAnnotations = discovery.PodAnnotations()
+
+// misspelt is an error naming the first annotation (in name order) under
+// pulse.io/ that neither Parse nor the agents read and that is a likely
+// typo of one of names (scaler.Nearest), or nil. Any other pulse.io/
+// annotation is left alone: a pod's, written on its workload too.
+func misspelt(annotations map[string]string, names []string) error {
+	var keys []string
+	for k := range annotations {
+		if unread(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if meant := scaler.Nearest(k, names); meant != "" {
+			return &AnnotationError{k, fmt.Sprintf("not an annotation pulse reads (did you mean %s?)", meant)}
+		}
+	}
+	return nil
+}
+
+// unread: k is a pulse.io/ annotation that neither Parse nor the agents
+// read.
+func unread(k string) bool {
+	return strings.HasPrefix(k, "pulse.io/") && !annotationsRead[k] && !slices.Contains(podAnnotations, k)
+}
+
+// likelyTypo: k is unread and a likely typo of one of the provisioner's
+// annotations (the cache keeps it, for Parse to name).
+func likelyTypo(k string) bool {
+	return unread(k) && scaler.Nearest(k, provisionerAnnotations) != ""
+}
+
 // AnnotationError names the annotation at fault.
 type AnnotationError struct{ Annotation, Msg string }
 
@@ -193,10 +234,14 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	}
 	switch on {
 	case "", "false":
-		return s, nil
+		// Not enabled: an annotation that was meant to enable it is named.
+		return s, misspelt(annotations, []string{AnnotationAutoscale})
 	case "true":
 	default:
 		return s, &AnnotationError{via, fmt.Sprintf("%q: want \"true\" or \"false\"", on)}
+	}
+	if err := misspelt(annotations, provisionerAnnotations); err != nil {
+		return s, err
 	}
 	s.Enabled, s.ViaKaito = true, via == KaitoAutoProvision
 	for _, k := range ignoredKaito {
@@ -223,6 +268,16 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	}
 	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
 		return s, err
+	}
+	// KEDA reads both only between 0 and 1 replicas: set with a minimum
+	// of one or more, they were written and had no effect.
+	for _, a := range []struct{ annotation, what string }{
+		{AnnotationCooldownPeriod, "KEDA waits it only before scaling to zero"},
+		{AnnotationActivationThreshold, "KEDA reads it only to scale from zero, or to it"},
+	} {
+		if v, _, _ := r.get(a.annotation); v != "" && s.MinReplicas > 0 {
+			return s, &AnnotationError{a.annotation, fmt.Sprintf("applies only with %s \"0\" (here %d): %s", AnnotationMinReplicas, s.MinReplicas, a.what)}
+		}
 	}
 	if s.Parsed.Metric == scaler.MetricReplicas {
 		// The planner holds capacity itself: an HPA behaviour on top

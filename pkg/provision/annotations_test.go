@@ -154,11 +154,38 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationSLOTTFT, "fast"), AnnotationSLOTTFT, "duration"},
 		{on(AnnotationSLOTTFT, "2s", AnnotationMetric, "waiting"), AnnotationSLOTTFT, "metric replicas only"},
 		{on(AnnotationMetric, "replicas", AnnotationThreshold, "2"), AnnotationThreshold, "must be 1"},
+		// Read by KEDA only between 0 and 1 replicas: with a minimum of
+		// one they were written and did nothing.
+		{on(AnnotationCooldownPeriod, "30m"), AnnotationCooldownPeriod, `applies only with pulse.io/min-replicas "0" (here 1)`},
+		{on(AnnotationActivationThreshold, "0.5", AnnotationMinReplicas, "2", AnnotationMaxReplicas, "4"), AnnotationActivationThreshold, `(here 2)`},
+		{on(AnnotationMetric, "waiting", AnnotationActivationThreshold, "1", KaitoMinReplicas, "1"), AnnotationActivationThreshold, "scale from zero"},
+		// A likely typo of an annotation pulse reads is named, not ignored.
+		{on(AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1], "40"), AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1], "did you mean " + AnnotationMaxReplicas},
+		{on("pulse.io/SLO-TTFT", "1s"), "pulse.io/SLO-TTFT", "did you mean " + AnnotationSLOTTFT},
+		{map[string]string{"pulse.io/auto-scale": "true"}, "pulse.io/auto-scale", "did you mean " + AnnotationAutoscale},
 	} {
 		_, err := Parse(llama, c.annotations, time.Minute)
 		var ae *AnnotationError
 		if !errors.As(err, &ae) || ae.Annotation != c.annotation || !strings.Contains(err.Error(), c.says) || len(err.Error()) > 1024 {
 			t.Errorf("%.300v: %.300v; want an error on %s saying %q, of at most 1 KiB", c.annotations, err, c.annotation, c.says)
+		}
+	}
+}
+
+// TestWhatIsNoTypoIsLeftAlone: a pulse.io/ annotation of a pod's (written
+// on its workload too), one far from every annotation pulse reads, and a
+// typo on a workload not enabled (but of pulse.io/autoscale) are no
+// refusal; the cooldown and activation are taken with a minimum of 0.
+func TestWhatIsNoTypoIsLeftAlone(t *testing.T) {
+	for _, a := range []map[string]string{
+		{AnnotationAutoscale: "true", "pulse.io/scrape": "true", "pulse.io/port": "8000", "pulse.io/workload": "llama", "pulse.io/demand-source": "epp"},
+		{AnnotationAutoscale: "true", "pulse.io/team": "inference", "pulse.io/owner-contact": "a@b.c"},
+		{"pulse.io/max-replica": "40"},
+		{AnnotationAutoscale: "false", "pulse.io/windows": "30s"},
+		{AnnotationAutoscale: "true", AnnotationMinReplicas: "0", AnnotationCooldownPeriod: "30m", AnnotationActivationThreshold: "0.5"},
+	} {
+		if _, err := Parse(llama, a, time.Minute); err != nil {
+			t.Errorf("%v: %v", a, err)
 		}
 	}
 }

@@ -324,7 +324,7 @@ func trimWorkload(o any) (any, error) {
 	}
 	var kept map[string]string
 	for k, v := range m.Annotations {
-		if !annotationsRead[k] {
+		if !annotationsRead[k] && !likelyTypo(k) {
 			continue // another's, or a pulse.io/ key pulse does not read
 		}
 		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue+1 {
@@ -552,9 +552,12 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	desired := Desired(Owner{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
-	summary := Summary(s)
+	// What the state says, Events too: a Workspace's note (it scales
+	// 0 <-> 1 only) and the keda-kaito-scaler annotations not read were in
+	// the debug endpoint alone, which listens on the pod's loopback.
+	summary := provisionedSummary(k, s)
 	if !r.differs(existing, desired) {
-		r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+		r.report(k, ref, StateProvisioned, soName, summary)
 		return nil
 	}
 	verb := map[bool]string{true: "create", false: "update"}[existing == nil]
@@ -582,9 +585,18 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		if live.GetUID() != existing.GetUID() {
 			return apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
 		}
+		// Judged again as the API server has it: a tenant that took it
+		// over (pulse's label taken off, as a conflict's message says)
+		// a moment before had it labelled again and overwritten, the
+		// cache not yet told.
+		if msg := r.conflict(k, m, live); msg != "" {
+			r.c.m.errors.WithLabelValues("conflict").Inc()
+			r.report(k, ref, StateConflict, soName, msg)
+			return nil
+		}
 		out, changed := Apply(live, desired)
 		if !changed {
-			r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+			r.report(k, ref, StateProvisioned, soName, summary)
 			return nil
 		}
 		out.SetManagedFields(nil) // the server keeps those an update leaves out
@@ -595,7 +607,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	r.didWrite(k, write)
 	r.c.m.changes.WithLabelValues(verb).Inc()
-	r.report(k, ref, StateProvisioned, soName, provisionedSummary(k, s))
+	r.report(k, ref, StateProvisioned, soName, summary)
 	return nil
 }
 

@@ -454,13 +454,15 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 }
 
 // TestWorkspaceSaysItScalesZeroToOne: a Workspace's ScaledObject is made,
-// and its status says the HPA cannot take it past one replica.
+// and its status and Event say the HPA cannot take it past one replica.
 func TestWorkspaceSaysItScalesZeroToOne(t *testing.T) {
 	workspaces := schema.GroupVersionResource{Group: "kaito.sh", Version: "v1alpha1", Resource: "workspaces"}
 	f := newFixture(t, workload(workspaces, "Workspace", "llama", map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0"}))
 	f.run()
 	f.waitState("Workspace", "llama", StateProvisioned, "no selector")
-	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "0-10 replicas") {
+	// The Event says so too (it was the debug endpoint's alone, which
+	// listens on the pod's loopback).
+	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "0-10 replicas") || !strings.Contains(msg, "no selector") {
 		t.Errorf("event %q", msg)
 	}
 }
@@ -997,5 +999,66 @@ func TestAnUpdateKeepsWhatOthersAdded(t *testing.T) {
 	so, _ = f.scaledObject("mine")
 	if so.GetLabels()["team"] != "a" || so.GetAnnotations()["note"] != "kept" || len(so.GetFinalizers()) != 1 || len(so.GetOwnerReferences()) != 2 {
 		t.Fatalf("what others added, after pulse's update: %v", so.Object["metadata"])
+	}
+}
+
+// TestATakenOverScaledObjectIsNotTakenBack: a tenant takes pulse's
+// ScaledObject over by taking pulse's label off (as a conflict's message
+// says to), and the workload's annotations change before the cache hears
+// of it. The update judged ownership on the cached copy alone: it read the
+// object as the API server has it, labelled it pulse's again and
+// overwrote the tenant's spec. The live object is judged again: a conflict,
+// and nothing written.
+func TestATakenOverScaledObjectIsNotTakenBack(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
+	// The API server's copy, label taken off; the cache is not told.
+	f.dyn.PrependReactor("get", "scaledobjects", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != "mine" {
+			return false, nil, nil
+		}
+		so, err := f.dyn.Tracker().Get(ScaledObjects, "demo", "mine")
+		if err != nil {
+			return true, nil, err
+		}
+		u := so.(*unstructured.Unstructured).DeepCopy()
+		u.SetLabels(map[string]string{"team": "a"})
+		return true, u, nil
+	})
+	var updates atomic.Int32
+	f.dyn.PrependReactor("update", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		updates.Add(1)
+		return false, nil, nil
+	})
+	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "7"})
+	f.waitState("Deployment", "mine", StateConflict, "is not pulse's")
+	if n := updates.Load(); n != 0 {
+		t.Fatalf("%d updates of a ScaledObject the API server has as another's", n)
+	}
+	if _, err := f.maxOf("mine", 10); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestATypoReachesTheWorkloadsState: the cache kept only the annotations
+// pulse reads, so a misspelt one (pulse.io/max-replica) never reached
+// Parse and the workload was provisioned at the default as if it were
+// not there. The cache keeps a likely typo (and no other pulse.io/ key),
+// and the workload's state names it.
+func TestATypoReachesTheWorkloadsState(t *testing.T) {
+	typo := AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1]
+	o, err := trimWorkload(workload(deployments, "Deployment", "llama", map[string]string{AnnotationAutoscale: "true", typo: "40", "pulse.io/team": "a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.(*metav1.PartialObjectMetadata).Annotations; len(got) != 2 || got[typo] != "40" {
+		t.Fatalf("cached %v: want pulse.io/autoscale and the typo alone", got)
+	}
+	f := newFixture(t, workload(deployments, "Deployment", "llama", map[string]string{AnnotationAutoscale: "true", typo: "40"}))
+	f.run()
+	f.waitState("Deployment", "llama", StateInvalid, typo+": not an annotation pulse reads (did you mean "+AnnotationMaxReplicas+"?)")
+	if _, err := f.scaledObject("llama"); err == nil {
+		t.Fatal("a ScaledObject was made at the default")
 	}
 }

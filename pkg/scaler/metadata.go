@@ -528,15 +528,32 @@ func metadata(in map[string]string) (map[string]string, error) {
 // hint, and each candidate is skipped unless their lengths are within its
 // limit, so an unknown key of any length costs no more than a short one
 // (a 1 MiB key once cost seconds of CPU and gigabytes of allocation).
-func nearestKey(k string) string {
-	if len(k) > maxPulseKey+2 {
+func nearestKey(k string) string { return nearestIn(k, pulseKeys, foldedPulseKeys, maxPulseKey) }
+
+// Nearest is the name of names that k is a likely typo of, as nearestKey
+// judges one (the same but for case, or within one edit, two for names
+// over five letters; each at most 30 runes); "" when none is.
+func Nearest(k string, names []string) string {
+	fnames, longest := make([][]rune, len(names)), 0
+	for i, p := range names {
+		var r [maxEdited]rune
+		fnames[i] = slices.Clone(r[:folded(&r, p)])
+		longest = max(longest, len(p))
+	}
+	return nearestIn(k, names, fnames, longest)
+}
+
+// nearestIn is nearestKey over names, whose folded forms are fnames and
+// whose longest is longest bytes.
+func nearestIn(k string, names []string, fnames [][]rune, longest int) string {
+	if len(k) > longest+2 {
 		return ""
 	}
 	var kr [maxEdited]rune
 	n := folded(&kr, k)
 	best, bestD := "", 3
-	for i, p := range pulseKeys {
-		fp := foldedPulseKeys[i]
+	for i, p := range names {
+		fp := fnames[i]
 		if slices.Equal(kr[:n], fp) {
 			return p
 		}
