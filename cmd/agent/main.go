@@ -18,6 +18,10 @@ func main() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), agent.MaxProcs))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "probe" {
+		// The kubelet's exec probe of --health-addr (deploy/daemonset).
+		os.Exit(agent.Probe(os.Args[2:], os.Stdout))
+	}
 	o := agent.NewOptions()
 	app.Main("pulse-agent", o, func(log *slog.Logger) (app.Runner, error) { return agent.New(o, log) })
 }

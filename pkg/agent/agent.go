@@ -96,6 +96,15 @@ type Agent struct {
 	released map[string]*vllm.Counters
 	lastTick atomic.Int64 // the last scrape tick, nanoseconds on the monotonic clock since monoStart (0: none yet)
 	httpAddr atomic.Value // string: the bound HTTP address, once listening
+	// healthAddr: the bound health address (--health-addr), once listening.
+	healthAddr atomic.Value
+}
+
+// HealthAddr is the bound address of --health-addr; empty until Run is
+// listening, or without it.
+func (a *Agent) HealthAddr() string {
+	s, _ := a.healthAddr.Load().(string)
+	return s
 }
 
 // HTTPAddr is the bound address of /metrics, /livez and /readyz; empty until
@@ -234,6 +243,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { return k.Run(ctx) })
 	}
 	g.Go(func() error { return a.serveHTTP(ctx) })
+	if a.opts.HealthAddr != "" {
+		g.Go(func() error { return a.serveHealth(ctx) })
+	}
 	g.Go(func() error { a.scrapeLoop(ctx); return nil })
 	// The GPU loop is not one of the group: an NVML call that hangs (a GPU
 	// fallen off the bus, a wedged driver) must not hold the agent's stop,
@@ -626,8 +638,9 @@ func (a *Agent) aggregatorConnected() (addrs []string, ok bool) {
 // the server's IdleTimeout: one pod opening thousands took the agent past
 // its 128Mi limit, and every tenant of the node lost its scraping with it.
 // The port holds at most maxHTTPConns connections (netbound), and at most
-// maxHTTPConnsPerIP from one address, so that one client cannot take the
-// room of the kubelet's probes (from the node's address) or Prometheus's.
+// maxHTTPConnsPerIP from one address, so that one client cannot take
+// every other's room (Prometheus's); sixteen clients can, so the probes
+// have a port of their own (maxHealthConns).
 const (
 	maxHTTPConns      = 256
 	maxHTTPConnsPerIP = 16
@@ -636,6 +649,53 @@ const (
 func (a *Agent) serveHTTP(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", app.MetricsHandler(a.reg, promhttp.HandlerOpts{}))
+	a.healthHandlers(mux)
+	return a.listenAndServe(ctx, a.opts.HTTPAddr, maxHTTPConns, maxHTTPConnsPerIP, &a.httpAddr, "http", mux)
+}
+
+// The health port (--health-addr, the chart's on the pod's loopback: no
+// other pod reaches it) serves /livez and /readyz alone, for the
+// kubelet's exec probes (pulse-agent probe). The HTTP port is reachable
+// from any pod: 16 pods of any tenant, each holding its 16 connections,
+// filled its 256 and the kubelet's probes were closed at once, the agent
+// restarted for ever and every tenant of the node lost its samples.
+const maxHealthConns = 8
+
+// serveHealth serves /livez and /readyz on --health-addr.
+func (a *Agent) serveHealth(ctx context.Context) error {
+	mux := http.NewServeMux()
+	a.healthHandlers(mux)
+	return a.listenAndServe(ctx, a.opts.HealthAddr, maxHealthConns, maxHealthConns, &a.healthAddr, "health", mux)
+}
+
+// listenAndServe serves h on addr, at most all connections and perIP
+// from one address, until ctx ends; the bound address is stored in bound.
+func (a *Agent) listenAndServe(ctx context.Context, addr string, all, perIP int, bound *atomic.Value, what string, h http.Handler) error {
+	raw, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	ln := netbound.New(raw, all, perIP)
+	bound.Store(ln.Addr().String())
+	a.log.Info("agent "+what+" listening", logging.KeyAddr, ln.Addr().String())
+	// Bounded as the aggregator's: a slow or idle client holds nothing
+	// for long.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	go func() { //nolint:gosec // G118: ctx has ended when the shutdown starts; it needs a live context of its own
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve %s: %w", what, err)
+	}
+	return nil
+}
+
+// healthHandlers registers /livez and /readyz on mux.
+func (a *Agent) healthHandlers(mux *http.ServeMux) {
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		// The scrape loop ticks every interval; 1.5 intervals without a
 		// tick means it is stuck.
@@ -658,27 +718,6 @@ func (a *Agent) serveHTTP(ctx context.Context) error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	raw, err := net.Listen("tcp", a.opts.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", a.opts.HTTPAddr, err)
-	}
-	ln := netbound.New(raw, maxHTTPConns, maxHTTPConnsPerIP)
-	// Bounded as the aggregator's: a slow or idle client holds nothing
-	// for long.
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
-	go func() { //nolint:gosec // G118: ctx has ended when the shutdown starts; it needs a live context of its own
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	a.httpAddr.Store(ln.Addr().String())
-	a.log.Info("agent http listening", logging.KeyAddr, ln.Addr().String())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve http: %w", err)
-	}
-	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -41,6 +41,7 @@ type Options struct {
 	BatchDelay          time.Duration
 	ReconnectMaxBackoff time.Duration
 	HTTPAddr            string
+	HealthAddr          string
 	Log                 logging.Options
 }
 
@@ -93,6 +94,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")
 	fs.DurationVar(&o.ReconnectMaxBackoff, "reconnect-max-backoff", o.ReconnectMaxBackoff, "longest wait between reconnects to an aggregator")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, alone, for the kubelet's probes (the chart's: 127.0.0.1:8082, probed with pulse-agent probe): the http port is reachable from any pod, and its connection bounds could leave a probe no room; empty: off")
 	o.Log.AddFlags(fs)
 }
 

@@ -200,3 +200,39 @@ func TestAggregatorProbeSetToNullRenders(t *testing.T) {
 		}
 	}
 }
+
+// The agent's probes are exec probes of its health port on the pod's
+// loopback (the http port, reachable from any pod, could be filled by a
+// tenant's connections): the port the probes name is the one the agent is
+// told to serve, a port moved moves both, and a probe set to null is left
+// out.
+func TestAgentProbesExecTheHealthPort(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "daemonset")
+	for _, port := range []string{"", "9099"} {
+		args := []string{}
+		want := "8082"
+		if port != "" {
+			args, want = []string{"--set", "healthPort=" + port}, port
+		}
+		out, err := render(t, chart, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		for _, s := range []string{
+			"- --health-addr=127.0.0.1:" + want + "\n",
+			`command: ["/pulse-agent", "probe", "http://127.0.0.1:` + want + `/livez"]`,
+			`command: ["/pulse-agent", "probe", "http://127.0.0.1:` + want + `/readyz"]`,
+		} {
+			if !strings.Contains(out, s) {
+				t.Errorf("%v: %q not rendered:\n%s", args, s, out)
+			}
+		}
+		if strings.Contains(out, "httpGet") {
+			t.Errorf("%v: an httpGet probe rendered:\n%s", args, out)
+		}
+	}
+	out, err := render(t, chart, "--set", "livenessProbe=null")
+	if err != nil || strings.Contains(out, "livenessProbe") || !strings.Contains(out, "readinessProbe") {
+		t.Errorf("livenessProbe=null: %v\n%s", err, out)
+	}
+}

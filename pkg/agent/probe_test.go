@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTheProbesHaveAPortNoPodReaches: the HTTP port (reachable from any
+// pod) holds at most maxHTTPConns connections, maxHTTPConnsPerIP from one
+// address: 16 pods holding their 16 each filled it, the kubelet's probe
+// of /livez there was closed at once, and the agent was restarted for
+// ever. The probes have a port of their own (--health-addr, the chart's
+// on the pod's loopback), probed by `pulse-agent probe`, which answers
+// while the HTTP port is full.
+func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
+	a := newIdleAgent(t)
+	a.opts.HTTPAddr, a.opts.HealthAddr = "127.0.0.1:0", "127.0.0.1:0"
+	a.lastTick.Store(int64(time.Since(monoStart))) // the scrape loop ticks
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.serveHTTP(ctx) }()
+	go func() { _ = a.serveHealth(ctx) }()
+	for a.HTTPAddr() == "" || a.HealthAddr() == "" {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Sixteen addresses, each holding its sixteen connections.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	for i := range maxHTTPConns / maxHTTPConnsPerIP {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(i+1))}}
+		for range maxHTTPConnsPerIP {
+			c, err := d.Dial("tcp", a.HTTPAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: agent\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("connection %d of %v: %v", len(held), d.LocalAddr, err)
+			}
+			_ = resp.Body.Close() // held open (keep-alive)
+		}
+	}
+	// The HTTP port is full: a probe there, from the node's address, gets
+	// no answer.
+	kubelet := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 2, 1)}}).DialContext}}
+	if resp, err := kubelet.Get("http://" + a.HTTPAddr() + "/livez"); err == nil {
+		_ = resp.Body.Close()
+		t.Fatalf("the HTTP port answered past its %d connections: the flood did not fill it", maxHTTPConns)
+	}
+	var out strings.Builder
+	if code := Probe([]string{"http://" + a.HealthAddr() + "/livez"}, &out); code != 0 || !strings.Contains(out.String(), "200 OK: ok") {
+		t.Fatalf("pulse-agent probe of the health port beside the flood: exit %d, %q", code, out.String())
+	}
+	// /readyz there too: no aggregator connected, 503, exit 1.
+	out.Reset()
+	if code := Probe([]string{"http://" + a.HealthAddr() + "/readyz"}, &out); code != 1 || !strings.Contains(out.String(), "503") || !strings.Contains(out.String(), "no aggregator connected") {
+		t.Fatalf("pulse-agent probe of /readyz with no aggregator: exit %d, %q", code, out.String())
+	}
+	// The health port serves the probes alone.
+	resp, err := http.Get("http://" + a.HealthAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("/metrics on the health port: %s, want 404", resp.Status)
+	}
+}
+
+// TestProbeExitCodes: 0 for a 200 alone; 1 for another answer, a
+// redirect (not followed) or none; 2 for arguments that are not one
+// http:// URL.
+func TestProbeExitCodes(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ok":
+			fmt.Fprintln(w, "ok")
+		case "/moved":
+			http.Redirect(w, r, "/ok", http.StatusFound)
+		default:
+			http.Error(w, strings.Repeat("x", 10<<10), http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	gone := closed.URL
+	closed.Close()
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{srv.URL + "/ok"}, 0, "200 OK: ok"},
+		{[]string{srv.URL + "/moved"}, 1, "302"},
+		{[]string{srv.URL + "/broken"}, 1, "500"},
+		{[]string{gone + "/ok"}, 1, "refused"},
+		{nil, 2, "usage"},
+		{[]string{srv.URL, srv.URL}, 2, "usage"},
+		{[]string{"127.0.0.1:8082/livez"}, 2, "not an http:// URL"},
+		{[]string{"https://127.0.0.1:8082/livez"}, 2, "not an http:// URL"},
+	} {
+		var out strings.Builder
+		if code := Probe(c.args, &out); code != c.code || !strings.Contains(out.String(), c.says) || out.Len() > 1200 {
+			t.Errorf("probe %q: exit %d, %.200q; want %d saying %q, at most about 1 KiB", c.args, code, out.String(), c.code, c.says)
+		}
+	}
+}
