@@ -20,7 +20,7 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "probe" {
 		// The kubelet's exec probe of --health-addr (deploy/daemonset).
-		os.Exit(agent.Probe(os.Args[2:], os.Stdout))
+		os.Exit(app.Probe("pulse-agent", os.Args[2:], os.Stdout))
 	}
 	o := agent.NewOptions()
 	app.Main("pulse-agent", o, func(log *slog.Logger) (app.Runner, error) { return agent.New(o, log) })

@@ -4,12 +4,17 @@ package main
 
 import (
 	"log/slog"
+	"os"
 
 	"github.com/pulse-io/pulse/pkg/aggregator"
 	"github.com/pulse-io/pulse/pkg/app"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "probe" {
+		// The kubelet's exec probe of --health-addr (deploy/aggregator).
+		os.Exit(app.Probe("pulse-aggregator", os.Args[2:], os.Stdout))
+	}
 	o := aggregator.NewOptions()
 	app.Main("pulse-aggregator", o, func(log *slog.Logger) (app.Runner, error) { return aggregator.New(o, log) })
 }

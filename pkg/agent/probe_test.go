@@ -3,14 +3,14 @@ package agent
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pulse-io/pulse/pkg/app"
 )
 
 // TestTheProbesHaveAPortNoPodReaches: the HTTP port (reachable from any
@@ -66,12 +66,12 @@ func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
 		t.Fatalf("the HTTP port answered past its %d connections: the flood did not fill it", maxHTTPConns)
 	}
 	var out strings.Builder
-	if code := Probe([]string{"http://" + a.HealthAddr() + "/livez"}, &out); code != 0 || !strings.Contains(out.String(), "200 OK: ok") {
+	if code := app.Probe("pulse-agent", []string{"http://" + a.HealthAddr() + "/livez"}, &out); code != 0 || !strings.Contains(out.String(), "200 OK: ok") {
 		t.Fatalf("pulse-agent probe of the health port beside the flood: exit %d, %q", code, out.String())
 	}
 	// /readyz there too: no aggregator connected, 503, exit 1.
 	out.Reset()
-	if code := Probe([]string{"http://" + a.HealthAddr() + "/readyz"}, &out); code != 1 || !strings.Contains(out.String(), "503") || !strings.Contains(out.String(), "no aggregator connected") {
+	if code := app.Probe("pulse-agent", []string{"http://" + a.HealthAddr() + "/readyz"}, &out); code != 1 || !strings.Contains(out.String(), "503") || !strings.Contains(out.String(), "no aggregator connected") {
 		t.Fatalf("pulse-agent probe of /readyz with no aggregator: exit %d, %q", code, out.String())
 	}
 	// The health port serves the probes alone.
@@ -82,44 +82,5 @@ func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("/metrics on the health port: %s, want 404", resp.Status)
-	}
-}
-
-// TestProbeExitCodes: 0 for a 200 alone; 1 for another answer, a
-// redirect (not followed) or none; 2 for arguments that are not one
-// http:// URL.
-func TestProbeExitCodes(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/ok":
-			fmt.Fprintln(w, "ok")
-		case "/moved":
-			http.Redirect(w, r, "/ok", http.StatusFound)
-		default:
-			http.Error(w, strings.Repeat("x", 10<<10), http.StatusInternalServerError)
-		}
-	}))
-	defer srv.Close()
-	closed := httptest.NewServer(http.NotFoundHandler())
-	gone := closed.URL
-	closed.Close()
-	for _, c := range []struct {
-		args []string
-		code int
-		says string
-	}{
-		{[]string{srv.URL + "/ok"}, 0, "200 OK: ok"},
-		{[]string{srv.URL + "/moved"}, 1, "302"},
-		{[]string{srv.URL + "/broken"}, 1, "500"},
-		{[]string{gone + "/ok"}, 1, "refused"},
-		{nil, 2, "usage"},
-		{[]string{srv.URL, srv.URL}, 2, "usage"},
-		{[]string{"127.0.0.1:8082/livez"}, 2, "not an http:// URL"},
-		{[]string{"https://127.0.0.1:8082/livez"}, 2, "not an http:// URL"},
-	} {
-		var out strings.Builder
-		if code := Probe(c.args, &out); code != c.code || !strings.Contains(out.String(), c.says) || out.Len() > 1200 {
-			t.Errorf("probe %q: exit %d, %.200q; want %d saying %q, at most about 1 KiB", c.args, code, out.String(), c.code, c.says)
-		}
 	}
 }

@@ -126,7 +126,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.IngestAddr, "ingest-addr", o.IngestAddr, "address of the agents' gRPC ingest stream")
 	fs.StringVar(&o.ScalerAddr, "scaler-addr", o.ScalerAddr, "address of the KEDA external-push scaler (gRPC, with gRPC health)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez, /readyz and, without --debug-addr, /debug/workloads, /debug/triggers and /debug/provisioning")
-	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, in plaintext, for the kubelet's probes (e.g. :8081): with --http-tls a probe of the http port fails until the certificate is there")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, in plaintext, for the kubelet's probes (the chart's 127.0.0.1:8081, probed by an exec of pulse-aggregator probe URL): with --http-tls a probe of the http port fails until the certificate is there, and other pods' connections can fill its bounds")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "serve /debug/* on this address alone, in plaintext and with no --metrics-auth (e.g. 127.0.0.1:8082, reachable only from the pod), instead of on --http-addr")
 	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ beside the debug endpoints (on --debug-addr when it is set)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")

@@ -236,3 +236,25 @@ func TestAgentProbesExecTheHealthPort(t *testing.T) {
 		t.Errorf("livenessProbe=null: %v\n%s", err, out)
 	}
 }
+
+// The aggregator's probes, as the agent's: exec probes of its health port
+// on the pod's loopback (16 pods, each holding its 64 connections, fill
+// the http port's 1,024), no container port or NetworkPolicy rule for it.
+func TestAggregatorProbesExecTheHealthPort(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "networkPolicy.enabled=true")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, s := range []string{
+		"- --health-addr=127.0.0.1:8081\n",
+		`command: ["/pulse-aggregator", "probe", "http://127.0.0.1:8081/livez"]`,
+		`command: ["/pulse-aggregator", "probe", "http://127.0.0.1:8081/readyz"]`,
+	} {
+		if !strings.Contains(out, s) {
+			t.Errorf("%q not rendered:\n%s", s, out)
+		}
+	}
+	if strings.Contains(out, "httpGet") || strings.Contains(out, "port: health") || strings.Contains(out, "name: health") {
+		t.Errorf("the health port is still reached from outside the pod:\n%s", out)
+	}
+}

@@ -1,4 +1,4 @@
-package agent
+package app
 
 import (
 	"context"
@@ -13,26 +13,28 @@ import (
 // ProbeTimeout bounds pulse-agent probe's request.
 const ProbeTimeout = 5 * time.Second
 
-// Probe is `pulse-agent probe URL`: the kubelet's exec probe of the
-// agent's health port (--health-addr, on the pod's loopback, which no
-// other pod reaches). It GETs URL and returns the exit code: 0 for a 200,
+// Probe is `PROG probe URL` (pulse-agent's, pulse-aggregator's): the
+// kubelet's exec probe of the health port (--health-addr, the charts' on
+// the pod's loopback, which no other pod reaches: the ports other pods
+// reach have connection bounds that their connections can fill, leaving
+// a probe no room). It GETs URL and returns the exit code: 0 for a 200,
 // 1 for any other answer or none (what it got written to out), 2 for
 // arguments that are not one http:// URL.
-func Probe(args []string, out io.Writer) int {
+func Probe(prog string, args []string, out io.Writer) int {
 	if len(args) != 1 {
-		fmt.Fprintln(out, "usage: pulse-agent probe URL (e.g. http://127.0.0.1:8082/livez)")
+		fmt.Fprintf(out, "usage: %s probe URL (e.g. http://127.0.0.1:8082/livez)\n", prog)
 		return 2
 	}
 	u, err := url.Parse(args[0])
 	if err != nil || u.Scheme != "http" || u.Host == "" {
-		fmt.Fprintf(out, "pulse-agent probe: %q is not an http:// URL\n", args[0])
+		fmt.Fprintf(out, "%s probe: %q is not an http:// URL\n", prog, args[0])
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		fmt.Fprintf(out, "pulse-agent probe: %v\n", err)
+		fmt.Fprintf(out, "%s probe: %v\n", prog, err)
 		return 2
 	}
 	// Its own client: no proxy from the environment, no redirect followed.
@@ -40,7 +42,7 @@ func Probe(args []string, out io.Writer) int {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := c.Do(req)
 	if err != nil {
-		fmt.Fprintf(out, "pulse-agent probe: %v\n", err)
+		fmt.Fprintf(out, "%s probe: %v\n", prog, err)
 		return 1
 	}
 	defer func() { _ = resp.Body.Close() }()
