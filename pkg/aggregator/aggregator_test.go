@@ -113,6 +113,27 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	// A certificate's name it cannot carry (not ASCII: issuing failed every
+	// 10 s, for ever) or no client asks for (a port in it); a Lease's name
+	// or namespace the API server refuses (no replica ever led). A
+	// wildcard and a plain name are taken.
+	o = NewOptions()
+	o.Certs.Enabled, o.Certs.Namespace = true, "pulse-system"
+	o.Certs.DNSNames = []string{"pulse-aggregator.pulse-system.svc", "*.pulse-system.svc", "impulsé.example", "pulse-aggregator.pulse-system.svc:9090"}
+	o.Provision.Enabled, o.Provision.ScalerAddress = true, "pulse-aggregator.pulse-system.svc:9090"
+	o.Provision.LeaseName, o.Provision.LeaseNamespace = "Pulse_Lease", "Pulse-System"
+	err = o.Validate()
+	for _, want := range []string{`--cert-dns-name "impulsé.example"`, `--cert-dns-name "pulse-aggregator.pulse-system.svc:9090"`,
+		`--leader-elect-lease-name "Pulse_Lease"`, `--leader-elect-namespace "Pulse-System"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
+	for _, taken := range []string{`"pulse-aggregator.pulse-system.svc"`, `"*.pulse-system.svc"`} {
+		if err != nil && strings.Contains(err.Error(), taken) {
+			t.Errorf("Validate() = %v, refused %s", err, taken)
+		}
+	}
 	// Below the replicas trigger's default window, every workload
 	// provisioned with the planner would be refused.
 	o = NewOptions()

@@ -176,7 +176,10 @@ func (a *Aggregator) listen() error {
 	}
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
-	a.ingestLn = newLimitListener(a.ingestLn, s.MaxIngestConnections)
+	a.ingestLn = newLimitListener(a.ingestLn, s.MaxIngestConnections, s.MaxIngestConnectionsPerAddress)
+	// The scaler port held every connection, unbounded (KEDA's operator
+	// and metrics server hold one or two each).
+	a.scalerLn = netbound.New(a.scalerLn, maxScalerConns, maxScalerConnsPerIP)
 	// The HTTP ports held every connection for up to their IdleTimeout,
 	// 10 to 19 KiB each, unbounded: the health port is open to every pod
 	// (the kubelet's probes), the http port by default; one pod opening
@@ -196,6 +199,19 @@ const (
 	maxHTTPConns      = 1024
 	maxHTTPConnsPerIP = 64
 )
+
+// maxScalerConns bounds the connections the scaler port holds at once,
+// maxScalerConnsPerIP those of one address: KEDA keeps one connection a
+// scalerAddress in each of its operator's and metrics server's processes.
+const (
+	maxScalerConns      = 1024
+	maxScalerConnsPerIP = 8
+)
+
+// handshakeTimeout bounds a new connection's handshake (TLS, HTTP/2) on
+// the ingest and scaler ports: gRPC's own, 120 s, let a client that
+// connects and sends nothing hold a place for two minutes.
+const handshakeTimeout = 10 * time.Second
 
 // close releases the listeners of an aggregator that will not run.
 func (a *Aggregator) close() {
@@ -254,7 +270,12 @@ func streamOptions(tls bool) []grpc.ServerOption {
 	}
 	ka := ServerKeepalive
 	ka.MaxConnectionAge, ka.MaxConnectionAgeGrace = ingestConnectionAge, ingestConnectionGrace
+	// An agent's connection always has its stream open: one with none for
+	// ingestConnectionIdle is not an agent's (no stream, no token
+	// reviewed), and gives its place back.
+	ka.MaxConnectionIdle = ingestConnectionIdle
 	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
 		grpc.MaxConcurrentStreams(4), grpc.KeepaliveParams(ka), grpc.HeaderTableSize(0),
@@ -267,6 +288,7 @@ func streamOptions(tls bool) []grpc.ServerOption {
 var (
 	ingestConnectionAge   = time.Hour
 	ingestConnectionGrace = 30 * time.Second
+	ingestConnectionIdle  = 30 * time.Second
 )
 
 func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
@@ -425,7 +447,8 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	calls := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(
 		[]float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1})))
 	reg.MustRegister(calls)
-	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()))
+	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()),
+		grpc.ConnectionTimeout(handshakeTimeout))
 	a.scalerSrv = grpc.NewServer(opts...)
 	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
 		AllowCrossNamespace: o.Kube.AllowCrossNamespace, Logger: a.log, FollowWindows: true,

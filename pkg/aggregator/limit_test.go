@@ -9,8 +9,12 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+
+	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
 // TestIngestConnectionsReadIntoPooledBuffers: wrapped by netutil's limit,
@@ -44,7 +48,7 @@ func TestReadyConnReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLimitListener(tcp, 1)
+	ln := newLimitListener(tcp, 1, 1)
 	defer ln.Close()
 	peer, err := net.Dial("tcp", tcp.Addr().String())
 	if err != nil {
@@ -91,7 +95,7 @@ func TestLimitListenerCloseEndsTheWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLimitListener(tcp, 1)
+	ln := newLimitListener(tcp, 1, 1)
 	peer, err := net.Dial("tcp", tcp.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -152,5 +156,157 @@ func TestTheIngestPortKeepsNoHeaderTable(t *testing.T) {
 	}
 	if v, ok := sf.Value(http2.SettingHeaderTableSize); !ok || v != 0 {
 		t.Fatalf("SETTINGS_HEADER_TABLE_SIZE %d (sent: %v): want 0", v, ok)
+	}
+}
+
+// TestOneAddressHoldsItsShareOfTheIngestPort: the ingest port held at most
+// --max-ingest-connections in all, and a connection is not authenticated
+// (a stream's token is): one client's connections could take every place,
+// and the agents waited behind them. Past --max-ingest-connections-per-
+// address from one address a new connection is closed at once; another
+// address is served, and a place given back is that address's again.
+func TestOneAddressHoldsItsShareOfTheIngestPort(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLimitListener(tcp, 10, 2)
+	defer ln.Close()
+	dialFrom := func(ip net.IP) {
+		t.Helper()
+		c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}).Dial("tcp", tcp.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	flood := net.IPv4(127, 0, 0, 1)
+	var held []net.Conn
+	for range 3 {
+		dialFrom(flood)
+	}
+	dialFrom(net.IPv4(127, 0, 0, 2)) // an agent
+	for range 3 { // the flood's two, then the agent's: the third was closed
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	if got := held[2].RemoteAddr().(*net.TCPAddr).IP; !got.Equal(net.IPv4(127, 0, 0, 2)) {
+		t.Fatalf("the third accepted is from %v, want the agent's address: one address took more than its 2", got)
+	}
+	if len(ln.sem) != 3 {
+		t.Fatalf("%d places held, want 3", len(ln.sem))
+	}
+	// A place given back is its address's again.
+	_ = held[0].Close()
+	dialFrom(flood)
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ln.byIP["127.0.0.1"] != 2 || len(ln.sem) != 3 {
+		t.Fatalf("after a close and a new connection: %v, %d places, want 2 of the flood's and 3 in all", ln.byIP, len(ln.sem))
+	}
+}
+
+// TestAConnectionWithNoStreamGivesItsPlaceBack: an agent's connection
+// always has its stream; one with none (no token ever reviewed) held its
+// place for the connection's hour. The server says GOAWAY once it has
+// been idle for ingestConnectionIdle, and gives its place back when the
+// client is gone.
+func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
+	defer func(d time.Duration) { ingestConnectionIdle = d }(ingestConnectionIdle)
+	ingestConnectionIdle = 300 * time.Millisecond
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	ln := a.ingestLn.(*limitListener)
+	c, err := net.DialTimeout("tcp", a.IngestAddr(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY to a connection with no stream: %v", err)
+		}
+		if ga, ok := f.(*http2.GoAwayFrame); ok {
+			t.Logf("GOAWAY %v", ga.ErrCode)
+			break
+		}
+		if p, ok := f.(*http2.PingFrame); ok && !p.IsAck() {
+			_ = fr.WritePing(true, p.Data)
+		}
+	}
+	_ = c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// (The server's next Accept, waiting, holds a place of the total.)
+	held := func() int {
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		return ln.byIP["127.0.0.1"]
+	}
+	for held() != 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the client gone, its address still holds %d places", held())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTheScalerPortHoldsBoundedConnections: the scaler port held every
+// connection, unbounded: one pod opening them in a loop took the replica
+// past its memory limit. It holds at most maxScalerConnsPerIP from one
+// address (KEDA's processes keep one or two each).
+func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	ln, ok := a.scalerLn.(*netbound.Listener)
+	if !ok {
+		t.Fatalf("the scaler listener is a %T, want a bounded one", a.scalerLn)
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range maxScalerConnsPerIP + 4 {
+		c, err := net.Dial("tcp", a.ScalerAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ln.Held() != maxScalerConnsPerIP {
+		if time.Now().After(deadline) {
+			t.Fatalf("the scaler port holds %d connections of one address, want %d", ln.Held(), maxScalerConnsPerIP)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// KEDA, from another address, is served.
+	conn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("KEDA beside a flood of the scaler port: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Options are the aggregator's flags, in groups; each group registers its
@@ -35,7 +36,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none",
-			MaxIngestConnections: 20000, MaxScalerStreams: 40000},
+			MaxIngestConnections: 20000, MaxIngestConnectionsPerAddress: 8, MaxScalerStreams: 40000},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -103,8 +104,9 @@ type ServingOptions struct {
 	MetricsAuth string
 	// HTTPTLS serves --http-addr with the ingest port's certificate.
 	HTTPTLS bool
-	// MaxIngestConnections bounds the ingest port's open connections.
-	MaxIngestConnections int
+	// MaxIngestConnections bounds the ingest port's open connections, and
+	// MaxIngestConnectionsPerAddress those of one remote address.
+	MaxIngestConnections, MaxIngestConnectionsPerAddress int
 	// MaxScalerStreams bounds KEDA's streams open on the scaler port (two
 	// for every external-push trigger), and MaxScalerStreamsPerNamespace
 	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).
@@ -132,6 +134,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop may take before streams are cut")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
 	fs.IntVar(&o.MaxIngestConnections, "max-ingest-connections", o.MaxIngestConnections, "connections the ingest port holds open at once (an agent holds one to each replica): past it a new one waits to be accepted, so that clients of the port (any, with --agent-auth=none) cannot open them without bound")
+	fs.IntVar(&o.MaxIngestConnectionsPerAddress, "max-ingest-connections-per-address", o.MaxIngestConnectionsPerAddress, "connections the ingest port holds open at once from one remote address (an agent holds one to each replica, from its pod's address): past it a new one from that address is closed at once, so that the pods of one client cannot take --max-ingest-connections from every agent; raise it where agents reach the aggregator through one translated address")
 	fs.IntVar(&o.MaxScalerStreams, "max-scaler-streams", o.MaxScalerStreams, "KEDA's streams the scaler port holds open at once (KEDA opens a StreamIsActive and a StreamMetricSpec for every external-push trigger): past it a new one is refused (ResourceExhausted; KEDA retries, backing off to a minute, and its GetMetrics polls are answered as before)")
 	fs.IntVar(&o.MaxScalerStreamsPerNamespace, "max-scaler-streams-per-namespace", o.MaxScalerStreamsPerNamespace, "KEDA's streams of one namespace's ScaledObjects held open at once (0: half of --max-scaler-streams); past it a new one of that namespace is refused as past --max-scaler-streams, so that one tenant's ScaledObjects cannot take every other tenant's room")
 	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
@@ -157,6 +160,9 @@ func (o *ServingOptions) Validate() error {
 	}
 	if o.MaxIngestConnections < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections must be at least 1"))
+	}
+	if o.MaxIngestConnectionsPerAddress < 1 {
+		errs = append(errs, errors.New("--max-ingest-connections-per-address must be at least 1"))
 	}
 	if o.MaxScalerStreams < 1 {
 		errs = append(errs, errors.New("--max-scaler-streams must be at least 1"))
@@ -354,6 +360,18 @@ func (o *ManagedCertOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--manage-certs: --ca-configmap %q: %s", o.CAConfigMap, strings.Join(msgs, "; ")))
 		}
 	}
+	// A name no certificate can carry (not ASCII: issuing failed every
+	// 10 s and the replica never became ready) or none a client asks for
+	// (a port or a scheme in it) is refused here.
+	for _, n := range o.DNSNames {
+		msgs := validation.IsDNS1123Subdomain(n)
+		if strings.HasPrefix(n, "*.") {
+			msgs = validation.IsWildcardDNS1123Subdomain(n)
+		}
+		if len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--manage-certs: --cert-dns-name %q: %s", wire.CleanText(n, 64), strings.Join(msgs, "; ")))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -462,8 +480,15 @@ func (o *ProvisionOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--provision-scaledobjects needs --provision-scaler-address host:port (the scaler Service), not %q: %w", o.ScalerAddress, err))
 	}
 	if o.LeaderElect {
-		if o.LeaseName == "" {
-			errs = append(errs, errors.New("--leader-elect-lease-name must not be empty"))
+		// A name the API server refuses: every replica's create failed
+		// for ever, none led, and nothing was provisioned.
+		if msgs := validation.IsDNS1123Subdomain(o.LeaseName); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--leader-elect-lease-name %q: %s", wire.CleanText(o.LeaseName, 64), strings.Join(msgs, "; ")))
+		}
+		if o.LeaseNamespace != "" {
+			if msgs := validation.IsDNS1123Label(o.LeaseNamespace); len(msgs) > 0 {
+				errs = append(errs, fmt.Errorf("--leader-elect-namespace %q: %s", wire.CleanText(o.LeaseNamespace, 64), strings.Join(msgs, "; ")))
+			}
 		}
 		// client-go's own rules.
 		if o.RetryPeriod <= 0 || float64(o.RenewDeadline) <= 1.2*float64(o.RetryPeriod) || o.LeaseDuration <= o.RenewDeadline {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,7 +142,12 @@ func (a *simAgent) run(ctx context.Context) {
 	if t := a.f.agg.tls; t != nil {
 		creds = credentials.NewTLS(t.client.Clone())
 	}
+	// Each agent from an address of its own, as each node's agent is (the
+	// ingest port holds at most --max-ingest-connections-per-address from
+	// one): 127.1.X.Y on the loopback.
+	from := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(a.idx/250), byte(a.idx%250+1))}}
 	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return from.DialContext(ctx, "tcp", addr) }),
 		grpc.WithKeepaliveParams(agent.ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
