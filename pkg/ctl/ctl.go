@@ -142,11 +142,13 @@ var workloadKinds = map[string]string{
 }
 
 // pulseTriggers are the ScaledObject's external-push triggers (pulse's), as
-// KEDA sends them: the trigger's metadata and the ScaledObject's name.
+// KEDA sends them: the trigger's metadata and the ScaledObject's name. A
+// `type: external` trigger is another scaler's (README.md): read as
+// pulse's, one of another scaler was said valid, and queried of pulse.
 func (o *object) pulseTriggers() []*externalscaler.ScaledObjectRef {
 	var refs []*externalscaler.ScaledObjectRef
 	for _, t := range o.Spec.Triggers {
-		if t.Type != "external-push" && t.Type != "external" {
+		if t.Type != "external-push" {
 			continue
 		}
 		refs = append(refs, &externalscaler.ScaledObjectRef{Name: o.Metadata.Name, Namespace: o.Metadata.Namespace, ScalerMetadata: t.Metadata})

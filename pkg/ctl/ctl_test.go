@@ -148,6 +148,12 @@ func TestCheckSplitsDocumentsAsKubectl(t *testing.T) {
 	if code, _, _ := run("check", write(t, "kind: ConfigMap\n")); code != 1 {
 		t.Fatalf("nothing of pulse's: exit %d, want 1", code)
 	}
+	// A trigger of type external is another scaler's: it was read as
+	// pulse's, and said valid.
+	other := strings.Replace(typo, "type: external-push", "type: external", 1)
+	if code, out, _ := run("check", write(t, other)); code != 1 || !strings.Contains(out, "no pulse trigger") {
+		t.Fatalf("another scaler's external trigger: exit %d, want 1 and nothing of pulse's\n%s", code, out)
+	}
 	if code, _, _ := run("check"); code != 2 {
 		t.Fatalf("no file: exit %d, want 2", code)
 	}
