@@ -133,19 +133,7 @@ func TestLimitListenerCloseEndsTheWait(t *testing.T) {
 // HPACK's dynamic table (streamOptions).
 func TestTheIngestPortKeepsNoHeaderTable(t *testing.T) {
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
-	c, err := net.DialTimeout("tcp", a.IngestAddr(), 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
+	_, fr := http2Conn(t, a.IngestAddr())
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
@@ -222,19 +210,7 @@ func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 	ingestConnectionIdle = 300 * time.Millisecond
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
 	ln := a.ingestLn.(*limitListener)
-	c, err := net.DialTimeout("tcp", a.IngestAddr(), 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
+	c, fr := http2Conn(t, a.IngestAddr())
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -309,4 +285,24 @@ func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("KEDA beside a flood of the scaler port: %v", err)
 	}
+}
+
+// http2Conn opens a connection to addr that has said HTTP/2's preface and
+// its SETTINGS, and no more; closed at the test's end.
+func http2Conn(t *testing.T, addr string) (net.Conn, *http2.Framer) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	return c, fr
 }
