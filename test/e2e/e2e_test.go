@@ -394,9 +394,12 @@ func (e *env) installCharts() {
 	}
 	dep, err := e.kube.AppsV1().Deployments(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
-	// The chart probes /readyz and /livez over HTTP on the health port
-	// (not the ingest port: TLS, and its connections bounded).
-	if rp := dep.Spec.Template.Spec.Containers[0].ReadinessProbe; *dep.Spec.Replicas != 2 || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" {
+	// The chart probes /readyz and /livez with an exec of the binary's
+	// probe of the health port on the pod's loopback (not the ingest port:
+	// TLS, and its connections bounded; not a port other pods reach, whose
+	// connections could fill its bounds).
+	if rp := dep.Spec.Template.Spec.Containers[0].ReadinessProbe; *dep.Spec.Replicas != 2 || rp.Exec == nil ||
+		!slices.Equal(rp.Exec.Command, []string{"/pulse-aggregator", "probe", "http://127.0.0.1:8081/readyz"}) {
 		t.Errorf("aggregator Deployment: replicas %d, readiness %+v", *dep.Spec.Replicas, rp)
 	}
 	if svc, err := e.kube.CoreV1().Services(ns).Get(e.ctx, "pulse-aggregator-ingest", metav1.GetOptions{}); err != nil || !svc.Spec.PublishNotReadyAddresses {
@@ -415,12 +418,12 @@ func (e *env) installCharts() {
 	_, err = e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
 	// Secure by default: only KEDA, the agents and the http port's clients
-	// reach the aggregator's pods, and anyone (the kubelet) the probes'
-	// own port, which the ingest port's TLS gives them.
+	// reach the aggregator's pods (the probes' port is on the pod's
+	// loopback).
 	np, err := e.kube.NetworkingV1().NetworkPolicies(ns).Get(e.ctx, "pulse-aggregator", metav1.GetOptions{})
 	must(t, err)
-	if len(np.Spec.Ingress) != 4 || np.Spec.Ingress[0].Ports[0].Port.String() != "scaler" || np.Spec.Ingress[1].Ports[0].Port.String() != "ingest" ||
-		np.Spec.Ingress[2].Ports[0].Port.String() != "http" || np.Spec.Ingress[3].Ports[0].Port.String() != "health" || len(np.Spec.Ingress[3].From) != 0 {
+	if len(np.Spec.Ingress) != 3 || np.Spec.Ingress[0].Ports[0].Port.String() != "scaler" || np.Spec.Ingress[1].Ports[0].Port.String() != "ingest" ||
+		np.Spec.Ingress[2].Ports[0].Port.String() != "http" {
 		t.Errorf("aggregator NetworkPolicy ingress %+v", np.Spec.Ingress)
 	}
 	for _, name := range []string{"pulse-agent", "pulse-aggregator"} {
