@@ -204,12 +204,21 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 	a.cat.Set(ts)
 	a.m.targets.Set(float64(len(ts)))
 	listed := make(map[string]bool, len(ts))
+	namespaces := map[string]bool{}
 	for _, t := range ts {
 		listed[t.UID] = true
+		namespaces[t.Namespace] = true
 	}
+	// The counter series' budget is shared among the namespaces listed:
+	// a fixed half for each let two namespaces' pages take it all, and
+	// every other namespace's counters were summed as their pages had
+	// them (an engine's restart read as the pod's). A namespace past its
+	// share, set lower since it took its room, gives its pods' room back;
+	// they take it again, up to the share, at their next scrapes.
+	a.series.SetShare(maxSeries / max(2, len(namespaces)))
 	a.inflightMu.Lock()
 	for uid, c := range a.counters {
-		if listed[uid] {
+		if listed[uid] && !a.series.Over(c.Namespace()) {
 			continue
 		}
 		delete(a.counters, uid)
@@ -401,8 +410,9 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 const demandUnit = "demand "
 
 // maxSeries bounds the counter series the agent follows for all its pods
-// (vllm.Budget: 65,536 take about 6 MiB), half of them for one namespace's
-// pods; a vLLM page of 8 engines has a few hundred.
+// (vllm.Budget: 65,536 take about 6 MiB), shared among the namespaces
+// listed (at most half of them for one namespace's pods, SetTargets); a
+// vLLM page of 8 engines has a few hundred.
 const maxSeries = 1 << 16
 
 // startScrape marks uid, of namespace ns, in flight and returns its counter

@@ -177,12 +177,7 @@ func newIdleAgent(t *testing.T) *Agent {
 // them; a pod no longer listed gives its room back, once its scrape in
 // flight ends.
 func TestTheAgentsCounterSeriesAreBounded(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for i := range 4096 {
-			fmt.Fprintf(w, "vllm:prompt_tokens_total{req=%q} 1\n", r.URL.Path+fmt.Sprint(i))
-		}
-	}))
-	defer srv.Close()
+	srv := madeUpSeries(t)
 	a := newIdleAgent(t)
 	var targets []discovery.Target
 	for i := range 10 {
@@ -213,4 +208,60 @@ func TestTheAgentsCounterSeriesAreBounded(t *testing.T) {
 	if all, of := a.series.Held("hostile"); of != 0 || all != 4096 {
 		t.Fatalf("held %d in all, %d of the hostile namespace, once its scrape ended: want 4096 (the victim's) and 0", all, of)
 	}
+}
+
+// TestTwoNamespacesCannotTakeEveryCounterSeries: the budget's share for
+// one namespace was a fixed half, so two namespaces' pages of made-up
+// series took all of it, and every other namespace's counters were summed
+// as their pages had them (an engine's restart read as its pod's). The
+// share is the budget over the namespaces listed; a namespace past it,
+// set lower since it took its room, gives its room back and takes it
+// again up to the share; the third namespace's pod is followed whole.
+func TestTwoNamespacesCannotTakeEveryCounterSeries(t *testing.T) {
+	srv := madeUpSeries(t)
+	a := newIdleAgent(t)
+	var hostile []discovery.Target
+	for _, ns := range []string{"a", "b"} {
+		for i := range 8 {
+			uid := fmt.Sprint(ns, i)
+			hostile = append(hostile, discovery.Target{UID: uid, Namespace: ns, Pod: uid, Ready: true, URL: srv.URL + "/" + uid})
+		}
+	}
+	scrape := func(ts ...discovery.Target) {
+		for _, tg := range ts {
+			a.scrapeOne(context.Background(), tg, a.startScrape(tg.UID, tg.Namespace))
+			a.endScrape(tg.UID)
+		}
+	}
+	a.SetTargets(hostile)
+	scrape(hostile...)
+	if all, _ := a.series.Held("a"); all != maxSeries {
+		t.Fatalf("two namespaces of made-up series hold %d, want the whole budget %d (this test's premise)", all, maxSeries)
+	}
+	victim := discovery.Target{UID: "v", Namespace: "victim", Pod: "v", Ready: true, URL: srv.URL + "/v"}
+	a.SetTargets(append(hostile, victim))
+	scrape(hostile...)
+	scrape(victim)
+	share := maxSeries / 3
+	for _, ns := range []string{"a", "b"} {
+		if _, of := a.series.Held(ns); of > share {
+			t.Errorf("namespace %s holds %d series, past its share %d of three namespaces", ns, of, share)
+		}
+	}
+	if _, of := a.series.Held("victim"); of != 4096 {
+		t.Fatalf("the third namespace's pod: %d of its 4096 series followed", of)
+	}
+}
+
+// madeUpSeries serves, at every path, a page of 4,096 series of a counter
+// the agent reads (a pod's most), named by the path: no two pods' alike.
+func madeUpSeries(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range 4096 {
+			fmt.Fprintf(w, "vllm:prompt_tokens_total{req=%q} 1\n", r.URL.Path+fmt.Sprint(i))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -174,7 +174,8 @@ func TestOneAddressHoldsItsShareOfTheIngestPort(t *testing.T) {
 		dialFrom(flood)
 	}
 	dialFrom(net.IPv4(127, 0, 0, 2)) // an agent
-	for range 3 { // the flood's two, then the agent's: the third was closed
+	// The flood's two, then the agent's: the flood's third was closed.
+	for range 3 {
 		c, err := ln.Accept()
 		if err != nil {
 			t.Fatal(err)

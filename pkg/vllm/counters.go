@@ -76,6 +76,9 @@ func NewCountersIn(b *Budget, ns string) *Counters {
 	return c
 }
 
+// Namespace is the namespace whose share c's series take.
+func (c *Counters) Namespace() string { return c.ns }
+
 // Release gives the room c's series hold in its budget back; c is not
 // used after it.
 func (c *Counters) Release() {
@@ -101,6 +104,21 @@ type Budget struct {
 // NewBudget returns a budget of all series in all, per of one namespace.
 func NewBudget(all, per int) *Budget {
 	return &Budget{max: all, per: min(per, all), ns: map[string]int{}}
+}
+
+// SetShare sets the most one namespace's series may hold (at most all).
+func (b *Budget) SetShare(per int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.per = min(max(per, 0), b.max)
+}
+
+// Over reports whether namespace ns holds more than one namespace's share
+// (set lower since it took its room).
+func (b *Budget) Over(ns string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ns[ns] > b.per
 }
 
 // take takes one series' room for namespace ns; false when there is none.
