@@ -213,12 +213,14 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 	// a fixed half for each let two namespaces' pages take it all, and
 	// every other namespace's counters were summed as their pages had
 	// them (an engine's restart read as the pod's). A namespace past its
-	// share, set lower since it took its room, gives its pods' room back;
-	// they take it again, up to the share, at their next scrapes.
+	// share, set lower since it took its room, gives its pods' room back
+	// when the budget is full (vllm.Budget.Over); they take it again, up
+	// to the share, at their next scrapes.
 	a.series.SetShare(maxSeries / max(2, len(namespaces)))
+	over := a.series.Over()
 	a.inflightMu.Lock()
 	for uid, c := range a.counters {
-		if listed[uid] && !a.series.Over(c.Namespace()) {
+		if listed[uid] && !over[c.Namespace()] {
 			continue
 		}
 		delete(a.counters, uid)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,6 +33,8 @@ type Aggregator struct {
 	opts *Options
 	log  *slog.Logger
 	deps Deps
+	// refused counts connections closed past a port's bounds.
+	refused *prometheus.CounterVec
 	// owner owns what the aggregator creates (--owner-cluster-role), or nil.
 	owner *metav1.OwnerReference
 

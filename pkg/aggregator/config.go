@@ -105,6 +105,7 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.refused)
 	// go_gc_heap_live_bytes (the heap the last GC found live) beside the
 	// default set: heap in use also holds what the next GC will free.
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
@@ -174,22 +175,60 @@ func (a *Aggregator) listen() error {
 		}
 		*l.ln = ln
 	}
+	a.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pulse_aggregator_connections_refused_total",
+		Help: "Connections closed at once past a port's bounds (port: ingest, scaler, http, health, debug): its connections from one address (--max-ingest-connections-per-address, --max-scaler-connections-per-address), or, on the HTTP ports, in all.",
+	}, []string{"port"})
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
-	a.ingestLn = newLimitListener(a.ingestLn, s.MaxIngestConnections, s.MaxIngestConnectionsPerAddress)
+	ingest := newLimitListener(a.ingestLn, s.MaxIngestConnections, s.MaxIngestConnectionsPerAddress)
+	ingest.onRefuse = a.refusal("ingest", "--max-ingest-connections-per-address")
+	a.ingestLn = ingest
 	// The scaler port held every connection, unbounded (KEDA's operator
-	// and metrics server hold one or two each).
-	a.scalerLn = netbound.New(a.scalerLn, maxScalerConns, maxScalerConnsPerIP)
+	// keeps one a scaler address and TLS configuration).
+	scalerLn := netbound.New(a.scalerLn, maxScalerConns, s.MaxScalerConnectionsPerAddress)
+	scalerLn.OnRefuse = a.refusal("scaler", "--max-scaler-connections-per-address")
+	a.scalerLn = scalerLn
 	// The HTTP ports held every connection for up to their IdleTimeout,
-	// 10 to 19 KiB each, unbounded: the health port is open to every pod
-	// (the kubelet's probes), the http port by default; one pod opening
-	// 30,000 took every replica past its memory limit.
-	for _, ln := range []*net.Listener{&a.httpLn, &a.healthLn, &a.debugLn} {
-		if *ln != nil {
-			*ln = netbound.New(*ln, maxHTTPConns, maxHTTPConnsPerIP)
+	// 10 to 19 KiB each, unbounded: the http port is open to other pods by
+	// default; one pod opening 30,000 took every replica past its memory
+	// limit.
+	for _, l := range []struct {
+		ln   *net.Listener
+		port string
+	}{{&a.httpLn, "http"}, {&a.healthLn, "health"}, {&a.debugLn, "debug"}} {
+		if *l.ln != nil {
+			b := netbound.New(*l.ln, maxHTTPConns, maxHTTPConnsPerIP)
+			b.OnRefuse = a.refusal(l.port, "")
+			*l.ln = b
 		}
 	}
 	return nil
+}
+
+// refusal counts a connection closed past port's bounds, and logs it at
+// most once a minute a port, naming the flag that raises the bound.
+func (a *Aggregator) refusal(port, flag string) func(ip string) {
+	c := a.refused.WithLabelValues(port)
+	var mu sync.Mutex
+	var logged time.Time
+	return func(ip string) {
+		c.Inc()
+		mu.Lock()
+		due := time.Since(logged) >= time.Minute
+		if due {
+			logged = time.Now()
+		}
+		mu.Unlock()
+		if !due {
+			return
+		}
+		msg := "connection closed at once: its address holds its share of the port's connections (counted in pulse_aggregator_connections_refused_total; logged at most once a minute a port)"
+		if flag != "" {
+			msg += "; clients that share one address (a sidecar's, a translated one) need " + flag + " raised"
+		}
+		a.log.Warn(msg, logging.KeyPort, port, logging.KeyAddr, ip)
+	}
 }
 
 // maxHTTPConns bounds the connections each HTTP port holds at once (past
@@ -200,13 +239,10 @@ const (
 	maxHTTPConnsPerIP = 64
 )
 
-// maxScalerConns bounds the connections the scaler port holds at once,
-// maxScalerConnsPerIP those of one address: KEDA keeps one connection a
-// scalerAddress in each of its operator's and metrics server's processes.
-const (
-	maxScalerConns      = 1024
-	maxScalerConnsPerIP = 8
-)
+// maxScalerConns bounds the connections the scaler port holds at once
+// (--max-scaler-connections-per-address those of one address: KEDA's
+// operator keeps one a scaler address and TLS configuration).
+const maxScalerConns = 1024
 
 // handshakeTimeout bounds a new connection's handshake (TLS, HTTP/2) on
 // the ingest and scaler ports: gRPC's own, 120 s, let a client that

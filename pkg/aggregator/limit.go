@@ -29,6 +29,9 @@ import (
 // connection is not), take every place and hold the agents out.
 type limitListener struct {
 	net.Listener
+	// onRefuse, when set, is called with the address of each connection
+	// closed past perIP.
+	onRefuse  func(ip string)
 	sem       chan struct{}
 	perIP     int
 	mu        sync.Mutex
@@ -80,6 +83,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			break
 		}
 		_ = c.Close() // its address holds its share: the place stays free
+		if l.onRefuse != nil {
+			l.onRefuse(ip)
+		}
 	}
 	lc := netbound.NewConn(c, func() {
 		l.mu.Lock()

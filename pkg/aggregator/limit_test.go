@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -133,7 +134,7 @@ func TestLimitListenerCloseEndsTheWait(t *testing.T) {
 // HPACK's dynamic table (streamOptions).
 func TestTheIngestPortKeepsNoHeaderTable(t *testing.T) {
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
-	_, fr := http2Conn(t, a.IngestAddr())
+	fr := http2Conn(t, a.IngestAddr())
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
@@ -204,28 +205,32 @@ func TestOneAddressHoldsItsShareOfTheIngestPort(t *testing.T) {
 // TestAConnectionWithNoStreamGivesItsPlaceBack: an agent's connection
 // always has its stream; one with none (no token ever reviewed) held its
 // place for the connection's hour. The server says GOAWAY once it has
-// been idle for ingestConnectionIdle, and gives its place back when the
-// client is gone.
+// been idle for ingestConnectionIdle and closes it itself, the client
+// staying (it answers the server's pings and closes nothing).
 func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 	defer func(d time.Duration) { ingestConnectionIdle = d }(ingestConnectionIdle)
 	ingestConnectionIdle = 300 * time.Millisecond
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
 	ln := a.ingestLn.(*limitListener)
-	c, fr := http2Conn(t, a.IngestAddr())
+	fr := http2Conn(t, a.IngestAddr())
+	goaway := false
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
-			t.Fatalf("no GOAWAY to a connection with no stream: %v", err)
+			if !goaway {
+				t.Fatalf("no GOAWAY to a connection with no stream: %v", err)
+			}
+			break // the server closed it
 		}
-		if ga, ok := f.(*http2.GoAwayFrame); ok {
-			t.Logf("GOAWAY %v", ga.ErrCode)
-			break
-		}
-		if p, ok := f.(*http2.PingFrame); ok && !p.IsAck() {
-			_ = fr.WritePing(true, p.Data)
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			goaway = true
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				_ = fr.WritePing(true, f.Data)
+			}
 		}
 	}
-	_ = c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// (The server's next Accept, waiting, holds a place of the total.)
@@ -244,10 +249,13 @@ func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 
 // TestTheScalerPortHoldsBoundedConnections: the scaler port held every
 // connection, unbounded: one pod opening them in a loop took the replica
-// past its memory limit. It holds at most maxScalerConnsPerIP from one
-// address (KEDA's processes keep one or two each).
+// past its memory limit. It holds at most
+// --max-scaler-connections-per-address from one address (KEDA's operator
+// keeps one a scaler address and TLS configuration); each refusal is
+// counted, so that clients sharing an address are told why.
 func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
-	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	const perIP = 4
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0; o.Serving.MaxScalerConnectionsPerAddress = perIP })
 	ln, ok := a.scalerLn.(*netbound.Listener)
 	if !ok {
 		t.Fatalf("the scaler listener is a %T, want a bounded one", a.scalerLn)
@@ -258,7 +266,7 @@ func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	for range maxScalerConnsPerIP + 4 {
+	for range perIP + 4 {
 		c, err := net.Dial("tcp", a.ScalerAddr())
 		if err != nil {
 			t.Fatal(err)
@@ -266,9 +274,10 @@ func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 		conns = append(conns, c)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for ln.Held() != maxScalerConnsPerIP {
+	for ln.Held() != perIP || testutil.ToFloat64(a.refused.WithLabelValues("scaler")) != 4 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the scaler port holds %d connections of one address, want %d", ln.Held(), maxScalerConnsPerIP)
+			t.Fatalf("the scaler port holds %d connections of one address, want %d; refused %v, want 4", ln.Held(), perIP,
+				testutil.ToFloat64(a.refused.WithLabelValues("scaler")))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -289,8 +298,9 @@ func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 }
 
 // http2Conn opens a connection to addr that has said HTTP/2's preface and
-// its SETTINGS, and no more; closed at the test's end.
-func http2Conn(t *testing.T, addr string) (net.Conn, *http2.Framer) {
+// its SETTINGS, and no more, and returns its framer; closed at the test's
+// end.
+func http2Conn(t *testing.T, addr string) *http2.Framer {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
@@ -305,5 +315,5 @@ func http2Conn(t *testing.T, addr string) (net.Conn, *http2.Framer) {
 	if err := fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
-	return c, fr
+	return fr
 }

@@ -13,6 +13,7 @@ const (
 	KeyAgent       = "agent"      // an agent's version
 	KeyVersion     = "version"
 	KeyAddr        = "addr"
+	KeyPort        = "port"   // which of a process's ports
 	KeyIngest      = "ingest" // listener addresses
 	KeyScaler      = "scaler"
 	KeyHTTP        = "http"

@@ -16,6 +16,11 @@ import (
 // address, behind a flood).
 type Listener struct {
 	net.Listener
+	// OnRefuse, when set (before the first Accept), is called with the
+	// address of each connection closed past a bound: a refusal that
+	// nothing counted left a client that shares its address with others
+	// (a sidecar's, a translated one) with no word of why.
+	OnRefuse      func(ip string)
 	mu            sync.Mutex
 	all           int
 	byIP          map[string]int
@@ -48,6 +53,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 		l.mu.Unlock()
 		if !ok {
 			_ = c.Close()
+			if l.OnRefuse != nil {
+				l.OnRefuse(ip)
+			}
 			continue
 		}
 		return NewConn(c, func() { l.release(ip) }), nil

@@ -164,6 +164,9 @@ type Settings struct {
 	CooldownSet    bool
 	// Ignored are keda-kaito-scaler annotations pulse does not read.
 	Ignored []string
+	// Unused says which annotations are written but have no effect
+	// (pulse.io/cooldown-period with a minimum above 0).
+	Unused []string
 }
 
 // provisionerAnnotations are pulse's own annotations Parse reads.
@@ -270,13 +273,15 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		return s, err
 	}
 	// KEDA reads both only between 0 and 1 replicas: set with a minimum
-	// of one or more, they were written and had no effect.
+	// of one or more, they are written and have no effect, which the
+	// state and Events say (a refusal froze a ScaledObject provisioned
+	// with one before, every later annotation change left unread).
 	for _, a := range []struct{ annotation, what string }{
 		{AnnotationCooldownPeriod, "KEDA waits it only before scaling to zero"},
 		{AnnotationActivationThreshold, "KEDA reads it only to scale from zero, or to it"},
 	} {
-		if v, _, _ := r.get(a.annotation); v != "" && s.MinReplicas > 0 {
-			return s, &AnnotationError{a.annotation, fmt.Sprintf("applies only with %s \"0\" (here %d): %s", AnnotationMinReplicas, s.MinReplicas, a.what)}
+		if v, _, _ := r.get(a.annotation); v != "" && v != "0" && s.MinReplicas > 0 {
+			s.Unused = append(s.Unused, fmt.Sprintf("%s has no effect with %s %d (%s)", a.annotation, AnnotationMinReplicas, s.MinReplicas, a.what))
 		}
 	}
 	if s.Parsed.Metric == scaler.MetricReplicas {

@@ -154,11 +154,6 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationSLOTTFT, "fast"), AnnotationSLOTTFT, "duration"},
 		{on(AnnotationSLOTTFT, "2s", AnnotationMetric, "waiting"), AnnotationSLOTTFT, "metric replicas only"},
 		{on(AnnotationMetric, "replicas", AnnotationThreshold, "2"), AnnotationThreshold, "must be 1"},
-		// Read by KEDA only between 0 and 1 replicas: with a minimum of
-		// one they were written and did nothing.
-		{on(AnnotationCooldownPeriod, "30m"), AnnotationCooldownPeriod, `applies only with pulse.io/min-replicas "0" (here 1)`},
-		{on(AnnotationActivationThreshold, "0.5", AnnotationMinReplicas, "2", AnnotationMaxReplicas, "4"), AnnotationActivationThreshold, `(here 2)`},
-		{on(AnnotationMetric, "waiting", AnnotationActivationThreshold, "1", KaitoMinReplicas, "1"), AnnotationActivationThreshold, "scale from zero"},
 		// A likely typo of an annotation pulse reads is named, not ignored.
 		{on(AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1], "40"), AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1], "did you mean " + AnnotationMaxReplicas},
 		{on("pulse.io/SLO-TTFT", "1s"), "pulse.io/SLO-TTFT", "did you mean " + AnnotationSLOTTFT},
@@ -177,6 +172,23 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 // typo on a workload not enabled (but of pulse.io/autoscale) are no
 // refusal; the cooldown and activation are taken with a minimum of 0.
 func TestWhatIsNoTypoIsLeftAlone(t *testing.T) {
+	// Read by KEDA only between 0 and 1 replicas: with a minimum of one
+	// they are written, and said to have no effect (not refused: that
+	// froze a ScaledObject provisioned with one before); the activation's
+	// default, 0, is no news.
+	for _, c := range []struct {
+		annotations map[string]string
+		says        string
+	}{
+		{map[string]string{AnnotationAutoscale: "true", AnnotationCooldownPeriod: "30m"}, "pulse.io/cooldown-period has no effect with pulse.io/min-replicas 1 (KEDA waits it only before scaling to zero)"},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationActivationThreshold: "0.5", AnnotationMinReplicas: "2", AnnotationMaxReplicas: "4"}, "pulse.io/activation-threshold has no effect with pulse.io/min-replicas 2"},
+		{map[string]string{AnnotationAutoscale: "true", AnnotationActivationThreshold: "0"}, ""},
+	} {
+		s, err := Parse(llama, c.annotations, time.Minute)
+		if err != nil || (c.says == "") != (len(s.Unused) == 0) || c.says != "" && !strings.Contains(strings.Join(s.Unused, "; "), c.says) {
+			t.Errorf("%v: %v, unused %q; want %q", c.annotations, err, s.Unused, c.says)
+		}
+	}
 	for _, a := range []map[string]string{
 		{AnnotationAutoscale: "true", "pulse.io/scrape": "true", "pulse.io/port": "8000", "pulse.io/workload": "llama", "pulse.io/demand-source": "epp"},
 		{AnnotationAutoscale: "true", "pulse.io/team": "inference", "pulse.io/owner-contact": "a@b.c"},

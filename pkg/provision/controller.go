@@ -617,6 +617,9 @@ func provisionedSummary(k key, s Settings) string {
 	if len(s.Ignored) > 0 {
 		summary += fmt.Sprintf("; not read (keda-kaito-scaler's, which pulse does not take): %v", s.Ignored)
 	}
+	for _, u := range s.Unused {
+		summary += "; " + u
+	}
 	if k.Kind == "Workspace" {
 		summary += "; " + workspaceNote
 	}

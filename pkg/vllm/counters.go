@@ -113,12 +113,28 @@ func (b *Budget) SetShare(per int) {
 	b.per = min(max(per, 0), b.max)
 }
 
-// Over reports whether namespace ns holds more than one namespace's share
-// (set lower since it took its room).
-func (b *Budget) Over(ns string) bool {
+// Over is the namespaces holding more than one namespace's share (set
+// lower since they took their room) while the budget is full; nil when it
+// is not: with room left, the others take that, and a namespace past its
+// share takes none of it. (Its pods' state given back, a pod whose engine
+// restarted before reads a lower sum once, a reset of its counters: so
+// only when it must.)
+func (b *Budget) Over() map[string]bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.ns[ns] > b.per
+	if b.total < b.max {
+		return nil
+	}
+	var over map[string]bool
+	for ns, n := range b.ns {
+		if n > b.per {
+			if over == nil {
+				over = map[string]bool{}
+			}
+			over[ns] = true
+		}
+	}
+	return over
 }
 
 // take takes one series' room for namespace ns; false when there is none.

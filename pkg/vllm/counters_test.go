@@ -461,3 +461,30 @@ func TestABudgetBoundsEveryPodsSeries(t *testing.T) {
 		t.Fatalf("after retiring and releasing: held %d in all, %d of the hostile namespace; want 30 and 0", all, of)
 	}
 }
+
+// TestABudgetsOverShareIsOnlyWhenFull: a namespace past a share set lower
+// since it took its room is over it only while the budget is full (with
+// room left the others take that); the share bounds what it takes next.
+func TestABudgetsOverShareIsOnlyWhenFull(t *testing.T) {
+	b := NewBudget(10, 10)
+	for range 6 {
+		if !b.take("a") {
+			t.Fatal("a: no room within its share")
+		}
+	}
+	b.SetShare(5)
+	if b.take("a") {
+		t.Fatal("a took room past its share")
+	}
+	if over := b.Over(); over != nil {
+		t.Fatalf("over %v with room left, want none", over)
+	}
+	for range 4 {
+		if !b.take("b") {
+			t.Fatal("b: no room within its share")
+		}
+	}
+	if over := b.Over(); len(over) != 1 || !over["a"] {
+		t.Fatalf("over %v with the budget full, want a alone (6 of a share of 5; b 4)", over)
+	}
+}

@@ -258,3 +258,32 @@ func TestAggregatorProbesExecTheHealthPort(t *testing.T) {
 		t.Errorf("the health port is still reached from outside the pod:\n%s", out)
 	}
 }
+
+// A probe's handler in a values file (the daemonset chart's before its
+// probes became exec probes of the loopback health port; its values then
+// carried httpGet) rendered beside the chart's, a manifest the API server
+// refuses; and a health port on the http port's made the process fail to
+// listen. Both charts refuse them, saying what to give.
+func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		chart string
+		args  []string
+		says  string
+	}{
+		{"daemonset", []string{"--set", "livenessProbe.httpGet.path=/livez"}, "livenessProbe.httpGet: the chart sets the probe's handler"},
+		{"daemonset", []string{"--set", "readinessProbe.exec.command={true}"}, "readinessProbe.exec"},
+		{"daemonset", []string{"--set", "healthPort=8081"}, "healthPort must differ from httpPort"},
+		{"aggregator", []string{"--set", "readinessProbe.tcpSocket.port=8080"}, "readinessProbe.tcpSocket"},
+		{"aggregator", []string{"--set", "http.healthPort=8080"}, "http.healthPort must differ from http.port"},
+	} {
+		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
+		if err == nil || !strings.Contains(out, c.says) {
+			t.Errorf("%s %v: %v, want it refused saying %q\n%.500s", c.chart, c.args, err, c.says, out)
+		}
+	}
+	// Timing alone renders, and a probe set to null is left out.
+	if out, err := render(t, filepath.Join(root, "deploy", "daemonset"), "--set", "livenessProbe.periodSeconds=30", "--set", "readinessProbe=null"); err != nil ||
+		!strings.Contains(out, "periodSeconds: 30") || strings.Contains(out, "readinessProbe") {
+		t.Errorf("timing alone: %v\n%s", err, out)
+	}
+}
