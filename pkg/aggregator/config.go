@@ -182,7 +182,7 @@ func (a *Aggregator) listen() error {
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
 	ingest := newLimitListener(a.ingestLn, s.MaxIngestConnections, s.MaxIngestConnectionsPerAddress)
-	ingest.onRefuse = a.refusal("ingest", "--max-ingest-connections-per-address")
+	ingest.byIP.OnRefuse = a.refusal("ingest", "--max-ingest-connections-per-address")
 	a.ingestLn = ingest
 	// The scaler port held every connection, unbounded (KEDA's operator
 	// keeps one a scaler address and TLS configuration).

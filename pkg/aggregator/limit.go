@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -22,20 +23,17 @@ import (
 // connection (the ingest port with TLS) is read through crypto/tls, which
 // has its own buffers, and is not affected.
 //
-// It also holds at most perIP connections from one remote address: past
-// it a new one from that address is closed at once (waiting would hold
-// every agent behind one client's). The total alone let one client's
-// connections, never authenticated (a stream's token is reviewed, a
-// connection is not), take every place and hold the agents out.
+// It also holds at most perIP connections from one remote address (its
+// listener is a netbound.Listener of that bound alone): past it a new one
+// from that address is closed at once (waiting would hold every agent
+// behind one client's). The total alone let one client's connections,
+// never authenticated (a stream's token is reviewed, a connection is
+// not), take every place and hold the agents out.
 type limitListener struct {
 	net.Listener
-	// onRefuse, when set, is called with the address of each connection
-	// closed past perIP.
-	onRefuse  func(ip string)
+	// byIP is the listener, bounding the connections of one address.
+	byIP      *netbound.Listener
 	sem       chan struct{}
-	perIP     int
-	mu        sync.Mutex
-	byIP      map[string]int
 	closeOnce sync.Once
 	done      chan struct{}
 	// readyReads counts ReadOnReady calls: the test that gRPC takes the
@@ -44,7 +42,8 @@ type limitListener struct {
 }
 
 func newLimitListener(l net.Listener, n, perIP int) *limitListener {
-	return &limitListener{Listener: l, sem: make(chan struct{}, n), perIP: perIP, byIP: map[string]int{}, done: make(chan struct{})}
+	byIP := netbound.New(l, math.MaxInt, perIP)
+	return &limitListener{Listener: byIP, byIP: byIP, sem: make(chan struct{}, n), done: make(chan struct{})}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -61,40 +60,14 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 	case l.sem <- struct{}{}:
 	}
-	var c net.Conn
-	var ip string
-	for {
-		var err error
-		if c, err = l.Listener.Accept(); err != nil {
-			<-l.sem
-			return nil, err
-		}
-		ip = c.RemoteAddr().String()
-		if host, _, err := net.SplitHostPort(ip); err == nil {
-			ip = host
-		}
-		l.mu.Lock()
-		ok := l.byIP[ip] < l.perIP
-		if ok {
-			l.byIP[ip]++
-		}
-		l.mu.Unlock()
-		if ok {
-			break
-		}
-		_ = c.Close() // its address holds its share: the place stays free
-		if l.onRefuse != nil {
-			l.onRefuse(ip)
-		}
-	}
-	lc := netbound.NewConn(c, func() {
-		l.mu.Lock()
-		if l.byIP[ip]--; l.byIP[ip] <= 0 {
-			delete(l.byIP, ip)
-		}
-		l.mu.Unlock()
+	// A connection past its address's share is closed there, and the
+	// place stays this one's, for the next.
+	c, err := l.Listener.Accept()
+	if err != nil {
 		<-l.sem
-	})
+		return nil, err
+	}
+	lc := netbound.NewConn(c, func() { <-l.sem })
 	if rc := newReadyConn(lc, &l.readyReads); rc != nil {
 		return rc, nil
 	}

@@ -197,8 +197,8 @@ func TestOneAddressHoldsItsShareOfTheIngestPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if ln.byIP["127.0.0.1"] != 2 || len(ln.sem) != 3 {
-		t.Fatalf("after a close and a new connection: %v, %d places, want 2 of the flood's and 3 in all", ln.byIP, len(ln.sem))
+	if n := ln.byIP.HeldFrom("127.0.0.1"); n != 2 || len(ln.sem) != 3 {
+		t.Fatalf("after a close and a new connection: %d of the flood's, %d places, want 2 of the flood's and 3 in all", n, len(ln.sem))
 	}
 }
 
@@ -234,11 +234,7 @@ func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// (The server's next Accept, waiting, holds a place of the total.)
-	held := func() int {
-		ln.mu.Lock()
-		defer ln.mu.Unlock()
-		return ln.byIP["127.0.0.1"]
-	}
+	held := func() int { return ln.byIP.HeldFrom("127.0.0.1") }
 	for held() != 0 {
 		if ctx.Err() != nil {
 			t.Fatalf("the client gone, its address still holds %d places", held())

@@ -16,7 +16,11 @@ import (
 // newReadyConn wraps a TCP connection of the limit so that gRPC reads it
 // into pooled buffers; nil for any other connection.
 func newReadyConn(lc *netbound.Conn, reads *atomic.Int64) net.Conn {
-	tcp, ok := lc.Conn.(*net.TCPConn)
+	inner := lc.Conn
+	if b, ok := inner.(*netbound.Conn); ok { // the address's bound's
+		inner = b.Conn
+	}
+	tcp, ok := inner.(*net.TCPConn)
 	if !ok {
 		return nil
 	}

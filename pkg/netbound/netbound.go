@@ -62,6 +62,13 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
+// HeldFrom is the number of connections held now from address ip.
+func (l *Listener) HeldFrom(ip string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.byIP[ip]
+}
+
 // Held is the number of connections held now.
 func (l *Listener) Held() int {
 	l.mu.Lock()

@@ -256,21 +256,32 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	if err := s.trigger(w, &r, maxWindow); err != nil {
 		return s, err
 	}
-	if s.MinReplicas, err = r.integer(AnnotationMinReplicas, DefaultMinReplicas, 0); err != nil {
+	if err := s.replicas(&r); err != nil {
 		return s, err
 	}
+	return s, s.behaviour(&r)
+}
+
+// replicas reads the replica bounds and KEDA's cooldown, and notes the
+// annotations KEDA reads only between 0 and 1 replicas when the minimum
+// is above 0.
+func (s *Settings) replicas(r *reader) error {
+	var err error
+	if s.MinReplicas, err = r.integer(AnnotationMinReplicas, DefaultMinReplicas, 0); err != nil {
+		return err
+	}
 	if s.MaxReplicas, err = r.integer(AnnotationMaxReplicas, DefaultMaxReplicas, 1); err != nil {
-		return s, err
+		return err
 	}
 	s.MinVia, s.MaxVia = r.via(AnnotationMinReplicas), r.via(AnnotationMaxReplicas)
 	if s.MaxReplicas < s.MinReplicas {
-		return s, &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
+		return &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
 	if v, _, _ := r.get(AnnotationCooldownPeriod); v != "" {
 		s.CooldownSet = true
 	}
 	if s.CooldownPeriod, err = r.seconds(AnnotationCooldownPeriod, 0, 0, 24*time.Hour); err != nil {
-		return s, err
+		return err
 	}
 	// KEDA reads both only between 0 and 1 replicas: set with a minimum
 	// of one or more, they are written and have no effect, which the
@@ -284,29 +295,34 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 			s.Unused = append(s.Unused, fmt.Sprintf("%s has no effect with %s %d (%s)", a.annotation, AnnotationMinReplicas, s.MinReplicas, a.what))
 		}
 	}
+	return nil
+}
+
+// behaviour reads the HPA behaviour of a threshold metric's trigger; the
+// planner's (metric replicas) takes none.
+func (s *Settings) behaviour(r *reader) error {
 	if s.Parsed.Metric == scaler.MetricReplicas {
 		// The planner holds capacity itself: an HPA behaviour on top
 		// delays its plan (docs/scaledobject.md, "The planner: what pulse provisions, written by hand").
 		for _, a := range []string{AnnotationScaleUpPodsPerMin, AnnotationScaleDownInterval, AnnotationScaleDownDelay} {
 			if v, _, _ := r.get(a); v != "" {
-				return s, &AnnotationError{a, "applies to threshold metrics: metric replicas (the planner, the default) holds capacity for the lead time it learns and lets its plan through the HPA at once; set pulse.io/metric to scale on a threshold"}
+				return &AnnotationError{a, "applies to threshold metrics: metric replicas (the planner, the default) holds capacity for the lead time it learns and lets its plan through the HPA at once; set pulse.io/metric to scale on a threshold"}
 			}
 		}
 		s.Planner = true
-		return s, nil
+		return nil
 	}
+	var err error
 	if s.ScaleUpPodsPerMinute, err = r.integer(AnnotationScaleUpPodsPerMin, DefaultScaleUpPodsPerMin, 1); err != nil {
-		return s, err
+		return err
 	}
 	// The HPA's policy period is at most 30 minutes; its stabilization
 	// window at most an hour.
 	if s.ScaleDownInterval, err = r.seconds(AnnotationScaleDownInterval, DefaultScaleDownInterval, time.Second, 30*time.Minute); err != nil {
-		return s, err
+		return err
 	}
-	if s.ScaleDownDelay, err = r.seconds(AnnotationScaleDownDelay, DefaultScaleDownDelay, 0, time.Hour); err != nil {
-		return s, err
-	}
-	return s, nil
+	s.ScaleDownDelay, err = r.seconds(AnnotationScaleDownDelay, DefaultScaleDownDelay, 0, time.Hour)
+	return err
 }
 
 // trigger builds the trigger metadata and checks it as the scaler will.

@@ -575,40 +575,54 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		}
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
-		// The cache holds a projection (trimScaledObject): the update is
-		// of the object as the API server has it, others' labels,
-		// annotations, finalizers and owners kept.
-		live, err := client.Get(ctx, k.Name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("read ScaledObject %s: %w", soName, err)
+		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary)
+		if !wrote || err != nil {
+			return err
 		}
-		if live.GetUID() != existing.GetUID() {
-			return apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
-		}
-		// Judged again as the API server has it: a tenant that took it
-		// over (pulse's label taken off, as a conflict's message says)
-		// a moment before had it labelled again and overwritten, the
-		// cache not yet told.
-		if msg := r.conflict(k, m, live); msg != "" {
-			r.c.m.errors.WithLabelValues("conflict").Inc()
-			r.report(k, ref, StateConflict, soName, msg)
-			return nil
-		}
-		out, changed := Apply(live, desired)
-		if !changed {
-			r.report(k, ref, StateProvisioned, soName, summary)
-			return nil
-		}
-		out.SetManagedFields(nil) // the server keeps those an update leaves out
-		if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
-			return fmt.Errorf("update ScaledObject %s: %w", soName, err)
-		}
-		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	}
 	r.didWrite(k, write)
 	r.c.m.changes.WithLabelValues(verb).Inc()
 	r.report(k, ref, StateProvisioned, soName, summary)
 	return nil
+}
+
+// update writes desired over the ScaledObject existing (the cache's copy
+// of it) as the API server has it, and says whether it wrote: not when
+// the live object is another's (a conflict, reported) or already as
+// desired (reported provisioned).
+func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, existing, desired *unstructured.Unstructured, summary string) (bool, error) {
+	soName := k.Namespace + "/" + k.Name
+	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
+	// The cache holds a projection (trimScaledObject): the update is of
+	// the object as the API server has it, others' labels, annotations,
+	// finalizers and owners kept.
+	live, err := client.Get(ctx, k.Name, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("read ScaledObject %s: %w", soName, err)
+	}
+	if live.GetUID() != existing.GetUID() {
+		return false, apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
+	}
+	// Judged again as the API server has it: a tenant that took it over
+	// (pulse's label taken off, as a conflict's message says) a moment
+	// before had it labelled again and overwritten, the cache not yet
+	// told.
+	if msg := r.conflict(k, m, live); msg != "" {
+		r.c.m.errors.WithLabelValues("conflict").Inc()
+		r.report(k, ref, StateConflict, soName, msg)
+		return false, nil
+	}
+	out, changed := Apply(live, desired)
+	if !changed {
+		r.report(k, ref, StateProvisioned, soName, summary)
+		return false, nil
+	}
+	out.SetManagedFields(nil) // the server keeps those an update leaves out
+	if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
+		return false, fmt.Errorf("update ScaledObject %s: %w", soName, err)
+	}
+	r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
+	return true, nil
 }
 
 // provisionedSummary is what a provisioned workload's state says.
