@@ -310,6 +310,10 @@ type Plan struct {
 	// still has (store.PodLoad.Unseen), counted in Missing when ready and
 	// in Starting (or Stuck) when not.
 	Unseen int `json:"unseenReplicas,omitempty"`
+	// Unready: replicas ready before and not now (store.PodLoad.Unready),
+	// counted in Ready and Missing: the plan holds them, and an error
+	// answers when none has a fresh sample, never a plan of no work.
+	Unready int `json:"unreadyReplicas,omitempty"`
 }
 
 // Errors of Plan: the workload cannot be planned now (the caller returns
@@ -345,9 +349,6 @@ func (p *Plan) tolerate(cfg Config) {
 func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st := prev
 	st.peaks = append([]peak(nil), prev.peaks...)
-	if st.Since.IsZero() {
-		st.Since = in.At
-	}
 	if !in.RefusedAt.IsZero() {
 		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
 	}
@@ -361,7 +362,16 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		if p.Refused > 0 {
 			return Plan{}, st, fmt.Errorf("%w: no ready pod's window is believable (%d refused, %s; %d ready pods without a value, %d starting)", ErrStale, p.Refused, p.RefusedWhy, p.Missing-p.Refused, p.Starting)
 		}
+		if p.Unready > 0 {
+			return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d replicas without a value, %d of them ready before and not now; %d starting)", ErrStale, p.Missing, p.Unready, p.Starting)
+		}
 		return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
+	}
+	// Since is the first plan's time: not an error's (a workload whose
+	// agent was lost for the hold after a restart, then back, would be
+	// planned below its ready replicas at its first observation).
+	if st.Since.IsZero() {
+		st.Since = in.At
 	}
 	observe := in.At.Sub(st.lastObserve) >= cfg.ObserveEvery
 	if observe {
@@ -391,6 +401,9 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: %d have no fresh sample", p.Ready, p.Missing)
 		if p.Unseen > 0 {
 			p.Reason += fmt.Sprintf(" (%d unseen: their agent is lost, and the API still has them)", p.Unseen)
+		}
+		if p.Unready > 0 {
+			p.Reason += fmt.Sprintf(" (%d ready before and not now)", p.Unready)
 		}
 	case in.At.Sub(st.Since) < hold:
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: observed for %s, less than the hold %s", p.Ready, in.At.Sub(st.Since).Round(time.Second), hold)
@@ -467,6 +480,16 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 			p.Ready++
 			p.Missing++
 		case store.PodStarting:
+			if l.Unready {
+				// A replica that served and lost its readiness (a failed
+				// probe, a restarted container) is not one starting: its
+				// age is not a startup, and it is no capacity coming. It
+				// is planned as a ready one without a fresh sample.
+				p.Ready++
+				p.Missing++
+				p.Unready++
+				continue
+			}
 			if st.stuck(l) {
 				p.Stuck++
 				continue

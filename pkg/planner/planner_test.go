@@ -229,6 +229,60 @@ func TestStaleAndLostAreErrorsMissingPodsHold(t *testing.T) {
 	}
 }
 
+// A replica that served and lost its readiness is no replica starting:
+// every one of them unready is an error, never a plan of no work, and one
+// of them neither lengthens the lead time nor counts as capacity coming.
+func TestReplicasReadyBeforeAndNotNowAreHeldNotStarting(t *testing.T) {
+	cfg := Default(0)
+	busy := []store.PodLoad{serving("a", 10000, 1), serving("b", 10000, 1), serving("c", 10000, 1), serving("d", 10000, 1)}
+	before, st, at := run(t, State{}, cfg, t0, 20*time.Minute, busy...)
+	unready := func(name string) store.PodLoad {
+		return store.PodLoad{Name: name, State: store.PodStarting, Unready: true, Age: 50 * time.Minute}
+	}
+	all := []store.PodLoad{unready("a"), unready("b"), unready("c"), unready("d")}
+	for range 120 { // 10 minutes, past the hold
+		_, next, err := Make(snap(at, all...), st, cfg)
+		if !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "4 of them ready before") {
+			t.Fatalf("every replica ready before and not now: error %v, want ErrStale naming them", err)
+		}
+		st, at = next, at.Add(5*time.Second)
+	}
+	p, next, err := Make(snap(at, unready("a"), busy[1], busy[2], busy[3]), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Starting != 0 || p.Unready != 1 || p.Missing != 1 || p.Ready != 4 || p.Replicas < before.Replicas {
+		t.Fatalf("one of four ready before and not now: plan %d (was %d), ready %d, missing %d, unready %d, starting %d (%s); want it held as ready and missing",
+			p.Replicas, before.Replicas, p.Ready, p.Missing, p.Unready, p.Starting, p.Reason)
+	}
+	if lead := next.lead(cfg); lead >= 50*time.Minute {
+		t.Fatalf("a replica unready 50 min after its creation set the lead time to %s", lead)
+	}
+}
+
+// The hold after a restart counts from the first plan, not from errors:
+// a workload answered ErrLost for longer than the hold, then back, is not
+// planned below its ready replicas at its first observation.
+func TestTheRestartHoldCountsFromTheFirstPlan(t *testing.T) {
+	cfg := Default(0)
+	st, at := State{}, t0
+	lost := func(at time.Time) Input { return Input{At: at, LostOK: true, Lost: store.Lost{At: t0, Pods: 5}} }
+	for range 360 { // 30 minutes
+		_, next, err := Make(lost(at), st, cfg)
+		if !errors.Is(err, ErrLost) {
+			t.Fatalf("error %v, want ErrLost", err)
+		}
+		st, at = next, at.Add(5*time.Second)
+	}
+	p, _, err := Make(snap(at, serving("a", 40000, 0.01), serving("b", 10000, 0.01), serving("c", 10000, 0.01), serving("d", 10000, 0.01), serving("e", 10000, 0.01)), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas < 5 {
+		t.Fatalf("after 30 min of errors, the first plan of 5 ready replicas is %d (%s); want them held for the hold", p.Replicas, p.Reason)
+	}
+}
+
 func TestDemandWithNoReplicaNeedsOne(t *testing.T) {
 	in := Input{At: t0, Demand: store.DemandValue{Sources: 1, Held: 3}}
 	p, _, err := Make(in, State{}, Default(0))

@@ -69,6 +69,10 @@ type PodLoad struct {
 	// store's Expiry) and that the API still has (Options.Exists): ready
 	// with no sample (PodMissing, Reason UnseenReason), or starting.
 	Unseen bool
+	// Unready: a PodStarting pod that was ready before, since this store
+	// first listed it (its readiness lost: a failed probe, a restarted
+	// container); Age is still since its creation.
+	Unready bool
 }
 
 // Snapshot is one workload as a planner reads it, taken under one lock.
@@ -156,7 +160,7 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 		l.State = PodTerminating
 		return l
 	case !p.Ready:
-		l.State = PodStarting
+		l.State, l.Unready = PodStarting, p.readyNs != 0
 		return l
 	case p.get().missing != "":
 		l.State, l.Reason = PodMissing, p.get().missing

@@ -104,8 +104,8 @@ func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 	created := now.Add(-3 * time.Minute) // pending for a node until now
 	p := PodInfo{UID: "u", Namespace: "ns", Name: "p", Workloads: []Key{ws}, CreatedMs: created.UnixMilli()}
 	s.Upsert(src, []PodInfo{p}, false)
-	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || l.Age != 3*time.Minute {
-		t.Fatalf("starting: %+v, want an age of 3m0s from its creation", l)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || l.Age != 3*time.Minute || l.Unready {
+		t.Fatalf("starting: %+v, want an age of 3m0s from its creation, never ready", l)
 	}
 	now = now.Add(2 * time.Minute)
 	p.Ready, p.ReadySinceMs = true, now.Add(-10*time.Second).UnixMilli()
@@ -116,6 +116,14 @@ func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.Startup != 5*time.Minute-10*time.Second || l.Age != 6*time.Minute {
 		t.Fatalf("ready: startup %s, age %s; want 4m50s (created to ready) and 6m0s", l.Startup, l.Age)
 	}
+	// Its readiness lost (a failed probe): not ready, and ready before.
+	lost := p
+	lost.Ready = false
+	s.Upsert(src, []PodInfo{lost}, false)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || !l.Unready {
+		t.Fatalf("ready, then not: %+v, want starting and Unready", l)
+	}
+	s.Upsert(src, []PodInfo{p}, false)
 	// A store that first sees it ready (an aggregator restarted) learns
 	// the same startup; one with no times, none.
 	fresh := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
