@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 var llama = Workload{Kind: "InferenceSet", Namespace: "demo", Name: "llama"}
@@ -243,6 +245,15 @@ func TestLatencyTriggersAreAverages(t *testing.T) {
 		}
 		if s.Trigger["valueType"] != want || s.Parsed.ValueType != parsed {
 			t.Errorf("%s: valueType %q (parsed %q), want %q", m, s.Trigger["valueType"], s.Parsed.ValueType, want)
+		}
+		// The ScaledObject written: an average is read by the HPA as a
+		// per-pod value only with metricType Value (KEDA's default is
+		// AverageValue, a total).
+		so := Desired(Owner{APIVersion: "kaito.sh/v1alpha1", Kind: "InferenceSet", Namespace: "demo", Name: "llama", UID: "u"}, s, Target{ScalerAddress: "pulse:9090"})
+		triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+		got, _ := triggers[0].(map[string]any)["metricType"].(string)
+		if wantType := map[string]string{"average": "Value"}[want]; got != wantType {
+			t.Errorf("%s: the trigger's metricType %q, want %q", m, got, wantType)
 		}
 	}
 }
