@@ -488,7 +488,8 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	a.scalerSrv = grpc.NewServer(opts...)
 	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
 		AllowCrossNamespace: o.Kube.AllowCrossNamespace, Logger: a.log, FollowWindows: true,
-		MaxStreams: o.Serving.MaxScalerStreams, MaxStreamsPerNamespace: o.Serving.ScalerStreamsPerNamespace()})
+		MaxStreams: o.Serving.MaxScalerStreams, MaxStreamsPerNamespace: o.Serving.ScalerStreamsPerNamespace(),
+		MaxTriggerSeries: o.Serving.MaxTriggerSeries})
 	reg.MustRegister(a.scaler.Collector())
 	externalscaler.RegisterExternalScalerServer(a.scalerSrv, a.scaler)
 	healthpb.RegisterHealthServer(a.scalerSrv, a.health)

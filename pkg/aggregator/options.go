@@ -36,7 +36,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none",
-			MaxIngestConnections: 20000, MaxIngestConnectionsPerAddress: 8, MaxScalerConnectionsPerAddress: 16, MaxScalerStreams: 40000},
+			MaxIngestConnections: 20000, MaxIngestConnectionsPerAddress: 8, MaxScalerConnectionsPerAddress: 16, MaxScalerStreams: 40000, MaxTriggerSeries: 2000},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -114,6 +114,8 @@ type ServingOptions struct {
 	// for every external-push trigger), and MaxScalerStreamsPerNamespace
 	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).
 	MaxScalerStreams, MaxScalerStreamsPerNamespace int
+	// MaxTriggerSeries bounds the triggers whose series /metrics carries.
+	MaxTriggerSeries int
 }
 
 // ScalerStreamsPerNamespace is the streams one namespace's ScaledObjects
@@ -139,6 +141,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxIngestConnections, "max-ingest-connections", o.MaxIngestConnections, "connections the ingest port holds open at once (an agent holds one to each replica): past it a new one waits to be accepted, so that clients of the port (any, with --agent-auth=none) cannot open them without bound")
 	fs.IntVar(&o.MaxIngestConnectionsPerAddress, "max-ingest-connections-per-address", o.MaxIngestConnectionsPerAddress, "connections the ingest port holds open at once from one remote address (an agent holds one to each replica, from its pod's address): past it a new one from that address is closed at once, so that the pods of one client cannot take --max-ingest-connections from every agent; raise it where agents reach the aggregator through one translated address")
 	fs.IntVar(&o.MaxScalerConnectionsPerAddress, "max-scaler-connections-per-address", o.MaxScalerConnectionsPerAddress, "connections the scaler port holds open at once from one remote address (of 1,024 in all; KEDA's operator keeps one a scaler address and TLS configuration): past it a new one from that address is closed at once, so that one client's pods cannot take the port from KEDA")
+	fs.IntVar(&o.MaxTriggerSeries, "max-trigger-series", o.MaxTriggerSeries, "triggers whose series (pulse_aggregator_trigger_*, pulse_aggregator_plan_*) /metrics carries, shared among their namespaces in turn; past it the others are left out (counted in pulse_aggregator_trigger_series_left_out; /debug/triggers has every one), so that one tenant's ScaledObjects cannot make a page of hundreds of megabytes")
 	fs.IntVar(&o.MaxScalerStreams, "max-scaler-streams", o.MaxScalerStreams, "KEDA's streams the scaler port holds open at once (KEDA opens a StreamIsActive and a StreamMetricSpec for every external-push trigger): past it a new one is refused (ResourceExhausted; KEDA retries, backing off to a minute, and its GetMetrics polls are answered as before)")
 	fs.IntVar(&o.MaxScalerStreamsPerNamespace, "max-scaler-streams-per-namespace", o.MaxScalerStreamsPerNamespace, "KEDA's streams of one namespace's ScaledObjects held open at once (0: half of --max-scaler-streams); past it a new one of that namespace is refused as past --max-scaler-streams, so that one tenant's ScaledObjects cannot take every other tenant's room")
 	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve --http-addr (/metrics, the probes, and the debug endpoints without --debug-addr) with TLS, with the ingest port's certificate (--ingest-managed-tls or --ingest-tls-cert-file): a bearer token for /metrics never travels in plaintext")
@@ -173,6 +176,9 @@ func (o *ServingOptions) Validate() error {
 	}
 	if o.MaxScalerStreams < 1 {
 		errs = append(errs, errors.New("--max-scaler-streams must be at least 1"))
+	}
+	if o.MaxTriggerSeries < 1 {
+		errs = append(errs, errors.New("--max-trigger-series must be at least 1"))
 	}
 	if o.MaxScalerStreamsPerNamespace < 0 {
 		errs = append(errs, errors.New("--max-scaler-streams-per-namespace must be 0 (half of --max-scaler-streams) or more"))

@@ -361,6 +361,13 @@ func query(args []string, stdout, stderr io.Writer) int {
 		for i, ref := range o.pulseTriggers() {
 			asked++
 			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, i+1)
+			if ref.Namespace == "" {
+				// KEDA sends the namespace the ScaledObject is applied
+				// in; the scaler refuses a call without one.
+				fmt.Fprintln(stdout, "  the ScaledObject names no namespace: set its metadata.namespace to the one it is applied in")
+				failed++
+				continue
+			}
 			if err := ask(client, ref, *timeout, stdout); err != nil {
 				fmt.Fprintf(stdout, "  %s\n", wire.Printable(err.Error()))
 				failed++

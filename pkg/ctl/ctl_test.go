@@ -204,6 +204,15 @@ func TestQueryAsksWhatKEDAWould(t *testing.T) {
 	if code, _, _ := run("query", "--scaler", addr); code != 2 {
 		t.Fatalf("no file: exit %d, want 2", code)
 	}
+	// A manifest naming no namespace (applied with -n): KEDA would send
+	// the one it is applied in; the scaler refuses a call with none.
+	anon := strings.Replace(goodSO, "{name: llama-so, namespace: demo}", "{name: llama-so}", 1)
+	if anon == goodSO {
+		t.Fatal("the test's ScaledObject names no namespace to take out")
+	}
+	if code, out, _ := run("query", "--scaler", addr, "-f", write(t, anon)); code != 1 || !strings.Contains(out, "set its metadata.namespace") {
+		t.Fatalf("no namespace: exit %d\n%s", code, out)
+	}
 }
 
 func TestTopShowsTheDecisions(t *testing.T) {

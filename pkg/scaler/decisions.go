@@ -1,7 +1,9 @@
 package scaler
 
 import (
+	"cmp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/pkg/slots"
 )
 
 // Bounds of the decision records: a trigger not evaluated for decisionTTL
@@ -224,7 +227,7 @@ func planDesc(name, help string) *prometheus.Desc {
 type decisionCollector struct{ s *Server }
 
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused, descStreams, descStreamsRefused}, planDescs...) {
+	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused, descStreams, descStreamsRefused, descSeriesLeftOut}, planDescs...) {
 		ch <- d
 	}
 }
@@ -232,7 +235,15 @@ func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 	c.collectRefused(ch)
 	c.collectStreams(ch)
-	for _, e := range c.s.Evaluations() {
+	evals := c.s.Evaluations()
+	all := len(evals)
+	if limit := c.s.maxTriggerSeries; limit > 0 && len(evals) > limit {
+		evals = slots.Share(evals, limit, func(e Evaluation) string { return e.Namespace }, func(a, b Evaluation) int {
+			return cmp.Or(strings.Compare(a.ScaledObject, b.ScaledObject), strings.Compare(a.MetricName, b.MetricName))
+		})
+	}
+	ch <- prometheus.MustNewConstMetric(descSeriesLeftOut, prometheus.GaugeValue, float64(all-len(evals)))
+	for _, e := range evals {
 		lv := []string{e.Namespace, e.ScaledObject, e.Trigger.Workload.String(), e.Trigger.Metric}
 		if e.Refused {
 			// Its metadata did not parse: what was read of it may name the

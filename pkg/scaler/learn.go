@@ -56,15 +56,25 @@ func (r *InformerResolver) PlannerRefs(limit int) []*externalscaler.ScaledObject
 // failover KEDA's new replica plans from what it has learned, not from the
 // start. A trigger whose metadata KEDA's call would be refused for, or
 // that names another namespace's workload, teaches nothing and is not
-// recorded as refused (KEDA's own calls are). It returns the triggers
+// recorded as refused (KEDA's own calls are). It returns the states
 // planned (a workload with no pod here, or none fresh, is not).
 func (s *Server) Learn(refs []*externalscaler.ScaledObjectRef) int {
 	n := 0
+	// Triggers of one state (one workload, SLO and window, asked from one
+	// namespace) are planned once a round: a tenant's ScaledObjects of
+	// eight identical triggers each had every one planned, up to the
+	// round's whole share, each a snapshot of the workload.
+	planned := map[planKey]bool{}
 	for _, ref := range refs {
 		t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 		if err != nil || t.Metric != MetricReplicas || !s.crossNS && t.Workload.Namespace != ref.GetNamespace() {
 			continue
 		}
+		k := keyOf(t, configOf(t))
+		if planned[k] {
+			continue
+		}
+		planned[k] = true
 		// Its window sizes the store's retention here too, as KEDA's calls'
 		// do on the replica KEDA asks: a replica that only learned kept 10 s
 		// of each pod, and planned over that (a 10 s window's noise held as

@@ -140,6 +140,15 @@ func TestALearningReplicaWaitsForTheWarmUp(t *testing.T) {
 	if n := standby.Learn(r.PlannerRefs(maxPlans)); n != 1 || standby.plans.n != 1 {
 		t.Fatalf("learned %d triggers (%d states) after the warm-up, want 1", n, standby.plans.n)
 	}
+	// The same trigger many times over (a tenant's ScaledObjects of
+	// identical triggers) is one state, planned once a round.
+	refs := r.PlannerRefs(maxPlans)
+	for range 8 {
+		refs = append(refs, refs[0])
+	}
+	if n := standby.Learn(refs); n != 1 {
+		t.Fatalf("9 identical triggers: %d planned in a round, want 1", n)
+	}
 }
 
 // standbyFixture: a fixture whose resolver watches one ScaledObject with a

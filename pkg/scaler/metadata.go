@@ -282,10 +282,14 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	if t.Workload.Namespace == "" {
 		return &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
 	}
+	// Too long, each is refused and kept cut: the refusal's record (and
+	// its series' labels) held up to a kilobyte of it.
 	if len(t.Workload.Name) > maxWorkloadName {
+		t.Workload.Name = CutName(t.Workload.Name)
 		return &MetadataError{Msg: fmt.Sprintf("the workload's name is over %d bytes (an object's name)", maxWorkloadName)}
 	}
 	if len(t.Workload.Namespace) > maxNamespace {
+		t.Workload.Namespace = wire.CleanText(t.Workload.Namespace, maxNamespace)
 		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("over %d bytes (a namespace's name)", maxNamespace)}
 	}
 	return nil

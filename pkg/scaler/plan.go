@@ -146,9 +146,15 @@ func forgetOldestOfMost[K comparable, V any](ns map[string]*simplelru.LRU[K, V])
 
 // plan evaluates a replicas trigger: one store snapshot, planned with the
 // workload's learned state, which the plan then replaces.
-func (s *Server) plan(t Trigger) (Decision, error) {
+// configOf is the planner's configuration for t.
+func configOf(t Trigger) planner.Config {
 	cfg := planner.Default(t.SLOTTFT)
 	cfg.ITL, cfg.Percentile = t.SLOITL, t.SLOPercentile/100
+	return cfg
+}
+
+func (s *Server) plan(t Trigger) (Decision, error) {
+	cfg := configOf(t)
 	k := keyOf(t, cfg)
 	keyLock := s.plans.lockFor(k)
 	keyLock.Lock()

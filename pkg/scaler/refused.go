@@ -94,6 +94,8 @@ func (c decisionCollector) collectRefused(ch chan<- prometheus.Metric) {
 var (
 	descStreams = prometheus.NewDesc("pulse_aggregator_scaler_streams",
 		"KEDA's StreamIsActive and StreamMetricSpec streams open now.", nil, nil)
+	descSeriesLeftOut = prometheus.NewDesc("pulse_aggregator_trigger_series_left_out",
+		"Triggers whose series this page leaves out, past --max-trigger-series (the triggers shown are shared among their namespaces in turn; /debug/triggers has every one).", nil, nil)
 	descStreamsRefused = prometheus.NewDesc("pulse_aggregator_scaler_streams_refused_total",
 		"Streams refused (ResourceExhausted) past a bound, by the bound: all (--max-scaler-streams) or namespace (--max-scaler-streams-per-namespace).",
 		[]string{"limit"}, nil)

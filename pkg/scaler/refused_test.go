@@ -3,11 +3,14 @@ package scaler
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -89,6 +92,61 @@ pulse_aggregator_trigger_failed{metric="(refused)",namespace="demo",scaledobject
 pulse_aggregator_trigger_failed{metric="waiting",namespace="demo",scaledobject="llama-so",workload="Workspace demo/llama"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_trigger_failed"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTriggerSeriesAreBoundedAndShared: past MaxTriggerSeries, /metrics
+// carries the series of that many triggers, shared among their namespaces
+// in turn, and counts the rest: one tenant's ScaledObjects made a page of
+// hundreds of megabytes and left every other tenant's series on it.
+func TestTriggerSeriesAreBoundedAndShared(t *testing.T) {
+	f := newFixture(t)
+	f.server.maxTriggerSeries = 4
+	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10}
+	for i := range 5 {
+		f.server.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "team-a", Name: fmt.Sprintf("so-%d", i)}, tr, Decision{Value: 1}, nil)
+	}
+	for i := range 2 {
+		f.server.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "team-b", Name: fmt.Sprintf("so-%d", i)}, tr, Decision{Value: 1}, nil)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.server.Collector())
+	exp := `
+# HELP pulse_aggregator_trigger_series_left_out Triggers whose series this page leaves out, past --max-trigger-series (the triggers shown are shared among their namespaces in turn; /debug/triggers has every one).
+# TYPE pulse_aggregator_trigger_series_left_out gauge
+pulse_aggregator_trigger_series_left_out 3
+# HELP pulse_aggregator_trigger_threshold The trigger's threshold (the HPA's per-pod target).
+# TYPE pulse_aggregator_trigger_threshold gauge
+pulse_aggregator_trigger_threshold{metric="waiting",namespace="team-a",scaledobject="so-0",workload="Workspace demo/llama"} 10
+pulse_aggregator_trigger_threshold{metric="waiting",namespace="team-a",scaledobject="so-1",workload="Workspace demo/llama"} 10
+pulse_aggregator_trigger_threshold{metric="waiting",namespace="team-b",scaledobject="so-0",workload="Workspace demo/llama"} 10
+pulse_aggregator_trigger_threshold{metric="waiting",namespace="team-b",scaledobject="so-1",workload="Workspace demo/llama"} 10
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "pulse_aggregator_trigger_series_left_out", "pulse_aggregator_trigger_threshold"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+}
+
+// TestARefusedLongNameIsKeptCut: a trigger refused for a workload name past
+// 253 bytes is recorded with the name cut (a valid label value: cut at a
+// character's start), not the whole of what was sent.
+func TestARefusedLongNameIsKeptCut(t *testing.T) {
+	f := newFixture(t)
+	long := strings.Repeat("a", 252) + strings.Repeat("é", 200)
+	if _, err := f.metric(t, map[string]string{"workspace": long}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a name of %d bytes: %v", len(long), err)
+	}
+	evals := f.server.Evaluations()
+	if len(evals) != 1 || len(evals[0].Trigger.Workload.Name) > maxWorkloadName+3 || !utf8.ValidString(evals[0].Trigger.Workload.Name) {
+		t.Fatalf("the refusal's record: %+v", evals)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(f.server.Collector())
+	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -62,6 +62,7 @@ type Server struct {
 	// MaxStreamsPerNamespace) by their ScaledObject's namespace.
 	slots                slots.Slots
 	maxStreams, maxPerNS int
+	maxTriggerSeries     int
 	// streamsRefused counts the streams refused past a bound, by the bound
 	// (limitAll, limitNamespace).
 	streamsRefused [2]atomic.Uint64
@@ -105,6 +106,11 @@ type Options struct {
 	// (ResourceExhausted; KEDA retries, backing off to a minute, and its
 	// polls are answered as before). 0: no bound.
 	MaxStreams, MaxStreamsPerNamespace int
+	// MaxTriggerSeries bounds the triggers whose series /metrics carries
+	// (Collector), shared among their namespaces in turn: one tenant's
+	// ScaledObjects made a page of hundreds of megabytes, gathered at each
+	// scrape. 0: no bound.
+	MaxTriggerSeries int
 }
 
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
@@ -152,7 +158,7 @@ func New(st *store.Store, o Options) *Server {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{store: st, maxWindow: o.MaxWindow, resolver: o.Resolver, gate: o.Gate, crossNS: o.AllowCrossNamespace, decisions: newRecorder(o.Now), plans: newPlans(), log: o.Logger,
-		maxStreams: o.MaxStreams, maxPerNS: o.MaxStreamsPerNamespace,
+		maxStreams: o.MaxStreams, maxPerNS: o.MaxStreamsPerNamespace, maxTriggerSeries: o.MaxTriggerSeries,
 		recheck: 500 * time.Millisecond, minGap: 5 * time.Millisecond, done: make(chan struct{}), now: o.Now}
 	s.push = newPusher(s)
 	if o.FollowWindows {
@@ -177,6 +183,13 @@ func (s *Server) Shutdown() {
 }
 
 func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
+	if ref.GetNamespace() == "" {
+		// KEDA always names the ScaledObject's namespace. Without one
+		// neither the namespace check nor the per-namespace stream bound
+		// would apply: a caller could read any namespace and hold streams
+		// counted against none.
+		return Trigger{}, status.Error(codes.InvalidArgument, "scaledObjectRef: no namespace (KEDA names the ScaledObject's)")
+	}
 	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 	switch {
 	case errors.Is(err, errNotSynced), errors.Is(err, errNotCached):
@@ -192,7 +205,7 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 		s.refuse(ref, t, ReasonUnforwarded, err)
 		return t, err
 	}
-	if own := ref.GetNamespace(); !s.crossNS && own != "" && t.Workload.Namespace != own {
+	if own := ref.GetNamespace(); !s.crossNS && t.Workload.Namespace != own {
 		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
 			t.Workload.Namespace, own, ref.GetName(), own))

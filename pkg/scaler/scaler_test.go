@@ -738,6 +738,17 @@ func TestTriggersReadOnlyTheirNamespace(t *testing.T) {
 		ScaledObjectRef: ref(map[string]string{"workspace": "llama", "namespace": "demo"}), MetricName: "x"}); err != nil {
 		t.Fatalf("its own namespace, named: %v", err)
 	}
+	// A ref with no namespace (KEDA always sends one) is refused: it was
+	// checked against no namespace, and its streams counted against none.
+	anon := &externalscaler.ScaledObjectRef{Name: "x", ScalerMetadata: map[string]string{"workspace": "llama", "namespace": "demo"}}
+	if _, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: anon, MetricName: "x"}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "no namespace") {
+		t.Errorf("a ref with no namespace: %v, want InvalidArgument", err)
+	}
+	if stream, err := f.client.StreamIsActive(context.Background(), anon); err == nil {
+		if _, err = stream.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("a stream for a ref with no namespace: %v, want InvalidArgument", err)
+		}
+	}
 	f.server.crossNS = true
 	_, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{
 		ScaledObjectRef: ref(map[string]string{"workspace": "llama", "namespace": "other"}), MetricName: "x"})

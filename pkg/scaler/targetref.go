@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // TargetResolver finds the workload a ScaledObject scales, for triggers whose
@@ -106,13 +107,14 @@ func TrimmedScaledObject(u *unstructured.Unstructured) *unstructured.Unstructure
 	return out
 }
 
-// CutName is v, or, past 253 bytes (a Kubernetes name's most), v cut and
-// marked: it matches no name.
+// CutName is v, or, past 253 bytes (a Kubernetes name's most), v cut at
+// a character's start and marked: it matches no name, and is valid UTF-8
+// (a label value must be).
 func CutName(v string) string {
 	if len(v) <= maxWorkloadName {
 		return v
 	}
-	return v[:maxWorkloadName] + "..."
+	return wire.CleanText(v, maxWorkloadName) + "..."
 }
 
 // plannerMetadata is the metadata of tr, a ScaledObject's trigger, as the
