@@ -385,3 +385,31 @@ func TestABehaviorTheAPIServerRefusesIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestKEDADeactivatesAtTheCooldownsPoll: KEDA scales to zero at the poll
+// that finds the workload inactive a cooldownPeriod after it was last
+// active (its LastActiveTime, kept to the second, plus the cooldown is
+// before the poll's now), not one pollingInterval later: the simulator's
+// polls fall on an exact grid, and a strict test of the tie kept one
+// replica a poll longer at every deactivation.
+func TestKEDADeactivatesAtTheCooldownsPoll(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  cooldownPeriod: 300\n  pollingInterval: 30")
+	cfg := Config{Trace: load(t, "poisson:rate=1,duration=1m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"oracle"}}
+	if err := cfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(&cfg, nil)
+	w.spec = 2
+	w.now = 600 * time.Second
+	w.kedaScale(true, false) // last active at 600 s
+	for _, at := range []time.Duration{630, 870} {
+		w.now = at * time.Second
+		if w.kedaScale(false, false); w.spec != 2 {
+			t.Fatalf("inactive at %s, %s after the last active poll: scaled to %d", w.now, w.now-600*time.Second, w.spec)
+		}
+	}
+	w.now = 900 * time.Second
+	if w.kedaScale(false, false); w.spec != 0 {
+		t.Fatalf("inactive at %s, a cooldown after the last active poll: %d replicas, want 0", w.now, w.spec)
+	}
+}

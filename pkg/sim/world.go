@@ -523,7 +523,7 @@ func (w *world) kedaScale(active, isErr bool) {
 	case isErr:
 		// an error keeps the replica count (or leads to the fallback)
 	case w.spec > 0 && minR == 0:
-		expired := (w.lastAct < 0 && w.now >= so.InitialCooldown()) || (w.lastAct >= 0 && w.now-w.lastAct > so.Cooldown())
+		expired := (w.lastAct < 0 && w.now >= so.InitialCooldown()) || (w.lastAct >= 0 && w.now-w.lastAct >= so.Cooldown())
 		if expired {
 			w.setSpec(0, true)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -548,4 +549,24 @@ traces:
 		t.Fatal(err)
 	}
 	return s, whole
+}
+
+// TestAPipelineCheaperThanTheFamilyIsNotBounded: a signal pipeline that
+// used fewer GPU-hours than every plan of the clairvoyant family has no
+// distance to it; keeping any attainment, it is named as not bounded (it
+// passed as bounded, and the scoreboard said the family bounded every
+// pipeline), and one at 0 % is not.
+func TestAPipelineCheaperThanTheFamilyIsNotBounded(t *testing.T) {
+	above := 0.05
+	c := &Case{Trace: "t", RateScale: 1, Profile: "p", ScaledObject: "so.yaml", Pipelines: []*Score{
+		{Pipeline: "cheap", SLOAfterWarmup: 0.6, GPUHoursAfterWarmup: 0.1},
+		{Pipeline: "idle", SLOAfterWarmup: 0, GPUHoursAfterWarmup: 0},
+		{Pipeline: "above", SLOAfterWarmup: 0.99, GPUHoursAfterWarmup: 2, ToClairvoyant: &above},
+		{Pipeline: "bounded", SLOAfterWarmup: 0.9, GPUHoursAfterWarmup: 2, ToClairvoyant: new(float64)},
+	}}
+	got := unbounded(c)
+	want := []string{"t ×1 · p · so.yaml: cheap (below the family's cheapest plan)", "t ×1 · p · so.yaml: above"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("not bounded: %q, want %q", got, want)
+	}
 }
