@@ -275,6 +275,11 @@ func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
 		{"daemonset", []string{"--set", "healthPort=8081"}, "healthPort must differ from httpPort"},
 		{"aggregator", []string{"--set", "readinessProbe.tcpSocket.port=8080"}, "readinessProbe.tcpSocket"},
 		{"aggregator", []string{"--set", "http.healthPort=8080"}, "http.healthPort must differ from http.port"},
+		// The debug port (on loopback by default) and the others: each
+		// clash failed the aggregator's start.
+		{"aggregator", []string{"--set", "http.healthPort=8082"}, "the debug port (8082, debug.localhostOnly) must differ from http.healthPort"},
+		{"aggregator", []string{"--set", "http.port=9090"}, "http.port must differ from scaler.port"},
+		{"aggregator", []string{"--set", "ingest.port=8080"}, "http.port must differ from ingest.port"},
 	} {
 		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
 		if err == nil || !strings.Contains(out, c.says) {
