@@ -80,23 +80,32 @@ func (h *Histograms) Any() bool {
 // buckets, no +Inf bucket, or a bound before it that is not finite. Counts that decrease (float noise of a merge)
 // are raised to stay monotonic, as Prometheus does.
 func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
+	v, _, ok := QuantileBeyond(q, bounds, counts)
+	return v, ok
+}
+
+// QuantileBeyond is HistogramQuantile, and whether the rank fell in the
+// +Inf bucket: the quantile is then beyond the highest finite bound, which
+// is the value answered (what it is beyond that, the histogram cannot
+// say).
+func QuantileBeyond(q float64, bounds, counts []float64) (v float64, beyond, ok bool) {
 	n := len(bounds)
 	if n < 2 || len(counts) != n || !math.IsInf(bounds[n-1], 1) || math.IsNaN(q) {
-		return 0, false
+		return 0, false, false
 	}
 	total := counts[n-1]
 	if total <= 0 {
-		return 0, false
+		return 0, false, false
 	}
 	switch {
 	case q < 0:
-		return math.Inf(-1), true
+		return math.Inf(-1), false, true
 	case q > 1:
-		return math.Inf(1), true
+		return math.Inf(1), false, true
 	}
 	for _, b := range bounds[:n-1] {
 		if math.IsInf(b, 0) || math.IsNaN(b) {
-			return 0, false // a bound of -Inf (or a second +Inf) leaves no bucket to interpolate in
+			return 0, false, false // a bound of -Inf (or a second +Inf) leaves no bucket to interpolate in
 		}
 	}
 	rank := q * total
@@ -110,10 +119,10 @@ func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
 		prev = c
 	}
 	if b < 0 || b == n-1 {
-		return bounds[n-2], true
+		return bounds[n-2], true, true
 	}
 	if b == 0 && bounds[0] <= 0 {
-		return bounds[0], true
+		return bounds[0], false, true
 	}
 	start := 0.0
 	if b > 0 {
@@ -121,9 +130,9 @@ func HistogramQuantile(q float64, bounds, counts []float64) (float64, bool) {
 	}
 	count := max(counts[b], prev) - prev
 	if count <= 0 {
-		return bounds[b], true
+		return bounds[b], false, true
 	}
-	return start + (bounds[b]-start)*((rank-prev)/count), true
+	return start + (bounds[b]-start)*((rank-prev)/count), false, true
 }
 
 // histDelta is the increase of histogram h over a series: between the last
@@ -213,6 +222,16 @@ func (m *Merge) Quantile(q float64) (float64, bool) {
 // bucket increases into mg when its quantile is defined (it had
 // observations): one pass gives the pod's own value and its part of the
 // workload's.
+// EvalBeyond is Eval of a RuleQuantile metric, and whether its quantile
+// lies beyond the histogram's highest finite bound (QuantileBeyond).
+func (m Def) EvalBeyond(series []Sample) (v float64, beyond, ok bool) {
+	bounds, delta, ok := histDelta(m.Hist, series)
+	if !ok {
+		return 0, false, false
+	}
+	return QuantileBeyond(m.Q, bounds, delta)
+}
+
 func (m Def) EvalMerge(mg *Merge, series []Sample) (float64, bool) {
 	bounds, delta, ok := histDelta(m.Hist, series)
 	if !ok {

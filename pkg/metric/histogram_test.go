@@ -172,3 +172,25 @@ func TestLatestQuantile(t *testing.T) {
 		t.Fatalf("no histogram: %v", v)
 	}
 }
+
+// TestQuantileBeyondTheHighestBound: a rank in the +Inf bucket answers the
+// highest finite bound, as Prometheus does, and says that the quantile is
+// beyond it; a rank within the finite buckets, or at the top of the last
+// one, is not.
+func TestQuantileBeyondTheHighestBound(t *testing.T) {
+	bounds := []float64{1, 10, inf}
+	counts := []float64{50, 80, 100} // 20 observations past 10
+	for _, c := range []struct {
+		q      float64
+		v      float64
+		beyond bool
+	}{{0.5, 1, false}, {0.8, 10, false}, {0.9, 10, true}, {0.99, 10, true}} {
+		v, beyond, ok := QuantileBeyond(c.q, bounds, counts)
+		if !ok || v != c.v || beyond != c.beyond {
+			t.Errorf("q %g: %g beyond %v (ok %v), want %g beyond %v", c.q, v, beyond, ok, c.v, c.beyond)
+		}
+		if hv, hok := HistogramQuantile(c.q, bounds, counts); hv != v || hok != ok {
+			t.Errorf("q %g: HistogramQuantile %g %v, QuantileBeyond %g %v", c.q, hv, hok, v, ok)
+		}
+	}
+}

@@ -955,7 +955,10 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	switch {
-	case cfg.Percentile > 0 && l.TTFTQuantileOK:
+	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile <= slo):
+		// (A quantile beyond the histogram's highest bound, that bound
+		// within the SLO — buckets that stop at 10 s, an SLO of 15 s —
+		// says nothing of the SLO: the means judge that replica.)
 		// Past the percentile's SLO with requests queued: load broke it.
 		// Past it with none queued, the prompts alone take longer than the
 		// SLO (no replica count changes that): nothing is learned.

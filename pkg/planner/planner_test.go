@@ -283,6 +283,25 @@ func TestTheRestartHoldCountsFromTheFirstPlan(t *testing.T) {
 	}
 }
 
+// A TTFT percentile beyond the histogram's highest bound, that bound
+// within the SLO (buckets that stop at 10 s, an SLO of 15 s), says nothing
+// of the SLO: the means judge the replica, and a mean queue time past a
+// quarter of the SLO is a break (the clamped 10 s had read as within it).
+func TestAPercentileBeyondTheBucketsIsNoProofOfHealth(t *testing.T) {
+	cfg := Default(15 * time.Second)
+	cfg.Percentile = 0.9
+	l := serving("a", 10000, 5) // a mean queue time of 5 s: past 15 s / 4
+	l.Waiting, l.TTFTQuantile, l.TTFTQuantileOK, l.TTFTQuantileBeyond = 3, 10, true, true
+	if broke, _ := health(&l, cfg); !broke {
+		t.Fatal("a p90 beyond the 10 s buckets, a mean queue time of 5 s: not a break")
+	}
+	// Within the buckets, the percentile judges as before.
+	l.TTFTQuantileBeyond = false
+	if broke, _ := health(&l, cfg); broke {
+		t.Fatal("a p90 of 10 s, within a 15 s SLO and the buckets: a break")
+	}
+}
+
 func TestDemandWithNoReplicaNeedsOne(t *testing.T) {
 	in := Input{At: t0, Demand: store.DemandValue{Sources: 1, Held: 3}}
 	p, _, err := Make(in, State{}, Default(0))

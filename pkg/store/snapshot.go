@@ -42,6 +42,10 @@ type PodLoad struct {
 	// the histogram is not forwarded, or no request got its first token).
 	TTFTQuantile   float64
 	TTFTQuantileOK bool
+	// TTFTQuantileBeyond: the quantile lies beyond the histogram's highest
+	// finite bucket bound, which TTFTQuantile then is (what it is beyond
+	// that, the histogram cannot say).
+	TTFTQuantileBeyond bool
 	// Preemptions per second.
 	Preemptions float64
 	// Waiting, Running and KVCache: the window's means; WaitingNow the
@@ -191,7 +195,7 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	l.Preemptions, _ = preemptRate.Eval(rates)
 	if ttftQ > 0 && ttftQ < 1 {
 		q := metric.Def{Rule: metric.RuleQuantile, Hist: metric.TTFTHist, Q: ttftQ}
-		l.TTFTQuantile, l.TTFTQuantileOK = q.Eval(p.window(sc, window, metric.RuleQuantile, ids(q)))
+		l.TTFTQuantile, l.TTFTQuantileBeyond, l.TTFTQuantileOK = q.EvalBeyond(p.window(sc, window, metric.RuleQuantile, ids(q)))
 	}
 	gauges := p.window(sc, window, metric.RuleGauge, gaugeIDs)
 	var okW, okKV bool
