@@ -227,7 +227,7 @@ func planDesc(name, help string) *prometheus.Desc {
 type decisionCollector struct{ s *Server }
 
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused, descStreams, descStreamsRefused, descSeriesLeftOut}, planDescs...) {
+	for _, d := range append([]*prometheus.Desc{descValue, descThreshold, descDesired, descPods, descFailed, descRefused, descStreams, descStreamsRefused, descStreamsReclaimed, descSeriesLeftOut}, planDescs...) {
 		ch <- d
 	}
 }

@@ -437,9 +437,13 @@ func (f *fixture) openStream(ctx context.Context, ns string, md map[string]strin
 // TestOneTenantsStreamsCannotTakeAnothersRoom: at most 3 streams of one
 // namespace, 4 in all. The fourth of namespace demo is refused
 // (ResourceExhausted, naming it), while its three open streams still
-// push and its polls are answered; namespace other opens the last one, and
-// the next of other is refused for the bound in all. A stream ended frees
-// its room, and both refusals are counted by bound.
+// push and its polls are answered; namespace other opens the last one,
+// and its next takes the newest of demo's (every place taken, other below
+// its share of 4 over 2 namespaces, demo above it: two namespaces held
+// every place for as long as they liked); other's third is refused for the
+// bound in all (its share held). A namespace third takes one of the
+// largest's, then is at its share. A stream ended frees its room, and the
+// refusals and the place taken are counted.
 func TestOneTenantsStreamsCannotTakeAnothersRoom(t *testing.T) {
 	f := newFixture(t)
 	f.server.maxStreams, f.server.maxPerNS = 4, 3
@@ -450,6 +454,10 @@ func TestOneTenantsStreamsCannotTakeAnothersRoom(t *testing.T) {
 	r := store.Report{UID: "uid-o"}
 	r.TimeMs = f.ms
 	r.Values.Set(metric.Waiting, 0)
+	f.store.Add([]store.Report{r})
+	third := store.Key{Namespace: "third", Kind: store.KindWorkspace, Name: "llama"}
+	f.store.Upsert(store.Source{Node: "node-3"}, []store.PodInfo{{UID: "uid-t", Namespace: "third", Name: "t", Ready: true, Workloads: []store.Key{third}}}, false)
+	r.UID = "uid-t"
 	f.store.Add([]store.Report{r})
 	md := map[string]string{"workspace": "llama", "window": "1s", "activationThreshold": "1"}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -480,19 +488,49 @@ func TestOneTenantsStreamsCannotTakeAnothersRoom(t *testing.T) {
 	if err := f.openStream(ctx, "other", md); err != nil {
 		t.Fatalf("other's stream beside demo's three: %v", err)
 	}
+	ended := func(ch <-chan bool) bool {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					return true
+				}
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return false
+	}
+	if err := f.openStream(ctx, "other", md); err != nil {
+		t.Fatalf("other's second stream, every place taken, demo above its share: %v; want demo's newest place", err)
+	}
+	if !ended(demo[2]) {
+		t.Fatal("demo's newest stream still open after other took its place")
+	}
 	if err := refused("other"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "the aggregator holds 4 streams open") {
-		t.Fatalf("a fifth stream: %v; want ResourceExhausted for the bound in all", err)
+		t.Fatalf("other's third stream, at its share: %v; want ResourceExhausted for the bound in all", err)
+	}
+	if err := f.openStream(ctx, "third", md); err != nil {
+		t.Fatalf("a third namespace's first stream: %v; want a place of the largest", err)
+	}
+	if !ended(demo[1]) {
+		t.Fatal("demo's (the largest, first by name) newest stream still open after third took its place")
+	}
+	if err := refused("third"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("third's second stream, at its share: %v; want ResourceExhausted", err)
 	}
 	want := `
 # HELP pulse_aggregator_scaler_streams KEDA's StreamIsActive and StreamMetricSpec streams open now.
 # TYPE pulse_aggregator_scaler_streams gauge
 pulse_aggregator_scaler_streams 4
+# HELP pulse_aggregator_scaler_streams_reclaimed_total Streams ended (ResourceExhausted) to give their place to another namespace's: every place taken, the other namespace below its share of --max-scaler-streams, and this one's the most, above its share.
+# TYPE pulse_aggregator_scaler_streams_reclaimed_total counter
+pulse_aggregator_scaler_streams_reclaimed_total 2
 # HELP pulse_aggregator_scaler_streams_refused_total Streams refused (ResourceExhausted) past a bound, by the bound: all (--max-scaler-streams) or namespace (--max-scaler-streams-per-namespace).
 # TYPE pulse_aggregator_scaler_streams_refused_total counter
-pulse_aggregator_scaler_streams_refused_total{limit="all"} 1
+pulse_aggregator_scaler_streams_refused_total{limit="all"} 2
 pulse_aggregator_scaler_streams_refused_total{limit="namespace"} 1
 `
-	if err := testutil.CollectAndCompare(f.server.Collector(), strings.NewReader(want), "pulse_aggregator_scaler_streams", "pulse_aggregator_scaler_streams_refused_total"); err != nil {
+	if err := testutil.CollectAndCompare(f.server.Collector(), strings.NewReader(want), "pulse_aggregator_scaler_streams", "pulse_aggregator_scaler_streams_refused_total", "pulse_aggregator_scaler_streams_reclaimed_total"); err != nil {
 		t.Fatal(err)
 	}
 

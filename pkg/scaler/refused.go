@@ -96,6 +96,8 @@ var (
 		"KEDA's StreamIsActive and StreamMetricSpec streams open now.", nil, nil)
 	descSeriesLeftOut = prometheus.NewDesc("pulse_aggregator_trigger_series_left_out",
 		"Triggers whose series this page leaves out, past --max-trigger-series (the triggers shown are shared among their namespaces in turn; /debug/triggers has every one).", nil, nil)
+	descStreamsReclaimed = prometheus.NewDesc("pulse_aggregator_scaler_streams_reclaimed_total",
+		"Streams ended (ResourceExhausted) to give their place to another namespace's: every place taken, the other namespace below its share of --max-scaler-streams, and this one's the most, above its share.", nil, nil)
 	descStreamsRefused = prometheus.NewDesc("pulse_aggregator_scaler_streams_refused_total",
 		"Streams refused (ResourceExhausted) past a bound, by the bound: all (--max-scaler-streams) or namespace (--max-scaler-streams-per-namespace).",
 		[]string{"limit"}, nil)
@@ -108,4 +110,5 @@ func (c decisionCollector) collectStreams(ch chan<- prometheus.Metric) {
 	for limit, name := range []string{limitAll: "all", limitNamespace: "namespace"} {
 		ch <- prometheus.MustNewConstMetric(descStreamsRefused, prometheus.CounterValue, float64(c.s.streamsRefused[limit].Load()), name)
 	}
+	ch <- prometheus.MustNewConstMetric(descStreamsReclaimed, prometheus.CounterValue, float64(c.s.streamsReclaimed.Load()))
 }

@@ -64,8 +64,12 @@ type Server struct {
 	maxStreams, maxPerNS int
 	maxTriggerSeries     int
 	// streamsRefused counts the streams refused past a bound, by the bound
-	// (limitAll, limitNamespace).
-	streamsRefused [2]atomic.Uint64
+	// (limitAll, limitNamespace); streamsReclaimed those whose place
+	// another namespace's took (enter).
+	streamsRefused   [2]atomic.Uint64
+	streamsReclaimed atomic.Uint64
+	// places: the open streams' places, by namespace (closeMu).
+	places map[string][]*place
 }
 
 // The bounds a stream is refused past, in Server.streamsRefused.
@@ -116,36 +120,6 @@ type Options struct {
 // OpenStreams is the number of StreamIsActive and StreamMetricSpec handlers
 // running now.
 func (s *Server) OpenStreams() int64 { return s.open.Load() }
-
-// enter registers a stream handler of a ScaledObject of namespace ns.
-// False with a nil error once Shutdown has begun (the handler then returns
-// nil at once: EOF for KEDA); false with ResourceExhausted past
-// MaxStreams or MaxStreamsPerNamespace.
-func (s *Server) enter(ns string) (bool, error) {
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	if s.closing {
-		return false, nil
-	}
-	perNS := s.maxPerNS
-	if perNS <= 0 {
-		perNS = math.MaxInt
-	}
-	if !s.slots.Take(ns, s.maxStreams, perNS) {
-		all, inNS := s.slots.Held(ns)
-		if s.maxStreams > 0 && all >= s.maxStreams {
-			s.streamsRefused[limitAll].Add(1)
-			return false, status.Errorf(codes.ResourceExhausted, "the aggregator holds %d streams open, the most it may: this one is refused (KEDA retries; polls are answered as before)", all)
-		}
-		s.streamsRefused[limitNamespace].Add(1)
-		return false, status.Errorf(codes.ResourceExhausted, "namespace %q holds %d streams open, the most one namespace may: this one is refused (KEDA retries; polls are answered as before)", ns, inNS)
-	}
-	s.streams.Add(1)
-	s.open.Add(1)
-	return true, nil
-}
-
-func (s *Server) leave(ns string) { s.slots.Give(ns); s.open.Add(-1); s.streams.Done() }
 
 var _ externalscaler.ExternalScalerServer = (*Server)(nil)
 
@@ -341,10 +315,11 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	if err != nil {
 		return err
 	}
-	if ok, err := s.enter(ref.GetNamespace()); !ok {
+	pl, err := s.enter(ref.GetNamespace())
+	if pl == nil {
 		return err
 	}
-	defer s.leave(ref.GetNamespace())
+	defer s.leave(pl)
 	u := s.push.add(t, ref.GetNamespace())
 	defer s.push.remove(u)
 	ctx := stream.Context()
@@ -356,6 +331,8 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 			return ctx.Err()
 		case <-s.done:
 			return nil
+		case <-pl.reclaimed:
+			return errReclaimed
 		case <-recheck:
 			// KEDA reopens a stream when its ScaledObject changes, maybe
 			// before the aggregator's cache has the change: a stream
@@ -409,10 +386,11 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 	if err != nil {
 		return err
 	}
-	if ok, err := s.enter(ref.GetNamespace()); !ok {
+	pl, err := s.enter(ref.GetNamespace())
+	if pl == nil {
 		return err
 	}
-	defer s.leave(ref.GetNamespace())
+	defer s.leave(pl)
 	if err := stream.Send(spec(t)); err != nil {
 		return err
 	}
@@ -424,6 +402,8 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 			return stream.Context().Err()
 		case <-s.done:
 			return nil
+		case <-pl.reclaimed:
+			return errReclaimed
 		case <-recheck:
 		}
 		now, err := s.parse(ref)
