@@ -215,6 +215,18 @@ func (m *Managed) Ensure(ctx context.Context) error {
 			m.o.Log.Info("managed certificates renewed", logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
 		}
 	}
+	return m.publish(ctx, sec)
+}
+
+// publish serves sec's pair and trust, and publishes the CAs' bundle and
+// KEDA's credentials, unless sec is no longer the Secret's current
+// version: the watch then has (or will have) the newer one, which this
+// copy loaded over, serving the older pair and bundle until the next
+// event or check, up to an hour.
+func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
+	if stale, err := m.stale(ctx, sec); err != nil || stale {
+		return err
+	}
 	if err := m.load(sec); err != nil {
 		return err
 	}
@@ -261,15 +273,19 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 // given, so that a new CA is trusted everywhere long before it signs the
 // server's certificate, and the old one as long as anything it signed may
 // be presented.
+//
+// Each is re-encoded from the certificate parsed: the raw entries were
+// passed on, and a CA key pasted into ca.crt by hand reached the agents'
+// ConfigMap and KEDA's Secret.
 func (m *Managed) bundle(sec *corev1.Secret) []byte {
-	out := append([]byte(nil), sec.Data[KeyCACert]...)
+	pems := [][]byte{sec.Data[KeyCACert]}
 	if next, err := parseCert(sec.Data[KeyNextCACert]); err == nil && m.o.Now().Before(next.NotAfter) {
-		out = append(out, sec.Data[KeyNextCACert]...)
+		pems = append(pems, sec.Data[KeyNextCACert])
 	}
 	if prev, err := parseCert(sec.Data[KeyPrevCACert]); err == nil && m.o.Now().Before(prev.NotAfter) {
-		out = append(out, sec.Data[KeyPrevCACert]...)
+		pems = append(pems, sec.Data[KeyPrevCACert])
 	}
-	return out
+	return certsPEM(pems...)
 }
 
 // halfway and twoThirds are how far through its validity c is due for a
@@ -300,7 +316,7 @@ func (m *Managed) nextDue(ca *x509.Certificate) time.Time {
 // the expired next CA in place at its start, every handshake failing.
 func (m *Managed) nextFit(sec *corev1.Secret, ca *x509.Certificate) bool {
 	next, certErr := parseCert(sec.Data[KeyNextCACert])
-	_, keyErr := parseKey(sec.Data[KeyNextCAKey])
+	_, keyErr := caKey(sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey])
 	at := twoThirds(ca)
 	if now := m.o.Now(); now.After(at) {
 		at = now
@@ -313,7 +329,7 @@ func (m *Managed) nextFit(sec *corev1.Secret, ca *x509.Certificate) bool {
 // its validity, or the next CA is due and none that would outlive what it
 // signs is made.
 func (m *Managed) due(sec *corev1.Secret) bool {
-	if _, err := parseKey(sec.Data[KeyCAKey]); err != nil {
+	if _, err := caKey(sec.Data[KeyCACert], sec.Data[KeyCAKey]); err != nil {
 		return true // nothing could be signed at the next renewal
 	}
 	if ca, err := parseCert(sec.Data[KeyCACert]); err == nil && m.o.Now().After(m.nextDue(ca)) {
@@ -376,32 +392,44 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 		return issue(nil, nil, "pulse-aggregator-ca", now, 3*m.o.Validity, true, 0, nil, nil)
 	}
 	ca, caErr := parseCert(sec.Data[KeyCACert])
-	caKey, keyErr := parseKey(sec.Data[KeyCAKey])
+	signer, keyErr := caKey(sec.Data[KeyCACert], sec.Data[KeyCAKey])
 	next, nextErr := parseCert(sec.Data[KeyNextCACert])
-	nextKey, nextKeyErr := parseKey(sec.Data[KeyNextCAKey])
+	nextKey, nextKeyErr := caKey(sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey])
 	if caErr == nil && !m.nextFit(sec, ca) {
 		nextErr = errors.New("the next CA would expire before what it signs") // made again when due
+	}
+	// A CA whose certificate reads but whose key is lost stays trusted
+	// (as the previous CA) until it expires: KEDA's client certificate and
+	// the server certificates other replicas serve are its, until each
+	// reads the new ones (it was dropped, and KEDA's handshakes failed).
+	// (A previous CA is left as it is otherwise: the bundle passes it on
+	// until it expires.)
+	keepPrev := func() {
+		if caErr == nil && now.Before(ca.NotAfter) {
+			sec.Data[KeyPrevCACert] = certsPEM(sec.Data[KeyCACert])
+		}
 	}
 	var err error
 	switch {
 	case (caErr != nil || keyErr != nil) && nextErr == nil && nextKeyErr == nil:
 		// The current CA is unreadable: the next one, published already,
 		// takes its place.
-		ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
+		keepPrev()
+		ca, signer, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
 		delete(sec.Data, KeyNextCACert)
 		delete(sec.Data, KeyNextCAKey)
 	case caErr != nil || keyErr != nil:
-		if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
+		keepPrev()
+		if ca, signer, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
 			return err
 		}
 		delete(sec.Data, KeyNextCACert)
 		delete(sec.Data, KeyNextCAKey)
-		delete(sec.Data, KeyPrevCACert)
 	case now.After(twoThirds(ca)):
-		sec.Data[KeyPrevCACert] = sec.Data[KeyCACert]
+		sec.Data[KeyPrevCACert] = certsPEM(sec.Data[KeyCACert])
 		if nextErr == nil && nextKeyErr == nil {
-			ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
-		} else if ca, caKey, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
+			ca, signer, sec.Data[KeyCACert], sec.Data[KeyCAKey] = next, nextKey, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey]
+		} else if ca, signer, sec.Data[KeyCACert], sec.Data[KeyCAKey], err = newCA(); err != nil {
 			return err
 		}
 		delete(sec.Data, KeyNextCACert)
@@ -411,11 +439,11 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 			return err
 		}
 	}
-	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, caKey, "pulse-aggregator", now, m.o.Validity, false,
+	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, signer, "pulse-aggregator", now, m.o.Validity, false,
 		x509.ExtKeyUsageServerAuth, m.o.DNSNames, m.o.IPs); err != nil {
 		return err
 	}
-	_, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, caKey, "keda-operator", now, m.o.Validity, false,
+	_, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, m.o.Validity, false,
 		x509.ExtKeyUsageClientAuth, nil, nil)
 	return err
 }
@@ -545,6 +573,34 @@ func parseCert(b []byte) (*x509.Certificate, error) {
 		return nil, errors.New("no PEM certificate")
 	}
 	return x509.ParseCertificate(blk.Bytes)
+}
+
+// caKey is the key of a CA whose certificate is in certPEM: an error when
+// it is unreadable, or not that certificate's (x509.CreateCertificate
+// refuses it: every renewal failed, every 10 s, until the certificates
+// expired and no replica was ready).
+func caKey(certPEM, keyPEM []byte) (*ecdsa.PrivateKey, error) {
+	key, err := parseKey(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if c, err := parseCert(certPEM); err == nil && !key.PublicKey.Equal(c.PublicKey) {
+		return nil, errors.New("the key is not its CA certificate's")
+	}
+	return key, nil
+}
+
+// certsPEM is the certificate of each of pems in PEM, each re-encoded
+// from what parses: anything else a hand-edited entry holds (a private
+// key pasted after its certificate) is not passed on.
+func certsPEM(pems ...[]byte) []byte {
+	var out []byte
+	for _, b := range pems {
+		if c, err := parseCert(b); err == nil {
+			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+		}
+	}
+	return out
 }
 
 func parseKey(b []byte) (*ecdsa.PrivateKey, error) {

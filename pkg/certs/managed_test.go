@@ -1,6 +1,7 @@
 package certs
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -384,6 +385,25 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 	if cm.Data[KeyCACert] != "the newer bundle" || string(ks.Data["ca.crt"]) != "the newer bundle" {
 		t.Fatal("an older copy of the Secret wrote its bundle over the newer one")
 	}
+	// Nor is it served: the watch loaded a newer pair (issued again) while
+	// Ensure held the older copy, which it then loaded over it.
+	if err := m.renew(newer); err != nil {
+		t.Fatal(err)
+	}
+	newer.ResourceVersion = "3"
+	if _, err := secrets.Update(ctx, newer, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.load(newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.publish(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	served := m.server.Load().Certificates[0].Certificate[0]
+	if want, _ := parseCert(newer.Data[KeyServerCert]); !bytes.Equal(served, want.Raw) {
+		t.Fatal("an older copy of the Secret was loaded over the newer pair the watch had loaded")
+	}
 }
 
 // TestALostKeyIsIssuedAgain: a server key lost, or a client key garbled,
@@ -504,4 +524,89 @@ func signingCA(t *testing.T, client *fake.Clientset) (*corev1.Secret, *x509.Cert
 		t.Fatal(err)
 	}
 	return s, ca
+}
+
+// TestACAKeyNotItsCertificatesGivesWay: another CA's key in ca.key parsed,
+// so it was kept, and every renewal failed (x509 refuses a key not its
+// parent's) until the certificates expired and no replica was ready. It
+// is now the CA's loss: the published next CA takes its place, and the CA
+// whose key was lost stays trusted as the previous one, so that KEDA's
+// credentials from before (its client certificate that CA's) still
+// connect.
+func TestACAKeyNotItsCertificatesGivesWay(t *testing.T) {
+	ctx := context.Background()
+	m, client, clock, secret := rollover(t)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(46 * 24 * time.Hour)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := secret()
+	oldKEDA := kedaClient(t, client)
+	_, _, _, otherKey, err := issue(nil, nil, "another-ca", clock.Now(), time.Hour, true, 0, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Data[KeyCAKey] = otherKey
+	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatalf("Ensure with another CA's key in ca.key: %v", err)
+	}
+	if got := secret(); string(got[KeyCACert]) != string(before[KeyNextCACert]) {
+		t.Fatal("a CA key not its certificate's: want the published next CA in its place")
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), oldKEDA); err != nil {
+		t.Fatalf("KEDA's credentials from before the key was lost: %v", err)
+	}
+	clock.Add(20 * 24 * time.Hour) // past the new leaves' two thirds
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatalf("the next renewal: %v", err)
+	}
+}
+
+// TestAKeyPastedIntoTheCACertificateIsNotPassedOn: the bundle given to the
+// agents (the ConfigMap) and to KEDA is the CA certificates alone, each
+// re-encoded from what parses: the raw entries were copied, and a key
+// pasted after the CA certificate by hand was published with it.
+func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, _ := managed(t, 0)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Data[KeyCACert] = append(append([]byte(nil), s.Data[KeyCACert]...), s.Data[KeyCAKey]...)
+	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for where, b := range map[string]string{"the agents' ConfigMap": cm.Data[KeyCACert], "KEDA's Secret": string(ks.Data["ca.crt"])} {
+		if strings.Contains(b, "PRIVATE KEY") || !strings.Contains(b, "BEGIN CERTIFICATE") {
+			t.Errorf("%s's CA bundle:\n%s\nwant certificates alone", where, b)
+		}
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
+		t.Fatalf("KEDA against the aggregator: %v", err)
+	}
 }
