@@ -300,30 +300,45 @@ func rollover(t *testing.T) (*Managed, *fake.Clientset, *testClock, func() map[s
 	return m, client, clock, secret
 }
 
+// edit changes the managed Secret's data as a hand edit would.
+func edit(t *testing.T, client *fake.Clientset, change func(data map[string][]byte)) {
+	t.Helper()
+	secrets := client.CoreV1().Secrets("pulse-system")
+	s, err := secrets.Get(context.Background(), "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(s.Data)
+	if _, err := secrets.Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nextPublished is rollover ensured, then again 46 days on: the next CA
+// made and published.
+func nextPublished(t *testing.T) (*Managed, *fake.Clientset, *testClock, func() map[string][]byte) {
+	t.Helper()
+	m, client, clock, secret := rollover(t)
+	if err := m.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(46 * 24 * time.Hour)
+	if err := m.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m, client, clock, secret
+}
+
 // TestAnUnreadableCAGivesWayToTheNext: a current CA whose key is lost once
 // the next one is published is replaced by that one (it deleted both and
 // made a new, unpublished CA), and a next CA whose key is lost is made
 // again before the switch.
 func TestAnUnreadableCAGivesWayToTheNext(t *testing.T) {
 	ctx := context.Background()
-	m, client, clock, secret := rollover(t)
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clock.Add(46 * 24 * time.Hour)
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m, client, _, secret := nextPublished(t)
 	half := secret()
 	broken := func(key string) {
-		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Data[key] = []byte("lost")
-		if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		edit(t, client, func(data map[string][]byte) { data[key] = []byte("lost") })
 		if err := m.Ensure(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -415,15 +430,10 @@ func TestALostKeyIsIssuedAgain(t *testing.T) {
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(s.Data, KeyServerKey)
-	s.Data[KeyClientKey] = []byte("garbled")
-	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	edit(t, client, func(data map[string][]byte) {
+		delete(data, KeyServerKey)
+		data[KeyClientKey] = []byte("garbled")
+	})
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatalf("Ensure with the server key lost and the client key garbled: %v", err)
 	}
@@ -535,28 +545,14 @@ func signingCA(t *testing.T, client *fake.Clientset) (*corev1.Secret, *x509.Cert
 // connect.
 func TestACAKeyNotItsCertificatesGivesWay(t *testing.T) {
 	ctx := context.Background()
-	m, client, clock, secret := rollover(t)
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	clock.Add(46 * 24 * time.Hour)
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m, client, clock, secret := nextPublished(t)
 	before := secret()
 	oldKEDA := kedaClient(t, client)
 	_, _, _, otherKey, err := issue(nil, nil, "another-ca", clock.Now(), time.Hour, true, 0, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Data[KeyCAKey] = otherKey
-	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	edit(t, client, func(data map[string][]byte) { data[KeyCAKey] = otherKey })
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatalf("Ensure with another CA's key in ca.key: %v", err)
 	}
@@ -582,14 +578,9 @@ func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Data[KeyCACert] = append(append([]byte(nil), s.Data[KeyCACert]...), s.Data[KeyCAKey]...)
-	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	edit(t, client, func(data map[string][]byte) {
+		data[KeyCACert] = append(append([]byte(nil), data[KeyCACert]...), data[KeyCAKey]...)
+	})
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
