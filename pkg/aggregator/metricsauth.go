@@ -39,7 +39,10 @@ const (
 	// Reviews of tokens not known: at most metricsAuthRate a second (a
 	// burst of metricsAuthBurst), past it 503 at once; the reviews again of
 	// tokens allowed before as many, apart; the same token's reviews at
-	// once are one.
+	// once are one. /metrics has rates of its own, apart from the debug
+	// endpoints': a tenant granted its own namespace's debug pages, asking
+	// for a thousand of them, took the rate of reviews again, and
+	// Prometheus's answer, old, was refused 503.
 	metricsAuthRate    = 10
 	metricsAuthBurst   = 20
 	metricsAuthTimeout = 5 * time.Second
@@ -58,8 +61,8 @@ type metricsAuthorizer struct {
 	log     *slog.Logger
 	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
-	limit   *rate.Limiter                                // reviews of tokens not known
-	renew   *rate.Limiter                                // reviews of tokens allowed before, their answer old
+	limit   [2]*rate.Limiter                             // reviews of tokens not known, by class (metricsClass)
+	renew   [2]*rate.Limiter                             // reviews of tokens allowed before, their answer old
 	flight  singleflight.Group
 	warnMu  sync.Mutex
 	warned  time.Time
@@ -69,8 +72,17 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 	return &metricsAuthorizer{kube: kube, log: log,
 		allowed: expirable.NewLRU[[sha256.Size]byte, time.Time](metricsAuthCache, nil, 2*metricsAuthTTL),
 		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
-		limit:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst),
-		renew:   rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}
+		limit:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		renew:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
+}
+
+// metricsClass is the class of path's reviews' rates: 0 for /metrics, 1
+// for the debug endpoints.
+func metricsClass(path string) int {
+	if path == "/metrics" {
+		return 0
+	}
+	return 1
 }
 
 // errReviewsBusy: the reviews' rate is taken.
@@ -131,9 +143,9 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	// made-up tokens, however many, take only the rate of tokens not
 	// known (the cache of tokens allowed holds only what the API server
 	// allowed).
-	limit := m.limit
+	limit := m.limit[metricsClass(path)]
 	if known {
-		limit = m.renew
+		limit = m.renew[metricsClass(path)]
 	}
 	if !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer

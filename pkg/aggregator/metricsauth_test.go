@@ -204,6 +204,40 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	}
 }
 
+// TestDebugPagesDoNotLockPrometheusOut: a user granted debug pages (a
+// tenant, its own namespace's) asking for a thousand of them, each a path
+// of its own and so a review of its own, took the rate of reviews that
+// /metrics shared with them: Prometheus's review waited, its answer old,
+// then was refused 503. /metrics has rates of its own.
+func TestDebugPagesDoNotLockPrometheusOut(t *testing.T) {
+	var reviews atomic.Int64
+	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus: %v %v", ok, err)
+	}
+	busy := 0
+	for i := range 1000 {
+		path := fmt.Sprintf("/debug/workloads/team-a/x%d", i)
+		if _, _, err := m.allow(ctx, path, "debugger"); errors.Is(err, errReviewsBusy) {
+			busy++
+		}
+		// Allowed before, its answer old: reviewed again.
+		m.allowed.Add(answerKey(path, "debugger"), time.Now().Add(-3*time.Minute))
+		if _, _, err := m.allow(ctx, path, "debugger"); errors.Is(err, errReviewsBusy) {
+			busy++
+		}
+	}
+	if busy == 0 {
+		t.Fatal("a thousand debug pages, twice: no review refused as busy; the test's flood took no rate")
+	}
+	// Prometheus's answer past the two minutes: reviewed again.
+	m.allowed.Add(answerKey("/metrics", "prometheus"), time.Now().Add(-3*time.Minute))
+	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus after the debug pages' flood: %v %v, want reviewed and allowed", ok, err)
+	}
+}
+
 // testJWT is a token shaped as a JWT, expiring at exp (unsigned: only its
 // exp claim is read here).
 func testJWT(exp time.Time) string {
