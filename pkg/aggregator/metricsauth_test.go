@@ -153,6 +153,18 @@ func TestMetricsAuthIsValidated(t *testing.T) {
 	}
 }
 
+// prometheusAllowed is an authorizer of reviewingAPI that has allowed
+// prometheus's token /metrics, and the count of its reviews.
+func prometheusAllowed(t *testing.T) (*metricsAuthorizer, *atomic.Int64) {
+	t.Helper()
+	reviews := new(atomic.Int64)
+	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if ok, _, err := m.allow(context.Background(), "/metrics", "prometheus"); !ok || err != nil {
+		t.Fatalf("prometheus: %v %v", ok, err)
+	}
+	return m, reviews
+}
+
 // TestMadeUpTokensDoNotLockPrometheusOut: made-up tokens, each a review,
 // once filled the one cache of answers (pushing out Prometheus's) and
 // queued every review behind them. Now the reviews of tokens not known
@@ -161,12 +173,8 @@ func TestMetricsAuthIsValidated(t *testing.T) {
 // keeps its answer while that is taken, up to two minutes and never past
 // its own expiry.
 func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
-	var reviews atomic.Int64
-	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m, reviews := prometheusAllowed(t)
 	ctx := context.Background()
-	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
-		t.Fatalf("prometheus: %v %v", ok, err)
-	}
 	busy := 0
 	for i := range 5000 {
 		if _, _, err := m.allow(ctx, "/metrics", fmt.Sprintf("made-up-%d", i)); errors.Is(err, errReviewsBusy) {
@@ -210,12 +218,8 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 // /metrics shared with them: Prometheus's review waited, its answer old,
 // then was refused 503. /metrics has rates of its own.
 func TestDebugPagesDoNotLockPrometheusOut(t *testing.T) {
-	var reviews atomic.Int64
-	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m, _ := prometheusAllowed(t)
 	ctx := context.Background()
-	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
-		t.Fatalf("prometheus: %v %v", ok, err)
-	}
 	busy := 0
 	for i := range 1000 {
 		path := fmt.Sprintf("/debug/workloads/team-a/x%d", i)
