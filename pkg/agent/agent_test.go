@@ -147,7 +147,15 @@ func TestScrapeErrorsHaveReasons(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			// Only the page that hangs needs the deadline: the others'
+			// reasons are the page's, however long a loaded machine
+			// takes to fetch it (a 200 ms deadline for all of them made
+			// a slow fetch a timeout).
+			d := 10 * time.Second
+			if tc.reason == pulsev1.MissingReason_MISSING_REASON_TIMEOUT {
+				d = 200 * time.Millisecond
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), d)
 			defer cancel()
 			_, err := newScraper(t, tc.maxBytes).Scrape(ctx, tc.url, nil, nil)
 			var se *ScrapeError
@@ -338,10 +346,11 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	for range largeSlots {
 		<-held // each has written past smallPage
 	}
-	for len(sc.large.all) < largeSlots { // each has read past smallPage and takes its slot
-		time.Sleep(time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Each has read past smallPage and takes its slot.
+	waitUntil(t, "every large read holds its slot", func() bool { return len(sc.large.all) >= largeSlots })
+	// The deadline is what the scrape waits for a large read: long past a
+	// loopback fetch of the page's first bytes, so that it ends waiting.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil)
 	var se *ScrapeError
@@ -381,9 +390,7 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	for range largeSlots {
 		<-held // each has written past smallPage
 	}
-	for len(sc.large.all) < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitUntil(t, "a large read holds its slot", func() bool { return len(sc.large.all) >= 1 })
 	if n := len(sc.large.all); n != 1 {
 		t.Fatalf("namespace a holds %d large reads, want 1", n)
 	}
@@ -395,7 +402,7 @@ func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
 	for range cap(sc.parses.all) {
 		sc.parses.all <- struct{}{}
 	}
-	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "b"), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "b"), 2*time.Second) // long past a loopback fetch
 	defer cancel()
 	_, err := sc.Scrape(ctx, srv.URL+"/metrics", nil, nil)
 	if !strings.Contains(fmt.Sprint(err), "waiting to parse") {
@@ -502,7 +509,7 @@ func TestOneTenantParsesHalfThePagesAtOnce(t *testing.T) {
 		}
 		releases = append(releases, release)
 	}
-	actx, acancel := context.WithTimeout(a, 200*time.Millisecond)
+	actx, acancel := context.WithTimeout(a, 2*time.Second) // long past a loopback fetch
 	defer acancel()
 	if _, err := sc.Scrape(actx, srv.URL+"/metrics", nil, nil); !strings.Contains(fmt.Sprint(err), "waiting to parse") {
 		t.Fatalf("namespace a past its half of the parses: %v, want a timeout waiting to parse", err)
@@ -514,5 +521,16 @@ func TestOneTenantParsesHalfThePagesAtOnce(t *testing.T) {
 	}
 	for _, r := range releases {
 		r()
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 10 s (a
+// loop with no bound hung to the test binary's timeout, naming nothing).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s, still not: %s", what)
+		}
 	}
 }

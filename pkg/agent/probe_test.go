@@ -28,9 +28,7 @@ func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
 	defer cancel()
 	go func() { _ = a.serveHTTP(ctx) }()
 	go func() { _ = a.serveHealth(ctx) }()
-	for a.HTTPAddr() == "" || a.HealthAddr() == "" {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUntil(t, "both ports listen", func() bool { return a.HTTPAddr() != "" && a.HealthAddr() != "" })
 	// Sixteen addresses, each holding its sixteen connections.
 	var held []net.Conn
 	defer func() {

@@ -93,9 +93,7 @@ func TestTheAgentsHTTPPortHoldsBoundedConnections(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = a.serveHTTP(ctx) }()
-	for a.HTTPAddr() == "" {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUntil(t, "the http port listens", func() bool { return a.HTTPAddr() != "" })
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {

@@ -334,40 +334,72 @@ func TestTopReadsTheDebugEndpointWithATokenOverTLS(t *testing.T) {
 }
 
 // slowScaler answers each of KEDA's calls after delay.
-type slowScaler struct {
+// deadlineScaler answers KEDA's three calls after delay, recording each
+// call's deadline as the server has it.
+type deadlineScaler struct {
 	externalscaler.UnimplementedExternalScalerServer
-	delay time.Duration
+	delay     time.Duration
+	mu        sync.Mutex
+	deadlines []time.Time
 }
 
-func (s slowScaler) GetMetricSpec(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
+func (s *deadlineScaler) called(ctx context.Context) {
+	d, _ := ctx.Deadline()
+	s.mu.Lock()
+	s.deadlines = append(s.deadlines, d)
+	s.mu.Unlock()
 	time.Sleep(s.delay)
+}
+
+func (s *deadlineScaler) GetMetricSpec(ctx context.Context, _ *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
+	s.called(ctx)
 	return &externalscaler.GetMetricSpecResponse{MetricSpecs: []*externalscaler.MetricSpec{{MetricName: "m", TargetSizeFloat: 10}}}, nil
 }
 
-func (s slowScaler) GetMetrics(context.Context, *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
-	time.Sleep(s.delay)
+func (s *deadlineScaler) GetMetrics(ctx context.Context, _ *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
+	s.called(ctx)
 	return &externalscaler.GetMetricsResponse{MetricValues: []*externalscaler.MetricValue{{MetricName: "m", MetricValueFloat: 25}}}, nil
 }
 
-func (s slowScaler) IsActive(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.IsActiveResponse, error) {
-	time.Sleep(s.delay)
+func (s *deadlineScaler) IsActive(ctx context.Context, _ *externalscaler.ScaledObjectRef) (*externalscaler.IsActiveResponse, error) {
+	s.called(ctx)
 	return &externalscaler.IsActiveResponse{Result: true}, nil
 }
 
 // TestQueryTimeoutIsPerCall: --timeout bounds each of KEDA's three calls,
 // as the README and the flag say; one context bounded all three, so three
-// calls of 400 ms each failed a --timeout of 1s.
+// calls of 400 ms each failed a --timeout of 1s. Each call's deadline is
+// its own: it moves on with the call's start, by at least the call before
+// it took (one context for all gave each the same deadline). No call
+// comes near its timeout: the test reads the deadlines, not a race
+// against them.
 func TestQueryTimeoutIsPerCall(t *testing.T) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	externalscaler.RegisterExternalScalerServer(g, slowScaler{delay: 400 * time.Millisecond})
+	sc := &deadlineScaler{delay: 200 * time.Millisecond}
+	externalscaler.RegisterExternalScalerServer(g, sc)
 	go func() { _ = g.Serve(lis) }()
 	defer g.Stop()
-	if code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO), "--timeout", "1s"); code != 0 {
-		t.Fatalf("each call took 400ms against --timeout 1s: exit %d\n%s%s", code, out, errs)
+	if code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO), "--timeout", "1m"); code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if len(sc.deadlines) != 3 {
+		t.Fatalf("%d calls, want 3", len(sc.deadlines))
+	}
+	for i, d := range sc.deadlines {
+		if d.IsZero() {
+			t.Fatalf("call %d had no deadline", i+1)
+		}
+		if i > 0 {
+			if moved := d.Sub(sc.deadlines[i-1]); moved < sc.delay/2 {
+				t.Errorf("call %d's deadline %s after the one before, which took %s: one deadline for all the calls", i+1, moved, sc.delay)
+			}
+		}
 	}
 }
 
@@ -440,7 +472,7 @@ func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	externalscaler.RegisterExternalScalerServer(g, slowScaler{}) // 25 against a target of 10
+	externalscaler.RegisterExternalScalerServer(g, &deadlineScaler{}) // 25 against a target of 10
 	go func() { _ = g.Serve(lis) }()
 	defer g.Stop()
 	so := strings.Replace(goodSO, `threshold: "10"}`, `threshold: "10", valueType: average}`, 1)

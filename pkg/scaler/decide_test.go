@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -348,11 +349,13 @@ func asMetadataError(err error, target **MetadataError) bool {
 func TestWarmupGate(t *testing.T) {
 	f := newFixture(t)
 	open := make(chan struct{})
+	var asked atomic.Int64 // the gate's consultations while shut
 	f.server.gate = func() error {
 		select {
 		case <-open:
 			return nil
 		default:
+			asked.Add(1)
 			return fmt.Errorf("aggregator warming up")
 		}
 	}
@@ -371,21 +374,36 @@ func TestWarmupGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan bool, 1)
+	type recv struct {
+		result bool
+		err    error
+	}
+	got := make(chan recv, 1)
 	go func() {
-		if r, err := stream.Recv(); err == nil {
-			got <- r.Result
-		}
+		r, err := stream.Recv()
+		got <- recv{r.GetResult(), err}
 	}()
+	// The pusher evaluates the stream (the gate consulted, after the
+	// change) and hands nothing over while the gate is shut: its own
+	// count, not a quiet window of wall time.
+	before := asked.Load()
 	f.report(map[string]float64{"a": 21})
-	select {
-	case r := <-got:
-		t.Fatalf("pushed %v during the warm-up", r)
-	case <-time.After(100 * time.Millisecond):
+	for deadline := time.Now().Add(10 * time.Second); asked.Load() < before+2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream was not evaluated during the warm-up")
+		}
+	}
+	if n := f.server.push.handed.Load(); n != 0 {
+		t.Fatalf("%d states handed over to push during the warm-up, want none", n)
 	}
 	close(open)
-	if r := <-got; !r {
-		t.Fatal("pushed false after the warm-up; want true")
+	select {
+	case r := <-got:
+		if r.err != nil || !r.result {
+			t.Fatalf("after the warm-up: pushed %v, %v; want true", r.result, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing pushed within 10 s of the warm-up's end")
 	}
 	if got, err := f.metric(t, md); err != nil || got != 21 {
 		t.Fatalf("after warm-up: %v, %v", got, err)

@@ -427,8 +427,13 @@ func TestOneWorkloadsPlanWaitsForNoOther(t *testing.T) {
 	busy := f.server.plans.lockFor(other)
 	busy.Lock() // its plan under way
 	defer busy.Unlock()
+	// The call in a goroutine of its own, its checks in the test's (a
+	// t.Fatal there ends only that goroutine).
 	done := make(chan error, 1)
-	go func() { _, err := f.metric(t, md); done <- err }()
+	go func() {
+		_, err := f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "x"})
+		done <- err
+	}()
 	select {
 	case err := <-done:
 		if err != nil {

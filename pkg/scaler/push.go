@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/store"
@@ -29,6 +30,8 @@ type pusher struct {
 	// evaluated, when set (tests), is called after the i-th evaluation of
 	// a pass.
 	evaluated func(i int)
+	// handed counts the states handed over to streams to send.
+	handed atomic.Uint64
 }
 
 // maxShards bounds the evaluating goroutines: past a few, the passes spend
@@ -428,6 +431,7 @@ func (p *pusher) evaluate(u *sub, pass uint64) {
 		return
 	}
 	u.sent, u.last = true, o.active
+	p.handed.Add(1)
 	u.mu.Lock()
 	u.state = o.active
 	u.mu.Unlock()

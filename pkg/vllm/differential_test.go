@@ -55,7 +55,10 @@ func TestFastPathAgreesWithFullParse(t *testing.T) {
 }
 
 // FuzzExtract: no input panics the extractor, and when both the fast path and
-// the full parse accept a page they agree on every value.
+// the full parse accept a page they agree on every value: which are
+// present, what each is, and the extra metric's (only the values were
+// compared: a value present as 0 on one side and absent on the other, and
+// the extra metric, passed).
 func FuzzExtract(f *testing.F) {
 	// Small seeds keep the fuzzer fast; the full pages are in the tests above.
 	v1 := simPage(vllmsim.Options{Engines: 2}, func(s *vllmsim.Server) { s.Complete(2, 1) }, false)
@@ -82,8 +85,22 @@ func FuzzExtract(f *testing.F) {
 		}
 		for id := range fast.V {
 			a, b := fast.V[id], full.V[id]
-			if a != b && !(math.IsNaN(a) && math.IsNaN(b)) && !lossyCount(metric.ID(id), a) {
+			if lossyCount(metric.ID(id), a) {
+				continue
+			}
+			if fast.Has(metric.ID(id)) != full.Has(metric.ID(id)) {
+				t.Fatalf("value %d: present in fast %v, in full %v", id, fast.Has(metric.ID(id)), full.Has(metric.ID(id)))
+			}
+			if a != b && !(math.IsNaN(a) && math.IsNaN(b)) {
 				t.Fatalf("value %d: fast %v full %v", id, a, b)
+			}
+		}
+		if len(fast.Extra) != len(full.Extra) {
+			t.Fatalf("extra: fast %v full %v", fast.Extra, full.Extra)
+		}
+		for i := range fast.Extra {
+			if a, b := fast.Extra[i], full.Extra[i]; a != b && !(math.IsNaN(a) && math.IsNaN(b)) {
+				t.Fatalf("extra %d: fast %v full %v", i, a, b)
 			}
 		}
 	})

@@ -204,7 +204,8 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 		var e echoer
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { e.run(ctx, serve(t, nil), time.Millisecond, nil); close(done) }()
+		addr := serve(t, nil) // in the test's goroutine: it may t.Fatal
+		go func() { e.run(ctx, addr, time.Millisecond, nil); close(done) }()
 		deadline := time.Now().Add(10 * time.Second)
 		var got []float64
 		for len(got) < 20 && time.Now().Before(deadline) {
