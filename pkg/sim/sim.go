@@ -64,7 +64,13 @@ type Config struct {
 	TTFTSLO         time.Duration
 	Balancer        string
 	DropOnScaleDown bool
-	StatusReplicas  string
+	// TerminationGrace: how long a ready replica removed by a scale-down
+	// goes on with the requests it holds (its pod's
+	// terminationGracePeriodSeconds: then it is killed); those it has not
+	// finished by then are dropped. 0: no bound, it finishes every one
+	// (with DropOnScaleDown: none).
+	TerminationGrace time.Duration
+	StatusReplicas   string
 	// InitialReplicas (warm, Ready at 0); 0: the HPA's minimum.
 	InitialReplicas int32
 	// Drain is how long the simulation runs past the last arrival.
@@ -161,6 +167,9 @@ func (c *Config) prepare() error {
 	}
 	if c.ClientTimeout < 0 {
 		errs = append(errs, errors.New("the client timeout must not be negative"))
+	}
+	if c.TerminationGrace < 0 {
+		errs = append(errs, errors.New("the termination grace must not be negative"))
 	}
 	if c.StatusReplicas != StatusAll && c.StatusReplicas != StatusReady {
 		errs = append(errs, fmt.Errorf("status replicas %q: %s or %s", c.StatusReplicas, StatusAll, StatusReady))

@@ -413,3 +413,29 @@ func TestKEDADeactivatesAtTheCooldownsPoll(t *testing.T) {
 		t.Fatalf("inactive at %s, a cooldown after the last active poll: %d replicas, want 0", w.now, w.spec)
 	}
 }
+
+// TestATerminationGraceKillsWhatItHasNotFinished: a replica removed by a
+// scale-down goes on with its requests for the grace (its pod's
+// terminationGracePeriodSeconds), then is killed: what it had not
+// finished is dropped. With no bound it finishes every one, as before.
+func TestATerminationGraceKillsWhatItHasNotFinished(t *testing.T) {
+	reqs := load(t, "poisson:rate=8,duration=10m,prompt=500,output=2000", 1) // long answers: a minute and more of decode
+	dropped := map[time.Duration]int{}
+	for _, grace := range []time.Duration{0, time.Second, time.Hour} {
+		r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, TerminationGrace: grace,
+			Pipelines: []string{"switch:from=4,to=1,at=0.5"}, Drain: 10 * time.Minute})
+		p := r.Pipelines[0]
+		dropped[grace] = p.Dropped
+		if p.Requests != len(reqs) {
+			t.Fatalf("grace %s: %d requests scored, want %d", grace, p.Requests, len(reqs))
+		}
+	}
+	t.Logf("dropped by grace: %v", dropped)
+	if dropped[0] != 0 || dropped[time.Hour] != 0 || dropped[time.Second] == 0 {
+		t.Fatalf("dropped by grace: %v; want none with no bound or an hour, some with a second", dropped)
+	}
+	bad := Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), TerminationGrace: -time.Second, Pipelines: []string{"static:1"}}
+	if _, err := Run(bad); err == nil || !strings.Contains(err.Error(), "termination grace") {
+		t.Fatalf("a negative grace: %v, want it refused", err)
+	}
+}

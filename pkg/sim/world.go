@@ -425,7 +425,8 @@ func (w *world) becomeReady(rp *rep) {
 }
 
 // retire removes a replica: a starting one at once; a ready one stops
-// taking requests and finishes (or, with DropOnScaleDown, drops) its own.
+// taking requests and finishes (or, with DropOnScaleDown, drops) its own,
+// those not finished within TerminationGrace dropped then.
 func (w *world) retire(rp *rep) {
 	if rp.state == starting {
 		w.remove(rp)
@@ -438,13 +439,29 @@ func (w *world) retire(rp *rep) {
 	w.pipe.ReplicaTerminating(w, rp)
 	rp.r.AdvanceTo(w.now)
 	if w.cfg.DropOnScaleDown {
-		for _, q := range rp.r.Drain() {
-			w.st.dropped++
-			w.st.droppedIDs[q.ID] = true
-		}
+		w.drop(rp)
 	}
 	if rp.r.Outstanding() == 0 {
 		w.remove(rp)
+		return
+	}
+	if g := w.cfg.TerminationGrace; g > 0 {
+		w.at(w.now+g, func() {
+			if !slices.Contains(w.reps, rp) {
+				return // it finished them first
+			}
+			rp.r.AdvanceTo(w.now)
+			w.drop(rp)
+			w.remove(rp)
+		})
+	}
+}
+
+// drop drops every request rp holds, running or queued.
+func (w *world) drop(rp *rep) {
+	for _, q := range rp.r.Drain() {
+		w.st.dropped++
+		w.st.droppedIDs[q.ID] = true
 	}
 }
 

@@ -43,6 +43,9 @@ type Suite struct {
 	warmupDefault bool             // warmup was 0: the default, none for a trace shorter than it
 	ClientTimeout replica.Duration `json:"clientTimeout"`
 	Balancer      string           `json:"balancer"`
+	// TerminationGrace: as pulse-sim run's --termination-grace (0: a
+	// replica removed finishes every request it holds).
+	TerminationGrace replica.Duration `json:"terminationGrace"`
 	// Copies: how rateScale copies requests (default: 30 s jitter,
 	// lengths resampled).
 	CopyJitter  replica.Duration `json:"copyJitter"`

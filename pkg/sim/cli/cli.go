@@ -37,6 +37,7 @@ type Options struct {
 	Format          string
 	Runs            int
 	DropOnScaleDown bool
+	TermGrace       time.Duration
 	ConfigTolerance bool
 	StatusReplicas  string
 	ScrapeInterval  time.Duration
@@ -85,6 +86,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "load balancer: round-robin (a Service), least-outstanding (an inference gateway binding each request at arrival) or gateway (an endpoint picker with flow control: requests wait at the gateway until a replica has room)")
 	fs.StringVar(&o.Format, "format", o.Format, "picture format: png or svg")
 	fs.BoolVar(&o.DropOnScaleDown, "drop-on-scale-down", o.DropOnScaleDown, "a replica removed by a scale-down drops its in-flight requests (default: it finishes them first)")
+	fs.DurationVar(&o.TermGrace, "termination-grace", o.TermGrace, "a replica removed by a scale-down goes on with its requests this long (its pod's terminationGracePeriodSeconds, Kubernetes' default 30s), then is killed: those not finished are dropped, misses (0: no bound, it finishes every one)")
 	fs.BoolVar(&o.ConfigTolerance, "hpa-configurable-tolerance", o.ConfigTolerance, "honor the behavior's per-direction tolerance (Kubernetes' HPAConfigurableTolerance feature gate: alpha, off by default, in 1.33); false: the global 0.1 applies")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "the pulse agent's --scrape-interval")
 	fs.BoolVar(&o.DemandSource, "demand-source", o.DemandSource, "the gateway holding requests while no replica is ready is a pulse demand source (an endpoint picker annotated pulse.io/demand-source): pulse counts its held requests and activates on them")
@@ -169,7 +171,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 		name += fmt.Sprintf(" x%g", o.RateScale)
 	}
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
-		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, StatusReplicas: o.StatusReplicas,
+		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, TerminationGrace: o.TermGrace, StatusReplicas: o.StatusReplicas,
 		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
 		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
 	switch {
