@@ -179,6 +179,9 @@ verify: verify-no-binaries verify-layout
 	$(MAKE) proto && git diff --exit-code proto/
 	$(MAKE) fmt && git diff --exit-code
 	$(MAKE) chart-docs && git diff --exit-code deploy/
+	@# A file generated anew (not in git) is no diff: none may be left.
+	@test -z "$$(git status --porcelain --untracked-files=all -- go.mod go.sum tools proto deploy pkg cmd)" || \
+		{ git status --porcelain --untracked-files=all -- go.mod go.sum tools proto deploy pkg cmd; echo "verify: files made or changed above that git does not have"; exit 1; }
 
 verify-no-binaries:
 	@bad=$$(git ls-files -s | while read -r mode _ _ f; do \

@@ -52,8 +52,10 @@ log() { echo "e2e-node: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root: it brings up a kubelet, containerd and a bridge"
-for c in containerd ctr runc iptables iptables-save ip6tables ip6tables-save ip ss gcc conntrack realpath; do
-  command -v "$c" >/dev/null || die "$c is missing (.ci/run installs containerd, runc, containernetworking-plugins, iptables, conntrack)"
+# sysctl too: without it every value read as absent before and after, and
+# the host's restore passed unchecked.
+for c in containerd ctr runc iptables iptables-save ip6tables ip6tables-save ip ss gcc conntrack realpath sysctl; do
+  command -v "$c" >/dev/null || die "$c is missing (.ci/run installs containerd, runc, containernetworking-plugins, iptables, conntrack, procps)"
 done
 # The kubelet runs with the cgroupfs driver on a cgroup v1 hierarchy; a
 # cgroup v2 host (where the systemd driver is the host's) is not supported.
