@@ -104,6 +104,10 @@ func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
 	return m
 }
 
+// maxDemandValue bounds a router's label value for a workload
+// (pulse.io/demand-workloads' NAME=VALUE).
+const maxDemandValue = 256
+
 // demandItem is one workload of pulse.io/demand-workloads: its name and the
 // router's label value for it.
 type demandItem struct{ name, value string }
@@ -127,6 +131,9 @@ func demandItems(list string) ([]demandItem, error) {
 		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
 		if value == "" {
 			value = name
+		}
+		if len(value) > maxDemandValue {
+			return nil, fmt.Errorf("annotation %s: the label value of %q is over %d bytes", AnnotationDemandWorkloads, wire.CleanText(name, 64), maxDemandValue)
 		}
 		if name == "" || seen[name] {
 			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, wire.CleanText(list, 64))

@@ -161,8 +161,14 @@ func TestARoutersMetricListIsCountedBeforeItIsSplit(t *testing.T) {
 	p.Labels = nil
 	p.Annotations = map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama",
 		AnnotationDemandMetric: strings.Repeat(",", 250<<10)}
-	if _, err := TargetsOf(p, "node-1", sel); err == nil || !strings.Contains(err.Error(), "256001 metrics; at most 8") {
+	// Refused for its size (4 KiB) before it is read at all.
+	if _, err := TargetsOf(p, "node-1", sel); err == nil || !strings.Contains(err.Error(), "pulse.io/demand-metric: over 4096 bytes") {
 		t.Fatalf("a router naming 256,001 metrics: %v, want refused, naming the bound", err)
+	}
+	// Within the size, past the count (8 metrics).
+	p.Annotations[AnnotationDemandMetric] = strings.Repeat(",", 100)
+	if _, err := TargetsOf(p, "node-1", sel); err == nil || !strings.Contains(err.Error(), "101 metrics; at most 8") {
+		t.Fatalf("a router naming 101 metrics: %v, want refused, naming the bound", err)
 	}
 	if n := testing.AllocsPerRun(5, func() { _, _ = TargetsOf(p, "node-1", sel) }); n > 100 {
 		t.Fatalf("refusing it took %.0f allocations, want a few", n)

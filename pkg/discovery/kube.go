@@ -217,7 +217,10 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			if ann == nil {
 				ann = map[string]string{}
 			}
-			ann[k] = v
+			// Past its bound by one byte at most: still refused (placeOf),
+			// and not kept whole (a 256 KiB path was kept, and escaped to
+			// a URL of 768 KB scraped every second).
+			ann[k] = v[:min(len(v), annotationBound(k)+1)]
 		}
 	}
 	if ann[AnnotationScrape] != "true" && !IsDemandSource(ann) && !sel.Matches(labels.Set(pod.Labels)) {
@@ -254,6 +257,29 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 // annotationsRead are the pulse.io/ annotations discovery reads of a pod.
 var annotationsRead = []string{AnnotationScrape, AnnotationPort, AnnotationPath, AnnotationScheme, KeyWorkload,
 	AnnotationDemandSource, AnnotationDemandWorkloads, AnnotationDemandKind, AnnotationDemandMetric, AnnotationDemandLabel, AnnotationDemandType}
+
+// annotationBound is the most bytes annotation k may hold: a pod past it
+// is left out, naming it.
+func annotationBound(k string) int {
+	switch k {
+	case AnnotationDemandWorkloads:
+		return MaxDemandWorkloads * (maxWorkloadName + maxDemandValue + 2)
+	case AnnotationDemandMetric:
+		return 4096
+	}
+	return 1024
+}
+
+// checkAnnotationSizes refuses a pod one of whose annotations pulse reads
+// is past its bound.
+func checkAnnotationSizes(ann map[string]string) error {
+	for _, k := range annotationsRead {
+		if v := ann[k]; len(v) > annotationBound(k) {
+			return fmt.Errorf("annotation %s: over %d bytes", k, annotationBound(k))
+		}
+	}
+	return nil
+}
 
 // PodAnnotations are the pulse.io/ annotations read of a pod (a copy).
 func PodAnnotations() []string { return slices.Clone(annotationsRead) }
@@ -362,6 +388,9 @@ func podWorkloads(pod *corev1.Pod) ([]Workload, error) {
 // placeOf sets where t's page is (URL) and whether it is scraped now
 // (Ready, Terminating), from the pod's annotations, ports and status.
 func placeOf(pod *corev1.Pod, t Target) (Target, error) {
+	if err := checkAnnotationSizes(pod.Annotations); err != nil {
+		return t, err
+	}
 	port, err := portOf(pod)
 	if err != nil {
 		return t, err
@@ -536,9 +565,22 @@ func readOwners(pod *corev1.Pod) []metav1.OwnerReference {
 		if seen[w] = true; len(out) == maxOwnerRefs {
 			break
 		}
-		out = append(out, metav1.OwnerReference{Kind: o.Kind, Name: o.Name})
+		out = append(out, metav1.OwnerReference{Kind: o.Kind, Name: cutOwnerName(o.Name)})
 	}
 	return out
+}
+
+// cutOwnerName is name, or, past a workload's bound and a ReplicaSet's
+// suffix ("-" and a pod-template-hash, a label value: at most 64 bytes),
+// its first 254 bytes and its last 64: still past the bound (the pod is
+// refused, naming it), its suffix kept. The API server bounds no owner's
+// name: 16 of 80 KiB each were kept whole, 1.3 MB for one pod.
+func cutOwnerName(name string) string {
+	const suffix = 64
+	if len(name) <= maxWorkloadName+1+suffix {
+		return name
+	}
+	return name[:maxWorkloadName+1] + name[len(name)-suffix:]
 }
 
 func firstNonEmpty(vs ...string) string {

@@ -455,3 +455,40 @@ func TestClaimsMetaClaimsWhatThePodClaims(t *testing.T) {
 		t.Fatalf("Claims of ClaimsMeta = %v, of the pod %v", got, want)
 	}
 }
+
+// TestSlimBoundsWhatATenantWrites: the values of the annotations pulse
+// reads and the owners' names are unbounded in the API (an owner's name
+// is only required to be there): the cache kept them whole, 1.3 MB for a
+// pod of 16 owners of 80 KiB, and a 256 KiB path escaped to a URL of
+// 768 KB, scraped every second. slim keeps each past its bound by a byte
+// at most, and the pod is refused naming it, as the whole pod is.
+func TestSlimBoundsWhatATenantWrites(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	for name, mutate := range map[string]func(p *corev1.Pod){
+		"a path of 256 KiB": func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationPath: "/" + strings.Repeat(" ", 256<<10)}
+		},
+		"16 owners of 80 KiB": func(p *corev1.Pod) {
+			for i := range 16 {
+				p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "LeaderWorkerSet", APIVersion: "x.example/v1",
+					Name: fmt.Sprint(i, "-", strings.Repeat("n", 80<<10))})
+			}
+		},
+		"a router's label value of 64 KiB": func(p *corev1.Pod) {
+			p.Labels = nil
+			p.Annotations = map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama=" + strings.Repeat("v", 64<<10)}
+		},
+	} {
+		p := kaitoPod("p", "node-1", true)
+		mutate(p)
+		_, full := TargetsOf(p, "node-1", sel)
+		s := slim(p, sel)
+		if size := s.Size(); size > 40<<10 {
+			t.Errorf("%s: slim kept %d bytes", name, size)
+		}
+		_, err := TargetsOf(s, "node-1", sel)
+		if full == nil || err == nil || fmt.Sprint(err) != fmt.Sprint(full) {
+			t.Errorf("%s: the pod %v, slimmed %v; want it refused, the same either way", name, full, err)
+		}
+	}
+}
