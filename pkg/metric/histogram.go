@@ -218,10 +218,6 @@ func (m *Merge) Quantile(q float64) (float64, bool) {
 	return HistogramQuantile(q, bounds, counts)
 }
 
-// EvalMerge is Eval of a RuleQuantile metric that also merges the pod's
-// bucket increases into mg when its quantile is defined (it had
-// observations): one pass gives the pod's own value and its part of the
-// workload's.
 // EvalBeyond is Eval of a RuleQuantile metric, and whether its quantile
 // lies beyond the histogram's highest finite bound (QuantileBeyond).
 func (m Def) EvalBeyond(series []Sample) (v float64, beyond, ok bool) {
@@ -232,6 +228,10 @@ func (m Def) EvalBeyond(series []Sample) (v float64, beyond, ok bool) {
 	return QuantileBeyond(m.Q, bounds, delta)
 }
 
+// EvalMerge is Eval of a RuleQuantile metric that also merges the pod's
+// bucket increases into mg when its quantile is defined (it had
+// observations): one pass gives the pod's own value and its part of the
+// workload's.
 func (m Def) EvalMerge(mg *Merge, series []Sample) (float64, bool) {
 	bounds, delta, ok := histDelta(m.Hist, series)
 	if !ok {

@@ -163,8 +163,8 @@ const (
 // State is what the planner has learned of one workload. The zero State is
 // a workload not seen yet.
 type State struct {
-	// Since is when the planner first saw the workload (this aggregator
-	// process): before Since + hold it never plans below the ready count.
+	// Since is the workload's first plan (this aggregator process; not an
+	// error's): before Since + hold it never plans below the ready count.
 	Since time.Time
 	// Capacity: work (prompt tokens + DecodeCost × generated tokens) per
 	// second a replica sustains within the SLO; 0 until learned.
@@ -484,7 +484,14 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 				// A replica that served and lost its readiness (a failed
 				// probe, a restarted container) is not one starting: its
 				// age is not a startup, and it is no capacity coming. It
-				// is planned as a ready one without a fresh sample.
+				// is planned as a ready one without a fresh sample, until
+				// it has been unready as long as a stuck start (then it
+				// is stuck: one crash-looping for good held every
+				// scale-down of its workload).
+				if l.UnreadyFor > st.stuckAfter() {
+					p.Stuck++
+					continue
+				}
 				p.Ready++
 				p.Missing++
 				p.Unready++
@@ -955,10 +962,11 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	switch {
-	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile <= slo):
+	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile < slo):
 		// (A quantile beyond the histogram's highest bound, that bound
-		// within the SLO — buckets that stop at 10 s, an SLO of 15 s —
-		// says nothing of the SLO: the means judge that replica.)
+		// below the SLO — buckets that stop at 10 s, an SLO of 15 s —
+		// says nothing of the SLO: the means judge that replica. Beyond a
+		// bound at the SLO or past it, it is past the SLO.)
 		// Past the percentile's SLO with requests queued: load broke it.
 		// Past it with none queued, the prompts alone take longer than the
 		// SLO (no replica count changes that): nothing is learned.
@@ -1091,6 +1099,9 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	}
 	if why := implausibleDemand(d); why != "" {
 		return Plan{}, st, fmt.Errorf("%w: no replica, and %s", ErrRefused, why)
+	}
+	if st.Since.IsZero() {
+		st.Since = in.At // a plan: the hold counts from it
 	}
 	p := Plan{Backlog: d.Held + d.Arrived, Reason: "no replica and no request waits at the routers"}
 	if p.Backlog > 0 {

@@ -258,6 +258,15 @@ func TestReplicasReadyBeforeAndNotNowAreHeldNotStarting(t *testing.T) {
 	if lead := next.lead(cfg); lead >= 50*time.Minute {
 		t.Fatalf("a replica unready 50 min after its creation set the lead time to %s", lead)
 	}
+	// Unready as long as a stuck start (crash-looping for good), it is
+	// stuck: it holds the workload no longer.
+	gone := unready("a")
+	gone.UnreadyFor = 2 * time.Hour
+	p, _, err = Make(snap(at, gone, busy[1], busy[2], busy[3]), st, cfg)
+	if err != nil || p.Stuck != 1 || p.Unready != 0 || p.Ready != 3 || p.Missing != 0 {
+		t.Fatalf("a replica unready for 2 h: ready %d, missing %d, unready %d, stuck %d, %v (%s); want it stuck",
+			p.Ready, p.Missing, p.Unready, p.Stuck, err, p.Reason)
+	}
 }
 
 // The hold after a restart counts from the first plan, not from errors:

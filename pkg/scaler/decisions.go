@@ -209,6 +209,7 @@ var (
 		planDesc("refused_replicas", "Ready replicas whose window was past what is believed of one replica (planned as replicas without a fresh sample)."),
 		planDesc("stuck_replicas", "Replicas starting longer than an hour (or three lead times learned): no capacity coming."),
 		planDesc("unseen_replicas", "Replicas whose agent is lost past --pod-expiry that the API still has (planned as replicas without a fresh sample, or starting)."),
+		planDesc("unready_replicas", "Replicas ready before and not now (a failed probe, a restarted container), planned as replicas without a fresh sample until unready as long as a stuck start."),
 	}
 )
 
@@ -268,7 +269,7 @@ func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p := d.Plan; p != nil {
 			for i, v := range []float64{p.Work, p.Capacity, p.Confidence, float64(p.Observations), p.LeadTime.Seconds(),
-				p.Need, p.HeldPeak, heldUntil(p), p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck), float64(p.Unseen)} {
+				p.Need, p.HeldPeak, heldUntil(p), p.Backlog, p.BacklogThen, p.DrainNeed, float64(p.Starting), p.Surge, p.LevelSurge, p.Trend, p.Level, float64(p.Refused), float64(p.Stuck), float64(p.Unseen), float64(p.Unready)} {
 				ch <- prometheus.MustNewConstMetric(planDescs[i], prometheus.GaugeValue, v, lv...)
 			}
 		}

@@ -230,7 +230,7 @@ pulse_aggregator_trigger_desired_replicas{metric="replicas",namespace="demo",sca
 		"held_peak_replicas": p.HeldPeak, "held_until_timestamp_seconds": heldUntil, "backlog": p.Backlog, "backlog_then": p.BacklogThen, "drain_need_replicas": p.DrainNeed,
 		"starting_replicas": float64(p.Starting), "surge_work_per_second": p.Surge, "level_surge_work_per_second": p.LevelSurge,
 		"trend_work_per_second": p.Trend, "planned_work_per_second": p.Level, "refused_replicas": float64(p.Refused), "stuck_replicas": float64(p.Stuck),
-		"unseen_replicas": float64(p.Unseen),
+		"unseen_replicas": float64(p.Unseen), "unready_replicas": float64(p.Unready),
 	}
 	if p.Work == 0 || p.Confidence == 0 || p.Need == 0 || p.Level == 0 {
 		t.Fatalf("plan %+v: want work, confidence, need and level to tell the gauges apart", p)

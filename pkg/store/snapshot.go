@@ -75,8 +75,10 @@ type PodLoad struct {
 	Unseen bool
 	// Unready: a PodStarting pod that was ready before, since this store
 	// first listed it (its readiness lost: a failed probe, a restarted
-	// container); Age is still since its creation.
-	Unready bool
+	// container); Age is still since its creation, UnreadyFor since it was
+	// first listed not ready again.
+	Unready    bool
+	UnreadyFor time.Duration
 }
 
 // Snapshot is one workload as a planner reads it, taken under one lock.
@@ -165,6 +167,9 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 		return l
 	case !p.Ready:
 		l.State, l.Unready = PodStarting, p.readyNs != 0
+		if at := p.get().unreadyNs; l.Unready && at != 0 {
+			l.UnreadyFor = max(0, now.Sub(time.Unix(0, at)))
+		}
 		return l
 	case p.get().missing != "":
 		l.State, l.Reason = PodMissing, p.get().missing

@@ -120,10 +120,19 @@ func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 	lost := p
 	lost.Ready = false
 	s.Upsert(src, []PodInfo{lost}, false)
-	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || !l.Unready {
-		t.Fatalf("ready, then not: %+v, want starting and Unready", l)
+	now = now.Add(3 * time.Minute)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || !l.Unready || l.UnreadyFor != 3*time.Minute {
+		t.Fatalf("ready, then not for 3 minutes: %+v, want starting, Unready for 3m0s", l)
+	}
+	s.Upsert(src, []PodInfo{lost}, false) // listed again, still not ready: the same loss
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.UnreadyFor != 3*time.Minute {
+		t.Fatalf("listed again not ready: unready for %s, want 3m0s (since it was first listed so)", l.UnreadyFor)
 	}
 	s.Upsert(src, []PodInfo{p}, false)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.Unready || l.UnreadyFor != 0 {
+		t.Fatalf("ready again: %+v, want no loss kept", l)
+	}
+	now = now.Add(-3 * time.Minute) // the clock the rest of the test reads from
 	// A store that first sees it ready (an aggregator restarted) learns
 	// the same startup; one with no times, none.
 	fresh := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})

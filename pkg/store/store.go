@@ -269,6 +269,9 @@ type podRare struct {
 	// was reached (not because it aged out): a window reaching back past it
 	// is cut short.
 	capCutMs int64
+	// unreadyNs: when the pod, ready before, was first listed not ready
+	// (its readiness lost: PodLoad.UnreadyFor); 0 while it is ready.
+	unreadyNs int64
 }
 
 // noRare is what a pod without rare state reads (never written).
@@ -672,6 +675,7 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		}
 		p.PodInfo = info
 		p.markStart(!ok, s.now())
+		p.markUnready(s.now())
 		if !slices.Contains(p.sources, src.Node) {
 			p.sources = append(p.sources, src.Node)
 		}
@@ -738,6 +742,19 @@ func (p *pod) markStart(first bool, now time.Time) {
 		default:
 			p.readyNs = now.UnixNano()
 		}
+	}
+}
+
+// markUnready keeps when a pod ready before was first listed not ready,
+// and forgets it once the pod is ready again.
+func (p *pod) markUnready(now time.Time) {
+	switch {
+	case p.Ready || p.Terminating || p.readyNs == 0:
+		if p.rare != nil {
+			p.rare.unreadyNs = 0
+		}
+	case p.get().unreadyNs == 0:
+		p.set().unreadyNs = now.UnixNano()
 	}
 }
 

@@ -15,6 +15,16 @@ type unseenPod struct {
 	ready                bool
 	startNs              int64
 	at                   time.Time // when it was dropped
+	// wasReady: it was ready before (PodLoad.Unready when it is not now),
+	// and unreadyNs when it was first found not ready since (0: ready).
+	wasReady  bool
+	unreadyNs int64
+}
+
+// unseenOf is p, dropped with node's agent at now, as an unseen replica.
+func unseenOf(p *pod, node string, now time.Time) unseenPod {
+	return unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, node: node, ready: p.Ready, startNs: p.startNs, at: now,
+		wasReady: p.readyNs != 0, unreadyNs: p.get().unreadyNs}
 }
 
 // maxUnseen bounds the unseen replicas remembered of one workload (the
@@ -29,7 +39,7 @@ func (s *Store) markUnseen(p *pod, node string, now time.Time) {
 	if s.opts.Exists == nil {
 		return
 	}
-	u := unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, node: node, ready: p.Ready, startNs: p.startNs, at: now}
+	u := unseenOf(p, node, now)
 	for _, k := range p.Workloads {
 		s.remember(k, u)
 	}
@@ -145,14 +155,14 @@ func (s *Store) adopt(k Key, r APIPod, now time.Time) {
 		return
 	}
 	if slices.Contains(s.unseenKeys[r.UID], k) {
-		s.readyAsAPI(k, r)
+		s.readyAsAPI(k, r, now)
 		return
 	}
 	var startNs int64
 	if r.CreatedMs > 0 {
 		startNs = time.UnixMilli(r.CreatedMs).UnixNano()
 	}
-	s.remember(k, unseenPod{namespace: r.Namespace, name: r.Name, uid: r.UID, node: r.Node, ready: r.Ready, startNs: startNs, at: now})
+	s.remember(k, unseenPod{namespace: r.Namespace, name: r.Name, uid: r.UID, node: r.Node, ready: r.Ready, startNs: startNs, at: now, wasReady: r.Ready})
 }
 
 // readyAsAPI sets the readiness of k's unseen replica r.UID to the API's:
@@ -160,10 +170,17 @@ func (s *Store) adopt(k Key, r APIPod, now time.Time) {
 // was starting turns ready; one crash-looping, or on a node the API cannot
 // reach, turns starting: capacity coming, not serving). mu must be held
 // for writing.
-func (s *Store) readyAsAPI(k Key, r APIPod) {
+func (s *Store) readyAsAPI(k Key, r APIPod, now time.Time) {
 	list := s.unseen[k]
 	if i := slices.IndexFunc(list, func(u unseenPod) bool { return u.uid == r.UID }); i >= 0 {
-		list[i].ready = r.Ready
+		u := &list[i]
+		u.ready = r.Ready
+		switch {
+		case r.Ready:
+			u.wasReady, u.unreadyNs = true, 0
+		case u.wasReady && u.unreadyNs == 0:
+			u.unreadyNs = now.UnixNano() // its readiness lost while unseen
+		}
 	}
 }
 
@@ -268,7 +285,7 @@ func (s *Store) stillThere(k Key, expired []*pod, now time.Time) []unseenPod {
 	var out []unseenPod
 	for _, p := range expired {
 		if s.opts.Exists(p.Namespace, p.Name, p.UID, k) {
-			out = append(out, unseenPod{namespace: p.Namespace, name: p.Name, uid: p.UID, ready: p.Ready, startNs: p.startNs})
+			out = append(out, unseenOf(p, "", time.Time{}))
 		}
 	}
 	for _, u := range s.unseen[k] {
@@ -289,6 +306,11 @@ func (u unseenPod) load(now time.Time) PodLoad {
 		l.State, l.Reason = PodStarting, ""
 		if u.startNs != 0 {
 			l.Age = max(0, now.Sub(time.Unix(0, u.startNs)))
+		}
+		// Ready before and not now (a crash loop while its agent is lost):
+		// no replica starting, as a listed one is not.
+		if l.Unready = u.wasReady; u.unreadyNs != 0 {
+			l.UnreadyFor = max(0, now.Sub(time.Unix(0, u.unreadyNs)))
 		}
 	}
 	return l

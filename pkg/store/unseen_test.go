@@ -253,6 +253,16 @@ func TestTheAPIsReplicasNoAgentReportsAreUnseen(t *testing.T) {
 	if got, want := loads(s), "pod-b1 missing, pod-c1 starting unseen, pod-c2 missing unseen"; got != want {
 		t.Fatalf("c1 not ready in the API: %s; want %s", got, want)
 	}
+	// Ready before and not now: no replica starting (the planner holds it
+	// as a ready one without a sample, then stuck), and since when.
+	now = now.Add(5 * time.Minute)
+	s.Sweep()
+	if l := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0).Pods[1]; l.Name != "pod-c1" || !l.Unready || l.UnreadyFor != 5*time.Minute {
+		t.Fatalf("c1, ready and then not while unseen: %+v; want Unready for 5m0s", l)
+	}
+	if l := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0).Pods[2]; l.Unready {
+		t.Fatalf("c2, ready: %+v; want no loss", l)
+	}
 	delete(api, "c1")
 	s.Sweep()
 	if got, want := loads(s), "pod-b1 missing, pod-c2 missing unseen"; got != want {
