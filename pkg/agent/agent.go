@@ -184,7 +184,11 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		}
 	}
 	if a.nvml != nil {
-		a.m.nvml.Set(1)
+		if a.nvml.Lost() { // its driver not loaded yet: initialized again from the first read
+			a.nvmlLostTry, a.nvmlReopenWait = time.Now(), opts.ScrapeInterval
+		} else {
+			a.m.nvml.Set(1)
+		}
 		if a.podRes, err = gpu.DialPodResources(opts.PodResourcesSocket); err != nil {
 			return nil, err
 		}

@@ -431,3 +431,45 @@ func TestAGPUSharedWithAPodListedTwiceIsStillShared(t *testing.T) {
 		t.Fatal("a pod listed twice got a value")
 	}
 }
+
+// TestADriverNotLoadedYetIsOpenedLater: with --nvml=auto, a driver whose
+// library is there and that is not loaded yet (the GPU Operator's driver
+// container starting after the agent) turned NVML off for the agent's
+// life. It is now opened lost: no call but Init until Reopen succeeds. A
+// node with no library at all is still off, and --nvml=on still fails.
+func TestADriverNotLoadedYetIsOpenedLater(t *testing.T) {
+	lib := mockGPUs(t)
+	init := lib.InitFunc
+	loaded, inits := false, 0
+	lib.InitFunc = func() nvml.Return {
+		inits++
+		if !loaded {
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return init()
+	}
+	count := lib.DeviceGetCountFunc
+	calls := 0
+	lib.DeviceGetCountFunc = func() (int, nvml.Return) { calls++; return count() }
+	if _, err := OpenNVML(lib, ModeOn, time.Second, quiet()); err == nil {
+		t.Fatal("--nvml=on with the driver not loaded: no error")
+	}
+	n, err := OpenNVML(lib, ModeAuto, time.Second, quiet())
+	if err != nil || n == nil || !n.Lost() {
+		t.Fatalf("--nvml=auto with the driver not loaded: %v, %v; want NVML opened lost", n, err)
+	}
+	if _, err := n.Read(); !errors.Is(err, ErrLost) || calls != 0 {
+		t.Fatalf("a read before the driver: %v, %d NVML calls; want ErrLost and none", err, calls)
+	}
+	if err := n.Reopen(); err == nil || !n.Lost() {
+		t.Fatalf("Reopen with the driver still not loaded: %v", err)
+	}
+	loaded = true
+	if err := n.Reopen(); err != nil || n.Lost() {
+		t.Fatalf("Reopen with the driver loaded: %v", err)
+	}
+	if devs, err := n.Read(); err != nil || len(devs.ByIndex) != 8 {
+		t.Fatalf("a read once the driver is loaded: %d GPUs, %v", len(devs.ByIndex), err)
+	}
+	n.Close()
+}

@@ -88,8 +88,12 @@ type migMode struct {
 var ErrUnavailable = errors.New("NVML is not available")
 
 // OpenNVML initializes NVML as mode says, for reads every interval (see
-// SamplesFrom). In ModeAuto with no driver it logs once and returns nil,
-// nil: the agent goes on without GPU values.
+// SamplesFrom). In ModeAuto with no driver library it logs once and
+// returns nil, nil: the agent goes on without GPU values. With the library
+// there and its driver not loaded yet (the GPU Operator's driver container
+// still starting after the agent), it returns NVML lost: the agent
+// initializes it again (Reopen) until the driver is there, as after a
+// driver went away (it was off for the agent's life).
 func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog.Logger) (*NVML, error) {
 	switch mode {
 	case ModeOff:
@@ -100,8 +104,14 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		err := fmt.Errorf("%w: init: %s", ErrUnavailable, nvml.ErrorString(ret))
-		if mode == ModeOn {
+		switch {
+		case mode == ModeOn:
 			return nil, err
+		case driverGone(ret):
+			// The library loaded (ERROR_LIBRARY_NOT_FOUND is not this):
+			// Init may be called again, and nothing else until it works.
+			log.Info("NVML's driver is not loaded yet; GPU utilization is read once it is (NVML initialized again every interval, backing off to 30s)", logging.KeyErr, err)
+			return &NVML{lib: lib, lost: true, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
 		}
 		log.Info("NVML unavailable; GPU utilization will not be reported", logging.KeyErr, err)
 		return nil, nil

@@ -281,6 +281,12 @@ func TestADriverReloadedIsReadAgain(t *testing.T) {
 // simulated page.
 func runGPUAgent(t *testing.T, lib nvml.Interface, pods ...*podresourcesv1.PodResources) *aggregator.Aggregator {
 	t.Helper()
+	return runGPUAgentMode(t, gpu.ModeOn, lib, pods...)
+}
+
+// runGPUAgentMode is runGPUAgent with --nvml=mode.
+func runGPUAgentMode(t *testing.T, mode string, lib nvml.Interface, pods ...*podresourcesv1.PodResources) *aggregator.Aggregator {
+	t.Helper()
 	var specs []simPod
 	for _, p := range pods {
 		specs = append(specs, simPod{name: p.Name, workload: "llama"})
@@ -295,9 +301,48 @@ func runGPUAgent(t *testing.T, lib nvml.Interface, pods ...*podresourcesv1.PodRe
 	writeTargets(t, file, sims)
 	o := agent.NewOptions()
 	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{agg.IngestAddr()}, "gpu-node-1"
-	o.NVML, o.PodResourcesSocket = gpu.ModeOn, socket
+	o.NVML, o.PodResourcesSocket = mode, socket
 	runAgent(t, o, agent.Deps{NVML: lib}, nil)
 	return agg
+}
+
+// TestADriverLoadedAfterTheAgentIsRead: with --nvml=auto, a driver whose
+// library is there and that is not loaded yet when the agent starts (the
+// GPU Operator's driver container after the DaemonSet) left the agent
+// without GPU values for its life. It is now initialized again until it
+// loads, and the pods' GPU values come.
+func TestADriverLoadedAfterTheAgentIsRead(t *testing.T) {
+	gpus := fakenode.GPUs(func(i int) uint32 { return uint32(10 * i) })
+	var loaded atomic.Bool
+	init := gpus.InitFunc
+	gpus.InitFunc = func() nvml.Return {
+		if !loaded.Load() {
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+		return init()
+	}
+	agg := runGPUAgentMode(t, gpu.ModeAuto, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)))
+	eventually(t, "the pod's vLLM values, with no GPU value", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		if _, has := w.Pods[0].Values["gpuUtilization"]; has || w.Pods[0].Values["waiting"] != 0 {
+			return fmt.Errorf("values %v, want vLLM's alone", w.Pods[0].Values)
+		}
+		return nil
+	})
+	loaded.Store(true)
+	eventually(t, "GPU values once the driver is loaded", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		if v := w.Pods[0].Values["gpuUtilization"]; v != 0.2 {
+			return fmt.Errorf("gpuUtilization %v, want GPU 2's 0.2", v)
+		}
+		return nil
+	})
 }
 
 func TestNoGPUDriverSaysSoOnceAndKeepsStreaming(t *testing.T) {
