@@ -62,7 +62,7 @@ build_kube() {
     printf ')\n'
   } > tools.go
   go get "k8s.io/kubernetes@v$KUBE_VERSION" >/dev/null 2>&1 || go get "k8s.io/kubernetes@v$KUBE_VERSION"
-  go mod tidy -e >/dev/null 2>&1 || true
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy -e || true # quiet, but for its errors
   local v="k8s.io/component-base/version"
   local ld="-s -w -X $v.gitVersion=v$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=33 -X $v.gitTreeState=clean"
   for c in "${cmds[@]}"; do
@@ -92,7 +92,7 @@ import (
 func main() { etcdmain.Main(os.Args) }
 GO
   go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-  go mod tidy >/dev/null 2>&1
+  go mod tidy >/dev/null 2>&1 || go mod tidy # quiet, but for its errors
   go build -trimpath -ldflags "-s -w" -o "$bin/etcd" .
   cd - >/dev/null
   rm -rf "$d"
@@ -121,7 +121,7 @@ import (
 )
 GO
   go get "github.com/kedacore/keda/v2@v$KEDA_VERSION" >/dev/null 2>&1 || go get "github.com/kedacore/keda/v2@v$KEDA_VERSION"
-  go mod tidy -e >/dev/null 2>&1 || true
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy -e || true # quiet, but for its errors
   go build -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
     -o "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
   go build -trimpath -ldflags "-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
@@ -152,7 +152,7 @@ package tools
 import _ "helm.sh/helm/v3/cmd/helm"
 GO
   go get "helm.sh/helm/v3@v$HELM_VERSION" >/dev/null 2>&1 || go get "helm.sh/helm/v3@v$HELM_VERSION"
-  go mod tidy -e >/dev/null 2>&1 || true
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy -e || true # quiet, but for its errors
   local v="helm.sh/helm/v3/internal/version"
   go build -trimpath -ldflags "-s -w -X $v.version=v$HELM_VERSION -X $v.gitTreeState=clean" -o "$bin/helm" helm.sh/helm/v3/cmd/helm
   cd - >/dev/null
@@ -191,7 +191,7 @@ func init() {
 func main() { coremain.Run() }
 GO
   go get "github.com/coredns/coredns@v$COREDNS_VERSION" >/dev/null 2>&1 || go get "github.com/coredns/coredns@v$COREDNS_VERSION"
-  go mod tidy -e >/dev/null 2>&1 || true
+  go mod tidy -e >/dev/null 2>&1 || go mod tidy -e || true # quiet, but for its errors
   go build -trimpath -ldflags "-s -w" -o "$bin/coredns" .
   cd - >/dev/null
   rm -rf "$d"
