@@ -184,7 +184,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		}
 	}
 	if a.nvml != nil {
-		if a.nvml.Lost() { // its driver not loaded yet: initialized again from the first read
+		if a.nvml.Lost() { // its driver not loaded yet: initialized again an interval on, backing off
 			a.nvmlLostTry, a.nvmlReopenWait = time.Now(), opts.ScrapeInterval
 		} else {
 			a.m.nvml.Set(1)

@@ -299,16 +299,18 @@ type Plan struct {
 	// one (see maxTokenRate), or held no requests-waiting gauge, counted
 	// in Missing; RefusedWhy names the first and why, and the routers'
 	// demand when it is refused (implausibleDemand: left out of the
-	// plan). Stuck: replicas starting past stuckAfter, not counted in
-	// Starting (the HPA still counts them among the
-	// workload's replicas: the plan does not replace them, as a
-	// replacement would most likely be stuck the same way).
+	// plan). Stuck: replicas starting, or ready before and unready since,
+	// past stuckAfter, not counted in Starting or Ready (the HPA still
+	// counts them among the workload's replicas: the plan does not
+	// replace them, as a replacement would most likely be stuck the same
+	// way).
 	Refused    int    `json:"refusedReplicas,omitempty"`
 	RefusedWhy string `json:"refusedWhy,omitempty"`
 	Stuck      int    `json:"stuckReplicas,omitempty"`
 	// Unseen: replicas whose agent is lost past --pod-expiry that the API
-	// still has (store.PodLoad.Unseen), counted in Missing when ready and
-	// in Starting (or Stuck) when not.
+	// still has (store.PodLoad.Unseen), counted in Missing when ready, in
+	// Missing and Unready when ready before and not now, and in Starting
+	// (or Stuck) when never ready.
 	Unseen int `json:"unseenReplicas,omitempty"`
 	// Unready: replicas ready before and not now (store.PodLoad.Unready),
 	// counted in Ready and Missing: the plan holds them, and an error
@@ -971,7 +973,7 @@ func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
 		// Past it with none queued, the prompts alone take longer than the
 		// SLO (no replica count changes that): nothing is learned.
 		queued := l.Waiting >= 1 || l.QueueOK && l.QueueTime > breakQueue*slo
-		if l.TTFTQuantile > slo {
+		if l.TTFTQuantile > slo || l.TTFTQuantileBeyond { // beyond a bound at the SLO or past it
 			return queued, false
 		}
 		return false, !queued

@@ -309,6 +309,15 @@ func TestAPercentileBeyondTheBucketsIsNoProofOfHealth(t *testing.T) {
 	if broke, _ := health(&l, cfg); broke {
 		t.Fatal("a p90 of 10 s, within a 15 s SLO and the buckets: a break")
 	}
+	// Beyond a bound at the SLO (buckets and SLO at 10 s): past it, a
+	// queue standing and the means within it.
+	at := Default(10 * time.Second)
+	at.Percentile = 0.9
+	l = serving("a", 10000, 0.1)
+	l.Waiting, l.TTFTQuantile, l.TTFTQuantileOK, l.TTFTQuantileBeyond = 3, 10, true, true
+	if broke, healthy := health(&l, at); !broke || healthy {
+		t.Fatalf("a p90 beyond 10 s buckets, an SLO of 10 s, a queue: broke %v healthy %v; want a break", broke, healthy)
+	}
 }
 
 func TestDemandWithNoReplicaNeedsOne(t *testing.T) {

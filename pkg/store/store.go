@@ -674,6 +674,9 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 			}
 		}
 		p.PodInfo = info
+		if !ok {
+			s.resumeUnseen(p)
+		}
 		p.markStart(!ok, s.now())
 		p.markUnready(s.now())
 		if !slices.Contains(p.sources, src.Node) {

@@ -184,6 +184,27 @@ func (s *Store) readyAsAPI(k Key, r APIPod, now time.Time) {
 	}
 }
 
+// resumeUnseen gives p, listed anew, what was known of it while it was
+// unseen (its agent lost past the expiry, and back): that it was ready
+// before (its ready time unknown), and since when it is not. A pod back
+// not ready was a replica starting since its creation. mu must be held
+// for writing.
+func (s *Store) resumeUnseen(p *pod) {
+	for _, k := range s.unseenKeys[p.UID] {
+		i := slices.IndexFunc(s.unseen[k], func(u unseenPod) bool { return u.uid == p.UID })
+		if i < 0 || !s.unseen[k][i].wasReady {
+			continue
+		}
+		if p.readyNs == 0 {
+			p.readyNs = -1
+		}
+		if at := s.unseen[k][i].unreadyNs; at != 0 {
+			p.set().unreadyNs = at
+		}
+		return
+	}
+}
+
 // seenAgain forgets p wherever it is remembered unseen: it is listed
 // again (its agent back), under whichever workloads it names now; mu must
 // be held for writing.

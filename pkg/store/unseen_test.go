@@ -69,6 +69,24 @@ func TestAReplicaWhoseAgentIsLostIsPlannedWhileTheAPIHasIt(t *testing.T) {
 	}
 }
 
+// TestAnUnseenReplicaBackNotReadyIsUnready: a replica ready when its
+// agent was lost, listed again not ready when the agent is back (crash
+// looping meanwhile), was a new pod to the store: a replica starting
+// since its creation, capacity joining at once. It is ready before and
+// not now.
+func TestAnUnseenReplicaBackNotReadyIsUnready(t *testing.T) {
+	f := newUnseenFixture(t)
+	s := f.s
+	s.Sweep()
+	mustOpen(t, s, "lost")
+	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", false)}, false)
+	for _, l := range s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0).Pods {
+		if l.Name == "pod-a1" && (l.State != PodStarting || !l.Unready || l.Unseen) {
+			t.Fatalf("a1 back, not ready: %+v; want starting, Unready, seen", l)
+		}
+	}
+}
+
 // TestAnUnseenReplicaIsForgotten: when its agent lists it again (once, not
 // twice; under whichever workload it names now), when its agent lists its
 // node in full without it, when the API no longer has it, and a day after
