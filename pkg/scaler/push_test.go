@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -547,5 +548,43 @@ pulse_aggregator_scaler_streams_refused_total{limit="namespace"} 1
 		if v, ok := <-f.activeStates(ctx, t, md); !ok || !v {
 			t.Fatalf("demo's stream %d once the others ended: %v, %v; want true", i, v, ok)
 		}
+	}
+}
+
+// TestAStreamsPlaceLeavesInConstantTime: a place is removed by moving its
+// namespace's last into it (a scan of a namespace's places at every
+// stream's end was one too many); every place left is where its index
+// says, and none is lost.
+func TestAStreamsPlaceLeavesInConstantTime(t *testing.T) {
+	f := newFixture(t)
+	var held []*place
+	for range 6 {
+		p, err := f.server.enter("demo")
+		if p == nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	for _, i := range []int{1, 4, 0} {
+		f.server.leave(held[i])
+	}
+	defer func() { // the streams' ends, as their handlers' (Shutdown waits for them)
+		for _, i := range []int{2, 3, 5} {
+			f.server.leave(held[i])
+		}
+	}()
+	f.server.closeMu.Lock()
+	defer f.server.closeMu.Unlock()
+	ps := f.server.places["demo"]
+	if len(ps) != 3 {
+		t.Fatalf("%d places left, want 3", len(ps))
+	}
+	for i, p := range ps {
+		if p.idx != i || !slices.Contains([]*place{held[2], held[3], held[5]}, p) {
+			t.Fatalf("place %d: index %d, one of those left %v", i, p.idx, slices.Contains(held, p))
+		}
+	}
+	if _, inNS := f.server.slots.Held("demo"); inNS != 3 {
+		t.Fatalf("%d slots held, want 3", inNS)
 	}
 }

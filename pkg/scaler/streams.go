@@ -13,6 +13,7 @@ import (
 // leave.
 type place struct {
 	ns        string
+	idx       int // in Server.places[ns]
 	reclaimed chan struct{}
 }
 
@@ -25,7 +26,7 @@ var errReclaimed = status.Error(codes.ResourceExhausted,
 // at once: EOF for KEDA); nil with ResourceExhausted past MaxStreams or
 // MaxStreamsPerNamespace. With every place taken, a namespace holding
 // fewer than its share (MaxStreams over the namespaces holding one, its
-// own counted) takes the newest place of the namespace holding the most,
+// own counted) takes the last place of the namespace holding the most,
 // when that one holds more than its share: two namespaces' ScaledObjects
 // took every place (half each, the per-namespace default), and every
 // other tenant's streams were refused for as long as they held them.
@@ -48,7 +49,7 @@ func (s *Server) enter(ns string) (*place, error) {
 		s.streamsRefused[limitNamespace].Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted, "namespace %q holds %d streams open, the most one namespace may: this one is refused (KEDA retries; polls are answered as before)", ns, inNS)
 	}
-	p := &place{ns: ns, reclaimed: make(chan struct{})}
+	p := &place{ns: ns, idx: len(s.places[ns]), reclaimed: make(chan struct{})}
 	if s.places == nil {
 		s.places = map[string][]*place{}
 	}
@@ -58,7 +59,8 @@ func (s *Server) enter(ns string) (*place, error) {
 	return p, nil
 }
 
-// reclaimFor gives ns the newest place of the namespace holding the most,
+// reclaimFor gives ns the last place of the namespace holding the most
+// (its newest, but for the places moved as others ended),
 // when every place is taken, ns holds fewer than its share and below
 // perNS, and that namespace more than its share; closeMu held.
 func (s *Server) reclaimFor(ns string, perNS int) bool {
@@ -92,15 +94,15 @@ func (s *Server) reclaimFor(ns string, perNS int) bool {
 	return s.slots.Take(ns, s.maxStreams, perNS)
 }
 
-// dropPlace removes p from the places held; closeMu held.
+// dropPlace removes p from the places held, the last of its namespace's
+// in its stead (at every stream's end: a scan of a namespace's 20,000
+// places was one too many); closeMu held.
 func (s *Server) dropPlace(p *place) {
 	ps := s.places[p.ns]
-	for i, q := range ps {
-		if q == p {
-			ps = append(ps[:i], ps[i+1:]...)
-			break
-		}
-	}
+	last := ps[len(ps)-1]
+	ps[p.idx], last.idx = last, p.idx
+	ps[len(ps)-1] = nil
+	ps = ps[:len(ps)-1]
 	if len(ps) == 0 {
 		delete(s.places, p.ns)
 	} else {
