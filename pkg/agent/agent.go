@@ -511,10 +511,23 @@ func (a *Agent) publish(r result) {
 	}
 }
 
-// gpuRead is one GPU read attributed to pods (by namespace/name), and when.
+// gpuRead is one GPU read attributed to pods (by namespace/name): when it
+// began (NVML's read, then the kubelet's listing of the pods' devices)
+// and when it ended.
 type gpuRead struct {
-	at   time.Time
-	pods map[string]gpu.PodGPU
+	began, at time.Time
+	pods      map[string]gpu.PodGPU
+}
+
+// createdBefore reports whether the pod created at created (its
+// creationTimestamp, whole seconds: it may have been created up to a
+// second later) existed when a GPU read began. The pod-resources API
+// names a pod, not its uid: a read from before a pod recreated under its
+// name (a StatefulSet's) was of the one it replaced, whose GPUs the values
+// are, and the new pod carried them for up to gpuStale intervals. An
+// unknown creation time (a static target) is before.
+func createdBefore(created, began time.Time) bool {
+	return created.IsZero() || created.Add(time.Second).Before(began)
 }
 
 // gpuStale: a GPU read older than this many scrape intervals is not sent
@@ -529,7 +542,7 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 		return
 	}
 	g, ok := r.pods[tg.Namespace+"/"+tg.Pod]
-	if !ok {
+	if !ok || !createdBefore(tg.Created, r.began) {
 		return
 	}
 	if g.HasUtilization {
@@ -595,6 +608,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	defer t.Stop()
 	failing, nvmlFailing := false, false
 	for {
+		began := time.Now()
 		devs := a.readNVML(&nvmlFailing)
 		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 		pods, ambiguous, err := a.podRes.List(lctx)
@@ -620,7 +634,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 				a.m.unknownDevices.Add(float64(len(unknown)))
 				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)
 			}
-			a.gpuPods.Store(&gpuRead{at: time.Now(), pods: byPod})
+			a.gpuPods.Store(&gpuRead{began: began, at: time.Now(), pods: byPod})
 		}
 		select {
 		case <-ctx.Done():

@@ -534,3 +534,34 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestAGPUReadFromBeforeAPodsCreationIsNotItsOwn: the pod-resources API
+// names a pod, not its uid; a pod recreated under its name (a
+// StatefulSet's) carried its predecessor's GPU values, from a read begun
+// before it existed, for up to gpuStale intervals. A read counts for a
+// pod only once it began past its creation (whole seconds, so a second
+// past it).
+func TestAGPUReadFromBeforeAPodsCreationIsNotItsOwn(t *testing.T) {
+	a := &Agent{opts: NewOptions()}
+	began := time.Now().Truncate(time.Second)
+	a.gpuPods.Store(&gpuRead{began: began, at: began, pods: map[string]gpu.PodGPU{
+		"demo/llama-0": {Utilization: 0.5, HasUtilization: true, Memory: 0.25, HasMemory: true}}})
+	for _, c := range []struct {
+		name    string
+		created time.Time
+		want    bool
+	}{
+		{"a static target (no creation time)", time.Time{}, true},
+		{"created well before the read", began.Add(-time.Minute), true},
+		{"created in the second before the read (maybe after it)", began.Add(-time.Second), false},
+		{"created after the read began", began.Add(time.Second), false},
+	} {
+		var page vllm.Page
+		a.addGPU(discovery.Target{Namespace: "demo", Pod: "llama-0", Created: c.created}, &page)
+		u, hasU := page.Get(metric.GPUUtilization)
+		m, hasM := page.Get(metric.GPUMemoryUsage)
+		if hasU != c.want || hasM != c.want || (c.want && (u != 0.5 || m != 0.25)) {
+			t.Errorf("%s: utilization %v (%v), memory %v (%v); want the read's values: %v", c.name, u, hasU, m, hasM, c.want)
+		}
+	}
+}
