@@ -701,7 +701,31 @@ func (r *run) differs(existing, desired *unstructured.Unstructured) bool {
 // (an orphan of its predecessor of the same name), which otherwise kept
 // scaling it with its predecessor's settings.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
-	if existing != nil && Managed(existing) && (OwnedBy(existing, ref.UID) || adopts(k, existing)) {
+	mine := func(so *unstructured.Unstructured) bool {
+		return so != nil && Managed(so) && (OwnedBy(so, ref.UID) || adopts(k, so))
+	}
+	if mine(existing) {
+		// Judged again as the API server has it, and deleted only as read
+		// (its resourceVersion a precondition), as update does: a tenant
+		// that took it over (pulse's label taken off, as a conflict's
+		// message says) a moment before the workload was turned off had it
+		// deleted, the cache not yet told.
+		client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
+		live, err := client.Get(ctx, k.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			r.c.forget(k)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
+		}
+		if live.GetUID() != existing.GetUID() {
+			return apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
+		}
+		if !mine(live) {
+			r.c.forget(k)
+			return nil
+		}
 		// A delete again counts as a write back: a writer that makes it
 		// again (a GitOps tool's self-heal of an exported copy) is not
 		// fought at the API server's pace either.
@@ -712,8 +736,8 @@ func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, e
 				k.Namespace, k.Name, n, rewriteWindow, LabelManagedBy, ManagedBy))
 			return errBackOff
 		}
-		err := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace).Delete(ctx, k.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(existing.GetUID()))})
+		uid, version := live.GetUID(), live.GetResourceVersion()
+		err = client.Delete(ctx, k.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &version}})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ScaledObject %s/%s: %w", k.Namespace, k.Name, err)
 		}

@@ -1002,6 +1002,23 @@ func TestAnUpdateKeepsWhatOthersAdded(t *testing.T) {
 	}
 }
 
+// handedOver makes the API server's copy of ScaledObject name a tenant's
+// (pulse's label taken off), the cache not told.
+func (f *fixture) handedOver(name string) {
+	f.dyn.PrependReactor("get", "scaledobjects", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != name {
+			return false, nil, nil
+		}
+		so, err := f.dyn.Tracker().Get(ScaledObjects, "demo", name)
+		if err != nil {
+			return true, nil, err
+		}
+		u := so.(*unstructured.Unstructured).DeepCopy()
+		u.SetLabels(map[string]string{"team": "a"})
+		return true, u, nil
+	})
+}
+
 // TestATakenOverScaledObjectIsNotTakenBack: a tenant takes pulse's
 // ScaledObject over by taking pulse's label off (as a conflict's message
 // says to), and the workload's annotations change before the cache hears
@@ -1013,19 +1030,7 @@ func TestATakenOverScaledObjectIsNotTakenBack(t *testing.T) {
 	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	f.run()
 	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
-	// The API server's copy, label taken off; the cache is not told.
-	f.dyn.PrependReactor("get", "scaledobjects", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() != "mine" {
-			return false, nil, nil
-		}
-		so, err := f.dyn.Tracker().Get(ScaledObjects, "demo", "mine")
-		if err != nil {
-			return true, nil, err
-		}
-		u := so.(*unstructured.Unstructured).DeepCopy()
-		u.SetLabels(map[string]string{"team": "a"})
-		return true, u, nil
-	})
+	f.handedOver("mine")
 	var updates atomic.Int32
 	f.dyn.PrependReactor("update", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
 		updates.Add(1)
@@ -1038,6 +1043,36 @@ func TestATakenOverScaledObjectIsNotTakenBack(t *testing.T) {
 	}
 	if _, err := f.maxOf("mine", 10); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestATakenOverScaledObjectIsNotDeleted: as above, and the workload
+// turned off (a GitOps tool applying both) before the cache hears of the
+// hand-over. The delete judged ownership on the cached copy alone and
+// deleted the tenant's ScaledObject. The live object is judged again,
+// and left alone.
+func TestATakenOverScaledObjectIsNotDeleted(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
+	var deletes atomic.Int32
+	f.handedOver("mine")
+	f.dyn.PrependReactor("delete", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		deletes.Add(1)
+		return false, nil, nil
+	})
+	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "false"})
+	f.waitFor("the workload turned off", func() error {
+		if s := f.state("Deployment", "mine"); s.State != "" {
+			return fmt.Errorf("state %+v", s)
+		}
+		return nil
+	})
+	if n := deletes.Load(); n != 0 {
+		t.Fatalf("%d deletes of a ScaledObject the API server has as another's", n)
+	}
+	if _, err := f.scaledObject("mine"); err != nil {
+		t.Fatalf("the tenant's ScaledObject: %v", err)
 	}
 }
 
