@@ -87,12 +87,19 @@ type Decision struct {
 // ceil(value / threshold) for valueType total (metricType AverageValue),
 // ceil(value / threshold × ready pods) for average (metricType Value), before
 // its tolerance, behaviour and min/max apply.
+// It is at most maxDesired: a value of 1e15 over a threshold of 0.001
+// times 10 ready pods is past an int's range, which Go's conversion
+// leaves undefined (-9.2e18 on amd64, in the gauge and the debug page).
 func (d Decision) DesiredReplicas(t Trigger) int {
+	x := d.Value / t.Threshold
 	if t.ValueType == "average" {
-		return int(math.Ceil(d.Value / t.Threshold * float64(d.Ready)))
+		x *= float64(d.Ready)
 	}
-	return int(math.Ceil(d.Value / t.Threshold))
+	return int(min(math.Ceil(x), maxDesired))
 }
+
+// maxDesired bounds DesiredReplicas: the HPA's replica counts are int32.
+const maxDesired = math.MaxInt32
 
 // Evaluate computes a trigger's value.
 func (s *Server) Evaluate(t Trigger) (Decision, error) { return s.evaluate(t, false) }
@@ -165,7 +172,7 @@ func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tal
 		switch p.State {
 		case store.PodCounted:
 			if p.Truncated {
-				return c, status.Error(codes.InvalidArgument, truncated(t, p))
+				return c, status.Error(codes.InvalidArgument, truncated(t, p.Name, p.Samples, p.SpanMs))
 			}
 			if def.Rule != metric.RuleQuantile {
 				c.vals = append(c.vals, p.Value)
@@ -462,17 +469,19 @@ func podDecisions(pods []store.PodValue, fill float64, fillWhy string, quantile 
 	return out
 }
 
-func truncated(t Trigger, p *store.PodValue) string {
+// truncated says why t's window is refused: pod's samples kept span only
+// spanMs.
+func truncated(t Trigger, pod string, samples int, spanMs int64) string {
 	interval := time.Duration(0)
-	if p.Samples > 1 {
-		interval = time.Duration(p.SpanMs/int64(p.Samples-1)) * time.Millisecond
+	if samples > 1 {
+		interval = time.Duration(spanMs/int64(samples-1)) * time.Millisecond
 	}
-	need := p.Samples
+	need := samples
 	if interval > 0 {
 		need = int(t.Window/interval) + 2
 	}
 	return fmt.Sprintf("%s: trigger metadata \"window\": %s reaches past the samples kept: pod %s is sampled every %s and the aggregator keeps %d samples per pod (%s); shorten the window or raise the aggregator's --max-samples-per-pod to at least %d",
-		describe(t), t.Window, p.Name, interval, p.Samples, time.Duration(p.SpanMs)*time.Millisecond, need)
+		describe(t), t.Window, pod, interval, samples, time.Duration(spanMs)*time.Millisecond, need)
 }
 
 func aggregate(vals []float64, how string) float64 {

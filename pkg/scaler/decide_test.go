@@ -325,6 +325,15 @@ func TestWindowPastKeptSamples(t *testing.T) {
 	if got, err := f.metric(t, map[string]string{"workspace": "llama", "window": "30s"}); err != nil || got != 0 {
 		t.Fatalf("a window within the kept samples: %v, %v", got, err)
 	}
+	// The planner's snapshot was not checked: it planned over the 32 s
+	// kept as if they were the minute.
+	_, err = f.metric(t, map[string]string{"workspace": "llama", "metric": "replicas", "window": "1m"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-samples-per-pod to at least 242") {
+		t.Fatalf("a plan over a window past the kept samples: %v, want InvalidArgument", err)
+	}
+	if got, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "replicas", "window": "30s"}); err != nil || got != 1 {
+		t.Fatalf("a plan over a window within the kept samples: %v, %v; want the one ready replica", got, err)
+	}
 }
 
 func TestThresholdBelowKEDAResolution(t *testing.T) {
@@ -760,6 +769,27 @@ func TestHeldDemandBesideDrainingPodsIsSpreadForTheHPA(t *testing.T) {
 		d, err := f.server.Evaluate(tr)
 		if err != nil || d.Value != c.want || hpaDesired(d.Value, 10, c.valueType, 2) != 2 || d.DesiredReplicas(tr) != 2 {
 			t.Fatalf("%s: %+v, %v; want %v, 2 replicas", c.valueType, d, err, c.want)
+		}
+	}
+}
+
+// TestDesiredReplicasIsBounded: 1e15 over a threshold of 0.001 times 10
+// ready pods is past an int's range; the conversion read -9.2e18 on amd64.
+func TestDesiredReplicasIsBounded(t *testing.T) {
+	for _, c := range []struct {
+		valueType string
+		value     float64
+		ready     int
+		want      int
+	}{
+		{"average", 1e15, 10, math.MaxInt32},
+		{"total", 1e15, 10, math.MaxInt32},
+		{"average", 1.5, 4, 6000},
+		{"total", 1.5, 4, 1500},
+	} {
+		tr := Trigger{ValueType: c.valueType, Threshold: 0.001}
+		if got := (Decision{Value: c.value, Ready: c.ready}).DesiredReplicas(tr); got != c.want {
+			t.Errorf("%s %v over 0.001 with %d ready: %d, want %d", c.valueType, c.value, c.ready, got, c.want)
 		}
 	}
 }

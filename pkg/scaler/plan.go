@@ -161,6 +161,12 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 	// The snapshot is taken under the key's lock: one taken before it
 	// could be planned after a newer one, over the state that one left.
 	snap := s.store.Snapshot(nil, t.Workload, t.Window, t.StaleAfter, cfg.Percentile)
+	for _, p := range snap.Pods {
+		if p.Truncated { // refused as a metric's window is, never planned over less
+			keyLock.Unlock()
+			return Decision{}, status.Error(codes.InvalidArgument, truncated(t, p.Name, p.Samples, p.SpanMs))
+		}
+	}
 	s.plans.mu.Lock()
 	st := s.plans.get(k)
 	s.plans.mu.Unlock()

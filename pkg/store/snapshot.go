@@ -59,6 +59,12 @@ type PodLoad struct {
 	// Span: the time the rates cover (the window, or less while the pod
 	// has fewer samples).
 	Span time.Duration
+	// Truncated: the window reaches back past the samples kept
+	// (MaxSamples), which span SpanMs, Samples of them: its values cover
+	// less than the window (a plan over them is refused, never cut short).
+	Truncated bool
+	SpanMs    int64
+	Samples   int
 	// Startup: from the pod's creation (its agent's listing says when;
 	// else its first listing, starting) to its Ready condition's
 	// transition (else its first listing ready); 0 when unknown: its start
@@ -182,6 +188,8 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 		return l
 	}
 	l.State = PodCounted
+	l.Samples = p.series.len()
+	l.SpanMs, l.Truncated = p.cut(sc, window, false)
 	rates := p.window(sc, window, metric.RuleRate, rateIDs)
 	if n := len(rates); n > 1 {
 		l.Span = time.Duration(rates[n-1].TimeMs-rates[0].TimeMs) * time.Millisecond

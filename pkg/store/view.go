@@ -432,16 +432,22 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 // (until 2026-11-30 a rate that lost only that sample was answered over a
 // shorter span, unmarked).
 func (p *pod) checkSpan(sc *scratch, pv *PodValue, window time.Duration, gauge bool) {
+	pv.SpanMs, pv.Truncated = p.cut(sc, window, gauge)
+}
+
+// cut reports whether samples p's window needs were dropped by the
+// MaxSamples bound (checkSpan), and what the samples kept span.
+func (p *pod) cut(sc *scratch, window time.Duration, gauge bool) (spanMs int64, cut bool) {
 	capCutMs := p.get().capCutMs
 	if window <= 0 || capCutMs == 0 || p.series.len() == 0 {
-		return
+		return 0, false
 	}
 	from := p.series.lastMs - window.Milliseconds()
 	first := sc.samples(p, 0)[0].TimeMs
 	if capCutMs > from || !gauge && first > from {
-		pv.Truncated = true
-		pv.SpanMs = p.series.lastMs - first
+		return p.series.lastMs - first, true
 	}
+	return 0, false
 }
 
 // idle reports whether the pod's latest sample shows no request waiting or
