@@ -1102,6 +1102,11 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	if why := implausibleDemand(d); why != "" {
 		return Plan{}, st, fmt.Errorf("%w: no replica, and %s", ErrRefused, why)
 	}
+	if d.Stale > 0 && d.Held+d.Arrived == 0 {
+		// What the stale ones hold is unknown: never a 0 that keeps the
+		// workload at zero while a router on a lost node holds requests.
+		return Plan{}, st, fmt.Errorf("%w: no replica; its %d demand sources that report hold no request, and %d have not reported within staleAfter", ErrStale, d.Sources, d.Stale)
+	}
 	if st.Since.IsZero() {
 		st.Since = in.At // a plan: the hold counts from it
 	}

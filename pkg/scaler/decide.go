@@ -216,6 +216,9 @@ func unreported(t Trigger, def metric.Def, r *store.Reading, c *tally, detail bo
 		if c.missing == 0 && r.Demand.Sources > 0 {
 			// No replica is ready (all start or stop): the routers' demand
 			// is the whole of it.
+			if err := staleDemand(t, r.Demand); err != nil {
+				return Decision{}, true, err
+			}
 			d := demandOnly(t, r.Demand, c.drainingReady)
 			d.LeftOut = len(r.Pods)
 			if detail {
@@ -369,12 +372,29 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 	}
 	dv := r.Demand
 	if dv.Sources > 0 {
+		if err := staleDemand(t, dv); err != nil {
+			return Decision{}, err
+		}
 		return demandOnly(t, dv, 0), nil
 	}
 	if dv.Stale > 0 {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
 	}
 	return Decision{}, status.Errorf(codes.NotFound, "%s: no pod of this workload has been reported", describe(t))
+}
+
+// staleDemand is the error for a workload with no ready replica whose
+// demand sources that report hold and saw nothing while others have not
+// reported: the requests those hold are unknown, and a 0 kept a workload
+// at zero while a router on a lost node held its requests. Demand the
+// fresh ones report is answered (a scale-up the stale ones can only add
+// to).
+func staleDemand(t Trigger, dv store.DemandValue) error {
+	if dv.Stale == 0 || dv.Held+dv.Arrived > 0 {
+		return nil
+	}
+	return status.Errorf(codes.Unavailable, "%s: no replica ready; its %d demand sources that report hold no request, and %d have not reported within staleAfter %s: no value, rather than 0",
+		describe(t), dv.Sources, dv.Stale, t.StaleAfter)
 }
 
 // demandOnly is the decision of a waiting trigger whose workload has no

@@ -649,6 +649,51 @@ func TestLostReplicasAreNoZero(t *testing.T) {
 	}
 }
 
+// TestAStaleRouterIsNoZero: a workload at zero with two routers, one
+// whose agent stopped reporting. The fresh one holding nothing was the
+// whole answer, 0: the workload stayed at zero while the stale one held
+// its requests. That is now an error (waiting and the planner alike);
+// demand the fresh one reports is still answered.
+func TestAStaleRouterIsNoZero(t *testing.T) {
+	f := newFixture(t)
+	router := func(name string) store.PodInfo {
+		return store.PodInfo{UID: store.DemandUID("uid-"+name, "llama"), Namespace: "demo", Name: name, Ready: true, Demand: true, Workloads: []store.Key{llama}}
+	}
+	held := func(name string, n float64) {
+		r := store.Report{UID: router(name).UID}
+		r.TimeMs = f.clock.Now().UnixMilli()
+		r.Values.Set(metric.PendingRequests, n)
+		f.store.Add([]store.Report{r})
+	}
+	_, _ = f.store.OpenSource("node-router")
+	f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router("epp-0"), router("epp-1")}, false)
+	held("epp-0", 0)
+	held("epp-1", 30)
+	waiting := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second,
+		StaleAfter: 5 * time.Second, MissingPods: "auto"}
+	replicas := waiting
+	replicas.Metric, replicas.Threshold, replicas.Window, replicas.SLOTTFT = "replicas", 1, 30*time.Second, 2*time.Second
+	if d, err := f.server.Evaluate(waiting); err != nil || d.Value != 30 {
+		t.Fatalf("both reporting: %+v, %v; want the 30 held", d, err)
+	}
+	f.clock.Add(6 * time.Second)
+	held("epp-0", 0) // epp-1's agent is lost
+	for _, tr := range []Trigger{waiting, replicas} {
+		d, err := f.server.Evaluate(tr)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "1 have not reported within staleAfter") {
+			t.Fatalf("%s, one router stale and the other holding nothing: %+v, %v; want Unavailable", tr.Metric, d, err)
+		}
+	}
+	f.clock.Add(time.Second)
+	held("epp-0", 4)
+	if d, err := f.server.Evaluate(waiting); err != nil || d.Value != 4 || !d.Active {
+		t.Fatalf("waiting, the fresh router holding 4: %+v, %v; want 4", d, err)
+	}
+	if d, err := f.server.Evaluate(replicas); err != nil || d.Value != 1 {
+		t.Fatalf("replicas, the fresh router holding 4: %+v, %v; want 1", d, err)
+	}
+}
+
 // TestReplicasWaitingForRoomAreNoZero: a workload whose new replicas the
 // store refused for room (--max-pods, --max-pods-per-namespace) read as
 // the replicas held alone (a total, or the planner's load, short by the
