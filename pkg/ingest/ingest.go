@@ -145,6 +145,12 @@ var kinds = map[pulsev1.WorkloadKind]string{
 	pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM:            store.KindWorkload,
 }
 
+// shown is a tenant's string as pulse logs or answers it before it is
+// checked: printable, and cut past maxNameBytes (a refused entry's 4 MiB
+// name of control characters was logged whole, 24 MiB escaped, at every
+// reconnect).
+func shown(s string) string { return wire.Printable(wire.CleanText(s, maxNameBytes)) }
+
 // checkHello bounds a hello's strings before any is logged or kept: the
 // agent's version is on every line of its stream's log, its instance and
 // extra metric names are kept with each of its pods (a hello may be up to
@@ -184,7 +190,7 @@ func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*p
 		err = status.Error(codes.InvalidArgument, "hello names no node")
 	case boundNode != "" && hello.Node != boundNode:
 		s.m.rejected.WithLabelValues("other_node").Inc()
-		return nil, status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, hello.Node)
+		return nil, status.Errorf(codes.PermissionDenied, "the agent's token is bound to node %s, not %s", boundNode, shown(hello.Node))
 	case len(hello.ExtraMetrics) > s.limits.MaxExtraMetrics:
 		err = status.Errorf(codes.InvalidArgument, "hello names %d extra metrics; at most %d", len(hello.ExtraMetrics), s.limits.MaxExtraMetrics)
 	default:
@@ -502,7 +508,7 @@ func (st *streamState) refuseRepeat(p *pulsev1.Pod) {
 	st.srv.m.rejected.WithLabelValues("duplicate_id").Inc()
 	if st.logAllowed() {
 		st.logger().Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
-			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, "duplicate_id",
+			logging.KeyPod, shown(p.Namespace)+"/"+shown(p.Name), logging.KeyReason, "duplicate_id",
 			logging.KeyErr, fmt.Errorf("the catalogue lists pod id %d more than once: its first entry is taken, this one refused", p.Id))
 	}
 }
@@ -702,7 +708,7 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 	st.srv.m.rejected.WithLabelValues(reason).Inc()
 	if st.logAllowed() {
 		st.logger().Warn("catalogue entry rejected (logged at most ten a minute a stream; counted in pulse_aggregator_rejected_reports_total)",
-			logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
+			logging.KeyPod, shown(p.Namespace)+"/"+shown(p.Name), logging.KeyReason, reason, logging.KeyPodNode, node, logging.KeyErr, err)
 	}
 	if old, ok := st.ids[p.Id]; ok {
 		removed = append(removed, old)
@@ -756,7 +762,7 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 	for _, w := range p.Workloads {
 		kind, ok := kinds[w.Kind]
 		if !ok || w.Name == "" || len(w.Name) > maxNameBytes || !wire.IsName(w.Name) {
-			return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, w.Name)
+			return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: workload kind %v name %q is not valid", p.Namespace, p.Name, w.Kind, shown(w.Name))
 		}
 		info.Workloads = append(info.Workloads, store.Key{Namespace: p.Namespace, Kind: kind, Name: w.Name})
 	}

@@ -380,8 +380,16 @@ func TestAgentStringsAreBounded(t *testing.T) {
 	enc.Append(&b, &wire.Sample{Pod: 1, Missing: pulsev1.MissingReason_MISSING_REASON_TIMEOUT, Error: strings.Repeat("é", 1<<20)})
 	long := &pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: strings.Repeat("n", 1<<20),
 		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
-	if err := f.run(t, hello(), catalogue(pod(1, "a"), long), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
+	longWorkload := &pulsev1.Pod{Id: 3, Uid: "u3", Namespace: "ns", Name: "w",
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: strings.Repeat("\x01", 1<<20)}}}
+	if err := f.run(t, hello(), catalogue(pod(1, "a"), long, longWorkload), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &b}}); err != nil {
 		t.Fatalf("the stream ended: %v", err)
+	}
+	// The refused entries are logged with their names cut: a 1 MiB name
+	// was logged whole (a name of control characters six times its size,
+	// escaped), at every reconnect.
+	if logs := f.logs.String(); len(logs) > 16<<10 || strings.Count(logs, "reason=invalid_entry") != 2 {
+		t.Fatalf("%d bytes of log, %d refusals logged; want both, in under 16 KiB", len(logs), strings.Count(logs, "reason=invalid_entry"))
 	}
 	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
 	if len(v) != 1 || len(v[0].Pods) != 1 {
@@ -390,8 +398,8 @@ func TestAgentStringsAreBounded(t *testing.T) {
 	if e := v[0].Pods[0].Error; len(e) > 256 || !utf8.ValidString(e) || !strings.HasPrefix(e, "é") {
 		t.Fatalf("error kept: %d bytes, valid %v", len(e), utf8.ValidString(e))
 	}
-	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_entry")); got != 1 {
-		t.Fatalf("rejected invalid_entry = %v, want 1", got)
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_entry")); got != 2 {
+		t.Fatalf("rejected invalid_entry = %v, want 2", got)
 	}
 }
 

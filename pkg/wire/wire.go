@@ -217,8 +217,10 @@ func sendable(b *metric.Buckets) bool {
 	if checkBounds(b.Bounds) != nil || len(b.Counts) != len(b.Bounds) {
 		return false
 	}
-	for i := 1; i < len(b.Counts); i++ {
-		if quantizeCount(b.Counts[i]) < quantizeCount(b.Counts[i-1]) {
+	for i, c := range b.Counts {
+		// A NaN count, sent as 0, read as none where the page said nothing
+		// (docs/protocol.md: never sent); one first was sent.
+		if c != c || i > 0 && quantizeCount(c) < quantizeCount(b.Counts[i-1]) {
 			return false
 		}
 	}

@@ -376,6 +376,7 @@ func TestEncoderSendsNothingTheDecoderRefuses(t *testing.T) {
 		"one bucket":    {Bounds: []float64{inf}, Counts: []float64{5}},
 		"a NaN bound":   {Bounds: []float64{nan, inf}, Counts: []float64{1, 5}},
 		"a NaN count":   {Bounds: []float64{1, inf}, Counts: []float64{5, nan}},
+		"a NaN first":   {Bounds: []float64{1, inf}, Counts: []float64{nan, 5}},
 		"decreasing":    {Bounds: []float64{1, inf}, Counts: []float64{5, 3}},
 		"no +Inf":       {Bounds: []float64{1, 2}, Counts: []float64{1, 2}},
 		"counts differ": {Bounds: []float64{1, inf}, Counts: []float64{1}},
@@ -490,9 +491,10 @@ func TestNamesAndPrintable(t *testing.T) {
 
 // TestAnUnknownHistogramEnumIsRefused: docs/protocol.md (rule 6) says an
 // unknown histogram ends the stream as a malformed batch. Histogram 257
-// (or 258) is unknown, but decodeHist converts x.Histogram-1 to the
-// uint8 metric.Hist before it checks the range, so 257 wraps to TTFT and
-// 258 to ITL: the entry is taken as a known histogram.
+// (or 258) is unknown; decodeHist once converted x.Histogram-1 to the
+// uint8 metric.Hist before it checked the range, so that 257 wrapped to
+// TTFT and 258 to ITL, taken as known histograms. It checks the range
+// first.
 func TestAnUnknownHistogramEnumIsRefused(t *testing.T) {
 	for _, h := range []pulsev1.Histogram{3, 257, 258, 513} {
 		b := &pulsev1.SampleBatch{Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{0},

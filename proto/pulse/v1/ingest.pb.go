@@ -14,7 +14,7 @@
 //   - The metrics present in a sample form a bitmap (bit i: Metric i). It is
 //     sent as its XOR with the bitmap last sent for the same pod on the same
 //     stream, so an unchanged set costs nothing.
-//   - PodSample.values holds, for each present metric in ascending id order,
+//   - SampleBatch.values holds, for each present metric in ascending id order,
 //     a zigzag residual against a prediction from what was last sent for the
 //     same pod and metric on the same stream: for gauges the last value, for
 //     counters the last value plus the last increase. Before anything was
@@ -97,7 +97,7 @@ func (ProtocolVersion) EnumDescriptor() ([]byte, []int) {
 }
 
 // Metric is the canonical id of a value carried on the wire. The ids are the
-// bit positions in PodSample.present. Raw values only: rates, ratios and
+// bit positions of the present bitmap (SampleBatch.present_xor). Raw values only: rates, ratios and
 // interval means are derived by the aggregator from cumulative values.
 type Metric int32
 
@@ -582,7 +582,7 @@ type Hello struct {
 	// from an earlier stream of this node no longer apply.
 	AgentInstance string `protobuf:"bytes,4,opt,name=agent_instance,json=agentInstance,proto3" json:"agent_instance,omitempty"`
 	// Names of forwarded raw gauges (agent --extra-metric). Their values travel
-	// in PodSample.extra, in this order.
+	// in SampleBatch.extra (ExtraValues), in this order.
 	ExtraMetrics []string `protobuf:"bytes,5,rep,name=extra_metrics,json=extraMetrics,proto3" json:"extra_metrics,omitempty"`
 	// How often the agent wants its batches acknowledged: the aggregator acks
 	// a batch when at least this long has passed since its last ack on the

@@ -14,7 +14,7 @@
 //   - The metrics present in a sample form a bitmap (bit i: Metric i). It is
 //     sent as its XOR with the bitmap last sent for the same pod on the same
 //     stream, so an unchanged set costs nothing.
-//   - PodSample.values holds, for each present metric in ascending id order,
+//   - SampleBatch.values holds, for each present metric in ascending id order,
 //     a zigzag residual against a prediction from what was last sent for the
 //     same pod and metric on the same stream: for gauges the last value, for
 //     counters the last value plus the last increase. Before anything was
