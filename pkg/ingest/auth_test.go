@@ -500,6 +500,39 @@ func TestAnAPIErrorRefusesNoPod(t *testing.T) {
 	}
 }
 
+// TestAHeldPodKeepsItsPlaceWhenNotLookedUpAtAReconnect: an agent's
+// catalogue at a reconnect is full, and an entry in it whose lookup the
+// API could not answer (its claim past what the pod cache allows, the API
+// busy) was not held: the full catalogue unlisted the pod the store held,
+// its series dropped and its workload a replica short until a lookup
+// worked. It keeps its last admitted state, as in a catalogue of changes.
+func TestAHeldPodKeepsItsPlaceWhenNotLookedUpAtAReconnect(t *testing.T) {
+	c := fakeAPI()
+	f := newFixtureWith(t, runningReviewer(t, c))
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(pod(1, "mine"))); err != nil {
+		t.Fatal(err)
+	}
+	if !heldAs(f, "llama") {
+		t.Fatal("mine is not held")
+	}
+	var busy atomic.Int32
+	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		busy.Add(1)
+		return true, nil, apierrors.NewServiceUnavailable("the API is busy")
+	})
+	relabelled := pod(1, "mine")
+	relabelled.Workloads = workspace("qwen") // not what the pod cache has: looked up
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(relabelled)); err != nil {
+		t.Fatal(err)
+	}
+	if busy.Load() == 0 {
+		t.Fatal("the entry was not looked up")
+	}
+	if !heldAs(f, "llama") || heldAs(f, "qwen") {
+		t.Fatal("after the reconnect's catalogue: mine is not held as last admitted (llama)")
+	}
+}
+
 // podGets counts the pod GETs c was asked.
 func podGets(c *fake.Clientset) int {
 	n := 0

@@ -359,7 +359,8 @@ type streamState struct {
 	stream     store.Stream // the store's name for this stream
 	// unchecked are entries whose pod could not be looked up (the pod
 	// cache not synced, the lookups' rate taken, the API busy): not held
-	// (a held pod's entry keeps its last admitted state), their samples
+	// (a held pod's entry keeps its last admitted state, in a full
+	// catalogue too: heldBefore), their samples
 	// skipped, looked up again at a batch at most every uncheckedEvery.
 	// One such entry ended the stream, every other pod of the node
 	// unreported until its agent reconnected and listed them all again.
@@ -471,6 +472,14 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		listed[p.Id] = true
 		info, ok, err := st.admit(ctx, p, &removed)
 		if errors.Is(err, ErrLookupUnavailable) {
+			if held, ok := st.heldBefore(p, full); ok {
+				// Kept as last admitted, as a held pod's entry is in a
+				// catalogue of changes: a full one (at every reconnect)
+				// unlisted it, its series dropped and its workload a
+				// replica short, until a lookup worked.
+				st.ids[p.Id], st.names[p.Id] = p.Uid, p.Namespace+"/"+p.Name
+				infos, ids = append(infos, held), append(ids, p.Id)
+			}
 			st.uncheck(p, err)
 			if ctx.Err() == nil {
 				done, cancel := context.WithCancel(ctx)
@@ -499,6 +508,17 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		st.heard = true
 		st.srv.store.MarkHeard(st.hello.Node)
 	}
+}
+
+// heldBefore is what the store holds of p's pod, in a full catalogue
+// (whose stream's admitted entries were cleared), when its node's agent
+// listed it under p's name before.
+func (st *streamState) heldBefore(p *pulsev1.Pod, full bool) (store.PodInfo, bool) {
+	if !full {
+		return store.PodInfo{}, false
+	}
+	info, ok := st.srv.store.ListedOn(st.hello.Node, p.Uid)
+	return info, ok && info.Namespace == p.Namespace && info.Name == p.Name && info.Demand == p.Demand
 }
 
 // refuseRepeat refuses p, an entry whose id its catalogue listed before:
@@ -598,7 +618,7 @@ func (st *streamState) uncheck(p *pulsev1.Pod, err error) {
 	if _, again := st.unchecked[p.Id]; !again {
 		st.srv.m.rejected.WithLabelValues("auth_unavailable").Inc()
 		if st.logAllowed() {
-			st.logger().Info("catalogue entry not looked up now: looked up again at a batch", logging.KeyPod, p.Namespace+"/"+p.Name, logging.KeyErr, err)
+			st.logger().Info("catalogue entry not looked up now: looked up again at a batch", logging.KeyPod, shown(p.Namespace)+"/"+shown(p.Name), logging.KeyErr, err)
 		}
 	}
 	if len(st.unchecked) == 0 {

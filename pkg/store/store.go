@@ -761,6 +761,20 @@ func (p *pod) markUnready(now time.Time) {
 	}
 }
 
+// ListedOn is what the store holds of pod uid as node's agent listed it
+// (false when node's agent does not list it).
+func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.listed[node][uid]
+	if !ok {
+		return PodInfo{}, false
+	}
+	info := l.p.PodInfo
+	info.Workloads = slices.Clone(info.Workloads)
+	return info, true
+}
+
 // Remove records that node's agent no longer lists the pods uids; a pod that
 // no agent lists any more is removed.
 func (s *Store) Remove(node string, uids ...string) {
