@@ -319,7 +319,7 @@ func (a *Agent) scrapeLoop(ctx context.Context) {
 				// The wait for a slot is within the scrape's timeout: one
 				// tenant's stalling pages held every slot, and the other
 				// tenants' scrapes started late and ran late.
-				sctx, cancel := context.WithTimeout(withTenant(ctx, tgs[0].Namespace), a.opts.timeout())
+				sctx, cancel := context.WithDeadline(withTenant(ctx, tgs[0].Namespace), now.Add(a.opts.timeout())) // from the tick
 				defer cancel()
 				start := time.Now()
 				release, ok := slots.take(sctx)

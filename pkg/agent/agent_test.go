@@ -50,6 +50,15 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	// A timeout of the whole interval left a pod that never answers in
+	// flight at its next tick: scraped every other one.
+	for timeout, ok := range map[time.Duration]bool{0: true, 800 * time.Millisecond: true, time.Second: false, 2 * time.Second: false, -time.Second: false} {
+		o := NewOptions()
+		o.Aggregators, o.NodeName, o.ScrapeTimeout = []string{"aggregator:9090"}, "node-1", timeout
+		if err := o.Validate(); (err == nil) != ok || !ok && !strings.Contains(err.Error(), "--scrape-timeout") {
+			t.Errorf("--scrape-timeout %s at a 1s interval: %v; want it taken: %v", timeout, err, ok)
+		}
+	}
 }
 
 func newScraper(t *testing.T, maxBytes int64) *httpScraper {

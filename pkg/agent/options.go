@@ -132,8 +132,10 @@ func (o *Options) Validate() error {
 	if o.ScrapeInterval < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--scrape-interval %s is below 100ms", o.ScrapeInterval))
 	}
-	if o.ScrapeTimeout < 0 || o.ScrapeTimeout > o.ScrapeInterval {
-		errs = append(errs, fmt.Errorf("--scrape-timeout %s must be between 0 and --scrape-interval", o.ScrapeTimeout))
+	if o.ScrapeTimeout < 0 || o.ScrapeTimeout >= o.ScrapeInterval {
+		// A timeout of the whole interval left a pod that never answers
+		// in flight at its next tick, skipped: scraped every other one.
+		errs = append(errs, fmt.Errorf("--scrape-timeout %s must be at least 0 and below --scrape-interval %s (0: 80%% of it)", o.ScrapeTimeout, o.ScrapeInterval))
 	}
 	if o.MaxConcurrent < 1 {
 		errs = append(errs, errors.New("--max-concurrent-scrapes must be at least 1"))
