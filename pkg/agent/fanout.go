@@ -69,6 +69,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			<-dones[addr] // its last words (connected 0) before its series go
 			delete(cancels, addr)
 			delete(dones, addr)
+			delete(r.names, addr) // it grew by each rollout's pod IPs
 			a.streamersMu.Lock()
 			delete(a.streamers, addr)
 			a.streamersMu.Unlock()

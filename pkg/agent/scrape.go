@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -38,8 +39,11 @@ type ScrapeError struct {
 func (e *ScrapeError) Error() string { return e.Err.Error() }
 func (e *ScrapeError) Unwrap() error { return e.Err }
 
-// acceptHeader asks for the text format first and OpenMetrics second: pulse
-// reads both (see pkg/vllm), and the text format is the smaller page.
+// acceptHeader asks for the text format first and OpenMetrics second:
+// pulse reads both (see pkg/vllm), and the text format is the smaller
+// page. Servers that ignore q-values take it as asking for OpenMetrics
+// (prometheus_client's choose_encoder, which vLLM's and SGLang's pages
+// use, picks OpenMetrics whenever it is named), and pulse reads that.
 const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5"
 
 // acceptEncoding asks for the page uncompressed. On a pod network gzip costs
@@ -324,7 +328,7 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		// network's pace until the scrape's timeout, a CPU for each.
 		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
 		if err != nil {
-			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: gzip: %w", url, err)}
+			return classifyRead(ctx, url, err, s.maxBytes) // a timeout in the header is one
 		}
 		defer func() { _ = zr.Close() }()
 		body = zr
@@ -390,9 +394,15 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 
 // classifyRead is classify for a failed read of the page: a compressed
 // page past its bound is too large, not a failure of the network.
+// A gzip body that is not gzip (a bad header or checksum, corrupt deflate
+// data) is the page's fault, parse, not the network's: it read as connect.
 func classifyRead(ctx context.Context, url string, err error, maxBytes int64) error {
-	if errors.Is(err, errCompressedOver) {
+	var corrupt flate.CorruptInputError
+	switch {
+	case errors.Is(err, errCompressedOver):
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: compressed page is over %d bytes", url, maxBytes)}
+	case errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt):
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: compressed page: %w", url, err)}
 	}
 	return classify(ctx, url, err)
 }

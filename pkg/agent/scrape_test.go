@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -78,6 +80,33 @@ func TestAGzipPageOfNothingIsBounded(t *testing.T) {
 	var se *ScrapeError
 	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TOO_LARGE {
 		t.Fatalf("a page that inflates to nothing, sent without end: %v (the server wrote %d MiB), want it too large", err, written.Load()>>20)
+	}
+}
+
+// TestACorruptGzipPageIsAParseError: a gzip body that is not one (a bad
+// checksum, corrupt deflate data) is the page's fault, not the network's:
+// it was reported as connect.
+func TestACorruptGzipPageIsAParseError(t *testing.T) {
+	var page bytes.Buffer
+	zw := gzip.NewWriter(&page)
+	_, _ = zw.Write([]byte("vllm:num_requests_waiting{model_name=\"m\"} 3\n"))
+	_ = zw.Close()
+	good := page.Bytes()
+	badSum := bytes.Clone(good)
+	badSum[len(badSum)-8] ^= 0xff                                        // the CRC-32 of the trailer
+	badDeflate := append(bytes.Clone(good[:10]), 0x07, 0xff, 0xff, 0xff) // reserved block type 3
+	for name, body := range map[string][]byte{"a bad checksum": badSum, "corrupt deflate data": badDeflate} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = w.Write(body)
+		}))
+		_, err := newScraper(t, 1<<20).Scrape(context.Background(), srv.URL+"/metrics", nil, nil)
+		srv.Close()
+		var se *ScrapeError
+		if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_PARSE {
+			t.Errorf("%s: %v, want a parse error", name, err)
+		}
 	}
 }
 
