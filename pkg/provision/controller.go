@@ -355,6 +355,9 @@ func trimScaledObject(o any) (any, error) {
 		return o, nil // a tombstone: its object was trimmed when cached
 	}
 	out := scaler.TrimmedScaledObject(u)
+	// Being deleted (KEDA's finalizer holds it while it restores the
+	// target's scale): gone for disable, and not provisioned (reconcile).
+	out.SetDeletionTimestamp(u.GetDeletionTimestamp())
 	if Managed(u) {
 		out.SetLabels(map[string]string{LabelManagedBy: ManagedBy})
 		out.Object[specHashKey] = specHash(u.Object["spec"])
@@ -540,6 +543,13 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		return r.disable(ctx, k, ref, existing)
 	}
 	soName := k.Namespace + "/" + k.Name
+	if existing != nil && existing.GetDeletionTimestamp() != nil && perr == nil {
+		// Neither to update nor to create over: once it is gone, its
+		// delete event brings the workload back here. It read as
+		// provisioned (for as long as KEDA's operator was down).
+		r.report(k, ref, StateError, soName, fmt.Sprintf("ScaledObject %s is being deleted (its finalizers, KEDA's while it restores the workload's scale): provisioned again once it is gone", soName))
+		return nil
+	}
 	if perr != nil {
 		r.c.m.errors.WithLabelValues("invalid_annotation").Inc()
 		r.report(k, ref, StateInvalid, soName, perr.Error()+"; the ScaledObject is left as it was")
@@ -702,7 +712,9 @@ func (r *run) differs(existing, desired *unstructured.Unstructured) bool {
 // scaling it with its predecessor's settings.
 func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, existing *unstructured.Unstructured) error {
 	mine := func(so *unstructured.Unstructured) bool {
-		return so != nil && Managed(so) && (OwnedBy(so, ref.UID) || adopts(k, so))
+		// One being deleted is gone: deleted again, it counted as a write
+		// back, and toggling the annotation read as another writer's fight.
+		return so != nil && so.GetDeletionTimestamp() == nil && Managed(so) && (OwnedBy(so, ref.UID) || adopts(k, so))
 	}
 	if mine(existing) {
 		// Judged again as the API server has it, and deleted only as read

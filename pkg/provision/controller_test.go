@@ -1046,6 +1046,26 @@ func TestATakenOverScaledObjectIsNotTakenBack(t *testing.T) {
 	}
 }
 
+// turnOff counts the ScaledObject deletes asked from now, turns workload
+// name off and waits for it to be forgotten; the deletes asked meanwhile
+// are the count's.
+func (f *fixture) turnOff(name string) *atomic.Int32 {
+	f.t.Helper()
+	var deletes atomic.Int32
+	f.dyn.PrependReactor("delete", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
+		deletes.Add(1)
+		return false, nil, nil
+	})
+	f.annotate(deployments, "Deployment", name, map[string]string{AnnotationAutoscale: "false"})
+	f.waitFor("the workload turned off", func() error {
+		if s := f.state("Deployment", name); s.State != "" {
+			return fmt.Errorf("state %+v", s)
+		}
+		return nil
+	})
+	return &deletes
+}
+
 // TestATakenOverScaledObjectIsNotDeleted: as above, and the workload
 // turned off (a GitOps tool applying both) before the cache hears of the
 // hand-over. The delete judged ownership on the cached copy alone and
@@ -1055,24 +1075,41 @@ func TestATakenOverScaledObjectIsNotDeleted(t *testing.T) {
 	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	f.run()
 	f.waitFor("the ScaledObject", func() error { _, err := f.scaledObject("mine"); return err })
-	var deletes atomic.Int32
 	f.handedOver("mine")
-	f.dyn.PrependReactor("delete", "scaledobjects", func(k8stesting.Action) (bool, runtime.Object, error) {
-		deletes.Add(1)
-		return false, nil, nil
-	})
-	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "false"})
-	f.waitFor("the workload turned off", func() error {
-		if s := f.state("Deployment", "mine"); s.State != "" {
-			return fmt.Errorf("state %+v", s)
-		}
-		return nil
-	})
+	deletes := f.turnOff("mine")
 	if n := deletes.Load(); n != 0 {
 		t.Fatalf("%d deletes of a ScaledObject the API server has as another's", n)
 	}
 	if _, err := f.scaledObject("mine"); err != nil {
 		t.Fatalf("the tenant's ScaledObject: %v", err)
+	}
+}
+
+// TestAScaledObjectBeingDeletedIsGone: KEDA's finalizer holds a deleted
+// ScaledObject while it restores its target's scale. The cache's copy
+// had no deletionTimestamp: pulse's own, being deleted, read as
+// provisioned (for as long as KEDA's operator was down), and a workload
+// turned off deleted it again (a write back: toggling the annotation
+// read as another writer's fight). It is now gone for both.
+func TestAScaledObjectBeingDeletedIsGone(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitState("Deployment", "mine", StateProvisioned, "")
+	so, err := f.scaledObject("mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	so.SetDeletionTimestamp(&now)
+	so.SetFinalizers([]string{"finalizer.keda.sh"})
+	so.SetGeneration(so.GetGeneration() + 1)
+	if err := f.dyn.Tracker().Update(ScaledObjects, so, "demo"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("Deployment", "mine", StateError, "is being deleted")
+	deletes := f.turnOff("mine")
+	if n := deletes.Load(); n != 0 {
+		t.Fatalf("%d deletes of a ScaledObject being deleted", n)
 	}
 }
 
