@@ -85,6 +85,9 @@ type Agent struct {
 	nvmlReopenWait time.Duration
 	podRes         *gpu.PodResources
 	gpuPods        atomic.Pointer[gpuRead]
+	// listedAt: when each pod listed (by uid) was first listed, on this
+	// agent's clock (listedBefore).
+	listedAt atomic.Pointer[map[string]time.Time]
 
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -209,10 +212,19 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 	a.m.targets.Set(float64(len(ts)))
 	listed := make(map[string]bool, len(ts))
 	namespaces := map[string]bool{}
+	now, before := time.Now(), a.listedAt.Load()
+	listedAt := make(map[string]time.Time, len(ts))
 	for _, t := range ts {
 		listed[t.UID] = true
 		namespaces[t.Namespace] = true
+		listedAt[t.UID] = now
+		if before != nil {
+			if at, ok := (*before)[t.UID]; ok {
+				listedAt[t.UID] = at
+			}
+		}
 	}
+	a.listedAt.Store(&listedAt)
 	// The counter series' budget is shared among the namespaces listed:
 	// a fixed half for each let two namespaces' pages take it all, and
 	// every other namespace's counters were summed as their pages had
@@ -511,23 +523,28 @@ func (a *Agent) publish(r result) {
 	}
 }
 
-// gpuRead is one GPU read attributed to pods (by namespace/name): when it
-// began (NVML's read, then the kubelet's listing of the pods' devices)
-// and when it ended.
+// gpuRead is one GPU read attributed to pods (by namespace/name): when
+// what it read began (the read before it began: at long intervals NVML's
+// values are means since it), and when it ended.
 type gpuRead struct {
-	began, at time.Time
-	pods      map[string]gpu.PodGPU
+	from, at time.Time
+	pods     map[string]gpu.PodGPU
 }
 
-// createdBefore reports whether the pod created at created (its
-// creationTimestamp, whole seconds: it may have been created up to a
-// second later) existed when a GPU read began. The pod-resources API
-// names a pod, not its uid: a read from before a pod recreated under its
-// name (a StatefulSet's) was of the one it replaced, whose GPUs the values
-// are, and the new pod carried them for up to gpuStale intervals. An
-// unknown creation time (a static target) is before.
-func createdBefore(created, began time.Time) bool {
-	return created.IsZero() || created.Add(time.Second).Before(began)
+// listedBefore reports whether the agent listed pod uid before a GPU read
+// whose values are from from on. The pod-resources API names a pod, not
+// its uid: a read from before a pod recreated under its name (a
+// StatefulSet's) was of the one it replaced, whose GPUs the values are,
+// and the new pod carried them for up to gpuStale intervals. Both times
+// are this agent's clock (a pod's creationTimestamp is the API server's:
+// a node's clock ahead of it passed the predecessor's reads).
+func (a *Agent) listedBefore(uid string, from time.Time) bool {
+	listed := a.listedAt.Load()
+	if listed == nil {
+		return false
+	}
+	at, ok := (*listed)[uid]
+	return ok && at.Before(from)
 }
 
 // gpuStale: a GPU read older than this many scrape intervals is not sent
@@ -542,7 +559,7 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 		return
 	}
 	g, ok := r.pods[tg.Namespace+"/"+tg.Pod]
-	if !ok || !createdBefore(tg.Created, r.began) {
+	if !ok || !a.listedBefore(tg.UID, r.from) {
 		return
 	}
 	if g.HasUtilization {
@@ -607,8 +624,14 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 	t := time.NewTicker(a.opts.ScrapeInterval)
 	defer t.Stop()
 	failing, nvmlFailing := false, false
+	var last time.Time // when the last read began
 	for {
 		began := time.Now()
+		from := last
+		if from.IsZero() {
+			from = began
+		}
+		last = began
 		devs := a.readNVML(&nvmlFailing)
 		lctx, cancel := context.WithTimeout(ctx, a.opts.timeout())
 		pods, ambiguous, err := a.podRes.List(lctx)
@@ -634,7 +657,7 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 				a.m.unknownDevices.Add(float64(len(unknown)))
 				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)
 			}
-			a.gpuPods.Store(&gpuRead{began: began, at: time.Now(), pods: byPod})
+			a.gpuPods.Store(&gpuRead{from: from, at: time.Now(), pods: byPod})
 		}
 		select {
 		case <-ctx.Done():

@@ -544,33 +544,42 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestAGPUReadFromBeforeAPodsCreationIsNotItsOwn: the pod-resources API
+// TestAGPUReadFromBeforeAPodIsListedIsNotItsOwn: the pod-resources API
 // names a pod, not its uid; a pod recreated under its name (a
 // StatefulSet's) carried its predecessor's GPU values, from a read begun
-// before it existed, for up to gpuStale intervals. A read counts for a
-// pod only once it began past its creation (whole seconds, so a second
-// past it).
-func TestAGPUReadFromBeforeAPodsCreationIsNotItsOwn(t *testing.T) {
-	a := &Agent{opts: NewOptions()}
-	began := time.Now().Truncate(time.Second)
-	a.gpuPods.Store(&gpuRead{began: began, at: began, pods: map[string]gpu.PodGPU{
+// before it existed, for up to gpuStale intervals. A read counts for a pod
+// only if what it read began after the agent listed the pod (one clock:
+// a pod's creationTimestamp is the API server's).
+func TestAGPUReadFromBeforeAPodIsListedIsNotItsOwn(t *testing.T) {
+	a := newIdleAgent(t)
+	a.SetTargets([]discovery.Target{{UID: "uid-old", Namespace: "demo", Pod: "llama-0"}})
+	from := time.Now().Add(time.Millisecond)
+	a.gpuPods.Store(&gpuRead{from: from, at: from, pods: map[string]gpu.PodGPU{
 		"demo/llama-0": {Utilization: 0.5, HasUtilization: true, Memory: 0.25, HasMemory: true}}})
-	for _, c := range []struct {
-		name    string
-		created time.Time
-		want    bool
-	}{
-		{"a static target (no creation time)", time.Time{}, true},
-		{"created well before the read", began.Add(-time.Minute), true},
-		{"created in the second before the read (maybe after it)", began.Add(-time.Second), false},
-		{"created after the read began", began.Add(time.Second), false},
-	} {
+	read := func(uid string) (float64, bool, float64, bool) {
 		var page vllm.Page
-		a.addGPU(discovery.Target{Namespace: "demo", Pod: "llama-0", Created: c.created}, &page)
+		a.addGPU(discovery.Target{UID: uid, Namespace: "demo", Pod: "llama-0"}, &page)
 		u, hasU := page.Get(metric.GPUUtilization)
 		m, hasM := page.Get(metric.GPUMemoryUsage)
-		if hasU != c.want || hasM != c.want || (c.want && (u != 0.5 || m != 0.25)) {
-			t.Errorf("%s: utilization %v (%v), memory %v (%v); want the read's values: %v", c.name, u, hasU, m, hasM, c.want)
-		}
+		return u, hasU, m, hasM
+	}
+	if u, hasU, m, hasM := read("uid-old"); !hasU || !hasM || u != 0.5 || m != 0.25 {
+		t.Fatalf("the pod listed before the read: utilization %v (%v), memory %v (%v); want the read's", u, hasU, m, hasM)
+	}
+	// Recreated under its name, listed after the read began: not its own.
+	began := time.Now()
+	a.SetTargets([]discovery.Target{{UID: "uid-new", Namespace: "demo", Pod: "llama-0"}})
+	a.gpuPods.Store(&gpuRead{from: began, at: began, pods: map[string]gpu.PodGPU{
+		"demo/llama-0": {Utilization: 0.5, HasUtilization: true, Memory: 0.25, HasMemory: true}}})
+	if _, hasU, _, hasM := read("uid-new"); hasU || hasM {
+		t.Fatal("the pod recreated under its name read its predecessor's GPU values")
+	}
+	// A read begun after it was listed is its own; listed again, it keeps
+	// its first listing.
+	a.SetTargets([]discovery.Target{{UID: "uid-new", Namespace: "demo", Pod: "llama-0"}})
+	from = time.Now().Add(time.Millisecond)
+	a.gpuPods.Store(&gpuRead{from: from, at: from, pods: map[string]gpu.PodGPU{"demo/llama-0": {Utilization: 0.75, HasUtilization: true}}})
+	if u, hasU, _, _ := read("uid-new"); !hasU || u != 0.75 {
+		t.Fatalf("a read begun after the pod was listed: %v (%v), want 0.75", u, hasU)
 	}
 }
