@@ -369,6 +369,13 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		}
 		return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
 	}
+	if p.Ready == 0 {
+		// Replicas starting or stopping alone: the routers' demand is
+		// the whole of it, as with none listed (noReplica).
+		if err := silentRouters(in.Demand); err != nil {
+			return Plan{}, st, err
+		}
+	}
 	// Since is the first plan's time: not an error's (a workload whose
 	// agent was lost for the hold after a restart, then back, would be
 	// planned below its ready replicas at its first observation).
@@ -1102,10 +1109,8 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	if why := implausibleDemand(d); why != "" {
 		return Plan{}, st, fmt.Errorf("%w: no replica, and %s", ErrRefused, why)
 	}
-	if d.Stale > 0 && d.Held+d.Arrived == 0 {
-		// What the stale ones hold is unknown: never a 0 that keeps the
-		// workload at zero while a router on a lost node holds requests.
-		return Plan{}, st, fmt.Errorf("%w: no replica; its %d demand sources that report hold no request, and %d have not reported within staleAfter", ErrStale, d.Sources, d.Stale)
+	if err := silentRouters(d); err != nil {
+		return Plan{}, st, err
 	}
 	if st.Since.IsZero() {
 		st.Since = in.At // a plan: the hold counts from it
@@ -1181,6 +1186,18 @@ func implausible(l *store.PodLoad) string {
 		return "no requests-waiting gauge in its window (absent from its page, or every value refused)"
 	}
 	return ""
+}
+
+// silentRouters is the error for a workload with no ready replica whose
+// routers that report hold and saw nothing while others, ready, have not
+// reported (their agent lost): what those hold is unknown, never a 0 that
+// keeps the workload at zero while they hold its requests. A router
+// starting or stopping (listed, not scraped) holds none.
+func silentRouters(d store.DemandValue) error {
+	if d.Silent == 0 || d.Held+d.Arrived > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: no ready replica; its %d demand sources that report hold no request, and %d of ready routers have not reported within staleAfter", ErrStale, d.Sources, d.Silent)
 }
 
 // routersQueued is the requests the routers hold, and with no replica

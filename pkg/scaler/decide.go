@@ -389,12 +389,13 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 // at zero while a router on a lost node held its requests. Demand the
 // fresh ones report is answered (a scale-up the stale ones can only add
 // to).
+// A router starting or stopping (listed, not scraped) holds none.
 func staleDemand(t Trigger, dv store.DemandValue) error {
-	if dv.Stale == 0 || dv.Held+dv.Arrived > 0 {
+	if dv.Silent == 0 || dv.Held+dv.Arrived > 0 {
 		return nil
 	}
-	return status.Errorf(codes.Unavailable, "%s: no replica ready; its %d demand sources that report hold no request, and %d have not reported within staleAfter %s: no value, rather than 0",
-		describe(t), dv.Sources, dv.Stale, t.StaleAfter)
+	return status.Errorf(codes.Unavailable, "%s: no replica ready; its %d demand sources that report hold no request, and %d of ready routers have not reported within staleAfter %s: no value, rather than 0",
+		describe(t), dv.Sources, dv.Silent, t.StaleAfter)
 }
 
 // demandOnly is the decision of a waiting trigger whose workload has no

@@ -680,7 +680,7 @@ func TestAStaleRouterIsNoZero(t *testing.T) {
 	held("epp-0", 0) // epp-1's agent is lost
 	for _, tr := range []Trigger{waiting, replicas} {
 		d, err := f.server.Evaluate(tr)
-		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "1 have not reported within staleAfter") {
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "1 of ready routers have not reported within staleAfter") {
 			t.Fatalf("%s, one router stale and the other holding nothing: %+v, %v; want Unavailable", tr.Metric, d, err)
 		}
 	}
@@ -691,6 +691,29 @@ func TestAStaleRouterIsNoZero(t *testing.T) {
 	}
 	if d, err := f.server.Evaluate(replicas); err != nil || d.Value != 1 {
 		t.Fatalf("replicas, the fresh router holding 4: %+v, %v; want 1", d, err)
+	}
+	// A replica starting (woken by epp-1's requests): the planner planned
+	// from epp-0's 0, and KEDA scaled the replica away while epp-1 held
+	// them.
+	f.clock.Add(time.Second)
+	held("epp-0", 0)
+	_, _ = f.store.OpenSource("node-1")
+	f.addStarting("llama", 1)
+	for _, tr := range []Trigger{waiting, replicas} {
+		d, err := f.server.Evaluate(tr)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "1 of ready routers have not reported") {
+			t.Fatalf("%s, a replica starting, one router stale and the other holding nothing: %+v, %v; want Unavailable", tr.Metric, d, err)
+		}
+	}
+	// A router starting or stopping (listed, not scraped) holds nothing:
+	// a rollout of the routers is no error.
+	notReady := router("epp-1")
+	notReady.Ready = false
+	f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router("epp-0"), notReady}, false)
+	for _, tr := range []Trigger{waiting, replicas} {
+		if d, err := f.server.Evaluate(tr); err != nil {
+			t.Fatalf("%s, the stale router not ready: %+v, %v; want the fresh one's answer", tr.Metric, d, err)
+		}
 	}
 }
 

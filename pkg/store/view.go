@@ -384,8 +384,11 @@ type DemandValue struct {
 	Held float64
 	// Arrived: requests that arrived at the routers over the window.
 	Arrived float64
-	// Stale is the number of demand entries with no fresh sample.
-	Stale int
+	// Stale is the number of demand entries with no fresh sample; Silent,
+	// of those, the entries of routers ready and not terminating (which
+	// their agents scrape: not one starting or stopping, whose agent
+	// lists it unscraped).
+	Stale, Silent int
 }
 
 // Demand reads the demand sources of workload k: held requests from each
@@ -409,6 +412,9 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 		}
 		if p.lastSeen.IsZero() || p.get().missing != "" || now.Sub(p.lastSeen) > freshFor {
 			d.Stale++
+			if p.Ready && !p.Terminating {
+				d.Silent++
+			}
 			continue
 		}
 		d.Sources++
