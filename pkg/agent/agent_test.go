@@ -51,12 +51,15 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 	// A timeout of the whole interval left a pod that never answers in
-	// flight at its next tick: scraped every other one.
-	for timeout, ok := range map[time.Duration]bool{0: true, 800 * time.Millisecond: true, time.Second: false, 2 * time.Second: false, -time.Second: false} {
+	// flight at its next tick: scraped every other one. It is taken as
+	// 90% of the interval (refused, agents upgraded with it crash-looped).
+	for timeout, want := range map[time.Duration]time.Duration{0: 800 * time.Millisecond, 500 * time.Millisecond: 500 * time.Millisecond,
+		time.Second: 900 * time.Millisecond, 2 * time.Second: -1, -time.Second: -1} {
 		o := NewOptions()
 		o.Aggregators, o.NodeName, o.ScrapeTimeout = []string{"aggregator:9090"}, "node-1", timeout
-		if err := o.Validate(); (err == nil) != ok || !ok && !strings.Contains(err.Error(), "--scrape-timeout") {
-			t.Errorf("--scrape-timeout %s at a 1s interval: %v; want it taken: %v", timeout, err, ok)
+		err := o.Validate()
+		if ok := want >= 0; (err == nil) != ok || !ok && !strings.Contains(err.Error(), "--scrape-timeout") || ok && o.timeout() != want {
+			t.Errorf("--scrape-timeout %s at a 1s interval: %v, timeout %s; want %s (-1: refused)", timeout, err, o.timeout(), want)
 		}
 	}
 }

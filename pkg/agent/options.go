@@ -132,10 +132,8 @@ func (o *Options) Validate() error {
 	if o.ScrapeInterval < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--scrape-interval %s is below 100ms", o.ScrapeInterval))
 	}
-	if o.ScrapeTimeout < 0 || o.ScrapeTimeout >= o.ScrapeInterval {
-		// A timeout of the whole interval left a pod that never answers
-		// in flight at its next tick, skipped: scraped every other one.
-		errs = append(errs, fmt.Errorf("--scrape-timeout %s must be at least 0 and below --scrape-interval %s (0: 80%% of it)", o.ScrapeTimeout, o.ScrapeInterval))
+	if o.ScrapeTimeout < 0 || o.ScrapeTimeout > o.ScrapeInterval {
+		errs = append(errs, fmt.Errorf("--scrape-timeout %s must be between 0 and --scrape-interval %s (0: 80%% of it)", o.ScrapeTimeout, o.ScrapeInterval))
 	}
 	if o.MaxConcurrent < 1 {
 		errs = append(errs, errors.New("--max-concurrent-scrapes must be at least 1"))
@@ -162,8 +160,14 @@ func (o *Options) Validate() error {
 }
 
 // timeout is the effective per-scrape timeout.
+// A timeout of the whole interval is taken as 90% of it: a pod that
+// never answered was still in flight at its next tick, skipped, scraped
+// every other one (refusing it would crash-loop agents upgraded with it).
 func (o *Options) timeout() time.Duration {
-	if o.ScrapeTimeout > 0 {
+	switch {
+	case o.ScrapeTimeout >= o.ScrapeInterval:
+		return o.ScrapeInterval * 9 / 10
+	case o.ScrapeTimeout > 0:
 		return o.ScrapeTimeout
 	}
 	return o.ScrapeInterval * 8 / 10

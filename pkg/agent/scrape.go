@@ -328,6 +328,10 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		// network's pace until the scrape's timeout, a CPU for each.
 		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
 		if err != nil {
+			if ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+				// No body, or one cut in its header: the page's fault.
+				err = gzip.ErrHeader
+			}
 			return classifyRead(ctx, url, err, s.maxBytes) // a timeout in the header is one
 		}
 		defer func() { _ = zr.Close() }()
