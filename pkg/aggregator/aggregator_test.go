@@ -113,6 +113,13 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	// A namespace is a label, not a subdomain: keda.system passed, and
+	// every certificate write failed.
+	o = NewOptions()
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames, o.Certs.KEDANamespace = true, "pulse.system", []string{"pulse-aggregator.pulse-system.svc"}, "keda.system"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--namespace "pulse.system"`) || !strings.Contains(err.Error(), `--keda-namespace "keda.system"`) {
+		t.Errorf("Validate() = %v, want it to name --namespace and --keda-namespace", err)
+	}
 	// A certificate's name it cannot carry (not ASCII: issuing failed every
 	// 10 s, for ever) or no client asks for (a port in it); a Lease's name
 	// or namespace the API server refuses (no replica ever led). A

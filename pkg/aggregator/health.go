@@ -107,7 +107,16 @@ type health struct {
 	stopping atomic.Bool
 	mu       sync.Mutex
 	checks   []readyCheck
+	// watchers counts the Watch streams open, at most maxWatchers.
+	watchers atomic.Int32
 }
+
+// maxWatchers bounds the health Watch streams open on both gRPC ports
+// together. Nothing authenticates one (the kubelet's probes call Check):
+// each lived until the server stopped, held a goroutine reading the
+// checks every second, and kept its connection from the ingest port's
+// idle close; a client of any pod opened them without end.
+const maxWatchers = 32
 
 type readyCheck struct {
 	name string
@@ -184,7 +193,14 @@ func (h *health) Check(_ context.Context, req *healthpb.HealthCheckRequest) (*he
 }
 
 // Watch sends the status at once and on every change (checked every second).
+// At most maxWatchers are open at once; past it a Watch is
+// ResourceExhausted.
 func (h *health) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if h.watchers.Add(1) > maxWatchers {
+		h.watchers.Add(-1)
+		return status.Errorf(codes.ResourceExhausted, "%d health watches are open, the most the aggregator holds: call Check", maxWatchers)
+	}
+	defer h.watchers.Add(-1)
 	var last healthpb.HealthCheckResponse_ServingStatus = -1
 	t := time.NewTicker(time.Second)
 	defer t.Stop()

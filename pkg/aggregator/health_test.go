@@ -628,3 +628,51 @@ func TestAnIdleAgentConnectionEnds(t *testing.T) {
 		t.Fatal("an idle agent stream outlived its connection's age")
 	}
 }
+
+// TestHealthWatchesAreBounded: nothing authenticates a health Watch (the
+// kubelet's probes call Check), and each lived until the server stopped,
+// a goroutine reading the checks every second: a client of any pod
+// opened them without end. At most maxWatchers are open; past it a Watch
+// is ResourceExhausted, and one that ends gives its place back.
+func TestHealthWatchesAreBounded(t *testing.T) {
+	h := newHealth(time.Second)
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, h)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	client := healthpb.NewHealthClient(dial(t, ln.Addr().String()))
+	watch := func(ctx context.Context) error {
+		w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first, cancelFirst := context.WithCancel(ctx)
+	if err := watch(first); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < maxWatchers; i++ {
+		if err := watch(ctx); err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	if err := watch(ctx); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("watch %d: %v, want ResourceExhausted", maxWatchers+1, err)
+	}
+	cancelFirst()
+	for deadline := time.Now().Add(10 * time.Second); h.watchers.Load() >= maxWatchers; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the ended watch kept its place")
+		}
+	}
+	if err := watch(ctx); err != nil {
+		t.Fatalf("a watch once one ended: %v", err)
+	}
+}

@@ -363,8 +363,14 @@ func (o *ManagedCertOptions) Validate() error {
 	}
 	// Names of objects the aggregator writes: empty, each write failed
 	// every 10 s and the replica never became ready.
-	for _, n := range []struct{ flag, value string }{{"--cert-secret", o.Secret}, {"--keda-namespace", o.KEDANamespace}, {"--trigger-auth-name", o.TriggerAuthName}} {
+	for _, n := range []struct{ flag, value string }{{"--cert-secret", o.Secret}, {"--trigger-auth-name", o.TriggerAuthName}} {
 		if msgs := validation.IsDNS1123Subdomain(n.value); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
+		}
+	}
+	// Namespaces are labels, not subdomains (keda.system passed).
+	for _, n := range []struct{ flag, value string }{{"--namespace", o.Namespace}, {"--keda-namespace", o.KEDANamespace}} {
+		if msgs := validation.IsDNS1123Label(n.value); len(msgs) > 0 && (n.value != "" || n.flag == "--keda-namespace") { // --namespace's absence is said above
 			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
 		}
 	}

@@ -100,8 +100,13 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// wantsTable: ?format= decides; without it, an Accept of text/plain (an
+// explicit ?format=json was answered a table to such a client).
 func wantsTable(r *http.Request) bool {
-	return r.URL.Query().Get("format") == "table" || strings.HasPrefix(r.Header.Get("Accept"), "text/plain")
+	if f := r.URL.Query().Get("format"); f != "" {
+		return f == "table"
+	}
+	return strings.HasPrefix(r.Header.Get("Accept"), "text/plain")
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -120,6 +120,11 @@ func TestTableAndErrors(t *testing.T) {
 	if code, _ := get(t, srv.URL+"/debug/workloads?format=json", ""); code != 200 {
 		t.Errorf("format=json: %d", code)
 	}
+	// An explicit format decides over Accept: format=json was answered a
+	// table to a client that accepts text/plain.
+	if code, body := get(t, srv.URL+"/debug/workloads?format=json", "text/plain"); code != 200 || !strings.HasPrefix(strings.TrimSpace(body), "[") && !strings.HasPrefix(strings.TrimSpace(body), "{") {
+		t.Errorf("format=json with Accept text/plain: %d\n%s", code, body)
+	}
 }
 
 // TestTriggers: /debug/triggers shows each trigger's last answer: its value,
