@@ -388,6 +388,12 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 	}
 	nodes, pods := st.User.Extra[NodeClaim], st.User.Extra[PodClaim]
 	if len(nodes) != 1 || nodes[0] == "" || len(pods) != 1 || pods[0] == "" {
+		// The node-name extra is set from Kubernetes 1.30
+		// (ServiceAccountTokenPodNodeInfo): before, every agent was
+		// refused with no word of why.
+		if len(pods) == 1 && pods[0] != "" && len(nodes) == 0 {
+			return "", fmt.Errorf("%w: the token names its pod but no node: the API server sets %s from Kubernetes 1.30 (feature gate ServiceAccountTokenPodNodeInfo); before it, use --agent-auth=none on a trusted network", ErrUnauthenticated, NodeClaim)
+		}
 		return "", fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
 	}
 	return nodes[0], nil

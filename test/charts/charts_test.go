@@ -292,3 +292,48 @@ func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
 		t.Errorf("timing alone: %v\n%s", err, out)
 	}
 }
+
+// TestServiceNamesFitAndTheClusterDomain: a suffix after a full name of up
+// to 63 bytes made a Service's name past the 63 Kubernetes allows (the
+// install failed at a release name of 40 bytes); the cluster's domain was
+// cluster.local in every name the chart wrote (provisioned ScaledObjects
+// named an address no other domain resolves); and a ServiceAccount not
+// made and not named bound the roles to the namespace's default one.
+func TestServiceNamesFitAndTheClusterDomain(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	serviceNames := regexp.MustCompile(`(?m)^kind: Service\nmetadata:\n  name: (\S+)`)
+	for _, c := range []struct {
+		chart string
+		args  []string
+	}{
+		{"aggregator", []string{"--set", "fullnameOverride=" + long, "--set", "clusterDomain=example.org", "--set", "provisioning.enabled=true"}},
+		{"daemonset", []string{"--set", "fullnameOverride=" + long, "--set", "serviceMonitor.enabled=true"}},
+	} {
+		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%.800s", c.chart, err, out)
+		}
+		names := serviceNames.FindAllStringSubmatch(out, -1)
+		if len(names) < 1 {
+			t.Fatalf("%s: no Service rendered", c.chart)
+		}
+		for _, n := range names {
+			if len(n[1]) > 63 {
+				t.Errorf("%s: Service %s is %d bytes, past 63", c.chart, n[1], len(n[1]))
+			}
+		}
+		if c.chart == "aggregator" && (!strings.Contains(out, "--provision-scaler-address="+long+".pulse-system.svc.example.org:") || strings.Contains(out, "cluster.local")) {
+			t.Errorf("aggregator: the names do not use clusterDomain example.org:\n%s", out)
+		}
+	}
+	for _, chart := range []string{"aggregator", "daemonset"} {
+		dir := filepath.Join(root, "deploy", chart)
+		out, err := render(t, dir, "--set", "serviceAccount.create=false")
+		if err == nil || !strings.Contains(out, "needs serviceAccount.name") {
+			t.Errorf("%s: no ServiceAccount made or named, with RBAC: %v, want it refused\n%.500s", chart, err, out)
+		}
+		if out, err := render(t, dir, "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=mine"); err != nil || !strings.Contains(out, "serviceAccountName: mine") {
+			t.Errorf("%s: a ServiceAccount named: %v\n%.500s", chart, err, out)
+		}
+	}
+}

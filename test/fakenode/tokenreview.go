@@ -17,6 +17,9 @@ type Token struct {
 	// AudienceUnaware: the review answers no audience, as an authenticator
 	// that does not check them.
 	AudienceUnaware bool
+	// PodOnly: the token names its pod and no node, as an API server
+	// before Kubernetes 1.30 answers (Node unused).
+	PodOnly bool
 }
 
 // PodClaim is the TokenReview extra that names a pod-bound token's pod.
@@ -38,7 +41,10 @@ func TokenReviews(c *fake.Clientset, audience string, tokens map[string]Token) {
 			if !tok.AudienceUnaware {
 				tr.Status.Audiences = []string{audience}
 			}
-			if tok.Node != "" {
+			if tok.PodOnly {
+				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{PodClaim: {"agent"}}
+			}
+			if tok.Node != "" && !tok.PodOnly {
 				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{NodeClaim: {tok.Node}}
 				if !tok.NotPodBound {
 					tr.Status.User.Extra[PodClaim] = authenticationv1.ExtraValue{"agent-on-" + tok.Node}

@@ -37,9 +37,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "pulse-aggregator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "pulse-aggregator.fullname" .) .Values.serviceAccount.name }}
+{{- else if .Values.serviceAccount.name }}
+{{- .Values.serviceAccount.name }}
+{{- else if .Values.rbac.create }}
+{{- fail "serviceAccount.create=false with rbac.create=true needs serviceAccount.name: the roles would be bound to the namespace's default ServiceAccount, and every pod running as it" }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- "default" }}
 {{- end }}
+{{- end }}
+
+{{/*
+The full name with a suffix, within the 63 bytes of a Service's name (the
+full name cut to make room).
+*/}}
+{{- define "pulse-aggregator.suffixed" -}}
+{{- $name := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" ($name | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
 {{- end }}
 
 {{/*
