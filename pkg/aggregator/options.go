@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -82,6 +83,14 @@ func (o *Options) Validate() error {
 	}
 	if o.Provision.Enabled && o.ScalerTLS.CertFile != "" && o.Provision.TriggerAuth == "" {
 		errs = append(errs, errors.New("--provision-scaledobjects with --tls-cert-file needs --provision-trigger-auth: KEDA reaches a TLS scaler only through a ClusterTriggerAuthentication holding its CA, and every provisioned ScaledObject would fail"))
+	}
+	if o.Provision.Enabled && o.Certs.Enabled {
+		// KEDA checks the scaler's certificate against the address's host:
+		// one the managed certificate does not name failed every
+		// provisioned ScaledObject.
+		if host, _, err := net.SplitHostPort(o.Provision.ScalerAddress); err == nil && !certNames(host, o.Certs.DNSNames, o.Certs.IPs) {
+			errs = append(errs, fmt.Errorf("--provision-scaler-address %q: its host is not among the managed certificate's --cert-dns-name or --cert-ip, and KEDA would refuse the certificate", o.Provision.ScalerAddress))
+		}
 	}
 	if o.Serving.HTTPTLS && !o.IngestTLS.Managed && o.IngestTLS.CertFile == "" {
 		errs = append(errs, errors.New("--http-tls serves the ingest port's certificate: it needs --ingest-managed-tls or --ingest-tls-cert-file"))
@@ -342,6 +351,18 @@ func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
 	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
 	fs.StringVar(&o.CAConfigMap, "ca-configmap", o.CAConfigMap, "--manage-certs: a ConfigMap (in --namespace) where the CA's certificate is published for the agents (--ingest-managed-tls); empty: not published")
+}
+
+// certNames reports whether a certificate for names and ips is valid for
+// host (a wildcard names one label, as x509 matches it).
+func certNames(host string, names, ips []string) bool {
+	c := &x509.Certificate{DNSNames: names}
+	for _, ip := range ips {
+		if p := net.ParseIP(ip); p != nil {
+			c.IPAddresses = append(c.IPAddresses, p)
+		}
+	}
+	return c.VerifyHostname(host) == nil
 }
 
 // Validate reports the group's problems.

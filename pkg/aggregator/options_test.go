@@ -1,6 +1,9 @@
 package aggregator
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestAnAddressWithoutAPortIsRefused: the addresses were checked with
 // net.SplitHostPort alone, which takes "host:" (no port) and ":port" (no
@@ -26,6 +29,31 @@ func TestAnAddressWithoutAPortIsRefused(t *testing.T) {
 		c.set(o)
 		if err := o.Validate(); err == nil {
 			t.Errorf("%s: accepted, want refused (no port, or no host)", c.flag)
+		}
+	}
+}
+
+// TestAProvisionedAddressTheManagedCertificateNames: KEDA checks the
+// scaler's certificate against the scalerAddress's host; with
+// --manage-certs, one the certificate does not name failed every
+// provisioned ScaledObject (refused at the start, as --tls-cert-file's
+// case is). A wildcard names one label; an IP is taken as one.
+func TestAProvisionedAddressTheManagedCertificateNames(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"pulse-aggregator.pulse-system.svc:9090":               true,
+		"pulse-aggregator.pulse-system.svc.cluster.local:9090": false,
+		"other.pulse-system.svc:9090":                          true, // the wildcard's
+		"a.b.pulse-system.svc:9090":                            false,
+		"10.0.0.7:9090":                                        true,
+		"10.0.0.8:9090":                                        false,
+	} {
+		o := NewOptions()
+		o.Certs.Enabled, o.Certs.Namespace = true, "pulse-system"
+		o.Certs.DNSNames, o.Certs.IPs = []string{"pulse-aggregator.pulse-system.svc", "*.pulse-system.svc"}, []string{"10.0.0.7"}
+		o.Provision.Enabled, o.Provision.ScalerAddress = true, addr
+		err := o.Validate()
+		if refused := err != nil && strings.Contains(err.Error(), "is not among the managed certificate's"); refused == ok {
+			t.Errorf("%s: %v; want it taken: %v", addr, err, ok)
 		}
 	}
 }
