@@ -337,3 +337,19 @@ func TestServiceNamesFitAndTheClusterDomain(t *testing.T) {
 		}
 	}
 }
+
+// TestTheNetworkPolicyLetsInTheAgentsNamespaces: agents whose
+// ServiceAccounts (agentAuth.serviceAccounts) are in another namespace,
+// where NOTES installs them, were let in from the release namespace
+// alone: every ingest connection was dropped.
+func TestTheNetworkPolicyLetsInTheAgentsNamespaces(t *testing.T) {
+	dir := filepath.Join(root, "deploy", "aggregator")
+	out, err := render(t, dir, "--set", "agentAuth.serviceAccounts={agents/pulse-agent,other/pulse-agent}", "--show-only", "templates/networkpolicy.yaml")
+	if err != nil || !strings.Contains(out, `values: ["agents","other"]`) {
+		t.Errorf("agents in namespaces agents and other: %v\n%s", err, out)
+	}
+	out, err = render(t, dir, "--show-only", "templates/networkpolicy.yaml")
+	if err != nil || strings.Contains(out, "key: kubernetes.io/metadata.name") {
+		t.Errorf("agents in the release namespace: %v, want no namespaceSelector for them\n%s", err, out)
+	}
+}
