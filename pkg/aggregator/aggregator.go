@@ -89,7 +89,24 @@ func (a *Aggregator) HTTPAddr() string { return a.httpLn.Addr().String() }
 func (a *Aggregator) Run(ctx context.Context) error {
 	a.log.Info("aggregator listening", logging.KeyIngest, a.IngestAddr(), logging.KeyScaler, a.ScalerAddr(),
 		logging.KeyHTTP, a.HTTPAddr(), logging.KeyVersion, version.Version)
-	g, gctx := errgroup.WithContext(ctx)
+	// The loops behind the answers (the caches, the learner, the
+	// housekeeping, the certificates) run until the stop has ended, not
+	// from the signal: the replica answers KEDA through --shutdown-delay
+	// and the drain, and a ScaledObject made meanwhile was Unavailable, a
+	// pod relabelled read from a frozen cache. The provisioner alone stops
+	// at the signal (it gives its Lease back at once).
+	bg, stopped := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopped()
+	g, gctx := errgroup.WithContext(bg)
+	signalled, cancelSignalled := context.WithCancel(gctx)
+	defer cancelSignalled()
+	go func() {
+		select {
+		case <-ctx.Done():
+			cancelSignalled()
+		case <-signalled.Done():
+		}
+	}()
 	if a.resolver != nil {
 		g.Go(func() error { a.resolver.Run(gctx); return nil })
 		// Every replica learns every planner trigger it watches, not only
@@ -104,7 +121,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			g.Go(func() error { return a.managed.Run(gctx) })
 		}
 		if a.provisioner != nil {
-			g.Go(func() error { return a.provisioner.RunElected(gctx, a.election) })
+			g.Go(func() error { return a.provisioner.RunElected(signalled, a.election) })
 		}
 	}
 	if a.owner != nil {
@@ -151,8 +168,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		<-gctx.Done()
+		<-signalled.Done() // the signal, or a part that failed
 		a.stop()
+		stopped()
 		return nil
 	})
 	err := g.Wait()

@@ -676,3 +676,28 @@ func TestHealthWatchesAreBounded(t *testing.T) {
 		t.Fatalf("a watch once one ended: %v", err)
 	}
 }
+
+// TestTheLoopsBehindTheAnswersRunThroughTheStop: every loop ran on the
+// signal's context, so the caches, the learner and the housekeeping
+// stopped at once while the replica went on answering KEDA for
+// --shutdown-delay and the drain (a ScaledObject made meanwhile was
+// Unavailable, a pod relabelled read from a frozen cache). They run
+// until the stop has ended: the housekeeping ticks within the delay.
+func TestTheLoopsBehindTheAnswersRunThroughTheStop(t *testing.T) {
+	a, cancel, done := runToStop(t, func(o *Options) { o.Serving.ShutdownDelay = 3 * housekeepEvery })
+	cancel()
+	for !a.health.stopping.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	at := a.health.lastTick.Load()
+	for a.health.lastTick.Load() == at {
+		select {
+		case err := <-done:
+			t.Fatalf("the stop ended (%v) with no housekeeping since it began", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("a stop: %v", err)
+	}
+}
