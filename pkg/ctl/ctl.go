@@ -84,12 +84,22 @@ type object struct {
 			Name string `json:"name"`
 		} `json:"scaleTargetRef"`
 		Triggers []struct {
-			Type     string            `json:"type"`
-			Name     string            `json:"name"`
-			Metadata map[string]string `json:"metadata"`
+			Type       string            `json:"type"`
+			Name       string            `json:"name"`
+			MetricType string            `json:"metricType"`
+			Metadata   map[string]string `json:"metadata"`
 		} `json:"triggers"`
 	} `json:"spec"`
 	Items []object `json:"items,omitempty"`
+}
+
+// helpOr2 is a subcommand's exit status for a flag error: 0 for --help
+// (asked for; 2 broke scripts under set -e), else 2 (bad usage).
+func helpOr2(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }
 
 // readObjects reads a file of YAML documents, as kubectl splits them (a
@@ -127,9 +137,14 @@ func readObjects(path string) ([]object, error) {
 // targetResolver answers a trigger's scaleTargetRef from the file.
 type targetResolver struct{ kind, name string }
 
+// A kind left out is KEDA's default, Deployment, as the aggregator reads
+// it (a valid ScaledObject was reported as a problem).
 func (r targetResolver) Resolve(_, _ string) (string, string, error) {
+	if r.name == "" {
+		return "", "", errors.New("the ScaledObject has no scaleTargetRef name")
+	}
 	if r.kind == "" {
-		return "", "", errors.New("the ScaledObject has no scaleTargetRef")
+		return "Deployment", r.name, nil
 	}
 	return r.kind, r.name, nil
 }
@@ -145,15 +160,44 @@ var workloadKinds = map[string]string{
 // KEDA sends them: the trigger's metadata and the ScaledObject's name. A
 // `type: external` trigger is another scaler's (README.md): read as
 // pulse's, one of another scaler was said valid, and queried of pulse.
-func (o *object) pulseTriggers() []*externalscaler.ScaledObjectRef {
-	var refs []*externalscaler.ScaledObjectRef
-	for _, t := range o.Spec.Triggers {
+func (o *object) pulseTriggers() []pulseTrigger {
+	var out []pulseTrigger
+	for i, t := range o.Spec.Triggers {
 		if t.Type != "external-push" {
 			continue
 		}
-		refs = append(refs, &externalscaler.ScaledObjectRef{Name: o.Metadata.Name, Namespace: o.Metadata.Namespace, ScalerMetadata: t.Metadata})
+		out = append(out, pulseTrigger{pos: i + 1, metricType: t.MetricType,
+			ref: &externalscaler.ScaledObjectRef{Name: o.Metadata.Name, Namespace: o.Metadata.Namespace, ScalerMetadata: t.Metadata}})
 	}
-	return refs
+	return out
+}
+
+// pulseTrigger is one of pulseTriggers: its place among the ScaledObject's
+// triggers (from 1: "trigger 2" named the second pulse trigger, whatever
+// came before it), its metricType and the ref KEDA sends.
+type pulseTrigger struct {
+	pos        int
+	metricType string
+	ref        *externalscaler.ScaledObjectRef
+}
+
+// hpaValue reports whether the HPA reads the trigger's value as metricType
+// Value (it multiplies by its ready replicas) rather than AverageValue,
+// KEDA's default.
+func (p pulseTrigger) hpaValue() bool { return p.metricType == "Value" }
+
+// metricTypeProblem says why the trigger's metricType does not fit its
+// valueType: the HPA divides an average (AverageValue) or multiplies a
+// total (Value) by its replicas ("" when it fits).
+func (p pulseTrigger) metricTypeProblem() string {
+	average := p.ref.ScalerMetadata["valueType"] == "average"
+	switch {
+	case average && !p.hpaValue():
+		return `valueType average needs metricType: Value (the HPA would read the average as a total to share among its replicas: 10 replicas at a p90 of 1.85 s against 1 s were asked for 2)`
+	case !average && p.hpaValue():
+		return "metricType Value is for valueType average: the HPA would multiply this total by its ready replicas"
+	}
+	return ""
 }
 
 func check(args []string, stdout, stderr io.Writer) int {
@@ -167,7 +211,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr2(err)
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
@@ -221,18 +265,21 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 	var out []string
 	if o.Kind == "ScaledObject" {
 		res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
-		for i, ref := range o.pulseTriggers() {
+		for _, pt := range o.pulseTriggers() {
+			ref, i := pt.ref, pt.pos
 			t, err := scaler.ParseTrigger(ref, maxWindow, res)
 			switch {
 			case err != nil:
-				out = append(out, fmt.Sprintf("trigger %d: %v", i+1, err))
+				out = append(out, fmt.Sprintf("trigger %d: %v", i, err))
 			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
-				out = append(out, fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i+1, t.Workload.Namespace, ref.Namespace))
+				out = append(out, fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace))
 			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != "":
 				// Most manifests name no namespace (applied with -n), and
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
-				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i+1, wire.Printable(t.Workload.Namespace)))
+				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace)))
+			case pt.metricTypeProblem() != "":
+				out = append(out, fmt.Sprintf("trigger %d: %s", i, pt.metricTypeProblem()))
 			default:
 				out = append(out, "")
 			}
@@ -282,7 +329,7 @@ func (f *tlsFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
-	if !f.enableTLS && f.caCert == "" && f.clientCert == "" && !f.unsafeSsl {
+	if !f.enableTLS && f.caCert == "" && f.clientCert == "" && f.clientKey == "" && f.serverName == "" && !f.unsafeSsl {
 		return insecure.NewCredentials(), nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.serverName, InsecureSkipVerify: f.unsafeSsl} //nolint:gosec // KEDA's unsafeSsl, asked for by name
@@ -325,7 +372,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 	var tf tlsFlags
 	tf.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr2(err)
 	}
 	if *addr == "" || *file == "" {
 		fmt.Fprintln(stderr, "pulsectl query: --scaler and -f are required")
@@ -358,9 +405,10 @@ func query(args []string, stdout, stderr io.Writer) int {
 		if o.Kind != "ScaledObject" {
 			continue
 		}
-		for i, ref := range o.pulseTriggers() {
+		for _, pt := range o.pulseTriggers() {
+			ref := pt.ref
 			asked++
-			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, i+1)
+			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, pt.pos)
 			if ref.Namespace == "" {
 				// KEDA sends the namespace the ScaledObject is applied
 				// in; the scaler refuses a call without one.
@@ -368,7 +416,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 				failed++
 				continue
 			}
-			if err := ask(client, ref, *timeout, stdout); err != nil {
+			if err := ask(client, pt, *timeout, stdout); err != nil {
 				fmt.Fprintf(stdout, "  %s\n", wire.Printable(err.Error()))
 				failed++
 			}
@@ -385,10 +433,12 @@ func query(args []string, stdout, stderr io.Writer) int {
 }
 
 // ask makes KEDA's three calls for one trigger, each within timeout, and
-// prints the answers and the desired replica count the HPA derives
-// (metricType AverageValue: ceil(value / target); with valueType average,
-// metricType Value, the ratio the HPA multiplies by its ready replicas).
-func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObjectRef, timeout time.Duration, w io.Writer) error {
+// prints the answers and the desired replica count the HPA derives, by the
+// trigger's metricType (AverageValue, KEDA's default: ceil(value /
+// target); Value: the ratio the HPA multiplies by its ready replicas),
+// and a valueType that does not fit it.
+func ask(c externalscaler.ExternalScalerClient, pt pulseTrigger, timeout time.Duration, w io.Writer) error {
+	ref := pt.ref
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), timeout)
 	}
@@ -423,14 +473,17 @@ func ask(c externalscaler.ExternalScalerClient, ref *externalscaler.ScaledObject
 	fmt.Fprintf(w, "  IsActive: %v\n", active.Result)
 	switch {
 	case ms.TargetSizeFloat <= 0:
-	case ref.ScalerMetadata["valueType"] == "average":
-		// metricType Value: the HPA multiplies by the replicas it counts
-		// ready, which KEDA's calls do not say (/debug/triggers does).
-		fmt.Fprintf(w, "  desired replicas (valueType average, metricType Value: ceil(ready replicas × value / target), before the HPA's tolerance, behaviour and min/max): ceil(ready replicas × %.4g)\n",
+	case pt.hpaValue():
+		// The HPA multiplies by the replicas it counts ready, which
+		// KEDA's calls do not say (/debug/triggers does).
+		fmt.Fprintf(w, "  desired replicas (metricType Value: ceil(ready replicas × value / target), before the HPA's tolerance, behaviour and min/max): ceil(ready replicas × %.4g)\n",
 			v/ms.TargetSizeFloat)
 	default:
-		fmt.Fprintf(w, "  desired replicas (AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
+		fmt.Fprintf(w, "  desired replicas (metricType AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
 			int(math.Ceil(v/ms.TargetSizeFloat)))
+	}
+	if msg := pt.metricTypeProblem(); msg != "" {
+		fmt.Fprintf(w, "  warning: %s\n", msg)
 	}
 	return nil
 }
@@ -446,7 +499,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 	tokenFile := fs.String("token-file", "", "a file holding the bearer token to send (re-read at each refresh): the debug endpoints on the http port with metricsAuth=kubernetes")
 	namespace := fs.String("namespace", "", "show this namespace's ScaledObjects alone (/debug/triggers/NAMESPACE: the path to grant a tenant its own)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return helpOr2(err)
 	}
 	if *base == "" {
 		fmt.Fprintln(stderr, "pulsectl top: --debug is required")

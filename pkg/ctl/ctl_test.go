@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -461,11 +462,15 @@ func TestCheckRefusesAMaxWindowTheAggregatorWould(t *testing.T) {
 	}
 }
 
-// TestQueryDesiredForAnAverageTrigger: a valueType average trigger
-// (metricType Value; what pulse provisions for latencies) is multiplied by
+// TestQueryDesiredForAnAverageTrigger: a metricType Value trigger (with
+// valueType average; what pulse provisions for latencies) is multiplied by
 // the HPA's ready replicas, which KEDA's calls do not say: query prints
 // the ratio, where it printed ceil(value / target) labelled AverageValue
-// (3 for 4 pods at 25 waiting against 10, where the HPA asks for 10).
+// (3 for 4 pods at 25 waiting against 10, where the HPA asks for 10). The
+// formula is the trigger's metricType's (it was chosen by valueType: an
+// average left at KEDA's AverageValue, the mistake query exists to show,
+// printed the Value formula), and a valueType that does not fit it is
+// warned of.
 func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -475,17 +480,64 @@ func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
 	externalscaler.RegisterExternalScalerServer(g, &deadlineScaler{}) // 25 against a target of 10
 	go func() { _ = g.Serve(lis) }()
 	defer g.Stop()
-	so := strings.Replace(goodSO, `threshold: "10"}`, `threshold: "10", valueType: average}`, 1)
+	so := strings.Replace(goodSO, `  - type: external-push
+    metadata: {scalerAddress: "x:9090", inferenceSet: llama, metric: waiting, threshold: "10"}`, `  - type: external-push
+    metricType: Value
+    metadata: {scalerAddress: "x:9090", inferenceSet: llama, metric: waiting, threshold: "10", valueType: average}`, 1)
 	if so == goodSO {
 		t.Fatal("the fixture's trigger changed")
 	}
-	code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, so))
-	if code != 0 || strings.Contains(out, "AverageValue") || !strings.Contains(out, "ceil(ready replicas × 2.5)") {
-		t.Errorf("valueType average: exit %d\n%s%s", code, out, errs)
+	averageValue := "(metricType AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): 3\n"
+	for _, c := range []struct {
+		name, so, says string
+		warned         bool
+	}{
+		{"valueType average, metricType Value", so, "ceil(ready replicas × 2.5)", false},
+		{"valueType total", goodSO, averageValue, false},
+		{"valueType average, metricType AverageValue (KEDA's default)", strings.Replace(so, "    metricType: Value\n", "", 1), averageValue, true},
+		{"valueType total, metricType Value", strings.Replace(so, ", valueType: average", "", 1), "ceil(ready replicas × 2.5)", true},
+	} {
+		code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, c.so))
+		if code != 0 || !strings.Contains(out, c.says) || strings.Contains(out, "warning: ") != c.warned {
+			t.Errorf("%s: exit %d, want %q, warned %v\n%s%s", c.name, code, c.says, c.warned, out, errs)
+		}
 	}
-	code, out, errs = run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO))
-	if code != 0 || !strings.Contains(out, "(AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): 3\n") {
-		t.Errorf("valueType total: exit %d\n%s%s", code, out, errs)
+}
+
+// TestCheckReadsTriggersAsKEDADoes: a scaleTargetRef with no kind is a
+// Deployment, as the aggregator reads it (check called it a problem); a
+// trigger is named by its place among all the ScaledObject's (it was
+// numbered among the pulse triggers alone); a valueType that does not fit
+// the metricType is a problem; --help is no bad usage (exit 0, not 2); and
+// --server-name or --tls-client-key alone asks for TLS (plaintext was
+// dialled, nothing verified).
+func TestCheckReadsTriggersAsKEDADoes(t *testing.T) {
+	noKind := strings.Replace(goodSO, "scaleTargetRef: {apiVersion: kaito.sh/v1alpha1, kind: InferenceSet, name: llama}", "scaleTargetRef: {name: llama}", 1)
+	noKind = strings.Replace(noKind, "inferenceSet: llama, ", "", 1)
+	if code, out, _ := run("check", write(t, noKind)); code != 0 || !strings.Contains(out, ": valid") {
+		t.Errorf("a scaleTargetRef with no kind: exit %d\n%s", code, out)
+	}
+	second := strings.Replace(goodSO, "  triggers:\n", "  triggers:\n  - type: cpu\n    metadata: {value: \"50\"}\n", 1)
+	second = strings.Replace(second, `threshold: "10"}`, `threshold: "10", valueType: average}`, 1)
+	if code, out, _ := run("check", write(t, second)); code != 1 || !strings.Contains(out, "trigger 2: valueType average needs metricType: Value") {
+		t.Errorf("the second trigger, an average at AverageValue: exit %d\n%s", code, out)
+	}
+	for _, cmd := range []string{"check", "query", "top"} {
+		if code, _, _ := run(cmd, "--help"); code != 0 {
+			t.Errorf("%s --help: exit %d, want 0", cmd, code)
+		}
+	}
+	for _, flags := range [][]string{{"--server-name", "pulse-aggregator.pulse-system.svc"}, {"--tls-client-key", "k.pem"}} {
+		var tf tlsFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		tf.register(fs)
+		if err := fs.Parse(flags); err != nil {
+			t.Fatal(err)
+		}
+		creds, err := tf.credentials()
+		if err == nil && creds.Info().SecurityProtocol != "tls" {
+			t.Errorf("%v: %s credentials, want TLS (or a refusal)", flags, creds.Info().SecurityProtocol)
+		}
 	}
 }
 

@@ -254,8 +254,16 @@ func Expressible(so *ScaledObject) (names, skipped []string, err error) {
 // staticResolver answers the pulse trigger's scaleTargetRef from the file.
 type staticResolver struct{ so *ScaledObject }
 
+// A kind left out is KEDA's default, Deployment, as the aggregator reads it.
 func (r staticResolver) Resolve(_, _ string) (string, string, error) {
-	return r.so.Spec.ScaleTargetRef.Kind, r.so.Spec.ScaleTargetRef.Name, nil
+	ref := r.so.Spec.ScaleTargetRef
+	if ref.Name == "" {
+		return "", "", errors.New("the ScaledObject has no scaleTargetRef name")
+	}
+	if ref.Kind == "" {
+		return "Deployment", ref.Name, nil
+	}
+	return ref.Kind, ref.Name, nil
 }
 
 // Run simulates every pipeline, in parallel, and returns the report.
