@@ -685,8 +685,11 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		s.list(src.Node, src.Stream, p)
 		if p.instance != "" && p.instance != src.Instance {
 			// Another agent process: its cumulative values do not continue
-			// the series, so no increase is counted across the change.
-			p.mono.Rebase()
+			// the series, which starts again at its first sample. Rebased
+			// alone (no increase counted across the change), a rate still
+			// divided by the time across it: 50 tokens/s read 10/s for a
+			// window after an agent down 8 s, and 0 past a window.
+			p.restart()
 		}
 		p.instance = src.Instance
 		if len(src.ExtraNames) > 0 || p.rare != nil {
