@@ -201,8 +201,17 @@ func (m *Merge) Pods() int { return m.n }
 
 // Quantile is the merged histogram's q-quantile.
 func (m *Merge) Quantile(q float64) (float64, bool) {
+	v, _, ok := m.QuantileBeyond(q)
+	return v, ok
+}
+
+// QuantileBeyond is Quantile, and whether it lies beyond the highest
+// finite bound every pod's histogram has (QuantileBeyond): pods of
+// servers whose buckets differ are merged on the bounds they share, and a
+// quantile past the last of them is answered as that bound.
+func (m *Merge) QuantileBeyond(q float64) (v float64, beyond, ok bool) {
 	if m.n == 0 {
-		return 0, false
+		return 0, false, false
 	}
 	bounds := make([]float64, 0, len(m.counts))
 	for b, n := range m.pods {
@@ -215,7 +224,7 @@ func (m *Merge) Quantile(q float64) (float64, bool) {
 	for i, b := range bounds {
 		counts[i] = m.counts[b]
 	}
-	return HistogramQuantile(q, bounds, counts)
+	return QuantileBeyond(q, bounds, counts)
 }
 
 // EvalBeyond is Eval of a RuleQuantile metric, and whether its quantile

@@ -181,6 +181,13 @@ func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tal
 			if !r.MergedOK {
 				return c, status.Errorf(codes.Unavailable, "%s: the pods' %s histograms share no finite bucket bound: their servers' versions differ", describe(t), def.Hist.Name())
 			}
+			if r.MergedBeyond && r.Merged < t.Threshold {
+				// Answered as the bound, below the threshold, the trigger
+				// never scaled up (an older server's buckets stop at 10 s,
+				// a newer's p90 past 20).
+				return c, status.Errorf(codes.Unavailable, "%s: the %s quantile lies past %g s, the highest bucket bound the pods' histograms share, which is below the threshold %g: how far past it they cannot say (servers whose buckets differ, or requests slower than every bucket)",
+					describe(t), def.Hist.Name(), r.Merged, t.Threshold)
+			}
 			c.vals = append(c.vals, r.Merged)
 		case store.PodMissing:
 			c.missing++

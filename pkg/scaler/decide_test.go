@@ -586,6 +586,22 @@ func TestQuantileIsTheWorkloads(t *testing.T) {
 			t.Fatalf("GetMetrics error %v, want Unavailable naming --forward-histograms", err)
 		}
 	})
+	t.Run("beyond the highest bound the pods share", func(t *testing.T) {
+		// Every request past 10 s, the highest finite bound: the p90 is
+		// somewhere past 10. Answered as 10 against a threshold of 20, the
+		// trigger never scaled up; against 2 it is past it either way.
+		f := newFixture(t)
+		f.pods("a")
+		f.reportHist(map[string][]float64{"a": {0, 0, 0, 0}})
+		f.reportHist(map[string][]float64{"a": {0, 0, 0, 10}})
+		above := map[string]string{"workspace": "llama", "metric": "ttftP90Seconds", "threshold": "20", "valueType": "average"}
+		if got, err := f.metric(t, above); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "lies past 10 s") {
+			t.Fatalf("threshold 20: GetMetrics = %v, %v; want Unavailable: the quantile is past 10, how far unknown", got, err)
+		}
+		if got, err := f.metric(t, md); err != nil || got != 10 {
+			t.Fatalf("threshold 2: GetMetrics = %v, %v; want 10 (past the threshold either way)", got, err)
+		}
+	})
 	t.Run("threshold required", func(t *testing.T) {
 		f := newFixture(t)
 		f.pods("a")

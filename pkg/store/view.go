@@ -279,6 +279,10 @@ type Reading struct {
 	// QueryQuantile).
 	Merged   float64
 	MergedOK bool
+	// MergedBeyond: Merged is the highest finite bound the pods'
+	// histograms share, and the quantile lies past it (how far, they
+	// cannot say).
+	MergedBeyond bool
 	// Demand: the demand sources' (as Demand), when asked for.
 	Demand DemandValue
 	// Lost and LostOK: as LostReplicas, when no replica is found.
@@ -304,7 +308,7 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 	defer putScratch(sc)
 	r.Pods, r.Found = s.queryLocked(sc, dst, k, m.Name, m, m.Rule != 0, window, freshFor, mg, now)
 	if mg != nil {
-		r.Merged, r.MergedOK = mg.Quantile(m.Q)
+		r.Merged, r.MergedBeyond, r.MergedOK = mg.QuantileBeyond(m.Q)
 	}
 	if demand {
 		r.Demand = s.demand(sc, k, window, freshFor, now)
