@@ -166,7 +166,16 @@ type run struct {
 	// workload's ScaledObject (writeOf). The worker's alone.
 	rewrites map[key][]time.Time
 	wrote    map[key][sha256.Size]byte
+	// kept: of each ScaledObject pulse last wrote, the spec it wrote and
+	// the spec the API server kept of it (specHash): they differ where the
+	// server prunes what its KEDA CRD does not have (behavior tolerance
+	// before KEDA 2.18), and a spec kept so is as desired (keptAsWritten).
+	kept         map[key]keptSpec
+	warnedPruned bool
 }
+
+// keptSpec is the spec hash pulse wrote and the one the server kept.
+type keptSpec struct{ wrote, got string }
 
 // A ScaledObject that pulse wrote back rewriteLimit times within
 // rewriteWindow — made, updated or deleted again as it was before, the
@@ -206,7 +215,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
-	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{}, wrote: map[key][sha256.Size]byte{},
+	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{}, wrote: map[key][sha256.Size]byte{}, kept: map[key]keptSpec{},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	// The worker is done before the states are cleared: a reconcile still
@@ -515,6 +524,7 @@ func (r *run) live(k key) (metav1.Object, schema.GroupVersion, error) {
 	if m == nil || m.GetDeletionTimestamp() != nil {
 		delete(r.rewrites, k)
 		delete(r.wrote, k)
+		delete(r.kept, k)
 		r.c.forget(k)
 		return nil, w.gv, nil
 	}
@@ -566,7 +576,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	// 0 <-> 1 only) and the keda-kaito-scaler annotations not read were in
 	// the debug endpoint alone, which listens on the pod's loopback.
 	summary := provisionedSummary(k, s)
-	if !r.differs(existing, desired) {
+	if !r.differs(k, existing, desired) {
 		r.report(k, ref, StateProvisioned, soName, summary)
 		return nil
 	}
@@ -580,9 +590,12 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		return errBackOff
 	}
 	if existing == nil {
-		if _, err := client.Create(ctx, desired, metav1.CreateOptions{FieldManager: "pulse-aggregator"}); err != nil {
+		wrote := specHash(desired.Object["spec"])
+		made, err := client.Create(ctx, desired, metav1.CreateOptions{FieldManager: "pulse-aggregator"})
+		if err != nil {
 			return fmt.Errorf("create ScaledObject %s: %w", soName, err)
 		}
+		r.keep(k, wrote, made)
 		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
 		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary)
@@ -628,9 +641,12 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 		return false, nil
 	}
 	out.SetManagedFields(nil) // the server keeps those an update leaves out
-	if _, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"}); err != nil {
+	wrote := specHash(desired.Object["spec"])
+	updated, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"})
+	if err != nil {
 		return false, fmt.Errorf("update ScaledObject %s: %w", soName, err)
 	}
+	r.keep(k, wrote, updated)
 	r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	return true, nil
 }
@@ -698,12 +714,37 @@ func (r *run) rewritten(k key, now time.Time) int {
 
 // differs says whether existing, as the cache holds it, is not desired:
 // none, or its spec, pulse's label or its controller not desired's.
-func (r *run) differs(existing, desired *unstructured.Unstructured) bool {
+func (r *run) differs(k key, existing, desired *unstructured.Unstructured) bool {
 	if existing == nil {
 		return true
 	}
-	return existing.Object[specHashKey] != specHash(desired.Object["spec"]) || !Managed(existing) ||
+	return !r.keptAsWritten(k, existing, desired) || !Managed(existing) ||
 		!OwnedBy(existing, desired.GetOwnerReferences()[0].UID)
+}
+
+// keptAsWritten reports whether existing's spec is desired's, or what the
+// API server kept of it when pulse last wrote it: a field its KEDA CRD
+// does not have is pruned, and the spec never equalled what pulse wrote
+// (an update and an Event at every resync, for ever).
+func (r *run) keptAsWritten(k key, existing, desired *unstructured.Unstructured) bool {
+	have, want := existing.Object[specHashKey], specHash(desired.Object["spec"])
+	if have == want {
+		return true
+	}
+	kp, ok := r.kept[k]
+	return ok && kp.wrote == want && have == kp.got
+}
+
+// keep records what the server kept, got, of the spec written (its
+// specHash, taken before the write); the first spec pruned is warned of.
+func (r *run) keep(k key, wrote string, got *unstructured.Unstructured) {
+	kp := keptSpec{wrote: wrote, got: specHash(got.Object["spec"])}
+	r.kept[k] = kp
+	if kp.wrote != kp.got && !r.warnedPruned {
+		r.warnedPruned = true
+		r.c.o.Log.Warn("the API server keeps a ScaledObject without some of what pulse wrote (its KEDA CRD prunes fields it does not have: behavior tolerance before KEDA 2.18); taken as provisioned as kept",
+			logging.KeyWorkload, k.String())
+	}
 }
 
 // disable deletes the ScaledObject pulse made for a workload whose

@@ -764,6 +764,48 @@ func TestALeaderThatCannotListGivesTheLeaseBack(t *testing.T) {
 	f.waitFor("provisioning once ScaledObjects are listed", func() error { _, err := f.scaledObject("llama"); return err })
 }
 
+// TestASpecTheServerPrunesIsProvisioned: a KEDA before 2.18 has no
+// behavior tolerance in its CRD, and the API server prunes it from what
+// pulse writes: the spec it keeps never equalled pulse's, and every
+// reconcile (each resync, each change of the workload) updated it again,
+// with an Event. What the server kept of what pulse wrote is as desired.
+func TestASpecTheServerPrunesIsProvisioned(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	prune := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var u *unstructured.Unstructured
+		switch a := a.(type) {
+		case k8stesting.CreateAction:
+			u, _ = a.GetObject().(*unstructured.Unstructured)
+		case k8stesting.UpdateAction:
+			u, _ = a.GetObject().(*unstructured.Unstructured)
+		}
+		for _, dir := range []string{"scaleUp", "scaleDown"} {
+			if u != nil {
+				unstructured.RemoveNestedField(u.Object, "spec", "advanced", "horizontalPodAutoscalerConfig", "behavior", dir, "tolerance")
+			}
+		}
+		return false, nil, nil
+	}
+	f.dyn.PrependReactor("create", "scaledobjects", prune)
+	f.dyn.PrependReactor("update", "scaledobjects", prune)
+	f.run()
+	f.waitState("Deployment", "mine", StateProvisioned, "")
+	so, err := f.scaledObject("mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, has, _ := unstructured.NestedFieldNoCopy(so.Object, "spec", "advanced", "horizontalPodAutoscalerConfig", "behavior", "scaleUp", "tolerance"); has {
+		t.Fatal("the fixture's server kept the tolerance")
+	}
+	// A change of the workload that changes nothing of its ScaledObject
+	// (a keda-kaito-scaler annotation pulse does not read) reconciles it.
+	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true", kaitoPrefix + "metrics": "x"})
+	f.waitState("Deployment", "mine", StateProvisioned, "not read")
+	if n := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); n != 0 {
+		t.Fatalf("%v updates of a ScaledObject as the server keeps what pulse wrote", n)
+	}
+}
+
 // TestAnotherWriterIsNotFoughtForEver: a second writer of a provisioned
 // ScaledObject (a provisioner of another release, a GitOps tool's
 // self-heal) undoing pulse's spec made pulse write it back at once, every
