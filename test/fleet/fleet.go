@@ -583,6 +583,12 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	// A rise fallen and never pushed is missed though no rise followed it
 	// within the measurement (the last of each probe).
 	gm, push, missed, rises := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed+f.unpushed(time.Now()), f.pushRises
+	if missed > 0 {
+		// A rise StreamIsActive never pushed is a failure of the push
+		// path, not a latency left out: it was in no error, and the push
+		// p99 was of the rises pushed alone.
+		f.errs["pushMissed"] += int64(missed)
+	}
 	f.mu.Unlock()
 	echoes, echoErr := f.echoes.take()
 	inHarness := len(gm)
@@ -630,6 +636,11 @@ func (f *fleet) settle(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	f.getMetrics, f.push, f.pushMissed, f.pushRises = nil, nil, 0, 0
+	// A rise begun before is none of the measurement's: pushed within it,
+	// it was counted a push of no rise counted; missed, a miss of it.
+	for _, p := range f.probes {
+		*p = probeState{half: p.half}
+	}
 	f.mu.Unlock()
 	_, _ = f.echoes.take()
 	return nil

@@ -101,16 +101,20 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 	if res.Pods != 48 || res.AgentStreams != 12 {
 		t.Errorf("aggregator holds %d pods on %v streams, want 48 on 12", res.Pods, res.AgentStreams)
 	}
-	// Samples arrived and none was refused (how many a second is the
-	// machine's, not a property of the code).
+	// Samples arrived and none was refused. Twelve agents of four pods at
+	// 1 s offer 48 a second: a harness skipping its ticks when late
+	// offered fewer, unnoticed (asserted loosely: the machine's pace is
+	// not the code's).
 	if res.StartupSeconds <= 0 {
 		t.Errorf("start-up %v s: want the time to every stream up", res.StartupSeconds)
 	}
-	if res.PodSamplesPerSecond <= 0 || res.RejectedReports != 0 {
-		t.Errorf("%.1f pod-samples/s received, %v refused: want some, none refused", res.PodSamplesPerSecond, res.RejectedReports)
+	if nominal := float64(f.o.agents*f.o.podsPerAgent) / f.o.interval.Seconds(); res.PodSamplesPerSecond < 0.8*nominal || res.RejectedReports != 0 {
+		t.Errorf("%.1f pod-samples/s received, %v refused: want about %.0f, none refused", res.PodSamplesPerSecond, res.RejectedReports, nominal)
 	}
-	if res.PushCount == 0 {
-		t.Error("no probe's rise was pushed")
+	// Every rise of the measurement pushed (a miss is an error, below),
+	// and no push of a rise it did not count.
+	if res.PushCount == 0 || res.PushMissed != 0 || res.PushCount > res.PushRises {
+		t.Errorf("%d of %d rises pushed, %d missed: want every one", res.PushCount, res.PushRises, res.PushMissed)
 	}
 	if res.GetMetricsCount == 0 {
 		t.Error("no GetMetrics was measured")

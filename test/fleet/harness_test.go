@@ -421,3 +421,23 @@ func TestProbeRisesAndMisses(t *testing.T) {
 		t.Errorf("a late batch of the same rise counted as a new one: rises %d", f.pushRises)
 	}
 }
+
+// TestTheSettleForgetsTheRisesBeforeIt: the settle cleared the counts but
+// not the probes: a rise begun before it and never pushed was counted a
+// miss of the measurement at the probe's next rise, and one pushed within
+// it a push of no rise counted (pushes past rises).
+func TestTheSettleForgetsTheRisesBeforeIt(t *testing.T) {
+	epoch := time.Now().Add(-10 * probeHalf)
+	f := &fleet{epoch: epoch, probes: map[int]*probeState{7: {}, 8: {}}}
+	at := func(half int) time.Time { return epoch.Add(time.Duration(half)*probeHalf + time.Second) }
+	f.probeRise(7, at(1))
+	f.probeRise(8, at(1))
+	if err := f.settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.probeActive(7, time.Now()) // the push of a rise begun before the settle
+	f.probeRise(8, at(3))        // probe 8's rise before the settle was never pushed
+	if f.pushRises != 1 || len(f.push) != 0 || f.pushMissed != 0 {
+		t.Fatalf("rises %d, pushes %d, missed %d: want the measurement's own rise alone (1, 0, 0)", f.pushRises, len(f.push), f.pushMissed)
+	}
+}

@@ -188,8 +188,13 @@ func (p *poller) run(ctx context.Context, skip func() bool) {
 	}
 }
 
+// Each call has KEDA's deadline: without one, a call that hung stalled
+// its ScaledObject's polls for ever, unnoticed (no error; it fell out of
+// the GetMetrics count, and the slowest out of the percentiles).
 func (p *poller) kedaPoll(ctx context.Context) {
-	spec, err := p.client.GetMetricSpec(ctx, p.ref)
+	cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+	spec, err := p.client.GetMetricSpec(cctx, p.ref)
+	cancel()
 	if err != nil {
 		p.fail("GetMetricSpec", err)
 		return
@@ -202,7 +207,9 @@ func (p *poller) kedaPoll(ctx context.Context) {
 	if !p.getMetrics(ctx) {
 		return
 	}
-	if _, err := p.client.IsActive(ctx, p.ref); err != nil {
+	cctx, cancel = context.WithTimeout(ctx, getMetricsDeadline)
+	defer cancel()
+	if _, err := p.client.IsActive(cctx, p.ref); err != nil {
 		p.fail("IsActive", err)
 	}
 }
@@ -219,7 +226,9 @@ func (p *poller) name() string {
 func (p *poller) getMetrics(ctx context.Context) bool {
 	name := p.name()
 	if name == "" {
-		spec, err := p.client.GetMetricSpec(ctx, p.ref)
+		cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+		spec, err := p.client.GetMetricSpec(cctx, p.ref)
+		cancel()
 		if err != nil || len(spec.MetricSpecs) == 0 {
 			p.fail("GetMetricSpec", err)
 			return false
