@@ -328,8 +328,10 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		// network's pace until the scrape's timeout, a CPU for each.
 		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
 		if err != nil {
-			if ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
-				// No body, or one cut in its header: the page's fault.
+			if ctx.Err() == nil && err == io.EOF { //nolint:errorlint // gzip's own io.EOF: no byte at all
+				// No body: the page's fault. One cut within the header
+				// (io.ErrUnexpectedEOF) may be the network's, a pod killed
+				// mid-answer, as one cut in the deflate data is.
 				err = gzip.ErrHeader
 			}
 			return classifyRead(ctx, url, err, s.maxBytes) // a timeout in the header is one

@@ -773,10 +773,7 @@ func TestASpecTheServerPrunesIsProvisioned(t *testing.T) {
 	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
 	prune := func(a k8stesting.Action) (bool, runtime.Object, error) {
 		var u *unstructured.Unstructured
-		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			u, _ = a.GetObject().(*unstructured.Unstructured)
-		case k8stesting.UpdateAction:
+		if a, ok := a.(interface{ GetObject() runtime.Object }); ok { // a create's or an update's
 			u, _ = a.GetObject().(*unstructured.Unstructured)
 		}
 		for _, dir := range []string{"scaleUp", "scaleDown"} {

@@ -688,8 +688,11 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 			// the series, which starts again at its first sample. Rebased
 			// alone (no increase counted across the change), a rate still
 			// divided by the time across it: 50 tokens/s read 10/s for a
-			// window after an agent down 8 s, and 0 past a window.
+			// window after an agent down 8 s, and 0 past a window. Until
+			// its first sample the pod has none (not fresh with no data: a
+			// router read as holding nothing, a replica as no work).
 			p.restart()
+			p.lastSeen = time.Time{}
 		}
 		p.instance = src.Instance
 		if len(src.ExtraNames) > 0 || p.rare != nil {

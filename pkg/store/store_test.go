@@ -431,6 +431,11 @@ func TestNewAgentInstanceCountsNoIncreaseAcrossIt(t *testing.T) {
 	s.Upsert(Source{Node: "n1", Instance: "one"}, []PodInfo{info}, true)
 	s.Add([]Report{tokens(1000, 5000), tokens(2000, 5100)})
 	s.Upsert(Source{Node: "n1", Instance: "two"}, []PodInfo{info}, true)
+	// Until the new instance's first sample the pod has none: not fresh
+	// with an empty series.
+	if pods, _ := s.Query(nil, ws, canonical(t, "generationTokensPerSecond"), 10*time.Second, time.Hour); pods[0].State != PodMissing {
+		t.Fatalf("between the new instance's catalogue and its first sample: %+v, want missing (no sample yet)", pods[0])
+	}
 	s.Add([]Report{tokens(3000, 1200), tokens(4000, 1300)})
 	pods, _ := s.Query(nil, ws, canonical(t, "generationTokensPerSecond"), 10*time.Second, time.Hour)
 	// 100 tokens/s before, 100/s after, the series from the restart on.

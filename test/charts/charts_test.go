@@ -348,8 +348,11 @@ func TestTheNetworkPolicyLetsInTheAgentsNamespaces(t *testing.T) {
 	if err != nil || !strings.Contains(out, `values: ["agents","other"]`) {
 		t.Errorf("agents in namespaces agents and other: %v\n%s", err, out)
 	}
-	out, err = render(t, dir, "--show-only", "templates/networkpolicy.yaml")
-	if err != nil || strings.Contains(out, "key: kubernetes.io/metadata.name") {
-		t.Errorf("agents in the release namespace: %v, want no namespaceSelector for them\n%s", err, out)
+	for _, args := range [][]string{nil, {"--set", "agentAuth.mode=none", "--set", "agentAuth.serviceAccounts={agents/pulse-agent}"}} {
+		// The accounts are read with tokenreview alone (as NOTES reads them).
+		out, err = render(t, dir, append([]string{"--show-only", "templates/networkpolicy.yaml"}, args...)...)
+		if err != nil || strings.Contains(out, "key: kubernetes.io/metadata.name") {
+			t.Errorf("agents in the release namespace %v: %v, want no namespaceSelector for them\n%s", args, err, out)
+		}
 	}
 }
