@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +46,9 @@ type pollerConfig struct {
 	Objects   []pollerRef   `json:"objects"`
 	// Every: KEDA's and the HPA's periods; zero: theirs (30 s, 15 s).
 	Every [2]time.Duration `json:"every,omitempty"`
+	// GOGC: --harness-gogc, the process's GC percent as the harness's (it
+	// ran Go's 100 while the summary said 400); 0: Go's default.
+	GOGC int `json:"gogc,omitempty"`
 }
 
 // pollerRef is one ScaledObject to poll.
@@ -77,6 +81,9 @@ func runPollersIfAsked() bool {
 	if err := json.NewDecoder(os.Stdin).Decode(&cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "fleet pollers: read the configuration:", err)
 		os.Exit(1)
+	}
+	if cfg.GOGC != 0 {
+		debug.SetGCPercent(cfg.GOGC)
 	}
 	res, err := runPollers(context.Background(), cfg)
 	if err != nil {

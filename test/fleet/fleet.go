@@ -652,7 +652,7 @@ func (f *fleet) startApart() (*pollersProc, error) {
 	if !f.o.pollsApart {
 		return nil, nil
 	}
-	cfg := pollerConfig{Scaler: f.agg.scaler, Duration: f.o.duration, Objects: f.pollerObjects()}
+	cfg := pollerConfig{Scaler: f.agg.scaler, Duration: f.o.duration, Objects: f.pollerObjects(), GOGC: f.o.harnessGOGC}
 	if f.echo != nil {
 		cfg.Echo, cfg.EchoEvery = f.echo.addr, f.o.echoEvery
 	}
