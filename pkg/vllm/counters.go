@@ -55,6 +55,7 @@ type Counters struct {
 type counterSeries struct {
 	id           metric.ID
 	bucket       bucketKey // for a histogram bucket's series: hist is not 0
+	rank         uint8     // its name's (source.rank): of two names, the lower on the page wins
 	last, offset float64
 	seen         uint64 // the scrape that last saw it
 }
@@ -179,13 +180,13 @@ func (c *Counters) begin() { c.scrape++ }
 // first line's value each second), or a negative count (no counter is
 // below zero: read as a reset, one sample of -1 counted the whole counter
 // again; the series is held at its last value, as one the page lacks).
-func (c *Counters) observe(id metric.ID, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
-	return c.observeSeries(seriesKey(name, labels), counterSeries{id: id}, v)
+func (c *Counters) observe(id metric.ID, rank uint8, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
+	return c.observeSeries(seriesKey(name, labels), counterSeries{id: id, rank: rank}, v)
 }
 
 // observeBucket is observe for a histogram bucket's series.
-func (c *Counters) observeBucket(hist uint8, le float64, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
-	return c.observeSeries(seriesKey(name, labels), counterSeries{bucket: bucketKey{hist, le}}, v)
+func (c *Counters) observeBucket(hist, rank uint8, le float64, name string, labels []*dto.LabelPair, v float64) (float64, bool) {
+	return c.observeSeries(seriesKey(name, labels), counterSeries{bucket: bucketKey{hist, le}, rank: rank}, v)
 }
 
 // observeSeries is observe for the series of key, new ones made as blank.
@@ -223,7 +224,20 @@ func (c *Counters) finish(a *accumulator) {
 	slices.Sort(c.unseen)
 	for _, key := range c.unseen {
 		s := c.series[key]
+		// A series of a name that did not win its value on this page (a
+		// deprecated name beside the new one: vLLM emits both, the same
+		// number under each) is no part of it: carried over (the
+		// deprecated name gone after an upgrade in place), its value was
+		// counted twice, and kept so once retired.
+		won := a.wins(s)
 		if c.scrape-s.seen >= retireAfter {
+			if !won {
+				delete(c.series, key)
+				if c.budget != nil {
+					c.budget.give(c.ns, 1)
+				}
+				continue
+			}
 			if s.bucket.hist > 0 {
 				if c.retiredHist == nil {
 					c.retiredHist = map[bucketKey]float64{}
@@ -238,9 +252,11 @@ func (c *Counters) finish(a *accumulator) {
 			}
 			continue
 		}
-		if s.bucket.hist > 0 {
+		switch {
+		case !won:
+		case s.bucket.hist > 0:
 			a.addToBucket(s.bucket, s.last+s.offset)
-		} else if a.raw[s.id].n > 0 {
+		case a.raw[s.id].n > 0:
 			a.raw[s.id].sum += s.last + s.offset
 		}
 	}
@@ -259,6 +275,17 @@ func (c *Counters) finish(a *accumulator) {
 			}
 		}
 	}
+}
+
+// wins reports whether s's name is the one whose series make its value
+// on this page (the lowest rank the page has), or the page has none.
+func (a *accumulator) wins(s *counterSeries) bool {
+	if s.bucket.hist > 0 {
+		h := &a.hist[s.bucket.hist-1]
+		return len(h.bounds) == 0 || h.rank == s.rank
+	}
+	r := &a.raw[s.id]
+	return r.n == 0 || r.rank == s.rank
 }
 
 // hasBucket says whether the page has bucket k's bound.

@@ -488,3 +488,38 @@ func TestABudgetsOverShareIsOnlyWhenFull(t *testing.T) {
 		t.Fatalf("over %v with the budget full, want a alone (6 of a share of 5; b 4)", over)
 	}
 }
+
+// TestADeprecatedNameGoneIsNotCountedTwice: vLLM 0.10 emits the prefix
+// cache's queries under the new name and the deprecated one, the same
+// number under each; the new name wins the value. Upgraded in place to a
+// version without the deprecated name (its counters starting again), the
+// deprecated series was carried over at its last value into the sum, and
+// kept so once retired: 2Q + v, for good, where the page said Q + v.
+func TestADeprecatedNameGoneIsNotCountedTwice(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := func(deprecated bool, v float64) []byte {
+		p := fmt.Sprintf("# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{model_name=\"m\"} %g\n", v)
+		if deprecated {
+			p += fmt.Sprintf("# TYPE vllm:gpu_prefix_cache_queries counter\nvllm:gpu_prefix_cache_queries_total{model_name=\"m\"} %g\n", v)
+		}
+		return []byte(p)
+	}
+	c := NewCounters()
+	if pg, err := e.ExtractWith(page(true, 100), c); err != nil || pg.V[metric.PrefixQueries] != 100 {
+		t.Fatalf("both names at 100: %v, %v", pg.V[metric.PrefixQueries], err)
+	}
+	// The upgrade: the new name starts again (a reset, 100 + 30 after it);
+	// the deprecated one is gone, then retired.
+	for i := range retireAfter + 2 {
+		pg, err := e.ExtractWith(page(false, float64(30+i)), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := float64(100 + 30 + i); pg.V[metric.PrefixQueries] != want {
+			t.Fatalf("scrape %d after the upgrade: %v, want %v (the deprecated name's 100 counted once)", i, pg.V[metric.PrefixQueries], want)
+		}
+	}
+}

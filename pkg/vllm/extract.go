@@ -158,7 +158,7 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 					continue // a bucket with no bound, or no count, says nothing
 				}
 				if c != nil {
-					if v, ok = c.observeBucket(src.hist, le, name, m.Label, v); !ok {
+					if v, ok = c.observeBucket(src.hist, src.rank, le, name, m.Label, v); !ok {
 						continue
 					}
 				}
@@ -171,7 +171,7 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 			v := m.GetUntyped().GetValue()
 			if counter && !math.IsNaN(v) && !math.IsInf(v, 0) {
 				var ok bool
-				if v, ok = c.observe(src.id, name, m.Label, v); !ok {
+				if v, ok = c.observe(src.id, src.rank, name, m.Label, v); !ok {
 					continue
 				}
 			}
