@@ -33,6 +33,9 @@ type faultResult struct {
 	Failures []string           `json:"failures,omitempty"`
 	Measured map[string]float64 `json:"measured,omitempty"`
 	Notes    []string           `json:"notes,omitempty"`
+	// Errors: what the fleet's pollers and streams saw fail meanwhile, by
+	// kind (expected of the victims; the scenario checks its own).
+	Errors map[string]int64 `json:"errors,omitempty"`
 }
 
 func (r *faultResult) failf(format string, args ...any) {
@@ -69,8 +72,11 @@ func (f *fleet) fault(ctx context.Context, name string) (*faultResult, error) {
 		err = fmt.Errorf("unknown fault %q", name)
 	}
 	f.setFaulting(false)
+	f.mu.Lock()
+	r.Errors, f.faultErrs = f.faultErrs, nil
+	f.mu.Unlock()
 	r.OK = err == nil && len(r.Failures) == 0
-	f.logf("fault %s: ok=%v failures=%v measured=%v", name, r.OK, r.Failures, r.Measured)
+	f.logf("fault %s: ok=%v failures=%v measured=%v errors=%v", name, r.OK, r.Failures, r.Measured, r.Errors)
 	return r, err
 }
 

@@ -441,3 +441,21 @@ func TestTheSettleForgetsTheRisesBeforeIt(t *testing.T) {
 		t.Fatalf("rises %d, pushes %d, missed %d: want the measurement's own rise alone (1, 0, 0)", f.pushRises, len(f.push), f.pushMissed)
 	}
 }
+
+// TestErrorsDuringAFaultAreCountedApart: an error while a fault was under
+// way was dropped, though the docs say counted apart; it is in the
+// scenario's own count, and outside a fault in the run's.
+func TestErrorsDuringAFaultAreCountedApart(t *testing.T) {
+	f := &fleet{errs: map[string]int64{}}
+	f.setFaulting(true)
+	f.count("GetMetrics Unavailable")
+	f.count("GetMetrics Unavailable")
+	r, err := f.fault(context.Background(), "nonesuch") // ends the fault, taking its errors
+	if err == nil || r.Errors["GetMetrics Unavailable"] != 2 {
+		t.Fatalf("the fault's errors %v (%v): want the 2 counted apart", r.Errors, err)
+	}
+	f.count("IsActive Unavailable")
+	if len(f.errs) != 1 || f.errs["IsActive Unavailable"] != 1 || f.faultErrs != nil {
+		t.Fatalf("outside the fault: run's %v, fault's %v; want the run's alone", f.errs, f.faultErrs)
+	}
+}
