@@ -317,29 +317,12 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content type %q is neither Prometheus text nor OpenMetrics", url, ct)}
 		}
 	}
-	var body io.Reader = resp.Body
-	switch enc := resp.Header.Get("Content-Encoding"); enc {
-	case "", "identity":
-	case "gzip":
-		// Only a server that ignores Accept-Encoding: identity gets here
-		// (the transport inflates nothing for a request that sets it).
-		// The compressed body is bounded too: one that inflates to
-		// nothing (empty deflate blocks, empty members) was read at the
-		// network's pace until the scrape's timeout, a CPU for each.
-		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
-		if err != nil {
-			if ctx.Err() == nil && err == io.EOF { //nolint:errorlint // gzip's own io.EOF: no byte at all
-				// No body: the page's fault. One cut within the header
-				// (io.ErrUnexpectedEOF) may be the network's, a pod killed
-				// mid-answer, as one cut in the deflate data is.
-				err = gzip.ErrHeader
-			}
-			return classifyRead(ctx, url, err, s.maxBytes) // a timeout in the header is one
-		}
-		defer func() { _ = zr.Close() }()
-		body = zr
-	default:
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
+	body, err := s.body(ctx, url, resp)
+	if err != nil {
+		return err
+	}
+	if c, ok := body.(io.Closer); ok {
+		defer func() { _ = c.Close() }()
 	}
 	// The page is read into a reused buffer; the cap applies to the page as
 	// parsed (after gzip).
@@ -375,6 +358,34 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
+}
+
+// body is resp's page as sent (the response's body) or inflated (a gzip
+// reader, to close).
+func (s *httpScraper) body(ctx context.Context, url string, resp *http.Response) (io.Reader, error) {
+	switch enc := resp.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+		return struct{ io.Reader }{resp.Body}, nil // the response's body is closed by its reader
+	case "gzip":
+		// Only a server that ignores Accept-Encoding: identity gets here
+		// (the transport inflates nothing for a request that sets it).
+		// The compressed body is bounded too: one that inflates to
+		// nothing (empty deflate blocks, empty members) was read at the
+		// network's pace until the scrape's timeout, a CPU for each.
+		zr, err := gzip.NewReader(&boundedBody{r: resp.Body, n: s.maxBytes})
+		if err != nil {
+			if ctx.Err() == nil && err == io.EOF { //nolint:errorlint // gzip's own io.EOF: no byte at all
+				// No body: the page's fault. One cut within the header
+				// (io.ErrUnexpectedEOF) may be the network's, a pod killed
+				// mid-answer, as one cut in the deflate data is.
+				err = gzip.ErrHeader
+			}
+			return nil, classifyRead(ctx, url, err, s.maxBytes) // a timeout in the header is one
+		}
+		return zr, nil
+	default:
+		return nil, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: content encoding %q: want identity or gzip", url, enc)}
+	}
 }
 
 // boundedBody reads at most n bytes of r, then fails with

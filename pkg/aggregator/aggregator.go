@@ -107,6 +107,34 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		case <-signalled.Done():
 		}
 	}()
+	a.runLoops(gctx, signalled, g)
+	for _, s := range []struct {
+		srv  *http.Server
+		ln   net.Listener
+		what string
+	}{{a.healthSrv, a.healthLn, "health"}, {a.debugSrv, a.debugLn, "debug"}, {a.httpSrv, a.httpLn, "http"}} {
+		if s.srv != nil {
+			g.Go(func() error { return serveHTTP(s.srv, s.ln, s.what) })
+		}
+	}
+	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
+	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
+	g.Go(func() error {
+		<-signalled.Done() // the signal, or a part that failed
+		a.stop()
+		stopped()
+		return nil
+	})
+	err := g.Wait()
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return nil
+	}
+	return err
+}
+
+// runLoops starts in g the loops behind the answers, on ctx (until the
+// stop has ended), and the provisioner, on signalled (the signal).
+func (a *Aggregator) runLoops(gctx, signalled context.Context, g *errgroup.Group) {
 	if a.resolver != nil {
 		g.Go(func() error { a.resolver.Run(gctx); return nil })
 		// Every replica learns every planner trigger it watches, not only
@@ -138,46 +166,19 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	if a.reviewer != nil {
 		g.Go(func() error { a.reviewer.Run(gctx); return nil })
 	}
-	if a.healthSrv != nil {
-		g.Go(func() error {
-			if err := a.healthSrv.Serve(a.healthLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("serve health: %w", err)
-			}
-			return nil
-		})
-	}
-	if a.debugSrv != nil {
-		g.Go(func() error {
-			if err := a.debugSrv.Serve(a.debugLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("serve debug: %w", err)
-			}
-			return nil
-		})
-	}
 	if ds := a.opts.Warmup.AgentDaemonSet; ds != "" {
 		ns, name, _ := strings.Cut(ds, "/")
 		g.Go(func() error { a.warmup.followDaemonSet(gctx, a.deps.Kube, ns, name); return nil })
 	}
 	g.Go(func() error { a.housekeep(gctx); return nil })
-	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
-	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
-	g.Go(func() error {
-		if err := a.httpSrv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve http: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-signalled.Done() // the signal, or a part that failed
-		a.stop()
-		stopped()
-		return nil
-	})
-	err := g.Wait()
-	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
-		return nil
+}
+
+// serveHTTP serves srv on ln until it is shut down.
+func serveHTTP(srv *http.Server, ln net.Listener, what string) error {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve %s: %w", what, err)
 	}
-	return err
+	return nil
 }
 
 // resolveOwner reads --owner-cluster-role's UID into a.owner, the owner

@@ -360,21 +360,8 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st.learnStartups(in)
 	var p Plan
 	fresh := p.count(in, &st)
-	if p.Ready > 0 && len(fresh) == 0 {
-		if p.Refused > 0 {
-			return Plan{}, st, fmt.Errorf("%w: no ready pod's window is believable (%d refused, %s; %d ready pods without a value, %d starting)", ErrStale, p.Refused, p.RefusedWhy, p.Missing-p.Refused, p.Starting)
-		}
-		if p.Unready > 0 {
-			return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d replicas without a value, %d of them ready before and not now; %d starting)", ErrStale, p.Missing, p.Unready, p.Starting)
-		}
-		return Plan{}, st, fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
-	}
-	if p.Ready == 0 {
-		// Replicas starting or stopping alone: the routers' demand is
-		// the whole of it, as with none listed (noReplica).
-		if err := silentRouters(in.Demand); err != nil {
-			return Plan{}, st, err
-		}
+	if err := p.unplannable(len(fresh), in.Demand); err != nil {
+		return Plan{}, st, err
 	}
 	// Since is the first plan's time: not an error's (a workload whose
 	// agent was lost for the hold after a restart, then back, would be
@@ -1186,6 +1173,25 @@ func implausible(l *store.PodLoad) string {
 		return "no requests-waiting gauge in its window (absent from its page, or every value refused)"
 	}
 	return ""
+}
+
+// unplannable is why a workload with fresh pods counted is not planned:
+// ready replicas none of which reported, or none ready and routers not
+// reporting (nil when it is planned).
+func (p *Plan) unplannable(fresh int, d store.DemandValue) error {
+	switch {
+	case p.Ready > 0 && fresh == 0 && p.Refused > 0:
+		return fmt.Errorf("%w: no ready pod's window is believable (%d refused, %s; %d ready pods without a value, %d starting)", ErrStale, p.Refused, p.RefusedWhy, p.Missing-p.Refused, p.Starting)
+	case p.Ready > 0 && fresh == 0 && p.Unready > 0:
+		return fmt.Errorf("%w: no ready pod reported within staleAfter (%d replicas without a value, %d of them ready before and not now; %d starting)", ErrStale, p.Missing, p.Unready, p.Starting)
+	case p.Ready > 0 && fresh == 0:
+		return fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
+	case p.Ready == 0:
+		// Replicas starting or stopping alone: the routers' demand is
+		// the whole of it, as with none listed (noReplica).
+		return silentRouters(d)
+	}
+	return nil
 }
 
 // silentRouters is the error for a workload with no ready replica whose
