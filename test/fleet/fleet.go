@@ -587,17 +587,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	// A rise fallen and never pushed is missed though no rise followed it
-	// within the measurement (the last of each probe).
-	gm, push, missed, rises := slices.Clone(f.getMetrics), slices.Clone(f.push), f.pushMissed+f.unpushed(time.Now()), f.pushRises
-	if missed > 0 {
-		// A rise StreamIsActive never pushed is a failure of the push
-		// path, not a latency left out: it was in no error, and the push
-		// p99 was of the rises pushed alone.
-		f.errs["pushMissed"] += int64(missed)
-	}
-	f.mu.Unlock()
+	gm, push, missed, rises := f.timed()
 	echoes, echoErr := f.echoes.take()
 	inHarness := len(gm)
 	if apart != nil {
@@ -634,6 +624,23 @@ func (f *fleet) floorMissed(err error) {
 	f.errs["echo"]++
 	f.mu.Unlock()
 	fmt.Fprintln(f.log, "fleet: the machine's floor was not measured:", err)
+}
+
+// timed is what the measurement timed: GetMetrics round trips, push
+// latencies, the rises missed (each an error) and the rises begun.
+func (f *fleet) timed() (gm, push []float64, missed, rises int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// A rise fallen and never pushed is missed though no rise followed it
+	// within the measurement (the last of each probe).
+	missed = f.pushMissed + f.unpushed(time.Now())
+	if missed > 0 {
+		// A rise StreamIsActive never pushed is a failure of the push
+		// path, not a latency left out: it was in no error, and the push
+		// p99 was of the rises pushed alone.
+		f.errs["pushMissed"] += int64(missed)
+	}
+	return slices.Clone(f.getMetrics), slices.Clone(f.push), missed, f.pushRises
 }
 
 // settle waits --settle, then forgets what was timed before it.

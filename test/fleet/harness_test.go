@@ -459,3 +459,16 @@ func TestErrorsDuringAFaultAreCountedApart(t *testing.T) {
 		t.Fatalf("outside the fault: run's %v, fault's %v; want the run's alone", f.errs, f.faultErrs)
 	}
 }
+
+// TestAMissedRiseIsAnError: a rise StreamIsActive never pushed was in no
+// error, and the push percentiles were of the rises pushed alone: a run
+// missing them passed. Each is an error of the run.
+func TestAMissedRiseIsAnError(t *testing.T) {
+	epoch := time.Now().Add(-10 * probeHalf)
+	f := &fleet{epoch: epoch, errs: map[string]int64{}, probes: map[int]*probeState{8: {}}}
+	f.probeRise(8, epoch.Add(probeHalf+time.Second))
+	f.probeRise(8, epoch.Add(3*probeHalf+time.Second)) // the rise before was never pushed
+	if _, _, missed, rises := f.timed(); missed != 1 || rises != 2 || f.errs["pushMissed"] != 1 {
+		t.Fatalf("missed %d of %d rises, errors %v: want the miss an error", missed, rises, f.errs)
+	}
+}
