@@ -268,6 +268,7 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 		for _, pt := range o.pulseTriggers() {
 			ref, i := pt.ref, pt.pos
 			t, err := scaler.ParseTrigger(ref, maxWindow, res)
+			problem := pt.metricTypeProblem()
 			switch {
 			case err != nil:
 				out = append(out, fmt.Sprintf("trigger %d: %v", i, err))
@@ -278,8 +279,8 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
 				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace)))
-			case pt.metricTypeProblem() != "":
-				out = append(out, fmt.Sprintf("trigger %d: %s", i, pt.metricTypeProblem()))
+			case problem != "":
+				out = append(out, fmt.Sprintf("trigger %d: %s", i, problem))
 			default:
 				out = append(out, "")
 			}

@@ -1195,12 +1195,9 @@ func (p *Plan) unplannable(fresh int, d store.DemandValue) error {
 }
 
 // silentRouters is the error for a workload with no ready replica whose
-// routers that report hold and saw nothing while others, ready, have not
-// reported (their agent lost): what those hold is unknown, never a 0 that
-// keeps the workload at zero while they hold its requests. A router
-// starting or stopping (listed, not scraped) holds none.
+// routers' demand is unheard (store.DemandValue.Unheard).
 func silentRouters(d store.DemandValue) error {
-	if d.Silent == 0 || d.Held+d.Arrived > 0 {
+	if !d.Unheard() {
 		return nil
 	}
 	return fmt.Errorf("%w: no ready replica; its %d demand sources that report hold no request, and %d of ready routers have not reported within staleAfter", ErrStale, d.Sources, d.Silent)

@@ -391,14 +391,10 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 }
 
 // staleDemand is the error for a workload with no ready replica whose
-// demand sources that report hold and saw nothing while others have not
-// reported: the requests those hold are unknown, and a 0 kept a workload
-// at zero while a router on a lost node held its requests. Demand the
-// fresh ones report is answered (a scale-up the stale ones can only add
-// to).
-// A router starting or stopping (listed, not scraped) holds none.
+// routers' demand is unheard (store.DemandValue.Unheard). Demand the fresh
+// ones report is answered (a scale-up the stale ones can only add to).
 func staleDemand(t Trigger, dv store.DemandValue) error {
-	if dv.Silent == 0 || dv.Held+dv.Arrived > 0 {
+	if !dv.Unheard() {
 		return nil
 	}
 	return status.Errorf(codes.Unavailable, "%s: no replica ready; its %d demand sources that report hold no request, and %d of ready routers have not reported within staleAfter %s: no value, rather than 0",

@@ -179,3 +179,26 @@ func TestAGaugeAbsentIsSaidSo(t *testing.T) {
 		t.Fatalf("gauges absent: vllm %v %v, tgi %v %v (KV %v); want only tgi's KV cache absent", vllm.NoWaiting, vllm.NoKV, tgi.NoWaiting, tgi.NoKV, tgi.KVCache)
 	}
 }
+
+// TestDemandUnheardOnlyWhenSilentRoutersCouldHoldSomething: the routers'
+// demand is unheard while some ready router has not reported and those
+// that report hold and saw nothing; anything held or arrived, or no silent
+// router, is an answer.
+func TestDemandUnheardOnlyWhenSilentRoutersCouldHoldSomething(t *testing.T) {
+	for _, c := range []struct {
+		d    DemandValue
+		want bool
+	}{
+		{DemandValue{Sources: 1, Stale: 1, Silent: 1}, true},
+		{DemandValue{Sources: 0, Stale: 2, Silent: 2}, true},
+		{DemandValue{Sources: 1, Stale: 1, Silent: 1, Held: 3}, false},
+		{DemandValue{Sources: 1, Stale: 1, Silent: 1, Arrived: 0.5}, false},
+		{DemandValue{Sources: 1, Stale: 1, Silent: 1, Arrived: -2}, true}, // not above 0: nothing heard
+		{DemandValue{Sources: 1, Stale: 1}, false},                        // a router starting or stopping: listed, not scraped
+		{DemandValue{Sources: 2}, false},
+	} {
+		if got := c.d.Unheard(); got != c.want {
+			t.Errorf("%+v: unheard %v, want %v", c.d, got, c.want)
+		}
+	}
+}

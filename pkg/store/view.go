@@ -395,6 +395,15 @@ type DemandValue struct {
 	Stale, Silent int
 }
 
+// Unheard reports whether what the routers hold is unknown: those that
+// report hold and saw nothing while some ready ones have not reported
+// (their agent lost). A 0 then is no answer: it would keep a workload at
+// zero while a router on a lost node held its requests. A router starting
+// or stopping (listed, not scraped) holds none, and is not counted. A sum
+// that is not above 0 is nothing heard (NaN too; the store keeps counters
+// monotonic, so arrivals are never negative).
+func (d DemandValue) Unheard() bool { return d.Silent > 0 && !(d.Held+d.Arrived > 0) }
+
 // Demand reads the demand sources of workload k: held requests from each
 // fresh entry's latest sample, arrivals over window.
 func (s *Store) Demand(k Key, window, freshFor time.Duration) DemandValue {
