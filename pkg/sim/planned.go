@@ -159,10 +159,13 @@ const (
 // the replica count to what the coming horizon needs: for each second τ of
 // [now, now+horizon], the work arriving in [τ, τ+window) spread over the
 // window, in replicas at the target utilisation; the count is the largest
-// of those. The horizon is the startup time of the next replica it would
-// create (a replica started now serves from then on), or a fixed look-ahead.
-// Capacity is so released only once no peak within a startup time needs it,
-// and added a whole startup time before it is needed. With a hold, the
+// of those. The horizon is a startup time (a replica started now serves
+// from then on), or a fixed look-ahead: a replica it has is released only
+// once no peak within the next replica's startup needs it, and each
+// replica it adds is added a whole startup time of its own before it is
+// needed (the k-th created from now looks ahead by the k-th startup drawn:
+// one jump that needs three more replicas starts the three when the slowest
+// of them must start). With a hold, the
 // count is also at least what each second of the last hold needed: the
 // same foresight, capacity kept after a peak rather than released and
 // started again (a replica started again costs its startup's GPU time, and
@@ -183,6 +186,7 @@ type clairvoyant struct {
 	util            float64
 	lo, hi          int32
 	need            []float64 // per second: replicas needed (before utilisation)
+	top             int32     // the most any second needs, in replicas
 }
 
 func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
@@ -334,33 +338,114 @@ func (c *clairvoyant) needs(w *world) {
 		kv[i] += kv[i-1]
 	}
 	win := max(int(c.window/time.Second), 1)
-	c.need = make([]float64, n)
+	need := make([]float64, n)
 	for t := range n {
 		e := min(t+win, n)
 		cw := (compute[e] - compute[t]) / float64(win)
 		kw := (kv[e] - kv[t]) / float64(win) / float64(p.KVCacheTokens)
-		c.need[t] = math.Max(cw, kw)
+		need[t] = math.Max(cw, kw)
 	}
+	c.setNeed(need)
+}
+
+// setNeed sets what each second needs, and the most of them.
+func (c *clairvoyant) setNeed(need []float64) {
+	c.need = need
+	c.top = c.replicas(slices.Max(append([]float64{0}, need...)))
 }
 
 // plan is the replica count for now.
 func (c *clairvoyant) plan(w *world) int32 {
-	h := c.horizon
-	if h == 0 {
-		h = w.peekStartup()
+	if c.horizon > 0 {
+		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
 	}
-	from := max(int((w.now-c.hold)/time.Second), 0)
-	to := min(int((w.now+h)/time.Second), len(c.need)-1)
-	most := 0.0
-	for t := from; t <= to; t++ {
-		most = math.Max(most, c.need[t])
+	// Each place is kept, or taken, while some second within its lead
+	// needs as many replicas as its rank: a ready replica's lead is the
+	// next replica's startup (one released now takes that long to come
+	// back); a starting one's, the longer of that and the rest of its own
+	// startup; one it would add, the startup it would draw (the k-th
+	// created from now, the k-th drawn). Places rank as a scale-down
+	// spares them (the first ready first, the newest starting last), so
+	// that the count it sets keeps the places it needs. The hold asks for
+	// what the last hold needed.
+	ahead, next := c.ahead(w.now), w.peekStartup(0)
+	n := c.replicas(c.most(w.now-c.hold, w.now))
+	have := w.removalOrder()
+	for i := range have {
+		k, rp := int32(len(have)-i), have[i]
+		lead := next
+		if rp.state == starting {
+			lead = max(lead, rp.due-w.now)
+		}
+		if k > n && c.replicas(ahead(lead)) >= k {
+			n = k
+		}
 	}
-	n := int32(math.Ceil(most/c.util - 1e-9))
-	return min(max(n, c.lo), c.hi)
+	for j := 1; int32(len(have)+j) <= min(c.hi, c.top); j++ {
+		if k := int32(len(have) + j); c.replicas(ahead(w.peekStartup(j-1))) >= k {
+			n = k
+		}
+	}
+	return c.bound(n)
 }
 
-// Initial: the count its plan asks for at 0, warm (it knew).
-func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
+// most is the most any second of [from, to] needs.
+func (c *clairvoyant) most(from, to time.Duration) float64 {
+	m := 0.0
+	for t := max(int(from/time.Second), 0); t <= min(int(to/time.Second), len(c.need)-1); t++ {
+		m = math.Max(m, c.need[t])
+	}
+	return m
+}
+
+// ahead returns the most any second of [now, now+d] needs, from a running
+// maximum it extends as later look-aheads ask.
+func (c *clairvoyant) ahead(now time.Duration) func(d time.Duration) float64 {
+	from := int(now / time.Second)
+	var run []float64 // run[i]: the most of seconds from..from+i
+	return func(d time.Duration) float64 {
+		// Up to the second a replica started a second later would miss.
+		to := min(from+int((d+time.Second-1)/time.Second), len(c.need)-1)
+		for t := from + len(run); t <= to; t++ {
+			v := c.need[t]
+			if len(run) > 0 {
+				v = math.Max(v, run[len(run)-1])
+			}
+			run = append(run, v)
+		}
+		if i := min(to-from, len(run)-1); i >= 0 {
+			return run[i]
+		}
+		return 0
+	}
+}
+
+// replicas is the count a need takes at the target utilisation (at most
+// maxStatic: past any ScaledObject's maxReplicaCount the plan keeps).
+func (c *clairvoyant) replicas(need float64) int32 {
+	return int32(math.Min(math.Ceil(need/c.util-1e-9), maxStatic))
+}
+
+// bound is n within the ScaledObject's bounds.
+func (c *clairvoyant) bound(n int32) int32 { return min(max(n, c.lo), c.hi) }
+
+// Initial: the fleet warm at 0 (it knew: its replicas need no lead).
+// With a fixed horizon, what the hold and the horizon ask for; else the
+// fewest replicas N that a peak within the startup of the replica it
+// would create next, the N+1-th drawn, does not need more of: the fleet
+// its plan keeps a second later, none released at once.
+func (c *clairvoyant) Initial(w *world) int32 {
+	if c.horizon > 0 {
+		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
+	}
+	ahead, n := c.ahead(w.now), c.replicas(c.most(w.now-c.hold, w.now))
+	for ; n < min(c.hi, c.top); n++ {
+		if c.replicas(ahead(w.peekStartup(int(n)))) <= n {
+			break
+		}
+	}
+	return c.bound(n)
+}
 
 // ---- hindsight --------------------------------------------------------------
 
@@ -371,7 +456,8 @@ func (c *clairvoyant) Initial(w *world) int32 { return c.plan(w) }
 // window, in replicas at the target utilisation (the clairvoyant's model of
 // a request's work); the count is the largest of those. The hold is the
 // startup time of the next replica it would create, or fixed. It starts at
-// minReplicaCount, knowing nothing. It is no bound — a reactive plan could
+// minReplicaCount, knowing nothing (with a warm start, with the signal
+// pipelines' fleet). It is no bound — a reactive plan could
 // hold other capacity — but the best of a plain family that needs neither
 // a signal nor learning: what a reactive plan with perfect measurement and
 // a known capacity reaches, and so how much of a loss no measurement
@@ -399,10 +485,13 @@ func (h *hindsight) Attach(w *world) {
 func (h *hindsight) plan(w *world) int32 {
 	hold := h.horizon
 	if hold == 0 {
-		hold = w.peekStartup()
+		hold = w.peekStartup(0)
 	}
 	win := max(int(h.window/time.Second), 1)
 	to := int(w.now/time.Second) - win // the last window wholly arrived
+	if to < 0 {
+		return w.spec // none has: it keeps the fleet it started with
+	}
 	from := to - int(hold/time.Second)
 	most := 0.0
 	for t := max(from, 0); t <= to && t < len(h.need); t++ {
@@ -412,5 +501,6 @@ func (h *hindsight) plan(w *world) int32 {
 	return min(max(n, h.lo), h.hi)
 }
 
-// Initial: minReplicaCount (it has seen nothing).
+// Initial: minReplicaCount (it has seen nothing), or a warm start's fleet
+// as the signal pipelines have it (world.run).
 func (h *hindsight) Initial(*world) int32 { return h.lo }

@@ -163,6 +163,71 @@ func TestClairvoyantHoldKeepsTheStep(t *testing.T) {
 	}
 }
 
+// TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup: one replica
+// runs and a jump at 200 s needs three. Each replica it adds is started a
+// startup time of its own before the jump: the second created from now,
+// drawn 300 s, must start now even when the next, drawn 60 s, need not;
+// none starts early when every draw is short; and one it has is kept only
+// for what a peak within the next startup needs.
+func TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup(t *testing.T) {
+	need := make([]float64, 600)
+	for i := range need {
+		need[i] = 1
+		if i >= 200 {
+			need[i] = 3
+		}
+	}
+	s := time.Second
+	for _, c := range []struct {
+		startups []time.Duration
+		ready    int
+		want     int32
+	}{
+		{[]time.Duration{60 * s, 300 * s, 60 * s}, 1, 3}, // the second's 300 s reaches the jump: both start now
+		{[]time.Duration{60 * s, 60 * s, 60 * s}, 1, 1},  // no draw reaches it: none starts yet
+		{[]time.Duration{300 * s, 60 * s}, 1, 2},         // the next reaches it; the one after starts later
+		{[]time.Duration{60 * s, 60 * s}, 3, 1},          // three run: two go, no peak within the next startup needs them
+		{[]time.Duration{250 * s, 60 * s}, 3, 3},         // three run: kept, the peak comes within the next startup
+	} {
+		w := &world{startups: c.startups}
+		for i := range c.ready {
+			w.reps = append(w.reps, &rep{id: i + 1, state: ready})
+		}
+		p := clairvoyant{util: 1, lo: 1, hi: 10}
+		p.setNeed(need)
+		if got := p.plan(w); got != c.want {
+			t.Errorf("startups %v, %d running: plan %d, want %d", c.startups, c.ready, got, c.want)
+		}
+	}
+	// A replica starting is kept for the rest of its own startup, however
+	// short the next draw: started for the jump, it is not given back at
+	// the next second and started again.
+	w := &world{now: 10 * s, startups: []time.Duration{60 * s}}
+	w.reps = []*rep{{id: 1, state: ready}, {id: 2, state: starting, created: 0, due: 300 * s}, {id: 3, state: starting, created: 0, due: 300 * s}}
+	p := clairvoyant{util: 1, lo: 1, hi: 10}
+	p.setNeed(need)
+	if got := p.plan(w); got != 3 {
+		t.Errorf("two replicas starting for the jump, due after it, the next draw 60 s: plan %d, want 3 (kept)", got)
+	}
+}
+
+// TestTheClairvoyantOnlyAddsBeforeAStep: on the step of
+// TestClairvoyantScalesAheadOfAStep, run second by second with the
+// startups the seed draws, the clairvoyant's count only rises until the
+// step comes: nothing it started for the step is released before it.
+func TestTheClairvoyantOnlyAddsBeforeAStep(t *testing.T) {
+	c, _, per := onAStep(t, "clairvoyant", "static:1")
+	stepAt := int(10 * time.Minute / per)
+	for i := 1; i <= stepAt; i++ {
+		if c.Series.Replicas[i] < c.Series.Replicas[i-1] {
+			t.Fatalf("sample %d: %d replicas after %d, before the step (%v)", i, c.Series.Replicas[i], c.Series.Replicas[i-1], c.Series.Replicas[:stepAt+1])
+		}
+	}
+	if c.Series.Replicas[stepAt] < 3 {
+		t.Fatalf("%d replicas when the step came, want the 3 or more it needs", c.Series.Replicas[stepAt])
+	}
+}
+
 // TestUtilisationTracesAFrontier: a lower target utilisation buys more
 // GPU-hours, never fewer.
 func TestUtilisationTracesAFrontier(t *testing.T) {
@@ -302,6 +367,35 @@ func TestInitialReplicasAreWarm(t *testing.T) {
 	r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: []string{"oracle"}, InitialReplicas: 4})
 	if p := result(r, "oracle"); p.Series.Ready[0] != 4 {
 		t.Fatalf("%d ready at 0, want 4", p.Series.Ready[0])
+	}
+}
+
+// TestAWarmStartGivesEveryPipelineTheClairvoyantsFleet: under a warm
+// start the signal pipelines and hindsight start with the fleet the
+// default clairvoyant plan has at 0, Ready, where without it they start
+// at the HPA's minimum; it is refused beside --initial-replicas.
+func TestAWarmStartGivesEveryPipelineTheClairvoyantsFleet(t *testing.T) {
+	reqs := load(t, "poisson:rate=40,duration=15m,prompt=1000,output=200", 1)
+	names := []string{"oracle", "hindsight", "clairvoyant"}
+	warm := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names, WarmStart: true})
+	cold := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names})
+	want := result(warm, "clairvoyant").Series.Ready[0]
+	if want < 2 {
+		t.Fatalf("the clairvoyant starts with %d replicas at 40 requests/s; the test needs more than the minimum", want)
+	}
+	for _, n := range names[:2] {
+		if got := result(warm, n).Series.Ready[0]; got != want {
+			t.Errorf("%s: %d ready at 0 under a warm start, want the clairvoyant's %d", n, got, want)
+		}
+		if got := result(warm, n).Series.Replicas[2]; got != want {
+			t.Errorf("%s: %d replicas at 20 s under a warm start, want the %d it started with", n, got, want)
+		}
+		if got := result(cold, n).Series.Ready[0]; got != 1 {
+			t.Errorf("%s: %d ready at 0 without a warm start, want the minimum, 1", n, got)
+		}
+	}
+	if _, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names, WarmStart: true, InitialReplicas: 2}); err == nil || !strings.Contains(err.Error(), "warm start") {
+		t.Errorf("a warm start beside initial replicas: %v, want refused", err)
 	}
 }
 

@@ -34,6 +34,9 @@ type ReportConfig struct {
 	ConfigTolerance bool     `json:"configurableTolerance"`
 	// WarmupSeconds: what the *AfterWarmup scores leave out.
 	WarmupSeconds float64 `json:"warmupSeconds"`
+	// WarmStart: the signal pipelines started with the fleet the default
+	// clairvoyant plan has at 0 (Config.WarmStart).
+	WarmStart bool `json:"warmStart"`
 	// ClientTimeoutSeconds: 0 when clients wait for ever.
 	ClientTimeoutSeconds float64 `json:"clientTimeoutSeconds"`
 	// Skipped: pipelines left out because they cannot express the
@@ -253,7 +256,7 @@ func newReport(cfg *Config, results []*PipelineResult) *Report {
 		Metric: cfg.trigger.Metric, Threshold: cfg.trigger.Threshold, Seed: cfg.Seed, TTFTSLOSeconds: cfg.TTFTSLO.Seconds(),
 		Balancer: cfg.Balancer, SampleSeconds: cfg.SampleEvery.Seconds(), HorizonSeconds: cfg.horizon.Seconds(),
 		PipelineNames: cfg.Pipelines, ConfigTolerance: cfg.HPA.ConfigurableTolerance,
-		WarmupSeconds: max(cfg.Warmup, 0).Seconds(), ClientTimeoutSeconds: cfg.ClientTimeout.Seconds(), Skipped: cfg.skipped,
+		WarmupSeconds: max(cfg.Warmup, 0).Seconds(), WarmStart: cfg.WarmStart, ClientTimeoutSeconds: cfg.ClientTimeout.Seconds(), Skipped: cfg.skipped,
 	}}
 	rates := trace.Rate(cfg.Trace, cfg.SampleEvery)
 	for i := range rates {

@@ -73,6 +73,13 @@ type Config struct {
 	StatusReplicas   string
 	// InitialReplicas (warm, Ready at 0); 0: the HPA's minimum.
 	InitialReplicas int32
+	// WarmStart: the signal pipelines and hindsight start with the fleet
+	// the clairvoyant's default plan has at 0, warm and Ready, as fixed
+	// fleets and the clairvoyant do: the fleet of a service that was
+	// already serving the trace's first minutes, so that no pipeline's
+	// score after the warm-up carries a backlog from a cold start that
+	// its references did not have. Not with InitialReplicas.
+	WarmStart bool
 	// Drain is how long the simulation runs past the last arrival.
 	Drain time.Duration
 	// HPA is kube-controller-manager's HPA configuration.
@@ -167,6 +174,9 @@ func (c *Config) prepare() error {
 	}
 	if c.ClientTimeout < 0 {
 		errs = append(errs, errors.New("the client timeout must not be negative"))
+	}
+	if c.WarmStart && c.InitialReplicas != 0 {
+		errs = append(errs, errors.New("a warm start and initial replicas both set the fleet at 0: give one"))
 	}
 	if c.TerminationGrace < 0 {
 		errs = append(errs, errors.New("the termination grace must not be negative"))

@@ -61,6 +61,7 @@ type rep struct {
 	r       *replica.Replica
 	state   repState
 	created time.Duration
+	due     time.Duration // created + its startup: Ready then, if still starting
 	readyAt time.Duration
 	gen     uint64
 	pending bool
@@ -151,7 +152,11 @@ func (w *world) run() *PipelineResult {
 	w.pipe.Attach(w)
 	pl, planned := w.pipe.(planner)
 	initial := cfg.initialReplicas
-	if planned {
+	_, hind := w.pipe.(*hindsight)
+	switch {
+	case cfg.WarmStart && (hind || !planned): // the pipelines that start knowing nothing
+		initial = w.warmStart()
+	case planned:
 		initial = pl.Initial(w)
 	}
 	w.setSpec(initial, false)
@@ -181,6 +186,15 @@ func (w *world) run() *PipelineResult {
 	w.st.account(w, cfg.horizon)
 	w.now = cfg.horizon
 	return w.st.result(w)
+}
+
+// warmStart is the fleet a warm start has at 0: what the clairvoyant's
+// default plan has (Config.WarmStart), and at least the HPA's minimum (the
+// fleet a cold start has).
+func (w *world) warmStart() int32 {
+	c, _, _ := newPlan("clairvoyant", "", w.cfg) // no argument to refuse
+	c.needs(w)
+	return max(c.Initial(w), w.cfg.ScaledObject.HPAMinReplicas())
 }
 
 func (w *world) scheduleArrivals() {
@@ -350,30 +364,34 @@ func (w *world) setSpec(n int32, record bool) {
 		w.st.scaleEvent(w.now, w.spec, n)
 	}
 	w.spec = n
-	alive := func() []*rep {
-		var out []*rep
-		for _, rp := range w.reps {
-			if rp.state != terminating {
-				out = append(out, rp)
-			}
-		}
-		return out
-	}
-	for int32(len(alive())) < n {
+	for int32(len(w.removalOrder())) < n {
 		w.addReplica()
 	}
-	for a := alive(); int32(len(a)) > n; a = alive() {
-		sort.SliceStable(a, func(i, j int) bool {
-			if (a[i].state == starting) != (a[j].state == starting) {
-				return a[i].state == starting
-			}
-			if a[i].state == starting {
-				return a[i].created > a[j].created
-			}
-			return a[i].readyAt > a[j].readyAt
-		})
+	for a := w.removalOrder(); int32(len(a)) > n; a = w.removalOrder() {
 		w.retire(a[0])
 	}
+}
+
+// removalOrder is the replicas not terminating, in the order a scale-down
+// removes them: the starting ones first, the newest first, then the most
+// recently ready.
+func (w *world) removalOrder() []*rep {
+	var a []*rep
+	for _, rp := range w.reps {
+		if rp.state != terminating {
+			a = append(a, rp)
+		}
+	}
+	sort.SliceStable(a, func(i, j int) bool {
+		if (a[i].state == starting) != (a[j].state == starting) {
+			return a[i].state == starting
+		}
+		if a[i].state == starting {
+			return a[i].created > a[j].created
+		}
+		return a[i].readyAt > a[j].readyAt
+	})
+	return a
 }
 
 func (w *world) addReplica() {
@@ -389,8 +407,9 @@ func (w *world) addReplica() {
 	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile || w.cfg.trigger.SLOPercentile > 0
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)
-	startup := w.peekStartup()
+	startup := w.peekStartup(0)
 	w.startups = w.startups[1:]
+	rp.due = w.now + startup
 	w.at(w.now+startup, func() {
 		if rp.state == starting && w.exists(rp) {
 			w.becomeReady(rp)
@@ -398,12 +417,14 @@ func (w *world) addReplica() {
 	})
 }
 
-// peekStartup is the startup time the next replica created will take.
-func (w *world) peekStartup() time.Duration {
-	if len(w.startups) == 0 {
+// peekStartup is the startup time the replica created i-th from now will
+// take (0: the next). The draws are made in the order replicas take them,
+// whoever looks ahead, so every pipeline's k-th replica starts as slowly.
+func (w *world) peekStartup(i int) time.Duration {
+	for len(w.startups) <= i {
 		w.startups = append(w.startups, w.cfg.Profile.StartupTime(w.rng.NormFloat64()))
 	}
-	return w.startups[0]
+	return w.startups[i]
 }
 
 func (w *world) exists(rp *rep) bool { return slices.Contains(w.reps, rp) }

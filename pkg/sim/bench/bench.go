@@ -262,7 +262,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer,
-			TerminationGrace: s.TerminationGrace.Duration}
+			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.WarmStart == nil || *s.WarmStart}
 		if s.HPAConfigurableTolerance != nil {
 			cfg.HPA = hpa.DefaultOptions()
 			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance
@@ -330,14 +330,28 @@ func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clai
 	whole := func(sc *Score) (float64, float64) { return sc.GPUHours, sc.SLO }
 	family := append(append([]*Score(nil), clairvoyant...), static...)
 	staticFront, clairvoyantFront = Frontier(static, after), Frontier(family, after)
-	sw, cw := Frontier(static, whole), Frontier(family, whole)
+	// Distances are read off every point, not the frontiers: a fixed
+	// fleet's point has no allowance (At), so a plan's point a frontier
+	// leaves out, beaten by a fixed fleet a little cheaper, may still
+	// count where the fixed fleet does not.
+	sa, fa, sw, fw := allPoints(static, after), allPoints(family, after), allPoints(static, whole), allPoints(family, whole)
 	for _, sc := range all {
-		sc.ToStatic = distance(staticFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
-		sc.ToClairvoyant = distance(clairvoyantFront, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
+		sc.ToStatic = distance(sa, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
+		sc.ToClairvoyant = distance(fa, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
 		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO, slack)
-		sc.ToClairvoyantWholeRun = distance(cw, sc.GPUHours, sc.SLO, slack)
+		sc.ToClairvoyantWholeRun = distance(fw, sc.GPUHours, sc.SLO, slack)
 	}
 	return pipelines, static, clairvoyant, staticFront, clairvoyantFront
+}
+
+// allPoints is every score as xy reads it.
+func allPoints(scores []*Score, xy func(*Score) (float64, float64)) []Point {
+	pts := make([]Point, 0, len(scores))
+	for _, sc := range scores {
+		x, y := xy(sc)
+		pts = append(pts, Point{Pipeline: sc.Pipeline, GPUHours: x, SLO: y})
+	}
+	return pts
 }
 
 // inSweep says whether pipeline is one of the sweep's plans, however its
@@ -387,11 +401,7 @@ func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
 // Frontier is the points of scores that no other beats with as few
 // GPU-hours (by GPU-hours, attainment rising), as xy says to read them.
 func Frontier(scores []*Score, xy func(*Score) (float64, float64)) []Point {
-	pts := make([]Point, 0, len(scores))
-	for _, sc := range scores {
-		x, y := xy(sc)
-		pts = append(pts, Point{Pipeline: sc.Pipeline, GPUHours: x, SLO: y})
-	}
+	pts := allPoints(scores, xy)
 	sort.SliceStable(pts, func(i, j int) bool {
 		if pts[i].GPUHours != pts[j].GPUHours {
 			return pts[i].GPUHours < pts[j].GPUHours
@@ -447,12 +457,20 @@ func FrontierSlack(p *replica.Profile) float64 {
 }
 
 // At is the frontier's attainment at g GPU-hours: the best of its points
-// that use no more (within FrontierTolerance, or slack GPU-hours); false
-// below its first point.
+// (a frontier's, or any) that use no more (within FrontierTolerance, or
+// slack GPU-hours); false below its first point. A fixed fleet's point
+// (static:N) has no allowance: it starts no replica, so no startup drawn
+// moves its GPU-hours (N times the scored window, over the same seeds as
+// the pipeline's), and the allowance is for the startup times a plan's
+// runs draw.
 func At(front []Point, g, slack float64) (float64, bool) {
-	limit := max(g*(1+FrontierTolerance), g+slack) + 1e-9
+	allowed := max(g*(1+FrontierTolerance), g+slack) + 1e-9
 	best, ok := 0.0, false
 	for _, p := range front {
+		limit := allowed
+		if kind(p.Pipeline) == "static" {
+			limit = g + 1e-9
+		}
 		if p.GPUHours <= limit {
 			best, ok = math.Max(best, p.SLO), true
 		}

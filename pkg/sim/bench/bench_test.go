@@ -243,6 +243,14 @@ func TestFrontierAndPairs(t *testing.T) {
 	if _, ok := At(front, 0.5, 0); ok {
 		t.Error("a frontier answered below its first point")
 	}
+	// A fixed fleet's point has no allowance: its GPU-hours do not vary.
+	fixed := []Point{{Pipeline: "static:1", GPUHours: 1, SLO: 0.5}, {Pipeline: "static:2", GPUHours: 2, SLO: 0.9}}
+	if got, _ := At(fixed, 1.99, 0.2); got != 0.5 {
+		t.Errorf("At(1.99, slack 0.2) over fixed fleets = %g, want 0.5 (static:1: static:2 uses more)", got)
+	}
+	if got, _ := At(fixed, 2, 0); got != 0.9 {
+		t.Errorf("At(2) over fixed fleets = %g, want 0.9", got)
+	}
 	m, se := meanSE([]float64{1, 2, 3, 4})
 	if m != 2.5 || se < 0.6454 || se > 0.6455 {
 		t.Errorf("mean %g, standard error %g; want 2.5 and 0.6455", m, se)
@@ -345,12 +353,7 @@ func TestTheSwitchesJoinTheFamily(t *testing.T) {
 		switches[1] != "switch:from=2,to=1,at=0.25" || switches[len(switches)-1] != fmt.Sprintf("switch:from=%d,to=%d,at=0.5", most, most-1) {
 		t.Fatalf("switches %q, want each of 1…%d to the next and back at 0.25 and 0.5", switches, most)
 	}
-	scores := []*Score{
-		{Pipeline: "static:1", GPUHoursAfterWarmup: 1, SLOAfterWarmup: 0},
-		{Pipeline: "static:2", GPUHoursAfterWarmup: 2, SLOAfterWarmup: 0.2},
-		{Pipeline: "switch:from=2,to=1,at=0.5", GPUHoursAfterWarmup: 1.5, SLOAfterWarmup: 0.15},
-		{Pipeline: "prometheus-avg", GPUHoursAfterWarmup: 1.6, SLOAfterWarmup: 0.1},
-	}
+	scores := []*Score{scored("static:1", 1, 0), scored("static:2", 2, 0.2), scored("switch:from=2,to=1,at=0.5", 1.5, 0.15), scored("prometheus-avg", 1.6, 0.1)}
 	pipes, static, family, _, front := Split(scores, nil, 0)
 	if len(pipes) != 1 || len(static) != 2 || len(family) != 1 || family[0].Pipeline != scores[2].Pipeline {
 		t.Fatalf("split into %d pipelines, %d static, family %d", len(pipes), len(static), len(family))
@@ -412,6 +415,28 @@ func TestTheBoundAllowsARunsNoise(t *testing.T) {
 		if got := d != nil && *d > BoundTolerance; got != tc.above {
 			t.Errorf("attainment %g: above %v, want %v", tc.slo, got, tc.above)
 		}
+	}
+}
+
+// TestAPlanBehindACheaperFixedFleetStillCounts: the frontier leaves out a
+// plan a fixed fleet a little cheaper beats; the fixed fleet has no
+// allowance, so at GPU-hours just below both, the plan (within its
+// allowance) is what a pipeline is measured against, not the cheaper
+// fixed fleet below.
+func TestAPlanBehindACheaperFixedFleetStillCounts(t *testing.T) {
+	all := []*Score{scored("static:1", 1, 0.5), scored("static:2", 2, 0.9), scored("clairvoyant:utilisation=0.5", 2.01, 0.9), scored("pulse", 1.99, 0.8)}
+	_, _, _, _, front := Split(all, nil, 0.05)
+	for _, p := range front {
+		if strings.HasPrefix(p.Pipeline, "clairvoyant") {
+			t.Fatalf("the frontier keeps %s, beaten by static:2; the test wants it left out", p.Pipeline)
+		}
+	}
+	pulse := all[3]
+	if pulse.ToStatic == nil || *pulse.ToStatic != 0.3 {
+		t.Errorf("Δ static %v, want +0.3 (static:1: static:2 uses more)", pulse.ToStatic)
+	}
+	if pulse.ToClairvoyant == nil || *pulse.ToClairvoyant != -0.1 {
+		t.Errorf("Δ clairvoyant %v, want -0.1 (the plan at 2.01, within its allowance)", pulse.ToClairvoyant)
 	}
 }
 
@@ -569,4 +594,10 @@ func TestAPipelineCheaperThanTheFamilyIsNotBounded(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("not bounded: %q, want %q", got, want)
 	}
+}
+
+// scored is a pipeline's score after the warm-up: g GPU-hours, slo
+// attained.
+func scored(pipeline string, g, slo float64) *Score {
+	return &Score{Pipeline: pipeline, GPUHoursAfterWarmup: g, SLOAfterWarmup: slo}
 }

@@ -55,6 +55,11 @@ type Suite struct {
 	// and off by default in 1.33); default true, as pulse-sim run's flag.
 	// false: the global 10 % applies, as on a default cluster.
 	HPAConfigurableTolerance *bool `json:"hpaConfigurableTolerance"`
+	// WarmStart: as pulse-sim run's --warm-start; default true: every
+	// pipeline starts warm, as its references do. false: the signal
+	// pipelines start at the HPA's minimum (the scoreboards before
+	// 2026-12-02).
+	WarmStart *bool `json:"warmStart"`
 
 	// Set by the caller (pulse-sim bench's flags), not the suite file:
 	// NoReferences scores the pipelines alone — no fixed fleets, switches

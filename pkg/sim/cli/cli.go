@@ -44,6 +44,7 @@ type Options struct {
 	DemandSource    bool
 	PromInterval    time.Duration
 	InitialReplicas int
+	WarmStart       bool
 	Warmup          time.Duration
 	warmupSet       bool // --warmup was given (else a trace shorter than the default is scored whole)
 	CopyJitter      time.Duration
@@ -75,6 +76,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.CopyJitter, "copy-jitter", o.CopyJitter, "--rate-scale's copies fall uniformly within ± half this of their original (1s with --copy-lengths same: pulse-sim's first, lockstep copies, each within a second after its original)")
 	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
+	fs.BoolVar(&o.WarmStart, "warm-start", o.WarmStart, "the signal pipelines (and hindsight) start with the fleet the default clairvoyant plan has at 0, warm and Ready, as static:N and clairvoyant do (pulse-sim bench's default; not with --initial-replicas)")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
 	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the aggregator's --max-window: a trigger window longer than this is refused, as the aggregator refuses it")
 	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount, the switches from each to the next and back (at "+
@@ -120,6 +122,9 @@ func (o *Options) Validate() error {
 	}
 	if o.InitialReplicas < 0 || o.InitialReplicas > 10000 {
 		errs = append(errs, errors.New("--initial-replicas must be from 0 to 10000"))
+	}
+	if o.WarmStart && o.InitialReplicas != 0 {
+		errs = append(errs, errors.New("--warm-start and --initial-replicas both set the fleet at 0: give one"))
 	}
 	if o.Warmup < 0 {
 		errs = append(errs, errors.New("--warmup must not be negative"))
@@ -173,7 +178,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, TerminationGrace: o.TermGrace, StatusReplicas: o.StatusReplicas,
 		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
-		InitialReplicas: int32(o.InitialReplicas), Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
+		InitialReplicas: int32(o.InitialReplicas), WarmStart: o.WarmStart, Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
 	switch {
 	case !o.warmupSet:
 		c.Warmup = 0 // the default: none for a trace shorter than it

@@ -127,7 +127,8 @@ func TestTunePrintsTheCheapestConfiguration(t *testing.T) {
 
 // TestTuneSuiteSweepsEachTraceAlone: tune --suite writes, for each trace ×
 // profile of the suite, the sweep that tune on that trace alone (its rate
-// scale for the profile, the suite's settings) writes as tune.json.
+// scale for the profile, the suite's settings, its warm start) writes as
+// tune.json.
 func TestTuneSuiteSweepsEachTraceAlone(t *testing.T) {
 	dir := t.TempDir()
 	suite := filepath.Join(dir, "suite.yaml")
@@ -160,7 +161,7 @@ traces:
 			t.Fatalf("%v\n%s", err, stdout)
 		}
 		alone := filepath.Join(dir, c.name)
-		code, _, errs := main(t, append([]string{"tune", "--trace", c.trace, "--rate-scale", c.scale, "--ttft-slo", "3s", "--copy-jitter", "10s", "--out", alone}, grid...)...)
+		code, _, errs := main(t, append([]string{"tune", "--trace", c.trace, "--rate-scale", c.scale, "--ttft-slo", "3s", "--copy-jitter", "10s", "--warm-start", "--out", alone}, grid...)...)
 		if code != 0 {
 			t.Fatalf("%s alone: exit %d: %s", c.name, code, errs)
 		}

@@ -149,7 +149,7 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if *suite != "" {
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "hpa-configurable-tolerance":
+			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "hpa-configurable-tolerance", "warm-start":
 				errs = append(errs, fmt.Errorf("--%s: --suite sets it", f.Name))
 			}
 		})
@@ -279,6 +279,7 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 	o.Seed, o.TTFTSLO, o.Warmup, o.ClientTimeout = s.Seed, s.TTFTSLO.Duration, s.Warmup.Duration, s.ClientTimeout.Duration
 	o.CopyJitter, o.CopyLengths = s.CopyJitter.Duration, s.CopyLengths
 	o.TermGrace = s.TerminationGrace.Duration
+	o.WarmStart = s.WarmStart == nil || *s.WarmStart // as bench runs it
 	if s.Balancer != "" {
 		o.Balancer = s.Balancer
 	}
