@@ -159,13 +159,11 @@ const (
 // the replica count to what the coming horizon needs: for each second τ of
 // [now, now+horizon], the work arriving in [τ, τ+window) spread over the
 // window, in replicas at the target utilisation; the count is the largest
-// of those. The horizon is a startup time (a replica started now serves
-// from then on), or a fixed look-ahead: a replica it has is released only
-// once no peak within the next replica's startup needs it, and each
-// replica it adds is added a whole startup time of its own before it is
-// needed (the k-th created from now looks ahead by the k-th startup drawn:
-// one jump that needs three more replicas starts the three when the slowest
-// of them must start). With a hold, the
+// of those. The horizon is a fixed look-ahead, or each replica's own
+// startup (a replica started now serves from then on; fewest says how): a
+// replica is added a whole startup time of its own before it is needed,
+// and released only once no peak within the startup that would bring it
+// back needs it. With a hold, the
 // count is also at least what each second of the last hold needed: the
 // same foresight, capacity kept after a peak rather than released and
 // started again (a replica started again costs its startup's GPU time, and
@@ -187,6 +185,7 @@ type clairvoyant struct {
 	lo, hi          int32
 	need            []float64 // per second: replicas needed (before utilisation)
 	top             int32     // the most any second needs, in replicas
+	run             []float64 // ahead's running maximum
 }
 
 func newClairvoyant(name, args string, cfg *Config) (Pipeline, error) {
@@ -359,34 +358,41 @@ func (c *clairvoyant) plan(w *world) int32 {
 	if c.horizon > 0 {
 		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
 	}
-	// Each place is kept, or taken, while some second within its lead
-	// needs as many replicas as its rank: a ready replica's lead is the
-	// next replica's startup (one released now takes that long to come
-	// back); a starting one's, the longer of that and the rest of its own
-	// startup; one it would add, the startup it would draw (the k-th
-	// created from now, the k-th drawn). Places rank as a scale-down
-	// spares them (the first ready first, the newest starting last), so
-	// that the count it sets keeps the places it needs. The hold asks for
-	// what the last hold needed.
-	ahead, next := c.ahead(w.now), w.peekStartup(0)
-	n := c.replicas(c.most(w.now-c.hold, w.now))
 	have := w.removalOrder()
-	for i := range have {
-		k, rp := int32(len(have)-i), have[i]
-		lead := next
-		if rp.state == starting {
-			lead = max(lead, rp.due-w.now)
+	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), have))
+}
+
+// fewest is the fewest replicas, at least from, that leave no place above
+// them needed: place k (the k-th a scale-down spares; those beyond the
+// replicas it has, the ones it would add, in the order it would create
+// them) is needed when some second within its lead needs k replicas or
+// more. A place left empty now is filled later by a replica created then,
+// so its lead is the startup that replica would draw: with n kept of the
+// replicas it has (or all of them and n-len(have) added), place k's
+// replica is the (k-min(n, have))-th created from now. A starting
+// replica's place leads by the longer of that and the rest of its own
+// startup (released, it would not be Ready sooner). So capacity is added a
+// whole startup time of its own before it is needed, and a replica is
+// released only once no peak within the startup that would bring it back
+// needs it.
+func (c *clairvoyant) fewest(w *world, from int32, have []*rep) int32 {
+	ahead := c.ahead(w.now)
+	most := min(c.hi, c.top)
+	n := max(from, 0)
+	for ; n < most; n++ {
+		needed := false
+		for k := n + 1; k <= most && !needed; k++ {
+			lead := w.peekStartup(int(k - min(n, int32(len(have))) - 1))
+			if i := len(have) - int(k); i >= 0 && have[i].state == starting {
+				lead = max(lead, have[i].due-w.now)
+			}
+			needed = c.replicas(ahead(lead)) >= k
 		}
-		if k > n && c.replicas(ahead(lead)) >= k {
-			n = k
+		if !needed {
+			break
 		}
 	}
-	for j := 1; int32(len(have)+j) <= min(c.hi, c.top); j++ {
-		if k := int32(len(have) + j); c.replicas(ahead(w.peekStartup(j-1))) >= k {
-			n = k
-		}
-	}
-	return c.bound(n)
+	return n
 }
 
 // most is the most any second of [from, to] needs.
@@ -399,11 +405,13 @@ func (c *clairvoyant) most(from, to time.Duration) float64 {
 }
 
 // ahead returns the most any second of [now, now+d] needs, from a running
-// maximum it extends as later look-aheads ask.
+// maximum it extends as later look-aheads ask (in c.run, reused).
 func (c *clairvoyant) ahead(now time.Duration) func(d time.Duration) float64 {
 	from := int(now / time.Second)
-	var run []float64 // run[i]: the most of seconds from..from+i
+	c.run = c.run[:0]
 	return func(d time.Duration) float64 {
+		run := c.run // run[i]: the most of seconds from..from+i
+		defer func() { c.run = run }()
 		// Up to the second a replica started a second later would miss.
 		to := min(from+int((d+time.Second-1)/time.Second), len(c.need)-1)
 		for t := from + len(run); t <= to; t++ {
@@ -431,20 +439,13 @@ func (c *clairvoyant) bound(n int32) int32 { return min(max(n, c.lo), c.hi) }
 
 // Initial: the fleet warm at 0 (it knew: its replicas need no lead).
 // With a fixed horizon, what the hold and the horizon ask for; else the
-// fewest replicas N that a peak within the startup of the replica it
-// would create next, the N+1-th drawn, does not need more of: the fleet
-// its plan keeps a second later, none released at once.
+// fewest that leave no place above them needed (fewest, with no replica
+// yet): the fleet its plan keeps a second later.
 func (c *clairvoyant) Initial(w *world) int32 {
 	if c.horizon > 0 {
 		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
 	}
-	ahead, n := c.ahead(w.now), c.replicas(c.most(w.now-c.hold, w.now))
-	for ; n < min(c.hi, c.top); n++ {
-		if c.replicas(ahead(w.peekStartup(int(n)))) <= n {
-			break
-		}
-	}
-	return c.bound(n)
+	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), nil))
 }
 
 // ---- hindsight --------------------------------------------------------------

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"container/heap"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -163,13 +164,8 @@ func TestClairvoyantHoldKeepsTheStep(t *testing.T) {
 	}
 }
 
-// TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup: one replica
-// runs and a jump at 200 s needs three. Each replica it adds is started a
-// startup time of its own before the jump: the second created from now,
-// drawn 300 s, must start now even when the next, drawn 60 s, need not;
-// none starts early when every draw is short; and one it has is kept only
-// for what a peak within the next startup needs.
-func TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup(t *testing.T) {
+// jumpAt200 is a need of 1 replica until 200 s, then 3.
+func jumpAt200() []float64 {
 	need := make([]float64, 600)
 	for i := range need {
 		need[i] = 1
@@ -177,54 +173,85 @@ func TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup(t *testing.T) {
 			need[i] = 3
 		}
 	}
+	return need
+}
+
+// planEachSecond runs a clairvoyant with need jumpAt200 second by second
+// from 0 to until, from ready replicas warm at 0 and the startups given
+// for the replicas it then creates, in a world of its own (readiness
+// events run as they fall due); it returns the world.
+func planEachSecond(t *testing.T, ready int32, startups []time.Duration, until time.Duration) *world {
+	t.Helper()
+	cfg := Config{Trace: load(t, "poisson:rate=1,duration=15m", 1), ScaledObject: seedSO(t), Profile: profile(t), Seed: 1}
+	if err := cfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	c := &clairvoyant{util: 1, lo: 1, hi: 10}
+	c.setNeed(jumpAt200())
+	w := newWorld(&cfg, c)
+	w.startups = append(make([]time.Duration, ready), startups...) // the warm ones take the first
+	w.setSpec(ready, false)
+	for _, rp := range append([]*rep(nil), w.reps...) {
+		w.becomeReady(rp)
+	}
+	for w.now = 0; w.now <= until; w.now += time.Second {
+		for w.ev.Len() > 0 && w.ev[0].at <= w.now {
+			heap.Pop(&w.ev).(event).fn()
+		}
+		w.setSpec(c.plan(w), true)
+	}
+	return w
+}
+
+// TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup: a jump at 200 s
+// needs three replicas. Planned second by second, each replica it adds is
+// started a startup of its own before the jump, in the order it creates
+// them, and none it starts is given back before the jump (one started and
+// cancelled the next second would be two scale events more): a second
+// replica drawn 300 s starts at 0 with the first, drawn 60 s (Ready at
+// 300 s: the jump came sooner than it could); drawn 60 s and 300 s from
+// two running, the third starts at 140 s; a replica is released only when
+// the ones that would bring it back are quick enough.
+func TestEachReplicaTheClairvoyantAddsLeadsByItsOwnStartup(t *testing.T) {
 	s := time.Second
 	for _, c := range []struct {
+		ready    int32
 		startups []time.Duration
-		ready    int
-		want     int32
+		events   int   // scale events to the jump
+		atJump   int   // replicas ready at it
+		kept     int32 // the count at 1 s
 	}{
-		{[]time.Duration{60 * s, 300 * s, 60 * s}, 1, 3}, // the second's 300 s reaches the jump: both start now
-		{[]time.Duration{60 * s, 60 * s, 60 * s}, 1, 1},  // no draw reaches it: none starts yet
-		{[]time.Duration{300 * s, 60 * s}, 1, 2},         // the next reaches it; the one after starts later
-		{[]time.Duration{60 * s, 60 * s}, 3, 1},          // three run: two go, no peak within the next startup needs them
-		{[]time.Duration{250 * s, 60 * s}, 3, 3},         // three run: kept, the peak comes within the next startup
+		{1, []time.Duration{60 * s, 300 * s, 60 * s}, 1, 2, 3},   // 1 → 3 at 0
+		{2, []time.Duration{60 * s, 300 * s, 60 * s}, 1, 3, 2},   // 2 → 3 at 140 s
+		{1, []time.Duration{60 * s, 60 * s, 60 * s}, 1, 3, 1},    // 1 → 3 at 140 s
+		{1, []time.Duration{150 * s, 60 * s, 150 * s}, 2, 3, 1},  // 1 → 2 at 50 s, → 3 at 140 s
+		{3, []time.Duration{60 * s, 60 * s, 60 * s}, 2, 3, 1},    // 3 → 1 at 0, → 3 at 140 s
+		{3, []time.Duration{60 * s, 240 * s, 60 * s}, 2, 3, 2},   // 3 → 2 at 0 (the next draw would bring it back), → 3 at 140 s
+		{3, []time.Duration{240 * s, 60 * s, 60 * s}, 0, 3, 3},   // bringing one back takes 240 s: all kept
+		{3, []time.Duration{100 * s, 100 * s, 100 * s}, 2, 3, 1}, // 3 → 1 at 0, → 3 at 100 s
 	} {
-		w := &world{startups: c.startups}
-		for i := range c.ready {
-			w.reps = append(w.reps, &rep{id: i + 1, state: ready})
+		if w := planEachSecond(t, c.ready, c.startups, time.Second); w.spec != c.kept {
+			t.Errorf("%d running, startups %v: %d at 1 s, want %d", c.ready, c.startups, w.spec, c.kept)
 		}
-		p := clairvoyant{util: 1, lo: 1, hi: 10}
-		p.setNeed(need)
-		if got := p.plan(w); got != c.want {
-			t.Errorf("startups %v, %d running: plan %d, want %d", c.startups, c.ready, got, c.want)
+		w := planEachSecond(t, c.ready, c.startups, 200*s)
+		if w.st.scaleEvents != c.events || len(w.ready) != c.atJump {
+			t.Errorf("%d running, startups %v: %d scale events to the jump, %d ready at it; want %d and %d", c.ready, c.startups, w.st.scaleEvents, len(w.ready), c.events, c.atJump)
 		}
-	}
-	// A replica starting is kept for the rest of its own startup, however
-	// short the next draw: started for the jump, it is not given back at
-	// the next second and started again.
-	w := &world{now: 10 * s, startups: []time.Duration{60 * s}}
-	w.reps = []*rep{{id: 1, state: ready}, {id: 2, state: starting, created: 0, due: 300 * s}, {id: 3, state: starting, created: 0, due: 300 * s}}
-	p := clairvoyant{util: 1, lo: 1, hi: 10}
-	p.setNeed(need)
-	if got := p.plan(w); got != 3 {
-		t.Errorf("two replicas starting for the jump, due after it, the next draw 60 s: plan %d, want 3 (kept)", got)
 	}
 }
 
-// TestTheClairvoyantOnlyAddsBeforeAStep: on the step of
-// TestClairvoyantScalesAheadOfAStep, run second by second with the
-// startups the seed draws, the clairvoyant's count only rises until the
-// step comes: nothing it started for the step is released before it.
-func TestTheClairvoyantOnlyAddsBeforeAStep(t *testing.T) {
-	c, _, per := onAStep(t, "clairvoyant", "static:1")
-	stepAt := int(10 * time.Minute / per)
-	for i := 1; i <= stepAt; i++ {
-		if c.Series.Replicas[i] < c.Series.Replicas[i-1] {
-			t.Fatalf("sample %d: %d replicas after %d, before the step (%v)", i, c.Series.Replicas[i], c.Series.Replicas[i-1], c.Series.Replicas[:stepAt+1])
-		}
+// TestTheClairvoyantStartsWarmWithWhatItKeeps: the warm fleet at 0 is what
+// its plan keeps a second later: with the jump within a later replica's
+// startup, that replica is warm too, not added late at 1 s.
+func TestTheClairvoyantStartsWarmWithWhatItKeeps(t *testing.T) {
+	s := time.Second
+	c := clairvoyant{util: 1, lo: 1, hi: 10}
+	c.setNeed(jumpAt200())
+	if got := c.Initial(&world{startups: []time.Duration{240 * s, 60 * s, 300 * s}}); got != 3 {
+		t.Errorf("draws 240, 60, 300 s and a jump to 3 at 200 s: %d warm, want 3", got)
 	}
-	if c.Series.Replicas[stepAt] < 3 {
-		t.Fatalf("%d replicas when the step came, want the 3 or more it needs", c.Series.Replicas[stepAt])
+	if got := c.Initial(&world{startups: []time.Duration{60 * s, 60 * s, 60 * s}}); got != 1 {
+		t.Errorf("draws of 60 s and a jump at 200 s: %d warm, want 1", got)
 	}
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"hash/fnv"
@@ -36,6 +37,7 @@ type world struct {
 	// startups drawn ahead of their replicas (a planner's foresight), in
 	// the order replicas will take them.
 	startups []time.Duration
+	order    []*rep // removalOrder's, reused
 
 	hpa      *hpa.Controller
 	target   hpa.Target
@@ -364,33 +366,44 @@ func (w *world) setSpec(n int32, record bool) {
 		w.st.scaleEvent(w.now, w.spec, n)
 	}
 	w.spec = n
-	for int32(len(w.removalOrder())) < n {
+	a := slices.Clone(w.removalOrder()) // retire's hooks may ask for it again
+	for i := int32(len(a)); i < n; i++ {
 		w.addReplica()
 	}
-	for a := w.removalOrder(); int32(len(a)) > n; a = w.removalOrder() {
-		w.retire(a[0])
+	for i := 0; int32(len(a)-i) > n; i++ {
+		w.retire(a[i])
 	}
 }
 
 // removalOrder is the replicas not terminating, in the order a scale-down
 // removes them: the starting ones first, the newest first, then the most
-// recently ready.
+// recently ready (of two created, or Ready, at once, the later created).
 func (w *world) removalOrder() []*rep {
-	var a []*rep
+	a := w.order[:0]
 	for _, rp := range w.reps {
 		if rp.state != terminating {
 			a = append(a, rp)
 		}
 	}
-	sort.SliceStable(a, func(i, j int) bool {
-		if (a[i].state == starting) != (a[j].state == starting) {
-			return a[i].state == starting
+	slices.SortFunc(a, func(x, y *rep) int {
+		if (x.state == starting) != (y.state == starting) {
+			if x.state == starting {
+				return -1
+			}
+			return 1
 		}
-		if a[i].state == starting {
-			return a[i].created > a[j].created
+		at := func(r *rep) time.Duration {
+			if r.state == starting {
+				return r.created
+			}
+			return r.readyAt
 		}
-		return a[i].readyAt > a[j].readyAt
+		if c := cmp.Compare(at(y), at(x)); c != 0 {
+			return c
+		}
+		return cmp.Compare(y.id, x.id)
 	})
+	w.order = a
 	return a
 }
 

@@ -181,18 +181,19 @@ traces:
 
 func TestBadUsageIsClear(t *testing.T) {
 	for name, args := range map[string][]string{
-		"no trace":             {"--scaledobject", seedSO},
-		"bad rate-scale":       {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "0"},
-		"unknown flag":         {"--trace", shippedTrace, "--colour"},
-		"unknown command":      {"simulate"},
-		"bad profile":          {"--trace", "poisson:rate=1,duration=1m", "--scaledobject", seedSO, "--profile", "gpt-9", "--out", t.TempDir()},
-		"bad grid":             {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting"},
-		"bad lengths":          {"--trace", shippedTrace, "--scaledobject", seedSO, "--copy-lengths", "longer"},
-		"bad timeout":          {"--trace", shippedTrace, "--scaledobject", seedSO, "--client-timeout", "-1s"},
-		"bench no suite":       {"bench"},
-		"tune suite and trace": {"tune", "--suite", "../../../docs/simulation/suite.yaml", "--trace", shippedTrace, "--scaledobject", seedSO},
-		"tune bad suite":       {"tune", "--suite", "no-such-suite.yaml", "--scaledobject", seedSO},
-		"bench bad suite":      {"bench", "--suite", "no-such-suite.yaml"},
+		"no trace":                        {"--scaledobject", seedSO},
+		"bad rate-scale":                  {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "0"},
+		"unknown flag":                    {"--trace", shippedTrace, "--colour"},
+		"unknown command":                 {"simulate"},
+		"bad profile":                     {"--trace", "poisson:rate=1,duration=1m", "--scaledobject", seedSO, "--profile", "gpt-9", "--out", t.TempDir()},
+		"bad grid":                        {"tune", "--trace", shippedTrace, "--scaledobject", seedSO, "--metrics", "waiting"},
+		"bad lengths":                     {"--trace", shippedTrace, "--scaledobject", seedSO, "--copy-lengths", "longer"},
+		"bad timeout":                     {"--trace", shippedTrace, "--scaledobject", seedSO, "--client-timeout", "-1s"},
+		"bench no suite":                  {"bench"},
+		"tune suite and trace":            {"tune", "--suite", "../../../docs/simulation/suite.yaml", "--trace", shippedTrace, "--scaledobject", seedSO},
+		"tune bad suite":                  {"tune", "--suite", "no-such-suite.yaml", "--scaledobject", seedSO},
+		"tune suite and initial replicas": {"tune", "--suite", "../../../docs/simulation/suite.yaml", "--initial-replicas", "2", "--scaledobject", seedSO},
+		"bench bad suite":                 {"bench", "--suite", "no-such-suite.yaml"},
 		// NaN and infinite rate scales panicked; 1e12 ran out of memory.
 		"NaN rate-scale":       {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "NaN"},
 		"huge rate-scale":      {"--trace", shippedTrace, "--scaledobject", seedSO, "--rate-scale", "1e12"},
@@ -211,7 +212,7 @@ func TestBadUsageIsClear(t *testing.T) {
 
 func TestHelpListsEveryFlag(t *testing.T) {
 	code, _, errs := main(t, "--help")
-	for _, f := range []string{"-rate-scale", "-ttft-slo", "-initial-replicas", "-warmup", "-copy-jitter", "-copy-lengths", "-client-timeout"} {
+	for _, f := range []string{"-rate-scale", "-ttft-slo", "-initial-replicas", "-warm-start", "-warmup", "-copy-jitter", "-copy-lengths", "-client-timeout"} {
 		if code != 0 || !strings.Contains(errs, f) {
 			t.Fatalf("exit %d, no %s:\n%s", code, f, errs)
 		}

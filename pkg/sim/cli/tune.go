@@ -149,7 +149,7 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if *suite != "" {
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "hpa-configurable-tolerance", "warm-start":
+			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "hpa-configurable-tolerance", "warm-start", "initial-replicas":
 				errs = append(errs, fmt.Errorf("--%s: --suite sets it", f.Name))
 			}
 		})
