@@ -359,7 +359,7 @@ func (c *clairvoyant) plan(w *world) int32 {
 		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
 	}
 	have := w.removalOrder()
-	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), have))
+	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), have, int32(len(have))))
 }
 
 // fewest is the fewest replicas, at least from, that leave no place above
@@ -375,14 +375,18 @@ func (c *clairvoyant) plan(w *world) int32 {
 // whole startup time of its own before it is needed, and a replica is
 // released only once no peak within the startup that would bring it back
 // needs it.
-func (c *clairvoyant) fewest(w *world, from int32, have []*rep) int32 {
+//
+// have is the replicas it has in removal order, and held how many places
+// it holds (len(have); at 0, a warm fleet of any size, which draws no
+// startup: Initial).
+func (c *clairvoyant) fewest(w *world, from int32, have []*rep, held int32) int32 {
 	ahead := c.ahead(w.now)
 	most := min(c.hi, c.top)
 	n := max(from, 0)
 	for ; n < most; n++ {
 		needed := false
 		for k := n + 1; k <= most && !needed; k++ {
-			lead := w.peekStartup(int(k - min(n, int32(len(have))) - 1))
+			lead := w.peekStartup(int(k - min(n, held) - 1))
 			if i := len(have) - int(k); i >= 0 && have[i].state == starting {
 				lead = max(lead, have[i].due-w.now)
 			}
@@ -437,15 +441,15 @@ func (c *clairvoyant) replicas(need float64) int32 {
 // bound is n within the ScaledObject's bounds.
 func (c *clairvoyant) bound(n int32) int32 { return min(max(n, c.lo), c.hi) }
 
-// Initial: the fleet warm at 0 (it knew: its replicas need no lead).
-// With a fixed horizon, what the hold and the horizon ask for; else the
-// fewest that leave no place above them needed (fewest, with no replica
-// yet): the fleet its plan keeps a second later.
+// Initial: the fleet warm at 0 (it knew: its replicas need no lead, and
+// draw no startup). With a fixed horizon, what the hold and the horizon
+// ask for; else the fewest that leave no place above them needed (fewest,
+// every place up to them warm): the fleet its plan keeps a second later.
 func (c *clairvoyant) Initial(w *world) int32 {
 	if c.horizon > 0 {
 		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
 	}
-	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), nil))
+	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), nil, math.MaxInt32))
 }
 
 // ---- hindsight --------------------------------------------------------------

@@ -189,11 +189,8 @@ func planEachSecond(t *testing.T, ready int32, startups []time.Duration, until t
 	c := &clairvoyant{util: 1, lo: 1, hi: 10}
 	c.setNeed(jumpAt200())
 	w := newWorld(&cfg, c)
-	w.startups = append(make([]time.Duration, ready), startups...) // the warm ones take the first
-	w.setSpec(ready, false)
-	for _, rp := range append([]*rep(nil), w.reps...) {
-		w.becomeReady(rp)
-	}
+	w.startups = startups
+	w.warmFleet(ready)
 	for w.now = 0; w.now <= until; w.now += time.Second {
 		for w.ev.Len() > 0 && w.ev[0].at <= w.now {
 			heap.Pop(&w.ev).(event).fn()
@@ -252,6 +249,14 @@ func TestTheClairvoyantStartsWarmWithWhatItKeeps(t *testing.T) {
 	}
 	if got := c.Initial(&world{startups: []time.Duration{60 * s, 60 * s, 60 * s}}); got != 1 {
 		t.Errorf("draws of 60 s and a jump at 200 s: %d warm, want 1", got)
+	}
+	// Its plan a second later keeps them: the warm ones drew no startup,
+	// so the draws that would bring one back are those Initial looked at.
+	for _, draws := range [][]time.Duration{{240 * s, 60 * s, 300 * s}, {200 * s, 260 * s, 230 * s}, {100 * s, 250 * s, 90 * s}} {
+		warm := c.Initial(&world{startups: draws})
+		if w := planEachSecond(t, warm, draws, time.Second); w.st.scaleEvents != 0 {
+			t.Errorf("draws %v: %d warm, then %d at 1 s", draws, warm, w.spec)
+		}
 	}
 }
 

@@ -38,6 +38,7 @@ type world struct {
 	// the order replicas will take them.
 	startups []time.Duration
 	order    []*rep // removalOrder's, reused
+	warm     bool   // warmFleet is creating the fleet at 0
 
 	hpa      *hpa.Controller
 	target   hpa.Target
@@ -161,11 +162,7 @@ func (w *world) run() *PipelineResult {
 	case planned:
 		initial = pl.Initial(w)
 	}
-	w.setSpec(initial, false)
-	// Replicas present at the start are Ready at once (a warm fleet).
-	for _, rp := range append([]*rep(nil), w.reps...) {
-		w.becomeReady(rp)
-	}
+	w.warmFleet(initial)
 	w.scheduleArrivals()
 	if !planned {
 		w.every(cfg.hpaPhase, cfg.HPASyncPeriod, w.hpaSync)
@@ -407,6 +404,18 @@ func (w *world) removalOrder() []*rep {
 	return a
 }
 
+// warmFleet creates n replicas Ready at 0 (a warm fleet). They draw no
+// startup: the first replica any pipeline creates after 0 draws the
+// first.
+func (w *world) warmFleet(n int32) {
+	w.warm = true
+	w.setSpec(n, false)
+	w.warm = false
+	for _, rp := range append([]*rep(nil), w.reps...) {
+		w.becomeReady(rp)
+	}
+}
+
 func (w *world) addReplica() {
 	w.nextID++
 	rp := &rep{id: w.nextID, created: w.now}
@@ -420,6 +429,9 @@ func (w *world) addReplica() {
 	rp.r.Histograms = w.cfg.trigger.Def().Rule == metric.RuleQuantile || w.cfg.trigger.SLOPercentile > 0
 	w.reps = append(w.reps, rp)
 	w.pipe.ReplicaAdded(w, rp)
+	if w.warm {
+		return // warmFleet makes it Ready
+	}
 	startup := w.peekStartup(0)
 	w.startups = w.startups[1:]
 	rp.due = w.now + startup
