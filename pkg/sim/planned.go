@@ -179,7 +179,7 @@ const (
 // each per second; the need is the larger.
 type clairvoyant struct {
 	planOnly
-	window, horizon time.Duration // horizon 0: the next replica's startup
+	window, horizon time.Duration // horizon 0: each place's own startup (fewest)
 	hold            time.Duration // 0: none
 	util            float64
 	lo, hi          int32

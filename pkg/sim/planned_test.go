@@ -409,7 +409,7 @@ func TestInitialReplicasAreWarm(t *testing.T) {
 func TestAWarmStartGivesEveryPipelineTheClairvoyantsFleet(t *testing.T) {
 	reqs := load(t, "poisson:rate=40,duration=15m,prompt=1000,output=200", 1)
 	names := []string{"oracle", "hindsight", "clairvoyant"}
-	warm := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names, WarmStart: true})
+	warm := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names, WarmStart: true, SampleEvery: 10 * time.Second})
 	cold := run(t, Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: names})
 	want := result(warm, "clairvoyant").Series.Ready[0]
 	if want < 2 {
@@ -419,7 +419,7 @@ func TestAWarmStartGivesEveryPipelineTheClairvoyantsFleet(t *testing.T) {
 		if got := result(warm, n).Series.Ready[0]; got != want {
 			t.Errorf("%s: %d ready at 0 under a warm start, want the clairvoyant's %d", n, got, want)
 		}
-		if got := result(warm, n).Series.Replicas[2]; got != want {
+		if got := result(warm, n).Series.Replicas[2]; got != want { // at 20 s
 			t.Errorf("%s: %d replicas at 20 s under a warm start, want the %d it started with", n, got, want)
 		}
 		if got := result(cold, n).Series.Ready[0]; got != 1 {

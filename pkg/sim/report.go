@@ -34,8 +34,9 @@ type ReportConfig struct {
 	ConfigTolerance bool     `json:"configurableTolerance"`
 	// WarmupSeconds: what the *AfterWarmup scores leave out.
 	WarmupSeconds float64 `json:"warmupSeconds"`
-	// WarmStart: the signal pipelines started with the fleet the default
-	// clairvoyant plan has at 0 (Config.WarmStart).
+	// WarmStart: the signal pipelines and hindsight started with the fleet
+	// the default clairvoyant plan has at 0, and at least their cold
+	// start's (Config.WarmStart).
 	WarmStart bool `json:"warmStart"`
 	// ClientTimeoutSeconds: 0 when clients wait for ever.
 	ClientTimeoutSeconds float64 `json:"clientTimeoutSeconds"`

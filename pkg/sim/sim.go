@@ -74,7 +74,9 @@ type Config struct {
 	// InitialReplicas (warm, Ready at 0); 0: the HPA's minimum.
 	InitialReplicas int32
 	// WarmStart: the signal pipelines and hindsight start with the fleet
-	// the clairvoyant's default plan has at 0, warm and Ready, as fixed
+	// the clairvoyant's default plan has at 0 (at least what their cold
+	// start has: the HPA's minimum, hindsight's minReplicaCount), warm and
+	// Ready, as fixed
 	// fleets and the clairvoyant do: the fleet of a service that was
 	// already serving the trace's first minutes, so that no pipeline's
 	// score after the warm-up carries a backlog from a cold start that

@@ -157,8 +157,10 @@ func (w *world) run() *PipelineResult {
 	initial := cfg.initialReplicas
 	_, hind := w.pipe.(*hindsight)
 	switch {
-	case cfg.WarmStart && (hind || !planned): // the pipelines that start knowing nothing
-		initial = w.warmStart()
+	case cfg.WarmStart && hind:
+		initial = w.warmStart(pl.Initial(w))
+	case cfg.WarmStart && !planned: // the signal pipelines
+		initial = w.warmStart(cfg.initialReplicas)
 	case planned:
 		initial = pl.Initial(w)
 	}
@@ -188,12 +190,12 @@ func (w *world) run() *PipelineResult {
 }
 
 // warmStart is the fleet a warm start has at 0: what the clairvoyant's
-// default plan has (Config.WarmStart), and at least the HPA's minimum (the
-// fleet a cold start has).
-func (w *world) warmStart() int32 {
+// default plan has (Config.WarmStart), and at least what the pipeline's
+// cold start has (floor: the HPA's minimum, hindsight's minReplicaCount).
+func (w *world) warmStart(floor int32) int32 {
 	c, _, _ := newPlan("clairvoyant", "", w.cfg) // no argument to refuse
 	c.needs(w)
-	return max(c.Initial(w), w.cfg.ScaledObject.HPAMinReplicas())
+	return max(c.Initial(w), floor)
 }
 
 func (w *world) scheduleArrivals() {
@@ -375,6 +377,7 @@ func (w *world) setSpec(n int32, record bool) {
 // removalOrder is the replicas not terminating, in the order a scale-down
 // removes them: the starting ones first, the newest first, then the most
 // recently ready (of two created, or Ready, at once, the later created).
+// The slice is the world's, overwritten by the next call.
 func (w *world) removalOrder() []*rep {
 	a := w.order[:0]
 	for _, rp := range w.reps {

@@ -21,7 +21,10 @@ type Scoreboard struct {
 	Seeds          []uint64 `json:"seeds"`
 	TTFTSLOSeconds float64  `json:"ttftSloSeconds"`
 	WarmupSeconds  float64  `json:"warmupSeconds"`
-	Cases          []*Case  `json:"cases"`
+	// WarmStart: every signal pipeline started warm (the suite's
+	// warmStart).
+	WarmStart bool    `json:"warmStart"`
+	Cases     []*Case `json:"cases"`
 	// AboveClairvoyant: every signal pipeline whose attainment after the
 	// warm-up is above the clairvoyant frontier at its GPU-hours by more
 	// than BoundTolerance, or that used fewer GPU-hours than any plan of
@@ -77,8 +80,9 @@ type Score struct {
 	ScaleEvents         float64 `json:"scaleEvents"`
 	Reversals           float64 `json:"reversals"`
 	// ToStatic and ToClairvoyant: SLOAfterWarmup minus the frontier's
-	// attainment at GPUHoursAfterWarmup (negative: below it); nil where it
-	// used fewer GPU-hours than any point of that frontier.
+	// attainment at GPUHoursAfterWarmup (negative: below it), read off
+	// every point of the fixed fleets, or of the family, with each point's
+	// allowance (At); nil where it used fewer GPU-hours than any of them.
 	ToStatic      *float64 `json:"toStatic"`
 	ToClairvoyant *float64 `json:"toClairvoyant"`
 	// The same over the whole run (SLO at GPUHours, against the frontiers
@@ -178,7 +182,7 @@ func durations(ds []replica.Duration) []time.Duration {
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
 	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(),
-		NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
+		WarmStart: s.warmStart(), NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
 	if !sb.NoReferences && !sb.StaticOnly {
 		// Bounded by the clairvoyant family: [] until a pipeline is above
 		// it. With no family it stays null, not "bounded by it".
@@ -262,7 +266,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer,
-			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.WarmStart == nil || *s.WarmStart}
+			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.warmStart()}
 		if s.HPAConfigurableTolerance != nil {
 			cfg.HPA = hpa.DefaultOptions()
 			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance
@@ -314,7 +318,8 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 // it splits them into signal pipelines (with any hindsight plan not of the
 // sweep), fixed fleets and the clairvoyant family's plans (every
 // clairvoyant and switch one, and the sweep's hindsight ones), and sets
-// each one's distances to the frontiers.
+// each one's distances to the frontiers (read off every point of each
+// set, At: the frontiers it returns are for showing).
 func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clairvoyant []*Score, staticFront, clairvoyantFront []Point) {
 	for _, sc := range all {
 		switch k := kind(sc.Pipeline); {
@@ -456,10 +461,11 @@ func FrontierSlack(p *replica.Profile) float64 {
 	return float64(p.GPUs) * p.StartupStddev.Hours()
 }
 
-// At is the frontier's attainment at g GPU-hours: the best of its points
-// (a frontier's, or any) that use no more (within FrontierTolerance, or
-// slack GPU-hours); false below its first point. A fixed fleet's point
-// (static:N) has no allowance: it starts no replica, so no startup drawn
+// At is the attainment of the points (a frontier's, or every point of a
+// set) at g GPU-hours: the best of those that use no more (within
+// FrontierTolerance, or slack GPU-hours); false when none is within its
+// limit. A fixed fleet's point (static:N; not a switch, though one that
+// only removes replicas draws no startup either) has no allowance: it starts no replica, so no startup drawn
 // moves its GPU-hours (N times the scored window, over the same seeds as
 // the pipeline's), and the allowance is for the startup times a plan's
 // runs draw.
@@ -531,6 +537,9 @@ func meanSE(v []float64) (float64, float64) {
 
 // warmup is the suite's warm-up as a run takes it: 0, the default (none
 // for a trace shorter than it), when the suite names none.
+// warmStart is the suite's warmStart, true unless set false.
+func (s *Suite) warmStart() bool { return s.WarmStart == nil || *s.WarmStart }
+
 func (s *Suite) warmup() time.Duration {
 	if s.warmupDefault {
 		return 0

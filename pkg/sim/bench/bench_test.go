@@ -373,30 +373,43 @@ func TestTheSwitchesJoinTheFamily(t *testing.T) {
 // the HPAConfigurableTolerance gate on (alpha and off by default in
 // Kubernetes 1.33), so the shipped planner's tolerance 0 was honoured
 // where a default cluster applies 10 %. hpaConfigurableTolerance: false
-// runs the default cluster's HPA.
-func TestASuiteMayRunTheDefaultHPATolerance(t *testing.T) {
-	for _, gate := range []bool{true, false} {
+// TestASuiteSetsTheHPAToleranceAndTheWarmStart: a suite's
+// hpaConfigurableTolerance reaches its runs' HPA, and its warmStart (unset:
+// true) its runs and its scoreboard, which says which.
+func TestASuiteSetsTheHPAToleranceAndTheWarmStart(t *testing.T) {
+	for _, c := range []struct {
+		gate, want bool
+		line       string
+	}{{true, true, ""}, {false, false, "warmStart: false\n"}} {
 		body := fmt.Sprintf(`seeds: 1
 hpaConfigurableTolerance: %v
-profiles: [llama-3.1-8b-h100]
+%sprofiles: [llama-3.1-8b-h100]
 scaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml]
 clairvoyant: {utilisations: [1], windows: [30s]}
 traces:
 - trace: poisson:rate=20,duration=12m
-`, gate)
+`, c.gate, c.line)
 		s, err := Read(miniSuite(t, body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, reports, err := s.Run("gate", io.Discard)
+		sb, reports, err := s.Run("gate", io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(reports) != 1 {
 			t.Fatalf("%d reports, want 1", len(reports))
 		}
-		if got := reports[0].Config.ConfigTolerance; got != gate {
-			t.Fatalf("hpaConfigurableTolerance %v: the run's HPA had it %v", gate, got)
+		if got := reports[0].Config.ConfigTolerance; got != c.gate {
+			t.Fatalf("hpaConfigurableTolerance %v: the run's HPA had it %v", c.gate, got)
+		}
+		if reports[0].Config.WarmStart != c.want || sb.WarmStart != c.want {
+			t.Fatalf("warmStart %q: the run's %v, the scoreboard's %v; want %v", c.line, reports[0].Config.WarmStart, sb.WarmStart, c.want)
+		}
+		var md strings.Builder
+		Markdown(&md, sb, nil)
+		if says := strings.Contains(md.String(), "the signal pipelines start warm"); says != c.want {
+			t.Fatalf("warmStart %q: the scoreboard says it started warm: %v", c.line, says)
 		}
 	}
 }

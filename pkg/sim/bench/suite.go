@@ -57,8 +57,9 @@ type Suite struct {
 	HPAConfigurableTolerance *bool `json:"hpaConfigurableTolerance"`
 	// WarmStart: as pulse-sim run's --warm-start; default true: every
 	// pipeline starts warm, as its references do. false: the signal
-	// pipelines start at the HPA's minimum (the scoreboards before
-	// 2026-12-02).
+	// pipelines start at the HPA's minimum, as the scoreboards before
+	// 2026-12-02 did (which differ too in the startups a warm fleet drew
+	// and in which of two replicas created at once a scale-down removed).
 	WarmStart *bool `json:"warmStart"`
 
 	// Set by the caller (pulse-sim bench's flags), not the suite file:

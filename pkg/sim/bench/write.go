@@ -84,7 +84,11 @@ func pts(v *float64) string {
 // Markdown writes the scoreboard as Markdown (pics: each case's picture).
 func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	fmt.Fprintf(w, "# pulse-sim scoreboard: %s\n\n", sb.Suite)
-	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds.", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds)
+	start := "at the HPA's minimum"
+	if sb.WarmStart {
+		start = "warm, as the references do"
+	}
+	fmt.Fprintf(w, "Seeds %v; TTFT SLO %gs; scores after a %gs warm-up unless said; each a mean over the seeds; the signal pipelines start %s.", sb.Seeds, sb.TTFTSLOSeconds, sb.WarmupSeconds, start)
 	switch {
 	case sb.NoReferences:
 	case sb.StaticOnly:

@@ -207,6 +207,11 @@ func TestBadUsageIsClear(t *testing.T) {
 		if code == 0 || !strings.HasPrefix(errs, "pulse-sim:") || strings.Count(errs, "\n") != 1 {
 			t.Errorf("%s: exit %d, %q: want one line", name, code, errs)
 		}
+		// Refused before any run, by the flag, not by the run it would
+		// start (the suite's warm start beside it).
+		if name == "tune suite and initial replicas" && !strings.Contains(errs, "--initial-replicas: --suite sets it") {
+			t.Errorf("%s: %q, want the flag refused beside --suite", name, errs)
+		}
 	}
 }
 
