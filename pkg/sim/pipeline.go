@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	pulseplanner "github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 )
@@ -126,6 +127,8 @@ type pulsePipe struct {
 	// pushed: what KEDA's StreamIsActive stream last sent (pushed), if
 	// it sent anything (sent).
 	pushed, sent bool
+	// last: the plan of the last evaluation (explainer).
+	last *pulseplanner.Plan
 }
 
 func newPulse(cfg *Config) Pipeline {
@@ -159,7 +162,7 @@ func (p *pulsePipe) Attach(w *world) {
 // push is one evaluation of KEDA's stream: its state sent if it changed,
 // and taken by KEDA if it is active.
 func (p *pulsePipe) push(w *world) {
-	d, err := p.srv.Evaluate(p.cfg.trigger)
+	d, err := p.evaluate()
 	if err != nil || p.sent && d.Active == p.pushed {
 		return // pulse sends nothing on an error, nor the same state again
 	}
@@ -252,14 +255,25 @@ func (p *pulsePipe) ReplicaReady(w *world, rp *rep) {
 }
 
 func (p *pulsePipe) Metric(*world) (float64, error) {
-	d, err := p.srv.Evaluate(p.cfg.trigger)
+	d, err := p.evaluate()
 	return d.Value, err
 }
 
 func (p *pulsePipe) Active(*world) (bool, error) {
-	d, err := p.srv.Evaluate(p.cfg.trigger)
+	d, err := p.evaluate()
 	return d.Active, err
 }
+
+// evaluate is the scaler's answer, its plan kept for lastPlan.
+func (p *pulsePipe) evaluate() (scaler.Decision, error) {
+	d, err := p.srv.Evaluate(p.cfg.trigger)
+	if err == nil && d.Plan != nil {
+		p.last = d.Plan
+	}
+	return d, err
+}
+
+func (p *pulsePipe) lastPlan() *pulseplanner.Plan { return p.last }
 
 // ---- Prometheus -----------------------------------------------------------
 

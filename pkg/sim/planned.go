@@ -356,11 +356,21 @@ func (c *clairvoyant) setNeed(need []float64) {
 // plan is the replica count for now.
 func (c *clairvoyant) plan(w *world) int32 {
 	if c.horizon > 0 {
-		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
+		return c.fixed(w.now)
 	}
 	have := w.removalOrder()
-	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), have, int32(len(have))))
+	return c.bound(c.fewest(w, c.held(w.now), have, int32(len(have))))
 }
+
+// fixed is the count with a fixed horizon: the most any second of the
+// hold and the horizon around now needs.
+func (c *clairvoyant) fixed(now time.Duration) int32 {
+	return c.bound(c.replicas(c.most(now-c.hold, now+c.horizon)))
+}
+
+// held is the count the hold keeps: the most any second of the hold
+// before now needed.
+func (c *clairvoyant) held(now time.Duration) int32 { return c.replicas(c.most(now-c.hold, now)) }
 
 // fewest is the fewest replicas, at least from, that leave no place above
 // them needed: place k (the k-th a scale-down spares; those beyond the
@@ -380,7 +390,8 @@ func (c *clairvoyant) plan(w *world) int32 {
 // it holds (len(have); at 0, a warm fleet of any size, which draws no
 // startup: Initial).
 func (c *clairvoyant) fewest(w *world, from int32, have []*rep, held int32) int32 {
-	ahead := c.ahead(w.now)
+	now := int(w.now / time.Second)
+	c.run = c.run[:0] // ahead's running maximum, from this second
 	most := min(c.hi, c.top)
 	n := max(from, 0)
 	for ; n < most; n++ {
@@ -390,7 +401,7 @@ func (c *clairvoyant) fewest(w *world, from int32, have []*rep, held int32) int3
 			if i := len(have) - int(k); i >= 0 && have[i].state == starting {
 				lead = max(lead, have[i].due-w.now)
 			}
-			needed = c.replicas(ahead(lead)) >= k
+			needed = c.replicas(c.ahead(now, lead)) >= k
 		}
 		if !needed {
 			break
@@ -408,28 +419,24 @@ func (c *clairvoyant) most(from, to time.Duration) float64 {
 	return m
 }
 
-// ahead returns the most any second of [now, now+d] needs, from a running
-// maximum it extends as later look-aheads ask (in c.run, reused).
-func (c *clairvoyant) ahead(now time.Duration) func(d time.Duration) float64 {
-	from := int(now / time.Second)
-	c.run = c.run[:0]
-	return func(d time.Duration) float64 {
-		run := c.run // run[i]: the most of seconds from..from+i
-		defer func() { c.run = run }()
-		// Up to the second a replica started a second later would miss.
-		to := min(from+int((d+time.Second-1)/time.Second), len(c.need)-1)
-		for t := from + len(run); t <= to; t++ {
-			v := c.need[t]
-			if len(run) > 0 {
-				v = math.Max(v, run[len(run)-1])
-			}
-			run = append(run, v)
+// ahead is the most any second of [from, from+d] needs (from in whole
+// seconds), read off the running maximum in c.run (c.run[i]: the most of
+// seconds from … from+i), which it extends as far as d asks; fewest
+// empties it for each second it plans.
+func (c *clairvoyant) ahead(from int, d time.Duration) float64 {
+	// Up to the second a replica started a second later would miss.
+	to := min(from+int((d+time.Second-1)/time.Second), len(c.need)-1)
+	for t := from + len(c.run); t <= to; t++ {
+		v := c.need[t]
+		if n := len(c.run); n > 0 {
+			v = math.Max(v, c.run[n-1])
 		}
-		if i := min(to-from, len(run)-1); i >= 0 {
-			return run[i]
-		}
-		return 0
+		c.run = append(c.run, v)
 	}
+	if i := min(to-from, len(c.run)-1); i >= 0 {
+		return c.run[i]
+	}
+	return 0
 }
 
 // replicas is the count a need takes at the target utilisation (at most
@@ -447,9 +454,9 @@ func (c *clairvoyant) bound(n int32) int32 { return min(max(n, c.lo), c.hi) }
 // every place up to them warm): the fleet its plan keeps a second later.
 func (c *clairvoyant) Initial(w *world) int32 {
 	if c.horizon > 0 {
-		return c.bound(c.replicas(c.most(w.now-c.hold, w.now+c.horizon)))
+		return c.fixed(w.now)
 	}
-	return c.bound(c.fewest(w, c.replicas(c.most(w.now-c.hold, w.now)), nil, math.MaxInt32))
+	return c.bound(c.fewest(w, c.held(w.now), nil, math.MaxInt32))
 }
 
 // ---- hindsight --------------------------------------------------------------

@@ -549,6 +549,53 @@ func TestPlannerInTheSimulator(t *testing.T) {
 	}
 }
 
+// TestExplainKeepsThePlansAndChangesNothing: with Explain each sample of
+// the planner's pipeline carries its last plan (none before the first
+// evaluation; then the count it asked for, what it learned and why), one
+// per sample; a fixed fleet carries none; and everything else in the
+// report is the same as without Explain, byte for byte: sampling a plan
+// evaluates nothing.
+func TestExplainKeepsThePlansAndChangesNothing(t *testing.T) {
+	so, err := ReadScaledObject("../../docs/simulation/default-scaledobject.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Trace: load(t, "steps:rates=5/40/10,step=5m", 1), ScaledObject: so, Profile: profile(t), Seed: 1,
+		Pipelines: []string{"pulse", "static:2"}, WarmStart: true}
+	plain := run(t, cfg)
+	cfg.Explain = true
+	explained := run(t, cfg)
+	p, fixed := result(explained, "pulse"), result(explained, "static:2")
+	if fixed.Series.Plans != nil {
+		t.Fatalf("static:2 has %d plans; a fixed fleet has no planner", len(fixed.Series.Plans))
+	}
+	if len(p.Series.Plans) != len(p.Series.Replicas) {
+		t.Fatalf("%d plans for %d samples", len(p.Series.Plans), len(p.Series.Replicas))
+	}
+	var asked, learned bool
+	for i, pl := range p.Series.Plans {
+		if pl == nil {
+			if asked {
+				t.Fatalf("sample %d has no plan after one was made", i)
+			}
+			continue
+		}
+		asked = true
+		if pl.Reason == "" || pl.Replicas < 0 {
+			t.Fatalf("sample %d: plan %+v", i, pl)
+		}
+		learned = learned || pl.Capacity > 0 && pl.Observations > 0
+	}
+	if !asked || !learned {
+		t.Fatalf("plans made %v, a capacity learned %v: want both over 15 minutes of load", asked, learned)
+	}
+	// The plans are the only difference.
+	p.Series.Plans = nil
+	if a, b := marshal(t, plain), marshal(t, explained); a != b {
+		t.Fatal("the report with Explain differs from the one without beyond its plans")
+	}
+}
+
 // TestThePlannerIsEvaluatedEachSecond: in a cluster KEDA's open
 // StreamIsActive stream has the planner evaluated at each batch of
 // samples, and it learns at each evaluation (an observation a replica at

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	pulseplanner "github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
 )
@@ -100,6 +101,11 @@ type Series struct {
 	Waiting  []int     `json:"waiting"` // on replicas and at the gateway
 	TTFTP50  []float64 `json:"ttftP50"` // of first tokens in the interval; NaN-free: -1 when none
 	TTFTP90  []float64 `json:"ttftP90"`
+	// Plans: with Config.Explain, the planner's last plan at each sample
+	// (a replicas trigger's explanation, as /debug/triggers shows it;
+	// null before its first evaluation), for pipelines that run pulse's
+	// planner; absent otherwise.
+	Plans []*pulseplanner.Plan `json:"plans,omitempty"`
 }
 
 // stats gathers one world's numbers.
@@ -190,7 +196,16 @@ func (s *stats) sample(w *world) {
 	sort.Float64s(vals)
 	s.series.TTFTP50 = append(s.series.TTFTP50, quantile(vals, 0.5))
 	s.series.TTFTP90 = append(s.series.TTFTP90, quantile(vals, 0.9))
+	if e, ok := w.pipe.(explainer); ok && w.cfg.Explain {
+		s.series.Plans = append(s.series.Plans, e.lastPlan())
+	}
 }
+
+// explainer is a pipeline that runs pulse's planner: lastPlan is the plan
+// of its last evaluation (nil before one, or when its trigger is not the
+// planner's), taken as it was evaluated: sampling it evaluates nothing,
+// so the run is the same with Config.Explain as without.
+type explainer interface{ lastPlan() *pulseplanner.Plan }
 
 // quantile of sorted values (nearest rank); -1 when empty.
 func quantile(sorted []float64, q float64) float64 {

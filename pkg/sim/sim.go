@@ -82,6 +82,9 @@ type Config struct {
 	// score after the warm-up carries a backlog from a cold start that
 	// its references did not have. Not with InitialReplicas.
 	WarmStart bool
+	// Explain: each sample of a pipeline that runs pulse's planner keeps
+	// the planner's last plan (Series.Plans); it changes nothing run.
+	Explain bool
 	// Drain is how long the simulation runs past the last arrival.
 	Drain time.Duration
 	// HPA is kube-controller-manager's HPA configuration.

@@ -365,10 +365,21 @@ func (w *world) setSpec(n int32, record bool) {
 		w.st.scaleEvent(w.now, w.spec, n)
 	}
 	w.spec = n
-	a := slices.Clone(w.removalOrder()) // retire's hooks may ask for it again
-	for i := int32(len(a)); i < n; i++ {
+	live := int32(0)
+	for _, rp := range w.reps {
+		if rp.state != terminating {
+			live++
+		}
+	}
+	for ; live < n; live++ {
 		w.addReplica()
 	}
+	if live <= n {
+		return
+	}
+	// Only a scale-down needs the order (retire's hooks may ask for it
+	// again: a copy).
+	a := slices.Clone(w.removalOrder())
 	for i := 0; int32(len(a)-i) > n; i++ {
 		w.retire(a[i])
 	}

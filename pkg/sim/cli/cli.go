@@ -45,6 +45,7 @@ type Options struct {
 	PromInterval    time.Duration
 	InitialReplicas int
 	WarmStart       bool
+	Explain         bool
 	Warmup          time.Duration
 	warmupSet       bool // --warmup was given (else a trace shorter than the default is scored whole)
 	CopyJitter      time.Duration
@@ -77,6 +78,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
 	fs.BoolVar(&o.WarmStart, "warm-start", o.WarmStart, "the signal pipelines (and hindsight) start with the fleet the default clairvoyant plan has at 0, warm and Ready, as static:N and clairvoyant do (pulse-sim bench's default; not with --initial-replicas)")
+	fs.BoolVar(&o.Explain, "explain", o.Explain, "report.json's series of a pipeline whose trigger is the planner's (metric replicas) get plans: the planner's last plan at each sample, every field /debug/triggers shows (changes nothing run)")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
 	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the aggregator's --max-window: a trigger window longer than this is refused, as the aggregator refuses it")
 	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount, the switches from each to the next and back (at "+
@@ -178,7 +180,7 @@ func (o *Options) config(seed uint64) (sim.Config, error) {
 	c := sim.Config{Trace: reqs, TraceName: name, ScaledObject: so, Profile: p, Seed: seed, TTFTSLO: o.TTFTSLO,
 		Balancer: o.Balancer, DropOnScaleDown: o.DropOnScaleDown, TerminationGrace: o.TermGrace, StatusReplicas: o.StatusReplicas,
 		ScrapeInterval: o.ScrapeInterval, PrometheusInterval: o.PromInterval, DemandSource: o.DemandSource,
-		InitialReplicas: int32(o.InitialReplicas), WarmStart: o.WarmStart, Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
+		InitialReplicas: int32(o.InitialReplicas), WarmStart: o.WarmStart, Explain: o.Explain, Warmup: o.Warmup, ClientTimeout: o.ClientTimeout, MaxWindow: o.MaxWindow}
 	switch {
 	case !o.warmupSet:
 		c.Warmup = 0 // the default: none for a trace shorter than it
