@@ -282,14 +282,14 @@ func TestTriggersExplainThePlan(t *testing.T) {
 		t.Fatalf("%v\n%s", err, body)
 	}
 	p := doc.Triggers[0].Decision.Plan
-	if p.Replicas != 2 || p.Capacity != 5000 || p.Work != 5000 || p.LeadTimeSeconds != 300 || p.Reason == "" {
+	if p.Replicas != 2 || p.Capacity != 5000 || p.Proven != 5000 || p.Broke != 0 || p.Work != 5000 || p.LeadTimeSeconds != 300 || p.Reason == "" {
 		t.Fatalf("plan %+v", p)
 	}
 	_, table := get(t, srv.URL+"/debug/triggers?format=table", "")
 	why := column(t, table, "WHY")
 	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
 	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") ||
-		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") {
+		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 5000/s, broke at 0/s") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 	// The rest of what docs/planner.md lists ("Every plan explained"): it

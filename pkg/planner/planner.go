@@ -277,6 +277,12 @@ type Plan struct {
 	Capacity     float64 `json:"capacityPerReplica"`
 	Observations int     `json:"observations"`
 	Breaks       int     `json:"breaks"`
+	// Proven: the most a replica has served within the SLO, fading (the
+	// capacity's floor; probes stop at it over the utilisation); Broke:
+	// the throughput replicas broke at, smoothed (probes stop at it; 0
+	// before a break). Both as State's HealthyMax and BreakCapacity.
+	Proven float64 `json:"provenPerReplica"`
+	Broke  float64 `json:"brokePerReplica,omitempty"`
 	// Confidence grows with the observations (0 to 1).
 	Confidence float64 `json:"confidence"`
 	// KVNeed: replicas the KV cache in use needs at KVTarget.
@@ -414,6 +420,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	}
 	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
+	p.Proven, p.Broke = st.HealthyMax, st.BreakCapacity
 	p.HoldExtra = st.HoldExtra
 	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
 	p.LeadTime, p.Startups = st.lead(cfg), st.Startups

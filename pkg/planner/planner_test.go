@@ -72,6 +72,10 @@ func TestHealthyThroughputProvesCapacity(t *testing.T) {
 	if want := 8000 + learnRate*4000; st.Capacity != want || st.BreakCapacity != 12000 {
 		t.Fatalf("capacity %v, break capacity %v, want %v and 12000", st.Capacity, st.BreakCapacity, want)
 	}
+	// The plan shows the proof and the breaks' level (/debug/triggers).
+	if p.Proven != st.HealthyMax || p.Broke != 12000 || p.Proven < 7990 {
+		t.Fatalf("plan: proven %v, broke at %v; want the state's %v and 12000", p.Proven, p.Broke, st.HealthyMax)
+	}
 	// Confidence grows with the observations: 2 of them, then 121.
 	if want := 1 - 1/(1+0.2); math.Abs(p.Confidence-want) > 1e-12 {
 		t.Fatalf("two observations: confidence %v, want %v", p.Confidence, want)
