@@ -289,7 +289,7 @@ func TestTriggersExplainThePlan(t *testing.T) {
 	why := column(t, table, "WHY")
 	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
 	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") ||
-		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 5000/s, broke at 0/s") {
+		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 5000/s, no break yet") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 	// The rest of what docs/planner.md lists ("Every plan explained"): it
@@ -299,6 +299,17 @@ func TestTriggersExplainThePlan(t *testing.T) {
 		if !strings.Contains(more[why:], want) {
 			t.Errorf("the table's plan lacks %q:\n%s", want, more)
 		}
+	}
+}
+
+// TestBrokeAtSaysWhenNoneBroke: the table's plan line names the level
+// replicas broke at, or that none has (not "broke at 0/s").
+func TestBrokeAtSaysWhenNoneBroke(t *testing.T) {
+	if got := brokeAt(0); got != "no break yet" {
+		t.Errorf("brokeAt(0) = %q", got)
+	}
+	if got := brokeAt(12000.4); got != "broke at 12000/s" {
+		t.Errorf("brokeAt(12000.4) = %q", got)
 	}
 }
 

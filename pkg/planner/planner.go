@@ -361,7 +361,11 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
 	}
 	if !in.Found {
-		return noReplica(in, st)
+		p, st, err := noReplica(in, st)
+		if err == nil {
+			p.learned(&st, cfg)
+		}
+		return p, st, err
 	}
 	st.learnStartups(in)
 	var p Plan
@@ -419,13 +423,19 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		p.Reason += " (" + p.RefusedWhy + ")"
 	}
 	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
+	p.learned(&st, cfg)
+	return p, st, nil
+}
+
+// learned shows in p what st has learned: the capacity and what it rests
+// on, the lead time and the hold's extension (a plan at no replica too).
+func (p *Plan) learned(st *State, cfg Config) {
 	p.Capacity, p.Observations, p.Breaks = st.Capacity, st.Observations, st.Breaks
 	p.Proven, p.Broke = st.HealthyMax, st.BreakCapacity
 	p.HoldExtra = st.HoldExtra
 	p.Confidence = 1 - 1/(1+float64(st.Observations)/10)
 	p.LeadTime, p.Startups = st.lead(cfg), st.Startups
 	p.LeadTimeSeconds, p.HoldExtraSeconds = p.LeadTime.Seconds(), p.HoldExtra.Seconds()
-	return p, st, nil
 }
 
 // holdPeaks drops the peaks past the hold (or past maxPeaks) and sets p's

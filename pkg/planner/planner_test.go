@@ -334,6 +334,15 @@ func TestDemandWithNoReplicaNeedsOne(t *testing.T) {
 	if p, _, err = Make(in, State{}, Default(0)); err != nil || p.Replicas != 0 {
 		t.Fatalf("nothing held, no replica: plan %d, %v; want 0", p.Replicas, err)
 	}
+	// A workload scaled to zero still shows what it learned while it had
+	// replicas: /debug/triggers showed capacity 0 and the default lead.
+	_, learned, _ := run(t, State{}, Default(0), t0, time.Minute, serving("a", 8000, 0.01))
+	in.At, in.Demand.Held = t0.Add(2*time.Minute), 3
+	p, _, err = Make(in, learned, Default(0))
+	if err != nil || p.Replicas != 1 || p.Capacity != learned.Capacity || p.Capacity == 0 || p.Proven != learned.HealthyMax ||
+		p.Observations != learned.Observations || p.Confidence == 0 || p.LeadTimeSeconds != DefaultLeadTime.Seconds() {
+		t.Fatalf("no replica after a minute of one: plan %+v, %v; want one replica and the capacity learned (%v)", p, err, learned.Capacity)
+	}
 }
 
 func TestKVCacheNeed(t *testing.T) {

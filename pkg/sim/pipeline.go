@@ -264,16 +264,20 @@ func (p *pulsePipe) Active(*world) (bool, error) {
 	return d.Active, err
 }
 
-// evaluate is the scaler's answer, its plan kept for lastPlan.
+// evaluate is the scaler's answer, its plan kept for lastPlan (none after
+// an error: the planner answered nothing then).
 func (p *pulsePipe) evaluate() (scaler.Decision, error) {
 	d, err := p.srv.Evaluate(p.cfg.trigger)
-	if err == nil && d.Plan != nil {
-		p.last = d.Plan
+	p.last = d.Plan
+	if err != nil {
+		p.last = nil
 	}
 	return d, err
 }
 
-func (p *pulsePipe) lastPlan() *pulseplanner.Plan { return p.last }
+func (p *pulsePipe) lastPlan() (*pulseplanner.Plan, bool) {
+	return p.last, p.cfg.trigger.Metric == scaler.MetricReplicas
+}
 
 // ---- Prometheus -----------------------------------------------------------
 

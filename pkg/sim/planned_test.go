@@ -594,6 +594,12 @@ func TestExplainKeepsThePlansAndChangesNothing(t *testing.T) {
 	if a, b := marshal(t, plain), marshal(t, explained); a != b {
 		t.Fatal("the report with Explain differs from the one without beyond its plans")
 	}
+	// A pulse trigger that is not the planner's has no plans at all (not
+	// a list of nulls).
+	r := run(t, Config{Trace: cfg.Trace, ScaledObject: seedSO(t), Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}, Explain: true})
+	if plans := result(r, "pulse").Series.Plans; plans != nil {
+		t.Fatalf("a waiting trigger has %d plans, want none", len(plans))
+	}
 }
 
 // TestThePlannerIsEvaluatedEachSecond: in a cluster KEDA's open

@@ -103,8 +103,9 @@ type Series struct {
 	TTFTP90  []float64 `json:"ttftP90"`
 	// Plans: with Config.Explain, the planner's last plan at each sample
 	// (a replicas trigger's explanation, as /debug/triggers shows it;
-	// null before its first evaluation), for pipelines that run pulse's
-	// planner; absent otherwise.
+	// null before its first evaluation and after one that answered an
+	// error), for the pulse pipeline when its trigger is the planner's;
+	// absent otherwise.
 	Plans []*pulseplanner.Plan `json:"plans,omitempty"`
 }
 
@@ -197,15 +198,20 @@ func (s *stats) sample(w *world) {
 	s.series.TTFTP50 = append(s.series.TTFTP50, quantile(vals, 0.5))
 	s.series.TTFTP90 = append(s.series.TTFTP90, quantile(vals, 0.9))
 	if e, ok := w.pipe.(explainer); ok && w.cfg.Explain {
-		s.series.Plans = append(s.series.Plans, e.lastPlan())
+		if plan, plans := e.lastPlan(); plans {
+			s.series.Plans = append(s.series.Plans, plan)
+		}
 	}
 }
 
-// explainer is a pipeline that runs pulse's planner: lastPlan is the plan
-// of its last evaluation (nil before one, or when its trigger is not the
-// planner's), taken as it was evaluated: sampling it evaluates nothing,
-// so the run is the same with Config.Explain as without.
-type explainer interface{ lastPlan() *pulseplanner.Plan }
+// explainer is a pipeline that runs pulse's scaler: lastPlan is the plan
+// of its last evaluation (nil before one, and after one that answered an
+// error), taken as it was evaluated: sampling it evaluates nothing, so
+// the run is the same with Config.Explain as without; plans says whether
+// its trigger is the planner's (no plan otherwise).
+type explainer interface {
+	lastPlan() (plan *pulseplanner.Plan, plans bool)
+}
 
 // quantile of sorted values (nearest rank); -1 when empty.
 func quantile(sorted []float64, q float64) float64 {

@@ -78,7 +78,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CopyLengths, "copy-lengths", o.CopyLengths, "--rate-scale's copies' prompt and output lengths: resample (those of a request drawn from the trace) or same (the original's)")
 	fs.IntVar(&o.InitialReplicas, "initial-replicas", o.InitialReplicas, "replicas warm and Ready at 0 (0: the ScaledObject's minimum); static:N starts with N, clairvoyant with its plan")
 	fs.BoolVar(&o.WarmStart, "warm-start", o.WarmStart, "the signal pipelines (and hindsight) start with the fleet the default clairvoyant plan has at 0, warm and Ready, as static:N and clairvoyant do (pulse-sim bench's default; not with --initial-replicas)")
-	fs.BoolVar(&o.Explain, "explain", o.Explain, "report.json's series of a pipeline whose trigger is the planner's (metric replicas) get plans: the planner's last plan at each sample, every field /debug/triggers shows (changes nothing run)")
+	fs.BoolVar(&o.Explain, "explain", o.Explain, "report.json's series of a pipeline whose trigger is the planner's (metric replicas) get plans: the planner's last plan at each sample, every field /debug/triggers shows; null before its first evaluation and after one that answered an error (changes nothing run)")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "the start of the run sloAfterWarmup, gpuHoursAfterWarmup and goodputPerGpuHour leave out")
 	fs.DurationVar(&o.MaxWindow, "max-window", o.MaxWindow, "the aggregator's --max-window: a trigger window longer than this is refused, as the aggregator refuses it")
 	fs.BoolVar(&o.References, "references", o.References, "also run static:1 … maxReplicaCount, the switches from each to the next and back (at "+
