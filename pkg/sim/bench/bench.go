@@ -182,7 +182,7 @@ func durations(ds []replica.Duration) []time.Duration {
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
 	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(),
-		WarmStart: s.warmStart(), NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
+		WarmStart: s.StartsWarm(), NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
 	if !sb.NoReferences && !sb.StaticOnly {
 		// Bounded by the clairvoyant family: [] until a pipeline is above
 		// it. With no family it stays null, not "bounded by it".
@@ -266,7 +266,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer,
-			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.warmStart()}
+			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.StartsWarm()}
 		if s.HPAConfigurableTolerance != nil {
 			cfg.HPA = hpa.DefaultOptions()
 			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance
@@ -465,10 +465,10 @@ func FrontierSlack(p *replica.Profile) float64 {
 // set) at g GPU-hours: the best of those that use no more (within
 // FrontierTolerance, or slack GPU-hours); false when none is within its
 // limit. A fixed fleet's point (static:N; not a switch, though one that
-// only removes replicas draws no startup either) has no allowance: it starts no replica, so no startup drawn
-// moves its GPU-hours (N times the scored window, over the same seeds as
-// the pipeline's), and the allowance is for the startup times a plan's
-// runs draw.
+// only removes replicas draws no startup either) has no allowance: it
+// starts no replica, so no startup drawn moves its GPU-hours (N times
+// the scored window, over the same seeds as the pipeline's), and the
+// allowance is for the startup times a plan's runs draw.
 func At(front []Point, g, slack float64) (float64, bool) {
 	allowed := max(g*(1+FrontierTolerance), g+slack) + 1e-9
 	best, ok := 0.0, false
@@ -535,11 +535,12 @@ func meanSE(v []float64) (float64, float64) {
 	return m, math.Sqrt(ss/(n-1)) / math.Sqrt(n)
 }
 
+// StartsWarm is the suite's warmStart as bench and tune --suite run it:
+// true unless set false.
+func (s *Suite) StartsWarm() bool { return s.WarmStart == nil || *s.WarmStart }
+
 // warmup is the suite's warm-up as a run takes it: 0, the default (none
 // for a trace shorter than it), when the suite names none.
-// warmStart is the suite's warmStart, true unless set false.
-func (s *Suite) warmStart() bool { return s.WarmStart == nil || *s.WarmStart }
-
 func (s *Suite) warmup() time.Duration {
 	if s.warmupDefault {
 		return 0

@@ -279,7 +279,7 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 	o.Seed, o.TTFTSLO, o.Warmup, o.ClientTimeout = s.Seed, s.TTFTSLO.Duration, s.Warmup.Duration, s.ClientTimeout.Duration
 	o.CopyJitter, o.CopyLengths = s.CopyJitter.Duration, s.CopyLengths
 	o.TermGrace = s.TerminationGrace.Duration
-	o.WarmStart = s.WarmStart == nil || *s.WarmStart // as bench runs it (Suite.warmStart)
+	o.WarmStart = s.StartsWarm() // as bench runs it
 	if s.Balancer != "" {
 		o.Balancer = s.Balancer
 	}
