@@ -75,8 +75,10 @@ type Observer interface {
 // Counters are a replica's cumulative vLLM counters and histogram sums.
 type Counters struct {
 	PromptTokens, GenerationTokens, Success, Preemptions float64
-	TTFTSum, TTFTCount, QueueSum, QueueCount             float64
-	E2ESum, E2ECount, ITLSum, ITLCount                   float64
+	// Steps: engine steps run (vLLM's iteration_tokens_total _count).
+	Steps                                    float64
+	TTFTSum, TTFTCount, QueueSum, QueueCount float64
+	E2ESum, E2ECount, ITLSum, ITLCount       float64
 }
 
 // vLLM's TTFT and inter-token latency bucket bounds
@@ -417,6 +419,7 @@ func (r *Replica) applyDecode(k uint64, end time.Duration) {
 		return
 	}
 	r.decodeN += k
+	r.c.Steps += float64(k)
 	r.lastDecodeEnd = end
 	tokens := float64(k) * float64(n)
 	r.usage += int(k) * n
@@ -436,6 +439,9 @@ func (r *Replica) applyDecode(k uint64, end time.Duration) {
 
 // applyPrefillStep applies a step that prefills (and decodes) ending at end.
 func (r *Replica) applyPrefillStep(end time.Duration) {
+	if r.decoding.Len() == 0 {
+		r.c.Steps++ // (applyDecode counts the steps that decode)
+	}
 	r.applyDecode(1, end)
 	done := false
 	for _, ch := range r.chunks {

@@ -222,6 +222,31 @@ func TestStepTimeIsTheLinearModel(t *testing.T) {
 	}
 }
 
+// TestStepsCountEachEngineStepOnce: vLLM observes iteration_tokens_total
+// once an engine step. A request alone takes a prefill step and one decode
+// step a token after its first; a second request prefilled while the first
+// decodes shares that step, and a run of decode steps advanced in one go
+// counts each.
+func TestStepsCountEachEngineStepOnce(t *testing.T) {
+	p := profile(t)
+	r := New(p, nil)
+	r.Enqueue(0, NewRequest(1, 100, 10, 0))
+	decode := p.stepTime(0, 1, 0)
+	// Past the prefill step and two decode steps, within the third.
+	at := p.stepTime(p.PrefillUnits(100, 0), 0, 0) + 2*decode + decode/2
+	r.AdvanceTo(at)
+	if got := r.Counters().Steps; got != 3 {
+		t.Fatalf("after a prefill and two decode steps: %v steps", got)
+	}
+	r.Enqueue(at, NewRequest(2, 100, 1, at))
+	r.AdvanceTo(time.Minute)
+	// The first: 1 prefill step and 9 decode steps, one of which also
+	// prefilled the second (which finished at its first token).
+	if c := r.Counters(); c.Steps != 10 || c.Success != 2 {
+		t.Fatalf("%v steps, %v requests finished; want 10 and 2", c.Steps, c.Success)
+	}
+}
+
 func TestShippedProfilesLoad(t *testing.T) {
 	if len(Shipped()) < 2 {
 		t.Fatalf("shipped profiles: %v", Shipped())
