@@ -19,7 +19,8 @@ HELM = $(shell test/e2e/tools/build.sh helm)/helm
 all: build
 
 build: demo-bins
-	@echo "== building pulse-sim and pulsectl (first build: a few minutes)"
+	@echo "== building pulse-relay, pulse-sim and pulsectl (first build: a few minutes)"
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-relay ./cmd/relay
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-sim ./cmd/pulse-sim
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulsectl ./cmd/pulsectl
 

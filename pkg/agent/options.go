@@ -20,15 +20,17 @@ import (
 
 // Options are the agent's flags.
 type Options struct {
-	StaticTargets       string
-	KubeConfig          string
-	PodSelector         string
-	InsecureSkipVerify  bool
-	NVML                string
-	PodResourcesSocket  string
-	ResolveInterval     time.Duration
-	Aggregators         stringList
-	AggregatorCAFile    string
+	StaticTargets      string
+	KubeConfig         string
+	PodSelector        string
+	InsecureSkipVerify bool
+	NVML               string
+	PodResourcesSocket string
+	ResolveInterval    time.Duration
+	Aggregators        stringList
+	AggregatorCAFile   string
+	// Relay, when set, carries every aggregator stream (pulse-relay).
+	Relay               string
 	TokenFile           string
 	NodeName            string
 	ScrapeInterval      time.Duration
@@ -82,6 +84,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a headless Service gives every replica)")
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "connect to aggregators over TLS, trusting this CA (plaintext when empty)")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "projected ServiceAccount token sent to aggregators (re-read on every connect; needs --aggregator-ca-file)")
+	fs.StringVar(&o.Relay, "relay", o.Relay, "reach the aggregator replicas through this pulse-relay, host:port: each replica's stream goes to it, naming the replica (still resolved from --aggregator); TLS and the token as to an aggregator, the relay's certificate checked for this host; empty: directly")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name: $NODE_NAME, else the hostname")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
@@ -121,6 +124,11 @@ func (o *Options) Validate() error {
 	for _, a := range o.Aggregators {
 		if err := app.DialAddr(a); err != nil {
 			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port: %w", a, err))
+		}
+	}
+	if o.Relay != "" {
+		if err := app.DialAddr(o.Relay); err != nil {
+			errs = append(errs, fmt.Errorf("--relay %q: want host:port: %w", o.Relay, err))
 		}
 	}
 	if len(o.Aggregators) == 0 {

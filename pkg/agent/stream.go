@@ -3,13 +3,12 @@ package agent
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"sort"
 	"strings"
@@ -22,10 +21,13 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/version"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -113,7 +115,15 @@ func (s *streamer) take() map[string]result {
 // exponential backoff.
 func (s *streamer) run(ctx context.Context) {
 	log := s.agent.log.With(logging.KeyAggregator, s.addr)
-	conn, err := grpc.NewClient(s.addr, append(s.agent.transport(s.serverName),
+	// Through a relay, every replica's stream goes to the relay, naming
+	// the replica (relay.UpstreamKey), and the relay's certificate is
+	// checked for its own name.
+	target, name := s.addr, s.serverName
+	if r := s.agent.opts.Relay; r != "" {
+		host, _, _ := net.SplitHostPort(r)
+		target, name = r, host
+	}
+	conn, err := grpc.NewClient(target, append(s.agent.transport(name),
 		grpc.WithKeepaliveParams(ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
@@ -295,6 +305,9 @@ func idle(sentAt int64) bool {
 // reason (the last connection error), counted and reported by run, not a
 // wait.
 func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, client pulsev1.IngestClient) (pulsev1.Ingest_ReportClient, error) {
+	if s.agent.opts.Relay != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, relay.UpstreamKey, s.addr)
+	}
 	stream, err := client.Report(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open stream: %w", err)
@@ -434,77 +447,12 @@ func (a *Agent) transport(serverName string) []grpc.DialOption {
 	if a.opts.AggregatorCAFile == "" {
 		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	ca := &caFile{path: a.opts.AggregatorCAFile, name: serverName}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		ServerName: serverName, MinVersion: tls.VersionTLS12,
-		// The chain is verified in VerifyConnection, against the CA file
-		// as it is at the handshake, and the name as the standard check does.
-		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection against --aggregator-ca-file
-		VerifyConnection:   ca.verify,
-	}))}
+	ca := &certs.CAFile{Path: a.opts.AggregatorCAFile, Flag: "--aggregator-ca-file", Name: serverName}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientConfig(serverName)))}
 	if a.opts.TokenFile != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(a.opts.TokenFile)))
 	}
 	return opts
-}
-
-// caFile is a CA certificate file, parsed again when its size or time
-// changes.
-type caFile struct {
-	path string
-	name string // the aggregator's certificate must name this; "": the connection's server name
-	mu   sync.Mutex
-	mod  time.Time
-	size int64
-	pool *x509.CertPool
-}
-
-// roots returns the file's certificates as a pool.
-func (c *caFile) roots() (*x509.CertPool, error) {
-	fi, err := os.Stat(c.path)
-	if err != nil {
-		return nil, fmt.Errorf("read --aggregator-ca-file: %w", err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pool != nil && fi.ModTime().Equal(c.mod) && fi.Size() == c.size {
-		return c.pool, nil
-	}
-	pem, err := os.ReadFile(c.path)
-	if err != nil {
-		return nil, fmt.Errorf("read --aggregator-ca-file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--aggregator-ca-file %s holds no PEM certificate", c.path)
-	}
-	c.pool, c.mod, c.size = pool, fi.ModTime(), fi.Size()
-	return pool, nil
-}
-
-// verify checks the aggregator's chain against the CA file and its name
-// against the one the connection asked for, as crypto/tls would.
-func (c *caFile) verify(cs tls.ConnectionState) error {
-	roots, err := c.roots()
-	if err != nil {
-		return err
-	}
-	if len(cs.PeerCertificates) == 0 {
-		return errors.New("the aggregator sent no certificate")
-	}
-	name := c.name
-	if name == "" {
-		name = cs.ServerName
-	}
-	if name == "" {
-		return errors.New("no server name to check the aggregator's certificate against")
-	}
-	opts := x509.VerifyOptions{Roots: roots, DNSName: name, Intermediates: x509.NewCertPool()}
-	for _, ic := range cs.PeerCertificates[1:] {
-		opts.Intermediates.AddCert(ic)
-	}
-	_, err = cs.PeerCertificates[0].Verify(opts)
-	return err
 }
 
 // tokenFile sends the token in a file, re-read on every stream, so that a

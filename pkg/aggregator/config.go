@@ -290,16 +290,16 @@ func grpcOptions() []grpc.ServerOption {
 //     stream's headers, its token among them, for the connection's life
 //     (1.5 MB at 2,000 agents in a heap profile); the agents' gRPC sees
 //     the setting and indexes nothing.
-//   - At most 4 streams a connection (an agent opens one): gRPC allows
-//     2^32 - 1, each a handler and, with agent authentication, a token
-//     review.
+//   - At most --max-ingest-streams-per-connection streams a connection
+//     (4: an agent opens one; a pulse-relay many): gRPC allows 2^32 - 1,
+//     each a handler and, with agent authentication, a token review.
 //   - A connection lives at most ingestConnectionAge (then a GOAWAY, and
 //     ingestConnectionGrace later it is closed; the agent reconnects with
 //     its current token and lists its pods in full). A stream ends at its
 //     token's expiry only when a message comes: a node's idle stream (its
 //     token copied) had held what it listed for ever, another tenant's
 //     deleted pods among them; it now outlives its token by at most this.
-func streamOptions(tls bool) []grpc.ServerOption {
+func streamOptions(tls bool, streams int) []grpc.ServerOption {
 	read := 4 << 10
 	if tls {
 		read = 0
@@ -314,7 +314,7 @@ func streamOptions(tls bool) []grpc.ServerOption {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
-		grpc.MaxConcurrentStreams(4), grpc.KeepaliveParams(ka), grpc.HeaderTableSize(0),
+		grpc.MaxConcurrentStreams(uint32(streams)), grpc.KeepaliveParams(ka), grpc.HeaderTableSize(0),
 	}
 }
 
@@ -412,7 +412,7 @@ func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) ([]stor
 func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	o := a.opts
 	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
-	opts = append(opts, streamOptions(o.IngestTLS.CertFile != "" || o.IngestTLS.Managed)...)
+	opts = append(opts, streamOptions(o.IngestTLS.CertFile != "" || o.IngestTLS.Managed, o.Serving.MaxIngestStreamsPerConnection)...)
 	switch {
 	case o.IngestTLS.CertFile != "":
 		files, err := certs.NewFiles(o.IngestTLS.CertFile, o.IngestTLS.KeyFile, "")

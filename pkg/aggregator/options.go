@@ -37,7 +37,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		Serving: ServingOptions{IngestAddr: ":9091", ScalerAddr: ":9090", HTTPAddr: ":8080", ShutdownTimeout: 5 * time.Second, MetricsAuth: "none",
-			MaxIngestConnections: 20000, MaxIngestConnectionsPerAddress: 8, MaxScalerConnectionsPerAddress: 16, MaxScalerStreams: 40000, MaxTriggerSeries: 2000},
+			MaxIngestConnections: 20000, MaxIngestConnectionsPerAddress: 8, MaxIngestStreamsPerConnection: 4, MaxScalerConnectionsPerAddress: 16, MaxScalerStreams: 40000, MaxTriggerSeries: 2000},
 		Store: StoreOptions{MaxWindow: scaler.DefaultMaxWindow, FreshFor: 5 * time.Second, MaxPodsPerAgent: 1024, MaxSamplesPerPod: 128,
 			MaxPods: 10000, PodExpiry: 10 * time.Minute},
 		// The agents re-resolve the headless Service every 10s (their
@@ -116,6 +116,9 @@ type ServingOptions struct {
 	// MaxIngestConnections bounds the ingest port's open connections, and
 	// MaxIngestConnectionsPerAddress those of one remote address.
 	MaxIngestConnections, MaxIngestConnectionsPerAddress int
+	// MaxIngestStreamsPerConnection bounds the streams one ingest
+	// connection carries: an agent's carries one, a pulse-relay's many.
+	MaxIngestStreamsPerConnection int
 	// MaxScalerConnectionsPerAddress bounds the scaler port's connections
 	// from one remote address.
 	MaxScalerConnectionsPerAddress int
@@ -149,6 +152,7 @@ func (o *ServingOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the replica stays up not ready before it closes its listeners (0 to 1m), so that the Service's endpoints drop it first and new connections go to the other replicas")
 	fs.IntVar(&o.MaxIngestConnections, "max-ingest-connections", o.MaxIngestConnections, "connections the ingest port holds open at once (an agent holds one to each replica): past it a new one waits to be accepted, so that clients of the port (any, with --agent-auth=none) cannot open them without bound")
 	fs.IntVar(&o.MaxIngestConnectionsPerAddress, "max-ingest-connections-per-address", o.MaxIngestConnectionsPerAddress, "connections the ingest port holds open at once from one remote address (an agent holds one to each replica, from its pod's address): past it a new one from that address is closed at once, so that the pods of one client cannot take --max-ingest-connections from every agent; raise it where agents reach the aggregator through one translated address")
+	fs.IntVar(&o.MaxIngestStreamsPerConnection, "max-ingest-streams-per-connection", o.MaxIngestStreamsPerConnection, "agent streams one ingest connection carries at once: an agent opens one; a pulse-relay carries many agents' streams on each of its connections (its --streams-per-connection, which this must be at least), each stream authenticated as an agent's own")
 	fs.IntVar(&o.MaxScalerConnectionsPerAddress, "max-scaler-connections-per-address", o.MaxScalerConnectionsPerAddress, "connections the scaler port holds open at once from one remote address (of 1,024 in all; KEDA's operator keeps one a scaler address and TLS configuration): past it a new one from that address is closed at once, so that one client's pods cannot take the port from KEDA")
 	fs.IntVar(&o.MaxTriggerSeries, "max-trigger-series", o.MaxTriggerSeries, "triggers whose series (pulse_aggregator_trigger_*, pulse_aggregator_plan_*) /metrics carries, shared among their namespaces in turn; past it the others are left out (counted in pulse_aggregator_trigger_series_left_out; /debug/triggers has every one), so that one tenant's ScaledObjects cannot make a page of hundreds of megabytes")
 	fs.IntVar(&o.MaxScalerStreams, "max-scaler-streams", o.MaxScalerStreams, "KEDA's streams the scaler port holds open at once (KEDA opens a StreamIsActive and a StreamMetricSpec for every external-push trigger): past it a new one is refused (ResourceExhausted; KEDA retries, backing off to a minute, and its GetMetrics polls are answered as before)")
@@ -176,6 +180,9 @@ func (o *ServingOptions) Validate() error {
 	}
 	if o.MaxIngestConnections < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections must be at least 1"))
+	}
+	if o.MaxIngestStreamsPerConnection < 1 {
+		errs = append(errs, errors.New("--max-ingest-streams-per-connection must be at least 1"))
 	}
 	if o.MaxIngestConnectionsPerAddress < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections-per-address must be at least 1"))

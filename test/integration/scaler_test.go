@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -200,6 +201,8 @@ func servedMetrics(t *testing.T, url string) prometheus.Gatherer {
 	for _, mf := range byName {
 		mfs = append(mfs, mf)
 	}
+	// In name order, as a registry gathers them (testutil compares in order).
+	sort.Slice(mfs, func(i, j int) bool { return mfs[i].GetName() < mfs[j].GetName() })
 	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return mfs, nil })
 }
 

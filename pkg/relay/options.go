@@ -1,0 +1,204 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/pulse-io/pulse/pkg/app"
+	"github.com/pulse-io/pulse/pkg/certs"
+	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/netbound"
+	"github.com/pulse-io/pulse/pkg/version"
+)
+
+// Options are pulse-relay's flags.
+type Options struct {
+	Listen, HTTPAddr     string
+	Aggregators          []string
+	ResolveInterval      time.Duration
+	StreamsPerConnection int
+	// MaxConnections bounds the agents' connections held at once, and
+	// MaxConnectionsPerAddress those of one remote address.
+	MaxConnections, MaxConnectionsPerAddress int
+	// TLSCertFile and TLSKeyFile: serve the agents TLS; AggregatorCAFile:
+	// reach the aggregators over TLS, trusting this CA.
+	TLSCertFile, TLSKeyFile, AggregatorCAFile string
+	ShutdownTimeout                           time.Duration
+	Log                                       logging.Options
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{Listen: ":9091", HTTPAddr: ":8080", ResolveInterval: 10 * time.Second, StreamsPerConnection: 256,
+		MaxConnections: 20000, MaxConnectionsPerAddress: 8, ShutdownTimeout: 5 * time.Second, Log: logging.DefaultOptions()}
+}
+
+// LogOptions returns the logger's options.
+func (o *Options) LogOptions() logging.Options { return o.Log }
+
+// AddFlags registers the flags.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the agents' gRPC streams (the agents' --relay)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
+	fs.Func("aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica): the only replicas streams are forwarded to; repeatable or comma-separated", func(s string) error {
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.Aggregators = append(o.Aggregators, a)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a replica an agent names that is not known yet is looked up at once, at most once a second)")
+	fs.IntVar(&o.StreamsPerConnection, "streams-per-connection", o.StreamsPerConnection, "agent streams one connection to an aggregator replica carries (keep it at most the aggregator's --ingest-max-streams-per-connection); past it another connection is opened")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "agents' connections held open at once: past it a new one is closed at once")
+	fs.IntVar(&o.MaxConnectionsPerAddress, "max-connections-per-address", o.MaxConnectionsPerAddress, "connections held open at once from one remote address: past it a new one from that address is closed at once")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve the agents TLS with this certificate (re-read when it changes); plaintext when empty")
+	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the certificate's key")
+	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "reach the aggregators over TLS, trusting this CA (read at each handshake); plaintext when empty, and then a stream that carries a token is refused")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long streams are given to end on SIGTERM")
+	o.Log.AddFlags(fs)
+}
+
+// Validate checks the flags.
+func (o *Options) Validate() error {
+	var errs []error
+	for _, a := range []struct{ flag, addr string }{{"--listen", o.Listen}, {"--http-addr", o.HTTPAddr}} {
+		if err := app.ListenAddr(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", a.flag, a.addr, err))
+		}
+	}
+	if len(o.Aggregators) == 0 {
+		errs = append(errs, errors.New("--aggregator is required"))
+	}
+	for _, a := range o.Aggregators {
+		if err := app.DialAddr(a); err != nil {
+			errs = append(errs, fmt.Errorf("--aggregator %q: want host:port: %w", a, err))
+		}
+	}
+	if o.ResolveInterval < 100*time.Millisecond {
+		errs = append(errs, errors.New("--resolve-interval must be at least 100ms"))
+	}
+	if o.StreamsPerConnection < 1 {
+		errs = append(errs, errors.New("--streams-per-connection must be at least 1"))
+	}
+	if o.MaxConnections < 1 || o.MaxConnectionsPerAddress < 1 {
+		errs = append(errs, errors.New("--max-connections and --max-connections-per-address must be at least 1"))
+	}
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		errs = append(errs, errors.New("--tls-cert-file and --tls-key-file go together"))
+	}
+	if o.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("--shutdown-timeout must not be negative"))
+	}
+	errs = append(errs, o.Log.Validate())
+	return errors.Join(errs...)
+}
+
+// Server is a relay and its listeners.
+type Server struct {
+	o     *Options
+	log   *slog.Logger
+	relay *Relay
+	grpc  *grpc.Server
+	reg   *prometheus.Registry
+}
+
+// NewServer wires a relay from o.
+func NewServer(o *Options, log *slog.Logger) (*Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	transport := func(string) credentials.TransportCredentials { return insecure.NewCredentials() }
+	if o.AggregatorCAFile != "" {
+		transport = func(name string) credentials.TransportCredentials {
+			ca := &certs.CAFile{Path: o.AggregatorCAFile, Flag: "--aggregator-ca-file", Name: name}
+			return credentials.NewTLS(ca.ClientConfig(name))
+		}
+	}
+	r := New(Config{Aggregators: o.Aggregators, ResolveInterval: o.ResolveInterval, StreamsPerConnection: o.StreamsPerConnection,
+		Transport: transport, Secure: o.AggregatorCAFile != "", Log: log, Registerer: reg})
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(4 << 20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// An agent opens one stream a replica on its connection.
+		grpc.MaxConcurrentStreams(64),
+		grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10),
+	}
+	opts = append(opts, r.ServerOptions()...)
+	if o.TLSCertFile != "" {
+		files, err := certs.NewFiles(o.TLSCertFile, o.TLSKeyFile, "")
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert-file: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+	}
+	return &Server{o: o, log: log, relay: r, grpc: grpc.NewServer(opts...), reg: reg}, nil
+}
+
+// Run serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.o.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	hln, err := lc.Listen(ctx, "tcp", s.o.HTTPAddr)
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	bounded := netbound.New(ln, s.o.MaxConnections, s.o.MaxConnectionsPerAddress)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.relay.Ready() {
+			http.Error(w, "the aggregators are not resolved yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); s.relay.Run(rctx) }()
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(bounded) }()
+	go func() { errc <- hs.Serve(hln) }()
+	s.log.Info("relay serving", logging.KeyAddr, ln.Addr().String(), logging.KeyVersion, version.Version,
+		"aggregators", strings.Join(s.o.Aggregators, ","))
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-errc:
+	}
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(s.o.ShutdownTimeout):
+		s.grpc.Stop()
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), s.o.ShutdownTimeout)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	cancel()
+	<-done
+	return err
+}

@@ -1,0 +1,426 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// aggregator is an ingest server on loopback that answers a hello with a
+// welcome naming the stream's node and each batch with an ack, and records
+// what each stream carried; refuse, when set, ends a stream with that error
+// at its hello.
+type aggregator struct {
+	pulsev1.UnimplementedIngestServer
+	addr   string
+	conns  atomic.Int64 // connections accepted
+	mu     sync.Mutex
+	md     []metadata.MD
+	ended  []error
+	refuse error
+	srv    *grpc.Server
+}
+
+func startAggregator(t *testing.T, streamsPerConn uint32) *aggregator {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &aggregator{addr: ln.Addr().String()}
+	a.srv = grpc.NewServer(grpc.MaxConcurrentStreams(streamsPerConn))
+	pulsev1.RegisterIngestServer(a.srv, a)
+	go func() { _ = a.srv.Serve(countingListener{ln, &a.conns}) }()
+	t.Cleanup(a.srv.Stop)
+	return a
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+func (a *aggregator) Report(s pulsev1.Ingest_ReportServer) error {
+	md, _ := metadata.FromIncomingContext(s.Context())
+	a.mu.Lock()
+	a.md = append(a.md, md)
+	refuse := a.refuse
+	a.mu.Unlock()
+	err := a.serve(s, refuse)
+	a.mu.Lock()
+	a.ended = append(a.ended, err)
+	a.mu.Unlock()
+	return err
+}
+
+func (a *aggregator) serve(s pulsev1.Ingest_ReportServer, refuse error) error {
+	for {
+		m, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var out *pulsev1.AggregatorMessage
+		switch {
+		case m.GetHello() != nil:
+			if refuse != nil {
+				return refuse
+			}
+			out = &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: "for " + m.GetHello().Node}}}
+		case m.GetBatch() != nil:
+			out = &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.GetBatch().Seq}}}
+		default:
+			continue
+		}
+		if err := s.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (a *aggregator) streams() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.md)
+}
+
+// dns resolves every name to its addresses, which a test may change.
+type dns struct {
+	mu    sync.Mutex
+	addrs map[string][]string
+}
+
+func (d *dns) LookupHost(_ context.Context, host string) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ips, ok := d.addrs[host]
+	if !ok {
+		return nil, fmt.Errorf("no such host %s", host)
+	}
+	return ips, nil
+}
+
+func (d *dns) set(host string, ips ...string) {
+	d.mu.Lock()
+	d.addrs[host] = ips
+	d.mu.Unlock()
+}
+
+// startRelay serves a relay for aggregators named "aggregator:PORT" on
+// loopback; it returns its address.
+func startRelay(t *testing.T, cfg Config) (*Relay, string) {
+	t.Helper()
+	if cfg.ResolveInterval == 0 {
+		cfg.ResolveInterval = time.Hour
+	}
+	if cfg.StreamsPerConnection == 0 {
+		cfg.StreamsPerConnection = 100
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = func(string) credentials.TransportCredentials { return insecure.NewCredentials() }
+	}
+	r := New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(r.ServerOptions()...)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); cancel(); <-done })
+	return r, ln.Addr().String()
+}
+
+// agentStream opens a Report stream through the relay at relayAddr for
+// upstream (none when empty), with md added.
+func agentStream(ctx context.Context, t *testing.T, relayAddr, upstream string, md ...string) pulsev1.Ingest_ReportClient {
+	t.Helper()
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if upstream != "" {
+		md = append(md, UpstreamKey, upstream)
+	}
+	s, err := pulsev1.NewIngestClient(conn).Report(metadata.AppendToOutgoingContext(ctx, md...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func hello(node string) *pulsev1.AgentMessage {
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}
+}
+
+func batch(seq uint64) *pulsev1.AgentMessage {
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: seq, Pods: []uint32{1, 2}, Values: []int64{5, -3}}}}
+}
+
+func port(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
+}
+
+// TestAStreamIsForwardedBothWays: what an agent sends reaches the replica
+// it names, and the replica's answers reach the agent, message by message;
+// the agent's metadata (its token) goes with it, the relay's key does not;
+// the agent closing its side ends the replica's stream as it would end it
+// directly.
+func TestAStreamIsForwardedBothWays(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	reg := prometheus.NewRegistry()
+	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Secure: true, Registerer: reg})
+	s := agentStream(context.Background(), t, relayAddr, agg.addr, "authorization", "Bearer node-1-token")
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Recv()
+	if err != nil || m.GetWelcome().GetAggregatorVersion() != "for node-1" {
+		t.Fatalf("welcome: %v, %v", m, err)
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		if err := s.Send(batch(seq)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.Recv()
+		if err != nil || !proto.Equal(m, &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: seq}}}) {
+			t.Fatalf("ack %d: %v, %v", seq, m, err)
+		}
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the agent closed its side: %v, want the stream ended cleanly", err)
+	}
+	agg.mu.Lock()
+	md, ended := agg.md[0], agg.ended
+	agg.mu.Unlock()
+	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer node-1-token" {
+		t.Errorf("the replica got authorization %q", got)
+	}
+	if got := md.Get(UpstreamKey); len(got) != 0 {
+		t.Errorf("the relay's key reached the replica: %q", got)
+	}
+	if len(ended) != 1 || ended[0] != nil {
+		t.Errorf("the replica's stream ended with %v", ended)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP pulse_relay_messages_total Messages forwarded, by direction (to_aggregator, to_agent).
+# TYPE pulse_relay_messages_total counter
+pulse_relay_messages_total{direction="to_agent"} 4
+pulse_relay_messages_total{direction="to_aggregator"} 4
+`), "pulse_relay_messages_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestStreamsTheRelayRefuses: a stream that names no replica, one that
+// names an address the relay does not resolve from its aggregators (it
+// would be an open proxy), another method, and a token over a plaintext
+// relay: each is refused, saying why, and none reaches a replica.
+func TestStreamsTheRelayRefuses(t *testing.T) {
+	agg := startAggregator(t, 100)
+	other := startAggregator(t, 100) // a server that is not an aggregator the relay knows
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	reg := prometheus.NewRegistry()
+	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Registerer: reg})
+	for _, c := range []struct {
+		name, upstream string
+		md             []string
+		code           codes.Code
+		says           string
+	}{
+		{"no replica named", "", nil, codes.InvalidArgument, "names no aggregator replica"},
+		{"not an aggregator", other.addr, nil, codes.Unavailable, "is not an aggregator replica this relay resolves"},
+		{"a token in plaintext", agg.addr, []string{"authorization", "Bearer x"}, codes.FailedPrecondition, "--aggregator-ca-file"},
+	} {
+		s := agentStream(context.Background(), t, relayAddr, c.upstream, c.md...)
+		_ = s.Send(hello("node-1"))
+		_, err := s.Recv()
+		if status.Code(err) != c.code || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want %s saying %q", c.name, err, c.code, c.says)
+		}
+	}
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	err = conn.Invoke(metadata.AppendToOutgoingContext(context.Background(), UpstreamKey, agg.addr), "/grpc.health.v1.Health/Check", &Frame{}, &Frame{}, grpc.ForceCodec(Codec{}))
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("another method: %v, want Unimplemented", err)
+	}
+	if agg.streams() != 0 || other.streams() != 0 {
+		t.Fatalf("refused streams reached a server: %d and %d", agg.streams(), other.streams())
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP pulse_relay_refused_streams_total Agent streams refused, by reason.
+# TYPE pulse_relay_refused_streams_total counter
+pulse_relay_refused_streams_total{reason="method"} 1
+pulse_relay_refused_streams_total{reason="no_upstream"} 1
+pulse_relay_refused_streams_total{reason="plaintext_token"} 1
+pulse_relay_refused_streams_total{reason="unknown_upstream"} 1
+pulse_relay_refused_streams_total{reason="upstream_unavailable"} 0
+`), "pulse_relay_refused_streams_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestTheReplicasAnswerReachesTheAgent: a replica's refusal (an agent
+// reporting for another node, say) reaches the agent with its code and
+// message, as it would directly.
+func TestTheReplicasAnswerReachesTheAgent(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.refuse = status.Error(codes.PermissionDenied, "the token is bound to node-2")
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, relayAddr, agg.addr)
+	_ = s.Send(hello("node-1"))
+	if _, err := s.Recv(); status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != "the token is bound to node-2" {
+		t.Fatalf("%v, want the replica's own refusal", err)
+	}
+}
+
+// TestStreamsShareConnections: streams to one replica share connections,
+// at most StreamsPerConnection each; a connection left with no stream is
+// closed, but a replica's last is kept. An agent that goes away ends its
+// stream at the replica.
+func TestStreamsShareConnections(t *testing.T) {
+	agg := startAggregator(t, 2)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	reg := prometheus.NewRegistry()
+	r, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 2, Registerer: reg})
+	var cancels []context.CancelFunc
+	for i := range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		s := agentStream(ctx, t, relayAddr, agg.addr)
+		if err := s.Send(hello(fmt.Sprintf("node-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := agg.conns.Load(); n != 3 {
+		t.Errorf("5 streams at 2 a connection took %d connections at the replica, want 3", n)
+	}
+	if got := testutil.ToFloat64(r.m.connections); got != 3 {
+		t.Errorf("connections gauge %v, want 3", got)
+	}
+	if got := testutil.ToFloat64(r.m.streams); got != 5 {
+		t.Errorf("streams gauge %v, want 5", got)
+	}
+	for _, c := range cancels {
+		c()
+	}
+	eventually(t, "every stream ended at the replica, one connection kept", func() error {
+		agg.mu.Lock()
+		ended := len(agg.ended)
+		agg.mu.Unlock()
+		if ended != 5 || testutil.ToFloat64(r.m.streams) != 0 || testutil.ToFloat64(r.m.connections) != 1 {
+			return fmt.Errorf("%d ended, streams %v, connections %v", ended, testutil.ToFloat64(r.m.streams), testutil.ToFloat64(r.m.connections))
+		}
+		return nil
+	})
+}
+
+// TestAReplicaGoneEndsItsStreams: a replica no longer resolved loses its
+// connections, and the streams on them end, as a direct stream to a
+// replica that went away does; a replica the agent resolved before the
+// relay did is looked up at once.
+func TestAReplicaGoneEndsItsStreams(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {}}}
+	r, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, ResolveInterval: 50 * time.Millisecond})
+	eventually(t, "resolved", func() error {
+		if !r.Ready() {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+	// The replica appears: the agent's stream names it before the relay's
+	// next resolution (an hour away would do too: it is looked up at once).
+	d.set("aggregator", "127.0.0.1")
+	s := agentStream(context.Background(), t, relayAddr, agg.addr)
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatalf("a replica resolved at once: %v", err)
+	}
+	d.set("aggregator")
+	if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the replica gone: %v, want Unavailable", err)
+	}
+}
+
+// TestOptionsValidate: bad flags are errors that name them.
+func TestOptionsValidate(t *testing.T) {
+	o := NewOptions()
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--aggregator is required") {
+		t.Fatalf("no aggregator: %v", err)
+	}
+	o.Aggregators = []string{"pulse-aggregator-ingest.pulse-system:9091"}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	o.Aggregators = append(o.Aggregators, "no-port")
+	o.StreamsPerConnection, o.TLSCertFile = 0, "tls.crt"
+	err := o.Validate()
+	for _, want := range []string{`--aggregator "no-port"`, "--streams-per-connection", "--tls-cert-file and --tls-key-file"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v, want it to say %q", err, want)
+		}
+	}
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/pulse-io/pulse/pkg/agent"
+	"github.com/pulse-io/pulse/pkg/aggregator"
+	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/relay"
+	"github.com/pulse-io/pulse/test/fakenode"
+	"github.com/pulse-io/pulse/test/procs"
+)
+
+// TestAgentsThroughARelay: two nodes' agents reach the aggregator through
+// a pulse-relay, over TLS both ways, each with its ServiceAccount token;
+// the aggregator reviews each stream's token as it does an agent's own and
+// takes each node's pods, and both streams arrive on one connection.
+func TestAgentsThroughARelay(t *testing.T) {
+	sim1, sim2 := startCountingSim(t), startCountingSim(t)
+	setLoad(simPod{sim: sim1.sim}, 6, 1, 0.5)
+	setLoad(simPod{sim: sim2.sim}, 3, 1, 0.5)
+	pod1 := kubePod("one", "gpu-node-1", "llama", sim1, true)
+	pod2 := kubePod("two", "gpu-node-2", "llama", sim2, true)
+	api := fake.NewClientset(pod1.DeepCopy(), pod2.DeepCopy())
+	fakenode.TokenReviews(api, "pulse", map[string]fakenode.Token{
+		"token-1": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-1"},
+		"token-2": {User: "system:serviceaccount:pulse-system:pulse-agent", Node: "gpu-node-2"}})
+	files := agentTLS(t, "token-1", "token-2")
+
+	o := aggregator.NewOptions()
+	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.Serving.MaxIngestStreamsPerConnection = 64
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile = files[0], files[1]
+	o.Warmup.Duration = 0
+	o.AgentAuth.Mode = "tokenreview"
+	agg := runAggregator(t, o, aggregator.Deps{Kube: api})
+
+	ro := relay.NewOptions()
+	var err error
+	if ro.Listen, err = procs.FreeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	if ro.HTTPAddr, err = procs.FreeAddr(); err != nil {
+		t.Fatal(err)
+	}
+	ro.Aggregators = []string{"localhost:" + portOf(agg.IngestAddr())}
+	ro.TLSCertFile, ro.TLSKeyFile, ro.AggregatorCAFile = files[0], files[1], files[2]
+	if err := ro.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := relay.NewServer(ro, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rs.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	eventually(t, "the relay ready", func() error {
+		resp, err := http.Get("http://" + ro.HTTPAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+
+	for i, node := range []string{"gpu-node-1", "gpu-node-2"} {
+		ao := agent.NewOptions()
+		ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, node, gpu.ModeOff
+		ao.Relay = "localhost:" + portOf(ro.Listen)
+		ao.AggregatorCAFile, ao.TokenFile = files[2], files[3+i]
+		runAgent(t, ao, agent.Deps{Pods: fakenode.NodePods(api, node), Resolver: loopbackDNS{}}, nil)
+	}
+
+	eventually(t, "both nodes' pods, through the relay", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		got := map[string]float64{}
+		for _, p := range w.Pods {
+			got[p.Name] = p.Values["waiting"]
+		}
+		if len(got) != 2 || got["one"] != 6 || got["two"] != 3 {
+			return fmt.Errorf("pods %v", got)
+		}
+		return nil
+	})
+	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+agg.HTTPAddr()+"/metrics"), strings.NewReader(`
+# HELP pulse_aggregator_agent_streams Agent streams open now.
+# TYPE pulse_aggregator_agent_streams gauge
+pulse_aggregator_agent_streams 2
+`), "pulse_aggregator_agent_streams"); err != nil {
+		t.Error(err)
+	}
+	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+ro.HTTPAddr+"/metrics"), strings.NewReader(`
+# HELP pulse_relay_streams Agent streams the relay forwards now.
+# TYPE pulse_relay_streams gauge
+pulse_relay_streams 2
+# HELP pulse_relay_upstream_connections Connections open to aggregator replicas.
+# TYPE pulse_relay_upstream_connections gauge
+pulse_relay_upstream_connections 1
+`), "pulse_relay_streams", "pulse_relay_upstream_connections"); err != nil {
+		t.Error(err)
+	}
+}
