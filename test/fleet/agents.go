@@ -15,10 +15,12 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/procs"
@@ -69,6 +71,7 @@ type simAgent struct {
 	sessions atomic.Int64 // sessions opened (a welcome received)
 	up       atomic.Bool
 	lastErr  atomic.Pointer[errBox] // why the last session ended
+	relay    string                 // the pulse-relay it reaches the aggregator through (--relays); empty: directly
 }
 
 // errBox holds an error of any concrete type in an atomic.Pointer.
@@ -146,7 +149,13 @@ func (a *simAgent) run(ctx context.Context) {
 	// ingest port holds at most --max-ingest-connections-per-address from
 	// one): 127.1.X.Y on the loopback.
 	from := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(a.idx/250), byte(a.idx%250+1))}}
-	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(creds),
+	target := a.addr
+	if a.relay != "" {
+		// The relays serve the agents plaintext (and reach a TLS ingest
+		// port with its CA).
+		target, creds = a.relay, insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return from.DialContext(ctx, "tcp", addr) }),
 		grpc.WithKeepaliveParams(agent.ClientKeepalive),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
@@ -184,6 +193,9 @@ func (a *simAgent) run(ctx context.Context) {
 func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if a.relay != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, relay.UpstreamKey, a.addr)
+	}
 	stream, err := client.Report(ctx)
 	if err != nil {
 		return fmt.Errorf("open stream: %w", err)

@@ -67,6 +67,11 @@ func newAggregator(o options, dir string, expectedAgents int) (*aggregatorProc, 
 		}
 		p.args = append(p.args, "--ingest-tls-cert-file", p.tls.certFile, "--ingest-tls-key-file", p.tls.keyFile)
 	}
+	if o.relays > 0 {
+		// A relay's connection carries many agents' streams, and the
+		// relays' connections all come from the loopback's one address.
+		p.args = append(p.args, "--max-ingest-streams-per-connection", "1024", "--max-ingest-connections-per-address", "1024")
+	}
 	p.args = append(p.args, strings.Fields(o.aggregatorArgs)...)
 	// The environment's (its GOGC included), and --memory-limit's soft
 	// limit: of a name given twice, exec uses the last.

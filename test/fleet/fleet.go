@@ -34,6 +34,8 @@ type fleet struct {
 	log   io.Writer
 	agg   *aggregatorProc
 	proxy *proxy
+	// relays: the pulse-relay processes the agents reach it through (--relays).
+	relays []*relayProc
 	// harnessCPUs: the CPUs the harness runs on (--pin auto); nil: any.
 	harnessCPUs []int
 	epoch       time.Time // tick 0 of every agent
@@ -257,6 +259,13 @@ type result struct {
 	HarnessCPUs    string `json:"harnessCpus,omitempty"`
 	// IngestTLS: the ingest port served TLS (--tls).
 	IngestTLS bool `json:"ingestTls"`
+	// Relays: the agents reached the aggregator through this many
+	// pulse-relay processes (--relays), whose CPU and resident memory,
+	// summed, are RelayCPUCores and RelayRSSBytes (the load's, not the
+	// aggregator's; on the harness's CPUs).
+	Relays        int     `json:"relays"`
+	RelayCPUCores float64 `json:"relayCpuCores"`
+	RelayRSSBytes int64   `json:"relayRssBytes"`
 	// HarnessGOGC: the harness's own GC percent (--harness-gogc).
 	HarnessGOGC int `json:"harnessGogc"`
 	// AggregatorMemoryLimitBytes: the container limit --memory-limit gave
@@ -387,12 +396,19 @@ func start(ctx context.Context, o options, dir string, log io.Writer) (*fleet, e
 	// [w*podsPerWorkload, (w+1)*podsPerWorkload), so a workload's pods are
 	// on consecutive agents, as a Deployment's replicas spread over nodes.
 	f.epoch = time.Now().Truncate(o.interval).Add(o.interval)
+	if err := f.startRelays(ctx, o.relays); err != nil {
+		return f, err
+	}
 	for a := range o.agents {
 		addr := f.agg.ingest
 		if a < partitioned {
 			addr = f.proxy.Addr()
 		}
-		f.agents = append(f.agents, newSimAgent(f, a, addr))
+		sa := newSimAgent(f, a, addr)
+		if len(f.relays) > 0 {
+			sa.relay = f.relays[a%len(f.relays)].listen
+		}
+		f.agents = append(f.agents, sa)
 	}
 	for j := range o.podsPerAgent {
 		for a := range o.agents {
@@ -530,6 +546,7 @@ func (f *fleet) stop() {
 	if f.proxy != nil {
 		f.proxy.Close()
 	}
+	f.stopRelays()
 	if f.echo != nil {
 		f.echo.stop()
 	}
@@ -547,6 +564,10 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	// CPU is in the span, and so is its time.
 	t0, h0, s0 := time.Now(), selfCPU(), f.sent.Load()
 	p0, err := procs.Read(pid)
+	if err != nil {
+		return nil, err
+	}
+	r0, _, err := f.relayUsage()
 	if err != nil {
 		return nil, err
 	}
@@ -581,6 +602,10 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
+	r1, relayRSS, err := f.relayUsage()
+	if err != nil {
+		return nil, err
+	}
 	// The aggregator's counters over the time between the two reads that
 	// took them (a read tried again starts later).
 	m1, tm1, err := f.agg.MetricsAt(ctx)
@@ -602,7 +627,8 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit}
+		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
+		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
 	f.derive(res, m0, m1)
 	f.mu.Lock()
 	res.StartupSeconds, res.StartupFailures = f.startup.Seconds(), cloneCounts(f.startErrs)

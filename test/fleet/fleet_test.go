@@ -160,6 +160,29 @@ func TestSteadyFleetOverTLS(t *testing.T) {
 	noErrors(t, f)
 }
 
+// TestSteadyFleetThroughRelays: the agents reach the TLS ingest port
+// through two pulse-relay processes (--relays): every agent's stream
+// arrives on the relays' few connections, pushes and answers come, no
+// error, and the relays' cost is reported apart.
+func TestSteadyFleetThroughRelays(t *testing.T) {
+	f := smallWith(t, func(o *options) { o.relays, o.tls = 2, true })
+	f.o.settle, f.o.duration = time.Second, 20*time.Second
+	res, err := f.measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Relays != 2 || res.Pods != 48 || res.AgentStreams != 12 || res.RejectedReports != 0 {
+		t.Errorf("%d relays: %d pods on %v streams, %v refused; want 2 relays, 48 pods on 12 streams, none refused", res.Relays, res.Pods, res.AgentStreams, res.RejectedReports)
+	}
+	if res.RelayCPUCores <= 0 || res.RelayRSSBytes <= 0 {
+		t.Errorf("the relays' cost: %v cores, %d bytes: want it measured", res.RelayCPUCores, res.RelayRSSBytes)
+	}
+	if res.PushCount == 0 || res.GetMetricsCount == 0 {
+		t.Errorf("%d rises pushed, %d GetMetrics: want some of each", res.PushCount, res.GetMetricsCount)
+	}
+	noErrors(t, f)
+}
+
 func TestMalformedBatchEndsOnlyItsStream(t *testing.T) {
 	f := small(t)
 	runFault(t, f, "malformed-batch")

@@ -61,7 +61,9 @@ type options struct {
 	bin, workdir, aggregatorArgs string
 	// memoryLimit: the aggregator's GOMEMLIMIT in bytes (--memory-limit),
 	// 0 for none.
-	memoryLimit                int64
+	memoryLimit int64
+	// relays: pulse-relay processes the agents reach the aggregator through (0: directly).
+	relays                     int
 	tls                        bool
 	agents, podsPerAgent       int
 	podsPerWorkload            int
@@ -136,6 +138,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.IntVar(&o.partitionAgents, "partition-agents", o.partitionAgents, "agents that reach the aggregator through the black-hole proxy (the partition scenario)")
+	fs.IntVar(&o.relays, "relays", o.relays, "agents reach the aggregator through this many pulse-relay processes (from --bin), agent i through relay i mod N, on the harness's CPUs; the aggregator then takes --max-ingest-streams-per-connection 1024 (the relays' --streams-per-connection is 256) and --max-ingest-connections-per-address 1024 (every relay connects from 127.0.0.1); 0: each agent its own connection to the aggregator")
 	fs.StringVar(&o.aggregatorArgs, "aggregator-args", "", "extra flags for pulse-aggregator, space-separated")
 	fs.Func("memory-limit", "the aggregator container's resources.limits.memory, a Kubernetes quantity (e.g. 1G or 1Gi): its GOMEMLIMIT is set to 90 % of it in bytes, as the aggregator sets it in a container of that limit; unset: the environment's GOMEMLIMIT, if any", func(v string) error {
 		q, err := resource.ParseQuantity(v)
@@ -179,6 +182,9 @@ func (o *options) validate() error {
 	}
 	if o.partitionAgents < 1 || o.partitionAgents >= o.agents && contains(o.faults, "partition") {
 		errs = append(errs, "--partition-agents must be at least 1 and, for the partition scenario, fewer than --agents")
+	}
+	if o.relays < 0 || o.relays > 0 && len(o.faults) > 0 {
+		errs = append(errs, "--relays must be at least 0, and 0 with --faults (the fault scenarios reach the aggregator directly)")
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))

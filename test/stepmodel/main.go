@@ -13,8 +13,9 @@
 // prompt and generated tokens per engine step: vLLM's
 // iteration_tokens_total _count), and prints the capacity a model with a
 // fixed target utilisation of 0.8 would predict from a run at 20 %, over
-// the break. docs/planner.md, "Capacity from the engine's step times,
-// measured and not built", gives the table and what it says.
+// the break. docs/planner.md gives the table and what it says (the
+// paragraph on capacity from the engine's step times, measured and not
+// built).
 //
 //	go run ./test/stepmodel
 package main
