@@ -70,7 +70,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve the agents TLS with this certificate (re-read when it changes); plaintext when empty")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the certificate's key")
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "reach the aggregators over TLS, trusting this CA (read at each handshake); plaintext when empty, and then a stream that carries a token is refused")
-	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long streams are given to end on SIGTERM")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long /metrics and the probes are given to finish on SIGTERM (the streams end at once: their agents reconnect through another relay)")
 	o.Log.AddFlags(fs)
 }
 
@@ -188,17 +188,14 @@ func (s *Server) Run(ctx context.Context) error {
 		err = nil
 	case err = <-errc:
 	}
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(s.o.ShutdownTimeout):
-		s.grpc.Stop()
-	}
+	// An agent's stream never ends by itself, so none is waited for: the
+	// connections to the replicas close (every stream ends, Unavailable,
+	// and its agent reconnects, through another relay), then the agents'.
+	cancel()
+	<-done
+	s.grpc.Stop()
 	sctx, scancel := context.WithTimeout(context.Background(), s.o.ShutdownTimeout)
 	defer scancel()
 	_ = hs.Shutdown(sctx)
-	cancel()
-	<-done
 	return err
 }

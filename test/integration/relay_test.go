@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -21,7 +22,9 @@ import (
 // TestAgentsThroughARelay: two nodes' agents reach the aggregator through
 // a pulse-relay, over TLS both ways, each with its ServiceAccount token;
 // the aggregator reviews each stream's token as it does an agent's own and
-// takes each node's pods, and both streams arrive on one connection.
+// takes each node's pods, and both streams arrive on one connection. A
+// relay that stops ends its streams; the agents come back through the
+// next.
 func TestAgentsThroughARelay(t *testing.T) {
 	sim1, sim2 := startCountingSim(t), startCountingSim(t)
 	setLoad(simPod{sim: sim1.sim}, 6, 1, 0.5)
@@ -55,30 +58,7 @@ func TestAgentsThroughARelay(t *testing.T) {
 	if err := ro.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	rs, err := relay.NewServer(ro, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rs.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
-	eventually(t, "the relay ready", func() error {
-		resp, err := http.Get("http://" + ro.HTTPAddr + "/readyz")
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("readyz %d", resp.StatusCode)
-		}
-		return nil
-	})
+	stopRelay := startRelay(t, ro)
 
 	for i, node := range []string{"gpu-node-1", "gpu-node-2"} {
 		ao := agent.NewOptions()
@@ -102,11 +82,7 @@ func TestAgentsThroughARelay(t *testing.T) {
 		}
 		return nil
 	})
-	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+agg.HTTPAddr()+"/metrics"), strings.NewReader(`
-# HELP pulse_aggregator_agent_streams Agent streams open now.
-# TYPE pulse_aggregator_agent_streams gauge
-pulse_aggregator_agent_streams 2
-`), "pulse_aggregator_agent_streams"); err != nil {
+	if err := streamsAre(t, agg.HTTPAddr(), 2); err != nil {
 		t.Error(err)
 	}
 	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+ro.HTTPAddr+"/metrics"), strings.NewReader(`
@@ -119,4 +95,60 @@ pulse_relay_upstream_connections 1
 `), "pulse_relay_streams", "pulse_relay_upstream_connections"); err != nil {
 		t.Error(err)
 	}
+
+	// The relay stops (its pod gone): its streams end, and the agents
+	// reconnect through the relay that takes its place (here, on the same
+	// address: a Service's), with their tokens reviewed again.
+	stopRelay()
+	eventually(t, "the streams gone with the relay", func() error {
+		return streamsAre(t, agg.HTTPAddr(), 0)
+	})
+	startRelay(t, ro)
+	eventually(t, "the agents back through the new relay", func() error {
+		return streamsAre(t, agg.HTTPAddr(), 2)
+	})
+}
+
+// startRelay runs a pulse-relay of o until it is ready; stop ends it (and
+// the test's end does, once).
+func startRelay(t *testing.T, o *relay.Options) (stop func()) {
+	t.Helper()
+	rs, err := relay.NewServer(o, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rs.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("relay: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	eventually(t, "the relay ready", func() error {
+		resp, err := http.Get("http://" + o.HTTPAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return stop
+}
+
+// streamsAre checks the aggregator's agent streams open now.
+func streamsAre(t *testing.T, httpAddr string, want int) error {
+	return testutil.GatherAndCompare(servedMetrics(t, "http://"+httpAddr+"/metrics"), strings.NewReader(fmt.Sprintf(`
+# HELP pulse_aggregator_agent_streams Agent streams open now.
+# TYPE pulse_aggregator_agent_streams gauge
+pulse_aggregator_agent_streams %d
+`, want)), "pulse_aggregator_agent_streams")
 }
