@@ -40,7 +40,7 @@ type aggregator struct {
 	srv    *grpc.Server
 }
 
-func startAggregator(t *testing.T, streamsPerConn uint32) *aggregator {
+func startAggregator(t testing.TB, streamsPerConn uint32) *aggregator {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -137,7 +137,7 @@ func (d *dns) set(host string, ips ...string) {
 
 // startRelay serves a relay for aggregators named "aggregator:PORT" on
 // loopback; it returns its address.
-func startRelay(t *testing.T, cfg Config) (*Relay, string) {
+func startRelay(t testing.TB, cfg Config) (*Relay, string) {
 	t.Helper()
 	if cfg.ResolveInterval == 0 {
 		cfg.ResolveInterval = time.Hour
@@ -164,7 +164,7 @@ func startRelay(t *testing.T, cfg Config) (*Relay, string) {
 
 // agentStream opens a Report stream through the relay at relayAddr for
 // upstream (none when empty), with md added.
-func agentStream(ctx context.Context, t *testing.T, relayAddr, upstream string, md ...string) pulsev1.Ingest_ReportClient {
+func agentStream(ctx context.Context, t testing.TB, relayAddr, upstream string, md ...string) pulsev1.Ingest_ReportClient {
 	t.Helper()
 	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
