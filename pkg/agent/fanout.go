@@ -21,11 +21,19 @@ func (a *Agent) fanOut(ctx context.Context) {
 	cancels := map[string]context.CancelFunc{}
 	dones := map[string]chan struct{}{} // closed when the address's streamer has returned
 	r := resolved{known: map[string][]string{}, names: map[string]string{}, warned: map[string]time.Time{}}
+	relay, err := a.dialRelay()
+	if err != nil {
+		a.log.Error("relay address is not usable", logging.KeyAggregator, a.opts.Relay, logging.KeyErr, err)
+		return
+	}
 	defer func() {
 		for _, c := range cancels {
 			c()
 		}
 		wg.Wait()
+		if relay != nil {
+			_ = relay.Close()
+		}
 	}()
 	// No stream before discovery has listed the node's pods once: a
 	// stream's first catalogue is full, and the empty one a restarted
@@ -50,7 +58,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 			}
 			sctx, cancel := context.WithCancel(ctx)
 			cancels[addr] = cancel
-			s := newStreamer(a, addr, r.names[addr])
+			s := newStreamer(a, addr, r.names[addr], relay)
 			a.m.connected.WithLabelValues(addr).Set(0) // from the start
 			a.streamersMu.Lock()
 			a.streamers[addr] = s

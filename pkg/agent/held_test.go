@@ -27,7 +27,7 @@ import (
 // milliseconds. Pods no longer listed lose their held results, and results
 // older than maxHeldMs before a batch's newest are not sent.
 func TestHeldResultsAreBounded(t *testing.T) {
-	s := newStreamer(nil, "127.0.0.1:1", "")
+	s := newStreamer(nil, "127.0.0.1:1", "", nil)
 	for _, uid := range []string{"a", "b", "gone"} {
 		s.offer(result{uid: uid, timeMs: 1_000_000})
 	}
@@ -94,7 +94,7 @@ func TestAStuckAggregatorEndsTheStream(t *testing.T) {
 		a := newIdleAgent(t)
 		a.SetTargets([]discovery.Target{{UID: "u1", Namespace: "ns", Pod: "p", Ready: true,
 			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}})
-		s := newStreamer(a, ln.Addr().String(), "")
+		s := newStreamer(a, ln.Addr().String(), "", nil)
 		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -355,7 +355,7 @@ func streamTo(t *testing.T, srv pulsev1.IngestServer, targets []discovery.Target
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return newStreamer(a, ln.Addr().String(), ""), pulsev1.NewIngestClient(conn)
+	return newStreamer(a, ln.Addr().String(), "", nil), pulsev1.NewIngestClient(conn)
 }
 
 // TestACatalogueNotTakenEndsTheStream: a catalogue is acknowledged by no

@@ -50,6 +50,9 @@ type streamer struct {
 	agent      *Agent
 	addr       string
 	serverName string // the name the aggregator's certificate must carry
+	// relay: the agent's connection to --relay, shared by every
+	// streamer (fanOut closes it); nil: the streamer dials the aggregator.
+	relay *grpc.ClientConn
 
 	mu      sync.Mutex
 	pending map[string]result // by uid: the newest result not yet sent
@@ -72,8 +75,10 @@ const (
 // and each one is a write and a wake-up on both ends of every stream.
 const AckEvery = 10 * time.Second
 
-func newStreamer(a *Agent, addr, serverName string) *streamer {
-	return &streamer{agent: a, addr: addr, serverName: serverName, pending: map[string]result{}, wake: make(chan struct{}, 1)}
+// newStreamer streams to the aggregator at addr, through relay when it is
+// not nil (the agent's connection to --relay).
+func newStreamer(a *Agent, addr, serverName string, relay *grpc.ClientConn) *streamer {
+	return &streamer{agent: a, addr: addr, serverName: serverName, relay: relay, pending: map[string]result{}, wake: make(chan struct{}, 1)}
 }
 
 func (s *streamer) offer(r result) {
@@ -115,24 +120,18 @@ func (s *streamer) take() map[string]result {
 // exponential backoff.
 func (s *streamer) run(ctx context.Context) {
 	log := s.agent.log.With(logging.KeyAggregator, s.addr)
-	// Through a relay, every replica's stream goes to the relay, naming
-	// the replica (relay.UpstreamKey), and the relay's certificate is
-	// checked for its own name.
-	target, name := s.addr, s.serverName
-	if r := s.agent.opts.Relay; r != "" {
-		host, _, _ := net.SplitHostPort(r)
-		target, name = r, host
+	// Through a relay, every replica's stream goes on the agent's one
+	// connection to the relay (fanOut's), naming the replica.
+	conn := s.relay
+	if conn == nil {
+		c, err := s.agent.dial(s.addr, s.serverName)
+		if err != nil {
+			log.Error("aggregator address is not usable", logging.KeyErr, err)
+			return
+		}
+		defer func() { _ = c.Close() }()
+		conn = c
 	}
-	conn, err := grpc.NewClient(target, append(s.agent.transport(name),
-		grpc.WithKeepaliveParams(ClientKeepalive),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: s.agent.opts.ReconnectMaxBackoff},
-			MinConnectTimeout: 2 * time.Second}))...)
-	if err != nil {
-		log.Error("aggregator address is not usable", logging.KeyErr, err)
-		return
-	}
-	defer func() { _ = conn.Close() }()
 	client := pulsev1.NewIngestClient(conn)
 	delay := 100 * time.Millisecond
 	down := time.Now() // not connected since
@@ -435,6 +434,27 @@ func (s *streamer) batch(ids map[string]uint32, enc *wire.Encoder) *pulsev1.Samp
 		enc.Append(b, &s)
 	}
 	return b
+}
+
+// dial makes the agent's connection to target (an aggregator, or the
+// relay), whose certificate must name serverName.
+func (a *Agent) dial(target, serverName string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(target, append(a.transport(serverName),
+		grpc.WithKeepaliveParams(ClientKeepalive),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: a.opts.ReconnectMaxBackoff},
+			MinConnectTimeout: 2 * time.Second}))...)
+}
+
+// dialRelay is the agent's one connection to --relay, which carries every
+// replica's stream (each naming its replica, relay.UpstreamKey); its
+// certificate must name the relay's host. nil without --relay.
+func (a *Agent) dialRelay() (*grpc.ClientConn, error) {
+	if a.opts.Relay == "" {
+		return nil, nil
+	}
+	host, _, _ := net.SplitHostPort(a.opts.Relay)
+	return a.dial(a.opts.Relay, host)
 }
 
 // transport is how the agent reaches an aggregator: plaintext, or TLS

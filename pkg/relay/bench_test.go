@@ -16,7 +16,7 @@ import (
 func BenchmarkRoundTrip(b *testing.B) {
 	agg := startAggregator(b, 100)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	_, relayAddr := startRelay(b, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	_, at := startRelay(b, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
 	direct := func() pulsev1.Ingest_ReportClient {
 		conn, err := grpc.NewClient(agg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -34,7 +34,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		open func() pulsev1.Ingest_ReportClient
 	}{
 		{"direct", direct},
-		{"relay", func() pulsev1.Ingest_ReportClient { return agentStream(context.Background(), b, relayAddr, agg.addr) }},
+		{"relay", func() pulsev1.Ingest_ReportClient { return agentStream(context.Background(), b, at, agg.addr) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s := c.open()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +65,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a replica an agent names that is not known yet is looked up at once, at most once a second)")
-	fs.IntVar(&o.StreamsPerConnection, "streams-per-connection", o.StreamsPerConnection, "agent streams one connection to an aggregator replica carries (keep it at most the aggregator's --ingest-max-streams-per-connection); past it another connection is opened")
+	fs.IntVar(&o.StreamsPerConnection, "streams-per-connection", o.StreamsPerConnection, "agent streams one connection to an aggregator replica carries (keep it at most the aggregator's --max-ingest-streams-per-connection); past it another connection is opened")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "agents' connections held open at once: past it a new one is closed at once")
 	fs.IntVar(&o.MaxConnectionsPerAddress, "max-connections-per-address", o.MaxConnectionsPerAddress, "connections held open at once from one remote address: past it a new one from that address is closed at once")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve the agents TLS with this certificate (re-read when it changes); plaintext when empty")
@@ -131,13 +132,23 @@ func NewServer(o *Options, log *slog.Logger) (*Server, error) {
 	}
 	r := New(Config{Aggregators: o.Aggregators, ResolveInterval: o.ResolveInterval, StreamsPerConnection: o.StreamsPerConnection,
 		Transport: transport, Secure: o.AggregatorCAFile != "", Log: log, Registerer: reg})
+	// The agents' port, bounded as the aggregator's ingest port is
+	// (pkg/aggregator's streamOptions): a handshake within 10 s, a
+	// connection with no stream for 30 s closed (an agent's always has
+	// one), no HPACK table (it would keep each agent's token), small
+	// buffers (none for reading over TLS, which has its own).
+	read := 4 << 10
+	if o.TLSCertFile != "" {
+		read = 0
+	}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(4 << 20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.ConnectionTimeout(10 * time.Second),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 30 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// An agent opens one stream a replica on its connection.
+		// An agent opens one stream a replica, on its one connection.
 		grpc.MaxConcurrentStreams(64),
-		grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10),
+		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10), grpc.HeaderTableSize(0),
 	}
 	opts = append(opts, r.ServerOptions()...)
 	if o.TLSCertFile != "" {
@@ -163,6 +174,18 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("--http-addr: %w", err)
 	}
 	bounded := netbound.New(ln, s.o.MaxConnections, s.o.MaxConnectionsPerAddress)
+	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_relay_connections_refused_total",
+		Help: "Agents' connections closed at once past --max-connections or --max-connections-per-address."})
+	var lastRefusal atomic.Int64
+	bounded.OnRefuse = func(ip string) {
+		refused.Inc()
+		if now := time.Now().Unix(); now-lastRefusal.Load() >= 60 {
+			lastRefusal.Store(now)
+			s.log.Warn("connection closed at once: past --max-connections or --max-connections-per-address (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
+		}
+	}
+	s.reg.MustRegister(refused, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pulse_relay_connections",
+		Help: "Agents' connections held open now."}, func() float64 { return float64(bounded.Held()) }))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })

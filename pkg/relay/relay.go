@@ -3,12 +3,12 @@
 //
 // Every agent holds one gRPC connection to each aggregator replica, and a
 // connection costs the aggregator far more than the stream it carries: its
-// transport, buffers, timers and three goroutines of gRPC's own, about 1 KB
-// of heap per pod at 8 pods a node (docs/performance.md, "A relay"). A relay
+// transport, buffers, timers and three goroutines of gRPC's own, about 1.1
+// KB of heap per pod at 8 pods a node (docs/performance.md, "A relay"). A relay
 // takes the agents' connections instead and carries their streams to each
 // replica on connections of its own, at most StreamsPerConnection streams
 // each. It is transparent: it forwards each stream's messages as bytes, never
-// decoded, and the agent's metadata (its ServiceAccount token among them), so
+// decoded, and the agent's token (no other metadata), so
 // the aggregator authenticates and bounds every agent as it does a direct
 // one. An agent names the replica its stream is for in the metadata
 // (UpstreamKey); the relay forwards only to the replicas it resolves itself
@@ -21,9 +21,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +36,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -40,6 +45,10 @@ import (
 // UpstreamKey is the metadata key in which an agent names the aggregator
 // replica (ip:port, as it resolved it) that a stream through a relay is for.
 const UpstreamKey = "pulse-upstream"
+
+// DefaultStreamWait is Config.StreamWait's default: an agent's hello
+// waits 10 s for its welcome.
+const DefaultStreamWait = 3 * time.Second
 
 // reportMethod is the one method a relay forwards.
 const reportMethod = "/pulse.v1.Ingest/Report"
@@ -58,8 +67,11 @@ type Config struct {
 	Resolver        Resolver
 	// StreamsPerConnection bounds the streams one connection to a replica
 	// carries (at most the aggregator's
-	// --ingest-max-streams-per-connection): past it another is opened.
+	// --max-ingest-streams-per-connection): past it another is opened.
 	StreamsPerConnection int
+	// StreamWait: how long a stream may wait for a replica to let it open
+	// on a connection (DefaultStreamWait); past it the connection is full.
+	StreamWait time.Duration
 	// Transport dials a replica whose address was resolved from name (the
 	// name its certificate must carry).
 	Transport func(name string) credentials.TransportCredentials
@@ -74,9 +86,14 @@ type Config struct {
 type Relay struct {
 	cfg Config
 
+	// resolving serialises lookups: a pass that finished last with an
+	// older answer cut the streams of a replica just added.
+	resolving sync.Mutex
+
 	mu        sync.Mutex
-	allowed   map[string]string // replica address → the name it was resolved from
+	allowed   map[string]string // replica address (canonical) → the name it was resolved from
 	resolved  bool              // every entry resolved at least once
+	closed    bool              // Run has returned: no stream is forwarded
 	upstreams map[string]*upstream
 	lastAsk   time.Time // a lookup for an address not known, at most one a second
 
@@ -84,15 +101,14 @@ type Relay struct {
 }
 
 type metrics struct {
-	streams     prometheus.Gauge
-	connections prometheus.Gauge
-	refused     *prometheus.CounterVec
-	messages    *prometheus.CounterVec
+	streams  prometheus.Gauge
+	refused  *prometheus.CounterVec
+	messages *prometheus.CounterVec
 }
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -102,11 +118,12 @@ func New(cfg Config) *Relay {
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
 	}
+	if cfg.StreamWait <= 0 {
+		cfg.StreamWait = DefaultStreamWait
+	}
 	r := &Relay{cfg: cfg, allowed: map[string]string{}, upstreams: map[string]*upstream{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_relay_streams", Help: "Agent streams the relay forwards now."}),
-		connections: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pulse_relay_upstream_connections", Help: "Connections open to aggregator replicas."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_relay_refused_streams_total", Help: "Agent streams refused, by reason."}, []string{"reason"}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -116,27 +133,32 @@ func New(cfg Config) *Relay {
 		r.m.refused.WithLabelValues(reason)
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(r.m.streams, r.m.connections, r.m.refused, r.m.messages)
+		cfg.Registerer.MustRegister(r.m.streams, r.m.refused, r.m.messages,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "pulse_relay_upstream_connections", Help: "Connections open to aggregator replicas."},
+				func() float64 { return float64(r.connections()) }))
 	}
 	return r
 }
 
 // Run resolves the aggregators every ResolveInterval until ctx ends, then
-// closes every connection to them.
+// closes every connection to them (their streams end) and forwards no
+// stream more.
 func (r *Relay) Run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ResolveInterval)
 	defer t.Stop()
 	for {
-		r.resolve(ctx)
+		r.resolve(ctx, true)
 		select {
 		case <-ctx.Done():
 			r.mu.Lock()
-			for addr, u := range r.upstreams {
-				u.closeAll()
-				delete(r.upstreams, addr)
-			}
-			r.m.connections.Set(0)
+			r.closed = true
+			gone := r.upstreams
+			r.upstreams = map[string]*upstream{}
 			r.mu.Unlock()
+			for _, u := range gone {
+				u.closeAll()
+			}
 			return
 		case <-t.C:
 		}
@@ -147,14 +169,41 @@ func (r *Relay) Run(ctx context.Context) {
 func (r *Relay) Ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.resolved
+	return r.resolved && !r.closed
+}
+
+// connections counts the connections open to replicas.
+func (r *Relay) connections() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, u := range r.upstreams {
+		u.mu.Lock()
+		n += len(u.conns)
+		u.mu.Unlock()
+	}
+	return n
+}
+
+// canonical is addr as the relay keys it (netip's form of ip:port), or ""
+// when addr is not one.
+func canonical(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return ""
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
 }
 
 // resolve looks every entry up. A failed lookup keeps the entry's
-// addresses (a DNS hiccup must not cut healthy streams); replicas that are
-// gone lose their connections, and the streams on them end.
-func (r *Relay) resolve(ctx context.Context) {
-	allowed := map[string]string{}
+// addresses (a DNS hiccup must not cut healthy streams). With prune (the
+// timed pass), replicas no longer in the answers lose their connections,
+// and the streams on them end; without it (a lookup for a replica an
+// agent named first) replicas are only added.
+func (r *Relay) resolve(ctx context.Context, prune bool) {
+	r.resolving.Lock()
+	defer r.resolving.Unlock()
+	found := map[string]string{}
 	r.mu.Lock()
 	prev := r.allowed
 	r.mu.Unlock()
@@ -171,37 +220,35 @@ func (r *Relay) resolve(ctx context.Context) {
 			ok = false
 			for addr, name := range prev {
 				if name == host {
-					allowed[addr] = name
+					found[addr] = name
 				}
 			}
 			continue
 		}
 		for _, ip := range ips {
-			allowed[net.JoinHostPort(ip, port)] = host
+			if a := canonical(net.JoinHostPort(ip, port)); a != "" {
+				found[a] = host
+			}
 		}
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.allowed = allowed
-	r.resolved = r.resolved || ok
-	for addr, u := range r.upstreams {
-		if _, ok := allowed[addr]; !ok {
-			u.closeAll()
-			delete(r.upstreams, addr)
+	var gone []*upstream
+	if prune {
+		r.allowed = found
+		r.resolved = r.resolved || ok
+		for addr, u := range r.upstreams {
+			if _, ok := found[addr]; !ok {
+				gone = append(gone, u)
+				delete(r.upstreams, addr)
+			}
 		}
+	} else {
+		maps.Copy(r.allowed, found)
 	}
-	r.countConnections()
-}
-
-// countConnections sets the connections gauge; r.mu is held.
-func (r *Relay) countConnections() {
-	n := 0
-	for _, u := range r.upstreams {
-		u.mu.Lock()
-		n += len(u.conns)
-		u.mu.Unlock()
+	r.mu.Unlock()
+	for _, u := range gone {
+		u.closeAll()
 	}
-	r.m.connections.Set(float64(n))
 }
 
 // upstreamFor is the replica addr's upstream, when addr is one the relay
@@ -210,18 +257,18 @@ func (r *Relay) countConnections() {
 func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) {
 	r.mu.Lock()
 	_, ok := r.allowed[addr]
-	ask := !ok && time.Since(r.lastAsk) >= time.Second
+	ask := !ok && !r.closed && time.Since(r.lastAsk) >= time.Second
 	if ask {
 		r.lastAsk = time.Now()
 	}
 	r.mu.Unlock()
 	if ask {
-		r.resolve(ctx)
+		r.resolve(ctx, false)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	name, ok := r.allowed[addr]
-	if !ok {
+	if !ok || r.closed {
 		return nil, false
 	}
 	u := r.upstreams[addr]
@@ -244,6 +291,17 @@ type upstream struct {
 type pooled struct {
 	cc      *grpc.ClientConn
 	streams int
+	// limit: the streams the replica let this connection open at once,
+	// learned when one more waited past StreamWait (0: not learned).
+	limit int
+}
+
+// room is how many streams c may carry.
+func (c *pooled) room(perConn int) int {
+	if c.limit > 0 {
+		return min(c.limit, perConn)
+	}
+	return perConn
 }
 
 // acquire returns a connection with room for one more stream, dialled if
@@ -255,7 +313,7 @@ func (u *upstream) acquire() (*pooled, error) {
 		return nil, errors.New("the replica is no longer resolved")
 	}
 	for _, c := range u.conns {
-		if c.streams < u.r.cfg.StreamsPerConnection {
+		if c.streams < c.room(u.r.cfg.StreamsPerConnection) {
 			c.streams++
 			return c, nil
 		}
@@ -268,38 +326,41 @@ func (u *upstream) acquire() (*pooled, error) {
 	}
 	c := &pooled{cc: cc, streams: 1}
 	u.conns = append(u.conns, c)
-	u.r.m.connections.Inc()
 	return c, nil
+}
+
+// full marks c as carrying no more than the streams it has open without
+// the one that waited (the replica's bound is below StreamsPerConnection).
+func (u *upstream) full(c *pooled) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c.limit = max(c.streams-1, 1)
 }
 
 // release gives c's stream back; a connection left with none is closed
 // unless it is the replica's last.
 func (u *upstream) release(c *pooled) {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	c.streams--
 	if c.streams > 0 || u.closed || len(u.conns) == 1 {
+		u.mu.Unlock()
 		return
 	}
-	for i, o := range u.conns {
-		if o == c {
-			u.conns = append(u.conns[:i], u.conns[i+1:]...)
-			_ = c.cc.Close()
-			u.r.m.connections.Dec()
-			return
-		}
-	}
+	u.conns = slices.DeleteFunc(u.conns, func(o *pooled) bool { return o == c })
+	u.mu.Unlock()
+	_ = c.cc.Close()
 }
 
 // closeAll closes every connection: their streams end.
 func (u *upstream) closeAll() {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	u.closed = true
-	for _, c := range u.conns {
+	conns := u.conns
+	u.conns = nil
+	u.mu.Unlock()
+	for _, c := range conns {
 		_ = c.cc.Close()
 	}
-	u.conns = nil
 }
 
 // ServerOptions serve the relay on a grpc.Server: every method reaches
@@ -322,24 +383,23 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		r.m.refused.WithLabelValues("no_upstream").Inc()
 		return status.Errorf(codes.InvalidArgument, "relay: the stream names no aggregator replica: metadata %s must hold one ip:port (the agent's --relay)", UpstreamKey)
 	}
-	addr := names[0]
+	addr := canonical(names[0])
 	u, ok := r.upstreamFor(ctx, addr)
-	if !ok {
+	if addr == "" || !ok {
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()
-		return status.Errorf(codes.Unavailable, "relay: %q is not an aggregator replica this relay resolves from %s", addr, strings.Join(r.cfg.Aggregators, ", "))
+		return status.Errorf(codes.Unavailable, "relay: %q is not an aggregator replica this relay resolves from %s", names[0], strings.Join(r.cfg.Aggregators, ", "))
 	}
-	if !r.cfg.Secure && len(md.Get("authorization")) > 0 {
+	// Only the agent's token is forwarded: the aggregator reads nothing
+	// else of a stream's metadata, and a header HTTP/2 forbids (keep-alive,
+	// upgrade...) is not carried on.
+	token := md.Get("authorization")
+	if len(token) > 0 && (!r.cfg.Secure || !overTLS(ctx)) {
 		r.m.refused.WithLabelValues("plaintext_token").Inc()
-		return status.Error(codes.FailedPrecondition, "relay: the stream carries a token and the relay reaches the aggregators in plaintext: set its --aggregator-ca-file")
+		return status.Error(codes.FailedPrecondition, "relay: the stream carries a token over plaintext: the relay serves the agents TLS with --tls-cert-file and reaches the aggregators with --aggregator-ca-file, and a token never travels without either")
 	}
 	out := metadata.MD{}
-	for k, v := range md {
-		// The agent's own metadata (its token); not the transport's
-		// headers, nor the relay's key.
-		if k == UpstreamKey || strings.HasPrefix(k, ":") || strings.HasPrefix(k, "grpc-") || k == "content-type" || k == "user-agent" || k == "te" {
-			continue
-		}
-		out[k] = v
+	if len(token) > 0 {
+		out["authorization"] = token
 	}
 	c, err := u.acquire()
 	if err != nil {
@@ -347,15 +407,14 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		return status.Errorf(codes.Unavailable, "relay: aggregator %s: %v", addr, err)
 	}
 	defer u.release(c)
-	r.m.streams.Inc()
-	defer r.m.streams.Dec()
 	fctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, out))
 	defer cancel()
-	up, err := c.cc.NewStream(fctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, reportMethod)
+	up, err := r.open(fctx, cancel, u, c)
 	if err != nil {
-		r.m.refused.WithLabelValues("upstream_unavailable").Inc()
-		return upstreamError(ctx, addr, err)
+		return err
 	}
+	r.m.streams.Inc()
+	defer r.m.streams.Dec()
 	toAgg, toAgent := r.m.messages.WithLabelValues("to_aggregator"), r.m.messages.WithLabelValues("to_agent")
 	// The agent's messages, forwarded until it closes its side (then the
 	// replica's side is closed too) or the stream ends.
@@ -392,13 +451,46 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 }
 
+// open opens the stream to the replica on c. A stream that waits past
+// StreamWait for the replica to let it open (the aggregator's
+// --max-ingest-streams-per-connection below --streams-per-connection)
+// marks c full and is refused, saying so, and the agent's next try gets a
+// connection of its own.
+func (r *Relay) open(ctx context.Context, cancel context.CancelFunc, u *upstream, c *pooled) (grpc.ClientStream, error) {
+	var waited atomic.Bool
+	timer := time.AfterFunc(r.cfg.StreamWait, func() { waited.Store(true); cancel() })
+	up, err := c.cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, reportMethod)
+	if timer.Stop() && err == nil {
+		return up, nil
+	}
+	if waited.Load() {
+		u.full(c)
+		r.m.refused.WithLabelValues("upstream_full").Inc()
+		r.cfg.Log.Warn("an aggregator replica let no more streams open on a relay connection: its --max-ingest-streams-per-connection is below the relay's --streams-per-connection",
+			logging.KeyAggregator, u.addr, "streams", c.streams-1)
+		return nil, status.Errorf(codes.Unavailable, "relay: aggregator %s let no more streams open on the relay's connection within %s (its --max-ingest-streams-per-connection is below the relay's --streams-per-connection); try again", u.addr, r.cfg.StreamWait)
+	}
+	r.m.refused.WithLabelValues("upstream_unavailable").Inc()
+	return nil, upstreamError(ctx, u.addr, err)
+}
+
+// overTLS reports whether the stream's own connection is TLS.
+func overTLS(ctx context.Context) bool {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return false
+	}
+	_, tls := p.AuthInfo.(credentials.TLSInfo)
+	return tls
+}
+
 // upstreamError is a replica's error as the agent gets it: a status from
 // the aggregator as it was (its code and message: a refusal, an
 // authentication failure); anything else, and a stream the relay cancelled
 // (its connection closed: the replica is no longer resolved) while the
 // agent's was not, Unavailable, naming the replica.
 func upstreamError(ctx context.Context, addr string, err error) error {
-	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown && (s.Code() != codes.Canceled || ctx.Err() != nil) {
+	if s, ok := status.FromError(err); ok && (s.Code() != codes.Canceled || ctx.Err() != nil) {
 		return s.Err()
 	}
 	return status.Errorf(codes.Unavailable, "relay: aggregator %s: %v", addr, err)

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/testpki"
 )
 
 // aggregator is an ingest server on loopback that answers a hello with a
@@ -123,7 +126,7 @@ func (d *dns) LookupHost(_ context.Context, host string) ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ips, ok := d.addrs[host]
-	if !ok {
+	if !ok || len(ips) == 0 { // as net.Resolver: a name with no address is an error
 		return nil, fmt.Errorf("no such host %s", host)
 	}
 	return ips, nil
@@ -135,9 +138,16 @@ func (d *dns) set(host string, ips ...string) {
 	d.mu.Unlock()
 }
 
+// relayAt is a relay's address and what an agent dials it with.
+type relayAt struct {
+	addr  string
+	creds credentials.TransportCredentials
+}
+
 // startRelay serves a relay for aggregators named "aggregator:PORT" on
-// loopback; it returns its address.
-func startRelay(t testing.TB, cfg Config) (*Relay, string) {
+// loopback: with TLS to the agents when cfg.Secure (which stands for the
+// aggregators' side too: the stand-in replicas are plaintext).
+func startRelay(t testing.TB, cfg Config) (*Relay, relayAt) {
 	t.Helper()
 	if cfg.ResolveInterval == 0 {
 		cfg.ResolveInterval = time.Hour
@@ -156,17 +166,31 @@ func startRelay(t testing.TB, cfg Config) (*Relay, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(r.ServerOptions()...)
+	at := relayAt{addr: ln.Addr().String(), creds: insecure.NewCredentials()}
+	opts := r.ServerOptions()
+	if cfg.Secure {
+		ca := testpki.NewCA(t)
+		crt, key := ca.Issue(t, "pulse-relay", 1, x509.ExtKeyUsageServerAuth)
+		pair, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(ca.PEM)
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})))
+		at.creds = credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	}
+	srv := grpc.NewServer(opts...)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Stop(); cancel(); <-done })
-	return r, ln.Addr().String()
+	return r, at
 }
 
-// agentStream opens a Report stream through the relay at relayAddr for
-// upstream (none when empty), with md added.
-func agentStream(ctx context.Context, t testing.TB, relayAddr, upstream string, md ...string) pulsev1.Ingest_ReportClient {
+// agentStream opens a Report stream through the relay at for upstream
+// (none when empty), with md added.
+func agentStream(ctx context.Context, t testing.TB, at relayAt, upstream string, md ...string) pulsev1.Ingest_ReportClient {
 	t.Helper()
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,15 +220,16 @@ func port(addr string) string {
 
 // TestAStreamIsForwardedBothWays: what an agent sends reaches the replica
 // it names, and the replica's answers reach the agent, message by message;
-// the agent's metadata (its token) goes with it, the relay's key does not;
+// the agent's token goes with it, its other metadata and the relay's key
+// do not;
 // the agent closing its side ends the replica's stream as it would end it
 // directly.
 func TestAStreamIsForwardedBothWays(t *testing.T) {
 	agg := startAggregator(t, 100)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
 	reg := prometheus.NewRegistry()
-	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Secure: true, Registerer: reg})
-	s := agentStream(context.Background(), t, relayAddr, agg.addr, "authorization", "Bearer node-1-token")
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Secure: true, Registerer: reg})
+	s := agentStream(context.Background(), t, at, agg.addr, "authorization", "Bearer node-1-token", "x-tenant", "other")
 	if err := s.Send(hello("node-1")); err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +261,9 @@ func TestAStreamIsForwardedBothWays(t *testing.T) {
 	if got := md.Get(UpstreamKey); len(got) != 0 {
 		t.Errorf("the relay's key reached the replica: %q", got)
 	}
+	if got := md.Get("x-tenant"); len(got) != 0 {
+		t.Errorf("metadata other than the token reached the replica: %q", got)
+	}
 	if len(ended) != 1 || ended[0] != nil {
 		t.Errorf("the replica's stream ended with %v", ended)
 	}
@@ -258,7 +286,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 	other := startAggregator(t, 100) // a server that is not an aggregator the relay knows
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
 	reg := prometheus.NewRegistry()
-	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Registerer: reg})
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, Registerer: reg})
 	for _, c := range []struct {
 		name, upstream string
 		md             []string
@@ -267,16 +295,16 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 	}{
 		{"no replica named", "", nil, codes.InvalidArgument, "names no aggregator replica"},
 		{"not an aggregator", other.addr, nil, codes.Unavailable, "is not an aggregator replica this relay resolves"},
-		{"a token in plaintext", agg.addr, []string{"authorization", "Bearer x"}, codes.FailedPrecondition, "--aggregator-ca-file"},
+		{"a token in plaintext", agg.addr, []string{"authorization", "Bearer x"}, codes.FailedPrecondition, "carries a token over plaintext"},
 	} {
-		s := agentStream(context.Background(), t, relayAddr, c.upstream, c.md...)
+		s := agentStream(context.Background(), t, at, c.upstream, c.md...)
 		_ = s.Send(hello("node-1"))
 		_, err := s.Recv()
 		if status.Code(err) != c.code || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v, want %s saying %q", c.name, err, c.code, c.says)
 		}
 	}
-	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,6 +323,7 @@ pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
 pulse_relay_refused_streams_total{reason="plaintext_token"} 1
 pulse_relay_refused_streams_total{reason="unknown_upstream"} 1
+pulse_relay_refused_streams_total{reason="upstream_full"} 0
 pulse_relay_refused_streams_total{reason="upstream_unavailable"} 0
 `), "pulse_relay_refused_streams_total"); err != nil {
 		t.Error(err)
@@ -308,8 +337,8 @@ func TestTheReplicasAnswerReachesTheAgent(t *testing.T) {
 	agg := startAggregator(t, 100)
 	agg.refuse = status.Error(codes.PermissionDenied, "the token is bound to node-2")
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	_, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
-	s := agentStream(context.Background(), t, relayAddr, agg.addr)
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, at, agg.addr)
 	_ = s.Send(hello("node-1"))
 	if _, err := s.Recv(); status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != "the token is bound to node-2" {
 		t.Fatalf("%v, want the replica's own refusal", err)
@@ -324,12 +353,12 @@ func TestStreamsShareConnections(t *testing.T) {
 	agg := startAggregator(t, 2)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
 	reg := prometheus.NewRegistry()
-	r, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 2, Registerer: reg})
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 2, Registerer: reg})
 	var cancels []context.CancelFunc
 	for i := range 5 {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancels = append(cancels, cancel)
-		s := agentStream(ctx, t, relayAddr, agg.addr)
+		s := agentStream(ctx, t, at, agg.addr)
 		if err := s.Send(hello(fmt.Sprintf("node-%d", i))); err != nil {
 			t.Fatal(err)
 		}
@@ -340,7 +369,7 @@ func TestStreamsShareConnections(t *testing.T) {
 	if n := agg.conns.Load(); n != 3 {
 		t.Errorf("5 streams at 2 a connection took %d connections at the replica, want 3", n)
 	}
-	if got := testutil.ToFloat64(r.m.connections); got != 3 {
+	if got := float64(r.connections()); got != 3 {
 		t.Errorf("connections gauge %v, want 3", got)
 	}
 	if got := testutil.ToFloat64(r.m.streams); got != 5 {
@@ -353,40 +382,84 @@ func TestStreamsShareConnections(t *testing.T) {
 		agg.mu.Lock()
 		ended := len(agg.ended)
 		agg.mu.Unlock()
-		if ended != 5 || testutil.ToFloat64(r.m.streams) != 0 || testutil.ToFloat64(r.m.connections) != 1 {
-			return fmt.Errorf("%d ended, streams %v, connections %v", ended, testutil.ToFloat64(r.m.streams), testutil.ToFloat64(r.m.connections))
+		if ended != 5 || testutil.ToFloat64(r.m.streams) != 0 || float64(r.connections()) != 1 {
+			return fmt.Errorf("%d ended, streams %v, connections %v", ended, testutil.ToFloat64(r.m.streams), float64(r.connections()))
 		}
 		return nil
 	})
 }
 
-// TestAReplicaGoneEndsItsStreams: a replica no longer resolved loses its
-// connections, and the streams on them end, as a direct stream to a
-// replica that went away does; a replica the agent resolved before the
-// relay did is looked up at once.
+// TestAReplicaGoneEndsItsStreams: a replica the agent resolved before
+// the relay did is looked up at once; a replica the name no longer
+// resolves to (a pod replaced: the name gives another address) loses its
+// connections at the next timed pass, and the streams on them end, as a
+// direct stream to a replica that went away does. A lookup that fails
+// keeps the addresses (a DNS hiccup cuts nothing).
 func TestAReplicaGoneEndsItsStreams(t *testing.T) {
 	agg := startAggregator(t, 100)
-	d := &dns{addrs: map[string][]string{"aggregator": {}}}
-	r, relayAddr := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, ResolveInterval: 50 * time.Millisecond})
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.2"}}}
+	// An hour between timed passes: what is resolved below is the
+	// stream's own lookup.
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
 	eventually(t, "resolved", func() error {
 		if !r.Ready() {
 			return errors.New("not ready")
 		}
 		return nil
 	})
-	// The replica appears: the agent's stream names it before the relay's
-	// next resolution (an hour away would do too: it is looked up at once).
-	d.set("aggregator", "127.0.0.1")
-	s := agentStream(context.Background(), t, relayAddr, agg.addr)
+	d.set("aggregator", "127.0.0.2", "127.0.0.1")
+	s := agentStream(context.Background(), t, at, agg.addr)
 	if err := s.Send(hello("node-1")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Recv(); err != nil {
-		t.Fatalf("a replica resolved at once: %v", err)
+		t.Fatalf("a replica looked up at once: %v", err)
 	}
-	d.set("aggregator")
+	d.set("aggregator") // no address: the lookup fails, and nothing is cut
+	r.resolve(context.Background(), true)
+	if r.connections() != 1 {
+		t.Fatalf("a failed lookup cut the replica's connection (%d open)", r.connections())
+	}
+	d.set("aggregator", "127.0.0.2") // the replica replaced
+	r.resolve(context.Background(), true)
 	if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the replica gone: %v, want Unavailable", err)
+	}
+	if r.connections() != 0 {
+		t.Fatalf("%d connections left to a replica gone", r.connections())
+	}
+}
+
+// TestAReplicaThatLetsFewerStreamsOpen: an aggregator whose
+// --max-ingest-streams-per-connection is below the relay's
+// --streams-per-connection: the stream past its bound, which would wait
+// for ever, is refused after StreamWait, saying why, and the connection is
+// marked full, so that the agent's next try gets a connection of its own.
+func TestAReplicaThatLetsFewerStreamsOpen(t *testing.T) {
+	agg := startAggregator(t, 2)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 5, StreamWait: 200 * time.Millisecond})
+	open := func() error {
+		s := agentStream(context.Background(), t, at, agg.addr)
+		if err := s.Send(hello("node")); err != nil {
+			return err
+		}
+		_, err := s.Recv()
+		return err
+	}
+	for i := range 2 {
+		if err := open(); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if err := open(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--max-ingest-streams-per-connection") {
+		t.Fatalf("the third stream on a connection the replica holds to 2: %v, want Unavailable naming the flag", err)
+	}
+	if err := open(); err != nil {
+		t.Fatalf("the next try: %v", err)
+	}
+	if n := agg.conns.Load(); n != 2 {
+		t.Fatalf("%d connections at the replica, want 2", n)
 	}
 }
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -19,10 +20,11 @@ import (
 	"github.com/pulse-io/pulse/test/procs"
 )
 
-// TestAgentsThroughARelay: two nodes' agents reach the aggregator through
-// a pulse-relay, over TLS both ways, each with its ServiceAccount token;
-// the aggregator reviews each stream's token as it does an agent's own and
-// takes each node's pods, and both streams arrive on one connection. A
+// TestAgentsThroughARelay: two nodes' agents reach two aggregator replicas
+// through a pulse-relay, over TLS both ways, each with its ServiceAccount
+// token; each replica reviews each stream's token as it does an agent's own
+// and takes each node's pods. Each agent holds one connection to the relay
+// (its two streams on it), and each replica gets its streams on one. A
 // relay that stops ends its streams; the agents come back through the
 // next.
 func TestAgentsThroughARelay(t *testing.T) {
@@ -44,6 +46,9 @@ func TestAgentsThroughARelay(t *testing.T) {
 	o.Warmup.Duration = 0
 	o.AgentAuth.Mode = "tokenreview"
 	agg := runAggregator(t, o, aggregator.Deps{Kube: api})
+	o2 := *o // a second replica
+	agg2 := runAggregator(t, &o2, aggregator.Deps{Kube: api})
+	replicas := []string{"localhost:" + portOf(agg.IngestAddr()), "localhost:" + portOf(agg2.IngestAddr())}
 
 	ro := relay.NewOptions()
 	var err error
@@ -53,7 +58,7 @@ func TestAgentsThroughARelay(t *testing.T) {
 	if ro.HTTPAddr, err = procs.FreeAddr(); err != nil {
 		t.Fatal(err)
 	}
-	ro.Aggregators = []string{"localhost:" + portOf(agg.IngestAddr())}
+	ro.Aggregators = replicas
 	ro.TLSCertFile, ro.TLSKeyFile, ro.AggregatorCAFile = files[0], files[1], files[2]
 	if err := ro.Validate(); err != nil {
 		t.Fatal(err)
@@ -62,37 +67,44 @@ func TestAgentsThroughARelay(t *testing.T) {
 
 	for i, node := range []string{"gpu-node-1", "gpu-node-2"} {
 		ao := agent.NewOptions()
-		ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, node, gpu.ModeOff
+		ao.Aggregators, ao.NodeName, ao.NVML = replicas, node, gpu.ModeOff
 		ao.Relay = "localhost:" + portOf(ro.Listen)
 		ao.AggregatorCAFile, ao.TokenFile = files[2], files[3+i]
 		runAgent(t, ao, agent.Deps{Pods: fakenode.NodePods(api, node), Resolver: loopbackDNS{}}, nil)
 	}
 
-	eventually(t, "both nodes' pods, through the relay", func() error {
-		w, err := workload(agg.HTTPAddr(), "llama")
-		if err != nil {
-			return err
+	for _, a := range []*aggregator.Aggregator{agg, agg2} {
+		eventually(t, "both nodes' pods at each replica, through the relay", func() error {
+			w, err := workload(a.HTTPAddr(), "llama")
+			if err != nil {
+				return err
+			}
+			got := map[string]float64{}
+			for _, p := range w.Pods {
+				got[p.Name] = p.Values["waiting"]
+			}
+			if len(got) != 2 || got["one"] != 6 || got["two"] != 3 {
+				return fmt.Errorf("pods %v", got)
+			}
+			return nil
+		})
+	}
+	for _, a := range []*aggregator.Aggregator{agg, agg2} {
+		if err := streamsAre(t, a.HTTPAddr(), 2); err != nil {
+			t.Error(err)
 		}
-		got := map[string]float64{}
-		for _, p := range w.Pods {
-			got[p.Name] = p.Values["waiting"]
-		}
-		if len(got) != 2 || got["one"] != 6 || got["two"] != 3 {
-			return fmt.Errorf("pods %v", got)
-		}
-		return nil
-	})
-	if err := streamsAre(t, agg.HTTPAddr(), 2); err != nil {
-		t.Error(err)
 	}
 	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+ro.HTTPAddr+"/metrics"), strings.NewReader(`
+# HELP pulse_relay_connections Agents' connections held open now.
+# TYPE pulse_relay_connections gauge
+pulse_relay_connections 2
 # HELP pulse_relay_streams Agent streams the relay forwards now.
 # TYPE pulse_relay_streams gauge
-pulse_relay_streams 2
+pulse_relay_streams 4
 # HELP pulse_relay_upstream_connections Connections open to aggregator replicas.
 # TYPE pulse_relay_upstream_connections gauge
-pulse_relay_upstream_connections 1
-`), "pulse_relay_streams", "pulse_relay_upstream_connections"); err != nil {
+pulse_relay_upstream_connections 2
+`), "pulse_relay_connections", "pulse_relay_streams", "pulse_relay_upstream_connections"); err != nil {
 		t.Error(err)
 	}
 
@@ -101,11 +113,11 @@ pulse_relay_upstream_connections 1
 	// address: a Service's), with their tokens reviewed again.
 	stopRelay()
 	eventually(t, "the streams gone with the relay", func() error {
-		return streamsAre(t, agg.HTTPAddr(), 0)
+		return errors.Join(streamsAre(t, agg.HTTPAddr(), 0), streamsAre(t, agg2.HTTPAddr(), 0))
 	})
 	startRelay(t, ro)
 	eventually(t, "the agents back through the new relay", func() error {
-		return streamsAre(t, agg.HTTPAddr(), 2)
+		return errors.Join(streamsAre(t, agg.HTTPAddr(), 2), streamsAre(t, agg2.HTTPAddr(), 2))
 	})
 }
 
