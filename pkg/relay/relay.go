@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
@@ -330,11 +331,13 @@ func (u *upstream) acquire() (*pooled, error) {
 }
 
 // full marks c as carrying no more than the streams it has open without
-// the one that waited (the replica's bound is below StreamsPerConnection).
-func (u *upstream) full(c *pooled) {
+// the one that waited (the replica's bound is below StreamsPerConnection),
+// and returns that bound.
+func (u *upstream) full(c *pooled) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	c.limit = max(c.streams-1, 1)
+	return c.limit
 }
 
 // release gives c's stream back; a connection left with none is closed
@@ -463,12 +466,18 @@ func (r *Relay) open(ctx context.Context, cancel context.CancelFunc, u *upstream
 	if timer.Stop() && err == nil {
 		return up, nil
 	}
-	if waited.Load() {
-		u.full(c)
+	// A connection up that did not let the stream open is at the
+	// replica's bound; one still connecting is only slow.
+	if waited.Load() && c.cc.GetState() == connectivity.Ready {
+		n := u.full(c)
 		r.m.refused.WithLabelValues("upstream_full").Inc()
 		r.cfg.Log.Warn("an aggregator replica let no more streams open on a relay connection: its --max-ingest-streams-per-connection is below the relay's --streams-per-connection",
-			logging.KeyAggregator, u.addr, "streams", c.streams-1)
+			logging.KeyAggregator, u.addr, "streams", n)
 		return nil, status.Errorf(codes.Unavailable, "relay: aggregator %s let no more streams open on the relay's connection within %s (its --max-ingest-streams-per-connection is below the relay's --streams-per-connection); try again", u.addr, r.cfg.StreamWait)
+	}
+	if waited.Load() {
+		r.m.refused.WithLabelValues("upstream_unavailable").Inc()
+		return nil, status.Errorf(codes.Unavailable, "relay: aggregator %s: no connection within %s", u.addr, r.cfg.StreamWait)
 	}
 	r.m.refused.WithLabelValues("upstream_unavailable").Inc()
 	return nil, upstreamError(ctx, u.addr, err)

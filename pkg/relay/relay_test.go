@@ -330,6 +330,45 @@ pulse_relay_refused_streams_total{reason="upstream_unavailable"} 0
 	}
 }
 
+// TestBadBytesEndOnlyTheirStream: the relay decodes nothing, so bytes that
+// are no message reach the replica, whose gRPC refuses them and ends that
+// stream, saying so; another agent's stream on the same connection goes
+// on.
+func TestBadBytesEndOnlyTheirStream(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	good := agentStream(context.Background(), t, at, agg.addr)
+	if err := good.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := good.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	bad, err := conn.NewStream(metadata.AppendToOutgoingContext(context.Background(), UpstreamKey, agg.addr),
+		&grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, reportMethod, grpc.ForceCodec(Codec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.SendMsg(&Frame{b: []byte{0xff, 0xff, 0xff, 0xff}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.RecvMsg(&Frame{}); status.Code(err) == codes.OK || !strings.Contains(err.Error(), "unmarshal") {
+		t.Fatalf("bytes that are no message: %v, want the replica's refusal", err)
+	}
+	if err := good.Send(batch(7)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := good.Recv(); err != nil || m.GetAck().GetSeq() != 7 {
+		t.Fatalf("the other stream after the bad one: %v, %v", m, err)
+	}
+}
+
 // TestTheReplicasAnswerReachesTheAgent: a replica's refusal (an agent
 // reporting for another node, say) reaches the agent with its code and
 // message, as it would directly.
