@@ -91,8 +91,9 @@ func httpGet(t *testing.T, url string) int {
 func TestValidateNamesEveryProblem(t *testing.T) {
 	o := NewOptions()
 	o.Certs.Enabled, o.Certs.Namespace, o.ScalerTLS.CertFile, o.AgentAuth.Mode, o.IngestTLS.CertFile = true, "", "x", "maybe", "y"
+	o.Serving.MaxIngestStreamsPerConnection = 0
 	err := o.Validate()
-	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together"} {
+	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together", "--max-ingest-streams-per-connection"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}

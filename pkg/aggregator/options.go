@@ -181,8 +181,8 @@ func (o *ServingOptions) Validate() error {
 	if o.MaxIngestConnections < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections must be at least 1"))
 	}
-	if o.MaxIngestStreamsPerConnection < 1 {
-		errs = append(errs, errors.New("--max-ingest-streams-per-connection must be at least 1"))
+	if o.MaxIngestStreamsPerConnection < 1 || o.MaxIngestStreamsPerConnection > 1<<16 {
+		errs = append(errs, errors.New("--max-ingest-streams-per-connection must be from 1 to 65536"))
 	}
 	if o.MaxIngestConnectionsPerAddress < 1 {
 		errs = append(errs, errors.New("--max-ingest-connections-per-address must be at least 1"))
