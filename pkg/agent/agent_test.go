@@ -41,7 +41,7 @@ func TestOptionsValidate(t *testing.T) {
 	o.NVML = "maybe"
 	o.PodSelector = "a in (b"
 	o.ReconnectMaxBackoff = 0 // the reconnect's jitter once panicked on it
-	o.Relay = "pulse-relay" // no port
+	o.Relay = "pulse-relay"   // no port
 	err := o.Validate()
 	for _, want := range []string{"--aggregator is required", "--scrape-interval", "extra metric", "given 33 times; at most 32", "--log-format", "--nvml", "--pod-selector", "--reconnect-max-backoff", "--relay"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
