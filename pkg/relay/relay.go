@@ -418,6 +418,12 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
+	return r.forward(ctx, ss, up, cancel, addr)
+}
+
+// forward carries the agent's stream ss and the replica's up both ways
+// until either ends; cancel ends up.
+func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, addr string) error {
 	toAgg, toAgent := r.m.messages.WithLabelValues("to_aggregator"), r.m.messages.WithLabelValues("to_agent")
 	// The agent's messages, forwarded until it closes its side (then the
 	// replica's side is closed too) or the stream ends.

@@ -563,11 +563,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	// The CPU read first and the time with it: the first /metrics read's
 	// CPU is in the span, and so is its time.
 	t0, h0, s0 := time.Now(), selfCPU(), f.sent.Load()
-	p0, err := procs.Read(pid)
-	if err != nil {
-		return nil, err
-	}
-	r0, _, err := f.relayUsage()
+	p0, r0, _, err := f.usage(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -598,11 +594,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	}
 	el := time.Since(t0).Seconds()
 	h1, s1 := selfCPU(), f.sent.Load()
-	p1, err := procs.Read(pid)
-	if err != nil {
-		return nil, err
-	}
-	r1, relayRSS, err := f.relayUsage()
+	p1, r1, relayRSS, err := f.usage(pid)
 	if err != nil {
 		return nil, err
 	}

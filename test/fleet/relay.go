@@ -86,6 +86,16 @@ func (f *fleet) stopRelays() {
 	}
 }
 
+// usage reads the aggregator's (pid's) usage and the relays' CPU seconds
+// and resident memory, summed.
+func (f *fleet) usage(pid int) (agg procs.Usage, relayCPU float64, relayRSS int64, err error) {
+	if agg, err = procs.Read(pid); err != nil {
+		return agg, 0, 0, err
+	}
+	relayCPU, relayRSS, err = f.relayUsage()
+	return agg, relayCPU, relayRSS, err
+}
+
 // relayUsage is the relays' CPU seconds and resident memory, summed.
 func (f *fleet) relayUsage() (cpu float64, rss int64, err error) {
 	for _, r := range f.relays {
