@@ -733,8 +733,7 @@ func (a *Agent) listenAndServe(ctx context.Context, addr string, all, perIP int,
 	a.log.Info("agent "+what+" listening", logging.KeyAddr, ln.Addr().String())
 	// Bounded as the aggregator's: a slow or idle client holds nothing
 	// for long.
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	srv := app.NewHTTPServer(h, a.log)
 	go func() { //nolint:gosec // G118: ctx has ended when the shutdown starts; it needs a live context of its own
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -21,6 +21,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/gpu"
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -33,7 +34,7 @@ import (
 func TestOptionsValidate(t *testing.T) {
 	o := NewOptions()
 	o.ScrapeInterval = time.Millisecond
-	o.ExtraMetrics = stringList{"bad name"}
+	o.ExtraMetrics = app.StringList{"bad name"}
 	for i := range 32 { // 33 in all: the aggregator refuses a hello of more than 32
 		o.ExtraMetrics = append(o.ExtraMetrics, fmt.Sprint("gauge_", i))
 	}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/app"
@@ -27,7 +26,7 @@ type Options struct {
 	NVML               string
 	PodResourcesSocket string
 	ResolveInterval    time.Duration
-	Aggregators        stringList
+	Aggregators        app.StringList
 	AggregatorCAFile   string
 	// Relay, when set, carries every aggregator stream (pulse-relay).
 	Relay               string
@@ -38,7 +37,7 @@ type Options struct {
 	MaxConcurrent       int
 	MaxListed           int
 	MaxPageBytes        int64
-	ExtraMetrics        stringList
+	ExtraMetrics        app.StringList
 	ForwardHistograms   bool
 	BatchDelay          time.Duration
 	ReconnectMaxBackoff time.Duration
@@ -179,20 +178,6 @@ func (o *Options) timeout() time.Duration {
 		return o.ScrapeTimeout
 	}
 	return o.ScrapeInterval * 8 / 10
-}
-
-// stringList is a repeatable, comma-separated flag.
-type stringList []string
-
-func (s *stringList) String() string { return strings.Join(*s, ",") }
-
-func (s *stringList) Set(v string) error {
-	for _, p := range strings.Split(v, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*s = append(*s, p)
-		}
-	}
-	return nil
 }
 
 // LogOptions returns the logger's options.

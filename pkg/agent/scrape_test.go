@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -15,6 +12,7 @@ import (
 	"time"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/httpflood"
 	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
@@ -123,43 +121,16 @@ func TestTheAgentsHTTPPortHoldsBoundedConnections(t *testing.T) {
 	defer cancel()
 	go func() { _ = a.serveHTTP(ctx) }()
 	waitUntil(t, "the http port listens", func() bool { return a.HTTPAddr() != "" })
-	var held []net.Conn
-	defer func() {
-		for _, c := range held {
-			_ = c.Close()
-		}
-	}()
-	accepted := 0
-	for range 200 {
-		c, err := net.Dial("tcp", a.HTTPAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: agent\r\n\r\n"); err != nil {
-			continue
-		}
-		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
-			_ = resp.Body.Close()
-			accepted++ // held open after its answer (keep-alive)
-		}
-	}
+	accepted, release := httpflood.Held(t, a.HTTPAddr(), "/livez", 200)
 	if accepted == 0 || accepted > maxHTTPConnsPerIP {
 		t.Fatalf("one address's 200 connections: %d held, want 1 to %d", accepted, maxHTTPConnsPerIP)
 	}
 	// The probe, from another address.
-	probe := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
-	resp, err := probe.Get("http://" + a.HTTPAddr() + "/livez")
-	if err != nil {
+	if _, err := httpflood.GetFrom(a.HTTPAddr(), "/livez"); err != nil {
 		t.Fatalf("the probe beside a flood: %v", err)
 	}
-	_ = resp.Body.Close()
 	// The flood gone, its address is served again.
-	for _, c := range held {
-		_ = c.Close()
-	}
-	held = nil
+	release()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		resp, err := http.Get("http://" + a.HTTPAddr() + "/livez")

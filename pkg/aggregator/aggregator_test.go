@@ -293,3 +293,25 @@ func TestScalerStreamsAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// The relays' certificate: its Secret and names go together, and each is
+// one a Secret and a certificate can carry.
+func TestValidateTheRelaysCertificate(t *testing.T) {
+	o := NewOptions()
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames = true, "pulse-system", []string{"pulse-aggregator.pulse-system.svc"}
+	o.Certs.RelaySecret = "pulse-relay-tls"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--relay-cert-secret and --relay-cert-dns-name go together") {
+		t.Errorf("a relay secret without names: Validate() = %v", err)
+	}
+	o.Certs.RelaySecret, o.Certs.RelayDNSNames = "Relay_TLS", []string{"pulse-relay.pulse-system.svc", "pulse-relay:9091"}
+	err := o.Validate()
+	for _, want := range []string{`--relay-cert-secret "Relay_TLS"`, `--relay-cert-dns-name "pulse-relay:9091"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
+	o.Certs.RelaySecret, o.Certs.RelayDNSNames = "pulse-relay-tls", []string{"pulse-relay.pulse-system.svc"}
+	if err := o.Validate(); err != nil {
+		t.Errorf("a relay secret with its names: %v", err)
+	}
+}

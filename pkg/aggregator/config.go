@@ -510,7 +510,8 @@ func (a *Aggregator) managedCerts(reg prometheus.Registerer) *certs.Managed {
 	}
 	a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
 		SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
-		KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, CAConfigMap: o.Certs.CAConfigMap, Owner: a.owner, Log: a.log})
+		KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, CAConfigMap: o.Certs.CAConfigMap,
+		RelaySecretName: o.Certs.RelaySecret, RelayDNSNames: o.Certs.RelayDNSNames, Owner: a.owner, Log: a.log})
 	a.health.addCheck("certificates", a.managed.Ready)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "pulse_aggregator_certificate_expiry_timestamp_seconds",
@@ -574,21 +575,6 @@ func metricsHandler(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 		ErrorLog: &metricsErrorLog{log: log}})
 }
 
-// Bounds of the HTTP servers (/metrics, the debug endpoints, the health
-// checks), so that a slow or idle client holds nothing for long: headers
-// within 5 s, a request within 10 s, an answer written within a minute (a
-// CPU profile takes 30 s), an idle keep-alive closed after 2 minutes;
-// /metrics as app.MetricsHandler bounds it.
-
-// NewHTTPServer is an HTTP server of handler with those bounds.
-func NewHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
-		// The server's own lines (a TLS handshake a port scan or a wrong CA
-		// failed, one a connection) at debug, in the aggregator's format.
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-}
-
 // metricsErrorLog is promhttp's error log on the aggregator's, at most once
 // a minute.
 type metricsErrorLog struct {
@@ -638,7 +624,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	}
 	if a.debugLn != nil {
 		// On their own address (the chart's: the pod's loopback).
-		a.debugSrv = NewHTTPServer(dmux, a.log)
+		a.debugSrv = app.NewHTTPServer(dmux, a.log)
 	} else {
 		// On the http port, beside /metrics and behind the same review
 		// (of the request's path): they name every tenant's workloads.
@@ -652,7 +638,7 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 	mux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
-	a.httpSrv = NewHTTPServer(mux, a.log)
+	a.httpSrv = app.NewHTTPServer(mux, a.log)
 	if a.healthLn != nil {
 		// The probes alone, in plaintext: a kubelet's probe of a TLS port
 		// fails while the certificate is not there yet, and liveness would
@@ -660,6 +646,6 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 		hmux := http.NewServeMux()
 		hmux.HandleFunc("GET /livez", a.health.serveHTTP(a.health.live))
 		hmux.HandleFunc("GET /readyz", a.health.serveHTTP(a.health.ready))
-		a.healthSrv = NewHTTPServer(hmux, a.log)
+		a.healthSrv = app.NewHTTPServer(hmux, a.log)
 	}
 }

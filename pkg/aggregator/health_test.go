@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -33,6 +32,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/httpflood"
 )
 
 // start runs an aggregator on loopback until the test ends.
@@ -293,7 +293,7 @@ func TestMetricsGatheringsAreBounded(t *testing.T) {
 	}
 	close(b.release)
 	wg.Wait()
-	s := NewHTTPServer(http.NotFoundHandler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := app.NewHTTPServer(http.NotFoundHandler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout < 30*time.Second || s.IdleTimeout <= 0 {
 		t.Fatalf("server bounds %+v: want every timeout set, writing at least a CPU profile's 30 s", s)
 	}
@@ -524,34 +524,11 @@ func TestIngestConnectionsAreBounded(t *testing.T) {
 func TestTheHTTPPortsHoldBoundedConnections(t *testing.T) {
 	a := start(t, func(o *Options) { o.Serving.HealthAddr = "127.0.0.1:0"; o.Warmup.Duration = 0 })
 	for _, port := range []struct{ name, addr string }{{"health", a.healthLn.Addr().String()}, {"http", a.HTTPAddr()}} {
-		var held []net.Conn
-		accepted := 0
-		for range 2 * maxHTTPConnsPerIP {
-			c, err := net.Dial("tcp", port.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held = append(held, c)
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: aggregator\r\n\r\n"); err != nil {
-				continue
-			}
-			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
-				_ = resp.Body.Close()
-				accepted++ // held open after its answer (keep-alive)
-			}
-		}
-		if accepted == 0 || accepted > maxHTTPConnsPerIP {
+		if accepted, _ := httpflood.Held(t, port.addr, "/livez", 2*maxHTTPConnsPerIP); accepted == 0 || accepted > maxHTTPConnsPerIP {
 			t.Errorf("%s port: one address's %d connections, %d held; want 1 to %d", port.name, 2*maxHTTPConnsPerIP, accepted, maxHTTPConnsPerIP)
 		}
-		probe := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
-		resp, err := probe.Get("http://" + port.addr + "/livez")
-		if err != nil {
+		if _, err := httpflood.GetFrom(port.addr, "/livez"); err != nil {
 			t.Fatalf("%s port: the probe beside a flood: %v", port.name, err)
-		}
-		_ = resp.Body.Close()
-		for _, c := range held {
-			_ = c.Close()
 		}
 	}
 }

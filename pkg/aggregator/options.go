@@ -336,6 +336,10 @@ type ManagedCertOptions struct {
 	Validity                       time.Duration
 	KEDANamespace, TriggerAuthName string
 	CAConfigMap                    string
+	// RelaySecret and RelayDNSNames: pulse-relay's server pair
+	// (certs.ManagedOptions.RelaySecretName).
+	RelaySecret   string
+	RelayDNSNames []string
 }
 
 // AddFlags registers the group's flags.
@@ -357,6 +361,11 @@ func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Validity, "cert-validity", o.Validity, "--manage-certs: validity of the certificates (renewed two thirds through; 1h to 10 years, 87600h)")
 	fs.StringVar(&o.KEDANamespace, "keda-namespace", o.KEDANamespace, "--manage-certs: KEDA's namespace, where its client credentials Secret goes")
 	fs.StringVar(&o.TriggerAuthName, "trigger-auth-name", o.TriggerAuthName, "--manage-certs: name of the ClusterTriggerAuthentication (and of KEDA's Secret)")
+	fs.StringVar(&o.RelaySecret, "relay-cert-secret", o.RelaySecret, "--manage-certs: a Secret (in --namespace, type kubernetes.io/tls) where a server certificate for pulse-relay (naming each --relay-cert-dns-name, signed by the managed CA) is kept with the CAs' bundle (tls.crt, tls.key, ca.crt, never a CA key); empty: none")
+	fs.Func("relay-cert-dns-name", "--relay-cert-secret: a DNS name of the relays' Service (the agents' --relay host) for their certificate; repeatable", func(v string) error {
+		o.RelayDNSNames = append(o.RelayDNSNames, v)
+		return nil
+	})
 	fs.StringVar(&o.CAConfigMap, "ca-configmap", o.CAConfigMap, "--manage-certs: a ConfigMap (in --namespace) where the CA's certificate is published for the agents (--ingest-managed-tls); empty: not published")
 }
 
@@ -402,24 +411,33 @@ func (o *ManagedCertOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
 		}
 	}
-	if o.CAConfigMap != "" {
-		if msgs := validation.IsDNS1123Subdomain(o.CAConfigMap); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("--manage-certs: --ca-configmap %q: %s", o.CAConfigMap, strings.Join(msgs, "; ")))
+	for _, n := range []struct{ flag, value string }{{"--ca-configmap", o.CAConfigMap}, {"--relay-cert-secret", o.RelaySecret}} {
+		if msgs := validation.IsDNS1123Subdomain(n.value); len(msgs) > 0 && n.value != "" {
+			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
 		}
 	}
-	// A name no certificate can carry (not ASCII: issuing failed every
-	// 10 s and the replica never became ready) or none a client asks for
-	// (a port or a scheme in it) is refused here.
-	for _, n := range o.DNSNames {
+	if (o.RelaySecret == "") != (len(o.RelayDNSNames) == 0) {
+		errs = append(errs, errors.New("--manage-certs: --relay-cert-secret and --relay-cert-dns-name go together"))
+	}
+	errs = append(errs, dnsNames("--cert-dns-name", o.DNSNames)...)
+	return errors.Join(append(errs, dnsNames("--relay-cert-dns-name", o.RelayDNSNames)...)...)
+}
+
+// dnsNames refuses a name no certificate can carry (not ASCII: issuing
+// failed every 10 s and the replica never became ready) or none a client
+// asks for (a port or a scheme in it).
+func dnsNames(flag string, names []string) []error {
+	var errs []error
+	for _, n := range names {
 		msgs := validation.IsDNS1123Subdomain(n)
 		if strings.HasPrefix(n, "*.") {
 			msgs = validation.IsWildcardDNS1123Subdomain(n)
 		}
 		if len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("--manage-certs: --cert-dns-name %q: %s", wire.CleanText(n, 64), strings.Join(msgs, "; ")))
+			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", flag, wire.CleanText(n, 64), strings.Join(msgs, "; ")))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // MaxCertValidity bounds --cert-validity.

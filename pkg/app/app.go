@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	runtimedebug "runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -163,6 +164,38 @@ const (
 	MetricsTimeout  = 30 * time.Second
 	MetricsWriting  = 16
 )
+
+// Bounds of the HTTP servers (/metrics, the debug endpoints, the health
+// checks), so that a slow or idle client holds nothing for long: headers
+// within 5 s, a request within 10 s, an answer written within a minute (a
+// CPU profile takes 30 s), an idle keep-alive closed after 2 minutes;
+// /metrics as app.MetricsHandler bounds it.
+
+// NewHTTPServer is an HTTP server of handler with those bounds: every
+// pulse process's (the aggregator's, the agent's, the relay's).
+func NewHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
+		// The server's own lines (a TLS handshake a port scan or a wrong CA
+		// failed, one a connection) at debug, in the process's format.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+}
+
+// StringList is a repeatable, comma-separated flag (flag.Var): each
+// non-empty, trimmed part is appended.
+type StringList []string
+
+func (s *StringList) String() string { return strings.Join(*s, ",") }
+
+// Set appends v's parts.
+func (s *StringList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*s = append(*s, p)
+		}
+	}
+	return nil
+}
 
 // MetricsHandler serves g's metrics with opts, bounded. promhttp's timeout
 // gathers the page into a buffer and writes it after, its bound on

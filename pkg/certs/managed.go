@@ -40,6 +40,10 @@ const (
 	KeyServerKey  = "tls.key"
 	KeyClientCert = "client.crt"
 	KeyClientKey  = "client.key"
+	// KeyRelayCert and KeyRelayKey: pulse-relay's server pair (with
+	// RelaySecretName), copied into its own Secret for the relays.
+	KeyRelayCert = "relay.crt"
+	KeyRelayKey  = "relay.key"
 	// KeyNextCACert and KeyNextCAKey: the CA that follows, made halfway
 	// through the current one's life and trusted (published in the bundle)
 	// from then on; it signs the pairs from the current one's renewal.
@@ -72,6 +76,14 @@ type ManagedOptions struct {
 	// for the agents, which connect to the ingest port over TLS and verify
 	// it.
 	CAConfigMap string
+	// RelaySecretName, when set, is a Secret (in Namespace, type
+	// kubernetes.io/tls) where a server pair for pulse-relay, naming
+	// RelayDNSNames, is kept with the CAs' bundle (tls.crt, tls.key,
+	// ca.crt): the relays serve the agents with it, and the agents verify
+	// it with the CA they already trust. It holds no CA key, which the
+	// relays never need.
+	RelaySecretName string
+	RelayDNSNames   []string
 	// Owner, if set, owns the Secrets and the ClusterTriggerAuthentication
 	// (a cluster-scoped object, the chart's ClusterRole, can own both
 	// namespaced and cluster-scoped ones): deleting it deletes them. It is
@@ -233,7 +245,48 @@ func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	if err := m.ensureCA(ctx, sec); err != nil {
 		return err
 	}
+	if err := m.ensureRelay(ctx, sec); err != nil {
+		return err
+	}
 	return m.ensureKEDA(ctx, sec)
+}
+
+// ensureRelay writes the relays' pair and the CAs' bundle into
+// RelaySecretName (when set): the bundle as ca.crt, which the relays
+// need to verify the aggregators' ingest certificate too.
+func (m *Managed) ensureRelay(ctx context.Context, sec *corev1.Secret) error {
+	if m.o.RelaySecretName == "" {
+		return nil
+	}
+	want := map[string][]byte{corev1.TLSCertKey: sec.Data[KeyRelayCert], corev1.TLSPrivateKeyKey: sec.Data[KeyRelayKey], KeyCACert: m.bundle(sec)}
+	if err := m.ensureCopy(ctx, sec, m.o.Namespace, m.o.RelaySecretName, corev1.SecretTypeTLS, want); err != nil {
+		return fmt.Errorf("relay certificate secret %s/%s: %w", m.o.Namespace, m.o.RelaySecretName, err)
+	}
+	return nil
+}
+
+// ensureCopy creates or updates the Secret ns/name to hold data (of type
+// typ, which an existing Secret keeps: it cannot change), unless sec is
+// no longer the managed Secret's current version (its Ensure writes it).
+func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name string, typ corev1.SecretType, data map[string][]byte) error {
+	ss := m.o.Client.CoreV1().Secrets(ns)
+	cur, err := ss.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = ss.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Type: typ, Data: data}, metav1.CreateOptions{})
+		if err == nil {
+			m.o.Log.Info("certificate secret created", logging.KeySecret, ns+"/"+name)
+		}
+	case err == nil && (!equalData(cur.Data, data) || m.unowned(cur.OwnerReferences)):
+		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
+			return serr
+		}
+		cur.Data = data
+		cur.OwnerReferences = m.owners(cur.OwnerReferences)
+		_, err = ss.Update(ctx, cur, metav1.UpdateOptions{})
+	}
+	return err
 }
 
 // ensureCA publishes the CAs' bundle in CAConfigMap (when set), the trust
@@ -337,14 +390,18 @@ func (m *Managed) due(sec *corev1.Secret) bool {
 			return true
 		}
 	}
-	for _, pair := range [][2]string{{KeyServerCert, KeyServerKey}, {KeyClientCert, KeyClientKey}} {
+	for _, pair := range m.pairs() {
 		// A key lost or garbled (or not its certificate's) made every
 		// Ensure fail, every 10 s, for ever: it is issued again.
 		if _, err := tls.X509KeyPair(sec.Data[pair[0]], sec.Data[pair[1]]); err != nil {
 			return true
 		}
 	}
-	for _, k := range []string{KeyCACert, KeyServerCert, KeyClientCert} {
+	certs := []string{KeyCACert}
+	for _, pair := range m.pairs() {
+		certs = append(certs, pair[0])
+	}
+	for _, k := range certs {
 		c, err := parseCert(sec.Data[k])
 		if err != nil {
 			return true
@@ -352,11 +409,21 @@ func (m *Managed) due(sec *corev1.Secret) bool {
 		if m.o.Now().After(twoThirds(c)) {
 			return true
 		}
-		if k == KeyServerCert && !sameNames(c, m.o.DNSNames, m.o.IPs) {
+		if k == KeyServerCert && !sameNames(c, m.o.DNSNames, m.o.IPs) || k == KeyRelayCert && !sameNames(c, m.o.RelayDNSNames, nil) {
 			return true
 		}
 	}
 	return false
+}
+
+// pairs are the keys of the pairs the Secret keeps: the server's, KEDA's
+// and, with RelaySecretName, the relays'.
+func (m *Managed) pairs() [][2]string {
+	p := [][2]string{{KeyServerCert, KeyServerKey}, {KeyClientCert, KeyClientKey}}
+	if m.o.RelaySecretName != "" {
+		p = append(p, [2]string{KeyRelayCert, KeyRelayKey})
+	}
+	return p
 }
 
 func sameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
@@ -443,8 +510,12 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 		x509.ExtKeyUsageServerAuth, m.o.DNSNames, m.o.IPs); err != nil {
 		return err
 	}
-	_, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, m.o.Validity, false,
-		x509.ExtKeyUsageClientAuth, nil, nil)
+	if _, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, m.o.Validity, false,
+		x509.ExtKeyUsageClientAuth, nil, nil); err != nil || m.o.RelaySecretName == "" {
+		return err
+	}
+	_, _, sec.Data[KeyRelayCert], sec.Data[KeyRelayKey], err = issue(ca, signer, "pulse-relay", now, m.o.Validity, false,
+		x509.ExtKeyUsageServerAuth, m.o.RelayDNSNames, nil)
 	return err
 }
 
@@ -475,21 +546,7 @@ func (m *Managed) load(sec *corev1.Secret) error {
 // caCert, tlsClientCert and tlsClientKey.
 func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	want := map[string][]byte{"ca.crt": m.bundle(sec), "tls.crt": sec.Data[KeyClientCert], "tls.key": sec.Data[KeyClientKey]}
-	ks := m.o.Client.CoreV1().Secrets(m.o.KEDANamespace)
-	cur, err := ks.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = ks.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.TriggerAuthName, Namespace: m.o.KEDANamespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
-	case err == nil && (!equalData(cur.Data, want) || m.unowned(cur.OwnerReferences)):
-		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
-			return serr // a newer Secret: its Ensure writes it
-		}
-		cur.Data = want
-		cur.OwnerReferences = m.owners(cur.OwnerReferences)
-		_, err = ks.Update(ctx, cur, metav1.UpdateOptions{})
-	}
-	if err != nil {
+	if err := m.ensureCopy(ctx, sec, m.o.KEDANamespace, m.o.TriggerAuthName, corev1.SecretTypeOpaque, want); err != nil {
 		return fmt.Errorf("KEDA credentials secret %s/%s: %w", m.o.KEDANamespace, m.o.TriggerAuthName, err)
 	}
 	refs := []any{}

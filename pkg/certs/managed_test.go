@@ -601,3 +601,87 @@ func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 		t.Fatalf("KEDA against the aggregator: %v", err)
 	}
 }
+
+// relaySecret reads the relays' Secret.
+func relaySecret(t *testing.T, client *fake.Clientset) *corev1.Secret {
+	t.Helper()
+	s, err := client.CoreV1().Secrets("pulse-system").Get(context.Background(), "pulse-relay-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("relay secret: %v", err)
+	}
+	return s
+}
+
+// servesRelay serves s's pair and returns the serial a client trusting
+// only s's ca.crt verifies for localhost.
+func servesRelay(t *testing.T, s *corev1.Secret) int64 {
+	t.Helper()
+	pair, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		t.Fatalf("relay pair: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(s.Data[KeyCACert]) {
+		t.Fatal("relay secret: no CA certificate")
+	}
+	addr := serveConfig(t, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}})
+	serial, err := check(t, addr, &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, ServerName: "localhost"})
+	if err != nil {
+		t.Fatalf("an agent trusting the relay secret's CA, to the relay's pair: %v", err)
+	}
+	return serial
+}
+
+func TestTheRelaysPairIsKeptInASecretOfItsOwn(t *testing.T) {
+	m, client, _, clock := managed(t, 21*24*time.Hour)
+	m.o.RelaySecretName, m.o.RelayDNSNames = "pulse-relay-tls", []string{"localhost"}
+	ctx := context.Background()
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := relaySecret(t, client)
+	if s.Type != corev1.SecretTypeTLS || len(s.Data) != 3 {
+		t.Fatalf("relay secret of type %q with %d keys: want kubernetes.io/tls with tls.crt, tls.key and ca.crt", s.Type, len(s.Data))
+	}
+	// The CA's key stays in the aggregator's Secret: the bundle is
+	// certificates alone.
+	if bytes.Contains(s.Data[KeyCACert], []byte("PRIVATE KEY")) || s.Data[KeyCAKey] != nil {
+		t.Fatal("the relay secret holds a CA key")
+	}
+	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+	if err != nil || cm.Data[KeyCACert] != string(s.Data[KeyCACert]) {
+		t.Fatalf("the relay secret's ca.crt is not the bundle the agents trust (%v)", err)
+	}
+	first := servesRelay(t, s)
+
+	// Renewed with the others, two thirds through.
+	clock.Add(21*24*time.Hour + time.Minute)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if second := servesRelay(t, relaySecret(t, client)); second == first {
+		t.Fatal("the relay's pair was not renewed with the others")
+	}
+
+	// Other names: issued again for them.
+	m.o.RelayDNSNames = []string{"pulse-relay.pulse-system.svc"}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseCert(relaySecret(t, client).Data[corev1.TLSCertKey])
+	if err != nil || len(c.DNSNames) != 1 || c.DNSNames[0] != "pulse-relay.pulse-system.svc" {
+		t.Fatalf("relay certificate after a change of names: %v (%v)", c, err)
+	}
+	// A garbled key in the relay secret (an edit by hand) is put right.
+	s = relaySecret(t, client)
+	s.Data[corev1.TLSPrivateKeyKey] = []byte("garbled")
+	if _, err := client.CoreV1().Secrets("pulse-system").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.X509KeyPair(relaySecret(t, client).Data[corev1.TLSCertKey], relaySecret(t, client).Data[corev1.TLSPrivateKeyKey]); err != nil {
+		t.Fatalf("the relay secret's key was not put right: %v", err)
+	}
+}

@@ -30,7 +30,7 @@ import (
 // Options are pulse-relay's flags.
 type Options struct {
 	Listen, HTTPAddr     string
-	Aggregators          []string
+	Aggregators          app.StringList
 	ResolveInterval      time.Duration
 	StreamsPerConnection int
 	// MaxConnections bounds the agents' connections held at once, and
@@ -56,14 +56,7 @@ func (o *Options) LogOptions() logging.Options { return o.Log }
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the agents' gRPC streams (the agents' --relay)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
-	fs.Func("aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica): the only replicas streams are forwarded to; repeatable or comma-separated", func(s string) error {
-		for _, a := range strings.Split(s, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				o.Aggregators = append(o.Aggregators, a)
-			}
-		}
-		return nil
-	})
+	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica): the only replicas streams are forwarded to; repeatable or comma-separated")
 	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a replica an agent names that is not known yet is looked up at once, at most once a second)")
 	fs.IntVar(&o.StreamsPerConnection, "streams-per-connection", o.StreamsPerConnection, "agent streams one connection to an aggregator replica carries (keep it at most the aggregator's --max-ingest-streams-per-connection); past it another connection is opened")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "agents' connections held open at once: past it a new one is closed at once")
@@ -110,6 +103,13 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
+// The http port's bounds (the aggregator's too): connections held at once,
+// in all and from one remote address; past either a new one is closed.
+const (
+	maxHTTPConns           = 1024
+	maxHTTPConnsPerAddress = 64
+)
+
 // Server is a relay and its listeners.
 type Server struct {
 	o     *Options
@@ -130,7 +130,7 @@ func NewServer(o *Options, log *slog.Logger) (*Server, error) {
 			return credentials.NewTLS(ca.ClientConfig(name))
 		}
 	}
-	r := New(Config{Aggregators: o.Aggregators, ResolveInterval: o.ResolveInterval, StreamsPerConnection: o.StreamsPerConnection,
+	r := New(Config{Aggregators: []string(o.Aggregators), ResolveInterval: o.ResolveInterval, StreamsPerConnection: o.StreamsPerConnection,
 		Transport: transport, Secure: o.AggregatorCAFile != "", Log: log, Registerer: reg})
 	// The agents' port, bounded as the aggregator's ingest port is
 	// (pkg/aggregator's streamOptions): a handshake within 10 s, a
@@ -187,7 +187,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.reg.MustRegister(refused, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pulse_relay_connections",
 		Help: "Agents' connections held open now."}, func() float64 { return float64(bounded.Held()) }))
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", app.MetricsHandler(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.relay.Ready() {
@@ -196,14 +196,17 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Bounded as the aggregator's http port: a slow or idle client holds
+	// nothing for long, and one address's connections cannot take them all.
+	hs := app.NewHTTPServer(mux, s.log)
+	hbounded := netbound.New(hln, maxHTTPConns, maxHTTPConnsPerAddress)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); s.relay.Run(rctx) }()
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(bounded) }()
-	go func() { errc <- hs.Serve(hln) }()
+	go func() { errc <- hs.Serve(hbounded) }()
 	s.log.Info("relay serving", logging.KeyAddr, ln.Addr().String(), logging.KeyVersion, version.Version,
 		"aggregators", strings.Join(s.o.Aggregators, ","))
 	select {
