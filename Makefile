@@ -67,7 +67,7 @@ helm-lint:
 	@out=$$($(HELM) template pulse-aggregator deploy/aggregator --namespace pulse-system -f deploy/aggregator/ci/tls-files-rbac-values.yaml) || exit 1; \
 	  ! echo "$$out" | grep -E 'clustertriggerauthentications|resources: \["secrets"\]'
 
-# OCI image tarballs, bin/images/<name>.tar (pulse-agent, pulse-aggregator,
+# OCI image tarballs, bin/images/<name>.tar (pulse-agent, pulse-aggregator, pulse-relay,
 # vllm-sim, pause), built without a Docker engine by tools/images: the same
 # digest for the same source. Each prints `name reference digest path`;
 # `ctr images import` names it REGISTRY/<name>:VERSION. The agent's glibc

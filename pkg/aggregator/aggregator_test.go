@@ -310,7 +310,17 @@ func TestValidateTheRelaysCertificate(t *testing.T) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
-	o.Certs.RelaySecret, o.Certs.RelayDNSNames = "pulse-relay-tls", []string{"pulse-relay.pulse-system.svc"}
+	// The Secret the relays' copy would overwrite: the managed
+	// certificates', or KEDA's credentials' in the same namespace.
+	o.Certs.RelayDNSNames = []string{"pulse-relay.pulse-system.svc"}
+	o.Certs.Secret, o.Certs.TriggerAuthName, o.Certs.KEDANamespace = "pulse-certs", "pulse-creds", "pulse-system"
+	for _, name := range []string{"pulse-certs", "pulse-creds"} {
+		o.Certs.RelaySecret = name
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "name another") {
+			t.Errorf("--relay-cert-secret %s: Validate() = %v, want it refused", name, err)
+		}
+	}
+	o.Certs.RelaySecret = "pulse-relay-tls"
 	if err := o.Validate(); err != nil {
 		t.Errorf("a relay secret with its names: %v", err)
 	}

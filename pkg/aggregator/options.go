@@ -419,6 +419,11 @@ func (o *ManagedCertOptions) Validate() error {
 	if (o.RelaySecret == "") != (len(o.RelayDNSNames) == 0) {
 		errs = append(errs, errors.New("--manage-certs: --relay-cert-secret and --relay-cert-dns-name go together"))
 	}
+	// A copy written over the Secret it is made from (or over KEDA's) took
+	// its CA key and pairs, and each check made them again, for ever.
+	if o.RelaySecret != "" && (o.RelaySecret == o.Secret || o.RelaySecret == o.TriggerAuthName && o.KEDANamespace == o.Namespace) {
+		errs = append(errs, fmt.Errorf("--manage-certs: --relay-cert-secret %q is the Secret of the managed certificates or of KEDA's credentials: name another", o.RelaySecret))
+	}
 	errs = append(errs, dnsNames("--cert-dns-name", o.DNSNames)...)
 	return errors.Join(append(errs, dnsNames("--relay-cert-dns-name", o.RelayDNSNames)...)...)
 }

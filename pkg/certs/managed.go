@@ -245,10 +245,9 @@ func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	if err := m.ensureCA(ctx, sec); err != nil {
 		return err
 	}
-	if err := m.ensureRelay(ctx, sec); err != nil {
-		return err
-	}
-	return m.ensureKEDA(ctx, sec)
+	// Each copy apart: the relays' failing (its RBAC missing, say) kept
+	// KEDA's credentials from being renewed.
+	return errors.Join(m.ensureKEDA(ctx, sec), m.ensureRelay(ctx, sec))
 }
 
 // ensureRelay writes the relays' pair and the CAs' bundle into

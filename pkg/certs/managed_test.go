@@ -685,3 +685,23 @@ func TestTheRelaysPairIsKeptInASecretOfItsOwn(t *testing.T) {
 		t.Fatalf("the relay secret's key was not put right: %v", err)
 	}
 }
+
+// TestARelayCopyRefusedLeavesKEDAsCredentials: the relays' Secret refused
+// (its RBAC missing) is an error, and KEDA's credentials are written all
+// the same: they had waited behind it.
+func TestARelayCopyRefusedLeavesKEDAsCredentials(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	m.o.RelaySecretName, m.o.RelayDNSNames = "pulse-relay-tls", []string{"localhost"}
+	client.PrependReactor("create", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.CreateAction).GetObject().(*corev1.Secret).Name == "pulse-relay-tls" {
+			return true, nil, errors.New("forbidden")
+		}
+		return false, nil, nil
+	})
+	if err := m.Ensure(context.Background()); err == nil || !strings.Contains(err.Error(), "relay certificate secret") {
+		t.Fatalf("Ensure = %v, want the relay secret's failure", err)
+	}
+	if _, err := client.CoreV1().Secrets("keda").Get(context.Background(), "pulse-creds", metav1.GetOptions{}); err != nil {
+		t.Fatalf("KEDA's credentials behind a refused relay copy: %v", err)
+	}
+}

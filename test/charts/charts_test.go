@@ -8,8 +8,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
 )
 
 // root is the repository root, from this package's directory.
@@ -141,6 +149,12 @@ func TestNotesInstallAgentsTheAggregatorAccepts(t *testing.T) {
 		}
 		if !strings.Contains(out, "The managed CA is published in") {
 			t.Errorf("an agent namespace apart from the aggregator's, without the note that the managed CA is not there:\n%s", out)
+		}
+	})
+	t.Run("relay", func(t *testing.T) {
+		out := renderNotes(t, "--set", "relay.enabled=true")
+		if !strings.Contains(agentCommand(out), "--set relay=pulse-aggregator-relay.pulse-system.svc.cluster.local:9091") {
+			t.Errorf("relay.enabled, but the agent's install command does not name the relay Service:\n%s", agentCommand(out))
 		}
 	})
 	t.Run("service account", func(t *testing.T) {
@@ -306,7 +320,7 @@ func TestServiceNamesFitAndTheClusterDomain(t *testing.T) {
 		chart string
 		args  []string
 	}{
-		{"aggregator", []string{"--set", "fullnameOverride=" + long, "--set", "clusterDomain=example.org", "--set", "provisioning.enabled=true"}},
+		{"aggregator", []string{"--set", "fullnameOverride=" + long, "--set", "clusterDomain=example.org", "--set", "provisioning.enabled=true", "--set", "relay.enabled=true"}},
 		{"daemonset", []string{"--set", "fullnameOverride=" + long, "--set", "serviceMonitor.enabled=true"}},
 	} {
 		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
@@ -354,5 +368,172 @@ func TestTheNetworkPolicyLetsInTheAgentsNamespaces(t *testing.T) {
 		if err != nil || strings.Contains(out, "key: kubernetes.io/metadata.name") {
 			t.Errorf("agents in the release namespace %v: %v, want no namespaceSelector for them\n%s", args, err, out)
 		}
+	}
+}
+
+// docs splits a rendering into its objects, as kind/name to YAML.
+func docs(t *testing.T, out string) map[string]string {
+	t.Helper()
+	objs := map[string]string{}
+	for _, d := range strings.Split(out, "\n---") {
+		var m struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(d), &m); err != nil {
+			t.Fatalf("%v\n%s", err, d)
+		}
+		if m.Kind != "" {
+			objs[m.Kind+"/"+m.Metadata.Name] = d
+		}
+	}
+	return objs
+}
+
+func container(t *testing.T, doc string) corev1.Container {
+	t.Helper()
+	var d appsv1.Deployment // a DaemonSet's pod template lies at the same path
+	if err := yaml.Unmarshal([]byte(doc), &d); err != nil || len(d.Spec.Template.Spec.Containers) != 1 {
+		t.Fatalf("not one container: %v\n%s", err, doc)
+	}
+	return d.Spec.Template.Spec.Containers[0]
+}
+
+// flagValues are the values of flag (e.g. --relay) in args.
+func flagValues(args []string, flag string) []string {
+	var vs []string
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// TestTheRelayTheAgentsNameCarriesTheirStreams: with relay.enabled, the
+// relay address the daemonset chart's documentation gives is a Service of
+// the aggregator chart, its certificate (issued by the aggregator) names
+// the agents' --relay host, the relays trust what verifies the ingest
+// certificate for the name they dial, the aggregator lets a relay's
+// streams open on one connection and admits the relays at its ingest
+// port, and none of the aggregator's selectors takes a relay pod.
+func TestTheRelayTheAgentsNameCarriesTheirStreams(t *testing.T) {
+	aggOut, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true")
+	if err != nil {
+		t.Fatalf("%v\n%.800s", err, aggOut)
+	}
+	agg := docs(t, aggOut)
+	const relayAddr = "pulse-aggregator-relay.pulse-system.svc.cluster.local:9091"
+	agentOut, err := render(t, filepath.Join(root, "deploy", "daemonset"), "--set", "relay="+relayAddr)
+	if err != nil {
+		t.Fatalf("%v\n%.800s", err, agentOut)
+	}
+	agent := container(t, docs(t, agentOut)["DaemonSet/pulse-agent"])
+	if got := flagValues(agent.Args, "--relay"); len(got) != 1 || got[0] != relayAddr {
+		t.Fatalf("agent --relay %v, want %s", got, relayAddr)
+	}
+	var svc corev1.Service
+	must(t, yaml.Unmarshal([]byte(agg["Service/pulse-aggregator-relay"]), &svc))
+	if len(svc.Spec.Ports) == 0 || svc.Spec.Ports[0].Port != 9091 {
+		t.Fatalf("relay Service: %+v", svc.Spec.Ports)
+	}
+	aggregator := container(t, agg["Deployment/pulse-aggregator"])
+	relay := container(t, agg["Deployment/pulse-aggregator-relay"])
+	names := flagValues(aggregator.Args, "--relay-cert-dns-name")
+	if !slices.Contains(names, strings.TrimSuffix(relayAddr, ":9091")) || !slices.Equal(flagValues(aggregator.Args, "--relay-cert-secret"), []string{"pulse-aggregator-relay-tls"}) {
+		t.Errorf("the relay certificate's names %v (secret %v) do not carry the agents' --relay host", names, flagValues(aggregator.Args, "--relay-cert-secret"))
+	}
+	if s := flagValues(relay.Args, "--streams-per-connection"); !slices.Equal(flagValues(aggregator.Args, "--max-ingest-streams-per-connection"), s) || len(s) != 1 {
+		t.Errorf("relay --streams-per-connection %v, aggregator --max-ingest-streams-per-connection %v: want them equal", s, flagValues(aggregator.Args, "--max-ingest-streams-per-connection"))
+	}
+	// Every connection one relay's agents take to a replica (from one pod
+	// address), twice over for the replacement of an aged one, is let in.
+	maxConns, _ := strconv.Atoi(flagValues(relay.Args, "--max-connections")[0])
+	streams, _ := strconv.Atoi(flagValues(relay.Args, "--streams-per-connection")[0])
+	if perAddr, _ := strconv.Atoi(flagValues(aggregator.Args, "--max-ingest-connections-per-address")[0]); perAddr < 2*((maxConns+streams-1)/streams) {
+		t.Errorf("aggregator --max-ingest-connections-per-address %d, below twice a relay's %d agents over %d streams a connection", perAddr, maxConns, streams)
+	}
+	// The relay dials a name the ingest certificate carries, and trusts
+	// the bundle its Secret holds.
+	dial := flagValues(relay.Args, "--aggregator")
+	if len(dial) != 1 || !slices.Contains(flagValues(aggregator.Args, "--cert-dns-name"), strings.TrimSuffix(dial[0], ":9091")) {
+		t.Errorf("relay --aggregator %v is not among the ingest certificate's names %v", dial, flagValues(aggregator.Args, "--cert-dns-name"))
+	}
+	if !slices.Equal(flagValues(relay.Args, "--aggregator-ca-file"), []string{"/etc/pulse/relay-tls/ca.crt"}) || len(flagValues(relay.Args, "--tls-cert-file")) != 1 {
+		t.Errorf("relay TLS flags: %v", relay.Args)
+	}
+	var np networkingv1.NetworkPolicy
+	must(t, yaml.Unmarshal([]byte(agg["NetworkPolicy/pulse-aggregator"]), &np))
+	relayPods := labels.Set{"app.kubernetes.io/name": "pulse-relay", "app.kubernetes.io/instance": "pulse-aggregator"}
+	admitted := false
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port == nil || p.Port.String() != "ingest" {
+				continue
+			}
+			for _, from := range rule.From {
+				if from.PodSelector != nil && from.NamespaceSelector == nil && labels.SelectorFromSet(from.PodSelector.MatchLabels).Matches(relayPods) {
+					admitted = true
+				}
+			}
+		}
+	}
+	if !admitted {
+		t.Errorf("the aggregator's NetworkPolicy admits no relay pod at the ingest port: %+v", np.Spec.Ingress)
+	}
+	// No selector of the aggregator's takes a relay pod or Service.
+	var dep appsv1.Deployment
+	must(t, yaml.Unmarshal([]byte(agg["Deployment/pulse-aggregator-relay"]), &dep))
+	for kind, sel := range map[string]map[string]string{"Deployment": selectorOf(t, agg["Deployment/pulse-aggregator"]), "NetworkPolicy": np.Spec.PodSelector.MatchLabels} {
+		if labels.SelectorFromSet(sel).Matches(labels.Set(dep.Spec.Template.Labels)) {
+			t.Errorf("the aggregator's %s selector %v takes the relay's pods %v", kind, sel, dep.Spec.Template.Labels)
+		}
+	}
+	var aggSvc corev1.Service
+	must(t, yaml.Unmarshal([]byte(agg["Service/pulse-aggregator"]), &aggSvc))
+	if labels.SelectorFromSet(aggSvc.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)) || labels.SelectorFromSet(aggSvc.Labels).Matches(labels.Set(svc.Labels)) && len(aggSvc.Labels) > 0 {
+		t.Errorf("the aggregator's Service selects the relay's pods, or its labels are the relay Service's (a ServiceMonitor would scrape both)")
+	}
+}
+
+func selectorOf(t *testing.T, doc string) map[string]string {
+	t.Helper()
+	var d appsv1.Deployment
+	must(t, yaml.Unmarshal([]byte(doc), &d))
+	return d.Spec.Selector.MatchLabels
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTheRelaysCertificateCombinationsThatCannotWork: a certificate of
+// one's own for the relays with the managed ingest TLS (the agents trust
+// only the managed CA) or with a plaintext ingest port (the relays would
+// dial TLS), one that is the managed certificates' Secret (the CA key in
+// the relay pods), and none with an ingest certificate of one's own: each
+// refused, saying why.
+func TestTheRelaysCertificateCombinationsThatCannotWork(t *testing.T) {
+	for _, c := range []struct {
+		set  string
+		want string
+	}{
+		{"relay.enabled=true,relay.tls.secretName=mine", "goes with ingest.tls.secretName"},
+		{"relay.enabled=true,relay.tls.secretName=mine,ingest.tls.managed=false,agentAuth.mode=none,metricsAuth=none", "goes with ingest.tls.secretName"},
+		{"relay.enabled=true,relay.tls.secretName=pulse-aggregator-certs,ingest.tls.secretName=ingest", "mount the managed CA's key"},
+		{"relay.enabled=true,ingest.tls.secretName=ingest", "needs relay.tls.secretName"},
+	} {
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", c.set)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("--set %s: %v, want it refused saying %q\n%.300s", c.set, err, c.want, out)
+		}
+	}
+	if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,relay.tls.secretName=mine,ingest.tls.secretName=ingest"); err != nil {
+		t.Errorf("the relays' certificate and the ingest port's both one's own: %v\n%.300s", err, out)
 	}
 }

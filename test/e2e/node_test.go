@@ -9,14 +9,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -75,6 +78,9 @@ type realNode struct {
 	// the managed certificate (the chart's default): it trusts the CA the
 	// aggregator publishes and checks the Service's name.
 	aggClient *http.Client
+	// relayOn: the relay subtest enabled the charts' relay (whose
+	// certificate Secret the aggregator made).
+	relayOn bool
 }
 
 func TestNode(t *testing.T) {
@@ -142,6 +148,7 @@ func TestNode(t *testing.T) {
 	t.Run("vLLM pods: real pods at their own IPs, scraped once they have loaded", n.vllmPods)
 	t.Run("a GPU's utilization is its pod's", n.gpuAttributed)
 	t.Run("KEDA scales a Deployment 1 to 3 while the new pods load, then back", n.scaleDeployment)
+	t.Run("relay.enabled: the agent's streams go through pulse-relay, over TLS with the certificate the aggregator issued it", n.relayCarries)
 	t.Run("helm uninstall removes what the charts made", n.uninstall)
 }
 
@@ -320,7 +327,7 @@ func (n *realNode) imageRef(name string) string {
 
 func (n *realNode) importImages() {
 	t := n.t
-	for _, name := range []string{"pause", "pulse-agent", "pulse-aggregator", "vllm-sim"} {
+	for _, name := range []string{"pause", "pulse-agent", "pulse-aggregator", "pulse-relay", "vllm-sim"} {
 		n.refs[name] = n.imageRef(name)
 		if out, err := n.ctr("images", "import", filepath.Join(n.images, name+".tar")); err != nil {
 			t.Fatal(err)
@@ -629,7 +636,7 @@ func podReady(p *corev1.Pod) bool {
 
 // aggregatorHTTP is one aggregator replica's HTTP address, at its pod IP.
 func (n *realNode) aggregatorHTTP(t *testing.T) string {
-	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + aggRelease})
+	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=pulse-aggregator,app.kubernetes.io/instance=" + aggRelease})
 	must(t, err)
 	for _, p := range pods.Items {
 		if podReady(&p) {
@@ -1120,6 +1127,18 @@ func (n *realNode) releasesMade(t *testing.T) []madeObj {
 // credentials and ClusterTriggerAuthentication, the provisioner's Lease),
 // each a Get.
 func (n *realNode) runtimeMade() map[string]func() error {
+	made := n.certsMade()
+	if n.relayOn {
+		made["Secret pulse-system/pulse-aggregator-relay-tls"] = func() error {
+			_, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-relay-tls", metav1.GetOptions{})
+			return err
+		}
+	}
+	return made
+}
+
+// certsMade: runtimeMade but the relay's certificate.
+func (n *realNode) certsMade() map[string]func() error {
 	return map[string]func() error{
 		"ConfigMap pulse-system/pulse-aggregator-ca": func() error {
 			_, err := n.kube.CoreV1().ConfigMaps(ns).Get(n.ctx, "pulse-aggregator-ca", metav1.GetOptions{})
@@ -1209,4 +1228,107 @@ func (n *realNode) uninstall(t *testing.T) {
 		return nil
 	})
 	t.Logf("helm uninstall removed all %d objects the two releases made, their pods, and the %d objects the aggregator made", len(made), len(runtimeMade))
+}
+
+// relayCarries: helm upgrade with the aggregator chart's relay.enabled and
+// the daemonset chart's relay: the relay serves the agent the certificate
+// the aggregator issued it (the agent checks it against the CA it already
+// trusts, for the relay Service's name), carries its stream to each
+// aggregator replica with its token, and the replicas' values stay fresh.
+func (n *realNode) relayCarries(t *testing.T) {
+	if n.aggHTTP == "" {
+		t.Skip("the charts' pods did not run")
+	}
+	defer n.dumpPodsOnFailure(t)
+	root := repoRoot(t)
+	repo, tag := splitRef(n.refs["pulse-relay"])
+	start := time.Now()
+	n.helm("upgrade", aggRelease, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--reuse-values",
+		"--set", "relay.enabled=true,relay.replicaCount=1,relay.image.repository="+repo+",relay.image.tag="+tag)
+	n.helm("upgrade", agtRelease, filepath.Join(root, "deploy", "daemonset"), "--namespace", ns, "--reuse-values",
+		"--set", "relay=pulse-aggregator-relay."+ns+".svc.cluster.local:9091")
+	var relayIP string
+	waitFor(t, 240*time.Second, "the relay, both aggregator replicas and the agent run their new revisions, Ready", func() error {
+		var err error
+		relayIP, err = n.rolledOut()
+		return err
+	})
+	t.Logf("rolled out %s after the upgrades", time.Since(start).Round(100*time.Millisecond))
+	sec, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-relay-tls", metav1.GetOptions{})
+	must(t, err)
+	n.relayOn = true // uninstall checks it goes
+	if sec.Type != corev1.SecretTypeTLS || sec.Data["ca.key"] != nil || bytes.Contains(sec.Data["ca.crt"], []byte("PRIVATE KEY")) {
+		t.Errorf("relay secret of type %s with keys %v: want kubernetes.io/tls without a CA key", sec.Type, slices.Sorted(maps.Keys(sec.Data)))
+	}
+	// One stream to each replica, and the agent's batches through them.
+	waitFor(t, 60*time.Second, "the relay forwards the agent's stream to both replicas", func() error {
+		m, err := relayMetrics(relayIP)
+		if err != nil {
+			return err
+		}
+		if m["pulse_relay_streams"] != 2 || m[`pulse_relay_messages_total{direction="to_aggregator"}`] == 0 {
+			return fmt.Errorf("relay streams %v, messages to the aggregators %v", m["pulse_relay_streams"], m[`pulse_relay_messages_total{direction="to_aggregator"}`])
+		}
+		return nil
+	})
+	n.aggHTTP = n.aggregatorHTTP(t) // the replicas are new
+	n.freshPodsReport(t, "llama", 1)
+}
+
+// rolledOut returns the relay pod's IP once the relay Deployment, the
+// aggregator's and the agent DaemonSet have each rolled out their newest
+// revision with every pod Ready.
+func (n *realNode) rolledOut() (string, error) {
+	for _, name := range []string{"pulse-aggregator", "pulse-aggregator-relay"} {
+		d, err := n.kube.AppsV1().Deployments(ns).Get(n.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		st := d.Status
+		if st.ObservedGeneration < d.Generation || st.UpdatedReplicas != *d.Spec.Replicas || st.Replicas != *d.Spec.Replicas || st.ReadyReplicas != *d.Spec.Replicas {
+			return "", fmt.Errorf("deployment %s: %d updated, %d in all, %d ready of %d", name, st.UpdatedReplicas, st.Replicas, st.ReadyReplicas, *d.Spec.Replicas)
+		}
+	}
+	ds, err := n.kube.AppsV1().DaemonSets(ns).Get(n.ctx, agtRelease, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if st := ds.Status; st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != 1 || st.NumberReady != 1 || st.NumberAvailable != 1 {
+		return "", fmt.Errorf("agent daemonset: %d updated, %d ready", st.UpdatedNumberScheduled, st.NumberReady)
+	}
+	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=pulse-relay"})
+	if err != nil {
+		return "", err
+	}
+	for _, p := range pods.Items {
+		if podReady(&p) {
+			return p.Status.PodIP, nil
+		}
+	}
+	return "", errors.New("no relay pod Ready")
+}
+
+// relayMetrics reads a relay's /metrics (plaintext, its http port) as
+// series (name and labels as exposed) to values.
+func relayMetrics(ip string) (map[string]float64, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + net.JoinHostPort(ip, "8080") + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("relay /metrics: %s %v", resp.Status, err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		if strings.HasPrefix(line, "#") || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, nil
 }

@@ -25,6 +25,8 @@ var targets = []target{
 		Description: "pulse agent: scrapes the vLLM pods of its node and streams their values to the aggregators"},
 	{Name: "pulse-aggregator", Package: "./cmd/aggregator", Version: true, User: "65532:65532",
 		Description: "pulse aggregator: per-pod state and the KEDA external-push scaler"},
+	{Name: "pulse-relay", Package: "./cmd/relay", Version: true, User: "65532:65532",
+		Description: "pulse relay: carries many agents' streams to each aggregator replica on a few connections"},
 	{Name: "vllm-sim", Package: "./test/vllmsim/cmd/vllm-sim", User: "65532:65532",
 		Description: "simulated vLLM /metrics server for pulse's tests and demos"},
 	{Name: "pause", Package: "./test/e2e/pause", User: "65535:65535",

@@ -1,5 +1,5 @@
 // Command images builds pulse's container images without a Docker engine
-// (make images): pulse-agent, pulse-aggregator, vllm-sim and pause, each an
+// (make images): pulse-agent, pulse-aggregator, pulse-relay, vllm-sim and pause, each an
 // OCI image layout in a tarball, bin/images/<name>.tar, the same digest for
 // the same source. The agent gets glibc and the loader from Debian's libc6,
 // pinned in debian-packages.lock. Run it from anywhere in the repository;

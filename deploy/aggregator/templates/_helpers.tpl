@@ -90,3 +90,74 @@ ingest.tls.managed, no ingest.tls.secretName, and managed certificates.
 {{- define "pulse-aggregator.ingestTLS" -}}
 {{- if or .Values.ingest.tls.secretName (include "pulse-aggregator.ingestManagedTLS" .) -}}true{{- end -}}
 {{- end }}
+
+{{/* The relays' full name, Service and Deployment. */}}
+{{- define "pulse-aggregator.relay" -}}
+{{- include "pulse-aggregator.suffixed" (list (include "pulse-aggregator.fullname" .) "relay") -}}
+{{- end }}
+
+{{- define "pulse-aggregator.relaySelectorLabels" -}}
+app.kubernetes.io/name: pulse-relay
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+The Secret of the relays' certificate: relay.tls.secretName, or the one the
+aggregator makes with the managed ingest TLS; empty when the ingest port
+speaks plaintext (the relays then do too).
+*/}}
+{{- define "pulse-aggregator.relayTLSSecret" -}}
+{{- if .Values.relay.tls.secretName -}}
+{{- if not .Values.ingest.tls.secretName -}}
+{{- fail "relay.tls.secretName goes with ingest.tls.secretName: with the managed ingest TLS the agents trust only the managed CA, which issues the relays' certificate itself (leave relay.tls.secretName empty); with a plaintext ingest port the relays speak plaintext too" -}}
+{{- end -}}
+{{- if eq .Values.relay.tls.secretName .Values.scaler.managedCerts.secretName -}}
+{{- fail "relay.tls.secretName must not be scaler.managedCerts.secretName: the relay pods would mount the managed CA's key" -}}
+{{- end -}}
+{{- .Values.relay.tls.secretName -}}
+{{- else if include "pulse-aggregator.ingestManagedTLS" . -}}
+{{- include "pulse-aggregator.suffixed" (list (include "pulse-aggregator.fullname" .) "relay-tls") -}}
+{{- else if .Values.ingest.tls.secretName -}}
+{{- fail "relay.enabled with ingest.tls.secretName needs relay.tls.secretName (tls.crt, tls.key, ca.crt): the aggregator issues the relays' certificate only with the managed ingest TLS" -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The agents as a NetworkPolicy peer: networkPolicy.agentPodSelector in
+networkPolicy.agentNamespaceSelector's namespaces (empty: those of the
+agents' ServiceAccounts with agentAuth.mode tokenreview, else the release's).
+*/}}
+{{- define "pulse-aggregator.agentPeer" -}}
+- podSelector:
+    {{- toYaml .Values.networkPolicy.agentPodSelector | nindent 4 }}
+  {{- $agentNamespaces := list }}
+  {{- if eq .Values.agentAuth.mode "tokenreview" }}
+  {{- range .Values.agentAuth.serviceAccounts }}
+  {{- $agentNamespaces = append $agentNamespaces (first (splitList "/" .)) | uniq }}
+  {{- end }}
+  {{- end }}
+  {{- with .Values.networkPolicy.agentNamespaceSelector }}
+  namespaceSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- else }}
+  {{- if and $agentNamespaces (ne (join "," $agentNamespaces) .Release.Namespace) }}
+  {{- /* The agents' ServiceAccounts' namespaces: the release's alone
+       let no agent of another in (NOTES installs them there). */}}
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: {{ toJson $agentNamespaces }}
+  {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/* The relays' objects' labels: none of the aggregator's selectors (its Services', its ServiceMonitor's) matches them. */}}
+{{- define "pulse-aggregator.relayLabels" -}}
+helm.sh/chart: {{ include "pulse-aggregator.chart" . }}
+{{ include "pulse-aggregator.relaySelectorLabels" . }}
+app.kubernetes.io/component: relay
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pulse
+{{- end }}
