@@ -159,34 +159,43 @@ func run(o *options) error {
 	}
 	defer removeAll(work)
 	for _, t := range build {
-		bin, err := goBuild(t, o.repo, work, runtime.GOARCH, o.version)
-		if err != nil {
+		if err := buildOne(t, o, work, out, libc, m); err != nil {
 			return err
 		}
-		var libcFs []file
-		if t.CGO {
-			if libcFs, err = libcFiles(libc, bin, arch.triplet); err != nil {
-				return fmt.Errorf("%s: %w", t.Name, err)
-			}
-		}
-		img, err := buildImage(specFor(t, bin, libcFs, m))
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.Name, err)
-		}
-		p := filepath.Join(out, t.Name+".tar")
-		if err := writeLayoutFile(p, img, m.indexAnnotations(t), created); err != nil {
-			return fmt.Errorf("%s: %w", t.Name, err)
-		}
-		digest, err := img.Digest()
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(o.repo, p)
-		if err != nil {
-			rel = p
-		}
-		fmt.Println(t.Name, m.ref(t), digest, rel)
 	}
+	return nil
+}
+
+// buildOne builds t's image into out/<name>.tar (work: its binary's
+// directory; libc: Debian's libc6, for a cgo target) and prints its line.
+func buildOne(t target, o *options, work, out string, libc *debContents, m meta) error {
+	bin, err := goBuild(t, o.repo, work, runtime.GOARCH, o.version)
+	if err != nil {
+		return err
+	}
+	var libcFs []file
+	if t.CGO {
+		if libcFs, err = libcFiles(libc, bin, multiarch[runtime.GOARCH].triplet); err != nil {
+			return fmt.Errorf("%s: %w", t.Name, err)
+		}
+	}
+	img, err := buildImage(specFor(t, bin, libcFs, m))
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Name, err)
+	}
+	p := filepath.Join(out, t.Name+".tar")
+	if err := writeLayoutFile(p, img, m.indexAnnotations(t), m.created); err != nil {
+		return fmt.Errorf("%s: %w", t.Name, err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(o.repo, p)
+	if err != nil {
+		rel = p
+	}
+	fmt.Println(t.Name, m.ref(t), digest, rel)
 	return nil
 }
 
