@@ -12,16 +12,8 @@ import (
 // limitListener accepts at most n connections at once, as
 // golang.org/x/net/netutil.LimitListener does (past n, Accept waits for
 // one to close; Close ends the wait). Unlike it, a plain TCP connection
-// keeps its read buffer pooled: gRPC (v1.84 on) reads a connection that is
-// a *net.TCPConn, or that has a ReadOnReady method, into a buffer it takes
-// from a pool only once the socket is readable and returns once the bytes
-// are consumed. Any other connection, netutil's wrapper included, gets a
-// 4 KiB buffer (grpc.ReadBufferSize) of its own for its life, most of it
-// idle: an agent's stream carries a few hundred bytes a second. So a TCP
-// connection's wrapper here has ReadOnReady, which reads as gRPC's own does
-// (google.golang.org/grpc/internal/transport/readyreader). A TLS
-// connection (the ingest port with TLS) is read through crypto/tls, which
-// has its own buffers, and is not affected.
+// keeps its read buffer pooled (netbound.Ready: netutil's wrapper had
+// every connection hold a 4 KiB read buffer of its own for its life).
 //
 // It also holds at most perIP connections from one remote address (its
 // listener is a netbound.Listener of that bound alone): past it a new one
@@ -68,10 +60,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	lc := netbound.NewConn(c, func() { <-l.sem })
-	if rc := newReadyConn(lc, &l.readyReads); rc != nil {
-		return rc, nil
-	}
-	return lc, nil
+	return netbound.Ready(lc, &l.readyReads), nil
 }
 
 func (l *limitListener) Close() error {

@@ -117,6 +117,9 @@ type Server struct {
 	relay *Relay
 	grpc  *grpc.Server
 	reg   *prometheus.Registry
+	// agents is the agents' port's listener once Run has it (a test reads
+	// its pooled reads).
+	agents atomic.Pointer[netbound.Pooled]
 }
 
 // NewServer wires a relay from o.
@@ -184,6 +187,10 @@ func (s *Server) Run(ctx context.Context) error {
 			s.log.Warn("connection closed at once: past --max-connections or --max-connections-per-address (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
 		}
 	}
+	// gRPC reads the agents' TCP connections into pooled buffers: an
+	// agent's 4 KiB read buffer is held only while its bytes are read.
+	pooled := netbound.NewPooled(bounded)
+	s.agents.Store(pooled)
 	s.reg.MustRegister(refused, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pulse_relay_connections",
 		Help: "Agents' connections held open now."}, func() float64 { return float64(bounded.Held()) }))
 	mux := http.NewServeMux()
@@ -205,7 +212,7 @@ func (s *Server) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { defer close(done); s.relay.Run(rctx) }()
 	errc := make(chan error, 2)
-	go func() { errc <- s.grpc.Serve(bounded) }()
+	go func() { errc <- s.grpc.Serve(pooled) }()
 	go func() { errc <- hs.Serve(hbounded) }()
 	s.log.Info("relay serving", logging.KeyAddr, ln.Addr().String(), logging.KeyVersion, version.Version,
 		"aggregators", strings.Join(s.o.Aggregators, ","))

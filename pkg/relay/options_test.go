@@ -7,9 +7,62 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/pulse-io/pulse/test/httpflood"
 )
+
+// startServer runs a relay's Server on free loopback ports, its
+// aggregator an address no one serves, until the test ends.
+func startServer(t *testing.T) (*Options, *Server) {
+	t.Helper()
+	o := NewOptions()
+	o.Listen, o.HTTPAddr, o.Aggregators = freeAddr(t), freeAddr(t), []string{"127.0.0.1:1"}
+	s, err := NewServer(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return o, s
+}
+
+// TestTheAgentsConnectionsReadIntoPooledBuffers: behind the bound of the
+// agents' port every agent's connection held a 4 KiB read buffer of its
+// own for its life (gRPC pools its read buffers only for a *net.TCPConn
+// or a connection with ReadOnReady). gRPC now reads them through
+// netbound.Pooled: the check is that it calls ReadOnReady.
+func TestTheAgentsConnectionsReadIntoPooledBuffers(t *testing.T) {
+	o, s := startServer(t)
+	cc, err := grpc.NewClient(o.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The relay has no aggregator to reach: the call fails, but only once
+	// the relay has read it.
+	_, _ = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+	ln := s.agents.Load()
+	if ln == nil {
+		t.Fatal("the agents' port is not served through netbound.Pooled")
+	}
+	if n := ln.Reads.Load(); n == 0 {
+		t.Fatal("gRPC served a call on the agents' port without reading through ReadOnReady: its read buffer is not pooled")
+	}
+}
 
 // freeAddr is a loopback address no one listens on now.
 func freeAddr(t *testing.T) string {
@@ -29,21 +82,7 @@ func freeAddr(t *testing.T) string {
 // holds at most maxHTTPConnsPerAddress from one address, and a probe from
 // another address is answered beside the flood.
 func TestTheHTTPPortHoldsBoundedConnections(t *testing.T) {
-	o := NewOptions()
-	o.Listen, o.HTTPAddr, o.Aggregators = freeAddr(t), freeAddr(t), []string{"127.0.0.1:1"}
-	s, err := NewServer(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	o, _ := startServer(t)
 	eventually(t, "the http port up", func() error {
 		resp, err := http.Get("http://" + o.HTTPAddr + "/livez")
 		if err == nil {

@@ -1,6 +1,6 @@
 //go:build unix
 
-package aggregator
+package netbound
 
 import (
 	"io"
@@ -9,36 +9,26 @@ import (
 	"syscall"
 
 	"google.golang.org/grpc/mem"
-
-	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
-// newReadyConn wraps a TCP connection of the limit so that gRPC reads it
-// into pooled buffers; nil for any other connection.
-func newReadyConn(lc *netbound.Conn, reads *atomic.Int64) net.Conn {
-	inner := lc.Conn
-	if b, ok := inner.(*netbound.Conn); ok { // the address's bound's
-		inner = b.Conn
-	}
-	tcp, ok := inner.(*net.TCPConn)
-	if !ok {
-		return nil
-	}
+// newReadyConn reads tcp, the connection within c, for gRPC; nil where
+// its socket cannot be reached.
+func newReadyConn(c net.Conn, tcp *net.TCPConn, reads *atomic.Int64) net.Conn {
 	raw, err := tcp.SyscallConn()
 	if err != nil {
 		return nil
 	}
-	rc := &readyConn{Conn: lc, raw: raw, reads: reads}
+	rc := &readyConn{Conn: c, raw: raw, reads: reads}
 	rc.doRead = rc.read
 	return rc
 }
 
-// readyConn is a TCP connection of the limit that gRPC reads into pooled
-// buffers. Only gRPC's transport reader calls ReadOnReady, from one
-// goroutine, so the read's state lives in the struct (and doRead is bound
-// once): a read allocates nothing.
+// readyConn is a TCP connection that gRPC reads into pooled buffers. Only
+// gRPC's transport reader calls ReadOnReady, from one goroutine, so the
+// read's state lives in the struct (and doRead is bound once): a read
+// allocates nothing.
 type readyConn struct {
-	*netbound.Conn
+	net.Conn
 	raw    syscall.RawConn
 	reads  *atomic.Int64
 	doRead func(fd uintptr) bool
