@@ -16,6 +16,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
@@ -516,7 +518,8 @@ func must(t *testing.T, err error) {
 // one's own for the relays with the managed ingest TLS (the agents trust
 // only the managed CA) or with a plaintext ingest port (the relays would
 // dial TLS), one that is the managed certificates' Secret (the CA key in
-// the relay pods), and none with an ingest certificate of one's own: each
+// the relay pods), none with an ingest certificate of one's own, and the
+// relay's two ports on one number (its pod would never start): each
 // refused, saying why.
 func TestTheRelaysCertificateCombinationsThatCannotWork(t *testing.T) {
 	for _, c := range []struct {
@@ -527,6 +530,7 @@ func TestTheRelaysCertificateCombinationsThatCannotWork(t *testing.T) {
 		{"relay.enabled=true,relay.tls.secretName=mine,ingest.tls.managed=false,agentAuth.mode=none,metricsAuth=none", "goes with ingest.tls.secretName"},
 		{"relay.enabled=true,relay.tls.secretName=pulse-aggregator-certs,ingest.tls.secretName=ingest", "mount the managed CA's key"},
 		{"relay.enabled=true,ingest.tls.secretName=ingest", "needs relay.tls.secretName"},
+		{"relay.enabled=true,relay.httpPort=9091", "must differ"},
 	} {
 		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", c.set)
 		if err == nil || !strings.Contains(out, c.want) {
@@ -535,5 +539,54 @@ func TestTheRelaysCertificateCombinationsThatCannotWork(t *testing.T) {
 	}
 	if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,relay.tls.secretName=mine,ingest.tls.secretName=ingest"); err != nil {
 		t.Errorf("the relays' certificate and the ingest port's both one's own: %v\n%.300s", err, out)
+	}
+}
+
+// TestTheRelaysAreKeptThroughADrainAndScraped: with relay.enabled a
+// PodDisruptionBudget keeps a drain from taking more than one relay at
+// once (none for a single relay: it would block every drain of its
+// node), and serviceMonitor scrapes the relays' http port too; each
+// selects the relay pods and no aggregator pod.
+func TestTheRelaysAreKeptThroughADrainAndScraped(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,serviceMonitor.enabled=true")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	rendered := docs(t, out)
+	var dep appsv1.Deployment
+	must(t, yaml.Unmarshal([]byte(rendered["Deployment/pulse-aggregator-relay"]), &dep))
+	relayPods := labels.Set(dep.Spec.Template.Labels)
+	aggPods := labels.Set(selectorOf(t, rendered["Deployment/pulse-aggregator"]))
+	var pdb policyv1.PodDisruptionBudget
+	must(t, yaml.Unmarshal([]byte(rendered["PodDisruptionBudget/pulse-aggregator-relay"]), &pdb))
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.Selector == nil {
+		t.Fatalf("relay PodDisruptionBudget %+v: want maxUnavailable 1 and a selector", pdb.Spec)
+	}
+	if sel := labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels); !sel.Matches(relayPods) || sel.Matches(aggPods) {
+		t.Errorf("relay PodDisruptionBudget selector %v: want the relay pods %v and not the aggregator's %v", sel, relayPods, aggPods)
+	}
+	var sm struct {
+		Spec struct {
+			Selector  metav1.LabelSelector
+			Endpoints []struct{ Port, Path, Scheme string }
+		}
+	}
+	must(t, yaml.Unmarshal([]byte(rendered["ServiceMonitor/pulse-aggregator-relay"]), &sm))
+	var svc corev1.Service
+	must(t, yaml.Unmarshal([]byte(rendered["Service/pulse-aggregator-relay"]), &svc))
+	var aggSvc corev1.Service
+	must(t, yaml.Unmarshal([]byte(rendered["Service/pulse-aggregator"]), &aggSvc))
+	if sel := labels.SelectorFromSet(sm.Spec.Selector.MatchLabels); !sel.Matches(labels.Set(svc.Labels)) || sel.Matches(labels.Set(aggSvc.Labels)) {
+		t.Errorf("relay ServiceMonitor selector %v: want the relay Service's labels %v and not the aggregator's %v", sel, svc.Labels, aggSvc.Labels)
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "http" || sm.Spec.Endpoints[0].Path != "/metrics" || sm.Spec.Endpoints[0].Scheme != "http" {
+		t.Errorf("relay ServiceMonitor endpoints %+v: want the http port's /metrics over http", sm.Spec.Endpoints)
+	}
+	one, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,relay.replicaCount=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := docs(t, one)["PodDisruptionBudget/pulse-aggregator-relay"]; ok {
+		t.Error("a PodDisruptionBudget for a single relay: it would block every drain of its node")
 	}
 }
