@@ -3,6 +3,7 @@ package sim
 import (
 	"container/heap"
 	"encoding/json"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -444,8 +445,19 @@ func TestClientTimeout(t *testing.T) {
 	if p.Abandoned == 0 || forever.Abandoned != 0 {
 		t.Fatalf("abandoned %d with a timeout, %d without", p.Abandoned, forever.Abandoned)
 	}
-	if p.TTFTP99 > 30 || forever.TTFTP99 <= 30 {
-		t.Fatalf("p99 TTFT %.1fs with a 30s timeout, %.1fs without", p.TTFTP99, forever.TTFTP99)
+	// Without one, the overload's p99 is past 30 s, or no first token at
+	// all by the horizon (unserved).
+	if v := forever.TTFTP99; v != nil && *v <= 30 || v == nil && forever.Unserved == 0 {
+		t.Fatalf("p99 TTFT %v without a timeout (%d unserved), want past 30s", v, forever.Unserved)
+	}
+	// A percentile is of every request offered: one that falls among the
+	// abandoned has no first token (none); below them none waited past the
+	// timeout.
+	for q, v := range map[float64]*float64{0.5: p.TTFTP50, 0.9: p.TTFTP90, 0.99: p.TTFTP99} {
+		among := int(math.Ceil(q*float64(p.Requests))) > p.Requests-p.Abandoned
+		if among != (v == nil) || v != nil && *v > 30 {
+			t.Errorf("p%g TTFT %v with a 30s timeout and %d of %d abandoned: want none only where it falls among the abandoned, else at most 30s", 100*q, v, p.Abandoned, p.Requests)
+		}
 	}
 	if p.Requests != len(reqs) || p.Unserved != 0 {
 		t.Fatalf("%d requests, %d unserved: every request is served, abandoned or refused", p.Requests, p.Unserved)

@@ -51,11 +51,16 @@ type PipelineResult struct {
 	Pipeline string `json:"pipeline"`
 	// Requests offered.
 	Requests int `json:"requests"`
-	// TTFT percentiles (seconds) over the requests that got a first token,
-	// from their arrival at the gateway.
-	TTFTP50 float64 `json:"ttftP50"`
-	TTFTP90 float64 `json:"ttftP90"`
-	TTFTP99 float64 `json:"ttftP99"`
+	// TTFT percentiles (seconds, from arrival at the gateway) over every
+	// request offered: one that got no first token (refused, abandoned,
+	// dropped before it, or unserved by the horizon) ranks above every
+	// first token, and a percentile that falls on one is null (no first
+	// token: unbounded). Before 2026-12-02 they were over the requests
+	// that got a first token alone, so a pipeline that lost requests
+	// looked faster for it.
+	TTFTP50 *float64 `json:"ttftP50"`
+	TTFTP90 *float64 `json:"ttftP90"`
+	TTFTP99 *float64 `json:"ttftP99"`
 	// SLOAttainment: the fraction of requests with TTFT ≤ the SLO (requests
 	// dropped, refused or never served count as misses).
 	SLOAttainment float64 `json:"sloAttainment"`
@@ -222,6 +227,18 @@ func quantile(sorted []float64, q float64) float64 {
 	return round(sorted[max(i, 0)])
 }
 
+// ttftPercentile is the q-quantile of the TTFTs of offered requests, of
+// which sorted are those that got a first token: the others rank above
+// them all, and a quantile that falls on one is nil (as is any of none).
+func ttftPercentile(sorted []float64, offered int, q float64) *float64 {
+	i := max(int(math.Ceil(q*float64(offered)))-1, 0)
+	if offered == 0 || i >= len(sorted) {
+		return nil
+	}
+	v := round(sorted[i])
+	return &v
+}
+
 func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
 
 func (s *stats) result(w *world) *PipelineResult {
@@ -251,7 +268,8 @@ func (s *stats) result(w *world) *PipelineResult {
 	}
 	sort.Float64s(ttfts)
 	r := &PipelineResult{
-		Requests: len(s.requests), TTFTP50: quantile(ttfts, 0.5), TTFTP90: quantile(ttfts, 0.9), TTFTP99: quantile(ttfts, 0.99),
+		Requests: len(s.requests), TTFTP50: ttftPercentile(ttfts, len(s.requests), 0.5), TTFTP90: ttftPercentile(ttfts, len(s.requests), 0.9),
+		TTFTP99:  ttftPercentile(ttfts, len(s.requests), 0.99),
 		GPUHours: round(s.gpuSeconds / 3600), MaxReplicas: s.maxReplicas, ScaleEvents: s.scaleEvents, Reversals: s.reversals,
 		Dropped: s.dropped, Refused: s.refused, Abandoned: s.abandoned, Unserved: len(s.requests) - served - s.refused - s.dropped - s.abandoned,
 		MetricErrors: s.metricErrors, Series: s.series, GPUHoursAfterWarmup: round(s.gpuWarm / 3600),

@@ -435,9 +435,11 @@ func printFrontiers(w io.Writer, signal []*bench.Score, staticFront, clairFront 
 
 // Mean is one pipeline's scores averaged over seeds.
 type Mean struct {
-	Pipeline                                     string
-	Requests                                     float64
-	TTFTP50, TTFTP90, TTFTP99                    float64
+	Pipeline string
+	Requests float64
+	// TTFT percentiles: nil where any seed's fell on a request with no
+	// first token (sim.PipelineResult's).
+	TTFTP50, TTFTP90, TTFTP99                    *float64
 	SLOAttainment, GPUHours                      float64
 	SLOAfterWarmup, GPUHoursAfterWarmup, Goodput float64
 	MaxReplicas                                  int
@@ -453,12 +455,11 @@ func meanScores(reports []*sim.Report) []*Mean {
 		m := &Mean{Pipeline: reports[0].Pipelines[i].Pipeline}
 		var first float64
 		firstN := 0
+		var p50, p90, p99 []*float64
 		for _, r := range reports {
 			p := r.Pipelines[i]
 			m.Requests += float64(p.Requests) / n
-			m.TTFTP50 += p.TTFTP50 / n
-			m.TTFTP90 += p.TTFTP90 / n
-			m.TTFTP99 += p.TTFTP99 / n
+			p50, p90, p99 = append(p50, p.TTFTP50), append(p90, p.TTFTP90), append(p99, p.TTFTP99)
 			m.SLOAttainment += p.SLOAttainment / n
 			m.GPUHours += p.GPUHours / n
 			m.SLOAfterWarmup += p.SLOAfterWarmup / n
@@ -478,9 +479,36 @@ func meanScores(reports []*sim.Report) []*Mean {
 			v := first / float64(firstN)
 			m.FirstScaleUpSeconds = &v
 		}
+		m.TTFTP50, m.TTFTP90, m.TTFTP99 = meanOrNone(p50), meanOrNone(p90), meanOrNone(p99)
 		out[i] = m
 	}
 	return out
+}
+
+// meanOrNone is the mean of vs; nil when any is (a percentile that fell on
+// a request with no first token has no finite value to average).
+func meanOrNone(vs []*float64) *float64 {
+	var sum float64
+	for _, v := range vs {
+		if v == nil {
+			return nil
+		}
+		sum += *v
+	}
+	if len(vs) == 0 {
+		return nil
+	}
+	m := sum / float64(len(vs))
+	return &m
+}
+
+// seconds prints a TTFT percentile: "none" where it fell on a request
+// with no first token.
+func seconds(v *float64) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%.2fs", *v)
 }
 
 // PrintTable prints the comparison table: means with one decimal where a
@@ -494,7 +522,7 @@ func PrintTable(w io.Writer, rs []*Mean, slo, warmup float64) {
 		if r.FirstScaleUpSeconds != nil {
 			first = fmt.Sprintf("%.0fs", *r.FirstScaleUpSeconds)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2fs\t%.2fs\t%.2fs\t%.1f%%\t%.2f\t%.1f%%\t%.2f\t%.0f\t%d\t%.1f\t%.1f\t%s\t%.1f\t%.1f\t\n", r.Pipeline, r.Requests, r.TTFTP50, r.TTFTP90, r.TTFTP99,
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%.1f%%\t%.2f\t%.1f%%\t%.2f\t%.0f\t%d\t%.1f\t%.1f\t%s\t%.1f\t%.1f\t\n", r.Pipeline, r.Requests, seconds(r.TTFTP50), seconds(r.TTFTP90), seconds(r.TTFTP99),
 			100*r.SLOAttainment, r.GPUHours, 100*r.SLOAfterWarmup, r.GPUHoursAfterWarmup, r.Goodput, r.MaxReplicas, r.ScaleEvents, r.Reversals, first, r.Dropped, r.Abandoned)
 	}
 	_ = tw.Flush()

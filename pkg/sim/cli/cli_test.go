@@ -115,8 +115,15 @@ func TestTunePrintsTheCheapestConfiguration(t *testing.T) {
 	if md["metric"] != best.Metric || md["scalerAddress"] == "" || up.Value != best.ScaleUpPods || up.PeriodSeconds != best.ScaleUpPeriod {
 		t.Fatalf("tuned ScaledObject %v %+v does not match the best candidate %+v", md, up, best)
 	}
+	// Ranked as the benchmark scores: after the warm-up, to the last
+	// arrival (the 10-minute drain after it not charged).
+	for _, c := range cands {
+		if c.MeetsTarget != (c.SLOAfterWarmup >= 0.5) || c.GPUHoursAfterWarmup <= 0 || c.GPUHoursAfterWarmup >= c.GPUHours {
+			t.Fatalf("candidate %+v: want the target judged after the warm-up, and its GPU-hours to the last arrival below the whole run's", c)
+		}
+	}
 	for _, c := range cands[1:] {
-		if c.MeetsTarget && c.GPUHours < best.GPUHours {
+		if c.MeetsTarget && c.GPUHoursAfterWarmup < best.GPUHoursAfterWarmup {
 			t.Fatalf("a cheaper candidate meets the target: %+v", c)
 		}
 	}

@@ -35,10 +35,19 @@ type Candidate struct {
 	Threshold     float64 `json:"threshold"`
 	ScaleUpPods   int32   `json:"scaleUpPods"`
 	ScaleUpPeriod int32   `json:"scaleUpPeriodSeconds"`
+	// SLOAttainment, GPUHours: over the whole run, the warm-up's misses
+	// and the drain's GPU-hours with them.
 	SLOAttainment float64 `json:"sloAttainment"`
 	GPUHours      float64 `json:"gpuHours"`
-	TTFTP90       float64 `json:"ttftP90"`
-	MeetsTarget   bool    `json:"meetsTarget"`
+	// SLOAfterWarmup, GPUHoursAfterWarmup: as the benchmark scores a
+	// pipeline (after the warm-up, to the last arrival): what the sweep
+	// ranks by and MeetsTarget is of.
+	SLOAfterWarmup      float64 `json:"sloAfterWarmup"`
+	GPUHoursAfterWarmup float64 `json:"gpuHoursAfterWarmup"`
+	// TTFTP90: the seeds' mean; null where any seed's p90 fell on a
+	// request with no first token.
+	TTFTP90     *float64 `json:"ttftP90"`
+	MeetsTarget bool     `json:"meetsTarget"`
 
 	raw []byte // its ScaledObject
 }
@@ -186,13 +195,14 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "metric\tthreshold\tscale-up\tSLO (≤%s)\tGPU-hours\tTTFT p90\t\n", o.TTFTSLO)
+	fmt.Fprintf(tw, "metric\tthreshold\tscale-up\tSLO (≤%s) after the warm-up\tGPU-hours after\tSLO (whole run)\tGPU-hours\tTTFT p90\t\n", o.TTFTSLO)
 	for _, c := range cands {
 		mark := ""
 		if c.MeetsTarget {
 			mark = " *"
 		}
-		fmt.Fprintf(tw, "%s\t%g\t%d pod/%ds\t%.1f%%%s\t%.2f\t%.2fs\t\n", c.Metric, c.Threshold, c.ScaleUpPods, c.ScaleUpPeriod, 100*c.SLOAttainment, mark, c.GPUHours, c.TTFTP90)
+		fmt.Fprintf(tw, "%s\t%g\t%d pod/%ds\t%.1f%%%s\t%.2f\t%.1f%%\t%.2f\t%s\t\n", c.Metric, c.Threshold, c.ScaleUpPods, c.ScaleUpPeriod,
+			100*c.SLOAfterWarmup, mark, c.GPUHoursAfterWarmup, 100*c.SLOAttainment, c.GPUHours, seconds(c.TTFTP90))
 	}
 	_ = tw.Flush()
 	if len(cands) == 0 || !cands[0].MeetsTarget {
@@ -204,8 +214,8 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(file, b.raw, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", file, err)
 	}
-	fmt.Fprintf(stdout, "\ncheapest configuration meeting %.1f%% within %s (mean of %d seeds): %s threshold %g, scale up %d pod per %ds: %.2f GPU-hours, %.1f%%\n%s\n---\n%s",
-		100*t.TargetSLO, o.TTFTSLO, t.Seeds, b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, b.GPUHours, 100*b.SLOAttainment, file, b.raw)
+	fmt.Fprintf(stdout, "\ncheapest configuration meeting %.1f%% within %s after the warm-up (mean of %d seeds): %s threshold %g, scale up %d pod per %ds: %.2f GPU-hours after it, %.1f%%\n%s\n---\n%s",
+		100*t.TargetSLO, o.TTFTSLO, t.Seeds, b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, b.GPUHoursAfterWarmup, 100*b.SLOAfterWarmup, file, b.raw)
 	return nil
 }
 
@@ -218,7 +228,11 @@ type tuneGrid struct {
 
 // sweep simulates every configuration of the grid on o's trace and
 // profile, t.Seeds seeds each, and returns them best first: those meeting
-// the target by GPU-hours, then the rest by attainment.
+// the target by GPU-hours, then the rest by attainment, both after the
+// warm-up and to the last arrival, as the benchmark scores a pipeline
+// (before 2026-12-02 over the whole run: the warm-up's misses counted and
+// the drain's GPU-hours charged, so a trace's best threshold was picked on
+// other scores than it was compared on).
 func (g tuneGrid) sweep(o *Options, t tuneOptions, base []byte) ([]Candidate, error) {
 	var cands []Candidate
 	for _, m := range g.order {
@@ -229,6 +243,7 @@ func (g tuneGrid) sweep(o *Options, t tuneOptions, base []byte) ([]Candidate, er
 					return nil, err
 				}
 				c := Candidate{Metric: m, Threshold: thr, ScaleUpPods: up.pods, ScaleUpPeriod: up.period, raw: raw}
+				var p90s []*float64
 				for s := range t.Seeds {
 					o.soRaw = raw
 					cfg, err := o.config(o.Seed + uint64(s))
@@ -242,9 +257,12 @@ func (g tuneGrid) sweep(o *Options, t tuneOptions, base []byte) ([]Candidate, er
 					p := r.Pipelines[0]
 					c.SLOAttainment += p.SLOAttainment / float64(t.Seeds)
 					c.GPUHours += p.GPUHours / float64(t.Seeds)
-					c.TTFTP90 += p.TTFTP90 / float64(t.Seeds)
+					c.SLOAfterWarmup += p.SLOAfterWarmup / float64(t.Seeds)
+					c.GPUHoursAfterWarmup += p.GPUHoursAfterWarmup / float64(t.Seeds)
+					p90s = append(p90s, p.TTFTP90)
 				}
-				c.MeetsTarget = c.SLOAttainment >= t.TargetSLO
+				c.TTFTP90 = meanOrNone(p90s)
+				c.MeetsTarget = c.SLOAfterWarmup >= t.TargetSLO
 				cands = append(cands, c)
 			}
 		}
@@ -254,9 +272,9 @@ func (g tuneGrid) sweep(o *Options, t tuneOptions, base []byte) ([]Candidate, er
 			return cands[i].MeetsTarget
 		}
 		if cands[i].MeetsTarget {
-			return cands[i].GPUHours < cands[j].GPUHours
+			return cands[i].GPUHoursAfterWarmup < cands[j].GPUHoursAfterWarmup
 		}
-		return cands[i].SLOAttainment > cands[j].SLOAttainment
+		return cands[i].SLOAfterWarmup > cands[j].SLOAfterWarmup
 	})
 	return cands, nil
 }
@@ -300,7 +318,7 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 		best := "none"
 		if len(cands) > 0 {
 			b := cands[0]
-			best = fmt.Sprintf("%s %g, scale up %d pod/%ds: %.1f%% at %.2f GPU-hours", b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, 100*b.SLOAttainment, b.GPUHours)
+			best = fmt.Sprintf("%s %g, scale up %d pod/%ds: %.1f%% at %.2f GPU-hours after the warm-up", b.Metric, b.Threshold, b.ScaleUpPods, b.ScaleUpPeriod, 100*b.SLOAfterWarmup, b.GPUHoursAfterWarmup)
 			if !b.MeetsTarget {
 				best = fmt.Sprintf("none reaches %.1f%%; closest %s", 100*t.TargetSLO, best)
 			}
