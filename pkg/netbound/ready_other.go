@@ -7,5 +7,6 @@ import (
 	"sync/atomic"
 )
 
-// newReadyConn: gRPC's pooled reads are for Unix sockets only.
+// newReadyConn: this wrapper reads Unix sockets only (gRPC gives any
+// other connection a read buffer of its own).
 func newReadyConn(net.Conn, *net.TCPConn, *atomic.Int64) net.Conn { return nil }

@@ -562,6 +562,11 @@ func TestTheRelaysAreKeptThroughADrainAndScraped(t *testing.T) {
 	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.Selector == nil {
 		t.Fatalf("relay PodDisruptionBudget %+v: want maxUnavailable 1 and a selector", pdb.Spec)
 	}
+	// Relays unready through an aggregator outage (not resolved) must not
+	// block a drain.
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("relay PodDisruptionBudget unhealthyPodEvictionPolicy %v, want AlwaysAllow", p)
+	}
 	if sel := labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels); !sel.Matches(relayPods) || sel.Matches(aggPods) {
 		t.Errorf("relay PodDisruptionBudget selector %v: want the relay pods %v and not the aggregator's %v", sel, relayPods, aggPods)
 	}
@@ -588,5 +593,22 @@ func TestTheRelaysAreKeptThroughADrainAndScraped(t *testing.T) {
 	}
 	if _, ok := docs(t, one)["PodDisruptionBudget/pulse-aggregator-relay"]; ok {
 		t.Error("a PodDisruptionBudget for a single relay: it would block every drain of its node")
+	}
+	// Neither without the relays, nor the budget when it is turned off.
+	off, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "serviceMonitor.enabled=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ServiceMonitor/pulse-aggregator-relay", "PodDisruptionBudget/pulse-aggregator-relay", "Deployment/pulse-aggregator-relay"} {
+		if _, ok := docs(t, off)[k]; ok {
+			t.Errorf("relay.enabled false, but %s renders", k)
+		}
+	}
+	noBudget, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,relay.podDisruptionBudget.enabled=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := docs(t, noBudget)["PodDisruptionBudget/pulse-aggregator-relay"]; ok {
+		t.Error("relay.podDisruptionBudget.enabled false, but the budget renders")
 	}
 }
