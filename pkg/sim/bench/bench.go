@@ -539,6 +539,10 @@ func meanSE(v []float64) (float64, float64) {
 // true unless set false.
 func (s *Suite) StartsWarm() bool { return s.WarmStart == nil || *s.WarmStart }
 
+// WarmupGiven says whether the suite names its warm-up; when it does not,
+// a run takes the default (none for a trace shorter than it).
+func (s *Suite) WarmupGiven() bool { return !s.warmupDefault }
+
 // warmup is the suite's warm-up as a run takes it: 0, the default (none
 // for a trace shorter than it), when the suite names none.
 func (s *Suite) warmup() time.Duration {

@@ -295,6 +295,7 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 		return fmt.Errorf("create --out: %w", err)
 	}
 	o.Seed, o.TTFTSLO, o.Warmup, o.ClientTimeout = s.Seed, s.TTFTSLO.Duration, s.Warmup.Duration, s.ClientTimeout.Duration
+	o.warmupSet = s.WarmupGiven() // as bench takes it (else the default: none for a short trace)
 	o.CopyJitter, o.CopyLengths = s.CopyJitter.Duration, s.CopyLengths
 	o.TermGrace = s.TerminationGrace.Duration
 	o.WarmStart = s.StartsWarm() // as bench runs it
