@@ -21,59 +21,31 @@ if [ "${1:-}" = after ]; then
   exec bin/pulse-sim tune --suite docs/simulation/suite.yaml --scaledobject docs/simulation/tuned-scaledobject.yaml \
     --seeds 3 --target-slo 0.95 --out docs/simulation/tune-per-trace-after
 fi
-if [ "${1:-}" = after-table ]; then
-  exec python3 - <<'EOF'
-import json
+if [ "${1:-}" = table ] || [ "${1:-}" = after-table ]; then
+  exec python3 - "$1" <<'EOF'
+import json, sys
+# table: whole runs, the benchmark and five held-out suites against
+# tune-per-trace/; after-table: after the warm-up, the benchmark against
+# tune-per-trace-after/, with the tuned pick beside it.
+after = sys.argv[1] == 'after-table'
+ka, kg = ('sloAfterWarmup', 'gpuHoursAfterWarmup') if after else ('sloAttainment', 'gpuHours')
+# suite: the directory of its scoreboard
+suites = {'suite': 'bench'} if after else {
+    'suite': 'bench', 'heldout': 'heldout', 'heldout-surge': 'heldout-surge', 'heldout-final': 'heldout-final',
+    'heldout-lulls': 'heldout-lulls', 'heldout-lulls-heavy': 'heldout-lulls-heavy'}
+sweeps = 'tune-per-trace-after' if after else 'tune-per-trace'
 def fmt(a, g):
     return f"{a * 100:.1f} % at {g:.2f}"
 def named(x):
-    if not x:
-        return 'none'
-    return (f"{fmt(x['sloAfterWarmup'], x['gpuHoursAfterWarmup'])} "
-            f"(`{x['metric']}`/{x['threshold']:g}, {x['scaleUpPods']} pod/{x['scaleUpPeriodSeconds']}s)")
-print("| case | planner | best tuned within the planner's GPU-hours | the tuned pick (cheapest ≥ 95 %, else the best) | "
-      "cheapest tuned keeping the planner's attainment | a tuned threshold dominates |")
-print('|---|---|---|---|---|---|')
-n = dominated_n = beats_pick = 0
-for c in json.load(open('docs/simulation/bench/scoreboard.json'))['cases']:
-    if c['metric'] != 'replicas':
-        continue
-    p = c['pipelines'][0]
-    a, g = p['sloAfterWarmup'], p['gpuHoursAfterWarmup']
-    sweep = json.load(open(f"docs/simulation/tune-per-trace-after/{c['trace']}-{c['profile']}.json"))
-    pick = sweep[0]  # tune's ranking: the cheapest meeting the target, else the best
-    within = [x for x in sweep if x['gpuHoursAfterWarmup'] <= g]
-    keeps = [x for x in sweep if x['sloAfterWarmup'] >= a]
-    best = max(within, key=lambda x: (x['sloAfterWarmup'], -x['gpuHoursAfterWarmup'])) if within else None
-    cheapest = min(keeps, key=lambda x: (x['gpuHoursAfterWarmup'], -x['sloAfterWarmup'])) if keeps else None
-    dominated = any(x['gpuHoursAfterWarmup'] <= g and (x['sloAfterWarmup'] > a or x['gpuHoursAfterWarmup'] < g) for x in keeps)
-    # The planner at or ahead of the pick: as much attainment (within half
-    # a point, the seeds' noise) for no more GPU-hours, or more for at most
-    # 2 % more.
-    beats = (a >= pick['sloAfterWarmup'] - 0.005 and g <= pick['gpuHoursAfterWarmup']) or \
-            (a > pick['sloAfterWarmup'] + 0.005 and g <= pick['gpuHoursAfterWarmup'] * 1.02)
-    n += 1
-    dominated_n += dominated
-    beats_pick += beats
-    profile = '8B' if '8b' in c['profile'] else '70B'
-    print(f"| {c['trace']} ×{c['rateScale']:g}, {profile} | {fmt(a, g)} | {named(best)} | {named(pick)} | "
-          f"{named(cheapest)} | {'**yes**' if dominated else 'no'} |")
-print(f"{n} cases: a tuned threshold dominates the planner on {dominated_n}; the planner at or ahead of the tuned pick on {beats_pick}")
-EOF
-fi
-if [ "${1:-}" = table ]; then
-  exec python3 - <<'EOF'
-import json
-# suite: the directory of its scoreboard
-suites = {'suite': 'bench', 'heldout': 'heldout', 'heldout-surge': 'heldout-surge', 'heldout-final': 'heldout-final',
-          'heldout-lulls': 'heldout-lulls', 'heldout-lulls-heavy': 'heldout-lulls-heavy'}
-def fmt(x):
-    return f"{x['sloAttainment'] * 100:.1f} % at {x['gpuHours']:.2f}"
-def named(x):
-    return f"{fmt(x)} (`{x['metric']}`/{x['threshold']:g}, {x['scaleUpPods']} pod/{x['scaleUpPeriodSeconds']}s)" if x else 'none'
-print("| case | planner (whole run) | best tuned within the planner's GPU-hours | "
-      "cheapest tuned keeping the planner's attainment | a tuned threshold dominates |")
-print('|---|---|---|---|---|')
+    return f"{fmt(x[ka], x[kg])} (`{x['metric']}`/{x['threshold']:g}, {x['scaleUpPods']} pod/{x['scaleUpPeriodSeconds']}s)" if x else 'none'
+if after:
+    print("| case | planner | best tuned within the planner's GPU-hours | the tuned pick (cheapest ≥ 95 %, else the best) | "
+          "cheapest tuned keeping the planner's attainment | a tuned threshold dominates |")
+    print('|---|---|---|---|---|---|')
+else:
+    print("| case | planner (whole run) | best tuned within the planner's GPU-hours | "
+          "cheapest tuned keeping the planner's attainment | a tuned threshold dominates |")
+    print('|---|---|---|---|---|')
 counts = {}
 for suite, out in suites.items():
     group = 'lull suites' if 'lulls' in suite else 'design suites'
@@ -81,22 +53,34 @@ for suite, out in suites.items():
         if c['metric'] != 'replicas':
             continue
         p = c['pipelines'][0]
-        a, g = p['sloAttainment'], p['gpuHours']
-        sweep = json.load(open(f"docs/simulation/tune-per-trace/{c['trace']}-{c['profile']}.json"))
-        within = [x for x in sweep if x['gpuHours'] <= g]
-        keeps = [x for x in sweep if x['sloAttainment'] >= a]
-        best = max(within, key=lambda x: (x['sloAttainment'], -x['gpuHours'])) if within else None
-        cheapest = min(keeps, key=lambda x: (x['gpuHours'], -x['sloAttainment'])) if keeps else None
-        dominated = any(x['gpuHours'] <= g and (x['sloAttainment'] > a or x['gpuHours'] < g) for x in keeps)
-        n = counts.setdefault(group, [0, 0, 0])
+        a, g = p[ka], p[kg]
+        sweep = json.load(open(f"docs/simulation/{sweeps}/{c['trace']}-{c['profile']}.json"))
+        within = [x for x in sweep if x[kg] <= g]
+        keeps = [x for x in sweep if x[ka] >= a]
+        best = max(within, key=lambda x: (x[ka], -x[kg])) if within else None
+        cheapest = min(keeps, key=lambda x: (x[kg], -x[ka])) if keeps else None
+        dominated = any(x[kg] <= g and (x[ka] > a or x[kg] < g) for x in keeps)
+        n = counts.setdefault(group, [0, 0, 0, 0])
         n[0] += 1
         n[1] += dominated
         n[2] += cheapest is None
         profile = '8B' if '8b' in c['profile'] else '70B'
-        print(f"| {c['trace']} ×{c['rateScale']:g}, {profile} | {a * 100:.1f} % at {g:.2f} | {named(best)} | "
+        pick = ''
+        if after:
+            # tune's ranking: the cheapest meeting the target, else the best.
+            # The planner at or ahead of it: as much attainment (within half
+            # a point, the seeds' noise) for no more GPU-hours, or more for
+            # at most 2 % more.
+            x = sweep[0]
+            n[3] += (a >= x[ka] - 0.005 and g <= x[kg]) or (a > x[ka] + 0.005 and g <= x[kg] * 1.02)
+            pick = f" {named(x)} |"
+        print(f"| {c['trace']} ×{c['rateScale']:g}, {profile} | {fmt(a, g)} | {named(best)} |{pick} "
               f"{named(cheapest)} | {'**yes**' if dominated else 'no'} |")
-for group, (n, dominated, none) in counts.items():
-    print(f'{group}: {n} cases, a tuned threshold dominates on {dominated}, none keeps the attainment on {none}')
+for group, (n, dominated, none, ahead) in counts.items():
+    if after:
+        print(f"{n} cases: a tuned threshold dominates the planner on {dominated}; the planner at or ahead of the tuned pick on {ahead}")
+    else:
+        print(f'{group}: {n} cases, a tuned threshold dominates on {dominated}, none keeps the attainment on {none}')
 EOF
 fi
 for suite in suite heldout heldout-surge heldout-final heldout-lulls heldout-lulls-heavy; do

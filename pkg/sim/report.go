@@ -220,11 +220,10 @@ type explainer interface {
 
 // quantile of sorted values (nearest rank); -1 when empty.
 func quantile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return -1
+	if v := ttftPercentile(sorted, len(sorted), q); v != nil {
+		return *v
 	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return round(sorted[max(i, 0)])
+	return -1
 }
 
 // ttftPercentile is the q-quantile of the TTFTs of offered requests, of
