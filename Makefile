@@ -124,8 +124,9 @@ fleet-test: build
 
 # pulse-sim's shipped benchmark suite: the clairvoyant frontier must bound
 # every pipeline of every case (docs/simulation.md, "The benchmark").
+# GOGC as pulse-sim sets it (cmd/pulse-sim/main.go) unless given.
 sim-suite:
-	$(GO) test -tags suite -count=1 -timeout 30m -run TestShippedSuiteClairvoyantBounds -v ./pkg/sim/bench/
+	GOGC=$${GOGC:-400} $(GO) test -tags suite -count=1 -timeout 30m -run TestShippedSuiteClairvoyantBounds -v ./pkg/sim/bench/
 
 # On a machine with an NVIDIA driver and PyTorch: the agent reads the real GPU
 # through NVML, attributed through a kubelet (pod-resources) fake, idle and

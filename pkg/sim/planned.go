@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,6 +185,7 @@ type clairvoyant struct {
 	util            float64
 	lo, hi          int32
 	need            []float64 // per second: replicas needed (before utilisation)
+	needMax         maxTable  // need's most over any range of seconds
 	top             int32     // the most any second needs, in replicas
 	run             []float64 // ahead's running maximum
 }
@@ -349,7 +351,7 @@ func (c *clairvoyant) needs(w *world) {
 
 // setNeed sets what each second needs, and the most of them.
 func (c *clairvoyant) setNeed(need []float64) {
-	c.need = need
+	c.need, c.needMax = need, newMaxTable(need)
 	c.top = c.replicas(slices.Max(append([]float64{0}, need...)))
 }
 
@@ -412,11 +414,41 @@ func (c *clairvoyant) fewest(w *world, from int32, have []*rep, held int32) int3
 
 // most is the most any second of [from, to] needs.
 func (c *clairvoyant) most(from, to time.Duration) float64 {
-	m := 0.0
-	for t := max(int(from/time.Second), 0); t <= min(int(to/time.Second), len(c.need)-1); t++ {
-		m = math.Max(m, c.need[t])
+	return c.needMax.most(int(from/time.Second), int(to/time.Second))
+}
+
+// maxTable answers the most of any range of a series in constant time: a
+// sparse table, its level j the most of each run of 2^j values from each
+// index (so a range is the most of two runs that cover it). The plans ask
+// every second for the most of their hold, up to an hour of seconds: a walk
+// over the range was a seventh of a suite's time.
+type maxTable [][]float64
+
+func newMaxTable(v []float64) maxTable {
+	t := maxTable{v}
+	for w := 1; 2*w <= len(v); w *= 2 {
+		prev := t[len(t)-1]
+		next := make([]float64, len(prev)-w)
+		for i := range next {
+			next[i] = math.Max(prev[i], prev[i+w])
+		}
+		t = append(t, next)
 	}
-	return m
+	return t
+}
+
+// most is the most of the values from index from to index to, both within
+// the series (clipped to it), and at least 0 (0 for a range outside it).
+func (t maxTable) most(from, to int) float64 {
+	if len(t) == 0 {
+		return 0
+	}
+	from, to = max(from, 0), min(to, len(t[0])-1)
+	if from > to {
+		return 0
+	}
+	j := bits.Len(uint(to-from+1)) - 1
+	return math.Max(0, math.Max(t[j][from], t[j][to-(1<<j)+1]))
 }
 
 // ahead is the most any second of [from, from+d] needs (from in whole
@@ -504,11 +536,7 @@ func (h *hindsight) plan(w *world) int32 {
 	if to < 0 {
 		return w.spec // none has: it keeps the fleet it started with
 	}
-	from := to - int(hold/time.Second)
-	most := 0.0
-	for t := max(from, 0); t <= to && t < len(h.need); t++ {
-		most = math.Max(most, h.need[t])
-	}
+	most := h.needMax.most(to-int(hold/time.Second), to)
 	n := int32(math.Ceil(most/h.util - 1e-9))
 	return min(max(n, h.lo), h.hi)
 }

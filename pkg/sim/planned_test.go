@@ -1,9 +1,9 @@
 package sim
 
 import (
-	"container/heap"
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,8 +193,8 @@ func planEachSecond(t *testing.T, ready int32, startups []time.Duration, until t
 	w.startups = startups
 	w.warmFleet(ready)
 	for w.now = 0; w.now <= until; w.now += time.Second {
-		for w.ev.Len() > 0 && w.ev[0].at <= w.now {
-			heap.Pop(&w.ev).(event).fn()
+		for len(w.ev) > 0 && w.ev[0].at <= w.now {
+			w.fire(w.take(w.ev.pop()))
 		}
 		w.setSpec(c.plan(w), true)
 	}
@@ -667,5 +667,36 @@ func TestTheClairvoyantPricesAPromptAsTheReplicaDoes(t *testing.T) {
 	if prefill < 1.27*p.Beta1Seconds*15000 || long < prefill || long > prefill+step {
 		t.Fatalf("a 15,000-token prompt and one token: %.4f s of work; its prefill %.4f s (the linear model's %.4f s), a step %.4f s",
 			long, prefill, p.Beta1Seconds*15000, step)
+	}
+}
+
+// TestMaxTableIsTheWalksMost: the sparse table answers every range of
+// series of every length (ranges past either end clipped, empty ones 0, a
+// series of negatives at least 0) as a walk over the range does.
+func TestMaxTableIsTheWalksMost(t *testing.T) {
+	walk := func(v []float64, from, to int) float64 {
+		m := 0.0
+		for i := max(from, 0); i <= min(to, len(v)-1); i++ {
+			m = math.Max(m, v[i])
+		}
+		return m
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := range 40 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = rng.Float64()*10 - 2
+		}
+		mt := newMaxTable(v)
+		for from := -3; from <= n+2; from++ {
+			for to := from - 2; to <= n+3; to++ {
+				if got, want := mt.most(from, to), walk(v, from, to); got != want {
+					t.Fatalf("n %d: most(%d, %d) = %v, the walk's %v", n, from, to, got, want)
+				}
+			}
+		}
+	}
+	if got := maxTable(nil).most(0, 5); got != 0 {
+		t.Fatalf("no table: %v, want 0", got)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 // TestShippedSuiteClairvoyantBounds runs the shipped suite
 // (docs/simulation/suite.yaml, every seed, every clairvoyant plan also
-// held 15 minutes and an hour, and the switches; about 10 minutes on 2 cores: make
+// held 15 minutes and an hour, and the switches; about 4 minutes on 2 cores: make
 // sim-suite) and checks that the clairvoyant frontier bounds every
 // signal pipeline of every case at its GPU-hours after the warm-up, and
 // that every case scored what it should.
