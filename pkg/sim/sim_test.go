@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -465,4 +467,41 @@ func TestPercentilesCountTheRequestsWithNoFirstToken(t *testing.T) {
 	if v := ttftPercentile(nil, 0, 0.5); v != nil {
 		t.Errorf("no request: p50 %v, want none", *v)
 	}
+}
+
+// TestTTFTPercentilesSelectAsASortDoes: the percentiles a run reports,
+// read by selection, are those of the sorted TTFTs, for any number of
+// values, ties, requests with no first token, and ranks that coincide.
+func TestTTFTPercentilesSelectAsASortDoes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	qss := [][]float64{{0.5, 0.9, 0.99}, {0, 0.5, 1}, {0.9, 0.9, 0.91}, {0.01}}
+	for trial := range 3000 {
+		n := rng.IntN(60)
+		vals := make([]float64, n)
+		for i := range vals {
+			if trial%2 == 0 {
+				vals[i] = float64(rng.IntN(5)) // ties
+			} else {
+				vals[i] = rng.Float64() * 10
+			}
+		}
+		offered := n + rng.IntN(4)
+		sorted := slices.Clone(vals)
+		slices.Sort(sorted)
+		qs := qss[trial%len(qss)]
+		got := ttftPercentiles(slices.Clone(vals), offered, qs...)
+		for i, q := range qs {
+			want := ttftPercentile(sorted, offered, q)
+			if (got[i] == nil) != (want == nil) || (want != nil && *got[i] != *want) {
+				t.Fatalf("%v of %d offered, q %v: %v, the sort's %v", vals, offered, q, deref(got[i]), deref(want))
+			}
+		}
+	}
+}
+
+func deref(v *float64) any {
+	if v == nil {
+		return nil
+	}
+	return *v
 }

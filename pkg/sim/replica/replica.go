@@ -24,7 +24,6 @@
 package replica
 
 import (
-	"container/heap"
 	"math"
 	"slices"
 	"sort"
@@ -390,7 +389,7 @@ func (r *Replica) preemptForDecode() (preempted bool) {
 		q := r.tail
 		r.unlinkRunning(q)
 		if q.index >= 0 && q.index < r.decoding.Len() && r.decoding[q.index].q == q {
-			heap.Remove(&r.decoding, q.index)
+			r.decoding.remove(q.index)
 			// Decode steps since it joined the heap generated tokens its
 			// count does not hold yet: it finishes at finishAt.
 			q.generated = q.Output - int(q.finishAt-r.decodeN)
@@ -430,7 +429,7 @@ func (r *Replica) applyDecode(k uint64, end time.Duration) {
 		observe(&r.itlB, ITLBounds, r.dt.Seconds(), tokens)
 	}
 	for r.decoding.Len() > 0 && r.decoding[0].at <= r.decodeN {
-		q := heap.Pop(&r.decoding).(*Request)
+		q := r.decoding.pop()
 		// It finished at the end of the step that brought decodeN to finishAt.
 		q.generated = q.Output
 		r.finish(q, end-time.Duration(r.decodeN-q.finishAt)*r.dt)
@@ -486,7 +485,7 @@ func (r *Replica) applyPrefillStep(end time.Duration) {
 			continue
 		}
 		q.finishAt = r.decodeN + uint64(q.Output-q.generated)
-		heap.Push(&r.decoding, q)
+		r.decoding.push(q)
 	}
 	if done {
 		// Keep only those still prefilling (at the front, in order).
@@ -571,6 +570,9 @@ func (r *Replica) Values() metric.Values {
 
 // finishHeap orders decoding sequences by the decode step they finish at;
 // the keys are kept in the entries so that comparisons touch no request.
+// It is container/heap's algorithm on the entries themselves (through
+// heap.Interface each push and pop was an interface call a comparison and
+// a swap).
 type finishHeap []finishEntry
 
 type finishEntry struct {
@@ -580,26 +582,80 @@ type finishEntry struct {
 }
 
 func (h finishHeap) Len() int { return len(h) }
-func (h finishHeap) Less(i, j int) bool {
+func (h finishHeap) less(i, j int) bool {
 	if h[i].at != h[j].at {
 		return h[i].at < h[j].at
 	}
 	return h[i].id < h[j].id
 }
-func (h finishHeap) Swap(i, j int) {
+func (h finishHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].q.index, h[j].q.index = i, j
 }
-func (h *finishHeap) Push(x any) {
-	q := x.(*Request)
+
+func (h *finishHeap) push(q *Request) {
 	q.index = len(*h)
 	*h = append(*h, finishEntry{q.finishAt, q.ID, q})
+	h.up(len(*h) - 1)
 }
-func (h *finishHeap) Pop() any {
+
+// pop takes the sequence finishing first; h must not be empty.
+func (h *finishHeap) pop() *Request {
+	n := len(*h) - 1
+	h.swap(0, n)
+	h.down(0, n)
+	return h.cut()
+}
+
+// remove takes the sequence at i.
+func (h *finishHeap) remove(i int) *Request {
+	n := len(*h) - 1
+	if n != i {
+		h.swap(i, n)
+		if !h.down(i, n) {
+			h.up(i)
+		}
+	}
+	return h.cut()
+}
+
+// cut takes the last entry off.
+func (h *finishHeap) cut() *Request {
 	old := *h
 	e := old[len(old)-1]
 	old[len(old)-1] = finishEntry{}
 	e.q.index = -1
 	*h = old[:len(old)-1]
 	return e.q
+}
+
+func (h finishHeap) up(j int) {
+	for {
+		i := (j - 1) / 2 // parent
+		if i == j || !h.less(j, i) {
+			break
+		}
+		h.swap(i, j)
+		j = i
+	}
+}
+
+func (h finishHeap) down(i0, n int) bool {
+	i := i0
+	for {
+		j1 := 2*i + 1
+		if j1 >= n || j1 < 0 { // j1 < 0 after int overflow
+			break
+		}
+		j := j1 // left child
+		if j2 := j1 + 1; j2 < n && h.less(j2, j1) {
+			j = j2 // = 2*i + 2  // right child
+		}
+		if !h.less(j, i) {
+			break
+		}
+		h.swap(i, j)
+		i = j
+	}
+	return i > i0
 }
