@@ -46,9 +46,7 @@ type result struct {
 }
 
 // Resolver resolves aggregator names; net.DefaultResolver is one.
-type Resolver interface {
-	LookupHost(ctx context.Context, host string) ([]string, error)
-}
+type Resolver = netbound.Resolver
 
 // Deps are the agent's clients, built once at wiring time. New builds the
 // ones left nil from the options.

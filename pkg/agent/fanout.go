@@ -4,11 +4,11 @@ import (
 	"context"
 	"net"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
 // fanOut keeps one stream to every aggregator address. An --aggregator
@@ -144,25 +144,9 @@ func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool)
 	return want, true
 }
 
-// resolve turns host:port into one address per IP of host.
+// resolve turns host:port into one address per IP of host
+// (netbound.Resolve, as the relay resolves it).
 func (a *Agent) resolve(ctx context.Context, entry string) ([]string, error) {
-	host, port, err := net.SplitHostPort(entry)
-	if err != nil {
-		return nil, err
-	}
-	if net.ParseIP(host) != nil {
-		return []string{entry}, nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ips, err := a.deps.Resolver.LookupHost(rctx, host)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(ips))
-	for _, ip := range ips {
-		out = append(out, net.JoinHostPort(ip, port))
-	}
-	sort.Strings(out)
-	return out, nil
+	_, addrs, err := netbound.Resolve(ctx, a.deps.Resolver, entry)
+	return addrs, err
 }

@@ -3,7 +3,9 @@
 // agent's /metrics, /livez and /readyz; the aggregator's health, http and
 // debug ports) held every connection for up to its server's IdleTimeout,
 // about 10 to 19 KiB each: one pod opening thousands took the process past
-// its memory limit, and every tenant's signal with it.
+// its memory limit, and every tenant's signal with it. It also resolves an
+// aggregator's name into addresses one way for the agent and the relay
+// (Resolve).
 package netbound
 
 import (

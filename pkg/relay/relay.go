@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -41,6 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/netbound"
 )
 
 // UpstreamKey is the metadata key in which an agent names the aggregator
@@ -55,9 +55,7 @@ const DefaultStreamWait = 3 * time.Second
 const reportMethod = "/pulse.v1.Ingest/Report"
 
 // Resolver resolves a host name (net.DefaultResolver).
-type Resolver interface {
-	LookupHost(ctx context.Context, host string) ([]string, error)
-}
+type Resolver = netbound.Resolver
 
 // Config wires a Relay.
 type Config struct {
@@ -186,16 +184,6 @@ func (r *Relay) connections() int {
 	return n
 }
 
-// canonical is addr as the relay keys it (netip's form of ip:port), or ""
-// when addr is not one.
-func canonical(addr string) string {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return ""
-	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
-}
-
 // resolve looks every entry up. A failed lookup keeps the entry's
 // addresses (a DNS hiccup must not cut healthy streams). With prune (the
 // timed pass), replicas no longer in the answers lose their connections,
@@ -210,10 +198,7 @@ func (r *Relay) resolve(ctx context.Context, prune bool) {
 	r.mu.Unlock()
 	ok := true
 	for _, entry := range r.cfg.Aggregators {
-		host, port, _ := net.SplitHostPort(entry)
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ips, err := r.cfg.Resolver.LookupHost(lctx, host)
-		cancel()
+		host, addrs, err := netbound.Resolve(ctx, r.cfg.Resolver, entry)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.cfg.Log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
@@ -226,10 +211,8 @@ func (r *Relay) resolve(ctx context.Context, prune bool) {
 			}
 			continue
 		}
-		for _, ip := range ips {
-			if a := canonical(net.JoinHostPort(ip, port)); a != "" {
-				found[a] = host
-			}
+		for _, a := range addrs {
+			found[a] = host
 		}
 	}
 	r.mu.Lock()
@@ -386,7 +369,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		r.m.refused.WithLabelValues("no_upstream").Inc()
 		return status.Errorf(codes.InvalidArgument, "relay: the stream names no aggregator replica: metadata %s must hold one ip:port (the agent's --relay)", UpstreamKey)
 	}
-	addr := canonical(names[0])
+	addr := netbound.Canonical(names[0])
 	u, ok := r.upstreamFor(ctx, addr)
 	if addr == "" || !ok {
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()

@@ -1,0 +1,54 @@
+package netbound
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Resolver resolves a host name; net.DefaultResolver is one.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// LookupTimeout bounds one name's lookup.
+const LookupTimeout = 5 * time.Second
+
+// Resolve turns an --aggregator entry, host:port, into one address for
+// each IP of host at port, sorted, each in its canonical form (Canonical);
+// an IP literal is itself. The lookup takes at most LookupTimeout. The
+// agent and the relay resolve the aggregator's name with it, so that an
+// address one names is the address the other knows.
+func Resolve(ctx context.Context, r Resolver, entry string) (host string, addrs []string, err error) {
+	host, port, err := net.SplitHostPort(entry)
+	if err != nil {
+		return "", nil, err
+	}
+	ips := []string{host}
+	if net.ParseIP(host) == nil {
+		lctx, cancel := context.WithTimeout(ctx, LookupTimeout)
+		defer cancel()
+		if ips, err = r.LookupHost(lctx, host); err != nil {
+			return host, nil, err
+		}
+	}
+	for _, ip := range ips {
+		if a := Canonical(net.JoinHostPort(ip, port)); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.Sort(addrs)
+	return host, slices.Compact(addrs), nil
+}
+
+// Canonical is addr, an ip:port, in netip's form (an IPv4-mapped IPv6 IP
+// as IPv4), or "" when addr is not one.
+func Canonical(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return ""
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+}
