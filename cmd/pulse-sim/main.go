@@ -17,7 +17,7 @@ import (
 const gcPercent = 400
 
 func main() {
-	if _, set := os.LookupEnv("GOGC"); !set {
+	if os.Getenv("GOGC") == "" { // as the Makefile's ${GOGC:-400}
 		debug.SetGCPercent(gcPercent)
 	}
 	os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -105,13 +104,13 @@ type resolved struct {
 	warned map[string]time.Time
 }
 
-// wanted resolves every --aggregator entry into the set of addresses that
-// should have a stream; false when ctx ended meanwhile. A failed lookup
+// wanted resolves every --aggregator entry (netbound.Resolve, as the relay
+// resolves it) into the set of addresses that should have a stream; false when ctx ended meanwhile. A failed lookup
 // keeps the entry's last good addresses.
 func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool) {
 	want := map[string]bool{}
 	for _, entry := range a.opts.Aggregators {
-		addrs, err := a.resolve(ctx, entry)
+		host, addrs, err := netbound.Resolve(ctx, a.deps.Resolver, entry)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, false
@@ -135,18 +134,10 @@ func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool)
 		} else if !slices.Contains(addrs, entry) {
 			a.m.connected.DeleteLabelValues(entry)
 		}
-		host, _, _ := net.SplitHostPort(entry)
 		for _, addr := range addrs {
 			want[addr] = true
 			r.names[addr] = host
 		}
 	}
 	return want, true
-}
-
-// resolve turns host:port into one address per IP of host
-// (netbound.Resolve, as the relay resolves it).
-func (a *Agent) resolve(ctx context.Context, entry string) ([]string, error) {
-	_, addrs, err := netbound.Resolve(ctx, a.deps.Resolver, entry)
-	return addrs, err
 }

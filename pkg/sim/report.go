@@ -227,8 +227,9 @@ func quantile(sorted []float64, q float64) float64 {
 }
 
 // ttftPercentile is the q-quantile of the TTFTs of offered requests, of
-// which sorted are those that got a first token: the others rank above
-// them all, and a quantile that falls on one is nil (as is any of none).
+// which sorted are those that got a first token (sorted, or with the value
+// at q's rank in place: ttftPercentiles): the others rank above them all,
+// and a quantile that falls on one is nil (as is any of none).
 func ttftPercentile(sorted []float64, offered int, q float64) *float64 {
 	i := rank(q, offered)
 	if offered == 0 || i >= len(sorted) {
@@ -241,7 +242,8 @@ func ttftPercentile(sorted []float64, offered int, q float64) *float64 {
 // rank is the index of the q-quantile of n values (nearest rank).
 func rank(q float64, n int) int { return max(int(math.Ceil(q*float64(n)))-1, 0) }
 
-// ttftPercentiles are ttftPercentile's at qs (ascending) of vals, which
+// ttftPercentiles are ttftPercentile's at qs (ascending: a lower q after a
+// higher one would read a value not selected) of vals, which
 // need not be sorted: each value read is put at its rank by a selection
 // (selectRank), where a sort of every TTFT of a run was 7 % of a suite's
 // time. vals is reordered.

@@ -25,7 +25,7 @@ type world struct {
 	ev   eventHeap
 	seq  uint64
 	// acts[i] is what the event in slot i does; free is the slots
-	// whose event has run.
+	// whose action has been taken (take).
 	acts []action
 	free []int32
 	rng  *rand.Rand

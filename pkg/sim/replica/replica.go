@@ -570,9 +570,9 @@ func (r *Replica) Values() metric.Values {
 
 // finishHeap orders decoding sequences by the decode step they finish at;
 // the keys are kept in the entries so that comparisons touch no request.
-// It is container/heap's algorithm on the entries themselves (through
-// heap.Interface each push and pop was an interface call a comparison and
-// a swap).
+// It is container/heap's algorithm on the entries themselves: through
+// heap.Interface every comparison and swap of a push or pop was an
+// interface call.
 type finishHeap []finishEntry
 
 type finishEntry struct {
