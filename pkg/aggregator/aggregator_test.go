@@ -324,4 +324,20 @@ func TestValidateTheRelaysCertificate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Errorf("a relay secret with its names: %v", err)
 	}
+	// The Secret retired is removed: never one the aggregator keeps, and
+	// a name a Secret can carry.
+	for _, name := range []string{"pulse-relay-tls", "pulse-certs", "pulse-creds"} {
+		o.Certs.RetiredRelaySecret = name
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "it would be removed") {
+			t.Errorf("--relay-cert-secret-retired %s: Validate() = %v, want it refused", name, err)
+		}
+	}
+	o.Certs.RetiredRelaySecret = "Relay_TLS"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--relay-cert-secret-retired "Relay_TLS"`) {
+		t.Errorf("--relay-cert-secret-retired Relay_TLS: Validate() = %v, want it refused", err)
+	}
+	o.Certs.RelaySecret, o.Certs.RelayDNSNames, o.Certs.RetiredRelaySecret = "", nil, "pulse-relay-tls"
+	if err := o.Validate(); err != nil {
+		t.Errorf("the relays' Secret retired: %v", err)
+	}
 }

@@ -511,7 +511,8 @@ func (a *Aggregator) managedCerts(reg prometheus.Registerer) *certs.Managed {
 	a.managed = certs.NewManaged(certs.ManagedOptions{Client: a.deps.Kube, Dynamic: a.deps.Dynamic, Namespace: o.Certs.Namespace,
 		SecretName: o.Certs.Secret, DNSNames: o.Certs.DNSNames, IPs: ips, Validity: o.Certs.Validity,
 		KEDANamespace: o.Certs.KEDANamespace, TriggerAuthName: o.Certs.TriggerAuthName, CAConfigMap: o.Certs.CAConfigMap,
-		RelaySecretName: o.Certs.RelaySecret, RelayDNSNames: o.Certs.RelayDNSNames, Owner: a.owner, Log: a.log})
+		RelaySecretName: o.Certs.RelaySecret, RelayDNSNames: o.Certs.RelayDNSNames, RetiredRelaySecretName: o.Certs.RetiredRelaySecret,
+		Owner: a.owner, Log: a.log})
 	a.health.addCheck("certificates", a.managed.Ready)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "pulse_aggregator_certificate_expiry_timestamp_seconds",

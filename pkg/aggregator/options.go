@@ -340,6 +340,9 @@ type ManagedCertOptions struct {
 	// (certs.ManagedOptions.RelaySecretName).
 	RelaySecret   string
 	RelayDNSNames []string
+	// RetiredRelaySecret: the relays' Secret to remove, the aggregator no
+	// longer keeping it (certs.ManagedOptions.RetiredRelaySecretName).
+	RetiredRelaySecret string
 }
 
 // AddFlags registers the group's flags.
@@ -366,6 +369,7 @@ func (o *ManagedCertOptions) AddFlags(fs *flag.FlagSet) {
 		o.RelayDNSNames = append(o.RelayDNSNames, v)
 		return nil
 	})
+	fs.StringVar(&o.RetiredRelaySecret, "relay-cert-secret-retired", o.RetiredRelaySecret, "--manage-certs: the relays' Secret of a release that no longer has the aggregator keep it (the relay disabled): removed if the aggregator made it (labelled app.kubernetes.io/managed-by=pulse-aggregator), now and whenever it appears again; one without the label is left alone; empty: none")
 	fs.StringVar(&o.CAConfigMap, "ca-configmap", o.CAConfigMap, "--manage-certs: a ConfigMap (in --namespace) where the CA's certificate is published for the agents (--ingest-managed-tls); empty: not published")
 }
 
@@ -411,7 +415,7 @@ func (o *ManagedCertOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
 		}
 	}
-	for _, n := range []struct{ flag, value string }{{"--ca-configmap", o.CAConfigMap}, {"--relay-cert-secret", o.RelaySecret}} {
+	for _, n := range []struct{ flag, value string }{{"--ca-configmap", o.CAConfigMap}, {"--relay-cert-secret", o.RelaySecret}, {"--relay-cert-secret-retired", o.RetiredRelaySecret}} {
 		if msgs := validation.IsDNS1123Subdomain(n.value); len(msgs) > 0 && n.value != "" {
 			errs = append(errs, fmt.Errorf("--manage-certs: %s %q: %s", n.flag, n.value, strings.Join(msgs, "; ")))
 		}
@@ -423,6 +427,10 @@ func (o *ManagedCertOptions) Validate() error {
 	// its CA key and pairs, and each check made them again, for ever.
 	if o.RelaySecret != "" && (o.RelaySecret == o.Secret || o.RelaySecret == o.TriggerAuthName && o.KEDANamespace == o.Namespace) {
 		errs = append(errs, fmt.Errorf("--manage-certs: --relay-cert-secret %q is the Secret of the managed certificates or of KEDA's credentials: name another", o.RelaySecret))
+	}
+	// The Secret retired is removed: never one the aggregator keeps.
+	if r := o.RetiredRelaySecret; r != "" && (r == o.RelaySecret || r == o.Secret || r == o.TriggerAuthName && o.KEDANamespace == o.Namespace) {
+		errs = append(errs, fmt.Errorf("--manage-certs: --relay-cert-secret-retired %q is a Secret the aggregator keeps (--relay-cert-secret, --cert-secret or KEDA's credentials): it would be removed", r))
 	}
 	errs = append(errs, dnsNames("--cert-dns-name", o.DNSNames)...)
 	return errors.Join(append(errs, dnsNames("--relay-cert-dns-name", o.RelayDNSNames)...)...)

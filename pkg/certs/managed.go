@@ -84,6 +84,14 @@ type ManagedOptions struct {
 	// relays never need.
 	RelaySecretName string
 	RelayDNSNames   []string
+	// RetiredRelaySecretName, when set, is the relays' Secret of a
+	// release that no longer has the aggregator keep it (the relay
+	// disabled, or its certificate now the user's): removed when it is
+	// one the aggregator made (labelled managed-by pulse-aggregator), so
+	// that no key of a relay that is gone stays behind, valid, until the
+	// release is uninstalled. A Secret of that name without the label is
+	// left alone. Never RelaySecretName.
+	RetiredRelaySecretName string
 	// Owner, if set, owns the Secrets and the ClusterTriggerAuthentication
 	// (a cluster-scoped object, the chart's ClusterRole, can own both
 	// namespaced and cluster-scoped ones): deleting it deletes them. It is
@@ -102,6 +110,7 @@ type Managed struct {
 	current  atomic.Pointer[tls.Config] // the scaler port's: client certificates required
 	server   atomic.Pointer[tls.Config] // the ingest port's: server authentication only
 	notAfter atomic.Int64               // the served certificate's end, Unix seconds
+	gap      time.Duration              // the least time between Ensures a copy's change runs (copyGap)
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -112,7 +121,7 @@ func NewManaged(o ManagedOptions) *Managed {
 	if o.Validity <= 0 {
 		o.Validity = 90 * 24 * time.Hour
 	}
-	return &Managed{o: o}
+	return &Managed{o: o, gap: copyGap}
 }
 
 // ServerConfig takes the current certificate per handshake.
@@ -178,9 +187,31 @@ func (m *Managed) Run(ctx context.Context) error {
 	}
 	f.Start(ctx.Done())
 	defer f.Shutdown()
+	// A copy edited or deleted (by hand, or by another controller) is put
+	// right at once: each is watched, and a change to one runs Ensure. It
+	// was put right only at the next check, up to an hour later, and a
+	// relay that restarted meanwhile on a garbled key did not start.
+	kick := make(chan struct{}, 1)
+	wctx, cancel := context.WithCancel(ctx)
+	var stops []func()
+	defer func() {
+		cancel() // before the shutdowns, which wait for the watches to end
+		for _, stop := range stops {
+			stop()
+		}
+	}()
+	for _, c := range m.copies() {
+		stop, err := m.watchCopy(wctx, c, kick)
+		if err != nil {
+			return err
+		}
+		stops = append(stops, stop)
+	}
 	every := min(time.Hour, m.o.Validity/10)
+	var last time.Time
 	for {
 		wait := every
+		last = time.Now()
 		if err := m.Ensure(ctx); err != nil {
 			m.o.Log.Warn("ensure managed certificates", logging.KeyErr, err)
 			wait = 10 * time.Second
@@ -189,8 +220,76 @@ func (m *Managed) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
+		case <-kick:
+			// Our own writes come back as one more event each, whose
+			// Ensure finds every copy right and writes nothing. A writer
+			// that keeps changing a copy is met at most every copyGap.
+			if d := time.Until(last.Add(m.gap)); d > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(d):
+				}
+			}
 		}
 	}
+}
+
+// copyGap is the least time between two Ensures that a copy's change runs.
+const copyGap = 5 * time.Second
+
+// copyRef names an object Ensure writes (or removes) from the managed
+// Secret.
+type copyRef struct {
+	namespace, name string
+	configMap       bool
+}
+
+// copies are the objects Ensure keeps from the managed Secret: KEDA's
+// credentials, the CAs' bundle for the agents, the relays' Secret, and
+// the relays' Secret retired.
+func (m *Managed) copies() []copyRef {
+	c := []copyRef{{namespace: m.o.KEDANamespace, name: m.o.TriggerAuthName}}
+	if m.o.CAConfigMap != "" {
+		c = append(c, copyRef{namespace: m.o.Namespace, name: m.o.CAConfigMap, configMap: true})
+	}
+	for _, n := range []string{m.o.RelaySecretName, m.o.RetiredRelaySecretName} {
+		if n != "" {
+			c = append(c, copyRef{namespace: m.o.Namespace, name: n})
+		}
+	}
+	return c
+}
+
+// watchCopy watches the one object c (a name's field selector, which is
+// what RBAC's resourceNames allow to list and watch) and sends on kick at
+// each change to it; stop ends the watch.
+func (m *Managed) watchCopy(ctx context.Context, c copyRef, kick chan<- struct{}) (stop func(), err error) {
+	f := informers.NewSharedInformerFactoryWithOptions(m.o.Client, 0, informers.WithNamespace(c.namespace),
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.name).String()
+		}))
+	inf := f.Core().V1().Secrets().Informer()
+	if c.configMap {
+		inf = f.Core().V1().ConfigMaps().Informer()
+	}
+	changed := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if o, ok := obj.(metav1.Object); !ok || o.GetName() != c.name || o.GetNamespace() != c.namespace {
+			return
+		}
+		select {
+		case kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: changed, UpdateFunc: func(_, n any) { changed(n) }, DeleteFunc: changed}); err != nil {
+		return nil, fmt.Errorf("watch %s/%s: %w", c.namespace, c.name, err)
+	}
+	f.Start(ctx.Done())
+	return f.Shutdown, nil
 }
 
 // Ensure creates or renews the certificates and KEDA's credentials.
@@ -247,7 +346,34 @@ func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	}
 	// Each copy apart: the relays' failing (its RBAC missing, say) kept
 	// KEDA's credentials from being renewed.
-	return errors.Join(m.ensureKEDA(ctx, sec), m.ensureRelay(ctx, sec))
+	return errors.Join(m.ensureKEDA(ctx, sec), m.ensureRelay(ctx, sec), m.retireRelay(ctx))
+}
+
+// retireRelay removes RetiredRelaySecretName (when set) if the aggregator
+// made it. A replica of the release before, still keeping it, may write it
+// again while the two run side by side: each watches it, and the one that
+// retires it removes it again, until the older replicas are gone.
+func (m *Managed) retireRelay(ctx context.Context) error {
+	name := m.o.RetiredRelaySecretName
+	if name == "" {
+		return nil
+	}
+	ss := m.o.Client.CoreV1().Secrets(m.o.Namespace)
+	cur, err := ss.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("retired relay certificate secret %s/%s: %w", m.o.Namespace, name, err)
+	case cur.Labels["app.kubernetes.io/managed-by"] != "pulse-aggregator":
+		return nil // not one the aggregator made: someone else's to keep
+	}
+	uid := cur.UID
+	if err := ss.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove the retired relay certificate secret %s/%s: %w", m.o.Namespace, name, err)
+	}
+	m.o.Log.Info("relay certificate secret removed: no relay of this release uses it", logging.KeySecret, m.o.Namespace+"/"+name)
+	return nil
 }
 
 // ensureRelay writes the relays' pair and the CAs' bundle into

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -703,5 +704,144 @@ func TestARelayCopyRefusedLeavesKEDAsCredentials(t *testing.T) {
 	}
 	if _, err := client.CoreV1().Secrets("keda").Get(context.Background(), "pulse-creds", metav1.GetOptions{}); err != nil {
 		t.Fatalf("KEDA's credentials behind a refused relay copy: %v", err)
+	}
+}
+
+// TestACopyChangedIsPutRightAtOnce: a copy edited or deleted while Run
+// runs (the relays' key garbled by hand, the agents' CA bundle deleted,
+// KEDA's key garbled) is put right by the watch on it, not at the next
+// check, which is an hour away here.
+func TestACopyChangedIsPutRightAtOnce(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	m.o.RelaySecretName, m.o.RelayDNSNames = "pulse-relay-tls", []string{"localhost"}
+	m.gap = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	secrets := client.CoreV1().Secrets
+	get := func(ns, name string) *corev1.Secret {
+		s, err := secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return s
+	}
+	pairOK := func(ns, name, cert, key string) bool {
+		s := get(ns, name)
+		if s == nil {
+			return false
+		}
+		_, err := tls.X509KeyPair(s.Data[cert], s.Data[key])
+		return err == nil
+	}
+	relayOK := func() bool {
+		return pairOK("pulse-system", "pulse-relay-tls", corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+	}
+	kedaOK := func() bool { return pairOK("keda", "pulse-creds", "tls.crt", "tls.key") }
+	caOK := func() bool {
+		cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+		return err == nil && strings.Contains(cm.Data[KeyCACert], "BEGIN CERTIFICATE")
+	}
+	eventually(t, "the first Ensure", func() bool { return relayOK() && kedaOK() && caOK() })
+
+	garble := func(ns, name, key string) {
+		t.Helper()
+		s := get(ns, name)
+		s.Data[key] = []byte("garbled")
+		if _, err := secrets(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	garble("pulse-system", "pulse-relay-tls", corev1.TLSPrivateKeyKey)
+	eventually(t, "the relays' key put right", relayOK)
+	garble("keda", "pulse-creds", "tls.key")
+	eventually(t, "KEDA's key put right", kedaOK)
+	if err := client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agents' CA bundle made again", caOK)
+	if err := secrets("pulse-system").Delete(ctx, "pulse-relay-tls", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the relays' Secret made again", relayOK)
+}
+
+// TestARetiredRelaySecretIsRemoved: with the relay gone, the relays'
+// Secret the aggregator made is removed (its key was left valid until the
+// release was uninstalled), also when a replica of the release before
+// writes it again while both run; one of that name not made by the
+// aggregator is left alone.
+func TestARetiredRelaySecretIsRemoved(t *testing.T) {
+	before, client, dyn, clock := managed(t, 0)
+	before.o.RelaySecretName, before.o.RelayDNSNames = "pulse-relay-tls", []string{"localhost"}
+	ctx := context.Background()
+	if err := before.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	relaySecret(t, client)
+	o := before.o
+	o.RelaySecretName, o.RelayDNSNames, o.RetiredRelaySecretName = "", nil, "pulse-relay-tls"
+	o.Dynamic, o.Now = dyn, clock.Now
+	after := NewManaged(o)
+	gone := func() bool {
+		_, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-relay-tls", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}
+	if err := after.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !gone() {
+		t.Fatal("the relays' Secret is still there with the relay gone")
+	}
+	if err := after.Ensure(ctx); err != nil { // nothing to remove: no error
+		t.Fatal(err)
+	}
+
+	// Side by side: the replica before writes it again, twice; the one
+	// after removes it again each time. Run ensures once at its start and
+	// then not for an hour, so one of the two at least is the watch's.
+	after.gap = 10 * time.Millisecond
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- after.Run(rctx) }()
+	for range 2 {
+		if err := before.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the relays' Secret, written again by the replica before, removed again", gone)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Not the aggregator's: kept.
+	own := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pulse-relay-tls", Namespace: "pulse-system"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: []byte("theirs")}}
+	if _, err := client.CoreV1().Secrets("pulse-system").Create(ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gone() {
+		t.Fatal("a Secret of that name the aggregator did not make was removed")
+	}
+}
+
+// eventually polls cond until it holds, failing after a minute: the
+// changes it waits for come from watches, not from a period.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within a minute", what)
+		}
 	}
 }

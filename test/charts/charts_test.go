@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -539,6 +540,70 @@ func TestTheRelaysCertificateCombinationsThatCannotWork(t *testing.T) {
 	}
 	if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true,relay.tls.secretName=mine,ingest.tls.secretName=ingest"); err != nil {
 		t.Errorf("the relays' certificate and the ingest port's both one's own: %v\n%.300s", err, out)
+	}
+}
+
+// TestTheRelaysSecretIsWatchedAndRetired: with the relay on, the
+// aggregator may watch the relays' Secret (an edit is put right at once);
+// with it off, or its certificate one's own under another name, the
+// aggregator is told to remove the one it made, and may get, watch and
+// delete that one Secret alone; with no managed certificates, nothing.
+// KEDA's credentials and the agents' CA bundle are watchable too.
+func TestTheRelaysSecretIsWatchedAndRetired(t *testing.T) {
+	const name = "pulse-aggregator-relay-tls"
+	rules := func(agg map[string]string) []rbacv1.PolicyRule {
+		var r rbacv1.Role
+		must(t, yaml.Unmarshal([]byte(agg["Role/pulse-aggregator-certs"]), &r))
+		var keda rbacv1.Role
+		must(t, yaml.Unmarshal([]byte(agg["Role/pulse-aggregator-keda-creds"]), &keda))
+		return append(r.Rules, keda.Rules...)
+	}
+	verbs := func(rules []rbacv1.PolicyRule, resource, name string) []string {
+		for _, r := range rules {
+			if slices.Contains(r.Resources, resource) && slices.Equal(r.ResourceNames, []string{name}) {
+				return r.Verbs
+			}
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		set     string
+		retired bool
+	}{
+		{"relay.enabled=false", true},
+		{"relay.enabled=true", false},
+		{"relay.enabled=true,relay.tls.secretName=mine,ingest.tls.secretName=ingest", true},
+		{"relay.enabled=true,relay.tls.secretName=" + name + ",ingest.tls.secretName=ingest", false},
+	} {
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", c.set)
+		if err != nil {
+			t.Fatalf("--set %s: %v\n%.300s", c.set, err, out)
+		}
+		agg := docs(t, out)
+		args := container(t, agg["Deployment/pulse-aggregator"]).Args
+		got := flagValues(args, "--relay-cert-secret-retired")
+		rs := rules(agg)
+		switch {
+		case c.retired && (!slices.Equal(got, []string{name}) || !slices.Equal(verbs(rs, "secrets", name), []string{"get", "list", "watch", "delete"})):
+			t.Errorf("--set %s: --relay-cert-secret-retired %v, verbs %v: want %s removed, and the verbs to watch and delete it", c.set, got, verbs(rs, "secrets", name), name)
+		case !c.retired && len(got) > 0:
+			t.Errorf("--set %s: --relay-cert-secret-retired %v, want none", c.set, got)
+		case !c.retired && c.set == "relay.enabled=true" && !slices.Contains(verbs(rs, "secrets", name), "watch"):
+			t.Errorf("--set %s: the relays' Secret cannot be watched: verbs %v", c.set, verbs(rs, "secrets", name))
+		}
+		if !slices.Contains(verbs(rs, "secrets", "pulse-creds"), "watch") {
+			t.Errorf("--set %s: KEDA's credentials cannot be watched: %v", c.set, verbs(rs, "secrets", "pulse-creds"))
+		}
+		if !strings.Contains(c.set, "ingest.tls.secretName") && !slices.Contains(verbs(rs, "configmaps", "pulse-aggregator-ca"), "watch") {
+			t.Errorf("--set %s: the agents' CA bundle cannot be watched: %v", c.set, verbs(rs, "configmaps", "pulse-aggregator-ca"))
+		}
+	}
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "scaler.managedCerts.enabled=false,ingest.tls.managed=false,agentAuth.mode=none,metricsAuth=none")
+	if err != nil {
+		t.Fatalf("no managed certificates: %v\n%.300s", err, out)
+	}
+	if got := flagValues(container(t, docs(t, out)["Deployment/pulse-aggregator"]).Args, "--relay-cert-secret-retired"); len(got) > 0 {
+		t.Errorf("no managed certificates: --relay-cert-secret-retired %v, want none", got)
 	}
 }
 

@@ -1250,7 +1250,7 @@ func (n *realNode) relayCarries(t *testing.T) {
 	var relayIP string
 	waitFor(t, 240*time.Second, "the relay, both aggregator replicas and the agent run their new revisions, Ready", func() error {
 		var err error
-		relayIP, err = n.rolledOut()
+		relayIP, err = n.rolledOut(true)
 		return err
 	})
 	t.Logf("rolled out %s after the upgrades", time.Since(start).Round(100*time.Millisecond))
@@ -1273,13 +1273,53 @@ func (n *realNode) relayCarries(t *testing.T) {
 	})
 	n.aggHTTP = n.aggregatorHTTP(t) // the replicas are new
 	n.freshPodsReport(t, "llama", 1)
+
+	// A hand edit of the relays' Secret is put right by the aggregator's
+	// watch on it (RBAC lets it list and watch that one name), not at its
+	// hourly check.
+	sec, err = n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-relay-tls", metav1.GetOptions{})
+	must(t, err)
+	sec.Data["tls.key"] = []byte("garbled")
+	_, err = n.kube.CoreV1().Secrets(ns).Update(n.ctx, sec, metav1.UpdateOptions{})
+	must(t, err)
+	waitFor(t, 60*time.Second, "the relays' garbled key put right", func() error {
+		s, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-relay-tls", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"])
+		return err
+	})
+
+	// The relay turned off again: the agent dials the replicas, and the
+	// aggregator removes the relays' Secret it made (its key stayed valid
+	// until the release was uninstalled).
+	start = time.Now()
+	n.helm("upgrade", agtRelease, filepath.Join(root, "deploy", "daemonset"), "--namespace", ns, "--reuse-values", "--set", "relay=")
+	n.helm("upgrade", aggRelease, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--reuse-values", "--set", "relay.enabled=false")
+	waitFor(t, 240*time.Second, "both aggregator replicas and the agent run their new revisions, Ready, and the relays' Secret removed", func() error {
+		if _, err := n.rolledOut(false); err != nil {
+			return err
+		}
+		if _, err := n.kube.CoreV1().Secrets(ns).Get(n.ctx, "pulse-aggregator-relay-tls", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the relays' Secret: %v, want it gone", err)
+		}
+		return nil
+	})
+	t.Logf("relay off: rolled out and its Secret removed %s after the upgrades", time.Since(start).Round(100*time.Millisecond))
+	n.aggHTTP = n.aggregatorHTTP(t)
+	n.freshPodsReport(t, "llama", 1)
 }
 
-// rolledOut returns the relay pod's IP once the relay Deployment, the
-// aggregator's and the agent DaemonSet have each rolled out their newest
-// revision with every pod Ready.
-func (n *realNode) rolledOut() (string, error) {
-	for _, name := range []string{"pulse-aggregator", "pulse-aggregator-relay"} {
+// rolledOut returns the relay pod's IP (with relay; "" without) once the
+// relay Deployment (with relay), the aggregator's and the agent DaemonSet
+// have each rolled out their newest revision with every pod Ready.
+func (n *realNode) rolledOut(relay bool) (string, error) {
+	names := []string{"pulse-aggregator"}
+	if relay {
+		names = append(names, "pulse-aggregator-relay")
+	}
+	for _, name := range names {
 		d, err := n.kube.AppsV1().Deployments(ns).Get(n.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return "", err
@@ -1295,6 +1335,9 @@ func (n *realNode) rolledOut() (string, error) {
 	}
 	if st := ds.Status; st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != 1 || st.NumberReady != 1 || st.NumberAvailable != 1 {
 		return "", fmt.Errorf("agent daemonset: %d updated, %d ready", st.UpdatedNumberScheduled, st.NumberReady)
+	}
+	if !relay {
+		return "", nil
 	}
 	pods, err := n.kube.CoreV1().Pods(ns).List(n.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=pulse-relay"})
 	if err != nil {

@@ -91,6 +91,20 @@ ingest.tls.managed, no ingest.tls.secretName, and managed certificates.
 {{- if or .Values.ingest.tls.secretName (include "pulse-aggregator.ingestManagedTLS" .) -}}true{{- end -}}
 {{- end }}
 
+{{/*
+The relays' Secret the aggregator would keep (<fullname>-relay-tls) when
+it keeps none: with the managed certificates on and the relay off, or its
+certificate the user's (relay.tls.secretName, unless of that very name).
+The aggregator removes it if it made it (an upgrade that turned the relay
+off left its key, valid, until the release was uninstalled).
+*/}}
+{{- define "pulse-aggregator.relayTLSSecretRetired" -}}
+{{- $name := include "pulse-aggregator.suffixed" (list (include "pulse-aggregator.fullname" .) "relay-tls") -}}
+{{- if and (include "pulse-aggregator.managedCerts" .) (not (and .Values.relay.enabled (include "pulse-aggregator.ingestManagedTLS" .) (not .Values.relay.tls.secretName))) (ne .Values.relay.tls.secretName $name) -}}
+{{- $name -}}
+{{- end -}}
+{{- end }}
+
 {{/* The relays' full name, Service and Deployment. */}}
 {{- define "pulse-aggregator.relay" -}}
 {{- include "pulse-aggregator.suffixed" (list (include "pulse-aggregator.fullname" .) "relay") -}}
