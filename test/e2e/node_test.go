@@ -79,7 +79,8 @@ type realNode struct {
 	// aggregator publishes and checks the Service's name.
 	aggClient *http.Client
 	// relayOn: the relay subtest enabled the charts' relay (whose
-	// certificate Secret the aggregator made).
+	// certificate Secret the aggregator made) and has not yet seen it
+	// turned off and that Secret removed.
 	relayOn bool
 }
 
@@ -1306,6 +1307,7 @@ func (n *realNode) relayCarries(t *testing.T) {
 		}
 		return nil
 	})
+	n.relayOn = false // gone already; uninstall no longer looks for it
 	t.Logf("relay off: rolled out and its Secret removed %s after the upgrades", time.Since(start).Round(100*time.Millisecond))
 	n.aggHTTP = n.aggregatorHTTP(t)
 	n.freshPodsReport(t, "llama", 1)
