@@ -120,6 +120,21 @@ var stepBehavior = map[string]any{"horizontalPodAutoscalerConfig": map[string]an
 // pod: the two agree at one replica).
 const stepQuery = `sum(vllm:num_requests_waiting)`
 
+// stepRuns is how many steps stepLatency times: $PULSE_E2E_STEP_RUNS, or 2.
+// Two show both paths scale on a step; the medians docs/simulation.md
+// gives take more (8 a run: each step takes about 50 s).
+func stepRuns(t *testing.T) int {
+	v := os.Getenv("PULSE_E2E_STEP_RUNS")
+	if v == "" {
+		return 2
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 100 {
+		t.Fatalf("PULSE_E2E_STEP_RUNS=%q: want a whole number of runs from 1 to 100", v)
+	}
+	return n
+}
+
 // stepLatency: one simulated vLLM pod, scraped by pulse's agent every
 // 500 ms and by a real Prometheus every 15 s; two InferenceSets at 1
 // replica scaled by KEDA's HPA, one through pulse, one through KEDA's own
@@ -156,7 +171,7 @@ func (e *env) stepLatency(t *testing.T) {
 
 	type sample struct{ desired, scale time.Duration }
 	runs := map[string][]sample{}
-	const nRuns = 8
+	nRuns := stepRuns(t)
 	for run := range nRuns {
 		sim.setWaiting(0)
 		waitFor(t, 120*time.Second, "both back at 1 replica, Prometheus seeing an empty queue", func() error {
