@@ -175,8 +175,9 @@ type State struct {
 	LastBreak            time.Time
 	// BreakCapacity: the throughput replicas broke at, smoothed; probes
 	// never raise the capacity past it. HealthyMax: the most a replica
-	// served within the SLO; probes never raise the capacity past it over
-	// the utilisation (no replica is planned past what one has shown).
+	// proved within the SLO (proof: what a window served less its
+	// standard error); probes never raise the capacity past it over the
+	// utilisation (no replica is planned past what one has shown).
 	BreakCapacity, HealthyMax float64
 	// HoldExtra lengthens the hold after a regret: capacity released and
 	// needed again within a lead time (halved after regretQuiet without
@@ -277,8 +278,9 @@ type Plan struct {
 	Capacity     float64 `json:"capacityPerReplica"`
 	Observations int     `json:"observations"`
 	Breaks       int     `json:"breaks"`
-	// Proven: the most a replica has served within the SLO, fading (the
-	// capacity's floor; probes stop at it over the utilisation); Broke:
+	// Proven: the most a replica has proven within the SLO (what a window
+	// served less its standard error: proof), fading (the capacity's
+	// floor; probes stop at it over the utilisation); Broke:
 	// the throughput replicas broke at, smoothed (probes stop at it; 0
 	// before a break). Both as State's HealthyMax and BreakCapacity.
 	Proven float64 `json:"provenPerReplica"`
@@ -901,7 +903,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		}
 		broke, healthy := health(l, cfg)
 		if healthy {
-			st.HealthyMax = max(st.HealthyMax, w)
+			st.HealthyMax = max(st.HealthyMax, proof(w, l.FirstTokens*l.Span.Seconds()))
 		}
 		healthyAll = healthyAll && healthy
 		switch {
@@ -947,6 +949,18 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		st.Capacity = next
 		st.lastProbe = now
 	}
+}
+
+// proof is what a healthy window of work w a second, n first tokens in it,
+// proves a replica sustains: w less one standard error of a window's work.
+// Requests arriving at random with sizes of a coefficient of variation of
+// 1 (the exponential's; the shipped traces' lognormal lengths are near it)
+// make a window's work a compound Poisson sum, whose relative standard
+// error is √((1 + 1²)/n). The most of many windows is taken (HealthyMax),
+// and a window of few requests, long prompts' or a lightly loaded
+// replica's, varies most: its luck, not its capacity, set the most.
+func proof(w, n float64) float64 {
+	return w * max(0, 1-math.Sqrt(2/n))
 }
 
 // rule describes how health judges the fresh replicas.
