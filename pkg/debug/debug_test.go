@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -282,14 +283,17 @@ func TestTriggersExplainThePlan(t *testing.T) {
 		t.Fatalf("%v\n%s", err, body)
 	}
 	p := doc.Triggers[0].Decision.Plan
-	if p.Replicas != 2 || p.Capacity != 5000 || p.Proven != 5000 || p.Broke != 0 || p.Work != 5000 || p.LeadTimeSeconds != 300 || p.Reason == "" {
+	// Proven: the 5000/s served less one standard error of a window of 95
+	// first tokens (5 a second over its 19 s), √(2/95) of it
+	// (docs/planner.md, rule 2): 4275.
+	if p.Replicas != 2 || p.Capacity != 5000 || math.Round(p.Proven) != 4275 || p.Broke != 0 || p.Work != 5000 || p.LeadTimeSeconds != 300 || p.Reason == "" {
 		t.Fatalf("plan %+v", p)
 	}
 	_, table := get(t, srv.URL+"/debug/triggers?format=table", "")
 	why := column(t, table, "WHY")
 	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
 	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") ||
-		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 5000/s, no break yet") {
+		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 4275/s, no break yet") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 	// The rest of what docs/planner.md lists ("Every plan explained"): it
