@@ -897,13 +897,14 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		served += w
 		// A window of a few seconds (a replica just ready, a series
 		// restarted) is one request's luck, as too few first tokens are.
-		if l.FirstTokens*l.Span.Seconds() < minEvidence || 2*l.Span < span {
+		n := l.FirstTokens * l.Span.Seconds() // first tokens in the window
+		if n < minEvidence || 2*l.Span < span {
 			healthyAll = false
 			continue
 		}
 		broke, healthy := health(l, cfg)
 		if healthy {
-			st.HealthyMax = max(st.HealthyMax, proof(w, l.FirstTokens*l.Span.Seconds()))
+			st.HealthyMax = max(st.HealthyMax, proof(w, n))
 		}
 		healthyAll = healthyAll && healthy
 		switch {
