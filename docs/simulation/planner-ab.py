@@ -14,7 +14,10 @@ the repository root:
 
     python3 docs/simulation/planner-ab.py [--static] BEFORE_BIN AFTER_BIN [SUITE.yaml ...]
 
-(--static anywhere among the arguments.)
+(--static anywhere among the arguments; --json=FILE anywhere writes every
+case's scores by both binaries to FILE: {"before": {case: [attainment %,
+GPU-hours, Δ static or null]}, "after": {...}}, for the cases no line
+prints.)
 
 Both binaries run with this script's environment: to compare one binary
 under two environments, give a wrapper script that sets one of them.
@@ -78,8 +81,9 @@ def dist(to):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != '--static']
-    static = len(args) < len(sys.argv) - 1
+    dump = [a[len('--json='):] for a in sys.argv[1:] if a.startswith('--json=')]
+    args = [a for a in sys.argv[1:] if a != '--static' and not a.startswith('--json=')]
+    static = '--static' in sys.argv[1:]
     if len(args) < 2:
         sys.exit(__doc__)
     binaries, todo = args[:2], suites(args[2:])
@@ -102,6 +106,9 @@ def main():
     n = len(a)
     if n == 0:
         sys.exit('no planner case in %s' % ' '.join(todo))
+    for path in dump:
+        with open(path, 'w') as f:
+            json.dump({'before': a, 'after': b}, f, indent=1, sort_keys=True)
     moved = sorted((b[k][0] - a[k][0], k) for k in a)
     for d, k in moved:
         (sa, ga, ta), (sb, gb, tb) = a[k], b[k]
