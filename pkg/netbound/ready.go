@@ -1,6 +1,7 @@
 package netbound
 
 import (
+	"errors"
 	"net"
 	"sync/atomic"
 )
@@ -59,3 +60,6 @@ func Ready(c net.Conn, reads *atomic.Int64) net.Conn {
 	}
 	return c
 }
+
+// ErrNoPeek: Peek cannot look at this connection's bytes.
+var ErrNoPeek = errors.New("netbound: this connection cannot be peeked at")

@@ -88,3 +88,37 @@ func (c *readyConn) read(fd uintptr) bool {
 		return true
 	}
 }
+
+// Peek reads into b what c has received without taking it: the next read
+// reads it again. It waits, within c's read deadline, until something has
+// come; io.EOF when the peer closed before sending anything. ErrNoPeek
+// where c is not a TCP connection Ready wrapped.
+func Peek(c net.Conn, b []byte) (int, error) {
+	rc, ok := c.(*readyConn)
+	if !ok {
+		return 0, ErrNoPeek
+	}
+	var n int
+	var rerr error
+	err := rc.raw.Read(func(fd uintptr) bool {
+		for {
+			n, _, rerr = syscall.Recvfrom(int(fd), b, syscall.MSG_PEEK)
+			switch rerr {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			return true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, rerr
+	case n == 0 && len(b) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
