@@ -1,0 +1,83 @@
+package framed
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// FuzzServeConn: whatever bytes a client of the ingest port sends on a
+// framed connection (a preface or not, frames of any kind and length,
+// cut anywhere), the server hands the handler only messages within the
+// bound, ends the stream and returns; it never panics.
+func FuzzServeConn(f *testing.F) {
+	var tokenAndHello bytes.Buffer
+	_ = writeFrame(&tokenAndHello, kindToken, []byte("tok"))
+	h, _ := proto.Marshal(hello("node"))
+	_ = writeFrame(&tokenAndHello, kindMessage, h)
+	f.Add(append([]byte(PrefaceTCP), tokenAndHello.Bytes()...))
+	f.Add([]byte(PrefaceTLS))
+	f.Add([]byte("pulse-framed/1 tcp\n\x01\xff\xff\xff\xff"))
+	f.Add(append([]byte(PrefaceTCP), 1, 0, 0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff))
+	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		const most = 1 << 12
+		s := NewServer(func(st pulsev1.Ingest_ReportServer) error {
+			for {
+				var m pulsev1.AgentMessage
+				if err := st.RecvMsg(&m); err != nil {
+					return err
+				}
+				if n := proto.Size(&m); n > most {
+					t.Errorf("the handler was given a message of %d bytes; the bound is %d", n, most)
+				}
+			}
+		}, ServerOptions{MaxMessage: most, Handshake: time.Second, Idle: time.Second})
+		srv, cli := net.Pipe()
+		done := make(chan struct{})
+		go func() { s.ServeConn(srv); close(done) }()
+		go func() { _, _ = io.Copy(io.Discard, cli) }() // the server's answers
+		go func() {
+			_, _ = cli.Write(in)
+			_ = cli.Close()
+		}()
+		<-done
+		s.Close()
+	})
+}
+
+// TestAConnectionClosedMidMessageEndsTheStream: a message cut short is
+// an error to the handler, not the clean end of the agent's half-close.
+func TestAConnectionClosedMidMessageEndsTheStream(t *testing.T) {
+	got := make(chan error, 1)
+	s := NewServer(func(st pulsev1.Ingest_ReportServer) error {
+		var m pulsev1.AgentMessage
+		err := st.RecvMsg(&m)
+		got <- err
+		return err
+	}, ServerOptions{})
+	defer s.Close()
+	srv, cli := net.Pipe()
+	go s.ServeConn(srv)
+	go func() {
+		var b bytes.Buffer
+		b.WriteString(PrefaceTCP)
+		_ = writeFrame(&b, kindToken, nil)
+		b.Write([]byte{kindMessage, 0, 0, 0, 10, 1, 2}) // 2 of 10 bytes
+		_, _ = cli.Write(b.Bytes()[:len(PrefaceTCP)])
+		var h [headerLen]byte
+		_, _, _ = readHeader(cli, &h) // the accept
+		_, _ = cli.Write(b.Bytes()[len(PrefaceTCP):])
+		_ = cli.Close()
+	}()
+	if err := <-got; err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("a message cut short: %v; want an error that is not the clean end", err)
+	}
+}

@@ -1,0 +1,380 @@
+package framed
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+	"github.com/pulse-io/pulse/test/testpki"
+)
+
+// serve runs s on a loopback listener, each connection in its own
+// goroutine as the aggregator's port runs it; it returns the address.
+func serve(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go s.ServeConn(c)
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); s.Close() })
+	return ln.Addr().String()
+}
+
+// echo is a handler as the ingest's is shaped: a hello answered with a
+// welcome, then an ack for every batch, until the agent's half-close.
+// It reports what it saw on seen.
+type seen struct {
+	token string
+	node  string
+	err   error
+}
+
+func echo(out chan<- seen) func(pulsev1.Ingest_ReportServer) error {
+	return func(st pulsev1.Ingest_ReportServer) error {
+		var sn seen
+		defer func() { out <- sn }()
+		md, _ := metadata.FromIncomingContext(st.Context())
+		if v := md.Get("authorization"); len(v) == 1 {
+			sn.token = v[0]
+		}
+		first, err := st.Recv()
+		if err != nil {
+			sn.err = err
+			return err
+		}
+		if first.GetHello() == nil {
+			sn.err = status.Error(codes.InvalidArgument, "no hello")
+			return sn.err
+		}
+		sn.node = first.GetHello().Node
+		if sn.node == "refuse-me" {
+			return status.Error(codes.PermissionDenied, "node refuse-me may not report")
+		}
+		if err := st.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: "test"}}}); err != nil {
+			return err
+		}
+		for {
+			var m pulsev1.AgentMessage
+			err := st.RecvMsg(&m)
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				sn.err = err
+				return err
+			}
+			if b := m.GetBatch(); b != nil {
+				if err := st.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: b.Seq}}}); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+func hello(node string) *pulsev1.AgentMessage {
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: node, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}
+}
+
+func batch(seq uint64, pods int) *pulsev1.AgentMessage {
+	b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: 1}
+	for i := range pods {
+		b.Pods = append(b.Pods, uint32(i+1))
+	}
+	return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+}
+
+func client(t *testing.T, addr string, o ClientOptions) *Client {
+	t.Helper()
+	c, err := NewClient(addr, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// open opens a stream, says hello as node and reads the welcome.
+func open(ctx context.Context, t *testing.T, addr string, o ClientOptions, node string) grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage] {
+	t.Helper()
+	st, err := client(t, addr, o).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello(node)); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := st.Recv(); err != nil || w.GetWelcome() == nil {
+		t.Fatalf("welcome %v, %v", w, err)
+	}
+	return st
+}
+
+func TestAStreamRoundTripsAndEndsAtTheHalfClose(t *testing.T) {
+	out := make(chan seen, 1)
+	addr := serve(t, NewServer(echo(out), ServerOptions{}))
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello("node-a")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := st.Recv()
+	if err != nil || w.GetWelcome().GetAggregatorVersion() != "test" {
+		t.Fatalf("welcome %v, %v", w, err)
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		if err := st.Send(batch(seq, 8)); err != nil {
+			t.Fatal(err)
+		}
+		a, err := st.Recv()
+		if err != nil || a.GetAck().GetSeq() != seq {
+			t.Fatalf("ack %v, %v; want seq %d", a, err, seq)
+		}
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the half-close: %v, want io.EOF (the handler's nil)", err)
+	}
+	if sn := <-out; sn.node != "node-a" || sn.err != nil || sn.token != "" {
+		t.Fatalf("the handler saw %+v", sn)
+	}
+}
+
+func TestTheHandlersErrorReachesTheAgentAsItsStatus(t *testing.T) {
+	out := make(chan seen, 1)
+	addr := serve(t, NewServer(echo(out), ServerOptions{}))
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello("refuse-me")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	if s, _ := status.FromError(err); s.Code() != codes.PermissionDenied || s.Message() != "node refuse-me may not report" {
+		t.Fatalf("Recv: %v; want the handler's PermissionDenied", err)
+	}
+}
+
+// tlsPair is a server configuration and a client one that trusts it.
+func tlsPair(t *testing.T) (server, client *tls.Config) {
+	ca := testpki.NewCA(t)
+	certPEM, keyPEM := ca.Issue(t, "aggregator", 2, x509.ExtKeyUsageServerAuth)
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12}
+}
+
+func TestTheTokenTravelsInsideTLS(t *testing.T) {
+	out := make(chan seen, 1)
+	srvTLS, cliTLS := tlsPair(t)
+	addr := serve(t, NewServer(echo(out), ServerOptions{TLS: srvTLS}))
+	st := open(context.Background(), t, addr, ClientOptions{TLS: cliTLS, Token: func() (string, error) { return "tok-1", nil }}, "node-t")
+	if err := st.Send(batch(1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := st.Recv(); err != nil || a.GetAck().GetSeq() != 1 {
+		t.Fatalf("ack %v, %v", a, err)
+	}
+	_ = st.CloseSend()
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the half-close: %v", err)
+	}
+	if sn := <-out; sn.token != "Bearer tok-1" || sn.node != "node-t" {
+		t.Fatalf("the handler saw %+v; want the token as gRPC's authorization metadata", sn)
+	}
+}
+
+func TestATokenNeedsTLS(t *testing.T) {
+	if _, err := NewClient("127.0.0.1:1", ClientOptions{Token: func() (string, error) { return "t", nil }}); err == nil {
+		t.Fatal("a client sending its token in plaintext was made")
+	}
+}
+
+func TestAPortAndAnAgentThatDisagreeOnTLSSaySo(t *testing.T) {
+	srvTLS, cliTLS := tlsPair(t)
+	plain := serve(t, NewServer(echo(make(chan seen, 1)), ServerOptions{}))
+	secure := serve(t, NewServer(echo(make(chan seen, 1)), ServerOptions{TLS: srvTLS}))
+	for _, c := range []struct {
+		addr string
+		o    ClientOptions
+		want string
+	}{
+		{plain, ClientOptions{TLS: cliTLS}, "serves plaintext"},
+		{secure, ClientOptions{}, "serves TLS"},
+	} {
+		_, err := client(t, c.addr, c.o).Report(context.Background())
+		if s, _ := status.FromError(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), c.want) {
+			t.Errorf("Report: %v; want FailedPrecondition saying the port %s", err, c.want)
+		}
+	}
+}
+
+func TestAConnectionThatIsNotFramedIsRefusedWithAStatus(t *testing.T) {
+	addr := serve(t, NewServer(echo(make(chan seen, 1)), ServerOptions{}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	if _, err := io.WriteString(c, "pulse-framed/9 xyz\n"); err != nil {
+		t.Fatal(err)
+	}
+	var h [headerLen]byte
+	kind, n, err := readHeader(c, &h)
+	if err != nil || kind != kindStatus {
+		t.Fatalf("answer: kind %d, %v; want a status", kind, err)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(c, p); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := status.FromError(readStatus(p)); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), "pulse-framed/1") {
+		t.Fatalf("status %v", s)
+	}
+	if _, err := c.Read(p[:1]); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the status: %v; want the connection closed", err)
+	}
+}
+
+func TestAMessagePastTheBoundIsRefusedAndNothingElse(t *testing.T) {
+	out := make(chan seen, 2)
+	addr := serve(t, NewServer(echo(out), ServerOptions{MaxMessage: 1 << 10}))
+	// A stream beside it, open before and after: the bound ends only the
+	// stream past it.
+	other := open(context.Background(), t, addr, ClientOptions{}, "other")
+	st := open(context.Background(), t, addr, ClientOptions{}, "big")
+	if err := st.Send(batch(1, 2000)); err != nil { // about 4 KB
+		t.Fatal(err)
+	}
+	_, err := st.Recv()
+	if s, _ := status.FromError(err); s.Code() != codes.ResourceExhausted || !strings.Contains(s.Message(), "vs. 1024") {
+		t.Fatalf("Recv: %v; want ResourceExhausted", err)
+	}
+	if sn := <-out; sn.node != "big" || status.Code(sn.err) != codes.ResourceExhausted {
+		t.Fatalf("the handler saw %+v", sn)
+	}
+	if err := other.Send(batch(7, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := other.Recv(); err != nil || a.GetAck().GetSeq() != 7 {
+		t.Fatalf("the other stream: %v, %v", a, err)
+	}
+}
+
+func TestClosingTheServerEndsItsStreams(t *testing.T) {
+	out := make(chan seen, 1)
+	s := NewServer(echo(out), ServerOptions{})
+	addr := serve(t, s)
+	st := open(context.Background(), t, addr, ClientOptions{}, "node-c")
+	s.Close() // returns once the handler has
+	if sn := <-out; sn.err == nil {
+		t.Fatal("the handler's stream did not end with an error")
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the agent's Recv: %v; want Unavailable", err)
+	}
+	if _, err := client(t, addr, ClientOptions{ConnectTimeout: time.Second}).Report(context.Background()); err == nil {
+		t.Fatal("a stream opened on a closed server")
+	}
+}
+
+func TestTheAgentsContextEndsItsStream(t *testing.T) {
+	addr := serve(t, NewServer(echo(make(chan seen, 1)), ServerOptions{}))
+	ctx, cancel := context.WithCancel(context.Background())
+	st := open(ctx, t, addr, ClientOptions{}, "node-x")
+	done := make(chan error, 1)
+	go func() { _, err := st.Recv(); done <- err }() // blocked: no batch, no ack
+	cancel()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Fatalf("Recv after the cancel: %v; want Canceled", err)
+	}
+}
+
+func TestAnIdleConnectionEnds(t *testing.T) {
+	out := make(chan seen, 1)
+	addr := serve(t, NewServer(echo(out), ServerOptions{Idle: 50 * time.Millisecond}))
+	st := open(context.Background(), t, addr, ClientOptions{}, "node-i")
+	// Nothing sent: the handler's read ends, and the agent reads its status.
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Recv: %v; want Unavailable", err)
+	}
+	if sn := <-out; status.Code(sn.err) != codes.Unavailable {
+		t.Fatalf("the handler saw %+v", sn)
+	}
+}
+
+func TestAStreamPastItsAgeEndsAtItsNextMessage(t *testing.T) {
+	out := make(chan seen, 1)
+	addr := serve(t, NewServer(echo(out), ServerOptions{MaxAge: time.Nanosecond}))
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello("node-old")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	if s, _ := status.FromError(err); s.Code() != codes.Unavailable || !strings.Contains(s.Message(), "reconnect") {
+		t.Fatalf("Recv: %v; want Unavailable, reconnect", err)
+	}
+}
+
+func TestAnAggregatorThatIsNotThereIsUnavailable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if _, err := client(t, addr, ClientOptions{}).Report(context.Background()); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Report: %v; want Unavailable", err)
+	}
+}
+
+// TestAnAggregatorWithoutTheTransportIsNamed: a port that serves gRPC
+// alone (an aggregator of a version before this transport) answers the
+// preface with HTTP/2's settings; the agent's error says what that likely
+// is.
+func TestAnAggregatorWithoutTheTransportIsNamed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	_, err = client(t, ln.Addr().String(), ClientOptions{ConnectTimeout: 500 * time.Millisecond}).Report(context.Background())
+	if s, _ := status.FromError(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "--transport=grpc only") {
+		t.Fatalf("Report to a gRPC-only port: %v; want FailedPrecondition naming --transport=grpc", err)
+	}
+}

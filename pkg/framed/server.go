@@ -1,0 +1,285 @@
+package framed
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	gproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/logging"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// TLS, when set, is the port's TLS: a connection's preface must ask for
+	// it. Nil: plaintext.
+	TLS *tls.Config
+	// Codec decodes the agent's messages into what the handler's RecvMsg
+	// asks for, as gRPC's server codec would (the ingest port's pools its
+	// batches); nil: gRPC's protobuf codec.
+	Codec encoding.CodecV2
+	// MaxMessage is the largest message read (DefaultMaxMessage when 0).
+	MaxMessage int
+	// Handshake bounds the preface, the TLS handshake and the token.
+	Handshake time.Duration
+	// Idle is the most a connection may send nothing (an agent sends a
+	// batch, or a heartbeat, at least every 10 s): past it the stream ends,
+	// as gRPC's keepalive ends a connection whose peer is gone.
+	Idle time.Duration
+	// MaxAge, when set: a stream past it ends at its next message,
+	// Unavailable (the agent reconnects, with its current token), as
+	// gRPC's MaxConnectionAge ends a connection.
+	MaxAge time.Duration
+	// WriteTimeout bounds each write (a welcome, an ack, the status).
+	WriteTimeout time.Duration
+	Log          *slog.Logger
+}
+
+// Server serves framed connections with one handler, the ingest server's
+// Report: it sees a framed stream as it sees a gRPC one.
+type Server struct {
+	o       ServerOptions
+	handler func(pulsev1.Ingest_ReportServer) error
+	base    context.Context
+	cancel  context.CancelFunc
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer returns a server running handler for each connection.
+func NewServer(handler func(pulsev1.Ingest_ReportServer) error, o ServerOptions) *Server {
+	if o.Codec == nil {
+		o.Codec = encoding.GetCodecV2(gproto.Name)
+	}
+	if o.MaxMessage <= 0 {
+		o.MaxMessage = DefaultMaxMessage
+	}
+	if o.Handshake <= 0 {
+		o.Handshake = 10 * time.Second
+	}
+	if o.Idle <= 0 {
+		o.Idle = time.Minute
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	base, cancel := context.WithCancel(context.Background())
+	return &Server{o: o, handler: handler, base: base, cancel: cancel, conns: map[net.Conn]struct{}{}}
+}
+
+// track notes c as served; false once the server is closed.
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) untrack(c net.Conn) {
+	_ = c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Close closes every connection served and waits for their handlers; a
+// connection served after is closed at once.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+// ServeConn serves c, a connection whose first byte is FirstByte, until its
+// stream ends; it closes c.
+func (s *Server) ServeConn(c net.Conn) {
+	if !s.track(c) {
+		_ = c.Close()
+		return
+	}
+	defer s.untrack(c)
+	ctx, cancel := context.WithCancel(s.base)
+	defer cancel()
+	conn, token, err := s.handshake(ctx, c)
+	if err != nil {
+		s.o.Log.Debug("framed connection refused", logging.KeyAddr, c.RemoteAddr().String(), logging.KeyErr, err)
+		return
+	}
+	md := metadata.MD{}
+	if token != "" {
+		md.Set("authorization", "Bearer "+token)
+	}
+	ctx = metadata.NewIncomingContext(ctx, md)
+	ctx = peer.NewContext(ctx, &peer.Peer{Addr: c.RemoteAddr(), LocalAddr: c.LocalAddr()})
+	st := &serverStream{s: s, conn: conn, ctx: ctx}
+	if s.o.MaxAge > 0 {
+		st.until = time.Now().Add(s.o.MaxAge)
+	}
+	herr := s.handler(st)
+	_ = writeStatus(conn, herr, s.o.WriteTimeout)
+}
+
+// handshake reads the preface (answering it), makes the TLS handshake the
+// preface asks for, and reads the token: within o.Handshake.
+func (s *Server) handshake(ctx context.Context, c net.Conn) (net.Conn, string, error) {
+	_ = c.SetDeadline(time.Now().Add(s.o.Handshake))
+	var pre [prefaceLen]byte
+	if _, err := io.ReadFull(c, pre[:]); err != nil {
+		return nil, "", err
+	}
+	var refuse error
+	switch p := string(pre[:]); {
+	case p == PrefaceTLS && s.o.TLS == nil:
+		refuse = status.Error(codes.FailedPrecondition, "this ingest port serves plaintext, and the agent asks for TLS: drop --aggregator-ca-file, or serve the port with TLS")
+	case p == PrefaceTCP && s.o.TLS != nil:
+		refuse = status.Error(codes.FailedPrecondition, "this ingest port serves TLS: the agent must connect with --aggregator-ca-file")
+	case p != PrefaceTLS && p != PrefaceTCP:
+		refuse = status.Error(codes.InvalidArgument, prefaceError(pre[:]).Error())
+	}
+	if refuse != nil {
+		_ = writeStatus(c, refuse, s.o.WriteTimeout)
+		return nil, "", refuse
+	}
+	if err := writeFrame(c, kindAccept, nil); err != nil {
+		return nil, "", err
+	}
+	conn := c
+	if s.o.TLS != nil {
+		tc := tls.Server(c, s.o.TLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return nil, "", err
+		}
+		conn = tc
+	}
+	var h [headerLen]byte
+	kind, n, err := readHeader(conn, &h)
+	switch {
+	case err != nil:
+		return nil, "", err
+	case kind != kindToken:
+		err = errFrameKind(kind, "the token")
+	case n > maxToken:
+		err = status.Errorf(codes.InvalidArgument, "framed: a token of %d bytes; at most %d", n, maxToken)
+	}
+	if err != nil {
+		_ = writeStatus(conn, err, s.o.WriteTimeout)
+		return nil, "", err
+	}
+	token := make([]byte, n)
+	if _, err := io.ReadFull(conn, token); err != nil {
+		return nil, "", err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, string(token), nil
+}
+
+// serverStream is one framed connection's stream, as the handler sees a
+// gRPC one. Only the handler's goroutine uses it.
+type serverStream struct {
+	s     *Server
+	conn  net.Conn
+	ctx   context.Context
+	until time.Time // past it, the next message ends the stream (zero: never)
+	hdr   [headerLen]byte
+}
+
+var _ pulsev1.Ingest_ReportServer = (*serverStream)(nil)
+
+func (st *serverStream) Context() context.Context                { return st.ctx }
+func (st *serverStream) SetHeader(metadata.MD) error             { return nil }
+func (st *serverStream) SendHeader(metadata.MD) error            { return nil }
+func (st *serverStream) SetTrailer(metadata.MD)                  {}
+func (st *serverStream) Send(m *pulsev1.AggregatorMessage) error { return st.SendMsg(m) }
+
+// SendMsg writes m as one frame, within the write timeout.
+func (st *serverStream) SendMsg(m any) error {
+	data, err := st.s.o.Codec.Marshal(m)
+	if err != nil {
+		return status.Errorf(codes.Internal, "framed: encode a message: %v", err)
+	}
+	defer data.Free()
+	var h [headerLen]byte
+	header(&h, kindMessage, data.Len())
+	buf := make([]byte, 0, headerLen+data.Len())
+	buf = append(buf, h[:]...)
+	for _, b := range data {
+		buf = append(buf, b.ReadOnlyData()...)
+	}
+	_ = st.conn.SetWriteDeadline(time.Now().Add(st.s.o.WriteTimeout))
+	if _, err := st.conn.Write(buf); err != nil {
+		return status.Errorf(codes.Unavailable, "framed: write to the agent: %v", err)
+	}
+	return nil
+}
+
+func (st *serverStream) Recv() (*pulsev1.AgentMessage, error) {
+	m := new(pulsev1.AgentMessage)
+	if err := st.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// RecvMsg reads the next message into m: io.EOF at the agent's half-close
+// (or close) between two messages.
+func (st *serverStream) RecvMsg(m any) error {
+	_ = st.conn.SetReadDeadline(time.Now().Add(st.s.o.Idle))
+	kind, n, err := readHeader(st.conn, &st.hdr)
+	switch {
+	case errors.Is(err, io.EOF):
+		return io.EOF
+	case err != nil:
+		if st.ctx.Err() != nil {
+			return status.Error(codes.Canceled, "framed: the server is closing")
+		}
+		return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
+	case kind != kindMessage:
+		return errFrameKind(kind, "a message")
+	case n > st.s.o.MaxMessage:
+		return errTooLarge(n, st.s.o.MaxMessage)
+	case !st.until.IsZero() && time.Now().After(st.until):
+		return status.Errorf(codes.Unavailable, "framed: the connection is past its age (%s): reconnect", st.s.o.MaxAge)
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(n)
+	if _, err := io.ReadFull(st.conn, *buf); err != nil {
+		pool.Put(buf)
+		return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
+	}
+	// The codec keeps nothing of the bytes (gRPC frees them after it too):
+	// the buffer goes back to the pool whatever its size.
+	defer pool.Put(buf)
+	if err := st.s.o.Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(*buf)}, m); err != nil {
+		return status.Errorf(codes.Internal, "framed: failed to unmarshal the received message: %v", err)
+	}
+	return nil
+}
