@@ -61,6 +61,18 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("--scrape-timeout %s at a 1s interval: %v, timeout %s; want %s (-1: refused)", timeout, err, o.timeout(), want)
 		}
 	}
+	// --transport: grpc or framed; framed goes to the aggregators, never
+	// through a relay.
+	for _, c := range []struct {
+		transport, relay, want string
+	}{{"grpc", "", ""}, {"framed", "", ""}, {"http", "", `--transport "http"`}, {"framed", "relay:9091", "--transport=framed reaches the aggregators directly"}, {"grpc", "relay:9091", ""}} {
+		o := NewOptions()
+		o.Aggregators, o.NodeName, o.Transport, o.Relay = []string{"aggregator:9091"}, "node-1", c.transport, c.relay
+		err := o.Validate()
+		if (err == nil) != (c.want == "") || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--transport %s --relay %q: %v; want %q", c.transport, c.relay, err, c.want)
+		}
+	}
 }
 
 func newScraper(t *testing.T, maxBytes int64) *httpScraper {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/framed"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/version"
@@ -122,17 +123,26 @@ func (s *streamer) run(ctx context.Context) {
 	log := s.agent.log.With(logging.KeyAggregator, s.addr)
 	// Through a relay, every replica's stream goes on the agent's one
 	// connection to the relay (fanOut's), naming the replica.
-	conn := s.relay
-	if conn == nil {
+	var client pulsev1.IngestClient
+	switch conn := s.relay; {
+	case conn != nil:
+		client = pulsev1.NewIngestClient(conn)
+	case s.agent.opts.Transport == TransportFramed:
+		c, err := s.agent.framedClient(s.addr, s.serverName)
+		if err != nil {
+			log.Error("aggregator address is not usable", logging.KeyErr, err)
+			return
+		}
+		client = c
+	default:
 		c, err := s.agent.dial(s.addr, s.serverName)
 		if err != nil {
 			log.Error("aggregator address is not usable", logging.KeyErr, err)
 			return
 		}
 		defer func() { _ = c.Close() }()
-		conn = c
+		client = pulsev1.NewIngestClient(c)
 	}
-	client := pulsev1.NewIngestClient(conn)
 	delay := 100 * time.Millisecond
 	down := time.Now() // not connected since
 	var lastWarn time.Time
@@ -475,16 +485,39 @@ func (a *Agent) transport(serverName string) []grpc.DialOption {
 	return opts
 }
 
+// framedClient is the agent's framed transport to the aggregator at addr
+// (--transport=framed): the same TLS, CA and token as transport's, on a
+// connection of each stream's own.
+func (a *Agent) framedClient(addr, serverName string) (*framed.Client, error) {
+	var o framed.ClientOptions
+	if a.opts.AggregatorCAFile != "" {
+		ca := &certs.CAFile{Path: a.opts.AggregatorCAFile, Flag: "--aggregator-ca-file", Name: serverName}
+		o.TLS = ca.ClientConfig(serverName)
+		if f := tokenFile(a.opts.TokenFile); f != "" {
+			o.Token = f.read
+		}
+	}
+	return framed.NewClient(addr, o)
+}
+
 // tokenFile sends the token in a file, re-read on every stream, so that a
 // rotated projected token is picked up.
 type tokenFile string
 
 func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	t, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"authorization": "Bearer " + t}, nil
+}
+
+func (f tokenFile) read() (string, error) {
 	b, err := os.ReadFile(string(f))
 	if err != nil {
-		return nil, fmt.Errorf("read --token-file: %w", err)
+		return "", fmt.Errorf("read --token-file: %w", err)
 	}
-	return map[string]string{"authorization": "Bearer " + strings.TrimSpace(string(b))}, nil
+	return strings.TrimSpace(string(b)), nil
 }
 
 func (tokenFile) RequireTransportSecurity() bool { return true }

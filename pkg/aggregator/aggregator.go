@@ -57,6 +57,9 @@ type Aggregator struct {
 	healthSrv   *http.Server // nil unless --health-addr
 
 	ingestLn, scalerLn, httpLn net.Listener
+	// ingestMux serves ingestLn's gRPC connections to ingestSrv, and its
+	// framed ones itself.
+	ingestMux *ingestMux
 	// ingestTLS: the ingest port's server TLS (nil: plaintext), which
 	// --http-tls serves on the http port too.
 	ingestTLS *tls.Config
@@ -117,7 +120,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			g.Go(func() error { return serveHTTP(s.srv, s.ln, s.what) })
 		}
 	}
-	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestLn, "ingest") })
+	g.Go(func() error { return serveGRPC(a.ingestSrv, a.ingestMux, "ingest") })
 	g.Go(func() error { return serveGRPC(a.scalerSrv, a.scalerLn, "scaler") })
 	g.Go(func() error {
 		<-signalled.Done() // the signal, or a part that failed

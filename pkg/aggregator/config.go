@@ -33,6 +33,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/certs"
 	"github.com/pulse-io/pulse/pkg/debug"
+	"github.com/pulse-io/pulse/pkg/framed"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/netbound"
@@ -411,7 +412,7 @@ func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) ([]stor
 // buildIngest: the agents' stream server, with TLS and authentication.
 func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	o := a.opts
-	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(4<<20))
+	opts := append(grpcOptions(), grpc.MaxRecvMsgSize(maxIngestMessage))
 	opts = append(opts, streamOptions(o.IngestTLS.CertFile != "" || o.IngestTLS.Managed, o.Serving.MaxIngestStreamsPerConnection)...)
 	switch {
 	case o.IngestTLS.CertFile != "":
@@ -447,8 +448,28 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 		Limits:       ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})
 	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
 	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
+	// The same port serves the framed transport (--transport=framed on the
+	// agents: pkg/framed), with the same handler, TLS and bounds.
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pulse_aggregator_ingest_connections_total",
+		Help: "Connections the ingest port served, by transport (grpc, framed: the agents' --transport).",
+	}, []string{"transport"})
+	reg.MustRegister(conns)
+	fs := framed.NewServer(a.ingest.Report, framed.ServerOptions{TLS: a.ingestTLS, Codec: ingest.Codec(), MaxMessage: maxIngestMessage,
+		Handshake: handshakeTimeout, Idle: framedIdle, MaxAge: ingestConnectionAge, WriteTimeout: handshakeTimeout, Log: a.log})
+	a.ingestMux = newIngestMux(a.ingestLn, fs, conns)
 	return nil
 }
+
+// maxIngestMessage is the largest message an agent may send, on either
+// transport.
+const maxIngestMessage = 4 << 20
+
+// framedIdle: a framed connection that sends nothing for this long is
+// ended (an agent sends a batch or a heartbeat at least every 10 s), as
+// gRPC's keepalive (30 s, then 10 s for the answer) ends a connection
+// whose peer is gone.
+const framedIdle = time.Minute
 
 // buildScaler: KEDA's scaler server, with its TLS (managed or files) and
 // the ScaledObject resolver.

@@ -19,8 +19,14 @@ import (
 
 // TestAgentOverTLSWithItsToken: the agent reaches the aggregator over TLS
 // with its ServiceAccount token; the aggregator reviews the token and takes
-// only the pods of the token's node.
+// only the pods of the token's node. On either transport.
 func TestAgentOverTLSWithItsToken(t *testing.T) {
+	for _, transport := range []string{agent.TransportGRPC, agent.TransportFramed} {
+		t.Run(transport, func(t *testing.T) { agentOverTLSWithItsToken(t, transport) })
+	}
+}
+
+func agentOverTLSWithItsToken(t *testing.T, transport string) {
 	simMine, simTheirs := startCountingSim(t), startCountingSim(t)
 	setLoad(simPod{sim: simMine.sim}, 6, 1, 0.5)
 	mine := kubePod("mine", "gpu-node-1", "llama", simMine, true)
@@ -47,6 +53,7 @@ func TestAgentOverTLSWithItsToken(t *testing.T) {
 	ao := agent.NewOptions()
 	ao.Aggregators, ao.NodeName, ao.NVML = []string{"localhost:" + portOf(agg.IngestAddr())}, "gpu-node-1", gpu.ModeOff
 	ao.AggregatorCAFile, ao.TokenFile = files[2], files[3]
+	ao.Transport = transport
 	runAgent(t, ao, agent.Deps{Pods: fakenode.NodePods(agentAPI, "gpu-node-1"), Resolver: loopbackDNS{}}, nil)
 
 	eventually(t, "only the pod of the token's node", func() error {

@@ -1,0 +1,115 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/framed"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
+)
+
+// TestTheIngestPortTellsTheTransportsApart: on one bounded listener, a
+// framed connection is served by the framed server, any other is handed
+// to Accept with its bytes untouched, and one that sends nothing in time
+// is closed; closing the port ends the framed streams.
+func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan string, 1)
+	fs := framed.NewServer(func(st pulsev1.Ingest_ReportServer) error {
+		m, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		served <- m.GetHello().GetNode()
+		_, err = st.Recv() // until the port closes
+		return err
+	}, framed.ServerOptions{})
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"transport"})
+	m := newIngestMux(newLimitListener(tcp, 8, 8), fs, conns)
+	m.wait = 100 * time.Millisecond
+	defer m.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := m.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+
+	// gRPC's: handed over whole.
+	g, err := net.Dial("tcp", m.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := io.WriteString(g, "PRI * HTTP/2.0"); err != nil {
+		t.Fatal(err)
+	}
+	c := <-accepted
+	got := make([]byte, 14)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "PRI * HTTP/2.0" {
+		t.Fatalf("the gRPC server read %q, %v", got, err)
+	}
+	_ = c.Close()
+
+	// Framed: served in place.
+	cl, err := framed.NewClient(m.Addr().String(), framed.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := cl.Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "node-f"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if node := <-served; node != "node-f" {
+		t.Fatalf("the framed server saw node %q", node)
+	}
+
+	// Silent: closed once the wait is over, never handed to gRPC.
+	s, err := net.Dial("tcp", m.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := s.Read(got); !errors.Is(err, io.EOF) {
+		t.Fatalf("a connection that sent nothing: %v; want it closed", err)
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("a silent connection was handed to gRPC: %v", c.RemoteAddr())
+	default:
+	}
+	if n := testutil.ToFloat64(conns.WithLabelValues("grpc")); n != 1 {
+		t.Errorf("gRPC connections counted %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(conns.WithLabelValues("framed")); n != 1 {
+		t.Errorf("framed connections counted %v, want 1", n)
+	}
+
+	_ = m.Close()
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the framed stream after the port closed: %v; want Unavailable", err)
+	}
+	if _, err := m.Accept(); err == nil {
+		t.Fatal("Accept after Close handed a connection")
+	}
+}
