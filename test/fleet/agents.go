@@ -19,6 +19,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/framed"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -155,18 +156,34 @@ func (a *simAgent) run(ctx context.Context) {
 		// port with its CA).
 		target, creds = a.relay, insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return from.DialContext(ctx, "tcp", addr) }),
-		grpc.WithKeepaliveParams(agent.ClientKeepalive),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
-			MinConnectTimeout: 2 * time.Second}))
-	if err != nil {
-		a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
-		return
+	var client pulsev1.IngestClient
+	if a.f.o.transport == agent.TransportFramed {
+		// As the agent's framed transport: a connection each stream.
+		var o framed.ClientOptions
+		if t := a.f.agg.tls; t != nil {
+			o.TLS = t.client.Clone()
+		}
+		o.Dial = from.DialContext
+		c, err := framed.NewClient(target, o)
+		if err != nil {
+			a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
+			return
+		}
+		client = c
+	} else {
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return from.DialContext(ctx, "tcp", addr) }),
+			grpc.WithKeepaliveParams(agent.ClientKeepalive),
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+				BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+				MinConnectTimeout: 2 * time.Second}))
+		if err != nil {
+			a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
+			return
+		}
+		defer func() { _ = conn.Close() }()
+		client = pulsev1.NewIngestClient(conn)
 	}
-	defer func() { _ = conn.Close() }()
-	client := pulsev1.NewIngestClient(conn)
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := time.Now()

@@ -330,7 +330,7 @@ func (f *fleet) startNode(name string, sims map[string]int, pages map[string]htt
 		return n, err
 	}
 	args := append([]string{"--static-targets", targets, "--aggregator", f.agg.ingest, "--node-name", name, "--nvml", "off",
-		"--scrape-interval", f.o.interval.String(), "--http-addr", httpAddr, "--log-format", "text"}, agentArgs...)
+		"--scrape-interval", f.o.interval.String(), "--http-addr", httpAddr, "--log-format", "text", "--transport", f.o.transport}, agentArgs...)
 	if f.agg.tls != nil {
 		args = append(args, "--aggregator-ca-file", f.agg.tls.caFile)
 	}

@@ -160,6 +160,28 @@ func TestSteadyFleetOverTLS(t *testing.T) {
 	noErrors(t, f)
 }
 
+// TestSteadyFleetOverTheFramedTransport: the agents' streams as framed
+// connections (--transport framed) to the TLS ingest port: every agent
+// streams, pushes and answers come, no error; and a real agent with
+// --transport=framed streams beside them.
+func TestSteadyFleetOverTheFramedTransport(t *testing.T) {
+	f := smallWith(t, func(o *options) { o.transport, o.tls = "framed", true })
+	f.o.settle, f.o.duration = time.Second, 20*time.Second
+	res, err := f.measure(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Transport != "framed" || res.Pods != 48 || res.AgentStreams != 12 || res.RejectedReports != 0 {
+		t.Errorf("transport %s: %d pods on %v streams, %v refused; want framed, 48 on 12, none refused", res.Transport, res.Pods, res.AgentStreams, res.RejectedReports)
+	}
+	if res.PushCount == 0 || res.GetMetricsCount == 0 {
+		t.Errorf("%d rises pushed, %d GetMetrics: want some of each", res.PushCount, res.GetMetricsCount)
+	}
+	noErrors(t, f)
+	runFault(t, f, "node-silencing") // its real pulse-agent dials with --transport framed
+	noErrors(t, f)
+}
+
 // TestSteadyFleetThroughRelays: the agents reach the TLS ingest port
 // through two pulse-relay processes (--relays): every agent's stream
 // arrives on the relays' few connections, pushes and answers come, no
