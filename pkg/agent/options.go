@@ -31,7 +31,7 @@ type Options struct {
 	// Relay, when set, carries every aggregator stream (pulse-relay).
 	Relay string
 	// Transport is how the agent's streams reach the aggregators:
-	// TransportGRPC or TransportFramed.
+	// TransportAuto, TransportGRPC or TransportFramed.
 	Transport           string
 	TokenFile           string
 	NodeName            string
@@ -51,6 +51,10 @@ type Options struct {
 
 // The transports of --transport.
 const (
+	// TransportAuto: framed, and gRPC to an aggregator that does not speak
+	// it (one of a version before it), each stream trying framed first;
+	// through --relay, gRPC.
+	TransportAuto   = "auto"
 	TransportGRPC   = "grpc"
 	TransportFramed = "framed"
 )
@@ -66,7 +70,7 @@ func NewOptions() *Options {
 	}
 	return &Options{
 		PodSelector:         discovery.DefaultSelector,
-		Transport:           TransportGRPC,
+		Transport:           TransportAuto,
 		NVML:                gpu.ModeAuto,
 		PodResourcesSocket:  gpu.DefaultPodResourcesSocket,
 		ResolveInterval:     10 * time.Second,
@@ -94,7 +98,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "connect to aggregators over TLS, trusting this CA (plaintext when empty)")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "projected ServiceAccount token sent to aggregators (re-read on every connect; needs --aggregator-ca-file)")
 	fs.StringVar(&o.Relay, "relay", o.Relay, "reach the aggregator replicas through this pulse-relay, host:port: each replica's stream goes to it, naming the replica (still resolved from --aggregator); TLS and the token as to an aggregator, the relay's certificate checked for this host; empty: directly")
-	fs.StringVar(&o.Transport, "transport", o.Transport, "how streams reach the aggregators' ingest port: grpc, or framed (one TCP connection a stream, read in place by the aggregator: 9 KB less heap an agent there, one goroutine instead of four; docs/protocol.md); --relay needs grpc")
+	fs.StringVar(&o.Transport, "transport", o.Transport, "how streams reach the aggregators' ingest port: framed (one TCP connection a stream, read in place by the aggregator: 9 KB less heap an agent there, one goroutine instead of four; docs/protocol.md), grpc, or auto: framed, and gRPC to an aggregator older than the framed transport (each stream tries framed first) and through --relay")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica); repeatable or comma-separated")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "this node's name: $NODE_NAME, else the hostname")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "how often every pod is scraped (all the node's pods together, at the node's fixed phase of the interval)")
@@ -142,8 +146,8 @@ func (o *Options) Validate() error {
 		}
 	}
 	switch {
-	case o.Transport != TransportGRPC && o.Transport != TransportFramed:
-		errs = append(errs, fmt.Errorf("--transport %q: want grpc or framed", o.Transport))
+	case o.Transport != TransportAuto && o.Transport != TransportGRPC && o.Transport != TransportFramed:
+		errs = append(errs, fmt.Errorf("--transport %q: want auto, grpc or framed", o.Transport))
 	case o.Transport == TransportFramed && o.Relay != "":
 		errs = append(errs, errors.New("--transport=framed reaches the aggregators directly: with --relay, use grpc"))
 	}

@@ -127,8 +127,22 @@ func (s *streamer) run(ctx context.Context) {
 	switch conn := s.relay; {
 	case conn != nil:
 		client = pulsev1.NewIngestClient(conn)
-	case s.agent.opts.Transport == TransportFramed:
-		c, err := s.agent.framedClient(s.addr, s.serverName)
+	case s.agent.opts.Transport == TransportFramed || s.agent.opts.Transport == TransportAuto:
+		var fallback pulsev1.IngestClient
+		if s.agent.opts.Transport == TransportAuto {
+			// gRPC's connection is made at its first stream: only for an
+			// aggregator that does not speak the framed transport.
+			c, err := s.agent.dial(s.addr, s.serverName)
+			if err != nil {
+				log.Error("aggregator address is not usable", logging.KeyErr, err)
+				return
+			}
+			defer func() { _ = c.Close() }()
+			fallback = pulsev1.NewIngestClient(c)
+		}
+		c, err := s.agent.framedClient(s.addr, s.serverName, fallback, func(err error) {
+			log.Info("the aggregator does not speak the framed transport: this stream goes over gRPC", logging.KeyErr, err)
+		})
 		if err != nil {
 			log.Error("aggregator address is not usable", logging.KeyErr, err)
 			return
@@ -488,8 +502,11 @@ func (a *Agent) transport(serverName string) []grpc.DialOption {
 // framedClient is the agent's framed transport to the aggregator at addr
 // (--transport=framed): the same TLS, CA and token as transport's, on a
 // connection of each stream's own.
-func (a *Agent) framedClient(addr, serverName string) (*framed.Client, error) {
-	var o framed.ClientOptions
+func (a *Agent) framedClient(addr, serverName string, fallback pulsev1.IngestClient, onFallback func(error)) (*framed.Client, error) {
+	o := framed.ClientOptions{Fallback: fallback}
+	if fallback != nil {
+		o.OnFallback = onFallback
+	}
 	if a.opts.AggregatorCAFile != "" {
 		ca := &certs.CAFile{Path: a.opts.AggregatorCAFile, Flag: "--aggregator-ca-file", Name: serverName}
 		o.TLS = ca.ClientConfig(serverName)

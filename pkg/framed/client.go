@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,7 +33,24 @@ type ClientOptions struct {
 	// ConnectTimeout bounds the connection, the preface's answer, the TLS
 	// handshake and the token (10 s when 0).
 	ConnectTimeout time.Duration
+	// Fallback, when set, carries a stream whose aggregator does not speak
+	// the framed transport (one of a version before it, serving gRPC
+	// alone): Report opens the stream on it instead (a gRPC client of the
+	// same address), and OnFallback, when set, is told why. Each Report
+	// tries the framed transport first, so that an aggregator upgraded
+	// since is used framed at the next stream. Nil: such a Report fails
+	// with FailedPrecondition.
+	Fallback   pulsev1.IngestClient
+	OnFallback func(error)
 }
+
+// notFramed is a handshake's error when the peer answered the preface as
+// something other than a framed aggregator: with HTTP/2's settings (a
+// gRPC-only port in plaintext), or by closing the connection (one serving
+// TLS, which read the preface as a bad TLS record).
+type notFramed struct{ msg string }
+
+func (e *notFramed) Error() string { return e.msg }
 
 // Client opens framed streams to one aggregator address. It is a
 // pulsev1.IngestClient: the agent's stream code runs on it as on gRPC's.
@@ -79,6 +97,16 @@ func (c *Client) Report(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStr
 	conn, err := c.handshake(hctx, raw, token)
 	if err != nil {
 		_ = raw.Close()
+		var nf *notFramed
+		if errors.As(err, &nf) {
+			if c.o.Fallback != nil {
+				if c.o.OnFallback != nil {
+					c.o.OnFallback(err)
+				}
+				return c.o.Fallback.Report(ctx)
+			}
+			return nil, status.Error(codes.FailedPrecondition, nf.msg)
+		}
 		if s, ok := status.FromError(err); ok {
 			return nil, s.Err()
 		}
@@ -107,10 +135,12 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 	var h [headerLen]byte
 	kind, n, err := readHeader(raw, &h)
 	switch {
+	case closedEarly(err):
+		// An aggregator of a version before the framed transport that
+		// serves TLS reads the preface as a bad TLS record, and closes.
+		return nil, &notFramed{fmt.Sprintf("framed: %s closed the connection at the framed transport's preface (%v): an aggregator older than it serves --transport=grpc only", c.addr, err)}
 	case err != nil:
-		// An aggregator of a version before the framed transport reads the
-		// preface as a bad HTTP/2 one, and answers nothing.
-		return nil, fmt.Errorf("no answer to the framed transport's preface (an aggregator older than it serves --transport=grpc only): %w", err)
+		return nil, fmt.Errorf("no answer to the framed transport's preface: %w", err)
 	case kind == kindStatus && n <= maxStatus:
 		p := make([]byte, n)
 		if _, err := io.ReadFull(raw, p); err != nil {
@@ -123,7 +153,7 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 	case kind != kindAccept || n != 0:
 		// An aggregator of a version before the framed transport answers as
 		// the HTTP/2 server it is: with its settings frame.
-		return nil, status.Errorf(codes.FailedPrecondition, "framed: %s does not speak the framed transport (its answer to the preface began %x): an aggregator older than it serves --transport=grpc only", c.addr, h[:])
+		return nil, &notFramed{fmt.Sprintf("framed: %s does not speak the framed transport (its answer to the preface began %x): an aggregator older than it serves --transport=grpc only", c.addr, h[:])}
 	}
 	conn := raw
 	if c.o.TLS != nil {
@@ -141,6 +171,12 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 	}
 	_ = raw.SetDeadline(time.Time{})
 	return conn, nil
+}
+
+// closedEarly says that err is the peer closing the connection (not a
+// timeout, which says nothing of what it speaks).
+func closedEarly(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // clientStream is one framed stream, as the agent sees a gRPC one. One

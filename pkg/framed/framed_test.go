@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -376,5 +378,72 @@ func TestAnAggregatorWithoutTheTransportIsNamed(t *testing.T) {
 	_, err = client(t, ln.Addr().String(), ClientOptions{ConnectTimeout: 500 * time.Millisecond}).Report(context.Background())
 	if s, _ := status.FromError(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "--transport=grpc only") {
 		t.Fatalf("Report to a gRPC-only port: %v; want FailedPrecondition naming --transport=grpc", err)
+	}
+}
+
+// fallback is a Fallback client that records its streams.
+type fallback struct{ reports atomic.Int32 }
+
+var errFallback = errors.New("the fallback's stream")
+
+func (f *fallback) Report(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage], error) {
+	f.reports.Add(1)
+	return nil, errFallback
+}
+
+// TestAnAggregatorWithoutTheTransportGetsTheFallback: a gRPC-only port, in
+// plaintext (it answers with HTTP/2's settings) and with TLS (it closes at
+// the preface, a bad TLS record), gets the stream on the Fallback, once a
+// Report, each Report trying the framed transport first; a framed port,
+// and one that cannot be reached, never do.
+func TestAnAggregatorWithoutTheTransportGetsTheFallback(t *testing.T) {
+	srvTLS, cliTLS := tlsPair(t)
+	grpcPort := func(opts ...grpc.ServerOption) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer(opts...)
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(srv.Stop)
+		return ln.Addr().String()
+	}
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = gone.Close()
+	for _, c := range []struct {
+		name, addr string
+		tls        *tls.Config
+		fallback   bool
+	}{
+		{"a gRPC-only plaintext port", grpcPort(), nil, true},
+		{"a gRPC-only TLS port", grpcPort(grpc.Creds(credentials.NewTLS(srvTLS))), cliTLS, true},
+		{"a framed port", serve(t, NewServer(echo(make(chan seen, 4)), ServerOptions{})), nil, false},
+		{"no port", gone.Addr().String(), nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := &fallback{}
+			var told []error
+			cl := client(t, c.addr, ClientOptions{TLS: c.tls, ConnectTimeout: 2 * time.Second, Fallback: f, OnFallback: func(err error) { told = append(told, err) }})
+			for range 2 {
+				st, err := cl.Report(context.Background())
+				if st != nil {
+					_ = st.CloseSend()
+				}
+				if c.fallback != errors.Is(err, errFallback) {
+					t.Fatalf("Report: %v; fallback wanted: %v", err, c.fallback)
+				}
+			}
+			if want := map[bool]int32{true: 2}[c.fallback]; f.reports.Load() != want || len(told) != int(want) {
+				t.Fatalf("%d streams on the fallback, %d told (%v); want %d", f.reports.Load(), len(told), told, want)
+			}
+			for _, err := range told {
+				if !strings.Contains(err.Error(), "--transport=grpc only") {
+					t.Errorf("OnFallback was told %v; want it to say what the port likely is", err)
+				}
+			}
+		})
 	}
 }

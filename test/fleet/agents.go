@@ -157,20 +157,7 @@ func (a *simAgent) run(ctx context.Context) {
 		target, creds = a.relay, insecure.NewCredentials()
 	}
 	var client pulsev1.IngestClient
-	if a.f.o.transport == agent.TransportFramed {
-		// As the agent's framed transport: a connection each stream.
-		var o framed.ClientOptions
-		if t := a.f.agg.tls; t != nil {
-			o.TLS = t.client.Clone()
-		}
-		o.Dial = from.DialContext
-		c, err := framed.NewClient(target, o)
-		if err != nil {
-			a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
-			return
-		}
-		client = c
-	} else {
+	if a.f.o.transport != agent.TransportFramed || a.relay != "" {
 		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds),
 			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return from.DialContext(ctx, "tcp", addr) }),
 			grpc.WithKeepaliveParams(agent.ClientKeepalive),
@@ -183,6 +170,21 @@ func (a *simAgent) run(ctx context.Context) {
 		}
 		defer func() { _ = conn.Close() }()
 		client = pulsev1.NewIngestClient(conn)
+	}
+	if a.f.o.transport == agent.TransportFramed || a.f.o.transport == agent.TransportAuto && a.relay == "" {
+		// As the agent's framed transport: a connection each stream (auto:
+		// gRPC's, made at its first stream, for an aggregator that does not
+		// speak it).
+		o := framed.ClientOptions{Fallback: client, Dial: from.DialContext}
+		if t := a.f.agg.tls; t != nil {
+			o.TLS = t.client.Clone()
+		}
+		c, err := framed.NewClient(target, o)
+		if err != nil {
+			a.f.errorf("agent-dial", "agent %s: %v", a.node, err)
+			return
+		}
+		client = c
 	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {

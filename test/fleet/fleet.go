@@ -259,8 +259,12 @@ type result struct {
 	HarnessCPUs    string `json:"harnessCpus,omitempty"`
 	// IngestTLS: the ingest port served TLS (--tls).
 	IngestTLS bool `json:"ingestTls"`
-	// Transport: how the agents reached the aggregator (--transport).
-	Transport string `json:"transport"`
+	// Transport: how the agents reached the aggregator (--transport);
+	// IngestConnections: the connections its ingest port served, by the
+	// transport they spoke (pulse_aggregator_ingest_connections_total),
+	// from its start: auto's agents speak framed to this aggregator.
+	Transport         string             `json:"transport"`
+	IngestConnections map[string]float64 `json:"ingestConnections"`
 	// Relays: the agents reached the aggregator through this many
 	// pulse-relay processes (--relays), whose CPU and resident memory,
 	// summed, are RelayCPUCores and RelayRSSBytes (the load's, not the
@@ -621,7 +625,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
+		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
 		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
 	f.derive(res, m0, m1)
 	f.mu.Lock()
@@ -808,3 +812,13 @@ func cloneCounts(m map[string]int64) map[string]int64 {
 
 // logPath is where a helper process's log goes.
 func (f *fleet) logPath(name string) string { return filepath.Join(f.dir, name+".log") }
+
+// byTransport is pulse_aggregator_ingest_connections_total by its
+// transport label.
+func byTransport(m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for _, t := range []string{"framed", "grpc"} {
+		out[t] = m["pulse_aggregator_ingest_connections_total{transport="+t+"}"]
+	}
+	return out
+}

@@ -67,7 +67,7 @@ type options struct {
 	// relays: pulse-relay processes the agents reach the aggregator through (0: directly).
 	relays int
 	// transport: how the agents reach the aggregator, as the agent's
-	// --transport (grpc or framed).
+	// --transport (auto, grpc or framed).
 	transport                  string
 	tls                        bool
 	agents, podsPerAgent       int
@@ -108,7 +108,7 @@ func defaultOptions() options {
 	return options{bin: "bin", agents: 100, podsPerAgent: 8, podsPerWorkload: 4, scaledObjects: 50, probes: 20, kedaConns: 1,
 		interval: time.Second, settle: 20 * time.Second, duration: 60 * time.Second, loadTime: 3 * time.Second,
 		podExpiry: 10 * time.Minute, partitionAgents: 4, pin: "auto", harnessGOGC: 400, echoEvery: 10 * time.Millisecond, pollsApart: true,
-		transport: agent.TransportGRPC}
+		transport: agent.TransportAuto}
 }
 
 // faultNames are the scenarios --faults runs, in this order.
@@ -157,7 +157,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 		o.memoryLimit = q.Value()
 		return nil
 	})
-	fs.StringVar(&o.transport, "transport", o.transport, "how the agents reach the aggregator, as pulse-agent's --transport: grpc (a gRPC connection each), or framed (a framed TCP connection each, read in place by the aggregator: pkg/framed); --relays needs grpc")
+	fs.StringVar(&o.transport, "transport", o.transport, "how the agents reach the aggregator, as pulse-agent's --transport: auto (its default: framed, gRPC to an aggregator that does not speak it and through --relays), grpc (a gRPC connection each), or framed (a framed TCP connection each, read in place by the aggregator: pkg/framed; not with --relays)")
 	fs.BoolVar(&o.tls, "tls", o.tls, "the ingest port serves TLS, as the aggregator chart has it by default (ingest.tls.managed): the harness makes a CA and a certificate for 127.0.0.1 (ECDSA P-256) in its work directory, and the agents trust the CA; off: plaintext")
 	fs.IntVar(&o.maxPodsFlag, "max-pods", 0, "the aggregator's --max-pods (0: the fleet's pods four times over and 1,024; with the eviction scenario, the fleet's pods and 64)")
 	fs.StringVar(&o.pin, "pin", o.pin, "auto: with 2 or more CPUs, the aggregator runs on the upper half of them and the harness on the rest, so that each one's CPU is its own (the summary names them); off: both share every CPU")
@@ -190,8 +190,8 @@ func (o *options) validate() error {
 	if o.partitionAgents < 1 || o.partitionAgents >= o.agents && contains(o.faults, "partition") {
 		errs = append(errs, "--partition-agents must be at least 1 and, for the partition scenario, fewer than --agents")
 	}
-	if o.transport != agent.TransportGRPC && o.transport != agent.TransportFramed || o.transport == agent.TransportFramed && o.relays > 0 {
-		errs = append(errs, fmt.Sprintf("--transport %q: grpc, or framed without --relays", o.transport))
+	if o.transport != agent.TransportAuto && o.transport != agent.TransportGRPC && o.transport != agent.TransportFramed || o.transport == agent.TransportFramed && o.relays > 0 {
+		errs = append(errs, fmt.Sprintf("--transport %q: auto, grpc, or framed without --relays", o.transport))
 	}
 	if o.relays < 0 || o.relays > 0 && len(o.faults) > 0 {
 		errs = append(errs, "--relays must be at least 0, and 0 with --faults (the fault scenarios reach the aggregator directly)")

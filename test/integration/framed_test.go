@@ -2,14 +2,20 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/gpu"
+	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/store"
+	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
 // TestBothTransportsOnOnePort: an agent with --transport=framed and one
@@ -80,4 +86,56 @@ pulse_aggregator_ingest_connections_total{transport="grpc"} 1
 		}
 		return matches(w, want{"phi-0": {"waiting": 3, "running": 1, "kvCacheUsage": 0.5}}, nil)
 	})
+}
+
+// TestAutoReachesAnOlderAggregatorOverGRPCAndAnUpgradedOneFramed: the
+// agent's default transport (auto) reports to an ingest port that serves
+// gRPC alone (an aggregator of a version before the framed transport: the
+// ingest handler on a gRPC server of its own), and, once an aggregator of
+// this version replaces it on the same address, reconnects to it framed.
+func TestAutoReachesAnOlderAggregatorOverGRPCAndAnUpgradedOneFramed(t *testing.T) {
+	pods := startSims(t, []simPod{{name: "llama-0", workload: "llama"}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	st := store.New(store.Options{Expiry: time.Minute})
+	old := grpc.NewServer(grpc.ForceServerCodecV2(ingest.Codec()))
+	pulsev1.RegisterIngestServer(old, ingest.New(st, ingest.Options{Log: quietLog(), Version: "older"}))
+	go func() { _ = old.Serve(ln) }()
+	defer old.Stop()
+
+	file := filepath.Join(t.TempDir(), "targets.yaml")
+	writeTargets(t, file, pods)
+	o := agent.NewOptions()
+	if o.Transport != agent.TransportAuto {
+		t.Fatalf("the agent's default transport is %q; want auto", o.Transport)
+	}
+	o.StaticTargets, o.Aggregators, o.NodeName, o.NVML = file, []string{addr}, "node-0", gpu.ModeOff
+	runAgent(t, o, agent.Deps{}, nil)
+	setLoad(pods[0], 7, 3, 0.5)
+	eventually(t, "the pod on the older aggregator", func() error {
+		if n := st.Pods(); n != 1 {
+			return fmt.Errorf("%d pods in its store; want 1", n)
+		}
+		return nil
+	})
+
+	old.Stop()
+	agg, _ := startAggregator(t, addr)
+	eventually(t, "the pod on the upgraded aggregator", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err != nil {
+			return err
+		}
+		return matches(w, want{"llama-0": {"waiting": 7, "running": 3, "kvCacheUsage": 0.5}}, nil)
+	})
+	if err := testutil.GatherAndCompare(servedMetrics(t, "http://"+agg.HTTPAddr()+"/metrics"), strings.NewReader(`
+# HELP pulse_aggregator_ingest_connections_total Connections the ingest port served, by transport (grpc, framed: the agents' --transport).
+# TYPE pulse_aggregator_ingest_connections_total counter
+pulse_aggregator_ingest_connections_total{transport="framed"} 1
+`), "pulse_aggregator_ingest_connections_total"); err != nil {
+		t.Error(err)
+	}
 }
