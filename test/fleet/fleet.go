@@ -219,7 +219,13 @@ type result struct {
 	HeapBytesPerPod    float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
 	// HeapLiveBytes: what the aggregator's last GC found live
 	// (go_gc_heap_live_bytes); heap in use runs up to twice it (GOGC=100).
-	HeapLiveBytes       float64 `json:"heapLiveBytes"`
+	HeapLiveBytes float64 `json:"heapLiveBytes"`
+	// StackInuseBytes and GCGoalBytes: the goroutines' stacks and the heap
+	// at which its next GC starts, at the end: Go's GC paces on the live
+	// heap and the stacks together, so that the heap in use reaches the
+	// live heap and GOGC% of both.
+	StackInuseBytes     float64 `json:"stackInuseBytes"`
+	GCGoalBytes         float64 `json:"gcGoalBytes"`
 	HeapLiveBytesPerPod float64 `json:"heapLiveBytesPerPod"`
 	GetMetricsCount     int     `json:"getMetricsCount"`
 	// PollsApart: the polls were made and timed by a process apart from
@@ -623,7 +629,8 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / tm1.Sub(tm0).Seconds(),
 		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
-		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
+		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"],
+		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
 		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
