@@ -101,6 +101,10 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 	if res.Pods != 48 || res.AgentStreams != 12 {
 		t.Errorf("aggregator holds %d pods on %v streams, want 48 on 12", res.Pods, res.AgentStreams)
 	}
+	// The agents' default transport (auto) reached this aggregator framed.
+	if res.Transport != "auto" || res.IngestConnections["framed"] < 12 || res.IngestConnections["grpc"] != 0 {
+		t.Errorf("transport %s, connections by transport %v: want auto, every agent's framed", res.Transport, res.IngestConnections)
+	}
 	// Samples arrived and none was refused. Twelve agents of four pods at
 	// 1 s offer 48 a second: a harness skipping its ticks when late
 	// offered fewer, unnoticed (asserted loosely: the machine's pace is
@@ -195,6 +199,10 @@ func TestSteadyFleetThroughRelays(t *testing.T) {
 	}
 	if res.Relays != 2 || res.Pods != 48 || res.AgentStreams != 12 || res.RejectedReports != 0 {
 		t.Errorf("%d relays: %d pods on %v streams, %v refused; want 2 relays, 48 pods on 12 streams, none refused", res.Relays, res.Pods, res.AgentStreams, res.RejectedReports)
+	}
+	// auto, the default, is gRPC through a relay: the relays' connections.
+	if res.IngestConnections["framed"] != 0 || res.IngestConnections["grpc"] < 2 {
+		t.Errorf("connections by transport %v: want the relays' gRPC alone", res.IngestConnections)
 	}
 	if res.RelayCPUCores <= 0 || res.RelayRSSBytes <= 0 {
 		t.Errorf("the relays' cost: %v cores, %d bytes: want it measured", res.RelayCPUCores, res.RelayRSSBytes)
