@@ -500,8 +500,10 @@ func (a *Agent) transport(serverName string) []grpc.DialOption {
 }
 
 // framedClient is the agent's framed transport to the aggregator at addr
-// (--transport=framed): the same TLS, CA and token as transport's, on a
-// connection of each stream's own.
+// (--transport=framed, and auto's): the same TLS, CA and token as
+// transport's, on a connection of each stream's own; a stream to an
+// aggregator that does not speak it goes on fallback when there is one
+// (auto's gRPC client), onFallback told why.
 func (a *Agent) framedClient(addr, serverName string, fallback pulsev1.IngestClient, onFallback func(error)) (*framed.Client, error) {
 	o := framed.ClientOptions{Fallback: fallback}
 	if fallback != nil {
