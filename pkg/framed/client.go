@@ -79,7 +79,7 @@ func NewClient(addr string, o ClientOptions) (*Client, error) {
 
 // Report opens a stream on a new connection. Its errors are statuses, as
 // gRPC's are: Unavailable when the aggregator cannot be reached.
-func (c *Client) Report(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage], error) {
+func (c *Client) Report(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage], error) {
 	token := ""
 	if c.o.Token != nil {
 		t, err := c.o.Token()
@@ -103,7 +103,7 @@ func (c *Client) Report(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStr
 				if c.o.OnFallback != nil {
 					c.o.OnFallback(err)
 				}
-				return c.o.Fallback.Report(ctx)
+				return c.o.Fallback.Report(ctx, opts...)
 			}
 			return nil, status.Error(codes.FailedPrecondition, nf.msg)
 		}
@@ -135,10 +135,14 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 	var h [headerLen]byte
 	kind, n, err := readHeader(raw, &h)
 	switch {
-	case closedEarly(err):
+	case closedEarly(err) && c.o.TLS != nil:
 		// An aggregator of a version before the framed transport that
-		// serves TLS reads the preface as a bad TLS record, and closes.
-		return nil, &notFramed{fmt.Sprintf("framed: %s closed the connection at the framed transport's preface (%v): an aggregator older than it serves --transport=grpc only", c.addr, err)}
+		// serves TLS reads the preface as a bad TLS record, and closes. So
+		// does one of this version that refuses the connection (past its
+		// connections from an address, or shutting down), which the gRPC
+		// stream tried instead meets too. In plaintext an older one answers
+		// with its settings (below): a close there is no sign of one.
+		return nil, &notFramed{fmt.Sprintf("framed: %s closed the connection at the framed transport's preface (%v): an aggregator older than it (it serves --transport=grpc only), or one refusing the connection (past --max-ingest-connections-per-address, or shutting down)", c.addr, err)}
 	case err != nil:
 		return nil, fmt.Errorf("no answer to the framed transport's preface: %w", err)
 	case kind == kindStatus && n <= maxStatus:

@@ -413,15 +413,35 @@ func TestAnAggregatorWithoutTheTransportGetsTheFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = gone.Close()
+	// A port that takes the connection and closes it at once, as an
+	// aggregator of this version past its connections from an address
+	// does: in plaintext, no sign of an older one (which answers with its
+	// settings), so Unavailable, no fallback.
+	closing, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closing.Close() })
+	go func() {
+		for {
+			c, err := closing.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
 	for _, c := range []struct {
 		name, addr string
 		tls        *tls.Config
 		fallback   bool
+		code       codes.Code // Report's, without the fallback
 	}{
-		{"a gRPC-only plaintext port", grpcPort(), nil, true},
-		{"a gRPC-only TLS port", grpcPort(grpc.Creds(credentials.NewTLS(srvTLS))), cliTLS, true},
-		{"a framed port", serve(t, NewServer(echo(make(chan seen, 4)), ServerOptions{})), nil, false},
-		{"no port", gone.Addr().String(), nil, false},
+		{"a gRPC-only plaintext port", grpcPort(), nil, true, codes.OK},
+		{"a gRPC-only TLS port", grpcPort(grpc.Creds(credentials.NewTLS(srvTLS))), cliTLS, true, codes.OK},
+		{"a framed port", serve(t, NewServer(echo(make(chan seen, 4)), ServerOptions{})), nil, false, codes.OK},
+		{"no port", gone.Addr().String(), nil, false, codes.Unavailable},
+		{"a plaintext port that closes at once", closing.Addr().String(), nil, false, codes.Unavailable},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := &fallback{}
@@ -432,8 +452,8 @@ func TestAnAggregatorWithoutTheTransportGetsTheFallback(t *testing.T) {
 				if st != nil {
 					_ = st.CloseSend()
 				}
-				if c.fallback != errors.Is(err, errFallback) {
-					t.Fatalf("Report: %v; fallback wanted: %v", err, c.fallback)
+				if c.fallback != errors.Is(err, errFallback) || !c.fallback && status.Code(err) != c.code {
+					t.Fatalf("Report: %v; fallback wanted: %v (else %v)", err, c.fallback, c.code)
 				}
 			}
 			if want := map[bool]int32{true: 2}[c.fallback]; f.reports.Load() != want || len(told) != int(want) {
