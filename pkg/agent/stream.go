@@ -268,8 +268,14 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 // an empty one. The aggregator ends a stream whose token expired only at
 // a message, and looks entries it could not look up again only at a
 // batch: an idle agent's stream went on with neither, its entries never
-// held and its token's expiry never seen.
-var heartbeatEvery = 10 * time.Second
+// held and its token's expiry never seen. On the framed transport it is
+// also what keeps the connection: the aggregator ends one that sends
+// nothing for a minute.
+var heartbeatEvery = HeartbeatEvery
+
+// HeartbeatEvery is heartbeatEvery's value (the fleet harness's agents
+// heartbeat as the agent does).
+const HeartbeatEvery = 10 * time.Second
 
 // watchAcks ends the session when batches sent wait past ackDeadline for
 // an ack. An aggregator that takes batches and acknowledges none (a handler

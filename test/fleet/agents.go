@@ -246,6 +246,7 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 	a.sent = nil
 	a.mu.Unlock()
 	var seq uint64
+	lastSent := time.Now() // when a batch was last sent
 	phase := time.Duration(int64(a.f.o.interval) * int64(a.idx) / int64(a.f.o.agents))
 	next := a.f.epoch.Add(phase)
 	for {
@@ -267,8 +268,16 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 			}
 		}
 		if batch == nil {
-			continue
+			if time.Since(lastSent) < agent.HeartbeatEvery {
+				continue
+			}
+			// As the agent: an empty batch when no ready pod has sent one
+			// for its heartbeat's interval. Churn leaves some agents with
+			// none for minutes, whose framed connections the aggregator
+			// ended after a minute of silence (gRPC's keepalive held them).
+			batch = &pulsev1.SampleBatch{TimeUnixMs: next.UnixMilli()}
 		}
+		lastSent = time.Now()
 		seq++
 		batch.Seq = seq
 		for _, w := range rise {
