@@ -206,6 +206,27 @@ func (a *simAgent) run(ctx context.Context) {
 	}
 }
 
+// open opens a stream and makes its hello and welcome.
+func (a *simAgent) open(ctx context.Context, client pulsev1.IngestClient) (grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage], error) {
+	stream, err := client.Report(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open stream: %w", err)
+	}
+	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
+		Node: a.node, AgentVersion: "fleet", AgentInstance: fmt.Sprintf("%s-%d", a.node, time.Now().UnixNano()),
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, AckEveryMs: uint32(agent.AckEvery.Milliseconds())}}}); err != nil {
+		return nil, fmt.Errorf("send hello: %w", err)
+	}
+	welcome, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("receive welcome: %w", err)
+	}
+	if welcome.GetWelcome() == nil {
+		return nil, errors.New("no welcome")
+	}
+	return stream, nil
+}
+
 // session is one stream: hello, welcome, the full catalogue, then a batch
 // of every listed pod at each tick, at the agent's own phase in the
 // interval (agents are not synchronised).
@@ -215,21 +236,9 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 	if a.relay != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, relay.UpstreamKey, a.addr)
 	}
-	stream, err := client.Report(ctx)
+	stream, err := a.open(ctx, client)
 	if err != nil {
-		return fmt.Errorf("open stream: %w", err)
-	}
-	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
-		Node: a.node, AgentVersion: "fleet", AgentInstance: fmt.Sprintf("%s-%d", a.node, time.Now().UnixNano()),
-		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, AckEveryMs: uint32(agent.AckEvery.Milliseconds())}}}); err != nil {
-		return fmt.Errorf("send hello: %w", err)
-	}
-	welcome, err := stream.Recv()
-	if err != nil {
-		return fmt.Errorf("receive welcome: %w", err)
-	}
-	if welcome.GetWelcome() == nil {
-		return errors.New("no welcome")
+		return err
 	}
 	a.sessions.Add(1)
 	a.up.Store(true)
