@@ -25,7 +25,8 @@
 # PID; the runtime's shims are found by their containerd address, the
 # containers' processes by their cgroup. Finally the sysctls, iptables rules
 # and the rest are compared with what was recorded first: a difference fails
-# the run loudly.
+# the run loudly. A run killed before its cleanup is restored the same way,
+# from its records, by the next run (when none of its processes runs).
 #
 #   PULSE_E2E_NODE_STATE  the state directory, absolute (default /tmp/pulse-e2e-node)
 #   PULSE_E2E_LOGS        where the processes' logs go (default $STATE/logs)
@@ -54,7 +55,7 @@ die() { log "$*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root: it brings up a kubelet, containerd and a bridge"
 # sysctl too: without it every value read as absent before and after, and
 # the host's restore passed unchecked.
-for c in containerd ctr runc iptables iptables-save ip6tables ip6tables-save ip ss gcc conntrack realpath sysctl; do
+for c in containerd ctr runc iptables iptables-save ip6tables ip6tables-save ip ss gcc conntrack realpath sysctl flock sha256sum; do
   command -v "$c" >/dev/null || die "$c is missing (.ci/run installs containerd, runc, containernetworking-plugins, iptables, conntrack, procps)"
 done
 # The kubelet runs with the cgroupfs driver on a cgroup v1 hierarchy; a
@@ -73,30 +74,7 @@ esac
 if [ -e "$STATE" ] && [ ! -e "$STATE/$MARK" ] && [ -n "$(ls -A "$STATE" 2>/dev/null)" ]; then
   die "$STATE exists and is not a previous run's state directory: choose another PULSE_E2E_NODE_STATE"
 fi
-if awk '{print $5}' /proc/self/mountinfo | grep -q "^$STATE/"; then
-  die "something is mounted under $STATE: a run that could not clean up? Unmount it first."
-fi
-for d in "${HOST_DIRS[@]}"; do
-  [ -e "$d" ] && die "$d exists: another node's (or a run that could not clean up). Remove it if it is not in use."
-done
-for l in "$BRIDGE" "$ADAPTER_BRIDGE"; do
-  ip link show "$l" >/dev/null 2>&1 && die "a link $l exists: another run, or one that could not clean up? ip link del $l"
-done
-for c in /sys/fs/cgroup/*/; do
-  [ -e "$c$CGROUP" ] && die "cgroup $c$CGROUP exists: a run that could not clean up?"
-done
 
-rm -rf --one-file-system "$STATE"
-mkdir -p "$STATE"
-touch "$STATE/$MARK"
-: >"$STATE/pids"
-LOGS="${PULSE_E2E_LOGS:-$STATE/logs}"
-mkdir -p "$LOGS"
-LOGS=$(realpath "$LOGS")
-SOCK="$STATE/containerd/containerd.sock"
-
-# Record what the run may change.
-for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s" 2>/dev/null || echo absent)"; done >"$STATE/sysctl.before"
 # iptables-save of both families, without counters or comments, and without
 # tables that hold nothing (listing a table creates it, empty).
 rules() {
@@ -106,11 +84,6 @@ rules() {
     /^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT$/ { body = body "\n" $0; next }
     { body = body "\n" $0; used = 1 }'
 }
-rules >"$STATE/iptables.before"
-grep -q 'KUBE-' "$STATE/iptables.before" && die "iptables has KUBE-* chains: another kube-proxy or kubelet runs here"
-ls /run/netns 2>/dev/null | sort >"$STATE/netns.before"
-[ -d /run/containerd ] && touch "$STATE/run-containerd.existed"
-
 # alive PID START: the recorded process is still the one recorded.
 alive() { [ -d "/proc/$1" ] && [ "$(awk '{print $22}' "/proc/$1/stat" 2>/dev/null)" = "$2" ]; }
 # shims: PIDs of the runtime shims of this run's containerd.
@@ -138,22 +111,23 @@ netns_ours() {
   ip -d -o link show master "$BRIDGE" 2>/dev/null | sed -n 's/.*link-netns \([^ ]*\).*/\1/p'
 }
 
-TEST_PID=
-cleaned=0
-cleanup() {
-  local rc=$?
-  [ "$cleaned" = 1 ] && return
-  cleaned=1
-  # Nothing interrupts the cleanup.
-  trap '' INT TERM HUP
-  log "cleaning up"
-  if [ -n "$TEST_PID" ] && kill -0 "$TEST_PID" 2>/dev/null; then
-    kill -TERM "$TEST_PID" 2>/dev/null
-    wait "$TEST_PID" 2>/dev/null
-  fi
-  # The test's processes, by the PID it recorded (each leads its process
-  # group), then the runtime's shims and every process in the kubelet's
-  # cgroups.
+# leftovers: whether anything a run changes is there now.
+leftovers() {
+  awk '{print $5}' /proc/self/mountinfo | grep -q -e "^$STATE/" -e "^/var/lib/kubelet" && return 0
+  local d l c
+  for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] && return 0; done
+  for l in "$BRIDGE" "$ADAPTER_BRIDGE"; do ip link show "$l" >/dev/null 2>&1 && return 0; done
+  for c in /sys/fs/cgroup/*/"$CGROUP"; do [ -e "$c" ] && return 0; done
+  iptables-save 2>/dev/null | grep -q -e 'KUBE-' -e "$CHAIN" && return 0
+  [ -n "$(shims)" ] && return 0
+  ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null | grep -q . && return 0
+  return 1
+}
+
+# stop: the run's processes, by the PID it recorded (each leads its process
+# group), then the runtime's shims and every process in the kubelet's
+# cgroups. Sets sockets: the shims' sockets, found before the shims go.
+stop() {
   local pid start name sig
   for sig in TERM KILL; do
     while read -r pid start name; do
@@ -161,17 +135,29 @@ cleanup() {
     done <"$STATE/pids"
     [ "$sig" = TERM ] && sleep 2
   done
-  local shim_pids sockets
+  local shim_pids c
   shim_pids=$(shims)
   # The shims' sockets (in /run/containerd/s, shared with any other
   # containerd), by the shims' PIDs, before they go.
   sockets=$(for pid in $shim_pids; do ss -xlpn 2>/dev/null | grep -F "pid=$pid," | awk '{print $5}'; done | grep '^/run/containerd/s/' | sort -u)
   for pid in $shim_pids; do kill -KILL "$pid" 2>/dev/null; done
+  # A killed run's shims may be gone and their sockets left: each is named
+  # as containerd 1.6 names it (runtime/v2/shim/util_unix.go, SocketAddress:
+  # the sha256 of address/namespace/task ID), from the tasks in its state.
+  local id
+  for id in $(ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null); do
+    sockets+=" /run/containerd/s/$(printf '%s' "$SOCK/k8s.io/$id" | sha256sum | cut -c1-64)"
+  done
   for c in /sys/fs/cgroup/*/"$CGROUP"; do
     [ -d "$c" ] || continue
     find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null
   done
   sleep 1
+}
+
+# undo: the network namespaces, mounts, bridges, iptables rules, cgroups,
+# directories and sysctls the run changed.
+undo() {
   # The pods' network namespaces (those with a veth on the bridge), then
   # mounts under the state directory and the kubelet's, deepest first.
   local n
@@ -238,9 +224,12 @@ cleanup() {
   while IFS='=' read -r s val; do
     [ "$val" = absent ] || sysctl -qw "$s=$val" >/dev/null 2>&1
   done <"$STATE/sysctl.before"
+}
 
-  # Compare: anything left is a failure, said loudly.
-  local bad=0 left
+# verify: compares the host with the run's records; anything left is a
+# failure, said loudly (returns 1).
+verify() {
+  local bad=0 left s v c d f
   for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s" 2>/dev/null || echo absent)"; done >"$STATE/sysctl.after"
   if ! diff -u "$STATE/sysctl.before" "$STATE/sysctl.after" >&2; then log "FAIL: sysctls differ from before the run"; bad=1; fi
   rules >"$STATE/iptables.after"
@@ -260,13 +249,86 @@ cleanup() {
   fi
   left=$(ours)
   [ -n "$left" ] && { log "FAIL: still running: $left"; bad=1; }
-  if [ "$bad" = 1 ]; then
+  [ "$bad" = 0 ]
+}
+
+# restore: undoes what a run changed, from its records in $STATE.
+restore() {
+  local sockets
+  stop
+  undo
+  verify
+}
+
+TEST_PID=
+cleaned=0
+cleanup() {
+  local rc=$?
+  [ "$cleaned" = 1 ] && return
+  cleaned=1
+  # Nothing interrupts the cleanup.
+  trap '' INT TERM HUP
+  log "cleaning up"
+  if [ -n "$TEST_PID" ] && kill -0 "$TEST_PID" 2>/dev/null; then
+    kill -TERM "$TEST_PID" 2>/dev/null
+    wait "$TEST_PID" 2>/dev/null
+  fi
+  if ! restore; then
     log "the host was NOT left as it was found (see above)"
     exit 1
   fi
   log "host restored: processes stopped, mounts, namespaces, bridges, iptables rules, cgroups and directories removed, sysctls as before"
   exit "$rc"
 }
+
+# One run at a time on a host: the lock is held while this script runs
+# (the processes it starts do not inherit it), and a SIGKILL frees it.
+exec 9>"$STATE.lock" || die "cannot open $STATE.lock"
+flock -n 9 || die "another make e2e-node holds $STATE.lock: one run at a time"
+SOCK="$STATE/containerd/containerd.sock"
+LOGS="${PULSE_E2E_LOGS:-$STATE/logs}"
+
+# A run killed before its cleanup (SIGKILL, a lost session) leaves the host
+# changed, and its records in the state directory: with none of its
+# processes left, it is restored from those records, as its own exit would
+# have, and checked the same way.
+if [ -e "$STATE/$MARK" ] && [ -e "$STATE/pids" ] && [ -e "$STATE/sysctl.before" ] && [ -e "$STATE/iptables.before" ] &&
+  [ -e "$STATE/netns.before" ]; then
+  left=$(while read -r pid start name; do [ -n "$pid" ] && alive "$pid" "$start" && echo "$pid ($name)"; done <"$STATE/pids")
+  [ -z "$left" ] || die "a previous run's processes still run: $left; stop them, or wait for that run"
+  if leftovers; then
+    log "a previous run ended without cleaning up (killed?): restoring the host from its records in $STATE"
+    mkdir -p "$LOGS"
+    restore || die "the previous run's changes could not all be undone (see above)"
+    log "the previous run's changes are undone"
+  fi
+fi
+if awk '{print $5}' /proc/self/mountinfo | grep -q "^$STATE/"; then
+  die "something is mounted under $STATE: a run that could not clean up? Unmount it first."
+fi
+for d in "${HOST_DIRS[@]}"; do
+  [ -e "$d" ] && die "$d exists: another node's (or a run that could not clean up). Remove it if it is not in use."
+done
+for l in "$BRIDGE" "$ADAPTER_BRIDGE"; do
+  ip link show "$l" >/dev/null 2>&1 && die "a link $l exists: another run, or one that could not clean up? ip link del $l"
+done
+for c in /sys/fs/cgroup/*/; do
+  [ -e "$c$CGROUP" ] && die "cgroup $c$CGROUP exists: a run that could not clean up?"
+done
+
+rm -rf --one-file-system "$STATE"
+mkdir -p "$STATE"
+touch "$STATE/$MARK"
+: >"$STATE/pids"
+mkdir -p "$LOGS"
+LOGS=$(realpath "$LOGS")
+
+# Record what the run may change.
+for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s" 2>/dev/null || echo absent)"; done >"$STATE/sysctl.before"
+rules >"$STATE/iptables.before"
+grep -q 'KUBE-' "$STATE/iptables.before" && die "iptables has KUBE-* chains: another kube-proxy or kubelet runs here"
+ls /run/netns 2>/dev/null | sort >"$STATE/netns.before"
+[ -d /run/containerd ] && touch "$STATE/run-containerd.existed"
 trap cleanup EXIT
 # A signal stops the test (which the script runs in the background, so that
 # the trap runs at once), then cleans up.
@@ -312,8 +374,8 @@ export PULSE_E2E_NODE_STATE="$STATE" PULSE_E2E_LOGS="$LOGS" PULSE_E2E_NODE_BRIDG
 export PULSE_E2E_NODE_GATEWAY="$GATEWAY" PULSE_E2E_NODE_POD_CIDR="$POD_CIDR" PULSE_E2E_NODE_SERVICE_CIDR="$SERVICE_CIDR"
 export PULSE_E2E_NODE_CGROUP="$CGROUP"
 log "state in $STATE, logs in $LOGS"
-go test -c -tags e2e -o "$STATE/e2e.test" ./test/e2e/ || die "build the e2e test"
-(cd test/e2e && exec "$STATE/e2e.test" -test.v -test.count=1 -test.timeout=25m -test.run '^TestNode$') &
+go test -c -tags e2e -o "$STATE/e2e.test" ./test/e2e/ 9>&- || die "build the e2e test"
+(cd test/e2e && exec "$STATE/e2e.test" -test.v -test.count=1 -test.timeout=25m -test.run '^TestNode$' 9>&-) &
 TEST_PID=$!
 wait "$TEST_PID"
 rc=$?
