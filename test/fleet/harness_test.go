@@ -53,12 +53,14 @@ func TestProxyHoldsTrafficWhilePartitioned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
+	from := make(chan net.Addr, 1)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			from <- c.RemoteAddr()
 			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
 		}
 	}()
@@ -67,7 +69,9 @@ func TestProxyHoldsTrafficWhilePartitioned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	c, err := net.Dial("tcp", p.Addr())
+	// A client of its own address, as the fleet's agents are.
+	client := net.IPv4(127, 1, 0, 9)
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: client}}).Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +87,9 @@ func TestProxyHoldsTrafficWhilePartitioned(t *testing.T) {
 	}
 	if got, err := echo("one", 5*time.Second); got != "one" {
 		t.Fatalf("through the proxy: %q, %v", got, err)
+	}
+	if a := (<-from).(*net.TCPAddr); !a.IP.Equal(client) {
+		t.Errorf("the upstream saw the proxy's connection from %v, want the client's %v (the aggregator bounds the connections of one address)", a.IP, client)
 	}
 	p.Partition()
 	if got, err := echo("two", 300*time.Millisecond); err == nil {

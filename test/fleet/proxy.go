@@ -13,7 +13,8 @@ import (
 // ends learn of the partition by their gRPC keepalives only. Connections
 // opened during the partition are accepted and then hear nothing. Heal lets
 // everything through again, including what the proxy held (one 32 KiB read
-// per direction; the rest waits in the kernel's socket buffers).
+// per direction; the rest waits in the kernel's socket buffers). Each
+// connection reaches the upstream from its client's address.
 type proxy struct {
 	ln       net.Listener
 	upstream string
@@ -81,7 +82,14 @@ func (p *proxy) serve(c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	up, err := net.Dial("tcp", p.upstream)
+	// From the client's own address, as a partition in a network leaves
+	// each agent's: the aggregator holds a bounded number of connections
+	// from one address, and the proxy's would otherwise all be 127.0.0.1's.
+	var d net.Dialer
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		d.LocalAddr = &net.TCPAddr{IP: a.IP}
+	}
+	up, err := d.Dial("tcp", p.upstream)
 	if err != nil {
 		_ = c.Close()
 		return
