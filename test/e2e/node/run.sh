@@ -120,7 +120,12 @@ leftovers() {
   for c in /sys/fs/cgroup/*/"$CGROUP"; do [ -e "$c" ] && return 0; done
   iptables-save 2>/dev/null | grep -q -e 'KUBE-' -e "$CHAIN" && return 0
   [ -n "$(shims)" ] && return 0
-  ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null | grep -q . && return 0
+  # A dead shim's socket (a clean exit leaves the tasks' directories, not
+  # their sockets).
+  local id
+  for id in $(ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null); do
+    [ -e "/run/containerd/s/$(printf '%s' "$SOCK/k8s.io/$id" | sha256sum | cut -c1-64)" ] && return 0
+  done
   return 1
 }
 
