@@ -529,11 +529,11 @@ func (n *realNode) chartsRun(t *testing.T) {
 	root := repoRoot(t)
 	repo, tag := splitRef(n.refs["pulse-aggregator"])
 	out := n.helm("install", aggRelease, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--create-namespace",
-		"--set", "image.repository="+repo+",image.tag="+tag+",debug.localhostOnly=false")
+		"--set", "image.repository="+repo+",debug.localhostOnly=false", "--set-string", "image.tag="+tag)
 	t.Logf("helm install %s:\n%s", aggRelease, out)
 	repo, tag = splitRef(n.refs["pulse-agent"])
 	n.helm("install", agtRelease, filepath.Join(root, "deploy", "daemonset"), "--namespace", ns,
-		"--set", "image.repository="+repo+",image.tag="+tag)
+		"--set", "image.repository="+repo, "--set-string", "image.tag="+tag)
 
 	start := time.Now()
 	var agent corev1.Pod
@@ -1245,7 +1245,10 @@ func (n *realNode) relayCarries(t *testing.T) {
 	repo, tag := splitRef(n.refs["pulse-relay"])
 	start := time.Now()
 	n.helm("upgrade", aggRelease, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns, "--reuse-values",
-		"--set", "relay.enabled=true,relay.replicaCount=1,relay.image.repository="+repo+",relay.image.tag="+tag)
+		"--set", "relay.enabled=true,relay.replicaCount=1,relay.image.repository="+repo,
+		// A tag of digits (a short commit hash) stays a string: --set makes
+		// it a number, which --reuse-values writes back as 5.187467e+06.
+		"--set-string", "relay.image.tag="+tag)
 	n.helm("upgrade", agtRelease, filepath.Join(root, "deploy", "daemonset"), "--namespace", ns, "--reuse-values",
 		"--set", "relay=pulse-aggregator-relay."+ns+".svc.cluster.local:9091")
 	var relayIP string
