@@ -111,6 +111,16 @@ netns_ours() {
   ip -d -o link show master "$BRIDGE" 2>/dev/null | sed -n 's/.*link-netns \([^ ]*\).*/\1/p'
 }
 
+# task_sockets: the shims' sockets of the tasks in this run's state, named
+# as containerd 1.6 names them (runtime/v2/shim/util_unix.go, SocketAddress:
+# the sha256 of address/namespace/task ID), whether or not the shims live.
+task_sockets() {
+  local id
+  for id in $(ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null); do
+    echo "/run/containerd/s/$(printf '%s' "$SOCK/k8s.io/$id" | sha256sum | cut -c1-64)"
+  done
+}
+
 # leftovers: whether anything a run changes is there now.
 leftovers() {
   awk '{print $5}' /proc/self/mountinfo | grep -q -e "^$STATE/" -e "^/var/lib/kubelet" && return 0
@@ -122,10 +132,8 @@ leftovers() {
   [ -n "$(shims)" ] && return 0
   # A dead shim's socket (a clean exit leaves the tasks' directories, not
   # their sockets).
-  local id
-  for id in $(ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null); do
-    [ -e "/run/containerd/s/$(printf '%s' "$SOCK/k8s.io/$id" | sha256sum | cut -c1-64)" ] && return 0
-  done
+  local f
+  for f in $(task_sockets); do [ -e "$f" ] && return 0; done
   return 1
 }
 
@@ -146,13 +154,8 @@ stop() {
   # containerd), by the shims' PIDs, before they go.
   sockets=$(for pid in $shim_pids; do ss -xlpn 2>/dev/null | grep -F "pid=$pid," | awk '{print $5}'; done | grep '^/run/containerd/s/' | sort -u)
   for pid in $shim_pids; do kill -KILL "$pid" 2>/dev/null; done
-  # A killed run's shims may be gone and their sockets left: each is named
-  # as containerd 1.6 names it (runtime/v2/shim/util_unix.go, SocketAddress:
-  # the sha256 of address/namespace/task ID), from the tasks in its state.
-  local id
-  for id in $(ls "$STATE/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null); do
-    sockets+=" /run/containerd/s/$(printf '%s' "$SOCK/k8s.io/$id" | sha256sum | cut -c1-64)"
-  done
+  # A killed run's shims may be gone and their sockets left.
+  sockets+=" $(task_sockets)"
   for c in /sys/fs/cgroup/*/"$CGROUP"; do
     [ -d "$c" ] || continue
     find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null
