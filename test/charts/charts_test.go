@@ -677,3 +677,36 @@ func TestTheRelaysAreKeptThroughADrainAndScraped(t *testing.T) {
 		t.Error("relay.podDisruptionBudget.enabled false, but the budget renders")
 	}
 }
+
+// TestAnImageTagOfDigitsIsAString: a tag of digits (a commit's short hash,
+// 5187467) is a number to --set and to a values file, and helm upgrade
+// --reuse-values wrote it back as 5.187467e+06: the e2e's relay rollout
+// never became ready (InvalidImageName). Each image's tag as a number is
+// refused naming --set-string; as a string it renders as given.
+func TestAnImageTagOfDigitsIsAString(t *testing.T) {
+	for _, c := range []struct{ chart, key, image string }{
+		{"daemonset", "image.tag", "ghcr.io/pulse-io/pulse-agent"},
+		{"aggregator", "image.tag", "ghcr.io/pulse-io/pulse-aggregator"},
+		{"aggregator", "relay.image.tag", "ghcr.io/pulse-io/pulse-relay"},
+	} {
+		extra := []string{}
+		if strings.HasPrefix(c.key, "relay.") {
+			extra = []string{"--set", "relay.enabled=true"}
+		}
+		chart := filepath.Join(root, "deploy", c.chart)
+		// As --set reads it (an int64), and as a values file or
+		// --reuse-values gives it (a float64).
+		block := c.key[:strings.LastIndex(c.key, ".")]
+		file := valuesFile(t, strings.ReplaceAll(block, ".", ":\n  ")+":\n"+strings.Repeat("  ", strings.Count(block, ".")+1)+"tag: 5187467\n")
+		for _, args := range [][]string{{"--set", c.key + "=5187467"}, {"-f", file}} {
+			out, err := render(t, chart, append(extra, args...)...)
+			if err == nil || !strings.Contains(out, "--set-string "+c.key+"=TAG") {
+				t.Errorf("%s %v: %v, want it refused naming --set-string %s\n%.500s", c.chart, args, err, c.key, out)
+			}
+		}
+		out, err := render(t, chart, append(extra, "--set-string", c.key+"=5187467")...)
+		if err != nil || !strings.Contains(out, `image: "`+c.image+`:5187467"`) {
+			t.Errorf("%s --set-string %s=5187467: %v, want image %s:5187467\n%.500s", c.chart, c.key, err, c.image, out)
+		}
+	}
+}

@@ -175,3 +175,17 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: pulse
 {{- end }}
+
+{{/*
+An image reference from dict repository, tag, key (the value's name) and
+appVersion. A tag of digits (a commit's short hash, 5187467) is a number to
+--set and to a values file, and helm upgrade --reuse-values writes a number
+back as 5.187467e+06: the pods' image is then not the one asked for
+(InvalidImageName). A tag that is not a string is refused, naming the fix.
+*/}}
+{{- define "pulse-aggregator.image" -}}
+{{- if not (or (kindIs "string" .tag) (kindIs "invalid" .tag)) }}
+{{- fail (printf "%s is a number, not a string: a tag of digits is read as a number (and helm upgrade --reuse-values writes 5187467 back as 5.187467e+06); quote it in a values file, or pass it with --set-string %s=TAG" .key .key) }}
+{{- end }}
+{{- printf "%s:%s" .repository (.tag | default .appVersion) }}
+{{- end }}
