@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -11,7 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/ingest"
@@ -442,5 +446,23 @@ func TestAnIdleStreamSendsHeartbeats(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("an idle stream sent %v batches, want heartbeats", testutil.ToFloat64(s.agent.m.batches.WithLabelValues(s.addr)))
 		}
+	}
+}
+
+// A stream the aggregator ended fails the next Send with io.EOF on either
+// transport, and its status (a token expired, a bound) comes at Recv,
+// which readAcks makes the session's cause: the session waits for it, so
+// that the log says why, not EOF. Another failure is returned as it is.
+func TestASendsFailureWaitsForTheStreamsStatus(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	want := status.Error(codes.Unauthenticated, "the token expired")
+	go cancel(want) // readAcks, as its Recv returns the status
+	if err := SendFailed(ctx, fmt.Errorf("send batch: %w", io.EOF)); !errors.Is(err, want) {
+		t.Fatalf("SendFailed: %v; want the stream's status %v", err, want)
+	}
+	other := errors.New("encode: too large")
+	if err := SendFailed(context.Background(), other); !errors.Is(err, other) {
+		t.Fatalf("SendFailed: %v; want %v", err, other)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	mrand "math/rand/v2"
 	"net"
@@ -219,10 +220,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			err := cs.send(stream, enc, version, current)
 			cataloguing.Store(0)
 			if err != nil {
-				if ctx.Err() != nil {
-					return context.Cause(ctx)
-				}
-				return err
+				return SendFailed(ctx, err)
 			}
 		}
 		batch := s.batch(cs.ids, enc)
@@ -240,10 +238,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			err := stream.Send(msg)
 			sentAt.Store(time.Now().UnixNano())
 			if err != nil {
-				if ctx.Err() != nil { // watchAcks, readAcks or the agent ended it
-					return context.Cause(ctx)
-				}
-				return fmt.Errorf("send batch: %w", err)
+				return SendFailed(ctx, fmt.Errorf("send batch: %w", err))
 			}
 			s.agent.m.batches.WithLabelValues(s.addr).Inc()
 			s.agent.m.bytes.WithLabelValues(s.addr).Add(float64(proto.Size(msg)))
@@ -262,6 +257,30 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		}
 	}
 }
+
+// SendFailed is why a session ends at a failed Send: the session's cause
+// when watchAcks, readAcks or the agent ended it. A stream the aggregator
+// ended fails its Send with io.EOF on either transport and gives its
+// status to Recv, which readAcks makes the cause: that is waited for, up
+// to statusWait, so that the log says why (a token expired, a bound)
+// rather than EOF. The fleet harness's agents end their sessions so too.
+func SendFailed(ctx context.Context, err error) error {
+	if errors.Is(err, io.EOF) && ctx.Err() == nil {
+		t := time.NewTimer(statusWait)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// statusWait bounds SendFailed's wait for the stream's status.
+const statusWait = time.Second
 
 // heartbeatEvery: a stream that has sent no batch this long (its node has
 // no ready pod: an idle GPU node, or its pods loading their model) sends
@@ -348,9 +367,10 @@ func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, cli
 	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
 		Node: s.agent.opts.NodeName, AgentVersion: version.Version, AgentInstance: instance,
 		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, ExtraMetrics: names,
-		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil {
+		AckEveryMs: uint32(AckEvery.Milliseconds())}}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
+	// io.EOF: the aggregator ended the stream, and its status is Recv's.
 	// A replica whose handler is stuck before its welcome held the stream
 	// for ever, in silence (gRPC's transport answers the keepalives).
 	noWelcome := time.AfterFunc(welcomeWait, func() { cancel(fmt.Errorf("no welcome within %s", welcomeWait)) })

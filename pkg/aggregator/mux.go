@@ -92,7 +92,9 @@ func (m *ingestMux) loop() {
 // route serves c with the transport its first byte names.
 func (m *ingestMux) route(c net.Conn) {
 	var b [1]byte
-	_ = c.SetReadDeadline(time.Now().Add(m.wait))
+	// The wait is the handshake's: the framed one is due by its end too.
+	by := time.Now().Add(m.wait)
+	_ = c.SetReadDeadline(by)
 	_, err := netbound.Peek(c, b[:])
 	_ = c.SetReadDeadline(time.Time{})
 	switch {
@@ -103,7 +105,7 @@ func (m *ingestMux) route(c net.Conn) {
 		return
 	case b[0] == framed.FirstByte:
 		m.conns.WithLabelValues("framed").Inc()
-		m.framed.ServeConn(c)
+		m.framed.ServeConnBy(c, by)
 		return
 	}
 	m.conns.WithLabelValues("grpc").Inc()

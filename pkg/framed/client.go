@@ -207,7 +207,12 @@ func (cs *clientStream) CloseSend() error {
 
 func (cs *clientStream) Send(m *pulsev1.AgentMessage) error { return cs.SendMsg(m) }
 
-// SendMsg writes m (a protobuf message) as one frame.
+// SendMsg writes m (a protobuf message) as one frame. A write that fails
+// returns io.EOF, as gRPC's SendMsg does for a stream that ended, and leaves
+// the connection to RecvMsg: the aggregator's status (Unauthenticated, its
+// bounds) may be there to read, and closing the connection here lost it
+// to "use of closed network connection". The stream's context's end closes
+// it too.
 func (cs *clientStream) SendMsg(m any) error {
 	pm, ok := m.(proto.Message)
 	if !ok {
@@ -220,7 +225,10 @@ func (cs *clientStream) SendMsg(m any) error {
 	}
 	header((*[headerLen]byte)(buf), kindMessage, len(buf)-headerLen)
 	if _, err := cs.conn.Write(buf); err != nil {
-		return cs.ended(err)
+		if cs.ctx.Err() != nil {
+			return cs.ended(err)
+		}
+		return io.EOF
 	}
 	return nil
 }
@@ -245,8 +253,10 @@ func (cs *clientStream) RecvMsg(m any) error {
 		return cs.ended(err)
 	}
 	switch {
-	case kind == kindStatus && n > maxStatus, kind == kindMessage && n > DefaultMaxMessage:
-		return cs.ended(errTooLarge(n, max(maxStatus, DefaultMaxMessage)))
+	case kind == kindStatus && n > maxStatus:
+		return cs.ended(errTooLarge(n, maxStatus))
+	case kind == kindMessage && n > DefaultMaxMessage:
+		return cs.ended(errTooLarge(n, DefaultMaxMessage))
 	case kind != kindStatus && kind != kindMessage:
 		return cs.ended(errFrameKind(kind, "a message or the status"))
 	}

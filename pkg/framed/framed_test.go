@@ -15,8 +15,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/testpki"
@@ -465,5 +467,248 @@ func TestAnAggregatorWithoutTheTransportGetsTheFallback(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// sizes is a buffer pool that records the largest buffer asked of it and
+// how many it gave and got back.
+type sizes struct {
+	mem.BufferPool
+	largest, out atomic.Int64
+}
+
+func (p *sizes) Get(n int) *[]byte {
+	for {
+		l := p.largest.Load()
+		if int64(n) <= l || p.largest.CompareAndSwap(l, int64(n)) {
+			break
+		}
+	}
+	p.out.Add(1)
+	return p.BufferPool.Get(n)
+}
+
+func (p *sizes) Put(b *[]byte) {
+	p.out.Add(-1)
+	p.BufferPool.Put(b)
+}
+
+// A header declaring a message of MaxMessage held a buffer of that size,
+// 4 MiB by default, for 5 bytes sent, until the idle bound. The payload is
+// read in pieces as it comes: a header alone takes one piece, and a
+// message of many pieces is decoded whole.
+func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
+	pool := &sizes{BufferPool: mem.DefaultBufferPool()}
+	pods := make(chan int, 1)
+	handler := func(st pulsev1.Ingest_ReportServer) error {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				return err
+			}
+			if b := m.GetBatch(); b != nil {
+				pods <- len(b.Pods)
+				if err := st.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: b.Seq}}}); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	addr := serve(t, NewServer(handler, ServerOptions{Pool: pool}))
+
+	// Many pieces: 30,000 pods' ids are about 90 KB.
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := batch(1, 30000)
+	if proto.Size(big) <= 2*readPiece {
+		t.Fatalf("the batch is %d bytes, not three pieces", proto.Size(big))
+	}
+	if err := st.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-pods; n != 30000 {
+		t.Fatalf("the handler read %d pods of 30000", n)
+	}
+	if a, err := st.Recv(); err != nil || a.GetAck().GetSeq() != 1 {
+		t.Fatalf("ack %v, %v", a, err)
+	}
+	if l := pool.largest.Load(); l != readPiece {
+		t.Fatalf("the largest buffer taken: %d bytes; want a piece, %d", l, readPiece)
+	}
+
+	// A header alone, declaring 4 MiB, and 10 bytes.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	var h [headerLen]byte
+	if _, err := io.WriteString(c, PrefaceTCP); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, h[:]); err != nil || h[0] != kindAccept {
+		t.Fatalf("the preface's answer %x, %v", h, err)
+	}
+	if err := writeFrame(c, kindToken, nil); err != nil {
+		t.Fatal(err)
+	}
+	header(&h, kindMessage, DefaultMaxMessage)
+	if _, err := c.Write(append(h[:], make([]byte, 10)...)); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the server to hold its piece for it, then look.
+	for pool.out.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if l, o := pool.largest.Load(), pool.out.Load(); l != readPiece || o != 1 {
+		t.Fatalf("for a header of 4 MiB and 10 bytes: the largest buffer %d bytes, %d held; want one piece of %d", l, o, readPiece)
+	}
+	// Its stream's end gives the piece back.
+	_ = c.Close()
+	for pool.out.Load() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// deadlines is a connection that records the write deadlines set on it.
+type deadlines struct {
+	net.Conn
+	write chan time.Time
+}
+
+func (d *deadlines) note(t time.Time) {
+	select {
+	case d.write <- t:
+	default:
+	}
+}
+
+func (d *deadlines) SetDeadline(t time.Time) error {
+	d.note(t)
+	return d.Conn.SetDeadline(t)
+}
+
+func (d *deadlines) SetWriteDeadline(t time.Time) error {
+	d.note(t)
+	return d.Conn.SetWriteDeadline(t)
+}
+
+// With TLS a read may write (crypto/tls answers a peer's key update from
+// within Read). The handshake cleared the write deadline and a read set
+// only its own: such a write to a peer that reads nothing had no bound,
+// and after a send the write deadline was its, long past. Each read sets
+// the write deadline to the idle bound too.
+func TestAReadBoundsTheWritesItMayMake(t *testing.T) {
+	const idle = time.Hour
+	out := make(chan seen, 1)
+	s := NewServer(echo(out), ServerOptions{Idle: idle})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := make(chan time.Time, 16)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			s.ServeConn(&deadlines{Conn: c, write: d})
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); s.Close() })
+	st := open(context.Background(), t, ln.Addr().String(), ClientOptions{}, "node-w")
+	defer func() { _ = st.CloseSend() }()
+	// The welcome was written with the write timeout's deadline; the read
+	// after it sets the idle bound's.
+	for {
+		select {
+		case w := <-d:
+			if time.Until(w) > idle/2 {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no read after the welcome set a write deadline of the idle bound")
+		}
+	}
+}
+
+// gRPC spreads MaxConnectionAge by ±10 %: a replica's streams, all taken at
+// its start, do not all end and reconnect at once every MaxAge.
+func TestAStreamsAgeIsSpread(t *testing.T) {
+	const age = time.Hour
+	lo, hi := age, time.Duration(0)
+	for range 1000 {
+		j := jitter(age)
+		if j < age-age/10 || j > age+age/10 {
+			t.Fatalf("jitter(%s) = %s, beyond ±10 %%", age, j)
+		}
+		lo, hi = min(lo, j), max(hi, j)
+	}
+	if hi-lo < age/10 {
+		t.Fatalf("1,000 ages spread over %s only; want most of ±10 %% of %s", hi-lo, age)
+	}
+	if jitter(time.Nanosecond) != time.Nanosecond {
+		t.Fatal("an age too short to spread is kept")
+	}
+}
+
+// A stream the aggregator ended fails the agent's next sends; the status
+// it ended with is the agent's to read, as gRPC's SendMsg returns io.EOF
+// and RecvMsg the status. A failed write closed the connection, and the
+// status was lost to "use of closed network connection".
+func TestASendAfterTheStreamEndedLeavesItsStatusToRecv(t *testing.T) {
+	out := make(chan seen, 1)
+	addr := serve(t, NewServer(echo(out), ServerOptions{}))
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello("refuse-me")); err != nil {
+		t.Fatal(err)
+	}
+	<-out // the handler has returned: its status is written, the connection closed
+	deadline := time.Now().Add(10 * time.Second)
+	for seq := uint64(1); ; seq++ {
+		err := st.Send(batch(seq, 8))
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("Send after the stream's end: %v; want io.EOF", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("every send succeeded on a stream the aggregator ended")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, err = st.Recv()
+	if s, _ := status.FromError(err); s.Code() != codes.PermissionDenied || s.Message() != "node refuse-me may not report" {
+		t.Fatalf("Recv: %v; want the handler's PermissionDenied", err)
+	}
+}
+
+// The ingest port waits up to its handshake bound for a connection's first
+// byte, and the framed handshake then had a bound of its own from then: a
+// peer whose first byte came at the end of the wait held its place for
+// twice the bound. ServeConnBy keeps the wait's deadline: one already past
+// serves nothing, however complete the preface.
+func TestAHandshakeDueBeforeItsStartServesNothing(t *testing.T) {
+	out := make(chan seen, 1)
+	s := NewServer(echo(out), ServerOptions{})
+	defer s.Close()
+	srv, cl := net.Pipe()
+	defer func() { _ = cl.Close() }()
+	done := make(chan struct{})
+	go func() { s.ServeConnBy(srv, time.Now().Add(-time.Second)); close(done) }()
+	go func() { _, _ = io.WriteString(cl, PrefaceTCP) }()
+	var h [headerLen]byte
+	if _, err := io.ReadFull(cl, h[:]); err == nil {
+		t.Fatalf("answered %x past the handshake's deadline", h)
+	}
+	<-done
+	select {
+	case sn := <-out:
+		t.Fatalf("the handler ran: %+v", sn)
+	default:
 	}
 }

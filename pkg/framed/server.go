@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -33,6 +34,9 @@ type ServerOptions struct {
 	Codec encoding.CodecV2
 	// MaxMessage is the largest message read (DefaultMaxMessage when 0).
 	MaxMessage int
+	// Pool gives the buffers messages are read into (gRPC's default pool
+	// when nil, as its server's).
+	Pool mem.BufferPool
 	// Handshake bounds the preface, the TLS handshake and the token.
 	Handshake time.Duration
 	// Idle is the most a connection may send nothing (an agent sends a
@@ -69,6 +73,9 @@ func NewServer(handler func(pulsev1.Ingest_ReportServer) error, o ServerOptions)
 	}
 	if o.MaxMessage <= 0 {
 		o.MaxMessage = DefaultMaxMessage
+	}
+	if o.Pool == nil {
+		o.Pool = mem.DefaultBufferPool()
 	}
 	if o.Handshake <= 0 {
 		o.Handshake = 10 * time.Second
@@ -120,8 +127,14 @@ func (s *Server) Close() {
 }
 
 // ServeConn serves c, a connection whose first byte is FirstByte, until its
-// stream ends; it closes c.
-func (s *Server) ServeConn(c net.Conn) {
+// stream ends; it closes c. Its handshake has o.Handshake from now.
+func (s *Server) ServeConn(c net.Conn) { s.ServeConnBy(c, time.Time{}) }
+
+// ServeConnBy is ServeConn with the handshake due by a time (zero: o.Handshake
+// from now): a port that waited for the connection's first byte passes the
+// handshake's deadline that wait began, so that a peer's first byte at the
+// end of the wait buys it no second one.
+func (s *Server) ServeConnBy(c net.Conn, by time.Time) {
 	if !s.track(c) {
 		_ = c.Close()
 		return
@@ -129,7 +142,10 @@ func (s *Server) ServeConn(c net.Conn) {
 	defer s.untrack(c)
 	ctx, cancel := context.WithCancel(s.base)
 	defer cancel()
-	conn, token, err := s.handshake(ctx, c)
+	if by.IsZero() {
+		by = time.Now().Add(s.o.Handshake)
+	}
+	conn, token, err := s.handshake(ctx, c, by)
 	if err != nil {
 		s.o.Log.Debug("framed connection refused", logging.KeyAddr, c.RemoteAddr().String(), logging.KeyErr, err)
 		return
@@ -142,16 +158,28 @@ func (s *Server) ServeConn(c net.Conn) {
 	ctx = peer.NewContext(ctx, &peer.Peer{Addr: c.RemoteAddr(), LocalAddr: c.LocalAddr()})
 	st := &serverStream{s: s, conn: conn, ctx: ctx}
 	if s.o.MaxAge > 0 {
-		st.until = time.Now().Add(s.o.MaxAge)
+		st.until = time.Now().Add(jitter(s.o.MaxAge))
 	}
 	herr := s.handler(st)
 	_ = writeStatus(conn, herr, s.o.WriteTimeout)
 }
 
+// jitter is age ± 10 % at random, as gRPC's MaxConnectionAge is: the
+// streams a replica took at its start (every agent's, within seconds) do
+// not all end, and reconnect with their token reviews and catalogues, at
+// the same moment every MaxAge.
+func jitter(age time.Duration) time.Duration {
+	spread := int64(age / 5)
+	if spread <= 0 {
+		return age
+	}
+	return age - age/10 + time.Duration(rand.Int64N(spread+1)) //nolint:gosec // G404: a spread of reconnects, not a secret
+}
+
 // handshake reads the preface (answering it), makes the TLS handshake the
-// preface asks for, and reads the token: within o.Handshake.
-func (s *Server) handshake(ctx context.Context, c net.Conn) (net.Conn, string, error) {
-	_ = c.SetDeadline(time.Now().Add(s.o.Handshake))
+// preface asks for, and reads the token: by the time given.
+func (s *Server) handshake(ctx context.Context, c net.Conn, by time.Time) (net.Conn, string, error) {
+	_ = c.SetDeadline(by)
 	var pre [prefaceLen]byte
 	if _, err := io.ReadFull(c, pre[:]); err != nil {
 		return nil, "", err
@@ -250,9 +278,16 @@ func (st *serverStream) Recv() (*pulsev1.AgentMessage, error) {
 }
 
 // RecvMsg reads the next message into m: io.EOF at the agent's half-close
-// (or close) between two messages.
+// (or close) between two messages. Its payload is read as it arrives, in
+// pooled pieces of at most readPiece bytes: a header alone holds no more
+// than a piece, whatever length it declares (up to MaxMessage), where one
+// buffer of the declared length held up to 4 MiB a connection for a
+// 5-byte header until the idle bound.
 func (st *serverStream) RecvMsg(m any) error {
-	_ = st.conn.SetReadDeadline(time.Now().Add(st.s.o.Idle))
+	// The write deadline too: with TLS a read may write (crypto/tls
+	// answers a key update from within Read), and a write with no
+	// deadline to a peer that reads nothing blocked for ever.
+	_ = st.conn.SetDeadline(time.Now().Add(st.s.o.Idle))
 	kind, n, err := readHeader(st.conn, &st.hdr)
 	switch {
 	case errors.Is(err, io.EOF):
@@ -269,17 +304,35 @@ func (st *serverStream) RecvMsg(m any) error {
 	case !st.until.IsZero() && time.Now().After(st.until):
 		return status.Errorf(codes.Unavailable, "framed: the connection is past its age (%s): reconnect", st.s.o.MaxAge)
 	}
-	pool := mem.DefaultBufferPool()
-	buf := pool.Get(n)
-	if _, err := io.ReadFull(st.conn, *buf); err != nil {
-		pool.Put(buf)
-		return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
-	}
+	pool := st.s.o.Pool
+	var (
+		one  [1]*[]byte
+		bufs = one[:0]
+		data mem.BufferSlice
+	)
 	// The codec keeps nothing of the bytes (gRPC frees them after it too):
-	// the buffer goes back to the pool whatever its size.
-	defer pool.Put(buf)
-	if err := st.s.o.Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(*buf)}, m); err != nil {
+	// the pieces go back to the pool whatever their size.
+	defer func() {
+		for _, b := range bufs {
+			pool.Put(b)
+		}
+	}()
+	for left := n; left > 0; {
+		buf := pool.Get(min(left, readPiece))
+		bufs = append(bufs, buf)
+		data = append(data, mem.SliceBuffer(*buf))
+		if _, err := io.ReadFull(st.conn, *buf); err != nil {
+			return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
+		}
+		left -= len(*buf)
+	}
+	if err := st.s.o.Codec.Unmarshal(data, m); err != nil {
 		return status.Errorf(codes.Internal, "framed: failed to unmarshal the received message: %v", err)
 	}
 	return nil
 }
+
+// readPiece is the most of a message's payload read into one buffer: a
+// batch of a node's pods is a few hundred bytes, in one piece; a larger
+// message is read in pieces as its bytes come.
+const readPiece = 32 << 10

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -214,9 +215,10 @@ func (a *simAgent) open(ctx context.Context, client pulsev1.IngestClient) (grpc.
 	}
 	if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{
 		Node: a.node, AgentVersion: "fleet", AgentInstance: fmt.Sprintf("%s-%d", a.node, time.Now().UnixNano()),
-		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, AckEveryMs: uint32(agent.AckEvery.Milliseconds())}}}); err != nil {
+		ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1, AckEveryMs: uint32(agent.AckEvery.Milliseconds())}}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
+	// io.EOF: the aggregator ended the stream, and its status is Recv's.
 	welcome, err := stream.Recv()
 	if err != nil {
 		return nil, fmt.Errorf("receive welcome: %w", err)
@@ -273,7 +275,7 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 		cat, batch, rise := a.tick(enc, next)
 		if cat != nil {
 			if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: cat}}); err != nil {
-				return fmt.Errorf("send catalogue: %w", err)
+				return agent.SendFailed(ctx, fmt.Errorf("send catalogue: %w", err))
 			}
 		}
 		if batch == nil {
@@ -293,7 +295,7 @@ func (a *simAgent) session(ctx context.Context, client pulsev1.IngestClient) err
 			a.f.probeRise(w, next)
 		}
 		if err := stream.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}); err != nil {
-			return fmt.Errorf("send batch: %w", err)
+			return agent.SendFailed(ctx, fmt.Errorf("send batch: %w", err))
 		}
 		a.f.sent.Add(int64(len(batch.Pods) + len(batch.Missing)))
 	}
