@@ -118,6 +118,19 @@ func client(t *testing.T, addr string, o ClientOptions) *Client {
 	return c
 }
 
+// say opens a plaintext stream and says hello as node.
+func say(t *testing.T, addr, node string) grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage] {
+	t.Helper()
+	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(hello(node)); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // open opens a stream, says hello as node and reads the welcome.
 func open(ctx context.Context, t *testing.T, addr string, o ClientOptions, node string) grpc.BidiStreamingClient[pulsev1.AgentMessage, pulsev1.AggregatorMessage] {
 	t.Helper()
@@ -137,13 +150,7 @@ func open(ctx context.Context, t *testing.T, addr string, o ClientOptions, node 
 func TestAStreamRoundTripsAndEndsAtTheHalfClose(t *testing.T) {
 	out := make(chan seen, 1)
 	addr := serve(t, NewServer(echo(out), ServerOptions{}))
-	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(hello("node-a")); err != nil {
-		t.Fatal(err)
-	}
+	st := say(t, addr, "node-a")
 	w, err := st.Recv()
 	if err != nil || w.GetWelcome().GetAggregatorVersion() != "test" {
 		t.Fatalf("welcome %v, %v", w, err)
@@ -171,14 +178,8 @@ func TestAStreamRoundTripsAndEndsAtTheHalfClose(t *testing.T) {
 func TestTheHandlersErrorReachesTheAgentAsItsStatus(t *testing.T) {
 	out := make(chan seen, 1)
 	addr := serve(t, NewServer(echo(out), ServerOptions{}))
-	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(hello("refuse-me")); err != nil {
-		t.Fatal(err)
-	}
-	_, err = st.Recv()
+	st := say(t, addr, "refuse-me")
+	_, err := st.Recv()
 	if s, _ := status.FromError(err); s.Code() != codes.PermissionDenied || s.Message() != "node refuse-me may not report" {
 		t.Fatalf("Recv: %v; want the handler's PermissionDenied", err)
 	}
@@ -340,14 +341,8 @@ func TestAnIdleConnectionEnds(t *testing.T) {
 func TestAStreamPastItsAgeEndsAtItsNextMessage(t *testing.T) {
 	out := make(chan seen, 1)
 	addr := serve(t, NewServer(echo(out), ServerOptions{MaxAge: time.Nanosecond}))
-	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(hello("node-old")); err != nil {
-		t.Fatal(err)
-	}
-	_, err = st.Recv()
+	st := say(t, addr, "node-old")
+	_, err := st.Recv()
 	if s, _ := status.FromError(err); s.Code() != codes.Unavailable || !strings.Contains(s.Message(), "reconnect") {
 		t.Fatalf("Recv: %v; want Unavailable, reconnect", err)
 	}
@@ -659,13 +654,7 @@ func TestAStreamsAgeIsSpread(t *testing.T) {
 func TestASendAfterTheStreamEndedLeavesItsStatusToRecv(t *testing.T) {
 	out := make(chan seen, 1)
 	addr := serve(t, NewServer(echo(out), ServerOptions{}))
-	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(hello("refuse-me")); err != nil {
-		t.Fatal(err)
-	}
+	st := say(t, addr, "refuse-me")
 	<-out // the handler has returned: its status is written, the connection closed
 	deadline := time.Now().Add(10 * time.Second)
 	for seq := uint64(1); ; seq++ {
@@ -681,7 +670,7 @@ func TestASendAfterTheStreamEndedLeavesItsStatusToRecv(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	_, err = st.Recv()
+	_, err := st.Recv()
 	if s, _ := status.FromError(err); s.Code() != codes.PermissionDenied || s.Message() != "node refuse-me may not report" {
 		t.Fatalf("Recv: %v; want the handler's PermissionDenied", err)
 	}
