@@ -316,8 +316,16 @@ func streamOptions(tls bool, streams int) []grpc.ServerOption {
 		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10),
 		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
 		grpc.MaxConcurrentStreams(uint32(streams)), grpc.KeepaliveParams(ka), grpc.HeaderTableSize(0),
+		grpc.MaxHeaderListSize(maxIngestHeaders),
 	}
 }
+
+// maxIngestHeaders bounds a stream's headers (HTTP/2's header list, as
+// gRPC counts it; its default is 16 MiB, held for the stream's life): an
+// agent's are its token (about 1 KB; the framed transport's is at most
+// 16 KiB) and a relay's name of the replica. Past it the stream is reset,
+// and the agent's gRPC, told the bound in the settings, fails it saying so.
+const maxIngestHeaders = 32 << 10
 
 // ingestConnectionAge and ingestConnectionGrace bound an agent connection's
 // life (streamOptions): the agents' token lives an hour (the chart's

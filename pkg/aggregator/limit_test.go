@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/pulse-io/pulse/pkg/netbound"
+	"github.com/pulse-io/pulse/test/h2settings"
 )
 
 // TestIngestConnectionsReadIntoPooledBuffers: wrapped by netutil's limit,
@@ -131,24 +132,18 @@ func TestLimitListenerCloseEndsTheWait(t *testing.T) {
 	}
 }
 
-// TestTheIngestPortKeepsNoHeaderTable: the ingest port's first SETTINGS
-// frame asks for a header table of 0, so that no agent connection's
-// headers (its token among them) are held for the connection's life in
-// HPACK's dynamic table (streamOptions).
-func TestTheIngestPortKeepsNoHeaderTable(t *testing.T) {
+// TestTheIngestPortsSettings: the ingest port's first SETTINGS frame asks
+// for a header table of 0, so that no agent connection's headers (its token
+// among them) are held for the connection's life in HPACK's dynamic table;
+// bounds a stream's headers at 32 KiB (gRPC's default, 16 MiB, was held for
+// the stream's life); and keeps fixed 64 KiB windows (streamOptions).
+func TestTheIngestPortsSettings(t *testing.T) {
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
-	fr := http2Conn(t, a.IngestAddr())
-	f, err := fr.ReadFrame()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sf, ok := f.(*http2.SettingsFrame)
-	if !ok || sf.IsAck() {
-		t.Fatalf("first frame %v: want the server's SETTINGS", f)
-	}
-	if v, ok := sf.Value(http2.SettingHeaderTableSize); !ok || v != 0 {
-		t.Fatalf("SETTINGS_HEADER_TABLE_SIZE %d (sent: %v): want 0", v, ok)
-	}
+	h2settings.Expect(t, h2settings.Read(t, a.IngestAddr()), map[http2.SettingID]uint32{
+		http2.SettingHeaderTableSize:   0,
+		http2.SettingMaxHeaderListSize: maxIngestHeaders,
+		http2.SettingInitialWindowSize: 64 << 10,
+	})
 }
 
 // TestOneAddressHoldsItsShareOfTheIngestPort: the ingest port held at most
@@ -215,7 +210,7 @@ func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 	ingestConnectionIdle = 300 * time.Millisecond
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
 	ln := a.ingestLn.(*limitListener)
-	fr := http2Conn(t, a.IngestAddr())
+	fr := h2settings.Dial(t, a.IngestAddr())
 	goaway := false
 	for {
 		f, err := fr.ReadFrame()
@@ -294,25 +289,4 @@ func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("KEDA beside a flood of the scaler port: %v", err)
 	}
-}
-
-// http2Conn opens a connection to addr that has said HTTP/2's preface and
-// its SETTINGS, and no more, and returns its framer; closed at the test's
-// end.
-func http2Conn(t *testing.T, addr string) *http2.Framer {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	return fr
 }

@@ -103,6 +103,16 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
+// MaxStreamsPerConnection bounds the streams an agent's connection holds
+// at once: it opens one an aggregator replica.
+const MaxStreamsPerConnection = 16
+
+// MaxHeaderList bounds a stream's headers (HTTP/2's header list, as gRPC
+// counts it): an agent's are its token (about 1 KB; a framed connection's
+// is at most 16 KiB) and the replica it names. gRPC's default is 16 MiB,
+// held for the stream's life.
+const MaxHeaderList = 32 << 10
+
 // The http port's bounds (the aggregator's too): connections held at once,
 // in all and from one remote address; past either a new one is closed.
 const (
@@ -150,8 +160,13 @@ func NewServer(o *Options, log *slog.Logger) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 30 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// An agent opens one stream a replica, on its one connection.
-		grpc.MaxConcurrentStreams(64),
+		grpc.MaxConcurrentStreams(MaxStreamsPerConnection),
 		grpc.ReadBufferSize(read), grpc.WriteBufferSize(4 << 10), grpc.HeaderTableSize(0),
+		// Windows fixed at 64 KiB, as the aggregator's: gRPC's sizing by
+		// the bandwidth and delay let a client grow a stream's to 16 MiB.
+		grpc.InitialWindowSize(64 << 10), grpc.InitialConnWindowSize(64 << 10),
+		// A stream's headers are its token and the replica it names.
+		grpc.MaxHeaderListSize(MaxHeaderList),
 	}
 	opts = append(opts, r.ServerOptions()...)
 	if o.TLSCertFile != "" {

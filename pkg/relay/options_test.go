@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/pulse-io/pulse/test/h2settings"
 	"github.com/pulse-io/pulse/test/httpflood"
 )
 
@@ -96,4 +98,19 @@ func TestTheHTTPPortHoldsBoundedConnections(t *testing.T) {
 	if _, err := httpflood.GetFrom(o.HTTPAddr, "/livez"); err != nil {
 		t.Fatalf("the probe beside a flood: %v", err)
 	}
+}
+
+// TestTheAgentsPortAnnouncesItsBounds: the agents' port held a stream's
+// headers up to gRPC's 16 MiB for the stream's life, and let a client grow
+// a stream's window to 16 MiB (gRPC's sizing by bandwidth and delay). It
+// announces, and so holds, 32 KiB of headers, fixed 64 KiB windows and 16
+// streams a connection.
+func TestTheAgentsPortAnnouncesItsBounds(t *testing.T) {
+	o, _ := startServer(t)
+	h2settings.Expect(t, h2settings.Read(t, o.Listen), map[http2.SettingID]uint32{
+		http2.SettingMaxHeaderListSize:    MaxHeaderList,
+		http2.SettingInitialWindowSize:    64 << 10,
+		http2.SettingMaxConcurrentStreams: MaxStreamsPerConnection,
+		http2.SettingHeaderTableSize:      0,
+	})
 }

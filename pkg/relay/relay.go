@@ -24,6 +24,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,8 +48,8 @@ import (
 // replica (ip:port, as it resolved it) that a stream through a relay is for.
 const UpstreamKey = "pulse-upstream"
 
-// DefaultStreamWait is Config.StreamWait's default: an agent's hello
-// waits 10 s for its welcome.
+// DefaultStreamWait is Config.StreamWait's default, well within the 10 s an
+// agent's hello waits for its welcome.
 const DefaultStreamWait = 3 * time.Second
 
 // reportMethod is the one method a relay forwards.
@@ -107,7 +108,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -235,6 +236,13 @@ func (r *Relay) resolve(ctx context.Context, prune bool) {
 	}
 }
 
+// isClosed says that Run has returned.
+func (r *Relay) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
 // upstreamFor is the replica addr's upstream, when addr is one the relay
 // resolved. An address not known yet (a replica the agent resolved first)
 // makes one lookup at most each second.
@@ -247,7 +255,10 @@ func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) 
 	}
 	r.mu.Unlock()
 	if ask {
-		r.resolve(ctx, false)
+		// Its own bound (resolve's), not the asking stream's: a stream
+		// reset at once cut the one lookup a second every other stream
+		// waits on.
+		r.resolve(context.WithoutCancel(ctx), false)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -304,6 +315,7 @@ func (u *upstream) acquire() (*pooled, error) {
 	}
 	cc, err := grpc.NewClient(u.addr, grpc.WithTransportCredentials(u.r.cfg.Transport(u.name)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10),
 		grpc.WithDefaultCallOptions(grpc.ForceCodec(Codec{})))
 	if err != nil {
 		return nil, err
@@ -360,7 +372,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(ss)
 	if method != reportMethod {
 		r.m.refused.WithLabelValues("method").Inc()
-		return status.Errorf(codes.Unimplemented, "relay: only %s is forwarded, not %s", reportMethod, method)
+		return status.Errorf(codes.Unimplemented, "relay: only %s is forwarded, not %s", reportMethod, shown(method))
 	}
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -372,8 +384,12 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	addr := netbound.Canonical(names[0])
 	u, ok := r.upstreamFor(ctx, addr)
 	if addr == "" || !ok {
+		if r.isClosed() {
+			r.m.refused.WithLabelValues("closing").Inc()
+			return status.Error(codes.Unavailable, "relay: shutting down: reconnect (through another relay)")
+		}
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()
-		return status.Errorf(codes.Unavailable, "relay: %q is not an aggregator replica this relay resolves from %s", names[0], strings.Join(r.cfg.Aggregators, ", "))
+		return status.Errorf(codes.Unavailable, "relay: %q is not an aggregator replica this relay resolves from %s", shown(names[0]), strings.Join(r.cfg.Aggregators, ", "))
 	}
 	// Only the agent's token is forwarded: the aggregator reads nothing
 	// else of a stream's metadata, and a header HTTP/2 forbids (keep-alive,
@@ -406,12 +422,29 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 
 // forward carries the agent's stream ss and the replica's up both ways
 // until either ends; cancel ends up.
+//
+// Until the replica's first answer (the welcome, after it reviewed the
+// stream's token) only the agent's first message is read and forwarded:
+// the aggregator reads nothing of a stream before its review, and the
+// relay had read on, a message of up to 4 MiB queued to the replica and
+// another held, for every stream a client opened with a token no one
+// had reviewed yet.
 func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, addr string) error {
 	toAgg, toAgent := r.m.messages.WithLabelValues("to_aggregator"), r.m.messages.WithLabelValues("to_agent")
+	answered := make(chan struct{}) // the replica's first message reached the agent
 	// The agent's messages, forwarded until it closes its side (then the
 	// replica's side is closed too) or the stream ends.
 	go func() {
-		for {
+		wait := answered // nil once answered
+		for first := true; ; first = false {
+			if !first && wait != nil {
+				select {
+				case <-wait:
+					wait = nil
+				case <-ctx.Done():
+					return
+				}
+			}
 			var f Frame
 			if err := ss.RecvMsg(&f); err != nil {
 				if errors.Is(err, io.EOF) {
@@ -427,7 +460,7 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 			toAgg.Inc()
 		}
 	}()
-	for {
+	for first := true; ; first = false {
 		var f Frame
 		if err := up.RecvMsg(&f); err != nil {
 			ss.SetTrailer(up.Trailer())
@@ -439,6 +472,9 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 		if err := ss.SendMsg(&f); err != nil {
 			return err
 		}
+		if first {
+			close(answered)
+		}
 		toAgent.Inc()
 	}
 }
@@ -449,15 +485,21 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 // marks c full and is refused, saying so, and the agent's next try gets a
 // connection of its own.
 func (r *Relay) open(ctx context.Context, cancel context.CancelFunc, u *upstream, c *pooled) (grpc.ClientStream, error) {
-	var waited atomic.Bool
-	timer := time.AfterFunc(r.cfg.StreamWait, func() { waited.Store(true); cancel() })
+	var waited, readyThen atomic.Bool
+	timer := time.AfterFunc(r.cfg.StreamWait, func() {
+		readyThen.Store(c.cc.GetState() == connectivity.Ready)
+		waited.Store(true)
+		cancel()
+	})
 	up, err := c.cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, reportMethod)
 	if timer.Stop() && err == nil {
 		return up, nil
 	}
-	// A connection up that did not let the stream open is at the
-	// replica's bound; one still connecting is only slow.
-	if waited.Load() && c.cc.GetState() == connectivity.Ready {
+	// A connection up when the wait ended that did not let the stream
+	// open (its NewStream cut by that end) is at the replica's bound; one
+	// still connecting then is only slow, and a stream that opened as the
+	// wait ended proves nothing.
+	if waited.Load() && readyThen.Load() && status.Code(err) == codes.Canceled {
 		n := u.full(c)
 		r.m.refused.WithLabelValues("upstream_full").Inc()
 		r.cfg.Log.Warn("an aggregator replica let no more streams open on a relay connection: its --max-ingest-streams-per-connection is below the relay's --streams-per-connection",
@@ -522,3 +564,14 @@ func (Codec) Unmarshal(data []byte, v any) error {
 
 // Name is proto's.
 func (Codec) Name() string { return "proto" }
+
+// shown is an agent's string as an error quotes it: printable, and at most
+// a name's length (a header's value is up to the port's header bound, and
+// %q made a byte past ASCII four).
+func shown(v string) string {
+	const most = 256
+	if len(v) > most {
+		v = v[:most] + "…"
+	}
+	return strconv.QuoteToASCII(v)
+}

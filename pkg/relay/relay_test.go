@@ -40,6 +40,10 @@ type aggregator struct {
 	md     []metadata.MD
 	ended  []error
 	refuse error
+	// hold, when set, holds each hello's welcome until it is closed;
+	// hellos counts the hellos read.
+	hold   chan struct{}
+	hellos atomic.Int64
 	srv    *grpc.Server
 }
 
@@ -95,8 +99,12 @@ func (a *aggregator) serve(s pulsev1.Ingest_ReportServer, refuse error) error {
 		var out *pulsev1.AggregatorMessage
 		switch {
 		case m.GetHello() != nil:
+			a.hellos.Add(1)
 			if refuse != nil {
 				return refuse
+			}
+			if a.hold != nil {
+				<-a.hold
 			}
 			out = &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: "for " + m.GetHello().Node}}}
 		case m.GetBatch() != nil:
@@ -319,6 +327,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP pulse_relay_refused_streams_total Agent streams refused, by reason.
 # TYPE pulse_relay_refused_streams_total counter
+pulse_relay_refused_streams_total{reason="closing"} 0
 pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
 pulse_relay_refused_streams_total{reason="plaintext_token"} 1
@@ -534,5 +543,72 @@ func eventually(t *testing.T, what string, f func() error) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNothingButTheHelloBeforeTheWelcome: the aggregator reads nothing of
+// a stream before it has reviewed its token, and the relay read on: a
+// message of up to 4 MiB queued to the replica and another held, for each
+// stream a client opened with a token no one had reviewed. Until the
+// replica's first answer only the agent's first message is forwarded; the
+// rest follow it.
+func TestNothingButTheHelloBeforeTheWelcome(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.hold = make(chan struct{})
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, at, agg.addr)
+	for _, m := range []*pulsev1.AgentMessage{hello("node-1"), batch(1), batch(2)} {
+		if err := s.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	toAgg := r.m.messages.WithLabelValues("to_aggregator")
+	eventually(t, "the hello forwarded", func() error {
+		if agg.hellos.Load() != 1 {
+			return errors.New("no hello at the replica")
+		}
+		return nil
+	})
+	// Not proof of a negative, but a relay that read on forwards the
+	// batches within microseconds.
+	for range 20 {
+		if n := testutil.ToFloat64(toAgg); n != 1 {
+			t.Fatalf("%v messages forwarded before the replica answered; want the hello alone", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(agg.hold)
+	if w, err := s.Recv(); err != nil || w.GetWelcome() == nil {
+		t.Fatalf("welcome: %v, %v", w, err)
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		if a, err := s.Recv(); err != nil || a.GetAck().GetSeq() != seq {
+			t.Fatalf("ack %d: %v, %v", seq, a, err)
+		}
+	}
+}
+
+// TestTheAgentsOwnFailureIsItsStatus: a message past the relay's bound
+// failed the relay's read of the agent, which cut the replica's stream,
+// and the agent was told the replica was unavailable (and sent the same
+// message again, for ever). It is told what a direct stream would have
+// said: ResourceExhausted, the message larger than the bound.
+func TestTheAgentsOwnFailureIsItsStatus(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, at, agg.addr)
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := s.Recv(); err != nil || w.GetWelcome() == nil {
+		t.Fatalf("welcome: %v, %v", w, err)
+	}
+	big := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1, Values: make([]int64, 5<<20)}}}
+	_ = s.Send(big)
+	_, err := s.Recv()
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "larger than max") {
+		t.Fatalf("Recv after a message past the bound: %v; want ResourceExhausted, larger than max", err)
 	}
 }
