@@ -226,7 +226,10 @@ func unreported(t Trigger, def metric.Def, r *store.Reading, c *tally, detail bo
 			if err := staleDemand(t, r.Demand); err != nil {
 				return Decision{}, true, err
 			}
-			d := demandOnly(t, r.Demand, c.drainingReady)
+			d, err := demandOnly(t, r.Demand, c.drainingReady)
+			if err != nil {
+				return Decision{}, true, err
+			}
 			d.LeftOut = len(r.Pods)
 			if detail {
 				d.list(podDecisions(r.Pods, -1, "", false))
@@ -307,13 +310,8 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 		v = heldUp(t, v, len(c.vals)+c.missing, hpaReady)
 	}
 	d.Pending = dv.Held
-	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
-	}
-	if v > MaxValue {
-		// KEDA keeps a value in thousandths in an int64: past about 9.2e15
-		// it wraps negative, and the HPA scales to its minimum.
-		return Decision{}, status.Errorf(codes.Internal, "%s: computed value %g is past %g, more than KEDA can carry", describe(t), v, MaxValue)
+	if err := valid(t, v); err != nil {
+		return Decision{}, err
 	}
 	d.Value, d.Active = v, v > t.ActivationThreshold
 	d.Counted = len(pods) - c.missing - c.starting - c.terminating - c.undefined
@@ -382,7 +380,7 @@ func noReplica(t Trigger, r store.Reading) (Decision, error) {
 		if err := staleDemand(t, dv); err != nil {
 			return Decision{}, err
 		}
-		return demandOnly(t, dv, 0), nil
+		return demandOnly(t, dv, 0)
 	}
 	if dv.Stale > 0 {
 		return Decision{}, status.Errorf(codes.Unavailable, "%s: no replica, and its %d demand sources have not reported within staleAfter %s", describe(t), dv.Stale, t.StaleAfter)
@@ -409,8 +407,15 @@ func staleDemand(t Trigger, dv store.DemandValue) error {
 // grace period; at least one), as forTheHPA spreads them: the HPA
 // multiplied the whole by its count (20 requests held beside 2 draining
 // pods, threshold 10: 4 replicas, not 2).
-func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) Decision {
+//
+// Its value is bounded as every answer is (valid): a router's page of
+// huge values (1e308, summed to +Inf) was answered as it was, and KEDA's
+// thousandths of it wrapped.
+func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) (Decision, error) {
 	v := forTheHPA(t, 0, 0, hpaReady, dv.Held+dv.Arrived)
+	if err := valid(t, v); err != nil {
+		return Decision{}, err
+	}
 	d := Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "down", Reporting: v, Pending: v}
 	if t.ValueType == "average" {
 		d.Ready = hpaReady // what the HPA multiplies by: the desired count shown is its
@@ -418,7 +423,21 @@ func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) Decision {
 	if v > t.Threshold {
 		d.Direction = "up"
 	}
-	return d
+	return d, nil
+}
+
+// valid refuses an answer's value that is no metric value KEDA can carry:
+// negative, not a number, infinite, or past MaxValue (KEDA keeps a value
+// in thousandths in an int64: past about 9.2e15 it wraps negative, and the
+// HPA scales to its minimum).
+func valid(t Trigger, v float64) error {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return status.Errorf(codes.Internal, "%s: computed value %v is not a valid metric value", describe(t), v)
+	}
+	if v > MaxValue {
+		return status.Errorf(codes.Internal, "%s: computed value %g is past %g, more than KEDA can carry", describe(t), v, MaxValue)
+	}
+	return nil
 }
 
 // fill is the value given to ready pods with no value, and the rule's name;

@@ -877,3 +877,31 @@ func TestDesiredReplicasIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldDemandKEDACannotCarryIsAnError: the routers' demand alone (no
+// replica ready, or none at all) was answered as it was, unchecked: a
+// router's page of huge values (summed to +Inf, or past MaxValue) reached
+// KEDA, whose thousandths of it wrap negative. It is bounded as every
+// answer is.
+func TestHeldDemandKEDACannotCarryIsAnError(t *testing.T) {
+	for _, pods := range [][]podSpec{nil, {{name: "c", state: "starting"}}} {
+		for _, held := range []float64{1e16, math.Inf(1)} {
+			f := newFixture(t)
+			router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
+			f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
+			if pods != nil {
+				f.scenario(pods...)
+			}
+			r := store.Report{UID: router.UID}
+			r.TimeMs = f.clock.Now().UnixMilli()
+			r.Values.Set(metric.PendingRequests, held)
+			f.store.Add([]store.Report{r})
+			tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10, ValueType: "total", Aggregation: "avg", Window: 10 * time.Second,
+				StaleAfter: 5 * time.Second, MissingPods: "auto"}
+			d, err := f.server.Evaluate(tr)
+			if status.Code(err) != codes.Internal {
+				t.Errorf("%d pods, %g held: %+v, %v; want Internal", len(pods), held, d, err)
+			}
+		}
+	}
+}

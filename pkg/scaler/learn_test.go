@@ -185,6 +185,11 @@ func TestTheScaledObjectCacheHoldsOnlyWhatItReads(t *testing.T) {
 	for i := range many {
 		many[i] = trigger("external-push", replicasMD())
 	}
+	// Junk within the metadata's bounds (1 KiB a value) in KEDA's keys and
+	// pulse's: the first kept at most pulse's keys, the second left out.
+	junk := strings.Repeat("0", 1000)
+	many[0] = trigger("external-push", replicasMD("scalerAddress", junk, "caCert", junk, "tlsClientCert", junk))
+	many[1] = trigger("external-push", replicasMD("sloTtft", junk))
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"}, so, withTriggers("tenant-b", "many-so", many...))
 	r := NewInformerResolver(client)
@@ -210,6 +215,15 @@ func TestTheScaledObjectCacheHoldsOnlyWhatItReads(t *testing.T) {
 			t.Fatal(err)
 		}
 		held += len(b)
+		triggers, _, _ := unstructured.NestedSlice(obj.(*unstructured.Unstructured).Object, "spec", "triggers")
+		for _, tr := range triggers {
+			md, _, _ := unstructured.NestedStringMap(tr.(map[string]any), "metadata")
+			for k := range md {
+				if !slices.Contains(pulseKeys, k) {
+					t.Errorf("the cache keeps %s's metadata key %s: learning reads pulse's alone", obj.(*unstructured.Unstructured).GetName(), k)
+				}
+			}
+		}
 	}
 	if held > 8<<10 {
 		t.Fatalf("the ScaledObject cache holds %d bytes of two ScaledObjects whose targets and planner triggers are a few hundred", held)

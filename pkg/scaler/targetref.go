@@ -56,7 +56,7 @@ const maxPlannerTriggers = 8
 
 // trimScaledObject is what the cache keeps of a ScaledObject: its name,
 // spec.scaleTargetRef's kind and name, and of its planner triggers
-// (external-push, metric replicas) the metadata keys pulse and KEDA know,
+// (external-push, metric replicas) pulse's own metadata keys,
 // each trigger whose metadata a KEDA call would be refused for left out.
 // Every tenant's ScaledObjects were held whole (a last-applied annotation,
 // managed fields, every trigger of every scaler): a tenant's few hundred
@@ -118,8 +118,13 @@ func CutName(v string) string {
 }
 
 // plannerMetadata is the metadata of tr, a ScaledObject's trigger, as the
-// cache keeps it when tr is a planner trigger KEDA's call would parse: the
-// keys pulse and KEDA know; nil otherwise.
+// cache keeps it when tr is a planner trigger KEDA's call would parse:
+// pulse's own keys (learning reads no other); nil otherwise, and nil when
+// one of them is longer than any value pulse takes (a name's 253 bytes, a
+// number's or a duration's 64). Each of the 31 keys pulse and KEDA know was
+// kept at up to the metadata's 1 KiB, eight triggers an object: a
+// tenant's 1,000 ScaledObjects of junk values within the bounds held about
+// 250 MB in every replica.
 //
 // A trigger with one of pulse's keys from the environment (<key>FromEnv)
 // is nil too: KEDA reads the variable from the scale target's containers
@@ -155,11 +160,29 @@ func plannerMetadata(tr any) map[string]any {
 	}
 	out := map[string]any{}
 	for k, v := range md {
-		if known[k] {
-			out[k] = v
+		if !slices.Contains(pulseKeys, k) {
+			continue
 		}
+		if len(v) > maxKeptValue(k) {
+			return nil // not learned (KEDA's own calls plan it as ever)
+		}
+		out[k] = v
 	}
 	return out
+}
+
+// maxKeptValue is the longest value of pulse's key k the cache keeps: a
+// workload's name (or namespace, or metric name) is at most an object's
+// name, a number or a duration far shorter.
+func maxKeptValue(k string) int {
+	switch k {
+	case "namespace", "workspaceNamespace", "metricName":
+		return maxWorkloadName
+	}
+	if slices.ContainsFunc(workloadKeys, func(wk struct{ key, kind string }) bool { return wk.key == k }) {
+		return maxWorkloadName
+	}
+	return 64
 }
 
 // fromEnv reports whether md takes one of pulse's keys from the
