@@ -300,7 +300,7 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 func parseMetric(md map[string]string, t *Trigger) error {
 	if m := md["metric"]; m != "" {
 		if _, ok := metric.Lookup(m); !ok && m != MetricReplicas {
-			return &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", m, MetricReplicas, strings.Join(metric.Names(), ", "))}
+			return &MetadataError{Key: "metric", Msg: fmt.Sprintf("unknown metric %q; one of %s or %s", wire.CleanText(m, 64), MetricReplicas, strings.Join(metric.Names(), ", "))}
 		}
 		t.Metric = m
 		if n := md["metricName"]; n != "" && n != m && vllmNames[n] != m {
@@ -312,7 +312,7 @@ func parseMetric(md map[string]string, t *Trigger) error {
 			t.Metric = vllmNames[m]
 		default:
 			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
-				return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", m)}
+				return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", wire.CleanText(m, 64))}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
 		}
@@ -392,6 +392,12 @@ func loadTargets(md map[string]string, t *Trigger) error {
 		if *c.v < 0 {
 			return &MetadataError{Key: c.key, Msg: "must not be negative (0 leaves its gauge out of saturation)"}
 		}
+		// As threshold's bounds: a target of 1e308 measured nothing (the
+		// load about 0 for ever, never scaling up), one of 1e-320 divided
+		// to infinity at the first evaluation.
+		if *c.v != 0 && (*c.v < MinThreshold || *c.v > MaxThreshold) {
+			return &MetadataError{Key: c.key, Msg: fmt.Sprintf("must be 0 (leaving its gauge out) or from %g to %g", MinThreshold, MaxThreshold)}
+		}
 	}
 	if t.Load.KVCache > 1 {
 		return &MetadataError{Key: "kvCacheTarget", Msg: "is a fraction of the KV cache: at most 1"}
@@ -418,7 +424,7 @@ func number(md map[string]string, key string, def float64) (float64, error) {
 	}
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a finite number", s)}
+		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a finite number", wire.CleanText(s, 64))}
 	}
 	return v, nil
 }
@@ -433,7 +439,7 @@ func oneOf(md map[string]string, key, def string, allowed ...string) (string, er
 			return s, nil
 		}
 	}
-	return "", &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not one of %s", s, strings.Join(allowed, ", "))}
+	return "", &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not one of %s", wire.CleanText(s, 64), strings.Join(allowed, ", "))}
 }
 
 func duration(md map[string]string, key string, def time.Duration) (time.Duration, error) {
@@ -443,7 +449,7 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a duration such as 10s", s)}
+		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a duration such as 10s", wire.CleanText(s, 64))}
 	}
 	return d, nil
 }

@@ -238,6 +238,11 @@ func TestInvalidMetadata(t *testing.T) {
 		"negative staleness":  {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
 		"staleness past 10m":  {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
 		"threshold past 1e12": {md: map[string]string{"workspace": "a", "threshold": "2e12"}, key: "threshold"},
+		// A target that measures nothing (the load about 0 for ever), or
+		// divides to infinity.
+		"waitingTarget past 1e12": {md: map[string]string{"workspace": "a", "metric": "saturation", "waitingTarget": "1e308"}, key: "waitingTarget"},
+		"runningTarget too small": {md: map[string]string{"workspace": "a", "metric": "saturation", "runningTarget": "1e-320"}, key: "runningTarget"},
+		"kvCacheTarget too small": {md: map[string]string{"workspace": "a", "metric": "saturation", "kvCacheTarget": "1e-9"}, key: "kvCacheTarget"},
 		// Keys that were checked, then ignored.
 		"kvCacheTarget on waiting":  {md: map[string]string{"workspace": "a", "kvCacheTarget": "0.5"}, key: "kvCacheTarget"},
 		"runningTarget on running":  {md: map[string]string{"workspace": "a", "metric": "running", "runningTarget": "32"}, key: "runningTarget"},
@@ -754,5 +759,19 @@ func TestTriggersReadOnlyTheirNamespace(t *testing.T) {
 		ScaledObjectRef: ref(map[string]string{"workspace": "llama", "namespace": "other"}), MetricName: "x"})
 	if status.Code(err) == codes.InvalidArgument {
 		t.Fatalf("with --allow-cross-namespace-triggers: %v", err)
+	}
+}
+
+// TestARefusalQuotesAValueShort: a refusal quoted the value whole, up to
+// the metadata's 1 KiB and four times that escaped, to KEDA, the log and
+// each of the refusals kept. It quotes at most 64 bytes of it.
+func TestARefusalQuotesAValueShort(t *testing.T) {
+	f := newFixture(t)
+	long := strings.Repeat("\x01", 1000) // each byte quoted as \x01
+	for _, key := range []string{"threshold", "valueType", "window", "metric", "metricName"} {
+		_, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", key: long}))
+		if n := strings.Count(err.Error(), `\x01`) + strings.Count(err.Error(), "\x01"); status.Code(err) != codes.InvalidArgument || n > 64 {
+			t.Errorf("%s of 1,000 bytes: %d of them in the error, %v; want InvalidArgument quoting at most 64", key, n, status.Code(err))
+		}
 	}
 }
