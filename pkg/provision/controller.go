@@ -298,6 +298,21 @@ func (r *run) discover(ctx context.Context) {
 			continue
 		}
 		kind := k.Kind
+		// A kind served and not listable (the aggregator's role lacks it)
+		// gave its annotated workloads no state, Event or error: client-go's
+		// own log alone said so, at each of its retries.
+		var lastErr string
+		if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+			r.c.m.errors.WithLabelValues("watch").Inc()
+			if msg := err.Error(); msg != lastErr { // the reflector's goroutine alone calls it
+				lastErr = msg
+				r.c.o.Log.Warn("workloads not listed or watched: those annotated pulse.io/autoscale are not provisioned until they are",
+					logging.KeyKind, kind, logging.KeyErr, err)
+			}
+		}); err != nil {
+			r.c.o.Log.Error("watch", logging.KeyKind, kind, logging.KeyErr, err)
+			continue
+		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: func(o any) { r.workloadChanged(kind, o) },
 			UpdateFunc: func(old, o any) {

@@ -1173,3 +1173,25 @@ func TestATypoReachesTheWorkloadsState(t *testing.T) {
 		t.Fatal("a ScaledObject was made at the default")
 	}
 }
+
+// TestAKindThatCannotBeListedIsCounted: a workload kind the cluster serves
+// and the aggregator may not list (its role lacks it) gave its annotated
+// workloads no state, Event or error: client-go's log alone said so. Each
+// failure is counted (errors{reason="watch"}), and the kinds that can be
+// listed are provisioned as ever.
+func TestAKindThatCannotBeListedIsCounted(t *testing.T) {
+	f := newFixture(t,
+		workload(infSets, "InferenceSet", "llama", map[string]string{AnnotationAutoscale: "true"}),
+		workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.meta.PrependReactor("list", "inferencesets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: infSets.Group, Resource: "inferencesets"}, "", errors.New("not in the role"))
+	})
+	f.run()
+	f.waitFor("the failure counted", func() error {
+		if n := testutil.ToFloat64(f.c.m.errors.WithLabelValues("watch")); n < 1 {
+			return fmt.Errorf("errors{reason=watch} %v", n)
+		}
+		return nil
+	})
+	f.waitFor("the Deployment provisioned", func() error { _, err := f.scaledObject("mine"); return err })
+}

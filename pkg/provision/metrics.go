@@ -16,7 +16,9 @@ func newMetrics(c *Controller) *metrics {
 		leader: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_provisioner_leader",
 			Help: "1 while this replica holds the provisioner's Lease and provisions ScaledObjects."}, func() float64 {
-			if c.Provisioning().Leading {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.leading {
 				return 1
 			}
 			return 0
@@ -30,7 +32,7 @@ func newMetrics(c *Controller) *metrics {
 			Help: "ScaledObjects created, updated and deleted by the provisioner."}, []string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_provisioner_errors_total",
-			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried), sync (ScaledObjects not listed within 2m of a term: the Lease given back)."},
+			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried), sync (ScaledObjects not listed within 2m of a term: the Lease given back), watch (a workload kind not listed or watched: the aggregator's role, or the API server)."},
 			[]string{"reason"}),
 	}
 	for _, s := range states {
@@ -39,7 +41,7 @@ func newMetrics(c *Controller) *metrics {
 	for _, a := range []string{"create", "update", "delete"} {
 		m.changes.WithLabelValues(a)
 	}
-	for _, r := range []string{"invalid_annotation", "conflict", "api", "sync"} {
+	for _, r := range []string{"invalid_annotation", "conflict", "api", "sync", "watch"} {
 		m.errors.WithLabelValues(r)
 	}
 	return m
