@@ -447,7 +447,7 @@ func duration(md map[string]string, key string, def time.Duration) (time.Duratio
 	if !ok || s == "" {
 		return def, nil
 	}
-	d, err := time.ParseDuration(s)
+	d, err := time.ParseDuration(strings.TrimSpace(s)) // as number's: " 30s" was refused where " 5" was read
 	if err != nil {
 		return 0, &MetadataError{Key: key, Msg: fmt.Sprintf("%q is not a duration such as 10s", wire.CleanText(s, 64))}
 	}

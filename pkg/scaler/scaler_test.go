@@ -272,6 +272,8 @@ func TestInvalidMetadata(t *testing.T) {
 		{"workspace": "a", "metric": "waiting", "metricName": "vllm:num_requests_waiting"},
 		{"workspace": "a", "metric": "kvCacheUsage", "metricName": "kvCacheUsage"},
 		{"workspace": "a", "metric": "saturation", "kvCacheTarget": "0.5", "waitingTarget": "3"},
+		// Spaces around a duration, as around a number.
+		{"workspace": "a", "window": " 30s ", "threshold": " 5"},
 	} {
 		if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
 			t.Errorf("%v: %v", md, err)
