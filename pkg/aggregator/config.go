@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"regexp"
 	runtimedebug "runtime/debug"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -580,6 +582,11 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // reviewRouted serves mux's endpoints behind auth's review (none with a
 // nil auth). A path mux does not route is answered by mux (404, 405)
 // without a review: only the endpoints' paths are sent to the API server.
+// So is a path no object can have (reviewable): a namespace that is no
+// DNS label, a name past an object's, an escaped byte in either (a
+// namespace "team-a%2F1" routed as its own, past the one answer a
+// namespace may have under way, and was reviewed as team-a's path), or a
+// path past maxReviewedPath.
 func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 	if auth == nil {
 		return mux
@@ -590,8 +597,41 @@ func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 			mux.ServeHTTP(w, r)
 			return
 		}
+		if !reviewable(r.URL) {
+			http.Error(w, "no such namespace or name", http.StatusNotFound)
+			return
+		}
 		guarded.ServeHTTP(w, r)
 	})
+}
+
+// maxReviewedPath bounds a path sent to the API server for review.
+const maxReviewedPath = 512
+
+// namespacedPages are the debug endpoints' paths that a namespace and a
+// name follow.
+var namespacedPages = []string{"/debug/workloads/", "/debug/triggers/", "/debug/provisioning/"}
+
+// reviewable says whether u's path is one an object can have: at most
+// maxReviewedPath bytes; under a namespaced page a DNS label (a
+// namespace) and a DNS subdomain (a name), unescaped.
+func reviewable(u *url.URL) bool {
+	p := u.EscapedPath()
+	if len(p) > maxReviewedPath {
+		return false
+	}
+	for _, prefix := range namespacedPages {
+		rest, ok := strings.CutPrefix(p, prefix)
+		if !ok {
+			continue
+		}
+		ns, name, named := strings.Cut(rest, "/")
+		if len(validation.IsDNS1123Label(ns)) > 0 {
+			return false
+		}
+		return !named || len(validation.IsDNS1123Subdomain(name)) == 0
+	}
+	return true
 }
 
 // metricsHandler serves reg's metrics (bounded as app.MetricsHandler

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/hashicorp/golang-lru/v2/expirable"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
@@ -46,6 +47,17 @@ const (
 	metricsAuthRate    = 10
 	metricsAuthBurst   = 20
 	metricsAuthTimeout = 5 * time.Second
+	// One token's reviews: at most metricsTokenRate a second (a burst of
+	// metricsTokenBurst), before the rates above: a tenant granted its own
+	// namespace's pages asked for a new name of it twenty times a second,
+	// each a review, and took the debug endpoints' rates from every other
+	// reader (and the API client's from the rest of the aggregator).
+	metricsTokenRate  = 2
+	metricsTokenBurst = 10
+	// maxReviewedToken: a token longer is refused unreviewed (a projected
+	// ServiceAccount token is about 1 KB; the header could carry 1 MiB to
+	// the API server at each review).
+	maxReviewedToken = 8 << 10
 )
 
 // metricsAuthorizer admits a request to /metrics, or to a debug endpoint
@@ -62,6 +74,7 @@ type metricsAuthorizer struct {
 	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
 	limit   [2]*rate.Limiter                             // reviews of tokens not known, by class (metricsClass)
+	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews
 	renew   [2]*rate.Limiter                             // reviews of tokens allowed before, their answer old
 	flight  singleflight.Group
 	warnMu  sync.Mutex
@@ -69,10 +82,12 @@ type metricsAuthorizer struct {
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
+	tokens, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache) // errs only on a size of 0
 	return &metricsAuthorizer{kube: kube, log: log,
 		allowed: expirable.NewLRU[[sha256.Size]byte, time.Time](metricsAuthCache, nil, 2*metricsAuthTTL),
 		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
 		limit:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		tokens:  tokens,
 		renew:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
 }
 
@@ -96,6 +111,11 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 		if !ok || token == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
 			http.Error(w, fmt.Sprintf("%s needs a bearer token whose user may get the non-resource URL %s (--metrics-auth=kubernetes)", path, path), http.StatusUnauthorized)
+			return
+		}
+		if len(token) > maxReviewedToken {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
+			http.Error(w, fmt.Sprintf("the bearer token is over %d bytes: no ServiceAccount's is", maxReviewedToken), http.StatusUnauthorized)
 			return
 		}
 		allowed, authenticated, err := m.allow(r.Context(), path, token)
@@ -147,7 +167,7 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	if known {
 		limit = m.renew[metricsClass(path)]
 	}
-	if !limit.Allow() {
+	if !m.tokenAllows(token) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
 		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
@@ -167,6 +187,17 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	}
 	a := v.(answer)
 	return a.allowed, a.authenticated, nil
+}
+
+// tokenAllows takes one of token's own reviews, if its rate has one.
+func (m *metricsAuthorizer) tokenAllows(token string) bool {
+	key := sha256.Sum256([]byte(token))
+	l, ok := m.tokens.Get(key)
+	if !ok {
+		l = rate.NewLimiter(metricsTokenRate, metricsTokenBurst)
+		m.tokens.Add(key, l)
+	}
+	return l.Allow()
 }
 
 // answerKey is the key of token's answer for path. A path can hold a NUL

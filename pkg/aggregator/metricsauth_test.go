@@ -294,3 +294,63 @@ func TestDebugOnTheHTTPPortNeedsAReviewedToken(t *testing.T) {
 		t.Errorf("/debug/triggers on --debug-addr: %d, want 200", code)
 	}
 }
+
+// TestOneTokensReviewsAreBounded: a tenant granted its own namespace's
+// debug pages asked for a new name of it at each request, each a review,
+// and took the debug endpoints' rate from every other reader. A token has
+// a rate of its own first: past it that token waits, and another's review
+// is made.
+func TestOneTokensReviewsAreBounded(t *testing.T) {
+	m, reviews := prometheusAllowed(t)
+	ctx := context.Background()
+	before := reviews.Load()
+	busy := 0
+	for i := range 100 {
+		if _, _, err := m.allow(ctx, fmt.Sprintf("/debug/workloads/team-a/x%d", i), "debugger"); errors.Is(err, errReviewsBusy) {
+			busy++
+		}
+	}
+	if n := reviews.Load() - before; n > metricsTokenBurst+2 || busy == 0 {
+		t.Fatalf("one token's 100 new paths at once: %d reviews, %d refused busy; want at most its burst (%d) reviewed", n, busy, metricsTokenBurst)
+	}
+	if _, auth, err := m.allow(ctx, "/debug/workloads/team-a/y", "tenant"); err != nil || !auth {
+		t.Fatalf("another token after the flood: %v (authenticated %v); want reviewed", err, auth)
+	}
+}
+
+// TestPathsAndTokensNoObjectHasAreNotReviewed: a path or a token of a
+// caller's choosing went to the API server whole (a name of about 1 MiB in
+// a SubjectAccessReview, a 1 MiB token in a TokenReview, each up to the
+// reviews' rate); and a namespace escaped, team-a%2F1, routed as one of its
+// own (past the one answer a namespace may have under way) and was
+// reviewed as team-a's. A namespace that is no DNS label, a name past an
+// object's, an escaped byte in either, or a path past 512 bytes is 404,
+// and a token past 8 KiB 401, unreviewed.
+func TestPathsAndTokensNoObjectHasAreNotReviewed(t *testing.T) {
+	var reviews atomic.Int64
+	a := startWith(t, func(o *Options) { o.Serving.MetricsAuth = "kubernetes" }, Deps{Kube: reviewingAPI(&reviews)})
+	base := "http://" + a.HTTPAddr()
+	for _, path := range []string{
+		"/debug/workloads/team-a%2F1", "/debug/triggers/team-a%2F..%2Fteam-b", "/debug/workloads/Team-A",
+		"/debug/workloads/team-a/" + strings.Repeat("x", 300), "/debug/provisioning/" + strings.Repeat("n", 64),
+	} {
+		if code, _ := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusNotFound {
+			t.Errorf("%.80s: %d, want 404", path, code)
+		}
+	}
+	if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/triggers", strings.Repeat("t", 9<<10)); code != http.StatusUnauthorized {
+		t.Errorf("a token of 9 KiB: %d, want 401", code)
+	}
+	if n := reviews.Load(); n != 0 {
+		t.Fatalf("%d reviews made for them; want none", n)
+	}
+	for _, path := range []string{"/debug/workloads/team-a", "/debug/workloads/team-a/llama.v2", "/debug/triggers/team-a"} {
+		// Reviewed and served (a workload not there is the page's own 404).
+		if code, body := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusOK && !strings.Contains(body, "no workload") {
+			t.Errorf("%s: %d %s, want it served", path, code, body)
+		}
+	}
+	if reviews.Load() == 0 {
+		t.Fatal("no review for paths an object can have")
+	}
+}
