@@ -81,8 +81,14 @@ type Agent struct {
 	// went away, and how long until the next try (the GPU loop's alone).
 	nvmlLostTry    time.Time
 	nvmlReopenWait time.Duration
-	podRes         *gpu.PodResources
-	gpuPods        atomic.Pointer[gpuRead]
+	// nvmlMismatch: since when (monotonic ns since monoStart; 0: not)
+	// NVML has been initialized again only to find the driver at another
+	// version than the library loaded: /livez fails past
+	// nvmlMismatchRestart, so that the kubelet restarts the agent with
+	// the driver's library.
+	nvmlMismatch atomic.Int64
+	podRes       *gpu.PodResources
+	gpuPods      atomic.Pointer[gpuRead]
 	// listedAt: when each pod listed (by uid) was first listed, on this
 	// agent's clock (listedBefore).
 	listedAt atomic.Pointer[map[string]time.Time]
@@ -154,7 +160,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Agent{
 		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg, static: static,
-		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxConcurrent, opts.InsecureSkipVerify),
+		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.InsecureSkipVerify),
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
 		counters:  map[string]*vllm.Counters{},
@@ -568,13 +574,27 @@ func (a *Agent) addGPU(tg discovery.Target, page *vllm.Page) {
 	}
 }
 
+// nvmlMismatchRestart is how long NVML may find the driver at another
+// version before /livez fails (a driver's upgrade may pass through it).
+var nvmlMismatchRestart = 2 * time.Minute
+
 // readNVML reads the GPUs; a read that fails, whole or for one GPU, is
 // counted, and warned of when it starts failing (failing holds whether the
 // last one did).
 func (a *Agent) readNVML(failing *bool) gpu.Devices {
 	if a.nvml.Lost() && time.Since(a.nvmlLostTry) >= a.nvmlReopenWait {
 		a.nvmlLostTry = time.Now()
-		if err := a.nvml.Reopen(); err != nil {
+		err := a.nvml.Reopen()
+		switch {
+		case errors.Is(err, gpu.ErrVersionMismatch):
+			if a.nvmlMismatch.CompareAndSwap(0, int64(time.Since(monoStart))) {
+				a.log.Warn("the NVIDIA driver was upgraded while the agent runs: its NVML library is the old one, and the GPUs are not read until the agent restarts; /livez fails in "+
+					nvmlMismatchRestart.String()+" so that the kubelet restarts it", logging.KeyErr, err)
+			}
+		default:
+			a.nvmlMismatch.Store(0)
+		}
+		if err != nil {
 			a.nvmlReopenWait = min(2*a.nvmlReopenWait, nvmlReopenMax)
 			a.log.Debug("NVML not initialized again yet", logging.KeyErr, err)
 		} else {
@@ -751,6 +771,10 @@ func (a *Agent) healthHandlers(mux *http.ServeMux) {
 		// tick means it is stuck.
 		if age := time.Since(monoStart) - time.Duration(a.lastTick.Load()); age > a.opts.ScrapeInterval*3/2+time.Second {
 			http.Error(w, fmt.Sprintf("scrape loop stalled for %s", age), http.StatusInternalServerError)
+			return
+		}
+		if since := a.nvmlMismatch.Load(); since != 0 && time.Since(monoStart)-time.Duration(since) > nvmlMismatchRestart {
+			http.Error(w, "the NVIDIA driver was upgraded while the agent runs, and its NVML library is the old one: a restart mounts the driver's", http.StatusInternalServerError)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))

@@ -466,3 +466,53 @@ func TestASendsFailureWaitsForTheStreamsStatus(t *testing.T) {
 		t.Fatalf("SendFailed: %v; want %v", err, other)
 	}
 }
+
+// TestAStreamThatNeverOpensEndsToo: through a relay every replica's stream
+// shares the agent's one connection, which carries at most
+// relay.MaxStreamsPerConnection; gRPC waits for room with no bound, and
+// the welcome's wait began only once the stream was open: a replica past
+// the bound got nothing from the node, in silence, for ever. The welcome's
+// wait covers the stream's opening, and says why.
+func TestAStreamThatNeverOpensEndsToo(t *testing.T) {
+	defer func(w time.Duration) { welcomeWait = w }(welcomeWait)
+	welcomeWait = 200 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.MaxConcurrentStreams(1)) // as a relay's connection, full
+	pulsev1.RegisterIngestServer(g, &silentAggregator{welcome: true})
+	go func() { _ = g.Serve(ln) }()
+	defer g.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The one stream the connection carries, held open.
+	held, err := pulsev1.NewIngestClient(conn).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	a := newIdleAgent(t)
+	a.opts.Relay = "relay:9091"
+	s := newStreamer(a, ln.Addr().String(), "", nil)
+	done := make(chan error, 1)
+	go func() { done <- s.session(ctx, pulsev1.NewIngestClient(conn)) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no welcome within") || !strings.Contains(err.Error(), "at most 16 streams") {
+			t.Errorf("the session ended with %v; want no welcome, naming the relay's bound", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("a stream that never opened held the session for ever")
+	}
+}

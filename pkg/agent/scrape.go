@@ -115,12 +115,15 @@ func withTenant(ctx context.Context, ns string) context.Context {
 
 var _ Scraper = (*httpScraper)(nil)
 
-func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxConns int, insecureSkipVerify bool) *httpScraper {
+func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, insecureSkipVerify bool) *httpScraper {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if insecureSkipVerify {
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's choice, --https-insecure-skip-verify
 	}
-	tr.MaxIdleConns = maxConns
+	// Idle connections bounded per pod (two), not in all: a bound of
+	// maxConns in all closed, after each tick, the connections of the
+	// pods past it, and they paid a handshake at every scrape.
+	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second
 	// A pod's server chooses its headers: bound them (vLLM's are a few

@@ -5,6 +5,8 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -35,7 +37,7 @@ func TestAnHTTPSPodIsReadOverHTTP1(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 	ex := newScraper(t, 1<<20).extractor
-	sc := newHTTPScraper(ex, 1<<20, 4, true) // --https-insecure-skip-verify
+	sc := newHTTPScraper(ex, 1<<20, true) // --https-insecure-skip-verify
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := sc.Scrape(ctx, srv.URL+"/metrics", nil, nil); err != nil {
@@ -142,5 +144,39 @@ func TestTheAgentsHTTPPortHoldsBoundedConnections(t *testing.T) {
 			t.Fatalf("the flood closed, its address is still refused: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEveryPodsConnectionIsKept: the scraper kept at most
+// --max-concurrent-scrapes idle connections in all (64), while a node can
+// list more pods: after each tick the connections past it were closed, and
+// those pods paid a handshake (with TLS two) at every scrape. Each pod
+// keeps its own, up to two.
+func TestEveryPodsConnectionIsKept(t *testing.T) {
+	sc := newScraper(t, 1<<20) // 12 pods, more than the 4 the old bound kept
+	var conns atomic.Int64
+	var urls []string
+	for range 12 {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, "vllm:num_requests_waiting{model_name=\"m\"} 1\n")
+		}))
+		srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		}
+		srv.Start()
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL+"/metrics")
+	}
+	for tick := range 3 {
+		for _, u := range urls {
+			if _, err := sc.Scrape(context.Background(), u, nil, nil); err != nil {
+				t.Fatalf("tick %d, %s: %v", tick, u, err)
+			}
+		}
+	}
+	if n := conns.Load(); n != 12 {
+		t.Fatalf("%d connections for 12 pods scraped three times; want one a pod", n)
 	}
 }

@@ -356,8 +356,22 @@ func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, cli
 	if s.agent.opts.Relay != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, relay.UpstreamKey, s.addr)
 	}
+	// A replica whose handler is stuck before its welcome held the stream
+	// for ever, in silence (gRPC's transport answers the keepalives); so
+	// did a stream that never opened: through a relay every replica's
+	// stream shares the agent's one connection, which carries at most
+	// relay.MaxStreamsPerConnection, and gRPC waits for room with no bound.
+	why := fmt.Errorf("no welcome within %s", welcomeWait)
+	if s.agent.opts.Relay != "" {
+		why = fmt.Errorf("no welcome within %s (through the relay, whose connection carries at most %d streams, one an aggregator replica)", welcomeWait, relay.MaxStreamsPerConnection)
+	}
+	noWelcome := time.AfterFunc(welcomeWait, func() { cancel(why) })
+	defer noWelcome.Stop()
 	stream, err := client.Report(ctx)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = cause
+		}
 		return nil, fmt.Errorf("open stream: %w", err)
 	}
 	names := make([]string, 0, len(s.agent.extractor.Extras()))
@@ -371,9 +385,6 @@ func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, cli
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
 	// io.EOF: the aggregator ended the stream, and its status is Recv's.
-	// A replica whose handler is stuck before its welcome held the stream
-	// for ever, in silence (gRPC's transport answers the keepalives).
-	noWelcome := time.AfterFunc(welcomeWait, func() { cancel(fmt.Errorf("no welcome within %s", welcomeWait)) })
 	welcome, err := stream.Recv()
 	noWelcome.Stop()
 	if err != nil {

@@ -27,6 +27,12 @@ type PodResources struct {
 func DialPodResources(socket string) (*PodResources, error) {
 	conn, err := grpc.NewClient("unix://"+socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// List answers every container of every pod on the node: past
+		// gRPC's 4 MiB (a tenant's pods of thousands of containers, a big
+		// node with the static CPU manager) it failed at every interval,
+		// and every pod of the node lost its GPU values. 16 MiB is what
+		// the kubelet allows its own runtime's answers.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxPodResources)),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 	if err != nil {
@@ -34,6 +40,9 @@ func DialPodResources(socket string) (*PodResources, error) {
 	}
 	return &PodResources{conn: conn, client: podresourcesv1.NewPodResourcesListerClient(conn)}, nil
 }
+
+// maxPodResources bounds a List's answer.
+const maxPodResources = 16 << 20
 
 // Close closes the connection.
 func (p *PodResources) Close() error { return p.conn.Close() }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -139,13 +140,7 @@ func TestPodResourcesOverAUnixSocketSurvivesAKubeletRestart(t *testing.T) {
 	}
 	k.SetPods(all...)
 	stop := k.Serve(t, socket)
-	pr, err := DialPodResources(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	pr, ctx := dialed(t, socket)
 	got, ambiguous, err := pr.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -472,4 +467,39 @@ func TestADriverNotLoadedYetIsOpenedLater(t *testing.T) {
 		t.Fatalf("a read once the driver is loaded: %d GPUs, %v", len(devs.ByIndex), err)
 	}
 	n.Close()
+}
+
+// TestALargeNodesPodResourcesAreRead: List answers every container of
+// every pod on the node, and past gRPC's 4 MiB it failed at every
+// interval: a tenant's pods of thousands of containers cost every pod of
+// the node its GPU values. Up to the kubelet's own 16 MiB it is read.
+func TestALargeNodesPodResourcesAreRead(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	k := &fakenode.Kubelet{}
+	big := fakenode.Pod("tenant", "many", "example.com/none")
+	name := strings.Repeat("c", 250)
+	for i := range 20000 { // about 5 MB
+		big.Containers = append(big.Containers, &podresourcesv1.ContainerResources{Name: fmt.Sprintf("%s-%d", name, i)})
+	}
+	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu", "GPU-a"), big)
+	k.Serve(t, socket)
+	pr, ctx := dialed(t, socket)
+	got, _, err := pr.List(ctx)
+	if err != nil || len(got["ns/llama-0"]) != 1 {
+		t.Fatalf("List of a node answering about 5 MB: %v, %v", got, err)
+	}
+}
+
+// dialed is a client of the kubelet at socket, closed when the test ends,
+// and a context of 10 s for its calls.
+func dialed(t *testing.T, socket string) (*PodResources, context.Context) {
+	t.Helper()
+	pr, err := DialPodResources(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return pr, ctx
 }

@@ -142,6 +142,13 @@ func driverGone(ret nvml.Return) bool {
 // Lost reports whether NVML is shut down after the driver went away.
 func (n *NVML) Lost() bool { return n.lost }
 
+// ErrVersionMismatch is Reopen's error when the driver loaded is not the
+// version of the NVML library this process loaded: a driver upgraded while
+// the agent runs. The library stays mapped in the process, and the
+// container's is the one mounted at its start, so only a new container
+// (the driver's library mounted into it) reads the GPUs again.
+var ErrVersionMismatch = errors.New("the NVIDIA driver loaded is not this process's NVML library's version")
+
 // Reopen initializes NVML again after ErrLost (a driver reloaded or
 // upgraded); nil when it is open.
 func (n *NVML) Reopen() error {
@@ -149,6 +156,9 @@ func (n *NVML) Reopen() error {
 		return nil
 	}
 	if ret := n.lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH {
+			return fmt.Errorf("%w: init: %s", ErrVersionMismatch, nvml.ErrorString(ret))
+		}
 		return fmt.Errorf("%w: init: %s", ErrUnavailable, nvml.ErrorString(ret))
 	}
 	n.lost = false
