@@ -29,7 +29,10 @@ import (
 
 // Options are pulse-relay's flags.
 type Options struct {
-	Listen, HTTPAddr     string
+	Listen, HTTPAddr string
+	// HealthAddr, when set, serves /livez and /readyz alone, for the
+	// kubelet's probes (the chart's: the pod's loopback).
+	HealthAddr           string
 	Aggregators          app.StringList
 	ResolveInterval      time.Duration
 	StreamsPerConnection int
@@ -56,6 +59,7 @@ func (o *Options) LogOptions() logging.Options { return o.Log }
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address of the agents' gRPC streams (the agents' --relay)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /livez and /readyz")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "serve /livez and /readyz on this address too, alone, for the kubelet's probes (the chart's: 127.0.0.1:8081, probed by an exec of pulse-relay probe URL): the http port is open to other pods, whose connections can fill its bounds; empty: off")
 	fs.Var(&o.Aggregators, "aggregator", "aggregator ingest address host:port (a headless Service name reaches every replica): the only replicas streams are forwarded to; repeatable or comma-separated")
 	fs.DurationVar(&o.ResolveInterval, "resolve-interval", o.ResolveInterval, "how often aggregator names are resolved again (a replica an agent names that is not known yet is looked up at once, at most once a second)")
 	fs.IntVar(&o.StreamsPerConnection, "streams-per-connection", o.StreamsPerConnection, "agent streams one connection to an aggregator replica carries (keep it at most the aggregator's --max-ingest-streams-per-connection); past it another connection is opened")
@@ -74,6 +78,11 @@ func (o *Options) Validate() error {
 	for _, a := range []struct{ flag, addr string }{{"--listen", o.Listen}, {"--http-addr", o.HTTPAddr}} {
 		if err := app.ListenAddr(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: %w", a.flag, a.addr, err))
+		}
+	}
+	if o.HealthAddr != "" {
+		if err := app.ListenAddr(o.HealthAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--health-addr %q: %w", o.HealthAddr, err))
 		}
 	}
 	if len(o.Aggregators) == 0 {
@@ -130,6 +139,8 @@ type Server struct {
 	// agents is the agents' port's listener once Run has it (a test reads
 	// its pooled reads).
 	agents atomic.Pointer[netbound.Pooled]
+	// healthAddr: --health-addr's bound address once Run has it.
+	healthAddr atomic.Value
 }
 
 // NewServer wires a relay from o.
@@ -191,6 +202,14 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = ln.Close()
 		return fmt.Errorf("--http-addr: %w", err)
 	}
+	var healthLn net.Listener
+	if s.o.HealthAddr != "" {
+		if healthLn, err = lc.Listen(ctx, "tcp", s.o.HealthAddr); err != nil {
+			_, _ = ln.Close(), hln.Close()
+			return fmt.Errorf("--health-addr: %w", err)
+		}
+		s.healthAddr.Store(healthLn.Addr().String())
+	}
 	bounded := netbound.New(ln, s.o.MaxConnections, s.o.MaxConnectionsPerAddress)
 	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_relay_connections_refused_total",
 		Help: "Agents' connections closed at once past --max-connections or --max-connections-per-address."})
@@ -210,14 +229,7 @@ func (s *Server) Run(ctx context.Context) error {
 		Help: "Agents' connections held open now."}, func() float64 { return float64(bounded.Held()) }))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", app.MetricsHandler(s.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.relay.Ready() {
-			http.Error(w, "the aggregators are not resolved yet", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	s.healthHandlers(mux)
 	// Bounded as the aggregator's http port: a slow or idle client holds
 	// nothing for long, and one address's connections cannot take them all.
 	hs := app.NewHTTPServer(mux, s.log)
@@ -226,9 +238,16 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); s.relay.Run(rctx) }()
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(pooled) }()
 	go func() { errc <- hs.Serve(hbounded) }()
+	var health *http.Server
+	if healthLn != nil {
+		hmux := http.NewServeMux()
+		s.healthHandlers(hmux)
+		health = app.NewHTTPServer(hmux, s.log)
+		go func() { errc <- health.Serve(healthLn) }()
+	}
 	s.log.Info("relay serving", logging.KeyAddr, ln.Addr().String(), logging.KeyVersion, version.Version,
 		"aggregators", strings.Join(s.o.Aggregators, ","))
 	select {
@@ -245,5 +264,26 @@ func (s *Server) Run(ctx context.Context) error {
 	sctx, scancel := context.WithTimeout(context.Background(), s.o.ShutdownTimeout)
 	defer scancel()
 	_ = hs.Shutdown(sctx)
+	if health != nil {
+		_ = health.Shutdown(sctx)
+	}
 	return err
+}
+
+// healthHandlers registers /livez and /readyz on mux.
+func (s *Server) healthHandlers(mux *http.ServeMux) {
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.relay.Ready() {
+			http.Error(w, "the aggregators are not resolved yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+}
+
+// HealthAddr is the bound address of --health-addr once Run listens on it.
+func (s *Server) HealthAddr() string {
+	a, _ := s.healthAddr.Load().(string)
+	return a
 }

@@ -2,10 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,16 +16,20 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/test/h2settings"
 	"github.com/pulse-io/pulse/test/httpflood"
 )
 
 // startServer runs a relay's Server on free loopback ports, its
 // aggregator an address no one serves, until the test ends.
-func startServer(t *testing.T) (*Options, *Server) {
+func startServer(t *testing.T, set ...func(*Options)) (*Options, *Server) {
 	t.Helper()
 	o := NewOptions()
 	o.Listen, o.HTTPAddr, o.Aggregators = freeAddr(t), freeAddr(t), []string{"127.0.0.1:1"}
+	for _, f := range set {
+		f(o)
+	}
 	s, err := NewServer(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -113,4 +119,38 @@ func TestTheAgentsPortAnnouncesItsBounds(t *testing.T) {
 		http2.SettingMaxConcurrentStreams: MaxStreamsPerConnection,
 		http2.SettingHeaderTableSize:      0,
 	})
+}
+
+// TestTheProbesHaveAPortNoPodReaches: the relay's probes were of its http
+// port, open to every pod (networkPolicy.httpFrom's default) and bounded
+// at 64 connections an address: other pods holding them failed the
+// probes, and the kubelet restarted the relays, cutting every agent's
+// stream through them. --health-addr serves /livez and /readyz alone (the
+// chart's: the pod's loopback, probed by an exec of pulse-relay probe),
+// beside a flood of the http port.
+func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
+	o, s := startServer(t, func(o *Options) { o.HealthAddr = freeAddr(t) })
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ports up", func() error {
+		if s.HealthAddr() == "" {
+			return errors.New("no health port yet")
+		}
+		resp, err := http.Get("http://" + o.HTTPAddr + "/livez")
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		return err
+	})
+	_, release := httpflood.Held(t, o.HTTPAddr, "/livez", 2*maxHTTPConnsPerAddress)
+	defer release()
+	var out strings.Builder
+	if code := app.Probe("pulse-relay", []string{"http://" + s.HealthAddr() + "/livez"}, &out); code != 0 || !strings.Contains(out.String(), "200 OK: ok") {
+		t.Fatalf("the probe of the health port beside the http port's flood: %d %q", code, out.String())
+	}
+	o.HealthAddr = "nonsense"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--health-addr") {
+		t.Fatalf("Validate of --health-addr nonsense: %v", err)
+	}
 }

@@ -258,7 +258,10 @@ func TestAgentProbesExecTheHealthPort(t *testing.T) {
 // on the pod's loopback (16 pods, each holding its 64 connections, fill
 // the http port's 1,024), no container port or NetworkPolicy rule for it.
 func TestAggregatorProbesExecTheHealthPort(t *testing.T) {
-	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "networkPolicy.enabled=true")
+	// The relay's too: its http port is open to networkPolicy.httpFrom
+	// (anyone by default), whose connections filled its bounds and failed
+	// its probes.
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "networkPolicy.enabled=true", "--set", "relay.enabled=true")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -266,6 +269,8 @@ func TestAggregatorProbesExecTheHealthPort(t *testing.T) {
 		"- --health-addr=127.0.0.1:8081\n",
 		`command: ["/pulse-aggregator", "probe", "http://127.0.0.1:8081/livez"]`,
 		`command: ["/pulse-aggregator", "probe", "http://127.0.0.1:8081/readyz"]`,
+		`command: ["/pulse-relay", "probe", "http://127.0.0.1:8081/livez"]`,
+		`command: ["/pulse-relay", "probe", "http://127.0.0.1:8081/readyz"]`,
 	} {
 		if !strings.Contains(out, s) {
 			t.Errorf("%q not rendered:\n%s", s, out)
@@ -297,6 +302,7 @@ func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
 		{"aggregator", []string{"--set", "http.healthPort=8082"}, "the debug port (8082, debug.localhostOnly) must differ from http.healthPort"},
 		{"aggregator", []string{"--set", "http.port=9090"}, "http.port must differ from scaler.port"},
 		{"aggregator", []string{"--set", "ingest.port=8080"}, "http.port must differ from ingest.port"},
+		{"aggregator", []string{"--set", "relay.enabled=true,relay.healthPort=8080"}, "relay.healthPort must differ from relay.port and relay.httpPort"},
 	} {
 		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
 		if err == nil || !strings.Contains(out, c.says) {
