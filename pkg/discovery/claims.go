@@ -19,8 +19,11 @@ import (
 // catalogue to them, read from its own pod cache, so that an agent cannot
 // attach its node's pods to workloads their owners did not give them. A
 // demand source whose annotations are not valid claims nothing (its agent
-// lists none of its entries).
+// lists none of its entries), nor does a static pod's mirror (Mirror).
 func Claims(pod *corev1.Pod) map[string][]Workload {
+	if Mirror(pod.Annotations) {
+		return nil
+	}
 	if !IsDemandSource(pod.Annotations) {
 		ws, err := podWorkloads(pod)
 		if err != nil {
@@ -100,8 +103,24 @@ func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
 			keep(AnnotationDemandWorkloads, strings.Join(names, ","))
 		}
 	}
+	if Mirror(pod.Annotations) {
+		keep(corev1.MirrorPodAnnotationKey, "")
+	}
 	m.OwnerReferences = readOwners(pod)
 	return m
+}
+
+// Mirror says whether a pod's annotations are a static pod's mirror's
+// (kubernetes.io/config.mirror). A node's kubelet credentials may create
+// such a pod bound to the node in any namespace, with any labels and
+// annotations (NodeRestriction forbids only service accounts, secrets and
+// owners other than the node): a node a tenant controls made one in
+// another's namespace, labelled with that tenant's workspace, and its
+// agent's invented samples were that workload's replica. It claims no
+// workload.
+func Mirror(annotations map[string]string) bool {
+	_, ok := annotations[corev1.MirrorPodAnnotationKey]
+	return ok
 }
 
 // maxDemandValue bounds a router's label value for a workload

@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -1086,5 +1087,38 @@ func TestANodeWhoseAgentsPodIsGoneHoldsNoReplica(t *testing.T) {
 	s.Sweep()
 	if snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0); snap.LostOK {
 		t.Fatalf("gpu-1 runs no agent's pod, yet llama-0 is held: %+v", snap.Lost)
+	}
+}
+
+// TestAStaticPodsMirrorClaimsNoWorkload: a node's kubelet credentials may
+// create a static pod's mirror bound to the node in any namespace, with any
+// labels (NodeRestriction forbids only service accounts, secrets and
+// owners other than the node): a node a tenant controls made one in
+// another tenant's namespace, labelled with its workspace, and its agent's
+// invented samples were that workload's replica (to scale it down, or up,
+// and to fill its namespace's room in the store). A mirror claims no
+// workload: its entry is refused, as the agent leaves it out.
+func TestAStaticPodsMirrorClaimsNoWorkload(t *testing.T) {
+	c := fakeAPI()
+	mirror := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-node-1", Namespace: "victim", UID: "uid-mirror",
+		Labels:      map[string]string{discovery.LabelWorkspace: "llama"},
+		Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "0123"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("victim").Create(context.Background(), mirror, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr := runningReviewer(t, c)
+	ctx := context.Background()
+	if _, err := tr.PodNode(ctx, llama("victim", "llama-node-1", "uid-mirror")); !errors.Is(err, ErrClaim) {
+		t.Fatalf("the mirror's entry for the victim's workspace: %v; want refused (its claims are none)", err)
+	}
+	if n := len(discovery.Claims(mirror)); n != 0 {
+		t.Fatalf("a mirror claims %d entries; want none", n)
+	}
+	if _, ok, err := discovery.TargetOf(mirror, "node-1", labels.Everything()); ok || err == nil || !strings.Contains(err.Error(), "mirror") {
+		t.Fatalf("the agent's target of a mirror: %v, %v; want left out, saying why", ok, err)
+	}
+	// A pod the scheduler placed is as before.
+	if node, err := tr.PodNode(ctx, llama("ns", "mine", "uid-mine")); err != nil || node != "node-1" {
+		t.Fatalf("a scheduled pod: %q, %v", node, err)
 	}
 }
