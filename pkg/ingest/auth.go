@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -495,10 +496,21 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 	} else if cached && time.Since(id.at) < claimsFor && discovery.Allows(id.claims, e.UID, e.Workloads) {
 		return id.node, nil
 	}
+	// A name no pod can have is refused here: client-go refused it
+	// locally, and that error read as the API unavailable, the entry
+	// looked up again at every batch for the stream's life, each a lookup
+	// of the node's and the shared rates.
+	if len(validation.IsDNS1123Label(e.Namespace)) > 0 || len(validation.IsDNS1123Subdomain(e.Name)) > 0 {
+		return "", fmt.Errorf("no pod can be %s/%s: a namespace is a DNS label, a pod's name a DNS subdomain", e.Namespace, e.Name)
+	}
 	if err := t.waitMiss(ctx, e.Node); err != nil {
 		return "", err
 	}
-	p, err := t.client.CoreV1().Pods(e.Namespace).Get(ctx, e.Name, metav1.GetOptions{})
+	// Bounded: a lookup held by a hung API connection held its stream's
+	// catalogue, long past the agent's giving it up.
+	gctx, cancel := context.WithTimeout(ctx, podLookupTimeout)
+	defer cancel()
+	p, err := t.client.CoreV1().Pods(e.Namespace).Get(gctx, e.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return "", fmt.Errorf("look up pod %s/%s: %w", e.Namespace, e.Name, err)
@@ -521,6 +533,9 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 	}
 	return id.node, nil
 }
+
+// podLookupTimeout bounds one pod's lookup in the API.
+const podLookupTimeout = 10 * time.Second
 
 // claimsFor: how long what the API said of a pod the pod cache does not
 // hold yet is believed (labels and annotations change).

@@ -1122,3 +1122,24 @@ func TestAStaticPodsMirrorClaimsNoWorkload(t *testing.T) {
 		t.Fatalf("a scheduled pod: %q, %v", node, err)
 	}
 }
+
+// TestANameNoPodCanHaveIsRefused: an entry named a/b (or with a space,
+// or uppercase) is no pod's: client-go refused it before asking, and that
+// read as the API unavailable, so the entry was looked up again at every
+// batch for the stream's life, each a lookup of the node's and the shared
+// rates, and the node counted as unheard through the warm-up. It is
+// refused, not held as unavailable, and looks nothing up.
+func TestANameNoPodCanHaveIsRefused(t *testing.T) {
+	c := fakeAPI()
+	tr := runningReviewer(t, c)
+	before := podGets(c)
+	for _, e := range []Entry{llama("ns", "a/b", "uid-x"), llama("ns", "a b", "uid-x"), llama("NS", "mine", "uid-x"), llama("ns/x", "mine", "uid-x")} {
+		e.Node = "node-1"
+		if _, err := tr.PodNode(context.Background(), e); err == nil || errors.Is(err, ErrLookupUnavailable) || !strings.Contains(err.Error(), "no pod can be") {
+			t.Errorf("%s/%s: %v; want refused as no pod's name", e.Namespace, e.Name, err)
+		}
+	}
+	if n := podGets(c) - before; n != 0 {
+		t.Fatalf("%d pod GETs for names no pod has", n)
+	}
+}
