@@ -716,3 +716,25 @@ func TestAnImageTagOfDigitsIsAString(t *testing.T) {
 		}
 	}
 }
+
+// TestExtraArgsAreQuoted: an extra argument with ": " or " #" in it, or
+// starting with { or [, broke the manifest's YAML.
+func TestExtraArgsAreQuoted(t *testing.T) {
+	arg := "--log-level=debug # {not: yaml}"
+	for _, chart := range []string{"daemonset", "aggregator"} {
+		out, err := render(t, filepath.Join(root, "deploy", chart), "--set-json", `extraArgs=["`+arg+`"]`)
+		if err != nil {
+			t.Fatalf("%s: %v\n%.500s", chart, err, out)
+		}
+		found := false
+		for _, doc := range docs(t, out) {
+			var d appsv1.DaemonSet // the pod template is where a Deployment's is
+			if yaml.Unmarshal([]byte(doc), &d) == nil && len(d.Spec.Template.Spec.Containers) > 0 {
+				found = found || slices.Contains(d.Spec.Template.Spec.Containers[0].Args, arg)
+			}
+		}
+		if !found {
+			t.Errorf("%s: the extra argument %q not rendered as one argument", chart, arg)
+		}
+	}
+}
