@@ -47,7 +47,7 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	// The bound holds on both paths: a message that fails after a whole
 	// batch (one truncated field after it) holds that batch at its size.
-	pool := buf.Len() <= maxPooledMessage
+	pool := buf.Len() <= maxPooledMessage && subMessages(m) <= maxPooledSubMessages
 	if err != nil {
 		if pool {
 			m.ReturnToVTPool()
@@ -65,6 +65,23 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 // shares, handed out again under steady traffic and so never collected.
 // An agent's batch of 1,024 pods (its bound) is about 46 KB.
 const maxPooledMessage = 64 << 10
+
+// maxPooledSubMessages: a message of more sub-messages than this is not
+// given back to the pool either, whatever its bytes: the pool keeps a
+// batch's arrays of sub-messages, each reset, at their length, and 64 KiB
+// of 2-byte empty entries decodes to about 32,000 of them, 2.3 MB a pooled
+// message. An agent's batch has at most one of each kind a pod (1,024 pods
+// by default).
+const maxPooledSubMessages = 3 << 10
+
+// subMessages counts a batch's sub-messages (0 for another message).
+func subMessages(m *pulsev1.AgentMessage) int {
+	b := m.GetBatch()
+	if b == nil {
+		return 0
+	}
+	return len(b.Missing) + len(b.Extra) + len(b.Histograms)
+}
 
 // received is what a stream's RecvMsg decodes into: with Codec, a pooled
 // message, to be released once handled; with gRPC's own codec (a server

@@ -178,35 +178,39 @@ func TestReleasedBatchLeavesWhatTheDecoderKept(t *testing.T) {
 func TestALargeMessageGoesBackToNoPool(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
 	c := Codec()
-	hostile := &pulsev1.SampleBatch{Seq: 1}
-	for range 100_000 {
-		hostile.Missing = append(hostile.Missing, &pulsev1.MissingSample{})
-	}
-	big, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: hostile}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	small, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 2,
 		Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{2}, Values: []int64{3}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if big.Len() <= maxPooledMessage || small.Len() > maxPooledMessage {
-		t.Fatalf("messages of %d and %d bytes", big.Len(), small.Len())
+	// Past the bytes' bound; and within it (10,000 entries are 20 KB),
+	// past the sub-messages' (about 2.3 MB a pooled message at 64 KiB).
+	for _, n := range []int{100_000, 10_000} {
+		hostile := &pulsev1.SampleBatch{Seq: 1}
+		for range n {
+			hostile.Missing = append(hostile.Missing, &pulsev1.MissingSample{})
+		}
+		big, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: hostile}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (n == 100_000) != (big.Len() > maxPooledMessage) || small.Len() > maxPooledMessage {
+			t.Fatalf("messages of %d and %d bytes", big.Len(), small.Len())
+		}
+		var r received
+		if err := c.Unmarshal(big, &r); err != nil {
+			t.Fatal(err)
+		}
+		large := r.msg
+		r.release()
+		if err := c.Unmarshal(small, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.msg == large {
+			t.Fatalf("a message of %d bytes and %d entries went back to the pool: the next one decoded into it, its entries held", big.Len(), cap(large.GetBatch().GetMissing()))
+		}
+		r.release()
 	}
-	var r received
-	if err := c.Unmarshal(big, &r); err != nil {
-		t.Fatal(err)
-	}
-	large := r.msg
-	r.release()
-	if err := c.Unmarshal(small, &r); err != nil {
-		t.Fatal(err)
-	}
-	if r.msg == large {
-		t.Fatalf("a message of %d bytes went back to the pool: the next one decoded into it, its %d entries held", big.Len(), cap(large.GetBatch().GetMissing()))
-	}
-	r.release()
 }
 
 // TestALargeMessageThatFailsToDecodeGoesBackToNoPool: the bound on what
