@@ -738,3 +738,36 @@ func TestExtraArgsAreQuoted(t *testing.T) {
 		}
 	}
 }
+
+// TestTheReplicasSpreadOverNodes: the relays had no anti-affinity (the
+// aggregator's replicas had), so both could land on one node, and losing
+// it cut every agent off. By default each spreads its own pods over nodes:
+// the term selects the pods of its Deployment, not the other's.
+func TestTheReplicasSpreadOverNodes(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	spread := 0
+	for _, doc := range docs(t, out) {
+		var d appsv1.Deployment
+		if yaml.Unmarshal([]byte(doc), &d) != nil || d.Kind != "Deployment" {
+			continue
+		}
+		a := d.Spec.Template.Spec.Affinity
+		if a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+			t.Errorf("%s: no preferred anti-affinity by default", d.Name)
+			continue
+		}
+		term := a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+		sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+		if err != nil || term.TopologyKey != "kubernetes.io/hostname" || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			t.Errorf("%s: the term %+v does not spread its own pods over nodes", d.Name, term)
+			continue
+		}
+		spread++
+	}
+	if spread != 2 {
+		t.Fatalf("%d Deployments spread over nodes; want the aggregator's and the relay's", spread)
+	}
+}
