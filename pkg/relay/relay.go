@@ -95,6 +95,7 @@ type Relay struct {
 	resolved  bool              // every entry resolved at least once
 	closed    bool              // Run has returned: no stream is forwarded
 	upstreams map[string]*upstream
+	missed    map[string]int // a replica's timed passes in a row without it
 	lastAsk   time.Time // a lookup for an address not known, at most one a second
 
 	m metrics
@@ -121,7 +122,7 @@ func New(cfg Config) *Relay {
 	if cfg.StreamWait <= 0 {
 		cfg.StreamWait = DefaultStreamWait
 	}
-	r := &Relay{cfg: cfg, allowed: map[string]string{}, upstreams: map[string]*upstream{}, m: metrics{
+	r := &Relay{cfg: cfg, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_relay_streams", Help: "Agent streams the relay forwards now."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -187,9 +188,12 @@ func (r *Relay) connections() int {
 
 // resolve looks every entry up. A failed lookup keeps the entry's
 // addresses (a DNS hiccup must not cut healthy streams). With prune (the
-// timed pass), replicas no longer in the answers lose their connections,
-// and the streams on them end; without it (a lookup for a replica an
-// agent named first) replicas are only added.
+// timed pass), replicas missing from two passes' answers in a row lose
+// their connections, and the streams on them end (one answer without a
+// replica, a readiness probe's blip taking it out of the headless
+// Service's endpoints for a moment, cut every stream it carried); without
+// it (a lookup for a replica an agent named first) replicas are only
+// added.
 func (r *Relay) resolve(ctx context.Context, prune bool) {
 	r.resolving.Lock()
 	defer r.resolving.Unlock()
@@ -219,6 +223,15 @@ func (r *Relay) resolve(ctx context.Context, prune bool) {
 	r.mu.Lock()
 	var gone []*upstream
 	if prune {
+		for addr, name := range prev {
+			if _, ok := found[addr]; ok {
+				delete(r.missed, addr)
+			} else if r.missed[addr]++; r.missed[addr] < missesToDrop {
+				found[addr] = name
+			} else {
+				delete(r.missed, addr)
+			}
+		}
 		r.allowed = found
 		r.resolved = r.resolved || ok
 		for addr, u := range r.upstreams {
@@ -242,6 +255,10 @@ func (r *Relay) isClosed() bool {
 	defer r.mu.Unlock()
 	return r.closed
 }
+
+// missesToDrop: a replica is dropped once this many timed passes in a row
+// have not found it.
+const missesToDrop = 2
 
 // upstreamFor is the replica addr's upstream, when addr is one the relay
 // resolved. An address not known yet (a replica the agent resolved first)

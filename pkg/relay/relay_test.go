@@ -469,6 +469,13 @@ func TestAReplicaGoneEndsItsStreams(t *testing.T) {
 		t.Fatalf("a failed lookup cut the replica's connection (%d open)", r.connections())
 	}
 	d.set("aggregator", "127.0.0.2") // the replica replaced
+	// One answer without it (a readiness blip takes a replica out of the
+	// headless Service's endpoints for a moment) cuts nothing; a second
+	// in a row does.
+	r.resolve(context.Background(), true)
+	if r.connections() != 1 {
+		t.Fatalf("one answer without the replica cut its connection (%d open)", r.connections())
+	}
 	r.resolve(context.Background(), true)
 	if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the replica gone: %v, want Unavailable", err)
