@@ -61,7 +61,9 @@ const (
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
 type TriggerSource interface {
-	Evaluations() []scaler.Evaluation
+	// EvaluationsOf returns the last evaluations of namespace ns's
+	// ScaledObjects' triggers ("": every namespace's).
+	EvaluationsOf(ns string) []scaler.Evaluation
 }
 
 var _ TriggerSource = (*scaler.Server)(nil)

@@ -432,7 +432,7 @@ func TestOneNamespacesViews(t *testing.T) {
 // blockingTriggers holds each /debug/triggers answer until released.
 type blockingTriggers struct{ in, release chan struct{} }
 
-func (b blockingTriggers) Evaluations() []scaler.Evaluation {
+func (b blockingTriggers) EvaluationsOf(string) []scaler.Evaluation {
 	select {
 	case b.in <- struct{}{}:
 		<-b.release

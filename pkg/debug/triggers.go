@@ -47,7 +47,7 @@ type Trigger struct {
 func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
 	ns := r.PathValue("namespace")
 	doc := TriggersDocument{Triggers: []Trigger{}}
-	for _, e := range h.Triggers.Evaluations() {
+	for _, e := range h.Triggers.EvaluationsOf(ns) {
 		t := e.Trigger
 		// One namespace's: its ScaledObjects' triggers on its own workloads
 		// (a trigger across namespaces, allowed by the operator, shows the

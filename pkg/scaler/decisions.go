@@ -145,12 +145,24 @@ func (r *recorder) forgetOneLocked() {
 
 // Evaluations returns every trigger's last evaluation, sorted by namespace,
 // ScaledObject and metric name.
-func (s *Server) Evaluations() []Evaluation {
+func (s *Server) Evaluations() []Evaluation { return s.EvaluationsOf("") }
+
+// EvaluationsOf is Evaluations of the ScaledObjects of namespace ns alone
+// ("": every namespace's). One namespace's debug page copied every
+// namespace's records, under the lock KEDA's answers take, to keep its own.
+func (s *Server) EvaluationsOf(ns string) []Evaluation {
 	r := s.decisions
 	r.mu.Lock()
 	r.expireLocked()
-	out := make([]Evaluation, 0, r.n)
-	for _, l := range r.ns {
+	var out []Evaluation
+	if ns == "" {
+		out = make([]Evaluation, 0, r.n)
+		for _, l := range r.ns {
+			for _, e := range l.Values() {
+				out = append(out, *e)
+			}
+		}
+	} else if l := r.ns[ns]; l != nil {
 		for _, e := range l.Values() {
 			out = append(out, *e)
 		}

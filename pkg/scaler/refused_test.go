@@ -150,3 +150,26 @@ func TestARefusedLongNameIsKeptCut(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestOneNamespacesEvaluationsAreItsOwn: one namespace's debug page copied
+// every namespace's records (up to 10,000), under the lock KEDA's answers
+// take, and kept its own. EvaluationsOf reads that namespace's alone.
+func TestOneNamespacesEvaluationsAreItsOwn(t *testing.T) {
+	f := newFixture(t)
+	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10}
+	for i := range 3 {
+		f.server.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "team-a", Name: fmt.Sprintf("so-%d", i)}, tr, Decision{Value: 1}, nil)
+	}
+	f.server.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "team-b", Name: "so-0"}, tr, Decision{Value: 1}, nil)
+	for ns, want := range map[string]int{"team-a": 3, "team-b": 1, "team-c": 0, "": 4} {
+		got := f.server.EvaluationsOf(ns)
+		if len(got) != want {
+			t.Errorf("EvaluationsOf(%q): %d, want %d", ns, len(got), want)
+		}
+		for _, e := range got {
+			if ns != "" && e.Namespace != ns {
+				t.Errorf("EvaluationsOf(%q) holds %s's", ns, e.Namespace)
+			}
+		}
+	}
+}
