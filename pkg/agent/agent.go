@@ -160,7 +160,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a := &Agent{
 		opts: opts, log: log, extractor: ex, cat: newCatalogue(), reg: reg, static: static,
-		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.InsecureSkipVerify),
+		scraper:   newHTTPScraper(ex, opts.MaxPageBytes, opts.MaxListed, opts.InsecureSkipVerify),
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
 		counters:  map[string]*vllm.Counters{},

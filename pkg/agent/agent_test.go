@@ -81,7 +81,7 @@ func newScraper(t *testing.T, maxBytes int64) *httpScraper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHTTPScraper(ex, maxBytes, false)
+	return newHTTPScraper(ex, maxBytes, 16, false)
 }
 
 // TestScrapeAsksForIdentityAndReadsGzip: the agent asks for the text format

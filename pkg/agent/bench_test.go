@@ -27,7 +27,7 @@ func BenchmarkScrape(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sc := newHTTPScraper(ex, 8<<20, false)
+	sc := newHTTPScraper(ex, 8<<20, 16, false)
 	counters := vllm.NewCounters()
 	url := srv.URL + "/metrics"
 	b.ReportAllocs()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/discovery"
 	"github.com/pulse-io/pulse/pkg/ingest"
+	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -509,7 +510,7 @@ func TestAStreamThatNeverOpensEndsToo(t *testing.T) {
 	go func() { done <- s.session(ctx, pulsev1.NewIngestClient(conn)) }()
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "no welcome within") || !strings.Contains(err.Error(), "at most 16 streams") {
+		if err == nil || !strings.Contains(err.Error(), "no welcome within") || !strings.Contains(err.Error(), fmt.Sprintf("at most %d streams", relay.MaxStreamsPerConnection)) {
 			t.Errorf("the session ended with %v; want no welcome, naming the relay's bound", err)
 		}
 	case <-time.After(30 * time.Second):

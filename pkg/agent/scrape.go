@@ -115,15 +115,16 @@ func withTenant(ctx context.Context, ns string) context.Context {
 
 var _ Scraper = (*httpScraper)(nil)
 
-func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, insecureSkipVerify bool) *httpScraper {
+func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxPods int, insecureSkipVerify bool) *httpScraper {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if insecureSkipVerify {
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's choice, --https-insecure-skip-verify
 	}
-	// Idle connections bounded per pod (two), not in all: a bound of
-	// maxConns in all closed, after each tick, the connections of the
-	// pods past it, and they paid a handshake at every scrape.
-	tr.MaxIdleConns = 0
+	// Idle connections: two a pod, and in all two for each pod the agent
+	// may list. A bound of --max-concurrent-scrapes in all closed, after
+	// each tick, the connections of the pods past it, and they paid a
+	// handshake at every scrape.
+	tr.MaxIdleConns = 2 * maxPods
 	tr.MaxIdleConnsPerHost = 2
 	tr.IdleConnTimeout = 90 * time.Second
 	// A pod's server chooses its headers: bound them (vLLM's are a few

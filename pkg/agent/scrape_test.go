@@ -37,7 +37,7 @@ func TestAnHTTPSPodIsReadOverHTTP1(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 	ex := newScraper(t, 1<<20).extractor
-	sc := newHTTPScraper(ex, 1<<20, true) // --https-insecure-skip-verify
+	sc := newHTTPScraper(ex, 1<<20, 16, true) // --https-insecure-skip-verify
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := sc.Scrape(ctx, srv.URL+"/metrics", nil, nil); err != nil {

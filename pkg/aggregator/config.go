@@ -43,6 +43,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/version"
+	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -583,10 +584,10 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // nil auth). A path mux does not route is answered by mux (404, 405)
 // without a review: only the endpoints' paths are sent to the API server.
 // So is a path no object can have (reviewable): a namespace that is no
-// DNS label, a name past an object's, an escaped byte in either (a
-// namespace "team-a%2F1" routed as its own, past the one answer a
-// namespace may have under way, and was reviewed as team-a's path), or a
-// path past maxReviewedPath.
+// DNS label (a namespace "team-a%2F1" routed as its own, past the one
+// answer a namespace may have under way, and was reviewed as team-a's
+// path), a workload's name with a slash or a control character or past
+// 253 bytes, or a path past maxReviewedPath.
 func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 	if auth == nil {
 		return mux
@@ -614,7 +615,8 @@ var namespacedPages = []string{"/debug/workloads/", "/debug/triggers/", "/debug/
 
 // reviewable says whether u's path is one an object can have: at most
 // maxReviewedPath bytes; under a namespaced page a DNS label (a
-// namespace) and a DNS subdomain (a name), unescaped.
+// namespace, unescaped) and a workload's name (printable, at most 253
+// bytes, no slash: pulse.io/workload takes more than a DNS name).
 func reviewable(u *url.URL) bool {
 	p := u.EscapedPath()
 	if len(p) > maxReviewedPath {
@@ -625,11 +627,15 @@ func reviewable(u *url.URL) bool {
 		if !ok {
 			continue
 		}
-		ns, name, named := strings.Cut(rest, "/")
+		ns, escaped, named := strings.Cut(rest, "/")
 		if len(validation.IsDNS1123Label(ns)) > 0 {
 			return false
 		}
-		return !named || len(validation.IsDNS1123Subdomain(name)) == 0
+		if !named {
+			return true
+		}
+		name, err := url.PathUnescape(escaped)
+		return err == nil && name != "" && len(name) <= 253 && !strings.Contains(name, "/") && wire.IsName(name)
 	}
 	return true
 }

@@ -55,9 +55,10 @@ const (
 	metricsTokenRate  = 2
 	metricsTokenBurst = 10
 	// maxReviewedToken: a token longer is refused unreviewed (a projected
-	// ServiceAccount token is about 1 KB; the header could carry 1 MiB to
-	// the API server at each review).
-	maxReviewedToken = 8 << 10
+	// ServiceAccount token is about 1 KB, an OIDC user's with many groups
+	// a few; the header could carry 1 MiB to the API server at each
+	// review).
+	maxReviewedToken = 16 << 10
 )
 
 // metricsAuthorizer admits a request to /metrics, or to a debug endpoint
@@ -191,11 +192,9 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 
 // tokenAllows takes one of token's own reviews, if its rate has one.
 func (m *metricsAuthorizer) tokenAllows(token string) bool {
-	key := sha256.Sum256([]byte(token))
-	l, ok := m.tokens.Get(key)
-	if !ok {
-		l = rate.NewLimiter(metricsTokenRate, metricsTokenBurst)
-		m.tokens.Add(key, l)
+	l := rate.NewLimiter(metricsTokenRate, metricsTokenBurst)
+	if prev, ok, _ := m.tokens.PeekOrAdd(sha256.Sum256([]byte(token)), l); ok {
+		l = prev // one limiter a token, whatever its requests at once
 	}
 	return l.Allow()
 }

@@ -323,9 +323,9 @@ func TestOneTokensReviewsAreBounded(t *testing.T) {
 // a SubjectAccessReview, a 1 MiB token in a TokenReview, each up to the
 // reviews' rate); and a namespace escaped, team-a%2F1, routed as one of its
 // own (past the one answer a namespace may have under way) and was
-// reviewed as team-a's. A namespace that is no DNS label, a name past an
-// object's, an escaped byte in either, or a path past 512 bytes is 404,
-// and a token past 8 KiB 401, unreviewed.
+// reviewed as team-a's. A namespace that is no DNS label, a name no
+// workload's (a slash, a control character, past 253 bytes), or a path
+// past 512 bytes is 404, and a token past 16 KiB 401, unreviewed.
 func TestPathsAndTokensNoObjectHasAreNotReviewed(t *testing.T) {
 	var reviews atomic.Int64
 	a := startWith(t, func(o *Options) { o.Serving.MetricsAuth = "kubernetes" }, Deps{Kube: reviewingAPI(&reviews)})
@@ -333,18 +333,21 @@ func TestPathsAndTokensNoObjectHasAreNotReviewed(t *testing.T) {
 	for _, path := range []string{
 		"/debug/workloads/team-a%2F1", "/debug/triggers/team-a%2F..%2Fteam-b", "/debug/workloads/Team-A",
 		"/debug/workloads/team-a/" + strings.Repeat("x", 300), "/debug/provisioning/" + strings.Repeat("n", 64),
+		"/debug/workloads/team-a/a%2Fb", "/debug/workloads/team-a/a%0Ab",
 	} {
 		if code, _ := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusNotFound {
 			t.Errorf("%.80s: %d, want 404", path, code)
 		}
 	}
-	if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/triggers", strings.Repeat("t", 9<<10)); code != http.StatusUnauthorized {
-		t.Errorf("a token of 9 KiB: %d, want 401", code)
+	if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/triggers", strings.Repeat("t", 17<<10)); code != http.StatusUnauthorized {
+		t.Errorf("a token of 17 KiB: %d, want 401", code)
 	}
 	if n := reviews.Load(); n != 0 {
 		t.Fatalf("%d reviews made for them; want none", n)
 	}
-	for _, path := range []string{"/debug/workloads/team-a", "/debug/workloads/team-a/llama.v2", "/debug/triggers/team-a"} {
+	// A workload's name is pulse.io/workload's, more than a DNS name.
+	for _, path := range []string{"/debug/workloads/team-a", "/debug/workloads/team-a/llama.v2", "/debug/triggers/team-a",
+		"/debug/workloads/team-a/Llama_70B", "/debug/workloads/team-a/llama:7b", "/debug/workloads/team-a/my%20model"} {
 		// Reviewed and served (a workload not there is the page's own 404).
 		if code, body := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusOK && !strings.Contains(body, "no workload") {
 			t.Errorf("%s: %d %s, want it served", path, code, body)

@@ -356,9 +356,6 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 		return t, false, nil
 	}
 	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name}
-	if Mirror(pod.Annotations) {
-		return t, false, fmt.Errorf("a static pod's mirror (%s): its node made it, and could name any namespace's workload, so the aggregator takes none of its entries", corev1.MirrorPodAnnotationKey)
-	}
 	if t.Workloads, err = podWorkloads(pod); err != nil {
 		return t, false, err
 	}

@@ -529,9 +529,17 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 		t.pods.Add(e.PodUID, id)
 	}
 	if !discovery.Allows(id.claims, e.UID, e.Workloads) {
-		return id.node, fmt.Errorf("%w: pod %s/%s allows entries %s", ErrClaim, e.Namespace, e.Name, describeClaims(id.claims))
+		return id.node, claimError(id, e)
 	}
 	return id.node, nil
+}
+
+// claimError is the refusal of entry e that pod id does not allow.
+func claimError(id podIdentity, e Entry) error {
+	if id.mirror {
+		return fmt.Errorf("%w: pod %s/%s is a static pod's mirror (%s), which its node may make in any namespace with any labels: it claims no workload with agent authentication", ErrClaim, e.Namespace, e.Name, corev1.MirrorPodAnnotationKey)
+	}
+	return fmt.Errorf("%w: pod %s/%s allows entries %s", ErrClaim, e.Namespace, e.Name, describeClaims(id.claims))
 }
 
 // podLookupTimeout bounds one pod's lookup in the API.
@@ -543,7 +551,7 @@ const claimsFor = time.Minute
 
 // identityOf is what the pod cache keeps of a pod.
 func identityOf(p *corev1.Pod) podIdentity {
-	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p), at: time.Now()}
+	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p), mirror: discovery.Mirror(p.Annotations), at: time.Now()}
 }
 
 // describeClaims lists claims for an error, at most four entries.
@@ -571,5 +579,6 @@ func describeClaims(claims map[string][]discovery.Workload) string {
 type podIdentity struct {
 	namespace, name, node string
 	claims                map[string][]discovery.Workload // discovery.Claims
+	mirror                bool                            // a static pod's mirror (discovery.Mirror): claims none
 	at                    time.Time                       // when read
 }

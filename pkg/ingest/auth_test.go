@@ -1097,7 +1097,7 @@ func TestANodeWhoseAgentsPodIsGoneHoldsNoReplica(t *testing.T) {
 // another tenant's namespace, labelled with its workspace, and its agent's
 // invented samples were that workload's replica (to scale it down, or up,
 // and to fill its namespace's room in the store). A mirror claims no
-// workload: its entry is refused, as the agent leaves it out.
+// workload with agent authentication: its entry is refused, naming why.
 func TestAStaticPodsMirrorClaimsNoWorkload(t *testing.T) {
 	c := fakeAPI()
 	mirror := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "llama-node-1", Namespace: "victim", UID: "uid-mirror",
@@ -1108,14 +1108,16 @@ func TestAStaticPodsMirrorClaimsNoWorkload(t *testing.T) {
 	}
 	tr := runningReviewer(t, c)
 	ctx := context.Background()
-	if _, err := tr.PodNode(ctx, llama("victim", "llama-node-1", "uid-mirror")); !errors.Is(err, ErrClaim) {
-		t.Fatalf("the mirror's entry for the victim's workspace: %v; want refused (its claims are none)", err)
+	if _, err := tr.PodNode(ctx, llama("victim", "llama-node-1", "uid-mirror")); !errors.Is(err, ErrClaim) || !strings.Contains(err.Error(), "static pod's mirror") {
+		t.Fatalf("the mirror's entry for the victim's workspace: %v; want refused, naming the mirror", err)
 	}
 	if n := len(discovery.Claims(mirror)); n != 0 {
 		t.Fatalf("a mirror claims %d entries; want none", n)
 	}
-	if _, ok, err := discovery.TargetOf(mirror, "node-1", labels.Everything()); ok || err == nil || !strings.Contains(err.Error(), "mirror") {
-		t.Fatalf("the agent's target of a mirror: %v, %v; want left out, saying why", ok, err)
+	// The agent lists it as any pod (with --agent-auth=none, vLLM run as a
+	// static pod scales as before): the refusal is the aggregator's.
+	if _, ok, err := discovery.TargetOf(mirror, "node-1", labels.Everything()); !ok || err != nil {
+		t.Fatalf("the agent's target of a mirror: %v, %v; want it listed", ok, err)
 	}
 	// A pod the scheduler placed is as before.
 	if node, err := tr.PodNode(ctx, llama("ns", "mine", "uid-mine")); err != nil || node != "node-1" {

@@ -70,9 +70,10 @@ const maxPooledMessage = 64 << 10
 // given back to the pool either, whatever its bytes: the pool keeps a
 // batch's arrays of sub-messages, each reset, at their length, and 64 KiB
 // of 2-byte empty entries decodes to about 32,000 of them, 2.3 MB a pooled
-// message. An agent's batch has at most one of each kind a pod (1,024 pods
-// by default).
-const maxPooledSubMessages = 3 << 10
+// message. An agent's batch has at most four a pod (a missing sample or
+// its extra values, and two histograms: TTFT and ITL), 1,024 pods by
+// default.
+const maxPooledSubMessages = 4 << 10
 
 // subMessages counts a batch's sub-messages (0 for another message).
 func subMessages(m *pulsev1.AgentMessage) int {

@@ -113,8 +113,9 @@ func (o *Options) Validate() error {
 }
 
 // MaxStreamsPerConnection bounds the streams an agent's connection holds
-// at once: it opens one an aggregator replica.
-const MaxStreamsPerConnection = 16
+// at once: it opens one an aggregator replica (the chart refuses more
+// than half as many replicas, for a rollout's surge).
+const MaxStreamsPerConnection = 32
 
 // MaxHeaderList bounds a stream's headers (HTTP/2's header list, as gRPC
 // counts it): an agent's are its token (about 1 KB; a framed connection's

@@ -96,7 +96,7 @@ type Relay struct {
 	closed    bool              // Run has returned: no stream is forwarded
 	upstreams map[string]*upstream
 	missed    map[string]int // a replica's timed passes in a row without it
-	lastAsk   time.Time // a lookup for an address not known, at most one a second
+	lastAsk   time.Time      // a lookup for an address not known, at most one a second
 
 	m metrics
 }
@@ -406,7 +406,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 			return status.Error(codes.Unavailable, "relay: shutting down: reconnect (through another relay)")
 		}
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()
-		return status.Errorf(codes.Unavailable, "relay: %q is not an aggregator replica this relay resolves from %s", shown(names[0]), strings.Join(r.cfg.Aggregators, ", "))
+		return status.Errorf(codes.Unavailable, "relay: %s is not an aggregator replica this relay resolves from %s", shown(names[0]), strings.Join(r.cfg.Aggregators, ", "))
 	}
 	// Only the agent's token is forwarded: the aggregator reads nothing
 	// else of a stream's metadata, and a header HTTP/2 forbids (keep-alive,

@@ -572,8 +572,8 @@ func TestNothingButTheHelloBeforeTheWelcome(t *testing.T) {
 	}
 	toAgg := r.m.messages.WithLabelValues("to_aggregator")
 	eventually(t, "the hello forwarded", func() error {
-		if agg.hellos.Load() != 1 {
-			return errors.New("no hello at the replica")
+		if agg.hellos.Load() != 1 || testutil.ToFloat64(toAgg) < 1 {
+			return errors.New("no hello at the replica, or not counted yet")
 		}
 		return nil
 	})

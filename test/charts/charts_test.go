@@ -303,6 +303,8 @@ func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
 		{"aggregator", []string{"--set", "http.port=9090"}, "http.port must differ from scaler.port"},
 		{"aggregator", []string{"--set", "ingest.port=8080"}, "http.port must differ from ingest.port"},
 		{"aggregator", []string{"--set", "relay.enabled=true,relay.healthPort=8080"}, "relay.healthPort must differ from relay.port and relay.httpPort"},
+		// An agent's connection to a relay carries 32 streams, one a replica.
+		{"aggregator", []string{"--set", "relay.enabled=true,replicaCount=17"}, "relay.enabled with more than 16 aggregator replicas"},
 	} {
 		out, err := render(t, filepath.Join(root, "deploy", c.chart), c.args...)
 		if err == nil || !strings.Contains(out, c.says) {
