@@ -587,7 +587,7 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // DNS label (a namespace "team-a%2F1" routed as its own, past the one
 // answer a namespace may have under way, and was reviewed as team-a's
 // path), a workload's name with a slash or a control character or past
-// 253 bytes, or a path past maxReviewedPath.
+// wire.MaxName bytes, or a path past maxReviewedPath.
 func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 	if auth == nil {
 		return mux
@@ -635,7 +635,7 @@ func reviewable(u *url.URL) bool {
 			return true
 		}
 		name, err := url.PathUnescape(escaped)
-		return err == nil && name != "" && len(name) <= 253 && !strings.Contains(name, "/") && wire.IsName(name)
+		return err == nil && name != "" && len(name) <= wire.MaxName && !strings.Contains(name, "/") && wire.IsName(name)
 	}
 	return true
 }

@@ -172,7 +172,7 @@ const (
 
 // maxWorkloadName bounds a workload's name as Kubernetes bounds an
 // object's (a DNS subdomain).
-const maxWorkloadName = 253
+const maxWorkloadName = wire.MaxName
 
 // checkWorkloadNames refuses a workload name an annotation gave that is not
 // UTF-8, is longer than an object's name may be, or has a control or

@@ -85,7 +85,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "duplicate_id", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "duplicate_id", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "superseded", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -260,12 +260,16 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		}
 		switch m := msg.Msg.(type) {
 		case *pulsev1.AgentMessage_Catalogue:
-			if err := st.catalogue(m.Catalogue); err != nil {
+			if err := st.catalogue(m.Catalogue); errors.Is(err, errSuperseded) {
+				return err
+			} else if err != nil {
 				s.m.rejected.WithLabelValues("catalogue").Inc()
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 		case *pulsev1.AgentMessage_Batch:
-			if err := st.batch(m.Batch); err != nil {
+			if err := st.batch(m.Batch); errors.Is(err, errSuperseded) {
+				return err
+			} else if err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 			if !st.ackDue(time.Now()) {
@@ -444,8 +448,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if err := st.checkSize(c); err != nil {
 		return err
 	}
-	st.admitAll(st.ctx, c.Upsert, c.Full, removed)
-	return nil
+	return st.admitAll(st.ctx, c.Upsert, c.Full, removed)
 }
 
 // admitAll admits entries, looking their pods up within ctx, and stores
@@ -460,7 +463,10 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 // every uid was stored while the stream kept only the last, so one stream
 // held pods it could neither report nor remove, as many as it listed, up
 // to --max-pods. The agent lists an id once.
-func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, full bool, removed []string) {
+//
+// It fails only with errSuperseded: a stream of the node opened after this
+// one has listed the node in full, and nothing is stored.
+func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, full bool, removed []string) error {
 	infos := make([]store.PodInfo, 0, len(entries))
 	ids := make([]uint32, 0, len(entries))
 	listed := make(map[uint32]bool, len(entries))
@@ -496,9 +502,15 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		ids = append(ids, p.Id)
 	}
 	if len(removed) > 0 {
-		st.srv.store.Remove(st.hello.Node, removed...)
+		if err := st.srv.store.RemoveStream(st.hello.Node, st.stream, removed...); err != nil {
+			return st.superseded()
+		}
 	}
-	st.wait(infos, ids, st.srv.store.Upsert(st.source(), infos, full))
+	refused, err := st.srv.store.UpsertStream(st.source(), infos, full)
+	if err != nil {
+		return st.superseded()
+	}
+	st.wait(infos, ids, refused)
 	if full && !st.heard && len(st.unchecked) == 0 && !slices.ContainsFunc(infos, scraped) {
 		// Its agent scrapes none of its pods (none ready: an idle GPU
 		// node, or its pods loading their model), so no batch comes: its
@@ -508,6 +520,7 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		st.heard = true
 		st.srv.store.MarkHeard(st.hello.Node)
 	}
+	return nil
 }
 
 // heldBefore is what the store holds of p's pod, in a full catalogue
@@ -642,9 +655,9 @@ const (
 )
 
 // recheck looks the unchecked entries up again, when due.
-func (st *streamState) recheck(now time.Time) {
+func (st *streamState) recheck(now time.Time) error {
 	if now.Sub(st.checked) < uncheckedEvery {
-		return
+		return nil
 	}
 	st.checked = now
 	ids := slices.Sorted(maps.Keys(st.unchecked))
@@ -654,7 +667,7 @@ func (st *streamState) recheck(now time.Time) {
 	}
 	ctx, cancel := context.WithTimeout(st.ctx, uncheckedWait)
 	defer cancel()
-	st.admitAll(ctx, entries, false, nil)
+	return st.admitAll(ctx, entries, false, nil)
 }
 
 // wait keeps the entries the store refused for room (infos[i] listed as
@@ -683,6 +696,20 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 	}
 }
 
+// errSuperseded ends a stream older than one of its node's that has
+// listed the node in full (store.ErrSuperseded): what it carries is older
+// than what the aggregator holds. Its agent, if it still runs, reconnects
+// and lists the node again.
+var errSuperseded = status.Error(codes.Aborted, "a newer stream of this node has listed its pods in full: this older one ends (reconnect to list them again)")
+
+// superseded counts and logs the stream's end for a newer stream of its
+// node (errSuperseded).
+func (st *streamState) superseded() error {
+	st.srv.m.rejected.WithLabelValues("superseded").Inc()
+	st.logger().Info("agent stream superseded: a newer stream of its node has listed the node's pods in full, so this one's catalogue and samples are older than what is held; it ends")
+	return errSuperseded
+}
+
 // source is the stream's agent as the store knows it.
 func (st *streamState) source() store.Source {
 	return store.Source{Node: st.hello.Node, Instance: st.hello.AgentInstance, ExtraNames: st.hello.ExtraMetrics, Stream: st.stream}
@@ -690,14 +717,17 @@ func (st *streamState) source() store.Source {
 
 // relist lists the pods the store refused for room again; those it holds
 // now leave pending.
-func (st *streamState) relist() {
+func (st *streamState) relist() error {
 	infos := make([]store.PodInfo, 0, len(st.pending))
 	for _, info := range st.pending {
 		infos = append(infos, info)
 	}
-	refused := st.srv.store.Upsert(st.source(), infos, false)
+	refused, err := st.srv.store.UpsertStream(st.source(), infos, false)
+	if err != nil {
+		return st.superseded()
+	}
 	if len(refused) == len(infos) {
-		return
+		return nil
 	}
 	still := make(map[string]bool, len(refused))
 	for _, uid := range refused {
@@ -709,6 +739,7 @@ func (st *streamState) relist() {
 			st.logger().Info("pod held now: the aggregator had room", logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}
+	return nil
 }
 
 // logAllowed: a rejection is logged at most ten a minute a stream (an
@@ -897,10 +928,14 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		return err
 	}
 	if len(st.pending) > 0 {
-		st.relist()
+		if err := st.relist(); err != nil {
+			return err
+		}
 	}
 	if len(st.unchecked) > 0 {
-		st.recheck(time.Now())
+		if err := st.recheck(time.Now()); err != nil {
+			return err
+		}
 	}
 	reports := bufs.reports[:0]
 	nowMs := time.Now().UnixMilli()
@@ -942,7 +977,11 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		reports = append(reports, r)
 	}
 	bufs.reports = reports
-	if dropped := st.srv.store.Add(reports); dropped > 0 {
+	dropped, err := st.srv.store.AddStream(st.hello.Node, st.stream, reports)
+	if err != nil {
+		return st.superseded()
+	}
+	if dropped > 0 {
 		st.srv.m.rejected.WithLabelValues("unknown_pod").Add(float64(dropped))
 	}
 	if !st.heard && len(st.unchecked) == 0 {

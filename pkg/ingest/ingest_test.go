@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -158,6 +159,7 @@ pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
 pulse_aggregator_rejected_reports_total{reason="node_streams"} 0
 pulse_aggregator_rejected_reports_total{reason="other_node"} 0
 pulse_aggregator_rejected_reports_total{reason="store_full"} 0
+pulse_aggregator_rejected_reports_total{reason="superseded"} 0
 pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
 pulse_aggregator_rejected_reports_total{reason="unauthenticated"} 0
 pulse_aggregator_rejected_reports_total{reason="unknown_pod"} 0
@@ -748,5 +750,73 @@ func TestPodsWaitingForRoomAreLoggedBounded(t *testing.T) {
 	}
 	if n := strings.Count(f.logs.String(), "pod not held"); n == 0 || n > 10 {
 		t.Fatalf("%d warnings of pods waiting for room from one stream, want 1 to 10", n)
+	}
+}
+
+// gatedAuth binds every stream to node-1 and, while gate is set, holds the
+// lookup of the pod named "slow" until gate closes (a slow API).
+type gatedAuth struct {
+	gate    chan struct{}
+	entered chan struct{}
+}
+
+func (gatedAuth) Authenticate(context.Context, string) (string, error) { return "node-1", nil }
+
+func (a gatedAuth) PodNode(ctx context.Context, e Entry) (string, error) {
+	if e.Name == "slow" {
+		a.entered <- struct{}{}
+		select {
+		case <-a.gate:
+		case <-ctx.Done():
+			return "", ErrLookupUnavailable
+		}
+	}
+	return e.Node, nil
+}
+
+// TestAStaleStreamOfTheNodeChangesNothing: a stream's full catalogue that
+// waited on a slow pod lookup while its agent reconnected was stored after
+// the new stream's: it dropped the pods the new stream listed (their
+// series with them) and put back its agent's old instance. Now, once a
+// stream opened later has listed the node in full, the older stream's
+// catalogue and samples are refused and it ends (Aborted, counted as
+// superseded); the newer stream's pods and samples stand, and it goes on.
+func TestAStaleStreamOfTheNodeChangesNothing(t *testing.T) {
+	auth := gatedAuth{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	f := newFixtureWith(t, auth)
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer t"), 20*time.Second)
+	defer cancel()
+	old := f.openStream(ctx, t, "node-1")
+	if err := old.Send(catalogue(pod(1, "slow"))); err != nil {
+		t.Fatal(err)
+	}
+	<-auth.entered // its catalogue waits on the lookup
+	fresh := f.openStream(ctx, t, "node-1")
+	if err := fresh.Send(catalogue(pod(1, "b"))); err != nil {
+		t.Fatal(err)
+	}
+	enc := wire.NewEncoder()
+	sendBatch(t, fresh, enc, 1, 7, 1)
+	close(auth.gate) // the old stream's catalogue goes on
+	_, err := old.Recv()
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "newer stream") {
+		t.Fatalf("the old stream: %v, want Aborted naming the newer stream", err)
+	}
+	if _, ok := f.store.ListedOn("node-1", "uid-slow"); ok {
+		t.Fatal("the old stream's late catalogue was stored")
+	}
+	if _, ok := f.store.ListedOn("node-1", "uid-b"); !ok {
+		t.Fatal("the newer stream's pod was dropped by the old stream's late catalogue")
+	}
+	sendBatch(t, fresh, enc, 2, 9, 1) // the newer stream goes on
+	views := f.store.View(store.ViewOptions{FreshFor: time.Hour})
+	if len(views) != 1 || len(views[0].Pods) != 1 || views[0].Pods[0].Name != "b" {
+		t.Fatalf("held %+v; want pod b alone", views)
+	}
+	if v, ok := views[0].Pods[0].Values[metric.Waiting.Name()]; !ok || v != 9 {
+		t.Fatalf("pod b's last waiting %v (%v); want 9, the newer stream's", v, ok)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("superseded")); got != 1 {
+		t.Fatalf("superseded streams counted: %v, want 1", got)
 	}
 }

@@ -584,7 +584,9 @@ func (Codec) Name() string { return "proto" }
 
 // shown is an agent's string as an error quotes it: printable, and at most
 // a name's length (a header's value is up to the port's header bound, and
-// %q made a byte past ASCII four).
+// %q made a byte past ASCII four). Not wire's CleanText and Printable,
+// which ingest shows an agent's strings with: the relay forwards bytes and
+// depends on no package of the wire format.
 func shown(v string) string {
 	const most = 256
 	if len(v) > most {

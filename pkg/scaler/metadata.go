@@ -478,7 +478,7 @@ var kedaKeys = []string{"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tl
 const (
 	maxMetadataKeys  = 64
 	maxMetadataBytes = 1024
-	maxWorkloadName  = 253
+	maxWorkloadName  = wire.MaxName
 	maxNamespace     = 63
 )
 

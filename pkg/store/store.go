@@ -97,6 +97,13 @@ const maxStreams = 63
 // ErrStreams: a node holds maxStreams streams open.
 var ErrStreams = errors.New("the node holds 63 agent streams open in the store, the most it may")
 
+// ErrSuperseded: a stream of the node opened later has listed the node's
+// pods in full, so what this one lists or reports is older than what the
+// store holds (UpsertStream, RemoveStream, AddStream); nothing of it is
+// taken, and the stream should end (its agent, if it still runs,
+// reconnects and lists the node again).
+var ErrSuperseded = errors.New("a newer stream of the node has listed its pods in full")
+
 // Sample is one report of a pod: its values, or why it has none.
 type Sample struct {
 	TimeMs int64
@@ -211,6 +218,37 @@ type source struct {
 	// orphans: its pods no open stream lists (those that listed them
 	// ended), and when the last of those ended; nil when none.
 	orphans map[string]time.Time
+	// opened: its open streams, each with the order it opened in (gens
+	// counts the node's streams opened so far); fullGen: the newest of
+	// those whose full listing the store took. A stream older than
+	// fullGen is superseded: a stream cut while its catalogue waited on a
+	// slow pod lookup, taken after its agent's next stream had listed the
+	// node, put back what that one no longer listed and the older agent's
+	// instance, restarting every pod's series.
+	opened        []openStream
+	gens, fullGen uint64
+}
+
+// openStream is one open stream of a node and the order it opened in.
+type openStream struct {
+	st  Stream
+	gen uint64
+}
+
+// superseded: st, of src, opened before a stream whose full listing the
+// store took. The zero Stream never is.
+func (src *source) superseded(st Stream) bool {
+	return st != 0 && src != nil && src.fullGen > src.gen(st)
+}
+
+// gen is the order st opened in (0 when it is not open).
+func (src *source) gen(st Stream) uint64 {
+	for _, o := range src.opened {
+		if o.st == st {
+			return o.gen
+		}
+	}
+	return 0
 }
 
 // listing is one pod under one node: the pod, and the node's streams that
@@ -375,6 +413,8 @@ func (s *Store) OpenSource(node string) (Stream, error) {
 	}
 	st := Stream(bits.TrailingZeros64(free))
 	src.open |= 1 << st
+	src.gens++
+	src.opened = append(src.opened, openStream{st: st, gen: src.gens})
 	return st, nil
 }
 
@@ -393,6 +433,7 @@ func (s *Store) CloseSource(node string, st Stream) {
 	if src.open &^= bit; src.open == 0 {
 		src.closedAt = now
 	}
+	src.opened = slices.DeleteFunc(src.opened, func(o openStream) bool { return o.st == st })
 	m := s.listed[node]
 	for uid, l := range m {
 		if l.by&bit == 0 {
@@ -644,8 +685,22 @@ func (s *Store) notify(p *pod) {
 // (see Options.MaxPods): a refused pod is not held; listing it again adds
 // it once there is room.
 func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string) {
+	refused, _ = s.UpsertStream(src, pods, full)
+	return refused
+}
+
+// UpsertStream is Upsert, but for a src.Stream superseded (a stream of
+// the node opened after it has listed the node in full): ErrSuperseded,
+// and nothing is taken. A full listing makes the streams of the node
+// opened before src.Stream superseded.
+func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if from := s.sources[src.Node]; from.superseded(src.Stream) {
+		return nil, ErrSuperseded
+	} else if full && src.Stream != 0 && from != nil {
+		from.fullGen = max(from.fullGen, from.gen(src.Stream))
+	}
 	s.sweep(s.now(), false) // first: the room of pods expired is free
 	listed := make(map[string]bool, len(pods))
 	for _, info := range pods {
@@ -720,7 +775,7 @@ func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string)
 		// and does not list now is gone from the node.
 		s.forgetUnseenOn(src.Node)
 	}
-	return refused
+	return refused, nil
 }
 
 // markStart records when a pod started (its creation, else its first
@@ -784,13 +839,23 @@ func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
 // Remove records that node's agent no longer lists the pods uids; a pod that
 // no agent lists any more is removed.
 func (s *Store) Remove(node string, uids ...string) {
+	_ = s.RemoveStream(node, 0, uids...)
+}
+
+// RemoveStream is Remove from node's stream st: ErrSuperseded, and nothing
+// removed, when st is superseded (UpsertStream).
+func (s *Store) RemoveStream(node string, st Stream, uids ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.sources[node].superseded(st) {
+		return ErrSuperseded
+	}
 	for _, uid := range uids {
 		if p, ok := s.pods[uid]; ok {
 			s.unlist(uid, p, node, false)
 		}
 	}
+	return nil
 }
 
 // list records that node's stream st lists p; mu must be held for
@@ -889,9 +954,21 @@ type Report struct {
 // Add records samples; samples of pods not in the catalogue are dropped and
 // counted in the return value.
 func (s *Store) Add(reports []Report) (dropped int) {
+	dropped, _ = s.AddStream("", 0, reports)
+	return dropped
+}
+
+// AddStream is Add from node's stream st: ErrSuperseded, and nothing
+// taken, when st is superseded (UpsertStream): its samples are older than
+// the newer stream's, and of the agent process the pods no longer
+// continue.
+func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int, err error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if st != 0 && s.sources[node].superseded(st) {
+		return 0, ErrSuperseded
+	}
 	for i := range reports {
 		r := &reports[i]
 		p, ok := s.pods[r.UID]
@@ -948,7 +1025,7 @@ func (s *Store) Add(reports []Report) (dropped int) {
 		}
 		s.notify(p)
 	}
-	return dropped
+	return dropped, nil
 }
 
 // stepBack is how far behind a pod's last sample a sample may be and still

@@ -737,3 +737,74 @@ func mustOpen(t *testing.T, s *Store, node string) Stream {
 	}
 	return st
 }
+
+// TestAnOlderStreamIsSupersededByANewerFullListing: a node's stream whose
+// catalogue waited (a slow pod lookup) while its agent reconnected was
+// taken after the new stream's full listing: it put back the pods the new
+// one no longer listed, dropped those it did not know, and its agent's
+// old instance restarted every pod's series. Once a stream opened later
+// has listed the node in full, the older one's listings, removals and
+// samples are refused (ErrSuperseded) and change nothing; before that, and
+// for the zero Stream, they are taken as ever.
+func TestAnOlderStreamIsSupersededByANewerFullListing(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	replica := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	sample := func(uid string, ms int64) []Report {
+		r := Report{UID: uid}
+		r.TimeMs = ms
+		r.Values.Set(metric.Waiting, float64(ms))
+		return []Report{r}
+	}
+	older, newer := mustOpen(t, s, "n1"), mustOpen(t, s, "n1")
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "before", Stream: older}, []PodInfo{replica("a")}, true); err != nil {
+		t.Fatalf("the older stream's listing before any newer one's: %v", err)
+	}
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "after", Stream: newer}, []PodInfo{replica("b")}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddStream("n1", older, sample("a", 1000)); err != nil {
+		t.Fatalf("the older stream's samples, no newer full listing yet: %v", err)
+	}
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "after", Stream: newer}, []PodInfo{replica("b")}, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddStream("n1", newer, sample("b", 2000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "before", Stream: older}, []PodInfo{replica("a")}, true); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("the older stream's late full listing: %v, want ErrSuperseded", err)
+	}
+	if err := s.RemoveStream("n1", older, "b"); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("the older stream's removal: %v, want ErrSuperseded", err)
+	}
+	if _, err := s.AddStream("n1", older, sample("b", 3000)); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("the older stream's samples: %v, want ErrSuperseded", err)
+	}
+	if s.peek("a") != nil {
+		t.Fatal("a, which the newer full listing left out, is held again")
+	}
+	b := s.peek("b")
+	if b == nil || b.instance != "after" || b.series.len() != 1 || b.series.lastMs != 2000 {
+		t.Fatalf("b: %+v; want held, of instance after, with the newer stream's one sample", b)
+	}
+	// The newer stream closed, the older stays superseded: the listing held
+	// is the newer's, which the older's changes would not continue. A
+	// stream opened after both is taken.
+	s.CloseSource("n1", newer)
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "before", Stream: older}, []PodInfo{replica("a")}, false); !errors.Is(err, ErrSuperseded) {
+		t.Fatalf("after the newer stream closed: %v, want ErrSuperseded still", err)
+	}
+	third := mustOpen(t, s, "n1")
+	if _, err := s.UpsertStream(Source{Node: "n1", Instance: "third", Stream: third}, []PodInfo{replica("c")}, false); err != nil {
+		t.Fatalf("a stream opened after the full listing: %v", err)
+	}
+	if _, err := s.AddStream("n1", 0, sample("b", 4000)); err != nil {
+		t.Fatalf("the zero Stream: %v", err)
+	}
+	if got := s.sources["n1"].opened; len(got) != 2 {
+		t.Fatalf("open streams kept: %v, want the two still open", got)
+	}
+}

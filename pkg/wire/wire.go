@@ -106,6 +106,10 @@ func Printable(s string) string {
 	}, s)
 }
 
+// MaxName bounds a Kubernetes object's name (a DNS subdomain): a workload's
+// name pulse takes from a tenant is at most this many bytes.
+const MaxName = 253
+
 // IsName reports whether s is a name pulse takes from a tenant (a pod's,
 // a namespace's, a workload's): valid UTF-8 of graphic characters alone
 // (no control or format character: a newline in a workload's name forged
