@@ -73,6 +73,10 @@ const (
 	// MaxStaleAfter bounds staleAfter (the aggregator's default
 	// --pod-expiry).
 	MaxStaleAfter = 10 * time.Minute
+	// MinDuration is the shortest window or staleAfter: a second, the
+	// agent's default scrape interval (1ns had every pod stale, or a
+	// window of one sample or none, on every call).
+	MinDuration = time.Second
 	// MinThreshold is the smallest threshold KEDA can hand to the HPA.
 	MinThreshold = 0.001
 	// MaxThreshold is the largest: KEDA's milli-units of it, and
@@ -225,16 +229,16 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.Window, err = duration(md, "window", t.Window); err != nil {
 		return t, err
 	}
-	if t.Window <= 0 || t.Window > maxWindow {
-		return t, &MetadataError{Key: "window", Msg: fmt.Sprintf("must be above 0 and at most %s (the aggregator's --max-window)", maxWindow)}
+	if t.Window < MinDuration || t.Window > maxWindow {
+		return t, &MetadataError{Key: "window", Msg: fmt.Sprintf("must be at least %s and at most %s (the aggregator's --max-window)", MinDuration, maxWindow)}
 	}
 	if t.StaleAfter, err = duration(md, "staleAfter", t.StaleAfter); err != nil {
 		return t, err
 	}
-	if t.StaleAfter <= 0 || t.StaleAfter > MaxStaleAfter {
+	if t.StaleAfter < MinDuration || t.StaleAfter > MaxStaleAfter {
 		// Past it a pod whose agent is gone would count as fresh for
 		// ever, rather than answer the error that KEDA's fallback takes.
-		return t, &MetadataError{Key: "staleAfter", Msg: fmt.Sprintf("must be above 0 and at most %s", MaxStaleAfter)}
+		return t, &MetadataError{Key: "staleAfter", Msg: fmt.Sprintf("must be at least %s and at most %s", MinDuration, MaxStaleAfter)}
 	}
 	if err := loadTargets(md, &t); err != nil {
 		return t, err

@@ -236,6 +236,8 @@ func TestInvalidMetadata(t *testing.T) {
 		"window over max":     {md: map[string]string{"workspace": "a", "window": "2m"}, key: "window"},
 		"bad window":          {md: map[string]string{"workspace": "a", "window": "10"}, key: "window"},
 		"negative staleness":  {md: map[string]string{"workspace": "a", "staleAfter": "-1s"}, key: "staleAfter"},
+		"staleness of 1ns":    {md: map[string]string{"workspace": "a", "staleAfter": "1ns"}, key: "staleAfter"},
+		"window of 999ms":     {md: map[string]string{"workspace": "a", "window": "999ms"}, key: "window"},
 		"staleness past 10m":  {md: map[string]string{"workspace": "a", "staleAfter": "11m"}, key: "staleAfter"},
 		"threshold past 1e12": {md: map[string]string{"workspace": "a", "threshold": "2e12"}, key: "threshold"},
 		// A target that measures nothing (the load about 0 for ever), or
