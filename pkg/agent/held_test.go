@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -515,5 +516,67 @@ func TestAStreamThatNeverOpensEndsToo(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Error("a stream that never opened held the session for ever")
+	}
+}
+
+// lateAcks is an ingest client whose stream, once its context ends, still
+// delivers one ack (one in flight when the session ended) a moment later,
+// and records that it did.
+type lateAcks struct {
+	pulsev1.IngestClient
+	delivered atomic.Bool
+}
+
+type lateAckStream struct {
+	pulsev1.Ingest_ReportClient
+	ctx  context.Context
+	c    *lateAcks
+	once sync.Once
+}
+
+func (c *lateAcks) Report(ctx context.Context, opts ...grpc.CallOption) (pulsev1.Ingest_ReportClient, error) {
+	s, err := c.IngestClient.Report(ctx, opts...)
+	return &lateAckStream{Ingest_ReportClient: s, ctx: ctx, c: c}, err
+}
+
+func (s *lateAckStream) Recv() (*pulsev1.AggregatorMessage, error) {
+	m, err := s.Ingest_ReportClient.Recv()
+	if err != nil && s.ctx.Err() != nil {
+		late := false
+		s.once.Do(func() { late = true })
+		if late {
+			time.Sleep(50 * time.Millisecond) // the ack arrives as the session ends
+			defer s.c.delivered.Store(true)
+			return &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: 99}}}, nil
+		}
+	}
+	return m, err
+}
+
+// TestASessionEndsWithItsAckReader: the session returned while its ack
+// reader ran on, so an ack read as it ended set the address's acked gauge
+// after fanOut had deleted the address's series (the address gone from
+// DNS): a stale series for ever. The session now returns once its reader
+// has.
+func TestASessionEndsWithItsAckReader(t *testing.T) {
+	st := store.New(store.Options{})
+	s, client := streamTo(t, ingest.New(st, ingest.Options{}), nil)
+	c := &lateAcks{IngestClient: client}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.session(ctx, c) }()
+	for deadline := time.Now().Add(10 * time.Second); !s.connected.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session never connected")
+		}
+	}
+	cancel()
+	<-done
+	if !c.delivered.Load() {
+		t.Fatal("the session returned before its ack reader had taken the last ack")
+	}
+	s.agent.m.acked.DeleteLabelValues(s.addr) // as fanOut does, the address gone
+	if n := testutil.CollectAndCount(s.agent.m.acked); n != 0 {
+		t.Fatalf("%d acked series after the address's were deleted, want 0", n)
 	}
 }

@@ -203,7 +203,12 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	var acked, sent atomic.Uint64 // the last batch acknowledged, and handed to Send
 	var sentAt atomic.Int64       // when the last Send of a batch returned (Unix ns; 0 while one is under way)
 	var cataloguing atomic.Int64  // since when a catalogue is being sent (Unix ns; 0: none is)
-	go s.readAcks(stream, cancel, &acked)
+	read := make(chan struct{})
+	go func() { defer close(read); s.readAcks(stream, cancel, &acked) }()
+	// The session ends with its reader: a late ack set the address's acked
+	// gauge again after fanOut had deleted its series (the address gone).
+	// Its Recv ends with ctx on either transport.
+	defer func() { cancel(nil); <-read }()
 	go watchAcks(ctx, cancel, &sent, &acked, &sentAt, &cataloguing)
 
 	enc := wire.NewEncoder()
