@@ -571,7 +571,9 @@ func TestASessionEndsWithItsAckReader(t *testing.T) {
 		}
 	}
 	cancel()
-	<-done
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the session ended with %v, want its context's end", err)
+	}
 	if !c.delivered.Load() {
 		t.Fatal("the session returned before its ack reader had taken the last ack")
 	}
