@@ -671,7 +671,11 @@ func (a *Agent) gpuLoop(ctx context.Context) {
 				a.log.Debug("pods the kubelet lists twice under one name (one replacing the other): no GPU value until one is gone", logging.KeyPod, slices.Sorted(maps.Keys(ambiguous)))
 			}
 			byPod, unknown := gpu.Attribute(devs, pods, ambiguous)
-			if len(unknown) > 0 {
+			// A device NVML did not read this time (its read failed, or
+			// NVML is down) is unread, not unknown: counted so, every
+			// GPU of the node was counted each interval the driver was
+			// away, as if its IDs were not NVML's.
+			if len(unknown) > 0 && !nvmlFailing {
 				a.m.unknownDevices.Add(float64(len(unknown)))
 				a.log.Debug("device IDs that NVML does not know", logging.KeyIDs, unknown)
 			}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,22 +258,56 @@ func TestADriverReloadedIsReadAgain(t *testing.T) {
 		}
 		return initNVML()
 	}
-	agg := runGPUAgent(t, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)))
+	// llama-1's device is one NVML does not know: counted as unknown
+	// while NVML reads, and not while it is away (every device unread
+	// then, which was counted as unknown at each interval).
+	agg, ag := runGPUAgentWith(t, gpu.ModeOn, gpus, fakenode.Pod("demo", "llama-0", "nvidia.com/gpu", fakenode.UUID(gpus, 2)),
+		fakenode.Pod("demo", "llama-1", "nvidia.com/gpu", "GPU-made-up"))
+	counter := func(name string) float64 {
+		t.Helper()
+		v, err := agentCounter(ag, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 	gpuValue := func(want bool) func() error {
 		return func() error {
 			w, err := workload(agg.HTTPAddr(), "llama")
-			if err != nil || len(w.Pods) == 0 {
+			if err != nil {
 				return fmt.Errorf("no pod yet: %v", err)
 			}
-			if v, ok := w.Pods[0].Values["gpuUtilization"]; ok != want || (want && v != 0.2) {
-				return fmt.Errorf("gpuUtilization %v (%v), want it sent: %v", v, ok, want)
+			for _, p := range w.Pods {
+				if p.Name != "llama-0" {
+					continue
+				}
+				if v, ok := p.Values["gpuUtilization"]; ok != want || (want && v != 0.2) {
+					return fmt.Errorf("gpuUtilization %v (%v), want it sent: %v", v, ok, want)
+				}
+				return nil
 			}
-			return nil
+			return errors.New("no llama-0 yet")
 		}
 	}
 	eventually(t, "GPU values", gpuValue(true))
+	eventually(t, "the device NVML does not know counted", func() error {
+		if n := counter("pulse_agent_gpu_unknown_devices_total"); n == 0 {
+			return errors.New("not counted")
+		}
+		return nil
+	})
 	gone.Store(true)
 	eventually(t, "the GPU values gone with the driver", gpuValue(false))
+	unknown, failed := counter("pulse_agent_gpu_unknown_devices_total"), counter("pulse_agent_nvml_errors_total")
+	eventually(t, "three more failed NVML reads", func() error {
+		if n := counter("pulse_agent_nvml_errors_total"); n < failed+3 {
+			return fmt.Errorf("%v failed reads, want %v", n, failed+3)
+		}
+		return nil
+	})
+	if n := counter("pulse_agent_gpu_unknown_devices_total"); n != unknown {
+		t.Fatalf("unknown devices %v → %v while NVML was away: its devices are unread, not unknown", unknown, n)
+	}
 	gone.Store(false)
 	eventually(t, "the GPU values back with the driver", gpuValue(true))
 }
@@ -286,6 +322,13 @@ func runGPUAgent(t *testing.T, lib nvml.Interface, pods ...*podresourcesv1.PodRe
 
 // runGPUAgentMode is runGPUAgent with --nvml=mode.
 func runGPUAgentMode(t *testing.T, mode string, lib nvml.Interface, pods ...*podresourcesv1.PodResources) *aggregator.Aggregator {
+	t.Helper()
+	agg, _ := runGPUAgentWith(t, mode, lib, pods...)
+	return agg
+}
+
+// runGPUAgentWith is runGPUAgentMode, returning the agent too.
+func runGPUAgentWith(t *testing.T, mode string, lib nvml.Interface, pods ...*podresourcesv1.PodResources) (*aggregator.Aggregator, *agent.Agent) {
 	t.Helper()
 	var specs []simPod
 	for _, p := range pods {
@@ -302,8 +345,28 @@ func runGPUAgentMode(t *testing.T, mode string, lib nvml.Interface, pods ...*pod
 	o := agent.NewOptions()
 	o.StaticTargets, o.Aggregators, o.NodeName = file, []string{agg.IngestAddr()}, "gpu-node-1"
 	o.NVML, o.PodResourcesSocket = mode, socket
-	runAgent(t, o, agent.Deps{NVML: lib}, nil)
-	return agg
+	ag := runAgent(t, o, agent.Deps{NVML: lib}, nil)
+	return agg, ag
+}
+
+// agentCounter is the value of the agent's counter name (no labels) on
+// its /metrics.
+func agentCounter(ag *agent.Agent, name string) (float64, error) {
+	resp, err := http.Get("http://" + ag.HTTPAddr() + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s on the agent's /metrics", name)
 }
 
 // TestADriverLoadedAfterTheAgentIsRead: with --nvml=auto, a driver whose
