@@ -237,20 +237,7 @@ func (a *Agent) SetTargets(ts []discovery.Target) {
 	// when the budget is full (vllm.Budget.Over); they take it again, up
 	// to the share, at their next scrapes.
 	a.series.SetShare(maxSeries / max(2, len(namespaces)))
-	over := a.series.Over()
-	a.inflightMu.Lock()
-	for uid, c := range a.counters {
-		if listed[uid] && !over[c.Namespace()] {
-			continue
-		}
-		delete(a.counters, uid)
-		if a.inflight[uid] {
-			a.released[uid] = c
-		} else {
-			c.Release()
-		}
-	}
-	a.inflightMu.Unlock()
+	a.dropCounters(listed)
 	a.streamersMu.RLock()
 	for _, s := range a.streamers {
 		s.prune(listed)
@@ -437,9 +424,39 @@ const demandUnit = "demand "
 // vLLM page of 8 engines has a few hundred.
 const maxSeries = 1 << 16
 
+// dropCounters gives back the counter state of the pods not listed (all
+// listed when listed is nil) and, while the series' budget is full, of
+// every pod of a namespace past its share (vllm.Budget.Over).
+func (a *Agent) dropCounters(listed map[string]bool) {
+	over := a.series.Over()
+	if listed == nil && over == nil {
+		return
+	}
+	a.inflightMu.Lock()
+	defer a.inflightMu.Unlock()
+	for uid, c := range a.counters {
+		if (listed == nil || listed[uid]) && !over[c.Namespace()] {
+			continue
+		}
+		delete(a.counters, uid)
+		if a.inflight[uid] {
+			a.released[uid] = c
+		} else {
+			c.Release()
+		}
+	}
+}
+
 // startScrape marks uid, of namespace ns, in flight and returns its counter
-// state; nil when the previous scrape of uid is still in flight.
+// state; nil when the previous scrape of uid is still in flight. A
+// namespace under its share refused a series since the last scrape began
+// (the budget full) has the namespaces past their share give their room
+// back first: their pods take it again, up to the share, at their next
+// scrapes.
 func (a *Agent) startScrape(uid, ns string) *vllm.Counters {
+	if a.series.Starved() {
+		a.dropCounters(nil)
+	}
 	a.inflightMu.Lock()
 	defer a.inflightMu.Unlock()
 	if a.inflight[uid] {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -264,4 +265,47 @@ func madeUpSeries(t *testing.T) *httptest.Server {
 	}))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// TestAFullBudgetIsSharedWithoutAPodEvent: the series' budget was shared
+// again only at pod events. A namespace whose share was lowered (a third
+// namespace listed) while the budget had room kept its room, and once the
+// budget filled the third one's pods were held under their share, summed,
+// until some pod came or went. Now a namespace under its share refused for
+// a full budget has those past their share give their room back at the
+// next scrape.
+func TestAFullBudgetIsSharedWithoutAPodEvent(t *testing.T) {
+	srv := madeUpSeries(t)
+	a := newIdleAgent(t)
+	pods := func(ns string, n int) []discovery.Target {
+		var ts []discovery.Target
+		for i := range n {
+			uid := fmt.Sprint(ns, i)
+			ts = append(ts, discovery.Target{UID: uid, Namespace: ns, Pod: uid, Ready: true, URL: srv.URL + "/" + uid})
+		}
+		return ts
+	}
+	scrape := func(ts ...discovery.Target) {
+		for _, tg := range ts {
+			a.scrapeOne(context.Background(), tg, a.startScrape(tg.UID, tg.Namespace))
+			a.endScrape(tg.UID)
+		}
+	}
+	big, other, late := pods("big", 8), pods("other", 5), pods("late", 4)
+	a.SetTargets(append(slices.Clone(big), other...))
+	scrape(append(slices.Clone(big), other...)...)
+	a.SetTargets(append(append(slices.Clone(big), other...), late...)) // the share falls to a third; the budget has room
+	scrape(late...)
+	share := maxSeries / 3
+	if all, of := a.series.Held("late"); all != maxSeries || of >= share {
+		t.Fatalf("the budget holds %d, the late namespace %d: want it full and the late one under its share %d (this test's premise)", all, of, share)
+	}
+	scrape(big...) // no pod came or went
+	scrape(late...)
+	if _, of := a.series.Held("big"); of > share {
+		t.Errorf("the namespace past its share still holds %d, want at most %d", of, share)
+	}
+	if _, of := a.series.Held("late"); of != 4*4096 {
+		t.Fatalf("the late namespace's pods follow %d of their %d series", of, 4*4096)
+	}
 }

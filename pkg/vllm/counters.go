@@ -4,6 +4,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -100,6 +101,9 @@ type Budget struct {
 	max, per int
 	total    int
 	ns       map[string]int
+	// starved: a namespace under its share was refused a series because
+	// the budget was full (Starved).
+	starved atomic.Bool
 }
 
 // NewBudget returns a budget of all series in all, per of one namespace.
@@ -142,13 +146,24 @@ func (b *Budget) Over() map[string]bool {
 func (b *Budget) take(ns string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.total >= b.max || b.ns[ns] >= b.per {
+	if b.ns[ns] >= b.per {
+		return false
+	}
+	if b.total >= b.max {
+		b.starved.Store(true)
 		return false
 	}
 	b.total++
 	b.ns[ns]++
 	return true
 }
+
+// Starved reports, once, that a namespace under its share was refused a
+// series because the budget was full since Starved last said so: the
+// namespaces past their share (Over) should give their room back. The
+// share is set at pod events (SetShare), and a budget that filled after
+// the last one held a namespace under its share summed until the next.
+func (b *Budget) Starved() bool { return b.starved.Swap(false) }
 
 // give gives n series' room of namespace ns back.
 func (b *Budget) give(ns string, n int) {
