@@ -9,9 +9,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
-	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
