@@ -418,6 +418,23 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	case st.Capacity == 0 && (p.Work > 0 || busy(fresh)):
 		p.Replicas, p.Reason = p.Ready, fmt.Sprintf("holding the %d ready replicas: no capacity learned yet", p.Ready)
 	}
+	if since := in.At.Sub(st.Since); since < hold && p.Replicas < p.Ready+p.Starting {
+		// Within the first hold (an aggregator restarted: the peaks
+		// that asked for them are not kept), the replicas starting are
+		// held with the ready ones: released, a scale-up under way was
+		// undone, and asked for again once the peak was seen again.
+		p.Replicas, p.Reason = p.Ready+p.Starting, fmt.Sprintf("holding the %d ready and %d starting replicas: observed for %s, less than the hold %s", p.Ready, p.Starting, since.Round(time.Second), hold)
+	}
+	if p.Ready == 0 && in.Demand.Sources == 0 && p.Replicas < p.Starting {
+		// Replicas starting, none ready and no router that reports:
+		// nothing says the load. Planned 0, the HPA took back the
+		// replicas starting (a node drained and its replicas'
+		// replacements loading, the state forgotten with no replica
+		// listed), with no sign that they were not needed. (Routers
+		// that report nothing held or arriving do say it: a workload
+		// let scale to zero goes there.)
+		p.Replicas, p.Reason = p.Starting, fmt.Sprintf("keeping the %d replicas starting: none is ready and no demand source reports, so nothing says the load", p.Starting)
+	}
 	switch {
 	case p.Refused > 0:
 		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
@@ -621,8 +638,12 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	case st.Capacity > 0:
 		p.planLearned(fresh, in, st, cfg, work, arrived, growth, scale)
 	case queued > 0 && p.Ready == 0:
-		p.Need = 1
-		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready", queued)
+		// The replicas starting are kept: they are the capacity coming.
+		// (With capacity learned, those the backlog is projected to
+		// drain on are; with none, after a restart, every one was taken
+		// back to 1.)
+		p.Need = math.Max(1, float64(p.Starting))
+		p.Reason = fmt.Sprintf("%.0f requests wait and no replica is ready (%d starting)", queued, p.Starting)
 	default:
 		p.Need = fallback * scale
 		p.Reason = "no capacity learned yet: KV cache over its target, queue over 2 per replica"
@@ -755,11 +776,14 @@ func replicaBacklog(q, growth, arrived float64, ready int, joins []time.Duration
 }
 
 // joining is when each replica now starting is ready, from now, sorted: a
-// lead time after it was listed, at once if it has started for longer.
+// lead time after it was listed, at once if it has started for longer. A
+// replica that served and lost its readiness is no capacity coming (count
+// plans it as ready without a fresh sample): taken as one joining at once,
+// it drained a queue that only the replicas serving hold.
 func joining(in Input, lead, stuck time.Duration) []time.Duration {
 	var joins []time.Duration
 	for i := range in.Pods {
-		if l := &in.Pods[i]; l.State == store.PodStarting && l.Age <= stuck {
+		if l := &in.Pods[i]; l.State == store.PodStarting && !l.Unready && l.Age <= stuck {
 			joins = append(joins, max(lead-l.Age, 0))
 		}
 	}

@@ -937,6 +937,100 @@ func TestGrowingQueueIsPlannedAsItWillBe(t *testing.T) {
 	}
 }
 
+// TestReplicasStartingWithNothingToSayTheLoadAreNoZero: no replica ready,
+// no router, replicas starting (an aggregator restarted while they
+// loaded, or a node drained and its replicas' replacements load): the
+// load is not known, and it was planned 0, so the HPA took back the
+// replicas starting. They are kept now, with a fresh state (past its first
+// hold too) and with one learned (its held peak above them) alike; with
+// routers, their demand is the plan, as before.
+func TestReplicasStartingWithNothingToSayTheLoadAreNoZero(t *testing.T) {
+	cfg := Default(0)
+	starting := []store.PodLoad{{Name: "x", State: store.PodStarting, Age: 2 * time.Minute},
+		{Name: "y", State: store.PodStarting, Age: 2 * time.Minute}, {Name: "z", State: store.PodStarting, Age: 2 * time.Minute}}
+	_, learned, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1), serving("b", 10000, 1), serving("c", 10000, 1))
+	for name, c := range map[string]struct {
+		st State
+		at time.Time
+	}{"a fresh state": {State{}, t0}, "a fresh state past its hold": {State{Since: t0}, t0.Add(time.Hour)}, "a state learned": {learned, at}} {
+		p, _, err := Make(snap(c.at, starting...), c.st, cfg)
+		if err != nil || p.Replicas < 3 {
+			t.Errorf("%s: plan %d (%s), error %v; want the 3 replicas starting kept", name, p.Replicas, p.Reason, err)
+		}
+	}
+	in := snap(t0, starting...)
+	in.Demand = store.DemandValue{Sources: 1, Held: 4}
+	if p, _, err := Make(in, State{}, cfg); err != nil || p.Replicas < 1 {
+		t.Fatalf("with a router holding requests: plan %d, %v; want it planned on their demand", p.Replicas, err)
+	}
+}
+
+// TestARestartHoldsAScaleUpUnderWay: an aggregator restarted while
+// replicas it asked for were starting kept no peak that asked for them,
+// and the first hold held the ready replicas alone: a Recreate rollout's 4
+// replicas loading with requests held at the routers were planned 1, and 4
+// busy ready replicas with 4 starting were planned 5 on their KV cache.
+// Both keep the replicas starting now.
+func TestARestartHoldsAScaleUpUnderWay(t *testing.T) {
+	cfg := Default(0)
+	starting := func(name string) store.PodLoad {
+		return store.PodLoad{Name: name, State: store.PodStarting, Age: time.Minute}
+	}
+	loading := snap(t0, starting("a"), starting("b"), starting("c"), starting("d"))
+	loading.Demand = store.DemandValue{Sources: 2, Held: 10}
+	if p, _, err := Make(loading, State{}, cfg); err != nil || p.Replicas != 4 {
+		t.Errorf("4 starting, 10 requests held at the routers, nothing learned: plan %d, %v (%s); want the 4 kept", p.Replicas, err, p.Reason)
+	}
+	busy := func(name string) store.PodLoad {
+		l := serving(name, 0, 0)
+		l.Tokens, l.KVCache = false, 0.9
+		return l
+	}
+	pods := []store.PodLoad{busy("r1"), busy("r2"), busy("r3"), busy("r4"), starting("s1"), starting("s2"), starting("s3"), starting("s4")}
+	p, st, err := Make(snap(t0, pods...), State{}, cfg)
+	if err != nil || p.Replicas != 8 || !strings.Contains(p.Reason, "4 starting") {
+		t.Fatalf("4 ready, 4 starting, at the first plan: %d, %v (%s); want 8 held", p.Replicas, err, p.Reason)
+	}
+	at := t0
+	for at.Sub(t0) < st.hold(cfg)+10*time.Second { // past the hold the plan is the load's again
+		at = at.Add(5 * time.Second)
+		if p, st, err = Make(snap(at, pods...), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.Replicas >= 8 {
+		t.Fatalf("past the first hold: plan %d (%s); want the load's, below 8", p.Replicas, p.Reason)
+	}
+}
+
+// TestAnUnreadyReplicaDrainsNoBacklog: a replica that served and lost its
+// readiness (its probe failing under the overload) is planned as a ready
+// one without a fresh sample; it was also taken as a replica starting that
+// joins at once, so the backlog growing at the replicas serving was
+// projected drained on it, and the workload planned short just as one of
+// its replicas stopped taking requests. Its backlog is now that of the
+// same replica listed ready with no fresh sample.
+func TestAnUnreadyReplicaDrainsNoBacklog(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1), serving("b", 10000, 1))
+	a := serving("a", 10000, 1)
+	a.WaitingNow, a.WaitingGrowth = 30, 4
+	unready := store.PodLoad{Name: "b", State: store.PodStarting, Unready: true, Age: 50 * time.Minute}
+	missing := store.PodLoad{Name: "b", State: store.PodMissing}
+	pu, _, err := Make(snap(at, a, unready), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, _, err := Make(snap(at, a, missing), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pu.Unready != 1 || pu.Starting != 0 || pm.BacklogThen == 0 || pu.BacklogThen != pm.BacklogThen || pu.Need != pm.Need {
+		t.Fatalf("unready: backlog then %.0f, need %.3f (%s); listed ready without a sample: %.0f, %.3f (%s); want the same, and a backlog",
+			pu.BacklogThen, pu.Need, pu.Reason, pm.BacklogThen, pm.Need, pm.Reason)
+	}
+}
+
 // TestAReplicasQueueDrainsOnlyThroughIt: the queue standing at each ready
 // replica when capacity asked for now is ready is planned to be gone a
 // minute after, at what the replica's capacity leaves over from an even
