@@ -340,4 +340,16 @@ func TestValidateTheRelaysCertificate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Errorf("the relays' Secret retired: %v", err)
 	}
+	// KEDA's copy written over the managed certificates' own Secret (pulse
+	// in KEDA's namespace, both named alike) served KEDA's client pair as
+	// the server's and made a new CA at every check; refused at start,
+	// and taken in another namespace.
+	o.Certs.RetiredRelaySecret, o.Certs.Secret = "", "pulse-creds"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--cert-secret "pulse-creds" is KEDA's credentials' Secret`) {
+		t.Errorf("--cert-secret as KEDA's credentials' Secret: Validate() = %v, want it refused", err)
+	}
+	o.Certs.KEDANamespace = "keda"
+	if err := o.Validate(); err != nil {
+		t.Errorf("--cert-secret named as KEDA's Secret in another namespace: %v", err)
+	}
 }

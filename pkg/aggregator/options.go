@@ -425,6 +425,9 @@ func (o *ManagedCertOptions) Validate() error {
 	}
 	// A copy written over the Secret it is made from (or over KEDA's) took
 	// its CA key and pairs, and each check made them again, for ever.
+	if o.Secret == o.TriggerAuthName && o.KEDANamespace == o.Namespace {
+		errs = append(errs, fmt.Errorf("--manage-certs: --cert-secret %q is KEDA's credentials' Secret (--trigger-auth-name, in --keda-namespace, the aggregator's namespace): name another", o.Secret))
+	}
 	if o.RelaySecret != "" && (o.RelaySecret == o.Secret || o.RelaySecret == o.TriggerAuthName && o.KEDANamespace == o.Namespace) {
 		errs = append(errs, fmt.Errorf("--manage-certs: --relay-cert-secret %q is the Secret of the managed certificates or of KEDA's credentials: name another", o.RelaySecret))
 	}

@@ -106,11 +106,13 @@ type ManagedOptions struct {
 // and serves the server certificate per handshake from an informer's copy
 // of the Secret, so a renewal (by any replica) needs no restart.
 type Managed struct {
-	o        ManagedOptions
-	current  atomic.Pointer[tls.Config] // the scaler port's: client certificates required
-	server   atomic.Pointer[tls.Config] // the ingest port's: server authentication only
-	notAfter atomic.Int64               // the served certificate's end, Unix seconds
-	gap      time.Duration              // the least time between Ensures a copy's change runs (copyGap)
+	o ManagedOptions
+	// served: what load made of the Secret, as one (three stored apart,
+	// two loads at once, the informer's and a renewal's, could leave the
+	// scaler and ingest ports on two pairs and Ready reading a third's
+	// end); nil before the first.
+	served atomic.Pointer[served]
+	gap    time.Duration // the least time between Ensures a copy's change runs (copyGap)
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -124,11 +126,18 @@ func NewManaged(o ManagedOptions) *Managed {
 	return &Managed{o: o, gap: copyGap}
 }
 
+// served is one server pair as each port serves it, and its end.
+type served struct {
+	scaler   *tls.Config // client certificates required
+	ingest   *tls.Config // server authentication only
+	notAfter time.Time
+}
+
 // ServerConfig takes the current certificate per handshake.
 func (m *Managed) ServerConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		if c := m.current.Load(); c != nil {
-			return c, nil
+		if c := m.served.Load(); c != nil {
+			return c.scaler, nil
 		}
 		return nil, errors.New("certificates are not ready yet")
 	}}
@@ -139,8 +148,8 @@ func (m *Managed) ServerConfig() *tls.Config {
 // tokens (--agent-auth) and verify the server with the published CA.
 func (m *Managed) ServerOnlyConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		if c := m.server.Load(); c != nil {
-			return c, nil
+		if c := m.served.Load(); c != nil {
+			return c.ingest, nil
 		}
 		return nil, errors.New("certificates are not ready yet")
 	}}
@@ -151,7 +160,7 @@ func (m *Managed) ServerOnlyConfig() *tls.Config {
 // renewal failing: a Secret update refused, say): a replica serving it
 // answers no handshake of KEDA's or the agents', and was still Ready.
 func (m *Managed) Ready() error {
-	if m.current.Load() == nil {
+	if m.served.Load() == nil {
 		return errors.New("managed certificates are not loaded yet")
 	}
 	if end := m.NotAfter(); !m.o.Now().Before(end) {
@@ -162,8 +171,8 @@ func (m *Managed) Ready() error {
 
 // NotAfter is the end of the certificate served (zero before one is).
 func (m *Managed) NotAfter() time.Time {
-	if v := m.notAfter.Load(); v != 0 {
-		return time.Unix(v, 0)
+	if c := m.served.Load(); c != nil {
+		return c.notAfter
 	}
 	return time.Time{}
 }
@@ -659,10 +668,10 @@ func (m *Managed) load(sec *corev1.Secret) error {
 	if err != nil {
 		return fmt.Errorf("server pair: %w", err)
 	}
-	m.notAfter.Store(leaf.NotAfter.Unix())
-	m.current.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
-		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
-	m.server.Store(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}})
+	m.served.Store(&served{notAfter: leaf.NotAfter,
+		scaler: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
+			ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert},
+		ingest: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}})
 	return nil
 }
 

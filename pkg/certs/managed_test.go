@@ -416,7 +416,7 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 	if err := m.publish(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	served := m.server.Load().Certificates[0].Certificate[0]
+	served := m.served.Load().ingest.Certificates[0].Certificate[0]
 	if want, _ := parseCert(newer.Data[KeyServerCert]); !bytes.Equal(served, want.Raw) {
 		t.Fatal("an older copy of the Secret was loaded over the newer pair the watch had loaded")
 	}

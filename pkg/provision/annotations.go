@@ -178,11 +178,24 @@ var provisionerAnnotations = []string{AnnotationAutoscale, AnnotationMetric, Ann
 // the provisioner's.
 var podAnnotations = discovery.PodAnnotations()
 
-// misspelt is an error naming the first annotation (in name order) under
-// pulse.io/ that neither Parse nor the agents read and that is a likely
-// typo of one of names (scaler.Nearest), or nil. Any other pulse.io/
-// annotation is left alone: a pod's, written on its workload too.
-func misspelt(annotations map[string]string, names []string) error {
+// The typos looked for: of the provisioner's annotations, or of
+// pulse.io/autoscale alone (a workload not enabled).
+var (
+	provisionerTypos = scaler.NewMatcher(provisionerAnnotations)
+	autoscaleTypos   = scaler.NewMatcher([]string{AnnotationAutoscale})
+)
+
+// maxTypoChecks: the unread pulse.io/ annotations of a workload looked at
+// for a typo, the first in name order. Each is a few microseconds, and the
+// cache looked at every one of a workload's annotations at every event of
+// it (a Deployment's 256 KiB of them hold thousands).
+const maxTypoChecks = 64
+
+// firstTypo is the first annotation (in name order, of the first
+// maxTypoChecks) under pulse.io/ that neither Parse nor the agents read
+// and that is a likely typo of one of m's names, and that name; "" when
+// none is.
+func firstTypo(annotations map[string]string, m *scaler.Matcher) (key, meant string) {
 	var keys []string
 	for k := range annotations {
 		if unread(k) {
@@ -190,10 +203,19 @@ func misspelt(annotations map[string]string, names []string) error {
 		}
 	}
 	slices.Sort(keys)
-	for _, k := range keys {
-		if meant := scaler.Nearest(k, names); meant != "" {
-			return &AnnotationError{k, fmt.Sprintf("not an annotation pulse reads (did you mean %s?)", meant)}
+	for _, k := range keys[:min(len(keys), maxTypoChecks)] {
+		if meant := m.Nearest(k); meant != "" {
+			return k, meant
 		}
+	}
+	return "", ""
+}
+
+// misspelt is an error naming firstTypo's annotation, or nil. Any other
+// pulse.io/ annotation is left alone: a pod's, written on its workload too.
+func misspelt(annotations map[string]string, m *scaler.Matcher) error {
+	if k, meant := firstTypo(annotations, m); k != "" {
+		return &AnnotationError{k, fmt.Sprintf("not an annotation pulse reads (did you mean %s?)", meant)}
 	}
 	return nil
 }
@@ -202,12 +224,6 @@ func misspelt(annotations map[string]string, names []string) error {
 // read.
 func unread(k string) bool {
 	return strings.HasPrefix(k, "pulse.io/") && !annotationsRead[k] && !slices.Contains(podAnnotations, k)
-}
-
-// likelyTypo: k is unread and a likely typo of one of the provisioner's
-// annotations (the cache keeps it, for Parse to name).
-func likelyTypo(k string) bool {
-	return unread(k) && scaler.Nearest(k, provisionerAnnotations) != ""
 }
 
 // AnnotationError names the annotation at fault.
@@ -238,12 +254,12 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 	switch on {
 	case "", "false":
 		// Not enabled: an annotation that was meant to enable it is named.
-		return s, misspelt(annotations, []string{AnnotationAutoscale})
+		return s, misspelt(annotations, autoscaleTypos)
 	case "true":
 	default:
 		return s, &AnnotationError{via, fmt.Sprintf("%q: want \"true\" or \"false\"", on)}
 	}
-	if err := misspelt(annotations, provisionerAnnotations); err != nil {
+	if err := misspelt(annotations, provisionerTypos); err != nil {
 		return s, err
 	}
 	s.Enabled, s.ViaKaito = true, via == KaitoAutoProvision

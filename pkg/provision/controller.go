@@ -335,8 +335,10 @@ func (r *run) discover(ctx context.Context) {
 
 // trimWorkload is what the cache keeps of a workload: its name, namespace,
 // uid and resource version, and of its annotations only pulse's and
-// keda-kaito-scaler's, each value cut past maxAnnotationValue + 1 bytes
-// (Parse refuses it as too long all the same). Every Deployment,
+// keda-kaito-scaler's, each value past maxAnnotationValue bytes cut there
+// and marked (Parse refuses it as too long all the same: a value cut alone,
+// "true" and 300 spaces and "x", trimmed again to "true", was taken where
+// pulsectl check refuses it). Every Deployment,
 // StatefulSet, ... of the cluster is watched, annotated or not: one
 // tenant's thousands of workloads with 256 KiB annotations
 // (last-applied-configuration) were all held, and with them other
@@ -347,12 +349,17 @@ func trimWorkload(o any) (any, error) {
 		return o, nil // a tombstone: its object was trimmed when cached
 	}
 	var kept map[string]string
+	// Of the keys pulse does not read, the typos Parse would name: its
+	// first of the provisioner's annotations, and of autoscale's alone
+	// (for a workload not enabled).
+	typo, _ := firstTypo(m.Annotations, provisionerTypos)
+	autoscaleTypo, _ := firstTypo(m.Annotations, autoscaleTypos)
 	for k, v := range m.Annotations {
-		if !annotationsRead[k] && !likelyTypo(k) {
+		if !annotationsRead[k] && k != typo && k != autoscaleTypo {
 			continue // another's, or a pulse.io/ key pulse does not read
 		}
-		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue+1 {
-			v = v[:maxAnnotationValue+1]
+		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue {
+			v = v[:maxAnnotationValue] + "…"
 		}
 		if kept == nil {
 			kept = map[string]string{}

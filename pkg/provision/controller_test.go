@@ -609,7 +609,8 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 	big := strings.Repeat("x", 200<<10)
 	w := workload(deployments, "Deployment", "llama", map[string]string{
 		"kubectl.kubernetes.io/last-applied-configuration": big, "pulse.io/pad-1": big,
-		AnnotationAutoscale: " true ", AnnotationThreshold: strings.Repeat("9", 10<<10), KaitoMaxReplicas: "4"})
+		AnnotationAutoscale: " true ", AnnotationThreshold: strings.Repeat("9", 10<<10), KaitoMaxReplicas: "4",
+		AnnotationMaxReplicas: "40" + strings.Repeat(" ", 300) + "0"})
 	w.Labels = map[string]string{"app": "llama"}
 	w.ResourceVersion, w.Generation = "7", 3
 	w.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate}}
@@ -618,9 +619,16 @@ func TestTheCacheKeepsOnlyWhatPulseReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := o.(*metav1.PartialObjectMetadata)
-	if len(got.Annotations) != 3 || got.Annotations[AnnotationAutoscale] != "true" || got.Annotations[KaitoMaxReplicas] != "4" ||
-		len(got.Annotations[AnnotationThreshold]) != maxAnnotationValue+1 {
-		t.Errorf("annotations kept: %d, want those pulse reads alone (not a pulse.io/ key it does not read), values cut past %d bytes", len(got.Annotations), maxAnnotationValue+1)
+	if len(got.Annotations) != 4 || got.Annotations[AnnotationAutoscale] != "true" || got.Annotations[KaitoMaxReplicas] != "4" ||
+		len(got.Annotations[AnnotationThreshold]) != maxAnnotationValue+len("…") {
+		t.Errorf("annotations kept: %d, want those pulse reads alone (not a pulse.io/ key it does not read), values cut past %d bytes", len(got.Annotations), maxAnnotationValue)
+	}
+	// A value past the bound is refused from the cache as it is offline,
+	// though what is left of it after the cut would trim to a good one.
+	spaced, _ := trimWorkload(workload(deployments, "Deployment", "llama", map[string]string{AnnotationAutoscale: "true",
+		AnnotationMaxReplicas: "40" + strings.Repeat(" ", 300) + "0"}))
+	if _, err := Parse(llama, spaced.(*metav1.PartialObjectMetadata).Annotations, time.Minute); err == nil || !strings.Contains(err.Error(), AnnotationMaxReplicas) {
+		t.Errorf("max-replicas of 40, 300 spaces and 0, from the cache: %v; want it refused as offline", err)
 	}
 	// Every annotation pulse reads is kept: a workload annotated with all of
 	// them parses the same from the cache.
@@ -1194,4 +1202,45 @@ func TestAKindThatCannotBeListedIsCounted(t *testing.T) {
 		return nil
 	})
 	f.waitFor("the Deployment provisioned", func() error { _, err := f.scaledObject("mine"); return err })
+}
+
+// TestTyposAreLookedForBoundedAndAlike: the cache looked at every unread
+// pulse.io/ annotation of every workload for a typo at each of its events
+// (thousands in a Deployment's 256 KiB). The first maxTypoChecks in name
+// order are looked at, offline and in the cache alike: a typo among them
+// is named from the cache as offline, one past them by neither; and a
+// workload not enabled keeps its typo of pulse.io/autoscale behind an
+// earlier typo of another annotation.
+func TestTyposAreLookedForBoundedAndAlike(t *testing.T) {
+	filler := func(n int) map[string]string {
+		a := map[string]string{AnnotationAutoscale: "true"}
+		for i := range n {
+			a[fmt.Sprintf("pulse.io/aaa-%04d-unrelated", i)] = "x"
+		}
+		return a
+	}
+	fromCache := func(a map[string]string) error {
+		o, _ := trimWorkload(workload(deployments, "Deployment", "llama", a))
+		_, err := Parse(llama, o.(*metav1.PartialObjectMetadata).Annotations, time.Minute)
+		return err
+	}
+	typo := AnnotationMaxReplicas[:len(AnnotationMaxReplicas)-1]
+	within := filler(maxTypoChecks - 1)
+	within[typo] = "40"
+	past := filler(maxTypoChecks)
+	past[typo] = "40"
+	for name, c := range map[string]struct {
+		a    map[string]string
+		want string
+	}{"within the checks": {within, "did you mean " + AnnotationMaxReplicas}, "past them": {past, ""}} {
+		for from, err := range map[string]error{"offline": func() error { _, err := Parse(llama, c.a, time.Minute); return err }(), "the cache": fromCache(c.a)} {
+			if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+				t.Errorf("%s, from %s: %v; want %q", name, from, err, c.want)
+			}
+		}
+	}
+	off := map[string]string{"pulse.io/activation-treshold": "1", "pulse.io/auto-scale": "true"}
+	if err := fromCache(off); err == nil || !strings.Contains(err.Error(), "did you mean "+AnnotationAutoscale) {
+		t.Errorf("a workload not enabled, from the cache: %v; want its typo of pulse.io/autoscale named", err)
+	}
 }

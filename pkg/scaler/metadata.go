@@ -547,15 +547,29 @@ func nearestKey(k string) string { return nearestIn(k, pulseKeys, foldedPulseKey
 // Nearest is the name of names that k is a likely typo of, as nearestKey
 // judges one (the same but for case, or within one edit, two for names
 // over five letters; each at most 30 runes); "" when none is.
-func Nearest(k string, names []string) string {
-	fnames, longest := make([][]rune, len(names)), 0
+func Nearest(k string, names []string) string { return NewMatcher(names).Nearest(k) }
+
+// Matcher is Nearest over one list of names, their folded forms made once
+// (Nearest makes them at each call).
+type Matcher struct {
+	names   []string
+	fnames  [][]rune
+	longest int
+}
+
+// NewMatcher returns the Matcher of names.
+func NewMatcher(names []string) *Matcher {
+	m := &Matcher{names: names, fnames: make([][]rune, len(names))}
 	for i, p := range names {
 		var r [maxEdited]rune
-		fnames[i] = slices.Clone(r[:folded(&r, p)])
-		longest = max(longest, len(p))
+		m.fnames[i] = slices.Clone(r[:folded(&r, p)])
+		m.longest = max(m.longest, len(p))
 	}
-	return nearestIn(k, names, fnames, longest)
+	return m
 }
+
+// Nearest is Nearest(k, the Matcher's names).
+func (m *Matcher) Nearest(k string) string { return nearestIn(k, m.names, m.fnames, m.longest) }
 
 // nearestIn is nearestKey over names, whose folded forms are fnames and
 // whose longest is longest bytes.
