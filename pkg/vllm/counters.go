@@ -321,17 +321,31 @@ func (a *accumulator) addToBucket(k bucketKey, v float64) {
 }
 
 // seriesKey identifies a series by its sample name and label set, whatever
-// the order of its labels.
+// the order of its labels: the sum of each label's hash, each mixed
+// (mix64) first. Summed as FNV gave them, two labels whose values differ
+// in their last byte cancelled out: {engine="1", le="0.01"} and
+// {engine="0", le="0.02"} were one series, and one of a data-parallel
+// server's buckets was dropped as the other given twice.
 func seriesKey(name string, labels []*dto.LabelPair) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(name))
-	key := h.Sum64()
+	key := mix64(h.Sum64())
 	for _, lp := range labels {
 		h.Reset()
 		_, _ = h.Write([]byte(lp.GetName()))
 		_, _ = h.Write([]byte{0xff})
 		_, _ = h.Write([]byte(lp.GetValue()))
-		key += h.Sum64() * 0x9E3779B97F4A7C15 // order-independent
+		key += mix64(h.Sum64()) // order-independent
 	}
 	return key
+}
+
+// mix64 is SplitMix64's finalizer: every bit of x moves about half of the
+// result's, so sums of mixed hashes keep no linear trace of their inputs.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }

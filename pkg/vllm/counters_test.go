@@ -3,11 +3,16 @@ package vllm
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/test/vllmsim"
 )
 
 // dpPage is a data-parallel vLLM page: one generation-token counter per
@@ -520,6 +525,73 @@ func TestADeprecatedNameGoneIsNotCountedTwice(t *testing.T) {
 		}
 		if want := float64(100 + 30 + i); pg.V[metric.PrefixQueries] != want {
 			t.Fatalf("scrape %d after the upgrade: %v, want %v (the deprecated name's 100 counted once)", i, pg.V[metric.PrefixQueries], want)
+		}
+	}
+}
+
+// TestEverySeriesOfADataParallelPageCounts: a series' key was the sum of
+// its labels' FNV hashes, and two labels whose values differ in their last
+// byte cancelled out: {model_name="a", engine="1"} and {model_name="b",
+// engine="0"} were one key, so with per-series counters the second was
+// dropped as the first given twice (a data-parallel server's buckets, of
+// le="0.01" and "0.02" on two engines, alike). Every series of such pages
+// counts now, as a full parse sums them.
+func TestEverySeriesOfADataParallelPageCounts(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		s := vllmsim.New(vllmsim.Options{Engines: 2 + i%3, Models: []string{"a", "b"}, Seed: uint64(i)})
+		s.SetModel(vllmsim.QueueModel{ArrivalRate: 30, BatchCapacity: 8, ServiceRate: 0.5})
+		for range 40 {
+			s.Step(0.1)
+		}
+		page := s.Page(false)
+		counted, err := e.ExtractWith(page, NewCounters())
+		if err != nil {
+			t.Fatal(err)
+		}
+		full, err := e.FullParse(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counted.Values != full.Values || !reflect.DeepEqual(counted.Hist, full.Hist) {
+			t.Fatalf("seed %d: with per-series counters %v\nsummed whole %v", i, named(counted, nil), named(full, nil))
+		}
+	}
+	seen := map[uint64]string{}
+	for _, m := range []string{"a", "b", "c"} {
+		for eng := range 8 {
+			for _, le := range []string{"0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "1", "2", "+Inf"} {
+				labels := []*dto.LabelPair{{Name: proto.String("model_name"), Value: proto.String(m)},
+					{Name: proto.String("engine"), Value: proto.String(fmt.Sprint(eng))}, {Name: proto.String("le"), Value: proto.String(le)}}
+				k, id := seriesKey("vllm:time_to_first_token_seconds_bucket", labels), fmt.Sprint(m, eng, le)
+				if other, ok := seen[k]; ok {
+					t.Fatalf("series %s and %s have one key", other, id)
+				}
+				seen[k] = id
+			}
+		}
+	}
+}
+
+// TestAGaugeTwiceOnAPageCountsOnce: a gauge's series given twice was
+// summed (waiting read twice the page's), where a counter's is taken at
+// its first line, as Prometheus takes it; every kind is so now.
+func TestAGaugeTwiceOnAPageCountsOnce(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := []byte("vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 2\n")
+	for _, c := range []*Counters{nil, NewCounters()} {
+		p, err := e.ExtractWith(page, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := p.Get(metric.Waiting); v != 5 {
+			t.Errorf("waiting %v, want 5 (3 given twice, and 2)", v)
 		}
 	}
 }

@@ -161,6 +161,8 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 					if v, ok = c.observeBucket(src.hist, src.rank, le, name, m.Label, v); !ok {
 						continue
 					}
+				} else if acc.again(name, mf, m) {
+					continue
 				}
 				acc.addBucket(src, le, v)
 			}
@@ -174,6 +176,8 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 				if v, ok = c.observe(src.id, src.rank, name, m.Label, v); !ok {
 					continue
 				}
+			} else if acc.again(name, mf, m) {
+				continue
 			}
 			acc.add(src, v)
 		}
@@ -346,6 +350,33 @@ type accumulator struct {
 	raw   [metric.NumIDs]slot
 	extra []slot
 	hist  [metric.NumHists]histSlot
+	// seen: the series (seriesKey) of the family being read, when it has
+	// more than one (again).
+	seen   map[uint64]struct{}
+	seenOf *dto.MetricFamily
+}
+
+// again reports whether m, of family mf (named name), is a series the page
+// gave before: a series is taken at its first line, as Prometheus takes
+// it (a gauge given twice was summed: waiting read twice what the page
+// said). Counters followed per series (Counters) are checked there.
+func (a *accumulator) again(name string, mf *dto.MetricFamily, m *dto.Metric) bool {
+	if len(mf.Metric) < 2 {
+		return false
+	}
+	if a.seenOf != mf {
+		if a.seen == nil {
+			a.seen = make(map[uint64]struct{}, len(mf.Metric))
+		}
+		clear(a.seen)
+		a.seenOf = mf
+	}
+	key := seriesKey(name, m.Label)
+	if _, ok := a.seen[key]; ok {
+		return true
+	}
+	a.seen[key] = struct{}{}
+	return false
 }
 
 // histSlot sums a histogram's bucket series by upper bound (engines,

@@ -322,12 +322,15 @@ process_open_fds 9
 
 // TestExtractDemandsReadsThePageOnceForAll: a router naming many
 // workloads is read once a scrape for all of them, each its own sum, as
-// ExtractDemand reads it alone; a demand of other metrics is read apart,
-// and a page malformed in its metric fails it alone.
+// ExtractDemand reads it alone (a series given twice taken once, as
+// Prometheus takes it: it was summed, the workload's demand doubled); a
+// demand of other metrics is read apart, and a page malformed in its
+// metric fails it alone.
 func TestExtractDemandsReadsThePageOnceForAll(t *testing.T) {
 	e := newExtractor(t)
-	page := []byte(`llm_d_epp_flow_control_queue_size{target_model_name="llama"} 2
-llm_d_epp_flow_control_queue_size{target_model_name="llama"} 3
+	page := []byte(`llm_d_epp_flow_control_queue_size{target_model_name="llama",priority="0"} 2
+llm_d_epp_flow_control_queue_size{target_model_name="llama",priority="1"} 3
+llm_d_epp_flow_control_queue_size{target_model_name="phi"} 7
 llm_d_epp_flow_control_queue_size{target_model_name="phi"} 7
 other_queue{model="phi"} 1
 broken{a="
