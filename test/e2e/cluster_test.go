@@ -15,12 +15,14 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,15 +35,44 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// freePort returns a port free on 127.0.0.1 now.
+// freePort returns a port free on 127.0.0.1 now, below the kernel's
+// ephemeral range where it can: a port the kernel gave (":0") is one it
+// also gives to the connections every process here opens (the API
+// server's to etcd, KEDA's, the kubelet's), and one such connection took
+// the aggregator's --http-addr between this pick and the aggregator's
+// bind ("address already in use"). Ports below the range are given to no
+// connection; the picks among them are random, each checked free.
 func freePort(t testing.TB) int {
 	t.Helper()
+	if low := ephemeralLow(); low > 12000 {
+		for range 100 {
+			port := 10000 + mrand.IntN(low-10000)
+			if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+				_ = ln.Close()
+				return port
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the lowest port of the kernel's ephemeral range (0 when
+// it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	low, err := strconv.Atoi(strings.Fields(string(b) + " x")[0])
+	if err != nil {
+		return 0
+	}
+	return low
 }
 
 // proc is a child process whose output goes to a log file.
