@@ -38,7 +38,9 @@ const (
 // A series that disappears keeps its last value in the sum (a page that
 // briefly lacks it changes nothing); after retireAfter scrapes it is
 // forgotten and its value kept as an offset. A series that appears counts
-// from zero.
+// from zero; one retired that comes back (up to maxAsleep of them a pod)
+// continues from its last value, its part of the offset taken back (it
+// counted from zero too: its whole value again, a spike of the rate).
 //
 // One Counters belongs to one pod and is used by one scrape at a time.
 type Counters struct {
@@ -51,7 +53,15 @@ type Counters struct {
 	retiredHist map[bucketKey]float64
 	scrape      uint64
 	unseen      []uint64 // finish's, kept between scrapes
+	// asleep: the series retired into retired or retiredHist, by key, as
+	// they were (at most maxAsleep; nil until one is).
+	asleep map[uint64]counterSeries
 }
+
+// maxAsleep bounds the retired series a pod's Counters remembers to
+// continue should they come back; past it one comes back counted from
+// zero, as a new one.
+const maxAsleep = 64
 
 type counterSeries struct {
 	id           metric.ID
@@ -214,6 +224,12 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 		return v, true
 	case s == nil:
 		s = &blank
+		if old, ok := c.wake(key); ok {
+			s = &old
+			if v < s.last {
+				s.offset += s.last // it restarted while away
+			}
+		}
 		c.series[key] = s
 	case v < s.last:
 		s.offset += s.last // this series restarted
@@ -261,6 +277,12 @@ func (c *Counters) finish(a *accumulator) {
 			} else {
 				c.retired[s.id] += s.last + s.offset
 			}
+			if len(c.asleep) < maxAsleep {
+				if c.asleep == nil {
+					c.asleep = map[uint64]counterSeries{}
+				}
+				c.asleep[key] = *s
+			}
 			delete(c.series, key)
 			if c.budget != nil {
 				c.budget.give(c.ns, 1)
@@ -290,6 +312,32 @@ func (c *Counters) finish(a *accumulator) {
 			}
 		}
 	}
+}
+
+// wake takes the series of key back from those retired, its part of the
+// retired sums with it; false when it is not remembered, or its bucket's
+// retired sum was dropped since (maxRetiredBuckets).
+func (c *Counters) wake(key uint64) (counterSeries, bool) {
+	s, ok := c.asleep[key]
+	if !ok {
+		return s, false
+	}
+	delete(c.asleep, key)
+	part := s.last + s.offset
+	if s.bucket.hist == 0 {
+		c.retired[s.id] -= part
+		return s, true
+	}
+	r, kept := c.retiredHist[s.bucket]
+	if !kept {
+		return s, false
+	}
+	if r -= part; r == 0 {
+		delete(c.retiredHist, s.bucket)
+	} else {
+		c.retiredHist[s.bucket] = r
+	}
+	return s, true
 }
 
 // wins reports whether s's name is the one whose series make its value

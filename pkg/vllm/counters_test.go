@@ -128,6 +128,42 @@ func TestSeriesThatComeAndGo(t *testing.T) {
 	}
 }
 
+// TestARetiredSeriesThatComesBackContinues: a series away past
+// retireAfter scrapes is forgotten, its value kept in the sum; when it came
+// back it counted from zero, its whole value again (60 tokens in one
+// interval: a spike of the rate). It continues from its last value now,
+// and one that restarted while away counts from its new start.
+func TestARetiredSeriesThatComesBackContinues(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	c := NewCounters()
+	get := func(engines map[string]float64) float64 {
+		t.Helper()
+		pg, err := e.ExtractWith(dpPage(engines, false), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := pg.Get(metric.GenerationTokens)
+		return v
+	}
+	get(map[string]float64{"0": 100, "1": 60})
+	for range retireAfter + 1 {
+		get(map[string]float64{"0": 100})
+	}
+	if len(c.asleep) != 1 || len(c.series) != 1 {
+		t.Fatalf("engine 1 not retired: %d series, asleep %v", len(c.series), c.asleep)
+	}
+	for _, step := range []struct {
+		engine1, want float64
+	}{{60, 160}, {65, 165}, {5, 170}} { // back as it was; counting on; restarted: 65 + 5
+		if got := get(map[string]float64{"0": 100, "1": step.engine1}); got != step.want {
+			t.Fatalf("engine 1 back at %v: %v, want %v", step.engine1, got, step.want)
+		}
+	}
+	if c.retired[metric.GenerationTokens] != 0 || len(c.asleep) != 0 {
+		t.Fatalf("retired %v, asleep %v: want the series' part taken back", c.retired[metric.GenerationTokens], c.asleep)
+	}
+}
+
 func nan(pg Page) float64 {
 	if v, ok := pg.Get(metric.GenerationTokens); ok {
 		return v
