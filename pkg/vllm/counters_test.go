@@ -88,15 +88,7 @@ func TestOneEngineRestartIsNotASpike(t *testing.T) {
 func TestSeriesThatComeAndGo(t *testing.T) {
 	e, _ := NewExtractor(nil)
 	c := NewCounters()
-	get := func(engines map[string]float64) float64 {
-		t.Helper()
-		pg, err := e.ExtractWith(dpPage(engines, false), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, _ := pg.Get(metric.GenerationTokens)
-		return v
-	}
+	get := func(engines map[string]float64) float64 { t.Helper(); return generationTokens(t, e, c, engines) }
 	steps := []struct {
 		engines map[string]float64
 		want    float64
@@ -136,15 +128,7 @@ func TestSeriesThatComeAndGo(t *testing.T) {
 func TestARetiredSeriesThatComesBackContinues(t *testing.T) {
 	e, _ := NewExtractor(nil)
 	c := NewCounters()
-	get := func(engines map[string]float64) float64 {
-		t.Helper()
-		pg, err := e.ExtractWith(dpPage(engines, false), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, _ := pg.Get(metric.GenerationTokens)
-		return v
-	}
+	get := func(engines map[string]float64) float64 { t.Helper(); return generationTokens(t, e, c, engines) }
 	get(map[string]float64{"0": 100, "1": 60})
 	for range retireAfter + 1 {
 		get(map[string]float64{"0": 100})
@@ -162,6 +146,18 @@ func TestARetiredSeriesThatComesBackContinues(t *testing.T) {
 	if c.retired[metric.GenerationTokens] != 0 || len(c.asleep) != 0 {
 		t.Fatalf("retired %v, asleep %v: want the series' part taken back", c.retired[metric.GenerationTokens], c.asleep)
 	}
+}
+
+// generationTokens is the generation tokens e reads, with c, of dpPage of
+// engines.
+func generationTokens(t *testing.T, e *Extractor, c *Counters, engines map[string]float64) float64 {
+	t.Helper()
+	pg, err := e.ExtractWith(dpPage(engines, false), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := pg.Get(metric.GenerationTokens)
+	return v
 }
 
 func nan(pg Page) float64 {
