@@ -363,7 +363,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
 	}
 	if !in.Found {
-		p, st, err := noReplica(in, st)
+		p, st, err := noReplica(in, st, cfg)
 		if err == nil {
 			p.learned(&st, cfg)
 		}
@@ -1137,7 +1137,7 @@ func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
 // noReplica plans a workload with no replica listed: the requests its
 // routers hold or saw arrive need one replica; lost replicas and a workload
 // never seen are errors.
-func noReplica(in Input, st State) (Plan, State, error) {
+func noReplica(in Input, st State, cfg Config) (Plan, State, error) {
 	if in.LostOK {
 		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))
@@ -1162,6 +1162,15 @@ func noReplica(in Input, st State) (Plan, State, error) {
 	if p.Backlog > 0 {
 		p.Need, p.Replicas = 1, 1
 		p.Reason = fmt.Sprintf("no replica: %.0f requests wait at the routers", p.Backlog)
+	}
+	if p.Backlog > 0 {
+		// Requests wait at the routers and no replica is listed: the
+		// peaks held are held as with replicas listed. A node drained of
+		// every replica, their replacements pending (listed by no
+		// agent), was planned 1 while its load waited, and the HPA took
+		// the replacements back. (With nothing waiting, the routers say
+		// the load is gone: 0, a workload let scale to zero.)
+		p.holdPeaks(&st, in.At, st.hold(cfg), cfg)
 	}
 	return p, st, nil
 }

@@ -339,12 +339,33 @@ func TestDemandWithNoReplicaNeedsOne(t *testing.T) {
 	}
 	// A workload scaled to zero still shows what it learned while it had
 	// replicas: /debug/triggers showed capacity 0 and the default lead.
+	// With requests waiting, the peak of its last minute (1.25 replicas)
+	// is held as with replicas listed (a node drained of its replicas,
+	// their replacements pending); past the hold, one replica.
 	_, learned, _ := run(t, State{}, Default(0), t0, time.Minute, serving("a", 8000, 0.01))
 	in.At, in.Demand.Held = t0.Add(2*time.Minute), 3
 	p, _, err = Make(in, learned, Default(0))
-	if err != nil || p.Replicas != 1 || p.Capacity != learned.Capacity || p.Capacity == 0 || p.Proven != learned.HealthyMax ||
+	if err != nil || p.Replicas != 2 || p.Capacity != learned.Capacity || p.Capacity == 0 || p.Proven != learned.HealthyMax ||
 		p.Observations != learned.Observations || p.Confidence == 0 || p.LeadTimeSeconds != DefaultLeadTime.Seconds() {
-		t.Fatalf("no replica after a minute of one: plan %+v, %v; want one replica and the capacity learned (%v)", p, err, learned.Capacity)
+		t.Fatalf("no replica after a minute of one: plan %+v, %v; want the peak held (2) and the capacity learned (%v)", p, err, learned.Capacity)
+	}
+	in.At = t0.Add(time.Hour)
+	if p, _, err = Make(in, learned, Default(0)); err != nil || p.Replicas != 1 {
+		t.Fatalf("no replica, requests held, past the hold: plan %d, %v (%s); want 1", p.Replicas, err, p.Reason)
+	}
+}
+
+// TestADrainedWorkloadKeepsItsPeakWhileRequestsWait: a node drained of
+// every replica of a workload, their replacements pending (no agent lists
+// them), and its requests waiting at the routers: the peaks held were
+// dropped with the replicas, the plan was 1, and the HPA took the
+// pending replacements back. The peak is held as with replicas listed.
+func TestADrainedWorkloadKeepsItsPeakWhileRequestsWait(t *testing.T) {
+	cfg := Default(0)
+	before, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 0.01), serving("b", 10000, 0.01), serving("c", 10000, 0.01))
+	p, _, err := Make(Input{At: at.Add(time.Minute), Demand: store.DemandValue{Sources: 1, Held: 40}}, st, cfg)
+	if err != nil || p.Replicas < before.Replicas {
+		t.Fatalf("drained, 40 requests waiting at the routers: plan %d, %v (%s); want the %d held", p.Replicas, err, p.Reason, before.Replicas)
 	}
 }
 
