@@ -223,23 +223,31 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			ann[k] = v[:min(len(v), annotationBound(k)+1)]
 		}
 	}
+	// The selector's labels, of a pod not looked at too: TargetOf asks the
+	// selector again of what is kept, and a negative one (!key, notin)
+	// matched a pod slimmed of every label, which was then warned of at
+	// each change as a pod that asks to be scraped with no workload.
+	keep := func(keys []string) {
+		for _, k := range keys {
+			if v, ok := pod.Labels[k]; ok {
+				if out.Labels == nil {
+					out.Labels = map[string]string{}
+				}
+				out.Labels[k] = v
+			}
+		}
+	}
+	var selected []string
+	if reqs, ok := sel.Requirements(); ok {
+		for _, r := range reqs {
+			selected = append(selected, r.Key())
+		}
+	}
+	keep(selected)
 	if ann[AnnotationScrape] != "true" && !IsDemandSource(ann) && !sel.Matches(labels.Set(pod.Labels)) {
 		return out
 	}
-	read := []string{KeyWorkload, LabelWorkspace, LabelInferenceSet, LabelLWSName, labelTemplateHash}
-	if reqs, ok := sel.Requirements(); ok {
-		for _, r := range reqs {
-			read = append(read, r.Key())
-		}
-	}
-	for _, k := range read {
-		if v, ok := pod.Labels[k]; ok {
-			if out.Labels == nil {
-				out.Labels = map[string]string{}
-			}
-			out.Labels[k] = v
-		}
-	}
+	keep([]string{KeyWorkload, LabelWorkspace, LabelInferenceSet, LabelLWSName, labelTemplateHash})
 	out.Annotations, out.OwnerReferences = ann, readOwners(pod)
 	if ports := readPorts(pod); len(ports) > 0 {
 		out.Spec.Containers = []corev1.Container{{Ports: ports}}

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"maps"
 	"io"
 	"log/slog"
 	"strings"
@@ -156,6 +157,26 @@ func (tc targetCase) check(t *testing.T) {
 	}
 	if sg, sok, serr := TargetOf(slim(p, sel), "node-1", sel); sok != ok || fmt.Sprint(serr) != fmt.Sprint(err) || ok && !sg.Equal(got) {
 		t.Fatalf("slim: %+v, %v, %v; the pod whole: %+v, %v, %v", sg, sok, serr, got, ok, err)
+	}
+	// Under negative selectors too (a shard's "the rest": a pod they
+	// exclude, slimmed of every label, matched them, and was warned of
+	// at each change as asking to be scraped with no workload).
+	for _, other := range []string{"!pulse.io/shard", "pulse.io/shard notin (a)", "pulse.io/shard!=a,kaito.sh/workspace"} {
+		osel, perr := ParseSelector(other)
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		for _, shard := range []string{"", "a"} {
+			q := p.DeepCopy()
+			if shard != "" {
+				q.Labels = map[string]string{"pulse.io/shard": shard}
+				maps.Copy(q.Labels, p.Labels)
+			}
+			wg, wok, werr := TargetOf(q, "node-1", osel)
+			if sg, sok, serr := TargetOf(slim(q, osel), "node-1", osel); sok != wok || fmt.Sprint(serr) != fmt.Sprint(werr) || wok && !sg.Equal(wg) {
+				t.Fatalf("%s, shard %q: slim: %+v, %v, %v; the pod whole: %+v, %v, %v", other, shard, sg, sok, serr, wg, wok, werr)
+			}
+		}
 	}
 	if !ok {
 		return
