@@ -3,9 +3,9 @@ package discovery
 import (
 	"context"
 	"fmt"
-	"maps"
 	"io"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
