@@ -981,6 +981,12 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			s.notify(p)
 			continue
 		}
+		// The histograms the newest sample has: its agent left out of
+		// this one those unchanged since it sent them.
+		var carried *metric.Histograms
+		if p.series.len() > 0 {
+			carried = p.series.lastHist
+		}
 		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
 			if far := p.series.lastMs-r.TimeMs > stepBack.Milliseconds(); !far || !p.behind {
 				// Out of order or repeated: dropped, keeping the series
@@ -995,6 +1001,11 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			// be held out until the clock passed the last one again, the
 			// pod stale meanwhile. Its series starts again (no window
 			// reaches across the step; no increase is counted across it).
+			// The histograms are carried over: the same agent's encoder
+			// does not send again those it sent before the step, and a
+			// pod whose histograms did not change had none after it
+			// (its workload's quantile triggers Unavailable, as with no
+			// agent forwarding them) until they did.
 			p.restart()
 		}
 		p.behind = false
@@ -1004,8 +1015,8 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			smp.Hist = &h
 		}
 		p.mono.AdjustSample(&smp)
-		if p.series.len() > 0 && p.series.lastHist != nil {
-			smp.Hist = carryHist(smp.Hist, p.series.lastHist)
+		if carried != nil {
+			smp.Hist = carryHist(smp.Hist, carried)
 		}
 		p.series.add(smp)
 		if r.Extra != nil || p.get().extras != nil {

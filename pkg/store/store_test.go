@@ -491,6 +491,37 @@ func TestAClockSteppedBackStartsTheSeriesAgain(t *testing.T) {
 	}
 }
 
+// TestAClockStepKeepsThePodsHistograms: an agent sends a histogram only
+// when it changed, and the store carried the last one forward within a
+// series; a clock step back started the series again without it, so an
+// idle pod (its histograms unchanged) had none after the step, and its
+// workload's quantile triggers answered Unavailable as if no agent
+// forwarded them. They are carried over the step now (not over a new
+// agent process, whose first sample sends them all).
+func TestAClockStepKeepsThePodsHistograms(t *testing.T) {
+	s := New(Options{Retention: time.Minute})
+	s.Upsert(Source{Node: "n", Instance: "one"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	first := report("a", 1_000_000, 5)
+	first.Hist = vllmHist(1)
+	s.Add([]Report{first})
+	for i := 1; i < 5; i++ {
+		s.Add([]Report{report("a", 1_000_000+int64(i)*1000, 5)}) // unchanged: not sent
+	}
+	s.Add([]Report{report("a", 1_000_000-600_000, 5)}) // ten minutes back, twice: a step
+	s.Add([]Report{report("a", 1_000_000-599_000, 5)})
+	p := s.peek("a")
+	if p.series.len() != 1 || p.series.lastHist == nil || !p.series.lastHist[metric.TTFTHist].Present() {
+		t.Fatalf("after the step: %d samples, histograms %v; want the series started again with the pod's histograms", p.series.len(), p.series.lastHist)
+	}
+	// A new agent process: its first sample sends every histogram; the
+	// old ones are not carried into its series.
+	s.Upsert(Source{Node: "n", Instance: "two"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	s.Add([]Report{report("a", 1_000_000-598_000, 5)})
+	if p := s.peek("a"); p.series.lastHist != nil {
+		t.Fatalf("after a new agent process: histograms %v carried, want none until it sends them", p.series.lastHist)
+	}
+}
+
 // TestAHostilePageIsBoundedInBytes: a page whose values swing across their
 // range and whose histogram bounds change at every sample wrote each
 // sample in full, about 2 KB, ten times an honest pod's: one tenant's
