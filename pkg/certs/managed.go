@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -700,8 +701,11 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 			m.o.Log.Info("ClusterTriggerAuthentication created", logging.KeyName, m.o.TriggerAuthName)
 		}
 	} else if err == nil {
+		// Its refs compared whole: compared by their number, refs naming
+		// another Secret or key stood, and every provisioned ScaledObject
+		// failed its TLS.
 		got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef")
-		if unowned := m.unowned(existing.GetOwnerReferences()); len(got) != len(refs) || unowned {
+		if unowned := m.unowned(existing.GetOwnerReferences()); !reflect.DeepEqual(got, refs) || unowned {
 			_ = unstructured.SetNestedSlice(existing.Object, refs, "spec", "secretTargetRef")
 			existing.SetOwnerReferences(m.owners(existing.GetOwnerReferences()))
 			_, err = cta.Update(ctx, existing, metav1.UpdateOptions{})

@@ -84,6 +84,21 @@ func TestManagedCertificates(t *testing.T) {
 	if len(refs) != 3 || refs[0].(map[string]any)["parameter"] != "caCert" {
 		t.Fatalf("secretTargetRef = %v", refs)
 	}
+	// A ref edited to another Secret (as many refs as before) is put back
+	// at the next check: compared by their number, it stood.
+	refs[0].(map[string]any)["name"] = "elsewhere"
+	_ = unstructured.SetNestedSlice(cta.Object, refs, "spec", "secretTargetRef")
+	if _, err := dyn.Resource(ClusterTriggerAuthentications).Update(ctx, cta, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cta, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if refs, _, _ = unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef"); refs[0].(map[string]any)["name"] != "pulse-creds" {
+		t.Fatalf("a ref naming another Secret after a check: %v", refs)
+	}
 
 	addr := serveConfig(t, m.ServerConfig())
 	keda := kedaClient(t, client)
