@@ -403,6 +403,22 @@ func TestInitialReplicasAreWarm(t *testing.T) {
 	}
 }
 
+// TestAWarmFleetIsNotTakenToZeroAtOnce: a warm start is a service
+// already serving, so KEDA was active a moment before; with
+// minReplicaCount 0 and no lastActiveTime, its first poll that found the
+// trigger inactive (a queue under its threshold) took the warm fleet to
+// zero within 30 s. The cooldown (300 s) now counts from the start.
+func TestAWarmFleetIsNotTakenToZeroAtOnce(t *testing.T) {
+	reqs := load(t, "poisson:rate=5,duration=5m,prompt=1000,output=200", 1)
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0")
+	res := result(run(t, Config{Trace: reqs, ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}, WarmStart: true, SampleEvery: 10 * time.Second}), "pulse")
+	for i, n := range res.Series.Replicas[:min(len(res.Series.Replicas), 25)] { // the first 4 minutes
+		if n == 0 {
+			t.Fatalf("the warm fleet at zero at %d s (%v); want it kept through the cooldown", i*10, res.Series.Replicas)
+		}
+	}
+}
+
 // TestAWarmStartGivesEveryPipelineTheClairvoyantsFleet: under a warm
 // start the signal pipelines and hindsight start with the fleet the
 // default clairvoyant plan has at 0, Ready, where without it they start

@@ -227,6 +227,11 @@ func (w *world) run() *PipelineResult {
 		initial = w.warmStart(pl.Initial(w))
 	case cfg.WarmStart && !planned: // the signal pipelines
 		initial = w.warmStart(cfg.initialReplicas)
+		// A service already serving was active a moment ago: with
+		// minReplicaCount 0 and no lastActiveTime, KEDA's first inactive
+		// poll took the warm fleet to zero (its initial cooldown, 0 by
+		// default, passed).
+		w.lastAct = 0
 	case planned:
 		initial = pl.Initial(w)
 	}
