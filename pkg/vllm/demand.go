@@ -136,10 +136,10 @@ func demandPage(fams map[string]*dto.MetricFamily, d *Demand) Page {
 			continue
 		}
 		sum := 0.0
-		var acc accumulator // its again alone: a series given twice is taken once
+		var seen seriesSeen // a series given twice is taken once
 		for _, m := range mf.Metric {
 			v := m.GetUntyped().GetValue()
-			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || labelValue(m.GetLabel(), d.Label) != d.Match || acc.again(name, mf, m) {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || labelValue(m.GetLabel(), d.Label) != d.Match || seen.again(name, mf, m) {
 				continue
 			}
 			sum += v

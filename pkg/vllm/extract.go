@@ -350,8 +350,12 @@ type accumulator struct {
 	raw   [metric.NumIDs]slot
 	extra []slot
 	hist  [metric.NumHists]histSlot
-	// seen: the series (seriesKey) of the family being read, when it has
-	// more than one (again).
+	seriesSeen
+}
+
+// seriesSeen is the series (seriesKey) of the family being read, when it
+// has more than one (again).
+type seriesSeen struct {
 	seen   map[uint64]struct{}
 	seenOf *dto.MetricFamily
 }
@@ -360,7 +364,7 @@ type accumulator struct {
 // gave before: a series is taken at its first line, as Prometheus takes
 // it (a gauge given twice was summed: waiting read twice what the page
 // said). Counters followed per series (Counters) are checked there.
-func (a *accumulator) again(name string, mf *dto.MetricFamily, m *dto.Metric) bool {
+func (a *seriesSeen) again(name string, mf *dto.MetricFamily, m *dto.Metric) bool {
 	if len(mf.Metric) < 2 {
 		return false
 	}
