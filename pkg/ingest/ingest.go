@@ -370,6 +370,59 @@ type streamState struct {
 	// unreported until its agent reconnected and listed them all again.
 	unchecked map[uint32]*pulsev1.Pod
 	checked   time.Time // when unchecked entries were last looked up
+	// held: the histograms of samples decoded and not stored (the pod
+	// refused, waiting for room or not looked up yet, or the sample's time
+	// refused), by id, newest of each: the agent sends a histogram only
+	// when it changed, so one dropped here was not sent again, and the
+	// pod's next stored sample carries it (hold, unhold). Gone with the
+	// id's decoder state (forget).
+	held map[uint32]*metric.Histograms
+}
+
+// hold keeps the histograms of s, a sample decoded and not stored.
+func (st *streamState) hold(s *wire.Sample) {
+	if s.Hist == nil {
+		return
+	}
+	if st.held == nil {
+		st.held = map[uint32]*metric.Histograms{}
+	}
+	h := st.held[s.Pod]
+	if h == nil {
+		h = new(metric.Histograms)
+		st.held[s.Pod] = h
+	}
+	for i := range s.Hist {
+		if s.Hist[i].Present() {
+			h[i] = s.Hist[i]
+		}
+	}
+}
+
+// unhold completes r, the next sample of pod id stored, with the
+// histograms held for it that r lacks (unchanged since, so not resent).
+func (st *streamState) unhold(r *store.Report, id uint32) {
+	h, ok := st.held[id]
+	if !ok {
+		return
+	}
+	delete(st.held, id)
+	if r.Hist == nil {
+		r.Hist = h
+		return
+	}
+	for i := range h {
+		if !r.Hist[i].Present() {
+			r.Hist[i] = h[i]
+		}
+	}
+}
+
+// forget drops pod id's decoder state, and the histograms held for it:
+// the agent's encoder sends its pod under that id again in full.
+func (st *streamState) forget(id uint32) {
+	st.dec.Forget(id)
+	delete(st.held, id)
 }
 
 // ackDue reports whether the batch just stored is acked: every batch, or
@@ -422,16 +475,17 @@ func (st *streamState) logRejected(id uint32, what string) {
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 	if c.Full {
 		for id := range st.ids {
-			st.dec.Forget(id)
+			st.forget(id)
 		}
 		for id := range st.rejected {
-			st.dec.Forget(id)
+			st.forget(id)
 		}
 		clear(st.ids)
 		clear(st.names)
 		clear(st.rejected)
 		clear(st.pending)
 		clear(st.unchecked)
+		clear(st.held)
 	}
 	var removed []string
 	for _, id := range c.Remove {
@@ -443,7 +497,7 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		delete(st.rejected, id)
 		delete(st.pending, id)
 		delete(st.unchecked, id)
-		st.dec.Forget(id)
+		st.forget(id)
 	}
 	if err := st.checkSize(c); err != nil {
 		return err
@@ -614,7 +668,7 @@ func (st *streamState) admit(ctx context.Context, p *pulsev1.Pod, removed *[]str
 	}
 	delete(st.rejected, p.Id)
 	if old, ok := st.ids[p.Id]; ok && old != p.Uid {
-		st.dec.Forget(p.Id)
+		st.forget(p.Id)
 		*removed = append(*removed, old)
 	}
 	st.ids[p.Id] = p.Uid
@@ -770,7 +824,7 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 		// this id does not decode and ends the stream. Its samples are
 		// decoded and dropped while it is refused.
 		if old != p.Uid {
-			st.dec.Forget(p.Id)
+			st.forget(p.Id)
 		}
 	}
 	delete(st.pending, p.Id)
@@ -896,6 +950,7 @@ func (st *streamState) values(r *store.Report, s *wire.Sample) {
 		}
 	}
 	r.Values, r.Hist = s.Values, s.Hist
+	st.unhold(r, s.Pod)
 	if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
 		st.srv.onHist()
 	}
@@ -944,6 +999,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		uid, ok := st.ids[s.Pod]
 		switch {
 		case !ok && st.rejected[s.Pod]:
+			st.hold(s)
 			continue // its entry's refusal was counted, and logged, once
 		case !ok:
 			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
@@ -951,6 +1007,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		}
 		if _, waits := st.pending[s.Pod]; waits {
 			st.srv.m.rejected.WithLabelValues("store_full").Inc()
+			st.hold(s)
 			continue
 		}
 		r := store.Report{UID: uid}
@@ -964,6 +1021,7 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 			// pod's series again.)
 			st.srv.m.rejected.WithLabelValues("bad_time").Inc()
 			st.warnBadTime(r.TimeMs, nowMs)
+			st.hold(s)
 			continue
 		}
 		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {

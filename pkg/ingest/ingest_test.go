@@ -820,3 +820,86 @@ func TestAStaleStreamOfTheNodeChangesNothing(t *testing.T) {
 		t.Fatalf("superseded streams counted: %v, want 1", got)
 	}
 }
+
+// TestHistogramsOfASampleNotStoredAreKept: an agent sends a histogram only
+// when it changed, so one in a sample the aggregator decoded and did not
+// store (its time refused, its pod waiting for room) was not sent again:
+// the store carried the pod's older histogram on, its quantiles reading
+// no observations (or fewer) until the histogram changed again. The
+// stream now keeps such a sample's histograms for the pod's next stored
+// sample.
+func TestHistogramsOfASampleNotStoredAreKept(t *testing.T) {
+	llama := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
+	p90 := metric.Def{Name: "ttftP90Seconds", Rule: metric.RuleQuantile, Hist: metric.TTFTHist, Q: 0.9}
+	withHist := func(enc *wire.Encoder, seq uint64, at int64, id uint32, slow float64) *pulsev1.AgentMessage {
+		b := &pulsev1.SampleBatch{Seq: seq, TimeUnixMs: at}
+		s := wire.Sample{Pod: id, Hist: &metric.Histograms{}}
+		s.Values.Set(metric.Waiting, 1)
+		// One request within 0.5 s, slow ones past it.
+		s.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{0.5, math.Inf(1)}, Counts: []float64{1, 1 + slow}}
+		enc.Append(b, &s)
+		return &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}
+	}
+	quantile := func(f *fixture) (float64, bool) {
+		_, q, ok, _ := f.store.QueryQuantile(nil, llama, p90, time.Minute, time.Minute)
+		return q, ok
+	}
+
+	t.Run("a time refused", func(t *testing.T) {
+		f := newFixture(t)
+		enc := wire.NewEncoder()
+		now := time.Now()
+		// 10 slow requests in the sample refused; the next sample's
+		// histogram is the same, so not sent.
+		if err := f.run(t, hello(), catalogue(pod(1, "a")),
+			withHist(enc, 1, now.Add(-3*time.Second).UnixMilli(), 1, 0),
+			withHist(enc, 2, now.Add(2*time.Hour).UnixMilli(), 1, 10),
+			withHist(enc, 3, now.Add(-time.Second).UnixMilli(), 1, 10)); err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("bad_time")); got != 1 {
+			t.Fatalf("rejected bad_time = %v, want 1", got)
+		}
+		if q, ok := quantile(f); !ok || q != 0.5 {
+			t.Fatalf("TTFT p90 = %v (ok %v), want 0.5: the 10 slow requests of the refused sample's histogram", q, ok)
+		}
+	})
+
+	t.Run("a pod waiting for room", func(t *testing.T) {
+		f := newFixtureStore(t, nil, store.Options{MaxPods: 1})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		a := f.openStream(ctx, t, "node-1")
+		if err := a.Send(catalogue(pod(1, "x"))); err != nil {
+			t.Fatal(err)
+		}
+		sendBatch(t, a, wire.NewEncoder(), 1, 3, 1)
+		b := f.openStream(ctx, t, "node-2")
+		if err := b.Send(catalogue(pod(1, "a"))); err != nil {
+			t.Fatal(err)
+		}
+		enc := wire.NewEncoder()
+		send := func(m *pulsev1.AgentMessage) {
+			t.Helper()
+			if err := b.Send(m); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Recv(); err != nil {
+				t.Fatalf("the stream ended: %v", err)
+			}
+		}
+		send(withHist(enc, 1, 1000, 1, 0)) // waits: store_full
+		if err := a.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: &pulsev1.Catalogue{Remove: []uint32{1}}}}); err != nil {
+			t.Fatal(err)
+		}
+		sendBatch(t, a, wire.NewEncoder(), 2, 3)
+		send(withHist(enc, 2, 2000, 1, 0))  // held now; its histogram unchanged, not sent
+		send(withHist(enc, 3, 3000, 1, 10)) // 10 slow requests since
+		if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("store_full")); got < 1 {
+			t.Fatalf("rejected store_full = %v, want the waiting pod's sample counted", got)
+		}
+		if q, ok := quantile(f); !ok || q != 0.5 {
+			t.Fatalf("TTFT p90 = %v (ok %v), want 0.5: 10 slow requests since the pod's first stored sample", q, ok)
+		}
+	})
+}
