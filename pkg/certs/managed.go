@@ -309,7 +309,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
+			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
 		if err := m.renew(sec); err != nil {
 			return err
 		}
@@ -320,6 +320,9 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
+		if err := notMade("Secret", sec.Namespace+"/"+sec.Name, sec.Labels); err != nil {
+			return err
+		}
 		due, unowned := m.due(sec), m.unowned(sec.OwnerReferences)
 		if due {
 			if err := m.renew(sec); err != nil {
@@ -375,7 +378,7 @@ func (m *Managed) retireRelay(ctx context.Context) error {
 		return nil
 	case err != nil:
 		return fmt.Errorf("retired relay certificate secret %s/%s: %w", m.o.Namespace, name, err)
-	case cur.Labels["app.kubernetes.io/managed-by"] != "pulse-aggregator":
+	case cur.Labels[managedBy] != managedByAggregator:
 		return nil // not one the aggregator made: someone else's to keep
 	}
 	uid := cur.UID
@@ -409,10 +412,12 @@ func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name s
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err = ss.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Type: typ, Data: data}, metav1.CreateOptions{})
+			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: typ, Data: data}, metav1.CreateOptions{})
 		if err == nil {
 			m.o.Log.Info("certificate secret created", logging.KeySecret, ns+"/"+name)
 		}
+	case err == nil && notMade("Secret", ns+"/"+name, cur.Labels) != nil:
+		return notMade("Secret", ns+"/"+name, cur.Labels)
 	case err == nil && (!equalData(cur.Data, data) || m.unowned(cur.OwnerReferences)):
 		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
 			return serr
@@ -438,10 +443,12 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: m.o.CAConfigMap, Namespace: m.o.Namespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "pulse-aggregator"}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
+			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
 		if err == nil {
 			m.o.Log.Info("CA certificate published for the agents", logging.KeyName, m.o.Namespace+"/"+m.o.CAConfigMap)
 		}
+	case err == nil && notMade("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur.Labels) != nil:
+		return notMade("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur.Labels)
 	case err == nil && (cur.Data[KeyCACert] != want[KeyCACert] || m.unowned(cur.OwnerReferences)):
 		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
 			return serr // a newer Secret: its Ensure publishes it
@@ -693,7 +700,7 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	if apierrors.IsNotFound(err) {
 		obj := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
-			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{"app.kubernetes.io/managed-by": "pulse-aggregator"}},
+			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{managedBy: managedByAggregator}},
 			"spec":     map[string]any{"secretTargetRef": refs}}}
 		obj.SetOwnerReferences(m.owners(nil))
 		_, err = cta.Create(ctx, obj, metav1.CreateOptions{})
@@ -701,6 +708,9 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 			m.o.Log.Info("ClusterTriggerAuthentication created", logging.KeyName, m.o.TriggerAuthName)
 		}
 	} else if err == nil {
+		if err := notMade("ClusterTriggerAuthentication", m.o.TriggerAuthName, existing.GetLabels()); err != nil {
+			return err
+		}
 		// Its refs compared whole: compared by their number, refs naming
 		// another Secret or key stood, and every provisioned ScaledObject
 		// failed its TLS.
@@ -727,6 +737,26 @@ func (m *Managed) stale(ctx context.Context, sec *corev1.Secret) (bool, error) {
 		return false, fmt.Errorf("get certificate secret: %w", err)
 	}
 	return now.ResourceVersion != sec.ResourceVersion, nil
+}
+
+// The label on everything the aggregator makes.
+const (
+	managedBy           = "app.kubernetes.io/managed-by"
+	managedByAggregator = "pulse-aggregator"
+)
+
+// notMade is an error when an object the aggregator would write exists
+// and was not made by it (it lacks the managed-by label every one it makes
+// has): a user's Secret that happened to have the name chosen (KEDA's
+// credentials are written into KEDA's namespace, the
+// ClusterTriggerAuthentication is cluster-wide) was overwritten with
+// pulse's certificates, its own data lost. It is left as it is, and the
+// error says what to do.
+func notMade(kind, name string, labels map[string]string) error {
+	if labels[managedBy] == managedByAggregator {
+		return nil
+	}
+	return fmt.Errorf("%s %s exists and was not made by pulse (it lacks the label %s=%s): it is left as it is; remove it, or give the aggregator another name for it", kind, name, managedBy, managedByAggregator)
 }
 
 // unowned reports whether an Owner is set and refs lack it.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -858,5 +859,107 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(end) {
 			t.Fatalf("%s: not within a minute", what)
 		}
+	}
+}
+
+// TestObjectsNotMadeByPulseAreLeftAlone: a Secret in KEDA's namespace, a
+// ClusterTriggerAuthentication (cluster-wide) or a ConfigMap that happened
+// to have the name the aggregator was given was overwritten with pulse's
+// certificates, its owner's data lost. Each one the aggregator did not
+// make (no managed-by label) is now left as it is, with an error naming
+// it; the others are still written, and once it is gone the aggregator
+// makes its own.
+func TestObjectsNotMadeByPulseAreLeftAlone(t *testing.T) {
+	m, client, dyn, _ := managed(t, 0)
+	ctx := context.Background()
+	theirs := map[string][]byte{"token": []byte("theirs")}
+	if _, err := client.CoreV1().Secrets("keda").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pulse-creds", Namespace: "keda"}, Data: theirs}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().ConfigMaps("pulse-system").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator-ca", Namespace: "pulse-system"},
+		Data: map[string]string{"ca.crt": "theirs"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	theirRefs := []any{map[string]any{"parameter": "token", "name": "elsewhere", "key": "token"}}
+	cta := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
+		"metadata": map[string]any{"name": "pulse-creds"}, "spec": map[string]any{"secretTargetRef": theirRefs}}}
+	if _, err := dyn.Resource(ClusterTriggerAuthentications).Create(ctx, cta, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	err := m.Ensure(ctx)
+	if err == nil {
+		t.Fatal("Ensure over objects pulse did not make: no error")
+	}
+	for _, want := range []string{"ConfigMap pulse-system/pulse-aggregator-ca exists and was not made by pulse"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("Ensure: %v; want it to name %q", err, want)
+		}
+	}
+	// The CA ConfigMap's refusal stops the rest of that pass (as any
+	// failure to publish the agents' trust does); KEDA's copies are
+	// refused on their own once it is gone.
+	if err := client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err == nil || !strings.Contains(err.Error(), "Secret keda/pulse-creds exists and was not made by pulse") {
+		t.Fatalf("Ensure: %v; want it to name KEDA's namespace's Secret", err)
+	}
+	if s, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil || !equalData(s.Data, theirs) {
+		t.Fatalf("KEDA's namespace's Secret pulse-creds: %v %v; want their data as it was", s.Data, err)
+	}
+	got, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs, _, _ := unstructured.NestedSlice(got.Object, "spec", "secretTargetRef"); !reflect.DeepEqual(refs, theirRefs) {
+		t.Fatalf("their ClusterTriggerAuthentication's refs %v, want %v", refs, theirRefs)
+	}
+	// The agents' trust was published, and the aggregator serves its pair.
+	if cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{}); err != nil || cm.Labels[managedBy] != managedByAggregator {
+		t.Fatalf("CA ConfigMap: %v %v; want the aggregator's", cm, err)
+	}
+	if err := m.Ready(); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+
+	// Their Secret removed: the aggregator makes its own, and leaves their
+	// ClusterTriggerAuthentication; then that removed too, its own.
+	if err := client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err == nil || !strings.Contains(err.Error(), "ClusterTriggerAuthentication pulse-creds exists and was not made by pulse") {
+		t.Fatalf("Ensure: %v; want it to name the ClusterTriggerAuthentication", err)
+	}
+	if got, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if refs, _, _ := unstructured.NestedSlice(got.Object, "spec", "secretTargetRef"); !reflect.DeepEqual(refs, theirRefs) {
+		t.Fatalf("their ClusterTriggerAuthentication's refs %v, want %v", refs, theirRefs)
+	}
+	if err := dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil || len(s.Data["tls.crt"]) == 0 {
+		t.Fatalf("KEDA's credentials: %v; want the aggregator's", err)
+	}
+}
+
+// TestTheCertificateSecretNotMadeByPulseIsLeftAlone: a Secret of the
+// certificates' name that the aggregator did not make is not renewed over.
+func TestTheCertificateSecretNotMadeByPulseIsLeftAlone(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	ctx := context.Background()
+	theirs := map[string][]byte{"tls.crt": []byte("theirs")}
+	if _, err := client.CoreV1().Secrets("pulse-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator-certs", Namespace: "pulse-system"}, Data: theirs}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err == nil || !strings.Contains(err.Error(), "Secret pulse-system/pulse-aggregator-certs exists and was not made by pulse") {
+		t.Fatalf("Ensure: %v; want the Secret named as not pulse's", err)
+	}
+	if s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{}); err != nil || !equalData(s.Data, theirs) {
+		t.Fatalf("the Secret: %v %v; want their data as it was", s.Data, err)
 	}
 }
