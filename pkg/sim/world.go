@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -198,12 +200,22 @@ func newWorld(cfg *Config, pipe Pipeline) *world {
 	return w
 }
 
-// milli is KEDA's rendering of a value for the HPA: "%.3f" as a quantity.
+// milli is KEDA's rendering of a value for the HPA, in thousandths: the
+// value printed "%.3f" and parsed as a quantity (KEDA 2.21,
+// pkg/scalers/scaler.go, quantityFromFloat64), so a value half way between
+// two thousandths goes to the even one of its decimal expansion as KEDA's
+// does (2.0625 is 2.062), not away from zero; NaN, ±Inf and values below 0
+// are 0. Past what an int64 of thousandths holds it is that bound.
 func milli(v float64) int64 {
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return 0
 	}
-	return int64(math.Round(v * 1000))
+	s := strconv.FormatFloat(v, 'f', 3, 64) // fmt's "%.3f"
+	n, err := strconv.ParseInt(strings.Replace(s, ".", "", 1), 10, 64)
+	if err != nil {
+		return math.MaxInt64
+	}
+	return n
 }
 
 // planner is a pipeline that sets the replica count itself (/scale
