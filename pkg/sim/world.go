@@ -451,7 +451,9 @@ func (w *world) touch(rp *rep) {
 
 // setSpec is an update of /scale spec.replicas: the workload's controller
 // adds replicas (starting) or removes them, not-ready ones first, then the
-// most recently ready (a ReplicaSet's choice).
+// most recently ready (a ReplicaSet's choice without LogarithmicScaleDown,
+// which ties ready times within a power of two and breaks the tie by uid:
+// docs/simulation.md, "The model").
 func (w *world) setSpec(n int32, record bool) {
 	if n == w.spec && record {
 		return
