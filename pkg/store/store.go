@@ -310,6 +310,9 @@ type podRare struct {
 	// unreadyNs: when the pod, ready before, was first listed not ready
 	// (its readiness lost: PodLoad.UnreadyFor); 0 while it is ready.
 	unreadyNs int64
+	// heldHist: the histograms of a sample dropped as out of order, for
+	// the next sample taken (holdHist); nil when none.
+	heldHist *metric.Histograms
 }
 
 // noRare is what a pod without rare state reads (never written).
@@ -748,6 +751,9 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 			// router read as holding nothing, a replica as no work).
 			p.restart()
 			p.lastSeen = time.Time{}
+			if p.rare != nil {
+				p.rare.heldHist = nil // the old process's
+			}
 		}
 		p.instance = src.Instance
 		if len(src.ExtraNames) > 0 || p.rare != nil {
@@ -994,6 +1000,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 				// sample is not a clock step (two agents listing the pod
 				// with clocks apart alternate).
 				p.behind = far
+				p.holdHist(r.Hist, node)
 				continue
 			}
 			// A second sample in a row far behind: its agent's clock
@@ -1014,6 +1021,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			h := *r.Hist // adjusted below: the reporter's copy is left as it was
 			smp.Hist = &h
 		}
+		p.unholdHist(&smp)
 		p.mono.AdjustSample(&smp)
 		if carried != nil {
 			smp.Hist = carryHist(smp.Hist, carried)
@@ -1037,6 +1045,48 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 		s.notify(p)
 	}
 	return dropped, nil
+}
+
+// holdHist keeps the histograms of a sample dropped as out of order, when
+// the pod's one agent (node's) sent it: that agent sends a histogram only
+// when it changed, so one dropped here is not sent again, and the store
+// carried the pod's older histogram on (a clock step's first sample
+// behind is dropped, and its changes were lost) until it changed again.
+// The pod's next sample taken carries them (unholdHist). A pod two agents
+// list is left as it was: one's sample behind may be older than the
+// other's, and its counts lower.
+func (p *pod) holdHist(h *metric.Histograms, node string) {
+	if !h.Any() || len(p.sources) != 1 || p.sources[0] != node {
+		return
+	}
+	rr := p.set()
+	if rr.heldHist == nil {
+		rr.heldHist = new(metric.Histograms)
+	}
+	for i := range h {
+		if h[i].Present() {
+			rr.heldHist[i] = h[i]
+		}
+	}
+}
+
+// unholdHist completes smp, the pod's next sample taken, with the
+// histograms held for it (holdHist) that it lacks.
+func (p *pod) unholdHist(smp *metric.Sample) {
+	rr := p.rare
+	if rr == nil || rr.heldHist == nil {
+		return
+	}
+	h := *rr.heldHist
+	rr.heldHist = nil
+	if smp.Hist != nil {
+		for i := range smp.Hist {
+			if smp.Hist[i].Present() {
+				h[i] = smp.Hist[i]
+			}
+		}
+	}
+	smp.Hist = &h
 }
 
 // stepBack is how far behind a pod's last sample a sample may be and still

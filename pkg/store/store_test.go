@@ -839,3 +839,79 @@ func TestAnOlderStreamIsSupersededByANewerFullListing(t *testing.T) {
 		t.Fatalf("open streams kept: %v, want the two still open", got)
 	}
 }
+
+// TestHistogramsOfASampleDroppedOutOfOrderAreKept: an agent sends a
+// histogram only when it changed, so one in a sample the store dropped as
+// out of order (a moment behind, or the first sample after a clock step
+// back) was not sent again, and the store carried the pod's older
+// histogram on until it changed again. The pod's next sample taken now
+// carries it, when the pod's one agent sent it; a pod two agents list
+// keeps its older one (a sample behind may be the other's older scrape).
+func TestHistogramsOfASampleDroppedOutOfOrderAreKept(t *testing.T) {
+	ttft := func(s *Store) float64 {
+		t.Helper()
+		h := s.peek("a").series.lastHist
+		if h == nil {
+			t.Fatal("no histograms")
+		}
+		return h[metric.TTFTHist].Total()
+	}
+	withHist := func(ms int64, i int) Report {
+		r := report("a", ms, 5)
+		r.Hist = vllmHist(i)
+		return r
+	}
+	newStore := func(nodes ...string) *Store {
+		s := New(Options{Retention: time.Minute})
+		for _, n := range nodes {
+			s.Upsert(Source{Node: n, Instance: "one"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+		}
+		return s
+	}
+	add := func(s *Store, node string, r Report) {
+		t.Helper()
+		if _, err := s.AddStream(node, 0, []Report{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := vllmHist(5)[metric.TTFTHist].Total()
+	if want == vllmHist(1)[metric.TTFTHist].Total() {
+		t.Fatal("the test's histograms do not differ")
+	}
+
+	t.Run("a moment out of order", func(t *testing.T) {
+		s := newStore("n")
+		add(s, "n", withHist(1_000_000, 1))
+		add(s, "n", report("a", 1_001_000, 5))
+		add(s, "n", withHist(1_000_500, 5))    // dropped: behind the last
+		add(s, "n", report("a", 1_002_000, 5)) // unchanged since: not sent
+		if got := ttft(s); got != want {
+			t.Fatalf("TTFT observations %v, want %v: the dropped sample's histogram", got, want)
+		}
+	})
+	t.Run("a clock step back", func(t *testing.T) {
+		s := newStore("n")
+		add(s, "n", withHist(1_000_000, 1))
+		add(s, "n", withHist(1_000_000-600_000, 5)) // one far behind: dropped
+		add(s, "n", report("a", 1_000_000-599_000, 5))
+		if p := s.peek("a"); p.series.len() != 1 {
+			t.Fatalf("%d samples: want the series started again", p.series.len())
+		}
+		// The new series counts no increase across the step: from its
+		// first sample's histograms (the dropped sample's, unchanged
+		// since), the next change counts what it added to them.
+		add(s, "n", withHist(1_000_000-598_000, 9))
+		if got, want := ttft(s), vllmHist(9)[metric.TTFTHist].Total()-want; got != want || want == 0 {
+			t.Fatalf("TTFT observations since the step %v, want %v: those added after the dropped sample's", got, want)
+		}
+	})
+	t.Run("two agents", func(t *testing.T) {
+		s := newStore("n", "m")
+		add(s, "n", withHist(1_000_000, 1))
+		add(s, "m", withHist(999_500, 5)) // the other agent's, behind: dropped
+		add(s, "n", report("a", 1_001_000, 5))
+		if got, old := ttft(s), vllmHist(1)[metric.TTFTHist].Total(); got != old {
+			t.Fatalf("TTFT observations %v, want %v: a second agent's sample behind is not taken", got, old)
+		}
+	})
+}
