@@ -221,6 +221,14 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 	case v < 0 || s != nil && s.seen == c.scrape:
 		return 0, false
 	case s == nil && (len(c.series) >= maxSeries || c.budget != nil && !c.budget.take(c.ns)):
+		if _, asleep := c.asleep[key]; asleep {
+			// A retired series back with no room to follow it: its last
+			// value is in the retired sum, and the page's beside it
+			// counted the series twice (then, woken, the counter fell by
+			// as much: a reset to the aggregator). It stays retired, at
+			// that value, until there is room.
+			return 0, false
+		}
 		return v, true
 	case s == nil:
 		s = &blank

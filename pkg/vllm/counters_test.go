@@ -627,3 +627,43 @@ func TestAGaugeTwiceOnAPageCountsOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestARetiredSeriesBackWithoutRoomIsNotCountedTwice: a retired series
+// keeps its last value in the pod's retired sum; back on the page while the
+// budget had no room to follow it, its value was summed as the page has
+// it as well, the counter up by the whole series (a spike), and down by as
+// much once room freed and it was woken (read by the aggregator as a
+// reset: the pod's whole counter counted again). Until there is room it
+// now stays retired, at its last value; woken, it counts on from there.
+func TestARetiredSeriesBackWithoutRoomIsNotCountedTwice(t *testing.T) {
+	b := NewBudget(2, 2)
+	e, _ := NewExtractor(nil)
+	c := NewCountersIn(b, "ns")
+	get := func(engines map[string]float64) float64 { t.Helper(); return generationTokens(t, e, c, engines) }
+	get(map[string]float64{"0": 100, "1": 60})
+	for range retireAfter + 1 {
+		get(map[string]float64{"0": 100})
+	}
+	if len(c.asleep) != 1 {
+		t.Fatalf("engine 1 not retired: asleep %v", c.asleep)
+	}
+	// Another pod of the namespace takes the room engine 1 gave back.
+	other := NewCountersIn(b, "ns")
+	if _, err := e.ExtractWith(dpPage(map[string]float64{"0": 1}, false), other); err != nil {
+		t.Fatal(err)
+	}
+	last := 0.0
+	for _, step := range []struct {
+		engine1, want float64
+		free          bool
+	}{{60, 160, false}, {63, 160, false}, {64, 164, true}, {66, 166, false}} {
+		if step.free {
+			other.Release()
+		}
+		got := get(map[string]float64{"0": 100, "1": step.engine1})
+		if got != step.want || got < last {
+			t.Fatalf("engine 1 back at %v (room freed: %v): %v, want %v (and never below %v)", step.engine1, step.free, got, step.want, last)
+		}
+		last = got
+	}
+}
