@@ -905,3 +905,33 @@ func TestHeldDemandKEDACannotCarryIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// TestAGaugeNotForwardedYetDuringTheWarmUpIsNoRefusal: during the warm-up
+// the pods held may be only those of agents that do not forward a gauge
+// (agents of two --extra-metric lists, in a rollout or two node pools'
+// DaemonSets), and a trigger on it was refused (InvalidArgument, counted
+// and logged as the ScaledObject's fault, its stream ended) where every
+// other answer is the warm-up's Unavailable. It passes until the gate
+// opens; then, if no agent forwards it, it is refused.
+func TestAGaugeNotForwardedYetDuringTheWarmUpIsNoRefusal(t *testing.T) {
+	f := newFixture(t)
+	var warm atomic.Bool
+	f.server.gate = func() error {
+		if warm.Load() {
+			return nil
+		}
+		return fmt.Errorf("aggregator warming up")
+	}
+	f.pods("a") // an agent forwarding no gauge
+	md := map[string]string{"workspace": "llama", "metricName": "my_gauge", "threshold": "1"}
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
+		t.Fatalf("GetMetricSpec during the warm-up: %v, want the spec", err)
+	}
+	if _, err := f.metric(t, md); status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetMetrics during the warm-up: %v, want Unavailable", err)
+	}
+	warm.Store(true)
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--extra-metric") {
+		t.Fatalf("GetMetricSpec once warm: %v, want it refused as not forwarded", err)
+	}
+}

@@ -194,7 +194,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	}
 	def, hasDefault := DefaultThresholds[t.Metric]
 	if md["threshold"] == "" && !hasDefault {
-		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric %s has no default threshold (its scale depends on the model and the hardware): set one; docs/scaledobject.md, \"Choosing a threshold\"", t.Metric)}
+		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("metric %s has no default threshold (its scale depends on the model and the hardware): set one; docs/scaledobject.md, \"Choosing a threshold\"", wire.CleanText(t.Metric, 64))}
 	}
 	if t.Threshold, err = number(md, "threshold", def); err != nil {
 		return t, err
@@ -388,7 +388,7 @@ func loadTargets(md map[string]string, t *Trigger) error {
 		v   *float64
 	}{{"kvCacheTarget", &t.Load.KVCache}, {"waitingTarget", &t.Load.Waiting}, {"runningTarget", &t.Load.Running}} {
 		if md[c.key] != "" && !load {
-			return &MetadataError{Key: c.key, Msg: fmt.Sprintf("applies to metric saturation only; metric %s scales on its threshold", t.Metric)}
+			return &MetadataError{Key: c.key, Msg: fmt.Sprintf("applies to metric saturation only; metric %s scales on its threshold", wire.CleanText(t.Metric, 64))}
 		}
 		if *c.v, err = number(md, c.key, *c.v); err != nil {
 			return err

@@ -24,6 +24,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Server implements externalscaler.ExternalScalerServer.
@@ -174,10 +175,16 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 		return t, st
 	}
 	// A metric the agents do not forward is the same InvalidArgument from
-	// every call (GetMetrics once answered it Unavailable).
-	if err := s.forwarded(t); err != nil {
-		s.refuse(ref, t, ReasonUnforwarded, err)
-		return t, err
+	// every call (GetMetrics once answered it Unavailable). During the
+	// warm-up there is no telling (the agents that forward it may not have
+	// reported yet): it passes, and the answers are Unavailable until the
+	// gate opens (a ScaledObject was refused, and its stream ended, for
+	// the agents heard first).
+	if warming := s.gate != nil && s.gate() != nil; !warming {
+		if err := s.forwarded(t); err != nil {
+			s.refuse(ref, t, ReasonUnforwarded, err)
+			return t, err
+		}
 	}
 	if own := ref.GetNamespace(); !s.crossNS && t.Workload.Namespace != own {
 		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
@@ -261,7 +268,7 @@ func (s *Server) forwarded(t Trigger) error {
 	}
 	return status.Error(codes.InvalidArgument, (&MetadataError{Key: "metricName", Msg: fmt.Sprintf(
 		"%q is neither a vLLM metric pulse knows nor a gauge the agents forward (they forward: %s); forward it with the agents' --extra-metric (the daemonset chart's extraMetrics)",
-		t.Metric, have)}).Error())
+		wire.CleanText(t.Metric, 64), have)}).Error())
 }
 
 // GetMetrics returns exactly one value (the HPA sums all values returned).

@@ -779,3 +779,28 @@ func TestARefusalQuotesAValueShort(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusalQuotesALegalMetricNameShort: a metricName may be any legal
+// Prometheus name up to the metadata's bound, and three refusals of one
+// (no default threshold, a saturation-only key beside it, a gauge no agent
+// forwards) quoted it whole to KEDA, the log and each refusal kept. They
+// quote at most 64 bytes of it too.
+func TestARefusalQuotesALegalMetricNameShort(t *testing.T) {
+	f := newFixture(t)
+	long := strings.Repeat("a", 1000)
+	check := func(what string, md map[string]string) {
+		t.Helper()
+		_, err := f.client.GetMetricSpec(context.Background(), ref(md))
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%s: %v, want InvalidArgument", what, err)
+		}
+		if strings.Contains(err.Error(), long[:65]) {
+			t.Errorf("%s: the error quotes more than 64 bytes of the name: %.200s…", what, err)
+		}
+	}
+	check("no default threshold", map[string]string{"workspace": "w", "metricName": long})
+	check("a saturation-only key", map[string]string{"workspace": "w", "metricName": long, "threshold": "1", "kvCacheTarget": "0.5"})
+	f.store.Upsert(store.Source{Node: "node-1"},
+		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "w-0", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "w"}}}}, true)
+	check("not forwarded", map[string]string{"workspace": "w", "metricName": long, "threshold": "1"})
+}
