@@ -167,7 +167,7 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	}
 	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 	switch {
-	case errors.Is(err, errNotSynced), errors.Is(err, errNotCached):
+	case errors.Is(err, errNotSynced), errors.Is(err, errNotCached), errors.Is(err, errNotCaller):
 		return t, status.Error(codes.Unavailable, err.Error()) // passes: KEDA retries
 	case err != nil:
 		st := status.Error(codes.InvalidArgument, err.Error())

@@ -70,11 +70,21 @@ func trimScaledObject(o any) (any, error) {
 	}
 	out := TrimmedScaledObject(u)
 	var kept []any
+	push := false
 	triggers, _, _ := unstructured.NestedSlice(u.Object, "spec", "triggers")
 	for _, tr := range triggers {
+		m, _ := tr.(map[string]any)
+		if typ, _, _ := unstructured.NestedString(m, "type"); typ == "external-push" {
+			push = true
+		}
 		if md := plannerMetadata(tr); md != nil && len(kept) < maxPlannerTriggers {
 			kept = append(kept, map[string]any{"type": "external-push", "metadata": md})
 		}
+	}
+	if push && len(kept) == 0 {
+		// That it has one (Resolve): a trigger with no metadata, which
+		// PlannerRefs passes over.
+		kept = append(kept, map[string]any{"type": "external-push"})
 	}
 	if len(kept) > 0 {
 		_ = unstructured.SetNestedSlice(out.Object, kept, "spec", "triggers")
@@ -222,6 +232,12 @@ func (r *InformerResolver) Ready() error {
 var (
 	errNotSynced = errors.New("the ScaledObject cache is not synced yet")
 	errNotCached = errors.New("not in the aggregator's ScaledObject cache yet (made a moment ago? A ScaledJob's trigger must name its workload: only a ScaledObject's scaleTargetRef is read)")
+	// errNotCaller: the ScaledObject of the caller's name has no
+	// external-push trigger, so the caller is not it: a ScaledJob of the
+	// same name (KEDA's ref names neither kind) read the ScaledObject's
+	// workload. Unavailable, as for a ScaledJob with no ScaledObject of
+	// its name (and as for one just given its trigger: the cache lags).
+	errNotCaller = errors.New("has no external-push trigger, so the caller is not it (a ScaledJob of its name? A ScaledJob's trigger must name its workload: only a ScaledObject's scaleTargetRef is read)")
 )
 
 // Resolve reads spec.scaleTargetRef from the cache.
@@ -241,6 +257,14 @@ func (r *InformerResolver) Resolve(namespace, name string) (string, string, erro
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return "", "", fmt.Errorf("ScaledObject %s/%s: unexpected %T", namespace, name, obj)
+	}
+	triggers, _, _ := unstructured.NestedSlice(u.Object, "spec", "triggers")
+	if !slices.ContainsFunc(triggers, func(tr any) bool {
+		m, _ := tr.(map[string]any)
+		typ, _, _ := unstructured.NestedString(m, "type")
+		return typ == "external-push"
+	}) {
+		return "", "", fmt.Errorf("ScaledObject %s/%s %w", namespace, name, errNotCaller)
 	}
 	kind, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "kind")
 	target, _, _ := unstructured.NestedString(u.Object, "spec", "scaleTargetRef", "name")

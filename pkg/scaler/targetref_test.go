@@ -23,9 +23,32 @@ func scaledObject(name, kind, target string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
 		"metadata": map[string]any{"name": name, "namespace": "demo"},
-		"spec":     map[string]any{"scaleTargetRef": map[string]any{"apiVersion": "kaito.sh/v1beta1", "kind": kind, "name": target}},
+		"spec": map[string]any{"scaleTargetRef": map[string]any{"apiVersion": "kaito.sh/v1beta1", "kind": kind, "name": target},
+			"triggers": []any{map[string]any{"type": "external-push", "metadata": map[string]any{"scalerAddress": "pulse-aggregator.pulse-system:9090"}}}},
 	}}
 	return u
+}
+
+// TestAScaledJobOfAScaledObjectsNameReadsNothing: KEDA's ref names neither
+// a ScaledObject nor a ScaledJob, and a ScaledJob whose pulse trigger named
+// no workload, beside a ScaledObject of its name, was answered that
+// ScaledObject's workload's values (the docs promise Unavailable: only
+// ScaledObjects are read). A ScaledObject with no external-push trigger is
+// not the caller: Unavailable, saying what a ScaledJob's trigger must do.
+func TestAScaledJobOfAScaledObjectsNameReadsNothing(t *testing.T) {
+	cpu := scaledObject("llama-so", "Workspace", "llama")
+	_ = unstructured.SetNestedSlice(cpu.Object, []any{map[string]any{"type": "cpu", "metadata": map[string]any{"value": "50"}}}, "spec", "triggers")
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"}, cpu)
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	f := newFixtureWith(t, r)
+	f.pods("a", "b")
+	f.report(map[string]float64{"a": 2, "b": 3})
+	_, err := f.metric(t, map[string]string{"threshold": "5"}) // ref(): demo/llama-so, as KEDA names ScaledJob llama-so
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "A ScaledJob's trigger must name its workload") {
+		t.Fatalf("GetMetrics for a ScaledJob of ScaledObject llama-so's name: %v; want Unavailable saying what to do", err)
+	}
 }
 
 // runSynced runs r's informer for the test's life, and waits for its
