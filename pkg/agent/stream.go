@@ -604,7 +604,7 @@ func DiffCatalogue(sent, current map[uint32]discovery.Target, full bool) *pulsev
 	for id, t := range current {
 		if old, ok := sent[id]; full || !ok || !old.Equal(t) {
 			p := &pulsev1.Pod{Id: id, Uid: t.UID, Namespace: t.Namespace, Name: t.Pod, Ready: t.Ready, Terminating: t.Terminating,
-				Demand: t.Demand != nil, CreatedUnixMs: unixMs(t.Created), ReadySinceUnixMs: unixMs(t.ReadySince)}
+				Demand: t.Demand != nil, CreatedUnixMs: unixMs(t.Created), ReadySinceUnixMs: unixMs(t.ReadySince), UnreadySinceUnixMs: unixMs(t.UnreadySince)}
 			for _, w := range t.Workloads {
 				p.Workloads = append(p.Workloads, &pulsev1.Workload{Kind: w.Kind, Name: w.Name})
 			}

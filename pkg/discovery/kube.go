@@ -259,6 +259,14 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			break
 		}
 	}
+	// Of its containers, whether each runs and since when (unreadySince).
+	for _, cs := range pod.Status.ContainerStatuses {
+		var kept corev1.ContainerStatus
+		if r := cs.State.Running; r != nil {
+			kept.State.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+		}
+		out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, kept)
+	}
 	return out
 }
 
@@ -445,6 +453,12 @@ func placeOf(pod *corev1.Pod, t Target) (Target, error) {
 		if !since.IsZero() && since.Before(t.Created) {
 			t.ReadySince = t.Created
 		}
+	} else if !t.Terminating {
+		// On a node whose clock runs behind, as for ReadySince: not
+		// told rather than refused.
+		if t.UnreadySince = unreadySince(pod); t.UnreadySince.Before(t.Created) {
+			t.UnreadySince = time.Time{}
+		}
 	}
 	if host != "" {
 		t.URL = (&url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: path}).String()
@@ -467,6 +481,26 @@ func readySince(pod *corev1.Pod) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// unreadySince is when pod, not Ready, lost its readiness: its Ready
+// condition's lastTransitionTime, when every container runs and started
+// before it; zero otherwise. A pod starting (or one whose container
+// restarted: loading its model again) went not ready before its
+// containers started, since the kubelet writes the pod's first status, the
+// Ready condition false, before it starts them; one that served became
+// ready after they started, and lost it later still.
+func unreadySince(pod *corev1.Pod) time.Time {
+	lost, ready := readySince(pod)
+	if ready || lost.IsZero() || len(pod.Status.ContainerStatuses) == 0 {
+		return time.Time{}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if r := cs.State.Running; r == nil || r.StartedAt.IsZero() || !r.StartedAt.Time.Before(lost) {
+			return time.Time{}
+		}
+	}
+	return lost
 }
 
 // declares is whether one of pod's containers declares port, TCP, on all

@@ -513,3 +513,52 @@ func TestSlimBoundsWhatATenantWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestATargetSaysWhenItsPodLostItsReadiness: a pod not Ready is listed
+// with when it lost its readiness when it was Ready since its containers
+// last started (its Ready condition went false after every container had
+// started: a failed probe), and with none when it is starting (the
+// kubelet writes the condition false before it starts the containers) or
+// a container is not running (restarting: loading its model again). The
+// aggregator, restarted, had only "not ready" and took a replica failing
+// its probe for one starting: capacity coming. What the informer's cache
+// keeps of a pod (slim) is enough to tell.
+func TestATargetSaysWhenItsPodLostItsReadiness(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	created := time.Unix(1_700_000_000, 0)
+	at := func(s int) metav1.Time { return metav1.NewTime(created.Add(time.Duration(s) * time.Second)) }
+	running := func(s int) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: "vllm", Image: "vllm", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(s)}}}
+	}
+	for _, c := range []struct {
+		name       string
+		ready      bool
+		transition int
+		containers []corev1.ContainerStatus
+		want       int // seconds after creation; -1: none
+	}{
+		{"starting: the condition false before the container started", false, 2, []corev1.ContainerStatus{running(30)}, -1},
+		{"starting: both within one second", false, 30, []corev1.ContainerStatus{running(30)}, -1},
+		{"served, then failed its probe", false, 3600, []corev1.ContainerStatus{running(30)}, 3600},
+		{"a sidecar started after the condition went false", false, 3600, []corev1.ContainerStatus{running(30), running(3700)}, -1},
+		{"its container restarting", false, 3600, []corev1.ContainerStatus{{Name: "vllm", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}, -1},
+		{"no container status yet", false, 3600, nil, -1},
+		{"ready", true, 300, []corev1.ContainerStatus{running(30)}, -1},
+	} {
+		p := kaitoPod("p", "node-1", c.ready)
+		p.CreationTimestamp = metav1.NewTime(created)
+		p.Status.Conditions[0].LastTransitionTime = at(c.transition)
+		p.Status.ContainerStatuses = c.containers
+		got, ok, err := TargetOf(slim(p, sel), "node-1", sel)
+		if err != nil || !ok {
+			t.Fatalf("%s: %v, %v", c.name, ok, err)
+		}
+		want := time.Time{}
+		if c.want >= 0 {
+			want = at(c.want).Time
+		}
+		if !got.UnreadySince.Equal(want) {
+			t.Errorf("%s: unready since %s, want %s", c.name, got.UnreadySince, want)
+		}
+	}
+}

@@ -39,7 +39,11 @@ type Target struct {
 	// its Ready condition's lastTransitionTime (zero when unknown: static
 	// targets). The planner's lead time is a replica's startup from them.
 	Created, ReadySince time.Time
-	URL                 string
+	// UnreadySince: while it is not Ready and was since its containers
+	// last started (it served, and lost its readiness: a failed probe, not
+	// a start), its Ready condition's lastTransitionTime; zero otherwise.
+	UnreadySince time.Time
+	URL          string
 	// Demand is set for a demand source's entry (a router's series for
 	// one workload, see DemandTargets); nil for a model server.
 	Demand *vllm.Demand
@@ -48,7 +52,7 @@ type Target struct {
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {
 	return t.UID == o.UID && t.Namespace == o.Namespace && t.Pod == o.Pod && t.Ready == o.Ready &&
-		t.Terminating == o.Terminating && t.Created.Equal(o.Created) && t.ReadySince.Equal(o.ReadySince) && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads) && t.Demand.Equal(o.Demand)
+		t.Terminating == o.Terminating && t.Created.Equal(o.Created) && t.ReadySince.Equal(o.ReadySince) && t.UnreadySince.Equal(o.UnreadySince) && t.URL == o.URL && slices.Equal(t.Workloads, o.Workloads) && t.Demand.Equal(o.Demand)
 }
 
 // staticFile is the --static-targets file.

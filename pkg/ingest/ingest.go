@@ -862,8 +862,11 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 	if p.CreatedUnixMs < 0 || p.ReadySinceUnixMs < 0 || p.ReadySinceUnixMs > 0 && p.ReadySinceUnixMs < p.CreatedUnixMs {
 		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: created %d ms and ready since %d ms: want neither negative, nor ready before created", p.Namespace, p.Name, p.CreatedUnixMs, p.ReadySinceUnixMs)
 	}
+	if p.UnreadySinceUnixMs < 0 || p.UnreadySinceUnixMs > 0 && (p.Ready || p.UnreadySinceUnixMs < p.CreatedUnixMs) {
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: unready since %d ms (created %d ms, ready %v): want it not negative, not before created, and none while ready", p.Namespace, p.Name, p.UnreadySinceUnixMs, p.CreatedUnixMs, p.Ready)
+	}
 	info = store.PodInfo{UID: p.Uid, Namespace: p.Namespace, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand,
-		CreatedMs: p.CreatedUnixMs, ReadySinceMs: p.ReadySinceUnixMs}
+		CreatedMs: p.CreatedUnixMs, ReadySinceMs: p.ReadySinceUnixMs, UnreadySinceMs: p.UnreadySinceUnixMs}
 	for _, w := range p.Workloads {
 		kind, ok := kinds[w.Kind]
 		if !ok || w.Name == "" || len(w.Name) > maxNameBytes || !wire.IsName(w.Name) {

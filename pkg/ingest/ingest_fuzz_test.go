@@ -178,7 +178,7 @@ func (r *recipe) pod() *pulsev1.Pod {
 	p := &pulsev1.Pod{Id: uint32(r.Pick(6)), Uid: r.str("uid-mine", "uid-theirs", "uid-ghost"),
 		Namespace: r.str("ns", "other"), Name: r.str("mine", "theirs", "ghost"),
 		Ready: r.Pick(2) == 0, Terminating: r.Pick(4) == 0, Demand: r.Pick(6) == 0,
-		CreatedUnixMs: r.ms(), ReadySinceUnixMs: r.ms()}
+		CreatedUnixMs: r.ms(), ReadySinceUnixMs: r.ms(), UnreadySinceUnixMs: r.ms()}
 	if r.Pick(8) == 0 {
 		p.Id = uint32(r.U64())
 	}

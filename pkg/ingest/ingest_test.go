@@ -300,6 +300,11 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 		"ready before created": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
 			CreatedUnixMs: 1_700_000_000_000, ReadySinceUnixMs: 1_699_999_999_000}, "invalid_entry"},
 		"created before 1970": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", CreatedUnixMs: -1}, "invalid_entry"},
+		"unready before created": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",
+			CreatedUnixMs: 1_700_000_000_000, UnreadySinceUnixMs: 1_699_999_999_000}, "invalid_entry"},
+		"unready since, and ready": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
+			CreatedUnixMs: 1_700_000_000_000, UnreadySinceUnixMs: 1_700_000_001_000}, "invalid_entry"},
+		"unready since before 1970": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", UnreadySinceUnixMs: -1}, "invalid_entry"},
 		// A newline in a name forged a row of the debug tables under
 		// another namespace's name; a bidi override reorders the rest.
 		"newline in a workload's name": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",

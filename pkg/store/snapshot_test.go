@@ -202,3 +202,35 @@ func TestDemandUnheardOnlyWhenSilentRoutersCouldHoldSomething(t *testing.T) {
 		}
 	}
 }
+
+// TestAPodListedAsHavingLostItsReadinessIsNoStart: a store that never saw
+// a pod ready (an aggregator restarted while a replica failed its probe)
+// took it as starting, its age a startup under way: capacity coming, its
+// lead time stretched to that age. Listed with when it lost its readiness
+// (PodInfo.UnreadySinceMs), it is a replica ready before, unready since
+// then; ready again, it is ready, with no startup learned from it.
+func TestAPodListedAsHavingLostItsReadinessIsNoStart(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	src := Source{Node: "n"}
+	p := PodInfo{UID: "u", Namespace: "ns", Name: "p", Workloads: []Key{ws}, CreatedMs: now.Add(-30 * time.Minute).UnixMilli(),
+		UnreadySinceMs: now.Add(-2 * time.Minute).UnixMilli()}
+	s.Upsert(src, []PodInfo{p}, true)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.State != PodStarting || !l.Unready || l.UnreadyFor != 2*time.Minute || l.Startup != 0 {
+		t.Fatalf("first listed not ready, unready for 2 minutes: %+v, want Unready for 2m0s and no startup", l)
+	}
+	now = now.Add(time.Minute)
+	p.Ready, p.UnreadySinceMs, p.ReadySinceMs = true, 0, now.UnixMilli()
+	s.Upsert(src, []PodInfo{p}, true)
+	if l := s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods[0]; l.Unready || l.Startup != 0 {
+		t.Fatalf("ready again: %+v, want ready and no startup learned (it was ready before, at a time not told)", l)
+	}
+	// A pod starting says none: it is starting.
+	q := PodInfo{UID: "v", Namespace: "ns", Name: "q", Workloads: []Key{ws}, CreatedMs: now.Add(-time.Minute).UnixMilli()}
+	s.Upsert(src, []PodInfo{p, q}, true)
+	for _, l := range s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods {
+		if l.Name == "q" && (l.State != PodStarting || l.Unready || l.Age != time.Minute) {
+			t.Fatalf("a pod starting: %+v, want starting, aged 1m0s", l)
+		}
+	}
+}

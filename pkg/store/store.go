@@ -54,6 +54,14 @@ type PodInfo struct {
 	// first of each listed); without them, from its first listing not
 	// ready to its first listing ready, as the store sees them.
 	CreatedMs, ReadySinceMs int64
+	// UnreadySinceMs: while it is not Ready, and was since its containers
+	// last started (it served, and lost its readiness), its Ready
+	// condition's lastTransitionTime (Unix ms; 0 when not so, or unknown).
+	// A pod this store never saw ready is taken as one that lost its
+	// readiness then, not as one starting: an aggregator restarted while
+	// a replica failed its probe took it as capacity coming, and its age
+	// as a startup under way.
+	UnreadySinceMs int64
 }
 
 // demandSep joins a demand source's pod uid and the workload of one of its
@@ -799,6 +807,9 @@ func (p *pod) markStart(first bool, now time.Time) {
 			p.startNs = now.UnixNano()
 		}
 	}
+	if !p.Ready && p.readyNs == 0 && p.UnreadySinceMs > 0 {
+		p.readyNs = -1 // ready before, at a time not told
+	}
 	if p.Ready && p.readyNs == 0 {
 		switch {
 		case p.ReadySinceMs > 0:
@@ -823,6 +834,8 @@ func (p *pod) markUnready(now time.Time) {
 		if p.rare != nil {
 			p.rare.unreadyNs = 0
 		}
+	case p.get().unreadyNs == 0 && p.UnreadySinceMs > 0:
+		p.set().unreadyNs = time.UnixMilli(p.UnreadySinceMs).UnixNano()
 	case p.get().unreadyNs == 0:
 		p.set().unreadyNs = now.UnixNano()
 	}

@@ -798,8 +798,17 @@ type Pod struct {
 	// once an agent lists it on its node, cannot see.
 	CreatedUnixMs    int64 `protobuf:"varint,9,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	ReadySinceUnixMs int64 `protobuf:"varint,10,opt,name=ready_since_unix_ms,json=readySinceUnixMs,proto3" json:"ready_since_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// unready_since_unix_ms: while it is not Ready and was Ready since its
+	// containers last started (it served, and lost its readiness: a failed
+	// probe, not a start), its Ready condition's lastTransitionTime (Unix ms,
+	// the node's clock); 0 otherwise. A pod starting has none: its Ready
+	// condition went false before its containers started. The aggregator
+	// plans such a pod as a replica without a fresh sample, not as capacity
+	// coming, and after a restart, which saw it ready never, it has only this
+	// to tell the two apart.
+	UnreadySinceUnixMs int64 `protobuf:"varint,11,opt,name=unready_since_unix_ms,json=unreadySinceUnixMs,proto3" json:"unready_since_unix_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Pod) Reset() {
@@ -898,6 +907,13 @@ func (x *Pod) GetCreatedUnixMs() int64 {
 func (x *Pod) GetReadySinceUnixMs() int64 {
 	if x != nil {
 		return x.ReadySinceUnixMs
+	}
+	return 0
+}
+
+func (x *Pod) GetUnreadySinceUnixMs() int64 {
+	if x != nil {
+		return x.UnreadySinceUnixMs
 	}
 	return 0
 }
@@ -1361,7 +1377,7 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x19.pulse.v1.ProtocolVersionR\x0fprotocolVersion\"J\n" +
 	"\bWorkload\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.pulse.v1.WorkloadKindR\x04kind\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xb2\x02\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xe5\x02\n" +
 	"\x03Pod\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\tR\x03uid\x12\x1c\n" +
@@ -1373,7 +1389,8 @@ const file_proto_pulse_v1_ingest_proto_rawDesc = "" +
 	"\x06demand\x18\b \x01(\bR\x06demand\x12&\n" +
 	"\x0fcreated_unix_ms\x18\t \x01(\x03R\rcreatedUnixMs\x12-\n" +
 	"\x13ready_since_unix_ms\x18\n" +
-	" \x01(\x03R\x10readySinceUnixMs\"^\n" +
+	" \x01(\x03R\x10readySinceUnixMs\x121\n" +
+	"\x15unready_since_unix_ms\x18\v \x01(\x03R\x12unreadySinceUnixMs\"^\n" +
 	"\tCatalogue\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12%\n" +
 	"\x06upsert\x18\x02 \x03(\v2\r.pulse.v1.PodR\x06upsert\x12\x16\n" +
