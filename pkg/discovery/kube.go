@@ -259,13 +259,23 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			break
 		}
 	}
-	// Of its containers, whether each runs and since when (unreadySince).
-	for _, cs := range pod.Status.ContainerStatuses {
+	// Of its containers, what unreadySince reads: whether every one runs,
+	// and the latest start; one status, however many containers (one a
+	// container held a tenant's pod of thousands whole).
+	if len(pod.Status.ContainerStatuses) > 0 {
 		var kept corev1.ContainerStatus
-		if r := cs.State.Running; r != nil {
-			kept.State.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+		kept.State.Running = &corev1.ContainerStateRunning{}
+		for _, cs := range pod.Status.ContainerStatuses {
+			r := cs.State.Running
+			if r == nil || r.StartedAt.IsZero() {
+				kept.State.Running = nil
+				break
+			}
+			if r.StartedAt.After(kept.State.Running.StartedAt.Time) {
+				kept.State.Running.StartedAt = r.StartedAt
+			}
 		}
-		out.Status.ContainerStatuses = append(out.Status.ContainerStatuses, kept)
+		out.Status.ContainerStatuses = []corev1.ContainerStatus{kept}
 	}
 	return out
 }

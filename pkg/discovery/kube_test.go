@@ -442,9 +442,20 @@ func TestTheCacheBoundsAScrapedPod(t *testing.T) {
 		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodConditionType(fmt.Sprint("gate-", i)), Status: corev1.ConditionTrue})
 	}
 	p.OwnerReferences = append(p.OwnerReferences, metav1.OwnerReference{Kind: "ReplicaSet", Name: "llama-abc"})
+	// 5,000 containers running, each a status (the cache kept one a
+	// container); not ready since after the last started.
+	for i := range 5000 {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: fmt.Sprint("c-", i), Image: strings.Repeat("i", 100),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(time.Unix(1_700_000_000+int64(i), 0))}}})
+	}
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == corev1.PodReady {
+			p.Status.Conditions[i].Status, p.Status.Conditions[i].LastTransitionTime = corev1.ConditionFalse, metav1.NewTime(time.Unix(1_700_010_000, 0))
+		}
+	}
 	want, ok, err := TargetOf(p, "node-1", sel)
-	if !ok || err != nil {
-		t.Fatalf("the pod's target: %v, %v", ok, err)
+	if !ok || err != nil || want.UnreadySince.IsZero() {
+		t.Fatalf("the pod's target: %v, %v, unready since %s", ok, err, want.UnreadySince)
 	}
 	s := slim(p, sel)
 	if size := s.Size(); size > 2<<10 {
