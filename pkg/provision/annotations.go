@@ -290,6 +290,14 @@ func (s *Settings) replicas(r *reader) error {
 		return err
 	}
 	s.MinVia, s.MaxVia = r.via(AnnotationMinReplicas), r.via(AnnotationMaxReplicas)
+	if s.MinVia == KaitoMinReplicas && s.MinReplicas < 1 {
+		// keda-kaito-scaler takes a minimum below 1 as 1
+		// (resolveMinReplicas): an InferenceSet moved over unchanged with
+		// min-replicas "0" went to zero replicas under pulse, its GPU
+		// nodes with them, and cold-started at its next request.
+		// pulse.io/min-replicas "0" scales to zero.
+		s.MinReplicas = 1
+	}
 	if s.MaxReplicas < s.MinReplicas {
 		return &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
@@ -419,12 +427,18 @@ type reader struct{ annotations map[string]string }
 const maxAnnotationValue = 256
 
 // get returns the value and the annotation it came from ("" if unset). A
-// value under both names must agree.
+// value under both names must agree. An empty value is unset, under
+// either name, as everywhere else its default applies: pulse's empty
+// annotation (a Helm template rendering nothing) hid keda-kaito-scaler's,
+// and "pulse.io/autoscale: \"\"" beside its auto-provision "true"
+// disabled the workload (its ScaledObject deleted), an empty threshold
+// moved the default metric from the planner to running.
 func (r *reader) get(name string) (string, string, error) {
 	v, ok := r.annotations[name]
 	alias := aliases[name]
 	av, aok := r.annotations[alias]
 	v, av = strings.TrimSpace(v), strings.TrimSpace(av)
+	ok, aok = ok && v != "", aok && av != ""
 	// Bounded before it is read or quoted (in the status, an Event and
 	// the log): every value pulse reads is a name, a number or a duration.
 	// (The cache keeps at most maxAnnotationValue + 1 bytes of a value.)

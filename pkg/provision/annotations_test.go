@@ -320,3 +320,35 @@ func TestTheOperatorsCap(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEmptyAnnotationIsUnset: an empty value is unset everywhere else
+// (its default applies), but pulse's own annotation, empty (a Helm template
+// rendering nothing), hid keda-kaito-scaler's alias and counted as set:
+// "pulse.io/autoscale: \"\"" beside auto-provision "true" disabled the
+// workload (its ScaledObject deleted), and an empty threshold moved the
+// default metric from the planner to running.
+func TestAnEmptyAnnotationIsUnset(t *testing.T) {
+	s, err := Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationThreshold: " "}, time.Minute)
+	if err != nil || s.Parsed.Metric != DefaultMetric {
+		t.Fatalf("an empty threshold: metric %q (%v), want the default %q", s.Parsed.Metric, err, DefaultMetric)
+	}
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "", KaitoAutoProvision: "true", AnnotationMinReplicas: "", KaitoMinReplicas: "2", KaitoMaxReplicas: "4"}, time.Minute)
+	if err != nil || !s.Enabled || s.MinReplicas != 2 {
+		t.Fatalf("pulse's annotations empty beside keda-kaito-scaler's: enabled %v, min %d (%v); want enabled by the alias, min 2", s.Enabled, s.MinReplicas, err)
+	}
+}
+
+// TestKaitosMinReplicasBelowOneIsOne: keda-kaito-scaler takes a minimum
+// below 1 as 1; pulse read its alias from 0, and an InferenceSet moved over
+// unchanged with min-replicas "0" scaled to zero under pulse. pulse's own
+// annotation still scales to zero.
+func TestKaitosMinReplicasBelowOneIsOne(t *testing.T) {
+	s, err := Parse(llama, map[string]string{KaitoAutoProvision: "true", KaitoMinReplicas: "0", KaitoMaxReplicas: "3"}, time.Minute)
+	if err != nil || s.MinReplicas != 1 {
+		t.Fatalf("keda-kaito-scaler's min-replicas 0: min %d (%v), want 1 as keda-kaito-scaler takes it", s.MinReplicas, err)
+	}
+	s, err = Parse(llama, map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "0", AnnotationMaxReplicas: "3"}, time.Minute)
+	if err != nil || s.MinReplicas != 0 {
+		t.Fatalf("pulse.io/min-replicas 0: min %d (%v), want 0", s.MinReplicas, err)
+	}
+}
