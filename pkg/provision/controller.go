@@ -741,7 +741,7 @@ func (r *run) differs(k key, existing, desired *unstructured.Unstructured) bool 
 		return true
 	}
 	return !r.keptAsWritten(k, existing, desired) || !Managed(existing) ||
-		!OwnedBy(existing, desired.GetOwnerReferences()[0].UID)
+		!ownedAs(existing, desired.GetOwnerReferences()[0])
 }
 
 // keptAsWritten reports whether existing's spec is desired's, or what the

@@ -179,6 +179,16 @@ func OwnedBy(so metav1.Object, uid types.UID) bool {
 	return ref != nil && ref.UID == uid
 }
 
+// ownedAs says whether so's controller is want: its uid, and its
+// apiVersion, kind and name, so that a reference to a version the cluster
+// no longer serves is brought up to date (the garbage collector cannot
+// resolve an owner at a retired version, and never deleted the
+// ScaledObject of a workload deleted after such an upgrade).
+func ownedAs(so metav1.Object, want metav1.OwnerReference) bool {
+	ref := metav1.GetControllerOf(so)
+	return ref != nil && ref.UID == want.UID && ref.APIVersion == want.APIVersion && ref.Kind == want.Kind && ref.Name == want.Name
+}
+
 // Apply returns existing with desired's spec, pulse's label and owner (the
 // workload as controller, the owners others added kept), and
 // everything else of existing (other labels, annotations, finalizers, the
@@ -200,7 +210,7 @@ func Apply(existing, desired *unstructured.Unstructured) (*unstructured.Unstruct
 		out.SetLabels(labels)
 		changed = true
 	}
-	if want := desired.GetOwnerReferences(); !OwnedBy(existing, want[0].UID) {
+	if want := desired.GetOwnerReferences(); !ownedAs(existing, want[0]) {
 		// The workload as controller; the owners others added (not
 		// controllers: one object has one) kept.
 		refs := slices.DeleteFunc(slices.Clone(existing.GetOwnerReferences()), func(r metav1.OwnerReference) bool {

@@ -134,6 +134,27 @@ func TestAdoptionKeepsOtherOwners(t *testing.T) {
 	}
 }
 
+// TestAnOwnerAtARetiredVersionIsBroughtUpToDate: the owner reference was
+// compared by uid alone, so one written at a version the cluster later
+// stopped serving (an InferenceSet's v1alpha1, after an upgrade to v1beta1)
+// stood: the garbage collector cannot resolve an owner at a retired
+// version, and the ScaledObject, and KEDA's HPA, outlived the workload.
+func TestAnOwnerAtARetiredVersionIsBroughtUpToDate(t *testing.T) {
+	s, _ := Parse(llama, map[string]string{AnnotationAutoscale: "true"}, time.Minute)
+	desired := Desired(Owner{APIVersion: "kaito.sh/v1beta1", Kind: "InferenceSet", Namespace: "demo", Name: "llama", UID: "u"}, s, Target{})
+	old := desired.DeepCopy()
+	refs := old.GetOwnerReferences()
+	refs[0].APIVersion = "kaito.sh/v1alpha1"
+	old.SetOwnerReferences(refs)
+	out, changed := Apply(old, desired)
+	if got := out.GetOwnerReferences(); !changed || len(got) != 1 || got[0].APIVersion != "kaito.sh/v1beta1" || !OwnedBy(out, "u") {
+		t.Fatalf("owner at a retired version: changed %v, owners %+v; want it at kaito.sh/v1beta1", changed, got)
+	}
+	if _, changed := Apply(out, desired); changed {
+		t.Fatal("brought up to date, and still taken for a change")
+	}
+}
+
 // TestNamesKEDATakes: KEDA's webhook refuses a ScaledObject named past 63
 // characters, or whose HPA's name (keda-hpa-<name>) is: pulse names the
 // HPA itself past 54 (the name cut, and a hash of it whole), and refuses a
