@@ -52,6 +52,12 @@ const UpstreamKey = "pulse-upstream"
 // agent's hello waits for its welcome.
 const DefaultStreamWait = 3 * time.Second
 
+// DefaultAgentSendWait is Config.AgentSendWait's default: an agent reads
+// every message the replica sends (a welcome, an ack a batch, a few bytes
+// each) at once, so one that has left them unread for this long has
+// stopped reading.
+const DefaultAgentSendWait = 30 * time.Second
+
 // reportMethod is the one method a relay forwards.
 const reportMethod = "/pulse.v1.Ingest/Report"
 
@@ -72,6 +78,9 @@ type Config struct {
 	// StreamWait: how long a stream may wait for a replica to let it open
 	// on a connection (DefaultStreamWait); past it the connection is full.
 	StreamWait time.Duration
+	// AgentSendWait: how long a message of the replica's may wait for the
+	// agent to take it (DefaultAgentSendWait); past it the stream ends.
+	AgentSendWait time.Duration
 	// Transport dials a replica whose address was resolved from name (the
 	// name its certificate must carry).
 	Transport func(name string) credentials.TransportCredentials
@@ -109,7 +118,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -118,6 +127,9 @@ func New(cfg Config) *Relay {
 	}
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.AgentSendWait <= 0 {
+		cfg.AgentSendWait = DefaultAgentSendWait
 	}
 	if cfg.StreamWait <= 0 {
 		cfg.StreamWait = DefaultStreamWait
@@ -477,22 +489,52 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 			toAgg.Inc()
 		}
 	}()
-	for first := true; ; first = false {
-		var f Frame
-		if err := up.RecvMsg(&f); err != nil {
-			ss.SetTrailer(up.Trailer())
-			if errors.Is(err, io.EOF) {
-				return nil
+	// The replica's messages, forwarded to the agent on a goroutine of
+	// their own: a send the agent does not take (it stopped reading, its
+	// window full) blocks until the stream ends, which, while this
+	// handler waited in it, was never: a replica's stream that had ended
+	// (its slot freed at the aggregator) kept the relay's goroutine, its
+	// queued messages and its place on the shared upstream connection for
+	// as long as the agent kept its connection open. Past AgentSendWait
+	// the stream ends.
+	stuck := make(chan struct{})
+	wait := time.AfterFunc(r.cfg.AgentSendWait, func() { close(stuck) })
+	wait.Stop()
+	errc := make(chan error, 1)
+	go func() {
+		for first := true; ; first = false {
+			var f Frame
+			if err := up.RecvMsg(&f); err != nil {
+				ss.SetTrailer(up.Trailer())
+				if errors.Is(err, io.EOF) {
+					errc <- nil
+				} else {
+					errc <- upstreamError(ctx, addr, err)
+				}
+				return
 			}
-			return upstreamError(ctx, addr, err)
+			wait.Reset(r.cfg.AgentSendWait)
+			err := ss.SendMsg(&f)
+			if !wait.Stop() {
+				return // it waited past AgentSendWait: the handler ended the stream
+			}
+			if err != nil {
+				errc <- err
+				return
+			}
+			if first {
+				close(answered)
+			}
+			toAgent.Inc()
 		}
-		if err := ss.SendMsg(&f); err != nil {
-			return err
-		}
-		if first {
-			close(answered)
-		}
-		toAgent.Inc()
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-stuck:
+		cancel()
+		r.m.refused.WithLabelValues("agent_not_reading").Inc()
+		return status.Errorf(codes.DeadlineExceeded, "relay: the agent took none of the aggregator's messages for %s: the stream ends (reconnect)", r.cfg.AgentSendWait)
 	}
 }
 

@@ -327,6 +327,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP pulse_relay_refused_streams_total Agent streams refused, by reason.
 # TYPE pulse_relay_refused_streams_total counter
+pulse_relay_refused_streams_total{reason="agent_not_reading"} 0
 pulse_relay_refused_streams_total{reason="closing"} 0
 pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
@@ -617,5 +618,101 @@ func TestTheAgentsOwnFailureIsItsStatus(t *testing.T) {
 	_, err := s.Recv()
 	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "larger than max") {
 		t.Fatalf("Recv after a message past the bound: %v; want ResourceExhausted, larger than max", err)
+	}
+}
+
+// flooder is a replica that, at an agent's first batch, sends six
+// messages of 60 KiB and ends its stream.
+type flooder struct {
+	pulsev1.UnimplementedIngestServer
+	ended chan struct{}
+}
+
+func (f *flooder) Report(s pulsev1.Ingest_ReportServer) error {
+	defer close(f.ended)
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		if m.GetHello() != nil {
+			if err := s.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{}}}); err != nil {
+				return err
+			}
+			continue
+		}
+		for range 6 {
+			big := &pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: strings.Repeat("x", 60<<10)}}}
+			if err := s.Send(big); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// TestAnAgentThatStopsReadingEndsItsStream: the relay sent the replica's
+// messages to the agent with a send that, once the agent stopped reading
+// (its window full), waited until the stream ended, which, with the
+// relay's handler waiting in it, was never: the replica's stream ended
+// (its slot freed at the aggregator) and the relay kept the stream, its
+// goroutine, its queued messages and its place on the shared upstream
+// connection for as long as the agent's connection stayed open. Past
+// AgentSendWait the stream ends.
+func TestAnAgentThatStopsReadingEndsItsStream(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &flooder{ended: make(chan struct{})}
+	srv := grpc.NewServer()
+	pulsev1.RegisterIngestServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	reg := prometheus.NewRegistry()
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(ln.Addr().String())}, Resolver: d, Registerer: reg, AgentSendWait: 300 * time.Millisecond})
+	// The agent's window fixed at 64 KiB (no growth from reading): it
+	// reads the welcome, sends a batch, and reads nothing more.
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := pulsev1.NewIngestClient(conn).Report(metadata.AppendToOutgoingContext(context.Background(), UpstreamKey, ln.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatalf("welcome: %v", err)
+	}
+	if err := s.Send(batch(1)); err != nil {
+		t.Fatal(err)
+	}
+	<-f.ended
+	eventually(t, "the relay's stream ended, and its place on the upstream connection given back", func() error {
+		if n := testutil.ToFloat64(r.m.streams); n != 0 {
+			return fmt.Errorf("%v streams forwarded", n)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, u := range r.upstreams {
+			u.mu.Lock()
+			held := 0
+			for _, c := range u.conns {
+				held += c.streams
+			}
+			u.mu.Unlock()
+			if held != 0 {
+				return fmt.Errorf("%d streams held on the upstream connections", held)
+			}
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(r.m.refused.WithLabelValues("agent_not_reading")); n != 1 {
+		t.Fatalf("agent_not_reading %v, want 1", n)
 	}
 }
