@@ -773,3 +773,36 @@ func TestTheReplicasSpreadOverNodes(t *testing.T) {
 		t.Fatalf("%d Deployments spread over nodes; want the aggregator's and the relay's", spread)
 	}
 }
+
+// TestTheDebugReaderGrantsPulsesPagesAlone: a non-resource URL rule holds in
+// every server that checks the cluster's RBAC, and the chart's
+// <release>-debug-reader granted "/debug/*": whoever was bound to it to
+// read pulse's pages could read the API server's /debug/pprof and its
+// request dumps (other tenants' requests) too. It names pulse's pages.
+func TestTheDebugReaderGrantsPulsesPagesAlone(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "debug.localhostOnly=false")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	pages := map[string]bool{"/debug/workloads": true, "/debug/workloads/*": true, "/debug/triggers": true, "/debug/triggers/*": true,
+		"/debug/provisioning": true, "/debug/provisioning/*": true}
+	found := false
+	for _, doc := range strings.Split(out, "\n---\n") {
+		if !strings.Contains(doc, "kind: ClusterRole\n") || !strings.Contains(doc, "name: pulse-aggregator-debug-reader\n") {
+			continue
+		}
+		found = true
+		m := regexp.MustCompile(`nonResourceURLs: \[([^\]]*)\]`).FindStringSubmatch(doc)
+		if m == nil {
+			t.Fatalf("no nonResourceURLs in the debug reader:\n%s", doc)
+		}
+		for _, u := range strings.Split(m[1], ",") {
+			if u = strings.Trim(strings.TrimSpace(u), `"`); !pages[u] {
+				t.Errorf("the debug reader grants %q, which is not one of pulse's pages", u)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no ClusterRole pulse-aggregator-debug-reader rendered")
+	}
+}
