@@ -72,10 +72,10 @@ const (
 type metricsAuthorizer struct {
 	kube    kubernetes.Interface
 	log     *slog.Logger
-	allowed *expirable.LRU[[sha256.Size]byte, time.Time] // a token allowed: until when
+	allowed *expirable.LRU[[sha256.Size]byte, allowance] // a token allowed: until when, and its user
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
 	limit   [2]*rate.Limiter                             // reviews of tokens not known, by class (metricsClass)
-	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews
+	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews (each user's, once allowed)
 	renew   [2]*rate.Limiter                             // reviews of tokens allowed before, their answer old
 	flight  singleflight.Group
 	warnMu  sync.Mutex
@@ -85,7 +85,7 @@ type metricsAuthorizer struct {
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
 	tokens, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache) // errs only on a size of 0
 	return &metricsAuthorizer{kube: kube, log: log,
-		allowed: expirable.NewLRU[[sha256.Size]byte, time.Time](metricsAuthCache, nil, 2*metricsAuthTTL),
+		allowed: expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
 		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
 		limit:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
 		tokens:  tokens,
@@ -153,7 +153,8 @@ func (m *metricsAuthorizer) warn(err error) {
 func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allowed, authenticated bool, err error) {
 	key := answerKey(path, token)
 	now := time.Now()
-	until, known := m.allowed.Get(key)
+	a, known := m.allowed.Get(key)
+	until := a.until
 	if known && now.Before(until) {
 		return true, true, nil
 	}
@@ -168,7 +169,15 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	if known {
 		limit = m.renew[metricsClass(path)]
 	}
-	if !m.tokenAllows(token) || !limit.Allow() {
+	// Each token's reviews have a rate of their own; those of a token
+	// allowed before, its user's: a tenant minting tokens of its own
+	// account (each a fresh rate) took the reviews again of every token
+	// allowed before, the operator's among them.
+	rateOf := "token\x00" + token
+	if known {
+		rateOf = "user\x00" + a.user
+	}
+	if !m.tokenAllows(rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
 		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
@@ -186,14 +195,22 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	if err != nil {
 		return false, false, err
 	}
-	a := v.(answer)
-	return a.allowed, a.authenticated, nil
+	ans := v.(answer)
+	return ans.allowed, ans.authenticated, nil
 }
 
-// tokenAllows takes one of token's own reviews, if its rate has one.
-func (m *metricsAuthorizer) tokenAllows(token string) bool {
+// allowance is a token's answer allowed: until when, and the user the
+// token is (its reviews again are within that user's rate).
+type allowance struct {
+	until time.Time
+	user  string
+}
+
+// tokenAllows takes one of the reviews of who (a token, or a user), if
+// its rate has one.
+func (m *metricsAuthorizer) tokenAllows(who string) bool {
 	l := rate.NewLimiter(metricsTokenRate, metricsTokenBurst)
-	if prev, ok, _ := m.tokens.PeekOrAdd(sha256.Sum256([]byte(token)), l); ok {
+	if prev, ok, _ := m.tokens.PeekOrAdd(sha256.Sum256([]byte(who)), l); ok {
 		l = prev // one limiter a token, whatever its requests at once
 	}
 	return l.Allow()
@@ -240,6 +257,6 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(until) {
 		until = exp
 	}
-	m.allowed.Add(key, until)
+	m.allowed.Add(key, allowance{until: until, user: u.Username})
 	return answer{authenticated: true, allowed: true}, nil
 }

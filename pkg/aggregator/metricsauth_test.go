@@ -44,7 +44,11 @@ func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
 		if tr.Spec.Token == "flaky" && failed.CompareAndSwap(false, true) {
 			return true, nil, errors.New("the server is currently unable to handle the request")
 		}
-		if u, ok := users[tr.Spec.Token]; ok {
+		u, ok := users[tr.Spec.Token]
+		if strings.HasPrefix(tr.Spec.Token, "minted-") {
+			u, ok = tenantReader, true
+		}
+		if ok {
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: u, Groups: []string{"system:serviceaccounts"}}}
 		}
 		return true, tr, nil
@@ -58,6 +62,8 @@ func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
 			sar.Status.Allowed = na.Path == "/metrics"
 		case sar.Spec.User == debugUser:
 			sar.Status.Allowed = strings.HasPrefix(na.Path, "/debug/")
+		case sar.Spec.User == tenantReader:
+			sar.Status.Allowed = strings.HasPrefix(na.Path, "/debug/workloads/team-a")
 		}
 		return true, sar, nil
 	})
@@ -189,7 +195,7 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	}
 	// Its answer a minute old: kept while no review can be made.
 	key := answerKey("/metrics", "prometheus")
-	m.allowed.Add(key, time.Now().Add(-time.Second))
+	m.allowed.Add(key, allowance{until: time.Now().Add(-time.Second), user: promUser})
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus, its answer just past a minute, the rate taken: %v %v", ok, err)
 	}
@@ -199,14 +205,14 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	// Its answer past the two minutes, the flood still on: reviewed again
 	// within a rate of its own (it shared the made-up tokens' once, and
 	// was locked out).
-	m.allowed.Add(key, time.Now().Add(-3*time.Minute))
+	m.allowed.Add(key, allowance{until: time.Now().Add(-3 * time.Minute), user: promUser})
 	before := reviews.Load()
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil || reviews.Load() != before+1 {
 		t.Fatalf("prometheus, its answer three minutes old, the rate of tokens not known taken: %v %v (%d reviews)", ok, err, reviews.Load()-before)
 	}
 	// Never past the token's own expiry.
 	expired := testJWT(time.Now().Add(-time.Second))
-	m.allowed.Add(answerKey("/metrics", expired), time.Now().Add(-time.Second))
+	m.allowed.Add(answerKey("/metrics", expired), allowance{until: time.Now().Add(-time.Second), user: "expired"})
 	if ok, _, _ := m.allow(ctx, "/metrics", expired); ok {
 		t.Fatal("an expired token allowed from its old answer")
 	}
@@ -227,7 +233,7 @@ func TestDebugPagesDoNotLockPrometheusOut(t *testing.T) {
 			busy++
 		}
 		// Allowed before, its answer old: reviewed again.
-		m.allowed.Add(answerKey(path, "debugger"), time.Now().Add(-3*time.Minute))
+		m.allowed.Add(answerKey(path, "debugger"), allowance{until: time.Now().Add(-3 * time.Minute), user: debugUser})
 		if _, _, err := m.allow(ctx, path, "debugger"); errors.Is(err, errReviewsBusy) {
 			busy++
 		}
@@ -236,7 +242,7 @@ func TestDebugPagesDoNotLockPrometheusOut(t *testing.T) {
 		t.Fatal("a thousand debug pages, twice: no review refused as busy; the test's flood took no rate")
 	}
 	// Prometheus's answer past the two minutes: reviewed again.
-	m.allowed.Add(answerKey("/metrics", "prometheus"), time.Now().Add(-3*time.Minute))
+	m.allowed.Add(answerKey("/metrics", "prometheus"), allowance{until: time.Now().Add(-3 * time.Minute), user: promUser})
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus after the debug pages' flood: %v %v, want reviewed and allowed", ok, err)
 	}
@@ -355,5 +361,33 @@ func TestPathsAndTokensNoObjectHasAreNotReviewed(t *testing.T) {
 	}
 	if reviews.Load() == 0 {
 		t.Fatal("no review for paths an object can have")
+	}
+}
+
+// tenantReader is a tenant's account, granted its own namespace's debug
+// pages (tokens "minted-N" are its).
+const tenantReader = "system:serviceaccount:team-a:reader"
+
+// TestTokensMintedByOneUserShareItsReviews: each token's reviews had a rate
+// of their own, and a tenant may mint as many tokens of its own account as
+// it likes (kubectl create token), each a fresh rate: nine of them over
+// their own namespace's pages took the reviews again of every token
+// allowed before, and the operator's, its answer old, was refused 503. A
+// token allowed before is reviewed again within its user's rate.
+func TestTokensMintedByOneUserShareItsReviews(t *testing.T) {
+	reviews := new(atomic.Int64)
+	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	old := time.Now().Add(-metricsAuthTTL - time.Second) // past the minute an old answer is kept
+	m.allowed.Add(answerKey("/debug/triggers", "debugger"), allowance{until: old, user: debugUser})
+	for tok := range 9 {
+		for p := range 10 {
+			path, token := fmt.Sprintf("/debug/workloads/team-a/x%d", p), fmt.Sprintf("minted-%d", tok)
+			m.allowed.Add(answerKey(path, token), allowance{until: old, user: tenantReader})
+			_, _, _ = m.allow(ctx, path, token)
+		}
+	}
+	if ok, _, err := m.allow(ctx, "/debug/triggers", "debugger"); !ok || err != nil {
+		t.Fatalf("the operator's page after a tenant's nine tokens: %v %v, want reviewed and allowed", ok, err)
 	}
 }
