@@ -1253,7 +1253,12 @@ func (p *Plan) unplannable(fresh int, d store.DemandValue) error {
 		return fmt.Errorf("%w: no ready pod reported within staleAfter (%d ready pods without a value, %d starting)", ErrStale, p.Missing, p.Starting)
 	case p.Ready == 0:
 		// Replicas starting or stopping alone: the routers' demand is
-		// the whole of it, as with none listed (noReplica).
+		// the whole of it, as with none listed (noReplica), refused as
+		// there when it is past belief (it was taken as none, and the
+		// replicas starting were planned away: 0).
+		if why := implausibleDemand(d); why != "" {
+			return fmt.Errorf("%w: no replica ready (%d starting), and %s", ErrRefused, p.Starting, why)
+		}
 		return silentRouters(d)
 	}
 	return nil

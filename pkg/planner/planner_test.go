@@ -1349,6 +1349,12 @@ func TestImplausibleDemandIsRefused(t *testing.T) {
 		if _, _, err := Make(Input{At: t0, Demand: d}, st, cfg); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "the routers' demand") {
 			t.Fatalf("demand %+v with no replica: error %v, want ErrRefused naming the demand", d, err)
 		}
+		// With a replica starting and none ready, the same: the demand
+		// was taken as none and the replica starting planned away (0).
+		starting := Input{At: t0, Found: true, Pods: []store.PodLoad{{Name: "b", State: store.PodStarting, Age: 20 * time.Second}}, Demand: d}
+		if p, _, err := Make(starting, st, cfg); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "the routers' demand") {
+			t.Fatalf("demand %+v with a replica starting, none ready: plan %d (%s), error %v; want ErrRefused naming the demand", d, p.Replicas, p.Reason, err)
+		}
 	}
 	// Believable demand still counts: 5 requests held, with no replica.
 	p, _, err := Make(Input{At: t0, Demand: store.DemandValue{Sources: 1, Held: 5}}, st, cfg)
