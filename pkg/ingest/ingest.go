@@ -379,7 +379,8 @@ type streamState struct {
 	held map[uint32]*metric.Histograms
 }
 
-// hold keeps the histograms of s, a sample decoded and not stored.
+// hold keeps the histograms of s, a sample decoded and not stored (the
+// decoder's, not reused), over those held for its pod before.
 func (st *streamState) hold(s *wire.Sample) {
 	if s.Hist == nil {
 		return
@@ -387,34 +388,15 @@ func (st *streamState) hold(s *wire.Sample) {
 	if st.held == nil {
 		st.held = map[uint32]*metric.Histograms{}
 	}
-	h := st.held[s.Pod]
-	if h == nil {
-		h = new(metric.Histograms)
-		st.held[s.Pod] = h
-	}
-	for i := range s.Hist {
-		if s.Hist[i].Present() {
-			h[i] = s.Hist[i]
-		}
-	}
+	st.held[s.Pod] = metric.Complete(s.Hist, st.held[s.Pod])
 }
 
 // unhold completes r, the next sample of pod id stored, with the
 // histograms held for it that r lacks (unchanged since, so not resent).
 func (st *streamState) unhold(r *store.Report, id uint32) {
-	h, ok := st.held[id]
-	if !ok {
-		return
-	}
-	delete(st.held, id)
-	if r.Hist == nil {
-		r.Hist = h
-		return
-	}
-	for i := range h {
-		if !r.Hist[i].Present() {
-			r.Hist[i] = h[i]
-		}
+	if h, ok := st.held[id]; ok {
+		delete(st.held, id)
+		r.Hist = metric.Complete(r.Hist, h)
 	}
 }
 
@@ -998,44 +980,9 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 	reports := bufs.reports[:0]
 	nowMs := time.Now().UnixMilli()
 	for i := range samples {
-		s := &samples[i]
-		uid, ok := st.ids[s.Pod]
-		switch {
-		case !ok && st.rejected[s.Pod]:
-			st.hold(s)
-			continue // its entry's refusal was counted, and logged, once
-		case !ok:
-			st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
-			continue
-		}
-		if _, waits := st.pending[s.Pod]; waits {
-			st.srv.m.rejected.WithLabelValues("store_full").Inc()
-			st.hold(s)
-			continue
-		}
-		r := store.Report{UID: uid}
-		r.TimeMs = b.TimeUnixMs + int64(s.OffsetMs)
-		if r.TimeMs < 0 || r.TimeMs-nowMs > maxClockAhead.Milliseconds() {
-			// A time no clock of the cluster gives (the agent's, or a
-			// lie): the store keeps each pod's series in time order, and
-			// one sample years ahead held every later one out; one before
-			// 1970 (or past an int64) overflowed the series' time deltas.
-			// (A time behind is a clock stepped back: the store starts the
-			// pod's series again.)
-			st.srv.m.rejected.WithLabelValues("bad_time").Inc()
-			st.warnBadTime(r.TimeMs, nowMs)
-			st.hold(s)
-			continue
-		}
-		if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
-			r.Missing, r.Error = wire.ReasonName(s.Missing), wire.CleanText(s.Error, maxErrorBytes)
-			st.srv.m.missing.Inc()
+		if r, ok := st.report(&samples[i], b.TimeUnixMs, nowMs); ok {
 			reports = append(reports, r)
-			continue
 		}
-		st.values(&r, s)
-		st.srv.m.ok.Inc()
-		reports = append(reports, r)
 	}
 	bufs.reports = reports
 	dropped, err := st.srv.store.AddStream(st.hello.Node, st.stream, reports)
@@ -1052,4 +999,45 @@ func (st *streamState) batch(b *pulsev1.SampleBatch) error {
 		st.srv.store.MarkHeard(st.hello.Node)
 	}
 	return nil
+}
+
+// report is what the store is given of s, a sample of the batch sent at
+// batchMs; false when it is refused (counted; its histograms held, hold).
+func (st *streamState) report(s *wire.Sample, batchMs, nowMs int64) (store.Report, bool) {
+	uid, ok := st.ids[s.Pod]
+	switch {
+	case !ok && st.rejected[s.Pod]:
+		st.hold(s)
+		return store.Report{}, false // its entry's refusal was counted, and logged, once
+	case !ok:
+		st.srv.m.rejected.WithLabelValues("unknown_pod").Inc()
+		return store.Report{}, false
+	}
+	if _, waits := st.pending[s.Pod]; waits {
+		st.srv.m.rejected.WithLabelValues("store_full").Inc()
+		st.hold(s)
+		return store.Report{}, false
+	}
+	r := store.Report{UID: uid}
+	r.TimeMs = batchMs + int64(s.OffsetMs)
+	if r.TimeMs < 0 || r.TimeMs-nowMs > maxClockAhead.Milliseconds() {
+		// A time no clock of the cluster gives (the agent's, or a
+		// lie): the store keeps each pod's series in time order, and
+		// one sample years ahead held every later one out; one before
+		// 1970 (or past an int64) overflowed the series' time deltas.
+		// (A time behind is a clock stepped back: the store starts the
+		// pod's series again.)
+		st.srv.m.rejected.WithLabelValues("bad_time").Inc()
+		st.warnBadTime(r.TimeMs, nowMs)
+		st.hold(s)
+		return store.Report{}, false
+	}
+	if s.Missing != pulsev1.MissingReason_MISSING_REASON_UNSPECIFIED {
+		r.Missing, r.Error = wire.ReasonName(s.Missing), wire.CleanText(s.Error, maxErrorBytes)
+		st.srv.m.missing.Inc()
+		return r, true
+	}
+	st.values(&r, s)
+	st.srv.m.ok.Inc()
+	return r, true
 }

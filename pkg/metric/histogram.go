@@ -58,6 +58,24 @@ func (b *Buckets) Total() float64 {
 // share bounds.
 type Histograms [NumHists]Buckets
 
+// Complete returns cur with each histogram it lacks taken from prev: cur
+// itself, filled in (prev when cur is nil). An agent sends a histogram
+// only when it changed, so a sample's absent ones are its last ones.
+func Complete(cur, prev *Histograms) *Histograms {
+	if cur == nil {
+		return prev
+	}
+	if prev == nil {
+		return cur
+	}
+	for h := range cur {
+		if !cur[h].Present() {
+			cur[h] = prev[h]
+		}
+	}
+	return cur
+}
+
 // Any reports whether any histogram is present.
 func (h *Histograms) Any() bool {
 	if h == nil {

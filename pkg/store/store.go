@@ -749,21 +749,7 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 			p.sources = append(p.sources, src.Node)
 		}
 		s.list(src.Node, src.Stream, p)
-		if p.instance != "" && p.instance != src.Instance {
-			// Another agent process: its cumulative values do not continue
-			// the series, which starts again at its first sample. Rebased
-			// alone (no increase counted across the change), a rate still
-			// divided by the time across it: 50 tokens/s read 10/s for a
-			// window after an agent down 8 s, and 0 past a window. Until
-			// its first sample the pod has none (not fresh with no data: a
-			// router read as holding nothing, a replica as no work).
-			p.restart()
-			p.lastSeen = time.Time{}
-			if p.rare != nil {
-				p.rare.heldHist = nil // the old process's
-			}
-		}
-		p.instance = src.Instance
+		p.fromInstance(src.Instance)
 		if len(src.ExtraNames) > 0 || p.rare != nil {
 			rr := p.set()
 			if !slices.Equal(rr.extraNames, src.ExtraNames) {
@@ -1037,7 +1023,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 		p.unholdHist(&smp)
 		p.mono.AdjustSample(&smp)
 		if carried != nil {
-			smp.Hist = carryHist(smp.Hist, carried)
+			smp.Hist = metric.Complete(smp.Hist, carried)
 		}
 		p.series.add(smp)
 		if r.Extra != nil || p.get().extras != nil {
@@ -1072,34 +1058,35 @@ func (p *pod) holdHist(h *metric.Histograms, node string) {
 	if !h.Any() || len(p.sources) != 1 || p.sources[0] != node {
 		return
 	}
-	rr := p.set()
-	if rr.heldHist == nil {
-		rr.heldHist = new(metric.Histograms)
-	}
-	for i := range h {
-		if h[i].Present() {
-			rr.heldHist[i] = h[i]
-		}
-	}
+	c := *h // the reporter's copy is left as it was
+	p.set().heldHist = metric.Complete(&c, p.rare.heldHist)
 }
 
 // unholdHist completes smp, the pod's next sample taken, with the
 // histograms held for it (holdHist) that it lacks.
 func (p *pod) unholdHist(smp *metric.Sample) {
-	rr := p.rare
-	if rr == nil || rr.heldHist == nil {
-		return
+	if rr := p.rare; rr != nil && rr.heldHist != nil {
+		smp.Hist = metric.Complete(smp.Hist, rr.heldHist)
+		rr.heldHist = nil
 	}
-	h := *rr.heldHist
-	rr.heldHist = nil
-	if smp.Hist != nil {
-		for i := range smp.Hist {
-			if smp.Hist[i].Present() {
-				h[i] = smp.Hist[i]
-			}
+}
+
+// fromInstance records that the agent process instance lists p. Another
+// process than the one before: its cumulative values do not continue the
+// series, which starts again at its first sample. Rebased alone (no
+// increase counted across the change), a rate still divided by the time
+// across it: 50 tokens/s read 10/s for a window after an agent down 8 s,
+// and 0 past a window. Until its first sample the pod has none (not fresh
+// with no data: a router read as holding nothing, a replica as no work).
+func (p *pod) fromInstance(instance string) {
+	if p.instance != "" && p.instance != instance {
+		p.restart()
+		p.lastSeen = time.Time{}
+		if p.rare != nil {
+			p.rare.heldHist = nil // the old process's
 		}
 	}
-	smp.Hist = &h
+	p.instance = instance
 }
 
 // stepBack is how far behind a pod's last sample a sample may be and still
@@ -1115,20 +1102,6 @@ func (p *pod) restart() {
 	if rr := p.rare; rr != nil {
 		rr.extras, rr.capCutMs = nil, 0
 	}
-}
-
-// carryHist completes a sample's histograms with the previous sample's
-// for those it lacks (unchanged, so not resent).
-func carryHist(cur, prev *metric.Histograms) *metric.Histograms {
-	if cur == nil {
-		return prev
-	}
-	for h := range cur {
-		if !cur[h].Present() {
-			cur[h] = prev[h]
-		}
-	}
-	return cur
 }
 
 // trim drops samples older than the retention (keeping one before it, so a
