@@ -26,7 +26,8 @@ type Config struct {
 	// TTFT is the time-to-first-token SLO.
 	TTFT time.Duration
 	// ITL, when above 0, is an inter-token latency SLO: a replica whose
-	// mean time between tokens exceeds it is past its capacity too.
+	// mean time between tokens exceeds it is past its capacity too, once a
+	// replica of the workload has met it within itlMemory (State.ITLMetAt).
 	ITL time.Duration
 	// Percentile, when in (0, 1), makes the TTFT SLO a percentile's (0.9:
 	// 90 % of first tokens within TTFT), read of each replica's TTFT
@@ -123,6 +124,13 @@ const (
 	// work: the drain asks at most 1/drainFloor times the replicas the work
 	// alone needs.
 	drainFloor = 0.5
+	// itlMemory: an ITL past its SLO is a break only where a replica of
+	// the workload met that SLO within this long (State.ITLMetAt). A
+	// time between tokens is the model's step at its batch: more
+	// replicas shorten it down to the step of a batch of one, never
+	// below. An SLO below that floor counted every window a break, and
+	// the plan ran to the maximum for an SLO no count meets.
+	itlMemory = 30 * time.Minute
 )
 
 // Bounds of what is believed of one replica's window. A page that says
@@ -202,6 +210,12 @@ type State struct {
 	healthyAt         time.Time // HealthyMax's last fade
 	lastProbe         time.Time
 	healthySince      time.Time // every replica healthy and loaded since
+	// ITLMetAt: the latest observation where a replica's mean time
+	// between tokens met the ITL SLO (with minEvidence first tokens in
+	// its window); ITLLeast the least such mean seen (seconds; 0 none).
+	// An ITL past the SLO is a break only within itlMemory of ITLMetAt.
+	ITLMetAt time.Time
+	ITLLeast float64
 	// startingFor: the longest a replica now starting has been starting
 	// (this snapshot's): the lead time is at least that.
 	startingFor time.Duration
@@ -386,7 +400,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		st.lastObserve = in.At
 		st.learnCapacity(fresh, in.At, cfg)
 	}
-	p.Rule = rule(fresh, cfg)
+	p.Rule = rule(fresh, &st, in.At, cfg)
 	arrived := p.need(fresh, in, &st, cfg, observe)
 	if math.IsNaN(p.Need) || math.IsInf(p.Need, 0) {
 		// Every value is bounded, so this is a defect; no plan is better
@@ -913,6 +927,8 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	for _, l := range fresh {
 		span = max(span, l.Span)
 	}
+	st.learnITL(fresh, now, cfg)
+	itl := st.itlJudges(now, cfg)
 	for _, l := range fresh {
 		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		if !l.Tokens || w < minServed {
@@ -926,7 +942,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 			healthyAll = false
 			continue
 		}
-		broke, healthy := health(l, cfg)
+		broke, healthy := health(l, cfg, itl)
 		if healthy {
 			st.HealthyMax = max(st.HealthyMax, proof(w, n))
 		}
@@ -976,6 +992,31 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 }
 
+// learnITL notes when a fresh replica's window (of minEvidence first
+// tokens at least) met the ITL SLO, and the least mean ITL seen.
+func (st *State) learnITL(fresh []*store.PodLoad, now time.Time, cfg Config) {
+	if cfg.ITL <= 0 {
+		return
+	}
+	for _, l := range fresh {
+		if !l.ITLOK || l.FirstTokens*l.Span.Seconds() < minEvidence {
+			continue
+		}
+		if st.ITLLeast == 0 || l.ITL < st.ITLLeast {
+			st.ITLLeast = l.ITL
+		}
+		if l.ITL <= cfg.ITL.Seconds() {
+			st.ITLMetAt = now
+		}
+	}
+}
+
+// itlJudges says whether an ITL past its SLO is a break now: a replica
+// met the SLO within itlMemory.
+func (st *State) itlJudges(now time.Time, cfg Config) bool {
+	return cfg.ITL > 0 && !st.ITLMetAt.IsZero() && now.Sub(st.ITLMetAt) <= itlMemory
+}
+
 // proof is what a healthy window of work w a second, n first tokens in it,
 // proves a replica sustains: w less one standard error of a window's work.
 // Requests arriving at random with sizes of a coefficient of variation of
@@ -988,8 +1029,24 @@ func proof(w, n float64) float64 {
 	return w * max(0, 1-math.Sqrt(2/n))
 }
 
-// rule describes how health judges the fresh replicas.
-func rule(fresh []*store.PodLoad, cfg Config) string {
+// rule describes how health judges the fresh replicas: the TTFT's rule,
+// and the ITL's where an ITL SLO is set.
+func rule(fresh []*store.PodLoad, st *State, now time.Time, cfg Config) string {
+	r := ttftRule(fresh, cfg)
+	switch {
+	case cfg.ITL <= 0:
+	case st.itlJudges(now, cfg):
+		r += "; mean ITL within " + cfg.ITL.String()
+	case st.ITLLeast > 0:
+		r += fmt.Sprintf("; the ITL SLO %s judges nothing: no replica met it within %s (the least mean ITL seen %s; more replicas shorten it to a batch of one's step, never below)", cfg.ITL, itlMemory, time.Duration(st.ITLLeast*float64(time.Second)).Round(time.Millisecond))
+	default:
+		r += fmt.Sprintf("; the ITL SLO %s judges nothing until a replica meets it (none has served enough to measure)", cfg.ITL)
+	}
+	return r
+}
+
+// ttftRule describes how health judges the fresh replicas' TTFT.
+func ttftRule(fresh []*store.PodLoad, cfg Config) string {
 	means := func() string {
 		return fmt.Sprintf("means: mean queue time within %s, or mean TTFT within %s without a queue-time histogram", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
 	}
@@ -1007,8 +1064,9 @@ func rule(fresh []*store.PodLoad, cfg Config) string {
 
 // health says whether a replica's window was past its capacity or within
 // it: neither with a queue standing below the break, or when nothing says.
-func health(l *store.PodLoad, cfg Config) (broke, healthy bool) {
-	if l.Preemptions > 0 || cfg.ITL > 0 && l.ITLOK && l.ITL > cfg.ITL.Seconds() {
+// itl: an ITL past the SLO is a break (State.itlJudges).
+func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
+	if l.Preemptions > 0 || itl && l.ITLOK && l.ITL > cfg.ITL.Seconds() {
 		return true, false
 	}
 	slo := cfg.TTFT.Seconds()

@@ -308,12 +308,12 @@ func TestAPercentileBeyondTheBucketsIsNoProofOfHealth(t *testing.T) {
 	cfg.Percentile = 0.9
 	l := serving("a", 10000, 5) // a mean queue time of 5 s: past 15 s / 4
 	l.Waiting, l.TTFTQuantile, l.TTFTQuantileOK, l.TTFTQuantileBeyond = 3, 10, true, true
-	if broke, _ := health(&l, cfg); !broke {
+	if broke, _ := health(&l, cfg, false); !broke {
 		t.Fatal("a p90 beyond the 10 s buckets, a mean queue time of 5 s: not a break")
 	}
 	// Within the buckets, the percentile judges as before.
 	l.TTFTQuantileBeyond = false
-	if broke, _ := health(&l, cfg); broke {
+	if broke, _ := health(&l, cfg, false); broke {
 		t.Fatal("a p90 of 10 s, within a 15 s SLO and the buckets: a break")
 	}
 	// Beyond a bound at the SLO (buckets and SLO at 10 s): past it, a
@@ -322,7 +322,7 @@ func TestAPercentileBeyondTheBucketsIsNoProofOfHealth(t *testing.T) {
 	at.Percentile = 0.9
 	l = serving("a", 10000, 0.1)
 	l.Waiting, l.TTFTQuantile, l.TTFTQuantileOK, l.TTFTQuantileBeyond = 3, 10, true, true
-	if broke, healthy := health(&l, at); !broke || healthy {
+	if broke, healthy := health(&l, at, false); !broke || healthy {
 		t.Fatalf("a p90 beyond 10 s buckets, an SLO of 10 s, a queue: broke %v healthy %v; want a break", broke, healthy)
 	}
 }
@@ -638,18 +638,61 @@ func TestStartingLongerThanLearned(t *testing.T) {
 	}
 }
 
+// TestITLSLOBreaks: with an ITL SLO a replica has met, a window past it is
+// a break; without the SLO the same window is healthy.
 func TestITLSLOBreaks(t *testing.T) {
 	cfg := Default(0)
 	cfg.ITL = 50 * time.Millisecond
 	l := serving("a", 8000, 0.01)
-	l.ITL, l.ITLOK = 0.08, true
+	l.ITL, l.ITLOK = 0.03, true
 	_, st, err := Make(snap(t0, l), State{}, cfg)
+	if err != nil || st.Breaks != 0 || !st.ITLMetAt.Equal(t0) {
+		t.Fatalf("30 ms between tokens against a 50 ms SLO: %d breaks, met at %v, %v; want none, met", st.Breaks, st.ITLMetAt, err)
+	}
+	l.ITL = 0.08
+	p, st, err := Make(snap(t0.Add(time.Minute), l), st, cfg)
 	if err != nil || st.Breaks != 1 {
-		t.Fatalf("80 ms between tokens against a 50 ms SLO: %d breaks, %v; want 1", st.Breaks, err)
+		t.Fatalf("80 ms between tokens against a 50 ms SLO met a minute before: %d breaks, %v; want 1", st.Breaks, err)
+	}
+	if !strings.Contains(p.Rule, "mean ITL within 50ms") {
+		t.Fatalf("rule %q does not say the ITL judges", p.Rule)
 	}
 	// Without an ITL SLO the same replica is healthy.
 	if _, st, _ = Make(snap(t0, l), State{}, Default(0)); st.Breaks != 0 || st.HealthyMax != proof(8000, 240) {
 		t.Fatalf("no ITL SLO: %d breaks, proven %v", st.Breaks, st.HealthyMax)
+	}
+}
+
+// TestAnITLSLONoReplicaMeetsIsNoBreak: an ITL SLO below every time between
+// tokens the workload's replicas show (the model's step at a batch of one
+// is longer) counts no window a break: the plan is the one without the
+// SLO, and the rule says why. Each such window counted a break, and the
+// plan ran to the maximum for an SLO no replica count meets.
+func TestAnITLSLONoReplicaMeetsIsNoBreak(t *testing.T) {
+	cfg := Default(0)
+	cfg.ITL = 10 * time.Millisecond
+	a, b := serving("a", 8000, 0.01), serving("b", 2000, 0.01)
+	a.ITL, a.ITLOK, b.ITL, b.ITLOK = 0.04, true, 0.02, true
+	p, st, _ := run(t, State{}, cfg, t0, 20*time.Minute, a, b)
+	q, _, _ := run(t, State{}, Default(0), t0, 20*time.Minute, a, b)
+	if st.Breaks != 0 || p.Replicas != q.Replicas || p.Capacity != q.Capacity {
+		t.Fatalf("ITL SLO 10ms, least ITL 20ms: %d breaks, %d replicas at capacity %v; without the SLO %d at %v", st.Breaks, p.Replicas, p.Capacity, q.Replicas, q.Capacity)
+	}
+	if !strings.Contains(p.Rule, "judges nothing: no replica met it") || !strings.Contains(p.Rule, "least mean ITL seen 20ms") {
+		t.Fatalf("rule %q does not say the ITL SLO is unmet", p.Rule)
+	}
+	// Met once, the SLO judges for itlMemory, then no more.
+	b.ITL = 0.008
+	_, st, at := run(t, st, cfg, t0.Add(21*time.Minute), 0, a, b)
+	b.ITL = 0.02
+	_, st, at = run(t, st, cfg, at, 5*time.Second, a, b)
+	if st.Breaks == 0 {
+		t.Fatal("the ITL SLO met a moment before: no break at twice it")
+	}
+	breaks := st.Breaks
+	p, st, _ = run(t, st, cfg, at.Add(itlMemory+time.Minute), 5*time.Minute, a, b)
+	if st.Breaks != breaks || !strings.Contains(p.Rule, "judges nothing") {
+		t.Fatalf("ITL SLO last met over %s before: breaks %d -> %d, rule %q", itlMemory, breaks, st.Breaks, p.Rule)
 	}
 }
 
