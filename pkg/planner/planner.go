@@ -1196,6 +1196,10 @@ func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
 // routers hold or saw arrive need one replica; lost replicas and a workload
 // never seen are errors.
 func noReplica(in Input, st State, cfg Config) (Plan, State, error) {
+	// No replica is listed, so none is starting: a replica that was (one
+	// started past the lead time learned, then deleted) lengthens the
+	// lead time and the hold no more.
+	st.startingFor = 0
 	if in.LostOK {
 		return Plan{}, st, fmt.Errorf("%w: its %d replicas that were reporting are gone without their agent removing them (agent lost past --pod-expiry) since %s: no value, rather than 0",
 			ErrLost, in.Lost.Pods, in.Lost.At.UTC().Format(time.RFC3339))

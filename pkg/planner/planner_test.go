@@ -632,9 +632,17 @@ func TestStartingLongerThanLearned(t *testing.T) {
 	a.Startup, a.Age = 10*time.Millisecond, 10*time.Minute
 	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a)
 	b := store.PodLoad{Name: "b", State: store.PodStarting, Age: 90 * time.Second}
-	p, _, _ := Make(snap(at, a, b), st, cfg)
+	p, st, _ := Make(snap(at, a, b), st, cfg)
 	if p.LeadTime != 90*time.Second {
 		t.Fatalf("lead time %s with a replica starting for 90s, want 1m30s", p.LeadTime)
+	}
+	// Every replica gone, requests held at the routers: none is starting,
+	// and the lead time is the one learned again (the replica that was
+	// starting had lengthened it until one was listed again).
+	learned := st.LeadTime
+	p, _, err := Make(Input{At: at.Add(5 * time.Second), Demand: store.DemandValue{Sources: 1, Held: 3}}, st, cfg)
+	if err != nil || p.LeadTime != learned {
+		t.Fatalf("no replica listed: lead time %s, %v; want the %s learned", p.LeadTime, err, learned)
 	}
 }
 
