@@ -417,6 +417,24 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	}
 	p.holdPeaks(&st, in.At, hold, cfg)
 	p.tolerate(cfg)
+	p.floor(in, &st, fresh, hold)
+	switch {
+	case p.Refused > 0:
+		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
+	case p.RefusedWhy != "":
+		p.Reason += " (" + p.RefusedWhy + ")"
+	}
+	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
+	p.learned(&st, cfg)
+	return p, st, nil
+}
+
+// floor keeps p's replicas where the plan may not go below those listed:
+// the ready ones while some have no fresh sample, the workload has been
+// observed for less than the hold, or no capacity is learned for its
+// load; the starting ones too within the first hold, or while none is
+// ready and nothing says the load.
+func (p *Plan) floor(in Input, st *State, fresh []*store.PodLoad, hold time.Duration) {
 	switch {
 	case p.Replicas >= p.Ready:
 	case p.Missing > 0:
@@ -449,15 +467,6 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		// let scale to zero goes there.)
 		p.Replicas, p.Reason = p.Starting, fmt.Sprintf("keeping the %d replicas starting: none is ready and no demand source reports, so nothing says the load", p.Starting)
 	}
-	switch {
-	case p.Refused > 0:
-		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
-	case p.RefusedWhy != "":
-		p.Reason += " (" + p.RefusedWhy + ")"
-	}
-	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
-	p.learned(&st, cfg)
-	return p, st, nil
 }
 
 // learned shows in p what st has learned: the capacity and what it rests
