@@ -338,6 +338,9 @@ type Plan struct {
 	// counted in Ready and Missing: the plan holds them, and an error
 	// answers when none has a fresh sample, never a plan of no work.
 	Unready int `json:"unreadyReplicas,omitempty"`
+	// Terminating: replicas being deleted (draining, their Ready condition
+	// perhaps still true): counted nowhere else, no capacity planned on.
+	Terminating int `json:"terminatingReplicas,omitempty"`
 }
 
 // Errors of Plan: the workload cannot be planned now (the caller returns
@@ -521,6 +524,8 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 			p.Unseen++
 		}
 		switch l.State {
+		case store.PodTerminating:
+			p.Terminating++
 		case store.PodCounted:
 			p.Ready++
 			if why := implausible(l); why != "" {
@@ -1329,6 +1334,14 @@ func (p *Plan) unplannable(fresh int, d store.DemandValue) error {
 		// replicas starting were planned away: 0).
 		if why := implausibleDemand(d); why != "" {
 			return fmt.Errorf("%w: no replica ready (%d starting), and %s", ErrRefused, p.Starting, why)
+		}
+		if p.Starting == 0 && p.Terminating > 0 && d.Sources == 0 {
+			// Every replica draining (a node drained, a Recreate
+			// rollout), their replacements not listed yet, and no
+			// router that reports: nothing says the load. Planned 0,
+			// the HPA took back the replacements pending, and KEDA
+			// deactivated a workload let scale to zero.
+			return fmt.Errorf("%w: no replica ready or starting (%d terminating, their replacements not listed yet) and no demand source reports: no value, rather than 0", ErrStale, p.Terminating)
 		}
 		return silentRouters(d)
 	}

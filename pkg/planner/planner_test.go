@@ -1414,6 +1414,43 @@ func TestImplausibleDemandIsRefused(t *testing.T) {
 	}
 }
 
+// TestEveryReplicaTerminatingIsNoZero: every replica draining (a node
+// drained, a Recreate rollout), their replacements not listed yet and no
+// router reporting: nothing says the load, and the answer is an error (the
+// HPA holds), with or without state learned. It was a plan of 0 (at once
+// after a restart; after one hold otherwise), and the HPA took back the
+// replacements pending.
+func TestEveryReplicaTerminatingIsNoZero(t *testing.T) {
+	cfg := Default(0)
+	a, b, c := serving("a", 6000, 0.01), serving("b", 6000, 0.01), serving("c", 6000, 0.01)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, a, b, c)
+	for _, l := range []*store.PodLoad{&a, &b, &c} {
+		l.State = store.PodTerminating
+	}
+	for _, from := range []State{st, {}} {
+		s := from
+		for end := at.Add(time.Hour); at.Before(end); at = at.Add(5 * time.Second) {
+			p, next, err := Make(snap(at, a, b, c), s, cfg)
+			if !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "3 terminating") {
+				t.Fatalf("3 replicas terminating at %s, none starting, no router: plan %d (%s), error %v; want ErrStale", at.Sub(t0), p.Replicas, p.Reason, err)
+			}
+			s = next
+		}
+	}
+	// A replacement listed starting: the plan keeps it.
+	d := store.PodLoad{Name: "d", State: store.PodStarting, Age: 30 * time.Second}
+	if p, _, err := Make(snap(at, a, b, c, d), st, cfg); err != nil || p.Replicas < 1 || p.Terminating != 3 {
+		t.Fatalf("3 terminating, 1 starting: plan %d (%d terminating), %v; want the one starting kept", p.Replicas, p.Terminating, err)
+	}
+	// Routers that report nothing held say the load is gone: 0, a
+	// workload let scale to zero.
+	in := snap(at, a, b, c)
+	in.Demand = store.DemandValue{Sources: 1}
+	if p, _, err := Make(in, st, cfg); err != nil || p.Replicas != 0 {
+		t.Fatalf("3 terminating, routers holding nothing: plan %d, %v; want 0", p.Replicas, err)
+	}
+}
+
 func TestALyingWindowMovesTheMeanWorkLittle(t *testing.T) {
 	cfg := Default(0)
 	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 10000, 0.01)) // 1,000 work a request
