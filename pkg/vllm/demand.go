@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -56,7 +57,7 @@ var DemandPresets = map[string]Demand{
 // the metrics reports 0: a labelled gauge with no series yet is not
 // exported at all by Prometheus' client libraries.
 func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
-	fams, err := e.demandFamilies(page, d.Metrics)
+	fams, err := e.demandFamilies(page, d.Metrics, wantsOf(d))
 	if err != nil {
 		return Page{}, err
 	}
@@ -77,7 +78,7 @@ func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []er
 	for i, d := range demands {
 		k := slices.IndexFunc(reads, func(r read) bool { return slices.Equal(r.metrics, d.Metrics) })
 		if k < 0 {
-			fams, err := e.demandFamilies(page, d.Metrics)
+			fams, err := e.demandFamilies(page, d.Metrics, wantsOf(sameMetrics(demands[i:], d.Metrics)...))
 			reads = append(reads, read{metrics: d.Metrics, fams: fams, err: err})
 			k = len(reads) - 1
 		}
@@ -88,8 +89,80 @@ func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []er
 	return pages, errs
 }
 
-// demandFamilies parses the page's series of metrics, and no other line.
-func (e *Extractor) demandFamilies(page []byte, metrics []string) (map[string]*dto.MetricFamily, error) {
+// sameMetrics is those of ds that read metrics (ds itself when all do).
+func sameMetrics(ds []*Demand, metrics []string) []*Demand {
+	if !slices.ContainsFunc(ds, func(d *Demand) bool { return !slices.Equal(d.Metrics, metrics) }) {
+		return ds
+	}
+	var same []*Demand
+	for _, d := range ds {
+		if slices.Equal(d.Metrics, metrics) {
+			same = append(same, d)
+		}
+	}
+	return same
+}
+
+// demandWants is which lines of a router's page a group of demands
+// reads: those that hold one of pairs (a label and a value matched, as
+// the text format writes them: `model="llama"`), or every line (all: one
+// of them matches a label's absence, or no label). A router's label values
+// are often its clients' to write (vLLM production-stack's router counts a
+// request under the model it names before it knows the model): one line
+// past the bounds on a line (a 9 KB model name), or 16,384 series of models
+// that do not exist, refused the page, and every workload behind the
+// router lost its demand. The lines of other values are not read at all.
+type demandWants struct {
+	all   bool
+	pairs [][]byte
+}
+
+// labelEscaper writes a label value as the text format does.
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+func wantsOf(ds ...*Demand) demandWants {
+	var w demandWants
+	for i, d := range ds {
+		if d.Label == "" || d.Match == "" {
+			return demandWants{all: true}
+		}
+		if !slices.ContainsFunc(ds[:i], func(o *Demand) bool { return o.Label == d.Label && o.Match == d.Match }) {
+			w.pairs = append(w.pairs, []byte(d.Label+`="`+labelEscaper.Replace(d.Match)+`"`))
+		}
+	}
+	return w
+}
+
+// keeps says whether line (name at [:n]) is one w reads: it holds one of
+// w's pairs at a label's start (after the brace, a comma or a blank). An
+// unescaped quote is never within a label's value, so a pair found there
+// is the label itself.
+func (w demandWants) keeps(line []byte, n int) bool {
+	if w.all {
+		return true
+	}
+	labels := line[n:]
+	for _, p := range w.pairs {
+		for from := 0; ; {
+			i := bytes.Index(labels[from:], p)
+			if i < 0 {
+				break
+			}
+			i += from
+			if i > 0 {
+				if c := labels[i-1]; c == '{' || c == ',' || c == ' ' || c == '\t' {
+					return true
+				}
+			}
+			from = i + 1
+		}
+	}
+	return false
+}
+
+// demandFamilies parses the page's series of metrics that want keeps, and
+// no other line.
+func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWants) (map[string]*dto.MetricFamily, error) {
 	bp := e.bufs.Get().(*[]byte)
 	defer e.bufs.Put(bp)
 	kept, lines := (*bp)[:0], 0
@@ -100,7 +173,7 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string) (map[string]*d
 			continue
 		}
 		n := nameEnd(line)
-		if !slices.Contains(metrics, string(line[:n])) {
+		if !slices.Contains(metrics, string(line[:n])) || !want.keeps(line, n) {
 			continue
 		}
 		end, value, err := labelsAndValue(line, n)
