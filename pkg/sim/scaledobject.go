@@ -26,22 +26,69 @@ type ScaledObject struct {
 			Kind       string `json:"kind"`
 			Name       string `json:"name"`
 		} `json:"scaleTargetRef"`
-		MinReplicaCount       *int32 `json:"minReplicaCount"`
-		MaxReplicaCount       *int32 `json:"maxReplicaCount"`
-		PollingInterval       *int32 `json:"pollingInterval"`
-		CooldownPeriod        *int32 `json:"cooldownPeriod"`
-		InitialCooldownPeriod *int32 `json:"initialCooldownPeriod"`
-		Fallback              *struct {
-			FailureThreshold int32 `json:"failureThreshold"`
-			Replicas         int32 `json:"replicas"`
-		} `json:"fallback"`
-		Advanced *struct {
+		MinReplicaCount       *int32    `json:"minReplicaCount"`
+		MaxReplicaCount       *int32    `json:"maxReplicaCount"`
+		PollingInterval       *int32    `json:"pollingInterval"`
+		CooldownPeriod        *int32    `json:"cooldownPeriod"`
+		InitialCooldownPeriod *int32    `json:"initialCooldownPeriod"`
+		Fallback              *Fallback `json:"fallback"`
+		// IdleReplicaCount and Advanced.ScalingModifiers change what KEDA
+		// does, and pulse-sim does not simulate them: read to be refused
+		// (they were ignored without a word).
+		IdleReplicaCount *int32 `json:"idleReplicaCount"`
+		Advanced         *struct {
 			HorizontalPodAutoscalerConfig *struct {
 				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
 			} `json:"horizontalPodAutoscalerConfig"`
+			ScalingModifiers any `json:"scalingModifiers"`
 		} `json:"advanced"`
 		Triggers []Trigger `json:"triggers"`
 	} `json:"spec"`
+}
+
+// Fallback is KEDA's fallback: after FailureThreshold failed fetches the
+// metric is a replica count's worth of the target (KEDA v2.21
+// pkg/fallback's doFallback): Replicas (Behavior static, the default),
+// the target's replicas now (currentReplicas), the more of the two
+// (currentReplicasIfHigher) or the fewer (currentReplicasIfLower).
+type Fallback struct {
+	FailureThreshold int32  `json:"failureThreshold"`
+	Replicas         int32  `json:"replicas"`
+	Behavior         string `json:"behavior"`
+}
+
+// FallbackReplicas is the replica count f's metric is worth with the
+// target at current replicas (doFallback).
+func (f *Fallback) FallbackReplicas(current int32) int32 {
+	switch f.Behavior {
+	case "currentReplicas":
+		return current
+	case "currentReplicasIfHigher":
+		return max(current, f.Replicas)
+	case "currentReplicasIfLower":
+		return min(current, f.Replicas)
+	}
+	return f.Replicas
+}
+
+// fallbackErrors is what KEDA refuses of a fallback (CheckFallbackValid,
+// the CRD's enum), and what pulse-sim does not simulate.
+func fallbackErrors(f *Fallback) []error {
+	if f == nil {
+		return nil
+	}
+	var errs []error
+	if f.FailureThreshold < 0 || f.Replicas < 0 {
+		errs = append(errs, fmt.Errorf("fallback failureThreshold %d and replicas %d: want both 0 or more", f.FailureThreshold, f.Replicas))
+	}
+	switch f.Behavior {
+	case "", "static", "currentReplicas", "currentReplicasIfHigher", "currentReplicasIfLower":
+	case "scalingModifiers":
+		errs = append(errs, errors.New("fallback behavior scalingModifiers: pulse-sim does not simulate scalingModifiers"))
+	default:
+		errs = append(errs, fmt.Errorf("fallback behavior %q: static, currentReplicas, currentReplicasIfHigher or currentReplicasIfLower", f.Behavior))
+	}
+	return errs
 }
 
 // Trigger is one ScaledObject trigger.
@@ -97,6 +144,13 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	}
 	if t := so.PulseTrigger(); t != nil && t.MetricType != "" && t.MetricType != "AverageValue" && t.MetricType != "Value" {
 		errs = append(errs, fmt.Errorf("trigger metricType %q: AverageValue or Value", t.MetricType))
+	}
+	errs = append(errs, fallbackErrors(so.Spec.Fallback)...)
+	if so.Spec.IdleReplicaCount != nil {
+		errs = append(errs, errors.New("idleReplicaCount: pulse-sim does not simulate idle replicas"))
+	}
+	if a := so.Spec.Advanced; a != nil && a.ScalingModifiers != nil {
+		errs = append(errs, errors.New("advanced.scalingModifiers: pulse-sim does not simulate scaling modifiers"))
 	}
 	if b := so.Behavior(); b != nil {
 		errs = append(errs, behaviorErrors("scaleUp", b.ScaleUp)...)

@@ -219,6 +219,13 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		"initialCooldownPeriod: -1":              "initialCooldownPeriod -1",
 		"maxReplicaCount: 2000000000":            "1 <= max <= 10000",
 		"minReplicaCount: 3, maxReplicaCount: 2": "0 <= min <= max",
+		// What KEDA refuses of a fallback, and what pulse-sim does not
+		// simulate (each was ignored without a word).
+		"fallback: {failureThreshold: 3, replicas: -1}":                            "want both 0 or more",
+		"fallback: {failureThreshold: 3, replicas: 2, behavior: nope}":             `fallback behavior "nope"`,
+		"fallback: {failureThreshold: 3, replicas: 2, behavior: scalingModifiers}": "does not simulate scalingModifiers",
+		"idleReplicaCount: 0":                        "does not simulate idle replicas",
+		"advanced: {scalingModifiers: {formula: x}}": "does not simulate scaling modifiers",
 	} {
 		y := "spec: {" + spec + ", scaleTargetRef: {name: x}, triggers: [{type: external-push, metadata: {workspace: x}}]}"
 		if _, err := ParseScaledObject([]byte(y)); err == nil || !strings.Contains(err.Error(), want) {
@@ -257,6 +264,39 @@ func TestKEDAFallback(t *testing.T) {
 	at := float64(first) * c.SampleEvery.Seconds()
 	if first < 0 || at < 45 || at > 90 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
 		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failed sync", res.Series.Replicas, at, res.MetricErrors)
+	}
+}
+
+// TestKEDAFallbackBehaviors: from 3 replicas, the fallback's metric is worth its replicas
+// (static), the target's replicas now (currentReplicas), the more or the
+// fewer of the two, as KEDA's doFallback computes it; a fallback of 0
+// replicas is one (the HPA goes to its minimum). Every behavior was taken
+// as static, and a fallback of 0 as none.
+func TestKEDAFallbackBehaviors(t *testing.T) {
+	for _, c := range []struct {
+		fallback string
+		want     int
+	}{
+		{"replicas: 4", 4},
+		{"replicas: 4\n    behavior: static", 4},
+		{"replicas: 4\n    behavior: currentReplicas", 3},
+		{"replicas: 4\n    behavior: currentReplicasIfHigher", 4},
+		{"replicas: 1\n    behavior: currentReplicasIfHigher", 3},
+		{"replicas: 4\n    behavior: currentReplicasIfLower", 3},
+		{"replicas: 1\n    behavior: currentReplicasIfLower", 1},
+		{"replicas: 0", 1},
+	} {
+		so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 1\n  fallback:\n    failureThreshold: 3\n    "+c.fallback,
+			"value: 1\n            periodSeconds: 300", "value: 4\n            periodSeconds: 15",
+			"stabilizationWindowSeconds: 300", "stabilizationWindowSeconds: 0", "periodSeconds: 600", "periodSeconds: 15", `tolerance: "0.5"`, `tolerance: "0"`)
+		cfg := Config{Trace: load(t, "poisson:rate=1,duration=5m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}, InitialReplicas: 3}
+		if err := cfg.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		res := newWorld(&cfg, failing{}).run()
+		if got := res.Series.Replicas[len(res.Series.Replicas)-1]; got != c.want {
+			t.Errorf("fallback %q from 3 replicas: %d at the end (%v), want %d", c.fallback, got, res.Series.Replicas, c.want)
+		}
 	}
 }
 

@@ -648,17 +648,21 @@ func (w *world) hpaSync() {
 	case err == nil:
 		w.failures = 0
 		reading.Milli = milli(v)
-	case so.Spec.Fallback != nil && so.Spec.Fallback.Replicas > 0:
-		// KEDA's fallback: after failureThreshold failures the metric
-		// becomes fallback.replicas × target (static behavior).
+	case so.Spec.Fallback != nil:
+		// KEDA's fallback (pkg/fallback, doFallback): after
+		// failureThreshold failures the metric is the fallback's
+		// replicas × target (a Value target's over the ready pods: with
+		// none ready, no fallback, and the HPA gets the error).
 		w.failures++
+		reading.Err = err
 		if w.failures > so.Spec.Fallback.FailureThreshold {
-			reading.Milli = int64(so.Spec.Fallback.Replicas) * w.target.Milli
-			if !w.target.AverageValue {
-				reading.Milli = int64(float64(so.Spec.Fallback.Replicas) * float64(w.target.Milli) / float64(max(readyPods, 1)))
+			n := float64(so.Spec.Fallback.FallbackReplicas(w.spec))
+			switch {
+			case w.target.AverageValue:
+				reading.Milli, reading.Err = int64(n*float64(w.target.Milli)), nil
+			case readyPods > 0:
+				reading.Milli, reading.Err = int64(n/float64(readyPods)*float64(w.target.Milli)), nil
 			}
-		} else {
-			reading.Err = err
 		}
 	default:
 		reading.Err = err
@@ -694,8 +698,10 @@ func (w *world) kedaScale(active, isErr bool) {
 		return
 	}
 	switch {
-	case isErr:
-		// an error keeps the replica count (or leads to the fallback)
+	case isErr && (so.Spec.Fallback == nil || so.Spec.Fallback.Replicas != 0):
+		// an error keeps the replica count (or leads to the fallback);
+		// with a fallback of 0 replicas KEDA goes on to scale to zero
+		// (pkg/scaling/executor's RequestScale)
 	case w.spec > 0 && minR == 0:
 		expired := (w.lastAct < 0 && w.now >= so.InitialCooldown()) || (w.lastAct >= 0 && w.now-w.lastAct >= so.Cooldown())
 		if expired {
