@@ -101,6 +101,9 @@ type Agent struct {
 	// in flight: their room is given back when it ends.
 	series   *vllm.Budget
 	released map[string]*vllm.Counters
+	// arrivals: each router's demand entry's arrival state (by uid, for
+	// those listed now), with the demand it is of.
+	arrivals map[string]demandArrivals
 	lastTick atomic.Int64 // the last scrape tick, nanoseconds on the monotonic clock since monoStart (0: none yet)
 	httpAddr atomic.Value // string: the bound HTTP address, once listening
 	// healthAddr: the bound health address (--health-addr), once listening.
@@ -164,6 +167,7 @@ func NewWithDeps(opts *Options, log *slog.Logger, deps Deps) (*Agent, error) {
 		m:         newAgentMetrics(reg),
 		inflight:  map[string]bool{},
 		counters:  map[string]*vllm.Counters{},
+		arrivals:  map[string]demandArrivals{},
 		series:    vllm.NewBudget(maxSeries, maxSeries/2),
 		released:  map[string]*vllm.Counters{},
 		streamers: map[string]*streamer{},
@@ -434,6 +438,11 @@ func (a *Agent) dropCounters(listed map[string]bool) {
 	}
 	a.inflightMu.Lock()
 	defer a.inflightMu.Unlock()
+	for uid := range a.arrivals {
+		if listed != nil && !listed[uid] {
+			delete(a.arrivals, uid)
+		}
+	}
 	for uid, c := range a.counters {
 		if (listed == nil || listed[uid]) && !over[c.Namespace()] {
 			continue
@@ -485,6 +494,34 @@ func (a *Agent) endScrape(uid string) {
 // maxErrorBytes bounds a scrape error's text on the wire.
 const maxErrorBytes = 200
 
+// demandArrivals is one demand entry's arrival state, and the demand it
+// follows.
+type demandArrivals struct {
+	demand vllm.Demand
+	arr    *vllm.Arrivals
+}
+
+// arrivalsOf is the arrival state of each of tgs (a router's demand
+// entries) that counts arrivals, nil for the others: kept from scrape to
+// scrape while the entry is listed with the same demand.
+func (a *Agent) arrivalsOf(tgs []discovery.Target) []*vllm.Arrivals {
+	arrs := make([]*vllm.Arrivals, len(tgs))
+	a.inflightMu.Lock()
+	defer a.inflightMu.Unlock()
+	for i, tg := range tgs {
+		if tg.Demand == nil || !tg.Demand.Arrivals {
+			continue
+		}
+		da, ok := a.arrivals[tg.UID]
+		if !ok || !da.demand.Equal(tg.Demand) {
+			da = demandArrivals{demand: *tg.Demand, arr: vllm.NewArrivals()}
+			a.arrivals[tg.UID] = da
+		}
+		arrs[i] = da.arr
+	}
+	return arrs
+}
+
 // scrapeDemand reads a router's page once and returns one result for each
 // of its demand entries (tgs, all of one URL).
 func (a *Agent) scrapeDemand(ctx context.Context, tgs []discovery.Target) []result {
@@ -495,7 +532,7 @@ func (a *Agent) scrapeDemand(ctx context.Context, tgs []discovery.Target) []resu
 	for i, tg := range tgs {
 		demands[i] = tg.Demand
 	}
-	pages, errs := a.scraper.ScrapeDemand(sctx, tgs[0].URL, demands)
+	pages, errs := a.scraper.ScrapeDemand(sctx, tgs[0].URL, demands, a.arrivalsOf(tgs))
 	a.m.duration.Observe(time.Since(start).Seconds())
 	out := make([]result, len(tgs))
 	for i, tg := range tgs {

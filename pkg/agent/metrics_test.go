@@ -309,3 +309,34 @@ func TestAFullBudgetIsSharedWithoutAPodEvent(t *testing.T) {
 		t.Fatalf("the late namespace's pods follow %d of their %d series", of, 4*4096)
 	}
 }
+
+// TestARoutersArrivalsAreFollowedFromScrapeToScrape: a router's demand
+// entry that counts arrivals keeps its series' state from one scrape to
+// the next (a series gone keeps its count: the sum the aggregator reads
+// never drops for it), and the state goes with the entry.
+func TestARoutersArrivalsAreFollowedFromScrapeToScrape(t *testing.T) {
+	var page atomic.Value
+	page.Store("requests_total{model=\"llama\",endpoint=\"a\"} 5\nrequests_total{model=\"llama\",endpoint=\"b\"} 1000\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(page.Load().(string)))
+	}))
+	defer srv.Close()
+	a := newIdleAgent(t)
+	tg := discovery.Target{UID: "router/demand/llama", Namespace: "ns", Pod: "router", Ready: true, URL: srv.URL + "/metrics",
+		Demand: &vllm.Demand{Metrics: []string{"requests_total"}, Label: "model", Match: "llama", Arrivals: true}}
+	a.SetTargets([]discovery.Target{tg})
+	for i, want := range []float64{1005, 1007} {
+		r := a.scrapeDemand(context.Background(), []discovery.Target{tg})[0]
+		if v, ok := r.page.Get(metric.ArrivedRequests); !ok || v != want || r.err != "" {
+			t.Fatalf("scrape %d: arrivals %v (%v, %q), want %v", i, v, ok, r.err, want)
+		}
+		page.Store("requests_total{model=\"llama\",endpoint=\"b\"} 1002\n") // endpoint a's series gone
+	}
+	a.SetTargets(nil)
+	a.inflightMu.Lock()
+	n := len(a.arrivals)
+	a.inflightMu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d arrival states kept for entries no longer listed", n)
+	}
+}

@@ -26,8 +26,9 @@ type Scraper interface {
 	// source's series for one workload.
 	Scrape(ctx context.Context, url string, demand *vllm.Demand, counters *vllm.Counters) (vllm.Page, error)
 	// ScrapeDemand reads a demand source's page once and its series for
-	// each of demands: a page and an error for each.
-	ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand) ([]vllm.Page, []error)
+	// each of demands: a page and an error for each. arrs, nil or one per
+	// demand, is each demand's arrival state (vllm.Arrivals; nil: none).
+	ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand, arrs []*vllm.Arrivals) ([]vllm.Page, []error)
 }
 
 // ScrapeError is a failed scrape with its reason.
@@ -256,7 +257,7 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Deman
 	err := s.fetch(ctx, url, func(body []byte) error {
 		var err error
 		if demand != nil {
-			page, err = s.extractor.ExtractDemand(body, demand)
+			page, err = s.extractor.ExtractDemand(body, demand, nil)
 		} else {
 			page, err = s.extractor.ExtractWith(body, counters)
 		}
@@ -268,11 +269,11 @@ func (s *httpScraper) Scrape(ctx context.Context, url string, demand *vllm.Deman
 // ScrapeDemand fetches a demand source's page once and extracts each of
 // demands from it (read once for all that read the same metrics). Each error is a *ScrapeError: the page's, for all, or
 // one demand's.
-func (s *httpScraper) ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand) ([]vllm.Page, []error) {
+func (s *httpScraper) ScrapeDemand(ctx context.Context, url string, demands []*vllm.Demand, arrs []*vllm.Arrivals) ([]vllm.Page, []error) {
 	pages, errs := make([]vllm.Page, len(demands)), make([]error, len(demands))
 	err := s.fetch(ctx, url, func(body []byte) error {
 		var extracted []error
-		pages, extracted = s.extractor.ExtractDemands(body, demands)
+		pages, extracted = s.extractor.ExtractDemands(body, demands, arrs)
 		for i, err := range extracted {
 			errs[i] = extractError(url, err)
 		}

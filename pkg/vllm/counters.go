@@ -234,16 +234,21 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 		s = &blank
 		if old, ok := c.wake(key); ok {
 			s = &old
-			if v < s.last {
-				s.offset += s.last // it restarted while away
-			}
 		}
 		c.series[key] = s
-	case v < s.last:
-		s.offset += s.last // this series restarted
 	}
-	s.last, s.seen = v, c.scrape
-	return v + s.offset, true
+	return s.advance(v, c.scrape), true
+}
+
+// advance takes v (not below 0) as the series' value at scrape and returns
+// it made monotonic: a value below the last is the series restarted (while
+// away, for one woken), and its last value goes into its offset.
+func (s *counterSeries) advance(v float64, scrape uint64) float64 {
+	if v < s.last {
+		s.offset += s.last
+	}
+	s.last, s.seen = v, scrape
+	return v + s.offset
 }
 
 // finish adds, to every counter the page has, the series of that counter it

@@ -56,18 +56,23 @@ var DemandPresets = map[string]Demand{
 // PendingRequests (held) or ArrivedRequests (arrivals). A page with none of
 // the metrics reports 0: a labelled gauge with no series yet is not
 // exported at all by Prometheus' client libraries.
-func (e *Extractor) ExtractDemand(page []byte, d *Demand) (Page, error) {
+//
+// arr, when not nil, is d's arrival state (NewArrivals), kept from scrape
+// to scrape of the demand: its series are made monotonic in it.
+func (e *Extractor) ExtractDemand(page []byte, d *Demand, arr *Arrivals) (Page, error) {
 	fams, err := e.demandFamilies(page, d.Metrics, wantsOf(d))
 	if err != nil {
 		return Page{}, err
 	}
-	return demandPage(fams, d), nil
+	return demandPage(fams, d, arr), nil
 }
 
 // ExtractDemands is ExtractDemand for each of demands, the page read once
 // for all that read the same metrics (a router's, one a workload it
 // fronts): 64 workloads once read a page of up to 1 MiB 64 times a scrape.
-func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []error) {
+// arrs, nil or one per demand (each nil or its state), are as
+// ExtractDemand's.
+func (e *Extractor) ExtractDemands(page []byte, demands []*Demand, arrs []*Arrivals) ([]Page, []error) {
 	pages, errs := make([]Page, len(demands)), make([]error, len(demands))
 	type read struct {
 		metrics []string
@@ -83,7 +88,11 @@ func (e *Extractor) ExtractDemands(page []byte, demands []*Demand) ([]Page, []er
 			k = len(reads) - 1
 		}
 		if errs[i] = reads[k].err; errs[i] == nil {
-			pages[i] = demandPage(reads[k].fams, d)
+			var arr *Arrivals
+			if i < len(arrs) {
+				arr = arrs[i]
+			}
+			pages[i] = demandPage(reads[k].fams, d, arr)
 		}
 	}
 	return pages, errs
@@ -195,31 +204,44 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWan
 	return fams, nil
 }
 
-// demandPage sums d's series among fams, the first of its metrics present.
-func demandPage(fams map[string]*dto.MetricFamily, d *Demand) Page {
+// demandPage sums d's series among fams, the first of its metrics present,
+// each made monotonic in arr where d counts arrivals and arr is not nil (a
+// page without the metric then carries what arr holds: a router restarted
+// reads on, and its series counting again from 0 are its new arrivals).
+func demandPage(fams map[string]*dto.MetricFamily, d *Demand, arr *Arrivals) Page {
 	id := metric.PendingRequests
 	if d.Arrivals {
 		id = metric.ArrivedRequests
+	} else {
+		arr = nil
 	}
-	var out Page
-	out.Set(id, 0)
+	if arr != nil {
+		arr.scrape++
+	}
+	sum := 0.0
 	for _, name := range d.Metrics {
 		mf, ok := fams[name]
 		if !ok {
 			continue
 		}
-		sum := 0.0
 		var seen seriesSeen // a series given twice is taken once
 		for _, m := range mf.Metric {
 			v := m.GetUntyped().GetValue()
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || labelValue(m.GetLabel(), d.Label) != d.Match || seen.again(name, mf, m) {
 				continue
 			}
+			if arr != nil {
+				v = arr.observe(seriesKey(name, m.GetLabel()), v)
+			}
 			sum += v
 		}
-		out.Set(id, sum)
 		break
 	}
+	if arr != nil {
+		sum += arr.finish()
+	}
+	var out Page
+	out.Set(id, sum)
 	return out
 }
 

@@ -302,20 +302,20 @@ process_open_fds 9
 `)
 	d := DemandPresets["epp"]
 	d.Match = "llama"
-	got, err := e.ExtractDemand(page, &d)
+	got, err := e.ExtractDemand(page, &d, nil)
 	if v, ok := got.Get(metric.PendingRequests); err != nil || !ok || v != 5 {
 		t.Fatalf("held = %v, %v, %v; want 5", v, ok, err)
 	}
-	if got, _ := e.ExtractDemand([]byte("process_open_fds 9\n"), &d); got.V[metric.PendingRequests] != 0 || !got.Has(metric.PendingRequests) {
+	if got, _ := e.ExtractDemand([]byte("process_open_fds 9\n"), &d, nil); got.V[metric.PendingRequests] != 0 || !got.Has(metric.PendingRequests) {
 		t.Fatalf("empty page: %+v", got)
 	}
 	ps := DemandPresets["production-stack"]
 	ps.Match = "phi"
-	got, _ = e.ExtractDemand([]byte("vllm:num_incoming_requests_total{model=\"phi\"} 4\n"), &ps)
+	got, _ = e.ExtractDemand([]byte("vllm:num_incoming_requests_total{model=\"phi\"} 4\n"), &ps, nil)
 	if v, ok := got.Get(metric.ArrivedRequests); !ok || v != 4 {
 		t.Fatalf("arrivals = %v, %v", v, ok)
 	}
-	if _, err := e.ExtractDemand([]byte("inference_extension_flow_control_queue_size{target_model_name=\"llama\"\n"), &d); err == nil {
+	if _, err := e.ExtractDemand([]byte("inference_extension_flow_control_queue_size{target_model_name=\"llama\"\n"), &d, nil); err == nil {
 		t.Fatal("a malformed line of the demand metric is accepted")
 	}
 }
@@ -343,9 +343,9 @@ broken{a="x"
 	}
 	demands = append(demands, &Demand{Metrics: []string{"other_queue"}, Label: "model", Match: "phi"},
 		&Demand{Metrics: []string{"broken"}, Label: "a", Match: "x"})
-	pages, errs := e.ExtractDemands(page, demands)
+	pages, errs := e.ExtractDemands(page, demands, nil)
 	for i, want := range []float64{5, 7, 0, 1} {
-		alone, err := e.ExtractDemand(page, demands[i])
+		alone, err := e.ExtractDemand(page, demands[i], nil)
 		if errs[i] != nil || err != nil || pages[i].V != alone.V || pages[i].Present != alone.Present || pages[i].V[metric.PendingRequests] != want {
 			t.Fatalf("demand %d: %v (%v), alone %v (%v); want %v", i, pages[i].V[metric.PendingRequests], errs[i], alone.V[metric.PendingRequests], err, want)
 		}
@@ -358,8 +358,8 @@ broken{a="x"
 	for range 64 {
 		many = append(many, demands[0])
 	}
-	one := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemand(page[:len(page)-len("broken{a=\"x\"\n")], demands[0]) })
-	all := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemands(page[:len(page)-len("broken{a=\"x\"\n")], many) })
+	one := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemand(page[:len(page)-len("broken{a=\"x\"\n")], demands[0], nil) })
+	all := testing.AllocsPerRun(5, func() { _, _ = e.ExtractDemands(page[:len(page)-len("broken{a=\"x\"\n")], many, nil) })
 	if all > one+3*64 { // a page read again costs about one's
 		t.Fatalf("64 workloads: %.0f allocations a scrape, one alone %.0f: the page is read for each", all, one)
 	}
@@ -393,16 +393,16 @@ func TestARoutersClientsLinesAreNotRead(t *testing.T) {
 		d.Match = m
 		demands = append(demands, &d)
 	}
-	pages, errs := e.ExtractDemands(page.Bytes(), demands)
+	pages, errs := e.ExtractDemands(page.Bytes(), demands, nil)
 	for i, want := range []float64{10, 4, 7} {
-		alone, err := e.ExtractDemand(page.Bytes(), demands[i])
+		alone, err := e.ExtractDemand(page.Bytes(), demands[i], nil)
 		if errs[i] != nil || err != nil || pages[i].V[metric.ArrivedRequests] != want || alone.V[metric.ArrivedRequests] != want {
 			t.Fatalf("demand %q: %v (%v), alone %v (%v); want %v", demands[i].Match, pages[i].V[metric.ArrivedRequests], errs[i], alone.V[metric.ArrivedRequests], err, want)
 		}
 	}
 	// A demand of every series (no label) reads every line, bounds and
 	// all.
-	if _, err := e.ExtractDemand(page.Bytes(), &Demand{Metrics: []string{"vllm:num_incoming_requests_total"}}); err == nil {
+	if _, err := e.ExtractDemand(page.Bytes(), &Demand{Metrics: []string{"vllm:num_incoming_requests_total"}}, nil); err == nil {
 		t.Fatal("a demand of every series read a page past the bounds")
 	}
 }
@@ -458,7 +458,7 @@ func BenchmarkExtractDemands(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		for range b.N {
 			for _, d := range demands {
-				if _, err := e.ExtractDemand(body, d); err != nil {
+				if _, err := e.ExtractDemand(body, d, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -467,7 +467,7 @@ func BenchmarkExtractDemands(b *testing.B) {
 	b.Run("once", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if _, errs := e.ExtractDemands(body, demands); errs[0] != nil {
+			if _, errs := e.ExtractDemands(body, demands, nil); errs[0] != nil {
 				b.Fatal(errs[0])
 			}
 		}
@@ -519,7 +519,7 @@ func TestLinesOfManyLabelsAreRefusedFirst(t *testing.T) {
 	// (A line of the workload's own value: one of another is not read,
 	// TestARoutersClientsLinesAreNotRead.)
 	own := strings.Replace(labelsLine("llm_d_epp_flow_control_queue_size", 40000), "{", `{target_model_name="llama",`, 1)
-	if _, err := e.ExtractDemand([]byte(own), &d); err == nil || !strings.Contains(err.Error(), "more than 16 labels") {
+	if _, err := e.ExtractDemand([]byte(own), &d, nil); err == nil || !strings.Contains(err.Error(), "more than 16 labels") {
 		t.Fatalf("a demand page's line of 40,000 labels: %v", err)
 	}
 }
