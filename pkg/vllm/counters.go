@@ -56,6 +56,10 @@ type Counters struct {
 	// asleep: the series retired into retired or retiredHist, by key, as
 	// they were (at most maxAsleep; nil until one is).
 	asleep map[uint64]counterSeries
+	// raw: the series summed as the page has them this scrape (no room to
+	// follow them), so that one given twice is taken once (nil until one
+	// is; cleared at each scrape).
+	raw map[uint64]struct{}
 }
 
 // maxAsleep bounds the retired series a pod's Counters remembers to
@@ -196,7 +200,10 @@ func (b *Budget) Held(ns string) (all, of int) {
 }
 
 // begin starts a scrape.
-func (c *Counters) begin() { c.scrape++ }
+func (c *Counters) begin() {
+	c.scrape++
+	clear(c.raw)
+}
 
 // observe returns the series' value made monotonic; ok is false for a
 // line to skip: a series the page already gave this scrape (the first line
@@ -229,6 +236,16 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 			// that value, until there is room.
 			return 0, false
 		}
+		// Summed as the page has it, and once: a line given twice was
+		// summed twice (then, with room, once: a drop, a reset to the
+		// aggregator).
+		if _, again := c.raw[key]; again {
+			return 0, false
+		}
+		if c.raw == nil {
+			c.raw = map[uint64]struct{}{}
+		}
+		c.raw[key] = struct{}{}
 		return v, true
 	case s == nil:
 		s = &blank

@@ -378,6 +378,27 @@ func TestASeriesTwiceOnAPageCountsOnce(t *testing.T) {
 			t.Errorf("scrape %d of the same page: TTFT buckets %v, want [4 9]", i, h.Counts)
 		}
 	}
+	// With no room to follow the series (the budget another pod holds), it
+	// is summed as the page has it, and once: it was summed twice (200),
+	// then, room given back, 100 (a drop: a reset to the aggregator).
+	b := NewBudget(2, 2)
+	other := NewCountersIn(b, "ns")
+	if _, err := e.ExtractWith([]byte("vllm:prompt_tokens_total{engine=\"7\"} 1\nvllm:generation_tokens_total{engine=\"7\"} 1\n"), other); err != nil {
+		t.Fatal(err)
+	}
+	full := NewCountersIn(b, "ns")
+	for i := range 3 {
+		if i == 2 {
+			other.Release()
+		}
+		p, err := e.ExtractWith(page, full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := p.Get(metric.PromptTokens); v != 100 {
+			t.Errorf("scrape %d of the same page, no room to follow the series (room given back at 2): prompt tokens %v, want 100", i, v)
+		}
+	}
 }
 
 // TestANegativeCountIsNoReset: no counter is below zero; one sample of -1
