@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"net"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -551,7 +552,7 @@ func (m *Managed) due(sec *corev1.Secret) bool {
 		if m.o.Now().After(twoThirds(c)) {
 			return true
 		}
-		if k == KeyServerCert && !sameNames(c, m.o.DNSNames, m.o.IPs) || k == KeyRelayCert && !sameNames(c, m.o.RelayDNSNames, nil) {
+		if k == KeyServerCert && !covers(c, m.o.DNSNames, m.o.IPs) || k == KeyRelayCert && !covers(c, m.o.RelayDNSNames, nil) {
 			return true
 		}
 	}
@@ -568,21 +569,46 @@ func (m *Managed) pairs() [][2]string {
 	return p
 }
 
-func sameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
-	if len(c.DNSNames) != len(dns) || len(c.IPAddresses) != len(ips) {
-		return false
-	}
-	for i := range dns {
-		if c.DNSNames[i] != dns[i] {
+// covers says whether c names every one of dns and ips (more is no
+// renewal: in a rollout that changes the names, each version re-issued the
+// certificate with its own, and the two took turns every few seconds,
+// each serving half the time a certificate without its names).
+func covers(c *x509.Certificate, dns []string, ips []net.IP) bool {
+	for _, d := range dns {
+		if !slices.Contains(c.DNSNames, d) {
 			return false
 		}
 	}
-	for i := range ips {
-		if !c.IPAddresses[i].Equal(ips[i]) {
+	for _, ip := range ips {
+		if !slices.ContainsFunc(c.IPAddresses, ip.Equal) {
 			return false
 		}
 	}
 	return true
+}
+
+// namesFor is what the certificate of key issued now names: dns and ips,
+// and those of sec's certificate of key that they lack, while it is within
+// the first two thirds of its life (a renewal for names: another version's,
+// in a rollout, are kept, and it finds its own still named). A renewal
+// past two thirds names dns and ips alone.
+func (m *Managed) namesFor(sec *corev1.Secret, key string, dns []string, ips []net.IP) ([]string, []net.IP) {
+	c, err := parseCert(sec.Data[key])
+	if err != nil || m.o.Now().After(twoThirds(c)) {
+		return dns, ips
+	}
+	dns, ips = slices.Clone(dns), slices.Clone(ips)
+	for _, d := range c.DNSNames {
+		if !slices.Contains(dns, d) {
+			dns = append(dns, d)
+		}
+	}
+	for _, ip := range c.IPAddresses {
+		if !slices.ContainsFunc(ips, ip.Equal) {
+			ips = append(ips, ip)
+		}
+	}
+	return dns, ips
 }
 
 // renew writes new server and client pairs into sec, signed by the
@@ -648,8 +674,10 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 			return err
 		}
 	}
+	dns, ips := m.namesFor(sec, KeyServerCert, m.o.DNSNames, m.o.IPs)
+	relayDNS, _ := m.namesFor(sec, KeyRelayCert, m.o.RelayDNSNames, nil)
 	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, signer, "pulse-aggregator", now, m.o.Validity, false,
-		x509.ExtKeyUsageServerAuth, m.o.DNSNames, m.o.IPs); err != nil {
+		x509.ExtKeyUsageServerAuth, dns, ips); err != nil {
 		return err
 	}
 	if _, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, m.o.Validity, false,
@@ -657,7 +685,7 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 		return err
 	}
 	_, _, sec.Data[KeyRelayCert], sec.Data[KeyRelayKey], err = issue(ca, signer, "pulse-relay", now, m.o.Validity, false,
-		x509.ExtKeyUsageServerAuth, m.o.RelayDNSNames, nil)
+		x509.ExtKeyUsageServerAuth, relayDNS, nil)
 	return err
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -619,6 +620,57 @@ func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 	}
 }
 
+// TestARolloutOfOtherNamesIssuesOnce: two replicas of other server names
+// (a rollout that adds the ingest Service's names, or changes the cluster
+// domain) share the Secret. The certificate issued for the new names keeps
+// the old ones beside them while it is within two thirds of its life, so
+// the old replica finds its names and issues nothing: each had re-issued
+// with its own, and the two took turns every few seconds, half the time
+// serving a certificate without the other's names. The renewal past two
+// thirds names the configured ones alone.
+func TestARolloutOfOtherNamesIssuesOnce(t *testing.T) {
+	ctx := context.Background()
+	old, client, dyn, clock := managed(t, 0)
+	updates := 0
+	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name == "pulse-aggregator-certs" {
+			updates++
+		}
+		return false, nil, nil
+	})
+	if err := old.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := old.o
+	o.DNSNames = []string{"localhost", "pulse-aggregator.pulse-system.svc.cluster.local"}
+	o.Dynamic = dyn
+	next := NewManaged(o)
+	for range 5 {
+		for _, m := range []*Managed{next, old} {
+			if err := m.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sec, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseCert(sec.Data[KeyServerCert])
+	if err != nil || updates != 1 || !covers(c, o.DNSNames, o.IPs) {
+		t.Fatalf("after five rounds of both replicas: %d updates of the Secret, names %v (%v); want 1, naming both", updates, c.DNSNames, err)
+	}
+	// Past two thirds the renewal names the new replica's alone.
+	clock.Add(21*24*time.Hour + time.Minute)
+	if err := next.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sec, _ = client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if c, err = parseCert(sec.Data[KeyServerCert]); err != nil || len(c.DNSNames) != 2 || !covers(c, o.DNSNames, o.IPs) {
+		t.Fatalf("renewed past two thirds: names %v (%v), want %v", c.DNSNames, err, o.DNSNames)
+	}
+}
+
 // relaySecret reads the relays' Secret.
 func relaySecret(t *testing.T, client *fake.Clientset) *corev1.Secret {
 	t.Helper()
@@ -680,14 +732,15 @@ func TestTheRelaysPairIsKeptInASecretOfItsOwn(t *testing.T) {
 		t.Fatal("the relay's pair was not renewed with the others")
 	}
 
-	// Other names: issued again for them.
-	m.o.RelayDNSNames = []string{"pulse-relay.pulse-system.svc"}
+	// A name more: issued again for it (the names it had kept beside it
+	// until the renewal past two thirds: TestARolloutOfOtherNamesIssuesOnce).
+	m.o.RelayDNSNames = []string{"pulse-relay.pulse-system.svc.cluster.local"}
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c, err := parseCert(relaySecret(t, client).Data[corev1.TLSCertKey])
-	if err != nil || len(c.DNSNames) != 1 || c.DNSNames[0] != "pulse-relay.pulse-system.svc" {
-		t.Fatalf("relay certificate after a change of names: %v (%v)", c, err)
+	if err != nil || !slices.Contains(c.DNSNames, "pulse-relay.pulse-system.svc.cluster.local") {
+		t.Fatalf("relay certificate after a change of names: %v (%v)", c.DNSNames, err)
 	}
 	// A garbled key in the relay secret (an edit by hand) is put right.
 	s = relaySecret(t, client)
