@@ -197,6 +197,7 @@ var errBackOff = errors.New("backing off")
 type watched struct {
 	gv       schema.GroupVersion
 	informer cache.SharedIndexInformer
+	stop     context.CancelFunc // ends the informer
 }
 
 // Run provisions until ctx ends. Run it while leading (RunElected).
@@ -277,19 +278,31 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// discover starts an informer for each kind the cluster now serves.
+// discover starts an informer for each kind the cluster now serves, and
+// one at the version served for a kind watched at another (its version
+// retired, or another preferred: the informer of a version no longer
+// served listed nothing for the rest of the term, and no annotated
+// workload of the kind was provisioned, changed or let go).
 func (r *run) discover(ctx context.Context) {
 	for _, k := range Kinds {
 		r.mu.Lock()
-		_, ok := r.workloads[k.Kind]
+		w := r.workloads[k.Kind]
 		r.mu.Unlock()
-		if ok {
-			continue
-		}
 		gv, err := served(r.c.o.Discovery, k)
-		if err != nil {
+		switch {
+		case err != nil && w == nil:
 			r.c.o.Log.Debug("kind not served", logging.KeyKind, k.Kind, logging.KeyErr, err)
 			continue
+		case err != nil || w != nil && w.gv == gv:
+			// (A kind watched and not served now, its CRD being
+			// replaced, keeps its informer: it lists again once served.)
+			continue
+		case w != nil:
+			r.c.o.Log.Info("workloads served at another version: watched at it", logging.KeyKind, k.Kind, logging.KeyVersion, gv.String(), "was", w.gv.String())
+			w.stop()
+			r.mu.Lock()
+			delete(r.workloads, k.Kind)
+			r.mu.Unlock()
 		}
 		inf := metadatainformer.NewFilteredMetadataInformer(r.c.o.Metadata, gv.WithResource(k.Resource), metav1.NamespaceAll,
 			r.c.o.Resync, cache.Indexers{}, nil).Informer()
@@ -325,10 +338,11 @@ func (r *run) discover(ctx context.Context) {
 			r.c.o.Log.Error("watch", logging.KeyKind, kind, logging.KeyErr, err)
 			continue
 		}
+		ictx, stop := context.WithCancel(ctx)
 		r.mu.Lock()
-		r.workloads[kind] = &watched{gv: gv, informer: inf}
+		r.workloads[kind] = &watched{gv: gv, informer: inf, stop: stop}
 		r.mu.Unlock()
-		go inf.Run(ctx.Done())
+		go inf.Run(ictx.Done())
 		r.c.o.Log.Info("watching workloads for pulse.io/autoscale", logging.KeyKind, kind, logging.KeyVersion, gv.String())
 	}
 }

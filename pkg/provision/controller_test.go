@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/discovery"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	metadatafake "k8s.io/client-go/metadata/fake"
@@ -1243,4 +1245,86 @@ func TestTyposAreLookedForBoundedAndAlike(t *testing.T) {
 	if err := fromCache(off); err == nil || !strings.Contains(err.Error(), "did you mean "+AnnotationAutoscale) {
 		t.Errorf("a workload not enabled, from the cache: %v; want its typo of pulse.io/autoscale named", err)
 	}
+}
+
+// retiring is the fixture's discovery, with kaito.sh/v1alpha1 retired for
+// v1beta1 once retired is set (a Kaito upgrade).
+type retiring struct {
+	discovery.DiscoveryInterface
+	retired atomic.Bool
+}
+
+func (r *retiring) ServerGroups() (*metav1.APIGroupList, error) {
+	g, err := r.DiscoveryInterface.ServerGroups()
+	if err != nil || !r.retired.Load() {
+		return g, err
+	}
+	beta := metav1.GroupVersionForDiscovery{GroupVersion: "kaito.sh/v1beta1", Version: "v1beta1"}
+	for i := range g.Groups {
+		if g.Groups[i].Name == "kaito.sh" {
+			g.Groups[i].PreferredVersion, g.Groups[i].Versions = beta, []metav1.GroupVersionForDiscovery{beta}
+		}
+	}
+	return g, nil
+}
+
+func (r *retiring) ServerResourcesForGroupVersion(gv string) (*metav1.APIResourceList, error) {
+	if !r.retired.Load() {
+		return r.DiscoveryInterface.ServerResourcesForGroupVersion(gv)
+	}
+	switch gv {
+	case "kaito.sh/v1alpha1":
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: "kaito.sh"}, gv)
+	case "kaito.sh/v1beta1":
+		l, err := r.DiscoveryInterface.ServerResourcesForGroupVersion("kaito.sh/v1alpha1")
+		if err != nil {
+			return nil, err
+		}
+		l = l.DeepCopy()
+		l.GroupVersion = gv
+		return l, nil
+	}
+	return r.DiscoveryInterface.ServerResourcesForGroupVersion(gv)
+}
+
+// TestAVersionRetiredIsWatchedAtTheOneServed: a kind watched at a version
+// the cluster stops serving (a Kaito upgrade retiring v1alpha1) is watched
+// at the one served from the next rediscovery: its informer had listed
+// nothing for the rest of the leader's term (each list a 404, a warning),
+// and no annotated workload of the kind was provisioned, changed or let go.
+func TestAVersionRetiredIsWatchedAtTheOneServed(t *testing.T) {
+	annotated := map[string]string{KaitoAutoProvision: "true"}
+	f := newFixture(t, workload(infSets, "InferenceSet", "first", annotated))
+	disc := &retiring{DiscoveryInterface: f.kube.Discovery()}
+	f.c.o.Discovery, f.c.o.Rediscover = disc, 50*time.Millisecond
+	f.meta.PrependReactor("list", "inferencesets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if disc.retired.Load() && a.GetResource().Version == "v1alpha1" {
+			return true, nil, apierrors.NewNotFound(a.GetResource().GroupResource(), "")
+		}
+		return false, nil, nil
+	})
+	f.meta.PrependWatchReactor("inferencesets", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		if disc.retired.Load() && a.GetResource().Version == "v1alpha1" {
+			return true, nil, apierrors.NewNotFound(a.GetResource().GroupResource(), "")
+		}
+		return false, nil, nil
+	})
+	f.run()
+	f.waitFor("first's ScaledObject", func() error { _, err := f.scaledObject("first"); return err })
+
+	beta := schema.GroupVersionResource{Group: "kaito.sh", Version: "v1beta1", Resource: "inferencesets"}
+	disc.retired.Store(true)
+	if err := f.meta.Tracker().Create(beta, workload(beta, "InferenceSet", "second", annotated), "demo"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("second's ScaledObject, its owner at v1beta1", func() error {
+		so, err := f.scaledObject("second")
+		if err != nil {
+			return err
+		}
+		if refs := so.GetOwnerReferences(); len(refs) != 1 || refs[0].APIVersion != "kaito.sh/v1beta1" {
+			return fmt.Errorf("owner references %v", refs)
+		}
+		return nil
+	})
 }
