@@ -81,6 +81,10 @@ type TokenReviewer struct {
 	nodeRate   rate.Limit
 	nodeBurst  int
 	sync       time.Duration // how long a lookup waits for the pod cache
+	// reviewFor bounds a token review (reviewTimeout): one of the
+	// maxReviews turns held by a hung API connection was held past the
+	// agent's giving up, each new stream of every node waiting for it.
+	reviewFor time.Duration
 	// podInformer caches every scheduled pod's node, so that an
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
@@ -99,7 +103,8 @@ var _ Authenticator = (*TokenReviewer)(nil)
 // accounts ("namespace/name").
 func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
 	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait,
-		misses: rate.NewLimiter(missRate, missBurst), nodeRate: nodeMissRate, nodeBurst: nodeMissBurst, sync: podCacheWait}
+		misses: rate.NewLimiter(missRate, missBurst), nodeRate: nodeMissRate, nodeBurst: nodeMissBurst, sync: podCacheWait,
+		reviewFor: reviewTimeout}
 	for _, sa := range serviceAccounts {
 		ns, name, ok := strings.Cut(sa, "/")
 		if !ok || ns == "" || name == "" {
@@ -369,7 +374,13 @@ func TokenExpiry(token string) (time.Time, bool) {
 	return time.Unix(claims.Exp, 0), true
 }
 
+// reviewTimeout bounds a token review, as podLookupTimeout bounds a pod's
+// lookup: an agent waits 10 s for its stream's welcome.
+const reviewTimeout = 10 * time.Second
+
 func (t *TokenReviewer) review(ctx context.Context, token string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.reviewFor)
+	defer cancel()
 	tr, err := t.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{t.audience}}}, metav1.CreateOptions{})
 	if err != nil {
@@ -399,6 +410,10 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 	}
 	return nodes[0], nil
 }
+
+// errNodeLookups: the node's share of the lookups is spent (wrapped in
+// ErrLookupUnavailable): its own agent's doing, unlike the API's outage.
+var errNodeLookups = errors.New("too many lookups of pods not in the pod cache from node")
 
 // ErrLookupUnavailable: a pod's node cannot be looked up now (the pod
 // cache is not synced yet, the lookups' rate is taken, the API did not
@@ -440,7 +455,7 @@ func (t *TokenReviewer) waitMiss(ctx context.Context, node string) error {
 			}
 		}
 		if err := lim.Wait(wctx); err != nil {
-			return fmt.Errorf("%w: too many lookups of pods not in the pod cache from node %s", ErrLookupUnavailable, node)
+			return fmt.Errorf("%w: %w %s", ErrLookupUnavailable, errNodeLookups, node)
 		}
 	}
 	if err := t.misses.Wait(wctx); err != nil {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -25,7 +27,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
@@ -1143,5 +1147,81 @@ func TestANameNoPodCanHaveIsRefused(t *testing.T) {
 	}
 	if n := podGets(c) - before; n != 0 {
 		t.Fatalf("%d pod GETs for names no pod has", n)
+	}
+}
+
+// TestADeletedPodIsNotHeldAgainUnverified: a node's agent kept a pod the
+// API no longer has (here another tenant's, deleted) held and reporting
+// across a reconnect, by listing made-up pods first: they took its node's
+// share of the lookups, the real entry was "not looked up now", and a full
+// catalogue's entry not looked up is kept as last admitted (an outage's
+// rule). Once its node's share is spent in a catalogue, an entry not
+// looked up is not kept.
+func TestADeletedPodIsNotHeldAgainUnverified(t *testing.T) {
+	c := fakeAPI()
+	tr := runningReviewer(t, c)
+	tr.nodeRate, tr.nodeBurst = 0.001, 1 // one GET, then none: as after a flood of the node's own
+	f := newFixtureStore(t, tr, store.Options{Expiry: time.Hour})
+	entry := func(id uint32, name string) *pulsev1.Pod {
+		return &pulsev1.Pod{Id: id, Uid: "uid-" + name, Namespace: "ns", Name: name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entry(1, "mine"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CoreV1().Pods("ns").Delete(context.Background(), "mine", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pod cache to drop mine", func() bool {
+		_, ok, _ := tr.podInformer.GetStore().GetByKey("ns/mine")
+		return !ok
+	})
+	tr.pods.Purge() // its identity read more than claimsFor ago
+	enc := wire.NewEncoder()
+	b := &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: time.Now().UnixMilli()}
+	s := wire.Sample{Pod: 3}
+	s.Values.Set(metric.Waiting, 42)
+	enc.Append(b, &s)
+	err := f.runAs(t, "token-node-1", hello(), catalogue(entry(1, "ghost-a"), entry(2, "ghost-b"), entry(3, "mine")),
+		&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := podView(f.store, "mine"); v != nil && v.Values["waiting"] == 42 {
+		t.Fatalf("the API has no pod ns/mine, yet node-1's new stream holds it and stored its sample: %+v", v)
+	}
+}
+
+// TestATokenReviewIsBounded: a token review the API does not answer (a
+// hung connection) ends at the reviewer's bound, an error that is not
+// cached, and gives its turn back: it held one of the maxReviews turns for
+// as long as the API did not answer, long past the agent's giving up, and
+// every node's new stream waited for the turns.
+func TestATokenReviewIsBounded(t *testing.T) {
+	release := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select { // a review never answered, until the test ends
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer api.Close()
+	defer close(release)
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := NewTokenReviewer(client, "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.reviewFor = 50 * time.Millisecond
+	for i := range maxReviews + 1 {
+		if _, err := tr.Authenticate(context.Background(), fmt.Sprintf("token-%d", i)); err == nil || errors.Is(err, ErrBusy) || errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("review %d of a hung API: %v; want the review's error (turns given back, nothing cached)", i, err)
+		}
+	}
+	if n := len(tr.turns); n != 0 {
+		t.Fatalf("%d turns held after the reviews ended", n)
 	}
 }

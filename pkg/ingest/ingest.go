@@ -258,31 +258,37 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			st.logger().Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, tokenExpires)
 			return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", tokenExpires.UTC().Format(time.RFC3339))
 		}
-		switch m := msg.Msg.(type) {
-		case *pulsev1.AgentMessage_Catalogue:
-			if err := st.catalogue(m.Catalogue); errors.Is(err, errSuperseded) {
-				return err
-			} else if err != nil {
-				s.m.rejected.WithLabelValues("catalogue").Inc()
-				return status.Error(codes.InvalidArgument, err.Error())
-			}
-		case *pulsev1.AgentMessage_Batch:
-			if err := st.batch(m.Batch); errors.Is(err, errSuperseded) {
-				return err
-			} else if err != nil {
-				return status.Error(codes.InvalidArgument, err.Error())
-			}
-			if !st.ackDue(time.Now()) {
-				continue
-			}
-			if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.Batch.Seq}}}); err != nil {
-				return err
-			}
-		default:
-			s.m.rejected.WithLabelValues("message").Inc()
-			return status.Error(codes.InvalidArgument, "unexpected message after hello")
+		if err := st.take(stream, msg); err != nil {
+			return err
 		}
 	}
+}
+
+// take is one message of the stream after its hello: a catalogue, or a
+// batch (acknowledged when an ack is due); an error ends the stream.
+func (st *streamState) take(stream pulsev1.Ingest_ReportServer, msg *pulsev1.AgentMessage) error {
+	switch m := msg.Msg.(type) {
+	case *pulsev1.AgentMessage_Catalogue:
+		if err := st.catalogue(m.Catalogue); errors.Is(err, errSuperseded) {
+			return err
+		} else if err != nil {
+			st.srv.m.rejected.WithLabelValues("catalogue").Inc()
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+	case *pulsev1.AgentMessage_Batch:
+		if err := st.batch(m.Batch); errors.Is(err, errSuperseded) {
+			return err
+		} else if err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		if st.ackDue(time.Now()) {
+			return stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Ack{Ack: &pulsev1.Ack{Seq: m.Batch.Seq}}})
+		}
+	default:
+		st.srv.m.rejected.WithLabelValues("message").Inc()
+		return status.Error(codes.InvalidArgument, "unexpected message after hello")
+	}
+	return nil
 }
 
 // openSource opens the stream's source in the store (release closes it),
@@ -506,6 +512,12 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 	infos := make([]store.PodInfo, 0, len(entries))
 	ids := make([]uint32, 0, len(entries))
 	listed := make(map[uint32]bool, len(entries))
+	// spent: the node's share of the lookups ran out in this catalogue.
+	// Its agent spent it (entries of pods the API does not have), so an
+	// entry not looked up after it is not kept as last admitted: a
+	// compromised node listed made-up pods first, and kept a pod the API
+	// had deleted (another tenant's) held, with its samples, unchecked.
+	spent := false
 	for _, p := range entries {
 		if listed[p.Id] {
 			st.refuseRepeat(p)
@@ -514,7 +526,8 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		listed[p.Id] = true
 		info, ok, err := st.admit(ctx, p, &removed)
 		if errors.Is(err, ErrLookupUnavailable) {
-			if held, ok := st.heldBefore(p, full); ok {
+			spent = spent || errors.Is(err, errNodeLookups)
+			if held, ok := st.heldBefore(p, full); ok && !spent {
 				// Kept as last admitted, as a held pod's entry is in a
 				// catalogue of changes: a full one (at every reconnect)
 				// unlisted it, its series dropped and its workload a
@@ -537,6 +550,13 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 		infos = append(infos, info)
 		ids = append(ids, p.Id)
 	}
+	// A pod removed under one id and listed under another in the same
+	// catalogue (the agent's ids are reused: it left and came back
+	// between two sends) stays listed: removed first, its series was
+	// dropped, and at --max-pods a new pod took its place.
+	removed = slices.DeleteFunc(removed, func(uid string) bool {
+		return slices.ContainsFunc(infos, func(i store.PodInfo) bool { return i.UID == uid })
+	})
 	if len(removed) > 0 {
 		if err := st.srv.store.RemoveStream(st.hello.Node, st.stream, removed...); err != nil {
 			return st.superseded()

@@ -908,3 +908,50 @@ func TestHistogramsOfASampleNotStoredAreKept(t *testing.T) {
 		}
 	})
 }
+
+// samplesOf is the samples the store holds of ns/llama's pod name, and
+// whether it holds it.
+func samplesOf(f *fixture, name string) (int, bool) {
+	k := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
+	pods, _ := f.store.Query(nil, k, metric.Canonical[0], time.Minute, time.Hour)
+	for _, p := range pods {
+		if p.Name == name {
+			return p.Samples, true
+		}
+	}
+	return 0, false
+}
+
+// TestAPodMovedToANewIDKeepsItsSeriesAndPlace: a pod the agent lists under
+// a new id (it left the catalogue and came back between two sends, its old
+// id taken by another pod) in one catalogue of changes keeps its series,
+// and at --max-pods its place: it was removed before it was listed again,
+// its samples dropped, and the new pod (another namespace's) took its
+// place, though no pod held is evicted for a new one.
+func TestAPodMovedToANewIDKeepsItsSeriesAndPlace(t *testing.T) {
+	for _, maxPods := range []int{0, 2} {
+		f := newFixtureStore(t, nil, store.Options{MaxPods: maxPods})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		enc := wire.NewEncoder()
+		s := f.openStream(ctx, t, "node-1")
+		if err := s.Send(catalogue(pod(1, "a"), pod(2, "b"))); err != nil {
+			t.Fatal(err)
+		}
+		for seq := uint64(1); seq <= 3; seq++ {
+			sendBatch(t, s, enc, seq, 1, 1, 2)
+		}
+		// As DiffCatalogue sends it: id 1 is now c, a is id 3.
+		enc.Forget(1)
+		c := pod(1, "c")
+		c.Namespace = "other"
+		delta := &pulsev1.Catalogue{Remove: []uint32{1}, Upsert: []*pulsev1.Pod{c, pod(3, "a")}}
+		if err := s.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Catalogue{Catalogue: delta}}); err != nil {
+			t.Fatal(err)
+		}
+		sendBatch(t, s, enc, 4, 1, 1, 2, 3)
+		if n, ok := samplesOf(f, "a"); n != 4 {
+			t.Fatalf("--max-pods %d: a (held %v) holds %d samples after moving ids, want 4 (its series kept)", maxPods, ok, n)
+		}
+		cancel()
+	}
+}
