@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	runtimedebug "runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -609,35 +610,41 @@ func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 // maxReviewedPath bounds a path sent to the API server for review.
 const maxReviewedPath = 512
 
-// namespacedPages are the debug endpoints' paths that a namespace and a
-// name follow.
-var namespacedPages = []string{"/debug/workloads/", "/debug/triggers/", "/debug/provisioning/"}
+// namespacedPages are the debug endpoints whose path a namespace and a
+// name follow (/debug/<page>/<namespace>/<name>).
+var namespacedPages = []string{"workloads", "triggers", "provisioning"}
 
 // reviewable says whether u's path is one an object can have: at most
 // maxReviewedPath bytes; under a namespaced page a DNS label (a
-// namespace, unescaped) and a workload's name (printable, at most 253
-// bytes, no slash: pulse.io/workload takes more than a DNS name).
+// namespace) and a workload's name (printable, at most 253 bytes, no
+// slash: pulse.io/workload takes more than a DNS name). Its segments are
+// read unescaped, as the mux routes them: a page's word escaped
+// (/debug/%77orkloads/...) was no page's prefix here, and the mux served
+// it as the page all the same, each such path reviewed.
 func reviewable(u *url.URL) bool {
 	p := u.EscapedPath()
 	if len(p) > maxReviewedPath {
 		return false
 	}
-	for _, prefix := range namespacedPages {
-		rest, ok := strings.CutPrefix(p, prefix)
-		if !ok {
-			continue
-		}
-		ns, escaped, named := strings.Cut(rest, "/")
-		if len(validation.IsDNS1123Label(ns)) > 0 {
+	segs := strings.Split(p, "/")
+	for i, seg := range segs {
+		d, err := url.PathUnescape(seg)
+		if err != nil {
 			return false
 		}
-		if !named {
-			return true
-		}
-		name, err := url.PathUnescape(escaped)
-		return err == nil && name != "" && len(name) <= wire.MaxName && !strings.Contains(name, "/") && wire.IsName(name)
+		segs[i] = d
 	}
-	return true
+	if len(segs) < 4 || segs[0] != "" || segs[1] != "debug" || !slices.Contains(namespacedPages, segs[2]) {
+		return true
+	}
+	if len(validation.IsDNS1123Label(segs[3])) > 0 {
+		return false
+	}
+	if len(segs) == 4 {
+		return true
+	}
+	name := strings.Join(segs[4:], "/")
+	return name != "" && len(name) <= wire.MaxName && !strings.Contains(name, "/") && wire.IsName(name)
 }
 
 // metricsHandler serves reg's metrics (bounded as app.MetricsHandler

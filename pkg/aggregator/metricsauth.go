@@ -75,20 +75,26 @@ type metricsAuthorizer struct {
 	allowed *expirable.LRU[[sha256.Size]byte, allowance] // a token allowed: until when, and its user
 	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
 	limit   [2]*rate.Limiter                             // reviews of tokens not known, by class (metricsClass)
-	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews (each user's, once allowed)
-	renew   [2]*rate.Limiter                             // reviews of tokens allowed before, their answer old
-	flight  singleflight.Group
-	warnMu  sync.Mutex
-	warned  time.Time
+	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews
+	// users: each user's rate of the reviews again of its tokens allowed
+	// before, apart from tokens: a limiter among the tokens' was pushed
+	// out by a flood of made-up tokens, and came back with a fresh burst.
+	users  *lru.Cache[[sha256.Size]byte, *rate.Limiter]
+	renew  [2]*rate.Limiter // reviews of tokens allowed before, their answer old
+	flight singleflight.Group
+	warnMu sync.Mutex
+	warned time.Time
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
 	tokens, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache) // errs only on a size of 0
+	users, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache)
 	return &metricsAuthorizer{kube: kube, log: log,
 		allowed: expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
 		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
 		limit:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
 		tokens:  tokens,
+		users:   users,
 		renew:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
 }
 
@@ -173,11 +179,11 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	// allowed before, its user's: a tenant minting tokens of its own
 	// account (each a fresh rate) took the reviews again of every token
 	// allowed before, the operator's among them.
-	rateOf := "token\x00" + token
+	rates, rateOf := m.tokens, token
 	if known {
-		rateOf = "user\x00" + a.user
+		rates, rateOf = m.users, a.user
 	}
-	if !m.tokenAllows(rateOf) || !limit.Allow() {
+	if !rateAllows(rates, rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
 		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
@@ -206,11 +212,11 @@ type allowance struct {
 	user  string
 }
 
-// tokenAllows takes one of the reviews of who (a token, or a user), if
-// its rate has one.
-func (m *metricsAuthorizer) tokenAllows(who string) bool {
+// rateAllows takes one of the reviews of who (a token, or a user: the
+// cache of its kind's rates), if its rate has one.
+func rateAllows(rates *lru.Cache[[sha256.Size]byte, *rate.Limiter], who string) bool {
 	l := rate.NewLimiter(metricsTokenRate, metricsTokenBurst)
-	if prev, ok, _ := m.tokens.PeekOrAdd(sha256.Sum256([]byte(who)), l); ok {
+	if prev, ok, _ := rates.PeekOrAdd(sha256.Sum256([]byte(who)), l); ok {
 		l = prev // one limiter a token, whatever its requests at once
 	}
 	return l.Allow()

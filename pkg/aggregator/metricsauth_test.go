@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -340,6 +341,9 @@ func TestPathsAndTokensNoObjectHasAreNotReviewed(t *testing.T) {
 		"/debug/workloads/team-a%2F1", "/debug/triggers/team-a%2F..%2Fteam-b", "/debug/workloads/Team-A",
 		"/debug/workloads/team-a/" + strings.Repeat("x", 300), "/debug/provisioning/" + strings.Repeat("n", 64),
 		"/debug/workloads/team-a/a%2Fb", "/debug/workloads/team-a/a%0Ab",
+		// A page's word escaped is routed as the page: checked as it.
+		"/debug/%77orkloads/team-a%2F1", "/debug/%74riggers/team-a%2F..%2Fteam-b", "/debug/%77orkloads/team-a/a%0Ab",
+		"/%64ebug/provisioning/Team-A",
 	} {
 		if code, _ := getWithToken(t, http.DefaultClient, base+path, "debugger"); code != http.StatusNotFound {
 			t.Errorf("%.80s: %d, want 404", path, code)
@@ -389,5 +393,23 @@ func TestTokensMintedByOneUserShareItsReviews(t *testing.T) {
 	}
 	if ok, _, err := m.allow(ctx, "/debug/triggers", "debugger"); !ok || err != nil {
 		t.Fatalf("the operator's page after a tenant's nine tokens: %v %v, want reviewed and allowed", ok, err)
+	}
+	// Its user's rate spent, made-up tokens (each reviewed, and refused)
+	// do not push it out: its limiter had come back with a fresh burst.
+	spent := fmt.Sprintf("minted-%d", 9)
+	for p := range 2 * metricsTokenBurst {
+		path := fmt.Sprintf("/debug/workloads/team-a/y%d", p)
+		m.allowed.Add(answerKey(path, spent), allowance{until: old, user: tenantReader})
+		_, _, _ = m.allow(ctx, path, spent)
+	}
+	for i := range metricsAuthCache {
+		m.limit[1] = rate.NewLimiter(rate.Inf, 0) // the shared rate, not the tokens', is not what is tested here
+		_, _, _ = m.allow(ctx, "/debug/triggers", fmt.Sprintf("garbage-%d", i))
+	}
+	m.renew[1] = rate.NewLimiter(rate.Inf, 0)
+	path := "/debug/workloads/team-a/z"
+	m.allowed.Add(answerKey(path, spent), allowance{until: old, user: tenantReader})
+	if _, _, err := m.allow(ctx, path, spent); !errors.Is(err, errReviewsBusy) {
+		t.Fatalf("a tenant's user, its rate spent, after %d made-up tokens: %v; want errReviewsBusy (its rate kept)", metricsAuthCache, err)
 	}
 }

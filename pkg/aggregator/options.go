@@ -72,8 +72,16 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 func (o *Options) Validate() error {
 	errs := []error{o.Serving.Validate(), o.Store.Validate(), o.Warmup.Validate(), o.ScalerTLS.Validate(), o.Certs.Validate(),
 		o.IngestTLS.Validate(), o.AgentAuth.Validate(), o.Provision.Validate(), o.Log.Validate()}
-	if o.Provision.Enabled && o.Provision.LeaderElect && o.Provision.leaseNamespace(o) == "" {
-		errs = append(errs, errors.New("--provision-scaledobjects with --leader-elect needs --leader-elect-namespace (or --namespace, or $POD_NAMESPACE)"))
+	if o.Provision.Enabled && o.Provision.LeaderElect {
+		switch ns := o.Provision.leaseNamespace(o); {
+		case ns == "":
+			errs = append(errs, errors.New("--provision-scaledobjects with --leader-elect needs --leader-elect-namespace (or --namespace, or $POD_NAMESPACE)"))
+		case o.Provision.LeaseNamespace == "" && len(validation.IsDNS1123Label(ns)) > 0:
+			// The Lease's namespace taken from --namespace, not checked
+			// there without --manage-certs: every replica's create of
+			// the Lease failed, and nothing was provisioned.
+			errs = append(errs, fmt.Errorf("--namespace %q (the Lease's, with no --leader-elect-namespace): %s", wire.CleanText(ns, 64), strings.Join(validation.IsDNS1123Label(ns), "; ")))
+		}
 	}
 	if o.IngestTLS.Managed && !o.Certs.Enabled {
 		errs = append(errs, errors.New("--ingest-managed-tls needs --manage-certs"))

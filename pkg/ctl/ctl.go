@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -513,7 +514,14 @@ func top(args []string, stdout, stderr io.Writer) int {
 	}
 	path := "/debug/triggers"
 	if *namespace != "" {
-		path += "/" + neturl.PathEscape(*namespace)
+		// A namespace is a DNS label: "." was the path /debug/triggers/.,
+		// which the server redirects to every namespace's page, shown
+		// under the one asked for.
+		if errs := validation.IsDNS1123Label(*namespace); len(errs) > 0 {
+			fmt.Fprintf(stderr, "pulsectl top: --namespace %q is no namespace: %s\n", *namespace, strings.Join(errs, "; "))
+			return 2
+		}
+		path += "/" + *namespace
 	}
 	url := strings.TrimRight(*base, "/") + path + "?format=table"
 	if !strings.Contains(url, "://") {

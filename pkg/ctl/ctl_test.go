@@ -273,8 +273,16 @@ func TestTopOneNamespaceAndPastABusyAnswer(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "team-a/llama-so") || !strings.Contains(errs, "under way") || len(paths) != 2 || paths[1] != "/debug/triggers/team-a" {
 		t.Fatalf("top --namespace past a 503: exit %d, paths %v\n%s%s", code, paths, out, errs)
 	}
-	// A 503 at the last refresh is the answer.
+	// A namespace that is no DNS label is refused, nothing asked: "."
+	// was /debug/triggers/., which the server redirects to every
+	// namespace's page, shown under the one asked for.
 	paths = nil
+	for _, ns := range []string{".", "..", "team-a/x", "Team-A"} {
+		if code, out, errs := run("top", "--debug", srv.URL, "--namespace", ns, "-n", "1"); code != 2 || len(paths) != 0 || strings.Contains(out, "llama-so") || !strings.Contains(errs, "is no namespace") {
+			t.Fatalf("top --namespace %q: exit %d, paths %v\n%s%s; want 2, nothing asked", ns, code, paths, out, errs)
+		}
+	}
+	// A 503 at the last refresh is the answer.
 	if code, _, errs := run("top", "--debug", srv.URL, "-n", "1"); code != 1 || !strings.Contains(errs, "503") {
 		t.Fatalf("top -n 1 answered 503: exit %d, want 1\n%s", code, errs)
 	}
