@@ -284,36 +284,39 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 			n += c.missing
 		}
 	}
+	// The workload's total: the pods counted and filled (an ignored pod,
+	// an idle one, and a failing one counted 0 under max are not), as
+	// total answers it; average answers its share of each pod the HPA
+	// multiplies by (forTheHPA).
 	v := 0.0
 	if len(vals) > 0 {
 		v = aggregate(vals, t.Aggregation)
 	}
-	if t.ValueType == "total" {
-		if t.Aggregation == "avg" {
-			v = sum(vals)
-		} else {
-			v *= float64(n)
-		}
+	if t.Aggregation == "avg" {
+		v = sum(vals)
+	} else {
+		v *= float64(n)
 	}
 	pods := r.Pods
 	ready := len(pods) - c.starting - c.terminating
 	hpaReady := ready + c.drainingReady
-	serving := ready
-	if fill < 0 {
-		// Ignored: with valueType average the HPA multiplies by them too,
-		// and counted them at the others' mean; they are left out of its
-		// product as of the value.
-		serving -= c.missing
-	}
-	v = forTheHPA(t, v, serving, hpaReady, dv.Held)
+	perPodActive := (v + dv.Held) / float64(max(ready, 1))
+	v = forTheHPA(t, v, hpaReady, dv.Held)
 	if up && fill == 0 && c.missing > 0 {
 		v = heldUp(t, v, len(c.vals)+c.missing, hpaReady)
+		perPodActive = max(perPodActive, t.Threshold*float64(len(c.vals)+c.missing)/float64(max(ready, 1)))
 	}
 	d.Pending = dv.Held
 	if err := valid(t, v); err != nil {
 		return Decision{}, err
 	}
 	d.Value, d.Active = v, v > t.ActivationThreshold
+	if t.ValueType == "average" {
+		// Activation is the serving pods' average: a pod draining in its
+		// grace period, in the HPA's count, lowered the value below the
+		// activation threshold of a workload still serving.
+		d.Active = perPodActive > t.ActivationThreshold
+	}
 	d.Counted = len(pods) - c.missing - c.starting - c.terminating - c.undefined
 	if fill >= 0 {
 		d.Filled = c.missing
@@ -345,22 +348,22 @@ func heldUp(t Trigger, v float64, pods, hpaReady int) float64 {
 	return max(v, least)
 }
 
-// forTheHPA is the value v of the ready serving pods as the HPA should get
-// it, with the requests held at the routers added. With metricType Value
-// (valueType average) the HPA multiplies by its count of Ready pods, which
-// includes terminating pods still Ready in their grace period
-// (replica_calculator.go, getReadyPodsCount): the average is scaled by the
-// serving pods' share, so that the HPA's product is theirs (it asked for
-// one replica more during every scale-down, and undid it), and the held
-// requests are spread over the HPA's count.
-func forTheHPA(t Trigger, v float64, ready, hpaReady int, held float64) float64 {
+// forTheHPA is the workload's total v, with the requests held at the
+// routers added, as the HPA should get it: whole for valueType total
+// (metricType AverageValue: the HPA divides by the threshold); for
+// average (metricType Value) divided by the HPA's count of Ready pods,
+// hpaReady, which it multiplies by (replica_calculator.go,
+// getReadyPodsCount: every pod Running and Ready, those draining in their
+// grace period, idle and failing ones included), so that either asks for
+// the same replicas. The average of the counted pods had been scaled by
+// the serving pods' share alone: a failing pod under max, or an idle one
+// (left out of total's count), was in the HPA's product all the same (one
+// pod at 3 s beside two idle asked total for 3 replicas, average for 9).
+func forTheHPA(t Trigger, v float64, hpaReady int, held float64) float64 {
 	if t.ValueType != "average" {
 		return v + held
 	}
-	if hpaReady > ready && hpaReady > 0 {
-		v *= float64(ready) / float64(hpaReady)
-	}
-	return v + held/float64(max(hpaReady, 1))
+	return (v + held) / float64(max(hpaReady, 1))
 }
 
 // noReplica answers for a workload with no replica listed: the routers'
@@ -412,7 +415,7 @@ func staleDemand(t Trigger, dv store.DemandValue) error {
 // huge values (1e308, summed to +Inf) was answered as it was, and KEDA's
 // thousandths of it wrapped.
 func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) (Decision, error) {
-	v := forTheHPA(t, 0, 0, hpaReady, dv.Held+dv.Arrived)
+	v := forTheHPA(t, 0, hpaReady, dv.Held+dv.Arrived)
 	if err := valid(t, v); err != nil {
 		return Decision{}, err
 	}

@@ -101,10 +101,13 @@ func TestMissingPodRule(t *testing.T) {
 		"hold, up, average":    {pods: up, md: map[string]string{"valueType": "average"}, want: 10},
 		"max, up: 0 adds none": {pods: up, md: map[string]string{"aggregation": "max"}, want: 30},
 		// max: the fill never exceeds the threshold, even with seed.
-		"max, down, hold":                 {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
-		"max, down, seed capped":          {pods: down, md: map[string]string{"aggregation": "max", "missingPods": "seed"}, want: 30},
-		"max, down, average":              {pods: down, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
-		"max, up, average":                {pods: up, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 15},
+		"max, down, hold":        {pods: down, md: map[string]string{"aggregation": "max"}, want: 30},
+		"max, down, seed capped": {pods: down, md: map[string]string{"aggregation": "max", "missingPods": "seed"}, want: 30},
+		"max, down, average":     {pods: down, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
+		// max × the 2 counted (the failing one, 0, adds none): 30, over
+		// the HPA's 3 Ready pods: it asks for 3, as total does (before
+		// 2026-12-04, 15: the HPA asked for 5).
+		"max, up, average":                {pods: up, md: map[string]string{"aggregation": "max", "valueType": "average"}, want: 10},
 		"starting pods add no demand":     {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}, {"c", "starting", 0, false}}, want: 9},
 		"starting pods: average of ready": {pods: []podSpec{{"a", "ready", 9, false}, {"b", "starting", 0, false}}, md: map[string]string{"valueType": "average"}, want: 9},
 		"starting pods: max × ready pods": {pods: []podSpec{{"a", "ready", 2, false}, {"b", "ready", 2, false}, {"c", "starting", 0, false}}, md: map[string]string{"aggregation": "max"}, want: 4},
@@ -265,9 +268,12 @@ func TestIdlePodsAreLeftOut(t *testing.T) {
 		f.pods("a", "b", "c")
 		f.reportTTFT(map[string][3]float64{"a": {1, 10, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
 		f.reportTTFT(map[string][3]float64{"a": {2, 20, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
+		// 0.1 × the one counted pod, over the HPA's 3 Ready pods: the
+		// HPA's product is 0.1, as total's value (before 2026-12-04, 0.1:
+		// the HPA's product 0.3, the idle pods in it).
 		got, err := f.metric(t, md)
-		if err != nil || math.Abs(got-0.1) > 1e-9 {
-			t.Fatalf("GetMetrics = %v, %v; want 0.1 (the idle pods left out)", got, err)
+		if err != nil || math.Abs(got-0.1/3) > 1e-9 {
+			t.Fatalf("GetMetrics = %v, %v; want 0.1/3 (the idle pods left out of the HPA's product)", got, err)
 		}
 		if d := f.server.Evaluations()[0].Decision; d.Counted != 1 || d.LeftOut != 2 {
 			t.Fatalf("decision %+v: want 1 counted, 2 left out", d)
@@ -934,4 +940,79 @@ func TestAGaugeNotForwardedYetDuringTheWarmUpIsNoRefusal(t *testing.T) {
 	if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--extra-metric") {
 		t.Fatalf("GetMetricSpec once warm: %v, want it refused as not forwarded", err)
 	}
+}
+
+// TestTotalAndAverageAskForTheSame: with valueType average (metricType
+// Value) the HPA multiplies the value by every pod Running and Ready
+// (replica_calculator.go, getReadyPodsCount): failing pods, idle ones and
+// those draining in their grace period too. Whatever the pods, it asks for
+// the replicas total asks for: a failing pod under max (counted 0, out of
+// total's count) and idle pods (left out of total's count) had been in its
+// product all the same (3 replicas against 5, and 3 against 9). And a
+// draining pod does not lower the activation value of a workload serving.
+func TestTotalAndAverageAskForTheSame(t *testing.T) {
+	for name, tc := range map[string]struct {
+		pods []podSpec
+		agg  string
+	}{
+		"max, one failing":    {[]podSpec{{"a", "ready", 12, false}, {"b", "ready", 15, false}, {"c", "silent", 0, false}}, "max"},
+		"max, three failing":  {[]podSpec{{"a", "ready", 12, false}, {"b", "silent", 0, false}, {"c", "silent", 0, false}, {"d", "silent", 0, false}}, "max"},
+		"avg, one failing":    {[]podSpec{{"a", "ready", 12, false}, {"b", "ready", 15, false}, {"c", "silent", 0, false}}, "avg"},
+		"avg, down, draining": {[]podSpec{{"a", "ready", 6, false}, {"b", "ready", 8, false}, {"c", "draining", 0, false}}, "avg"},
+		"max, up, draining":   {[]podSpec{{"a", "ready", 14, false}, {"b", "ready", 14, false}, {"c", "draining", 0, false}}, "max"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			k8sReady := 0
+			for _, p := range tc.pods {
+				if p.state == "ready" || p.state == "silent" || p.state == "draining" {
+					k8sReady++
+				}
+			}
+			want := -1
+			for _, vt := range []string{"total", "average"} {
+				f := newFixture(t)
+				f.scenario(tc.pods...)
+				v, err := f.metric(t, map[string]string{"workspace": "llama", "window": "1s", "threshold": "10", "aggregation": tc.agg, "valueType": vt})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := hpaDesired(v, 10, vt, k8sReady)
+				if want < 0 {
+					want = got
+				} else if got != want {
+					t.Fatalf("valueType average: the HPA asks for %d (value %v × %d Ready), total for %d", got, v, k8sReady, want)
+				}
+			}
+		})
+	}
+	t.Run("idle pods", func(t *testing.T) {
+		want := -1
+		for _, vt := range []string{"total", "average"} {
+			f := newFixture(t)
+			f.pods("a", "b", "c")
+			f.reportTTFT(map[string][3]float64{"a": {3, 1, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
+			f.reportTTFT(map[string][3]float64{"a": {6, 2, 0}, "b": {5, 50, 0}, "c": {5, 50, 0}})
+			v, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "ttftSeconds", "threshold": "1", "aggregation": "max", "valueType": vt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := hpaDesired(v, 1, vt, 3)
+			if want < 0 {
+				want = got
+			} else if got != want {
+				t.Fatalf("one pod at 3 s beside two idle, valueType average: the HPA asks for %d (value %v × 3 Ready), total for %d", got, v, want)
+			}
+		}
+	})
+	t.Run("activation beside a draining pod", func(t *testing.T) {
+		for _, vt := range []string{"total", "average"} {
+			f := newFixture(t)
+			f.scenario(podSpec{"a", "ready", 8, false}, podSpec{"b", "draining", 0, false})
+			md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10", "activationThreshold": "5", "valueType": vt}
+			active, err := f.client.IsActive(context.Background(), ref(md))
+			if err != nil || !active.Result {
+				t.Fatalf("valueType %s: one pod at 8 waiting (activation 5) beside one draining: active %v, %v; want active", vt, active.GetResult(), err)
+			}
+		}
+	})
 }
