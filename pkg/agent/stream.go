@@ -214,10 +214,14 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
 	var seq uint64
-	beat := time.NewTicker(heartbeatEvery)
+	// The heartbeat is due heartbeatEvery after the last batch sent: a
+	// ticker checked at each tick found a batch sent a moment after the
+	// tick before not yet heartbeatEvery old, and every other heartbeat
+	// was skipped (one each 20 s, past the 10 s after which watchAcks
+	// judges an idle stream: a dead connection stayed "connected").
+	beat := time.NewTimer(heartbeatEvery)
 	defer beat.Stop()
-	var lastSent time.Time // when a batch was last sent
-	due := false           // a heartbeat is due: no batch for heartbeatEvery
+	due := false // a heartbeat is due: no batch for heartbeatEvery
 	for {
 		version, current, changed := s.agent.cat.snapshot()
 		if cs.first || version != cs.version {
@@ -234,7 +238,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 		}
 		due = false
 		if batch != nil {
-			lastSent = time.Now()
+			beat.Reset(heartbeatEvery)
 			seq++
 			batch.Seq = seq
 			msg := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}}
@@ -253,7 +257,7 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 			return context.Cause(ctx)
 		case <-changed:
 		case <-beat.C:
-			due = time.Since(lastSent) >= heartbeatEvery
+			due = true
 		case <-s.wake:
 			// Gather what the other scrapes of this tick bring.
 			if !sleep(ctx, s.agent.opts.BatchDelay) {

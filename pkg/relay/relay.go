@@ -449,6 +449,13 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	return r.forward(ctx, ss, up, cancel, addr)
 }
 
+// maxHello bounds the first message of an agent's stream, its hello,
+// which the relay forwards before the replica has reviewed the stream's
+// token: the largest the aggregator takes is about 22 KB (four strings and
+// 32 extra metrics' names of 600 bytes each: pkg/ingest), an agent's a few
+// hundred bytes.
+const maxHello = 64 << 10
+
 // forward carries the agent's stream ss and the replica's up both ways
 // until either ends; cancel ends up.
 //
@@ -461,6 +468,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, addr string) error {
 	toAgg, toAgent := r.m.messages.WithLabelValues("to_aggregator"), r.m.messages.WithLabelValues("to_agent")
 	answered := make(chan struct{}) // the replica's first message reached the agent
+	errc := make(chan error, 2)
 	// The agent's messages, forwarded until it closes its side (then the
 	// replica's side is closed too) or the stream ends.
 	go func() {
@@ -483,6 +491,17 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 				}
 				return
 			}
+			if first && len(f.b) > maxHello {
+				// The hello, before the review: one of up to 4 MiB was
+				// queued to the replica, and held there until it reviewed
+				// the stream's token (seconds), for every stream a
+				// client opened with any token: 8 connections of 32
+				// streams an address held about 1 GiB.
+				r.m.refused.WithLabelValues("hello_too_large").Inc()
+				errc <- status.Errorf(codes.InvalidArgument, "relay: a first message of %d bytes: a hello is at most %d", len(f.b), maxHello)
+				cancel()
+				return
+			}
 			if err := up.SendMsg(&f); err != nil {
 				return // the replica's side ended: RecvMsg below says how
 			}
@@ -500,7 +519,6 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 	stuck := make(chan struct{})
 	wait := time.AfterFunc(r.cfg.AgentSendWait, func() { close(stuck) })
 	wait.Stop()
-	errc := make(chan error, 1)
 	go func() {
 		for first := true; ; first = false {
 			var f Frame

@@ -716,3 +716,44 @@ func TestAnAgentThatStopsReadingEndsItsStream(t *testing.T) {
 		t.Fatalf("agent_not_reading %v, want 1", n)
 	}
 }
+
+// TestAFirstMessagePastAHellosBoundIsRefused: the relay forwards a
+// stream's first message before the replica has reviewed its token, and
+// one of up to 4 MiB was queued to the replica and held there for the
+// review (seconds), for every stream a client opened with any token: 8
+// connections of 32 streams from one address held about 1 GiB of a relay
+// limited to 512Mi. A first message past a hello's bound is refused, and
+// nothing of it reaches the replica.
+func TestAFirstMessagePastAHellosBoundIsRefused(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.hold = make(chan struct{})
+	defer close(agg.hold)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, at, agg.addr)
+	big := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1, Values: make([]int64, 3<<20/8)}}}
+	if err := s.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Recv()
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "a hello is at most") {
+		t.Fatalf("Recv after a first message of 3 MiB: %v; want InvalidArgument, a hello's bound", err)
+	}
+	if n := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator")); n != 0 {
+		t.Fatalf("%v messages forwarded to the replica; want none", n)
+	}
+	if n := testutil.ToFloat64(r.m.refused.WithLabelValues("hello_too_large")); n != 1 {
+		t.Fatalf("refused hello_too_large %v, want 1", n)
+	}
+	// A hello within the bound goes on as before.
+	s = agentStream(context.Background(), t, at, agg.addr)
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the hello forwarded", func() error {
+		if agg.hellos.Load() != 1 {
+			return errors.New("no hello at the replica")
+		}
+		return nil
+	})
+}
