@@ -88,6 +88,17 @@ func httpGet(t *testing.T, url string) int {
 	return 0
 }
 
+// TestTheLeasesNamespaceFromNamespaceIsChecked: the Lease's namespace
+// taken from --namespace, without --manage-certs (which checks it): every
+// Lease create failed, and nothing was provisioned.
+func TestTheLeasesNamespaceFromNamespaceIsChecked(t *testing.T) {
+	o := NewOptions()
+	o.Provision.Enabled, o.Provision.ScalerAddress, o.Certs.Namespace = true, "pulse-aggregator.pulse-system.svc:9090", "Pulse_System"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--namespace "Pulse_System" (the Lease's`) {
+		t.Errorf("Validate() = %v, want it to name --namespace as the Lease's", err)
+	}
+}
+
 func TestValidateNamesEveryProblem(t *testing.T) {
 	o := NewOptions()
 	o.Certs.Enabled, o.Certs.Namespace, o.ScalerTLS.CertFile, o.AgentAuth.Mode, o.IngestTLS.CertFile = true, "", "x", "maybe", "y"
@@ -113,13 +124,6 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
-	}
-	// The Lease's namespace taken from --namespace, without --manage-certs
-	// (which checks it): every Lease create failed, nothing provisioned.
-	o = NewOptions()
-	o.Provision.Enabled, o.Provision.ScalerAddress, o.Certs.Namespace = true, "pulse-aggregator.pulse-system.svc:9090", "Pulse_System"
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), `--namespace "Pulse_System" (the Lease's`) {
-		t.Errorf("Validate() = %v, want it to name --namespace as the Lease's", err)
 	}
 	// A namespace is a label, not a subdomain: keda.system passed, and
 	// every certificate write failed.

@@ -466,48 +466,10 @@ const maxHello = 64 << 10
 // another held, for every stream a client opened with a token no one
 // had reviewed yet.
 func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, addr string) error {
-	toAgg, toAgent := r.m.messages.WithLabelValues("to_aggregator"), r.m.messages.WithLabelValues("to_agent")
+	toAgent := r.m.messages.WithLabelValues("to_agent")
 	answered := make(chan struct{}) // the replica's first message reached the agent
 	errc := make(chan error, 2)
-	// The agent's messages, forwarded until it closes its side (then the
-	// replica's side is closed too) or the stream ends.
-	go func() {
-		wait := answered // nil once answered
-		for first := true; ; first = false {
-			if !first && wait != nil {
-				select {
-				case <-wait:
-					wait = nil
-				case <-ctx.Done():
-					return
-				}
-			}
-			var f Frame
-			if err := ss.RecvMsg(&f); err != nil {
-				if errors.Is(err, io.EOF) {
-					_ = up.CloseSend()
-				} else {
-					cancel()
-				}
-				return
-			}
-			if first && len(f.b) > maxHello {
-				// The hello, before the review: one of up to 4 MiB was
-				// queued to the replica, and held there until it reviewed
-				// the stream's token (seconds), for every stream a
-				// client opened with any token: 8 connections of 32
-				// streams an address held about 1 GiB.
-				r.m.refused.WithLabelValues("hello_too_large").Inc()
-				errc <- status.Errorf(codes.InvalidArgument, "relay: a first message of %d bytes: a hello is at most %d", len(f.b), maxHello)
-				cancel()
-				return
-			}
-			if err := up.SendMsg(&f); err != nil {
-				return // the replica's side ended: RecvMsg below says how
-			}
-			toAgg.Inc()
-		}
-	}()
+	go r.fromAgent(ctx, ss, up, cancel, answered, errc)
 	// The replica's messages, forwarded to the agent on a goroutine of
 	// their own: a send the agent does not take (it stopped reading, its
 	// window full) blocks until the stream ends, which, while this
@@ -553,6 +515,49 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 		cancel()
 		r.m.refused.WithLabelValues("agent_not_reading").Inc()
 		return status.Errorf(codes.DeadlineExceeded, "relay: the agent took none of the aggregator's messages for %s: the stream ends (reconnect)", r.cfg.AgentSendWait)
+	}
+}
+
+// fromAgent forwards the agent's messages on ss to up until the agent
+// closes its side (then up's is closed too) or the stream ends: until the
+// replica's first answer (answered closed), only the first, refused past
+// maxHello (its error sent on errc); cancel ends up.
+func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, answered <-chan struct{}, errc chan<- error) {
+	toAgg := r.m.messages.WithLabelValues("to_aggregator")
+	wait := answered // nil once answered
+	for first := true; ; first = false {
+		if !first && wait != nil {
+			select {
+			case <-wait:
+				wait = nil
+			case <-ctx.Done():
+				return
+			}
+		}
+		var f Frame
+		if err := ss.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				_ = up.CloseSend()
+			} else {
+				cancel()
+			}
+			return
+		}
+		if first && len(f.b) > maxHello {
+			// The hello, before the review: one of up to 4 MiB was
+			// queued to the replica, and held there until it reviewed
+			// the stream's token (seconds), for every stream a
+			// client opened with any token: 8 connections of 32
+			// streams an address held about 1 GiB.
+			r.m.refused.WithLabelValues("hello_too_large").Inc()
+			errc <- status.Errorf(codes.InvalidArgument, "relay: a first message of %d bytes: a hello is at most %d", len(f.b), maxHello)
+			cancel()
+			return
+		}
+		if err := up.SendMsg(&f); err != nil {
+			return // the replica's side ended: RecvMsg below says how
+		}
+		toAgg.Inc()
 	}
 }
 
