@@ -118,7 +118,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -329,6 +331,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 # TYPE pulse_relay_refused_streams_total counter
 pulse_relay_refused_streams_total{reason="agent_not_reading"} 0
 pulse_relay_refused_streams_total{reason="closing"} 0
+pulse_relay_refused_streams_total{reason="hello_too_large"} 0
 pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
 pulse_relay_refused_streams_total{reason="plaintext_token"} 1
@@ -756,4 +759,43 @@ func TestAFirstMessagePastAHellosBoundIsRefused(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestEveryRefusalsReasonIsCountedFromTheStart: each reason the relay
+// counts a refusal under has its series, at 0, from the relay's start
+// (hello_too_large had none until the first such refusal: a rate over it,
+// or an alert on it, saw nothing).
+func TestEveryRefusalsReasonIsCountedFromTheStart(t *testing.T) {
+	src, err := os.ReadFile("relay.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := regexp.MustCompile(`refused\.WithLabelValues\("([a-z_]+)"\)`).FindAllStringSubmatch(string(src), -1)
+	if len(used) == 0 {
+		t.Fatal("no refusal counted in relay.go: the pattern is out of date")
+	}
+	reg := prometheus.NewRegistry()
+	New(Config{Registerer: reg})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "pulse_relay_refused_streams_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					have[l.GetValue()] = m.GetCounter().GetValue() == 0
+				}
+			}
+		}
+	}
+	for _, u := range used {
+		if !have[u[1]] {
+			t.Errorf("reason %q is counted, but has no series at 0 at the start", u[1])
+		}
+	}
 }
