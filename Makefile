@@ -27,7 +27,7 @@ build: demo-bins
 # What the local demo runs, and nothing else.
 demo-bins:
 	@echo "== building pulse-agent (cgo, for NVML: needs gcc), pulse-aggregator, vllm-sim and pulse-demo into $(BIN)/"
-	@echo "   the first build downloads the modules and compiles client-go and gRPC: 5-15 minutes on 2 cores; later ones seconds"
+	@echo "   the first build downloads the modules and compiles client-go and gRPC: about 2½ minutes on 2 idle cores, up to 15 on busy ones; later ones seconds"
 	CGO_ENABLED=1 $(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-agent ./cmd/agent
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/pulse-aggregator ./cmd/aggregator
 	$(GO) build -o $(BIN)/vllm-sim ./test/vllmsim/cmd/vllm-sim
@@ -45,7 +45,7 @@ run: demo-bins
 	  --ingest-addr=$(DEMO_INGEST) --agent-http-addr=$(DEMO_AGENT)
 
 test: helm-lint
-	@echo "== go vet, then every package's unit and integration tests with -race (first run compiles with -race: 10-20 minutes on 2 cores)"
+	@echo "== go vet, then every package's unit and integration tests with -race (first run compiles with -race: about 10 minutes on 2 idle cores, up to 28 on busy ones)"
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
 	cd tools/images && $(GO) vet ./... && $(GO) test -count=1 ./...
