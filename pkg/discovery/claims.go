@@ -88,19 +88,21 @@ func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
 		m.Annotations[k] = v
 	}
 	if v, ok := pod.Annotations[KeyWorkload]; ok {
-		keep(KeyWorkload, v[:min(len(v), maxWorkloadName+1)])
+		keep(KeyWorkload, cut(v, maxWorkloadName+1))
 	}
 	if IsDemandSource(pod.Annotations) {
 		keep(AnnotationDemandSource, "")
 		if v, ok := pod.Annotations[AnnotationDemandKind]; ok {
-			keep(AnnotationDemandKind, v[:min(len(v), 64)])
+			keep(AnnotationDemandKind, cut(v, 64))
 		}
 		if items, err := demandItems(pod.Annotations[AnnotationDemandWorkloads]); err == nil {
 			names := make([]string, len(items))
 			for i, it := range items {
 				names[i] = it.name
 			}
-			keep(AnnotationDemandWorkloads, strings.Join(names, ","))
+			// A copy: the join of one name is that name, a part of the
+			// annotation, which it would keep whole.
+			keep(AnnotationDemandWorkloads, strings.Clone(strings.Join(names, ",")))
 		}
 	}
 	if Mirror(pod.Annotations) {

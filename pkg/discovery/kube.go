@@ -219,8 +219,9 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			}
 			// Past its bound by one byte at most: still refused (placeOf),
 			// and not kept whole (a 256 KiB path was kept, and escaped to
-			// a URL of 768 KB scraped every second).
-			ann[k] = v[:min(len(v), annotationBound(k)+1)]
+			// a URL of 768 KB scraped every second); a copy, as a cut of
+			// it would keep the whole value.
+			ann[k] = cut(v, annotationBound(k)+1)
 		}
 	}
 	// The selector's labels, of a pod not looked at too: TargetOf asks the
@@ -621,6 +622,11 @@ func readOwners(pod *corev1.Pod) []metav1.OwnerReference {
 	}
 	return out
 }
+
+// cut is v's first n bytes at most, a copy: a part of v (v[:n]) would
+// keep all of v alive, and the caches that keep what they cut keep pods of
+// every tenant (an annotation of 256 KiB cut to 1 KiB kept 256 KiB).
+func cut(v string, n int) string { return strings.Clone(v[:min(len(v), n)]) }
 
 // cutOwnerName is name, or, past a workload's bound and a ReplicaSet's
 // suffix ("-" and a pod-template-hash, a label value: at most 64 bytes),

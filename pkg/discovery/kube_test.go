@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -570,6 +571,56 @@ func TestATargetSaysWhenItsPodLostItsReadiness(t *testing.T) {
 		}
 		if !got.UnreadySince.Equal(want) {
 			t.Errorf("%s: unready since %s, want %s", c.name, got.UnreadySince, want)
+		}
+	}
+}
+
+// TestTheCachesKeepCopiesOfWhatTheyCut: slim (the agent's cache of its
+// node's pods) and ClaimsMeta (the aggregator's of every pod) cut a
+// tenant's annotations to their bounds, and kept the cut as a part of the
+// value, which kept the whole value alive: a 240 KiB pulse.io/path cut to
+// 1 KiB held 256 KB a pod (a tenant's 250 pods, 64 MiB of the agent's
+// 128Mi), and a 240 KiB pulse.io/workload, or a demand list of one name
+// padded to 240 KiB, as much in every aggregator replica. What they keep
+// shares no memory with the pod they read.
+func TestTheCachesKeepCopiesOfWhatTheyCut(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	big := func(s string) string { return strings.Repeat(s, 240<<10) }
+	// within: kept lies in orig's bytes.
+	within := func(kept, orig string) bool {
+		if kept == "" || orig == "" {
+			return false
+		}
+		k, o := uintptr(unsafe.Pointer(unsafe.StringData(kept))), uintptr(unsafe.Pointer(unsafe.StringData(orig)))
+		return k >= o && k < o+uintptr(len(orig))
+	}
+	for name, c := range map[string]struct {
+		ann  map[string]string
+		keep func(*corev1.Pod) map[string]string
+	}{
+		"slim, a path": {map[string]string{AnnotationScrape: "true", AnnotationPath: "/" + big("x")},
+			func(p *corev1.Pod) map[string]string { return slim(p, sel).Annotations }},
+		"slim, a workload": {map[string]string{KeyWorkload: big("w")},
+			func(p *corev1.Pod) map[string]string { return slim(p, sel).Annotations }},
+		"ClaimsMeta, a workload": {map[string]string{KeyWorkload: big("w")},
+			func(p *corev1.Pod) map[string]string { return ClaimsMeta(p).Annotations }},
+		"ClaimsMeta, a demand kind": {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama", AnnotationDemandKind: big("k")},
+			func(p *corev1.Pod) map[string]string { return ClaimsMeta(p).Annotations }},
+		"ClaimsMeta, one demand workload padded": {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: big(" ") + "llama"},
+			func(p *corev1.Pod) map[string]string { return ClaimsMeta(p).Annotations }},
+	} {
+		p := kaitoPod("p", "node-1", true)
+		p.Annotations = c.ann
+		kept := c.keep(p)
+		if len(kept) == 0 {
+			t.Errorf("%s: nothing kept", name)
+		}
+		for k, v := range kept {
+			for ok, ov := range c.ann {
+				if within(v, ov) {
+					t.Errorf("%s: %s (%d bytes) is a part of %s's value (%d bytes), which it keeps whole", name, k, len(v), ok, len(ov))
+				}
+			}
 		}
 	}
 }
