@@ -396,10 +396,12 @@ func namespaces(units map[string][]discovery.Target) int {
 
 // scrapeUnits groups the ready targets into what one scrape reads: a
 // model server's page (keyed by its pod's uid), or a router's page for all
-// its demand entries (keyed by the router pod's uid and the page's URL:
-// two routers of two namespaces briefly at one address, the IP reused
-// before a pod's status caught up, were one unit, one page attributed to
-// both), each sorted by uid.
+// its demand entries (keyed by the router pod's uid: two routers of two
+// namespaces briefly at one address, the IP reused before a pod's status
+// caught up, were one unit, one page attributed to both; and not by its
+// URL too: a router's pulse.io/port edited while its scrape ran started a
+// second scrape of the same entries, both writing their arrivals' state,
+// a concurrent map write that ends the agent), each sorted by uid.
 func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target {
 	units := make(map[string][]discovery.Target, len(byID))
 	for _, tg := range byID {
@@ -409,7 +411,7 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 			units[tg.UID] = []discovery.Target{tg}
 		default:
 			router, _, _ := strings.Cut(tg.UID, "/demand/")
-			k := demandUnit + router + " " + tg.URL
+			k := demandUnit + router
 			units[k] = append(units[k], tg)
 		}
 	}

@@ -532,3 +532,76 @@ func TestAGPUReadFromBeforeAPodIsListedIsNotItsOwn(t *testing.T) {
 		t.Fatalf("a read begun after the pod was listed: %v (%v), want 0.75", u, hasU)
 	}
 }
+
+// heldDemandScraper records the arrivals each ScrapeDemand is handed, and
+// holds the first until release is closed.
+type heldDemandScraper struct {
+	mu      sync.Mutex
+	arrs    [][]*vllm.Arrivals
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *heldDemandScraper) Scrape(context.Context, string, *vllm.Demand, *vllm.Counters) (vllm.Page, error) {
+	return vllm.Page{}, nil
+}
+
+func (b *heldDemandScraper) ScrapeDemand(_ context.Context, _ string, ds []*vllm.Demand, arrs []*vllm.Arrivals) ([]vllm.Page, []error) {
+	b.mu.Lock()
+	b.arrs = append(b.arrs, arrs)
+	first := len(b.arrs) == 1
+	b.mu.Unlock()
+	if first {
+		close(b.entered)
+		<-b.release
+	}
+	return make([]vllm.Page, len(ds)), make([]error, len(ds))
+}
+
+// TestARoutersEntriesAreScrapedOnceAtATimeWhateverItsURL: a router's
+// scrape unit, and so its in-flight guard, was keyed by its page's URL
+// too; its pulse.io/port edited while a scrape of it ran, the next tick
+// started a second scrape of the same entries, handed the same arrivals'
+// state (used by one scrape at a time: a concurrent map write ends the
+// agent, every tenant of the node with it). The unit is the router's,
+// whatever its URL: the second is skipped while the first runs.
+func TestARoutersEntriesAreScrapedOnceAtATimeWhateverItsURL(t *testing.T) {
+	a := newIdleAgent(t)
+	bs := &heldDemandScraper{entered: make(chan struct{}), release: make(chan struct{})}
+	a.scraper = bs
+	d := &vllm.Demand{Metrics: []string{"requests_total"}, Label: "model", Match: "llama", Arrivals: true}
+	tg := discovery.Target{UID: "router/demand/llama", Namespace: "ns", Pod: "router", Ready: true, URL: "http://10.0.0.9:8000/metrics", Demand: d}
+	unit := func() (string, []discovery.Target) {
+		units := scrapeUnits(map[uint32]discovery.Target{1: tg})
+		if len(units) != 1 {
+			t.Fatalf("%d units of one router's entry", len(units))
+		}
+		for k, tgs := range units {
+			return k, tgs
+		}
+		return "", nil
+	}
+	a.SetTargets([]discovery.Target{tg})
+	key1, u1 := unit()
+	if a.startScrape(key1, "ns") == nil {
+		t.Fatal("the first scrape was not started")
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); defer a.endScrape(key1); a.scrapeDemand(context.Background(), u1) }()
+	<-bs.entered
+
+	tg.URL = "http://10.0.0.9:9000/metrics" // the tenant edits pulse.io/port
+	a.SetTargets([]discovery.Target{tg})
+	key2, _ := unit()
+	started := a.startScrape(key2, "ns") != nil
+	close(bs.release)
+	<-done
+	if started {
+		a.endScrape(key2)
+		t.Fatalf("a second scrape of the router's entries started (unit %q) while the first (unit %q) ran", key2, key1)
+	}
+	if a.startScrape(key2, "ns") == nil {
+		t.Fatal("the router's next scrape, the first one done, was skipped")
+	}
+	a.endScrape(key2)
+}

@@ -127,8 +127,8 @@ func TestARouterIsOneScrape(t *testing.T) {
 	byID[100] = discovery.Target{UID: "other-router/demand/x", Namespace: "team-b", Pod: "router", Ready: true,
 		URL: srv.URL + "/router", Demand: &vllm.Demand{Metrics: []string{"router_pending"}, Label: "model", Match: "w1"}}
 	units := scrapeUnits(byID)
-	router := units[demandUnit+"router "+srv.URL+"/router"]
-	if len(units) != 3 || len(units["model-pod"]) != 1 || len(router) != 64 || len(units[demandUnit+"other-router "+srv.URL+"/router"]) != 1 {
+	router := units[demandUnit+"router"]
+	if len(units) != 3 || len(units["model-pod"]) != 1 || len(router) != 64 || len(units[demandUnit+"other-router"]) != 1 {
 		t.Fatalf("%d scrape units (model pod %d targets, router %d): want the model pod, the router's 64 entries in one, and the other router's apart", len(units), len(units["model-pod"]), len(router))
 	}
 	results := a.scrapeDemand(context.Background(), router)
