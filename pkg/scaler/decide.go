@@ -300,11 +300,15 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	pods := r.Pods
 	ready := len(pods) - c.starting - c.terminating
 	hpaReady := ready + c.drainingReady
-	perPodActive := (v + dv.Held) / float64(max(ready, 1))
+	// The serving pods' average, for activation: over the pods whose
+	// values the total holds (a pod failing under missingPods ignore, or
+	// idle, is not in it: one at 8 beside one failing read 4, below an
+	// activation of 5).
+	perPodActive := (v + dv.Held) / float64(max(n, 1))
 	v = forTheHPA(t, v, hpaReady, dv.Held)
 	if up && fill == 0 && c.missing > 0 {
 		v = heldUp(t, v, len(c.vals)+c.missing, hpaReady)
-		perPodActive = max(perPodActive, t.Threshold*float64(len(c.vals)+c.missing)/float64(max(ready, 1)))
+		perPodActive = max(perPodActive, t.Threshold)
 	}
 	d.Pending = dv.Held
 	if err := valid(t, v); err != nil {
@@ -419,7 +423,10 @@ func demandOnly(t Trigger, dv store.DemandValue, hpaReady int) (Decision, error)
 	if err := valid(t, v); err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Value: v, Active: v > t.ActivationThreshold, Direction: "down", Reporting: v, Pending: v}
+	// Active on the whole demand whatever the valueType: no pod serves, as
+	// in decide with none (spread over the draining pods, 20 requests held
+	// beside 2 read 10, below an activation of 15, until they were gone).
+	d := Decision{Value: v, Active: dv.Held+dv.Arrived > t.ActivationThreshold, Direction: "down", Reporting: v, Pending: v}
 	if t.ValueType == "average" {
 		d.Ready = hpaReady // what the HPA multiplies by: the desired count shown is its
 	}

@@ -1016,3 +1016,35 @@ func TestTotalAndAverageAskForTheSame(t *testing.T) {
 		}
 	})
 }
+
+// TestActivationIsTheSameWhateverTheValueType: activation with valueType
+// average was checked against a value divided by pods that serve nothing:
+// 20 requests held at the router beside two pods draining (no pod serves)
+// read 10 over them, below an activation of 15, so that the workload was
+// inactive until they were gone; one pod at 8 waiting beside one failing,
+// left out under missingPods ignore, read 4, below an activation of 5.
+// Either is active, as with total.
+func TestActivationIsTheSameWhateverTheValueType(t *testing.T) {
+	for _, vt := range []string{"total", "average"} {
+		f := newFixture(t)
+		router := store.PodInfo{UID: store.DemandUID("uid-epp", "llama"), Namespace: "demo", Name: "epp-0", Ready: true, Demand: true, Workloads: []store.Key{llama}}
+		f.store.Upsert(store.Source{Node: "node-router"}, []store.PodInfo{router}, false)
+		f.scenario(podSpec{name: "a", state: "draining"}, podSpec{name: "b", state: "draining"})
+		r := store.Report{UID: router.UID}
+		r.TimeMs = f.clock.Now().UnixMilli()
+		r.Values.Set(metric.PendingRequests, 20)
+		f.store.Add([]store.Report{r})
+		md := map[string]string{"workspace": "llama", "threshold": "10", "activationThreshold": "15", "valueType": vt}
+		if resp, err := f.client.IsActive(context.Background(), ref(md)); err != nil || !resp.Result {
+			t.Errorf("valueType %s, 20 held beside two pods draining: active %v, %v; want active", vt, resp.GetResult(), err)
+		}
+	}
+	for _, vt := range []string{"total", "average"} {
+		f := newFixture(t)
+		f.scenario(podSpec{"a", "ready", 8, false}, podSpec{"c", "silent", 0, false})
+		md := map[string]string{"workspace": "llama", "window": "1s", "threshold": "10", "activationThreshold": "5", "valueType": vt, "missingPods": "ignore"}
+		if resp, err := f.client.IsActive(context.Background(), ref(md)); err != nil || !resp.Result {
+			t.Errorf("valueType %s, one pod at 8 beside one failing, ignored: active %v, %v; want active", vt, resp.GetResult(), err)
+		}
+	}
+}
