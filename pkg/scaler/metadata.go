@@ -253,6 +253,18 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 // parseWorkload reads the workload a trigger names (or its ScaledObject's
 // scaleTargetRef, through resolver) and its namespace.
 func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, resolver TargetResolver, t *Trigger) error {
+	// Too long, each is kept cut, whatever else refuses the trigger: the
+	// refusal's record (and its series' labels) held up to a kilobyte of
+	// it (and did still where two keys named two workloads, or two
+	// namespaces, the refusal returned before the cut).
+	defer func() {
+		if len(t.Workload.Name) > maxWorkloadName {
+			t.Workload.Name = CutName(t.Workload.Name)
+		}
+		if len(t.Workload.Namespace) > maxNamespace {
+			t.Workload.Namespace = wire.CleanText(t.Workload.Namespace, maxNamespace)
+		}
+	}()
 	named := 0
 	for _, wk := range workloadKeys {
 		if v := md[wk.key]; v != "" {
@@ -286,14 +298,10 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	if t.Workload.Namespace == "" {
 		return &MetadataError{Key: "namespace", Msg: "no namespace given and the ScaledObject has none"}
 	}
-	// Too long, each is refused and kept cut: the refusal's record (and
-	// its series' labels) held up to a kilobyte of it.
 	if len(t.Workload.Name) > maxWorkloadName {
-		t.Workload.Name = CutName(t.Workload.Name)
 		return &MetadataError{Msg: fmt.Sprintf("the workload's name is over %d bytes (an object's name)", maxWorkloadName)}
 	}
 	if len(t.Workload.Namespace) > maxNamespace {
-		t.Workload.Namespace = wire.CleanText(t.Workload.Namespace, maxNamespace)
 		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("over %d bytes (a namespace's name)", maxNamespace)}
 	}
 	return nil

@@ -174,6 +174,16 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 		s.refuse(ref, t, refusalReason(err), st)
 		return t, st
 	}
+	// Another namespace's workload is refused first: refused as a metric
+	// not forwarded, the refusal named no flag, and cost a walk of the
+	// store.
+	if own := ref.GetNamespace(); !s.crossNS && t.Workload.Namespace != own {
+		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
+			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
+			t.Workload.Namespace, own, ref.GetName(), own))
+		s.refuse(ref, t, ReasonNamespace, err)
+		return t, err
+	}
 	// A metric the agents do not forward is the same InvalidArgument from
 	// every call (GetMetrics once answered it Unavailable). During the
 	// warm-up there is no telling (the agents that forward it may not have
@@ -185,13 +195,6 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 			s.refuse(ref, t, ReasonUnforwarded, err)
 			return t, err
 		}
-	}
-	if own := ref.GetNamespace(); !s.crossNS && t.Workload.Namespace != own {
-		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
-			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
-			t.Workload.Namespace, own, ref.GetName(), own))
-		s.refuse(ref, t, ReasonNamespace, err)
-		return t, err
 	}
 	return t, nil
 }

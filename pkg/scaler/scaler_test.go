@@ -804,3 +804,33 @@ func TestARefusalQuotesALegalMetricNameShort(t *testing.T) {
 		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "w-0", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "w"}}}}, true)
 	check("not forwarded", map[string]string{"workspace": "w", "metricName": long, "threshold": "1"})
 }
+
+// TestARefusalKeepsTheWorkloadCutAndNamesTheNamespace: a trigger naming
+// two workloads, one of 1,000 bytes, was refused before the name was cut,
+// and its record (and its series' labels) held the whole name; and one
+// naming another namespace's workload on a gauge not forwarded was refused
+// as that gauge, naming no flag (after a walk of the store).
+func TestARefusalKeepsTheWorkloadCutAndNamesTheNamespace(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": strings.Repeat("x", 1000), "deployment": "y"})); err == nil {
+		t.Fatal("two workloads named: accepted")
+	}
+	if _, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": strings.Repeat("x", 1000), "namespace": "a", "workspaceNamespace": "b"})); err == nil {
+		t.Fatal("two namespaces named: accepted")
+	}
+	evs := f.server.Evaluations()
+	if len(evs) == 0 {
+		t.Fatal("no refusal recorded")
+	}
+	for _, e := range evs {
+		if n := len(e.Trigger.Workload.Name); n > maxWorkloadName+3 {
+			t.Errorf("a refusal's record holds a workload name of %d bytes (%s)", n, e.Err)
+		}
+	}
+	f.pods("a")
+	f.report(map[string]float64{"a": 1})
+	_, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "llama", "namespace": "other", "metricName": "my_gauge", "threshold": "1"}))
+	if err == nil || !strings.Contains(err.Error(), "allow-cross-namespace-triggers") {
+		t.Errorf("another namespace's gauge: %v; want the namespace's refusal, naming the flag", err)
+	}
+}
