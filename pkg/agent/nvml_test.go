@@ -77,3 +77,52 @@ func TestADriverUpgradedUnderTheAgentRestartsIt(t *testing.T) {
 		t.Fatalf("the driver back at the library's version: %d %s", code, body)
 	}
 }
+
+// TestADriverAtAnotherVersionFromTheStartIsNoReasonToRestart: the host's
+// NVML library already at another version than the driver loaded when the
+// agent starts (the driver's package upgraded, its reboot pending): no
+// restart changes that (a new container mounts the same library), yet
+// /livez failed after 2 minutes, and the kubelet restarted the agent for
+// ever, every pod of the node without its samples for most of each
+// back-off. /livez holds; once the process has found the driver otherwise
+// (not loaded, or at the library's version), a mismatch after is an
+// upgrade under it, and restarts it.
+func TestADriverAtAnotherVersionFromTheStartIsNoReasonToRestart(t *testing.T) {
+	defer func(d time.Duration) { nvmlMismatchRestart = d }(nvmlMismatchRestart)
+	nvmlMismatchRestart = 0
+	gpus := fakenode.GPUs(func(int) uint32 { return 0 })
+	var ret atomic.Int32
+	ret.Store(int32(nvml.ERROR_LIB_RM_VERSION_MISMATCH))
+	gpus.InitFunc = func() nvml.Return { return nvml.Return(ret.Load()) }
+	a := newIdleAgent(t)
+	n, err := gpu.OpenNVML(gpus, gpu.ModeAuto, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil || n == nil {
+		t.Fatalf("OpenNVML: %v, %v", n, err)
+	}
+	a.nvml = n
+	a.lastTick.Store(int64(time.Since(monoStart)))
+	mux := http.NewServeMux()
+	a.healthHandlers(mux)
+	livez := func() (int, string) {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/livez", nil))
+		return w.Code, w.Body.String()
+	}
+	var failing bool
+	for range 3 {
+		a.nvmlLostTry = time.Time{}
+		a.readNVML(&failing)
+	}
+	if code, body := livez(); code != http.StatusOK {
+		t.Fatalf("a mismatch since the start: /livez %d %q; want it holding", code, body)
+	}
+	ret.Store(int32(nvml.ERROR_DRIVER_NOT_LOADED)) // the driver unloaded
+	a.nvmlLostTry = time.Time{}
+	a.readNVML(&failing)
+	ret.Store(int32(nvml.ERROR_LIB_RM_VERSION_MISMATCH)) // and loaded at another version
+	a.nvmlLostTry = time.Time{}
+	a.readNVML(&failing)
+	if code, body := livez(); code != http.StatusInternalServerError || !strings.Contains(body, "upgraded") {
+		t.Fatalf("a mismatch after the driver was otherwise: /livez %d %q; want it failing, naming the upgrade", code, body)
+	}
+}

@@ -76,6 +76,12 @@ type NVML struct {
 	last    map[string]uint64 // per GPU UUID, the newest utilization sample seen
 	mig     map[string]migMode
 	now     func() time.Time
+	// mismatchOnly: every Init of this process found the driver at another
+	// version than the library (the host's library upgraded, its driver
+	// not reloaded yet: a reboot pending). A new container mounts the same
+	// library, so that is no upgrade under the agent (ErrVersionMismatch),
+	// and the agent waits for the driver without restarting.
+	mismatchOnly bool
 }
 
 // migMode is a GPU's MIG mode as read at a time.
@@ -110,8 +116,13 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 		case driverGone(ret):
 			// The library loaded (ERROR_LIBRARY_NOT_FOUND is not this):
 			// Init may be called again, and nothing else until it works.
-			log.Info("NVML's driver is not loaded yet; GPU utilization is read once it is (NVML initialized again every interval, backing off to 30s)", logging.KeyErr, err)
-			return &NVML{lib: lib, lost: true, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
+			mismatch := ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH
+			if mismatch {
+				log.Warn("the NVIDIA driver loaded is not the version of the NVML library mounted in the agent's container (the host's driver upgraded, not reloaded yet: a reboot pending?); GPU utilization is read once they agree (NVML initialized again every interval, backing off to 30s); a restart of the agent mounts the same library", logging.KeyErr, err)
+			} else {
+				log.Info("NVML's driver is not loaded yet; GPU utilization is read once it is (NVML initialized again every interval, backing off to 30s)", logging.KeyErr, err)
+			}
+			return &NVML{lib: lib, lost: true, mismatchOnly: mismatch, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
 		}
 		log.Info("NVML unavailable; GPU utilization will not be reported", logging.KeyErr, err)
 		return nil, nil
@@ -144,7 +155,8 @@ func (n *NVML) Lost() bool { return n.lost }
 
 // ErrVersionMismatch is Reopen's error when the driver loaded is not the
 // version of the NVML library this process loaded: a driver upgraded while
-// the agent runs. The library stays mapped in the process, and the
+// the agent runs (not so when every Init of the process found that: then
+// its error is ErrUnavailable's, as a driver not loaded yet). The library stays mapped in the process, and the
 // container's is the one mounted at its start, so only a new container
 // (the driver's library mounted into it) reads the GPUs again.
 var ErrVersionMismatch = errors.New("the NVIDIA driver loaded is not this process's NVML library's version")
@@ -155,8 +167,12 @@ func (n *NVML) Reopen() error {
 	if !n.lost {
 		return nil
 	}
-	if ret := n.lib.Init(); ret != nvml.SUCCESS {
-		if ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH {
+	ret := n.lib.Init()
+	if ret != nvml.ERROR_LIB_RM_VERSION_MISMATCH {
+		n.mismatchOnly = false
+	}
+	if ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH && !n.mismatchOnly {
 			return fmt.Errorf("%w: init: %s", ErrVersionMismatch, nvml.ErrorString(ret))
 		}
 		return fmt.Errorf("%w: init: %s", ErrUnavailable, nvml.ErrorString(ret))
