@@ -47,15 +47,7 @@ func TestADriverUpgradedUnderTheAgentRestartsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.nvml = n
-	a.lastTick.Store(int64(time.Since(monoStart))) // the scrape loop ticks
-	mux := http.NewServeMux()
-	a.healthHandlers(mux)
-	livez := func() (int, string) {
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/livez", nil))
-		return w.Code, w.Body.String()
-	}
+	livez := withNVML(a, n)
 	var failing bool
 	read := func() {
 		a.nvmlLostTry = time.Time{} // the next try is due
@@ -99,15 +91,7 @@ func TestADriverAtAnotherVersionFromTheStartIsNoReasonToRestart(t *testing.T) {
 	if err != nil || n == nil {
 		t.Fatalf("OpenNVML: %v, %v", n, err)
 	}
-	a.nvml = n
-	a.lastTick.Store(int64(time.Since(monoStart)))
-	mux := http.NewServeMux()
-	a.healthHandlers(mux)
-	livez := func() (int, string) {
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/livez", nil))
-		return w.Code, w.Body.String()
-	}
+	livez := withNVML(a, n)
 	var failing bool
 	for range 3 {
 		a.nvmlLostTry = time.Time{}
@@ -124,5 +108,18 @@ func TestADriverAtAnotherVersionFromTheStartIsNoReasonToRestart(t *testing.T) {
 	a.readNVML(&failing)
 	if code, body := livez(); code != http.StatusInternalServerError || !strings.Contains(body, "upgraded") {
 		t.Fatalf("a mismatch after the driver was otherwise: /livez %d %q; want it failing, naming the upgrade", code, body)
+	}
+}
+
+// withNVML gives a n, its scrape loop ticking, and returns its /livez.
+func withNVML(a *Agent, n *gpu.NVML) func() (int, string) {
+	a.nvml = n
+	a.lastTick.Store(int64(time.Since(monoStart))) // the scrape loop ticks
+	mux := http.NewServeMux()
+	a.healthHandlers(mux)
+	return func() (int, string) {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/livez", nil))
+		return w.Code, w.Body.String()
 	}
 }
