@@ -410,9 +410,16 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		r.m.refused.WithLabelValues("no_upstream").Inc()
 		return status.Errorf(codes.InvalidArgument, "relay: the stream names no aggregator replica: metadata %s must hold one ip:port (the agent's --relay)", UpstreamKey)
 	}
+	// An address that is none (Canonical's "") is refused before any
+	// lookup: each spent the one lookup a second that a replica not
+	// resolved yet waits on.
 	addr := netbound.Canonical(names[0])
-	u, ok := r.upstreamFor(ctx, addr)
-	if addr == "" || !ok {
+	var u *upstream
+	ok := false
+	if addr != "" {
+		u, ok = r.upstreamFor(ctx, addr)
+	}
+	if !ok {
 		if r.isClosed() {
 			r.m.refused.WithLabelValues("closing").Inc()
 			return status.Error(codes.Unavailable, "relay: shutting down: reconnect (through another relay)")

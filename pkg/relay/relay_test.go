@@ -128,11 +128,13 @@ func (a *aggregator) streams() int {
 
 // dns resolves every name to its addresses, which a test may change.
 type dns struct {
-	mu    sync.Mutex
-	addrs map[string][]string
+	mu      sync.Mutex
+	addrs   map[string][]string
+	lookups atomic.Int32
 }
 
 func (d *dns) LookupHost(_ context.Context, host string) ([]string, error) {
+	d.lookups.Add(1)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ips, ok := d.addrs[host]
@@ -797,5 +799,37 @@ func TestEveryRefusalsReasonIsCountedFromTheStart(t *testing.T) {
 		if !have[u[1]] {
 			t.Errorf("reason %q is counted, but has no series at 0 at the start", u[1])
 		}
+	}
+}
+
+// TestAnAddressThatIsNoneSpendsNoLookup: a stream naming no address
+// (pulse-upstream "x") made the relay look its aggregators up again, the
+// one lookup a second a replica not resolved yet waits on: a client naming
+// one each second kept a new replica's streams refused until the timed
+// pass. It is refused with no lookup; an address not known yet still
+// makes one.
+func TestAnAddressThatIsNoneSpendsNoLookup(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	refused := func(upstream string) {
+		t.Helper()
+		s := agentStream(context.Background(), t, at, upstream)
+		_ = s.Send(hello("node-1"))
+		if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
+			t.Fatalf("%s: %v, want Unavailable", upstream, err)
+		}
+	}
+	for d.lookups.Load() == 0 { // the relay's first pass
+		time.Sleep(time.Millisecond)
+	}
+	before := d.lookups.Load()
+	refused("x")
+	if n := d.lookups.Load() - before; n != 0 {
+		t.Fatalf("a stream naming no address made %d lookups", n)
+	}
+	refused("127.0.0.1:1")
+	if n := d.lookups.Load() - before; n != 1 {
+		t.Fatalf("a stream naming an address not known made %d lookups, want 1", n)
 	}
 }
