@@ -203,6 +203,11 @@ func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*p
 	return hello, nil
 }
 
+// ReviewedHeader is the header Report sends once it has reviewed a
+// stream's token, before it reads the stream's hello: a relay reads the
+// agent's first message only then (pkg/relay's ReviewedKey, the same).
+const ReviewedHeader = "pulse-reviewed"
+
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	boundNode, tokenExpires, err := s.authenticate(stream.Context())
@@ -215,6 +220,12 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			return status.Errorf(codes.ResourceExhausted, "node %s's agent token holds %d streams open, the most it may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
 		}
 		defer s.nodes.Give(boundNode)
+	}
+	// Said before the hello is read: a relay reads an agent's first
+	// message only once its replica has reviewed the stream's token
+	// (pkg/relay's ReviewedKey).
+	if err := stream.SendHeader(metadata.Pairs(ReviewedHeader, "1")); err != nil {
+		return err
 	}
 	hello, err := s.hello(stream, boundNode)
 	if err != nil {

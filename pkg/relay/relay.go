@@ -48,6 +48,25 @@ import (
 // replica (ip:port, as it resolved it) that a stream through a relay is for.
 const UpstreamKey = "pulse-upstream"
 
+// DefaultHelloWait is Config.HelloWait's default: the 10 s an agent's
+// hello waits for its welcome.
+const DefaultHelloWait = 10 * time.Second
+
+// ReviewedKey is the header a replica sends as soon as it has reviewed a
+// stream's token, before it reads the stream's first message (pkg/ingest's
+// ReviewedHeader): the relay reads the agent's first message only then, so
+// that a stream whose token no one has reviewed holds no more than its
+// flow control window (64 KiB) of the relay's memory.
+const ReviewedKey = "pulse-reviewed"
+
+// unreviewedWait is how long the relay waits for a replica's ReviewedKey
+// before it reads the agent's first message anyway, from a replica not
+// known to send it (one older than it): each of its streams starts that
+// much later. A replica known to send it is waited for up to half the
+// HelloWait, and is then taken as not known (a replica of the same
+// address downgraded).
+var unreviewedWait = time.Second
+
 // DefaultStreamWait is Config.StreamWait's default, well within the 10 s an
 // agent's hello waits for its welcome.
 const DefaultStreamWait = 3 * time.Second
@@ -81,6 +100,10 @@ type Config struct {
 	// AgentSendWait: how long a message of the replica's may wait for the
 	// agent to take it (DefaultAgentSendWait); past it the stream ends.
 	AgentSendWait time.Duration
+	// HelloWait: how long an agent's first message may take to arrive
+	// whole from the stream's start, the replica's review of its token
+	// included (DefaultHelloWait); past it the stream ends.
+	HelloWait time.Duration
 	// Transport dials a replica whose address was resolved from name (the
 	// name its certificate must carry).
 	Transport func(name string) credentials.TransportCredentials
@@ -118,7 +141,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large", "hello_wait"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -133,6 +156,9 @@ func New(cfg Config) *Relay {
 	}
 	if cfg.StreamWait <= 0 {
 		cfg.StreamWait = DefaultStreamWait
+	}
+	if cfg.HelloWait <= 0 {
+		cfg.HelloWait = DefaultHelloWait
 	}
 	r := &Relay{cfg: cfg, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -307,9 +333,11 @@ func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) 
 type upstream struct {
 	addr, name string
 	r          *Relay
-	mu         sync.Mutex
-	conns      []*pooled
-	closed     bool
+	// reviewsFirst: a stream of it has had its ReviewedKey header.
+	reviewsFirst atomic.Bool
+	mu           sync.Mutex
+	conns        []*pooled
+	closed       bool
 }
 
 type pooled struct {
@@ -453,7 +481,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
-	return r.forward(ctx, ss, up, cancel, addr)
+	return r.forward(ctx, ss, up, cancel, u)
 }
 
 // maxHello bounds the first message of an agent's stream, its hello,
@@ -472,11 +500,28 @@ const maxHello = 64 << 10
 // relay had read on, a message of up to 4 MiB queued to the replica and
 // another held, for every stream a client opened with a token no one
 // had reviewed yet.
-func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, addr string) error {
+func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, u *upstream) error {
+	addr := u.addr
 	toAgent := r.m.messages.WithLabelValues("to_agent")
 	answered := make(chan struct{}) // the replica's first message reached the agent
-	errc := make(chan error, 2)
-	go r.fromAgent(ctx, ss, up, cancel, answered, errc)
+	// One error each from the hello's wait, the agent's side and the
+	// replica's.
+	errc := make(chan error, 3)
+	// The agent's first message, its review waited for, arrives whole
+	// within HelloWait: a first message declared of 4 MiB and never
+	// finished held its 4 MiB (gRPC's window grows to a message's length
+	// as it is read) until the replica ended the stream, never with
+	// --agent-auth=none.
+	hello := time.AfterFunc(r.cfg.HelloWait, func() {
+		r.m.refused.WithLabelValues("hello_wait").Inc()
+		select {
+		case errc <- status.Errorf(codes.DeadlineExceeded, "relay: the stream's first message did not arrive whole within %s", r.cfg.HelloWait):
+		default:
+		}
+		cancel()
+	})
+	defer hello.Stop()
+	go r.fromAgent(ctx, ss, up, u, cancel, hello, answered, errc)
 	// The replica's messages, forwarded to the agent on a goroutine of
 	// their own: a send the agent does not take (it stopped reading, its
 	// window full) blocks until the stream ends, which, while this
@@ -526,12 +571,17 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 }
 
 // fromAgent forwards the agent's messages on ss to up until the agent
-// closes its side (then up's is closed too) or the stream ends: until the
-// replica's first answer (answered closed), only the first, refused past
-// maxHello (its error sent on errc); cancel ends up.
-func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, answered <-chan struct{}, errc chan<- error) {
+// closes its side (then up's is closed too) or the stream ends: the first
+// once the replica u has reviewed the stream (awaitReview), then stops
+// hello; until the replica's first answer (answered closed), only the
+// first, refused past maxHello (its error sent on errc); cancel ends up.
+func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, u *upstream, cancel context.CancelFunc,
+	hello *time.Timer, answered <-chan struct{}, errc chan<- error) {
 	toAgg := r.m.messages.WithLabelValues("to_aggregator")
 	wait := answered // nil once answered
+	if !r.awaitReview(ctx, up, u) {
+		return
+	}
 	for first := true; ; first = false {
 		if !first && wait != nil {
 			select {
@@ -550,6 +600,9 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 			}
 			return
 		}
+		if first && !hello.Stop() {
+			return // past HelloWait: the stream ends
+		}
 		if first && len(f.b) > maxHello {
 			// The hello, before the review: one of up to 4 MiB was
 			// queued to the replica, and held there until it reviewed
@@ -565,6 +618,45 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 			return // the replica's side ended: RecvMsg below says how
 		}
 		toAgg.Inc()
+	}
+}
+
+// awaitReview waits until the replica u has reviewed the stream up's
+// token (its ReviewedKey header), so that the agent's first message is
+// not read before: read, gRPC grows the stream's window to the message's
+// declared length, up to 4 MiB, all of it held here for any stream any
+// client opens with any token (8 connections of 32 streams from one
+// address, 1 GiB). From a replica not known to send the header it waits
+// unreviewedWait, then reads; from one known to, half the HelloWait, then
+// takes it as not known. False when the stream ended meanwhile.
+func (r *Relay) awaitReview(ctx context.Context, up grpc.ClientStream, u *upstream) bool {
+	reviewed := make(chan bool, 1)
+	go func() {
+		md, err := up.Header() // the replica's headers, or the stream's end
+		reviewed <- err == nil && len(md.Get(ReviewedKey)) > 0
+	}()
+	known := u.reviewsFirst.Load()
+	wait := unreviewedWait
+	if known {
+		wait = r.cfg.HelloWait / 2
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case ok := <-reviewed:
+		if ok {
+			u.reviewsFirst.Store(true)
+		}
+		// Without the header the replica's side ended (its refusal), or
+		// it sent its headers with its welcome, after a hello: read on.
+		return true
+	case <-t.C:
+		if known {
+			u.reviewsFirst.Store(false)
+		}
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/ingest"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/testpki"
 )
@@ -33,7 +34,8 @@ import (
 // aggregator is an ingest server on loopback that answers a hello with a
 // welcome naming the stream's node and each batch with an ack, and records
 // what each stream carried; refuse, when set, ends a stream with that error
-// at its hello.
+// at its hello. As pkg/ingest, it says it has reviewed a stream's token
+// (ReviewedKey) before it reads the hello, unless old.
 type aggregator struct {
 	pulsev1.UnimplementedIngestServer
 	addr   string
@@ -47,6 +49,11 @@ type aggregator struct {
 	hold   chan struct{}
 	hellos atomic.Int64
 	srv    *grpc.Server
+	// old: it says nothing before its welcome (an aggregator before
+	// ReviewedKey). review, when set, is each stream's review: its error
+	// refuses the stream (nil: reviewed), taken before the header.
+	old    bool
+	review chan error
 }
 
 func startAggregator(t testing.TB, streamsPerConn uint32) *aggregator {
@@ -80,9 +87,18 @@ func (a *aggregator) Report(s pulsev1.Ingest_ReportServer) error {
 	md, _ := metadata.FromIncomingContext(s.Context())
 	a.mu.Lock()
 	a.md = append(a.md, md)
-	refuse := a.refuse
+	refuse, old, review := a.refuse, a.old, a.review
 	a.mu.Unlock()
-	err := a.serve(s, refuse)
+	var err error
+	if review != nil {
+		err = <-review
+	}
+	if err == nil && !old {
+		err = s.SendHeader(metadata.Pairs(ReviewedKey, "1"))
+	}
+	if err == nil {
+		err = a.serve(s, refuse)
+	}
 	a.mu.Lock()
 	a.ended = append(a.ended, err)
 	a.mu.Unlock()
@@ -334,6 +350,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 pulse_relay_refused_streams_total{reason="agent_not_reading"} 0
 pulse_relay_refused_streams_total{reason="closing"} 0
 pulse_relay_refused_streams_total{reason="hello_too_large"} 0
+pulse_relay_refused_streams_total{reason="hello_wait"} 0
 pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
 pulse_relay_refused_streams_total{reason="plaintext_token"} 1
@@ -740,16 +757,11 @@ func TestAFirstMessagePastAHellosBoundIsRefused(t *testing.T) {
 	if err := s.Send(big); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Recv()
-	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "a hello is at most") {
-		t.Fatalf("Recv after a first message of 3 MiB: %v; want InvalidArgument, a hello's bound", err)
-	}
+	endsWith(t, s, codes.InvalidArgument, "a hello is at most")
 	if n := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator")); n != 0 {
 		t.Fatalf("%v messages forwarded to the replica; want none", n)
 	}
-	if n := testutil.ToFloat64(r.m.refused.WithLabelValues("hello_too_large")); n != 1 {
-		t.Fatalf("refused hello_too_large %v, want 1", n)
-	}
+	wantRefused(t, r, "hello_too_large", 1)
 	// A hello within the bound goes on as before.
 	s = agentStream(context.Background(), t, at, agg.addr)
 	if err := s.Send(hello("node-1")); err != nil {
@@ -831,5 +843,105 @@ func TestAnAddressThatIsNoneSpendsNoLookup(t *testing.T) {
 	refused("127.0.0.1:1")
 	if n := d.lookups.Load() - before; n != 1 {
 		t.Fatalf("a stream naming an address not known made %d lookups, want 1", n)
+	}
+}
+
+// TestAFirstMessageIsReadOnlyOnceTheReplicaReviewedTheStream: read before
+// the replica had reviewed the stream's token, an agent's first message
+// declared of 4 MiB and never finished held its 4 MiB here (gRPC's window
+// grows to a message's length as it is read) until the replica ended the
+// stream: 1 GiB from one address (8 connections of 32 streams). The relay
+// reads it only once the replica says it reviewed the token; one that
+// refuses the token ends the stream with nothing of it read.
+func TestAFirstMessageIsReadOnlyOnceTheReplicaReviewedTheStream(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.review = make(chan error, 1)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	s := agentStream(context.Background(), t, at, agg.addr)
+	big := &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1, Values: make([]int64, 3<<20/8)}}}
+	go func() { _ = s.Send(big) }() // blocks on the relay's window, unread
+	eventually(t, "the stream at the replica", func() error {
+		if agg.streams() == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	// Read, it would be refused for its size (the relay does not wait).
+	for i := 0; i < 50 && testutil.ToFloat64(r.m.refused.WithLabelValues("hello_too_large")) == 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	agg.review <- status.Error(codes.Unauthenticated, "a made-up token")
+	if _, err := s.Recv(); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Recv: %v; want the replica's refusal of the token, the first message unread", err)
+	}
+	wantRefused(t, r, "hello_too_large", 0) // the first message was not read before the review
+	if n := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator")); n != 0 {
+		t.Fatalf("%v messages forwarded to the replica; want none", n)
+	}
+}
+
+// TestAFirstMessageNotWholeWithinTheHelloWaitEndsTheStream: a stream
+// whose first message does not arrive whole within the HelloWait (with
+// --agent-auth=none nothing else ends it) is ended, saying so.
+func TestAFirstMessageNotWholeWithinTheHelloWaitEndsTheStream(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 200 * time.Millisecond})
+	s := agentStream(context.Background(), t, at, agg.addr) // sends nothing
+	endsWith(t, s, codes.DeadlineExceeded, "did not arrive whole")
+	wantRefused(t, r, "hello_wait", 1)
+	welcomed(t, at, agg.addr) // a hello in time goes on
+}
+
+// endsWith: s's next Recv ends it with code, saying says.
+func endsWith(t *testing.T, s pulsev1.Ingest_ReportClient, code codes.Code, says string) {
+	t.Helper()
+	_, err := s.Recv()
+	if st, _ := status.FromError(err); st.Code() != code || !strings.Contains(st.Message(), says) {
+		t.Fatalf("Recv: %v; want %s saying %q", err, code, says)
+	}
+}
+
+// wantRefused: r has refused n streams for reason.
+func wantRefused(t *testing.T, r *Relay, reason string, n float64) {
+	t.Helper()
+	if got := testutil.ToFloat64(r.m.refused.WithLabelValues(reason)); got != n {
+		t.Fatalf("refused %s %v, want %v", reason, got, n)
+	}
+}
+
+// welcomed: a stream through at to the replica at addr has its hello
+// answered with a welcome.
+func welcomed(t *testing.T, at relayAt, addr string) {
+	t.Helper()
+	s := agentStream(context.Background(), t, at, addr)
+	if err := s.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("a hello: %v, %v; want its welcome", m, err)
+	}
+}
+
+// TestAReplicaThatSaysNothingBeforeItsWelcomeIsStillForwarded: a replica
+// older than ReviewedKey says nothing before its welcome, which it sends
+// after the hello: the relay reads the hello after unreviewedWait, and
+// the stream goes on.
+func TestAReplicaThatSaysNothingBeforeItsWelcomeIsStillForwarded(t *testing.T) {
+	defer func(d time.Duration) { unreviewedWait = d }(unreviewedWait)
+	unreviewedWait = 20 * time.Millisecond
+	agg := startAggregator(t, 100)
+	agg.old = true
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	welcomed(t, at, agg.addr)
+}
+
+// TestTheReviewedHeaderIsTheAggregators: the relay waits for the header
+// the aggregator's ingest sends.
+func TestTheReviewedHeaderIsTheAggregators(t *testing.T) {
+	if ReviewedKey != ingest.ReviewedHeader {
+		t.Fatalf("the relay waits for %q, the aggregator sends %q", ReviewedKey, ingest.ReviewedHeader)
 	}
 }

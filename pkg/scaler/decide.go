@@ -300,10 +300,7 @@ func (s *Server) decide(t Trigger, r *store.Reading, c *tally, detail bool) (Dec
 	pods := r.Pods
 	ready := len(pods) - c.starting - c.terminating
 	hpaReady := ready + c.drainingReady
-	// The serving pods' average, for activation: over the pods whose
-	// values the total holds (a pod failing under missingPods ignore, or
-	// idle, is not in it: one at 8 beside one failing read 4, below an
-	// activation of 5).
+	// For activation, over the pods the total holds (not those ignored).
 	perPodActive := (v + dv.Held) / float64(max(n, 1))
 	v = forTheHPA(t, v, hpaReady, dv.Held)
 	if up && fill == 0 && c.missing > 0 {
