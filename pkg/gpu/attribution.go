@@ -48,8 +48,11 @@ const maxPodResources = 16 << 20
 func (p *PodResources) Close() error { return p.conn.Close() }
 
 // IsGPUResource reports whether a device plugin resource is an NVIDIA GPU or
-// MIG device.
+// MIG device: nvidia.com/gpu, nvidia.com/mig-<profile>, and the same with
+// ".shared", as the NVIDIA device plugin names a time-sliced or MPS one
+// with renameByDefault (whose pods had no GPU values).
 func IsGPUResource(name string) bool {
+	name = strings.TrimSuffix(name, ".shared")
 	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-")
 }
 

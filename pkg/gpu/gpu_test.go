@@ -503,3 +503,26 @@ func dialed(t *testing.T, socket string) (*PodResources, context.Context) {
 	t.Cleanup(cancel)
 	return pr, ctx
 }
+
+// TestTheDevicePluginsSharedNamesAreGPUs: with time-slicing or MPS and
+// renameByDefault, the NVIDIA device plugin advertises nvidia.com/gpu.shared
+// (and nvidia.com/mig-<profile>.shared): their pods had no GPU values.
+func TestTheDevicePluginsSharedNamesAreGPUs(t *testing.T) {
+	for name, want := range map[string]bool{
+		"nvidia.com/gpu": true, "nvidia.com/gpu.shared": true, "nvidia.com/mig-1g.10gb": true, "nvidia.com/mig-1g.10gb.shared": true,
+		"nvidia.com/gpu-shared": false, "example.com/gpu.shared": false, "nvidia.com/gpux": false, ".shared": false,
+	} {
+		if IsGPUResource(name) != want {
+			t.Errorf("IsGPUResource(%q) = %v, want %v", name, !want, want)
+		}
+	}
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	k := &fakenode.Kubelet{}
+	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu.shared", "GPU-a::0"))
+	k.Serve(t, socket)
+	pr, ctx := dialed(t, socket)
+	got, _, err := pr.List(ctx)
+	if err != nil || len(got["ns/llama-0"]) != 1 {
+		t.Fatalf("List = %v, %v; want llama-0's shared GPU", got, err)
+	}
+}
