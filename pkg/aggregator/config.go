@@ -188,11 +188,16 @@ func (a *Aggregator) listen() error {
 	// agent authentication, a token review: at most so many at once.
 	ingest := newLimitListener(a.ingestLn, s.MaxIngestConnections, s.MaxIngestConnectionsPerAddress)
 	ingest.byIP.OnRefuse = a.refusal("ingest", "--max-ingest-connections-per-address")
+	// gRPC's keepalive timeout as the socket's TCP_USER_TIMEOUT, which
+	// gRPC sets on a bare TCP connection only (netbound's, for framed
+	// connections too).
+	ingest.byIP.UserTimeout = ServerKeepalive.Timeout
 	a.ingestLn = ingest
 	// The scaler port held every connection, unbounded (KEDA's operator
 	// keeps one a scaler address and TLS configuration).
 	scalerLn := netbound.New(a.scalerLn, maxScalerConns, s.MaxScalerConnectionsPerAddress)
 	scalerLn.OnRefuse = a.refusal("scaler", "--max-scaler-connections-per-address")
+	scalerLn.UserTimeout = ServerKeepalive.Timeout
 	a.scalerLn = scalerLn
 	// The HTTP ports held every connection for up to their IdleTimeout,
 	// 10 to 19 KiB each, unbounded: the http port is open to other pods by

@@ -11,6 +11,7 @@ package netbound
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // Listener accepts connections within its bounds; past them a connection
@@ -22,7 +23,14 @@ type Listener struct {
 	// address of each connection closed past a bound: a refusal that
 	// nothing counted left a client that shares its address with others
 	// (a sidecar's, a translated one) with no word of why.
-	OnRefuse      func(ip string)
+	OnRefuse func(ip string)
+	// UserTimeout, when set (before the first Accept), is each TCP
+	// connection's TCP_USER_TIMEOUT: gRPC sets its keepalive's timeout so
+	// on a *net.TCPConn only, and a bounded one is wrapped, so that a dead
+	// peer's socket and its unacknowledged bytes stayed in the kernel,
+	// retransmitted for about 15 minutes (tcp_retries2), where gRPC's own
+	// listener would have dropped it after the timeout.
+	UserTimeout   time.Duration
 	mu            sync.Mutex
 	all           int
 	byIP          map[string]int
@@ -59,6 +67,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 				l.OnRefuse(ip)
 			}
 			continue
+		}
+		if tcp := tcpOf(c); tcp != nil && l.UserTimeout > 0 {
+			_ = setUserTimeout(tcp, l.UserTimeout) // as gRPC: best effort
 		}
 		return NewConn(c, func() { l.release(ip) }), nil
 	}

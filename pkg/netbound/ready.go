@@ -43,22 +43,28 @@ func (l *Pooled) Accept() (net.Conn, error) {
 // returned as it is. Closing the result closes c (and gives its rooms
 // back).
 func Ready(c net.Conn, reads *atomic.Int64) net.Conn {
-	inner := c
-	for {
-		b, ok := inner.(*Conn)
-		if !ok {
-			break
-		}
-		inner = b.Conn
-	}
-	tcp, ok := inner.(*net.TCPConn)
-	if !ok {
+	tcp := tcpOf(c)
+	if tcp == nil {
 		return c
 	}
 	if rc := newReadyConn(c, tcp, reads); rc != nil {
 		return rc
 	}
 	return c
+}
+
+// tcpOf is the TCP connection c is, bare or within *Conn (one or more);
+// nil for any other.
+func tcpOf(c net.Conn) *net.TCPConn {
+	for {
+		b, ok := c.(*Conn)
+		if !ok {
+			break
+		}
+		c = b.Conn
+	}
+	tcp, _ := c.(*net.TCPConn)
+	return tcp
 }
 
 // ErrNoPeek: Peek cannot look at this connection's bytes.

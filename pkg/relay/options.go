@@ -28,6 +28,10 @@ import (
 )
 
 // Options are pulse-relay's flags.
+// agentKeepalive is the agents' port's: a connection with no stream for
+// 30 s is closed (an agent's always has one).
+var agentKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 30 * time.Second}
+
 type Options struct {
 	Listen, HTTPAddr string
 	// HealthAddr, when set, serves /livez and /readyz alone, for the
@@ -169,7 +173,7 @@ func NewServer(o *Options, log *slog.Logger) (*Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(4 << 20),
 		grpc.ConnectionTimeout(10 * time.Second),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 30 * time.Second}),
+		grpc.KeepaliveParams(agentKeepalive),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// An agent opens one stream a replica, on its one connection.
 		grpc.MaxConcurrentStreams(MaxStreamsPerConnection),
@@ -212,6 +216,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.healthAddr.Store(healthLn.Addr().String())
 	}
 	bounded := netbound.New(ln, s.o.MaxConnections, s.o.MaxConnectionsPerAddress)
+	bounded.UserTimeout = agentKeepalive.Timeout // gRPC's, which it sets on a bare TCP connection only
 	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_relay_connections_refused_total",
 		Help: "Agents' connections closed at once past --max-connections or --max-connections-per-address."})
 	var lastRefusal atomic.Int64
