@@ -806,3 +806,58 @@ func TestTheDebugReaderGrantsPulsesPagesAlone(t *testing.T) {
 		t.Fatal("no ClusterRole pulse-aggregator-debug-reader rendered")
 	}
 }
+
+// TestTheAgentRunsAsAUserWithoutThePodResourcesSocket: root is for the
+// kubelet's pod-resources socket alone; with podResources.enabled false
+// the agent, which parses every tenant's pages, still ran as root unless
+// its security context was written out by hand.
+func TestTheAgentRunsAsAUserWithoutThePodResourcesSocket(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "daemonset")
+	for _, c := range []struct {
+		args    []string
+		user    int64
+		nonRoot bool
+	}{
+		{nil, 0, false},
+		{[]string{"--set", "podResources.enabled=false"}, 65532, true},
+		{[]string{"--set", "podResources.enabled=false", "--set", "securityContext.runAsUser=1000"}, 1000, false},
+	} {
+		out, err := render(t, chart, c.args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", c.args, err, out)
+		}
+		sc := container(t, docs(t, out)["DaemonSet/pulse-agent"]).SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != c.user || (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) != c.nonRoot ||
+			sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%v: security context %+v; want user %d, runAsNonRoot %v, the rest kept", c.args, sc, c.user, c.nonRoot)
+		}
+	}
+}
+
+// TestValuesThatCannotWorkAreRefusedSayingWhy: a warmup.agentDaemonSet or
+// an agentAuth.serviceAccounts entry with no namespace, and a relay of 0
+// streams a connection, rendered a template's panic (an index out of
+// range, a division by zero) or a flag the aggregator refuses at its start
+// (crash-looping); a podDisruptionBudget default removed with null was
+// read as "<nil>", and refused as both set.
+func TestValuesThatCannotWorkAreRefusedSayingWhy(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "aggregator")
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--set", "warmup.agentDaemonSet=pulse-agent"}, `warmup.agentDaemonSet "pulse-agent": NAMESPACE/NAME`},
+		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
+		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}", "--set", "networkPolicy.enabled=false"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
+		{[]string{"--set", "relay.enabled=true", "--set", "relay.streamsPerConnection=0"}, "relay.streamsPerConnection must be at least 1"},
+	} {
+		out, err := render(t, chart, c.args...)
+		if err == nil || !strings.Contains(out, c.says) {
+			t.Errorf("%v: %v; want it refused saying %q:\n%s", c.args, err, c.says, out)
+		}
+	}
+	out, err := render(t, chart, "--set", "replicaCount=2", "--set", "podDisruptionBudget.minAvailable=null", "--set", "podDisruptionBudget.maxUnavailable=1")
+	if err != nil || !strings.Contains(docs(t, out)["PodDisruptionBudget/pulse-aggregator"], "maxUnavailable: 1") {
+		t.Errorf("minAvailable=null, maxUnavailable=1: %v\n%s", err, out)
+	}
+}

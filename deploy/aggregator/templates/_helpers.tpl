@@ -64,6 +64,9 @@ The agent DaemonSet the warm-up waits for: namespace/name, or empty.
 {{- if eq $ds "" -}}
 {{- printf "%s/pulse-agent" .Release.Namespace -}}
 {{- else if ne $ds "-" -}}
+{{- if not (regexMatch "^[^/]+/[^/]+$" $ds) -}}
+{{- fail (printf "warmup.agentDaemonSet %q: NAMESPACE/NAME, \"\" or \"-\"" $ds) -}}
+{{- end -}}
 {{- $ds -}}
 {{- end }}
 {{- end }}
@@ -147,6 +150,9 @@ agents' ServiceAccounts with agentAuth.mode tokenreview, else the release's).
   {{- $agentNamespaces := list }}
   {{- if eq .Values.agentAuth.mode "tokenreview" }}
   {{- range .Values.agentAuth.serviceAccounts }}
+  {{- if not (regexMatch "^[^/]+/[^/]+$" .) }}
+  {{- fail (printf "agentAuth.serviceAccounts: %q is not NAMESPACE/NAME" .) }}
+  {{- end }}
   {{- $agentNamespaces = append $agentNamespaces (first (splitList "/" .)) | uniq }}
   {{- end }}
   {{- end }}
