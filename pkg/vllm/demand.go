@@ -60,11 +60,12 @@ var DemandPresets = map[string]Demand{
 // arr, when not nil, is d's arrival state (NewArrivals), kept from scrape
 // to scrape of the demand: its series are made monotonic in it.
 func (e *Extractor) ExtractDemand(page []byte, d *Demand, arr *Arrivals) (Page, error) {
-	fams, err := e.demandFamilies(page, d.Metrics, wantsOf(d))
-	if err != nil {
-		return Page{}, err
+	w := wantsOf(d)
+	r := e.demandFamilies(page, d.Metrics, w)[w.slot(d)]
+	if r.err != nil {
+		return Page{}, r.err
 	}
-	return demandPage(fams, d, arr), nil
+	return demandPage(r.fams, d, arr), nil
 }
 
 // ExtractDemands is ExtractDemand for each of demands, the page read once
@@ -76,23 +77,24 @@ func (e *Extractor) ExtractDemands(page []byte, demands []*Demand, arrs []*Arriv
 	pages, errs := make([]Page, len(demands)), make([]error, len(demands))
 	type read struct {
 		metrics []string
-		fams    map[string]*dto.MetricFamily
-		err     error
+		want    demandWants
+		slots   []demandRead
 	}
 	var reads []read
 	for i, d := range demands {
 		k := slices.IndexFunc(reads, func(r read) bool { return slices.Equal(r.metrics, d.Metrics) })
 		if k < 0 {
-			fams, err := e.demandFamilies(page, d.Metrics, wantsOf(sameMetrics(demands[i:], d.Metrics)...))
-			reads = append(reads, read{metrics: d.Metrics, fams: fams, err: err})
+			w := wantsOf(sameMetrics(demands[i:], d.Metrics)...)
+			reads = append(reads, read{metrics: d.Metrics, want: w, slots: e.demandFamilies(page, d.Metrics, w)})
 			k = len(reads) - 1
 		}
-		if errs[i] = reads[k].err; errs[i] == nil {
+		r := reads[k].slots[reads[k].want.slot(d)]
+		if errs[i] = r.err; errs[i] == nil {
 			var arr *Arrivals
 			if i < len(arrs) {
 				arr = arrs[i]
 			}
-			pages[i] = demandPage(reads[k].fams, d, arr)
+			pages[i] = demandPage(r.fams, d, arr)
 		}
 	}
 	return pages, errs
@@ -120,10 +122,25 @@ func sameMetrics(ds []*Demand, metrics []string) []*Demand {
 // request under the model it names before it knows the model): one line
 // past the bounds on a line (a 9 KB model name), or 16,384 series of models
 // that do not exist, refused the page, and every workload behind the
-// router lost its demand. The lines of other values are not read at all.
+// router lost its demand. The lines of other values are not read at all,
+// and each pair's lines are read apart (demandFamilies): a line that holds
+// one workload's pair and fails the bounds (its other labels a client's
+// too: the EPP's fairness_id, from a request's header) fails that
+// workload's read alone.
 type demandWants struct {
 	all   bool
 	pairs [][]byte
+}
+
+// pairOf is d's pair as the text format writes it.
+func pairOf(d *Demand) []byte { return []byte(d.Label + `="` + labelEscaper.Replace(d.Match) + `"`) }
+
+// slot is the index of d's read among demandFamilies' (0 with all).
+func (w demandWants) slot(d *Demand) int {
+	if w.all {
+		return 0
+	}
+	return max(0, slices.IndexFunc(w.pairs, func(p []byte) bool { return bytes.Equal(p, pairOf(d)) }))
 }
 
 // labelEscaper writes a label value as the text format does.
@@ -136,22 +153,22 @@ func wantsOf(ds ...*Demand) demandWants {
 			return demandWants{all: true}
 		}
 		if !slices.ContainsFunc(ds[:i], func(o *Demand) bool { return o.Label == d.Label && o.Match == d.Match }) {
-			w.pairs = append(w.pairs, []byte(d.Label+`="`+labelEscaper.Replace(d.Match)+`"`))
+			w.pairs = append(w.pairs, pairOf(d))
 		}
 	}
 	return w
 }
 
-// keeps says whether line (name at [:n]) is one w reads: it holds one of
-// w's pairs at a label's start (after the brace, a comma or a blank). An
-// unescaped quote is never within a label's value, so a pair found there
-// is the label itself.
-func (w demandWants) keeps(line []byte, n int) bool {
+// matches appends to dst the index of each of w's pairs line (name at
+// [:n]) holds at a label's start (after the brace, a comma or a blank),
+// or 0 with all. An unescaped quote is never within a label's value, so a
+// pair found there is the label itself.
+func (w demandWants) matches(dst []int, line []byte, n int) []int {
 	if w.all {
-		return true
+		return append(dst, 0)
 	}
 	labels := line[n:]
-	for _, p := range w.pairs {
+	for k, p := range w.pairs {
 		for from := 0; ; {
 			i := bytes.Index(labels[from:], p)
 			if i < 0 {
@@ -160,48 +177,76 @@ func (w demandWants) keeps(line []byte, n int) bool {
 			i += from
 			if i > 0 {
 				if c := labels[i-1]; c == '{' || c == ',' || c == ' ' || c == '\t' {
-					return true
+					dst = append(dst, k)
+					break
 				}
 			}
 			from = i + 1
 		}
 	}
-	return false
+	return dst
 }
 
-// demandFamilies parses the page's series of metrics that want keeps, and
-// no other line.
-func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWants) (map[string]*dto.MetricFamily, error) {
-	bp := e.bufs.Get().(*[]byte)
-	defer e.bufs.Put(bp)
-	kept, lines := (*bp)[:0], 0
+// demandRead is one pair's read of a page: its series, or why not.
+type demandRead struct {
+	fams map[string]*dto.MetricFamily
+	err  error
+}
+
+// demandFamilies parses the page's series of metrics, each of want's
+// pairs' lines apart (one read with all), and no other line: a line past
+// the bounds, a pair's lines past maxKeptPageSeries, or a pair's lines
+// the parser refuses fail that pair's read, not the others'.
+func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWants) []demandRead {
+	n := max(1, len(want.pairs))
+	if want.all {
+		n = 1
+	}
+	out := make([]demandRead, n)
+	kept, lines := make([][]byte, n), make([]int, n)
+	var held [64]int
 	for len(page) > 0 {
 		var line []byte
 		line, page = nextLine(page)
 		if len(line) == 0 || line[0] == '#' {
 			continue
 		}
-		n := nameEnd(line)
-		if !slices.Contains(metrics, string(line[:n])) || !want.keeps(line, n) {
+		end := nameEnd(line)
+		if !slices.Contains(metrics, string(line[:end])) {
 			continue
 		}
-		end, value, err := labelsAndValue(line, n)
-		if err != nil {
-			return nil, &ParseError{err}
+		slots := want.matches(held[:0], line, end)
+		if len(slots) == 0 {
+			continue
 		}
-		if lines++; lines > maxKeptPageSeries {
-			return nil, &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
+		lend, value, err := labelsAndValue(line, end)
+		for _, k := range slots {
+			switch {
+			case out[k].err != nil:
+			case err != nil:
+				out[k].err = &ParseError{err}
+			case lines[k] >= maxKeptPageSeries:
+				out[k].err = &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
+			default:
+				lines[k]++
+				kept[k] = append(append(append(append(kept[k], line[:lend]...), ' '), value...), '\n')
+			}
 		}
-		kept = append(append(append(append(kept, line[:end]...), ' '), value...), '\n')
 	}
-	*bp = kept
 	p := e.parsers.Get().(*expfmt.TextParser)
 	defer e.parsers.Put(p)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(kept))
-	if err != nil {
-		return nil, &ParseError{err}
+	for k := range out {
+		if out[k].err != nil {
+			continue
+		}
+		fams, err := p.TextToMetricFamilies(bytes.NewReader(kept[k]))
+		if err != nil {
+			out[k].err = &ParseError{err}
+			continue
+		}
+		out[k].fams = fams
 	}
-	return fams, nil
+	return out
 }
 
 // demandPage sums d's series among fams, the first of its metrics present,

@@ -626,3 +626,45 @@ func TestACommentIsReadForItsFirstWords(t *testing.T) {
 		}
 	}
 }
+
+// TestOneWorkloadsBadLinesFailItsDemandAlone: the lines of a router's page
+// that hold one workload's pair were read with every other workload's:
+// one of them past the bounds (the EPP's fairness_id is a request's
+// header: a client's to write), 16,385 of them (one model's requests under
+// as many fairness ids), or one the parser refuses, failed the read of
+// every workload behind the router. Each pair's lines are read apart:
+// that workload's demand fails, the others' are read.
+func TestOneWorkloadsBadLinesFailItsDemandAlone(t *testing.T) {
+	e := newExtractor(t)
+	line := func(fairness, model string, v int) string {
+		return fmt.Sprintf("llm_d_epp_flow_control_queue_size{fairness_id=%q,inference_pool=\"p\",model_name=%q,priority=\"0\",target_model_name=%q} %d\n", fairness, model, model, v)
+	}
+	good := line("a", "phi", 7) + line("a", "llama", 2)
+	var many strings.Builder
+	for i := range maxKeptPageSeries + 1 {
+		many.WriteString(line(fmt.Sprint("f", i), "llama", 1))
+	}
+	for name, bad := range map[string]string{
+		"labels past the bound":     line(strings.Repeat("x", 9000), "llama", 1),
+		"more lines than the bound": many.String(),
+		"a line the parser refuses": `llm_d_epp_flow_control_queue_size{target_model_name="llama",1x="1"} 1` + "\n",
+		"a line of 17 labels":       `llm_d_epp_flow_control_queue_size{target_model_name="llama",a="",b="",c="",d="",e="",f="",g="",h="",i="",j="",k="",l="",m="",n="",o="",p=""} 1` + "\n",
+	} {
+		var ds []*Demand
+		for _, m := range []string{"llama", "phi"} {
+			d := DemandPresets["epp"]
+			d.Match = m
+			ds = append(ds, &d)
+		}
+		pages, errs := e.ExtractDemands([]byte(good+bad), ds, nil)
+		if errs[0] == nil {
+			t.Errorf("%s: llama's demand read %v; want its read failed", name, pages[0].V[metric.PendingRequests])
+		}
+		if errs[1] != nil || pages[1].V[metric.PendingRequests] != 7 {
+			t.Errorf("%s: phi's demand %v, %v; want 7", name, pages[1].V[metric.PendingRequests], errs[1])
+		}
+		if _, err := e.ExtractDemand([]byte(good+bad), ds[1], nil); err != nil {
+			t.Errorf("%s: phi read alone: %v", name, err)
+		}
+	}
+}
