@@ -111,7 +111,14 @@ func QuantileBeyond(q float64, bounds, counts []float64) (v float64, beyond, ok 
 	if n < 2 || len(counts) != n || !math.IsInf(bounds[n-1], 1) || math.IsNaN(q) {
 		return 0, false, false
 	}
-	total := counts[n-1]
+	// The total is the last count raised as the others are (Prometheus's
+	// ensureMonotonic, then the last bucket's): the last count as it was,
+	// below one before it, placed every rank too low (p90 of [5 10 8] over
+	// [1 2 +Inf] read 1.44 where Prometheus reads 1.8).
+	total := 0.0
+	for _, c := range counts {
+		total = max(total, c)
+	}
 	if total <= 0 {
 		return 0, false, false
 	}

@@ -39,6 +39,15 @@ func (a *Arrivals) observe(key uint64, v float64) float64 {
 	s := a.series[key]
 	if s == nil {
 		if len(a.series) >= maxArrivalSeries {
+			if _, asleep := a.asleep[key]; asleep {
+				// A retired series back with no room to follow it: its
+				// last value is in the retired sum, and the page's
+				// beside it counted it twice (then, woken, the sum fell
+				// by as much: a reset to the aggregator, every series'
+				// count new arrivals). It stays retired until there is
+				// room, as Counters' does.
+				return 0
+			}
 			return v
 		}
 		s = &counterSeries{}

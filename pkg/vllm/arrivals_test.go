@@ -2,6 +2,8 @@ package vllm
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,5 +77,43 @@ func TestArrivalsAreBounded(t *testing.T) {
 	}
 	if len(arr.series) > maxArrivalSeries || len(arr.asleep) > maxArrivalsAsleep {
 		t.Fatalf("%d series followed, %d asleep: want at most %d and %d", len(arr.series), len(arr.asleep), maxArrivalSeries, maxArrivalsAsleep)
+	}
+}
+
+// TestARetiredArrivalSeriesBackWithoutRoomIsCountedOnce: a retired series
+// back while 256 others are followed was summed as the page has it beside
+// its last value in the retired sum (200 for 100), and fell by as much
+// once woken: a reset to the aggregator, every series' count new arrivals.
+// It stays retired, at its value, until there is room.
+func TestARetiredArrivalSeriesBackWithoutRoomIsCountedOnce(t *testing.T) {
+	a := NewArrivals()
+	step := func(vals map[uint64]float64) float64 {
+		a.scrape++
+		sum := 0.0
+		for _, k := range slices.Sorted(maps.Keys(vals)) {
+			sum += a.observe(k, vals[k])
+		}
+		return sum + a.finish()
+	}
+	step(map[uint64]float64{0: 100})
+	for range retireAfter {
+		step(nil)
+	}
+	full := map[uint64]float64{}
+	for k := range maxArrivalSeries {
+		full[uint64(k+1)] = 0
+	}
+	if got := step(full); got != 100 {
+		t.Fatalf("before it is back: %v, want 100", got)
+	}
+	full[0] = 100 // back, unchanged, with no room
+	if got := step(full); got != 100 {
+		t.Fatalf("back with no room: %v, want 100", got)
+	}
+	delete(full, 1) // room: it is woken
+	for range retireAfter + 1 {
+		if got := step(full); got != 100 {
+			t.Fatalf("woken: %v, want 100", got)
+		}
 	}
 }
