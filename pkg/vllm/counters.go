@@ -60,6 +60,11 @@ type Counters struct {
 	// follow them), so that one given twice is taken once (nil until one
 	// is; cleared at each scrape).
 	raw map[uint64]struct{}
+	// won and wonHist: 1 + the rank of the name that last made each
+	// counter's and each histogram's value (0: none yet), by which a page
+	// without it judges its series (wins).
+	won     [metric.NumIDs]uint8
+	wonHist [metric.NumHists]uint8
 }
 
 // maxAsleep bounds the retired series a pod's Counters remembers to
@@ -290,7 +295,7 @@ func (c *Counters) finish(a *accumulator) {
 		// number under each) is no part of it: carried over (the
 		// deprecated name gone after an upgrade in place), its value was
 		// counted twice, and kept so once retired.
-		won := a.wins(s)
+		won := c.wins(a, s)
 		if c.scrape-s.seen >= retireAfter {
 			if !won {
 				delete(c.series, key)
@@ -335,6 +340,16 @@ func (c *Counters) finish(a *accumulator) {
 	for k, r := range c.retiredHist {
 		a.addToBucket(k, r)
 	}
+	for id := range a.raw {
+		if a.raw[id].n > 0 {
+			c.won[id] = a.raw[id].rank + 1
+		}
+	}
+	for h := range a.hist {
+		if len(a.hist[h].bounds) > 0 {
+			c.wonHist[h] = a.hist[h].rank + 1
+		}
+	}
 	if len(c.retiredHist) > maxRetiredBuckets {
 		for k := range c.retiredHist {
 			if !a.hasBucket(k) {
@@ -371,14 +386,25 @@ func (c *Counters) wake(key uint64) (counterSeries, bool) {
 }
 
 // wins reports whether s's name is the one whose series make its value
-// on this page (the lowest rank the page has), or the page has none.
-func (a *accumulator) wins(s *counterSeries) bool {
+// on this page (the lowest rank the page has), or, where the page has
+// none, the one that last made it (any while none has). Every name won a
+// page without the value: a deprecated name's series, gone with the
+// other's (an idle engine restarted, its histograms empty), was retired
+// into the sum beside the winner's, counted twice, then taken back when
+// it came back: a drop, a reset to the aggregator.
+func (c *Counters) wins(a *accumulator, s *counterSeries) bool {
 	if s.bucket.hist > 0 {
-		h := &a.hist[s.bucket.hist-1]
-		return len(h.bounds) == 0 || h.rank == s.rank
+		if h := &a.hist[s.bucket.hist-1]; len(h.bounds) > 0 {
+			return h.rank == s.rank
+		}
+		w := c.wonHist[s.bucket.hist-1]
+		return w == 0 || w-1 == s.rank
 	}
-	r := &a.raw[s.id]
-	return r.n == 0 || r.rank == s.rank
+	if r := &a.raw[s.id]; r.n > 0 {
+		return r.rank == s.rank
+	}
+	w := c.won[s.id]
+	return w == 0 || w-1 == s.rank
 }
 
 // hasBucket says whether the page has bucket k's bound.

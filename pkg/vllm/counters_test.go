@@ -688,3 +688,48 @@ func TestARetiredSeriesBackWithoutRoomIsNotCountedTwice(t *testing.T) {
 		last = got
 	}
 }
+
+// TestALosingNamesSeriesGoneWithTheOthersIsNoPartOfIt: a page without a
+// counter's value judged every name's series the winner, so a deprecated
+// name's (SGLang's time_per_output_token beside inter_token_latency), gone
+// with the other's while an engine restarted idle (its histograms empty
+// until a request), was retired into the sum beside the winner's: counted
+// twice, then taken back when the name came back, a drop the aggregator
+// reads as a reset. A page without the value judges by the name that last
+// made it.
+func TestALosingNamesSeriesGoneWithTheOthersIsNoPartOfIt(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := func(itl, tpot float64) []byte {
+		p := "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 0\n"
+		if itl >= 0 {
+			p += fmt.Sprintf("sglang:inter_token_latency_seconds_sum{model_name=\"m\"} %g\n", itl)
+		}
+		if tpot >= 0 {
+			p += fmt.Sprintf("sglang:time_per_output_token_seconds_sum{model_name=\"m\"} %g\n", tpot)
+		}
+		return []byte(p)
+	}
+	c := NewCounters()
+	var got []float64
+	read := func(itl, tpot float64) {
+		pg, err := e.ExtractWith(page(itl, tpot), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, pg.V[metric.ITLSum])
+	}
+	read(100, 40)
+	for range retireAfter + 1 { // restarted, idle
+		if _, err := e.ExtractWith(page(-1, -1), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read(5, -1)
+	read(6, 2)
+	if want := []float64{100, 105, 106}; !slices.Equal(got, want) {
+		t.Fatalf("itlSum %v, want %v (the losing name's 40 is no part of it)", got, want)
+	}
+}
