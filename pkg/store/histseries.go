@@ -46,7 +46,7 @@ func (c *histColumn) boundsIndex(bounds []float64) int {
 // wholeCounts reports whether every count is a whole number below 2^53.
 func wholeCounts(counts []float64) bool {
 	for _, x := range counts {
-		if !(math.Abs(x) < maxExact) || x != math.Trunc(x) {
+		if !(math.Abs(x) < maxExact) || x != math.Trunc(x) || x == 0 && math.Signbit(x) {
 			return false
 		}
 	}

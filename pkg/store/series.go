@@ -88,7 +88,8 @@ const maxExact = 1 << 53
 func grid(id metric.ID, x float64) (n int64, ok bool) {
 	p := metric.Pow10(id.Scale())
 	y := math.RoundToEven(x * p)
-	if !(math.Abs(y) < maxExact) || y/p != x {
+	// −0 is kept raw too: as the integer 0 it read back as +0.
+	if !(math.Abs(y) < maxExact) || y/p != x || x == 0 && math.Signbit(x) {
 		return baseOf(id, x), false
 	}
 	return int64(y), true

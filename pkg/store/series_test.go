@@ -32,6 +32,8 @@ func randomSample(rng *rand.Rand, timeMs int64, prev *metric.Sample) metric.Samp
 			x = 1e300
 		case k == 3:
 			x = 1234.5 + 10.3 // off the grid by a rounding error
+		case k == 4:
+			x = math.Copysign(0, -1) // read back as +0 until 2026-12-04
 		case k < 20 && prev != nil && prev.Has(id):
 			x = prev.V[id] + float64(rng.IntN(5000))/p // a counter's increase
 		default:
@@ -90,6 +92,8 @@ func randomHist(rng *rand.Rand, i int) *metric.Histograms {
 		h[metric.TTFTHist].Counts = []float64{1, 2, float64(i)}
 	case 2:
 		h[metric.ITLHist].Counts[3] += 0.5
+	case 3:
+		h[metric.TTFTHist].Counts[0] = math.Copysign(0, -1)
 	}
 	return h
 }

@@ -716,66 +716,103 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 	listed := make(map[string]bool, len(pods))
 	for _, info := range pods {
 		listed[info.UID] = true
-		p, ok := s.pods[info.UID]
-		if !ok {
-			if len(s.pods) >= s.opts.MaxPods || s.nsPods[info.Namespace] >= s.opts.MaxPodsPerNamespace {
-				s.refused++
-				refused = append(refused, info.UID)
-				for _, k := range info.Workloads {
-					s.refusedAt[k] = s.now()
-				}
-				continue
-			}
-			p = &pod{}
-			s.pods[info.UID] = p
-			s.countIn(info.Namespace, 1)
-		} else {
-			s.notify(p)
-			s.unlink(p)
-			if p.Namespace != info.Namespace {
-				// A uid listed under another namespace (only an agent that
-				// is not checked can): its count moves with it.
-				s.countIn(p.Namespace, -1)
-				s.countIn(info.Namespace, 1)
-			}
-		}
-		p.PodInfo = info
-		if !ok {
-			s.resumeUnseen(p)
-		}
-		p.markStart(!ok, s.now())
-		p.markUnready(s.now())
-		if !slices.Contains(p.sources, src.Node) {
-			p.sources = append(p.sources, src.Node)
-		}
-		s.list(src.Node, src.Stream, p)
-		p.fromInstance(src.Instance)
-		if len(src.ExtraNames) > 0 || p.rare != nil {
-			rr := p.set()
-			if !slices.Equal(rr.extraNames, src.ExtraNames) {
-				// The values held came by position, under the old names
-				// (an agent rolled out with another --extra-metric list):
-				// none is read under a new one.
-				for i := range rr.extras {
-					rr.extras[i] = nil
-				}
-			}
-			rr.extraNames = src.ExtraNames
-		}
-		s.link(p)
-		s.notify(p)
 	}
 	if full {
+		// Before the new pods are admitted: the room of those the node no
+		// longer runs is theirs (a node's pods replaced, its first full
+		// listing after a reconnect was refused the room it frees, and
+		// its workloads were answered as waiting for room for a minute).
 		for uid, l := range s.listed[src.Node] {
 			if !listed[uid] {
 				s.unlist(uid, l.p, src.Node, false)
 			}
 		}
+	}
+	for _, info := range pods {
+		if !s.upsertOne(src, info) {
+			refused = append(refused, info.UID)
+		}
+	}
+	if full {
 		// The node's agent says in full what runs there: what it lost
 		// and does not list now is gone from the node.
 		s.forgetUnseenOn(src.Node)
 	}
 	return refused, nil
+}
+
+// upsertOne lists info's pod under src (UpsertStream); false when it is
+// new and there is no room for it.
+func (s *Store) upsertOne(src Source, info PodInfo) bool {
+	info.Workloads = distinct(info.Workloads)
+	p, ok := s.pods[info.UID]
+	// A uid listed under another namespace (only an agent that is not
+	// checked can) takes room there as a new pod would: it moved past
+	// the namespace's cap.
+	moves := ok && p.Namespace != info.Namespace
+	if !ok && len(s.pods) >= s.opts.MaxPods || (!ok || moves) && s.nsPods[info.Namespace] >= s.opts.MaxPodsPerNamespace {
+		s.refused++
+		for _, k := range info.Workloads {
+			s.refusedAt[k] = s.now()
+		}
+		return false
+	}
+	if !ok {
+		p = &pod{}
+		s.pods[info.UID] = p
+		s.countIn(info.Namespace, 1)
+	} else {
+		s.notify(p)
+		s.unlink(p)
+		if moves {
+			s.countIn(p.Namespace, -1)
+			s.countIn(info.Namespace, 1)
+		}
+	}
+	p.PodInfo = info
+	if !ok {
+		s.resumeUnseen(p)
+	}
+	p.markStart(!ok, s.now())
+	p.markUnready(s.now())
+	if !slices.Contains(p.sources, src.Node) {
+		p.sources = append(p.sources, src.Node)
+	}
+	s.list(src.Node, src.Stream, p)
+	p.fromInstance(src.Instance)
+	if len(src.ExtraNames) > 0 || p.rare != nil {
+		rr := p.set()
+		if !slices.Equal(rr.extraNames, src.ExtraNames) {
+			// The values held came by position, under the old names
+			// (an agent rolled out with another --extra-metric list):
+			// none is read under a new one.
+			for i := range rr.extras {
+				rr.extras[i] = nil
+			}
+		}
+		rr.extraNames = src.ExtraNames
+	}
+	s.link(p)
+	s.notify(p)
+	return true
+}
+
+// distinct is ks with each key once, in its first place (ks itself when
+// none is twice): a pod that named a workload twice (an agent not to be
+// trusted) was, once its agent was lost, as many unseen replicas of it.
+func distinct(ks []Key) []Key {
+	for i := 1; i < len(ks); i++ {
+		if slices.Contains(ks[:i], ks[i]) {
+			out := slices.Clone(ks[:i])
+			for _, k := range ks[i+1:] {
+				if !slices.Contains(out, k) {
+					out = append(out, k)
+				}
+			}
+			return out
+		}
+	}
+	return ks
 }
 
 // markStart records when a pod started (its creation, else its first

@@ -915,3 +915,64 @@ func TestHistogramsOfASampleDroppedOutOfOrderAreKept(t *testing.T) {
 		}
 	})
 }
+
+// TestAFullListingFreesTheRoomItsNodeNoLongerUses: a node's full listing
+// (its agent reconnected after its pods were replaced) was checked for room
+// with the node's old pods still counted, unlisted only after: the new
+// replicas were refused (a namespace at its cap), the workload answered as
+// waiting for room for a minute, and the room freed could go to another
+// node's pods first.
+func TestAFullListingFreesTheRoomItsNodeNoLongerUses(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{MaxPods: 10, MaxPodsPerNamespace: 2, Expiry: time.Minute, Now: func() time.Time { return now }})
+	pod := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	a := mustOpen(t, s, "n1")
+	s.UpsertStream(Source{Node: "n1", Stream: a}, []PodInfo{pod("old1"), pod("old2")}, true)
+	b := mustOpen(t, s, "n1")
+	s.CloseSource("n1", a)
+	refused, err := s.UpsertStream(Source{Node: "n1", Stream: b}, []PodInfo{pod("new1"), pod("new2")}, true)
+	snap := s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0)
+	if err != nil || len(refused) != 0 || s.Pods() != 2 || !snap.RefusedAt.IsZero() {
+		t.Fatalf("refused %v (%v), %d pods held, refused at %v; want the new two held", refused, err, s.Pods(), snap.RefusedAt)
+	}
+}
+
+// TestAWorkloadNamedTwiceIsOneReplica: a pod naming a workload twice (an
+// agent not to be trusted) was, once its agent was lost, as many unseen
+// replicas of it (threshold triggers filled each; the planner's floor
+// counted each).
+func TestAWorkloadNamedTwiceIsOneReplica(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
+		Exists: func(ns, name, uid string, k Key) bool { return k == ws }})
+	mustOpen(t, s, "lost")
+	mustOpen(t, s, "kept")
+	s.Upsert(Source{Node: "lost"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws, ws}}}, true)
+	s.Upsert(Source{Node: "kept"}, []PodInfo{{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}}}, true)
+	s.CloseSource("lost", 1)
+	now = now.Add(2 * time.Minute)
+	s.Sweep()
+	if pods, _ := s.Query(nil, ws, metric.Def{Rule: metric.RuleGauge, Num: metric.Running}, time.Minute, 5*time.Second); len(pods) != 2 {
+		t.Fatalf("%d pods, want b and a once each", len(pods))
+	}
+}
+
+// TestAUidMovedToAFullNamespaceIsRefused: a uid listed again under another
+// namespace (an agent not checked) moved its count there past the
+// namespace's cap.
+func TestAUidMovedToAFullNamespaceIsRefused(t *testing.T) {
+	s := New(Options{MaxPods: 10, MaxPodsPerNamespace: 1})
+	mustOpen(t, s, "n1")
+	pod := func(ns, uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: ns, Name: uid, Workloads: []Key{{Namespace: ns, Kind: KindWorkspace, Name: "w"}}}
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{pod("full", "f1"), pod("other", "o1")}, true)
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("full", "o1")}, false); len(refused) != 1 {
+		t.Errorf("o1 listed again under a full namespace: refused %v", refused)
+	}
+	if s.nsPods["full"] != 1 || s.nsPods["other"] != 1 {
+		t.Fatalf("namespaces hold %v; want 1 each, the cap kept", s.nsPods)
+	}
+}
