@@ -929,7 +929,9 @@ func TestAFullListingFreesTheRoomItsNodeNoLongerUses(t *testing.T) {
 		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
 	}
 	a := mustOpen(t, s, "n1")
-	s.UpsertStream(Source{Node: "n1", Stream: a}, []PodInfo{pod("old1"), pod("old2")}, true)
+	if _, err := s.UpsertStream(Source{Node: "n1", Stream: a}, []PodInfo{pod("old1"), pod("old2")}, true); err != nil {
+		t.Fatal(err)
+	}
 	b := mustOpen(t, s, "n1")
 	s.CloseSource("n1", a)
 	refused, err := s.UpsertStream(Source{Node: "n1", Stream: b}, []PodInfo{pod("new1"), pod("new2")}, true)
@@ -946,7 +948,7 @@ func TestAFullListingFreesTheRoomItsNodeNoLongerUses(t *testing.T) {
 func TestAWorkloadNamedTwiceIsOneReplica(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now },
-		Exists: func(ns, name, uid string, k Key) bool { return k == ws }})
+		Exists: func(_, _, _ string, k Key) bool { return k == ws }})
 	mustOpen(t, s, "lost")
 	mustOpen(t, s, "kept")
 	s.Upsert(Source{Node: "lost"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws, ws}}}, true)
