@@ -575,8 +575,10 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	ref := &corev1.ObjectReference{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
 	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
+	capped := false
 	if perr == nil {
 		perr = ApplyCap(&s, r.c.o.MaxReplicas)
+		capped = perr != nil
 	}
 	if perr == nil && s.Enabled {
 		perr = CheckName(k.Name)
@@ -598,6 +600,9 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	}
 	if perr != nil {
 		r.c.m.errors.WithLabelValues("invalid_annotation").Inc()
+		if capped {
+			return r.holdAtCap(ctx, k, m, ref, gv.String(), existing, s, perr)
+		}
 		r.report(k, ref, StateInvalid, soName, perr.Error()+"; the ScaledObject is left as it was")
 		return nil
 	}
@@ -642,6 +647,42 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	r.didWrite(k, write)
 	r.c.m.changes.WithLabelValues(verb).Inc()
 	r.report(k, ref, StateProvisioned, soName, summary)
+	return nil
+}
+
+// holdAtCap answers a workload whose annotations ask for more replicas
+// than the cluster's cap (perr, from ApplyCap): invalid, and pulse's
+// ScaledObject for it, where there is one, is written as the annotations
+// say with its bounds held at the cap. Left as it was, one written before
+// the cap was set or lowered (or by a leader without it, in a rollout)
+// kept its bounds past the cap for as long as the tenant left the
+// annotation alone: the operator's cap bounded nothing already written.
+// With none, none is made.
+func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, apiVersion string,
+	existing *unstructured.Unstructured, s Settings, perr error) error {
+	soName := k.Namespace + "/" + k.Name
+	if existing == nil || existing.GetDeletionTimestamp() != nil || r.conflict(k, m, existing) != "" {
+		r.report(k, ref, StateInvalid, soName, perr.Error()+"; the ScaledObject is left as it was")
+		return nil
+	}
+	limit := r.c.o.MaxReplicas
+	s.MinReplicas, s.MaxReplicas = min(s.MinReplicas, limit), min(s.MaxReplicas, limit)
+	desired := Desired(Owner{APIVersion: apiVersion, Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}, s, r.c.o.Target)
+	if r.differs(k, existing, desired) {
+		write := writeOf(desired)
+		if _, ok := r.mayWrite(k, write); !ok {
+			return errBackOff
+		}
+		wrote, err := r.update(ctx, k, m, ref, existing, desired, provisionedSummary(k, s))
+		if err != nil {
+			return err
+		}
+		if wrote {
+			r.didWrite(k, write)
+			r.c.m.changes.WithLabelValues("update").Inc()
+		}
+	}
+	r.report(k, ref, StateInvalid, soName, fmt.Sprintf("%v; the ScaledObject's replica bounds are held at the cap (%d)", perr, limit))
 	return nil
 }
 

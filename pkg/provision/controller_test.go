@@ -1328,3 +1328,34 @@ func TestAVersionRetiredIsWatchedAtTheOneServed(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAScaledObjectWrittenPastTheCapIsHeldAtIt: a workload asking past
+// --provision-max-replicas is refused, and its ScaledObject was left as it
+// was: one written before the cap was set (or lowered, or by a leader
+// without it) kept 500 replicas, and a floor of 10, for as long as the
+// tenant left the annotations alone. It is held at the cap, the workload
+// still invalid.
+func TestAScaledObjectWrittenPastTheCapIsHeldAtIt(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "big",
+		map[string]string{AnnotationAutoscale: "true", AnnotationMinReplicas: "10", AnnotationMaxReplicas: "500"}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.RunElected(ctx, Election{Identity: "before the cap"}) }()
+	f.waitFor("provisioned at 500", func() error { _, err := f.maxOf("big", 500); return err })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	o := f.c.o
+	o.MaxReplicas = 4
+	f.c = New(o, nil)
+	f.run()
+	f.waitState("Deployment", "big", StateInvalid, "held at the cap (4)")
+	so, err := f.maxOf("big", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if floor, _, _ := unstructured.NestedInt64(so.Object, "spec", "minReplicaCount"); floor != 4 {
+		t.Fatalf("minReplicaCount %d under a cap of 4", floor)
+	}
+}
