@@ -587,14 +587,25 @@ func covers(c *x509.Certificate, dns []string, ips []net.IP) bool {
 	return true
 }
 
+// certBackdate: a certificate is valid from this long before it is issued
+// (clocks a little behind). carryNamesFor: how long after a certificate
+// was issued a renewal keeps its names (namesFor): a rollout's.
+const (
+	certBackdate  = 5 * time.Minute
+	carryNamesFor = time.Hour
+)
+
 // namesFor is what the certificate of key issued now names: dns and ips,
-// and those of sec's certificate of key that they lack, while it is within
-// the first two thirds of its life (a renewal for names: another version's,
-// in a rollout, are kept, and it finds its own still named). A renewal
-// past two thirds names dns and ips alone.
+// and those of sec's certificate of key that they lack, where that one was
+// issued within carryNamesFor (a renewal for names in a rollout: another
+// version's, whose certificate was just issued, are kept, and it finds its
+// own still named). Otherwise dns and ips alone: a name the operator took
+// out of the configuration was carried into every renewal within two
+// thirds of a certificate's life, each a new full validity, for as long as
+// renewals came.
 func (m *Managed) namesFor(sec *corev1.Secret, key string, dns []string, ips []net.IP) ([]string, []net.IP) {
 	c, err := parseCert(sec.Data[key])
-	if err != nil || m.o.Now().After(twoThirds(c)) {
+	if err != nil || m.o.Now().Sub(c.NotBefore) > carryNamesFor+certBackdate {
 		return dns, ips
 	}
 	dns, ips = slices.Clone(dns), slices.Clone(ips)
@@ -876,7 +887,7 @@ func issue(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, cn string, now
 		return nil, nil, nil, nil, err
 	}
 	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
-		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(validity), DNSNames: dns, IPAddresses: ips,
+		NotBefore: now.Add(-certBackdate), NotAfter: now.Add(validity), DNSNames: dns, IPAddresses: ips,
 		KeyUsage: x509.KeyUsageDigitalSignature}
 	if isCA {
 		tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.KeyUsage = true, true, x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature

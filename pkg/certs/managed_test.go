@@ -1016,3 +1016,64 @@ func TestTheCertificateSecretNotMadeByPulseIsLeftAlone(t *testing.T) {
 		t.Fatalf("the Secret: %v %v; want their data as it was", s.Data, err)
 	}
 }
+
+// TestANameTakenOutIsNotIssuedAgain: a renewal within two thirds of the
+// certificate's life kept every name of the one before, so a name taken
+// out of the configuration (a wrong --cert-dns-name corrected) was issued
+// again, a new full validity, at every renewal that came: signed by the
+// CA KEDA, the agents and the relays trust, for months. Only a
+// certificate issued within the hour (another version's, in a rollout)
+// has its names kept; a rollout from an older one settles in two issues,
+// naming both versions'.
+func TestANameTakenOutIsNotIssuedAgain(t *testing.T) {
+	ctx := context.Background()
+	m, client, dyn, clock := managed(t, 0)
+	updates := 0
+	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name == "pulse-aggregator-certs" {
+			updates++
+		}
+		return false, nil, nil
+	})
+	serverNames := func() []string {
+		sec, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := parseCert(sec.Data[KeyServerCert])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.DNSNames
+	}
+	m.o.DNSNames = []string{"localhost", "wrong.example"}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(10 * 24 * time.Hour)
+	m.o.DNSNames = []string{"localhost", "right.example"}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if names := serverNames(); slices.Contains(names, "wrong.example") {
+		t.Fatalf("renewed ten days on, the certificate still names the name taken out: %v", names)
+	}
+	// A rollout from that certificate, ten days on, of a version naming
+	// another: two issues, then both versions' names.
+	clock.Add(10 * 24 * time.Hour)
+	o := m.o
+	o.DNSNames = []string{"localhost", "other.example"}
+	o.Dynamic = dyn
+	next := NewManaged(o)
+	updates = 0
+	for range 5 {
+		for _, r := range []*Managed{next, m} {
+			if err := r.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if names := serverNames(); updates != 2 || !slices.Contains(names, "right.example") || !slices.Contains(names, "other.example") {
+		t.Fatalf("a rollout: %d updates of the Secret, names %v; want 2, naming both versions'", updates, names)
+	}
+}
