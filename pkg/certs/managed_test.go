@@ -631,13 +631,7 @@ func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 func TestARolloutOfOtherNamesIssuesOnce(t *testing.T) {
 	ctx := context.Background()
 	old, client, dyn, clock := managed(t, 0)
-	updates := 0
-	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name == "pulse-aggregator-certs" {
-			updates++
-		}
-		return false, nil, nil
-	})
+	updates := secretUpdates(client)
 	if err := old.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -657,8 +651,8 @@ func TestARolloutOfOtherNamesIssuesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := parseCert(sec.Data[KeyServerCert])
-	if err != nil || updates != 1 || !covers(c, o.DNSNames, o.IPs) {
-		t.Fatalf("after five rounds of both replicas: %d updates of the Secret, names %v (%v); want 1, naming both", updates, c.DNSNames, err)
+	if err != nil || *updates != 1 || !covers(c, o.DNSNames, o.IPs) {
+		t.Fatalf("after five rounds of both replicas: %d updates of the Secret, names %v (%v); want 1, naming both", *updates, c.DNSNames, err)
 	}
 	// Past two thirds the renewal names the new replica's alone.
 	clock.Add(21*24*time.Hour + time.Minute)
@@ -1028,13 +1022,7 @@ func TestTheCertificateSecretNotMadeByPulseIsLeftAlone(t *testing.T) {
 func TestANameTakenOutIsNotIssuedAgain(t *testing.T) {
 	ctx := context.Background()
 	m, client, dyn, clock := managed(t, 0)
-	updates := 0
-	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name == "pulse-aggregator-certs" {
-			updates++
-		}
-		return false, nil, nil
-	})
+	updates := secretUpdates(client)
 	serverNames := func() []string {
 		sec, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
 		if err != nil {
@@ -1065,7 +1053,7 @@ func TestANameTakenOutIsNotIssuedAgain(t *testing.T) {
 	o.DNSNames = []string{"localhost", "other.example"}
 	o.Dynamic = dyn
 	next := NewManaged(o)
-	updates = 0
+	*updates = 0
 	for range 5 {
 		for _, r := range []*Managed{next, m} {
 			if err := r.Ensure(ctx); err != nil {
@@ -1073,7 +1061,19 @@ func TestANameTakenOutIsNotIssuedAgain(t *testing.T) {
 			}
 		}
 	}
-	if names := serverNames(); updates != 2 || !slices.Contains(names, "right.example") || !slices.Contains(names, "other.example") {
-		t.Fatalf("a rollout: %d updates of the Secret, names %v; want 2, naming both versions'", updates, names)
+	if names := serverNames(); *updates != 2 || !slices.Contains(names, "right.example") || !slices.Contains(names, "other.example") {
+		t.Fatalf("a rollout: %d updates of the Secret, names %v; want 2, naming both versions'", *updates, names)
 	}
+}
+
+// secretUpdates counts the updates of the managed certificates' Secret.
+func secretUpdates(client *fake.Clientset) *int {
+	n := new(int)
+	client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).Name == "pulse-aggregator-certs" {
+			*n++
+		}
+		return false, nil, nil
+	})
+	return n
 }
