@@ -697,6 +697,12 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 	// the object as the API server has it, others' labels, annotations,
 	// finalizers and owners kept.
 	live, err := client.Get(ctx, k.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		// Deleted since the cache saw it: its delete event brings the
+		// workload back here, to create it (it was reported an error of
+		// the API server's, with a warning Event).
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("read ScaledObject %s: %w", soName, err)
 	}

@@ -1359,3 +1359,39 @@ func TestAScaledObjectWrittenPastTheCapIsHeldAtIt(t *testing.T) {
 		t.Fatalf("minReplicaCount %d under a cap of 4", floor)
 	}
 }
+
+// TestAScaledObjectDeletedUnderAnUpdateIsNoError: a ScaledObject deleted
+// after the cache last saw it, as pulse came to update it, was reported an
+// error of the API server's (state error, a ProvisioningFailed warning
+// Event) until its delete event brought the workload back: it is made
+// again, and no error said.
+func TestAScaledObjectDeletedUnderAnUpdateIsNoError(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitState("Deployment", "mine", StateProvisioned, "1-10 replicas")
+	var once atomic.Bool
+	f.dyn.PrependReactor("get", "scaledobjects", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !once.CompareAndSwap(false, true) {
+			return false, nil, nil
+		}
+		name := a.(k8stesting.GetAction).GetName()
+		if err := f.dyn.Tracker().Delete(ScaledObjects, "demo", name); err != nil {
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewNotFound(ScaledObjects.GroupResource(), name)
+	})
+	f.annotate(deployments, "Deployment", "mine", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "3"})
+	f.waitState("Deployment", "mine", StateProvisioned, "1-3 replicas")
+	if _, err := f.maxOf("mine", 3); err != nil {
+		t.Fatal(err)
+	}
+	list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.Reason == "ProvisioningFailed" {
+			t.Fatalf("a warning for a ScaledObject deleted under an update: %s", e.Message)
+		}
+	}
+}
