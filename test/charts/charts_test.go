@@ -4,6 +4,7 @@
 package charts
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -859,5 +860,47 @@ func TestValuesThatCannotWorkAreRefusedSayingWhy(t *testing.T) {
 	out, err := render(t, chart, "--set", "replicaCount=2", "--set", "podDisruptionBudget.minAvailable=null", "--set", "podDisruptionBudget.maxUnavailable=1")
 	if err != nil || !strings.Contains(docs(t, out)["PodDisruptionBudget/pulse-aggregator"], "maxUnavailable: 1") {
 		t.Errorf("minAvailable=null, maxUnavailable=1: %v\n%s", err, out)
+	}
+}
+
+// TestAppProtocolGRPCOnlyWherePlaintextGRPC: every Service port of the
+// aggregator and the relays said appProtocol grpc, which a mesh takes for
+// HTTP/2 it can read: the scaler, ingest and relay ports speak TLS by
+// default, and the ingest port the agents' framed transport, no gRPC. It
+// is said only of a port that speaks gRPC in plaintext.
+func TestAppProtocolGRPCOnlyWherePlaintextGRPC(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "aggregator")
+	for _, c := range []struct {
+		args []string
+		want map[string]bool // Service/port → appProtocol grpc
+	}{
+		{[]string{"--set", "relay.enabled=true"}, map[string]bool{}},
+		{[]string{"--set", "relay.enabled=true", "--set", "scaler.managedCerts.enabled=false", "--set", "ingest.tls.managed=false",
+			"--set", "agentAuth.mode=none", "--set", "metricsAuth=none"},
+			map[string]bool{"pulse-aggregator/scaler": true, "pulse-aggregator-relay/relay": true}},
+	} {
+		out, err := render(t, chart, c.args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", c.args, err, out)
+		}
+		got := map[string]bool{}
+		for key, doc := range docs(t, out) {
+			if !strings.HasPrefix(key, "Service/") {
+				continue
+			}
+			var svc corev1.Service
+			must(t, yaml.Unmarshal([]byte(doc), &svc))
+			for _, p := range svc.Spec.Ports {
+				if p.AppProtocol != nil {
+					if *p.AppProtocol != "grpc" {
+						t.Errorf("%v: %s port %s appProtocol %q", c.args, svc.Name, p.Name, *p.AppProtocol)
+					}
+					got[svc.Name+"/"+p.Name] = true
+				}
+			}
+		}
+		if !maps.Equal(got, c.want) {
+			t.Errorf("%v: appProtocol grpc on %v, want on %v", c.args, got, c.want)
+		}
 	}
 }
