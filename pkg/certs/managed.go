@@ -520,6 +520,30 @@ func (m *Managed) nextFit(sec *corev1.Secret, ca *x509.Certificate) bool {
 	return certErr == nil && keyErr == nil && !next.NotAfter.Before(at.Add(m.o.Validity))
 }
 
+// switchOverlap is how long a next CA is published before it signs, at
+// the least: the agents' ConfigMap and KEDA's Secret take a minute or two
+// to carry it. A next CA made at two thirds through the current one's life
+// (no check ran from halfway to there: the aggregator scaled to zero, a
+// cluster stopped) signed at once, and KEDA's and the agents' handshakes
+// failed until they read it, though the current CA had a third of its life
+// left.
+const switchOverlap = time.Hour
+
+// awaitsNext reports whether ca, past two thirds of its life, still signs
+// because its next CA (fit, or to be made now) has not been published for
+// switchOverlap yet, and ca outlives that wait twice over.
+func (m *Managed) awaitsNext(sec *corev1.Secret, ca *x509.Certificate) bool {
+	now := m.o.Now()
+	if !now.After(twoThirds(ca)) || ca.NotAfter.Sub(now) <= 2*switchOverlap {
+		return false
+	}
+	if !m.nextFit(sec, ca) {
+		return true // to be made now, and waited for
+	}
+	next, _ := parseCert(sec.Data[KeyNextCACert])
+	return now.Before(next.NotBefore.Add(certBackdate + switchOverlap))
+}
+
 // due reports whether any certificate or key is missing, unreadable, not
 // its certificate's, not for the configured names, or two thirds through
 // its validity, or the next CA is due and none that would outlive what it
@@ -549,7 +573,10 @@ func (m *Managed) due(sec *corev1.Secret) bool {
 		if err != nil {
 			return true
 		}
-		if m.o.Now().After(twoThirds(c)) {
+		// A CA past two thirds that waits for its next one (published,
+		// fit) is not due: it signs on until the switch.
+		waits := k == KeyCACert && m.awaitsNext(sec, c) && m.nextFit(sec, c)
+		if m.o.Now().After(twoThirds(c)) && !waits {
 			return true
 		}
 		if k == KeyServerCert && !covers(c, m.o.DNSNames, m.o.IPs) || k == KeyRelayCert && !covers(c, m.o.RelayDNSNames, nil) {
@@ -656,7 +683,17 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 		}
 	}
 	var err error
+	// Until: what the pairs issued now may outlive (a CA that waits for
+	// its next one signs nothing that outlives it).
+	until := now.Add(m.o.Validity)
 	switch {
+	case caErr == nil && keyErr == nil && m.awaitsNext(sec, ca):
+		if nextErr != nil || nextKeyErr != nil {
+			if _, _, sec.Data[KeyNextCACert], sec.Data[KeyNextCAKey], err = newCA(); err != nil {
+				return err
+			}
+		}
+		until = ca.NotAfter
 	case (caErr != nil || keyErr != nil) && nextErr == nil && nextKeyErr == nil:
 		// The current CA is unreadable: the next one, published already,
 		// takes its place.
@@ -685,17 +722,24 @@ func (m *Managed) renew(sec *corev1.Secret) error {
 			return err
 		}
 	}
+	return m.issuePairs(sec, ca, signer, now, until)
+}
+
+// issuePairs writes into sec the server's, KEDA's and (with
+// RelaySecretName) the relays' pairs, signed by ca, valid until until.
+func (m *Managed) issuePairs(sec *corev1.Secret, ca *x509.Certificate, signer *ecdsa.PrivateKey, now, until time.Time) error {
+	var err error
 	dns, ips := m.namesFor(sec, KeyServerCert, m.o.DNSNames, m.o.IPs)
 	relayDNS, _ := m.namesFor(sec, KeyRelayCert, m.o.RelayDNSNames, nil)
-	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, signer, "pulse-aggregator", now, m.o.Validity, false,
+	if _, _, sec.Data[KeyServerCert], sec.Data[KeyServerKey], err = issue(ca, signer, "pulse-aggregator", now, until.Sub(now), false,
 		x509.ExtKeyUsageServerAuth, dns, ips); err != nil {
 		return err
 	}
-	if _, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, m.o.Validity, false,
+	if _, _, sec.Data[KeyClientCert], sec.Data[KeyClientKey], err = issue(ca, signer, "keda-operator", now, until.Sub(now), false,
 		x509.ExtKeyUsageClientAuth, nil, nil); err != nil || m.o.RelaySecretName == "" {
 		return err
 	}
-	_, _, sec.Data[KeyRelayCert], sec.Data[KeyRelayKey], err = issue(ca, signer, "pulse-relay", now, m.o.Validity, false,
+	_, _, sec.Data[KeyRelayCert], sec.Data[KeyRelayKey], err = issue(ca, signer, "pulse-relay", now, until.Sub(now), false,
 		x509.ExtKeyUsageServerAuth, relayDNS, nil)
 	return err
 }

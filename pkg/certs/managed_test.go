@@ -1077,3 +1077,74 @@ func secretUpdates(client *fake.Clientset) *int {
 	})
 	return n
 }
+
+// TestACAMadeAtTheSwitchIsPublishedBeforeItSigns: no check from halfway
+// through the CA's life to two thirds (the aggregator scaled to zero, a
+// cluster stopped) left no next CA at the switch, and the pairs were
+// signed at once by a CA made that instant, which neither KEDA's bundle
+// nor the agents' ConfigMap held, though the current CA had a third of its
+// life left. The next CA is made and published, the current one signs
+// (nothing that outlives it) for switchOverlap, then the next one takes
+// over.
+func TestACAMadeAtTheSwitchIsPublishedBeforeItSigns(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, clock := managed(t, 0)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bundle := func() *x509.CertPool {
+		keda, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := x509.NewCertPool()
+		p.AppendCertsFromPEM(keda.Data["ca.crt"])
+		return p
+	}
+	serving := func() (*x509.Certificate, *x509.Certificate) {
+		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := parseCert(s.Data[KeyServerCert])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := parseCert(s.Data[KeyCACert])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf, ca
+	}
+	before := bundle()
+	_, first := serving()
+	clock.Add(61 * 24 * time.Hour) // past two thirds of the CA's life, no check since its start
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaf, ca := serving()
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: before, DNSName: "localhost", CurrentTime: clock.Now()}); err != nil {
+		t.Fatalf("the server certificate issued at the switch, against KEDA's bundle of before: %v", err)
+	}
+	if !ca.Equal(first) || leaf.NotAfter.After(first.NotAfter) {
+		t.Fatalf("signed by %s until %s; want the CA of before, nothing past its end %s", ca.Subject, leaf.NotAfter, first.NotAfter)
+	}
+	clock.Add(switchOverlap / 2)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ca = serving(); !ca.Equal(first) {
+		t.Fatal("the next CA signed before it was published for switchOverlap")
+	}
+	clock.Add(switchOverlap)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaf, ca = serving()
+	if ca.Equal(first) {
+		t.Fatal("the CA past two thirds still signs after switchOverlap")
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: bundle(), DNSName: "localhost", CurrentTime: clock.Now()}); err != nil {
+		t.Fatalf("after the switch, against KEDA's bundle: %v", err)
+	}
+}
