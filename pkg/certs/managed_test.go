@@ -1102,15 +1102,8 @@ func TestACAMadeAtTheSwitchIsPublishedBeforeItSigns(t *testing.T) {
 		return p
 	}
 	serving := func() (*x509.Certificate, *x509.Certificate) {
-		s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, ca := signingCA(t, client)
 		leaf, err := parseCert(s.Data[KeyServerCert])
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := parseCert(s.Data[KeyCACert])
 		if err != nil {
 			t.Fatal(err)
 		}
