@@ -535,6 +535,17 @@ func (p *Plan) count(in Input, st *State) []*store.PodLoad {
 				}
 				continue
 			}
+			if l.Span <= 0 && l.StartupUnseen {
+				// One sample, no rate yet, of a replica ready before this
+				// process listed it (its agent back past --pod-expiry, the
+				// pod listed anew): it served all along, and counted as
+				// no work, four replicas serving were planned 3 for the
+				// second until their second samples. It is planned as a
+				// ready replica without a fresh sample. (One just ready
+				// is no work yet, as before: it is no cascade.)
+				p.Missing++
+				continue
+			}
 			fresh = append(fresh, l)
 		case store.PodMissing:
 			p.Ready++
@@ -635,10 +646,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	}
 	p.WorkPerRequest = st.WorkPerRequest
 	queued += p.routersQueued(in.Demand)
-	// What arrives: the work served and the queue's growth, or less its
-	// shrinking — a queue drained is served twice over, not offered.
-	arrived := math.Max(0, p.Work+growth*st.WorkPerRequest)
-	p.Work += math.Max(growth, 0) * st.WorkPerRequest
+	served := p.Work // what arrives is it and the queues' growth (scaledWork)
 	p.Backlog = queued * st.WorkPerRequest
 	p.KVNeed = kv / cfg.KVTarget
 	// Pods without a fresh sample carry the fresh pods' mean load.
@@ -656,14 +664,18 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	if noCounters > 0 && noCounters < len(fresh) {
 		workScale = float64(len(fresh)+p.Missing) / float64(len(fresh)-noCounters)
 	}
-	p.Work *= workScale
+	var arrived float64
+	p.Work, arrived = scaledWork(served, growth*st.WorkPerRequest, scale, workScale)
 	work := p.Work
 	if observe {
-		st.learnSurge(arrived*workScale, in.At, st.lead(cfg))
+		st.learnSurge(arrived, in.At, st.lead(cfg))
 	}
 	p.plan(work, st, cfg)
 	switch {
 	case st.Capacity > 0:
+		// The work arrived at the workload's scale, as learnSurge takes
+		// it: the drain spread half of it over the replicas with 2 of 4
+		// pages without counters.
 		p.planLearned(fresh, in, st, cfg, work, arrived, growth, scale)
 	case queued > 0 && p.Ready == 0:
 		// The replicas starting are kept: they are the capacity coming.
@@ -684,7 +696,22 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		p.Need = p.KVNeed
 		p.Reason = fmt.Sprintf("KV cache in use %.2f replicas' worth over target %.2f", kv*scale, cfg.KVTarget)
 	}
-	return arrived * workScale
+	return arrived
+}
+
+// scaledWork is the workload's offered work and the work arriving at it
+// (less the queues' shrinking: a queue drained is served twice over, not
+// offered):
+// served (the pages' with token counters) carried over those without
+// (workScale), and the queues' growth (every fresh pod's, counters or
+// not; work a second) carried over the ready replicas (scale). The growth
+// was scaled by workScale too, counted twice over with 2 of 4 pages
+// without counters.
+func scaledWork(served, growth, scale, workScale float64) (work, arrived float64) {
+	if workScale == scale {
+		return (served + math.Max(growth, 0)) * scale, math.Max(0, served+growth) * scale
+	}
+	return served*workScale + math.Max(growth, 0)*scale, math.Max(0, served*workScale+growth*scale)
 }
 
 // planLearned sets p's need and reason from the capacity learned: the
@@ -719,7 +746,7 @@ func (p *Plan) planLearned(fresh []*store.PodLoad, in Input, st *State, cfg Conf
 			p.Work, p.Level, st.Surge, st.LevelSurge, st.Trend, st.PeakWork, st.Capacity, p.Backlog, p.BacklogThen)
 	}
 	if p.Ready > 0 {
-		p.drainEach(fresh, arrived*scale, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
+		p.drainEach(fresh, arrived, growth*st.WorkPerRequest/float64(len(fresh)), in, st, cfg)
 	}
 }
 
@@ -1335,13 +1362,15 @@ func (p *Plan) unplannable(fresh int, d store.DemandValue) error {
 		if why := implausibleDemand(d); why != "" {
 			return fmt.Errorf("%w: no replica ready (%d starting), and %s", ErrRefused, p.Starting, why)
 		}
-		if p.Starting == 0 && p.Terminating > 0 && d.Sources == 0 {
+		if p.Starting == 0 && (p.Terminating > 0 || p.Stuck > 0) && d.Sources == 0 {
 			// Every replica draining (a node drained, a Recreate
-			// rollout), their replacements not listed yet, and no
-			// router that reports: nothing says the load. Planned 0,
-			// the HPA took back the replacements pending, and KEDA
-			// deactivated a workload let scale to zero.
-			return fmt.Errorf("%w: no replica ready or starting (%d terminating, their replacements not listed yet) and no demand source reports: no value, rather than 0", ErrStale, p.Terminating)
+			// rollout), their replacements not listed yet, or unready
+			// past the stuck bound (each served, then lost its
+			// readiness an hour ago), and no router that reports:
+			// nothing says the load. Planned 0, the HPA took back the
+			// replacements pending, and KEDA deactivated a workload let
+			// scale to zero.
+			return fmt.Errorf("%w: no replica ready or starting (%d terminating, their replacements not listed yet; %d unready past the stuck bound) and no demand source reports: no value, rather than 0", ErrStale, p.Terminating, p.Stuck)
 		}
 		return silentRouters(d)
 	}

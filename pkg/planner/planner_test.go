@@ -1741,3 +1741,92 @@ func TestAPageWithoutTokenCountersIsNoZeroWork(t *testing.T) {
 		t.Fatalf("4 replicas serving, none with token counters: planned %d (%s); want the 4 kept", p.Replicas, p.Reason)
 	}
 }
+
+// TestAReturningAgentsReplicasAreNoZeroWork: a node's agent lost past
+// --pod-expiry, its replicas dropped and held as unseen, then back: each
+// is listed anew with one sample (no rate yet), and was counted as no
+// work, so four replicas serving were planned fewer than four (3, on the
+// KV cache alone) until their second samples, a scale-down any HPA sync
+// in that second took. A replica ready before this process listed it is
+// planned as ready without a fresh sample until it has a rate.
+func TestAReturningAgentsReplicasAreNoZeroWork(t *testing.T) {
+	cfg := Default(0)
+	names := []string{"a", "b", "c", "d"}
+	var pods []store.PodLoad
+	for _, n := range names {
+		pods = append(pods, serving(n, 8000, 0.01))
+	}
+	_, st, at := run(t, State{}, cfg, t0, 15*time.Minute, pods...)
+	var err error
+	for end := at.Add(12 * time.Minute); at.Before(end); at = at.Add(5 * time.Second) {
+		var missing []store.PodLoad
+		for _, n := range names {
+			missing = append(missing, store.PodLoad{Name: n, State: store.PodMissing, Unseen: true})
+		}
+		if _, st, err = Make(snap(at, missing...), st, cfg); err == nil {
+			t.Fatal("every replica unseen: planned")
+		}
+	}
+	var back []store.PodLoad
+	for _, n := range names {
+		back = append(back, store.PodLoad{Name: n, State: store.PodCounted, KVCache: 0.5, Waiting: 0.4, WaitingNow: 0.4, Running: 30, Samples: 1, StartupUnseen: true})
+	}
+	if p, _, err := Make(snap(at, back...), st, cfg); err == nil && p.Replicas < 4 {
+		t.Fatalf("4 replicas serving, back from a lost agent with one sample each: plan %d (%s); want an error (the HPA holds) or at least 4", p.Replicas, p.Reason)
+	}
+}
+
+// TestEveryReplicaStuckIsNoZero: every replica served, then lost its
+// readiness; past the stuck bound (an hour) none is ready, starting or
+// terminating, and with no router reporting nothing says the load: it was
+// planned 0 once the peaks were released (KEDA deactivated a workload let
+// scale to zero). It is an error, as every replica terminating is.
+func TestEveryReplicaStuckIsNoZero(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, serving("a", 8000, 0.01), serving("b", 8000, 0.01))
+	var unready []store.PodLoad
+	for _, n := range []string{"a", "b"} {
+		unready = append(unready, store.PodLoad{Name: n, State: store.PodStarting, Unready: true, Age: 3 * time.Hour, UnreadyFor: stuckAfter + time.Minute})
+	}
+	for end := at.Add(15 * time.Minute); at.Before(end); at = at.Add(5 * time.Second) {
+		p, next, err := Make(snap(at, unready...), st, cfg)
+		if err == nil && p.Replicas < 2 {
+			t.Fatalf("every replica unready past the stuck bound, no router: plan %d (%s); want an error, or the replicas kept", p.Replicas, p.Reason)
+		}
+		st = next
+	}
+}
+
+// TestAReplicasQueueDrainsOverTheWholeWork: pages without token counters
+// (a server of another version in a rollout) carry the others' mean work,
+// but each replica's queue was drained against the work of the pages with
+// counters alone: with 2 of 4 without, half the work arriving, and the
+// drain's need read low. The drain's need is the same whichever pages have
+// counters.
+func TestAReplicasQueueDrainsOverTheWholeWork(t *testing.T) {
+	cfg := Default(0)
+	var pods []store.PodLoad
+	for _, n := range []string{"a", "b", "c", "d"} {
+		pods = append(pods, serving(n, 8000, 0.01))
+	}
+	_, st, at := run(t, State{}, cfg, t0, 15*time.Minute, pods...)
+	queued := func(counters int) Plan {
+		var ps []store.PodLoad
+		for i, l := range pods {
+			l.Waiting, l.WaitingNow, l.WaitingGrowth = 300, 400, 2
+			if i >= counters {
+				l.Tokens, l.PromptTokens, l.FirstTokens = false, 0, 0
+			}
+			ps = append(ps, l)
+		}
+		p, _, err := Make(snap(at, ps...), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	all, half := queued(4), queued(2)
+	if all.DrainNeed == 0 || math.Abs(all.DrainNeed-half.DrainNeed) > 1e-9*all.DrainNeed {
+		t.Fatalf("the drain's need %.3f with every page's counters, %.3f with half the pages': want the same", all.DrainNeed, half.DrainNeed)
+	}
+}

@@ -529,3 +529,72 @@ func TestAReadersPlansForgetOnlyItsOwn(t *testing.T) {
 		t.Fatalf("another tenant's 8 triggers: the victim's state %+v, %d states held; want it kept, and 4 held", after, held)
 	}
 }
+
+// TestAnAgentBackPastExpiryIsNoScaleDown: a node's agent lost past
+// --pod-expiry and back, end to end through the store: its replicas, which
+// served all along, are listed anew with one sample each, and the first
+// plan after was 3 for 4 replicas serving (KV cache alone), until their
+// second samples. It holds (an error: the HPA keeps its count) or keeps 4.
+func TestAnAgentBackPastExpiryIsNoScaleDown(t *testing.T) {
+	f := newFixture(t)
+	names := []string{"a", "b", "c", "d"}
+	list := func() store.Stream {
+		st, err := f.store.OpenSource("node-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var infos []store.PodInfo
+		for _, n := range names {
+			infos = append(infos, store.PodInfo{UID: "uid-" + n, Namespace: "demo", Name: n, Ready: true, Workloads: []store.Key{llama},
+				CreatedMs: 1_699_999_000_000, ReadySinceMs: 1_699_999_240_000})
+		}
+		if _, err := f.store.UpsertStream(store.Source{Node: "node-1", Stream: st}, infos, true); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	st := list()
+	tr, err := ParseTrigger(ref(replicasMD()), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.serve(40, 8000, 0.01, names...)
+	for range 12 * 15 { // 15 minutes serving
+		f.serve(5, 8000, 0.01, names...)
+		if _, err := f.server.Evaluate(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.store.CloseSource("node-1", st)
+	for range 12 * 12 { // 12 minutes with the agent lost
+		f.clock.Add(5 * time.Second)
+		f.ms += 5000
+		f.store.Sweep()
+		_, _ = f.server.Evaluate(tr)
+	}
+	if _, err := f.server.Evaluate(tr); err == nil {
+		t.Fatal("a lost agent's workload: planned")
+	}
+	list()
+	f.ms += 1000
+	f.clock.Add(time.Second)
+	var rs []store.Report
+	for _, n := range names { // the first scrape: the counters where they are
+		r := store.Report{UID: "uid-" + n}
+		r.TimeMs = f.ms
+		s := float64(f.ms-1_700_000_000_000) / 1000
+		r.Values.Set(metric.PromptTokens, 8000*s)
+		r.Values.Set(metric.TTFTCount, s)
+		r.Values.Set(metric.TTFTSum, 0.11*s)
+		r.Values.Set(metric.QueueTimeCount, s)
+		r.Values.Set(metric.QueueTimeSum, 0.01*s)
+		r.Values.Set(metric.Waiting, 0)
+		r.Values.Set(metric.Running, 4)
+		r.Values.Set(metric.KVCacheUsage, 0.5)
+		rs = append(rs, r)
+	}
+	f.store.Add(rs)
+	if d, err := f.server.Evaluate(tr); err == nil && d.Value < 4 {
+		t.Fatalf("4 replicas serving 8000/s each, their agent back: plan %v (%s); want an error (the HPA holds) or at least 4", d.Value, d.Plan.Reason)
+	}
+}
