@@ -28,21 +28,28 @@ func (f *fixture) serve(n int, tokensPerSec, queueSec float64, names ...string) 
 		f.clock.Add(time.Second)
 		var rs []store.Report
 		for _, name := range names {
-			r := store.Report{UID: "uid-" + name}
-			r.TimeMs = f.ms
-			s := float64(f.ms-1_700_000_000_000) / 1000
-			r.Values.Set(metric.PromptTokens, tokensPerSec*s)
-			r.Values.Set(metric.TTFTCount, s)
-			r.Values.Set(metric.TTFTSum, (queueSec+0.1)*s)
-			r.Values.Set(metric.QueueTimeCount, s)
-			r.Values.Set(metric.QueueTimeSum, queueSec*s)
-			r.Values.Set(metric.Waiting, 0)
-			r.Values.Set(metric.Running, 4)
-			r.Values.Set(metric.KVCacheUsage, 0.1)
-			rs = append(rs, r)
+			rs = append(rs, servingReport(name, f.ms, tokensPerSec, queueSec, 0.1))
 		}
 		f.store.Add(rs)
 	}
+}
+
+// servingReport is name's sample at ms (the agents' clock) of a pod that
+// has served tokensPerSec prompt tokens and one request a second, each
+// queued queueSec, since 1,700,000,000,000 ms, its KV cache at kv.
+func servingReport(name string, ms int64, tokensPerSec, queueSec, kv float64) store.Report {
+	r := store.Report{UID: "uid-" + name}
+	r.TimeMs = ms
+	s := float64(ms-1_700_000_000_000) / 1000
+	r.Values.Set(metric.PromptTokens, tokensPerSec*s)
+	r.Values.Set(metric.TTFTCount, s)
+	r.Values.Set(metric.TTFTSum, (queueSec+0.1)*s)
+	r.Values.Set(metric.QueueTimeCount, s)
+	r.Values.Set(metric.QueueTimeSum, queueSec*s)
+	r.Values.Set(metric.Waiting, 0)
+	r.Values.Set(metric.Running, 4)
+	r.Values.Set(metric.KVCacheUsage, kv)
+	return r
 }
 
 func replicasMD(extra ...string) map[string]string {
@@ -580,18 +587,7 @@ func TestAnAgentBackPastExpiryIsNoScaleDown(t *testing.T) {
 	f.clock.Add(time.Second)
 	var rs []store.Report
 	for _, n := range names { // the first scrape: the counters where they are
-		r := store.Report{UID: "uid-" + n}
-		r.TimeMs = f.ms
-		s := float64(f.ms-1_700_000_000_000) / 1000
-		r.Values.Set(metric.PromptTokens, 8000*s)
-		r.Values.Set(metric.TTFTCount, s)
-		r.Values.Set(metric.TTFTSum, 0.11*s)
-		r.Values.Set(metric.QueueTimeCount, s)
-		r.Values.Set(metric.QueueTimeSum, 0.01*s)
-		r.Values.Set(metric.Waiting, 0)
-		r.Values.Set(metric.Running, 4)
-		r.Values.Set(metric.KVCacheUsage, 0.5)
-		rs = append(rs, r)
+		rs = append(rs, servingReport(n, f.ms, 8000, 0.01, 0.5))
 	}
 	f.store.Add(rs)
 	if d, err := f.server.Evaluate(tr); err == nil && d.Value < 4 {
