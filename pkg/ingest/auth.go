@@ -138,6 +138,20 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	if err := t.podInformer.AddIndexers(cache.Indexers{byWorkload: workloadIndex, byAgentNode: agentNodeIndex}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
+	// A pod deleted is forgotten by uid too: what the API said of it
+	// (t.pods, for a pod the cache does not hold yet) vouched for it
+	// again within claimsFor of its last listing, and a new stream of its
+	// node listing it was held, with its samples, for the stream's life.
+	if _, err := t.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if p, ok := obj.(*corev1.Pod); ok {
+			t.pods.Remove(string(p.UID))
+		}
+	}}); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
 	return t, nil
 }
 
@@ -551,6 +565,9 @@ func (t *TokenReviewer) PodNode(ctx context.Context, e Entry) (string, error) {
 
 // claimError is the refusal of entry e that pod id does not allow.
 func claimError(id podIdentity, e Entry) error {
+	if id.out != "" {
+		return fmt.Errorf("%w: pod %s/%s %s: it is no replica, and claims no workload", ErrClaim, e.Namespace, e.Name, id.out)
+	}
 	if id.mirror {
 		return fmt.Errorf("%w: pod %s/%s is a static pod's mirror (%s), which its node may make in any namespace with any labels: it claims no workload with agent authentication", ErrClaim, e.Namespace, e.Name, corev1.MirrorPodAnnotationKey)
 	}
@@ -564,9 +581,21 @@ const podLookupTimeout = 10 * time.Second
 // hold yet is believed (labels and annotations change).
 const claimsFor = time.Minute
 
-// identityOf is what the pod cache keeps of a pod.
+// identityOf is what the pod cache keeps of a pod. A pod that has
+// finished (Failed, Succeeded: an evicted one stays for days) or is left
+// out of scraping (pulse.io/scrape: "false") claims nothing: no agent
+// lists it, and it is no replica (replicaOf), yet its node's token could
+// list it, and its made-up samples were held as a ready replica of its
+// workload, again at every stream, for as long as the pod object stayed.
 func identityOf(p *corev1.Pod) podIdentity {
-	return podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p), mirror: discovery.Mirror(p.Annotations), at: time.Now()}
+	id := podIdentity{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, claims: discovery.Claims(p), mirror: discovery.Mirror(p.Annotations), at: time.Now()}
+	switch {
+	case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
+		id.claims, id.out = nil, "has finished ("+string(p.Status.Phase)+")"
+	case p.Annotations[discovery.AnnotationScrape] == "false":
+		id.claims, id.out = nil, "is left out of scraping ("+discovery.AnnotationScrape+`: "false")`
+	}
+	return id
 }
 
 // describeClaims lists claims for an error, at most four entries.
@@ -596,4 +625,7 @@ type podIdentity struct {
 	claims                map[string][]discovery.Workload // discovery.Claims
 	mirror                bool                            // a static pod's mirror (discovery.Mirror): claims none
 	at                    time.Time                       // when read
+	// out: why it claims none though its labels may give workloads
+	// (finished, or left out of scraping); empty when not so.
+	out string
 }

@@ -1225,3 +1225,87 @@ func TestATokenReviewIsBounded(t *testing.T) {
 		t.Fatalf("%d turns held after the reviews ended", n)
 	}
 }
+
+// TestANodeCannotReportAPodThatIsNoReplica: a node's token (a compromised
+// node) listed pods the API has on its node that its honest agent never
+// lists and that are no replica (PodExists): an evicted (Failed) pod of
+// another tenant's workload, which stays for days, and one left out with
+// pulse.io/scrape: "false". Their made-up samples were held as a ready
+// replica of that workload, again at every stream, for as long as the pod
+// object stayed. Each is refused, saying why.
+func TestANodeCannotReportAPodThatIsNoReplica(t *testing.T) {
+	c := fakeAPI()
+	mk := func(name string, ann map[string]string, phase corev1.PodPhase) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "victim", UID: types.UID("uid-" + name),
+			Labels: map[string]string{discovery.LabelWorkspace: "llama"}, Annotations: ann},
+			Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: phase}}
+		if _, err := c.CoreV1().Pods("victim").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("evicted", nil, corev1.PodFailed)
+	mk("opted-out", map[string]string{discovery.AnnotationScrape: "false"}, corev1.PodRunning)
+	tr := runningReviewer(t, c)
+	f := newFixtureStore(t, tr, store.Options{})
+	for i, name := range []string{"evicted", "opted-out"} {
+		id := uint32(i + 1)
+		entry := &pulsev1.Pod{Id: id, Uid: "uid-" + name, Namespace: "victim", Name: name, Ready: true,
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+		b := &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: time.Now().UnixMilli()}
+		s := wire.Sample{Pod: id}
+		s.Values.Set(metric.Waiting, 500)
+		wire.NewEncoder().Append(b, &s)
+		if err := f.runAs(t, "token-node-1", hello(), catalogue(entry), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
+			t.Fatal(err)
+		}
+		if v := podView(f.store, name); v != nil {
+			t.Errorf("victim/%s, no replica, held from node-1's stream: ready=%v values=%v", name, v.Ready, v.Values)
+		}
+		if _, err := tr.PodNode(context.Background(), Entry{PodUID: "uid-" + name, UID: "uid-" + name, Namespace: "victim", Name: name, Node: "node-1",
+			Workloads: []discovery.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}); !errors.Is(err, ErrClaim) || !strings.Contains(err.Error(), "no replica") {
+			t.Errorf("victim/%s: %v; want refused as no replica", name, err)
+		}
+	}
+}
+
+// TestADeletedPodIsNotVouchedForFromTheUidCache: what the API said of a pod
+// (kept by uid for a pod the cache does not hold yet) vouched for it for a
+// minute after its last listing, though the cache had seen it deleted: a
+// new stream of its node listing it was held, with its made-up samples,
+// for the stream's life.
+func TestADeletedPodIsNotVouchedForFromTheUidCache(t *testing.T) {
+	c, bg := fakeAPI(), context.Background()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gone", Namespace: "victim", UID: "uid-gone",
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("victim").Create(bg, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr := runningReviewer(t, c)
+	f := newFixtureStore(t, tr, store.Options{Expiry: time.Hour})
+	entry := &pulsev1.Pod{Id: 1, Uid: "uid-gone", Namespace: "victim", Name: "gone", Ready: true,
+		Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entry)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CoreV1().Pods("victim").Delete(bg, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pod cache to drop it", func() bool {
+		_, ok, _ := tr.podInformer.GetStore().GetByKey("victim/gone")
+		return !ok
+	})
+	if _, ok := tr.pods.Get("uid-gone"); ok {
+		// The delete handler runs after the store's update: give it its turn.
+		waitFor(t, "the uid cache to drop it", func() bool { _, ok := tr.pods.Get("uid-gone"); return !ok })
+	}
+	b := &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: time.Now().UnixMilli()}
+	s := wire.Sample{Pod: 1}
+	s.Values.Set(metric.Waiting, 777)
+	wire.NewEncoder().Append(b, &s)
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entry), &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
+		t.Fatal(err)
+	}
+	if v := podView(f.store, "gone"); v != nil && v.Values["waiting"] == 777 {
+		t.Fatalf("a new stream listed deleted victim/gone, its samples held: %v", v.Values)
+	}
+}
