@@ -413,7 +413,14 @@ func (k *kaitoPipe) refresh(w *world) {
 	}
 	var sum float64
 	ok, failed := 0, 0
-	if k.cfg.ScaledObject.Spec.ScaleTargetRef.Kind == "InferenceSet" {
+	// An InferenceSet's replicas are Workspaces, a Service each: every
+	// ready replica is read. So is a Workspace's, which pulse-sim scales
+	// past one as the HPA would an InferenceSet (a cluster's cannot pass
+	// one, where its one Service is its one replica): read through one
+	// Service spread over replicas that cannot exist, one replica's value
+	// answered for the whole, keda-kaito-scaler was modelled in a regime
+	// of its own making, and lost to pulse by it.
+	if kind := k.cfg.ScaledObject.Spec.ScaleTargetRef.Kind; kind == "InferenceSet" || kind == "Workspace" {
 		for _, rp := range w.reps {
 			switch rp.state {
 			case ready:

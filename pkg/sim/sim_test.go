@@ -565,3 +565,22 @@ func TestMilliIsKEDAs(t *testing.T) {
 		}
 	}
 }
+
+// TestKaitoReadsEveryReplicaOfAWorkspace: pulse-sim scales a Workspace past
+// one replica as the HPA would an InferenceSet (a cluster's cannot pass
+// one), and keda-kaito-scaler was modelled reading one random replica of
+// it through one Service for the whole workload's value: a regime no
+// cluster has, in which it lost to pulse. It reads every ready replica of
+// a Workspace, as of an InferenceSet: the two runs are the same.
+func TestKaitoReadsEveryReplicaOfAWorkspace(t *testing.T) {
+	reqs := load(t, "bursts:base=5,peak=60,on=2m,off=6m,duration=30m,prompt=800,output=150", 3)
+	var got []*PipelineResult
+	for _, kind := range []string{"kind: Workspace", "kind: InferenceSet"} {
+		r := run(t, Config{Trace: reqs, ScaledObject: seedSO(t, "kind: Workspace", kind), Profile: profile(t), Seed: 3, Pipelines: []string{"kaito"}})
+		got = append(got, r.Pipelines[0])
+	}
+	ws, is := got[0], got[1]
+	if ws.SLOAttainment != is.SLOAttainment || ws.GPUHours != is.GPUHours || !slices.Equal(ws.Series.Replicas, is.Series.Replicas) {
+		t.Fatalf("kaito on a Workspace: %.4f at %.3f GPU-h; on an InferenceSet %.4f at %.3f: want the same", ws.SLOAttainment, ws.GPUHours, is.SLOAttainment, is.GPUHours)
+	}
+}
