@@ -189,11 +189,12 @@ type State struct {
 	BreakCapacity, HealthyMax float64
 	// HoldExtra lengthens the hold after a regret: capacity released and
 	// needed again within a lead time (halved after regretQuiet without
-	// one). lastFleet, lowPlan, released and releasedAt track the
-	// releases (regret).
+	// one). lastFleet, lowPlan, highPlan, released and releasedAt track
+	// the releases (regret).
 	HoldExtra  time.Duration
 	lastFleet  int
 	lowPlan    int
+	highPlan   int
 	released   int
 	releasedAt time.Time
 	lastRegret time.Time
@@ -1206,16 +1207,20 @@ func (st *State) hold(cfg Config) time.Duration {
 // than were listed (lowPlan, the lowest plan since the fleet last moved): a
 // plan that dips for one evaluation and comes back released nothing unless
 // the HPA acted on it, and a replica lost while the plan still wanted it (a
-// node drained, a rollout) is no release of the plan's. A regret is the
+// node drained, a rollout) is no release of the plan's. Nor is a replica
+// the plan never asked for: what is released is at most the highest plan
+// since the fleet last fell (highPlan), so a rollout's surge pod (the
+// fleet one over the plan while it starts) taken back was a release of
+// it, and the rise after it a regret, at every step of the rollout. A regret is the
 // count released planned again within a lead time of its release, when a
 // replica released could not have started again in time. Each regret
 // lengthens the hold (to at least a lead time more, doubling, at most
 // maxHoldExtra); an hour without one halves the extension.
 func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
-	low := min(st.lowPlan, plan)
+	low, high := min(st.lowPlan, plan), max(st.highPlan, plan)
 	switch {
-	case fleet < st.lastFleet && low < st.lastFleet:
-		st.released, st.releasedAt = st.lastFleet, now
+	case fleet < st.lastFleet && low < st.lastFleet && min(high, st.lastFleet) > fleet:
+		st.released, st.releasedAt = min(high, st.lastFleet), now
 	case st.released > 0 && plan >= st.released:
 		if now.Sub(st.releasedAt) < st.lead(cfg) {
 			st.HoldExtra = min(max(2*st.HoldExtra, st.lead(cfg)), maxHoldExtra)
@@ -1230,7 +1235,10 @@ func (st *State) regret(plan, fleet int, now time.Time, cfg Config) {
 	if fleet != st.lastFleet {
 		low = plan
 	}
-	st.lastFleet, st.lowPlan = fleet, low
+	if fleet < st.lastFleet {
+		high = plan
+	}
+	st.lastFleet, st.lowPlan, st.highPlan = fleet, low, high
 }
 
 // noReplica plans a workload with no replica listed: the requests its

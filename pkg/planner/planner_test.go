@@ -1830,3 +1830,30 @@ func TestAReplicasQueueDrainsOverTheWholeWork(t *testing.T) {
 		t.Fatalf("the drain's need %.3f with every page's counters, %.3f with half the pages': want the same", all.DrainNeed, half.DrainNeed)
 	}
 }
+
+// TestARolloutsSurgePodIsNoRelease: a rolling update (maxSurge 1) starts a
+// new pod beside the plan's replicas, then takes an old one back: the
+// fleet fell from one over the plan to the plan, which was recorded as a
+// release of the replica the plan never asked for, and the rise after it
+// within a lead time as a regret, lengthening the hold at every step of
+// the rollout (docs/planner.md, rule 7: a rollout's pod replaced is no
+// release of the plan's).
+func TestARolloutsSurgePodIsNoRelease(t *testing.T) {
+	cfg := Default(0)
+	four := []store.PodLoad{serving("a", 4800, 0.01), serving("b", 4800, 0.01), serving("c", 4800, 0.01), serving("d", 4800, 0.01)}
+	_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, four...)
+	pods := []store.PodLoad{serving("a", 3840, 0.01), serving("b", 3840, 0.01), serving("c", 3840, 0.01), serving("d", 3840, 0.01), serving("f", 3840, 0.01)}
+	_, st, at = run(t, st, cfg, at, 20*time.Minute, pods...)
+	for i := range 36 { // the surge pod starts for 3 minutes
+		s := store.PodLoad{Name: "e", State: store.PodStarting, Age: time.Duration(i) * 5 * time.Second}
+		_, st, _ = run(t, st, cfg, at, 0, append(pods[:5:5], s)...)
+		at = at.Add(5 * time.Second)
+	}
+	next := []store.PodLoad{serving("e", 3840, 0.01), pods[1], pods[2], pods[3], pods[4], {Name: "a", State: store.PodTerminating}}
+	_, st, at = run(t, st, cfg, at, 30*time.Second, next...) // ready; a goes
+	up := []store.PodLoad{serving("e", 4800, 0.01), serving("b", 4800, 0.01), serving("c", 4800, 0.01), serving("d", 4800, 0.01), serving("f", 4800, 0.01)}
+	p, st, _ := run(t, st, cfg, at, 30*time.Second, up...) // the load rises
+	if st.HoldExtra != 0 {
+		t.Fatalf("a rollout's pod replaced, then %d asked: the hold lengthened by %s, want not (no release of the plan's)", p.Replicas, st.HoldExtra)
+	}
+}
