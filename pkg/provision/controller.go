@@ -567,15 +567,10 @@ func (r *run) live(k key) (metav1.Object, schema.GroupVersion, error) {
 	return m, w.gv, nil
 }
 
-// reconcile brings one workload's ScaledObject to what its annotations say.
-func (r *run) reconcile(ctx context.Context, k key) error {
-	m, gv, err := r.live(k)
-	if m == nil || err != nil {
-		return err
-	}
-	ref := &corev1.ObjectReference{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
-	s, perr := Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
-	capped := false
+// settings are workload k's annotations (of m) read, the operator's cap
+// applied, and its name checked; capped: refused for the cap alone.
+func (r *run) settings(k key, m metav1.Object) (s Settings, capped bool, perr error) {
+	s, perr = Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
 	if perr == nil {
 		perr = ApplyCap(&s, r.c.o.MaxReplicas)
 		capped = perr != nil
@@ -583,6 +578,17 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 	if perr == nil && s.Enabled {
 		perr = CheckName(k.Name)
 	}
+	return s, capped, perr
+}
+
+// reconcile brings one workload's ScaledObject to what its annotations say.
+func (r *run) reconcile(ctx context.Context, k key) error {
+	m, gv, err := r.live(k)
+	if m == nil || err != nil {
+		return err
+	}
+	ref := &corev1.ObjectReference{APIVersion: gv.String(), Kind: k.Kind, Namespace: k.Namespace, Name: k.Name, UID: m.GetUID()}
+	s, capped, perr := r.settings(k, m)
 	existing, err := r.scaledObject(k.Namespace, k.Name)
 	if err != nil {
 		return err

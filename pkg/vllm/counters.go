@@ -340,16 +340,7 @@ func (c *Counters) finish(a *accumulator) {
 	for k, r := range c.retiredHist {
 		a.addToBucket(k, r)
 	}
-	for id := range a.raw {
-		if a.raw[id].n > 0 {
-			c.won[id] = a.raw[id].rank + 1
-		}
-	}
-	for h := range a.hist {
-		if len(a.hist[h].bounds) > 0 {
-			c.wonHist[h] = a.hist[h].rank + 1
-		}
-	}
+	c.rememberWinners(a)
 	if len(c.retiredHist) > maxRetiredBuckets {
 		for k := range c.retiredHist {
 			if !a.hasBucket(k) {
@@ -383,6 +374,21 @@ func (c *Counters) wake(key uint64) (counterSeries, bool) {
 		c.retiredHist[s.bucket] = r
 	}
 	return s, true
+}
+
+// rememberWinners keeps the rank of the name that made each counter's and
+// each histogram's value on this page, for a page without it (wins).
+func (c *Counters) rememberWinners(a *accumulator) {
+	for id := range a.raw {
+		if a.raw[id].n > 0 {
+			c.won[id] = a.raw[id].rank + 1
+		}
+	}
+	for h := range a.hist {
+		if len(a.hist[h].bounds) > 0 {
+			c.wonHist[h] = a.hist[h].rank + 1
+		}
+	}
 }
 
 // wins reports whether s's name is the one whose series make its value
