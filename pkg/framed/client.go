@@ -143,9 +143,9 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 		// stream tried instead meets too. In plaintext an older one answers
 		// with its settings (below): a close there is no sign of one.
 		return nil, &notFramed{fmt.Sprintf("framed: %s closed the connection at the framed transport's preface (%v): an aggregator older than it (it serves --transport=grpc only), or one refusing the connection (past --max-ingest-connections-per-address, or shutting down)", c.addr, err)}
-	case err != nil:
+	case err != nil && !errors.As(err, new(errHugeFrame)):
 		return nil, fmt.Errorf("no answer to the framed transport's preface: %w", err)
-	case kind == kindStatus && n <= maxStatus:
+	case err == nil && kind == kindStatus && n <= maxStatus:
 		p := make([]byte, n)
 		if _, err := io.ReadFull(raw, p); err != nil {
 			return nil, fmt.Errorf("the preface's answer: %w", err)
@@ -154,7 +154,7 @@ func (c *Client) handshake(ctx context.Context, raw net.Conn, token string) (net
 			return nil, err
 		}
 		return nil, status.Error(codes.Internal, "framed: the aggregator ended the connection at its preface")
-	case kind != kindAccept || n != 0:
+	case err != nil || kind != kindAccept || n != 0:
 		// An aggregator of a version before the framed transport answers as
 		// the HTTP/2 server it is: with its settings frame.
 		return nil, &notFramed{fmt.Sprintf("framed: %s does not speak the framed transport (its answer to the preface began %x): an aggregator older than it serves --transport=grpc only", c.addr, h[:])}

@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"time"
 
@@ -95,12 +96,35 @@ func writeFrame(w io.Writer, kind byte, payload []byte) error {
 }
 
 // readHeader reads a frame's header into b: io.EOF when the connection
-// ended before it, io.ErrUnexpectedEOF within it.
+// ended before it, io.ErrUnexpectedEOF within it, an errHugeFrame (the
+// header read, its kind returned) when it declares more than maxFrame.
 func readHeader(r io.Reader, b *[headerLen]byte) (kind byte, n int, err error) {
 	if _, err := io.ReadFull(r, b[:]); err != nil {
 		return 0, 0, err
 	}
-	return b[0], int(binary.BigEndian.Uint32(b[1:])), nil
+	v := binary.BigEndian.Uint32(b[1:])
+	if v > maxFrame {
+		return b[0], 0, errHugeFrame(v)
+	}
+	return b[0], int(v), nil
+}
+
+// maxFrame is the most a frame's header may declare: an int on every
+// platform. A length of 2^31 or more was a negative int on a 32-bit one,
+// past every bound's check: the token's allocation panicked before any
+// authentication, and a message's payload went unread.
+const maxFrame = math.MaxInt32
+
+// errHugeFrame: a header declaring v bytes, past maxFrame.
+type errHugeFrame uint32
+
+func (e errHugeFrame) Error() string {
+	return fmt.Sprintf("framed: a frame declares %d bytes; at most %d", uint32(e), maxFrame)
+}
+
+// GRPCStatus: ResourceExhausted, as a message past the bound is.
+func (e errHugeFrame) GRPCStatus() *status.Status {
+	return status.New(codes.ResourceExhausted, e.Error())
 }
 
 // statusPayload is err's google.rpc.Status (codes.OK for nil).

@@ -1,6 +1,7 @@
 package framed
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -699,5 +700,23 @@ func TestAHandshakeDueBeforeItsStartServesNothing(t *testing.T) {
 	case sn := <-out:
 		t.Fatalf("the handler ran: %+v", sn)
 	default:
+	}
+}
+
+// TestAHeaderPastTwoGiBIsRefused: a header declaring 2^31 bytes or more is
+// refused as it is read (ResourceExhausted), on every platform: on a
+// 32-bit one it was a negative length past every bound, and the token's
+// allocation panicked before any authentication.
+func TestAHeaderPastTwoGiBIsRefused(t *testing.T) {
+	for _, b := range [][]byte{{kindToken, 0x80, 0, 0, 0}, {kindMessage, 0xff, 0xff, 0xff, 0xff}} {
+		var h [headerLen]byte
+		kind, n, err := readHeader(bytes.NewReader(b), &h)
+		if status.Code(err) != codes.ResourceExhausted || kind != b[0] || n != 0 {
+			t.Errorf("%x: kind %d, %d bytes, %v; want the kind, 0 and ResourceExhausted", b, kind, n, err)
+		}
+	}
+	var h [headerLen]byte
+	if kind, n, err := readHeader(bytes.NewReader([]byte{kindMessage, 0x7f, 0xff, 0xff, 0xff}), &h); err != nil || kind != kindMessage || n != maxFrame {
+		t.Errorf("2^31 - 1: kind %d, %d bytes, %v; want it read", kind, n, err)
 	}
 }

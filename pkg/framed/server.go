@@ -292,6 +292,8 @@ func (st *serverStream) RecvMsg(m any) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return io.EOF
+	case errors.As(err, new(errHugeFrame)):
+		return err
 	case err != nil:
 		if st.ctx.Err() != nil {
 			return status.Error(codes.Canceled, "framed: the server is closing")
