@@ -553,7 +553,7 @@ func (o *ProvisionOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "how long a Lease not renewed holds: how soon another replica takes over from a dead leader")
 	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "how long the leader tries to renew before it stops provisioning")
 	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "how often candidates try to take the Lease")
-	fs.Int64Var(&o.MaxReplicas, "provision-max-replicas", o.MaxReplicas, "--provision-scaledobjects: the most replicas a workload's pulse.io/min-replicas or max-replicas may ask for (past it the annotation is refused and its ScaledObject left as it was; the default max-replicas, 10, is lowered to it); 0: no cap but 10,000")
+	fs.Int64Var(&o.MaxReplicas, "provision-max-replicas", o.MaxReplicas, "--provision-scaledobjects: the most replicas a workload's pulse.io/min-replicas or max-replicas may ask for (past it the annotation is refused: a ScaledObject pulse wrote before is held at the cap, and none is made where there is none; the default max-replicas, 10, is lowered to it); 0: no cap but 10,000")
 }
 
 // Validate reports the group's problems.
