@@ -276,6 +276,11 @@ const (
 	maxLineLabels     = 16
 	maxLabelSetBytes  = 8 << 10
 	maxKeptPageSeries = 16 << 10 // sample lines kept of one page (parsed, they take some 10× their bytes)
+	// maxValueBytes bounds a sample's value token: a float's text is at
+	// most 24 bytes (-1.7976931348623157e+308). One of 1 MiB was kept for
+	// the parse, which quoted it whole in its error (a control byte four
+	// times over): 46 MB allocated and a 4 MB error a scrape of one line.
+	maxValueBytes = 64
 )
 
 // labelsAndValue finds the end of the label set that starts at line[n] (if
@@ -322,6 +327,9 @@ func labelsAndValue(line []byte, n int) (end int, value []byte, err error) {
 	}
 	if j == i {
 		return 0, nil, fmt.Errorf("malformed sample line %q", truncate(line))
+	}
+	if j-i > maxValueBytes {
+		return 0, nil, fmt.Errorf("sample line %q has a value of more than %d bytes", truncate(line), maxValueBytes)
 	}
 	return end, line[i:j], nil
 }

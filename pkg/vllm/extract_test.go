@@ -507,12 +507,19 @@ func TestLinesOfManyLabelsAreRefusedFirst(t *testing.T) {
 	many := labelsLine("vllm:num_requests_waiting", 40000)
 	long := "vllm:num_requests_waiting{a=\"" + strings.Repeat("x", maxLabelSetBytes) + "\"} 1\n"
 	lines := strings.Repeat("vllm:num_requests_waiting 1\n", maxKeptPageSeries+1)
-	for what, page := range map[string]string{"more than 16 labels": many, "labels of more than 8192 bytes": long, "more than 16384 sample lines": lines} {
+	// A value of 1 MiB of control bytes was kept for the parse, which
+	// quoted it whole: a 4 MB error (46 MB allocated) a scrape.
+	value := "vllm:num_requests_running " + strings.Repeat("\x01", 1<<20) + "\n"
+	for what, page := range map[string]string{"more than 16 labels": many, "labels of more than 8192 bytes": long, "more than 16384 sample lines": lines,
+		"a value of more than 64 bytes": value} {
 		_, err := e.Extract([]byte(page))
 		var pe *ParseError
-		if !errors.As(err, &pe) || !strings.Contains(err.Error(), what) {
-			t.Fatalf("%s: error %v, want a ParseError saying so", what, err)
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), what) || len(err.Error()) > 1<<10 {
+			t.Fatalf("%s: error %.300v (%d bytes), want a short ParseError saying so", what, err, len(err.Error()))
 		}
+	}
+	if _, err := e.Extract([]byte("vllm:num_requests_running -1.7976931348623157e+308\n")); err != nil {
+		t.Fatalf("the longest float's text: %v", err)
 	}
 	d := DemandPresets["epp"]
 	d.Match = "llama"
