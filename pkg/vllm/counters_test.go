@@ -733,3 +733,31 @@ func TestALosingNamesSeriesGoneWithTheOthersIsNoPartOfIt(t *testing.T) {
 		t.Fatalf("itlSum %v, want %v (the losing name's 40 is no part of it)", got, want)
 	}
 }
+
+// TestSeriesPastTheBudgetKeepNoRoom: a pod past its room (the node's
+// budget, or its namespace's share, full) sums its new series as the page
+// has them, and remembers each one's key for the scrape alone, to sum it
+// once. The map of those keys was cleared at the next scrape but kept its
+// room: a page of 16,000 such series held some 580 KB a pod for the pod's
+// life, outside the budget that bounds the node's series state.
+func TestSeriesPastTheBudgetKeepNoRoom(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	c := NewCountersIn(NewBudget(1, 1), "ns")
+	var page strings.Builder
+	page.WriteString("# TYPE vllm:generation_tokens_total counter\n")
+	for i := range 4000 {
+		fmt.Fprintf(&page, "vllm:generation_tokens_total{engine=\"%d\",model_name=\"m\"} 1\n", i)
+	}
+	if _, err := e.ExtractWith([]byte(page.String()), c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.raw) < 3000 {
+		t.Fatalf("%d series summed past the budget, want the page's 3,999", len(c.raw))
+	}
+	if _, err := e.ExtractWith(dpPage(map[string]float64{"0": 1}, false), c); err != nil {
+		t.Fatal(err)
+	}
+	if c.raw != nil {
+		t.Fatalf("after a page of one series, the keys' map of the page before kept (%d now): its room is held", len(c.raw))
+	}
+}
