@@ -79,23 +79,63 @@ type metricsAuthorizer struct {
 	// users: each user's rate of the reviews again of its tokens allowed
 	// before, apart from tokens: a limiter among the tokens' was pushed
 	// out by a flood of made-up tokens, and came back with a fresh burst.
-	users  *lru.Cache[[sha256.Size]byte, *rate.Limiter]
-	renew  [2]*rate.Limiter // reviews of tokens allowed before, their answer old
-	flight singleflight.Group
-	warnMu sync.Mutex
-	warned time.Time
+	users *lru.Cache[[sha256.Size]byte, *rate.Limiter]
+	renew [2]*rate.Limiter // reviews of tokens allowed before, their answer old
+	// identities: who each token reviewed is (or that it is none), until
+	// its answer's time is out: a token's new path costs a
+	// SubjectAccessReview alone, within its user's rate and the known
+	// tokens' (known). Each token's every new path was a TokenReview
+	// within the rate of tokens not known: a tenant minting tokens of its
+	// own account, each with a fresh rate of its own, took that rate from
+	// every other reader's new path.
+	identities *expirable.LRU[[sha256.Size]byte, identity]
+	known      [2]*rate.Limiter // reviews of a known token's new paths
+	flight     singleflight.Group
+	warnMu     sync.Mutex
+	warned     time.Time
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
 	tokens, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache) // errs only on a size of 0
 	users, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache)
 	return &metricsAuthorizer{kube: kube, log: log,
-		allowed: expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
-		refused: expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
-		limit:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
-		tokens:  tokens,
-		users:   users,
-		renew:   [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
+		allowed:    expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
+		refused:    expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
+		limit:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		tokens:     tokens,
+		users:      users,
+		renew:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		identities: expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
+		known:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
+}
+
+// identity is a token's TokenReview: whether it is authenticated, as whom,
+// until when (its answer's time, never past the token's expiry).
+type identity struct {
+	authenticated bool
+	user          authnv1.UserInfo
+	until         time.Time
+}
+
+// identityOf is token's identity, if reviewed and still in its time.
+func (m *metricsAuthorizer) identityOf(token string, now time.Time) (identity, bool) {
+	id, ok := m.identities.Get(sha256.Sum256([]byte(token)))
+	if !ok || !now.Before(id.until) {
+		return identity{}, false
+	}
+	return id, true
+}
+
+// raterOf is whose rate a user's reviews are within: a ServiceAccount's
+// namespace (a tenant may make as many accounts in its namespace as
+// tokens of one), any other user's name.
+func raterOf(username string) string {
+	if rest, ok := strings.CutPrefix(username, "system:serviceaccount:"); ok {
+		if ns, _, ok := strings.Cut(rest, ":"); ok {
+			return "serviceaccounts:" + ns
+		}
+	}
+	return username
 }
 
 // metricsClass is the class of path's reviews' rates: 0 for /metrics, 1
@@ -167,21 +207,26 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	if auth, ok := m.refused.Get(key); ok {
 		return false, auth, nil
 	}
-	// A token allowed before is reviewed again within a rate of its own:
-	// made-up tokens, however many, take only the rate of tokens not
-	// known (the cache of tokens allowed holds only what the API server
-	// allowed).
-	limit := m.limit[metricsClass(path)]
-	if known {
-		limit = m.renew[metricsClass(path)]
+	id, idKnown := m.identityOf(token, now)
+	if idKnown && !id.authenticated {
+		return false, false, nil
 	}
-	// Each token's reviews have a rate of their own; those of a token
-	// allowed before, its user's: a tenant minting tokens of its own
-	// account (each a fresh rate) took the reviews again of every token
-	// allowed before, the operator's among them.
-	rates, rateOf := m.tokens, token
-	if known {
-		rates, rateOf = m.users, a.user
+	// A token allowed before is reviewed again within a rate of its own,
+	// and a token reviewed asking a new path within another: made-up
+	// tokens, however many, take only the rate of tokens not known (the
+	// caches of tokens allowed and reviewed hold only what the API server
+	// answered). Each token's reviews have a rate of their own; those of a
+	// token allowed or reviewed before, its user's (raterOf): a tenant
+	// minting tokens of its own account (each a fresh rate) took the
+	// reviews again of every token allowed before, the operator's among
+	// them.
+	class := metricsClass(path)
+	limit, rates, rateOf := m.limit[class], m.tokens, token
+	switch {
+	case known:
+		limit, rates, rateOf = m.renew[class], m.users, a.user
+	case idKnown:
+		limit, rates, rateOf = m.known[class], m.users, raterOf(id.user.Username)
 	}
 	if !rateAllows(rates, rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
@@ -196,7 +241,7 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	v, err, _ := m.flight.Do(string(key[:]), func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsAuthTimeout)
 		defer cancel()
-		return m.review(rctx, path, token, key)
+		return m.review(rctx, path, token, key, id, idKnown)
 	})
 	if err != nil {
 		return false, false, err
@@ -205,8 +250,8 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 	return ans.allowed, ans.authenticated, nil
 }
 
-// allowance is a token's answer allowed: until when, and the user the
-// token is (its reviews again are within that user's rate).
+// allowance is a token's answer allowed: until when, and whose rate
+// (raterOf its user) its reviews again are within.
 type allowance struct {
 	until time.Time
 	user  string
@@ -233,17 +278,20 @@ func answerKey(path, token string) [sha256.Size]byte {
 // answer is a review's.
 type answer struct{ authenticated, allowed bool }
 
-// review asks the API server about token and path, and keeps the answer.
-func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key [sha256.Size]byte) (answer, error) {
-	tr, err := m.kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
-	if err != nil {
-		return answer{}, fmt.Errorf("TokenReview: %w", err)
+// review asks the API server about token and path (who the token is only
+// when id is not known), and keeps the answers.
+func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key [sha256.Size]byte, id identity, idKnown bool) (answer, error) {
+	if !idKnown {
+		var err error
+		if id, err = m.reviewToken(ctx, token); err != nil {
+			return answer{}, err
+		}
 	}
-	if !tr.Status.Authenticated {
+	if !id.authenticated {
 		m.refused.Add(key, false)
 		return answer{}, nil
 	}
-	u := tr.Status.User
+	u := id.user
 	extra := make(map[string]authzv1.ExtraValue, len(u.Extra))
 	for k, v := range u.Extra {
 		extra[k] = authzv1.ExtraValue(v)
@@ -263,6 +311,21 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(until) {
 		until = exp
 	}
-	m.allowed.Add(key, allowance{until: until, user: u.Username})
+	m.allowed.Add(key, allowance{until: until, user: raterOf(u.Username)})
 	return answer{authenticated: true, allowed: true}, nil
+}
+
+// reviewToken asks the API server who token is, and keeps the answer
+// (identityOf).
+func (m *metricsAuthorizer) reviewToken(ctx context.Context, token string) (identity, error) {
+	tr, err := m.kube.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	if err != nil {
+		return identity{}, fmt.Errorf("TokenReview: %w", err)
+	}
+	id := identity{authenticated: tr.Status.Authenticated, user: tr.Status.User, until: time.Now().Add(metricsAuthTTL)}
+	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(id.until) {
+		id.until = exp
+	}
+	m.identities.Add(sha256.Sum256([]byte(token)), id)
+	return id, nil
 }

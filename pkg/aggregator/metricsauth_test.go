@@ -207,6 +207,7 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	// within a rate of its own (it shared the made-up tokens' once, and
 	// was locked out).
 	m.allowed.Add(key, allowance{until: time.Now().Add(-3 * time.Minute), user: promUser})
+	m.identities.Purge() // who the token is, reviewed as long ago
 	before := reviews.Load()
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil || reviews.Load() != before+1 {
 		t.Fatalf("prometheus, its answer three minutes old, the rate of tokens not known taken: %v %v (%d reviews)", ok, err, reviews.Load()-before)
@@ -411,5 +412,45 @@ func TestTokensMintedByOneUserShareItsReviews(t *testing.T) {
 	m.allowed.Add(answerKey(path, spent), allowance{until: old, user: tenantReader})
 	if _, _, err := m.allow(ctx, path, spent); !errors.Is(err, errReviewsBusy) {
 		t.Fatalf("a tenant's user, its rate spent, after %d made-up tokens: %v; want errReviewsBusy (its rate kept)", metricsAuthCache, err)
+	}
+}
+
+// TestMintedTokensNewPathsLeaveOthersTheirReviews: every new path of a
+// token was a TokenReview within the rate of tokens not known, and each
+// token had a fresh rate of its own: three tokens a tenant minted of its
+// own account, asking ten new paths of its namespace each, took that rate,
+// and another reader's first request was refused 503. Who a token is is
+// now kept: its new paths cost a SubjectAccessReview alone, within its
+// namespace's rate and the known tokens'.
+func TestMintedTokensNewPathsLeaveOthersTheirReviews(t *testing.T) {
+	reviews := new(atomic.Int64)
+	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	allowed := 0
+	for tok := range 3 {
+		for p := range 10 {
+			if ok, _, err := m.allow(ctx, fmt.Sprintf("/debug/workloads/team-a/x%d", p), fmt.Sprintf("minted-%d", tok)); ok && err == nil {
+				allowed++
+			}
+		}
+	}
+	if n := reviews.Load(); n != 3 || allowed < metricsTokenBurst {
+		t.Fatalf("three tokens' 30 new paths: %d TokenReviews and %d allowed; want one review a token, and at least the namespace's burst (%d) allowed", n, allowed, metricsTokenBurst)
+	}
+	if ok, _, err := m.allow(ctx, "/debug/triggers", "debugger"); !ok || err != nil {
+		t.Fatalf("another reader's first request after them: %v %v; want reviewed and allowed", ok, err)
+	}
+	// Made-up tokens are refused once each, whatever the paths they ask.
+	before := reviews.Load()
+	for p := range 5 {
+		if ok, auth, err := m.allow(ctx, fmt.Sprintf("/debug/workloads/team-a/y%d", p), "made-up"); ok || auth || err != nil {
+			t.Fatalf("a made-up token: %v %v %v; want refused, not authenticated", ok, auth, err)
+		}
+	}
+	if n := reviews.Load() - before; n != 1 {
+		t.Fatalf("a made-up token's 5 paths: %d TokenReviews, want 1", n)
+	}
+	if raterOf("system:serviceaccount:team-a:reader") != raterOf("system:serviceaccount:team-a:other") || raterOf("system:serviceaccount:team-b:reader") == raterOf("system:serviceaccount:team-a:reader") {
+		t.Fatal("a namespace's accounts share one rate, and only theirs")
 	}
 }
