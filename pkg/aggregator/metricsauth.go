@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
 )
@@ -165,20 +166,20 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 			http.Error(w, fmt.Sprintf("the bearer token is over %d bytes: no ServiceAccount's is", maxReviewedToken), http.StatusUnauthorized)
 			return
 		}
-		allowed, authenticated, err := m.allow(r.Context(), path, token)
+		ans, err := m.answer(r.Context(), path, token)
 		switch {
 		case errors.Is(err, errReviewsBusy):
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		case err != nil:
 			m.warn(err)
 			http.Error(w, "the token could not be reviewed: the API server did not answer; try again", http.StatusServiceUnavailable)
-		case !authenticated:
+		case !ans.authenticated:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse-aggregator"`)
 			http.Error(w, "the token is not authenticated", http.StatusUnauthorized)
-		case !allowed:
+		case !ans.allowed:
 			http.Error(w, "the token's user may not get the non-resource URL "+path, http.StatusForbidden)
 		default:
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, r.WithContext(debug.WithCaller(r.Context(), ans.rater)))
 		}
 	})
 }
@@ -197,19 +198,26 @@ func (m *metricsAuthorizer) warn(err error) {
 // allow says whether token's user may get path, and whether the token is
 // authenticated at all: from an answer kept, else a review.
 func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allowed, authenticated bool, err error) {
+	ans, err := m.answer(ctx, path, token)
+	return ans.allowed, ans.authenticated, err
+}
+
+// answer is allow's answer, with whose rate an allowed token's reviews are
+// within (raterOf its user).
+func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (answer, error) {
 	key := answerKey(path, token)
 	now := time.Now()
 	a, known := m.allowed.Get(key)
 	until := a.until
 	if known && now.Before(until) {
-		return true, true, nil
+		return answer{authenticated: true, allowed: true, rater: a.user}, nil
 	}
 	if auth, ok := m.refused.Get(key); ok {
-		return false, auth, nil
+		return answer{authenticated: auth}, nil
 	}
 	id, idKnown := m.identityOf(token, now)
 	if idKnown && !id.authenticated {
-		return false, false, nil
+		return answer{}, nil
 	}
 	// A token allowed before is reviewed again within a rate of its own,
 	// and a token reviewed asking a new path within another: made-up
@@ -233,10 +241,10 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
 			if exp, ok := ingest.TokenExpiry(token); !ok || now.Before(exp) {
-				return true, true, nil
+				return answer{authenticated: true, allowed: true, rater: a.user}, nil
 			}
 		}
-		return false, false, errReviewsBusy
+		return answer{}, errReviewsBusy
 	}
 	v, err, _ := m.flight.Do(string(key[:]), func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsAuthTimeout)
@@ -244,10 +252,9 @@ func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allo
 		return m.review(rctx, path, token, key, id, idKnown)
 	})
 	if err != nil {
-		return false, false, err
+		return answer{}, err
 	}
-	ans := v.(answer)
-	return ans.allowed, ans.authenticated, nil
+	return v.(answer), nil
 }
 
 // allowance is a token's answer allowed: until when, and whose rate
@@ -275,8 +282,11 @@ func answerKey(path, token string) [sha256.Size]byte {
 	return sha256.Sum256([]byte(path + "\x00" + token))
 }
 
-// answer is a review's.
-type answer struct{ authenticated, allowed bool }
+// answer is a review's: rater is set when allowed.
+type answer struct {
+	authenticated, allowed bool
+	rater                  string
+}
 
 // review asks the API server about token and path (who the token is only
 // when id is not known), and keeps the answers.
@@ -312,7 +322,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 		until = exp
 	}
 	m.allowed.Add(key, allowance{until: until, user: raterOf(u.Username)})
-	return answer{authenticated: true, allowed: true}, nil
+	return answer{authenticated: true, allowed: true, rater: raterOf(u.Username)}, nil
 }
 
 // reviewToken asks the API server who token is, and keeps the answer

@@ -18,6 +18,7 @@
 package debug
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -45,6 +46,7 @@ type Handler struct {
 	Provisioning ProvisioningSource
 
 	answers slots.Slots
+	callers slots.Slots
 }
 
 // InFlight bounds the debug answers under way, and InFlightPerNamespace
@@ -57,7 +59,25 @@ type Handler struct {
 const (
 	InFlight             = 4
 	InFlightPerNamespace = 1
+	// InFlightPerCaller bounds those of one caller (WithCaller): a tenant
+	// granted four namespaces' pages, or four accounts of its namespace,
+	// asking for four large answers and reading none, held every answer
+	// from every other reader.
+	InFlightPerCaller = 1
 )
+
+// answerWrite bounds the writing of an answer: a client that does not read
+// gives its slot back then (the http port's own bound is a minute).
+var answerWrite = 10 * time.Second
+
+type callerKey struct{}
+
+// WithCaller returns ctx naming who asks: whose rate the request's review
+// was within (a ServiceAccount's namespace, or a user). A request without
+// one (a port with no review) has no bound of its caller's.
+func WithCaller(ctx context.Context, who string) context.Context {
+	return context.WithValue(ctx, callerKey{}, who)
+}
 
 // TriggerSource holds the last evaluation of every trigger pulse answered.
 type TriggerSource interface {
@@ -92,12 +112,20 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
 			return
 		}
+		if who, _ := r.Context().Value(callerKey{}).(string); who != "" {
+			if !h.callers.Take(who, 0, InFlightPerCaller) {
+				http.Error(w, fmt.Sprintf("%d debug answer of yours is under way (a client not reading its own holds it, for at most %s): try again", InFlightPerCaller, answerWrite), http.StatusServiceUnavailable)
+				return
+			}
+			defer h.callers.Give(who)
+		}
 		ns := r.PathValue("namespace")
 		if !h.answers.Take(ns, InFlight, InFlightPerNamespace) {
-			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one): try again", InFlight, InFlightPerNamespace, ns), http.StatusServiceUnavailable)
+			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one, for at most %s): try again", InFlight, InFlightPerNamespace, ns, answerWrite), http.StatusServiceUnavailable)
 			return
 		}
 		defer h.answers.Give(ns)
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWrite))
 		next(w, r)
 	}
 }

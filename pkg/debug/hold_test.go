@@ -1,0 +1,126 @@
+package debug
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
+)
+
+// TestOneCallersAnswersAreBounded: a caller (a tenant's namespace of
+// ServiceAccounts, as the http port's review names it) granted four
+// namespaces' pages held every debug answer by asking for four large ones
+// and reading none. One caller has one answer under way; another caller's
+// is served.
+func TestOneCallersAnswersAreBounded(t *testing.T) {
+	h := &Handler{}
+	release := make(chan struct{})
+	started := make(chan struct{}, InFlight)
+	blocked := h.checked(func(http.ResponseWriter, *http.Request) {
+		started <- struct{}{}
+		<-release
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/triggers/{namespace}", func(w http.ResponseWriter, r *http.Request) {
+		blocked(w, r.WithContext(WithCaller(r.Context(), r.Header.Get("X-Caller"))))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ask := func(ns, caller string) chan int {
+		code := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/debug/triggers/"+ns, nil)
+			req.Header.Set("X-Caller", caller)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				code <- 0
+				return
+			}
+			_ = resp.Body.Close()
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	first := ask("team-1", "serviceaccounts:team-a")
+	<-started
+	if c := <-ask("team-2", "serviceaccounts:team-a"); c != http.StatusServiceUnavailable {
+		t.Fatalf("the caller's second answer at once, another namespace's: %d, want 503", c)
+	}
+	other := ask("team-3", "serviceaccounts:team-b")
+	<-started
+	close(release)
+	if a, b := <-first, <-other; a != http.StatusOK || b != http.StatusOK {
+		t.Fatalf("the first caller's answer %d, another caller's %d; want both served", a, b)
+	}
+}
+
+// manyTriggers is a source whose every namespace's page is some 8 MB: more
+// than the sockets between a client and the server hold.
+type manyTriggers struct{}
+
+func (manyTriggers) EvaluationsOf(ns string) []scaler.Evaluation {
+	out := make([]scaler.Evaluation, 0, 2000)
+	for i := range 2000 {
+		e := scaler.Evaluation{TriggerID: scaler.TriggerID{Namespace: ns, ScaledObject: fmt.Sprintf("so-%d-%s", i, strings.Repeat("x", 200))}, At: time.Now()}
+		e.Trigger.Workload = store.Key{Namespace: ns, Kind: "Workspace", Name: "w"}
+		e.Trigger.Threshold = 1
+		for p := range 32 {
+			e.Decision.Pods = append(e.Decision.Pods, scaler.PodDecision{Name: fmt.Sprintf("pod-%d-%s", p, strings.Repeat("y", 100)), Use: "counted"})
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestAnAnswerNotReadIsGivenBack: four clients each asked a namespace's
+// large page and read nothing, and every other reader was refused 503
+// until the port's write timeout (a minute), over and over. An answer's
+// writing is bounded (answerWrite): past it its slot is given back.
+func TestAnAnswerNotReadIsGivenBack(t *testing.T) {
+	defer func(d time.Duration) { answerWrite = d }(answerWrite)
+	answerWrite = 300 * time.Millisecond
+	mux := http.NewServeMux()
+	h := &Handler{Store: store.New(store.Options{}), FreshFor: time.Minute, MaxWindow: time.Minute, Triggers: manyTriggers{}}
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for i := 1; i <= InFlight; i++ {
+		c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.(*net.TCPConn).SetReadBuffer(4096)
+		defer func() { _ = c.Close() }()
+		if _, err := fmt.Fprintf(c, "GET /debug/triggers/team-%d HTTP/1.1\r\nHost: x\r\n\r\n", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if all, _ := h.answers.Held(""); all == InFlight {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the four answers never under way at once")
+		}
+	}
+	if code, _ := get(t, srv.URL+"/debug/triggers/team-9", ""); code != http.StatusServiceUnavailable {
+		t.Fatalf("another reader while the four are under way: %d, want 503", code)
+	}
+	// However long the four take to be cut, another reader is served once
+	// they are.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		code, body := get(t, srv.URL+"/debug/triggers/team-9", "")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("another reader while four clients read nothing: %d %.200s; want served once their answers' writing is cut", code, body)
+		}
+	}
+}
