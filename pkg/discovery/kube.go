@@ -62,8 +62,8 @@ type KubeOptions struct {
 }
 
 // Kube watches the pods of one node through an informer whose list and
-// watch carry a spec.nodeName field selector (NodePods): the API server sends
-// this agent only its own node's pods.
+// watch carry a field selector (NodePods): the API server sends this agent
+// only its own node's pods that have not finished.
 type Kube struct {
 	opts    KubeOptions
 	lister  listersv1.PodLister
