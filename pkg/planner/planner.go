@@ -1130,7 +1130,17 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	case l.QueueOK:
 		broke = l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo)
 	case l.TTFTOK:
-		broke = l.TTFT > breakTTFT*slo
+		// Without a queue-time histogram (an older server's page) the mean
+		// TTFT judges, as the percentile does: past the bound with
+		// requests queued, load broke it; past it with none queued, the
+		// prompts alone take that long (no replica count changes that):
+		// nothing is learned. Every window of long prompts broke, the
+		// capacity followed each replica's throughput down, and the plan
+		// rose by a quarter at every round (4 replicas to 75 at an
+		// unchanged load).
+		if l.TTFT > breakTTFT*slo {
+			return l.Waiting >= 1, false
+		}
 	default:
 		return false, false
 	}

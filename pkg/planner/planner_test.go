@@ -1857,3 +1857,39 @@ func TestARolloutsSurgePodIsNoRelease(t *testing.T) {
 		t.Fatalf("a rollout's pod replaced, then %d asked: the hold lengthened by %s, want not (no release of the plan's)", p.Replicas, st.HoldExtra)
 	}
 }
+
+// TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak: on pages without a
+// queue-time histogram the mean TTFT judged alone, at any load: long
+// prompts whose mean TTFT is past half the SLO with nothing queued broke
+// every window, the capacity followed each replica's throughput down, and
+// the plan rose by a quarter each round (4 replicas to 75 in an hour at an
+// unchanged load, the HPA applying each plan a minute). Past the bound
+// with nothing queued, nothing is learned, as with a percentile; with a
+// queue standing, it is a break.
+func TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak(t *testing.T) {
+	cfg := Default(0)
+	const total = 24000.0
+	pod := func(i int, w, waiting float64) store.PodLoad {
+		return store.PodLoad{Name: fmt.Sprintf("p%d", i), State: store.PodCounted, PromptTokens: w, Tokens: true,
+			FirstTokens: w / 2000, Span: 30 * time.Second, TTFT: 1.2, TTFTOK: true, KVCache: 0.05, Waiting: waiting}
+	}
+	n, at := 4, t0
+	var st State
+	for range 60 {
+		pods := make([]store.PodLoad, n)
+		for i := range pods {
+			pods[i] = pod(i, total/float64(n), 0)
+		}
+		var p Plan
+		p, st, at = run(t, st, cfg, at, 55*time.Second, pods...)
+		n = max(1, min(p.Replicas, 500))
+	}
+	if n > 8 || st.Breaks > 0 {
+		t.Fatalf("an unchanged load (%.0f a second, mean TTFT 1.2 s of an SLO of %s, nothing queued): %d replicas after an hour from 4, %d breaks; want no break learned", total, cfg.TTFT, n, st.Breaks)
+	}
+	// With requests queued, the same TTFT is a break.
+	_, st, _ = run(t, State{}, cfg, t0, time.Minute, pod(0, 6000, 5))
+	if st.Breaks == 0 {
+		t.Fatal("a mean TTFT past the bound with 5 requests queued: no break learned")
+	}
+}
