@@ -58,7 +58,7 @@ func keyOf(t Trigger, cfg planner.Config) planKey {
 // the ScaledObjects that ask.
 type plans struct {
 	mu  sync.Mutex // ns and n
-	ns  map[string]*simplelru.LRU[planKey, planner.State]
+	ns  map[string]*simplelru.LRU[planKey, heldPlan]
 	n   int // states held, in all namespaces
 	max int
 	// planning serializes the plans of one key (a state read, planned
@@ -70,8 +70,27 @@ type plans struct {
 }
 
 func newPlans() *plans {
-	return &plans{ns: map[string]*simplelru.LRU[planKey, planner.State]{}, max: maxPlans, seed: maphash.MakeSeed()}
+	return &plans{ns: map[string]*simplelru.LRU[planKey, heldPlan]{}, max: maxPlans, seed: maphash.MakeSeed()}
 }
+
+// heldPlan is a key's state and when it was last planned (zero: never
+// by a trigger's plan).
+type heldPlan struct {
+	st planner.State
+	at time.Time
+}
+
+// planForget: a state not planned for this long is forgotten at its next
+// plan. Every live trigger is planned every LearnEvery (and at each of the
+// HPA's syncs, every 15 s, where KEDA asks this replica), so such a state
+// has no ScaledObject: its workload and ScaledObject were deleted together
+// (a helm uninstall) and no plan ran while it had no pod, which alone
+// forgot a state. A model installed again under the names inherited the
+// old one's capacity, its proof of capacity (the floor of what breaks
+// teach, fading over an hour), its lead time and its first plan's time:
+// 2 replicas at 40,000 a second, then new ones breaking at 8,000, were
+// planned 1.
+const planForget = decisionTTL
 
 // lockFor is the lock that serializes k's plans.
 func (p *plans) lockFor(k planKey) *sync.Mutex {
@@ -81,15 +100,29 @@ func (p *plans) lockFor(k planKey) *sync.Mutex {
 // get is k's state (the zero State when none is held).
 func (p *plans) get(k planKey) planner.State {
 	if l := p.ns[k.Owner]; l != nil {
-		st, _ := l.Get(k)
-		return st
+		h, _ := l.Get(k)
+		return h.st
+	}
+	return planner.State{}
+}
+
+// current is k's state to plan at now: the zero State when none is held,
+// or when it was last planned more than planForget before.
+func (p *plans) current(k planKey, now time.Time) planner.State {
+	if l := p.ns[k.Owner]; l != nil {
+		if h, ok := l.Get(k); ok && (h.at.IsZero() || now.Sub(h.at) <= planForget) {
+			return h.st
+		}
 	}
 	return planner.State{}
 }
 
 // put holds st as k's state; past p.max, the namespace holding the most
 // forgets its least recently planned.
-func (p *plans) put(k planKey, st planner.State) {
+func (p *plans) put(k planKey, st planner.State) { p.putAt(k, st, time.Time{}) }
+
+// putAt is put, planned at.
+func (p *plans) putAt(k planKey, st planner.State, at time.Time) {
 	if l := p.ns[k.Owner]; l == nil || !l.Contains(k) {
 		if p.n >= p.max {
 			p.forgetOne() // may forget k's namespace's last state, and its list
@@ -98,10 +131,10 @@ func (p *plans) put(k planKey, st planner.State) {
 	}
 	l := p.ns[k.Owner]
 	if l == nil {
-		l, _ = simplelru.NewLRU[planKey, planner.State](p.max, nil)
+		l, _ = simplelru.NewLRU[planKey, heldPlan](p.max, nil)
 		p.ns[k.Owner] = l
 	}
-	l.Add(k, st)
+	l.Add(k, heldPlan{st: st, at: at})
 }
 
 // remove forgets k's state.
@@ -167,8 +200,9 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 			return Decision{}, status.Error(codes.InvalidArgument, truncated(t, p.Name, p.Samples, p.SpanMs))
 		}
 	}
+	now := s.now()
 	s.plans.mu.Lock()
-	st := s.plans.get(k)
+	st := s.plans.current(k, now)
 	s.plans.mu.Unlock()
 	p, next, err := planner.Make(snap, st, cfg)
 	s.plans.mu.Lock()
@@ -180,7 +214,7 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 		// its capacity, its proof of capacity fading over an hour).
 		s.plans.remove(k)
 	} else {
-		s.plans.put(k, next)
+		s.plans.putAt(k, next, now)
 	}
 	s.plans.mu.Unlock()
 	keyLock.Unlock()

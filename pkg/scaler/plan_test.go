@@ -594,3 +594,43 @@ func TestAnAgentBackPastExpiryIsNoScaleDown(t *testing.T) {
 		t.Fatalf("4 replicas serving 8000/s each, their agent back: plan %v (%s); want an error (the HPA holds) or at least 4", d.Value, d.Plan.Reason)
 	}
 }
+
+// TestAWorkloadMadeAgainLearnsAnew: a workload and its ScaledObject deleted
+// together (a helm uninstall) are planned no more, so the plan that
+// forgets a workload with no pod never ran, and a model installed again
+// under the names was planned over the old one's state: 2 replicas at
+// 40,000 a second, then new ones breaking at 8,000, planned 1. A state not
+// planned for planForget is forgotten; one planned within it is kept.
+func TestAWorkloadMadeAgainLearnsAnew(t *testing.T) {
+	for _, c := range []struct {
+		gap  time.Duration
+		kept bool
+	}{{planForget + time.Minute, false}, {planForget / 2, true}} {
+		f := newFixture(t)
+		f.pods("a", "b")
+		tr, err := ParseTrigger(ref(replicasMD()), time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(40, 40000, 0.01, "a", "b")
+		var d Decision
+		for range 12 * 15 {
+			f.serve(5, 40000, 0.01, "a", "b")
+			if d, err = f.server.Evaluate(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		learnt := d.Plan.Observations
+		f.store.Remove("node-1", "uid-a", "uid-b")
+		f.clock.Add(c.gap)
+		f.ms += c.gap.Milliseconds()
+		f.pods("c", "d")
+		f.serve(40, 8000, 1.5, "c", "d") // past capacity: queued 1.5 s
+		if d, err = f.server.Evaluate(tr); err != nil {
+			t.Fatal(err)
+		}
+		if kept := d.Plan.Observations > learnt; kept != c.kept {
+			t.Fatalf("planned again %s after: %d observations (%d before), capacity %.0f, plan %v; want the state kept: %v", c.gap, d.Plan.Observations, learnt, d.Plan.Capacity, d.Value, c.kept)
+		}
+	}
+}
