@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 )
 
 // TestNodePodsAsksForPodsNotFinished: the list and watch asked for every pod
@@ -39,10 +40,11 @@ func TestNodePodsAsksForPodsNotFinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lw.List(metav1.ListOptions{}); err != nil {
+	lwc := cache.ToListerWatcherWithContext(lw)
+	if _, err := lwc.ListWithContext(t.Context(), metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if w, err := lw.Watch(metav1.ListOptions{ResourceVersion: "1"}); err == nil {
+	if w, err := lwc.WatchWithContext(t.Context(), metav1.ListOptions{ResourceVersion: "1"}); err == nil {
 		w.Stop()
 	}
 	mu.Lock()
