@@ -109,6 +109,9 @@ func (m *ingestMux) route(c net.Conn) {
 		return
 	}
 	m.conns.WithLabelValues("grpc").Inc()
+	// gRPC's handshake is due by the wait's end too (its ConnectionTimeout
+	// would start anew).
+	netbound.DueBy(c, by)
 	select {
 	case m.grpc <- c:
 	case <-m.done:

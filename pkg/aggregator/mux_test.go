@@ -10,7 +10,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/pulse-io/pulse/pkg/framed"
@@ -111,5 +115,51 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 	}
 	if _, err := m.Accept(); err == nil {
 		t.Fatal("Accept after Close handed a connection")
+	}
+}
+
+// TestAGRPCHandshakeIsDueByTheWaitsEnd: the port waits for a connection's
+// first byte within the handshake's time, then hands a gRPC one to gRPC,
+// whose ConnectionTimeout set a handshake time of its own from then: one
+// byte at the end of the wait held a place twice as long. gRPC's handshake
+// is due by the wait's end (here: gRPC's own time an hour, the wait's a
+// moment; the connection that sends one byte is closed at the wait's end).
+// A handshake done keeps its connection past it.
+func TestAGRPCHandshakeIsDueByTheWaitsEnd(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := framed.NewServer(func(pulsev1.Ingest_ReportServer) error { return nil }, framed.ServerOptions{})
+	m := newIngestMux(newLimitListener(tcp, 8, 8), fs, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"transport"}))
+	m.wait = 200 * time.Millisecond
+	srv := grpc.NewServer(grpc.ConnectionTimeout(time.Hour))
+	healthpb.RegisterHealthServer(srv, grpchealth.NewServer())
+	go func() { _ = srv.Serve(m) }()
+	defer srv.Stop()
+	c, err := net.Dial("tcp", m.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{0x16}); err != nil { // a TLS record's first byte, then nothing
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("a connection that sent one byte and no handshake: %v; want it closed at the wait's end", err)
+	}
+	// A client whose handshake is done is served past the wait's end.
+	cc, err := grpc.NewClient(m.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	for range 2 {
+		if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("a gRPC client past its handshake: %v", err)
+		}
+		time.Sleep(2 * m.wait)
 	}
 }

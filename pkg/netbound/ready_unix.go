@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/mem"
 )
@@ -38,6 +39,37 @@ type readyConn struct {
 	buf  *[]byte
 	n    int
 	err  error
+
+	// due: Unix ns past which no deadline set on it reaches, until one is
+	// cleared (0: none; DueBy).
+	due atomic.Int64
+}
+
+// SetDeadline is the connection's, no later than its due time (DueBy)
+// until a deadline is cleared: a server's handshake sets one, and clears
+// it when the handshake is done.
+func (c *readyConn) SetDeadline(t time.Time) error {
+	if due := c.due.Load(); due != 0 {
+		if t.IsZero() {
+			c.due.Store(0)
+		} else if d := time.Unix(0, due); t.After(d) {
+			t = d
+		}
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// DueBy holds c's deadlines to by until one is cleared, where c is a
+// connection Ready wrapped (false otherwise): the ingest port waits for a
+// connection's first byte within the handshake's time, then hands it to
+// gRPC, whose ConnectionTimeout set a second handshake time from then (a
+// byte at the end of the wait held the place twice as long).
+func DueBy(c net.Conn, by time.Time) bool {
+	rc, ok := c.(*readyConn)
+	if ok {
+		rc.due.Store(by.UnixNano())
+	}
+	return ok
 }
 
 // ReadOnReady waits until the socket is readable, then takes a buffer of
