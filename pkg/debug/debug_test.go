@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -399,7 +400,12 @@ func cells(table string) string {
 // provisioningOf is a provisioner's state, as given.
 type provisioningOf provision.Provisioning
 
-func (p provisioningOf) Provisioning() provision.Provisioning { return provision.Provisioning(p) }
+// ProvisioningOf keeps namespace ns's workloads, as the provisioner does.
+func (p provisioningOf) ProvisioningOf(ns string) provision.Provisioning {
+	out := provision.Provisioning(p)
+	out.Workloads = slices.DeleteFunc(slices.Clone(out.Workloads), func(s provision.Status) bool { return ns != "" && s.Namespace != ns })
+	return out
+}
 
 // TestOneNamespacesViews: a tenant may be granted its own namespace's
 // debug pages alone (RBAC nonResourceURLs of those paths, behind

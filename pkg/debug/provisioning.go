@@ -3,7 +3,6 @@ package debug
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -13,17 +12,16 @@ import (
 // ProvisioningSource is the provisioner's state: whether this replica
 // leads, and what it last did for each annotated workload.
 type ProvisioningSource interface {
-	Provisioning() provision.Provisioning
+	// ProvisioningOf is the state of namespace ns's workloads alone ("":
+	// every namespace's).
+	ProvisioningOf(ns string) provision.Provisioning
 }
 
 var _ ProvisioningSource = (*provision.Controller)(nil)
 
 // serveProvisioning: GET /debug/provisioning, and of one namespace.
 func (h *Handler) serveProvisioning(w http.ResponseWriter, r *http.Request) {
-	p := h.Provisioning.Provisioning()
-	if ns := r.PathValue("namespace"); ns != "" {
-		p.Workloads = slices.DeleteFunc(p.Workloads, func(s provision.Status) bool { return s.Namespace != ns })
-	}
+	p := h.Provisioning.ProvisioningOf(r.PathValue("namespace"))
 	if p.Workloads == nil {
 		p.Workloads = []provision.Status{}
 	}

@@ -1098,13 +1098,21 @@ type Provisioning struct {
 }
 
 // Provisioning returns the controller's state.
-func (c *Controller) Provisioning() Provisioning {
+func (c *Controller) Provisioning() Provisioning { return c.ProvisioningOf("") }
+
+// ProvisioningOf is Provisioning of namespace ns's workloads alone ("":
+// every namespace's). One namespace's debug page copied and sorted every
+// namespace's workloads, under the lock the reconciles take, to keep its
+// own.
+func (c *Controller) ProvisioningOf(ns string) Provisioning {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	p := Provisioning{Identity: c.identity, Leading: c.leading, Leader: c.holder}
 	for _, s := range c.status {
-		p.Workloads = append(p.Workloads, s)
+		if ns == "" || s.Namespace == ns {
+			p.Workloads = append(p.Workloads, s)
+		}
 	}
+	c.mu.Unlock()
 	slices.SortFunc(p.Workloads, func(a, b Status) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind, b.Kind))
 	})

@@ -1395,3 +1395,24 @@ func TestAScaledObjectDeletedUnderAnUpdateIsNoError(t *testing.T) {
 		}
 	}
 }
+
+// TestOneNamespacesProvisioning: a namespace's debug page copied and
+// sorted every namespace's workloads under the lock the reconciles take,
+// then kept its own; ProvisioningOf takes that namespace's alone, sorted,
+// and "" every namespace's.
+func TestOneNamespacesProvisioning(t *testing.T) {
+	c := &Controller{identity: "me", status: map[key]Status{}}
+	for _, k := range []key{{"Workspace", "team-b", "z"}, {"Workspace", "team-a", "b"}, {"Deployment", "team-a", "a"}, {"Workspace", "team-c", "x"}} {
+		c.status[k] = Status{Kind: k.Kind, Namespace: k.Namespace, Name: k.Name}
+	}
+	var names []string
+	for _, s := range c.ProvisioningOf("team-a").Workloads {
+		names = append(names, s.Namespace+"/"+s.Name)
+	}
+	if got := strings.Join(names, " "); got != "team-a/a team-a/b" {
+		t.Fatalf("team-a's: %s; want its two, sorted", got)
+	}
+	if p := c.ProvisioningOf(""); len(p.Workloads) != 4 || p.Identity != "me" || p.Workloads[0].Namespace != "team-a" || p.Workloads[3].Namespace != "team-c" {
+		t.Fatalf("every namespace's: %+v", p)
+	}
+}
