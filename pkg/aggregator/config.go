@@ -589,16 +589,18 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 // reviewRouted serves mux's endpoints behind auth's review (none with a
 // nil auth). A path mux does not route is answered by mux (404, 405)
 // without a review: only the endpoints' paths are sent to the API server.
-// So is a path no object can have (reviewable): a namespace that is no
-// DNS label (a namespace "team-a%2F1" routed as its own, past the one
-// answer a namespace may have under way, and was reviewed as team-a's
-// path), a workload's name with a slash or a control character or past
-// wire.MaxName bytes, or a path past maxReviewedPath.
+// A path no object can have (reviewable) is a 404, reviewed or not: a
+// namespace that is no DNS label (a namespace "team-a%2F1" routed as its
+// own, past the one answer a namespace may have under way, and was
+// reviewed as team-a's path), a workload's name with a slash or a control
+// character or past wire.MaxName bytes, or a path past maxReviewedPath.
+// Without a review they were served (an empty list for "Team-A", a name of
+// a megabyte echoed in the 404).
 func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
-	if auth == nil {
-		return mux
+	guarded := http.Handler(mux)
+	if auth != nil {
+		guarded = auth.wrap(mux)
 	}
-	guarded := auth.wrap(mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, pattern := mux.Handler(r); pattern == "" {
 			mux.ServeHTTP(w, r)
@@ -610,6 +612,12 @@ func reviewRouted(mux *http.ServeMux, auth *metricsAuthorizer) http.Handler {
 		}
 		guarded.ServeHTTP(w, r)
 	})
+}
+
+// loopbackAddr reports whether addr is a loopback address (a TCP one).
+func loopbackAddr(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // maxReviewedPath bounds a path sent to the API server for review.
@@ -712,11 +720,14 @@ func (a *Aggregator) buildHTTP(reg *prometheus.Registry) {
 	}
 	if a.debugLn != nil {
 		// On their own address (the chart's: the pod's loopback).
-		a.debugSrv = app.NewHTTPServer(dmux, a.log)
+		a.debugSrv = app.NewHTTPServer(reviewRouted(dmux, nil), a.log)
 	} else {
 		// On the http port, beside /metrics and behind the same review
 		// (of the request's path): they name every tenant's workloads.
 		mux.Handle("/debug/", reviewRouted(dmux, auth))
+		if auth == nil && !loopbackAddr(a.httpLn.Addr()) {
+			a.log.Warn("the debug endpoints are served on --http-addr to anyone who reaches it (--metrics-auth=none): they name every tenant's workloads and their load; serve them on --debug-addr (a loopback address), or set --metrics-auth=kubernetes")
+		}
 	}
 	if a.opts.Serving.HTTPTLS {
 		// The ingest port's certificate (no client certificate asked): the

@@ -454,3 +454,33 @@ func TestMintedTokensNewPathsLeaveOthersTheirReviews(t *testing.T) {
 		t.Fatal("a namespace's accounts share one rate, and only theirs")
 	}
 }
+
+// TestPathsNoObjectHasAreRefusedWithoutAReview: with --metrics-auth=none
+// the debug endpoints on the http port skipped the checks of a path an
+// object can have: team-a%2F1 routed as a namespace of its own (past the
+// one answer team-a may have under way), Team-A answered an empty list,
+// and a name of any length was echoed in the 404. They are a 404 there
+// too, as on --debug-addr.
+func TestPathsNoObjectHasAreRefusedWithoutAReview(t *testing.T) {
+	for _, debugAddr := range []bool{false, true} {
+		a := startWith(t, func(o *Options) {
+			if debugAddr {
+				o.Serving.DebugAddr = "127.0.0.1:0"
+			}
+		}, Deps{})
+		base := "http://" + a.HTTPAddr()
+		if debugAddr {
+			base = "http://" + a.DebugAddr()
+		}
+		for _, path := range []string{"/debug/workloads/team-a%2F1", "/debug/workloads/Team-A", "/debug/triggers/Team-A",
+			"/debug/workloads/team-a/" + strings.Repeat("x", 300), "/debug/workloads/team-a/a%0Ab"} {
+			code, body := getWithToken(t, http.DefaultClient, base+path, "")
+			if code != http.StatusNotFound || len(body) > 200 {
+				t.Errorf("debug address %v, %.60s: %d (%d bytes), want a short 404", debugAddr, path, code, len(body))
+			}
+		}
+		if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/workloads/team-a", ""); code != http.StatusOK {
+			t.Errorf("debug address %v, a namespace's page: %d, want 200", debugAddr, code)
+		}
+	}
+}
