@@ -971,22 +971,19 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 	st.learnITL(fresh, now, cfg)
 	itl := st.itlJudges(now, cfg)
-	for _, l := range fresh {
-		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
-		if !l.Tokens || w < minServed {
-			continue
-		}
+	obs := observeWindows(fresh, span, cfg, itl)
+	rise := st.riseBound(obs)
+	for _, o := range obs {
+		w := o.w
 		served += w
-		// A window of a few seconds (a replica just ready, a series
-		// restarted) is one request's luck, as too few first tokens are.
-		n := l.FirstTokens * l.Span.Seconds() // first tokens in the window
-		if n < minEvidence || 2*l.Span < span {
+		if o.thin {
 			healthyAll = false
 			continue
 		}
-		broke, healthy := health(l, cfg, itl)
+		broke, healthy := o.broke, o.healthy
 		if healthy {
-			st.HealthyMax = max(st.HealthyMax, proof(w, n))
+			w = min(w, rise)
+			st.HealthyMax = max(st.HealthyMax, proof(w, o.n))
 		}
 		healthyAll = healthyAll && healthy
 		switch {
@@ -1032,6 +1029,66 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		st.Capacity = next
 		st.lastProbe = now
 	}
+}
+
+// window is one fresh replica's window as learnCapacity reads it: the work
+// it served (w), its first tokens (n), and how it held the SLO; thin: too
+// little of it to judge (a few seconds, or too few first tokens).
+type window struct {
+	w, n                 float64
+	thin, broke, healthy bool
+}
+
+// observeWindows reads the windows of the fresh replicas that served
+// work.
+func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl bool) []window {
+	obs := make([]window, 0, len(fresh))
+	for _, l := range fresh {
+		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+		if !l.Tokens || w < minServed {
+			continue
+		}
+		// A window of a few seconds (a replica just ready, a series
+		// restarted) is one request's luck, as too few first tokens are.
+		o := window{w: w, n: l.FirstTokens * l.Span.Seconds()}
+		if o.thin = o.n < minEvidence || 2*l.Span < span; !o.thin {
+			o.broke, o.healthy = health(l, cfg, itl)
+		}
+		obs = append(obs, o)
+	}
+	return obs
+}
+
+// riseBound is the most one observation's healthy windows prove of a
+// replica's capacity: the second most any of them served (with two or
+// more: another replica's corroboration), and at most maxRise times the
+// capacity, or the most proved within the SLO, known before. One window
+// set the capacity at once to what it served, and the floor of what
+// breaks may teach (HealthyMax, halved only every hour) to as much: a
+// replica's window that lies, or a burst of prefix-cache hits (vLLM counts
+// them as prompt tokens), made the capacity two to twenty times what
+// replicas serve, and the plan a half or less of the need for an hour.
+func (st *State) riseBound(obs []window) float64 {
+	first, second := 0.0, 0.0
+	for _, o := range obs {
+		if !o.healthy || o.thin {
+			continue
+		}
+		switch {
+		case o.w > first:
+			first, second = o.w, first
+		case o.w > second:
+			second = o.w
+		}
+	}
+	bound := first
+	if second > 0 {
+		bound = second
+	}
+	if base := max(st.Capacity, st.HealthyMax); base > 0 {
+		bound = min(bound, maxRise*base)
+	}
+	return bound
 }
 
 // learnITL notes when a fresh replica's window (of minEvidence first

@@ -1593,9 +1593,12 @@ func TestAReplicaJustReadyProvesNoCapacity(t *testing.T) {
 	if next.Capacity != capacity || next.HealthyMax > healthyMax {
 		t.Fatalf("capacity %v, healthy max %v after a one-second window; want %v and at most %v", next.Capacity, next.HealthyMax, capacity, healthyMax)
 	}
+	// Long enough, it proves what another replica's window corroborates
+	// (riseBound: TestOneWindowProvesNoMoreThanTheFleetCorroborates).
 	fresh.Span = 16 * time.Second
-	if _, next, err = Make(snap(at.Add(5*time.Second), old, fresh), st, cfg); err != nil || next.Capacity < 24000 {
-		t.Fatalf("capacity %v, %v after a 16-second window of 24,000 a second within the SLO: want at least 24000", next.Capacity, err)
+	high := serving("a", 24000, 0.01)
+	if _, next, err = Make(snap(at.Add(5*time.Second), high, fresh), st, cfg); err != nil || next.Capacity < min(24000, 2*max(capacity, healthyMax)) {
+		t.Fatalf("capacity %v, %v after a 16-second window of 24,000 a second within the SLO beside another's: want at least %v", next.Capacity, err, min(24000, 2*max(capacity, healthyMax)))
 	}
 	a, b := serving("a", 12000, 0.01), serving("b", 12000, 0.01)
 	a.Span, b.Span = 2*time.Second, 2*time.Second
@@ -1855,6 +1858,43 @@ func TestARolloutsSurgePodIsNoRelease(t *testing.T) {
 	p, st, _ := run(t, st, cfg, at, 30*time.Second, up...) // the load rises
 	if st.HoldExtra != 0 {
 		t.Fatalf("a rollout's pod replaced, then %d asked: the hold lengthened by %s, want not (no release of the plan's)", p.Replicas, st.HoldExtra)
+	}
+}
+
+// TestOneWindowProvesNoMoreThanTheFleetCorroborates: a healthy window
+// above the capacity set the capacity at once to what it served, and the
+// floor of what breaks teach (HealthyMax, halved only each hour) to as
+// much. One replica's window that lies, or a burst of prefix-cache hits
+// (vLLM counts them as prompt tokens), for the 30 s it stays in the window,
+// made four replicas past capacity planned as 3 for most of an hour (at 24,000
+// a second against 10,000) or as 2 for more than two (at 800,000). One
+// observation proves the second most its healthy windows served, and at
+// most twice what was known; a rise the fleet shows is still learned.
+func TestOneWindowProvesNoMoreThanTheFleetCorroborates(t *testing.T) {
+	four := func(w, q float64) []store.PodLoad {
+		return []store.PodLoad{serving("a", w, q), serving("b", w, q), serving("c", w, q), serving("d", w, q)}
+	}
+	cfg := Default(0)
+	for _, lie := range []float64{24000, 8e5} {
+		_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, four(10000, 1)...) // past capacity: about 10,000
+		_, st, at = run(t, st, cfg, at, 20*time.Minute, four(8000, 0.01)...)
+		bad := four(8000, 0.01)
+		bad[0] = serving("a", lie, 0.01)
+		_, st, at = run(t, st, cfg, at, 30*time.Second, bad...)
+		if st.Capacity > 2*10000 || st.HealthyMax > 2*10000 {
+			t.Fatalf("one replica's window of %v a second: capacity %.0f, proved %.0f; want neither past the fleet's", lie, st.Capacity, st.HealthyMax)
+		}
+		p, _, _ := run(t, st, cfg, at, 10*time.Minute, four(10000, 1)...)
+		if p.Replicas < 5 {
+			t.Fatalf("ten minutes after one replica's window of %v a second, 4 replicas past capacity planned %d (capacity %.0f); want 5", lie, p.Replicas, st.Capacity)
+		}
+	}
+	// The fleet's rise is learned: every replica serving 24,000 within the
+	// SLO proves it within a minute.
+	_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, four(10000, 1)...)
+	_, st, _ = run(t, st, cfg, at, time.Minute, four(24000, 0.01)...)
+	if st.Capacity < 24000 {
+		t.Fatalf("four replicas serving 24,000 a second within the SLO for a minute: capacity %.0f, want 24,000", st.Capacity)
 	}
 }
 
