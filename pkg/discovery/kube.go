@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -144,9 +145,63 @@ func (k *Kube) Targets() []Target {
 		}
 		out = append(out, ts...)
 	}
+	for i, owners := range sharedAddresses(out) {
+		t := &out[i]
+		t.Ready = false
+		uid := podUID(t.UID)
+		msg := "pods " + strings.Join(owners, ", ") + " are ready at one address, " + hostOf(t.URL) + " (an address reused before a pod's status caught up): not scraped until one is gone"
+		if bad[uid] = msg; k.warned[uid] != msg {
+			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
+		}
+	}
 	k.warned = bad
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
+}
+
+// sharedAddresses are the ready targets whose address (host and port) is
+// also another pod's ready target's, each with the pods that share it. Two
+// pods ready at one address are one server's page read as both: an
+// address reused (another namespace's new pod) before a pod's status
+// caught up had each pod's page attributed to the other's workload too.
+// Neither is scraped (listed, not ready) until one is gone.
+func sharedAddresses(ts []Target) map[int][]string {
+	pods := map[string]map[string]string{} // address → pod uid → namespace/name
+	for _, t := range ts {
+		if t.Ready && !t.Terminating && t.URL != "" {
+			a := hostOf(t.URL)
+			if pods[a] == nil {
+				pods[a] = map[string]string{}
+			}
+			pods[a][podUID(t.UID)] = t.Namespace + "/" + t.Pod
+		}
+	}
+	var out map[int][]string
+	for i, t := range ts {
+		if !t.Ready || t.Terminating || t.URL == "" || len(pods[hostOf(t.URL)]) < 2 {
+			continue
+		}
+		if out == nil {
+			out = map[int][]string{}
+		}
+		out[i] = slices.Sorted(maps.Values(pods[hostOf(t.URL)]))
+	}
+	return out
+}
+
+// hostOf is a target URL's host and port.
+func hostOf(u string) string {
+	if pu, err := url.Parse(u); err == nil {
+		return pu.Host
+	}
+	return u
+}
+
+// podUID is the uid of the pod a target is of (a router's entries are
+// "<uid>/demand/<workload>").
+func podUID(uid string) string {
+	pod, _, _ := strings.Cut(uid, "/demand/")
+	return pod
 }
 
 func equalTargets(a, b []Target) bool {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -354,7 +355,9 @@ func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
 	}
 	expect("a made ready", "a:true,")
 
-	if _, err := pods.Create(context.Background(), kaitoPod("b", "node-1", true), metav1.CreateOptions{}); err != nil {
+	nb := kaitoPod("b", "node-1", true)
+	nb.Status.PodIP = "10.0.0.8"
+	if _, err := pods.Create(context.Background(), nb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	expect("b added", "a:true,b:true,")
@@ -622,5 +625,52 @@ func TestTheCachesKeepCopiesOfWhatTheyCut(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestTwoPodsReadyAtOneAddressAreNotScraped: a pod whose status still
+// showed an address the network had given since to another namespace's
+// new pod was scraped at it, as that pod was: one server's page read as
+// both, each attributed to the other's workload too. Pods ready at one
+// address (host and port) are listed, not ready, until one is gone; a
+// hostNetwork pair on the node's address at two ports is scraped.
+func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
+	var logs syncbuf.Buffer
+	sel, _ := ParseSelector(DefaultSelector)
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	k := NewKube(KubeOptions{Node: "node-1", Selector: sel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	k.lister = listersv1.NewPodLister(idx)
+	a, b := kaitoPod("a", "node-1", true), kaitoPod("b", "node-1", true)
+	b.Namespace, b.UID = "tenant-b", "uid-b"
+	h1, h2 := kaitoPod("h1", "node-1", true), kaitoPod("h2", "node-1", true)
+	for i, h := range []*corev1.Pod{h1, h2} {
+		h.Spec.HostNetwork, h.Status.PodIP = true, "192.168.1.5"
+		h.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: int32(5000 + i), Protocol: corev1.ProtocolTCP}}
+		h.Annotations = map[string]string{AnnotationPort: strconv.Itoa(5000 + i)}
+	}
+	for _, p := range []*corev1.Pod{a, b, h1, h2} {
+		if err := idx.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready := func() string {
+		var s []string
+		for _, tg := range k.Targets() {
+			s = append(s, fmt.Sprintf("%s:%v", tg.Pod, tg.Ready))
+		}
+		return strings.Join(s, ",")
+	}
+	if got := ready(); got != "a:false,b:false,h1:true,h2:true" {
+		t.Fatalf("two namespaces' pods at 10.0.0.7:5000: %s; want both listed not ready, the host network's two ports scraped", got)
+	}
+	ready()
+	if n := strings.Count(logs.String(), "are ready at one address"); n != 2 {
+		t.Fatalf("logged %d times over two listings, want once a pod:\n%s", n, logs.String())
+	}
+	if err := idx.Delete(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := ready(); got != "a:true,h1:true,h2:true" {
+		t.Fatalf("b gone: %s; want a scraped again", got)
 	}
 }
