@@ -125,10 +125,37 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		defer h.answers.Give(ns)
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWrite))
-		next(w, r)
+		next(&boundedWriter{ResponseWriter: w}, r)
 	}
 }
+
+// boundedWriter bounds an answer's writing to answerWrite from its first
+// byte (its making, a view of the store, is not counted: a large page
+// made under load is not cut).
+type boundedWriter struct {
+	http.ResponseWriter
+	started bool
+}
+
+func (b *boundedWriter) start() {
+	if !b.started {
+		b.started = true
+		_ = http.NewResponseController(b.ResponseWriter).SetWriteDeadline(time.Now().Add(answerWrite))
+	}
+}
+
+func (b *boundedWriter) WriteHeader(code int) {
+	b.start()
+	b.ResponseWriter.WriteHeader(code)
+}
+
+func (b *boundedWriter) Write(p []byte) (int, error) {
+	b.start()
+	return b.ResponseWriter.Write(p)
+}
+
+// Unwrap is the writer bounded (http.ResponseController's).
+func (b *boundedWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
 
 // wantsTable: ?format= decides; without it, an Accept of text/plain (an
 // explicit ?format=json was answered a table to such a client).

@@ -385,16 +385,23 @@ func TestKubeFollowsThePodsOfItsNode(t *testing.T) {
 	expect("a deleted", "")
 }
 
+// listedKube is node-1's discovery over the pods of idx (no informer),
+// logging to logs.
+func listedKube() (*Kube, cache.Indexer, *syncbuf.Buffer) {
+	logs := new(syncbuf.Buffer)
+	sel, _ := ParseSelector(DefaultSelector)
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	k := NewKube(KubeOptions{Node: "node-1", Selector: sel, Log: slog.New(slog.NewTextHandler(logs, nil))})
+	k.lister = listersv1.NewPodLister(idx)
+	return k, idx, logs
+}
+
 // TestABadPodIsLoggedOnceAState: the targets are listed again at every pod
 // event of the node, and a pod not scraped was logged at each (a
 // crash-looping neighbour flooded the log): it is logged when its error is
 // new or changes.
 func TestABadPodIsLoggedOnceAState(t *testing.T) {
-	var logs syncbuf.Buffer
-	sel, _ := ParseSelector(DefaultSelector)
-	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	k := NewKube(KubeOptions{Node: "node-1", Selector: sel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	k.lister = listersv1.NewPodLister(idx)
+	k, idx, logs := listedKube()
 	bad := kaitoPod("bad", "node-1", true)
 	bad.Annotations = map[string]string{AnnotationPort: "http"}
 	for _, p := range []*corev1.Pod{kaitoPod("good", "node-1", true), bad} {
@@ -635,11 +642,7 @@ func TestTheCachesKeepCopiesOfWhatTheyCut(t *testing.T) {
 // address (host and port) are listed, not ready, until one is gone; a
 // hostNetwork pair on the node's address at two ports is scraped.
 func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
-	var logs syncbuf.Buffer
-	sel, _ := ParseSelector(DefaultSelector)
-	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	k := NewKube(KubeOptions{Node: "node-1", Selector: sel, Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	k.lister = listersv1.NewPodLister(idx)
+	k, idx, logs := listedKube()
 	a, b := kaitoPod("a", "node-1", true), kaitoPod("b", "node-1", true)
 	b.Namespace, b.UID = "tenant-b", "uid-b"
 	h1, h2 := kaitoPod("h1", "node-1", true), kaitoPod("h2", "node-1", true)
