@@ -72,6 +72,21 @@ type Kube struct {
 
 	mu     sync.Mutex
 	warned map[string]string // the error each pod not scraped was last logged with, by uid
+	// made: each pod's targets (or why it has none) as of its
+	// resourceVersion, by uid: a pod event made every pod's again (a
+	// router's every workload's entries, before --max-pods cut them), so a
+	// tenant patching its pod in a loop kept a core busy (110 routers of
+	// 64 workloads: 10.6 ms and 12.6 MB an event). computed counts the
+	// pods whose targets were made (tests read it).
+	made     map[string]madeTargets
+	computed int
+}
+
+// madeTargets are a pod's targets, or its error, at a resourceVersion.
+type madeTargets struct {
+	rv  string
+	ts  []Target
+	err error
 }
 
 // NewKube returns node-local discovery.
@@ -132,8 +147,16 @@ func (k *Kube) Targets() []Target {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	bad := make(map[string]string)
+	made := make(map[string]madeTargets, len(pods))
 	for _, p := range pods {
-		ts, err := TargetsOf(p, k.opts.Node, k.opts.Selector)
+		m, ok := k.made[string(p.UID)]
+		if !ok || m.rv != p.ResourceVersion || p.ResourceVersion == "" {
+			m.rv = p.ResourceVersion
+			m.ts, m.err = TargetsOf(p, k.opts.Node, k.opts.Selector)
+			k.computed++
+		}
+		made[string(p.UID)] = m
+		ts, err := m.ts, m.err
 		if err != nil {
 			// Logged when it is new or changes: Targets runs at every pod
 			// event of the node, and a bad pod was logged at each.
@@ -154,7 +177,7 @@ func (k *Kube) Targets() []Target {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
 		}
 	}
-	k.warned = bad
+	k.warned, k.made = bad, made
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
 }

@@ -677,3 +677,42 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 		t.Fatalf("b gone: %s; want a scraped again", got)
 	}
 }
+
+// TestOnlyChangedPodsAreMadeAgain: every pod event of the node made every
+// pod's targets again (a router's every workload's entries), so a tenant
+// patching its pod in a loop kept the agent's core busy. A pod's targets
+// are made again only when its resourceVersion moves, and forgotten with
+// it.
+func TestOnlyChangedPodsAreMadeAgain(t *testing.T) {
+	k, idx, _ := listedKube()
+	for i := range 50 {
+		p := kaitoPod(fmt.Sprintf("p%d", i), "node-1", true)
+		p.ResourceVersion, p.Status.PodIP = "1", fmt.Sprintf("10.0.1.%d", i)
+		if err := idx.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ts := k.Targets(); len(ts) != 50 || k.computed != 50 {
+		t.Fatalf("%d targets, %d made; want 50 and 50", len(ts), k.computed)
+	}
+	p := kaitoPod("p7", "node-1", true)
+	p.ResourceVersion, p.Status.PodIP, p.Labels[LabelWorkspace] = "2", "10.0.1.7", "phi"
+	if err := idx.Update(p); err != nil {
+		t.Fatal(err)
+	}
+	ts := k.Targets()
+	if k.computed != 51 {
+		t.Fatalf("one pod changed: %d made in all, want 51", k.computed)
+	}
+	for _, tg := range ts {
+		if tg.Pod == "p7" && tg.Workloads[0].Name != "phi" {
+			t.Fatalf("p7's target after its change: %+v", tg)
+		}
+	}
+	if err := idx.Delete(p); err != nil {
+		t.Fatal(err)
+	}
+	if ts := k.Targets(); len(ts) != 49 || len(k.made) != 49 || k.computed != 51 {
+		t.Fatalf("p7 gone: %d targets, %d kept, %d made; want 49, 49, 51", len(ts), len(k.made), k.computed)
+	}
+}
