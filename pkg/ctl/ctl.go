@@ -238,14 +238,12 @@ func check(args []string, stdout, stderr io.Writer) int {
 		}
 		for _, o := range objs {
 			id := fmt.Sprintf("%s: %s %s/%s", path, o.Kind, o.Metadata.Namespace, o.Metadata.Name)
-			for _, msg := range checkObject(&o, *maxWindow, *crossNS, *maxReplicas) {
+			for _, f := range checkObject(&o, *maxWindow, *crossNS, *maxReplicas) {
 				checked++
-				if msg == "" {
-					fmt.Fprintf(stdout, "%s: valid\n", id)
-					continue
+				if f.problem {
+					problems++
 				}
-				problems++
-				fmt.Fprintf(stdout, "%s: %s\n", id, msg)
+				fmt.Fprintf(stdout, "%s: %s\n", id, f.text)
 			}
 		}
 	}
@@ -262,28 +260,38 @@ func check(args []string, stdout, stderr io.Writer) int {
 
 // checkObject checks one document: "" for each valid trigger or annotated
 // workload, else the problem.
-func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas int64) []string {
-	var out []string
+func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas int64) []finding {
+	var out []finding
 	if o.Kind == "ScaledObject" {
 		res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
-		for _, pt := range o.pulseTriggers() {
+		pts := o.pulseTriggers()
+		for _, pt := range pts {
 			ref, i := pt.ref, pt.pos
 			t, err := scaler.ParseTrigger(ref, maxWindow, res)
 			problem := pt.metricTypeProblem()
+			msg := ""
 			switch {
 			case err != nil:
-				out = append(out, fmt.Sprintf("trigger %d: %v", i, err))
+				msg = fmt.Sprintf("trigger %d: %v", i, err)
 			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
-				out = append(out, fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace))
+				msg = fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace)
 			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != "":
 				// Most manifests name no namespace (applied with -n), and
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
-				out = append(out, fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace)))
+				msg = fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace))
 			case problem != "":
-				out = append(out, fmt.Sprintf("trigger %d: %s", i, problem))
+				msg = fmt.Sprintf("trigger %d: %s", i, problem)
+			}
+			switch {
+			case msg != "":
+				out = append(out, finding{text: msg, problem: true})
+			case len(pts) > 1:
+				// Beside another trigger's problem, a bare "valid" read as
+				// the whole ScaledObject's.
+				out = append(out, finding{text: fmt.Sprintf("trigger %d: valid", i)})
 			default:
-				out = append(out, "")
+				out = append(out, finding{text: "valid"})
 			}
 		}
 		return out
@@ -300,9 +308,16 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 		err = provision.CheckName(o.Metadata.Name)
 	}
 	if err != nil {
-		return []string{err.Error()}
+		return []finding{{text: err.Error(), problem: true}}
 	}
-	return []string{""}
+	return []finding{{text: "valid"}}
+}
+
+// finding is what check says of a trigger or a workload's annotations:
+// valid, or a problem.
+type finding struct {
+	text    string
+	problem bool
 }
 
 func hasPulseAnnotation(a map[string]string) bool {

@@ -580,3 +580,25 @@ spec:
 		t.Errorf("the same, stated in team-b: exit %d, want 0\n%s%s", code, out, errs)
 	}
 }
+
+// TestCheckNamesTheValidTriggerBesideABadOne: a ScaledObject of two pulse
+// triggers, one bad, printed the problem and then "demo/two: valid" for
+// the other, which read as the whole ScaledObject's. Each trigger of such
+// a ScaledObject is named.
+func TestCheckNamesTheValidTriggerBesideABadOne(t *testing.T) {
+	two := `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: two, namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, treshold: "10"}
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, threshold: "10"}
+`
+	code, out, _ := run("check", write(t, two))
+	if code != 1 || !strings.Contains(out, "ScaledObject demo/two: trigger 1: trigger metadata: unknown key treshold") ||
+		!strings.Contains(out, "ScaledObject demo/two: trigger 2: valid") || strings.Contains(out, "demo/two: valid") || !strings.Contains(out, "1 problems") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
