@@ -586,16 +586,11 @@ spec:
 // the other, which read as the whole ScaledObject's. Each trigger of such
 // a ScaledObject is named.
 func TestCheckNamesTheValidTriggerBesideABadOne(t *testing.T) {
-	two := `apiVersion: keda.sh/v1alpha1
-kind: ScaledObject
-metadata: {name: two, namespace: demo}
-spec:
-  triggers:
-  - type: external-push
-    metadata: {scalerAddress: "x:9090", workspace: llama, treshold: "10"}
-  - type: external-push
-    metadata: {scalerAddress: "x:9090", workspace: llama, threshold: "10"}
-`
+	trigger := func(key string) string {
+		return `{type: external-push, metadata: {scalerAddress: "x:9090", workspace: llama, ` + key + `: "10"}}`
+	}
+	two := "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: two, namespace: demo}\nspec: {triggers: [" +
+		trigger("treshold") + ", " + trigger("threshold") + "]}\n"
 	code, out, _ := run("check", write(t, two))
 	if code != 1 || !strings.Contains(out, "ScaledObject demo/two: trigger 1: trigger metadata: unknown key treshold") ||
 		!strings.Contains(out, "ScaledObject demo/two: trigger 2: valid") || strings.Contains(out, "demo/two: valid") || !strings.Contains(out, "1 problems") {
