@@ -89,8 +89,12 @@ type metricsAuthorizer struct {
 	// within the rate of tokens not known: a tenant minting tokens of its
 	// own account, each with a fresh rate of its own, took that rate from
 	// every other reader's new path.
-	identities *expirable.LRU[[sha256.Size]byte, identity]
-	known      [2]*rate.Limiter // reviews of a known token's new paths
+	// identities hold the tokens authenticated, strangers those that are
+	// not, apart: made-up tokens push out only each other (one cache of
+	// both let a flood of them push out every reader's identity, and its
+	// new paths wait on the rate of tokens not known again).
+	identities, strangers *expirable.LRU[[sha256.Size]byte, identity]
+	known                 [2]*rate.Limiter // reviews of a known token's new paths
 	flight     singleflight.Group
 	warnMu     sync.Mutex
 	warned     time.Time
@@ -107,6 +111,7 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 		users:      users,
 		renew:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
 		identities: expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
+		strangers:  expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
 		known:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
 }
 
@@ -120,7 +125,11 @@ type identity struct {
 
 // identityOf is token's identity, if reviewed and still in its time.
 func (m *metricsAuthorizer) identityOf(token string, now time.Time) (identity, bool) {
-	id, ok := m.identities.Get(sha256.Sum256([]byte(token)))
+	key := sha256.Sum256([]byte(token))
+	id, ok := m.identities.Get(key)
+	if !ok {
+		id, ok = m.strangers.Get(key)
+	}
 	if !ok || !now.Before(id.until) {
 		return identity{}, false
 	}
@@ -317,9 +326,12 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 		m.refused.Add(key, true)
 		return answer{authenticated: true}, nil
 	}
+	// Never past who the token is was reviewed (id.until: its review's
+	// minute, its expiry): an answer made from an identity a minute old
+	// held a token a ServiceAccount deleted since for a minute more.
 	until := time.Now().Add(metricsAuthTTL)
-	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(until) {
-		until = exp
+	if id.until.Before(until) {
+		until = id.until
 	}
 	m.allowed.Add(key, allowance{until: until, user: raterOf(u.Username)})
 	return answer{authenticated: true, allowed: true, rater: raterOf(u.Username)}, nil
@@ -336,6 +348,10 @@ func (m *metricsAuthorizer) reviewToken(ctx context.Context, token string) (iden
 	if exp, ok := ingest.TokenExpiry(token); ok && exp.Before(id.until) {
 		id.until = exp
 	}
-	m.identities.Add(sha256.Sum256([]byte(token)), id)
+	if id.authenticated {
+		m.identities.Add(sha256.Sum256([]byte(token)), id)
+	} else {
+		m.strangers.Add(sha256.Sum256([]byte(token)), id)
+	}
 	return id, nil
 }

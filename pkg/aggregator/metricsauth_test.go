@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -482,5 +483,38 @@ func TestPathsNoObjectHasAreRefusedWithoutAReview(t *testing.T) {
 		if code, _ := getWithToken(t, http.DefaultClient, base+"/debug/workloads/team-a", ""); code != http.StatusOK {
 			t.Errorf("debug address %v, a namespace's page: %d, want 200", debugAddr, code)
 		}
+	}
+}
+
+// TestMadeUpTokensKeepNoReadersIdentityOut: who a token is was kept in one
+// cache with the tokens that are no one's, so a flood of made-up tokens
+// pushed every reader's identity out, and its next new path waited on the
+// rate of tokens not known again, which the flood held (503). And an
+// answer made from an identity reviewed a minute before held for a minute
+// more, past it: a ServiceAccount deleted since was allowed for two.
+func TestMadeUpTokensKeepNoReadersIdentityOut(t *testing.T) {
+	reviews := new(atomic.Int64)
+	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	if ok, _, err := m.allow(ctx, "/debug/triggers", "debugger"); !ok || err != nil {
+		t.Fatalf("the operator: %v %v", ok, err)
+	}
+	m.limit[1] = rate.NewLimiter(rate.Inf, 0)
+	for i := range 2 * metricsAuthCache {
+		_, _, _ = m.allow(ctx, "/debug/triggers", fmt.Sprintf("made-up-%d", i))
+	}
+	m.limit[1] = rate.NewLimiter(0, 0) // the flood holds the rate of tokens not known
+	if ok, _, err := m.allow(ctx, "/debug/workloads", "debugger"); !ok || err != nil {
+		t.Fatalf("the operator's new path after %d made-up tokens: %v %v; want allowed (who it is kept)", 2*metricsAuthCache, ok, err)
+	}
+	// An identity a second from its end: the answer made from it ends with it.
+	id, _ := m.identityOf("debugger", time.Now())
+	id.until = time.Now().Add(time.Second)
+	m.identities.Add(sha256.Sum256([]byte("debugger")), id)
+	if ok, _, err := m.allow(ctx, "/debug/provisioning", "debugger"); !ok || err != nil {
+		t.Fatalf("a new path: %v %v", ok, err)
+	}
+	if a, _ := m.allowed.Get(answerKey("/debug/provisioning", "debugger")); a.until.After(id.until) {
+		t.Fatalf("an answer until %v from an identity reviewed until %v", a.until, id.until)
 	}
 }
