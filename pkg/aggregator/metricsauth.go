@@ -95,9 +95,9 @@ type metricsAuthorizer struct {
 	// new paths wait on the rate of tokens not known again).
 	identities, strangers *expirable.LRU[[sha256.Size]byte, identity]
 	known                 [2]*rate.Limiter // reviews of a known token's new paths
-	flight     singleflight.Group
-	warnMu     sync.Mutex
-	warned     time.Time
+	flight                singleflight.Group
+	warnMu                sync.Mutex
+	warned                time.Time
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
