@@ -80,16 +80,17 @@ type heldPlan struct {
 	at time.Time
 }
 
-// planForget: a state not planned for this long is forgotten at its next
-// plan. Every live trigger is planned every LearnEvery (and at each of the
-// HPA's syncs, every 15 s, where KEDA asks this replica), so such a state
-// has no ScaledObject: its workload and ScaledObject were deleted together
-// (a helm uninstall) and no plan ran while it had no pod, which alone
-// forgot a state. A model installed again under the names inherited the
-// old one's capacity, its proof of capacity (the floor of what breaks
-// teach, fading over an hour), its lead time and its first plan's time:
-// 2 replicas at 40,000 a second, then new ones breaking at 8,000, were
-// planned 1.
+// planForget: a state not planned for this long, whose workload's every
+// pod was made since its last plan, is forgotten at its next plan: its
+// workload and ScaledObject were deleted together (a helm uninstall) and
+// made again, and no plan ran while it had no pod, which alone forgot a
+// state. A model installed again under the names inherited the old one's
+// capacity, its proof of capacity (the floor of what breaks teach, fading
+// over an hour), its lead time and its first plan's time: 2 replicas at
+// 40,000 a second, then new ones breaking at 8,000, were planned 1. A
+// state whose pods were there before is kept however long no plan ran:
+// KEDA's calls stop for as long as its operator is away, and without
+// --resolve-scale-targets nothing else plans.
 const planForget = decisionTTL
 
 // lockFor is the lock that serializes k's plans.
@@ -106,12 +107,25 @@ func (p *plans) get(k planKey) planner.State {
 	return planner.State{}
 }
 
-// current is k's state to plan at now: the zero State when none is held,
-// or when it was last planned more than planForget before.
-func (p *plans) current(k planKey, now time.Time) planner.State {
-	if l := p.ns[k.Owner]; l != nil {
-		if h, ok := l.Get(k); ok && (h.at.IsZero() || now.Sub(h.at) <= planForget) {
-			return h.st
+// current is k's state to plan pods at now: the zero State when none is
+// held, or when it was last planned more than planForget before and every
+// one of pods was made since (its creation known: Age).
+func (p *plans) current(k planKey, now time.Time, pods []store.PodLoad) planner.State {
+	l := p.ns[k.Owner]
+	if l == nil {
+		return planner.State{}
+	}
+	h, ok := l.Get(k)
+	if !ok || h.at.IsZero() {
+		return h.st
+	}
+	since := now.Sub(h.at)
+	if since <= planForget {
+		return h.st
+	}
+	for _, pod := range pods {
+		if pod.Age == 0 || pod.Age >= since {
+			return h.st // there before the last plan, or not known not to be
 		}
 	}
 	return planner.State{}
@@ -202,7 +216,7 @@ func (s *Server) plan(t Trigger) (Decision, error) {
 	}
 	now := s.now()
 	s.plans.mu.Lock()
-	st := s.plans.current(k, now)
+	st := s.plans.current(k, now, snap.Pods)
 	s.plans.mu.Unlock()
 	p, next, err := planner.Make(snap, st, cfg)
 	s.plans.mu.Lock()

@@ -600,14 +600,25 @@ func TestAnAgentBackPastExpiryIsNoScaleDown(t *testing.T) {
 // forgets a workload with no pod never ran, and a model installed again
 // under the names was planned over the old one's state: 2 replicas at
 // 40,000 a second, then new ones breaking at 8,000, planned 1. A state not
-// planned for planForget is forgotten; one planned within it is kept.
+// planned for planForget whose pods were all made since is forgotten; one
+// planned within it is kept, and so is one whose pods were there before
+// (KEDA's operator away for longer, and nothing else planning).
 func TestAWorkloadMadeAgainLearnsAnew(t *testing.T) {
 	for _, c := range []struct {
-		gap  time.Duration
-		kept bool
-	}{{planForget + time.Minute, false}, {planForget / 2, true}} {
+		gap       time.Duration
+		reinstall bool
+		kept      bool
+	}{{planForget + time.Minute, true, false}, {planForget / 2, true, true}, {planForget + time.Minute, false, true}} {
 		f := newFixture(t)
-		f.pods("a", "b")
+		made := func(names ...string) { // listed with their creation, now
+			var infos []store.PodInfo
+			for _, n := range names {
+				infos = append(infos, store.PodInfo{UID: "uid-" + n, Namespace: "demo", Name: n, Ready: true, Workloads: []store.Key{llama},
+					CreatedMs: f.clock.Now().UnixMilli()})
+			}
+			f.store.Upsert(store.Source{Node: "node-1"}, infos, false)
+		}
+		made("a", "b")
 		tr, err := ParseTrigger(ref(replicasMD()), time.Minute, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -621,16 +632,24 @@ func TestAWorkloadMadeAgainLearnsAnew(t *testing.T) {
 			}
 		}
 		learnt := d.Plan.Observations
-		f.store.Remove("node-1", "uid-a", "uid-b")
+		pods := []string{"a", "b"}
+		if c.reinstall {
+			f.store.Remove("node-1", "uid-a", "uid-b")
+			pods = []string{"c", "d"}
+		}
+		// (Without a reinstall: KEDA's operator away, and nothing else
+		// plans, its pods serving on.)
 		f.clock.Add(c.gap)
 		f.ms += c.gap.Milliseconds()
-		f.pods("c", "d")
-		f.serve(40, 8000, 1.5, "c", "d") // past capacity: queued 1.5 s
+		if c.reinstall {
+			made(pods...)
+		}
+		f.serve(40, 8000, 1.5, pods...) // past capacity: queued 1.5 s
 		if d, err = f.server.Evaluate(tr); err != nil {
 			t.Fatal(err)
 		}
 		if kept := d.Plan.Observations > learnt; kept != c.kept {
-			t.Fatalf("planned again %s after: %d observations (%d before), capacity %.0f, plan %v; want the state kept: %v", c.gap, d.Plan.Observations, learnt, d.Plan.Capacity, d.Value, c.kept)
+			t.Fatalf("planned again %s after (made again: %v): %d observations (%d before), capacity %.0f, plan %v; want the state kept: %v", c.gap, c.reinstall, d.Plan.Observations, learnt, d.Plan.Capacity, d.Value, c.kept)
 		}
 	}
 }
