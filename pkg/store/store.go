@@ -208,10 +208,11 @@ type Store struct {
 	// unseenOn: how many unseen entries each node's lost agent left.
 	unseenOn map[string]int
 	// nsPods: pods held per namespace. refusedAt: workloads a new pod of
-	// which was refused for room, and when last (for refusedFor): a
-	// workload with none held then is not one without replicas.
+	// which was refused for room, and when last, by the pod's uid (for
+	// refusedFor; a uid admitted since is deleted): a workload with none
+	// held then is not one without replicas.
 	nsPods    map[string]int
-	refusedAt map[Key]time.Time
+	refusedAt map[Key]map[string]time.Time
 
 	// changed is told of every workload that changes (OnChange); nil
 	// until set.
@@ -373,7 +374,7 @@ func New(opts Options) *Store {
 		unseenKeys: make(map[string][]Key),
 		unseenOn:   make(map[string]int),
 		nsPods:     make(map[string]int),
-		refusedAt:  make(map[Key]time.Time),
+		refusedAt:  make(map[Key]map[string]time.Time),
 		now:        opts.Now,
 	}
 }
@@ -503,8 +504,13 @@ func (s *Store) sweep(now time.Time, force bool) {
 			delete(s.lost, k)
 		}
 	}
-	for k, at := range s.refusedAt {
-		if now.Sub(at) > refusedFor {
+	for k, uids := range s.refusedAt {
+		for uid, at := range uids {
+			if now.Sub(at) > refusedFor {
+				delete(uids, uid)
+			}
+		}
+		if len(uids) == 0 {
 			delete(s.refusedAt, k)
 		}
 	}
@@ -561,10 +567,28 @@ const refusedFor = time.Minute
 // refusedRecently is when a new pod of k was last refused for room, within
 // refusedFor; zero if not. mu must be held.
 func (s *Store) refusedRecently(k Key, now time.Time) time.Time {
-	if at, ok := s.refusedAt[k]; ok && now.Sub(at) <= refusedFor {
-		return at
+	var last time.Time
+	for _, at := range s.refusedAt[k] {
+		if now.Sub(at) <= refusedFor && at.After(last) {
+			last = at
+		}
 	}
-	return time.Time{}
+	return last
+}
+
+// admitted forgets info's refusals for room (refusedRecently): a pod
+// admitted since, its workload's refusal said it held no replicas for a
+// minute more, every trigger and plan of it failing meanwhile. mu must
+// be held.
+func (s *Store) admitted(info PodInfo) {
+	for _, k := range info.Workloads {
+		if uids := s.refusedAt[k]; uids != nil {
+			delete(uids, info.UID)
+			if len(uids) == 0 {
+				delete(s.refusedAt, k)
+			}
+		}
+	}
 }
 
 // Lost is what a workload lost without its agent removing it: replicas
@@ -753,10 +777,14 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	if !ok && len(s.pods) >= s.opts.MaxPods || (!ok || moves) && s.nsPods[info.Namespace] >= s.opts.MaxPodsPerNamespace {
 		s.refused++
 		for _, k := range info.Workloads {
-			s.refusedAt[k] = s.now()
+			if s.refusedAt[k] == nil {
+				s.refusedAt[k] = map[string]time.Time{}
+			}
+			s.refusedAt[k][info.UID] = s.now()
 		}
 		return false
 	}
+	s.admitted(info)
 	if !ok {
 		p = &pod{}
 		s.pods[info.UID] = p

@@ -978,3 +978,50 @@ func TestAUidMovedToAFullNamespaceIsRefused(t *testing.T) {
 		t.Fatalf("namespaces hold %v; want 1 each, the cap kept", s.nsPods)
 	}
 }
+
+// TestARefusalEndsWhenItsPodIsAdmitted: a workload a new pod of which was
+// refused for room says so (RefusedAt) for a minute, so that a workload
+// with none held then is not taken for one without replicas; once that
+// pod was admitted, the refusal still stood for the minute, and every
+// trigger and plan of the workload, every replica held, failed
+// (Unavailable) meanwhile: a rollout at --max-pods-per-namespace cost a
+// minute of no scaling. A refusal is the refused pod's, and ends when it
+// is admitted; another pod's still refused stands.
+func TestARefusalEndsWhenItsPodIsAdmitted(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{MaxPods: 10, MaxPodsPerNamespace: 1, Now: func() time.Time { return now }})
+	pod := func(uid string) PodInfo {
+		return PodInfo{UID: uid, Namespace: "ns", Name: uid, Ready: true, Workloads: []Key{ws}}
+	}
+	mustOpen(t, s, "n1")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{pod("old")}, true)
+	if r := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("new"), pod("other")}, false); len(r) != 2 {
+		t.Fatalf("refused %v, want both", r)
+	}
+	s.Remove("n1", "old")
+	now = now.Add(time.Second)
+	if r := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("new")}, false); len(r) != 0 {
+		t.Fatalf("refused %v after room freed", r)
+	}
+	waiting, _ := metric.Lookup("waiting")
+	if r := s.Read(nil, ws, waiting, 10*time.Second, time.Hour, false); r.RefusedAt.IsZero() {
+		t.Fatal("another pod of the workload still refused: its refusal forgotten")
+	}
+	// other is gone from its agent's listing, and its refusal from the
+	// workload a minute after it.
+	now = now.Add(refusedFor + time.Second)
+	s.Add([]Report{report("new", now.UnixMilli()-1000, 1), report("new", now.UnixMilli(), 1)})
+	if r := s.Read(nil, ws, waiting, 10*time.Second, time.Hour, false); !r.RefusedAt.IsZero() || !r.Found {
+		t.Fatalf("found %v, refused at %v", r.Found, r.RefusedAt)
+	}
+	// A refused pod admitted ends its refusal at once.
+	s2 := New(Options{MaxPods: 10, MaxPodsPerNamespace: 1, Now: func() time.Time { return now }})
+	mustOpen(t, s2, "n1")
+	s2.Upsert(Source{Node: "n1"}, []PodInfo{pod("old")}, true)
+	s2.Upsert(Source{Node: "n1"}, []PodInfo{pod("new")}, false)
+	s2.Remove("n1", "old")
+	s2.Upsert(Source{Node: "n1"}, []PodInfo{pod("new")}, false)
+	if r := s2.Read(nil, ws, waiting, 10*time.Second, time.Hour, false); !r.RefusedAt.IsZero() {
+		t.Fatalf("every pod held, refused at %v: its triggers answer Unavailable for a minute", r.RefusedAt)
+	}
+}
