@@ -192,7 +192,13 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	l.SpanMs, l.Truncated = p.cut(sc, window, false)
 	rates := p.window(sc, window, metric.RuleRate, rateIDs)
 	if n := len(rates); n > 1 {
-		l.Span = time.Duration(rates[n-1].TimeMs-rates[0].TimeMs) * time.Millisecond
+		// At most the window: over a gap longer (its agent's stream cut,
+		// scrapes failing) the rates are the gap's means, and a Span of 5
+		// minutes made every other replica's 30 s window look thin to the
+		// planner, which learnt from this one alone.
+		if l.Span = time.Duration(rates[n-1].TimeMs-rates[0].TimeMs) * time.Millisecond; window > 0 {
+			l.Span = min(window, l.Span)
+		}
 	}
 	var okP, okG bool
 	l.PromptTokens, okP = promptRate.Eval(rates)

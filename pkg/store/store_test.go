@@ -1025,3 +1025,40 @@ func TestARefusalEndsWhenItsPodIsAdmitted(t *testing.T) {
 		t.Fatalf("every pod held, refused at %v: its triggers answer Unavailable for a minute", r.RefusedAt)
 	}
 }
+
+// TestAGapLongerThanTheWindowIsReadAtItsShare: a window's rates and counts
+// include the sample just before it, and after a gap longer than the window
+// (scrapes failing, an agent's stream cut) that sample is the gap's start:
+// a router's every request of a 5-minute gap was counted as arrived in a
+// 30 s window (demand held for a scale from zero, and a backlog to
+// drain), and a replica's Span was 5 minutes, every other replica's 30 s
+// window thin beside it to the planner. The arrivals are the window's
+// share of the gap's, at its mean rate, and a Span at most the window.
+func TestAGapLongerThanTheWindowIsReadAtItsShare(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Retention: 10 * time.Minute, MaxSamples: 1000, Now: func() time.Time { return now }})
+	mustOpen(t, s, "n1")
+	uid := DemandUID("router", "llama")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: uid, Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: []Key{ws}},
+		{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	at := func(ms int64, n float64) []Report {
+		d, r := Report{UID: uid}, report("a", ms, 0)
+		d.TimeMs = ms
+		d.Values.Set(metric.ArrivedRequests, n)
+		d.Values.Set(metric.PendingRequests, 0)
+		r.Values.Set(metric.GenerationTokens, 100*n)
+		return []Report{d, r}
+	}
+	for i := int64(0); i <= 30; i++ { // a request and 100 tokens a second
+		s.Add(at(i*1000, float64(i)))
+	}
+	now = now.Add(5 * time.Minute)
+	s.Add(at(330_000, 330))
+	if d := s.Demand(ws, 30*time.Second, 5*time.Second); math.Abs(d.Arrived-30) > 1e-9 {
+		t.Fatalf("arrived over a 30 s window after a 5-minute gap at a request a second: %v, want 30", d.Arrived)
+	}
+	snap := s.Snapshot(nil, ws, 30*time.Second, 5*time.Second, 0)
+	if len(snap.Pods) != 1 || snap.Pods[0].Span != 30*time.Second || math.Abs(snap.Pods[0].GenerationTokens-100) > 1e-9 {
+		t.Fatalf("the replica after the gap: %+v; want a Span of the window and the gap's 100 tokens a second", snap.Pods)
+	}
+}

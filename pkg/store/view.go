@@ -438,7 +438,16 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 			a, okA := w[0].Get(metric.ArrivedRequests)
 			b, okB := w[len(w)-1].Get(metric.ArrivedRequests)
 			if okA && okB {
-				d.Arrived += b - a
+				// Over a gap longer than the window (a router's scrape
+				// failing, its agent's stream cut) the increase is the
+				// gap's: the window's share of it, at the gap's mean rate.
+				// Every request of a 5-minute gap was counted as arrived in
+				// a 30 s window.
+				inc := b - a
+				if span := w[len(w)-1].TimeMs - w[0].TimeMs; window > 0 && span > window.Milliseconds() {
+					inc *= float64(window.Milliseconds()) / float64(span)
+				}
+				d.Arrived += inc
 			}
 		}
 	}
