@@ -810,7 +810,12 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	p.fromInstance(src.Instance)
 	if len(src.ExtraNames) > 0 || p.rare != nil {
 		rr := p.set()
-		if !slices.Equal(rr.extraNames, src.ExtraNames) {
+		switch {
+		case len(src.ExtraNames) == 0:
+			// Its agent forwards none now: none is kept (a nil a sample
+			// was appended for ever).
+			rr.extras = nil
+		case !slices.Equal(rr.extraNames, src.ExtraNames):
 			// The values held came by position, under the old names
 			// (an agent rolled out with another --extra-metric list):
 			// none is read under a new one.
@@ -1216,7 +1221,16 @@ func (p *pod) trim(o Options) {
 	}
 	p.series.drop(cut)
 	if rr := p.rare; rr != nil && len(rr.extras) >= cut {
-		rr.extras = append(rr.extras[:0], rr.extras[cut:]...)
+		// Moved down, the tail cleared (it held the dropped samples'
+		// values), and given back where most of its room is unused, as
+		// the series' buffer is: kept at its peak, a pod's extras held
+		// thousands of old slices after its window shrank.
+		n := copy(rr.extras, rr.extras[cut:])
+		clear(rr.extras[n:])
+		rr.extras = rr.extras[:n]
+		if cap(rr.extras) > 2*n+16 {
+			rr.extras = slices.Clone(rr.extras)
+		}
 	}
 }
 

@@ -1062,3 +1062,54 @@ func TestAGapLongerThanTheWindowIsReadAtItsShare(t *testing.T) {
 		t.Fatalf("the replica after the gap: %+v; want a Span of the window and the gap's 100 tokens a second", snap.Pods)
 	}
 }
+
+// TestAPodsExtrasFollowItsSeries: a pod's extras kept their peak room after
+// its window shrank (the tail holding the dropped samples' values), and
+// once its agent forwarded none, a nil was appended at every sample for
+// ever. Trimmed, they give their room back as the series' buffer does;
+// forwarded no more, none is kept.
+func TestAPodsExtrasFollowItsSeries(t *testing.T) {
+	s := New(Options{Retention: time.Hour, MaxSamples: 4000})
+	src := Source{Node: "n1", ExtraNames: []string{"e"}}
+	info := []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}
+	s.Upsert(src, info, true)
+	ms := int64(0)
+	add := func(n int, extra []float64) {
+		for range n {
+			ms += 1000
+			r := report("a", ms, 1)
+			r.Extra = extra
+			s.Add([]Report{r})
+		}
+	}
+	add(3600, []float64{1})
+	s.SetRetention(10 * time.Second)
+	add(600, []float64{1})
+	p := s.peek("a")
+	if n, c := len(p.rare.extras), cap(p.rare.extras); n != p.series.len() || c > 2*n+16 {
+		t.Fatalf("extras %d long, room for %d, beside %d samples: want them parallel, their room given back", n, c, p.series.len())
+	}
+	s.Upsert(Source{Node: "n1"}, info, true) // its agent forwards none now
+	add(100, nil)
+	if p := s.peek("a"); p.rare != nil && p.rare.extras != nil {
+		t.Fatalf("%d extras kept after its agent forwarded none", len(p.rare.extras))
+	}
+}
+
+// TestAViewsAgeIsNeverNegative: a view reads each workload apart, writers
+// running between, so a pod sampled after the view began had a negative
+// Age, which reads as never sampled (the debug page showed no age).
+func TestAViewsAgeIsNeverNegative(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := New(Options{Now: func() time.Time { return now }})
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	s.Add([]Report{report("a", 1000, 1)})
+	views := s.View(ViewOptions{FreshFor: time.Minute, Match: func(Key) bool {
+		now = now.Add(2 * time.Second) // a sample arrives before this workload is read
+		s.Add([]Report{report("a", 3000, 1)})
+		return true
+	}})
+	if pv := views[0].Pods[0]; pv.Age < 0 || !pv.Fresh {
+		t.Fatalf("a pod sampled just now: age %v, fresh %v", pv.Age, pv.Fresh)
+	}
+}

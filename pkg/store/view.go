@@ -137,7 +137,10 @@ func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
 		return pv
 	}
 	if !p.lastSeen.IsZero() {
-		pv.Age = now.Sub(p.lastSeen)
+		// A sample taken after the view's now (a workload is read apart
+		// from the others, writers running between) is no sample's
+		// negative Age.
+		pv.Age = max(0, now.Sub(p.lastSeen))
 		pv.Fresh = pv.Age <= o.FreshFor && p.get().missing == ""
 	}
 	for _, m := range metric.Canonical {
