@@ -208,9 +208,18 @@ type State struct {
 	Startups          int
 	startupsTo        time.Time
 	lastObserve       time.Time
-	healthyAt         time.Time // HealthyMax's last fade
-	lastProbe         time.Time
-	healthySince      time.Time // every replica healthy and loaded since
+	// loneSince: since when one healthy window alone has shown more than
+	// the capacity or proof known (zero: none does), and loneLevel the
+	// least it showed since (riseBound).
+	loneSince time.Time
+	loneLevel float64
+	// riseFrom: the capacity, or proof, known at riseAt, at most a
+	// window's span before: a rise is at most maxRise times it.
+	riseFrom     float64
+	riseAt       time.Time
+	healthyAt    time.Time // HealthyMax's last fade
+	lastProbe    time.Time
+	healthySince time.Time // every replica healthy and loaded since
 	// ITLMetAt: the latest observation where a replica's mean time
 	// between tokens met the ITL SLO (with minEvidence first tokens in
 	// its window); ITLLeast the least such mean seen (seconds; 0 none).
@@ -972,7 +981,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	st.learnITL(fresh, now, cfg)
 	itl := st.itlJudges(now, cfg)
 	obs := observeWindows(fresh, span, cfg, itl)
-	rise := st.riseBound(obs)
+	rise, proven := st.riseBound(obs, now, span)
 	for _, o := range obs {
 		w := o.w
 		served += w
@@ -982,8 +991,8 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		}
 		broke, healthy := o.broke, o.healthy
 		if healthy {
+			st.HealthyMax = max(st.HealthyMax, proof(min(w, proven), o.n))
 			w = min(w, rise)
-			st.HealthyMax = max(st.HealthyMax, proof(w, o.n))
 		}
 		healthyAll = healthyAll && healthy
 		switch {
@@ -1059,16 +1068,26 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 	return obs
 }
 
-// riseBound is the most one observation's healthy windows prove of a
-// replica's capacity: the second most any of them served (with two or
-// more: another replica's corroboration), and at most maxRise times the
-// capacity, or the most proved within the SLO, known before. One window
-// set the capacity at once to what it served, and the floor of what
-// breaks may teach (HealthyMax, halved only every hour) to as much: a
-// replica's window that lies, or a burst of prefix-cache hits (vLLM counts
-// them as prompt tokens), made the capacity two to twenty times what
-// replicas serve, and the plan a half or less of the need for an hour.
-func (st *State) riseBound(obs []window) float64 {
+// riseBound is how far one observation's healthy windows may raise the
+// capacity (rise), and what they prove (proven: the floor of what breaks
+// teach, HealthyMax, and the probes' ceiling). A rise is at most maxRise
+// times the capacity, or the proof, known a window's span before (a
+// window is seen at every observation of its span, and a bound of twice
+// what was known at each let one through a hundredfold). With two healthy
+// windows or more, the second most any of them served (another replica's
+// corroboration) is both. A window alone above what is known (a workload
+// of one replica, or the others past capacity) raises the capacity so,
+// and proves it only once it has shown it for longer than its window (a
+// window it no longer holds: new samples alone), no more than the least
+// it showed meanwhile: the breaks that follow a window that lied pull the
+// capacity back to what was proved. Nothing known yet, the first evidence
+// is taken whole, the first hold keeping the ready replicas meanwhile.
+// One window set the capacity at once to what it served, and the proof to
+// as much, halved only every hour: a replica's window that lies, or a
+// burst of prefix-cache hits (vLLM counts them as prompt tokens), made
+// the capacity two to a hundred times what replicas serve, and the plan a
+// half or less of the need for an hour.
+func (st *State) riseBound(obs []window, now time.Time, span time.Duration) (rise, proven float64) {
 	first, second := 0.0, 0.0
 	for _, o := range obs {
 		if !o.healthy || o.thin {
@@ -1081,14 +1100,33 @@ func (st *State) riseBound(obs []window) float64 {
 			second = o.w
 		}
 	}
-	bound := first
-	if second > 0 {
-		bound = second
+	base := max(st.Capacity, st.HealthyMax)
+	if st.riseAt.IsZero() || now.Sub(st.riseAt) > span {
+		st.riseFrom, st.riseAt = base, now
 	}
-	if base := max(st.Capacity, st.HealthyMax); base > 0 {
-		bound = min(bound, maxRise*base)
+	limit := math.Inf(1)
+	if st.riseFrom > 0 {
+		limit = maxRise * st.riseFrom
 	}
-	return bound
+	switch {
+	case second > 0:
+		st.loneSince = time.Time{}
+		b := min(second, limit)
+		return b, b
+	case first <= base || base == 0:
+		st.loneSince = time.Time{}
+		return first, first
+	case st.loneSince.IsZero():
+		st.loneSince, st.loneLevel = now, first
+		return min(first, limit), st.HealthyMax
+	}
+	st.loneLevel = min(st.loneLevel, first)
+	if now.Sub(st.loneSince) <= span {
+		return min(first, limit), st.HealthyMax
+	}
+	proven = min(st.loneLevel, limit)
+	st.loneSince, st.loneLevel = now, first // a rise past it waits its own window
+	return min(first, limit), proven
 }
 
 // learnITL notes when a fresh replica's window (of minEvidence first

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1887,6 +1888,30 @@ func TestOneWindowProvesNoMoreThanTheFleetCorroborates(t *testing.T) {
 		p, _, _ := run(t, st, cfg, at, 10*time.Minute, four(10000, 1)...)
 		if p.Replicas < 5 {
 			t.Fatalf("ten minutes after one replica's window of %v a second, 4 replicas past capacity planned %d (capacity %.0f); want 5", lie, p.Replicas, st.Capacity)
+		}
+	}
+	// One healthy window alone (one replica; or the others past capacity),
+	// seen at every observation of its 30 s: a bound of twice what was
+	// known, measured at each, let it through whole (800,000 a second
+	// planned 4 replicas past capacity as 2, one as 1). Shown for longer
+	// than its window, it is proved.
+	for _, fleet := range [][]store.PodLoad{{serving("a", 10000, 1)}, four(10000, 1)} {
+		_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, fleet...)
+		bad := slices.Clone(fleet)
+		bad[0] = serving("a", 8e5, 0.01)
+		_, st, at = run(t, st, cfg, at, 30*time.Second, bad...)
+		if st.Capacity > 4*10000 || st.HealthyMax > 1.01*10000 {
+			t.Fatalf("%d replicas, one window of 800,000 a second alone: capacity %.0f, proved %.0f; want the capacity at most four times what was known, the proof no more", len(fleet), st.Capacity, st.HealthyMax)
+		}
+		p, _, _ := run(t, st, cfg, at, 10*time.Minute, fleet...)
+		if p.Replicas <= len(fleet) {
+			t.Fatalf("%d replicas past capacity, ten minutes after one window of 800,000 alone: planned %d", len(fleet), p.Replicas)
+		}
+		if len(fleet) == 1 {
+			_, st, _ = run(t, st, cfg, at, 2*time.Minute, serving("a", 15000, 0.01))
+			if st.Capacity < 15000 {
+				t.Fatalf("one replica serving 15,000 a second within the SLO for two minutes: capacity %.0f, want it proved", st.Capacity)
+			}
 		}
 	}
 	// The fleet's rise is learned: every replica serving 24,000 within the
