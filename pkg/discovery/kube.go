@@ -302,14 +302,6 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 			ann[k] = cut(v, annotationBound(k)+1)
 		}
 	}
-	if Mirror(pod.Annotations) {
-		// Kept (its value not): a static pod's mirror is not scraped
-		// (TargetOf), as the aggregator lets it claim no workload.
-		if ann == nil {
-			ann = map[string]string{}
-		}
-		ann[corev1.MirrorPodAnnotationKey] = ""
-	}
 	// The selector's labels, of a pod not looked at too: TargetOf asks the
 	// selector again of what is kept, and a negative one (!key, notin)
 	// matched a pod slimmed of every label, which was then warned of at
@@ -431,7 +423,7 @@ func firstPort(pod *corev1.Pod, is func(corev1.ContainerPort) bool) (corev1.Cont
 // demand source's (pulse.io/demand-source) one per workload it fronts.
 func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
 	if IsDemandSource(pod.Annotations) {
-		if pod.Spec.NodeName != node || Mirror(pod.Annotations) || pod.Annotations[AnnotationScrape] == "false" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if pod.Spec.NodeName != node || pod.Annotations[AnnotationScrape] == "false" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil, nil
 		}
 		base, err := placeOf(pod, Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name})
@@ -452,10 +444,8 @@ func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, err
 // but cannot be (a bad annotation).
 func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok bool, err error) {
 	// The field selector already scopes the watch; this keeps the rule
-	// true whatever the cache holds. A static pod's mirror claims no
-	// workload (Claims): it was scraped every second, and its entries
-	// refused by every aggregator that reviews agents.
-	if pod.Spec.NodeName != node || Mirror(pod.Annotations) {
+	// true whatever the cache holds.
+	if pod.Spec.NodeName != node {
 		return t, false, nil
 	}
 	switch pod.Annotations[AnnotationScrape] {

@@ -716,27 +716,3 @@ func TestOnlyChangedPodsAreMadeAgain(t *testing.T) {
 		t.Fatalf("p7 gone: %d targets, %d kept, %d made; want 49, 49, 51", len(ts), len(k.made), k.computed)
 	}
 }
-
-// TestAStaticPodsMirrorIsNotScraped: a static pod's mirror claims no
-// workload (Claims: a node's kubelet may make one in any namespace with
-// any labels), so every aggregator that reviews agents refuses its
-// entries; the agent scraped it every second all the same (the cache's
-// slimmed pod had lost the annotation that says so). It is not a target,
-// slimmed or not, model server or router.
-func TestAStaticPodsMirrorIsNotScraped(t *testing.T) {
-	sel, _ := ParseSelector(DefaultSelector)
-	mirror := kaitoPod("m", "node-1", true)
-	mirror.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "a1b2c3"}
-	router := kaitoPod("r", "node-1", true)
-	router.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "d4", AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama"}
-	for _, p := range []*corev1.Pod{mirror, router} {
-		for what, pod := range map[string]*corev1.Pod{"as listed": p, "slimmed": slim(p, sel)} {
-			if ts, err := TargetsOf(pod, "node-1", sel); err != nil || len(ts) != 0 {
-				t.Errorf("%s's mirror %s: %d targets, %v; want none", p.Name, what, len(ts), err)
-			}
-		}
-	}
-	if ts, err := TargetsOf(slim(kaitoPod("p", "node-1", true), sel), "node-1", sel); err != nil || len(ts) != 1 {
-		t.Fatalf("a pod that is no mirror: %d targets, %v", len(ts), err)
-	}
-}
