@@ -410,8 +410,7 @@ func scrapeUnits(byID map[uint32]discovery.Target) map[string][]discovery.Target
 		case tg.Demand == nil:
 			units[tg.UID] = []discovery.Target{tg}
 		default:
-			router, _, _ := strings.Cut(tg.UID, "/demand/")
-			k := demandUnit + router
+			k := demandUnit + tg.PodUID()
 			units[k] = append(units[k], tg)
 		}
 	}

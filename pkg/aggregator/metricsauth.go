@@ -74,7 +74,7 @@ type metricsAuthorizer struct {
 	kube    kubernetes.Interface
 	log     *slog.Logger
 	allowed *expirable.LRU[[sha256.Size]byte, allowance] // a token allowed: until when, and its user
-	refused *expirable.LRU[[sha256.Size]byte, bool]      // a token refused: whether it is authenticated
+	refused *expirable.LRU[[sha256.Size]byte, struct{}]  // a token authenticated and refused the path (a token no one's: strangers)
 	limit   [2]*rate.Limiter                             // reviews of tokens not known, by class (metricsClass)
 	tokens  *lru.Cache[[sha256.Size]byte, *rate.Limiter] // each token's own rate of reviews
 	// users: each user's rate of the reviews again of its tokens allowed
@@ -105,7 +105,7 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 	users, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache)
 	return &metricsAuthorizer{kube: kube, log: log,
 		allowed:    expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
-		refused:    expirable.NewLRU[[sha256.Size]byte, bool](metricsAuthCache, nil, metricsAuthTTL),
+		refused:    expirable.NewLRU[[sha256.Size]byte, struct{}](metricsAuthCache, nil, metricsAuthTTL),
 		limit:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
 		tokens:     tokens,
 		users:      users,
@@ -221,8 +221,8 @@ func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (ans
 	if known && now.Before(until) {
 		return answer{authenticated: true, allowed: true, rater: a.user}, nil
 	}
-	if auth, ok := m.refused.Get(key); ok {
-		return answer{authenticated: auth}, nil
+	if _, ok := m.refused.Get(key); ok {
+		return answer{authenticated: true}, nil
 	}
 	id, idKnown := m.identityOf(token, now)
 	if idKnown && !id.authenticated {
@@ -307,8 +307,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 		}
 	}
 	if !id.authenticated {
-		m.refused.Add(key, false)
-		return answer{}, nil
+		return answer{}, nil // kept as a stranger's (reviewToken), for every path
 	}
 	u := id.user
 	extra := make(map[string]authzv1.ExtraValue, len(u.Extra))
@@ -323,7 +322,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, path, token string, key 
 		return answer{}, fmt.Errorf("SubjectAccessReview: %w", err)
 	}
 	if !sar.Status.Allowed {
-		m.refused.Add(key, true)
+		m.refused.Add(key, struct{}{})
 		return answer{authenticated: true}, nil
 	}
 	// Never past who the token is was reviewed (id.until: its review's

@@ -171,7 +171,7 @@ func (k *Kube) Targets() []Target {
 	for i, owners := range sharedAddresses(out) {
 		t := &out[i]
 		t.Ready = false
-		uid := podUID(t.UID)
+		uid := t.PodUID()
 		msg := "pods " + strings.Join(owners, ", ") + " are ready at one address, " + hostOf(t.URL) + " (an address reused before a pod's status caught up): not scraped until one is gone"
 		if bad[uid] = msg; k.warned[uid] != msg {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
@@ -189,25 +189,26 @@ func (k *Kube) Targets() []Target {
 // caught up had each pod's page attributed to the other's workload too.
 // Neither is scraped (listed, not ready) until one is gone.
 func sharedAddresses(ts []Target) map[int][]string {
+	hosts := make([]string, len(ts))       // each ready target's, parsed once
 	pods := map[string]map[string]string{} // address → pod uid → namespace/name
-	for _, t := range ts {
+	for i, t := range ts {
 		if t.Ready && !t.Terminating && t.URL != "" {
-			a := hostOf(t.URL)
-			if pods[a] == nil {
-				pods[a] = map[string]string{}
+			hosts[i] = hostOf(t.URL)
+			if pods[hosts[i]] == nil {
+				pods[hosts[i]] = map[string]string{}
 			}
-			pods[a][podUID(t.UID)] = t.Namespace + "/" + t.Pod
+			pods[hosts[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
 		}
 	}
 	var out map[int][]string
-	for i, t := range ts {
-		if !t.Ready || t.Terminating || t.URL == "" || len(pods[hostOf(t.URL)]) < 2 {
+	for i, h := range hosts {
+		if t := ts[i]; !t.Ready || t.Terminating || t.URL == "" || len(pods[h]) < 2 {
 			continue
 		}
 		if out == nil {
 			out = map[int][]string{}
 		}
-		out[i] = slices.Sorted(maps.Values(pods[hostOf(t.URL)]))
+		out[i] = slices.Sorted(maps.Values(pods[h]))
 	}
 	return out
 }
@@ -218,13 +219,6 @@ func hostOf(u string) string {
 		return pu.Host
 	}
 	return u
-}
-
-// podUID is the uid of the pod a target is of (a router's entries are
-// "<uid>/demand/<workload>").
-func podUID(uid string) string {
-	pod, _, _ := strings.Cut(uid, "/demand/")
-	return pod
 }
 
 func equalTargets(a, b []Target) bool {

@@ -14,6 +14,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
@@ -48,6 +49,10 @@ type Target struct {
 	// one workload, see DemandTargets); nil for a model server.
 	Demand *vllm.Demand
 }
+
+// PodUID is the uid of the pod t is of: for a demand source's entry
+// (POD_UID/demand/WORKLOAD) its router's.
+func (t Target) PodUID() string { return store.PodOfUID(t.UID) }
 
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {

@@ -78,6 +78,13 @@ func DemandPodUID(uid string) (string, bool) {
 	return pod, ok && pod != "" && workload != ""
 }
 
+// PodOfUID is the uid of the pod an entry's uid is of: a demand entry's
+// router pod, else the uid itself.
+func PodOfUID(uid string) string {
+	pod, _, _ := strings.Cut(uid, demandSep)
+	return pod
+}
+
 // Source is the agent stream that lists pods: its node, its process
 // instance (a new one means its counters start a new series), the names
 // of the extra gauges it forwards, and the stream (OpenSource; none when
