@@ -47,6 +47,8 @@ type Handler struct {
 
 	answers slots.Slots
 	callers slots.Slots
+	// namespaced counts the answers of a namespace's paths (InFlightNamespaced).
+	namespaced slots.Slots
 }
 
 // InFlight bounds the debug answers under way, and InFlightPerNamespace
@@ -64,6 +66,13 @@ const (
 	// asking for four large answers and reading none, held every answer
 	// from every other reader.
 	InFlightPerCaller = 1
+	// InFlightNamespaced bounds the answers of namespaces' paths in all:
+	// the last answer is a cluster-wide path's, which only a reader
+	// granted every namespace reaches (the operator). Four tenants, each
+	// asking for a large page of its own namespace and reading none, held
+	// every answer, the operator's too, for as long as answerWrite, again
+	// and again.
+	InFlightNamespaced = InFlight - 1
 )
 
 // answerWrite bounds the writing of an answer: a client that does not read
@@ -121,6 +130,13 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 			defer h.callers.Give(who)
 		}
 		ns := r.PathValue("namespace")
+		if ns != "" {
+			if !h.namespaced.Take("", InFlightNamespaced, 0) {
+				http.Error(w, fmt.Sprintf("%d debug answers of namespaces' pages are under way (a client not reading its own holds one, for at most %s; the last answer is kept for the cluster-wide pages): try again", InFlightNamespaced, answerWrite), http.StatusServiceUnavailable)
+				return
+			}
+			defer h.namespaced.Give("")
+		}
 		if !h.answers.Take(ns, InFlight, InFlightPerNamespace) {
 			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one, for at most %s): try again", InFlight, InFlightPerNamespace, ns, answerWrite), http.StatusServiceUnavailable)
 			return

@@ -83,7 +83,7 @@ func (manyTriggers) EvaluationsOf(ns string) []scaler.Evaluation {
 	return out
 }
 
-// TestAnAnswerNotReadIsGivenBack: four clients each asked a namespace's
+// TestAnAnswerNotReadIsGivenBack: clients each asked a namespace's
 // large page and read nothing, and every other reader was refused 503
 // until the port's write timeout (a minute), over and over. An answer's
 // writing is bounded (answerWrite) for a reviewed caller: past it its slot
@@ -100,7 +100,7 @@ func TestAnAnswerNotReadIsGivenBack(t *testing.T) {
 		mux.ServeHTTP(w, r.WithContext(WithCaller(r.Context(), r.Header.Get("X-Caller"))))
 	}))
 	defer srv.Close()
-	for i := 1; i <= InFlight; i++ {
+	for i := 1; i <= InFlightNamespaced; i++ {
 		c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
 		if err != nil {
 			t.Fatal(err)
@@ -112,17 +112,17 @@ func TestAnAnswerNotReadIsGivenBack(t *testing.T) {
 		}
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		if all, _ := h.answers.Held(""); all == InFlight {
+		if all, _ := h.namespaced.Held(""); all == InFlightNamespaced {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the four answers never under way at once")
+			t.Fatalf("the %d namespaces' answers never under way at once", InFlightNamespaced)
 		}
 	}
 	if code, _ := get(t, srv.URL+"/debug/triggers/team-9", ""); code != http.StatusServiceUnavailable {
-		t.Fatalf("another reader while the four are under way: %d, want 503", code)
+		t.Fatalf("another reader while the %d are under way: %d, want 503", InFlightNamespaced, code)
 	}
-	// However long the four take to be cut, another reader is served once
+	// However long they take to be cut, another reader is served once
 	// they are.
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		code, body := get(t, srv.URL+"/debug/triggers/team-9", "")
@@ -131,6 +131,68 @@ func TestAnAnswerNotReadIsGivenBack(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("another reader while four clients read nothing: %d %.200s; want served once their answers' writing is cut", code, body)
+		}
+	}
+}
+
+// TestTenantsLeaveTheOperatorAnAnswer: four tenants, each asking for a
+// page of its own namespace and reading none, held every answer, the
+// operator's cluster-wide page's too. Namespaces' pages take at most
+// InFlightNamespaced answers; the last is a cluster-wide page's.
+func TestTenantsLeaveTheOperatorAnAnswer(t *testing.T) {
+	h := &Handler{}
+	release := make(chan struct{})
+	started := make(chan struct{}, InFlight)
+	blocked := h.checked(func(http.ResponseWriter, *http.Request) {
+		started <- struct{}{}
+		<-release
+	})
+	mux := http.NewServeMux()
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		blocked(w, r.WithContext(WithCaller(r.Context(), r.Header.Get("X-Caller"))))
+	}
+	mux.HandleFunc("GET /debug/triggers", serve)
+	mux.HandleFunc("GET /debug/triggers/{namespace}", serve)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ask := func(path, caller string) chan int {
+		code := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+			req.Header.Set("X-Caller", caller)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				code <- 0
+				return
+			}
+			_ = resp.Body.Close()
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	var held []chan int
+	for i := 1; i <= InFlightNamespaced; i++ {
+		held = append(held, ask(fmt.Sprintf("/debug/triggers/team-%d", i), fmt.Sprintf("serviceaccounts:team-%d", i)))
+		<-started
+	}
+	select {
+	case c := <-ask("/debug/triggers/team-9", "serviceaccounts:team-9"):
+		if c != http.StatusServiceUnavailable {
+			t.Fatalf("a fourth tenant's page while %d are held: %d, want 503", InFlightNamespaced, c)
+		}
+	case <-started:
+		close(release)
+		t.Fatalf("a fourth tenant's page while %d are held took the last answer", InFlightNamespaced)
+	}
+	op := ask("/debug/triggers", "user:admin")
+	<-started
+	close(release)
+	if c := <-op; c != http.StatusOK {
+		t.Fatalf("the cluster-wide page while the tenants' are held: %d, want 200", c)
+	}
+	for i, c := range held {
+		if code := <-c; code != http.StatusOK {
+			t.Fatalf("tenant %d's page: %d, want 200", i+1, code)
 		}
 	}
 }
