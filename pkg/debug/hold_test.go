@@ -32,21 +32,7 @@ func TestOneCallersAnswersAreBounded(t *testing.T) {
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	ask := func(ns, caller string) chan int {
-		code := make(chan int, 1)
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/debug/triggers/"+ns, nil)
-			req.Header.Set("X-Caller", caller)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				code <- 0
-				return
-			}
-			_ = resp.Body.Close()
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	ask := func(ns, caller string) chan int { return askAs(srv.URL+"/debug/triggers/"+ns, caller) }
 	first := ask("team-1", "serviceaccounts:team-a")
 	<-started
 	if c := <-ask("team-2", "serviceaccounts:team-a"); c != http.StatusServiceUnavailable {
@@ -155,21 +141,7 @@ func TestTenantsLeaveTheOperatorAnAnswer(t *testing.T) {
 	mux.HandleFunc("GET /debug/triggers/{namespace}", serve)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	ask := func(path, caller string) chan int {
-		code := make(chan int, 1)
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
-			req.Header.Set("X-Caller", caller)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				code <- 0
-				return
-			}
-			_ = resp.Body.Close()
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	ask := func(path, caller string) chan int { return askAs(srv.URL+path, caller) }
 	var held []chan int
 	for i := 1; i <= InFlightNamespaced; i++ {
 		held = append(held, ask(fmt.Sprintf("/debug/triggers/team-%d", i), fmt.Sprintf("serviceaccounts:team-%d", i)))
@@ -195,4 +167,22 @@ func TestTenantsLeaveTheOperatorAnAnswer(t *testing.T) {
 			t.Fatalf("tenant %d's page: %d, want 200", i+1, code)
 		}
 	}
+}
+
+// askAs gets url as caller (the X-Caller header the tests' servers name
+// it by), and gives its status (0: no answer) on the channel returned.
+func askAs(url, caller string) chan int {
+	code := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("X-Caller", caller)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			code <- 0
+			return
+		}
+		_ = resp.Body.Close()
+		code <- resp.StatusCode
+	}()
+	return code
 }
