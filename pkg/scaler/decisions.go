@@ -69,7 +69,7 @@ type recorder struct {
 
 func newRecorder(now func() time.Time) *recorder {
 	return &recorder{now: now, ns: map[string]*simplelru.LRU[TriggerID, *Evaluation]{},
-		refused: refusals{counts: map[string]float64{}, logged: map[TriggerID]time.Time{}}}
+		refused: refusals{counts: map[string]float64{}, logged: map[string]map[TriggerID]time.Time{}}}
 }
 
 func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Decision, err error) {

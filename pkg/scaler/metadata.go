@@ -159,6 +159,10 @@ var vllmNames = map[string]string{
 	"vllm:gpu_cache_usage_perc": "kvCacheUsage",
 }
 
+// metricNames matches a metricName to the names pulse knows: its
+// canonical metrics, replicas and the vLLM names metricName accepts.
+var metricNames = NewMatcher(append(append(metric.Names(), MetricReplicas), slices.Sorted(maps.Keys(vllmNames))...))
+
 // MetadataError names the key at fault.
 type MetadataError struct {
 	Key, Msg string
@@ -208,8 +212,10 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 	if t.ActivationThreshold, err = number(md, "activationThreshold", 0); err != nil {
 		return t, err
 	}
-	if t.ActivationThreshold < 0 {
-		return t, &MetadataError{Key: "activationThreshold", Msg: "must not be negative"}
+	if t.ActivationThreshold < 0 || t.ActivationThreshold > MaxThreshold {
+		// Bounded as threshold is: past it no value ever activates, and
+		// a workload at zero never scales up, with no error to say why.
+		return t, &MetadataError{Key: "activationThreshold", Msg: fmt.Sprintf("must not be negative, and at most %g", MaxThreshold)}
 	}
 	if t.ValueType, err = oneOf(md, "valueType", t.ValueType, "total", "average"); err != nil {
 		return t, err
@@ -325,6 +331,14 @@ func parseMetric(md map[string]string, t *Trigger) error {
 		default:
 			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
 				return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", wire.CleanText(m, 64))}
+			} else if !ok {
+				// A name within a typo of one pulse knows is that typo, not
+				// a gauge an agent forwards: it read as one, and was
+				// provisioned, and every answer was refused as a metric no
+				// agent forwards.
+				if meant := metricNames.Nearest(m); meant != "" && meant != m {
+					return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("unknown metric %q (did you mean %s?); an --extra-metric so named is refused too: name it apart from pulse's", wire.CleanText(m, 64), meant)}
+				}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
 		}
@@ -517,6 +531,7 @@ func metadata(in map[string]string) (map[string]string, error) {
 		}
 	}
 	out, copied := in, false
+	typo, meantBy := "", "" // the first typo by key: the map's order is random
 	for k, v := range in {
 		if known[k] {
 			continue
@@ -531,12 +546,15 @@ func metadata(in map[string]string) (map[string]string, error) {
 			}
 			continue
 		}
-		if meant := nearestKey(base); meant != "" {
+		if meant := nearestKey(base); meant != "" && (typo == "" || k < typo) {
 			if fromEnv {
 				meant += "FromEnv"
 			}
-			return nil, &MetadataError{Msg: fmt.Sprintf("unknown key %s (did you mean %s?)", k, meant)}
+			typo, meantBy = k, meant
 		}
+	}
+	if typo != "" {
+		return nil, &MetadataError{Msg: fmt.Sprintf("unknown key %s (did you mean %s?)", typo, meantBy)}
 	}
 	return out, nil
 }

@@ -37,7 +37,67 @@ var descRefused = prometheus.NewDesc("pulse_aggregator_refused_triggers_total",
 // refusals counts refused requests by reason and rate-limits their log.
 type refusals struct {
 	counts map[string]float64 // by reason; mu of the recorder
-	logged map[TriggerID]time.Time
+	// logged: when each ScaledObject's refusal was last logged, by
+	// namespace; at most maxDecisions in all (nLogged).
+	logged  map[string]map[TriggerID]time.Time
+	nLogged int
+}
+
+// shouldLog reports whether id's refusal at now is logged (once a
+// refusalLogEvery), and records it. Past maxDecisions ScaledObjects the
+// namespace holding the most gives its expired entries, else its oldest:
+// all were cleared, and one tenant's 10,000 broken ScaledObjects had every
+// tenant's refusals logged at every poll.
+func (f *refusals) shouldLog(id TriggerID, now time.Time) bool {
+	ns := f.logged[id.Namespace]
+	last, seen := ns[id]
+	if seen && now.Sub(last) < refusalLogEvery {
+		return false
+	}
+	if !seen && f.nLogged >= maxDecisions {
+		f.forgetOfMost(now)
+		ns = f.logged[id.Namespace]
+	}
+	if ns == nil {
+		ns = map[TriggerID]time.Time{}
+		f.logged[id.Namespace] = ns
+	}
+	if !seen {
+		f.nLogged++
+	}
+	ns[id] = now
+	return true
+}
+
+// forgetOfMost drops the expired entries of the namespace with the most,
+// or its oldest when none is.
+func (f *refusals) forgetOfMost(now time.Time) {
+	most := ""
+	for n, m := range f.logged {
+		if most == "" || len(m) > len(f.logged[most]) {
+			most = n
+		}
+	}
+	m := f.logged[most]
+	var oldest TriggerID
+	var oldestAt time.Time
+	dropped := 0
+	for id, at := range m {
+		if now.Sub(at) >= refusalLogEvery {
+			delete(m, id)
+			dropped++
+		} else if dropped == 0 && (oldestAt.IsZero() || at.Before(oldestAt)) {
+			oldest, oldestAt = id, at
+		}
+	}
+	if dropped == 0 && !oldestAt.IsZero() {
+		delete(m, oldest)
+		dropped++
+	}
+	f.nLogged -= dropped
+	if len(m) == 0 {
+		delete(f.logged, most)
+	}
 }
 
 // refuse records a request refused for its metadata: in the trigger
@@ -55,14 +115,7 @@ func (s *Server) refuse(ref *externalscaler.ScaledObjectRef, t Trigger, reason s
 	r.mu.Lock()
 	r.putLocked(&Evaluation{TriggerID: id, Trigger: t, At: now, Err: codes.InvalidArgument.String() + ": " + msg, Refused: true})
 	r.refused.counts[reason]++
-	last, seen := r.refused.logged[id]
-	log := !seen || now.Sub(last) >= refusalLogEvery
-	if log {
-		if len(r.refused.logged) >= maxDecisions {
-			clear(r.refused.logged)
-		}
-		r.refused.logged[id] = now
-	}
+	log := r.refused.shouldLog(id, now)
 	r.mu.Unlock()
 	if log {
 		s.log.Warn("ScaledObject trigger refused", "namespace", id.Namespace, "scaledObject", id.ScaledObject, "reason", reason, "error", msg)

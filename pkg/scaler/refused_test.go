@@ -173,3 +173,38 @@ func TestOneNamespacesEvaluationsAreItsOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestOneTenantsRefusalsLeaveAnothersLogLimit: one tenant's 10,000 broken
+// ScaledObjects filled the log limit's record, which was then cleared, so
+// every tenant's refusals were logged at every poll. Past the bound the
+// namespace holding the most gives its own entries.
+func TestOneTenantsRefusalsLeaveAnothersLogLimit(t *testing.T) {
+	f := refusals{logged: map[string]map[TriggerID]time.Time{}}
+	now := time.Unix(1_700_000_000, 0)
+	b := TriggerID{Namespace: "team-b", ScaledObject: "one", MetricName: RefusedMetricName}
+	if !f.shouldLog(b, now) {
+		t.Fatal("team-b's first refusal not logged")
+	}
+	logged := 0
+	for i := range 3 * maxDecisions {
+		if f.shouldLog(TriggerID{Namespace: "team-a", ScaledObject: fmt.Sprintf("so-%d", i), MetricName: RefusedMetricName}, now) {
+			logged++
+		}
+	}
+	if logged != 3*maxDecisions || f.nLogged != maxDecisions {
+		t.Fatalf("team-a's %d new ScaledObjects: %d logged, %d kept; want each logged once, %d kept", 3*maxDecisions, logged, f.nLogged, maxDecisions)
+	}
+	if f.shouldLog(b, now.Add(time.Second)) {
+		t.Fatal("team-b's refusal a second later was logged again: team-a's flood cleared its limit")
+	}
+	if !f.shouldLog(b, now.Add(refusalLogEvery)) {
+		t.Fatal("team-b's refusal a minute later was not logged")
+	}
+	n := 0
+	for _, m := range f.logged {
+		n += len(m)
+	}
+	if n != f.nLogged {
+		t.Fatalf("%d entries, counted %d", n, f.nLogged)
+	}
+}

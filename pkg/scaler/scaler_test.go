@@ -315,6 +315,56 @@ func TestTyposAreCaught(t *testing.T) {
 	}
 }
 
+// TestATyposRefusalIsTheSameEachTime: with several typos the refusal
+// named whichever the map's order gave first, so the same metadata was
+// refused with a new message at each call (the trigger's record, the log
+// and KEDA's condition changing for nothing). The first key by name is
+// named.
+func TestATyposRefusalIsTheSameEachTime(t *testing.T) {
+	md := map[string]string{"workspace": "a", "windw": "30s", "treshold": "2", "metrc": "waiting"}
+	for range 50 {
+		_, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: md}, time.Hour, nil)
+		if err == nil || !strings.Contains(err.Error(), "unknown key metrc (did you mean metric?)") {
+			t.Fatalf("%v; want the first typo by name, metrc, each time", err)
+		}
+	}
+}
+
+// TestAMetricNameWithinATypoOfPulsesIsRefused: a metricName that is no
+// metric pulse knows read as a gauge an agent forwards (--extra-metric):
+// a misspelt vLLM name was taken, provisioned, and then every answer was
+// refused as a metric no agent forwards. A name within a typo of one pulse
+// knows is refused, naming it; another name is still an extra gauge's.
+func TestAMetricNameWithinATypoOfPulsesIsRefused(t *testing.T) {
+	for name, meant := range map[string]string{
+		"vllm:num_request_waiting": "vllm:num_requests_waiting", "Waiting": "waiting", "kvcacheusage": "kvCacheUsage", "replica": "replicas",
+	} {
+		_, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "a", "metricName": name}}, time.Hour, nil)
+		var me *MetadataError
+		if !errors.As(err, &me) || me.Key != "metricName" || !strings.Contains(err.Error(), "did you mean "+meant+"?") {
+			t.Errorf("metricName %s: %v; want refused, naming %s", name, err, meant)
+		}
+	}
+	for _, name := range []string{"vllm:num_requests_waiting", "waiting", "replicas", "vllm:lora_requests_info_max", "my_queue_depth"} {
+		if _, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "a", "metricName": name, "threshold": "1"}}, time.Hour, nil); err != nil {
+			t.Errorf("metricName %s: %v; want it taken", name, err)
+		}
+	}
+}
+
+// TestActivationThresholdIsBounded: activationThreshold had no upper
+// bound: at 1e308 no value ever activated the workload, and at zero it
+// never scaled up, with no error to say why. It is bounded as threshold is.
+func TestActivationThresholdIsBounded(t *testing.T) {
+	for v, ok := range map[string]bool{"1e308": false, "1e13": false, "-1": false, "1e12": true, "0": true, "0.5": true} {
+		_, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "a", "activationThreshold": v}}, time.Hour, nil)
+		var me *MetadataError
+		if ok != (err == nil) || !ok && (!errors.As(err, &me) || me.Key != "activationThreshold") {
+			t.Errorf("activationThreshold %s: %v; want taken %v", v, err, ok)
+		}
+	}
+}
+
 // TestFromEnvKeys: KEDA resolves <key>FromEnv from the target's container
 // environment and forwards the value under that name; pulse reads it as the
 // key (the key itself, when set, wins).
