@@ -36,6 +36,7 @@ suite's to measure, with `pulse-sim bench` on the suite as it is.
 """
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -52,7 +53,8 @@ def suites(args):
 
 def run(binary, suite, out, refs):
     """The planner's scores in suite, by case: (attainment %, GPU-hours,
-    Δ static in points or None)."""
+    Δ static in points or None, GPU-hours over the cheapest fixed fleet's
+    as good or None)."""
     r = subprocess.run([binary, 'bench', '--suite', suite, '--references=' + refs, '--pipelines', 'pulse',
                         '--metric', 'replicas', '--out', out], capture_output=True, text=True)
     if r.returncode != 0:
@@ -66,7 +68,8 @@ def run(binary, suite, out, refs):
             if key in scores:
                 raise RuntimeError('%s: case %s twice' % (suite, key))
             to = p.get('toStatic')
-            scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'], None if to is None else 100 * to)
+            scores[key] = (100 * p['sloAfterWarmup'], p['gpuHoursAfterWarmup'], None if to is None else 100 * to,
+                           p.get('staticCost'))
     return scores
 
 
@@ -74,6 +77,27 @@ def on_frontier(to):
     """On or above the static frontier: within half a point, or cheaper
     than any fixed fleet (no distance)."""
     return to is None or to >= -0.5
+
+
+# DEAR: a plan costing more than this times the cheapest fixed fleet as
+# good (staticCost) is counted apart.
+DEAR = 1.1
+
+
+def both(v):
+    """On or above the static frontier, and at 95 % or more."""
+    return on_frontier(v[2]) and v[0] >= 95
+
+
+def cheap(v):
+    """No dearer than DEAR times a fixed fleet as good (none attains as
+    much: cheap)."""
+    return v[3] is None or v[3] <= DEAR
+
+
+def geomean(xs):
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float('nan')
 
 
 def dist(to):
@@ -111,7 +135,7 @@ def main():
             json.dump({'before': a, 'after': b}, f, indent=1, sort_keys=True)
     moved = sorted((b[k][0] - a[k][0], k) for k in a)
     for d, k in moved:
-        (sa, ga, ta), (sb, gb, tb) = a[k], b[k]
+        (sa, ga, ta, _), (sb, gb, tb, _) = a[k], b[k]
         if abs(d) > 0.5 or abs(gb - ga) > 0.05 * ga or static and on_frontier(ta) != on_frontier(tb):
             line = '%+5.1f  %s: %.1f %% at %.2f -> %.1f %% at %.2f' % (d, k, sa, ga, sb, gb)
             if static:
@@ -129,6 +153,13 @@ def main():
                   sum(on_frontier(v[2]) for v in a.values()), sum(on_frontier(v[2]) for v in b.values()),
                   sum(on_frontier(v[2]) and v[0] >= 95 for v in a.values()),
                   sum(on_frontier(v[2]) and v[0] >= 95 for v in b.values())))
+        # The frontier's test is of height alone: beside it, what a fixed
+        # fleet as good costs.
+        print('of those, no more than %.1f× the GPU-hours of the cheapest fixed fleet as good %d -> %d; '
+              'GPU-hours over a fixed fleet as good, geometric mean over the %d -> %d cases one attains as much: %.3f -> %.3f' % (
+                  DEAR, sum(both(v) and cheap(v) for v in a.values()), sum(both(v) and cheap(v) for v in b.values()),
+                  sum(v[3] is not None for v in a.values()), sum(v[3] is not None for v in b.values()),
+                  geomean(v[3] for v in a.values()), geomean(v[3] for v in b.values())))
 
 
 if __name__ == '__main__':

@@ -89,6 +89,13 @@ type Score struct {
 	// of whole-run scores).
 	ToStaticWholeRun      *float64 `json:"toStaticWholeRun"`
 	ToClairvoyantWholeRun *float64 `json:"toClairvoyantWholeRun"`
+	// StaticCost: GPUHoursAfterWarmup over the GPU-hours of the cheapest
+	// fixed fleet whose attainment after the warm-up is at least as high
+	// (above 1: a fixed fleet as good costs less); nil where no fixed
+	// fleet attains as much. ToStatic is a test of height alone: a plan
+	// dearer than a fixed fleet as good can still be on the frontier, as
+	// long as no fixed fleet of its GPU-hours does better.
+	StaticCost *float64 `json:"staticCost"`
 }
 
 // Point is a frontier point.
@@ -345,6 +352,7 @@ func Split(all []*Score, sweep []string, slack float64) (pipelines, static, clai
 		sc.ToClairvoyant = distance(fa, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup, slack)
 		sc.ToStaticWholeRun = distance(sw, sc.GPUHours, sc.SLO, slack)
 		sc.ToClairvoyantWholeRun = distance(fw, sc.GPUHours, sc.SLO, slack)
+		sc.StaticCost = costRatio(sa, sc.GPUHoursAfterWarmup, sc.SLOAfterWarmup)
 	}
 	return pipelines, static, clairvoyant, staticFront, clairvoyantFront
 }
@@ -491,6 +499,23 @@ func distance(front []Point, g, slo, slack float64) *float64 {
 	}
 	d := round(slo - f)
 	return &d
+}
+
+// costRatio is g over the GPU-hours of the cheapest point of front whose
+// attainment is at least slo (to the fourth decimal, as scores are
+// rounded); nil when none is, or that point used none.
+func costRatio(front []Point, g, slo float64) *float64 {
+	cheapest := math.Inf(1)
+	for _, p := range front {
+		if round(p.SLO) >= round(slo) && p.GPUHours < cheapest {
+			cheapest = p.GPUHours
+		}
+	}
+	if math.IsInf(cheapest, 1) || cheapest <= 0 {
+		return nil
+	}
+	r := round(g / cheapest)
+	return &r
 }
 
 // paired is a − b by seed (after the warm-up), with its standard error.

@@ -453,6 +453,39 @@ func TestAPlanBehindACheaperFixedFleetStillCounts(t *testing.T) {
 	}
 }
 
+// TestAPlanOnTheFrontierShowsWhatAFixedFleetAsGoodCosts: the static
+// frontier's distance is a test of height alone, and a plan dearer than a
+// fixed fleet as good is on it as long as no fixed fleet of its GPU-hours
+// does better. Each score carries its GPU-hours over the cheapest fixed
+// fleet's that attains as much (none where no fixed fleet does).
+func TestAPlanOnTheFrontierShowsWhatAFixedFleetAsGoodCosts(t *testing.T) {
+	all := []*Score{scored("static:2", 2, 0.95), scored("static:3", 3, 0.99), scored("static:4", 4, 0.995),
+		scored("dear", 3.5, 0.99), scored("cheap", 1.5, 0.95), scored("best", 3, 0.999)}
+	Split(all, nil, 0)
+	want := map[string]*float64{"dear": ptr(3.5 / 3), "cheap": ptr(0.75), "best": nil, "static:3": ptr(1)}
+	for _, sc := range all {
+		w, ok := want[sc.Pipeline]
+		if !ok {
+			continue
+		}
+		if (w == nil) != (sc.StaticCost == nil) || w != nil && *sc.StaticCost != round(*w) {
+			t.Errorf("%s: cost against a fixed fleet as good %v, want %v", sc.Pipeline, deref(sc.StaticCost), deref(w))
+		}
+	}
+	if d := all[3].ToStatic; d == nil || *d != 0 {
+		t.Errorf("dear: Δ static %v, want 0 (on the frontier: static:3 attains as much)", deref(d))
+	}
+}
+
+func ptr(v float64) *float64 { return &v }
+
+func deref(v *float64) any {
+	if v == nil {
+		return nil
+	}
+	return *v
+}
+
 // TestThePipelinesScoreTheSameWithoutTheReferences: a suite run with
 // NoReferences and Metric runs only the ScaledObjects whose trigger asks
 // for that metric, scores their pipelines as the whole run does — each
@@ -478,7 +511,7 @@ func TestThePipelinesScoreTheSameWithoutTheReferences(t *testing.T) {
 		t.Fatalf("pipelines %d and %d, alone to static %v", len(w.Pipelines), len(a.Pipelines), a.Pipelines[0].ToStatic)
 	}
 	ws, as := *w.Pipelines[0], *a.Pipelines[0]
-	ws.ToStatic, ws.ToClairvoyant, ws.ToStaticWholeRun, ws.ToClairvoyantWholeRun = nil, nil, nil, nil
+	ws.ToStatic, ws.ToClairvoyant, ws.ToStaticWholeRun, ws.ToClairvoyantWholeRun, ws.StaticCost = nil, nil, nil, nil, nil
 	if ws != as {
 		t.Fatalf("the planner's scores moved without the references:\n%+v\n%+v", ws, as)
 	}
@@ -533,8 +566,11 @@ func TestTheFixedFleetsAloneGiveTheSameStaticDistances(t *testing.T) {
 	if ws.ToStaticWholeRun == nil || fs.ToStaticWholeRun == nil || *ws.ToStaticWholeRun != *fs.ToStaticWholeRun {
 		t.Fatalf("to static over the whole run %v and %v", ws.ToStaticWholeRun, fs.ToStaticWholeRun)
 	}
+	if ws.StaticCost == nil || fs.StaticCost == nil || *ws.StaticCost != *fs.StaticCost {
+		t.Fatalf("against a fixed fleet as good %v and %v", deref(ws.StaticCost), deref(fs.StaticCost))
+	}
 	ws.ToClairvoyant, ws.ToClairvoyantWholeRun = nil, nil
-	ws.ToStatic, fs.ToStatic, ws.ToStaticWholeRun, fs.ToStaticWholeRun = nil, nil, nil, nil // compared above
+	ws.ToStatic, fs.ToStatic, ws.ToStaticWholeRun, fs.ToStaticWholeRun, ws.StaticCost, fs.StaticCost = nil, nil, nil, nil, nil, nil // compared above
 	if ws != fs {
 		t.Fatalf("the planner's scores moved with the fleets alone:\n%+v\n%+v", ws, fs)
 	}

@@ -72,6 +72,10 @@ func frontierPoints(front []Point) []plot.FrontierPoint {
 	return out
 }
 
+// staticCostNote says what the column of StaticCost is.
+const staticCostNote = " GPU-h ÷ a fixed fleet as good: the pipeline's GPU-hours over the cheapest fixed fleet's that attains as much " +
+	"(above 1: a fixed fleet as good costs less, which Δ static, a test of height alone, does not show; — where no fixed fleet attains as much)."
+
 func pct(v float64) string { return fmt.Sprintf("%.1f %%", 100*v) }
 
 func pts(v *float64) string {
@@ -79,6 +83,13 @@ func pts(v *float64) string {
 		return "—"
 	}
 	return fmt.Sprintf("%+.1f", 100**v)
+}
+
+func ratio(v *float64) string {
+	if v == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", *v)
 }
 
 // Markdown writes the scoreboard as Markdown (pics: each case's picture).
@@ -93,10 +104,10 @@ func Markdown(w io.Writer, sb *Scoreboard, pics []string) {
 	case sb.NoReferences:
 	case sb.StaticOnly:
 		fmt.Fprintf(w, " Δ static: the pipeline's attainment minus the static frontier's at its GPU-hours, in points "+
-			"(— where it used fewer GPU-hours than any fixed fleet).")
+			"(— where it used fewer GPU-hours than any fixed fleet)."+staticCostNote)
 	default:
 		fmt.Fprintf(w, " Δ static and Δ clairvoyant: the pipeline's attainment minus the frontier's at its GPU-hours, in points "+
-			"(— where it used fewer GPU-hours than any point of that frontier).")
+			"(— where it used fewer GPU-hours than any point of that frontier)."+staticCostNote)
 	}
 	fmt.Fprint(w, "\n\n")
 	switch {
@@ -159,6 +170,7 @@ func pipelineRows(w io.Writer, scores []*Score, noReferences, clairvoyant bool) 
 	add(true, "GPU-h after warm-up", func(s *Score) string { return f2(s.GPUHoursAfterWarmup) })
 	add(true, "goodput / GPU-h", func(s *Score) string { return fmt.Sprintf("%.0f", s.GoodputPerGPUHour) })
 	add(static, "Δ static", func(s *Score) string { return pts(s.ToStatic) })
+	add(static, "GPU-h ÷ a fixed fleet as good", func(s *Score) string { return ratio(s.StaticCost) })
 	add(clair, "Δ clairvoyant", func(s *Score) string { return pts(s.ToClairvoyant) })
 	add(true, "SLO (whole run)", func(s *Score) string { return pct(s.SLO) })
 	add(true, "GPU-h (whole run)", func(s *Score) string { return f2(s.GPUHours) })

@@ -428,8 +428,12 @@ func printFrontiers(w io.Writer, signal []*bench.Score, staticFront, clairFront 
 	fmt.Fprintf(w, "\nafter the warm-up: static frontier: %s\n", text(staticFront))
 	fmt.Fprintf(w, "clairvoyant frontier (its sweep, the switches and the fixed fleets): %s\n", text(clairFront))
 	for _, sc := range signal {
-		fmt.Fprintf(w, "%s: %.1f%% at %.2f GPU-hours: %s from the static frontier, %s from the clairvoyant\n", sc.Pipeline,
-			100*sc.SLOAfterWarmup, sc.GPUHoursAfterWarmup, pts(sc.ToStatic), pts(sc.ToClairvoyant))
+		cost := "no fixed fleet attains as much"
+		if sc.StaticCost != nil {
+			cost = fmt.Sprintf("%.2f× the GPU-hours of the cheapest fixed fleet as good", *sc.StaticCost)
+		}
+		fmt.Fprintf(w, "%s: %.1f%% at %.2f GPU-hours: %s from the static frontier, %s from the clairvoyant; %s\n", sc.Pipeline,
+			100*sc.SLOAfterWarmup, sc.GPUHoursAfterWarmup, pts(sc.ToStatic), pts(sc.ToClairvoyant), cost)
 	}
 }
 
