@@ -321,7 +321,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
-		if err := notMade("Secret", sec.Namespace+"/"+sec.Name, sec.Labels); err != nil {
+		if err := m.notOurs("Secret", sec.Namespace+"/"+sec.Name, sec); err != nil {
 			return err
 		}
 		due, unowned := m.due(sec), m.unowned(sec.OwnerReferences)
@@ -417,8 +417,8 @@ func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name s
 		if err == nil {
 			m.o.Log.Info("certificate secret created", logging.KeySecret, ns+"/"+name)
 		}
-	case err == nil && notMade("Secret", ns+"/"+name, cur.Labels) != nil:
-		return notMade("Secret", ns+"/"+name, cur.Labels)
+	case err == nil && m.notOurs("Secret", ns+"/"+name, cur) != nil:
+		return m.notOurs("Secret", ns+"/"+name, cur)
 	case err == nil && (!equalData(cur.Data, data) || m.unowned(cur.OwnerReferences)):
 		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
 			return serr
@@ -448,8 +448,8 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 		if err == nil {
 			m.o.Log.Info("CA certificate published for the agents", logging.KeyName, m.o.Namespace+"/"+m.o.CAConfigMap)
 		}
-	case err == nil && notMade("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur.Labels) != nil:
-		return notMade("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur.Labels)
+	case err == nil && m.notOurs("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur) != nil:
+		return m.notOurs("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur)
 	case err == nil && (cur.Data[KeyCACert] != want[KeyCACert] || m.unowned(cur.OwnerReferences)):
 		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
 			return serr // a newer Secret: its Ensure publishes it
@@ -791,7 +791,7 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 			m.o.Log.Info("ClusterTriggerAuthentication created", logging.KeyName, m.o.TriggerAuthName)
 		}
 	} else if err == nil {
-		if err := notMade("ClusterTriggerAuthentication", m.o.TriggerAuthName, existing.GetLabels()); err != nil {
+		if err := m.notOurs("ClusterTriggerAuthentication", m.o.TriggerAuthName, existing); err != nil {
 			return err
 		}
 		// Its refs compared whole: compared by their number, refs naming
@@ -840,6 +840,29 @@ func notMade(kind, name string, labels map[string]string) error {
 		return nil
 	}
 	return fmt.Errorf("%s %s exists and was not made by pulse (it lacks the label %s=%s): it is left as it is; remove it, or give the aggregator another name for it", kind, name, managedBy, managedByAggregator)
+}
+
+// notOurs says why an object of pulse's name is not this release's to
+// write: not made by pulse (notMade), or owned by another release's
+// ClusterRole (an Owner of the same kind and another name). Two releases
+// given one name (KEDA's credentials, scaler.managedCerts.triggerAuthName,
+// are cluster-wide) each took the other's copy over, writing it back and
+// forth every few seconds, and KEDA's TLS to one of them failed meanwhile.
+// An owner of our name with another uid (our ClusterRole made again) is
+// ours.
+func (m *Managed) notOurs(kind, name string, obj metav1.Object) error {
+	if err := notMade(kind, name, obj.GetLabels()); err != nil {
+		return err
+	}
+	if m.o.Owner == nil {
+		return nil
+	}
+	for _, r := range obj.GetOwnerReferences() {
+		if r.Kind == m.o.Owner.Kind && r.APIVersion == m.o.Owner.APIVersion && r.Name != m.o.Owner.Name {
+			return fmt.Errorf("%s %s is another release's (owned by %s %s, not this release's %s): it is left as it is; give this release another name for it", kind, name, r.Kind, r.Name, m.o.Owner.Name)
+		}
+	}
+	return nil
 }
 
 // unowned reports whether an Owner is set and refs lack it.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -1139,5 +1140,49 @@ func TestACAMadeAtTheSwitchIsPublishedBeforeItSigns(t *testing.T) {
 	}
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: bundle(), DNSName: "localhost", CurrentTime: clock.Now()}); err != nil {
 		t.Fatalf("after the switch, against KEDA's bundle: %v", err)
+	}
+}
+
+// TestAnotherReleasesCopyIsLeftAlone: two releases given one name for
+// KEDA's credentials (the ClusterTriggerAuthentication is cluster-wide,
+// the Secret in KEDA's namespace) each took the other's copy over, its
+// owner added, and wrote it back and forth every few seconds, KEDA's TLS
+// to one of them failing meanwhile. A copy owned by another release's
+// ClusterRole is left as it is, with an error naming it; one owned by a
+// ClusterRole of our name made again (another uid) is ours.
+func TestAnotherReleasesCopyIsLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
+	release := func(ns, role, uid string) ManagedOptions {
+		return ManagedOptions{Client: client, Dynamic: dyn, Namespace: ns, SecretName: "pulse-aggregator-certs",
+			DNSNames: []string{"localhost"}, KEDANamespace: "keda", TriggerAuthName: "pulse-creds",
+			Owner: &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: role, UID: types.UID(uid)},
+			Log:   slog.New(slog.NewTextHandler(io.Discard, nil))}
+	}
+	if err := NewManaged(release("team-a", "pulse-a", "uid-a")).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = NewManaged(release("team-b", "pulse-b", "uid-b")).Ensure(ctx)
+	if err == nil || !strings.Contains(err.Error(), "Secret keda/pulse-creds is another release's (owned by ClusterRole pulse-a") {
+		t.Fatalf("a second release's Ensure: %v; want KEDA's Secret refused as the first release's", err)
+	}
+	now, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil || !equalData(now.Data, theirs.Data) || len(now.OwnerReferences) != 1 || now.OwnerReferences[0].Name != "pulse-a" {
+		t.Fatalf("KEDA's Secret after the second release: %v, owners %v; want the first's, unchanged", err, now.OwnerReferences)
+	}
+	cta, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil || len(cta.GetOwnerReferences()) != 1 || cta.GetOwnerReferences()[0].Name != "pulse-a" {
+		t.Fatalf("the ClusterTriggerAuthentication: %v, owners %v; want the first release's alone", err, cta.GetOwnerReferences())
+	}
+	// The first release's ClusterRole made again (uninstalled and
+	// installed): its copies are still its own.
+	if err := NewManaged(release("team-a", "pulse-a", "uid-a2")).Ensure(ctx); err != nil {
+		t.Fatalf("the first release, its ClusterRole made again: %v", err)
 	}
 }
