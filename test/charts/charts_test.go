@@ -904,3 +904,42 @@ func TestAppProtocolGRPCOnlyWherePlaintextGRPC(t *testing.T) {
 		}
 	}
 }
+
+// TestTheAggregatorMakesNoTokenSecrets: its managed certificates need
+// Secrets created (RBAC cannot bound a create by name) and read back by
+// name, so the aggregator's ServiceAccount could make one of type
+// service-account-token under such a name and read a ServiceAccount's
+// token (in KEDA's namespace, the operator's). Where the cluster has
+// admission policies, the chart refuses its ServiceAccount such a Secret
+// (the e2e checks the policy on a real API server: noTokenSecrets).
+func TestTheAggregatorMakesNoTokenSecrets(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "aggregator")
+	out, err := render(t, chart, "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy", "--set", "serviceAccount.name=agg-sa")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	var policy, binding string
+	for _, doc := range strings.Split(out, "\n---\n") {
+		switch {
+		case strings.Contains(doc, "kind: ValidatingAdmissionPolicy\n"):
+			policy = doc
+		case strings.Contains(doc, "kind: ValidatingAdmissionPolicyBinding\n"):
+			binding = doc
+		}
+	}
+	for _, want := range []string{"name: pulse-system-pulse-aggregator-no-token-secrets\n", `request.userInfo.username == 'system:serviceaccount:pulse-system:agg-sa'`,
+		`object.type != 'kubernetes.io/service-account-token'`, `operations: ["CREATE", "UPDATE"]`, "failurePolicy: Fail"} {
+		if !strings.Contains(policy, want) {
+			t.Errorf("the policy lacks %q:\n%s", want, policy)
+		}
+	}
+	if !strings.Contains(binding, "policyName: pulse-system-pulse-aggregator-no-token-secrets\n") || !strings.Contains(binding, `validationActions: ["Deny"]`) {
+		t.Errorf("the binding:\n%s", binding)
+	}
+	// A cluster without admission policies (before Kubernetes 1.30) is
+	// still installed to.
+	out, err = render(t, chart)
+	if err != nil || strings.Contains(out, "ValidatingAdmissionPolicy") {
+		t.Fatalf("without the API: %v\n%.400s", err, out)
+	}
+}

@@ -40,6 +40,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
@@ -360,6 +361,48 @@ func (e *env) helm(args ...string) string {
 	return string(out)
 }
 
+// noTokenSecrets: the aggregator's ServiceAccount may create Secrets (its
+// managed certificates', in its namespace and KEDA's: RBAC cannot bound a
+// create by name) and read them back by name. One of type
+// service-account-token, made under such a name, the API server fills with
+// a ServiceAccount's token (in KEDA's namespace, the operator's). The
+// chart's admission policy refuses it such a Secret, and an ordinary one
+// still passes.
+func (e *env) noTokenSecrets() {
+	t := e.t
+	cfg := rest.CopyConfig(e.cp.admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":pulse-aggregator"}
+	as, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+	for _, n := range []string{ns, "keda"} {
+		token := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pulse-probe-token", Annotations: map[string]string{corev1.ServiceAccountNameKey: "default"}},
+			Type: corev1.SecretTypeServiceAccountToken}
+		// The policy is enforced once the API server has loaded it: a
+		// create let through meanwhile is deleted and tried again.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			_, err := as.CoreV1().Secrets(n).Create(e.ctx, token, metav1.CreateOptions{})
+			if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+				if !strings.Contains(err.Error(), "no ServiceAccount token Secret") {
+					t.Fatalf("%s: a token Secret refused, but not by the chart's policy: %v", n, err)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: creating a token Secret as the aggregator: %v", n, err)
+			}
+			must(t, e.kube.CoreV1().Secrets(n).Delete(e.ctx, token.Name, metav1.DeleteOptions{}))
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the aggregator's ServiceAccount still creates ServiceAccount token Secrets a minute after the chart's install", n)
+			}
+		}
+		plain := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pulse-probe-plain"}}
+		if _, err := as.CoreV1().Secrets(n).Create(e.ctx, plain, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s: an ordinary Secret refused to the aggregator: %v", n, err)
+		}
+		must(t, e.kube.CoreV1().Secrets(n).Delete(e.ctx, plain.Name, metav1.DeleteOptions{}))
+	}
+}
+
 func repoRoot(t *testing.T) string {
 	wd, err := os.Getwd()
 	must(t, err)
@@ -376,6 +419,7 @@ func (e *env) installCharts() {
 	}
 	e.helm("install", "pulse-agent", filepath.Join(root, "deploy", "daemonset"), "--namespace", ns,
 		"--set", "aggregatorTLS.caSecretName=pulse-ingest-ca,auth.enabled=true")
+	e.noTokenSecrets()
 
 	// What the API server accepted.
 	ds, err := e.kube.AppsV1().DaemonSets(ns).Get(e.ctx, "pulse-agent", metav1.GetOptions{})
