@@ -158,6 +158,7 @@ type run struct {
 	c         *Controller
 	queue     workqueue.TypedRateLimitingInterface[key]
 	recorder  record.EventRecorder
+	events    eventLimiter // Events by namespace (eventQPS)
 	sos       cache.SharedIndexInformer
 	workloads map[string]*watched // by kind
 	mu        sync.Mutex
@@ -217,7 +218,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
 	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{}, wrote: map[key][sha256.Size]byte{}, kept: map[key]keptSpec{},
-		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[key]()),
+		queue:    workqueue.NewTypedRateLimitingQueue[key](newFairLimiter()),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	// The worker is done before the states are cleared: a reconcile still
 	// running would report after the clear, on a replica no longer leading.
@@ -643,7 +644,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 			return fmt.Errorf("create ScaledObject %s: %w", soName, err)
 		}
 		r.keep(k, wrote, made)
-		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
+		r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
 		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary)
 		if !wrote || err != nil {
@@ -736,7 +737,7 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 		return false, fmt.Errorf("update ScaledObject %s: %w", soName, err)
 	}
 	r.keep(k, wrote, updated)
-	r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
+	r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	return true, nil
 }
 
@@ -885,7 +886,7 @@ func (r *run) disable(ctx context.Context, k key, ref *corev1.ObjectReference, e
 		}
 		r.didWrite(k, writeOf(nil))
 		r.c.m.changes.WithLabelValues("delete").Inc()
-		r.recorder.Eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
+		r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectDeleted",
 			"deleted ScaledObject %s: %s is no longer \"true\"", k.Name, AnnotationAutoscale)
 	} else {
 		r.rewritten(k, time.Now()) // kept for the window: the copy may come back
@@ -1010,15 +1011,25 @@ func (r *run) report(k key, ref *corev1.ObjectReference, state, so, msg string) 
 	case StateProvisioned:
 		log.Info("ScaledObject provisioned", logging.KeyMessage, msg)
 	case StateInvalid:
-		r.recorder.Event(ref, corev1.EventTypeWarning, "InvalidAnnotation", msg)
+		r.eventf(ref, corev1.EventTypeWarning, "InvalidAnnotation", "%s", msg)
 		log.Warn("invalid annotation", logging.KeyMessage, msg)
 	case StateConflict:
-		r.recorder.Event(ref, corev1.EventTypeWarning, "ScaledObjectConflict", msg)
+		r.eventf(ref, corev1.EventTypeWarning, "ScaledObjectConflict", "%s", msg)
 		log.Warn("ScaledObject conflict", logging.KeyMessage, msg)
 	case StateError:
-		r.recorder.Event(ref, corev1.EventTypeWarning, "ProvisioningFailed", msg)
+		r.eventf(ref, corev1.EventTypeWarning, "ProvisioningFailed", "%s", msg)
 		log.Warn("provisioning failed; retrying", logging.KeyMessage, msg)
 	}
+}
+
+// eventf records an Event on ref, within its namespace's bucket
+// (eventQPS); past it the Event is counted as dropped.
+func (r *run) eventf(ref *corev1.ObjectReference, typ, reason, format string, args ...any) {
+	if !r.events.allow(ref.Namespace, time.Now()) {
+		r.c.m.eventsDropped.Inc()
+		return
+	}
+	r.recorder.Eventf(ref, typ, reason, format, args...)
 }
 
 // failed reports a workload whose ScaledObject the API server refused or

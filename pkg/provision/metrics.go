@@ -9,6 +9,8 @@ type metrics struct {
 	workloads *prometheus.GaugeVec
 	changes   *prometheus.CounterVec
 	errors    *prometheus.CounterVec
+	// eventsDropped: Events not sent, past their namespace's bucket.
+	eventsDropped prometheus.Counter
 }
 
 func newMetrics(c *Controller) *metrics {
@@ -34,6 +36,9 @@ func newMetrics(c *Controller) *metrics {
 			Name: "pulse_provisioner_errors_total",
 			Help: "Provisioning failures by reason: invalid_annotation, conflict, api (the API server refused or failed; retried), sync (ScaledObjects not listed within 2m of a term: the Lease given back), watch (a workload kind not listed or watched: the aggregator's role, or the API server)."},
 			[]string{"reason"}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_provisioner_events_dropped_total",
+			Help: "Events on workloads not sent: past their namespace's bucket (25 at once, 1 a second after); the workload's state on /debug/provisioning and in the log still says it."}),
 	}
 	for _, s := range states {
 		m.workloads.WithLabelValues(s)
@@ -48,7 +53,7 @@ func newMetrics(c *Controller) *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.leader, m.workloads, m.changes, m.errors}
+	return []prometheus.Collector{m.leader, m.workloads, m.changes, m.errors, m.eventsDropped}
 }
 
 // set sets the workloads by state from counts.

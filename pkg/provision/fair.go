@@ -1,0 +1,118 @@
+package provision
+
+import (
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Retries of the provisioner's queue: each workload's own exponential
+// backoff (client-go's controller default, 5 ms doubling to 1000 s), within
+// a bucket of its namespace's (namespaceRetryQPS, burst namespaceRetryBurst)
+// and one of every namespace's (allRetryQPS, burst allRetryBurst). The
+// queue had client-go's one bucket for every namespace (10 a second): one
+// tenant's thousands of workloads whose ScaledObject the API server
+// refused (a ResourceQuota, KEDA's webhook) took it, and another tenant's
+// retry waited minutes behind them.
+const (
+	namespaceRetryQPS   = 10
+	namespaceRetryBurst = 100
+	allRetryQPS         = 50
+	allRetryBurst       = 500
+	// maxRetryBuckets bounds the namespaces' buckets kept; past it the full
+	// ones (no retry for a while) are dropped.
+	maxRetryBuckets = 1024
+)
+
+// fairLimiter is the queue's retry limiter (see namespaceRetryQPS).
+type fairLimiter struct {
+	items workqueue.TypedRateLimiter[key]
+	now   func() time.Time
+	mu    sync.Mutex
+	all   *rate.Limiter
+	ns    buckets
+}
+
+func newFairLimiter() *fairLimiter {
+	return &fairLimiter{items: workqueue.NewTypedItemExponentialFailureRateLimiter[key](5*time.Millisecond, 1000*time.Second),
+		now: time.Now, all: rate.NewLimiter(allRetryQPS, allRetryBurst), ns: buckets{qps: namespaceRetryQPS, burst: namespaceRetryBurst}}
+}
+
+// buckets is a rate.Limiter a namespace, of qps and burst, at most
+// maxRetryBuckets kept past the full ones (none taken for a while).
+type buckets struct {
+	ns    map[string]*rate.Limiter
+	qps   rate.Limit
+	burst int
+}
+
+// of is namespace ns's bucket, made when it has none.
+func (b *buckets) of(ns string, now time.Time) *rate.Limiter {
+	l := b.ns[ns]
+	if l != nil {
+		return l
+	}
+	if b.ns == nil {
+		b.ns = map[string]*rate.Limiter{}
+	}
+	if len(b.ns) >= maxRetryBuckets {
+		for n, o := range b.ns {
+			if o.TokensAt(now) >= float64(b.burst) {
+				delete(b.ns, n)
+			}
+		}
+	}
+	l = rate.NewLimiter(b.qps, b.burst)
+	b.ns[ns] = l
+	return l
+}
+
+// When is how long k waits before its retry: its own backoff, then its
+// namespace's bucket, then every namespace's, each taken at the time the
+// one before lets it go (a tenant's retries spread by its bucket take no
+// more of the shared one than its bucket lets through).
+func (l *fairLimiter) When(k key) time.Duration {
+	d := l.items.When(k)
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.ns.of(k.Namespace, now)
+	at := now.Add(d)
+	at = at.Add(b.ReserveN(at, 1).DelayFrom(at))
+	at = at.Add(l.all.ReserveN(at, 1).DelayFrom(at))
+	return at.Sub(now)
+}
+
+func (l *fairLimiter) Forget(k key)          { l.items.Forget(k) }
+func (l *fairLimiter) NumRequeues(k key) int { return l.items.NumRequeues(k) }
+
+// Warning Events of one namespace's workloads: at most eventBurst at once
+// and eventQPS a second after; past it an Event is not sent (the state,
+// on /debug/provisioning and in pulse_provisioner_workloads, and the log
+// still say it), counted in pulse_provisioner_events_dropped_total. The
+// recorder's one queue (1,000, dropped when full) took one tenant's
+// thousands of InvalidAnnotation Events at once, and another tenant's
+// were dropped.
+const (
+	eventQPS   = 1
+	eventBurst = 25
+)
+
+// eventLimiter is a bucket of Events per namespace; its zero value is
+// ready.
+type eventLimiter struct {
+	mu sync.Mutex
+	ns buckets
+}
+
+// allow takes one of ns's Events, if its bucket has one.
+func (l *eventLimiter) allow(ns string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ns.burst == 0 {
+		l.ns.qps, l.ns.burst = eventQPS, eventBurst
+	}
+	return l.ns.of(ns, now).AllowN(now, 1)
+}
