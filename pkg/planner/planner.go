@@ -11,6 +11,7 @@ package planner
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -203,10 +204,14 @@ type State struct {
 	// token): it prices the queue and its growth in work.
 	WorkPerRequest float64
 	// LeadTime: observed startup, smoothed (mean + 2 deviations); Startups
-	// counts the observations; startupsTo is the newest ready time counted.
+	// counts the observations; startupsTo is the newest ready time counted,
+	// and counted the pods counted that were ready within lateListing of
+	// it, by name and ready time (never written: replaced when it changes,
+	// as a State is a value).
 	LeadTime, leadDev time.Duration
 	Startups          int
 	startupsTo        time.Time
+	counted           map[countedStartup]struct{}
 	lastObserve       time.Time
 	// loneSince: since when one healthy window alone has shown more than
 	// the capacity or proof known (zero: none does), and loneLevel the
@@ -1251,17 +1256,35 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 // time of 21 minutes for replicas that start in 4. Of those only their
 // lower median is counted, once a snapshot: a flap can only lengthen a
 // startup, and fewer than half of them flapping move nothing.
+//
+// A pod listed after one ready later than it (its agent's report a few
+// seconds behind another's) is counted too, within lateListing of the
+// newest counted: the newest ready time alone was the mark, and such a
+// pod's startup was never counted.
 func (st *State) learnStartups(in Input) {
 	newest := st.startupsTo
+	horizon := st.startupsTo.Add(-lateListing)
 	var unseen []time.Duration
+	var counted map[countedStartup]struct{} // st.counted's copy, once it changes
 	for _, l := range in.Pods {
 		if l.Startup <= 0 || l.Startup > st.stuckAfter() || l.State == store.PodStarting {
 			continue
 		}
 		readyAt := in.At.Add(-l.Age + l.Startup)
-		if !readyAt.After(st.startupsTo) {
+		if !readyAt.After(horizon) {
 			continue
 		}
+		k := countedStartup{l.Name, readyAt.UnixNano()}
+		if _, ok := st.counted[k]; ok {
+			continue
+		}
+		if counted == nil {
+			counted = maps.Clone(st.counted)
+			if counted == nil {
+				counted = map[countedStartup]struct{}{}
+			}
+		}
+		counted[k] = struct{}{}
 		if readyAt.After(newest) {
 			newest = readyAt
 		}
@@ -1276,7 +1299,27 @@ func (st *State) learnStartups(in Input) {
 		st.countStartup(unseen[(len(unseen)-1)/2])
 	}
 	st.startupsTo = newest
+	if counted != nil {
+		for k := range counted {
+			if k.readyNs <= newest.Add(-lateListing).UnixNano() {
+				delete(counted, k)
+			}
+		}
+		st.counted = counted
+	}
 }
+
+// countedStartup is a pod whose startup was counted: its name and ready
+// time (a pod made again under its name is another startup).
+type countedStartup struct {
+	name    string
+	readyNs int64
+}
+
+// lateListing bounds how long after a pod's ready time, behind the newest
+// counted, its startup is still counted (an agent's report behind
+// another's, an agent restarted).
+const lateListing = 5 * time.Minute
 
 // countStartup moves the lead time learned toward one startup.
 func (st *State) countStartup(d time.Duration) {

@@ -178,6 +178,44 @@ func TestLeadTimeLearnedFromStartups(t *testing.T) {
 	}
 }
 
+// TestAStartupListedLateIsCounted: the newest ready time counted was the
+// mark, so a pod listed a snapshot after one ready later than it (its
+// agent's report a few seconds behind) never had its startup counted. It
+// is counted once, as is the one before it; and a pod made again under a
+// name counted before is another startup.
+func TestAStartupListedLateIsCounted(t *testing.T) {
+	cfg := Default(0)
+	late := serving("a", 1000, 0.01)
+	late.Startup, late.Age = 2*time.Minute, 2*time.Minute+3*time.Second // ready 3 s ago
+	early := serving("b", 1000, 0.01)
+	early.Startup, early.Age = 4*time.Minute, 4*time.Minute+time.Second // ready 1 s ago
+	p, st, err := Make(snap(t0, early), State{}, cfg)
+	if err != nil || p.Startups != 1 {
+		t.Fatalf("the first pod listed: %d startups (%v), want 1", p.Startups, err)
+	}
+	at := t0.Add(5 * time.Second)
+	late.Age += 5 * time.Second
+	early.Age += 5 * time.Second
+	p, st, _ = Make(snap(at, early, late), st, cfg)
+	if p.Startups != 2 {
+		t.Fatalf("the pod listed a snapshot late, ready before the one counted: %d startups, want 2", p.Startups)
+	}
+	at = at.Add(5 * time.Second)
+	late.Age += 5 * time.Second
+	early.Age += 5 * time.Second
+	p, st, _ = Make(snap(at, early, late), st, cfg)
+	if p.Startups != 2 {
+		t.Fatalf("the same two seen again: %d startups, want 2", p.Startups)
+	}
+	again := serving("a", 1000, 0.01)
+	again.Startup, again.Age = time.Minute, time.Minute
+	early.Age += 5 * time.Second
+	p, _, _ = Make(snap(at.Add(5*time.Second), early, again), st, cfg)
+	if p.Startups != 3 {
+		t.Fatalf("a pod made again under a name counted: %d startups, want 3", p.Startups)
+	}
+}
+
 func TestStartingReplicasAreCapacityComing(t *testing.T) {
 	cfg := Default(0)
 	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
