@@ -356,6 +356,8 @@ func largePages(t *testing.T) (srv *httptest.Server, held <-chan struct{}, unblo
 // fifth large page times out waiting, saying why, while a normal page is
 // read at once beside them.
 func TestLargePagesWaitForEachOther(t *testing.T) {
+	defer func(d time.Duration) { largeReadHold = d }(largeReadHold)
+	largeReadHold = time.Minute // the held reads keep their slots past the fifth's deadline
 	srv, held, unblock := largePages(t)
 	sc := newScraper(t, 1<<20)
 	var wg sync.WaitGroup
@@ -387,6 +389,43 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	wg.Wait()
 }
 
+// TestFewTenantsHoldNoLargeReadForLong: four namespaces' pods, each
+// sending 257 KiB and then trickling, held every large read for each
+// scrape's whole timeout, at every tick, and another tenant's large page
+// (a router's) timed out behind them. A large read holds its slot for at
+// most largeReadHold: theirs are cut, saying why, and the other tenant's
+// page is read.
+func TestFewTenantsHoldNoLargeReadForLong(t *testing.T) {
+	srv, held, unblock := largePages(t)
+	defer unblock()
+	sc := newScraper(t, 1<<20)
+	errs := make(chan error, largeSlots)
+	for i := range largeSlots {
+		go func() {
+			ctx, cancel := context.WithTimeout(withTenant(context.Background(), fmt.Sprintf("team-%d", i)), time.Minute)
+			defer cancel()
+			_, err := sc.Scrape(ctx, srv.URL+"/held", nil, nil)
+			errs <- err
+		}()
+	}
+	for range largeSlots {
+		<-held
+	}
+	waitUntil(t, "the four large reads hold their slots", func() bool { return len(sc.large.all) >= largeSlots })
+	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "victim"), time.Minute)
+	defer cancel()
+	if _, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil); err != nil {
+		t.Fatalf("another tenant's large page behind four held reads: %v; want it read once theirs are cut", err)
+	}
+	for range largeSlots {
+		err := <-errs
+		var se *ScrapeError
+		if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TIMEOUT || !strings.Contains(err.Error(), "a large read's hold") {
+			t.Fatalf("a trickling page: %v; want a timeout naming the large read's hold", err)
+		}
+	}
+}
+
 // TestOneTenantReadsOneLargePageAtATime: four pods of one namespace that
 // sent 257 KiB and then trickled held all four large reads, and every
 // other tenant's page over 256 KiB timed out behind them. A namespace now
@@ -395,6 +434,8 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 // waits for one within its timeout. Pages are read from the pod, never
 // through a proxy of the agent's environment.
 func TestOneTenantReadsOneLargePageAtATime(t *testing.T) {
+	defer func(d time.Duration) { largeReadHold = d }(largeReadHold)
+	largeReadHold = time.Minute // a's held read keeps its slot while b's is read
 	srv, held, unblock := largePages(t)
 	sc := newScraper(t, 1<<20)
 	if tr := sc.client.Transport.(*http.Transport); tr.Proxy != nil {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/vllm"
@@ -61,13 +62,20 @@ const acceptEncoding = "identity"
 // (--max-concurrent-scrapes × smallPage, plus largeSlots × --max-page-bytes)
 // whatever the pods serve, and pods with large pages wait for each other,
 // never for the others; a tenant (namespace) reads one large page at a
-// time, so that one tenant's pods cannot hold every large read. Only small
-// buffers are kept for reuse.
+// time, so that one tenant's pods cannot hold every large read, and holds
+// it for at most largeReadHold, so that a few tenants' cannot either. Only
+// small buffers are kept for reuse.
 const (
 	smallPage       = 256 << 10
 	largeSlots      = 4
 	maxPooledBuffer = 2 * smallPage // a read of smallPage+1 may grow it this far
 )
+
+// largeReadHold bounds how long a large read holds its slot: the rest of a
+// page (at most --max-page-bytes, 1 MiB by default) comes in milliseconds
+// from a pod on the node's network, once its server has sent the first
+// 256 KiB. (A variable for the tests.)
+var largeReadHold = 250 * time.Millisecond
 
 var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
@@ -348,7 +356,21 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once, one a namespace)", url, smallPage, largeSlots)}
 		}
 		defer release()
-		if _, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len()))); err != nil {
+		// The slot is held for at most largeReadHold: four namespaces'
+		// pods, each sending 257 KiB and then trickling, held every large
+		// read for each scrape's whole timeout, at every tick, and
+		// another tenant's large page (a router's) timed out behind them.
+		var cut atomic.Bool
+		stop := time.AfterFunc(largeReadHold, func() {
+			cut.Store(true)
+			_ = resp.Body.Close()
+		})
+		_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
+		stop.Stop()
+		if cut.Load() {
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn (a large read's hold)", url, smallPage, largeReadHold)}
+		}
+		if err != nil {
 			return classifyRead(ctx, url, err, s.maxBytes)
 		}
 	}
