@@ -117,6 +117,9 @@ type Config struct {
 // Relay forwards agents' streams; serve it with ServerOptions.
 type Relay struct {
 	cfg Config
+	// unreviewedWait: the package's, when the relay was made (the tests
+	// set it; streams of a relay still running read their own).
+	unreviewedWait time.Duration
 
 	// resolving serialises lookups: a pass that finished last with an
 	// older answer cut the streams of a replica just added.
@@ -160,7 +163,7 @@ func New(cfg Config) *Relay {
 	if cfg.HelloWait <= 0 {
 		cfg.HelloWait = DefaultHelloWait
 	}
-	r := &Relay{cfg: cfg, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
+	r := &Relay{cfg: cfg, unreviewedWait: unreviewedWait, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_relay_streams", Help: "Agent streams the relay forwards now."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -628,33 +631,38 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 // client opens with any token (8 connections of 32 streams from one
 // address, 1 GiB). From a replica not known to send the header it waits
 // unreviewedWait, then reads; from one known to, half the HelloWait, then
-// takes it as not known. False when the stream ended meanwhile.
+// reads this stream's. The replica is known to send the header once one
+// stream's headers have it, and not known once one stream's headers come
+// without it (a replica rolled back); a review slow past the wait (the API
+// server's, under load) says nothing of the replica, and one such stream
+// took the wait before reading from every stream to it. False when the
+// stream ended meanwhile.
 func (r *Relay) awaitReview(ctx context.Context, up grpc.ClientStream, u *upstream) bool {
 	reviewed := make(chan bool, 1)
 	go func() {
-		md, err := up.Header() // the replica's headers, or the stream's end
-		reviewed <- err == nil && len(md.Get(ReviewedKey)) > 0
+		// The replica's headers, or (nil) the stream's end, its refusal.
+		md, err := up.Header()
+		got := err == nil && md != nil
+		ok := got && len(md.Get(ReviewedKey)) > 0
+		if got {
+			u.reviewsFirst.Store(ok)
+		}
+		reviewed <- ok
 	}()
 	known := u.reviewsFirst.Load()
-	wait := unreviewedWait
+	wait := r.unreviewedWait
 	if known {
 		wait = r.cfg.HelloWait / 2
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case ok := <-reviewed:
-		if ok {
-			u.reviewsFirst.Store(true)
-		}
+	case <-reviewed:
 		// Without the header the replica's side ended (its refusal), or
 		// it sent its headers with its welcome, after a hello: read on.
 		return true
 	case <-t.C:
-		if known {
-			u.reviewsFirst.Store(false)
-		}
-		return true
+		return true // this stream's review is slow: its hello is read
 	case <-ctx.Done():
 		return false
 	}

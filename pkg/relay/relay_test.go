@@ -938,6 +938,51 @@ func TestAReplicaThatSaysNothingBeforeItsWelcomeIsStillForwarded(t *testing.T) {
 	welcomed(t, at, agg.addr)
 }
 
+// TestOneSlowReviewLeavesTheReplicaKnown: a review slow past half the
+// HelloWait (the API server's, under load) took the replica as one that
+// does not review first, and every stream to it then had its first
+// message read a second after it opened, before its review (4 MiB held a
+// stream). The slow stream's hello is read; the replica stays known until
+// a stream's headers come without the header.
+func TestOneSlowReviewLeavesTheReplicaKnown(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.review = make(chan error, 1)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 400 * time.Millisecond})
+	agg.review <- nil
+	welcomed(t, at, agg.addr)
+	u, _ := r.upstreamFor(context.Background(), agg.addr)
+	if !u.reviewsFirst.Load() {
+		t.Fatal("a reviewed stream's header: the replica not known to review first")
+	}
+	before := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator"))
+	s := agentStream(context.Background(), t, at, agg.addr)
+	if err := s.Send(hello("node-slow")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the slow stream's hello read past the wait", func() error {
+		if testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator")) == before {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if !u.reviewsFirst.Load() {
+		t.Fatal("one slow review took the replica as one that does not review first")
+	}
+	agg.review <- nil
+	if m, err := s.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("the slow stream: %v, %v; want its welcome", m, err)
+	}
+	// A replica rolled back: its headers come without the header.
+	agg.mu.Lock()
+	agg.old, agg.review = true, nil
+	agg.mu.Unlock()
+	welcomed(t, at, agg.addr)
+	if u.reviewsFirst.Load() {
+		t.Fatal("a stream's headers without the header: the replica still known to review first")
+	}
+}
+
 // TestTheReviewedHeaderIsTheAggregators: the relay waits for the header
 // the aggregator's ingest sends.
 func TestTheReviewedHeaderIsTheAggregators(t *testing.T) {
