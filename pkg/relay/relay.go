@@ -144,7 +144,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large", "hello_wait"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large", "hello_wait", "replica_streams"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -424,7 +424,7 @@ func (u *upstream) closeAll() {
 // ServerOptions serve the relay on a grpc.Server: every method reaches
 // Handler, with its messages as bytes.
 func (r *Relay) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodec(Codec{}), grpc.UnknownServiceHandler(r.Handler)}
+	return []grpc.ServerOption{grpc.ForceServerCodec(Codec{}), grpc.UnknownServiceHandler(r.Handler), grpc.StatsHandler(connTagger{})}
 }
 
 // Handler forwards one agent stream (grpc.UnknownServiceHandler).
@@ -457,6 +457,13 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		}
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()
 		return status.Errorf(codes.Unavailable, "relay: %s is not an aggregator replica this relay resolves from %s", shown(names[0]), strings.Join(r.cfg.Aggregators, ", "))
+	}
+	if ac := connOf(ctx); ac != nil {
+		if !ac.take(addr) {
+			r.m.refused.WithLabelValues("replica_streams").Inc()
+			return status.Errorf(codes.ResourceExhausted, "relay: this connection has %d streams open to %s: an agent opens one a replica", MaxStreamsPerReplica, addr)
+		}
+		defer ac.give(addr)
 	}
 	// Only the agent's token is forwarded: the aggregator reads nothing
 	// else of a stream's metadata, and a header HTTP/2 forbids (keep-alive,

@@ -354,6 +354,7 @@ pulse_relay_refused_streams_total{reason="hello_wait"} 0
 pulse_relay_refused_streams_total{reason="method"} 1
 pulse_relay_refused_streams_total{reason="no_upstream"} 1
 pulse_relay_refused_streams_total{reason="plaintext_token"} 1
+pulse_relay_refused_streams_total{reason="replica_streams"} 0
 pulse_relay_refused_streams_total{reason="unknown_upstream"} 1
 pulse_relay_refused_streams_total{reason="upstream_full"} 0
 pulse_relay_refused_streams_total{reason="upstream_unavailable"} 0
@@ -988,5 +989,59 @@ func TestOneSlowReviewLeavesTheReplicaKnown(t *testing.T) {
 func TestTheReviewedHeaderIsTheAggregators(t *testing.T) {
 	if ReviewedKey != ingest.ReviewedHeader {
 		t.Fatalf("the relay waits for %q, the aggregator sends %q", ReviewedKey, ingest.ReviewedHeader)
+	}
+}
+
+// TestAConnectionHoldsFewStreamsAtAReplica: nothing bounded the streams
+// one agent connection opened to one replica but the connection's 32: one
+// connection held 32 of the replica's stream places and their reviews,
+// eight from one address 256. An agent opens one a replica (and a second
+// replaces it): a connection's third at once is refused, saying why;
+// another connection's is forwarded, and so is a new one once one ends.
+func TestAConnectionHoldsFewStreamsAtAReplica(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	open := func(ctx context.Context) pulsev1.Ingest_ReportClient {
+		s, err := pulsev1.NewIngestClient(conn).Report(metadata.AppendToOutgoingContext(ctx, UpstreamKey, agg.addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	var cancels []context.CancelFunc
+	for i := range MaxStreamsPerReplica {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		s := open(ctx)
+		if err := s.Send(hello(fmt.Sprintf("node-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := s.Recv(); err != nil || m.GetWelcome() == nil {
+			t.Fatalf("stream %d: %v, %v; want its welcome", i, m, err)
+		}
+	}
+	endsWith(t, open(context.Background()), codes.ResourceExhausted, "streams open to")
+	wantRefused(t, r, "replica_streams", 1)
+	welcomed(t, at, agg.addr) // another connection's
+	cancels[0]()
+	eventually(t, "a new stream once one ended", func() error {
+		s := open(context.Background())
+		if err := s.Send(hello("node-again")); err != nil {
+			return err
+		}
+		m, err := s.Recv()
+		if err != nil || m.GetWelcome() == nil {
+			return fmt.Errorf("%v, %v", m, err)
+		}
+		return nil
+	})
+	for _, c := range cancels {
+		c()
 	}
 }
