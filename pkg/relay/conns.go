@@ -2,8 +2,11 @@ package relay
 
 import (
 	"context"
+	"net"
 	"sync"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/stats"
 )
 
@@ -16,11 +19,68 @@ import (
 // of a relay's address.
 const MaxStreamsPerReplica = 2
 
+// DefaultAgentConnIdle is Config.AgentConnIdle's default: gRPC's
+// MaxConnectionIdle of the agents' port, which any stream's end restarts
+// (a refused one's too: a client sending a stream the relay refuses, at no
+// cost and with no token, every few seconds held its connection for ever).
+const DefaultAgentConnIdle = 30 * time.Second
+
 // agentConn counts one agent connection's streams by the replica each
-// names.
+// names, and closes it once no stream has been forwarded on it for the
+// relay's AgentConnIdle.
 type agentConn struct {
-	mu       sync.Mutex
-	replicas map[string]int
+	mu         sync.Mutex
+	replicas   map[string]int
+	conn       net.Conn // nil: not tracked (a listener Track did not wrap)
+	idle       time.Duration
+	forwarding int
+	last       time.Time // when the last stream forwarded ended, or the connection came
+	timer      *time.Timer
+	closed     prometheus.Counter // counts the idle closes
+}
+
+// begin and end bracket a stream forwarded on the connection.
+func (c *agentConn) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forwarding++
+}
+
+func (c *agentConn) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forwarding--
+	c.last = time.Now()
+}
+
+// check closes the connection when it has been idle for c.idle, else
+// looks again when it would be.
+func (c *agentConn) check() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer == nil {
+		return // the connection ended
+	}
+	if c.forwarding == 0 {
+		if left := c.idle - time.Since(c.last); left > 0 {
+			c.timer.Reset(left)
+			return
+		}
+		_ = c.conn.Close()
+		c.closed.Inc()
+		return
+	}
+	c.timer.Reset(c.idle)
+}
+
+// stop ends the idle watch (the connection ended).
+func (c *agentConn) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
 }
 
 // take takes one of the connection's streams to addr; false when it has
@@ -57,14 +117,71 @@ func connOf(ctx context.Context) *agentConn {
 }
 
 // connTagger gives each agent connection its agentConn (its streams'
-// contexts derive from the connection's).
-type connTagger struct{}
+// contexts derive from the connection's), with its net.Conn when a
+// listener Track wrapped accepted it.
+type connTagger struct{ r *Relay }
 
-func (connTagger) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, agentConnKey{}, &agentConn{})
+func (t connTagger) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	c := &agentConn{idle: t.r.cfg.AgentConnIdle, last: time.Now()}
+	if info.RemoteAddr != nil {
+		if p, ok := t.r.pending.LoadAndDelete(info.RemoteAddr.String()); ok {
+			c.mu.Lock()
+			c.conn, c.closed = p.(pendingConn).c, t.r.m.idleClosed
+			c.timer = time.AfterFunc(c.idle, c.check)
+			c.mu.Unlock()
+		}
+	}
+	return context.WithValue(ctx, agentConnKey{}, c)
 }
-func (connTagger) HandleConn(context.Context, stats.ConnStats) {}
+
+func (connTagger) HandleConn(ctx context.Context, s stats.ConnStats) {
+	if _, end := s.(*stats.ConnEnd); end {
+		if c := connOf(ctx); c != nil {
+			c.stop()
+		}
+	}
+}
 func (connTagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	return ctx
 }
 func (connTagger) HandleRPC(context.Context, stats.RPCStats) {}
+
+// Track returns ln with each connection it accepts known to the relay
+// until gRPC tags it (after its handshake), so that its idle watch can
+// close it (AgentConnIdle). Serve the agents' port on it. The connections
+// are returned as accepted (netbound.Pooled's keep their ReadOnReady).
+func (r *Relay) Track(ln net.Listener) net.Listener { return trackedListener{ln, r} }
+
+type trackedListener struct {
+	net.Listener
+	r *Relay
+}
+
+// pendingConn is a connection accepted and not tagged yet.
+type pendingConn struct {
+	c  net.Conn
+	at time.Time
+}
+
+// pendingFor bounds how long an accepted connection is kept untagged: its
+// handshake has 10 s (grpc.ConnectionTimeout), and one that failed is
+// never tagged.
+const pendingFor = time.Minute
+
+func (l trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	now := time.Now()
+	l.r.pending.Store(c.RemoteAddr().String(), pendingConn{c, now})
+	if l.r.accepted.Add(1)%256 == 0 {
+		l.r.pending.Range(func(k, v any) bool {
+			if now.Sub(v.(pendingConn).at) > pendingFor {
+				l.r.pending.CompareAndDelete(k, v)
+			}
+			return true
+		})
+	}
+	return c, nil
+}

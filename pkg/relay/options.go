@@ -245,7 +245,7 @@ func (s *Server) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { defer close(done); s.relay.Run(rctx) }()
 	errc := make(chan error, 3)
-	go func() { errc <- s.grpc.Serve(pooled) }()
+	go func() { errc <- s.grpc.Serve(s.relay.Track(pooled)) }()
 	go func() { errc <- hs.Serve(hbounded) }()
 	var health *http.Server
 	if healthLn != nil {

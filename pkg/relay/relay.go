@@ -104,6 +104,10 @@ type Config struct {
 	// whole from the stream's start, the replica's review of its token
 	// included (DefaultHelloWait); past it the stream ends.
 	HelloWait time.Duration
+	// AgentConnIdle: an agent connection (on a listener Track wraps) with
+	// no stream forwarded for this long is closed, however many it had
+	// refused (DefaultAgentConnIdle).
+	AgentConnIdle time.Duration
 	// Transport dials a replica whose address was resolved from name (the
 	// name its certificate must carry).
 	Transport func(name string) credentials.TransportCredentials
@@ -120,6 +124,11 @@ type Relay struct {
 	// unreviewedWait: the package's, when the relay was made (the tests
 	// set it; streams of a relay still running read their own).
 	unreviewedWait time.Duration
+	// pending: the agents' connections a listener Track wraps accepted and
+	// gRPC has not tagged yet, by remote address (pendingConn); accepted
+	// counts them, for their sweep.
+	pending  sync.Map
+	accepted atomic.Int64
 
 	// resolving serialises lookups: a pass that finished last with an
 	// older answer cut the streams of a replica just added.
@@ -137,9 +146,10 @@ type Relay struct {
 }
 
 type metrics struct {
-	streams  prometheus.Gauge
-	refused  *prometheus.CounterVec
-	messages *prometheus.CounterVec
+	streams    prometheus.Gauge
+	refused    *prometheus.CounterVec
+	messages   *prometheus.CounterVec
+	idleClosed prometheus.Counter
 }
 
 // refuseReasons are the reason label values of
@@ -163,6 +173,9 @@ func New(cfg Config) *Relay {
 	if cfg.HelloWait <= 0 {
 		cfg.HelloWait = DefaultHelloWait
 	}
+	if cfg.AgentConnIdle <= 0 {
+		cfg.AgentConnIdle = DefaultAgentConnIdle
+	}
 	r := &Relay{cfg: cfg, unreviewedWait: unreviewedWait, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_relay_streams", Help: "Agent streams the relay forwards now."}),
@@ -170,12 +183,14 @@ func New(cfg Config) *Relay {
 			Name: "pulse_relay_refused_streams_total", Help: "Agent streams refused, by reason."}, []string{"reason"}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_relay_messages_total", Help: "Messages forwarded, by direction (to_aggregator, to_agent)."}, []string{"direction"}),
+		idleClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pulse_relay_idle_connections_closed_total", Help: "Agents' connections closed with no stream forwarded for 30 s, however many they had refused."}),
 	}}
 	for _, reason := range refuseReasons {
 		r.m.refused.WithLabelValues(reason)
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(r.m.streams, r.m.refused, r.m.messages,
+		cfg.Registerer.MustRegister(r.m.streams, r.m.refused, r.m.messages, r.m.idleClosed,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "pulse_relay_upstream_connections", Help: "Connections open to aggregator replicas."},
 				func() float64 { return float64(r.connections()) }))
@@ -424,7 +439,7 @@ func (u *upstream) closeAll() {
 // ServerOptions serve the relay on a grpc.Server: every method reaches
 // Handler, with its messages as bytes.
 func (r *Relay) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodec(Codec{}), grpc.UnknownServiceHandler(r.Handler), grpc.StatsHandler(connTagger{})}
+	return []grpc.ServerOption{grpc.ForceServerCodec(Codec{}), grpc.UnknownServiceHandler(r.Handler), grpc.StatsHandler(connTagger{r})}
 }
 
 // Handler forwards one agent stream (grpc.UnknownServiceHandler).
@@ -491,6 +506,10 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
+	if ac := connOf(ctx); ac != nil {
+		ac.begin()
+		defer ac.end()
+	}
 	return r.forward(ctx, ss, up, cancel, u)
 }
 

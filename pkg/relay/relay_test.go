@@ -209,7 +209,7 @@ func startRelay(t testing.TB, cfg Config) (*Relay, relayAt) {
 		at.creds = credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "localhost", MinVersion: tls.VersionTLS12})
 	}
 	srv := grpc.NewServer(opts...)
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(r.Track(ln)) }()
 	t.Cleanup(func() { srv.Stop(); cancel(); <-done })
 	return r, at
 }
@@ -1043,5 +1043,52 @@ func TestAConnectionHoldsFewStreamsAtAReplica(t *testing.T) {
 	})
 	for _, c := range cancels {
 		c()
+	}
+}
+
+// TestRefusedStreamsHoldNoConnection: gRPC's idle close of the agents'
+// port restarts at any stream's end, a refused one's too, so a client with
+// no token, sending a stream the relay refuses every few hundred
+// milliseconds, held its connection (its share of --max-connections) for
+// ever. A connection with no stream forwarded for AgentConnIdle is
+// closed, however many it had refused; one forwarding a stream is kept.
+func TestRefusedStreamsHoldNoConnection(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, AgentConnIdle: 300 * time.Millisecond})
+	working := agentStream(context.Background(), t, at, agg.addr)
+	if err := working.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := working.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("a hello: %v, %v", m, err)
+	}
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	// Refused streams, each well within the idle time of the one before
+	// (the client dials again once its connection is closed).
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(r.m.idleClosed) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a connection whose every stream was refused, one every 50 ms: still held after 5 s (idle 300 ms)")
+		}
+		s, err := pulsev1.NewIngestClient(conn).Report(context.Background()) // names no replica
+		if err == nil {
+			_, err = s.Recv()
+		}
+		if c := status.Code(err); c != codes.InvalidArgument && c != codes.Unavailable {
+			t.Fatalf("a stream naming no replica: %v", err)
+		}
+	}
+	// The agent's connection, its stream forwarded, is kept past twice
+	// the idle time: its batch is still answered.
+	time.Sleep(600 * time.Millisecond)
+	if err := working.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 1}}}); err != nil {
+		t.Fatalf("the forwarding connection: %v", err)
+	}
+	if m, err := working.Recv(); err != nil || m.GetAck().GetSeq() != 1 {
+		t.Fatalf("the forwarding connection's batch: %v, %v; want its ack", m, err)
 	}
 }
