@@ -332,6 +332,13 @@ func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) 
 		// reset at once cut the one lookup a second every other stream
 		// waits on.
 		r.resolve(context.WithoutCancel(ctx), false)
+	} else if !ok {
+		// A lookup under way (another stream's, or the periodic one) may
+		// add it: its answer is waited for. A second stream for a replica
+		// just added, arriving while the first stream's lookup ran, was
+		// refused as not a replica.
+		r.resolving.Lock()
+		r.resolving.Unlock() //nolint:staticcheck // an empty section: waits for the lookup in flight
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -160,9 +160,10 @@ func (d *dns) LookupHost(_ context.Context, host string) ([]string, error) {
 	return ips, nil
 }
 
-func (d *dns) set(host string, ips ...string) {
+// set sets the aggregators' name's addresses.
+func (d *dns) set(ips ...string) {
 	d.mu.Lock()
-	d.addrs[host] = ips
+	d.addrs["aggregator"] = ips
 	d.mu.Unlock()
 }
 
@@ -479,7 +480,7 @@ func TestAReplicaGoneEndsItsStreams(t *testing.T) {
 		}
 		return nil
 	})
-	d.set("aggregator", "127.0.0.2", "127.0.0.1")
+	d.set("127.0.0.2", "127.0.0.1")
 	s := agentStream(context.Background(), t, at, agg.addr)
 	if err := s.Send(hello("node-1")); err != nil {
 		t.Fatal(err)
@@ -487,12 +488,12 @@ func TestAReplicaGoneEndsItsStreams(t *testing.T) {
 	if _, err := s.Recv(); err != nil {
 		t.Fatalf("a replica looked up at once: %v", err)
 	}
-	d.set("aggregator") // no address: the lookup fails, and nothing is cut
+	d.set() // no address: the lookup fails, and nothing is cut
 	r.resolve(context.Background(), true)
 	if r.connections() != 1 {
 		t.Fatalf("a failed lookup cut the replica's connection (%d open)", r.connections())
 	}
-	d.set("aggregator", "127.0.0.2") // the replica replaced
+	d.set("127.0.0.2") // the replica replaced
 	// One answer without it (a readiness blip takes a replica out of the
 	// headless Service's endpoints for a moment) cuts nothing; a second
 	// in a row does.
@@ -1090,5 +1091,50 @@ func TestRefusedStreamsHoldNoConnection(t *testing.T) {
 	}
 	if m, err := working.Recv(); err != nil || m.GetAck().GetSeq() != 1 {
 		t.Fatalf("the forwarding connection's batch: %v, %v; want its ack", m, err)
+	}
+}
+
+// slowDNS answers as its dns after a delay.
+type slowDNS struct {
+	*dns
+	delay time.Duration
+}
+
+func (s slowDNS) LookupHost(ctx context.Context, host string) ([]string, error) {
+	time.Sleep(s.delay)
+	return s.dns.LookupHost(ctx, host)
+}
+
+// TestAStreamDuringALookupWaitsForIt: one lookup a second is made for
+// streams naming a replica not known; a second stream for a replica just
+// added, arriving while the first stream's lookup ran, was refused as not
+// a replica (unknown_upstream), though that lookup added it. It waits for
+// the lookup in flight.
+func TestAStreamDuringALookupWaitsForIt(t *testing.T) {
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, _ := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: slowDNS{d, 300 * time.Millisecond}})
+	eventually(t, "the first lookup", func() error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.allowed) == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	d.set("127.0.0.1", "127.0.0.2")
+	added := "127.0.0.2:" + port(agg.addr)
+	found := make(chan bool, 2)
+	for range 2 {
+		go func() {
+			_, ok := r.upstreamFor(context.Background(), added)
+			found <- ok
+		}()
+		time.Sleep(50 * time.Millisecond) // the second within the first's lookup (300 ms)
+	}
+	for i := range 2 {
+		if !<-found {
+			t.Fatalf("stream %d for a replica the lookup in flight adds: not found", i+1)
+		}
 	}
 }
