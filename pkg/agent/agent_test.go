@@ -393,8 +393,9 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 // sending 257 KiB and then trickling, held every large read for each
 // scrape's whole timeout, at every tick, and another tenant's large page
 // (a router's) timed out behind them. A large read holds its slot for at
-// most largeReadHold: theirs are cut, saying why, and the other tenant's
-// page is read.
+// most largeReadHold while another waits: one of theirs is cut, saying
+// why, and the other tenant's page is read; with no one waiting, a slow
+// page is read whole.
 func TestFewTenantsHoldNoLargeReadForLong(t *testing.T) {
 	srv, held, unblock := largePages(t)
 	defer unblock()
@@ -415,14 +416,44 @@ func TestFewTenantsHoldNoLargeReadForLong(t *testing.T) {
 	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "victim"), time.Minute)
 	defer cancel()
 	if _, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil); err != nil {
-		t.Fatalf("another tenant's large page behind four held reads: %v; want it read once theirs are cut", err)
+		t.Fatalf("another tenant's large page behind four held reads: %v; want it read once one of theirs is cut", err)
 	}
-	for range largeSlots {
-		err := <-errs
-		var se *ScrapeError
-		if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TIMEOUT || !strings.Contains(err.Error(), "a large read's hold") {
-			t.Fatalf("a trickling page: %v; want a timeout naming the large read's hold", err)
+	// One at least was cut for it, saying why.
+	err := <-errs
+	var se *ScrapeError
+	if !errors.As(err, &se) || se.Reason != pulsev1.MissingReason_MISSING_REASON_TIMEOUT || !strings.Contains(err.Error(), "a large read's hold") {
+		t.Fatalf("a trickling page: %v; want a timeout naming the large read's hold", err)
+	}
+	unblock()
+	for range largeSlots - 1 {
+		if err := <-errs; err != nil && !errors.As(err, &se) {
+			t.Fatalf("a held page once let go: %v; want a page or a scrape's error", err)
 		}
+	}
+}
+
+// TestASlowLargePageIsReadWholeWhenNoneWaits: the large read's hold cut
+// a busy server's page (an overloaded router's) with no other large read
+// waiting, as a timeout, when scaling mattered most. It is cut only while
+// another waits: alone, a page slower than the hold is read whole.
+func TestASlowLargePageIsReadWholeWhenNoneWaits(t *testing.T) {
+	defer func(d time.Duration) { largeReadHold = d }(largeReadHold)
+	largeReadHold = 20 * time.Millisecond
+	srv, held, unblock := largePages(t)
+	sc := newScraper(t, 1<<20)
+	errs := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(withTenant(context.Background(), "team-1"), time.Minute)
+		defer cancel()
+		_, err := sc.Scrape(ctx, srv.URL+"/held", nil, nil)
+		errs <- err
+	}()
+	<-held
+	waitUntil(t, "the large read holds its slot", func() bool { return len(sc.large.all) == 1 })
+	time.Sleep(10 * sc.largeHold) // held ten times the hold, no one waiting
+	unblock()
+	if err := <-errs; err != nil && strings.Contains(err.Error(), "a large read's hold") {
+		t.Fatalf("a slow page cut with no one waiting: %v", err)
 	}
 }
 

@@ -63,7 +63,8 @@ const acceptEncoding = "identity"
 // whatever the pods serve, and pods with large pages wait for each other,
 // never for the others; a tenant (namespace) reads one large page at a
 // time, so that one tenant's pods cannot hold every large read, and holds
-// it for at most largeReadHold, so that a few tenants' cannot either. Only
+// it for at most largeReadHold while another waits, so that a few
+// tenants' cannot either. Only
 // small buffers are kept for reuse.
 const (
 	smallPage       = 256 << 10
@@ -93,6 +94,8 @@ type httpScraper struct {
 	// too, and one namespace's pages just under smallPage (some 30 ms of
 	// parsing each) cannot take every parse.
 	parses *tenantSlots
+	// largeHold: largeReadHold when the scraper was made.
+	largeHold time.Duration
 }
 
 // tenantSlots bounds what is under way in all (all's capacity) and of each
@@ -107,6 +110,9 @@ type tenantSlots struct {
 	// per grows, if waiting: a tenant at its bound waits for it.
 	freed   chan struct{}
 	waiting int
+	// queued: takes waiting for one of all (a large read held past
+	// largeReadHold is cut only while one waits).
+	queued atomic.Int32
 }
 
 func newTenantSlots(all, per int) *tenantSlots {
@@ -151,7 +157,7 @@ func newHTTPScraper(ex *vllm.Extractor, maxBytes int64, maxPods int, insecureSki
 	tr.ForceAttemptHTTP2 = false
 	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	return &httpScraper{client: &http.Client{Transport: tr, CheckRedirect: sameHostRedirect}, extractor: ex, maxBytes: maxBytes,
-		large: newTenantSlots(largeSlots, 1), parses: newParseSlots(runtime.GOMAXPROCS(0))}
+		large: newTenantSlots(largeSlots, 1), parses: newParseSlots(runtime.GOMAXPROCS(0)), largeHold: largeReadHold}
 }
 
 // newParseSlots: max(procs, 2) parses at once, half of them (at least one)
@@ -166,6 +172,8 @@ func newParseSlots(procs int) *tenantSlots {
 func (t *tenantSlots) take(ctx context.Context) (release func(), ok bool) {
 	tenant, _ := ctx.Value(tenantKey{}).(string)
 	if tenant == "" {
+		t.queued.Add(1)
+		defer t.queued.Add(-1)
 		select {
 		case t.all <- struct{}{}:
 			return func() { <-t.all }, true
@@ -195,6 +203,8 @@ func (t *tenantSlots) take(ctx context.Context) (release func(), ok bool) {
 		t.waiting--
 		t.mu.Unlock()
 	}
+	t.queued.Add(1)
+	defer t.queued.Add(-1)
 	select {
 	case t.all <- struct{}{}:
 	case <-ctx.Done():
@@ -360,15 +370,30 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		// pods, each sending 257 KiB and then trickling, held every large
 		// read for each scrape's whole timeout, at every tick, and
 		// another tenant's large page (a router's) timed out behind them.
+		// It is cut only while another waits for a large read: a busy
+		// server's page (an overloaded router's) is read whole when none
+		// does.
 		var cut atomic.Bool
-		stop := time.AfterFunc(largeReadHold, func() {
-			cut.Store(true)
-			_ = resp.Body.Close()
+		var mu sync.Mutex
+		var timer *time.Timer
+		mu.Lock()
+		timer = time.AfterFunc(s.largeHold, func() {
+			if s.large.queued.Load() > 0 {
+				cut.Store(true)
+				_ = resp.Body.Close()
+				return
+			}
+			mu.Lock()
+			timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
+			mu.Unlock()
 		})
+		mu.Unlock()
 		_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
-		stop.Stop()
-		if cut.Load() {
-			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn (a large read's hold)", url, smallPage, largeReadHold)}
+		mu.Lock()
+		timer.Stop()
+		mu.Unlock()
+		if err != nil && cut.Load() {
+			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn, another waiting (a large read's hold)", url, smallPage, s.largeHold)}
 		}
 		if err != nil {
 			return classifyRead(ctx, url, err, s.maxBytes)

@@ -136,9 +136,6 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationWindow, "2m"), AnnotationWindow, "--max-window"},
 		{on(AnnotationActivationThreshold, "-1"), AnnotationActivationThreshold, "negative"},
 		{on(AnnotationActivationThreshold, "1e308"), AnnotationActivationThreshold, "at most"},
-		// A misspelt metric is no extra gauge: provisioned, every answer
-		// was refused as a metric no agent forwards.
-		{on(AnnotationMetric, "vllm:num_request_waiting"), AnnotationMetric, "did you mean vllm:num_requests_waiting?"},
 		{on(AnnotationMinReplicas, "-1"), AnnotationMinReplicas, "whole number"},
 		{on(AnnotationMaxReplicas, "0"), AnnotationMaxReplicas, "whole number"},
 		{on(AnnotationMaxReplicas, "2.5"), AnnotationMaxReplicas, "whole number"},

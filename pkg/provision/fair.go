@@ -9,18 +9,17 @@ import (
 )
 
 // Retries of the provisioner's queue: each workload's own exponential
-// backoff (client-go's controller default, 5 ms doubling to 1000 s), within
-// a bucket of its namespace's (namespaceRetryQPS, burst namespaceRetryBurst)
-// and one of every namespace's (allRetryQPS, burst allRetryBurst). The
-// queue had client-go's one bucket for every namespace (10 a second): one
-// tenant's thousands of workloads whose ScaledObject the API server
-// refused (a ResourceQuota, KEDA's webhook) took it, and another tenant's
-// retry waited minutes behind them.
+// backoff (client-go's controller default, 5 ms doubling to 1000 s), and a
+// bucket of its namespace's (namespaceRetryQPS, burst namespaceRetryBurst),
+// whichever is later. The queue had client-go's one bucket for every
+// namespace (10 a second): one tenant's thousands of workloads whose
+// ScaledObject the API server refused (a ResourceQuota, KEDA's webhook)
+// took it, and another tenant's retry waited minutes behind them. All the
+// namespaces' calls together are bounded by the aggregator's client (50 a
+// second, burst 100).
 const (
 	namespaceRetryQPS   = 10
 	namespaceRetryBurst = 100
-	allRetryQPS         = 50
-	allRetryBurst       = 500
 	// maxRetryBuckets bounds the namespaces' buckets kept; past it the full
 	// ones (no retry for a while) are dropped.
 	maxRetryBuckets = 1024
@@ -31,14 +30,28 @@ type fairLimiter struct {
 	items workqueue.TypedRateLimiter[key]
 	now   func() time.Time
 	mu    sync.Mutex
-	all   *rate.Limiter
 	ns    buckets
 }
 
 func newFairLimiter() *fairLimiter {
 	return &fairLimiter{items: workqueue.NewTypedItemExponentialFailureRateLimiter[key](5*time.Millisecond, 1000*time.Second),
-		now: time.Now, all: rate.NewLimiter(allRetryQPS, allRetryBurst), ns: buckets{qps: namespaceRetryQPS, burst: namespaceRetryBurst}}
+		now: time.Now, ns: buckets{qps: namespaceRetryQPS, burst: namespaceRetryBurst}}
 }
+
+// When is how long k waits before its retry: its own backoff or its
+// namespace's bucket, whichever is longer (a token is taken now: a bucket
+// taken at future times, out of order, refilled as of the latest and let
+// every retry through).
+func (l *fairLimiter) When(k key) time.Duration {
+	d := l.items.When(k)
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(d, l.ns.of(k.Namespace, now).ReserveN(now, 1).DelayFrom(now))
+}
+
+func (l *fairLimiter) Forget(k key)          { l.items.Forget(k) }
+func (l *fairLimiter) NumRequeues(k key) int { return l.items.NumRequeues(k) }
 
 // buckets is a rate.Limiter a namespace, of qps and burst, at most
 // maxRetryBuckets kept past the full ones (none taken for a while).
@@ -68,25 +81,6 @@ func (b *buckets) of(ns string, now time.Time) *rate.Limiter {
 	b.ns[ns] = l
 	return l
 }
-
-// When is how long k waits before its retry: its own backoff, then its
-// namespace's bucket, then every namespace's, each taken at the time the
-// one before lets it go (a tenant's retries spread by its bucket take no
-// more of the shared one than its bucket lets through).
-func (l *fairLimiter) When(k key) time.Duration {
-	d := l.items.When(k)
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.ns.of(k.Namespace, now)
-	at := now.Add(d)
-	at = at.Add(b.ReserveN(at, 1).DelayFrom(at))
-	at = at.Add(l.all.ReserveN(at, 1).DelayFrom(at))
-	return at.Sub(now)
-}
-
-func (l *fairLimiter) Forget(k key)          { l.items.Forget(k) }
-func (l *fairLimiter) NumRequeues(k key) int { return l.items.NumRequeues(k) }
 
 // Warning Events of one namespace's workloads: at most eventBurst at once
 // and eventQPS a second after; past it an Event is not sent (the state,

@@ -12,8 +12,7 @@ import (
 // bucket of retries (10 a second) for every namespace: after one tenant's
 // 3,000 workloads failed at once (a ResourceQuota refusing their
 // ScaledObjects), another tenant's first retry waited five minutes. Each
-// namespace has a bucket of its own, and the shared one is taken at the
-// time a namespace's lets a retry go.
+// namespace has a bucket of its own.
 func TestOneTenantsRetriesLeaveAnothersAlone(t *testing.T) {
 	at := time.Unix(1_700_000_000, 0)
 	l := newFairLimiter()
@@ -24,6 +23,17 @@ func TestOneTenantsRetriesLeaveAnothersAlone(t *testing.T) {
 	}
 	if last < 250*time.Second {
 		t.Fatalf("team-a's 3,000th first retry in %s; want its namespace's bucket (10 a second) to spread them", last)
+	}
+	// A workload of team-a's failing again and again (its own backoff
+	// hours long) refills no bucket: team-a's next retry still waits its
+	// turn. (A bucket taken at future times refilled as of the latest,
+	// and let every retry through.)
+	long := key{"Deployment", "team-a", "again"}
+	for range 20 {
+		l.When(long)
+	}
+	if next := l.When(key{"Deployment", "team-a", "w-next"}); next < last {
+		t.Fatalf("team-a's next retry after a long backoff's: in %s; want its turn, after %s", next, last)
 	}
 	b := l.When(key{"Deployment", "team-b", "w"})
 	if b > time.Second {

@@ -159,8 +159,10 @@ var vllmNames = map[string]string{
 	"vllm:gpu_cache_usage_perc": "kvCacheUsage",
 }
 
-// metricNames matches a metricName to the names pulse knows: its
-// canonical metrics, replicas and the vLLM names metricName accepts.
+// metricNames matches a metricName no agent forwards to the names pulse
+// knows: its canonical metrics, replicas and the vLLM names metricName
+// accepts (Server.forwarded's hint; a name near one of them can be a real
+// gauge, vllm:cpu_cache_usage_perc, forwarded as it is named).
 var metricNames = NewMatcher(append(append(metric.Names(), MetricReplicas), slices.Sorted(maps.Keys(vllmNames))...))
 
 // MetadataError names the key at fault.
@@ -331,14 +333,6 @@ func parseMetric(md map[string]string, t *Trigger) error {
 		default:
 			if _, ok := metric.Lookup(m); !ok && !model.LegacyValidation.IsValidMetricName(m) {
 				return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("%q is neither a canonical metric nor a metric name", wire.CleanText(m, 64))}
-			} else if !ok {
-				// A name within a typo of one pulse knows is that typo, not
-				// a gauge an agent forwards: it read as one, and was
-				// provisioned, and every answer was refused as a metric no
-				// agent forwards.
-				if meant := metricNames.Nearest(m); meant != "" && meant != m {
-					return &MetadataError{Key: "metricName", Msg: fmt.Sprintf("unknown metric %q (did you mean %s?); an --extra-metric so named is refused too: name it apart from pulse's", wire.CleanText(m, 64), meant)}
-				}
 			}
 			t.Metric = m // canonical, or a gauge forwarded with the agent's --extra-metric
 		}

@@ -70,7 +70,9 @@ func (f *refusals) shouldLog(id TriggerID, now time.Time) bool {
 }
 
 // forgetOfMost drops the expired entries of the namespace with the most,
-// or its oldest when none is.
+// or, when none is, its older half: a batch at once, so that a flood of new
+// ScaledObjects costs a scan of that namespace once every half of it, not
+// at each refusal, under the recorder's lock.
 func (f *refusals) forgetOfMost(now time.Time) {
 	most := ""
 	for n, m := range f.logged {
@@ -79,22 +81,27 @@ func (f *refusals) forgetOfMost(now time.Time) {
 		}
 	}
 	m := f.logged[most]
-	var oldest TriggerID
-	var oldestAt time.Time
-	dropped := 0
+	before := len(m)
 	for id, at := range m {
 		if now.Sub(at) >= refusalLogEvery {
 			delete(m, id)
-			dropped++
-		} else if dropped == 0 && (oldestAt.IsZero() || at.Before(oldestAt)) {
-			oldest, oldestAt = id, at
 		}
 	}
-	if dropped == 0 && !oldestAt.IsZero() {
-		delete(m, oldest)
-		dropped++
+	if len(m) == before {
+		type entry struct {
+			id TriggerID
+			at time.Time
+		}
+		es := make([]entry, 0, len(m))
+		for id, at := range m {
+			es = append(es, entry{id, at})
+		}
+		slices.SortFunc(es, func(a, b entry) int { return a.at.Compare(b.at) })
+		for _, e := range es[:max(1, len(es)/2)] { // the older half
+			delete(m, e.id)
+		}
 	}
-	f.nLogged -= dropped
+	f.nLogged -= before - len(m)
 	if len(m) == 0 {
 		delete(f.logged, most)
 	}

@@ -191,8 +191,8 @@ func TestOneTenantsRefusalsLeaveAnothersLogLimit(t *testing.T) {
 			logged++
 		}
 	}
-	if logged != 3*maxDecisions || f.nLogged != maxDecisions {
-		t.Fatalf("team-a's %d new ScaledObjects: %d logged, %d kept; want each logged once, %d kept", 3*maxDecisions, logged, f.nLogged, maxDecisions)
+	if logged != 3*maxDecisions || f.nLogged > maxDecisions || f.nLogged < maxDecisions/2 {
+		t.Fatalf("team-a's %d new ScaledObjects: %d logged, %d kept; want each logged once, %d to %d kept", 3*maxDecisions, logged, f.nLogged, maxDecisions/2, maxDecisions)
 	}
 	if f.shouldLog(b, now.Add(time.Second)) {
 		t.Fatal("team-b's refusal a second later was logged again: team-a's flood cleared its limit")

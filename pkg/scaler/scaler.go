@@ -269,9 +269,18 @@ func (s *Server) forwarded(t Trigger) error {
 	if len(names) > 0 {
 		have = strings.Join(names, ", ")
 	}
+	// A name within a typo of one pulse knows, or of one the agents
+	// forward, is named: a misspelt vLLM name was read as a gauge to
+	// forward, and only the list said otherwise.
+	hint := ""
+	if meant := metricNames.Nearest(t.Metric); meant != "" {
+		hint = " (did you mean " + meant + "?)"
+	} else if meant := Nearest(t.Metric, names); meant != "" {
+		hint = " (did you mean " + wire.CleanText(meant, 64) + "?)"
+	}
 	return status.Error(codes.InvalidArgument, (&MetadataError{Key: "metricName", Msg: fmt.Sprintf(
-		"%q is neither a vLLM metric pulse knows nor a gauge the agents forward (they forward: %s); forward it with the agents' --extra-metric (the daemonset chart's extraMetrics)",
-		wire.CleanText(t.Metric, 64), have)}).Error())
+		"%q%s is neither a vLLM metric pulse knows nor a gauge the agents forward (they forward: %s); forward it with the agents' --extra-metric (the daemonset chart's extraMetrics)",
+		wire.CleanText(t.Metric, 64), hint, have)}).Error())
 }
 
 // GetMetrics returns exactly one value (the HPA sums all values returned).

@@ -330,23 +330,26 @@ func TestATyposRefusalIsTheSameEachTime(t *testing.T) {
 	}
 }
 
-// TestAMetricNameWithinATypoOfPulsesIsRefused: a metricName that is no
-// metric pulse knows read as a gauge an agent forwards (--extra-metric):
-// a misspelt vLLM name was taken, provisioned, and then every answer was
-// refused as a metric no agent forwards. A name within a typo of one pulse
-// knows is refused, naming it; another name is still an extra gauge's.
-func TestAMetricNameWithinATypoOfPulsesIsRefused(t *testing.T) {
+// TestAMetricNameNoAgentForwardsNamesTheOneMeant: a misspelt vLLM name
+// (vllm:num_request_waiting) read as a gauge an agent forwards, and its
+// refusal listed what the agents forward alone. A name no agent forwards,
+// within a typo of one pulse knows, is refused naming it; a real gauge
+// near one of them (vllm:cpu_cache_usage_perc), forwarded, is taken.
+func TestAMetricNameNoAgentForwardsNamesTheOneMeant(t *testing.T) {
+	f := newFixture(t)
+	f.store.Upsert(store.Source{Node: "node-1", ExtraNames: []string{"vllm:cpu_cache_usage_perc", "my_queue_depth"}},
+		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "a-0", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "a"}}}}, true)
 	for name, meant := range map[string]string{
-		"vllm:num_request_waiting": "vllm:num_requests_waiting", "Waiting": "waiting", "kvcacheusage": "kvCacheUsage", "replica": "replicas",
+		"vllm:num_request_waiting": "vllm:num_requests_waiting", "Waiting": "waiting", "kvcacheusage": "kvCacheUsage", "my_queue_dept": "my_queue_depth",
 	} {
-		_, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "a", "metricName": name}}, time.Hour, nil)
-		var me *MetadataError
-		if !errors.As(err, &me) || me.Key != "metricName" || !strings.Contains(err.Error(), "did you mean "+meant+"?") {
+		_, err := f.client.GetMetricSpec(context.Background(), ref(map[string]string{"workspace": "a", "metricName": name, "threshold": "1"}))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "(did you mean "+meant+"?)") {
 			t.Errorf("metricName %s: %v; want refused, naming %s", name, err, meant)
 		}
 	}
-	for _, name := range []string{"vllm:num_requests_waiting", "waiting", "replicas", "vllm:lora_requests_info_max", "my_queue_depth"} {
-		if _, err := ParseTrigger(&externalscaler.ScaledObjectRef{Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "a", "metricName": name, "threshold": "1"}}, time.Hour, nil); err != nil {
+	for _, name := range []string{"vllm:num_requests_waiting", "waiting", "replicas", "vllm:cpu_cache_usage_perc", "my_queue_depth"} {
+		md := map[string]string{"workspace": "a", "metricName": name, "threshold": "1"}
+		if _, err := f.client.GetMetricSpec(context.Background(), ref(md)); err != nil {
 			t.Errorf("metricName %s: %v; want it taken", name, err)
 		}
 	}
