@@ -857,10 +857,18 @@ func (m *Managed) notOurs(kind, name string, obj metav1.Object) error {
 	if m.o.Owner == nil {
 		return nil
 	}
+	// The first owner of the kind is the release that made it (owners
+	// adds ours after any there): a copy the two releases fought over
+	// before carries both, and each refused it, for good, its
+	// credentials left to expire.
 	for _, r := range obj.GetOwnerReferences() {
-		if r.Kind == m.o.Owner.Kind && r.APIVersion == m.o.Owner.APIVersion && r.Name != m.o.Owner.Name {
+		if r.Kind != m.o.Owner.Kind || r.APIVersion != m.o.Owner.APIVersion {
+			continue
+		}
+		if r.Name != m.o.Owner.Name {
 			return fmt.Errorf("%s %s is another release's (owned by %s %s, not this release's %s): it is left as it is; give this release another name for it", kind, name, r.Kind, r.Name, m.o.Owner.Name)
 		}
+		return nil
 	}
 	return nil
 }

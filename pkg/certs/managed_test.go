@@ -1185,4 +1185,20 @@ func TestAnotherReleasesCopyIsLeftAlone(t *testing.T) {
 	if err := NewManaged(release("team-a", "pulse-a", "uid-a2")).Ensure(ctx); err != nil {
 		t.Fatalf("the first release, its ClusterRole made again: %v", err)
 	}
+	// A copy the two fought over before this check carries both owners,
+	// the maker's first: it is the maker's still, and the other's not.
+	now, err = client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now.OwnerReferences = append(now.OwnerReferences, metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-b", UID: "uid-b"})
+	if _, err := client.CoreV1().Secrets("keda").Update(ctx, now, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewManaged(release("team-a", "pulse-a", "uid-a2")).Ensure(ctx); err != nil {
+		t.Fatalf("the maker, with the other's owner added before: %v", err)
+	}
+	if err := NewManaged(release("team-b", "pulse-b", "uid-b")).Ensure(ctx); err == nil || !strings.Contains(err.Error(), "another release's (owned by ClusterRole pulse-a") {
+		t.Fatalf("the other, its owner added before: %v; want refused as the maker's", err)
+	}
 }
