@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/stats"
 )
 
@@ -31,7 +32,7 @@ const DefaultAgentConnIdle = 30 * time.Second
 type agentConn struct {
 	mu         sync.Mutex
 	replicas   map[string]int
-	conn       net.Conn // nil: not tracked (a listener Track did not wrap)
+	conn       *trackedConn // nil: not tracked (a listener Track did not wrap)
 	idle       time.Duration
 	forwarding int
 	last       time.Time // when the last stream forwarded ended, or the connection came
@@ -39,18 +40,23 @@ type agentConn struct {
 	closed     prometheus.Counter // counts the idle closes
 }
 
-// begin and end bracket a stream forwarded on the connection.
+// begin and end bracket a stream on the connection from its replica's
+// place taken (its setup, a lookup and a dial, is not idle); only a stream
+// that was forwarded moves the connection's last use (a refused one, at
+// no cost to its client, does not).
 func (c *agentConn) begin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forwarding++
 }
 
-func (c *agentConn) end() {
+func (c *agentConn) end(forwarded bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forwarding--
-	c.last = time.Now()
+	if forwarded {
+		c.last = time.Now()
+	}
 }
 
 // check closes the connection when it has been idle for c.idle, else
@@ -126,7 +132,7 @@ func (t connTagger) TagConn(ctx context.Context, info *stats.ConnTagInfo) contex
 	if info.RemoteAddr != nil {
 		if p, ok := t.r.pending.LoadAndDelete(info.RemoteAddr.String()); ok {
 			c.mu.Lock()
-			c.conn, c.closed = p.(pendingConn).c, t.r.m.idleClosed
+			c.conn, c.closed = p.(*trackedConn), t.r.m.idleClosed
 			c.timer = time.AfterFunc(c.idle, c.check)
 			c.mu.Unlock()
 		}
@@ -147,9 +153,10 @@ func (connTagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Conte
 func (connTagger) HandleRPC(context.Context, stats.RPCStats) {}
 
 // Track returns ln with each connection it accepts known to the relay
-// until gRPC tags it (after its handshake), so that its idle watch can
-// close it (AgentConnIdle). Serve the agents' port on it. The connections
-// are returned as accepted (netbound.Pooled's keep their ReadOnReady).
+// until gRPC tags it (after its handshake) or it closes, so that its idle
+// watch can close it (AgentConnIdle). Serve the agents' port on it. A
+// connection gRPC reads into pooled buffers (netbound.Pooled's) keeps its
+// ReadOnReady.
 func (r *Relay) Track(ln net.Listener) net.Listener { return trackedListener{ln, r} }
 
 type trackedListener struct {
@@ -157,31 +164,45 @@ type trackedListener struct {
 	r *Relay
 }
 
-// pendingConn is a connection accepted and not tagged yet.
-type pendingConn struct {
-	c  net.Conn
-	at time.Time
-}
-
-// pendingFor bounds how long an accepted connection is kept untagged: its
-// handshake has 10 s (grpc.ConnectionTimeout), and one that failed is
-// never tagged.
-const pendingFor = time.Minute
-
 func (l trackedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return c, err
 	}
-	now := time.Now()
-	l.r.pending.Store(c.RemoteAddr().String(), pendingConn{c, now})
-	if l.r.accepted.Add(1)%256 == 0 {
-		l.r.pending.Range(func(k, v any) bool {
-			if now.Sub(v.(pendingConn).at) > pendingFor {
-				l.r.pending.CompareAndDelete(k, v)
-			}
-			return true
-		})
+	key := c.RemoteAddr().String()
+	tc := &trackedConn{Conn: c}
+	tc.forget = func() { l.r.pending.CompareAndDelete(key, tc) }
+	l.r.pending.Store(key, tc)
+	if rr, ok := c.(readyReader); ok {
+		return &trackedReadyConn{tc, rr}, nil
 	}
-	return c, nil
+	return tc, nil
+}
+
+// trackedConn forgets its connection once closed (a handshake that
+// failed, a probe: never tagged).
+type trackedConn struct {
+	net.Conn
+	forget func()
+	once   sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(c.forget)
+	return c.Conn.Close()
+}
+
+// readyReader is what gRPC reads into pooled buffers through.
+type readyReader interface {
+	ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error)
+}
+
+// trackedReadyConn is a trackedConn of a connection with ReadOnReady.
+type trackedReadyConn struct {
+	*trackedConn
+	rr readyReader
+}
+
+func (c *trackedReadyConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error) {
+	return c.rr.ReadOnReady(size, pool)
 }

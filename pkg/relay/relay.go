@@ -124,11 +124,9 @@ type Relay struct {
 	// unreviewedWait: the package's, when the relay was made (the tests
 	// set it; streams of a relay still running read their own).
 	unreviewedWait time.Duration
-	// pending: the agents' connections a listener Track wraps accepted and
-	// gRPC has not tagged yet, by remote address (pendingConn); accepted
-	// counts them, for their sweep.
-	pending  sync.Map
-	accepted atomic.Int64
+	// pending: the agents' connections a listener Track wraps accepted,
+	// open and not tagged by gRPC yet, by remote address (*trackedConn).
+	pending sync.Map
 
 	// resolving serialises lookups: a pass that finished last with an
 	// older answer cut the streams of a replica just added.
@@ -184,7 +182,7 @@ func New(cfg Config) *Relay {
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_relay_messages_total", Help: "Messages forwarded, by direction (to_aggregator, to_agent)."}, []string{"direction"}),
 		idleClosed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pulse_relay_idle_connections_closed_total", Help: "Agents' connections closed with no stream forwarded for 30 s, however many they had refused."}),
+			Name: "pulse_relay_idle_connections_closed_total", Help: "Agents' connections closed with no stream under way or forwarded for the idle time (30 s), however many streams they had refused."}),
 	}}
 	for _, reason := range refuseReasons {
 		r.m.refused.WithLabelValues(reason)
@@ -480,12 +478,17 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		r.m.refused.WithLabelValues("unknown_upstream").Inc()
 		return status.Errorf(codes.Unavailable, "relay: %s is not an aggregator replica this relay resolves from %s", shown(names[0]), strings.Join(r.cfg.Aggregators, ", "))
 	}
+	forwarded := false
 	if ac := connOf(ctx); ac != nil {
 		if !ac.take(addr) {
 			r.m.refused.WithLabelValues("replica_streams").Inc()
 			return status.Errorf(codes.ResourceExhausted, "relay: this connection has %d streams open to %s: an agent opens one a replica", MaxStreamsPerReplica, addr)
 		}
-		defer ac.give(addr)
+		ac.begin()
+		defer func() {
+			ac.end(forwarded)
+			ac.give(addr)
+		}()
 	}
 	// Only the agent's token is forwarded: the aggregator reads nothing
 	// else of a stream's metadata, and a header HTTP/2 forbids (keep-alive,
@@ -513,10 +516,7 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
-	if ac := connOf(ctx); ac != nil {
-		ac.begin()
-		defer ac.end()
-	}
+	forwarded = true
 	return r.forward(ctx, ss, up, cancel, u)
 }
 

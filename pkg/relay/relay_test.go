@@ -950,7 +950,7 @@ func TestOneSlowReviewLeavesTheReplicaKnown(t *testing.T) {
 	agg := startAggregator(t, 100)
 	agg.review = make(chan error, 1)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 400 * time.Millisecond})
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 2 * time.Second})
 	agg.review <- nil
 	welcomed(t, at, agg.addr)
 	u, _ := r.upstreamFor(context.Background(), agg.addr)
@@ -1092,6 +1092,23 @@ func TestRefusedStreamsHoldNoConnection(t *testing.T) {
 	if m, err := working.Recv(); err != nil || m.GetAck().GetSeq() != 1 {
 		t.Fatalf("the forwarding connection's batch: %v, %v; want its ack", m, err)
 	}
+	// Connections never tagged (a handshake that failed, a probe that
+	// only connects) are forgotten once closed: they were kept a minute.
+	for range 50 {
+		c, err := net.Dial("tcp", at.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+	}
+	eventually(t, "the untagged connections forgotten", func() error {
+		n := 0
+		r.pending.Range(func(any, any) bool { n++; return true })
+		if n != 0 {
+			return fmt.Errorf("%d connections pending", n)
+		}
+		return nil
+	})
 }
 
 // slowDNS answers as its dns after a delay.
