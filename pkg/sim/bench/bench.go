@@ -273,7 +273,7 @@ func (s *Suite) runCase(tc TraceCase, scale float64, p *replica.Profile, so *sim
 		}
 		cfg := sim.Config{Trace: reqs, TraceName: tc.Name, ScaledObject: so, Profile: p, Pipelines: pipes, Seed: seed,
 			TTFTSLO: s.TTFTSLO.Duration, Warmup: s.warmup(), ClientTimeout: s.ClientTimeout.Duration, Balancer: s.Balancer,
-			TerminationGrace: s.TerminationGrace.Duration, WarmStart: s.StartsWarm()}
+			TerminationGrace: s.TerminationGrace.Duration, DropOnScaleDown: s.DropOnScaleDown, WarmStart: s.StartsWarm()}
 		if s.HPAConfigurableTolerance != nil {
 			cfg.HPA = hpa.DefaultOptions()
 			cfg.HPA.ConfigurableTolerance = *s.HPAConfigurableTolerance

@@ -414,6 +414,47 @@ traces:
 	}
 }
 
+// TestASuiteMayDropOnScaleDown: a suite could not ask for a removed
+// replica to drop its requests, as stock vLLM does at SIGTERM (its
+// --shutdown-timeout 0 by default), where the scoreboards let it finish
+// them: dropOnScaleDown reaches its runs. A fixed switch from 4 replicas
+// to 1 halfway through drops requests with it, and none without.
+func TestASuiteMayDropOnScaleDown(t *testing.T) {
+	dropped := func(drop bool) int {
+		body := fmt.Sprintf(`seeds: 1
+dropOnScaleDown: %v
+profiles: [llama-3.1-8b-h100]
+scaledObjects: [ROOT/docs/simulation/default-scaledobject.yaml]
+clairvoyant: {utilisations: [1], windows: [30s]}
+traces:
+- trace: poisson:rate=20,duration=12m,output=2000
+`, drop)
+		s, err := Read(miniSuite(t, body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Pipelines = []string{"switch:from=4,to=1,at=0.5"}
+		s.NoReferences = true
+		_, reports, err := s.Run("drop", io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range reports {
+			for _, p := range r.Pipelines {
+				n += p.Dropped
+			}
+		}
+		return n
+	}
+	if n := dropped(false); n != 0 {
+		t.Fatalf("without dropOnScaleDown: %d requests dropped, want none", n)
+	}
+	if n := dropped(true); n == 0 {
+		t.Fatal("with dropOnScaleDown: no request dropped by a switch from 4 replicas to 1 under load")
+	}
+}
+
 // TestTheBoundAllowsARunsNoise: a pipeline a few requests above the
 // clairvoyant frontier (every pipeline at 100 %, the family's best at its
 // GPU-hours 99.99 %) is within the noise of one plan's runs, not above

@@ -46,6 +46,11 @@ type Suite struct {
 	// TerminationGrace: as pulse-sim run's --termination-grace (0: a
 	// replica removed finishes every request it holds).
 	TerminationGrace replica.Duration `json:"terminationGrace"`
+	// DropOnScaleDown: as pulse-sim run's --drop-on-scale-down: a replica
+	// removed drops the requests it holds, as stock vLLM does at SIGTERM
+	// (its --shutdown-timeout is 0 by default). Default false: it
+	// finishes them (within TerminationGrace).
+	DropOnScaleDown bool `json:"dropOnScaleDown"`
 	// Copies: how rateScale copies requests (default: 30 s jitter,
 	// lengths resampled).
 	CopyJitter  replica.Duration `json:"copyJitter"`

@@ -158,7 +158,7 @@ func tuneCmd(args []string, stdout, stderr io.Writer) error {
 	if *suite != "" {
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "hpa-configurable-tolerance", "warm-start", "initial-replicas":
+			case "trace", "profile", "rate-scale", "ttft-slo", "warmup", "copy-jitter", "copy-lengths", "client-timeout", "balancer", "seed", "termination-grace", "drop-on-scale-down", "hpa-configurable-tolerance", "warm-start", "initial-replicas":
 				errs = append(errs, fmt.Errorf("--%s: --suite sets it", f.Name))
 			}
 		})
@@ -297,7 +297,7 @@ func tuneSuite(path string, o *Options, t tuneOptions, g tuneGrid, base []byte, 
 	o.Seed, o.TTFTSLO, o.Warmup, o.ClientTimeout = s.Seed, s.TTFTSLO.Duration, s.Warmup.Duration, s.ClientTimeout.Duration
 	o.warmupSet = s.WarmupGiven() // as bench takes it (else the default: none for a short trace)
 	o.CopyJitter, o.CopyLengths = s.CopyJitter.Duration, s.CopyLengths
-	o.TermGrace = s.TerminationGrace.Duration
+	o.TermGrace, o.DropOnScaleDown = s.TerminationGrace.Duration, s.DropOnScaleDown
 	o.WarmStart = s.StartsWarm() // as bench runs it
 	if s.Balancer != "" {
 		o.Balancer = s.Balancer
