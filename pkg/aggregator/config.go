@@ -577,7 +577,7 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 	}
 	a.provisioner = provision.New(provision.Options{Metadata: a.deps.Metadata, Dynamic: a.deps.Dynamic, Discovery: a.deps.Kube.Discovery(),
 		Events: a.deps.Kube.CoreV1(), Target: provision.Target{ScalerAddress: o.Provision.ScalerAddress, TriggerAuth: auth},
-		MaxWindow: o.Store.MaxWindow, MaxReplicas: o.Provision.MaxReplicas, Log: a.log.With(logging.KeyComponent, "provisioner")}, reg)
+		MaxWindow: o.Store.MaxWindow, MaxReplicas: o.Provision.MaxReplicas, MetricMeant: a.scaler.MetricMeant, Log: a.log.With(logging.KeyComponent, "provisioner")}, reg)
 	a.election = provision.Election{Enabled: o.Provision.LeaderElect, Namespace: o.Provision.leaseNamespace(o), Name: o.Provision.LeaseName,
 		LeaseDuration: o.Provision.LeaseDuration, RenewDeadline: o.Provision.RenewDeadline, RetryPeriod: o.Provision.RetryPeriod,
 		Leases: a.deps.Kube.CoordinationV1(), Owner: a.owner}

@@ -73,7 +73,11 @@ type Options struct {
 	Target Target
 	// MaxWindow is the aggregator's --max-window (bounds pulse.io/window).
 	MaxWindow time.Duration
-	Log       *slog.Logger
+	// MetricMeant, when set, is the name a metric no agent forwards is
+	// within a typo of ("" for none: scaler.Server.MetricMeant); such a
+	// pulse.io/metric is invalid.
+	MetricMeant func(name string) string
+	Log         *slog.Logger
 	// Resync re-checks every workload this often (repairs edits of the
 	// ScaledObjects pulse keeps); default 10m.
 	Resync time.Duration
@@ -578,6 +582,13 @@ func (r *run) settings(k key, m metav1.Object) (s Settings, capped bool, perr er
 	}
 	if perr == nil && s.Enabled {
 		perr = CheckName(k.Name)
+	}
+	if perr == nil && s.Enabled && r.c.o.MetricMeant != nil {
+		// A misspelt vLLM name was provisioned as a gauge to forward,
+		// and every answer of its trigger was then refused.
+		if meant := r.c.o.MetricMeant(s.Parsed.Metric); meant != "" {
+			perr = &AnnotationError{AnnotationMetric, fmt.Sprintf("no agent forwards %q, and it is within a typo of %s: did you mean %s? (a gauge forwarded with the agents' --extra-metric under that name is taken; checked again at the workload's next change or within the resync)", s.Parsed.Metric, meant, meant)}
+		}
 	}
 	return s, capped, perr
 }

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/store"
 )
 
 var (
@@ -1415,4 +1416,27 @@ func TestOneNamespacesProvisioning(t *testing.T) {
 	if p := c.ProvisioningOf(""); len(p.Workloads) != 4 || p.Identity != "me" || p.Workloads[0].Namespace != "team-a" || p.Workloads[3].Namespace != "team-c" {
 		t.Fatalf("every namespace's: %+v", p)
 	}
+}
+
+// TestAMisspeltMetricIsNotProvisioned: a pulse.io/metric misspelt
+// (vllm:num_request_waiting) was provisioned as a gauge to forward, and
+// every answer of its trigger then refused. With the scaler's word on
+// what the agents forward, a name no agent forwards within a typo of one
+// pulse knows is invalid, naming it, and no ScaledObject is made; a
+// forwarded gauge is provisioned.
+func TestAMisspeltMetricIsNotProvisioned(t *testing.T) {
+	st := store.New(store.Options{Retention: time.Minute})
+	srv := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	st.Upsert(store.Source{Node: "node-1", ExtraNames: []string{"vllm:cpu_cache_usage_perc"}},
+		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "x-0", Ready: true}}, true)
+	f := newFixture(t,
+		workload(deployments, "Deployment", "typo", map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "vllm:num_request_waiting", AnnotationThreshold: "5"}),
+		workload(deployments, "Deployment", "gauge", map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "vllm:cpu_cache_usage_perc", AnnotationThreshold: "0.8"}))
+	f.c.o.MetricMeant = srv.MetricMeant
+	f.run()
+	f.waitState("Deployment", "typo", StateInvalid, AnnotationMetric+`: no agent forwards "vllm:num_request_waiting", and it is within a typo of vllm:num_requests_waiting`)
+	if _, err := f.scaledObject("typo"); !apierrors.IsNotFound(err) {
+		t.Fatalf("a ScaledObject for a misspelt metric: %v", err)
+	}
+	f.waitState("Deployment", "gauge", StateProvisioned, "")
 }

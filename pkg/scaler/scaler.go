@@ -257,6 +257,28 @@ func (e *extraNames) get(st *store.Store, want string, now time.Time) ([]string,
 // first asks, not only later as "not defined on any reporting pod". With no
 // pod held at all (an aggregator just started) there is no telling: it
 // passes.
+// MetricMeant is, for a metric name no agent forwards while some agent
+// is heard, the name pulse knows or the agents forward that it is within
+// a typo of ("" for any other: a canonical metric, replicas, a forwarded
+// gauge, or a name near none). The provisioner refuses such a name, as
+// the trigger's every answer would be refused.
+func (s *Server) MetricMeant(name string) string {
+	if _, ok := metric.Lookup(name); ok || name == MetricReplicas {
+		return ""
+	}
+	if mapped := vllmNames[name]; mapped != "" {
+		return ""
+	}
+	names, pods := s.extra.get(s.store, name, s.now())
+	if pods == 0 || slices.Contains(names, name) {
+		return ""
+	}
+	if meant := metricNames.Nearest(name); meant != "" && meant != name {
+		return meant
+	}
+	return Nearest(name, names)
+}
+
 func (s *Server) forwarded(t Trigger) error {
 	if _, ok := metric.Lookup(t.Metric); ok || t.Metric == MetricReplicas {
 		return nil

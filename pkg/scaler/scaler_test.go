@@ -887,3 +887,24 @@ func TestARefusalKeepsTheWorkloadCutAndNamesTheNamespace(t *testing.T) {
 		t.Errorf("another namespace's gauge: %v; want the namespace's refusal, naming the flag", err)
 	}
 }
+
+// TestMetricMeantNamesAMisspeltMetric: the provisioner asks which name a
+// metric no agent forwards is within a typo of: none while no agent is
+// heard, none for a canonical metric, replicas, a vLLM name pulse maps or
+// a forwarded gauge, none for a name near nothing; else the name meant.
+func TestMetricMeantNamesAMisspeltMetric(t *testing.T) {
+	f := newFixture(t)
+	if m := f.server.MetricMeant("vllm:num_request_waiting"); m != "" {
+		t.Fatalf("no agent heard: %q, want none (no telling)", m)
+	}
+	f.store.Upsert(store.Source{Node: "node-1", ExtraNames: []string{"vllm:cpu_cache_usage_perc", "my_queue_depth"}},
+		[]store.PodInfo{{UID: "u1", Namespace: "ns", Name: "a-0", Ready: true, Workloads: []store.Key{{Namespace: "ns", Kind: store.KindWorkspace, Name: "a"}}}}, true)
+	for name, want := range map[string]string{
+		"vllm:num_request_waiting": "vllm:num_requests_waiting", "my_queue_dept": "my_queue_depth",
+		"waiting": "", "replicas": "", "vllm:num_requests_waiting": "", "vllm:cpu_cache_usage_perc": "", "something_else_entirely": "",
+	} {
+		if got := f.server.MetricMeant(name); got != want {
+			t.Errorf("MetricMeant(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
