@@ -366,37 +366,8 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once, one a namespace)", url, smallPage, largeSlots)}
 		}
 		defer release()
-		// The slot is held for at most largeReadHold: four namespaces'
-		// pods, each sending 257 KiB and then trickling, held every large
-		// read for each scrape's whole timeout, at every tick, and
-		// another tenant's large page (a router's) timed out behind them.
-		// It is cut only while another waits for a large read: a busy
-		// server's page (an overloaded router's) is read whole when none
-		// does.
-		var cut atomic.Bool
-		var mu sync.Mutex
-		var timer *time.Timer
-		mu.Lock()
-		timer = time.AfterFunc(s.largeHold, func() {
-			if s.large.queued.Load() > 0 {
-				cut.Store(true)
-				_ = resp.Body.Close()
-				return
-			}
-			mu.Lock()
-			timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
-			mu.Unlock()
-		})
-		mu.Unlock()
-		_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
-		mu.Lock()
-		timer.Stop()
-		mu.Unlock()
-		if err != nil && cut.Load() {
-			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn, another waiting (a large read's hold)", url, smallPage, s.largeHold)}
-		}
-		if err != nil {
-			return classifyRead(ctx, url, err, s.maxBytes)
+		if err := s.readRest(ctx, url, resp, body, buf); err != nil {
+			return err
 		}
 	}
 	if int64(buf.Len()) > s.maxBytes {
@@ -410,6 +381,42 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
+}
+
+// readRest reads the rest of a large page (its slot taken) into buf. The
+// slot is held for at most largeReadHold: four namespaces' pods, each
+// sending 257 KiB and then trickling, held every large read for each
+// scrape's whole timeout, at every tick, and another tenant's large page
+// (a router's) timed out behind them. It is cut only while another waits
+// for a large read: a busy server's page (an overloaded router's) is read
+// whole when none does.
+func (s *httpScraper) readRest(ctx context.Context, url string, resp *http.Response, body io.Reader, buf *bytes.Buffer) error {
+	var cut atomic.Bool
+	var mu sync.Mutex // the timer's Reset against its Stop
+	var timer *time.Timer
+	mu.Lock()
+	timer = time.AfterFunc(s.largeHold, func() {
+		if s.large.queued.Load() > 0 {
+			cut.Store(true)
+			_ = resp.Body.Close()
+			return
+		}
+		mu.Lock()
+		timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
+		mu.Unlock()
+	})
+	mu.Unlock()
+	_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
+	mu.Lock()
+	timer.Stop()
+	mu.Unlock()
+	switch {
+	case err != nil && cut.Load():
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn, another waiting (a large read's hold)", url, smallPage, s.largeHold)}
+	case err != nil:
+		return classifyRead(ctx, url, err, s.maxBytes)
+	}
+	return nil
 }
 
 // body is resp's page as sent (the response's body) or inflated (a gzip
