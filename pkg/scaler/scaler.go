@@ -273,6 +273,12 @@ func (s *Server) MetricMeant(name string) string {
 	if pods == 0 || slices.Contains(names, name) {
 		return ""
 	}
+	return meantOf(name, names)
+}
+
+// meantOf is the name pulse knows, or else of names (the gauges the
+// agents forward), that name is within a typo of; "" for none.
+func meantOf(name string, names []string) string {
 	if meant := metricNames.Nearest(name); meant != "" && meant != name {
 		return meant
 	}
@@ -295,9 +301,7 @@ func (s *Server) forwarded(t Trigger) error {
 	// forward, is named: a misspelt vLLM name was read as a gauge to
 	// forward, and only the list said otherwise.
 	hint := ""
-	if meant := metricNames.Nearest(t.Metric); meant != "" {
-		hint = " (did you mean " + meant + "?)"
-	} else if meant := Nearest(t.Metric, names); meant != "" {
+	if meant := meantOf(t.Metric, names); meant != "" {
 		hint = " (did you mean " + wire.CleanText(meant, 64) + "?)"
 	}
 	return status.Error(codes.InvalidArgument, (&MetadataError{Key: "metricName", Msg: fmt.Sprintf(
