@@ -222,7 +222,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Events.Events("")})
 	defer broadcaster.Shutdown()
 	r := &run{c: c, workloads: map[string]*watched{}, rewrites: map[key][]time.Time{}, wrote: map[key][sha256.Size]byte{}, kept: map[key]keptSpec{},
-		queue:    workqueue.NewTypedRateLimitingQueue[key](newFairLimiter()),
+		queue:    newQueue(),
 		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "pulse-aggregator"})}
 	// The worker is done before the states are cleared: a reconcile still
 	// running would report after the clear, on a replica no longer leading.

@@ -53,12 +53,19 @@ func (l *fairLimiter) When(k key) time.Duration {
 func (l *fairLimiter) Forget(k key)          { l.items.Forget(k) }
 func (l *fairLimiter) NumRequeues(k key) int { return l.items.NumRequeues(k) }
 
-// buckets is a rate.Limiter a namespace, of qps and burst, at most
-// maxRetryBuckets kept past the full ones (none taken for a while).
+// buckets is a rate.Limiter a namespace, of qps and burst. Past
+// maxRetryBuckets the full ones (none taken for a while) are dropped, in
+// one walk of all; when that leaves most held (each in use), the next walk
+// waits until they are twice as many, so that a walk costs O(1) a new
+// namespace: with 1,024 held and none full, every new namespace walked
+// them all.
 type buckets struct {
 	ns    map[string]*rate.Limiter
 	qps   rate.Limit
 	burst int
+	// sweepAt: the count held at which the next walk is made
+	// (maxRetryBuckets when 0); sweeps counts the walks.
+	sweepAt, sweeps int
 }
 
 // of is namespace ns's bucket, made when it has none.
@@ -70,19 +77,21 @@ func (b *buckets) of(ns string, now time.Time) *rate.Limiter {
 	if b.ns == nil {
 		b.ns = map[string]*rate.Limiter{}
 	}
-	if len(b.ns) >= maxRetryBuckets {
+	if len(b.ns) >= max(b.sweepAt, maxRetryBuckets) {
+		b.sweeps++
 		for n, o := range b.ns {
 			if o.TokensAt(now) >= float64(b.burst) {
 				delete(b.ns, n)
 			}
 		}
+		b.sweepAt = 2 * len(b.ns)
 	}
 	l = rate.NewLimiter(b.qps, b.burst)
 	b.ns[ns] = l
 	return l
 }
 
-// Warning Events of one namespace's workloads: at most eventBurst at once
+// Events of one namespace's workloads (Warning and Normal alike): at most eventBurst at once
 // and eventQPS a second after; past it an Event is not sent (the state,
 // on /debug/provisioning and in pulse_provisioner_workloads, and the log
 // still say it), counted in pulse_provisioner_events_dropped_total. The
@@ -109,4 +118,59 @@ func (l *eventLimiter) allow(ns string, now time.Time) bool {
 		l.ns.qps, l.ns.burst = eventQPS, eventBurst
 	}
 	return l.ns.of(ns, now).AllowN(now, 1)
+}
+
+// fairQueue orders the provisioner's queue: a FIFO a namespace, the
+// namespaces taken in turn, so that one tenant's thousands of keys (a
+// resync, an edit of every workload's annotations) do not stand before
+// another tenant's one, which waited behind them all on the one worker
+// (each reconcile that writes costs an API call, at most 50 a second).
+// It is client-go's workqueue.Queue, called under the workqueue's lock.
+type fairQueue struct {
+	byNS  map[string][]key
+	order []string // the namespaces with keys, order[0] next
+	n     int
+}
+
+func (q *fairQueue) Touch(key) {}
+func (q *fairQueue) Len() int  { return q.n }
+
+func (q *fairQueue) Push(k key) {
+	if q.byNS == nil {
+		q.byNS = map[string][]key{}
+	}
+	l, had := q.byNS[k.Namespace]
+	if !had {
+		q.order = append(q.order, k.Namespace)
+	}
+	q.byNS[k.Namespace] = append(l, k)
+	q.n++
+}
+
+// Pop is the next namespace's oldest key; the workqueue calls it only
+// when Len is not 0.
+func (q *fairQueue) Pop() key {
+	ns := q.order[0]
+	q.order[0], q.order = "", q.order[1:]
+	l := q.byNS[ns]
+	k := l[0]
+	l[0] = key{}
+	if len(l) == 1 {
+		delete(q.byNS, ns)
+	} else {
+		q.byNS[ns] = l[1:]
+		q.order = append(q.order, ns)
+	}
+	q.n--
+	return k
+}
+
+// newQueue is the provisioner's queue: its retries by fairLimiter, its
+// order by fairQueue.
+func newQueue() workqueue.TypedRateLimitingInterface[key] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(newFairLimiter(), workqueue.TypedRateLimitingQueueConfig[key]{
+		DelayingQueue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[key]{
+			Queue: workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[key]{Queue: &fairQueue{}}),
+		}),
+	})
 }
