@@ -239,9 +239,14 @@ func TestProvisionFollowsTheAnnotations(t *testing.T) {
 		return nil
 	})
 	f.event("llama", "ScaledObjectDeleted")
-	if len(f.c.Provisioning().Workloads) != 0 {
-		t.Errorf("status after removal: %+v", f.c.Provisioning())
-	}
+	// The state is forgotten after the Event is made (by the worker, the
+	// Event written by the broadcaster's goroutines): waited for.
+	f.waitFor("the status after removal", func() error {
+		if w := f.c.Provisioning().Workloads; len(w) != 0 {
+			return fmt.Errorf("%+v", w)
+		}
+		return nil
+	})
 	for action, want := range map[string]float64{"create": 1, "delete": 1} {
 		if v := testutil.ToFloat64(f.c.m.changes.WithLabelValues(action)); v != want {
 			t.Errorf("changes{%s} = %v, want %v", action, v, want)
@@ -289,9 +294,8 @@ func (f *fixture) firstScaledObject(t *testing.T) {
 	if msg := f.event("llama", "ScaledObjectCreated"); !strings.Contains(msg, "waiting, threshold 10") {
 		t.Errorf("event %q", msg)
 	}
-	if s := f.state("InferenceSet", "llama"); s.State != StateProvisioned {
-		t.Errorf("status %+v", s)
-	}
+	// The state is reported after the Event is made: waited for.
+	f.waitState("InferenceSet", "llama", StateProvisioned, "")
 }
 
 // editIsUndone: someone edits the ScaledObject pulse keeps (llama's,
@@ -369,6 +373,8 @@ func TestHandWrittenScaledObjectsAreLeftAlone(t *testing.T) {
 		}
 		return nil
 	})
+	// The state and its gauge are reported after the create returns.
+	f.waitState("Deployment", "mine", StateProvisioned, "")
 	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(`
 # HELP pulse_provisioner_workloads Workloads annotated for autoscaling, by state: provisioned, invalid (an annotation), conflict (a ScaledObject not pulse's), error (the API server refused or failed the write; retried). 0 on a replica not leading.
 # TYPE pulse_provisioner_workloads gauge

@@ -954,9 +954,12 @@ func TestOneSlowReviewLeavesTheReplicaKnown(t *testing.T) {
 	agg.review <- nil
 	welcomed(t, at, agg.addr)
 	u, _ := r.upstreamFor(context.Background(), agg.addr)
-	if !u.reviewsFirst.Load() {
-		t.Fatal("a reviewed stream's header: the replica not known to review first")
-	}
+	eventually(t, "a reviewed stream's header: the replica known to review first", func() error {
+		if !u.reviewsFirst.Load() {
+			return errors.New("not known to review first")
+		}
+		return nil
+	})
 	before := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator"))
 	s := agentStream(context.Background(), t, at, agg.addr)
 	if err := s.Send(hello("node-slow")); err != nil {
