@@ -574,3 +574,44 @@ func TestTablesHoldTenantTextInItsCell(t *testing.T) {
 		t.Errorf("cell: %q", got)
 	}
 }
+
+// TestARoutersRowIsFresh: a demand source's row (a router's requests held
+// for the workload) was left with no age and never fresh, so a router
+// reporting every second read "stale", never reported, on the pages; its
+// table state "router: N held" could not show. It reads as fresh as it
+// is, and its values stay out of the replicas' averages.
+func TestARoutersRowIsFresh(t *testing.T) {
+	st := store.New(store.Options{})
+	pods(st, store.PodInfo{UID: "a", Ready: true})
+	st.Upsert(store.Source{Node: "n"}, []store.PodInfo{{UID: store.DemandUID("router", "llama"), Namespace: "demo", Name: "router",
+		Ready: true, Demand: true, Workloads: []store.Key{llama}}}, false)
+	r := store.Report{UID: "a"}
+	r.TimeMs = time.Now().UnixMilli()
+	r.Values.Set(metric.Waiting, 3)
+	d := store.Report{UID: store.DemandUID("router", "llama")}
+	d.TimeMs = r.TimeMs
+	d.Values.Set(metric.PendingRequests, 7)
+	st.Add([]store.Report{r, d})
+	srv := serve(t, st, nil)
+	_, body := get(t, srv.URL+"/debug/workloads/demo/llama", "")
+	var doc Document
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	w := doc.Workloads[0]
+	var router *Pod
+	for i := range w.Pods {
+		if w.Pods[i].Name == "router" {
+			router = &w.Pods[i]
+		}
+	}
+	if router == nil || !router.Fresh || router.AgeSeconds == nil {
+		t.Fatalf("the router's row: %+v; want fresh, with its age\n%s", router, body)
+	}
+	if _, ok := w.Averages["pendingRequests"]; ok || w.Averages["waiting"] != 3 {
+		t.Fatalf("averages %v: want the replica's waiting 3 and nothing of the router's", w.Averages)
+	}
+	if _, table := get(t, srv.URL+"/debug/workloads?format=table", ""); !strings.Contains(table, "router: 7 held") {
+		t.Fatalf("the table's router row does not say what it holds:\n%s", table)
+	}
+}

@@ -107,8 +107,8 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 		}
 		pv := p.view(sc, now, o)
 		w.Pods = append(w.Pods, pv)
-		if !pv.Fresh {
-			continue
+		if !pv.Fresh || pv.Demand {
+			continue // a router's values are no replica's
 		}
 		for name, v := range pv.Values {
 			sums[name] += v
@@ -128,20 +128,22 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.get().missing, Error: p.get().errText,
 		Rejected: p.get().rejected, Values: map[string]float64{}}
-	if p.Demand {
-		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
-			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(sc.samples(p, 1<<id)); ok {
-				pv.Values[id.Name()] = v
-			}
-		}
-		return pv
-	}
 	if !p.lastSeen.IsZero() {
 		// A sample taken after the view's now (a workload is read apart
 		// from the others, writers running between) is no sample's
 		// negative Age.
 		pv.Age = max(0, now.Sub(p.lastSeen))
 		pv.Fresh = pv.Age <= o.FreshFor && p.get().missing == ""
+	}
+	if p.Demand {
+		// A router's row: its age and freshness as a pod's (they were
+		// left unset, and every router read stale, never reported).
+		for _, id := range []metric.ID{metric.PendingRequests, metric.ArrivedRequests} {
+			if v, ok := (metric.Def{Rule: metric.RuleGauge, Num: id}).Latest(sc.samples(p, 1<<id)); ok {
+				pv.Values[id.Name()] = v
+			}
+		}
+		return pv
 	}
 	for _, m := range metric.Canonical {
 		if v, ok := p.value(sc, m, o.Window); ok {
