@@ -51,8 +51,17 @@ type Target struct {
 }
 
 // PodUID is the uid of the pod t is of: for a demand source's entry
-// (POD_UID/demand/WORKLOAD) its router's.
-func (t Target) PodUID() string { return store.PodOfUID(t.UID) }
+// (POD_UID/demand/WORKLOAD) its router's. A model server's uid is its
+// pod's whatever it holds: a static target's in a namespace named demand
+// (static/demand/POD) was cut as a demand entry's, and every such target
+// had the pod uid "static".
+func (t Target) PodUID() string {
+	if t.Demand == nil {
+		return t.UID
+	}
+	pod, _ := store.DemandPodUID(t.UID)
+	return pod
+}
 
 // Equal reports whether two targets are the same in every field.
 func (t Target) Equal(o Target) bool {

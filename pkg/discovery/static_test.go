@@ -103,3 +103,29 @@ func TestStaticTargetsErrorsSpeakYAML(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticTargetsInANamespaceNamedDemand: a static target's uid is
+// static/NAMESPACE/POD, and a demand entry's POD_UID/demand/WORKLOAD was
+// cut at its first "/demand/": in a namespace named demand, every router's
+// entries had the pod uid "static" (one scrape unit, every workload's
+// demand read from the first router's page), and so had every model
+// server. Each is its own pod's.
+func TestStaticTargetsInANamespaceNamedDemand(t *testing.T) {
+	ts, err := LoadStaticTargets(writeFile(t, `targets:
+- {namespace: demand, pod: router-a, url: "http://127.0.0.1:1/metrics", annotations: {pulse.io/demand-source: epp, pulse.io/demand-workloads: llama}}
+- {namespace: demand, pod: router-b, url: "http://127.0.0.1:2/metrics", annotations: {pulse.io/demand-source: epp, pulse.io/demand-workloads: phi}}
+- {namespace: demand, pod: vllm-0, workspace: llama, url: "http://127.0.0.1:3/metrics"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"router-a": "static/demand/router-a", "router-b": "static/demand/router-b", "vllm-0": "static/demand/vllm-0"}
+	if len(ts) != 3 {
+		t.Fatalf("%d targets: %+v", len(ts), ts)
+	}
+	for _, tg := range ts {
+		if got := tg.PodUID(); got != want[tg.Pod] {
+			t.Errorf("%s (uid %s): pod uid %q, want %q", tg.Pod, tg.UID, got, want[tg.Pod])
+		}
+	}
+}

@@ -72,17 +72,16 @@ const demandSep = "/demand/"
 func DemandUID(podUID, workload string) string { return podUID + demandSep + workload }
 
 // DemandPodUID is the router pod's uid in a demand entry's uid; ok is false
-// for a uid not of that form.
+// for a uid not of that form. The workload's name holds no "/", the pod's
+// uid may (a static target's is static/NAMESPACE/POD, and a namespace may
+// be named demand): it is cut at the last separator.
 func DemandPodUID(uid string) (string, bool) {
-	pod, workload, ok := strings.Cut(uid, demandSep)
-	return pod, ok && pod != "" && workload != ""
-}
-
-// PodOfUID is the uid of the pod an entry's uid is of: a demand entry's
-// router pod, else the uid itself.
-func PodOfUID(uid string) string {
-	pod, _, _ := strings.Cut(uid, demandSep)
-	return pod
+	i := strings.LastIndex(uid, demandSep)
+	if i < 0 {
+		return uid, false
+	}
+	pod, workload := uid[:i], uid[i+len(demandSep):]
+	return pod, pod != "" && workload != ""
 }
 
 // Source is the agent stream that lists pods: its node, its process
