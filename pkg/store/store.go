@@ -906,8 +906,8 @@ func (p *pod) markUnready(now time.Time) {
 // ListedOn is what the store holds of pod uid as node's agent listed it
 // (false when node's agent does not list it).
 func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock() // a read: each entry of a reconnecting node's catalogue asks
+	defer s.mu.RUnlock()
 	l, ok := s.listed[node][uid]
 	if !ok {
 		return PodInfo{}, false
@@ -1134,8 +1134,9 @@ func (p *pod) holdHist(h *metric.Histograms, node string) {
 	if !h.Any() || len(p.sources) != 1 || p.sources[0] != node {
 		return
 	}
-	c := *h // the reporter's copy is left as it was
-	p.set().heldHist = metric.Complete(&c, p.rare.heldHist)
+	c := *h       // the reporter's copy is left as it was
+	rr := p.set() // before p.rare is read: Go leaves the order of the two open
+	rr.heldHist = metric.Complete(&c, rr.heldHist)
 }
 
 // unholdHist completes smp, the pod's next sample taken, with the
