@@ -457,6 +457,13 @@ const (
 // waitMiss waits, at most missWait, for a GET of a pod the cache does not
 // hold: first within node's share, then within the rate all share.
 func (t *TokenReviewer) waitMiss(ctx context.Context, node string) error {
+	if ctx.Err() != nil {
+		// The caller waits no more (an earlier lookup of its catalogue
+		// failed): not looked up, and no share spent. A limiter's Wait on
+		// it failed at once, and that read as the node's share spent by
+		// its agent, which dropped the held pods after it.
+		return fmt.Errorf("%w: not looked up: the catalogue's lookups have stopped (one failed, or the stream ended)", ErrLookupUnavailable)
+	}
 	wctx, cancel := context.WithTimeout(ctx, missWait)
 	defer cancel()
 	if node != "" {

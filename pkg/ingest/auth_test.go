@@ -543,6 +543,59 @@ func TestAHeldPodKeepsItsPlaceWhenNotLookedUpAtAReconnect(t *testing.T) {
 	}
 }
 
+// TestEveryHeldPodKeepsItsPlaceWhenTheAPIFails: after a catalogue's first
+// lookup failed (the API busy), the rest of it was read without waiting on
+// a context already ended, and the node's limiter's refusal of it read as
+// the node's share of lookups spent by its agent: the second held pod was
+// not kept as last admitted, its series dropped and its workload a replica
+// short, and the log blamed an honest node. Each held pod keeps its place.
+func TestEveryHeldPodKeepsItsPlaceWhenTheAPIFails(t *testing.T) {
+	c := fakeAPI()
+	mine2 := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "mine2", Namespace: "ns", UID: "uid-mine2",
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), mine2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureWith(t, runningReviewer(t, c))
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
+		t.Fatal(err)
+	}
+	if !podHeldAs(f, "llama", "mine") || !podHeldAs(f, "llama", "mine2") {
+		t.Fatal("mine and mine2 are not held")
+	}
+	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("the API is busy")
+	})
+	var entries []*pulsev1.Pod
+	for i, name := range []string{"mine", "mine2"} {
+		p := pod(uint32(i+1), name)
+		p.Workloads = workspace("qwen") // not what the pod cache has: looked up
+		entries = append(entries, p)
+	}
+	if err := f.runAs(t, "token-node-1", hello(), catalogue(entries...)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"mine", "mine2"} {
+		if !podHeldAs(f, "llama", name) || podHeldAs(f, "qwen", name) {
+			t.Errorf("after the reconnect's catalogue, the API failing: %s is not held as last admitted (llama)", name)
+		}
+	}
+}
+
+// podHeldAs says whether the store holds pod name under workload w.
+func podHeldAs(f *fixture, w, name string) bool {
+	for _, v := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+		if v.Name == w {
+			for _, p := range v.Pods {
+				if p.Name == name {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // podGets counts the pod GETs c was asked.
 func podGets(c *fake.Clientset) int {
 	n := 0
@@ -663,18 +716,7 @@ func TestARelabelledPodIsCheckedAgain(t *testing.T) {
 }
 
 // heldAs reports whether f's store holds pod ns/mine under Workspace w.
-func heldAs(f *fixture, w string) bool {
-	for _, v := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
-		if v.Name == w {
-			for _, p := range v.Pods {
-				if p.Name == "mine" {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
+func heldAs(f *fixture, w string) bool { return podHeldAs(f, w, "mine") }
 
 // TestClaimsMetaKeepsWhatClaimsRead: the pod cache keeps of every pod only
 // what Claims reads, bounded; Claims of it is Claims of the pod.
