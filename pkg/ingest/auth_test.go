@@ -60,6 +60,19 @@ func fakeAPI() *fake.Clientset {
 	return c
 }
 
+// fakeAPIWith is fakeAPI with one more pod of llama's on node-1, name
+// (uid uid-NAME).
+func fakeAPIWith(t *testing.T, name string) *fake.Clientset {
+	t.Helper()
+	c := fakeAPI()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
+	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func authFixture(t *testing.T) *fixture {
 	t.Helper()
 	return newFixtureWith(t, runningReviewer(t, fakeAPI()))
@@ -550,12 +563,7 @@ func TestAHeldPodKeepsItsPlaceWhenNotLookedUpAtAReconnect(t *testing.T) {
 // not kept as last admitted, its series dropped and its workload a replica
 // short, and the log blamed an honest node. Each held pod keeps its place.
 func TestEveryHeldPodKeepsItsPlaceWhenTheAPIFails(t *testing.T) {
-	c := fakeAPI()
-	mine2 := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "mine2", Namespace: "ns", UID: "uid-mine2",
-		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
-	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), mine2, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c := fakeAPIWith(t, "mine2")
 	f := newFixtureWith(t, runningReviewer(t, c))
 	if err := f.runAs(t, "token-node-1", hello(), catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
 		t.Fatal(err)
@@ -814,12 +822,7 @@ func TestANodesTokenHoldsFewStreams(t *testing.T) {
 // did not decode and ended the node's stream, every other pod's sample
 // with it. The decoder now forgets as the encoder does.
 func TestARefusedHeldEntryKeepsTheDecoderInStep(t *testing.T) {
-	c := fakeAPI()
-	second := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "second", Namespace: "ns", UID: "uid-second",
-		Labels: map[string]string{discovery.LabelWorkspace: "llama"}}, Spec: corev1.PodSpec{NodeName: "node-1"}}
-	if _, err := c.CoreV1().Pods("ns").Create(context.Background(), second, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c := fakeAPIWith(t, "second")
 	f := newFixtureWith(t, runningReviewer(t, c))
 	entry := func(id uint32, name, workload string) *pulsev1.Pod {
 		return &pulsev1.Pod{Id: id, Uid: "uid-" + name, Namespace: "ns", Name: name, Ready: true,
