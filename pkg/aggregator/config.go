@@ -450,6 +450,7 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 		if err != nil {
 			return fmt.Errorf("--agent-auth=tokenreview: %w", err)
 		}
+		tr.OnGone(a.store.Gone)
 		a.reviewer, auth = tr, tr
 		a.health.addCheck("pod cache", tr.Ready)
 	}

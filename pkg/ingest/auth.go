@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -89,6 +90,8 @@ type TokenReviewer struct {
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
 	podInformer cache.SharedIndexInformer
+	// gone: OnGone's function (nil: none).
+	gone atomic.Pointer[func(node, uid string)]
 }
 
 type review struct {
@@ -142,17 +145,48 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	// (t.pods, for a pod the cache does not hold yet) vouched for it
 	// again within claimsFor of its last listing, and a new stream of its
 	// node listing it was held, with its samples, for the stream's life.
-	if _, err := t.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		if p, ok := obj.(*corev1.Pod); ok {
-			t.pods.Remove(string(p.UID))
-		}
-	}}); err != nil {
+	// A pod deleted or finished is told to OnGone's function: the stream
+	// that listed it still held it, with the samples it sent, for its life.
+	if _, err := t.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				t.pods.Remove(string(p.UID))
+				t.tellGone(p)
+			}
+		},
+		UpdateFunc: func(old, cur any) {
+			o, _ := old.(*corev1.Pod)
+			p, ok := cur.(*corev1.Pod)
+			if ok && finished(p) && (o == nil || !finished(o)) {
+				t.tellGone(p)
+			}
+		},
+	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	return t, nil
+}
+
+// OnGone sets the function told of each pod the API deletes or that
+// finishes (Failed or Succeeded: evicted, or its containers done), by its
+// node and uid, so that what its node's stream listed of it is dropped: a
+// node's stream that listed it held it, with whatever it sent for it (a
+// compromised node: made-up load on another tenant's workload), until the
+// stream ended.
+func (t *TokenReviewer) OnGone(f func(node, uid string)) { t.gone.Store(&f) }
+
+func (t *TokenReviewer) tellGone(p *corev1.Pod) {
+	if f := t.gone.Load(); f != nil && p.Spec.NodeName != "" {
+		(*f)(p.Spec.NodeName, string(p.UID))
+	}
+}
+
+// finished says p has ended: Failed or Succeeded.
+func finished(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 }
 
 // keep is what the pod cache keeps of p: its node and what
@@ -263,7 +297,7 @@ func (t *TokenReviewer) PodExists(namespace, name, uid string, k store.Key) bool
 // being deleted, not finished, not left out of scraping, in k's namespace
 // and claiming k.
 func replicaOf(p *corev1.Pod, k store.Key) bool {
-	if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded ||
+	if p.DeletionTimestamp != nil || finished(p) ||
 		k.Namespace != p.Namespace || discovery.IsDemandSource(p.Annotations) || p.Annotations[discovery.AnnotationScrape] == "false" {
 		return false
 	}

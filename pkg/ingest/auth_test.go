@@ -604,6 +604,54 @@ func podHeldAs(f *fixture, w, name string) bool {
 	return false
 }
 
+// TestAPodGoneFromTheAPILeavesTheStreamThatListedIt: a pod the API deleted,
+// or that finished (evicted: Failed), stayed held on the stream that had
+// listed it, with whatever that stream sent for it until it ended (up to
+// the token's hour): a compromised node's made-up load on another tenant's
+// workload. It is dropped as the pod cache sees it go, and what the stream
+// sends for it after is not held.
+func TestAPodGoneFromTheAPILeavesTheStreamThatListedIt(t *testing.T) {
+	c := fakeAPIWith(t, "mine2")
+	tr := runningReviewer(t, c)
+	f := newFixtureWith(t, tr)
+	tr.OnGone(f.store.Gone)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream := f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-node-1"), t, "node-1")
+	if err := stream.Send(catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
+		t.Fatal(err)
+	}
+	enc := wire.NewEncoder()
+	sendBatch(t, stream, enc, 1, 3, 1, 2)
+	for _, name := range []string{"mine", "mine2"} {
+		if v := podView(f.store, name); v == nil || v.Values["waiting"] != 3 {
+			t.Fatalf("%s: %+v; want held, waiting 3", name, v)
+		}
+	}
+	if err := c.CoreV1().Pods("ns").Delete(ctx, "mine", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	evicted, err := c.CoreV1().Pods("ns").Get(ctx, "mine2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evicted.Status.Phase = corev1.PodFailed
+	if _, err := c.CoreV1().Pods("ns").UpdateStatus(ctx, evicted, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); podView(f.store, "mine") != nil || podView(f.store, "mine2") != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted and the evicted pods still held: %+v, %+v", podView(f.store, "mine"), podView(f.store, "mine2"))
+		}
+	}
+	sendBatch(t, stream, enc, 2, 42, 1, 2) // the stream still sends them
+	for _, name := range []string{"mine", "mine2"} {
+		if v := podView(f.store, name); v != nil {
+			t.Errorf("%s, gone from the API, held again from its old stream's batch: %+v", name, v)
+		}
+	}
+}
+
 // podGets counts the pod GETs c was asked.
 func podGets(c *fake.Clientset) int {
 	n := 0

@@ -923,6 +923,35 @@ func (s *Store) Remove(node string, uids ...string) {
 	_ = s.RemoveStream(node, 0, uids...)
 }
 
+// Gone records that the API no longer has pod uid of node as a pod that
+// runs (deleted, or finished): it and its demand entries (a router's) are
+// unlisted from every node that lists them, as when their agents remove
+// them, and samples a stream still sends for them are dropped (no pod of
+// theirs is held). A stream that listed it held it until it ended, with
+// what it sent.
+func (s *Store) Gone(node, uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []string
+	if _, ok := s.pods[uid]; ok {
+		gone = append(gone, uid)
+	}
+	for u := range s.listed[node] {
+		if pod, ok := DemandPodUID(u); ok && pod == uid {
+			gone = append(gone, u)
+		}
+	}
+	for _, u := range gone {
+		p := s.pods[u]
+		if p == nil {
+			continue
+		}
+		for _, n := range slices.Clone(p.sources) {
+			s.unlist(u, p, n, false)
+		}
+	}
+}
+
 // RemoveStream is Remove from node's stream st: ErrSuperseded, and nothing
 // removed, when st is superseded (UpsertStream).
 func (s *Store) RemoveStream(node string, st Stream, uids ...string) error {

@@ -1113,3 +1113,29 @@ func TestAViewsAgeIsNeverNegative(t *testing.T) {
 		t.Fatalf("a pod sampled just now: age %v, fresh %v", pv.Age, pv.Fresh)
 	}
 }
+
+// TestGoneDropsAPodAndItsRoutersEntries: a pod the API no longer runs is
+// unlisted from every node that lists it, and a router's entries (one a
+// workload it fronts) go with their router pod; other pods stay.
+func TestGoneDropsAPodAndItsRoutersEntries(t *testing.T) {
+	s := New(Options{})
+	other := Key{Namespace: "ns", Kind: KindWorkspace, Name: "qwen"}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{
+		{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}},
+		{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}},
+		{UID: DemandUID("router", ws.Name), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: []Key{ws}},
+		{UID: DemandUID("router", other.Name), Namespace: "ns", Name: "router", Ready: true, Demand: true, Workloads: []Key{other}},
+	}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	s.Gone("n1", "a")
+	s.Gone("n1", "router")
+	held := map[string]bool{}
+	for _, w := range s.View(ViewOptions{FreshFor: time.Hour}) {
+		for _, p := range w.Pods {
+			held[p.UID] = true
+		}
+	}
+	if len(held) != 1 || !held["b"] {
+		t.Fatalf("held %v after a and the router went; want b alone (a listed by two nodes, the router's two entries, all gone)", held)
+	}
+}

@@ -66,6 +66,19 @@ func agentOverTLSWithItsToken(t *testing.T, transport string) {
 		}
 		return nil
 	})
+	// The API deletes mine while the agent's view (not told) still lists
+	// it and sends its samples: the aggregator lets it go as its pod cache
+	// sees it deleted, not when the stream ends.
+	if err := serverAPI.CoreV1().Pods("demo").Delete(context.Background(), "mine", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "mine let go once the API deleted it", func() error {
+		w, err := workload(agg.HTTPAddr(), "llama")
+		if err == nil && len(w.Pods) > 0 {
+			return fmt.Errorf("pods %+v", w.Pods)
+		}
+		return nil // none held: the workload is gone from the page
+	})
 }
 
 var metav1Update = metav1.UpdateOptions{}
