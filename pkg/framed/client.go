@@ -254,9 +254,9 @@ func (cs *clientStream) RecvMsg(m any) error {
 	}
 	switch {
 	case kind == kindStatus && n > maxStatus:
-		return cs.ended(errTooLarge(n, maxStatus))
+		return cs.ended(errTooLarge(int64(n), maxStatus))
 	case kind == kindMessage && n > DefaultMaxMessage:
-		return cs.ended(errTooLarge(n, DefaultMaxMessage))
+		return cs.ended(errTooLarge(int64(n), DefaultMaxMessage))
 	case kind != kindStatus && kind != kindMessage:
 		return cs.ended(errFrameKind(kind, "a message or the status"))
 	}

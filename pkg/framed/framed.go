@@ -164,7 +164,7 @@ func errFrameKind(kind byte, want string) error {
 }
 
 // errTooLarge is gRPC's own answer to a message past the receive size.
-func errTooLarge(n, most int) error {
+func errTooLarge(n int64, most int) error {
 	return status.Errorf(codes.ResourceExhausted, "framed: received message larger than max (%d vs. %d)", n, most)
 }
 

@@ -720,3 +720,65 @@ func TestAHeaderPastTwoGiBIsRefused(t *testing.T) {
 		t.Errorf("2^31 - 1: kind %d, %d bytes, %v; want it read", kind, n, err)
 	}
 }
+
+// TestAHugeFrameIsAnsweredByItsStagesBound: a header declaring 2^31 bytes
+// or more where the token belongs closed the connection with no status,
+// and one of any kind where a message belongs was answered ResourceExhausted
+// naming 2^31 − 1 as the bound. Each is answered as a frame past the
+// stage's own bound (16 KiB a token, the message size), its kind first.
+func TestAHugeFrameIsAnsweredByItsStagesBound(t *testing.T) {
+	addr := serve(t, NewServer(echo(make(chan seen, 4)), ServerOptions{MaxMessage: 1 << 10}))
+	answer := func(c net.Conn) error {
+		t.Helper()
+		for {
+			var h [headerLen]byte
+			kind, n, err := readHeader(c, &h)
+			if err != nil {
+				t.Fatalf("no status: %v", err)
+			}
+			p := make([]byte, n)
+			if _, err := io.ReadFull(c, p); err != nil {
+				t.Fatal(err)
+			}
+			if kind == kindStatus {
+				return readStatus(p)
+			}
+		}
+	}
+	dial := func(token bool) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if _, err := io.WriteString(c, PrefaceTCP); err != nil {
+			t.Fatal(err)
+		}
+		if token {
+			if err := writeFrame(c, kindToken, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name   string
+		token  bool // a token sent first: the header is where a message belongs
+		header []byte
+		code   codes.Code
+		says   string
+	}{
+		{"a token of 4 GiB", false, []byte{kindToken, 0xff, 0xff, 0xff, 0xff}, codes.InvalidArgument, "at most 16384"},
+		{"a message of 2 GiB", true, []byte{kindMessage, 0x80, 0, 0, 0}, codes.ResourceExhausted, "vs. 1024"},
+		{"a status of 2 GiB where a message belongs", true, []byte{kindStatus, 0x80, 0, 0, 0}, codes.InvalidArgument, "where a message belongs"},
+	} {
+		c := dial(tc.token)
+		if _, err := c.Write(tc.header); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := status.FromError(answer(c)); s.Code() != tc.code || !strings.Contains(s.Message(), tc.says) {
+			t.Errorf("%s: %v; want %s saying %q", tc.name, s, tc.code, tc.says)
+		}
+	}
+}

@@ -210,13 +210,16 @@ func (s *Server) handshake(ctx context.Context, c net.Conn, by time.Time) (net.C
 	}
 	var h [headerLen]byte
 	kind, n, err := readHeader(conn, &h)
+	var huge errHugeFrame
 	switch {
+	case errors.As(err, &huge):
+		// Past every bound: answered as one past the token's (a token
+		// of 2^31 bytes or more went unanswered, the connection closed).
+		err = tokenOrKind(kind, int64(huge))
 	case err != nil:
 		return nil, "", err
-	case kind != kindToken:
-		err = errFrameKind(kind, "the token")
-	case n > maxToken:
-		err = status.Errorf(codes.InvalidArgument, "framed: a token of %d bytes; at most %d", n, maxToken)
+	default:
+		err = tokenOrKind(kind, int64(n))
 	}
 	if err != nil {
 		_ = writeStatus(conn, err, s.o.WriteTimeout)
@@ -289,11 +292,17 @@ func (st *serverStream) RecvMsg(m any) error {
 	// deadline to a peer that reads nothing blocked for ever.
 	_ = st.conn.SetDeadline(time.Now().Add(st.s.o.Idle))
 	kind, n, err := readHeader(st.conn, &st.hdr)
+	var huge errHugeFrame
 	switch {
 	case errors.Is(err, io.EOF):
 		return io.EOF
-	case errors.As(err, new(errHugeFrame)):
-		return err
+	case errors.As(err, &huge):
+		// The frame's kind first, as for any other (a huge frame of the
+		// wrong kind was answered as a message too large).
+		if kind != kindMessage {
+			return errFrameKind(kind, "a message")
+		}
+		return errTooLarge(int64(huge), st.s.o.MaxMessage)
 	case err != nil:
 		if st.ctx.Err() != nil {
 			return status.Error(codes.Canceled, "framed: the server is closing")
@@ -302,7 +311,7 @@ func (st *serverStream) RecvMsg(m any) error {
 	case kind != kindMessage:
 		return errFrameKind(kind, "a message")
 	case n > st.s.o.MaxMessage:
-		return errTooLarge(n, st.s.o.MaxMessage)
+		return errTooLarge(int64(n), st.s.o.MaxMessage)
 	case !st.until.IsZero() && time.Now().After(st.until):
 		return status.Errorf(codes.Unavailable, "framed: the connection is past its age (%s): reconnect", st.s.o.MaxAge)
 	}
@@ -338,3 +347,16 @@ func (st *serverStream) RecvMsg(m any) error {
 // batch of a node's pods is a few hundred bytes, in one piece; a larger
 // message is read in pieces as its bytes come.
 const readPiece = 32 << 10
+
+// tokenOrKind is the refusal of a first frame of kind declaring n bytes
+// where the token belongs: of the wrong kind, or past maxToken (nil when
+// neither).
+func tokenOrKind(kind byte, n int64) error {
+	switch {
+	case kind != kindToken:
+		return errFrameKind(kind, "the token")
+	case n > maxToken:
+		return status.Errorf(codes.InvalidArgument, "framed: a token of %d bytes; at most %d", n, maxToken)
+	}
+	return nil
+}
