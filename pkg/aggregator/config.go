@@ -182,7 +182,7 @@ func (a *Aggregator) listen() error {
 	}
 	a.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pulse_aggregator_connections_refused_total",
-		Help: "Connections closed at once past a port's bounds (port: ingest, scaler, http, health, debug): its connections from one address (--max-ingest-connections-per-address, --max-scaler-connections-per-address), or, on the HTTP ports, in all.",
+		Help: "Connections closed at once past a port's bounds (port: ingest, scaler, http, health, debug): its connections from one address (--max-ingest-connections-per-address, --max-scaler-connections-per-address), or, on the scaler and HTTP ports, in all.",
 	}, []string{"port"})
 	// Every ingest connection is a TLS handshake, HTTP/2 buffers and, with
 	// agent authentication, a token review: at most so many at once.
@@ -218,11 +218,11 @@ func (a *Aggregator) listen() error {
 
 // refusal counts a connection closed past port's bounds, and logs it at
 // most once a minute a port, naming the flag that raises the bound.
-func (a *Aggregator) refusal(port, flag string) func(ip string) {
+func (a *Aggregator) refusal(port, flag string) func(ip string, all bool) {
 	c := a.refused.WithLabelValues(port)
 	var mu sync.Mutex
 	var logged time.Time
-	return func(ip string) {
+	return func(ip string, all bool) {
 		c.Inc()
 		mu.Lock()
 		due := time.Since(logged) >= time.Minute
@@ -234,7 +234,10 @@ func (a *Aggregator) refusal(port, flag string) func(ip string) {
 			return
 		}
 		msg := "connection closed at once: its address holds its share of the port's connections (counted in pulse_aggregator_connections_refused_total; logged at most once a minute a port)"
-		if flag != "" {
+		switch {
+		case all:
+			msg = "connection closed at once: the port holds all the connections it may, from every address (counted in pulse_aggregator_connections_refused_total; logged at most once a minute a port)"
+		case flag != "":
 			msg += "; clients that share one address (a sidecar's, a translated one) need " + flag + " raised"
 		}
 		a.log.Warn(msg, logging.KeyPort, port, logging.KeyAddr, ip)

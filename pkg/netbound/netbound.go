@@ -20,10 +20,11 @@ import (
 type Listener struct {
 	net.Listener
 	// OnRefuse, when set (before the first Accept), is called with the
-	// address of each connection closed past a bound: a refusal that
-	// nothing counted left a client that shares its address with others
-	// (a sidecar's, a translated one) with no word of why.
-	OnRefuse func(ip string)
+	// address of each connection closed past a bound, and whether the
+	// bound was the port's in all (else the address's share): a refusal
+	// that nothing counted left a client that shares its address with
+	// others (a sidecar's, a translated one) with no word of why.
+	OnRefuse func(ip string, all bool)
 	// UserTimeout, when set (before the first Accept), is each TCP
 	// connection's TCP_USER_TIMEOUT: gRPC sets its keepalive's timeout so
 	// on a *net.TCPConn only, and a bounded one is wrapped, so that a dead
@@ -55,7 +56,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 			ip = host
 		}
 		l.mu.Lock()
-		ok := l.all < l.maxAll && l.byIP[ip] < l.maxIP
+		full := l.all >= l.maxAll
+		ok := !full && l.byIP[ip] < l.maxIP
 		if ok {
 			l.all++
 			l.byIP[ip]++
@@ -64,7 +66,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if !ok {
 			_ = c.Close()
 			if l.OnRefuse != nil {
-				l.OnRefuse(ip)
+				l.OnRefuse(ip, full)
 			}
 			continue
 		}

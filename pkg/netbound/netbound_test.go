@@ -2,6 +2,7 @@ package netbound
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -17,6 +18,22 @@ func TestConnectionsAreBounded(t *testing.T) {
 	}
 	l := New(raw, 3, 2)
 	defer func() { _ = l.Close() }()
+	// Each refusal says whose bound it was: the address's share, or the
+	// port's in all (the aggregator's log named the per-address flag for
+	// both).
+	refusals := make(chan string, 16)
+	l.OnRefuse = func(ip string, all bool) { refusals <- fmt.Sprintf("%s all=%v", ip, all) }
+	refused := func(want string) {
+		t.Helper()
+		select {
+		case got := <-refusals:
+			if got != want {
+				t.Fatalf("refused %s, want %s", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no refusal told; want %s", want)
+		}
+	}
 	accepted := make(chan net.Conn, 16)
 	go func() {
 		for {
@@ -59,10 +76,12 @@ func TestConnectionsAreBounded(t *testing.T) {
 	held(2)
 	a3 := dial("127.0.0.1") // past 2 from one address: closed by the listener
 	closed(a3, "a third connection from one address")
+	refused("127.0.0.1 all=false")
 	b1 := dial("127.0.0.2")
 	held(3)
 	b2 := dial("127.0.0.2") // past 3 in all
 	closed(b2, "a fourth connection")
+	refused("127.0.0.2 all=true")
 	_ = (<-accepted).Close()
 	held(2)
 	b3 := dial("127.0.0.2") // room again

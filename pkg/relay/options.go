@@ -220,11 +220,15 @@ func (s *Server) Run(ctx context.Context) error {
 	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_relay_connections_refused_total",
 		Help: "Agents' connections closed at once past --max-connections or --max-connections-per-address."})
 	var lastRefusal atomic.Int64
-	bounded.OnRefuse = func(ip string) {
+	bounded.OnRefuse = func(ip string, all bool) {
 		refused.Inc()
 		if now := time.Now().Unix(); now-lastRefusal.Load() >= 60 {
 			lastRefusal.Store(now)
-			s.log.Warn("connection closed at once: past --max-connections or --max-connections-per-address (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
+			bound := "--max-connections-per-address (the address's share)"
+			if all {
+				bound = "--max-connections (the relay's in all)"
+			}
+			s.log.Warn("connection closed at once: past "+bound+" (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
 		}
 	}
 	// gRPC reads the agents' TCP connections into pooled buffers: an
