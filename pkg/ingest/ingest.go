@@ -66,8 +66,9 @@ type Server struct {
 	nodes slots.Slots // open streams by the node their token is bound to
 }
 
-// maxStreamsPerNode: the agent streams one node's token may hold open at
-// once. An agent holds one, and one or two more while it reconnects before
+// maxStreamsPerNode: the agent streams one node may hold open at once,
+// whatever tokens its agents' pods hold (an agent rolled out shares them
+// with the one it replaces). An agent holds one, and one or two more while it reconnects before
 // the old one's end is noticed (the server's keepalive ends a dead
 // connection within a minute); past it a stream is refused
 // (ResourceExhausted, node_streams): a token leaked from a node's agent
@@ -217,7 +218,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 	if boundNode != "" {
 		if !s.nodes.Take(boundNode, 0, maxStreamsPerNode) {
 			s.m.rejected.WithLabelValues("node_streams").Inc()
-			return status.Errorf(codes.ResourceExhausted, "node %s's agent token holds %d streams open, the most it may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
+			return status.Errorf(codes.ResourceExhausted, "node %s's agents hold %d streams open at this aggregator, the most a node may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
 		}
 		defer s.nodes.Give(boundNode)
 	}
