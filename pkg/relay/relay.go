@@ -130,7 +130,7 @@ type Relay struct {
 
 	// resolving serialises lookups: a pass that finished last with an
 	// older answer cut the streams of a replica just added.
-	resolving sync.Mutex
+	resolving chan struct{} // held (a send) while a pass runs
 
 	mu        sync.Mutex
 	allowed   map[string]string // replica address (canonical) → the name it was resolved from
@@ -174,7 +174,7 @@ func New(cfg Config) *Relay {
 	if cfg.AgentConnIdle <= 0 {
 		cfg.AgentConnIdle = DefaultAgentConnIdle
 	}
-	r := &Relay{cfg: cfg, unreviewedWait: unreviewedWait, allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
+	r := &Relay{cfg: cfg, unreviewedWait: unreviewedWait, resolving: make(chan struct{}, 1), allowed: map[string]string{}, upstreams: map[string]*upstream{}, missed: map[string]int{}, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pulse_relay_streams", Help: "Agent streams the relay forwards now."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -249,8 +249,8 @@ func (r *Relay) connections() int {
 // it (a lookup for a replica an agent named first) replicas are only
 // added.
 func (r *Relay) resolve(ctx context.Context, prune bool) {
-	r.resolving.Lock()
-	defer r.resolving.Unlock()
+	r.resolving <- struct{}{}
+	defer func() { <-r.resolving }()
 	found := map[string]string{}
 	r.mu.Lock()
 	prev := r.allowed
@@ -325,18 +325,35 @@ func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) 
 		r.lastAsk = time.Now()
 	}
 	r.mu.Unlock()
-	if ask {
-		// Its own bound (resolve's), not the asking stream's: a stream
-		// reset at once cut the one lookup a second every other stream
-		// waits on.
-		r.resolve(context.WithoutCancel(ctx), false)
-	} else if !ok {
+	// The stream's end ends its wait for a lookup: it was bounded by the
+	// lookup's own timeout alone, and a stream its agent had given up
+	// held its handler that long.
+	switch {
+	case ask:
+		// The lookup runs to its own bound (resolve's), not the asking
+		// stream's: a stream reset at once cut the one lookup a second
+		// every other stream waits on.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.resolve(context.WithoutCancel(ctx), false)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, false
+		}
+	case !ok:
 		// A lookup under way (another stream's, or the periodic one) may
 		// add it: its answer is waited for. A second stream for a replica
 		// just added, arriving while the first stream's lookup ran, was
 		// refused as not a replica.
-		r.resolving.Lock()
-		r.resolving.Unlock() //nolint:staticcheck // an empty section: waits for the lookup in flight
+		select {
+		case r.resolving <- struct{}{}:
+			<-r.resolving
+		case <-ctx.Done():
+			return nil, false
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -471,6 +488,9 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 		u, ok = r.upstreamFor(ctx, addr)
 	}
 	if !ok {
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err() // the agent gave the stream up
+		}
 		if r.isClosed() {
 			r.m.refused.WithLabelValues("closing").Inc()
 			return status.Error(codes.Unavailable, "relay: shutting down: reconnect (through another relay)")

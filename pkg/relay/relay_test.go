@@ -1163,3 +1163,43 @@ func TestAStreamDuringALookupWaitsForIt(t *testing.T) {
 		}
 	}
 }
+
+// blockedDNS answers no lookup until release is closed.
+type blockedDNS struct {
+	*dns
+	release chan struct{}
+}
+
+func (b blockedDNS) LookupHost(ctx context.Context, host string) ([]string, error) {
+	<-b.release
+	return b.dns.LookupHost(ctx, host)
+}
+
+// TestAStreamGivenUpEndsItsWaitForALookup: a stream naming a replica not
+// known waits for a lookup (its own, or one under way), and the wait was
+// bounded by the lookup's own timeout alone: a stream its agent had given
+// up held its handler that long. The stream's end ends its wait, whether
+// it asked for the lookup or found one under way; the lookup goes on.
+func TestAStreamGivenUpEndsItsWaitForALookup(t *testing.T) {
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	b := blockedDNS{d, make(chan struct{})}
+	r := New(Config{Aggregators: []string{"aggregator:8443"}, Resolver: b})
+	defer close(b.release)
+	for _, what := range []string{"the stream that asked for the lookup", "a stream that found it under way"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		found := make(chan bool, 1)
+		go func() {
+			_, ok := r.upstreamFor(ctx, "127.0.0.9:8443")
+			found <- ok
+		}()
+		cancel()
+		select {
+		case ok := <-found:
+			if ok {
+				t.Fatalf("%s, given up: found a replica", what)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s, given up, still waits for a lookup that has not returned", what)
+		}
+	}
+}
