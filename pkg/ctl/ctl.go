@@ -243,7 +243,11 @@ func check(args []string, stdout, stderr io.Writer) int {
 				if f.problem {
 					problems++
 				}
-				fmt.Fprintf(stdout, "%s: %s\n", id, f.text)
+				// Names and values are the tenant's: a control sequence
+				// in one (an OSC 52 clipboard write, a terminal reset)
+				// reached the operator's terminal, and a newline forged a
+				// line.
+				fmt.Fprintf(stdout, "%s: %s\n", wire.OneLine(id), wire.OneLine(f.text))
 			}
 		}
 	}
@@ -425,7 +429,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 		for _, pt := range o.pulseTriggers() {
 			ref := pt.ref
 			asked++
-			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", o.Metadata.Namespace, o.Metadata.Name, pt.pos)
+			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", wire.OneLine(o.Metadata.Namespace), wire.OneLine(o.Metadata.Name), pt.pos)
 			if ref.Namespace == "" {
 				// KEDA sends the namespace the ScaledObject is applied
 				// in; the scaler refuses a call without one.

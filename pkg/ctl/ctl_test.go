@@ -597,3 +597,36 @@ func TestCheckNamesTheValidTriggerBesideABadOne(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
+
+// TestCheckPrintsATenantsTextAsOneInertLine: check prints ScaledObjects'
+// names, namespaces and keys, a tenant's: a namespace of escape sequences
+// (an OSC 52 clipboard write) reached the operator's terminal as written,
+// as did a key a typo away from a pulse key ending in ESC c (a terminal
+// reset, wiping the output above it), and a newline forged a line.
+func TestCheckPrintsATenantsTextAsOneInertLine(t *testing.T) {
+	evil := `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: "so\nScaledObject demo/forged: valid", namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, namespace: "\e]52;c;cm0gLXJmIH4K\a"}
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, "threshold\ec": "10"}
+`
+	code, out, _ := run("check", write(t, evil))
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\n%s", code, out)
+	}
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("a control character reached the output: %q", out)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasPrefix(l, "ScaledObject demo/forged") {
+			t.Fatalf("a name's newline forged a line: %q", out)
+		}
+	}
+	if !strings.Contains(out, `so\nScaledObject demo/forged: valid`) || !strings.Contains(out, "unknown key threshold\uFFFDc (did you mean threshold?)") {
+		t.Fatalf("the names and the key not shown, inert:\n%s", out)
+	}
+}

@@ -548,7 +548,7 @@ func metadata(in map[string]string) (map[string]string, error) {
 		}
 	}
 	if typo != "" {
-		return nil, &MetadataError{Msg: fmt.Sprintf("unknown key %s (did you mean %s?)", typo, meantBy)}
+		return nil, &MetadataError{Msg: fmt.Sprintf("unknown key %s (did you mean %s?)", wire.OneLine(typo), meantBy)}
 	}
 	return out, nil
 }

@@ -106,6 +106,13 @@ func Printable(s string) string {
 	}, s)
 }
 
+// OneLine is s as one printable line: Printable, and a newline or tab
+// shown as \n or \t, so that a tenant's name or key printed in a line
+// forges no other.
+func OneLine(s string) string {
+	return strings.NewReplacer("\n", `\n`, "\t", `\t`).Replace(Printable(s))
+}
+
 // MaxName bounds a Kubernetes object's name (a DNS subdomain): a workload's
 // name pulse takes from a tenant is at most this many bytes.
 const MaxName = 253
