@@ -47,7 +47,7 @@ func TestNoReplicaIsAdoptedDuringTheWarmUp(t *testing.T) {
 	if got, ok := a.apiReplicas(k, all); got != nil || ok {
 		t.Fatalf("during the warm-up: %+v, %v; want no answer", got, ok)
 	}
-	a.warmup.done.Store(true)
+	a.warmup.over.Store(true)
 	if got, ok := a.apiReplicas(k, all); !ok || len(got) != 1 || got[0].Node != "gpu-1" {
 		t.Fatalf("after the warm-up: %+v, %v; want llama-0 on gpu-1", got, ok)
 	}

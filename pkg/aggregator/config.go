@@ -366,6 +366,7 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 			Name: "pulse_aggregator_pods_refused_total", Help: "Refusals of a new pod because --max-pods, or its namespace's --max-pods-per-namespace, was reached (a waiting pod is listed again at each batch of its agent, and counted each time)."}, func() float64 { return float64(a.store.Refused()) }))
 	a.warnIfPodsOutgrowMemory(false)
 	a.warmup = newWarmup(a.store, a.opts.Warmup.Duration, a.opts.Warmup.ExpectedAgents, time.Now, a.log)
+	a.warmup.sweep = a.store.Sweep
 	a.health.addCheck("warm-up", a.warmup.check)
 	return nil
 }
@@ -423,7 +424,7 @@ func (a *Aggregator) podExists(namespace, name, uid string, k store.Key) bool {
 // would be adopted as unseen, and each agent's first catalogue forget
 // them).
 func (a *Aggregator) apiReplicas(k store.Key, on func(node string) bool) ([]store.APIPod, bool) {
-	if a.reviewer == nil || !a.warmup.done.Load() { // set by check, at each housekeeping tick
+	if a.reviewer == nil || !a.warmup.over.Load() { // set by check as the warm-up ends
 		return nil, false
 	}
 	return a.reviewer.Replicas(k, on)

@@ -37,19 +37,27 @@ type warmup struct {
 	now      func() time.Time
 	log      *slog.Logger
 	expected atomic.Int64 // 0: unknown
-	done     atomic.Bool
+	// over: the warm-up's end has come, and the store may adopt the API's
+	// replicas on nodes no agent streams from (apiReplicas); done: answers
+	// go out, once a sweep has run with over set (sweep). Answers began
+	// with over, up to a housekeeping tick (2 s) before the first sweep
+	// that could adopt: a workload with replicas on a node whose agent was
+	// lost was planned from the others alone meanwhile, and an HPA sync
+	// then scaled it down.
+	over, done atomic.Bool
+	mu         sync.Mutex // held while the warm-up ends
+	// sweep is the store's Sweep, run as the warm-up ends (nil: none).
+	sweep func()
 }
 
 func newWarmup(st *store.Store, d time.Duration, expected int, now func() time.Time, log *slog.Logger) *warmup {
 	w := &warmup{store: st, start: now(), d: d, now: now, log: log}
 	w.expected.Store(int64(expected))
-	if d <= 0 {
-		w.done.Store(true)
-	}
-	return w
+	return w // with no warm-up (d ≤ 0), the first check ends it, sweeping first
 }
 
-// check returns nil once the warm-up has ended, and why not before.
+// check returns nil once the warm-up has ended, and why not before. At its
+// end it runs a sweep that may adopt the API's replicas before any answer.
 func (w *warmup) check() error {
 	if w.done.Load() {
 		return nil
@@ -57,7 +65,14 @@ func (w *warmup) check() error {
 	heard, expected := w.store.HeardSources(), w.expected.Load()
 	elapsed := w.now().Sub(w.start)
 	if elapsed >= w.d || (expected > 0 && int64(heard) >= expected) {
-		if !w.done.Swap(true) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.done.Load() {
+			w.over.Store(true)
+			if w.sweep != nil {
+				w.sweep()
+			}
+			w.done.Store(true)
 			w.log.Info("warm-up over: answering KEDA", logging.KeyAgents, heard, logging.KeyExpected, expected, logging.KeyElapsed, elapsed.Round(time.Millisecond))
 		}
 		return nil

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -197,9 +198,30 @@ func TestWarmupEndsAfterItsDuration(t *testing.T) {
 	if err := w.check(); err == nil || !strings.Contains(err.Error(), "in 1s at the latest") {
 		t.Fatalf("59 s into a minute's warm-up: %v, want it on, ending in 1s", err)
 	}
+	// The warm-up ends with a sweep that may adopt the API's replicas on
+	// nodes no agent streams from, before any answer: answers began up to
+	// a housekeeping tick before it, a restart's plans made from some
+	// replicas alone (the others' node's agent lost).
+	var sweeps []string
+	w.sweep = func() {
+		sweeps = append(sweeps, fmt.Sprintf("adopting %v, answering %v", w.over.Load(), w.done.Load()))
+	}
 	now = now.Add(time.Second)
 	if err := w.check(); err != nil {
 		t.Fatalf("a minute into a minute's warm-up: %v, want it over", err)
+	}
+	_ = w.check()
+	if len(sweeps) != 1 || sweeps[0] != "adopting true, answering false" {
+		t.Fatalf("the sweeps as the warm-up ended: %q; want one, adopting and not yet answering", sweeps)
+	}
+	// With no warm-up, the same at the first check.
+	w = newWarmup(store.New(store.Options{}), 0, 0, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sweeps = nil
+	w.sweep = func() {
+		sweeps = append(sweeps, fmt.Sprintf("adopting %v, answering %v", w.over.Load(), w.done.Load()))
+	}
+	if err := w.check(); err != nil || len(sweeps) != 1 || sweeps[0] != "adopting true, answering false" {
+		t.Fatalf("no warm-up: %v, sweeps %q; want answers after one sweep, adopting", err, sweeps)
 	}
 }
 
