@@ -109,7 +109,7 @@ func (p *plans) get(k planKey) planner.State {
 
 // current is k's state to plan pods at now: the zero State when none is
 // held, or when it was last planned more than planForget before and every
-// one of pods was made since (its creation known: Age).
+// one of pods, at least one, was made since (its creation known: Age).
 func (p *plans) current(k planKey, now time.Time, pods []store.PodLoad) planner.State {
 	l := p.ns[k.Owner]
 	if l == nil {
@@ -120,7 +120,10 @@ func (p *plans) current(k planKey, now time.Time, pods []store.PodLoad) planner.
 		return h.st
 	}
 	since := now.Sub(h.at)
-	if since <= planForget {
+	if since <= planForget || len(pods) == 0 {
+		// With no pod listed (every replica's agent lost, or a workload
+		// at zero with its routers reporting) none was made since: the
+		// state was forgotten, every pod of none being new.
 		return h.st
 	}
 	for _, pod := range pods {
