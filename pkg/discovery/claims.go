@@ -160,6 +160,13 @@ func demandItems(list string) ([]demandItem, error) {
 			return nil, fmt.Errorf("annotation %s=%q: an empty or repeated workload name", AnnotationDemandWorkloads, wire.CleanText(list, 64))
 		}
 		seen[name] = true
+		if strings.Contains(name, "/") {
+			// An entry's uid is ROUTER_UID/demand/NAME, cut at its last
+			// /demand/: a name x/demand/y cut it elsewhere, the router
+			// read as two pods at one address, and none of its entries
+			// was scraped.
+			return nil, fmt.Errorf("annotation %s: workload name %q holds a /, which no object's name does", AnnotationDemandWorkloads, wire.CleanText(name, 64))
+		}
 		if err := checkWorkloadNames([]Workload{{Name: name}}); err != nil {
 			return nil, fmt.Errorf("annotation %s: %w", AnnotationDemandWorkloads, err)
 		}

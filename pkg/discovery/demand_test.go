@@ -60,6 +60,10 @@ func TestDemandTargets(t *testing.T) {
 		"bad kind":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandKind: "Job"}, "want Workspace"},
 		"nine metrics":    {map[string]string{AnnotationDemandSource: "custom", AnnotationDemandWorkloads: "a", AnnotationDemandMetric: "q1,q2,q3,q4,q5,q6,q7,q8,q9", AnnotationDemandLabel: "m"}, "9 metrics; at most 8"},
 		"bad type":        {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a", AnnotationDemandType: "queue"}, "want held or arrivals"},
+		// An entry's uid is ROUTER_UID/demand/NAME: a name holding
+		// /demand/ cut it as another pod's, and the router read as two
+		// pods at one address was not scraped at all.
+		"a name with a /": {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "a, x/demand/y"}, "holds a /"},
 		// One router naming 1,100 workloads filled its node's catalogue
 		// past the aggregator's limit: the node went silent.
 		"too many workloads": {map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: manyNames(1100)}, "names 1100 workloads; at most 64"},
