@@ -296,6 +296,8 @@ func TestAProbesHandlerInTheValuesIsRefused(t *testing.T) {
 		{"daemonset", []string{"--set", "livenessProbe.httpGet.path=/livez"}, "livenessProbe.httpGet: the chart sets the probe's handler"},
 		{"daemonset", []string{"--set", "readinessProbe.exec.command={true}"}, "readinessProbe.exec"},
 		{"daemonset", []string{"--set", "healthPort=8081"}, "healthPort must differ from httpPort"},
+		// The agent refuses the pair at start: it crash-looped on every node.
+		{"daemonset", []string{"--set", "relay=pulse-relay:8443,transport=framed"}, "with relay set, use auto or grpc"},
 		{"aggregator", []string{"--set", "readinessProbe.tcpSocket.port=8080"}, "readinessProbe.tcpSocket"},
 		{"aggregator", []string{"--set", "http.healthPort=8080"}, "http.healthPort must differ from http.port"},
 		// The debug port (on loopback by default) and the others: each
