@@ -90,9 +90,10 @@ def both(v):
 
 
 def cheap(v):
-    """No dearer than DEAR times a fixed fleet as good (none attains as
-    much: cheap)."""
-    return v[3] is None or v[3] <= DEAR
+    """No dearer than DEAR times a fixed fleet as good. Where no fixed
+    fleet attains as much there is nothing to compare with: not counted
+    (it was counted cheap), and counted apart in the summary."""
+    return v[3] is not None and v[3] <= DEAR
 
 
 def geomean(xs):
@@ -155,9 +156,11 @@ def main():
                   sum(on_frontier(v[2]) and v[0] >= 95 for v in b.values())))
         # The frontier's test is of height alone: beside it, what a fixed
         # fleet as good costs.
-        print('of those, no more than %.1f× the GPU-hours of the cheapest fixed fleet as good %d -> %d; '
+        print('of those, no more than %.1f× the GPU-hours of the cheapest fixed fleet as good (within half a point) %d -> %d, '
+              'with no fixed fleet as good %d -> %d; '
               'GPU-hours over a fixed fleet as good, geometric mean over the %d -> %d cases one attains as much: %.3f -> %.3f' % (
                   DEAR, sum(both(v) and cheap(v) for v in a.values()), sum(both(v) and cheap(v) for v in b.values()),
+                  sum(both(v) and v[3] is None for v in a.values()), sum(both(v) and v[3] is None for v in b.values()),
                   sum(v[3] is not None for v in a.values()), sum(v[3] is not None for v in b.values()),
                   geomean(v[3] for v in a.values()), geomean(v[3] for v in b.values())))
 

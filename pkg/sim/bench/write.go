@@ -73,7 +73,7 @@ func frontierPoints(front []Point) []plot.FrontierPoint {
 }
 
 // staticCostNote says what the column of StaticCost is.
-const staticCostNote = " GPU-h ÷ a fixed fleet as good: the pipeline's GPU-hours over the cheapest fixed fleet's that attains as much " +
+const staticCostNote = " GPU-h ÷ a fixed fleet as good: the pipeline's GPU-hours over the cheapest fixed fleet's that attains as much, within half a point " +
 	"(above 1: a fixed fleet as good costs less, which Δ static, a test of height alone, does not show; — where no fixed fleet attains as much)."
 
 func pct(v float64) string { return fmt.Sprintf("%.1f %%", 100*v) }
