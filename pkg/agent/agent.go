@@ -89,6 +89,8 @@ type Agent struct {
 	nvmlMismatch atomic.Int64
 	podRes       *gpu.PodResources
 	gpuPods      atomic.Pointer[gpuRead]
+	// kube: the node's pod discovery (nil with --static-targets).
+	kube *discovery.Kube
 	// listedAt: when each pod listed (by uid) was first listed, on this
 	// agent's clock (listedBefore).
 	listedAt atomic.Pointer[map[string]time.Time]
@@ -262,6 +264,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		k := discovery.NewKube(discovery.KubeOptions{Pods: a.deps.Pods, Node: a.opts.NodeName, Selector: sel,
 			OnChange: a.SetTargets, Log: a.log})
+		a.kube = k // before the HTTP servers start: /readyz reads it
 		g.Go(func() error { return k.Run(ctx) })
 	}
 	g.Go(func() error { return a.serveHTTP(ctx) })
@@ -842,6 +845,17 @@ func (a *Agent) healthHandlers(mux *http.ServeMux) {
 		if a.lastTick.Load() == 0 {
 			http.Error(w, "scrape loop not started", http.StatusServiceUnavailable)
 			return
+		}
+		// No stream opens before the node's pods are listed once: that
+		// is what is wrong, not the aggregator.
+		if a.kube != nil {
+			if ok, why := a.kube.Listed(); !ok {
+				if why == "" {
+					why = "waiting for the first list"
+				}
+				http.Error(w, fmt.Sprintf("the pods of node %s not listed yet (no stream opens before): %s", a.opts.NodeName, why), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		// An agent that delivers to no aggregator does nothing useful.
 		if addrs, ok := a.aggregatorConnected(); !ok {

@@ -3,14 +3,22 @@ package agent
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
 	"github.com/pulse-io/pulse/pkg/app"
+	"github.com/pulse-io/pulse/pkg/discovery"
 )
 
 // TestTheProbesHaveAPortNoPodReaches: the HTTP port (reachable from any
@@ -80,5 +88,49 @@ func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("/metrics on the health port: %s, want 404", resp.Status)
+	}
+}
+
+// TestReadyzSaysThePodsAreNotListed: no stream opens before the node's
+// pods are listed once, and an agent that could not list them (its
+// ServiceAccount forbidden, its egress to the API server blocked) said
+// only that no aggregator was connected, sending the operator to the
+// aggregator. It says the pods are not listed, and why.
+func TestReadyzSaysThePodsAreNotListed(t *testing.T) {
+	a := newIdleAgent(t)
+	a.opts.HTTPAddr, a.opts.NodeName = "127.0.0.1:0", "gpu-1"
+	a.lastTick.Store(int64(time.Since(monoStart)))
+	sel, err := discovery.ParseSelector(discovery.DefaultSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := &cache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+			return nil, errors.New(`pods is forbidden: User "system:serviceaccount:pulse-system:pulse-agent" cannot list resource "pods"`)
+		},
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			return nil, errors.New("pods is forbidden")
+		},
+	}
+	a.kube = discovery.NewKube(discovery.KubeOptions{Pods: forbidden, Node: "gpu-1", Selector: sel, OnChange: func([]discovery.Target) {},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = a.kube.Run(ctx) }()
+	go func() { _ = a.serveHTTP(ctx) }()
+	waitUntil(t, "the HTTP port listens", func() bool { return a.HTTPAddr() != "" })
+	var body string
+	waitUntil(t, "readyz names the list's error", func() bool {
+		resp, err := http.Get("http://" + a.HTTPAddr() + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(body, "pods of node gpu-1 not listed yet") && strings.Contains(body, "forbidden")
+	})
+	if strings.Contains(body, "aggregator") {
+		t.Fatalf("readyz blames the aggregator: %q", body)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -80,6 +81,23 @@ type Kube struct {
 	// pods whose targets were made (tests read it).
 	made     map[string]madeTargets
 	computed int
+	// listed: the pod informer has synced; listErr: the last error of its
+	// list or watch (a string), for Listed.
+	listed  atomic.Bool
+	listErr atomic.Value
+}
+
+// Listed says whether the node's pods have been listed, and if not, the
+// last error of the list (""; none yet): an agent whose ServiceAccount may
+// not list pods, or whose egress to the API server is blocked, said only
+// that no aggregator was connected (no stream opens before the first
+// list), and the operator looked at the aggregator.
+func (k *Kube) Listed() (bool, string) {
+	if k.listed.Load() {
+		return true, ""
+	}
+	why, _ := k.listErr.Load().(string)
+	return false, why
 }
 
 // madeTargets are a pod's targets, or its error, at a resourceVersion.
@@ -116,11 +134,18 @@ func (k *Kube) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watch pods: %w", err)
 	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		k.listErr.Store(err.Error())
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
+		return fmt.Errorf("watch pods: %w", err)
+	}
 	k.lister = listersv1.NewPodLister(inf.GetIndexer())
 	go inf.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
+	k.listed.Store(true)
 	k.opts.Log.Info("pod informer synced", logging.KeyNode, k.opts.Node, logging.KeySelector, k.opts.Selector.String())
 	var last []Target
 	for first := true; ; first = false {
