@@ -193,11 +193,11 @@ func (k *Kube) Targets() []Target {
 		}
 		out = append(out, ts...)
 	}
-	for i, shared := range sharedAddresses(out, pods, k.opts.Node) {
+	for i, owners := range sharedAddresses(out) {
 		t := &out[i]
 		t.Ready = false
 		uid := t.PodUID()
-		msg := "pods " + strings.Join(shared.pods, ", ") + " hold one address, " + shared.addr + " (an address reused before a pod's status caught up): not scraped until one is gone"
+		msg := "pods " + strings.Join(owners, ", ") + " are ready at one address, " + hostOf(t.URL) + " (an address reused before a pod's status caught up): not scraped until one is gone"
 		if bad[uid] = msg; k.warned[uid] != msg {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
 		}
@@ -207,85 +207,35 @@ func (k *Kube) Targets() []Target {
 	return out
 }
 
-// shared is an address two pods or more hold, and those pods
-// (namespace/name).
-type shared struct {
-	addr string
-	pods []string
-}
-
-// sharedAddresses are the ready targets whose address another pod of the
-// node holds too, by index. Two pods at one address are one server's page
-// read as both: an address reused (another namespace's new pod) before a
-// pod's status caught up had each pod's page attributed to the other's
-// workload too. A pod on a network of its own (not the host's) holds an
-// IP no other pod of the node holds unless a status is stale, so any two
-// such pods at one IP share it whatever their ports, scraped or not (the
-// pods compared were the ready targets alone, by address and port: a pod
-// pulse does not scrape, or one serving on another port, was never
-// seen). Host-network pods share the node's IP, and are compared by
-// address and port among the targets. Neither is scraped (listed, not
-// ready) until one is gone. Only node's pods are compared.
-func sharedAddresses(ts []Target, pods []*corev1.Pod, node string) map[int]shared {
-	add := func(m map[string]map[string]string, key, uid, name string) {
-		if m[key] == nil {
-			m[key] = map[string]string{}
-		}
-		m[key][uid] = name
-	}
-	byIP := map[string]map[string]string{}   // IP → pod uid → namespace/name
-	byHost := map[string]map[string]string{} // a host-network target's host:port → the same
-	hostNet := map[string]bool{}
-	for _, p := range pods {
-		switch {
-		case p.Spec.NodeName != node: // the cache's are the node's; another node's IPs are its own
-		case p.Spec.HostNetwork:
-			hostNet[string(p.UID)] = true
-		case p.Status.PodIP != "" && p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
-			add(byIP, p.Status.PodIP, string(p.UID), p.Namespace+"/"+p.Name)
-		}
-	}
-	scraped := func(t Target) bool { return t.Ready && !t.Terminating && t.URL != "" }
-	keys := make([]string, len(ts)) // each scraped target's, parsed once
+// sharedAddresses are the ready targets whose address (host and port) is
+// also another pod's ready target's, each with the pods that share it. Two
+// pods ready at one address are one server's page read as both: an
+// address reused (another namespace's new pod) before a pod's status
+// caught up had each pod's page attributed to the other's workload too.
+// Neither is scraped (listed, not ready) until one is gone.
+func sharedAddresses(ts []Target) map[int][]string {
+	hosts := make([]string, len(ts))       // each ready target's, parsed once
+	pods := map[string]map[string]string{} // address → pod uid → namespace/name
 	for i, t := range ts {
-		if !scraped(t) {
-			continue
-		}
-		if uid := t.PodUID(); hostNet[uid] {
-			keys[i] = hostOf(t.URL)
-			add(byHost, keys[i], uid, t.Namespace+"/"+t.Pod)
-		} else {
-			keys[i] = ipOf(t.URL)
-			add(byIP, keys[i], uid, t.Namespace+"/"+t.Pod)
+		if t.Ready && !t.Terminating && t.URL != "" {
+			hosts[i] = hostOf(t.URL)
+			if pods[hosts[i]] == nil {
+				pods[hosts[i]] = map[string]string{}
+			}
+			pods[hosts[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
 		}
 	}
-	var out map[int]shared
-	for i, t := range ts {
-		if !scraped(t) {
-			continue
-		}
-		m := byIP
-		if hostNet[t.PodUID()] {
-			m = byHost
-		}
-		if len(m[keys[i]]) < 2 {
+	var out map[int][]string
+	for i, h := range hosts {
+		if t := ts[i]; !t.Ready || t.Terminating || t.URL == "" || len(pods[h]) < 2 {
 			continue
 		}
 		if out == nil {
-			out = map[int]shared{}
+			out = map[int][]string{}
 		}
-		out[i] = shared{addr: keys[i], pods: slices.Sorted(maps.Values(m[keys[i]]))}
+		out[i] = slices.Sorted(maps.Values(pods[h]))
 	}
 	return out
-}
-
-// ipOf is a target URL's host, without its port.
-func ipOf(u string) string {
-	h := hostOf(u)
-	if ip, _, err := net.SplitHostPort(h); err == nil {
-		return ip
-	}
-	return h
 }
 
 // hostOf is a target URL's host and port.
@@ -358,9 +308,6 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return out
 	}
-	// Every running pod's IP: a target at another pod's is not scraped
-	// (sharedAddresses), whether pulse looks at that pod or not.
-	out.Status.PodIP = pod.Status.PodIP
 	var ann map[string]string
 	for _, k := range annotationsRead {
 		if v, ok := pod.Annotations[k]; ok {
@@ -403,6 +350,7 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 	if ports := readPorts(pod); len(ports) > 0 {
 		out.Spec.Containers = []corev1.Container{{Ports: ports}}
 	}
+	out.Status.PodIP = pod.Status.PodIP
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime}}

@@ -403,7 +403,7 @@ func listedKube() (*Kube, cache.Indexer, *syncbuf.Buffer) {
 func TestABadPodIsLoggedOnceAState(t *testing.T) {
 	k, idx, logs := listedKube()
 	bad := kaitoPod("bad", "node-1", true)
-	bad.Annotations, bad.Status.PodIP = map[string]string{AnnotationPort: "http"}, "10.0.0.9"
+	bad.Annotations = map[string]string{AnnotationPort: "http"}
 	for _, p := range []*corev1.Pod{kaitoPod("good", "node-1", true), bad} {
 		if err := idx.Add(p); err != nil {
 			t.Fatal(err)
@@ -667,7 +667,7 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 		t.Fatalf("two namespaces' pods at 10.0.0.7:5000: %s; want both listed not ready, the host network's two ports scraped", got)
 	}
 	ready()
-	if n := strings.Count(logs.String(), "hold one address, 10.0.0.7"); n != 2 {
+	if n := strings.Count(logs.String(), "are ready at one address"); n != 2 {
 		t.Fatalf("logged %d times over two listings, want once a pod:\n%s", n, logs.String())
 	}
 	if err := idx.Delete(b); err != nil {
@@ -675,46 +675,6 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 	}
 	if got := ready(); got != "a:true,h1:true,h2:true" {
 		t.Fatalf("b gone: %s; want a scraped again", got)
-	}
-}
-
-// TestAPodAtAnotherPodsIPIsNotScraped: two pods were compared only when
-// both were ready targets at one address and port, so a pod whose stale
-// status showed an IP the network had given since to a pod pulse does not
-// scrape, or to one serving on another port, was scraped at it, the other
-// pod's page read as its own. Any two running pods of the node on networks
-// of their own at one IP hold it together; a terminating or finished pod
-// at it does not.
-func TestAPodAtAnotherPodsIPIsNotScraped(t *testing.T) {
-	k, idx, _ := listedKube()
-	a := kaitoPod("a", "node-1", true)
-	other := kaitoPod("other", "node-1", false) // not pulse's: no workload label, not ready
-	other.Namespace, other.UID, other.Labels = "tenant-b", "uid-other", nil
-	port := kaitoPod("port", "node-1", true) // pulse's, another port
-	port.UID, port.Status.PodIP, port.Annotations = "uid-port", "10.0.0.8", map[string]string{AnnotationPort: "5001"}
-	gone := kaitoPod("gone", "node-1", true)
-	gone.UID, gone.Status.PodIP, gone.Status.Phase = "uid-gone", "10.0.0.9", corev1.PodFailed
-	leaving := kaitoPod("leaving", "node-1", true)
-	now := metav1.Now()
-	leaving.UID, leaving.Status.PodIP, leaving.DeletionTimestamp = "uid-leaving", "10.0.0.9", &now
-	at9 := kaitoPod("at9", "node-1", true)
-	at9.UID, at9.Status.PodIP = "uid-at9", "10.0.0.9"
-	at8 := kaitoPod("at8", "node-1", true)
-	at8.UID, at8.Status.PodIP = "uid-at8", "10.0.0.8"
-	for _, p := range []*corev1.Pod{a, other, port, gone, leaving, at9, at8} {
-		if err := idx.Add(slim(p, k.opts.Selector)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got := map[string]bool{}
-	for _, tg := range k.Targets() {
-		got[tg.Pod] = tg.Ready
-	}
-	want := map[string]bool{"a": false, "port": false, "at8": false, "at9": true, "leaving": true}
-	for pod, ready := range want {
-		if r, ok := got[pod]; !ok || r != ready {
-			t.Errorf("%s: scraped %v (listed %v), want %v", pod, r, ok, ready)
-		}
 	}
 }
 
