@@ -95,9 +95,12 @@ var ErrUnavailable = errors.New("NVML is not available")
 
 // OpenNVML initializes NVML as mode says, for reads every interval (see
 // SamplesFrom). In ModeAuto with no driver library it logs once and
-// returns nil, nil: the agent goes on without GPU values. With the library
-// there and its driver not loaded yet (the GPU Operator's driver container
-// still starting after the agent), it returns NVML lost: the agent
+// returns nil, nil: the agent goes on without GPU values (nothing mounts
+// the library into a running container: under the GPU Operator, an agent
+// started before the NVIDIA runtime was the node's default has none for
+// its life; the README says to give it the runtime's class). With the
+// library there and its driver not loaded yet (a host's driver package
+// installed, its module not loaded), it returns NVML lost: the agent
 // initializes it again (Reopen) until the driver is there, as after a
 // driver went away (it was off for the agent's life).
 func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog.Logger) (*NVML, error) {
@@ -124,7 +127,7 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 			}
 			return &NVML{lib: lib, lost: true, mismatchOnly: mismatch, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
 		}
-		log.Info("NVML unavailable; GPU utilization will not be reported", logging.KeyErr, err)
+		log.Info("NVML unavailable; GPU utilization will not be reported (on a GPU node: the container was made without the NVIDIA runtime's libraries; with the GPU Operator, set the chart's runtimeClassName to nvidia)", logging.KeyErr, err)
 		return nil, nil
 	}
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
