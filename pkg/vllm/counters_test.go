@@ -761,3 +761,30 @@ func TestSeriesPastTheBudgetKeepNoRoom(t *testing.T) {
 		t.Fatalf("after a page of one series, the keys' map of the page before kept (%d now): its room is held", len(c.raw))
 	}
 }
+
+// TestANegativeSeriesIsSkippedAlone: a gauge's series are summed (or, for
+// KV cache usage, averaged) across engines, and a negative one was added
+// in: an engine's −10 beside another's 7 made the pod's queue −3, which
+// the aggregator refused, the 7 with it, and a KV usage of −0.9 beside
+// 0.9 read as 0. A negative series is bad input, skipped alone, as a
+// counter's is.
+func TestANegativeSeriesIsSkippedAlone(t *testing.T) {
+	e, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := []byte("vllm:num_requests_waiting{engine=\"0\"} 7\nvllm:num_requests_waiting{engine=\"1\"} -10\n" +
+		"vllm:kv_cache_usage_perc{engine=\"0\"} 0.9\nvllm:kv_cache_usage_perc{engine=\"1\"} -0.9\n")
+	for _, c := range []*Counters{nil, NewCounters()} {
+		p, err := e.ExtractWith(page, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := p.Get(metric.Waiting); v != 7 {
+			t.Errorf("waiting %v, want 7 (engine 1's −10 skipped)", v)
+		}
+		if v, _ := p.Get(metric.KVCacheUsage); v != 0.9 {
+			t.Errorf("KV cache usage %v, want 0.9 (engine 1's −0.9 skipped)", v)
+		}
+	}
+}

@@ -484,6 +484,14 @@ func (a *accumulator) add(src source, v float64) {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return // a NaN or infinite series says nothing; it is skipped
 	}
+	if v < 0 && src.extra == 0 {
+		// Every value pulse reads is a count, a ratio or a duration: a
+		// negative series is bad input, skipped alone, as a counter's is.
+		// Summed, an engine's −10 beside another's 7 made the pod's queue
+		// −3, which the aggregator refused, the 7 with it. (An extra gauge
+		// may be negative: V0's prefix-cache hit rate is −1 when unknown.)
+		return
+	}
 	var s *slot
 	if src.extra > 0 {
 		s = &a.extra[src.extra-1]
