@@ -638,15 +638,25 @@ func TestAGaugeTwiceOnAPageCountsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := []byte("vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 2\n")
+	for _, p := range bothWays(t, e, page) {
+		if v, _ := p.Get(metric.Waiting); v != 5 {
+			t.Errorf("waiting %v, want 5 (3 given twice, and 2)", v)
+		}
+	}
+}
+
+// bothWays is page extracted by e without counters and with new ones.
+func bothWays(t *testing.T, e *Extractor, page []byte) []Page {
+	t.Helper()
+	var out []Page
 	for _, c := range []*Counters{nil, NewCounters()} {
 		p, err := e.ExtractWith(page, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := p.Get(metric.Waiting); v != 5 {
-			t.Errorf("waiting %v, want 5 (3 given twice, and 2)", v)
-		}
+		out = append(out, p)
 	}
+	return out
 }
 
 // TestARetiredSeriesBackWithoutRoomIsNotCountedTwice: a retired series
@@ -775,11 +785,7 @@ func TestANegativeSeriesIsSkippedAlone(t *testing.T) {
 	}
 	page := []byte("vllm:num_requests_waiting{engine=\"0\"} 7\nvllm:num_requests_waiting{engine=\"1\"} -10\n" +
 		"vllm:kv_cache_usage_perc{engine=\"0\"} 0.9\nvllm:kv_cache_usage_perc{engine=\"1\"} -0.9\n")
-	for _, c := range []*Counters{nil, NewCounters()} {
-		p, err := e.ExtractWith(page, c)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, p := range bothWays(t, e, page) {
 		if v, _ := p.Get(metric.Waiting); v != 7 {
 			t.Errorf("waiting %v, want 7 (engine 1's −10 skipped)", v)
 		}
