@@ -90,8 +90,10 @@ type TokenReviewer struct {
 	// aggregator's restart with thousands of catalogued pods costs one
 	// LIST, not a GET per pod at the client's rate limit.
 	podInformer cache.SharedIndexInformer
-	// gone: OnGone's function (nil: none).
-	gone atomic.Pointer[func(node, uid string)]
+	// gone: OnGone's function (nil: none); goneUIDs: the uids of the
+	// pods it was told of, newest kept (Gone).
+	gone     atomic.Pointer[func(node, uid string)]
+	goneUIDs *lru.Cache[string, struct{}]
 }
 
 type review struct {
@@ -120,6 +122,9 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 		return nil, err
 	}
 	if t.nodeMisses, err = lru.New[string, *rate.Limiter](maxNodeLimiters); err != nil {
+		return nil, err
+	}
+	if t.goneUIDs, err = lru.New[string, struct{}](maxGone); err != nil {
 		return nil, err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -179,10 +184,23 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 func (t *TokenReviewer) OnGone(f func(node, uid string)) { t.gone.Store(&f) }
 
 func (t *TokenReviewer) tellGone(p *corev1.Pod) {
+	t.goneUIDs.Add(string(p.UID), struct{}{})
 	if f := t.gone.Load(); f != nil && p.Spec.NodeName != "" {
 		(*f)(p.Spec.NodeName, string(p.UID))
 	}
 }
+
+// Gone says that the API has deleted pod uid, or that it finished, as the
+// pod cache saw it (the newest maxGone so seen): a stream's entry looked
+// up before, not yet held (waiting for room, or its catalogue still being
+// looked up when the store let it go), is not held after.
+func (t *TokenReviewer) Gone(uid string) bool { return t.goneUIDs.Contains(uid) }
+
+// maxGone bounds the uids of pods gone that Gone remembers: a stream lists
+// its entries waiting for room again at each batch (a second), and a
+// catalogue is looked up within seconds, so the newest suffice, whatever
+// the cluster's Jobs finish meanwhile.
+const maxGone = 65536
 
 // finished says p has ended: Failed or Succeeded.
 func finished(p *corev1.Pod) bool {

@@ -652,6 +652,45 @@ func TestAPodGoneFromTheAPILeavesTheStreamThatListedIt(t *testing.T) {
 	}
 }
 
+// TestAPodGoneWhileItWaitedForRoomIsNeverHeld: a pod refused for room
+// waits on its stream, listed again at each batch with no new lookup, and
+// one the API deleted meanwhile (the store had nothing of it to drop) was
+// held once room freed, with whatever the stream sent for it, for the
+// stream's life. An entry whose pod the API has let go of is held no more.
+func TestAPodGoneWhileItWaitedForRoomIsNeverHeld(t *testing.T) {
+	c := fakeAPIWith(t, "mine2")
+	tr := runningReviewer(t, c)
+	f := newFixtureStore(t, tr, store.Options{MaxPodsPerNamespace: 1})
+	tr.OnGone(f.store.Gone)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream := f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-node-1"), t, "node-1")
+	if err := stream.Send(catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
+		t.Fatal(err)
+	}
+	enc := wire.NewEncoder()
+	sendBatch(t, stream, enc, 1, 3, 1, 2)
+	if podView(f.store, "mine") == nil || podView(f.store, "mine2") != nil {
+		t.Fatalf("mine %+v, mine2 %+v: want mine held, mine2 waiting for room", podView(f.store, "mine"), podView(f.store, "mine2"))
+	}
+	for _, name := range []string{"mine2", "mine"} { // the waiting one first, then room made
+		if err := c.CoreV1().Pods("ns").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); podView(f.store, "mine") != nil || !tr.Gone("uid-mine2"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pod cache did not see both pods go")
+		}
+	}
+	for seq := uint64(2); seq <= 4; seq++ {
+		sendBatch(t, stream, enc, seq, 42, 1, 2)
+	}
+	if v := podView(f.store, "mine2"); v != nil {
+		t.Fatalf("mine2, deleted while it waited for room, held once room was made: %+v", v)
+	}
+}
+
 // podGets counts the pod GETs c was asked.
 func podGets(c *fake.Clientset) int {
 	n := 0

@@ -574,6 +574,7 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 			return st.superseded()
 		}
 	}
+	infos, ids = st.withoutGone(infos, ids)
 	refused, err := st.srv.store.UpsertStream(st.source(), infos, full)
 	if err != nil {
 		return st.superseded()
@@ -787,7 +788,11 @@ func (st *streamState) source() store.Source {
 // now leave pending.
 func (st *streamState) relist() error {
 	infos := make([]store.PodInfo, 0, len(st.pending))
-	for _, info := range st.pending {
+	for id, info := range st.pending {
+		if st.gone(info) {
+			delete(st.pending, id) // its pod let go while it waited: never held
+			continue
+		}
 		infos = append(infos, info)
 	}
 	refused, err := st.srv.store.UpsertStream(st.source(), infos, false)
@@ -808,6 +813,39 @@ func (st *streamState) relist() error {
 		}
 	}
 	return nil
+}
+
+// goneTeller is an Authenticator that remembers the pods the API has let
+// go of (TokenReviewer's Gone).
+type goneTeller interface{ Gone(podUID string) bool }
+
+// gone says that info's pod (a router's, for a demand entry) is one the API
+// has let go of since its entry was looked up: the store dropped it
+// (store.Gone), and an entry still waiting for room, or in a catalogue
+// still being looked up then, was held after it, with whatever the stream
+// sent for it.
+func (st *streamState) gone(info store.PodInfo) bool {
+	g, ok := st.srv.auth.(goneTeller)
+	if !ok {
+		return false
+	}
+	uid := info.UID
+	if info.Demand {
+		uid, _ = store.DemandPodUID(uid)
+	}
+	return g.Gone(uid)
+}
+
+// withoutGone is infos (and their ids, in step) less those gone.
+func (st *streamState) withoutGone(infos []store.PodInfo, ids []uint32) ([]store.PodInfo, []uint32) {
+	n := 0
+	for i := range infos {
+		if !st.gone(infos[i]) {
+			infos[n], ids[n] = infos[i], ids[i]
+			n++
+		}
+	}
+	return infos[:n], ids[:n]
 }
 
 // logAllowed: a rejection is logged at most ten a minute a stream (an

@@ -930,26 +930,37 @@ func (s *Store) Remove(node string, uids ...string) {
 // theirs is held). A stream that listed it held it until it ended, with
 // what it sent.
 func (s *Store) Gone(node, uid string) {
+	// Asked of every pod that ends in the cluster (a Job's too): the write
+	// lock only for one the store holds.
+	s.mu.RLock()
+	held := len(s.goneLocked(node, uid)) > 0
+	s.mu.RUnlock()
+	if !held {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, u := range s.goneLocked(node, uid) {
+		p := s.pods[u]
+		for _, n := range slices.Clone(p.sources) {
+			s.unlist(u, p, n, false)
+		}
+	}
+}
+
+// goneLocked is the uids of what the store holds of pod uid of node: the
+// pod, and its demand entries; mu must be held.
+func (s *Store) goneLocked(node, uid string) []string {
 	var gone []string
 	if _, ok := s.pods[uid]; ok {
 		gone = append(gone, uid)
 	}
 	for u := range s.listed[node] {
-		if pod, ok := DemandPodUID(u); ok && pod == uid {
+		if pod, ok := DemandPodUID(u); ok && pod == uid && s.pods[u] != nil {
 			gone = append(gone, u)
 		}
 	}
-	for _, u := range gone {
-		p := s.pods[u]
-		if p == nil {
-			continue
-		}
-		for _, n := range slices.Clone(p.sources) {
-			s.unlist(u, p, n, false)
-		}
-	}
+	return gone
 }
 
 // RemoveStream is Remove from node's stream st: ErrSuperseded, and nothing
