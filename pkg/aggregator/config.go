@@ -455,6 +455,7 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 			return fmt.Errorf("--agent-auth=tokenreview: %w", err)
 		}
 		tr.OnGone(a.store.Gone)
+		a.warmup.ready = tr.Ready // its closing sweep adopts from this pod cache
 		a.reviewer, auth = tr, tr
 		a.health.addCheck("pod cache", tr.Ready)
 	}

@@ -46,8 +46,14 @@ type warmup struct {
 	// then scaled it down.
 	over, done atomic.Bool
 	mu         sync.Mutex // held while the warm-up ends
-	// sweep is the store's Sweep, run as the warm-up ends (nil: none).
+	// sweep is the store's Sweep, run as the warm-up ends (nil: none);
+	// ready, when set, says whether what that sweep adopts from (the pod
+	// cache) is there: the warm-up does not end before it is. Ended at a
+	// check before the cache's first list (with no warm-up, always), the
+	// sweep adopted nothing, and answers began up to a housekeeping tick
+	// before one that could.
 	sweep func()
+	ready func() error
 }
 
 func newWarmup(st *store.Store, d time.Duration, expected int, now func() time.Time, log *slog.Logger) *warmup {
@@ -65,6 +71,11 @@ func (w *warmup) check() error {
 	heard, expected := w.store.HeardSources(), w.expected.Load()
 	elapsed := w.now().Sub(w.start)
 	if elapsed >= w.d || (expected > 0 && int64(heard) >= expected) {
+		if w.ready != nil {
+			if err := w.ready(); err != nil {
+				return fmt.Errorf("aggregator warming up: %w", err)
+			}
+		}
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if !w.done.Load() {

@@ -214,14 +214,21 @@ func TestWarmupEndsAfterItsDuration(t *testing.T) {
 	if len(sweeps) != 1 || sweeps[0] != "adopting true, answering false" {
 		t.Fatalf("the sweeps as the warm-up ended: %q; want one, adopting and not yet answering", sweeps)
 	}
-	// With no warm-up, the same at the first check.
+	// With no warm-up, the same at the first check once the pod cache the
+	// sweep adopts from has synced (before it, the sweep adopted nothing).
 	w = newWarmup(store.New(store.Options{}), 0, 0, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	sweeps = nil
 	w.sweep = func() {
 		sweeps = append(sweeps, fmt.Sprintf("adopting %v, answering %v", w.over.Load(), w.done.Load()))
 	}
+	synced := errors.New("the pod cache has not synced")
+	w.ready = func() error { return synced }
+	if err := w.check(); err == nil || !strings.Contains(err.Error(), "pod cache has not synced") || len(sweeps) != 0 {
+		t.Fatalf("no warm-up, the pod cache not synced: %v, sweeps %q; want it warming, no sweep", err, sweeps)
+	}
+	synced = nil
 	if err := w.check(); err != nil || len(sweeps) != 1 || sweeps[0] != "adopting true, answering false" {
-		t.Fatalf("no warm-up: %v, sweeps %q; want answers after one sweep, adopting", err, sweeps)
+		t.Fatalf("no warm-up, the pod cache synced: %v, sweeps %q; want answers after one sweep, adopting", err, sweeps)
 	}
 }
 
