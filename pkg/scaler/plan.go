@@ -109,7 +109,7 @@ func (p *plans) get(k planKey) planner.State {
 
 // current is k's state to plan pods at now: the zero State when none is
 // held, or when it was last planned more than planForget before and every
-// one of pods, at least one, was made since (its creation known: Age).
+// one of pods (none, too) was made since (its creation known: Age).
 func (p *plans) current(k planKey, now time.Time, pods []store.PodLoad) planner.State {
 	l := p.ns[k.Owner]
 	if l == nil {
@@ -120,12 +120,15 @@ func (p *plans) current(k planKey, now time.Time, pods []store.PodLoad) planner.
 		return h.st
 	}
 	since := now.Sub(h.at)
-	if since <= planForget || len(pods) == 0 {
-		// With no pod listed (every replica's agent lost, or a workload
-		// at zero with its routers reporting) none was made since: the
-		// state was forgotten, every pod of none being new.
+	if since <= planForget {
 		return h.st
 	}
+	// With no pod listed (a workload at zero with its routers reporting,
+	// or every replica's agent lost) nothing shows that the workload is
+	// the one the state learned: forgotten, as for one made again. Kept,
+	// a model installed again behind a router that stayed up planned its
+	// first plans from zero on the old one's state, and each of them
+	// renewed it past its new pods.
 	for _, pod := range pods {
 		if pod.Age == 0 || pod.Age >= since {
 			return h.st // there before the last plan, or not known not to be

@@ -653,23 +653,3 @@ func TestAWorkloadMadeAgainLearnsAnew(t *testing.T) {
 		}
 	}
 }
-
-// TestAStateWithNoPodListedIsKept: a state not planned for planForget was
-// forgotten at a plan with no pod listed (every replica's agent lost, or
-// the workload at zero with its routers reporting): "every pod made since
-// the last plan" held of no pod. What it learned is kept until a pod made
-// since is listed.
-func TestAStateWithNoPodListedIsKept(t *testing.T) {
-	p := newPlans()
-	k := planKey{Key: llama, Owner: llama.Namespace}
-	t0 := time.Unix(1_700_000_000, 0)
-	learned := planner.State{Since: t0}
-	p.putAt(k, learned, t0)
-	later := t0.Add(planForget + time.Minute)
-	if st := p.current(k, later, nil); !st.Since.Equal(t0) {
-		t.Fatalf("no pod listed %s after the last plan: state %+v; want it kept", later.Sub(t0), st)
-	}
-	if st := p.current(k, later, []store.PodLoad{{Age: time.Minute}}); !st.Since.IsZero() {
-		t.Fatalf("only a pod made since listed: state %+v; want it forgotten", st)
-	}
-}
