@@ -611,18 +611,8 @@ func podHeldAs(f *fixture, w, name string) bool {
 // workload. It is dropped as the pod cache sees it go, and what the stream
 // sends for it after is not held.
 func TestAPodGoneFromTheAPILeavesTheStreamThatListedIt(t *testing.T) {
-	c := fakeAPIWith(t, "mine2")
-	tr := runningReviewer(t, c)
-	f := newFixtureWith(t, tr)
-	tr.OnGone(f.store.Gone)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	stream := f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-node-1"), t, "node-1")
-	if err := stream.Send(catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
-		t.Fatal(err)
-	}
-	enc := wire.NewEncoder()
-	sendBatch(t, stream, enc, 1, 3, 1, 2)
+	g := listTwo(t, store.Options{})
+	c, f, stream, enc, ctx := g.c, g.f, g.stream, g.enc, g.ctx
 	for _, name := range []string{"mine", "mine2"} {
 		if v := podView(f.store, name); v == nil || v.Values["waiting"] != 3 {
 			t.Fatalf("%s: %+v; want held, waiting 3", name, v)
@@ -658,18 +648,8 @@ func TestAPodGoneFromTheAPILeavesTheStreamThatListedIt(t *testing.T) {
 // held once room freed, with whatever the stream sent for it, for the
 // stream's life. An entry whose pod the API has let go of is held no more.
 func TestAPodGoneWhileItWaitedForRoomIsNeverHeld(t *testing.T) {
-	c := fakeAPIWith(t, "mine2")
-	tr := runningReviewer(t, c)
-	f := newFixtureStore(t, tr, store.Options{MaxPodsPerNamespace: 1})
-	tr.OnGone(f.store.Gone)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	stream := f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-node-1"), t, "node-1")
-	if err := stream.Send(catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
-		t.Fatal(err)
-	}
-	enc := wire.NewEncoder()
-	sendBatch(t, stream, enc, 1, 3, 1, 2)
+	g := listTwo(t, store.Options{MaxPodsPerNamespace: 1})
+	c, tr, f, stream, enc, ctx := g.c, g.tr, g.f, g.stream, g.enc, g.ctx
 	if podView(f.store, "mine") == nil || podView(f.store, "mine2") != nil {
 		t.Fatalf("mine %+v, mine2 %+v: want mine held, mine2 waiting for room", podView(f.store, "mine"), podView(f.store, "mine2"))
 	}
@@ -689,6 +669,35 @@ func TestAPodGoneWhileItWaitedForRoomIsNeverHeld(t *testing.T) {
 	if v := podView(f.store, "mine2"); v != nil {
 		t.Fatalf("mine2, deleted while it waited for room, held once room was made: %+v", v)
 	}
+}
+
+// twoListed is a stream of node-1's that has listed mine and mine2 (the
+// API's, llama's) and sent one batch of waiting 3 for each, its store told
+// of the pods the pod cache sees go.
+type twoListed struct {
+	c      *fake.Clientset
+	tr     *TokenReviewer
+	f      *fixture
+	stream pulsev1.Ingest_ReportClient
+	enc    *wire.Encoder
+	ctx    context.Context
+}
+
+func listTwo(t *testing.T, opts store.Options) twoListed {
+	t.Helper()
+	g := twoListed{c: fakeAPIWith(t, "mine2"), enc: wire.NewEncoder()}
+	g.tr = runningReviewer(t, g.c)
+	g.f = newFixtureStore(t, g.tr, opts)
+	g.tr.OnGone(g.f.store.Gone)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	g.ctx = ctx
+	g.stream = g.f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-node-1"), t, "node-1")
+	if err := g.stream.Send(catalogue(pod(1, "mine"), pod(2, "mine2"))); err != nil {
+		t.Fatal(err)
+	}
+	sendBatch(t, g.stream, g.enc, 1, 3, 1, 2)
+	return g
 }
 
 // podGets counts the pod GETs c was asked.
