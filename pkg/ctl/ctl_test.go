@@ -115,7 +115,16 @@ metadata:
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	// The aggregator's cap on replicas, as its flag.
+	// The aggregator's own flags move the limits.
+	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
+		strings.Contains(out, "demo/elsewhere: trigger") {
+		t.Fatalf("with the aggregator's flags: exit %d\n%s", code, out)
+	}
+}
+
+// TestCheckHoldsTheProvisionersLimits: the aggregator's cap on replicas, as
+// its flag, and the ScaledObject names KEDA takes.
+func TestCheckHoldsTheProvisionersLimits(t *testing.T) {
 	big := "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: big\n  namespace: demo\n  annotations: {pulse.io/autoscale: \"true\", pulse.io/max-replicas: \"500\"}\n"
 	if code, out, _ := run("check", write(t, big)); code != 0 {
 		t.Errorf("500 replicas with no cap: exit %d\n%s", code, out)
@@ -130,11 +139,6 @@ metadata:
 	long := strings.Replace(big, "name: big", "name: "+strings.Repeat("l", 64), 1)
 	if code, out, _ := run("check", write(t, long)); code != 1 || !strings.Contains(out, "KEDA takes ScaledObject names of at most 63") {
 		t.Errorf("a 64-character workload name: exit %d\n%s", code, out)
-	}
-	// The aggregator's own flags move the limits.
-	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
-		strings.Contains(out, "demo/elsewhere: trigger") {
-		t.Fatalf("with the aggregator's flags: exit %d\n%s", code, out)
 	}
 }
 

@@ -219,18 +219,7 @@ func (s *Server) Run(ctx context.Context) error {
 	bounded.UserTimeout = agentKeepalive.Timeout // gRPC's, which it sets on a bare TCP connection only
 	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_relay_connections_refused_total",
 		Help: "Agents' connections closed at once past --max-connections or --max-connections-per-address."})
-	var lastRefusal atomic.Int64
-	bounded.OnRefuse = func(ip string, all bool) {
-		refused.Inc()
-		if now := time.Now().Unix(); now-lastRefusal.Load() >= 60 {
-			lastRefusal.Store(now)
-			bound := "--max-connections-per-address (the address's share)"
-			if all {
-				bound = "--max-connections (the relay's in all)"
-			}
-			s.log.Warn("connection closed at once: past "+bound+" (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
-		}
-	}
+	bounded.OnRefuse = s.refusals(refused)
 	// gRPC reads the agents' TCP connections into pooled buffers: an
 	// agent's 4 KiB read buffer is held only while its bytes are read.
 	pooled := netbound.NewPooled(bounded)
@@ -296,4 +285,21 @@ func (s *Server) healthHandlers(mux *http.ServeMux) {
 func (s *Server) HealthAddr() string {
 	a, _ := s.healthAddr.Load().(string)
 	return a
+}
+
+// refusals counts each agent's connection closed past a bound in refused,
+// and logs one a minute, naming the bound.
+func (s *Server) refusals(refused prometheus.Counter) func(ip string, all bool) {
+	var last atomic.Int64
+	return func(ip string, all bool) {
+		refused.Inc()
+		if now := time.Now().Unix(); now-last.Load() >= 60 {
+			last.Store(now)
+			bound := "--max-connections-per-address (the address's share)"
+			if all {
+				bound = "--max-connections (the relay's in all)"
+			}
+			s.log.Warn("connection closed at once: past "+bound+" (counted in pulse_relay_connections_refused_total; logged at most once a minute)", "ip", ip)
+		}
+	}
 }
