@@ -56,6 +56,29 @@ func IsGPUResource(name string) bool {
 	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-")
 }
 
+// isGPUDevice reports whether a device plugin's devices are NVIDIA GPUs or
+// MIG devices: a resource IsGPUResource names, or one of nvidia.com's
+// whose every device ID is a GPU's or a MIG device's UUID (GPU-…, MIG-…,
+// a replica's ::N after it), as the NVIDIA device plugin names a resource
+// its config renames (resources.gpus[].name, sharing's rename: say
+// nvidia.com/a100 or nvidia.com/gpu-ts), whose pods had no GPU value.
+// nvidia.com's other devices (the network operator's RDMA and SR-IOV ones)
+// have other IDs.
+func isGPUDevice(name string, ids []string) bool {
+	if IsGPUResource(name) {
+		return true
+	}
+	if !strings.HasPrefix(name, "nvidia.com/") || len(ids) == 0 {
+		return false
+	}
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "GPU-") && !strings.HasPrefix(id, "MIG-") {
+			return false
+		}
+	}
+	return true
+}
+
 // List returns each pod's GPU device IDs, by "namespace/name", and apart
 // the pods the kubelet listed twice under one name, with every device of
 // both: the pod-resources API names a pod, not its uid, and a pod
@@ -80,7 +103,7 @@ func (p *PodResources) List(ctx context.Context) (pods, ambiguous map[string][]s
 		seen[key] = true
 		for _, c := range pr.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if !IsGPUResource(d.GetResourceName()) {
+				if !isGPUDevice(d.GetResourceName(), d.GetDeviceIds()) {
 					continue
 				}
 				if _, twice := ambiguous[key]; twice {

@@ -518,11 +518,15 @@ func TestTheDevicePluginsSharedNamesAreGPUs(t *testing.T) {
 	}
 	socket := filepath.Join(t.TempDir(), "kubelet.sock")
 	k := &fakenode.Kubelet{}
-	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu.shared", "GPU-a::0"))
+	// A resource the device plugin's config renames (resources.gpus[].name,
+	// sharing's rename) is nvidia.com's with GPU or MIG UUIDs: their pods
+	// had no GPU value. The network operator's nvidia.com devices are not.
+	k.SetPods(fakenode.Pod("ns", "llama-0", "nvidia.com/gpu.shared", "GPU-a::0"), fakenode.Pod("ns", "a100-0", "nvidia.com/a100", "GPU-b"),
+		fakenode.Pod("ns", "ts-0", "nvidia.com/gpu-ts", "GPU-c::1"), fakenode.Pod("ns", "nic-0", "nvidia.com/rdma_shared_device_a", "0000:3b:00.0"))
 	k.Serve(t, socket)
 	pr, ctx := dialed(t, socket)
 	got, _, err := pr.List(ctx)
-	if err != nil || len(got["ns/llama-0"]) != 1 {
-		t.Fatalf("List = %v, %v; want llama-0's shared GPU", got, err)
+	if err != nil || len(got["ns/llama-0"]) != 1 || len(got["ns/a100-0"]) != 1 || len(got["ns/ts-0"]) != 1 || len(got["ns/nic-0"]) != 0 {
+		t.Fatalf("List = %v, %v; want llama-0's shared GPU, a100-0's and ts-0's renamed ones, and nic-0's NIC left out", got, err)
 	}
 }
