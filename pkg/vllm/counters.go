@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"hash/fnv"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -277,10 +278,19 @@ func (c *Counters) observeSeries(key uint64, blank counterSeries, v float64) (fl
 // it made monotonic: a value below the last is the series restarted (while
 // away, for one woken), and its last value goes into its offset.
 func (s *counterSeries) advance(v float64, scrape uint64) float64 {
+	offset := s.offset
 	if v < s.last {
-		s.offset += s.last
+		offset += s.last
 	}
-	s.last, s.seen = v, scrape
+	if r := v + offset; math.IsInf(r, 0) {
+		// Past float64's range (a hostile page's 1e308 after a restart):
+		// the series' last value stands. Skipped while marked seen, it
+		// was neither summed nor added at its last value, and its
+		// counter fell by all of it (a reset to the aggregator).
+		s.seen = scrape
+		return s.last + s.offset
+	}
+	s.offset, s.last, s.seen = offset, v, scrape
 	return v + s.offset
 }
 

@@ -794,3 +794,39 @@ func TestANegativeSeriesIsSkippedAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestACounterPastFloatsRangeHoldsItsLastValue: a series whose value after
+// a restart, plus its offset, passed float64's range was skipped while
+// marked seen, so neither summed nor added at its last value: the pod's
+// counter fell by all of it, a reset to the aggregator, and the series
+// was never counted again. Its last value stands. Two bucket series of
+// 1e308 summed to +Inf counts: that histogram is left out.
+func TestACounterPastFloatsRangeHoldsItsLastValue(t *testing.T) {
+	e, err := NewExtractor(nil, WithHistograms())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCounters()
+	prev := 0.0
+	for i, v0 := range []string{"1e308", "0", "1e308", "1e308"} {
+		page := []byte(fmt.Sprintf("vllm:generation_tokens_total{engine=\"0\"} %s\nvllm:generation_tokens_total{engine=\"1\"} %d\n", v0, 100+i))
+		p, err := e.ExtractWith(page, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := p.Get(metric.GenerationTokens)
+		if !ok || math.IsInf(v, 0) || v < prev {
+			t.Fatalf("scrape %d: generation tokens %v (%v) after %v: want it finite and never falling", i, v, ok, prev)
+		}
+		prev = v
+	}
+	hist := []byte("vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\"} 1e308\nvllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"+Inf\"} 1e308\n" +
+		"vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"1\"} 1\nvllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"1\"} 1\n")
+	p, err := e.Extract(hist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Hist != nil && p.Hist[metric.TTFTHist].Bounds != nil {
+		t.Fatalf("TTFT buckets %v: want the histogram summed past float64's range left out", p.Hist[metric.TTFTHist])
+	}
+}

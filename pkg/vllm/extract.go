@@ -455,8 +455,8 @@ func (a *accumulator) histograms() *metric.Histograms {
 			prev = max(prev, s.counts[k])
 			b.Counts[i] = prev
 		}
-		if !math.IsInf(b.Bounds[n-1], 1) {
-			continue
+		if !math.IsInf(b.Bounds[n-1], 1) || math.IsInf(prev, 0) {
+			continue // no +Inf bucket; or counts summed past float64's range
 		}
 		if out == nil {
 			out = new(metric.Histograms)
