@@ -27,7 +27,7 @@ const (
 
 // startBench runs a real aggregator on loopback with 1,000 StreamIsActive
 // streams open, one per workload, as KEDA would hold them.
-func startBench(b *testing.B) (keda externalscaler.ExternalScalerClient, ingestConn *grpc.ClientConn) {
+func startBench(b *testing.B) (keda externalscaler.ExternalScalerClient, ingestAddr string) {
 	b.Helper()
 	o := NewOptions()
 	o.Serving.IngestAddr, o.Serving.ScalerAddr, o.Serving.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -48,12 +48,7 @@ func startBench(b *testing.B) (keda externalscaler.ExternalScalerClient, ingestC
 	}
 	b.Cleanup(func() { _ = kconn.Close() })
 	keda = externalscaler.NewExternalScalerClient(kconn)
-	ingestConn, err = grpc.NewClient(a.IngestAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = ingestConn.Close() })
-	return keda, ingestConn
+	return keda, a.IngestAddr()
 }
 
 func ref(w int) *externalscaler.ScaledObjectRef {
@@ -88,8 +83,16 @@ type agentStream struct {
 	seq    uint64
 }
 
-func openAgent(b *testing.B, conn *grpc.ClientConn, agent int) *agentStream {
+// openAgent opens agent's stream on a connection of its own, as an agent
+// does: the aggregator takes a few streams a connection (all the agents on
+// one connection, the fifth waited for ever, and so did the benchmarks).
+func openAgent(b *testing.B, addr string, agent int) *agentStream {
 	b.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
 	s, err := pulsev1.NewIngestClient(conn).Report(context.Background())
 	if err != nil {
 		b.Fatal(err)
@@ -140,10 +143,10 @@ func (as *agentStream) batch(tick int) *pulsev1.AgentMessage {
 // path (protobuf over loopback gRPC, decoding, the store, waking the KEDA
 // streams whose workload changed) while 1,000 StreamIsActive streams are open.
 func BenchmarkIngest(b *testing.B) {
-	keda, conn := startBench(b)
+	keda, addr := startBench(b)
 	agents := make([]*agentStream, benchAgents)
 	for i := range agents {
-		agents[i] = openAgent(b, conn, i)
+		agents[i] = openAgent(b, addr, i)
 	}
 	// PULSE_BENCH_NO_STREAMS=1 measures the same path with no KEDA stream.
 	if os.Getenv("PULSE_BENCH_NO_STREAMS") == "" {
@@ -195,10 +198,10 @@ func BenchmarkGetMetricsPlanner(b *testing.B) {
 // reported and their streams open; extra is added to each trigger's
 // metadata.
 func benchGetMetrics(b *testing.B, extra map[string]string) {
-	keda, conn := startBench(b)
+	keda, addr := startBench(b)
 	agents := make([]*agentStream, benchAgents)
 	for i := range agents {
-		agents[i] = openAgent(b, conn, i)
+		agents[i] = openAgent(b, addr, i)
 		for t := range 3 {
 			if err := agents[i].stream.Send(agents[i].batch(t)); err != nil {
 				b.Fatal(err)
@@ -234,8 +237,8 @@ func benchGetMetrics(b *testing.B, extra map[string]string) {
 // workload's queue above activationThreshold (sent over loopback gRPC) to
 // KEDA's StreamIsActive receiving true, with 1,000 streams open.
 func BenchmarkPushLatency(b *testing.B) {
-	keda, conn := startBench(b)
-	as := openAgent(b, conn, 0)
+	keda, addr := startBench(b)
+	as := openAgent(b, addr, 0)
 	openKEDAStreams(b, keda)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
