@@ -23,16 +23,28 @@ import (
 // presentMask has a bit for every valid metric id.
 const presentMask = (uint64(1)<<metric.NumIDs - 1) &^ 1
 
+// podState.present holds presentMask's bits: this fails to compile once
+// they pass 32.
+var _ = [1]struct{}{}[presentMask>>32]
+
 // maxQuantum bounds quantized values so that residuals cannot overflow.
 const maxQuantum = 1 << 53
 
 // podState is what one end last sent or received for a pod.
+//
+// A decoder holds one for every pod of its stream (an aggregator holds tens
+// of thousands): its fields are sized to fit 320 bytes, a size class below
+// the 352 it took.
 type podState struct {
-	gen     uint64 // the Decode call that last saw the pod (duplicate check)
-	idx     int    // its sample's index in that call's output
-	present uint64
-	last    [metric.NumIDs]int64
-	delta   [metric.NumCounters]int64 // last increase, by metric.ID.CounterIndex
+	// gen is the Decode call that last saw the pod (the duplicate check;
+	// it wraps after 2^32 calls, 136 years of 1 s batches); idx is its
+	// sample's index in that call's output (-1: a missing entry).
+	gen     uint32
+	idx     int32
+	present uint32
+	// last is each metric's last value, by id−1 (id 0 is no metric's).
+	last  [metric.NumIDs - 1]int64
+	delta [metric.NumCounters]int64 // last increase, by metric.ID.CounterIndex
 	// hist is allocated at the pod's first histogram: a decoder holds
 	// thousands of pods, most without.
 	hist *[metric.NumHists]histState
@@ -59,16 +71,16 @@ type histState struct {
 // its node's stream at every second scrape.
 func (s *podState) predict(id metric.ID) int64 {
 	if c := id.CounterIndex(); c >= 0 {
-		return min(max(s.last[id]+s.delta[c], -maxQuantum), maxQuantum)
+		return min(max(s.last[id-1]+s.delta[c], -maxQuantum), maxQuantum)
 	}
-	return s.last[id]
+	return s.last[id-1]
 }
 
 func (s *podState) record(id metric.ID, n int64) {
 	if c := id.CounterIndex(); c >= 0 {
-		s.delta[c] = n - s.last[id]
+		s.delta[c] = n - s.last[id-1]
 	}
-	s.last[id] = n
+	s.last[id-1] = n
 }
 
 // Sample is one pod's entry in a batch: its values, or why it has none.
@@ -169,8 +181,8 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 	present := s.Values.Present & presentMask
 	b.Pods = append(b.Pods, s.Pod)
 	b.OffsetsMs = append(b.OffsetsMs, s.OffsetMs)
-	b.PresentXor = append(b.PresentXor, present^st.present)
-	st.present = present
+	b.PresentXor = append(b.PresentXor, present^uint64(st.present))
+	st.present = uint32(present)
 	for p := present; p != 0; p &= p - 1 {
 		id := metric.ID(bits.TrailingZeros64(p))
 		n := quantize(id, s.Values.V[id])
@@ -257,7 +269,7 @@ func quantize(id metric.ID, x float64) int64 {
 // Decoder is the receiving end of one stream.
 type Decoder struct {
 	pods map[uint32]*podState
-	gen  uint64
+	gen  uint32
 }
 
 // NewDecoder returns a Decoder for a new stream.
@@ -283,15 +295,15 @@ func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error)
 		if st.gen == d.gen {
 			return dst, fmt.Errorf("decode batch %d: pod %d appears twice", b.Seq, pod)
 		}
-		st.gen, st.idx = d.gen, len(dst)
-		present := b.PresentXor[i] ^ st.present
+		st.gen, st.idx = d.gen, int32(len(dst))
+		present := b.PresentXor[i] ^ uint64(st.present)
 		if present&^presentMask != 0 {
 			return dst, fmt.Errorf("decode batch %d: pod %d: unknown metric bits %#x", b.Seq, pod, present&^presentMask)
 		}
 		if n := bits.OnesCount64(present); vi+n > len(b.Values) {
 			return dst, fmt.Errorf("decode batch %d: pod %d: %d metrics present but only %d values left", b.Seq, pod, n, len(b.Values)-vi)
 		}
-		st.present = present
+		st.present = uint32(present)
 		dst = append(dst, Sample{Pod: pod, OffsetMs: b.OffsetsMs[i]})
 		s := &dst[len(dst)-1]
 		for p := present; p != 0; p &= p - 1 {

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/protobuf/proto"
 
@@ -274,6 +275,15 @@ func benchWireBytes(b *testing.B, hist bool) {
 	}
 	b.ReportMetric(float64(steadyBytes)/float64(steadySamples), "B/pod-sample")
 	b.ReportMetric(float64(firstBytes)/pods, "B/pod-sample-first")
+}
+
+// TestPodStateSize: a decoder holds a podState for each pod of its stream;
+// past 320 bytes it takes the next size class, 352 (an aggregator of 16,000
+// pods, half a megabyte more).
+func TestPodStateSize(t *testing.T) {
+	if n := unsafe.Sizeof(podState{}); n > 320 {
+		t.Fatalf("podState is %d bytes, want at most 320", n)
+	}
 }
 
 // BenchmarkDecoderHeapPerPod is the heap a stream's Decoder holds per pod:
