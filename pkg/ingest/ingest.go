@@ -236,7 +236,7 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
 		return err
 	}
-	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, names: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
+	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), bound: boundNode != ""}
 	st.logger().Info("agent stream opened")
 	s.m.streams.Inc()
@@ -360,8 +360,9 @@ type streamState struct {
 	ctx   context.Context
 	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
-	ids   map[uint32]string // pod id → uid
-	names map[uint32]string // pod id → namespace/name, for the log
+	// ids: pod id → uid. (The log's namespace/name of a pod is the
+	// store's: a map of them here took 70 bytes a pod.)
+	ids map[uint32]string
 	// rejected are ids the catalogue named for pods this stream may not
 	// report (another node's, a bad entry, one past its limit): their
 	// samples are skipped, not malformed.
@@ -469,7 +470,11 @@ func (st *streamState) logRejected(id uint32, what string) {
 		st.loggedRejects = map[uint32]time.Time{}
 	}
 	st.loggedRejects[id] = now
-	st.logger().Warn("pod values rejected", logging.KeyPod, st.names[id], logging.KeyReason, what)
+	pod := st.ids[id]
+	if info, ok := st.srv.store.ListedOn(st.hello.Node, pod); ok {
+		pod = info.Namespace + "/" + info.Name
+	}
+	st.logger().Warn("pod values rejected", logging.KeyPod, pod, logging.KeyReason, what)
 }
 
 func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
@@ -481,7 +486,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 			st.forget(id)
 		}
 		clear(st.ids)
-		clear(st.names)
 		clear(st.rejected)
 		clear(st.pending)
 		clear(st.unchecked)
@@ -492,7 +496,6 @@ func (st *streamState) catalogue(c *pulsev1.Catalogue) error {
 		if uid, ok := st.ids[id]; ok {
 			removed = append(removed, uid)
 			delete(st.ids, id)
-			delete(st.names, id)
 		}
 		delete(st.rejected, id)
 		delete(st.pending, id)
@@ -544,7 +547,7 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 				// catalogue of changes: a full one (at every reconnect)
 				// unlisted it, its series dropped and its workload a
 				// replica short, until a lookup worked.
-				st.ids[p.Id], st.names[p.Id] = p.Uid, p.Namespace+"/"+p.Name
+				st.ids[p.Id] = p.Uid
 				infos, ids = append(infos, held), append(ids, p.Id)
 			}
 			st.uncheck(p, err)
@@ -687,7 +690,6 @@ func (st *streamState) admit(ctx context.Context, p *pulsev1.Pod, removed *[]str
 		*removed = append(*removed, old)
 	}
 	st.ids[p.Id] = p.Uid
-	st.names[p.Id] = p.Namespace + "/" + p.Name
 	delete(st.pending, p.Id)
 	return info, true, nil
 }
@@ -870,7 +872,6 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 	if old, ok := st.ids[p.Id]; ok {
 		removed = append(removed, old)
 		delete(st.ids, p.Id)
-		delete(st.names, p.Id)
 		// The agent's encoder forgets a pod only removed or replaced (a
 		// new uid): the decoder does the same, or the next batch with
 		// this id does not decode and ends the stream. Its samples are
