@@ -273,10 +273,27 @@ type Monotonic struct {
 	// rebase: bit i set until counter i's next value (Rebase); a counter
 	// absent from the next sample keeps its bit for the one after.
 	rebase uint16
-	// offset and hist are allocated at the first reset and the first
-	// histogram: most pods never need them, and a store holds thousands.
-	offset *[NumCounters]float64
-	hist   *[NumHists]histMono
+	// more is allocated at the first reset or the first histogram: most
+	// pods never need it, and a store holds thousands (one pointer: two
+	// took 8 bytes more a pod).
+	more *monoMore
+}
+
+// monoMore is the part of a Monotonic that few pods need.
+type monoMore struct {
+	// offset: each counter's sum of resets, by ID.CounterIndex, added to
+	// its raw value once offsets is set (at the first reset).
+	offset  [NumCounters]float64
+	offsets bool
+	hist    [NumHists]histMono
+}
+
+// extra is m.more, allocated.
+func (m *Monotonic) extra() *monoMore {
+	if m.more == nil {
+		m.more = new(monoMore)
+	}
+	return m.more
 }
 
 // Rebase says that the next values do not continue the earlier ones (they
@@ -285,9 +302,9 @@ type Monotonic struct {
 // over that one interval is lost rather than mistaken for a reset.
 func (m *Monotonic) Rebase() {
 	m.rebase = 1<<NumCounters - 1
-	if m.hist != nil {
-		for h := range m.hist {
-			m.hist[h].rebase = true
+	if m.more != nil {
+		for h := range m.more.hist {
+			m.more.hist[h].rebase = true
 		}
 	}
 }
@@ -299,12 +316,10 @@ func (m *Monotonic) AdjustSample(s *Sample) {
 	if s.Hist == nil {
 		return
 	}
-	if m.hist == nil {
-		m.hist = new([NumHists]histMono)
-	}
+	more := m.extra()
 	for h := range s.Hist {
 		if s.Hist[h].Present() {
-			m.hist[h].adjust(&s.Hist[h])
+			more.hist[h].adjust(&s.Hist[h])
 		}
 	}
 }
@@ -327,13 +342,13 @@ func (m *Monotonic) Adjust(v *Values) {
 		case ok && raw < last:
 			step = last
 		}
-		if step != 0 && m.offset == nil {
-			m.offset = new([NumCounters]float64)
+		if step != 0 {
+			m.extra().offsets = true
 		}
 		m.last[c], m.seen = raw, m.seen|1<<c
-		if m.offset != nil {
-			m.offset[c] += step
-			v.V[id] = raw + m.offset[c]
+		if more := m.more; more != nil && more.offsets {
+			more.offset[c] += step
+			v.V[id] = raw + more.offset[c]
 		}
 	}
 }

@@ -209,12 +209,16 @@ func (c *histColumn) pruneBounds() {
 
 // hists is a series' histogram columns, allocated at the pod's first
 // histogram (nil before: most pods never send any).
-type hists [metric.NumHists]histColumn
+type hists struct {
+	cols [metric.NumHists]histColumn
+	// last: the newest sample's histograms (nil: it had none).
+	last *metric.Histograms
+}
 
 // add appends s's histograms (nil: none); n is the samples held before.
 func (h *hists) add(s *metric.Histograms, n int) {
-	for k := range h {
-		c := &h[k]
+	for k := range h.cols {
+		c := &h.cols[k]
 		if len(c.buf) == 0 {
 			// A column that starts now is absent for the samples before.
 			for range n {
@@ -234,8 +238,8 @@ func (h *hists) add(s *metric.Histograms, n int) {
 func (h *hists) decode(dst []metric.Sample, store []metric.Histograms, arena []float64) ([]metric.Histograms, []float64) {
 	store = slices.Grow(store[:0], len(dst))[:len(dst)]
 	arena = arena[:0]
-	for k := range h {
-		c := &h[k]
+	for k := range h.cols {
+		c := &h.cols[k]
 		var prev metric.Buckets
 		for i, off := 0, 0; i < len(dst); i++ {
 			off, arena = c.entry(off, &prev, &store[i][k], arena)
@@ -258,9 +262,9 @@ func (h *hists) decode(dst []metric.Sample, store []metric.Histograms, arena []f
 // uncounted: 137 KB a pod against its bound of 48 KiB.
 func (h *hists) size() int {
 	n := 0
-	for k := range h {
-		n += len(h[k].buf)
-		for _, b := range h[k].bounds {
+	for k := range h.cols {
+		n += len(h.cols[k].buf)
+		for _, b := range h.cols[k].bounds {
 			n += 8*len(b) + int(unsafe.Sizeof(b))
 		}
 	}
@@ -271,8 +275,8 @@ func (h *hists) size() int {
 // with the wire's decoder and not counted).
 func (h *hists) bytes() int {
 	n := 0
-	for k := range h {
-		n += cap(h[k].buf)
+	for k := range h.cols {
+		n += cap(h.cols[k].buf)
 	}
 	return n
 }

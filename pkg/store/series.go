@@ -22,10 +22,12 @@ import (
 // is written in full, so dropping the oldest samples rewrites only the new
 // first entry of each column.
 //
-// The columns lie one after another in one buffer, each with a 16-byte
+// The columns lie one after another in one buffer, each with a 12-byte
 // header: a pod's few seconds of samples are a few hundred bytes, and a
 // buffer and a 40-byte header for each of its 18 columns took more than the
-// samples themselves. An append writes every column's entry in one pass
+// samples themselves. Which metric a column holds is in one bitmap of the
+// series (ids), not in its header: an id there took the header from 12
+// bytes to 16. An append writes every column's entry in one pass
 // from the last column to the first, moving each column up by the entries
 // written before it.
 //
@@ -42,24 +44,53 @@ type series struct {
 	// all its entries are absent.
 	buf  []byte
 	cols []column
-	n    int
-	// lastMs and lastHist are the newest sample's time and histograms.
-	lastMs   int64
-	lastHist *metric.Histograms
-	// hist: the histogram columns, from the pod's first histogram (nil
-	// until then).
+	// n is the number of samples held (a series is bounded far below
+	// 2^31: podBytes × MaxSamples bytes); ids has a bit for each metric
+	// with a column: cols[1:] are theirs, by id ascending.
+	n   int32
+	ids uint32
+	// hist: the histogram columns and the newest sample's histograms,
+	// from the pod's first histogram (nil until then).
 	hist *hists
+}
+
+// lastMs is the newest sample's time (0 when none is held): the last entry
+// of the times' column, which the next is written against.
+func (r *series) lastMs() int64 {
+	if len(r.cols) == 0 {
+		return 0
+	}
+	return r.cols[0].last()
+}
+
+// lastHist is the newest sample's histograms (nil when it had none).
+func (r *series) lastHist() *metric.Histograms {
+	if r.hist == nil {
+		return nil
+	}
+	return r.hist.last
 }
 
 // column is one column's header: its entries are buf[start:end], where
 // start is the end of the column before it (0 for the first).
 type column struct {
 	// prev: the last entry's value as the next one is written against it
-	// (0 when it was absent).
-	prev int64
+	// (0 when it was absent), an int64 in two halves (last, setLast), so
+	// that the header is aligned to 4 bytes and takes 12, not 16.
+	prev [2]uint32
 	end  uint32
-	id   metric.ID // 0 for the times
 }
+
+func (c *column) last() int64 { return int64(uint64(c.prev[1])<<32 | uint64(c.prev[0])) }
+
+func (c *column) setLast(n int64) { c.prev[0], c.prev[1] = uint32(n), uint32(uint64(n)>>32) }
+
+// metricIDs is the series' column ids as a metric bitmap.
+func (r *series) metricIDs() uint64 { return uint64(r.ids) }
+
+// The ids bitmap holds every metric's bit: this fails to compile once they
+// pass 32.
+var _ = [1]struct{}{}[validIDs>>32]
 
 // entries is column i's encoded entries (none in a series with no sample).
 func (r *series) entries(i int) []byte {
@@ -108,36 +139,38 @@ func baseOf(id metric.ID, x float64) int64 {
 func zigzag(d int64) uint64   { return uint64(d<<1) ^ uint64(d>>63) }
 func unzigzag(u uint64) int64 { return int64(u>>1) ^ -int64(u&1) }
 
-// appendInt appends to dst an entry of integer n written against c.prev.
+// appendInt appends to dst an entry of integer n written against c's last.
 func (c *column) appendInt(dst []byte, n int64) []byte {
-	dst = binary.AppendUvarint(dst, zigzag(n-c.prev)<<2|tagInt)
-	c.prev = n
+	dst = binary.AppendUvarint(dst, zigzag(n-c.last())<<2|tagInt)
+	c.setLast(n)
 	return dst
 }
 
-// appendValue appends to dst an entry of metric c.id's value x.
-func (c *column) appendValue(dst []byte, x float64) []byte {
-	n, ok := grid(c.id, x)
+// appendValue appends to dst an entry of metric id's value x (c is id's
+// column).
+func (c *column) appendValue(dst []byte, id metric.ID, x float64) []byte {
+	n, ok := grid(id, x)
 	if ok {
 		return c.appendInt(dst, n)
 	}
 	dst = append(dst, tagRaw)
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
-	c.prev = n
+	c.setLast(n)
 	return dst
 }
 
 func (c *column) appendAbsent(dst []byte) []byte {
-	c.prev = 0
+	c.setLast(0)
 	return append(dst, tagAbsent)
 }
 
-// growBytes returns buf with room for k more bytes, grown by a quarter
-// rather than doubled: a series holds its window for the pod's life, and
-// most of a doubling would stay unused.
+// growBytes returns buf with room for k more bytes, grown by an eighth
+// rather than doubled: a series holds its window for the pod's life (an
+// append and the trim after it leave its size about the same), and most
+// of a doubling would stay unused.
 func growBytes(buf []byte, k int) []byte {
 	if need := len(buf) + k; need > cap(buf) {
-		nb := make([]byte, len(buf), need+need/4+8)
+		nb := make([]byte, len(buf), room(need))
 		copy(nb, buf)
 		return nb
 	}
@@ -214,17 +247,14 @@ func appendDropped(dst, b []byte, id metric.ID, k int) (_ []byte, kept bool) {
 const validIDs = (uint64(1)<<metric.NumIDs - 1) &^ 1
 
 // len is the number of samples held.
-func (r *series) len() int { return r.n }
+func (r *series) len() int { return int(r.n) }
 
 // maxEntry bounds one entry's encoding.
 const maxEntry = binary.MaxVarintLen64 + 8
 
 // add appends s, newer than every sample held.
 func (r *series) add(s metric.Sample) {
-	present := s.Present & validIDs
-	for i := 1; i < len(r.cols); i++ {
-		present &^= 1 << r.cols[i].id
-	}
+	present := s.Present & validIDs &^ r.metricIDs()
 	if len(r.cols) == 0 || present != 0 {
 		r.addColumns(present)
 	}
@@ -233,10 +263,10 @@ func (r *series) add(s metric.Sample) {
 	var ends [metric.NumIDs + 1]uint32
 	e := r.cols[0].appendInt(tmp[:0], s.TimeMs)
 	ends[0] = uint32(len(e))
-	for i := 1; i < len(r.cols); i++ {
-		c := &r.cols[i]
-		if s.Present&(1<<c.id) != 0 {
-			e = c.appendValue(e, s.V[c.id])
+	for i, ids := 1, r.ids; i < len(r.cols); i, ids = i+1, ids&(ids-1) {
+		c, id := &r.cols[i], metric.ID(bits.TrailingZeros32(ids))
+		if s.Present&(1<<id) != 0 {
+			e = c.appendValue(e, id, s.V[id])
 		} else {
 			e = c.appendAbsent(e)
 		}
@@ -269,10 +299,10 @@ func (r *series) add(s metric.Sample) {
 		r.hist = new(hists)
 	}
 	if r.hist != nil {
-		r.hist.add(s.Hist, r.n)
+		r.hist.add(s.Hist, int(r.n))
+		r.hist.last = s.Hist
 	}
 	r.n++
-	r.lastMs, r.lastHist = s.TimeMs, s.Hist
 }
 
 // addColumns adds the times' column (when there is none yet) and a column
@@ -280,19 +310,19 @@ func (r *series) add(s metric.Sample) {
 // headers are reallocated once, exactly (columns are added rarely: at the
 // first sample, or when a page gains a metric).
 func (r *series) addColumns(ids uint64) {
-	cols := make([]column, 0, max(len(r.cols), 1)+bits.OnesCount64(ids))
-	cols = append(cols, r.cols...)
-	if len(cols) == 0 {
-		cols = append(cols, column{end: ^uint32(0)}) // the times' (r.n is 0)
-	}
-	for ; ids != 0; ids &= ids - 1 {
-		cols = append(cols, column{id: metric.ID(bits.TrailingZeros64(ids)), end: ^uint32(0)})
-	}
-	slices.SortFunc(cols[1:], func(a, b column) int { return int(a.id) - int(b.id) })
-	buf := make([]byte, 0, len(r.buf)+r.n*(len(cols)-len(r.cols)))
+	all := r.ids | uint32(ids)
+	cols := make([]column, 1+bits.OnesCount32(all))
+	buf := make([]byte, 0, len(r.buf)+int(r.n)*(len(cols)-len(r.cols)))
 	j := 0 // the old column that comes next
-	for i := range cols {
-		if cols[i].end != ^uint32(0) {
+	for i, rest := 0, all; i < len(cols); i++ {
+		old := len(r.cols) > 0 // the times' is old once there is one
+		if i > 0 {
+			bit := rest & -rest
+			rest &^= bit
+			old = r.ids&bit != 0
+		}
+		if old {
+			cols[i] = r.cols[j]
 			buf = append(buf, r.entries(j)...)
 			j++
 		} else {
@@ -302,19 +332,34 @@ func (r *series) addColumns(ids uint64) {
 		}
 		cols[i].end = uint32(len(buf))
 	}
-	r.buf, r.cols = buf, cols
+	r.buf, r.cols, r.ids = buf, cols, all
+}
+
+// expired reports whether the k+1th oldest sample is at from or older:
+// the k oldest are then not needed by a window that starts at from or
+// later.
+func (r *series) expired(from int64, k int) bool {
+	if int(r.n) <= k {
+		return false
+	}
+	var t int64
+	for i, off := 0, 0; i <= k; i++ {
+		t, _, _, _, off = entry(r.buf, 0, off, t)
+	}
+	return t <= from
 }
 
 // decodeTimes writes the samples' times into dst[:len] (grown as
 // needed), oldest first, with no value or histogram present.
 func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
-	if cap(dst) < r.n {
-		dst = make([]metric.Sample, r.n, r.n+r.n/4)
+	n := int(r.n)
+	if cap(dst) < n {
+		dst = make([]metric.Sample, n, n+n/4)
 	}
-	dst = dst[:r.n]
+	dst = dst[:n]
 	var t int64
 	times := r.entries(0)
-	for i, off := 0, 0; i < r.n; i++ {
+	for i, off := 0, 0; i < n; i++ {
 		t, _, _, _, off = entry(times, 0, off, t)
 		dst[i].TimeMs, dst[i].Present, dst[i].Hist = t, 0, nil
 	}
@@ -324,8 +369,8 @@ func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
 // decode writes the values of the metrics in want into the samples dst
 // that decodeTimes wrote; other values are left as they were.
 func (r *series) decode(dst []metric.Sample, want uint64) {
-	for ci := 1; ci < len(r.cols); ci++ {
-		id := r.cols[ci].id
+	for ci, ids := 1, r.ids; ci < len(r.cols); ci, ids = ci+1, ids&(ids-1) {
+		id := metric.ID(bits.TrailingZeros32(ids))
 		if want&(1<<id) == 0 {
 			continue
 		}
@@ -333,7 +378,7 @@ func (r *series) decode(dst []metric.Sample, want uint64) {
 		bit := uint64(1) << id
 		p := metric.Pow10(id.Scale())
 		var n int64
-		for i, off := 0, 0; i < r.n; i++ {
+		for i, off := 0, 0; i < int(r.n); i++ {
 			var raw float64
 			var isRaw, present bool
 			n, raw, isRaw, present, off = entry(b, id, off, n)
@@ -354,16 +399,21 @@ func (r *series) drop(k int) {
 	sc := dropScratch.Get().(*[]byte)
 	out := (*sc)[:0]
 	cols := r.cols[:0] // written behind the reads: kept columns are renumbered
-	start := uint32(0)
+	start, ids := uint32(0), r.ids
 	for i := range r.cols {
-		c := r.cols[i]
+		c, id := r.cols[i], metric.ID(0)
+		if i > 0 {
+			id = metric.ID(bits.TrailingZeros32(ids))
+			ids &= ids - 1
+		}
 		b := r.buf[start:c.end]
 		start = c.end
 		mark := len(out)
 		var kept bool
-		out, kept = appendDropped(out, b, c.id, k)
+		out, kept = appendDropped(out, b, id, k)
 		if i > 0 && !kept {
 			out = out[:mark] // every entry left is absent: the column goes
+			r.ids &^= 1 << id
 			continue
 		}
 		c.end = uint32(len(out))
@@ -374,10 +424,10 @@ func (r *series) drop(k int) {
 	r.buf = replaceHead(r.buf, len(r.buf), out)
 	*sc = out
 	dropScratch.Put(sc)
-	r.n -= k
+	r.n -= int32(k)
 	if r.hist != nil {
-		for h := range r.hist {
-			r.hist[h].dropFront(k)
+		for h := range r.hist.cols {
+			r.hist.cols[h].dropFront(k)
 		}
 	}
 }
@@ -467,6 +517,9 @@ func (r *series) bytes() int {
 	return n
 }
 
+// room is the capacity a buffer of size bytes is given when it grows.
+func room(size int) int { return size + size/8 + 8 }
+
 // replaceHead returns buf with buf[:off] replaced by head, in place unless
 // it does not fit or would leave most of the buffer unused (a column drops
 // a few entries and gains as many: shrinking it at each drop and growing
@@ -479,7 +532,7 @@ func replaceHead(buf []byte, off int, head []byte) []byte {
 		copy(buf, head)
 		return buf[:size]
 	}
-	nb := make([]byte, size, size+size/4+8)
+	nb := make([]byte, size, room(size))
 	copy(nb, head)
 	copy(nb[len(head):], tail)
 	return nb

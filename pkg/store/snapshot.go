@@ -180,10 +180,10 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	case p.get().missing != "":
 		l.State, l.Reason = PodMissing, p.get().missing
 		return l
-	case p.lastSeen.IsZero():
+	case p.seen == 0:
 		l.State, l.Reason = PodMissing, "no sample yet"
 		return l
-	case now.Sub(p.lastSeen) > freshFor:
+	case p.age(now) > freshFor:
 		l.State, l.Reason = PodMissing, "stale"
 		return l
 	}

@@ -278,9 +278,11 @@ type pod struct {
 	sources  []string // the nodes whose agents list it (almost always one)
 	instance string   // the agent process whose counters the series carries
 
-	series   series // oldest first; counters monotonic
-	mono     metric.Monotonic
-	lastSeen time.Time // aggregator clock of the last successful sample
+	series series // oldest first; counters monotonic
+	mono   metric.Monotonic
+	// seen: when the last successful sample came, on the aggregator's
+	// clock (stamp; 0: none). A time.Time took 16 bytes more a pod.
+	seen int64
 	// rare: what few pods have, nil until one is set.
 	rare *podRare
 	// startNs is when the pod started: its creation when its agent lists
@@ -292,8 +294,6 @@ type pod struct {
 	// ns: two time.Time took 32 bytes more a pod, past its size class);
 	// readyNs is -1 when the pod's ready time is not known.
 	startNs, readyNs int64
-	// trimCheck counts appends since trim last looked for expired samples.
-	trimCheck int
 	// behind: the last sample was more than stepBack behind the series
 	// (dropped); a second in a row restarts it.
 	behind bool
@@ -329,6 +329,23 @@ type podRare struct {
 	// the next sample taken (holdHist); nil when none.
 	heldHist *metric.Histograms
 }
+
+// epoch is what a pod's seen is counted from: a monotonic reading, so
+// that a step of the wall clock moves no pod's age.
+var epoch = time.Now()
+
+// stamp is now as a pod's seen: nanoseconds since epoch (never 0, which is
+// none).
+func stamp(now time.Time) int64 {
+	if d := int64(now.Sub(epoch)); d != 0 {
+		return d
+	}
+	return 1
+}
+
+// age is how long before now p's last successful sample came (p.seen is
+// not 0).
+func (p *pod) age(now time.Time) time.Duration { return time.Duration(stamp(now) - p.seen) }
 
 // noRare is what a pod without rare state reads (never written).
 var noRare podRare
@@ -774,7 +791,7 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 // upsertOne lists info's pod under src (UpsertStream); false when it is
 // new and there is no room for it.
 func (s *Store) upsertOne(src Source, info PodInfo) bool {
-	info.Workloads = distinct(info.Workloads)
+	info = s.shared(distinct(info.Workloads), info)
 	p, ok := s.pods[info.UID]
 	// A uid listed under another namespace (only an agent that is not
 	// checked can) takes room there as a new pod would: it moved past
@@ -834,6 +851,27 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	s.link(p)
 	s.notify(p)
 	return true
+}
+
+// shared is info with its workloads ks, held as the list another pod of
+// its first workload holds when the two are equal, and its namespace as
+// the string of that list's first key when it is the same: the replicas of
+// a workload hold one list and one namespace among them, where each held
+// its own (a catalogue's entries are decoded into strings and lists of
+// their own: tens of bytes a pod, in a store of tens of thousands). The
+// lists are never written once held.
+func (s *Store) shared(ks []Key, info PodInfo) PodInfo {
+	info.Workloads = ks
+	if len(ks) == 0 {
+		return info
+	}
+	if list := s.workloads[ks[0]]; len(list) > 0 && slices.Equal(list[0].Workloads, ks) {
+		info.Workloads = list[0].Workloads
+	}
+	if k := info.Workloads[0]; k.Namespace == info.Namespace {
+		info.Namespace = k.Namespace
+	}
+	return info
 }
 
 // distinct is ks with each key once, in its first place (ks itself when
@@ -1106,10 +1144,10 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 		// this one those unchanged since it sent them.
 		var carried *metric.Histograms
 		if p.series.len() > 0 {
-			carried = p.series.lastHist
+			carried = p.series.lastHist()
 		}
-		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs {
-			if far := p.series.lastMs-r.TimeMs > stepBack.Milliseconds(); !far || !p.behind {
+		if p.series.len() > 0 && r.TimeMs <= p.series.lastMs() {
+			if far := p.series.lastMs()-r.TimeMs > stepBack.Milliseconds(); !far || !p.behind {
 				// Out of order or repeated: dropped, keeping the series
 				// monotonic in time. Far behind, it is remembered: one
 				// sample is not a clock step (two agents listing the pod
@@ -1152,7 +1190,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			rr.extras = append(rr.extras, r.Extra)
 		}
 		p.trim(s.opts)
-		p.lastSeen = now
+		p.seen = stamp(now)
 		if r.Rejected != "" || p.rare != nil {
 			rr := p.set()
 			rr.missing, rr.errText, rr.rejected = "", "", r.Rejected
@@ -1198,7 +1236,7 @@ func (p *pod) unholdHist(smp *metric.Sample) {
 func (p *pod) fromInstance(instance string) {
 	if p.instance != "" && p.instance != instance {
 		p.restart()
-		p.lastSeen = time.Time{}
+		p.seen = 0
 		if p.rare != nil {
 			p.rare.heldHist = nil // the old process's
 		}
@@ -1222,25 +1260,21 @@ func (p *pod) restart() {
 }
 
 // trim drops samples older than the retention (keeping one before it, so a
-// rate over the full retention has its start) and beyond MaxSamples. It
-// drops in one pass once an eighth of the series (at least 4 samples) has
-// expired, so that an append costs O(1) amortized and a series holds
-// little more than its retention; readers pick their window from the end.
+// rate over the full retention has its start) and beyond MaxSamples, once
+// two have expired: a series holds its retention and one or two samples
+// more. (It waited for an eighth of it, at least 4 samples, and held that
+// much more: a sixth of the store's series at a 10 s window. Each append
+// dropping the one that expired cost the append 40 % more.) Readers pick
+// their window from the end. Whether two have expired reads the three
+// oldest samples' times alone.
 func (p *pod) trim(o Options) {
 	n := p.series.len()
-	from := p.series.lastMs - o.Retention.Milliseconds()
+	from := p.series.lastMs() - o.Retention.Milliseconds()
 	size, limit := p.series.size(), podBytes*o.MaxSamples
 	big := size > limit
-	if n <= o.MaxSamples && n < 8 && !big {
+	if n <= o.MaxSamples && !big && !p.series.expired(from, 2) {
 		return
 	}
-	// The samples are decoded to find the cut: at most one trim in
-	// max(4, n/8) appends decodes the series.
-	p.trimCheck++
-	if n <= o.MaxSamples && p.trimCheck < max(4, n/8) && !big {
-		return
-	}
-	p.trimCheck = 0
 	sc := getScratch()
 	defer putScratch(sc)
 	all := sc.samples(p, 0)

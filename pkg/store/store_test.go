@@ -510,15 +510,15 @@ func TestAClockStepKeepsThePodsHistograms(t *testing.T) {
 	s.Add([]Report{report("a", 1_000_000-600_000, 5)}) // ten minutes back, twice: a step
 	s.Add([]Report{report("a", 1_000_000-599_000, 5)})
 	p := s.peek("a")
-	if p.series.len() != 1 || p.series.lastHist == nil || !p.series.lastHist[metric.TTFTHist].Present() {
-		t.Fatalf("after the step: %d samples, histograms %v; want the series started again with the pod's histograms", p.series.len(), p.series.lastHist)
+	if p.series.len() != 1 || p.series.lastHist() == nil || !p.series.lastHist()[metric.TTFTHist].Present() {
+		t.Fatalf("after the step: %d samples, histograms %v; want the series started again with the pod's histograms", p.series.len(), p.series.lastHist())
 	}
 	// A new agent process: its first sample sends every histogram; the
 	// old ones are not carried into its series.
 	s.Upsert(Source{Node: "n", Instance: "two"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
 	s.Add([]Report{report("a", 1_000_000-598_000, 5)})
-	if p := s.peek("a"); p.series.lastHist != nil {
-		t.Fatalf("after a new agent process: histograms %v carried, want none until it sends them", p.series.lastHist)
+	if p := s.peek("a"); p.series.lastHist() != nil {
+		t.Fatalf("after a new agent process: histograms %v carried, want none until it sends them", p.series.lastHist())
 	}
 }
 
@@ -545,8 +545,8 @@ func TestAHostilePageIsBoundedInBytes(t *testing.T) {
 	if b, limit := p.series.size(), podBytes*600; b > limit+64<<10 {
 		t.Fatalf("the pod's series holds %d bytes, want about its bound (%d) at most", b, limit)
 	}
-	if p.series.len() < 2 || p.series.lastMs != 600_000 {
-		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)
+	if p.series.len() < 2 || p.series.lastMs() != 600_000 {
+		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs())
 	}
 }
 
@@ -567,16 +567,16 @@ func TestChangingBoundsCountAgainstThePodsBound(t *testing.T) {
 	}
 	p := s.peek("a")
 	held := p.series.bytes()
-	for k := range p.series.hist {
-		for _, b := range p.series.hist[k].bounds {
+	for k := range p.series.hist.cols {
+		for _, b := range p.series.hist.cols[k].bounds {
 			held += 8*cap(b) + 24
 		}
 	}
 	if limit := podBytes * 128; held > limit {
 		t.Fatalf("the pod's series holds %d bytes with its bounds (%d samples), want at most its bound, %d", held, p.series.len(), limit)
 	}
-	if p.series.len() < 2 || p.series.lastMs != 100_000 {
-		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs)
+	if p.series.len() < 2 || p.series.lastMs() != 100_000 {
+		t.Fatalf("%d samples, the last at %d: want the newest kept", p.series.len(), p.series.lastMs())
 	}
 }
 
@@ -818,7 +818,7 @@ func TestAnOlderStreamIsSupersededByANewerFullListing(t *testing.T) {
 		t.Fatal("a, which the newer full listing left out, is held again")
 	}
 	b := s.peek("b")
-	if b == nil || b.instance != "after" || b.series.len() != 1 || b.series.lastMs != 2000 {
+	if b == nil || b.instance != "after" || b.series.len() != 1 || b.series.lastMs() != 2000 {
 		t.Fatalf("b: %+v; want held, of instance after, with the newer stream's one sample", b)
 	}
 	// The newer stream closed, the older stays superseded: the listing held
@@ -850,7 +850,7 @@ func TestAnOlderStreamIsSupersededByANewerFullListing(t *testing.T) {
 func TestHistogramsOfASampleDroppedOutOfOrderAreKept(t *testing.T) {
 	ttft := func(s *Store) float64 {
 		t.Helper()
-		h := s.peek("a").series.lastHist
+		h := s.peek("a").series.lastHist()
 		if h == nil {
 			t.Fatal("no histograms")
 		}

@@ -128,11 +128,11 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.get().missing, Error: p.get().errText,
 		Rejected: p.get().rejected, Values: map[string]float64{}}
-	if !p.lastSeen.IsZero() {
+	if p.seen != 0 {
 		// A sample taken after the view's now (a workload is read apart
 		// from the others, writers running between) is no sample's
 		// negative Age.
-		pv.Age = max(0, now.Sub(p.lastSeen))
+		pv.Age = max(0, p.age(now))
 		pv.Fresh = pv.Age <= o.FreshFor && p.get().missing == ""
 	}
 	if p.Demand {
@@ -345,9 +345,9 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			pv.State = PodStarting
 		case p.get().missing != "":
 			pv.State, pv.Reason = PodMissing, p.get().missing
-		case p.lastSeen.IsZero():
+		case p.seen == 0:
 			pv.State, pv.Reason = PodMissing, "no sample yet"
-		case now.Sub(p.lastSeen) > freshFor:
+		case p.age(now) > freshFor:
 			pv.State, pv.Reason = PodMissing, "stale"
 		default:
 			defined := false
@@ -428,7 +428,7 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 		if !p.Demand || s.expired(p, now) {
 			continue
 		}
-		if p.lastSeen.IsZero() || p.get().missing != "" || now.Sub(p.lastSeen) > freshFor {
+		if p.seen == 0 || p.get().missing != "" || p.age(now) > freshFor {
 			d.Stale++
 			if p.Ready && !p.Terminating {
 				d.Silent++
@@ -475,10 +475,10 @@ func (p *pod) cut(sc *scratch, window time.Duration, gauge bool) (spanMs int64, 
 	if window <= 0 || capCutMs == 0 || p.series.len() == 0 {
 		return 0, false
 	}
-	from := p.series.lastMs - window.Milliseconds()
+	from := p.series.lastMs() - window.Milliseconds()
 	first := sc.samples(p, 0)[0].TimeMs
 	if capCutMs > from || !gauge && first > from {
-		return p.series.lastMs - first, true
+		return p.series.lastMs() - first, true
 	}
 	return 0, false
 }
