@@ -274,18 +274,20 @@ type Monotonic struct {
 	// absent from the next sample keeps its bit for the one after.
 	rebase uint16
 	// more is allocated at the first reset or the first histogram: most
-	// pods never need it, and a store holds thousands (one pointer: two
-	// took 8 bytes more a pod).
+	// pods never need it, and a store holds thousands (one pointer in the
+	// pod: two took 8 bytes more a pod).
 	more *monoMore
 }
 
-// monoMore is the part of a Monotonic that few pods need.
+// monoMore is the part of a Monotonic that few pods need. The offsets
+// are apart, allocated at the first reset: in one allocation with the
+// histograms' state, a pod with histograms held 128 bytes more for
+// offsets it never needed.
 type monoMore struct {
 	// offset: each counter's sum of resets, by ID.CounterIndex, added to
-	// its raw value once offsets is set (at the first reset).
-	offset  [NumCounters]float64
-	offsets bool
-	hist    [NumHists]histMono
+	// its raw value from the first reset (nil until then).
+	offset *[NumCounters]float64
+	hist   [NumHists]histMono
 }
 
 // extra is m.more, allocated.
@@ -342,11 +344,11 @@ func (m *Monotonic) Adjust(v *Values) {
 		case ok && raw < last:
 			step = last
 		}
-		if step != 0 {
-			m.extra().offsets = true
+		if step != 0 && (m.more == nil || m.more.offset == nil) {
+			m.extra().offset = new([NumCounters]float64)
 		}
 		m.last[c], m.seen = raw, m.seen|1<<c
-		if more := m.more; more != nil && more.offsets {
+		if more := m.more; more != nil && more.offset != nil {
 			more.offset[c] += step
 			v.V[id] = raw + more.offset[c]
 		}

@@ -44,9 +44,9 @@ type series struct {
 	// all its entries are absent.
 	buf  []byte
 	cols []column
-	// n is the number of samples held (a series is bounded far below
-	// 2^31: podBytes × MaxSamples bytes); ids has a bit for each metric
-	// with a column: cols[1:] are theirs, by id ascending.
+	// n is the number of samples held (at most MaxSamples and the
+	// retention's: 2^31 of them would take 40 GB); ids has a bit for each
+	// metric with a column: cols[1:] are theirs, by id ascending.
 	n   int32
 	ids uint32
 	// hist: the histogram columns and the newest sample's histograms,

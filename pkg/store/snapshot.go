@@ -142,7 +142,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 			expired = s.expiredLost(expired, p)
 			continue
 		}
-		snap.Pods = append(snap.Pods, p.load(sc, now, window, freshFor, ttftQ))
+		snap.Pods = append(snap.Pods, p.load(sc, now, s.stamp(now), window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
 	if snap.Found {
@@ -159,7 +159,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 }
 
 // load is p's PodLoad; mu must be held.
-func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, ttftQ float64) PodLoad {
+func (p *pod) load(sc *scratch, now time.Time, at int64, window, freshFor time.Duration, ttftQ float64) PodLoad {
 	l := PodLoad{Name: p.Name}
 	if p.readyNs > 0 && p.startNs != 0 {
 		l.Startup, l.StartupUnseen = time.Duration(p.readyNs-p.startNs), p.readyUnseen
@@ -183,7 +183,7 @@ func (p *pod) load(sc *scratch, now time.Time, window, freshFor time.Duration, t
 	case p.seen == 0:
 		l.State, l.Reason = PodMissing, "no sample yet"
 		return l
-	case p.age(now) > freshFor:
+	case p.age(at) > freshFor:
 		l.State, l.Reason = PodMissing, "stale"
 		return l
 	}

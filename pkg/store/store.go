@@ -201,6 +201,10 @@ type Store struct {
 	lastSweep time.Time
 	refused   int
 	now       func() time.Time
+	// epoch is what pods' seen is counted from: the clock's first reading,
+	// monotonic with time.Now (a step of the wall clock moves no pod's
+	// age), and any clock within the 292 years of a Duration of it.
+	epoch time.Time
 	// lost: workloads whose replicas were dropped without their agent
 	// removing them (its streams expired), and when; cleared when one of
 	// its replicas is listed again.
@@ -330,22 +334,14 @@ type podRare struct {
 	heldHist *metric.Histograms
 }
 
-// epoch is what a pod's seen is counted from: a monotonic reading, so
-// that a step of the wall clock moves no pod's age.
-var epoch = time.Now()
+// stamp is now as a pod's seen: nanoseconds since the store's epoch, plus
+// one, so that a sample at the epoch is not 0, which is none (0 is a clock
+// 1 ns before the epoch, taken as none).
+func (s *Store) stamp(now time.Time) int64 { return int64(now.Sub(s.epoch)) + 1 }
 
-// stamp is now as a pod's seen: nanoseconds since epoch (never 0, which is
-// none).
-func stamp(now time.Time) int64 {
-	if d := int64(now.Sub(epoch)); d != 0 {
-		return d
-	}
-	return 1
-}
-
-// age is how long before now p's last successful sample came (p.seen is
-// not 0).
-func (p *pod) age(now time.Time) time.Duration { return time.Duration(stamp(now) - p.seen) }
+// age is how long before at (a stamp) p's last successful sample came
+// (p.seen is not 0).
+func (p *pod) age(at int64) time.Duration { return time.Duration(at - p.seen) }
 
 // noRare is what a pod without rare state reads (never written).
 var noRare podRare
@@ -399,6 +395,7 @@ func New(opts Options) *Store {
 		nsPods:     make(map[string]int),
 		refusedAt:  make(map[Key]map[string]time.Time),
 		now:        opts.Now,
+		epoch:      opts.Now(),
 	}
 }
 
@@ -1190,7 +1187,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 			rr.extras = append(rr.extras, r.Extra)
 		}
 		p.trim(s.opts)
-		p.seen = stamp(now)
+		p.seen = s.stamp(now)
 		if r.Rejected != "" || p.rare != nil {
 			rr := p.set()
 			rr.missing, rr.errText, rr.rejected = "", "", r.Rejected

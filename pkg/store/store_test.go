@@ -107,6 +107,27 @@ func TestRetentionAndChangeNotification(t *testing.T) {
 	}
 }
 
+// A pod ages on any clock the store is given, however far from today (a
+// simulation's, a test's): its last sample's arrival is counted from the
+// store's first reading of its clock. Counted from the process's start,
+// a clock 292 years from it saturated the count: every pod's age 0, fresh
+// for ever.
+func TestAPodAgesOnAClockFarFromToday(t *testing.T) {
+	for _, start := range []time.Time{time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), time.Unix(100, 0)} {
+		now := start
+		s := New(Options{Now: func() time.Time { return now }, Retention: 2 * time.Hour})
+		s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+		s.Add([]Report{report("a", 1000, 2)})
+		now = now.Add(time.Hour)
+		if p := s.View(ViewOptions{FreshFor: time.Minute})[0].Pods[0]; p.Age != time.Hour || p.Fresh {
+			t.Errorf("clock at %v: an hour after its sample the pod's age is %v, fresh %v; want an hour, stale", start, p.Age, p.Fresh)
+		}
+		if snap := s.Snapshot(nil, ws, time.Minute, time.Minute, 0); len(snap.Pods) != 1 || snap.Pods[0].State != PodMissing {
+			t.Errorf("clock at %v: an hour after its sample the snapshot reads %+v; want the pod missing (stale)", start, snap.Pods)
+		}
+	}
+}
+
 // TestAPodsRareStateComesAndGoes: what few pods have (a missing report, a
 // refused value, forwarded gauges) is kept apart from the pod, and a clean
 // sample, or a listing without extra gauges, clears it as before.

@@ -105,7 +105,7 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 		if s.expired(p, now) {
 			continue
 		}
-		pv := p.view(sc, now, o)
+		pv := p.view(sc, now, s.stamp(now), o)
 		w.Pods = append(w.Pods, pv)
 		if !pv.Fresh || pv.Demand {
 			continue // a router's values are no replica's
@@ -125,14 +125,14 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 	return w, true
 }
 
-func (p *pod) view(sc *scratch, now time.Time, o ViewOptions) PodView {
+func (p *pod) view(sc *scratch, now time.Time, at int64, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.get().missing, Error: p.get().errText,
 		Rejected: p.get().rejected, Values: map[string]float64{}}
 	if p.seen != 0 {
 		// A sample taken after the view's now (a workload is read apart
 		// from the others, writers running between) is no sample's
 		// negative Age.
-		pv.Age = max(0, p.age(now))
+		pv.Age = max(0, p.age(at))
 		pv.Fresh = pv.Age <= o.FreshFor && p.get().missing == ""
 	}
 	if p.Demand {
@@ -347,7 +347,7 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			pv.State, pv.Reason = PodMissing, p.get().missing
 		case p.seen == 0:
 			pv.State, pv.Reason = PodMissing, "no sample yet"
-		case p.age(now) > freshFor:
+		case p.age(s.stamp(now)) > freshFor:
 			pv.State, pv.Reason = PodMissing, "stale"
 		default:
 			defined := false
@@ -428,7 +428,7 @@ func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now t
 		if !p.Demand || s.expired(p, now) {
 			continue
 		}
-		if p.seen == 0 || p.get().missing != "" || p.age(now) > freshFor {
+		if p.seen == 0 || p.get().missing != "" || p.age(s.stamp(now)) > freshFor {
 			d.Stale++
 			if p.Ready && !p.Terminating {
 				d.Silent++

@@ -37,7 +37,8 @@ const maxQuantum = 1 << 53
 // the 352 it took.
 type podState struct {
 	// gen is the Decode call that last saw the pod (the duplicate check;
-	// it wraps after 2^32 calls, 136 years of 1 s batches); idx is its
+	// 0: none; the count starts again at 1 after 2^32 calls, 136 years of
+	// 1 s batches); idx is its
 	// sample's index in that call's output (-1: a missing entry).
 	gen     uint32
 	idx     int32
@@ -285,6 +286,14 @@ func (d *Decoder) Decode(dst []Sample, b *pulsev1.SampleBatch) ([]Sample, error)
 		return dst, fmt.Errorf("decode batch %d: %d pods, %d offsets, %d present bitmaps", b.Seq, len(b.Pods), len(b.OffsetsMs), len(b.PresentXor))
 	}
 	d.gen++
+	if d.gen == 0 {
+		// Wrapped: a pod's state from 2^32 calls ago, or a new one's 0,
+		// must not read as seen in this call.
+		for _, st := range d.pods {
+			st.gen = 0
+		}
+		d.gen = 1
+	}
 	vi := 0
 	for i, pod := range b.Pods {
 		st := d.pods[pod]
