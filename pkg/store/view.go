@@ -105,7 +105,7 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 		if s.expired(p, now) {
 			continue
 		}
-		pv := p.view(sc, now, s.stamp(now), o)
+		pv := p.view(sc, s.stamp(now), o)
 		w.Pods = append(w.Pods, pv)
 		if !pv.Fresh || pv.Demand {
 			continue // a router's values are no replica's
@@ -125,7 +125,7 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 	return w, true
 }
 
-func (p *pod) view(sc *scratch, now time.Time, at int64, o ViewOptions) PodView {
+func (p *pod) view(sc *scratch, at int64, o ViewOptions) PodView {
 	pv := PodView{UID: p.UID, Name: p.Name, Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand, Age: -1, Missing: p.get().missing, Error: p.get().errText,
 		Rejected: p.get().rejected, Values: map[string]float64{}}
 	if p.seen != 0 {
