@@ -85,9 +85,6 @@ func (c *column) last() int64 { return int64(uint64(c.prev[1])<<32 | uint64(c.pr
 
 func (c *column) setLast(n int64) { c.prev[0], c.prev[1] = uint32(n), uint32(uint64(n)>>32) }
 
-// metricIDs is the series' column ids as a metric bitmap.
-func (r *series) metricIDs() uint64 { return uint64(r.ids) }
-
 // The ids bitmap holds every metric's bit: this fails to compile once they
 // pass 32.
 var _ = [1]struct{}{}[validIDs>>32]
@@ -254,7 +251,7 @@ const maxEntry = binary.MaxVarintLen64 + 8
 
 // add appends s, newer than every sample held.
 func (r *series) add(s metric.Sample) {
-	present := s.Present & validIDs &^ r.metricIDs()
+	present := s.Present & validIDs &^ uint64(r.ids)
 	if len(r.cols) == 0 || present != 0 {
 		r.addColumns(present)
 	}

@@ -132,6 +132,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 	defer s.mu.RUnlock()
 	sc := getScratch()
 	defer putScratch(sc)
+	at := s.stamp(now)
 	snap := Snapshot{At: now, Pods: dst[:0]}
 	var expired []*pod
 	for _, p := range s.workloads[k] {
@@ -142,7 +143,7 @@ func (s *Store) Snapshot(dst []PodLoad, k Key, window, freshFor time.Duration, t
 			expired = s.expiredLost(expired, p)
 			continue
 		}
-		snap.Pods = append(snap.Pods, p.load(sc, now, s.stamp(now), window, freshFor, ttftQ))
+		snap.Pods = append(snap.Pods, p.load(sc, now, at, window, freshFor, ttftQ))
 	}
 	snap.Found = len(snap.Pods) > 0
 	if snap.Found {

@@ -101,11 +101,12 @@ func (s *Store) viewWorkload(sc *scratch, k Key, now time.Time, o ViewOptions) (
 	w := WorkloadView{Key: k, Averages: map[string]float64{}}
 	sums := map[string]float64{}
 	counts := map[string]int{}
+	at := s.stamp(now)
 	for _, p := range s.workloads[k] {
 		if s.expired(p, now) {
 			continue
 		}
-		pv := p.view(sc, s.stamp(now), o)
+		pv := p.view(sc, at, o)
 		w.Pods = append(w.Pods, pv)
 		if !pv.Fresh || pv.Demand {
 			continue // a router's values are no replica's
@@ -329,6 +330,7 @@ func (s *Store) Read(dst []PodValue, k Key, m metric.Def, window, freshFor time.
 func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, canon metric.Def, isCanon bool, window, freshFor time.Duration, mg *metric.Merge, now time.Time) (pods []PodValue, found bool) {
 	pods = dst
 	var expired []*pod
+	at := s.stamp(now)
 	for _, p := range s.workloads[k] {
 		if p.Demand {
 			continue // a router's entry is no replica
@@ -347,7 +349,7 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 			pv.State, pv.Reason = PodMissing, p.get().missing
 		case p.seen == 0:
 			pv.State, pv.Reason = PodMissing, "no sample yet"
-		case p.age(s.stamp(now)) > freshFor:
+		case p.age(at) > freshFor:
 			pv.State, pv.Reason = PodMissing, "stale"
 		default:
 			defined := false
@@ -424,11 +426,12 @@ func (s *Store) Demand(k Key, window, freshFor time.Duration) DemandValue {
 func (s *Store) demand(sc *scratch, k Key, window, freshFor time.Duration, now time.Time) DemandValue {
 	var d DemandValue
 	held := metric.Def{Rule: metric.RuleGauge, Num: metric.PendingRequests}
+	at := s.stamp(now)
 	for _, p := range s.workloads[k] {
 		if !p.Demand || s.expired(p, now) {
 			continue
 		}
-		if p.seen == 0 || p.get().missing != "" || p.age(s.stamp(now)) > freshFor {
+		if p.seen == 0 || p.get().missing != "" || p.age(at) > freshFor {
 			d.Stale++
 			if p.Ready && !p.Terminating {
 				d.Silent++
