@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -157,8 +158,8 @@ func TestSeriesIsCompact(t *testing.T) {
 // size class, and a header at 16 bytes (an id beside the last value and
 // the end) took a third more than 12.
 func TestPodAndColumnSizes(t *testing.T) {
-	if n := unsafe.Sizeof(pod{}); n > 384 {
-		t.Errorf("pod is %d bytes, want at most 384 (a size class)", n)
+	if n := unsafe.Sizeof(pod{}); n > 320 {
+		t.Errorf("pod is %d bytes, want at most 320 (a size class)", n)
 	}
 	if n := unsafe.Sizeof(column{}); n > 12 {
 		t.Errorf("column is %d bytes, want at most 12", n)
@@ -336,5 +337,49 @@ func BenchmarkStoreAdd(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*pods), "ns/pod-sample")
 		})
+	}
+}
+
+// The replicas of a workload hold one group (namespace and workload list)
+// among them; a pod listed again with the same keeps its own, one listed
+// with others gets a new group and leaves its replicas' as they were, and
+// ListedOn hands out a copy of the list.
+func TestReplicasShareOneGroup(t *testing.T) {
+	s := New(Options{})
+	ws := Key{Kind: "Workspace", Namespace: "ns", Name: "w"}
+	other := Key{Kind: "Workspace", Namespace: "ns", Name: "other"}
+	entry := func(uid string, ks ...Key) PodInfo {
+		// Each entry its own strings and list, as a decoded catalogue's.
+		return PodInfo{UID: uid, Namespace: strings.Clone("ns"), Name: "pod-" + uid, Ready: true,
+			Workloads: slices.Clone(ks), CreatedMs: 1, ReadySinceMs: 2}
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{entry("a", ws), entry("b", ws)}, true)
+	s.Upsert(Source{Node: "n2"}, []PodInfo{entry("c", ws)}, true)
+	g := s.pods["a"].podGroup
+	for _, uid := range []string{"b", "c"} {
+		if s.pods[uid].podGroup != g {
+			t.Errorf("pod %s holds a group of its own, want its workload's first replica's", uid)
+		}
+	}
+	if unsafe.StringData(g.Namespace) != unsafe.StringData(g.Workloads[0].Namespace) { //nolint:gosec // G103: the strings' addresses, compared, never written
+		t.Error("the group's namespace is a string of its own, want its first key's")
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{entry("a", ws), entry("b", ws, other)}, true)
+	if s.pods["a"].podGroup != g {
+		t.Error("a pod listed again as it was got a new group")
+	}
+	if b := s.pods["b"]; b.podGroup == g || !slices.Equal(b.Workloads, []Key{ws, other}) {
+		t.Errorf("pod b listed under two workloads holds %v (the shared group: %v)", b.Workloads, b.podGroup == g)
+	}
+	if !slices.Equal(g.Workloads, []Key{ws}) || s.pods["c"].podGroup != g {
+		t.Errorf("the shared group changed with one replica's listing: %v", g.Workloads)
+	}
+	info, ok := s.ListedOn("n2", "c")
+	if !ok || info.Namespace != "ns" || info.Name != "pod-c" || !info.Ready || !slices.Equal(info.Workloads, []Key{ws}) {
+		t.Fatalf("ListedOn(n2, c) = %+v, %v", info, ok)
+	}
+	info.Workloads[0].Name = "changed"
+	if g.Workloads[0].Name != "w" {
+		t.Error("ListedOn's list is the store's own")
 	}
 }

@@ -49,8 +49,8 @@ type PodInfo struct {
 	Demand bool
 	// CreatedMs: the pod's creationTimestamp; ReadySinceMs: while it is
 	// Ready, its Ready condition's lastTransitionTime (Unix ms, as the
-	// wire carries them, so that a pod held costs no more; 0 when
-	// unknown). A pod's startup is from the first to the second (the
+	// wire carries them; 0 when unknown; not held: markStart keeps what
+	// they give). A pod's startup is from the first to the second (the
 	// first of each listed); without them, from its first listing not
 	// ready to its first listing ready, as the store sees them.
 	CreatedMs, ReadySinceMs int64
@@ -277,8 +277,14 @@ type listing struct {
 	by uint64
 }
 
+// pod is one pod as the store holds it: its listing (PodInfo) less its
+// times, which markStart and markUnready take in at each listing, its
+// namespace and workloads a group the replicas of a workload share
+// (Store.group). 320 bytes, a size class below 384: the whole PodInfo took
+// 104 of those 384.
 type pod struct {
-	PodInfo
+	UID, Name string
+	*podGroup
 	sources  []string // the nodes whose agents list it (almost always one)
 	instance string   // the agent process whose counters the series carries
 
@@ -305,6 +311,28 @@ type pod struct {
 	// its Ready condition's latest transition, which a readiness flap
 	// since its start moved later (PodLoad.StartupUnseen).
 	readyUnseen bool
+	// Ready, Terminating and Demand are its listing's (PodInfo), here
+	// beside the two above so that the five take one word.
+	Ready, Terminating, Demand bool
+}
+
+// podGroup is a pod's namespace and workloads: one among the replicas of
+// a workload (Store.group), never written once held.
+type podGroup struct {
+	Namespace string
+	Workloads []Key
+}
+
+// info is p's listing as the store holds it: PodInfo without its times.
+func (p *pod) info() PodInfo {
+	return PodInfo{UID: p.UID, Namespace: p.Namespace, Name: p.Name, Workloads: p.Workloads,
+		Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
+}
+
+// take holds info as p's listing, its namespace and workloads as g.
+func (p *pod) take(info PodInfo, g *podGroup) {
+	p.UID, p.Name, p.podGroup = info.UID, info.Name, g
+	p.Ready, p.Terminating, p.Demand = info.Ready, info.Terminating, info.Demand
 }
 
 // podRare is the part of a pod's state that few pods have: apart, so that
@@ -788,7 +816,7 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 // upsertOne lists info's pod under src (UpsertStream); false when it is
 // new and there is no room for it.
 func (s *Store) upsertOne(src Source, info PodInfo) bool {
-	info = s.shared(distinct(info.Workloads), info)
+	info.Workloads = distinct(info.Workloads)
 	p, ok := s.pods[info.UID]
 	// A uid listed under another namespace (only an agent that is not
 	// checked can) takes room there as a new pod would: it moved past
@@ -805,6 +833,7 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 		return false
 	}
 	s.admitted(info)
+	g := s.group(p, info)
 	if !ok {
 		p = &pod{}
 		s.pods[info.UID] = p
@@ -817,12 +846,12 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 			s.countIn(info.Namespace, 1)
 		}
 	}
-	p.PodInfo = info
+	p.take(info, g)
 	if !ok {
 		s.resumeUnseen(p)
 	}
-	p.markStart(!ok, s.now())
-	p.markUnready(s.now())
+	p.markStart(info, !ok, s.now())
+	p.markUnready(info, s.now())
 	if !slices.Contains(p.sources, src.Node) {
 		p.sources = append(p.sources, src.Node)
 	}
@@ -850,25 +879,34 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	return true
 }
 
-// shared is info with its workloads ks, held as the list another pod of
-// its first workload holds when the two are equal, and its namespace as
-// the string of that list's first key when it is the same: the replicas of
-// a workload hold one list and one namespace among them, where each held
-// its own (a catalogue's entries are decoded into strings and lists of
-// their own: tens of bytes a pod, in a store of tens of thousands). The
-// lists are never written once held.
-func (s *Store) shared(ks []Key, info PodInfo) PodInfo {
-	info.Workloads = ks
+// group is the namespace and workloads of info (its workloads distinct)
+// as p will hold them (p nil for a new pod): p's own group when they are
+// unchanged, else the group of the first replica of its first workload
+// when it is the same, else a new one whose namespace is the string of its
+// first workload's key when the two are equal. The replicas of a workload
+// hold one group among them, where each held its own namespace and list
+// (a catalogue's entries are decoded into strings and lists of their own:
+// tens of bytes a pod, in a store of tens of thousands). Call it before p
+// is unlinked: p may be that first replica.
+func (s *Store) group(p *pod, info PodInfo) *podGroup {
+	same := func(g *podGroup) bool {
+		return g != nil && g.Namespace == info.Namespace && slices.Equal(g.Workloads, info.Workloads)
+	}
+	if p != nil && same(p.podGroup) {
+		return p.podGroup
+	}
+	ks := info.Workloads
 	if len(ks) == 0 {
-		return info
+		return &podGroup{Namespace: info.Namespace}
 	}
-	if list := s.workloads[ks[0]]; len(list) > 0 && slices.Equal(list[0].Workloads, ks) {
-		info.Workloads = list[0].Workloads
+	if list := s.workloads[ks[0]]; len(list) > 0 && same(list[0].podGroup) {
+		return list[0].podGroup
 	}
-	if k := info.Workloads[0]; k.Namespace == info.Namespace {
-		info.Namespace = k.Namespace
+	ns := info.Namespace
+	if ks[0].Namespace == ns {
+		ns = ks[0].Namespace
 	}
-	return info
+	return &podGroup{Namespace: ns, Workloads: ks}
 }
 
 // distinct is ks with each key once, in its first place (ks itself when
@@ -892,27 +930,27 @@ func distinct(ks []Key) []Key {
 // markStart records when a pod started (its creation, else its first
 // listing not ready) and when it became ready (its Ready condition's
 // transition, else its first listing ready): the first known of each.
-func (p *pod) markStart(first bool, now time.Time) {
+func (p *pod) markStart(info PodInfo, first bool, now time.Time) {
 	if p.Demand || p.Terminating {
 		return
 	}
 	if p.startNs == 0 {
 		switch {
-		case p.CreatedMs > 0:
-			p.startNs = time.UnixMilli(p.CreatedMs).UnixNano()
+		case info.CreatedMs > 0:
+			p.startNs = time.UnixMilli(info.CreatedMs).UnixNano()
 		case first && !p.Ready:
 			p.startNs = now.UnixNano()
 		}
 	}
-	if !p.Ready && p.readyNs == 0 && p.UnreadySinceMs > 0 {
+	if !p.Ready && p.readyNs == 0 && info.UnreadySinceMs > 0 {
 		p.readyNs = -1 // ready before, at a time not told
 	}
 	if p.Ready && p.readyNs == 0 {
 		switch {
-		case p.ReadySinceMs > 0:
-			p.readyNs = time.UnixMilli(p.ReadySinceMs).UnixNano()
+		case info.ReadySinceMs > 0:
+			p.readyNs = time.UnixMilli(info.ReadySinceMs).UnixNano()
 			p.readyUnseen = first
-		case first && p.CreatedMs > 0:
+		case first && info.CreatedMs > 0:
 			// Ready at its first listing, created at a time the listing
 			// gives but ready at one it does not: its startup is not
 			// this store's clock less its creation.
@@ -925,21 +963,22 @@ func (p *pod) markStart(first bool, now time.Time) {
 
 // markUnready keeps when a pod ready before was first listed not ready,
 // and forgets it once the pod is ready again.
-func (p *pod) markUnready(now time.Time) {
+func (p *pod) markUnready(info PodInfo, now time.Time) {
 	switch {
 	case p.Ready || p.Terminating || p.readyNs == 0:
 		if p.rare != nil {
 			p.rare.unreadyNs = 0
 		}
-	case p.get().unreadyNs == 0 && p.UnreadySinceMs > 0:
-		p.set().unreadyNs = time.UnixMilli(p.UnreadySinceMs).UnixNano()
+	case p.get().unreadyNs == 0 && info.UnreadySinceMs > 0:
+		p.set().unreadyNs = time.UnixMilli(info.UnreadySinceMs).UnixNano()
 	case p.get().unreadyNs == 0:
 		p.set().unreadyNs = now.UnixNano()
 	}
 }
 
 // ListedOn is what the store holds of pod uid as node's agent listed it
-// (false when node's agent does not list it).
+// (false when node's agent does not list it): its times are not held, and
+// are 0 (what they gave is kept as the pod's start and ready times).
 func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
 	s.mu.RLock() // a read: each entry of a reconnecting node's catalogue asks
 	defer s.mu.RUnlock()
@@ -947,7 +986,7 @@ func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
 	if !ok {
 		return PodInfo{}, false
 	}
-	info := l.p.PodInfo
+	info := l.p.info()
 	info.Workloads = slices.Clone(info.Workloads)
 	return info, true
 }
