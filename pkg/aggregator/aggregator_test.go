@@ -47,12 +47,13 @@ func TestProfilesOnlyWhenAsked(t *testing.T) {
 }
 
 // The fleet harness reads the live heap (docs/performance.md): heap in use
-// also holds what the next GC frees.
+// also holds what the next GC frees; and the stacks the GC scanned, which
+// its goal counts.
 func TestMetricsHaveTheLiveHeap(t *testing.T) {
 	a := start(t, func(*Options) {})
 	httpGet(t, "http://"+a.HTTPAddr()+"/livez")
 	body := metricsPage(t, a)
-	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes "} {
+	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes ", "\ngo_gc_scan_stack_bytes "} {
 		if !strings.Contains(body, name) {
 			t.Errorf("/metrics has no %s", strings.TrimSpace(name))
 		}

@@ -224,8 +224,11 @@ type result struct {
 	// at which its next GC starts, at the end: Go's GC paces on the live
 	// heap and the stacks together, so that the heap in use reaches the
 	// live heap and GOGC% of both.
-	StackInuseBytes     float64 `json:"stackInuseBytes"`
-	GCGoalBytes         float64 `json:"gcGoalBytes"`
+	StackInuseBytes float64 `json:"stackInuseBytes"`
+	GCGoalBytes     float64 `json:"gcGoalBytes"`
+	// StackScanBytes: what of the stacks the last GC scanned (their used
+	// part, go_gc_scan_stack_bytes): the part of the goal that is theirs.
+	StackScanBytes      float64 `json:"stackScanBytes"`
 	HeapLiveBytesPerPod float64 `json:"heapLiveBytesPerPod"`
 	GetMetricsCount     int     `json:"getMetricsCount"`
 	// PollsApart: the polls were made and timed by a process apart from
@@ -630,7 +633,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"],
-		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
+		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], StackScanBytes: m1["go_gc_scan_stack_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
 		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
