@@ -211,49 +211,78 @@ const ReviewedHeader = "pulse-reviewed"
 
 // Report serves one agent stream.
 func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
+	st, end, err := s.open(stream)
+	if st == nil {
+		return err
+	}
+	defer end()
+	return st.serve(stream)
+}
+
+// open authenticates a stream, reads its hello, welcomes it and opens its
+// node's source: the stream's state and what ends it (nil, with the
+// refusal, when any of those fails). Apart from serve, so that what it
+// needs (a token's review, the hello's checks: 0.9 KB of frame) is not on
+// the stack of a stream waiting for its next batch, which every GC scans.
+func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end func(), err error) {
+	var ends []func()
+	defer func() {
+		if err != nil {
+			for _, f := range slices.Backward(ends) {
+				f()
+			}
+		}
+	}()
 	boundNode, tokenExpires, err := s.authenticate(stream.Context())
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if boundNode != "" {
 		if !s.nodes.Take(boundNode, 0, maxStreamsPerNode) {
 			s.m.rejected.WithLabelValues("node_streams").Inc()
-			return status.Errorf(codes.ResourceExhausted, "node %s's agents hold %d streams open at this aggregator, the most a node may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
+			return nil, nil, status.Errorf(codes.ResourceExhausted, "node %s's agents hold %d streams open at this aggregator, the most a node may: this one is refused (the agent retries)", boundNode, maxStreamsPerNode)
 		}
-		defer s.nodes.Give(boundNode)
+		ends = append(ends, func() { s.nodes.Give(boundNode) })
 	}
 	// Said before the hello is read: a relay reads an agent's first
 	// message only once its replica has reviewed the stream's token
 	// (pkg/relay's ReviewedKey).
 	if err := stream.SendHeader(metadata.Pairs(ReviewedHeader, "1")); err != nil {
-		return err
+		return nil, nil, err
 	}
 	hello, err := s.hello(stream, boundNode)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
-		return err
+		return nil, nil, err
 	}
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
-		ctx: stream.Context(), bound: boundNode != ""}
+		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires}
 	st.logger().Info("agent stream opened")
 	s.m.streams.Inc()
-	defer s.m.streams.Dec()
+	ends = append(ends, s.m.streams.Dec)
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer release()
-
+	ends = append(ends, release)
 	st.stream = held
+	return st, func() {
+		for _, f := range slices.Backward(ends) {
+			f()
+		}
+	}, nil
+}
+
+// serve reads the stream's messages after its hello until it ends.
+func (st *streamState) serve(stream pulsev1.Ingest_ReportServer) error {
 	var r received // with Codec, the messages after the hello come pooled
 	defer r.release()
 	for {
 		r.release()
 		err := stream.RecvMsg(&r)
-		msg := r.msg
 		if errors.Is(err, io.EOF) {
 			st.logger().Info("agent stream closed")
 			return nil
@@ -262,18 +291,26 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 			st.logger().Info("agent stream ended", logging.KeyErr, err)
 			return err
 		}
-		if !tokenExpires.IsZero() && time.Now().After(tokenExpires) {
-			// The token was reviewed when the stream opened: a stream
-			// outlives it no longer than the token does (a copied token
-			// kept a stream open for ever, past its pod's deletion). The
-			// agent reconnects with the token the kubelet renewed.
-			st.logger().Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, tokenExpires)
-			return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", tokenExpires.UTC().Format(time.RFC3339))
+		if err := st.expired(); err != nil {
+			return err
 		}
-		if err := st.take(stream, msg); err != nil {
+		if err := st.take(stream, r.msg); err != nil {
 			return err
 		}
 	}
+}
+
+// expired is the error that ends a stream whose token has expired (nil
+// while it has not, or says no expiry). The token was reviewed when the
+// stream opened: a stream outlives it no longer than the token does (a
+// copied token kept a stream open for ever, past its pod's deletion). The
+// agent reconnects with the token the kubelet renewed.
+func (st *streamState) expired() error {
+	if st.tokenExpires.IsZero() || !time.Now().After(st.tokenExpires) {
+		return nil
+	}
+	st.logger().Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, st.tokenExpires)
+	return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", st.tokenExpires.UTC().Format(time.RFC3339))
 }
 
 // take is one message of the stream after its hello: a catalogue, or a
@@ -360,6 +397,8 @@ type streamState struct {
 	ctx   context.Context
 	bound bool // the stream speaks only for pods of hello.Node
 	hello *pulsev1.Hello
+	// tokenExpires: when the stream's token expires (zero: it says not).
+	tokenExpires time.Time
 	// ids: pod id → uid. (The log's namespace/name of a pod is the
 	// store's: a map of them here took 70 bytes a pod.)
 	ids map[uint32]string
