@@ -33,8 +33,8 @@ const maxQuantum = 1 << 53
 // podState is what one end last sent or received for a pod.
 //
 // A decoder holds one for every pod of its stream (an aggregator holds tens
-// of thousands): its fields are sized to fit 320 bytes, a size class below
-// the 352 it took.
+// of thousands): its fields are sized to fit 256 bytes, a size class below
+// the 320 it took (and 352 before that).
 type podState struct {
 	// gen is the Decode call that last saw the pod (the duplicate check;
 	// 0: none; the count starts again at 1 after 2^32 calls, 136 years of
@@ -43,26 +43,50 @@ type podState struct {
 	gen     uint32
 	idx     int32
 	present uint32
+	// delta is each counter's last increase, by metric.ID.CounterIndex,
+	// when it fits 32 bits; wideDelta when it did not, and more.wide[c]
+	// holds it (a counter reset, or a jump of 2^31 quanta in a scrape:
+	// rare, where an int64 each took 60 bytes a pod).
+	delta [metric.NumCounters]int32
 	// last is each metric's last value, by id−1 (id 0 is no metric's).
-	last  [metric.NumIDs - 1]int64
-	delta [metric.NumCounters]int64 // last increase, by metric.ID.CounterIndex
-	// hist is allocated at the pod's first histogram: a decoder holds
-	// thousands of pods, most without.
-	hist *[metric.NumHists]histState
+	last [metric.NumIDs - 1]int64
+	// more is allocated at the pod's first histogram or wide increase: a
+	// decoder holds thousands of pods, most with neither.
+	more *podMore
 }
 
-// histograms is s.hist, allocated.
-func (s *podState) histograms() *[metric.NumHists]histState {
-	if s.hist == nil {
-		s.hist = new([metric.NumHists]histState)
-	}
-	return s.hist
+// podMore is the part of a pod's state that few pods have.
+type podMore struct {
+	hist [metric.NumHists]histState
+	wide [metric.NumCounters]int64
 }
 
 // histState is what one end last sent or received of a pod's histogram.
 type histState struct {
 	bounds []float64
 	counts []int64
+}
+
+// wideDelta in podState.delta says the increase is in podMore.wide.
+const wideDelta = math.MinInt32
+
+// extra is s.more, allocated.
+func (s *podState) extra() *podMore {
+	if s.more == nil {
+		s.more = new(podMore)
+	}
+	return s.more
+}
+
+// histograms is the pod's histograms' state, allocated.
+func (s *podState) histograms() *[metric.NumHists]histState { return &s.extra().hist }
+
+// increase is counter c's last increase.
+func (s *podState) increase(c int) int64 {
+	if d := s.delta[c]; d != wideDelta {
+		return int64(d)
+	}
+	return s.more.wide[c]
 }
 
 // predict is the value both ends expect for id, within ±maxQuantum as
@@ -72,14 +96,19 @@ type histState struct {
 // its node's stream at every second scrape.
 func (s *podState) predict(id metric.ID) int64 {
 	if c := id.CounterIndex(); c >= 0 {
-		return min(max(s.last[id-1]+s.delta[c], -maxQuantum), maxQuantum)
+		return min(max(s.last[id-1]+s.increase(c), -maxQuantum), maxQuantum)
 	}
 	return s.last[id-1]
 }
 
 func (s *podState) record(id metric.ID, n int64) {
 	if c := id.CounterIndex(); c >= 0 {
-		s.delta[c] = n - s.last[id-1]
+		switch d := n - s.last[id-1]; {
+		case d > math.MinInt32 && d <= math.MaxInt32:
+			s.delta[c] = int32(d)
+		default:
+			s.extra().wide[c], s.delta[c] = d, wideDelta
+		}
 	}
 	s.last[id-1] = n
 }
