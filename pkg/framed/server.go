@@ -142,13 +142,26 @@ func (s *Server) ServeConnBy(c net.Conn, by time.Time) {
 	defer s.untrack(c)
 	ctx, cancel := context.WithCancel(s.base)
 	defer cancel()
+	st := s.open(ctx, c, by)
+	if st == nil {
+		return
+	}
+	herr := s.handler(st)
+	_ = writeStatus(st.conn, herr, st.s.o.WriteTimeout)
+}
+
+// open makes c's handshake, due by by (zero: o.Handshake from now), and is
+// its stream (nil when the handshake failed). Apart from ServeConnBy, so
+// that what the handshake needs is not on the stack of a stream waiting
+// for its next message, which every GC scans.
+func (s *Server) open(ctx context.Context, c net.Conn, by time.Time) *serverStream {
 	if by.IsZero() {
 		by = time.Now().Add(s.o.Handshake)
 	}
 	conn, token, err := s.handshake(ctx, c, by)
 	if err != nil {
 		s.o.Log.Debug("framed connection refused", logging.KeyAddr, c.RemoteAddr().String(), logging.KeyErr, err)
-		return
+		return nil
 	}
 	md := metadata.MD{}
 	if token != "" {
@@ -160,8 +173,7 @@ func (s *Server) ServeConnBy(c net.Conn, by time.Time) {
 	if s.o.MaxAge > 0 {
 		st.until = time.Now().Add(jitter(s.o.MaxAge))
 	}
-	herr := s.handler(st)
-	_ = writeStatus(conn, herr, s.o.WriteTimeout)
+	return st
 }
 
 // jitter is age ± 10 % at random, as gRPC's MaxConnectionAge is: the
@@ -286,12 +298,25 @@ func (st *serverStream) Recv() (*pulsev1.AgentMessage, error) {
 // than a piece, whatever length it declares (up to MaxMessage), where one
 // buffer of the declared length held up to 4 MiB a connection for a
 // 5-byte header until the idle bound.
+//
+// It waits for the header in a frame of its own, and reads the payload in
+// another (payload): a stream waits here between its batches, and every
+// GC scans its stack while it does.
 func (st *serverStream) RecvMsg(m any) error {
 	// The write deadline too: with TLS a read may write (crypto/tls
 	// answers a key update from within Read), and a write with no
 	// deadline to a peer that reads nothing blocked for ever.
 	_ = st.conn.SetDeadline(time.Now().Add(st.s.o.Idle))
 	kind, n, err := readHeader(st.conn, &st.hdr)
+	if err := st.header(kind, n, err); err != nil {
+		return err
+	}
+	return st.payload(n, m)
+}
+
+// header is the refusal of a message's header as readHeader read it (nil
+// when it is taken).
+func (st *serverStream) header(kind byte, n int, err error) error {
 	var huge errHugeFrame
 	switch {
 	case errors.Is(err, io.EOF):
@@ -315,6 +340,11 @@ func (st *serverStream) RecvMsg(m any) error {
 	case !st.until.IsZero() && time.Now().After(st.until):
 		return status.Errorf(codes.Unavailable, "framed: the connection is past its age (%s): reconnect", st.s.o.MaxAge)
 	}
+	return nil
+}
+
+// payload reads a message's n bytes and unmarshals them into m.
+func (st *serverStream) payload(n int, m any) error {
 	pool := st.s.o.Pool
 	var (
 		one  [1]*[]byte
