@@ -323,10 +323,27 @@ type podGroup struct {
 	Workloads []Key
 }
 
-// info is p's listing as the store holds it: PodInfo without its times.
+// info is p's listing as the store holds it, its times the ones the store
+// kept from its listings (markStart, markUnready): its start as CreatedMs,
+// when it became ready as ReadySinceMs while it is ready, when it lost its
+// readiness as UnreadySinceMs while it is not (each 0 when not known). An
+// entry kept as last listed (ListedOn) and listed again re-creates a pod
+// the store dropped meanwhile with the start and ready times it had, not
+// with the store's clock.
 func (p *pod) info() PodInfo {
-	return PodInfo{UID: p.UID, Namespace: p.Namespace, Name: p.Name, Workloads: p.Workloads,
+	in := PodInfo{UID: p.UID, Namespace: p.Namespace, Name: p.Name, Workloads: p.Workloads,
 		Ready: p.Ready, Terminating: p.Terminating, Demand: p.Demand}
+	ms := func(ns int64) int64 { return time.Unix(0, ns).UnixMilli() }
+	if p.startNs > 0 {
+		in.CreatedMs = ms(p.startNs)
+	}
+	switch u := p.get().unreadyNs; {
+	case p.Ready && p.readyNs > 0:
+		in.ReadySinceMs = ms(p.readyNs)
+	case !p.Ready && u > 0:
+		in.UnreadySinceMs = ms(u)
+	}
+	return in
 }
 
 // take holds info as p's listing, its namespace and workloads as g.
@@ -977,8 +994,8 @@ func (p *pod) markUnready(info PodInfo, now time.Time) {
 }
 
 // ListedOn is what the store holds of pod uid as node's agent listed it
-// (false when node's agent does not list it): its times are not held, and
-// are 0 (what they gave is kept as the pod's start and ready times).
+// (false when node's agent does not list it), its times the store's own
+// (pod.info: a listing's times are not held, what they gave is).
 func (s *Store) ListedOn(node, uid string) (PodInfo, bool) {
 	s.mu.RLock() // a read: each entry of a reconnecting node's catalogue asks
 	defer s.mu.RUnlock()

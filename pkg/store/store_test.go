@@ -1160,3 +1160,42 @@ func TestGoneDropsAPodAndItsRoutersEntries(t *testing.T) {
 		t.Fatalf("held %v after a and the router went; want b alone (a listed by two nodes, the router's two entries, all gone)", held)
 	}
 }
+
+// An entry kept as last listed (ListedOn, as a full catalogue's entry whose
+// lookup failed is kept) and upserted in the call whose sweep drops its pod
+// (its only listing an orphan past Expiry) re-creates the pod with the
+// start it had, its creation, not the store's clock: a startup measured
+// from it is the pod's (found in a review, 2026-12-05, after the pod
+// stopped holding its listing's times: the pod came back started now, and
+// its startup of 11 minutes read as 1 s).
+func TestAnEntryKeptAsListedRecreatesThePodWithItsStart(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
+	ws := Key{Kind: "Deployment", Namespace: "ns", Name: "w"}
+	created := now.Add(-10 * time.Minute)
+	info := PodInfo{UID: "u", Namespace: "ns", Name: "p", Workloads: []Key{ws}, CreatedMs: created.UnixMilli()}
+	a, _ := s.OpenSource("n1")
+	s.Upsert(Source{Node: "n1", Stream: a}, []PodInfo{info}, true)
+	b, _ := s.OpenSource("n1")
+	s.CloseSource("n1", a) // u is an orphan now
+	now = now.Add(61 * time.Second)
+	held, ok := s.ListedOn("n1", "u")
+	if !ok || held.CreatedMs != created.UnixMilli() {
+		t.Fatalf("ListedOn = %+v, %v: want its creation as CreatedMs", held, ok)
+	}
+	s.Upsert(Source{Node: "n1", Stream: b}, []PodInfo{held}, true)
+	if p := s.peek("u"); p == nil || p.startNs != created.UnixNano() {
+		t.Fatalf("re-created pod %+v: want its start at its creation %v", p, created)
+	}
+	ready := now.Add(time.Second)
+	info.Ready, info.ReadySinceMs = true, ready.UnixMilli()
+	now = now.Add(2 * time.Second)
+	s.Upsert(Source{Node: "n1", Stream: b}, []PodInfo{info}, false)
+	if p := s.peek("u"); time.Duration(p.readyNs-p.startNs) != ready.Sub(created) {
+		t.Errorf("startup %v, want %v", time.Duration(p.readyNs-p.startNs), ready.Sub(created))
+	}
+	// Ready, its ready time is handed out too.
+	if held, _ := s.ListedOn("n1", "u"); held.ReadySinceMs != ready.UnixMilli() || held.CreatedMs != created.UnixMilli() {
+		t.Errorf("ListedOn of the ready pod = %+v: want its creation and ready time", held)
+	}
+}
