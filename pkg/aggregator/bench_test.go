@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
+	"runtime/metrics"
 	"slices"
 	"testing"
 	"time"
@@ -299,4 +301,56 @@ func BenchmarkPushLatency(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkWaitingStreamStack is the stack a KEDA stream's handler holds
+// while it waits (StreamIsActive and StreamMetricSpec, one each a
+// ScaledObject, as KEDA opens them), as the GC scans it: every GC scans
+// every waiting goroutine's stack, and its goal counts what it scanned
+// beside the live heap (docs/performance.md,
+// "Stacks that wait with less, a smaller decoder and pod (2026-12-05, second session)").
+// 1,000 ScaledObjects' streams opened, nothing read from them (a
+// server-streaming call holds no client goroutine until it is read): the
+// scanned stacks' growth, over the streams.
+func BenchmarkWaitingStreamStack(b *testing.B) {
+	keda, _ := startBench(b)
+	scanned := func() float64 {
+		runtime.GC()
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/scan/stack:bytes"}}
+		metrics.Read(s)
+		return float64(s[0].Value.Uint64())
+	}
+	// The connection's own goroutines start at its first call.
+	if _, err := keda.GetMetricSpec(context.Background(), ref(0)); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		g0, before := runtime.NumGoroutine(), scanned()
+		for w := range benchWorkloads {
+			if _, err := keda.StreamIsActive(ctx, ref(w)); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := keda.StreamMetricSpec(ctx, ref(w)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		// Each stream's handler is a goroutine of its own once it runs.
+		for t0 := time.Now(); runtime.NumGoroutine() < g0+2*benchWorkloads; time.Sleep(10 * time.Millisecond) {
+			if time.Since(t0) > 10*time.Second {
+				b.Fatalf("%d goroutines, want %d and more: the streams did not all open", runtime.NumGoroutine(), g0+2*benchWorkloads)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // each handler at its wait
+		b.ReportMetric((scanned()-before)/(2*benchWorkloads), "stack-bytes/stream")
+		cancel()
+		// The streams ended (a few goroutines the first streams started,
+		// the pusher's, may stay).
+		for t0 := time.Now(); runtime.NumGoroutine() > g0+benchWorkloads/100; time.Sleep(10 * time.Millisecond) {
+			if time.Since(t0) > 10*time.Second {
+				b.Fatalf("%d goroutines, want %d or fewer: the streams did not all end", runtime.NumGoroutine(), g0+benchWorkloads/100)
+			}
+		}
+	}
 }
