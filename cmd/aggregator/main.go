@@ -16,5 +16,8 @@ func main() {
 		os.Exit(app.Probe("pulse-aggregator", os.Args[2:], os.Stdout))
 	}
 	o := aggregator.NewOptions()
-	app.Main("pulse-aggregator", o, func(log *slog.Logger) (app.Runner, error) { return aggregator.New(o, log) })
+	app.Main("pulse-aggregator", o, func(log *slog.Logger) (app.Runner, error) {
+		app.SetGCPercent(o.Store.GCPercent, log)
+		return aggregator.New(o, log)
+	})
 }

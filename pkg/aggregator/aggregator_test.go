@@ -53,7 +53,7 @@ func TestMetricsHaveTheLiveHeap(t *testing.T) {
 	a := start(t, func(*Options) {})
 	httpGet(t, "http://"+a.HTTPAddr()+"/livez")
 	body := metricsPage(t, a)
-	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes ", "\ngo_gc_scan_stack_bytes "} {
+	for _, name := range []string{"\ngo_gc_heap_live_bytes ", "\ngo_memstats_heap_inuse_bytes ", "\ngo_gc_scan_stack_bytes ", "\ngo_gc_gogc_percent "} {
 		if !strings.Contains(body, name) {
 			t.Errorf("/metrics has no %s", strings.TrimSpace(name))
 		}

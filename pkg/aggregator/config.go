@@ -111,12 +111,13 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a.refused)
-	// go_gc_heap_live_bytes (the heap the last GC found live) and
-	// go_gc_scan_stack_bytes (the goroutines' stacks it scanned) beside
-	// the default set: heap in use also holds what the next GC will free,
-	// and the GC's goal is the live heap and GOGC% of the two.
+	// go_gc_heap_live_bytes (the heap the last GC found live),
+	// go_gc_scan_stack_bytes (the goroutines' stacks it scanned) and
+	// go_gc_gogc_percent (GOGC, --gc-percent's) beside the default set:
+	// heap in use also holds what the next GC will free, and the GC's goal
+	// is the live heap and GOGC% of the two.
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
-		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/(heap/live|scan/stack):bytes$`)})),
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/((heap/live|scan/stack):bytes|gogc:percent)$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	steps := []func(prometheus.Registerer) error{a.buildStore, a.buildIngest, a.buildScaler, a.buildProvision}
 	for _, step := range steps {

@@ -57,3 +57,23 @@ func TestAProvisionedAddressTheManagedCertificateNames(t *testing.T) {
 		}
 	}
 }
+
+// TestGCPercentIsBounded: --gc-percent is Go's GC percent; a negative one
+// (the GC off, the heap unbounded but for the memory limit) or a huge one
+// is refused, naming the flag; 0 is Go's default.
+func TestGCPercentIsBounded(t *testing.T) {
+	for _, c := range []struct {
+		percent int
+		ok      bool
+	}{{-1, false}, {0, true}, {50, true}, {10000, true}, {10001, false}} {
+		o := NewOptions()
+		o.Store.GCPercent = c.percent
+		err := o.Validate()
+		if (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "--gc-percent") {
+			t.Errorf("--gc-percent %d: %v, want accepted %v", c.percent, err, c.ok)
+		}
+	}
+	if NewOptions().Store.GCPercent != 50 {
+		t.Errorf("default --gc-percent %d, want 50", NewOptions().Store.GCPercent)
+	}
+}

@@ -150,6 +150,34 @@ func TestMemoryLimitIsNinetyPercentOfTheContainers(t *testing.T) {
 	}
 }
 
+// TestGCPercentIsTheFlagsUnlessGOGCIsSet: the aggregator's heap in use
+// runs up to GOGC% past its live heap and stacks; --gc-percent sets it
+// (Prometheus's 50 by default), GOGC in the environment, read by the
+// runtime at start, is kept, and 0 keeps Go's default.
+func TestGCPercentIsTheFlagsUnlessGOGCIsSet(t *testing.T) {
+	prev := runtimedebug.SetGCPercent(100)
+	t.Cleanup(func() { runtimedebug.SetGCPercent(prev) })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	t.Setenv("GOGC", "")
+	if got := SetGCPercent(50, log); got != 50 || GCPercent() != 50 {
+		t.Errorf("--gc-percent 50: %d, in effect %d; want 50", got, GCPercent())
+	}
+	runtimedebug.SetGCPercent(100)
+	if got := SetGCPercent(0, log); got != 100 || GCPercent() != 100 {
+		t.Errorf("--gc-percent 0: %d, in effect %d; want Go's default, 100", got, GCPercent())
+	}
+	t.Setenv("GOGC", "80")
+	runtimedebug.SetGCPercent(80) // as the runtime read it at start
+	var said strings.Builder
+	if got := SetGCPercent(50, slog.New(slog.NewTextHandler(&said, nil))); got != 80 || GCPercent() != 80 || !strings.Contains(said.String(), "percent=80") {
+		t.Errorf("GOGC=80 and --gc-percent 50: %d, in effect %d, log %q; want GOGC's 80 kept and said", got, GCPercent(), said.String())
+	}
+	runtimedebug.SetGCPercent(-1)
+	if GCPercent() != -1 {
+		t.Errorf("GC off reads %d, want -1", GCPercent())
+	}
+}
+
 // TestAddressesNeedTheirParts: net.SplitHostPort alone took "host:" (no
 // port) and ":port" (no host): an aggregator listened on a port the kernel
 // chose, and a provisioned ScaledObject's scalerAddress ":9090" was dialled

@@ -49,6 +49,7 @@ const (
 	KeyLeftOut     = "leftOut"    // entries left out past a bound
 	KeyNeedBytes   = "needBytes"  // an estimate of memory needed
 	KeyLimitBytes  = "limitBytes" // a memory limit
+	KeyPercent     = "percent"    // Go's GC percent
 	KeyWhat        = "what"
 	KeyRetryIn     = "retryIn" // how long until the next try
 )

@@ -487,7 +487,7 @@ func scanMetric(page []byte, name string, want map[string]string) (float64, bool
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}
 		ok := true

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,6 +144,15 @@ func TestE2E(t *testing.T) {
 	waitFor(t, 60*time.Second, "the aggregator shows llama's two pods, fresh", func() error {
 		return e.expectPods("llama", 2)
 	})
+	// The binary sets Go's GC percent from --gc-percent (50 by default),
+	// unless GOGC is in its environment (inherited from this test's).
+	wantGC := 50.0
+	if v, err := strconv.Atoi(os.Getenv("GOGC")); err == nil {
+		wantGC = float64(v)
+	}
+	if got := e.aggMetric("go_gc_gogc_percent", nil); got != wantGC {
+		t.Errorf("the aggregator's go_gc_gogc_percent %v, want %v", got, wantGC)
+	}
 	// A token bound to a pod on another node cannot speak for this one.
 	e.otherNodeTokenRefused()
 	// The scaler port refuses a client without a certificate.
@@ -709,13 +719,19 @@ func (e *env) otherNodeTokenRefused() {
 
 // rejected reads pulse_aggregator_rejected_reports_total{reason}.
 func (e *env) rejected(reason string) float64 {
+	return e.aggMetric("pulse_aggregator_rejected_reports_total", map[string]string{"reason": reason})
+}
+
+// aggMetric reads one series of the aggregator's /metrics (0 when it
+// cannot be read).
+func (e *env) aggMetric(name string, labels map[string]string) float64 {
 	resp, err := http.Get("http://" + e.aggHTTP + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
 	page, _ := io.ReadAll(resp.Body)
-	v, _ := scanMetric(page, "pulse_aggregator_rejected_reports_total", map[string]string{"reason": reason})
+	v, _ := scanMetric(page, name, labels)
 	return v
 }
 

@@ -218,8 +218,12 @@ type result struct {
 	HeapInuseBytes     float64 `json:"heapInuseBytes"`
 	HeapBytesPerPod    float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
 	// HeapLiveBytes: what the aggregator's last GC found live
-	// (go_gc_heap_live_bytes); heap in use runs up to twice it (GOGC=100).
+	// (go_gc_heap_live_bytes); heap in use runs up to GOGC% over it and
+	// the stacks (AggregatorGCPercent).
 	HeapLiveBytes float64 `json:"heapLiveBytes"`
+	// AggregatorGCPercent: the aggregator's GC percent (go_gc_gogc_percent:
+	// its --gc-percent, or GOGC in its environment).
+	AggregatorGCPercent float64 `json:"aggregatorGcPercent"`
 	// StackInuseBytes and GCGoalBytes: the goroutines' stacks and the heap
 	// at which its next GC starts, at the end: Go's GC paces on the live
 	// heap and the stacks together, so that the heap in use reaches the
@@ -633,7 +637,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		SentPerSecond:       float64(s1-s0) / el,
 		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"],
-		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], StackScanBytes: m1["go_gc_scan_stack_bytes"], AgentStreams: m1["pulse_aggregator_agent_streams"],
+		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], StackScanBytes: m1["go_gc_scan_stack_bytes"], AggregatorGCPercent: m1["go_gc_gogc_percent"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
 		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
 		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
