@@ -226,11 +226,14 @@ func (s *Server) Report(stream pulsev1.Ingest_ReportServer) error {
 // the stack of a stream waiting for its next batch, which every GC scans.
 func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end func(), err error) {
 	var ends []func()
+	unwind := func() {
+		for _, f := range slices.Backward(ends) {
+			f()
+		}
+	}
 	defer func() {
 		if err != nil {
-			for _, f := range slices.Backward(ends) {
-				f()
-			}
+			unwind()
 		}
 	}()
 	boundNode, tokenExpires, err := s.authenticate(stream.Context())
@@ -269,11 +272,7 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 	}
 	ends = append(ends, release)
 	st.stream = held
-	return st, func() {
-		for _, f := range slices.Backward(ends) {
-			f()
-		}
-	}, nil
+	return st, unwind, nil
 }
 
 // serve reads the stream's messages after its hello until it ends.

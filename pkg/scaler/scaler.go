@@ -470,9 +470,13 @@ func (w *streamWait) moved(ref *externalscaler.ScaledObjectRef) (end bool, err e
 //go:noinline
 func (w *streamWait) respec(ref *externalscaler.ScaledObjectRef, stream grpc.ServerStreamingServer[externalscaler.GetMetricSpecResponse]) (end bool, err error) {
 	now, err := w.s.parse(ref)
+	var name string
+	if err == nil {
+		name = MetricName(now)
+	}
 	switch {
-	case err == nil && MetricName(now) != w.name:
-		w.name = MetricName(now)
+	case err == nil && name != w.name:
+		w.name = name
 		if err := stream.Send(spec(now)); err != nil {
 			return true, err
 		}
