@@ -145,6 +145,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/provision
 	$(GO) test -run='^$$' -fuzz='^FuzzMake$$' -fuzztime=$(FUZZTIME) ./pkg/planner
 	$(GO) test -run='^$$' -fuzz='^FuzzServeConn$$' -fuzztime=$(FUZZTIME) ./pkg/framed
+	$(GO) test -run='^$$' -fuzz='^FuzzServeConnReadOnReady$$' -fuzztime=$(FUZZTIME) ./pkg/framed
 
 # golangci-lint (.golangci.yml), pinned in tools/golangci-lint/go.mod: its dependencies
 # cannot share the main module's.

@@ -28,8 +28,9 @@ type limitListener struct {
 	sem       chan struct{}
 	closeOnce sync.Once
 	done      chan struct{}
-	// readyReads counts ReadOnReady calls: the test that gRPC takes the
-	// pooled path reads it.
+	// readyReads counts ReadOnReady calls (gRPC's transport readers', and
+	// the framed streams'): the tests that both take the pooled path read
+	// it.
 	readyReads atomic.Int64
 }
 

@@ -41,7 +41,8 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 		return err
 	}, framed.ServerOptions{})
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"transport"})
-	m := newIngestMux(newLimitListener(tcp, 8, 8), fs, conns)
+	ln := newLimitListener(tcp, 8, 8)
+	m := newIngestMux(ln, fs, conns)
 	m.wait = 100 * time.Millisecond
 	defer m.Close()
 	accepted := make(chan net.Conn, 1)
@@ -85,6 +86,11 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 	}
 	if node := <-served; node != "node-f" {
 		t.Fatalf("the framed server saw node %q", node)
+	}
+	// Read on ready (a message in one read into a pooled buffer): the
+	// only such reads so far are the framed stream's.
+	if n := ln.readyReads.Load(); n == 0 {
+		t.Error("the framed stream's hello was not read on ready")
 	}
 
 	// Silent: closed once the wait is over, never handed to gRPC.

@@ -102,6 +102,12 @@ func readHeader(r io.Reader, b *[headerLen]byte) (kind byte, n int, err error) {
 	if _, err := io.ReadFull(r, b[:]); err != nil {
 		return 0, 0, err
 	}
+	return parseHeader(b)
+}
+
+// parseHeader is the kind and length a header read into b declares (an
+// errHugeFrame, with its kind, past maxFrame).
+func parseHeader(b *[headerLen]byte) (kind byte, n int, err error) {
 	v := binary.BigEndian.Uint32(b[1:])
 	if v > maxFrame {
 		return b[0], 0, errHugeFrame(v)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/netbound"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -28,18 +30,7 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(append([]byte(PrefaceTCP), 1, 0, 0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff))
 	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		const most = 1 << 12
-		s := NewServer(func(st pulsev1.Ingest_ReportServer) error {
-			for {
-				var m pulsev1.AgentMessage
-				if err := st.RecvMsg(&m); err != nil {
-					return err
-				}
-				if n := proto.Size(&m); n > most {
-					t.Errorf("the handler was given a message of %d bytes; the bound is %d", n, most)
-				}
-			}
-		}, ServerOptions{MaxMessage: most, Handshake: time.Second, Idle: time.Second})
+		s := fuzzServer(t)
 		srv, cli := net.Pipe()
 		done := make(chan struct{})
 		go func() { s.ServeConn(srv); close(done) }()
@@ -50,6 +41,71 @@ func FuzzServeConn(f *testing.F) {
 		}()
 		<-done
 		s.Close()
+	})
+}
+
+// fuzzServer is a server whose handler reads every message and checks
+// none past its bound, with short handshake and idle bounds.
+func fuzzServer(t *testing.T) *Server {
+	const most = 1 << 12
+	return NewServer(func(st pulsev1.Ingest_ReportServer) error {
+		for {
+			var m pulsev1.AgentMessage
+			if err := st.RecvMsg(&m); err != nil {
+				return err
+			}
+			if n := proto.Size(&m); n > most {
+				t.Errorf("the handler was given a message of %d bytes; the bound is %d", n, most)
+			}
+		}
+	}, ServerOptions{MaxMessage: most, Handshake: time.Second, Idle: time.Second})
+}
+
+// FuzzServeConnReadOnReady is FuzzServeConn over loopback TCP read on
+// ready, as the ingest port's plaintext connections are: its bytes written
+// in two parts (the first byte says where they split), so that a read
+// ends within a header, within a payload, or past a message with the
+// next one's start.
+func FuzzServeConnReadOnReady(f *testing.F) {
+	var tokenAndHellos bytes.Buffer
+	_ = writeFrame(&tokenAndHellos, kindToken, []byte("tok"))
+	h, _ := proto.Marshal(hello("node"))
+	_ = writeFrame(&tokenAndHellos, kindMessage, h)
+	_ = writeFrame(&tokenAndHellos, kindMessage, h)
+	for _, at := range []byte{0, 20, 24, 30, 40} {
+		f.Add(append([]byte{at}, append([]byte(PrefaceTCP), tokenAndHellos.Bytes()...)...))
+	}
+	f.Add([]byte("\x19pulse-framed/1 tcp\n\x01\x00\x00\x00\x00\x02\x7f\xff\xff\xff"))
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer func() { _ = tcp.Close() }()
+	var reads atomic.Int64
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) == 0 {
+			return
+		}
+		s := fuzzServer(t)
+		defer s.Close()
+		cli, err := net.Dial("tcp", tcp.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := tcp.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { s.ServeConn(netbound.Ready(srv, &reads)); close(done) }()
+		go func() { _, _ = io.Copy(io.Discard, cli) }() // the server's answers
+		at, rest := min(int(in[0]), len(in)-1), in[1:]
+		_, _ = cli.Write(rest[:at])
+		time.Sleep(time.Millisecond)
+		_, _ = cli.Write(rest[at:])
+		_ = cli.(*net.TCPConn).CloseWrite()
+		<-done
+		_ = cli.Close()
 	})
 }
 

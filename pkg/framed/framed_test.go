@@ -21,17 +21,30 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/netbound"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/testpki"
 )
 
 // serve runs s on a loopback listener, each connection in its own
-// goroutine as the aggregator's port runs it; it returns the address.
+// goroutine as the aggregator's port runs it, read on ready as its
+// plaintext connections are (netbound.Ready); it returns the address.
 func serve(t *testing.T, s *Server) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return serveOn(t, s, true)
+}
+
+// serveOn is serve, its connections read on ready or not.
+func serveOn(t *testing.T, s *Server, ready bool) string {
+	t.Helper()
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	pooled := netbound.NewPooled(tcp)
+	ln := net.Listener(pooled)
+	if !ready {
+		ln = tcp
 	}
 	go func() {
 		for {
@@ -554,10 +567,15 @@ func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
 	if _, err := c.Write(append(h[:], make([]byte, 10)...)); err != nil {
 		t.Fatal(err)
 	}
-	// Wait for the server to hold its piece for it, then look.
-	for pool.out.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	// Wait for the server to hold its piece for it (the read ahead that
+	// took the header and the 10 bytes is given back once they are
+	// copied into it), then look.
+	for t0 := time.Now(); pool.largest.Load() != readPiece || pool.out.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Since(t0) > 10*time.Second {
+			t.Fatalf("for a header of 4 MiB and 10 bytes: the largest buffer %d bytes, %d held; want one piece of %d", pool.largest.Load(), pool.out.Load(), readPiece)
+		}
 	}
+	time.Sleep(20 * time.Millisecond)
 	if l, o := pool.largest.Load(), pool.out.Load(); l != readPiece || o != 1 {
 		t.Fatalf("for a header of 4 MiB and 10 bytes: the largest buffer %d bytes, %d held; want one piece of %d", l, o, readPiece)
 	}
