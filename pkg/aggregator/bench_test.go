@@ -311,15 +311,19 @@ func BenchmarkPushLatency(b *testing.B) {
 // "Stacks that wait with less, a smaller decoder and pod (2026-12-05, second session)").
 // 1,000 ScaledObjects' streams opened, nothing read from them (a
 // server-streaming call holds no client goroutine until it is read): the
-// scanned stacks' growth, over the streams.
+// scanned stacks' growth, over the streams, and the live heap's (both
+// ends': KEDA's client is in this process too; "A waiting stream lets its
+// ref go (2026-12-05, fourth session)").
 func BenchmarkWaitingStreamStack(b *testing.B) {
 	keda, _ := startBench(b)
-	scanned := func() float64 {
+	// scanned and live: what the last GC scanned of the stacks, and the
+	// live heap it left.
+	read := func() (scanned, live float64) {
 		runtime.GC()
 		runtime.GC()
-		s := []metrics.Sample{{Name: "/gc/scan/stack:bytes"}}
+		s := []metrics.Sample{{Name: "/gc/scan/stack:bytes"}, {Name: "/gc/heap/live:bytes"}}
 		metrics.Read(s)
-		return float64(s[0].Value.Uint64())
+		return float64(s[0].Value.Uint64()), float64(s[1].Value.Uint64())
 	}
 	// The connection's own goroutines start at its first call.
 	if _, err := keda.GetMetricSpec(context.Background(), ref(0)); err != nil {
@@ -327,7 +331,8 @@ func BenchmarkWaitingStreamStack(b *testing.B) {
 	}
 	for b.Loop() {
 		ctx, cancel := context.WithCancel(context.Background())
-		g0, before := runtime.NumGoroutine(), scanned()
+		g0 := runtime.NumGoroutine()
+		before, live0 := read()
 		for w := range benchWorkloads {
 			if _, err := keda.StreamIsActive(ctx, ref(w)); err != nil {
 				b.Fatal(err)
@@ -343,7 +348,10 @@ func BenchmarkWaitingStreamStack(b *testing.B) {
 			}
 		}
 		time.Sleep(100 * time.Millisecond) // each handler at its wait
-		b.ReportMetric((scanned()-before)/(2*benchWorkloads), "stack-bytes/stream")
+		after, live1 := read()
+		b.ReportMetric((after-before)/(2*benchWorkloads), "stack-bytes/stream")
+		// Both ends' live heap: the client's streams are in this process too.
+		b.ReportMetric((live1-live0)/(2*benchWorkloads), "heap-bytes/stream")
 		cancel()
 		// The streams ended (a few goroutines the first streams started,
 		// the pusher's, may stay).

@@ -52,14 +52,14 @@ type fixture struct {
 // generated stubs, exactly as KEDA's external-push scaler calls it.
 func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
 
-func newFixtureWith(t *testing.T, resolver TargetResolver) *fixture {
+func newFixtureWith(t *testing.T, resolver TargetResolver, opts ...grpc.ServerOption) *fixture {
 	t.Helper()
 	f := &fixture{clock: &clock{t: time.Unix(1_700_000_000, 0)}, ms: 1_700_000_000_000, resolver: resolver}
 	f.store = store.New(store.Options{Retention: time.Minute, Now: f.clock.Now})
 	f.server = New(f.store, Options{MaxWindow: time.Minute, Resolver: f.resolver, Now: f.clock.Now})
 	f.server.recheck = 20 * time.Millisecond
 	lis := bufconn.Listen(1 << 20)
-	f.grpc = grpc.NewServer()
+	f.grpc = grpc.NewServer(opts...)
 	externalscaler.RegisterExternalScalerServer(f.grpc, f.server)
 	go func() { _ = f.grpc.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
