@@ -389,7 +389,13 @@ func (st *serverStream) frame(buf *[]byte, data []byte, m any) error {
 		return st.payload(n, m, data, buf)
 	}
 	if rest := data[n:]; len(rest) > 0 {
-		st.pending = bytes.Clone(rest)
+		if buf != nil {
+			rest = bytes.Clone(rest) // the pool's buffer goes back below
+		}
+		// Pending bytes are the stream's own: the rest of them stays
+		// where it is (cloned at each message, a read of many small
+		// messages was copied once a message, quadratically).
+		st.pending = rest
 	}
 	err = st.unmarshal(mem.BufferSlice{mem.SliceBuffer(data[:n])}, m)
 	if buf != nil {
