@@ -42,8 +42,13 @@ type series struct {
 	// buf holds the columns' entries, column after column: cols[0] is the
 	// times', the others are by id, ascending; a metric's column goes when
 	// all its entries are absent.
-	buf  []byte
-	cols []column
+	buf []byte
+	// cols is the first of the columns' headers (columns: one for the
+	// times and one for each bit of ids; nil with no sample). A pointer,
+	// not a slice: their number is ids', and the 16 bytes of a slice's
+	// length and capacity took a pod past its size class (320 bytes to
+	// 288).
+	cols *column
 	// n is the number of samples held (at most MaxSamples and the
 	// retention's: 2^31 of them would take 40 GB); ids has a bit for each
 	// metric with a column: cols[1:] are theirs, by id ascending.
@@ -57,10 +62,19 @@ type series struct {
 // lastMs is the newest sample's time (0 when none is held): the last entry
 // of the times' column, which the next is written against.
 func (r *series) lastMs() int64 {
-	if len(r.cols) == 0 {
+	if r.cols == nil {
 		return 0
 	}
-	return r.cols[0].last()
+	return r.cols.last()
+}
+
+// columns is the columns' headers: the times' and then one for each
+// metric in ids, by id ascending (none with no sample).
+func (r *series) columns() []column {
+	if r.cols == nil {
+		return nil
+	}
+	return unsafe.Slice(r.cols, 1+bits.OnesCount32(r.ids)) //nolint:gosec // G103: addColumns allocated exactly this many, drop as many as it keeps
 }
 
 // lastHist is the newest sample's histograms (nil when it had none).
@@ -91,14 +105,15 @@ var _ = [1]struct{}{}[validIDs>>32]
 
 // entries is column i's encoded entries (none in a series with no sample).
 func (r *series) entries(i int) []byte {
-	if i >= len(r.cols) {
+	cols := r.columns()
+	if i >= len(cols) {
 		return nil
 	}
 	start := uint32(0)
 	if i > 0 {
-		start = r.cols[i-1].end
+		start = cols[i-1].end
 	}
-	return r.buf[start:r.cols[i].end]
+	return r.buf[start:cols[i].end]
 }
 
 // Entry tags, in the low two bits of an entry's first varint.
@@ -252,16 +267,17 @@ const maxEntry = binary.MaxVarintLen64 + 8
 // add appends s, newer than every sample held.
 func (r *series) add(s metric.Sample) {
 	present := s.Present & validIDs &^ uint64(r.ids)
-	if len(r.cols) == 0 || present != 0 {
+	if r.cols == nil || present != 0 {
 		r.addColumns(present)
 	}
+	cols := r.columns()
 	// Every column's new entry, then the buffer made room for them once.
 	var tmp [(metric.NumIDs + 1) * maxEntry]byte
 	var ends [metric.NumIDs + 1]uint32
-	e := r.cols[0].appendInt(tmp[:0], s.TimeMs)
+	e := cols[0].appendInt(tmp[:0], s.TimeMs)
 	ends[0] = uint32(len(e))
-	for i, ids := 1, r.ids; i < len(r.cols); i, ids = i+1, ids&(ids-1) {
-		c, id := &r.cols[i], metric.ID(bits.TrailingZeros32(ids))
+	for i, ids := 1, r.ids; i < len(cols); i, ids = i+1, ids&(ids-1) {
+		c, id := &cols[i], metric.ID(bits.TrailingZeros32(ids))
 		if s.Present&(1<<id) != 0 {
 			e = c.appendValue(e, id, s.V[id])
 		} else {
@@ -273,10 +289,10 @@ func (r *series) add(s metric.Sample) {
 	r.buf = growBytes(r.buf, len(e))[:size+len(e)]
 	// From the last column to the first: column i moves up by the entries
 	// of the columns before it, and its own entry follows it.
-	for i := len(r.cols) - 1; i >= 0; i-- {
-		start, end := uint32(0), r.cols[i].end
+	for i := len(cols) - 1; i >= 0; i-- {
+		start, end := uint32(0), cols[i].end
 		if i > 0 {
-			start = r.cols[i-1].end
+			start = cols[i-1].end
 		}
 		shift, from := uint32(0), uint32(0)
 		if i > 0 {
@@ -290,7 +306,7 @@ func (r *series) add(s metric.Sample) {
 		} else {
 			copy(r.buf[end+shift:], e[from:ends[i]])
 		}
-		r.cols[i].end = end + ends[i]
+		cols[i].end = end + ends[i]
 	}
 	if s.Hist != nil && r.hist == nil {
 		r.hist = new(hists)
@@ -308,18 +324,19 @@ func (r *series) add(s metric.Sample) {
 // first sample, or when a page gains a metric).
 func (r *series) addColumns(ids uint64) {
 	all := r.ids | uint32(ids)
+	was := r.columns()
 	cols := make([]column, 1+bits.OnesCount32(all))
-	buf := make([]byte, 0, len(r.buf)+int(r.n)*(len(cols)-len(r.cols)))
+	buf := make([]byte, 0, len(r.buf)+int(r.n)*(len(cols)-len(was)))
 	j := 0 // the old column that comes next
 	for i, rest := 0, all; i < len(cols); i++ {
-		old := len(r.cols) > 0 // the times' is old once there is one
+		old := len(was) > 0 // the times' is old once there is one
 		if i > 0 {
 			bit := rest & -rest
 			rest &^= bit
 			old = r.ids&bit != 0
 		}
 		if old {
-			cols[i] = r.cols[j]
+			cols[i] = was[j]
 			buf = append(buf, r.entries(j)...)
 			j++
 		} else {
@@ -329,7 +346,7 @@ func (r *series) addColumns(ids uint64) {
 		}
 		cols[i].end = uint32(len(buf))
 	}
-	r.buf, r.cols, r.ids = buf, cols, all
+	r.buf, r.cols, r.ids = buf, &cols[0], all
 }
 
 // expired reports whether the k+1th oldest sample is at from or older:
@@ -366,7 +383,7 @@ func (r *series) decodeTimes(dst []metric.Sample) []metric.Sample {
 // decode writes the values of the metrics in want into the samples dst
 // that decodeTimes wrote; other values are left as they were.
 func (r *series) decode(dst []metric.Sample, want uint64) {
-	for ci, ids := 1, r.ids; ci < len(r.cols); ci, ids = ci+1, ids&(ids-1) {
+	for ci, ids, n := 1, r.ids, len(r.columns()); ci < n; ci, ids = ci+1, ids&(ids-1) {
 		id := metric.ID(bits.TrailingZeros32(ids))
 		if want&(1<<id) == 0 {
 			continue
@@ -395,10 +412,11 @@ func (r *series) decode(dst []metric.Sample, want uint64) {
 func (r *series) drop(k int) {
 	sc := dropScratch.Get().(*[]byte)
 	out := (*sc)[:0]
-	cols := r.cols[:0] // written behind the reads: kept columns are renumbered
+	was := r.columns()
+	cols := was[:0] // written behind the reads: kept columns are renumbered
 	start, ids := uint32(0), r.ids
-	for i := range r.cols {
-		c, id := r.cols[i], metric.ID(0)
+	for i := range was {
+		c, id := was[i], metric.ID(0)
 		if i > 0 {
 			id = metric.ID(bits.TrailingZeros32(ids))
 			ids &= ids - 1
@@ -416,8 +434,11 @@ func (r *series) drop(k int) {
 		c.end = uint32(len(out))
 		cols = append(cols, c)
 	}
-	clear(r.cols[len(cols):])
-	r.cols = cols
+	if len(cols) < len(was) {
+		// A column went: the headers are reallocated, exactly (rare: a
+		// metric the pod no longer reports, once its window is past).
+		r.cols = &slices.Clone(cols)[0]
+	}
 	r.buf = replaceHead(r.buf, len(r.buf), out)
 	*sc = out
 	dropScratch.Put(sc)
@@ -497,7 +518,7 @@ func ids(m metric.Def) uint64 {
 // columns' headers): what podBytes bounds (a buffer's capacity left by a
 // cut would have it cut again).
 func (r *series) size() int {
-	n := len(r.buf) + len(r.cols)*int(unsafe.Sizeof(column{}))
+	n := len(r.buf) + len(r.columns())*int(unsafe.Sizeof(column{}))
 	if r.hist != nil {
 		n += r.hist.size()
 	}
@@ -507,7 +528,7 @@ func (r *series) size() int {
 // bytes is the memory the series' encoding holds (its buffers' capacity
 // and the columns' headers).
 func (r *series) bytes() int {
-	n := cap(r.buf) + cap(r.cols)*int(unsafe.Sizeof(column{}))
+	n := cap(r.buf) + len(r.columns())*int(unsafe.Sizeof(column{}))
 	if r.hist != nil {
 		n += r.hist.bytes()
 	}

@@ -7,6 +7,7 @@ package store
 
 import (
 	"errors"
+	"iter"
 	"math/bits"
 	"slices"
 	"sort"
@@ -246,6 +247,22 @@ type source struct {
 	// instance, restarting every pod's series.
 	opened        []openStream
 	gens, fullGen uint64
+	// instance: the agent process that listed its pods last (nil: none
+	// yet), for the pods to share (intern).
+	instance *string
+}
+
+// intern is instance as a pointer the pods of src share: src's, or a
+// new one when src is nil or its agent process changed.
+func (src *source) intern(instance string) *string {
+	if src != nil && src.instance != nil && *src.instance == instance {
+		return src.instance
+	}
+	v := &instance
+	if src != nil {
+		src.instance = v
+	}
+	return v
 }
 
 // openStream is one open stream of a node and the order it opened in.
@@ -285,8 +302,14 @@ type listing struct {
 type pod struct {
 	UID, Name string
 	*podGroup
-	sources  []string // the nodes whose agents list it (almost always one)
-	instance string   // the agent process whose counters the series carries
+	// source: the node whose agent lists it, while sourced; rare's
+	// moreSources: any others (almost never: a pod runs on one node). A
+	// slice of them all took 8 bytes more a pod and an array of 16.
+	source string
+	// instance: the agent process whose counters the series carries (nil:
+	// none yet), shared by the pods its node's source lists (a string
+	// each took a pod past its size class).
+	instance *string
 
 	series series // oldest first; counters monotonic
 	mono   metric.Monotonic
@@ -314,6 +337,7 @@ type pod struct {
 	// Ready, Terminating and Demand are its listing's (PodInfo), here
 	// beside the two above so that the five take one word.
 	Ready, Terminating, Demand bool
+	sourced                    bool
 }
 
 // podGroup is a pod's namespace and workloads: one among the replicas of
@@ -377,6 +401,8 @@ type podRare struct {
 	// heldHist: the histograms of a sample dropped as out of order, for
 	// the next sample taken (holdHist); nil when none.
 	heldHist *metric.Histograms
+	// moreSources: the nodes that list the pod besides its source.
+	moreSources []string
 }
 
 // stamp is now as a pod's seen: nanoseconds since the store's epoch, plus
@@ -597,8 +623,8 @@ func (s *Store) sweep(now time.Time, force bool) {
 	for node := range expired {
 		for uid, l := range s.listed[node] {
 			p := l.p
-			p.sources = without(p.sources, node)
-			if len(p.sources) == 0 && s.pods[uid] == p {
+			p.dropSource(node)
+			if p.sources() == 0 && s.pods[uid] == p {
 				s.drop(uid, p, node)
 			}
 		}
@@ -729,7 +755,7 @@ func (s *Store) expiredSource(src *source, now time.Time) bool {
 // listed it have all been closed for longer than Expiry (the node's, or
 // those that listed it while the node has others open); mu must be held.
 func (s *Store) expired(p *pod, now time.Time) bool {
-	for _, node := range p.sources {
+	for node := range p.nodes() {
 		src := s.sources[node]
 		if src == nil {
 			return false
@@ -741,7 +767,61 @@ func (s *Store) expired(p *pod, now time.Time) bool {
 			return false
 		}
 	}
-	return len(p.sources) > 0
+	return p.sources() > 0
+}
+
+// sources is the number of nodes that list p.
+func (p *pod) sources() int {
+	if !p.sourced {
+		return 0
+	}
+	return 1 + len(p.get().moreSources)
+}
+
+// nodes yields the nodes that list p: its source first.
+func (p *pod) nodes() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		if !p.sourced || !yield(p.source) {
+			return
+		}
+		for _, n := range p.get().moreSources {
+			if !yield(n) {
+				return
+			}
+		}
+	}
+}
+
+// addSource records that node lists p (once).
+func (p *pod) addSource(node string) {
+	switch {
+	case !p.sourced:
+		p.source, p.sourced = node, true
+	case p.source != node && !slices.Contains(p.get().moreSources, node):
+		rr := p.set()
+		rr.moreSources = append(rr.moreSources, node)
+	}
+}
+
+// dropSource records that node no longer lists p.
+func (p *pod) dropSource(node string) {
+	if !p.sourced {
+		return
+	}
+	if p.source != node {
+		if rr := p.rare; rr != nil {
+			rr.moreSources = without(rr.moreSources, node)
+		}
+		return
+	}
+	if rr := p.rare; rr != nil && len(rr.moreSources) > 0 {
+		p.source, rr.moreSources = rr.moreSources[0], rr.moreSources[1:]
+		if len(rr.moreSources) == 0 {
+			rr.moreSources = nil
+		}
+		return
+	}
+	p.source, p.sourced = "", false
 }
 
 func without(list []string, v string) []string {
@@ -869,11 +949,9 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	}
 	p.markStart(info, !ok, s.now())
 	p.markUnready(info, s.now())
-	if !slices.Contains(p.sources, src.Node) {
-		p.sources = append(p.sources, src.Node)
-	}
+	p.addSource(src.Node)
 	s.list(src.Node, src.Stream, p)
-	p.fromInstance(src.Instance)
+	p.fromInstance(s.sources[src.Node].intern(src.Instance))
 	if len(src.ExtraNames) > 0 || p.rare != nil {
 		rr := p.set()
 		switch {
@@ -1033,7 +1111,7 @@ func (s *Store) Gone(node, uid string) {
 	defer s.mu.Unlock()
 	for _, u := range s.goneLocked(node, uid) {
 		p := s.pods[u]
-		for _, n := range slices.Clone(p.sources) {
+		for _, n := range slices.Collect(p.nodes()) {
 			s.unlist(u, p, n, false)
 		}
 	}
@@ -1105,7 +1183,7 @@ func (s *Store) unorphan(src *source, uid string) {
 // unlist takes node off p's list; lost: its node's streams that listed it
 // expired. mu must be held for writing.
 func (s *Store) unlist(uid string, p *pod, node string, lost bool) {
-	p.sources = without(p.sources, node)
+	p.dropSource(node)
 	if m := s.listed[node]; m != nil {
 		delete(m, uid)
 		if len(m) == 0 {
@@ -1115,7 +1193,7 @@ func (s *Store) unlist(uid string, p *pod, node string, lost bool) {
 	if src := s.sources[node]; src != nil && src.orphans != nil {
 		s.unorphan(src, uid)
 	}
-	if len(p.sources) == 0 {
+	if p.sources() == 0 {
 		lostOn := ""
 		if lost {
 			lostOn = node
@@ -1262,7 +1340,7 @@ func (s *Store) AddStream(node string, st Stream, reports []Report) (dropped int
 // list is left as it was: one's sample behind may be older than the
 // other's, and its counts lower.
 func (p *pod) holdHist(h *metric.Histograms, node string) {
-	if !h.Any() || len(p.sources) != 1 || p.sources[0] != node {
+	if !h.Any() || p.sources() != 1 || p.source != node {
 		return
 	}
 	c := *h       // the reporter's copy is left as it was
@@ -1286,8 +1364,8 @@ func (p *pod) unholdHist(smp *metric.Sample) {
 // across it: 50 tokens/s read 10/s for a window after an agent down 8 s,
 // and 0 past a window. Until its first sample the pod has none (not fresh
 // with no data: a router read as holding nothing, a replica as no work).
-func (p *pod) fromInstance(instance string) {
-	if p.instance != "" && p.instance != instance {
+func (p *pod) fromInstance(instance *string) {
+	if p.instance != nil && *p.instance != "" && *p.instance != *instance {
 		p.restart()
 		p.seen = 0
 		if p.rare != nil {

@@ -337,6 +337,63 @@ func TestAPodListedByTwoNodesGoesOnce(t *testing.T) {
 	}
 }
 
+// TestAPodListedByThreeNodesKeepsEachOnce: a pod holds the node that
+// lists it first in place and any others apart (pod.source, moreSources):
+// each is kept once however often it lists the pod again, the pod stays
+// while any of them lists it, in whatever order they stop, and goes with
+// the last.
+func TestAPodListedByThreeNodesKeepsEachOnce(t *testing.T) {
+	s := New(Options{})
+	a := PodInfo{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}
+	nodes := func() []string { return slices.Collect(s.peek("a").nodes()) }
+	for _, n := range []string{"n1", "n2", "n1", "n3", "n2"} {
+		s.Upsert(Source{Node: n}, []PodInfo{a}, false)
+	}
+	if got := nodes(); !slices.Equal(got, []string{"n1", "n2", "n3"}) {
+		t.Fatalf("listed by %v, want n1, n2, n3 once each", got)
+	}
+	s.Remove("n1", "a") // the first: the next takes its place
+	if got := nodes(); s.Pods() != 1 || !slices.Equal(got, []string{"n2", "n3"}) {
+		t.Fatalf("%d pods listed by %v after n1's remove, want a listed by n2, n3", s.Pods(), got)
+	}
+	s.Upsert(Source{Node: "n1"}, []PodInfo{a}, false)
+	s.Remove("n3", "a")
+	if got := nodes(); !slices.Equal(got, []string{"n2", "n1"}) {
+		t.Fatalf("listed by %v, want n2, n1", got)
+	}
+	s.Remove("n2", "a")
+	s.Remove("n2", "a") // twice: nothing more
+	if got := nodes(); s.Pods() != 1 || !slices.Equal(got, []string{"n1"}) {
+		t.Fatalf("%d pods listed by %v, want a listed by n1", s.Pods(), got)
+	}
+	s.Remove("n1", "a")
+	if s.Pods() != 0 {
+		t.Fatal("a pod no node lists is kept")
+	}
+}
+
+// TestAnAgentsPodsShareItsInstance: the pods one agent process lists hold
+// one copy of its instance (a string header each took a pod past its size
+// class); its next process gets another, and each pod follows it.
+func TestAnAgentsPodsShareItsInstance(t *testing.T) {
+	s := New(Options{})
+	mustOpen(t, s, "n1")
+	pods := []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Workloads: []Key{ws}}, {UID: "b", Namespace: "ns", Name: "b", Workloads: []Key{ws}}}
+	s.Upsert(Source{Node: "n1", Instance: "one"}, pods, true)
+	a, b := s.peek("a"), s.peek("b")
+	if a.instance == nil || a.instance != b.instance || *a.instance != "one" {
+		t.Fatalf("instances %p and %p, want one shared \"one\"", a.instance, b.instance)
+	}
+	s.Upsert(Source{Node: "n1", Instance: "two"}, pods, true)
+	if a.instance != b.instance || *a.instance != "two" {
+		t.Fatalf("instances %q and %q after the agent's restart, want one shared \"two\"", *a.instance, *b.instance)
+	}
+	s.Upsert(Source{Node: "n2", Instance: "x"}, pods[:1], false) // no source opened for n2
+	if *a.instance != "x" || *b.instance != "two" {
+		t.Fatalf("instances %q and %q, want x and two", *a.instance, *b.instance)
+	}
+}
+
 func TestPodsOfADisconnectedAgentExpire(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Options{Expiry: time.Minute, Now: func() time.Time { return now }})
@@ -839,7 +896,7 @@ func TestAnOlderStreamIsSupersededByANewerFullListing(t *testing.T) {
 		t.Fatal("a, which the newer full listing left out, is held again")
 	}
 	b := s.peek("b")
-	if b == nil || b.instance != "after" || b.series.len() != 1 || b.series.lastMs() != 2000 {
+	if b == nil || b.instance == nil || *b.instance != "after" || b.series.len() != 1 || b.series.lastMs() != 2000 {
 		t.Fatalf("b: %+v; want held, of instance after, with the newer stream's one sample", b)
 	}
 	// The newer stream closed, the older stays superseded: the listing held
