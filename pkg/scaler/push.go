@@ -61,9 +61,13 @@ type shard struct {
 	later []*sub        // streams past their namespace's fair share of a pass
 	wake  chan struct{} // capacity 1: a pass is due
 
-	// triggers holds each trigger of the open streams once (mu): the
-	// streams of one trigger (the same workload and metadata) share it.
-	triggers map[Trigger]*shared
+	// triggers holds each trigger of the open streams once (mu), by its
+	// hash (seed; those of one hash chained by shared.next): the streams
+	// of one trigger (the same workload and metadata) share it. Keyed by
+	// the Trigger itself, past the 128 bytes a Go map keeps in place, the
+	// map held a copy of each on the heap (288 bytes a trigger).
+	triggers map[uint64]*shared
+	seed     maphash.Seed
 
 	// Owned by the shard's goroutine.
 	batch []*sub
@@ -86,6 +90,12 @@ type outcome struct {
 // bytes an evaluation, an eighth of all the aggregator allocated at
 // 2,000 nodes × 8 pods) and hashed the whole struct at each lookup.
 type shared struct {
+	// t is the trigger, held here once for its streams (a copy in each
+	// stream took 280 bytes a stream); hash is its key in
+	// shard.triggers, next the trigger after it there of the same hash.
+	t       Trigger
+	hash    uint64
+	next    *shared
 	streams int // open streams holding it (shard.mu)
 
 	// Owned by the shard's goroutine.
@@ -96,8 +106,7 @@ type shared struct {
 
 // sub is one open StreamIsActive stream.
 type sub struct {
-	t      Trigger
-	shared *shared // its trigger's, in its shard
+	shared *shared // its trigger's, in its shard (shared.t)
 	// tenant: the ScaledObject's namespace, whose fair share the stream
 	// takes (a trigger allowed to read another namespace, with
 	// --allow-cross-namespace-triggers, takes its own tenant's, not the
@@ -126,7 +135,7 @@ func newPusher(s *Server) *pusher {
 	n := min(max(runtime.GOMAXPROCS(0), 1), maxShards)
 	for range n {
 		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1),
-			share: map[string]int{}, triggers: map[Trigger]*shared{}})
+			share: map[string]int{}, triggers: map[uint64]*shared{}, seed: p.seed})
 	}
 	return p
 }
@@ -174,10 +183,10 @@ func (p *pusher) add(t Trigger, tenant string) *sub {
 	if tenant == "" {
 		tenant = t.Workload.Namespace
 	}
-	u := &sub{t: t, tenant: tenant, ready: make(chan struct{}, 1)}
+	u := &sub{tenant: tenant, ready: make(chan struct{}, 1)}
 	sh := p.shard(t.Workload)
 	sh.mu.Lock()
-	sh.open(u)
+	sh.open(u, t)
 	sh.signal()
 	sh.mu.Unlock()
 	return u
@@ -186,17 +195,45 @@ func (p *pusher) add(t Trigger, tenant string) *sub {
 // open registers u in the shard, its first state due, sharing its
 // trigger's evaluation with the other streams of the trigger. Called with
 // sh.mu held.
-func (sh *shard) open(u *sub) {
-	if u.shared = sh.triggers[u.t]; u.shared == nil {
-		u.shared = &shared{}
-		sh.triggers[u.t] = u.shared
+func (sh *shard) open(u *sub, t Trigger) {
+	h := triggerHash(sh.seed, t)
+	first := sh.triggers[h]
+	u.shared = first
+	for u.shared != nil && u.shared.t != t {
+		u.shared = u.shared.next
+	}
+	if u.shared == nil {
+		u.shared = &shared{t: t, hash: h, next: first}
+		sh.triggers[h] = u.shared
 	}
 	u.shared.streams++
 	u.at = len(sh.all)
 	sh.all = append(sh.all, u)
-	u.atW = len(sh.subs[u.t.Workload])
-	sh.subs[u.t.Workload] = append(sh.subs[u.t.Workload], u)
+	k := t.Workload
+	u.atW = len(sh.subs[k])
+	sh.subs[k] = append(sh.subs[k], u)
 	sh.fresh = append(sh.fresh, u)
+}
+
+// triggerHash is t's key in shard.triggers (a variable: a test has every
+// trigger collide).
+var triggerHash = maphash.Comparable[Trigger]
+
+// forget takes x, which no stream holds now, out of sh.triggers.
+func (sh *shard) forget(x *shared) {
+	at := sh.triggers[x.hash]
+	if at == x {
+		if x.next == nil {
+			delete(sh.triggers, x.hash)
+		} else {
+			sh.triggers[x.hash] = x.next
+		}
+		return
+	}
+	for at.next != x {
+		at = at.next
+	}
+	at.next = x.next
 }
 
 // remove unregisters a stream (its handler has returned or is returning)
@@ -206,15 +243,15 @@ func (sh *shard) open(u *sub) {
 // streams of one workload: about 2·10⁸ comparisons). A stream still among
 // the new or postponed ones is dropped by the next pass, signalled here.
 func (p *pusher) remove(u *sub) {
-	sh := p.shard(u.t.Workload)
+	k := u.shared.t.Workload
+	sh := p.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	swapRemove(&sh.all, u.at, func(v *sub, i int) { v.at = i })
 	u.at = -1
 	if u.shared.streams--; u.shared.streams == 0 {
-		delete(sh.triggers, u.t)
+		sh.forget(u.shared)
 	}
-	k := u.t.Workload
 	rest := sh.subs[k]
 	swapRemove(&rest, u.atW, func(v *sub, i int) { v.atW = i })
 	if len(rest) == 0 {
@@ -423,7 +460,7 @@ func (p *pusher) evaluate(u *sub, pass uint64) {
 	u.evaluated = time.Now()
 	sh := u.shared
 	if sh.evaluated != pass {
-		d, err := p.s.Evaluate(u.t)
+		d, err := p.s.Evaluate(sh.t)
 		sh.evaluated, sh.o = pass, outcome{active: d.Active, err: err}
 	}
 	o := sh.o

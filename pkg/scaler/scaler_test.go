@@ -513,7 +513,7 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 	triggers, holders := 0, 0
 	for _, sh := range f.server.push.shards {
 		sh.mu.Lock()
-		for _, sr := range sh.triggers {
+		for _, sr := range heldTriggers(sh) {
 			triggers, holders = triggers+1, holders+sr.streams
 		}
 		sh.mu.Unlock()
