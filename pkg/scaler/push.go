@@ -121,7 +121,7 @@ type sub struct {
 	queued     bool      // in the shard's batch of this pass
 
 	// The hand-over to the stream's handler: the newest state, and a wake
-	// signal (capacity 1).
+	// signal (capacity 1: its place's wake, which the handler waits on).
 	mu    sync.Mutex
 	state bool
 	ready chan struct{}
@@ -177,13 +177,14 @@ func (sh *shard) signal() {
 	}
 }
 
-// add registers a stream; its first state is sent at the shard's next pass.
-func (p *pusher) add(t Trigger, tenant string) *sub {
+// add registers a stream, woken by a signal on ready (capacity 1) when a
+// state is handed over; its first state is sent at the shard's next pass.
+func (p *pusher) add(t Trigger, tenant string, ready chan struct{}) *sub {
 	p.start()
 	if tenant == "" {
 		tenant = t.Workload.Namespace
 	}
-	u := &sub{tenant: tenant, ready: make(chan struct{}, 1)}
+	u := &sub{tenant: tenant, ready: ready}
 	sh := p.shard(t.Workload)
 	sh.mu.Lock()
 	sh.open(u, t)

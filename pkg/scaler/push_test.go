@@ -2,8 +2,10 @@ package scaler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -473,6 +475,88 @@ func (f *fixture) openStream(ctx context.Context, ns string, md map[string]strin
 		_, err = s.Recv()
 	}
 	return err
+}
+
+// TestAWaitingStreamEndsByItsOneWake: a stream's handler waits on its
+// context and its place's one wake (place.wake), which the reclaim, the
+// shutdown and the pusher's hand-over share. A StreamMetricSpec's and a
+// StreamIsActive's place, each taken by another namespace, end their
+// streams with the reclaim's refusal (a pending hand-over or none), and
+// each left open ends with EOF at the shutdown.
+func TestAWaitingStreamEndsByItsOneWake(t *testing.T) {
+	md := map[string]string{"workspace": "llama", "window": "1s", "activationThreshold": "1"}
+	for _, specFirst := range []bool{true, false} {
+		f := newFixture(t)
+		f.server.maxStreams = 2
+		f.pods("a")
+		f.report(map[string]float64{"a": 0})
+		// A stream that never ends fails the test at the deadline (Canceled).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var active grpc.ServerStreamingClient[externalscaler.IsActiveResponse]
+		var specs grpc.ServerStreamingClient[externalscaler.GetMetricSpecResponse]
+		openActive := func() { active = firstRecv(ctx, t, f.client.StreamIsActive, md) }
+		openSpecs := func() { specs = firstRecv(ctx, t, f.client.StreamMetricSpec, md) }
+		if specFirst {
+			openSpecs()
+			openActive()
+			f.report(map[string]float64{"a": 5}) // a state handed over as the place goes, or just before
+		} else {
+			openActive()
+			openSpecs()
+		}
+		// Every place taken, demo above its share: other takes demo's newest.
+		other := store.Key{Namespace: "other", Kind: store.KindWorkspace, Name: "llama"}
+		f.store.Upsert(store.Source{Node: "node-2"}, []store.PodInfo{{UID: "uid-o", Namespace: "other", Name: "o", Ready: true, Workloads: []store.Key{other}}}, false)
+		r := store.Report{UID: "uid-o"}
+		r.TimeMs = f.ms
+		r.Values.Set(metric.Waiting, 0)
+		f.store.Add([]store.Report{r})
+		if err := f.openStream(ctx, "other", md); err != nil {
+			t.Fatalf("other's stream, every place taken: %v", err)
+		}
+		var reclaimed, kept error
+		if specFirst { // the StreamIsActive's place went
+			reclaimed = streamEnd(active)
+		} else {
+			reclaimed = streamEnd(specs)
+		}
+		if status.Code(reclaimed) != codes.ResourceExhausted || !strings.Contains(reclaimed.Error(), "given to another namespace") {
+			t.Fatalf("spec first %v: the newest stream, its place reclaimed, ended with %v; want the reclaim's ResourceExhausted", specFirst, reclaimed)
+		}
+		go f.server.Shutdown()
+		if specFirst {
+			kept = streamEnd(specs)
+		} else {
+			kept = streamEnd(active)
+		}
+		if !errors.Is(kept, io.EOF) {
+			t.Fatalf("spec first %v: the stream left open ended with %v at the shutdown, want EOF", specFirst, kept)
+		}
+		cancel()
+	}
+}
+
+// firstRecv opens a stream with open and reads its first message.
+func firstRecv[T any](ctx context.Context, t *testing.T, open func(context.Context, *externalscaler.ScaledObjectRef, ...grpc.CallOption) (grpc.ServerStreamingClient[T], error),
+	md map[string]string) grpc.ServerStreamingClient[T] {
+	t.Helper()
+	s, err := open(ctx, ref(md))
+	if err == nil {
+		_, err = s.Recv()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// streamEnd reads s until it ends and returns how.
+func streamEnd[T any](s grpc.ServerStreamingClient[T]) error {
+	for {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+	}
 }
 
 // TestOneTenantsStreamsCannotTakeAnothersRoom: at most 3 streams of one

@@ -149,10 +149,15 @@ func New(st *store.Store, o Options) *Server {
 // Shutdown ends every open stream with EOF (the handlers return nil), so
 // KEDA reconnects in 2s rather than backing off; call it before GracefulStop.
 func (s *Server) Shutdown() {
+	s.doneOnce.Do(func() { close(s.done) })
 	s.closeMu.Lock()
 	s.closing = true
+	for _, ps := range s.places {
+		for _, p := range ps {
+			p.signal() // its handler sees done
+		}
+	}
 	s.closeMu.Unlock()
-	s.doneOnce.Do(func() { close(s.done) })
 	s.streams.Wait()
 	s.push.wg.Wait()
 }
@@ -363,14 +368,11 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 	defer w.close()
 	ctx := stream.Context()
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.done:
-			return nil
-		case <-w.pl.reclaimed:
-			return errReclaimed
-		case <-w.recheck:
+		why, err := w.wait(ctx)
+		switch why {
+		case ended:
+			return err
+		case recheckDue:
 			// KEDA reopens a stream when its ScaledObject changes, maybe
 			// before the aggregator's cache has the change: a stream
 			// resolved from the old scaleTargetRef followed the old
@@ -383,7 +385,6 @@ func (s *Server) StreamIsActive(ref *externalscaler.ScaledObjectRef, stream grpc
 				return err
 			}
 			continue
-		case <-w.u.ready:
 		}
 		state, send := w.u.next()
 		if !send {
@@ -434,7 +435,7 @@ func (s *Server) openStream(ref *externalscaler.ScaledObjectRef, push bool) (*st
 	w := &streamWait{s: s, pl: pl, workload: t.Workload, name: MetricName(t)}
 	var first *externalscaler.GetMetricSpecResponse
 	if push {
-		w.u = s.push.add(t, ref.GetNamespace())
+		w.u = s.push.add(t, ref.GetNamespace(), pl.wake)
 	} else {
 		first = spec(t)
 	}
@@ -523,17 +524,51 @@ func (s *Server) StreamMetricSpec(ref *externalscaler.ScaledObjectRef, stream gr
 		return err
 	}
 	for {
-		select {
-		case <-stream.Context().Done():
-			return stream.Context().Err()
-		case <-s.done:
-			return nil
-		case <-w.pl.reclaimed:
-			return errReclaimed
-		case <-w.recheck:
-		}
-		if end, err := w.respec(stream); end {
+		why, err := w.wait(stream.Context())
+		switch why {
+		case ended:
 			return err
+		case recheckDue:
+			if end, err := w.respec(stream); end {
+				return err
+			}
 		}
+		// handed: none is to a spec's stream, whose place is woken only
+		// to end it.
 	}
+}
+
+// woke is why a stream's wait returned.
+type woke uint8
+
+const (
+	handed     woke = iota // a state handed over (StreamIsActive's)
+	recheckDue             // a recheck is due (streamRecheck)
+	ended                  // the stream ends, with wait's error
+)
+
+// wait waits on w's context and its place's wake (and, where it is
+// resolved anew, its rechecks): ended with the context's error, with
+// errReclaimed, or with nil once the server shuts down (EOF for KEDA).
+// A function apart, never inlined, so that the select's cases are in its
+// own small frame, not in the handler's.
+//
+//go:noinline
+func (w *streamWait) wait(ctx context.Context) (woke, error) {
+	select { // a nil recheck is no case: its select parks on two channels
+	case <-ctx.Done():
+		return ended, ctx.Err()
+	case <-w.pl.wake:
+	case <-w.recheck:
+		return recheckDue, nil
+	}
+	select {
+	case <-w.s.done:
+		return ended, nil
+	default:
+	}
+	if w.pl.reclaimed.Load() {
+		return ended, errReclaimed
+	}
+	return handed, nil
 }

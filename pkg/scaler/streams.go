@@ -2,19 +2,37 @@ package scaler
 
 import (
 	"math"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// A stream's place among the open ones (Server.enter): reclaimed is closed
+// A stream's place among the open ones (Server.enter): reclaimed is set
 // when another namespace's stream takes it (its handler then returns
 // errReclaimed); a place reclaimed is given back by the reclaim, not by
 // leave.
+//
+// wake (capacity 1) is the one channel its handler waits on besides its
+// context: signalled when the place is reclaimed, when the server shuts
+// down, and, as its sub's ready, when the pusher hands a state over; the
+// handler then reads which. A handler that waited on each in a select
+// parked with a sudog on each channel (96 bytes of heap each, four for a
+// StreamIsActive, three for a StreamMetricSpec) and a channel of its own
+// for each of the reclaim and the hand-over.
 type place struct {
 	ns        string
 	idx       int // in Server.places[ns]
-	reclaimed chan struct{}
+	wake      chan struct{}
+	reclaimed atomic.Bool
+}
+
+// signal wakes p's handler (a wake already pending serves).
+func (p *place) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
 }
 
 // errReclaimed ends a stream whose place another namespace took.
@@ -49,7 +67,7 @@ func (s *Server) enter(ns string) (*place, error) {
 		s.streamsRefused[limitNamespace].Add(1)
 		return nil, status.Errorf(codes.ResourceExhausted, "namespace %q holds %d streams open, the most one namespace may: this one is refused (KEDA retries; polls are answered as before)", ns, inNS)
 	}
-	p := &place{ns: ns, idx: len(s.places[ns]), reclaimed: make(chan struct{})}
+	p := &place{ns: ns, idx: len(s.places[ns]), wake: make(chan struct{}, 1)}
 	if s.places == nil {
 		s.places = map[string][]*place{}
 	}
@@ -89,7 +107,8 @@ func (s *Server) reclaimFor(ns string, perNS int) bool {
 	p := ps[len(ps)-1]
 	s.dropPlace(p)
 	s.slots.Give(victim)
-	close(p.reclaimed)
+	p.reclaimed.Store(true)
+	p.signal()
 	s.streamsReclaimed.Add(1)
 	return s.slots.Take(ns, s.maxStreams, perNS)
 }
@@ -114,9 +133,7 @@ func (s *Server) dropPlace(p *place) {
 // it).
 func (s *Server) leave(p *place) {
 	s.closeMu.Lock()
-	select {
-	case <-p.reclaimed:
-	default:
+	if !p.reclaimed.Load() {
 		s.dropPlace(p)
 		s.slots.Give(p.ns)
 	}
