@@ -313,7 +313,8 @@ func BenchmarkPushLatency(b *testing.B) {
 // server-streaming call holds no client goroutine until it is read): the
 // scanned stacks' growth, over the streams, and the live heap's (both
 // ends': KEDA's client is in this process too; "A waiting stream lets its
-// ref go (2026-12-05, fourth session)").
+// ref go (2026-12-05, fourth session)", "A pod in 288 bytes, a trigger
+// held once, a stream's wait on one channel (2026-12-05, fifth session)").
 func BenchmarkWaitingStreamStack(b *testing.B) {
 	keda, _ := startBench(b)
 	// scanned and live: what the last GC scanned of the stacks, and the
