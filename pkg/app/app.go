@@ -161,8 +161,8 @@ func SetMemoryLimit(ctx context.Context, provider memlimit.Provider, log *slog.L
 // percent, unless GOGC is in the environment, which the runtime read at
 // start and which is kept; 0 keeps Go's default of 100. It returns the
 // percent in effect. A lower percent keeps less garbage between
-// collections for a little more of the collector's CPU: Prometheus sets
-// 50 by default since v2.53 for the same trade.
+// collections for more collections: Prometheus sets 50 by default since
+// v2.53 for the same trade.
 func SetGCPercent(percent int, log *slog.Logger) int {
 	if v := os.Getenv("GOGC"); v != "" {
 		log.Info("Go's GC percent is GOGC's", logging.KeyPercent, v)
