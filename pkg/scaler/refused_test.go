@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,8 +14,12 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/pulse-io/pulse/pkg/planner"
+	"github.com/pulse-io/pulse/pkg/store"
 )
 
 // TestRefusedTriggersAreVisible: a ScaledObject whose metadata pulse
@@ -207,4 +212,81 @@ func TestOneTenantsRefusalsLeaveAnothersLogLimit(t *testing.T) {
 	if n != f.nLogged {
 		t.Fatalf("%d entries, counted %d", n, f.nLogged)
 	}
+}
+
+// TestTriggerSeriesShareTheirLabelsSafely: a trigger's series share its
+// label pairs (triggerGauge), which no scrape changes: two scrapes write
+// the same page, each trigger's series under its own labels. A label
+// value that is not UTF-8 (none is: a proto3 string each) is written with
+// U+FFFD, the rest of the page kept (a const metric's panicked).
+func TestTriggerSeriesShareTheirLabelsSafely(t *testing.T) {
+	s := New(store.New(store.Options{Retention: time.Minute}), Options{MaxWindow: time.Minute})
+	tr := Trigger{Workload: llama, Metric: "waiting", Threshold: 10}
+	for i, name := range []string{"so-a", "so-\xff"} {
+		s.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "team", Name: name}, tr, Decision{Value: 1, Counted: i + 1, Filled: 10 * (i + 1), LeftOut: 100 * (i + 1)}, nil)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s.Collector())
+	page := func() string {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, mf := range mfs {
+			if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return b.String()
+	}
+	first := page()
+	if again := page(); again != first {
+		t.Fatalf("a second scrape wrote another page:\n%s\nthen\n%s", first, again)
+	}
+	for _, want := range []string{
+		`pulse_aggregator_trigger_pods{metric="waiting",namespace="team",scaledobject="so-a",use="filled",workload="Workspace demo/llama"} 10`,
+		`pulse_aggregator_trigger_pods{metric="waiting",namespace="team",scaledobject="so-�",use="left_out",workload="Workspace demo/llama"} 200`,
+		`pulse_aggregator_trigger_value{metric="waiting",namespace="team",scaledobject="so-�",workload="Workspace demo/llama"} 1`,
+	} {
+		if !strings.Contains(first, want) {
+			t.Errorf("the page lacks %s:\n%s", want, first)
+		}
+	}
+}
+
+// BenchmarkTriggerSeriesScrape: one scrape of /metrics's trigger series at
+// 1,000 ScaledObjects (the --max-trigger-series default's worth), half of
+// them planner triggers (27 series each) and half others (7): what a
+// scrape allocates, all of it garbage once the page is written, and
+// counted live by a GC that marks meanwhile (docs/performance.md, "A
+// pod in 288 bytes, a trigger held once, a stream's wait on one channel").
+func BenchmarkTriggerSeriesScrape(b *testing.B) {
+	s := New(store.New(store.Options{Retention: time.Minute}), Options{MaxWindow: time.Minute, MaxTriggerSeries: 1000})
+	plan := &planner.Plan{Work: 1000, Capacity: 300, Confidence: 0.5, Observations: 12, LeadTime: 4 * time.Minute, Need: 4}
+	series := 0
+	for i := range 1000 {
+		tr := Trigger{Workload: store.Key{Namespace: "bench", Kind: store.KindWorkspace, Name: fmt.Sprintf("w%d", i)}, Metric: "waiting", Threshold: 10}
+		d, n := Decision{Value: 12, Counted: 4}, 7
+		if i%2 == 0 {
+			tr.Metric, tr.Threshold, d.Plan, n = "replicas", 1, plan, 27
+		}
+		series += n
+		s.decisions.record(&externalscaler.ScaledObjectRef{Namespace: "bench", Name: fmt.Sprintf("so-%d", i)}, tr, d, nil)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector())
+	b.ReportAllocs()
+	for b.Loop() {
+		mfs, err := reg.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if _, err := expfmt.MetricFamilyToText(io.Discard, mf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(series), "series")
 }
