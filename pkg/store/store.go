@@ -334,8 +334,9 @@ type pod struct {
 	// its Ready condition's latest transition, which a readiness flap
 	// since its start moved later (PodLoad.StartupUnseen).
 	readyUnseen bool
-	// Ready, Terminating and Demand are its listing's (PodInfo), here
-	// beside the two above so that the five take one word.
+	// Ready, Terminating and Demand are its listing's (PodInfo), and
+	// sourced whether a node lists it (source), here beside the two above
+	// so that the six take one word.
 	Ready, Terminating, Demand bool
 	sourced                    bool
 }
