@@ -142,6 +142,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./pkg/wire
 	$(GO) test -run='^$$' -fuzz='^FuzzReport$$' -fuzztime=$(FUZZTIME) ./pkg/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTrigger$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
+	$(GO) test -run='^$$' -fuzz='^FuzzMetricName$$' -fuzztime=$(FUZZTIME) ./pkg/scaler
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/provision
 	$(GO) test -run='^$$' -fuzz='^FuzzMake$$' -fuzztime=$(FUZZTIME) ./pkg/planner
 	$(GO) test -run='^$$' -fuzz='^FuzzServeConn$$' -fuzztime=$(FUZZTIME) ./pkg/framed
