@@ -33,7 +33,7 @@ func TestMetricNameIsTheExpressions(t *testing.T) {
 		{"inferenceset", "ns", "set.a", "vllm:num_requests_waiting", "pulse-inferenceset-ns-set-a-vllm-num-requests-waiting"},
 		{"", "", "", "", "pulse"},
 		{"__", "-a-", "b__c", "_", "pulse----a--b-c"},
-		{"ÄÖ", "ns", "ünï", "KELVIN", "pulse---ns--n--kelvin"}, // each run one dash, beside the joins' own
+		{"ÄÖ", "ns", "ünï", "KELVIN", "pulse---ns--n--kelvin"},            // each run one dash, beside the joins' own
 		{"\u212a", "\u0130x", "x\xffy", "a\u00a0b", "pulse-k-ix-x-y-a-b"}, // the Kelvin sign and İ lower to ASCII
 	} {
 		tr := metricNameTrigger(c.kind, c.namespace, c.name, c.metric)
