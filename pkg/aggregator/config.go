@@ -376,8 +376,11 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 
 // Memory a pod held costs at most, about (docs/performance.md, "A fleet on
 // one box"; the aggregator chart's maxPods): the heap in use just before a
-// GC, twice the live heap with GOGC=100 (its share of its agent's
-// connection included), without and with latency histograms.
+// GC, twice the live heap as measured with GOGC=100 (its share of its
+// agent's connection included, at two pods a node or more: an agent's
+// stream is about 20 KB of its own, which a node of one pod's pod carries
+// alone, and which this estimate, made before any agent connects, does not
+// count), without and with latency histograms.
 // Measured at a 60 s window (about 60 samples a pod at the agents' 1 s);
 // each sample past podSamples costs about sampleBytes more in use (the
 // store's 40 bytes live, 130 with histograms: BenchmarkStoreHeapPerPod,
