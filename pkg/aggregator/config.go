@@ -378,7 +378,7 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 // one box"; the aggregator chart's maxPods): the heap in use just before a
 // GC, twice the live heap as measured with GOGC=100 (its share of its
 // agent's connection included, at two pods a node or more: an agent's
-// stream is about 20 KB of its own, which a node of one pod's pod carries
+// stream is about 20 KB of its own, which a pod alone on its node carries
 // alone, and which this estimate, made before any agent connects, does not
 // count), without and with latency histograms.
 // Measured at a 60 s window (about 60 samples a pod at the agents' 1 s);
