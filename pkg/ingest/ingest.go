@@ -698,7 +698,7 @@ func (st *streamState) admit(ctx context.Context, p *pulsev1.Pod, removed *[]str
 		*removed = st.reject(p, "agent_full", "", fmt.Errorf("the agent's stream holds --max-pods-per-agent (%d) pods already", limit), *removed)
 		return info, false, nil
 	}
-	info, podUID, reason, err := entryInfo(p)
+	info, podUID, reason, err := entryInfo(p, time.Now().UnixMilli())
 	if err != nil {
 		*removed = st.reject(p, reason, "", err, *removed)
 		return info, false, nil
@@ -923,10 +923,11 @@ func (st *streamState) reject(p *pulsev1.Pod, reason, node string, err error, re
 	return removed
 }
 
-// entryInfo checks one catalogue entry against the limits and returns what
-// the store keeps of it and the uid of the pod that vouches for it (a
-// demand entry's router), or the rejection's reason and error.
-func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err error) {
+// entryInfo checks one catalogue entry against the limits (its times no
+// more than maxClockAhead past nowMs) and returns what the store keeps of
+// it and the uid of the pod that vouches for it (a demand entry's router),
+// or the rejection's reason and error.
+func entryInfo(p *pulsev1.Pod, nowMs int64) (info store.PodInfo, podUID, reason string, err error) {
 	if p.Uid == "" || p.Namespace == "" || p.Name == "" {
 		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %d: uid, namespace and name are required", p.Id)
 	}
@@ -949,6 +950,12 @@ func entryInfo(p *pulsev1.Pod) (info store.PodInfo, podUID, reason string, err e
 	}
 	if len(p.Workloads) > maxWorkloadsPerPod {
 		return info, "", "too_many_workloads", fmt.Errorf("catalogue entry %s/%s: %d workloads; at most %d", p.Namespace, p.Name, len(p.Workloads), maxWorkloadsPerPod)
+	}
+	if ahead := nowMs + maxClockAhead.Milliseconds(); p.CreatedUnixMs > ahead || p.ReadySinceUnixMs > ahead || p.UnreadySinceUnixMs > ahead {
+		// As a sample's time: a time past 2262 wrapped when the store
+		// took it in nanoseconds, and the pod's startup and age read as
+		// garbage.
+		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: created %d ms, ready since %d ms, unready since %d ms: one is more than an hour ahead of the aggregator's clock (is the node's clock set?)", p.Namespace, p.Name, p.CreatedUnixMs, p.ReadySinceUnixMs, p.UnreadySinceUnixMs)
 	}
 	if p.CreatedUnixMs < 0 || p.ReadySinceUnixMs < 0 || p.ReadySinceUnixMs > 0 && p.ReadySinceUnixMs < p.CreatedUnixMs {
 		return info, "", "invalid_entry", fmt.Errorf("catalogue entry %s/%s: created %d ms and ready since %d ms: want neither negative, nor ready before created", p.Namespace, p.Name, p.CreatedUnixMs, p.ReadySinceUnixMs)

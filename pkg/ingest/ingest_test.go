@@ -305,6 +305,14 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 		"unready since, and ready": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
 			CreatedUnixMs: 1_700_000_000_000, UnreadySinceUnixMs: 1_700_000_001_000}, "invalid_entry"},
 		"unready since before 1970": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", UnreadySinceUnixMs: -1}, "invalid_entry"},
+		// A time past 2262 wrapped in the store's nanoseconds: the pod's
+		// startup and age read as garbage. Past an hour ahead, as a
+		// sample's time, the entry is refused.
+		"created past 2262": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", CreatedUnixMs: math.MaxInt64}, "invalid_entry"},
+		"ready since a day ahead": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b", Ready: true,
+			CreatedUnixMs: 1_700_000_000_000, ReadySinceUnixMs: time.Now().Add(24 * time.Hour).UnixMilli()}, "invalid_entry"},
+		"unready since a day ahead": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",
+			CreatedUnixMs: 1_700_000_000_000, UnreadySinceUnixMs: time.Now().Add(24 * time.Hour).UnixMilli()}, "invalid_entry"},
 		// A newline in a name forged a row of the debug tables under
 		// another namespace's name; a bidi override reorders the rest.
 		"newline in a workload's name": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",

@@ -184,6 +184,34 @@ func TestAPodsRareStateComesAndGoes(t *testing.T) {
 	}
 }
 
+// TestAnExtraGaugeNamedAsPulsesOwnReplacesNothing: an agent forwarding a
+// gauge under the name of a metric of pulse's own (waiting) had its value
+// replace pulse's in the pod's row and its workload's average on /debug,
+// for every tenant's pod of that node; triggers read pulse's own. The
+// gauge is shown nowhere now (and the agent refuses such an
+// --extra-metric).
+func TestAnExtraGaugeNamedAsPulsesOwnReplacesNothing(t *testing.T) {
+	s := New(Options{})
+	k := Key{Namespace: "ns", Kind: KindDeployment, Name: "d"}
+	s.Upsert(Source{Node: "n1", Instance: "i", ExtraNames: []string{"waiting", "queue_depth"}},
+		[]PodInfo{{UID: "u", Namespace: "ns", Name: "p", Ready: true, Workloads: []Key{k}}}, true)
+	r := Report{UID: "u"}
+	r.TimeMs = time.Now().UnixMilli()
+	r.Values.Set(metric.Waiting, 3)
+	r.Extra = []float64{99, 7}
+	s.Add([]Report{r})
+	v := s.View(ViewOptions{FreshFor: time.Minute})
+	if got := v[0].Pods[0].Values["waiting"]; got != 3 {
+		t.Fatalf("the pod's waiting reads %v, want pulse's own 3", got)
+	}
+	if got := v[0].Averages["waiting"]; got != 3 {
+		t.Fatalf("the workload's waiting reads %v, want pulse's own 3", got)
+	}
+	if got := v[0].Pods[0].Values["queue_depth"]; got != 7 {
+		t.Fatalf("the other forwarded gauge reads %v, want 7", got)
+	}
+}
+
 func TestMissingAndFreshness(t *testing.T) {
 	now := time.Unix(100, 0)
 	s := New(Options{Now: func() time.Time { return now }})

@@ -152,6 +152,14 @@ func (p *pod) view(sc *scratch, at int64, o ViewOptions) PodView {
 		}
 	}
 	for i, name := range p.get().extraNames {
+		if _, builtin := metric.Lookup(name); builtin {
+			// An extra gauge named as a metric of pulse's own (an agent
+			// without the check its --extra-metric now has) replaced
+			// that metric's value in the pod's row and its workload's
+			// average; triggers read pulse's own, so it is shown
+			// nowhere.
+			continue
+		}
 		if v, ok := p.extra(sc, i, o.Window); ok {
 			pv.Values[name] = v
 		}

@@ -67,6 +67,11 @@ func ParseExtraMetric(s string) (ExtraMetric, error) {
 	if name == "" || !model.LegacyValidation.IsValidMetricName(name) {
 		return ExtraMetric{}, fmt.Errorf("extra metric %q: not a valid metric name", s)
 	}
+	if _, builtin := metric.Lookup(name); builtin {
+		// A trigger's metricName of that name reads pulse's own metric,
+		// so the gauge would be forwarded for nothing.
+		return ExtraMetric{}, fmt.Errorf("extra metric %q: %s is a metric of pulse's own, which a trigger's metricName reads; forward a page's gauge by its raw name (e.g. vllm:...)", s, name)
+	}
 	return ExtraMetric{Name: name, Combine: comb}, nil
 }
 

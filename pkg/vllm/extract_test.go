@@ -234,6 +234,10 @@ func TestParseExtraMetric(t *testing.T) {
 		"mean":              {in: "x:mean", want: ExtraMetric{"x", "mean"}},
 		"empty":             {in: "", bad: true},
 		"bad name":          {in: "a b", bad: true},
+		// A trigger's metricName "waiting" reads pulse's own; the gauge
+		// replaced it in the aggregator's debug rows.
+		"pulse's own name":        {in: "waiting", bad: true},
+		"pulse's own name, a max": {in: "kvCacheUsage:max", bad: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
