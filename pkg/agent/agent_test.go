@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -454,6 +455,56 @@ func TestASlowLargePageIsReadWholeWhenNoneWaits(t *testing.T) {
 	unblock()
 	if err := <-errs; err != nil && strings.Contains(err.Error(), "a large read's hold") {
 		t.Fatalf("a slow page cut with no one waiting: %v", err)
+	}
+}
+
+// endingBody is a page's rest that ends as its read's hold timer fires,
+// and counts the times it is closed after its read returned.
+type endingBody struct {
+	hold  time.Duration
+	read  bool
+	ended atomic.Bool
+	late  *atomic.Int32
+}
+
+func (b *endingBody) Read([]byte) (int, error) {
+	if !b.read {
+		b.read = true
+		time.Sleep(b.hold)
+	}
+	return 0, io.EOF
+}
+
+func (b *endingBody) Close() error {
+	if b.ended.Load() {
+		b.late.Add(1)
+	}
+	return nil
+}
+
+// TestALargeReadsHoldEndsWithIt: a hold timer that fired as its read
+// ended ran after the read stopped it, and armed itself again every fifth
+// of the hold, holding the page, for as long as no other large read
+// waited: a tenant whose pages end about the hold's time, every second,
+// made the node's agent keep timers and wake-ups without bound. Once a
+// read has returned, its timer does nothing: with another large read
+// waiting, none closes its page.
+func TestALargeReadsHoldEndsWithIt(t *testing.T) {
+	s := &httpScraper{maxBytes: 1 << 20, large: newTenantSlots(largeSlots, 1), largeHold: 2 * time.Millisecond}
+	var late atomic.Int32
+	for range 500 {
+		b := &endingBody{hold: s.largeHold, late: &late}
+		if err := s.readRest(context.Background(), "u", &http.Response{Body: b}, b, new(bytes.Buffer)); err != nil {
+			t.Fatal(err)
+		}
+		b.ended.Store(true)
+	}
+	time.Sleep(20 * s.largeHold) // any timer left armed fires meanwhile
+	s.large.queued.Store(1)      // a large read waits: a live hold closes its page
+	defer s.large.queued.Store(0)
+	time.Sleep(20 * s.largeHold)
+	if n := late.Load(); n > 0 {
+		t.Fatalf("%d holds closed their page after its read returned", n)
 	}
 }
 

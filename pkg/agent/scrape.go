@@ -392,22 +392,30 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 // whole when none does.
 func (s *httpScraper) readRest(ctx context.Context, url string, resp *http.Response, body io.Reader, buf *bytes.Buffer) error {
 	var cut atomic.Bool
-	var mu sync.Mutex // the timer's Reset against its Stop
+	var mu sync.Mutex // the timer's look against the read's end
 	var timer *time.Timer
+	done := false // the read has ended: the timer does nothing more
 	mu.Lock()
 	timer = time.AfterFunc(s.largeHold, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		// A timer that fired as the read ended ran after its Stop, and
+		// armed itself again every fifth of the hold, holding the page,
+		// while no other large read waited.
+		if done {
+			return
+		}
 		if s.large.queued.Load() > 0 {
 			cut.Store(true)
 			_ = resp.Body.Close()
 			return
 		}
-		mu.Lock()
 		timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
-		mu.Unlock()
 	})
 	mu.Unlock()
 	_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
 	mu.Lock()
+	done = true
 	timer.Stop()
 	mu.Unlock()
 	switch {
