@@ -185,6 +185,32 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "choose one") {
 		t.Errorf("Validate() = %v, want managed and file TLS refused together", err)
 	}
+	// Managed ingest TLS with the CA published nowhere: every agent's
+	// handshake failed for ever, and nothing was said at the start.
+	o = NewOptions()
+	o.IngestTLS.Managed = true
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames, o.Certs.CAConfigMap = true, "pulse-system", []string{"pulse-aggregator.pulse-system.svc"}, ""
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--ingest-managed-tls needs --ca-configmap") {
+		t.Errorf("Validate() = %v, want --ingest-managed-tls to need --ca-configmap", err)
+	}
+	o.Certs.CAConfigMap = "pulse-aggregator-ca"
+	if err := o.Validate(); err != nil {
+		t.Errorf("--ingest-managed-tls with --ca-configmap: %v", err)
+	}
+	// Sizes whose products overflowed: every pod cut to 2 samples at each
+	// append, or every catalogue refused.
+	o = NewOptions()
+	o.Store.MaxSamplesPerPod, o.Store.MaxPodsPerAgent = 1<<55, 1<<62
+	err = o.Validate()
+	for _, want := range []string{"--max-samples-per-pod 36028797018963968: at most 16777216", "--max-pods-per-agent 4611686018427387904: at most 16777216"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, want)
+		}
+	}
+	o.Store.MaxSamplesPerPod, o.Store.MaxPodsPerAgent = 1<<24, 1<<24
+	if err := o.Validate(); err != nil {
+		t.Errorf("--max-samples-per-pod and --max-pods-per-agent at 16777216: %v", err)
+	}
 	// Flags that silently undid each other, and a validity whose CA (three
 	// of them) overflowed into the past.
 	o = NewOptions()

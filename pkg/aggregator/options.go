@@ -86,6 +86,11 @@ func (o *Options) Validate() error {
 	if o.IngestTLS.Managed && !o.Certs.Enabled {
 		errs = append(errs, errors.New("--ingest-managed-tls needs --manage-certs"))
 	}
+	if o.IngestTLS.Managed && o.Certs.Enabled && o.Certs.CAConfigMap == "" {
+		// The CA was published nowhere, and every agent's handshake
+		// failed for ever, with nothing said at the start.
+		errs = append(errs, errors.New("--ingest-managed-tls needs --ca-configmap: the agents trust the managed CA, which rotates, only as published there"))
+	}
 	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
 		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
 	}
@@ -244,6 +249,10 @@ func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go's GC percent (GOGC): how far past the live heap and the goroutines' stacks the heap grows before the next collection; GOGC in the environment is kept instead; 0: Go's default, 100 (50 keeps the heap in use about a quarter lower, measured, for more collections: the same CPU at 2,000 agents, a longer GetMetrics tail at 10,000; as Prometheus does by default)")
 }
 
+// maxStoreCount bounds the store's counts (pods, pods an agent, samples
+// a pod): 16,777,216, past any fleet or window one aggregator holds.
+const maxStoreCount = 1 << 24
+
 // Validate reports the group's problems.
 func (o *StoreOptions) Validate() error {
 	var errs []error
@@ -257,6 +266,18 @@ func (o *StoreOptions) Validate() error {
 	}
 	if o.MaxPodsPerAgent < 1 || o.MaxSamplesPerPod < 2 || o.MaxPods < 1 {
 		errs = append(errs, errors.New("--max-pods-per-agent and --max-pods must be at least 1 and --max-samples-per-pod at least 2"))
+	}
+	// Past these, sizes made of them overflowed: a pod's byte bound
+	// (every pod cut to 2 samples at each append, its windows answered
+	// over them) and a catalogue's (every catalogue refused, every
+	// agent's stream ended).
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--max-pods-per-agent", o.MaxPodsPerAgent}, {"--max-pods", o.MaxPods}, {"--max-pods-per-namespace", o.MaxPodsPerNamespace}, {"--max-samples-per-pod", o.MaxSamplesPerPod}} {
+		if f.v > maxStoreCount {
+			errs = append(errs, fmt.Errorf("%s %d: at most %d", f.flag, f.v, maxStoreCount))
+		}
 	}
 	if o.PodExpiry <= 0 {
 		errs = append(errs, errors.New("--pod-expiry must be above 0"))

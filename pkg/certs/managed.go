@@ -114,7 +114,10 @@ type Managed struct {
 	// scaler and ingest ports on two pairs and Ready reading a third's
 	// end); nil before the first.
 	served atomic.Pointer[served]
-	gap    time.Duration // the least time between Ensures a copy's change runs (copyGap)
+	// refused: why the watched Secret was not loaded (not this
+	// release's), for Ready to say while none is.
+	refused atomic.Pointer[string]
+	gap     time.Duration // the least time between Ensures a copy's change runs (copyGap)
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -163,6 +166,9 @@ func (m *Managed) ServerOnlyConfig() *tls.Config {
 // answers no handshake of KEDA's or the agents', and was still Ready.
 func (m *Managed) Ready() error {
 	if m.served.Load() == nil {
+		if why := m.refused.Load(); why != nil {
+			return fmt.Errorf("managed certificates are not loaded: %s", *why)
+		}
 		return errors.New("managed certificates are not loaded yet")
 	}
 	if end := m.NotAfter(); !m.o.Now().Before(end) {
@@ -186,14 +192,7 @@ func (m *Managed) Run(ctx context.Context) error {
 			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", m.o.SecretName).String()
 		}))
 	inf := f.Core().V1().Secrets().Informer()
-	load := func(obj any) {
-		if s, ok := obj.(*corev1.Secret); ok {
-			if err := m.load(s); err != nil {
-				m.o.Log.Warn("managed certificate secret not usable", logging.KeyErr, err)
-			}
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: load, UpdateFunc: func(_, n any) { load(n) }}); err != nil {
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: m.watched, UpdateFunc: func(_, n any) { m.watched(n) }}); err != nil {
 		return err
 	}
 	f.Start(ctx.Done())
@@ -742,6 +741,28 @@ func (m *Managed) issuePairs(sec *corev1.Secret, ca *x509.Certificate, signer *e
 	_, _, sec.Data[KeyRelayCert], sec.Data[KeyRelayKey], err = issue(ca, signer, "pulse-relay", now, until.Sub(now), false,
 		x509.ExtKeyUsageServerAuth, relayDNS, nil)
 	return err
+}
+
+// watched loads the watched Secret, unless it is not this release's (no
+// label of ours, or another release's): Ensure refused such a Secret, and
+// the watch served its pair and trusted its CA for KEDA's client
+// certificates all the same (another release's keeping the chart's
+// default name, or a shared issuer's), with the replica Ready. A pair
+// served before is kept; Ready says why none is, when none is.
+func (m *Managed) watched(obj any) {
+	sec, ok := obj.(*corev1.Secret)
+	if !ok {
+		return
+	}
+	if err := m.notOurs("Secret", sec.Namespace+"/"+sec.Name, sec); err != nil {
+		why := err.Error()
+		m.refused.Store(&why)
+		m.o.Log.Warn("managed certificate secret not loaded", logging.KeyErr, err)
+		return
+	}
+	if err := m.load(sec); err != nil {
+		m.o.Log.Warn("managed certificate secret not usable", logging.KeyErr, err)
+	}
 }
 
 // load makes the Secret's server pair the one served, trusting the CAs'

@@ -1202,3 +1202,35 @@ func TestAnotherReleasesCopyIsLeftAlone(t *testing.T) {
 		t.Fatalf("the other, its owner added before: %v; want refused as the maker's", err)
 	}
 }
+
+// TestASecretNotOursIsNotServed: a Secret of the watched name that is not
+// this release's (no label of ours: another release's keeping the chart's
+// default name, or one made by hand from a shared issuer) was refused by
+// Ensure, and loaded by the watch all the same: the scaler port served its
+// pair and trusted its CA for KEDA's client certificates, with the replica
+// Ready. The watch now loads only this release's Secret, and Ready says
+// why none is loaded.
+func TestASecretNotOursIsNotServed(t *testing.T) {
+	made, client, _, _ := managed(t, 0)
+	if err := made.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ours, err := client.CoreV1().Secrets("pulse-system").Get(context.Background(), "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := ours.DeepCopy()
+	theirs.Labels = nil
+	m, _, _, _ := managed(t, 0)
+	m.watched(theirs)
+	if err := m.Ready(); err == nil || !strings.Contains(err.Error(), "not loaded") || !strings.Contains(err.Error(), "pulse-system/pulse-aggregator-certs") {
+		t.Fatalf("Ready() = %v after a Secret not ours was watched; want not loaded, naming it", err)
+	}
+	if m.served.Load() != nil {
+		t.Fatal("a Secret not ours is served")
+	}
+	m.watched(ours)
+	if err := m.Ready(); err != nil {
+		t.Fatalf("Ready() = %v after this release's Secret was watched", err)
+	}
+}

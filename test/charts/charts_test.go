@@ -842,7 +842,8 @@ func TestTheAgentRunsAsAUserWithoutThePodResourcesSocket(t *testing.T) {
 // streams a connection, rendered a template's panic (an index out of
 // range, a division by zero) or a flag the aggregator refuses at its start
 // (crash-looping); a podDisruptionBudget default removed with null was
-// read as "<nil>", and refused as both set.
+// read as "<nil>", and refused as both set; managed ingest TLS with no CA
+// ConfigMap rendered, and no agent could ever connect.
 func TestValuesThatCannotWorkAreRefusedSayingWhy(t *testing.T) {
 	chart := filepath.Join(root, "deploy", "aggregator")
 	for _, c := range []struct {
@@ -853,6 +854,9 @@ func TestValuesThatCannotWorkAreRefusedSayingWhy(t *testing.T) {
 		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
 		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}", "--set", "networkPolicy.enabled=false"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
 		{[]string{"--set", "relay.enabled=true", "--set", "relay.streamsPerConnection=0"}, "relay.streamsPerConnection must be at least 1"},
+		// The managed CA published nowhere (--ca-configmap=, an RBAC rule
+		// on a ConfigMap named ""): every agent's handshake failed.
+		{[]string{"--set", "scaler.managedCerts.caConfigMap="}, "ingest.tls.managed needs scaler.managedCerts.caConfigMap"},
 	} {
 		out, err := render(t, chart, c.args...)
 		if err == nil || !strings.Contains(out, c.says) {
