@@ -760,6 +760,7 @@ func (m *Managed) watched(obj any) {
 		m.o.Log.Warn("managed certificate secret not loaded", logging.KeyErr, err)
 		return
 	}
+	m.refused.Store(nil) // ours again: a refusal is no longer why none is loaded
 	if err := m.load(sec); err != nil {
 		m.o.Log.Warn("managed certificate secret not usable", logging.KeyErr, err)
 	}

@@ -1229,6 +1229,14 @@ func TestASecretNotOursIsNotServed(t *testing.T) {
 	if m.served.Load() != nil {
 		t.Fatal("a Secret not ours is served")
 	}
+	// This release's Secret, unusable (its key garbled): Ready no longer
+	// gives the refusal of the Secret before it as the reason.
+	garbled := ours.DeepCopy()
+	garbled.Data[KeyServerKey] = []byte("garbled")
+	m.watched(garbled)
+	if err := m.Ready(); err == nil || strings.Contains(err.Error(), "another release's") || strings.Contains(err.Error(), "pulse-system/pulse-aggregator-certs") {
+		t.Fatalf("Ready() = %v after this release's Secret, garbled, was watched; want not loaded yet, not the earlier refusal", err)
+	}
 	m.watched(ours)
 	if err := m.Ready(); err != nil {
 		t.Fatalf("Ready() = %v after this release's Secret was watched", err)
