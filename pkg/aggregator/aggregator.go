@@ -65,6 +65,9 @@ type Aggregator struct {
 	ingestTLS *tls.Config
 	debugLn   net.Listener // nil unless --debug-addr
 	healthLn  net.Listener // nil unless --health-addr
+	// streamsWarned: warnIfStreamsOutgrowMemory has warned, and the pods
+	// and streams have not fitted since (housekeep's alone).
+	streamsWarned bool
 }
 
 // housekeepEvery is the period of the housekeeping loop (sweeping expired
@@ -232,10 +235,13 @@ var (
 func (a *Aggregator) housekeep(ctx context.Context) {
 	t := time.NewTicker(housekeepEvery)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		a.store.Sweep()
 		_ = a.warmup.check() // logs the end of the warm-up when it comes
 		a.health.tick()
+		if tick%int(time.Minute/housekeepEvery) == 0 {
+			a.warnIfStreamsOutgrowMemory(a.ingest.Streams(), a.ingest.SawHistograms())
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	runtimedebug "runtime/debug"
@@ -253,6 +254,51 @@ func TestWarnsWhenMaxPodsOutgrowMemory(t *testing.T) {
 		if got := strings.Contains(logs.String(), "may not fit the memory limit"); got != tc.warn {
 			t.Errorf("maxPods %d, histograms %v, long windows %v: warned %v, want %v\n%s", tc.maxPods, tc.histograms, tc.long, got, tc.warn, logs.String())
 		}
+	}
+}
+
+// TestWarnsWhenStreamsOutgrowMemory: the start's estimate counts pods
+// alone, and a node's agent stream costs about 20 KB of its own: 10,000
+// pods with histograms on nodes of one pod each need about 460 MiB, past
+// 80 % of the chart's 512Mi, and nothing said so. Once agents stream, the
+// aggregator warns (once, until they fit again) when --max-pods pods and
+// the streams open would not fit; pods that alone would not are warned of
+// at the start, not again.
+func TestWarnsWhenStreamsOutgrowMemory(t *testing.T) {
+	old := runtimedebug.SetMemoryLimit(512 << 20)
+	defer runtimedebug.SetMemoryLimit(old)
+	var logs syncbuf.Buffer
+	o := NewOptions()
+	o.Store.MaxPods = 10000
+	a := &Aggregator{opts: o, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	warnings := func() int { return strings.Count(logs.String(), "agents' streams open now may not fit") }
+	for i, step := range []struct {
+		streams    int
+		histograms bool
+		fits       bool
+		warnings   int // in all, so far
+	}{
+		{100, true, true, 0},    // two pods a node or more: 270 MiB
+		{10000, false, true, 0}, // one a node, no histograms: about 350 MiB
+		{10000, true, false, 1}, // one a node, histograms: about 460 MiB
+		{10000, true, false, 1}, // once
+		{2000, true, true, 1},   // nodes gone: fits again
+		{12000, true, false, 2}, // and warned again when it does not
+	} {
+		if fits := a.warnIfStreamsOutgrowMemory(step.streams, step.histograms); fits != step.fits || warnings() != step.warnings {
+			t.Errorf("step %d, %d streams, histograms %v: fits %v, %d warnings; want %v, %d\n%s", i, step.streams, step.histograms, fits, warnings(), step.fits, step.warnings, logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), "streams=12000") || !strings.Contains(logs.String(), "maxPods=10000") {
+		t.Errorf("the warning names neither the streams nor --max-pods:\n%s", logs.String())
+	}
+	a.opts.Store.MaxPods = 30000 // the pods alone do not fit: the start's warning said so
+	if a.warnIfStreamsOutgrowMemory(30000, true); warnings() != 2 {
+		t.Errorf("warned of streams where the pods alone do not fit:\n%s", logs.String())
+	}
+	runtimedebug.SetMemoryLimit(math.MaxInt64)
+	if !a.warnIfStreamsOutgrowMemory(1<<20, true) {
+		t.Error("with no memory limit, pods and streams do not fit")
 	}
 }
 

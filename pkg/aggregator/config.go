@@ -377,31 +377,27 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 // Memory a pod held costs at most, about (docs/performance.md, "A fleet on
 // one box"; the aggregator chart's maxPods): the heap in use just before a
 // GC, twice the live heap as measured with GOGC=100 (its share of its
-// agent's connection included, at two pods a node or more: an agent's
-// stream is about 20 KB of its own, which a pod alone on its node carries
-// alone, and which this estimate, made before any agent connects, does not
-// count), without and with latency histograms.
+// agent's connection included, at two pods a node or more), without and
+// with latency histograms.
 // Measured at a 60 s window (about 60 samples a pod at the agents' 1 s);
 // each sample past podSamples costs about sampleBytes more in use (the
 // store's 40 bytes live, 130 with histograms: BenchmarkStoreHeapPerPod,
-// twice that before a GC).
+// twice that before a GC). An agent's stream costs about streamBytes of
+// its own, whatever pods it lists (docs/performance.md, "An agent's stream
+// apart from its pods": 14–21 KB of RSS measured), which a pod alone on its
+// node carries alone.
 const (
 	podBytes        = 16 << 10
 	podHistBytes    = 27 << 10
 	podSamples      = 64
 	sampleBytes     = 80
 	sampleHistBytes = 260
+	streamBytes     = 20 << 10
 )
 
-// warnIfPodsOutgrowMemory logs a warning when --max-pods pods would not fit
-// in 80 % of the memory limit (GOMEMLIMIT, which pkg/app sets from the
-// container's limit): a store that fills up would be OOM-killed. It is
-// called at the start, and again when the first histograms arrive.
-func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
-	limit := runtimedebug.SetMemoryLimit(-1)
-	if limit == math.MaxInt64 {
-		return // no limit set
-	}
+// memoryNeed is what --max-pods pods may cost (podBytes or podHistBytes
+// each, and the samples they may keep), and what is said of it.
+func (a *Aggregator) memoryNeed(histograms bool) (need int64, what string) {
 	per, sample, what := int64(podBytes), int64(sampleBytes), "without latency histograms"
 	if histograms {
 		per, sample, what = podHistBytes, sampleHistBytes, "with latency histograms (an agent runs --forward-histograms)"
@@ -410,10 +406,49 @@ func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
 	// that long (at most --max-samples-per-pod samples).
 	samples := min(int64(a.opts.Store.MaxSamplesPerPod), int64(a.opts.Store.MaxWindow/time.Second))
 	per += max(samples-podSamples, 0) * sample
-	if need := int64(a.opts.Store.MaxPods) * per; need > limit/10*8 {
+	return int64(a.opts.Store.MaxPods) * per, what
+}
+
+// warnIfPodsOutgrowMemory logs a warning when --max-pods pods would not fit
+// in 80 % of the memory limit (GOMEMLIMIT, which pkg/app sets from the
+// container's limit): a store that fills up would be OOM-killed. It is
+// called at the start, and again when the first histograms arrive; no
+// agent streams then, and warnIfStreamsOutgrowMemory counts them once they
+// do.
+func (a *Aggregator) warnIfPodsOutgrowMemory(histograms bool) {
+	limit := runtimedebug.SetMemoryLimit(-1)
+	if limit == math.MaxInt64 {
+		return // no limit set
+	}
+	if need, what := a.memoryNeed(histograms); need > limit/10*8 {
 		a.log.Warn("--max-pods pods may not fit the memory limit: lower --max-pods (chart maxPods) or raise the limit (chart resources.limits.memory)",
 			logging.KeyMaxPods, a.opts.Store.MaxPods, logging.KeyNeedBytes, need, logging.KeyLimitBytes, limit, logging.KeyWhat, what)
 	}
+}
+
+// warnIfStreamsOutgrowMemory logs a warning when --max-pods pods and the
+// agent streams open now would not fit in 80 % of the memory limit, where
+// the pods alone would: on nodes of one pod each, a node's stream costs
+// more than its pod. Once, until they fit again (housekeep calls it each
+// minute; the streams are the nodes, which come and go). It says whether
+// they fit.
+func (a *Aggregator) warnIfStreamsOutgrowMemory(streams int, histograms bool) bool {
+	limit := runtimedebug.SetMemoryLimit(-1)
+	if limit == math.MaxInt64 {
+		return true
+	}
+	pods, what := a.memoryNeed(histograms)
+	need := pods + int64(streams)*streamBytes
+	if pods > limit/10*8 || need <= limit/10*8 {
+		a.streamsWarned = false // the pods alone are warned of at the start
+		return true
+	}
+	if !a.streamsWarned {
+		a.streamsWarned = true
+		a.log.Warn("--max-pods pods and the agents' streams open now may not fit the memory limit (each stream costs about 20 KB, more than its pod where a node runs one): lower --max-pods (chart maxPods) or raise the limit (chart resources.limits.memory)",
+			logging.KeyMaxPods, a.opts.Store.MaxPods, logging.KeyStreams, streams, logging.KeyNeedBytes, need, logging.KeyLimitBytes, limit, logging.KeyWhat, what)
+	}
+	return false
 }
 
 // podExists is the store's Options.Exists with agent authentication: its

@@ -62,6 +62,7 @@ type Server struct {
 	auth    Authenticator // nil: streams are not authenticated (static/demo mode)
 	onHist  func()
 	sawHist atomic.Bool
+	opened  atomic.Int64 // agent streams open now (the streams gauge's value)
 
 	nodes slots.Slots // open streams by the node their token is bound to
 }
@@ -136,6 +137,12 @@ func New(st *store.Store, o Options) *Server {
 	}
 	return s
 }
+
+// Streams is the number of agent streams open now, over either transport.
+func (s *Server) Streams() int { return int(s.opened.Load()) }
+
+// SawHistograms says whether a sample with latency histograms has arrived.
+func (s *Server) SawHistograms() bool { return s.sawHist.Load() }
 
 var kinds = map[pulsev1.WorkloadKind]string{
 	pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE:         store.KindWorkspace,
@@ -265,7 +272,8 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires}
 	st.logger().Info("agent stream opened")
 	s.m.streams.Inc()
-	ends = append(ends, s.m.streams.Dec)
+	s.opened.Add(1)
+	ends = append(ends, s.m.streams.Dec, func() { s.opened.Add(-1) })
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
 		return nil, nil, err
@@ -1052,7 +1060,7 @@ func (st *streamState) values(r *store.Report, s *wire.Sample) {
 	}
 	r.Values, r.Hist = s.Values, s.Hist
 	st.unhold(r, s.Pod)
-	if s.Hist != nil && st.srv.onHist != nil && !st.srv.sawHist.Swap(true) {
+	if s.Hist != nil && !st.srv.sawHist.Load() && !st.srv.sawHist.Swap(true) && st.srv.onHist != nil {
 		st.srv.onHist()
 	}
 	for id := metric.ID(1); id < metric.NumIDs; id++ {

@@ -534,12 +534,37 @@ func TestFirstHistogramsAreAnnounced(t *testing.T) {
 		enc.Append(b, &s)
 		msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
 	}
+	if f.srv.SawHistograms() {
+		t.Fatal("histograms seen before any arrived")
+	}
 	if err := f.run(t, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("OnHistograms called %d times, want once", n)
+	if n := calls.Load(); n != 1 || !f.srv.SawHistograms() {
+		t.Fatalf("OnHistograms called %d times, want once; SawHistograms %v, want true", n, f.srv.SawHistograms())
 	}
+}
+
+// TestStreamsCountsTheStreamsOpen: Streams, which the aggregator's memory
+// estimate counts once agents connect, is the streams open now.
+func TestStreamsCountsTheStreamsOpen(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a := f.openStream(ctx, t, "node-1")
+	b := f.openStream(ctx, t, "node-2")
+	if n := f.srv.Streams(); n != 2 {
+		t.Fatalf("Streams = %d with two open, want 2", n)
+	}
+	_ = a.CloseSend()
+	if _, err := a.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("closed stream: %v, want EOF", err)
+	}
+	_ = b.CloseSend()
+	if _, err := b.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("closed stream: %v, want EOF", err)
+	}
+	waitFor(t, "Streams back to 0 once both closed", func() bool { return f.srv.Streams() == 0 })
 }
 
 // TestAcksAsOftenAsTheAgentAsks: with the hello's ack_every_ms, a stream

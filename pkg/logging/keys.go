@@ -46,6 +46,7 @@ const (
 	KeyIdentity    = "identity" // a replica's leader-election identity
 	KeyLeader      = "leader"   // the identity holding a lease
 	KeyMaxPods     = "maxPods"
+	KeyStreams     = "streams"    // agent streams open
 	KeyLeftOut     = "leftOut"    // entries left out past a bound
 	KeyNeedBytes   = "needBytes"  // an estimate of memory needed
 	KeyLimitBytes  = "limitBytes" // a memory limit
