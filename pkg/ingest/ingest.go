@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -162,7 +163,8 @@ func shown(s string) string { return wire.Printable(wire.CleanText(s, maxNameByt
 // checkHello bounds a hello's strings before any is logged or kept: the
 // agent's version is on every line of its stream's log, its instance and
 // extra metric names are kept with each of its pods (a hello may be up to
-// the 4 MiB of a message).
+// the 4 MiB of a message), and each extra metric's must be a metric's
+// name.
 func checkHello(h *pulsev1.Hello) error {
 	for _, f := range []struct{ what, v string }{{"node", h.Node}, {"agent version", h.AgentVersion}, {"agent instance", h.AgentInstance}} {
 		if len(f.v) > maxNameBytes {
@@ -172,6 +174,13 @@ func checkHello(h *pulsev1.Hello) error {
 	for i, name := range h.ExtraMetrics {
 		if len(name) > maxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "hello's extra metric %d is %d bytes; at most %d", i, len(name), maxNameBytes)
+		}
+		// The agent's --extra-metric takes only a metric's name; the names
+		// are shown to every tenant whose trigger names a gauge none
+		// forwards (the scaler's refusal), so another's control
+		// characters are refused here.
+		if !model.LegacyValidation.IsValidMetricName(name) {
+			return status.Errorf(codes.InvalidArgument, "hello's extra metric %d, %q, is not a metric name", i, shown(name))
 		}
 	}
 	return nil

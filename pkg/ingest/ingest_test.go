@@ -198,6 +198,11 @@ func TestBadStreamsAreRefusedClearly(t *testing.T) {
 			AgentInstance: strings.Repeat("i", 601)}}}}, code: codes.InvalidArgument},
 		"long extra metric name": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 1,
 			ExtraMetrics: []string{"ok", strings.Repeat("m", 100<<10)}}}}}, code: codes.InvalidArgument},
+		// Found in a review: the names are shown to every tenant whose
+		// trigger names a gauge none forwards, and a node's hello could
+		// carry control characters and newlines into their refusals.
+		"extra metric name not a metric's": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: "n", ProtocolVersion: 1,
+			ExtraMetrics: []string{"vllm:ok_gauge", "a\x1b]52;c;cHduZWQ=\x07\nforged line"}}}}}, code: codes.InvalidArgument},
 		"long node": {msgs: []*pulsev1.AgentMessage{{Msg: &pulsev1.AgentMessage_Hello{Hello: &pulsev1.Hello{Node: strings.Repeat("n", 601), ProtocolVersion: 1}}}},
 			code: codes.InvalidArgument},
 	}

@@ -942,6 +942,27 @@ func TestAGaugeNotForwardedYetDuringTheWarmUpIsNoRefusal(t *testing.T) {
 	}
 }
 
+// TestARefusalListsAFewForwardedNames: a trigger on a gauge no agent
+// forwards is refused naming what the agents forward, every node's (32
+// names each), in KEDA's events and the HPA's conditions for the
+// trigger's tenant: the whole list, 15 KB from one node's agent. It names
+// the first 8 now, and how many more.
+func TestARefusalListsAFewForwardedNames(t *testing.T) {
+	f := newFixture(t)
+	var names []string
+	for i := range 20 {
+		names = append(names, fmt.Sprintf("vllm:gauge_%02d_%s", i, strings.Repeat("x", 500)))
+	}
+	f.store.Upsert(store.Source{Node: "other-node", ExtraNames: names},
+		[]store.PodInfo{{UID: "o1", Namespace: "other", Name: "p", Ready: true, Workloads: []store.Key{{Namespace: "other", Kind: store.KindWorkspace, Name: "w"}}}}, true)
+	md := map[string]string{"workspace": "llama", "metricName": "my_gauge", "threshold": "5"}
+	_, err := f.client.GetMetricSpec(context.Background(), ref(md))
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, "and 12 more") || !strings.Contains(msg, "vllm:gauge_07_") || strings.Contains(msg, "vllm:gauge_08_") || len(msg) > 1024 {
+		t.Fatalf("refusal (%d bytes): %v; want InvalidArgument naming 8 names cut short and 12 more, within 1 KiB", len(msg), err)
+	}
+}
+
 // TestTotalAndAverageAskForTheSame: with valueType average (metricType
 // Value) the HPA multiplies the value by every pod Running and Ready
 // (replica_calculator.go, getReadyPodsCount): failing pods, idle ones and

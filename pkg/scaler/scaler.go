@@ -329,7 +329,7 @@ func (s *Server) forwarded(t Trigger) error {
 	}
 	have := "none"
 	if len(names) > 0 {
-		have = strings.Join(names, ", ")
+		have = forwardedList(names)
 	}
 	// A name within a typo of one pulse knows, or of one the agents
 	// forward, is named: a misspelt vLLM name was read as a gauge to
@@ -341,6 +341,29 @@ func (s *Server) forwarded(t Trigger) error {
 	return status.Error(codes.InvalidArgument, (&MetadataError{Key: "metricName", Msg: fmt.Sprintf(
 		"%q%s is neither a vLLM metric pulse knows nor a gauge the agents forward (they forward: %s); forward it with the agents' --extra-metric (the daemonset chart's extraMetrics)",
 		wire.CleanText(t.Metric, 64), hint, have)}).Error())
+}
+
+// maxNamesShown is the most forwarded names a refusal lists: the agents
+// of every node forward up to 32 each, and the refusal goes to KEDA's
+// events and the HPA's conditions for every trigger that names another.
+const maxNamesShown = 8
+
+// forwardedList lists names (metric names: the ingest refuses a hello
+// naming another) for a refusal: the first maxNamesShown, each cut to 64
+// bytes, and how many more.
+func forwardedList(names []string) string {
+	var b strings.Builder
+	for i, n := range names {
+		if i == maxNamesShown {
+			fmt.Fprintf(&b, " and %d more", len(names)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(wire.CleanText(n, 64))
+	}
+	return b.String()
 }
 
 // GetMetrics returns exactly one value (the HPA sums all values returned).

@@ -911,6 +911,30 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 	return refused, nil
 }
 
+// roomIn says whether namespace ns may hold one pod more: fewer than
+// MaxPodsPerNamespace, and, while another namespace holds pods, not the
+// last share of the room once ns holds a share, a share being MaxPods over
+// one more than the namespaces holding pods (ns among them): the last of
+// the room goes to the namespaces holding least, so that one that comes
+// late, or holds nothing, finds some. Two namespaces at their caps (half
+// the room each, by default) took it all, and every other tenant's new
+// replicas waited. No pod held is evicted for it. mu must be held.
+func (s *Store) roomIn(ns string) bool {
+	have := s.nsPods[ns]
+	if have >= s.opts.MaxPodsPerNamespace {
+		return false
+	}
+	n := len(s.nsPods)
+	if have == 0 {
+		n++
+	}
+	if n < 2 {
+		return true
+	}
+	share := s.opts.MaxPods / (n + 1)
+	return have < share || s.opts.MaxPods-len(s.pods) > share
+}
+
 // upsertOne lists info's pod under src (UpsertStream); false when it is
 // new and there is no room for it.
 func (s *Store) upsertOne(src Source, info PodInfo) bool {
@@ -920,7 +944,7 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	// checked can) takes room there as a new pod would: it moved past
 	// the namespace's cap.
 	moves := ok && p.Namespace != info.Namespace
-	if !ok && len(s.pods) >= s.opts.MaxPods || (!ok || moves) && s.nsPods[info.Namespace] >= s.opts.MaxPodsPerNamespace {
+	if !ok && len(s.pods) >= s.opts.MaxPods || (!ok || moves) && !s.roomIn(info.Namespace) {
 		s.refused++
 		for _, k := range info.Workloads {
 			if s.refusedAt[k] == nil {

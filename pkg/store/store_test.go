@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -274,6 +275,45 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 	}
 }
 
+// TestTwoNamespacesCannotTakeEveryonesRoom: each namespace was held to
+// MaxPodsPerNamespace alone, half the room by default, so two namespaces
+// (one tenant's, or two), routers naming workloads that need not exist
+// being the cheap way, took it all: every other tenant's new replicas
+// waited, its rollouts Unavailable. While another namespace holds pods,
+// the last share of the room (MaxPods over one more than the namespaces
+// holding pods) now goes to the namespaces holding less than a share, and
+// no pod held is evicted for it; a namespace alone, where its cap lets
+// it, still fills the store.
+func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
+	fill := func(s *Store, ns string, n int) (held int) {
+		for i := range n {
+			uid := fmt.Sprintf("%s-%d", ns, i)
+			info := PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{{Namespace: ns, Kind: KindWorkspace, Name: "w"}}}
+			if len(s.Upsert(Source{Node: "n1"}, []PodInfo{info}, false)) == 0 {
+				held++
+			}
+		}
+		return held
+	}
+	s := New(Options{MaxPods: 100, MaxPodsPerNamespace: 50})
+	mustOpen(t, s, "n1")
+	a, b := fill(s, "a", 100), fill(s, "b", 100)
+	victim := fill(s, "victim", 100)
+	late := fill(s, "late", 100)
+	// a alone takes its cap; b a share of three (100 / 3) while a holds
+	// pods; the victim the rest; the store is then full, and a fourth
+	// finds none (no pod held is evicted).
+	if a != 50 || b != 33 || victim != 17 || late != 0 || s.Pods() != 100 {
+		t.Fatalf("held a %d, b %d, victim %d, late %d (%d in all): want 50, 33, 17, 0 (100)", a, b, victim, late, s.Pods())
+	}
+	// A cluster of one namespace (its cap the whole store) fills it.
+	s = New(Options{MaxPods: 100, MaxPodsPerNamespace: 100})
+	mustOpen(t, s, "n1")
+	if a := fill(s, "a", 120); a != 100 {
+		t.Fatalf("one namespace alone held %d, want 100", a)
+	}
+}
+
 // TestOneNamespaceCannotTakeEveryonesRoom: --max-pods was one cap for all
 // tenants: one namespace's pods (a router's demand entries on every node)
 // could fill it, and another tenant's rolled-out replicas (new uids) were
@@ -283,16 +323,17 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 // workload whose new replicas were refused says so (RefusedAt).
 func TestOneNamespaceCannotTakeEveryonesRoom(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := New(Options{MaxPods: 4, MaxPodsPerNamespace: 2, Now: func() time.Time { return now }})
+	s := New(Options{MaxPods: 6, MaxPodsPerNamespace: 3, Now: func() time.Time { return now }})
 	other := Key{Namespace: "other", Kind: KindWorkspace, Name: "w"}
 	pod := func(ns, uid string, k Key) PodInfo {
 		return PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{k}}
 	}
 	mustOpen(t, s, "n1")
-	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other)}, true); len(refused) != 1 || refused[0] != "o3" {
-		t.Fatalf("refused %v: want the namespace's third pod refused", refused)
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other), pod("other", "o4", other)}, true); len(refused) != 1 || refused[0] != "o4" {
+		t.Fatalf("refused %v: want the namespace's fourth pod refused", refused)
 	}
-	// Room is left for another tenant.
+	// Room is left for another tenant: a share of it (6 / 3), the last
+	// left for a third (TestTwoNamespacesCannotTakeEveryonesRoom).
 	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "a", ws), pod("ns", "b", ws)}, false); len(refused) != 0 {
 		t.Fatalf("refused %v: want ns's pods held", refused)
 	}
