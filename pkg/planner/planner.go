@@ -167,6 +167,9 @@ const (
 	// the lead time, and a startup this long is not learned.
 	stuckAfter = time.Hour
 	stuckLeads = 3
+	// maxStartup: no replica is taken to start longer than this, however
+	// long the startups learned (stuckAfter).
+	maxStartup = 24 * time.Hour
 )
 
 // State is what the planner has learned of one workload. The zero State is
@@ -854,7 +857,11 @@ func joining(in Input, lead, stuck time.Duration) []time.Duration {
 	var joins []time.Duration
 	for i := range in.Pods {
 		if l := &in.Pods[i]; l.State == store.PodStarting && !l.Unready && l.Age <= stuck {
-			joins = append(joins, max(lead-l.Age, 0))
+			// An age below 0 (a garbled snapshot: the store's are never)
+			// is a replica just created, not one ready past the lead
+			// time, which projected the backlog backwards: more asked
+			// for because a replica starts (a cascade).
+			joins = append(joins, max(lead-max(l.Age, 0), 0))
 		}
 	}
 	slices.Sort(joins)
@@ -1448,17 +1455,24 @@ func ceil(x float64) int {
 	case x >= math.MaxInt32:
 		return math.MaxInt32
 	}
-	return int(math.Ceil(x - 1e-9))
+	// The 1e-9 absorbs a float's error at a whole count; a need above 0
+	// within it is still a replica (it was 0: a capacity learned huge from
+	// a believed window planned a replica serving a trickle as none).
+	return max(1, int(math.Ceil(x-1e-9)))
 }
 
 // stuckAfter is how long a replica starts before it is stuck: an hour, or
 // stuckLeads lead times learned, whichever is longer (a workload whose
-// replicas take long to start learns that they do).
+// replicas take long to start learns that they do), but never past
+// maxStartup. It bounds the startups learned too, so the lead time learned
+// is at most maxStartup: startups each just within it (an agent's times
+// that lie) grew it half again each, and past 34 of them the hold wrapped
+// to its margin alone and this to an hour.
 func (st *State) stuckAfter() time.Duration {
 	if st.Startups == 0 {
 		return stuckAfter
 	}
-	return max(stuckAfter, stuckLeads*st.LeadTime)
+	return min(max(stuckAfter, stuckLeads*st.LeadTime), maxStartup)
 }
 
 // stuck is whether a starting replica has been starting past stuckAfter.

@@ -108,6 +108,9 @@ func FuzzMake(f *testing.F) {
 			if _, err := json.Marshal(p); err != nil {
 				t.Fatalf("step %d: the plan cannot be shown: %v (%+v)", step, err, p)
 			}
+			if p.Need > 0 && p.Replicas == 0 {
+				t.Fatalf("step %d: a need of %g planned as no replica (%s)", step, p.Need, p.Reason)
+			}
 			if p.Missing > 0 && p.Replicas < p.Ready {
 				t.Fatalf("step %d: %d replicas with %d ready, %d of them without a fresh sample: want at least the ready", step, p.Replicas, p.Ready, p.Missing)
 			}
@@ -167,7 +170,7 @@ func checkState(t *testing.T, step int, st State) {
 	if len(st.peaks) > maxPeaks {
 		t.Fatalf("step %d: %d peaks held, past %d", step, len(st.peaks), maxPeaks)
 	}
-	if st.HoldExtra < 0 || st.HoldExtra > maxHoldExtra || st.LeadTime < 0 {
-		t.Fatalf("step %d: hold extension %s, lead time %s: want within 0 to %s, and not negative", step, st.HoldExtra, st.LeadTime, maxHoldExtra)
+	if st.HoldExtra < 0 || st.HoldExtra > maxHoldExtra || st.LeadTime < 0 || st.LeadTime > maxStartup {
+		t.Fatalf("step %d: hold extension %s, lead time %s: want within 0 to %s, and 0 to %s", step, st.HoldExtra, st.LeadTime, maxHoldExtra, maxStartup)
 	}
 }

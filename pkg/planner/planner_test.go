@@ -1996,3 +1996,79 @@ func TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak(t *testing.T) {
 		t.Fatal("a mean TTFT past the bound with 5 requests queued: no break learned")
 	}
 }
+
+// TestAReplicaStartingWithAnAgeBelowZeroIsNoCascade: a replica starting
+// whose age is below 0 (a garbled snapshot; the store's never are, and
+// FuzzMake's durations hold −5 s) was taken to join after the lead time,
+// and the backlog's projection ran backwards past it: the replica starting
+// asked for more than the plan without it (2 → 7 here). It is a replica
+// just created now.
+func TestAReplicaStartingWithAnAgeBelowZeroIsNoCascade(t *testing.T) {
+	cfg := Default(0)
+	st := State{Since: t0.Add(-2 * time.Hour), Capacity: 10000, HealthyMax: 8000, WorkPerRequest: 1000,
+		Startups: 1, LeadTime: time.Minute, lastObserve: t0}
+	ready := serving("a", 8000, 0.01)
+	ready.Waiting, ready.WaitingNow = 2, 2
+	p, _, err := Make(snap(t0.Add(time.Second), ready), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, age := range []time.Duration{-5 * time.Minute, 0} {
+		q, _, err := Make(snap(t0.Add(time.Second), ready, store.PodLoad{Name: "b", State: store.PodStarting, Age: age}), st, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Replicas > max(p.Replicas, q.Ready+q.Starting) {
+			t.Fatalf("a replica starting, %s old, planned %d (%s) against %d without it, with %d listed: a cascade", age, q.Replicas, q.Reason, p.Replicas, q.Ready+q.Starting)
+		}
+	}
+}
+
+// TestTheLeadTimeLearnedIsBounded: a startup is learned when within
+// stuckLeads lead times, and each such moved the lead time half again; with
+// no ceiling, startups each just within it (an agent's times that lie) took
+// it to 57 hours in 10 and past a century in 34, where the hold wrapped to
+// its margin alone and the stuck limit to an hour. No startup past
+// maxStartup is learned now.
+func TestTheLeadTimeLearnedIsBounded(t *testing.T) {
+	cfg := Default(0)
+	var st State
+	at := t0
+	for i := range 60 {
+		d := st.stuckAfter() - time.Second
+		pods := []store.PodLoad{serving("a", 8000, 0.01), {Name: fmt.Sprintf("s%d", i), State: store.PodMissing, Startup: d, Age: d}}
+		var err error
+		if _, st, err = Make(snap(at, pods...), st, cfg); err != nil {
+			t.Fatal(err)
+		}
+		at = at.Add(5 * time.Second)
+	}
+	if st.LeadTime > maxStartup || st.hold(cfg) < st.LeadTime || st.stuckAfter() < stuckAfter {
+		t.Fatalf("lead time %s, hold %s, stuck after %s: want a lead time at most %s, held at least as long", st.LeadTime, st.hold(cfg), st.stuckAfter(), maxStartup)
+	}
+}
+
+// TestANeedAboveZeroIsAReplica: a need above 0 within the rounding's
+// 1e-9 was planned as 0 replicas: a replica that taught a capacity of 5e8
+// work units a second with a window believed (each counter within
+// maxTokenRate), then serving 0.3 tokens a second with a request running on
+// a page with no KV-cache gauge, was planned 0 (KEDA deactivates a
+// workload allowed to scale to zero, with a request in flight).
+func TestANeedAboveZeroIsAReplica(t *testing.T) {
+	cfg := Default(0)
+	big := store.PodLoad{Name: "a", State: store.PodCounted, PromptTokens: 1e8, GenerationTokens: 1e8, Tokens: true,
+		FirstTokens: 10, Span: 30 * time.Second, QueueTime: 1, QueueOK: true, Waiting: 2, KVCache: 0.5}
+	_, st, err := Make(snap(t0, big), State{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := store.PodLoad{Name: "a", State: store.PodCounted, PromptTokens: 0.3, Tokens: true, FirstTokens: 0.01,
+		Span: 30 * time.Second, Running: 1, NoKV: true}
+	p, _, err := Make(snap(t0.Add(time.Hour), small), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Need <= 0 || p.Replicas != 1 {
+		t.Fatalf("capacity %g, work %g: need %g planned %d replicas (%s); want a need above 0, planned 1", st.Capacity, p.Work, p.Need, p.Replicas, p.Reason)
+	}
+}
