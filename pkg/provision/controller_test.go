@@ -1446,3 +1446,22 @@ func TestAMisspeltMetricIsNotProvisioned(t *testing.T) {
 	}
 	f.waitState("Deployment", "gauge", StateProvisioned, "")
 }
+
+// TestAGaugeNotHeardYetDuringTheWarmUpIsProvisioned: during the
+// aggregator's warm-up the agents heard may be only those that do not
+// forward a gauge, and the misspelt-metric check did not wait for it: a
+// replica started (or one without leader election restarted) marked a
+// workload whose gauge is a typo from a name pulse knows invalid, with a
+// wrong "did you mean", until its resync, where the scaler took the
+// trigger. It is provisioned; once warm, the scaler's answers say if no
+// agent forwards it.
+func TestAGaugeNotHeardYetDuringTheWarmUpIsProvisioned(t *testing.T) {
+	st := store.New(store.Options{Retention: time.Minute})
+	srv := scaler.New(st, scaler.Options{MaxWindow: time.Minute, Gate: func() error { return errors.New("aggregator warming up") }})
+	st.Upsert(store.Source{Node: "node-1"}, []store.PodInfo{{UID: "u1", Namespace: "ns", Name: "x-0", Ready: true}}, true) // forwards no gauge
+	f := newFixture(t, workload(deployments, "Deployment", "gauge", map[string]string{
+		AnnotationAutoscale: "true", AnnotationMetric: "vllm:cpu_cache_usage_perc", AnnotationThreshold: "0.8"}))
+	f.c.o.MetricMeant = srv.MetricMeant
+	f.run()
+	f.waitState("Deployment", "gauge", StateProvisioned, "")
+}

@@ -286,18 +286,20 @@ func (e *extraNames) get(st *store.Store, want string, now time.Time) ([]string,
 	return e.names, e.pods
 }
 
-// forwarded checks that a metric that is not canonical (a raw gauge name) is
-// one the agents forward, so that a mistyped metricName is said when KEDA
-// first asks, not only later as "not defined on any reporting pod". With no
-// pod held at all (an aggregator just started) there is no telling: it
-// passes.
 // MetricMeant is, for a metric name no agent forwards while some agent
 // is heard, the name pulse knows or the agents forward that it is within
 // a typo of ("" for any other: a canonical metric, replicas, a forwarded
 // gauge, or a name near none). The provisioner refuses such a name, as
-// the trigger's every answer would be refused.
+// the trigger's every answer would be refused. During the warm-up there is
+// no telling, as for forwarded: the agents heard may be only those that do
+// not forward the gauge (a replica started, or one without leader
+// election restarted, marked such a workload invalid with a wrong "did you
+// mean", where the scaler took its trigger).
 func (s *Server) MetricMeant(name string) string {
 	if _, ok := metric.Lookup(name); ok || name == MetricReplicas {
+		return ""
+	}
+	if s.gate != nil && s.gate() != nil {
 		return ""
 	}
 	if mapped := vllmNames[name]; mapped != "" {
@@ -319,6 +321,11 @@ func meantOf(name string, names []string) string {
 	return Nearest(name, names)
 }
 
+// forwarded checks that a metric that is not canonical (a raw gauge name) is
+// one the agents forward, so that a mistyped metricName is said when KEDA
+// first asks, not only later as "not defined on any reporting pod". With no
+// pod held at all (an aggregator just started) there is no telling: it
+// passes.
 func (s *Server) forwarded(t Trigger) error {
 	if _, ok := metric.Lookup(t.Metric); ok || t.Metric == MetricReplicas {
 		return nil
