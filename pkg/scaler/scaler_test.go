@@ -906,7 +906,8 @@ func TestMetricMeantNamesAMisspeltMetric(t *testing.T) {
 		if got := f.server.MetricMeant(name); got != want {
 			t.Errorf("MetricMeant(%q) = %q, want %q", name, got, want)
 		}
-	} // During the warm-up there is no telling: the agents that forward a
+	}
+	// During the warm-up there is no telling: the agents that forward a
 	// gauge may not have been heard yet.
 	f.server.gate = func() error { return errors.New("aggregator warming up") }
 	if m := f.server.MetricMeant("vllm:num_request_waiting"); m != "" {
