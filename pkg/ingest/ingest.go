@@ -816,7 +816,7 @@ func (st *streamState) wait(infos []store.PodInfo, ids []uint32, refused []strin
 			if !st.logAllowed() { // listed again at each batch: bounded as every refusal
 				continue
 			}
-			st.logger().Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent; it is listed again until there is room (raise the cap)",
+			st.logger().Warn("pod not held: the aggregator holds --max-pods pods, or its namespace --max-pods-per-namespace, each listed by a connected agent, or its namespace holds a share of the room and room freed goes first to a namespace holding less that waits; it is listed again until there is room (raise the cap)",
 				logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}

@@ -1444,7 +1444,7 @@ func noReplica(in Input, st State, cfg Config) (Plan, State, error) {
 // RoomRefused says why a workload a new replica of which the store refused
 // for room has no value: the replicas held are not all of it (their load
 // alone, the routers' demand alone or NotFound would scale it down).
-const RoomRefused = "replicas of it wait for room in the aggregator (--max-pods or --max-pods-per-namespace reached): no value, rather than one of the replicas held alone, the routers' demand alone or 0"
+const RoomRefused = "replicas of it wait for room in the aggregator (--max-pods or --max-pods-per-namespace reached, or room freed going first to a namespace holding less): no value, rather than one of the replicas held alone, the routers' demand alone or 0"
 
 // ceil is x rounded up to a replica count: at most math.MaxInt32 (the
 // HPA's counts are int32; past it, Go's conversion to int is not defined).

@@ -224,6 +224,9 @@ type Store struct {
 	// held then is not one without replicas.
 	nsPods    map[string]int
 	refusedAt map[Key]map[string]time.Time
+	// nsWaiting: namespaces a new pod of which was refused for room (not
+	// for their own cap), and when last (roomIn); swept past refusedFor.
+	nsWaiting map[string]time.Time
 
 	// changed is told of every workload that changes (OnChange); nil
 	// until set.
@@ -466,6 +469,7 @@ func New(opts Options) *Store {
 		unseenOn:   make(map[string]int),
 		nsPods:     make(map[string]int),
 		refusedAt:  make(map[Key]map[string]time.Time),
+		nsWaiting:  make(map[string]time.Time),
 		now:        opts.Now,
 		epoch:      opts.Now(),
 	}
@@ -594,6 +598,11 @@ func (s *Store) sweep(now time.Time, force bool) {
 	for k, l := range s.lost {
 		if now.Sub(l.At) > lostFor {
 			delete(s.lost, k)
+		}
+	}
+	for ns, at := range s.nsWaiting {
+		if now.Sub(at) > refusedFor {
+			delete(s.nsWaiting, ns)
 		}
 	}
 	for k, uids := range s.refusedAt {
@@ -911,28 +920,39 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 	return refused, nil
 }
 
-// roomIn says whether namespace ns may hold one pod more: fewer than
-// MaxPodsPerNamespace, and, while another namespace holds pods, not the
-// last share of the room once ns holds a share, a share being MaxPods over
-// one more than the namespaces holding pods (ns among them): the last of
-// the room goes to the namespaces holding least, so that one that comes
-// late, or holds nothing, finds some. Two namespaces at their caps (half
-// the room each, by default) took it all, and every other tenant's new
-// replicas waited. No pod held is evicted for it. mu must be held.
-func (s *Store) roomIn(ns string) bool {
+// roomIn says whether namespace ns may hold one pod more (a new one, or
+// one that moves in, which takes no new room): fewer than
+// MaxPodsPerNamespace; and a new pod, room under MaxPods, and, once ns
+// holds a share of it (MaxPods over one more than the namespaces holding
+// pods), none of the others below a share waiting for room: room freed
+// goes first to the namespaces holding least that wait for it. Two
+// namespaces at their caps (half the room each, by default) took it all,
+// and every other tenant's new replicas waited for as long as those were
+// held; now they wait for the first room freed (no pod held is evicted
+// for them). A namespace refused for room, not for its own cap, is
+// recorded as waiting (nsWaiting) for refusedFor. mu must be held.
+func (s *Store) roomIn(ns string, isNew bool) bool {
 	have := s.nsPods[ns]
-	if have >= s.opts.MaxPodsPerNamespace {
+	switch {
+	case have >= s.opts.MaxPodsPerNamespace:
+		return false
+	case !isNew:
+		return true
+	case len(s.pods) >= s.opts.MaxPods:
+		s.nsWaiting[ns] = s.now()
 		return false
 	}
-	n := len(s.nsPods)
-	if have == 0 {
-		n++
-	}
-	if n < 2 {
+	share := s.opts.MaxPods / (len(s.nsPods) + 1)
+	if have < share {
 		return true
 	}
-	share := s.opts.MaxPods / (n + 1)
-	return have < share || s.opts.MaxPods-len(s.pods) > share
+	now := s.now()
+	for w, at := range s.nsWaiting {
+		if w != ns && now.Sub(at) <= refusedFor && s.nsPods[w] < share {
+			return false
+		}
+	}
+	return true
 }
 
 // upsertOne lists info's pod under src (UpsertStream); false when it is
@@ -944,7 +964,7 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	// checked can) takes room there as a new pod would: it moved past
 	// the namespace's cap.
 	moves := ok && p.Namespace != info.Namespace
-	if !ok && len(s.pods) >= s.opts.MaxPods || (!ok || moves) && !s.roomIn(info.Namespace) {
+	if (!ok || moves) && !s.roomIn(info.Namespace, !ok) {
 		s.refused++
 		for _, k := range info.Workloads {
 			if s.refusedAt[k] == nil {

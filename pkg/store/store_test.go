@@ -278,15 +278,17 @@ func TestMaxPodsRefusesNewPodsNeverEvicts(t *testing.T) {
 // TestTwoNamespacesCannotTakeEveryonesRoom: each namespace was held to
 // MaxPodsPerNamespace alone, half the room by default, so two namespaces
 // (one tenant's, or two), routers naming workloads that need not exist
-// being the cheap way, took it all: every other tenant's new replicas
-// waited, its rollouts Unavailable. While another namespace holds pods,
-// the last share of the room (MaxPods over one more than the namespaces
-// holding pods) now goes to the namespaces holding less than a share, and
-// no pod held is evicted for it; a namespace alone, where its cap lets
-// it, still fills the store.
+// being the cheap way, took it all, and every other tenant's new replicas
+// waited for as long as those were held. Room freed now goes first to the
+// namespaces below a share (MaxPods over one more than the namespaces
+// holding pods) that wait for it; no pod held is evicted for them, and no
+// room is kept while none waits: two namespaces, or one with a stray pod
+// of another beside it, fill the store as their caps let them, and a pod
+// that moves namespace takes no new room.
 func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
-	fill := func(s *Store, ns string, n int) (held int) {
-		for i := range n {
+	now := time.Unix(1000, 0)
+	fill := func(s *Store, ns string, from, n int) (held int) {
+		for i := from; i < from+n; i++ {
 			uid := fmt.Sprintf("%s-%d", ns, i)
 			info := PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{{Namespace: ns, Kind: KindWorkspace, Name: "w"}}}
 			if len(s.Upsert(Source{Node: "n1"}, []PodInfo{info}, false)) == 0 {
@@ -295,22 +297,37 @@ func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
 		}
 		return held
 	}
-	s := New(Options{MaxPods: 100, MaxPodsPerNamespace: 50})
+	s := New(Options{MaxPods: 100, MaxPodsPerNamespace: 50, Now: func() time.Time { return now }})
 	mustOpen(t, s, "n1")
-	a, b := fill(s, "a", 100), fill(s, "b", 100)
-	victim := fill(s, "victim", 100)
-	late := fill(s, "late", 100)
-	// a alone takes its cap; b a share of three (100 / 3) while a holds
-	// pods; the victim the rest; the store is then full, and a fourth
-	// finds none (no pod held is evicted).
-	if a != 50 || b != 33 || victim != 17 || late != 0 || s.Pods() != 100 {
-		t.Fatalf("held a %d, b %d, victim %d, late %d (%d in all): want 50, 33, 17, 0 (100)", a, b, victim, late, s.Pods())
+	if a, b, victim := fill(s, "a", 0, 60), fill(s, "b", 0, 60), fill(s, "victim", 0, 5); a != 50 || b != 50 || victim != 0 {
+		t.Fatalf("held a %d, b %d, victim %d: want 50, 50 (no room kept while none waits), 0", a, b, victim)
 	}
-	// A cluster of one namespace (its cap the whole store) fills it.
-	s = New(Options{MaxPods: 100, MaxPodsPerNamespace: 100})
+	// a's rollout frees room; its new pods wait while the victim, holding
+	// less than a share (100 / 3), waits too; the victim takes it.
+	s.Remove("n1", "a-0", "a-1", "a-2")
+	if again := fill(s, "a", 100, 3); again != 0 {
+		t.Fatalf("a's new pods took %d of the room freed while the victim waited", again)
+	}
+	if victim := fill(s, "victim", 0, 5); victim != 3 || s.Pods() != 100 {
+		t.Fatalf("the victim took %d of the 3 freed (%d held): want 3", victim, s.Pods())
+	}
+	// A minute after the victim's last refusal, room freed is anyone's.
+	now = now.Add(refusedFor + time.Second)
+	s.Remove("n1", "b-0")
+	if b := fill(s, "b", 100, 1); b != 1 {
+		t.Fatalf("b took %d of the room freed with none waiting: want 1", b)
+	}
+	// One namespace with a stray pod of another beside it fills the store
+	// as its cap lets it.
+	s = New(Options{MaxPods: 100, MaxPodsPerNamespace: 100, Now: func() time.Time { return now }})
 	mustOpen(t, s, "n1")
-	if a := fill(s, "a", 120); a != 100 {
-		t.Fatalf("one namespace alone held %d, want 100", a)
+	if main, demo, more := fill(s, "main", 0, 70), fill(s, "demo", 0, 1), fill(s, "main", 70, 40); main+more != 99 || demo != 1 {
+		t.Fatalf("main held %d, demo %d: want 99 and 1", main+more, demo)
+	}
+	// A pod that moves namespace takes no new room, even in a full store.
+	info := PodInfo{UID: "demo-0", Namespace: "main", Name: "demo-0", Ready: true, Workloads: []Key{{Namespace: "main", Kind: KindWorkspace, Name: "w"}}}
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{info}, false); len(refused) != 0 || s.nsPods["main"] != 100 || s.nsPods["demo"] != 0 {
+		t.Fatalf("the move refused %v, counts %v: want it held", refused, s.nsPods)
 	}
 }
 
@@ -323,17 +340,16 @@ func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
 // workload whose new replicas were refused says so (RefusedAt).
 func TestOneNamespaceCannotTakeEveryonesRoom(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := New(Options{MaxPods: 6, MaxPodsPerNamespace: 3, Now: func() time.Time { return now }})
+	s := New(Options{MaxPods: 4, MaxPodsPerNamespace: 2, Now: func() time.Time { return now }})
 	other := Key{Namespace: "other", Kind: KindWorkspace, Name: "w"}
 	pod := func(ns, uid string, k Key) PodInfo {
 		return PodInfo{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{k}}
 	}
 	mustOpen(t, s, "n1")
-	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other), pod("other", "o4", other)}, true); len(refused) != 1 || refused[0] != "o4" {
-		t.Fatalf("refused %v: want the namespace's fourth pod refused", refused)
+	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("other", "o1", other), pod("other", "o2", other), pod("other", "o3", other)}, true); len(refused) != 1 || refused[0] != "o3" {
+		t.Fatalf("refused %v: want the namespace's third pod refused", refused)
 	}
-	// Room is left for another tenant: a share of it (6 / 3), the last
-	// left for a third (TestTwoNamespacesCannotTakeEveryonesRoom).
+	// Room is left for another tenant.
 	if refused := s.Upsert(Source{Node: "n1"}, []PodInfo{pod("ns", "a", ws), pod("ns", "b", ws)}, false); len(refused) != 0 {
 		t.Fatalf("refused %v: want ns's pods held", refused)
 	}
