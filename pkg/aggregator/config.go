@@ -439,8 +439,12 @@ func (a *Aggregator) warnIfStreamsOutgrowMemory(streams int, histograms bool) bo
 	}
 	pods, what := a.memoryNeed(histograms)
 	need := pods + int64(streams)*streamBytes
-	if pods > limit/10*8 || need <= limit/10*8 {
-		a.streamsWarned = false // the pods alone are warned of at the start
+	switch {
+	case pods > limit/10*8:
+		a.streamsWarned = false
+		return false // the pods alone do not fit: the start's warning said so
+	case need <= limit/10*8:
+		a.streamsWarned = false
 		return true
 	}
 	if !a.streamsWarned {
