@@ -1,12 +1,14 @@
 package sim
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
@@ -15,16 +17,24 @@ import (
 // target, replica bounds, polling, cooldown, fallback, HPA behavior and its
 // first pulse trigger (type external-push). KEDA's own defaults apply to
 // what is absent.
+//
+// It is read strictly: a field KEDA v2.21's ScaledObject has not (a
+// misspelt maxReplicaCount, a behavior's stabilisationWindowSeconds), or
+// one given twice, is refused, where it had been ignored and the run
+// scored under KEDA's default. KEDA's fields pulse-sim does not model
+// (labels, a trigger's name or authenticationRef, the status) are read and
+// left.
 type ScaledObject struct {
-	Metadata struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-	} `json:"metadata"`
-	Spec struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Status     json.RawMessage   `json:"status,omitempty"`
+	Spec       struct {
 		ScaleTargetRef struct {
-			APIVersion string `json:"apiVersion"`
-			Kind       string `json:"kind"`
-			Name       string `json:"name"`
+			APIVersion             string `json:"apiVersion"`
+			Kind                   string `json:"kind"`
+			Name                   string `json:"name"`
+			EnvSourceContainerName string `json:"envSourceContainerName"`
 		} `json:"scaleTargetRef"`
 		MinReplicaCount       *int32    `json:"minReplicaCount"`
 		MaxReplicaCount       *int32    `json:"maxReplicaCount"`
@@ -38,9 +48,11 @@ type ScaledObject struct {
 		IdleReplicaCount *int32 `json:"idleReplicaCount"`
 		Advanced         *struct {
 			HorizontalPodAutoscalerConfig *struct {
+				Name     string                                         `json:"name"`
 				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
 			} `json:"horizontalPodAutoscalerConfig"`
-			ScalingModifiers any `json:"scalingModifiers"`
+			RestoreToOriginalReplicaCount bool `json:"restoreToOriginalReplicaCount"`
+			ScalingModifiers              any  `json:"scalingModifiers"`
 		} `json:"advanced"`
 		Triggers []Trigger `json:"triggers"`
 	} `json:"spec"`
@@ -96,6 +108,11 @@ type Trigger struct {
 	Type       string            `json:"type"`
 	MetricType string            `json:"metricType"` // AverageValue (default) or Value
 	Metadata   map[string]string `json:"metadata"`
+	// Read and left: a trigger's name, its cached metrics, its
+	// TriggerAuthentication.
+	Name              string          `json:"name"`
+	UseCachedMetrics  bool            `json:"useCachedMetrics"`
+	AuthenticationRef json.RawMessage `json:"authenticationRef,omitempty"`
 }
 
 // KEDA's defaults (keda.sh/v1alpha1 ScaledObject).
@@ -117,10 +134,13 @@ func ReadScaledObject(path string) (*ScaledObject, error) {
 // ParseScaledObject parses a ScaledObject and checks what pulse-sim needs.
 func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	var so ScaledObject
-	if err := yaml.Unmarshal(raw, &so); err != nil {
+	if err := yaml.UnmarshalStrict(raw, &so); err != nil {
 		return nil, fmt.Errorf("parse ScaledObject: %w", err)
 	}
 	var errs []error
+	if so.Kind != "ScaledObject" || so.APIVersion != "keda.sh/v1alpha1" {
+		errs = append(errs, fmt.Errorf("apiVersion %q, kind %q: want keda.sh/v1alpha1, ScaledObject", so.APIVersion, so.Kind))
+	}
 	if so.Metadata.Namespace == "" {
 		so.Metadata.Namespace = "default"
 	}

@@ -231,6 +231,23 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		if _, err := ParseScaledObject([]byte(y)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error saying %q", spec, err, want)
 		}
+	} // Read strictly (found in a review, 2026-12-05): a misspelt field,
+	// one given twice, or another kind was ignored, and the run scored
+	// under KEDA's defaults (maxReplicaCout: 2 ran up to 100 replicas).
+	// KEDA's fields pulse-sim does not model are read and left.
+	const head = "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\n"
+	for doc, want := range map[string]string{
+		head + "spec: {maxReplicaCout: 2, scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                                                   `unknown field "maxReplicaCout"`,
+		head + "spec: {advanced: {horizontalPodAutoscalerConfig: {behavior: {scaleDown: {stabilisationWindowSeconds: 0}}}}, scaleTargetRef: {name: x}, triggers: [{type: external-push}]}": "stabilisationWindowSeconds",
+		head + "spec: {maxReplicaCount: 2, maxReplicaCount: 3, scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                              "maxReplicaCount",
+		"apiVersion: keda.sh/v1alpha1\nkind: ScaledJob\nspec: {scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                              `kind "ScaledJob"`,
+		"spec: {scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                                                                             "want keda.sh/v1alpha1, ScaledObject",
+		head + "metadata: {name: a, labels: {team: x}, annotations: {a: b}}\nspec: {scaleTargetRef: {name: x, envSourceContainerName: c}, advanced: {restoreToOriginalReplicaCount: true, horizontalPodAutoscalerConfig: {name: h}}, triggers: [{type: external-push, name: t, useCachedMetrics: true, authenticationRef: {name: auth}, metadata: {workspace: x}}]}\nstatus: {hpaName: h}": "",
+	} {
+		_, err := ParseScaledObject([]byte(doc))
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s:\n%v, want %q", doc, err, want)
+		}
 	}
 }
 
