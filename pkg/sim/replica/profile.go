@@ -113,6 +113,16 @@ func (p *Profile) ReadSeconds(kvTokens float64) float64 {
 	return (p.WeightBytesPerGPU + kvTokens*p.KVBytesPerTokenPerGPU) / p.MemoryBandwidthBytesPerSecond
 }
 
+// maxStepSeconds bounds a profile's longest step: a minute, thousands of
+// times a real engine's (tens of milliseconds).
+const maxStepSeconds = 60
+
+// longestStep is, in seconds, the step at the profile's limits.
+func (p *Profile) longestStep() float64 {
+	s := p.Beta0Seconds + p.Beta1Seconds*p.PrefillUnits(p.MaxNumBatchedTokens, p.MaxModelLen) + p.Beta2Seconds*float64(p.MaxNumSeqs)
+	return max(s, p.ReadSeconds(float64(p.KVCacheTokens)))
+}
+
 // Validate reports every problem of the profile.
 func (p *Profile) Validate() error {
 	var errs []error
@@ -137,6 +147,13 @@ func (p *Profile) Validate() error {
 	if p.WeightBytesPerGPU < 0 || p.KVBytesPerTokenPerGPU < 0 || p.MemoryBandwidthBytesPerSecond < 0 ||
 		(p.MemoryBandwidthBytesPerSecond == 0) != (p.WeightBytesPerGPU == 0 && p.KVBytesPerTokenPerGPU == 0) {
 		bad("weightBytesPerGPU and kvBytesPerTokenPerGPU must not be negative, and memoryBandwidthBytesPerSecond above 0 when either is given (all three 0: no bandwidth floor)")
+	}
+	// The longest step the profile can take: a full batch's prefill at the
+	// longest context, every sequence decoding, the whole KV cache read.
+	// Past maxStepSeconds (or not a number) a step's nanoseconds
+	// overflowed, and every TTFT came out below 0: attained.
+	if s := p.longestStep(); !(s <= maxStepSeconds) {
+		bad("its longest step (%d prefill tokens after %d of context, %d sequences decoding, %d KV tokens read) takes %g s: at most %g", p.MaxNumBatchedTokens, p.MaxModelLen, p.MaxNumSeqs, p.KVCacheTokens, s, float64(maxStepSeconds))
 	}
 	if p.Startup.Duration < 0 || p.StartupStddev.Duration < 0 || 3*p.StartupStddev.Duration > p.Startup.Duration {
 		bad("startup and startupStddev must not be negative, and three standard deviations at most the startup")

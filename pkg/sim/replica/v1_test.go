@@ -2,6 +2,7 @@ package replica
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -124,6 +125,29 @@ func TestABandwidthFloorNeedsItsBandwidth(t *testing.T) {
 	p.WeightBytesPerGPU, p.KVBytesPerTokenPerGPU = 0, 0
 	if err := p.Validate(); err != nil || p.ReadSeconds(1e6) != 0 {
 		t.Fatalf("no floor: %v, %v s", err, p.ReadSeconds(1e6))
+	}
+}
+
+// TestAStepPastAMinuteIsRefused: a profile's coefficients had no upper
+// bound, and a step past about 292 years of nanoseconds (beta0Seconds
+// 1e10, a bandwidth of 1e-300 bytes a second) overflowed: every TTFT came
+// out below 0, counted attained, 100 % on one replica (found in a review,
+// 2026-12-05). The longest step the profile can take is at most a minute.
+func TestAStepPastAMinuteIsRefused(t *testing.T) {
+	for name, set := range map[string]func(p *Profile){
+		"beta0 1e10":       func(p *Profile) { p.Beta0Seconds = 1e10 },
+		"beta2 1e300":      func(p *Profile) { p.Beta2Seconds = 1e300 },
+		"beta1 +Inf":       func(p *Profile) { p.Beta1Seconds = math.Inf(1) },
+		"bandwidth 1e-300": func(p *Profile) { p.MemoryBandwidthBytesPerSecond = 1e-300 },
+	} {
+		p := *profile(t)
+		set(&p)
+		if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "longest step") {
+			t.Errorf("%s: %v, want its longest step refused", name, err)
+		}
+	}
+	if p := profile(t); p.Validate() != nil || p.longestStep() > 1 {
+		t.Fatalf("the shipped 8B profile: %v, its longest step %g s", p.Validate(), p.longestStep())
 	}
 }
 
