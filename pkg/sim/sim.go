@@ -209,6 +209,11 @@ func (c *Config) prepare() error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	if c.Trace[len(c.Trace)-1].At <= c.Trace[0].At {
+		// Scoring stops at the last arrival: every pipeline and fixed
+		// fleet scored 100 % for 0 GPU-hours, the frontiers one point.
+		return fmt.Errorf("the trace's %d requests all arrive at %s: no time between its first and last arrival to score", len(c.Trace), c.Trace[0].At)
+	}
 	c.horizon = c.Trace[len(c.Trace)-1].At + c.Drain
 	// Scoring after the warm-up stops at the last arrival (the drain
 	// scores nothing): a warm-up past it left every pipeline and fixed

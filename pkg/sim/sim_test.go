@@ -202,6 +202,9 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		"balancer": {Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Balancer: "random"},
 		"trigger":  {Trace: reqs, ScaledObject: seedSO(t, `metric: waiting`, `metric: nope`), Profile: profile(t)},
 		"trace":    {ScaledObject: seedSO(t), Profile: profile(t)},
+		// Every request at one instant: scored 100 % for 0 GPU-hours
+		// (found in a review, 2026-12-05).
+		"one instant": {Trace: reqs[:1], ScaledObject: seedSO(t), Profile: profile(t)},
 	} {
 		if _, err := Run(c); err == nil {
 			t.Errorf("%s: accepted", name)

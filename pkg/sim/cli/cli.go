@@ -311,6 +311,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		reports = append(reports, r)
 	}
+	if err := bench.SameWarmup(reports); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return fmt.Errorf("create --out: %w", err)
 	}
