@@ -43,6 +43,7 @@ func TestSeedsScoredOverDifferentWindowsAreRefused(t *testing.T) {
 		t.Fatalf("with --warmup 1m: exit %d: %s", code, errs)
 	}
 }
+
 // per pipeline plus the comparison.
 func TestRunWritesTheReport(t *testing.T) {
 	dir := t.TempDir()
