@@ -90,8 +90,13 @@ type Decision struct {
 // It is at most maxDesired: a value of 1e15 over a threshold of 0.001
 // times 10 ready pods is past an int's range, which Go's conversion
 // leaves undefined (-9.2e18 on amd64, in the gauge and the debug page).
+//
+// It is made as the HPA makes it, in the thousandths KEDA prints the value
+// and the target to: over the floats, three pods at a threshold of 0.4
+// read 1.2000000000000002 / 0.4, 4 replicas, where the HPA's 1200m over
+// 400m is 3.
 func (d Decision) DesiredReplicas(t Trigger) int {
-	x := d.Value / t.Threshold
+	x := math.Round(d.Value*1000) / max(math.Round(t.Threshold*1000), 1)
 	if t.ValueType == "average" {
 		x *= float64(d.Ready)
 	}

@@ -211,6 +211,12 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		// MaxThreshold overflows them (and targetSize's int64).
 		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths) and at most %g", MinThreshold, MaxThreshold)}
 	}
+	if m := t.Threshold * 1000; math.Abs(m-math.Round(m)) > 1e-6*max(1, m) {
+		// KEDA prints the target to thousandths for the HPA: 0.0015
+		// became 0.002 there, while pulse filled a missing pod against
+		// 0.0015, so a pod failing could ask the HPA for fewer.
+		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("%g is not a whole number of thousandths: KEDA gives the HPA its target in thousandths, where it would be %.3f; write that or another multiple of 0.001", t.Threshold, t.Threshold)}
+	}
 	if t.ActivationThreshold, err = number(md, "activationThreshold", 0); err != nil {
 		return t, err
 	}
