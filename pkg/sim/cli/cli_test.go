@@ -27,23 +27,6 @@ func main(t *testing.T, args ...string) (int, string, string) {
 
 // TestRunWritesTheReport: the documented command, on a bursty generated
 // trace: the table, report.json with the documented fields, and a picture
-
-// TestSeedsScoredOverDifferentWindowsAreRefused: a trace shorter than the
-// default warm-up is scored whole, and a generated trace's seeds fell
-// either side of it: --runs 6 averaged five seeds' scores after 10 minutes
-// with one seed's whole run (its GPU-hours 30 times the others'), under
-// the warm-up's label (found in a review, 2026-12-05). It is refused,
-// saying so; a warm-up given that every seed passes is scored.
-func TestSeedsScoredOverDifferentWindowsAreRefused(t *testing.T) {
-	args := []string{"run", "--trace", "poisson:rate=0.03,duration=10m30s", "--scaledobject", seedSO, "--pipelines", "static:1", "--runs", "6", "--out", t.TempDir()}
-	if code, _, errs := main(t, args...); code == 0 || !strings.Contains(errs, "scored after 600s") || !strings.Contains(errs, "after 0s") {
-		t.Fatalf("exit %d: %s; want the seeds' warm-ups refused", code, errs)
-	}
-	if code, _, errs := main(t, append(args, "--warmup", "1m")...); code != 0 {
-		t.Fatalf("with --warmup 1m: exit %d: %s", code, errs)
-	}
-}
-
 // per pipeline plus the comparison.
 func TestRunWritesTheReport(t *testing.T) {
 	dir := t.TempDir()
@@ -103,6 +86,22 @@ func TestRunsAndSVG(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "pulse.svg")); err != nil || !bytes.Contains(b, []byte("<svg")) {
 		t.Fatalf("pulse.svg: %v", err)
+	}
+}
+
+// TestSeedsScoredOverDifferentWindowsAreRefused: a trace shorter than the
+// default warm-up is scored whole, and a generated trace's seeds fell
+// either side of it: --runs 6 averaged five seeds' scores after 10 minutes
+// with one seed's whole run (its GPU-hours 30 times the others'), under
+// the warm-up's label (found in a review, 2026-12-05). It is refused,
+// saying so; a warm-up given that every seed passes is scored.
+func TestSeedsScoredOverDifferentWindowsAreRefused(t *testing.T) {
+	args := []string{"run", "--trace", "poisson:rate=0.03,duration=10m30s", "--scaledobject", seedSO, "--pipelines", "static:1", "--runs", "6", "--out", t.TempDir()}
+	if code, _, errs := main(t, args...); code == 0 || !strings.Contains(errs, "scored after 600s") || !strings.Contains(errs, "after 0s") {
+		t.Fatalf("exit %d: %s; want the seeds' warm-ups refused", code, errs)
+	}
+	if code, _, errs := main(t, append(args, "--warmup", "1m")...); code != 0 {
+		t.Fatalf("with --warmup 1m: exit %d: %s", code, errs)
 	}
 }
 
