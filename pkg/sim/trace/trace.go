@@ -437,6 +437,26 @@ func Densify(reqs []Request, scale float64, seed uint64) []Request {
 	return DensifyWith(reqs, scale, seed, Coherent)
 }
 
+// reflectInto folds t into [0, end] as a reflection at both ends, as
+// often as it takes: clamping piled the copies that fell outside on the
+// span's first and last instants, a burst only the clairvoyant saw coming;
+// reflected once, then clamped, a jitter longer than the span still piled
+// them (a 100-hour jitter on an hour's trace put 34,571 of its 54,027
+// requests at its first instant: found in a review, 2026-12-05).
+func reflectInto(t, end time.Duration) time.Duration {
+	if end <= 0 {
+		return 0
+	}
+	t %= 2 * end
+	if t < 0 {
+		t += 2 * end
+	}
+	if t > end {
+		t = 2*end - t
+	}
+	return t
+}
+
 // DensifyWith returns the trace at scale times its rate over the same time
 // span: each request is kept floor(scale) times, and once more with
 // probability frac(scale); the original keeps its time and lengths, the
@@ -461,17 +481,7 @@ func DensifyWith(reqs []Request, scale float64, seed uint64, c Copies) []Request
 				if c == Coherent {
 					cp.At += time.Duration(rng.Float64() * float64(time.Second))
 				} else {
-					cp.At += time.Duration((rng.Float64() - 0.5) * float64(c.Jitter))
-					// Reflected into the span, not clamped: clamping piled
-					// the copies that fell outside on its first and last
-					// instants, a burst only the clairvoyant saw coming.
-					if cp.At < 0 {
-						cp.At = -cp.At
-					}
-					if cp.At > end {
-						cp.At = 2*end - cp.At
-					}
-					cp.At = min(max(cp.At, 0), end)
+					cp.At = reflectInto(cp.At+time.Duration((rng.Float64()-0.5)*float64(c.Jitter)), end)
 				}
 				if c.Resample {
 					o := reqs[rng.IntN(len(reqs))]
