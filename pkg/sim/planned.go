@@ -95,6 +95,9 @@ func parseSwitch(name, args string) (switchPipe, error) {
 	var errs []error
 	for _, kv := range strings.Split(args, ",") {
 		k, v, _ := strings.Cut(kv, "=")
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("%s given twice", k))
+		}
 		seen[k] = true
 		switch k {
 		case "from", "to":
@@ -264,11 +267,16 @@ func planArgs(name, args string, util *float64, durations ...string) (map[string
 	out := map[string]time.Duration{}
 	keys := append(append([]string(nil), durations...), "utilisation")
 	var errs []error
+	seen := map[string]bool{}
 	for _, kv := range strings.Split(args, ",") {
 		if kv == "" {
 			continue
 		}
 		k, v, _ := strings.Cut(kv, "=")
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("%s given twice", k))
+		}
+		seen[k] = true
 		switch {
 		case k == "utilisation":
 			u, err := strconv.ParseFloat(v, 64)

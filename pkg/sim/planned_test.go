@@ -317,6 +317,11 @@ func TestPlannedPipelineNamesAreChecked(t *testing.T) {
 		"switch:from=0,to=2,at=0.5":   `from "0"`,
 		"switch:from=1,to=2,at=1":     `at "1"`,
 		"switch:from=1,to=2,at=0.5,x": `unknown key "x" (from, to, at)`,
+		// A key given twice: the last was taken (found in a review,
+		// 2026-12-05).
+		"switch:from=1,to=2,at=0.5,at=0.9":      "at given twice",
+		"clairvoyant:window=10s,window=1m":      "window given twice",
+		"hindsight:utilisation=1,utilisation=2": "utilisation given twice",
 	} {
 		_, err := Run(Config{Trace: reqs, ScaledObject: seedSO(t), Profile: profile(t), Pipelines: []string{name}})
 		if err == nil || !strings.Contains(err.Error(), want) {

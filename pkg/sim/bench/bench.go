@@ -188,6 +188,9 @@ func durations(ds []replica.Duration) []time.Duration {
 
 // Run runs the suite, reporting progress (one line a case) to log.
 func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, error) {
+	if err := s.checkInputs(); err != nil {
+		return nil, nil, err
+	}
 	sb := &Scoreboard{Suite: name, TTFTSLOSeconds: s.TTFTSLO.Seconds(), WarmupSeconds: s.Warmup.Seconds(),
 		WarmStart: s.StartsWarm(), NoReferences: s.NoReferences, StaticOnly: s.StaticOnly && !s.NoReferences}
 	if !sb.NoReferences && !sb.StaticOnly {
@@ -222,7 +225,7 @@ func (s *Suite) Run(name string, log io.Writer) (*Scoreboard, []*sim.Report, err
 				start := time.Now()
 				c, first, err := s.runCase(tc, tc.scale(prof), p, so, sb.Seeds)
 				if err != nil {
-					return nil, nil, fmt.Errorf("%s × %s × %s: %w", tc.Name, p.Name, so.Metadata.Name, err)
+					return nil, nil, fmt.Errorf("%s × %s × %s: %w", tc.Name, p.Name, soPath, err)
 				}
 				c.ScaledObject = soPath
 				sb.Cases = append(sb.Cases, c)

@@ -195,6 +195,10 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		"seeds":        {"seeds: 1000\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "seeds 1000"},
 		"ttft":         {"ttftSlo: -2s\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "ttftSlo -2s"},
 		"warmup":       {"warmup: -5m\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "warmup -5m0s"},
+		// Refused where run's flags are (found in a review, 2026-12-05:
+		// accepted, or found only when a case ran).
+		"copy jitter": {"copyJitter: -5m\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", "copyJitter -5m0s"},
+		"balancer":    {"balancer: bogus\nprofiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\n", `balancer "bogus"`},
 	} {
 		_, err := Read(miniSuite(t, tc.body))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -203,6 +207,28 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 	}
 	if _, err := Read("no-such-suite.yaml"); err == nil {
 		t.Error("a missing suite was read")
+	}
+	// Every profile, ScaledObject and trace is read before the first case
+	// runs, each bad one named by its file: a bad trace after a good one
+	// was found only when its case came, after the first had run, and a
+	// bad ScaledObject was named by a metadata name two files may share
+	// (found in a review, 2026-12-05).
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,-1,20\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	badSO := filepath.Join(dir, "so.yaml")
+	if err := os.WriteFile(badSO, []byte("apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: llama}\nspec: {maxReplicaCout: 2}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Read(miniSuite(t, "seeds: 1\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml, "+badSO+"]\ntraces:\n- {name: good, trace: 'poisson:rate=1,duration=20m'}\n- {name: late, trace: "+bad+"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	if _, _, err := s.Run("late", &log); err == nil || !strings.Contains(err.Error(), "late:") || !strings.Contains(err.Error(), badSO) || log.Len() > 0 {
+		t.Errorf("a suite with a bad trace and ScaledObject: %v, after %q; want both named before any case ran", err, log.String())
 	}
 	// hindsight is a reference a suite may name: the bench adds only the
 	// fixed fleets and the clairvoyant sweep itself.

@@ -185,7 +185,40 @@ func (s *Suite) complete() error {
 	if s.CopyLengths != "resample" && s.CopyLengths != "same" {
 		errs = append(errs, fmt.Errorf("copyLengths %q: resample or same", s.CopyLengths))
 	}
+	if s.CopyJitter.Duration < 0 {
+		errs = append(errs, fmt.Errorf("copyJitter %s: want 0 (the default) or more, as run's --copy-jitter", s.CopyJitter.Duration))
+	}
+	switch s.Balancer {
+	case "", sim.BalanceRoundRobin, sim.BalanceLeastOutstanding, sim.BalanceGateway:
+	default:
+		errs = append(errs, fmt.Errorf("balancer %q: %s, %s or %s", s.Balancer, sim.BalanceRoundRobin, sim.BalanceLeastOutstanding, sim.BalanceGateway))
+	}
 	errs = append(errs, s.checkPipelines()...)
+	return errors.Join(errs...)
+}
+
+// checkInputs reads every profile, ScaledObject and trace (its first
+// seed's) the suite names, before any case runs, naming each bad one: a
+// bad file was found only when its case came, after the cases before it
+// had run, and nothing was written; a bad ScaledObject was named by its
+// metadata name, which two files may share.
+func (s *Suite) checkInputs() error {
+	var errs []error
+	for _, prof := range s.Profiles {
+		if _, err := replica.Load(s.profilePath(prof)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, so := range s.ScaledObjects {
+		if _, err := sim.ReadScaledObject(s.path(so)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", so, err))
+		}
+	}
+	for _, tc := range s.Traces {
+		if _, err := trace.Load(s.path(tc.Trace), s.Seed); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", tc.Name, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

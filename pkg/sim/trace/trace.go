@@ -136,15 +136,18 @@ func ReadAzure(r io.Reader) ([]Request, error) {
 	}
 	var rows []row
 	var errs []error
-	for line := 2; ; line++ {
+	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("line %d: %w", line, err))
+			errs = append(errs, err) // a csv.ParseError names its line
 			continue
 		}
+		// The record's own line: counting records, blank lines (which
+		// the reader skips) put a bad row's number before it.
+		line, _ := cr.FieldPos(0)
 		t, err1 := time.Parse(timeLayout, rec[0])
 		p, err2 := strconv.Atoi(rec[1])
 		o, err3 := strconv.Atoi(rec[2])
@@ -194,6 +197,10 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 	var errs []error
 	for line := 1; sc.Scan(); line++ {
 		b := bytes.TrimSpace(sc.Bytes())
+		if line == 1 {
+			// A byte-order mark, as the Azure reader takes it.
+			b = bytes.TrimPrefix(b, []byte{0xEF, 0xBB, 0xBF})
+		}
 		if len(b) == 0 {
 			continue
 		}
@@ -242,6 +249,10 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 		k, v, ok := strings.Cut(a, "=")
 		if !ok {
 			return nil, fmt.Errorf("%s: %q is not key=value", name, a)
+		}
+		if _, twice := kv[k]; twice {
+			// The last one was taken, without a word.
+			return nil, fmt.Errorf("%s: %s given twice", name, k)
 		}
 		kv[k] = v
 	}

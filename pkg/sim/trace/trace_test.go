@@ -54,6 +54,21 @@ func TestBadTracesAreRefusedClearly(t *testing.T) {
 	if _, err := Load("poisson:rate=1,colour=red", 1); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Errorf("unknown key: %v", err)
 	}
+	// A bad row's number is its line's, blank lines counted; a JSONL
+	// trace may start with a byte-order mark, as a CSV one may (found in
+	// a review, 2026-12-05: "line 2" for line 4; the mark refused as
+	// "invalid character 'ï'").
+	_, err := ReadAzure(strings.NewReader("TIMESTAMP,ContextTokens,GeneratedTokens\n\n\n2023-11-16 18:15:46.68,abc,20\n"))
+	if err == nil || !strings.HasPrefix(err.Error(), "line 4:") {
+		t.Errorf("a bad row on line 4: %v", err)
+	}
+	if reqs, err := ReadMooncake(strings.NewReader("\ufeff{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5}\n")); err != nil || len(reqs) != 1 {
+		t.Errorf("a JSONL trace with a byte-order mark: %d requests, %v", len(reqs), err)
+	}
+	// A key given twice: the last was taken (found in a review, 2026-12-05).
+	if _, err := Load("poisson:rate=5,duration=1h,rate=6", 1); err == nil || !strings.Contains(err.Error(), "rate given twice") {
+		t.Errorf("a key given twice: %v", err)
+	}
 	if _, err := Load("no-such-file.csv", 1); err == nil {
 		t.Error("a missing file loaded")
 	}
