@@ -9,13 +9,15 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 )
 
-// FuzzParseTrigger: any metadata either parses into a usable trigger or is
-// refused with a MetadataError naming a key; nothing panics.
+// FuzzParseTrigger: any metadata either parses into a usable trigger,
+// within every bound the docs give its keys, or is refused with a
+// MetadataError naming a key; nothing panics.
 func FuzzParseTrigger(f *testing.F) {
 	f.Add("workspace", "llama", "threshold", "10", "window", "10s")
 	f.Add("metricName", "vllm:num_requests_waiting", "workspaceName", "x", "valueType", "average")
 	f.Add("deployment", "d", "threshold", "NaN", "missingPods", "ignore")
 	f.Add("workspacf", "llama", "threshold", "10", "window", "10s")
+	f.Add("workspace", "llama", "threshold", "0.0015", "staleAfter", "11m")
 	f.Add("threshold", "10", "window", "10s", "valueType", "average")
 	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, k3, v3 string) {
 		ref := &externalscaler.ScaledObjectRef{Name: "so", Namespace: "ns", ScalerMetadata: map[string]string{k1: v1, k2: v2, k3: v3}}
@@ -34,8 +36,14 @@ func FuzzParseTrigger(f *testing.F) {
 			}
 			return
 		}
-		if tr.Workload.Name == "" || tr.Workload.Namespace == "" || !(tr.Threshold > 0) || math.IsInf(tr.Threshold, 0) ||
-			tr.ActivationThreshold < 0 || tr.Window <= 0 || tr.Window > time.Minute || tr.StaleAfter <= 0 {
+		// Within the bounds docs/scaledobject.md gives: the threshold
+		// 0.001 to 1e12 in whole thousandths (what KEDA can give the HPA),
+		// the activation threshold 0 to 1e12, the window and staleAfter
+		// from a second to the aggregator's --max-window and 10 minutes.
+		m := tr.Threshold * 1000
+		if tr.Workload.Name == "" || tr.Workload.Namespace == "" || !(tr.Threshold >= MinThreshold && tr.Threshold <= MaxThreshold) ||
+			math.Abs(m-math.Round(m)) > 1e-6*max(1, m) || !(tr.ActivationThreshold >= 0 && tr.ActivationThreshold <= MaxThreshold) ||
+			tr.Window < MinDuration || tr.Window > time.Minute || tr.StaleAfter < MinDuration || tr.StaleAfter > MaxStaleAfter {
 			t.Fatalf("accepted an unusable trigger %+v from %v", tr, ref.ScalerMetadata)
 		}
 		if MetricName(tr) == "" {
