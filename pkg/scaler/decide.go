@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -96,11 +98,31 @@ type Decision struct {
 // read 1.2000000000000002 / 0.4, 4 replicas, where the HPA's 1200m over
 // 400m is 3.
 func (d Decision) DesiredReplicas(t Trigger) int {
-	x := math.Round(d.Value*1000) / max(math.Round(t.Threshold*1000), 1)
+	x := float64(KEDAMilli(d.Value)) / float64(max(KEDAMilli(t.Threshold), 1))
 	if t.ValueType == "average" {
 		x *= float64(d.Ready)
 	}
 	return int(min(math.Ceil(x), maxDesired))
+}
+
+// KEDAMilli is KEDA's rendering of a value for the HPA, in thousandths:
+// the value printed "%.3f" and parsed as a quantity (KEDA 2.21,
+// pkg/scalers/scaler.go, quantityFromFloat64), so a value half way between
+// two thousandths goes to the even one of its decimal expansion as KEDA's
+// does (2.0625 is 2.062), not away from zero (math.Round(v×1000) made
+// 2.0625 2063, and 1.0005 1001 where KEDA gives 1000); NaN, ±Inf and
+// values below 0 are 0. Past what an int64 of thousandths holds it is that
+// bound. pulse-sim's HPA reads the same.
+func KEDAMilli(v float64) int64 {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0
+	}
+	s := strconv.FormatFloat(v, 'f', 3, 64) // fmt's "%.3f"
+	n, err := strconv.ParseInt(strings.Replace(s, ".", "", 1), 10, 64)
+	if err != nil {
+		return math.MaxInt64
+	}
+	return n
 }
 
 // maxDesired bounds DesiredReplicas: the HPA's replica counts are int32.

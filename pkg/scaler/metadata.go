@@ -211,7 +211,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		// MaxThreshold overflows them (and targetSize's int64).
 		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths) and at most %g", MinThreshold, MaxThreshold)}
 	}
-	if m := t.Threshold * 1000; math.Abs(m-math.Round(m)) > 1e-6*max(1, m) {
+	if kept, _ := strconv.ParseFloat(strconv.FormatFloat(t.Threshold, 'f', 3, 64), 64); kept != t.Threshold {
 		// KEDA prints the target to thousandths for the HPA: 0.0015
 		// became 0.002 there, while pulse filled a missing pod against
 		// 0.0015, so a pod failing could ask the HPA for fewer.

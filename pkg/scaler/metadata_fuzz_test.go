@@ -2,7 +2,8 @@ package scaler
 
 import (
 	"errors"
-	"math"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -40,9 +41,9 @@ func FuzzParseTrigger(f *testing.F) {
 		// 0.001 to 1e12 in whole thousandths (what KEDA can give the HPA),
 		// the activation threshold 0 to 1e12, the window and staleAfter
 		// from a second to the aggregator's --max-window and 10 minutes.
-		m := tr.Threshold * 1000
 		if tr.Workload.Name == "" || tr.Workload.Namespace == "" || !(tr.Threshold >= MinThreshold && tr.Threshold <= MaxThreshold) ||
-			math.Abs(m-math.Round(m)) > 1e-6*max(1, m) || !(tr.ActivationThreshold >= 0 && tr.ActivationThreshold <= MaxThreshold) ||
+			!keptByKEDA(tr.Threshold) ||
+			!(tr.ActivationThreshold >= 0 && tr.ActivationThreshold <= MaxThreshold) ||
 			tr.Window < MinDuration || tr.Window > time.Minute || tr.StaleAfter < MinDuration || tr.StaleAfter > MaxStaleAfter {
 			t.Fatalf("accepted an unusable trigger %+v from %v", tr, ref.ScalerMetadata)
 		}
@@ -50,4 +51,11 @@ func FuzzParseTrigger(f *testing.F) {
 			t.Fatalf("empty metric name for %+v", tr)
 		}
 	})
+}
+
+// keptByKEDA says whether v survives KEDA's rendering for the HPA ("%.3f")
+// unchanged.
+func keptByKEDA(v float64) bool {
+	kept, err := strconv.ParseFloat(fmt.Sprintf("%.3f", v), 64)
+	return err == nil && kept == v
 }

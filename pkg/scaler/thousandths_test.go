@@ -26,7 +26,10 @@ func kedaMilli(v float64) int64 {
 // 0.0015) for 3 (found in a review, 2026-12-05). Such a threshold is
 // refused, naming what KEDA would make of it.
 func TestAThresholdKEDACannotCarryIsRefused(t *testing.T) {
-	for v, ok := range map[string]bool{"0.0015": false, "0.0125": false, "2.0005": false,
+	// Compared with KEDA's own rendering: a tolerance growing with the
+	// threshold let 2000.0005 through, which KEDA gives as 2000.001
+	// (found in a review of the check, 2026-12-05).
+	for v, ok := range map[string]bool{"0.0015": false, "0.0125": false, "2.0005": false, "2000.0005": false, "1000.0004": false, "123456.7894": false,
 		"0.001": true, "0.4": true, "0.015": true, "2.5": true, "64": true, "1e12": true, "0.3": true, "0.7": true} {
 		_, err := ParseTrigger(ref(map[string]string{"workspace": "llama", "metric": "kvCacheUsage", "threshold": v}), DefaultMaxWindow, nil)
 		if ok != (err == nil) || !ok && !strings.Contains(err.Error(), "thousandths") {
@@ -76,6 +79,34 @@ func TestDesiredIsTheHPAs(t *testing.T) {
 		}
 		if got, hpa := d.DesiredReplicas(tr), int(math.Ceil(ratio)); got != hpa {
 			t.Errorf("%d pods at %g, threshold %g, %s: DesiredReplicas %d, the HPA's %d (KEDA gives it %dm over %dm)", tc.pods, tc.per, tc.threshold, tc.valueType, got, hpa, kedaMilli(d.Value), kedaMilli(tr.Threshold))
+		}
+	} // A value half way between two thousandths goes where KEDA's printing
+	// takes it (2.0625 to 2.062), not away from zero (found in a review of
+	// the change, 2026-12-05: 2 replicas shown where the HPA asked for 1).
+	for _, c := range []struct{ value, threshold float64 }{{2.0625, 2.062}, {1.0005, 1}, {0.0625, 0.062}} {
+		d, tr := Decision{Value: c.value}, Trigger{Threshold: c.threshold, ValueType: "total"}
+		if got, hpa := d.DesiredReplicas(tr), int(math.Ceil(float64(kedaMilli(c.value))/float64(kedaMilli(c.threshold)))); got != hpa {
+			t.Errorf("value %g over %g: DesiredReplicas %d, the HPA's %d", c.value, c.threshold, got, hpa)
+		}
+	}
+}
+
+// TestKEDAMilliIsKEDAs: KEDA hands the HPA a value printed "%.3f" and parsed as
+// a quantity, and the simulated KEDA (and, until 2026-12-05, the desired count the
+// scaler shows) rounded v×1000 half away from zero
+// instead, a thousandth apart from KEDA's wherever the value's decimal
+// expansion sits on or near a half (1.0005 is 1.000499… in binary: KEDA's
+// 1.000, not 1.001; 2.0625 is a tie KEDA's printing takes to 2.062).
+func TestKEDAMilliIsKEDAs(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		want int64
+	}{
+		{2.0625, 2062}, {1.0005, 1000}, {1.2345, 1234}, {0.1235, 123}, {0.0005, 1}, {3.9999, 4000}, {7, 7000},
+		{-1, 0}, {math.NaN(), 0}, {math.Inf(1), 0}, {1e300, math.MaxInt64},
+	} {
+		if got := KEDAMilli(c.v); got != c.want {
+			t.Errorf("KEDAMilli(%v) = %d, want %d (KEDA's %q)", c.v, got, c.want, fmt.Sprintf("%.3f", c.v))
 		}
 	}
 }

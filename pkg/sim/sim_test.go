@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -565,25 +564,6 @@ func deref(v *float64) any {
 		return nil
 	}
 	return *v
-}
-
-// TestMilliIsKEDAs: KEDA hands the HPA a value printed "%.3f" and parsed as
-// a quantity, and the simulated KEDA rounded v×1000 half away from zero
-// instead, a thousandth apart from KEDA's wherever the value's decimal
-// expansion sits on or near a half (1.0005 is 1.000499… in binary: KEDA's
-// 1.000, not 1.001; 2.0625 is a tie KEDA's printing takes to 2.062).
-func TestMilliIsKEDAs(t *testing.T) {
-	for _, c := range []struct {
-		v    float64
-		want int64
-	}{
-		{2.0625, 2062}, {1.0005, 1000}, {1.2345, 1234}, {0.1235, 123}, {0.0005, 1}, {3.9999, 4000}, {7, 7000},
-		{-1, 0}, {math.NaN(), 0}, {math.Inf(1), 0}, {1e300, math.MaxInt64},
-	} {
-		if got := milli(c.v); got != c.want {
-			t.Errorf("milli(%v) = %d, want %d (KEDA's %q)", c.v, got, c.want, fmt.Sprintf("%.3f", c.v))
-		}
-	}
 }
 
 // TestKaitoReadsEveryReplicaOfAWorkspace: pulse-sim scales a Workspace past

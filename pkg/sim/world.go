@@ -8,11 +8,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/sim/hpa"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 )
@@ -196,26 +195,8 @@ func newWorld(cfg *Config, pipe Pipeline) *world {
 	w.st.init(cfg)
 	so := cfg.ScaledObject
 	w.hpa = hpa.New(hpa.Spec{MinReplicas: so.HPAMinReplicas(), MaxReplicas: so.MaxReplicas(), Behavior: so.Behavior()}, cfg.HPA)
-	w.target = hpa.Target{AverageValue: so.PulseTrigger().MetricType != "Value", Milli: milli(cfg.trigger.Threshold)}
+	w.target = hpa.Target{AverageValue: so.PulseTrigger().MetricType != "Value", Milli: scaler.KEDAMilli(cfg.trigger.Threshold)}
 	return w
-}
-
-// milli is KEDA's rendering of a value for the HPA, in thousandths: the
-// value printed "%.3f" and parsed as a quantity (KEDA 2.21,
-// pkg/scalers/scaler.go, quantityFromFloat64), so a value half way between
-// two thousandths goes to the even one of its decimal expansion as KEDA's
-// does (2.0625 is 2.062), not away from zero; NaN, ±Inf and values below 0
-// are 0. Past what an int64 of thousandths holds it is that bound.
-func milli(v float64) int64 {
-	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0
-	}
-	s := strconv.FormatFloat(v, 'f', 3, 64) // fmt's "%.3f"
-	n, err := strconv.ParseInt(strings.Replace(s, ".", "", 1), 10, 64)
-	if err != nil {
-		return math.MaxInt64
-	}
-	return n
 }
 
 // planner is a pipeline that sets the replica count itself (/scale
@@ -647,7 +628,7 @@ func (w *world) hpaSync() {
 	switch {
 	case err == nil:
 		w.failures = 0
-		reading.Milli = milli(v)
+		reading.Milli = scaler.KEDAMilli(v)
 	case so.Spec.Fallback != nil:
 		// KEDA's fallback (pkg/fallback, doFallback): after
 		// failureThreshold failures the metric is the fallback's
@@ -723,7 +704,7 @@ func (w *world) watchLoadRise() {
 		return
 	}
 	v := trueValue(w)
-	if want := int32(math.Ceil(float64(milli(v)) / float64(w.target.Milli))); want > w.spec {
+	if want := int32(math.Ceil(float64(scaler.KEDAMilli(v)) / float64(w.target.Milli))); want > w.spec {
 		w.st.loadRise = w.now
 	}
 }
