@@ -224,9 +224,11 @@ type Store struct {
 	// held then is not one without replicas.
 	nsPods    map[string]int
 	refusedAt map[Key]map[string]time.Time
-	// nsWaiting: namespaces a new pod of which was refused for room (not
-	// for their own cap), and when last (roomIn); swept past refusedFor.
-	nsWaiting map[string]time.Time
+	// nsWaiting: namespaces whose new pods were refused for room (not for
+	// their own cap), by the pod's uid, and when last (roomIn); a pod
+	// admitted since is deleted (admitted), and the rest swept past
+	// refusedFor.
+	nsWaiting map[string]map[string]time.Time
 
 	// changed is told of every workload that changes (OnChange); nil
 	// until set.
@@ -469,7 +471,7 @@ func New(opts Options) *Store {
 		unseenOn:   make(map[string]int),
 		nsPods:     make(map[string]int),
 		refusedAt:  make(map[Key]map[string]time.Time),
-		nsWaiting:  make(map[string]time.Time),
+		nsWaiting:  make(map[string]map[string]time.Time),
 		now:        opts.Now,
 		epoch:      opts.Now(),
 	}
@@ -600,8 +602,13 @@ func (s *Store) sweep(now time.Time, force bool) {
 			delete(s.lost, k)
 		}
 	}
-	for ns, at := range s.nsWaiting {
-		if now.Sub(at) > refusedFor {
+	for ns, uids := range s.nsWaiting {
+		for uid, at := range uids {
+			if now.Sub(at) > refusedFor {
+				delete(uids, uid)
+			}
+		}
+		if len(uids) == 0 {
 			delete(s.nsWaiting, ns)
 		}
 	}
@@ -682,6 +689,13 @@ func (s *Store) refusedRecently(k Key, now time.Time) time.Time {
 // minute more, every trigger and plan of it failing meanwhile. mu must
 // be held.
 func (s *Store) admitted(info PodInfo) {
+	if uids := s.nsWaiting[info.Namespace]; uids != nil {
+		// It waits no more: room freed is not kept for it.
+		delete(uids, info.UID)
+		if len(uids) == 0 {
+			delete(s.nsWaiting, info.Namespace)
+		}
+	}
 	for _, k := range info.Workloads {
 		if uids := s.refusedAt[k]; uids != nil {
 			delete(uids, info.UID)
@@ -929,9 +943,10 @@ func (s *Store) UpsertStream(src Source, pods []PodInfo, full bool) (refused []s
 // namespaces at their caps (half the room each, by default) took it all,
 // and every other tenant's new replicas waited for as long as those were
 // held; now they wait for the first room freed (no pod held is evicted
-// for them). A namespace refused for room, not for its own cap, is
-// recorded as waiting (nsWaiting) for refusedFor. mu must be held.
-func (s *Store) roomIn(ns string, isNew bool) bool {
+// for them). A pod (uid) refused for room, not for its namespace's cap,
+// is recorded as waiting (nsWaiting) until it is admitted, for refusedFor
+// at most. mu must be held.
+func (s *Store) roomIn(ns, uid string, isNew bool) bool {
 	have := s.nsPods[ns]
 	switch {
 	case have >= s.opts.MaxPodsPerNamespace:
@@ -939,7 +954,10 @@ func (s *Store) roomIn(ns string, isNew bool) bool {
 	case !isNew:
 		return true
 	case len(s.pods) >= s.opts.MaxPods:
-		s.nsWaiting[ns] = s.now()
+		if s.nsWaiting[ns] == nil {
+			s.nsWaiting[ns] = map[string]time.Time{}
+		}
+		s.nsWaiting[ns][uid] = s.now()
 		return false
 	}
 	share := s.opts.MaxPods / (len(s.nsPods) + 1)
@@ -947,9 +965,14 @@ func (s *Store) roomIn(ns string, isNew bool) bool {
 		return true
 	}
 	now := s.now()
-	for w, at := range s.nsWaiting {
-		if w != ns && now.Sub(at) <= refusedFor && s.nsPods[w] < share {
-			return false
+	for w, uids := range s.nsWaiting {
+		if w == ns || s.nsPods[w] >= share {
+			continue
+		}
+		for _, at := range uids {
+			if now.Sub(at) <= refusedFor {
+				return false
+			}
 		}
 	}
 	return true
@@ -964,7 +987,7 @@ func (s *Store) upsertOne(src Source, info PodInfo) bool {
 	// checked can) takes room there as a new pod would: it moved past
 	// the namespace's cap.
 	moves := ok && p.Namespace != info.Namespace
-	if (!ok || moves) && !s.roomIn(info.Namespace, !ok) {
+	if (!ok || moves) && !s.roomIn(info.Namespace, info.UID, !ok) {
 		s.refused++
 		for _, k := range info.Workloads {
 			if s.refusedAt[k] == nil {

@@ -311,6 +311,18 @@ func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
 	if victim := fill(s, "victim", 0, 5); victim != 3 || s.Pods() != 100 {
 		t.Fatalf("the victim took %d of the 3 freed (%d held): want 3", victim, s.Pods())
 	}
+	// Once the victim's pods are all held it waits no more, and room
+	// freed is anyone's at once (it was kept for it a minute more, every
+	// new pod of a refused meanwhile, its workloads Unavailable: found in
+	// a review of the rule, 2026-12-05).
+	s.Remove("n1", "a-3", "a-4")
+	if rest := fill(s, "victim", 3, 2); rest != 2 {
+		t.Fatalf("the victim's last two took %d of the 2 freed: want 2", rest)
+	}
+	s.Remove("n1", "a-5")
+	if a := fill(s, "a", 200, 1); a != 1 {
+		t.Fatalf("a's new pod was refused the room freed with no pod waiting")
+	}
 	// A minute after the victim's last refusal, room freed is anyone's.
 	now = now.Add(refusedFor + time.Second)
 	s.Remove("n1", "b-0")

@@ -230,6 +230,21 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 	if _, _, err := s.Run("late", &log); err == nil || !strings.Contains(err.Error(), "late:") || !strings.Contains(err.Error(), badSO) || log.Len() > 0 {
 		t.Errorf("a suite with a bad trace and ScaledObject: %v, after %q; want both named before any case ran", err, log.String())
 	}
+	// So are a trigger pulse refuses and a generated trace whose seeds
+	// fall either side of the default warm-up (found in a review of the
+	// change: each still found at its case).
+	badTrigger := filepath.Join(dir, "threshold.yaml")
+	if err := os.WriteFile(badTrigger, []byte("apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: llama}\nspec: {scaleTargetRef: {name: llama}, triggers: [{type: external-push, metadata: {workspace: llama, metric: kvCacheUsage, threshold: '0.0015'}}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Read(miniSuite(t, "seeds: 6\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml, "+badTrigger+"]\ntraces:\n- {name: good, trace: 'poisson:rate=1,duration=20m'}\n- {name: short, trace: 'poisson:rate=0.03,duration=10m30s'}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Reset()
+	if _, _, err := s.Run("late", &log); err == nil || !strings.Contains(err.Error(), "thousandths") || !strings.Contains(err.Error(), "short: seed") || log.Len() > 0 {
+		t.Errorf("a suite with a bad trigger and seeds either side of the warm-up: %v, after %q; want both named before any case ran", err, log.String())
+	}
 	// hindsight is a reference a suite may name: the bench adds only the
 	// fixed fleets and the clairvoyant sweep itself.
 	if _, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'hindsight:utilisation=0.5,hold=15m']\n")); err != nil {

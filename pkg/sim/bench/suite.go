@@ -209,17 +209,45 @@ func (s *Suite) checkInputs() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, so := range s.ScaledObjects {
-		if _, err := sim.ReadScaledObject(s.path(so)); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", so, err))
+	for _, path := range s.ScaledObjects {
+		so, err := sim.ReadScaledObject(s.path(path))
+		if err == nil {
+			_, err = sim.TriggerMetric(so) // its trigger's metadata, as pulse parses it
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
 		}
 	}
 	for _, tc := range s.Traces {
-		if _, err := trace.Load(s.path(tc.Trace), s.Seed); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", tc.Name, err))
-		}
+		errs = append(errs, s.checkTrace(tc))
 	}
 	return errors.Join(errs...)
+}
+
+// checkTrace loads tc's trace for every seed, and refuses it when the
+// seeds fall either side of the default warm-up (bench.SameWarmup would
+// refuse it at its case, after the cases before it had run).
+func (s *Suite) checkTrace(tc TraceCase) error {
+	var within, past []uint64
+	for i := range s.Seeds {
+		seed := s.Seed + uint64(i)
+		reqs, err := trace.Load(s.path(tc.Trace), seed)
+		if err != nil {
+			return fmt.Errorf("%s: %w", tc.Name, err)
+		}
+		if len(reqs) > 0 && reqs[len(reqs)-1].At <= s.Warmup.Duration {
+			within = append(within, seed)
+		} else {
+			past = append(past, seed)
+		}
+		if !s.warmupDefault || !trace.Generated(s.path(tc.Trace)) {
+			break // a file is the same trace for every seed; a warm-up given is refused by run where it leaves nothing
+		}
+	}
+	if len(within) > 0 && len(past) > 0 {
+		return fmt.Errorf("%s: seed %d's trace ends within the default warm-up (%s), and is scored whole, and seed %d's past it: give a warm-up every seed's trace passes", tc.Name, within[0], s.Warmup.Duration, past[0])
+	}
+	return nil
 }
 
 // SetPipelines replaces the suite's pipelines (pulse-sim bench
