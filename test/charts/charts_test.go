@@ -810,10 +810,31 @@ func TestTheDebugReaderGrantsPulsesPagesAlone(t *testing.T) {
 	}
 }
 
+// TestTheClusterRoleReadsItselfWhereItOwns: the aggregator reads its
+// ClusterRole (to own what it creates) only when told its name
+// (--owner-cluster-role); with metricsAuth the ClusterRole alone needed
+// (its reviews), the rule was granted and never used (found in a review,
+// 2026-12-05). The two go together.
+func TestTheClusterRoleReadsItselfWhereItOwns(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "aggregator")
+	for _, args := range [][]string{nil, {"-f", filepath.Join(chart, "ci", "tls-files-rbac-values.yaml"), "--set", "metricsAuth=kubernetes"}} {
+		out, err := render(t, chart, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		reads, told := strings.Contains(out, `resources: ["clusterroles"]`), strings.Contains(out, "--owner-cluster-role=")
+		if reads != told || !strings.Contains(out, "kind: ClusterRole\n") {
+			t.Errorf("%v: the ClusterRole reads itself %v, the aggregator is told its name %v; want both or neither, and a ClusterRole", args, reads, told)
+		}
+	}
+}
+
 // TestTheAgentRunsAsAUserWithoutThePodResourcesSocket: root is for the
 // kubelet's pod-resources socket alone; with podResources.enabled false
 // the agent, which parses every tenant's pages, still ran as root unless
-// its security context was written out by hand.
+// its security context was written out by hand. And with nvml.mode off,
+// where the agent never dials the socket, it still ran as root with the
+// kubelet's directory mounted (found in a review, 2026-12-05).
 func TestTheAgentRunsAsAUserWithoutThePodResourcesSocket(t *testing.T) {
 	chart := filepath.Join(root, "deploy", "daemonset")
 	for _, c := range []struct {
@@ -824,10 +845,14 @@ func TestTheAgentRunsAsAUserWithoutThePodResourcesSocket(t *testing.T) {
 		{nil, 0, false},
 		{[]string{"--set", "podResources.enabled=false"}, 65532, true},
 		{[]string{"--set", "podResources.enabled=false", "--set", "securityContext.runAsUser=1000"}, 1000, false},
+		{[]string{"--set", "nvml.mode=off"}, 65532, true},
 	} {
 		out, err := render(t, chart, c.args...)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", c.args, err, out)
+		}
+		if mounted := strings.Contains(out, "/var/lib/kubelet/pod-resources"); mounted != (c.user == 0) {
+			t.Errorf("%v: the kubelet's pod-resources directory mounted %v; want it only where the agent runs as root for it", c.args, mounted)
 		}
 		sc := container(t, docs(t, out)["DaemonSet/pulse-agent"]).SecurityContext
 		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != c.user || (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) != c.nonRoot ||
@@ -853,7 +878,9 @@ func TestValuesThatCannotWorkAreRefusedSayingWhy(t *testing.T) {
 		{[]string{"--set", "warmup.agentDaemonSet=pulse-agent"}, `warmup.agentDaemonSet "pulse-agent": NAMESPACE/NAME`},
 		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
 		{[]string{"--set", "agentAuth.serviceAccounts={pulse-agent}", "--set", "networkPolicy.enabled=false"}, `agentAuth.serviceAccounts: "pulse-agent" is not NAMESPACE/NAME`},
-		{[]string{"--set", "relay.enabled=true", "--set", "relay.streamsPerConnection=0"}, "relay.streamsPerConnection must be at least 1"},
+		{[]string{"--set", "relay.enabled=true", "--set", "relay.streamsPerConnection=0"}, "relay.streamsPerConnection must be from 1 to 65536"},
+		// Rendered, and every replica crash-looped (found in a review, 2026-12-05).
+		{[]string{"--set", "relay.enabled=true", "--set", "relay.streamsPerConnection=70000"}, "relay.streamsPerConnection must be from 1 to 65536"},
 		// The managed CA published nowhere (--ca-configmap=, an RBAC rule
 		// on a ConfigMap named ""): every agent's handshake failed.
 		{[]string{"--set", "scaler.managedCerts.caConfigMap="}, "ingest.tls.managed needs scaler.managedCerts.caConfigMap"},
