@@ -689,11 +689,15 @@ func (s *Store) refusedRecently(k Key, now time.Time) time.Time {
 // minute more, every trigger and plan of it failing meanwhile. mu must
 // be held.
 func (s *Store) admitted(info PodInfo) {
-	if uids := s.nsWaiting[info.Namespace]; uids != nil {
-		// It waits no more: room freed is not kept for it.
-		delete(uids, info.UID)
-		if len(uids) == 0 {
-			delete(s.nsWaiting, info.Namespace)
+	// It waits no more: room freed is not kept for it, under whichever
+	// namespace it was refused (an agent not checked may list a uid
+	// under another).
+	for ns, uids := range s.nsWaiting {
+		if _, ok := uids[info.UID]; ok {
+			delete(uids, info.UID)
+			if len(uids) == 0 {
+				delete(s.nsWaiting, ns)
+			}
 		}
 	}
 	for _, k := range info.Workloads {

@@ -323,6 +323,16 @@ func TestTwoNamespacesCannotTakeEveryonesRoom(t *testing.T) {
 	if a := fill(s, "a", 200, 1); a != 1 {
 		t.Fatalf("a's new pod was refused the room freed with no pod waiting")
 	}
+	// A pod refused under one namespace and held under another (an agent
+	// not checked) leaves the first waiting no more (found in a review of
+	// the rule, 2026-12-05).
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "moved", Namespace: "victim", Name: "moved", Ready: true}}, false)
+	s.Remove("n1", "a-6")
+	s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "moved", Namespace: "late", Name: "moved", Ready: true}}, false)
+	s.Remove("n1", "a-7")
+	if a := fill(s, "a", 300, 1); a != 1 {
+		t.Fatalf("a's new pod was refused the room freed with the pod that waited held under another namespace")
+	}
 	// A minute after the victim's last refusal, room freed is anyone's.
 	now = now.Add(refusedFor + time.Second)
 	s.Remove("n1", "b-0")

@@ -242,8 +242,25 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 		t.Fatal(err)
 	}
 	log.Reset()
-	if _, _, err := s.Run("late", &log); err == nil || !strings.Contains(err.Error(), "thousandths") || !strings.Contains(err.Error(), "short: seed") || log.Len() > 0 {
+	if _, _, err := s.Run("late", &log); err == nil || !strings.Contains(err.Error(), "thousandths") || !strings.Contains(err.Error(), "short at ×1: seed") || log.Len() > 0 {
 		t.Errorf("a suite with a bad trigger and seeds either side of the warm-up: %v, after %q; want both named before any case ran", err, log.String())
+	}
+	// The seeds are judged at the rate scale their case runs them at, as
+	// runCase thins or copies them, not raw (found in a review of the
+	// check, 2026-12-05: a suite that would run was refused, and one that
+	// would not passed).
+	for _, c := range []struct {
+		trace   string
+		scale   float64
+		refused bool
+	}{{"poisson:rate=3,duration=10m1s", 0.1, true}, {"poisson:rate=3,duration=10m0.3s", 0.01, false}} {
+		s, err := Read(miniSuite(t, fmt.Sprintf("seeds: 2\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]\ntraces:\n- {name: x, trace: '%s', rateScale: %g}\n", c.trace, c.scale)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.checkInputs(); (err != nil) != c.refused {
+			t.Errorf("%s at ×%g: %v; want refused %v", c.trace, c.scale, err, c.refused)
+		}
 	}
 	// hindsight is a reference a suite may name: the bench adds only the
 	// fixed fleets and the clairvoyant sweep itself.

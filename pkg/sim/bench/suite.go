@@ -224,28 +224,37 @@ func (s *Suite) checkInputs() error {
 	return errors.Join(errs...)
 }
 
-// checkTrace loads tc's trace for every seed, and refuses it when the
-// seeds fall either side of the default warm-up (bench.SameWarmup would
-// refuse it at its case, after the cases before it had run).
+// checkTrace loads tc's trace for every seed, at each rate scale the
+// suite's profiles give it, as runCase does, and refuses it when the seeds
+// fall either side of the default warm-up (bench.SameWarmup would refuse
+// it at its case, after the cases before it had run): a scale thins or
+// copies a trace by its seed, moving its last arrival.
 func (s *Suite) checkTrace(tc TraceCase) error {
-	var within, past []uint64
+	scales := map[float64]bool{}
+	for _, prof := range s.Profiles {
+		scales[tc.scale(prof)] = true
+	}
+	within, past := map[float64][]uint64{}, map[float64][]uint64{}
 	for i := range s.Seeds {
 		seed := s.Seed + uint64(i)
 		reqs, err := trace.Load(s.path(tc.Trace), seed)
 		if err != nil {
 			return fmt.Errorf("%s: %w", tc.Name, err)
 		}
-		if len(reqs) > 0 && reqs[len(reqs)-1].At <= s.Warmup.Duration {
-			within = append(within, seed)
-		} else {
-			past = append(past, seed)
+		if !s.warmupDefault {
+			return nil // a warm-up given is refused by run where it leaves nothing
 		}
-		if !s.warmupDefault || !trace.Generated(s.path(tc.Trace)) {
-			break // a file is the same trace for every seed; a warm-up given is refused by run where it leaves nothing
+		for scale := range scales {
+			scaled := trace.DensifyWith(reqs, scale, seed, trace.Copies{Jitter: s.CopyJitter.Duration, Resample: s.CopyLengths == "resample"})
+			if len(scaled) > 0 && scaled[len(scaled)-1].At <= s.Warmup.Duration {
+				within[scale] = append(within[scale], seed)
+			} else {
+				past[scale] = append(past[scale], seed)
+			}
+			if w, p := within[scale], past[scale]; len(w) > 0 && len(p) > 0 {
+				return fmt.Errorf("%s at ×%g: seed %d's trace ends within the default warm-up (%s), and is scored whole, and seed %d's past it: give a warm-up every seed's trace passes", tc.Name, scale, w[0], s.Warmup.Duration, p[0])
+			}
 		}
-	}
-	if len(within) > 0 && len(past) > 0 {
-		return fmt.Errorf("%s: seed %d's trace ends within the default warm-up (%s), and is scored whole, and seed %d's past it: give a warm-up every seed's trace passes", tc.Name, within[0], s.Warmup.Duration, past[0])
 	}
 	return nil
 }
