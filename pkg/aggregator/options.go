@@ -244,7 +244,7 @@ func (o *StoreOptions) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.FreshFor, "fresh-for", o.FreshFor, "how recent a pod's last sample must be to count as fresh in the debug endpoint")
 	fs.IntVar(&o.MaxPodsPerAgent, "max-pods-per-agent", o.MaxPodsPerAgent, "pods one agent stream may list")
 	fs.IntVar(&o.MaxPods, "max-pods", o.MaxPods, "pods held in all; past it a new pod waits (counted as store_full) until there is room: no pod held is evicted for it")
-	fs.IntVar(&o.MaxPodsPerNamespace, "max-pods-per-namespace", o.MaxPodsPerNamespace, "pods of one namespace held (0: half of --max-pods); past it a new pod of that namespace waits as past --max-pods, so that one tenant's pods cannot take every other tenant's room")
+	fs.IntVar(&o.MaxPodsPerNamespace, "max-pods-per-namespace", o.MaxPodsPerNamespace, "pods of one namespace held (0: half of --max-pods); past it a new pod of that namespace waits as past --max-pods, so that one tenant's pods cannot take every other tenant's room; and room freed goes first to the namespaces below a share (--max-pods over one more than the namespaces holding pods) with a pod waiting for room")
 	fs.DurationVar(&o.PodExpiry, "pod-expiry", o.PodExpiry, "pods of an agent disconnected this long are dropped")
 	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go's GC percent (GOGC): how far past the live heap and the goroutines' stacks the heap grows before the next collection; GOGC in the environment is kept instead; 0: Go's default, 100 (50 keeps the heap in use about a quarter lower, measured, for more collections: the same CPU at 2,000 agents, a longer GetMetrics tail at 10,000; as Prometheus does by default)")
 }

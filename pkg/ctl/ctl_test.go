@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"flag"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -383,6 +384,46 @@ func (s *deadlineScaler) GetMetrics(ctx context.Context, _ *externalscaler.GetMe
 func (s *deadlineScaler) IsActive(ctx context.Context, _ *externalscaler.ScaledObjectRef) (*externalscaler.IsActiveResponse, error) {
 	s.called(ctx)
 	return &externalscaler.IsActiveResponse{Result: true}, nil
+}
+
+// valueScaler answers a target and a value.
+type valueScaler struct {
+	externalscaler.UnimplementedExternalScalerServer
+	target, value float64
+}
+
+func (s valueScaler) GetMetricSpec(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.GetMetricSpecResponse, error) {
+	return &externalscaler.GetMetricSpecResponse{MetricSpecs: []*externalscaler.MetricSpec{{MetricName: "m", TargetSizeFloat: s.target}}}, nil
+}
+
+func (s valueScaler) GetMetrics(context.Context, *externalscaler.GetMetricsRequest) (*externalscaler.GetMetricsResponse, error) {
+	return &externalscaler.GetMetricsResponse{MetricValues: []*externalscaler.MetricValue{{MetricName: "m", MetricValueFloat: s.value}}}, nil
+}
+
+func (s valueScaler) IsActive(context.Context, *externalscaler.ScaledObjectRef) (*externalscaler.IsActiveResponse, error) {
+	return &externalscaler.IsActiveResponse{Result: true}, nil
+}
+
+// TestQueryDesiredIsTheHPAs: the desired count query prints is the HPA's,
+// made on the thousandths KEDA gives it: three pods' 0.4 summed to
+// 1.2000000000000002, over a target of 0.4, printed 4 where the HPA asks
+// for 3 (found in a review, 2026-12-05).
+func TestQueryDesiredIsTheHPAs(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(g, valueScaler{target: 0.4, value: math.Nextafter(1.2, 2)})
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO))
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	if !strings.Contains(out, "min/max): 3\n") {
+		t.Fatalf("query printed:\n%s\nwant 3 desired replicas", out)
+	}
 }
 
 // TestQueryTimeoutIsPerCall: --timeout bounds each of KEDA's three calls,

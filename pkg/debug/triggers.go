@@ -38,7 +38,8 @@ type Trigger struct {
 	// KEDA last sent it.
 	Refused bool `json:"refused,omitempty"`
 	// DesiredReplicas is ceil(value / threshold) for valueType total
-	// (ceil(value / threshold × ready pods) for average): what the HPA
+	// (ceil(value / threshold × ready pods) for average), each in the
+	// thousandths KEDA gives the HPA (scaler.KEDAMilli): what the HPA
 	// derives before its tolerance, behaviour and min/max.
 	DesiredReplicas *int             `json:"desiredReplicas,omitempty"`
 	Decision        *scaler.Decision `json:"decision,omitempty"`

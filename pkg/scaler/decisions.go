@@ -222,7 +222,7 @@ var (
 		planDesc("trend_work_per_second", "How far the level of the work arriving rises within the next lead time, where it rose in each quarter of the last one (four times the slowest quarter's rise; 0 where it did not): not a memory, each observation sets it."),
 		planDesc("planned_work_per_second", "The work per second the plan covers: the work over the utilisation, the work plus the surge up to its recent peak, the work plus the level's surge beyond the utilisation's headroom, up to the peak, over the utilisation, or the work plus its trend beyond that headroom over the utilisation, whichever is most."),
 		planDesc("refused_replicas", "Ready replicas whose window was past what is believed of one replica (planned as replicas without a fresh sample)."),
-		planDesc("stuck_replicas", "Replicas starting, or ready before and unready since, longer than an hour (or three lead times learned): no capacity coming."),
+		planDesc("stuck_replicas", "Replicas starting, or ready before and unready since, longer than an hour (or three lead times learned, never past 24 hours): no capacity coming."),
 		planDesc("unseen_replicas", "Replicas whose agent is lost past --pod-expiry that the API still has (planned as replicas without a fresh sample, or starting)."),
 		planDesc("unready_replicas", "Replicas ready before and not now (a failed probe, a restarted container), planned as replicas without a fresh sample until unready as long as a stuck start."),
 	}

@@ -100,7 +100,7 @@ type Snapshot struct {
 	Lost   Lost
 	LostOK bool
 	// RefusedAt: a new pod of the workload was refused for room (MaxPods,
-	// MaxPodsPerNamespace) then, within the last minute: replicas of it
+	// MaxPodsPerNamespace, a share: roomIn) then, within the last minute: replicas of it
 	// wait, unseen, and what is held is not the whole workload.
 	RefusedAt time.Time
 }

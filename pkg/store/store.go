@@ -150,7 +150,9 @@ type Options struct {
 	// MaxPodsPerNamespace caps the pods of one namespace (0: MaxPods), so
 	// that one tenant's pods (a router's demand entries, say) cannot take
 	// the room every other tenant's new replicas need. Past it a new pod
-	// of that namespace is refused as past MaxPods.
+	// of that namespace is refused as past MaxPods; and so is one of a
+	// namespace holding a share of the room while one below a share waits
+	// for room (roomIn).
 	MaxPodsPerNamespace int
 	// Expiry: pods of an agent whose streams have all been closed this long
 	// are dropped. Pods of a connected agent stay until it removes them.
@@ -668,7 +670,7 @@ func (src *source) orphan(uid string, now time.Time) {
 }
 
 // refusedFor: how long a workload a new pod of which was refused for room
-// (MaxPods, MaxPodsPerNamespace) is remembered: its agent lists a refused
+// (MaxPods, MaxPodsPerNamespace, a share: roomIn) is remembered: its agent lists a refused
 // pod again at each batch, each refusal renewing it.
 const refusedFor = time.Minute
 
@@ -861,8 +863,9 @@ func without(list []string, v string) []string {
 	return list
 }
 
-// Refused is the number of times a new pod was refused because MaxPods was
-// reached.
+// Refused is the number of times a new pod was refused for room: MaxPods
+// or its namespace's MaxPodsPerNamespace reached, or its namespace's share
+// while another below a share waits (roomIn).
 func (s *Store) Refused() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -889,9 +892,9 @@ func (s *Store) notify(p *pod) {
 
 // Upsert adds or updates pods listed by src. With full set, src no longer
 // lists the pods it does not name; a pod no agent lists is removed. It
-// returns the uids of the new pods it refused because MaxPods is reached
-// (see Options.MaxPods): a refused pod is not held; listing it again adds
-// it once there is room.
+// returns the uids of the new pods it refused for room (see
+// Options.MaxPods, Options.MaxPodsPerNamespace): a refused pod is not
+// held; listing it again adds it once there is room.
 func (s *Store) Upsert(src Source, pods []PodInfo, full bool) (refused []string) {
 	refused, _ = s.UpsertStream(src, pods, full)
 	return refused

@@ -197,8 +197,9 @@ func (s *Suite) complete() error {
 	return errors.Join(errs...)
 }
 
-// checkInputs reads every profile, ScaledObject and trace (its first
-// seed's) the suite names, before any case runs, naming each bad one: a
+// checkInputs reads every profile, ScaledObject (and its trigger) and
+// trace (checkTrace: every seed's) the suite names, before any case runs,
+// naming each bad one: a
 // bad file was found only when its case came, after the cases before it
 // had run, and nothing was written; a bad ScaledObject was named by its
 // metadata name, which two files may share.

@@ -86,13 +86,6 @@ func Name(spec string) string {
 	return filepath.Base(spec)
 }
 
-// Generated says whether spec is a generator's (its trace differs by seed)
-// rather than a file's.
-func Generated(spec string) bool {
-	name, _, ok := strings.Cut(spec, ":")
-	return ok && isGenerator(name)
-}
-
 // Load reads a trace file, or generates one from a generator spec; seed
 // drives the generators.
 func Load(spec string, seed uint64) ([]Request, error) {
