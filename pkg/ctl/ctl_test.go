@@ -182,19 +182,12 @@ func serve(t *testing.T) (scalerAddr, debugURL string) {
 	r.Values.Set(metric.Waiting, 25)
 	st.Add([]store.Report{r})
 	sc := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	externalscaler.RegisterExternalScalerServer(g, sc)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	addr := serveScaler(t, sc)
 	mux := http.NewServeMux()
 	(&debug.Handler{Store: st, Triggers: sc, FreshFor: time.Minute, MaxWindow: time.Minute}).Register(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
-	return lis.Addr().String(), hs.URL
+	return addr, hs.URL
 }
 
 func TestQueryAsksWhatKEDAWould(t *testing.T) {
@@ -386,6 +379,21 @@ func (s *deadlineScaler) IsActive(ctx context.Context, _ *externalscaler.ScaledO
 	return &externalscaler.IsActiveResponse{Result: true}, nil
 }
 
+// serveScaler serves sc as an external scaler on loopback until the test
+// ends, and returns its address.
+func serveScaler(t *testing.T, sc externalscaler.ExternalScalerServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	externalscaler.RegisterExternalScalerServer(g, sc)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
 // valueScaler answers a target and a value.
 type valueScaler struct {
 	externalscaler.UnimplementedExternalScalerServer
@@ -409,15 +417,8 @@ func (s valueScaler) IsActive(context.Context, *externalscaler.ScaledObjectRef) 
 // 1.2000000000000002, over a target of 0.4, printed 4 where the HPA asks
 // for 3 (found in a review, 2026-12-05).
 func TestQueryDesiredIsTheHPAs(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	externalscaler.RegisterExternalScalerServer(g, valueScaler{target: 0.4, value: math.Nextafter(1.2, 2)})
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO))
+	addr := serveScaler(t, valueScaler{target: 0.4, value: math.Nextafter(1.2, 2)})
+	code, out, errs := run("query", "--scaler", addr, "-f", write(t, goodSO))
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errs)
 	}
@@ -434,16 +435,9 @@ func TestQueryDesiredIsTheHPAs(t *testing.T) {
 // comes near its timeout: the test reads the deadlines, not a race
 // against them.
 func TestQueryTimeoutIsPerCall(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
 	sc := &deadlineScaler{delay: 200 * time.Millisecond}
-	externalscaler.RegisterExternalScalerServer(g, sc)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	if code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, goodSO), "--timeout", "1m"); code != 0 {
+	addr := serveScaler(t, sc)
+	if code, out, errs := run("query", "--scaler", addr, "-f", write(t, goodSO), "--timeout", "1m"); code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errs)
 	}
 	sc.mu.Lock()
@@ -531,14 +525,7 @@ func TestCheckRefusesAMaxWindowTheAggregatorWould(t *testing.T) {
 // printed the Value formula), and a valueType that does not fit it is
 // warned of.
 func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	externalscaler.RegisterExternalScalerServer(g, &deadlineScaler{}) // 25 against a target of 10
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
+	addr := serveScaler(t, &deadlineScaler{}) // 25 against a target of 10
 	so := strings.Replace(goodSO, `  - type: external-push
     metadata: {scalerAddress: "x:9090", inferenceSet: llama, metric: waiting, threshold: "10"}`, `  - type: external-push
     metricType: Value
@@ -556,7 +543,7 @@ func TestQueryDesiredForAnAverageTrigger(t *testing.T) {
 		{"valueType average, metricType AverageValue (KEDA's default)", strings.Replace(so, "    metricType: Value\n", "", 1), averageValue, true},
 		{"valueType total, metricType Value", strings.Replace(so, ", valueType: average", "", 1), "ceil(ready replicas × 2.5)", true},
 	} {
-		code, out, errs := run("query", "--scaler", lis.Addr().String(), "-f", write(t, c.so))
+		code, out, errs := run("query", "--scaler", addr, "-f", write(t, c.so))
 		if code != 0 || !strings.Contains(out, c.says) || strings.Contains(out, "warning: ") != c.warned {
 			t.Errorf("%s: exit %d, want %q, warned %v\n%s%s", c.name, code, c.says, c.warned, out, errs)
 		}
