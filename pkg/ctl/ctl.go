@@ -508,7 +508,7 @@ func ask(c externalscaler.ExternalScalerClient, pt pulseTrigger, timeout time.Du
 			hpaRatio(v, ms.TargetSizeFloat))
 	default:
 		fmt.Fprintf(w, "  desired replicas (metricType AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
-			int(math.Ceil(hpaRatio(v, ms.TargetSizeFloat))))
+			int(min(math.Ceil(hpaRatio(v, ms.TargetSizeFloat)), math.MaxInt32)))
 	}
 	if msg := pt.metricTypeProblem(); msg != "" {
 		fmt.Fprintf(w, "  warning: %s\n", msg)

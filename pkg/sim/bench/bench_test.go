@@ -262,6 +262,16 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 			t.Errorf("%s at ×%g: %v; want refused %v", c.trace, c.scale, err, c.refused)
 		}
 	}
+	// A scale past what a run may hold is refused before the copies are
+	// made, as the case refuses it (made first, the check asked for
+	// gigabytes: found in a review, 2026-12-05).
+	s, err = Read(miniSuite(t, "seeds: 1\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]\ntraces:\n- {name: big, trace: 'poisson:rate=100,duration=1h', rateScale: 1000}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.checkInputs(); err == nil || !strings.Contains(err.Error(), "big at ×1000: rate scale 1000") {
+		t.Errorf("a trace at ×1000 past what a run may hold: %v", err)
+	}
 	// hindsight is a reference a suite may name: the bench adds only the
 	// fixed fleets and the clairvoyant sweep itself.
 	if _, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'hindsight:utilisation=0.5,hold=15m']\n")); err != nil {

@@ -231,10 +231,12 @@ func (s *Suite) checkInputs() error {
 // it at its case, after the cases before it had run): a scale thins or
 // copies a trace by its seed, moving its last arrival.
 func (s *Suite) checkTrace(tc TraceCase) error {
-	scales := map[float64]bool{}
+	var scales []float64 // sorted, so that an error names the same scale each run
 	for _, prof := range s.Profiles {
-		scales[tc.scale(prof)] = true
+		scales = append(scales, tc.scale(prof))
 	}
+	slices.Sort(scales)
+	scales = slices.Compact(scales)
 	within, past := map[float64][]uint64{}, map[float64][]uint64{}
 	for i := range s.Seeds {
 		seed := s.Seed + uint64(i)
@@ -245,7 +247,13 @@ func (s *Suite) checkTrace(tc TraceCase) error {
 		if !s.warmupDefault {
 			return nil // a warm-up given is refused by run where it leaves nothing
 		}
-		for scale := range scales {
+		for _, scale := range scales {
+			// As runCase: a scale past what a run may hold is refused
+			// before the copies are made (made first, a large trace at
+			// ×1000 asked for gigabytes here).
+			if err := trace.CheckScale(len(reqs), scale); err != nil {
+				return fmt.Errorf("%s at ×%g: %w", tc.Name, scale, err)
+			}
 			scaled := trace.DensifyWith(reqs, scale, seed, trace.Copies{Jitter: s.CopyJitter.Duration, Resample: s.CopyLengths == "resample"})
 			if len(scaled) > 0 && scaled[len(scaled)-1].At <= s.Warmup.Duration {
 				within[scale] = append(within[scale], seed)
