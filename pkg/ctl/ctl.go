@@ -453,13 +453,6 @@ func query(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// hpaRatio is value over target as the HPA divides them: in the
-// thousandths KEDA gives it (scaler.KEDAMilli). Over the floats
-// 1.2000000000000002 / 0.4 made 4 replicas where the HPA asks for 3.
-func hpaRatio(value, target float64) float64 {
-	return float64(scaler.KEDAMilli(value)) / float64(max(scaler.KEDAMilli(target), 1))
-}
-
 // ask makes KEDA's three calls for one trigger, each within timeout, and
 // prints the answers and the desired replica count the HPA derives, by the
 // trigger's metricType (AverageValue, KEDA's default: ceil(value /
@@ -505,10 +498,10 @@ func ask(c externalscaler.ExternalScalerClient, pt pulseTrigger, timeout time.Du
 		// The HPA multiplies by the replicas it counts ready, which
 		// KEDA's calls do not say (/debug/triggers does).
 		fmt.Fprintf(w, "  desired replicas (metricType Value: ceil(ready replicas × value / target), before the HPA's tolerance, behaviour and min/max): ceil(ready replicas × %.4g)\n",
-			hpaRatio(v, ms.TargetSizeFloat))
+			scaler.HPARatio(v, ms.TargetSizeFloat))
 	default:
 		fmt.Fprintf(w, "  desired replicas (metricType AverageValue: ceil(value / target), before the HPA's tolerance, behaviour and min/max): %d\n",
-			int(min(math.Ceil(hpaRatio(v, ms.TargetSizeFloat)), math.MaxInt32)))
+			int(min(math.Ceil(scaler.HPARatio(v, ms.TargetSizeFloat)), math.MaxInt32)))
 	}
 	if msg := pt.metricTypeProblem(); msg != "" {
 		fmt.Fprintf(w, "  warning: %s\n", msg)

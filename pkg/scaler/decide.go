@@ -98,7 +98,7 @@ type Decision struct {
 // read 1.2000000000000002 / 0.4, 4 replicas, where the HPA's 1200m over
 // 400m is 3.
 func (d Decision) DesiredReplicas(t Trigger) int {
-	x := float64(KEDAMilli(d.Value)) / float64(max(KEDAMilli(t.Threshold), 1))
+	x := HPARatio(d.Value, t.Threshold)
 	if t.ValueType == "average" {
 		x *= float64(d.Ready)
 	}
@@ -123,6 +123,12 @@ func KEDAMilli(v float64) int64 {
 		return math.MaxInt64
 	}
 	return n
+}
+
+// HPARatio is value over target as the HPA divides them: in the
+// thousandths KEDA gives it (KEDAMilli). pulsectl query prints the same.
+func HPARatio(value, target float64) float64 {
+	return float64(KEDAMilli(value)) / float64(max(KEDAMilli(target), 1))
 }
 
 // maxDesired bounds DesiredReplicas: the HPA's replica counts are int32.

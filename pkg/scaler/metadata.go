@@ -211,7 +211,7 @@ func ParseTrigger(ref *externalscaler.ScaledObjectRef, maxWindow time.Duration, 
 		// MaxThreshold overflows them (and targetSize's int64).
 		return t, &MetadataError{Key: "threshold", Msg: fmt.Sprintf("must be at least %g (KEDA's resolution: the HPA's target is kept in thousandths) and at most %g", MinThreshold, MaxThreshold)}
 	}
-	if kept, _ := strconv.ParseFloat(strconv.FormatFloat(t.Threshold, 'f', 3, 64), 64); kept != t.Threshold {
+	if float64(KEDAMilli(t.Threshold))/1000 != t.Threshold { // exact: the quotient, as the parse of "%.3f", is correctly rounded
 		// KEDA prints the target to thousandths for the HPA: 0.0015
 		// became 0.002 there, while pulse filled a missing pod against
 		// 0.0015, so a pod failing could ask the HPA for fewer.
