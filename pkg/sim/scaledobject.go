@@ -108,11 +108,13 @@ type Trigger struct {
 	Type       string            `json:"type"`
 	MetricType string            `json:"metricType"` // AverageValue (default) or Value
 	Metadata   map[string]string `json:"metadata"`
-	// Read and left: a trigger's name, its cached metrics, its
-	// TriggerAuthentication.
+	// Read and left: a trigger's name, its TriggerAuthentication.
 	Name              string          `json:"name"`
-	UseCachedMetrics  bool            `json:"useCachedMetrics"`
 	AuthenticationRef json.RawMessage `json:"authenticationRef,omitempty"`
+	// UseCachedMetrics changes what KEDA does (the HPA reads the value
+	// KEDA's last poll cached, up to a pollingInterval old), and pulse-sim
+	// does not simulate it: read to be refused (it was read and left).
+	UseCachedMetrics bool `json:"useCachedMetrics"`
 }
 
 // KEDA's defaults (keda.sh/v1alpha1 ScaledObject).
@@ -147,8 +149,15 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	if so.Spec.ScaleTargetRef.Name == "" {
 		errs = append(errs, errors.New("spec.scaleTargetRef.name is required"))
 	}
-	if so.PulseTrigger() == nil {
+	switch {
+	case so.PulseTrigger() == nil:
 		errs = append(errs, errors.New("spec.triggers: no trigger of type external-push (pulse's)"))
+	case len(so.Spec.Triggers) > 1:
+		// The HPA takes the most any trigger's metric asks for: the
+		// others were left out without a word.
+		errs = append(errs, fmt.Errorf("spec.triggers: %d triggers; pulse-sim simulates one, of type external-push (the HPA would take the most any of them asks for)", len(so.Spec.Triggers)))
+	case so.PulseTrigger().UseCachedMetrics:
+		errs = append(errs, errors.New("trigger useCachedMetrics: pulse-sim does not simulate KEDA's cached metrics (the HPA reading the value of KEDA's last poll)"))
 	}
 	if lo, hi := so.MinReplicas(), so.MaxReplicas(); lo < 0 || hi < 1 || lo > hi || hi > maxStatic {
 		errs = append(errs, fmt.Errorf("minReplicaCount %d and maxReplicaCount %d: want 0 <= min <= max, 1 <= max <= %d (the most replicas pulse-sim runs)", lo, hi, maxStatic))
@@ -182,7 +191,8 @@ func ParseScaledObject(raw []byte) (*ScaledObject, error) {
 	return &so, nil
 }
 
-// PulseTrigger is the first trigger of type external-push.
+// PulseTrigger is the first trigger of type external-push (a parsed
+// ScaledObject has one trigger, of that type).
 func (so *ScaledObject) PulseTrigger() *Trigger {
 	for i := range so.Spec.Triggers {
 		if so.Spec.Triggers[i].Type == "external-push" {

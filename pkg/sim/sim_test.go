@@ -244,7 +244,9 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		head + "spec: {maxReplicaCount: 2, maxReplicaCount: 3, scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                              "maxReplicaCount",
 		"apiVersion: keda.sh/v1alpha1\nkind: ScaledJob\nspec: {scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                              `kind "ScaledJob"`,
 		"spec: {scaleTargetRef: {name: x}, triggers: [{type: external-push}]}":                                                                                                             "want keda.sh/v1alpha1, ScaledObject",
-		head + "metadata: {name: a, labels: {team: x}, annotations: {a: b}}\nspec: {scaleTargetRef: {name: x, envSourceContainerName: c}, advanced: {restoreToOriginalReplicaCount: true, horizontalPodAutoscalerConfig: {name: h}}, triggers: [{type: external-push, name: t, useCachedMetrics: true, authenticationRef: {name: auth}, metadata: {workspace: x}}]}\nstatus: {hpaName: h}": "",
+		head + "metadata: {name: a, labels: {team: x}, annotations: {a: b}}\nspec: {scaleTargetRef: {name: x, envSourceContainerName: c}, advanced: {restoreToOriginalReplicaCount: true, horizontalPodAutoscalerConfig: {name: h}}, triggers: [{type: external-push, name: t, authenticationRef: {name: auth}, metadata: {workspace: x}}]}\nstatus: {hpaName: h}": "",
+		head + "spec: {scaleTargetRef: {name: x}, triggers: [{type: external-push, useCachedMetrics: true}]}":                                          "does not simulate KEDA's cached metrics",
+		head + "spec: {scaleTargetRef: {name: x}, triggers: [{type: external-push}, {type: cpu, metricType: Utilization, metadata: {value: \"60\"}}]}": "2 triggers; pulse-sim simulates one",
 	} {
 		_, err := ParseScaledObject([]byte(doc))
 		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
@@ -272,7 +274,10 @@ func TestKEDAFallback(t *testing.T) {
 	}
 	w := newWorld(&c, failing{})
 	res := w.run()
-	// Syncs every 15 s: the 4th failure (after 3) brings the fallback.
+	// Syncs every 15 s and polls every 30 s, each counting a failure
+	// while the HPA's metric fails (its ScalingActive false, KEDA's poll
+	// queries the scaler itself): the 4th (after 3), at 30 s, brings the
+	// fallback.
 	first := -1
 	for i, n := range res.Series.Replicas {
 		if n > 1 {
@@ -281,8 +286,54 @@ func TestKEDAFallback(t *testing.T) {
 		}
 	}
 	at := float64(first) * c.SampleEvery.Seconds()
-	if first < 0 || at < 45 || at > 90 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
-		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failed sync", res.Series.Replicas, at, res.MetricErrors)
+	if first < 0 || at < 30 || at > 60 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
+		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failure (syncs and polls)", res.Series.Replicas, at, res.MetricErrors)
+	}
+}
+
+// TestKEDAsPollCountsTowardTheFallback: KEDA's poll runs its query through
+// the fallback as the HPA's do (scale_handler's observeMetric): past
+// failureThreshold it is an active answer, so a workload at 0 whose scaler
+// fails is scaled from zero (and then the HPA takes it to the fallback's
+// replicas), and the cooldown restarts at each such poll. Only the HPA's
+// syncs counted, and at 0 replicas, where the HPA asks for no metric, they
+// counted an error each: the workload stayed at 0, and went to 0 at the
+// first inactive poll after an outage.
+func TestKEDAsPollCountsTowardTheFallback(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  pollingInterval: 30\n  cooldownPeriod: 300\n  fallback:\n    failureThreshold: 3\n    replicas: 4",
+		"value: 1\n            periodSeconds: 300", "value: 4\n            periodSeconds: 15")
+	cfg := Config{Trace: load(t, "poisson:rate=1,duration=5m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}}
+	if err := cfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(&cfg, failing{})
+	for k := range 3 { // three failed polls at 0: the HPA, disabled, asks nothing
+		w.now = time.Duration(k) * 30 * time.Second
+		w.kedaPoll()
+		w.hpaSync()
+	}
+	if w.spec != 0 || w.failures != 3 || w.st.metricErrors != 0 {
+		t.Fatalf("after 3 failed polls at 0: %d replicas, %d failures, %d metric errors: want 0, 3 (the polls'), 0 (the HPA asks nothing at 0)", w.spec, w.failures, w.st.metricErrors)
+	}
+	w.now = 90 * time.Second
+	w.kedaPoll() // the 4th, past the threshold: active
+	if w.spec != 1 || w.lastAct != 90*time.Second {
+		t.Fatalf("after the 4th failed poll: %d replicas, last active %v: want 1 (scaled from zero), 1m30s", w.spec, w.lastAct)
+	}
+	for k := 4; k <= 20; k++ { // the outage goes on: each poll is active
+		w.now = time.Duration(k) * 30 * time.Second
+		w.kedaPoll()
+	}
+	w.now = 630 * time.Second // the scaler answers again, inactive
+	w.kedaScale(false, false)
+	if w.spec == 0 {
+		t.Errorf("scaled to zero at 630s, 30 s after a poll the fallback made active; KEDA's lastActiveTime is 600s, and it waits until 900s")
+	}
+	// A whole run from 0: the poll brings the first replica, the HPA's
+	// syncs the fallback's 4.
+	res := newWorld(&cfg, failing{}).run()
+	if got := res.Series.Replicas[len(res.Series.Replicas)-1]; got != 4 {
+		t.Errorf("a run from 0 with its scaler failing ends at %d replicas (%v), want the fallback's 4", got, res.Series.Replicas)
 	}
 }
 

@@ -48,6 +48,11 @@ type world struct {
 	target   hpa.Target
 	lastAct  time.Duration // KEDA's lastActiveTime; -1: never
 	failures int32
+	// hpaActive is the HPA's ScalingActive condition after its last sync:
+	// it computed a replica count from the metric (KEDA's fallback
+	// included). False before the first sync, at 0 replicas (scaling
+	// disabled) and after a sync whose metric failed.
+	hpaActive bool
 
 	st stats
 }
@@ -622,6 +627,14 @@ func (w *world) hpaSync() {
 			}
 		}
 	}
+	if w.spec == 0 {
+		// Scaling is disabled at 0 replicas (the HPA's minimum is at
+		// least 1): the HPA asks KEDA for no metric, so no failure is
+		// counted (the metric was asked for, and an error counted).
+		w.hpaActive = false
+		w.hpa.Sync(w.now, hpa.State{StatusReplicas: status, ReadyPods: readyPods}, nil)
+		return
+	}
 	reading := hpa.Reading{Target: w.target}
 	v, err := w.pipe.Metric(w)
 	so := w.cfg.ScaledObject
@@ -651,15 +664,41 @@ func (w *world) hpaSync() {
 	if err != nil {
 		w.st.metricErrors++
 	}
+	if w.spec >= so.HPAMinReplicas() && w.spec <= so.MaxReplicas() {
+		w.hpaActive = reading.Err == nil
+	}
 	res := w.hpa.Sync(w.now, hpa.State{SpecReplicas: w.spec, StatusReplicas: status, ReadyPods: readyPods}, []hpa.Reading{reading})
 	if res.Rescale {
 		w.setSpec(res.Desired, true)
 	}
 }
 
-// kedaPoll is KEDA's scale loop (IsActive) every pollingInterval.
+// kedaPoll is KEDA's scale loop (GetMetrics and IsActive) every
+// pollingInterval. With a fallback, a poll that queries the scaler counts
+// toward it as the HPA's queries do, and past failureThreshold it is an
+// active answer, no error (KEDA v2.21 scale_handler's getScalerState →
+// observeMetric → fallback.GetMetricsWithFallback, and its
+// isActiveOrFallback): a workload at 0 is scaled from zero, and the
+// cooldown restarts. The poll queries the scaler unless the HPA's last
+// observation may stand in for it: minReplicaCount at least 1 and the HPA's
+// ScalingActive true (UsesHPAObservations, hpaActivelyQuerying). Only the
+// HPA's syncs counted, and a workload at 0 with its scaler failing stayed
+// there.
 func (w *world) kedaPoll() {
 	active, err := w.pipe.Active(w)
+	so := w.cfg.ScaledObject
+	if f := so.Spec.Fallback; f != nil && (so.MinReplicas() == 0 || !w.hpaActive) {
+		if err == nil {
+			w.failures = 0
+		} else {
+			w.failures++
+			// doFallback: a Value target's fallback is over the ready
+			// pods, and with none there is none.
+			if w.failures > f.FailureThreshold && (w.target.AverageValue || len(w.ready) > 0) {
+				active, err = true, nil
+			}
+		}
+	}
 	w.kedaScale(active, err != nil)
 }
 
