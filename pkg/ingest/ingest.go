@@ -637,6 +637,7 @@ func (st *streamState) admitAll(ctx context.Context, entries []*pulsev1.Pod, ful
 	if err != nil {
 		return st.superseded()
 	}
+	st.dropGone(infos)
 	st.wait(infos, ids, refused)
 	if full && !st.heard && len(st.unchecked) == 0 && !slices.ContainsFunc(infos, scraped) {
 		// Its agent scrapes none of its pods (none ready: an idle GPU
@@ -856,6 +857,7 @@ func (st *streamState) relist() error {
 	if err != nil {
 		return st.superseded()
 	}
+	st.dropGone(infos)
 	if len(refused) == len(infos) {
 		return nil
 	}
@@ -891,6 +893,26 @@ func (st *streamState) gone(info store.PodInfo) bool {
 		uid, _ = store.DemandPodUID(uid)
 	}
 	return g.Gone(uid)
+}
+
+// dropGone lets go what the store holds of infos, just stored, whose pod
+// the API has deleted meanwhile. The pod cache marks a pod gone and then
+// tells the store (TokenReviewer.tellGone), which held nothing of it if
+// that came between withoutGone's check and the upsert: nothing told the
+// store again, and the pod was held with what its node's stream sent for
+// it until the stream ended. Checked after the upsert, a pod not yet
+// marked gone is one the store will be told of.
+func (st *streamState) dropGone(infos []store.PodInfo) {
+	for _, info := range infos {
+		if !st.gone(info) {
+			continue
+		}
+		uid := info.UID
+		if info.Demand {
+			uid, _ = store.DemandPodUID(uid)
+		}
+		st.srv.store.Gone(st.hello.Node, uid)
+	}
 }
 
 // withoutGone is infos (and their ids, in step) less those gone.

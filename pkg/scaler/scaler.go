@@ -141,7 +141,7 @@ func New(st *store.Store, o Options) *Server {
 		if o.MaxWindow > 0 {
 			floor = min(floor, o.MaxWindow)
 		}
-		s.windows = newWindows(floor, st.SetRetention)
+		s.windows = newWindows(floor, o.MaxWindow, st.SetRetention)
 	}
 	return s
 }

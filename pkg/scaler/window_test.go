@@ -1,6 +1,9 @@
 package scaler
 
 import (
+	"context"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -77,5 +80,36 @@ func TestAnotherScaledObjectsWindowIsNotThisOnesPlan(t *testing.T) {
 	alone, shared := answer(false), answer(true)
 	if shared != alone {
 		t.Fatalf("llama's ScaledObject was answered %v replicas, and %v with another ScaledObject of its namespace planning llama over a 10 s window: another ScaledObject's window moved this one's plan", alone, shared)
+	}
+}
+
+// TestTheWindowsFollowedAreBounded: a caller naming a new window each call
+// (any duration is a valid window, to the nanosecond) holds a bounded set
+// of followed windows, each at least what was asked for and at most 1.6 %
+// more (the store keeps what any trigger reads). The windows were keyed
+// as asked: 200,000 calls held 200,000 windows for 5 minutes, walked under
+// the lock every evaluation takes.
+func TestTheWindowsFollowedAreBounded(t *testing.T) {
+	st := store.New(store.Options{})
+	s := New(st, Options{MaxWindow: time.Minute, FollowWindows: true})
+	for i := range 20_000 {
+		ref := &externalscaler.ScaledObjectRef{Name: "so", Namespace: "demo", ScalerMetadata: map[string]string{
+			"workspace": "nope", "window": fmt.Sprintf("%dus", 1_000_000+3*i)}}
+		_, _ = s.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref})
+	}
+	s.windows.mu.Lock()
+	n := len(s.windows.seen)
+	s.windows.mu.Unlock()
+	if n > 64 {
+		t.Errorf("%d windows followed after 20,000 calls naming windows from 1s to 1.06s, want a few", n)
+	}
+	for _, d := range []time.Duration{time.Second, 1500 * time.Millisecond, 30 * time.Second, 45*time.Second + 1, time.Minute, 59*time.Second + 999*time.Millisecond, time.Hour + 1} {
+		k := windowKey(d, time.Minute)
+		if k < d || (d <= time.Minute && k > time.Minute) || float64(k) > 1.0157*float64(d)+float64(time.Second) {
+			t.Errorf("window %v followed as %v: want at least it, at most --max-window's minute (or it past that) and 1.6 %% more", d, k)
+		}
+	}
+	if k := windowKey(math.MaxInt64, 0); k != math.MaxInt64 {
+		t.Errorf("the longest duration followed as %v", k)
 	}
 }
