@@ -458,7 +458,17 @@ func (k *kaitoPipe) Metric(w *world) (float64, error) {
 	return k.value, nil
 }
 
-func (k *kaitoPipe) Active(w *world) (bool, error) { return len(w.ready) > 0, nil }
+// Active is "some replica is ready", after the metric: KEDA's poll asks
+// an external scaler GetMetrics, then IsActive, and fails with either
+// (external_scaler.go's GetMetricsAndActivity). A poll while the cache
+// answered an error was inactive, no error: it reset KEDA's fallback
+// count and let a workload with replicas starting go to zero.
+func (k *kaitoPipe) Active(w *world) (bool, error) {
+	if _, err := k.Metric(w); err != nil {
+		return false, err
+	}
+	return len(w.ready) > 0, nil
+}
 
 // ---- oracle ---------------------------------------------------------------
 

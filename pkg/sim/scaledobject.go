@@ -15,7 +15,7 @@ import (
 
 // ScaledObject is the part of a KEDA ScaledObject pulse-sim reads: its
 // target, replica bounds, polling, cooldown, fallback, HPA behavior and its
-// first pulse trigger (type external-push). KEDA's own defaults apply to
+// one trigger, pulse's (type external-push). KEDA's own defaults apply to
 // what is absent.
 //
 // It is read strictly: a field KEDA v2.21's ScaledObject has not (a

@@ -286,7 +286,7 @@ func TestKEDAFallback(t *testing.T) {
 		}
 	}
 	at := float64(first) * c.SampleEvery.Seconds()
-	if first < 0 || at < 30 || at > 60 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
+	if first < 0 || at < 30 || at > 50 || res.Series.Replicas[len(res.Series.Replicas)-1] != 4 || res.MetricErrors == 0 {
 		t.Fatalf("replicas %v (first above 1 at %.0fs), %d metric errors: want 4 after the fourth failure (syncs and polls)", res.Series.Replicas, at, res.MetricErrors)
 	}
 }
@@ -334,6 +334,84 @@ func TestKEDAsPollCountsTowardTheFallback(t *testing.T) {
 	res := newWorld(&cfg, failing{}).run()
 	if got := res.Series.Replicas[len(res.Series.Replicas)-1]; got != 4 {
 		t.Errorf("a run from 0 with its scaler failing ends at %d replicas (%v), want the fallback's 4", got, res.Series.Replicas)
+	}
+}
+
+// toggled is a pipeline failing while fail is set, and otherwise
+// answering 1 (active).
+type toggled struct {
+	noHooks
+	fail bool
+}
+
+func (*toggled) Attach(*world) {}
+func (p *toggled) Metric(*world) (float64, error) {
+	if p.fail {
+		return 0, errors.New("Unavailable")
+	}
+	return 1, nil
+}
+func (p *toggled) Active(w *world) (bool, error) {
+	v, err := p.Metric(w)
+	return v > 0, err
+}
+
+// TestKEDAsPollAndTheHPAsObservation: with minReplicaCount at least 1 and
+// the HPA's ScalingActive true, KEDA's poll takes the HPA's observation
+// (counting nothing, and a fallback the HPA took as active); while the
+// HPA's metric fails its polls count as its syncs do; above the maximum
+// the HPA asks for no metric; a Value target's fallback needs a ready pod,
+// so a workload at zero with one stays there.
+func TestKEDAsPollAndTheHPAsObservation(t *testing.T) {
+	so := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 1\n  fallback:\n    failureThreshold: 3\n    replicas: 2")
+	cfg := Config{Trace: load(t, "poisson:rate=1,duration=5m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}}
+	if err := cfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	p := &toggled{}
+	w := newWorld(&cfg, p)
+	w.spec = 1
+	w.hpaSync() // the metric answers: ScalingActive
+	p.fail = true
+	w.now = 30 * time.Second
+	w.kedaPoll()
+	if w.failures != 0 {
+		t.Fatalf("a poll while the HPA's observation stands in counted %d failures, want 0", w.failures)
+	}
+	for k := range 4 { // the HPA's syncs fail: its polls count too
+		w.now = time.Duration(45+15*k) * time.Second
+		w.hpaSync()
+		if k == 1 {
+			w.kedaPoll()
+		}
+	}
+	if !w.hpaFallback || w.spec != 2 {
+		t.Fatalf("after 4 failed syncs and a failed poll: fallback taken %v, %d replicas: want true, 2 (the 4th failure brings it)", w.hpaFallback, w.spec)
+	}
+	w.now = 120 * time.Second
+	w.kedaPoll()
+	if w.lastAct != 120*time.Second {
+		t.Errorf("a poll after the HPA took the fallback: last active %v, want 2m0s (the observation's fallback is active)", w.lastAct)
+	}
+	// Above the maximum the HPA goes to it, asking nothing.
+	w.spec, w.failures, w.st.metricErrors = so.MaxReplicas()+2, 0, 0
+	w.hpaSync()
+	if w.failures != 0 || w.st.metricErrors != 0 || w.spec != so.MaxReplicas() {
+		t.Errorf("a sync above the maximum: %d failures, %d metric errors, %d replicas: want 0, 0, %d", w.failures, w.st.metricErrors, w.spec, so.MaxReplicas())
+	}
+	// A Value target at zero: no ready pod, no fallback, no wake.
+	vso := seedSO(t, "minReplicaCount: 1", "minReplicaCount: 0\n  fallback:\n    failureThreshold: 3\n    replicas: 2", "type: external-push", "type: external-push\n    metricType: Value")
+	vcfg := Config{Trace: load(t, "poisson:rate=1,duration=5m", 1), ScaledObject: vso, Profile: profile(t), Seed: 1, Pipelines: []string{"pulse"}}
+	if err := vcfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	vw := newWorld(&vcfg, failing{})
+	for k := range 10 {
+		vw.now = time.Duration(k) * 30 * time.Second
+		vw.kedaPoll()
+	}
+	if vw.spec != 0 || vw.failures != 10 {
+		t.Errorf("a Value target at zero after 10 failed polls: %d replicas, %d failures: want 0 (no ready pod, no fallback), 10", vw.spec, vw.failures)
 	}
 }
 

@@ -51,8 +51,10 @@ type world struct {
 	// hpaActive is the HPA's ScalingActive condition after its last sync:
 	// it computed a replica count from the metric (KEDA's fallback
 	// included). False before the first sync, at 0 replicas (scaling
-	// disabled) and after a sync whose metric failed.
-	hpaActive bool
+	// disabled) and after a sync whose metric failed; above the maximum or
+	// below the minimum the HPA asks for no metric and leaves it.
+	// hpaFallback: that sync's metric was KEDA's fallback.
+	hpaActive, hpaFallback bool
 
 	st stats
 }
@@ -627,17 +629,22 @@ func (w *world) hpaSync() {
 			}
 		}
 	}
-	if w.spec == 0 {
-		// Scaling is disabled at 0 replicas (the HPA's minimum is at
-		// least 1): the HPA asks KEDA for no metric, so no failure is
+	so := w.cfg.ScaledObject
+	if w.spec < so.HPAMinReplicas() || w.spec > so.MaxReplicas() {
+		// At 0 replicas scaling is disabled (the HPA's minimum is at
+		// least 1), and below the minimum or above the maximum the HPA
+		// goes to it: it asks KEDA for no metric, so no failure is
 		// counted (the metric was asked for, and an error counted).
-		w.hpaActive = false
-		w.hpa.Sync(w.now, hpa.State{StatusReplicas: status, ReadyPods: readyPods}, nil)
+		if w.spec == 0 {
+			w.hpaActive, w.hpaFallback = false, false
+		}
+		if res := w.hpa.Sync(w.now, hpa.State{SpecReplicas: w.spec, StatusReplicas: status, ReadyPods: readyPods}, nil); res.Rescale {
+			w.setSpec(res.Desired, true)
+		}
 		return
 	}
 	reading := hpa.Reading{Target: w.target}
 	v, err := w.pipe.Metric(w)
-	so := w.cfg.ScaledObject
 	switch {
 	case err == nil:
 		w.failures = 0
@@ -664,9 +671,7 @@ func (w *world) hpaSync() {
 	if err != nil {
 		w.st.metricErrors++
 	}
-	if w.spec >= so.HPAMinReplicas() && w.spec <= so.MaxReplicas() {
-		w.hpaActive = reading.Err == nil
-	}
+	w.hpaActive, w.hpaFallback = reading.Err == nil, reading.Err == nil && err != nil
 	res := w.hpa.Sync(w.now, hpa.State{SpecReplicas: w.spec, StatusReplicas: status, ReadyPods: readyPods}, []hpa.Reading{reading})
 	if res.Rescale {
 		w.setSpec(res.Desired, true)
@@ -681,12 +686,17 @@ func (w *world) hpaSync() {
 // isActiveOrFallback): a workload at 0 is scaled from zero, and the
 // cooldown restarts. The poll queries the scaler unless the HPA's last
 // observation may stand in for it: minReplicaCount at least 1 and the HPA's
-// ScalingActive true (UsesHPAObservations, hpaActivelyQuerying). Only the
-// HPA's syncs counted, and a workload at 0 with its scaler failing stayed
-// there.
+// ScalingActive true (UsesHPAObservations, hpaActivelyQuerying): then a
+// fallback the HPA's last sync took is an active answer (the observation's
+// FallbackActive), and otherwise the pipeline's answer stands for the
+// observation's. Only the HPA's syncs counted, and a workload at 0 with
+// its scaler failing stayed there.
 func (w *world) kedaPoll() {
 	active, err := w.pipe.Active(w)
 	so := w.cfg.ScaledObject
+	if so.MinReplicas() >= 1 && w.hpaActive && w.hpaFallback {
+		active, err = true, nil
+	}
 	if f := so.Spec.Fallback; f != nil && (so.MinReplicas() == 0 || !w.hpaActive) {
 		if err == nil {
 			w.failures = 0

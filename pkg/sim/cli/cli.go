@@ -68,7 +68,7 @@ func NewOptions() *Options {
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a Mooncake trace (.jsonl: timestamp in ms, input_length, output_length), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D | ramp:from=A,to=B,duration=D | diurnal:min=A,max=B,duration=D (each with optional prompt=N,output=N tokens, lengths=fixed|lognormal, sigma=S)")
-	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its first external-push trigger, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
+	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its one trigger, of type external-push, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
 	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", ")+
 		", static:N (N warm replicas all run long), switch:from=N,to=M,at=F (N warm replicas, M from a fraction F of the scored window), clairvoyant[:utilisation=U,window=D,horizon=D,hold=D] (perfect foresight), hindsight[:utilisation=U,window=D,hold=D] (perfect measurement, no foresight); default: every one of the first five that can express the trigger")
