@@ -363,7 +363,7 @@ func (a *Aggregator) buildStore(reg prometheus.Registerer) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_aggregator_pods", Help: "Pods held in the store."}, func() float64 { return float64(a.store.Pods()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "pulse_aggregator_retention_seconds", Help: "What the store keeps of each pod: the longest window a live trigger asks for (at least 10s, at most --max-window)."},
+			Name: "pulse_aggregator_retention_seconds", Help: "What the store keeps of each pod: the longest window a live trigger asks for, rounded up to whole seconds to 64s and by under a 32nd of it past that (at least 10s, at most --max-window)."},
 			func() float64 { return a.store.Retention().Seconds() }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "pulse_aggregator_pods_refused_total", Help: "Refusals of a new pod because --max-pods, or its namespace's --max-pods-per-namespace, was reached, or its namespace held a share of the room while one holding less waited (a waiting pod is listed again at each batch of its agent, and counted each time)."}, func() float64 { return float64(a.store.Refused()) }))

@@ -857,7 +857,7 @@ func (st *streamState) relist() error {
 	if err != nil {
 		return st.superseded()
 	}
-	st.dropGone(infos)
+	dropped := st.dropGone(infos)
 	if len(refused) == len(infos) {
 		return nil
 	}
@@ -868,6 +868,9 @@ func (st *streamState) relist() error {
 	for id, info := range st.pending {
 		if !still[info.UID] {
 			delete(st.pending, id)
+			if dropped[info.UID] {
+				continue // let go as it was stored: never held
+			}
 			st.logger().Info("pod held now: the aggregator had room", logging.KeyPod, info.Namespace+"/"+info.Name)
 		}
 	}
@@ -901,8 +904,10 @@ func (st *streamState) gone(info store.PodInfo) bool {
 // that came between withoutGone's check and the upsert: nothing told the
 // store again, and the pod was held with what its node's stream sent for
 // it until the stream ended. Checked after the upsert, a pod not yet
-// marked gone is one the store will be told of.
-func (st *streamState) dropGone(infos []store.PodInfo) {
+// marked gone is one the store will be told of. It returns the entries
+// let go, by their uid (nil for none).
+func (st *streamState) dropGone(infos []store.PodInfo) map[string]bool {
+	var dropped map[string]bool
 	for _, info := range infos {
 		if !st.gone(info) {
 			continue
@@ -912,7 +917,12 @@ func (st *streamState) dropGone(infos []store.PodInfo) {
 			uid, _ = store.DemandPodUID(uid)
 		}
 		st.srv.store.Gone(st.hello.Node, uid)
+		if dropped == nil {
+			dropped = map[string]bool{}
+		}
+		dropped[info.UID] = true
 	}
+	return dropped
 }
 
 // withoutGone is infos (and their ids, in step) less those gone.
