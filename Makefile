@@ -48,6 +48,8 @@ test: helm-lint
 	@echo "== go vet, then every package's unit and integration tests with -race (first run compiles with -race: about 10 minutes on 2 idle cores, up to 28 on busy ones)"
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
+	@echo "== the allocation counts the race detector changes (skipped under it), without it"
+	$(GO) test -count=1 -run '^TestCodecReusesABatchsColumns$$' ./pkg/ingest/
 	cd tools/images && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Lint and render each chart with each of its ci/*-values.yaml (the defaults

@@ -581,8 +581,10 @@ func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
 	}
 	// Its stream's end gives the piece back.
 	_ = c.Close()
-	for pool.out.Load() != 0 {
-		time.Sleep(time.Millisecond)
+	for t0 := time.Now(); pool.out.Load() != 0; time.Sleep(time.Millisecond) {
+		if time.Since(t0) > 10*time.Second {
+			t.Fatalf("the stream ended and %d pieces are still held: its piece was never given back", pool.out.Load())
+		}
 	}
 }
 
