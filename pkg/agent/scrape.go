@@ -56,7 +56,9 @@ const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;
 // anyway is still read.
 const acceptEncoding = "identity"
 
-// A page up to smallPage bytes (vLLM's are 5–40 KB) is read at once; a
+// A page up to smallPage bytes (vLLM's are 5–40 KB an engine; a V1
+// server's data-parallel engines repeat its histograms, about 33 KB each)
+// is read at once; a
 // larger one (up to --max-page-bytes) first waits for one of largeSlots,
 // within its scrape's timeout. So the page bytes in flight are bounded
 // (--max-concurrent-scrapes × smallPage, plus largeSlots × --max-page-bytes)
@@ -371,7 +373,7 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 		}
 	}
 	if int64(buf.Len()) > s.maxBytes {
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes", url, s.maxBytes)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes (--max-page-bytes; a vLLM V1 server repeats its histograms for each data-parallel engine, about 33 KB an engine: raise it for one of 32 engines or more)", url, s.maxBytes)}
 	}
 	release, ok := s.parses.take(ctx)
 	if !ok {

@@ -9,10 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/vllm"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 	"github.com/pulse-io/pulse/test/httpflood"
 	"github.com/pulse-io/pulse/test/vllmsim"
@@ -178,5 +181,38 @@ func TestEveryPodsConnectionIsKept(t *testing.T) {
 	}
 	if n := conns.Load(); n != 12 {
 		t.Fatalf("%d connections for 12 pods scraped three times; want one a pod", n)
+	}
+}
+
+// TestADataParallelPageAtTheDefaultBound: a vLLM V1 server repeats its
+// histograms for each data-parallel engine (the simulator's V1 families,
+// as OpenMetrics, which vLLM answers pulse's Accept header with): 16
+// engines are read whole at the default --max-page-bytes, and 32 are
+// refused saying the flag to raise (the docs gave pages as 5–40 KB, one
+// engine's).
+func TestADataParallelPageAtTheDefaultBound(t *testing.T) {
+	for _, c := range []struct {
+		engines int
+		read    bool
+	}{{16, true}, {32, false}} {
+		page := vllmsim.New(vllmsim.Options{Engines: c.engines}).Page(true)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+			_, _ = w.Write(page)
+		}))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		p, err := newScraper(t, NewOptions().MaxPageBytes).Scrape(ctx, srv.URL+"/metrics", nil, vllm.NewCounters())
+		cancel()
+		srv.Close()
+		switch {
+		case c.read && err != nil:
+			t.Errorf("%d engines, a page of %d bytes: %v", c.engines, len(page), err)
+		case c.read:
+			if _, ok := p.Get(metric.Waiting); !ok {
+				t.Errorf("%d engines: no waiting read", c.engines)
+			}
+		case err == nil || !strings.Contains(err.Error(), "--max-page-bytes"):
+			t.Errorf("%d engines, a page of %d bytes: %v, want refused naming --max-page-bytes", c.engines, len(page), err)
+		}
 	}
 }

@@ -148,3 +148,46 @@ func BenchmarkExtract(b *testing.B) {
 		}
 	}
 }
+
+// TestBothPathsKeepTheFirstOfASeriesAndSkipANegativeBucket: a series given
+// twice (its labels in another order) holds its first line on the full
+// parse as on the fast path (the full parse added both, so the fuzzer's
+// comparison flagged the right answer), and a negative bucket count says
+// nothing without counter state either, as a negative gauge says nothing
+// (Extract summed it: -10 and 7 made -3). (The full parse reads a
+// histogram's counts as unsigned: a page with a negative one fails it.)
+func TestBothPathsKeepTheFirstOfASeriesAndSkipANegativeBucket(t *testing.T) {
+	e := newExtractor(t)
+	dup := []byte(`vllm:num_requests_waiting{a="1",b="2"} 3
+vllm:num_requests_waiting{b="2",a="1"} 3
+`)
+	neg := []byte(`vllm:num_requests_waiting 1
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} -10
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} -10
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1"} 7
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 9
+`)
+	paths := map[string]func([]byte) (Page, error){"Extract": e.Extract, "FullParse": e.FullParse,
+		"ExtractWith": func(b []byte) (Page, error) { return e.ExtractWith(b, NewCounters()) }}
+	for name, parse := range paths {
+		p, err := parse(dup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := p.Get(metric.Waiting); v != 3 {
+			t.Errorf("%s: waiting %v, want 3 (the series' first line)", name, v)
+		}
+		if name == "FullParse" {
+			continue
+		}
+		if p, err = parse(neg); err != nil {
+			t.Fatal(err)
+		}
+		got := named(p, nil)
+		lo, okLo := got["hist:ttft{le=0.1}"]
+		inf, okInf := got["hist:ttft{le=+Inf}"]
+		if !okLo || !okInf || lo != 7 || inf != 9 {
+			t.Errorf("%s: TTFT buckets %v (%v) and %v (%v), want 7 and 9 (engine 0's negative counts skipped): %v", name, lo, okLo, inf, okInf, got)
+		}
+	}
+}

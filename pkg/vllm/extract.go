@@ -159,8 +159,8 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 			for _, m := range mf.Metric {
 				le, ok := bucketBound(m.Label)
 				v := m.GetUntyped().GetValue()
-				if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
-					continue // a bucket with no bound, or no count, says nothing
+				if !ok || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+					continue // a bucket with no bound, or no count, says nothing (as add skips a negative value)
 				}
 				if c != nil {
 					if v, ok = c.observeBucket(src.hist, src.rank, le, name, m.Label, v); !ok {
@@ -566,6 +566,9 @@ func (e *Extractor) FullParse(page []byte) (Page, error) {
 	for name, mf := range fams {
 		isVLLM = isVLLM || hasServerPrefix([]byte(name))
 		for _, m := range mf.Metric {
+			if acc.again(name, mf, m) {
+				continue // a series given again (its labels in any order): the first line holds, as on the fast path
+			}
 			switch mf.GetType() {
 			case dto.MetricType_HISTOGRAM:
 				if src, ok := e.sources[name+"_bucket"]; ok {
