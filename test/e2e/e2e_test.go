@@ -979,20 +979,28 @@ func (e *env) cronAndPulse(t *testing.T) {
 func (e *env) aggregatorRestart(t *testing.T, sims map[string]*countingSim) {
 	// KEDA counts a failed GetMetricSpec as a ScaledObject error and a
 	// failed GetMetrics as a scaler error: either says pulse is down.
-	errorsNow := func() float64 {
+	errorsNow := func() (float64, error) {
 		page, err := e.kedaMetrics()
 		if err != nil {
-			return 0
+			return 0, err
 		}
 		so, _ := scanMetric(page, "keda_scaled_object_errors_total", map[string]string{"scaledObject": "llama-set-so"})
 		sc, _ := scanMetric(page, "keda_scaler_detail_errors_total", map[string]string{"scaledObject": "llama-set-so"})
-		return so + sc
+		return so + sc, nil
 	}
-	before := errorsNow()
+	// Read before the stop, or the rise is measured from a page not read
+	// (it was taken as 0).
+	var before float64
+	waitFor(t, 30*time.Second, "KEDA's error counters read before the stop", func() error {
+		var err error
+		before, err = errorsNow()
+		return err
+	})
 	e.agg.stop()
 	waitFor(t, 60*time.Second, "KEDA reports the scaler error", func() error {
-		if now := errorsNow(); now <= before {
-			return fmt.Errorf("KEDA's error counters for llama-set-so: %v, before %v", now, before)
+		now, err := errorsNow()
+		if err != nil || now <= before {
+			return fmt.Errorf("KEDA's error counters for llama-set-so: %v (%v), before %v", now, err, before)
 		}
 		return nil
 	})

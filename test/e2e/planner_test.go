@@ -136,6 +136,7 @@ func (e *env) plannerStep(t *testing.T) {
 	// between two reads.
 	high := plan
 	justified := 0.0
+	checked := 0 // reads made while replicas loaded, each held to the bound
 	for time.Since(rose) < loadFor-5*time.Second {
 		p, why, err := e.plannedReplicas()
 		must(t, err)
@@ -154,6 +155,7 @@ func (e *env) plannerStep(t *testing.T) {
 			justified = max(justified, need)
 		}
 		if parts.Starting > 0 && justified > 0 {
+			checked++
 			high = max(high, p)
 			if bound := int(math.Ceil(1.5 * justified)); p > bound {
 				t.Fatalf("while %d replicas load: plan %d, over %d (%s), up from %d", parts.Starting, p, bound, why, plan)
@@ -161,6 +163,99 @@ func (e *env) plannerStep(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	t.Logf("the plan while the new replicas loaded: at most %d", high)
+	if checked == 0 {
+		// The bound holds only reads made while replicas loaded: none
+		// made, it held nothing.
+		t.Fatal("no plan read while the new replicas loaded (none showed replicas starting with a capacity learned): the bound was never checked")
+	}
+	t.Logf("the plan while the new replicas loaded: at most %d (%d reads)", high, checked)
+	// The load goes on: an aggregator restart, then a lost agent, scale
+	// the serving workload down at no moment.
+	e.restartKeepsTheWorkload(t)
+	e.lostAgentKeepsTheWorkload(t)
 	cancel()
+}
+
+// servingFloor is what the planned workload must keep from now on: the
+// HPA's desired count and the InferenceSet's replicas, each at least what
+// it is now.
+func (e *env) servingFloor(t *testing.T) func(what string) {
+	d0, err := e.hpaDesired(plannedSO)
+	must(t, err)
+	r0, err := e.replicas(infSetGVR, "planned")
+	must(t, err)
+	t.Logf("serving: HPA desired %d, /scale %d", d0, r0)
+	return func(what string) {
+		t.Helper()
+		d, derr := e.hpaDesired(plannedSO)
+		r, rerr := e.replicas(infSetGVR, "planned")
+		if derr == nil && d < d0 || rerr == nil && r < r0 {
+			t.Fatalf("%s: HPA desired %d, /scale %d, down from %d and %d", what, d, r, d0, r0)
+		}
+	}
+}
+
+// restartKeepsTheWorkload: while the aggregator is down (KEDA's questions
+// fail, and the HPA keeps its count) and after its restart, through its
+// warm-up to its first plan (the first hold keeps the replicas ready and
+// starting), the serving workload is never scaled down; its first plan is
+// at least the replicas it serves on.
+func (e *env) restartKeepsTheWorkload(t *testing.T) {
+	floor := e.servingFloor(t)
+	r0, err := e.replicas(infSetGVR, "planned")
+	must(t, err)
+	e.agg.stop()
+	down := time.Now()
+	for time.Since(down) < 20*time.Second { // at least one HPA sync while it is down
+		floor("the aggregator down")
+		time.Sleep(time.Second)
+	}
+	e.startAggregator()
+	var first int
+	waitFor(t, 120*time.Second, "the restarted aggregator plans again", func() error {
+		floor("the aggregator restarted, before its first plan")
+		p, why, err := e.plannedReplicas()
+		if err != nil {
+			return err
+		}
+		if p < int(r0) {
+			t.Fatalf("the restarted aggregator's first plan %d, below the %d replicas serving: %s", p, r0, why)
+		}
+		first = p
+		return nil
+	})
+	for range 20 { // the HPA's next sync on the new aggregator's answers
+		floor("the aggregator's first plans after its restart")
+		time.Sleep(time.Second)
+	}
+	t.Logf("the aggregator restarted %s after it stopped: its first plan %d, over %d replicas serving", time.Since(down).Round(time.Second), first, r0)
+}
+
+// lostAgentKeepsTheWorkload: the agent that reports every pod is killed,
+// as a node failure would end it: the planned trigger answers an error
+// (its pods' samples stale, then their agent lost), never a need of 0,
+// and the HPA keeps the workload; with the agent back, it plans again.
+func (e *env) lostAgentKeepsTheWorkload(t *testing.T) {
+	floor := e.servingFloor(t)
+	e.agent.kill()
+	lost := time.Now()
+	waitFor(t, 90*time.Second, "the planned trigger answers an error, its agent lost", func() error {
+		floor("the agent lost")
+		if p, why, err := e.plannedReplicas(); err == nil {
+			return fmt.Errorf("still a plan of %d: %s", p, why)
+		}
+		return nil
+	})
+	_, _, answer := e.plannedReplicas()
+	t.Logf("%s after the agent was killed: %v", time.Since(lost).Round(time.Second), answer)
+	for range 20 { // an HPA sync on the error
+		floor("the agent lost, the trigger answering an error")
+		time.Sleep(time.Second)
+	}
+	e.startAgent()
+	waitFor(t, 90*time.Second, "the agent back, the trigger plans again", func() error {
+		floor("the agent back")
+		_, _, err := e.plannedReplicas()
+		return err
+	})
 }
