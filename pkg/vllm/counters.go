@@ -43,6 +43,13 @@ const (
 // continues from its last value, its part of the offset taken back (it
 // counted from zero too: its whole value again, a spike of the rate).
 //
+// A restart is seen only as a series' value falling. A series the server
+// makes at its first use (vLLM V0's request_success_total by finished
+// reason) that is absent after a restart and comes back above its last
+// value is taken as having gone on: what it had counted before is missed
+// once (a series at 2, back at 3, adds 1, not 3), as Prometheus' rate()
+// misses it. Nothing spikes.
+//
 // One Counters belongs to one pod and is used by one scrape at a time.
 type Counters struct {
 	// budget, when set, is the agent's, shared by every pod's Counters;
