@@ -245,9 +245,17 @@ func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (ans
 	case idKnown:
 		limit, rates, rateOf = m.known[class], m.users, raterOf(id.user.Username)
 	}
-	if !rateAllows(rates, rateOf) || !limit.Allow() {
+	if !rateAllows(rates, rateOf) {
+		// Its own rate taken (its user's, for a token allowed before):
+		// no answer kept stands in. A reader whose RoleBinding was
+		// removed spent its own rate in a burst while one review (which
+		// would refuse) was made, and was served from its expired answer
+		// for up to another minute, on demand.
+		return answer{}, errReviewsBusy
+	}
+	if !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
-		// while the rate is taken.
+		// while the rate all share is taken (a flood of made-up tokens).
 		if known && now.Before(until.Add(metricsAuthTTL)) {
 			if exp, ok := ingest.TokenExpiry(token); !ok || now.Before(exp) {
 				return answer{authenticated: true, allowed: true, rater: a.user}, nil

@@ -17,6 +17,7 @@ import (
 	"net"
 	"reflect"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -118,6 +119,11 @@ type Managed struct {
 	// release's), for Ready to say while none is.
 	refused atomic.Pointer[string]
 	gap     time.Duration // the least time between Ensures a copy's change runs (copyGap)
+	// loading makes publish's check that its copy is current and its
+	// load one step against the watch's load: a newer version the watch
+	// loaded between the two was loaded over by the older copy, and served
+	// so until the next check, up to an hour.
+	loading sync.Mutex
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -348,10 +354,13 @@ func (m *Managed) Ensure(ctx context.Context) error {
 // copy loaded over, serving the older pair and bundle until the next
 // event or check, up to an hour.
 func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
-	if stale, err := m.stale(ctx, sec); err != nil || stale {
-		return err
+	m.loading.Lock()
+	stale, err := m.stale(ctx, sec)
+	if err == nil && !stale {
+		err = m.load(sec)
 	}
-	if err := m.load(sec); err != nil {
+	m.loading.Unlock()
+	if err != nil || stale {
 		return err
 	}
 	if err := m.ensureCA(ctx, sec); err != nil {
@@ -761,6 +770,8 @@ func (m *Managed) watched(obj any) {
 		return
 	}
 	m.refused.Store(nil) // ours again: a refusal is no longer why none is loaded
+	m.loading.Lock()
+	defer m.loading.Unlock()
 	if err := m.load(sec); err != nil {
 		m.o.Log.Warn("managed certificate secret not usable", logging.KeyErr, err)
 	}
