@@ -373,22 +373,31 @@ func TestAnUnreadableCAGivesWayToTheNext(t *testing.T) {
 	}
 }
 
+// ensured is a Managed whose Ensure has run, its client, and the Secret
+// it made as the API has it.
+func ensured(t *testing.T) (*Managed, *fake.Clientset, *corev1.Secret) {
+	t.Helper()
+	m, client, _, _ := managed(t, 0)
+	ctx := context.Background()
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, client, sec
+}
+
 // TestAnOlderCopyDoesNotUndoANewerOne: a replica slow between reading the
 // Secret and writing the CA ConfigMap and KEDA's credentials put the older
 // bundle back over a newer replica's, for up to an hour. A write from a
 // copy that is no longer the Secret's current version is left to the
 // Ensure of the newer one.
 func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
-	m, client, _, _ := managed(t, 0)
+	m, client, old := ensured(t)
 	ctx := context.Background()
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	secrets := client.CoreV1().Secrets("pulse-system")
-	old, err := secrets.Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	old.ResourceVersion = "1"
 	newer := old.DeepCopy()
 	newer.ResourceVersion = "2"

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
@@ -21,16 +20,8 @@ import (
 // next check, up to an hour (a renewal for new names or a new CA: the
 // clients the newer one admits were refused).
 func TestANewerVersionTheWatchLoadsDuringAPublishStaysServed(t *testing.T) {
-	m, client, _, _ := managed(t, 0)
+	m, client, old := ensured(t)
 	ctx := context.Background()
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	secrets := client.CoreV1().Secrets("pulse-system")
-	old, err := secrets.Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	newer := old.DeepCopy()
 	if err := m.renew(newer); err != nil { // another replica's renewal
 		t.Fatal(err)
