@@ -31,8 +31,12 @@ const (
 	// metricsAuthTTL: how long an answer for a token is kept (a RoleBinding
 	// granted or taken back is seen within it), never past the token's
 	// own expiry. A token allowed is served from its answer for up to
-	// twice that while no review can be made (a flood of made-up tokens
-	// has taken the rate).
+	// twice that while no review can be made: a flood of made-up tokens
+	// has taken the rate all share, or its user's own requests its user's
+	// (a reader whose RoleBinding was taken back can so keep its access
+	// for up to two minutes; refusing it then, tried on 2026-12-06, also
+	// refused a Prometheus whose namespace's rate a dashboard's reader of
+	// the same namespace had spent).
 	metricsAuthTTL = time.Minute
 	// metricsAuthCache: the tokens allowed whose answers are kept; the
 	// tokens refused have a cache of their own, so that made-up tokens
@@ -245,17 +249,9 @@ func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (ans
 	case idKnown:
 		limit, rates, rateOf = m.known[class], m.users, raterOf(id.user.Username)
 	}
-	if !rateAllows(rates, rateOf) {
-		// Its own rate taken (its user's, for a token allowed before):
-		// no answer kept stands in. A reader whose RoleBinding was
-		// removed spent its own rate in a burst while one review (which
-		// would refuse) was made, and was served from its expired answer
-		// for up to another minute, on demand.
-		return answer{}, errReviewsBusy
-	}
-	if !limit.Allow() {
+	if !rateAllows(rates, rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer
-		// while the rate all share is taken (a flood of made-up tokens).
+		// while the rate is taken.
 		if known && now.Before(until.Add(metricsAuthTTL)) {
 			if exp, ok := ingest.TokenExpiry(token); !ok || now.Before(exp) {
 				return answer{authenticated: true, allowed: true, rater: a.user}, nil

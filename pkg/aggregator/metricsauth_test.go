@@ -518,22 +518,3 @@ func TestMadeUpTokensKeepNoReadersIdentityOut(t *testing.T) {
 		t.Fatalf("an answer until %v from an identity reviewed until %v", a.until, id.until)
 	}
 }
-
-// TestARevokedReadersOwnBurstKeepsNoExpiredAnswer: a reader's answer,
-// allowed a minute ago, has run out (its RoleBinding since removed); with
-// its user's own rate spent (a burst of its requests, all but one waiting
-// on the review that will refuse), the expired answer is not served: only
-// a rate all share, taken by others, lets an answer still unexpired stand
-// in. It was served, on demand, for up to another minute.
-func TestARevokedReadersOwnBurstKeepsNoExpiredAnswer(t *testing.T) {
-	var reviews atomic.Int64
-	m := newMetricsAuthorizer(reviewingAPI(&reviews), slog.New(slog.DiscardHandler))
-	const token, path = "revoked-reader", "/metrics"
-	m.allowed.Add(answerKey(path, token), allowance{until: time.Now().Add(-time.Second), user: raterOf(promUser)})
-	for rateAllows(m.users, raterOf(promUser)) { // the burst, spent by its own requests
-	}
-	a, err := m.answer(context.Background(), path, token)
-	if a.allowed || !errors.Is(err, errReviewsBusy) {
-		t.Fatalf("a reader whose answer ran out, its own rate spent: %+v, %v; want no answer, busy (%d reviews)", a, err, reviews.Load())
-	}
-}
