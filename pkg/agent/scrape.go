@@ -486,7 +486,7 @@ func classifyRead(ctx context.Context, url string, err error, maxBytes int64) er
 	var corrupt flate.CorruptInputError
 	switch {
 	case errors.Is(err, errCompressedOver):
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: compressed page is over %d bytes", url, maxBytes)}
+		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: compressed page is over %d bytes (--max-page-bytes)", url, maxBytes)}
 	case errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt):
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_PARSE, fmt.Errorf("scrape %s: compressed page: %w", url, err)}
 	}

@@ -355,7 +355,11 @@ func (m *Managed) Ensure(ctx context.Context) error {
 // event or check, up to an hour.
 func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	m.loading.Lock()
-	stale, err := m.stale(ctx, sec)
+	// The watch's load of this Secret waits for the check: bounded here,
+	// as the client sets no timeout of its own.
+	sctx, cancel := context.WithTimeout(ctx, staleCheckTimeout)
+	stale, err := m.stale(sctx, sec)
+	cancel()
 	if err == nil && !stale {
 		err = m.load(sec)
 	}
@@ -854,6 +858,10 @@ func (m *Managed) stale(ctx context.Context, sec *corev1.Secret) (bool, error) {
 	}
 	return now.ResourceVersion != sec.ResourceVersion, nil
 }
+
+// staleCheckTimeout bounds publish's read of the Secret, made while the
+// watch's load waits.
+const staleCheckTimeout = 10 * time.Second
 
 // The label on everything the aggregator makes.
 const (

@@ -551,6 +551,9 @@ func (a *accumulator) page() Page {
 // FullParse reads a page the way a generic scraper does: every family is
 // parsed by expfmt, then the values pulse needs are picked out. It is the
 // baseline of the benchmarks and the reference of the differential test.
+// A series given twice holds its first line, as on the fast path, but for
+// a typed histogram's: expfmt merges its lines into one series (the
+// buckets summed, the last count and sum), which the fast path does not.
 func (e *Extractor) FullParse(page []byte) (Page, error) {
 	if len(page) > 0 && page[len(page)-1] != '\n' {
 		page = append(page[:len(page):len(page)], '\n')
