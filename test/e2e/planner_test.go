@@ -248,8 +248,11 @@ func (e *env) lostAgentKeepsTheWorkload(t *testing.T) {
 	})
 	_, _, answer := e.plannedReplicas()
 	t.Logf("%s after the agent was killed: %v", time.Since(lost).Round(time.Second), answer)
-	for range 20 { // an HPA sync on the error
+	for range 20 { // an HPA sync on the error, and the error kept
 		floor("the agent lost, the trigger answering an error")
+		if p, why, err := e.plannedReplicas(); err == nil {
+			t.Fatalf("the agent still lost: a plan of %d: %s", p, why)
+		}
 		time.Sleep(time.Second)
 	}
 	e.startAgent()
