@@ -124,18 +124,31 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 	defer stop()
 	out := bytes.Repeat([]byte{'p'}, echoSize)
 	in := make([]byte, echoSize)
-	t := time.NewTicker(every)
-	defer t.Stop()
+	// Open loop, as the GetMetrics pollers' schedules are: each round trip
+	// is timed from when it was due, and those due during a stall go at
+	// once after it, so a stall of L is L/every samples, as it is of the
+	// polls. A ticker dropped the ticks a slow round trip overlapped: a
+	// stall was one sample, and the floor's p99 understated where stalls
+	// outlast every (at 10,000 agents).
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	due := time.Now().Add(every)
 	for {
-		select {
-		case <-ctx.Done():
+		if wait := time.Until(due); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		} else if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
+		start := due
+		due = due.Add(every)
 		if skip != nil && skip() {
 			continue
 		}
-		start := time.Now()
 		if _, err := c.Write(out); err != nil {
 			e.failUnlessDone(ctx, err)
 			return

@@ -118,6 +118,18 @@ func (f *fleet) unpushed(now time.Time) int {
 	return n
 }
 
+// pending is the rises begun within probeHalf of now not pushed yet: in
+// neither the latencies nor the missed. f.mu held.
+func (f *fleet) pending(now time.Time) int {
+	n := 0
+	for _, p := range f.probes {
+		if !p.riseAt.IsZero() && !p.measured && now.Sub(p.riseAt) <= probeHalf {
+			n++
+		}
+	}
+	return n
+}
+
 // probeActive notes StreamIsActive delivering true for probe workload w.
 func (f *fleet) probeActive(w int, at time.Time) {
 	f.mu.Lock()
@@ -215,8 +227,12 @@ type result struct {
 	SentPerSecond      float64 `json:"podSamplesSentPerSecond"`
 	AggregatorCPUCores float64 `json:"aggregatorCpuCores"`
 	AggregatorRSSBytes int64   `json:"aggregatorRssBytes"`
-	HeapInuseBytes     float64 `json:"heapInuseBytes"`
-	HeapBytesPerPod    float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
+	// AggregatorRSSPeakBytes: its VmHWM at the end, the most it held since
+	// it started, start-up included (the RSS goal was judged on the end's
+	// reading alone).
+	AggregatorRSSPeakBytes int64   `json:"aggregatorRssPeakBytes"`
+	HeapInuseBytes         float64 `json:"heapInuseBytes"`
+	HeapBytesPerPod        float64 `json:"heapBytesPerPod"` // heap in use: the live heap and what the next GC frees
 	// HeapLiveBytes: what the aggregator's last GC found live
 	// (go_gc_heap_live_bytes); heap in use runs up to GOGC% over it and
 	// the stacks (AggregatorGCPercent).
@@ -254,12 +270,16 @@ type result struct {
 	// 32-byte TCP round trip between the harness and an echo process on
 	// the aggregator's CPUs, timed as the harness times GetMetrics: an
 	// answer's round trip is not expected to beat it; 0 when off.
-	EchoCount       int     `json:"echoCount"`
-	EchoP50         float64 `json:"echoP50Seconds"`
-	EchoP99         float64 `json:"echoP99Seconds"`
-	PushCount       int     `json:"pushCount"`  // rises pushed (their latency measured)
-	PushRises       int     `json:"pushRises"`  // rises begun within the measurement
-	PushMissed      int     `json:"pushMissed"` // rises never pushed before the next one, or fallen unpushed by the end
+	EchoCount  int     `json:"echoCount"`
+	EchoP50    float64 `json:"echoP50Seconds"`
+	EchoP99    float64 `json:"echoP99Seconds"`
+	PushCount  int     `json:"pushCount"`  // rises pushed (their latency measured)
+	PushRises  int     `json:"pushRises"`  // rises begun within the measurement
+	PushMissed int     `json:"pushMissed"` // rises never pushed before the next one, or fallen unpushed by the end
+	// PushPending: rises begun in the last probeHalf (15 s) not pushed
+	// by the end, in neither the latencies nor the missed: a push slower
+	// than the time left shows only here.
+	PushPending     int     `json:"pushPending"`
 	PushLatencyP50  float64 `json:"pushLatencyP50Seconds"`
 	PushLatencyP99  float64 `json:"pushLatencyP99Seconds"`
 	AgentStreams    float64 `json:"agentStreams"`
@@ -623,7 +643,7 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	gm, push, missed, rises := f.timed()
+	gm, push, missed, rises, pending := f.timed()
 	echoes, echoErr := f.echoes.take()
 	inHarness := len(gm)
 	if apart != nil {
@@ -635,11 +655,11 @@ func (f *fleet) measure(ctx context.Context) (*result, error) {
 		DurationSeconds:     math.Round(el*10) / 10,
 		PodSamplesPerSecond: (m1["pulse_aggregator_pod_samples_total"] - m0["pulse_aggregator_pod_samples_total"]) / tm1.Sub(tm0).Seconds(),
 		SentPerSecond:       float64(s1-s0) / el,
-		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes,
+		AggregatorCPUCores:  (p1.CPUSeconds - p0.CPUSeconds) / el, AggregatorRSSBytes: p1.RSSBytes, AggregatorRSSPeakBytes: p1.RSSPeakBytes,
 		HeapInuseBytes: m1["go_memstats_heap_inuse_bytes"], HeapLiveBytes: m1["go_gc_heap_live_bytes"],
 		StackInuseBytes: m1["go_memstats_stack_inuse_bytes"], GCGoalBytes: m1["go_memstats_next_gc_bytes"], StackScanBytes: m1["go_gc_scan_stack_bytes"], AggregatorGCPercent: m1["go_gc_gogc_percent"], AgentStreams: m1["pulse_aggregator_agent_streams"],
 		Goroutines: m1["go_goroutines"], OpenFDs: p1.FDs, HarnessCPUCores: (h1 - h0) / el, ChurnEvents: f.churned.Load(),
-		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
+		GetMetricsCount: len(gm), GetMetricsInHarness: inHarness, PollsApart: apart != nil, PushCount: len(push), PushRises: rises, PushMissed: missed, PushPending: pending, Soak: soak, IngestTLS: f.o.tls, Transport: f.o.transport, IngestConnections: byTransport(m1), HarnessGOGC: f.o.harnessGOGC, AggregatorMemoryLimitBytes: f.o.memoryLimit,
 		Relays: len(f.relays), RelayCPUCores: (r1 - r0) / el, RelayRSSBytes: relayRSS}
 	f.derive(res, m0, m1)
 	f.mu.Lock()
@@ -666,19 +686,20 @@ func (f *fleet) floorMissed(err error) {
 
 // timed is what the measurement timed: GetMetrics round trips, push
 // latencies, the rises missed (each an error) and the rises begun.
-func (f *fleet) timed() (gm, push []float64, missed, rises int) {
+func (f *fleet) timed() (gm, push []float64, missed, rises, pending int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// A rise fallen and never pushed is missed though no rise followed it
 	// within the measurement (the last of each probe).
-	missed = f.pushMissed + f.unpushed(time.Now())
+	now := time.Now()
+	missed, pending = f.pushMissed+f.unpushed(now), f.pending(now)
 	if missed > 0 {
 		// A rise StreamIsActive never pushed is a failure of the push
 		// path, not a latency left out: it was in no error, and the push
 		// p99 was of the rises pushed alone.
 		f.errs["pushMissed"] += int64(missed)
 	}
-	return slices.Clone(f.getMetrics), slices.Clone(f.push), missed, f.pushRises
+	return slices.Clone(f.getMetrics), slices.Clone(f.push), missed, f.pushRises, pending
 }
 
 // settle waits --settle, then forgets what was timed before it.

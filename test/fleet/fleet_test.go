@@ -126,6 +126,9 @@ func TestSteadyFleetAnswersAndPushes(t *testing.T) {
 	if res.EchoCount == 0 || res.EchoP99 <= 0 {
 		t.Errorf("the machine's floor was not measured: %d echoes, p99 %v s", res.EchoCount, res.EchoP99)
 	}
+	if res.AggregatorRSSBytes <= 0 || res.AggregatorRSSPeakBytes < res.AggregatorRSSBytes {
+		t.Errorf("the aggregator's RSS %d bytes, its peak %d: want both read, the peak at least the end's", res.AggregatorRSSBytes, res.AggregatorRSSPeakBytes)
+	}
 	if !res.PollsApart || res.GetMetricsInHarness > len(f.sos) {
 		t.Errorf("polls apart %v, %d GetMetrics timed in the harness: want them timed apart (at most one a ScaledObject under way as they moved)", res.PollsApart, res.GetMetricsInHarness)
 	}

@@ -475,7 +475,7 @@ func TestAMissedRiseIsAnError(t *testing.T) {
 	f := &fleet{epoch: epoch, errs: map[string]int64{}, probes: map[int]*probeState{8: {}}}
 	f.probeRise(8, epoch.Add(probeHalf+time.Second))
 	f.probeRise(8, epoch.Add(3*probeHalf+time.Second)) // the rise before was never pushed
-	if _, _, missed, rises := f.timed(); missed != 1 || rises != 2 || f.errs["pushMissed"] != 1 {
+	if _, _, missed, rises, _ := f.timed(); missed != 1 || rises != 2 || f.errs["pushMissed"] != 1 {
 		t.Fatalf("missed %d of %d rises, errors %v: want the miss an error", missed, rises, f.errs)
 	}
 }

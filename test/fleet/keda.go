@@ -191,8 +191,12 @@ func (p *poller) run(ctx context.Context, skip func() bool) {
 // Each call has KEDA's deadline: without one, a call that hung stalled
 // its ScaledObject's polls for ever, unnoticed (no error; it fell out of
 // the GetMetrics count, and the slowest out of the percentiles).
+//
+// A call under way when ctx ends (the measurement's end) runs to its
+// answer or its own deadline, as GetMetrics does, and its error counts:
+// cut there, one that hung in the last 10 s was never counted.
 func (p *poller) kedaPoll(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), getMetricsDeadline)
 	spec, err := p.client.GetMetricSpec(cctx, p.ref)
 	cancel()
 	if err != nil {
@@ -207,7 +211,7 @@ func (p *poller) kedaPoll(ctx context.Context) {
 	if !p.getMetrics(ctx) {
 		return
 	}
-	cctx, cancel = context.WithTimeout(ctx, getMetricsDeadline)
+	cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), getMetricsDeadline)
 	defer cancel()
 	if _, err := p.client.IsActive(cctx, p.ref); err != nil {
 		p.fail("IsActive", err)
@@ -226,7 +230,7 @@ func (p *poller) name() string {
 func (p *poller) getMetrics(ctx context.Context) bool {
 	name := p.name()
 	if name == "" {
-		cctx, cancel := context.WithTimeout(ctx, getMetricsDeadline)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), getMetricsDeadline)
 		spec, err := p.client.GetMetricSpec(cctx, p.ref)
 		cancel()
 		if err != nil || len(spec.MetricSpecs) == 0 {

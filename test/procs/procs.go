@@ -35,12 +35,13 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Usage is a process's CPU time (user + system), resident memory (VmRSS)
-// and open file descriptors.
+// Usage is a process's CPU time (user + system), resident memory (VmRSS),
+// its peak since the process started (VmHWM) and open file descriptors.
 type Usage struct {
-	CPUSeconds float64
-	RSSBytes   int64
-	FDs        int
+	CPUSeconds   float64
+	RSSBytes     int64
+	RSSPeakBytes int64
+	FDs          int
 }
 
 // Read reads pid's usage.
@@ -61,5 +62,5 @@ func Read(pid int) (Usage, error) {
 	if err != nil {
 		return Usage{}, fmt.Errorf("read /proc/%d/fd: %w", pid, err)
 	}
-	return Usage{CPUSeconds: st.CPUTime(), RSSBytes: int64(status.VmRSS), FDs: fds}, nil
+	return Usage{CPUSeconds: st.CPUTime(), RSSBytes: int64(status.VmRSS), RSSPeakBytes: int64(status.VmHWM), FDs: fds}, nil
 }
