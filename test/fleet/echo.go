@@ -122,14 +122,23 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 	defer func() { _ = c.Close() }()
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
+	// Open loop, as the GetMetrics polls are (each ScaledObject's on its
+	// own schedule): a round trip is sent when due, whether or not the
+	// ones before have come back, and timed from its send, as a poll is.
+	// So a stall of L is L/every samples, as it is of the polls. One at a
+	// time on a ticker (until 2026-12-06), the ticks a slow round trip
+	// overlapped were dropped: a stall was one sample, and the floor's
+	// p99 understated where stalls outlast every (at 10,000 agents).
+	// The echo answers in order on the one connection: the reader pairs
+	// each answer with the oldest send.
+	sent := make(chan time.Time, echoInFlight)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.readAnswers(ctx, c, sent)
+	}()
+	defer func() { _ = c.Close(); <-done }() // the reader's read ends with the connection
 	out := bytes.Repeat([]byte{'p'}, echoSize)
-	in := make([]byte, echoSize)
-	// Open loop, as the GetMetrics pollers' schedules are: each round trip
-	// is timed from when it was due, and those due during a stall go at
-	// once after it, so a stall of L is L/every samples, as it is of the
-	// polls. A ticker dropped the ticks a slow round trip overlapped: a
-	// stall was one sample, and the floor's p99 understated where stalls
-	// outlast every (at 10,000 agents).
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	due := time.Now().Add(every)
@@ -139,27 +148,49 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 			select {
 			case <-ctx.Done():
 				return
+			case <-done: // the reader failed
+				return
 			case <-timer.C:
 			}
 		} else if ctx.Err() != nil {
 			return
 		}
-		start := due
 		due = due.Add(every)
 		if skip != nil && skip() {
 			continue
+		}
+		select {
+		case sent <- time.Now(): // at most echoInFlight unanswered: past that it waits
+		case <-ctx.Done():
+			return
+		case <-done:
+			return
 		}
 		if _, err := c.Write(out); err != nil {
 			e.failUnlessDone(ctx, err)
 			return
 		}
+	}
+}
+
+// echoInFlight bounds the round trips sent and not answered (10 s of them
+// at the default 10 ms).
+const echoInFlight = 1024
+
+// readAnswers reads the echo's answers in order, timing each from its
+// send (sent), until the connection ends.
+func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.Time) {
+	want := bytes.Repeat([]byte{'p'}, echoSize)
+	in := make([]byte, echoSize)
+	for {
 		if _, err := io.ReadFull(c, in); err != nil {
 			e.failUnlessDone(ctx, err)
 			return
 		}
-		d := time.Since(start)
-		if !bytes.Equal(in, out) {
-			e.fail(fmt.Errorf("echo answered %q to %q", in, out))
+		at := <-sent // written before its bytes: one is there
+		d := time.Since(at)
+		if !bytes.Equal(in, want) {
+			e.fail(fmt.Errorf("echo answered %q to %q", in, want))
 			return
 		}
 		e.mu.Lock()

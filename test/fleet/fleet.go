@@ -268,8 +268,9 @@ type result struct {
 	GetMetricsServerP99 float64 `json:"getMetricsServerP99Seconds"`
 	// Echo*: the machine's floor under the same load (--echo-every): a
 	// 32-byte TCP round trip between the harness and an echo process on
-	// the aggregator's CPUs, timed as the harness times GetMetrics: an
-	// answer's round trip is not expected to beat it; 0 when off.
+	// the aggregator's CPUs, sent on its schedule and timed from its send
+	// as a poll is (open loop, pipelined on one connection): an answer's
+	// round trip is not expected to beat it; 0 when off.
 	EchoCount  int     `json:"echoCount"`
 	EchoP50    float64 `json:"echoP50Seconds"`
 	EchoP99    float64 `json:"echoP99Seconds"`

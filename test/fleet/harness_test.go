@@ -239,6 +239,44 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("a second take returned %d round trips, want those since the first: none", len(again))
 		}
 	})
+	// Open loop: the round trips due while the echo stalls are sent on
+	// time and each is timed from its send, so a stall is many samples,
+	// as it is of the polls (one at a time on a ticker, it was one).
+	t.Run("stall", func(t *testing.T) {
+		var n atomic.Int32
+		addr := serve(t, echoChanged(func([]byte) {
+			if n.Add(1) == 10 {
+				time.Sleep(300 * time.Millisecond)
+			}
+		}))
+		var e echoer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { e.run(ctx, addr, 5*time.Millisecond, nil); close(done) }()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			e.mu.Lock()
+			k := len(e.rtts)
+			e.mu.Unlock()
+			if k >= 80 {
+				break
+			}
+		}
+		cancel()
+		<-done
+		rtts, err := e.take()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow := 0
+		for _, d := range rtts {
+			if d >= 0.1 {
+				slow++
+			}
+		}
+		if slow < 5 {
+			t.Errorf("a stall of 300 ms with a round trip due every 5 ms: %d of %d samples of 100 ms or more, want the many due during it", slow, len(rtts))
+		}
+	})
 	t.Run("wrong answer", func(t *testing.T) {
 		addr := serve(t, echoChanged(func(b []byte) { b[0] = 'x' }))
 		var e echoer

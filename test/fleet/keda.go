@@ -208,7 +208,8 @@ func (p *poller) kedaPoll(ctx context.Context) {
 		p.metricName = spec.MetricSpecs[0].MetricName
 		p.mu.Unlock()
 	}
-	if !p.getMetrics(ctx) {
+	// A call begun after the end would be none of the measurement's.
+	if ctx.Err() != nil || !p.getMetrics(ctx) || ctx.Err() != nil {
 		return
 	}
 	cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), getMetricsDeadline)

@@ -181,8 +181,8 @@ func (o *options) validate() error {
 	if o.kedaConns < 1 || o.interval <= 0 || o.duration <= 0 || o.churn < 0 || o.podExpiry <= 0 || o.soakEvery < 0 {
 		errs = append(errs, "--keda-conns, --interval, --duration and --pod-expiry must be above 0, --churn and --soak-every at least 0")
 	}
-	if o.echoEvery < 0 {
-		errs = append(errs, "--echo-every must be at least 0")
+	if o.echoEvery < 0 || o.echoEvery > 0 && o.echoEvery < time.Millisecond {
+		errs = append(errs, "--echo-every must be 0 (off) or at least 1ms")
 	}
 	if o.pin != "auto" && o.pin != "off" {
 		errs = append(errs, fmt.Sprintf("--pin %q: auto or off", o.pin))
