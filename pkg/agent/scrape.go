@@ -58,9 +58,9 @@ const acceptEncoding = "identity"
 
 // A page up to smallPage bytes (vLLM's are 5–40 KB an engine; a V1
 // server's data-parallel engines repeat its histograms, about 33 KB each)
-// is read at once; a
-// larger one (up to --max-page-bytes) first waits for one of largeSlots,
-// within its scrape's timeout. So the page bytes in flight are bounded
+// is read at once; a larger one (up to --max-page-bytes) first waits for
+// one of largeSlots, within its scrape's timeout. So the page bytes in
+// flight are bounded
 // (--max-concurrent-scrapes × smallPage, plus largeSlots × --max-page-bytes)
 // whatever the pods serve, and pods with large pages wait for each other,
 // never for the others; a tenant (namespace) reads one large page at a

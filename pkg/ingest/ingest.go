@@ -891,11 +891,17 @@ func (st *streamState) gone(info store.PodInfo) bool {
 	if !ok {
 		return false
 	}
-	uid := info.UID
+	return g.Gone(podUID(info))
+}
+
+// podUID is the uid of the pod info stands for: its own, or a demand
+// entry's router's.
+func podUID(info store.PodInfo) string {
 	if info.Demand {
-		uid, _ = store.DemandPodUID(uid)
+		uid, _ := store.DemandPodUID(info.UID)
+		return uid
 	}
-	return g.Gone(uid)
+	return info.UID
 }
 
 // dropGone lets go what the store holds of infos, just stored, whose pod
@@ -912,11 +918,7 @@ func (st *streamState) dropGone(infos []store.PodInfo) map[string]bool {
 		if !st.gone(info) {
 			continue
 		}
-		uid := info.UID
-		if info.Demand {
-			uid, _ = store.DemandPodUID(uid)
-		}
-		st.srv.store.Gone(st.hello.Node, uid)
+		st.srv.store.Gone(st.hello.Node, podUID(info))
 		if dropped == nil {
 			dropped = map[string]bool{}
 		}
