@@ -120,24 +120,39 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 		return
 	}
 	defer func() { _ = c.Close() }()
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	// At the end no more is sent, and the round trips under way run to
+	// their answers, within echoDrain, as a poll under way runs to its
+	// answer (dropped at the connection's close, a stall at the end was
+	// in the polls' times and not in the floor's).
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.SetDeadline(time.Now().Add(echoDrain)) // a write blocked then ends too
+	})
 	defer stop()
 	// Open loop, as the GetMetrics polls are (each ScaledObject's on its
 	// own schedule): a round trip is sent when due, whether or not the
 	// ones before have come back, and timed from its send, as a poll is.
-	// So a stall of L is L/every samples, as it is of the polls. One at a
-	// time on a ticker (until 2026-12-06), the ticks a slow round trip
-	// overlapped were dropped: a stall was one sample, and the floor's
-	// p99 understated where stalls outlast every (at 10,000 agents).
-	// The echo answers in order on the one connection: the reader pairs
-	// each answer with the oldest send.
+	// So a stall of L is L/every samples, as it is of the polls, for up
+	// to echoInFlight × every (10 s at the default): past that the sends
+	// wait for room. One at a time on a ticker (until 2026-12-06), the
+	// ticks a slow round trip overlapped were dropped: a stall was one
+	// sample, and the floor's p99 understated where stalls outlast every
+	// (at 10,000 agents). The echo answers in order on the one
+	// connection: the reader pairs each answer with the oldest send.
 	sent := make(chan time.Time, echoInFlight)
+	room := make(chan struct{}, echoInFlight) // a slot a round trip under way
 	done := make(chan struct{})
+	failed := make(chan struct{}) // the reader failed: no more is sent
 	go func() {
 		defer close(done)
-		e.readAnswers(ctx, c, sent)
+		e.readAnswers(ctx, c, sent, room, failed)
 	}()
-	defer func() { _ = c.Close(); <-done }() // the reader's read ends with the connection
+	defer func() {
+		if ctx.Err() == nil { // stopped by a failure: nothing more to wait for
+			_ = c.SetDeadline(time.Now())
+		}
+		close(sent)
+		<-done // the reader reads what is under way, then ends
+	}()
 	out := bytes.Repeat([]byte{'p'}, echoSize)
 	timer := time.NewTimer(every)
 	defer timer.Stop()
@@ -148,7 +163,7 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 			select {
 			case <-ctx.Done():
 				return
-			case <-done: // the reader failed
+			case <-failed:
 				return
 			case <-timer.C:
 			}
@@ -160,12 +175,13 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 			continue
 		}
 		select {
-		case sent <- time.Now(): // at most echoInFlight unanswered: past that it waits
+		case room <- struct{}{}: // at most echoInFlight unanswered: past that it waits
 		case <-ctx.Done():
 			return
-		case <-done:
+		case <-failed:
 			return
 		}
+		sent <- time.Now() // taken once there is room: a slot is this one's
 		if _, err := c.Write(out); err != nil {
 			e.failUnlessDone(ctx, err)
 			return
@@ -174,23 +190,35 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 }
 
 // echoInFlight bounds the round trips sent and not answered (10 s of them
-// at the default 10 ms).
-const echoInFlight = 1024
+// at the default 10 ms); echoDrain is how long those under way at the end
+// may take to come back (a poll's deadline).
+const (
+	echoInFlight = 1024
+	echoDrain    = getMetricsDeadline
+)
 
 // readAnswers reads the echo's answers in order, timing each from its
-// send (sent), until the connection ends.
-func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.Time) {
+// send (sent, closed once no more is sent), and frees its slot (room);
+// at a failure it closes failed and takes what is still sent.
+func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.Time, room <-chan struct{}, failed chan<- struct{}) {
 	want := bytes.Repeat([]byte{'p'}, echoSize)
 	in := make([]byte, echoSize)
-	for {
+	stopped := func() {
+		close(failed)
+		for range sent { // until the writer, told, stops
+		}
+	}
+	for at := range sent {
 		if _, err := io.ReadFull(c, in); err != nil {
 			e.failUnlessDone(ctx, err)
+			stopped()
 			return
 		}
-		at := <-sent // written before its bytes: one is there
 		d := time.Since(at)
+		<-room
 		if !bytes.Equal(in, want) {
 			e.fail(fmt.Errorf("echo answered %q to %q", in, want))
+			stopped()
 			return
 		}
 		e.mu.Lock()

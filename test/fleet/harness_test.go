@@ -277,6 +277,39 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("a stall of 300 ms with a round trip due every 5 ms: %d of %d samples of 100 ms or more, want the many due during it", slow, len(rtts))
 		}
 	})
+	// The round trips under way when the run ends run to their answers,
+	// as a poll under way does: a stall at the end is in the floor too.
+	t.Run("stall at the end", func(t *testing.T) {
+		var n atomic.Int32
+		stalled := make(chan struct{})
+		addr := serve(t, echoChanged(func([]byte) {
+			if n.Add(1) == 10 {
+				close(stalled)
+				time.Sleep(300 * time.Millisecond)
+			}
+		}))
+		var e echoer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { e.run(ctx, addr, 5*time.Millisecond, nil); close(done) }()
+		<-stalled
+		time.Sleep(150 * time.Millisecond)
+		cancel() // mid-stall
+		<-done
+		rtts, err := e.take()
+		if err != nil {
+			t.Fatalf("the run's end is no failure: %v", err)
+		}
+		slow := 0
+		for _, d := range rtts {
+			if d >= 0.1 {
+				slow++
+			}
+		}
+		if slow < 5 {
+			t.Errorf("a run ended 150 ms into a 300 ms stall, a round trip due every 5 ms: %d of %d samples of 100 ms or more, want those under way", slow, len(rtts))
+		}
+	})
 	t.Run("wrong answer", func(t *testing.T) {
 		addr := serve(t, echoChanged(func(b []byte) { b[0] = 'x' }))
 		var e echoer
