@@ -205,6 +205,17 @@ func echoChanged(change func([]byte)) func(net.Conn) {
 	}
 }
 
+// countAtLeast is how many of ds are at least the least given.
+func countAtLeast(ds []float64, least float64) int {
+	n := 0
+	for _, d := range ds {
+		if d >= least {
+			n++
+		}
+	}
+	return n
+}
+
 func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 	serve := serveTest
 	t.Run("echo", func(t *testing.T) {
@@ -267,12 +278,7 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slow := 0
-		for _, d := range rtts {
-			if d >= 0.1 {
-				slow++
-			}
-		}
+		slow := countAtLeast(rtts, 0.1)
 		if slow < 5 {
 			t.Errorf("a stall of 300 ms with a round trip due every 5 ms: %d of %d samples of 100 ms or more, want the many due during it", slow, len(rtts))
 		}
@@ -300,12 +306,7 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the run's end is no failure: %v", err)
 		}
-		slow := 0
-		for _, d := range rtts {
-			if d >= 0.1 {
-				slow++
-			}
-		}
+		slow := countAtLeast(rtts, 0.1)
 		if slow < 5 {
 			t.Errorf("a run ended 150 ms into a 300 ms stall, a round trip due every 5 ms: %d of %d samples of 100 ms or more, want those under way", slow, len(rtts))
 		}
