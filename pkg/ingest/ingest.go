@@ -273,6 +273,12 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 	if err != nil {
 		return nil, nil, err
 	}
+	// Counted before the welcome: an agent welcomed is a stream open (one
+	// counted after it could be welcomed and not yet counted, and
+	// Streams read one short).
+	s.m.streams.Inc()
+	s.opened.Add(1)
+	ends = append(ends, s.m.streams.Dec, func() { s.opened.Add(-1) })
 	if err := stream.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{
 		AggregatorVersion: s.version, ProtocolVersion: pulsev1.ProtocolVersion_PROTOCOL_VERSION_1}}}); err != nil {
 		return nil, nil, err
@@ -280,9 +286,6 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires}
 	st.logger().Info("agent stream opened")
-	s.m.streams.Inc()
-	s.opened.Add(1)
-	ends = append(ends, s.m.streams.Dec, func() { s.opened.Add(-1) })
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
 		return nil, nil, err
