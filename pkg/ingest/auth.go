@@ -33,8 +33,9 @@ import (
 // NodeClaim is where a pod-bound ServiceAccount token's TokenReview says
 // which node the pod runs on, and PodClaim which pod it is bound to.
 const (
-	NodeClaim = "authentication.kubernetes.io/node-name"
-	PodClaim  = "authentication.kubernetes.io/pod-name"
+	NodeClaim   = "authentication.kubernetes.io/node-name"
+	PodClaim    = "authentication.kubernetes.io/pod-name"
+	PodUIDClaim = "authentication.kubernetes.io/pod-uid"
 )
 
 // Bounds of the token reviews: at most maxReviews in flight (a stream
@@ -53,10 +54,17 @@ const (
 // ErrBusy: too many token reviews are in flight; the agent retries.
 var ErrBusy = errors.New("too many agent token reviews in flight: try again")
 
+// Agent is what a reviewed token says of its holder: the node its pod runs
+// on, and the pod's uid ("" where the review names none).
+type Agent struct {
+	Node   string
+	PodUID string
+}
+
 // Authenticator decides which node an agent stream may speak for.
 type Authenticator interface {
-	// Authenticate returns the node the bearer token is bound to.
-	Authenticate(ctx context.Context, token string) (node string, err error)
+	// Authenticate returns the node and pod the bearer token is bound to.
+	Authenticate(ctx context.Context, token string) (Agent, error)
 	// PodNode returns the node the API says an entry's pod runs on, or
 	// ErrClaim when the pod does not allow the entry's uid and workloads.
 	PodNode(ctx context.Context, e Entry) (string, error)
@@ -94,15 +102,24 @@ type TokenReviewer struct {
 	// pods it was told of, newest kept (Gone).
 	gone     atomic.Pointer[func(node, uid string)]
 	goneUIDs *lru.Cache[string, struct{}]
+	// goneAgents: the uids of the agents' pods (of an allowed service
+	// account) the pod cache saw deleted or finished, newest kept apart
+	// from goneUIDs, so that the cluster's other pods (a batch cluster's
+	// Jobs) do not push them out within a token's life (AgentGone).
+	goneAgents *lru.Cache[string, struct{}]
 }
 
 type review struct {
-	node    string
+	agent   Agent
 	err     error
 	expires time.Time
 }
 
-var _ Authenticator = (*TokenReviewer)(nil)
+var (
+	_ Authenticator   = (*TokenReviewer)(nil)
+	_ goneTeller      = (*TokenReviewer)(nil)
+	_ agentGoneTeller = (*TokenReviewer)(nil)
+)
 
 // NewTokenReviewer accepts tokens for audience from the given service
 // accounts ("namespace/name").
@@ -125,6 +142,9 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 		return nil, err
 	}
 	if t.goneUIDs, err = lru.New[string, struct{}](maxGone); err != nil {
+		return nil, err
+	}
+	if t.goneAgents, err = lru.New[string, struct{}](maxGoneAgents); err != nil {
 		return nil, err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -185,6 +205,9 @@ func (t *TokenReviewer) OnGone(f func(node, uid string)) { t.gone.Store(&f) }
 
 func (t *TokenReviewer) tellGone(p *corev1.Pod) {
 	t.goneUIDs.Add(string(p.UID), struct{}{})
+	if p.Spec.ServiceAccountName != "" { // keep leaves it to agents' pods alone
+		t.goneAgents.Add(string(p.UID), struct{}{})
+	}
 	if f := t.gone.Load(); f != nil && p.Spec.NodeName != "" {
 		(*f)(p.Spec.NodeName, string(p.UID))
 	}
@@ -201,6 +224,22 @@ func (t *TokenReviewer) Gone(uid string) bool { return t.goneUIDs.Contains(uid) 
 // catalogue is looked up within seconds, so the newest suffice, whatever
 // the cluster's Jobs finish meanwhile.
 const maxGone = 65536
+
+// AgentGone says that the agent's pod whose uid a token review named
+// (Agent.PodUID) is one the pod cache saw deleted, or finish: a stream
+// opened with its token ends at its next message, and a review of that
+// token kept is not believed again. A token copied from an agent's pod
+// (a compromised node's) kept its stream reporting that node's pods for
+// as long as the token lived (an hour), and opened new ones within the
+// minute its review was kept, past the pod's deletion.
+func (t *TokenReviewer) AgentGone(podUID string) bool {
+	return podUID != "" && t.goneAgents.Contains(podUID)
+}
+
+// maxGoneAgents bounds the agents' pods gone that AgentGone remembers: a
+// token lives an hour, and a cluster deletes at most a few DaemonSet
+// rollouts' agents within one.
+const maxGoneAgents = 65536
 
 // finished says p has ended: Failed or Succeeded.
 func finished(p *corev1.Pod) bool {
@@ -378,29 +417,32 @@ var ErrUnauthenticated = errors.New("not an authenticated pulse agent")
 // for a minute, and never past the token's expiry; an error of the API
 // (not an answer) is not cached, so that one blip does not refuse an agent
 // for a minute.
-func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string, error) {
+func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (Agent, error) {
 	key := sha256.Sum256([]byte(token))
 	t.mu.Lock()
-	if r, ok := t.tokens[key]; ok && time.Now().Before(r.expires) {
-		t.mu.Unlock()
-		return r.node, r.err
+	r, ok := t.tokens[key]
+	if ok && !time.Now().Before(r.expires) {
+		ok = false
 	}
 	t.mu.Unlock()
+	if ok {
+		return t.believed(r.agent, r.err)
+	}
 	wait := time.NewTimer(t.wait)
 	defer wait.Stop()
 	select {
 	case t.turns <- struct{}{}:
 	case <-wait.C:
-		return "", ErrBusy
+		return Agent{}, ErrBusy
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return Agent{}, ctx.Err()
 	}
-	node, err := func() (string, error) {
+	agent, err := func() (Agent, error) {
 		defer func() { <-t.turns }()
 		return t.review(ctx, token)
 	}()
 	if err != nil && !errors.Is(err, ErrUnauthenticated) {
-		return node, err
+		return agent, err
 	}
 	expires := time.Now().Add(tokenCacheFor)
 	if exp, ok := TokenExpiry(token); ok && exp.Before(expires) {
@@ -414,10 +456,20 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 		}
 	}
 	if len(t.tokens) < maxCachedTokens {
-		t.tokens[key] = review{node: node, err: err, expires: expires}
+		t.tokens[key] = review{agent: agent, err: err, expires: expires}
 	}
 	t.mu.Unlock()
-	return node, err
+	return t.believed(agent, err)
+}
+
+// believed is a review's answer, unless the pod its token is bound to is
+// gone (AgentGone): the API server's own review refuses such a token only
+// once the pod is removed, and a review kept for a minute not at all.
+func (t *TokenReviewer) believed(a Agent, err error) (Agent, error) {
+	if err == nil && t.AgentGone(a.PodUID) {
+		return Agent{}, fmt.Errorf("%w: the token's pod (uid %s) has been deleted or has finished", ErrUnauthenticated, a.PodUID)
+	}
+	return a, err
 }
 
 // TokenExpiry reads a JWT's exp claim, unverified: only to cache its
@@ -444,25 +496,25 @@ func TokenExpiry(token string) (time.Time, bool) {
 // lookup: an agent waits 10 s for its stream's welcome.
 const reviewTimeout = 10 * time.Second
 
-func (t *TokenReviewer) review(ctx context.Context, token string) (string, error) {
+func (t *TokenReviewer) review(ctx context.Context, token string) (Agent, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.reviewFor)
 	defer cancel()
 	tr, err := t.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{t.audience}}}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("token review: %w", err)
+		return Agent{}, fmt.Errorf("token review: %w", err)
 	}
 	st := tr.Status
 	if !st.Authenticated || st.Error != "" {
-		return "", fmt.Errorf("%w: %s", ErrUnauthenticated, st.Error)
+		return Agent{}, fmt.Errorf("%w: %s", ErrUnauthenticated, st.Error)
 	}
 	// An authenticator that answers no audience did not check it (the
 	// TokenReview API asks its clients to verify this).
 	if !slices.Contains(st.Audiences, t.audience) {
-		return "", fmt.Errorf("%w: the review did not confirm the audience %q", ErrUnauthenticated, t.audience)
+		return Agent{}, fmt.Errorf("%w: the review did not confirm the audience %q", ErrUnauthenticated, t.audience)
 	}
 	if !slices.Contains(t.allowed, st.User.Username) {
-		return "", fmt.Errorf("%w: %s is not an agent service account", ErrUnauthenticated, st.User.Username)
+		return Agent{}, fmt.Errorf("%w: %s is not an agent service account", ErrUnauthenticated, st.User.Username)
 	}
 	nodes, pods := st.User.Extra[NodeClaim], st.User.Extra[PodClaim]
 	if len(nodes) != 1 || nodes[0] == "" || len(pods) != 1 || pods[0] == "" {
@@ -470,11 +522,15 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (string, error
 		// (ServiceAccountTokenPodNodeInfo): before, every agent was
 		// refused with no word of why.
 		if len(pods) == 1 && pods[0] != "" && len(nodes) == 0 {
-			return "", fmt.Errorf("%w: the token names its pod but no node: the API server sets %s from Kubernetes 1.30 (feature gate ServiceAccountTokenPodNodeInfo); before it, use --agent-auth=none on a trusted network", ErrUnauthenticated, NodeClaim)
+			return Agent{}, fmt.Errorf("%w: the token names its pod but no node: the API server sets %s from Kubernetes 1.30 (feature gate ServiceAccountTokenPodNodeInfo); before it, use --agent-auth=none on a trusted network", ErrUnauthenticated, NodeClaim)
 		}
-		return "", fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
+		return Agent{}, fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
 	}
-	return nodes[0], nil
+	var uid string
+	if u := st.User.Extra[PodUIDClaim]; len(u) == 1 {
+		uid = u[0]
+	}
+	return Agent{Node: nodes[0], PodUID: uid}, nil
 }
 
 // errNodeLookups: the node's share of the lookups is spent (wrapped in

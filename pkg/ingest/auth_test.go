@@ -293,8 +293,8 @@ func TestTokenReviewsAreBoundedAndCheckedWhole(t *testing.T) {
 	if _, err := tr.Authenticate(ctx, "token-node-1"); err == nil || errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("API error: %v, want an error that is not a refusal", err)
 	}
-	if node, err := tr.Authenticate(ctx, "token-node-1"); err != nil || node != "node-1" {
-		t.Fatalf("after the API came back: %q, %v (the error was cached)", node, err)
+	if a, err := tr.Authenticate(ctx, "token-node-1"); err != nil || a.Node != "node-1" || a.PodUID != "uid-agent-on-node-1" {
+		t.Fatalf("after the API came back: %+v, %v (the error was cached)", a, err)
 	}
 	for tok, why := range map[string]string{"no-audience": "audience", "node-bound": "bound to a pod"} {
 		if _, err := tr.Authenticate(ctx, tok); !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), why) {
@@ -361,6 +361,92 @@ func TestAStreamEndsWithItsToken(t *testing.T) {
 	}
 	if v := f.store.View(store.ViewOptions{FreshFor: time.Hour}); len(v) != 1 {
 		t.Fatalf("store = %+v, want the pod of the stream with a live token", v)
+	}
+}
+
+// TestAStreamEndsWithItsAgentsPod: a token copied from an agent's pod (a
+// compromised node's) kept its stream reporting that node's pods once the
+// pod was deleted, for the rest of the token's life (an hour), and opened
+// new streams within the minute its review was kept. The stream now ends at
+// its next message (Unauthenticated), unread, and the review kept is not
+// believed; another agent's pod gone, or any other pod, ends nothing. A pod
+// that finishes is as gone.
+func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
+	for _, how := range []string{"deleted", "finished"} {
+		t.Run(how, func(t *testing.T) {
+			c := fakeAPI()
+			agentPod := func(node string) *corev1.Pod {
+				return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent-on-" + node, Namespace: "pulse-system", UID: types.UID("uid-agent-on-" + node)},
+					Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "pulse-agent"}}
+			}
+			bg := context.Background()
+			for _, p := range []*corev1.Pod{agentPod("node-1"), agentPod("node-2")} {
+				if _, err := c.CoreV1().Pods(p.Namespace).Create(bg, p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tr := runningReviewer(t, c)
+			f := newFixtureWith(t, tr)
+			ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			defer cancel()
+			// Each node's agent lists its own pod of fakeAPI's, as id 1.
+			open := func(node, pod string) (pulsev1.Ingest_ReportClient, *wire.Encoder) {
+				s := f.openStream(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-"+node), t, node)
+				if err := s.Send(catalogue(&pulsev1.Pod{Id: 1, Uid: "uid-" + pod, Namespace: "ns", Name: pod, Ready: true,
+					Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}})); err != nil {
+					t.Fatal(err)
+				}
+				enc := wire.NewEncoder()
+				sendBatch(t, s, enc, 1, 3, 1)
+				return s, enc
+			}
+			one, enc1 := open("node-1", "mine")
+			two, enc2 := open("node-2", "theirs")
+
+			// Another pod of the cluster goes: nothing ends.
+			if err := c.CoreV1().Pods("ns").Delete(bg, "theirs", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the pod cache sees ns/theirs go", func() bool { return tr.Gone("uid-theirs") })
+			sendBatch(t, one, enc1, 2, 4, 1)
+
+			gone := agentPod("node-1")
+			switch how {
+			case "deleted":
+				if err := c.CoreV1().Pods(gone.Namespace).Delete(bg, gone.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			case "finished":
+				gone.Status.Phase = corev1.PodSucceeded
+				if _, err := c.CoreV1().Pods(gone.Namespace).UpdateStatus(bg, gone, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, "the pod cache sees node-1's agent's pod go", func() bool { return tr.AgentGone("uid-agent-on-node-1") })
+			b := &pulsev1.SampleBatch{Seq: 3, TimeUnixMs: 3000}
+			s := wire.Sample{Pod: 1}
+			s.Values.Set(metric.Waiting, 99)
+			enc1.Append(b, &s)
+			if err := one.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := one.Recv(); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "deleted or has finished") {
+				t.Fatalf("a message after the token's pod went: %v, want the stream ended Unauthenticated", err)
+			}
+			for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
+				for _, p := range w.Pods {
+					if p.Values["waiting"] == 99 {
+						t.Fatalf("pod %s: %v: the message after the token's pod went was read", p.Name, p.Values)
+					}
+				}
+			}
+			// Its review, kept for a minute, is not believed again.
+			if err := f.runAs(t, "token-node-1", hello()); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "uid-agent-on-node-1") {
+				t.Fatalf("a new stream with the token of the pod gone: %v, want Unauthenticated naming the pod", err)
+			}
+			// node-2's agent streams on.
+			sendBatch(t, two, enc2, 2, 5)
+		})
 	}
 }
 

@@ -27,8 +27,10 @@ type racingGone struct {
 	gone   map[string]bool
 }
 
-func (*racingGone) Authenticate(context.Context, string) (string, error) { return "node-1", nil }
-func (*racingGone) PodNode(_ context.Context, e Entry) (string, error)   { return e.Node, nil }
+func (*racingGone) Authenticate(context.Context, string) (Agent, error) {
+	return Agent{Node: "node-1"}, nil
+}
+func (*racingGone) PodNode(_ context.Context, e Entry) (string, error) { return e.Node, nil }
 
 func (a *racingGone) Gone(uid string) bool {
 	a.mu.Lock()

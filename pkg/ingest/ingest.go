@@ -252,10 +252,11 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 			unwind()
 		}
 	}()
-	boundNode, tokenExpires, err := s.authenticate(stream.Context())
+	agent, tokenExpires, err := s.authenticate(stream.Context())
 	if err != nil {
 		return nil, nil, err
 	}
+	boundNode := agent.Node
 	if boundNode != "" {
 		if !s.nodes.Take(boundNode, 0, maxStreamsPerNode) {
 			s.m.rejected.WithLabelValues("node_streams").Inc()
@@ -284,7 +285,7 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 		return nil, nil, err
 	}
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
-		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires}
+		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires, agentPod: agent.PodUID}
 	st.logger().Info("agent stream opened")
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
@@ -313,6 +314,9 @@ func (st *streamState) serve(stream pulsev1.Ingest_ReportServer) error {
 		if err := st.expired(); err != nil {
 			return err
 		}
+		if err := st.revoked(); err != nil {
+			return err
+		}
 		if err := st.take(stream, r.msg); err != nil {
 			return err
 		}
@@ -330,6 +334,24 @@ func (st *streamState) expired() error {
 	}
 	st.logger().Info("agent stream's token expired: the agent reconnects with its renewed one", logging.KeyUntil, st.tokenExpires)
 	return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current one", st.tokenExpires.UTC().Format(time.RFC3339))
+}
+
+// agentGoneTeller is an Authenticator that remembers the agents' pods the
+// API has let go of (TokenReviewer's AgentGone).
+type agentGoneTeller interface{ AgentGone(podUID string) bool }
+
+// revoked is the error that ends a stream whose token's pod the API has
+// deleted, or that finished (nil while it has not, or where the review
+// named no pod): a token copied from the agent's pod reported its node's
+// pods for the rest of the token's life. An honest agent's stream ends
+// with its pod.
+func (st *streamState) revoked() error {
+	g, ok := st.srv.auth.(agentGoneTeller)
+	if !ok || !g.AgentGone(st.agentPod) {
+		return nil
+	}
+	st.logger().Info("agent stream's pod is gone: its token is no longer honoured", logging.KeyPodUID, st.agentPod)
+	return status.Errorf(codes.Unauthenticated, "the stream's token is bound to pod uid %s, which has been deleted or has finished", st.agentPod)
 }
 
 // take is one message of the stream after its hello: a catalogue, or a
@@ -370,12 +392,12 @@ func (s *Server) openSource(node string) (store.Stream, func(), error) {
 	return held, func() { s.store.CloseSource(node, held) }, nil
 }
 
-// authenticate returns the node a stream's bearer token is bound to, or ""
-// when streams are not authenticated, and when the token expires (zero: it
-// says not).
-func (s *Server) authenticate(ctx context.Context) (string, time.Time, error) {
+// authenticate returns the node and pod a stream's bearer token is bound
+// to (none when streams are not authenticated), and when the token expires
+// (zero: it says not).
+func (s *Server) authenticate(ctx context.Context) (Agent, time.Time, error) {
 	if s.auth == nil {
-		return "", time.Time{}, nil
+		return Agent{}, time.Time{}, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	var token string
@@ -386,21 +408,21 @@ func (s *Server) authenticate(ctx context.Context) (string, time.Time, error) {
 	}
 	if token == "" {
 		s.m.rejected.WithLabelValues("unauthenticated").Inc()
-		return "", time.Time{}, status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
+		return Agent{}, time.Time{}, status.Error(codes.Unauthenticated, "no bearer token: agents authenticate with their ServiceAccount token")
 	}
-	node, err := s.auth.Authenticate(ctx, token)
+	agent, err := s.auth.Authenticate(ctx, token)
 	switch {
 	case errors.Is(err, ErrUnauthenticated):
 		s.m.rejected.WithLabelValues("unauthenticated").Inc()
-		return "", time.Time{}, status.Error(codes.Unauthenticated, err.Error())
+		return Agent{}, time.Time{}, status.Error(codes.Unauthenticated, err.Error())
 	case err != nil:
 		// Not an answer: too many reviews in flight, or the API failed.
 		// The agent retries.
 		s.m.rejected.WithLabelValues("auth_unavailable").Inc()
-		return "", time.Time{}, status.Error(codes.Unavailable, "agent authentication: "+err.Error())
+		return Agent{}, time.Time{}, status.Error(codes.Unavailable, "agent authentication: "+err.Error())
 	}
 	exp, _ := TokenExpiry(token) // reviewed: its exp is the API server's
-	return node, exp, nil
+	return agent, exp, nil
 }
 
 // logger is the stream's log: every line names its node and agent version.
@@ -418,6 +440,9 @@ type streamState struct {
 	hello *pulsev1.Hello
 	// tokenExpires: when the stream's token expires (zero: it says not).
 	tokenExpires time.Time
+	// agentPod: the uid of the pod the stream's token is bound to ("":
+	// none named, or streams not authenticated; revoked).
+	agentPod string
 	// ids: pod id → uid. (The log's namespace/name of a pod is the
 	// store's: a map of them here took 70 bytes a pod.)
 	ids map[uint32]string

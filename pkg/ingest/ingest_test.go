@@ -803,7 +803,9 @@ type gatedAuth struct {
 	entered chan struct{}
 }
 
-func (gatedAuth) Authenticate(context.Context, string) (string, error) { return "node-1", nil }
+func (gatedAuth) Authenticate(context.Context, string) (Agent, error) {
+	return Agent{Node: "node-1"}, nil
+}
 
 func (a gatedAuth) PodNode(ctx context.Context, e Entry) (string, error) {
 	if e.Name == "slow" {

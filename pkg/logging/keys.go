@@ -4,9 +4,10 @@ package logging
 // logs the same thing under the same name.
 const (
 	KeyErr         = "err"
-	KeyPod         = "pod"        // namespace/name
-	KeyNode        = "node"       // the node an agent or stream speaks for
-	KeyPodNode     = "podNode"    // the node the API places a pod on
+	KeyPod         = "pod"     // namespace/name
+	KeyNode        = "node"    // the node an agent or stream speaks for
+	KeyPodNode     = "podNode" // the node the API places a pod on
+	KeyPodUID      = "podUID"
 	KeyWorkload    = "workload"   // Kind namespace/name
 	KeyReason      = "reason"     // why something failed or was rejected
 	KeyAggregator  = "aggregator" // an aggregator's ingest address
