@@ -43,18 +43,21 @@ func newWindows(floor, most time.Duration, set func(time.Duration)) *windows {
 // window itself, one entry a call for windowForget, walked under the lock
 // every evaluation takes (200,000 calls held 200,000 windows).
 func windowKey(d, most time.Duration) time.Duration {
+	if most > 0 && d >= most {
+		return d // past the most: as asked
+	}
 	step := time.Second
 	for step < d/64 {
 		step *= 2
 	}
 	k := d / step * step
-	if k < d && k <= math.MaxInt64-step {
-		k += step
+	if k == d || k > math.MaxInt64-step {
+		return d // on a step, or within one of the longest duration
 	}
-	if most > 0 {
-		k = min(k, max(most, d))
+	if k += step; most > 0 {
+		k = min(k, most)
 	}
-	return max(k, d)
+	return k
 }
 
 // note records an evaluation asking for window d at now.

@@ -654,14 +654,12 @@ func (w *world) hpaSync() {
 		// failureThreshold failures the metric is the fallback's
 		// replicas × target (a Value target's over the ready pods: with
 		// none ready, no fallback, and the HPA gets the error).
-		w.failures++
 		reading.Err = err
-		if w.failures > so.Spec.Fallback.FailureThreshold {
+		if w.fallbackFails() {
 			n := float64(so.Spec.Fallback.FallbackReplicas(w.spec))
-			switch {
-			case w.target.AverageValue:
+			if w.target.AverageValue {
 				reading.Milli, reading.Err = int64(n*float64(w.target.Milli)), nil
-			case readyPods > 0:
+			} else {
 				reading.Milli, reading.Err = int64(n/float64(readyPods)*float64(w.target.Milli)), nil
 			}
 		}
@@ -697,19 +695,24 @@ func (w *world) kedaPoll() {
 	if so.MinReplicas() >= 1 && w.hpaActive && w.hpaFallback {
 		active, err = true, nil
 	}
-	if f := so.Spec.Fallback; f != nil && (so.MinReplicas() == 0 || !w.hpaActive) {
+	if so.Spec.Fallback != nil && (so.MinReplicas() == 0 || !w.hpaActive) {
 		if err == nil {
 			w.failures = 0
-		} else {
-			w.failures++
-			// doFallback: a Value target's fallback is over the ready
-			// pods, and with none there is none.
-			if w.failures > f.FailureThreshold && (w.target.AverageValue || len(w.ready) > 0) {
-				active, err = true, nil
-			}
+		} else if w.fallbackFails() {
+			active, err = true, nil
 		}
 	}
 	w.kedaScale(active, err != nil)
+}
+
+// fallbackFails counts a failed query of the scaler toward the fallback
+// and says whether KEDA's doFallback answers in its place: past
+// failureThreshold, and for a Value target only with pods ready (its
+// fallback is over them: with none there is none). The HPA's syncs and
+// KEDA's poll count the same failures.
+func (w *world) fallbackFails() bool {
+	w.failures++
+	return w.failures > w.cfg.ScaledObject.Spec.Fallback.FailureThreshold && (w.target.AverageValue || len(w.ready) > 0)
 }
 
 // Push is KEDA's reaction to StreamIsActive sending true.
