@@ -55,11 +55,14 @@ const (
 var ErrBusy = errors.New("too many agent token reviews in flight: try again")
 
 // Agent is what a reviewed token says of its holder: the node its pod runs
-// on, and the pod's uid ("" where the review names none).
+// on, and the pod: its uid ("" where the review names none), namespace (its
+// service account's) and name.
 type Agent struct {
-	Node   string
-	PodUID string
+	Node, PodUID, PodNamespace, PodName string
 }
+
+// Pod is the agent's pod as namespace/name (uid).
+func (a Agent) Pod() string { return a.PodNamespace + "/" + a.PodName + " (uid " + a.PodUID + ")" }
 
 // Authenticator decides which node an agent stream may speak for.
 type Authenticator interface {
@@ -184,15 +187,27 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 		},
 		UpdateFunc: func(old, cur any) {
 			o, _ := old.(*corev1.Pod)
-			p, ok := cur.(*corev1.Pod)
-			if ok && finished(p) && (o == nil || !finished(o)) {
-				t.tellGone(p)
+			if p, ok := cur.(*corev1.Pod); ok {
+				t.updated(o, p)
 			}
 		},
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	return t, nil
+}
+
+// updated tells OnGone's function of a pod the pod cache saw finish, and
+// of one deleted and made again under its name within a watch's gap (the
+// relist tells it as an update from the old uid to the new).
+func (t *TokenReviewer) updated(o, p *corev1.Pod) {
+	if o != nil && o.UID != p.UID {
+		t.tellGone(o)
+		o = nil
+	}
+	if finished(p) && (o == nil || !finished(o)) {
+		t.tellGone(p)
+	}
 }
 
 // OnGone sets the function told of each pod the API deletes or that
@@ -225,16 +240,37 @@ func (t *TokenReviewer) Gone(uid string) bool { return t.goneUIDs.Contains(uid) 
 // the cluster's Jobs finish meanwhile.
 const maxGone = 65536
 
-// AgentGone says that the agent's pod whose uid a token review named
-// (Agent.PodUID) is one the pod cache saw deleted, or finish: a stream
-// opened with its token ends at its next message, and a review of that
-// token kept is not believed again. A token copied from an agent's pod
-// (a compromised node's) kept its stream reporting that node's pods for
-// as long as the token lived (an hour), and opened new ones within the
-// minute its review was kept, past the pod's deletion.
-func (t *TokenReviewer) AgentGone(podUID string) bool {
-	return podUID != "" && t.goneAgents.Contains(podUID)
+// AgentGone says that the agent's pod a token review named (Agent) is
+// gone as the API server's own review of its token would say: the pod
+// cache saw it deleted, or has it finished (Failed or Succeeded), or
+// being deleted for longer than the API honours its tokens after
+// (deletedPodTokenGrace). A stream opened with its token ends at its next
+// message, and a review of that token kept is not believed again. A token
+// copied from an agent's pod (a compromised node's) kept its stream
+// reporting that node's pods for as long as the token lived (an hour),
+// and opened new streams within the minute its review was kept, past the
+// pod's deletion.
+func (t *TokenReviewer) AgentGone(a Agent) bool {
+	if a.PodUID == "" {
+		return false
+	}
+	if t.goneAgents.Contains(a.PodUID) {
+		return true
+	}
+	// Another uid under the name may be the cache behind a pod made again
+	// under it: only this pod's own state says it is gone.
+	obj, ok, err := t.podInformer.GetStore().GetByKey(a.PodNamespace + "/" + a.PodName)
+	p, isPod := obj.(*corev1.Pod)
+	if err != nil || !ok || !isPod || string(p.UID) != a.PodUID {
+		return false
+	}
+	return finished(p) || (p.DeletionTimestamp != nil && time.Since(p.DeletionTimestamp.Time) > deletedPodTokenGrace)
 }
+
+// deletedPodTokenGrace is how long past a pod's deletion timestamp the API
+// server still authenticates its tokens (k8s.io/apiserver's service
+// account token validation): an honest agent's pod is gone by then.
+const deletedPodTokenGrace = time.Minute
 
 // maxGoneAgents bounds the agents' pods gone that AgentGone remembers: a
 // token lives an hour, and a cluster deletes at most a few DaemonSet
@@ -463,11 +499,11 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (Agent, 
 }
 
 // believed is a review's answer, unless the pod its token is bound to is
-// gone (AgentGone): the API server's own review refuses such a token only
-// once the pod is removed, and a review kept for a minute not at all.
+// gone (AgentGone): a review kept for a minute is not asked again, and the
+// API server's own review honours the token of a pod that has finished.
 func (t *TokenReviewer) believed(a Agent, err error) (Agent, error) {
-	if err == nil && t.AgentGone(a.PodUID) {
-		return Agent{}, fmt.Errorf("%w: the token's pod (uid %s) has been deleted or has finished", ErrUnauthenticated, a.PodUID)
+	if err == nil && t.AgentGone(a) {
+		return Agent{}, fmt.Errorf("%w: the token's pod %s has been deleted or has finished", ErrUnauthenticated, a.Pod())
 	}
 	return a, err
 }
@@ -526,11 +562,16 @@ func (t *TokenReviewer) review(ctx context.Context, token string) (Agent, error)
 		}
 		return Agent{}, fmt.Errorf("%w: the token is not bound to a pod on a node", ErrUnauthenticated)
 	}
-	var uid string
+	a := Agent{Node: nodes[0], PodName: pods[0]}
 	if u := st.User.Extra[PodUIDClaim]; len(u) == 1 {
-		uid = u[0]
+		a.PodUID = u[0]
 	}
-	return Agent{Node: nodes[0], PodUID: uid}, nil
+	// system:serviceaccount:NAMESPACE:NAME, one of t.allowed: a pod's
+	// service account is of its own namespace.
+	if parts := strings.Split(st.User.Username, ":"); len(parts) == 4 {
+		a.PodNamespace = parts[2]
+	}
+	return a, nil
 }
 
 // errNodeLookups: the node's share of the lookups is spent (wrapped in

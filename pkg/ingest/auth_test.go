@@ -51,11 +51,14 @@ func fakeAPI() *fake.Clientset {
 	c := fake.NewClientset(pod("mine", "node-1"), pod("theirs", "node-2"))
 	agent := "system:serviceaccount:pulse-system:pulse-agent"
 	fakenode.TokenReviews(c, "pulse", map[string]fakenode.Token{
-		"token-node-1":  {User: agent, Node: "node-1"},
-		"token-node-2":  {User: agent, Node: "node-2"},
-		"token-unbound": {User: agent},
-		"token-other":   {User: "system:serviceaccount:default:default", Node: "node-1"},
-		"token-pre-130": {User: agent, PodOnly: true},
+		"token-node-1": {User: agent, Node: "node-1"},
+		// token-node-1-renewed: the kubelet's renewal of token-node-1,
+		// bound to the same pod.
+		"token-node-1-renewed": {User: agent, Node: "node-1"},
+		"token-node-2":         {User: agent, Node: "node-2"},
+		"token-unbound":        {User: agent},
+		"token-other":          {User: "system:serviceaccount:default:default", Node: "node-1"},
+		"token-pre-130":        {User: agent, PodOnly: true},
 	})
 	return c
 }
@@ -368,20 +371,19 @@ func TestAStreamEndsWithItsToken(t *testing.T) {
 // compromised node's) kept its stream reporting that node's pods once the
 // pod was deleted, for the rest of the token's life (an hour), and opened
 // new streams within the minute its review was kept. The stream now ends at
-// its next message (Unauthenticated), unread, and the review kept is not
-// believed; another agent's pod gone, or any other pod, ends nothing. A pod
-// that finishes is as gone.
+// its next message (Unauthenticated), unread, and the token is refused,
+// from the review kept or a new one's, once the pod is deleted, has
+// finished, or has been deleted for longer than the API honours its tokens
+// after (a pod stuck terminating on a lost node); an agent's pod whose
+// graceful deletion has just begun, another agent's pod gone, or any other
+// pod, ends nothing.
 func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
-	for _, how := range []string{"deleted", "finished"} {
+	for _, how := range []string{"deleted", "finished", "terminating"} {
 		t.Run(how, func(t *testing.T) {
 			c := fakeAPI()
-			agentPod := func(node string) *corev1.Pod {
-				return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent-on-" + node, Namespace: "pulse-system", UID: types.UID("uid-agent-on-" + node)},
-					Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "pulse-agent"}}
-			}
 			bg := context.Background()
-			for _, p := range []*corev1.Pod{agentPod("node-1"), agentPod("node-2")} {
-				if _, err := c.CoreV1().Pods(p.Namespace).Create(bg, p, metav1.CreateOptions{}); err != nil {
+			for _, node := range []string{"node-1", "node-2"} {
+				if _, err := c.CoreV1().Pods("pulse-system").Create(bg, agentsPod(node), metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -402,15 +404,18 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 			}
 			one, enc1 := open("node-1", "mine")
 			two, enc2 := open("node-2", "theirs")
+			agent := Agent{Node: "node-1", PodUID: "uid-agent-on-node-1", PodNamespace: "pulse-system", PodName: "agent-on-node-1"}
 
-			// Another pod of the cluster goes: nothing ends.
+			// Another pod of the cluster goes, and node-1's agent's pod's
+			// graceful deletion begins: nothing ends.
 			if err := c.CoreV1().Pods("ns").Delete(bg, "theirs", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the pod cache sees ns/theirs go", func() bool { return tr.Gone("uid-theirs") })
+			setDeletion(t, c, tr, "node-1", time.Now().Add(30*time.Second))
 			sendBatch(t, one, enc1, 2, 4, 1)
 
-			gone := agentPod("node-1")
+			gone := agentsPod("node-1")
 			switch how {
 			case "deleted":
 				if err := c.CoreV1().Pods(gone.Namespace).Delete(bg, gone.Name, metav1.DeleteOptions{}); err != nil {
@@ -421,8 +426,10 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 				if _, err := c.CoreV1().Pods(gone.Namespace).UpdateStatus(bg, gone, metav1.UpdateOptions{}); err != nil {
 					t.Fatal(err)
 				}
+			case "terminating":
+				setDeletion(t, c, tr, "node-1", time.Now().Add(-deletedPodTokenGrace-time.Second))
 			}
-			waitFor(t, "the pod cache sees node-1's agent's pod go", func() bool { return tr.AgentGone("uid-agent-on-node-1") })
+			waitFor(t, "the pod cache sees node-1's agent's pod go", func() bool { return tr.AgentGone(agent) })
 			b := &pulsev1.SampleBatch{Seq: 3, TimeUnixMs: 3000}
 			s := wire.Sample{Pod: 1}
 			s.Values.Set(metric.Waiting, 99)
@@ -430,8 +437,8 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 			if err := one.Send(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := one.Recv(); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "deleted or has finished") {
-				t.Fatalf("a message after the token's pod went: %v, want the stream ended Unauthenticated", err)
+			if _, err := one.Recv(); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "pulse-system/agent-on-node-1") {
+				t.Fatalf("a message after the token's pod went: %v, want the stream ended Unauthenticated naming the pod", err)
 			}
 			for _, w := range f.store.View(store.ViewOptions{FreshFor: time.Hour}) {
 				for _, p := range w.Pods {
@@ -440,14 +447,87 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 					}
 				}
 			}
-			// Its review, kept for a minute, is not believed again.
-			if err := f.runAs(t, "token-node-1", hello()); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "uid-agent-on-node-1") {
-				t.Fatalf("a new stream with the token of the pod gone: %v, want Unauthenticated naming the pod", err)
+			// Its review, kept for a minute, is not believed again, nor a
+			// new token's of the same pod (the API's review honours a
+			// finished pod's, and one terminating within its grace).
+			for _, tok := range []string{"token-node-1", "token-node-1-renewed"} {
+				if err := f.runAs(t, tok, hello()); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "uid-agent-on-node-1") {
+					t.Fatalf("a new stream with %s, of the pod gone: %v, want Unauthenticated naming the pod", tok, err)
+				}
 			}
 			// node-2's agent streams on.
 			sendBatch(t, two, enc2, 2, 5)
 		})
 	}
+}
+
+// TestAnAgentsPodFinishedBeforeTheCacheIsGone: an agent's pod already
+// finished when the pod cache first listed it was never seen to finish, and
+// its token (the API's review honours a finished pod's) was accepted.
+func TestAnAgentsPodFinishedBeforeTheCacheIsGone(t *testing.T) {
+	c := fakeAPI()
+	p := agentsPod("node-1")
+	p.Status.Phase = corev1.PodFailed
+	if _, err := c.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr := runningReviewer(t, c)
+	if _, err := tr.Authenticate(context.Background(), "token-node-1"); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("the token of an agent's pod finished before the cache listed it: %v, want refused", err)
+	}
+	if _, err := tr.Authenticate(context.Background(), "token-node-2"); err != nil {
+		t.Fatalf("another node's agent (its pod not in the cache yet): %v", err)
+	}
+}
+
+// TestAPodMadeAgainUnderItsNameIsGone: a pod deleted and made again under
+// its name within a watch's gap comes to the pod cache as an update from
+// one uid to another at the relist: the old uid was never gone (its
+// stream's entry held, an agent's token honoured).
+func TestAPodMadeAgainUnderItsNameIsGone(t *testing.T) {
+	tr, err := NewTokenReviewer(fakeAPI(), "pulse", []string{"pulse-system/pulse-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var told []string
+	tr.OnGone(func(node, uid string) { told = append(told, node+" "+uid) })
+	old := tr.keep(agentsPod("node-1"))
+	again := tr.keep(agentsPod("node-1"))
+	again.UID = "uid-again"
+	tr.updated(old, again)
+	a := Agent{Node: "node-1", PodUID: "uid-agent-on-node-1", PodNamespace: "pulse-system", PodName: "agent-on-node-1"}
+	if !tr.Gone("uid-agent-on-node-1") || !tr.AgentGone(a) || tr.Gone("uid-again") || !slices.Equal(told, []string{"node-1 uid-agent-on-node-1"}) {
+		t.Fatalf("Gone(old) %v, AgentGone(old) %v, Gone(new) %v, told %v: want the old uid alone gone", tr.Gone("uid-agent-on-node-1"), tr.AgentGone(a), tr.Gone("uid-again"), told)
+	}
+	again2 := tr.keep(agentsPod("node-1"))
+	again2.UID, again2.Status.Phase = "uid-again", corev1.PodFailed
+	tr.updated(again, again2)
+	if !tr.Gone("uid-again") {
+		t.Fatal("a pod that finished is not gone")
+	}
+}
+
+// agentsPod is the pod fakenode's tokens of node are bound to.
+func agentsPod(node string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent-on-" + node, Namespace: "pulse-system", UID: types.UID("uid-agent-on-" + node)},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "pulse-agent"}}
+}
+
+// setDeletion gives node's agent's pod a deletion timestamp of at, and
+// waits for the pod cache to have it.
+func setDeletion(t *testing.T, c *fake.Clientset, tr *TokenReviewer, node string, at time.Time) {
+	t.Helper()
+	p := agentsPod(node)
+	ts := metav1.NewTime(at)
+	p.DeletionTimestamp = &ts
+	if _, err := c.CoreV1().Pods(p.Namespace).Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pod cache has the deletion", func() bool {
+		obj, ok, _ := tr.podInformer.GetStore().GetByKey(p.Namespace + "/" + p.Name)
+		got, _ := obj.(*corev1.Pod)
+		return ok && got.DeletionTimestamp != nil && got.DeletionTimestamp.Equal(&ts)
+	})
 }
 
 // TestPodLookupsAreBounded: until the pod cache synced, every catalogued

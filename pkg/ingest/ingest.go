@@ -285,7 +285,7 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 		return nil, nil, err
 	}
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
-		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires, agentPod: agent.PodUID}
+		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires, agent: agent}
 	st.logger().Info("agent stream opened")
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
@@ -338,20 +338,21 @@ func (st *streamState) expired() error {
 
 // agentGoneTeller is an Authenticator that remembers the agents' pods the
 // API has let go of (TokenReviewer's AgentGone).
-type agentGoneTeller interface{ AgentGone(podUID string) bool }
+type agentGoneTeller interface{ AgentGone(a Agent) bool }
 
 // revoked is the error that ends a stream whose token's pod the API has
-// deleted, or that finished (nil while it has not, or where the review
-// named no pod): a token copied from the agent's pod reported its node's
+// deleted, or that finished, or that has been deleted for longer than the
+// API honours its tokens after (AgentGone; nil while none of those, or
+// where the review named no pod): a token copied from the agent's pod reported its node's
 // pods for the rest of the token's life. An honest agent's stream ends
 // with its pod.
 func (st *streamState) revoked() error {
 	g, ok := st.srv.auth.(agentGoneTeller)
-	if !ok || !g.AgentGone(st.agentPod) {
+	if !ok || !g.AgentGone(st.agent) {
 		return nil
 	}
-	st.logger().Info("agent stream's pod is gone: its token is no longer honoured", logging.KeyPodUID, st.agentPod)
-	return status.Errorf(codes.Unauthenticated, "the stream's token is bound to pod uid %s, which has been deleted or has finished", st.agentPod)
+	st.logger().Info("agent stream's pod is gone: its token is no longer honoured", logging.KeyPod, st.agent.PodNamespace+"/"+st.agent.PodName, logging.KeyPodUID, st.agent.PodUID)
+	return status.Errorf(codes.Unauthenticated, "the stream's token is bound to pod %s, which has been deleted or has finished", st.agent.Pod())
 }
 
 // take is one message of the stream after its hello: a catalogue, or a
@@ -440,9 +441,9 @@ type streamState struct {
 	hello *pulsev1.Hello
 	// tokenExpires: when the stream's token expires (zero: it says not).
 	tokenExpires time.Time
-	// agentPod: the uid of the pod the stream's token is bound to ("":
-	// none named, or streams not authenticated; revoked).
-	agentPod string
+	// agent: the pod the stream's token is bound to (none where the
+	// review names none, or streams are not authenticated; revoked).
+	agent Agent
 	// ids: pod id → uid. (The log's namespace/name of a pod is the
 	// store's: a map of them here took 70 bytes a pod.)
 	ids map[uint32]string
