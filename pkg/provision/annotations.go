@@ -60,12 +60,37 @@ var aliases = map[string]string{
 	AnnotationMaxReplicas: KaitoMaxReplicas,
 }
 
-// ignoredKaito: keda-kaito-scaler's annotations pulse does not read, named
-// in Settings.Ignored when present.
-var ignoredKaito = []string{"metrics", "combinepolicy", "evaluationwindow", "scaleupcooldown", "scaledowncooldown"}
+// kaitoUnread says k is one of keda-kaito-scaler's annotations
+// (scaledobject.kaito.sh/) that pulse does not read: its composite
+// metrics (`metricName/0`, `upthreshold/0`, `downthreshold/0`,
+// `metricstype/0`, `quantile/0`, ...), `combinepolicy`, `evaluationwindow`,
+// its cooldowns, or any it adds. Named in Settings.Ignored, at most
+// maxIgnored of them: a user who wrote them for keda-kaito-scaler is told
+// that pulse scales on its own trigger instead (only a fixed list was
+// named, and the indexed keys were dropped unsaid).
+func kaitoUnread(k string) bool { return strings.HasPrefix(k, kaitoPrefix) && !annotationsRead[k] }
 
-// annotationsRead is every annotation Parse reads, or names as ignored: the
-// provisioner's cache keeps these alone of a workload's annotations.
+// maxIgnored bounds the keda-kaito-scaler annotations not read that a
+// workload's state names (the first in order), and that the provisioner's
+// cache keeps the names of.
+const maxIgnored = 16
+
+// ignoredKaito is the first maxIgnored of annotations' keys kaitoUnread
+// names, in order (nil: none).
+func ignoredKaito(annotations map[string]string) []string {
+	var ks []string
+	for k := range annotations {
+		if kaitoUnread(k) {
+			ks = append(ks, k)
+		}
+	}
+	slices.Sort(ks)
+	return ks[:min(len(ks), maxIgnored)]
+}
+
+// annotationsRead is every annotation Parse reads: the provisioner's cache
+// keeps these alone of a workload's annotations, with the names of those
+// kaitoUnread names.
 var annotationsRead = func() map[string]bool {
 	m := map[string]bool{}
 	for _, a := range provisionerAnnotations {
@@ -73,9 +98,6 @@ var annotationsRead = func() map[string]bool {
 	}
 	for _, k := range aliases {
 		m[k] = true
-	}
-	for _, k := range ignoredKaito {
-		m[kaitoPrefix+k] = true
 	}
 	return m
 }()
@@ -263,11 +285,7 @@ func Parse(w Workload, annotations map[string]string, maxWindow time.Duration) (
 		return s, err
 	}
 	s.Enabled, s.ViaKaito = true, via == KaitoAutoProvision
-	for _, k := range ignoredKaito {
-		if _, ok := annotations[kaitoPrefix+k]; ok {
-			s.Ignored = append(s.Ignored, kaitoPrefix+k)
-		}
-	}
+	s.Ignored = ignoredKaito(annotations)
 
 	if err := s.trigger(w, &r, maxWindow); err != nil {
 		return s, err

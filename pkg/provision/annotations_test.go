@@ -2,10 +2,13 @@ package provision
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -84,6 +87,41 @@ func TestKaitoAliases(t *testing.T) {
 	s, err = Parse(llama, map[string]string{KaitoAutoProvision: "true", KaitoThreshold: "10"}, time.Minute)
 	if err != nil || s.Parsed.Metric != "waiting" || s.Parsed.Threshold != 10 {
 		t.Errorf("%+v %v", s, err)
+	}
+}
+
+// TestKaitoKeysNotReadAreNamed: keda-kaito-scaler's composite metrics
+// (metricName/0, upthreshold/0, ...) were neither read nor named, and the
+// provisioner's cache dropped them: an InferenceSet written for them was
+// provisioned on pulse's own trigger with no word of the metrics its user
+// wrote. Every scaledobject.kaito.sh/ key pulse does not read is named, the
+// first 16 in order, and the cache keeps their names.
+func TestKaitoKeysNotReadAreNamed(t *testing.T) {
+	a := map[string]string{KaitoAutoProvision: "true", KaitoMaxReplicas: "5",
+		"scaledobject.kaito.sh/metricName/0": "inference_pool_per_pod_queue_size", "scaledobject.kaito.sh/upthreshold/0": "10",
+		"scaledobject.kaito.sh/downthreshold/0": "2", "scaledobject.kaito.sh/combinepolicy": "and", "pulse.io/team": "a"}
+	want := []string{"scaledobject.kaito.sh/combinepolicy", "scaledobject.kaito.sh/downthreshold/0", "scaledobject.kaito.sh/metricName/0", "scaledobject.kaito.sh/upthreshold/0"}
+	s, err := Parse(llama, a, time.Minute)
+	if err != nil || !s.Enabled || !slices.Equal(s.Ignored, want) {
+		t.Fatalf("ignored %v, %v; want %v", s.Ignored, err, want)
+	}
+	cached, err := trimWorkload(workload(infSets, "InferenceSet", "llama", a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Parse(llama, cached.(*metav1.PartialObjectMetadata).Annotations, time.Minute); err != nil || !slices.Equal(s.Ignored, want) {
+		t.Fatalf("from the cache: ignored %v, %v; want %v", s.Ignored, err, want)
+	}
+	for i := range 20 {
+		a[fmt.Sprintf("scaledobject.kaito.sh/quantile/%02d", i)] = "0.9"
+	}
+	s, _ = Parse(llama, a, time.Minute)
+	if len(s.Ignored) != maxIgnored || s.Ignored[0] != want[0] || s.Ignored[maxIgnored-1] != "scaledobject.kaito.sh/quantile/12" {
+		t.Fatalf("ignored %v: want the first %d in order", s.Ignored, maxIgnored)
+	}
+	cached, _ = trimWorkload(workload(infSets, "InferenceSet", "llama", a))
+	if n := len(cached.(*metav1.PartialObjectMetadata).Annotations); n != 2+maxIgnored {
+		t.Fatalf("the cache keeps %d annotations, want the two read and %d names", n, maxIgnored)
 	}
 }
 

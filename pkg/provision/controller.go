@@ -373,8 +373,12 @@ func trimWorkload(o any) (any, error) {
 	// (for a workload not enabled).
 	typo, _ := firstTypo(m.Annotations, provisionerTypos)
 	autoscaleTypo, _ := firstTypo(m.Annotations, autoscaleTypos)
+	// Of keda-kaito-scaler's keys not read, the names Parse would name.
+	unread := ignoredKaito(m.Annotations)
 	for k, v := range m.Annotations {
-		if !annotationsRead[k] && k != typo && k != autoscaleTypo {
+		if slices.Contains(unread, k) {
+			v = "" // named, not read
+		} else if !annotationsRead[k] && k != typo && k != autoscaleTypo {
 			continue // another's, or a pulse.io/ key pulse does not read
 		}
 		if v = strings.TrimSpace(v); len(v) > maxAnnotationValue {
