@@ -576,15 +576,18 @@ func (r *run) live(k key) (metav1.Object, schema.GroupVersion, error) {
 	return m, w.gv, nil
 }
 
-// settings are workload k's annotations (of m) read, the operator's cap
-// applied, and its name checked; capped: refused for the cap alone.
+// settings are workload k's annotations (of m) read, its name and metric
+// checked, and the operator's cap applied; capped: refused for the cap
+// alone. The name and metric are checked whatever the cap says: past it,
+// a misspelt metric was written to the ScaledObject held at the cap
+// (holdAtCap), in place of the trigger that worked.
 func (r *run) settings(k key, m metav1.Object) (s Settings, capped bool, perr error) {
 	s, perr = Parse(Workload(k), m.GetAnnotations(), r.c.o.MaxWindow)
-	if perr == nil {
-		perr = ApplyCap(&s, r.c.o.MaxReplicas)
-		capped = perr != nil
+	if perr != nil {
+		return s, false, perr
 	}
-	if perr == nil && s.Enabled {
+	capErr := ApplyCap(&s, r.c.o.MaxReplicas)
+	if s.Enabled {
 		perr = CheckName(k.Name)
 	}
 	if perr == nil && s.Enabled && r.c.o.MetricMeant != nil {
@@ -594,7 +597,10 @@ func (r *run) settings(k key, m metav1.Object) (s Settings, capped bool, perr er
 			perr = &AnnotationError{AnnotationMetric, fmt.Sprintf("no agent forwards %q, and it is within a typo of %s: did you mean %s? (a gauge forwarded with the agents' --extra-metric under that name is taken; checked again at the workload's next change or within the resync)", s.Parsed.Metric, meant, meant)}
 		}
 	}
-	return s, capped, perr
+	if perr != nil {
+		return s, false, perr
+	}
+	return s, capErr != nil, capErr
 }
 
 // reconcile brings one workload's ScaledObject to what its annotations say.

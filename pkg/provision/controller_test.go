@@ -1447,6 +1447,37 @@ func TestAMisspeltMetricIsNotProvisioned(t *testing.T) {
 	f.waitState("Deployment", "gauge", StateProvisioned, "")
 }
 
+// TestAMisspeltMetricPastTheCapLeavesTheScaledObject: a tenant raising
+// max-replicas past the operator's cap and misspelling the metric in one
+// edit had the misspelt metric written to the ScaledObject held at the cap
+// (the name and metric were checked only within it), in place of the
+// trigger that worked. The workload is invalid, naming the metric, and its
+// ScaledObject is left as it was.
+func TestAMisspeltMetricPastTheCapLeavesTheScaledObject(t *testing.T) {
+	st := store.New(store.Options{Retention: time.Minute})
+	srv := scaler.New(st, scaler.Options{MaxWindow: time.Minute})
+	st.Upsert(store.Source{Node: "node-1"}, []store.PodInfo{{UID: "u1", Namespace: "ns", Name: "x-0", Ready: true}}, true)
+	f := newFixture(t, workload(deployments, "Deployment", "big",
+		map[string]string{AnnotationAutoscale: "true", AnnotationMetric: "running", AnnotationMaxReplicas: "8"}))
+	f.c.o.MaxReplicas = 8
+	f.c.o.MetricMeant = srv.MetricMeant
+	f.run()
+	f.waitState("Deployment", "big", StateProvisioned, "")
+	f.annotate(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true",
+		AnnotationMetric: "vllm:num_request_waiting", AnnotationThreshold: "5", AnnotationMaxReplicas: "50"})
+	f.waitState("Deployment", "big", StateInvalid, AnnotationMetric+`: no agent forwards "vllm:num_request_waiting"`)
+	so, err := f.scaledObject("big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := triggerOf(t, so)["metadata"].(map[string]any); md["metric"] != "running" || md["metricName"] != nil {
+		t.Fatalf("trigger %v: want the one that worked (metric running) left as it was", md)
+	}
+	if most, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount"); most != 8 {
+		t.Fatalf("maxReplicaCount %d, want 8 as it was", most)
+	}
+}
+
 // TestAGaugeNotHeardYetDuringTheWarmUpIsProvisioned: during the
 // aggregator's warm-up the agents heard may be only those that do not
 // forward a gauge, and the misspelt-metric check did not wait for it: a
