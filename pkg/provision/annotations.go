@@ -316,6 +316,11 @@ func (s *Settings) replicas(r *reader) error {
 		// pulse.io/min-replicas "0" scales to zero.
 		s.MinReplicas = 1
 	}
+	if s.MaxReplicas < s.MinReplicas && s.MaxVia == "" {
+		// The minimum alone, above the default maximum: the refusal
+		// named max-replicas, an annotation the user had not written.
+		return &AnnotationError{cmp.Or(s.MinVia, AnnotationMinReplicas), fmt.Sprintf("%d is above the default max-replicas (%d): set %s too", s.MinReplicas, s.MaxReplicas, AnnotationMaxReplicas)}
+	}
 	if s.MaxReplicas < s.MinReplicas {
 		return &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}

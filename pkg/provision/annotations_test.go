@@ -179,6 +179,10 @@ func TestInvalidAnnotationsNameTheAnnotation(t *testing.T) {
 		{on(AnnotationMaxReplicas, "2.5"), AnnotationMaxReplicas, "whole number"},
 		{on(AnnotationMinReplicas, "4", AnnotationMaxReplicas, "3"), AnnotationMaxReplicas, "below min-replicas"},
 		{on(KaitoMinReplicas, "4", KaitoMaxReplicas, "3"), KaitoMaxReplicas, "below min-replicas"},
+		// The minimum alone above the default maximum names the minimum
+		// (it named max-replicas, which the user had not written).
+		{on(AnnotationMinReplicas, "12"), AnnotationMinReplicas, "above the default max-replicas (10): set pulse.io/max-replicas too"},
+		{on(KaitoAutoProvision, "true", KaitoMinReplicas, "12"), KaitoMinReplicas, "above the default max-replicas (10)"},
 		{on(AnnotationMetric, "waiting", AnnotationScaleUpPodsPerMin, "0"), AnnotationScaleUpPodsPerMin, "whole number"},
 		{on(AnnotationMetric, "waiting", AnnotationScaleDownInterval, "1h"), AnnotationScaleDownInterval, "whole seconds"},
 		{on(AnnotationMetric, "waiting", AnnotationScaleDownInterval, "1.5s"), AnnotationScaleDownInterval, "whole seconds"},
