@@ -110,6 +110,11 @@ type TokenReviewer struct {
 	// from goneUIDs, so that the cluster's other pods (a batch cluster's
 	// Jobs) do not push them out within a token's life (AgentGone).
 	goneAgents *lru.Cache[string, struct{}]
+	// deleting: the agents' pods the pod cache has with a deletion
+	// timestamp, by uid, until they are deleted (AgentGone; at most the
+	// agents' pods, one a node).
+	deletingMu sync.RWMutex
+	deleting   map[string]time.Time
 }
 
 type review struct {
@@ -128,7 +133,8 @@ var (
 // accounts ("namespace/name").
 func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccounts []string) (*TokenReviewer, error) {
 	t := &TokenReviewer{client: client, audience: audience, tokens: map[[32]byte]review{}, turns: make(chan struct{}, maxReviews), wait: reviewWait,
-		misses: rate.NewLimiter(missRate, missBurst), nodeRate: nodeMissRate, nodeBurst: nodeMissBurst, sync: podCacheWait,
+		deleting: map[string]time.Time{},
+		misses:   rate.NewLimiter(missRate, missBurst), nodeRate: nodeMissRate, nodeBurst: nodeMissBurst, sync: podCacheWait,
 		reviewFor: reviewTimeout}
 	for _, sa := range serviceAccounts {
 		ns, name, ok := strings.Cut(sa, "/")
@@ -176,6 +182,11 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 	// A pod deleted or finished is told to OnGone's function: the stream
 	// that listed it still held it, with the samples it sent, for its life.
 	if _, err := t.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				t.noteAgent(p)
+			}
+		},
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
@@ -202,11 +213,30 @@ func NewTokenReviewer(client kubernetes.Interface, audience string, serviceAccou
 // relist tells it as an update from the old uid to the new).
 func (t *TokenReviewer) updated(o, p *corev1.Pod) {
 	if o != nil && o.UID != p.UID {
+		t.pods.Remove(string(o.UID))
 		t.tellGone(o)
 		o = nil
 	}
 	if finished(p) && (o == nil || !finished(o)) {
 		t.tellGone(p)
+	}
+	t.noteAgent(p)
+}
+
+// noteAgent notes, of an agent's pod (one keep left a service account on),
+// that it has finished (one finished when the pod cache first lists it was
+// never seen to finish) or when it is to be deleted, for AgentGone.
+func (t *TokenReviewer) noteAgent(p *corev1.Pod) {
+	if p.Spec.ServiceAccountName == "" {
+		return
+	}
+	if finished(p) {
+		t.goneAgents.Add(string(p.UID), struct{}{})
+	}
+	if p.DeletionTimestamp != nil {
+		t.deletingMu.Lock()
+		t.deleting[string(p.UID)] = p.DeletionTimestamp.Time
+		t.deletingMu.Unlock()
 	}
 }
 
@@ -222,6 +252,9 @@ func (t *TokenReviewer) tellGone(p *corev1.Pod) {
 	t.goneUIDs.Add(string(p.UID), struct{}{})
 	if p.Spec.ServiceAccountName != "" { // keep leaves it to agents' pods alone
 		t.goneAgents.Add(string(p.UID), struct{}{})
+		t.deletingMu.Lock()
+		delete(t.deleting, string(p.UID))
+		t.deletingMu.Unlock()
 	}
 	if f := t.gone.Load(); f != nil && p.Spec.NodeName != "" {
 		(*f)(p.Spec.NodeName, string(p.UID))
@@ -241,15 +274,18 @@ func (t *TokenReviewer) Gone(uid string) bool { return t.goneUIDs.Contains(uid) 
 const maxGone = 65536
 
 // AgentGone says that the agent's pod a token review named (Agent) is
-// gone as the API server's own review of its token would say: the pod
-// cache saw it deleted, or has it finished (Failed or Succeeded), or
-// being deleted for longer than the API honours its tokens after
+// gone as the API server's own review of its token would say, or more: the
+// pod cache saw it deleted, or finished (Failed or Succeeded: no agent runs
+// in it), or it has been past its deletion timestamp (the delete's grace
+// period) for longer than the API honours its tokens after
 // (deletedPodTokenGrace). A stream opened with its token ends at its next
 // message, and a review of that token kept is not believed again. A token
 // copied from an agent's pod (a compromised node's) kept its stream
-// reporting that node's pods for as long as the token lived (an hour),
-// and opened new streams within the minute its review was kept, past the
-// pod's deletion.
+// reporting that node's pods for as long as the token lived (an hour), and
+// opened new streams within the minute its review was kept, past the
+// pod's deletion. What it reads is kept by the pod cache's handlers
+// (noteAgent, tellGone): every message of every stream asks, and the pod
+// cache's own store is locked whole while a relist replaces it.
 func (t *TokenReviewer) AgentGone(a Agent) bool {
 	if a.PodUID == "" {
 		return false
@@ -257,19 +293,16 @@ func (t *TokenReviewer) AgentGone(a Agent) bool {
 	if t.goneAgents.Contains(a.PodUID) {
 		return true
 	}
-	// Another uid under the name may be the cache behind a pod made again
-	// under it: only this pod's own state says it is gone.
-	obj, ok, err := t.podInformer.GetStore().GetByKey(a.PodNamespace + "/" + a.PodName)
-	p, isPod := obj.(*corev1.Pod)
-	if err != nil || !ok || !isPod || string(p.UID) != a.PodUID {
-		return false
-	}
-	return finished(p) || (p.DeletionTimestamp != nil && time.Since(p.DeletionTimestamp.Time) > deletedPodTokenGrace)
+	t.deletingMu.RLock()
+	at, ok := t.deleting[a.PodUID]
+	t.deletingMu.RUnlock()
+	return ok && time.Since(at) > deletedPodTokenGrace
 }
 
 // deletedPodTokenGrace is how long past a pod's deletion timestamp the API
-// server still authenticates its tokens (k8s.io/apiserver's service
-// account token validation): an honest agent's pod is gone by then.
+// server still authenticates its tokens (k8s.io/kubernetes
+// pkg/serviceaccount/claims.go: go-jose's jwt.DefaultLeeway): an honest
+// agent's pod is gone by then.
 const deletedPodTokenGrace = time.Minute
 
 // maxGoneAgents bounds the agents' pods gone that AgentGone remembers: a

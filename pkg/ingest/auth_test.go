@@ -406,13 +406,14 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 			two, enc2 := open("node-2", "theirs")
 			agent := Agent{Node: "node-1", PodUID: "uid-agent-on-node-1", PodNamespace: "pulse-system", PodName: "agent-on-node-1"}
 
-			// Another pod of the cluster goes, and node-1's agent's pod's
-			// graceful deletion begins: nothing ends.
+			// Another pod of the cluster goes, and node-1's agent's pod is
+			// past its deletion timestamp within the minute the API
+			// honours its token after: nothing ends.
 			if err := c.CoreV1().Pods("ns").Delete(bg, "theirs", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the pod cache sees ns/theirs go", func() bool { return tr.Gone("uid-theirs") })
-			setDeletion(t, c, tr, "node-1", time.Now().Add(30*time.Second))
+			setDeletion(t, c, tr, "node-1", time.Now().Add(-deletedPodTokenGrace/2))
 			sendBatch(t, one, enc1, 2, 4, 1)
 
 			gone := agentsPod("node-1")
@@ -514,7 +515,7 @@ func agentsPod(node string) *corev1.Pod {
 }
 
 // setDeletion gives node's agent's pod a deletion timestamp of at, and
-// waits for the pod cache to have it.
+// waits for the pod cache's handler to have noted it.
 func setDeletion(t *testing.T, c *fake.Clientset, tr *TokenReviewer, node string, at time.Time) {
 	t.Helper()
 	p := agentsPod(node)
@@ -523,10 +524,10 @@ func setDeletion(t *testing.T, c *fake.Clientset, tr *TokenReviewer, node string
 	if _, err := c.CoreV1().Pods(p.Namespace).Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the pod cache has the deletion", func() bool {
-		obj, ok, _ := tr.podInformer.GetStore().GetByKey(p.Namespace + "/" + p.Name)
-		got, _ := obj.(*corev1.Pod)
-		return ok && got.DeletionTimestamp != nil && got.DeletionTimestamp.Equal(&ts)
+	waitFor(t, "the pod cache notes the deletion", func() bool {
+		tr.deletingMu.RLock()
+		defer tr.deletingMu.RUnlock()
+		return tr.deleting[string(p.UID)].Equal(ts.Time)
 	})
 }
 
