@@ -294,7 +294,10 @@ func TestTriggersExplainThePlan(t *testing.T) {
 	why := column(t, table, "WHY")
 	row, plan := lineOf(t, table, "demo/llama-so"), lineOf(t, table, "  plan")
 	if !strings.HasPrefix(row[why:], "work 5000/s over 5000/s per replica") || !strings.HasPrefix(plan[why:], "work 5000/s, capacity 5000/s per replica") ||
-		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 4275/s, no break yet") {
+		!strings.Contains(plan, "backlog 0 (0 when capacity asked for now is ready)") || !strings.Contains(plan, "proven 4275/s, no break yet") ||
+		// The replicas the plan counts, each as docs/planner.md lists them
+		// (unseen, unready and terminating were in the JSON alone).
+		!strings.Contains(plan, "0 unseen, 0 unready), 0 starting, 0 stuck, 0 terminating") {
 		t.Fatalf("the plan is not under WHY:\n%s", table)
 	}
 	// The rest of what docs/planner.md lists ("Every plan explained"): it

@@ -105,8 +105,8 @@ func writeTriggerTable(w http.ResponseWriter, doc TriggersDocument) {
 			if !p.HeldUntil.IsZero() {
 				held = " until " + p.HeldUntil.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "  plan\t\t\t\t\t\t\t\twork %.0f/s, capacity %.0f/s per replica (confidence %.2f, %d observations, %d breaks; proven %.0f/s, %s), lead time %s (%d startups), need %.2f, held peak %.2f%s, backlog %.0f (%.0f when capacity asked for now is ready), %d ready (%d without a fresh sample, %d of them refused), %d starting, %d stuck\n",
-				p.Work, p.Capacity, p.Confidence, p.Observations, p.Breaks, p.Proven, brokeAt(p.Broke), p.LeadTime.Round(time.Second), p.Startups, p.Need, p.HeldPeak, held, p.Backlog, p.BacklogThen, p.Ready, p.Missing, p.Refused, p.Starting, p.Stuck)
+			fmt.Fprintf(tw, "  plan\t\t\t\t\t\t\t\twork %.0f/s, capacity %.0f/s per replica (confidence %.2f, %d observations, %d breaks; proven %.0f/s, %s), lead time %s (%d startups), need %.2f, held peak %.2f%s, backlog %.0f (%.0f when capacity asked for now is ready), %d ready (%d without a fresh sample, %d of them refused, %d unseen, %d unready), %d starting, %d stuck, %d terminating\n",
+				p.Work, p.Capacity, p.Confidence, p.Observations, p.Breaks, p.Proven, brokeAt(p.Broke), p.LeadTime.Round(time.Second), p.Startups, p.Need, p.HeldPeak, held, p.Backlog, p.BacklogThen, p.Ready, p.Missing, p.Refused, p.Unseen, p.Unready, p.Starting, p.Stuck, p.Terminating)
 			refused := ""
 			if p.RefusedWhy != "" {
 				refused = ", refused: " + cell(p.RefusedWhy)
