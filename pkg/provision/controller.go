@@ -758,8 +758,25 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 		return false, fmt.Errorf("update ScaledObject %s: %w", soName, err)
 	}
 	r.keep(k, wrote, updated)
+	if keptAsItWas(live, updated) {
+		// The server kept it as it was: what pulse wrote differs only in
+		// what its KEDA CRD prunes (tolerance before 2.18), which a new
+		// term, not knowing what the server kept, wrote once again. No
+		// change: no Event, nothing counted.
+		r.report(k, ref, StateProvisioned, soName, summary)
+		return false, nil
+	}
 	r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
 	return true, nil
+}
+
+// keptAsItWas says the API server's answer to an update, updated, is the
+// object it had, live, in all an update of pulse's changes: the spec (as
+// canonical reads it), the labels and the owners.
+func keptAsItWas(live, updated *unstructured.Unstructured) bool {
+	return equalJSON(canonical(live.Object["spec"]), canonical(updated.Object["spec"])) &&
+		maps.Equal(live.GetLabels(), updated.GetLabels()) &&
+		equality.Semantic.DeepEqual(live.GetOwnerReferences(), updated.GetOwnerReferences())
 }
 
 // provisionedSummary is what a provisioned workload's state says.

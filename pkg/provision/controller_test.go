@@ -818,6 +818,39 @@ func TestASpecTheServerPrunesIsProvisioned(t *testing.T) {
 	if n := testutil.ToFloat64(f.c.m.changes.WithLabelValues("update")); n != 0 {
 		t.Fatalf("%v updates of a ScaledObject as the server keeps what pulse wrote", n)
 	}
+	// A new leader (another replica, or this one after a rollout) does not
+	// know what the server kept of what the last wrote: its update is
+	// kept as the object was, and is no change (it was an Event and a
+	// change counted, once a ScaledObject a term).
+	second := New(Options{Metadata: f.meta, Dynamic: f.dyn, Discovery: f.kube.Discovery(), Events: f.kube.CoreV1(),
+		Target: f.c.o.Target, MaxWindow: time.Minute}, prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- second.RunElected(ctx, Election{Identity: "next"}) }()
+	f.waitFor("provisioned under the new leader", func() error {
+		for _, w := range second.Provisioning().Workloads {
+			if w.State == StateProvisioned {
+				return nil
+			}
+		}
+		return fmt.Errorf("%+v", second.Provisioning())
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(second.m.changes.WithLabelValues("update")); n != 0 {
+		t.Fatalf("the new leader counted %v updates of a ScaledObject the server keeps as provisioned", n)
+	}
+	list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.Reason == "ScaledObjectUpdated" {
+			t.Fatalf("event %s: %s, for an update the server kept as the object was", e.Reason, e.Message)
+		}
+	}
 }
 
 // TestAnotherWriterIsNotFoughtForEver: a second writer of a provisioned
