@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -106,6 +108,9 @@ type echoer struct {
 	mu     sync.Mutex
 	rtts   []float64 // seconds
 	failed error     // the first failure; the echoer stops at it
+	// drain: how long the round trips under way at the end may take
+	// (0: echoDrain).
+	drain time.Duration
 }
 
 // run dials addr and times a round trip every `every` until ctx ends,
@@ -124,8 +129,9 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 	// their answers, within echoDrain, as a poll under way runs to its
 	// answer (dropped at the connection's close, a stall at the end was
 	// in the polls' times and not in the floor's).
+	drain := cmp.Or(e.drain, echoDrain)
 	stop := context.AfterFunc(ctx, func() {
-		_ = c.SetDeadline(time.Now().Add(echoDrain)) // a write blocked then ends too
+		_ = c.SetDeadline(time.Now().Add(drain)) // a write blocked then ends too
 	})
 	defer stop()
 	// Open loop, as the GetMetrics polls are (each ScaledObject's on its
@@ -210,7 +216,14 @@ func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.T
 	}
 	for at := range sent {
 		if _, err := io.ReadFull(c, in); err != nil {
-			e.failUnlessDone(ctx, err)
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() && ctx.Err() != nil {
+				// Under way at the end and not answered within the
+				// drain, as a poll past its deadline is an error: it
+				// was dropped, and the floor kept no trace of the stall.
+				e.fail(fmt.Errorf("an echo round trip under way at the end was not answered within %s of it", cmp.Or(e.drain, echoDrain)))
+			} else {
+				e.failUnlessDone(ctx, err)
+			}
 			stopped()
 			return
 		}
