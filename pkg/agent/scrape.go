@@ -259,8 +259,8 @@ func (t *tenantSlots) bounds() (all, per int) {
 const maxResponseHeaderBytes = 64 << 10
 
 // sameHostRedirect follows at most 3 redirects, each to the pod it was
-// sent to: a pod's server must not turn the agent (which runs on the
-// host's network) into a client of any other address.
+// sent to: a pod's server must not turn the agent (which reaches every
+// pod of its node, and the node) into a client of any other address.
 func sameHostRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 3 {
 		return errors.New("stopped after 3 redirects")

@@ -193,7 +193,7 @@ func (k *Kube) Targets() []Target {
 		}
 		out = append(out, ts...)
 	}
-	for i, owners := range sharedAddresses(out) {
+	for i, owners := range sharedAddresses(out, ipOwners(pods, k.opts.Node)) {
 		t := &out[i]
 		t.Ready = false
 		uid := t.PodUID()
@@ -207,33 +207,66 @@ func (k *Kube) Targets() []Target {
 	return out
 }
 
-// sharedAddresses are the ready targets whose address (host and port) is
-// also another pod's ready target's, each with the pods that share it. Two
-// pods ready at one address are one server's page read as both: an
-// address reused (another namespace's new pod) before a pod's status
-// caught up had each pod's page attributed to the other's workload too.
-// Neither is scraped (listed, not ready) until one is gone.
-func sharedAddresses(ts []Target) map[int][]string {
-	hosts := make([]string, len(ts))       // each ready target's, parsed once
-	pods := map[string]map[string]string{} // address → pod uid → namespace/name
+// sharedAddresses are the ready targets whose address is also another
+// pod's, each with the pods that share it: a pod's own network's target
+// (its pod IP) with any other live pod that has that IP (ips, ipOwners'),
+// and a host-network target (the node's address) with another ready
+// host-network target at the same host and port. Two pods at one address
+// are one server's page read as both: an address reused (another
+// namespace's new pod) before a pod's status caught up had each pod's page
+// attributed to the other's workload too. Neither is scraped (listed, not
+// ready) until one is gone. A pod IP was checked at its port too, so a
+// tenant's new pod naming another port (pulse.io/port), or one not
+// scraped at all, left the old pod's target reading its network.
+func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]string {
+	keys := make([]string, len(ts))        // each ready target's
+	pods := map[string]map[string]string{} // key → pod uid → namespace/name
 	for i, t := range ts {
-		if t.Ready && !t.Terminating && t.URL != "" {
-			hosts[i] = hostOf(t.URL)
-			if pods[hosts[i]] == nil {
-				pods[hosts[i]] = map[string]string{}
-			}
-			pods[hosts[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
+		if !t.Ready || t.Terminating || t.URL == "" {
+			continue
 		}
+		host := hostOf(t.URL)
+		if h, _, err := net.SplitHostPort(host); err == nil && ips[h] != nil {
+			keys[i] = h // the pod's own network: the address is the IP
+			continue
+		}
+		keys[i] = "host " + host
+		if pods[keys[i]] == nil {
+			pods[keys[i]] = map[string]string{}
+		}
+		pods[keys[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
 	}
 	var out map[int][]string
-	for i, h := range hosts {
-		if t := ts[i]; !t.Ready || t.Terminating || t.URL == "" || len(pods[h]) < 2 {
+	for i, key := range keys {
+		owners := pods[key]
+		if o, ok := ips[key]; ok {
+			owners = o
+		}
+		if key == "" || len(owners) < 2 {
 			continue
 		}
 		if out == nil {
 			out = map[int][]string{}
 		}
-		out[i] = slices.Sorted(maps.Values(pods[h]))
+		out[i] = slices.Sorted(maps.Values(owners))
+	}
+	return out
+}
+
+// ipOwners is, of node's pods on their own network (not the host's), not
+// finished nor being deleted, the pods that have each pod IP: uid →
+// namespace/name.
+func ipOwners(pods []*corev1.Pod, node string) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for _, p := range pods {
+		if p.Spec.NodeName != node || p.Spec.HostNetwork || p.Status.PodIP == "" || p.DeletionTimestamp != nil ||
+			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if out[p.Status.PodIP] == nil {
+			out[p.Status.PodIP] = map[string]string{}
+		}
+		out[p.Status.PodIP][string(p.UID)] = p.Namespace + "/" + p.Name
 	}
 	return out
 }
@@ -342,6 +375,12 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 		}
 	}
 	keep(selected)
+	if !pod.Spec.HostNetwork {
+		// Every pod's own IP, scraped or not: a target whose status still
+		// shows an IP given since to another pod is not scraped
+		// (sharedAddresses).
+		out.Status.PodIP = pod.Status.PodIP
+	}
 	if ann[AnnotationScrape] != "true" && !IsDemandSource(ann) && !sel.Matches(labels.Set(pod.Labels)) {
 		return out
 	}

@@ -403,7 +403,7 @@ func listedKube() (*Kube, cache.Indexer, *syncbuf.Buffer) {
 func TestABadPodIsLoggedOnceAState(t *testing.T) {
 	k, idx, logs := listedKube()
 	bad := kaitoPod("bad", "node-1", true)
-	bad.Annotations = map[string]string{AnnotationPort: "http"}
+	bad.Annotations, bad.Status.PodIP = map[string]string{AnnotationPort: "http"}, "10.0.0.8"
 	for _, p := range []*corev1.Pod{kaitoPod("good", "node-1", true), bad} {
 		if err := idx.Add(p); err != nil {
 			t.Fatal(err)
@@ -675,6 +675,45 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 	}
 	if got := ready(); got != "a:true,h1:true,h2:true" {
 		t.Fatalf("b gone: %s; want a scraped again", got)
+	}
+}
+
+// TestAPodIPAnotherPodHasIsNotScrapedAtAnyPort: the check of pods ready
+// at one address compared host and port, so another tenant's new pod
+// given a's IP before a's status caught up escaped it by naming another
+// port (pulse.io/port), or by not being scraped at all (its IP was not
+// kept): a's target then read b's network. A target on its pod's own
+// network is not scraped while another live pod of the node has its IP.
+func TestAPodIPAnotherPodHasIsNotScrapedAtAnyPort(t *testing.T) {
+	sel, _ := ParseSelector(DefaultSelector)
+	for _, c := range []struct {
+		name string
+		b    func(*corev1.Pod)
+		want string
+	}{
+		{"another port", func(b *corev1.Pod) { b.Annotations = map[string]string{AnnotationPort: "5001"} }, "a:false,b:false"},
+		{"not scraped", func(b *corev1.Pod) { b.Labels = map[string]string{"app": "web"} }, "a:false"},
+		{"finished", func(b *corev1.Pod) { b.Labels, b.Status.Phase = map[string]string{"app": "web"}, corev1.PodSucceeded }, "a:true"},
+		{"another node's", func(b *corev1.Pod) { b.Labels, b.Spec.NodeName = map[string]string{"app": "web"}, "node-2" }, "a:true"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k, idx, _ := listedKube()
+			a, b := kaitoPod("a", "node-1", true), kaitoPod("b", "node-1", true)
+			b.Namespace, b.UID = "tenant-b", "uid-b"
+			c.b(b)
+			for _, p := range []*corev1.Pod{a, b} {
+				if err := idx.Add(slim(p, sel)); err != nil { // as the informer keeps it
+					t.Fatal(err)
+				}
+			}
+			var got []string
+			for _, tg := range k.Targets() {
+				got = append(got, fmt.Sprintf("%s:%v", tg.Pod, tg.Ready))
+			}
+			if strings.Join(got, ",") != c.want {
+				t.Fatalf("a at 10.0.0.7, tenant-b's b there too (%s): %v; want %s", c.name, got, c.want)
+			}
+		})
 	}
 }
 

@@ -860,6 +860,18 @@ func TestTheAgentRunsAsAUserWithoutThePodResourcesSocket(t *testing.T) {
 			t.Errorf("%v: security context %+v; want user %d, runAsNonRoot %v, the rest kept", c.args, sc, c.user, c.nonRoot)
 		}
 	}
+	// The context emptied (or null) without the socket: the user still,
+	// not the image's root (nothing was written, and it ran as root).
+	for _, empty := range []string{"securityContext=null", "securityContext=" + "{}"} {
+		out, err := render(t, chart, "--set", "podResources.enabled=false", "--set-json", empty)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", empty, err, out)
+		}
+		sc := container(t, docs(t, out)["DaemonSet/pulse-agent"]).SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("podResources.enabled=false, %s: security context %+v; want user 65532, runAsNonRoot", empty, sc)
+		}
+	}
 }
 
 // TestValuesThatCannotWorkAreRefusedSayingWhy: a warmup.agentDaemonSet or
