@@ -197,7 +197,7 @@ func (k *Kube) Targets() []Target {
 		t := &out[i]
 		t.Ready = false
 		uid := t.PodUID()
-		msg := "pods " + strings.Join(owners, ", ") + " are ready at one address, " + hostOf(t.URL) + " (an address reused before a pod's status caught up): not scraped until one is gone"
+		msg := "pods " + strings.Join(owners, ", ") + " are at one address, " + hostOf(t.URL) + " (a pod IP two live pods have, or a host and port two ready host-network pods have: an address reused before a pod's status caught up): not scraped until one is gone"
 		if bad[uid] = msg; k.warned[uid] != msg {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
 		}

@@ -667,7 +667,7 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 		t.Fatalf("two namespaces' pods at 10.0.0.7:5000: %s; want both listed not ready, the host network's two ports scraped", got)
 	}
 	ready()
-	if n := strings.Count(logs.String(), "are ready at one address"); n != 2 {
+	if n := strings.Count(logs.String(), "are at one address"); n != 2 {
 		t.Fatalf("logged %d times over two listings, want once a pod:\n%s", n, logs.String())
 	}
 	if err := idx.Delete(b); err != nil {

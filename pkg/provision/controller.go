@@ -667,7 +667,7 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		r.keep(k, wrote, made)
 		r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
-		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary)
+		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary, true)
 		if !wrote || err != nil {
 			return err
 		}
@@ -701,7 +701,9 @@ func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1
 		if _, ok := r.mayWrite(k, write); !ok {
 			return errBackOff
 		}
-		wrote, err := r.update(ctx, k, m, ref, existing, desired, provisionedSummary(k, s))
+		// Invalid whatever the update does: not reported provisioned
+		// first (a flicker of the state, and its log line).
+		wrote, err := r.update(ctx, k, m, ref, existing, desired, provisionedSummary(k, s), false)
 		if err != nil {
 			return err
 		}
@@ -716,9 +718,10 @@ func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1
 
 // update writes desired over the ScaledObject existing (the cache's copy
 // of it) as the API server has it, and says whether it wrote: not when
-// the live object is another's (a conflict, reported) or already as
-// desired (reported provisioned).
-func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, existing, desired *unstructured.Unstructured, summary string) (bool, error) {
+// the live object is another's (a conflict, reported), already as
+// desired, or kept by the server as it was (reported provisioned where
+// asProvisioned).
+func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, existing, desired *unstructured.Unstructured, summary string, asProvisioned bool) (bool, error) {
 	soName := k.Namespace + "/" + k.Name
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
 	// The cache holds a projection (trimScaledObject): the update is of
@@ -748,7 +751,9 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 	}
 	out, changed := Apply(live, desired)
 	if !changed {
-		r.report(k, ref, StateProvisioned, soName, summary)
+		if asProvisioned {
+			r.report(k, ref, StateProvisioned, soName, summary)
+		}
 		return false, nil
 	}
 	out.SetManagedFields(nil) // the server keeps those an update leaves out
@@ -763,7 +768,9 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 		// what its KEDA CRD prunes (tolerance before 2.18), which a new
 		// term, not knowing what the server kept, wrote once again. No
 		// change: no Event, nothing counted.
-		r.report(k, ref, StateProvisioned, soName, summary)
+		if asProvisioned {
+			r.report(k, ref, StateProvisioned, soName, summary)
+		}
 		return false, nil
 	}
 	r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/test/syncbuf"
 )
 
 var (
@@ -1397,6 +1399,98 @@ func TestAScaledObjectWrittenPastTheCapIsHeldAtIt(t *testing.T) {
 	}
 	if floor, _, _ := unstructured.NestedInt64(so.Object, "spec", "minReplicaCount"); floor != 4 {
 		t.Fatalf("minReplicaCount %d under a cap of 4", floor)
+	}
+}
+
+// TestAHeldAtCapUpdateKeptAsItWasIsNoFlicker: a new term's update of a
+// ScaledObject held at the cap, kept by the server as it was (a KEDA
+// before 2.18 prunes the tolerance written), reported the workload
+// provisioned, then invalid again: a flicker of its state (the workloads
+// gauge's counts) and a "ScaledObject provisioned" log line for a workload
+// that is not, each term (found in a review).
+func TestAHeldAtCapUpdateKeptAsItWasIsNoFlicker(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "big",
+		map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "500"}))
+	var gets atomic.Int32
+	prune := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() == "get" {
+			gets.Add(1)
+			return false, nil, nil
+		}
+		if u, ok := a.(interface{ GetObject() runtime.Object }).GetObject().(*unstructured.Unstructured); ok {
+			for _, dir := range []string{"scaleUp", "scaleDown"} {
+				unstructured.RemoveNestedField(u.Object, "spec", "advanced", "horizontalPodAutoscalerConfig", "behavior", dir, "tolerance")
+			}
+		}
+		return false, nil, nil
+	}
+	for _, verb := range []string{"create", "update", "get"} {
+		f.dyn.PrependReactor(verb, "scaledobjects", prune)
+	}
+	term := func(name string) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- f.c.RunElected(ctx, Election{Identity: name}) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	invalid := func() int {
+		list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range list.Items {
+			if e.Reason == "InvalidAnnotation" {
+				n += max(1, int(e.Count))
+			}
+		}
+		return n
+	}
+	stop := term("before the cap")
+	f.waitFor("provisioned at 500", func() error { _, err := f.maxOf("big", 500); return err })
+	stop()
+	f.c.o.MaxReplicas = 4
+	logs := new(syncbuf.Buffer)
+	f.c.o.Log = slog.New(slog.NewTextHandler(logs, nil))
+	stop = term("first")
+	f.waitState("Deployment", "big", StateInvalid, "held at the cap (4)")
+	f.waitFor("the first term's event", func() error {
+		if invalid() == 0 {
+			return errors.New("none yet")
+		}
+		return nil
+	})
+	stop()
+	before, read := invalid(), gets.Load()
+	defer term("second")()
+	// The second term reads the live object to update it (the spec it
+	// writes has the tolerance the server pruned), then the message
+	// changes: an event of the term's (a term learns each state anew), and
+	// the change's.
+	f.waitFor("the second term's update", func() error {
+		if gets.Load() == read {
+			return errors.New("no read yet")
+		}
+		return nil
+	})
+	f.annotate(deployments, "Deployment", "big", map[string]string{AnnotationAutoscale: "true", AnnotationMaxReplicas: "600"})
+	f.waitState("Deployment", "big", StateInvalid, "600")
+	f.waitFor("the term's and the change's events", func() error {
+		if n := invalid(); n < before+2 {
+			return fmt.Errorf("%d InvalidAnnotation events, from %d", n, before)
+		}
+		return nil
+	})
+	if n := invalid(); n != before+2 {
+		t.Fatalf("%d InvalidAnnotation events over a new term and a change of the message, from %d: want the term's and the change's", n, before)
+	}
+	if strings.Contains(logs.String(), "ScaledObject provisioned") {
+		t.Fatalf("a workload held at the cap logged provisioned:\n%s", logs.String())
 	}
 }
 
