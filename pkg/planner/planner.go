@@ -378,9 +378,7 @@ var (
 // rounded up before the HPA sees it would defeat (a need of 3.05 is 4
 // replicas, a quarter more than the 3 that carry it at 0.82 of their
 // capacity). A queue standing is no rounding's noise: it is planned as is.
-// Routers that have not reported (silent) may hold one no one sees: the
-// reason says so.
-func (p *Plan) tolerate(cfg Config, silent int) {
+func (p *Plan) tolerate(cfg Config) {
 	listed := p.Ready + p.Starting
 	if listed == 0 || p.Replicas <= listed || p.Backlog >= float64(p.Ready)*p.WorkPerRequest {
 		return
@@ -388,9 +386,6 @@ func (p *Plan) tolerate(cfg Config, silent int) {
 	if most := math.Max(p.Need, p.HeldPeak); most <= float64(listed)*(1+cfg.Tolerance) {
 		p.Replicas = listed
 		p.Reason = fmt.Sprintf("keeping the %d replicas listed: a need of %.2f is within the tolerance %.2f over them, and no queue stands", listed, most, cfg.Tolerance)
-		if silent > 0 {
-			p.Reason = fmt.Sprintf("keeping the %d replicas listed: a need of %.2f is within the tolerance %.2f over them, and no queue seen stands (%d of the routers ready have not reported within staleAfter: what they hold is unknown)", listed, most, cfg.Tolerance, silent)
-		}
 	}
 }
 
@@ -442,13 +437,20 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 		st.peaks = append(st.peaks, peak{in.At, p.Need, arrived})
 	}
 	p.holdPeaks(&st, in.At, hold, cfg)
-	p.tolerate(cfg, in.Demand.Silent)
+	p.tolerate(cfg)
 	p.floor(in, &st, fresh, hold)
 	switch {
 	case p.Refused > 0:
 		p.Reason += fmt.Sprintf(" (%d ready replicas refused: %s)", p.Refused, p.RefusedWhy)
 	case p.RefusedWhy != "":
 		p.Reason += " (" + p.RefusedWhy + ")"
+	}
+	if in.Demand.Silent > 0 {
+		// With replicas ready, what a router whose agent is lost (or
+		// whose page fails) holds is read as none, past the hold of the
+		// peak its queue asked for: said, where "no queue stands" said
+		// otherwise.
+		p.Reason += fmt.Sprintf(" (%d of the routers ready have not reported within staleAfter: what they hold is unknown, read as none; a peak their queue asked for is held for the hold)", in.Demand.Silent)
 	}
 	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
 	p.learned(&st, cfg)
@@ -458,9 +460,8 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 // floor keeps p's replicas where the plan may not go below those listed:
 // the ready ones while some have no fresh sample, the workload has been
 // observed for less than the hold, or no capacity is learned for its
-// load; the starting ones too within the first hold, while a ready
-// router has not reported (what it holds unknown), or while none is ready
-// and nothing says the load.
+// load; the starting ones too within the first hold, or while none is
+// ready and nothing says the load.
 func (p *Plan) floor(in Input, st *State, fresh []*store.PodLoad, hold time.Duration) {
 	switch {
 	case p.Replicas >= p.Ready:
@@ -483,13 +484,6 @@ func (p *Plan) floor(in Input, st *State, fresh []*store.PodLoad, hold time.Dura
 		// held with the ready ones: released, a scale-up under way was
 		// undone, and asked for again once the peak was seen again.
 		p.Replicas, p.Reason = p.Ready+p.Starting, fmt.Sprintf("holding the %d ready and %d starting replicas: observed for %s, less than the hold %s", p.Ready, p.Starting, since.Round(time.Second), hold)
-	}
-	if in.Demand.Silent > 0 && p.Replicas < p.Ready+p.Starting {
-		// What a router whose agent is lost holds is unknown, which is
-		// not none: with replicas ready it was read as 0, and the plan
-		// released the replicas its queue had asked for, on a queue no
-		// one saw.
-		p.Replicas, p.Reason = p.Ready+p.Starting, fmt.Sprintf("holding the %d ready and %d starting replicas: %d of the routers ready have not reported within staleAfter (their agent lost?), so what they hold is unknown", p.Ready, p.Starting, in.Demand.Silent)
 	}
 	if p.Ready == 0 && in.Demand.Sources == 0 && p.Replicas < p.Starting {
 		// Replicas starting, none ready and no router that reports:
@@ -1007,7 +1001,6 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	itl := st.itlJudges(now, cfg)
 	obs := observeWindows(fresh, span, cfg, itl)
 	rise, proven := st.riseBound(obs, now, span)
-	breakRise := st.breakBound(obs)
 	for _, o := range obs {
 		w := o.w
 		served += w
@@ -1023,7 +1016,6 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		healthyAll = healthyAll && healthy
 		switch {
 		case broke:
-			w = min(w, breakRise)
 			if st.Capacity == 0 {
 				st.Capacity = w
 			} else {
@@ -1154,40 +1146,6 @@ func (st *State) riseBound(obs []window, now time.Time, span time.Duration) (ris
 	proven = min(st.loneLevel, limit)
 	st.loneSince, st.loneLevel = now, first // a rise past it waits its own window
 	return min(first, limit), proven
-}
-
-// breakBound is the most a window past capacity may move the capacity
-// toward, where that is above the capacity: what another window, past
-// capacity or not, served as well (the second most of them; a lone
-// replica's own), and no more than maxRise times what was known a window's
-// span before (riseFrom, which riseBound sets). A break moves the capacity
-// toward what the replica served at saturation, and one window that lied
-// (a replica's page, a burst of prefix-cache hits) while it queued moved it
-// unbounded, past the corroboration healthy windows are held to: one
-// window of 30,000 work units a second among replicas serving 9,000 took
-// the capacity from 10,000 to 28,000, and the plan to half the need.
-func (st *State) breakBound(obs []window) float64 {
-	first, second, n := 0.0, 0.0, 0
-	for _, o := range obs {
-		if o.thin {
-			continue
-		}
-		n++
-		switch {
-		case o.w > first:
-			first, second = o.w, first
-		case o.w > second:
-			second = o.w
-		}
-	}
-	b := first
-	if n > 1 {
-		b = second
-	}
-	if st.riseFrom > 0 {
-		b = min(b, maxRise*st.riseFrom)
-	}
-	return max(st.Capacity, b)
 }
 
 // learnITL notes when a fresh replica's window (of minEvidence first

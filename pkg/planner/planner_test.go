@@ -1961,54 +1961,13 @@ func TestOneWindowProvesNoMoreThanTheFleetCorroborates(t *testing.T) {
 	}
 }
 
-// TestOneWindowPastCapacityMovesItNoFurtherThanTheFleetCorroborates: a
-// window past capacity moves the capacity 30 % toward what it served, and
-// that rise was held to nothing: one replica's window that lied (a page, a
-// burst of prefix-cache hits) while it queued, among replicas serving
-// 9,000 a second within the SLO at a capacity of about 10,000, took the
-// capacity to 28,000 in its 30 s, and the plan, once the peak's hold was
-// over, to 2 replicas for the 4 serving. A break above the capacity moves
-// it no further than another window corroborates; the fleet breaking at a
-// higher throughput still moves it.
-func TestOneWindowPastCapacityMovesItNoFurtherThanTheFleetCorroborates(t *testing.T) {
-	four := func(w, q float64) []store.PodLoad {
-		return []store.PodLoad{serving("a", w, q), serving("b", w, q), serving("c", w, q), serving("d", w, q)}
-	}
-	cfg := Default(0)
-	_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, four(10000, 1)...)
-	_, st, at = run(t, st, cfg, at, 20*time.Minute, four(8000, 0.01)...)
-	learned := st.Capacity
-	bad := four(8000, 0.01)
-	bad[0] = serving("a", 30000, 1)
-	_, st, at = run(t, st, cfg, at, 30*time.Second, bad...)
-	if st.Capacity > 1.01*learned {
-		t.Fatalf("one replica's window of 30,000 a second past capacity, the others within it at 8,000: capacity %.0f from %.0f, want it not raised", st.Capacity, learned)
-	}
-	least := 1 << 30
-	for range 12 * 8 {
-		at = at.Add(5 * time.Second)
-		p, next, err := Make(snap(at, four(9000, 0.3)...), st, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, least = next, min(least, p.Replicas)
-	}
-	if least < 4 {
-		t.Fatalf("4 replicas serving 9,000 a second (capacity about 10,000), after one window that lied past capacity: planned %d (capacity %.0f)", least, st.Capacity)
-	}
-	// Every replica breaking at a higher throughput moves it still.
-	_, st, _ = run(t, st, cfg, at, time.Minute, four(14000, 1)...)
-	if st.Capacity <= 1.05*learned {
-		t.Fatalf("four replicas past capacity at 14,000 a second for a minute: capacity %.0f from %.0f, want it moved up", st.Capacity, learned)
-	}
-}
-
-// TestASilentRoutersQueueIsUnknownNotNone: with replicas ready, a router
-// whose agent is lost was read as holding nothing: 4 replicas ready and a
-// gateway holding requests planned more; the gateway's agent lost, the
-// plan went back to 4 (the replica starting for its queue released), with
-// "no queue stands". The replicas listed are held while a ready router is
-// silent, and the plan says why.
+// TestASilentRoutersQueueIsUnknownNotNone: with replicas ready, what a
+// router whose agent is lost holds is read as none once the peak its queue
+// asked for has been held for the hold (rule 7), and the plan said "no
+// queue stands": it says the routers are silent, and what is read of them.
+// (Holding the replicas listed while a router is silent, tried first,
+// added nothing to the peak's hold within it, and past it pinned a
+// workload whose router's page keeps failing for ever: found in a review.)
 func TestASilentRoutersQueueIsUnknownNotNone(t *testing.T) {
 	cfg := Default(0)
 	at4 := func(w float64) []store.PodLoad {
@@ -2025,26 +1984,39 @@ func TestASilentRoutersQueueIsUnknownNotNone(t *testing.T) {
 		t.Fatalf("a router holding 20,000 requests: planned %d, %v; want more than the 4 ready", heard.Replicas, err)
 	}
 	withFifth := append(slices.Clone(four), store.PodLoad{Name: "e", State: store.PodStarting, Age: 30 * time.Second})
-	for range 12 * 10 { // past the hold of the peak the router's queue asked for
-		at = at.Add(5 * time.Second)
-		lost, next, err := Make(Input{At: at, Found: true, Pods: withFifth, Demand: store.DemandValue{Stale: 1, Silent: 1}}, st, cfg)
-		if err != nil {
+	silent := Input{Found: true, Pods: withFifth, Demand: store.DemandValue{Stale: 1, Silent: 1}}
+	lost := silentFor(t, &st, cfg, &at, silent, 3*time.Minute, func(p Plan) {
+		if p.Replicas < 5 {
+			t.Fatalf("%s after the router's agent was lost: planned %d (%s); want the 4 ready and the one starting held", at.Sub(t0), p.Replicas, p.Reason)
+		}
+	})
+	if !strings.Contains(lost.Reason, "1 of the routers ready have not reported") || !strings.Contains(lost.Reason, "read as none") {
+		t.Fatalf("reason %q: want the silent router named, and how it is read", lost.Reason)
+	}
+	// Silent past the hold (a router whose page keeps failing is silent
+	// too): not held for ever, and said.
+	p := silentFor(t, &st, cfg, &at, silent, 20*time.Minute, nil)
+	if p.Replicas >= heard.Replicas || !strings.Contains(p.Reason, "1 of the routers ready have not reported") {
+		t.Fatalf("a router silent for 20 minutes: planned %d (%s), want the peak's hold over and the silence said", p.Replicas, p.Reason)
+	}
+}
+
+// silentFor plans in every 5 s for d, from *at, checking each plan.
+func silentFor(t *testing.T, st *State, cfg Config, at *time.Time, in Input, d time.Duration, check func(Plan)) Plan {
+	t.Helper()
+	var p Plan
+	for end := at.Add(d); at.Before(end); {
+		*at = at.Add(5 * time.Second)
+		in.At = *at
+		var err error
+		if p, *st, err = Make(in, *st, cfg); err != nil {
 			t.Fatal(err)
 		}
-		if lost.Replicas < 5 {
-			t.Fatalf("%s after the router's agent was lost: planned %d (%s); want the 4 ready and the one starting held", at.Sub(t0), lost.Replicas, lost.Reason)
+		if check != nil {
+			check(p)
 		}
-		st = next
 	}
-	lost, _, _ := Make(Input{At: at, Found: true, Pods: withFifth, Demand: store.DemandValue{Stale: 1, Silent: 1}}, st, cfg)
-	if !strings.Contains(lost.Reason, "have not reported") {
-		t.Fatalf("reason %q: want the silent router named", lost.Reason)
-	}
-	// Heard again, holding nothing: the plan goes down.
-	back, _, _ := run(t, st, cfg, at, 15*time.Minute, four...)
-	if back.Replicas > 4 {
-		t.Fatalf("the router back, holding nothing: planned %d, want at most the 4 serving", back.Replicas)
-	}
+	return p
 }
 
 // TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak: on pages without a
