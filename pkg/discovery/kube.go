@@ -226,9 +226,11 @@ func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]st
 			continue
 		}
 		host := hostOf(t.URL)
-		if h, _, err := net.SplitHostPort(host); err == nil && ips[h] != nil {
-			keys[i] = h // the pod's own network: the address is the IP
-			continue
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			if _, own := ips[h]; own {
+				keys[i] = h // the pod's own network: the address is the IP
+				continue
+			}
 		}
 		keys[i] = "host " + host
 		if pods[keys[i]] == nil {
@@ -254,21 +256,38 @@ func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]st
 }
 
 // ipOwners is, of node's pods on their own network (not the host's), not
-// finished nor being deleted, the pods that have each pod IP: uid →
-// namespace/name.
+// finished nor being deleted, each pod IP: the pods that have it (uid →
+// namespace/name) where two or more do, nil where one does. It runs at
+// each pod event of the node: names are made for the shared alone.
 func ipOwners(pods []*corev1.Pod, node string) map[string]map[string]string {
+	live := func(p *corev1.Pod) bool {
+		return p.Spec.NodeName == node && !p.Spec.HostNetwork && p.Status.PodIP != "" && p.DeletionTimestamp == nil && !finished(p)
+	}
+	first := make(map[string]*corev1.Pod, len(pods)) // each IP's first pod
 	out := map[string]map[string]string{}
 	for _, p := range pods {
-		if p.Spec.NodeName != node || p.Spec.HostNetwork || p.Status.PodIP == "" || p.DeletionTimestamp != nil ||
-			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if !live(p) {
 			continue
 		}
-		if out[p.Status.PodIP] == nil {
-			out[p.Status.PodIP] = map[string]string{}
+		ip := p.Status.PodIP
+		f, seen := first[ip]
+		switch {
+		case !seen:
+			first[ip], out[ip] = p, nil
+		case f.UID == p.UID:
+		default:
+			if out[ip] == nil {
+				out[ip] = map[string]string{string(f.UID): f.Namespace + "/" + f.Name}
+			}
+			out[ip][string(p.UID)] = p.Namespace + "/" + p.Name
 		}
-		out[p.Status.PodIP][string(p.UID)] = p.Namespace + "/" + p.Name
 	}
 	return out
+}
+
+// finished says pod has ended: Succeeded or Failed.
+func finished(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
 // hostOf is a target URL's host and port.
@@ -320,12 +339,14 @@ func checkWorkloadNames(ws []Workload) error {
 }
 
 // slim is what discovery reads of pod, and no more: its identity, node,
-// phase and times always; and only for a pod pulse looks at (the selector
-// matches it, pulse.io/scrape is "true", or it is a demand source) and
-// that has not finished, the labels the selector and Workloads read, the
-// pulse.io/ annotations discovery reads, the owners Workloads reads
-// (readOwners), the container ports portOf and declares read (readPorts),
-// its IP and Ready condition. The cache held every pod of the node whole
+// phase and times always; its IP unless it has finished (every pod's, so
+// that a target whose status still shows an IP given since to another pod
+// is not scraped: sharedAddresses); and only for a pod pulse looks at (the
+// selector matches it, pulse.io/scrape is "true", or it is a demand
+// source) and that has not finished, the labels the selector and
+// Workloads read, the pulse.io/ annotations discovery reads, the owners
+// Workloads reads (readOwners), the container ports portOf and declares
+// read (readPorts), and its Ready condition. The cache held every pod of the node whole
 // (only managed fields were dropped): a tenant's pods, finished or never
 // selected, with 250 KiB of annotations and a 1 MiB variable each, held
 // 125 MiB of an agent limited to 128 Mi, and every tenant of the node lost
@@ -338,7 +359,7 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 		Spec:   corev1.PodSpec{NodeName: pod.Spec.NodeName, HostNetwork: pod.Spec.HostNetwork},
 		Status: corev1.PodStatus{Phase: pod.Status.Phase},
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if finished(pod) {
 		return out
 	}
 	var ann map[string]string
@@ -375,12 +396,7 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 		}
 	}
 	keep(selected)
-	if !pod.Spec.HostNetwork {
-		// Every pod's own IP, scraped or not: a target whose status still
-		// shows an IP given since to another pod is not scraped
-		// (sharedAddresses).
-		out.Status.PodIP = pod.Status.PodIP
-	}
+	out.Status.PodIP = pod.Status.PodIP // every pod's: sharedAddresses
 	if ann[AnnotationScrape] != "true" && !IsDemandSource(ann) && !sel.Matches(labels.Set(pod.Labels)) {
 		return out
 	}
@@ -389,7 +405,6 @@ func slim(pod *corev1.Pod, sel labels.Selector) *corev1.Pod {
 	if ports := readPorts(pod); len(ports) > 0 {
 		out.Spec.Containers = []corev1.Container{{Ports: ports}}
 	}
-	out.Status.PodIP = pod.Status.PodIP
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime}}
@@ -481,7 +496,7 @@ func firstPort(pod *corev1.Pod, is func(corev1.ContainerPort) bool) (corev1.Cont
 // demand source's (pulse.io/demand-source) one per workload it fronts.
 func TargetsOf(pod *corev1.Pod, node string, sel labels.Selector) ([]Target, error) {
 	if IsDemandSource(pod.Annotations) {
-		if pod.Spec.NodeName != node || pod.Annotations[AnnotationScrape] == "false" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if pod.Spec.NodeName != node || pod.Annotations[AnnotationScrape] == "false" || finished(pod) {
 			return nil, nil
 		}
 		base, err := placeOf(pod, Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name})
@@ -515,7 +530,7 @@ func TargetOf(pod *corev1.Pod, node string, sel labels.Selector) (t Target, ok b
 			return t, false, nil
 		}
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if finished(pod) {
 		return t, false, nil
 	}
 	t = Target{UID: string(pod.UID), Namespace: pod.Namespace, Pod: pod.Name}

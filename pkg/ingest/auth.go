@@ -55,14 +55,15 @@ const (
 var ErrBusy = errors.New("too many agent token reviews in flight: try again")
 
 // Agent is what a reviewed token says of its holder: the node its pod runs
-// on, and the pod: its uid ("" where the review names none), namespace (its
-// service account's) and name.
+// on, and the pod: its uid ("" where the review names none; AgentGone reads
+// it), and, for what is said of it, its namespace (its service account's)
+// and name.
 type Agent struct {
 	Node, PodUID, PodNamespace, PodName string
 }
 
-// Pod is the agent's pod as namespace/name (uid).
-func (a Agent) Pod() string { return a.PodNamespace + "/" + a.PodName + " (uid " + a.PodUID + ")" }
+// Pod is the agent's pod as namespace/name.
+func (a Agent) Pod() string { return a.PodNamespace + "/" + a.PodName }
 
 // Authenticator decides which node an agent stream may speak for.
 type Authenticator interface {
@@ -217,17 +218,20 @@ func (t *TokenReviewer) updated(o, p *corev1.Pod) {
 		t.tellGone(o)
 		o = nil
 	}
-	if finished(p) && (o == nil || !finished(o)) {
-		t.tellGone(p)
+	if finished(p) {
+		if o == nil || !finished(o) {
+			t.tellGone(p)
+		}
+		return // gone: no deletion to note
 	}
 	t.noteAgent(p)
 }
 
-// noteAgent notes, of an agent's pod (one keep left a service account on),
-// that it has finished (one finished when the pod cache first lists it was
-// never seen to finish) or when it is to be deleted, for AgentGone.
+// noteAgent notes, of an agent's pod, that it has finished (one finished
+// when the pod cache first lists it was never seen to finish) or when it
+// is to be deleted, for AgentGone.
 func (t *TokenReviewer) noteAgent(p *corev1.Pod) {
-	if p.Spec.ServiceAccountName == "" {
+	if !agentPod(p) {
 		return
 	}
 	if finished(p) {
@@ -250,7 +254,7 @@ func (t *TokenReviewer) OnGone(f func(node, uid string)) { t.gone.Store(&f) }
 
 func (t *TokenReviewer) tellGone(p *corev1.Pod) {
 	t.goneUIDs.Add(string(p.UID), struct{}{})
-	if p.Spec.ServiceAccountName != "" { // keep leaves it to agents' pods alone
+	if agentPod(p) {
 		t.goneAgents.Add(string(p.UID), struct{}{})
 		t.deletingMu.Lock()
 		delete(t.deleting, string(p.UID))
@@ -356,9 +360,13 @@ const (
 	byAgentNode = "agent-node"
 )
 
+// agentPod says the pod cache's p is an agent's: keep leaves a service
+// account on the pods of an allowed one alone.
+func agentPod(p *corev1.Pod) bool { return p.Spec.ServiceAccountName != "" }
+
 // agentNodeIndex is byAgentNode's index function.
 func agentNodeIndex(obj any) ([]string, error) {
-	if p, ok := obj.(*corev1.Pod); ok && p.Spec.ServiceAccountName != "" {
+	if p, ok := obj.(*corev1.Pod); ok && agentPod(p) {
 		return []string{p.Spec.NodeName}, nil
 	}
 	return nil, nil
@@ -536,7 +544,7 @@ func (t *TokenReviewer) Authenticate(ctx context.Context, token string) (Agent, 
 // API server's own review honours the token of a pod that has finished.
 func (t *TokenReviewer) believed(a Agent, err error) (Agent, error) {
 	if err == nil && t.AgentGone(a) {
-		return Agent{}, fmt.Errorf("%w: the token's pod %s has been deleted or has finished", ErrUnauthenticated, a.Pod())
+		return Agent{}, fmt.Errorf("%w: the token's pod %s (uid %s) has been deleted or has finished", ErrUnauthenticated, a.Pod(), a.PodUID)
 	}
 	return a, err
 }

@@ -416,20 +416,7 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 			setDeletion(t, c, tr, "node-1", time.Now().Add(-deletedPodTokenGrace/2))
 			sendBatch(t, one, enc1, 2, 4, 1)
 
-			gone := agentsPod("node-1")
-			switch how {
-			case "deleted":
-				if err := c.CoreV1().Pods(gone.Namespace).Delete(bg, gone.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			case "finished":
-				gone.Status.Phase = corev1.PodSucceeded
-				if _, err := c.CoreV1().Pods(gone.Namespace).UpdateStatus(bg, gone, metav1.UpdateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			case "terminating":
-				setDeletion(t, c, tr, "node-1", time.Now().Add(-deletedPodTokenGrace-time.Second))
-			}
+			makeGone(t, c, tr, how)
 			waitFor(t, "the pod cache sees node-1's agent's pod go", func() bool { return tr.AgentGone(agent) })
 			b := &pulsev1.SampleBatch{Seq: 3, TimeUnixMs: 3000}
 			s := wire.Sample{Pod: 1}
@@ -459,6 +446,26 @@ func TestAStreamEndsWithItsAgentsPod(t *testing.T) {
 			// node-2's agent streams on.
 			sendBatch(t, two, enc2, 2, 5)
 		})
+	}
+}
+
+// makeGone makes node-1's agent's pod gone as how says: deleted, finished,
+// or terminating past the minute the API honours its tokens after.
+func makeGone(t *testing.T, c *fake.Clientset, tr *TokenReviewer, how string) {
+	t.Helper()
+	gone, bg := agentsPod("node-1"), context.Background()
+	switch how {
+	case "deleted":
+		if err := c.CoreV1().Pods(gone.Namespace).Delete(bg, gone.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	case "finished":
+		gone.Status.Phase = corev1.PodSucceeded
+		if _, err := c.CoreV1().Pods(gone.Namespace).UpdateStatus(bg, gone, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	case "terminating":
+		setDeletion(t, c, tr, "node-1", time.Now().Add(-deletedPodTokenGrace-time.Second))
 	}
 }
 

@@ -286,6 +286,9 @@ func (s *Server) open(stream pulsev1.Ingest_ReportServer) (_ *streamState, end f
 	}
 	st := &streamState{srv: s, hello: hello, ids: map[uint32]string{}, rejected: map[uint32]bool{}, dec: wire.NewDecoder(),
 		ctx: stream.Context(), bound: boundNode != "", tokenExpires: tokenExpires, agent: agent}
+	if g, ok := s.auth.(agentGoneTeller); ok && agent.PodUID != "" {
+		st.agentGone = g
+	}
 	st.logger().Info("agent stream opened")
 	held, release, err := s.openSource(hello.Node)
 	if err != nil {
@@ -343,16 +346,15 @@ type agentGoneTeller interface{ AgentGone(a Agent) bool }
 // revoked is the error that ends a stream whose token's pod the API has
 // deleted, or that finished, or that has been deleted for longer than the
 // API honours its tokens after (AgentGone; nil while none of those, or
-// where the review named no pod): a token copied from the agent's pod reported its node's
-// pods for the rest of the token's life. An honest agent's stream ends
-// with its pod.
+// where the review named no pod): a token copied from the agent's pod
+// reported its node's pods for the rest of the token's life. An honest
+// agent's stream ends with its pod.
 func (st *streamState) revoked() error {
-	g, ok := st.srv.auth.(agentGoneTeller)
-	if !ok || !g.AgentGone(st.agent) {
+	if st.agentGone == nil || !st.agentGone.AgentGone(st.agent) {
 		return nil
 	}
-	st.logger().Info("agent stream's pod is gone: its token is no longer honoured", logging.KeyPod, st.agent.PodNamespace+"/"+st.agent.PodName, logging.KeyPodUID, st.agent.PodUID)
-	return status.Errorf(codes.Unauthenticated, "the stream's token is bound to pod %s, which has been deleted or has finished", st.agent.Pod())
+	st.logger().Info("agent stream's pod is gone: its token is no longer honoured", logging.KeyPod, st.agent.Pod())
+	return status.Errorf(codes.Unauthenticated, "the stream's token is bound to pod %s (uid %s), which has been deleted or has finished", st.agent.Pod(), st.agent.PodUID)
 }
 
 // take is one message of the stream after its hello: a catalogue, or a
@@ -442,8 +444,11 @@ type streamState struct {
 	// tokenExpires: when the stream's token expires (zero: it says not).
 	tokenExpires time.Time
 	// agent: the pod the stream's token is bound to (none where the
-	// review names none, or streams are not authenticated; revoked).
-	agent Agent
+	// review names none, or streams are not authenticated), and
+	// agentGone what says it is gone (nil: nothing does, or no pod
+	// named; revoked).
+	agent     Agent
+	agentGone agentGoneTeller
 	// ids: pod id → uid. (The log's namespace/name of a pod is the
 	// store's: a map of them here took 70 bytes a pod.)
 	ids map[uint32]string

@@ -4,10 +4,9 @@ package logging
 // logs the same thing under the same name.
 const (
 	KeyErr         = "err"
-	KeyPod         = "pod"     // namespace/name
-	KeyNode        = "node"    // the node an agent or stream speaks for
-	KeyPodNode     = "podNode" // the node the API places a pod on
-	KeyPodUID      = "podUID"
+	KeyPod         = "pod"        // namespace/name
+	KeyNode        = "node"       // the node an agent or stream speaks for
+	KeyPodNode     = "podNode"    // the node the API places a pod on
 	KeyWorkload    = "workload"   // Kind namespace/name
 	KeyReason      = "reason"     // why something failed or was rejected
 	KeyAggregator  = "aggregator" // an aggregator's ingest address

@@ -78,14 +78,20 @@ const maxIgnored = 16
 // ignoredKaito is the first maxIgnored of annotations' keys kaitoUnread
 // names, in order (nil: none).
 func ignoredKaito(annotations map[string]string) []string {
+	return firstKeys(annotations, kaitoUnread, maxIgnored)
+}
+
+// firstKeys is the first n of annotations' keys that match says, in order
+// (nil: none).
+func firstKeys(annotations map[string]string, match func(string) bool, n int) []string {
 	var ks []string
 	for k := range annotations {
-		if kaitoUnread(k) {
+		if match(k) {
 			ks = append(ks, k)
 		}
 	}
 	slices.Sort(ks)
-	return ks[:min(len(ks), maxIgnored)]
+	return ks[:min(len(ks), n)]
 }
 
 // annotationsRead is every annotation Parse reads: the provisioner's cache
@@ -218,14 +224,7 @@ const maxTypoChecks = 64
 // and that is a likely typo of one of m's names, and that name; "" when
 // none is.
 func firstTypo(annotations map[string]string, m *scaler.Matcher) (key, meant string) {
-	var keys []string
-	for k := range annotations {
-		if unread(k) {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys[:min(len(keys), maxTypoChecks)] {
+	for _, k := range firstKeys(annotations, unread, maxTypoChecks) {
 		if meant := m.Nearest(k); meant != "" {
 			return k, meant
 		}
@@ -316,13 +315,13 @@ func (s *Settings) replicas(r *reader) error {
 		// pulse.io/min-replicas "0" scales to zero.
 		s.MinReplicas = 1
 	}
-	if s.MaxReplicas < s.MinReplicas && s.MaxVia == "" {
-		// The minimum alone, above the default maximum: the refusal
-		// named max-replicas, an annotation the user had not written.
-		return &AnnotationError{cmp.Or(s.MinVia, AnnotationMinReplicas), fmt.Sprintf("%d is above the default max-replicas (%d): set %s too", s.MinReplicas, s.MaxReplicas, AnnotationMaxReplicas)}
-	}
 	if s.MaxReplicas < s.MinReplicas {
-		return &AnnotationError{cmp.Or(s.MaxVia, AnnotationMaxReplicas), fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
+		if s.MaxVia == "" {
+			// The minimum alone, above the default maximum: the refusal
+			// named max-replicas, an annotation the user had not written.
+			return &AnnotationError{cmp.Or(s.MinVia, AnnotationMinReplicas), fmt.Sprintf("%d is above the default max-replicas (%d): set %s too", s.MinReplicas, s.MaxReplicas, AnnotationMaxReplicas)}
+		}
+		return &AnnotationError{s.MaxVia, fmt.Sprintf("%d is below min-replicas %d", s.MaxReplicas, s.MinReplicas)}
 	}
 	if v, _, _ := r.get(AnnotationCooldownPeriod); v != "" {
 		s.CooldownSet = true

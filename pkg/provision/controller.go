@@ -667,9 +667,15 @@ func (r *run) reconcile(ctx context.Context, k key) error {
 		r.keep(k, wrote, made)
 		r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectCreated", "created ScaledObject %s: %s", k.Name, summary)
 	} else {
-		wrote, err := r.update(ctx, k, m, ref, existing, desired, summary, true)
-		if !wrote || err != nil {
+		did, err := r.update(ctx, k, m, ref, existing, desired, summary)
+		switch {
+		case err != nil:
 			return err
+		case did == asDesired:
+			r.report(k, ref, StateProvisioned, soName, summary)
+			return nil
+		case did != wrote:
+			return nil
 		}
 	}
 	r.didWrite(k, write)
@@ -701,13 +707,13 @@ func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1
 		if _, ok := r.mayWrite(k, write); !ok {
 			return errBackOff
 		}
-		// Invalid whatever the update does: not reported provisioned
-		// first (a flicker of the state, and its log line).
-		wrote, err := r.update(ctx, k, m, ref, existing, desired, provisionedSummary(k, s), false)
-		if err != nil {
+		did, err := r.update(ctx, k, m, ref, existing, desired, provisionedSummary(k, s))
+		switch {
+		case err != nil:
 			return err
-		}
-		if wrote {
+		case did == conflicted || did == goneSince:
+			return nil // nothing held: a conflict said so, a delete comes back here
+		case did == wrote:
 			r.didWrite(k, write)
 			r.c.m.changes.WithLabelValues("update").Inc()
 		}
@@ -716,12 +722,22 @@ func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1
 	return nil
 }
 
+// outcome is what update did with a ScaledObject.
+type outcome int
+
+const (
+	wrote      outcome = iota // written, with an Event
+	asDesired                 // already as desired, or kept by the server as it was
+	conflicted                // another's (reported)
+	goneSince                 // deleted since the cache saw it
+)
+
 // update writes desired over the ScaledObject existing (the cache's copy
-// of it) as the API server has it, and says whether it wrote: not when
-// the live object is another's (a conflict, reported), already as
-// desired, or kept by the server as it was (reported provisioned where
-// asProvisioned).
-func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, existing, desired *unstructured.Unstructured, summary string, asProvisioned bool) (bool, error) {
+// of it) as the API server has it, and says what it did; of the
+// workload's state it reports a conflict alone, which it finds: the rest
+// is its caller's (holdAtCap's workload is invalid whatever it did; until
+// 2026-12-06 update reported it provisioned on the way).
+func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.ObjectReference, existing, desired *unstructured.Unstructured, summary string) (outcome, error) {
 	soName := k.Namespace + "/" + k.Name
 	client := r.c.o.Dynamic.Resource(ScaledObjects).Namespace(k.Namespace)
 	// The cache holds a projection (trimScaledObject): the update is of
@@ -732,13 +748,13 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 		// Deleted since the cache saw it: its delete event brings the
 		// workload back here, to create it (it was reported an error of
 		// the API server's, with a warning Event).
-		return false, nil
+		return goneSince, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read ScaledObject %s: %w", soName, err)
+		return 0, fmt.Errorf("read ScaledObject %s: %w", soName, err)
 	}
 	if live.GetUID() != existing.GetUID() {
-		return false, apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
+		return 0, apierrors.NewConflict(ScaledObjects.GroupResource(), k.Name, errors.New("replaced since it was cached"))
 	}
 	// Judged again as the API server has it: a tenant that took it over
 	// (pulse's label taken off, as a conflict's message says) a moment
@@ -747,34 +763,28 @@ func (r *run) update(ctx context.Context, k key, m metav1.Object, ref *corev1.Ob
 	if msg := r.conflict(k, m, live); msg != "" {
 		r.c.m.errors.WithLabelValues("conflict").Inc()
 		r.report(k, ref, StateConflict, soName, msg)
-		return false, nil
+		return conflicted, nil
 	}
 	out, changed := Apply(live, desired)
 	if !changed {
-		if asProvisioned {
-			r.report(k, ref, StateProvisioned, soName, summary)
-		}
-		return false, nil
+		return asDesired, nil
 	}
 	out.SetManagedFields(nil) // the server keeps those an update leaves out
-	wrote := specHash(desired.Object["spec"])
+	hash := specHash(desired.Object["spec"])
 	updated, err := client.Update(ctx, out, metav1.UpdateOptions{FieldManager: "pulse-aggregator"})
 	if err != nil {
-		return false, fmt.Errorf("update ScaledObject %s: %w", soName, err)
+		return 0, fmt.Errorf("update ScaledObject %s: %w", soName, err)
 	}
-	r.keep(k, wrote, updated)
+	r.keep(k, hash, updated)
 	if keptAsItWas(live, updated) {
 		// The server kept it as it was: what pulse wrote differs only in
 		// what its KEDA CRD prunes (tolerance before 2.18), which a new
 		// term, not knowing what the server kept, wrote once again. No
 		// change: no Event, nothing counted.
-		if asProvisioned {
-			r.report(k, ref, StateProvisioned, soName, summary)
-		}
-		return false, nil
+		return asDesired, nil
 	}
 	r.eventf(ref, corev1.EventTypeNormal, "ScaledObjectUpdated", "updated ScaledObject %s: %s", k.Name, summary)
-	return true, nil
+	return wrote, nil
 }
 
 // keptAsItWas says the API server's answer to an update, updated, is the

@@ -1427,30 +1427,8 @@ func TestAHeldAtCapUpdateKeptAsItWasIsNoFlicker(t *testing.T) {
 	for _, verb := range []string{"create", "update", "get"} {
 		f.dyn.PrependReactor(verb, "scaledobjects", prune)
 	}
-	term := func(name string) (stop func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- f.c.RunElected(ctx, Election{Identity: name}) }()
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	invalid := func() int {
-		list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, e := range list.Items {
-			if e.Reason == "InvalidAnnotation" {
-				n += max(1, int(e.Count))
-			}
-		}
-		return n
-	}
+	term := f.term
+	invalid := func() int { return f.events("InvalidAnnotation") }
 	stop := term("before the cap")
 	f.waitFor("provisioned at 500", func() error { _, err := f.maxOf("big", 500); return err })
 	stop()
@@ -1492,6 +1470,35 @@ func TestAHeldAtCapUpdateKeptAsItWasIsNoFlicker(t *testing.T) {
 	if strings.Contains(logs.String(), "ScaledObject provisioned") {
 		t.Fatalf("a workload held at the cap logged provisioned:\n%s", logs.String())
 	}
+}
+
+// term runs a leader's term of f's controller until stop.
+func (f *fixture) term(name string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.c.RunElected(ctx, Election{Identity: name}) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// events counts the Events of reason in demo (each as often as it was
+// recorded).
+func (f *fixture) events(reason string) int {
+	list, err := f.kube.CoreV1().Events("demo").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.Reason == reason {
+			n += max(1, int(e.Count))
+		}
+	}
+	return n
 }
 
 // TestAScaledObjectDeletedUnderAnUpdateIsNoError: a ScaledObject deleted

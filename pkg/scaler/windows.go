@@ -36,12 +36,13 @@ func newWindows(floor, most time.Duration, set func(time.Duration)) *windows {
 
 // windowKey is the window d is followed as: d rounded up to a step, the
 // least power of two seconds at least a 64th of it (whole seconds to
-// 64 s; 2 s to 128 s; …), so under a 32nd of it; at most most. The store
-// keeps less than 3.1 % more than asked for, and a caller naming a new
-// window each call (any duration to the nanosecond is a valid window)
-// holds at most 64 keys an octave: the map was keyed by the
-// window itself, one entry a call for windowForget, walked under the lock
-// every evaluation takes (200,000 calls held 200,000 windows).
+// 64 s; 2 s to 128 s; …), so under a 32nd of it; at most most, or d
+// itself past it. The store keeps less than 3.1 % more than asked for,
+// and a caller naming a new window each call (any duration to the
+// nanosecond is a valid window) holds at most 64 keys an octave: the map
+// was keyed by the window itself, one entry a call for windowForget,
+// walked under the lock every evaluation takes (200,000 calls held
+// 200,000 windows).
 func windowKey(d, most time.Duration) time.Duration {
 	if most > 0 && d >= most {
 		return d // past the most: as asked

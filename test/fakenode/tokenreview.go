@@ -20,9 +20,6 @@ type Token struct {
 	// PodOnly: the token names its pod and no node, as an API server
 	// before Kubernetes 1.30 answers (Node unused).
 	PodOnly bool
-	// PodUID is the uid of the pod the token is bound to, which the API
-	// server names beside the pod's name ("": "uid-" and the pod's name).
-	PodUID string
 }
 
 // PodClaim is the TokenReview extra that names a pod-bound token's pod.
@@ -49,25 +46,18 @@ func TokenReviews(c *fake.Clientset, audience string, tokens map[string]Token) {
 				tr.Status.Audiences = []string{audience}
 			}
 			if tok.PodOnly {
-				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{PodClaim: {"agent"}, PodUIDClaim: {tok.podUID("agent")}}
+				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{PodClaim: {"agent"}, PodUIDClaim: {"uid-agent"}}
 			}
 			if tok.Node != "" && !tok.PodOnly {
 				tr.Status.User.Extra = map[string]authenticationv1.ExtraValue{NodeClaim: {tok.Node}}
 				if !tok.NotPodBound {
 					pod := "agent-on-" + tok.Node
 					tr.Status.User.Extra[PodClaim] = authenticationv1.ExtraValue{pod}
-					tr.Status.User.Extra[PodUIDClaim] = authenticationv1.ExtraValue{tok.podUID(pod)}
+					// The API server names the pod's uid beside its name.
+					tr.Status.User.Extra[PodUIDClaim] = authenticationv1.ExtraValue{"uid-" + pod}
 				}
 			}
 		}
 		return true, tr, nil
 	})
-}
-
-// podUID is the uid the review gives the token's pod, named pod.
-func (t Token) podUID(pod string) string {
-	if t.PodUID != "" {
-		return t.PodUID
-	}
-	return "uid-" + pod
 }

@@ -150,7 +150,7 @@ func (e *echoer) run(ctx context.Context, addr string, every time.Duration, skip
 	failed := make(chan struct{}) // the reader failed: no more is sent
 	go func() {
 		defer close(done)
-		e.readAnswers(ctx, c, sent, room, failed)
+		e.readAnswers(ctx, c, drain, sent, room, failed)
 	}()
 	defer func() {
 		if ctx.Err() == nil { // stopped by a failure: nothing more to wait for
@@ -206,7 +206,7 @@ const (
 // readAnswers reads the echo's answers in order, timing each from its
 // send (sent, closed once no more is sent), and frees its slot (room);
 // at a failure it closes failed and takes what is still sent.
-func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.Time, room <-chan struct{}, failed chan<- struct{}) {
+func (e *echoer) readAnswers(ctx context.Context, c net.Conn, drain time.Duration, sent <-chan time.Time, room <-chan struct{}, failed chan<- struct{}) {
 	want := bytes.Repeat([]byte{'p'}, echoSize)
 	in := make([]byte, echoSize)
 	stopped := func() {
@@ -220,7 +220,7 @@ func (e *echoer) readAnswers(ctx context.Context, c net.Conn, sent <-chan time.T
 				// Under way at the end and not answered within the
 				// drain, as a poll past its deadline is an error: it
 				// was dropped, and the floor kept no trace of the stall.
-				e.fail(fmt.Errorf("an echo round trip under way at the end was not answered within %s of it", cmp.Or(e.drain, echoDrain)))
+				e.fail(fmt.Errorf("an echo round trip under way at the end was not answered within %s of it", drain))
 			} else {
 				e.failUnlessDone(ctx, err)
 			}

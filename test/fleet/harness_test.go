@@ -311,30 +311,6 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("a run ended 150 ms into a 300 ms stall, a round trip due every 5 ms: %d of %d samples of 100 ms or more, want those under way", slow, len(rtts))
 		}
 	})
-	// One still unanswered when the drain is over is a failure, as a poll
-	// past its deadline is an error (it was dropped, and the floor kept no
-	// trace of the stall).
-	t.Run("unanswered at the end", func(t *testing.T) {
-		var n atomic.Int32
-		stalled, release := make(chan struct{}), make(chan struct{})
-		addr := serve(t, echoChanged(func([]byte) {
-			if n.Add(1) == 10 {
-				close(stalled)
-				<-release
-			}
-		}))
-		defer close(release)
-		e := echoer{drain: 50 * time.Millisecond}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { e.run(ctx, addr, 5*time.Millisecond, nil); close(done) }()
-		<-stalled
-		cancel() // the stall outlasts the drain
-		<-done
-		if _, err := e.take(); err == nil || !strings.Contains(err.Error(), "not answered within 50ms") {
-			t.Fatalf("err %v: want the round trip unanswered at the end named", err)
-		}
-	})
 	t.Run("wrong answer", func(t *testing.T) {
 		addr := serve(t, echoChanged(func(b []byte) { b[0] = 'x' }))
 		var e echoer
@@ -347,6 +323,32 @@ func TestEchoerTimesRoundTripsAndRefusesAWrongAnswer(t *testing.T) {
 			t.Errorf("%d round trips kept from a wrong echo", len(rtts))
 		}
 	})
+}
+
+// TestAnEchoUnansweredAtTheEndIsAFailure: a round trip under way at the
+// end and still unanswered when the drain is over is a failure, as a poll
+// past its deadline is an error (it was dropped, and the floor kept no
+// trace of the stall).
+func TestAnEchoUnansweredAtTheEndIsAFailure(t *testing.T) {
+	var n atomic.Int32
+	stalled, release := make(chan struct{}), make(chan struct{})
+	addr := serveTest(t, echoChanged(func([]byte) {
+		if n.Add(1) == 10 {
+			close(stalled)
+			<-release
+		}
+	}))
+	defer close(release)
+	e := echoer{drain: 50 * time.Millisecond}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { e.run(ctx, addr, 5*time.Millisecond, nil); close(done) }()
+	<-stalled
+	cancel() // the stall outlasts the drain
+	<-done
+	if _, err := e.take(); err == nil || !strings.Contains(err.Error(), "not answered within 50ms") {
+		t.Fatalf("err %v: want the round trip unanswered at the end named", err)
+	}
 }
 
 // TestEchoerSkipsTurnsNotItsOwn: while the polls are apart the harness's
