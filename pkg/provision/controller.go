@@ -726,10 +726,10 @@ func (r *run) holdAtCap(ctx context.Context, k key, m metav1.Object, ref *corev1
 type outcome int
 
 const (
-	wrote      outcome = iota // written, with an Event
-	asDesired                 // already as desired, or kept by the server as it was
-	conflicted                // another's (reported)
-	goneSince                 // deleted since the cache saw it
+	wrote      outcome = iota + 1 // written, with an Event (0: none, with an error)
+	asDesired                     // already as desired, or kept by the server as it was
+	conflicted                    // another's (reported)
+	goneSince                     // deleted since the cache saw it
 )
 
 // update writes desired over the ScaledObject existing (the cache's copy
