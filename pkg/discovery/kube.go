@@ -208,10 +208,11 @@ func (k *Kube) Targets() []Target {
 }
 
 // sharedAddresses are the ready targets whose address is also another
-// pod's, each with the pods that share it: a pod's own network's target
-// (its pod IP) with any other live pod that has that IP (ips, ipOwners'),
-// and a host-network target (the node's address) with another ready
-// host-network target at the same host and port. Two pods at one address
+// pod's, each with the pods that share it: a target whose IP a live pod
+// of another namespace has too, at any port (ips, ipOwners'), and a
+// target at the host and port of another ready target. (Pods of one
+// namespace at one IP, a tenant's own, are held to host and port: the
+// tests' pods share the loopback.) Two pods at one address
 // are one server's page read as both: an address reused (another
 // namespace's new pod) before a pod's status caught up had each pod's page
 // attributed to the other's workload too. Neither is scraped (listed, not
@@ -226,11 +227,9 @@ func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]st
 			continue
 		}
 		host := hostOf(t.URL)
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			if _, own := ips[h]; own {
-				keys[i] = h // the pod's own network: the address is the IP
-				continue
-			}
+		if h, _, err := net.SplitHostPort(host); err == nil && namespaces(ips[h]) > 1 {
+			keys[i] = h // another tenant's pod has its IP: at any port
+			continue
 		}
 		keys[i] = "host " + host
 		if pods[keys[i]] == nil {
@@ -283,6 +282,17 @@ func ipOwners(pods []*corev1.Pod, node string) map[string]map[string]string {
 		}
 	}
 	return out
+}
+
+// namespaces is how many namespaces the pods of owners (uid →
+// namespace/name) are of.
+func namespaces(owners map[string]string) int {
+	seen := map[string]bool{}
+	for _, name := range owners {
+		ns, _, _ := strings.Cut(name, "/")
+		seen[ns] = true
+	}
+	return len(seen)
 }
 
 // finished says pod has ended: Succeeded or Failed.

@@ -683,7 +683,8 @@ func TestTwoPodsReadyAtOneAddressAreNotScraped(t *testing.T) {
 // given a's IP before a's status caught up escaped it by naming another
 // port (pulse.io/port), or by not being scraped at all (its IP was not
 // kept): a's target then read b's network. A target on its pod's own
-// network is not scraped while another live pod of the node has its IP.
+// network is not scraped while a live pod of another namespace on the
+// node has its IP.
 func TestAPodIPAnotherPodHasIsNotScrapedAtAnyPort(t *testing.T) {
 	sel, _ := ParseSelector(DefaultSelector)
 	for _, c := range []struct {
@@ -695,6 +696,11 @@ func TestAPodIPAnotherPodHasIsNotScrapedAtAnyPort(t *testing.T) {
 		{"not scraped", func(b *corev1.Pod) { b.Labels = map[string]string{"app": "web"} }, "a:false"},
 		{"finished", func(b *corev1.Pod) { b.Labels, b.Status.Phase = map[string]string{"app": "web"}, corev1.PodSucceeded }, "a:true"},
 		{"another node's", func(b *corev1.Pod) { b.Labels, b.Spec.NodeName = map[string]string{"app": "web"}, "node-2" }, "a:true"},
+		// One tenant's pods at one IP are held to host and port (the
+		// tests' pods share the loopback).
+		{"the same namespace's, at another port", func(b *corev1.Pod) {
+			b.Namespace, b.Annotations = "ns", map[string]string{AnnotationPort: "5001"}
+		}, "a:true,b:true"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k, idx, _ := listedKube()
