@@ -170,6 +170,12 @@ const (
 	// maxStartup: no replica is taken to start longer than this, however
 	// long the startups learned (stuckAfter).
 	maxStartup = 24 * time.Hour
+	// breakMerge: windows of a break's run this fraction of a span apart
+	// or closer are kept as one, the least of them (where every call
+	// observes, a run keeps 20 at most); maxBreakRuns: the most replicas'
+	// runs kept at once (a break of another is then bounded by theirs).
+	breakMerge   = 16
+	maxBreakRuns = 8
 )
 
 // State is what the planner has learned of one workload. The zero State is
@@ -221,8 +227,13 @@ type State struct {
 	// least it showed since (riseBound).
 	loneSince time.Time
 	loneLevel float64
+	// breakRuns: the runs of windows of the replicas that were past
+	// capacity above the capacity or proof known, one a replica, at most
+	// maxBreakRuns (breakBound).
+	breakRuns []breakRun
 	// riseFrom: the capacity, or proof, known at riseAt, at most a
-	// window's span before: a rise is at most maxRise times it.
+	// window's span before: a rise is at most maxRise times it
+	// (riseLimit).
 	riseFrom     float64
 	riseAt       time.Time
 	healthyAt    time.Time // HealthyMax's last fade
@@ -256,6 +267,26 @@ type State struct {
 	// seldom in all three) — at the slowest quarter's pace; 0 where it
 	// has not. Not a memory: each observation sets it anew (learnSurge).
 	Trend float64
+}
+
+// breakRun is one replica's run (State.breakRuns): since its window was
+// past capacity above what was known, each observation of its window
+// (obs: the first the latest at least shown old, once the run is that
+// old); seen, the last at which its window was above what is known;
+// proven, the least of obs once the first is older than shown (0 before).
+type breakRun struct {
+	pod    string
+	obs    []breakObs
+	seen   time.Time
+	proven float64
+}
+
+// breakObs is one observation of a break's run: when, and the work a
+// second the replica's window served (the least of those within
+// breakMerge of each other).
+type breakObs struct {
+	at time.Time
+	w  float64
 }
 
 type peak struct {
@@ -1000,7 +1031,11 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	st.learnITL(fresh, now, cfg)
 	itl := st.itlJudges(now, cfg)
 	obs := observeWindows(fresh, span, cfg, itl)
-	rise, proven := st.riseBound(obs, now, span)
+	// Shown for longer than its window: by an observation, since a value
+	// a window holds is seen at each observation of its span.
+	shown := span + max(cfg.ObserveEvery, 0)
+	rise, proven := st.riseBound(obs, now, span, shown)
+	broken := st.breakBound(obs, now, span, shown)
 	for _, o := range obs {
 		w := o.w
 		served += w
@@ -1016,23 +1051,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		healthyAll = healthyAll && healthy
 		switch {
 		case broke:
-			if st.Capacity == 0 {
-				st.Capacity = w
-			} else {
-				st.Capacity += learnRate * (w - st.Capacity)
-			}
-			if st.BreakCapacity == 0 {
-				st.BreakCapacity = w
-			} else {
-				st.BreakCapacity += learnRate * (w - st.BreakCapacity)
-			}
-			// Never below what a replica has served within the SLO: a
-			// break below it was a burst or a long request, not the
-			// replica's capacity.
-			st.Capacity = max(st.Capacity, st.HealthyMax)
-			st.Observations++
-			st.Breaks++
-			st.LastBreak = now
+			st.learnBreak(w, broken, now)
 		case healthy && w > st.Capacity:
 			st.Capacity = w
 			st.Observations++
@@ -1059,10 +1078,43 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 }
 
+// learnBreak moves the capacity, and the breaks' level, 30 % of the way
+// toward w, what a window past capacity served: up no further than broken
+// (breakBound), down as far as w.
+func (st *State) learnBreak(w, broken float64, now time.Time) {
+	// A window held at broken served at least that: it moves nothing down
+	// (the breaks' level above it), and sets no ceiling for the probes
+	// where none was known.
+	toward := func(v float64) float64 {
+		if w > v {
+			return max(v, min(w, broken))
+		}
+		return w
+	}
+	if st.Capacity == 0 {
+		st.Capacity = min(w, broken)
+	} else {
+		st.Capacity += learnRate * (toward(st.Capacity) - st.Capacity)
+	}
+	switch {
+	case st.BreakCapacity == 0 && w <= broken:
+		st.BreakCapacity = w
+	case st.BreakCapacity > 0:
+		st.BreakCapacity += learnRate * (toward(st.BreakCapacity) - st.BreakCapacity)
+	}
+	// Never below what a replica has served within the SLO: a break below
+	// it was a burst or a long request, not the replica's capacity.
+	st.Capacity = max(st.Capacity, st.HealthyMax)
+	st.Observations++
+	st.Breaks++
+	st.LastBreak = now
+}
+
 // window is one fresh replica's window as learnCapacity reads it: the work
 // it served (w), its first tokens (n), and how it held the SLO; thin: too
 // little of it to judge (a few seconds, or too few first tokens).
 type window struct {
+	name                 string
 	w, n                 float64
 	thin, broke, healthy bool
 }
@@ -1078,7 +1130,7 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 		}
 		// A window of a few seconds (a replica just ready, a series
 		// restarted) is one request's luck, as too few first tokens are.
-		o := window{w: w, n: l.FirstTokens * l.Span.Seconds()}
+		o := window{name: l.Name, w: w, n: l.FirstTokens * l.Span.Seconds()}
 		if o.thin = o.n < minEvidence || 2*l.Span < span; !o.thin {
 			o.broke, o.healthy = health(l, cfg, itl)
 		}
@@ -1106,7 +1158,7 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 // burst of prefix-cache hits (vLLM counts them as prompt tokens), made
 // the capacity two to a hundred times what replicas serve, and the plan a
 // half or less of the need for an hour.
-func (st *State) riseBound(obs []window, now time.Time, span time.Duration) (rise, proven float64) {
+func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duration) (rise, proven float64) {
 	first, second := 0.0, 0.0
 	for _, o := range obs {
 		if !o.healthy || o.thin {
@@ -1123,10 +1175,7 @@ func (st *State) riseBound(obs []window, now time.Time, span time.Duration) (ris
 	if st.riseAt.IsZero() || now.Sub(st.riseAt) > span {
 		st.riseFrom, st.riseAt = base, now
 	}
-	limit := math.Inf(1)
-	if st.riseFrom > 0 {
-		limit = maxRise * st.riseFrom
-	}
+	limit := st.riseLimit()
 	switch {
 	case second > 0:
 		st.loneSince = time.Time{}
@@ -1140,12 +1189,102 @@ func (st *State) riseBound(obs []window, now time.Time, span time.Duration) (ris
 		return min(first, limit), st.HealthyMax
 	}
 	st.loneLevel = min(st.loneLevel, first)
-	if now.Sub(st.loneSince) <= span {
+	if now.Sub(st.loneSince) <= shown {
 		return min(first, limit), st.HealthyMax
 	}
 	proven = min(st.loneLevel, limit)
 	st.loneSince, st.loneLevel = now, first // a rise past it waits its own window
 	return min(first, limit), proven
+}
+
+// riseLimit is the most one observation may raise the capacity or the
+// proof to: maxRise times riseFrom, none while nothing was known at its
+// span's start (a first observation, a restart: the first span's windows
+// are taken as they grow).
+func (st *State) riseLimit() float64 {
+	if st.riseFrom <= 0 {
+		return math.Inf(1)
+	}
+	return maxRise * st.riseFrom
+}
+
+// breakBound is the most a window past capacity may move the capacity
+// toward (a break moves it 30 % of the way to what the replica served at
+// saturation; below what is known it is not bounded). Above the capacity,
+// or the proof, known: what a second replica past capacity served as well
+// (the second most of the breaks: corroborated), or what one replica
+// proved by showing it for longer than its window (shown): the least of
+// its run's windows over that. A replica's run begins at its window past
+// capacity above what is known and follows its own windows, whatever they
+// were judged (a skewed balancer's busy replica, past capacity in some
+// windows and within it in others, shows its throughput in both; a liar's
+// true windows between two lies end their run at what it serves); a window
+// of it above what is known keeps the run going, and half a span and an
+// observation with none (a gap of no observation, the replica gone) ends
+// it. Never more than riseLimit. Nothing known yet, the first evidence is
+// taken whole. Unbounded, one window that lied (a replica's page, a burst
+// of prefix-cache hits at one replica) while it queued took the capacity
+// from 10,000 to 28,000 within its 30 s, past the corroboration healthy
+// windows are held to, and the plan to half the need. Two replicas that
+// lie at once corroborate each other, up to riseLimit.
+func (st *State) breakBound(obs []window, now time.Time, span, shown time.Duration) float64 {
+	base := max(st.Capacity, st.HealthyMax)
+	if base == 0 {
+		return math.Inf(1)
+	}
+	first, second := 0.0, 0.0
+	runs := make([]breakRun, 0, len(st.breakRuns)+1)
+	for _, r := range st.breakRuns {
+		if now.Sub(r.seen) <= span/2+shown-span {
+			runs = append(runs, r)
+		}
+	}
+	for _, o := range obs {
+		if !o.broke || o.thin {
+			continue
+		}
+		first, second = max(first, o.w), max(second, min(first, o.w))
+		mine := func(r breakRun) bool { return r.pod == o.name }
+		if o.w > base && len(runs) < maxBreakRuns && !slices.ContainsFunc(runs, mine) {
+			runs = append(runs, breakRun{pod: o.name})
+		}
+	}
+	proven := 0.0
+	for i := range runs {
+		r := &runs[i]
+		if k := slices.IndexFunc(obs, func(o window) bool { return o.name == r.pod }); k >= 0 {
+			r.obs = runWith(r.obs, breakObs{now, obs[k].w}, span, shown)
+			if obs[k].w > base {
+				r.seen = now
+			}
+			if r.proven = 0; now.Sub(r.obs[0].at) > shown {
+				r.proven = math.Inf(1)
+				for _, b := range r.obs {
+					r.proven = min(r.proven, b.w)
+				}
+			}
+		}
+		proven = max(proven, r.proven)
+	}
+	st.breakRuns = runs
+	return max(base, min(max(second, proven), st.riseLimit()))
+}
+
+// runWith is run (not modified) with o: merged into the last where they
+// are within span/breakMerge of each other (the least kept), and the
+// first kept the latest at least shown before o.
+func runWith(run []breakObs, o breakObs, span, shown time.Duration) []breakObs {
+	n := len(run)
+	if n > 0 && o.at.Sub(run[n-1].at) < span/breakMerge {
+		out := slices.Clone(run)
+		out[n-1].w = min(out[n-1].w, o.w)
+		return out
+	}
+	out := append(slices.Clone(run), o)
+	for len(out) > 1 && o.at.Sub(out[1].at) > shown {
+		out = out[1:]
+	}
+	return out
 }
 
 // learnITL notes when a fresh replica's window (of minEvidence first
