@@ -223,10 +223,12 @@ type State struct {
 	counted           map[countedStartup]struct{}
 	lastObserve       time.Time
 	// loneSince: since when one healthy window alone has shown more than
-	// the capacity or proof known (zero: none does), and loneLevel the
-	// least it showed since (riseBound).
-	loneSince time.Time
-	loneLevel float64
+	// the capacity or proof known (zero: none does), loneSeen the last
+	// observation that saw one, loneLevel the least it showed since, and
+	// loneFrom what was known before such a window raised the capacity,
+	// or proved since, while the capacity is above it (riseBound).
+	loneSince, loneSeen time.Time
+	loneLevel, loneFrom float64
 	// breakRuns: the runs of windows of the replicas that were past
 	// capacity above the capacity or proof known, one a replica, at most
 	// maxBreakRuns (breakBound).
@@ -426,9 +428,11 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st := prev
 	st.peaks = append([]peak(nil), prev.peaks...)
 	if !in.RefusedAt.IsZero() {
+		st.endRuns()
 		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
 	}
 	if !in.Found {
+		st.endRuns()
 		p, st, err := noReplica(in, st, cfg)
 		if err == nil {
 			p.learned(&st, cfg)
@@ -439,6 +443,7 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	var p Plan
 	fresh := p.count(in, &st)
 	if err := p.unplannable(len(fresh), in.Demand); err != nil {
+		st.endRuns()
 		return Plan{}, st, err
 	}
 	// Since is the first plan's time: not an error's (a workload whose
@@ -1148,9 +1153,13 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 // windows or more, the second most any of them served (another replica's
 // corroboration) is both. A window alone above what is known (a workload
 // of one replica, or the others past capacity) raises the capacity so,
-// and proves it only once it has shown it for longer than its window (a
-// window it no longer holds: new samples alone), no more than the least
-// it showed meanwhile: the breaks that follow a window that lied pull the
+// and proves it only once it has shown it for longer than its window and
+// an observation (shown: a window it no longer holds, new samples alone),
+// no more than the least it showed meanwhile; half a span and an
+// observation without it ends the wait (two windows apart are not one
+// shown long). The capacity it raised is not what is known meanwhile:
+// taken so, a window of up to twice what was known proved itself at the
+// next observation. The breaks that follow a window that lied pull the
 // capacity back to what was proved. Nothing known yet, the first evidence
 // is taken whole, the first hold keeping the ready replicas meanwhile.
 // One window set the capacity at once to what it served, and the proof to
@@ -1176,25 +1185,51 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 		st.riseFrom, st.riseAt = base, now
 	}
 	limit := st.riseLimit()
+	// What is known: not a rise a window alone raised the capacity to
+	// and has not proved (loneFrom, what was known before it, until the
+	// capacity is back at it). Taken as known, a window of up to twice
+	// what was known proved itself at the next observation.
+	known := base
+	if st.loneFrom > 0 && st.loneFrom < base {
+		known = st.loneFrom
+	} else {
+		st.loneFrom = 0
+	}
+	if !st.loneSince.IsZero() && now.Sub(st.loneSeen) > span/2+shown-span {
+		// A gap: two windows apart are not one shown long.
+		st.loneSince = time.Time{}
+	}
 	switch {
 	case second > 0:
 		st.loneSince = time.Time{}
 		b := min(second, limit)
+		if st.loneFrom > 0 {
+			st.loneFrom = max(st.loneFrom, b)
+		}
 		return b, b
-	case first <= base || base == 0:
+	case first <= known || known == 0:
 		st.loneSince = time.Time{}
 		return first, first
 	case st.loneSince.IsZero():
-		st.loneSince, st.loneLevel = now, first
+		st.loneSince, st.loneSeen, st.loneLevel, st.loneFrom = now, now, first, known
 		return min(first, limit), st.HealthyMax
 	}
-	st.loneLevel = min(st.loneLevel, first)
+	st.loneLevel, st.loneSeen = min(st.loneLevel, first), now
 	if now.Sub(st.loneSince) <= shown {
 		return min(first, limit), st.HealthyMax
 	}
 	proven = min(st.loneLevel, limit)
-	st.loneSince, st.loneLevel = now, first // a rise past it waits its own window
+	// A rise past it waits its own window.
+	st.loneSince, st.loneSeen, st.loneLevel, st.loneFrom = now, now, first, max(known, proven)
 	return min(first, limit), proven
+}
+
+// endRuns ends the waits of windows alone (riseBound's, breakBound's)
+// where the replicas' windows are not seen: an observation without them
+// is no time shown. Kept, two windows that lied either side of a few
+// seconds of a replica missing were one shown for longer than its window.
+func (st *State) endRuns() {
+	st.breakRuns, st.loneSince = nil, time.Time{}
 }
 
 // riseLimit is the most one observation may raise the capacity or the
@@ -1219,9 +1254,10 @@ func (st *State) riseLimit() float64 {
 // were judged (a skewed balancer's busy replica, past capacity in some
 // windows and within it in others, shows its throughput in both; a liar's
 // true windows between two lies end their run at what it serves); a window
-// of it above what is known keeps the run going, and half a span and an
-// observation with none (a gap of no observation, the replica gone) ends
-// it. Never more than riseLimit. Nothing known yet, the first evidence is
+// of it above what is known keeps the run going; an observation without
+// its window (none fresh, its page refused, no work), or half a span and
+// an observation with none above what is known (a gap of no observation),
+// ends it (endRuns too, where no replica is planned). Never more than riseLimit. Nothing known yet, the first evidence is
 // taken whole. Unbounded, one window that lied (a replica's page, a burst
 // of prefix-cache hits at one replica) while it queued took the capacity
 // from 10,000 to 28,000 within its 30 s, past the corroboration healthy
@@ -1263,6 +1299,8 @@ func (st *State) breakBound(obs []window, now time.Time, span, shown time.Durati
 					r.proven = min(r.proven, b.w)
 				}
 			}
+		} else {
+			r.obs, r.proven = nil, 0 // no window of it: its run starts again
 		}
 		proven = max(proven, r.proven)
 	}
