@@ -172,7 +172,7 @@ const (
 	maxStartup = 24 * time.Hour
 	// breakMerge: windows of a break's run this fraction of a span apart
 	// or closer are kept as one, the least of them (where every call
-	// observes, a run keeps 20 at most); maxBreakRuns: the most replicas'
+	// observes, a run keeps about 18 at most); maxBreakRuns: the most replicas'
 	// runs kept at once (a break of another is then bounded by theirs).
 	breakMerge   = 16
 	maxBreakRuns = 8
@@ -273,7 +273,7 @@ type State struct {
 
 // breakRun is one replica's run (State.breakRuns): since its window was
 // past capacity above what was known, each observation of its window
-// (obs: the first the latest at least shown old, once the run is that
+// (obs: the first the latest more than shown old, once the run is that
 // old); seen, the last at which its window was above what is known;
 // proven, the least of obs once the first is older than shown (0 before).
 type breakRun struct {
@@ -1168,18 +1168,7 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 // the capacity two to a hundred times what replicas serve, and the plan a
 // half or less of the need for an hour.
 func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duration) (rise, proven float64) {
-	first, second := 0.0, 0.0
-	for _, o := range obs {
-		if !o.healthy || o.thin {
-			continue
-		}
-		switch {
-		case o.w > first:
-			first, second = o.w, first
-		case o.w > second:
-			second = o.w
-		}
-	}
+	first, second := topTwo(obs, func(o window) bool { return o.healthy })
 	base := max(st.Capacity, st.HealthyMax)
 	if st.riseAt.IsZero() || now.Sub(st.riseAt) > span {
 		st.riseFrom, st.riseAt = base, now
@@ -1190,12 +1179,13 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 	// capacity is back at it). Taken as known, a window of up to twice
 	// what was known proved itself at the next observation.
 	known := base
-	if st.loneFrom > 0 && st.loneFrom < base {
-		known = st.loneFrom
-	} else {
-		st.loneFrom = 0
+	if st.loneFrom > 0 {
+		known = min(base, st.loneFrom)
 	}
-	if !st.loneSince.IsZero() && now.Sub(st.loneSeen) > span/2+shown-span {
+	if st.loneSince.IsZero() && st.loneFrom >= base {
+		st.loneFrom = 0 // the capacity is back: nothing raised is unproved
+	}
+	if !st.loneSince.IsZero() && now.Sub(st.loneSeen) > runGap(span, shown) {
 		// A gap: two windows apart are not one shown long.
 		st.loneSince = time.Time{}
 	}
@@ -1268,20 +1258,16 @@ func (st *State) breakBound(obs []window, now time.Time, span, shown time.Durati
 	if base == 0 {
 		return math.Inf(1)
 	}
-	first, second := 0.0, 0.0
+	_, second := topTwo(obs, func(o window) bool { return o.broke })
 	runs := make([]breakRun, 0, len(st.breakRuns)+1)
 	for _, r := range st.breakRuns {
-		if now.Sub(r.seen) <= span/2+shown-span {
+		if now.Sub(r.seen) <= runGap(span, shown) {
 			runs = append(runs, r)
 		}
 	}
 	for _, o := range obs {
-		if !o.broke || o.thin {
-			continue
-		}
-		first, second = max(first, o.w), max(second, min(first, o.w))
 		mine := func(r breakRun) bool { return r.pod == o.name }
-		if o.w > base && len(runs) < maxBreakRuns && !slices.ContainsFunc(runs, mine) {
+		if o.broke && !o.thin && o.w > base && len(runs) < maxBreakRuns && !slices.ContainsFunc(runs, mine) {
 			runs = append(runs, breakRun{pod: o.name})
 		}
 	}
@@ -1308,9 +1294,33 @@ func (st *State) breakBound(obs []window, now time.Time, span, shown time.Durati
 	return max(base, min(max(second, proven), st.riseLimit()))
 }
 
+// topTwo is the most, and the second most, any window of obs not thin
+// and kept served.
+func topTwo(obs []window, keep func(window) bool) (first, second float64) {
+	for _, o := range obs {
+		if o.thin || !keep(o) {
+			continue
+		}
+		switch {
+		case o.w > first:
+			first, second = o.w, first
+		case o.w > second:
+			second = o.w
+		}
+	}
+	return first, second
+}
+
+// runGap is how long a wait of a window alone lasts without it (riseBound,
+// breakBound): half a span and an observation. Windows further apart are
+// not one shown long.
+func runGap(span, shown time.Duration) time.Duration {
+	return span/2 + shown - span
+}
+
 // runWith is run (not modified) with o: merged into the last where they
 // are within span/breakMerge of each other (the least kept), and the
-// first kept the latest at least shown before o.
+// first kept the latest more than shown before o.
 func runWith(run []breakObs, o breakObs, span, shown time.Duration) []breakObs {
 	n := len(run)
 	if n > 0 && o.at.Sub(run[n-1].at) < span/breakMerge {

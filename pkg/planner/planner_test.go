@@ -2122,8 +2122,9 @@ func TestTwoReplicasPastCapacityCorroborateEachOther(t *testing.T) {
 // capacity above what is known, with no other to corroborate it, proves
 // the least it showed over its window's last span once it has shown it
 // for longer (TestABreakProvesNoMoreThanTheFleetCorroborates): a dip does
-// not reset the wait, a gap does, and a busy replica past capacity in some
-// windows and within it in others shows its throughput in both.
+// not reset the wait (a gap does: TestABreakAloneAcrossAGapIsNoWait), and
+// a busy replica past capacity in some windows and within it in others
+// shows its throughput in both.
 func TestABreakAloneProvesWhatItShowsForLongerThanItsWindow(t *testing.T) {
 	cfg := Default(0)
 	_, known, at0 := run(t, State{}, cfg, t0, 20*time.Minute, serving("a", 10000, 1), serving("b", 10000, 1), serving("c", 10000, 1), serving("d", 10000, 1))
@@ -2218,6 +2219,13 @@ func TestARiseAloneIsNotKnownUntilShown(t *testing.T) {
 	_, st, at := run(t, known, cfg, at0, 20*time.Second, serving("a", 20000, 0.01))
 	if _, st, _ = run(t, st, cfg, at.Add(20*time.Second), 20*time.Second, serving("a", 20000, 0.01)); st.HealthyMax > known.Capacity {
 		t.Fatalf("one replica's window of 20,000 within the SLO for two spans of 20 s, 25 s apart: proved %.0f, want at most %.0f", st.HealthyMax, known.Capacity)
+	}
+	// Nor, once part of it is proved (at twice what was known, the
+	// bound), is what it raised past that: a window of 80,000 seen for
+	// 10 s after 55 s of 50,000 is not proved.
+	_, st, at = run(t, known, cfg, at0, 55*time.Second, serving("a", 50000, 0.01))
+	if _, st, _ = run(t, st, cfg, at, 5*time.Second, serving("a", 80000, 0.01)); st.HealthyMax > 60000 {
+		t.Fatalf("one replica's window of 50,000 within the SLO for 55 s, then 80,000 for 10 s: proved %.0f, want no more than the 50,000 shown long", st.HealthyMax)
 	}
 	// The rise stays unknown once its wait is broken off (an observation
 	// with no window within the SLO, a queue standing): the window seen
