@@ -1414,6 +1414,7 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	}
 	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
+	queuedLong := l.QueueOK && queueTime(l) > breakQueue*slo
 	switch {
 	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile < slo):
 		// (A quantile beyond the histogram's highest bound, that bound
@@ -1423,13 +1424,13 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 		// Past the percentile's SLO with requests queued: load broke it.
 		// Past it with none queued, the prompts alone take longer than the
 		// SLO (no replica count changes that): nothing is learned.
-		queued := l.Waiting >= 1 || l.QueueOK && l.QueueTime > breakQueue*slo
+		queued := l.Waiting >= 1 || queuedLong
 		if l.TTFTQuantile > slo || l.TTFTQuantileBeyond { // beyond a bound at the SLO or past it
 			return queued, false
 		}
 		return false, !queued
 	case l.QueueOK:
-		broke = l.QueueTime > breakQueue*slo || (standing && l.TTFTOK && l.TTFT > slo)
+		broke = queuedLong || (standing && l.TTFTOK && l.TTFT > slo)
 	case l.TTFTOK:
 		// Without a queue-time histogram (an older server's page) the mean
 		// TTFT judges, as the percentile does: past the bound with
@@ -1446,6 +1447,24 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 		return false, false
 	}
 	return broke, !broke && l.Waiting < 1
+}
+
+// queueTime is a window's mean queue time as load adds it now: at most
+// its mean TTFT. vLLM observes a request's queue time when the request
+// finishes (vllm/v1/metrics/loggers.py), its TTFT at its first token, and
+// no request queues longer than its first token takes. So a window's mean
+// queue time above its mean TTFT is that of requests that queued long ago
+// and finish now: after a burst that queued for minutes, the windows of a
+// replica serving every first token within 15 ms read a queue of 226 s
+// while its long outputs finished, and each was taken as past capacity
+// (the capacity learned fell from 44,000 to 17,000, held there for the
+// hour by the breaks' level, and the plan stood at twice the replicas
+// needed).
+func queueTime(l *store.PodLoad) float64 {
+	if l.TTFTOK {
+		return min(l.QueueTime, l.TTFT)
+	}
+	return l.QueueTime
 }
 
 // learnStartups counts the startups of pods that became ready since the

@@ -950,7 +950,7 @@ func TestPercentileSLOPastWithoutAQueueTeachesNothing(t *testing.T) {
 	// on average) and under one waiting on average, it is neither: a queue
 	// stood by the queue time's measure. It was proof of 10000.
 	queuing := fast
-	queuing.QueueTime, queuing.Waiting = 0.8, 0.5
+	queuing.QueueTime, queuing.TTFT, queuing.Waiting = 0.8, 0.9, 0.5
 	if _, st, _ = run(t, State{}, cfg, t0, 0, queuing); st.Breaks != 0 || st.Observations != 0 || st.Capacity != 0 || st.HealthyMax != 0 {
 		t.Fatalf("p90 1.5 s, queued 0.8 s: %d breaks, %d observations, capacity %v, proven %v: want nothing learned", st.Breaks, st.Observations, st.Capacity, st.HealthyMax)
 	}
@@ -2330,6 +2330,40 @@ func TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak(t *testing.T) {
 	_, st, _ = run(t, State{}, cfg, t0, time.Minute, pod(0, 6000, 5))
 	if st.Breaks == 0 {
 		t.Fatal("a mean TTFT past the bound with 5 requests queued: no break learned")
+	}
+}
+
+// TestAQueueOfRequestsFinishingNowIsNoBreak: vLLM observes a request's
+// queue time when it finishes, so after a burst that queued for minutes
+// the windows of a replica serving every first token within 15 ms read
+// the queue of the long outputs finishing in them (226 s in pulse-sim's
+// decode-heavy bursts). Each was taken as past capacity: the capacity fell
+// toward what those quiet windows served, and the breaks' level with it.
+// A window's queue is at most its mean TTFT; one that is, is a break.
+func TestAQueueOfRequestsFinishingNowIsNoBreak(t *testing.T) {
+	cfg := Default(0)
+	// A burst: the replica preempted while it served 40000 a second.
+	burst := serving("a", 40000, 0.01)
+	burst.Preemptions = 2
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, burst)
+	known := st
+	if known.Breaks == 0 || known.Capacity != 40000 {
+		t.Fatalf("the burst: %d breaks, capacity %v; want breaks at 40000", known.Breaks, known.Capacity)
+	}
+	// The burst over, the requests it queued finish: first tokens within
+	// 15 ms, none waiting, the mean queue time of those finishing 226 s.
+	after := serving("a", 15000, 226)
+	after.TTFT = 0.015
+	_, st, at = run(t, st, cfg, at.Add(5*time.Second), time.Minute, after)
+	if st.Breaks != known.Breaks || st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
+		t.Fatalf("windows with first tokens in 15 ms and a queue of 226 s finishing: %d breaks, capacity %v, breaks' level %v; want %d, %v and %v as before",
+			st.Breaks, st.Capacity, st.BreakCapacity, known.Breaks, known.Capacity, known.BreakCapacity)
+	}
+	// A queue the first tokens show too is load now: a break.
+	after.TTFT = 1.1
+	after.QueueTime = 1
+	if _, st, _ = Make(snap(at.Add(5*time.Second), after), st, cfg); st.Breaks != known.Breaks+1 {
+		t.Fatalf("a mean queue of 1 s with a mean TTFT of 1.1 s: %d breaks, want %d", st.Breaks, known.Breaks+1)
 	}
 }
 

@@ -28,9 +28,11 @@ type PodLoad struct {
 	FirstTokens float64
 	TTFT        float64
 	TTFTOK      bool
-	// QueueTime: the mean time requests that left the queue in the window
-	// spent in it (QueueOK false when none left it, or the page has no
-	// queue-time histogram): the part of TTFT that load adds.
+	// QueueTime: the mean time queued of the requests whose queue time the
+	// page observed in the window (QueueOK false when none, or the page has
+	// no queue-time histogram): the part of TTFT that load adds. vLLM
+	// observes it when a request finishes, so it lags the queue by the
+	// requests' whole time: the planner reads it at most the mean TTFT.
 	QueueTime float64
 	QueueOK   bool
 	// ITL: the mean time between generated tokens in the window (ITLOK
