@@ -86,7 +86,8 @@ func Default(ttft time.Duration) Config {
 // Thresholds of a replica's health, as fractions of the TTFT SLO: a
 // replica whose requests queued on average longer than breakQueue × SLO
 // (or that preempted) was past its capacity; one whose requests queued no
-// longer, with no queue standing, was within it.
+// longer, with no queue standing, was within it (a mean queue time above
+// the mean TTFT is not of now: queueOfNow).
 const (
 	breakQueue = 0.25
 	// Without a queue-time histogram (e.g. a TGI page), TTFT is read
@@ -226,7 +227,8 @@ type State struct {
 	// the capacity or proof known (zero: none does), loneSeen the last
 	// observation that saw one, loneLevel the least it showed since, and
 	// loneFrom what was known before such a window raised the capacity,
-	// or proved since, while the capacity is above it (riseBound).
+	// or proved since, while its wait runs or the capacity is above it
+	// (riseBound).
 	loneSince, loneSeen time.Time
 	loneLevel, loneFrom float64
 	// breakRuns: the runs of windows of the replicas that were past
@@ -1175,9 +1177,10 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 	}
 	limit := st.riseLimit()
 	// What is known: not a rise a window alone raised the capacity to
-	// and has not proved (loneFrom, what was known before it, until the
-	// capacity is back at it). Taken as known, a window of up to twice
-	// what was known proved itself at the next observation.
+	// and has not proved (loneFrom, what was known before it, while its
+	// wait runs or until the capacity is back at it). Taken as known, a
+	// window of up to twice what was known proved itself at the next
+	// observation.
 	known := base
 	if st.loneFrom > 0 {
 		known = min(base, st.loneFrom)
@@ -1391,7 +1394,7 @@ func rule(fresh []*store.PodLoad, st *State, now time.Time, cfg Config) string {
 // ttftRule describes how health judges the fresh replicas' TTFT.
 func ttftRule(fresh []*store.PodLoad, cfg Config) string {
 	means := func() string {
-		return fmt.Sprintf("means: mean queue time within %s, or mean TTFT within %s without a queue-time histogram", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
+		return fmt.Sprintf("means: mean queue time within %s, and mean TTFT within %s while a queue stands; the mean TTFT alone without a queue-time histogram, or with one above it (of requests finishing now)", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
 	}
 	if cfg.Percentile <= 0 {
 		return means()
@@ -1414,7 +1417,8 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	}
 	slo := cfg.TTFT.Seconds()
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
-	queuedLong := l.QueueOK && queueTime(l) > breakQueue*slo
+	queueNow := queueOfNow(l)
+	queuedLong := queueNow && l.QueueTime > breakQueue*slo
 	switch {
 	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile < slo):
 		// (A quantile beyond the histogram's highest bound, that bound
@@ -1429,10 +1433,11 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 			return queued, false
 		}
 		return false, !queued
-	case l.QueueOK:
-		broke = queuedLong || (standing && l.TTFTOK && l.TTFT > slo)
+	case queueNow:
+		broke = queuedLong || (standing && l.TTFTOK && l.TTFT > breakTTFT*slo)
 	case l.TTFTOK:
-		// Without a queue-time histogram (an older server's page) the mean
+		// Without a queue-time histogram (an older server's page), or with
+		// one that is not of now (queueOfNow), the mean
 		// TTFT judges, as the percentile does: past the bound with
 		// requests queued, load broke it; past it with none queued, the
 		// prompts alone take that long (no replica count changes that):
@@ -1449,22 +1454,22 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	return broke, !broke && l.Waiting < 1
 }
 
-// queueTime is a window's mean queue time as load adds it now: at most
-// its mean TTFT. vLLM observes a request's queue time when the request
-// finishes (vllm/v1/metrics/loggers.py), its TTFT at its first token, and
-// no request queues longer than its first token takes. So a window's mean
-// queue time above its mean TTFT is that of requests that queued long ago
-// and finish now: after a burst that queued for minutes, the windows of a
-// replica serving every first token within 15 ms read a queue of 226 s
-// while its long outputs finished, and each was taken as past capacity
-// (the capacity learned fell from 44,000 to 17,000, held there for the
-// hour by the breaks' level, and the plan stood at twice the replicas
-// needed).
-func queueTime(l *store.PodLoad) float64 {
-	if l.TTFTOK {
-		return min(l.QueueTime, l.TTFT)
-	}
-	return l.QueueTime
+// queueOfNow says whether a window's mean queue time is of the requests
+// served now: it has one, and it is at most the mean TTFT. vLLM observes a
+// request's queue time when the request finishes (vllm/v1/metrics/
+// loggers.py), its TTFT at its first token, and no request queues longer
+// than its first token takes: a mean queue time above the mean TTFT is of
+// requests that queued long ago and finish now, and the window is judged
+// by its mean TTFT, as a page without a queue-time histogram is. After a
+// burst that queued for minutes, the windows of a replica serving every
+// first token within 15 ms read a queue of 226 s while its long outputs
+// finished, and each was taken as past capacity (the capacity learned
+// fell from 44,000 to 17,000, held there for the hour by the breaks'
+// level, and the plan stood at twice the replicas needed). Read at most
+// the mean TTFT instead, it still broke the windows of long prompts whose
+// prefill alone takes a quarter of the SLO.
+func queueOfNow(l *store.PodLoad) bool {
+	return l.QueueOK && !(l.TTFTOK && l.QueueTime > l.TTFT)
 }
 
 // learnStartups counts the startups of pods that became ready since the

@@ -2221,11 +2221,11 @@ func TestARiseAloneIsNotKnownUntilShown(t *testing.T) {
 		t.Fatalf("one replica's window of 20,000 within the SLO for two spans of 20 s, 25 s apart: proved %.0f, want at most %.0f", st.HealthyMax, known.Capacity)
 	}
 	// Nor, once part of it is proved (at twice what was known, the
-	// bound), is what it raised past that: a window of 80,000 seen for
-	// 10 s after 55 s of 50,000 is not proved.
+	// bound), is what it raised past that: a window of 80,000 seen at two
+	// observations 5 s apart after 55 s of 50,000 is not proved.
 	_, st, at = run(t, known, cfg, at0, 55*time.Second, serving("a", 50000, 0.01))
 	if _, st, _ = run(t, st, cfg, at, 5*time.Second, serving("a", 80000, 0.01)); st.HealthyMax > 60000 {
-		t.Fatalf("one replica's window of 50,000 within the SLO for 55 s, then 80,000 for 10 s: proved %.0f, want no more than the 50,000 shown long", st.HealthyMax)
+		t.Fatalf("one replica's window of 50,000 within the SLO for 55 s, then 80,000 at two observations 5 s apart: proved %.0f, want no more than the 50,000 shown long", st.HealthyMax)
 	}
 	// The rise stays unknown once its wait is broken off (an observation
 	// with no window within the SLO, a queue standing): the window seen
@@ -2339,7 +2339,10 @@ func TestLongPromptsWithoutAQueueTimeHistogramTeachNoBreak(t *testing.T) {
 // the queue of the long outputs finishing in them (226 s in pulse-sim's
 // decode-heavy bursts). Each was taken as past capacity: the capacity fell
 // toward what those quiet windows served, and the breaks' level with it.
-// A window's queue is at most its mean TTFT; one that is, is a break.
+// A mean queue time above the mean TTFT is not of now: the mean TTFT
+// judges the window, as on a page without a queue-time histogram (read as
+// at most the mean TTFT, it still broke long prompts whose prefill alone
+// takes a quarter of the SLO). One at most the mean TTFT is a break.
 func TestAQueueOfRequestsFinishingNowIsNoBreak(t *testing.T) {
 	cfg := Default(0)
 	// A burst: the replica preempted while it served 40000 a second.
@@ -2359,11 +2362,48 @@ func TestAQueueOfRequestsFinishingNowIsNoBreak(t *testing.T) {
 		t.Fatalf("windows with first tokens in 15 ms and a queue of 226 s finishing: %d breaks, capacity %v, breaks' level %v; want %d, %v and %v as before",
 			st.Breaks, st.Capacity, st.BreakCapacity, known.Breaks, known.Capacity, known.BreakCapacity)
 	}
+	// Long prompts, their prefill 0.7 s of a 2 s SLO, none waiting: the
+	// same as with a queue of 10 ms finishing, by the means or by a
+	// percentile past the SLO (which then teaches nothing).
+	for _, pct := range []float64{0, 90} {
+		cfg := cfg
+		cfg.Percentile = pct
+		long := serving("a", 15000, 0.01)
+		long.TTFT, long.TTFTQuantile, long.TTFTQuantileOK = 0.7, 2.5, pct > 0
+		_, fresh, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, long)
+		long.QueueTime = 226
+		if _, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, long); st.Breaks != fresh.Breaks || st.Capacity != fresh.Capacity || st.HealthyMax != fresh.HealthyMax {
+			t.Fatalf("percentile %v: long prompts (mean TTFT 0.7 s) with a queue of 226 s finishing: %d breaks, capacity %v, proven %v; want %d, %v and %v, as with a queue of 10 ms",
+				pct, st.Breaks, st.Capacity, st.HealthyMax, fresh.Breaks, fresh.Capacity, fresh.HealthyMax)
+		}
+	}
 	// A queue the first tokens show too is load now: a break.
 	after.TTFT = 1.1
 	after.QueueTime = 1
 	if _, st, _ = Make(snap(at.Add(5*time.Second), after), st, cfg); st.Breaks != known.Breaks+1 {
 		t.Fatalf("a mean queue of 1 s with a mean TTFT of 1.1 s: %d breaks, want %d", st.Breaks, known.Breaks+1)
+	}
+}
+
+// TestAQueueStandingIsABreakBeforeItsRequestsFinish: a queue of requests
+// with long outputs shows in their TTFT while it stands, and in their
+// queue time (observed at their finish) only once they finish, a decode
+// later; by then their TTFT says no queue, and a mean queue time above it
+// is not of now. So a queue standing, its mean TTFT past half the SLO, is
+// a break, as on a page without a queue-time histogram: it was one only
+// past the whole SLO, and a queue that stood for less than its requests'
+// decode was a break in no window.
+func TestAQueueStandingIsABreakBeforeItsRequestsFinish(t *testing.T) {
+	cfg := Default(0)
+	queued := serving("a", 10000, 0.01) // the requests finishing queued 10 ms
+	queued.TTFT, queued.Waiting = 1.5, 3
+	if _, st, _ := Make(snap(t0, queued), State{}, cfg); st.Breaks != 1 || st.Capacity != 10000 {
+		t.Fatalf("3 requests waiting, a mean TTFT of 1.5 s of a 2 s SLO: %d breaks, capacity %v; want a break at 10000", st.Breaks, st.Capacity)
+	}
+	// The queue shrinking, it is no break (nor proof).
+	queued.WaitingGrowth = -0.5
+	if _, st, _ := Make(snap(t0, queued), State{}, cfg); st.Breaks != 0 || st.HealthyMax != 0 {
+		t.Fatalf("3 requests waiting, the queue shrinking: %d breaks, proven %v; want nothing learned", st.Breaks, st.HealthyMax)
 	}
 }
 

@@ -32,7 +32,8 @@ type PodLoad struct {
 	// page observed in the window (QueueOK false when none, or the page has
 	// no queue-time histogram): the part of TTFT that load adds. vLLM
 	// observes it when a request finishes, so it lags the queue by the
-	// requests' whole time: the planner reads it at most the mean TTFT.
+	// requests' prefill and decode: the planner reads one above the mean
+	// TTFT as not of now.
 	QueueTime float64
 	QueueOK   bool
 	// ITL: the mean time between generated tokens in the window (ITLOK
