@@ -84,14 +84,16 @@ func Default(ttft time.Duration) Config {
 }
 
 // Thresholds of a replica's health, as fractions of the TTFT SLO: a
-// replica whose requests queued on average longer than breakQueue × SLO
-// (or that preempted) was past its capacity; one whose requests queued no
-// longer, with no queue standing, was within it (a mean queue time above
-// the mean TTFT is not of now: queueOfNow).
+// replica whose requests queued on average longer than breakQueue × SLO,
+// or whose mean TTFT was past breakTTFT × SLO with a queue standing (or
+// that preempted), was past its capacity; one whose requests queued no
+// longer, with under one waiting, was within it (a mean queue time above
+// the mean TTFT is not of now: queueOfNow, and the TTFT judges).
 const (
 	breakQueue = 0.25
-	// Without a queue-time histogram (e.g. a TGI page), TTFT is read
-	// instead: past breakTTFT × SLO broke.
+	// Where the TTFT judges (a page without a queue-time histogram, or a
+	// queue time not of now), past breakTTFT × SLO with requests waiting
+	// broke; with a queue time of now, past it with a queue standing.
 	breakTTFT = 0.5
 	// learnRate moves the capacity toward a break's throughput.
 	learnRate = 0.3
@@ -1394,7 +1396,7 @@ func rule(fresh []*store.PodLoad, st *State, now time.Time, cfg Config) string {
 // ttftRule describes how health judges the fresh replicas' TTFT.
 func ttftRule(fresh []*store.PodLoad, cfg Config) string {
 	means := func() string {
-		return fmt.Sprintf("means: mean queue time within %s, and mean TTFT within %s while a queue stands; the mean TTFT alone without a queue-time histogram, or with one above it (of requests finishing now)", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
+		return fmt.Sprintf("means: mean queue time within %s, and mean TTFT within %s while a queue stands; the mean TTFT alone without a queue-time histogram, or with a mean queue time above it (of requests finishing now)", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
 	}
 	if cfg.Percentile <= 0 {
 		return means()
@@ -1437,16 +1439,22 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 		broke = queuedLong || (standing && l.TTFTOK && l.TTFT > breakTTFT*slo)
 	case l.TTFTOK:
 		// Without a queue-time histogram (an older server's page), or with
-		// one that is not of now (queueOfNow), the mean
-		// TTFT judges, as the percentile does: past the bound with
-		// requests queued, load broke it; past it with none queued, the
-		// prompts alone take that long (no replica count changes that):
-		// nothing is learned. Every window of long prompts broke, the
-		// capacity followed each replica's throughput down, and the plan
-		// rose by a quarter at every round (4 replicas to 75 at an
-		// unchanged load).
+		// a mean queue time that is not of now (queueOfNow), the mean TTFT
+		// judges, as the percentile does: past the bound with requests
+		// waiting, load broke it; past it with none waiting, the prompts
+		// alone take that long (no replica count changes that): nothing is
+		// learned. Every window of long prompts broke, the capacity
+		// followed each replica's throughput down, and the plan rose by a
+		// quarter at every round (4 replicas to 75 at an unchanged load).
 		if l.TTFT > breakTTFT*slo {
 			return l.Waiting >= 1, false
+		}
+		// A queue time not of now, the mean TTFT is the most the queue
+		// now can be: past the queue's bound it may be queue or prefill,
+		// and nothing is learned (taken as proof, a window whose queue
+		// time was just above its TTFT proved what one just below broke).
+		if l.QueueOK && l.TTFT > breakQueue*slo {
+			return false, false
 		}
 	default:
 		return false, false
@@ -1465,9 +1473,7 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 // first token within 15 ms read a queue of 226 s while its long outputs
 // finished, and each was taken as past capacity (the capacity learned
 // fell from 44,000 to 17,000, held there for the hour by the breaks'
-// level, and the plan stood at twice the replicas needed). Read at most
-// the mean TTFT instead, it still broke the windows of long prompts whose
-// prefill alone takes a quarter of the SLO.
+// level, and the plan stood at twice the replicas needed).
 func queueOfNow(l *store.PodLoad) bool {
 	return l.QueueOK && !(l.TTFTOK && l.QueueTime > l.TTFT)
 }

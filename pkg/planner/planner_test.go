@@ -2362,20 +2362,30 @@ func TestAQueueOfRequestsFinishingNowIsNoBreak(t *testing.T) {
 		t.Fatalf("windows with first tokens in 15 ms and a queue of 226 s finishing: %d breaks, capacity %v, breaks' level %v; want %d, %v and %v as before",
 			st.Breaks, st.Capacity, st.BreakCapacity, known.Breaks, known.Capacity, known.BreakCapacity)
 	}
-	// Long prompts, their prefill 0.7 s of a 2 s SLO, none waiting: the
-	// same as with a queue of 10 ms finishing, by the means or by a
-	// percentile past the SLO (which then teaches nothing).
-	for _, pct := range []float64{0, 90} {
+	// Long prompts, their prefill 0.7 s of a 2 s SLO, none waiting, by
+	// the means or by a percentile past the SLO (which teaches nothing):
+	// no break. By the means, no proof either: with the queue time not of
+	// now, a mean TTFT past a quarter of the SLO may be queue or prefill.
+	for _, pct := range []float64{0, 0.9} {
 		cfg := cfg
 		cfg.Percentile = pct
-		long := serving("a", 15000, 0.01)
+		long := serving("a", 15000, 226)
 		long.TTFT, long.TTFTQuantile, long.TTFTQuantileOK = 0.7, 2.5, pct > 0
-		_, fresh, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, long)
-		long.QueueTime = 226
-		if _, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, long); st.Breaks != fresh.Breaks || st.Capacity != fresh.Capacity || st.HealthyMax != fresh.HealthyMax {
-			t.Fatalf("percentile %v: long prompts (mean TTFT 0.7 s) with a queue of 226 s finishing: %d breaks, capacity %v, proven %v; want %d, %v and %v, as with a queue of 10 ms",
-				pct, st.Breaks, st.Capacity, st.HealthyMax, fresh.Breaks, fresh.Capacity, fresh.HealthyMax)
+		if _, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, long); st.Breaks != known.Breaks || st.Capacity != known.Capacity || st.HealthyMax != known.HealthyMax {
+			t.Fatalf("percentile %v: long prompts (mean TTFT 0.7 s) with a queue of 226 s finishing: %d breaks, capacity %v, proven %v; want nothing learned (%d, %v and %v)",
+				pct, st.Breaks, st.Capacity, st.HealthyMax, known.Breaks, known.Capacity, known.HealthyMax)
 		}
+	}
+	// Nor is the queue time just above the mean TTFT proof of what just
+	// below it is a break: a mean TTFT of 0.8 s, under one waiting.
+	near := serving("a", 15000, 0.79)
+	near.TTFT, near.Waiting = 0.8, 0.8
+	if _, st, _ := Make(snap(at.Add(5*time.Second), near), known, cfg); st.Breaks != known.Breaks+1 {
+		t.Fatalf("queued 0.79 s, mean TTFT 0.8 s: %d breaks, want %d", st.Breaks, known.Breaks+1)
+	}
+	near.QueueTime = 0.81
+	if _, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, near); st.Breaks != known.Breaks || st.HealthyMax != known.HealthyMax {
+		t.Fatalf("queued 0.81 s, mean TTFT 0.8 s: %d breaks, proven %v; want nothing learned (%d, %v)", st.Breaks, st.HealthyMax, known.Breaks, known.HealthyMax)
 	}
 	// A queue the first tokens show too is load now: a break.
 	after.TTFT = 1.1
@@ -2399,6 +2409,12 @@ func TestAQueueStandingIsABreakBeforeItsRequestsFinish(t *testing.T) {
 	queued.TTFT, queued.Waiting = 1.5, 3
 	if _, st, _ := Make(snap(t0, queued), State{}, cfg); st.Breaks != 1 || st.Capacity != 10000 {
 		t.Fatalf("3 requests waiting, a mean TTFT of 1.5 s of a 2 s SLO: %d breaks, capacity %v; want a break at 10000", st.Breaks, st.Capacity)
+	}
+	// Within half the SLO, the same queue is no break (nor proof).
+	within := queued
+	within.TTFT = 0.9
+	if _, st, _ := Make(snap(t0, within), State{}, cfg); st.Breaks != 0 || st.HealthyMax != 0 {
+		t.Fatalf("3 requests waiting, a mean TTFT of 0.9 s: %d breaks, proven %v; want nothing learned", st.Breaks, st.HealthyMax)
 	}
 	// The queue shrinking, it is no break (nor proof).
 	queued.WaitingGrowth = -0.5
