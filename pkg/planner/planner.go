@@ -87,8 +87,9 @@ func Default(ttft time.Duration) Config {
 // replica whose requests queued on average longer than breakQueue × SLO,
 // or whose mean TTFT was past breakTTFT × SLO with a queue standing (or
 // that preempted), was past its capacity; one whose requests queued no
-// longer, with under one waiting, was within it (a mean queue time above
-// the mean TTFT is not of now: queueOfNow, and the TTFT judges).
+// longer, with under one waiting, was within it. A mean queue time above
+// the mean TTFT is not of now (queueOfNow): the TTFT judges, and proves
+// capacity only within breakQueue × SLO.
 const (
 	breakQueue = 0.25
 	// Where the TTFT judges (a page without a queue-time histogram, or a
@@ -1396,7 +1397,8 @@ func rule(fresh []*store.PodLoad, st *State, now time.Time, cfg Config) string {
 // ttftRule describes how health judges the fresh replicas' TTFT.
 func ttftRule(fresh []*store.PodLoad, cfg Config) string {
 	means := func() string {
-		return fmt.Sprintf("means: mean queue time within %s, and mean TTFT within %s while a queue stands; the mean TTFT alone without a queue-time histogram, or with a mean queue time above it (of requests finishing now)", time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT)))
+		q, b := time.Duration(breakQueue*float64(cfg.TTFT)), time.Duration(breakTTFT*float64(cfg.TTFT))
+		return fmt.Sprintf("means: mean queue time within %s, and mean TTFT within %s while a queue stands; without a queue-time histogram, or with a mean queue time above the mean TTFT (of requests finishing now), the mean TTFT: past %s with requests waiting a break, proof within %s (%s without the histogram)", q, b, b, q, b)
 	}
 	if cfg.Percentile <= 0 {
 		return means()
@@ -1421,6 +1423,11 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	standing := l.Waiting >= 1 && l.WaitingGrowth >= 0
 	queueNow := queueOfNow(l)
 	queuedLong := queueNow && l.QueueTime > breakQueue*slo
+	// A queue time not of now, the mean TTFT is the most the queue now
+	// can be: past the queue's bound it may be queue or prefill, and the
+	// window proves nothing (taken as proof, a window whose queue time
+	// was just above its TTFT proved what one just below it broke).
+	unsure := l.QueueOK && !queueNow && l.TTFT > breakQueue*slo
 	switch {
 	case cfg.Percentile > 0 && l.TTFTQuantileOK && !(l.TTFTQuantileBeyond && l.TTFTQuantile < slo):
 		// (A quantile beyond the histogram's highest bound, that bound
@@ -1434,7 +1441,7 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 		if l.TTFTQuantile > slo || l.TTFTQuantileBeyond { // beyond a bound at the SLO or past it
 			return queued, false
 		}
-		return false, !queued
+		return false, !queued && !unsure
 	case queueNow:
 		broke = queuedLong || (standing && l.TTFTOK && l.TTFT > breakTTFT*slo)
 	case l.TTFTOK:
@@ -1449,11 +1456,7 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 		if l.TTFT > breakTTFT*slo {
 			return l.Waiting >= 1, false
 		}
-		// A queue time not of now, the mean TTFT is the most the queue
-		// now can be: past the queue's bound it may be queue or prefill,
-		// and nothing is learned (taken as proof, a window whose queue
-		// time was just above its TTFT proved what one just below broke).
-		if l.QueueOK && l.TTFT > breakQueue*slo {
+		if unsure {
 			return false, false
 		}
 	default:
