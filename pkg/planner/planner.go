@@ -1406,14 +1406,15 @@ func ttftRule(fresh []*store.PodLoad, cfg Config) string {
 	pct := "p" + strconv.FormatFloat(100*cfg.Percentile, 'g', -1, 64) + " TTFT within " + cfg.TTFT.String()
 	for _, l := range fresh {
 		if l.TTFTQuantileOK {
-			return pct + ", read of the TTFT histograms"
+			return pct + ", read of the TTFT histograms (a queue time above the mean TTFT, of requests finishing now: proof only with the mean TTFT within " + time.Duration(breakQueue*float64(cfg.TTFT)).String() + ")"
 		}
 	}
 	return pct + " asked, but no replica's TTFT histogram is forwarded (the agents' --forward-histograms, value forwardHistograms of the deploy/daemonset chart) or none got a first token in the window: " + means()
 }
 
 // health says whether a replica's window was past its capacity or within
-// it: neither with a queue standing below the break, or when nothing says.
+// it: neither with a queue standing below the break, with a queue time
+// not of now and a mean TTFT past its bound (unsure), or when nothing says.
 // itl: an ITL past the SLO is a break (State.itlJudges).
 func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 	if l.Preemptions > 0 || itl && l.ITLOK && l.ITL > cfg.ITL.Seconds() {
@@ -1476,7 +1477,8 @@ func health(l *store.PodLoad, cfg Config, itl bool) (broke, healthy bool) {
 // first token within 15 ms read a queue of 226 s while its long outputs
 // finished, and each was taken as past capacity (the capacity learned
 // fell from 44,000 to 17,000, held there for the hour by the breaks'
-// level, and the plan stood at twice the replicas needed).
+// level, and the plan held 6 to 10 replicas where the capacity the first
+// burst taught asks for 4 or 5).
 func queueOfNow(l *store.PodLoad) bool {
 	return l.QueueOK && !(l.TTFTOK && l.QueueTime > l.TTFT)
 }
