@@ -1020,7 +1020,8 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 
 // learnCapacity takes one observation of each fresh replica that served
 // work: past its capacity (a standing queue or preemptions) its throughput
-// pulls the capacity toward it; within it, a throughput above the capacity
+// pulls the capacity toward it, unless it was swamped (more preemptions
+// than first tokens: a break that moves nothing); within it, a throughput above the capacity
 // proves more. With every replica healthy and no break within the hold, the
 // capacity is probed upward.
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
@@ -1060,6 +1061,14 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		}
 		healthyAll = healthyAll && healthy
 		switch {
+		case broke && o.thrash && st.Capacity > 0:
+			// Swamped: it redoes work its counters do not show (vLLM
+			// counts a prompt once, not its recompute after a
+			// preemption), so what it served is below what it can
+			// serve. Taken as its level, one replica swamped by a burst
+			// pulled the capacity and the breaks' level from 66,000 to
+			// 44,000 a second, and the probes stopped there.
+			st.noteBreak(now)
 		case broke:
 			st.learnBreak(w, broken, now)
 		case healthy && w > st.Capacity:
@@ -1115,6 +1124,11 @@ func (st *State) learnBreak(w, broken float64, now time.Time) {
 	// Never below what a replica has served within the SLO: a break below
 	// it was a burst or a long request, not the replica's capacity.
 	st.Capacity = max(st.Capacity, st.HealthyMax)
+	st.noteBreak(now)
+}
+
+// noteBreak counts a break, and when it was: no probe within the hold.
+func (st *State) noteBreak(now time.Time) {
 	st.Observations++
 	st.Breaks++
 	st.LastBreak = now
@@ -1127,6 +1141,9 @@ type window struct {
 	name                 string
 	w, n                 float64
 	thin, broke, healthy bool
+	// thrash: it preempted more requests a second than it gave a first
+	// token (a swamped replica: learnCapacity).
+	thrash bool
 }
 
 // observeWindows reads the windows of the fresh replicas that served
@@ -1143,6 +1160,7 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 		o := window{name: l.Name, w: w, n: l.FirstTokens * l.Span.Seconds()}
 		if o.thin = o.n < minEvidence || 2*l.Span < span; !o.thin {
 			o.broke, o.healthy = health(l, cfg, itl)
+			o.thrash = l.Preemptions > l.FirstTokens
 		}
 		obs = append(obs, o)
 	}

@@ -2512,3 +2512,41 @@ func TestANeedAboveZeroIsAReplica(t *testing.T) {
 		t.Fatalf("capacity %g, work %g: need %g planned %d replicas (%s); want a need above 0, planned 1", st.Capacity, p.Work, p.Need, p.Replicas, p.Reason)
 	}
 }
+
+// TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel: a
+// replica that preempts more requests a second than it gives a first token
+// redoes work its counters do not show (vLLM counts a prompt once, not its
+// recompute after a preemption), so what it served is below what it can
+// serve: its window is a break, and moves neither the capacity nor the
+// breaks' level. Learned from, one replica swamped by a burst pulled the
+// capacity from 66,000 to 44,000 a second, and the breaks' level kept the
+// probes there (a plan of 4 or 5 replicas where 2 serve).
+func TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel(t *testing.T) {
+	cfg := Default(0)
+	// Past its capacity at 60000 a second: what it can serve.
+	_, known, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 60000, 1))
+	if known.Capacity != 60000 || known.BreakCapacity != 60000 {
+		t.Fatalf("capacity %v, breaks' level %v; want 60000 and 60000", known.Capacity, known.BreakCapacity)
+	}
+	// Swamped: 40 first tokens a second, 50 preemptions a second.
+	swamped := serving("a", 40000, 30)
+	swamped.Preemptions = 50
+	_, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, swamped)
+	if st.Breaks <= known.Breaks || !st.LastBreak.After(known.LastBreak) {
+		t.Fatalf("swamped: %d breaks, last at %v; want more than %d, after %v", st.Breaks, st.LastBreak, known.Breaks, known.LastBreak)
+	}
+	if st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
+		t.Fatalf("swamped (50 preemptions a second, 40 admitted): capacity %v, breaks' level %v; want %v and %v as before",
+			st.Capacity, st.BreakCapacity, known.Capacity, known.BreakCapacity)
+	}
+	// Preempting less than it admits, what it served is its level.
+	swamped.Preemptions = 30
+	if _, st, _ = run(t, known, cfg, at.Add(5*time.Second), time.Minute, swamped); st.Capacity > 45000 || st.BreakCapacity > 45000 {
+		t.Fatalf("30 preemptions a second, 40 admitted: capacity %v, breaks' level %v; want them pulled toward 40000", st.Capacity, st.BreakCapacity)
+	}
+	// Nothing known yet, the first evidence is taken whole, swamped or not.
+	swamped.Preemptions = 50
+	if _, st, _ = Make(snap(t0, swamped), State{}, cfg); st.Capacity != 40000 || st.Breaks != 1 {
+		t.Fatalf("swamped, nothing known: capacity %v, %d breaks; want 40000 and 1", st.Capacity, st.Breaks)
+	}
+}
