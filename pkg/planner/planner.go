@@ -9,6 +9,7 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -238,6 +239,10 @@ type State struct {
 	// capacity above the capacity or proof known, one a replica, at most
 	// maxBreakRuns (breakBound).
 	breakRuns []breakRun
+	// knees: of each replica whose window was past capacity at the last
+	// observation, the most it served in its run of such windows while not
+	// swamped (kneesOf).
+	knees []knee
 	// riseFrom: the capacity, or proof, known at riseAt, at most a
 	// window's span before: a rise is at most maxRise times it
 	// (riseLimit).
@@ -286,6 +291,14 @@ type breakRun struct {
 	obs    []breakObs
 	seen   time.Time
 	proven float64
+}
+
+// knee is one replica's run of windows past capacity at consecutive
+// observations (State.knees): the most it served in them while not
+// swamped (0: swamped in each).
+type knee struct {
+	pod  string
+	most float64
 }
 
 // breakObs is one observation of a break's run: when, and the work a
@@ -1020,10 +1033,11 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 
 // learnCapacity takes one observation of each fresh replica that served
 // work: past its capacity (a standing queue or preemptions) its throughput
-// pulls the capacity toward it, unless it was swamped (more preemptions
-// than first tokens: a break that moves nothing); within it, a throughput above the capacity
-// proves more. With every replica healthy and no break within the hold, the
-// capacity is probed upward.
+// pulls the capacity toward it (a swamped replica's, more preemptions
+// than first tokens, no lower than the most it served in its run past
+// capacity while not swamped); within it, a throughput above the
+// capacity proves more. With every replica healthy and no break within
+// the hold, the capacity is probed upward.
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
 	healthyAll, served := len(fresh) > 0, 0.0
 	switch {
@@ -1047,6 +1061,10 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	shown := span + max(cfg.ObserveEvery, 0)
 	rise, proven := st.riseBound(obs, now, span, shown)
 	broken := st.breakBound(obs, now, span, shown)
+	st.kneesOf(obs)
+	// The swamped last: what the others show is learned first, in
+	// whatever order the replicas come.
+	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
 	for _, o := range obs {
 		w := o.w
 		served += w
@@ -1061,16 +1079,8 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		}
 		healthyAll = healthyAll && healthy
 		switch {
-		case broke && o.thrash && st.Capacity > 0:
-			// Swamped: it redoes work its counters do not show (vLLM
-			// counts a prompt once, not its recompute after a
-			// preemption), so what it served is below what it can
-			// serve. Taken as its level, one replica swamped by a burst
-			// pulled the capacity and the breaks' level from 66,000 to
-			// 44,000 a second, and the probes stopped there.
-			st.noteBreak(now)
 		case broke:
-			st.learnBreak(w, broken, now)
+			st.learnBroken(o, broken, now)
 		case healthy && w > st.Capacity:
 			st.Capacity = w
 			st.Observations++
@@ -1097,10 +1107,32 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	}
 }
 
+// learnBroken learns from o, a window past capacity (learnBreak). A
+// swamped replica's (o.thrash) redoes work its counters do not show (vLLM
+// counts a prompt once, not its recompute after a preemption), so what it
+// served is below what it can serve: it pulls the capacity down no
+// further than the most the replica served in its run past capacity
+// while not swamped (o.knee), and sets no breaks' level where none was
+// known. Taken as its level, one replica swamped by a burst pulled the
+// capacity and the breaks' level from 66,000 to 44,000 a second, and the
+// probes stopped there; and one swamped at its first evidence held the
+// probes at what it served.
+func (st *State) learnBroken(o window, broken float64, now time.Time) {
+	switch {
+	case !o.thrash || o.w >= st.Capacity:
+		st.learnBreak(o.w, broken, now, !o.thrash)
+	case o.knee >= st.Capacity:
+		st.noteBreak(now)
+	default:
+		st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
+	}
+}
+
 // learnBreak moves the capacity, and the breaks' level, 30 % of the way
 // toward w, what a window past capacity served: up no further than broken
-// (breakBound), down as far as w.
-func (st *State) learnBreak(w, broken float64, now time.Time) {
+// (breakBound), down as far as w; level: w may set the breaks' level
+// where none was known.
+func (st *State) learnBreak(w, broken float64, now time.Time, level bool) {
 	// A window held at broken served at least that: it moves nothing down
 	// (the breaks' level above it), and sets no ceiling for the probes
 	// where none was known.
@@ -1116,7 +1148,7 @@ func (st *State) learnBreak(w, broken float64, now time.Time) {
 		st.Capacity += learnRate * (toward(st.Capacity) - st.Capacity)
 	}
 	switch {
-	case st.BreakCapacity == 0 && w <= broken:
+	case st.BreakCapacity == 0 && w <= broken && level:
 		st.BreakCapacity = w
 	case st.BreakCapacity > 0:
 		st.BreakCapacity += learnRate * (toward(st.BreakCapacity) - st.BreakCapacity)
@@ -1124,14 +1156,46 @@ func (st *State) learnBreak(w, broken float64, now time.Time) {
 	// Never below what a replica has served within the SLO: a break below
 	// it was a burst or a long request, not the replica's capacity.
 	st.Capacity = max(st.Capacity, st.HealthyMax)
+	st.Observations++
 	st.noteBreak(now)
 }
 
 // noteBreak counts a break, and when it was: no probe within the hold.
 func (st *State) noteBreak(now time.Time) {
-	st.Observations++
 	st.Breaks++
 	st.LastBreak = now
+}
+
+// kneesOf sets each window's knee, and keeps the runs (State.knees): a
+// replica's run is its windows past capacity at consecutive
+// observations, and ends at one where its window is within capacity,
+// thin or missing.
+func (st *State) kneesOf(obs []window) {
+	prev := make(map[string]float64, len(st.knees))
+	for _, k := range st.knees {
+		prev[k.pod] = k.most
+	}
+	knees := make([]knee, 0, len(st.knees)+1)
+	for i := range obs {
+		o := &obs[i]
+		if o.thin || !o.broke {
+			continue
+		}
+		o.knee = prev[o.name]
+		if !o.thrash {
+			o.knee = max(o.knee, o.w)
+		}
+		knees = append(knees, knee{pod: o.name, most: o.knee})
+	}
+	st.knees = knees
+}
+
+// btoi is 1 for true, 0 for false.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // window is one fresh replica's window as learnCapacity reads it: the work
@@ -1142,8 +1206,11 @@ type window struct {
 	w, n                 float64
 	thin, broke, healthy bool
 	// thrash: it preempted more requests a second than it gave a first
-	// token (a swamped replica: learnCapacity).
+	// token (a swamped replica: learnCapacity); knee: the most the replica
+	// served in its run of windows past capacity while not swamped
+	// (kneesOf).
 	thrash bool
+	knee   float64
 }
 
 // observeWindows reads the windows of the fresh replicas that served
@@ -1243,7 +1310,7 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 // is no time shown. Kept, two windows that lied either side of a few
 // seconds of a replica missing were one shown for longer than its window.
 func (st *State) endRuns() {
-	st.breakRuns, st.loneSince = nil, time.Time{}
+	st.breakRuns, st.knees, st.loneSince = nil, nil, time.Time{}
 }
 
 // riseLimit is the most one observation may raise the capacity or the

@@ -2515,12 +2515,14 @@ func TestANeedAboveZeroIsAReplica(t *testing.T) {
 
 // TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel: a
 // replica that preempts more requests a second than it gives a first token
-// redoes work its counters do not show (vLLM counts a prompt once, not its
-// recompute after a preemption), so what it served is below what it can
-// serve: its window is a break, and moves neither the capacity nor the
-// breaks' level. Learned from, one replica swamped by a burst pulled the
-// capacity from 66,000 to 44,000 a second, and the breaks' level kept the
-// probes there (a plan of 4 or 5 replicas where 2 serve).
+// is swamped: it redoes work its counters do not show (vLLM counts a prompt
+// once, not its recompute after a preemption), so what it served is below
+// what it can serve. Its window is a break that pulls the capacity and the
+// breaks' level down no further than the most the replica served in its
+// run past capacity while not swamped. Learned from as any break, one
+// replica swamped by a burst pulled the capacity from 66,000 to 44,000 a
+// second, and the breaks' level kept the probes there (a plan of 4 or 5
+// replicas where 2 serve).
 func TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel(t *testing.T) {
 	cfg := Default(0)
 	// Past its capacity at 60000 a second: what it can serve.
@@ -2528,25 +2530,53 @@ func TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel(t *testing.T
 	if known.Capacity != 60000 || known.BreakCapacity != 60000 {
 		t.Fatalf("capacity %v, breaks' level %v; want 60000 and 60000", known.Capacity, known.BreakCapacity)
 	}
-	// Swamped: 40 first tokens a second, 50 preemptions a second.
+	// Then swamped, in the same run: 40 first tokens a second, 50
+	// preemptions a second.
 	swamped := serving("a", 40000, 30)
 	swamped.Preemptions = 50
-	_, st, _ := run(t, known, cfg, at.Add(5*time.Second), time.Minute, swamped)
+	_, st, _ := run(t, known, cfg, at, time.Minute, swamped)
 	if st.Breaks <= known.Breaks || !st.LastBreak.After(known.LastBreak) {
 		t.Fatalf("swamped: %d breaks, last at %v; want more than %d, after %v", st.Breaks, st.LastBreak, known.Breaks, known.LastBreak)
 	}
-	if st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
-		t.Fatalf("swamped (50 preemptions a second, 40 admitted): capacity %v, breaks' level %v; want %v and %v as before",
-			st.Capacity, st.BreakCapacity, known.Capacity, known.BreakCapacity)
+	if st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity || st.Observations != known.Observations {
+		t.Fatalf("swamped (50 preemptions a second, 40 admitted) after a run at 60000: capacity %v, breaks' level %v, %d observations; want %v, %v and %d as before",
+			st.Capacity, st.BreakCapacity, st.Observations, known.Capacity, known.BreakCapacity, known.Observations)
 	}
 	// Preempting less than it admits, what it served is its level.
-	swamped.Preemptions = 30
-	if _, st, _ = run(t, known, cfg, at.Add(5*time.Second), time.Minute, swamped); st.Capacity > 45000 || st.BreakCapacity > 45000 {
+	partly := swamped
+	partly.Preemptions = 30
+	if _, st, _ = run(t, known, cfg, at, time.Minute, partly); st.Capacity > 45000 || st.BreakCapacity > 45000 {
 		t.Fatalf("30 preemptions a second, 40 admitted: capacity %v, breaks' level %v; want them pulled toward 40000", st.Capacity, st.BreakCapacity)
 	}
-	// Nothing known yet, the first evidence is taken whole, swamped or not.
-	swamped.Preemptions = 50
-	if _, st, _ = Make(snap(t0, swamped), State{}, cfg); st.Capacity != 40000 || st.Breaks != 1 {
-		t.Fatalf("swamped, nothing known: capacity %v, %d breaks; want 40000 and 1", st.Capacity, st.Breaks)
+	// Swamped from its run's start (a capacity known too high, a replica
+	// overloaded as soon as it serves): nothing shows more, and it pulls
+	// the capacity and the breaks' level down as any break does.
+	b := swamped
+	b.Name = "b"
+	if _, st, _ = run(t, known, cfg, at, time.Minute, b); st.Capacity > 45000 || st.BreakCapacity > 45000 {
+		t.Fatalf("another replica swamped from its run's start: capacity %v, breaks' level %v; want them pulled toward 40000", st.Capacity, st.BreakCapacity)
+	}
+	// Down no further than its run showed while not swamped: 50000, then
+	// swamped at 40000.
+	var lower State
+	_, lower, at = run(t, known, cfg, at, 5*time.Second, serving("c", 50000, 1))
+	c := swamped
+	c.Name = "c"
+	if _, st, _ = run(t, lower, cfg, at, time.Minute, c); st.Capacity < 49000 || st.Capacity > 51000 {
+		t.Fatalf("swamped after its run showed 50000: capacity %v; want about 50000", st.Capacity)
+	}
+	// Nothing known yet, the first evidence is taken whole, swamped or
+	// not, but a swamped window sets no breaks' level: the probes would
+	// stop at what it served.
+	if _, st, _ = Make(snap(t0, swamped), State{}, cfg); st.Capacity != 40000 || st.Breaks != 1 || st.BreakCapacity != 0 {
+		t.Fatalf("swamped, nothing known: capacity %v, breaks' level %v, %d breaks; want 40000, none and 1", st.Capacity, st.BreakCapacity, st.Breaks)
+	}
+	// In one observation, the swamped are learned after the others,
+	// whatever order the replicas come in.
+	_, ab, _ := Make(snap(t0, swamped, serving("d", 66000, 1)), State{}, cfg)
+	_, ba, _ := Make(snap(t0, serving("d", 66000, 1), swamped), State{}, cfg)
+	if ab.Capacity != ba.Capacity || ab.BreakCapacity != ba.BreakCapacity {
+		t.Fatalf("a swamped replica and one at its knee: capacity %v and breaks' level %v in one order, %v and %v in the other",
+			ab.Capacity, ab.BreakCapacity, ba.Capacity, ba.BreakCapacity)
 	}
 }
