@@ -220,30 +220,44 @@ func (k *Kube) Targets() []Target {
 // tenant's new pod naming another port (pulse.io/port), or one not
 // scraped at all, left the old pod's target reading its network.
 func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]string {
-	keys := make([]string, len(ts))        // each ready target's
-	pods := map[string]map[string]string{} // key → pod uid → namespace/name
+	// addr is a ready target's address: its IP where another tenant's pod
+	// has it too, or its host and port.
+	type addr struct {
+		ip   bool
+		host string
+	}
+	keys := make([]addr, len(ts))
+	first := map[addr]int{}                // each address's first target
+	shared := map[addr]map[string]string{} // pod uid → namespace/name, where two pods or more
 	for i, t := range ts {
 		if !t.Ready || t.Terminating || t.URL == "" {
 			continue
 		}
 		host := hostOf(t.URL)
 		if h, _, err := net.SplitHostPort(host); err == nil && namespaces(ips[h]) > 1 {
-			keys[i] = h // another tenant's pod has its IP: at any port
+			keys[i] = addr{ip: true, host: h} // another tenant's pod has its IP: at any port
 			continue
 		}
-		keys[i] = "host " + host
-		if pods[keys[i]] == nil {
-			pods[keys[i]] = map[string]string{}
+		keys[i] = addr{host: host}
+		j, seen := first[keys[i]]
+		switch {
+		case !seen:
+			first[keys[i]] = i
+		case ts[j].PodUID() == t.PodUID():
+		default:
+			if shared[keys[i]] == nil {
+				shared[keys[i]] = map[string]string{ts[j].PodUID(): ts[j].Namespace + "/" + ts[j].Pod}
+			}
+			shared[keys[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
 		}
-		pods[keys[i]][t.PodUID()] = t.Namespace + "/" + t.Pod
 	}
 	var out map[int][]string
 	for i, key := range keys {
-		owners := pods[key]
-		if o, ok := ips[key]; ok {
-			owners = o
+		owners := shared[key]
+		if key.ip {
+			owners = ips[key.host]
 		}
-		if key == "" || len(owners) < 2 {
+		if key.host == "" || len(owners) < 2 {
 			continue
 		}
 		if out == nil {

@@ -761,3 +761,33 @@ func TestOnlyChangedPodsAreMadeAgain(t *testing.T) {
 		t.Fatalf("p7 gone: %d targets, %d kept, %d made; want 49, 49, 51", len(ts), len(k.made), k.computed)
 	}
 }
+
+// BenchmarkTargetsAtAPodEvent: what the agent does at each pod event of
+// its node (Kube.Run lists the targets again): 110 pods (the kubelet's
+// default --max-pods), each at its own IP, one of them changed.
+func BenchmarkTargetsAtAPodEvent(b *testing.B) {
+	k, idx, _ := listedKube()
+	pods := make([]*corev1.Pod, 110)
+	for i := range pods {
+		p := kaitoPod(fmt.Sprintf("p%d", i), "node-1", true)
+		p.ResourceVersion, p.Status.PodIP = "1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)
+		if err := idx.Add(p); err != nil {
+			b.Fatal(err)
+		}
+		pods[i] = p
+	}
+	if ts := k.Targets(); len(ts) != len(pods) {
+		b.Fatalf("%d targets, want %d", len(ts), len(pods))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		p := pods[i%len(pods)].DeepCopy()
+		p.ResourceVersion = strconv.Itoa(i + 2)
+		if err := idx.Update(p); err != nil {
+			b.Fatal(err)
+		}
+		if ts := k.Targets(); len(ts) != len(pods) {
+			b.Fatalf("%d targets, want %d", len(ts), len(pods))
+		}
+	}
+}
