@@ -192,8 +192,9 @@ type State struct {
 	// Capacity: work (prompt tokens + DecodeCost × generated tokens) per
 	// second a replica sustains within the SLO; 0 until learned.
 	Capacity float64
-	// Observations: replica-windows that taught the capacity; Breaks: those
-	// past it; LastBreak the latest.
+	// Observations: replica-windows that taught the capacity; Breaks:
+	// replica-windows past it (a swamped one that moved nothing among
+	// them, not among the Observations); LastBreak the latest.
 	Observations, Breaks int
 	LastBreak            time.Time
 	// BreakCapacity: the throughput replicas broke at, smoothed; probes
@@ -241,7 +242,7 @@ type State struct {
 	breakRuns []breakRun
 	// knees: of each replica whose window was past capacity at the last
 	// observation, the most it served in its run of such windows while not
-	// swamped (kneesOf).
+	// swamped, within a hold (kneesOf).
 	knees []knee
 	// riseFrom: the capacity, or proof, known at riseAt, at most a
 	// window's span before: a rise is at most maxRise times it
@@ -295,10 +296,13 @@ type breakRun struct {
 
 // knee is one replica's run of windows past capacity at consecutive
 // observations (State.knees): the most it served in them while not
-// swamped (0: swamped in each).
+// swamped (0: swamped in each, or swamped with its queue not shrinking
+// for longer than a hold); at, the last window unswamped or draining;
+// seen, the run's last observation.
 type knee struct {
-	pod  string
-	most float64
+	pod      string
+	most     float64
+	at, seen time.Time
 }
 
 // breakObs is one observation of a break's run: when, and the work a
@@ -1061,7 +1065,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	shown := span + max(cfg.ObserveEvery, 0)
 	rise, proven := st.riseBound(obs, now, span, shown)
 	broken := st.breakBound(obs, now, span, shown)
-	st.kneesOf(obs)
+	st.kneesOf(obs, now, runGap(span, shown), st.hold(cfg))
 	// The swamped last: what the others show is learned first, in
 	// whatever order the replicas come.
 	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
@@ -1110,20 +1114,22 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // learnBroken learns from o, a window past capacity (learnBreak). A
 // swamped replica's (o.thrash) redoes work its counters do not show (vLLM
 // counts a prompt once, not its recompute after a preemption), so what it
-// served is below what it can serve: it pulls the capacity down no
-// further than the most the replica served in its run past capacity
-// while not swamped (o.knee), and sets no breaks' level where none was
-// known. Taken as its level, one replica swamped by a burst pulled the
+// served is below what it can serve: it pulls the capacity and the
+// breaks' level down no further than the most the replica served in its
+// run past capacity while not swamped, within a hold (o.knee), and sets
+// no breaks' level where none was known. Taken as its level, one replica swamped by a burst pulled the
 // capacity and the breaks' level from 66,000 to 44,000 a second, and the
 // probes stopped there; and one swamped at its first evidence held the
 // probes at what it served.
 func (st *State) learnBroken(o window, broken float64, now time.Time) {
 	switch {
-	case !o.thrash || o.w >= st.Capacity:
-		st.learnBreak(o.w, broken, now, !o.thrash)
-	case o.knee >= st.Capacity:
+	case !o.thrash:
+		st.learnBreak(o.w, broken, now, true)
+	case o.w < st.Capacity && o.knee >= st.Capacity:
 		st.noteBreak(now)
 	default:
+		// (At or above the capacity too: the breaks' level, above it,
+		// is pulled no lower than the knee.)
 		st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
 	}
 }
@@ -1167,13 +1173,22 @@ func (st *State) noteBreak(now time.Time) {
 }
 
 // kneesOf sets each window's knee, and keeps the runs (State.knees): a
-// replica's run is its windows past capacity at consecutive
-// observations, and ends at one where its window is within capacity,
-// thin or missing.
-func (st *State) kneesOf(obs []window) {
-	prev := make(map[string]float64, len(st.knees))
+// replica's run is its windows past capacity at consecutive observations
+// (gap apart at most), and ends at one where its window is not past
+// capacity, is thin, or is missing. A replica swamped, its queue not
+// shrinking, for longer than a hold since it last served unswamped or
+// drained its queue has no knee: the capacity asked for has had time to
+// come, and its queue does not drain, so the capacity may be what is too
+// high (kept, two replicas swamped at 40,000 under a capacity of 120,000
+// that one window of each had shown were planned as 1 an hour later). A
+// replica that drains its queue is swamped by a backlog only it can
+// drain (no engine hands its queue to another).
+func (st *State) kneesOf(obs []window, now time.Time, gap, hold time.Duration) {
+	prev := make(map[string]knee, len(st.knees))
 	for _, k := range st.knees {
-		prev[k.pod] = k.most
+		if now.Sub(k.seen) <= gap {
+			prev[k.pod] = k
+		}
 	}
 	knees := make([]knee, 0, len(st.knees)+1)
 	for i := range obs {
@@ -1181,11 +1196,19 @@ func (st *State) kneesOf(obs []window) {
 		if o.thin || !o.broke {
 			continue
 		}
-		o.knee = prev[o.name]
+		k := prev[o.name]
+		k.pod, k.seen = o.name, now
 		if !o.thrash {
-			o.knee = max(o.knee, o.w)
+			k.most = max(k.most, o.w)
 		}
-		knees = append(knees, knee{pod: o.name, most: o.knee})
+		if !o.thrash || o.draining {
+			k.at = now
+		}
+		if now.Sub(k.at) > hold {
+			k.most = 0
+		}
+		o.knee = k.most
+		knees = append(knees, k)
 	}
 	st.knees = knees
 }
@@ -1211,6 +1234,8 @@ type window struct {
 	// (kneesOf).
 	thrash bool
 	knee   float64
+	// draining: its queue shrank over the window.
+	draining bool
 }
 
 // observeWindows reads the windows of the fresh replicas that served
@@ -1228,6 +1253,7 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 		if o.thin = o.n < minEvidence || 2*l.Span < span; !o.thin {
 			o.broke, o.healthy = health(l, cfg, itl)
 			o.thrash = l.Preemptions > l.FirstTokens
+			o.draining = l.WaitingGrowth < 0
 		}
 		obs = append(obs, o)
 	}
@@ -1305,8 +1331,8 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 	return min(first, limit), proven
 }
 
-// endRuns ends the waits of windows alone (riseBound's, breakBound's)
-// where the replicas' windows are not seen: an observation without them
+// endRuns ends the waits of windows alone (riseBound's, breakBound's),
+// and the runs of the knees (kneesOf), where the replicas' windows are not seen: an observation without them
 // is no time shown. Kept, two windows that lied either side of a few
 // seconds of a replica missing were one shown for longer than its window.
 func (st *State) endRuns() {

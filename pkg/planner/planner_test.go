@@ -2565,10 +2565,39 @@ func TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel(t *testing.T
 	if _, st, _ = run(t, lower, cfg, at, time.Minute, c); st.Capacity < 49000 || st.Capacity > 51000 {
 		t.Fatalf("swamped after its run showed 50000: capacity %v; want about 50000", st.Capacity)
 	}
-	// Nothing known yet, the first evidence is taken whole, swamped or
-	// not, but a swamped window sets no breaks' level: the probes would
-	// stop at what it served.
-	if _, st, _ = Make(snap(t0, swamped), State{}, cfg); st.Capacity != 40000 || st.Breaks != 1 || st.BreakCapacity != 0 {
+	// The run ends at a gap: swamped again a minute later, nothing shows
+	// more.
+	if _, st, _ = run(t, lower, cfg, at.Add(time.Minute), time.Minute, c); st.Capacity > 45000 {
+		t.Fatalf("swamped a minute after its run showed 50000: capacity %v; want it pulled toward 40000", st.Capacity)
+	}
+	// Swamped for longer than a hold since it last served unswamped (the
+	// capacity asked for has had time to come), it pulls the capacity
+	// down as any break: the capacity may be what is too high.
+	if _, st, _ = run(t, known, cfg, at, known.hold(cfg)+2*time.Minute, swamped); st.Capacity > 45000 || st.BreakCapacity > 45000 {
+		t.Fatalf("swamped for a hold and more after a run at 60000: capacity %v, breaks' level %v; want them pulled toward 40000", st.Capacity, st.BreakCapacity)
+	}
+	// Its queue shrinking, it is swamped by a backlog only it can drain
+	// (no engine hands its queue to another): the knee holds.
+	draining := swamped
+	draining.WaitingGrowth = -1
+	if _, st, _ = run(t, known, cfg, at, known.hold(cfg)+2*time.Minute, draining); st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
+		t.Fatalf("swamped for a hold and more, draining its queue, after a run at 60000: capacity %v, breaks' level %v; want %v and %v as before",
+			st.Capacity, st.BreakCapacity, known.Capacity, known.BreakCapacity)
+	}
+}
+
+// TestASwampedWindowSetsNoLevelOfItsOwn: a swamped replica's window (more
+// preemptions a second than first tokens) is the first evidence taken
+// whole, but sets no breaks' level where none was known (the probes
+// would stop at what it served); it is learned after the other windows
+// of its observation, whatever order the replicas come in; and under a
+// capacity still climbing to the breaks' level, it pulls that level no
+// lower than its knee.
+func TestASwampedWindowSetsNoLevelOfItsOwn(t *testing.T) {
+	cfg := Default(0)
+	swamped := serving("a", 40000, 30)
+	swamped.Preemptions = 50
+	if _, st, _ := Make(snap(t0, swamped), State{}, cfg); st.Capacity != 40000 || st.Breaks != 1 || st.BreakCapacity != 0 {
 		t.Fatalf("swamped, nothing known: capacity %v, breaks' level %v, %d breaks; want 40000, none and 1", st.Capacity, st.BreakCapacity, st.Breaks)
 	}
 	// In one observation, the swamped are learned after the others,
@@ -2578,5 +2607,16 @@ func TestAReplicaPreemptingMoreThanItAdmitsTeachesABreakNotItsLevel(t *testing.T
 	if ab.Capacity != ba.Capacity || ab.BreakCapacity != ba.BreakCapacity {
 		t.Fatalf("a swamped replica and one at its knee: capacity %v and breaks' level %v in one order, %v and %v in the other",
 			ab.Capacity, ab.BreakCapacity, ba.Capacity, ba.BreakCapacity)
+	}
+	// Swamped at or above a capacity below the breaks' level (a capacity
+	// still climbing to it), the breaks' level is pulled no lower than
+	// the knee: taken as any break, one serving more moved it lower.
+	for _, w := range []float64{45000, 52000, 60000} {
+		st := State{Capacity: 50000, BreakCapacity: 66000}
+		st.learnBroken(window{name: "e", w: w, n: 100, broke: true, thrash: true, knee: 66000}, math.Inf(1), t0)
+		if st.BreakCapacity != 66000 || st.Capacity < 50000 {
+			t.Fatalf("swamped at %v, its knee 66000, under a capacity of 50000 and breaks' level of 66000: capacity %v, breaks' level %v; want the level kept, the capacity not lowered",
+				w, st.Capacity, st.BreakCapacity)
+		}
 	}
 }
