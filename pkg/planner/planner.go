@@ -192,9 +192,8 @@ type State struct {
 	// Capacity: work (prompt tokens + DecodeCost × generated tokens) per
 	// second a replica sustains within the SLO; 0 until learned.
 	Capacity float64
-	// Observations: replica-windows that taught the capacity; Breaks:
-	// replica-windows past it (a swamped one that moved nothing among
-	// them, not among the Observations); LastBreak the latest.
+	// Observations: replica-windows that taught the capacity; Breaks: those
+	// past it; LastBreak the latest.
 	Observations, Breaks int
 	LastBreak            time.Time
 	// BreakCapacity: the throughput replicas broke at, smoothed; probes
@@ -1114,24 +1113,20 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // learnBroken learns from o, a window past capacity (learnBreak). A
 // swamped replica's (o.thrash) redoes work its counters do not show (vLLM
 // counts a prompt once, not its recompute after a preemption), so what it
-// served is below what it can serve: it pulls the capacity and the
-// breaks' level down no further than the most the replica served in its
-// run past capacity while not swamped, within a hold (o.knee), and sets
-// no breaks' level where none was known. Taken as its level, one replica swamped by a burst pulled the
-// capacity and the breaks' level from 66,000 to 44,000 a second, and the
-// probes stopped there; and one swamped at its first evidence held the
-// probes at what it served.
+// served is below what it can serve: it is learned as a break at the
+// most of what it served and its knee (o.knee: the most the replica
+// served in its run past capacity while not swamped), and what it served
+// alone sets no breaks' level where none was known. Taken at what it
+// served, one replica swamped by a burst pulled the capacity and the
+// breaks' level from 66,000 to 44,000 a second, and the probes stopped
+// there; and one swamped at its first evidence held the probes at what
+// it served.
 func (st *State) learnBroken(o window, broken float64, now time.Time) {
-	switch {
-	case !o.thrash:
+	if !o.thrash {
 		st.learnBreak(o.w, broken, now, true)
-	case o.w < st.Capacity && o.knee >= st.Capacity:
-		st.noteBreak(now)
-	default:
-		// (At or above the capacity too: the breaks' level, above it,
-		// is pulled no lower than the knee.)
-		st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
+		return
 	}
+	st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
 }
 
 // learnBreak moves the capacity, and the breaks' level, 30 % of the way
@@ -1163,11 +1158,6 @@ func (st *State) learnBreak(w, broken float64, now time.Time, level bool) {
 	// it was a burst or a long request, not the replica's capacity.
 	st.Capacity = max(st.Capacity, st.HealthyMax)
 	st.Observations++
-	st.noteBreak(now)
-}
-
-// noteBreak counts a break, and when it was: no probe within the hold.
-func (st *State) noteBreak(now time.Time) {
 	st.Breaks++
 	st.LastBreak = now
 }
@@ -1332,9 +1322,10 @@ func (st *State) riseBound(obs []window, now time.Time, span, shown time.Duratio
 }
 
 // endRuns ends the waits of windows alone (riseBound's, breakBound's),
-// and the runs of the knees (kneesOf), where the replicas' windows are not seen: an observation without them
-// is no time shown. Kept, two windows that lied either side of a few
-// seconds of a replica missing were one shown for longer than its window.
+// and the runs of the knees (kneesOf), where the replicas' windows are
+// not seen: an observation without them is no time shown. Kept, two
+// windows that lied either side of a few seconds of a replica missing
+// were one shown for longer than its window.
 func (st *State) endRuns() {
 	st.breakRuns, st.knees, st.loneSince = nil, nil, time.Time{}
 }
@@ -1429,8 +1420,8 @@ func topTwo(obs []window, keep func(window) bool) (first, second float64) {
 }
 
 // runGap is how long a wait of a window alone lasts without it (riseBound,
-// breakBound): half a span and an observation. Windows further apart are
-// not one shown long.
+// breakBound), and a knee's run (kneesOf): half a span and an
+// observation. Windows further apart are not one shown long.
 func runGap(span, shown time.Duration) time.Duration {
 	return span/2 + shown - span
 }
