@@ -150,7 +150,7 @@ const (
 	// for prefix-cache hits, which vLLM counts as prompt tokens.
 	maxTokenRate = 1e8
 	// maxRequestRate: requests a second that get their first token at one
-	// replica.
+	// replica, and requests it preempts.
 	maxRequestRate = 1e6
 	// maxQueue: requests waiting at one replica.
 	maxQueue = 1e6
@@ -1833,6 +1833,10 @@ func implausible(l *store.PodLoad) string {
 		return fmt.Sprintf("%.3g tokens a second, past the %.0e believed of one replica", max(l.PromptTokens, l.GenerationTokens), maxTokenRate)
 	case l.FirstTokens > maxRequestRate:
 		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
+	case l.Preemptions > maxRequestRate:
+		// A preemption rate past the first tokens marks a swamped window
+		// (rule 2), so a lie there would hold a break at its knee.
+		return fmt.Sprintf("%.3g preemptions a second, past the %.0e believed of one replica", l.Preemptions, maxRequestRate)
 	case max(l.Waiting, l.WaitingNow) > maxQueue:
 		return fmt.Sprintf("%.3g requests waiting, past the %.0e believed of one replica", max(l.Waiting, l.WaitingNow), maxQueue)
 	case math.Abs(l.WaitingGrowth) > maxQueue:

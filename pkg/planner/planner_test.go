@@ -1396,27 +1396,31 @@ func TestImplausibleWindowsAreRefusedAlone(t *testing.T) {
 }
 
 // TestBelowZeroAndRunawayQueuesAreRefused: a window with a rate, count or
-// gauge below 0, or a queue moving by more than a replica is believed to
-// hold in a second, is refused as a liar is (found by FuzzMake: a queue
-// growing 10³⁰⁰ a second planned 2³¹−1 replicas and kept an infinite need
-// among the peaks held, which no plan could show).
+// gauge below 0, a queue moving by more than a replica is believed to
+// hold in a second, or preemptions past the first tokens one is believed
+// to give, is refused as a liar is (found by FuzzMake: a queue growing
+// 10³⁰⁰ a second planned 2³¹−1 replicas and kept an infinite need among
+// the peaks held, which no plan could show; a preemption rate had no
+// bound, and past the first tokens it marks a window swamped).
 func TestBelowZeroAndRunawayQueuesAreRefused(t *testing.T) {
 	cfg := Default(0)
 	negative := serving("negative", 10000, 0.01)
 	negative.FirstTokens = -3
 	runaway := serving("runaway", 10000, 0.01)
 	runaway.WaitingGrowth = 1e300
-	p, st, err := Make(snap(t0, serving("a", 10000, 0.01), negative, runaway), State{}, cfg)
+	preempting := serving("preempting", 10000, 0.01)
+	preempting.Preemptions = 1e300
+	p, st, err := Make(snap(t0, serving("a", 10000, 0.01), negative, runaway, preempting), State{}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Refused != 2 || !strings.HasPrefix(p.RefusedWhy, "negative: a rate, count, mean or gauge below 0") {
-		t.Fatalf("refused %d (%q): want both, the negative one named first", p.Refused, p.RefusedWhy)
+	if p.Refused != 3 || !strings.HasPrefix(p.RefusedWhy, "negative: a rate, count, mean or gauge below 0") {
+		t.Fatalf("refused %d (%q): want all three, the negative one named first", p.Refused, p.RefusedWhy)
 	}
-	// The refused replicas carry the believable one's load: 30,000 over
-	// 10,000 a replica at 0.8, 3.75 replicas, and nothing else is held.
-	if p.Need != 3.75 || p.Replicas != 4 || len(st.peaks) != 1 || st.peaks[0].need != 3.75 {
-		t.Fatalf("plan %d, need %v, peaks %+v: want 4 on a need of 3.75 (the believable replica's load, three times), and that need held", p.Replicas, p.Need, st.peaks)
+	// The refused replicas carry the believable one's load: 40,000 over
+	// 10,000 a replica at 0.8, 5 replicas, and nothing else is held.
+	if p.Need != 5 || p.Replicas != 5 || len(st.peaks) != 1 || st.peaks[0].need != 5 {
+		t.Fatalf("plan %d, need %v, peaks %+v: want 5 on a need of 5 (the believable replica's load, four times), and that need held", p.Replicas, p.Need, st.peaks)
 	}
 }
 
