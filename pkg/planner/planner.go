@@ -1174,13 +1174,18 @@ func (st *State) learnBreak(w, broken float64, now time.Time, level bool) {
 // replica that drains its queue is swamped by a backlog only it can
 // drain (no engine hands its queue to another).
 func (st *State) kneesOf(obs []window, now time.Time, gap, hold time.Duration) {
-	prev := make(map[string]knee, len(st.knees))
+	// Most observations have no window past capacity and no run to end:
+	// they allocate nothing.
+	var prev map[string]knee
+	if len(st.knees) > 0 {
+		prev = make(map[string]knee, len(st.knees))
+	}
 	for _, k := range st.knees {
 		if now.Sub(k.seen) <= gap {
 			prev[k.pod] = k
 		}
 	}
-	knees := make([]knee, 0, len(st.knees)+1)
+	var knees []knee
 	for i := range obs {
 		o := &obs[i]
 		if o.thin || !o.broke {

@@ -2623,3 +2623,24 @@ func TestASwampedWindowSetsNoLevelOfItsOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestAQuietObservationKeepsNoKnee: an observation with no window past
+// capacity, and no run to end, allocates no knee (each made a map and a
+// slice at every observation of every workload), and a run's knee is
+// kept only while its replica stays past capacity.
+func TestAQuietObservationKeepsNoKnee(t *testing.T) {
+	var st State
+	quiet := []window{{name: "a", w: 30000, n: 100, healthy: true}, {name: "b", w: 20000, n: 100, thin: true}}
+	if allocs := testing.AllocsPerRun(100, func() { st.kneesOf(quiet, t0, time.Minute, time.Hour) }); allocs != 0 || st.knees != nil {
+		t.Fatalf("%v allocations, knees %+v: want none", allocs, st.knees)
+	}
+	broke := []window{{name: "a", w: 60000, n: 100, broke: true}, quiet[1]}
+	st.kneesOf(broke, t0, time.Minute, time.Hour)
+	if len(st.knees) != 1 || st.knees[0].most != 60000 || broke[0].knee != 60000 {
+		t.Fatalf("knees %+v, window's knee %v: want a's run, at 60000", st.knees, broke[0].knee)
+	}
+	st.kneesOf(quiet, t0.Add(5*time.Second), time.Minute, time.Hour)
+	if st.knees != nil {
+		t.Fatalf("knees %+v after a's window within capacity: want its run ended", st.knees)
+	}
+}
