@@ -1174,18 +1174,13 @@ func (st *State) learnBreak(w, broken float64, now time.Time, level bool) {
 // replica that drains its queue is swamped by a backlog only it can
 // drain (no engine hands its queue to another).
 func (st *State) kneesOf(obs []window, now time.Time, gap, hold time.Duration) {
-	// Most observations have no window past capacity and no run to end:
-	// they allocate nothing.
-	var prev map[string]knee
-	if len(st.knees) > 0 {
-		prev = make(map[string]knee, len(st.knees))
-	}
+	prev := make(map[string]knee, len(st.knees)) // does not escape
 	for _, k := range st.knees {
 		if now.Sub(k.seen) <= gap {
 			prev[k.pod] = k
 		}
 	}
-	var knees []knee
+	var knees []knee // made only where a replica is past capacity
 	for i := range obs {
 		o := &obs[i]
 		if o.thin || !o.broke {

@@ -1398,10 +1398,11 @@ func TestImplausibleWindowsAreRefusedAlone(t *testing.T) {
 // TestBelowZeroAndRunawayQueuesAreRefused: a window with a rate, count or
 // gauge below 0, a queue moving by more than a replica is believed to
 // hold in a second, or preemptions past the first tokens one is believed
-// to give, is refused as a liar is (found by FuzzMake: a queue growing
-// 10³⁰⁰ a second planned 2³¹−1 replicas and kept an infinite need among
-// the peaks held, which no plan could show; a preemption rate had no
-// bound, and past the first tokens it marks a window swamped).
+// to give, is refused as a liar is. FuzzMake found the queue: growing
+// 10³⁰⁰ a second, it planned 2³¹−1 replicas and kept an infinite need
+// among the peaks held, which no plan could show. The preemptions had no
+// bound until the fourteenth session; past the first tokens they mark a
+// window swamped (rule 2).
 func TestBelowZeroAndRunawayQueuesAreRefused(t *testing.T) {
 	cfg := Default(0)
 	negative := serving("negative", 10000, 0.01)
@@ -2625,9 +2626,9 @@ func TestASwampedWindowSetsNoLevelOfItsOwn(t *testing.T) {
 }
 
 // TestAQuietObservationKeepsNoKnee: an observation with no window past
-// capacity, and no run to end, allocates no knee (each made a map and a
-// slice at every observation of every workload), and a run's knee is
-// kept only while its replica stays past capacity.
+// capacity, and no run to end, allocates no knee (each made a slice at
+// every observation of every workload), and a run's knee is kept only
+// while its replica stays past capacity.
 func TestAQuietObservationKeepsNoKnee(t *testing.T) {
 	var st State
 	quiet := []window{{name: "a", w: 30000, n: 100, healthy: true}, {name: "b", w: 20000, n: 100, thin: true}}
