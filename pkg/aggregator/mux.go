@@ -37,6 +37,9 @@ type ingestMux struct {
 }
 
 func newIngestMux(ln net.Listener, fs *framed.Server, conns *prometheus.CounterVec) *ingestMux {
+	for _, transport := range []string{"grpc", "framed"} {
+		conns.WithLabelValues(transport) // at 0 from the start
+	}
 	return &ingestMux{ln: ln, framed: fs, conns: conns, grpc: make(chan net.Conn), errc: make(chan error), done: make(chan struct{}), wait: handshakeTimeout}
 }
 

@@ -45,6 +45,16 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 	m := newIngestMux(ln, fs, conns)
 	m.wait = 100 * time.Millisecond
 	defer m.Close()
+	// Each transport's series is there at 0 before its first connection
+	// (one made then had no 0 for rate() to start from).
+	if n := testutil.CollectAndCount(conns); n != 2 {
+		t.Fatalf("before any connection: %d series, want grpc's and framed's", n)
+	}
+	for _, tr := range []string{"grpc", "framed"} {
+		if v := testutil.ToFloat64(conns.WithLabelValues(tr)); v != 0 {
+			t.Fatalf("before any connection: %s at %v, want 0", tr, v)
+		}
+	}
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		for {

@@ -187,6 +187,9 @@ func New(cfg Config) *Relay {
 	for _, reason := range refuseReasons {
 		r.m.refused.WithLabelValues(reason)
 	}
+	for _, direction := range []string{"to_aggregator", "to_agent"} {
+		r.m.messages.WithLabelValues(direction) // at 0 from the start
+	}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(r.m.streams, r.m.refused, r.m.messages, r.m.idleClosed,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

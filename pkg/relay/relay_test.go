@@ -296,12 +296,18 @@ func TestAStreamIsForwardedBothWays(t *testing.T) {
 	if len(ended) != 1 || ended[0] != nil {
 		t.Errorf("the replica's stream ended with %v", ended)
 	}
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+	messagesAre(t, reg, 4, 4)
+}
+
+// messagesAre checks pulse_relay_messages_total's two series.
+func messagesAre(t *testing.T, reg prometheus.Gatherer, toAgent, toAggregator int) {
+	t.Helper()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(`
 # HELP pulse_relay_messages_total Messages forwarded, by direction (to_aggregator, to_agent).
 # TYPE pulse_relay_messages_total counter
-pulse_relay_messages_total{direction="to_agent"} 4
-pulse_relay_messages_total{direction="to_aggregator"} 4
-`), "pulse_relay_messages_total"); err != nil {
+pulse_relay_messages_total{direction="to_agent"} %d
+pulse_relay_messages_total{direction="to_aggregator"} %d
+`, toAgent, toAggregator)), "pulse_relay_messages_total"); err != nil {
 		t.Error(err)
 	}
 }
@@ -362,6 +368,9 @@ pulse_relay_refused_streams_total{reason="upstream_unavailable"} 0
 `), "pulse_relay_refused_streams_total"); err != nil {
 		t.Error(err)
 	}
+	// Nothing was forwarded, and each direction says so from the start (a
+	// series made at its first message had no 0 for rate() to start from).
+	messagesAre(t, reg, 0, 0)
 }
 
 // TestBadBytesEndOnlyTheirStream: the relay decodes nothing, so bytes that

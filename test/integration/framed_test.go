@@ -135,6 +135,7 @@ func TestAutoReachesAnOlderAggregatorOverGRPCAndAnUpgradedOneFramed(t *testing.T
 # HELP pulse_aggregator_ingest_connections_total Connections the ingest port served, by transport (grpc, framed: the agents' --transport).
 # TYPE pulse_aggregator_ingest_connections_total counter
 pulse_aggregator_ingest_connections_total{transport="framed"} 1
+pulse_aggregator_ingest_connections_total{transport="grpc"} 0
 `), "pulse_aggregator_ingest_connections_total"); err != nil {
 		t.Error(err)
 	}
