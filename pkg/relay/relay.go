@@ -692,18 +692,20 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 // without it (a replica rolled back); a review slow past the wait (the API
 // server's, under load) says nothing of the replica, and one such stream
 // took the wait before reading from every stream to it. False when the
-// stream ended meanwhile.
+// stream ended meanwhile, the replica's side first (its refusal: the
+// agent's first message is then never read, and the replica's status is
+// what the agent gets; read on, a first message past maxHello raced the
+// refusal and was refused as too large, read whole).
 func (r *Relay) awaitReview(ctx context.Context, up grpc.ClientStream, u *upstream) bool {
-	reviewed := make(chan bool, 1)
+	reviewed := make(chan bool, 1) // false: the replica's side ended
 	go func() {
 		// The replica's headers, or (nil) the stream's end, its refusal.
 		md, err := up.Header()
 		got := err == nil && md != nil
-		ok := got && len(md.Get(ReviewedKey)) > 0
 		if got {
-			u.reviewsFirst.Store(ok)
+			u.reviewsFirst.Store(len(md.Get(ReviewedKey)) > 0)
 		}
-		reviewed <- ok
+		reviewed <- got
 	}()
 	known := u.reviewsFirst.Load()
 	wait := r.unreviewedWait
@@ -713,10 +715,10 @@ func (r *Relay) awaitReview(ctx context.Context, up grpc.ClientStream, u *upstre
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-reviewed:
-		// Without the header the replica's side ended (its refusal), or
-		// it sent its headers with its welcome, after a hello: read on.
-		return true
+	case got := <-reviewed:
+		// Headers without the key: a replica that sends its headers
+		// with its welcome, after a hello: read on.
+		return got
 	case <-t.C:
 		return true // this stream's review is slow: its hello is read
 	case <-ctx.Done():
