@@ -716,8 +716,8 @@ func (r *Relay) awaitReview(ctx context.Context, up grpc.ClientStream, u *upstre
 	defer t.Stop()
 	select {
 	case got := <-reviewed:
-		// Headers without the key: a replica that sends its headers
-		// with its welcome, after a hello: read on.
+		// Headers: with the key, reviewed; without it, a replica that
+		// sends no key (older than it): read on either way.
 		return got
 	case <-t.C:
 		return true // this stream's review is slow: its hello is read

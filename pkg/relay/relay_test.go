@@ -865,6 +865,11 @@ func TestAnAddressThatIsNoneSpendsNoLookup(t *testing.T) {
 // reads it only once the replica says it reviewed the token; one that
 // refuses the token ends the stream with nothing of it read.
 func TestAFirstMessageIsReadOnlyOnceTheReplicaReviewedTheStream(t *testing.T) {
+	// Only the replica's answer lets the relay read (a fresh relay does
+	// not know the replica sends ReviewedKey, and would read after a
+	// second: the test's own waits come near it).
+	defer func(d time.Duration) { unreviewedWait = d }(unreviewedWait)
+	unreviewedWait = time.Hour
 	agg := startAggregator(t, 100)
 	agg.review = make(chan error, 1)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
@@ -889,6 +894,46 @@ func TestAFirstMessageIsReadOnlyOnceTheReplicaReviewedTheStream(t *testing.T) {
 	wantRefused(t, r, "hello_too_large", 0) // the first message was not read before the review
 	if n := testutil.ToFloat64(r.m.messages.WithLabelValues("to_aggregator")); n != 0 {
 		t.Fatalf("%v messages forwarded to the replica; want none", n)
+	}
+}
+
+// headerStream is a stream to a replica whose Header answers md at once
+// (nil: the stream ended without headers, a refusal).
+type headerStream struct {
+	grpc.ClientStream
+	md metadata.MD
+}
+
+func (s headerStream) Header() (metadata.MD, error) { return s.md, nil }
+
+// TestAReplicaThatEndsTheStreamFirstStopsTheRead: awaitReview answers as
+// soon as the replica's side answers, the waits an hour. A stream the
+// replica ended with no headers (its refusal of the token) is not read
+// on: it was, and the agent's first message past the hello's bound was
+// read whole and refused as too large, the agent told InvalidArgument
+// where the replica said Unauthenticated. A refusal says nothing of
+// whether the replica sends ReviewedKey; headers do.
+func TestAReplicaThatEndsTheStreamFirstStopsTheRead(t *testing.T) {
+	r := &Relay{unreviewedWait: time.Hour, cfg: Config{HelloWait: 2 * time.Hour}}
+	for _, c := range []struct {
+		name        string
+		known       bool
+		md          metadata.MD
+		read, after bool // awaitReview's answer; reviewsFirst after it
+	}{
+		{"ended, the replica not known to send the header", false, nil, false, false},
+		{"ended, the replica known to send it", true, nil, false, true},
+		{"reviewed", false, metadata.Pairs(ReviewedKey, "1"), true, true},
+		{"headers without the key", true, metadata.Pairs("x", "1"), true, false},
+	} {
+		u := &upstream{}
+		u.reviewsFirst.Store(c.known)
+		if got := r.awaitReview(context.Background(), headerStream{md: c.md}, u); got != c.read {
+			t.Errorf("%s: awaitReview %v, want %v", c.name, got, c.read)
+		}
+		if got := u.reviewsFirst.Load(); got != c.after {
+			t.Errorf("%s: known to send the header %v, want %v", c.name, got, c.after)
+		}
 	}
 }
 
