@@ -192,6 +192,11 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 	if busy == 0 || reviews.Load() > 2*metricsAuthBurst+10 {
 		t.Fatalf("5,000 made-up tokens: %d reviews, %d refused as busy; want the reviews bounded by the rate", reviews.Load(), busy)
 	}
+	// The flood goes on: each review the rate gives back is a made-up
+	// token's. (Left to real time, the rate gave one back every 0.1 s,
+	// and a tenant's token checked below was reviewed in a run now and
+	// then.)
+	m.limit[0].SetBurst(0)
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus during the flood: %v %v, want its answer kept", ok, err)
 	}
@@ -404,6 +409,14 @@ func TestTokensMintedByOneUserShareItsReviews(t *testing.T) {
 		m.allowed.Add(answerKey(path, spent), allowance{until: old, user: tenantReader})
 		_, _, _ = m.allow(ctx, path, spent)
 	}
+	// Its limiter gives nothing back from here (left to real time, one
+	// review every half second, which the thousand reviews below can
+	// take): a fresh one in its place would give a burst.
+	users, ok := m.users.Peek(sha256.Sum256([]byte(tenantReader)))
+	if !ok {
+		t.Fatal("no limiter of the tenant's user after its tokens' reviews")
+	}
+	users.SetBurst(0)
 	for i := range metricsAuthCache {
 		m.limit[1] = rate.NewLimiter(rate.Inf, 0) // the shared rate, not the tokens', is not what is tested here
 		_, _, _ = m.allow(ctx, "/debug/triggers", fmt.Sprintf("garbage-%d", i))

@@ -43,7 +43,9 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"transport"})
 	ln := newLimitListener(tcp, 8, 8)
 	m := newIngestMux(ln, fs, conns)
-	m.wait = 100 * time.Millisecond
+	// The framed client's handshake is read within the wait, or never:
+	// 100 ms was a race on a loaded machine, lost as a test that hung.
+	m.wait = 2 * time.Second
 	defer m.Close()
 	// Each transport's series is there at 0 before its first connection
 	// (one made then had no 0 for rate() to start from).
@@ -148,7 +150,9 @@ func TestAGRPCHandshakeIsDueByTheWaitsEnd(t *testing.T) {
 	}
 	fs := framed.NewServer(func(pulsev1.Ingest_ReportServer) error { return nil }, framed.ServerOptions{})
 	m := newIngestMux(newLimitListener(tcp, 8, 8), fs, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"transport"}))
-	m.wait = 200 * time.Millisecond
+	// Long enough for a client's whole handshake on a loaded machine
+	// (200 ms was near a race under -race).
+	m.wait = time.Second
 	srv := grpc.NewServer(grpc.ConnectionTimeout(time.Hour))
 	healthpb.RegisterHealthServer(srv, grpchealth.NewServer())
 	go func() { _ = srv.Serve(m) }()

@@ -943,7 +943,9 @@ func TestAReplicaThatEndsTheStreamFirstStopsTheRead(t *testing.T) {
 func TestAFirstMessageNotWholeWithinTheHelloWaitEndsTheStream(t *testing.T) {
 	agg := startAggregator(t, 100)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 200 * time.Millisecond})
+	// The wait holds the replica's review and the hello's read too (200
+	// ms was near a race under -race).
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: time.Second})
 	s := agentStream(context.Background(), t, at, agg.addr) // sends nothing
 	endsWith(t, s, codes.DeadlineExceeded, "did not arrive whole")
 	wantRefused(t, r, "hello_wait", 1)
