@@ -193,9 +193,9 @@ func TestMadeUpTokensDoNotLockPrometheusOut(t *testing.T) {
 		t.Fatalf("5,000 made-up tokens: %d reviews, %d refused as busy; want the reviews bounded by the rate", reviews.Load(), busy)
 	}
 	// The flood goes on: each review the rate gives back is a made-up
-	// token's. (Left to real time, the rate gave one back every 0.1 s,
-	// and a tenant's token checked below was reviewed in a run now and
-	// then.)
+	// token's. (Left to real time, the rate gives one back every 0.1 s,
+	// and a tenant's token checked below could be reviewed in a slow
+	// run.)
 	m.limit[0].SetBurst(0)
 	if ok, _, err := m.allow(ctx, "/metrics", "prometheus"); !ok || err != nil {
 		t.Fatalf("prometheus during the flood: %v %v, want its answer kept", ok, err)

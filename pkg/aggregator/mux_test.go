@@ -44,7 +44,8 @@ func TestTheIngestPortTellsTheTransportsApart(t *testing.T) {
 	ln := newLimitListener(tcp, 8, 8)
 	m := newIngestMux(ln, fs, conns)
 	// The framed client's handshake is read within the wait, or never:
-	// 100 ms was a race on a loaded machine, lost as a test that hung.
+	// 100 ms was a race on a loaded machine, and a race lost would hang
+	// the test.
 	m.wait = 2 * time.Second
 	defer m.Close()
 	// Each transport's series is there at 0 before its first connection
