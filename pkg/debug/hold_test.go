@@ -76,7 +76,9 @@ func (manyTriggers) EvaluationsOf(ns string) []scaler.Evaluation {
 // is given back.
 func TestAnAnswerNotReadIsGivenBack(t *testing.T) {
 	defer func(d time.Duration) { answerWrite = d }(answerWrite)
-	answerWrite = 300 * time.Millisecond
+	// Long enough that the check below lands while the four are held
+	// (300 ms was near a race on a loaded machine).
+	answerWrite = 2 * time.Second
 	mux := http.NewServeMux()
 	h := &Handler{Store: store.New(store.Options{}), FreshFor: time.Minute, MaxWindow: time.Minute, Triggers: manyTriggers{}}
 	h.Register(mux)

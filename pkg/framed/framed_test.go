@@ -386,7 +386,8 @@ func TestAnAggregatorWithoutTheTransportIsNamed(t *testing.T) {
 	srv := grpc.NewServer()
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Stop()
-	_, err = client(t, ln.Addr().String(), ClientOptions{ConnectTimeout: 500 * time.Millisecond}).Report(context.Background())
+	// The settings come at once; the timeout only bounds a wait for them.
+	_, err = client(t, ln.Addr().String(), ClientOptions{ConnectTimeout: 5 * time.Second}).Report(context.Background())
 	if s, _ := status.FromError(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "--transport=grpc only") {
 		t.Fatalf("Report to a gRPC-only port: %v; want FailedPrecondition naming --transport=grpc", err)
 	}

@@ -527,7 +527,9 @@ func TestAReplicaGoneEndsItsStreams(t *testing.T) {
 func TestAReplicaThatLetsFewerStreamsOpen(t *testing.T) {
 	agg := startAggregator(t, 2)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 5, StreamWait: 200 * time.Millisecond})
+	// The wait covers a new connection's dial too (200 ms was near a
+	// race under -race).
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, StreamsPerConnection: 5, StreamWait: time.Second})
 	open := func() error {
 		s := agentStream(context.Background(), t, at, agg.addr)
 		if err := s.Send(hello("node")); err != nil {
@@ -1006,7 +1008,9 @@ func TestOneSlowReviewLeavesTheReplicaKnown(t *testing.T) {
 	agg := startAggregator(t, 100)
 	agg.review = make(chan error, 1)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 2 * time.Second})
+	// The slow stream's hello is read between half the wait and the
+	// wait: 3 s for it (1 s was near a race under -race).
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, HelloWait: 6 * time.Second})
 	agg.review <- nil
 	welcomed(t, at, agg.addr)
 	u, _ := r.upstreamFor(context.Background(), agg.addr)
@@ -1194,7 +1198,7 @@ func (s slowDNS) LookupHost(ctx context.Context, host string) ([]string, error) 
 func TestAStreamDuringALookupWaitsForIt(t *testing.T) {
 	agg := startAggregator(t, 100)
 	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
-	r, _ := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: slowDNS{d, 300 * time.Millisecond}})
+	r, _ := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: slowDNS{d, 2 * time.Second}})
 	eventually(t, "the first lookup", func() error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -1211,7 +1215,7 @@ func TestAStreamDuringALookupWaitsForIt(t *testing.T) {
 			_, ok := r.upstreamFor(context.Background(), added)
 			found <- ok
 		}()
-		time.Sleep(50 * time.Millisecond) // the second within the first's lookup (300 ms)
+		time.Sleep(50 * time.Millisecond) // the second within the first's lookup (2 s)
 	}
 	for i := range 2 {
 		if !<-found {
