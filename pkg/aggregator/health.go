@@ -18,6 +18,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/logging"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Health service names, as KEDA's http-add-on serves them: kubelet gRPC
@@ -201,7 +202,10 @@ func (h *health) status(service string) (healthpb.HealthCheckResponse_ServingSta
 	case ServiceReadiness, "":
 		err = h.ready()
 	default:
-		return 0, status.Errorf(codes.NotFound, "unknown service %q: liveness or readiness", service)
+		// Cut: the name is anyone's who reaches the port, and quoted a
+		// name of control bytes is four times its size (4 MiB sent, 16
+		// answered).
+		return 0, status.Errorf(codes.NotFound, "unknown service %q: liveness or readiness", wire.CleanText(service, 64))
 	}
 	if err != nil {
 		return healthpb.HealthCheckResponse_NOT_SERVING, nil

@@ -180,6 +180,12 @@ func TestWarmupHoldsAnswersUntilTheAgentsAreBack(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(scaler).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "other"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown health service: %v", err)
 	}
+	// Its name quoted cut: anyone who reaches the port names it, and a
+	// name of control bytes was answered four times its size.
+	_, err := healthpb.NewHealthClient(scaler).Check(context.Background(), &healthpb.HealthCheckRequest{Service: strings.Repeat("\x01", 1<<20)})
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.NotFound || len(msg) > 512 {
+		t.Fatalf("a health service of 1 MiB: %v, a message of %d bytes; want NotFound, at most 512", status.Code(err), len(msg))
+	}
 }
 
 // TestWarmupEndsAfterItsDuration: with no expected count, the aggregator

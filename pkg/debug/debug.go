@@ -30,6 +30,7 @@ import (
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/slots"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // Handler serves the debug endpoints from a store.
@@ -118,7 +119,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if f := r.URL.Query().Get("format"); f != "" && f != "json" && f != "table" {
-			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", f), http.StatusBadRequest)
+			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", wire.CleanText(f, 64)), http.StatusBadRequest)
 			return
 		}
 		who, _ := r.Context().Value(callerKey{}).(string)
@@ -235,7 +236,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	if s := r.URL.Query().Get("window"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 0 || (h.MaxWindow > 0 && d > h.MaxWindow) {
-			http.Error(w, fmt.Sprintf("window %q: want a duration between 0 and %s", s, h.MaxWindow), http.StatusBadRequest)
+			http.Error(w, fmt.Sprintf("window %q: want a duration between 0 and %s", wire.CleanText(s, 64), h.MaxWindow), http.StatusBadRequest)
 			return
 		}
 		window = d

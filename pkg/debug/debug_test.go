@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -121,6 +122,15 @@ func TestTableAndErrors(t *testing.T) {
 	}
 	if code, _ := get(t, srv.URL+"/debug/workloads?format=json", ""); code != 200 {
 		t.Errorf("format=json: %d", code)
+	}
+	// A refusal quotes what was asked cut: a ?format= of 64 KiB of
+	// control bytes was answered four times its size, before the bounds
+	// on answers under way.
+	long := url.QueryEscape(strings.Repeat("\x01", 64<<10))
+	for _, u := range []string{"/debug/workloads?format=" + long, "/debug/workloads?window=" + long} {
+		if code, body := get(t, srv.URL+u, ""); code != 400 || len(body) > 512 {
+			t.Errorf("a query of 64 KiB: %d, an answer of %d bytes; want 400, at most 512", code, len(body))
+		}
 	}
 	// An explicit format decides over Accept: format=json was answered a
 	// table to a client that accepts text/plain.

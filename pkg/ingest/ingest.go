@@ -88,7 +88,7 @@ type metrics struct {
 
 // rejectReasons are the reason label values of
 // pulse_aggregator_rejected_reports_total.
-var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "duplicate_id", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "other_node", "store_full", "superseded", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
+var rejectReasons = []string{"agent_full", "auth_unavailable", "bad_extra", "bad_time", "catalogue", "duplicate_id", "invalid_entry", "invalid_hello", "malformed_batch", "message", "negative_value", "node_streams", "nonpositive_bound", "other_node", "ratio_above_one", "store_full", "superseded", "too_many_workloads", "unauthenticated", "unknown_pod", "workload_claim"}
 
 // Options configure a Server.
 type Options struct {
@@ -1141,16 +1141,57 @@ func (st *streamState) values(r *store.Report, s *wire.Sample) {
 		st.srv.onHist()
 	}
 	for id := metric.ID(1); id < metric.NumIDs; id++ {
-		if v, ok := r.Values.Get(id); ok && v < 0 {
+		v, ok := r.Values.Get(id)
+		switch {
+		case !ok:
+		case v < 0:
 			r.Values.Present &^= 1 << id
 			st.srv.m.rejected.WithLabelValues("negative_value").Inc()
 			rejected = append(rejected, "negative "+id.Name())
+		case v > 1 && id.Ratio():
+			// A fraction past 1: one pod's KV cache "50000 full" made its
+			// workload's mean 12,500 against a threshold of 0.4.
+			r.Values.Present &^= 1 << id
+			st.srv.m.rejected.WithLabelValues("ratio_above_one").Inc()
+			rejected = append(rejected, fmt.Sprintf("%s %g above 1", id.Name(), v))
 		}
 	}
+	rejected = st.latencyBounds(r, rejected)
 	if rejected != nil {
 		r.Rejected = strings.Join(rejected, ", ")
 		st.logRejected(s.Pod, r.Rejected)
 	}
+}
+
+// latencyBounds drops a sample's histogram with a bound at or below 0, and
+// adds why to rejected: every histogram pulse reads is of latencies (TTFT,
+// ITL), and no bucket of them holds a duration of 0 or less. Merged with
+// its workload's other pods on the bounds they share, one pod's bucket at
+// -100 left only the +Inf bucket, and the workload's quantile Unavailable.
+// The sample's other values are kept, and its pod's last histogram stands
+// (metric.Complete).
+func (st *streamState) latencyBounds(r *store.Report, rejected []string) []string {
+	if r.Hist == nil {
+		return rejected
+	}
+	var kept *metric.Histograms
+	for i := range r.Hist {
+		b := &r.Hist[i]
+		if !b.Present() || b.Bounds[0] > 0 {
+			continue
+		}
+		if kept == nil {
+			c := *r.Hist // the sample's own, never the decoder's
+			kept = &c
+		}
+		kept[i] = metric.Buckets{}
+		st.srv.m.rejected.WithLabelValues("nonpositive_bound").Inc()
+		rejected = append(rejected, fmt.Sprintf("%s's bound %g at or below 0", metric.Hist(i).Name(), b.Bounds[0]))
+	}
+	if kept != nil {
+		r.Hist = kept
+	}
+	return rejected
 }
 
 // batch stores a batch. A batch that does not decode ends the stream: the

@@ -157,7 +157,9 @@ pulse_aggregator_rejected_reports_total{reason="malformed_batch"} 0
 pulse_aggregator_rejected_reports_total{reason="message"} 0
 pulse_aggregator_rejected_reports_total{reason="negative_value"} 1
 pulse_aggregator_rejected_reports_total{reason="node_streams"} 0
+pulse_aggregator_rejected_reports_total{reason="nonpositive_bound"} 0
 pulse_aggregator_rejected_reports_total{reason="other_node"} 0
+pulse_aggregator_rejected_reports_total{reason="ratio_above_one"} 0
 pulse_aggregator_rejected_reports_total{reason="store_full"} 0
 pulse_aggregator_rejected_reports_total{reason="superseded"} 0
 pulse_aggregator_rejected_reports_total{reason="too_many_workloads"} 0
@@ -863,6 +865,67 @@ func TestAStaleStreamOfTheNodeChangesNothing(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("superseded")); got != 1 {
 		t.Fatalf("superseded streams counted: %v, want 1", got)
+	}
+}
+
+// TestValuesPastBeliefAreRefusedAlone: a fraction past 1 (a KV cache
+// "50000 full", a GPU 300 % used) and a latency histogram with a bound at
+// or below 0 are refused, that value or histogram alone: the pod's other
+// values are stored, and its workload's quantile is read from the pods
+// whose buckets hold durations. Stored, one pod's KV cache of 50000 made
+// its workload's mean 12,500 against a threshold of 0.4, and one pod's
+// bucket at -100 left its workload's pods, merged on the bounds they
+// share, only +Inf: the quantile Unavailable.
+func TestValuesPastBeliefAreRefusedAlone(t *testing.T) {
+	f := newFixture(t)
+	llama := store.Key{Namespace: "ns", Kind: store.KindWorkspace, Name: "llama"}
+	enc := wire.NewEncoder()
+	now := time.Now()
+	var msgs []*pulsev1.AgentMessage
+	for i, at := range []time.Time{now.Add(-3 * time.Second), now.Add(-time.Second)} {
+		b := &pulsev1.SampleBatch{Seq: uint64(i + 1), TimeUnixMs: at.UnixMilli()}
+		n := float64(10 * i) // requests so far, each within 0.5 s
+		a := wire.Sample{Pod: 1, Hist: &metric.Histograms{}}
+		a.Values.Set(metric.Waiting, 1)
+		a.Values.Set(metric.KVCacheUsage, 0.5)
+		a.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{0.5, 1, math.Inf(1)}, Counts: []float64{n, n, n}}
+		enc.Append(b, &a)
+		bad := wire.Sample{Pod: 2, Hist: &metric.Histograms{}}
+		bad.Values.Set(metric.Waiting, 2)
+		bad.Values.Set(metric.KVCacheUsage, 50000)
+		bad.Values.Set(metric.GPUUtilization, 3)
+		bad.Hist[metric.TTFTHist] = metric.Buckets{Bounds: []float64{-100, math.Inf(1)}, Counts: []float64{n, n}}
+		enc.Append(b, &bad)
+		msgs = append(msgs, &pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: b}})
+	}
+	if err := f.run(t, append([]*pulsev1.AgentMessage{hello(), catalogue(pod(1, "a"), pod(2, "b"))}, msgs...)...); err != nil {
+		t.Fatal(err)
+	}
+	v := f.store.View(store.ViewOptions{FreshFor: time.Minute})
+	if len(v) != 1 || len(v[0].Pods) != 2 {
+		t.Fatalf("store = %+v", v)
+	}
+	b := v[0].Pods[1]
+	if _, ok := b.Values["kvCacheUsage"]; ok || b.Values["waiting"] != 2 {
+		t.Fatalf("pod b's values %v: want waiting 2 and no kvCacheUsage", b.Values)
+	}
+	if _, ok := b.Values["gpuUtilization"]; ok {
+		t.Fatalf("pod b's values %v: want no gpuUtilization", b.Values)
+	}
+	for _, want := range []string{"kvCacheUsage 50000 above 1", "gpuUtilization 3 above 1", "ttft's bound -100 at or below 0"} {
+		if !strings.Contains(b.Rejected, want) {
+			t.Errorf("pod b's refused values %q: want %q among them", b.Rejected, want)
+		}
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("ratio_above_one")); got != 4 {
+		t.Errorf("rejected ratio_above_one = %v, want 4 (two values in each of two samples)", got)
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("nonpositive_bound")); got != 2 {
+		t.Errorf("rejected nonpositive_bound = %v, want 2", got)
+	}
+	p90 := metric.Def{Name: "ttftP90Seconds", Rule: metric.RuleQuantile, Hist: metric.TTFTHist, Q: 0.9}
+	if _, q, ok, _ := f.store.QueryQuantile(nil, llama, p90, time.Minute, time.Minute); !ok || q != 0.45 {
+		t.Fatalf("TTFT p90 = %v (ok %v), want 0.45: pod a's ten requests within 0.5 s", q, ok)
 	}
 }
 

@@ -124,6 +124,12 @@ func (id ID) Name() string {
 // Kind is the raw value's kind.
 func (id ID) Kind() Kind { return raws[id].kind }
 
+// Ratio says whether id is a fraction, 0 to 1 (the KV cache's usage, the
+// GPUs' utilization and memory used): a value above 1 is past belief.
+func (id ID) Ratio() bool {
+	return id == KVCacheUsage || id == GPUUtilization || id == GPUMemoryUsage
+}
+
 // Scale is the number of decimal digits the wire carries for id: values are
 // sent as round(v·10^Scale). Counts are exact; ratios keep 4 digits
 // (0.01%); seconds are carried in milliseconds.

@@ -394,4 +394,10 @@ func TestKaitosMinReplicasBelowOneIsOne(t *testing.T) {
 	if err != nil || s.MinReplicas != 0 {
 		t.Fatalf("pulse.io/min-replicas 0: min %d (%v), want 0", s.MinReplicas, err)
 	}
+	// A negative one is refused, naming the annotation and the bounds (as
+	// docs/scaledobject.md says).
+	_, err = Parse(llama, map[string]string{KaitoAutoProvision: "true", KaitoMinReplicas: "-1", KaitoMaxReplicas: "3"}, time.Minute)
+	if err == nil || !strings.Contains(err.Error(), KaitoMinReplicas) || !strings.Contains(err.Error(), "from 0 to 10000") {
+		t.Fatalf("keda-kaito-scaler's min-replicas -1: %v, want a refusal naming it and its bounds", err)
+	}
 }

@@ -271,9 +271,17 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	// refusal's record (and its series' labels) held up to a kilobyte of
 	// it (and did still where two keys named two workloads, or two
 	// namespaces, the refusal returned before the cut).
+	// A name with a control or format character is kept quoted, so that
+	// no record shows it raw.
 	defer func() {
+		if !wire.IsName(t.Workload.Name) {
+			t.Workload.Name = strconv.Quote(t.Workload.Name)
+		}
 		if len(t.Workload.Name) > maxWorkloadName {
 			t.Workload.Name = CutName(t.Workload.Name)
+		}
+		if !wire.IsName(t.Workload.Namespace) {
+			t.Workload.Namespace = strconv.Quote(t.Workload.Namespace)
 		}
 		if len(t.Workload.Namespace) > maxNamespace {
 			t.Workload.Namespace = wire.CleanText(t.Workload.Namespace, maxNamespace)
@@ -317,6 +325,15 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	}
 	if len(t.Workload.Namespace) > maxNamespace {
 		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("over %d bytes (a namespace's name)", maxNamespace)}
+	}
+	// As the agents' catalogue entries are (no pod's workload could match
+	// one): written raw into a refusal, a newline in a namespace forged a
+	// line of KEDA's events and the HPA's condition.
+	if !wire.IsName(t.Workload.Name) {
+		return &MetadataError{Msg: fmt.Sprintf("the workload's name %s has a control or format character (no object's name has one)", wire.CleanText(strconv.Quote(t.Workload.Name), 80))}
+	}
+	if !wire.IsName(t.Workload.Namespace) {
+		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("%s has a control or format character (no namespace's name has one)", wire.CleanText(strconv.Quote(t.Workload.Namespace), 80))}
 	}
 	return nil
 }

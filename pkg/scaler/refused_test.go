@@ -41,7 +41,7 @@ func TestRefusedTriggersAreVisible(t *testing.T) {
 		t.Fatalf("another namespace: %v", err)
 	}
 	evs := f.server.Evaluations()
-	if len(evs) != 1 || !evs[0].Refused || evs[0].MetricName != RefusedMetricName || !strings.Contains(evs[0].Err, "namespace elsewhere") {
+	if len(evs) != 1 || !evs[0].Refused || evs[0].MetricName != RefusedMetricName || !strings.Contains(evs[0].Err, `namespace "elsewhere"`) {
 		t.Fatalf("records %+v: want the ScaledObject's last refusal", evs)
 	}
 	reg := prometheus.NewPedanticRegistry()

@@ -184,7 +184,7 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 	// store.
 	if own := ref.GetNamespace(); !s.crossNS && t.Workload.Namespace != own {
 		err := status.Error(codes.InvalidArgument, fmt.Sprintf(
-			"metadata: namespace %s: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
+			"metadata: namespace %q: ScaledObject %s/%s may read only its own namespace (%s); the aggregator's --allow-cross-namespace-triggers allows others",
 			t.Workload.Namespace, own, ref.GetName(), own))
 		s.refuse(ref, t, ReasonNamespace, err)
 		return t, err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // clock is a settable test clock.
@@ -749,7 +750,9 @@ func TestTypoHintsAreBounded(t *testing.T) {
 // workload's name of 1 MiB was kept in records and a gauge's label. Too
 // many keys, a key or value over 1 KiB, a workload's name longer than an
 // object's or a namespace longer than a namespace's are refused, naming
-// the bound.
+// the bound; and a name with a control or format character, which no
+// object's has (written raw into a refusal, a newline in a namespace
+// forged a line of KEDA's events and the HPA's condition), quoted.
 func TestMetadataIsBoundedBeforeWork(t *testing.T) {
 	many := map[string]string{"workspace": "a"}
 	for i := range 100000 {
@@ -763,11 +766,18 @@ func TestMetadataIsBoundedBeforeWork(t *testing.T) {
 		"a value of 1 KiB+": {map[string]string{"workspace": "a", "metricName": strings.Repeat("m", 1025)}, "over 1024 bytes"},
 		"a long workload":   {map[string]string{"workspace": strings.Repeat("w", 254)}, "over 253 bytes"},
 		"a long namespace":  {map[string]string{"workspace": "a", "namespace": strings.Repeat("n", 64)}, "over 63 bytes"},
+		"a namespace with a newline": {map[string]string{"workspace": "a", "namespace": "x\n\x1b[2J forged line"},
+			`"namespace": "x\n\x1b[2J forged line" has a control or format character`},
+		"a workload with a newline": {map[string]string{"workspace": "a\u202eb"}, `the workload's name "a\u202eb" has a control or format character`},
 	} {
-		_, err := ParseTrigger(ref(tc.md), time.Minute, nil)
+		tr, err := ParseTrigger(ref(tc.md), time.Minute, nil)
 		var me *MetadataError
 		if !errors.As(err, &me) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a metadata error naming %q", name, err, tc.want)
+		}
+		// Nor is it kept raw, for a refusal's record to show.
+		if !wire.IsName(tr.Workload.Namespace) || !wire.IsName(tr.Workload.Name) {
+			t.Errorf("%s: the trigger keeps %q in %q", name, tr.Workload.Name, tr.Workload.Namespace)
 		}
 	}
 	if _, err := ParseTrigger(ref(map[string]string{"workspace": strings.Repeat("w", 253)}), time.Minute, nil); err != nil {

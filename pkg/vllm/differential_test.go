@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/pulse-io/pulse/pkg/metric"
@@ -188,6 +189,38 @@ vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 9
 		inf, okInf := got["hist:ttft{le=+Inf}"]
 		if !okLo || !okInf || lo != 7 || inf != 9 {
 			t.Errorf("%s: TTFT buckets %v (%v) and %v (%v), want 7 and 9 (engine 0's negative counts skipped): %v", name, lo, okLo, inf, okInf, got)
+		}
+	}
+}
+
+// TestALatencyBucketAtOrBelowZeroIsSkippedAlone: no bucket of a latency
+// histogram holds a duration of 0 or less, so such a bucket is skipped
+// alone on every path, the histogram's others kept. Sent, one pod's
+// bucket at -100 left its workload's pods, merged on the bounds they
+// share, only the +Inf bucket, and the quantile Unavailable.
+func TestALatencyBucketAtOrBelowZeroIsSkippedAlone(t *testing.T) {
+	e := newExtractor(t)
+	page := []byte(`# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="-100"} 5
+vllm:time_to_first_token_seconds_bucket{le="0"} 5
+vllm:time_to_first_token_seconds_bucket{le="0.5"} 7
+vllm:time_to_first_token_seconds_bucket{le="+Inf"} 9
+vllm:time_to_first_token_seconds_sum 3
+vllm:time_to_first_token_seconds_count 9
+`)
+	paths := map[string]func([]byte) (Page, error){"Extract": e.Extract, "FullParse": e.FullParse,
+		"ExtractWith": func(b []byte) (Page, error) { return e.ExtractWith(b, NewCounters()) }}
+	for name, parse := range paths {
+		p, err := parse(page)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.Hist == nil {
+			t.Fatalf("%s: no histogram; want the buckets at 0.5 and +Inf", name)
+		}
+		h := p.Hist[metric.TTFTHist]
+		if !slices.Equal(h.Bounds, []float64{0.5, math.Inf(1)}) || !slices.Equal(h.Counts, []float64{7, 9}) {
+			t.Errorf("%s: TTFT bounds %v counts %v; want [0.5 +Inf] and [7 9]", name, h.Bounds, h.Counts)
 		}
 	}
 }

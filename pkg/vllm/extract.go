@@ -346,13 +346,17 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
-// bucketBound is a bucket series' upper bound, its le label: a number, or
-// +Inf (no bucket holds what lies below -Inf).
+// bucketBound is a bucket series' upper bound, its le label: a number
+// above 0, or +Inf. Every histogram pulse reads is of latencies, and no
+// bucket of them holds a duration of 0 or less (nor anything below -Inf):
+// such a bucket is skipped alone, the histogram's others kept. Sent, one
+// pod's bucket at -100 left its workload's pods, merged on the bounds they
+// share, only the +Inf bucket, and the quantile Unavailable.
 func bucketBound(labels []*dto.LabelPair) (float64, bool) {
 	for _, lp := range labels {
 		if lp.GetName() == model.BucketLabel {
 			le, err := strconv.ParseFloat(lp.GetValue(), 64)
-			return le, err == nil && !math.IsNaN(le) && !math.IsInf(le, -1)
+			return le, err == nil && le > 0 // NaN is not above 0
 		}
 	}
 	return 0, false
@@ -409,6 +413,9 @@ type histSlot struct {
 }
 
 func (a *accumulator) addBucket(src source, le, v float64) {
+	if !(le > 0) { // as bucketBound: a typed histogram's bounds too
+		return
+	}
 	h := &a.hist[src.hist-1]
 	if len(h.bounds) > 0 && src.rank > h.rank {
 		return
