@@ -1065,6 +1065,12 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	rise, proven := st.riseBound(obs, now, span, shown)
 	broken := st.breakBound(obs, now, span, shown)
 	st.kneesOf(obs, now, runGap(span, shown), st.hold(cfg))
+	// Room: the fleet serves less than the plan asks of it (learnBroken).
+	var all float64
+	for _, o := range obs {
+		all += o.w
+	}
+	room := all < cfg.Utilisation*st.Capacity*float64(len(fresh))
 	// The swamped last: what the others show is learned first, in
 	// whatever order the replicas come.
 	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
@@ -1083,7 +1089,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		healthyAll = healthyAll && healthy
 		switch {
 		case broke:
-			st.learnBroken(o, broken, now)
+			st.learnBroken(o, broken, now, room)
 		case healthy && w > st.Capacity:
 			st.Capacity = w
 			st.Observations++
@@ -1120,9 +1126,17 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // served, one replica swamped by a burst pulled the capacity and the
 // breaks' level from 66,000 to 44,000 a second, and the probes stopped
 // there; and one swamped at its first evidence held the probes at what
-// it served.
-func (st *State) learnBroken(o window, broken float64, now time.Time) {
-	if !o.thrash {
+// it served. So is a draining replica's (its queue shrank over the
+// window) while the fleet has room (room: it serves less than the
+// planned utilisation of its capacity): its queue time is a backlog's,
+// built before the capacity came, and what it served falls as the
+// backlog runs out (new work goes to the replicas that came for it).
+// Taken at what they served, two replicas draining a burst's backlog
+// pulled the capacity from 42,000 to 21,000 a second. Without room, a
+// queue shrinking is a fleet still past capacity whose queues move
+// (taken at the knee, a run's highest window held the capacity up).
+func (st *State) learnBroken(o window, broken float64, now time.Time, room bool) {
+	if !o.thrash && (!o.draining || !room) {
 		st.learnBreak(o.w, broken, now, true)
 		return
 	}

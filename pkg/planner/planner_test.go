@@ -2518,6 +2518,31 @@ func TestANeedAboveZeroIsAReplica(t *testing.T) {
 	}
 }
 
+// pastCapacityAt60000 is replica a's run past its capacity at 60000 a
+// second for a minute, its queue standing: what it can serve, known.
+func pastCapacityAt60000(t *testing.T, cfg Config) (State, time.Time) {
+	t.Helper()
+	_, known, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 60000, 1))
+	if known.Capacity != 60000 || known.BreakCapacity != 60000 {
+		t.Fatalf("capacity %v, breaks' level %v; want 60000 and 60000", known.Capacity, known.BreakCapacity)
+	}
+	return known, at
+}
+
+// heldAtTheKnee fails t unless st, after a minute of replica a's windows
+// (what) past capacity following known, counted them as breaks and held
+// the capacity and the breaks' level where known had them.
+func heldAtTheKnee(t *testing.T, what string, st, known State) {
+	t.Helper()
+	if st.Breaks <= known.Breaks || !st.LastBreak.After(known.LastBreak) {
+		t.Fatalf("%s: %d breaks, last at %v; want more than %d, after %v", what, st.Breaks, st.LastBreak, known.Breaks, known.LastBreak)
+	}
+	if st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
+		t.Fatalf("%s after a run at 60000: capacity %v, breaks' level %v; want %v and %v as before",
+			what, st.Capacity, st.BreakCapacity, known.Capacity, known.BreakCapacity)
+	}
+}
+
 // TestASwampedReplicaIsLearnedAtItsKnee: a replica that preempts more
 // requests a second than it gives a first token is swamped: it redoes work
 // its counters do not show (vLLM counts a prompt once, not its recompute
@@ -2529,23 +2554,13 @@ func TestANeedAboveZeroIsAReplica(t *testing.T) {
 // there (a plan of 4 or 5 replicas where 2 serve).
 func TestASwampedReplicaIsLearnedAtItsKnee(t *testing.T) {
 	cfg := Default(0)
-	// Past its capacity at 60000 a second: what it can serve.
-	_, known, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 60000, 1))
-	if known.Capacity != 60000 || known.BreakCapacity != 60000 {
-		t.Fatalf("capacity %v, breaks' level %v; want 60000 and 60000", known.Capacity, known.BreakCapacity)
-	}
+	known, at := pastCapacityAt60000(t, cfg)
 	// Then swamped, in the same run: 40 first tokens a second, 50
 	// preemptions a second.
 	swamped := serving("a", 40000, 30)
 	swamped.Preemptions = 50
 	_, st, _ := run(t, known, cfg, at, time.Minute, swamped)
-	if st.Breaks <= known.Breaks || !st.LastBreak.After(known.LastBreak) {
-		t.Fatalf("swamped: %d breaks, last at %v; want more than %d, after %v", st.Breaks, st.LastBreak, known.Breaks, known.LastBreak)
-	}
-	if st.Capacity != known.Capacity || st.BreakCapacity != known.BreakCapacity {
-		t.Fatalf("swamped (50 preemptions a second, 40 admitted) after a run at 60000: capacity %v, breaks' level %v; want %v and %v as before",
-			st.Capacity, st.BreakCapacity, known.Capacity, known.BreakCapacity)
-	}
+	heldAtTheKnee(t, "swamped (50 preemptions a second, 40 admitted)", st, known)
 	// Preempting less than it admits, what it served is its level.
 	partly := swamped
 	partly.Preemptions = 30
@@ -2590,6 +2605,50 @@ func TestASwampedReplicaIsLearnedAtItsKnee(t *testing.T) {
 	}
 }
 
+// TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee: a replica past
+// capacity whose queue shrinks over the window serves a backlog built
+// before it: its requests' queue time is the backlog's, and what it served
+// falls as the backlog runs out (the router sends new work to the
+// replicas that came for it). Its window is a break at the most of what
+// it served and its knee, as a swamped replica's is. Learned at what it
+// served, the two replicas a burst had swamped pulled the capacity from
+// 42,000 to 21,000 a second as they drained (the 8B RAG bursts), and the
+// plan held twice the replicas the later bursts needed.
+func TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee(t *testing.T) {
+	cfg := Default(0)
+	known, at := pastCapacityAt60000(t, cfg)
+	// In the same run, draining: its requests queued 30 s, its queue
+	// shrinking, 20000 a second served.
+	draining := serving("a", 20000, 30)
+	draining.Waiting, draining.WaitingGrowth = 5, -1
+	_, st, _ := run(t, known, cfg, at, time.Minute, draining)
+	heldAtTheKnee(t, "draining at 20000", st, known)
+	// Its queue not shrinking, what it served is a break as any.
+	standing := draining
+	standing.WaitingGrowth = 0
+	pulledDown(t, "a queue standing at 20000", known, cfg, at, 30000, standing)
+	// Its queue shrinking while the fleet serves past the planned
+	// utilisation of its capacity (0.8 of 60000), it is a fleet still
+	// past capacity whose queues move: what it served. (Taken at the
+	// knee, a run's highest window held the capacity up.)
+	busy := serving("a", 50000, 30)
+	busy.Waiting, busy.WaitingGrowth = 5, -1
+	pulledDown(t, "draining at 50000, the fleet without room", known, cfg, at, 55000, busy)
+	// Draining from its run's start, nothing shows more: what it served.
+	b := draining
+	b.Name = "b"
+	pulledDown(t, "another replica draining from its run's start at 20000", known, cfg, at, 30000, b)
+}
+
+// pulledDown fails t unless a minute of pod's windows from at, after
+// known, left the capacity at most below.
+func pulledDown(t *testing.T, what string, known State, cfg Config, at time.Time, below float64, pod store.PodLoad) {
+	t.Helper()
+	if _, st, _ := run(t, known, cfg, at, time.Minute, pod); st.Capacity > below {
+		t.Fatalf("%s after a run at 60000: capacity %v, breaks' level %v; want the capacity pulled down to %v or less", what, st.Capacity, st.BreakCapacity, below)
+	}
+}
+
 // TestASwampedWindowSetsNoLevelOfItsOwn: a swamped replica's window (more
 // preemptions a second than first tokens) is the first evidence taken
 // whole, but sets no breaks' level where none was known (the probes
@@ -2617,7 +2676,7 @@ func TestASwampedWindowSetsNoLevelOfItsOwn(t *testing.T) {
 	// the knee: taken as any break, one serving more moved it lower.
 	for _, w := range []float64{45000, 52000, 60000} {
 		st := State{Capacity: 50000, BreakCapacity: 66000}
-		st.learnBroken(window{name: "e", w: w, n: 100, broke: true, thrash: true, knee: 66000}, math.Inf(1), t0)
+		st.learnBroken(window{name: "e", w: w, n: 100, broke: true, thrash: true, knee: 66000}, math.Inf(1), t0, false)
 		if st.BreakCapacity != 66000 || st.Capacity < 50000 {
 			t.Fatalf("swamped at %v, its knee 66000, under a capacity of 50000 and breaks' level of 66000: capacity %v, breaks' level %v; want the level kept, the capacity not lowered",
 				w, st.Capacity, st.BreakCapacity)
