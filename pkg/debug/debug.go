@@ -139,7 +139,7 @@ func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
 			defer h.namespaced.Give("")
 		}
 		if !h.answers.Take(ns, InFlight, InFlightPerNamespace) {
-			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one, for at most %s): try again", InFlight, InFlightPerNamespace, ns, answerWrite), http.StatusServiceUnavailable)
+			http.Error(w, fmt.Sprintf("%d debug answers are under way, or %d of namespace %q (a client not reading its own holds one, for at most %s): try again", InFlight, InFlightPerNamespace, wire.CleanText(ns, 64), answerWrite), http.StatusServiceUnavailable)
 			return
 		}
 		defer h.answers.Give(ns)
@@ -254,7 +254,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		doc.Workloads = append(doc.Workloads, toWorkload(v))
 	}
 	if name != "" && len(doc.Workloads) == 0 {
-		http.Error(w, fmt.Sprintf("no workload %s/%s", ns, name), http.StatusNotFound)
+		http.Error(w, fmt.Sprintf("no workload %q/%q", wire.CleanText(ns, 64), wire.CleanText(name, 64)), http.StatusNotFound)
 		return
 	}
 	if wantsTable(r) {

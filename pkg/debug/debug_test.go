@@ -132,6 +132,11 @@ func TestTableAndErrors(t *testing.T) {
 			t.Errorf("a query of 64 KiB: %d, an answer of %d bytes; want 400, at most 512", code, len(body))
 		}
 	}
+	// So does the refusal of a workload not found (it wrote the path's
+	// name whole, raw).
+	if code, body := get(t, srv.URL+"/debug/workloads/demo/"+url.PathEscape(strings.Repeat("\x01", 64<<10)), ""); code != 404 || len(body) > 512 || strings.Contains(body, "\x01") {
+		t.Errorf("a workload's name of 64 KiB: %d, an answer of %d bytes; want 404, at most 512, quoted", code, len(body))
+	}
 	// An explicit format decides over Accept: format=json was answered a
 	// table to a client that accepts text/plain.
 	if code, body := get(t, srv.URL+"/debug/workloads?format=json", "text/plain"); code != 200 || !strings.HasPrefix(strings.TrimSpace(body), "[") && !strings.HasPrefix(strings.TrimSpace(body), "{") {
@@ -498,6 +503,11 @@ func TestDebugAnswersAreBounded(t *testing.T) {
 		if code, body := get(t, srv.URL+path, ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "under way") {
 			t.Errorf("%s with %d answers under way: %d %s, want 503", path, InFlight, code, body)
 		}
+	}
+	// The refusal quotes the namespace cut (it quoted a name of control
+	// bytes whole, four times its size).
+	if code, body := get(t, srv.URL+"/debug/workloads/"+url.PathEscape(strings.Repeat("\x01", 64<<10)), ""); code != http.StatusServiceUnavailable || len(body) > 512 {
+		t.Errorf("a namespace of 64 KiB with %d answers under way: %d, an answer of %d bytes; want 503, at most 512", InFlight, code, len(body))
 	}
 	close(b.release)
 	for range InFlight {

@@ -1065,12 +1065,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	rise, proven := st.riseBound(obs, now, span, shown)
 	broken := st.breakBound(obs, now, span, shown)
 	st.kneesOf(obs, now, runGap(span, shown), st.hold(cfg))
-	// Room: the fleet serves less than the plan asks of it (learnBroken).
-	var all float64
-	for _, o := range obs {
-		all += o.w
-	}
-	room := all < cfg.Utilisation*st.Capacity*float64(len(fresh))
+	room := hasRoom(obs, st.Capacity, cfg.Utilisation)
 	// The swamped last: what the others show is learned first, in
 	// whatever order the replicas come.
 	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
@@ -1127,20 +1122,42 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // breaks' level from 66,000 to 44,000 a second, and the probes stopped
 // there; and one swamped at its first evidence held the probes at what
 // it served. So is a draining replica's (its queue shrank over the
-// window) while the fleet has room (room: it serves less than the
-// planned utilisation of its capacity): its queue time is a backlog's,
-// built before the capacity came, and what it served falls as the
-// backlog runs out (new work goes to the replicas that came for it).
-// Taken at what they served, two replicas draining a burst's backlog
-// pulled the capacity from 42,000 to 21,000 a second. Without room, a
-// queue shrinking is a fleet still past capacity whose queues move
-// (taken at the knee, a run's highest window held the capacity up).
+// window) while the fleet has room (hasRoom): its queue time is a
+// backlog's, built before the capacity came, and what it served falls
+// as the backlog runs out (new work goes to the replicas that came for
+// it). Taken at what they served, two replicas draining a burst's
+// backlog pulled the capacity from 42,000 to 21,000 a second. Without
+// room, a queue shrinking is a fleet still past capacity whose queues
+// move (taken at the knee, a run's highest window held the capacity up).
 func (st *State) learnBroken(o window, broken float64, now time.Time, room bool) {
 	if !o.thrash && (!o.draining || !room) {
 		st.learnBreak(o.w, broken, now, true)
 		return
 	}
 	st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
+}
+
+// hasRoom says whether the fleet had room for new work over the windows
+// of obs: a replica served within its capacity (a healthy window), and
+// the replicas whose windows are judged served less than the planned
+// utilisation of the capacity. The healthy replica is the evidence: the
+// capacity is what a draining window is learned against, and one known
+// too high made a saturated replica's every window room (held at its
+// knee while its queue shrank, a capacity twice too high planned one
+// replica for 200 requests waiting); a replica just ready, or idle, with
+// no window judged, counted room of its own.
+func hasRoom(obs []window, capacity, utilisation float64) bool {
+	var all float64
+	n, healthy := 0, false
+	for _, o := range obs {
+		if o.thin {
+			continue
+		}
+		all += o.w
+		n++
+		healthy = healthy || o.healthy
+	}
+	return healthy && all < utilisation*capacity*float64(n)
 }
 
 // learnBreak moves the capacity, and the breaks' level, 30 % of the way

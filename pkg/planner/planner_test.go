@@ -2606,45 +2606,57 @@ func TestASwampedReplicaIsLearnedAtItsKnee(t *testing.T) {
 }
 
 // TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee: a replica past
-// capacity whose queue shrinks over the window serves a backlog built
-// before it: its requests' queue time is the backlog's, and what it served
-// falls as the backlog runs out (the router sends new work to the
-// replicas that came for it). Its window is a break at the most of what
-// it served and its knee, as a swamped replica's is. Learned at what it
-// served, the two replicas a burst had swamped pulled the capacity from
-// 42,000 to 21,000 a second as they drained (the 8B RAG bursts), and the
-// plan held twice the replicas the later bursts needed.
+// capacity whose queue shrinks over the window while the fleet has room
+// (another replica serves within its capacity, and the replicas judged
+// serve less than the planned utilisation of the capacity) serves a
+// backlog built before the capacity came: its requests' queue time is the
+// backlog's, and what it served falls as the backlog runs out (the router
+// sends new work to the replicas that came for it). Its window is a break
+// at the most of what it served and its knee, as a swamped replica's is.
+// Learned at what it served, the two replicas a burst had swamped pulled
+// the capacity from 42,000 to 21,000 a second as they drained (the 8B RAG
+// bursts), and the plan held twice the replicas the later bursts needed.
 func TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee(t *testing.T) {
 	cfg := Default(0)
 	known, at := pastCapacityAt60000(t, cfg)
 	// In the same run, draining: its requests queued 30 s, its queue
-	// shrinking, 20000 a second served.
+	// shrinking, 20000 a second served, while a replica that came for
+	// the load serves 10000 within the SLO.
 	draining := serving("a", 20000, 30)
 	draining.Waiting, draining.WaitingGrowth = 5, -1
-	_, st, _ := run(t, known, cfg, at, time.Minute, draining)
-	heldAtTheKnee(t, "draining at 20000", st, known)
+	came := serving("h", 10000, 0)
+	_, st, _ := run(t, known, cfg, at, time.Minute, draining, came)
+	heldAtTheKnee(t, "draining at 20000 beside a replica within its capacity", st, known)
 	// Its queue not shrinking, what it served is a break as any.
 	standing := draining
 	standing.WaitingGrowth = 0
-	pulledDown(t, "a queue standing at 20000", known, cfg, at, 30000, standing)
-	// Its queue shrinking while the fleet serves past the planned
-	// utilisation of its capacity (0.8 of 60000), it is a fleet still
-	// past capacity whose queues move: what it served. (Taken at the
-	// knee, a run's highest window held the capacity up.)
+	pulledDown(t, "a queue standing at 20000", known, cfg, at, 30000, standing, came)
+	// No replica within its capacity: the capacity is what is in
+	// question, so it is no evidence of room. (Judged by it alone, a
+	// capacity twice too high kept a saturated replica's every window at
+	// the knee while its queue shrank.) Nor is a replica just ready with
+	// no window judged.
+	pulledDown(t, "draining at 20000 alone", known, cfg, at, 30000, draining)
+	ready := store.PodLoad{Name: "new", State: store.PodCounted, Tokens: true, Span: 30 * time.Second}
+	pulledDown(t, "draining at 20000 beside a replica just ready", known, cfg, at, 30000, draining, ready)
+	// The replicas judged serve past the planned utilisation of the
+	// capacity (0.8 of 60000 each): a fleet still past capacity whose
+	// queues move. (Taken at the knee, a run's highest window held the
+	// capacity up through a step.)
 	busy := serving("a", 50000, 30)
 	busy.Waiting, busy.WaitingGrowth = 5, -1
-	pulledDown(t, "draining at 50000, the fleet without room", known, cfg, at, 55000, busy)
+	pulledDown(t, "draining at 50000 beside a replica within its capacity at 50000", known, cfg, at, 55000, busy, serving("h", 50000, 0))
 	// Draining from its run's start, nothing shows more: what it served.
 	b := draining
 	b.Name = "b"
-	pulledDown(t, "another replica draining from its run's start at 20000", known, cfg, at, 30000, b)
+	pulledDown(t, "another replica draining from its run's start at 20000", known, cfg, at, 30000, b, came)
 }
 
-// pulledDown fails t unless a minute of pod's windows from at, after
+// pulledDown fails t unless a minute of pods' windows from at, after
 // known, left the capacity at most below.
-func pulledDown(t *testing.T, what string, known State, cfg Config, at time.Time, below float64, pod store.PodLoad) {
+func pulledDown(t *testing.T, what string, known State, cfg Config, at time.Time, below float64, pods ...store.PodLoad) {
 	t.Helper()
-	if _, st, _ := run(t, known, cfg, at, time.Minute, pod); st.Capacity > below {
+	if _, st, _ := run(t, known, cfg, at, time.Minute, pods...); st.Capacity > below {
 		t.Fatalf("%s after a run at 60000: capacity %v, breaks' level %v; want the capacity pulled down to %v or less", what, st.Capacity, st.BreakCapacity, below)
 	}
 }
