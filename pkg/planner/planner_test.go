@@ -2613,7 +2613,7 @@ func TestASwampedReplicaIsLearnedAtItsKnee(t *testing.T) {
 // backlog's, and what it served falls as the backlog runs out (the router
 // sends new work to the replicas that came for it). Its window is a break
 // at the most of what it served and its knee, as a swamped replica's is.
-// Learned at what it served, the two replicas a burst had swamped pulled
+// Learned at what it served, the two replicas a burst had overrun pulled
 // the capacity from 42,000 to 21,000 a second as they drained (the 8B RAG
 // bursts), and the plan held twice the replicas the later bursts needed.
 func TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee(t *testing.T) {
