@@ -1037,8 +1037,9 @@ func (st *State) learnSurge(work float64, now time.Time, lead time.Duration) {
 // learnCapacity takes one observation of each fresh replica that served
 // work: past its capacity (a standing queue or preemptions) its throughput
 // pulls the capacity toward it (a swamped replica's, more preemptions
-// than first tokens, no lower than the most it served in its run past
-// capacity while not swamped); within it, a throughput above the
+// than first tokens, or a draining one's while the fleet has room
+// (hasRoom), no lower than the most it served in its run past capacity
+// while not swamped); within it, a throughput above the
 // capacity proves more. With every replica healthy and no break within
 // the hold, the capacity is probed upward.
 func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config) {
@@ -1139,8 +1140,9 @@ func (st *State) learnBroken(o window, broken float64, now time.Time, room bool)
 
 // hasRoom says whether the fleet had room for new work over the windows
 // of obs: a replica served within its capacity (a healthy window), and
-// the replicas whose windows are judged served less than the planned
-// utilisation of the capacity. The healthy replica is the evidence: the
+// the replicas whose windows are judged served, on average, less than
+// the planned utilisation of the capacity. The healthy replica is the
+// evidence: the
 // capacity is what a draining window is learned against, and one known
 // too high made a saturated replica's every window room (held at its
 // knee while its queue shrank, a capacity twice too high planned one

@@ -2608,11 +2608,12 @@ func TestASwampedReplicaIsLearnedAtItsKnee(t *testing.T) {
 // TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee: a replica past
 // capacity whose queue shrinks over the window while the fleet has room
 // (another replica serves within its capacity, and the replicas judged
-// serve less than the planned utilisation of the capacity) serves a
-// backlog built before the capacity came: its requests' queue time is the
-// backlog's, and what it served falls as the backlog runs out (the router
-// sends new work to the replicas that came for it). Its window is a break
-// at the most of what it served and its knee, as a swamped replica's is.
+// serve, on average, less than the planned utilisation of the capacity)
+// serves a backlog built before the capacity came: its requests' queue
+// time is the backlog's, and what it served falls as the backlog runs out
+// (the router sends new work to the replicas that came for it). Its
+// window is a break at the most of what it served and its knee, as a
+// swamped replica's is.
 // Learned at what it served, the two replicas a burst had overrun pulled
 // the capacity from 42,000 to 21,000 a second as they drained (the 8B RAG
 // bursts), and the plan held twice the replicas the later bursts needed.
@@ -2634,18 +2635,22 @@ func TestAReplicaDrainingItsBacklogIsLearnedAtItsKnee(t *testing.T) {
 	// No replica within its capacity: the capacity is what is in
 	// question, so it is no evidence of room. (Judged by it alone, a
 	// capacity twice too high kept a saturated replica's every window at
-	// the knee while its queue shrank.) Nor is a replica just ready with
-	// no window judged.
+	// the knee while its queue shrank.)
 	pulledDown(t, "draining at 20000 alone", known, cfg, at, 30000, draining)
-	ready := store.PodLoad{Name: "new", State: store.PodCounted, Tokens: true, Span: 30 * time.Second}
-	pulledDown(t, "draining at 20000 beside a replica just ready", known, cfg, at, 30000, draining, ready)
 	// The replicas judged serve past the planned utilisation of the
-	// capacity (0.8 of 60000 each): a fleet still past capacity whose
-	// queues move. (Taken at the knee, a run's highest window held the
-	// capacity up through a step.)
+	// capacity (0.8 of 60000 on average): a fleet still past capacity
+	// whose queues move. (Taken at the knee, a run's highest window held
+	// the capacity up through a step.)
 	busy := serving("a", 50000, 30)
 	busy.Waiting, busy.WaitingGrowth = 5, -1
-	pulledDown(t, "draining at 50000 beside a replica within its capacity at 50000", known, cfg, at, 55000, busy, serving("h", 50000, 0))
+	within := serving("h", 50000, 0)
+	pulledDown(t, "draining at 50000 beside a replica within its capacity at 50000", known, cfg, at, 55000, busy, within)
+	// Nor do replicas with no window judged (one just ready, one thin)
+	// count toward room: counted, they made room of their own.
+	ready := store.PodLoad{Name: "new", State: store.PodCounted, Tokens: true, Span: 30 * time.Second}
+	thin := serving("t", 20000, 0)
+	thin.Span = 5 * time.Second
+	pulledDown(t, "draining at 50000 beside a replica within its capacity at 50000, one just ready and one thin", known, cfg, at, 55000, busy, within, ready, thin)
 	// Draining from its run's start, nothing shows more: what it served.
 	b := draining
 	b.Name = "b"

@@ -330,10 +330,10 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	// one): written raw into a refusal, a newline in a namespace forged a
 	// line of KEDA's events and the HPA's condition.
 	if !wire.IsName(t.Workload.Name) {
-		return &MetadataError{Msg: fmt.Sprintf("the workload's name %s has a control or format character (no object's name has one)", wire.CleanText(strconv.Quote(t.Workload.Name), 80))}
+		return &MetadataError{Msg: fmt.Sprintf("the workload's name %s is not UTF-8 of graphic characters alone (no object's name has a control or format character)", strconv.Quote(wire.CleanText(t.Workload.Name, 64)))}
 	}
 	if !wire.IsName(t.Workload.Namespace) {
-		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("%s has a control or format character (no namespace's name has one)", wire.CleanText(strconv.Quote(t.Workload.Namespace), 80))}
+		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("%s is not UTF-8 of graphic characters alone (no namespace's name has a control or format character)", strconv.Quote(wire.CleanText(t.Workload.Namespace, 64)))}
 	}
 	return nil
 }

@@ -767,8 +767,8 @@ func TestMetadataIsBoundedBeforeWork(t *testing.T) {
 		"a long workload":   {map[string]string{"workspace": strings.Repeat("w", 254)}, "over 253 bytes"},
 		"a long namespace":  {map[string]string{"workspace": "a", "namespace": strings.Repeat("n", 64)}, "over 63 bytes"},
 		"a namespace with a newline": {map[string]string{"workspace": "a", "namespace": "x\n\x1b[2J forged line"},
-			`"namespace": "x\n\x1b[2J forged line" has a control or format character`},
-		"a workload with a newline": {map[string]string{"workspace": "a\u202eb"}, `the workload's name "a\u202eb" has a control or format character`},
+			`"namespace": "x\n\x1b[2J forged line" is not UTF-8 of graphic characters alone`},
+		"a workload with a format character": {map[string]string{"workspace": "a\u202eb"}, `the workload's name "a\u202eb" is not UTF-8 of graphic characters alone`},
 	} {
 		tr, err := ParseTrigger(ref(tc.md), time.Minute, nil)
 		var me *MetadataError
