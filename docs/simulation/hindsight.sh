@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the planner beside the hindsight reference (perfect measurement, no
 # foresight; docs/simulation.md, "The model") on the four design
-# suites (docs/planner.md, "Measured": what perfect measurement reaches): each
+# suites (docs/planner-history.md, "Measured": what perfect measurement reaches): each
 # suite with the planner's ScaledObject only and, as its pipelines, pulse
 # and hindsight at utilisations 0.35, 0.5, 0.7 and 1 with a hold of one
 # startup, 15 minutes and an hour. Scoreboards go to

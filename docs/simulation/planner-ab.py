@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A/B of two planners over every suite's planner cases (docs/planner.md,
+"""A/B of two planners over every suite's planner cases (docs/planner-history.md,
 "A trend fitted by least squares, tried").
 
 The references a suite scores (the fixed fleets, the switches, the

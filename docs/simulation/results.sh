@@ -51,7 +51,7 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 "$sim" bench --suite docs/simulation/heldout.yaml --out docs/simulation/heldout | tail -1 > "$out/heldout.txt"
 "$sim" bench --suite docs/simulation/heldout-surge.yaml --out docs/simulation/heldout-surge | tail -1 > "$out/heldout-surge.txt"
 "$sim" bench --suite docs/simulation/heldout-final.yaml --out docs/simulation/heldout-final | tail -1 > "$out/heldout-final.txt"
-# Written before the rule for falls (docs/planner.md, "Measured"),
+# Written before the rule for falls (docs/planner-history.md, "Measured"),
 # and the same traffic at four times the rate.
 "$sim" bench --suite docs/simulation/heldout-lulls.yaml --out docs/simulation/heldout-lulls | tail -1 > "$out/heldout-lulls.txt"
 "$sim" bench --suite docs/simulation/heldout-lulls-heavy.yaml --out docs/simulation/heldout-lulls-heavy | tail -1 > "$out/heldout-lulls-heavy.txt"
@@ -60,39 +60,39 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 # Written for the tries at learning the capacity past the planned load (not shipped).
 "$sim" bench --suite docs/simulation/heldout-learning.yaml --out docs/simulation/heldout-learning | tail -1 > "$out/heldout-learning.txt"
 "$sim" bench --suite docs/simulation/heldout-learning-2.yaml --out docs/simulation/heldout-learning-2 | tail -1 > "$out/heldout-learning-2.txt"
-# Written before the per-replica drain was tried (docs/planner.md, "Measured").
+# Written before the per-replica drain was tried (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-drain.yaml --out docs/simulation/heldout-drain | tail -1 > "$out/heldout-drain.txt"
-# Written before the drain's second form was tried (docs/planner.md, "Measured").
+# Written before the drain's second form was tried (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-drain-2.yaml --out docs/simulation/heldout-drain-2 | tail -1 > "$out/heldout-drain-2.txt"
-# Written before the regret was counted of replicas gone (docs/planner.md, "Measured").
+# Written before the regret was counted of replicas gone (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-next.yaml --out docs/simulation/heldout-next | tail -1 > "$out/heldout-next.txt"
-# Written before the HPA's tolerance was taken into the plan (docs/planner.md, "Measured").
+# Written before the HPA's tolerance was taken into the plan (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-tolerance.yaml --out docs/simulation/heldout-tolerance | tail -1 > "$out/heldout-tolerance.txt"
 # Written before the rise beyond the utilisation's headroom was tried at the
-# utilisation (docs/planner.md, "Measured": not shipped in that form).
+# utilisation (docs/planner-history.md, "Measured": not shipped in that form).
 "$sim" bench --suite docs/simulation/heldout-rises.yaml --out docs/simulation/heldout-rises | tail -1 > "$out/heldout-rises.txt"
-# Written before the level's surge was tried (docs/planner.md, "Measured": shipped).
+# Written before the level's surge was tried (docs/planner-history.md, "Measured": shipped).
 "$sim" bench --suite docs/simulation/heldout-levels.yaml --out docs/simulation/heldout-levels | tail -1 > "$out/heldout-levels.txt"
 # Written before a plan for the load's trend was tried (its first form,
-# not shipped, was run on it; docs/planner.md, "Measured").
+# not shipped, was run on it; docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-trends.yaml --out docs/simulation/heldout-trends | tail -1 > "$out/heldout-trends.txt"
 # Written after the first form's run and before the form shipped was run on
-# any suite (docs/planner.md, "Measured").
+# any suite (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-trends-2.yaml --out docs/simulation/heldout-trends-2 | tail -1 > "$out/heldout-trends-2.txt"
 # The benchmark suite.
 "$sim" bench --suite docs/simulation/suite.yaml --out docs/simulation/bench | tail -1 > "$out/bench.txt"
 # The benchmark suite's planner cases on a default 1.33 HPA (the
-# HPAConfigurableTolerance gate off; docs/planner.md, "Measured").
+# HPAConfigurableTolerance gate off; docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/suite-default-tolerance.yaml --out docs/simulation/default-tolerance | tail -1 > "$out/default-tolerance.txt"
 # The planner's lead time held out (the shipped profiles with only their
 # startup changed, docs/simulation/profiles/): written before its first
 # run, which showed a replica just ready counted as if it had served the
-# whole window (docs/planner.md, "Measured"); heldout-startups-2 was
+# whole window (docs/planner-history.md, "Measured"); heldout-startups-2 was
 # written after that run and before the change for it was run on any suite.
 "$sim" bench --suite docs/simulation/heldout-startups.yaml --out docs/simulation/heldout-startups | tail -1 > "$out/heldout-startups.txt"
 "$sim" bench --suite docs/simulation/heldout-startups-2.yaml --out docs/simulation/heldout-startups-2 | tail -1 > "$out/heldout-startups-2.txt"
 # The SLO held out (every suite above scores 2 s): the planner asked for
 # 1 s and 5 s beside the default, written before their first run
-# (docs/planner.md, "Measured").
+# (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-slo-1s.yaml --out docs/simulation/heldout-slo-1s | tail -1 > "$out/heldout-slo-1s.txt"
 "$sim" bench --suite docs/simulation/heldout-slo-5s.yaml --out docs/simulation/heldout-slo-5s | tail -1 > "$out/heldout-slo-5s.txt"

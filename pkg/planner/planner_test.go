@@ -607,7 +607,8 @@ func TestFewRequestsTeachNothing(t *testing.T) {
 // for n first tokens. With 12,000-token prompts a replica's 30 s window
 // holds a few requests, and the most of many such windows is a lucky one:
 // the proof held the capacity above what the replica broke at, through
-// every break (docs/planner.md, "Measured": the proof less its window's error).
+// every break (docs/planner-history.md, "Measured": the proof less its
+// window's error).
 func TestAWindowOfFewRequestsProvesLess(t *testing.T) {
 	cfg := Default(0)
 	many, few := serving("a", 10000, 0.01), serving("a", 10000, 0.01)
@@ -2105,7 +2106,7 @@ func TestTwoReplicasPastCapacityCorroborateEachOther(t *testing.T) {
 	// twice what was known at the start of the bound's span: four times
 	// where their 30 s cross a start (left: a bound from the lesser of two
 	// starts cost 11 % more GPU-hours over the 286 cases of
-	// docs/planner.md, "Measured").
+	// docs/planner-history.md, "Measured").
 	pair := four(9000, 0.01)
 	pair[0], pair[1] = serving("a", 1e6, 1), serving("b", 1e6, 1)
 	for off := time.Duration(0); off < 35*time.Second; off += 5 * time.Second {
