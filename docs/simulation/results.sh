@@ -96,3 +96,6 @@ run 70b-planner --trace $trace --scaledobject docs/simulation/default-scaledobje
 # (docs/planner-history.md, "Measured").
 "$sim" bench --suite docs/simulation/heldout-slo-1s.yaml --out docs/simulation/heldout-slo-1s | tail -1 > "$out/heldout-slo-1s.txt"
 "$sim" bench --suite docs/simulation/heldout-slo-5s.yaml --out docs/simulation/heldout-slo-5s | tail -1 > "$out/heldout-slo-5s.txt"
+# Mixes of lengths that change within a trace, written before their first
+# run (docs/planner-history.md, "Measured": a mix that changes).
+"$sim" bench --suite docs/simulation/heldout-mix.yaml --out docs/simulation/heldout-mix | tail -1 > "$out/heldout-mix.txt"

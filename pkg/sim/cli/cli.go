@@ -67,7 +67,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a Mooncake trace (.jsonl: timestamp in ms, input_length, output_length), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D | ramp:from=A,to=B,duration=D | diurnal:min=A,max=B,duration=D (each with optional prompt=N,output=N tokens, lengths=fixed|lognormal, sigma=S)")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "request trace: an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), a Mooncake trace (.jsonl: timestamp in ms, input_length, output_length), or a generator: poisson:rate=R,duration=D | steps:rates=A/B/C,step=D | bursts:base=A,peak=B,on=D,off=D,duration=D | ramp:from=A,to=B,duration=D | diurnal:min=A,max=B,duration=D (each with optional prompt=N,output=N tokens, lengths=fixed|lognormal, sigma=S; steps also prompts=A/B/C,outputs=A/B/C, one mean a step)")
 	fs.StringVar(&o.ScaledObject, "scaledobject", o.ScaledObject, "the KEDA ScaledObject YAML to simulate (its one trigger, of type external-push, min/max replicas, pollingInterval, cooldownPeriod, fallback, HPA behavior)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "replica profile: a shipped one ("+strings.Join(replica.Shipped(), ", ")+") or a profile YAML file")
 	fs.StringVar(&o.Pipelines, "pipelines", o.Pipelines, "pipelines to score, comma-separated: "+strings.Join(sim.Pipelines(), ", ")+

@@ -23,6 +23,7 @@ package trace
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -303,9 +304,14 @@ func Generate(name, args string, seed uint64) ([]Request, error) {
 			break
 		}
 		if g.rng.Float64() < rate(at)/peak {
-			r := Request{At: at, Prompt: prompt, Output: output}
+			p, o := prompt, output
+			if g.mix != nil {
+				mp, mo := g.mix(at)
+				p, o = cmp.Or(mp, p), cmp.Or(mo, o)
+			}
+			r := Request{At: at, Prompt: p, Output: o}
 			if lengths == "lognormal" {
-				r.Prompt, r.Output = lognormal(g.rng, prompt, sigma), lognormal(g.rng, output, sigma)
+				r.Prompt, r.Output = lognormal(g.rng, p, sigma), lognormal(g.rng, o, sigma)
 			}
 			out = append(out, r)
 		}
@@ -336,8 +342,10 @@ func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.D
 			step = 0
 		}
 		dur = step * time.Duration(len(levels))
-		rate = func(t time.Duration) float64 { return levels[min(int(t/step), len(levels)-1)] }
+		at := func(t time.Duration) int { return min(int(t/step), len(levels)-1) }
+		rate = func(t time.Duration) float64 { return levels[at(t)] }
 		g.ceiling = slices.Max(levels)
+		g.stepLengths(len(levels), at)
 	case "bursts":
 		base, peak := g.float("base", -1), g.float("peak", -1)
 		on, off := g.dur("on", 2*time.Minute), g.dur("off", 8*time.Minute)
@@ -367,6 +375,58 @@ func (g *gen) shape(name string) (rate func(t time.Duration) float64, dur time.D
 	return rate, dur, true
 }
 
+// stepLengths reads a steps generator's optional per-step means of the
+// prompt and output lengths (prompts=A/B/…, outputs=A/B/…, one a step):
+// a mix that changes at a step, as when a new use comes to a model. With
+// either, g.mix gives a request's means from its step (at: the step's
+// index at a time), 0 for the one not given (the prompt or output key's).
+func (g *gen) stepLengths(steps int, at func(time.Duration) int) {
+	prompts := g.lengthsEach("prompts", "prompt", steps)
+	outputs := g.lengthsEach("outputs", "output", steps)
+	if prompts == nil && outputs == nil {
+		return
+	}
+	g.mix = func(t time.Duration) (p, o int) {
+		i := at(t)
+		if prompts != nil {
+			p = prompts[i]
+		}
+		if outputs != nil {
+			o = outputs[i]
+		}
+		return p, o
+	}
+}
+
+// lengthsEach reads key's slash-separated means, one for each of steps,
+// refused beside the single mean's key (one): nil when key is not given
+// or refused.
+func (g *gen) lengthsEach(key, one string, steps int) []int {
+	g.str(key, "-") // known: marked used
+	v, ok := g.kv[key]
+	if !ok {
+		return nil
+	}
+	if _, both := g.kv[one]; both {
+		g.errs = append(g.errs, fmt.Errorf("%s and %s: give one", one, key))
+	}
+	parts := strings.Split(v, "/")
+	if len(parts) != steps {
+		g.errs = append(g.errs, fmt.Errorf("%s: %d lengths for %d steps", key, len(parts), steps))
+		return nil
+	}
+	out := make([]int, steps)
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > MaxTokens {
+			g.errs = append(g.errs, fmt.Errorf("%s: %q is not a whole number from 1 to %d", key, p, MaxTokens))
+			return nil
+		}
+		out[i] = n
+	}
+	return out
+}
+
 // lognormal draws a whole number of at least 1 from a lognormal of the
 // given mean and shape: exp(N(ln mean - sigma²/2, sigma²)).
 func lognormal(rng *rand.Rand, mean int, sigma float64) int {
@@ -381,6 +441,9 @@ type gen struct {
 	errs []error
 	// ceiling: a stepped generator's highest rate (shape's), 0 for others
 	ceiling float64
+	// mix: a request's prompt and output means at its time, where they
+	// change by step (stepLengths); nil: the prompt and output keys'
+	mix func(time.Duration) (prompt, output int)
 }
 
 func (g *gen) str(k, def string) string {

@@ -362,3 +362,62 @@ func TestBurstsShorterThanASecond(t *testing.T) {
 		t.Fatalf("steps of 500 ms at 1 and 20 a second: %d requests, want about 10", len(steps))
 	}
 }
+
+// TestAMixThatChangesByStep: a steps generator's prompts= and outputs=
+// give each step its own means (a new use coming to a model at a constant
+// request rate), the one not given the prompt or output key's; a list of
+// another length than the rates', a bad length, or both keys for one
+// length are refused.
+func TestAMixThatChangesByStep(t *testing.T) {
+	reqs, err := Load("steps:rates=5/5/5,step=10m,prompts=100/4000/100,output=30", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reqs {
+		want := 100
+		if r.At >= 10*time.Minute && r.At < 20*time.Minute {
+			want = 4000
+		}
+		if r.Prompt != want || r.Output != 30 {
+			t.Fatalf("at %s: prompt %d output %d, want %d and 30", r.At, r.Prompt, r.Output, want)
+		}
+	}
+	mix, err := Load("steps:rates=20/20,step=15m,prompts=500/8000,outputs=600/100,lengths=lognormal", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum [2][2]float64
+	var n [2]float64
+	for _, r := range mix {
+		i := int(r.At / (15 * time.Minute))
+		sum[i][0] += float64(r.Prompt)
+		sum[i][1] += float64(r.Output)
+		n[i]++
+	}
+	for i, want := range [2][2]float64{{500, 600}, {8000, 100}} {
+		p, o := sum[i][0]/n[i], sum[i][1]/n[i]
+		if math.Abs(p-want[0]) > want[0]/10 || math.Abs(o-want[1]) > want[1]/10 {
+			t.Errorf("step %d: mean prompt %.0f and output %.0f, want %.0f and %.0f", i, p, o, want[0], want[1])
+		}
+	}
+	same, err := Load("steps:rates=5/5,step=10m,prompt=700,output=70", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range same {
+		if r.Prompt != 700 || r.Output != 70 {
+			t.Fatalf("without the lists: prompt %d output %d", r.Prompt, r.Output)
+		}
+	}
+	for spec, want := range map[string]string{
+		"steps:rates=5/5,prompts=100":             "1 lengths for 2 steps",
+		"steps:rates=5/5,outputs=100/x":           `"x" is not a whole number`,
+		"steps:rates=5/5,outputs=100/0":           `"0" is not a whole number`,
+		"steps:rates=5/5,prompt=9,prompts=100/10": "prompt and prompts: give one",
+		"poisson:rate=5,prompts=100":              `unknown key "prompts"`,
+	} {
+		if _, err := Load(spec, 1); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", spec, err, want)
+		}
+	}
+}
