@@ -75,7 +75,10 @@ def run(binary, suite, out, refs):
 
 def on_frontier(to):
     """On or above the static frontier: within half a point, or cheaper
-    than any fixed fleet (no distance)."""
+    than any fixed fleet (no distance), at any attainment: no fixed fleet
+    that cheap dominates it. Only a pipeline that may scale to zero can be
+    cheaper than static:1; every planner case here has a minimum of 1, so
+    none is (a review found a scale-to-zero pipeline at 0 % so counted)."""
     return to is None or to >= -0.5
 
 

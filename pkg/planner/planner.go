@@ -856,15 +856,17 @@ func (p *Plan) plan(work float64, st *State, cfg Config) {
 }
 
 // learnWorkPerRequest moves a request's mean work a tenth of the way
-// toward this observation's (work served over first tokens, at most
-// maxRise times the mean), or takes it at the first.
+// toward this observation's (work served over first tokens, within
+// maxRise times the mean either way), or takes it at the first.
 func (st *State) learnWorkPerRequest(work, first float64) {
 	if first <= 0 || work <= 0 {
 		return
 	}
 	wpr := min(work/first, maxRequestWork)
 	if st.WorkPerRequest > 0 {
-		wpr = min(wpr, maxRise*st.WorkPerRequest)
+		// Bounded both ways: a mix that changes moves it within minutes,
+		// and one window's count, the fleet's sum, no faster.
+		wpr = min(max(wpr, st.WorkPerRequest/maxRise), maxRise*st.WorkPerRequest)
 	}
 	if st.WorkPerRequest == 0 {
 		st.WorkPerRequest = wpr
@@ -883,6 +885,9 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 	joins := joining(in, lead, st.stuckAfter())
 	var share float64
 	for _, l := range fresh {
+		if wedged(l, cfg) {
+			continue
+		}
 		share = max(share, replicaBacklog(l.WaitingNow*st.WorkPerRequest, growth, arrived, p.Ready, joins, lead))
 	}
 	p.DrainNeed = drainNeed(arrived, share, st.Capacity)
@@ -893,6 +898,17 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 	gone := time.Duration(share / (st.Capacity - arrived/p.DrainNeed) * float64(time.Second))
 	p.Reason = fmt.Sprintf("work arriving %.0f/s over %.0f/s per replica; a replica's queue drains only through it: the largest %.0f work units when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
 		arrived, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
+}
+
+// wedged says whether l is a replica whose queue stood through its window
+// while it ran and served nothing (an engine stuck, its page still
+// answering): no count of replicas drains that queue, so the drain does
+// not plan for it (the pooled backlog still counts it). Planned for, one
+// wedged replica's 500 requests held the plan at 7 where 4 carried the
+// work, for as long as it stood.
+func wedged(l *store.PodLoad, cfg Config) bool {
+	return l.Tokens && l.Span > 0 && l.Waiting >= 1 && l.WaitingNow >= 1 && l.Running < 1 &&
+		l.PromptTokens+cfg.DecodeCost*l.GenerationTokens < minServed
 }
 
 // replicaBacklog projects one ready replica's queue (q, work) to lead from
@@ -1067,6 +1083,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	broken := st.breakBound(obs, now, span, shown)
 	st.kneesOf(obs, now, runGap(span, shown), st.hold(cfg))
 	room := hasRoom(obs, st.Capacity, cfg.Utilisation)
+	shownNow := provenNow(obs, proven)
 	// The swamped last: what the others show is learned first, in
 	// whatever order the replicas come.
 	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
@@ -1085,7 +1102,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		healthyAll = healthyAll && healthy
 		switch {
 		case broke:
-			st.learnBroken(o, broken, now, room)
+			st.learnBroken(o, broken, now, room, shownNow)
 		case healthy && w > st.Capacity:
 			st.Capacity = w
 			st.Observations++
@@ -1130,12 +1147,39 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // backlog pulled the capacity from 42,000 to 21,000 a second. Without
 // room, a queue shrinking is a fleet still past capacity whose queues
 // move (taken at the knee, a run's highest window held the capacity up).
-func (st *State) learnBroken(o window, broken float64, now time.Time, room bool) {
-	if !o.thrash && (!o.draining || !room) {
-		st.learnBreak(o.w, broken, now, true)
+//
+// A break below what another replica proved within the SLO at the same
+// observation (shown: provenNow) is the fleet's contradiction, not its
+// capacity: that replica is slower (a throttled GPU, a heavier part of
+// the mix), and it is learned nothing from. Taken, one replica breaking
+// at 500 a second in every window pulled the capacity to what the healthy
+// ones served, floored only by that: the plan asked for a quarter more
+// each time, their share fell, and a steady 40,000 a second on replicas
+// that break at 10,000 was planned at the HPA's maximum of 50 within
+// three hours. The slow replica's queue is planned by the drain (rule 4).
+func (st *State) learnBroken(o window, broken float64, now time.Time, room bool, shown float64) {
+	w, level := o.w, true
+	if o.thrash || (o.draining && room) {
+		w, level = max(o.w, o.knee), o.knee >= o.w
+	}
+	if w < shown {
 		return
 	}
-	st.learnBreak(max(o.w, o.knee), broken, now, o.knee >= o.w)
+	st.learnBreak(w, broken, now, level)
+}
+
+// provenNow is the most a healthy replica's window of obs proved this
+// observation: what it served (within proven, riseBound's), less its
+// window's error (proof), as the healthy replicas' most (HealthyMax) is
+// taken; 0 with none healthy.
+func provenNow(obs []window, proven float64) float64 {
+	most := 0.0
+	for _, o := range obs {
+		if !o.thin && o.healthy {
+			most = max(most, proof(min(o.w, proven), o.n))
+		}
+	}
+	return most
 }
 
 // hasRoom says whether the fleet had room for new work over the windows
@@ -1866,6 +1910,14 @@ func implausible(l *store.PodLoad) string {
 		return fmt.Sprintf("%.3g tokens a second, past the %.0e believed of one replica", max(l.PromptTokens, l.GenerationTokens), maxTokenRate)
 	case l.FirstTokens > maxRequestRate:
 		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
+	case l.Tokens && l.FirstTokens > l.PromptTokens+l.GenerationTokens:
+		// Every request that has its first token prefilled a prompt token
+		// at least and generated one: more first tokens than tokens is a
+		// TTFT histogram its counters contradict. Believed, one pod's
+		// 100,000 first tokens a second against 10,000 tokens drew the
+		// workload's mean work a request from 1,000 to 0.4 in 20 minutes,
+		// and a queue of 200 a replica was planned as none.
+		return fmt.Sprintf("%.3g first tokens a second, past its %.3g tokens a second (each request prefills and generates one at least)", l.FirstTokens, l.PromptTokens+l.GenerationTokens)
 	case l.Preemptions > maxRequestRate:
 		// A preemption rate past the first tokens marks a swamped window
 		// (rule 2), so a lie there would hold a break at its knee.

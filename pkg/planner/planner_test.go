@@ -1715,7 +1715,7 @@ func TestNoPeakHeldHoldsUntilNothing(t *testing.T) {
 // /debug/triggers for every tenant.
 func TestATinyCapacityIsNoCapacity(t *testing.T) {
 	cfg := Default(0)
-	tiny := store.PodLoad{Name: "a", State: store.PodCounted, PromptTokens: 1e-306, Tokens: true, FirstTokens: 1, Span: 30 * time.Second,
+	tiny := store.PodLoad{Name: "a", State: store.PodCounted, PromptTokens: 1e-306, Tokens: true, FirstTokens: 1e-306, Span: 30 * time.Second,
 		TTFT: 1.1, TTFTOK: true, QueueTime: 1, QueueOK: true}
 	_, st, err := Make(snap(t0, tiny), State{}, cfg)
 	if err != nil {
@@ -2694,7 +2694,7 @@ func TestASwampedWindowSetsNoLevelOfItsOwn(t *testing.T) {
 	// the knee: taken as any break, one serving more moved it lower.
 	for _, w := range []float64{45000, 52000, 60000} {
 		st := State{Capacity: 50000, BreakCapacity: 66000}
-		st.learnBroken(window{name: "e", w: w, n: 100, broke: true, thrash: true, knee: 66000}, math.Inf(1), t0, false)
+		st.learnBroken(window{name: "e", w: w, n: 100, broke: true, thrash: true, knee: 66000}, math.Inf(1), t0, false, 0)
 		if st.BreakCapacity != 66000 || st.Capacity < 50000 {
 			t.Fatalf("swamped at %v, its knee 66000, under a capacity of 50000 and breaks' level of 66000: capacity %v, breaks' level %v; want the level kept, the capacity not lowered",
 				w, st.Capacity, st.BreakCapacity)

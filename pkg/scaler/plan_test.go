@@ -35,17 +35,22 @@ func (f *fixture) serve(n int, tokensPerSec, queueSec float64, names ...string) 
 }
 
 // servingReport is name's sample at ms (the agents' clock) of a pod that
-// has served tokensPerSec prompt tokens and one request a second, each
-// queued queueSec, since 1,700,000,000,000 ms, its KV cache at kv.
+// has served tokensPerSec prompt tokens and one request a second (none
+// when it served no tokens: an idle pod), each queued queueSec, since
+// 1,700,000,000,000 ms, its KV cache at kv.
 func servingReport(name string, ms int64, tokensPerSec, queueSec, kv float64) store.Report {
 	r := store.Report{UID: "uid-" + name}
 	r.TimeMs = ms
 	s := float64(ms-1_700_000_000_000) / 1000
+	n := s // requests
+	if tokensPerSec == 0 {
+		n = 0
+	}
 	r.Values.Set(metric.PromptTokens, tokensPerSec*s)
-	r.Values.Set(metric.TTFTCount, s)
-	r.Values.Set(metric.TTFTSum, (queueSec+0.1)*s)
-	r.Values.Set(metric.QueueTimeCount, s)
-	r.Values.Set(metric.QueueTimeSum, queueSec*s)
+	r.Values.Set(metric.TTFTCount, n)
+	r.Values.Set(metric.TTFTSum, (queueSec+0.1)*n)
+	r.Values.Set(metric.QueueTimeCount, n)
+	r.Values.Set(metric.QueueTimeSum, queueSec*n)
 	r.Values.Set(metric.Waiting, 0)
 	r.Values.Set(metric.Running, 4)
 	r.Values.Set(metric.KVCacheUsage, kv)
