@@ -702,7 +702,7 @@ func kvShares(fresh []*store.PodLoad) []float64 {
 // the work that arrived at all the ready replicas (the fresh pods' scaled):
 // served, plus the queue's growth or less its shrinking.
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
-	var first, growth, queued, kv, fallback float64
+	var first, wprWork, growth, queued, kv, fallback float64
 	kvs := kvShares(fresh)
 	// Fresh pods whose page has no token counters: a window of samples
 	// (a span) with no token rate. One of a single sample (a replica just
@@ -712,8 +712,12 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		if !l.Tokens && l.Span > 0 {
 			noCounters++
 		} else {
-			p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
-			first += l.FirstTokens
+			w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+			p.Work += w
+			if l.FirstTokens <= l.PromptTokens+l.GenerationTokens {
+				wprWork += w
+				first += l.FirstTokens
+			}
 		}
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
@@ -724,7 +728,15 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		fallback += math.Max(kvl/cfg.KVTarget, l.Waiting/2)
 	}
 	if observe {
-		st.learnWorkPerRequest(p.Work, first)
+		// A window with more first tokens than tokens teaches no mean: each
+		// request prefills a token at least and generates one, so its
+		// counters lag its TTFT histogram (SGLang counts a request's tokens
+		// when it finishes, its first token at once: a burst's first
+		// window, answers longer than the window) or contradict it (one
+		// pod's 100,000 first tokens a second against 10,000 tokens drew
+		// the mean from 1,000 to 0.4 in 20 minutes, and a queue of 200 a
+		// replica was planned as none). Its work and queue are planned.
+		st.learnWorkPerRequest(wprWork, first)
 	}
 	p.WorkPerRequest = st.WorkPerRequest
 	queued += p.routersQueued(in.Demand)
@@ -884,8 +896,12 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 	lead := st.lead(cfg)
 	joins := joining(in, lead, st.stuckAfter())
 	var share float64
+	var span time.Duration
 	for _, l := range fresh {
-		if wedged(l, cfg) {
+		span = max(span, l.Span)
+	}
+	for _, l := range fresh {
+		if wedged(l, span, cfg) {
 			continue
 		}
 		share = max(share, replicaBacklog(l.WaitingNow*st.WorkPerRequest, growth, arrived, p.Ready, joins, lead))
@@ -900,15 +916,18 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 		arrived, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
 }
 
-// wedged says whether l is a replica whose queue stood through its window
-// while it ran and served nothing (an engine stuck, its page still
-// answering): no count of replicas drains that queue, so the drain does
-// not plan for it (the pooled backlog still counts it). Planned for, one
-// wedged replica's 500 requests held the plan at 7 where 4 carried the
-// work, for as long as it stood.
-func wedged(l *store.PodLoad, cfg Config) bool {
-	return l.Tokens && l.Span > 0 && l.Waiting >= 1 && l.WaitingNow >= 1 && l.Running < 1 &&
-		l.PromptTokens+cfg.DecodeCost*l.GenerationTokens < minServed
+// wedged says whether l is a replica whose queue stood through a whole
+// window (span, the longest of its workload's replicas) while it ran and
+// served nothing (an engine stuck, its page still answering): no count of
+// replicas drains that queue, so the drain does not plan for it (the
+// pooled backlog still counts it). Planned for, one wedged replica's 500
+// requests held the plan at 7 where 4 carried the work, for as long as it
+// stood. Ran nothing: its running gauge read 0 at every sample (a mean
+// below 1 was a replica just ready behind a long prefill), and a page
+// without the gauge is never judged so.
+func wedged(l *store.PodLoad, span time.Duration, cfg Config) bool {
+	return l.Tokens && 2*l.Span >= span && l.Span > 0 && l.Waiting >= 1 && l.WaitingNow >= 1 &&
+		!l.NoRunning && l.Running == 0 && l.PromptTokens+cfg.DecodeCost*l.GenerationTokens < minServed
 }
 
 // replicaBacklog projects one ready replica's queue (q, work) to lead from
@@ -1149,9 +1168,10 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // move (taken at the knee, a run's highest window held the capacity up).
 //
 // A break below what another replica proved within the SLO at the same
-// observation (shown: provenNow) is the fleet's contradiction, not its
-// capacity: that replica is slower (a throttled GPU, a heavier part of
-// the mix), and it is learned nothing from. Taken, one replica breaking
+// observation (shown: provenNow), fewer replicas past capacity than
+// within it, is the fleet's contradiction, not its capacity: that
+// replica is slower (a throttled GPU, a heavier part of the mix), and it
+// is learned nothing from. Taken, one replica breaking
 // at 500 a second in every window pulled the capacity to what the healthy
 // ones served, floored only by that: the plan asked for a quarter more
 // each time, their share fell, and a steady 40,000 a second on replicas
@@ -1171,13 +1191,26 @@ func (st *State) learnBroken(o window, broken float64, now time.Time, room bool,
 // provenNow is the most a healthy replica's window of obs proved this
 // observation: what it served (within proven, riseBound's), less its
 // window's error (proof), as the healthy replicas' most (HealthyMax) is
-// taken; 0 with none healthy.
+// taken; 0 with none healthy, or with as many windows past capacity as
+// healthy: then it is the fleet past its capacity, not one replica
+// against it (four of six replicas swamped under a capacity too high,
+// their counted work below the two healthy ones' because they redo
+// work, kept the capacity there for the hour, and a liar's healthy
+// window beside honest breaks froze their level).
 func provenNow(obs []window, proven float64) float64 {
-	most := 0.0
+	most, healthy, broke := 0.0, 0, 0
 	for _, o := range obs {
-		if !o.thin && o.healthy {
+		switch {
+		case o.thin:
+		case o.healthy:
 			most = max(most, proof(min(o.w, proven), o.n))
+			healthy++
+		case o.broke:
+			broke++
 		}
+	}
+	if broke >= healthy {
+		return 0
 	}
 	return most
 }
@@ -1910,14 +1943,6 @@ func implausible(l *store.PodLoad) string {
 		return fmt.Sprintf("%.3g tokens a second, past the %.0e believed of one replica", max(l.PromptTokens, l.GenerationTokens), maxTokenRate)
 	case l.FirstTokens > maxRequestRate:
 		return fmt.Sprintf("%.3g first tokens a second, past the %.0e believed of one replica", l.FirstTokens, maxRequestRate)
-	case l.Tokens && l.FirstTokens > l.PromptTokens+l.GenerationTokens:
-		// Every request that has its first token prefilled a prompt token
-		// at least and generated one: more first tokens than tokens is a
-		// TTFT histogram its counters contradict. Believed, one pod's
-		// 100,000 first tokens a second against 10,000 tokens drew the
-		// workload's mean work a request from 1,000 to 0.4 in 20 minutes,
-		// and a queue of 200 a replica was planned as none.
-		return fmt.Sprintf("%.3g first tokens a second, past its %.3g tokens a second (each request prefills and generates one at least)", l.FirstTokens, l.PromptTokens+l.GenerationTokens)
 	case l.Preemptions > maxRequestRate:
 		// A preemption rate past the first tokens marks a swamped window
 		// (rule 2), so a lie there would hold a break at its knee.

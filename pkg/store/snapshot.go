@@ -53,12 +53,12 @@ type PodLoad struct {
 	Preemptions float64
 	// Waiting, Running and KVCache: the window's means; WaitingNow the
 	// latest; WaitingGrowth the increase of waiting over the window, per
-	// second (negative when the queue shrank). NoWaiting and NoKV: the
-	// window holds no value of the gauge (the page has none, or every one
-	// was refused): the value above is then 0 and says nothing.
-	Waiting, Running, KVCache float64
-	WaitingNow, WaitingGrowth float64
-	NoWaiting, NoKV           bool
+	// second (negative when the queue shrank). NoWaiting, NoRunning and
+	// NoKV: the window holds no value of the gauge (the page has none, or
+	// every one was refused): the value above is then 0 and says nothing.
+	Waiting, Running, KVCache  float64
+	WaitingNow, WaitingGrowth  float64
+	NoWaiting, NoRunning, NoKV bool
 	// Span: the time the rates cover (the window, or less while the pod
 	// has fewer samples).
 	Span time.Duration
@@ -221,11 +221,11 @@ func (p *pod) load(sc *scratch, now time.Time, at int64, window, freshFor time.D
 		l.TTFTQuantile, l.TTFTQuantileBeyond, l.TTFTQuantileOK = q.EvalBeyond(p.window(sc, window, metric.RuleQuantile, ids(q)))
 	}
 	gauges := p.window(sc, window, metric.RuleGauge, gaugeIDs)
-	var okW, okKV bool
+	var okW, okR, okKV bool
 	l.Waiting, okW = waitingGauge.Eval(gauges)
-	l.Running, _ = runningGauge.Eval(gauges)
+	l.Running, okR = runningGauge.Eval(gauges)
 	l.KVCache, okKV = kvGauge.Eval(gauges)
-	l.NoWaiting, l.NoKV = !okW, !okKV
+	l.NoWaiting, l.NoRunning, l.NoKV = !okW, !okR, !okKV
 	l.WaitingNow, _ = waitingGauge.Latest(gauges)
 	if n := len(gauges); n > 1 {
 		a, okA := gauges[0].Get(metric.Waiting)
