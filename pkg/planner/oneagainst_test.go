@@ -98,6 +98,42 @@ func TestAReplicaSlowerThanItsFleetIsNoBreakOfTheCapacity(t *testing.T) {
 	if st.Capacity > 7000 || p.Replicas < 6 {
 		t.Fatalf("an hour of 4 of 6 replicas swamped at 5,000/s beside 2 healthy at 6,000/s under a capacity of 10,000: capacity %.0f, plan %d (%s)", st.Capacity, p.Replicas, p.Reason)
 	}
+	// Three replicas draining a burst's queue while the fleet has room
+	// (two new ones healthy beside) are no fleet past its capacity: the
+	// slow replica's breaks stay its own. Counted past capacity, they let
+	// them pull the capacity from 10,000 to 2,618, and the fleet went to
+	// 15 for 30,000/s (found in a third review).
+	st, at = learnedAt10000(t)
+	var drain []store.PodLoad
+	for _, n := range []string{"a", "b", "c"} {
+		l := serving(n, 4000, 1)
+		l.Waiting, l.WaitingNow, l.WaitingGrowth = 30, 10, -1
+		drain = append(drain, l)
+	}
+	drain = append(drain, serving("d", 3000, 0.01), serving("e", 3000, 0.01), fleetOf(1, 500, true)[0])
+	p, st, at = run(t, st, cfg, at, 3*time.Minute, drain...)
+	after, f := st.Capacity, p.Replicas
+	for range 12 {
+		p, st, at = run(t, st, cfg, at, 5*time.Minute, slowAndKnee10000(f, 30000)...)
+		f = min(max(p.Replicas, 2), 50)
+	}
+	if after < 9000 || f > 6 {
+		t.Fatalf("3 minutes of a drain beside one slow replica: capacity %.0f after it, %.0f an hour later; the fleet went to %d for 30,000/s (plan %d: %s), want 5 or 6",
+			after, st.Capacity, f, p.Replicas, p.Reason)
+	}
+}
+
+// slowAndKnee10000 is fleetOf's f replicas with one slow, the others
+// past their capacity (queued 1 s, 20 waiting) beyond 10,000 a second.
+func slowAndKnee10000(f int, w float64) []store.PodLoad {
+	pods := fleetOf(f, w, true)
+	for i := range pods[1:] {
+		if l := &pods[1+i]; l.PromptTokens > 10000 {
+			*l = serving(l.Name, 10000, 1)
+			l.Waiting, l.WaitingNow = 20, 20
+		}
+	}
+	return pods
 }
 
 // TestFirstTokensPastTheTokensTeachNoMeanWork: each request that has its
@@ -156,6 +192,21 @@ func TestFirstTokensPastTheTokensTeachNoMeanWork(t *testing.T) {
 	p, _, err := Make(snap(at, burst), known, cfg)
 	if err != nil || p.Replicas < 2 {
 		t.Fatalf("a burst's first window on SGLang (30 first tokens, none finished, 170 waiting): plan %d (%s), %v; want the queue planned", p.Replicas, p.Reason, err)
+	}
+	// Nor does such a window teach the capacity, with an earlier short
+	// request's 15 tokens counted in it: taken as a break at them, it
+	// pulled a capacity of 10,000 to 97 within a minute; at a start, it
+	// was learned at 0.5 with no mean work a request, and the queue was
+	// planned as none (found in a third review).
+	burst.PromptTokens = 0.5
+	_, after, _ := run(t, known, cfg, at, time.Minute, burst)
+	if after.Capacity < 9000 {
+		t.Fatalf("a minute of a lagging window after 10,000 was learned: capacity %.0f", after.Capacity)
+	}
+	p, first, _ := run(t, State{}, cfg, t0, time.Minute, burst)
+	if first.Capacity > 0 && first.WorkPerRequest == 0 || p.Replicas < 2 || p.Need < 10 {
+		t.Fatalf("a lagging window at a start (15 tokens counted, 30 first tokens, 170 waiting): capacity %.3g at %.3g work a request, need %.2f, plan %d (%s)",
+			first.Capacity, first.WorkPerRequest, p.Need, p.Replicas, p.Reason)
 	}
 }
 

@@ -702,7 +702,7 @@ func kvShares(fresh []*store.PodLoad) []float64 {
 // the work that arrived at all the ready replicas (the fresh pods' scaled):
 // served, plus the queue's growth or less its shrinking.
 func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, observe bool) float64 {
-	var first, wprWork, growth, queued, kv, fallback float64
+	var growth, queued, kv, fallback float64
 	kvs := kvShares(fresh)
 	// Fresh pods whose page has no token counters: a window of samples
 	// (a span) with no token rate. One of a single sample (a replica just
@@ -712,12 +712,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		if !l.Tokens && l.Span > 0 {
 			noCounters++
 		} else {
-			w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
-			p.Work += w
-			if l.FirstTokens <= l.PromptTokens+l.GenerationTokens {
-				wprWork += w
-				first += l.FirstTokens
-			}
+			p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
 		}
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
@@ -728,15 +723,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		fallback += math.Max(kvl/cfg.KVTarget, l.Waiting/2)
 	}
 	if observe {
-		// A window with more first tokens than tokens teaches no mean: each
-		// request prefills a token at least and generates one, so its
-		// counters lag its TTFT histogram (SGLang counts a request's tokens
-		// when it finishes, its first token at once: a burst's first
-		// window, answers longer than the window) or contradict it (one
-		// pod's 100,000 first tokens a second against 10,000 tokens drew
-		// the mean from 1,000 to 0.4 in 20 minutes, and a queue of 200 a
-		// replica was planned as none). Its work and queue are planned.
-		st.learnWorkPerRequest(wprWork, first)
+		st.learnWorkPerRequest(requestWork(fresh, cfg))
 	}
 	p.WorkPerRequest = st.WorkPerRequest
 	queued += p.routersQueued(in.Demand)
@@ -867,6 +854,22 @@ func (p *Plan) plan(work float64, st *State, cfg Config) {
 	}
 }
 
+// requestWork is the work the fresh pods served and their first tokens,
+// for a request's mean: of pods with token counters whose window does not
+// lag (lags). Taken from all, one pod's 100,000 first tokens a second
+// against 10,000 tokens drew the mean from 1,000 to 0.4 in 20 minutes,
+// and a queue of 200 a replica was planned as none; its work and queue
+// are planned as any other's.
+func requestWork(fresh []*store.PodLoad, cfg Config) (work, first float64) {
+	for _, l := range fresh {
+		if (l.Tokens || l.Span <= 0) && !lags(l) {
+			work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+			first += l.FirstTokens
+		}
+	}
+	return work, first
+}
+
 // learnWorkPerRequest moves a request's mean work a tenth of the way
 // toward this observation's (work served over first tokens, within
 // maxRise times the mean either way), or takes it at the first.
@@ -916,9 +919,22 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 		arrived, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
 }
 
-// wedged says whether l is a replica whose queue stood through a whole
-// window (span, the longest of its workload's replicas) while it ran and
-// served nothing (an engine stuck, its page still answering): no count of
+// lags says whether l's window has more first tokens a second than
+// tokens: each request prefills a token at least and generates one, so
+// its counters lag its TTFT histogram (SGLang counts a request's tokens
+// when it finishes, its first token at once: a burst's first window,
+// answers longer than the window) or contradict it. Such a window
+// teaches neither the mean work a request nor the capacity (taken as a
+// break at the tokens it had counted, it pulled a capacity of 10,000 to
+// 97 in a minute; taken at a restart, 0.5, and a queue of 170 was planned
+// as none).
+func lags(l *store.PodLoad) bool {
+	return l.FirstTokens > l.PromptTokens+l.GenerationTokens
+}
+
+// wedged says whether l is a replica whose queue stood through its window
+// (at least half span, the longest of its workload's replicas, as a
+// window judged) while it ran and served nothing (an engine stuck, its page still answering): no count of
 // replicas drains that queue, so the drain does not plan for it (the
 // pooled backlog still counts it). Planned for, one wedged replica's 500
 // requests held the plan at 7 where 4 carried the work, for as long as it
@@ -1102,7 +1118,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 	broken := st.breakBound(obs, now, span, shown)
 	st.kneesOf(obs, now, runGap(span, shown), st.hold(cfg))
 	room := hasRoom(obs, st.Capacity, cfg.Utilisation)
-	shownNow := provenNow(obs, proven)
+	shownNow := provenNow(obs, proven, room)
 	// The swamped last: what the others show is learned first, in
 	// whatever order the replicas come.
 	slices.SortStableFunc(obs, func(a, b window) int { return cmp.Compare(btoi(a.thrash), btoi(b.thrash)) })
@@ -1171,12 +1187,12 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 // observation (shown: provenNow), fewer replicas past capacity than
 // within it, is the fleet's contradiction, not its capacity: that
 // replica is slower (a throttled GPU, a heavier part of the mix), and it
-// is learned nothing from. Taken, one replica breaking
-// at 500 a second in every window pulled the capacity to what the healthy
-// ones served, floored only by that: the plan asked for a quarter more
-// each time, their share fell, and a steady 40,000 a second on replicas
-// that break at 10,000 was planned at the HPA's maximum of 50 within
-// three hours. The slow replica's queue is planned by the drain (rule 4).
+// is learned nothing from. Taken, one replica breaking at 500 a second
+// in every window pulled the capacity to what the healthy ones served,
+// floored only by that: the plan asked for a quarter more each time,
+// their share fell, and a steady 40,000 a second on replicas that break
+// at 10,000 was planned at the HPA's maximum of 50 within three hours.
+// The slow replica's queue is planned by the drain (rule 4).
 func (st *State) learnBroken(o window, broken float64, now time.Time, room bool, shown float64) {
 	w, level := o.w, true
 	if o.thrash || (o.draining && room) {
@@ -1196,8 +1212,12 @@ func (st *State) learnBroken(o window, broken float64, now time.Time, room bool,
 // against it (four of six replicas swamped under a capacity too high,
 // their counted work below the two healthy ones' because they redo
 // work, kept the capacity there for the hour, and a liar's healthy
-// window beside honest breaks froze their level).
-func provenNow(obs []window, proven float64) float64 {
+// window beside honest breaks froze their level). A window draining a
+// backlog while the fleet has room (room: hasRoom) is no fleet past its
+// capacity (learnBroken): counted so, three replicas draining a burst's
+// queue let one slow replica's breaks pull the capacity from 10,000 to
+// 2,618, and the plan went to 15 for 30,000 a second.
+func provenNow(obs []window, proven float64, room bool) float64 {
 	most, healthy, broke := 0.0, 0, 0
 	for _, o := range obs {
 		switch {
@@ -1205,7 +1225,7 @@ func provenNow(obs []window, proven float64) float64 {
 		case o.healthy:
 			most = max(most, proof(min(o.w, proven), o.n))
 			healthy++
-		case o.broke:
+		case o.broke && (!o.draining || !room):
 			broke++
 		}
 	}
@@ -1350,7 +1370,9 @@ func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl 
 		// A window of a few seconds (a replica just ready, a series
 		// restarted) is one request's luck, as too few first tokens are.
 		o := window{name: l.Name, w: w, n: l.FirstTokens * l.Span.Seconds()}
-		if o.thin = o.n < minEvidence || 2*l.Span < span; !o.thin {
+		// A window whose counters lag its TTFT histogram (lags) judges
+		// nothing: what it served is not yet counted.
+		if o.thin = o.n < minEvidence || 2*l.Span < span || lags(l); !o.thin {
 			o.broke, o.healthy = health(l, cfg, itl)
 			o.thrash = l.Preemptions > l.FirstTokens
 			o.draining = l.WaitingGrowth < 0

@@ -155,7 +155,8 @@ func TestAStartupIsFromItsPodsCreation(t *testing.T) {
 
 // TestAGaugeAbsentIsSaidSo: a gauge absent from a pod's window was read as
 // 0 (the planner refused nothing and planned an empty queue); it is said
-// so (NoWaiting, NoKV).
+// so (NoWaiting, NoRunning, NoKV). A running gauge at 0 is no gauge
+// absent (the planner judges a replica wedged only on one).
 func TestAGaugeAbsentIsSaidSo(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
@@ -167,6 +168,7 @@ func TestAGaugeAbsentIsSaidSo(t *testing.T) {
 		a.TimeMs, b.TimeMs = now.UnixMilli(), now.UnixMilli()
 		a.Values.Set(metric.Waiting, float64(i))
 		a.Values.Set(metric.KVCacheUsage, 0.5)
+		a.Values.Set(metric.Running, 0)
 		b.Values.Set(metric.Waiting, float64(i))
 		s.Add([]Report{a, b})
 	}
@@ -177,6 +179,9 @@ func TestAGaugeAbsentIsSaidSo(t *testing.T) {
 	tgi, vllm := snap.Pods[0], snap.Pods[1]
 	if vllm.NoWaiting || vllm.NoKV || tgi.NoWaiting || !tgi.NoKV || tgi.KVCache != 0 {
 		t.Fatalf("gauges absent: vllm %v %v, tgi %v %v (KV %v); want only tgi's KV cache absent", vllm.NoWaiting, vllm.NoKV, tgi.NoWaiting, tgi.NoKV, tgi.KVCache)
+	}
+	if vllm.NoRunning || vllm.Running != 0 || !tgi.NoRunning {
+		t.Fatalf("running at 0: absent %v (%v); no running gauge: absent %v", vllm.NoRunning, vllm.Running, tgi.NoRunning)
 	}
 }
 
