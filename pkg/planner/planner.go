@@ -934,13 +934,14 @@ func lags(l *store.PodLoad) bool {
 
 // wedged says whether l is a replica whose queue stood through its window
 // (at least half span, the longest of its workload's replicas, as a
-// window judged) while it ran and served nothing (an engine stuck, its page still answering): no count of
-// replicas drains that queue, so the drain does not plan for it (the
-// pooled backlog still counts it). Planned for, one wedged replica's 500
-// requests held the plan at 7 where 4 carried the work, for as long as it
-// stood. Ran nothing: its running gauge read 0 at every sample (a mean
-// below 1 was a replica just ready behind a long prefill), and a page
-// without the gauge is never judged so.
+// window judged) while it ran and served nothing (an engine stuck, its
+// page still answering): no count of replicas drains that queue, so the
+// drain does not plan for it (the pooled backlog still counts it).
+// Planned for, one wedged replica's 500 requests held the plan at 7
+// where 4 carried the work, for as long as it stood. Ran nothing: its
+// running gauge read 0 at every sample (a mean below 1 was a replica
+// just ready behind a long prefill), and a page without the gauge is
+// never judged so.
 func wedged(l *store.PodLoad, span time.Duration, cfg Config) bool {
 	return l.Tokens && 2*l.Span >= span && l.Span > 0 && l.Waiting >= 1 && l.WaitingNow >= 1 &&
 		!l.NoRunning && l.Running == 0 && l.PromptTokens+cfg.DecodeCost*l.GenerationTokens < minServed
