@@ -712,7 +712,7 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 		if !l.Tokens && l.Span > 0 {
 			noCounters++
 		} else {
-			p.Work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+			p.Work += workOf(l, cfg)
 		}
 		growth += l.WaitingGrowth
 		queued += l.WaitingNow
@@ -863,7 +863,7 @@ func (p *Plan) plan(work float64, st *State, cfg Config) {
 func requestWork(fresh []*store.PodLoad, cfg Config) (work, first float64) {
 	for _, l := range fresh {
 		if (l.Tokens || l.Span <= 0) && !lags(l) {
-			work += l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+			work += workOf(l, cfg)
 			first += l.FirstTokens
 		}
 	}
@@ -899,10 +899,7 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 	lead := st.lead(cfg)
 	joins := joining(in, lead, st.stuckAfter())
 	var share float64
-	var span time.Duration
-	for _, l := range fresh {
-		span = max(span, l.Span)
-	}
+	span := longestSpan(fresh)
 	for _, l := range fresh {
 		if wedged(l, span, cfg) {
 			continue
@@ -917,6 +914,22 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 	gone := time.Duration(share / (st.Capacity - arrived/p.DrainNeed) * float64(time.Second))
 	p.Reason = fmt.Sprintf("work arriving %.0f/s over %.0f/s per replica; a replica's queue drains only through it: the largest %.0f work units when capacity asked for now is ready, gone %s after with the work spread over %.2f replicas",
 		arrived, st.Capacity, share, gone.Round(time.Second), p.DrainNeed)
+}
+
+// workOf is the work l's window served a second: its prompt tokens, and
+// its generated tokens at their decode cost.
+func workOf(l *store.PodLoad, cfg Config) float64 {
+	return l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+}
+
+// longestSpan is the longest any replica's rates cover (the window, or
+// less while every one has fewer samples: an aggregator just started).
+func longestSpan(fresh []*store.PodLoad) time.Duration {
+	var span time.Duration
+	for _, l := range fresh {
+		span = max(span, l.Span)
+	}
+	return span
 }
 
 // lags says whether l's window has more first tokens a second than
@@ -944,7 +957,7 @@ func lags(l *store.PodLoad) bool {
 // never judged so.
 func wedged(l *store.PodLoad, span time.Duration, cfg Config) bool {
 	return l.Tokens && 2*l.Span >= span && l.Span > 0 && l.Waiting >= 1 && l.WaitingNow >= 1 &&
-		!l.NoRunning && l.Running == 0 && l.PromptTokens+cfg.DecodeCost*l.GenerationTokens < minServed
+		!l.NoRunning && l.Running == 0 && workOf(l, cfg) < minServed
 }
 
 // replicaBacklog projects one ready replica's queue (q, work) to lead from
@@ -1103,12 +1116,7 @@ func (st *State) learnCapacity(fresh []*store.PodLoad, now time.Time, cfg Config
 		st.HealthyMax *= math.Pow(healthyDecay, float64(now.Sub(st.healthyAt))/float64(cfg.ObserveEvery))
 	}
 	st.healthyAt = now
-	// span: the longest any replica's rates cover (the window, or less
-	// while every one has fewer samples: an aggregator just started).
-	var span time.Duration
-	for _, l := range fresh {
-		span = max(span, l.Span)
-	}
+	span := longestSpan(fresh)
 	st.learnITL(fresh, now, cfg)
 	itl := st.itlJudges(now, cfg)
 	obs := observeWindows(fresh, span, cfg, itl)
@@ -1364,7 +1372,7 @@ type window struct {
 func observeWindows(fresh []*store.PodLoad, span time.Duration, cfg Config, itl bool) []window {
 	obs := make([]window, 0, len(fresh))
 	for _, l := range fresh {
-		w := l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+		w := workOf(l, cfg)
 		if !l.Tokens || w < minServed {
 			continue
 		}

@@ -402,8 +402,7 @@ func (g *gen) stepLengths(steps int, at func(time.Duration) int) {
 // refused beside the single mean's key (one): nil when key is not given
 // or refused.
 func (g *gen) lengthsEach(key, one string, steps int) []int {
-	g.str(key, "-") // known: marked used
-	v, ok := g.kv[key]
+	v, ok := g.opt(key)
 	if !ok {
 		return nil
 	}
@@ -447,17 +446,24 @@ type gen struct {
 }
 
 func (g *gen) str(k, def string) string {
-	if g.used == nil {
-		g.used = map[string]bool{}
-	}
-	g.used[k] = true
-	if v, ok := g.kv[k]; ok {
+	if v, ok := g.opt(k); ok {
 		return v
 	}
 	if def == "" {
 		g.errs = append(g.errs, fmt.Errorf("%s is required", k))
 	}
 	return def
+}
+
+// opt reads optional key k, known to the generator (never unknown),
+// and whether it was given.
+func (g *gen) opt(k string) (string, bool) {
+	if g.used == nil {
+		g.used = map[string]bool{}
+	}
+	g.used[k] = true
+	v, ok := g.kv[k]
+	return v, ok
 }
 
 func (g *gen) float(k string, def float64) float64 {
