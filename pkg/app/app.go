@@ -1,5 +1,6 @@
-// Package app is what pulse's two binaries share around their components:
-// flags, the logger, validation, signals and the exit code.
+// Package app is what pulse's daemons (the agent, the aggregator and the
+// relay) share around their components: flags, the logger, validation,
+// signals and the exit code.
 package app
 
 import (
