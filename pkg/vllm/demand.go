@@ -130,6 +130,7 @@ func sameMetrics(ds []*Demand, metrics []string) []*Demand {
 type demandWants struct {
 	all   bool
 	pairs [][]byte
+	names []string // each pair's label name
 }
 
 // pairOf is d's pair as the text format writes it.
@@ -153,21 +154,21 @@ func wantsOf(ds ...*Demand) demandWants {
 			return demandWants{all: true}
 		}
 		if !slices.ContainsFunc(ds[:i], func(o *Demand) bool { return o.Label == d.Label && o.Match == d.Match }) {
-			w.pairs = append(w.pairs, pairOf(d))
+			w.pairs, w.names = append(w.pairs, pairOf(d)), append(w.names, d.Label)
 		}
 	}
 	return w
 }
 
-// matches appends to dst the index of each of w's pairs line (name at
-// [:n]) holds at a label's start (after the brace, a comma or a blank),
-// or 0 with all. An unescaped quote is never within a label's value, so a
-// pair found there is the label itself.
-func (w demandWants) matches(dst []int, line []byte, n int) []int {
+// matches appends to dst the index of each of w's pairs labels (a
+// series' label set, or a line refused) holds at a label's start (after
+// the brace, a comma or a blank), or 0 with all. An unescaped quote is
+// never within a label's value, so a pair found there is the label
+// itself.
+func (w demandWants) matches(dst []int, labels []byte) []int {
 	if w.all {
 		return append(dst, 0)
 	}
-	labels := line[n:]
 	for k, p := range w.pairs {
 		for from := 0; ; {
 			i := bytes.Index(labels[from:], p)
@@ -185,6 +186,20 @@ func (w demandWants) matches(dst []int, line []byte, n int) []int {
 		}
 	}
 	return dst
+}
+
+// twice is an error where slots, the pairs one series' labels hold, give
+// one label twice (a label set the parser refuses, whose line would be
+// kept for each workload it names until then).
+func (w demandWants) twice(slots []int) error {
+	for i, k := range slots {
+		for _, o := range slots[:i] {
+			if w.names[o] == w.names[k] {
+				return fmt.Errorf("a series gives label %q twice", w.names[k])
+			}
+		}
+	}
+	return nil
 }
 
 // demandRead is one pair's read of a page: its series, or why not.
@@ -215,11 +230,24 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWan
 		if !slices.Contains(metrics, string(line[:end])) {
 			continue
 		}
-		slots := want.matches(held[:0], line, end)
+		// The pairs are sought in the series' labels alone: sought past
+		// them, one line whose exemplar (or any text after its value)
+		// named 64 workloads was kept and parsed 64 times, and a 1 MiB
+		// router page held 145 MiB live in an agent limited to 128.
+		// A line refused is sought whole, so that it fails the workloads
+		// it names and no other.
+		lend, value, err := labelsAndValue(line, end)
+		labels := line[end:]
+		if err == nil {
+			labels = line[end:lend]
+		}
+		slots := want.matches(held[:0], labels)
 		if len(slots) == 0 {
 			continue
 		}
-		lend, value, err := labelsAndValue(line, end)
+		if err == nil {
+			err = want.twice(slots)
+		}
 		for _, k := range slots {
 			switch {
 			case out[k].err != nil:
