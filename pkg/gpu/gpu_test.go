@@ -103,7 +103,10 @@ func TestSharedGPUs(t *testing.T) {
 	}
 }
 
-func TestMIGDevicesReportMemoryOnly(t *testing.T) {
+// migOnGPU0 reads mock GPUs whose first is in MIG mode with two slots,
+// one MIG device (MIG-1111, half its memory used) in slot.
+func migOnGPU0(t *testing.T, slot int) Devices {
+	t.Helper()
 	lib := mockGPUs(t)
 	gpu0 := lib.Devices[0].(*dgxa100.Device)
 	mig := &nvmlmock.Device{
@@ -113,7 +116,7 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 	gpu0.GetMigModeFunc = func() (int, int, nvml.Return) { return nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_ENABLE, nvml.SUCCESS }
 	gpu0.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 2, nvml.SUCCESS }
 	gpu0.GetMigDeviceHandleByIndexFunc = func(j int) (nvml.Device, nvml.Return) {
-		if j == 0 {
+		if j == slot {
 			return mig, nvml.SUCCESS
 		}
 		return nil, nvml.ERROR_NOT_FOUND
@@ -123,10 +126,33 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return devs
+}
+
+func TestMIGDevicesReportMemoryOnly(t *testing.T) {
+	devs := migOnGPU0(t, 0)
 	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"MIG-1111"}}, nil)
 	g := got["ns/small-0"]
 	if len(unknown) != 0 || g.HasUtilization || !g.HasMemory || g.Memory != 0.5 {
 		t.Fatalf("MIG pod = %+v, unknown %v: want memory 0.5 and no utilization", g, unknown)
+	}
+}
+
+// TestAMIGDeviceByTheDevicePluginsIndexIsKnown: the NVIDIA device plugin
+// with --device-id-strategy=index names a MIG device "<GPU>:<slot>"
+// (internal/rm/nvml_devices.go, newMigDevice), and one time-sliced
+// "<GPU>:<slot>::<n>". Such IDs were counted as unknown every interval,
+// and their pods had no GPU memory.
+func TestAMIGDeviceByTheDevicePluginsIndexIsKnown(t *testing.T) {
+	devs := migOnGPU0(t, 1) // slot 0 empty
+	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"0:1"}, "ns/small-1": {"0:1::2"}, "ns/none": {"0:0"}}, nil)
+	for _, pod := range []string{"ns/small-0", "ns/small-1"} {
+		if g := got[pod]; g.HasUtilization || !g.HasMemory || g.Memory != 0.5 {
+			t.Errorf("%s = %+v: want MIG 0:1's memory 0.5 and no utilization", pod, g)
+		}
+	}
+	if g, ok := got["ns/none"]; ok && g.HasMemory || !slices.Equal(unknown, []string{"0:0"}) {
+		t.Errorf("an empty slot's index: %+v, unknown %v; want it unknown", g, unknown)
 	}
 }
 

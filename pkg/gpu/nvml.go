@@ -220,7 +220,11 @@ func (n *NVML) Read() (Devices, error) {
 			out.ByMinor[strconv.Itoa(minor)] = d.UUID
 		}
 		for _, m := range n.readMIG(dev, d.UUID) {
-			out.ByUUID[m.UUID] = m
+			out.ByUUID[m.UUID] = m.Device
+			// The NVIDIA device plugin's index for a MIG device
+			// (--device-id-strategy=index): "<GPU>:<slot>"
+			// (internal/rm/nvml_devices.go, newMigDevice).
+			out.ByIndex[strconv.Itoa(i)+":"+strconv.Itoa(m.slot)] = m.UUID
 		}
 	}
 	return out, errors.Join(errs...)
@@ -296,11 +300,18 @@ func sampleValue(vt nvml.ValueType, v [8]byte) float64 {
 	return float64(binary.LittleEndian.Uint32(v[:4]))
 }
 
+// migDevice is a MIG device read, with its slot on its GPU (the index
+// NVML's GetMigDeviceHandleByIndex takes).
+type migDevice struct {
+	Device
+	slot int
+}
+
 // readMIG reads the MIG devices of a GPU in MIG mode: memory only, since
 // NVML reports no utilization per MIG device. The mode is read again once
 // it is migEvery old; a read that fails (other than NOT_SUPPORTED: no MIG
 // on this GPU) is not kept, and is tried again at the next read.
-func (n *NVML) readMIG(dev nvml.Device, uuid string) []Device {
+func (n *NVML) readMIG(dev nvml.Device, uuid string) []migDevice {
 	now := n.now()
 	m, ok := n.mig[uuid]
 	if !ok || now.Sub(m.at) >= migEvery {
@@ -317,7 +328,7 @@ func (n *NVML) readMIG(dev nvml.Device, uuid string) []Device {
 	if ret != nvml.SUCCESS {
 		return nil
 	}
-	var out []Device
+	var out []migDevice
 	for j := range maxCount {
 		mig, ret := dev.GetMigDeviceHandleByIndex(j)
 		if ret != nvml.SUCCESS {
@@ -331,7 +342,7 @@ func (n *NVML) readMIG(dev nvml.Device, uuid string) []Device {
 		if mem, ret := mig.GetMemoryInfo(); ret == nvml.SUCCESS {
 			d.MemUsed, d.MemTotal = mem.Used, mem.Total
 		}
-		out = append(out, d)
+		out = append(out, migDevice{d, j})
 	}
 	return out
 }
