@@ -509,11 +509,13 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 	} else {
 		a.log.Info("agent streams are not authenticated (--agent-auth=none): use it on loopback or a trusted network only")
 	}
-	// The ingest codec decodes agents' batches into pooled messages.
-	a.ingestSrv = grpc.NewServer(append(opts, grpc.ForceServerCodecV2(ingest.Codec()))...)
+	// The ingest codec decodes agents' batches into pooled messages, and
+	// refuses a message past the limits before it decodes it.
+	limits := ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}
+	a.ingestSrv = grpc.NewServer(append(opts, grpc.ForceServerCodecV2(ingest.CodecFor(limits)))...)
 	a.ingest = ingest.New(a.store, ingest.Options{Log: a.log, Version: version.Version, Registerer: reg, Auth: auth,
 		OnHistograms: func() { a.warnIfPodsOutgrowMemory(true) },
-		Limits:       ingest.Limits{MaxPodsPerStream: o.Store.MaxPodsPerAgent}})
+		Limits:       limits})
 	pulsev1.RegisterIngestServer(a.ingestSrv, a.ingest)
 	healthpb.RegisterHealthServer(a.ingestSrv, a.health)
 	// The same port serves the framed transport (--transport=framed on the
@@ -523,7 +525,7 @@ func (a *Aggregator) buildIngest(reg prometheus.Registerer) error {
 		Help: "Connections the ingest port served, by transport (grpc, framed: the agents' --transport).",
 	}, []string{"transport"})
 	reg.MustRegister(conns)
-	fs := framed.NewServer(a.ingest.Report, framed.ServerOptions{TLS: a.ingestTLS, Codec: ingest.Codec(), MaxMessage: maxIngestMessage,
+	fs := framed.NewServer(a.ingest.Report, framed.ServerOptions{TLS: a.ingestTLS, Codec: ingest.CodecFor(limits), MaxMessage: maxIngestMessage,
 		Handshake: handshakeTimeout, Idle: framedIdle, MaxAge: ingestConnectionAge, WriteTimeout: handshakeTimeout, Log: a.log})
 	a.ingestMux = newIngestMux(a.ingestLn, fs, conns)
 	return nil

@@ -25,9 +25,18 @@ import (
 // protobuf's own Unmarshal, which checks its strings are UTF-8 (UnmarshalVT
 // does not; a batch's one string, a scrape's error, is cleaned where it is
 // read).
-func Codec() encoding.CodecV2 { return codec{base: encoding.GetCodecV2(gproto.Name)} }
+func Codec() encoding.CodecV2 { return CodecFor(Limits{}) }
 
-type codec struct{ base encoding.CodecV2 }
+// CodecFor is Codec for a server of these limits: a message past them is
+// refused before it is decoded (Limits.prescan).
+func CodecFor(l Limits) encoding.CodecV2 {
+	return codec{base: encoding.GetCodecV2(gproto.Name), limits: l.withDefaults()}
+}
+
+type codec struct {
+	base   encoding.CodecV2
+	limits Limits
+}
 
 func (c codec) Name() string { return c.base.Name() }
 
@@ -40,6 +49,9 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
+	if err := c.limits.prescan(buf.ReadOnlyData()); err != nil {
+		return err
+	}
 	m := pulsev1.AgentMessageFromVTPool()
 	err := m.UnmarshalVT(buf.ReadOnlyData())
 	if _, batch := m.Msg.(*pulsev1.AgentMessage_Batch); err == nil && !batch {

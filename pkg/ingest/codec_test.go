@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	gproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
@@ -177,7 +178,10 @@ func TestReleasedBatchLeavesWhatTheDecoderKept(t *testing.T) {
 // so never collected.
 func TestALargeMessageGoesBackToNoPool(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
-	c := Codec()
+	// Limits that let 100,000 entries be decoded (--max-pods-per-agent
+	// may be that high): within the default's, such a message is refused
+	// before it is decoded (TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded).
+	c := CodecFor(Limits{MaxPodsPerStream: 100_000})
 	small, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 2,
 		Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{2}, Values: []int64{3}}}})
 	if err != nil {
@@ -226,8 +230,8 @@ func TestALargeMessageGoesBackToNoPool(t *testing.T) {
 // 100,000 entries' capacity, goes back to the pool every stream shares,
 // and the next honest batch decodes into it.
 func TestALargeMessageThatFailsToDecodeGoesBackToNoPool(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
-	c := Codec()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))  // one P: the pool hands back what was put last
+	c := CodecFor(Limits{MaxPodsPerStream: 100_000}) // as above
 	hostile := &pulsev1.SampleBatch{Seq: 1}
 	for range 100_000 {
 		hostile.Missing = append(hostile.Missing, &pulsev1.MissingSample{})
@@ -262,5 +266,86 @@ func TestALargeMessageThatFailsToDecodeGoesBackToNoPool(t *testing.T) {
 			t.Fatalf("a message of %d bytes that failed to decode went back to the pool: the next batch decoded into it, its %d entries held", len(raw), n)
 		}
 		r.release()
+	}
+}
+
+// emptyEntries is field num, of the bytes type and empty, given until the
+// result is size bytes (2 bytes each): an entry a decoder makes a struct
+// or a string of.
+func emptyEntries(num protowire.Number, size int) []byte {
+	var b []byte
+	for len(b) < size {
+		b = protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), nil)
+	}
+	return b
+}
+
+// inField is m's bytes as field num of the bytes type.
+func inField(num protowire.Number, m []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), m)
+}
+
+// TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded: a message whose
+// entries are past what any agent within the limits sends is refused
+// before it is decoded, whatever transport carries it. Decoded first, one
+// 4 MiB catalogue of 2-byte empty pods allocated 848 MB and held 353 MB
+// live (the chart limits the aggregator to 512 MiB); a pod of 2 million
+// empty workloads, a batch of 2 million empty missing samples or
+// histograms, each 150 to 220 MB live.
+func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
+	const size = 4<<20 - 64
+	limits := Limits{MaxPodsPerStream: 1024}
+	twice := inField(fieldCatalogue, emptyEntries(catalogueUpsert, 2*2048)) // 2,048 empty pods: the bound
+	packed := protowire.AppendBytes(protowire.AppendTag(nil, catalogueRemove, protowire.BytesType), make([]byte, size))
+	for name, raw := range map[string][]byte{
+		"a catalogue of empty pods":         inField(fieldCatalogue, emptyEntries(catalogueUpsert, size)),
+		"one pod of empty workloads":        inField(fieldCatalogue, inField(catalogueUpsert, emptyEntries(podWorkloads, size))),
+		"a packed run of removed ids":       inField(fieldCatalogue, packed),
+		"a batch of empty missing samples":  inField(fieldBatch, emptyEntries(batchMissing, size)),
+		"a batch of empty extra values":     inField(fieldBatch, emptyEntries(batchExtra, size)),
+		"a batch of empty histograms":       inField(fieldBatch, emptyEntries(batchHist, size)),
+		"a hello of empty extra metrics":    inField(fieldHello, emptyEntries(helloExtraMetrics, size)),
+		"a catalogue given twice, merged":   slices.Concat(twice, twice),
+		"empty pods, then a truncated tail": append(inField(fieldCatalogue, emptyEntries(catalogueUpsert, size)), 0x12, 0xff),
+	} {
+		c := CodecFor(limits)
+		var r received
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &r)
+		runtime.ReadMemStats(&m1)
+		if err == nil || r.msg != nil {
+			t.Errorf("%s: decoded (%v); want it refused", name, err)
+			continue
+		}
+		if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 2*uint64(len(raw)) {
+			t.Errorf("%s: %v, after allocating %d KB for %d KB; want it refused before it is decoded", name, err, alloc>>10, len(raw)>>10)
+		}
+	}
+	// Within the limits: 2,048 pods of 8 workloads each, one of 9 (refused
+	// alone later), and a batch of four sub-messages a pod.
+	var pods []*pulsev1.Pod
+	for i := range 2048 {
+		p := pod(uint32(i), "p")
+		p.Workloads = make([]*pulsev1.Workload, 8+i/2047)
+		for j := range p.Workloads {
+			p.Workloads[j] = &pulsev1.Workload{Name: "w"}
+		}
+		pods = append(pods, p)
+	}
+	b := &pulsev1.SampleBatch{}
+	for i := range 2048 {
+		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: uint32(i)}, &pulsev1.MissingSample{Pod: uint32(i)})
+		b.Histograms = append(b.Histograms, &pulsev1.HistogramSample{Pod: uint32(i)}, &pulsev1.HistogramSample{Pod: uint32(i)})
+	}
+	for _, m := range []*pulsev1.AgentMessage{catalogue(pods...), {Msg: &pulsev1.AgentMessage_Batch{Batch: b}}} {
+		raw, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r received
+		if err := CodecFor(limits).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &r); err != nil || !proto.Equal(r.msg, m) {
+			t.Errorf("a message within the limits: %v", err)
+		}
 	}
 }

@@ -52,6 +52,18 @@ type Limits struct {
 	MaxExtraMetrics  int
 }
 
+// withDefaults is l with its zero bounds at their defaults: 1,024 pods a
+// stream, wire.MaxExtraMetrics extra metrics.
+func (l Limits) withDefaults() Limits {
+	if l.MaxPodsPerStream <= 0 {
+		l.MaxPodsPerStream = 1024
+	}
+	if l.MaxExtraMetrics <= 0 {
+		l.MaxExtraMetrics = wire.MaxExtraMetrics
+	}
+	return l
+}
+
 // Server implements pulsev1.IngestServer.
 type Server struct {
 	pulsev1.UnimplementedIngestServer
@@ -107,15 +119,9 @@ type Options struct {
 
 // New returns a Server that writes to st.
 func New(st *store.Store, o Options) *Server {
-	limits := o.Limits
+	limits := o.Limits.withDefaults()
 	if o.Log == nil {
 		o.Log = slog.Default()
-	}
-	if limits.MaxPodsPerStream <= 0 {
-		limits.MaxPodsPerStream = 1024
-	}
-	if limits.MaxExtraMetrics <= 0 {
-		limits.MaxExtraMetrics = wire.MaxExtraMetrics
 	}
 	s := &Server{store: st, log: o.Log, version: o.Version, limits: limits, auth: o.Auth, onHist: o.OnHistograms, m: metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
