@@ -731,3 +731,28 @@ func TestARoutersLineIsSoughtInItsLabelsAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestARoutersWorkloadsCostLinearly: what one scrape of a router
+// allocates grows with the workloads it names, not with their square.
+// Each workload's read looked its slot up by making every pair again for
+// each compared: 64 workloads of 256-byte names allocated 3.9 MB a
+// scrape, 61 KB a workload against 11 KB at 8.
+func TestARoutersWorkloadsCostLinearly(t *testing.T) {
+	e := newExtractor(t)
+	perWorkload := func(n int) float64 {
+		var ds []*Demand
+		for w := range n {
+			ds = append(ds, &Demand{Metrics: []string{"q"}, Label: strings.Repeat("l", 256), Match: fmt.Sprintf("%0250d", w)})
+		}
+		page := []byte("q 1\n")
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		e.ExtractDemands(page, ds, nil)
+		runtime.ReadMemStats(&m1)
+		return float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
+	}
+	perWorkload(64) // the extractor's first use
+	if few, many := perWorkload(8), perWorkload(64); many > 2*few {
+		t.Errorf("a scrape of a router naming 64 workloads allocated %.0f bytes a workload, one naming 8 %.0f: want about the same", many, few)
+	}
+}
