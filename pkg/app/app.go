@@ -198,13 +198,22 @@ const (
 // checks), so that a slow or idle client holds nothing for long: headers
 // within 5 s, a request within 10 s, an answer written within a minute (a
 // CPU profile takes 30 s), an idle keep-alive closed after 2 minutes;
-// /metrics as app.MetricsHandler bounds it.
+// headers of at most MaxHeaderBytes; /metrics as app.MetricsHandler
+// bounds it.
+
+// MaxHeaderBytes bounds a request's headers on pulse's HTTP ports: twice
+// the longest bearer token reviewed (16 KiB). At Go's default, 1 MiB,
+// one request of 1 MiB of empty header lines held about 17 MB of parsed
+// header map until the header timeout, and one pod's 64 connections
+// (the http port is open to every pod by default) about 1.1 GB against
+// the aggregator's 512 MiB.
+const MaxHeaderBytes = 32 << 10
 
 // NewHTTPServer is an HTTP server of handler with those bounds: every
 // pulse process's (the aggregator's, the agent's, the relay's).
 func NewHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
 	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes,
 		// The server's own lines (a TLS handshake a port scan or a wrong CA
 		// failed, one a connection) at debug, in the process's format.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
