@@ -2,12 +2,14 @@ package aggregator
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	runtimedebug "runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/test/syncbuf"
 )
@@ -435,5 +438,32 @@ func TestValidateTheRelaysCertificate(t *testing.T) {
 	o.Certs.KEDANamespace = "keda"
 	if err := o.Validate(); err != nil {
 		t.Errorf("--cert-secret named as KEDA's Secret in another namespace: %v", err)
+	}
+}
+
+// TestAScalerRequestPastAnyValidOneIsRefusedUnread: a request on the
+// scaler port larger than any trigger's valid metadata (64 keys of 1 KiB
+// and their values) is refused before it is decoded; the largest valid
+// one is served. At gRPC's 4 MiB default, a ScaledObject of 130,000
+// empty keys was decoded whole (26 MB at each of KEDA's polls) before its
+// keys were counted.
+func TestAScalerRequestPastAnyValidOneIsRefusedUnread(t *testing.T) {
+	a := start(t, func(o *Options) { o.Warmup.Duration = 0 })
+	keda := externalscaler.NewExternalScalerClient(dial(t, a.ScalerAddr()))
+	largest := map[string]string{"workspace": "llama"}
+	for i := len(largest); i < 64; i++ {
+		largest[fmt.Sprintf("%01023d", i)] = strings.Repeat("v", 1024)
+	}
+	ref := &externalscaler.ScaledObjectRef{Name: strings.Repeat("s", 253), Namespace: strings.Repeat("n", 63), ScalerMetadata: largest}
+	if _, err := keda.GetMetricSpec(context.Background(), ref); err != nil {
+		t.Fatalf("the largest valid trigger (%d bytes): %v", proto.Size(ref), err)
+	}
+	many := map[string]string{"workspace": "llama"}
+	for i := range 130_000 {
+		many[strconv.FormatInt(int64(i), 36)] = ""
+	}
+	_, err := keda.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "so", Namespace: "ns", ScalerMetadata: many})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a trigger of 130,000 empty keys: %v; want ResourceExhausted, unread", err)
 	}
 }

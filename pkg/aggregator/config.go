@@ -260,6 +260,15 @@ const (
 // operator keeps one a scaler address and TLS configuration).
 const maxScalerConns = 1024
 
+// maxScalerRequest bounds a request KEDA sends the scaler port: a trigger's
+// metadata of at most 64 keys of 1 KiB and their values (scaler.metadata)
+// is under 136 KiB with its names. At gRPC's default, 4 MiB, a tenant's
+// ScaledObject of 130,000 empty keys (1.36 MB, which the API server
+// takes) was decoded whole before its keys were counted, 26 MB allocated
+// at each of KEDA's polls; past this bound it is refused unread
+// (ResourceExhausted).
+const maxScalerRequest = 256 << 10
+
 // handshakeTimeout bounds a new connection's handshake (TLS, HTTP/2) on
 // the ingest and scaler ports: gRPC's own, 120 s, let a client that
 // connects and sends nothing hold a place for two minutes.
@@ -575,7 +584,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		[]float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1})))
 	reg.MustRegister(calls)
 	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()),
-		grpc.ConnectionTimeout(handshakeTimeout))
+		grpc.ConnectionTimeout(handshakeTimeout), grpc.MaxRecvMsgSize(maxScalerRequest))
 	a.scalerSrv = grpc.NewServer(opts...)
 	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
 		AllowCrossNamespace: o.Kube.AllowCrossNamespace, Logger: a.log, FollowWindows: true,
