@@ -278,8 +278,8 @@ func nameEnd(line []byte) int {
 // square of their number: a line of 40,000 labels took it minutes, and a
 // 1 MiB page of lines of 63 labels 0.42 s, twelve times a page of 4.
 const (
-	maxLineLabels     = 16
-	maxLabelSetBytes  = 8 << 10
+	maxLineLabels    = 16
+	maxLabelSetBytes = 8 << 10
 	// maxKeptPageSeries: sample lines kept of one page. Parsed, they
 	// hold about 12× their bytes live and allocate up to about 67× in
 	// the parse at 16 labels a line (4× for a real vLLM page), measured
