@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,5 +196,37 @@ func retargetedStreamsEnd(t *testing.T, f *fixture, client *dynamicfake.FakeDyna
 	}
 	if err := recvUntilEnd(stream); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "CronJob") {
 		t.Fatalf("the stream of a ScaledObject retargeted to a CronJob: %v, want its InvalidArgument", err)
+	}
+}
+
+// TestAStreamKeepsOnlyTheKeysItReadsAgain: a stream whose workload comes
+// from its ScaledObject's scaleTargetRef parses its ref again at each
+// recheck, and keeps of it only its names and the keys pulse and KEDA
+// read (and their FromEnv forms), which resolve as the whole did. Kept
+// whole, 61 unknown keys of 1 KiB and their values held 130 KB more a
+// stream for its life.
+func TestAStreamKeepsOnlyTheKeysItReadsAgain(t *testing.T) {
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ScaledObjects: "ScaledObjectList"}, scaledObject("llama-so", "Workspace", "llama"))
+	r := NewInformerResolver(client)
+	runSynced(t, r)
+	f := newFixtureWith(t, r)
+	md := map[string]string{"threshold": "5", "metricFromEnv": "running", "scalerAddress": "pulse:9090"}
+	for i := range 61 {
+		md[strings.Repeat("x", 1000)+strconv.Itoa(i)] = strings.Repeat("v", 1024)
+	}
+	whole := ref(md)
+	w, _, err := f.server.openStream(whole, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	if len(w.ref.ScalerMetadata) != 3 || w.ref.ScalerMetadata["metricFromEnv"] != "running" || w.ref.Name != whole.Name || w.ref.Namespace != whole.Namespace {
+		t.Fatalf("the stream kept %d keys (%v, %s/%s); want its names and the 3 pulse and KEDA read", len(w.ref.ScalerMetadata), w.ref.ScalerMetadata["metricFromEnv"], w.ref.Namespace, w.ref.Name)
+	}
+	a, errA := f.server.parse(whole)
+	b, errB := f.server.parse(w.ref)
+	if errA != nil || errB != nil || MetricName(a) != MetricName(b) || a.Threshold != b.Threshold {
+		t.Fatalf("the kept ref parses as %s (%v), the whole as %s (%v)", MetricName(b), errB, MetricName(a), errA)
 	}
 }
