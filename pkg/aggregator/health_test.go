@@ -181,10 +181,11 @@ func TestWarmupHoldsAnswersUntilTheAgentsAreBack(t *testing.T) {
 		t.Fatalf("unknown health service: %v", err)
 	}
 	// Its name quoted cut: anyone who reaches the port names it, and a
-	// name of control bytes was answered four times its size.
-	_, err := healthpb.NewHealthClient(scaler).Check(context.Background(), &healthpb.HealthCheckRequest{Service: strings.Repeat("\x01", 1<<20)})
+	// name of control bytes was answered four times its size (a request
+	// past 256 KiB is refused unread: maxScalerRequest).
+	_, err := healthpb.NewHealthClient(scaler).Check(context.Background(), &healthpb.HealthCheckRequest{Service: strings.Repeat("\x01", 200<<10)})
 	if msg := status.Convert(err).Message(); status.Code(err) != codes.NotFound || len(msg) > 512 {
-		t.Fatalf("a health service of 1 MiB: %v, a message of %d bytes; want NotFound, at most 512", status.Code(err), len(msg))
+		t.Fatalf("a health service of 200 KiB: %v, a message of %d bytes; want NotFound, at most 512", status.Code(err), len(msg))
 	}
 }
 
