@@ -2,12 +2,17 @@ package aggregator
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	runtimedebug "runtime/debug"
 	"strconv"
 	"strings"
@@ -16,11 +21,14 @@ import (
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/test/syncbuf"
+	"github.com/pulse-io/pulse/test/testpki"
 )
 
 func TestDebugOnItsOwnAddress(t *testing.T) {
@@ -465,5 +473,63 @@ func TestAScalerRequestPastAnyValidOneIsRefusedUnread(t *testing.T) {
 	_, err := keda.GetMetricSpec(context.Background(), &externalscaler.ScaledObjectRef{Name: "so", Namespace: "ns", ScalerMetadata: many})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a trigger of 130,000 empty keys: %v; want ResourceExhausted, unread", err)
+	}
+}
+
+// TestKEDAsVerifiedConnectionsAreNotBoundByItsAddress: KEDA's operator
+// keeps a connection for each scaler address and TLS setting its
+// triggers write, and a tenant writes its own: one tenant's spellings of
+// the aggregator's address took every place KEDA's address had on the
+// scaler port (--max-scaler-connections-per-address), and the connection
+// every other tenant's triggers share was closed at its next connect. A
+// connection whose client certificate the port verified is out of that
+// bound (within the port's in all); one that has not handshaken still
+// counts.
+func TestKEDAsVerifiedConnectionsAreNotBoundByItsAddress(t *testing.T) {
+	ca := testpki.NewCA(t)
+	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
+	kcert, kkey := ca.Issue(t, "keda", 3, x509.ExtKeyUsageClientAuth)
+	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": cert, "tls.key": key, "ca.crt": ca.PEM}, "tls.crt", "tls.key", "ca.crt")
+	a := start(t, func(o *Options) {
+		o.Warmup.Duration, o.Serving.MaxScalerConnectionsPerAddress = 0, 2
+		o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile, o.ScalerTLS.ClientCAFile = paths[0], paths[1], paths[2]
+	})
+	pair, err := tls.X509KeyPair(kcert, kkey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12})
+	ref := &externalscaler.ScaledObjectRef{Name: "so", Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "llama"}}
+	// Four of KEDA's connections (four spellings), each its own, more
+	// than the address's bound of 2.
+	for i := range 4 {
+		conn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		if _, err := externalscaler.NewExternalScalerClient(conn).GetMetricSpec(context.Background(), ref); err != nil {
+			t.Fatalf("KEDA's connection %d: %v", i+1, err)
+		}
+	}
+	// Two that never handshake hold the address's places; a third is
+	// closed at once.
+	for range 2 {
+		c, err := net.Dial("tcp", a.ScalerAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	c, err := net.Dial("tcp", a.ScalerAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a third connection that has not handshaken: read %v; want it closed at once", err)
 	}
 }

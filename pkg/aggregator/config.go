@@ -260,6 +260,36 @@ const (
 // operator keeps one a scaler address and TLS configuration).
 const maxScalerConns = 1024
 
+// verifiedUnbound is the scaler port's mutual TLS: a connection whose
+// client presented a certificate the port verified (KEDA's) is taken out
+// of --max-scaler-connections-per-address (netbound.Conn.Exempt), within
+// the port's bound in all. KEDA's operator keeps a connection for each
+// scaler address and TLS setting its triggers write, and a tenant writes
+// its own triggers: one tenant's 16 spellings of the aggregator's address
+// (case, the IP, a dns:/// prefix) took every place KEDA's address had,
+// and the connection every other tenant's triggers share was closed at
+// once at its next connect. The bound by address still holds connections
+// whose handshake has not verified (a pod's flood).
+type verifiedUnbound struct {
+	credentials.TransportCredentials
+}
+
+// ServerHandshake is the TLS handshake, and the exemption after it.
+func (v verifiedUnbound) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c, info, err := v.TransportCredentials.ServerHandshake(raw)
+	if tlsInfo, ok := info.(credentials.TLSInfo); err == nil && ok && len(tlsInfo.State.VerifiedChains) > 0 {
+		if b, ok := raw.(*netbound.Conn); ok {
+			b.Exempt()
+		}
+	}
+	return c, info, err
+}
+
+// Clone is a copy with the exemption.
+func (v verifiedUnbound) Clone() credentials.TransportCredentials {
+	return verifiedUnbound{v.TransportCredentials.Clone()}
+}
+
 // maxScalerRequest bounds a request KEDA sends the scaler port: a trigger's
 // metadata of at most 64 keys of 1 KiB and their values (scaler.metadata)
 // is under 136 KiB with its names. At gRPC's default, 4 MiB, a tenant's
@@ -557,7 +587,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	opts := grpcOptions()
 	switch {
 	case o.Certs.Enabled:
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.managedCerts(reg).ServerConfig())))
+		opts = append(opts, grpc.Creds(verifiedUnbound{credentials.NewTLS(a.managedCerts(reg).ServerConfig())}))
 		a.log.Info("scaler port serves mutual TLS with managed certificates", logging.KeySecret, o.Certs.Namespace+"/"+o.Certs.Secret,
 			logging.KeyTriggerAuth, o.Certs.TriggerAuthName)
 	case o.ScalerTLS.CertFile != "":
@@ -565,7 +595,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		if err != nil {
 			return fmt.Errorf("scaler TLS: %w", err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
+		opts = append(opts, grpc.Creds(verifiedUnbound{credentials.NewTLS(files.ServerConfig())}))
 		a.log.Info("scaler port serves mutual TLS", logging.KeyCert, o.ScalerTLS.CertFile, logging.KeyClientCA, o.ScalerTLS.ClientCAFile)
 	}
 	var resolver scaler.TargetResolver

@@ -73,7 +73,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if tcp := tcpOf(c); tcp != nil && l.UserTimeout > 0 {
 			_ = setUserTimeout(tcp, l.UserTimeout) // as gRPC: best effort
 		}
-		return NewConn(c, func() { l.release(ip) }), nil
+		bc := NewConn(c, l.releaseAll)
+		bc.byIP = func() { l.releaseIP(ip) }
+		return bc, nil
 	}
 }
 
@@ -91,10 +93,17 @@ func (l *Listener) Held() int {
 	return l.all
 }
 
-func (l *Listener) release(ip string) {
+// releaseAll gives back a connection's place in all.
+func (l *Listener) releaseAll() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.all--
+}
+
+// releaseIP gives back a connection's place among its address's.
+func (l *Listener) releaseIP(ip string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.byIP[ip]--; l.byIP[ip] <= 0 {
 		delete(l.byIP, ip)
 	}
@@ -104,16 +113,44 @@ func (l *Listener) release(ip string) {
 // (a bounded listener's: this one's, and the aggregator's ingest port's).
 type Conn struct {
 	net.Conn
-	once    sync.Once
+	mu      sync.Mutex
+	closed  bool
 	release func()
+	// byIP, a Listener's connection's, gives back its place among its
+	// address's: at Close, or at Exempt (nil after).
+	byIP func()
 }
 
 // NewConn wraps c so that its first Close calls release.
 func NewConn(c net.Conn, release func()) *Conn { return &Conn{Conn: c, release: release} }
 
+// Exempt takes a Listener's connection out of its address's bound, its
+// place in the Listener's bound in all kept: for a client the port has
+// authenticated whose connections a tenant can multiply (KEDA's operator
+// keeps one a scaler address, which a tenant's trigger writes: one
+// tenant's spellings of the address took every place KEDA's address had
+// on the scaler port, and the connection every other tenant's triggers
+// share was closed at its next connect). Once, and nothing after Close.
+func (c *Conn) Exempt() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed && c.byIP != nil {
+		c.byIP()
+		c.byIP = nil
+	}
+}
+
 // Close closes the connection and gives its room back (once).
 func (c *Conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		c.release()
+		if c.byIP != nil {
+			c.byIP()
+		}
+	}
 	return err
 }

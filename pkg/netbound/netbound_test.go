@@ -90,3 +90,49 @@ func TestConnectionsAreBounded(t *testing.T) {
 		_ = c.Close()
 	}
 }
+
+// TestAnExemptConnectionLeavesItsAddressesBound: a connection exempted
+// (an authenticated client's, Conn.Exempt) gives back its place among its
+// address's and keeps its place in all; its Close then gives back that
+// alone, and an Exempt after Close or a second one changes nothing.
+func TestAnExemptConnectionLeavesItsAddressesBound(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(raw, 3, 1)
+	defer func() { _ = l.Close() }()
+	accept := func() *Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.(*Conn)
+	}
+	counts := func(what string, all, fromIP int) {
+		t.Helper()
+		if l.Held() != all || l.HeldFrom("127.0.0.1") != fromIP {
+			t.Fatalf("%s: %d held, %d from the address; want %d and %d", what, l.Held(), l.HeldFrom("127.0.0.1"), all, fromIP)
+		}
+	}
+	a := accept()
+	a.Exempt()
+	a.Exempt()
+	counts("one exempt", 1, 0)
+	b := accept() // within the address's bound of 1 again
+	counts("one exempt, one bound", 2, 1)
+	_ = a.Close()
+	counts("the exempt closed", 1, 1)
+	a.Exempt()
+	_ = a.Close()
+	counts("the exempt closed twice", 1, 1)
+	_ = b.Close()
+	b.Exempt()
+	counts("both closed", 0, 0)
+}
