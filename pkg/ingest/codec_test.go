@@ -349,3 +349,51 @@ func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPrescanANodesBatch: what the walk before the decode costs a
+// node's batch (8 pods, 20 values each, two histograms of 20 buckets), and
+// the pooled decode it stands before (sub-benchmark decode).
+func BenchmarkPrescanANodesBatch(b *testing.B) {
+	batch := &pulsev1.SampleBatch{Seq: 1, TimeUnixMs: 1_700_000_000_000}
+	bounds, counts := make([]float64, 20), make([]int64, 20)
+	for i := range bounds {
+		bounds[i], counts[i] = float64(i)/10, int64(i*7)
+	}
+	for p := range uint32(8) {
+		batch.Pods = append(batch.Pods, p)
+		batch.OffsetsMs = append(batch.OffsetsMs, int32(p))
+		batch.PresentXor = append(batch.PresentXor, 0xfffff)
+		for v := range 20 {
+			batch.Values = append(batch.Values, int64(v*1000+int(p)))
+		}
+		for _, h := range []pulsev1.Histogram{pulsev1.Histogram_HISTOGRAM_TTFT, pulsev1.Histogram_HISTOGRAM_ITL} {
+			batch.Histograms = append(batch.Histograms, &pulsev1.HistogramSample{Pod: p, Histogram: h, Bounds: bounds, Counts: counts})
+		}
+	}
+	raw, err := proto.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: batch}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := Limits{}.withDefaults()
+	b.Run("prescan", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(raw)))
+		for b.Loop() {
+			if err := l.prescan(raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		c := CodecFor(l)
+		b.ReportAllocs()
+		b.SetBytes(int64(len(raw)))
+		for b.Loop() {
+			var r received
+			if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &r); err != nil {
+				b.Fatal(err)
+			}
+			r.release()
+		}
+	})
+}

@@ -58,15 +58,15 @@ walk:
 		c := &counts[num]
 		switch num {
 		case fieldHello:
-			c.entries += countFields(v, helloExtraMetrics, nil)
+			c.entries += countFields(v, helloExtraMetrics, helloExtraMetrics, nil)
 		case fieldCatalogue:
-			c.entries += countFields(v, catalogueUpsert, func(pod []byte) int {
-				c.nested += countFields(pod, podWorkloads, nil)
+			c.entries += countFields(v, catalogueUpsert, catalogueUpsert, func(pod []byte) int {
+				c.nested += countFields(pod, podWorkloads, podWorkloads, nil)
 				return 1
 			})
-			c.nested += countFields(v, catalogueRemove, varints)
+			c.nested += countFields(v, catalogueRemove, catalogueRemove, varints)
 		case fieldBatch:
-			c.entries += countFields(v, batchMissing, nil) + countFields(v, batchExtra, nil) + countFields(v, batchHist, nil)
+			c.entries += countFields(v, batchMissing, batchHist, nil)
 		}
 	}
 	pods := 2 * l.MaxPodsPerStream
@@ -83,19 +83,20 @@ walk:
 	return nil
 }
 
-// countFields counts the fields numbered num in the message m: one each,
-// or for one of the bytes type what each (when not nil) counts of its
-// bytes. A field it cannot walk ends the count: the decoder refuses the
-// message.
-func countFields(m []byte, num protowire.Number, each func([]byte) int) int {
+// countFields counts the fields numbered lo to hi in the message m: one
+// each, or for one of the bytes type what each (when not nil) counts of
+// its bytes. A field it cannot walk ends the count: the decoder refuses
+// the message.
+func countFields(m []byte, lo, hi protowire.Number, each func([]byte) int) int {
 	count := 0
 	for len(m) > 0 {
-		n0, typ, n := protowire.ConsumeTag(m)
+		num, typ, n := protowire.ConsumeTag(m)
 		if n < 0 {
 			return count
 		}
 		m = m[n:]
-		if n0 == num && typ == protowire.BytesType && each != nil {
+		in := lo <= num && num <= hi
+		if in && typ == protowire.BytesType && each != nil {
 			v, n := protowire.ConsumeBytes(m)
 			if n < 0 {
 				return count
@@ -104,10 +105,10 @@ func countFields(m []byte, num protowire.Number, each func([]byte) int) int {
 			m = m[n:]
 			continue
 		}
-		if n = protowire.ConsumeFieldValue(n0, typ, m); n < 0 {
+		if n = protowire.ConsumeFieldValue(num, typ, m); n < 0 {
 			return count
 		}
-		if n0 == num {
+		if in {
 			count++
 		}
 		m = m[n:]
