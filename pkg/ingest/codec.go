@@ -45,6 +45,18 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	r, ok := v.(*received)
 	if !ok {
+		if m, agent := v.(*pulsev1.AgentMessage); agent {
+			// A stream's first message (hello: stream.Recv), counted
+			// too: unchecked, a first message of 4 MiB of empty pods
+			// was decoded whole (414 MB allocated) before it was
+			// refused as no hello.
+			buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+			defer buf.Free()
+			if err := c.limits.prescan(buf.ReadOnlyData()); err != nil {
+				return err
+			}
+			return proto.Unmarshal(buf.ReadOnlyData(), m)
+		}
 		return c.base.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())

@@ -1,17 +1,26 @@
 package ingest
 
 import (
+	"context"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	gproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/store"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -308,18 +317,21 @@ func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
 		"a catalogue given twice, merged":   slices.Concat(twice, twice),
 		"empty pods, then a truncated tail": append(inField(fieldCatalogue, emptyEntries(catalogueUpsert, size)), 0x12, 0xff),
 	} {
-		c := CodecFor(limits)
-		var r received
-		var m0, m1 runtime.MemStats
-		runtime.ReadMemStats(&m0)
-		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &r)
-		runtime.ReadMemStats(&m1)
-		if err == nil || r.msg != nil {
-			t.Errorf("%s: decoded (%v); want it refused", name, err)
-			continue
-		}
-		if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 2*uint64(len(raw)) {
-			t.Errorf("%s: %v, after allocating %d KB for %d KB; want it refused before it is decoded", name, err, alloc>>10, len(raw)>>10)
+		// As a stream's later messages are read (into a pooled
+		// received), and as its first, the hello (stream.Recv).
+		for _, into := range []any{new(received), new(pulsev1.AgentMessage)} {
+			c := CodecFor(limits)
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, into)
+			runtime.ReadMemStats(&m1)
+			if r, ok := into.(*received); err == nil || ok && r.msg != nil {
+				t.Errorf("%s into %T: decoded (%v); want it refused", name, into, err)
+				continue
+			}
+			if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 2*uint64(len(raw)) {
+				t.Errorf("%s into %T: %v, after allocating %d KB for %d KB; want it refused before it is decoded", name, into, err, alloc>>10, len(raw)>>10)
+			}
 		}
 	}
 	// Within the limits: 2,048 pods of 8 workloads each, one of 9 (refused
@@ -396,4 +408,53 @@ func BenchmarkPrescanANodesBatch(b *testing.B) {
 			r.release()
 		}
 	})
+}
+
+// rawCodec sends a message's bytes as they are: a client that writes what
+// no agent would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Name() string                         { return "proto" }
+
+// TestAStreamsFirstMessageIsCountedBeforeItIsDecoded: a stream's first
+// message, read as its hello (stream.Recv, not into a pooled message),
+// goes through the same count before its decode, over real gRPC. It went
+// to gRPC's own decoder unchecked, and a first message of 4 MiB of empty
+// pods allocated 414 MB before it was refused as no hello.
+func TestAStreamsFirstMessageIsCountedBeforeItIsDecoded(t *testing.T) {
+	limits := Limits{MaxPodsPerStream: 1024}
+	srv := New(store.New(store.Options{}), Options{Log: slog.New(slog.DiscardHandler), Limits: limits, Registerer: prometheus.NewRegistry()})
+	lis := bufconn.Listen(1 << 20)
+	g := grpc.NewServer(grpc.ForceServerCodecV2(CodecFor(limits)))
+	pulsev1.RegisterIngestServer(g, srv)
+	go func() { _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(); g.Stop() })
+	raw := inField(fieldCatalogue, emptyEntries(catalogueUpsert, 4<<20-64))
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	stream, err := conn.NewStream(context.Background(), &pulsev1.Ingest_ServiceDesc.Streams[0], pulsev1.Ingest_Report_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.SendMsg(&raw)
+	_ = stream.CloseSend()
+	var out []byte
+	err = stream.RecvMsg(&out)
+	runtime.ReadMemStats(&m1)
+	if err == nil || !strings.Contains(err.Error(), "catalogue has 2097120 entries") {
+		t.Errorf("a first message of 4 MiB of empty pods: %v; want it refused by its count", err)
+	}
+	if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 4*uint64(len(raw)) {
+		t.Errorf("a first message of %d KB of empty pods: %d MB allocated; want it refused before it is decoded", len(raw)>>10, alloc>>20)
+	}
 }
