@@ -152,7 +152,7 @@ type metrics struct {
 
 // refuseReasons are the reason label values of
 // pulse_relay_refused_streams_total.
-var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large", "hello_wait", "replica_streams"}
+var refuseReasons = []string{"method", "no_upstream", "unknown_upstream", "plaintext_token", "upstream_unavailable", "upstream_full", "closing", "agent_not_reading", "hello_too_large", "hello_wait", "replica_streams", "agent_not_sending"}
 
 // New returns a Relay; Run resolves its aggregators.
 func New(cfg Config) *Relay {
@@ -641,6 +641,22 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 	if !r.awaitReview(ctx, up, u) {
 		return
 	}
+	// After the first, a whole message within twice AgentSendWait: an
+	// agent sends one at least every 10 s (its heartbeat). A message begun
+	// and never finished held up to 4 MiB here (gRPC grows the stream's
+	// window to its declared length) for as long as the connection to the
+	// replica lived, about an hour.
+	sending := 2 * r.cfg.AgentSendWait
+	stall := time.AfterFunc(time.Hour, func() {
+		r.m.refused.WithLabelValues("agent_not_sending").Inc()
+		select {
+		case errc <- status.Errorf(codes.DeadlineExceeded, "relay: no whole message from the agent for %s: the stream ends (reconnect)", sending):
+		default:
+		}
+		cancel()
+	})
+	stall.Stop()
+	defer stall.Stop()
 	for first := true; ; first = false {
 		if !first && wait != nil {
 			select {
@@ -651,7 +667,14 @@ func (r *Relay) fromAgent(ctx context.Context, ss grpc.ServerStream, up grpc.Cli
 			}
 		}
 		var f Frame
-		if err := ss.RecvMsg(&f); err != nil {
+		if !first {
+			stall.Reset(sending)
+		}
+		err := ss.RecvMsg(&f)
+		if !first && !stall.Stop() {
+			return // past the wait: the stream ends
+		}
+		if err != nil {
 			if errors.Is(err, io.EOF) {
 				_ = up.CloseSend()
 			} else {

@@ -355,6 +355,7 @@ func TestStreamsTheRelayRefuses(t *testing.T) {
 # HELP pulse_relay_refused_streams_total Agent streams refused, by reason.
 # TYPE pulse_relay_refused_streams_total counter
 pulse_relay_refused_streams_total{reason="agent_not_reading"} 0
+pulse_relay_refused_streams_total{reason="agent_not_sending"} 0
 pulse_relay_refused_streams_total{reason="closing"} 0
 pulse_relay_refused_streams_total{reason="hello_too_large"} 0
 pulse_relay_refused_streams_total{reason="hello_wait"} 0
