@@ -138,11 +138,11 @@ func TestMIGDevicesReportMemoryOnly(t *testing.T) {
 	}
 }
 
-// TestAMIGDeviceByTheDevicePluginsIndexIsKnown: the NVIDIA device plugin
-// with --device-id-strategy=index names a MIG device "<GPU>:<slot>"
-// (internal/rm/nvml_devices.go, newMigDevice), and one time-sliced
-// "<GPU>:<slot>::<n>". Such IDs were counted as unknown every interval,
-// and their pods had no GPU memory.
+// TestAMIGDeviceByTheDevicePluginsIndexIsKnown: a MIG device's index as
+// the NVIDIA device plugin writes it, "<GPU>:<slot>" (its newMigDevice),
+// and time-sliced "<GPU>:<slot>::<n>", is mapped as a GPU's index is, for
+// a plugin that lists devices so to the kubelet (NVIDIA's lists UUIDs
+// whatever its --device-id-strategy). Such IDs were counted as unknown.
 func TestAMIGDeviceByTheDevicePluginsIndexIsKnown(t *testing.T) {
 	devs := migOnGPU0(t, 1) // slot 0 empty
 	got, unknown := Attribute(devs, map[string][]string{"ns/small-0": {"0:1"}, "ns/small-1": {"0:1::2"}, "ns/none": {"0:0"}}, nil)

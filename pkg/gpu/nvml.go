@@ -221,9 +221,11 @@ func (n *NVML) Read() (Devices, error) {
 		}
 		for _, m := range n.readMIG(dev, d.UUID) {
 			out.ByUUID[m.UUID] = m.Device
-			// The NVIDIA device plugin's index for a MIG device
-			// (--device-id-strategy=index): "<GPU>:<slot>"
-			// (internal/rm/nvml_devices.go, newMigDevice).
+			// A MIG device's index as the NVIDIA device plugin
+			// writes it, "<GPU>:<slot>" (internal/rm/nvml_devices.go,
+			// newMigDevice), for a plugin that lists devices so
+			// (NVIDIA's lists UUIDs to the kubelet whatever its
+			// --device-id-strategy), as a GPU's index is.
 			out.ByIndex[strconv.Itoa(i)+":"+strconv.Itoa(m.slot)] = m.UUID
 		}
 	}
