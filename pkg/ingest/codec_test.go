@@ -20,7 +20,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
+	"github.com/pulse-io/pulse/pkg/wire"
 	pulsev1 "github.com/pulse-io/pulse/proto/pulse/v1"
 )
 
@@ -289,6 +291,16 @@ func emptyEntries(num protowire.Number, size int) []byte {
 	return b
 }
 
+// unpacked is field num of the varint type, 0, given until the result is
+// size bytes (2 bytes each): a repeated scalar written unpacked.
+func unpacked(num protowire.Number, size int) []byte {
+	var b []byte
+	for len(b) < size {
+		b = protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), 0)
+	}
+	return b
+}
+
 // inField is m's bytes as field num of the bytes type.
 func inField(num protowire.Number, m []byte) []byte {
 	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), m)
@@ -314,6 +326,9 @@ func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
 		"a batch of empty extra values":     inField(fieldBatch, emptyEntries(batchExtra, size)),
 		"a batch of empty histograms":       inField(fieldBatch, emptyEntries(batchHist, size)),
 		"a hello of empty extra metrics":    inField(fieldHello, emptyEntries(helloExtraMetrics, size)),
+		"a packed column of 1-byte values":  inField(fieldBatch, protowire.AppendBytes(protowire.AppendTag(nil, batchValues, protowire.BytesType), make([]byte, size))),
+		"an unpacked column of values":      inField(fieldBatch, unpacked(batchValues, size)),
+		"a histogram of 1-byte counts":      inField(fieldBatch, inField(batchHist, protowire.AppendBytes(protowire.AppendTag(nil, histCounts, protowire.BytesType), make([]byte, size)))),
 		"a catalogue given twice, merged":   slices.Concat(twice, twice),
 		"empty pods, then a truncated tail": append(inField(fieldCatalogue, emptyEntries(catalogueUpsert, size)), 0x12, 0xff),
 	} {
@@ -345,10 +360,19 @@ func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
 		}
 		pods = append(pods, p)
 	}
+	// Each pod with every metric's value, 32 extra values and two
+	// histograms of 64 buckets.
 	b := &pulsev1.SampleBatch{}
+	bounds, counts := make([]float64, metric.MaxBuckets), make([]int64, metric.MaxBuckets+1)
 	for i := range 2048 {
-		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: uint32(i)}, &pulsev1.MissingSample{Pod: uint32(i)})
-		b.Histograms = append(b.Histograms, &pulsev1.HistogramSample{Pod: uint32(i)}, &pulsev1.HistogramSample{Pod: uint32(i)})
+		b.Pods, b.OffsetsMs, b.PresentXor = append(b.Pods, uint32(i)), append(b.OffsetsMs, 1), append(b.PresentXor, 1<<metric.NumIDs-2)
+		for range metric.NumIDs - 1 {
+			b.Values = append(b.Values, 1)
+		}
+		b.Missing = append(b.Missing, &pulsev1.MissingSample{Pod: uint32(i)})
+		b.Extra = append(b.Extra, &pulsev1.ExtraValues{Pod: uint32(i), Values: make([]float64, wire.MaxExtraMetrics)})
+		b.Histograms = append(b.Histograms, &pulsev1.HistogramSample{Pod: uint32(i), Bounds: bounds, Counts: counts},
+			&pulsev1.HistogramSample{Pod: uint32(i), Bounds: bounds, Counts: counts})
 	}
 	for _, m := range []*pulsev1.AgentMessage{catalogue(pods...), {Msg: &pulsev1.AgentMessage_Batch{Batch: b}}} {
 		raw, err := proto.Marshal(m)

@@ -4,6 +4,9 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/wire"
 )
 
 // The fields prescan counts: AgentMessage's hello, catalogue and batch
@@ -14,7 +17,18 @@ const (
 	helloExtraMetrics                      = 5
 	catalogueUpsert, catalogueRemove       = 2, 3
 	podWorkloads                           = 5
+	batchPods, batchValues                 = 3, 6 // pods, offsets, present bitmaps, values
 	batchMissing, batchExtra, batchHist    = 7, 8, 9
+	extraValues                            = 2
+	histBounds, histCounts                 = 3, 4
+)
+
+// Per pod of a batch: its id, offset and present bitmap, and at most
+// metric.NumIDs values (columns); its extra values and two histograms'
+// bounds and counts (values).
+const (
+	columnsAPod = 3 + metric.NumIDs
+	valuesAPod  = wire.MaxExtraMetrics + 2*2*(metric.MaxBuckets+1)
 )
 
 // prescan counts an agent's message's entries in its bytes, before it is
@@ -24,7 +38,10 @@ const (
 // maxWorkloadsPerPod each on average, the pods it removes past twice the
 // pods; a batch's sub-messages past four a pod of twice the pods (an
 // agent's batch has at most one sample a pod, each with a missing sample
-// or extra values, and two histograms); a hello's extra metrics past
+// or extra values, and two histograms), its columns past columnsAPod a
+// pod, its extra values and histograms' bounds and counts past
+// valuesAPod a pod (a 4 MiB column of 1-byte values decoded to 32 MB,
+// unpacked allocating 97 MB); a hello's extra metrics past
 // the limit (hello refuses them anyway). Decoded first, one 4 MiB
 // message of 2-byte empty entries was 170 bytes an entry: a catalogue of
 // empty pods allocated 848 MB and held 353 MB live in an aggregator the
@@ -34,7 +51,7 @@ const (
 // allocates nothing; a message it cannot walk is left to the decoder's
 // own error, what it counted before judged as above.
 func (l Limits) prescan(b []byte) error {
-	var counts [fieldBatch + 1]struct{ entries, nested int }
+	var counts [fieldBatch + 1]struct{ entries, nested, columns int }
 walk:
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -60,13 +77,33 @@ walk:
 		case fieldHello:
 			c.entries += countFields(v, helloExtraMetrics, helloExtraMetrics, nil)
 		case fieldCatalogue:
-			c.entries += countFields(v, catalogueUpsert, catalogueUpsert, func(pod []byte) int {
+			c.entries += countFields(v, catalogueUpsert, catalogueUpsert, func(_ protowire.Number, pod []byte) int {
 				c.nested += countFields(pod, podWorkloads, podWorkloads, nil)
 				return 1
 			})
 			c.nested += countFields(v, catalogueRemove, catalogueRemove, varints)
 		case fieldBatch:
-			c.entries += countFields(v, batchMissing, batchHist, nil)
+			if len(v) <= maxPooledMessage {
+				// Its scalars decode to at most 8 times its bytes: a
+				// node's batch (a few KB) is not walked for them.
+				c.entries += countFields(v, batchMissing, batchHist, nil)
+				continue
+			}
+			c.columns += countFields(v, batchPods, batchValues, varints)
+			c.entries += countFields(v, batchMissing, batchHist, func(num protowire.Number, sub []byte) int {
+				switch num {
+				case batchExtra:
+					c.nested += countFields(sub, extraValues, extraValues, fixed64s)
+				case batchHist:
+					c.nested += countFields(sub, histBounds, histCounts, func(num protowire.Number, run []byte) int {
+						if num == histBounds {
+							return fixed64s(num, run)
+						}
+						return varints(num, run)
+					})
+				}
+				return 1
+			})
 		}
 	}
 	pods := 2 * l.MaxPodsPerStream
@@ -79,6 +116,10 @@ walk:
 		return fmt.Errorf("catalogue names %d workloads and removals; at most %d", counts[fieldCatalogue].nested, (maxWorkloadsPerPod+1)*pods)
 	case counts[fieldBatch].entries > 4*pods:
 		return fmt.Errorf("batch has %d missing samples, extra values and histograms; at most %d (four a pod)", counts[fieldBatch].entries, 4*pods)
+	case counts[fieldBatch].columns > columnsAPod*pods:
+		return fmt.Errorf("batch has %d pods, offsets, bitmaps and values; at most %d", counts[fieldBatch].columns, columnsAPod*pods)
+	case counts[fieldBatch].nested > valuesAPod*pods:
+		return fmt.Errorf("batch has %d extra values and histogram bounds and counts; at most %d", counts[fieldBatch].nested, valuesAPod*pods)
 	}
 	return nil
 }
@@ -87,7 +128,7 @@ walk:
 // each, or for one of the bytes type what each (when not nil) counts of
 // its bytes. A field it cannot walk ends the count: the decoder refuses
 // the message.
-func countFields(m []byte, lo, hi protowire.Number, each func([]byte) int) int {
+func countFields(m []byte, lo, hi protowire.Number, each func(protowire.Number, []byte) int) int {
 	count := 0
 	for len(m) > 0 {
 		num, typ, n := protowire.ConsumeTag(m)
@@ -101,7 +142,7 @@ func countFields(m []byte, lo, hi protowire.Number, each func([]byte) int) int {
 			if n < 0 {
 				return count
 			}
-			count += each(v)
+			count += each(num, v)
 			m = m[n:]
 			continue
 		}
@@ -117,7 +158,7 @@ func countFields(m []byte, lo, hi protowire.Number, each func([]byte) int) int {
 }
 
 // varints counts the varints of a packed run: a byte below 0x80 ends one.
-func varints(v []byte) int {
+func varints(_ protowire.Number, v []byte) int {
 	count := 0
 	for _, x := range v {
 		if x < 0x80 {
@@ -126,3 +167,6 @@ func varints(v []byte) int {
 	}
 	return count
 }
+
+// fixed64s counts the 8-byte values of a packed run (doubles).
+func fixed64s(_ protowire.Number, v []byte) int { return len(v) / 8 }
