@@ -301,6 +301,73 @@ func unpacked(num protowire.Number, size int) []byte {
 	return b
 }
 
+// split64KiB is a batch of 1-byte values given as fields of 64 KiB each,
+// until size bytes: the decoder merges them into one batch.
+func split64KiB(size int) []byte {
+	chunk := inField(fieldBatch, protowire.AppendBytes(protowire.AppendTag(nil, batchValues, protowire.BytesType), make([]byte, maxPooledMessage-8)))
+	var b []byte
+	for len(b)+len(chunk) <= size {
+		b = append(b, chunk...)
+	}
+	return b
+}
+
+// runs is field num given as packed runs of one 1-byte value each, until
+// size bytes.
+func runs(num protowire.Number, size int) []byte {
+	var b []byte
+	for len(b)+3 <= size {
+		b = protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), []byte{0})
+	}
+	return b
+}
+
+// TestPackedRunsOfOneValueDecodeInLinearCost: a packed field given as many
+// runs of one value each is decoded at a cost linear in its bytes, as a
+// stream's first message and as a later one. protobuf's own Unmarshal
+// (which decoded a hello and a catalogue again, for its UTF-8 check) grows
+// the field's slice to its exact length at each run: a catalogue of 54 KB
+// whose removals each came in a run of its own allocated 695 MB, and a
+// first message of 63 KB 1.9 GB.
+func TestPackedRunsOfOneValueDecodeInLinearCost(t *testing.T) {
+	for name, raw := range map[string][]byte{
+		"a batch of 64 KiB":      inField(fieldBatch, runs(batchValues, maxPooledMessage-8)),
+		"a catalogue's removals": inField(fieldCatalogue, runs(catalogueRemove, 3*(maxWorkloadsPerPod+1)*2048)),
+	} {
+		for _, into := range []any{new(received), new(pulsev1.AgentMessage)} {
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			err := CodecFor(Limits{MaxPodsPerStream: 1024}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, into)
+			runtime.ReadMemStats(&m1)
+			if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > 64*uint64(len(raw)) {
+				t.Errorf("%s into %T: %v after %d MB allocated for %d KB; want its cost linear in its bytes", name, into, err, alloc>>20, len(raw)>>10)
+			}
+		}
+	}
+}
+
+// TestAHellosAndACataloguesStringsAreUTF8: a hello or a catalogue whose
+// string is not UTF-8 is refused, as a stream's first message and as a
+// later one (protobuf's marshaller writes no such message: the bytes are
+// written by hand).
+func TestAHellosAndACataloguesStringsAreUTF8(t *testing.T) {
+	str := func(num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
+	}
+	for name, raw := range map[string][]byte{
+		"a hello's node":          inField(fieldHello, str(1, "node-\xff")),
+		"a hello's extra metric":  inField(fieldHello, slices.Concat(str(1, "node"), str(helloExtraMetrics, "m\xc3\x28"))),
+		"a pod's name":            inField(fieldCatalogue, inField(catalogueUpsert, str(4, "p\xff"))),
+		"a pod's workload's name": inField(fieldCatalogue, inField(catalogueUpsert, inField(podWorkloads, str(2, "w\xff")))),
+	} {
+		for _, into := range []any{new(received), new(pulsev1.AgentMessage)} {
+			if err := Codec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, into); err == nil || !strings.Contains(err.Error(), "UTF-8") {
+				t.Errorf("%s not UTF-8, into %T: %v; want it refused", name, into, err)
+			}
+		}
+	}
+}
+
 // inField is m's bytes as field num of the bytes type.
 func inField(num protowire.Number, m []byte) []byte {
 	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), m)
@@ -328,6 +395,7 @@ func TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded(t *testing.T) {
 		"a hello of empty extra metrics":    inField(fieldHello, emptyEntries(helloExtraMetrics, size)),
 		"a packed column of 1-byte values":  inField(fieldBatch, protowire.AppendBytes(protowire.AppendTag(nil, batchValues, protowire.BytesType), make([]byte, size))),
 		"an unpacked column of values":      inField(fieldBatch, unpacked(batchValues, size)),
+		"a batch in 64 KiB fields, merged":  split64KiB(size),
 		"a histogram of 1-byte counts":      inField(fieldBatch, inField(batchHist, protowire.AppendBytes(protowire.AppendTag(nil, histCounts, protowire.BytesType), make([]byte, size)))),
 		"a catalogue given twice, merged":   slices.Concat(twice, twice),
 		"empty pods, then a truncated tail": append(inField(fieldCatalogue, emptyEntries(catalogueUpsert, size)), 0x12, 0xff),

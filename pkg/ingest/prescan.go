@@ -52,6 +52,10 @@ const (
 // own error, what it counted before judged as above.
 func (l Limits) prescan(b []byte) error {
 	var counts [fieldBatch + 1]struct{ entries, nested, columns int }
+	// A batch given in several fields is merged: the whole message's size
+	// decides whether its columns are counted (judged field by field, 63
+	// batches of 64 KiB in one message were none of them counted).
+	large := len(b) > maxPooledMessage
 walk:
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -83,9 +87,11 @@ walk:
 			})
 			c.nested += countFields(v, catalogueRemove, catalogueRemove, varints)
 		case fieldBatch:
-			if len(v) <= maxPooledMessage {
-				// Its scalars decode to at most 8 times its bytes: a
-				// node's batch (a few KB) is not walked for them.
+			if !large {
+				// Its scalars decode to at most 8 times its bytes (in
+				// all: UnmarshalVT grows a packed field's slice as
+				// append does): a node's batch (a few KB) is not
+				// walked for them.
 				c.entries += countFields(v, batchMissing, batchHist, nil)
 				continue
 			}
