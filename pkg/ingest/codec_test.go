@@ -191,7 +191,8 @@ func TestALargeMessageGoesBackToNoPool(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was put last
 	// Limits that let 100,000 entries be decoded (--max-pods-per-agent
 	// may be that high): within the default's, such a message is refused
-	// before it is decoded (TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded).
+	// before it is decoded
+	// (TestAMessageOfEmptyEntriesIsRefusedBeforeItIsDecoded).
 	c := CodecFor(Limits{MaxPodsPerStream: 100_000})
 	small, err := c.Marshal(&pulsev1.AgentMessage{Msg: &pulsev1.AgentMessage_Batch{Batch: &pulsev1.SampleBatch{Seq: 2,
 		Pods: []uint32{1}, OffsetsMs: []int32{0}, PresentXor: []uint64{2}, Values: []int64{3}}}})
