@@ -48,31 +48,26 @@ func (c codec) Name() string { return c.base.Name() }
 func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	r, ok := v.(*received)
-	if !ok {
-		if m, agent := v.(*pulsev1.AgentMessage); agent {
-			// A stream's first message (hello: stream.Recv), counted
-			// too: unchecked, a first message of 4 MiB of empty pods
-			// was decoded whole (414 MB allocated) before it was
-			// refused as no hello.
-			buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-			defer buf.Free()
-			if err := c.limits.prescan(buf.ReadOnlyData()); err != nil {
-				return err
-			}
-			if err := m.UnmarshalVT(buf.ReadOnlyData()); err != nil {
-				return err
-			}
-			return validUTF8(m)
-		}
+	r, pooled := v.(*received)
+	m, first := v.(*pulsev1.AgentMessage) // a stream's hello: stream.Recv
+	if !pooled && !first {
 		return c.base.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
+	// Counted before its decode, the first message too: unchecked, a
+	// first message of 4 MiB of empty pods was decoded whole (414 MB
+	// allocated) before it was refused as no hello.
 	if err := c.limits.prescan(buf.ReadOnlyData()); err != nil {
 		return err
 	}
-	m := pulsev1.AgentMessageFromVTPool()
+	if first {
+		if err := m.UnmarshalVT(buf.ReadOnlyData()); err != nil {
+			return err
+		}
+		return validUTF8(m)
+	}
+	m = pulsev1.AgentMessageFromVTPool()
 	err := m.UnmarshalVT(buf.ReadOnlyData())
 	if err == nil {
 		err = validUTF8(m)
