@@ -233,22 +233,22 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWan
 		if !slices.Contains(metrics, string(line[:end])) {
 			continue
 		}
-		// The pairs are sought in the series' labels alone: sought past
-		// them, one line whose exemplar (or any text after its value)
-		// named 64 workloads was kept and parsed 64 times, and a 1 MiB
-		// router page held 145 MiB live in an agent limited to 128.
-		// A line refused is sought whole, so that it fails the workloads
-		// it names and no other.
-		lend, value, err := labelsAndValue(line, end)
-		labels := line[end:]
-		if err == nil {
-			labels = line[end:lend]
-		}
-		slots := want.matches(held[:0], labels)
+		// A line that names no pair is passed over unread. One that does
+		// is then sought in its series' labels alone: sought past them,
+		// one line whose exemplar (or any text after its value) named 64
+		// workloads was kept and parsed 64 times, and a 1 MiB router page
+		// held 145 MiB live in an agent limited to 128. A line refused is
+		// sought whole, so that it fails the workloads it names and no
+		// other.
+		slots := want.matches(held[:0], line[end:])
 		if len(slots) == 0 {
 			continue
 		}
+		lend, value, err := labelsAndValue(line, end)
 		if err == nil {
+			if slots = want.matches(held[:0], line[end:lend]); len(slots) == 0 {
+				continue
+			}
 			err = want.twice(slots)
 		}
 		for _, k := range slots {
