@@ -23,13 +23,15 @@ import (
 // allocations in bytes, the GC running every 15 s), and the GC's marking
 // on the aggregator's CPU is what a KEDA poll waits behind at its p99.
 //
-// A hello's and a catalogue's strings are checked to be UTF-8, as
-// protobuf's own Unmarshal checks them (UnmarshalVT does not; a batch's
-// one string, a scrape's error, is cleaned where it is read): such a
-// message was decoded again by protobuf's Unmarshal, which grows a packed
-// field's slice to its exact length at each run of it, so that a
-// catalogue of 54 KB whose 18,432 removals each came in a run of its own
-// allocated 695 MB, and a first message of 63 KB 1.9 GB (validUTF8).
+// A hello's strings are checked to be UTF-8, as protobuf's own Unmarshal
+// checks them (UnmarshalVT does not): such a message was decoded again by
+// protobuf's Unmarshal, which grows a packed field's slice to its exact
+// length at each run of it, so that a catalogue of 54 KB whose 18,432
+// removals each came in a run of its own allocated 695 MB, and a first
+// message of 63 KB 1.9 GB (validUTF8). A catalogue entry's strings are
+// checked with the rest of the entry, which is refused alone
+// (entryInfo); a batch's one string, a scrape's error, is cleaned where
+// it is read.
 func Codec() encoding.CodecV2 { return CodecFor(Limits{}) }
 
 // CodecFor is Codec for a server of these limits: a message past them is
@@ -139,28 +141,22 @@ func (r *received) release() {
 	r.msg, r.pool = nil, false
 }
 
-// validUTF8 is protobuf's check that a hello's and a catalogue's strings
-// are UTF-8, without its decode (a batch's one string, a scrape's error,
-// is cleaned where it is read).
+// validUTF8 is protobuf's check that a hello's strings are UTF-8, without
+// its decode. A catalogue's are not checked here: an entry whose uid,
+// namespace, name or workload is not UTF-8 is refused alone, with the
+// stream kept (entryInfo; checked here, it ended the stream, and every
+// other pod of the node went unreported).
 func validUTF8(m *pulsev1.AgentMessage) error {
-	ok := true
-	check := func(s ...string) {
-		for _, x := range s {
-			ok = ok && utf8.ValidString(x)
-		}
+	h := m.GetHello()
+	if h == nil {
+		return nil
 	}
-	if h := m.GetHello(); h != nil {
-		check(h.Node, h.AgentVersion, h.AgentInstance)
-		check(h.ExtraMetrics...)
-	}
-	for _, p := range m.GetCatalogue().GetUpsert() {
-		check(p.Uid, p.Namespace, p.Name)
-		for _, w := range p.Workloads {
-			check(w.Name)
-		}
+	ok := utf8.ValidString(h.Node) && utf8.ValidString(h.AgentVersion) && utf8.ValidString(h.AgentInstance)
+	for _, x := range h.ExtraMetrics {
+		ok = ok && utf8.ValidString(x)
 	}
 	if !ok {
-		return errors.New("proto: a string field of the message is not valid UTF-8")
+		return errors.New("proto: a string field of the hello is not valid UTF-8")
 	}
 	return nil
 }

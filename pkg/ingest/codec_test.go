@@ -347,23 +347,28 @@ func TestPackedRunsOfOneValueDecodeInLinearCost(t *testing.T) {
 	}
 }
 
-// TestAHellosAndACataloguesStringsAreUTF8: a hello or a catalogue whose
-// string is not UTF-8 is refused, as a stream's first message and as a
-// later one (protobuf's marshaller writes no such message: the bytes are
-// written by hand).
-func TestAHellosAndACataloguesStringsAreUTF8(t *testing.T) {
+// TestAHellosStringsAreUTF8: a hello whose string is not UTF-8 is refused,
+// as a stream's first message and as a later one; a catalogue whose
+// entry's string is not UTF-8 is decoded, that entry to be refused alone
+// (TestOneBadEntryIsRefusedAlone). Protobuf's marshaller writes no such
+// message: the bytes are written by hand.
+func TestAHellosStringsAreUTF8(t *testing.T) {
 	str := func(num protowire.Number, v string) []byte {
 		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
 	}
-	for name, raw := range map[string][]byte{
-		"a hello's node":          inField(fieldHello, str(1, "node-\xff")),
-		"a hello's extra metric":  inField(fieldHello, slices.Concat(str(1, "node"), str(helloExtraMetrics, "m\xc3\x28"))),
-		"a pod's name":            inField(fieldCatalogue, inField(catalogueUpsert, str(4, "p\xff"))),
-		"a pod's workload's name": inField(fieldCatalogue, inField(catalogueUpsert, inField(podWorkloads, str(2, "w\xff")))),
+	for name, tc := range map[string]struct {
+		raw     []byte
+		refused bool
+	}{
+		"a hello's node":          {inField(fieldHello, str(1, "node-\xff")), true},
+		"a hello's extra metric":  {inField(fieldHello, slices.Concat(str(1, "node"), str(helloExtraMetrics, "m\xc3\x28"))), true},
+		"a pod's name":            {inField(fieldCatalogue, inField(catalogueUpsert, str(4, "p\xff"))), false},
+		"a pod's workload's name": {inField(fieldCatalogue, inField(catalogueUpsert, inField(podWorkloads, str(2, "w\xff")))), false},
 	} {
 		for _, into := range []any{new(received), new(pulsev1.AgentMessage)} {
-			if err := Codec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, into); err == nil || !strings.Contains(err.Error(), "UTF-8") {
-				t.Errorf("%s not UTF-8, into %T: %v; want it refused", name, into, err)
+			err := Codec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.raw)}, into)
+			if refused := err != nil && strings.Contains(err.Error(), "UTF-8"); refused != tc.refused || !refused && err != nil {
+				t.Errorf("%s not UTF-8, into %T: %v; want refused %v", name, into, err, tc.refused)
 			}
 		}
 	}

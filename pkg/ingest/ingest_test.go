@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +21,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -36,6 +39,7 @@ type fixture struct {
 	srv    *Server
 	client pulsev1.IngestClient
 	logs   *syncbuf.Buffer
+	opts   []grpc.CallOption // each stream's
 }
 
 func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
@@ -87,7 +91,7 @@ func (f *fixture) run(t *testing.T, msgs ...*pulsev1.AgentMessage) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := f.client.Report(ctx)
+	stream, err := f.client.Report(ctx, f.opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,12 +330,18 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "x\nother  Workspace victim/llama"}}}, "invalid_entry"},
 		"escape in a pod's name":       {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b\x1b[2J"}, "invalid_entry"},
 		"bidi override in a namespace": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns\u202e", Name: "b"}, "invalid_entry"},
+		// protobuf's marshaller writes no string that is not UTF-8: the
+		// client's codec writes notUTF8 as such.
+		"a pod's name not UTF-8": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: notUTF8}, "invalid_entry"},
+		"a workload's name not UTF-8": {&pulsev1.Pod{Id: 2, Uid: "u2", Namespace: "ns", Name: "b",
+			Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: notUTF8}}}, "invalid_entry"},
 		"demand entry without its router's uid": {&pulsev1.Pod{Id: 2, Uid: "u", Namespace: "ns", Name: "epp-0",
 			Demand: true, Workloads: []*pulsev1.Workload{{Kind: pulsev1.WorkloadKind_WORKLOAD_KIND_WORKSPACE, Name: "llama"}}}, "invalid_entry"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
+			f.opts = []grpc.CallOption{grpc.ForceCodecV2(notUTF8Codec{})}
 			enc := wire.NewEncoder()
 			var b pulsev1.SampleBatch
 			b.Seq, b.TimeUnixMs = 1, 1000
@@ -353,6 +363,26 @@ func TestOneBadEntryIsRefusedAlone(t *testing.T) {
 		})
 	}
 }
+
+// notUTF8 is a name notUTF8Codec writes with its last byte 0xff.
+const notUTF8 = "not-utf8-name"
+
+// notUTF8Codec is gRPC's protobuf codec, except that each notUTF8 in what
+// it writes is written with its last byte 0xff (of the same length): an
+// agent that sends what protobuf's marshaller would refuse to write.
+type notUTF8Codec struct{}
+
+func (notUTF8Codec) Marshal(v any) (mem.BufferSlice, error) {
+	b, err := proto.Marshal(v.(proto.Message))
+	bad := notUTF8[:len(notUTF8)-1] + "\xff"
+	return mem.BufferSlice{mem.SliceBuffer(bytes.ReplaceAll(b, []byte(notUTF8), []byte(bad)))}, err
+}
+
+func (notUTF8Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+func (notUTF8Codec) Name() string { return "proto" }
 
 // TestBatchOfUncataloguedIDsEndsTheStream: a batch was decoded (allocating
 // residual state for every id in it) before its ids were checked: 100
