@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/ingest"
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -59,11 +60,8 @@ const (
 	// reader (and the API client's from the rest of the aggregator).
 	metricsTokenRate  = 2
 	metricsTokenBurst = 10
-	// maxReviewedToken: a token longer is refused unreviewed (a projected
-	// ServiceAccount token is about 1 KB, an OIDC user's with many groups
-	// a few; the header could carry 1 MiB to the API server at each
-	// review).
-	maxReviewedToken = 16 << 10
+	// maxReviewedToken: a token longer is refused unreviewed.
+	maxReviewedToken = app.MaxBearerToken
 )
 
 // metricsAuthorizer admits a request to /metrics, or to a debug endpoint

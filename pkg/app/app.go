@@ -201,8 +201,15 @@ const (
 // headers of at most MaxHeaderBytes; /metrics as app.MetricsHandler
 // bounds it.
 
+// MaxBearerToken is the longest bearer token pulse reviews
+// (--metrics-auth=kubernetes): one longer is refused unreviewed (a
+// projected ServiceAccount token is about 1 KB, an OIDC user's with many
+// groups a few; the header could carry 1 MiB to the API server at each
+// review). pulsectl refuses to send one longer.
+const MaxBearerToken = 16 << 10
+
 // MaxHeaderBytes bounds a request's headers on pulse's HTTP ports: twice
-// the longest bearer token reviewed (16 KiB). At Go's default, 1 MiB,
+// the longest bearer token reviewed (MaxBearerToken). At Go's default, 1 MiB,
 // one request of 1 MiB of empty header lines held about 17 MB of parsed
 // header map until the header timeout, and one pod's 64 connections
 // (the http port is open to every pod by default) about 1.1 GB against

@@ -27,6 +27,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -517,7 +518,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 	count := fs.Int("n", 0, "refresh this many times and exit (0: until interrupted)")
 	caCert := fs.String("ca-cert", "", "PEM file of the CA that signed the aggregator's certificate, for an https:// --debug (the ConfigMap pulse-aggregator-ca's ca.crt)")
 	serverName := fs.String("server-name", "", "the name to verify the aggregator's certificate against (default: the address's host), e.g. pulse-aggregator.pulse-system.svc through a port-forward")
-	tokenFile := fs.String("token-file", "", "a file holding the bearer token to send (re-read at each refresh): the debug endpoints on the http port with metricsAuth=kubernetes")
+	tokenFile := fs.String("token-file", "", "a file holding the bearer token to send (re-read at each refresh), of at most 16 KiB as the aggregator reviews: the debug endpoints on the http port with metricsAuth=kubernetes")
 	namespace := fs.String("namespace", "", "show this namespace's ScaledObjects alone (/debug/triggers/NAMESPACE: the path to grant a tenant its own)")
 	if err := fs.Parse(args); err != nil {
 		return helpOr2(err)
@@ -630,7 +631,10 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.next.RoundTrip(r)
 }
 
-// readToken is the token in file: at most 64 KiB, not empty.
+// readToken is the token in file: one line, not empty, of at most
+// app.MaxBearerToken bytes. The aggregator refuses a longer one unreviewed,
+// and one past its headers' bound (app.MaxHeaderBytes) got a bare "431
+// Request Header Fields Too Large".
 func readToken(file string) (string, error) {
 	f, err := os.Open(file) //nolint:gosec // a file the user names by flag
 	if err != nil {
@@ -646,6 +650,8 @@ func readToken(file string) (string, error) {
 		return "", fmt.Errorf("--token-file %s: larger than 64 KiB", file)
 	case token == "" || strings.ContainsAny(token, "\r\n"):
 		return "", fmt.Errorf("--token-file %s: want one token on one line", file)
+	case len(token) > app.MaxBearerToken:
+		return "", fmt.Errorf("--token-file %s: a token of %d bytes; the aggregator reviews one of at most %d bytes (a ServiceAccount's is about 1 KB)", file, len(token), app.MaxBearerToken)
 	}
 	return token, nil
 }

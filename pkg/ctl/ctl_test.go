@@ -21,6 +21,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"google.golang.org/grpc"
 
+	"github.com/pulse-io/pulse/pkg/app"
 	"github.com/pulse-io/pulse/pkg/debug"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/scaler"
@@ -331,6 +332,16 @@ func TestTopReadsTheDebugEndpointWithATokenOverTLS(t *testing.T) {
 	}
 	if code, _, errs := run("top", "--debug", srv.URL, "-n", "1", "--token-file", paths[1]); code != 1 || !strings.Contains(errs, "certificate") {
 		t.Errorf("top without the aggregator's CA: exit %d, want 1 (not trusted)\n%s", code, errs)
+	}
+	// A token past what the aggregator reviews is refused before any
+	// request, naming the bound (past its headers' bound it got a bare
+	// 431 from the server).
+	long := filepath.Join(dir, "long")
+	if err := os.WriteFile(long, []byte(strings.Repeat("t", app.MaxBearerToken+1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("top", "-n", "1", "--debug", srv.URL, "--token-file", long); code != 2 || !strings.Contains(errs, "at most 16384 bytes") {
+		t.Errorf("top with a token of 16 KiB + 1: exit %d, want 2 and the bound named\n%s", code, errs)
 	}
 	// Bad usage, refused before any request.
 	for _, args := range [][]string{
