@@ -367,6 +367,17 @@ func parseMetric(md map[string]string, t *Trigger) error {
 // HPA's target must be 1 per replica (threshold 1, valueType total); and
 // reads its SLOs. sloTtft, sloItl or sloPercentile on another metric is an
 // error (it would be ignored).
+// MinSLOTTFT is the least sloTtft the planner takes. A replica whose mean
+// queue time is past a quarter of the SLO is past its capacity
+// (planner.breakQueue); a request waits for the engine's next scheduling
+// step however few arrive (half a step on average, tens of milliseconds),
+// and under an SLO of 1 ms every window of requests queued 0.5 ms broke:
+// the capacity followed each replica's share down and the plan rose by a
+// quarter at every round (4 replicas to 269 at an unchanged load). A
+// slower engine's step can still be past a quarter of 100 ms: its plan's
+// breaks (/debug/triggers) then show a queue time at every load.
+const MinSLOTTFT = 100 * time.Millisecond
+
 func planKeys(md map[string]string, t *Trigger) error {
 	for _, k := range []struct {
 		key string
@@ -385,6 +396,9 @@ func planKeys(md map[string]string, t *Trigger) error {
 		if *k.v <= 0 || *k.v > 10*time.Minute {
 			return &MetadataError{Key: k.key, Msg: "must be above 0 and at most 10m"}
 		}
+	}
+	if t.SLOTTFT != 0 && t.SLOTTFT < MinSLOTTFT {
+		return &MetadataError{Key: "sloTtft", Msg: fmt.Sprintf("must be at least %s: a request's queue time is judged against a quarter of it, and below %s that is the engine's own scheduling step, which no replica count shortens", MinSLOTTFT, MinSLOTTFT/4)}
 	}
 	if md["sloPercentile"] != "" {
 		if t.Metric != MetricReplicas {

@@ -159,12 +159,15 @@ func TestReplicasMetadata(t *testing.T) {
 		md  map[string]string
 		key string
 	}{
-		"threshold not 1":       {replicasMD("threshold", "2"), "threshold"},
-		"valueType average":     {replicasMD("valueType", "average"), "valueType"},
-		"sloTtft not duration":  {replicasMD("sloTtft", "fast"), "sloTtft"},
-		"sloTtft over 10m":      {replicasMD("sloTtft", "11m"), "sloTtft"},
-		"sloTtft on waiting":    {map[string]string{"workspace": "llama", "sloTtft": "2s"}, "sloTtft"},
-		"sloTtft 0":             {replicasMD("sloTtft", "0s"), "sloTtft"},
+		"threshold not 1":      {replicasMD("threshold", "2"), "threshold"},
+		"valueType average":    {replicasMD("valueType", "average"), "valueType"},
+		"sloTtft not duration": {replicasMD("sloTtft", "fast"), "sloTtft"},
+		"sloTtft over 10m":     {replicasMD("sloTtft", "11m"), "sloTtft"},
+		"sloTtft on waiting":   {map[string]string{"workspace": "llama", "sloTtft": "2s"}, "sloTtft"},
+		"sloTtft 0":            {replicasMD("sloTtft", "0s"), "sloTtft"},
+		// A quarter of it is the engine's own step: the plan ran away.
+		"sloTtft 1ms":           {replicasMD("sloTtft", "1ms"), "sloTtft"},
+		"sloTtft 99ms":          {replicasMD("sloTtft", "99ms"), "sloTtft"},
 		"sloItl negative":       {replicasMD("sloItl", "-50ms"), "sloItl"},
 		"sloItl on running":     {map[string]string{"workspace": "llama", "metric": "running", "sloItl": "50ms"}, "sloItl"},
 		"sloTtft typo is named": {replicasMD("sloTTFTs", "2s"), ""},
@@ -189,6 +192,9 @@ func TestReplicasMetadata(t *testing.T) {
 				t.Fatalf("error %q has no hint", err)
 			}
 		})
+	}
+	if tr, err := ParseTrigger(ref(replicasMD("sloTtft", "100ms")), time.Minute, nil); err != nil || tr.SLOTTFT != MinSLOTTFT {
+		t.Fatalf("sloTtft 100ms: %+v, %v; want it taken", tr, err)
 	}
 	tr, err := ParseTrigger(ref(replicasMD("sloTtft", "1500ms", "sloItl", "80ms", "sloPercentile", "99.5")), time.Minute, nil)
 	if err != nil || tr.SLOTTFT != 1500*time.Millisecond || tr.SLOITL != 80*time.Millisecond || tr.SLOPercentile != 99.5 || tr.Threshold != 1 || tr.Window != DefaultPlanWindow {
