@@ -20,6 +20,8 @@ for suite in $suites; do
     trap 'rm -f "$tmp"' EXIT
     awk -v family="$family" '
       /^clairvoyant:/ { print; print (family == "holds" ? "  holds: [0s, 15m, 1h]" : "  hindsight: true"); next }
+      family == "holds" && /^  holds:/ { next } # a suite that holds already (suite.yaml): the line above replaces it
+      family == "hindsight" && /^  hindsight:/ { next }
       family == "holds" && /^scaledObjects:/ { print; print "- default-scaledobject.yaml"; skip = 1; next }
       skip && /^(- |#)/ { next }
       { skip = 0; print }' "docs/simulation/$suite.yaml" > "$tmp"

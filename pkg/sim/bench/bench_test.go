@@ -272,6 +272,23 @@ func TestBadSuitesAreRefusedClearly(t *testing.T) {
 	if err := s.checkInputs(); err == nil || !strings.Contains(err.Error(), "big at ×1000: rate scale 1000") {
 		t.Errorf("a trace at ×1000 past what a run may hold: %v", err)
 	}
+	// With a warm-up given, so is every seed's trace at every scale, and
+	// one the warm-up leaves nothing of (found in a review, 2026-12-07:
+	// the first seed's trace alone was loaded, and such a case failed
+	// after the cases before it had run).
+	for name, body := range map[string]string{
+		"short": "warmup: 6m\nseeds: 1\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]\ntraces:\n- {name: long, trace: 'poisson:rate=2,duration=20m'}\n- {name: short, trace: 'poisson:rate=2,duration=5m'}\n",
+		"big":   "warmup: 1m\nseeds: 1\nprofiles: [llama-3.1-8b-h100]\nscaledObjects: [ROOT/docs/simulation/tuned-scaledobject.yaml]\ntraces:\n- {name: big, trace: 'poisson:rate=100,duration=1h', rateScale: 1000}\n",
+	} {
+		s, err := Read(miniSuite(t, body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"short": "short at ×1, seed 1: the warm-up (6m0s) leaves nothing", "big": "big at ×1000: rate scale 1000"}[name]
+		if err := s.checkInputs(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s, with a warm-up given: %v; want %q", name, err, want)
+		}
+	}
 	// hindsight is a reference a suite may name: the bench adds only the
 	// fixed fleets and the clairvoyant sweep itself.
 	if _, err := Read(miniSuite(t, "profiles: [a]\nscaledObjects: [x.yaml]\ntraces: [{trace: 'poisson:rate=1'}]\npipelines: [pulse, 'hindsight:utilisation=0.5,hold=15m']\n")); err != nil {

@@ -228,8 +228,11 @@ func (s *Suite) checkInputs() error {
 // checkTrace loads tc's trace for every seed, at each rate scale the
 // suite's profiles give it, as runCase does, and refuses it when the seeds
 // fall either side of the default warm-up (bench.SameWarmup would refuse
-// it at its case, after the cases before it had run): a scale thins or
-// copies a trace by its seed, moving its last arrival.
+// it at its case, after the cases before it had run), or when a warm-up
+// given leaves nothing of one to score (run refuses it there): a scale
+// thins or copies a trace by its seed, moving its last arrival. (With a
+// warm-up given, the first seed's trace alone was loaded: a bad case
+// failed after the cases before it had run, hours on a real suite.)
 func (s *Suite) checkTrace(tc TraceCase) error {
 	var scales []float64 // sorted, so that an error names the same scale each run
 	for _, prof := range s.Profiles {
@@ -244,9 +247,6 @@ func (s *Suite) checkTrace(tc TraceCase) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", tc.Name, err)
 		}
-		if !s.warmupDefault {
-			return nil // a warm-up given is refused by run where it leaves nothing
-		}
 		for _, scale := range scales {
 			// As runCase: a scale past what a run may hold is refused
 			// before the copies are made (made first, a large trace at
@@ -255,6 +255,12 @@ func (s *Suite) checkTrace(tc TraceCase) error {
 				return fmt.Errorf("%s at ×%g: %w", tc.Name, scale, err)
 			}
 			scaled := trace.DensifyWith(reqs, scale, seed, trace.Copies{Jitter: s.CopyJitter.Duration, Resample: s.CopyLengths == "resample"})
+			if !s.warmupDefault {
+				if len(scaled) > 0 && scaled[len(scaled)-1].At <= s.Warmup.Duration {
+					return fmt.Errorf("%s at ×%g, seed %d: the warm-up (%s) leaves nothing of the trace (its last request arrives at %s) to score: shorten it or use a longer trace", tc.Name, scale, seed, s.Warmup.Duration, scaled[len(scaled)-1].At)
+				}
+				continue
+			}
 			if len(scaled) > 0 && scaled[len(scaled)-1].At <= s.Warmup.Duration {
 				within[scale] = append(within[scale], seed)
 			} else {
