@@ -104,9 +104,9 @@ func TestSeedsScoredOverDifferentWindowsAreRefused(t *testing.T) {
 		t.Fatalf("with --warmup 1m: exit %d: %s", code, errs)
 	}
 	// tune's seeds likewise (it averaged them, and ranked by the mix).
-	tune := []string{"tune", "--trace", "poisson:rate=0.03,duration=10m30s", "--scaledobject", seedSO,
+	tuneArgs := []string{"tune", "--trace", "poisson:rate=0.03,duration=10m30s", "--scaledobject", seedSO,
 		"--metrics", "running=64", "--scale-up", "1/60s", "--seeds", "6", "--out", t.TempDir()}
-	if code, _, errs := main(t, tune...); code == 0 || !strings.Contains(errs, "scored after 600s") || !strings.Contains(errs, "after 0s") {
+	if code, _, errs := main(t, tuneArgs...); code == 0 || !strings.Contains(errs, "scored after 600s") || !strings.Contains(errs, "after 0s") {
 		t.Fatalf("tune: exit %d: %s; want the seeds' warm-ups refused", code, errs)
 	}
 }
@@ -116,34 +116,32 @@ func TestSeedsScoredOverDifferentWindowsAreRefused(t *testing.T) {
 // the sum made 99.99999999999999 %, and no configuration met it). The
 // seeds' mean is the benchmark's, rounded to 1e-4.
 func TestTuneMeetsATargetEverySeedMeets(t *testing.T) {
-	dir := t.TempDir()
-	code, out, errs := main(t, "tune", "--trace", "poisson:rate=2,duration=15m", "--scaledobject", seedSO,
-		"--metrics", "running=64", "--scale-up", "1/60s", "--seeds", "6", "--target-slo", "1", "--out", dir)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	var cands []Candidate
-	raw, _ := os.ReadFile(filepath.Join(dir, "tune.json"))
-	if err := json.Unmarshal(raw, &cands); err != nil || len(cands) != 1 {
-		t.Fatalf("tune.json: %v, %d candidates", err, len(cands))
-	}
+	cands, out, _ := tune(t, 1, "--trace", "poisson:rate=2,duration=15m", "--scaledobject", seedSO,
+		"--metrics", "running=64", "--scale-up", "1/60s", "--seeds", "6", "--target-slo", "1")
 	if c := cands[0]; c.SLOAfterWarmup != 1 || !c.MeetsTarget {
 		t.Fatalf("candidate %+v: want 100 %% after the warm-up, meeting a target of 100 %%\n%s", c, out)
 	}
 }
 
-func TestTunePrintsTheCheapestConfiguration(t *testing.T) {
-	dir := t.TempDir()
-	code, out, errs := main(t, "tune", "--trace", "bursts:base=5,peak=40,on=2m,off=6m,duration=20m", "--scaledobject", seedSO,
-		"--metrics", "waiting=5/20,kvCacheUsage=0.5", "--scale-up", "1/300s,4/15s", "--seeds", "2", "--target-slo", "0.5", "--out", dir)
+// tune runs pulse-sim tune with args into a new --out, and returns the n
+// candidates of its tune.json, what it printed, and the --out.
+func tune(t *testing.T, n int, args ...string) (cands []Candidate, out, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	code, out, errs := main(t, append(append([]string{"tune"}, args...), "--out", dir)...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	var cands []Candidate
 	raw, _ := os.ReadFile(filepath.Join(dir, "tune.json"))
-	if err := json.Unmarshal(raw, &cands); err != nil || len(cands) != 6 {
-		t.Fatalf("tune.json: %v, %d candidates", err, len(cands))
+	if err := json.Unmarshal(raw, &cands); err != nil || len(cands) != n {
+		t.Fatalf("tune.json: %v, %d candidates; want %d", err, len(cands), n)
 	}
+	return cands, out, dir
+}
+
+func TestTunePrintsTheCheapestConfiguration(t *testing.T) {
+	cands, out, dir := tune(t, 6, "--trace", "bursts:base=5,peak=40,on=2m,off=6m,duration=20m", "--scaledobject", seedSO,
+		"--metrics", "waiting=5/20,kvCacheUsage=0.5", "--scale-up", "1/300s,4/15s", "--seeds", "2", "--target-slo", "0.5")
 	tuned, err := os.ReadFile(filepath.Join(dir, "tuned-scaledobject.yaml"))
 	if err != nil {
 		t.Fatalf("no tuned ScaledObject: %v\n%s", err, out)
