@@ -708,13 +708,14 @@ func (p *Plan) need(fresh []*store.PodLoad, in Input, st *State, cfg Config, obs
 	// (a span) with no token rate. One of a single sample (a replica just
 	// ready) counts as it did, as no work yet.
 	noCounters := 0
+	span := longestSpan(fresh)
 	for i, l := range fresh {
 		if !l.Tokens && l.Span > 0 {
 			noCounters++
 		} else {
 			p.Work += workOf(l, cfg)
 		}
-		growth += l.WaitingGrowth
+		growth += growthOf(l, span)
 		queued += l.WaitingNow
 		kvl := kvs[i]
 		kv += kvl
@@ -920,6 +921,22 @@ func (p *Plan) drainEach(fresh []*store.PodLoad, arrived, growth float64, in Inp
 // its generated tokens at their decode cost.
 func workOf(l *store.PodLoad, cfg Config) float64 {
 	return l.PromptTokens + cfg.DecodeCost*l.GenerationTokens
+}
+
+// growthOf is l's queue's growth over the longest window span of the
+// fresh replicas: its window's growth, that of a shorter window (a
+// replica just ready, a series restarted) taken as the whole span's, its
+// queue before its window none. Its own was taken: a replica ready for a
+// second, handed the 40 requests a gateway held, read a queue growing 40
+// requests a second, planned as new arrivals (4 replicas to 14 at an
+// unchanged load, and the false surge held the plan up for half an
+// hour), as 48 requests waiting and then 53 a second apart read 5 a
+// second arriving.
+func growthOf(l *store.PodLoad, span time.Duration) float64 {
+	if l.Span >= span || span <= 0 {
+		return l.WaitingGrowth
+	}
+	return l.WaitingGrowth * max(l.Span, 0).Seconds() / span.Seconds()
 }
 
 // longestSpan is the longest any replica's rates cover (the window, or

@@ -2722,3 +2722,38 @@ func TestAQuietObservationKeepsNoKnee(t *testing.T) {
 		t.Fatalf("knees %+v after a's window within capacity: want its run ended", st.knees)
 	}
 }
+
+// TestAQueueHandedToAReplicaJustReadyIsNoArrival: 40 requests a gateway
+// held are handed to replica e a second after it is ready. Its gauge's
+// first two samples (0, then 40, a second apart) read as a queue growing
+// 40 requests a second, while the gateway's fall by 40 read as nothing:
+// the same 40 requests were planned as new arrivals, 4 replicas to 14 at
+// an unchanged load, and the surge learned of it held the plan at 14 five
+// minutes on. A window shorter than the others' grows over theirs.
+func TestAQueueHandedToAReplicaJustReadyIsNoArrival(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, 10*time.Minute, serving("a", 10000, 1))
+	pods := []store.PodLoad{serving("a", 7000, 0.1), serving("b", 7000, 0.1), serving("c", 7000, 0.1), serving("d", 7000, 0.1)}
+	e := store.PodLoad{Name: "e", State: store.PodCounted, Tokens: true, Span: time.Second, KVCache: 0.01}
+	in := func(held float64) Input {
+		return Input{At: at, Found: true, Pods: append(slices.Clone(pods), e), Demand: store.DemandValue{Sources: 1, Held: held}}
+	}
+	atGateway, stGateway, err := Make(in(40), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Waiting, e.WaitingNow, e.WaitingGrowth = 20, 40, 40
+	handed, stHanded, err := Make(in(0), st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if handed.Replicas > atGateway.Replicas+1 {
+		t.Errorf("the 40 requests at the gateway: plan %d; handed to e, just ready: %d (%s)", atGateway.Replicas, handed.Replicas, handed.Reason)
+	}
+	steady := []store.PodLoad{serving("a", 5600, 0.1), serving("b", 5600, 0.1), serving("c", 5600, 0.1), serving("d", 5600, 0.1), serving("e", 5600, 0.1)}
+	g, _, _ := run(t, stGateway, cfg, at.Add(5*time.Second), 5*time.Minute, steady...)
+	h, _, _ := run(t, stHanded, cfg, at.Add(5*time.Second), 5*time.Minute, steady...)
+	if h.Replicas > g.Replicas+1 {
+		t.Errorf("5 minutes of the same load on: plan %d after the hand-over, %d after the gateway held them (%s)", h.Replicas, g.Replicas, h.Reason)
+	}
+}
