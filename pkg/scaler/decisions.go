@@ -153,24 +153,32 @@ func (s *Server) Evaluations() []Evaluation { return s.EvaluationsOf("") }
 // EvaluationsOf is Evaluations of the ScaledObjects of namespace ns alone
 // ("": every namespace's). One namespace's debug page copied every
 // namespace's records, under the lock KEDA's answers take, to keep its own.
+// Under the lock only the records' pointers are taken (a record is never
+// changed once held: each evaluation makes a new one); they are copied
+// after it. Copied under it, a scrape of 10,000 records held the lock
+// every KEDA answer's record takes for 1.8–3.3 ms (measured in a review,
+// 2026-12-07).
 func (s *Server) EvaluationsOf(ns string) []Evaluation {
 	r := s.decisions
 	r.mu.Lock()
 	r.expireLocked()
-	var out []Evaluation
+	var held []*Evaluation
 	if ns == "" {
-		out = make([]Evaluation, 0, r.n)
+		held = make([]*Evaluation, 0, r.n)
 		for _, l := range r.ns {
-			for _, e := range l.Values() {
-				out = append(out, *e)
-			}
+			held = append(held, l.Values()...)
 		}
 	} else if l := r.ns[ns]; l != nil {
-		for _, e := range l.Values() {
-			out = append(out, *e)
-		}
+		held = l.Values()
 	}
 	r.mu.Unlock()
+	var out []Evaluation // nil for a namespace of none, as before
+	if held != nil {
+		out = make([]Evaluation, len(held))
+	}
+	for i, e := range held {
+		out[i] = *e
+	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].TriggerID, out[j].TriggerID
 		if a.Namespace != b.Namespace {
