@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/slots"
@@ -169,6 +170,16 @@ func (s *Server) parse(ref *externalscaler.ScaledObjectRef) (Trigger, error) {
 		// would apply: a caller could read any namespace and hold streams
 		// counted against none.
 		return Trigger{}, status.Error(codes.InvalidArgument, "scaledObjectRef: no namespace (KEDA names the ScaledObject's)")
+	}
+	// KEDA names a ScaledObject as the API server has it: a namespace is
+	// a DNS label, a name a DNS subdomain. Another caller's (the scaler
+	// port in plaintext) were kept whole in the refusals' records and on
+	// /metrics: 1,000 refused calls of 200 KiB names held 204 MB.
+	if msgs := validation.IsDNS1123Label(ref.GetNamespace()); len(msgs) > 0 {
+		return Trigger{}, status.Errorf(codes.InvalidArgument, "scaledObjectRef: namespace %q is no namespace's name: %s", wire.CleanText(ref.GetNamespace(), 64), strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsDNS1123Subdomain(ref.GetName()); len(msgs) > 0 {
+		return Trigger{}, status.Errorf(codes.InvalidArgument, "scaledObjectRef: name %q is no ScaledObject's name: %s", wire.CleanText(ref.GetName(), 253), strings.Join(msgs, "; "))
 	}
 	t, err := ParseTrigger(ref, s.maxWindow, s.resolver)
 	switch {
