@@ -132,6 +132,9 @@ func TestARouterIsOneScrape(t *testing.T) {
 		t.Fatalf("%d scrape units (model pod %d targets, router %d): want the model pod, the router's 64 entries in one, and the other router's apart", len(units), len(units["model-pod"]), len(router))
 	}
 	results := a.scrapeDemand(context.Background(), router)
+	if len(results) != len(router) {
+		t.Fatalf("%d results for the router's %d entries", len(results), len(router))
+	}
 	if fetches.Load() != 1 {
 		t.Fatalf("the router's page was fetched %d times for its 64 workloads, want once", fetches.Load())
 	}
@@ -148,7 +151,11 @@ func TestARouterIsOneScrape(t *testing.T) {
 	}
 	// A page that fails fails every entry, with its reason.
 	srv.Close()
-	for _, r := range a.scrapeDemand(context.Background(), router) {
+	failed := a.scrapeDemand(context.Background(), router)
+	if len(failed) != len(router) {
+		t.Fatalf("%d results for the router's %d entries, its page failing", len(failed), len(router))
+	}
+	for _, r := range failed {
 		if r.missing != pulsev1.MissingReason_MISSING_REASON_CONNECT || r.err == "" {
 			t.Fatalf("%s: missing %v (%q), want connect", r.uid, r.missing, r.err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,10 +21,15 @@ import (
 )
 
 // slowAPI is a pod ListerWatcher whose List waits until release is
-// closed: an API server slow to answer the agent's first LIST.
-type slowAPI struct{ release chan struct{} }
+// closed: an API server slow to answer the agent's first LIST. listing is
+// closed once a List has begun.
+type slowAPI struct {
+	release, listing chan struct{}
+	listed           *sync.Once
+}
 
 func (s slowAPI) List(metav1.ListOptions) (runtime.Object, error) {
+	s.listed.Do(func() { close(s.listing) })
 	<-s.release
 	return &corev1.PodList{}, nil
 }
@@ -63,7 +69,7 @@ func TestARestartedAgentDoesNotDropItsNodesPodsBeforeItKnowsThem(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel() // the agent restarts; its first LIST is slow
-	api := slowAPI{release: make(chan struct{})}
+	api := slowAPI{release: make(chan struct{}), listing: make(chan struct{}), listed: new(sync.Once)}
 	o := NewOptions()
 	o.NodeName, o.NVML, o.HTTPAddr, o.Aggregators = "n1", gpu.ModeOff, "127.0.0.1:0", []string{s.addr}
 	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{Pods: api})
@@ -73,9 +79,11 @@ func TestARestartedAgentDoesNotDropItsNodesPodsBeforeItKnowsThem(t *testing.T) {
 	rctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	go func() { _ = a.Run(rctx) }()
-	time.Sleep(time.Second) // its informer waits on the LIST
-	if _, ok := a.aggregatorConnected(); ok || st.Pods() != 1 {
-		t.Fatalf("before its pods were listed: connected %v, the node's pods held %d; want no stream yet, and 1 held", ok, st.Pods())
+	<-api.listing // its informer waits on the LIST: no stream, for a second
+	for until := time.Now().Add(time.Second); time.Now().Before(until); time.Sleep(10 * time.Millisecond) {
+		if _, ok := a.aggregatorConnected(); ok || st.Pods() != 1 {
+			t.Fatalf("before its pods were listed: connected %v, the node's pods held %d; want no stream yet, and 1 held", ok, st.Pods())
+		}
 	}
 	close(api.release) // the LIST answers: the node has no pod now
 	for deadline := time.Now().Add(10 * time.Second); st.Pods() != 0; time.Sleep(10 * time.Millisecond) {

@@ -233,9 +233,7 @@ func TestAPodListedAsHavingLostItsReadinessIsNoStart(t *testing.T) {
 	// A pod starting says none: it is starting.
 	q := PodInfo{UID: "v", Namespace: "ns", Name: "q", Workloads: []Key{ws}, CreatedMs: now.Add(-time.Minute).UnixMilli()}
 	s.Upsert(src, []PodInfo{p, q}, true)
-	for _, l := range s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0).Pods {
-		if l.Name == "q" && (l.State != PodStarting || l.Unready || l.Age != time.Minute) {
-			t.Fatalf("a pod starting: %+v, want starting, aged 1m0s", l)
-		}
+	if l, ok := podLoad(s.Snapshot(nil, ws, 10*time.Second, 5*time.Second, 0), "q"); !ok || l.State != PodStarting || l.Unready || l.Age != time.Minute {
+		t.Fatalf("a pod starting: %+v (listed %v), want starting, aged 1m0s", l, ok)
 	}
 }

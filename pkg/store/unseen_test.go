@@ -80,11 +80,20 @@ func TestAnUnseenReplicaBackNotReadyIsUnready(t *testing.T) {
 	s.Sweep()
 	mustOpen(t, s, "lost")
 	s.Upsert(Source{Node: "lost"}, []PodInfo{unseenInfo("a1", false)}, false)
-	for _, l := range s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0).Pods {
-		if l.Name == "pod-a1" && (l.State != PodStarting || !l.Unready || l.Unseen) {
-			t.Fatalf("a1 back, not ready: %+v; want starting, Unready, seen", l)
+	l, ok := podLoad(s.Snapshot(nil, ws, time.Minute, 5*time.Second, 0), "pod-a1")
+	if !ok || l.State != PodStarting || !l.Unready || l.Unseen {
+		t.Fatalf("a1 back, not ready: %+v (listed %v); want starting, Unready, seen", l, ok)
+	}
+}
+
+// podLoad is the pod named name of a snapshot, and whether it has one.
+func podLoad(sn Snapshot, name string) (PodLoad, bool) {
+	for _, l := range sn.Pods {
+		if l.Name == name {
+			return l, true
 		}
 	}
+	return PodLoad{}, false
 }
 
 // TestAnUnseenReplicaIsForgotten: when its agent lists it again (once, not

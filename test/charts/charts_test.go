@@ -208,13 +208,13 @@ func TestValuesCommentsKeepTheirDescriptions(t *testing.T) {
 }
 
 // The aggregator chart sets the probes' handlers and takes their timing
-// from livenessProbe and readinessProbe; the daemonset chart leaves a probe
-// set to null out. Null must render a valid manifest in the aggregator
-// chart too.
+// from livenessProbe and readinessProbe; a probe set to null is left out,
+// the other kept, in a valid manifest, as the daemonset chart does.
 func TestAggregatorProbeSetToNullRenders(t *testing.T) {
-	for _, p := range []string{"livenessProbe", "readinessProbe"} {
-		if out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", p+"=null"); err != nil {
-			t.Errorf("--set %s=null: %v\n%s", p, err, out)
+	for p, other := range map[string]string{"livenessProbe": "readinessProbe", "readinessProbe": "livenessProbe"} {
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", p+"=null")
+		if err != nil || strings.Contains(out, p+":") || !strings.Contains(out, other+":") {
+			t.Errorf("--set %s=null: %v; want it left out and %s kept\n%s", p, err, other, out)
 		}
 	}
 }

@@ -6,6 +6,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -288,11 +289,14 @@ func TestHungPodDelaysNoOtherPod(t *testing.T) {
 			return err
 		}
 		for _, p := range w.Pods {
-			if p.Name == "hung-0" && p.Missing != "timeout" {
-				return fmt.Errorf("hung-0 missing = %q, want timeout", p.Missing)
+			if p.Name == "hung-0" {
+				if p.Missing != "timeout" {
+					return fmt.Errorf("hung-0 missing = %q, want timeout", p.Missing)
+				}
+				return nil
 			}
 		}
-		return nil
+		return errors.New("no hung-0 on the page")
 	})
 	// While the other pod hangs (it is still missing with reason timeout
 	// when each new value is seen), this one's new values keep arriving.
@@ -303,6 +307,7 @@ func TestHungPodDelaysNoOtherPod(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			seen := 0
 			for _, p := range w.Pods {
 				if p.Name == "ok-0" && (p.Values["waiting"] != i || !p.Fresh) {
 					return fmt.Errorf("ok-0 waiting = %v fresh %v, want %v", p.Values["waiting"], p.Fresh, i)
@@ -310,6 +315,12 @@ func TestHungPodDelaysNoOtherPod(t *testing.T) {
 				if p.Name == "hung-0" && p.Missing != "timeout" {
 					return fmt.Errorf("hung-0 missing = %q, want timeout while it hangs", p.Missing)
 				}
+				if p.Name == "ok-0" || p.Name == "hung-0" {
+					seen++
+				}
+			}
+			if seen != 2 {
+				return fmt.Errorf("%d of ok-0 and hung-0 on the page, want both", seen)
 			}
 			return nil
 		})
