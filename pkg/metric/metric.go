@@ -151,8 +151,18 @@ func (v *Values) Set(id ID, x float64) {
 // Has reports whether id is present.
 func (v *Values) Has(id ID) bool { return v.Present&(1<<id) != 0 }
 
-// Get returns id's value and whether it is present.
-func (v *Values) Get(id ID) (float64, bool) { return v.V[id], v.Has(id) }
+// Get returns id's value and whether it is present: 0 when it is not.
+// An absent value's slot is not cleared (the store decodes a pod's samples
+// into a pooled buffer, clearing only the present bits), so it may hold
+// what another pod, of any tenant, had there: read whole, an absent
+// waiting gauge beside running 0 read another's waiting, and an idle pod
+// read busy.
+func (v *Values) Get(id ID) (float64, bool) {
+	if !v.Has(id) {
+		return 0, false
+	}
+	return v.V[id], true
+}
 
 // Quantize rounds x to id's wire resolution, as the receiver will see it.
 func Quantize(id ID, x float64) float64 {

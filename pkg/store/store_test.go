@@ -1363,3 +1363,55 @@ func TestAnEntryKeptAsListedRecreatesThePodWithItsStart(t *testing.T) {
 		t.Errorf("ListedOn of the ready pod = %+v: want its creation and ready time", held)
 	}
 }
+
+// TestAnAbsentGaugeReadsNoOtherPodsValue: a pod running nothing, its
+// waiting gauge absent (refused, or not on its page), and no request
+// finished, is idle (an absent gauge reads 0). A pod's samples are decoded
+// into a pooled buffer that clears only an absent value's present bit, and
+// its waiting read the slot as the pod decoded there before had left it:
+// a busy pod of its workload's, or another tenant's read just before, and
+// it read busy (found in a review, 2026-12-07).
+func TestAnAbsentGaugeReadsNoOtherPodsValue(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	ttft := canonical(t, "ttftSeconds")
+	other := Key{Namespace: "tenant-b", Kind: KindWorkload, Name: "w"}
+	s := New(Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	s.Upsert(Source{Node: "n"}, []PodInfo{
+		{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}},
+		{UID: "b", Namespace: "ns", Name: "b", Ready: true, Workloads: []Key{ws}},
+		{UID: "x", Namespace: "tenant-b", Name: "x", Ready: true, Workloads: []Key{other}},
+	}, true)
+	for i := range 5 {
+		ms := now.UnixMilli() - int64(4-i)*1000
+		a := Report{UID: "a"} // busy, none finished yet: undefined, not idle
+		a.TimeMs = ms
+		a.Values.Set(metric.Waiting, 5)
+		a.Values.Set(metric.Running, 3)
+		a.Values.Set(metric.TTFTSum, 1)
+		a.Values.Set(metric.TTFTCount, 2)
+		b := Report{UID: "b", Sample: Sample{Rejected: "negative waiting"}}
+		b.TimeMs = ms
+		b.Values.Set(metric.Running, 0)
+		b.Values.Set(metric.TTFTSum, 10)
+		b.Values.Set(metric.TTFTCount, 20)
+		x := Report{UID: "x"}
+		x.TimeMs = ms
+		x.Values.Set(metric.Waiting, 7)
+		s.Add([]Report{a, b, x})
+	}
+	for _, before := range []string{"its workload's busy pod", "another tenant's read"} {
+		if before == "another tenant's read" {
+			s.Snapshot(nil, other, 3*time.Second, time.Minute, 0)
+		}
+		pods, _ := s.Query(nil, ws, ttft, 3*time.Second, time.Minute)
+		var idle, found bool
+		for _, p := range pods {
+			if p.Name == "b" {
+				idle, found = p.Idle, true
+			}
+		}
+		if !found || !idle {
+			t.Errorf("b (running 0, waiting absent) after %s: idle %v (listed %v); want idle", before, idle, found)
+		}
+	}
+}

@@ -495,7 +495,8 @@ func (p *pod) cut(sc *scratch, window time.Duration, gauge bool) (spanMs int64, 
 }
 
 // idle reports whether the pod's latest sample shows no request waiting or
-// running.
+// running: one of the two gauges present, each present at 0 (an absent
+// one reads 0).
 func (p *pod) idle(sc *scratch) bool {
 	if p.series.len() == 0 {
 		return false
