@@ -1178,12 +1178,14 @@ func (s *Store) Gone(node, uid string) {
 	// lock only for one the store holds.
 	s.mu.RLock()
 	held := len(s.goneLocked(node, uid)) > 0
+	waits := s.refusedLocked(uid)
 	s.mu.RUnlock()
-	if !held {
+	if !held && !waits {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetRefusedLocked(uid)
 	for _, u := range s.goneLocked(node, uid) {
 		p := s.pods[u]
 		for _, n := range slices.Collect(p.nodes()) {
@@ -1218,9 +1220,49 @@ func (s *Store) RemoveStream(node string, st Stream, uids ...string) error {
 	for _, uid := range uids {
 		if p, ok := s.pods[uid]; ok {
 			s.unlist(uid, p, node, false)
+		} else {
+			s.forgetRefusedLocked(uid) // refused for room: it waits no more
 		}
 	}
 	return nil
+}
+
+// refusedLocked says whether pod uid, refused for room, is recorded as
+// waiting for it or as its workload's refusal; mu must be held. Both
+// are empty while the store has room.
+func (s *Store) refusedLocked(uid string) bool {
+	for _, uids := range s.nsWaiting {
+		if _, ok := uids[uid]; ok {
+			return true
+		}
+	}
+	for _, uids := range s.refusedAt {
+		if _, ok := uids[uid]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetRefusedLocked forgets pod uid's refusals for room: deleted (Gone)
+// or unlisted by its agent, it waits no more. Kept, it was counted as
+// waiting for refusedFor (a minute): room freed meanwhile was refused to
+// every namespace at its share, whose workloads read RefusedAt (every
+// trigger Unavailable), though no pod waited for it. mu must be held for
+// writing.
+func (s *Store) forgetRefusedLocked(uid string) {
+	for ns, uids := range s.nsWaiting {
+		delete(uids, uid)
+		if len(uids) == 0 {
+			delete(s.nsWaiting, ns)
+		}
+	}
+	for k, uids := range s.refusedAt {
+		delete(uids, uid)
+		if len(uids) == 0 {
+			delete(s.refusedAt, k)
+		}
+	}
 }
 
 // list records that node's stream st lists p; mu must be held for

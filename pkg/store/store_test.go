@@ -1415,3 +1415,45 @@ func TestAnAbsentGaugeReadsNoOtherPodsValue(t *testing.T) {
 		}
 	}
 }
+
+// TestAPodRefusedForRoomAndGoneWaitsNoMore: a pod refused for room is
+// counted as waiting for it, for a minute, so that room freed goes to it
+// rather than to a namespace at its share. Deleted (Gone), or unlisted by
+// its agent, it waited on: room freed was refused to the other
+// namespaces' new replicas, though no pod waited for it, and their
+// workloads read RefusedAt, every trigger Unavailable (found in a review,
+// 2026-12-07).
+func TestAPodRefusedForRoomAndGoneWaitsNoMore(t *testing.T) {
+	for name, gone := range map[string]func(s *Store){
+		"deleted":  func(s *Store) { s.Gone("n1", "v-0") },
+		"unlisted": func(s *Store) { s.Remove("n1", "v-0") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			s := New(Options{MaxPods: 10, MaxPodsPerNamespace: 10, Now: func() time.Time { return now }})
+			mustOpen(t, s, "n1")
+			add := func(ns, uid string) bool {
+				k := Key{Namespace: ns, Kind: KindWorkspace, Name: "w"}
+				return len(s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: uid, Namespace: ns, Name: uid, Ready: true, Workloads: []Key{k}}}, false)) == 0
+			}
+			for i := range 8 {
+				add("a", fmt.Sprintf("a-%d", i))
+			}
+			add("b", "b-0")
+			add("b", "b-1")
+			if add("victim", "v-0") {
+				t.Fatal("v-0 admitted into a full store")
+			}
+			gone(s)
+			now = now.Add(2 * time.Second)
+			s.Remove("n1", "a-0") // a replaces a replica (a rollout)
+			if !add("a", "a-new") {
+				t.Fatal("a's new replica refused with room free and no pod waiting: v-0 waited on")
+			}
+			wv := Key{Namespace: "victim", Kind: KindWorkspace, Name: "w"}
+			if r := s.Read(nil, wv, canonical(t, "waiting"), 10*time.Second, time.Minute, false); !r.RefusedAt.IsZero() {
+				t.Errorf("v-0's workload reads refused at %v after v-0 went; want no refusal", r.RefusedAt)
+			}
+		})
+	}
+}
