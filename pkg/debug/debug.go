@@ -100,26 +100,32 @@ var _ TriggerSource = (*scaler.Server)(nil)
 
 // Register adds the endpoints to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
-	mux.HandleFunc("GET /debug/workloads", h.checked(h.serve))
-	mux.HandleFunc("GET /debug/workloads/{namespace}", h.checked(h.serve))
-	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.checked(h.serve))
+	mux.HandleFunc("GET /debug/workloads", h.checked(h.serve, true))
+	mux.HandleFunc("GET /debug/workloads/{namespace}", h.checked(h.serve, true))
+	mux.HandleFunc("GET /debug/workloads/{namespace}/{name}", h.checked(h.serve, true))
 	if h.Triggers != nil {
-		mux.HandleFunc("GET /debug/triggers", h.checked(h.serveTriggers))
-		mux.HandleFunc("GET /debug/triggers/{namespace}", h.checked(h.serveTriggers))
+		mux.HandleFunc("GET /debug/triggers", h.checked(h.serveTriggers, false))
+		mux.HandleFunc("GET /debug/triggers/{namespace}", h.checked(h.serveTriggers, false))
 	}
 	if h.Provisioning != nil {
-		mux.HandleFunc("GET /debug/provisioning", h.checked(h.serveProvisioning))
-		mux.HandleFunc("GET /debug/provisioning/{namespace}", h.checked(h.serveProvisioning))
+		mux.HandleFunc("GET /debug/provisioning", h.checked(h.serveProvisioning, false))
+		mux.HandleFunc("GET /debug/provisioning/{namespace}", h.checked(h.serveProvisioning, false))
 	}
 }
 
 // checked answers 400 to a ?format= the endpoint does not have (a format
-// asked for and silently not given is worse than a refusal), and 503 past
+// asked for and silently not given is worse than a refusal), or a ?window=
+// to one not windowed, and 503 past
 // the answers under way (InFlight, InFlightPerNamespace).
-func (h *Handler) checked(next http.HandlerFunc) http.HandlerFunc {
+func (h *Handler) checked(next http.HandlerFunc, windowed bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if f := r.URL.Query().Get("format"); f != "" && f != "json" && f != "table" {
 			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", wire.CleanText(f, 64)), http.StatusBadRequest)
+			return
+		}
+		if r.URL.Query().Has("window") && !windowed {
+			// As a format: a window asked for and not applied.
+			http.Error(w, "window: only /debug/workloads takes one (a trigger's window is its own)", http.StatusBadRequest)
 			return
 		}
 		who, _ := r.Context().Value(callerKey{}).(string)
@@ -234,9 +240,19 @@ type Pod struct {
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	var window time.Duration
 	if s := r.URL.Query().Get("window"); s != "" {
+		// At most what the store keeps now (the longest window a
+		// trigger asks for, at least 10 s, within --max-window): a
+		// longer one was answered over what was kept, a minute's mean
+		// over its last 10 s, as if over the minute. At least a second,
+		// as a trigger's: a shorter one holds one sample or none, and
+		// its rates were left out, unsaid.
+		most := h.Store.Retention()
+		if h.MaxWindow > 0 {
+			most = min(most, h.MaxWindow)
+		}
 		d, err := time.ParseDuration(s)
-		if err != nil || d < 0 || (h.MaxWindow > 0 && d > h.MaxWindow) {
-			http.Error(w, fmt.Sprintf("window %q: want a duration between 0 and %s", wire.CleanText(s, 64), h.MaxWindow), http.StatusBadRequest)
+		if err != nil || d != 0 && (d < scaler.MinDuration || d > most) {
+			http.Error(w, fmt.Sprintf("window %q: want 0 (each pod's latest sample) or a duration from %s to %s (what the store keeps now: the longest window a trigger asks for, at least 10s, within --max-window)", wire.CleanText(s, 64), scaler.MinDuration, most), http.StatusBadRequest)
 			return
 		}
 		window = d

@@ -114,6 +114,23 @@ func TestTableAndErrors(t *testing.T) {
 	if code, _ := get(t, srv.URL+"/debug/workloads?window=30s", ""); code != 200 {
 		t.Errorf("window: %d", code)
 	}
+	// Within what the store keeps, at least a second (found in a review,
+	// 2026-12-07): past it a window was answered over what was kept, a
+	// minute's mean over its last 10 s; under a second, over one sample
+	// or none, its rates left out unsaid.
+	short := store.New(store.Options{Retention: 10 * time.Second})
+	shortSrv := serve(t, short, nil)
+	for u, want := range map[string]int{
+		"/debug/workloads?window=1ns":   400,
+		"/debug/workloads?window=500ms": 400,
+		"/debug/workloads?window=0":     200,
+		"/debug/workloads?window=10s":   200,
+		"/debug/workloads?window=11s":   400, // within --max-window, past what is kept
+	} {
+		if code, body := get(t, shortSrv.URL+u, ""); code != want || code == 400 && !strings.Contains(body, "from 1s to 10s") {
+			t.Errorf("%s with 10s kept: %d %s; want %d", u, code, body, want)
+		}
+	}
 	// A format the endpoint does not have was silently JSON.
 	for _, u := range []string{"/debug/workloads?format=csv", "/debug/workloads/demo/llama?format=yaml"} {
 		if code, body := get(t, srv.URL+u, ""); code != 400 || !strings.Contains(body, "json (the default) or table") {
@@ -168,6 +185,13 @@ func TestTriggers(t *testing.T) {
 		t.Fatal("a workload with no pod answered")
 	}
 	srv := serve(t, st, sc)
+	// A window is a trigger's own: one asked for here is refused, not
+	// silently ignored (found in a review, 2026-12-07).
+	for _, u := range []string{"/debug/triggers?window=30s", "/debug/triggers/demo?window=garbage"} {
+		if code, body := get(t, srv.URL+u, ""); code != 400 || !strings.Contains(body, "only /debug/workloads takes one") {
+			t.Errorf("%s: %d %s; want 400", u, code, body)
+		}
+	}
 
 	code, body := get(t, srv.URL+"/debug/triggers", "")
 	var doc TriggersDocument

@@ -25,7 +25,7 @@ func TestOneCallersAnswersAreBounded(t *testing.T) {
 	blocked := h.checked(func(http.ResponseWriter, *http.Request) {
 		started <- struct{}{}
 		<-release
-	})
+	}, false)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/triggers/{namespace}", func(w http.ResponseWriter, r *http.Request) {
 		blocked(w, r.WithContext(WithCaller(r.Context(), r.Header.Get("X-Caller"))))
@@ -134,7 +134,7 @@ func TestTenantsLeaveTheOperatorAnAnswer(t *testing.T) {
 	blocked := h.checked(func(http.ResponseWriter, *http.Request) {
 		started <- struct{}{}
 		<-release
-	})
+	}, false)
 	mux := http.NewServeMux()
 	serve := func(w http.ResponseWriter, r *http.Request) {
 		blocked(w, r.WithContext(WithCaller(r.Context(), r.Header.Get("X-Caller"))))
