@@ -138,16 +138,19 @@ func (m *metricsAuthorizer) identityOf(token string, now time.Time) (identity, b
 	return id, true
 }
 
-// raterOf is whose rate a user's reviews are within: a ServiceAccount's
-// namespace (a tenant may make as many accounts in its namespace as
-// tokens of one), any other user's name.
+// raterOf is whose rate a user's reviews, and whose one debug answer under
+// way, are within: a ServiceAccount's namespace (a tenant may make as many
+// accounts in its namespace as tokens of one), any other user's name. The
+// two kinds apart: a user named "serviceaccounts:team-b" (an OIDC user
+// whose name the authenticator does not prefix) shared team-b's accounts'
+// rate and held their answer (found in a review, 2026-12-07).
 func raterOf(username string) string {
 	if rest, ok := strings.CutPrefix(username, "system:serviceaccount:"); ok {
 		if ns, _, ok := strings.Cut(rest, ":"); ok {
 			return "serviceaccounts:" + ns
 		}
 	}
-	return username
+	return "user:" + username
 }
 
 // metricsClass is the class of path's reviews' rates: 0 for /metrics, 1

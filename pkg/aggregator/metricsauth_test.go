@@ -464,6 +464,9 @@ func TestMintedTokensNewPathsLeaveOthersTheirReviews(t *testing.T) {
 	if n := reviews.Load() - before; n != 1 {
 		t.Fatalf("a made-up token's 5 paths: %d TokenReviews, want 1", n)
 	}
+	if u := "serviceaccounts:team-b"; raterOf(u) == raterOf("system:serviceaccount:team-b:reader") {
+		t.Errorf("a user named %q shares team-b's accounts' rate (%q)", u, raterOf(u))
+	}
 	if raterOf("system:serviceaccount:team-a:reader") != raterOf("system:serviceaccount:team-a:other") || raterOf("system:serviceaccount:team-b:reader") == raterOf("system:serviceaccount:team-a:reader") {
 		t.Fatal("a namespace's accounts share one rate, and only theirs")
 	}
