@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -97,9 +98,15 @@ type metricsAuthorizer struct {
 	// new paths wait on the rate of tokens not known again).
 	identities, strangers *expirable.LRU[[sha256.Size]byte, identity]
 	known                 [2]*rate.Limiter // reviews of a known token's new paths
-	flight                singleflight.Group
-	warnMu                sync.Mutex
-	warned                time.Time
+	// readers: the remote addresses (hosts) a token was allowed from
+	// within readerMemory: a new token from one (Prometheus's after the
+	// kubelet rotates it, about every 48 minutes for a token of an hour)
+	// is reviewed within the known tokens' rate (known), not the rate of
+	// tokens not known, which a flood of made-up tokens takes.
+	readers *expirable.LRU[string, struct{}]
+	flight  singleflight.Group
+	warnMu  sync.Mutex
+	warned  time.Time
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
@@ -114,8 +121,13 @@ func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsA
 		renew:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
 		identities: expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
 		strangers:  expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
-		known:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)}}
+		known:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		readers:    expirable.NewLRU[string, struct{}](metricsAuthCache, nil, readerMemory)}
 }
+
+// readerMemory: how long an address a token was allowed from is a reader's
+// (metricsAuthorizer.readers): past a projected token's rotation.
+const readerMemory = time.Hour
 
 // identity is a token's TokenReview: whether it is authenticated, as whom,
 // until when (its answer's time, never past the token's expiry).
@@ -180,7 +192,11 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 			http.Error(w, fmt.Sprintf("the bearer token is over %d bytes: no ServiceAccount's is", maxReviewedToken), http.StatusUnauthorized)
 			return
 		}
-		ans, err := m.answer(r.Context(), path, token)
+		from, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			from = r.RemoteAddr
+		}
+		ans, err := m.answer(r.Context(), from, path, token)
 		switch {
 		case errors.Is(err, errReviewsBusy):
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -193,6 +209,7 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 		case !ans.allowed:
 			http.Error(w, "the token's user may not get the non-resource URL "+path, http.StatusForbidden)
 		default:
+			m.readers.Add(from, struct{}{})
 			next.ServeHTTP(w, r.WithContext(debug.WithCaller(r.Context(), ans.rater)))
 		}
 	})
@@ -212,13 +229,14 @@ func (m *metricsAuthorizer) warn(err error) {
 // allow says whether token's user may get path, and whether the token is
 // authenticated at all: from an answer kept, else a review.
 func (m *metricsAuthorizer) allow(ctx context.Context, path, token string) (allowed, authenticated bool, err error) {
-	ans, err := m.answer(ctx, path, token)
+	ans, err := m.answer(ctx, "", path, token)
 	return ans.allowed, ans.authenticated, err
 }
 
-// answer is allow's answer, with whose rate an allowed token's reviews are
-// within (raterOf its user).
-func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (answer, error) {
+// answer is allow's answer, for a request from the remote host from ("":
+// none a reader's), with whose rate an allowed token's reviews are within
+// (raterOf its user).
+func (m *metricsAuthorizer) answer(ctx context.Context, from, path, token string) (answer, error) {
 	key := answerKey(path, token)
 	now := time.Now()
 	a, known := m.allowed.Get(key)
@@ -249,6 +267,13 @@ func (m *metricsAuthorizer) answer(ctx context.Context, path, token string) (ans
 		limit, rates, rateOf = m.renew[class], m.users, a.user
 	case idKnown:
 		limit, rates, rateOf = m.known[class], m.users, raterOf(id.user.Username)
+	case from != "" && m.readers.Contains(from):
+		// A new token from where a token was allowed: within the known
+		// tokens' rate, its own rate apart. Within the rate of tokens
+		// not known, a flood of made-up tokens (10 a second from
+		// anywhere) kept Prometheus's rotated token out for as long as
+		// it went on (found in a review, 2026-12-07).
+		limit = m.known[class]
 	}
 	if !rateAllows(rates, rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -38,7 +39,7 @@ const (
 // "flaky" fails. It counts the reviews.
 func reviewingAPI(reviews *atomic.Int64) *fake.Clientset {
 	c := fake.NewClientset()
-	users := map[string]string{"prometheus": promUser, "tenant": "system:serviceaccount:team-a:app", "flaky": promUser, "debugger": debugUser}
+	users := map[string]string{"prometheus": promUser, "prometheus-rotated": promUser, "tenant": "system:serviceaccount:team-a:app", "flaky": promUser, "debugger": debugUser}
 	var failed atomic.Bool
 	c.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		reviews.Add(1)
@@ -171,6 +172,45 @@ func prometheusAllowed(t *testing.T) (*metricsAuthorizer, *atomic.Int64) {
 		t.Fatalf("prometheus: %v %v", ok, err)
 	}
 	return m, reviews
+}
+
+// TestARotatedTokenFromAReadersAddressIsNotLockedOut: a flood of made-up
+// tokens takes the rate of tokens not known; Prometheus's token, rotated
+// by the kubelet (about every 48 minutes for a token of an hour), is new
+// to the aggregator, and was refused with them for as long as the flood
+// went on (found in a review, 2026-12-07). A new token from an address a
+// token was allowed from is reviewed within the known tokens' rate; from
+// the flood's address it is not.
+func TestARotatedTokenFromAReadersAddressIsNotLockedOut(t *testing.T) {
+	reviews := new(atomic.Int64)
+	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := m.wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	get := func(from, token string) int {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		r.RemoteAddr, r.Header = from+":41000", http.Header{"Authorization": {"Bearer " + token}}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := get("10.0.0.5", "prometheus"); code != 200 {
+		t.Fatalf("prometheus: %d", code)
+	}
+	busy := 0
+	for i := range 200 {
+		if get("10.0.0.9", fmt.Sprintf("made-up-%d", i)) == http.StatusServiceUnavailable {
+			busy++
+		}
+	}
+	m.limit[0].SetBurst(0) // the flood goes on
+	if busy == 0 {
+		t.Fatal("200 made-up tokens: none refused as busy; want the rate taken")
+	}
+	if code := get("10.0.0.9", "prometheus-rotated"); code != http.StatusServiceUnavailable {
+		t.Errorf("a new token from the flood's address: %d; want 503, within the rate of tokens not known", code)
+	}
+	if code := get("10.0.0.5", "prometheus-rotated"); code != 200 {
+		t.Errorf("Prometheus's rotated token, from its address, during the flood: %d; want 200", code)
+	}
 }
 
 // TestMadeUpTokensDoNotLockPrometheusOut: made-up tokens, each a review,
