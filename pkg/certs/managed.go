@@ -409,7 +409,8 @@ func (m *Managed) ensureRelay(ctx context.Context, sec *corev1.Secret) error {
 	if m.o.RelaySecretName == "" {
 		return nil
 	}
-	want := map[string][]byte{corev1.TLSCertKey: sec.Data[KeyRelayCert], corev1.TLSPrivateKeyKey: sec.Data[KeyRelayKey], KeyCACert: m.bundle(sec)}
+	cert, key := pairPEM(sec.Data[KeyRelayCert], sec.Data[KeyRelayKey])
+	want := map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key, KeyCACert: m.bundle(sec)}
 	if err := m.ensureCopy(ctx, sec, m.o.Namespace, m.o.RelaySecretName, corev1.SecretTypeTLS, want); err != nil {
 		return fmt.Errorf("relay certificate secret %s/%s: %w", m.o.Namespace, m.o.RelaySecretName, err)
 	}
@@ -807,7 +808,8 @@ func (m *Managed) load(sec *corev1.Secret) error {
 // and the ClusterTriggerAuthentication mapping it to the external scaler's
 // caCert, tlsClientCert and tlsClientKey.
 func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
-	want := map[string][]byte{"ca.crt": m.bundle(sec), "tls.crt": sec.Data[KeyClientCert], "tls.key": sec.Data[KeyClientKey]}
+	cert, key := pairPEM(sec.Data[KeyClientCert], sec.Data[KeyClientKey])
+	want := map[string][]byte{"ca.crt": m.bundle(sec), "tls.crt": cert, "tls.key": key}
 	if err := m.ensureCopy(ctx, sec, m.o.KEDANamespace, m.o.TriggerAuthName, corev1.SecretTypeOpaque, want); err != nil {
 		return fmt.Errorf("KEDA credentials secret %s/%s: %w", m.o.KEDANamespace, m.o.TriggerAuthName, err)
 	}
@@ -981,6 +983,24 @@ func certsPEM(pems ...[]byte) []byte {
 		}
 	}
 	return out
+}
+
+// pairPEM is a pair's certificate and key as copied out of the Secret (to
+// KEDA's namespace, to the relays'): its first certificate and its key,
+// each encoded again, and nothing else the Secret's values hold. Copied as
+// they were, a CA key pasted after a pair's certificate by hand (which
+// tls.X509KeyPair passes over, so the pair still read as sound) went on to
+// KEDA's namespace and the relays' Secret, where any relay pod could mint
+// KEDA's certificates (found in a review, 2026-12-07). A value that does
+// not parse is copied as nothing.
+func pairPEM(cert, key []byte) (certOut, keyOut []byte) {
+	certOut = certsPEM(cert)
+	if k, err := parseKey(key); err == nil {
+		if der, err := x509.MarshalECPrivateKey(k); err == nil {
+			keyOut = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+		}
+	}
+	return certOut, keyOut
 }
 
 func parseKey(b []byte) (*ecdsa.PrivateKey, error) {

@@ -630,6 +630,44 @@ func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 	}
 }
 
+// TestAKeyPastedAfterAPairsCertificateIsNotPassedOn: the pairs copied out
+// of the Secret (KEDA's client pair to its namespace, the relays' pair to
+// theirs) hold their certificate and key alone. A CA key pasted after a
+// pair's certificate by hand (tls.X509KeyPair passes over it, so the pair
+// still read as sound) was copied on with it (found in a review,
+// 2026-12-07).
+func TestAKeyPastedAfterAPairsCertificateIsNotPassedOn(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, _ := managed(t, 0)
+	m.o.RelaySecretName = "pulse-relay-tls"
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	edit(t, client, func(data map[string][]byte) {
+		data[KeyClientCert] = append(append([]byte(nil), data[KeyClientCert]...), data[KeyCAKey]...)
+		data[KeyRelayCert] = append(append([]byte(nil), data[KeyRelayCert]...), data[KeyCAKey]...)
+	})
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-relay-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for where, b := range map[string][]byte{"KEDA's tls.crt": ks.Data["tls.crt"], "the relays' tls.crt": rs.Data["tls.crt"]} {
+		if bytes.Contains(b, []byte("PRIVATE KEY")) || bytes.Count(b, []byte("BEGIN CERTIFICATE")) != 1 {
+			t.Errorf("%s:\n%s\nwant one certificate alone", where, b)
+		}
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
+		t.Fatalf("KEDA against the aggregator: %v", err)
+	}
+}
+
 // TestARolloutOfOtherNamesIssuesOnce: two replicas of other server names
 // (a rollout that adds the ingest Service's names, or changes the cluster
 // domain) share the Secret. The certificate issued for the new names keeps
