@@ -115,9 +115,9 @@ func TestTheLeasesNamespaceFromNamespaceIsChecked(t *testing.T) {
 func TestValidateNamesEveryProblem(t *testing.T) {
 	o := NewOptions()
 	o.Certs.Enabled, o.Certs.Namespace, o.ScalerTLS.CertFile, o.AgentAuth.Mode, o.IngestTLS.CertFile = true, "", "x", "maybe", "y"
-	o.Serving.MaxIngestStreamsPerConnection = 0
+	o.Serving.MaxIngestStreamsPerConnection, o.ScalerTLS.ClientName = 0, "keda-operator"
 	err := o.Validate()
-	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together", "--max-ingest-streams-per-connection"} {
+	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together", "--max-ingest-streams-per-connection", "--tls-client-name needs --tls-client-ca-file"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}

@@ -595,6 +595,7 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 		if err != nil {
 			return fmt.Errorf("scaler TLS: %w", err)
 		}
+		files.ClientName = o.ScalerTLS.ClientName
 		opts = append(opts, grpc.Creds(verifiedUnbound{credentials.NewTLS(files.ServerConfig())}))
 		a.log.Info("scaler port serves mutual TLS", logging.KeyCert, o.ScalerTLS.CertFile, logging.KeyClientCA, o.ScalerTLS.ClientCAFile)
 	}

@@ -344,22 +344,28 @@ func (o *KubeOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.OwnerClusterRole, "owner-cluster-role", o.OwnerClusterRole, "a ClusterRole that owns what the aggregator creates (--manage-certs' Secrets and ClusterTriggerAuthentication, the provisioner's Lease): deleting it deletes them (needs get on it)")
 }
 
-// ScalerTLSOptions are certificate files for the scaler port.
-type ScalerTLSOptions struct{ CertFile, KeyFile, ClientCAFile string }
+// ScalerTLSOptions are certificate files for the scaler port, and the name
+// a client certificate must have.
+type ScalerTLSOptions struct{ CertFile, KeyFile, ClientCAFile, ClientName string }
 
 // AddFlags registers the group's flags.
 func (o *ScalerTLSOptions) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "scaler port: serve TLS with this certificate (re-read when it changes)")
 	fs.StringVar(&o.KeyFile, "tls-key-file", o.KeyFile, "scaler port: the certificate's key")
 	fs.StringVar(&o.ClientCAFile, "tls-client-ca-file", o.ClientCAFile, "scaler port: require client certificates signed by this CA (KEDA's tlsClientCert)")
+	fs.StringVar(&o.ClientName, "tls-client-name", o.ClientName, "scaler port, with --tls-client-ca-file: a client certificate must also name this, as its Common Name or a DNS name (KEDA's); empty: any the CA signed, which is KEDA's alone only with a CA that signs KEDA's certificate alone (a client certificate verified is served as KEDA, any namespace's triggers, and is out of --max-scaler-connections-per-address)")
 }
 
 // Validate reports the group's problems.
 func (o *ScalerTLSOptions) Validate() error {
+	var errs []error
 	if n := countSet(o.CertFile, o.KeyFile, o.ClientCAFile); n != 0 && n != 3 {
-		return errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together")
+		errs = append(errs, errors.New("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together"))
 	}
-	return nil
+	if o.ClientName != "" && o.ClientCAFile == "" {
+		errs = append(errs, errors.New("--tls-client-name needs --tls-client-ca-file (it names which of the client certificates that CA signs are taken)"))
+	}
+	return errors.Join(errs...)
 }
 
 // ManagedCertOptions are the certificates the aggregator makes for the

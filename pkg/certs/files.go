@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 )
 
@@ -14,9 +15,13 @@ import (
 // certificates must chain to, from files, re-read when any of them changes
 // (as cert-manager rotates a mounted Secret): each handshake takes the
 // current pair, so a renewal needs no restart. With a client CA, client
-// certificates are required; without one, none is asked for.
+// certificates are required; without one, none is asked for. With
+// ClientName too, a client certificate must also name it (its Common Name
+// or a DNS name): a CA that signs others' certificates besides KEDA's (a
+// cluster's shared issuer) signed every tenant's, each then taken for
+// KEDA's.
 type Files struct {
-	CertFile, KeyFile, ClientCAFile string
+	CertFile, KeyFile, ClientCAFile, ClientName string
 
 	mu      sync.Mutex
 	stamp   string // sizes and modification times of the three files
@@ -95,9 +100,23 @@ func (f *Files) load() (*tls.Config, error) {
 		return nil, fmt.Errorf("client CA %s holds no PEM certificate", f.ClientCAFile)
 	}
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{pair},
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:       tls.VersionTLS12,
+		Certificates:     []tls.Certificate{pair},
+		ClientCAs:        pool,
+		ClientAuth:       tls.RequireAndVerifyClientCert,
+		VerifyConnection: f.verifyClientName,
 	}, nil
+}
+
+// verifyClientName refuses a verified client certificate that does not
+// name f.ClientName, when set.
+func (f *Files) verifyClientName(cs tls.ConnectionState) error {
+	if f.ClientName == "" || len(cs.PeerCertificates) == 0 {
+		return nil // no certificate is refused by the handshake itself
+	}
+	leaf := cs.PeerCertificates[0]
+	if leaf.Subject.CommonName == f.ClientName || slices.Contains(leaf.DNSNames, f.ClientName) {
+		return nil
+	}
+	return fmt.Errorf("client certificate of %q (DNS names %q): not %q, the name asked of a client", leaf.Subject.CommonName, leaf.DNSNames, f.ClientName)
 }

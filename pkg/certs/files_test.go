@@ -118,3 +118,39 @@ func TestBadFilesAreAnErrorAtStart(t *testing.T) {
 		t.Fatal("accepted a missing file")
 	}
 }
+
+// TestAClientNameNarrowsTheCAsCertificates: with a client CA that signs
+// others' certificates besides KEDA's (a cluster's shared issuer), every
+// certificate it signed was taken for KEDA's, served any namespace's
+// triggers and out of the per-address bound (found in a review,
+// 2026-12-07). With ClientName a client certificate must also name it.
+func TestAClientNameNarrowsTheCAsCertificates(t *testing.T) {
+	ca := testpki.NewCA(t)
+	srvCert, srvKey := ca.Issue(t, "pulse-aggregator", 10, x509.ExtKeyUsageServerAuth)
+	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": srvCert, "tls.key": srvKey, "ca.crt": ca.PEM}, "tls.crt", "tls.key", "ca.crt")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	as := func(cn string) *tls.Config {
+		c, k := ca.Issue(t, cn, 3, x509.ExtKeyUsageClientAuth)
+		pair, _ := tls.X509KeyPair(c, k)
+		return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	}
+	for _, name := range []string{"", "keda-operator"} {
+		f, err := NewFiles(paths[0], paths[1], paths[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.ClientName = name
+		addr := serve(t, f)
+		if _, err := check(t, addr, as("keda-operator")); err != nil {
+			t.Errorf("client name %q: KEDA's certificate refused: %v", name, err)
+		}
+		_, err = check(t, addr, as("tenant-a-workload"))
+		if name != "" && err == nil {
+			t.Errorf("client name %q: a tenant's certificate of the same CA was served", name)
+		}
+		if name == "" && err != nil {
+			t.Errorf("no client name: a certificate of the CA refused: %v", err)
+		}
+	}
+}

@@ -988,3 +988,22 @@ func TestTheAggregatorMakesNoTokenSecrets(t *testing.T) {
 		t.Fatalf("without the API: %v\n%.400s", err, out)
 	}
 }
+
+// TestTheScalersClientNameIsPassedOn: with certificates of one's own,
+// scaler.tls.clientName is the name a client certificate must carry
+// (--tls-client-name); unset, no such flag (any certificate the CA signed).
+func TestTheScalersClientNameIsPassedOn(t *testing.T) {
+	for name, want := range map[string]string{"keda-operator": "--tls-client-name=keda-operator", "": ""} {
+		args := []string{"-f", filepath.Join(root, "deploy", "aggregator", "ci", "tls-files-values.yaml")}
+		if name != "" {
+			args = append(args, "--set", "scaler.tls.clientName="+name)
+		}
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), args...)
+		if err != nil {
+			t.Fatalf("clientName %q: %v\n%.500s", name, err, out)
+		}
+		if has := strings.Contains(out, "--tls-client-name"); has != (want != "") || want != "" && !strings.Contains(out, want+"\n") {
+			t.Errorf("clientName %q: --tls-client-name rendered %v; want %q", name, has, want)
+		}
+	}
+}
