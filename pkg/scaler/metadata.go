@@ -363,10 +363,6 @@ func parseMetric(md map[string]string, t *Trigger) error {
 	return nil
 }
 
-// planKeys checks a replicas trigger: its value is a replica count, so the
-// HPA's target must be 1 per replica (threshold 1, valueType total); and
-// reads its SLOs. sloTtft, sloItl or sloPercentile on another metric is an
-// error (it would be ignored).
 // MinSLOTTFT is the least sloTtft the planner takes. A replica whose mean
 // queue time is past a quarter of the SLO is past its capacity
 // (planner.breakQueue); a request waits for the engine's next scheduling
@@ -378,6 +374,10 @@ func parseMetric(md map[string]string, t *Trigger) error {
 // breaks (/debug/triggers) then show a queue time at every load.
 const MinSLOTTFT = 100 * time.Millisecond
 
+// planKeys checks a replicas trigger: its value is a replica count, so the
+// HPA's target must be 1 per replica (threshold 1, valueType total); and
+// reads its SLOs. sloTtft, sloItl or sloPercentile on another metric is an
+// error (it would be ignored).
 func planKeys(md map[string]string, t *Trigger) error {
 	for _, k := range []struct {
 		key string
