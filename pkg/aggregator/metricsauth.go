@@ -101,28 +101,36 @@ type metricsAuthorizer struct {
 	// readers: the remote addresses (hosts) a token was allowed from
 	// within readerMemory: a new token from one (Prometheus's after the
 	// kubelet rotates it, about every 48 minutes for a token of an hour)
-	// is reviewed within the known tokens' rate (known), not the rate of
-	// tokens not known, which a flood of made-up tokens takes.
-	readers *expirable.LRU[string, struct{}]
-	flight  singleflight.Group
-	warnMu  sync.Mutex
-	warned  time.Time
+	// is reviewed within a rate of the readers' own (fromReaders) and its
+	// address's (addresses), not the rate of tokens not known, which a
+	// flood of made-up tokens takes. Within the known tokens' rate, a
+	// tenant's made-up tokens from its own pod (a reader's address once
+	// its own token was allowed) took every known token's new paths.
+	readers     *expirable.LRU[string, struct{}]
+	fromReaders [2]*rate.Limiter
+	addresses   *lru.Cache[[sha256.Size]byte, *rate.Limiter]
+	flight      singleflight.Group
+	warnMu      sync.Mutex
+	warned      time.Time
 }
 
 func newMetricsAuthorizer(kube kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
 	tokens, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache) // errs only on a size of 0
 	users, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache)
+	addresses, _ := lru.New[[sha256.Size]byte, *rate.Limiter](metricsAuthCache)
 	return &metricsAuthorizer{kube: kube, log: log,
-		allowed:    expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
-		refused:    expirable.NewLRU[[sha256.Size]byte, struct{}](metricsAuthCache, nil, metricsAuthTTL),
-		limit:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
-		tokens:     tokens,
-		users:      users,
-		renew:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
-		identities: expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
-		strangers:  expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
-		known:      [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
-		readers:    expirable.NewLRU[string, struct{}](metricsAuthCache, nil, readerMemory)}
+		allowed:     expirable.NewLRU[[sha256.Size]byte, allowance](metricsAuthCache, nil, 2*metricsAuthTTL),
+		refused:     expirable.NewLRU[[sha256.Size]byte, struct{}](metricsAuthCache, nil, metricsAuthTTL),
+		limit:       [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		tokens:      tokens,
+		users:       users,
+		renew:       [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		identities:  expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
+		strangers:   expirable.NewLRU[[sha256.Size]byte, identity](metricsAuthCache, nil, metricsAuthTTL),
+		known:       [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		readers:     expirable.NewLRU[string, struct{}](metricsAuthCache, nil, readerMemory),
+		fromReaders: [2]*rate.Limiter{rate.NewLimiter(metricsAuthRate, metricsAuthBurst), rate.NewLimiter(metricsAuthRate, metricsAuthBurst)},
+		addresses:   addresses}
 }
 
 // readerMemory: how long an address a token was allowed from is a reader's
@@ -268,12 +276,12 @@ func (m *metricsAuthorizer) answer(ctx context.Context, from, path, token string
 	case idKnown:
 		limit, rates, rateOf = m.known[class], m.users, raterOf(id.user.Username)
 	case from != "" && m.readers.Contains(from):
-		// A new token from where a token was allowed: within the known
-		// tokens' rate, its own rate apart. Within the rate of tokens
+		// A new token from where a token was allowed: within the
+		// readers' rate and its address's. Within the rate of tokens
 		// not known, a flood of made-up tokens (10 a second from
 		// anywhere) kept Prometheus's rotated token out for as long as
 		// it went on (found in a review, 2026-12-07).
-		limit = m.known[class]
+		limit, rates, rateOf = m.fromReaders[class], m.addresses, from
 	}
 	if !rateAllows(rates, rateOf) || !limit.Allow() {
 		// A token allowed a minute ago, still unexpired, keeps its answer

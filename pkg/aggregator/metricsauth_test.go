@@ -185,13 +185,7 @@ func TestARotatedTokenFromAReadersAddressIsNotLockedOut(t *testing.T) {
 	reviews := new(atomic.Int64)
 	m := newMetricsAuthorizer(reviewingAPI(reviews), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	h := m.wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	get := func(from, token string) int {
-		r := httptest.NewRequest("GET", "/metrics", nil)
-		r.RemoteAddr, r.Header = from+":41000", http.Header{"Authorization": {"Bearer " + token}}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w.Code
-	}
+	get := func(from, token string) int { return getPath(h, from, "/metrics", token) }
 	if code := get("10.0.0.5", "prometheus"); code != 200 {
 		t.Fatalf("prometheus: %d", code)
 	}
@@ -211,6 +205,30 @@ func TestARotatedTokenFromAReadersAddressIsNotLockedOut(t *testing.T) {
 	if code := get("10.0.0.5", "prometheus-rotated"); code != 200 {
 		t.Errorf("Prometheus's rotated token, from its address, during the flood: %d; want 200", code)
 	}
+	// A tenant's made-up tokens from its own pod, a reader's address once
+	// its own token was allowed, take its address's rate alone: not the
+	// known tokens' new paths (the operator's), nor another reader's.
+	if code := getPath(h, "10.1.1.1", "/debug/workloads/team-a/llama", "minted-1"); code != 200 {
+		t.Fatalf("the tenant's own page: %d", code)
+	}
+	if code := getPath(h, "10.2.2.2", "/debug/triggers", "debugger"); code != 200 {
+		t.Fatalf("the operator's page: %d", code)
+	}
+	for i := range 100 {
+		getPath(h, "10.1.1.1", "/debug/triggers", fmt.Sprintf("made-up-debug-%d", i))
+	}
+	if code := getPath(h, "10.2.2.2", "/debug/triggers/team-b", "debugger"); code != 200 {
+		t.Errorf("the operator's new path after the tenant's flood from its own address: %d; want 200", code)
+	}
+}
+
+// getPath serves a GET of path from the remote host from with token.
+func getPath(h http.Handler, from, path, token string) int {
+	r := httptest.NewRequest("GET", path, nil)
+	r.RemoteAddr, r.Header = from+":41000", http.Header{"Authorization": {"Bearer " + token}}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w.Code
 }
 
 // TestMadeUpTokensDoNotLockPrometheusOut: made-up tokens, each a review,
