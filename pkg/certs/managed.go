@@ -985,22 +985,36 @@ func certsPEM(pems ...[]byte) []byte {
 	return out
 }
 
-// pairPEM is a pair's certificate and key as copied out of the Secret (to
-// KEDA's namespace, to the relays'): its first certificate and its key,
-// each encoded again, and nothing else the Secret's values hold. Copied as
-// they were, a CA key pasted after a pair's certificate by hand (which
-// tls.X509KeyPair passes over, so the pair still read as sound) went on to
-// KEDA's namespace and the relays' Secret, where any relay pod could mint
-// KEDA's certificates (found in a review, 2026-12-07). A value that does
-// not parse is copied as nothing.
+// pairPEM is a pair's certificates and key as copied out of the Secret (to
+// KEDA's namespace, to the relays'): as tls.X509KeyPair reads the pair (as
+// due judges it), each encoded again, and nothing else the Secret's values
+// hold. Copied as they were, a CA key pasted after a pair's certificate by
+// hand (which tls.X509KeyPair passes over, so the pair still read as
+// sound) went on to KEDA's namespace and the relays' Secret, where any
+// relay pod could mint KEDA's certificates (found in a review,
+// 2026-12-07). An EC key is written as the pair's own are (SEC1), any
+// other as PKCS #8; a pair that does not load is copied as it is (due
+// issues it again).
 func pairPEM(cert, key []byte) (certOut, keyOut []byte) {
-	certOut = certsPEM(cert)
-	if k, err := parseKey(key); err == nil {
-		if der, err := x509.MarshalECPrivateKey(k); err == nil {
-			keyOut = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-		}
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return cert, key
 	}
-	return certOut, keyOut
+	for _, der := range pair.Certificate {
+		certOut = append(certOut, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	var der []byte
+	typ := "EC PRIVATE KEY"
+	if k, ok := pair.PrivateKey.(*ecdsa.PrivateKey); ok {
+		der, err = x509.MarshalECPrivateKey(k)
+	} else {
+		typ = "PRIVATE KEY"
+		der, err = x509.MarshalPKCS8PrivateKey(pair.PrivateKey)
+	}
+	if err != nil {
+		return certOut, key
+	}
+	return certOut, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
 
 func parseKey(b []byte) (*ecdsa.PrivateKey, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
@@ -665,6 +666,30 @@ func TestAKeyPastedAfterAPairsCertificateIsNotPassedOn(t *testing.T) {
 	}
 	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
 		t.Fatalf("KEDA against the aggregator: %v", err)
+	}
+	// A key of another form that tls.X509KeyPair reads (PKCS #8, as a
+	// hand edit may write it) is copied as a key, not as nothing (a first
+	// form of the copy read SEC1 alone, and KEDA's tls.key was empty while
+	// the pair read as sound: found in a review of it).
+	edit(t, client, func(data map[string][]byte) {
+		k, err := parseKey(data[KeyClientKey])
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data[KeyClientKey] = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	})
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ks, err = client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.X509KeyPair(ks.Data["tls.crt"], ks.Data["tls.key"]); err != nil {
+		t.Errorf("KEDA's pair, its key PKCS #8 in the Secret: %v", err)
 	}
 }
 
