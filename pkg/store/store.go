@@ -8,6 +8,7 @@ package store
 import (
 	"errors"
 	"iter"
+	"maps"
 	"math/bits"
 	"slices"
 	"sort"
@@ -1178,14 +1179,14 @@ func (s *Store) Gone(node, uid string) {
 	// lock only for one the store holds.
 	s.mu.RLock()
 	held := len(s.goneLocked(node, uid)) > 0
-	waits := s.refusedLocked(uid)
+	waits := s.refusedLocked(uid, true)
 	s.mu.RUnlock()
 	if !held && !waits {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.forgetRefusedLocked(uid)
+	s.forgetRefusedLocked(uid, true)
 	for _, u := range s.goneLocked(node, uid) {
 		p := s.pods[u]
 		for _, n := range slices.Collect(p.nodes()) {
@@ -1221,44 +1222,65 @@ func (s *Store) RemoveStream(node string, st Stream, uids ...string) error {
 		if p, ok := s.pods[uid]; ok {
 			s.unlist(uid, p, node, false)
 		} else {
-			s.forgetRefusedLocked(uid) // refused for room: it waits no more
+			s.forgetRefusedLocked(uid, false) // refused for room: it waits no more
 		}
 	}
 	return nil
 }
 
 // refusedLocked says whether pod uid, refused for room, is recorded as
-// waiting for it or as its workload's refusal; mu must be held. Both
-// are empty while the store has room.
-func (s *Store) refusedLocked(uid string) bool {
-	for _, uids := range s.nsWaiting {
-		if _, ok := uids[uid]; ok {
-			return true
-		}
-	}
-	for _, uids := range s.refusedAt {
-		if _, ok := uids[uid]; ok {
-			return true
+// waiting for it or as its workload's refusal (with routers, also any
+// demand entry of a router pod of that uid); mu must be held. Both are
+// empty while the store has room.
+func (s *Store) refusedLocked(uid string, routers bool) bool {
+	for _, m := range s.refusals() {
+		for u := range m {
+			if refusedAs(u, uid, routers) {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// forgetRefusedLocked forgets pod uid's refusals for room: deleted (Gone)
-// or unlisted by its agent, it waits no more. Kept, it was counted as
+// refusals is every map of refusals for room: nsWaiting's and refusedAt's.
+func (s *Store) refusals() []map[string]time.Time {
+	out := make([]map[string]time.Time, 0, len(s.nsWaiting)+len(s.refusedAt))
+	for _, m := range s.nsWaiting {
+		out = append(out, m)
+	}
+	for _, m := range s.refusedAt {
+		out = append(out, m)
+	}
+	return out
+}
+
+// refusedAs says whether a refusal of entry u is one of pod uid's: the
+// pod's, or with routers a demand entry of a router pod of that uid.
+func refusedAs(u, uid string, routers bool) bool {
+	if u == uid {
+		return true
+	}
+	pod, demand := DemandPodUID(u)
+	return routers && demand && pod == uid
+}
+
+// forgetRefusedLocked forgets pod uid's refusals for room (with routers, a
+// router pod's demand entries' too): deleted (Gone) or unlisted by its
+// agent, it waits no more. Kept, it was counted as
 // waiting for refusedFor (a minute): room freed meanwhile was refused to
 // every namespace at its share, whose workloads read RefusedAt (every
 // trigger Unavailable), though no pod waited for it. mu must be held for
 // writing.
-func (s *Store) forgetRefusedLocked(uid string) {
+func (s *Store) forgetRefusedLocked(uid string, routers bool) {
 	for ns, uids := range s.nsWaiting {
-		delete(uids, uid)
+		maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, routers) })
 		if len(uids) == 0 {
 			delete(s.nsWaiting, ns)
 		}
 	}
 	for k, uids := range s.refusedAt {
-		delete(uids, uid)
+		maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, routers) })
 		if len(uids) == 0 {
 			delete(s.refusedAt, k)
 		}

@@ -1427,6 +1427,9 @@ func TestAPodRefusedForRoomAndGoneWaitsNoMore(t *testing.T) {
 	for name, gone := range map[string]func(s *Store){
 		"deleted":  func(s *Store) { s.Gone("n1", "v-0") },
 		"unlisted": func(s *Store) { s.Remove("n1", "v-0") },
+		// A router's entry is its pod's uid and the workload's name: the
+		// router pod deleted, its entries wait no more either.
+		"a router's entry, its pod deleted": func(s *Store) { s.Gone("n1", "router") },
 	} {
 		t.Run(name, func(t *testing.T) {
 			now := time.Unix(1000, 0)
@@ -1443,6 +1446,14 @@ func TestAPodRefusedForRoomAndGoneWaitsNoMore(t *testing.T) {
 			add("b", "b-1")
 			if add("victim", "v-0") {
 				t.Fatal("v-0 admitted into a full store")
+			}
+			if name == "a router's entry, its pod deleted" {
+				// The refusal is a router's demand entry's, not v-0's.
+				s.forgetRefusedLocked("v-0", false)
+				k := Key{Namespace: "victim", Kind: KindWorkspace, Name: "w"}
+				if len(s.Upsert(Source{Node: "n1"}, []PodInfo{{UID: "router" + demandSep + "w", Namespace: "victim", Name: "router", Ready: true, Demand: true, Workloads: []Key{k}}}, false)) == 0 {
+					t.Fatal("the router's entry admitted into a full store")
+				}
 			}
 			gone(s)
 			now = now.Add(2 * time.Second)
