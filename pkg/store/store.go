@@ -1267,11 +1267,10 @@ func refusedAs(u, uid string, routers bool) bool {
 
 // forgetRefusedLocked forgets pod uid's refusals for room (with routers, a
 // router pod's demand entries' too): deleted (Gone) or unlisted by its
-// agent, it waits no more. Kept, it was counted as
-// waiting for refusedFor (a minute): room freed meanwhile was refused to
-// every namespace at its share, whose workloads read RefusedAt (every
-// trigger Unavailable), though no pod waited for it. mu must be held for
-// writing.
+// agent, it waits no more. Kept, it was counted as waiting for refusedFor
+// (a minute): room freed meanwhile was refused to every namespace at its
+// share, whose workloads read RefusedAt (every trigger Unavailable),
+// though no pod waited for it. mu must be held for writing.
 func (s *Store) forgetRefusedLocked(uid string, routers bool) {
 	for ns, uids := range s.nsWaiting {
 		maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, routers) })
