@@ -694,23 +694,8 @@ func (s *Store) refusedRecently(k Key, now time.Time) time.Time {
 func (s *Store) admitted(info PodInfo) {
 	// It waits no more: room freed is not kept for it, under whichever
 	// namespace it was refused (an agent not checked may list a uid
-	// under another).
-	for ns, uids := range s.nsWaiting {
-		if _, ok := uids[info.UID]; ok {
-			delete(uids, info.UID)
-			if len(uids) == 0 {
-				delete(s.nsWaiting, ns)
-			}
-		}
-	}
-	for _, k := range info.Workloads {
-		if uids := s.refusedAt[k]; uids != nil {
-			delete(uids, info.UID)
-			if len(uids) == 0 {
-				delete(s.refusedAt, k)
-			}
-		}
-	}
+	// under another), nor its refusal under any workload.
+	s.forgetRefusedLocked(info.UID, false)
 }
 
 // Lost is what a workload lost without its agent removing it: replicas
@@ -1233,26 +1218,25 @@ func (s *Store) RemoveStream(node string, st Stream, uids ...string) error {
 // demand entry of a router pod of that uid); mu must be held. Both are
 // empty while the store has room.
 func (s *Store) refusedLocked(uid string, routers bool) bool {
-	for _, m := range s.refusals() {
-		for u := range m {
+	refused := func(uids map[string]time.Time) bool {
+		for u := range uids {
 			if refusedAs(u, uid, routers) {
 				return true
 			}
 		}
+		return false
+	}
+	for _, uids := range s.nsWaiting {
+		if refused(uids) {
+			return true
+		}
+	}
+	for _, uids := range s.refusedAt {
+		if refused(uids) {
+			return true
+		}
 	}
 	return false
-}
-
-// refusals is every map of refusals for room: nsWaiting's and refusedAt's.
-func (s *Store) refusals() []map[string]time.Time {
-	out := make([]map[string]time.Time, 0, len(s.nsWaiting)+len(s.refusedAt))
-	for _, m := range s.nsWaiting {
-		out = append(out, m)
-	}
-	for _, m := range s.refusedAt {
-		out = append(out, m)
-	}
-	return out
 }
 
 // refusedAs says whether a refusal of entry u is one of pod uid's: the
