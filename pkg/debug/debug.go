@@ -21,10 +21,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"math"
 	"net/http"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
@@ -55,10 +55,11 @@ type Handler struct {
 // InFlight bounds the debug answers under way, and InFlightPerNamespace
 // those of one namespace's paths (a tenant granted its own alone): each
 // decodes the series it shows (a view of every workload: the whole store)
-// and holds its whole document until its client has read it; past either,
-// 503 at once, as /metrics answers. The aggregator's KEDA answers and
-// ingest never wait for more than these, and one tenant asking in a loop
-// holds one of them.
+// and holds it, and the records it shows, until its client has read it
+// (the page itself is written as it is made: writeList, writeRows); past
+// either, 503 at once, as /metrics answers. The aggregator's KEDA answers
+// and ingest never wait for more than these, and one tenant asking in a
+// loop holds one of them.
 const (
 	InFlight             = 4
 	InFlightPerNamespace = 1
@@ -265,20 +266,26 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	case ns != "":
 		opts.Match = func(k store.Key) bool { return k.Namespace == ns }
 	}
-	doc := Document{Workloads: []Workload{}}
-	for _, v := range h.Store.View(opts) {
-		doc.Workloads = append(doc.Workloads, toWorkload(v))
-	}
-	if name != "" && len(doc.Workloads) == 0 {
+	views := h.Store.View(opts)
+	if name != "" && len(views) == 0 {
 		http.Error(w, fmt.Sprintf("no workload %q/%q", wire.CleanText(ns, 64), wire.CleanText(name, 64)), http.StatusNotFound)
 		return
 	}
+	workloads := func(yield func(Workload) bool) {
+		for _, v := range views {
+			if !yield(toWorkload(v)) {
+				return
+			}
+		}
+	}
 	if wantsTable(r) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		writeTable(w, doc)
+		writeTable(w, workloads)
 		return
 	}
-	writeJSON(w, doc)
+	writeList(w, "workloads", workloads, func(wl Workload, err error) failedItem {
+		return failedItem{Namespace: wl.Namespace, Name: wl.Kind + "/" + wl.Name, Error: "this workload could not be encoded: " + err.Error()}
+	})
 }
 
 func toWorkload(v store.WorkloadView) Workload {
@@ -307,62 +314,70 @@ func clean(m map[string]float64) map[string]float64 {
 // tableMetrics are the columns of the table, when present.
 var tableMetrics = []string{"waiting", "running", "kvCacheUsage", "requestsPerSecond", "generationTokensPerSecond", "ttftSeconds", "gpuUtilization"}
 
-func writeTable(w http.ResponseWriter, doc Document) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "WORKLOAD\tPOD\tSTATE\tAGE")
-	for _, m := range tableMetrics {
-		fmt.Fprintf(tw, "\t%s", m)
-	}
-	fmt.Fprintln(tw)
-	for _, wl := range doc.Workloads {
-		id := cell(store.Key{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name}.String())
-		for _, p := range wl.Pods {
-			state := "fresh"
-			switch {
-			case p.Demand && p.Fresh:
-				state = "router"
-				if v, ok := p.Values["pendingRequests"]; ok {
-					state = fmt.Sprintf("router: %g held", v)
-				}
-			case p.Terminating:
-				state = "terminating"
-			case !p.Ready:
-				state = "starting"
-			case p.Missing != "":
-				state = "missing:" + p.Missing
-			case !p.Fresh:
-				state = "stale"
-			case p.Rejected != "":
-				state = "rejected:" + strings.ReplaceAll(p.Rejected, " ", "-")
-			}
-			age := "-"
-			if p.AgeSeconds != nil {
-				age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", id, cell(p.Name), cell(state), age)
-			// A pod that is not fresh, or whose last sample was refused in
-			// part, shows no values: they are not what it reports now (the
-			// JSON keeps them, beside "fresh" and "rejected").
-			if state != "fresh" {
-				writeValues(tw, nil)
-				continue
-			}
-			writeValues(tw, p.Values)
+func writeTable(w http.ResponseWriter, workloads iter.Seq[Workload]) {
+	writeRows(w, func(yield func([]string) bool) {
+		row := make([]string, 0, 4+len(tableMetrics))
+		if !yield(append(append(row[:0], "WORKLOAD", "POD", "STATE", "AGE"), tableMetrics...)) {
+			return
 		}
-		fmt.Fprintf(tw, "%s\t%s\t\t", id, "= average")
-		writeValues(tw, wl.Averages)
-	}
-	_ = tw.Flush()
+		for wl := range workloads {
+			id := cell(store.Key{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name}.String())
+			for _, p := range wl.Pods {
+				state := podState(p)
+				age := "-"
+				if p.AgeSeconds != nil {
+					age = fmt.Sprintf("%.1fs", *p.AgeSeconds)
+				}
+				// A pod that is not fresh, or whose last sample was
+				// refused in part, shows no values: they are not what it
+				// reports now (the JSON keeps them, beside "fresh" and
+				// "rejected").
+				vals := p.Values
+				if state != "fresh" {
+					vals = nil
+				}
+				if !yield(withValues(append(row[:0], id, cell(p.Name), cell(state), age), vals)) {
+					return
+				}
+			}
+			if !yield(withValues(append(row[:0], id, "= average", "", ""), wl.Averages)) {
+				return
+			}
+		}
+	})
 	fmt.Fprintln(w, "\n-: no value: the pod is not fresh, or the metric is not on its page (gpuUtilization needs the agent's NVML and the kubelet's pod-resources socket)")
 }
 
-func writeValues(tw *tabwriter.Writer, vals map[string]float64) {
+// podState is a pod's STATE in the table.
+func podState(p Pod) string {
+	switch {
+	case p.Demand && p.Fresh:
+		if v, ok := p.Values["pendingRequests"]; ok {
+			return fmt.Sprintf("router: %g held", v)
+		}
+		return "router"
+	case p.Terminating:
+		return "terminating"
+	case !p.Ready:
+		return "starting"
+	case p.Missing != "":
+		return "missing:" + p.Missing
+	case !p.Fresh:
+		return "stale"
+	case p.Rejected != "":
+		return "rejected:" + strings.ReplaceAll(p.Rejected, " ", "-")
+	}
+	return "fresh"
+}
+
+// withValues is row with the table's metrics of vals, "-" for each absent.
+func withValues(row []string, vals map[string]float64) []string {
 	for _, m := range tableMetrics {
 		if v, ok := vals[m]; ok {
-			fmt.Fprintf(tw, "\t%.4g", v)
+			row = append(row, fmt.Sprintf("%.4g", v))
 		} else {
-			fmt.Fprint(tw, "\t-")
+			row = append(row, "-")
 		}
 	}
-	fmt.Fprintln(tw)
+	return row
 }

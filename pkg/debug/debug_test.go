@@ -11,14 +11,17 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 
 	"github.com/pulse-io/pulse/pkg/metric"
+	"github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/provision"
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -661,4 +664,147 @@ func TestARoutersRowIsFresh(t *testing.T) {
 	if _, table := get(t, srv.URL+"/debug/workloads?format=table", ""); !strings.Contains(table, "router: 7 held") {
 		t.Fatalf("the table's router row does not say what it holds:\n%s", table)
 	}
+}
+
+// records is a trigger source of n evaluations of namespace "team", each
+// with a plan and 32 pods; bad, if at least 0, is one whose value JSON has
+// no form for. Each answer is a copy of the one slice of records, as the
+// scaler's EvaluationsOf copies its own (a record's pods are shared).
+type records []scaler.Evaluation
+
+func newRecords(n, bad int) records {
+	at := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
+	out := make(records, 0, n)
+	for i := range n {
+		e := scaler.Evaluation{TriggerID: scaler.TriggerID{Namespace: "team", ScaledObject: fmt.Sprintf("so-%05d", i)}, At: at}
+		e.Trigger = scaler.Trigger{Workload: store.Key{Namespace: "team", Kind: store.KindWorkspace, Name: fmt.Sprintf("w-%d", i)},
+			Metric: "replicas", Threshold: 1, ValueType: "total", Aggregation: "sum", MissingPods: scaler.MissingHold, Window: time.Minute}
+		e.Decision = scaler.Decision{Value: 3, Direction: "up", Counted: 32, Ready: 32,
+			Plan: &planner.Plan{Replicas: 3, Reason: "the work over a replica's capacity", Work: 9000, Capacity: 3000, Confidence: 0.9}}
+		for p := range 32 {
+			e.Decision.Pods = append(e.Decision.Pods, scaler.PodDecision{Name: fmt.Sprintf("w-%d-pod-%d", i, p), Use: scaler.UseCounted, Value: float64(p)})
+		}
+		if i == bad {
+			e.Decision.Plan.Work = math.NaN()
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func (s records) EvaluationsOf(string) []scaler.Evaluation { return slices.Clone(s) }
+
+func serveRecords(t testing.TB, src TriggerSource) *httptest.Server {
+	mux := http.NewServeMux()
+	(&Handler{Store: store.New(store.Options{}), FreshFor: time.Minute, Triggers: src}).Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestAPageIsWrittenAsOneDocument: /debug/triggers, written a trigger at a
+// time, is byte for byte the document json.MarshalIndent made of the whole
+// page, with none, one and many triggers.
+func TestAPageIsWrittenAsOneDocument(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 200} {
+		src := newRecords(n, -1)
+		_, body := get(t, serveRecords(t, src).URL+"/debug/triggers", "")
+		doc := TriggersDocument{Triggers: []Trigger{}}
+		for _, e := range src.EvaluationsOf("") {
+			tr, _ := triggerOf(&e, "")
+			doc.Triggers = append(doc.Triggers, tr)
+		}
+		want, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body != string(want)+"\n" {
+			t.Fatalf("%d triggers: the page is not the document made whole:\n%s\nwant\n%s", n, body, want)
+		}
+	}
+}
+
+// TestATriggerWithNoJSONFormLosesNoOther: a trigger whose record holds a
+// value JSON has no form for (NaN) is written as an error in its place;
+// the page made whole answered 500 and showed no trigger at all.
+func TestATriggerWithNoJSONFormLosesNoOther(t *testing.T) {
+	code, body := get(t, serveRecords(t, newRecords(3, 1)).URL+"/debug/triggers", "")
+	var doc struct {
+		Triggers []map[string]any `json:"triggers"`
+	}
+	if err := json.Unmarshal([]byte(body), &doc); code != http.StatusOK || err != nil || len(doc.Triggers) != 3 {
+		t.Fatalf("%d, %v:\n%s", code, err, body)
+	}
+	bad := doc.Triggers[1]
+	if bad["name"] != "so-00001" || !strings.Contains(fmt.Sprint(bad["error"]), "could not be encoded") || bad["decision"] != nil {
+		t.Fatalf("the trigger with a NaN: %v", bad)
+	}
+	for _, i := range []int{0, 2} {
+		if doc.Triggers[i]["decision"] == nil {
+			t.Fatalf("trigger %d lost its decision: %v", i, doc.Triggers[i])
+		}
+	}
+}
+
+// TestRowsAlignAsTabwriter: writeRows, which holds no row, writes what
+// text/tabwriter (padding 2, spaces), which holds them all, wrote for the
+// same rows: cells of any width, empty ones, runes of several bytes, a
+// column empty throughout.
+func TestRowsAlignAsTabwriter(t *testing.T) {
+	var rows [][]string
+	for i := range 40 {
+		rows = append(rows, []string{strings.Repeat("ü", i%7), fmt.Sprint(i * i * i), "", strings.Repeat("x", (i*13)%11), fmt.Sprintf("last %d", i)})
+	}
+	rows = append(rows, []string{"", "", "", "", ""})
+	var want, got strings.Builder
+	tw := tabwriter.NewWriter(&want, 0, 0, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+	writeRows(&got, slices.Values(rows))
+	if got.String() != want.String() {
+		t.Fatalf("writeRows:\n%s\ntabwriter:\n%s", got.String(), want.String())
+	}
+}
+
+// BenchmarkTriggersPage: /debug/triggers of 10,000 triggers, each with a
+// plan and 32 pods, read by a client. live-MB is the heap live (after a
+// GC) at the answer's first bytes and at each 4 MB more that the client
+// reads, at most: what one answer under way holds (docs/performance.md,
+// "The debug pages").
+func BenchmarkTriggersPage(b *testing.B) {
+	srv := serveRecords(b, newRecords(10_000, -1))
+	for _, format := range []string{"json", "table"} {
+		b.Run(format, func(b *testing.B) { benchmarkPage(b, srv.URL+"/debug/triggers?format="+format) })
+	}
+}
+
+func benchmarkPage(b *testing.B, url string) {
+	var peak uint64
+	var ms runtime.MemStats
+	b.ReportAllocs()
+	buf := make([]byte, 4<<20)
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		base := ms.HeapAlloc
+		resp, err := http.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for {
+			_, err := io.ReadFull(resp.Body, buf)
+			runtime.GC()
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > base {
+				peak = max(peak, ms.HeapAlloc-base)
+			}
+			if err != nil {
+				break
+			}
+		}
+		resp.Body.Close()
+	}
+	b.ReportMetric(float64(peak)/1e6, "live-MB")
 }
