@@ -57,15 +57,28 @@ type shard struct {
 	subs  map[store.Key][]*sub // the open streams by workload
 	all   []*sub               // the same, in one slice (sub.at is the index)
 	dirty map[store.Key]struct{}
-	fresh []*sub        // streams still to send their first state
-	later []*sub        // streams past their namespace's fair share of a pass
-	wake  chan struct{} // capacity 1: a pass is due
-	// keyTenant is the namespace of a workload's streams (sub.tenant), or
-	// severalTenants. alone is the namespace of the pass under way when
-	// it is that namespace's alone ("" otherwise), othersArrived whether
-	// a stream of another came new, or a workload of another's changed,
-	// since that pass began (othersWaiting).
-	keyTenant     map[store.Key]string
+	// queues holds by namespace (sub.tenant) the streams that wait for a
+	// pass (sub.pending), in the order they came: new, of a workload
+	// changed since, due a recheck, or past their namespace's fair share
+	// of a pass. A workload's idle streams wait for nothing
+	// (watched[k].idle[u.atI] == u). A stream is in one or the other, so
+	// a pass walks no stream it does not evaluate: with the streams past a
+	// fair share kept in one list, and a changed workload's taken whole at
+	// every pass, a pass shared with another namespace walked all of one
+	// namespace's N streams under the lock the store's writes wait on, to
+	// evaluate 64 of them (O(N) a pass, N/64 passes; docs/performance.md).
+	// waiters counts the streams in queues, gone ones not yet taken out
+	// included.
+	queues    map[string]*queue
+	waiters   int
+	spare     []*queue               // emptied, for the next namespace's (drop)
+	spareRoom int                    // their capacity in all
+	watched   map[store.Key]*watched // the workloads of the open streams
+	wake      chan struct{}          // capacity 1: a pass is due
+	// alone is the namespace of the pass under way when it is that
+	// namespace's alone ("" otherwise), othersArrived whether a stream of
+	// another came new, or a workload of another's changed, since that
+	// pass began (othersWaiting).
 	alone         string
 	othersArrived bool
 
@@ -79,8 +92,35 @@ type shard struct {
 
 	// Owned by the shard's goroutine.
 	batch []*sub
-	share map[string]int // evaluations a namespace had in this pass
-	pass  uint64         // stamps this pass's evaluations and counts (shared)
+	pass  uint64 // stamps this pass's evaluations and counts (shared)
+}
+
+// watched is a workload with open streams: the namespace of its streams
+// (sub.tenant), or severalTenants, and those of them that wait for no
+// pass.
+type watched struct {
+	tenant string
+	idle   []*sub
+}
+
+// queue is a namespace's streams waiting for a pass, first in, first out.
+type queue struct {
+	subs []*sub
+	head int
+}
+
+func (q *queue) len() int { return len(q.subs) - q.head }
+
+func (q *queue) pop() *sub {
+	u := q.subs[q.head]
+	q.subs[q.head] = nil
+	q.head++
+	if q.head == len(q.subs) || q.head >= 1024 && 2*q.head >= len(q.subs) {
+		n := copy(q.subs, q.subs[q.head:])
+		clear(q.subs[n:])
+		q.subs, q.head = q.subs[:n], 0
+	}
+	return u
 }
 
 // outcome is one evaluation's answer, for the streams of the same trigger.
@@ -105,6 +145,8 @@ type shared struct {
 	hash    uint64
 	next    *shared
 	streams int // open streams holding it (shard.mu)
+	// w is its workload's (shard.watched), looked up once.
+	w *watched
 
 	// Owned by the shard's goroutine.
 	evaluated uint64 // the pass whose evaluation o is (0: none)
@@ -122,11 +164,15 @@ type sub struct {
 	tenant string
 	at     int // index in shard.all; -1 once removed
 	atW    int // index in shard.subs[t.Workload]
+	// pending: in its namespace's queue; else at atI in its workload's
+	// idle streams (shared.w; next to the bools below: a sub fits 112
+	// bytes, a size class).
+	atI     int
+	pending bool
 
 	// Owned by the shard's goroutine.
 	sent, last bool      // whether a state was handed over, and which
 	evaluated  time.Time // the last evaluation
-	queued     bool      // in the shard's batch of this pass
 
 	// The hand-over to the stream's handler: the newest state, and a wake
 	// signal (capacity 1: its place's wake, which the handler waits on).
@@ -143,7 +189,7 @@ func newPusher(s *Server) *pusher {
 	n := min(max(runtime.GOMAXPROCS(0), 1), maxShards)
 	for range n {
 		p.shards = append(p.shards, &shard{subs: map[store.Key][]*sub{}, dirty: map[store.Key]struct{}{}, wake: make(chan struct{}, 1),
-			share: map[string]int{}, triggers: map[uint64]*shared{}, seed: p.seed, keyTenant: map[store.Key]string{}})
+			queues: map[string]*queue{}, watched: map[store.Key]*watched{}, triggers: map[uint64]*shared{}, seed: p.seed})
 	}
 	return p
 }
@@ -171,9 +217,9 @@ func (p *pusher) shard(k store.Key) *shard {
 func (p *pusher) changed(k store.Key) {
 	sh := p.shard(k)
 	sh.mu.Lock()
-	if _, watched := sh.subs[k]; watched {
+	if w := sh.watched[k]; w != nil {
 		if _, again := sh.dirty[k]; !again {
-			sh.waiting(sh.keyTenant[k])
+			sh.waiting(w.tenant)
 		}
 		sh.dirty[k] = struct{}{}
 		sh.signal()
@@ -181,7 +227,7 @@ func (p *pusher) changed(k store.Key) {
 	sh.mu.Unlock()
 }
 
-// severalTenants is keyTenant's value for a workload whose streams are of
+// severalTenants is watched.tenant for a workload whose streams are of
 // more than one namespace (a namespace's name has no NUL).
 const severalTenants = "\x00"
 
@@ -226,24 +272,115 @@ func (sh *shard) open(u *sub, t Trigger) {
 	for u.shared != nil && u.shared.t != t {
 		u.shared = u.shared.next
 	}
+	k := t.Workload
 	if u.shared == nil {
-		u.shared = &shared{t: t, hash: h, next: first}
+		w := sh.watched[k]
+		if w == nil {
+			w = &watched{tenant: u.tenant}
+			sh.watched[k] = w
+		}
+		u.shared = &shared{t: t, hash: h, next: first, w: w}
 		sh.triggers[h] = u.shared
 	}
 	u.shared.streams++
 	u.at = len(sh.all)
 	sh.all = append(sh.all, u)
-	k := t.Workload
 	u.atW = len(sh.subs[k])
 	sh.subs[k] = append(sh.subs[k], u)
-	switch kt, ok := sh.keyTenant[k]; {
-	case !ok:
-		sh.keyTenant[k] = u.tenant
-	case kt != u.tenant:
-		sh.keyTenant[k] = severalTenants // until its streams are all gone
+	if w := u.shared.w; w.tenant != u.tenant {
+		w.tenant = severalTenants // until its streams are all gone
 	}
-	sh.fresh = append(sh.fresh, u)
+	sh.push(u)
 	sh.waiting(u.tenant)
+}
+
+// enqueue puts u, open, at the end of its namespace's queue, unless it is
+// there already. Called with sh.mu held.
+func (sh *shard) enqueue(u *sub) {
+	if !u.pending {
+		sh.leaveIdle(u)
+		sh.push(u)
+	}
+}
+
+// push puts u, new or out of idle, at the end of its namespace's queue.
+// Called with sh.mu held.
+func (sh *shard) push(u *sub) {
+	u.pending = true
+	q := sh.queueOf(u.tenant)
+	q.subs = append(q.subs, u)
+	sh.waiters++
+}
+
+// pushAll pushes us, out of idle, all of namespace tenant's if it is one
+// (a workload's, watched.tenant), else each to its own. Called with sh.mu
+// held.
+func (sh *shard) pushAll(us []*sub, tenant string) {
+	if tenant == severalTenants {
+		for _, u := range us {
+			sh.push(u)
+		}
+		return
+	}
+	for _, u := range us {
+		u.pending = true
+	}
+	q := sh.queueOf(tenant)
+	q.subs = append(q.subs, us...)
+	sh.waiters += len(us)
+}
+
+// queueOf is namespace ns's queue, made (or a spare one taken) if it has
+// none. Called with sh.mu held.
+func (sh *shard) queueOf(ns string) *queue {
+	q := sh.queues[ns]
+	if q == nil {
+		q = &queue{}
+		if n := len(sh.spare); n > 0 {
+			q, sh.spare[n-1] = sh.spare[n-1], nil
+			sh.spare = sh.spare[:n-1]
+			sh.spareRoom -= cap(q.subs)
+		}
+		sh.queues[ns] = q
+	}
+	return q
+}
+
+// leaveIdle takes u, idle, out of its workload's idle streams. Called with
+// sh.mu held.
+func (sh *shard) leaveIdle(u *sub) {
+	w := u.shared.w
+	swapRemove(&w.idle, u.atI, func(v *sub, i int) { v.atI = i })
+}
+
+// drop takes namespace ns's queue, empty, out of sh.queues, kept for the
+// next namespace's (a pass empties a namespace's queue and another fills
+// it again, often). Called with sh.mu held.
+func (sh *shard) drop(ns string, q *queue) {
+	delete(sh.queues, ns)
+	clear(q.subs)
+	q.subs, q.head = q.subs[:0], 0
+	// At most room for twice the shard's streams kept spare (a slice
+	// grown by append has up to twice its length), in 16 queues.
+	if len(sh.spare) < 16 && sh.spareRoom+cap(q.subs) <= 2*len(sh.all) {
+		sh.spare = append(sh.spare, q)
+		sh.spareRoom += cap(q.subs)
+	}
+}
+
+// take takes the first stream of q out of it, idle from now, or nil if it
+// is gone. Called with sh.mu held.
+func (sh *shard) take(q *queue) *sub {
+	u := q.pop()
+	sh.waiters--
+	u.pending = false
+	if u.at < 0 {
+		return nil
+	}
+	w := u.shared.w
+	u.atI = len(w.idle)
+	w.idle = append(w.idle, u)
+	return u
 }
 
 // triggerHash is t's key in shard.triggers (a variable: a test has every
@@ -272,7 +409,7 @@ func (sh *shard) forget(x *shared) {
 // remove that looked for its stream in its workload's list took time in
 // the number of streams of the workload, under the shard's lock (20,000
 // streams of one workload: about 2·10⁸ comparisons). A stream still among
-// the new or postponed ones is dropped by the next pass, signalled here.
+// its namespace's queue is dropped by the next pass, signalled here.
 func (p *pusher) remove(u *sub) {
 	k := u.shared.t.Workload
 	sh := p.shard(k)
@@ -283,16 +420,19 @@ func (p *pusher) remove(u *sub) {
 	if u.shared.streams--; u.shared.streams == 0 {
 		sh.forget(u.shared)
 	}
+	if !u.pending {
+		sh.leaveIdle(u)
+	}
 	rest := sh.subs[k]
 	swapRemove(&rest, u.atW, func(v *sub, i int) { v.atW = i })
 	if len(rest) == 0 {
 		delete(sh.subs, k)
 		delete(sh.dirty, k)
-		delete(sh.keyTenant, k)
+		delete(sh.watched, k)
 	} else {
 		sh.subs[k] = rest
 	}
-	if len(sh.fresh) > 0 || len(sh.later) > 0 {
+	if sh.waiters > 0 {
 		sh.signal()
 	}
 }
@@ -341,34 +481,21 @@ func (p *pusher) run(sh *shard) {
 	}
 }
 
-// pass evaluates the streams left over from the last pass, then those of
-// the workloads changed since it and the new streams; with rechecks (every
-// quarter recheck period, not at every pass: a pass comes every few
-// milliseconds on a fleet), also those not evaluated for a recheck period.
-// With streams of more than one namespace in the pass, past a namespace's
-// fair share its streams wait for the next pass, which comes at once.
+// pass evaluates the streams waiting (left over from the last pass, of
+// the workloads changed since it, new); with rechecks (every quarter
+// recheck period, not at every pass: a pass comes every few milliseconds
+// on a fleet), also those not evaluated for a recheck period. With streams
+// of more than one namespace waiting, a namespace's past its fair share
+// wait for the next pass, which comes at once.
 func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 	sh.mu.Lock()
-	b := sh.batch[:0]
-	take := func(u *sub) {
-		if !u.queued && u.at >= 0 { // not removed since it was listed
-			u.queued = true
-			b = append(b, u)
-		}
-	}
-	for _, u := range sh.later {
-		take(u)
-	}
-	clear(sh.later) // a stream gone since holds its trigger no longer
-	sh.later = sh.later[:0]
-	for _, u := range sh.fresh {
-		take(u)
-	}
-	clear(sh.fresh)
-	sh.fresh = sh.fresh[:0]
 	for k := range sh.dirty {
-		for _, u := range sh.subs[k] {
-			take(u)
+		// Its idle streams, those evaluated since they last waited: the
+		// rest wait already.
+		if w := sh.watched[k]; w != nil {
+			sh.pushAll(w.idle, w.tenant)
+			clear(w.idle)
+			w.idle = w.idle[:0]
 		}
 	}
 	clear(sh.dirty)
@@ -376,36 +503,39 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 		due := now.Add(-p.s.recheck)
 		for _, u := range sh.all {
 			if !u.evaluated.After(due) {
-				take(u)
+				sh.enqueue(u)
 			}
 		}
 	}
+	sh.pass++
 	// Alone, a namespace takes the pass, until another's stream waits
 	// (looked at every yieldEvery evaluations past its fair share: the
 	// rest of the pass then waits for the next, as below).
-	several := severalNamespaces(b)
-	if several {
-		b = sh.fairShares(b)
+	alone, tenant := len(sh.queues) == 1, ""
+	b := sh.batch[:0]
+	for ns, q := range sh.queues {
+		tenant = ns
+		b = sh.takeShare(q, b, alone)
+		if q.len() == 0 {
+			sh.drop(ns, q)
+		}
 	}
-	if len(sh.later) > 0 {
+	if sh.waiters > 0 {
 		sh.signal()
 	}
-	alone, tenant := len(b) > 0 && !several, ""
-	if alone {
-		tenant = b[0].tenant
+	if !alone || len(b) == 0 {
+		tenant = ""
 	}
 	sh.alone, sh.othersArrived = tenant, false
 	sh.mu.Unlock()
-	sh.pass++
 	for i, u := range b {
 		if i > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
-			if alone && i >= fairShare && sh.othersWaiting() {
+			if tenant != "" && i >= fairShare && sh.othersWaiting() {
 				sh.postpone(b[i:])
 				break
 			}
 		}
-		u.queued = false
 		p.evaluate(u, sh.pass)
 		b[i] = nil
 		if p.evaluated != nil {
@@ -413,6 +543,26 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 		}
 	}
 	sh.batch = b[:0]
+}
+
+// takeShare appends to b, in order, q's streams up to its namespace's fair
+// share of distinct triggers in this pass (the streams of a trigger taken
+// share its evaluation), or, alone, all of them. Called with sh.mu held.
+func (sh *shard) takeShare(q *queue, b []*sub, alone bool) []*sub {
+	share := 0
+	for q.len() > 0 {
+		if u := q.subs[q.head]; u.at >= 0 && u.shared.counted != sh.pass {
+			if !alone && share == fairShare {
+				break
+			}
+			share++
+			u.shared.counted = sh.pass
+		}
+		if u := sh.take(q); u != nil {
+			b = append(b, u)
+		}
+	}
+	return b
 }
 
 // othersWaiting is whether another namespace than the one alone in this
@@ -431,52 +581,30 @@ func (sh *shard) othersWaiting() bool {
 	return sh.othersArrived
 }
 
-// postpone hands the rest of a pass to the next (taken first, with the
-// others' turn), which is due at once.
+// postpone hands the rest of a pass, of the one namespace alone in it, to
+// the next: first in that namespace's queue, which takes its fair share
+// beside the others' at once.
 func (sh *shard) postpone(rest []*sub) {
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	var behind []*sub // come since the pass began
+	if q := sh.queues[rest[0].tenant]; q != nil {
+		behind = q.subs[q.head:]
+		sh.waiters -= len(behind)
+		delete(sh.queues, rest[0].tenant)
+	}
 	for i, u := range rest {
-		u.queued = false
-		sh.later = append(sh.later, u)
+		if u.at >= 0 && !u.pending {
+			sh.enqueue(u)
+		}
 		rest[i] = nil
 	}
+	for _, u := range behind {
+		if u.pending = false; u.at >= 0 {
+			sh.push(u)
+		} // else gone: dropped
+	}
 	sh.signal()
-	sh.mu.Unlock()
-}
-
-// severalNamespaces is whether the streams of b are of more than one
-// namespace.
-func severalNamespaces(b []*sub) bool {
-	for _, u := range b {
-		if u.tenant != b[0].tenant {
-			return true
-		}
-	}
-	return false
-}
-
-// fairShares keeps of b, in order, each namespace's streams up to its fair
-// share of distinct triggers (the streams of a trigger kept share its
-// evaluation); the rest wait in sh.later, taken first next pass. Called
-// with sh.mu held.
-func (sh *shard) fairShares(b []*sub) []*sub {
-	clear(sh.share)
-	sh.pass++
-	n := 0
-	for _, u := range b {
-		if u.shared.counted != sh.pass {
-			if sh.share[u.tenant] >= fairShare {
-				u.queued = false
-				sh.later = append(sh.later, u)
-				continue
-			}
-			sh.share[u.tenant]++
-			u.shared.counted = sh.pass
-		}
-		b[n] = u
-		n++
-	}
-	return b[:n]
 }
 
 // evaluate hands a stream's state to its handler when it changed (or was

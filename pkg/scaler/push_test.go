@@ -207,8 +207,8 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	if n := evaluated(same); n != 100 {
 		t.Fatalf("%d of 100 streams of one trigger evaluated: the same trigger counts once against the share", n)
 	}
-	if n := evaluated(noisy); n != fairShare || len(sh.later) != 200+100-2*fairShare {
-		t.Fatalf("the noisy tenant: %d evaluated, %d waiting; want %d and %d", n, len(sh.later), fairShare, 200+100-2*fairShare)
+	if n := evaluated(noisy); n != fairShare || sh.waiters != 200+100-2*fairShare {
+		t.Fatalf("the noisy tenant: %d evaluated, %d waiting; want %d and %d", n, sh.waiters, fairShare, 200+100-2*fairShare)
 	}
 	select {
 	case <-sh.wake:
@@ -219,8 +219,8 @@ func TestOneTenantsStreamsTakeTurns(t *testing.T) {
 	for range 3 {
 		p.pass(sh, time.Now(), false)
 	}
-	if n := evaluated(noisy); n != 200 || evaluated(cross) != 100 || len(sh.later) != 0 {
-		t.Fatalf("%d of the noisy tenant's 200 streams and %d of the reader's 100 evaluated, %d waiting, after the passes", n, evaluated(cross), len(sh.later))
+	if n := evaluated(noisy); n != 200 || evaluated(cross) != 100 || sh.waiters != 0 {
+		t.Fatalf("%d of the noisy tenant's 200 streams and %d of the reader's 100 evaluated, %d waiting, after the passes", n, evaluated(cross), sh.waiters)
 	}
 }
 
@@ -289,8 +289,12 @@ func testAloneInAPass(t *testing.T, during func(*pusher, func(string, float64) *
 			n++
 		}
 	}
-	if n != want || len(sh.later) != 500-want {
-		t.Fatalf("the noisy tenant alone: %d of 500 evaluated, %d left for the next pass; want %d (112: the first look past 100), %d left", n, len(sh.later), want, 500-want)
+	left := 0
+	if q := sh.queues["noisy"]; q != nil {
+		left = q.len()
+	}
+	if n != want || left != 500-want {
+		t.Fatalf("the noisy tenant alone: %d of 500 evaluated, %d left for the next pass; want %d (112: the first look past 100), %d left", n, left, want, 500-want)
 	}
 	if want == 500 {
 		return
@@ -366,6 +370,16 @@ func BenchmarkPushPass(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "ns/evaluation")
 }
 
+// benchShard is a pusher of one shard (changed(k) finds the shard the
+// streams are in) over a store whose clock stands at now.
+func benchShard() (p *pusher, sh *shard, st *store.Store, now time.Time) {
+	now = time.Unix(1_700_000_000, 0)
+	st = store.New(store.Options{Retention: time.Minute, Now: func() time.Time { return now }})
+	p = newPusher(New(st, Options{MaxWindow: time.Minute, Now: func() time.Time { return now }}))
+	p.shards = p.shards[:1]
+	return p, p.shards[0], st, now
+}
+
 // BenchmarkPushPassAloneWhileItChanges: a pass over one namespace's
 // 10,000 streams of one workload (half the default per-namespace bound),
 // the workload changing while the pass runs (a sample stored: the store
@@ -375,11 +389,7 @@ func BenchmarkPushPass(b *testing.B) {
 // its own 10,000 included, under the shard's lock the store's writes wait
 // on (docs/performance.md, "Aggregator ingest and KEDA RPCs").
 func BenchmarkPushPassAloneWhileItChanges(b *testing.B) {
-	now := time.Unix(1_700_000_000, 0)
-	st := store.New(store.Options{Retention: time.Minute, Now: func() time.Time { return now }})
-	p := newPusher(New(st, Options{MaxWindow: time.Minute, Now: func() time.Time { return now }}))
-	p.shards = p.shards[:1] // changed(k) finds the shard the streams are in
-	sh := p.shards[0]
+	p, sh, st, now := benchShard()
 	k := store.Key{Namespace: "bench", Kind: store.KindWorkspace, Name: "w"}
 	var infos []store.PodInfo
 	var reports []store.Report
@@ -410,6 +420,56 @@ func BenchmarkPushPassAloneWhileItChanges(b *testing.B) {
 	}
 }
 
+// BenchmarkPushPassBesideAnother: a pass shared by two namespaces, one
+// with N streams, each its own trigger, on one workload that changes at
+// every pass, the other with one. Each pass evaluates the first's fair
+// share and the other's one; it walked the first's N streams under the
+// shard's lock, three times (those left over, the changed workload's, the
+// fair shares), which the store's writes of every namespace wait on
+// (docs/performance.md, "Aggregator ingest and KEDA RPCs").
+func BenchmarkPushPassBesideAnother(b *testing.B) {
+	for _, n := range []int{1_000, 10_000} {
+		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) { benchmarkPassBesideAnother(b, n) })
+	}
+}
+
+func benchmarkPassBesideAnother(b *testing.B, n int) {
+	p, sh, st, now := benchShard()
+	noisy := store.Key{Namespace: "noisy", Kind: store.KindWorkspace, Name: "w"}
+	quiet := store.Key{Namespace: "quiet", Kind: store.KindWorkspace, Name: "w"}
+	var infos []store.PodInfo
+	var reports []store.Report
+	for _, k := range []store.Key{noisy, quiet} {
+		uid := k.Namespace + "-0"
+		infos = append(infos, store.PodInfo{UID: uid, Namespace: k.Namespace, Name: uid, Ready: true, Workloads: []store.Key{k}})
+		r := store.Report{UID: uid}
+		r.TimeMs = now.UnixMilli()
+		r.Values.Set(metric.Waiting, 3)
+		reports = append(reports, r)
+	}
+	st.Upsert(store.Source{Node: "node-1"}, infos, false)
+	st.Add(reports)
+	open := func(k store.Key, activation float64) {
+		sh.mu.Lock()
+		sh.open(&sub{tenant: k.Namespace, ready: make(chan struct{}, 1)}, Trigger{Workload: k, Metric: "waiting", Threshold: 10, ActivationThreshold: activation,
+			ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: 10 * time.Second, StaleAfter: time.Minute})
+		sh.mu.Unlock()
+	}
+	for i := range n {
+		open(noisy, float64(i))
+	}
+	open(quiet, 1)
+	evaluations := 0
+	p.evaluated = func(int) { evaluations++ }
+	b.ReportAllocs()
+	for b.Loop() {
+		p.changed(noisy)
+		p.changed(quiet)
+		p.pass(sh, now, false)
+	}
+	b.ReportMetric(float64(evaluations)/float64(b.N), "evaluations/op")
+}
+
 // TestRemoveKeepsTheRestWhole: streams of three workloads, some sharing a
 // trigger, removed one by one in a shuffled order. After each remove every
 // stream left is where its indices say, in its shard's list and its
@@ -424,6 +484,135 @@ func TestRemoveKeepsTheRestWhole(t *testing.T) {
 		triggerHash = func(maphash.Seed, Trigger) uint64 { return 7 }
 		testRemoveKeepsTheRestWhole(t)
 	})
+}
+
+// TestEveryStreamWaitsOnceOrIsIdle: streams of three namespaces on four
+// workloads (one read by two namespaces), opened, removed, their
+// workloads changed and passes run, in a random order. After each step
+// every open stream is in its namespace's queue exactly once (pending) or
+// in its workload's idle streams where its index says, never both; the
+// shard's count of streams waiting is its queues'. A workload changed is
+// evaluated again, each of its streams, by the passes that follow, and
+// no pass evaluates a stream removed before it began.
+func TestEveryStreamWaitsOnceOrIsIdle(t *testing.T) {
+	f := newFixture(t)
+	p := newPusher(f.server)
+	p.shards = p.shards[:1]
+	sh := p.shards[0]
+	rng := rand.New(rand.NewPCG(1, 2))
+	keys := []store.Key{
+		{Namespace: "a", Kind: store.KindWorkspace, Name: "w"}, {Namespace: "a", Kind: store.KindWorkspace, Name: "v"},
+		{Namespace: "b", Kind: store.KindWorkspace, Name: "w"}, {Namespace: "c", Kind: store.KindWorkspace, Name: "w"},
+	}
+	var open []*sub
+	gone := map[*sub]bool{}
+	check := func(step int) {
+		t.Helper()
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		seen, waiting := map[*sub]int{}, 0
+		for ns, q := range sh.queues {
+			waiting += q.len()
+			for _, u := range q.subs[q.head:] {
+				if u.at >= 0 && (u.tenant != ns || !u.pending) {
+					t.Fatalf("step %d: a stream of %q in %q's queue, pending %v", step, u.tenant, ns, u.pending)
+				}
+				seen[u]++
+			}
+		}
+		if waiting != sh.waiters {
+			t.Fatalf("step %d: %d streams in the queues, the shard counts %d", step, waiting, sh.waiters)
+		}
+		for _, u := range open {
+			idle := !u.pending && u.atI < len(u.shared.w.idle) && u.shared.w.idle[u.atI] == u
+			if seen[u] > 1 || u.pending != (seen[u] == 1) || !u.pending && !idle {
+				t.Fatalf("step %d: a stream %d times in its queue, pending %v, idle %v", step, seen[u], u.pending, idle)
+			}
+			if sh.watched[u.shared.t.Workload] != u.shared.w {
+				t.Fatalf("step %d: a stream's workload is not the one watched", step)
+			}
+		}
+		for _, w := range sh.watched {
+			for _, u := range w.idle {
+				if u.at < 0 || u.pending {
+					t.Fatalf("step %d: a stream removed or pending among the idle", step)
+				}
+			}
+		}
+	}
+	// pass runs one, returning the streams it evaluated (their last
+	// evaluation's time cleared before it: a pass with rechecks then
+	// rechecks every one).
+	pass := func(rechecks bool) (evaluated []*sub) {
+		for _, u := range open {
+			u.evaluated = time.Time{}
+		}
+		for u := range gone {
+			u.evaluated = time.Time{}
+		}
+		p.pass(sh, time.Now(), rechecks)
+		for _, u := range open {
+			if !u.evaluated.IsZero() {
+				evaluated = append(evaluated, u)
+			}
+		}
+		for u := range gone {
+			if !u.evaluated.IsZero() {
+				evaluated = append(evaluated, u)
+			}
+		}
+		return evaluated
+	}
+	for step := range 3000 {
+		switch r := rng.IntN(10); {
+		case r < 4 || len(open) == 0:
+			k := keys[rng.IntN(len(keys))]
+			tenant := k.Namespace
+			if k.Name == "v" && rng.IntN(2) == 0 {
+				tenant = "c" // a reader of another namespace
+			}
+			u := &sub{tenant: tenant, ready: make(chan struct{}, 1)}
+			sh.mu.Lock()
+			sh.open(u, Trigger{Workload: k, Metric: "waiting", Threshold: 10, ActivationThreshold: float64(rng.IntN(90)),
+				ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute})
+			sh.mu.Unlock()
+			open = append(open, u)
+		case r < 6:
+			i := rng.IntN(len(open))
+			p.remove(open[i])
+			gone[open[i]] = true
+			open = slices.Delete(open, i, i+1)
+		case r < 8:
+			p.changed(keys[rng.IntN(len(keys))])
+		default:
+			for _, u := range pass(rng.IntN(4) == 0) {
+				if gone[u] {
+					t.Fatalf("step %d: a stream removed before the pass was evaluated", step)
+				}
+			}
+		}
+		check(step)
+	}
+	// Every workload changed: the passes that follow evaluate every open
+	// stream.
+	for _, k := range keys {
+		p.changed(k)
+	}
+	all := map[*sub]bool{}
+	for range 1000 {
+		for _, u := range pass(false) {
+			all[u] = true
+		}
+		if sh.waiters == 0 {
+			break
+		}
+	}
+	for _, u := range open {
+		if !all[u] {
+			t.Fatal("an open stream of a workload changed was not evaluated again")
+		}
+	}
+	check(-1)
 }
 
 // TestAStreamHoldsNoTriggerOfItsOwn: an open stream's sub reads its
@@ -506,16 +695,16 @@ func testRemoveKeepsTheRestWhole(t *testing.T) {
 		}
 		sh.mu.Unlock()
 	}
-	if len(sh.subs)+len(sh.dirty)+len(sh.triggers)+len(sh.keyTenant) > 0 {
-		t.Fatalf("after every remove: %d workloads, %d changed, %d triggers, %d workloads' namespaces", len(sh.subs), len(sh.dirty), len(sh.triggers), len(sh.keyTenant))
+	if len(sh.subs)+len(sh.dirty)+len(sh.triggers)+len(sh.watched) > 0 {
+		t.Fatalf("after every remove: %d workloads, %d changed, %d triggers, %d workloads watched", len(sh.subs), len(sh.dirty), len(sh.triggers), len(sh.watched))
 	}
-	// The new streams' list still names them, removed: the next pass drops
-	// them without evaluating any.
+	// The namespaces' queues still name them, removed: the next pass
+	// drops them without evaluating any.
 	evaluated := 0
 	p.evaluated = func(int) { evaluated++ }
 	p.pass(sh, time.Now(), true)
-	if evaluated != 0 || len(sh.fresh)+len(sh.later) != 0 {
-		t.Fatalf("the pass after every remove evaluated %d and left %d new and %d waiting", evaluated, len(sh.fresh), len(sh.later))
+	if evaluated != 0 || sh.waiters+len(sh.queues) != 0 {
+		t.Fatalf("the pass after every remove evaluated %d and left %d waiting in %d queues", evaluated, sh.waiters, len(sh.queues))
 	}
 }
 
@@ -536,8 +725,8 @@ func BenchmarkRemoveAll(b *testing.B) {
 			us[i] = &sub{tenant: "bench"}
 			sh.open(us[i], Trigger{Workload: k, Metric: "waiting", Threshold: 1})
 		}
-		sh.fresh = sh.fresh[:0] // as after the first pass
 		sh.mu.Unlock()
+		p.pass(sh, time.Now(), false) // the first states sent
 		b.StartTimer()
 		for _, u := range us {
 			p.remove(u)

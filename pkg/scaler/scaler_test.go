@@ -535,21 +535,22 @@ func TestThousandStreamsLeaveNothingBehind(t *testing.T) {
 		}
 	}
 	// And the pusher holds none of them (a handler's deferred remove ran;
-	// a stream still among the new or postponed ones is dropped by the
-	// pass its remove signals).
+	// a stream still in its namespace's queue is dropped by the pass its
+	// remove signals).
 	for i, sh := range f.server.push.shards {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			sh.mu.Lock()
-			all, subs, dirty, fresh, later, trigs := len(sh.all), len(sh.subs), len(sh.dirty), len(sh.fresh), len(sh.later), len(sh.triggers)
+			all, subs, dirty, watched, trigs := len(sh.all), len(sh.subs), len(sh.dirty), len(sh.watched), len(sh.triggers)
+			waiters, queues := sh.waiters, len(sh.queues)
 			sh.mu.Unlock()
-			if all+subs+dirty+trigs > 0 {
-				t.Fatalf("shard %d after every stream ended: %d streams, %d workloads, %d changed, %d triggers", i, all, subs, dirty, trigs)
+			if all+subs+dirty+watched+trigs > 0 {
+				t.Fatalf("shard %d after every stream ended: %d streams, %d workloads, %d changed, %d watched, %d triggers", i, all, subs, dirty, watched, trigs)
 			}
-			if fresh+later == 0 {
+			if waiters+queues == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("shard %d: %d new and %d waiting streams 10 s after every stream ended", i, fresh, later)
+				t.Fatalf("shard %d: %d streams waiting in %d queues 10 s after every stream ended", i, waiters, queues)
 			}
 		}
 	}
