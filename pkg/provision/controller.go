@@ -467,14 +467,18 @@ func served(d discovery.DiscoveryInterface, k Kind) (schema.GroupVersion, error)
 }
 
 // annotationsChanged: a workload's status changes often; only its
-// annotations (or a resync, same resourceVersion) matter here.
+// annotations, its deletion beginning (a finalizer, Kaito's, or a
+// foreground deletion keeps it a while, its annotations as they were:
+// the update was dropped, and the workload said provisioned until the
+// resync) or a resync (same resourceVersion) matter here.
 func annotationsChanged(old, o any) bool {
 	a, okA := old.(metav1.Object)
 	b, okB := o.(metav1.Object)
 	if !okA || !okB || a.GetResourceVersion() == b.GetResourceVersion() || a.GetUID() != b.GetUID() {
 		return true
 	}
-	return !maps.Equal(a.GetAnnotations(), b.GetAnnotations())
+	return !maps.Equal(a.GetAnnotations(), b.GetAnnotations()) ||
+		(a.GetDeletionTimestamp() == nil) != (b.GetDeletionTimestamp() == nil)
 }
 
 func objectOf(o any) (metav1.Object, bool) {

@@ -737,6 +737,33 @@ func TestAWorkloadBeingDeletedGetsNone(t *testing.T) {
 	}
 }
 
+// TestAWorkloadThatStartsBeingDeletedIsForgotten: a provisioned workload
+// deleted with a finalizer (Kaito's InferenceSet and Workspace hold one
+// while they clean up their nodes) or in the foreground gets a
+// deletionTimestamp and keeps its annotations. The update filter
+// (annotationsChanged) dropped that event, so the workload was not
+// reconciled: /debug/provisioning and pulse_provisioner_workloads said it
+// was provisioned until the resync, ten minutes on (found in a review).
+func TestAWorkloadThatStartsBeingDeletedIsForgotten(t *testing.T) {
+	f := newFixture(t, workload(deployments, "Deployment", "going", map[string]string{AnnotationAutoscale: "true"}))
+	f.run()
+	f.waitState("Deployment", "going", StateProvisioned, "")
+	w := workload(deployments, "Deployment", "going", map[string]string{AnnotationAutoscale: "true"})
+	now := metav1.Now()
+	w.DeletionTimestamp = &now
+	w.Finalizers = []string{"workspace.finalizer.kaito.sh"}
+	w.ResourceVersion = "2"
+	if err := f.meta.Tracker().Update(deployments, w, "demo"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the workload being deleted forgotten", func() error {
+		if s := f.state("Deployment", "going"); s.State != "" {
+			return fmt.Errorf("still listed: %+v", s)
+		}
+		return nil
+	})
+}
+
 // TestALeaderThatCannotListGivesTheLeaseBack: with ScaledObjects not listed
 // (KEDA's CRD not installed, or the aggregator not allowed to list them)
 // the leader waited for its cache for ever, renewing the Lease and
