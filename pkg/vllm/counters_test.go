@@ -830,3 +830,44 @@ func TestACounterPastFloatsRangeHoldsItsLastValue(t *testing.T) {
 		t.Fatalf("TTFT buckets %v: want the histogram summed past float64's range left out", p.Hist[metric.TTFTHist])
 	}
 }
+
+// TestARestartSeenByItsStartTime: a server restarts, and within the scrape
+// its TTFT count, small, is back past what it was (5 requests at 0.2 s
+// before; 7 since, at 0.6 s), while its sum is too (1 s before; 4.2 since).
+// Seen only as values not falling, each went on: the interval read 2 first
+// tokens in 3.2 s, a mean of 1.6 s where 0.6 s was true. The page's
+// process_start_time_seconds moved: every series counts again from zero.
+// A start time that stays, or a page without one, changes nothing.
+func TestARestartSeenByItsStartTime(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	page := func(start string, count, sum float64) []byte {
+		p := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n" +
+			fmt.Sprintf("vllm:time_to_first_token_seconds_count{model_name=\"m\"} %g\nvllm:time_to_first_token_seconds_sum{model_name=\"m\"} %g\n", count, sum)
+		if start != "" {
+			p += "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + start + "\n"
+		}
+		return []byte(p)
+	}
+	for _, tc := range []struct {
+		name          string
+		before, after string
+		count, sum    float64 // what the interval adds
+	}{
+		{"restarted", "1.7e+09", "1.7000006e+09", 7, 4.2},
+		{"the same server", "1.7e+09", "1.7e+09", 2, 3.2},
+		{"no start time", "", "", 2, 3.2},
+	} {
+		c := NewCounters()
+		first, err1 := e.ExtractWith(page(tc.before, 5, 1), c)
+		second, err2 := e.ExtractWith(page(tc.after, 7, 4.2), c)
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		get := func(pg Page, id metric.ID) float64 { v, _ := pg.Get(id); return v }
+		count := get(second, metric.TTFTCount) - get(first, metric.TTFTCount)
+		sum := get(second, metric.TTFTSum) - get(first, metric.TTFTSum)
+		if math.Abs(count-tc.count) > 1e-9 || math.Abs(sum-tc.sum) > 1e-9 {
+			t.Errorf("%s: the interval added %v first tokens in %v s, want %v in %v", tc.name, count, sum, tc.count, tc.sum)
+		}
+	}
+}

@@ -152,8 +152,14 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	acc.init(len(e.extras))
 	if c != nil {
 		c.begin()
+		if mf := fams[startTimeName]; mf != nil && len(mf.Metric) == 1 {
+			c.started(mf.Metric[0].GetUntyped().GetValue())
+		}
 	}
 	for name, mf := range fams {
+		if name == startTimeName {
+			continue
+		}
 		src := e.sources[name]
 		if src.hist > 0 {
 			for _, m := range mf.Metric {
@@ -193,9 +199,16 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	return acc.page(), nil
 }
 
-// filter appends to dst the sample lines that feed a value, each reduced to
-// `name{labels} value\n` (timestamps and OpenMetrics exemplars dropped), and
-// reports whether the page names any family of a server pulse reads.
+// startTimeName is the server process's start time (Python's
+// prometheus_client gives it, so vLLM's and SGLang's pages do, one series
+// without labels): its moving is a restart (Counters.started). A page with
+// several series of it (several processes) is not read for it.
+const startTimeName = "process_start_time_seconds"
+
+// filter appends to dst the sample lines that feed a value (and the
+// server's start time), each reduced to `name{labels} value\n`
+// (timestamps and OpenMetrics exemplars dropped), and reports whether the
+// page names any family of a server pulse reads.
 func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) {
 	kept := 0
 	for len(page) > 0 {
@@ -215,7 +228,7 @@ func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) 
 		if !isVLLM && hasServerPrefix(name) {
 			isVLLM = true
 		}
-		if _, ok := e.sources[string(name)]; !ok {
+		if _, ok := e.sources[string(name)]; !ok && string(name) != startTimeName {
 			continue
 		}
 		end, value, err := labelsAndValue(line, n)
