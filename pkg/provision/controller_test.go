@@ -16,6 +16,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -969,16 +970,19 @@ func TestAFailedRunStopsItsInformer(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	before := goleak.IgnoreCurrent()
 	for range 3 {
 		if err := f.c.Run(ctx); err == nil {
 			t.Fatal("Run succeeded without a list")
 		}
 	}
-	time.Sleep(time.Second) // a list under way when Run returned ends
-	before := lists.Load()
-	time.Sleep(3 * time.Second) // a reflector lists again within about a second and a half
-	if n := lists.Load() - before; n != 0 {
-		t.Fatalf("%d lists of ScaledObjects after every Run returned: their informers still run", n)
+	if lists.Load() == 0 {
+		t.Fatal("no list of ScaledObjects was tried")
+	}
+	// Every goroutine a Run started (its informers' reflectors, which
+	// list again within about a second and a half) has ended.
+	if err := goleak.Find(before); err != nil {
+		t.Fatalf("after every Run returned, their informers still run: %v", err)
 	}
 }
 
