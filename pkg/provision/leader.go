@@ -58,7 +58,7 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 	c.mu.Unlock()
 	if !e.Enabled {
 		c.setLeading(true, e.Identity)
-		defer c.setLeading(false, "")
+		defer c.setLeading(false, e.Identity)
 		for ctx.Err() == nil {
 			if err := c.Run(ctx); err != nil {
 				c.o.Log.Error("provisioning stopped; trying again in a minute", logging.KeyErr, err)
@@ -102,7 +102,7 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 					}
 				},
 				OnStoppedLeading: func() {
-					c.setLeading(false, "")
+					c.setLeading(false, e.Identity)
 					c.o.Log.Info("not leading: provisioning stopped", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
 				},
 				OnNewLeader: func(id string) {
@@ -136,11 +136,18 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (c *Controller) setLeading(on bool, holder string) {
+// setLeading: this replica (identity) leads, or no longer does. One that
+// stops is no longer named the leader (the leader is unknown until
+// another is seen): it named itself, standing by, "X stands by; X
+// provisions", until another replica took the Lease.
+func (c *Controller) setLeading(on bool, identity string) {
 	c.mu.Lock()
 	c.leading = on
-	if on {
-		c.holder = holder
+	switch {
+	case on:
+		c.holder = identity
+	case c.holder == identity:
+		c.holder = ""
 	}
 	c.mu.Unlock()
 }
