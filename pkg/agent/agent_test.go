@@ -391,6 +391,65 @@ func TestLargePagesWaitForEachOther(t *testing.T) {
 	wg.Wait()
 }
 
+// TestALargePageWaitingToParseHoldsNoLargeReadForLong: a large read's slot
+// is held until its page is parsed, and a page read whole that waited for
+// its namespace's parse share kept the slot however long, past the hold.
+// Four namespaces whose parse shares were busy (their other pods' pages)
+// held every large read, and another tenant's large page (a router's)
+// timed out behind pages already read (found in a review, 2026-12-07).
+func TestALargePageWaitingToParseHoldsNoLargeReadForLong(t *testing.T) {
+	defer func(d time.Duration) { largeReadHold = d }(largeReadHold)
+	largeReadHold = 20 * time.Millisecond
+	srv, _, unblock := largePages(t)
+	defer unblock()
+	sc := newScraper(t, 1<<20)
+	// Room to parse for everyone; one parse a namespace.
+	sc.parses = newTenantSlots(2*largeSlots+2, 1)
+	var releases []func()
+	for i := range largeSlots { // each namespace's parse share busy
+		r, ok := sc.parses.take(withTenant(context.Background(), fmt.Sprintf("team-%d", i)))
+		if !ok {
+			t.Fatal("parse share refused")
+		}
+		releases = append(releases, r)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, largeSlots)
+	for i := range largeSlots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(withTenant(context.Background(), fmt.Sprintf("team-%d", i)), 5*time.Second)
+			defer cancel()
+			_, errs[i] = sc.Scrape(ctx, srv.URL+"/big", nil, nil)
+		}()
+	}
+	waitUntil(t, "four large pages read whole, waiting to parse", func() bool {
+		sc.parses.mu.Lock()
+		defer sc.parses.mu.Unlock()
+		return sc.parses.waiting == largeSlots
+	})
+	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "victim"), time.Second) // 50 holds
+	defer cancel()
+	_, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil)
+	for _, r := range releases {
+		r()
+	}
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("another tenant's large page behind four pages read whole, waiting to parse: %v; want it read (a large read held at most largeReadHold while another waits)", err)
+	}
+	cut := 0
+	for _, err := range errs {
+		if err != nil && strings.Contains(err.Error(), "not parsed within") {
+			cut++
+		}
+	}
+	if cut == 0 {
+		t.Fatalf("no page waiting to parse was cut, naming the hold: %v", errs)
+	}
+}
+
 // TestFewTenantsHoldNoLargeReadForLong: four namespaces' pods, each
 // sending 257 KiB and then trickling, held every large read for each
 // scrape's whole timeout, at every tick, and another tenant's large page

@@ -105,7 +105,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "per-scrape timeout (0: 80% of --scrape-interval)")
 	fs.IntVar(&o.MaxConcurrent, "max-concurrent-scrapes", o.MaxConcurrent, "scrapes in flight at once")
 	fs.IntVar(&o.MaxListed, "max-pods", o.MaxListed, "catalogue entries (pods, and routers' demand entries) the agent lists, shared fairly among namespaces; past it the rest are left out, said and counted: keep it at most the aggregator's --max-pods-per-agent")
-	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large); a page over 256 KiB waits for one of 4 large reads at once (one a namespace, each held at most 250 ms while another waits)")
+	fs.Int64Var(&o.MaxPageBytes, "max-page-bytes", o.MaxPageBytes, "a page larger than this is an error (too_large); a page over 256 KiB waits for one of 4 large reads at once (one a namespace; while another waits, each read held at most 250 ms, and its wait for a parse at most 250 ms more)")
 	fs.Var(&o.ExtraMetrics, "extra-metric", "forward a gauge by its raw name, NAME[:sum|mean|max] (default sum over series); repeatable")
 	fs.BoolVar(&o.ForwardHistograms, "forward-histograms", o.ForwardHistograms, "forward the TTFT and inter-token latency histograms' buckets (metrics ttftP50/P90/P99Seconds, itlP50/P90/P99Seconds); about 80 more bytes per busy pod per scrape")
 	fs.DurationVar(&o.BatchDelay, "batch-delay", o.BatchDelay, "how long samples are gathered into one batch before it is sent")

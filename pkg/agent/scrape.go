@@ -65,8 +65,9 @@ const acceptEncoding = "identity"
 // whatever the pods serve, and pods with large pages wait for each other,
 // never for the others; a tenant (namespace) reads one large page at a
 // time, so that one tenant's pods cannot hold every large read, and holds
-// it for at most largeReadHold while another waits, so that a few
-// tenants' cannot either. Only
+// it (through the page's parse) while another waits for at most
+// largeReadHold reading and as long again waiting for the parse, so that
+// a few tenants' cannot either. Only
 // small buffers are kept for reuse.
 const (
 	smallPage       = 256 << 10
@@ -362,7 +363,8 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	if _, err := buf.ReadFrom(io.LimitReader(body, first+1)); err != nil {
 		return classifyRead(ctx, url, err, s.maxBytes)
 	}
-	if int64(buf.Len()) > first && s.maxBytes > smallPage {
+	large := int64(buf.Len()) > first && s.maxBytes > smallPage
+	if large {
 		release, ok := s.large.take(ctx)
 		if !ok {
 			return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to read a page over %d bytes (%d such reads at once, one a namespace)", url, smallPage, largeSlots)}
@@ -375,14 +377,71 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 	if int64(buf.Len()) > s.maxBytes {
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TOO_LARGE, fmt.Errorf("scrape %s: page is over %d bytes (--max-page-bytes; a vLLM V1 server repeats its histograms for each data-parallel engine, about 33 KB an engine: raise it for one of 32 engines or more)", url, s.maxBytes)}
 	}
-	release, ok := s.parses.take(ctx)
-	if !ok {
-		all, per := s.parses.bounds()
-		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once, %d a namespace)", url, all, per)}
+	release, err := s.parseTurn(ctx, url, large)
+	if err != nil {
+		return err
 	}
 	defer release()
 	// Nothing is kept of the buffer: values are parsed out of it.
 	return use(buf.Bytes())
+}
+
+// parseTurn waits for the page's parse. A large page (its large read's
+// slot held, and held through its parse) waits at most largeReadHold while
+// another large read waits, as its read does: read whole, four
+// namespaces' large pages waiting for their namespaces' parses (their
+// other pods' pages) held every large read for about the scrape's whole
+// timeout, at every tick, and another tenant's large page (a router's)
+// timed out behind them (found in a review, 2026-12-07).
+func (s *httpScraper) parseTurn(ctx context.Context, url string, large bool) (func(), error) {
+	wctx := ctx
+	if large {
+		var cut context.CancelFunc
+		wctx, cut = context.WithCancel(ctx)
+		defer cut()
+		defer s.hold(cut)()
+	}
+	release, ok := s.parses.take(wctx)
+	switch {
+	case ok:
+		return release, nil
+	case large && ctx.Err() == nil:
+		return nil, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: a page over %d bytes not parsed within %s of its read, another large read waiting (a large read's hold)", url, smallPage, s.largeHold)}
+	}
+	all, per := s.parses.bounds()
+	return nil, &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: timed out waiting to parse the page (%d parses at once, %d a namespace)", url, all, per)}
+}
+
+// hold calls cut once the large read's slot has been held largeHold while
+// another large read waits (looked at again every fifth of the hold while
+// none waits), until the returned stop is called.
+func (s *httpScraper) hold(cut func()) (stop func()) {
+	var mu sync.Mutex // the timer's look against the stop
+	var timer *time.Timer
+	done := false // stopped: the timer does nothing more
+	mu.Lock()
+	timer = time.AfterFunc(s.largeHold, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		// A timer that fired as the hold ended ran after its Stop, and
+		// armed itself again every fifth of the hold, holding the page,
+		// while no other large read waited.
+		if done {
+			return
+		}
+		if s.large.queued.Load() > 0 {
+			cut()
+			return
+		}
+		timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
+	})
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		done = true
+		timer.Stop()
+		mu.Unlock()
+	}
 }
 
 // readRest reads the rest of a large page (its slot taken) into buf. The
@@ -394,32 +453,12 @@ func (s *httpScraper) fetch(ctx context.Context, url string, use func(body []byt
 // whole when none does.
 func (s *httpScraper) readRest(ctx context.Context, url string, resp *http.Response, body io.Reader, buf *bytes.Buffer) error {
 	var cut atomic.Bool
-	var mu sync.Mutex // the timer's look against the read's end
-	var timer *time.Timer
-	done := false // the read has ended: the timer does nothing more
-	mu.Lock()
-	timer = time.AfterFunc(s.largeHold, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		// A timer that fired as the read ended ran after its Stop, and
-		// armed itself again every fifth of the hold, holding the page,
-		// while no other large read waited.
-		if done {
-			return
-		}
-		if s.large.queued.Load() > 0 {
-			cut.Store(true)
-			_ = resp.Body.Close()
-			return
-		}
-		timer.Reset(s.largeHold / 5) // looked at again, a fifth of the hold later
+	stop := s.hold(func() {
+		cut.Store(true)
+		_ = resp.Body.Close()
 	})
-	mu.Unlock()
 	_, err := buf.ReadFrom(io.LimitReader(body, s.maxBytes+1-int64(buf.Len())))
-	mu.Lock()
-	done = true
-	timer.Stop()
-	mu.Unlock()
+	stop()
 	switch {
 	case err != nil && cut.Load():
 		return &ScrapeError{pulsev1.MissingReason_MISSING_REASON_TIMEOUT, fmt.Errorf("scrape %s: the rest of a page over %d bytes not read within %s of its turn, another waiting (a large read's hold)", url, smallPage, s.largeHold)}

@@ -871,3 +871,29 @@ func TestARestartSeenByItsStartTime(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingAfterEOFIsRead: an OpenMetrics page ends at "# EOF"; a line
+// after it is no part of the page (Prometheus refuses such a page). It was
+// read: a second page's values summed with the first's (found in a
+// review, 2026-12-07). The same for the full parse and a router's page.
+func TestNothingAfterEOFIsRead(t *testing.T) {
+	ex, err := NewExtractor(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := "# TYPE vllm:num_requests_waiting gauge\n" +
+		"vllm:num_requests_waiting{model_name=\"a\"} 3\n" +
+		"# EOF \r\n" +
+		"vllm:num_requests_waiting{model_name=\"b\"} 4\n"
+	for _, c := range []*Counters{nil, NewCounters()} {
+		p, err := ex.ExtractWith([]byte(page), c)
+		if w, _ := p.Get(metric.Waiting); err != nil || w != 3 {
+			t.Fatalf("waiting = %v (%v), want 3 (the line after # EOF read)", w, err)
+		}
+	}
+	if p, err := ex.FullParse([]byte(page)); err != nil {
+		t.Fatal(err)
+	} else if w, _ := p.Get(metric.Waiting); w != 3 {
+		t.Fatalf("full parse: waiting = %v, want 3", w)
+	}
+}

@@ -226,6 +226,9 @@ func (e *Extractor) demandFamilies(page []byte, metrics []string, want demandWan
 	for len(page) > 0 {
 		var line []byte
 		line, page = nextLine(page)
+		if len(line) > 0 && line[0] == '#' && isEOF(line) {
+			break
+		}
 		if len(line) == 0 || line[0] == '#' {
 			continue
 		}

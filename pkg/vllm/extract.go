@@ -218,6 +218,9 @@ func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) 
 			continue
 		}
 		if line[0] == '#' {
+			if isEOF(line) {
+				break
+			}
 			if !isVLLM {
 				isVLLM = isVLLMComment(line)
 			}
@@ -244,6 +247,25 @@ func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) 
 		dst = append(dst, '\n')
 	}
 	return dst, isVLLM, nil
+}
+
+// isEOF is whether line is OpenMetrics' end of the page, `# EOF`: nothing
+// after it is of the page (Prometheus refuses a page with samples past
+// it; they were read, a second page's values summed with the first's).
+func isEOF(line []byte) bool {
+	return bytes.Equal(bytes.TrimRight(line, " \t\r"), []byte("# EOF"))
+}
+
+// beforeEOF is page up to its `# EOF` line (isEOF), or all of it.
+func beforeEOF(page []byte) []byte {
+	for rest := page; len(rest) > 0; {
+		at := len(page) - len(rest)
+		var line []byte
+		if line, rest = nextLine(rest); len(line) > 0 && line[0] == '#' && isEOF(line) {
+			return page[:at]
+		}
+	}
+	return page
 }
 
 // nextLine splits the first line off page, its leading blanks trimmed.
@@ -579,6 +601,7 @@ func (a *accumulator) page() Page {
 // a typed histogram's: expfmt merges its lines into one series (the
 // buckets summed, the last count and sum), which the fast path does not.
 func (e *Extractor) FullParse(page []byte) (Page, error) {
+	page = beforeEOF(page) // as the fast path reads it
 	if len(page) > 0 && page[len(page)-1] != '\n' {
 		page = append(page[:len(page):len(page)], '\n')
 	}

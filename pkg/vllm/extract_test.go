@@ -322,6 +322,11 @@ process_open_fds 9
 	if _, err := e.ExtractDemand([]byte("inference_extension_flow_control_queue_size{target_model_name=\"llama\"\n"), &d, nil); err == nil {
 		t.Fatal("a malformed line of the demand metric is accepted")
 	}
+	// Nothing after OpenMetrics' "# EOF" is of the page.
+	eof := append(append([]byte{}, page...), "# EOF\nllm_d_epp_flow_control_queue_size{fairness_id=\"c\",priority=\"0\",target_model_name=\"llama\"} 40\n"...)
+	if got, err := e.ExtractDemand(eof, &d, nil); err != nil || got.V[metric.PendingRequests] != 5 {
+		t.Fatalf("held past # EOF = %v, %v; want 5", got.V[metric.PendingRequests], err)
+	}
 }
 
 // TestExtractDemandsReadsThePageOnceForAll: a router naming many
