@@ -283,8 +283,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		writeTable(w, workloads)
 		return
 	}
-	writeList(w, "workloads", workloads, func(wl Workload, err error) failedItem {
-		return failedItem{Namespace: wl.Namespace, Name: wl.Kind + "/" + wl.Name, Error: "this workload could not be encoded: " + err.Error()}
+	writeList(w, "workloads", workloads, func(wl Workload, err error) failedWorkload {
+		return failedWorkload{Namespace: wl.Namespace, Kind: wl.Kind, Name: wl.Name, Error: "this workload could not be encoded: " + err.Error()}
 	})
 }
 

@@ -728,20 +728,25 @@ func TestAPageIsWrittenAsOneDocument(t *testing.T) {
 // value JSON has no form for (NaN) is written as an error in its place;
 // the page made whole answered 500 and showed no trigger at all.
 func TestATriggerWithNoJSONFormLosesNoOther(t *testing.T) {
-	code, body := get(t, serveRecords(t, newRecords(3, 1)).URL+"/debug/triggers", "")
-	var doc struct {
-		Triggers []map[string]any `json:"triggers"`
+	src := newRecords(3, 1)
+	for i := range src {
+		src[i].MetricName = "s0-pulse-waiting" // one ScaledObject's trigger of several
 	}
+	code, body := get(t, serveRecords(t, src).URL+"/debug/triggers", "")
+	var doc TriggersDocument
 	if err := json.Unmarshal([]byte(body), &doc); code != http.StatusOK || err != nil || len(doc.Triggers) != 3 {
 		t.Fatalf("%d, %v:\n%s", code, err, body)
 	}
+	// Named in the page's own fields (a review found it written as
+	// "name", which a client of the page read as no ScaledObject).
 	bad := doc.Triggers[1]
-	if bad["name"] != "so-00001" || !strings.Contains(fmt.Sprint(bad["error"]), "could not be encoded") || bad["decision"] != nil {
-		t.Fatalf("the trigger with a NaN: %v", bad)
+	if bad.Namespace != "team" || bad.ScaledObject != "so-00001" || bad.MetricName != "s0-pulse-waiting" ||
+		!strings.Contains(bad.Error, "could not be encoded") || bad.Decision != nil {
+		t.Fatalf("the trigger with a NaN: %+v", bad)
 	}
 	for _, i := range []int{0, 2} {
-		if doc.Triggers[i]["decision"] == nil {
-			t.Fatalf("trigger %d lost its decision: %v", i, doc.Triggers[i])
+		if doc.Triggers[i].Decision == nil {
+			t.Fatalf("trigger %d lost its decision: %+v", i, doc.Triggers[i])
 		}
 	}
 }

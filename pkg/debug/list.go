@@ -6,6 +6,8 @@ import (
 	"io"
 	"iter"
 	"net/http"
+
+	"github.com/pulse-io/pulse/pkg/scaler"
 	"unicode/utf8"
 )
 
@@ -14,9 +16,10 @@ import (
 // time: the whole answer made at once, 10,000 triggers with their pods and
 // plans, held some 100 MB live per answer under way, its bytes and the
 // encoder's buffer twice. An item that cannot be encoded (a value JSON has
-// no form for) is written as failed(item, err) in its place: the answer has
-// begun by then, and the others are kept.
-func writeList[T any](w http.ResponseWriter, key string, items iter.Seq[T], failed func(T, error) failedItem) {
+// no form for) is written as failed(item, err) in its place, in the page's
+// own field names, naming the item and the error: the answer has begun by
+// then, and the others are kept.
+func writeList[T, F any](w http.ResponseWriter, key string, items iter.Seq[T], failed func(T, error) F) {
 	w.Header().Set("Content-Type", "application/json")
 	bw := bufio.NewWriterSize(w, listBuffer)
 	k, _ := json.Marshal(key)
@@ -27,8 +30,9 @@ func writeList[T any](w http.ResponseWriter, key string, items iter.Seq[T], fail
 	for it := range items {
 		b, err := json.MarshalIndent(it, "    ", "  ")
 		if err != nil {
-			// Strings alone: encoded whatever they hold.
-			b, _ = json.MarshalIndent(failed(it, err), "    ", "  ")
+			if b, err = json.MarshalIndent(failed(it, err), "    ", "  "); err != nil {
+				b, _ = json.Marshal(map[string]string{"error": err.Error()}) // not reached: failed's are strings
+			}
 		}
 		if n > 0 {
 			_ = bw.WriteByte(',')
@@ -50,10 +54,19 @@ func writeList[T any](w http.ResponseWriter, key string, items iter.Seq[T], fail
 // this size, not one write per item.
 const listBuffer = 32 << 10
 
-// failedItem is an item of a list that could not be encoded.
-type failedItem struct {
-	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name,omitempty"`
+// failedTrigger is a trigger's record that could not be encoded, in
+// Trigger's names.
+type failedTrigger struct {
+	scaler.TriggerID
+	Error string `json:"error"`
+}
+
+// failedWorkload is a workload that could not be encoded, in Workload's
+// names.
+type failedWorkload struct {
+	Namespace string `json:"namespace"`
+	Kind      string `json:"kind"`
+	Name      string `json:"name"`
 	Error     string `json:"error"`
 }
 

@@ -61,8 +61,8 @@ func (h *Handler) serveTriggers(w http.ResponseWriter, r *http.Request) {
 		writeTriggerTable(w, triggers)
 		return
 	}
-	writeList(w, "triggers", triggers, func(t Trigger, err error) failedItem {
-		return failedItem{Namespace: t.Namespace, Name: t.ScaledObject, Error: "this trigger's record could not be encoded: " + err.Error()}
+	writeList(w, "triggers", triggers, func(t Trigger, err error) failedTrigger {
+		return failedTrigger{TriggerID: t.TriggerID, Error: "this trigger's record could not be encoded: " + err.Error()}
 	})
 }
 

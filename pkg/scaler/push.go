@@ -49,7 +49,7 @@ const yieldEvery = 16
 // thousands of ScaledObjects on a busy workload once made every pass of
 // their shard evaluate them all before anyone else's; now they take turns
 // with the other tenants. Streams of the same trigger (the same workload
-// and metadata) are evaluated once a pass.
+// and metadata) taken in a pass share one evaluation (takeShare).
 const fairShare = 64
 
 type shard struct {
@@ -62,11 +62,12 @@ type shard struct {
 	// changed since, due a recheck, or past their namespace's fair share
 	// of a pass. A workload's idle streams wait for nothing
 	// (watched[k].idle[u.atI] == u). A stream is in one or the other, so
-	// a pass walks no stream it does not evaluate: with the streams past a
-	// fair share kept in one list, and a changed workload's taken whole at
-	// every pass, a pass shared with another namespace walked all of one
-	// namespace's N streams under the lock the store's writes wait on, to
-	// evaluate 64 of them (O(N) a pass, N/64 passes; docs/performance.md).
+	// a pass walks no stream it does not evaluate (but those gone, once,
+	// and every one at a recheck): with the streams past a fair share kept
+	// in one list, and a changed workload's taken whole at every pass, a
+	// pass shared with another namespace walked all of one namespace's N
+	// streams under the lock the store's writes wait on, to evaluate 64 of
+	// them (O(N) a pass, N/64 passes; docs/performance.md).
 	// waiters counts the streams in queues, gone ones not yet taken out
 	// included.
 	queues    map[string]*queue
@@ -508,6 +509,17 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 		}
 	}
 	sh.pass++
+	// The streams gone at the front of each queue are dropped first: a
+	// queue of nothing but gone streams kept the namespace of another
+	// from being alone in the pass.
+	for ns, q := range sh.queues {
+		for q.len() > 0 && q.subs[q.head].at < 0 {
+			sh.take(q)
+		}
+		if q.len() == 0 {
+			sh.drop(ns, q)
+		}
+	}
 	// Alone, a namespace takes the pass, until another's stream waits
 	// (looked at every yieldEvery evaluations past its fair share: the
 	// rest of the pass then waits for the next, as below).
@@ -547,7 +559,10 @@ func (p *pusher) pass(sh *shard, now time.Time, rechecks bool) {
 
 // takeShare appends to b, in order, q's streams up to its namespace's fair
 // share of distinct triggers in this pass (the streams of a trigger taken
-// share its evaluation), or, alone, all of them. Called with sh.mu held.
+// share its evaluation), or, alone, all of them. A stream of a trigger
+// taken that waits behind the share's end waits for the next pass, which
+// evaluates its trigger again (the pass walks no further into the queue).
+// Called with sh.mu held.
 func (sh *shard) takeShare(q *queue, b []*sub, alone bool) []*sub {
 	share := 0
 	for q.len() > 0 {

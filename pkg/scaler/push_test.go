@@ -980,3 +980,38 @@ func TestAStreamsPlaceLeavesInConstantTime(t *testing.T) {
 		t.Fatalf("%d slots held, want 3", inNS)
 	}
 }
+
+// TestAGoneStreamSharesNoPass: a namespace's 200 streams wait beside
+// another namespace's stream opened and closed before any pass. The
+// queue of that gone stream alone kept the first namespace from being
+// alone in the pass, cut to its fair share (found in a review,
+// 2026-12-07).
+func TestAGoneStreamSharesNoPass(t *testing.T) {
+	f := newFixture(t)
+	p := newPusher(f.server)
+	p.shards = p.shards[:1]
+	sh := p.shards[0]
+	open := func(ns string, activation float64) *sub {
+		u := &sub{tenant: ns, ready: make(chan struct{}, 1)}
+		sh.mu.Lock()
+		sh.open(u, Trigger{Workload: store.Key{Namespace: ns, Kind: store.KindWorkspace, Name: "llama"}, Metric: "waiting", Threshold: 10,
+			ActivationThreshold: activation, ValueType: "total", Aggregation: "avg", MissingPods: MissingHold, Window: time.Second, StaleAfter: time.Minute})
+		sh.mu.Unlock()
+		return u
+	}
+	var noisy []*sub
+	for i := range 200 {
+		noisy = append(noisy, open("noisy", float64(i)))
+	}
+	p.remove(open("quiet", 1))
+	p.pass(sh, time.Now(), false)
+	n := 0
+	for _, u := range noisy {
+		if !u.evaluated.IsZero() {
+			n++
+		}
+	}
+	if n != 200 || len(sh.queues) != 0 || sh.waiters != 0 {
+		t.Fatalf("%d of the namespace's 200 streams evaluated, alone in the pass but for a stream gone; %d queues left, %d waiting", n, len(sh.queues), sh.waiters)
+	}
+}
