@@ -163,7 +163,8 @@ func (h *Handler) checked(next http.HandlerFunc, windowed bool) http.HandlerFunc
 
 // boundedWriter bounds an answer's writing to answerWrite from its first
 // byte (its making, a view of the store, is not counted: a large page
-// made under load is not cut).
+// made under load is not cut; its encoding, written as it goes, is
+// after its first 32 KiB: about 0.5 s for 10,000 triggers).
 type boundedWriter struct {
 	http.ResponseWriter
 	started bool
