@@ -44,15 +44,16 @@ const (
 // counted from zero too: its whole value again, a spike of the rate).
 //
 // A restart is seen as a series' value falling, or, on a page that gives
-// it, as the server's process_start_time_seconds moving (started): every
-// series then counts again from zero. Without it, a series the server
-// makes at its first use (vLLM V0's request_success_total by finished
-// reason) that is absent after a restart and comes back above its last
-// value, or a small one back past its last value within a scrape, is taken
-// as having gone on: what it had counted before is missed once (a series
-// at 2, back at 3, adds 1, not 3), as Prometheus' rate() misses it.
-// Nothing spikes, but a ratio of two counters, one of them so missed, was
-// wrong over the interval (a mean TTFT of 0.2 s where 0.6 s was true).
+// it (vLLM's), as the server's process_start_time_seconds moving by more
+// than startSlack (started): every series then counts again from zero.
+// Without it, a series the server makes at its first use (vLLM V0's
+// request_success_total by finished reason) that is absent after a
+// restart and comes back above its last value, or a small one back past
+// its last value within a scrape, is taken as having gone on: what it had
+// counted before is missed once (a series at 2, back at 3, adds 1, not
+// 3), as Prometheus' rate() misses it. Nothing spikes, but a ratio of two
+// counters, one of them so missed, is wrong over the interval (a mean
+// TTFT of 1.6 s where 0.6 s was true).
 //
 // One Counters belongs to one pod and is used by one scrape at a time.
 type Counters struct {
@@ -233,14 +234,18 @@ func (c *Counters) begin() {
 }
 
 // started takes the server's start time on this page (its
-// process_start_time_seconds): another than the last one seen is a
-// restart, and every series, followed or asleep, counts again from zero,
-// whatever its next value. Called after begin, before the page's counters.
+// process_start_time_seconds): one more than startSlack from the last one
+// seen is a restart, and every series, followed or asleep, counts again
+// from zero, whatever its next value. A page without one (NaN) forgets the
+// last: a restart while it lacked it was seen by its falls alone, and was
+// counted again at the start time's return. Called after begin, before
+// the page's counters.
 func (c *Counters) started(at float64) {
 	if math.IsNaN(at) || math.IsInf(at, 0) || at <= 0 {
+		c.start = 0 // unknown: a restart meanwhile is seen by its falls alone
 		return
 	}
-	if c.start != 0 && at != c.start {
+	if c.start != 0 && math.Abs(at-c.start) > startSlack {
 		for _, s := range c.series {
 			s.offset, s.last = s.offset+s.last, 0
 		}
@@ -251,6 +256,12 @@ func (c *Counters) started(at float64) {
 	}
 	c.start = at
 }
+
+// startSlack: a start time that moves by no more is the same process's (a
+// client that derives it at each scrape from the boot time, as Go's does
+// from /proc/stat's btime, moves it by a second now and then). A server
+// restarts in more.
+const startSlack = 2.0
 
 // rawKept: the most series past the budget whose map a scrape keeps for
 // the next.

@@ -897,3 +897,82 @@ func TestNothingAfterEOFIsRead(t *testing.T) {
 		t.Fatalf("full parse: waiting = %v, want 3", w)
 	}
 }
+
+// startPage is a vLLM page with a TTFT count, and the server's start time
+// when start is not "".
+func startPage(start string, count float64) []byte {
+	p := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n" +
+		fmt.Sprintf("vllm:time_to_first_token_seconds_count{model_name=\"m\"} %g\n", count)
+	if start != "" {
+		p += "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + start + "\n"
+	}
+	return []byte(p)
+}
+
+// TestAStartTimeThatWobblesIsNoRestart: a start time that moves by a
+// rounding, or by the boot time's second (a client that derives it at
+// each scrape), is the same process: taken as a restart, every count of
+// the pod was added again (found in a review, 2026-12-07).
+func TestAStartTimeThatWobblesIsNoRestart(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	c := NewCounters()
+	var got []float64
+	for i, start := range []string{"1700000000.01", "1700000000.0100002", "1700000001.01"} {
+		pg, err := e.ExtractWith(startPage(start, float64(1000+i)), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := pg.Get(metric.TTFTCount)
+		got = append(got, v)
+	}
+	if got[1]-got[0] != 1 || got[2]-got[1] != 1 {
+		t.Fatalf("the same process, one request a scrape: counts %v, want one more each", got)
+	}
+}
+
+// TestAPageThatLacksItsStartTimeOnceCountsARestartOnce: a restart seen by
+// its falls on a page without the start time was counted again when the
+// start time came back moved (112 where 107 is true; found in a review).
+func TestAPageThatLacksItsStartTimeOnceCountsARestartOnce(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	c := NewCounters()
+	var got []float64
+	for _, p := range []struct {
+		start string
+		count float64
+	}{{"1.7e+09", 100}, {"", 5}, {"1.7000006e+09", 7}} {
+		pg, err := e.ExtractWith(startPage(p.start, p.count), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := pg.Get(metric.TTFTCount)
+		got = append(got, v)
+	}
+	if !slices.Equal(got, []float64{100, 105, 107}) {
+		t.Fatalf("monotonic counts %v, want [100 105 107] (the restart counted once)", got)
+	}
+}
+
+// TestABadStartTimeLineHidesNothing: the start time is read apart from the
+// page; a bad line of it (no number, past a line's labels) made the whole
+// page a parse error, hiding the values pulse reads (found in a review).
+// One with labels, or given twice, is not read.
+func TestABadStartTimeLineHidesNothing(t *testing.T) {
+	e, _ := NewExtractor(nil)
+	for _, bad := range []string{
+		"process_start_time_seconds 1.7e+09x\n",
+		"process_start_time_seconds{a=\"1\",b=\"2\",c=\"3\",d=\"4\",e=\"5\",f=\"6\",g=\"7\",h=\"8\",i=\"9\",j=\"10\",k=\"11\",l=\"12\",m=\"13\",n=\"14\",o=\"15\",p=\"16\",q=\"17\"} 1.7e+09\n",
+		"process_start_time_seconds 1.7e+09\nprocess_start_time_seconds 1.8e+09\n",
+	} {
+		page := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 3\n" + bad
+		for _, c := range []*Counters{nil, NewCounters()} {
+			p, err := e.ExtractWith([]byte(page), c)
+			if w, _ := p.Get(metric.Waiting); err != nil || w != 3 {
+				t.Fatalf("%q: waiting %v, %v; want 3 (the page's value, its start time left out)", bad, w, err)
+			}
+			if c != nil && c.start != 0 {
+				t.Fatalf("%q: start time %v taken", bad, c.start)
+			}
+		}
+	}
+}

@@ -134,7 +134,7 @@ func (e *Extractor) Extract(page []byte) (Page, error) { return e.ExtractWith(pa
 func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	bp := e.bufs.Get().(*[]byte)
 	defer e.bufs.Put(bp)
-	kept, isVLLM, err := e.filter(page, (*bp)[:0])
+	kept, start, isVLLM, err := e.filter(page, (*bp)[:0])
 	*bp = kept
 	if err != nil {
 		return Page{}, err
@@ -152,14 +152,9 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	acc.init(len(e.extras))
 	if c != nil {
 		c.begin()
-		if mf := fams[startTimeName]; mf != nil && len(mf.Metric) == 1 {
-			c.started(mf.Metric[0].GetUntyped().GetValue())
-		}
+		c.started(start)
 	}
 	for name, mf := range fams {
-		if name == startTimeName {
-			continue
-		}
 		src := e.sources[name]
 		if src.hist > 0 {
 			for _, m := range mf.Metric {
@@ -199,18 +194,21 @@ func (e *Extractor) ExtractWith(page []byte, c *Counters) (Page, error) {
 	return acc.page(), nil
 }
 
-// startTimeName is the server process's start time (Python's
-// prometheus_client gives it, so vLLM's and SGLang's pages do, one series
-// without labels): its moving is a restart (Counters.started). A page with
-// several series of it (several processes) is not read for it.
+// startTimeName is the server process's start time: Python's
+// prometheus_client gives it for a single process, so vLLM's page has it,
+// one series without labels (SGLang's, served from a multi-process
+// registry, has none, nor has TGI's). Its moving is a restart
+// (Counters.started).
 const startTimeName = "process_start_time_seconds"
 
-// filter appends to dst the sample lines that feed a value (and the
-// server's start time), each reduced to `name{labels} value\n`
-// (timestamps and OpenMetrics exemplars dropped), and reports whether the
-// page names any family of a server pulse reads.
-func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) {
-	kept := 0
+// filter appends to dst the sample lines that feed a value, each reduced
+// to `name{labels} value\n` (timestamps and OpenMetrics exemplars
+// dropped), and reports whether the page names any family of a server
+// pulse reads. start is the server's start time, read alone and never
+// parsed with the page (a bad line of it hides nothing): NaN when the
+// page has none, several, or one with labels or no number.
+func (e *Extractor) filter(page, dst []byte) (_ []byte, start float64, isVLLM bool, err error) {
+	kept, starts := 0, 0
 	for len(page) > 0 {
 		var line []byte
 		line, page = nextLine(page)
@@ -231,22 +229,47 @@ func (e *Extractor) filter(page, dst []byte) (_ []byte, isVLLM bool, err error) 
 		if !isVLLM && hasServerPrefix(name) {
 			isVLLM = true
 		}
-		if _, ok := e.sources[string(name)]; !ok && string(name) != startTimeName {
+		if string(name) == startTimeName {
+			if starts++; starts == 1 {
+				start = startTime(line[n:])
+			} else {
+				start = math.NaN() // several processes'
+			}
+			continue
+		}
+		if _, ok := e.sources[string(name)]; !ok {
 			continue
 		}
 		end, value, err := labelsAndValue(line, n)
 		if err != nil {
-			return dst, isVLLM, &ParseError{err}
+			return dst, start, isVLLM, &ParseError{err}
 		}
 		if kept++; kept > maxKeptPageSeries {
-			return dst, isVLLM, &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
+			return dst, start, isVLLM, &ParseError{fmt.Errorf("more than %d sample lines of the metrics read", maxKeptPageSeries)}
 		}
 		dst = append(dst, line[:end]...)
 		dst = append(dst, ' ')
 		dst = append(dst, value...)
 		dst = append(dst, '\n')
 	}
-	return dst, isVLLM, nil
+	if starts == 0 {
+		start = math.NaN()
+	}
+	return dst, start, isVLLM, nil
+}
+
+// startTime is the value of a start time's line after its name: NaN unless
+// it is a plain number with no labels before it.
+func startTime(rest []byte) float64 {
+	f := bytes.Fields(rest)
+	if len(f) == 0 || len(f[0]) > maxValueBytes || bytes.ContainsAny(f[0], "{xXpP_") {
+		return math.NaN()
+	}
+	v, err := strconv.ParseFloat(string(f[0]), 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return v
 }
 
 // isEOF is whether line is OpenMetrics' end of the page, `# EOF`: nothing
