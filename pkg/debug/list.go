@@ -6,9 +6,9 @@ import (
 	"io"
 	"iter"
 	"net/http"
+	"unicode/utf8"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
-	"unicode/utf8"
 )
 
 // writeList writes {"key": [items…]} as json.MarshalIndent writes it with
