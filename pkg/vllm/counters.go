@@ -237,9 +237,9 @@ func (c *Counters) begin() {
 // process_start_time_seconds): one more than startSlack from the last one
 // seen is a restart, and every series, followed or asleep, counts again
 // from zero, whatever its next value. A page without one (NaN) forgets the
-// last: a restart while it lacked it was seen by its falls alone, and was
-// counted again at the start time's return. Called after begin, before
-// the page's counters.
+// last, so that a restart while the pages lacked it is seen by its falls
+// alone (remembered, such a restart was counted a second time when the
+// start time came back). Called after begin, before the page's counters.
 func (c *Counters) started(at float64) {
 	if math.IsNaN(at) || math.IsInf(at, 0) || at <= 0 {
 		c.start = 0 // unknown: a restart meanwhile is seen by its falls alone
