@@ -32,6 +32,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
@@ -399,6 +400,16 @@ func (c *pooled) room(perConn int) int {
 	return perConn
 }
 
+// replicaBackoff is the relay's reconnect to a replica: the agents' own
+// (--reconnect-max-backoff's default, 5 s, at most). At gRPC's default (1 s
+// growing to 120 s) a replica restarted on its address (an OOM kill, a
+// liveness probe's restart) was refused to every agent behind the relay
+// for up to some 60 % of its outage once it was back, where an agent
+// streaming to it directly was back within 5 s (found in a review,
+// 2026-12-07). The connection is the replica's last, kept however long
+// it is down. (A variable for the tests.)
+var replicaBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
+
 // acquire returns a connection with room for one more stream, dialled if
 // none has.
 func (u *upstream) acquire() (*pooled, error) {
@@ -415,6 +426,7 @@ func (u *upstream) acquire() (*pooled, error) {
 	}
 	cc, err := grpc.NewClient(u.addr, grpc.WithTransportCredentials(u.r.cfg.Transport(u.name)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: replicaBackoff, MinConnectTimeout: 2 * time.Second}),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10),
 		grpc.WithDefaultCallOptions(grpc.ForceCodec(Codec{})))
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -1262,5 +1263,52 @@ func TestAStreamGivenUpEndsItsWaitForALookup(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s, given up, still waits for a lookup that has not returned", what)
 		}
+	}
+}
+
+// TestAReplicaDownIsTriedAtTheAgentsPace: a replica's process goes and its
+// address stays, refusing (a container restarted in place). The relay's
+// connection to it, its last, is kept, and it tried again at gRPC's
+// default pace, 1 s growing to 120 s: once the replica was back, every
+// agent behind the relay was refused for up to some 60 % of the outage,
+// where an agent streaming directly was back within its 5 s (found in a
+// review, 2026-12-07). With the relay's backoff at 20 ms here, the relay
+// tries dozens of times in the second the agents ask; at gRPC's default it
+// tried once or twice.
+func TestAReplicaDownIsTriedAtTheAgentsPace(t *testing.T) {
+	defer func(b backoff.Config) { replicaBackoff = b }(replicaBackoff)
+	replicaBackoff = backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}
+	agg := startAggregator(t, 100)
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	_, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d})
+	welcomed(t, at, agg.addr)
+	agg.srv.Stop()
+	ln, err := net.Listen("tcp", agg.addr) // the address stays, refusing
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var attempts atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			attempts.Add(1)
+			_ = c.Close()
+		}
+	}()
+	// Agents ask for a stream through the relay every 50 ms for a second.
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		if s := agentStream(ctx, t, at, agg.addr); s.Send(hello("node-1")) == nil {
+			_, _ = s.Recv()
+		}
+		<-ctx.Done()
+		cancel()
+	}
+	if n := attempts.Load(); n < 10 {
+		t.Fatalf("the relay tried the replica %d times in a second of agents asking; want it tried at its backoff (20 ms here), not gRPC's default of 1 s and more", n)
 	}
 }
