@@ -1256,15 +1256,22 @@ func refusedAs(u, uid string, routers bool) bool {
 // share, whose workloads read RefusedAt (every trigger Unavailable),
 // though no pod waited for it. mu must be held for writing.
 func (s *Store) forgetRefusedLocked(uid string, routers bool) {
+	// The pod's own refusal is one key of each map; only a router's
+	// demand entries need each map walked.
+	forget := func(uids map[string]time.Time) {
+		if routers {
+			maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, true) })
+		} else {
+			delete(uids, uid)
+		}
+	}
 	for ns, uids := range s.nsWaiting {
-		maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, routers) })
-		if len(uids) == 0 {
+		if forget(uids); len(uids) == 0 {
 			delete(s.nsWaiting, ns)
 		}
 	}
 	for k, uids := range s.refusedAt {
-		maps.DeleteFunc(uids, func(u string, _ time.Time) bool { return refusedAs(u, uid, routers) })
-		if len(uids) == 0 {
+		if forget(uids); len(uids) == 0 {
 			delete(s.refusedAt, k)
 		}
 	}
