@@ -1663,3 +1663,26 @@ func TestAGaugeNotHeardYetDuringTheWarmUpIsProvisioned(t *testing.T) {
 	f.run()
 	f.waitState("Deployment", "gauge", StateProvisioned, "")
 }
+
+// TestALateReportNamesNoReplicaThatStopped: client-go reports a new leader
+// from a goroutine of its own, which may run after the term it reports
+// from. A replica that stopped leading was named the leader again, on
+// /debug/provisioning, by its own late report.
+func TestALateReportNamesNoReplicaThatStopped(t *testing.T) {
+	f := newFixture(t)
+	f.c.setLeading(true, "me")
+	f.c.setLeading(false, "me")
+	f.c.setHolder("me", "me") // this replica's report, late
+	if p := f.c.Provisioning(); p.Leader != "" || p.Leading {
+		t.Fatalf("after a late report of itself: %+v, want no leader known", p)
+	}
+	f.c.setHolder("other", "me")
+	if p := f.c.Provisioning(); p.Leader != "other" {
+		t.Fatalf("after another's report: leader %q, want other", p.Leader)
+	}
+	f.c.setLeading(true, "me")
+	f.c.setHolder("me", "me")
+	if p := f.c.Provisioning(); p.Leader != "me" || !p.Leading {
+		t.Fatalf("leading: %+v, want me", p)
+	}
+}

@@ -84,6 +84,7 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 		if e.Owner != nil {
 			lock = &ownedLease{LeaseLock: ll, owner: *e.Owner}
 		}
+		var le *leaderelection.LeaderElector
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
 			LeaseDuration:   e.LeaseDuration,
@@ -106,7 +107,14 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 					c.o.Log.Info("not leading: provisioning stopped", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
 				},
 				OnNewLeader: func(id string) {
-					c.setHolder(id)
+					// client-go reports from a goroutine of its own,
+					// which may run behind a later report or after the
+					// term: the holder is read from the elector when it
+					// runs, and a report after the term is dropped.
+					if tctx.Err() != nil {
+						return
+					}
+					c.setHolder(le.GetLeader(), e.Identity)
 					if id != e.Identity {
 						c.o.Log.Info("another replica provisions", logging.KeyLease, lease, logging.KeyLeader, id)
 					}
@@ -152,9 +160,14 @@ func (c *Controller) setLeading(on bool, identity string) {
 	c.mu.Unlock()
 }
 
-func (c *Controller) setHolder(id string) {
+// setHolder: replica id holds the Lease. This replica (self) is named by
+// setLeading alone: a report of itself that comes after its term named it
+// the leader while it stood by.
+func (c *Controller) setHolder(id, self string) {
 	c.mu.Lock()
-	c.holder = id
+	if id != self || c.leading {
+		c.holder = id
+	}
 	c.mu.Unlock()
 }
 

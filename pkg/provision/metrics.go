@@ -17,7 +17,7 @@ func newMetrics(c *Controller) *metrics {
 	m := &metrics{c: c,
 		leader: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pulse_provisioner_leader",
-			Help: "1 while this replica holds the provisioner's Lease and provisions ScaledObjects."}, func() float64 {
+			Help: "1 while this replica provisions ScaledObjects: it holds the provisioner's Lease, or runs with --leader-elect=false."}, func() float64 {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if c.leading {
