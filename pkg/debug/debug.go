@@ -24,6 +24,7 @@ import (
 	"iter"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -267,13 +268,19 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	case ns != "":
 		opts.Match = func(k store.Key) bool { return k.Namespace == ns }
 	}
-	views := h.Store.View(opts)
-	if name != "" && len(views) == 0 {
-		http.Error(w, fmt.Sprintf("no workload %q/%q", wire.CleanText(ns, 64), wire.CleanText(name, 64)), http.StatusNotFound)
-		return
+	// Each workload is viewed as it is written: an answer holds one
+	// workload's view, not the store's every pod.
+	views := h.Store.Views(opts)
+	if name != "" {
+		one := slices.Collect(views)
+		if len(one) == 0 {
+			http.Error(w, fmt.Sprintf("no workload %q/%q", wire.CleanText(ns, 64), wire.CleanText(name, 64)), http.StatusNotFound)
+			return
+		}
+		views = slices.Values(one)
 	}
 	workloads := func(yield func(Workload) bool) {
-		for _, v := range views {
+		for v := range views {
 			if !yield(toWorkload(v)) {
 				return
 			}

@@ -39,7 +39,7 @@ func pods(st *store.Store, ps ...store.PodInfo) {
 }
 
 // serve serves st's debug pages until the test ends.
-func serve(t *testing.T, st *store.Store, triggers *scaler.Server) *httptest.Server {
+func serve(t testing.TB, st *store.Store, triggers *scaler.Server) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
 	h := &Handler{Store: st, FreshFor: time.Minute, MaxWindow: time.Minute}
@@ -812,4 +812,66 @@ func benchmarkPage(b *testing.B, url string) {
 		resp.Body.Close()
 	}
 	b.ReportMetric(float64(peak)/1e6, "live-MB")
+}
+
+// TestRowsThatWidenStayApart: the workloads page views the store again for
+// the table's second pass, and a value may have grown wider since the
+// first. Such a cell ran into the next (no space left after it).
+func TestRowsThatWidenStayApart(t *testing.T) {
+	pass := 0
+	rows := func(yield func([]string) bool) {
+		pass++
+		v := "1.0"
+		if pass > 1 {
+			v = "12345.678"
+		}
+		_ = yield([]string{"POD", "running", "waiting"}) && yield([]string{"llama-0", v, "3"})
+	}
+	var got strings.Builder
+	writeRows(&got, rows)
+	if want := "POD      running  waiting\nllama-0  12345.678  3\n"; got.String() != want {
+		t.Fatalf("writeRows:\n%q\nwant\n%q", got.String(), want)
+	}
+}
+
+// BenchmarkWorkloadsPage: /debug/workloads of 10,000 workloads of 8 pods,
+// each with 20 s of a busy vLLM pod's values, read by a client (live-MB as
+// BenchmarkTriggersPage's).
+func BenchmarkWorkloadsPage(b *testing.B) {
+	now := time.UnixMilli(1_700_000_000_000)
+	const n = 80_000
+	st := store.New(store.Options{MaxPods: n, Now: func() time.Time { return now }})
+	infos := make([]store.PodInfo, n)
+	for i := range infos {
+		infos[i] = store.PodInfo{UID: fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i), Namespace: fmt.Sprintf("tenant-%d", i%50),
+			Name: fmt.Sprintf("llama-%d", i), Ready: true}
+		infos[i].Workloads = []store.Key{{Namespace: infos[i].Namespace, Kind: store.KindWorkspace, Name: fmt.Sprintf("llama-%d", i/8)}}
+	}
+	for a := range n / 8 {
+		st.Upsert(store.Source{Node: fmt.Sprintf("node-%d", a), Instance: "agent"}, infos[a*8:a*8+8], true)
+	}
+	reports := make([]store.Report, n)
+	for s := range 20 {
+		now = now.Add(time.Second)
+		for j := range reports {
+			r := store.Report{UID: infos[j].UID}
+			r.TimeMs = now.UnixMilli()
+			for k, id := range []metric.ID{metric.PromptTokens, metric.GenerationTokens, metric.RequestSuccess, metric.TTFTSum, metric.TTFTCount} {
+				r.Values.Set(id, float64(s*(k+1)*100))
+			}
+			r.Values.Set(metric.Waiting, float64(s%9))
+			r.Values.Set(metric.Running, float64(40+s%17))
+			r.Values.Set(metric.KVCacheUsage, 0.5)
+			reports[j] = r
+		}
+		st.Add(reports)
+	}
+	if got := st.Pods(); got != n {
+		b.Fatalf("%d pods held, want %d", got, n)
+	}
+	infos = nil
+	srv := serve(b, st, nil)
+	for _, format := range []string{"json", "table"} {
+		b.Run(format, func(b *testing.B) { benchmarkPage(b, srv.URL+"/debug/workloads?window=10s&format="+format) })
+	}
 }

@@ -76,7 +76,9 @@ type failedWorkload struct {
 // (so that, as for tabwriter, each column is one block). rows is walked
 // twice, the widths first, then the writing, so no row is held:
 // tabwriter holds every row until its Flush, 103 MB live for a table of
-// 10,000 triggers with their pods. rows must give the same rows each time.
+// 10,000 triggers with their pods. rows that differ the second time (the
+// workloads page views the store as it writes) stay apart: a cell wider
+// than its column was is followed by two spaces.
 func writeRows(w io.Writer, rows iter.Seq[[]string]) {
 	var widths []int
 	for r := range rows {
@@ -91,7 +93,11 @@ func writeRows(w io.Writer, rows iter.Seq[[]string]) {
 	for r := range rows {
 		for i, c := range r[:len(r)-1] {
 			_, _ = bw.WriteString(c)
-			for n := widths[i] + 2 - utf8.RuneCountInString(c); n > 0; n -= len(spaces) {
+			n := 2 // past a cell wider than its column was
+			if rc := utf8.RuneCountInString(c); i < len(widths) && widths[i] > rc {
+				n += widths[i] - rc
+			}
+			for ; n > 0; n -= len(spaces) {
 				_, _ = bw.WriteString(spaces[:min(n, len(spaces))])
 			}
 		}

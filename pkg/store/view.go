@@ -1,7 +1,10 @@
 package store
 
 import (
+	"cmp"
+	"iter"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -53,41 +56,42 @@ type ViewOptions struct {
 	Match func(Key) bool
 }
 
-// View derives the workloads, sorted by namespace, name and kind. It holds
-// the store's lock for one workload at a time, not for the whole view: a
-// view of thousands of workloads (a debug page) decodes every series it
-// shows, and the ingest's writers, and the scaler's readers queued behind
-// them, wait only for one workload's.
+// View derives the workloads, sorted by namespace, name and kind: Views,
+// collected.
 func (s *Store) View(o ViewOptions) []WorkloadView {
-	now := s.now()
-	s.mu.RLock()
-	keys := make([]Key, 0, len(s.workloads))
-	for k := range s.workloads {
-		keys = append(keys, k)
+	return slices.Collect(s.Views(o))
+}
+
+// Views derives the workloads one at a time as they are read, sorted by
+// namespace, name and kind, each as it is when it is read (a workload gone
+// by then is left out). It holds the store's lock for one workload at a
+// time, not for the whole view: a view of thousands of workloads (a debug
+// page) decodes every series it shows, and the ingest's writers, and the
+// scaler's readers queued behind them, wait only for one workload's. A
+// reader that writes each workload out as it comes (the debug page) holds
+// one, not the store's every pod.
+func (s *Store) Views(o ViewOptions) iter.Seq[WorkloadView] {
+	return func(yield func(WorkloadView) bool) {
+		s.mu.RLock()
+		keys := make([]Key, 0, len(s.workloads))
+		for k := range s.workloads {
+			keys = append(keys, k)
+		}
+		s.mu.RUnlock()
+		if o.Match != nil {
+			keys = slices.DeleteFunc(keys, func(k Key) bool { return !o.Match(k) })
+		}
+		slices.SortFunc(keys, func(a, b Key) int {
+			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind, b.Kind))
+		})
+		sc := getScratch()
+		defer putScratch(sc)
+		for _, k := range keys {
+			if w, ok := s.viewWorkload(sc, k, s.now(), o); ok && !yield(w) {
+				return
+			}
+		}
 	}
-	s.mu.RUnlock()
-	sc := getScratch()
-	defer putScratch(sc)
-	out := make([]WorkloadView, 0, len(keys))
-	for _, k := range keys {
-		if o.Match != nil && !o.Match(k) {
-			continue
-		}
-		if w, ok := s.viewWorkload(sc, k, now, o); ok {
-			out = append(out, w)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].Key, out[j].Key
-		if a.Namespace != b.Namespace {
-			return a.Namespace < b.Namespace
-		}
-		if a.Name != b.Name {
-			return a.Name < b.Name
-		}
-		return a.Kind < b.Kind
-	})
-	return out
 }
 
 // viewWorkload derives k's view under the store's read lock; false when k
