@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/big"
 	"net"
 	"reflect"
@@ -124,6 +125,9 @@ type Managed struct {
 	// loaded between the two was loaded over by the older copy, and served
 	// so until the next check, up to an hour.
 	loading sync.Mutex
+	// last: the Secret last loaded (this release's), from which a deleted
+	// one is made again, its CAs as they were.
+	last atomic.Pointer[corev1.Secret]
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -197,17 +201,25 @@ func (m *Managed) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", m.o.SecretName).String()
 		}))
+	// A copy edited or deleted (by hand, or by another controller) is put
+	// right at once: each is watched, and a change to one runs Ensure. It
+	// was put right only at the next check, up to an hour later, and a
+	// relay that restarted meanwhile on a garbled key did not start. So is
+	// the Secret deleted (made again from the one last loaded).
+	kick := make(chan struct{}, 1)
+	kickOnce := func(any) {
+		select {
+		case kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
 	inf := f.Core().V1().Secrets().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: m.watched, UpdateFunc: func(_, n any) { m.watched(n) }}); err != nil {
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: m.watched, UpdateFunc: func(_, n any) { m.watched(n) },
+		DeleteFunc: kickOnce}); err != nil {
 		return err
 	}
 	f.Start(ctx.Done())
 	defer f.Shutdown()
-	// A copy edited or deleted (by hand, or by another controller) is put
-	// right at once: each is watched, and a change to one runs Ensure. It
-	// was put right only at the next check, up to an hour later, and a
-	// relay that restarted meanwhile on a garbled key did not start.
-	kick := make(chan struct{}, 1)
 	wctx, cancel := context.WithCancel(ctx)
 	var stops []func()
 	defer func() {
@@ -316,13 +328,28 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	case apierrors.IsNotFound(err):
 		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
 			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
-		if err := m.renew(sec); err != nil {
+		// A Secret deleted while this replica runs (by hand, or by the
+		// garbage collector, its owner made again) is made again from the
+		// one it last loaded: made anew, a new CA signed at once, and the
+		// agents and KEDA, trusting the CAs published before, were cut off
+		// until each read the new bundle. A new CA is made by deleting
+		// the Secret while no replica runs (docs/reliability.md).
+		if err := m.ownerStands(ctx); err != nil {
 			return err
+		}
+		last, again := m.last.Load(), "created"
+		if last != nil {
+			sec.Data, again = maps.Clone(last.Data), "made again from the Secret last loaded, its CAs kept"
+		}
+		if last == nil || m.due(sec) {
+			if err := m.renew(sec); err != nil {
+				return err
+			}
 		}
 		if sec, err = secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create certificate secret: %w", err) // another replica may have won: retried
 		}
-		m.o.Log.Info("managed certificates created", logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
+		m.o.Log.Info("managed certificates "+again, logging.KeySecret, m.o.Namespace+"/"+m.o.SecretName)
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
@@ -346,6 +373,25 @@ func (m *Managed) Ensure(ctx context.Context) error {
 		}
 	}
 	return m.publish(ctx, sec)
+}
+
+// ownerStands is nil unless Owner is set and its ClusterRole is gone, or
+// was made again (another UID) since the aggregator read it: a Secret
+// made then (its deletion by the garbage collector, or by hand, made it
+// again at once) would be deleted with its dangling owner, and made
+// again, over and over.
+func (m *Managed) ownerStands(ctx context.Context) error {
+	if m.o.Owner == nil {
+		return nil
+	}
+	cr, err := m.o.Client.RbacV1().ClusterRoles().Get(ctx, m.o.Owner.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && cr.UID != m.o.Owner.UID:
+		return fmt.Errorf("certificate secret not made: the ClusterRole %s that would own it was deleted or made again since the aggregator started, and the garbage collector would delete it; the pair loaded is served on, and a replica started now makes the Secret", m.o.Owner.Name)
+	case err != nil:
+		return fmt.Errorf("certificate secret not made: its owner, ClusterRole %s: %w", m.o.Owner.Name, err)
+	}
+	return nil
 }
 
 // publish serves sec's pair and trust, and publishes the CAs' bundle and
@@ -558,7 +604,8 @@ func (m *Managed) awaitsNext(sec *corev1.Secret, ca *x509.Certificate) bool {
 }
 
 // due reports whether any certificate or key is missing, unreadable, not
-// its certificate's, not for the configured names, or two thirds through
+// its certificate's, not signed by the CA (a pair's), not for the
+// configured names, or two thirds through
 // its validity, or the next CA is due and none that would outlive what it
 // signs is made.
 func (m *Managed) due(sec *corev1.Secret) bool {
@@ -581,9 +628,19 @@ func (m *Managed) due(sec *corev1.Secret) bool {
 	for _, pair := range m.pairs() {
 		certs = append(certs, pair[0])
 	}
+	var ca *x509.Certificate
 	for _, k := range certs {
 		c, err := parseCert(sec.Data[k])
 		if err != nil {
+			return true
+		}
+		// A pair the CA did not sign (the CA replaced in the Secret,
+		// by hand or from a backup) was served on, the bundle holding the
+		// new CA alone: every new handshake failed until the pair's two
+		// thirds, 60 days by default.
+		if ca == nil {
+			ca = c
+		} else if c.CheckSignatureFrom(ca) != nil {
 			return true
 		}
 		// A CA past two thirds that waits for its next one (published,
@@ -797,6 +854,7 @@ func (m *Managed) load(sec *corev1.Secret) error {
 	if err != nil {
 		return fmt.Errorf("server pair: %w", err)
 	}
+	m.last.Store(sec)
 	m.served.Store(&served{notAfter: leaf.NotAfter,
 		scaler: &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair},
 			ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert},

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -175,7 +176,7 @@ func notReadyOnceExpired(ctx context.Context, t *testing.T, m *Managed, client *
 func TestManagedOwner(t *testing.T) {
 	ctx := context.Background()
 	owner := &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "cr-uid"}
-	client := fake.NewClientset()
+	client := fake.NewClientset(clusterRole("pulse-aggregator", "cr-uid"))
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
 	opts := ManagedOptions{Client: client, Dynamic: dyn, Namespace: "pulse-system", SecretName: "pulse-aggregator-certs",
@@ -224,7 +225,7 @@ func TestManagedOwner(t *testing.T) {
 	owned("ClusterTriggerAuthentication", cta.GetOwnerReferences())
 
 	// Made with the owner from the start.
-	client2 := fake.NewClientset()
+	client2 := fake.NewClientset(clusterRole("pulse-aggregator", "cr-uid"))
 	dyn2 := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
 	opts.Client, opts.Dynamic = client2, dyn2
@@ -241,6 +242,23 @@ func TestManagedOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owned("new ClusterTriggerAuthentication", cta2.GetOwnerReferences())
+}
+
+// agentRoots are the CAs the agents trust: the ConfigMap's bundle.
+func agentRoots(t *testing.T, client *fake.Clientset) *x509.CertPool {
+	t.Helper()
+	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(context.Background(), "pulse-aggregator-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(cm.Data[KeyCACert]))
+	return roots
+}
+
+// clusterRole is the ClusterRole name, of UID uid: an Owner.
+func clusterRole(name, uid string) *rbacv1.ClusterRole {
+	return &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(uid)}}
 }
 
 // TestTheCAIsRolledOverWithoutACut: the CA and both pairs were replaced at
@@ -266,12 +284,7 @@ func TestTheCAIsRolledOverWithoutACut(t *testing.T) {
 		t.Fatal("halfway: want the same CA and a next one")
 	}
 	kedaBefore := kedaClient(t, client)
-	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentBefore := x509.NewCertPool()
-	agentBefore.AppendCertsFromPEM([]byte(cm.Data[KeyCACert]))
+	agentBefore := agentRoots(t, client)
 	clock.Add(15 * 24 * time.Hour) // past two thirds: now, the next CA signs
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -597,22 +610,27 @@ func TestACAKeyNotItsCertificatesGivesWay(t *testing.T) {
 	}
 }
 
+// ensuredAfter is managed ensured, its Secret changed by change, and
+// ensured again.
+func ensuredAfter(t *testing.T, change func(data map[string][]byte)) (*Managed, *fake.Clientset) {
+	t.Helper()
+	m, client, _ := ensured(t)
+	edit(t, client, change)
+	if err := m.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m, client
+}
+
 // TestAKeyPastedIntoTheCACertificateIsNotPassedOn: the bundle given to the
 // agents (the ConfigMap) and to KEDA is the CA certificates alone, each
 // re-encoded from what parses: the raw entries were copied, and a key
 // pasted after the CA certificate by hand was published with it.
 func TestAKeyPastedIntoTheCACertificateIsNotPassedOn(t *testing.T) {
 	ctx := context.Background()
-	m, client, _, _ := managed(t, 0)
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	edit(t, client, func(data map[string][]byte) {
+	m, client := ensuredAfter(t, func(data map[string][]byte) {
 		data[KeyCACert] = append(append([]byte(nil), data[KeyCACert]...), data[KeyCAKey]...)
 	})
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	cm, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -850,16 +868,7 @@ func TestARelayCopyRefusedLeavesKEDAsCredentials(t *testing.T) {
 func TestACopyChangedIsPutRightAtOnce(t *testing.T) {
 	m, client, _, _ := managed(t, 0)
 	m.o.RelaySecretName, m.o.RelayDNSNames = "pulse-relay-tls", []string{"localhost"}
-	m.gap = 10 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	ctx := running(t, m)
 	secrets := client.CoreV1().Secrets
 	get := func(ns, name string) *corev1.Secret {
 		s, err := secrets(ns).Get(ctx, name, metav1.GetOptions{})
@@ -1224,7 +1233,7 @@ func TestACAMadeAtTheSwitchIsPublishedBeforeItSigns(t *testing.T) {
 // ClusterRole of our name made again (another uid) is ours.
 func TestAnotherReleasesCopyIsLeftAlone(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
+	client := fake.NewClientset(clusterRole("pulse-a", "uid-a"), clusterRole("pulse-b", "uid-b"))
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{ClusterTriggerAuthentications: "ClusterTriggerAuthenticationList"})
 	release := func(ns, role, uid string) ManagedOptions {
@@ -1312,5 +1321,145 @@ func TestASecretNotOursIsNotServed(t *testing.T) {
 	m.watched(ours)
 	if err := m.Ready(); err != nil {
 		t.Fatalf("Ready() = %v after this release's Secret was watched", err)
+	}
+}
+
+// TestAPairNotSignedByTheCurrentCAIsIssuedAgain: the Secret's CA replaced
+// by hand with another sound CA (a CA of one's own pasted in, the CA of a
+// backup or another release's Secret copied over it) left the pairs as
+// they were, signed by the CA no longer there: due() checks each pair's
+// key, names and age, never its issuer. The published bundle then held
+// the new CA alone, and neither the agents nor KEDA could verify the
+// server (nor the scaler port KEDA's client certificate) until the pairs
+// came two thirds through their life, 60 days with the defaults.
+func TestAPairNotSignedByTheCurrentCAIsIssuedAgain(t *testing.T) {
+	_, _, caPEM, keyPEM, err := issue(nil, nil, "another-ca", time.Now(), 90*24*time.Hour, true, 0, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, client := ensuredAfter(t, func(data map[string][]byte) {
+		data[KeyCACert], data[KeyCAKey] = caPEM, keyPEM
+	})
+	if _, err := check(t, serveConfig(t, m.ServerOnlyConfig()), &tls.Config{RootCAs: agentRoots(t, client), MinVersion: tls.VersionTLS12}); err != nil {
+		t.Errorf("an agent trusting the published bundle, after the CA was replaced: %v", err)
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaClient(t, client)); err != nil {
+		t.Errorf("KEDA with its credentials as published, after the CA was replaced: %v", err)
+	}
+}
+
+// TestTheSecretDeletedKeepsTheCAsClientsTrust: the managed Secret deleted
+// (by hand to force a renewal, or by the garbage collector once its owner
+// ClusterRole is made again) was made anew from nothing: a new CA signed
+// the new pairs at once and the bundle published held it alone, so the
+// agents (their ConfigMap carries the new CA a minute or two later) and
+// KEDA (which keeps its scaler's TLS until a call fails) were cut off,
+// where a CA renewal publishes the next CA an hour at least before it
+// signs. The replica still serves (and its informer held) the Secret
+// before: at the least the CA it published stays trusted.
+func TestTheSecretDeletedKeepsTheCAsClientsTrust(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, _ := managed(t, 0)
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kedaBefore := kedaClient(t, client)
+	agentBefore := agentRoots(t, client)
+	if err := client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := check(t, serveConfig(t, m.ServerOnlyConfig()), &tls.Config{RootCAs: agentBefore, MinVersion: tls.VersionTLS12}); err != nil {
+		t.Errorf("an agent trusting the bundle published before the deletion: %v", err)
+	}
+	if _, err := check(t, serveConfig(t, m.ServerConfig()), kedaBefore); err != nil {
+		t.Errorf("KEDA with the credentials of before the deletion: %v", err)
+	}
+}
+
+// running runs m, a copy's change met within 10 ms, until the test ends;
+// the context is Run's.
+func running(t *testing.T, m *Managed) context.Context {
+	m.gap = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return ctx
+}
+
+// TestADeletedSecretIsMadeAgainAtOnce: the managed Secret deleted while a
+// replica runs is made again at once, from the one it last loaded (the
+// deletion was seen only at the next check, up to an hour later).
+func TestADeletedSecretIsMadeAgainAtOnce(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	ctx := running(t, m)
+	secrets := client.CoreV1().Secrets("pulse-system")
+	ca := func() []byte {
+		s, err := secrets.Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return s.Data[KeyCACert]
+	}
+	eventually(t, "the first Ensure", func() bool { return ca() != nil && m.Ready() == nil })
+	// The Ensures our own writes to the copies run come and go first:
+	// one after the deletion would make the Secret again without its
+	// watch.
+	for n, still := len(client.Actions()), 0; still < 10; time.Sleep(50 * time.Millisecond) {
+		if k := len(client.Actions()); k != n {
+			n, still = k, 0
+		} else {
+			still++
+		}
+	}
+	before := ca()
+	if err := secrets.Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Secret made again, its CA kept", func() bool { return bytes.Equal(ca(), before) })
+}
+
+// TestASecretIsNotMadeForAnOwnerGone: the ClusterRole that owns what the
+// aggregator makes deleted and made again while it runs (another UID):
+// the garbage collector deletes the Secret, and one made again with the
+// owner read at the start would be deleted again, and made again, over
+// and over. It is not made; the pair loaded is served on.
+func TestASecretIsNotMadeForAnOwnerGone(t *testing.T) {
+	ctx := context.Background()
+	m, client, _, _ := managed(t, 0)
+	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
+	roles := client.RbacV1().ClusterRoles()
+	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	secrets := client.CoreV1().Secrets("pulse-system")
+	if err := secrets.Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err == nil || !strings.Contains(err.Error(), "ClusterRole pulse-aggregator that would own it was deleted or made again") {
+		t.Fatalf("Ensure: %v, want the owner named as gone", err)
+	}
+	if _, err := secrets.Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the Secret: %v, want none made", err)
+	}
+	if err := m.Ready(); err != nil {
+		t.Fatalf("Ready: %v, want the pair loaded served on", err)
 	}
 }
