@@ -105,34 +105,37 @@ func helpOr2(err error) int {
 }
 
 // readObjects reads a file of YAML documents, as kubectl splits them (a
-// line that starts with --- and has nothing after it but a comment).
-func readObjects(path string) ([]object, error) {
+// line that starts with --- and has nothing after it but a comment). A
+// document that does not parse is one of bad, naming it, and the others
+// are read: the first ended the file, and every other document's problems
+// went unsaid until it was mended. err is the file's: not read.
+func readObjects(path string) (objs []object, bad []error, err error) {
 	raw, err := os.ReadFile(path) //nolint:gosec // G304: the file the user names on the command line
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []object
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
 	for i := 1; ; i++ {
 		doc, err := r.Read()
 		if errors.Is(err, io.EOF) {
-			return out, nil
+			return objs, bad, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", path, i, err)
+			return objs, bad, fmt.Errorf("%s: document %d: %w", path, i, err)
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		var o object
 		if err := yaml.Unmarshal(doc, &o); err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", path, i, err)
-		}
-		if o.Kind == "List" {
-			out = append(out, o.Items...)
+			bad = append(bad, fmt.Errorf("%s: document %d: %w", path, i, err))
 			continue
 		}
-		out = append(out, o)
+		if o.Kind == "List" {
+			objs = append(objs, o.Items...)
+			continue
+		}
+		objs = append(objs, o)
 	}
 }
 
@@ -231,11 +234,13 @@ func check(args []string, stdout, stderr io.Writer) int {
 	}
 	problems, checked := 0, 0
 	for _, path := range fs.Args() {
-		objs, err := readObjects(path)
+		objs, bad, err := readObjects(path)
 		if err != nil {
-			fmt.Fprintf(stdout, "%v\n", err)
+			bad = append(bad, err)
+		}
+		for _, err := range bad {
+			fmt.Fprintf(stdout, "%s\n", wire.OneLine(err.Error()))
 			problems++
-			continue
 		}
 		for _, o := range objs {
 			id := fmt.Sprintf("%s: %s %s/%s", path, o.Kind, o.Metadata.Namespace, o.Metadata.Name)
@@ -362,7 +367,10 @@ func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
 		}
 		cfg.RootCAs = pool
 	}
-	if f.clientCert != "" || f.clientKey != "" {
+	if (f.clientCert == "") != (f.clientKey == "") {
+		return nil, errors.New("--tls-client-cert and --tls-client-key go together: give both, or neither")
+	}
+	if f.clientCert != "" {
 		c, err := tls.LoadX509KeyPair(f.clientCert, f.clientKey)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-client-cert, --tls-client-key: %w", err)
@@ -376,7 +384,7 @@ func (f *tlsFlags) credentials() (credentials.TransportCredentials, error) {
 func caPool(file string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(file) //nolint:gosec // a file the user names by flag
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--ca-cert: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
@@ -405,10 +413,13 @@ func query(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pulsectl query: --timeout %s: want a duration above 0\n", *timeout)
 		return 2
 	}
-	objs, err := readObjects(*file)
+	objs, bad, err := readObjects(*file)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
+		bad = append(bad, err)
+	}
+	for _, err := range bad {
+		// The others are asked about all the same.
+		fmt.Fprintln(stderr, wire.OneLine(err.Error()))
 	}
 	creds, err := tf.credentials()
 	if err != nil {
@@ -448,7 +459,7 @@ func query(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pulsectl query: %s has no ScaledObject with an external-push trigger\n", *file)
 		return 1
 	}
-	if failed > 0 {
+	if failed > 0 || len(bad) > 0 {
 		return 1
 	}
 	return 0

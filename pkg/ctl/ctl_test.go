@@ -69,15 +69,7 @@ func TestCheckValidAndInvalid(t *testing.T) {
 	if code, out, _ := run(append([]string{"check"}, shipped...)...); code != 0 || strings.Count(out, ": valid") != len(shipped) {
 		t.Fatalf("shipped ScaledObjects: exit %d\n%s", code, out)
 	}
-	bad := goodSO + `---
-apiVersion: keda.sh/v1alpha1
-kind: ScaledObject
-metadata: {name: typo, namespace: demo}
-spec:
-  triggers:
-  - type: external-push
-    metadata: {scalerAddress: "x:9090", workspace: llama, treshold: "10"}
----
+	bad := goodSO + "---\n" + typoSO + `---
 apiVersion: keda.sh/v1alpha1
 kind: ScaledObject
 metadata: {name: window, namespace: demo}
@@ -101,22 +93,13 @@ metadata:
   namespace: demo
   annotations: {pulse.io/autoscale: "true", pulse.io/slo-ttft: fast}
 `
-	code, out, _ := run("check", write(t, bad))
-	if code != 1 {
-		t.Fatalf("exit %d, want 1\n%s", code, out)
-	}
-	for _, want := range []string{
+	checkSays(t, bad,
 		"ScaledObject demo/llama-so: valid",
 		"ScaledObject demo/typo: trigger 1: trigger metadata: unknown key treshold (did you mean threshold?)",
 		`ScaledObject demo/window: trigger 1: trigger metadata "window"`,
 		"ScaledObject demo/elsewhere: trigger 1: namespace other",
 		"InferenceSet demo/planned: annotation pulse.io/slo-ttft",
-		"4 problems",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("check output lacks %q:\n%s", want, out)
-		}
-	}
+		"4 problems")
 	// The aggregator's own flags move the limits.
 	if code, out, _ := run("check", "--max-window", "10m", "--allow-cross-namespace-triggers", write(t, bad)); code != 1 || strings.Contains(out, "demo/window: trigger") ||
 		strings.Contains(out, "demo/elsewhere: trigger") {
@@ -671,5 +654,76 @@ spec:
 	}
 	if !strings.Contains(out, `so\nScaledObject demo/forged: valid`) || !strings.Contains(out, "unknown key threshold\uFFFDc (did you mean threshold?)") {
 		t.Fatalf("the names and the key not shown, inert:\n%s", out)
+	}
+}
+
+// typoSO is a ScaledObject whose trigger has a key misspelt.
+const typoSO = `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: typo, namespace: demo}
+spec:
+  triggers:
+  - type: external-push
+    metadata: {scalerAddress: "x:9090", workspace: llama, treshold: "10"}
+`
+
+// TestCheckADocumentThatDoesNotParseLosesNoOther: one document of a file
+// that does not parse (a tab in its indentation, a bad merge) is a
+// problem, said with its number; the file's other documents are checked
+// all the same. readObjects returned nil at the first such document, so
+// the documents before it and after it went unchecked and unreported: the
+// typo in the ScaledObject before it was never shown, and showed up only
+// once the first was fixed.
+func TestCheckADocumentThatDoesNotParseLosesNoOther(t *testing.T) {
+	body := typoSO + `---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: broken
+  annotations: {pulse.io/autoscale: "true"
+---
+` + goodSO
+	checkSays(t, body, "document 2", "ScaledObject demo/typo: trigger 1: trigger metadata: unknown key treshold",
+		"ScaledObject demo/llama-so: valid")
+}
+
+// checkSays runs check on a file of body, which must exit 1 and say each
+// of wants.
+func checkSays(t *testing.T, body string, wants ...string) {
+	t.Helper()
+	code, out, _ := run("check", write(t, body))
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\n%s", code, out)
+	}
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestQueryAClientCertificateWithoutItsKeyIsSaid: --tls-client-cert
+// without --tls-client-key (or the other way) is bad usage, said so;
+// it was "open : no such file or directory", naming no file and no flag.
+func TestQueryAClientCertificateWithoutItsKeyIsSaid(t *testing.T) {
+	so := write(t, goodSO)
+	code, _, errOut := run("query", "--scaler", "127.0.0.1:1", "-f", so, "--tls-client-cert", so)
+	if code != 2 || strings.Contains(errOut, "open :") || !strings.Contains(errOut, "--tls-client-key") {
+		t.Fatalf("exit %d, %q: want 2, saying --tls-client-key is missing", code, errOut)
+	}
+	code, _, errOut = run("query", "--scaler", "127.0.0.1:1", "-f", so, "--ca-cert", so+".none")
+	if code != 2 || !strings.Contains(errOut, "--ca-cert") {
+		t.Fatalf("exit %d, %q: want 2, naming --ca-cert", code, errOut)
+	}
+}
+
+// TestQueryADocumentThatDoesNotParseLosesNoOther: query asks about the
+// ScaledObjects of a file one of whose documents does not parse, says
+// which, and exits 1 (it asked about none).
+func TestQueryADocumentThatDoesNotParseLosesNoOther(t *testing.T) {
+	addr, _ := serve(t)
+	code, out, errs := run("query", "--scaler", addr, "-f", write(t, "kind: [\n---\n"+goodSO))
+	if code != 1 || !strings.Contains(errs, "document 1") || !strings.Contains(out, "GetMetrics: 25") {
+		t.Fatalf("exit %d, want 1 with document 1 said and the ScaledObject asked about\n%s%s", code, out, errs)
 	}
 }
