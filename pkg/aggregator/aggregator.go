@@ -57,6 +57,9 @@ type Aggregator struct {
 	healthSrv   *http.Server // nil unless --health-addr
 
 	ingestLn, scalerLn, httpLn net.Listener
+	// scalerConns: the scaler port's connections, each charged to the
+	// namespace its calls name.
+	scalerConns *scalerConns
 	// ingestMux serves ingestLn's gRPC connections to ingestSrv, and its
 	// framed ones itself.
 	ingestMux *ingestMux

@@ -16,11 +16,13 @@ import (
 	runtimedebug "runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -476,6 +478,96 @@ func TestAScalerRequestPastAnyValidOneIsRefusedUnread(t *testing.T) {
 	}
 }
 
+// withKEDAsTLS is an aggregator whose scaler port serves mutual TLS,
+// holding 2 connections of one address (and as set) and KEDA's
+// credentials for it.
+func withKEDAsTLS(t *testing.T, set func(*Options)) (*Aggregator, credentials.TransportCredentials) {
+	t.Helper()
+	ca := testpki.NewCA(t)
+	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
+	kcert, kkey := ca.Issue(t, "keda", 3, x509.ExtKeyUsageClientAuth)
+	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": cert, "tls.key": key, "ca.crt": ca.PEM}, "tls.crt", "tls.key", "ca.crt")
+	a := start(t, func(o *Options) {
+		o.Warmup.Duration, o.Serving.MaxScalerConnectionsPerAddress = 0, 2
+		o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile, o.ScalerTLS.ClientCAFile = paths[0], paths[1], paths[2]
+		if set != nil {
+			set(o)
+		}
+	})
+	pair, err := tls.X509KeyPair(kcert, kkey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return a, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12})
+}
+
+// TestAFullScalerPortMakesRoomFromTheNamespaceHoldingTheMost: a tenant's
+// spellings of the aggregator's address (KEDA's verified connections, out
+// of the bound by address) filled the scaler port in all, and a
+// connection of another namespace, or KEDA's shared one at its next
+// connect, was closed at once. Now the port makes room by closing the
+// newest connection of the namespace charged the most (two or more); the
+// shared connection, charged to none, is never closed.
+func TestAFullScalerPortMakesRoomFromTheNamespaceHoldingTheMost(t *testing.T) {
+	a, creds := withKEDAsTLS(t, func(o *Options) { o.Serving.maxScalerConns = 4 })
+	dial := func() (externalscaler.ExternalScalerClient, *atomic.Int32) {
+		var dials atomic.Int32
+		conn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(creds),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+				dials.Add(1)
+				return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return externalscaler.NewExternalScalerClient(conn), &dials
+	}
+	ask := func(c externalscaler.ExternalScalerClient, ns string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := c.GetMetricSpec(ctx, &externalscaler.ScaledObjectRef{Name: "so", Namespace: ns, ScalerMetadata: map[string]string{"workspace": "llama"}})
+		return err
+	}
+	shared, sharedDials := dial()
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := ask(shared, ns); err != nil {
+			t.Fatalf("the shared connection, %s: %v", ns, err)
+		}
+	}
+	for i := range 3 {
+		c, _ := dial()
+		if err := ask(c, "spellings"); err != nil {
+			t.Fatalf("the tenant's connection %d: %v", i+1, err)
+		}
+	}
+	// Full: another namespace's new connection is served all the same,
+	// and so are the tenant's, each in the place of one of its own.
+	other, _ := dial()
+	if err := ask(other, "team-c"); err != nil {
+		t.Fatalf("another namespace's connection, the port full: %v", err)
+	}
+	for i := range 4 {
+		c, _ := dial()
+		if err := ask(c, "spellings"); err != nil {
+			t.Fatalf("the tenant's connection %d, the port full: %v", i+4, err)
+		}
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := ask(shared, ns); err != nil || sharedDials.Load() != 1 {
+			t.Fatalf("the shared connection, %s: %v, dialled %d times; want it kept", ns, err, sharedDials.Load())
+		}
+	}
+	if err := ask(other, "team-c"); err != nil {
+		t.Fatalf("the other namespace's connection: %v", err)
+	}
+	if n := testutil.ToFloat64(a.scalerConns.evicted); n != 5 {
+		t.Fatalf("%v connections evicted, want 5: the tenant's, one for each new one", n)
+	}
+}
+
 // TestKEDAsVerifiedConnectionsAreNotBoundByItsAddress: KEDA's operator
 // keeps a connection for each scaler address and TLS setting its
 // triggers write, and a tenant writes its own: one tenant's spellings of
@@ -486,21 +578,7 @@ func TestAScalerRequestPastAnyValidOneIsRefusedUnread(t *testing.T) {
 // bound (within the port's in all); one that has not handshaken still
 // counts.
 func TestKEDAsVerifiedConnectionsAreNotBoundByItsAddress(t *testing.T) {
-	ca := testpki.NewCA(t)
-	cert, key := ca.Issue(t, "pulse-aggregator", 2, x509.ExtKeyUsageServerAuth)
-	kcert, kkey := ca.Issue(t, "keda", 3, x509.ExtKeyUsageClientAuth)
-	paths := testpki.Write(t, t.TempDir(), map[string][]byte{"tls.crt": cert, "tls.key": key, "ca.crt": ca.PEM}, "tls.crt", "tls.key", "ca.crt")
-	a := start(t, func(o *Options) {
-		o.Warmup.Duration, o.Serving.MaxScalerConnectionsPerAddress = 0, 2
-		o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile, o.ScalerTLS.ClientCAFile = paths[0], paths[1], paths[2]
-	})
-	pair, err := tls.X509KeyPair(kcert, kkey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12})
+	a, creds := withKEDAsTLS(t, nil)
 	ref := &externalscaler.ScaledObjectRef{Name: "so", Namespace: "ns", ScalerMetadata: map[string]string{"workspace": "llama"}}
 	// Four of KEDA's connections (four spellings), each its own, more
 	// than the address's bound of 2.

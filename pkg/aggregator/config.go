@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -110,7 +111,7 @@ func (c *Config) Complete(log *slog.Logger, deps Deps) (*Aggregator, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(a.refused)
+	reg.MustRegister(a.refused, a.scalerConns.evicted)
 	// go_gc_heap_live_bytes (the heap the last GC found live),
 	// go_gc_scan_stack_bytes (the goroutines' stacks it scanned) and
 	// go_gc_gogc_percent (GOGC, --gc-percent's) beside the default set:
@@ -198,10 +199,18 @@ func (a *Aggregator) listen() error {
 	a.ingestLn = ingest
 	// The scaler port held every connection, unbounded (KEDA's operator
 	// keeps one a scaler address and TLS configuration).
-	scalerLn := netbound.New(a.scalerLn, maxScalerConns, s.MaxScalerConnectionsPerAddress)
+	scalerLn := netbound.New(a.scalerLn, cmp.Or(s.maxScalerConns, maxScalerConns), s.MaxScalerConnectionsPerAddress)
 	scalerLn.OnRefuse = a.refusal("scaler", "--max-scaler-connections-per-address")
 	scalerLn.UserTimeout = ServerKeepalive.Timeout
-	a.scalerLn = scalerLn
+	// Full in all, a new connection takes the place of one of the
+	// namespace holding the most (scalerConns).
+	evicted := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pulse_aggregator_scaler_connections_evicted_total",
+		Help: "The scaler port's connections closed, the port full, for a new one: each the newest of the namespace whose ScaledObjects' calls alone hold the most connections (two or more; KEDA keeps one a scaler address and TLS setting its triggers write).",
+	})
+	a.scalerConns = newScalerConns(evicted, a.log)
+	scalerLn.Evict = a.scalerConns.evict
+	a.scalerLn = scalerListener{Listener: scalerLn, conns: a.scalerConns}
 	// The HTTP ports held every connection for up to their IdleTimeout,
 	// 10 to 19 KiB each, unbounded: the http port is open to other pods by
 	// default; one pod opening 30,000 took every replica past its memory
@@ -278,7 +287,7 @@ type verifiedUnbound struct {
 func (v verifiedUnbound) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	c, info, err := v.TransportCredentials.ServerHandshake(raw)
 	if tlsInfo, ok := info.(credentials.TLSInfo); err == nil && ok && len(tlsInfo.State.VerifiedChains) > 0 {
-		if b, ok := raw.(*netbound.Conn); ok {
+		if b, ok := raw.(exempter); ok {
 			b.Exempt()
 		}
 	}
@@ -614,8 +623,9 @@ func (a *Aggregator) buildScaler(reg prometheus.Registerer) error {
 	calls := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(
 		[]float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1})))
 	reg.MustRegister(calls)
-	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(calls.StreamServerInterceptor()),
-		grpc.ConnectionTimeout(handshakeTimeout), grpc.MaxRecvMsgSize(maxScalerRequest))
+	opts = append(opts, grpc.ChainUnaryInterceptor(calls.UnaryServerInterceptor(), a.scalerConns.chargeUnary),
+		grpc.ChainStreamInterceptor(calls.StreamServerInterceptor(), a.scalerConns.chargeStream),
+		grpc.StatsHandler(tagger{a.scalerConns}), grpc.ConnectionTimeout(handshakeTimeout), grpc.MaxRecvMsgSize(maxScalerRequest))
 	a.scalerSrv = grpc.NewServer(opts...)
 	a.scaler = scaler.New(a.store, scaler.Options{MaxWindow: o.Store.MaxWindow, Resolver: resolver, Gate: a.warmup.check,
 		AllowCrossNamespace: o.Kube.AllowCrossNamespace, Logger: a.log, FollowWindows: true,

@@ -15,7 +15,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 
-	"github.com/pulse-io/pulse/pkg/netbound"
 	"github.com/pulse-io/pulse/test/h2settings"
 )
 
@@ -250,10 +249,11 @@ func TestAConnectionWithNoStreamGivesItsPlaceBack(t *testing.T) {
 func TestTheScalerPortHoldsBoundedConnections(t *testing.T) {
 	const perIP = 4
 	a := start(t, func(o *Options) { o.Warmup.Duration = 0; o.Serving.MaxScalerConnectionsPerAddress = perIP })
-	ln, ok := a.scalerLn.(*netbound.Listener)
+	sl, ok := a.scalerLn.(scalerListener)
 	if !ok {
 		t.Fatalf("the scaler listener is a %T, want a bounded one", a.scalerLn)
 	}
+	ln := sl.Listener
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {

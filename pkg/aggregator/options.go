@@ -135,6 +135,9 @@ type ServingOptions struct {
 	// MaxScalerConnectionsPerAddress bounds the scaler port's connections
 	// from one remote address.
 	MaxScalerConnectionsPerAddress int
+	// maxScalerConns bounds the scaler port's connections in all (0:
+	// maxScalerConns, 1,024); a test's, smaller.
+	maxScalerConns int
 	// MaxScalerStreams bounds KEDA's streams open on the scaler port (two
 	// for every external-push trigger), and MaxScalerStreamsPerNamespace
 	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).

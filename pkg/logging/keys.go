@@ -53,4 +53,6 @@ const (
 	KeyPercent     = "percent"    // Go's GC percent
 	KeyWhat        = "what"
 	KeyRetryIn     = "retryIn" // how long until the next try
+	KeyNamespace   = "namespace"
+	KeyConns       = "connections" // connections held
 )

@@ -31,7 +31,12 @@ type Listener struct {
 	// peer's socket and its unacknowledged bytes stayed in the kernel,
 	// retransmitted for about 15 minutes (tcp_retries2), where gRPC's own
 	// listener would have dropped it after the timeout.
-	UserTimeout   time.Duration
+	UserTimeout time.Duration
+	// Evict, when set (before the first Accept), is asked for room when
+	// the port is full in all: it closes one connection it holds of less
+	// worth than a new one (the scaler port's: one of the tenant holding
+	// the most) and says whether it did; else the new one is closed.
+	Evict         func() bool
 	mu            sync.Mutex
 	all           int
 	byIP          map[string]int
@@ -55,14 +60,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if host, _, err := net.SplitHostPort(ip); err == nil {
 			ip = host
 		}
-		l.mu.Lock()
-		full := l.all >= l.maxAll
-		ok := !full && l.byIP[ip] < l.maxIP
-		if ok {
-			l.all++
-			l.byIP[ip]++
+		full, ipRoom, ok := l.take(ip)
+		if !ok && full && ipRoom && l.Evict != nil && l.Evict() {
+			full, _, ok = l.take(ip) // the evicted one's place
 		}
-		l.mu.Unlock()
 		if !ok {
 			_ = c.Close()
 			if l.OnRefuse != nil {
@@ -77,6 +78,19 @@ func (l *Listener) Accept() (net.Conn, error) {
 		bc.byIP = func() { l.releaseIP(ip) }
 		return bc, nil
 	}
+}
+
+// take takes a place for a connection from ip (ok): full, the port's bound
+// in all is met; ipRoom, the address's is not.
+func (l *Listener) take(ip string) (full, ipRoom, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	full, ipRoom = l.all >= l.maxAll, l.byIP[ip] < l.maxIP
+	if ok = !full && ipRoom; ok {
+		l.all++
+		l.byIP[ip]++
+	}
+	return full, ipRoom, ok
 }
 
 // HeldFrom is the number of connections held now from address ip.

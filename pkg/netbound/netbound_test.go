@@ -91,18 +91,16 @@ func TestConnectionsAreBounded(t *testing.T) {
 	}
 }
 
-// TestAnExemptConnectionLeavesItsAddressesBound: a connection exempted
-// (an authenticated client's, Conn.Exempt) gives back its place among its
-// address's and keeps its place in all; its Close then gives back that
-// alone, and an Exempt after Close or a second one changes nothing.
-func TestAnExemptConnectionLeavesItsAddressesBound(t *testing.T) {
+// bounded is a Listener on loopback of the bounds given, closed at the
+// test's end, and a function that dials it and accepts the connection.
+func bounded(t *testing.T, maxAll, maxIP int) (*Listener, func() *Conn) {
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(raw, 3, 1)
-	defer func() { _ = l.Close() }()
-	accept := func() *Conn {
+	l := New(raw, maxAll, maxIP)
+	t.Cleanup(func() { _ = l.Close() })
+	return l, func() *Conn {
 		t.Helper()
 		c, err := net.Dial("tcp", raw.Addr().String())
 		if err != nil {
@@ -115,6 +113,14 @@ func TestAnExemptConnectionLeavesItsAddressesBound(t *testing.T) {
 		}
 		return s.(*Conn)
 	}
+}
+
+// TestAnExemptConnectionLeavesItsAddressesBound: a connection exempted
+// (an authenticated client's, Conn.Exempt) gives back its place among its
+// address's and keeps its place in all; its Close then gives back that
+// alone, and an Exempt after Close or a second one changes nothing.
+func TestAnExemptConnectionLeavesItsAddressesBound(t *testing.T) {
+	l, accept := bounded(t, 3, 1)
 	counts := func(what string, all, fromIP int) {
 		t.Helper()
 		if l.Held() != all || l.HeldFrom("127.0.0.1") != fromIP {
@@ -135,4 +141,49 @@ func TestAnExemptConnectionLeavesItsAddressesBound(t *testing.T) {
 	_ = b.Close()
 	b.Exempt()
 	counts("both closed", 0, 0)
+}
+
+// TestAFullPortAsksForRoom: full in all, the listener asks Evict for room
+// before it closes a new connection: one evicted gives its place to the
+// new one; none evicted (Evict false), the new one is closed.
+func TestAFullPortAsksForRoom(t *testing.T) {
+	l, dialled := bounded(t, 2, 3)
+	var held []net.Conn
+	evict, asked := true, 0
+	l.Evict = func() bool {
+		asked++
+		if !evict || len(held) == 0 {
+			return false
+		}
+		_ = held[0].Close()
+		held = held[1:]
+		return true
+	}
+	accept := func() { held = append(held, dialled()) }
+	accept()
+	accept()
+	if asked != 0 {
+		t.Fatalf("Evict asked %d times with room, want 0", asked)
+	}
+	accept() // in the place of the first
+	if asked != 1 || l.Held() != 2 {
+		t.Fatalf("a third: Evict asked %d times, %d held; want 1 and 2", asked, l.Held())
+	}
+	evict = false
+	refused := make(chan bool, 1)
+	l.OnRefuse = func(_ string, all bool) { refused <- all }
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	go func() { _, _ = l.Accept() }()
+	select {
+	case all := <-refused:
+		if !all || asked != 2 {
+			t.Fatalf("a fourth, none evicted: refused (in all %v), Evict asked %d times; want in all and 2", all, asked)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a fourth, none evicted: not refused")
+	}
 }

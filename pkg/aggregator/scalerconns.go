@@ -1,0 +1,260 @@
+package aggregator
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/pulse-io/pulse/pkg/logging"
+	"github.com/pulse-io/pulse/pkg/netbound"
+)
+
+// scalerConns charges each of the scaler port's connections to the
+// namespace its calls name, so that a port full in all makes room for a
+// new connection by closing one of the namespace charged the most
+// (netbound.Listener.Evict).
+//
+// KEDA's operator keeps a connection for each scaler address and TLS
+// setting its triggers write, and a tenant writes its own triggers: about
+// 1,024 spellings of the aggregator's address (128 ScaledObjects of 8
+// triggers; KEDA's verified connections are out of the bound by address)
+// filled the port, and the connection every other tenant's triggers share
+// was closed at once when it next connected (an aggregator's restart),
+// their ScaledObjects falling to KEDA's fallback. A connection whose calls
+// name two namespaces or more (that shared one) is charged to none and
+// never closed for room; nor is one that has made no call yet (a new
+// one); a namespace's only connection is not either.
+type scalerConns struct {
+	mu    sync.Mutex
+	conns map[string]*scalerConn // by remote and local address
+	byNS  map[string]int         // the connections charged to a namespace
+	seq   uint64
+	// evicted counts the connections closed for room.
+	evicted prometheus.Counter
+	log     *slog.Logger
+	logged  time.Time
+}
+
+// scalerConn is one connection of the scaler port.
+type scalerConn struct {
+	c      net.Conn // the tracked connection: its Close forgets it
+	ns     string   // the one namespace its calls named ("" none yet)
+	shared bool     // its calls named two namespaces or more
+	gone   bool     // closed: charged to none
+	seq    uint64   // the order accepted
+}
+
+func newScalerConns(evicted prometheus.Counter, log *slog.Logger) *scalerConns {
+	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, evicted: evicted, log: log}
+}
+
+func connKey(remote, local net.Addr) string {
+	if remote == nil || local == nil {
+		return ""
+	}
+	return remote.String() + "|" + local.String()
+}
+
+// scalerListener is the scaler port's bounded listener, each connection
+// it accepts held in conns until it is closed.
+type scalerListener struct {
+	*netbound.Listener
+	conns *scalerConns
+}
+
+func (l scalerListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.conns.add(c), nil
+}
+
+// add holds c, and is c as the server is to use it.
+func (s *scalerConns) add(c net.Conn) net.Conn {
+	key := connKey(c.RemoteAddr(), c.LocalAddr())
+	rec := &scalerConn{}
+	t := &trackedConn{Conn: c}
+	t.done = func() { s.remove(key, rec) }
+	rec.c = t
+	s.mu.Lock()
+	s.seq++
+	rec.seq = s.seq
+	s.conns[key] = rec
+	s.mu.Unlock()
+	return t
+}
+
+// remove forgets rec, closed.
+func (s *scalerConns) remove(key string, rec *scalerConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conns[key] == rec {
+		delete(s.conns, key)
+	}
+	s.unchargeLocked(rec)
+	rec.gone = true
+}
+
+func (s *scalerConns) unchargeLocked(rec *scalerConn) {
+	if rec.ns == "" {
+		return
+	}
+	if s.byNS[rec.ns]--; s.byNS[rec.ns] <= 0 {
+		delete(s.byNS, rec.ns)
+	}
+	rec.ns = ""
+}
+
+// charge records that rec's call named namespace ns.
+func (s *scalerConns) charge(rec *scalerConn, ns string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case rec.gone || rec.shared || rec.ns == ns:
+	case len(validation.IsDNS1123Label(ns)) > 0:
+		// No namespace: the call is refused as such.
+	case rec.ns == "":
+		rec.ns = strings.Clone(ns)
+		s.byNS[rec.ns]++
+	default:
+		s.unchargeLocked(rec)
+		rec.shared = true
+	}
+}
+
+// evict closes the newest connection of the namespace charged the most
+// connections, if it has two or more, and says whether it did.
+func (s *scalerConns) evict() bool {
+	s.mu.Lock()
+	most, n := "", 1
+	for ns, k := range s.byNS {
+		if k > n || k == n && n > 1 && ns < most {
+			most, n = ns, k
+		}
+	}
+	var victim *scalerConn
+	for _, rec := range s.conns {
+		if most != "" && rec.ns == most && (victim == nil || rec.seq > victim.seq) {
+			victim = rec
+		}
+	}
+	logIt := victim != nil && time.Since(s.logged) >= time.Minute
+	if logIt {
+		s.logged = time.Now()
+	}
+	s.mu.Unlock()
+	if victim == nil {
+		return false
+	}
+	_ = victim.c.Close()
+	s.evicted.Inc()
+	if logIt {
+		s.log.Warn("the scaler port is full: a connection of the namespace holding the most is closed for a new one (logged once a minute)",
+			logging.KeyNamespace, most, logging.KeyConns, n)
+	}
+	return true
+}
+
+// trackedConn is a scaler port's connection, forgotten at its first Close.
+type trackedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (t *trackedConn) Close() error {
+	err := t.Conn.Close()
+	t.once.Do(t.done)
+	return err
+}
+
+// Exempt is the bounded connection's (verifiedUnbound).
+func (t *trackedConn) Exempt() {
+	if e, ok := t.Conn.(exempter); ok {
+		e.Exempt()
+	}
+}
+
+// exempter is a connection that can be taken out of its address's bound
+// (netbound.Conn).
+type exempter interface{ Exempt() }
+
+// connOf is the scaler port's record of the connection a call came on.
+type connOf struct{}
+
+// tagger is the scaler server's stats handler: it puts each connection's
+// record in the context its calls' derive from.
+type tagger struct{ conns *scalerConns }
+
+func (g tagger) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	g.conns.mu.Lock()
+	rec := g.conns.conns[connKey(info.RemoteAddr, info.LocalAddr)]
+	g.conns.mu.Unlock()
+	if rec == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, connOf{}, rec)
+}
+
+func (tagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (tagger) HandleRPC(context.Context, stats.RPCStats)                       {}
+func (tagger) HandleConn(context.Context, stats.ConnStats)                     {}
+
+// refNamespace is the namespace a KEDA call names ("" none: a health
+// check).
+func refNamespace(req any) string {
+	switch r := req.(type) {
+	case *externalscaler.ScaledObjectRef:
+		return r.GetNamespace()
+	case *externalscaler.GetMetricsRequest:
+		return r.GetScaledObjectRef().GetNamespace()
+	}
+	return ""
+}
+
+// chargeUnary charges a call's connection to the namespace it names.
+func (s *scalerConns) chargeUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if rec, ok := ctx.Value(connOf{}).(*scalerConn); ok {
+		if ns := refNamespace(req); ns != "" {
+			s.charge(rec, ns)
+		}
+	}
+	return handler(ctx, req)
+}
+
+// chargeStream charges a stream's connection to the namespace its request
+// names.
+func (s *scalerConns) chargeStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if rec, ok := ss.Context().Value(connOf{}).(*scalerConn); ok {
+		ss = &chargedStream{ServerStream: ss, charge: func(m any) {
+			if ns := refNamespace(m); ns != "" {
+				s.charge(rec, ns)
+			}
+		}}
+	}
+	return handler(srv, ss)
+}
+
+// chargedStream charges its connection at each message received.
+type chargedStream struct {
+	grpc.ServerStream
+	charge func(any)
+}
+
+func (c *chargedStream) RecvMsg(m any) error {
+	err := c.ServerStream.RecvMsg(m)
+	if err == nil {
+		c.charge(m)
+	}
+	return err
+}
