@@ -989,6 +989,32 @@ func TestTheAggregatorMakesNoTokenSecrets(t *testing.T) {
 	}
 }
 
+// TestTheAdmissionPolicyNameIsTheReleases: two aggregator releases of their
+// own names (README's "Security", docs/performance.md's shards) in one
+// namespace of a long name: each release's ValidatingAdmissionPolicy has a
+// name of its own. Cut to 63 characters, both were named alike, and the
+// second helm install failed ("exists and cannot be imported").
+func TestTheAdmissionPolicyNameIsTheReleases(t *testing.T) {
+	ns := "llm-platform-inference-autoscaling-production"
+	name := regexp.MustCompile(`(?m)^kind: ValidatingAdmissionPolicy\nmetadata:\n  name: (\S+)`)
+	got := map[string]string{}
+	for _, rel := range []string{"pulse-aggregator-shard-a", "pulse-aggregator-shard-b"} {
+		out, err := exec.Command(helm(t), "template", rel, filepath.Join(root, "deploy", "aggregator"), "--namespace", ns,
+			"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", rel, err, out)
+		}
+		m := name.FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("%s: no ValidatingAdmissionPolicy rendered", rel)
+		}
+		if other, ok := got[string(m[1])]; ok {
+			t.Errorf("releases %s and %s in %s both name their ValidatingAdmissionPolicy %q", other, rel, ns, m[1])
+		}
+		got[string(m[1])] = rel
+	}
+}
+
 // TestTheScalersClientNameIsPassedOn: with certificates of one's own,
 // scaler.tls.clientName is the name a client certificate must carry
 // (--tls-client-name); unset, no such flag (any certificate the CA signed).
