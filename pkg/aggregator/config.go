@@ -199,7 +199,8 @@ func (a *Aggregator) listen() error {
 	a.ingestLn = ingest
 	// The scaler port held every connection, unbounded (KEDA's operator
 	// keeps one a scaler address and TLS configuration).
-	scalerLn := netbound.New(a.scalerLn, cmp.Or(s.maxScalerConns, maxScalerConns), s.MaxScalerConnectionsPerAddress)
+	most := cmp.Or(s.maxScalerConns, maxScalerConns)
+	scalerLn := netbound.New(a.scalerLn, most, s.MaxScalerConnectionsPerAddress)
 	scalerLn.OnRefuse = a.refusal("scaler", "--max-scaler-connections-per-address")
 	scalerLn.UserTimeout = ServerKeepalive.Timeout
 	// Full in all, a new connection takes the place of one of the
@@ -208,7 +209,7 @@ func (a *Aggregator) listen() error {
 		Name: "pulse_aggregator_scaler_connections_evicted_total",
 		Help: "The scaler port's connections closed, the port full, for a new one: each the newest of the namespace whose ScaledObjects' calls alone hold the most connections (two or more; KEDA keeps one a scaler address and TLS setting its triggers write).",
 	})
-	a.scalerConns = newScalerConns(evicted, a.log)
+	a.scalerConns = newScalerConns(most, cmp.Or(s.scalerSettle, scalerSettle), evicted, a.log)
 	scalerLn.Evict = a.scalerConns.evict
 	a.scalerLn = scalerListener{Listener: scalerLn, conns: a.scalerConns}
 	// The HTTP ports held every connection for up to their IdleTimeout,
@@ -268,6 +269,11 @@ const (
 // (--max-scaler-connections-per-address those of one address: KEDA's
 // operator keeps one a scaler address and TLS configuration).
 const maxScalerConns = 1024
+
+// scalerSettle: a scaler port's connection is charged this long (KEDA's
+// polling interval, by default) before it may be closed for room: after a
+// restart the shared connection's first calls may be one tenant's alone.
+const scalerSettle = 30 * time.Second
 
 // verifiedUnbound is the scaler port's mutual TLS: a connection whose
 // client presented a certificate the port verified (KEDA's) is taken out

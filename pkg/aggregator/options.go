@@ -136,8 +136,10 @@ type ServingOptions struct {
 	// from one remote address.
 	MaxScalerConnectionsPerAddress int
 	// maxScalerConns bounds the scaler port's connections in all (0:
-	// maxScalerConns, 1,024); a test's, smaller.
+	// maxScalerConns, 1,024), and scalerSettle is how long one is charged
+	// before it may be closed for room (0: scalerSettle); a test's.
 	maxScalerConns int
+	scalerSettle   time.Duration
 	// MaxScalerStreams bounds KEDA's streams open on the scaler port (two
 	// for every external-push trigger), and MaxScalerStreamsPerNamespace
 	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).

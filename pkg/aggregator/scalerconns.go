@@ -19,8 +19,8 @@ import (
 )
 
 // scalerConns charges each of the scaler port's connections to the
-// namespace its calls name, so that a port full in all makes room for a
-// new connection by closing one of the namespace charged the most
+// namespaces its calls name, so that a port full in all makes room for a
+// new connection by closing one of the namespaces past their share
 // (netbound.Listener.Evict).
 //
 // KEDA's operator keeps a connection for each scaler address and TLS
@@ -29,15 +29,26 @@ import (
 // triggers; KEDA's verified connections are out of the bound by address)
 // filled the port, and the connection every other tenant's triggers share
 // was closed at once when it next connected (an aggregator's restart),
-// their ScaledObjects falling to KEDA's fallback. A connection whose calls
-// name two namespaces or more (that shared one) is charged to none and
-// never closed for room; nor is one that has made no call yet (a new
-// one); a namespace's only connection is not either.
+// their ScaledObjects falling to KEDA's fallback.
+//
+// A connection may be closed for room only when every namespace it names
+// holds more than its share of the port (the port's bound over the
+// namespaces charged) and it has been charged for a settling time: the
+// shared connection names namespaces holding one connection or two, and
+// its first calls, after a restart, may be one tenant's alone. Of those,
+// the one naming the namespace holding the most goes, the fewest
+// namespaces named and the oldest first. Tenants' namespaces acting
+// together are each past their share, and so is each of their
+// connections, whatever namespaces of theirs it names.
 type scalerConns struct {
 	mu    sync.Mutex
 	conns map[string]*scalerConn // by remote and local address
-	byNS  map[string]int         // the connections charged to a namespace
+	byNS  map[string]int         // the connections naming a namespace
 	seq   uint64
+	// most is the port's bound in all; settle the time a connection is
+	// charged before it may be closed for room.
+	most   int
+	settle time.Duration
 	// evicted counts the connections closed for room.
 	evicted prometheus.Counter
 	log     *slog.Logger
@@ -46,15 +57,15 @@ type scalerConns struct {
 
 // scalerConn is one connection of the scaler port.
 type scalerConn struct {
-	c      net.Conn // the tracked connection: its Close forgets it
-	ns     string   // the one namespace its calls named ("" none yet)
-	shared bool     // its calls named two namespaces or more
-	gone   bool     // closed: charged to none
-	seq    uint64   // the order accepted
+	c     net.Conn            // the tracked connection: its Close forgets it
+	names map[string]struct{} // the namespaces its calls named
+	since time.Time           // its first call's
+	gone  bool                // closed: charged to none
+	seq   uint64              // the order accepted
 }
 
-func newScalerConns(evicted prometheus.Counter, log *slog.Logger) *scalerConns {
-	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, evicted: evicted, log: log}
+func newScalerConns(most int, settle time.Duration, evicted prometheus.Counter, log *slog.Logger) *scalerConns {
+	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, most: most, settle: settle, evicted: evicted, log: log}
 }
 
 func connKey(remote, local net.Addr) string {
@@ -101,52 +112,65 @@ func (s *scalerConns) remove(key string, rec *scalerConn) {
 	if s.conns[key] == rec {
 		delete(s.conns, key)
 	}
-	s.unchargeLocked(rec)
-	rec.gone = true
-}
-
-func (s *scalerConns) unchargeLocked(rec *scalerConn) {
-	if rec.ns == "" {
-		return
+	for ns := range rec.names {
+		if s.byNS[ns]--; s.byNS[ns] <= 0 {
+			delete(s.byNS, ns)
+		}
 	}
-	if s.byNS[rec.ns]--; s.byNS[rec.ns] <= 0 {
-		delete(s.byNS, rec.ns)
-	}
-	rec.ns = ""
+	rec.names, rec.gone = nil, true
 }
 
 // charge records that rec's call named namespace ns.
 func (s *scalerConns) charge(rec *scalerConn, ns string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case rec.gone || rec.shared || rec.ns == ns:
-	case len(validation.IsDNS1123Label(ns)) > 0:
-		// No namespace: the call is refused as such.
-	case rec.ns == "":
-		rec.ns = strings.Clone(ns)
-		s.byNS[rec.ns]++
-	default:
-		s.unchargeLocked(rec)
-		rec.shared = true
+	if _, ok := rec.names[ns]; ok || rec.gone {
+		return
 	}
+	if len(validation.IsDNS1123Label(ns)) > 0 {
+		return // no namespace: the call is refused as such
+	}
+	if rec.names == nil {
+		rec.names, rec.since = map[string]struct{}{}, time.Now()
+	}
+	ns = strings.Clone(ns)
+	rec.names[ns] = struct{}{}
+	s.byNS[ns]++
 }
 
-// evict closes the newest connection of the namespace charged the most
-// connections, if it has two or more, and says whether it did.
+// evict closes a connection whose namespaces are all past their share,
+// charged for the settling time (scalerConns), and says whether it did.
 func (s *scalerConns) evict() bool {
 	s.mu.Lock()
-	most, n := "", 1
-	for ns, k := range s.byNS {
-		if k > n || k == n && n > 1 && ns < most {
-			most, n = ns, k
+	share := float64(s.most) / float64(max(1, len(s.byNS)))
+	settled := time.Now().Add(-s.settle)
+	var victim *scalerConn
+	var vMost int
+	var vTop string
+	for _, rec := range s.conns {
+		if len(rec.names) == 0 || rec.since.After(settled) {
+			continue
+		}
+		most, top := 0, ""
+		for ns := range rec.names {
+			if float64(s.byNS[ns]) <= share {
+				most = -1
+				break
+			}
+			if s.byNS[ns] > most {
+				most, top = s.byNS[ns], ns
+			}
+		}
+		switch {
+		case most < 0:
+		case victim == nil, most > vMost,
+			most == vMost && (len(rec.names) < len(victim.names) || len(rec.names) == len(victim.names) && rec.seq < victim.seq):
+			victim, vMost, vTop = rec, most, top
 		}
 	}
-	var victim *scalerConn
-	for _, rec := range s.conns {
-		if most != "" && rec.ns == most && (victim == nil || rec.seq > victim.seq) {
-			victim = rec
-		}
+	names := 0
+	if victim != nil {
+		names = len(victim.names)
 	}
 	logIt := victim != nil && time.Since(s.logged) >= time.Minute
 	if logIt {
@@ -159,8 +183,8 @@ func (s *scalerConns) evict() bool {
 	_ = victim.c.Close()
 	s.evicted.Inc()
 	if logIt {
-		s.log.Warn("the scaler port is full: a connection of the namespace holding the most is closed for a new one (logged once a minute)",
-			logging.KeyNamespace, most, logging.KeyConns, n)
+		s.log.Warn("the scaler port is full: a connection whose namespaces are all past their share is closed for a new one (logged once a minute)",
+			logging.KeyNamespace, vTop, logging.KeyConns, vMost, logging.KeyNamespaces, names)
 	}
 	return true
 }

@@ -54,5 +54,6 @@ const (
 	KeyWhat        = "what"
 	KeyRetryIn     = "retryIn" // how long until the next try
 	KeyNamespace   = "namespace"
+	KeyNamespaces  = "namespaces"  // how many namespaces
 	KeyConns       = "connections" // connections held
 )
