@@ -207,7 +207,7 @@ func (a *Aggregator) listen() error {
 	// namespace holding the most (scalerConns).
 	evicted := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "pulse_aggregator_scaler_connections_evicted_total",
-		Help: "The scaler port's connections closed, the port full, for a new one: each the newest of the namespace whose ScaledObjects' calls alone hold the most connections (two or more; KEDA keeps one a scaler address and TLS setting its triggers write).",
+		Help: "The scaler port's connections closed, the port full, for a new one: one whose calls named no namespace, or whose namespaces all hold more than their share of the port (its bound over the namespaces charged and the new connection's).",
 	})
 	a.scalerConns = newScalerConns(most, cmp.Or(s.scalerSettle, scalerSettle), evicted, a.log)
 	scalerLn.Evict = a.scalerConns.evict

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
@@ -31,14 +32,18 @@ import (
 // was closed at once when it next connected (an aggregator's restart),
 // their ScaledObjects falling to KEDA's fallback.
 //
-// A connection may be closed for room only when every namespace it names
-// holds more than its share of the port (the port's bound over the
-// namespaces charged) and it has been charged for a settling time: the
-// shared connection names namespaces holding one connection or two, and
-// its first calls, after a restart, may be one tenant's alone. Of those,
-// the one naming the namespace holding the most goes, the fewest
-// namespaces named and the oldest first. Tenants' namespaces acting
-// together are each past their share, and so is each of their
+// A connection may be closed for room once it has made a call, when every
+// namespace it names holds more than its share of the port: the port's
+// bound over the namespaces charged and one more, the new connection's
+// (unknown until its first call; counted, a tenant whose spellings hold
+// the whole port, the shared connection out, is past its share). First
+// one whose calls named no namespace (refused, past the request's bound:
+// it serves none), then one charged for a settling time, then one not yet
+// settled: the shared connection's first calls after a restart may be one
+// tenant's alone, and it is among the first to connect again. Of those,
+// the one naming the namespace holding the most goes, the fewest named,
+// the oldest first (the newest first, not settled). Tenants' namespaces
+// acting together are each past their share, and so is each of their
 // connections, whatever namespaces of theirs it names.
 type scalerConns struct {
 	mu    sync.Mutex
@@ -59,7 +64,7 @@ type scalerConns struct {
 type scalerConn struct {
 	c     net.Conn            // the tracked connection: its Close forgets it
 	names map[string]struct{} // the namespaces its calls named
-	since time.Time           // its first call's
+	since atomic.Int64        // its first call's, Unix ns (0: none yet)
 	gone  bool                // closed: charged to none
 	seq   uint64              // the order accepted
 }
@@ -120,6 +125,15 @@ func (s *scalerConns) remove(key string, rec *scalerConn) {
 	rec.names, rec.gone = nil, true
 }
 
+// called records rec's call, whatever it names (and one refused before
+// it is read: past the request's bound). Without the lock: it is on
+// every call's path.
+func (s *scalerConns) called(rec *scalerConn) {
+	if rec.since.Load() == 0 {
+		rec.since.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
 // charge records that rec's call named namespace ns.
 func (s *scalerConns) charge(rec *scalerConn, ns string) {
 	s.mu.Lock()
@@ -131,62 +145,96 @@ func (s *scalerConns) charge(rec *scalerConn, ns string) {
 		return // no namespace: the call is refused as such
 	}
 	if rec.names == nil {
-		rec.names, rec.since = map[string]struct{}{}, time.Now()
+		rec.names = map[string]struct{}{}
 	}
 	ns = strings.Clone(ns)
 	rec.names[ns] = struct{}{}
 	s.byNS[ns]++
 }
 
-// evict closes a connection whose namespaces are all past their share,
-// charged for the settling time (scalerConns), and says whether it did.
+// evict closes a connection of no namespace or whose namespaces are all
+// past their share (scalerConns), and says whether it did.
 func (s *scalerConns) evict() bool {
 	s.mu.Lock()
-	share := float64(s.most) / float64(max(1, len(s.byNS)))
+	share := float64(s.most) / float64(len(s.byNS)+1)
 	settled := time.Now().Add(-s.settle)
-	var victim *scalerConn
-	var vMost int
-	var vTop string
+	var best candidate
 	for _, rec := range s.conns {
-		if len(rec.names) == 0 || rec.since.After(settled) {
-			continue
-		}
-		most, top := 0, ""
-		for ns := range rec.names {
-			if float64(s.byNS[ns]) <= share {
-				most = -1
-				break
-			}
-			if s.byNS[ns] > most {
-				most, top = s.byNS[ns], ns
-			}
-		}
-		switch {
-		case most < 0:
-		case victim == nil, most > vMost,
-			most == vMost && (len(rec.names) < len(victim.names) || len(rec.names) == len(victim.names) && rec.seq < victim.seq):
-			victim, vMost, vTop = rec, most, top
+		if c := s.rank(rec, share, settled); c.rec != nil && c.before(best) {
+			best = c
 		}
 	}
-	names := 0
-	if victim != nil {
-		names = len(victim.names)
-	}
-	logIt := victim != nil && time.Since(s.logged) >= time.Minute
+	logIt := best.rec != nil && time.Since(s.logged) >= time.Minute
 	if logIt {
 		s.logged = time.Now()
 	}
 	s.mu.Unlock()
-	if victim == nil {
+	if best.rec == nil {
 		return false
 	}
-	_ = victim.c.Close()
+	_ = best.rec.c.Close()
 	s.evicted.Inc()
 	if logIt {
 		s.log.Warn("the scaler port is full: a connection whose namespaces are all past their share is closed for a new one (logged once a minute)",
-			logging.KeyNamespace, vTop, logging.KeyConns, vMost, logging.KeyNamespaces, names)
+			logging.KeyNamespace, best.top, logging.KeyConns, best.most, logging.KeyNamespaces, best.names)
 	}
 	return true
+}
+
+// candidate is a connection that may be closed for room, and its rank.
+type candidate struct {
+	rec *scalerConn
+	// class: 0, its calls named no namespace (settled); 1, settled; 2,
+	// not yet settled.
+	class int
+	most  int    // the connections of the namespace it names holding the most
+	top   string // that namespace
+	names int    // the namespaces it names
+}
+
+// rank is rec as a candidate (rec nil: it may not be closed for room).
+func (s *scalerConns) rank(rec *scalerConn, share float64, settled time.Time) candidate {
+	since := rec.since.Load()
+	if rec.gone || since == 0 {
+		return candidate{} // no call yet: a new connection
+	}
+	c := candidate{rec: rec, class: 1, names: len(rec.names)}
+	if since > settled.UnixNano() {
+		c.class = 2
+	}
+	if len(rec.names) == 0 {
+		if c.class == 2 {
+			return candidate{}
+		}
+		c.class = 0
+		return c
+	}
+	for ns := range rec.names {
+		if float64(s.byNS[ns]) <= share {
+			return candidate{}
+		}
+		if s.byNS[ns] > c.most {
+			c.most, c.top = s.byNS[ns], ns
+		}
+	}
+	return c
+}
+
+// before says whether c goes before o (o's rec nil: c goes).
+func (c candidate) before(o candidate) bool {
+	switch {
+	case o.rec == nil:
+		return true
+	case c.class != o.class:
+		return c.class < o.class
+	case c.most != o.most:
+		return c.most > o.most
+	case c.names != o.names:
+		return c.names < o.names
+	case c.class == 2:
+		return c.rec.seq > o.rec.seq // not settled: the newest first
+	}
+	return c.rec.seq < o.rec.seq
 }
 
 // trackedConn is a scaler port's connection, forgotten at its first Close.
@@ -231,8 +279,19 @@ func (g tagger) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Co
 }
 
 func (tagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-func (tagger) HandleRPC(context.Context, stats.RPCStats)                       {}
 func (tagger) HandleConn(context.Context, stats.ConnStats)                     {}
+
+// HandleRPC records each call's beginning on its connection, whatever it
+// names: a call refused before it is read (past the request's bound) names
+// none, and its connection goes first for room.
+func (g tagger) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	if _, ok := st.(*stats.Begin); !ok {
+		return
+	}
+	if rec, ok := ctx.Value(connOf{}).(*scalerConn); ok {
+		g.conns.called(rec)
+	}
+}
 
 // refNamespace is the namespace a KEDA call names ("" none: a health
 // check).

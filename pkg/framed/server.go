@@ -148,7 +148,9 @@ func (s *Server) ServeConnBy(c net.Conn, by time.Time) {
 		return
 	}
 	herr := s.handler(st)
-	_ = writeStatus(st.conn, herr, st.s.o.WriteTimeout)
+	if !st.broken {
+		_ = writeStatus(st.conn, herr, st.s.o.WriteTimeout)
+	}
 }
 
 // open makes c's handshake, due by by (zero: o.Handshake from now), and is
@@ -261,6 +263,10 @@ type serverStream struct {
 	// and waits).
 	ready   readyReader
 	pending []byte
+	// broken: a write failed, perhaps within a frame; no status follows
+	// it (the agent would read the status's bytes as the rest of the
+	// frame, a message made up, or an error that is not the stream's).
+	broken bool
 }
 
 // readyReader is a connection that waits until its socket is readable
@@ -293,6 +299,7 @@ func (st *serverStream) SendMsg(m any) error {
 	}
 	_ = st.conn.SetWriteDeadline(time.Now().Add(st.s.o.WriteTimeout))
 	if _, err := st.conn.Write(buf); err != nil {
+		st.broken = true
 		return status.Errorf(codes.Unavailable, "framed: write to the agent: %v", err)
 	}
 	return nil
