@@ -137,3 +137,52 @@ func TestAConnectionClosedMidMessageEndsTheStream(t *testing.T) {
 		t.Fatalf("a message cut short: %v; want an error that is not the clean end", err)
 	}
 }
+
+// cutConn writes half of what it is given, then fails, once cut: a write
+// that timed out within a frame.
+type cutConn struct {
+	net.Conn
+	cut *atomic.Bool
+}
+
+func (c cutConn) Write(p []byte) (int, error) {
+	if c.cut.Load() {
+		n, _ := c.Conn.Write(p[:len(p)/2])
+		return n, errors.New("write timed out")
+	}
+	return c.Conn.Write(p)
+}
+
+// TestNoStatusFollowsAFrameCutShort: a message's write that failed within
+// its frame (a write timeout) was followed by the status frame, whose
+// bytes the agent read as the rest of the message: a message made up, or
+// an error that was not the stream's. Nothing follows it now.
+func TestNoStatusFollowsAFrameCutShort(t *testing.T) {
+	var cut atomic.Bool
+	s := NewServer(func(st pulsev1.Ingest_ReportServer) error {
+		var m pulsev1.AgentMessage
+		if err := st.RecvMsg(&m); err != nil {
+			return err
+		}
+		cut.Store(true)
+		return st.Send(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: "test"}}})
+	}, ServerOptions{})
+	defer s.Close()
+	srv, cli := net.Pipe()
+	go s.ServeConn(cutConn{Conn: srv, cut: &cut})
+	var b bytes.Buffer
+	b.WriteString(PrefaceTCP)
+	_ = writeFrame(&b, kindToken, nil)
+	h, _ := proto.Marshal(hello("node"))
+	_ = writeFrame(&b, kindMessage, h)
+	go func() { _, _ = cli.Write(b.Bytes()) }()
+	var hdr [headerLen]byte
+	if kind, _, err := readHeader(cli, &hdr); err != nil || kind != kindAccept {
+		t.Fatalf("the accept: kind %d, %v", kind, err)
+	}
+	rest, _ := io.ReadAll(cli)
+	welcome, _ := proto.Marshal(&pulsev1.AggregatorMessage{Msg: &pulsev1.AggregatorMessage_Welcome{Welcome: &pulsev1.Welcome{AggregatorVersion: "test"}}})
+	if half := (headerLen + len(welcome)) / 2; len(rest) != half {
+		t.Fatalf("%d bytes after the accept, want the %d of the frame cut short and nothing after", len(rest), half)
+	}
+}
