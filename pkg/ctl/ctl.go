@@ -414,6 +414,10 @@ func query(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	objs, bad, err := readObjects(*file)
+	if err != nil && len(objs) == 0 {
+		fmt.Fprintln(stderr, wire.OneLine(err.Error())) // not read: nothing to ask about
+		return 1
+	}
 	if err != nil {
 		bad = append(bad, err)
 	}

@@ -727,3 +727,13 @@ func TestQueryADocumentThatDoesNotParseLosesNoOther(t *testing.T) {
 		t.Fatalf("exit %d, want 1 with document 1 said and the ScaledObject asked about\n%s%s", code, out, errs)
 	}
 }
+
+// TestQueryAFileNotReadIsSaidAlone: a file query cannot read is said and
+// exits 1 before any credential or call (it went on to them, and said
+// too that the file had no ScaledObject).
+func TestQueryAFileNotReadIsSaidAlone(t *testing.T) {
+	code, out, errs := run("query", "--scaler", "127.0.0.1:1", "-f", filepath.Join(t.TempDir(), "none.yaml"), "--tls-client-cert", "x")
+	if code != 1 || out != "" || strings.Count(strings.TrimSpace(errs), "\n") != 0 || !strings.Contains(errs, "none.yaml") {
+		t.Fatalf("exit %d, stdout %q, stderr %q: want 1 and the file said alone", code, out, errs)
+	}
+}
