@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -717,6 +718,79 @@ func TestATenantsChurnKeepsNoOtherOut(t *testing.T) {
 	other, _ := kedaDial(t, a, creds)
 	if err := askSpec(other, "team-c"); err != nil {
 		t.Fatalf("another tenant's new connection, the tenant holding 3 of 4 (all new): %v; want it served", err)
+	}
+}
+
+// oversized is a call past the request's bound: refused unread, its
+// connection charged to no namespace.
+func oversized(t *testing.T, c externalscaler.ExternalScalerClient) {
+	t.Helper()
+	big := map[string]string{"workspace": "llama"}
+	for i := range 300 {
+		big[fmt.Sprintf("k%04d", i)] = strings.Repeat("v", 1024)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.GetMetricSpec(ctx, &externalscaler.ScaledObjectRef{Name: "so", Namespace: "spellings", ScalerMetadata: big})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("oversized call: %v", err)
+	}
+}
+
+// TestAChurnOfNoNamespaceKeepsNoOtherOut: the churn of
+// TestATenantsChurnKeepsNoOtherOut with triggers past the request's bound,
+// every connection of the tenant naming no namespace: unsettled, none was
+// closable, and every new connection was refused for the settling time
+// (found in a review).
+func TestAChurnOfNoNamespaceKeepsNoOtherOut(t *testing.T) {
+	a, creds := fullPort(t, 2*time.Second)
+	for range 4 {
+		c, _ := kedaDial(t, a, creds)
+		oversized(t, c)
+	}
+	time.Sleep(2500 * time.Millisecond) // all settled: class 0
+	for range 4 {                       // KEDA reconnecting each one closed, each closing the next
+		c, _ := kedaDial(t, a, creds)
+		oversized(t, c)
+	}
+	other, _ := kedaDial(t, a, creds)
+	if err := askSpec(other, "team-c"); err != nil {
+		t.Fatalf("another tenant's new connection, the port full of the tenant's unnamed, unsettled ones: %v; want it served", err)
+	}
+}
+
+// TestReconnectsThatHaveNotCalledKeepNoOtherOut: KEDA connects again at
+// once to an address whose connection closed, and calls only when one of
+// its streams retries (2 s, doubling to a minute): a chain of such
+// reconnects left the tenant's called connections at its share and the
+// rest uncalled, none closable, and the shared connection refused. One
+// that has made no call within a grace goes last (found in a review).
+func TestReconnectsThatHaveNotCalledKeepNoOtherOut(t *testing.T) {
+	a, creds := fullPort(t, time.Nanosecond)
+	for range 4 {
+		c, _ := kedaDial(t, a, creds)
+		if err := askSpec(c, "spellings"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 { // reconnects, no call yet: the tenant's called ones fall to its share
+		conn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		conn.Connect()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+			if !conn.WaitForStateChange(ctx, s) {
+				t.Fatalf("reconnect: %v", s)
+			}
+		}
+		cancel()
+	}
+	shared, _ := kedaDial(t, a, creds)
+	if err := askSpec(shared, "team-c"); err != nil {
+		t.Fatalf("the shared connection, the tenant's reconnects not yet called: %v; want it served", err)
 	}
 }
 

@@ -38,22 +38,27 @@ import (
 // (unknown until its first call; counted, a tenant whose spellings hold
 // the whole port, the shared connection out, is past its share). First
 // one whose calls named no namespace (refused, past the request's bound:
-// it serves none), then one charged for a settling time, then one not yet
-// settled: the shared connection's first calls after a restart may be one
-// tenant's alone, and it is among the first to connect again. Of those,
-// the one naming the namespace holding the most goes, the fewest named,
-// the oldest first (the newest first, not settled). Tenants' namespaces
-// acting together are each past their share, and so is each of their
-// connections, whatever namespaces of theirs it names.
+// it serves none) that has made calls for a settling time, then one
+// charged for it, then one not yet settled (the shared connection's first
+// calls after a restart may be one tenant's alone, and it is among the
+// first to connect again), then one of no namespace not yet settled, and
+// last one that has made no call within a grace (KEDA connects again at
+// once to an address whose connection closed, and calls only when one of
+// its streams retries, up to a minute later). Of those, the one naming
+// the namespace holding the most goes, the fewest named, the oldest first
+// (the newest first, not settled). Tenants' namespaces acting together
+// are each past their share, and so is each of their connections,
+// whatever namespaces of theirs it names.
 type scalerConns struct {
 	mu    sync.Mutex
 	conns map[string]*scalerConn // by remote and local address
 	byNS  map[string]int         // the connections naming a namespace
 	seq   uint64
 	// most is the port's bound in all; settle the time a connection is
-	// charged before it may be closed for room.
-	most   int
-	settle time.Duration
+	// charged before it may be closed for room; grace the time one that
+	// has made no call is kept out of it.
+	most          int
+	settle, grace time.Duration
 	// evicted counts the connections closed for room.
 	evicted prometheus.Counter
 	log     *slog.Logger
@@ -65,12 +70,14 @@ type scalerConn struct {
 	c     net.Conn            // the tracked connection: its Close forgets it
 	names map[string]struct{} // the namespaces its calls named
 	since atomic.Int64        // its first call's, Unix ns (0: none yet)
+	added time.Time           // accepted
 	gone  bool                // closed: charged to none
 	seq   uint64              // the order accepted
 }
 
-func newScalerConns(most int, settle time.Duration, evicted prometheus.Counter, log *slog.Logger) *scalerConns {
-	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, most: most, settle: settle, evicted: evicted, log: log}
+func newScalerConns(most int, settle, grace time.Duration, evicted prometheus.Counter, log *slog.Logger) *scalerConns {
+	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, most: most, settle: settle, grace: grace,
+		evicted: evicted, log: log}
 }
 
 func connKey(remote, local net.Addr) string {
@@ -98,7 +105,7 @@ func (l scalerListener) Accept() (net.Conn, error) {
 // add holds c, and is c as the server is to use it.
 func (s *scalerConns) add(c net.Conn) net.Conn {
 	key := connKey(c.RemoteAddr(), c.LocalAddr())
-	rec := &scalerConn{}
+	rec := &scalerConn{added: time.Now()}
 	t := &trackedConn{Conn: c}
 	t.done = func() { s.remove(key, rec) }
 	rec.c = t
@@ -137,12 +144,15 @@ func (s *scalerConns) called(rec *scalerConn) {
 // charge records that rec's call named namespace ns.
 func (s *scalerConns) charge(rec *scalerConn, ns string) {
 	s.mu.Lock()
+	_, known := rec.names[ns]
+	s.mu.Unlock()
+	if known || len(validation.IsDNS1123Label(ns)) > 0 {
+		return // charged, or no namespace: the call is refused as such
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := rec.names[ns]; ok || rec.gone {
 		return
-	}
-	if len(validation.IsDNS1123Label(ns)) > 0 {
-		return // no namespace: the call is refused as such
 	}
 	if rec.names == nil {
 		rec.names = map[string]struct{}{}
@@ -157,10 +167,11 @@ func (s *scalerConns) charge(rec *scalerConn, ns string) {
 func (s *scalerConns) evict() bool {
 	s.mu.Lock()
 	share := float64(s.most) / float64(len(s.byNS)+1)
-	settled := time.Now().Add(-s.settle)
+	now := time.Now()
+	settled, graced := now.Add(-s.settle), now.Add(-s.grace)
 	var best candidate
 	for _, rec := range s.conns {
-		if c := s.rank(rec, share, settled); c.rec != nil && c.before(best) {
+		if c := s.rank(rec, share, settled, graced); c.rec != nil && c.before(best) {
 			best = c
 		}
 	}
@@ -185,7 +196,9 @@ func (s *scalerConns) evict() bool {
 type candidate struct {
 	rec *scalerConn
 	// class: 0, its calls named no namespace (settled); 1, settled; 2,
-	// not yet settled.
+	// not yet settled; 3, its calls named no namespace, not yet settled;
+	// 4, no call within the grace (KEDA connects again at once to an
+	// address whose connection closed, and calls when a stream retries).
 	class int
 	most  int    // the connections of the namespace it names holding the most
 	top   string // that namespace
@@ -193,20 +206,26 @@ type candidate struct {
 }
 
 // rank is rec as a candidate (rec nil: it may not be closed for room).
-func (s *scalerConns) rank(rec *scalerConn, share float64, settled time.Time) candidate {
+func (s *scalerConns) rank(rec *scalerConn, share float64, settled, graced time.Time) candidate {
 	since := rec.since.Load()
-	if rec.gone || since == 0 {
-		return candidate{} // no call yet: a new connection
+	switch {
+	case rec.gone:
+		return candidate{}
+	case since == 0 && rec.added.After(graced):
+		return candidate{} // a new connection, its first call to come
+	case since == 0:
+		return candidate{rec: rec, class: 4}
 	}
 	c := candidate{rec: rec, class: 1, names: len(rec.names)}
 	if since > settled.UnixNano() {
 		c.class = 2
 	}
 	if len(rec.names) == 0 {
-		if c.class == 2 {
-			return candidate{}
+		if c.class == 1 {
+			c.class = 0
+		} else {
+			c.class = 3
 		}
-		c.class = 0
 		return c
 	}
 	for ns := range rec.names {
@@ -231,7 +250,7 @@ func (c candidate) before(o candidate) bool {
 		return c.most > o.most
 	case c.names != o.names:
 		return c.names < o.names
-	case c.class == 2:
+	case c.class >= 2:
 		return c.rec.seq > o.rec.seq // not settled: the newest first
 	}
 	return c.rec.seq < o.rec.seq
