@@ -186,7 +186,7 @@ func (s *scalerConns) evict() bool {
 	_ = best.rec.c.Close()
 	s.evicted.Inc()
 	if logIt {
-		s.log.Warn("the scaler port is full: a connection whose namespaces are all past their share is closed for a new one (logged once a minute)",
+		s.log.Warn("the scaler port is full: a connection is closed for a new one, its namespaces all past their share, or none named (logged once a minute)",
 			logging.KeyNamespace, best.top, logging.KeyConns, best.most, logging.KeyNamespaces, best.names)
 	}
 	return true

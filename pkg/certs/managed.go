@@ -333,7 +333,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 		// one it last loaded: made anew, a new CA signed at once, and the
 		// agents and KEDA, trusting the CAs published before, were cut off
 		// until each read the new bundle. A new CA is made by deleting
-		// the Secret while no replica runs (docs/reliability.md).
+		// the Secret while no replica runs (docs/scaledobject.md).
 		if err := m.ownerStands(ctx); err != nil {
 			return err
 		}

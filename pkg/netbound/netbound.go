@@ -34,8 +34,9 @@ type Listener struct {
 	UserTimeout time.Duration
 	// Evict, when set (before the first Accept), is asked for room when
 	// the port is full in all: it closes one connection it holds of less
-	// worth than a new one (the scaler port's: one of the tenant holding
-	// the most) and says whether it did; else the new one is closed.
+	// worth than a new one (the scaler port's: one whose namespaces are
+	// all past their share) and says whether it did; else the new one is
+	// closed.
 	Evict         func() bool
 	mu            sync.Mutex
 	all           int
