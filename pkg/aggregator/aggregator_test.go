@@ -504,16 +504,16 @@ func withKEDAsTLS(t *testing.T, set func(*Options)) (*Aggregator, credentials.Tr
 	return a, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12})
 }
 
-// kedaDial is a connection of KEDA's to a's scaler port (with opts), and
-// the number of times it has dialled.
-func kedaDial(t *testing.T, a *Aggregator, creds credentials.TransportCredentials, opts ...grpc.DialOption) (externalscaler.ExternalScalerClient, *atomic.Int32) {
+// kedaDial is a connection of KEDA's to a's scaler port, and the number
+// of times it has dialled.
+func kedaDial(t *testing.T, a *Aggregator, creds credentials.TransportCredentials) (externalscaler.ExternalScalerClient, *atomic.Int32) {
 	t.Helper()
 	var dials atomic.Int32
-	conn, err := grpc.NewClient(a.ScalerAddr(), append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient(a.ScalerAddr(), grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			dials.Add(1)
 			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-		})}, opts...)...)
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -791,36 +791,6 @@ func TestReconnectsThatHaveNotCalledKeepNoOtherOut(t *testing.T) {
 	shared, _ := kedaDial(t, a, creds)
 	if err := askSpec(shared, "team-c"); err != nil {
 		t.Fatalf("the shared connection, the tenant's reconnects not yet called: %v; want it served", err)
-	}
-}
-
-// TestTheSharedConnectionLetInLastIsKept: after a restart the tenant's
-// spellings may fill the port first; the shared connection, let in last,
-// its first call the tenant's (ScaledObjects of its on the canonical
-// address too), was the newest of that namespace's connections and closed
-// at the next reconnect, and again at each return. A connection dialled
-// by the canonical address (the provisioner's, the one the shared
-// connection carries) is never closed for room (found in a review).
-func TestTheSharedConnectionLetInLastIsKept(t *testing.T) {
-	a, creds := withKEDAsTLS(t, func(o *Options) {
-		o.Serving.maxScalerConns, o.Serving.scalerSettle, o.Serving.scalerCanonical = 4, time.Hour, "localhost"
-	})
-	for range 4 {
-		c, _ := kedaDial(t, a, creds)
-		if err := askSpec(c, "spellings"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	shared, dials := kedaDial(t, a, creds, grpc.WithAuthority("localhost"))
-	if err := askSpec(shared, "spellings"); err != nil { // its first call: the tenant's
-		t.Fatal(err)
-	}
-	next, _ := kedaDial(t, a, creds) // the one it closed, reconnecting
-	if err := askSpec(next, "spellings"); err != nil {
-		t.Fatal(err)
-	}
-	if err := askSpec(shared, "team-a"); err != nil || dials.Load() != 1 {
-		t.Fatalf("the shared connection: %v, dialled %d times; want it kept", err, dials.Load())
 	}
 }
 

@@ -209,8 +209,7 @@ func (a *Aggregator) listen() error {
 		Name: "pulse_aggregator_scaler_connections_evicted_total",
 		Help: "The scaler port's connections closed, the port full, for a new one: one whose calls named no namespace, or whose namespaces all hold more than their share of the port (its bound over the namespaces charged and the new connection's).",
 	})
-	a.scalerConns = newScalerConns(most, cmp.Or(s.scalerSettle, scalerSettle), cmp.Or(s.scalerSettle, handshakeTimeout),
-		cmp.Or(s.scalerCanonical, a.opts.Provision.ScalerAddress), evicted, a.log)
+	a.scalerConns = newScalerConns(most, cmp.Or(s.scalerSettle, scalerSettle), cmp.Or(s.scalerSettle, handshakeTimeout), evicted, a.log)
 	scalerLn.Evict = a.scalerConns.evict
 	a.scalerLn = scalerListener{Listener: scalerLn, conns: a.scalerConns}
 	// The HTTP ports held every connection for up to their IdleTimeout,

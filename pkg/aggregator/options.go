@@ -140,9 +140,6 @@ type ServingOptions struct {
 	// before it may be closed for room (0: scalerSettle); a test's.
 	maxScalerConns int
 	scalerSettle   time.Duration
-	// scalerCanonical: the canonical scaler address ("": the
-	// provisioner's, --provision-scaler-address); a test's.
-	scalerCanonical string
 	// MaxScalerStreams bounds KEDA's streams open on the scaler port (two
 	// for every external-push trigger), and MaxScalerStreamsPerNamespace
 	// one namespace's (0: half of MaxScalerStreams, ScalerStreamsPerNamespace).

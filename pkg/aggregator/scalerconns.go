@@ -12,7 +12,6 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -49,10 +48,7 @@ import (
 // the namespace holding the most goes, the fewest named, the oldest first
 // (the newest first, not settled). Tenants' namespaces acting together
 // are each past their share, and so is each of their connections,
-// whatever namespaces of theirs it names. A connection dialled by the
-// canonical address (--provision-scaler-address), the shared one, is
-// never closed for room: let in last, its first call a flooding tenant's,
-// it was that namespace's newest.
+// whatever namespaces of theirs it names.
 type scalerConns struct {
 	mu    sync.Mutex
 	conns map[string]*scalerConn // by remote and local address
@@ -63,11 +59,6 @@ type scalerConns struct {
 	// has made no call is kept out of it.
 	most          int
 	settle, grace time.Duration
-	// canonical is the address the provisioner's ScaledObjects name
-	// (--provision-scaler-address; "" none): a connection dialled by it
-	// is the shared one, or one of the few KEDA keeps for it (one a TLS
-	// setting), and is never closed for room.
-	canonical string
 	// evicted counts the connections closed for room.
 	evicted prometheus.Counter
 	log     *slog.Logger
@@ -79,17 +70,14 @@ type scalerConn struct {
 	c     net.Conn            // the tracked connection: its Close forgets it
 	names map[string]struct{} // the namespaces its calls named
 	since atomic.Int64        // its first call's, Unix ns (0: none yet)
-	// dialled: 1, its calls came for the canonical address (its
-	// :authority); 2, another; 0, not known yet.
-	dialled atomic.Int32
-	added   time.Time // accepted
-	gone    bool      // closed: charged to none
-	seq     uint64    // the order accepted
+	added time.Time           // accepted
+	gone  bool                // closed: charged to none
+	seq   uint64              // the order accepted
 }
 
-func newScalerConns(most int, settle, grace time.Duration, canonical string, evicted prometheus.Counter, log *slog.Logger) *scalerConns {
+func newScalerConns(most int, settle, grace time.Duration, evicted prometheus.Counter, log *slog.Logger) *scalerConns {
 	return &scalerConns{conns: map[string]*scalerConn{}, byNS: map[string]int{}, most: most, settle: settle, grace: grace,
-		canonical: canonical, evicted: evicted, log: log}
+		evicted: evicted, log: log}
 }
 
 func connKey(remote, local net.Addr) string {
@@ -221,7 +209,7 @@ type candidate struct {
 func (s *scalerConns) rank(rec *scalerConn, share float64, settled, graced time.Time) candidate {
 	since := rec.since.Load()
 	switch {
-	case rec.gone, rec.dialled.Load() == 1:
+	case rec.gone:
 		return candidate{}
 	case since == 0 && rec.added.After(graced):
 		return candidate{} // a new connection, its first call to come
@@ -336,23 +324,9 @@ func refNamespace(req any) string {
 	return ""
 }
 
-// dialledBy records whether rec's call (ctx) came for the canonical
-// address, at its first.
-func (s *scalerConns) dialledBy(ctx context.Context, rec *scalerConn) {
-	if s.canonical == "" || rec.dialled.Load() != 0 {
-		return
-	}
-	v := int32(2)
-	if a := metadata.ValueFromIncomingContext(ctx, ":authority"); len(a) == 1 && a[0] == s.canonical {
-		v = 1
-	}
-	rec.dialled.CompareAndSwap(0, v)
-}
-
 // chargeUnary charges a call's connection to the namespace it names.
 func (s *scalerConns) chargeUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if rec, ok := ctx.Value(connOf{}).(*scalerConn); ok {
-		s.dialledBy(ctx, rec)
 		if ns := refNamespace(req); ns != "" {
 			s.charge(rec, ns)
 		}
@@ -364,7 +338,6 @@ func (s *scalerConns) chargeUnary(ctx context.Context, req any, _ *grpc.UnarySer
 // names.
 func (s *scalerConns) chargeStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if rec, ok := ss.Context().Value(connOf{}).(*scalerConn); ok {
-		s.dialledBy(ss.Context(), rec)
 		ss = &chargedStream{ServerStream: ss, charge: func(m any) {
 			if ns := refNamespace(m); ns != "" {
 				s.charge(rec, ns)
