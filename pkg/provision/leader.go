@@ -75,52 +75,7 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 		// and provisioned nothing.
 		tctx, endTerm := context.WithCancel(ctx)
 		var failed atomic.Bool
-		ll := &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
-			Client:     e.Leases,
-			LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
-		}
-		var lock resourcelock.Interface = ll
-		if e.Owner != nil {
-			lock = &ownedLease{LeaseLock: ll, owner: *e.Owner}
-		}
-		var le *leaderelection.LeaderElector
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			LeaseDuration:   e.LeaseDuration,
-			RenewDeadline:   e.RenewDeadline,
-			RetryPeriod:     e.RetryPeriod,
-			ReleaseOnCancel: true,
-			Name:            "pulse-provisioner",
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(ctx context.Context) {
-					c.setLeading(true, e.Identity)
-					c.o.Log.Info("leading: provisioning ScaledObjects", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
-					if err := c.Run(ctx); err != nil {
-						c.o.Log.Error("provisioning stopped: the Lease is given back", logging.KeyErr, err)
-						failed.Store(true)
-						endTerm()
-					}
-				},
-				OnStoppedLeading: func() {
-					c.setLeading(false, e.Identity)
-					c.o.Log.Info("not leading: provisioning stopped", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
-				},
-				OnNewLeader: func(id string) {
-					// client-go reports from a goroutine of its own,
-					// which may run behind a later report or after the
-					// term: the holder is read from the elector when it
-					// runs, and a report after the term is dropped.
-					if tctx.Err() != nil {
-						return
-					}
-					c.setHolder(le.GetLeader(), e.Identity)
-					if id != e.Identity {
-						c.o.Log.Info("another replica provisions", logging.KeyLease, lease, logging.KeyLeader, id)
-					}
-				},
-			},
-		})
+		le, err := c.term(tctx, e, lease, func() { failed.Store(true); endTerm() })
 		if err != nil {
 			endTerm()
 			return fmt.Errorf("leader election on Lease %s: %w", lease, err)
@@ -132,6 +87,57 @@ func (c *Controller) RunElected(ctx context.Context, e Election) error {
 		}
 	}
 	return nil
+}
+
+// term is the elector of one term on the Lease (tctx its context): fail
+// gives the Lease back when provisioning stops.
+func (c *Controller) term(tctx context.Context, e Election, lease string, fail func()) (*leaderelection.LeaderElector, error) {
+	ll := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: e.Name},
+		Client:     e.Leases,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+	}
+	var lock resourcelock.Interface = ll
+	if e.Owner != nil {
+		lock = &ownedLease{LeaseLock: ll, owner: *e.Owner}
+	}
+	var le *leaderelection.LeaderElector
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   e.LeaseDuration,
+		RenewDeadline:   e.RenewDeadline,
+		RetryPeriod:     e.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            "pulse-provisioner",
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				c.setLeading(true, e.Identity)
+				c.o.Log.Info("leading: provisioning ScaledObjects", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
+				if err := c.Run(ctx); err != nil {
+					c.o.Log.Error("provisioning stopped: the Lease is given back", logging.KeyErr, err)
+					fail()
+				}
+			},
+			OnStoppedLeading: func() {
+				c.setLeading(false, e.Identity)
+				c.o.Log.Info("not leading: provisioning stopped", logging.KeyLease, lease, logging.KeyIdentity, e.Identity)
+			},
+			OnNewLeader: func(id string) {
+				// client-go reports from a goroutine of its own, which
+				// may run behind a later report or after the term: the
+				// holder is read from the elector when it runs, and a
+				// report after the term is dropped.
+				if tctx.Err() != nil {
+					return
+				}
+				c.setHolder(le.GetLeader(), e.Identity)
+				if id != e.Identity {
+					c.o.Log.Info("another replica provisions", logging.KeyLease, lease, logging.KeyLeader, id)
+				}
+			},
+		},
+	})
+	return le, err
 }
 
 // sleepCtx sleeps for d or until ctx ends.
