@@ -195,3 +195,69 @@ back as 5.187467e+06: the pods' image is then not the one asked for
 {{- end }}
 {{- printf "%s:%s" .repository (.tag | default .appVersion) }}
 {{- end }}
+
+{{/*
+A Go duration, as the binaries' duration flags take it (1m30s, 500ms, 0),
+in seconds (a float): (list KEY VALUE). A value of another form fails,
+naming KEY: a number without its unit, a sign.
+*/}}
+{{- define "pulse-aggregator.seconds" -}}
+{{- $key := index . 0 -}}
+{{- $v := toString (index . 1) -}}
+{{- $part := "(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(ns|us|µs|μs|ms|s|m|h)" -}}
+{{- if not (regexMatch (printf "^(0|(%s)+)$" $part) $v) -}}
+{{- fail (printf "%s %q: a duration, such as 30s, 1m30s or 500ms (a unit, no sign)" $key $v) -}}
+{{- end -}}
+{{- $unit := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "μs" 1e-6 "ms" 1e-3 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll $part $v -1 -}}
+{{- $n := regexFind "^[0-9.]+" . -}}
+{{- $total = addf $total (mulf (float64 $n) (get $unit (trimPrefix $n .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end }}
+
+{{/*
+The durations the aggregator and the relays refuse at their start,
+refused at the render instead, naming the value (the binaries' Validate;
+test/charts holds the two the same).
+*/}}
+{{- define "pulse-aggregator.checkDurations" -}}
+{{- $s := dict -}}
+{{- $given := dict "maxWindow" .Values.maxWindow "podExpiry" .Values.podExpiry "shutdownDelay" .Values.shutdownDelay "warmup.duration" .Values.warmup.duration -}}
+{{- if include "pulse-aggregator.managedCerts" . -}}
+{{- $_ := set $given "scaler.managedCerts.validity" .Values.scaler.managedCerts.validity -}}
+{{- end -}}
+{{- if .Values.relay.enabled -}}
+{{- $_ := set $given "relay.resolveInterval" .Values.relay.resolveInterval -}}
+{{- end -}}
+{{- range $k, $v := $given -}}
+{{- $_ := set $s $k (float64 (include "pulse-aggregator.seconds" (list $k $v))) -}}
+{{- end -}}
+{{- if lt (get $s "maxWindow") 30.0 -}}
+{{- fail (printf "maxWindow %s: at least 30s, the longest default trigger window (metric replicas')" (toString .Values.maxWindow)) -}}
+{{- end -}}
+{{- if le (get $s "podExpiry") 0.0 -}}
+{{- fail "podExpiry must be above 0" -}}
+{{- end -}}
+{{- if gt (get $s "shutdownDelay") 60.0 -}}
+{{- fail (printf "shutdownDelay %s: from 0 to 1m" (toString .Values.shutdownDelay)) -}}
+{{- end -}}
+{{- $v := get $s "scaler.managedCerts.validity" | default 3600.0 -}}
+{{- if or (lt $v 3600.0) (gt $v 315360000.0) -}}
+{{- fail (printf "scaler.managedCerts.validity %s: from 1h to 87600h (its CA is made for three times as long)" (toString .Values.scaler.managedCerts.validity)) -}}
+{{- end -}}
+{{- if and .Values.relay.enabled (lt (get $s "relay.resolveInterval") 0.1) -}}
+{{- fail (printf "relay.resolveInterval %s: at least 100ms" (toString .Values.relay.resolveInterval)) -}}
+{{- end -}}
+{{- with .Values.provisioning.leaderElection -}}
+{{- if and $.Values.provisioning.enabled .enabled -}}
+{{- $lease := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.leaseDuration" .leaseDuration)) -}}
+{{- $renew := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.renewDeadline" .renewDeadline)) -}}
+{{- $retry := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.retryPeriod" .retryPeriod)) -}}
+{{- if or (le $retry 0.0) (le $renew (mulf 1.2 $retry)) (le $lease $renew) -}}
+{{- fail (printf "provisioning.leaderElection: want leaseDuration (%s) > renewDeadline (%s) > 1.2 × retryPeriod (%s) > 0, client-go's rule" (toString .leaseDuration) (toString .renewDeadline) (toString .retryPeriod)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end }}

@@ -69,3 +69,41 @@ back as 5.187467e+06: the pods' image is then not the one asked for
 {{- end }}
 {{- printf "%s:%s" .repository (.tag | default .appVersion) }}
 {{- end }}
+
+{{/*
+A Go duration, as the binaries' duration flags take it (1m30s, 500ms, 0),
+in seconds (a float): (list KEY VALUE). A value of another form fails,
+naming KEY: a number without its unit, a sign.
+*/}}
+{{- define "pulse-agent.seconds" -}}
+{{- $key := index . 0 -}}
+{{- $v := toString (index . 1) -}}
+{{- $part := "(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(ns|us|µs|μs|ms|s|m|h)" -}}
+{{- if not (regexMatch (printf "^(0|(%s)+)$" $part) $v) -}}
+{{- fail (printf "%s %q: a duration, such as 30s, 1m30s or 500ms (a unit, no sign)" $key $v) -}}
+{{- end -}}
+{{- $unit := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "μs" 1e-6 "ms" 1e-3 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll $part $v -1 -}}
+{{- $n := regexFind "^[0-9.]+" . -}}
+{{- $total = addf $total (mulf (float64 $n) (get $unit (trimPrefix $n .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end }}
+
+{{/*
+The durations the agent refuses at its start, refused at the render
+instead, naming the value (the agent's Validate; test/charts holds the two
+the same).
+*/}}
+{{- define "pulse-agent.checkDurations" -}}
+{{- $interval := float64 (include "pulse-agent.seconds" (list "scrapeInterval" .Values.scrapeInterval)) -}}
+{{- if lt $interval 0.1 -}}
+{{- fail (printf "scrapeInterval %s: at least 100ms" (toString .Values.scrapeInterval)) -}}
+{{- end -}}
+{{- with .Values.scrapeTimeout -}}
+{{- if gt (float64 (include "pulse-agent.seconds" (list "scrapeTimeout" .))) $interval -}}
+{{- fail (printf "scrapeTimeout %s: at most scrapeInterval (%s)" (toString .) (toString $.Values.scrapeInterval)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
