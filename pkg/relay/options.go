@@ -47,7 +47,10 @@ type Options struct {
 	// reach the aggregators over TLS, trusting this CA.
 	TLSCertFile, TLSKeyFile, AggregatorCAFile string
 	ShutdownTimeout                           time.Duration
-	Log                                       logging.Options
+	// ShutdownDelay: at a stop, how long the relay goes on forwarding,
+	// answering not ready, before it closes its ports.
+	ShutdownDelay time.Duration
+	Log           logging.Options
 }
 
 // NewOptions returns the defaults.
@@ -72,7 +75,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve the agents TLS with this certificate (re-read when it changes); plaintext when empty")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the certificate's key")
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "reach the aggregators over TLS, trusting this CA (read at each handshake); plaintext when empty, and then a stream that carries a token is refused")
-	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long /metrics and the probes are given to finish on SIGTERM (the streams end at once: their agents reconnect through another relay)")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long /metrics and the probes are given to finish on SIGTERM, after --shutdown-delay (the streams end at once: their agents reconnect through another relay)")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the relay goes on forwarding every stream, answering not ready, before it closes its ports (0 to 1m), so that the Service's endpoints drop it first and its agents reconnect through another relay")
 	o.Log.AddFlags(fs)
 }
 
@@ -112,6 +116,9 @@ func (o *Options) Validate() error {
 	if o.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--shutdown-timeout must not be negative"))
 	}
+	if o.ShutdownDelay < 0 || o.ShutdownDelay > time.Minute {
+		errs = append(errs, fmt.Errorf("--shutdown-delay %s: from 0 to 1m", o.ShutdownDelay))
+	}
 	errs = append(errs, o.Log.Validate())
 	return errors.Join(errs...)
 }
@@ -146,6 +153,10 @@ type Server struct {
 	agents atomic.Pointer[netbound.Pooled]
 	// healthAddr: --health-addr's bound address once Run has it.
 	healthAddr atomic.Value
+	// stopping: a stop has begun (/readyz fails); wait waits out
+	// --shutdown-delay (time.Sleep; a test's own).
+	stopping atomic.Bool
+	wait     func(time.Duration)
 }
 
 // NewServer wires a relay from o.
@@ -192,28 +203,14 @@ func NewServer(o *Options, log *slog.Logger) (*Server, error) {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(files.ServerConfig())))
 	}
-	return &Server{o: o, log: log, relay: r, grpc: grpc.NewServer(opts...), reg: reg}, nil
+	return &Server{o: o, log: log, relay: r, grpc: grpc.NewServer(opts...), reg: reg, wait: time.Sleep}, nil
 }
 
 // Run serves until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", s.o.Listen)
+	ln, hln, healthLn, err := s.listen(ctx)
 	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	hln, err := lc.Listen(ctx, "tcp", s.o.HTTPAddr)
-	if err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("--http-addr: %w", err)
-	}
-	var healthLn net.Listener
-	if s.o.HealthAddr != "" {
-		if healthLn, err = lc.Listen(ctx, "tcp", s.o.HealthAddr); err != nil {
-			_, _ = ln.Close(), hln.Close()
-			return fmt.Errorf("--health-addr: %w", err)
-		}
-		s.healthAddr.Store(healthLn.Addr().String())
+		return err
 	}
 	bounded := netbound.New(ln, s.o.MaxConnections, s.o.MaxConnectionsPerAddress)
 	bounded.UserTimeout = agentKeepalive.Timeout // gRPC's, which it sets on a bare TCP connection only
@@ -233,7 +230,8 @@ func (s *Server) Run(ctx context.Context) error {
 	// nothing for long, and one address's connections cannot take them all.
 	hs := app.NewHTTPServer(mux, s.log)
 	hbounded := netbound.New(hln, maxHTTPConns, maxHTTPConnsPerAddress)
-	rctx, cancel := context.WithCancel(ctx)
+	// The streams go on through --shutdown-delay, past ctx's end.
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); s.relay.Run(rctx) }()
@@ -252,6 +250,11 @@ func (s *Server) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		err = nil
+		// Not ready, and every port still open and forwarding, for
+		// --shutdown-delay: the relays' Service drops this pod first,
+		// and the agents' new connections go to the others.
+		s.stopping.Store(true)
+		s.wait(s.o.ShutdownDelay)
 	case err = <-errc:
 	}
 	// An agent's stream never ends by itself, so none is waited for: the
@@ -269,10 +272,35 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
+// listen opens the agents' port, the http port and, with --health-addr,
+// the probes' (nil without).
+func (s *Server) listen(ctx context.Context) (ln, hln, healthLn net.Listener, err error) {
+	var lc net.ListenConfig
+	if ln, err = lc.Listen(ctx, "tcp", s.o.Listen); err != nil {
+		return nil, nil, nil, fmt.Errorf("--listen: %w", err)
+	}
+	if hln, err = lc.Listen(ctx, "tcp", s.o.HTTPAddr); err != nil {
+		_ = ln.Close()
+		return nil, nil, nil, fmt.Errorf("--http-addr: %w", err)
+	}
+	if s.o.HealthAddr != "" {
+		if healthLn, err = lc.Listen(ctx, "tcp", s.o.HealthAddr); err != nil {
+			_, _ = ln.Close(), hln.Close()
+			return nil, nil, nil, fmt.Errorf("--health-addr: %w", err)
+		}
+		s.healthAddr.Store(healthLn.Addr().String())
+	}
+	return ln, hln, healthLn, nil
+}
+
 // healthHandlers registers /livez and /readyz on mux.
 func (s *Server) healthHandlers(mux *http.ServeMux) {
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.stopping.Load() {
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+			return
+		}
 		if !s.relay.Ready() {
 			http.Error(w, "the aggregators are not resolved yet", http.StatusServiceUnavailable)
 			return

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -152,5 +153,67 @@ func TestTheProbesHaveAPortNoPodReaches(t *testing.T) {
 	o.HealthAddr = "nonsense"
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--health-addr") {
 		t.Fatalf("Validate of --health-addr nonsense: %v", err)
+	}
+}
+
+// TestAStopIsNotReadyBeforeItCloses: at a stop the relay ended every
+// stream and closed its ports at once, while the relays' Service still
+// sent the agents' reconnects to it (refused, each agent backing off).
+// With --shutdown-delay it answers not ready for that long, its ports
+// open and its streams forwarded, then stops.
+func TestAStopIsNotReadyBeforeItCloses(t *testing.T) {
+	agg := startAggregator(t, 100)
+	o := NewOptions()
+	o.Listen, o.HTTPAddr, o.HealthAddr, o.Aggregators = freeAddr(t), freeAddr(t), freeAddr(t), []string{agg.addr}
+	o.ShutdownDelay = time.Minute
+	s, err := NewServer(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited, release := make(chan time.Duration, 1), make(chan struct{})
+	s.wait = func(d time.Duration) { waited <- d; <-release }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	readyz := func(addr string, want int) error {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			return fmt.Errorf("/readyz of %s: %s, want %d", addr, resp.Status, want)
+		}
+		return nil
+	}
+	eventually(t, "ready", func() error { return readyz(o.HealthAddr, http.StatusOK) })
+	st := agentStream(context.Background(), t, relayAt{addr: o.Listen, creds: insecure.NewCredentials()}, agg.addr)
+	if err := st.Send(hello("node-1")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("welcome: %v, %v", m, err)
+	}
+	cancel()
+	if d := <-waited; d != time.Minute {
+		t.Fatalf("waited %v, want --shutdown-delay", d)
+	}
+	for _, addr := range []string{o.HealthAddr, o.HTTPAddr} {
+		if err := readyz(addr, http.StatusServiceUnavailable); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Send(batch(1)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := st.Recv(); err != nil || m.GetAck().GetSeq() != 1 {
+		t.Fatalf("a batch within the delay: %v, %v; want it forwarded and acked", m, err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := st.Recv(); err == nil {
+		t.Fatal("the stream outlived the stop")
 	}
 }

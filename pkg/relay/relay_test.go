@@ -567,9 +567,9 @@ func TestOptionsValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.Aggregators = append(o.Aggregators, "no-port")
-	o.StreamsPerConnection, o.TLSCertFile = 0, "tls.crt"
+	o.StreamsPerConnection, o.TLSCertFile, o.ShutdownDelay = 0, "tls.crt", 2*time.Minute
 	err := o.Validate()
-	for _, want := range []string{`--aggregator "no-port"`, "--streams-per-connection", "--tls-cert-file and --tls-key-file"} {
+	for _, want := range []string{`--aggregator "no-port"`, "--streams-per-connection", "--tls-cert-file and --tls-key-file", "--shutdown-delay 2m0s: from 0 to 1m"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%v, want it to say %q", err, want)
 		}

@@ -230,6 +230,7 @@ test/charts holds the two the same).
 {{- end -}}
 {{- if .Values.relay.enabled -}}
 {{- $_ := set $given "relay.resolveInterval" .Values.relay.resolveInterval -}}
+{{- $_ := set $given "relay.shutdownDelay" (.Values.relay.shutdownDelay | default "0s") -}}
 {{- end -}}
 {{- range $k, $v := $given -}}
 {{- $_ := set $s $k (float64 (include "pulse-aggregator.seconds" (list $k $v))) -}}
@@ -249,6 +250,9 @@ test/charts holds the two the same).
 {{- end -}}
 {{- if and .Values.relay.enabled (lt (get $s "relay.resolveInterval") 0.1) -}}
 {{- fail (printf "relay.resolveInterval %s: at least 100ms" (toString .Values.relay.resolveInterval)) -}}
+{{- end -}}
+{{- if and .Values.relay.enabled (gt (get $s "relay.shutdownDelay") 60.0) -}}
+{{- fail (printf "relay.shutdownDelay %s: from 0 to 1m" (toString .Values.relay.shutdownDelay)) -}}
 {{- end -}}
 {{- with .Values.provisioning.leaderElection -}}
 {{- if and $.Values.provisioning.enabled .enabled -}}
