@@ -2,18 +2,23 @@ package charts
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/aggregator"
 	"github.com/pulse-io/pulse/pkg/app"
+	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/relay"
 	"github.com/pulse-io/pulse/pkg/wire"
 )
@@ -41,7 +46,8 @@ func accepts(t *testing.T, c corev1.Container) error {
 	for _, e := range c.Env {
 		v := e.Value
 		if e.ValueFrom != nil {
-			v = "from-" + strings.ReplaceAll(e.ValueFrom.FieldRef.FieldPath, ".", "-")
+			// What the downward API gives a pod of the release.
+			v = map[string]string{"metadata.namespace": "pulse-system", "metadata.name": "pulse-0", "spec.nodeName": "node-0"}[e.ValueFrom.FieldRef.FieldPath]
 		}
 		t.Setenv(e.Name, v)
 	}
@@ -73,7 +79,12 @@ func renderedBinariesAccept(t *testing.T, chart string, args ...string) (rendere
 		if kind != "Deployment" && kind != "DaemonSet" {
 			continue
 		}
-		if err := accepts(t, container(t, d)); err != nil {
+		var w appsv1.Deployment // a DaemonSet's pod template lies at the same path
+		if err := yaml.Unmarshal([]byte(d), &w); err != nil || len(w.Spec.Template.Spec.Containers) != 1 {
+			errs = append(errs, fmt.Errorf("%s: not one container: %v", key, err))
+			continue
+		}
+		if err := accepts(t, w.Spec.Template.Spec.Containers[0]); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", key, err))
 		}
 	}
@@ -89,8 +100,10 @@ type edgeValue struct {
 
 var relayOn = []string{"--set", "relay.enabled=true"}
 
-// edgeValues: the values the binaries refuse, and those at the edge of
-// what they take.
+// edgeValues: the values the binaries refuse (a port of 0 they take, to
+// listen where the kernel picks, but the API server refuses it as a
+// containerPort), and those at the edge of what they take. A number as a
+// string (--set-string) renders, as before the schema.
 var edgeValues = []edgeValue{
 	// The aggregator's values.
 	{"aggregator", "provisioning.maxReplicas=10001", "provisioning.maxReplicas", true, nil},
@@ -101,12 +114,33 @@ var edgeValues = []edgeValue{
 	{"aggregator", "provisioning.leaderElection.retryPeriod=0s", "provisioning.leaderElection", true, nil},
 	{"aggregator", "provisioning.leaderElection.retryPeriod=8s", "", false, nil},
 	{"aggregator", "provisioning.leaderElection.leaseDuration=1m30s", "", false, nil},
+	{"aggregator", "provisioning.leaderElection.leaseDuration=15", "provisioning.leaderElection.leaseDuration", true, []string{"--set", "provisioning.leaderElection.enabled=false,replicaCount=1"}},
+	{"aggregator", "provisioning.leaderElection.retryPeriod=9s", "", false, []string{"--set", "provisioning.leaderElection.enabled=false,replicaCount=1"}},
+	{"aggregator", "maxPods=null", "maxPods", true, nil},
+	{"aggregator", "scaler.port=null", "port", true, nil},
+	{"aggregator", "logLevel=null", "logLevel", true, nil},
+	{"aggregator", "agentAuth.mode=null", "mode", true, nil},
+	{"aggregator", "maxWindow=3000000h", "maxWindow", true, nil},
+	{"aggregator", "logLevel=info+99999999999999999999", "logLevel", true, nil},
+	{"aggregator", "logLevel=WARN+2", "", false, nil},
+	{"aggregator", "replicaCount=2", "", false, []string{"--set-string", "maxPods=10000,scaler.port=9090"}},
 	{"aggregator", "scaler.maxStreams=0", "scaler.maxStreams", true, nil},
 	{"aggregator", "scaler.maxStreamsPerNamespace=-1", "scaler.maxStreamsPerNamespace", true, nil},
 	{"aggregator", "scaler.maxConnectionsPerAddress=0", "scaler.maxConnectionsPerAddress", true, nil},
 	{"aggregator", "scaler.managedCerts.validity=30m", "scaler.managedCerts.validity", true, nil},
 	{"aggregator", "scaler.managedCerts.validity=87601h", "scaler.managedCerts.validity", true, nil},
+	{"aggregator", "scaler.managedCerts.validity=0s", "scaler.managedCerts.validity", true, nil},
+	{"aggregator", "scaler.managedCerts.validity=0", "scaler.managedCerts.validity", true, nil},
 	{"aggregator", "scaler.managedCerts.validity=1h", "", false, nil},
+	{"aggregator", "scaler.managedCerts.secretName=Certs_X", "scaler.managedCerts.secretName", true, nil},
+	{"aggregator", "scaler.managedCerts.triggerAuthName=Pulse_Creds", "scaler.managedCerts.triggerAuthName", true, nil},
+	{"aggregator", "scaler.managedCerts.caConfigMap=CA_Map", "scaler.managedCerts.caConfigMap", true, nil},
+	{"aggregator", "scaler.managedCerts.kedaNamespace=keda.system", "scaler.managedCerts.kedaNamespace", true, nil},
+	{"aggregator", "scaler.managedCerts.secretName=pulse-creds", "scaler.managedCerts.secretName", true, []string{"--set", "scaler.managedCerts.kedaNamespace=pulse-system"}},
+	{"aggregator", "scaler.managedCerts.secretName=pulse-creds", "", false, nil},
+	{"aggregator", "clusterDomain=cluster.local.", "clusterDomain", true, nil},
+	{"aggregator", "agentAuth.audience=", "agentAuth.audience", true, nil},
+	{"aggregator", "agentAuth.audience=", "", false, []string{"--set", "agentAuth.mode=none"}},
 	{"aggregator", "scaler.managedCerts.validity=87600h", "", false, nil},
 	{"aggregator", "ingest.maxConnections=0", "ingest.maxConnections", true, nil},
 	{"aggregator", "ingest.maxConnectionsPerAddress=0", "ingest.maxConnectionsPerAddress", true, nil},
@@ -151,6 +185,16 @@ var edgeValues = []edgeValue{
 	{"daemonset", "scrapeTimeout=999ms", "", false, nil},
 	{"daemonset", "scrapeTimeout=-1s", "scrapeTimeout", true, nil},
 	{"daemonset", "maxPods=0", "maxPods", true, nil},
+	{"daemonset", "maxPods=null", "maxPods", true, nil},
+	{"daemonset", "transport=null", "transport", true, nil},
+	{"daemonset", "scrapeInterval=3000000h", "scrapeInterval", true, nil},
+	{"daemonset", "aggregator=pulse-aggregator-ingest", "aggregator", true, nil},
+	{"daemonset", `aggregator=a:9091\,b:9091`, "", false, nil},
+	{"daemonset", "relay=pulse-relay", "relay", true, nil},
+	{"daemonset", "relay=pulse-relay:9091", "", false, nil},
+	{"daemonset", "extraMetrics={foo-bar}", "extraMetrics", true, nil},
+	{"daemonset", "extraMetrics={running:max}", "extraMetrics", true, nil},
+	{"daemonset", "extraMetrics={vllm:num_requests_running:max}", "", false, nil},
 	{"daemonset", "transport=quic", "transport", true, nil},
 	{"daemonset", "logLevel=verbose", "logLevel", true, nil},
 	{"daemonset", "httpPort=0", "httpPort", true, nil},
@@ -218,4 +262,32 @@ func valuesArgs(files []string) [][]string {
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// TestTheAgentsSchemaKnowsPulsesOwnMetrics: the agent refuses to forward
+// a gauge under a name of pulse's own metrics (a trigger's metricName of
+// that name reads pulse's); the chart's schema refuses the same names.
+func TestTheAgentsSchemaKnowsPulsesOwnMetrics(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(root, "deploy", "daemonset", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			ExtraMetrics struct {
+				Items struct {
+					Not struct {
+						Pattern string `json:"pattern"`
+					} `json:"not"`
+				} `json:"items"`
+			} `json:"extraMetrics"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	want := "^(" + strings.Join(metric.Names(), "|") + ")(:(sum|mean|max))?$"
+	if got := schema.Properties.ExtraMetrics.Items.Not.Pattern; got != want {
+		t.Fatalf("extraMetrics' items refuse %q, want %q (pkg/metric's names)", got, want)
+	}
 }

@@ -214,15 +214,19 @@ naming KEY: a number without its unit, a sign.
 {{- $n := regexFind "^[0-9.]+" . -}}
 {{- $total = addf $total (mulf (float64 $n) (get $unit (trimPrefix $n .))) -}}
 {{- end -}}
+{{- if gt $total 9223372036.0 -}}
+{{- fail (printf "%s %q: past the longest duration Go holds (about 292 years)" $key $v) -}}
+{{- end -}}
 {{- $total -}}
 {{- end }}
 
 {{/*
-The durations the aggregator and the relays refuse at their start,
-refused at the render instead, naming the value (the binaries' Validate;
-test/charts holds the two the same).
+The durations (and the values that relate to others) the aggregator and
+the relays refuse at their start, refused at the render instead, naming
+the value (the binaries' Validate; values.schema.json holds the rest;
+test/charts holds the chart to the binaries).
 */}}
-{{- define "pulse-aggregator.checkDurations" -}}
+{{- define "pulse-aggregator.checkValues" -}}
 {{- $s := dict -}}
 {{- $given := dict "maxWindow" .Values.maxWindow "podExpiry" .Values.podExpiry "shutdownDelay" .Values.shutdownDelay "warmup.duration" .Values.warmup.duration -}}
 {{- if include "pulse-aggregator.managedCerts" . -}}
@@ -239,14 +243,24 @@ test/charts holds the two the same).
 {{- fail (printf "maxWindow %s: at least 30s, the longest default trigger window (metric replicas')" (toString .Values.maxWindow)) -}}
 {{- end -}}
 {{- if le (get $s "podExpiry") 0.0 -}}
-{{- fail "podExpiry must be above 0" -}}
+{{- fail (printf "podExpiry %s: above 0" (toString .Values.podExpiry)) -}}
 {{- end -}}
 {{- if gt (get $s "shutdownDelay") 60.0 -}}
 {{- fail (printf "shutdownDelay %s: from 0 to 1m" (toString .Values.shutdownDelay)) -}}
 {{- end -}}
-{{- $v := get $s "scaler.managedCerts.validity" | default 3600.0 -}}
+{{- if hasKey $s "scaler.managedCerts.validity" -}}
+{{- $v := get $s "scaler.managedCerts.validity" -}}
 {{- if or (lt $v 3600.0) (gt $v 315360000.0) -}}
 {{- fail (printf "scaler.managedCerts.validity %s: from 1h to 87600h (its CA is made for three times as long)" (toString .Values.scaler.managedCerts.validity)) -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.scaler.managedCerts -}}
+{{- if and (include "pulse-aggregator.managedCerts" $) (eq .secretName .triggerAuthName) (eq .kedaNamespace $.Release.Namespace) -}}
+{{- fail (printf "scaler.managedCerts.secretName %q is KEDA's credentials' Secret (triggerAuthName, with kedaNamespace the release's namespace): name another" .secretName) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq (toString .Values.agentAuth.mode) "tokenreview") (not .Values.agentAuth.audience) -}}
+{{- fail "agentAuth.audience: required with agentAuth.mode tokenreview (every agent's token would be refused)" -}}
 {{- end -}}
 {{- if and .Values.relay.enabled (lt (get $s "relay.resolveInterval") 0.1) -}}
 {{- fail (printf "relay.resolveInterval %s: at least 100ms" (toString .Values.relay.resolveInterval)) -}}
@@ -255,11 +269,11 @@ test/charts holds the two the same).
 {{- fail (printf "relay.shutdownDelay %s: from 0 to 1m" (toString .Values.relay.shutdownDelay)) -}}
 {{- end -}}
 {{- with .Values.provisioning.leaderElection -}}
-{{- if and $.Values.provisioning.enabled .enabled -}}
+{{- if $.Values.provisioning.enabled -}}
 {{- $lease := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.leaseDuration" .leaseDuration)) -}}
 {{- $renew := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.renewDeadline" .renewDeadline)) -}}
 {{- $retry := float64 (include "pulse-aggregator.seconds" (list "provisioning.leaderElection.retryPeriod" .retryPeriod)) -}}
-{{- if or (le $retry 0.0) (le $renew (mulf 1.2 $retry)) (le $lease $renew) -}}
+{{- if and .enabled (or (le $retry 0.0) (le $renew (mulf 1.2 $retry)) (le $lease $renew)) -}}
 {{- fail (printf "provisioning.leaderElection: want leaseDuration (%s) > renewDeadline (%s) > 1.2 × retryPeriod (%s) > 0, client-go's rule" (toString .leaseDuration) (toString .renewDeadline) (toString .retryPeriod)) -}}
 {{- end -}}
 {{- end -}}

@@ -88,15 +88,18 @@ naming KEY: a number without its unit, a sign.
 {{- $n := regexFind "^[0-9.]+" . -}}
 {{- $total = addf $total (mulf (float64 $n) (get $unit (trimPrefix $n .))) -}}
 {{- end -}}
+{{- if gt $total 9223372036.0 -}}
+{{- fail (printf "%s %q: past the longest duration Go holds (about 292 years)" $key $v) -}}
+{{- end -}}
 {{- $total -}}
 {{- end }}
 
 {{/*
 The durations the agent refuses at its start, refused at the render
-instead, naming the value (the agent's Validate; test/charts holds the two
-the same).
+instead, naming the value (the agent's Validate; values.schema.json holds
+the rest; test/charts holds the chart to the binary).
 */}}
-{{- define "pulse-agent.checkDurations" -}}
+{{- define "pulse-agent.checkValues" -}}
 {{- $interval := float64 (include "pulse-agent.seconds" (list "scrapeInterval" .Values.scrapeInterval)) -}}
 {{- if lt $interval 0.1 -}}
 {{- fail (printf "scrapeInterval %s: at least 100ms" (toString .Values.scrapeInterval)) -}}
