@@ -1033,3 +1033,25 @@ func TestTheScalersClientNameIsPassedOn(t *testing.T) {
 		}
 	}
 }
+
+// TestTheAggregatorCreatesOneTriggerAuth: RBAC cannot bound the
+// aggregator's create of ClusterTriggerAuthentications by name; the
+// chart's admission policy admits the one it names alone (the e2e test
+// checks the API server enforces it).
+func TestTheAggregatorCreatesOneTriggerAuth(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "scaler.managedCerts.triggerAuthName=team-creds",
+		"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	policy := docs(t, out)["ValidatingAdmissionPolicy/pulse-system-pulse-aggregator-trigger-auth-name"]
+	for _, want := range []string{`resources: ["clustertriggerauthentications"]`, "expression: object.metadata.name == 'team-creds'",
+		"system:serviceaccount:pulse-system:pulse-aggregator'"} {
+		if !strings.Contains(policy, want) {
+			t.Errorf("the policy does not say %q:\n%s", want, policy)
+		}
+	}
+	if !strings.Contains(out, "policyName: pulse-system-pulse-aggregator-trigger-auth-name") {
+		t.Error("the policy is not bound")
+	}
+}

@@ -411,6 +411,43 @@ func (e *env) noTokenSecrets() {
 		}
 		must(t, e.kube.CoreV1().Secrets(n).Delete(e.ctx, plain.Name, metav1.DeleteOptions{}))
 	}
+	e.oneTriggerAuth(cfg)
+}
+
+// oneTriggerAuth: the aggregator's ServiceAccount may create
+// ClusterTriggerAuthentications (RBAC cannot bound a create by name), and
+// any tenant's ScaledObject may name one, its secrets read in KEDA's
+// namespace. The chart's admission policy refuses it one of any name but
+// its own (pulse-creds: admitted, then found to exist, or made).
+func (e *env) oneTriggerAuth(as *rest.Config) {
+	t := e.t
+	dyn, err := dynamic.NewForConfig(as)
+	must(t, err)
+	gvr := schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}
+	ctas := dyn.Resource(gvr)
+	cta := func(name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{}}}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		_, err := ctas.Create(e.ctx, cta("pulse-probe-other"), metav1.CreateOptions{})
+		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+			if !strings.Contains(err.Error(), "makes one ClusterTriggerAuthentication, pulse-creds") {
+				t.Fatalf("a ClusterTriggerAuthentication of another name refused, but not by the chart's policy: %v", err)
+			}
+			break
+		}
+		if err != nil {
+			t.Fatalf("creating a ClusterTriggerAuthentication of another name as the aggregator: %v", err)
+		}
+		must(t, e.dyn.Resource(gvr).Delete(e.ctx, "pulse-probe-other", metav1.DeleteOptions{}))
+		if time.Now().After(deadline) {
+			t.Fatal("the aggregator's ServiceAccount still creates ClusterTriggerAuthentications of any name a minute after the chart's install")
+		}
+	}
+	if _, err := ctas.Create(e.ctx, cta("pulse-creds"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("the aggregator's own ClusterTriggerAuthentication refused: %v", err)
+	}
 }
 
 func repoRoot(t *testing.T) string {
