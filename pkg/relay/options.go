@@ -75,7 +75,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve the agents TLS with this certificate (re-read when it changes); plaintext when empty")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the certificate's key")
 	fs.StringVar(&o.AggregatorCAFile, "aggregator-ca-file", o.AggregatorCAFile, "reach the aggregators over TLS, trusting this CA (read at each handshake); plaintext when empty, and then a stream that carries a token is refused")
-	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long /metrics and the probes are given to finish on SIGTERM, after --shutdown-delay (the streams end at once: their agents reconnect through another relay)")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long /metrics and the probes are given to finish on SIGTERM, after --shutdown-delay (then the streams end at once: their agents reconnect through another relay)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "at a stop, how long the relay goes on forwarding every stream, answering not ready, before it closes its ports (0 to 1m), so that the Service's endpoints drop it first and its agents reconnect through another relay")
 	o.Log.AddFlags(fs)
 }

@@ -963,15 +963,11 @@ func TestTheAggregatorMakesNoTokenSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	var policy, binding string
-	for _, doc := range strings.Split(out, "\n---\n") {
-		switch {
-		case strings.Contains(doc, "kind: ValidatingAdmissionPolicy\n"):
-			policy = doc
-		case strings.Contains(doc, "kind: ValidatingAdmissionPolicyBinding\n"):
-			binding = doc
-		}
-	}
+	// The chart's other policy, on ClusterTriggerAuthentications, is
+	// TestTheAggregatorCreatesOneTriggerAuth's.
+	objs := docs(t, out)
+	policy := objs["ValidatingAdmissionPolicy/pulse-system-pulse-aggregator-no-token-secrets"]
+	binding := objs["ValidatingAdmissionPolicyBinding/pulse-system-pulse-aggregator-no-token-secrets"]
 	for _, want := range []string{"name: pulse-system-pulse-aggregator-no-token-secrets\n", `request.userInfo.username == 'system:serviceaccount:pulse-system:agg-sa'`,
 		`object.type != 'kubernetes.io/service-account-token'`, `operations: ["CREATE", "UPDATE"]`, "failurePolicy: Fail"} {
 		if !strings.Contains(policy, want) {
@@ -1053,5 +1049,25 @@ func TestTheAggregatorCreatesOneTriggerAuth(t *testing.T) {
 	}
 	if !strings.Contains(out, "policyName: pulse-system-pulse-aggregator-trigger-auth-name") {
 		t.Error("the policy is not bound")
+	}
+}
+
+// TestTheRelaysGraceHoldsItsDelay: a relay pod killed within its
+// --shutdown-delay cuts every stream at once; its grace period is
+// Kubernetes' 30s, or the delay and 10s where that is more.
+func TestTheRelaysGraceHoldsItsDelay(t *testing.T) {
+	for delay, want := range map[string]int64{"5s": 30, "45s": 55, "59.5s": 70, "0": 30} {
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "relay.enabled=true", "--set", "relay.shutdownDelay="+delay)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", delay, err, out)
+		}
+		var d appsv1.Deployment
+		must(t, yaml.Unmarshal([]byte(docs(t, out)["Deployment/pulse-aggregator-relay"]), &d))
+		if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != want {
+			t.Errorf("relay.shutdownDelay %s: grace %v, want %d", delay, g, want)
+		}
+		if got := flagValues(d.Spec.Template.Spec.Containers[0].Args, "--shutdown-delay"); len(got) != 1 || got[0] != delay {
+			t.Errorf("relay.shutdownDelay %s: --shutdown-delay %v", delay, got)
+		}
 	}
 }

@@ -239,6 +239,15 @@ test/charts holds the chart to the binaries).
 {{- range $k, $v := $given -}}
 {{- $_ := set $s $k (float64 (include "pulse-aggregator.seconds" (list $k $v))) -}}
 {{- end -}}
+{{- $ints := list (list "maxPods" .Values.maxPods 1 16777216) (list "maxPodsPerNamespace" .Values.maxPodsPerNamespace 0 16777216) (list "gcPercent" .Values.gcPercent 0 10000) (list "provisioning.maxReplicas" .Values.provisioning.maxReplicas 0 10000) -}}
+{{- $ints = concat $ints (list (list "scaler.port" .Values.scaler.port 1 65535) (list "scaler.maxStreams" .Values.scaler.maxStreams 1 9223372036854775807) (list "scaler.maxStreamsPerNamespace" .Values.scaler.maxStreamsPerNamespace 0 9223372036854775807) (list "scaler.maxConnectionsPerAddress" .Values.scaler.maxConnectionsPerAddress 1 9223372036854775807)) -}}
+{{- $ints = concat $ints (list (list "ingest.port" .Values.ingest.port 1 65535) (list "ingest.maxConnections" .Values.ingest.maxConnections 1 9223372036854775807) (list "ingest.maxConnectionsPerAddress" .Values.ingest.maxConnectionsPerAddress 1 9223372036854775807) (list "http.port" .Values.http.port 1 65535) (list "http.healthPort" .Values.http.healthPort 1 65535)) -}}
+{{- if .Values.relay.enabled -}}
+{{- $ints = concat $ints (list (list "relay.port" .Values.relay.port 1 65535) (list "relay.httpPort" .Values.relay.httpPort 1 65535) (list "relay.healthPort" .Values.relay.healthPort 1 65535) (list "relay.maxConnections" .Values.relay.maxConnections 1 9223372036854775807) (list "relay.maxConnectionsPerAddress" .Values.relay.maxConnectionsPerAddress 1 9223372036854775807)) -}}
+{{- end -}}
+{{- range $ints -}}
+{{- include "pulse-aggregator.int" . -}}
+{{- end -}}
 {{- if lt (get $s "maxWindow") 30.0 -}}
 {{- fail (printf "maxWindow %s: at least 30s, the longest default trigger window (metric replicas')" (toString .Values.maxWindow)) -}}
 {{- end -}}
@@ -276,6 +285,23 @@ test/charts holds the chart to the binaries).
 {{- if and .enabled (or (le $retry 0.0) (le $renew (mulf 1.2 $retry)) (le $lease $renew)) -}}
 {{- fail (printf "provisioning.leaderElection: want leaseDuration (%s) > renewDeadline (%s) > 1.2 × retryPeriod (%s) > 0, client-go's rule" (toString .leaseDuration) (toString .renewDeadline) (toString .retryPeriod)) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+A number given as a string of digits (--set-string, a quoted value), which
+values.schema.json takes without its range: (list KEY VALUE MIN MAX). It
+fails, naming KEY, outside the range or past what Go's int holds; a number
+is the schema's to check.
+*/}}
+{{- define "pulse-aggregator.int" -}}
+{{- $key := index . 0 -}}
+{{- $v := index . 1 -}}
+{{- if kindIs "string" $v -}}
+{{- $n := int64 $v -}}
+{{- if or (ne (toString $n) $v) (lt $n (int64 (index . 2))) (gt $n (int64 (index . 3))) -}}
+{{- fail (printf "%s %q: a whole number from %d to %d" $key $v (int64 (index . 2)) (int64 (index . 3))) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}

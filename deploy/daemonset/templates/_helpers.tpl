@@ -100,6 +100,9 @@ instead, naming the value (the agent's Validate; values.schema.json holds
 the rest; test/charts holds the chart to the binary).
 */}}
 {{- define "pulse-agent.checkValues" -}}
+{{- range list (list "maxPods" .Values.maxPods 1 9223372036854775807) (list "httpPort" .Values.httpPort 1 65535) (list "healthPort" .Values.healthPort 1 65535) (list "auth.expirationSeconds" .Values.auth.expirationSeconds 600 4294967296) -}}
+{{- include "pulse-agent.int" . -}}
+{{- end -}}
 {{- $interval := float64 (include "pulse-agent.seconds" (list "scrapeInterval" .Values.scrapeInterval)) -}}
 {{- if lt $interval 0.1 -}}
 {{- fail (printf "scrapeInterval %s: at least 100ms" (toString .Values.scrapeInterval)) -}}
@@ -107,6 +110,23 @@ the rest; test/charts holds the chart to the binary).
 {{- with .Values.scrapeTimeout -}}
 {{- if gt (float64 (include "pulse-agent.seconds" (list "scrapeTimeout" .))) $interval -}}
 {{- fail (printf "scrapeTimeout %s: at most scrapeInterval (%s)" (toString .) (toString $.Values.scrapeInterval)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+A number given as a string of digits (--set-string, a quoted value), which
+values.schema.json takes without its range: (list KEY VALUE MIN MAX). It
+fails, naming KEY, outside the range or past what Go's int holds; a number
+is the schema's to check.
+*/}}
+{{- define "pulse-agent.int" -}}
+{{- $key := index . 0 -}}
+{{- $v := index . 1 -}}
+{{- if kindIs "string" $v -}}
+{{- $n := int64 $v -}}
+{{- if or (ne (toString $n) $v) (lt $n (int64 (index . 2))) (gt $n (int64 (index . 3))) -}}
+{{- fail (printf "%s %q: a whole number from %d to %d" $key $v (int64 (index . 2)) (int64 (index . 3))) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}
