@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,20 @@ import (
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// readOnce opens lib at interval and reads every device once.
+func readOnce(t *testing.T, lib nvml.Interface, interval time.Duration) (*NVML, Devices) {
+	t.Helper()
+	n, err := OpenNVML(lib, ModeOn, interval, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, devs
+}
 
 func mockGPUs(t *testing.T) *dgxa100.Server {
 	t.Helper()
@@ -47,14 +62,7 @@ func TestOpenNVMLModes(t *testing.T) {
 
 func TestPodHoldingGPUs2And5(t *testing.T) {
 	lib := mockGPUs(t)
-	n, err := OpenNVML(lib, ModeOn, SamplesFrom, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs, err := n.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, devs := readOnce(t, lib, SamplesFrom)
 	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
 	got, unknown := Attribute(devs, map[string][]string{
 		"ns/llama-0": {uuid(2), uuid(5)}, // 20% by samples, 50% by rates
@@ -554,5 +562,37 @@ func TestTheDevicePluginsSharedNamesAreGPUs(t *testing.T) {
 	got, _, err := pr.List(ctx)
 	if err != nil || len(got["ns/llama-0"]) != 1 || len(got["ns/a100-0"]) != 1 || len(got["ns/ts-0"]) != 1 || len(got["ns/nic-0"]) != 0 {
 		t.Fatalf("List = %v, %v; want llama-0's shared GPU, a100-0's and ts-0's renamed ones, and nic-0's NIC left out", got, err)
+	}
+}
+
+// TestAFirstSampledReadReachesBackOneInterval: the driver keeps its
+// utilization samples for longer than a read interval, and the first read
+// (at the agent's start, after a Reopen) took the mean of all of them: a
+// GPU busy for a pod gone before was read as busy for the pod it holds
+// now. The first read takes one interval before the newest sample, as
+// every later read does.
+func TestAFirstSampledReadReachesBackOneInterval(t *testing.T) {
+	lib := mockGPUs(t)
+	gpu1 := lib.Devices[1].(*dgxa100.Device)
+	const base, second = uint64(1_700_000_000_000_000), uint64(1_000_000)
+	gpu1.GetSamplesFunc = func(_ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+		var out []nvml.Sample
+		for i := range uint64(20) { // 15 s of the pod before at 100 %, then 5 s at 20 %
+			v := uint32(100)
+			if i >= 15 {
+				v = 20
+			}
+			var sv [8]byte
+			binary.LittleEndian.PutUint32(sv[:4], v)
+			if ts := base + i*second; ts > last {
+				out = append(out, nvml.Sample{TimeStamp: ts, SampleValue: sv})
+			}
+		}
+		return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
+	}
+	_, devs := readOnce(t, lib, SamplesFrom)
+	uuid, _ := gpu1.GetUUID()
+	if d := devs.ByUUID[uuid]; !d.HasUtilization || math.Abs(d.Utilization-0.20) > 1e-9 {
+		t.Fatalf("the first read: utilization %v (%v), want 0.20, the last interval's samples alone", d.Utilization, d.HasUtilization)
 	}
 }

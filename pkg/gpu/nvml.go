@@ -73,6 +73,7 @@ type NVML struct {
 	lib     nvml.Interface
 	lost    bool              // the driver went away: shut down, no call but Init until Reopen
 	samples bool              // average the driver's samples (see SamplesFrom)
+	every   time.Duration     // the read interval
 	last    map[string]uint64 // per GPU UUID, the newest utilization sample seen
 	mig     map[string]migMode
 	now     func() time.Time
@@ -125,7 +126,7 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 			} else {
 				log.Info("NVML's driver is not loaded yet; GPU utilization is read once it is (NVML initialized again every interval, backing off to 30s)", logging.KeyErr, err)
 			}
-			return &NVML{lib: lib, lost: true, mismatchOnly: mismatch, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
+			return &NVML{lib: lib, lost: true, mismatchOnly: mismatch, samples: interval >= SamplesFrom, every: interval, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
 		}
 		log.Info("NVML unavailable; GPU utilization will not be reported (on a GPU node: the container was made without the NVIDIA runtime's libraries; with the GPU Operator, set the chart's runtimeClassName to nvidia)", logging.KeyErr, err)
 		return nil, nil
@@ -133,7 +134,7 @@ func OpenNVML(lib nvml.Interface, mode string, interval time.Duration, log *slog
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		log.Info("NVML initialized", logging.KeyDriver, v)
 	}
-	return &NVML{lib: lib, samples: interval >= SamplesFrom, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
+	return &NVML{lib: lib, samples: interval >= SamplesFrom, every: interval, last: map[string]uint64{}, mig: map[string]migMode{}, now: time.Now}, nil
 }
 
 // Close shuts NVML down.
@@ -262,15 +263,22 @@ func (n *NVML) utilization(dev nvml.Device, uuid string) (float64, bool) {
 }
 
 // sampled averages the driver's utilization samples newer than the last
-// read; false when there are none.
+// read; false when there are none. The first read (at the start, after a
+// Reopen) takes the samples of one interval before the newest, as every
+// later read does: the driver's buffer reaches further back, to a pod the
+// GPU held before the pods it is read for now.
 func (n *NVML) sampled(dev nvml.Device, uuid string) (float64, bool) {
-	vt, samples, ret := dev.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, n.last[uuid])
+	since := n.last[uuid]
+	vt, samples, ret := dev.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, since)
 	if ret == nvml.SUCCESS && len(samples) > 0 {
+		if since == 0 {
+			since = firstSince(samples, n.every)
+		}
 		var sum float64
-		newest := n.last[uuid]
+		newest := since
 		k := 0
 		for _, s := range samples {
-			if s.TimeStamp <= n.last[uuid] {
+			if s.TimeStamp <= since {
 				continue
 			}
 			sum += sampleValue(vt, s.SampleValue)
@@ -283,6 +291,19 @@ func (n *NVML) sampled(dev nvml.Device, uuid string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// firstSince is where a first read's samples start: one interval (in the
+// samples' microseconds) before the newest of them, or 0.
+func firstSince(samples []nvml.Sample, every time.Duration) uint64 {
+	var newest uint64
+	for _, s := range samples {
+		newest = max(newest, s.TimeStamp)
+	}
+	if back := uint64(every / time.Microsecond); newest > back {
+		return newest - back
+	}
+	return 0
 }
 
 // sampleValue decodes an NVML sample (a C union) of type vt.
