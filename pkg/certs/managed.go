@@ -891,12 +891,15 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 		if err := m.notOurs("ClusterTriggerAuthentication", m.o.TriggerAuthName, existing); err != nil {
 			return err
 		}
-		// Its refs compared whole: compared by their number, refs naming
+		// Its spec compared whole: compared by their number, refs naming
 		// another Secret or key stood, and every provisioned ScaledObject
-		// failed its TLS.
-		got, _, _ := unstructured.NestedSlice(existing.Object, "spec", "secretTargetRef")
-		if unowned := m.unowned(existing.GetOwnerReferences()); !reflect.DeepEqual(got, refs) || unowned {
-			_ = unstructured.SetNestedSlice(existing.Object, refs, "spec", "secretTargetRef")
+		// failed its TLS; another way to credentials (podIdentity, an
+		// env) stood beside the refs, and the chart's admission policy
+		// refused every update of it.
+		got, _, _ := unstructured.NestedMap(existing.Object, "spec")
+		want := map[string]any{"secretTargetRef": refs}
+		if unowned := m.unowned(existing.GetOwnerReferences()); !reflect.DeepEqual(got, want) || unowned {
+			existing.Object["spec"] = want
 			existing.SetOwnerReferences(m.owners(existing.GetOwnerReferences()))
 			_, err = cta.Update(ctx, existing, metav1.UpdateOptions{})
 		}

@@ -90,9 +90,11 @@ func TestManagedCertificates(t *testing.T) {
 		t.Fatalf("secretTargetRef = %v", refs)
 	}
 	// A ref edited to another Secret (as many refs as before) is put back
-	// at the next check: compared by their number, it stood.
+	// at the next check: compared by their number, it stood. So is the
+	// spec whole: another way to credentials beside the refs stood.
 	refs[0].(map[string]any)["name"] = "elsewhere"
 	_ = unstructured.SetNestedSlice(cta.Object, refs, "spec", "secretTargetRef")
+	_ = unstructured.SetNestedField(cta.Object, "azure-workload", "spec", "podIdentity", "provider")
 	if _, err := dyn.Resource(ClusterTriggerAuthentications).Update(ctx, cta, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +105,8 @@ func TestManagedCertificates(t *testing.T) {
 		t.Fatal(err)
 	} else if refs, _, _ = unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef"); refs[0].(map[string]any)["name"] != "pulse-creds" {
 		t.Fatalf("a ref naming another Secret after a check: %v", refs)
+	} else if spec, _, _ := unstructured.NestedMap(cta.Object, "spec"); len(spec) != 1 {
+		t.Fatalf("the spec after a check: %v, want its refs alone", spec)
 	}
 
 	addr := serveConfig(t, m.ServerConfig())

@@ -1042,6 +1042,7 @@ func TestTheAggregatorCreatesOneTriggerAuth(t *testing.T) {
 	}
 	policy := docs(t, out)["ValidatingAdmissionPolicy/pulse-system-pulse-aggregator-trigger-auth-name"]
 	for _, want := range []string{`resources: ["clustertriggerauthentications"]`, "expression: object.metadata.name == 'team-creds'",
+		"object.spec.secretTargetRef.all(r, r.name == 'team-creds')", "object.spec.all(k, k == 'secretTargetRef')",
 		"system:serviceaccount:pulse-system:pulse-aggregator'"} {
 		if !strings.Contains(policy, want) {
 			t.Errorf("the policy does not say %q:\n%s", want, policy)
@@ -1049,6 +1050,27 @@ func TestTheAggregatorCreatesOneTriggerAuth(t *testing.T) {
 	}
 	if !strings.Contains(out, "policyName: pulse-system-pulse-aggregator-trigger-auth-name") {
 		t.Error("the policy is not bound")
+	}
+}
+
+// TestTheAggregatorsGraceHoldsItsDelay: an aggregator killed within its
+// --shutdown-delay cut KEDA's streams at once; its grace period is
+// terminationGracePeriodSeconds, or the delay and 10s where that is more.
+func TestTheAggregatorsGraceHoldsItsDelay(t *testing.T) {
+	for _, c := range []struct {
+		delay string
+		grace string
+		want  int64
+	}{{"5s", "30", 30}, {"1m", "30", 70}, {"1m", "90", 90}, {"0", "30", 30}} {
+		out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "--set", "shutdownDelay="+c.delay, "--set", "terminationGracePeriodSeconds="+c.grace)
+		if err != nil {
+			t.Fatalf("%+v: %v\n%s", c, err, out)
+		}
+		var d appsv1.Deployment
+		must(t, yaml.Unmarshal([]byte(docs(t, out)["Deployment/pulse-aggregator"]), &d))
+		if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != c.want {
+			t.Errorf("%+v: grace %v, want %d", c, g, c.want)
+		}
 	}
 }
 
@@ -1066,7 +1088,11 @@ func TestTheRelaysGraceHoldsItsDelay(t *testing.T) {
 		if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != want {
 			t.Errorf("relay.shutdownDelay %s: grace %v, want %d", delay, g, want)
 		}
-		if got := flagValues(d.Spec.Template.Spec.Containers[0].Args, "--shutdown-delay"); len(got) != 1 || got[0] != delay {
+		flag := map[string]string{"0": "0s"}[delay] // the number 0: the chart's default "0s"
+		if flag == "" {
+			flag = delay
+		}
+		if got := flagValues(d.Spec.Template.Spec.Containers[0].Args, "--shutdown-delay"); len(got) != 1 || got[0] != flag {
 			t.Errorf("relay.shutdownDelay %s: --shutdown-delay %v", delay, got)
 		}
 	}

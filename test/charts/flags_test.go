@@ -137,6 +137,8 @@ var edgeValues = []edgeValue{
 	{"aggregator", "shutdownDelay=0", "", false, nil},
 	{"aggregator", "warmup.duration=0", "", false, nil},
 	{"aggregator", "relay.shutdownDelay=0", "", false, relayOn},
+	{"aggregator", "relay.shutdownDelay=", "", false, relayOn},
+	{"aggregator", "relay.port=null", "relay.enabled", true, []string{"--set-string", "relay.enabled=true"}},
 	{"aggregator", "scaler.maxStreams=0", "scaler.maxStreams", true, nil},
 	{"aggregator", "scaler.maxStreamsPerNamespace=-1", "scaler.maxStreamsPerNamespace", true, nil},
 	{"aggregator", "scaler.maxConnectionsPerAddress=0", "scaler.maxConnectionsPerAddress", true, nil},

@@ -418,16 +418,21 @@ func (e *env) noTokenSecrets() {
 // ClusterTriggerAuthentications (RBAC cannot bound a create by name), and
 // any tenant's ScaledObject may name one, its secrets read in KEDA's
 // namespace. The chart's admission policy refuses it one of any name but
-// its own (pulse-creds: admitted, then found to exist, or made).
+// its own, and its own reading any Secret but its own (pulse-creds, its
+// refs to itself: admitted, then found to exist, or made; dry runs).
 func (e *env) oneTriggerAuth(as *rest.Config) {
 	t := e.t
 	dyn, err := dynamic.NewForConfig(as)
 	must(t, err)
 	gvr := schema.GroupVersionResource{Group: "keda.sh", Version: "v1alpha1", Resource: "clustertriggerauthentications"}
 	ctas := dyn.Resource(gvr)
-	cta := func(name string) *unstructured.Unstructured {
+	cta := func(name string, secret ...string) *unstructured.Unstructured {
+		refs := []any{}
+		for _, s := range secret {
+			refs = append(refs, map[string]any{"parameter": "tlsClientKey", "name": s, "key": "tls.key"})
+		}
 		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
-			"metadata": map[string]any{"name": name}, "spec": map[string]any{}}}
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"secretTargetRef": refs}}}
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
 		_, err := ctas.Create(e.ctx, cta("pulse-probe-other"), metav1.CreateOptions{})
@@ -445,8 +450,13 @@ func (e *env) oneTriggerAuth(as *rest.Config) {
 			t.Fatal("the aggregator's ServiceAccount still creates ClusterTriggerAuthentications of any name a minute after the chart's install")
 		}
 	}
-	if _, err := ctas.Create(e.ctx, cta("pulse-creds"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil && !apierrors.IsAlreadyExists(err) {
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := ctas.Create(e.ctx, cta("pulse-creds", "pulse-creds"), dry); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("the aggregator's own ClusterTriggerAuthentication refused: %v", err)
+	}
+	_, err = ctas.Create(e.ctx, cta("pulse-creds", "pulse-creds", "keda-operator-token"), dry)
+	if err == nil || !strings.Contains(err.Error(), "reads its own Secret, pulse-creds, alone") {
+		t.Fatalf("the aggregator's ClusterTriggerAuthentication reading another Secret: %v, want it refused by the chart's policy", err)
 	}
 }
 
