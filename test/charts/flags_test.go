@@ -126,6 +126,7 @@ var edgeValues = []edgeValue{
 	{"aggregator", "replicaCount=2", "", false, []string{"--set-string", "maxPods=10000,scaler.port=9090"}},
 	{"aggregator", "replicaCount=2", "maxPods", true, []string{"--set-string", "maxPods=0"}},
 	{"aggregator", "replicaCount=2", "gcPercent", true, []string{"--set-string", "gcPercent=20000"}},
+	{"aggregator", "replicaCount=2", "terminationGracePeriodSeconds", true, []string{"--set-string", "terminationGracePeriodSeconds=99999999999999999999"}},
 	{"aggregator", "replicaCount=2", "ingest.maxConnections", true, []string{"--set-string", "ingest.maxConnections=99999999999999999999"}},
 	{"aggregator", "replicaCount=2", "relay.maxConnections", true, []string{"--set", "relay.enabled=true", "--set-string", "relay.maxConnections=0"}},
 	// Absent from a release made before the key, upgraded with
