@@ -74,40 +74,7 @@ func TestManagedCertificates(t *testing.T) {
 		}
 	}()
 
-	// Made, with KEDA's credentials and ClusterTriggerAuthentication.
-	var cta *unstructured.Unstructured
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var err error
-		if cta, err = dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no ClusterTriggerAuthentication: %v", err)
-		}
-	}
-	refs, _, _ := unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef")
-	if len(refs) != 3 || refs[0].(map[string]any)["parameter"] != "caCert" {
-		t.Fatalf("secretTargetRef = %v", refs)
-	}
-	// A ref edited to another Secret (as many refs as before) is put back
-	// at the next check: compared by their number, it stood. So is the
-	// spec whole: another way to credentials beside the refs stood.
-	refs[0].(map[string]any)["name"] = "elsewhere"
-	_ = unstructured.SetNestedSlice(cta.Object, refs, "spec", "secretTargetRef")
-	_ = unstructured.SetNestedField(cta.Object, "azure-workload", "spec", "podIdentity", "provider")
-	if _, err := dyn.Resource(ClusterTriggerAuthentications).Update(ctx, cta, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if cta, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
-		t.Fatal(err)
-	} else if refs, _, _ = unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef"); refs[0].(map[string]any)["name"] != "pulse-creds" {
-		t.Fatalf("a ref naming another Secret after a check: %v", refs)
-	} else if spec, _, _ := unstructured.NestedMap(cta.Object, "spec"); len(spec) != 1 {
-		t.Fatalf("the spec after a check: %v, want its refs alone", spec)
-	}
+	theCredentialsArePutRight(ctx, t, m, dyn)
 
 	addr := serveConfig(t, m.ServerConfig())
 	keda := kedaClient(t, client)
@@ -153,6 +120,45 @@ func TestManagedCertificates(t *testing.T) {
 		}
 	}
 	notReadyOnceExpired(ctx, t, m, client, clock)
+}
+
+// theCredentialsArePutRight: KEDA's ClusterTriggerAuthentication is made,
+// and a ref edited to another Secret (as many refs as before) is put back
+// at the next check: compared by their number, it stood. So is the spec
+// whole: another way to credentials beside the refs stood.
+func theCredentialsArePutRight(ctx context.Context, t *testing.T, m *Managed, dyn *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	// Made, with KEDA's credentials and ClusterTriggerAuthentication.
+	var cta *unstructured.Unstructured
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if cta, err = dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ClusterTriggerAuthentication: %v", err)
+		}
+	}
+	refs, _, _ := unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef")
+	if len(refs) != 3 || refs[0].(map[string]any)["parameter"] != "caCert" {
+		t.Fatalf("secretTargetRef = %v", refs)
+	}
+	refs[0].(map[string]any)["name"] = "elsewhere"
+	_ = unstructured.SetNestedSlice(cta.Object, refs, "spec", "secretTargetRef")
+	_ = unstructured.SetNestedField(cta.Object, "azure-workload", "spec", "podIdentity", "provider")
+	if _, err := dyn.Resource(ClusterTriggerAuthentications).Update(ctx, cta, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cta, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if refs, _, _ = unstructured.NestedSlice(cta.Object, "spec", "secretTargetRef"); refs[0].(map[string]any)["name"] != "pulse-creds" {
+		t.Fatalf("a ref naming another Secret after a check: %v", refs)
+	} else if spec, _, _ := unstructured.NestedMap(cta.Object, "spec"); len(spec) != 1 {
+		t.Fatalf("the spec after a check: %v, want its refs alone", spec)
+	}
 }
 
 // notReadyOnceExpired: m's renewal failing (the Secret's updates refused)

@@ -100,7 +100,9 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func TestE2E(t *testing.T) {
+// newEnv is the e2e's environment: the tools and binaries make e2e
+// built, a control plane (started, or PULSE_E2E_KUBECONFIG's), connected.
+func newEnv(t *testing.T) *env {
 	tools, bins := os.Getenv("PULSE_E2E_TOOLS"), os.Getenv("PULSE_E2E_BIN")
 	if tools == "" || bins == "" {
 		t.Fatal("PULSE_E2E_TOOLS and PULSE_E2E_BIN must be set: run `make e2e`")
@@ -117,6 +119,11 @@ func TestE2E(t *testing.T) {
 		e.cp = startControlPlane(t, tools, e.dir, cpOptions{})
 	}
 	e.connect()
+	return e
+}
+
+func TestE2E(t *testing.T) {
+	e := newEnv(t)
 	defer func() {
 		if t.Failed() {
 			procs := append(append(e.cp.procs, e.keda, e.kedaAdapter, e.agg, e.agent), e.extra...)
