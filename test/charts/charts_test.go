@@ -4,6 +4,7 @@
 package charts
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -408,11 +409,21 @@ func docs(t *testing.T, out string) map[string]string {
 
 func container(t *testing.T, doc string) corev1.Container {
 	t.Helper()
+	c, err := podContainer(doc)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, doc)
+	}
+	return c
+}
+
+// podContainer is the one container of a Deployment's or a DaemonSet's
+// pod template.
+func podContainer(doc string) (corev1.Container, error) {
 	var d appsv1.Deployment // a DaemonSet's pod template lies at the same path
 	if err := yaml.Unmarshal([]byte(doc), &d); err != nil || len(d.Spec.Template.Spec.Containers) != 1 {
-		t.Fatalf("not one container: %v\n%s", err, doc)
+		return corev1.Container{}, fmt.Errorf("not one container: %v", err)
 	}
-	return d.Spec.Template.Spec.Containers[0]
+	return d.Spec.Template.Spec.Containers[0], nil
 }
 
 // flagValues are the values of flag (e.g. --relay) in args.

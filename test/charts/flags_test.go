@@ -11,9 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/pulse-io/pulse/pkg/agent"
 	"github.com/pulse-io/pulse/pkg/aggregator"
@@ -65,13 +63,13 @@ func accepts(t *testing.T, c corev1.Container) error {
 	return nil
 }
 
-// renderedBinariesAccept renders chart with args and returns nil when helm
-// refuses the values, else what the first binary refuses of its flags.
-func renderedBinariesAccept(t *testing.T, chart string, args ...string) (rendered bool, err error) {
+// renderedBinariesAccept renders chart with args: helm's output, whether
+// it rendered, and what the binaries refuse of their rendered flags.
+func renderedBinariesAccept(t *testing.T, chart string, args ...string) (out string, rendered bool, err error) {
 	t.Helper()
 	out, rerr := render(t, chart, args...)
 	if rerr != nil {
-		return false, nil
+		return out, false, nil
 	}
 	var errs []error
 	for key, d := range docs(t, out) {
@@ -79,16 +77,15 @@ func renderedBinariesAccept(t *testing.T, chart string, args ...string) (rendere
 		if kind != "Deployment" && kind != "DaemonSet" {
 			continue
 		}
-		var w appsv1.Deployment // a DaemonSet's pod template lies at the same path
-		if err := yaml.Unmarshal([]byte(d), &w); err != nil || len(w.Spec.Template.Spec.Containers) != 1 {
-			errs = append(errs, fmt.Errorf("%s: not one container: %v", key, err))
-			continue
+		c, err := podContainer(d)
+		if err == nil {
+			err = accepts(t, c)
 		}
-		if err := accepts(t, w.Spec.Template.Spec.Containers[0]); err != nil {
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", key, err))
 		}
 	}
-	return true, errors.Join(errs...)
+	return out, true, errors.Join(errs...)
 }
 
 // edgeValue is a value set on a chart: refused (naming key) or rendered.
@@ -244,7 +241,7 @@ func TestEveryRenderRunsItsBinaries(t *testing.T) {
 		chart := filepath.Join(root, "deploy", c)
 		files, _ := filepath.Glob(filepath.Join(chart, "ci", "*-values.yaml"))
 		for _, args := range append([][]string{nil}, valuesArgs(files)...) {
-			rendered, err := renderedBinariesAccept(t, chart, args...)
+			_, rendered, err := renderedBinariesAccept(t, chart, args...)
 			if !rendered || err != nil {
 				t.Errorf("%s %v: rendered %v, binaries: %v", c, args, rendered, err)
 			}
@@ -253,8 +250,7 @@ func TestEveryRenderRunsItsBinaries(t *testing.T) {
 	for _, c := range edgeValues {
 		chart := filepath.Join(root, "deploy", c.chart)
 		args := append([]string{"--set", c.set}, c.also...)
-		rendered, err := renderedBinariesAccept(t, chart, args...)
-		out, _ := render(t, chart, args...)
+		out, rendered, err := renderedBinariesAccept(t, chart, args...)
 		// helm's schema errors name a value by its JSON pointer.
 		pointer := "'/" + strings.ReplaceAll(c.key, ".", "/") + "'"
 		switch {
