@@ -364,7 +364,8 @@ func startControlPlane(t *testing.T, tools, dir string, o cpOptions) *controlPla
 		}
 		return nil
 	})
-	controllers := "serviceaccount,serviceaccount-token,namespace,garbagecollector,deployment,replicaset,daemonset,horizontalpodautoscaling"
+	controllers := "serviceaccount,serviceaccount-token,namespace,garbagecollector,deployment,replicaset,daemonset,horizontalpodautoscaling," +
+		"validatingadmissionpolicy-status-controller"
 	if o.controllers != "" {
 		controllers += "," + o.controllers
 	}

@@ -419,6 +419,39 @@ func (e *env) noTokenSecrets() {
 		must(t, e.kube.CoreV1().Secrets(n).Delete(e.ctx, plain.Name, metav1.DeleteOptions{}))
 	}
 	e.oneTriggerAuth(cfg)
+	e.policiesTypeChecked()
+}
+
+// policiesTypeChecked: the controller manager's type checker finds nothing
+// to warn of in the chart's admission policies' expressions, checked
+// against the types of what they match (Secrets, KEDA's CRD). A warning is
+// an expression the API server may fail to evaluate, and failurePolicy
+// Fail makes that a refusal of every write it matches.
+func (e *env) policiesTypeChecked() {
+	t := e.t
+	policies := e.kube.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=pulse-aggregator"}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		list, err := policies.List(e.ctx, sel)
+		must(t, err)
+		checked := 0
+		for _, p := range list.Items {
+			if p.Status.TypeChecking != nil && p.Status.ObservedGeneration == p.Generation {
+				checked++
+			}
+		}
+		if len(list.Items) == 2 && checked == 2 {
+			for _, p := range list.Items {
+				for _, w := range p.Status.TypeChecking.ExpressionWarnings {
+					t.Errorf("admission policy %s: %s: %s", p.Name, w.FieldRef, w.Warning)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the chart's admission policies: %d found, %d type-checked a minute after the install; want 2 of 2", len(list.Items), checked)
+		}
+	}
 }
 
 // oneTriggerAuth: the aggregator's ServiceAccount may create
