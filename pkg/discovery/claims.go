@@ -72,6 +72,9 @@ const maxOwnerRefs = 2 * MaxWorkloadsPerPod
 // demand-workloads list is kept as its names (its NAME=VALUE values are
 // not claims), or dropped when it is not valid.
 func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
+	// demandMarker: a demand source's pulse.io/demand-source, which Claims
+	// reads only as set (IsDemandSource), kept as one constant.
+	const demandMarker = "1"
 	m := metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion}
 	for _, k := range []string{KeyWorkload, LabelWorkspace, LabelInferenceSet, LabelLWSName, labelTemplateHash} {
 		if v, ok := pod.Labels[k]; ok {
@@ -91,7 +94,7 @@ func ClaimsMeta(pod *corev1.Pod) metav1.ObjectMeta {
 		keep(KeyWorkload, cut(v, maxWorkloadName+1))
 	}
 	if IsDemandSource(pod.Annotations) {
-		keep(AnnotationDemandSource, "")
+		keep(AnnotationDemandSource, demandMarker)
 		if v, ok := pod.Annotations[AnnotationDemandKind]; ok {
 			keep(AnnotationDemandKind, cut(v, 64))
 		}

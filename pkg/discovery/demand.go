@@ -39,10 +39,11 @@ var demandKinds = map[string]pulsev1.WorkloadKind{
 	"Workload":        pulsev1.WorkloadKind_WORKLOAD_KIND_CUSTOM,
 }
 
-// IsDemandSource reports whether annotations mark a demand source.
+// IsDemandSource reports whether annotations mark a demand source: set
+// and not empty (empty is unset, as for every annotation pulse reads: a
+// Helm template rendering nothing).
 func IsDemandSource(annotations map[string]string) bool {
-	_, ok := annotations[AnnotationDemandSource]
-	return ok
+	return annotations[AnnotationDemandSource] != ""
 }
 
 // DemandTargets expands a demand source into one target per workload it

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/url"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,11 +167,11 @@ func (k *Kube) Targets() []Target {
 	if err != nil {
 		return nil
 	}
-	out := make([]Target, 0, len(pods))
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	bad := make(map[string]string)
 	made := make(map[string]madeTargets, len(pods))
+	n := 0
 	for _, p := range pods {
 		m, ok := k.made[string(p.UID)]
 		if !ok || m.rv != p.ResourceVersion || p.ResourceVersion == "" {
@@ -181,6 +180,13 @@ func (k *Kube) Targets() []Target {
 			k.computed++
 		}
 		made[string(p.UID)] = m
+		n += len(m.ts)
+	}
+	// Sized once: a router's entries are up to 64 a pod, and growing the
+	// list to a node of them copied it a dozen times at every pod event.
+	out := make([]Target, 0, n)
+	for _, p := range pods {
+		m := made[string(p.UID)]
 		ts, err := m.ts, m.err
 		if err != nil {
 			// Logged when it is new or changes: Targets runs at every pod
@@ -198,12 +204,15 @@ func (k *Kube) Targets() []Target {
 		t.Ready = false
 		uid := t.PodUID()
 		msg := "pods " + strings.Join(owners, ", ") + " are at one address, " + hostOf(t.URL) + " (a pod IP two live pods have, or a host and port two ready host-network pods have: an address reused before a pod's status caught up): not scraped until one is gone"
+		if bad[uid] == msg {
+			continue // a router's other entries: its pod is warned of once
+		}
 		if bad[uid] = msg; k.warned[uid] != msg {
 			k.opts.Log.Warn("pod not scraped", logging.KeyPod, t.Namespace+"/"+t.Pod, logging.KeyErr, msg)
 		}
 	}
 	k.warned, k.made = bad, made
-	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.UID, b.UID) })
 	return out
 }
 
@@ -231,6 +240,13 @@ func sharedAddresses(ts []Target, ips map[string]map[string]string) map[int][]st
 	shared := map[addr]map[string]string{} // pod uid → namespace/name, where two pods or more
 	for i, t := range ts {
 		if !t.Ready || t.Terminating || t.URL == "" {
+			continue
+		}
+		// A router's entries are one after another, of one pod at one
+		// URL: the first one's address is theirs (parsed and looked up
+		// once a pod, not once an entry: 64 a router, at every pod event).
+		if i > 0 && keys[i-1].host != "" && ts[i-1].URL == t.URL && ts[i-1].PodUID() == t.PodUID() {
+			keys[i] = keys[i-1]
 			continue
 		}
 		host := hostOf(t.URL)
@@ -707,7 +723,9 @@ func declaresPort(cp corev1.ContainerPort, port int) bool {
 // portOf: annotation, else the container port named metrics, else http,
 // else Kaito's 5000.
 func portOf(pod *corev1.Pod) (int, error) {
-	if s, ok := pod.Annotations[AnnotationPort]; ok {
+	// Empty is unset, as pulse.io/path and pulse.io/scheme are (a Helm
+	// template rendering nothing).
+	if s := pod.Annotations[AnnotationPort]; s != "" {
 		p, err := strconv.Atoi(s)
 		if err != nil || p < 1 || p > 65535 {
 			return 0, fmt.Errorf("annotation %s=%q: not a port number", AnnotationPort, wire.CleanText(s, 64))

@@ -61,6 +61,17 @@ var targetCases = map[string]targetCase{
 		},
 		ok: true, want: Target{Ready: true, URL: "https://10.0.0.7:8443/vllm/metrics"},
 	},
+	// Empty is unset, as for every annotation pulse reads (a Helm
+	// template rendering nothing): an empty pulse.io/port left the pod out
+	// ("not a port number"), an empty pulse.io/demand-source made it a
+	// demand source refused ("want epp, production-stack or custom").
+	"an empty annotation is unset": {
+		mutate: func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationPort: "", AnnotationPath: "", AnnotationScheme: "", AnnotationDemandSource: ""}
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9400}}
+		},
+		ok: true, want: Target{Ready: true, URL: "http://10.0.0.7:9400/metrics"},
+	},
 	"container port named metrics wins over http": {
 		mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "metrics", ContainerPort: 9400}}
@@ -788,6 +799,113 @@ func BenchmarkTargetsAtAPodEvent(b *testing.B) {
 		}
 		if ts := k.Targets(); len(ts) != len(pods) {
 			b.Fatalf("%d targets, want %d", len(ts), len(pods))
+		}
+	}
+}
+
+// routersOnNode adds n routers of 64 workloads each, each at its own IP,
+// to idx (as the informer keeps them), and returns them.
+func routersOnNode(t testing.TB, idx interface{ Add(any) error }, n int) []*corev1.Pod {
+	t.Helper()
+	names := make([]string, MaxDemandWorkloads)
+	for i := range names {
+		names[i] = fmt.Sprintf("w%d", i)
+	}
+	sel, _ := ParseSelector(DefaultSelector)
+	pods := make([]*corev1.Pod, n)
+	for i := range pods {
+		p := routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: strings.Join(names, ",")})
+		p.Name, p.UID = fmt.Sprintf("r%d", i), types.UID(fmt.Sprintf("u%d", i))
+		p.ResourceVersion, p.Status.PodIP = "1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)
+		if err := idx.Add(slim(p, sel)); err != nil {
+			t.Fatal(err)
+		}
+		pods[i] = p
+	}
+	return pods
+}
+
+// TestAPodEventDoesNoWorkAnEntry: the targets of a pod are made again only
+// when it changes (TestOnlyChangedPodsAreMadeAgain), since a tenant
+// patching its pod in a loop kept a core busy on a node of 110 routers of
+// 64 workloads. What each event still did once an entry of every pod of
+// the node (7,040 here): the list grown from room for one a pod, copied a
+// dozen times, and each entry's URL parsed again and looked up, though a
+// router's 64 share one.
+func TestAPodEventDoesNoWorkAnEntry(t *testing.T) {
+	k, idx, _ := listedKube()
+	pods := routersOnNode(t, idx, 110)
+	want := len(pods) * MaxDemandWorkloads
+	if ts := k.Targets(); len(ts) != want {
+		t.Fatalf("%d targets, want %d", len(ts), want)
+	}
+	sel, _ := ParseSelector(DefaultSelector)
+	i := 0
+	allocs := testing.AllocsPerRun(20, func() {
+		i++
+		p := pods[i%len(pods)].DeepCopy()
+		p.ResourceVersion = strconv.Itoa(i + 1)
+		if err := idx.Update(slim(p, sel)); err != nil {
+			t.Fatal(err)
+		}
+		if ts := k.Targets(); len(ts) != want {
+			t.Fatalf("%d targets, want %d", len(ts), want)
+		}
+	})
+	if allocs > 1000 {
+		t.Fatalf("%.0f allocations an event of one router, on a node of %d routers' %d entries; want some a pod, not one an entry", allocs, len(pods), want)
+	}
+}
+
+// TestARouterAtASharedAddressIsLoggedOnce: a pod at an address another
+// namespace's pod has is warned of once (TestTwoPodsReadyAtOneAddressAreNotScraped);
+// a router was warned of once for each workload it names, 64 lines at
+// each change.
+func TestARouterAtASharedAddressIsLoggedOnce(t *testing.T) {
+	k, idx, logs := listedKube()
+	names := make([]string, MaxDemandWorkloads)
+	for i := range names {
+		names[i] = fmt.Sprintf("w%d", i)
+	}
+	r := routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: strings.Join(names, ",")})
+	b := kaitoPod("b", "node-1", true)
+	b.Namespace, b.UID, b.Status.PodIP = "tenant-b", "uid-b", r.Status.PodIP
+	for _, p := range []*corev1.Pod{r, b} {
+		if err := idx.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tg := range k.Targets() {
+		if tg.Ready {
+			t.Fatalf("%s ready at a shared address", tg.UID)
+		}
+	}
+	if n := strings.Count(logs.String(), "are at one address"); n != 2 {
+		t.Fatalf("logged %d times for a router and a pod at one address, want once each", n)
+	}
+}
+
+// TestAnEmptyDemandSourceIsUnset: an empty pulse.io/demand-source is unset,
+// as every annotation pulse reads (a Helm template rendering nothing): a
+// model server so annotated was a demand source refused ("want epp,
+// production-stack or custom"), its page not read. Its claims are its
+// own, on the cached metadata too; a router's stay a router's.
+func TestAnEmptyDemandSourceIsUnset(t *testing.T) {
+	k, idx, logs := listedKube()
+	p := kaitoPod("p", "node-1", true)
+	p.Annotations = map[string]string{AnnotationDemandSource: ""}
+	if err := idx.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	ts := k.Targets()
+	if len(ts) != 1 || !ts[0].Ready || fmt.Sprint(ts[0].Workloads) != fmt.Sprint(Claims(p)["uid-p"]) || len(ts[0].Workloads) == 0 {
+		t.Fatalf("targets %+v, log %q; want the pod's own page, its workload", ts, logs.String())
+	}
+	router := routerPod(map[string]string{AnnotationDemandSource: "epp", AnnotationDemandWorkloads: "llama"})
+	for _, pod := range []*corev1.Pod{p, router} {
+		want := Claims(pod)
+		if got := Claims(&corev1.Pod{ObjectMeta: ClaimsMeta(pod)}); fmt.Sprint(got) != fmt.Sprint(want) || len(want) == 0 {
+			t.Errorf("%s: Claims of ClaimsMeta = %v, of the pod %v", pod.Name, got, want)
 		}
 	}
 }
