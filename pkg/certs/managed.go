@@ -128,6 +128,12 @@ type Managed struct {
 	// last: the Secret last loaded (this release's), from which a deleted
 	// one is made again, its CAs as they were.
 	last atomic.Pointer[corev1.Secret]
+	// owner: the Owner as ownerStands last read it, its UID that of the
+	// ClusterRole of its name made again; nil: the Owner as given.
+	owner atomic.Pointer[metav1.OwnerReference]
+	// missingSince: when a replica that has loaded no Secret first found
+	// it missing, its copies there (awaitRunning); nil otherwise.
+	missingSince atomic.Pointer[time.Time]
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -326,8 +332,6 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	sec, err := secrets.Get(ctx, m.o.SecretName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
-			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
 		// A Secret deleted while this replica runs (by hand, or by the
 		// garbage collector, its owner made again) is made again from the
 		// one it last loaded: made anew, a new CA signed at once, and the
@@ -338,6 +342,13 @@ func (m *Managed) Ensure(ctx context.Context) error {
 			return err
 		}
 		last, again := m.last.Load(), "created"
+		if last == nil {
+			if err := m.awaitRunning(ctx); err != nil {
+				return err
+			}
+		}
+		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.o.SecretName, Namespace: m.o.Namespace,
+			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: corev1.SecretTypeOpaque}
 		if last != nil {
 			sec.Data, again = maps.Clone(last.Data), "made again from the Secret last loaded, its CAs kept"
 		}
@@ -353,6 +364,7 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("get certificate secret: %w", err)
 	default:
+		m.missingSince.Store(nil)
 		if err := m.notOurs("Secret", sec.Namespace+"/"+sec.Name, sec); err != nil {
 			return err
 		}
@@ -375,24 +387,76 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	return m.publish(ctx, sec)
 }
 
-// ownerStands is nil unless Owner is set and its ClusterRole is gone, or
-// was made again (another UID) since the aggregator read it: a Secret
-// made then (its deletion by the garbage collector, or by hand, made it
-// again at once) would be deleted with its dangling owner, and made
-// again, over and over.
+// ownerStands is nil unless Owner is set and its ClusterRole is gone or
+// being deleted (its deletionTimestamp set: a foreground deletion, a
+// finalizer): a Secret made then (its deletion by the garbage collector
+// made it again at once) would be deleted with its owner, and made again,
+// over and over. A ClusterRole of its name made again (another UID) owns
+// what is made from then on.
 func (m *Managed) ownerStands(ctx context.Context) error {
-	if m.o.Owner == nil {
+	owner := m.ownerRef()
+	if owner == nil {
 		return nil
 	}
-	cr, err := m.o.Client.RbacV1().ClusterRoles().Get(ctx, m.o.Owner.Name, metav1.GetOptions{})
+	cr, err := m.o.Client.RbacV1().ClusterRoles().Get(ctx, owner.Name, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err) || err == nil && cr.UID != m.o.Owner.UID:
-		return fmt.Errorf("certificate secret not made: the ClusterRole %s that would own it was deleted or made again since the aggregator started, and the garbage collector would delete it; the pair loaded is served on, and a replica started now makes the Secret", m.o.Owner.Name)
+	case apierrors.IsNotFound(err) || err == nil && cr.DeletionTimestamp != nil:
+		// Being deleted (in the foreground, or held by a finalizer): a
+		// Secret made now is deleted with it, and made again while it stays.
+		return fmt.Errorf("certificate secret not made: the ClusterRole %s that would own it is deleted or being deleted, and the garbage collector would delete it; the pair loaded is served on", owner.Name)
 	case err != nil:
-		return fmt.Errorf("certificate secret not made: its owner, ClusterRole %s: %w", m.o.Owner.Name, err)
+		return fmt.Errorf("certificate secret not made: its owner, ClusterRole %s: %w", owner.Name, err)
+	case cr.UID != owner.UID:
+		// Made again (its name is this release's, as notOurs has it): it
+		// owns what is made from now on, and the Secret is made again from
+		// the one last loaded, its CAs kept.
+		adopted := *owner
+		adopted.UID = cr.UID
+		m.owner.Store(&adopted)
+		m.o.Log.Info("the owner ClusterRole was made again: what is made from now on is owned by it", logging.KeyName, owner.Name)
 	}
 	return nil
 }
+
+// ownerRef is the owner of what is made: the Owner, its UID as
+// ownerStands last read it.
+func (m *Managed) ownerRef() *metav1.OwnerReference {
+	if o := m.owner.Load(); o != nil {
+		return o
+	}
+	return m.o.Owner
+}
+
+// awaitRunning is nil once a replica that has loaded no Secret may make
+// one from nothing (a new CA): when no copy of one made before is there
+// (KEDA's credentials, ours), or madeGrace after it first found it missing.
+// A running replica makes a deleted Secret again from the one it loaded,
+// its CAs kept, within copyGap of the deletion; one just started (a
+// rollout, a restart) made it first with a new CA, every replica loaded
+// that, and KEDA and the agents were cut off until they read it.
+func (m *Managed) awaitRunning(ctx context.Context) error {
+	cur, err := m.o.Client.CoreV1().Secrets(m.o.KEDANamespace).Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && m.notOurs("Secret", "", cur) != nil:
+		return nil // none made before: nothing to keep
+	case err != nil:
+		return fmt.Errorf("certificate secret not made: KEDA credentials secret %s/%s: %w", m.o.KEDANamespace, m.o.TriggerAuthName, err)
+	}
+	now := m.o.Now()
+	since := m.missingSince.Load()
+	if since == nil {
+		since = &now
+		m.missingSince.Store(since)
+	}
+	if now.Sub(*since) < madeGrace {
+		return fmt.Errorf("certificate secret not made yet: it was deleted, and a running replica makes it again from the one it loaded, its CAs kept; made anew (a new CA) %s after this replica found it missing", madeGrace)
+	}
+	return nil
+}
+
+// madeGrace is how long a replica that has loaded no Secret waits for a
+// running one to make a deleted Secret again before it makes a new one.
+const madeGrace = 30 * time.Second
 
 // publish serves sec's pair and trust, and publishes the CAs' bundle and
 // KEDA's credentials, unless sec is no longer the Secret's current
@@ -979,11 +1043,12 @@ func (m *Managed) notOurs(kind, name string, obj metav1.Object) error {
 
 // unowned reports whether an Owner is set and refs lack it.
 func (m *Managed) unowned(refs []metav1.OwnerReference) bool {
-	if m.o.Owner == nil {
+	owner := m.ownerRef()
+	if owner == nil {
 		return false
 	}
 	for _, r := range refs {
-		if r.UID == m.o.Owner.UID {
+		if r.UID == owner.UID {
 			return false
 		}
 	}
@@ -993,7 +1058,7 @@ func (m *Managed) unowned(refs []metav1.OwnerReference) bool {
 // owners returns refs with the Owner added (once).
 func (m *Managed) owners(refs []metav1.OwnerReference) []metav1.OwnerReference {
 	if m.unowned(refs) {
-		return append(refs, *m.o.Owner)
+		return append(refs, *m.ownerRef())
 	}
 	return refs
 }
