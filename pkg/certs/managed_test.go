@@ -1437,6 +1437,22 @@ func TestADeletedSecretIsMadeAgainAtOnce(t *testing.T) {
 	eventually(t, "the Secret made again, its CA kept", func() bool { return bytes.Equal(ca(), before) })
 }
 
+// ownedManaged is managed's, its owner the ClusterRole pulse-aggregator
+// (uid-1), made, and its Secret made.
+func ownedManaged(t *testing.T) (*Managed, *fake.Clientset, *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	ctx := context.Background()
+	m, client, dyn, _ := managed(t, 0)
+	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return m, client, dyn
+}
+
 // TestASecretIsNotMadeForAnOwnerGone: the ClusterRole that owns what the
 // aggregator makes deleted while it runs: the garbage collector deletes
 // the Secret, and one made again with the owner read at the start would
@@ -1445,15 +1461,8 @@ func TestADeletedSecretIsMadeAgainAtOnce(t *testing.T) {
 // made from then: TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA.)
 func TestASecretIsNotMadeForAnOwnerGone(t *testing.T) {
 	ctx := context.Background()
-	m, client, _, _ := managed(t, 0)
-	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
+	m, client, _ := ownedManaged(t)
 	roles := client.RbacV1().ClusterRoles()
-	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -1558,15 +1567,8 @@ func TestAReplicaJustStartedMakesTheSecretWhenNoneDoes(t *testing.T) {
 // served on, as for an owner gone.
 func TestASecretIsNotMadeForAnOwnerBeingDeleted(t *testing.T) {
 	ctx := context.Background()
-	m, client, _, _ := managed(t, 0)
-	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
+	m, client, _ := ownedManaged(t)
 	roles := client.RbacV1().ClusterRoles()
-	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// The foreground deletion: the API server sets the deletionTimestamp
 	// and the foregroundDeletion finalizer; the garbage collector deletes
 	// the dependents, then removes the finalizer.
@@ -1606,15 +1608,8 @@ func TestASecretIsNotMadeForAnOwnerBeingDeleted(t *testing.T) {
 // again owns what is made again, from the Secret last loaded.
 func TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA(t *testing.T) {
 	ctx := context.Background()
-	m, client, dyn, _ := managed(t, 0)
-	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
+	m, client, dyn := ownedManaged(t)
 	roles := client.RbacV1().ClusterRoles()
-	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
 	kedaBefore := kedaClient(t, client)
 	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
