@@ -689,7 +689,10 @@ func (a *Aggregator) buildProvision(reg prometheus.Registerer) error {
 		MaxWindow: o.Store.MaxWindow, MaxReplicas: o.Provision.MaxReplicas, MetricMeant: a.scaler.MetricMeant, Log: a.log.With(logging.KeyComponent, "provisioner")}, reg)
 	a.election = provision.Election{Enabled: o.Provision.LeaderElect, Namespace: o.Provision.leaseNamespace(o), Name: o.Provision.LeaseName,
 		LeaseDuration: o.Provision.LeaseDuration, RenewDeadline: o.Provision.RenewDeadline, RetryPeriod: o.Provision.RetryPeriod,
-		Leases: a.deps.Kube.CoordinationV1(), Owner: a.owner}
+		Leases: a.deps.Kube.CoordinationV1()}
+	if a.owner != nil {
+		a.election.Owner = a.ownerNow
+	}
 	a.log.Info("provisioning ScaledObjects for annotated workloads", logging.KeyScaler, o.Provision.ScalerAddress, logging.KeyTriggerAuth, auth,
 		logging.KeyLease, a.election.Namespace+"/"+a.election.Name)
 	return nil

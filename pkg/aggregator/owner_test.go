@@ -14,7 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -91,5 +93,64 @@ func TestAMissingOwnerEndsTheProcess(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Run went on 15 s with no owner ClusterRole")
+	}
+}
+
+// TestTheOwnerNowIsTheClusterRoleAsItIs: the provisioner's Lease is given
+// its owner when a replica makes it (ownerNow, read at each create). The
+// owner read once at the start left a ClusterRole made again since
+// (another UID) owning nothing new: the Lease made owned by the one gone
+// was deleted by the garbage collector, made again by another replica,
+// and so on. One being deleted, or gone, owns nothing made now.
+func TestTheOwnerNowIsTheClusterRoleAsItIs(t *testing.T) {
+	ctx := context.Background()
+	kube := fake.NewClientset(&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator", UID: "uid-1"}})
+	a := ownedAggregator(t, kube)
+	if err := a.resolveOwner(ctx); err != nil {
+		t.Fatal(err)
+	}
+	roles := kube.RbacV1().ClusterRoles()
+	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := a.ownerNow(ctx); err == nil {
+		t.Errorf("the owner gone: %+v, want an error", o)
+	}
+	cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "pulse-aggregator", UID: "uid-2"}}
+	if _, err := roles.Create(ctx, cr, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := a.ownerNow(ctx); err != nil || o.UID != "uid-2" || o.Kind != "ClusterRole" || o.Name != "pulse-aggregator" {
+		t.Errorf("the owner made again: %+v, %v; want the ClusterRole of uid-2", o, err)
+	}
+	deleting := metav1.Now()
+	cr.DeletionTimestamp, cr.Finalizers = &deleting, []string{metav1.FinalizerDeleteDependents}
+	if _, err := roles.Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := a.ownerNow(ctx); err == nil || !strings.Contains(err.Error(), "being deleted") {
+		t.Errorf("the owner being deleted: %+v, %v; want an error saying so", o, err)
+	}
+	if a.owner.UID != "uid-1" {
+		t.Errorf("the owner read at the start: %+v, want it unchanged (the certificates read their own)", a.owner)
+	}
+	// The provisioner's election is given it.
+	o := NewOptions()
+	o.Kube.OwnerClusterRole, o.Certs.Namespace = "pulse-aggregator", "pulse-system"
+	o.Provision.Enabled, o.Provision.ScalerAddress = true, "pulse-aggregator.pulse-system.svc:9090"
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{Kube: kube, Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()),
+		Metadata: metadatafake.NewSimpleMetadataClient(runtime.NewScheme())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	*p.owner = *a.owner
+	if p.election.Owner == nil {
+		t.Fatal("the provisioner's election has no owner to read")
+	}
+	if _, err := p.election.Owner(ctx); err == nil || !strings.Contains(err.Error(), "being deleted") {
+		t.Errorf("the election's owner, the ClusterRole being deleted: %v; want an error saying so", err)
 	}
 }

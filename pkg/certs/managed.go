@@ -328,6 +328,11 @@ func (m *Managed) watchCopy(ctx context.Context, c copyRef, kick chan<- struct{}
 
 // Ensure creates or renews the certificates and KEDA's credentials.
 func (m *Managed) Ensure(ctx context.Context) error {
+	// The owner is read at every Ensure, before anything is written: a
+	// ClusterRole of its name made again is adopted whether or not this
+	// replica finds the Secret missing (one that found it made again by
+	// another replica put the UID gone back on it and on each copy).
+	ownerErr := m.ownerStands(ctx)
 	secrets := m.o.Client.CoreV1().Secrets(m.o.Namespace)
 	sec, err := secrets.Get(ctx, m.o.SecretName, metav1.GetOptions{})
 	switch {
@@ -338,8 +343,8 @@ func (m *Managed) Ensure(ctx context.Context) error {
 		// agents and KEDA, trusting the CAs published before, were cut off
 		// until each read the new bundle. A new CA is made by deleting
 		// the Secret while no replica runs (docs/scaledobject.md).
-		if err := m.ownerStands(ctx); err != nil {
-			return err
+		if ownerErr != nil {
+			return ownerErr
 		}
 		last, again := m.last.Load(), "created"
 		if last == nil {

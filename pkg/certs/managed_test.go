@@ -1645,3 +1645,109 @@ func TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA(t *testing.T) {
 		t.Errorf("owner references %v, want the ClusterRole made again's alone", s.OwnerReferences)
 	}
 }
+
+// remakeOwner deletes the ClusterRole pulse-aggregator (uid-1) and makes
+// it again (uid-2), as kubectl delete and a helm upgrade would.
+func remakeOwner(t *testing.T, client *fake.Clientset) {
+	t.Helper()
+	ctx := context.Background()
+	roles := client.RbacV1().ClusterRoles()
+	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ownersGone lists what carries an owner reference to uid-1, the
+// ClusterRole gone: the garbage collector deletes what has it alone, and
+// strips it from what has uid-2 too (an update the replica's watch sees,
+// and puts back).
+func ownersGone(t *testing.T, client *fake.Clientset, dyn *dynamicfake.FakeDynamicClient) []string {
+	t.Helper()
+	ctx := context.Background()
+	var bad []string
+	has := func(what string, refs []metav1.OwnerReference) {
+		for _, r := range refs {
+			if r.UID == "uid-1" {
+				bad = append(bad, what)
+			}
+		}
+	}
+	if s, err := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{}); err == nil {
+		has("the managed Secret", s.OwnerReferences)
+	}
+	if s, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); err == nil {
+		has("KEDA's credentials", s.OwnerReferences)
+	}
+	if c, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{}); err == nil {
+		has("the agents' ConfigMap", c.OwnerReferences)
+	}
+	if c, err := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); err == nil {
+		has("the ClusterTriggerAuthentication", c.GetOwnerReferences())
+	}
+	return bad
+}
+
+// TestAReplicaFindingTheSecretMadeAgainAddsNoOwnerGone: two replicas run;
+// the ClusterRole is made again and the garbage collector deletes what
+// uid-1 owned. The replica whose Ensure comes first adopts uid-2 and
+// makes all again; the other found the Secret there and read no
+// ClusterRole: it put uid-1 back on each object (the collector strips it,
+// and that replica's watch put it back, every 5 s). Each Ensure reads
+// the owner now.
+func TestAReplicaFindingTheSecretMadeAgainAddsNoOwnerGone(t *testing.T) {
+	ctx := context.Background()
+	a, client, dyn := ownedManaged(t)
+	b := NewManaged(a.o) // a second replica, running, its Secret loaded
+	if err := b.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	remakeOwner(t, client)
+	for _, err := range []error{
+		client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}),
+		client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+		client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
+		dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Ensure(ctx); err != nil { // made again, owned by uid-2
+		t.Fatal(err)
+	}
+	if err := b.Ensure(ctx); err != nil { // finds it made
+		t.Fatal(err)
+	}
+	if bad := ownersGone(t, client, dyn); len(bad) > 0 {
+		t.Errorf("owned by the ClusterRole gone (uid-1) after the second replica's Ensure: %v", bad)
+	}
+}
+
+// TestACopyDeletedFirstIsNotMadeForTheOwnerGone: the garbage collector
+// deletes KEDA's copy before the managed Secret
+// (its order is its own): the copy's watch runs Ensure, the Secret is
+// still there, and the copy was made again owned by uid-1, gone: deleted
+// by the collector, made again, until the Secret goes too.
+func TestACopyDeletedFirstIsNotMadeForTheOwnerGone(t *testing.T) {
+	ctx := context.Background()
+	m, client, _ := ownedManaged(t)
+	remakeOwner(t, client)
+	if err := client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range s.OwnerReferences {
+		if r.UID == "uid-1" && len(s.OwnerReferences) == 1 {
+			t.Errorf("KEDA's credentials made again owned by uid-1 alone, gone: the collector deletes them again (%v)", s.OwnerReferences)
+		}
+	}
+}

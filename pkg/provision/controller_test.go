@@ -404,7 +404,7 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 	election := func(id string) Election {
 		return Election{Enabled: true, Namespace: "pulse-system", Name: "pulse-aggregator-provisioner", Identity: id,
 			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond, Leases: f.kube.CoordinationV1(),
-			Owner: &owner}
+			Owner: func(context.Context) (metav1.OwnerReference, error) { return owner, nil }}
 	}
 	var wg sync.WaitGroup
 	ctxA, stopA := context.WithCancel(context.Background())
@@ -463,6 +463,56 @@ func TestOnlyTheLeaderProvisions(t *testing.T) {
 	})
 	stopA()
 	stopB()
+}
+
+// TestALeaseIsMadeOnlyForAnOwnerThatStands: the Lease's owner is read at
+// each create. Read once at the start, a ClusterRole made again since
+// (another UID) left the Lease owned by one gone: the garbage collector
+// deleted it, another replica made it again, and so on, two leaders at
+// once until the first one's renew deadline. While the owner is gone or
+// being deleted (an error) no Lease is made, and none leads; then the
+// owner as it is now owns it.
+func TestALeaseIsMadeOnlyForAnOwnerThatStands(t *testing.T) {
+	f := newFixture(t, workload(infSets, "InferenceSet", "llama", map[string]string{AnnotationAutoscale: "true"}))
+	owner := metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "cr-uid-2"}
+	var stands atomic.Bool
+	var reads atomic.Int64
+	e := Election{Enabled: true, Namespace: "pulse-system", Name: "pulse-aggregator-provisioner", Identity: "a",
+		LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 50 * time.Millisecond, Leases: f.kube.CoordinationV1(),
+		Owner: func(context.Context) (metav1.OwnerReference, error) {
+			reads.Add(1)
+			if !stands.Load() {
+				return metav1.OwnerReference{}, errors.New("ClusterRole pulse-aggregator is being deleted")
+			}
+			return owner, nil
+		}}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.c.RunElected(ctx, e) }()
+	defer func() { stop(); <-done }()
+	leases := f.kube.CoordinationV1().Leases("pulse-system")
+	f.waitFor("three tries to make the Lease", func() error {
+		if n := reads.Load(); n < 3 {
+			return fmt.Errorf("%d reads of the owner", n)
+		}
+		return nil
+	})
+	if l, err := leases.Get(context.Background(), e.Name, metav1.GetOptions{}); err == nil || f.c.Provisioning().Leading {
+		t.Fatalf("the owner being deleted: Lease %v (%v), leading %v; want none made, none leading", l.OwnerReferences, err, f.c.Provisioning().Leading)
+	}
+	stands.Store(true)
+	f.waitFor("the Lease owned by the owner as it is now, and a leader", func() error {
+		l, err := leases.Get(context.Background(), e.Name, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			return err
+		case len(l.OwnerReferences) != 1 || l.OwnerReferences[0] != owner:
+			return fmt.Errorf("owner references %v, want [%v]", l.OwnerReferences, owner)
+		case !f.c.Provisioning().Leading:
+			return errors.New("none leads")
+		}
+		return nil
+	})
 }
 
 // TestWorkspaceSaysItScalesZeroToOne: a Workspace's ScaledObject is made,

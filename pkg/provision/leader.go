@@ -31,9 +31,14 @@ type Election struct {
 	// leaderelection takes them (15s, 10s, 2s in the chart).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	Leases                                    coordinationv1.LeasesGetter
-	// Owner, if set, owns the Lease when this replica creates it (a Lease
-	// made before, without it, is left as it is).
-	Owner *metav1.OwnerReference
+	// Owner, if set, is the owner of the Lease when this replica creates
+	// it (a Lease made before, without it, is left as it is), read at each
+	// create: an owner made again since the start (another UID) owns it,
+	// and an error (the owner gone, or being deleted) makes none. A Lease
+	// made with an owner gone was deleted by the garbage collector, made
+	// again by another replica, and so on: two leaders at once, each time,
+	// until the first's renew deadline.
+	Owner func(context.Context) (metav1.OwnerReference, error)
 }
 
 // DefaultIdentity is $POD_NAME (or the host name) and a random suffix, so
@@ -99,7 +104,7 @@ func (c *Controller) term(tctx context.Context, e Election, lease string, fail f
 	}
 	var lock resourcelock.Interface = ll
 	if e.Owner != nil {
-		lock = &ownedLease{LeaseLock: ll, owner: *e.Owner}
+		lock = &ownedLease{LeaseLock: ll, owner: e.Owner}
 	}
 	var le *leaderelection.LeaderElector
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -181,13 +186,17 @@ func (c *Controller) setHolder(id, self string) {
 // owner (LeaseLock's own Create sets its name and labels only).
 type ownedLease struct {
 	*resourcelock.LeaseLock
-	owner metav1.OwnerReference
+	owner func(context.Context) (metav1.OwnerReference, error)
 }
 
 func (l *ownedLease) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
-	_, err := l.Client.Leases(l.LeaseMeta.Namespace).Create(ctx, &coordv1.Lease{
+	owner, err := l.owner(ctx)
+	if err != nil {
+		return fmt.Errorf("the Lease's owner: %w", err)
+	}
+	_, err = l.Client.Leases(l.LeaseMeta.Namespace).Create(ctx, &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: l.LeaseMeta.Name, Namespace: l.LeaseMeta.Namespace, Labels: l.Labels,
-			OwnerReferences: []metav1.OwnerReference{l.owner}},
+			OwnerReferences: []metav1.OwnerReference{owner}},
 		Spec: resourcelock.LeaderElectionRecordToLeaseSpec(&ler),
 	}, metav1.CreateOptions{})
 	if err != nil {
