@@ -1617,17 +1617,7 @@ func TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA(t *testing.T) {
 	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-2"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The garbage collector: everything owned by uid-1.
-	for _, err := range []error{
-		client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}),
-		client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-		client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
-		dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	collectOwned(t, client, dyn)
 	if err := m.Ensure(ctx); err != nil {
 		t.Errorf("Ensure: %v", err)
 	}
@@ -1657,6 +1647,23 @@ func remakeOwner(t *testing.T, client *fake.Clientset) {
 	}
 	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-2"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// collectOwned deletes what the ClusterRole gone (uid-1) owned alone, as
+// the garbage collector would: the managed Secret and its copies.
+func collectOwned(t *testing.T, client *fake.Clientset, dyn *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	ctx := context.Background()
+	for _, err := range []error{
+		client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}),
+		client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+		client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
+		dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -1705,16 +1712,7 @@ func TestAReplicaFindingTheSecretMadeAgainAddsNoOwnerGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	remakeOwner(t, client)
-	for _, err := range []error{
-		client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}),
-		client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-		client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
-		dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	collectOwned(t, client, dyn)
 	if err := a.Ensure(ctx); err != nil { // made again, owned by uid-2
 		t.Fatal(err)
 	}
