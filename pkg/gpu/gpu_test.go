@@ -24,10 +24,11 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// readOnce opens lib at interval and reads every device once.
-func readOnce(t *testing.T, lib nvml.Interface, interval time.Duration) (*NVML, Devices) {
+// readOnce opens lib at an interval of SamplesFrom (its reads take the
+// driver's samples) and reads every device once.
+func readOnce(t *testing.T, lib nvml.Interface) (*NVML, Devices) {
 	t.Helper()
-	n, err := OpenNVML(lib, ModeOn, interval, quiet())
+	n, err := OpenNVML(lib, ModeOn, SamplesFrom, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestOpenNVMLModes(t *testing.T) {
 
 func TestPodHoldingGPUs2And5(t *testing.T) {
 	lib := mockGPUs(t)
-	n, devs := readOnce(t, lib, SamplesFrom)
+	n, devs := readOnce(t, lib)
 	uuid := func(i int) string { u, _ := lib.Devices[i].GetUUID(); return u }
 	got, unknown := Attribute(devs, map[string][]string{
 		"ns/llama-0": {uuid(2), uuid(5)}, // 20% by samples, 50% by rates
@@ -565,6 +566,35 @@ func TestTheDevicePluginsSharedNamesAreGPUs(t *testing.T) {
 	}
 }
 
+// utilizationSamples is a GetSamplesFunc of the driver's buffer: one
+// sample a second, seconds 0 to newest(), each value(second) percent, those
+// past the mark asked for.
+func utilizationSamples(newest func() uint64, value func(uint64) uint32) func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+	const base, second = uint64(1_700_000_000_000_000), uint64(1_000_000)
+	return func(_ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+		var out []nvml.Sample
+		for i := uint64(0); i <= newest(); i++ {
+			var sv [8]byte
+			binary.LittleEndian.PutUint32(sv[:4], value(i))
+			if ts := base + i*second; ts > last {
+				out = append(out, nvml.Sample{TimeStamp: ts, SampleValue: sv})
+			}
+		}
+		return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
+	}
+}
+
+// podChange is a GPU's utilization, a second at a time: the pod before's
+// 100 % until second at, then 20 %.
+func podChange(at uint64) func(uint64) uint32 {
+	return func(i uint64) uint32 {
+		if i < at {
+			return 100
+		}
+		return 20
+	}
+}
+
 // TestAFirstSampledReadReachesBackOneInterval: the driver keeps its
 // utilization samples for longer than a read interval, and the first read
 // (at the agent's start, after a Reopen) took the mean of all of them: a
@@ -574,25 +604,88 @@ func TestTheDevicePluginsSharedNamesAreGPUs(t *testing.T) {
 func TestAFirstSampledReadReachesBackOneInterval(t *testing.T) {
 	lib := mockGPUs(t)
 	gpu1 := lib.Devices[1].(*dgxa100.Device)
-	const base, second = uint64(1_700_000_000_000_000), uint64(1_000_000)
-	gpu1.GetSamplesFunc = func(_ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
-		var out []nvml.Sample
-		for i := range uint64(20) { // 15 s of the pod before at 100 %, then 5 s at 20 %
-			v := uint32(100)
-			if i >= 15 {
-				v = 20
-			}
-			var sv [8]byte
-			binary.LittleEndian.PutUint32(sv[:4], v)
-			if ts := base + i*second; ts > last {
-				out = append(out, nvml.Sample{TimeStamp: ts, SampleValue: sv})
-			}
-		}
-		return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
-	}
-	_, devs := readOnce(t, lib, SamplesFrom)
+	// 15 s of the pod before at 100 %, then 5 s at 20 %.
+	gpu1.GetSamplesFunc = utilizationSamples(func() uint64 { return 19 }, podChange(15))
+	_, devs := readOnce(t, lib)
 	uuid, _ := gpu1.GetUUID()
 	if d := devs.ByUUID[uuid]; !d.HasUtilization || math.Abs(d.Utilization-0.20) > 1e-9 {
 		t.Fatalf("the first read: utilization %v (%v), want 0.20, the last interval's samples alone", d.Utilization, d.HasUtilization)
+	}
+}
+
+// TestASampleThatIsNoUtilizationIsLeftOut: NVML's samples are a C union
+// whose type the driver names; a double that is NaN or infinite, or a
+// signed value below 0, is no utilization. The mean took them in: a NaN
+// sample made the GPU's utilization NaN, with HasUtilization set (the
+// wire's encoder sent it as 0, an idle GPU), an infinite one 1, a negative
+// one a utilization below 0. A read's utilization is within 0..1 from the
+// samples that are, or (none being so) the last sample period's.
+func TestASampleThatIsNoUtilizationIsLeftOut(t *testing.T) {
+	dbl := func(v float64) (b [8]byte) { binary.LittleEndian.PutUint64(b[:], math.Float64bits(v)); return }
+	i32 := func(v int32) (b [8]byte) { binary.LittleEndian.PutUint32(b[:4], uint32(v)); return }
+	for name, c := range map[string]struct {
+		vt     nvml.ValueType
+		values [][8]byte
+	}{
+		"a NaN double":       {nvml.VALUE_TYPE_DOUBLE, [][8]byte{dbl(40), dbl(math.NaN()), dbl(40)}},
+		"an infinite double": {nvml.VALUE_TYPE_DOUBLE, [][8]byte{dbl(40), dbl(math.Inf(1)), dbl(40)}},
+		"a negative int":     {nvml.VALUE_TYPE_SIGNED_INT, [][8]byte{i32(40), i32(-1000), i32(40)}},
+		"only a NaN":         {nvml.VALUE_TYPE_DOUBLE, [][8]byte{dbl(math.NaN())}},
+	} {
+		lib := mockGPUs(t)
+		gpu1 := lib.Devices[1].(*dgxa100.Device)
+		gpu1.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			var out []nvml.Sample
+			for i, v := range c.values {
+				out = append(out, nvml.Sample{TimeStamp: uint64(1_700_000_000_000_000 + i*200_000), SampleValue: v})
+			}
+			return c.vt, out, nvml.SUCCESS
+		}
+		_, devs := readOnce(t, lib)
+		uuid, _ := gpu1.GetUUID()
+		d := devs.ByUUID[uuid]
+		if d.HasUtilization && !(d.Utilization >= 0 && d.Utilization <= 1) {
+			t.Errorf("%s: utilization %v, want one within 0..1 or none", name, d.Utilization)
+		} else if d.HasUtilization && name != "only a NaN" && math.Abs(d.Utilization-0.4) > 1e-9 {
+			t.Errorf("%s: utilization %v, want 0.4 (the samples that are utilizations)", name, d.Utilization)
+		}
+	}
+}
+
+// TestASampledReadAfterAGapReachesBackOneInterval: at intervals of
+// SamplesFrom or more a read averages the driver's samples since the
+// newest one the last read of that GPU took. A read whose GetSamples
+// failed (or found none newer) kept that mark, so the next read reached
+// back two intervals (more after more such reads, up to the driver's 14 s)
+// though the agent takes its values as beginning at the read before it
+// (README: "a read's values begin at the read before it"): a pod listed
+// after the earlier read, and before the failed one, was given the load of
+// the pod the GPU held before it. Every read takes at most one interval
+// before its newest sample, as the first does.
+func TestASampledReadAfterAGapReachesBackOneInterval(t *testing.T) {
+	lib := mockGPUs(t)
+	gpu1 := lib.Devices[1].(*dgxa100.Device)
+	now, fail := uint64(5), false // the driver's newest sample, in seconds
+	// The pod before at 100 % until second 7, then this one's 20 %.
+	samples := utilizationSamples(func() uint64 { return now }, podChange(8))
+	gpu1.GetSamplesFunc = func(st nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+		if fail {
+			return 0, nil, nvml.ERROR_UNKNOWN
+		}
+		return samples(st, last)
+	}
+	n, _ := readOnce(t, lib) // second 5
+	fail, now = true, 10     // second 10: GetSamples fails, the last period read
+	if _, err := n.Read(); err != nil {
+		t.Fatal(err)
+	}
+	fail, now = false, 15 // second 15: the interval (10, 15] is the new pod's alone
+	devs, err := n.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid, _ := gpu1.GetUUID()
+	if d := devs.ByUUID[uuid]; !d.HasUtilization || math.Abs(d.Utilization-0.20) > 1e-9 {
+		t.Fatalf("the read after a failed one: utilization %v (%v), want 0.20, the last interval's samples alone (the pod before's from seconds 6-7 taken in)", d.Utilization, d.HasUtilization)
 	}
 }

@@ -271,9 +271,11 @@ func (n *NVML) sampled(dev nvml.Device, uuid string) (float64, bool) {
 	since := n.last[uuid]
 	vt, samples, ret := dev.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, since)
 	if ret == nvml.SUCCESS && len(samples) > 0 {
-		if since == 0 {
-			since = firstSince(samples, n.every)
-		}
+		// At most one interval before the newest sample, at every read: a
+		// read that took none (GetSamples failed, the GPU not read) left
+		// the mark where it was, and the next reached back to a pod the
+		// GPU held before the one the agent reads it for.
+		since = max(since, firstSince(samples, n.every))
 		var sum float64
 		newest := since
 		k := 0
@@ -281,12 +283,15 @@ func (n *NVML) sampled(dev nvml.Device, uuid string) (float64, bool) {
 			if s.TimeStamp <= since {
 				continue
 			}
-			sum += sampleValue(vt, s.SampleValue)
 			newest = max(newest, s.TimeStamp)
-			k++
+			// A NaN, a negative or an infinite value is no utilization.
+			if v := sampleValue(vt, s.SampleValue); v >= 0 && !math.IsInf(v, 1) {
+				sum += v
+				k++
+			}
 		}
+		n.last[uuid] = newest
 		if k > 0 {
-			n.last[uuid] = newest
 			return math.Min(sum/float64(k)/100, 1), true
 		}
 	}

@@ -209,6 +209,13 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 		e.pods[s.Pod] = st
 	}
 	present := s.Values.Present & presentMask
+	for p := present; p != 0; p &= p - 1 {
+		// A NaN is no value: absent, never 0 (the extractor drops a
+		// page's, but the GPU values are set on the page after it).
+		if x := s.Values.V[bits.TrailingZeros64(p)]; x != x {
+			present &^= p & -p
+		}
+	}
 	b.Pods = append(b.Pods, s.Pod)
 	b.OffsetsMs = append(b.OffsetsMs, s.OffsetMs)
 	b.PresentXor = append(b.PresentXor, present^uint64(st.present))
@@ -290,7 +297,7 @@ func quantize(id metric.ID, x float64) int64 {
 		return maxQuantum
 	case q < -maxQuantum:
 		return -maxQuantum
-	case q != q: // NaN never reaches the wire: the extractor drops it
+	case q != q: // NaN never reaches the wire: Append leaves it absent
 		return 0
 	}
 	return int64(q)

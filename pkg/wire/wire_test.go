@@ -581,3 +581,35 @@ func TestAnUnknownHistogramEnumIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestANaNValueIsAbsentOnTheWire: a value that is NaN is no value: it is
+// absent on the wire, never 0 (docs/protocol.md, "SampleBatch: columnar,
+// predictive, exact at each metric's resolution"). The extractor drops
+// NaN from a page, but the agent sets the GPU values on the page after it
+// (addGPU), so a NaN utilization reached the encoder, which sent it as a
+// present 0: an idle GPU, read by a scale-down. The pod's other values,
+// and a value the next sample has, are kept.
+func TestANaNValueIsAbsentOnTheWire(t *testing.T) {
+	enc, dec := NewEncoder(), NewDecoder()
+	for i, u := range []float64{0.8, math.NaN(), 0.7} {
+		s := Sample{Pod: 1}
+		s.Values.Set(metric.Waiting, 3)
+		s.Values.Set(metric.GPUUtilization, u)
+		var b pulsev1.SampleBatch
+		enc.Append(&b, &s)
+		got, err := dec.Decode(nil, marshalRoundTrip(t, &b))
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		g, ok := got[0].Values.Get(metric.GPUUtilization)
+		switch {
+		case u != u && ok:
+			t.Fatalf("step %d: a NaN gpuUtilization decoded as present %v, want absent", i, g)
+		case u == u && (!ok || g != u):
+			t.Fatalf("step %d: gpuUtilization %v (%v), want %v", i, g, ok, u)
+		}
+		if w, _ := got[0].Values.Get(metric.Waiting); w != 3 {
+			t.Fatalf("step %d: waiting %v, want 3", i, w)
+		}
+	}
+}
