@@ -134,6 +134,10 @@ type Managed struct {
 	// missingSince: when a replica that has loaded no Secret first found
 	// it missing, its copies there (awaitRunning); nil otherwise.
 	missingSince atomic.Pointer[time.Time]
+	// ownerGone: ownerStands last found the owner gone, not to be read, or
+	// being deleted; no copy is created then (the garbage collector would
+	// delete it).
+	ownerGone atomic.Bool
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -404,6 +408,9 @@ func (m *Managed) ownerStands(ctx context.Context) error {
 		return nil
 	}
 	cr, err := m.o.Client.RbacV1().ClusterRoles().Get(ctx, owner.Name, metav1.GetOptions{})
+	// Gone, the chart's grant of its get (by the ClusterRole itself) goes
+	// with it: 403, not 404.
+	m.ownerGone.Store(apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || err == nil && cr.DeletionTimestamp != nil)
 	switch {
 	case apierrors.IsNotFound(err) || err == nil && cr.DeletionTimestamp != nil:
 		// Being deleted (in the foreground, or held by a finalizer): a
@@ -419,6 +426,16 @@ func (m *Managed) ownerStands(ctx context.Context) error {
 		adopted.UID = cr.UID
 		m.owner.Store(&adopted)
 		m.o.Log.Info("the owner ClusterRole was made again: what is made from now on is owned by it", logging.KeyName, owner.Name)
+	}
+	return nil
+}
+
+// mayCreate is an error while the owner is gone (or not to be read) or
+// being deleted: an object created then is owned by it alone, deleted by
+// the garbage collector, and created again at its watch's next event.
+func (m *Managed) mayCreate(kind, name string) error {
+	if m.ownerGone.Load() {
+		return fmt.Errorf("%s %s not made: the ClusterRole %s that would own it is deleted, being deleted or not to be read", kind, name, m.ownerRef().Name)
 	}
 	return nil
 }
@@ -540,6 +557,9 @@ func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name s
 	cur, err := ss.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		if err := m.mayCreate("Secret", ns+"/"+name); err != nil {
+			return err
+		}
 		_, err = ss.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
 			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Type: typ, Data: data}, metav1.CreateOptions{})
 		if err == nil {
@@ -571,6 +591,9 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	cur, err := cms.Get(ctx, m.o.CAConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		if err := m.mayCreate("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap); err != nil {
+			return err
+		}
 		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: m.o.CAConfigMap, Namespace: m.o.Namespace,
 			Labels: map[string]string{managedBy: managedByAggregator}, OwnerReferences: m.owners(nil)}, Data: want}, metav1.CreateOptions{})
 		if err == nil {
@@ -947,6 +970,9 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	cta := m.o.Dynamic.Resource(ClusterTriggerAuthentications)
 	existing, err := cta.Get(ctx, m.o.TriggerAuthName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
+		if err := m.mayCreate("ClusterTriggerAuthentication", m.o.TriggerAuthName); err != nil {
+			return err
+		}
 		obj := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
 			"metadata": map[string]any{"name": m.o.TriggerAuthName, "labels": map[string]any{managedBy: managedByAggregator}},

@@ -1437,12 +1437,31 @@ func TestADeletedSecretIsMadeAgainAtOnce(t *testing.T) {
 	eventually(t, "the Secret made again, its CA kept", func() bool { return bytes.Equal(ca(), before) })
 }
 
-// ownedManaged is managed's, its owner the ClusterRole pulse-aggregator
-// (uid-1), made, and its Secret made.
-func ownedManaged(t *testing.T) (*Managed, *fake.Clientset, *dynamicfake.FakeDynamicClient) {
+// deleteInTheForeground marks the ClusterRole pulse-aggregator being
+// deleted in the foreground, as the API server does: its deletionTimestamp
+// and the foregroundDeletion finalizer set, the garbage collector then
+// deleting its dependents before it removes the finalizer.
+func deleteInTheForeground(t *testing.T, client *fake.Clientset) {
 	t.Helper()
 	ctx := context.Background()
-	m, client, dyn, _ := managed(t, 0)
+	roles := client.RbacV1().ClusterRoles()
+	cr, err := roles.Get(ctx, "pulse-aggregator", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleting := metav1.Now()
+	cr.DeletionTimestamp, cr.Finalizers = &deleting, []string{metav1.FinalizerDeleteDependents}
+	if _, err := roles.Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ownedManaged is managed's, its owner the ClusterRole pulse-aggregator
+// (uid-1), made, and its Secret made.
+func ownedManaged(t *testing.T) (*Managed, *fake.Clientset, *dynamicfake.FakeDynamicClient, *testClock) {
+	t.Helper()
+	ctx := context.Background()
+	m, client, dyn, clock := managed(t, 0)
 	m.o.Owner = &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "uid-1"}
 	if _, err := client.RbacV1().ClusterRoles().Create(ctx, clusterRole("pulse-aggregator", "uid-1"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -1450,7 +1469,7 @@ func ownedManaged(t *testing.T) (*Managed, *fake.Clientset, *dynamicfake.FakeDyn
 	if err := m.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return m, client, dyn
+	return m, client, dyn, clock
 }
 
 // TestASecretIsNotMadeForAnOwnerGone: the ClusterRole that owns what the
@@ -1461,7 +1480,7 @@ func ownedManaged(t *testing.T) (*Managed, *fake.Clientset, *dynamicfake.FakeDyn
 // made from then: TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA.)
 func TestASecretIsNotMadeForAnOwnerGone(t *testing.T) {
 	ctx := context.Background()
-	m, client, _ := ownedManaged(t)
+	m, client, _, _ := ownedManaged(t)
 	roles := client.RbacV1().ClusterRoles()
 	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -1567,20 +1586,8 @@ func TestAReplicaJustStartedMakesTheSecretWhenNoneDoes(t *testing.T) {
 // served on, as for an owner gone.
 func TestASecretIsNotMadeForAnOwnerBeingDeleted(t *testing.T) {
 	ctx := context.Background()
-	m, client, _ := ownedManaged(t)
-	roles := client.RbacV1().ClusterRoles()
-	// The foreground deletion: the API server sets the deletionTimestamp
-	// and the foregroundDeletion finalizer; the garbage collector deletes
-	// the dependents, then removes the finalizer.
-	cr, err := roles.Get(ctx, "pulse-aggregator", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleting := metav1.Now()
-	cr.DeletionTimestamp, cr.Finalizers = &deleting, []string{metav1.FinalizerDeleteDependents}
-	if _, err := roles.Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m, client, _, _ := ownedManaged(t)
+	deleteInTheForeground(t, client)
 	secrets := client.CoreV1().Secrets("pulse-system")
 	if err := secrets.Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -1608,7 +1615,7 @@ func TestASecretIsNotMadeForAnOwnerBeingDeleted(t *testing.T) {
 // again owns what is made again, from the Secret last loaded.
 func TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA(t *testing.T) {
 	ctx := context.Background()
-	m, client, dyn := ownedManaged(t)
+	m, client, dyn, _ := ownedManaged(t)
 	roles := client.RbacV1().ClusterRoles()
 	kedaBefore := kedaClient(t, client)
 	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
@@ -1706,7 +1713,7 @@ func ownersGone(t *testing.T, client *fake.Clientset, dyn *dynamicfake.FakeDynam
 // the owner now.
 func TestAReplicaFindingTheSecretMadeAgainAddsNoOwnerGone(t *testing.T) {
 	ctx := context.Background()
-	a, client, dyn := ownedManaged(t)
+	a, client, dyn, _ := ownedManaged(t)
 	b := NewManaged(a.o) // a second replica, running, its Secret loaded
 	if err := b.Ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -1731,7 +1738,7 @@ func TestAReplicaFindingTheSecretMadeAgainAddsNoOwnerGone(t *testing.T) {
 // by the collector, made again, until the Secret goes too.
 func TestACopyDeletedFirstIsNotMadeForTheOwnerGone(t *testing.T) {
 	ctx := context.Background()
-	m, client, _ := ownedManaged(t)
+	m, client, _, _ := ownedManaged(t)
 	remakeOwner(t, client)
 	if err := client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -1746,6 +1753,81 @@ func TestACopyDeletedFirstIsNotMadeForTheOwnerGone(t *testing.T) {
 	for _, r := range s.OwnerReferences {
 		if r.UID == "uid-1" && len(s.OwnerReferences) == 1 {
 			t.Errorf("KEDA's credentials made again owned by uid-1 alone, gone: the collector deletes them again (%v)", s.OwnerReferences)
+		}
+	}
+}
+
+// TestARenewalIsNotHeldByAnOwnerThatCannotBeRead: the owner is read at
+// every Ensure; a ClusterRole that cannot be read (the API busy, RBAC
+// denied) holds neither the renewal nor the publishing of what stands.
+func TestARenewalIsNotHeldByAnOwnerThatCannotBeRead(t *testing.T) {
+	for _, denial := range []error{
+		apierrors.NewServiceUnavailable("busy"),
+		apierrors.NewForbidden(schema.GroupResource{Group: "rbac.authorization.k8s.io", Resource: "clusterroles"}, "pulse-aggregator", nil),
+	} {
+		ctx := context.Background()
+		m, client, _, clock := ownedManaged(t)
+		s, _ := client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		before := s.Data[KeyServerCert]
+		client.PrependReactor("get", "clusterroles", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, denial })
+		clock.Add(21 * 24 * time.Hour)
+		if err := m.Ensure(ctx); err != nil {
+			t.Errorf("%v: Ensure %v", denial, err)
+		}
+		s, _ = client.CoreV1().Secrets("pulse-system").Get(ctx, "pulse-aggregator-certs", metav1.GetOptions{})
+		if bytes.Equal(before, s.Data[KeyServerCert]) {
+			t.Errorf("%v: not renewed", denial)
+		}
+	}
+}
+
+// TestACopyIsNotMadeForAnOwnerGoneOrBeingDeleted: README says that while
+// the owner is being deleted or gone "none is made" (gone, the chart's
+// grant of its get goes with it: 403). The garbage collector
+// deletes the copies before the managed Secret (its order is its own): a
+// copy's watch runs Ensure, the Secret still stands, and each copy was
+// made again owned by the owner going away alone: collected again, made
+// again 5 s on, until the Secret went too. The pair loaded is served on.
+func TestACopyIsNotMadeForAnOwnerGoneOrBeingDeleted(t *testing.T) {
+	for _, how := range []string{"gone", "being deleted", "not to be read"} {
+		ctx := context.Background()
+		m, client, dyn, _ := ownedManaged(t)
+		roles := client.RbacV1().ClusterRoles()
+		switch how {
+		case "gone":
+			if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		case "not to be read":
+			// The chart grants its get by the ClusterRole itself: gone, it
+			// answers 403, not 404.
+			client.PrependReactor("get", "clusterroles", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "rbac.authorization.k8s.io", Resource: "clusterroles"}, "pulse-aggregator", nil)
+			})
+		default:
+			deleteInTheForeground(t, client)
+		}
+		for _, err := range []error{
+			client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+			client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
+			dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := m.Ensure(ctx)
+		if s, gerr := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); gerr == nil {
+			t.Errorf("owner %s: KEDA's credentials made again, owned by %v (Ensure: %v)", how, s.OwnerReferences, err)
+		}
+		if c, gerr := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{}); gerr == nil {
+			t.Errorf("owner %s: the agents' ConfigMap made again, owned by %v", how, c.OwnerReferences)
+		}
+		if c, gerr := dyn.Resource(ClusterTriggerAuthentications).Get(ctx, "pulse-creds", metav1.GetOptions{}); gerr == nil {
+			t.Errorf("owner %s: the ClusterTriggerAuthentication made again, owned by %v", how, c.GetOwnerReferences())
+		}
+		if err := m.Ready(); err != nil {
+			t.Errorf("owner %s: Ready %v, want the pair loaded served on", how, err)
 		}
 	}
 }
