@@ -803,3 +803,21 @@ func TestAHugeFrameIsAnsweredByItsStagesBound(t *testing.T) {
 		}
 	}
 }
+
+// TestAStreamTheServerClosesSeesItClosing: a stream that Close ends reads
+// Canceled, "the server is closing" (the read's refusal looks at the
+// stream's context for that). Close closed the connections before it
+// cancelled the context, so the read failed first and the handler saw
+// Unavailable, "use of closed network connection", every time.
+func TestAStreamTheServerClosesSeesItClosing(t *testing.T) {
+	for _, ready := range []bool{true, false} {
+		out := make(chan seen, 1)
+		s := NewServer(echo(out), ServerOptions{})
+		addr := serveOn(t, s, ready)
+		_ = open(context.Background(), t, addr, ClientOptions{}, "node-c")
+		s.Close()
+		if sn := <-out; status.Code(sn.err) != codes.Canceled {
+			t.Fatalf("read on ready %v: the handler saw %v; want Canceled, the server closing", ready, sn.err)
+		}
+	}
+}

@@ -117,13 +117,15 @@ func (s *Server) untrack(c net.Conn) {
 // Close closes every connection served and waits for their handlers; a
 // connection served after is closed at once.
 func (s *Server) Close() {
+	// The streams' context first: a read the close below ends sees that
+	// the server is closing (Canceled), not a connection that failed.
+	s.cancel()
 	s.mu.Lock()
 	s.closed = true
 	for c := range s.conns {
 		_ = c.Close()
 	}
 	s.mu.Unlock()
-	s.cancel()
 	s.wg.Wait()
 }
 
