@@ -503,14 +503,10 @@ func (p *sizes) Put(b *[]byte) {
 	p.BufferPool.Put(b)
 }
 
-// A header declaring a message of MaxMessage held a buffer of that size,
-// 4 MiB by default, for 5 bytes sent, until the idle bound. The payload is
-// read in pieces as it comes: a header alone takes one piece, and a
-// message of many pieces is decoded whole.
-func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
-	pool := &sizes{BufferPool: mem.DefaultBufferPool()}
-	pods := make(chan int, 1)
-	handler := func(st pulsev1.Ingest_ReportServer) error {
+// acking is a handler that sends each batch's pod count to pods and acks
+// it.
+func acking(pods chan<- int) func(pulsev1.Ingest_ReportServer) error {
+	return func(st pulsev1.Ingest_ReportServer) error {
 		for {
 			m, err := st.Recv()
 			if err != nil {
@@ -524,7 +520,16 @@ func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
 			}
 		}
 	}
-	addr := serve(t, NewServer(handler, ServerOptions{Pool: pool}))
+}
+
+// A header declaring a message of MaxMessage held a buffer of that size,
+// 4 MiB by default, for 5 bytes sent, until the idle bound. The payload is
+// read in pieces as it comes: a header alone takes one piece, and a
+// message of many pieces is decoded whole.
+func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
+	pool := &sizes{BufferPool: mem.DefaultBufferPool()}
+	pods := make(chan int, 1)
+	addr := serve(t, NewServer(acking(pods), ServerOptions{Pool: pool}))
 
 	// Many pieces: 30,000 pods' ids are about 90 KB.
 	st, err := client(t, addr, ClientOptions{}).Report(context.Background())
