@@ -554,21 +554,8 @@ func TestAMessagesBytesAreHeldOnlyAsTheyCome(t *testing.T) {
 	}
 
 	// A header alone, declaring 4 MiB, and 10 bytes.
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := rawStream(t, addr)
 	var h [headerLen]byte
-	if _, err := io.WriteString(c, PrefaceTCP); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, h[:]); err != nil || h[0] != kindAccept {
-		t.Fatalf("the preface's answer %x, %v", h, err)
-	}
-	if err := writeFrame(c, kindToken, nil); err != nil {
-		t.Fatal(err)
-	}
 	header(&h, kindMessage, DefaultMaxMessage)
 	if _, err := c.Write(append(h[:], make([]byte, 10)...)); err != nil {
 		t.Fatal(err)
@@ -823,6 +810,43 @@ func TestAStreamTheServerClosesSeesItClosing(t *testing.T) {
 		s.Close()
 		if sn := <-out; status.Code(sn.err) != codes.Canceled {
 			t.Fatalf("read on ready %v: the handler saw %v; want Canceled, the server closing", ready, sn.err)
+		}
+	}
+}
+
+// TestAStreamMidMessageTheServerClosesSeesItClosing: a stream whose
+// message's header is read, its payload yet to come, ends Canceled too when
+// Close ends it, as one waiting for a header does (found in a review: the
+// payload's read said Unavailable, "use of closed network connection").
+func TestAStreamMidMessageTheServerClosesSeesItClosing(t *testing.T) {
+	for _, ready := range []bool{true, false} {
+		out := make(chan seen, 1)
+		s := NewServer(echo(out), ServerOptions{})
+		addr := serveOn(t, s, ready)
+		c := rawStream(t, addr)
+		var h [headerLen]byte
+		b, _ := proto.Marshal(hello("node-p"))
+		if err := writeFrame(c, kindMessage, b); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, h[:]); err != nil || h[0] != kindMessage { // the welcome
+			t.Fatalf("welcome %x, %v", h, err)
+		}
+		n := int(h[1])<<24 | int(h[2])<<16 | int(h[3])<<8 | int(h[4])
+		if _, err := io.ReadFull(c, make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+		header(&h, kindMessage, 1000)
+		if _, err := c.Write(append(h[:], make([]byte, 10)...)); err != nil {
+			t.Fatal(err)
+		}
+		// Let the handler come to its read of the other 990 bytes (were it
+		// not there yet, its read of the header would end as the test
+		// wants: no false failure).
+		time.Sleep(100 * time.Millisecond)
+		s.Close()
+		if sn := <-out; status.Code(sn.err) != codes.Canceled {
+			t.Errorf("ready %v: mid-payload, the handler saw %v; want Canceled, the server closing", ready, sn.err)
 		}
 	}
 }

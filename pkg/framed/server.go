@@ -428,10 +428,7 @@ func (st *serverStream) header(kind byte, n int, err error) error {
 		}
 		return errTooLarge(int64(huge), st.s.o.MaxMessage)
 	case err != nil:
-		if st.ctx.Err() != nil {
-			return status.Error(codes.Canceled, "framed: the server is closing")
-		}
-		return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
+		return st.readFailed(err)
 	case kind != kindMessage:
 		return errFrameKind(kind, "a message")
 	case n > st.s.o.MaxMessage:
@@ -440,6 +437,16 @@ func (st *serverStream) header(kind byte, n int, err error) error {
 		return status.Errorf(codes.Unavailable, "framed: the connection is past its age (%s): reconnect", st.s.o.MaxAge)
 	}
 	return nil
+}
+
+// readFailed is a failed read's refusal: Canceled once Close has
+// cancelled the streams' context (its close of the connection is what
+// failed the read, within a header or a payload), Unavailable otherwise.
+func (st *serverStream) readFailed(err error) error {
+	if st.ctx.Err() != nil {
+		return status.Error(codes.Canceled, "framed: the server is closing")
+	}
+	return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
 }
 
 // payload reads a message's n bytes, of which it has the first (read
@@ -472,7 +479,7 @@ func (st *serverStream) payload(n int, m any, have []byte, held *[]byte) error {
 			held = nil
 		}
 		if _, err := io.ReadFull(st.conn, (*buf)[k:]); err != nil {
-			return status.Errorf(codes.Unavailable, "framed: read from the agent: %v", err)
+			return st.readFailed(err)
 		}
 		left -= len(*buf)
 	}
