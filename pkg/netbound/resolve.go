@@ -18,9 +18,13 @@ const LookupTimeout = 5 * time.Second
 
 // Resolve turns an --aggregator entry, host:port, into one address for
 // each IP of host at port, sorted, each in its canonical form (Canonical);
-// an IP literal is itself. The lookup takes at most LookupTimeout. The
-// agent and the relay resolve the aggregator's name with it, so that an
-// address one names is the address the other knows.
+// an IP literal is itself. A name of IPs of both families gives its IPv4
+// ones alone: a replica behind a dual-stack headless Service
+// (PreferDualStack, RequireDualStack) has an IP of each, and a stream to
+// each was two streams of a node at one replica, each one's full
+// catalogue superseding the other's, for ever. The lookup takes at most
+// LookupTimeout. The agent and the relay resolve the aggregator's name
+// with it, so that an address one names is the address the other knows.
 func Resolve(ctx context.Context, r Resolver, entry string) (host string, addrs []string, err error) {
 	host, port, err := net.SplitHostPort(entry)
 	if err != nil {
@@ -40,7 +44,22 @@ func Resolve(ctx context.Context, r Resolver, entry string) (host string, addrs 
 		}
 	}
 	slices.Sort(addrs)
-	return host, slices.Compact(addrs), nil
+	return host, oneFamily(slices.Compact(addrs)), nil
+}
+
+// oneFamily is addrs (canonical ip:ports) of one IP family: its IPv4
+// ones when it has both.
+func oneFamily(addrs []string) []string {
+	v4 := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		if ap, err := netip.ParseAddrPort(a); err == nil && ap.Addr().Is4() {
+			v4 = append(v4, a)
+		}
+	}
+	if len(v4) == 0 || len(v4) == len(addrs) {
+		return addrs
+	}
+	return v4
 }
 
 // Canonical is addr, an ip:port, in netip's form (an IPv4-mapped IPv6 IP

@@ -34,8 +34,16 @@ func TestResolveGivesTheAddressesTheRelayKnows(t *testing.T) {
 	if err != nil || host != "pulse-aggregator" {
 		t.Fatalf("%q, %v", host, err)
 	}
-	if want := []string{"10.0.0.2:9091", "10.0.0.9:9091", "[fd00::1]:9091"}; !slices.Equal(addrs, want) {
+	// IPv4 alone where both families are given: a replica behind a
+	// dual-stack headless Service has an IP of each, and a stream to
+	// each was two streams of a node at one replica, each one's full
+	// catalogue superseding the other's, for ever.
+	if want := []string{"10.0.0.2:9091", "10.0.0.9:9091"}; !slices.Equal(addrs, want) {
 		t.Fatalf("addresses %q, want %q", addrs, want)
+	}
+	v6 := resolverFunc(func(context.Context, string) ([]string, error) { return []string{"fd00::2", "fd00::1"}, nil })
+	if _, addrs, err := Resolve(context.Background(), v6, "pulse-aggregator:9091"); err != nil || !slices.Equal(addrs, []string{"[fd00::1]:9091", "[fd00::2]:9091"}) {
+		t.Fatalf("a name of IPv6 alone: %q, %v", addrs, err)
 	}
 	if deadline <= 0 || deadline > LookupTimeout {
 		t.Fatalf("the lookup's deadline %v from now: want within %v", deadline, LookupTimeout)
