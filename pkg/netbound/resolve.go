@@ -16,16 +16,24 @@ type Resolver interface {
 // LookupTimeout bounds one name's lookup.
 const LookupTimeout = 5 * time.Second
 
-// Resolve turns an --aggregator entry, host:port, into one address for
-// each IP of host at port, sorted, each in its canonical form (Canonical);
-// an IP literal is itself. A name of IPs of both families gives its IPv4
-// ones alone: a replica behind a dual-stack headless Service
-// (PreferDualStack, RequireDualStack) has an IP of each, and a stream to
-// each was two streams of a node at one replica, each one's full
-// catalogue superseding the other's, for ever. The lookup takes at most
-// LookupTimeout. The agent and the relay resolve the aggregator's name
-// with it, so that an address one names is the address the other knows.
+// Resolve turns an --aggregator entry, host:port, into the addresses an
+// agent streams to: ResolveAll's, of one IP family. A name of IPs of both
+// families gives its IPv4 ones alone: a replica behind a dual-stack
+// headless Service (PreferDualStack, RequireDualStack) has an IP of each,
+// and a stream to each was two streams of a node at one replica, each
+// one's full catalogue superseding the other's, for ever.
 func Resolve(ctx context.Context, r Resolver, entry string) (host string, addrs []string, err error) {
+	host, addrs, err = ResolveAll(ctx, r, entry)
+	return host, oneFamily(addrs), err
+}
+
+// ResolveAll turns an --aggregator entry, host:port, into one address for
+// each IP of host at port, of either family, sorted, each in its canonical
+// form (Canonical); an IP literal is itself. The lookup takes at most
+// LookupTimeout. The relay resolves its allow-list with it: every address
+// an agent's Resolve gives (whichever family its own lookup had) is one
+// the relay knows.
+func ResolveAll(ctx context.Context, r Resolver, entry string) (host string, addrs []string, err error) {
 	host, port, err := net.SplitHostPort(entry)
 	if err != nil {
 		return "", nil, err
@@ -44,7 +52,7 @@ func Resolve(ctx context.Context, r Resolver, entry string) (host string, addrs 
 		}
 	}
 	slices.Sort(addrs)
-	return host, oneFamily(slices.Compact(addrs)), nil
+	return host, slices.Compact(addrs), nil
 }
 
 // oneFamily is addrs (canonical ip:ports) of one IP family: its IPv4

@@ -41,6 +41,11 @@ func TestResolveGivesTheAddressesTheRelayKnows(t *testing.T) {
 	if want := []string{"10.0.0.2:9091", "10.0.0.9:9091"}; !slices.Equal(addrs, want) {
 		t.Fatalf("addresses %q, want %q", addrs, want)
 	}
+	// The relay's allow-list (ResolveAll) has both: whichever family an
+	// agent's own lookup gave it, the relay knows the address.
+	if _, all, err := ResolveAll(context.Background(), r, "pulse-aggregator:9091"); err != nil || !slices.Equal(all, []string{"10.0.0.2:9091", "10.0.0.9:9091", "[fd00::1]:9091"}) {
+		t.Fatalf("ResolveAll: %q, %v", all, err)
+	}
 	v6 := resolverFunc(func(context.Context, string) ([]string, error) { return []string{"fd00::2", "fd00::1"}, nil })
 	if _, addrs, err := Resolve(context.Background(), v6, "pulse-aggregator:9091"); err != nil || !slices.Equal(addrs, []string{"[fd00::1]:9091", "[fd00::2]:9091"}) {
 		t.Fatalf("a name of IPv6 alone: %q, %v", addrs, err)

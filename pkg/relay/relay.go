@@ -261,7 +261,7 @@ func (r *Relay) resolve(ctx context.Context, prune bool) {
 	r.mu.Unlock()
 	ok := true
 	for _, entry := range r.cfg.Aggregators {
-		host, addrs, err := netbound.Resolve(ctx, r.cfg.Resolver, entry)
+		host, addrs, err := netbound.ResolveAll(ctx, r.cfg.Resolver, entry)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.cfg.Log.Warn("resolve aggregator", logging.KeyAggregator, entry, logging.KeyErr, err)
