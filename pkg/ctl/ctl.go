@@ -4,6 +4,7 @@ package ctl
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,11 +12,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -131,7 +134,7 @@ func readObjects(path string) (objs []object, bad []error, err error) {
 			bad = append(bad, fmt.Errorf("%s: document %d: %w", path, i, err))
 			continue
 		}
-		if o.Kind == "List" {
+		if o.Kind == "List" || strings.HasSuffix(o.Kind, "List") && o.Items != nil {
 			objs = append(objs, o.Items...)
 			continue
 		}
@@ -277,15 +280,29 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 		pts := o.pulseTriggers()
 		for _, pt := range pts {
 			ref, i := pt.ref, pt.pos
-			t, err := scaler.ParseTrigger(ref, maxWindow, res)
-			problem := pt.metricTypeProblem()
+			// Parsed as the aggregator gets it: in the namespace it is
+			// applied in (KEDA sends it), each key from the environment
+			// left out (KEDA sends its value, which the file does not hold).
+			env := scaler.FromEnvKeys(ref.ScalerMetadata)
+			md := maps.Clone(ref.ScalerMetadata)
+			for _, k := range env {
+				delete(md, k+"FromEnv")
+			}
+			t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
+			if me := (*scaler.MetadataError)(nil); errors.As(err, &me) && slices.Contains(env, me.Key) {
+				err = nil // a key needed, and set from the environment
+			}
+			problem := ""
+			if !slices.Contains(env, "valueType") {
+				problem = pt.metricTypeProblem()
+			}
 			msg := ""
 			switch {
 			case err != nil:
 				msg = fmt.Sprintf("trigger %d: %v", i, err)
 			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
 				msg = fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace)
-			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != "":
+			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != appliedIn:
 				// Most manifests name no namespace (applied with -n), and
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
@@ -293,15 +310,19 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 			case problem != "":
 				msg = fmt.Sprintf("trigger %d: %s", i, problem)
 			}
+			valid := "valid"
+			if len(env) > 0 {
+				valid += fmt.Sprintf(" (%sFromEnv read from the scale target's environment by KEDA: not checked)", strings.Join(env, "FromEnv, "))
+			}
 			switch {
 			case msg != "":
 				out = append(out, finding{text: msg, problem: true})
 			case len(pts) > 1:
 				// Beside another trigger's problem, a bare "valid" read as
 				// the whole ScaledObject's.
-				out = append(out, finding{text: fmt.Sprintf("trigger %d: valid", i)})
+				out = append(out, finding{text: fmt.Sprintf("trigger %d: %s", i, valid)})
 			default:
-				out = append(out, finding{text: "valid"})
+				out = append(out, finding{text: valid})
 			}
 		}
 		return out
@@ -310,7 +331,7 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 	if !ok || !hasPulseAnnotation(o.Metadata.Annotations) {
 		return nil
 	}
-	s, err := provision.Parse(provision.Workload{Kind: kind, Namespace: o.Metadata.Namespace, Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow)
+	s, err := provision.Parse(provision.Workload{Kind: kind, Namespace: cmp.Or(o.Metadata.Namespace, appliedIn), Name: o.Metadata.Name}, o.Metadata.Annotations, maxWindow)
 	if err == nil {
 		err = provision.ApplyCap(&s, maxReplicas)
 	}
@@ -322,6 +343,28 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 	}
 	return []finding{{text: "valid"}}
 }
+
+// unaskable is why query cannot ask the scaler as KEDA would of ref: ""
+// when it can.
+func unaskable(ref *externalscaler.ScaledObjectRef) string {
+	if ref.Namespace == "" {
+		// KEDA sends the namespace the ScaledObject is applied in; the
+		// scaler refuses a call without one.
+		return "the ScaledObject names no namespace: set its metadata.namespace to the one it is applied in"
+	}
+	if env := scaler.FromEnvKeys(ref.ScalerMetadata); len(env) > 0 {
+		// KEDA sends the variable's value; the file holds its name, which
+		// the scaler refuses as the value.
+		return fmt.Sprintf("%sFromEnv: KEDA sends the value of the scale target's variable, which the file does not hold: set %s in the file to ask",
+			strings.Join(env, "FromEnv, "), strings.Join(env, ", "))
+	}
+	return ""
+}
+
+// appliedIn stands for the namespace a manifest that names none is
+// applied in (kubectl -n): KEDA sends it with every call, and the
+// provisioner reads a workload in it.
+const appliedIn = "the-namespace-applied-in"
 
 // finding is what check says of a trigger or a workload's annotations:
 // valid, or a problem.
@@ -446,10 +489,8 @@ func query(args []string, stdout, stderr io.Writer) int {
 			ref := pt.ref
 			asked++
 			fmt.Fprintf(stdout, "ScaledObject %s/%s trigger %d:\n", wire.OneLine(o.Metadata.Namespace), wire.OneLine(o.Metadata.Name), pt.pos)
-			if ref.Namespace == "" {
-				// KEDA sends the namespace the ScaledObject is applied
-				// in; the scaler refuses a call without one.
-				fmt.Fprintln(stdout, "  the ScaledObject names no namespace: set its metadata.namespace to the one it is applied in")
+			if why := unaskable(ref); why != "" {
+				fmt.Fprintf(stdout, "  %s\n", why)
 				failed++
 				continue
 			}
@@ -571,7 +612,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 		if i > 0 {
 			time.Sleep(*every)
 		}
-		body, err := fetch(client, url)
+		body, cut, err := fetch(client, url)
 		if errors.Is(err, errBusy) && (*count == 0 || i < *count-1) {
 			// The aggregator answers a few debug pages at once: the next
 			// refresh tries again.
@@ -586,6 +627,9 @@ func top(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
 		}
 		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), wire.Printable(url), wire.Printable(body))
+		if cut {
+			fmt.Fprintf(stderr, "pulsectl top: the answer is past %d MiB: the rest is not shown (--namespace NS shows one namespace's)\n", maxAnswer>>20)
+		}
 	}
 	return 0
 }
@@ -671,24 +715,32 @@ func readToken(file string) (string, error) {
 	return token, nil
 }
 
-func fetch(c *http.Client, url string) (string, error) {
+// maxAnswer bounds what top reads of an answer.
+const maxAnswer = 16 << 20
+
+// fetch is url's answer; cut: it was past maxAnswer, and is cut at its last
+// whole line within it.
+func fetch(c *http.Client, url string) (body string, cut bool, err error) {
 	resp, err := c.Get(url)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return "", err
+		return "", false, err
+	}
+	if cut = len(b) > maxAnswer; cut {
+		b = b[:bytes.LastIndexByte(b[:maxAnswer], '\n')+1]
 	}
 	if resp.StatusCode != http.StatusOK {
 		err := fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(wire.Printable(string(b[:min(len(b), 4096)]))))
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			err = fmt.Errorf("%w: %w", errBusy, err)
 		}
-		return "", err
+		return "", false, err
 	}
-	return string(b), nil
+	return string(b), cut, nil
 }
 
 // errBusy: the server answered 503 (the aggregator's debug answers under

@@ -737,3 +737,86 @@ func TestQueryAFileNotReadIsSaidAlone(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q: want 1 and the file said alone", code, out, errs)
 	}
 }
+
+// TestCheckAManifestOfNoNamespace: most manifests name no namespace (applied
+// with -n; KEDA then sends that one, and the provisioner reads a workload
+// that always has one). check called a ScaledObject whose trigger names no
+// namespace, and an annotated Deployment, a problem: "no namespace given
+// and the ScaledObject has none", the Deployment's blamed on
+// pulse.io/metric, an annotation it does not have.
+func TestCheckAManifestOfNoNamespace(t *testing.T) {
+	so := strings.Replace(goodSO, "{name: llama-so, namespace: demo}", "{name: llama-so}", 1)
+	dep := "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: phi\n  annotations: {pulse.io/autoscale: \"true\"}\n"
+	for name, body := range map[string]string{"ScaledObject": so, "Deployment": dep} {
+		if code, out, errs := run("check", write(t, body)); code != 0 || !strings.Contains(out, ": valid") {
+			t.Errorf("a %s of no namespace: exit %d, want 0 and valid\n%s%s", name, code, out, errs)
+		}
+	}
+	// Still refused: a trigger naming another namespace than the one
+	// applied in, and a bad value.
+	if code, out, _ := run("check", write(t, strings.Replace(so, `threshold: "10"`, `threshold: "ten"`, 1))); code != 1 || !strings.Contains(out, `"ten"`) {
+		t.Errorf("a bad threshold, no namespace: exit %d\n%s", code, out)
+	}
+}
+
+// TestCheckAKeyFromTheEnvironment: <key>FromEnv reads one of pulse's keys
+// from the scale target's environment, as KEDA resolves it
+// (docs/scaledobject.md): the aggregator reads the value KEDA forwards. check
+// parsed the variable's name as the value: "LLAMA_THRESHOLD" is not a
+// finite number.
+func TestCheckAKeyFromTheEnvironment(t *testing.T) {
+	so := strings.Replace(goodSO, `threshold: "10"`, `thresholdFromEnv: LLAMA_THRESHOLD`, 1)
+	code, out, errs := run("check", write(t, so))
+	if code != 0 || strings.Contains(out, "LLAMA_THRESHOLD\" is not") || !strings.Contains(out, "thresholdFromEnv") {
+		t.Errorf("thresholdFromEnv: exit %d, want 0, valid but for the key not checked\n%s%s", code, out, errs)
+	}
+	// The rest is checked all the same.
+	bad := strings.Replace(so, "metric: waiting", "metric: wating", 1)
+	if code, out, _ := run("check", write(t, bad)); code != 1 || !strings.Contains(out, `unknown metric "wating"`) {
+		t.Errorf("thresholdFromEnv beside a bad metric: exit %d\n%s", code, out)
+	}
+}
+
+// TestTopSaysAnAnswerCut: an answer past what top reads (16 MiB; the
+// aggregator's table of up to 10,000 triggers of 32 pods each is past it)
+// was cut mid-row and printed as the whole, exit 0, nothing said.
+func TestTopSaysAnAnswerCut(t *testing.T) {
+	row := strings.Repeat("x", 1023) + "\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "SCALEDOBJECT\n")
+		for range 17 << 10 { // 17 MiB
+			_, _ = io.WriteString(w, row)
+		}
+		_, _ = io.WriteString(w, "LAST ROW\n")
+	}))
+	defer srv.Close()
+	_, out, errs := run("top", "--debug", srv.URL, "-n", "1")
+	if !strings.Contains(out+errs, "16 MiB") {
+		t.Errorf("a 17 MiB answer printed %d bytes, its cut unsaid; stderr %q", len(out), errs)
+	}
+	if last := out[strings.LastIndexByte(strings.TrimSuffix(out, "\n"), '\n')+1:]; last != "" && !strings.HasSuffix(out, "\n") {
+		t.Errorf("the answer was cut mid-row: %q", last[:min(len(last), 40)]+"...")
+	}
+}
+
+// TestQueryAKeyFromTheEnvironment: KEDA sends thresholdFromEnv's value, not
+// the variable's name; query sent the name, and printed the scaler's refusal
+// of it as what KEDA would get.
+func TestQueryAKeyFromTheEnvironment(t *testing.T) {
+	addr, _ := serve(t)
+	so := strings.Replace(goodSO, `threshold: "10"`, `thresholdFromEnv: LLAMA_THRESHOLD`, 1)
+	code, out, errs := run("query", "--scaler", addr, "-f", write(t, so))
+	if code != 1 || strings.Contains(out, `"LLAMA_THRESHOLD" is not a finite number`) || !strings.Contains(out, "set threshold in the file") {
+		t.Errorf("exit %d: the variable's name asked as the value\n%s%s", code, out, errs)
+	}
+}
+
+// TestCheckReadsATypedList: the API server (kubectl get --raw, a client's
+// dump) writes ScaledObjectList, DeploymentList: its items went unread,
+// and beside a valid document the file was said valid, exit 0.
+func TestCheckReadsATypedList(t *testing.T) {
+	list := "apiVersion: keda.sh/v1alpha1\nkind: ScaledObjectList\nitems:\n- " + strings.ReplaceAll(strings.TrimSuffix(typoSO, "\n"), "\n", "\n  ") + "\n"
+	if code, out, _ := run("check", write(t, goodSO+"---\n"+list)); code != 1 || !strings.Contains(out, "demo/typo: trigger 1") {
+		t.Errorf("a ScaledObjectList: exit %d, want 1 naming demo/typo\n%s", code, out)
+	}
+}

@@ -522,6 +522,20 @@ var pulseKeys = func() []string {
 		"valueType", "aggregation", "missingPods", "window", "staleAfter", "kvCacheTarget", "waitingTarget", "runningTarget", "sloTtft", "sloItl", "sloPercentile")
 }()
 
+// FromEnvKeys are the keys of pulse's that md takes from the scale
+// target's environment (<key>FromEnv, the key itself unset), sorted: KEDA
+// resolves each and forwards its value, which a manifest does not hold.
+func FromEnvKeys(md map[string]string) []string {
+	var keys []string
+	for k := range md {
+		if base, ok := strings.CutSuffix(k, "FromEnv"); ok && slices.Contains(pulseKeys, base) && md[base] == "" {
+			keys = append(keys, base)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its
 // TriggerAuthentication), which KEDA forwards too.
 var kedaKeys = []string{"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile"}
