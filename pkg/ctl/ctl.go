@@ -626,7 +626,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 		if *count != 1 {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
 		}
-		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), wire.Printable(url), wire.Printable(body))
+		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), wire.Printable(redacted(url)), wire.Printable(body))
 		if cut {
 			fmt.Fprintf(stderr, "pulsectl top: the answer is past %d MiB: the rest is not shown (--namespace NS shows one namespace's)\n", maxAnswer>>20)
 		}
@@ -641,7 +641,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error) {
 	u, err := neturl.Parse(url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--debug %s: want http://HOST:PORT or https://HOST:PORT", wire.Printable(url))
+		return nil, fmt.Errorf("--debug %s: want http://HOST:PORT or https://HOST:PORT", wire.Printable(redacted(url)))
 	}
 	tlsOnly := caCert != "" || serverName != ""
 	if tlsOnly && u.Scheme != "https" {
@@ -649,7 +649,7 @@ func debugClient(url, caCert, serverName, tokenFile string) (*http.Client, error
 	}
 	if tokenFile != "" && u.Scheme != "https" {
 		if ip := net.ParseIP(u.Hostname()); u.Hostname() != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			return nil, fmt.Errorf("--token-file with --debug %s: a token is sent in plaintext only to a loopback address; use https://", wire.Printable(url))
+			return nil, fmt.Errorf("--token-file with --debug %s: a token is sent in plaintext only to a loopback address; use https://", wire.Printable(redacted(url)))
 		}
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
@@ -715,6 +715,15 @@ func readToken(file string) (string, error) {
 	return token, nil
 }
 
+// redacted is url as it is shown: a password in it as xxxxx
+// (--debug http://user:pass@host).
+func redacted(url string) string {
+	if u, err := neturl.Parse(url); err == nil {
+		return u.Redacted()
+	}
+	return url
+}
+
 // maxAnswer bounds what top reads of an answer.
 const maxAnswer = 16 << 20
 
@@ -734,7 +743,7 @@ func fetch(c *http.Client, url string) (body string, cut bool, err error) {
 		b = b[:bytes.LastIndexByte(b[:maxAnswer], '\n')+1]
 	}
 	if resp.StatusCode != http.StatusOK {
-		err := fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(wire.Printable(string(b[:min(len(b), 4096)]))))
+		err := fmt.Errorf("%s: %s: %s", redacted(url), resp.Status, strings.TrimSpace(wire.Printable(string(b[:min(len(b), 4096)]))))
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			err = fmt.Errorf("%w: %w", errBusy, err)
 		}

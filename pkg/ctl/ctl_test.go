@@ -820,3 +820,23 @@ func TestCheckReadsATypedList(t *testing.T) {
 		t.Errorf("a ScaledObjectList: exit %d, want 1 naming demo/typo\n%s", code, out)
 	}
 }
+
+// TestTopShowsNoPassword: a password in --debug's URL (basic auth to a
+// proxy in front of the aggregator) was printed in top's header line and
+// in its errors.
+func TestTopShowsNoPassword(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusForbidden)
+	}))
+	defer srv.Close()
+	withPassword := strings.Replace(srv.URL, "http://", "http://user:s3cret@", 1)
+	_, out, errs := run("top", "--debug", withPassword, "-n", "1")
+	if strings.Contains(out+errs, "s3cret") || !strings.Contains(out+errs, "403") {
+		t.Errorf("the password shown, or the refusal not:\n%s%s", out, errs)
+	}
+	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "SCALEDOBJECT\n") })
+	_, out, errs = run("top", "--debug", withPassword, "-n", "1")
+	if strings.Contains(out+errs, "s3cret") || !strings.Contains(out, "SCALEDOBJECT") {
+		t.Errorf("the password shown, or the table not:\n%s%s", out, errs)
+	}
+}
