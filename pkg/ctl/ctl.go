@@ -134,12 +134,26 @@ func readObjects(path string) (objs []object, bad []error, err error) {
 			bad = append(bad, fmt.Errorf("%s: document %d: %w", path, i, err))
 			continue
 		}
-		if o.Kind == "List" || strings.HasSuffix(o.Kind, "List") && o.Items != nil {
-			objs = append(objs, o.Items...)
-			continue
-		}
-		objs = append(objs, o)
+		objs = append(objs, listed(o)...)
 	}
+}
+
+// listed is o, or the objects of a List or typed list (kubectl get -o
+// yaml; a List within one too), each read as a document. The API server
+// leaves a built-in kind's items without their kind (a DeploymentList's
+// are Deployments): such an item takes its list's.
+func listed(o object) []object {
+	if o.Kind != "List" && (!strings.HasSuffix(o.Kind, "List") || o.Items == nil) {
+		return []object{o}
+	}
+	var out []object
+	for _, it := range o.Items {
+		if it.Kind == "" && o.Kind != "List" {
+			it.Kind = strings.TrimSuffix(o.Kind, "List")
+		}
+		out = append(out, listed(it)...)
+	}
+	return out
 }
 
 // targetResolver answers a trigger's scaleTargetRef from the file.
@@ -287,11 +301,11 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 			md := maps.Clone(ref.ScalerMetadata)
 			for _, k := range env {
 				delete(md, k+"FromEnv")
+				if v := standIn(md, k); v != "" {
+					md[k] = v
+				}
 			}
 			t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
-			if me := (*scaler.MetadataError)(nil); errors.As(err, &me) && slices.Contains(env, me.Key) {
-				err = nil // a key needed, and set from the environment
-			}
 			problem := ""
 			if !slices.Contains(env, "valueType") {
 				problem = pt.metricTypeProblem()
@@ -302,7 +316,7 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 				msg = fmt.Sprintf("trigger %d: %v", i, err)
 			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
 				msg = fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace)
-			case !crossNS && ref.Namespace == "" && t.Workload.Namespace != appliedIn:
+			case !crossNS && ref.Namespace == "" && cmp.Or(md["namespace"], md["workspaceNamespace"]) != "":
 				// Most manifests name no namespace (applied with -n), and
 				// KEDA sends the one they are applied in: such a trigger
 				// was called valid, and refused wherever else it went.
@@ -357,6 +371,28 @@ func unaskable(ref *externalscaler.ScaledObjectRef) string {
 		// the scaler refuses as the value.
 		return fmt.Sprintf("%sFromEnv: KEDA sends the value of the scale target's variable, which the file does not hold: set %s in the file to ask",
 			strings.Join(env, "FromEnv, "), strings.Join(env, ", "))
+	}
+	return ""
+}
+
+// standIn is the value check parses key, set from the environment, as: one
+// valid whatever the value KEDA sends, for a key that left out can be an
+// error (ParseTrigger stops at its first error, and the keys after it went
+// unchecked), or that the file's other keys depend on; "" to leave it out.
+func standIn(md map[string]string, key string) string {
+	switch key {
+	case "threshold":
+		return "1" // within bounds, in thousandths, and a replicas trigger's
+	case "metric", "metricName":
+		if md["metric"] != "" || md["metricName"] != "" {
+			return ""
+		}
+		switch {
+		case md["kvCacheTarget"] != "" || md["waitingTarget"] != "" || md["runningTarget"] != "":
+			return "saturation" // the metric those keys are for
+		case md["sloTtft"] != "" || md["sloItl"] != "" || md["sloPercentile"] != "":
+			return scaler.MetricReplicas
+		}
 	}
 	return ""
 }
@@ -627,7 +663,10 @@ func top(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear the terminal
 		}
 		fmt.Fprintf(stdout, "%s  %s\n\n%s", time.Now().Format(time.TimeOnly), wire.Printable(redacted(url)), wire.Printable(body))
-		if cut {
+		switch {
+		case cut && body == "":
+			fmt.Fprintf(stderr, "pulsectl top: the answer is past %d MiB, with no whole line within it: nothing of it is shown (--namespace NS shows one namespace's)\n", maxAnswer>>20)
+		case cut:
 			fmt.Fprintf(stderr, "pulsectl top: the answer is past %d MiB: the rest is not shown (--namespace NS shows one namespace's)\n", maxAnswer>>20)
 		}
 	}
@@ -720,6 +759,15 @@ func readToken(file string) (string, error) {
 func redacted(url string) string {
 	if u, err := neturl.Parse(url); err == nil {
 		return u.Redacted()
+	}
+	// Not parsed (a password's % not an escape, its / or #): what comes
+	// before the last @ may be a password.
+	if at := strings.LastIndexByte(url, '@'); at >= 0 {
+		start := 0
+		if i := strings.Index(url, "://"); i >= 0 && i+3 <= at {
+			start = i + 3
+		}
+		return url[:start] + "xxxxx" + url[at:]
 	}
 	return url
 }

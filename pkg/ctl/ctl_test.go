@@ -840,3 +840,100 @@ func TestTopShowsNoPassword(t *testing.T) {
 		t.Errorf("the password shown, or the table not:\n%s%s", out, errs)
 	}
 }
+
+// envSO is a ScaledObject on a latency (no default threshold) whose
+// threshold is read from the scale target's environment.
+const envSO = `apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: p90, namespace: demo}
+spec:
+  scaleTargetRef: {kind: Deployment, name: llama}
+  triggers:
+  - type: external-push
+    metricType: Value
+    metadata: {scalerAddress: "x:9090", deployment: llama, metric: ttftP90Seconds, valueType: average, thresholdFromEnv: P90_TARGET}
+`
+
+// TestCheckAKeyFromTheEnvironmentHidesNoLaterProblem: a threshold from the
+// environment on a metric with no default threshold made ParseTrigger stop
+// at threshold; that error was dropped, and every key parsed after it
+// (activationThreshold, valueType, window, staleAfter, ...) went unchecked:
+// a window past --max-window was said valid, and the aggregator refuses it.
+func TestCheckAKeyFromTheEnvironmentHidesNoLaterProblem(t *testing.T) {
+	for key, bad := range map[string]string{"window": `window: 5m`, "activationThreshold": `activationThreshold: "-1"`, "staleAfter": `staleAfter: 1h`} {
+		so := strings.Replace(envSO, "thresholdFromEnv: P90_TARGET}", "thresholdFromEnv: P90_TARGET, "+bad+"}", 1)
+		if code, out, _ := run("check", write(t, so)); code != 1 || !strings.Contains(out, `"`+key+`"`) {
+			t.Errorf("thresholdFromEnv beside a bad %s: exit %d, want 1 naming it\n%s", key, code, out)
+		}
+	}
+	if code, out, _ := run("check", write(t, envSO)); code != 0 || !strings.Contains(out, "thresholdFromEnv") {
+		t.Errorf("thresholdFromEnv alone: exit %d, want 0\n%s", code, out)
+	}
+}
+
+// TestCheckAMetricFromTheEnvironment: with metric from the environment the
+// file's metric-specific keys were checked against the default metric,
+// waiting: a saturation trigger's kvCacheTarget was a problem.
+func TestCheckAMetricFromTheEnvironment(t *testing.T) {
+	so := strings.Replace(envSO, "metric: ttftP90Seconds, valueType: average, thresholdFromEnv: P90_TARGET", `metricFromEnv: METRIC, valueType: average, threshold: "1", kvCacheTarget: "0.5"`, 1)
+	if code, out, _ := run("check", write(t, so)); code != 0 || strings.Contains(out, "metric waiting") {
+		t.Errorf("metricFromEnv beside kvCacheTarget: exit %d, want 0\n%s", code, out)
+	}
+}
+
+// TestCheckTheStandInNamespaceIsNoNamespace: a ScaledObject of no stated
+// namespace whose trigger names another namespace is a problem; one naming
+// the stand-in check uses for the namespace applied in was said valid.
+func TestCheckTheStandInNamespaceIsNoNamespace(t *testing.T) {
+	so := strings.Replace(strings.Replace(goodSO, "{name: llama-so, namespace: demo}", "{name: llama-so}", 1),
+		`threshold: "10"}`, `threshold: "10", namespace: the-namespace-applied-in}`, 1)
+	if code, out, _ := run("check", write(t, so)); code != 1 || !strings.Contains(out, "names no namespace") {
+		t.Errorf("a trigger naming namespace the-namespace-applied-in: exit %d, want 1\n%s", code, out)
+	}
+}
+
+// TestCheckReadsATypedListOfBuiltInKinds: the API server writes a
+// built-in kind's typed list (kubectl get --raw .../deployments) with its
+// items' kind and apiVersion left out: an annotated Deployment in a
+// DeploymentList went unread.
+func TestCheckReadsATypedListOfBuiltInKinds(t *testing.T) {
+	list := "apiVersion: apps/v1\nkind: DeploymentList\nitems:\n- metadata:\n    name: phi\n    namespace: demo\n    annotations: {pulse.io/autoscale: \"yes\"}\n"
+	if code, out, _ := run("check", write(t, goodSO+"---\n"+list)); code != 1 || !strings.Contains(out, "demo/phi") {
+		t.Errorf("a DeploymentList as the API server writes it: exit %d, want 1 naming demo/phi\n%s", code, out)
+	}
+}
+
+// TestCheckReadsAListWithinAList: a List item that is itself a List.
+func TestCheckReadsAListWithinAList(t *testing.T) {
+	inner := "  - " + strings.ReplaceAll(strings.TrimSuffix(typoSO, "\n"), "\n", "\n    ") + "\n"
+	list := "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: List\n  items:\n" + inner
+	if code, out, _ := run("check", write(t, goodSO+"---\n"+list)); code != 1 || !strings.Contains(out, "demo/typo") {
+		t.Errorf("a List within a List: exit %d, want 1 naming demo/typo\n%s", code, out)
+	}
+}
+
+// TestTopAnAnswerCutWithNoLine: an answer past 16 MiB with no newline
+// within it shows nothing of it, and says so (it said "the rest is not
+// shown" of an answer none of which was).
+func TestTopAnAnswerCutWithNoLine(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, strings.Repeat("x", 17<<20))
+	}))
+	defer srv.Close()
+	_, out, errs := run("top", "--debug", srv.URL, "-n", "1")
+	if strings.Contains(out, "xxx") || !strings.Contains(errs, "no whole line within it") {
+		t.Errorf("stdout %d bytes, stderr %q: want nothing of it shown, and said", len(out), errs)
+	}
+}
+
+// TestTopShowsNoPasswordOfAURLThatDoesNotParse: a password with a % not
+// followed by two hex digits, or with a / or #, makes --debug's URL
+// unparsable; redacted then returned it whole, printed in the usage error.
+func TestTopShowsNoPasswordOfAURLThatDoesNotParse(t *testing.T) {
+	for _, url := range []string{"http://admin:s3cret%zz@127.0.0.1:1", "http://admin:s3cret/x@127.0.0.1:1", "http://admin:s3cret#x@127.0.0.1:1", "http://admin:s3cret@127.0.0.1:1"} {
+		code, out, errs := run("top", "--debug", url, "-n", "1")
+		if strings.Contains(out+errs, "s3cret") {
+			t.Errorf("--debug %s: exit %d, the password shown: %s%s", url, code, out, errs)
+		}
+	}
+}
