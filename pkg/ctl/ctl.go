@@ -301,8 +301,17 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 			md := maps.Clone(ref.ScalerMetadata)
 			for _, k := range env {
 				delete(md, k+"FromEnv")
-				if v := standIn(md, k); v != "" {
-					md[k] = v
+			}
+			// The metric's last: it is inferred from the other keys, their
+			// stand-ins too.
+			for _, metricKey := range []bool{false, true} {
+				for _, k := range env {
+					if isMetricKey(k) != metricKey {
+						continue
+					}
+					if v := standIn(md, k); v != "" {
+						md[k] = v
+					}
 				}
 			}
 			t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
@@ -380,9 +389,30 @@ func unaskable(ref *externalscaler.ScaledObjectRef) string {
 // error (ParseTrigger stops at its first error, and the keys after it went
 // unchecked), or that the file's other keys depend on; "" to leave it out.
 func standIn(md map[string]string, key string) string {
+	if keys := scaler.WorkloadKeys(); slices.Contains(keys, key) {
+		// The workload the file names, if it names one (another kind's is
+		// refused, whatever the value); else one: scaleTargetRef's kind
+		// may be one pulse does not know.
+		for _, w := range keys {
+			if md[w] != "" {
+				return md[w]
+			}
+		}
+		return "the-workload-from-env"
+	}
 	switch key {
 	case "threshold":
 		return "1" // within bounds, in thousandths, and a replicas trigger's
+	case "kvCacheTarget", "waitingTarget", "runningTarget":
+		return "1" // saturation's alone: on another metric refused, whatever the value
+	case "sloTtft", "sloItl":
+		return "1s" // the planner's alone
+	case "sloPercentile":
+		return "90"
+	case "aggregation":
+		return "avg" // refused on a replicas trigger, whatever the value
+	case "missingPods":
+		return scaler.MissingHold
 	case "metric", "metricName":
 		if md["metric"] != "" || md["metricName"] != "" {
 			return ""
@@ -396,6 +426,8 @@ func standIn(md map[string]string, key string) string {
 	}
 	return ""
 }
+
+func isMetricKey(k string) bool { return k == "metric" || k == "metricName" }
 
 // appliedIn stands for the namespace a manifest that names none is
 // applied in (kubectl -n): KEDA sends it with every call, and the

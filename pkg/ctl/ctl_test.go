@@ -937,3 +937,35 @@ func TestTopShowsNoPasswordOfAURLThatDoesNotParse(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckAKeyFromTheEnvironmentRefusedWhateverItsValue: KEDA sends a
+// <key>FromEnv's value, or the variable's name when it has none: never
+// empty. A key another key rules out (aggregation on a replicas trigger,
+// kvCacheTarget off saturation, sloTtft off replicas) is refused whatever
+// it is, and was said valid; a workload from the environment beside a
+// scaleTargetRef of a kind pulse does not know was refused, and is valid.
+func TestCheckAKeyFromTheEnvironmentRefusedWhateverItsValue(t *testing.T) {
+	for md, want := range map[string]string{
+		`metric: replicas, aggregationFromEnv: AGG`:             `"aggregation"`,
+		`metric: replicas, missingPodsFromEnv: MP`:              `"missingPods"`,
+		`metric: waiting, kvCacheTargetFromEnv: KV`:             `"kvCacheTarget"`,
+		`metric: waiting, sloTtftFromEnv: SLO`:                  `"sloTtft"`,
+		`metric: waiting, sloPercentileFromEnv: P`:              `"sloPercentile"`,
+		`metricFromEnv: M, sloTtftFromEnv: S, aggregation: max`: `"aggregation"`,
+	} {
+		so := strings.Replace(goodSO, `metric: waiting, threshold: "10"`, md, 1)
+		if code, out, _ := run("check", write(t, so)); code != 1 || !strings.Contains(out, want) {
+			t.Errorf("%s: exit %d, want 1 naming %s\n%s", md, code, want, out)
+		}
+	}
+	for _, md := range []string{`metricFromEnv: M, sloTtftFromEnv: S`, `metricFromEnv: M, kvCacheTargetFromEnv: KV`, `metric: replicas, sloItlFromEnv: S`} {
+		so := strings.Replace(goodSO, `metric: waiting, threshold: "10"`, md, 1)
+		if code, out, _ := run("check", write(t, so)); code != 0 {
+			t.Errorf("%s: exit %d, want 0\n%s", md, code, out)
+		}
+	}
+	so := strings.Replace(strings.Replace(goodSO, `inferenceSet: llama,`, `workloadFromEnv: W,`, 1), "kind: InferenceSet", "kind: Rollout", 1)
+	if code, out, _ := run("check", write(t, so)); code != 0 {
+		t.Errorf("workloadFromEnv beside a Rollout: exit %d, want 0\n%s", code, out)
+	}
+}

@@ -858,9 +858,9 @@ func TestAPodEventDoesNoWorkAnEntry(t *testing.T) {
 }
 
 // TestARouterAtASharedAddressIsLoggedOnce: a pod at an address another
-// namespace's pod has is warned of once (TestTwoPodsReadyAtOneAddressAreNotScraped);
-// a router was warned of once for each workload it names, 64 lines at
-// each change.
+// namespace's pod has is warned of once
+// (TestTwoPodsReadyAtOneAddressAreNotScraped); a router was warned of once
+// for each workload it names, 64 lines at each change.
 func TestARouterAtASharedAddressIsLoggedOnce(t *testing.T) {
 	k, idx, logs := listedKube()
 	names := make([]string, MaxDemandWorkloads)

@@ -138,6 +138,16 @@ func WorkloadKey(kind string) string {
 	return ""
 }
 
+// WorkloadKeys are the trigger metadata keys that name a workload, in
+// the order they are read.
+func WorkloadKeys() []string {
+	keys := make([]string, len(workloadKeys))
+	for i, wk := range workloadKeys {
+		keys[i] = wk.key
+	}
+	return keys
+}
+
 // workloadKeyList names the keys for messages (the aliases left out).
 var workloadKeyList = func() string {
 	var names []string
