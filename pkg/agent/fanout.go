@@ -104,9 +104,10 @@ type resolved struct {
 	warned map[string]time.Time
 }
 
-// wanted resolves every --aggregator entry (netbound.Resolve, as the relay
-// resolves it) into the set of addresses that should have a stream; false when ctx ended meanwhile. A failed lookup
-// keeps the entry's last good addresses.
+// wanted resolves every --aggregator entry (netbound.Resolve: one IP
+// family, each address one a relay allows, netbound.ResolveAll's) into
+// the set of addresses that should have a stream; false when ctx ended
+// meanwhile. A failed lookup keeps the entry's last good addresses.
 func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool) {
 	want := map[string]bool{}
 	for _, entry := range a.opts.Aggregators {

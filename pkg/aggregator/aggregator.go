@@ -225,21 +225,13 @@ func (a *Aggregator) resolveOwner(ctx context.Context) error {
 	}
 }
 
-// ownerNow is the owner of what is made now: the ClusterRole of
-// --owner-cluster-role as the API has it, its UID that of one made again
-// since the start; an error while it is gone or being deleted (the
-// garbage collector would delete what it owns at once).
+// ownerNow is the owner of what is made now (certs.OwnerNow): the
+// ClusterRole of --owner-cluster-role as the API has it, its UID that of
+// one made again since the start; an error while it is gone, being
+// deleted, or not read.
 func (a *Aggregator) ownerNow(ctx context.Context) (metav1.OwnerReference, error) {
-	cr, err := a.deps.Kube.RbacV1().ClusterRoles().Get(ctx, a.owner.Name, metav1.GetOptions{})
-	switch {
-	case err != nil:
-		return metav1.OwnerReference{}, fmt.Errorf("ClusterRole %s: %w", a.owner.Name, err)
-	case cr.DeletionTimestamp != nil:
-		return metav1.OwnerReference{}, fmt.Errorf("ClusterRole %s is being deleted", a.owner.Name)
-	}
-	owner := *a.owner
-	owner.UID = cr.UID
-	return owner, nil
+	owner, _, err := certs.OwnerNow(ctx, a.deps.Kube, *a.owner)
+	return owner, err
 }
 
 // ownerRetryFirst and ownerRetryLongest bound the wait between reads of the

@@ -346,7 +346,9 @@ func (m *Managed) Ensure(ctx context.Context) error {
 		// one it last loaded: made anew, a new CA signed at once, and the
 		// agents and KEDA, trusting the CAs published before, were cut off
 		// until each read the new bundle. A new CA is made by deleting
-		// the Secret while no replica runs (docs/scaledobject.md).
+		// the Secret while no replica runs (docs/scaledobject.md). A
+		// replica that has loaded none waits madeGrace while KEDA's copy
+		// stands (awaitRunning), so that a running one makes it first.
 		if ownerErr != nil {
 			return ownerErr
 		}
@@ -396,38 +398,55 @@ func (m *Managed) Ensure(ctx context.Context) error {
 	return m.publish(ctx, sec)
 }
 
-// ownerStands is nil unless Owner is set and its ClusterRole is gone or
-// being deleted (its deletionTimestamp set: a foreground deletion, a
-// finalizer): a Secret made then (its deletion by the garbage collector
-// made it again at once) would be deleted with its owner, and made again,
-// over and over. A ClusterRole of its name made again (another UID) owns
-// what is made from then on.
+// ownerStands reads the Owner's ClusterRole (nil with no Owner): an error
+// when it is gone, being deleted (its deletionTimestamp set: a foreground
+// deletion, a finalizer) or not read, and the caller makes no Secret then
+// (one made would be deleted with its owner, and made again, over and
+// over). It records ownerGone (gone, 403 or being deleted: mayCreate
+// refuses the copies) and adopts the UID of a ClusterRole of its name made
+// again (m.owner), which owns what is made from then on.
 func (m *Managed) ownerStands(ctx context.Context) error {
 	owner := m.ownerRef()
 	if owner == nil {
 		return nil
 	}
-	cr, err := m.o.Client.RbacV1().ClusterRoles().Get(ctx, owner.Name, metav1.GetOptions{})
-	// Gone, the chart's grant of its get (by the ClusterRole itself) goes
-	// with it: 403, not 404.
-	m.ownerGone.Store(apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || err == nil && cr.DeletionTimestamp != nil)
+	now, gone, err := OwnerNow(ctx, m.o.Client, *owner)
+	m.ownerGone.Store(gone)
 	switch {
-	case apierrors.IsNotFound(err) || err == nil && cr.DeletionTimestamp != nil:
-		// Being deleted (in the foreground, or held by a finalizer): a
-		// Secret made now is deleted with it, and made again while it stays.
-		return fmt.Errorf("certificate secret not made: the ClusterRole %s that would own it is deleted or being deleted, and the garbage collector would delete it; the pair loaded is served on", owner.Name)
+	case err != nil && gone:
+		// A Secret made now is deleted with it, and made again while it
+		// stays.
+		return fmt.Errorf("certificate secret not made: the ClusterRole %s that would own it is deleted or being deleted, and the garbage collector would delete it; the pair loaded is served on (%w)", owner.Name, err)
 	case err != nil:
-		return fmt.Errorf("certificate secret not made: its owner, ClusterRole %s: %w", owner.Name, err)
-	case cr.UID != owner.UID:
+		return fmt.Errorf("certificate secret not made: its owner, %w", err)
+	case now.UID != owner.UID:
 		// Made again (its name is this release's, as notOurs has it): it
 		// owns what is made from now on, and the Secret is made again from
 		// the one last loaded, its CAs kept.
-		adopted := *owner
-		adopted.UID = cr.UID
-		m.owner.Store(&adopted)
+		m.owner.Store(&now)
 		m.o.Log.Info("the owner ClusterRole was made again: what is made from now on is owned by it", logging.KeyName, owner.Name)
 	}
 	return nil
+}
+
+// OwnerNow is owner, a ClusterRole, as the API has it now (the UID of one
+// of its name made again since); an error, gone true, when it is not there
+// or being deleted (its deletionTimestamp set: a foreground deletion, a
+// finalizer), whose garbage collector would delete what is made for it at
+// once, or when its read is refused (403: the chart grants that read by
+// the ClusterRole itself, which goes with it); an error, gone false, when
+// it could not be read otherwise. The certificates and the provisioner's
+// Lease read their owner with it before they make anything.
+func OwnerNow(ctx context.Context, c kubernetes.Interface, owner metav1.OwnerReference) (now metav1.OwnerReference, gone bool, err error) {
+	cr, err := c.RbacV1().ClusterRoles().Get(ctx, owner.Name, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		return metav1.OwnerReference{}, apierrors.IsNotFound(err) || apierrors.IsForbidden(err), fmt.Errorf("ClusterRole %s: %w", owner.Name, err)
+	case cr.DeletionTimestamp != nil:
+		return metav1.OwnerReference{}, true, fmt.Errorf("ClusterRole %s is being deleted", owner.Name)
+	}
+	owner.UID = cr.UID
+	return owner, false, nil
 }
 
 // mayCreate is an error while the owner is gone (or not to be read) or

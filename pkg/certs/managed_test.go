@@ -1616,14 +1616,8 @@ func TestASecretIsNotMadeForAnOwnerBeingDeleted(t *testing.T) {
 func TestTheSecretDeletedWithItsOwnerMadeAgainKeepsTheCA(t *testing.T) {
 	ctx := context.Background()
 	m, client, dyn, _ := ownedManaged(t)
-	roles := client.RbacV1().ClusterRoles()
 	kedaBefore := kedaClient(t, client)
-	if err := roles.Delete(ctx, "pulse-aggregator", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := roles.Create(ctx, clusterRole("pulse-aggregator", "uid-2"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	remakeOwner(t, client)
 	collectOwned(t, client, dyn)
 	if err := m.Ensure(ctx); err != nil {
 		t.Errorf("Ensure: %v", err)
@@ -1661,9 +1655,19 @@ func remakeOwner(t *testing.T, client *fake.Clientset) {
 // the garbage collector would: the managed Secret and its copies.
 func collectOwned(t *testing.T, client *fake.Clientset, dyn *dynamicfake.FakeDynamicClient) {
 	t.Helper()
+	if err := client.CoreV1().Secrets("pulse-system").Delete(context.Background(), "pulse-aggregator-certs", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	collectCopies(t, client, dyn)
+}
+
+// collectCopies deletes the managed Secret's copies (KEDA's credentials,
+// the agents' ConfigMap, the ClusterTriggerAuthentication), as the
+// garbage collector would, its order its own, before the Secret.
+func collectCopies(t *testing.T, client *fake.Clientset, dyn *dynamicfake.FakeDynamicClient) {
+	t.Helper()
 	ctx := context.Background()
 	for _, err := range []error{
-		client.CoreV1().Secrets("pulse-system").Delete(ctx, "pulse-aggregator-certs", metav1.DeleteOptions{}),
 		client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
 		client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
 		dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
@@ -1807,15 +1811,7 @@ func TestACopyIsNotMadeForAnOwnerGoneOrBeingDeleted(t *testing.T) {
 		default:
 			deleteInTheForeground(t, client)
 		}
-		for _, err := range []error{
-			client.CoreV1().Secrets("keda").Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-			client.CoreV1().ConfigMaps("pulse-system").Delete(ctx, "pulse-aggregator-ca", metav1.DeleteOptions{}),
-			dyn.Resource(ClusterTriggerAuthentications).Delete(ctx, "pulse-creds", metav1.DeleteOptions{}),
-		} {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
+		collectCopies(t, client, dyn)
 		err := m.Ensure(ctx)
 		if s, gerr := client.CoreV1().Secrets("keda").Get(ctx, "pulse-creds", metav1.GetOptions{}); gerr == nil {
 			t.Errorf("owner %s: KEDA's credentials made again, owned by %v (Ensure: %v)", how, s.OwnerReferences, err)

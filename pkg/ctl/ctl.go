@@ -304,14 +304,11 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 			}
 			// The metric's last: it is inferred from the other keys, their
 			// stand-ins too.
-			for _, metricKey := range []bool{false, true} {
-				for _, k := range env {
-					if isMetricKey(k) != metricKey {
-						continue
-					}
-					if v := standIn(md, k); v != "" {
-						md[k] = v
-					}
+			last := slices.Clone(env)
+			slices.SortStableFunc(last, func(a, b string) int { return cmp.Compare(isMetricKey(a), isMetricKey(b)) })
+			for _, k := range last {
+				if v := standIn(md, k); v != "" {
+					md[k] = v
 				}
 			}
 			t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
@@ -427,7 +424,13 @@ func standIn(md map[string]string, key string) string {
 	return ""
 }
 
-func isMetricKey(k string) bool { return k == "metric" || k == "metricName" }
+// isMetricKey is 1 for a key that names the metric, 0 for another.
+func isMetricKey(k string) int {
+	if k == "metric" || k == "metricName" {
+		return 1
+	}
+	return 0
+}
 
 // appliedIn stands for the namespace a manifest that names none is
 // applied in (kubectl -n): KEDA sends it with every call, and the

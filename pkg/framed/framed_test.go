@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -821,7 +822,8 @@ func TestAStreamTheServerClosesSeesItClosing(t *testing.T) {
 func TestAStreamMidMessageTheServerClosesSeesItClosing(t *testing.T) {
 	for _, ready := range []bool{true, false} {
 		out := make(chan seen, 1)
-		s := NewServer(echo(out), ServerOptions{})
+		pool := &asked{BufferPool: mem.DefaultBufferPool(), n: 1000, got: make(chan struct{})}
+		s := NewServer(echo(out), ServerOptions{Pool: pool})
 		addr := serveOn(t, s, ready)
 		c := rawStream(t, addr)
 		var h [headerLen]byte
@@ -829,10 +831,10 @@ func TestAStreamMidMessageTheServerClosesSeesItClosing(t *testing.T) {
 		if err := writeFrame(c, kindMessage, b); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.ReadFull(c, h[:]); err != nil || h[0] != kindMessage { // the welcome
+		kind, n, err := readHeader(c, &h) // the welcome
+		if err != nil || kind != kindMessage {
 			t.Fatalf("welcome %x, %v", h, err)
 		}
-		n := int(h[1])<<24 | int(h[2])<<16 | int(h[3])<<8 | int(h[4])
 		if _, err := io.ReadFull(c, make([]byte, n)); err != nil {
 			t.Fatal(err)
 		}
@@ -840,13 +842,26 @@ func TestAStreamMidMessageTheServerClosesSeesItClosing(t *testing.T) {
 		if _, err := c.Write(append(h[:], make([]byte, 10)...)); err != nil {
 			t.Fatal(err)
 		}
-		// Let the handler come to its read of the other 990 bytes (were it
-		// not there yet, its read of the header would end as the test
-		// wants: no false failure).
-		time.Sleep(100 * time.Millisecond)
+		<-pool.got // the handler is in its payload's read, of the other 990
 		s.Close()
 		if sn := <-out; status.Code(sn.err) != codes.Canceled {
 			t.Errorf("ready %v: mid-payload, the handler saw %v; want Canceled, the server closing", ready, sn.err)
 		}
 	}
+}
+
+// asked is a pool that closes got when a buffer of n bytes is asked of
+// it: a message's payload of n bytes about to be read.
+type asked struct {
+	mem.BufferPool
+	n    int
+	once sync.Once
+	got  chan struct{}
+}
+
+func (p *asked) Get(n int) *[]byte {
+	if n == p.n {
+		p.once.Do(func() { close(p.got) })
+	}
+	return p.BufferPool.Get(n)
 }

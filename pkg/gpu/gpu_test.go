@@ -644,8 +644,8 @@ func TestASampleThatIsNoUtilizationIsLeftOut(t *testing.T) {
 		_, devs := readOnce(t, lib)
 		uuid, _ := gpu1.GetUUID()
 		d := devs.ByUUID[uuid]
-		if d.HasUtilization && !(d.Utilization >= 0 && d.Utilization <= 1) {
-			t.Errorf("%s: utilization %v, want one within 0..1 or none", name, d.Utilization)
+		if !d.HasUtilization && name != "only a NaN" || d.HasUtilization && !(d.Utilization >= 0 && d.Utilization <= 1) {
+			t.Errorf("%s: utilization %v (%v), want one within 0..1 (none only of a NaN alone)", name, d.Utilization, d.HasUtilization)
 		} else if d.HasUtilization && name != "only a NaN" && math.Abs(d.Utilization-0.4) > 1e-9 {
 			t.Errorf("%s: utilization %v, want 0.4 (the samples that are utilizations)", name, d.Utilization)
 		}

@@ -298,8 +298,8 @@ func (n *NVML) sampled(dev nvml.Device, uuid string) (float64, bool) {
 	return 0, false
 }
 
-// firstSince is where a first read's samples start: one interval (in the
-// samples' microseconds) before the newest of them, or 0.
+// firstSince is the earliest mark a read takes samples after: one
+// interval (in the samples' microseconds) before the newest of them, or 0.
 func firstSince(samples []nvml.Sample, every time.Duration) uint64 {
 	var newest uint64
 	for _, s := range samples {

@@ -4,8 +4,8 @@
 // debug ports) held every connection for up to its server's IdleTimeout,
 // about 10 to 19 KiB each: one pod opening thousands took the process past
 // its memory limit, and every tenant's signal with it. It also resolves an
-// aggregator's name into addresses one way for the agent and the relay
-// (Resolve).
+// aggregator's name into addresses: for the agent's streams (Resolve, one
+// IP family) and the relay's allow-list (ResolveAll, both).
 package netbound
 
 import (

@@ -538,12 +538,20 @@ var pulseKeys = func() []string {
 func FromEnvKeys(md map[string]string) []string {
 	var keys []string
 	for k := range md {
-		if base, ok := strings.CutSuffix(k, "FromEnv"); ok && slices.Contains(pulseKeys, base) && md[base] == "" {
+		if base, ok := fromEnvOf(md, k); ok {
 			keys = append(keys, base)
 		}
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// fromEnvOf is the key of pulse's that k, a key of md, sets from the
+// scale target's environment (<key>FromEnv, the key itself unset in md;
+// set, it wins).
+func fromEnvOf(md map[string]string, k string) (string, bool) {
+	base, ok := strings.CutSuffix(k, "FromEnv")
+	return base, ok && slices.Contains(pulseKeys, base) && md[base] == ""
 }
 
 // kedaKeys are KEDA's own keys of an external-push trigger (and of its
@@ -593,7 +601,7 @@ func metadata(in map[string]string) (map[string]string, error) {
 		}
 		base, fromEnv := strings.CutSuffix(k, "FromEnv")
 		if fromEnv && known[base] {
-			if slices.Contains(pulseKeys, base) && in[base] == "" {
+			if _, ok := fromEnvOf(in, k); ok {
 				if !copied {
 					out, copied = maps.Clone(in), true
 				}
