@@ -207,9 +207,11 @@ func (s *streamer) session(ctx context.Context, client pulsev1.IngestClient) err
 	go func() { defer close(read); s.readAcks(stream, cancel, &acked) }()
 	// The session ends with its reader: a late ack set the address's acked
 	// gauge again after fanOut had deleted its series (the address gone).
-	// Its Recv ends with ctx on either transport.
-	defer func() { cancel(nil); <-read }()
-	go watchAcks(ctx, cancel, &sent, &acked, &sentAt, &cataloguing)
+	// Its Recv ends with ctx on either transport. And with its watch of the
+	// acks, which outlived the agent's Run.
+	watched := make(chan struct{})
+	defer func() { cancel(nil); <-read; <-watched }()
+	go func() { defer close(watched); watchAcks(ctx, cancel, &sent, &acked, &sentAt, &cataloguing) }()
 
 	enc := wire.NewEncoder()
 	cs := catalogueSent{sent: map[uint32]discovery.Target{}, first: true}
