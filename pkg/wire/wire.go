@@ -209,23 +209,23 @@ func (e *Encoder) Append(b *pulsev1.SampleBatch, s *Sample) {
 		e.pods[s.Pod] = st
 	}
 	present := s.Values.Present & presentMask
-	for p := present; p != 0; p &= p - 1 {
-		// A NaN is no value: absent, never 0 (the extractor drops a
-		// page's, but the GPU values are set on the page after it).
-		if x := s.Values.V[bits.TrailingZeros64(p)]; x != x {
-			present &^= p & -p
-		}
-	}
 	b.Pods = append(b.Pods, s.Pod)
 	b.OffsetsMs = append(b.OffsetsMs, s.OffsetMs)
-	b.PresentXor = append(b.PresentXor, present^uint64(st.present))
-	st.present = uint32(present)
 	for p := present; p != 0; p &= p - 1 {
 		id := metric.ID(bits.TrailingZeros64(p))
-		n := quantize(id, s.Values.V[id])
+		x := s.Values.V[id]
+		if x != x {
+			// A NaN is no value: absent, never 0 (the extractor drops a
+			// page's, but the GPU values are set on the page after it).
+			present &^= p & -p
+			continue
+		}
+		n := quantize(id, x)
 		b.Values = append(b.Values, n-st.predict(id))
 		st.record(id, n)
 	}
+	b.PresentXor = append(b.PresentXor, present^uint64(st.present))
+	st.present = uint32(present)
 	if s.Extra != nil {
 		b.Extra = append(b.Extra, &pulsev1.ExtraValues{Pod: s.Pod, Values: s.Extra})
 	}
