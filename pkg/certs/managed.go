@@ -134,10 +134,10 @@ type Managed struct {
 	// missingSince: when a replica that has loaded no Secret first found
 	// it missing, its copies there (awaitRunning); nil otherwise.
 	missingSince atomic.Pointer[time.Time]
-	// ownerGone: ownerStands last found the owner gone, not to be read, or
-	// being deleted; no copy is created then (the garbage collector would
-	// delete it).
-	ownerGone atomic.Bool
+	// ownerGone: why ownerStands last found the owner gone, not to be
+	// read, or being deleted (the API's answer); no copy is created then
+	// (the garbage collector would delete it). nil: it stands.
+	ownerGone atomic.Pointer[error]
 }
 
 // NewManaged returns a Managed; Run makes and serves the certificates.
@@ -411,7 +411,11 @@ func (m *Managed) ownerStands(ctx context.Context) error {
 		return nil
 	}
 	now, gone, err := OwnerNow(ctx, m.o.Client, *owner)
-	m.ownerGone.Store(gone)
+	if gone {
+		m.ownerGone.Store(&err)
+	} else {
+		m.ownerGone.Store(nil)
+	}
 	switch {
 	case err != nil && gone:
 		// A Secret made now is deleted with it, and made again while it
@@ -453,8 +457,8 @@ func OwnerNow(ctx context.Context, c kubernetes.Interface, owner metav1.OwnerRef
 // being deleted: an object created then is owned by it alone, deleted by
 // the garbage collector, and created again at its watch's next event.
 func (m *Managed) mayCreate(kind, name string) error {
-	if m.ownerGone.Load() {
-		return fmt.Errorf("%s %s not made: the ClusterRole %s that would own it is deleted, being deleted or not to be read", kind, name, m.ownerRef().Name)
+	if why := m.ownerGone.Load(); why != nil {
+		return fmt.Errorf("%s %s not made: the ClusterRole that would own it is deleted, being deleted or not to be read (%w)", kind, name, *why)
 	}
 	return nil
 }

@@ -1825,5 +1825,10 @@ func TestACopyIsNotMadeForAnOwnerGoneOrBeingDeleted(t *testing.T) {
 		if err := m.Ready(); err != nil {
 			t.Errorf("owner %s: Ready %v, want the pair loaded served on", how, err)
 		}
+		// The API's own answer is given, not a guess among three.
+		why := map[string]string{"gone": "not found", "being deleted": "is being deleted", "not to be read": "forbidden"}[how]
+		if err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("owner %s: Ensure %v, want the API's answer (%q)", how, err, why)
+		}
 	}
 }

@@ -792,11 +792,13 @@ func readToken(file string) (string, error) {
 // redacted is url as it is shown: a password in it as xxxxx
 // (--debug http://user:pass@host).
 func redacted(url string) string {
-	if u, err := neturl.Parse(url); err == nil {
+	if u, err := neturl.Parse(url); err == nil && (u.User != nil || !strings.Contains(url, "@")) {
 		return u.Redacted()
 	}
-	// Not parsed (a password's % not an escape, its / or #): what comes
-	// before the last @ may be a password.
+	// Not parsed (a password's % not an escape, its / or #), or parsed
+	// with an @ past the host (a password of digits, then /, ? or #: the
+	// host:port before it parses): what comes before the last @ may be a
+	// password.
 	if at := strings.LastIndexByte(url, '@'); at >= 0 {
 		start := 0
 		if i := strings.Index(url, "://"); i >= 0 && i+3 <= at {
@@ -815,6 +817,11 @@ const maxAnswer = 16 << 20
 func fetch(c *http.Client, url string) (body string, cut bool, err error) {
 	resp, err := c.Get(url)
 	if err != nil {
+		// net/http hides a password it parsed, not one of redacted's
+		// other forms.
+		if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
+			ue.URL = redacted(url)
+		}
 		return "", false, err
 	}
 	defer func() { _ = resp.Body.Close() }()

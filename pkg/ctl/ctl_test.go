@@ -930,7 +930,10 @@ func TestTopAnAnswerCutWithNoLine(t *testing.T) {
 // followed by two hex digits, or with a / or #, makes --debug's URL
 // unparsable; redacted then returned it whole, printed in the usage error.
 func TestTopShowsNoPasswordOfAURLThatDoesNotParse(t *testing.T) {
-	for _, url := range []string{"http://admin:s3cret%zz@127.0.0.1:1", "http://admin:s3cret/x@127.0.0.1:1", "http://admin:s3cret#x@127.0.0.1:1", "http://admin:s3cret@127.0.0.1:1"} {
+	for _, url := range []string{"http://admin:s3cret%zz@127.0.0.1:1", "http://admin:s3cret/x@127.0.0.1:1", "http://admin:s3cret#x@127.0.0.1:1", "http://admin:s3cret@127.0.0.1:1",
+		// A password of digits, then a / ? or #: admin:123 parses as a
+		// host and port, the rest as a path, a query, a fragment.
+		"http://admin:123/s3cret@127.0.0.1:1", "http://admin:123?s3cret@127.0.0.1:1", "http://admin:123#s3cret@127.0.0.1:1"} {
 		code, out, errs := run("top", "--debug", url, "-n", "1")
 		if strings.Contains(out+errs, "s3cret") || !strings.Contains(out+errs, "@127.0.0.1:1") {
 			t.Errorf("--debug %s: exit %d, the password shown or the address not: %s%s", url, code, out, errs)
