@@ -115,3 +115,52 @@ func ingestCounter(t *testing.T, reg *prometheus.Registry, name, label, value st
 	}
 	return 0
 }
+
+// answers resolves every name to its answers in turn, the last one from
+// then on.
+type answers struct{ each [][]string }
+
+func (a *answers) LookupHost(context.Context, string) ([]string, error) {
+	ips := a.each[0]
+	if len(a.each) > 1 {
+		a.each = a.each[1:]
+	}
+	return ips, nil
+}
+
+// TestAPartialAnswerKeepsTheStreamsFamily: Go's resolver answers a name
+// of both IP families with one family's addresses alone, no error, when
+// the other's query failed. Each such answer moved every stream of a
+// dual-stack --aggregator name to the other family, and the next full
+// answer moved it back: two reconnects, full catalogues and token reviews
+// at every replica for one DNS hiccup (left open by the twenty-second
+// session's review). One answer of the other family is kept out; a name
+// that changed family is followed at its second answer.
+func TestAPartialAnswerKeepsTheStreamsFamily(t *testing.T) {
+	both, v6 := []string{"10.0.0.2", "fd00::2"}, []string{"fd00::2"}
+	o := NewOptions()
+	o.StaticTargets, o.NVML, o.NodeName, o.HTTPAddr = filepath.Join(t.TempDir(), "targets.yaml"), gpu.ModeOff, "n1", "127.0.0.1:0"
+	if err := os.WriteFile(o.StaticTargets, []byte("targets: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.Aggregators = []string{"pulse-aggregator-ingest.pulse.svc:9091"}
+	r := &answers{each: [][]string{both, v6, both, v6, v6, v6}}
+	a, err := NewWithDeps(o, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{Resolver: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := newResolved()
+	for i, want := range []string{
+		"10.0.0.2:9091",  // both: IPv4
+		"10.0.0.2:9091",  // IPv6 alone, once: a partial answer, kept out
+		"10.0.0.2:9091",  // both again
+		"10.0.0.2:9091",  // IPv6 alone, once
+		"[fd00::2]:9091", // and again: the name changed family
+		"[fd00::2]:9091", // and stays
+	} {
+		got, ok := a.wanted(context.Background(), &res)
+		if !ok || len(got) != 1 || !got[want] {
+			t.Errorf("answer %d: streams to %v, want %s alone", i, got, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -19,7 +20,7 @@ func (a *Agent) fanOut(ctx context.Context) {
 	var wg sync.WaitGroup
 	cancels := map[string]context.CancelFunc{}
 	dones := map[string]chan struct{}{} // closed when the address's streamer has returned
-	r := resolved{known: map[string][]string{}, names: map[string]string{}, warned: map[string]time.Time{}}
+	r := newResolved()
 	relay, err := a.dialRelay()
 	if err != nil {
 		a.log.Error("relay address is not usable", logging.KeyAggregator, a.opts.Relay, logging.KeyErr, err)
@@ -102,6 +103,13 @@ type resolved struct {
 	known  map[string][]string
 	names  map[string]string
 	warned map[string]time.Time
+	// flipped: the entry's last answer was of the other IP family than
+	// its addresses, and kept out (flips).
+	flipped map[string]bool
+}
+
+func newResolved() resolved {
+	return resolved{known: map[string][]string{}, names: map[string]string{}, warned: map[string]time.Time{}, flipped: map[string]bool{}}
 }
 
 // wanted resolves every --aggregator entry (netbound.Resolve: one IP
@@ -123,6 +131,8 @@ func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool)
 				r.warned[entry] = time.Now()
 			}
 			addrs = r.known[entry]
+		} else if r.flips(entry, addrs) {
+			addrs = r.known[entry]
 		}
 		r.known[entry] = addrs
 		// An entry with no address still shows, as not connected.
@@ -141,4 +151,32 @@ func (a *Agent) wanted(ctx context.Context, r *resolved) (map[string]bool, bool)
 		}
 	}
 	return want, true
+}
+
+// flips reports whether addrs, an entry's answer, is to be kept out: of
+// the other IP family than the entry's addresses, and the first such
+// answer in a row. Go's resolver answers a name of both families with
+// one family's addresses alone when the other's query failed (a DNS
+// hiccup: no error); taken at once, each such answer moved every stream
+// of a dual-stack name to the other family and the next answer moved it
+// back, two reconnects at every replica. A name that changed family is
+// followed at its second answer.
+func (r *resolved) flips(entry string, addrs []string) bool {
+	known := r.known[entry]
+	if len(known) == 0 || len(addrs) == 0 || is4(known[0]) == is4(addrs[0]) {
+		delete(r.flipped, entry)
+		return false
+	}
+	if r.flipped[entry] {
+		delete(r.flipped, entry)
+		return false
+	}
+	r.flipped[entry] = true
+	return true
+}
+
+// is4 reports whether addr, a canonical ip:port, is of an IPv4 address.
+func is4(addr string) bool {
+	ap, err := netip.ParseAddrPort(addr)
+	return err == nil && ap.Addr().Is4()
 }
