@@ -30,6 +30,7 @@ import (
 	metadatafake "k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/pulse-io/pulse/pkg/scaler"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -1734,5 +1735,52 @@ func TestALateReportNamesNoReplicaThatStopped(t *testing.T) {
 	f.c.setHolder("me", "me")
 	if p := f.c.Provisioning(); p.Leader != "me" || !p.Leading {
 		t.Fatalf("leading: %+v, want me", p)
+	}
+}
+
+// TestALeaseOwnerNotReadIsToldLessOften: while the owner ClusterRole was
+// gone (or its read refused), each try to make the Lease failed and
+// client-go logged it as an error: every replica, every retry period (2 s)
+// for as long as it stayed gone. The tries now wait longer each time, to
+// 30 s, and the wait ends once the owner is read.
+func TestALeaseOwnerNotReadIsToldLessOften(t *testing.T) {
+	ctx := context.Background()
+	kube := kubefake.NewClientset()
+	owner := metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: "pulse-aggregator", UID: "cr-uid"}
+	stands := false
+	var waits []time.Duration
+	l := &ownedLease{
+		LeaseLock: &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Namespace: "pulse-system", Name: "pulse-aggregator-provisioner"},
+			Client: kube.CoordinationV1(), LockConfig: resourcelock.ResourceLockConfig{Identity: "a"}},
+		owner: func(context.Context) (metav1.OwnerReference, error) {
+			if !stands {
+				return metav1.OwnerReference{}, errors.New("ClusterRole pulse-aggregator: not found")
+			}
+			return owner, nil
+		},
+		retry: 2 * time.Second,
+		sleep: func(_ context.Context, d time.Duration) { waits = append(waits, d) },
+	}
+	rec := resourcelock.LeaderElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15}
+	for range 8 {
+		if err := l.Create(ctx, rec); err == nil || !strings.Contains(err.Error(), "not found") {
+			t.Fatalf("the owner gone: %v, want its error", err)
+		}
+	}
+	s := time.Second
+	if want := []time.Duration{0, 2 * s, 4 * s, 8 * s, 16 * s, 30 * s, 30 * s, 30 * s}; !reflect.DeepEqual(waits, want) {
+		t.Errorf("waits before each failed create %v, want %v", waits, want)
+	}
+	stands = true
+	if err := l.Create(ctx, rec); err != nil {
+		t.Fatalf("the owner there again: %v", err)
+	}
+	if err := kube.CoordinationV1().Leases("pulse-system").Delete(ctx, "pulse-aggregator-provisioner", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stands, waits = false, nil
+	_ = l.Create(ctx, rec)
+	if !reflect.DeepEqual(waits, []time.Duration{0}) {
+		t.Errorf("the owner gone again: waits %v, want the first told at once", waits)
 	}
 }

@@ -104,7 +104,7 @@ func (c *Controller) term(tctx context.Context, e Election, lease string, fail f
 	}
 	var lock resourcelock.Interface = ll
 	if e.Owner != nil {
-		lock = &ownedLease{LeaseLock: ll, owner: e.Owner}
+		lock = &ownedLease{LeaseLock: ll, owner: e.Owner, retry: e.RetryPeriod, sleep: sleepCtx}
 	}
 	var le *leaderelection.LeaderElector
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -187,13 +187,27 @@ func (c *Controller) setHolder(id, self string) {
 type ownedLease struct {
 	*resourcelock.LeaseLock
 	owner func(context.Context) (metav1.OwnerReference, error)
+	// wait: how long Create waits, its owner not read, before it says so
+	// (client-go logs each failed create as an error and tries again a
+	// retry period on): none at the first, then the retry period, doubled
+	// at each to maxOwnerWait, none again once the owner is read. While
+	// the ClusterRole was gone each replica logged an error every 2 s.
+	wait, retry time.Duration
+	sleep       func(context.Context, time.Duration)
 }
+
+// maxOwnerWait bounds ownedLease's wait: the Lease is made at most this
+// long after its owner is there again.
+const maxOwnerWait = 30 * time.Second
 
 func (l *ownedLease) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	owner, err := l.owner(ctx)
 	if err != nil {
+		l.sleep(ctx, l.wait)
+		l.wait = min(max(l.retry, 2*l.wait), maxOwnerWait)
 		return fmt.Errorf("the Lease's owner: %w", err)
 	}
+	l.wait = 0
 	_, err = l.Client.Leases(l.LeaseMeta.Namespace).Create(ctx, &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: l.LeaseMeta.Name, Namespace: l.LeaseMeta.Namespace, Labels: l.Labels,
 			OwnerReferences: []metav1.OwnerReference{owner}},
