@@ -24,6 +24,7 @@ import (
 	"iter"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -121,11 +122,25 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // the answers under way (InFlight, InFlightPerNamespace).
 func (h *Handler) checked(next http.HandlerFunc, windowed bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if f := r.URL.Query().Get("format"); f != "" && f != "json" && f != "table" {
+		// Each read by its one value: a second (?format=&format=table),
+		// or a pair Go's parser drops (a semicolon: ?format=table;x=1),
+		// was a format or window asked for and silently not given.
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("query: %s", wire.CleanText(err.Error(), 128)), http.StatusBadRequest)
+			return
+		}
+		for _, k := range []string{"format", "window"} {
+			if len(q[k]) > 1 {
+				http.Error(w, fmt.Sprintf("%s: asked %d times; ask it once", k, len(q[k])), http.StatusBadRequest)
+				return
+			}
+		}
+		if f := q.Get("format"); f != "" && f != "json" && f != "table" {
 			http.Error(w, fmt.Sprintf("format %q: json (the default) or table", wire.CleanText(f, 64)), http.StatusBadRequest)
 			return
 		}
-		if r.URL.Query().Has("window") && !windowed {
+		if q.Has("window") && !windowed {
 			// As a format: a window asked for and not applied.
 			http.Error(w, "window: only /debug/workloads takes one (a trigger's window is its own)", http.StatusBadRequest)
 			return

@@ -875,3 +875,34 @@ func BenchmarkWorkloadsPage(b *testing.B) {
 		b.Run(format, func(b *testing.B) { benchmarkPage(b, srv.URL+"/debug/workloads?window=10s&format="+format) })
 	}
 }
+
+// TestAQueryAskedTwiceOrUnparsedIsRefused: ?format= and ?window= were read
+// by their first value alone (url.Values.Get), and a query Go's parser
+// drops a pair of (a semicolon) was read without it: a format or window
+// asked for and silently not given, the answer a 200 in another form
+// (?format=&format=table: JSON; ?window=&window=30s: each pod's latest;
+// ?format=table;x=1: JSON), where a format asked for and not given is
+// refused (checked). Asked twice, or unparsed, the query is a 400.
+func TestAQueryAskedTwiceOrUnparsedIsRefused(t *testing.T) {
+	srv := server(t)
+	for _, q := range []string{
+		"?format=&format=table",
+		"?format=json&format=yaml",
+		"?format=table&format=json",
+		"?window=&window=30s",
+		"?window=30s&window=forever",
+		"?format=table;x=1",
+		"?window=30s;format=table",
+	} {
+		code, body := get(t, srv.URL+"/debug/workloads"+q, "")
+		if code != 400 {
+			t.Errorf("/debug/workloads%s: %d %.80q; want 400", q, code, body)
+		}
+	}
+	// One value each is served as before.
+	for _, q := range []string{"?format=table", "?window=30s&format=json", "?format=table&window=0"} {
+		if code, body := get(t, srv.URL+"/debug/workloads"+q, ""); code != 200 || strings.Contains(q, "table") && !strings.Contains(body, "WORKLOAD") {
+			t.Errorf("/debug/workloads%s: %d %.80q; want 200", q, code, body)
+		}
+	}
+}
