@@ -1,13 +1,16 @@
 package vllm
 
 import (
+	"encoding/binary"
 	"hash/fnv"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 )
@@ -507,13 +510,37 @@ func seriesKey(name string, labels []*dto.LabelPair) uint64 {
 	_, _ = h.Write([]byte(name))
 	key := mix64(h.Sum64())
 	for _, lp := range labels {
+		if lp.GetValue() == "" {
+			// A label of no value is no label, as Prometheus reads it:
+			// {engine="0",x=""} is {engine="0"} given again, not a second
+			// series summed beside it.
+			continue
+		}
 		h.Reset()
 		_, _ = h.Write([]byte(lp.GetName()))
 		_, _ = h.Write([]byte{0xff})
-		_, _ = h.Write([]byte(lp.GetValue()))
+		if le, ok := bucketLabel(lp); ok {
+			// A bucket's bound by its number, as Prometheus normalizes
+			// it: le="0.1" and le="0.10" are one bucket, whose count
+			// was summed twice (and the +Inf bucket raised to it).
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], math.Float64bits(le))
+			_, _ = h.Write(b[:])
+		} else {
+			_, _ = h.Write([]byte(lp.GetValue()))
+		}
 		key += mix64(h.Sum64()) // order-independent
 	}
 	return key
+}
+
+// bucketLabel is lp's bound when it is a bucket's (le) and a number.
+func bucketLabel(lp *dto.LabelPair) (float64, bool) {
+	if lp.GetName() != model.BucketLabel {
+		return 0, false // not parsed: a failed parse allocates its error
+	}
+	le, err := strconv.ParseFloat(lp.GetValue(), 64)
+	return le, err == nil
 }
 
 // mix64 is SplitMix64's finalizer: every bit of x moves about half of the

@@ -172,15 +172,24 @@ func (w demandWants) matches(dst []int, labels []byte) []int {
 	if w.all {
 		return append(dst, 0)
 	}
+	// A pair is sought as one run of bytes, name="value"; in a line with
+	// a blank beside an '=' (the text format allows them: expfmt reads
+	// `model = "llama"`, a line passed over, its demand read 0) by its
+	// name, then its '=' and value.
+	loose := blankBesideEquals(labels)
 	for k, p := range w.pairs {
+		seek := p
+		if loose {
+			seek = p[:len(w.names[k])]
+		}
 		for from := 0; ; {
-			i := bytes.Index(labels[from:], p)
+			i := bytes.Index(labels[from:], seek)
 			if i < 0 {
 				break
 			}
 			i += from
 			if i > 0 {
-				if c := labels[i-1]; c == '{' || c == ',' || c == ' ' || c == '\t' {
+				if c := labels[i-1]; (c == '{' || c == ',' || c == ' ' || c == '\t') && (!loose || valueFollows(labels[i+len(seek):], p[len(seek)+1:])) {
 					dst = append(dst, k)
 					break
 				}
@@ -189,6 +198,32 @@ func (w demandWants) matches(dst []int, labels []byte) []int {
 		}
 	}
 	return dst
+}
+
+// blankBesideEquals reports whether an '=' in b has a blank or tab on
+// either side.
+func blankBesideEquals(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		j := bytes.IndexByte(b[i:], '=')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if i > 0 && (b[i-1] == ' ' || b[i-1] == '\t') || i+1 < len(b) && (b[i+1] == ' ' || b[i+1] == '\t') {
+			return true
+		}
+	}
+	return false
+}
+
+// valueFollows reports whether rest, what follows a label's name, is its
+// '=' and then value (quoted), blanks allowed around the '='.
+func valueFollows(rest, value []byte) bool {
+	rest = bytes.TrimLeft(rest, " \t")
+	if len(rest) == 0 || rest[0] != '=' {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimLeft(rest[1:], " \t"), value)
 }
 
 // twice is an error where slots, the pairs one series' labels hold, give

@@ -566,6 +566,13 @@ func (a *accumulator) add(src source, v float64) {
 		// may be negative: V0's prefix-cache hit rate is −1 when unknown.)
 		return
 	}
+	if v > 1 && src.extra == 0 && src.id.Ratio() {
+		// A fraction past 1 (the KV cache's usage) is bad input too,
+		// skipped alone: averaged, one engine's 1.5 beside another's 0.3
+		// made the pod's 0.9, passed on as real, and its 50000 made
+		// 25000, which the aggregator refused, the 0.3 with it.
+		return
+	}
 	var s *slot
 	if src.extra > 0 {
 		s = &a.extra[src.extra-1]
