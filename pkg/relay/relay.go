@@ -106,8 +106,8 @@ type Config struct {
 	// included (DefaultHelloWait); past it the stream ends.
 	HelloWait time.Duration
 	// AgentConnIdle: an agent connection (on a listener Track wraps) with
-	// no stream forwarded for this long is closed, however many it had
-	// refused (DefaultAgentConnIdle).
+	// no stream a replica accepted for this long is closed, however many
+	// the relay or a replica had refused (DefaultAgentConnIdle).
 	AgentConnIdle time.Duration
 	// Transport dials a replica whose address was resolved from name (the
 	// name its certificate must carry).
@@ -140,6 +140,7 @@ type Relay struct {
 	upstreams map[string]*upstream
 	missed    map[string]int // a replica's timed passes in a row without it
 	lastAsk   time.Time      // a lookup for an address not known, at most one a second
+	asking    bool           // such a lookup is asked for and not done: no other is
 
 	m metrics
 }
@@ -183,7 +184,7 @@ func New(cfg Config) *Relay {
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pulse_relay_messages_total", Help: "Messages forwarded, by direction (to_aggregator, to_agent)."}, []string{"direction"}),
 		idleClosed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pulse_relay_idle_connections_closed_total", Help: "Agents' connections closed with no stream under way or forwarded for the idle time (30 s), however many streams they had refused."}),
+			Name: "pulse_relay_idle_connections_closed_total", Help: "Agents' connections closed with no stream under way or accepted by a replica for the idle time (30 s), however many streams the relay or a replica had refused."}),
 	}}
 	for _, reason := range refuseReasons {
 		r.m.refused.WithLabelValues(reason)
@@ -324,9 +325,15 @@ const missesToDrop = 2
 func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) {
 	r.mu.Lock()
 	_, ok := r.allowed[addr]
-	ask := !ok && !r.closed && time.Since(r.lastAsk) >= time.Second
+	// At most one asked lookup waits or runs: with lookups slower than a
+	// second (the DNS failing, each at its bound) one stream a second
+	// naming any address not known piled up a goroutine and a lookup
+	// each second for as long as the DNS was slow, the timed pass behind
+	// them all. A stream finding one asked waits for it (below).
+	ask := !ok && !r.closed && !r.asking && time.Since(r.lastAsk) >= time.Second
 	if ask {
 		r.lastAsk = time.Now()
+		r.asking = true
 	}
 	r.mu.Unlock()
 	// The stream's end ends its wait for a lookup: it was bounded by the
@@ -340,6 +347,11 @@ func (r *Relay) upstreamFor(ctx context.Context, addr string) (*upstream, bool) 
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
+			defer func() {
+				r.mu.Lock()
+				r.asking = false
+				r.mu.Unlock()
+			}()
 			r.resolve(context.WithoutCancel(ctx), false)
 		}()
 		select {
@@ -551,8 +563,20 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
-	forwarded = true
-	return r.forward(ctx, ss, up, cancel, u)
+	// Only a stream the replica accepted (its first answer, the welcome,
+	// reached the agent) is a use of the connection: one it refused (no
+	// token, a made-up one) is no more than a stream the relay refused,
+	// and a client with no token kept its connection for ever by opening
+	// one naming a real replica every few seconds.
+	answered := make(chan struct{})
+	defer func() {
+		select {
+		case <-answered:
+			forwarded = true
+		default:
+		}
+	}()
+	return r.forward(ctx, ss, up, cancel, u, answered)
 }
 
 // maxHello bounds the first message of an agent's stream, its hello,
@@ -571,10 +595,11 @@ const maxHello = 64 << 10
 // relay had read on, a message of up to 4 MiB queued to the replica and
 // another held, for every stream a client opened with a token no one
 // had reviewed yet.
-func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, u *upstream) error {
+//
+// answered is closed once the replica's first message reached the agent.
+func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, u *upstream, answered chan struct{}) error {
 	addr := u.addr
 	toAgent := r.m.messages.WithLabelValues("to_agent")
-	answered := make(chan struct{}) // the replica's first message reached the agent
 	// One error each from the hello's wait, the agent's side and the
 	// replica's.
 	errc := make(chan error, 3)

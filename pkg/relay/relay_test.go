@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1117,6 +1118,27 @@ func TestAConnectionHoldsFewStreamsAtAReplica(t *testing.T) {
 	}
 }
 
+// closedRefusing opens a stream (open: its code) on one client connection
+// to at every 50 ms until the relay closes a connection idle, with no
+// stream accepted for AgentConnIdle (300 ms); each is refused (refused or
+// Unavailable, the connection closed).
+func closedRefusing(t *testing.T, r *Relay, at relayAt, what string, open func(*grpc.ClientConn) codes.Code, refused codes.Code) {
+	t.Helper()
+	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(r.m.idleClosed) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a connection whose every stream was refused (%s), one every 50 ms: still held after 5 s (idle 300 ms)", what)
+		}
+		if c := open(conn); c != refused && c != codes.Unavailable {
+			t.Fatalf("a stream %s: %v, want %v", what, c, refused)
+		}
+	}
+}
+
 // TestRefusedStreamsHoldNoConnection: gRPC's idle close of the agents'
 // port restarts at any stream's end, a refused one's too, so a client with
 // no token, sending a stream the relay refuses every few hundred
@@ -1134,25 +1156,15 @@ func TestRefusedStreamsHoldNoConnection(t *testing.T) {
 	if m, err := working.Recv(); err != nil || m.GetWelcome() == nil {
 		t.Fatalf("a hello: %v, %v", m, err)
 	}
-	conn, err := grpc.NewClient(at.addr, grpc.WithTransportCredentials(at.creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
 	// Refused streams, each well within the idle time of the one before
 	// (the client dials again once its connection is closed).
-	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(r.m.idleClosed) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a connection whose every stream was refused, one every 50 ms: still held after 5 s (idle 300 ms)")
-		}
+	closedRefusing(t, r, at, "naming no replica", func(conn *grpc.ClientConn) codes.Code {
 		s, err := pulsev1.NewIngestClient(conn).Report(context.Background()) // names no replica
 		if err == nil {
 			_, err = s.Recv()
 		}
-		if c := status.Code(err); c != codes.InvalidArgument && c != codes.Unavailable {
-			t.Fatalf("a stream naming no replica: %v", err)
-		}
-	}
+		return status.Code(err)
+	}, codes.InvalidArgument)
 	// The agent's connection, its stream forwarded, is kept past twice
 	// the idle time: its batch is still answered.
 	time.Sleep(600 * time.Millisecond)
@@ -1310,5 +1322,58 @@ func TestAReplicaDownIsTriedAtTheAgentsPace(t *testing.T) {
 	}
 	if n := attempts.Load(); n < 10 {
 		t.Fatalf("the relay tried the replica %d times in a second of agents asking; want it tried at its backoff (20 ms here), not gRPC's default of 1 s and more", n)
+	}
+}
+
+// TestStreamsTheReplicaRefusesHoldNoConnection: the idle close of an
+// agent connection (AgentConnIdle) counts a stream the relay forwarded as
+// a use of the connection, and a stream the replica refused (no token,
+// a made-up one: Unauthenticated before any welcome) was one. A client
+// with no token kept its connection, its share of --max-connections, for
+// ever by opening a stream naming a real replica every few seconds; only
+// a stream the replica accepted (its first answer reached the agent) is a
+// use.
+func TestStreamsTheReplicaRefusesHoldNoConnection(t *testing.T) {
+	agg := startAggregator(t, 100)
+	agg.refuse = status.Error(codes.Unauthenticated, "no token")
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	r, at := startRelay(t, Config{Aggregators: []string{"aggregator:" + port(agg.addr)}, Resolver: d, AgentConnIdle: 300 * time.Millisecond})
+	closedRefusing(t, r, at, "the replica refused", func(conn *grpc.ClientConn) codes.Code {
+		s, err := pulsev1.NewIngestClient(conn).Report(metadata.AppendToOutgoingContext(context.Background(), UpstreamKey, agg.addr))
+		if err == nil {
+			_ = s.Send(hello("node-1"))
+			_, err = s.Recv()
+		}
+		return status.Code(err)
+	}, codes.Unauthenticated)
+}
+
+// TestLookupsForAddressesNotKnownDoNotPileUp: a stream naming an address
+// not known asks for a lookup, at most one a second, each on a goroutine
+// of its own that waits for the lookup under way. With lookups slower
+// than a second (the cluster's DNS failing, each lookup at its 5 s bound)
+// one such stream a second (any client: no token needed, any well-formed
+// address) piled up a goroutine and a lookup each second for as long as
+// the DNS was slow, all of them made, one after the other, once it
+// answered, the timed pass waiting behind them. At most one ask waits.
+func TestLookupsForAddressesNotKnownDoNotPileUp(t *testing.T) {
+	d := &dns{addrs: map[string][]string{"aggregator": {"127.0.0.1"}}}
+	b := blockedDNS{d, make(chan struct{})}
+	r := New(Config{Aggregators: []string{"aggregator:8443"}, Resolver: b})
+	defer close(b.release)
+	before := runtime.NumGoroutine()
+	const asks = 50
+	for i := range asks {
+		r.mu.Lock()
+		r.lastAsk = time.Time{} // a second has gone by since the last ask
+		r.mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // the stream given up: its ask goes on
+		if _, ok := r.upstreamFor(ctx, fmt.Sprintf("127.0.0.9:%d", 1000+i)); ok {
+			t.Fatal("an address not resolved was found")
+		}
+	}
+	if n := runtime.NumGoroutine() - before; n > asks/5 {
+		t.Fatalf("%d asks for lookups while one is under way left %d goroutines waiting; want at most one ask waiting", asks, n)
 	}
 }
