@@ -563,20 +563,8 @@ func (r *Relay) Handler(_ any, ss grpc.ServerStream) error {
 	}
 	r.m.streams.Inc()
 	defer r.m.streams.Dec()
-	// Only a stream the replica accepted (its first answer, the welcome,
-	// reached the agent) is a use of the connection: one it refused (no
-	// token, a made-up one) is no more than a stream the relay refused,
-	// and a client with no token kept its connection for ever by opening
-	// one naming a real replica every few seconds.
-	answered := make(chan struct{})
-	defer func() {
-		select {
-		case <-answered:
-			forwarded = true
-		default:
-		}
-	}()
-	return r.forward(ctx, ss, up, cancel, u, answered)
+	forwarded, err = r.forward(ctx, ss, up, cancel, u)
+	return err
 }
 
 // maxHello bounds the first message of an agent's stream, its hello,
@@ -596,10 +584,22 @@ const maxHello = 64 << 10
 // another held, for every stream a client opened with a token no one
 // had reviewed yet.
 //
-// answered is closed once the replica's first message reached the agent.
-func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, u *upstream, answered chan struct{}) error {
+// accepted: the replica's first message reached the agent. Only such a
+// stream is a use of the agent's connection (agentConn.end): one the
+// replica refused (no token, a made-up one) is no more than one the relay
+// refused, and a client with no token kept its connection for ever by
+// opening one naming a real replica every few seconds.
+func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.ClientStream, cancel context.CancelFunc, u *upstream) (accepted bool, err error) {
 	addr := u.addr
 	toAgent := r.m.messages.WithLabelValues("to_agent")
+	answered := make(chan struct{}) // the replica's first message reached the agent
+	defer func() {
+		select {
+		case <-answered:
+			accepted = true
+		default:
+		}
+	}()
 	// One error each from the hello's wait, the agent's side and the
 	// replica's.
 	errc := make(chan error, 3)
@@ -658,11 +658,11 @@ func (r *Relay) forward(ctx context.Context, ss grpc.ServerStream, up grpc.Clien
 	}()
 	select {
 	case err := <-errc:
-		return err
+		return false, err
 	case <-stuck:
 		cancel()
 		r.m.refused.WithLabelValues("agent_not_reading").Inc()
-		return status.Errorf(codes.DeadlineExceeded, "relay: the agent took none of the aggregator's messages for %s: the stream ends (reconnect)", r.cfg.AgentSendWait)
+		return false, status.Errorf(codes.DeadlineExceeded, "relay: the agent took none of the aggregator's messages for %s: the stream ends (reconnect)", r.cfg.AgentSendWait)
 	}
 }
 
