@@ -792,7 +792,7 @@ func readToken(file string) (string, error) {
 // redacted is url as it is shown: a password in it as xxxxx
 // (--debug http://user:pass@host).
 func redacted(url string) string {
-	if u, err := neturl.Parse(url); err == nil && (u.User != nil || !strings.Contains(url, "@")) {
+	if u, err := neturl.Parse(url); err == nil && !atPastAuthority(url) {
 		return u.Redacted()
 	}
 	// Not parsed (a password's % not an escape, its / or #), or parsed
@@ -809,6 +809,19 @@ func redacted(url string) string {
 	return url
 }
 
+// atPastAuthority reports whether url has an @ past its authority (its
+// first /, ? or # after the scheme): a user name with an @ (alice@corp)
+// and a password of digits then /, ? or # parse with a user set, the
+// password's rest as a path, query or fragment.
+func atPastAuthority(url string) bool {
+	rest := url
+	if i := strings.Index(rest, "://"); i >= 0 {
+		rest = rest[i+3:]
+	}
+	end := strings.IndexAny(rest, "/?#")
+	return end >= 0 && strings.Contains(rest[end:], "@")
+}
+
 // maxAnswer bounds what top reads of an answer.
 const maxAnswer = 16 << 20
 
@@ -820,7 +833,7 @@ func fetch(c *http.Client, url string) (body string, cut bool, err error) {
 		// net/http hides a password it parsed, not one of redacted's
 		// other forms.
 		if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
-			ue.URL = redacted(url)
+			ue.URL = redacted(ue.URL) // a redirect's, if it failed
 		}
 		return "", false, err
 	}

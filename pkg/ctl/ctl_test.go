@@ -972,3 +972,19 @@ func TestCheckAKeyFromTheEnvironmentRefusedWhateverItsValue(t *testing.T) {
 		t.Errorf("workloadFromEnv beside a Rollout: exit %d, want 0\n%s", code, out)
 	}
 }
+
+// TestTopShowsNoPasswordAfterAUserNameWithAnAt: a user name that holds an
+// @ (an e-mail address, as proxies' basic auth often has) with a password
+// of digits then a / or ?: url.Parse takes "alice" as the user, the
+// e-mail's domain and the password's digits as the host and port, and
+// the rest of the password as a path or query. u.User is set, so
+// redacted took u.Redacted(), which has no password to hide, and showed
+// the URL whole, in the header line and net/http's error.
+func TestTopShowsNoPasswordAfterAUserNameWithAnAt(t *testing.T) {
+	for _, url := range []string{"http://alice@127.0.0.1:1/s3cret@127.0.0.1:1", "http://alice@127.0.0.1:1?s3cret@127.0.0.1:1"} {
+		code, out, errs := run("top", "--debug", url, "-n", "1")
+		if strings.Contains(out+errs, "s3cret") || !strings.Contains(out+errs, "@127.0.0.1:1") {
+			t.Errorf("--debug %s: exit %d, the password shown or the address not: %s%s", url, code, out, errs)
+		}
+	}
+}

@@ -197,7 +197,7 @@ type ownedLease struct {
 }
 
 // maxOwnerWait bounds ownedLease's wait: the Lease is made at most this
-// long after its owner is there again.
+// long and a retry period after its owner can be read again.
 const maxOwnerWait = 30 * time.Second
 
 func (l *ownedLease) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {

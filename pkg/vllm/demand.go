@@ -177,6 +177,9 @@ func (w demandWants) matches(dst []int, labels []byte) []int {
 	// `model = "llama"`, a line passed over, its demand read 0) by its
 	// name, then its '=' and value.
 	loose := blankBesideEquals(labels)
+	// A quoted label name ("model"="llama") is sought only where one
+	// can be: a quote beside an '=' or a blank before one.
+	quoted := loose || bytes.Contains(labels, []byte(`"=`))
 	for k, p := range w.pairs {
 		seek := p
 		if loose {
@@ -196,8 +199,32 @@ func (w demandWants) matches(dst []int, labels []byte) []int {
 			}
 			from = i + 1
 		}
+		if quoted && (len(dst) == 0 || dst[len(dst)-1] != k) && quotedPair(labels, w.names[k], p[len(w.names[k])+1:]) {
+			dst = append(dst, k)
+		}
 	}
 	return dst
+}
+
+// quotedPair reports whether labels hold the label name written quoted
+// ("model"="llama", as the text format allows any label name, and expfmt
+// reads), at a label's start, then its '=' and value (blanks allowed
+// around the '='). Within a value a quote is escaped: a quoted name found
+// is the label's.
+func quotedPair(labels []byte, name string, value []byte) bool {
+	for from := 0; ; {
+		i := bytes.Index(labels[from:], []byte(name)) // no allocation: the compiler converts in place
+		if i < 0 {
+			return false
+		}
+		i += from
+		if j := i + len(name); i > 1 && labels[i-1] == '"' && j < len(labels) && labels[j] == '"' {
+			if c := labels[i-2]; (c == '{' || c == ',' || c == ' ' || c == '\t') && valueFollows(labels[j+1:], value) {
+				return true
+			}
+		}
+		from = i + 1
+	}
 }
 
 // blankBesideEquals reports whether an '=' in b has a blank or tab on

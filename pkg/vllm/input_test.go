@@ -78,3 +78,25 @@ func TestADemandLabelWithBlanksAroundItsEqualsIsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestADemandLabelOfAQuotedNameIsRead: the text format allows any label
+// name written quoted ({"model"="llama"}: Prometheus 3's UTF-8 names,
+// written so by a client asked for them), and expfmt, which reads the
+// kept lines, reads it as the label model. Such a router's line was
+// passed over unread, as one with a blank beside its '=' was: the
+// workload's demand read 0, no error.
+func TestADemandLabelOfAQuotedNameIsRead(t *testing.T) {
+	e := newExtractor(t)
+	d := &Demand{Metrics: []string{"q"}, Label: "model", Match: "llama"}
+	for _, page := range []string{"q{\"model\"=\"llama\"} 3\n", "q{a=\"b\",\"model\" = \"llama\"} 3\n"} {
+		p, err := e.ExtractDemand([]byte(page), d, nil)
+		if got := named(p, nil)["pendingRequests"]; err != nil || got != 3 {
+			t.Errorf("%q: pendingRequests %v (%v), want 3", page, got, err)
+		}
+	}
+	// Not a quoted name within another label's value (its quotes escaped).
+	p, err := e.ExtractDemand([]byte("q{x=\"a,\\\"model\\\"=\\\"llama\\\"\"} 3\n"), d, nil)
+	if got := named(p, nil)["pendingRequests"]; err != nil || got != 0 {
+		t.Errorf("a quoted name in a value: pendingRequests %v (%v), want 0", got, err)
+	}
+}
