@@ -223,6 +223,9 @@ func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*p
 		s.m.rejected.WithLabelValues("invalid_hello").Inc()
 		return nil, err
 	}
+	// Kept for the stream's life: the fields it does not know (which
+	// UnmarshalVT keeps, up to the 4 MiB of a message) are not.
+	hello.ProtoReflect().SetUnknown(nil)
 	return hello, nil
 }
 
@@ -807,11 +810,23 @@ func (st *streamState) uncheck(p *pulsev1.Pod, err error) {
 	if st.unchecked == nil {
 		st.unchecked = map[uint32]*pulsev1.Pod{}
 	}
-	st.unchecked[p.Id] = proto.Clone(p).(*pulsev1.Pod) // the message goes back to its pool
+	st.unchecked[p.Id] = known(p) // the message goes back to its pool
 	if _, held := st.ids[p.Id]; !held {
 		delete(st.pending, p.Id)
 		st.rejected[p.Id] = true
 	}
+}
+
+// known is a copy of p without the fields its message did not know (a
+// clone kept them, up to the 4 MiB of a message an entry, for as long as
+// the entry was not looked up).
+func known(p *pulsev1.Pod) *pulsev1.Pod {
+	c := proto.Clone(p).(*pulsev1.Pod)
+	c.ProtoReflect().SetUnknown(nil)
+	for _, w := range c.Workloads {
+		w.ProtoReflect().SetUnknown(nil)
+	}
+	return c
 }
 
 // uncheckedEvery: how often a stream's unchecked entries are looked up

@@ -178,6 +178,8 @@ func IsName(s string) bool {
 // CleanText is s as valid UTF-8 (each invalid byte a U+FFFD) cut to at most
 // limit bytes on a character's boundary. proto3 refuses to marshal a string
 // that is not UTF-8; an error's text may quote what a pod's server sent.
+// A text cut is a copy: a part of s kept (an agent's error of a missing
+// sample, held with its pod) held all of s, up to a message's 4 MiB.
 func CleanText(s string, limit int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= limit {
@@ -186,7 +188,7 @@ func CleanText(s string, limit int) string {
 	for limit > 0 && !utf8.RuneStart(s[limit]) {
 		limit--
 	}
-	return s[:limit]
+	return strings.Clone(s[:limit])
 }
 
 // Encoder is the sending end of one stream.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -611,5 +612,24 @@ func TestANaNValueIsAbsentOnTheWire(t *testing.T) {
 		if w, _ := got[0].Values.Get(metric.Waiting); w != 3 {
 			t.Fatalf("step %d: waiting %v, want 3", i, w)
 		}
+	}
+}
+
+// TestACutTextIsACopy: a text CleanText cuts shares no memory with the
+// text it was cut from: kept (an agent's error of a missing sample, held
+// with its pod in the store), a part of 256 bytes held all of the text
+// sent, up to a message's 4 MiB.
+func TestACutTextIsACopy(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	cut := CleanText(long, 256)
+	if len(cut) != 256 {
+		t.Fatalf("cut to %d bytes, want 256", len(cut))
+	}
+	// Where each text's bytes are (read, never written through).
+	if unsafe.StringData(cut) == unsafe.StringData(long) { //nolint:gosec // compared, not dereferenced
+		t.Error("the cut text is a part of the long one: it holds all of it")
+	}
+	if short := "within"; unsafe.StringData(CleanText(short, 256)) != unsafe.StringData(short) { //nolint:gosec // as above
+		t.Error("a text within the limit was copied")
 	}
 }
