@@ -17,6 +17,7 @@ import (
 
 	"github.com/pulse-io/pulse/pkg/planner"
 	"github.com/pulse-io/pulse/pkg/slots"
+	"github.com/pulse-io/pulse/pkg/store"
 )
 
 // Bounds of the decision records: a trigger not evaluated for decisionTTL
@@ -32,9 +33,20 @@ const (
 type TriggerID struct {
 	Namespace    string `json:"namespace"`
 	ScaledObject string `json:"scaledObject"`
-	// MetricName is the trigger's metric name (MetricName): unique per
-	// workload and metric.
+	// MetricName is the trigger's metric name (MetricName), which folds
+	// the workload's name (llama.v1 and llama-v1 are one metric name).
 	MetricName string `json:"metricName"`
+	// workload and metric tell apart the triggers of one ScaledObject
+	// whose metric names fold to one: keyed by the name alone, two
+	// triggers on Deployments llama.v1 and llama-v1 had one record, the
+	// last evaluated's.
+	workload store.Key
+	metric   string
+}
+
+// idOf is the record's key of ScaledObject ref's trigger t.
+func idOf(ref *externalscaler.ScaledObjectRef, t Trigger) TriggerID {
+	return TriggerID{Namespace: ref.GetNamespace(), ScaledObject: ref.GetName(), MetricName: MetricName(t), workload: t.Workload, metric: t.Metric}
 }
 
 // Evaluation is the last answer pulse gave for one trigger.
@@ -76,7 +88,7 @@ func newRecorder(now func() time.Time) *recorder {
 }
 
 func (r *recorder) record(ref *externalscaler.ScaledObjectRef, t Trigger, d Decision, err error) {
-	id := TriggerID{Namespace: ref.GetNamespace(), ScaledObject: ref.GetName(), MetricName: MetricName(t)}
+	id := idOf(ref, t)
 	e := &Evaluation{TriggerID: id, Trigger: t, At: r.now(), Decision: d}
 	if err != nil {
 		e.Err = err.Error()
@@ -187,7 +199,12 @@ func (s *Server) EvaluationsOf(ns string) []Evaluation {
 		if a.ScaledObject != b.ScaledObject {
 			return a.ScaledObject < b.ScaledObject
 		}
-		return a.MetricName < b.MetricName
+		if a.MetricName != b.MetricName {
+			return a.MetricName < b.MetricName
+		}
+		// Two workloads of one metric name (llama.v1, llama-v1): in one
+		// order at every read.
+		return a.workload.String() < b.workload.String()
 	})
 	return out
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
 	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
@@ -344,6 +345,14 @@ func parseWorkload(ref *externalscaler.ScaledObjectRef, md map[string]string, re
 	}
 	if !wire.IsName(t.Workload.Namespace) {
 		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("%s is not UTF-8 of graphic characters alone (no namespace's name has a control or format character)", strconv.Quote(wire.CleanText(t.Workload.Namespace, 64)))}
+	}
+	// A namespace is a DNS label, as the ScaledObject's own is checked:
+	// with --allow-cross-namespace-triggers one holding a slash or a dot
+	// (x./.y beside workload z, x. beside .y/z) made two triggers of one
+	// ScaledObject two records of the same series' labels, which the
+	// registry refused at every scrape.
+	if msgs := validation.IsDNS1123Label(t.Workload.Namespace); len(msgs) > 0 {
+		return &MetadataError{Key: "namespace", Msg: fmt.Sprintf("%s is no namespace's name: %s", strconv.Quote(wire.CleanText(t.Workload.Namespace, 64)), strings.Join(msgs, "; "))}
 	}
 	return nil
 }

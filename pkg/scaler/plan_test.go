@@ -409,10 +409,13 @@ func TestOneTenantsRecordsPushOutOnlyItsOwn(t *testing.T) {
 	for _, l := range r.ns {
 		held += l.Len()
 	}
+	if !r.ns["noisy"].Contains(idOf(&externalscaler.ScaledObjectRef{Namespace: "noisy", Name: fmt.Sprint(maxDecisions + 49)}, Trigger{Metric: "waiting"})) {
+		t.Fatal("the noisy tenant's newest record is not found by its key")
+	}
 	if quiet := r.ns["quiet"].Len(); quiet != 1 || held != maxDecisions || r.n != held {
 		t.Fatalf("%d records (counted %d), %d of the quiet tenant; want %d and 1", held, r.n, quiet, maxDecisions)
 	}
-	if r.ns["noisy"].Contains(TriggerID{Namespace: "noisy", ScaledObject: "0", MetricName: MetricName(Trigger{Metric: "waiting"})}) {
+	if r.ns["noisy"].Contains(idOf(&externalscaler.ScaledObjectRef{Namespace: "noisy", Name: "0"}, Trigger{Metric: "waiting"})) {
 		t.Fatal("the noisy tenant's oldest record was kept")
 	}
 	// Records past decisionTTL go, at the next record when full (at most

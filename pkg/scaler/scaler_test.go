@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kedacore/keda/v2/pkg/scalers/externalscaler"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -409,7 +410,7 @@ func TestDefaultThresholdsFitTheMetric(t *testing.T) {
 func TestMetricSpec(t *testing.T) {
 	f := newFixture(t)
 	f.server.crossNS = true // the name of a workload in another namespace
-	md := map[string]string{"workspace": "Llama.Big_1", "namespace": "team/x", "threshold": "2.5", "metric": "kvCacheUsage"}
+	md := map[string]string{"workspace": "Llama.Big_1", "namespace": "team-x", "threshold": "2.5", "metric": "kvCacheUsage"}
 	resp, err := f.client.GetMetricSpec(context.Background(), ref(md))
 	if err != nil {
 		t.Fatal(err)
@@ -940,5 +941,59 @@ func TestMetricMeantNamesAMisspeltMetric(t *testing.T) {
 	f.server.gate = func() error { return errors.New("aggregator warming up") }
 	if m := f.server.MetricMeant("vllm:num_request_waiting"); m != "" {
 		t.Fatalf("during the warm-up: %q, want none (no telling)", m)
+	}
+}
+
+// TestACrossNamespaceTriggerCannotBreakTheScrape: with
+// --allow-cross-namespace-triggers, a trigger's namespace was checked as
+// printable text alone, not as a namespace's name. Two triggers of one
+// ScaledObject splitting "x./.y/z" at either slash (namespace "x.",
+// workload ".y/z"; namespace "x./.y", workload "z") have two metric names
+// (x---y-z, x-y-z) and so two records, but the same series labels
+// (workload "Workspace x./.y/z"): the registry refused the duplicate at
+// every scrape (the aggregator serves with ContinueOnError: one trigger's
+// series dropped, an error counted in promhttp_metric_handler_errors_total
+// each scrape). A namespace that no namespace can have is refused, as the
+// ScaledObject's own is.
+func TestACrossNamespaceTriggerCannotBreakTheScrape(t *testing.T) {
+	f := newFixture(t)
+	f.server.crossNS = true
+	for _, md := range []map[string]string{
+		{"workspace": ".y/z", "namespace": "x."},
+		{"workspace": "z", "namespace": "x./.y"},
+	} {
+		_, _ = f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "x"})
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f.server.Collector())
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("gathering /metrics: %v", err)
+	}
+}
+
+// TestTwoWorkloadsOfOneMetricNameKeepTwoRecords: a trigger's record was
+// keyed by its metric name, which folds every run of characters other
+// than letters, digits and dashes into a dash. Two triggers of one
+// ScaledObject on two workloads (Deployments llama.v1 and llama-v1, both
+// valid and distinct) had one record between them: /debug/triggers and
+// the trigger series showed whichever was evaluated last, the other's
+// value, failure or refusal nowhere.
+func TestTwoWorkloadsOfOneMetricNameKeepTwoRecords(t *testing.T) {
+	f := newFixture(t)
+	for _, md := range []map[string]string{{"deployment": "llama.v1"}, {"deployment": "llama-v1"}} {
+		_, _ = f.client.GetMetrics(context.Background(), &externalscaler.GetMetricsRequest{ScaledObjectRef: ref(md), MetricName: "x"})
+	}
+	evs := f.server.Evaluations()
+	if len(evs) != 2 {
+		var got []string
+		for _, e := range evs {
+			got = append(got, e.MetricName+" "+e.Trigger.Workload.String())
+		}
+		t.Fatalf("%d records %q; want one for each of the two triggers", len(evs), got)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f.server.Collector())
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("gathering /metrics: %v", err)
 	}
 }
