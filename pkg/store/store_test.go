@@ -1469,3 +1469,37 @@ func TestAPodRefusedForRoomAndGoneWaitsNoMore(t *testing.T) {
 		})
 	}
 }
+
+// TestATruncatedWindowIsNeverReadIdle: a window reaching back past the
+// samples MaxSamples kept is refused when its value is defined (Truncated),
+// and Snapshot marks it whatever the value. Query marked it only when the
+// value was defined: a ratio whose requests all finished in the part of
+// the window that was cut read undefined and Idle (no load), unmarked, so
+// the scaler took a workload whose mean TTFT over the window was 2 s as
+// one with nothing to do.
+func TestATruncatedWindowIsNeverReadIdle(t *testing.T) {
+	s := New(Options{Retention: time.Minute, MaxSamples: 10})
+	s.Upsert(Source{Node: "n"}, []PodInfo{{UID: "a", Namespace: "ns", Name: "a", Ready: true, Workloads: []Key{ws}}}, true)
+	for i := int64(0); i <= 30; i++ {
+		r := report("a", i*1000, 0)
+		r.Values.Set(metric.Running, 0)
+		// Ten requests finished in the first 5 s, 2 s each; none since.
+		n := float64(min(i, 5) * 2)
+		r.Values.Set(metric.TTFTCount, n)
+		r.Values.Set(metric.TTFTSum, 2*n)
+		s.Add([]Report{r})
+	}
+	ttft := metric.Def{Name: "ttft", Rule: metric.RuleRatio, Num: metric.TTFTSum, Den: metric.TTFTCount}
+	pods, _ := s.Query(nil, ws, ttft, 30*time.Second, time.Hour)
+	if len(pods) != 1 {
+		t.Fatalf("pods %+v", pods)
+	}
+	p := pods[0]
+	if p.State == PodUndefined && p.Idle || !p.Truncated {
+		t.Fatalf("a 30 s window of which 10 samples are kept reads %+v: want it marked truncated (spanning %d ms), never idle",
+			p, 9000)
+	}
+	if snap := s.Snapshot(nil, ws, 30*time.Second, time.Hour, 0); !snap.Pods[0].Truncated {
+		t.Fatalf("Snapshot: %+v", snap.Pods[0])
+	}
+}

@@ -376,13 +376,15 @@ func (s *Store) queryLocked(sc *scratch, dst []PodValue, k Key, name string, can
 				}
 			}
 			pv.State = PodUndefined
+			// Marked whether defined or not: a window whose values were
+			// all in the part MaxSamples cut is no idle pod's.
+			p.checkSpan(sc, &pv, window, canon.Rule.Gauge() || !isCanon && mg == nil)
 			switch {
 			case defined:
 				pv.State = PodCounted
-				p.checkSpan(sc, &pv, window, canon.Rule.Gauge() || !isCanon && mg == nil)
 			case canon.Rule == metric.RuleQuantile && !canon.HasHist(sc.samples(p, histBit)):
 				pv.Reason = NoHistograms
-			case isCanon && !canon.Rule.Gauge():
+			case isCanon && !canon.Rule.Gauge() && !pv.Truncated:
 				pv.Idle = p.idle(sc)
 			}
 		}
