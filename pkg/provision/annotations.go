@@ -471,7 +471,10 @@ func (r *reader) get(name string) (string, string, error) {
 		return "", alias, &AnnotationError{alias, fmt.Sprintf("a value longer than %d bytes", maxAnnotationValue)}
 	}
 	switch {
-	case ok && aok && alias != "" && v != av && name != AnnotationAutoscale:
+	case ok && aok && alias != "" && !sameValue(name, v, av) && name != AnnotationAutoscale:
+		if v == av { // min-replicas "0" under both names
+			return "", name, &AnnotationError{name, fmt.Sprintf("%q (to zero) disagrees with %s %q (1, as keda-kaito-scaler takes it): set one", v, alias, av)}
+		}
 		return "", name, &AnnotationError{name, fmt.Sprintf("%q disagrees with %s %q: set one", v, alias, av)}
 	case ok:
 		return v, name, nil
@@ -479,6 +482,35 @@ func (r *reader) get(name string) (string, string, error) {
 		return av, alias, nil
 	}
 	return "", "", nil
+}
+
+// sameValue says whether pulse's annotation name's value v and its
+// keda-kaito-scaler alias's av ask for the same: as numbers for the
+// replica bounds and the threshold (keda-kaito-scaler's min-replicas "0"
+// is 1, as replicas reads it), else as written. Compared as written,
+// min-replicas "1" beside keda-kaito-scaler's "0" (both 1) was refused,
+// and "0" beside "0" (zero and one) taken.
+func sameValue(name, v, av string) bool {
+	switch name {
+	case AnnotationMinReplicas, AnnotationMaxReplicas:
+		a, errA := strconv.ParseInt(v, 10, 64)
+		b, errB := strconv.ParseInt(av, 10, 64)
+		if errA != nil || errB != nil {
+			return v == av
+		}
+		if name == AnnotationMinReplicas && b == 0 {
+			b = 1
+		}
+		return a == b
+	case AnnotationThreshold:
+		a, errA := strconv.ParseFloat(v, 64)
+		b, errB := strconv.ParseFloat(av, 64)
+		if errA != nil || errB != nil || math.IsNaN(a) || math.IsNaN(b) {
+			return v == av
+		}
+		return a == b
+	}
+	return v == av
 }
 
 // via is the annotation name's value came from: "" when it is unset or

@@ -401,3 +401,28 @@ func TestKaitosMinReplicasBelowOneIsOne(t *testing.T) {
 		t.Fatalf("keda-kaito-scaler's min-replicas -1: %v, want a refusal naming it and its bounds", err)
 	}
 }
+
+// TestAliasesAgreeingInMeaningAreNoConflict: keda-kaito-scaler's
+// min-replicas "0" is 1 (docs/scaledobject.md), so an InferenceSet moved
+// over with it, and given pulse.io/min-replicas "1" to say so, asks for the
+// same minimum under both names; the values were compared as strings and
+// the workload refused ("disagrees"), its ScaledObject left as it was or
+// never made. So were "5" and "05", and thresholds "10" and "10.0".
+func TestAliasesAgreeingInMeaningAreNoConflict(t *testing.T) {
+	w := Workload{Kind: "InferenceSet", Namespace: "demo", Name: "llama"}
+	for _, a := range []map[string]string{
+		{KaitoAutoProvision: "true", KaitoMinReplicas: "0", AnnotationMinReplicas: "1"},
+		{KaitoAutoProvision: "true", KaitoMaxReplicas: "05", AnnotationMaxReplicas: "5"},
+		{KaitoAutoProvision: "true", KaitoThreshold: "10", AnnotationThreshold: "10.0"},
+	} {
+		s, err := Parse(w, a, time.Minute)
+		if err != nil || !s.Enabled {
+			t.Errorf("%v: %v (enabled %v), want the values taken as the one setting they are", a, err, s.Enabled)
+		}
+	}
+	// Values that differ in meaning are still refused: pulse's "0" (to
+	// zero) and keda-kaito-scaler's "0" (1).
+	if _, err := Parse(w, map[string]string{KaitoAutoProvision: "true", KaitoMinReplicas: "0", AnnotationMinReplicas: "0"}, time.Minute); err == nil || !strings.Contains(err.Error(), "as keda-kaito-scaler takes it") {
+		t.Errorf("pulse.io/min-replicas 0 (zero) beside keda-kaito-scaler's 0 (one): %v, want refused, saying why", err)
+	}
+}

@@ -236,8 +236,10 @@ func canonical(v any) any {
 				continue
 			}
 			if k == "tolerance" {
-				if q, err := resource.ParseQuantity(fmt.Sprint(e)); err == nil {
-					e = q.String()
+				if v := fmt.Sprint(e); quantityCheap(v) {
+					if q, err := resource.ParseQuantity(v); err == nil {
+						e = q.String()
+					}
 				}
 			}
 			out[k] = e
@@ -251,6 +253,18 @@ func canonical(v any) any {
 		return out
 	}
 	return v
+}
+
+// quantityCheap says whether v is read as a Quantity by canonical: short,
+// and with no exponent (pulse writes "0", "0.1" and "0.5", KEDA's Go types
+// write them back as "0", "100m" and "500m"). Any tenant may put pulse's
+// label on its own ScaledObject, and a Quantity of a long mantissa and a
+// large exponent ("12345678901234567890e999999999") is rounded by
+// big-number arithmetic in 10^exponent: minutes to hours of a core in the
+// informer's transform, every tenant's provisioning stopped behind it.
+// Another value is compared as written.
+func quantityCheap(v string) bool {
+	return len(v) <= 32 && !strings.ContainsAny(v, "eE")
 }
 
 // equalJSON compares two values as their JSON: the API's ints and pulse's

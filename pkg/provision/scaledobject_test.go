@@ -190,3 +190,40 @@ func TestNamesKEDATakes(t *testing.T) {
 		t.Errorf("a 64-character name: %v", err)
 	}
 }
+
+// TestATenantsToleranceIsNotExpanded: canonical read every "tolerance" key
+// of a spec, at any depth, as a resource.Quantity, and the cache does so
+// (specHash, in the informer's transform) of every ScaledObject carrying
+// pulse's label, which any tenant may set on its own. A Quantity with a
+// long mantissa and a large exponent is rounded to nano-units by big-number
+// arithmetic in 10^exponent: "12345678901234567890e100000" costs 1.6 s,
+// e1000000 2m44s, e999999999 more than ten minutes of a core (measured),
+// on the one goroutine that feeds the provisioner's ScaledObject cache: one
+// tenant's ScaledObject with trigger metadata tolerance: "...e999999999"
+// (any string: KEDA's webhook and operator never parse it) stops every
+// tenant's provisioning for as long as it exists. The test's value is the
+// smallest of those, so that the current code finishes (and fails); a value
+// the HPA could never take is left as written, and compared as written.
+func TestATenantsToleranceIsNotExpanded(t *testing.T) {
+	const huge = "12345678901234567890e100000"
+	so := Desired(Owner{APIVersion: "apps/v1", Kind: "Deployment", Namespace: "team-b", Name: "evil", UID: "e"},
+		Settings{MinReplicas: 1, MaxReplicas: 3, Trigger: map[string]string{"deployment": "evil"}}, Target{ScalerAddress: "x:9090"})
+	triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	triggers[0].(map[string]any)["metadata"].(map[string]any)["tolerance"] = huge
+	_ = unstructured.SetNestedSlice(so.Object, triggers, "spec", "triggers")
+	behavior := so.Object["spec"].(map[string]any)["advanced"].(map[string]any)["horizontalPodAutoscalerConfig"].(map[string]any)["behavior"].(map[string]any)
+	behavior["scaleUp"] = map[string]any{"tolerance": huge}
+
+	c := canonical(so.Object["spec"]).(map[string]any)
+	md := c["triggers"].([]any)[0].(map[string]any)["metadata"].(map[string]any)
+	if got := md["tolerance"]; got != huge {
+		t.Errorf("trigger metadata tolerance %q read as a Quantity: %q (big-number work in its exponent)", huge, got)
+	}
+	up := c["advanced"].(map[string]any)["horizontalPodAutoscalerConfig"].(map[string]any)["behavior"].(map[string]any)["scaleUp"].(map[string]any)
+	if got := up["tolerance"]; got != huge {
+		t.Errorf("behavior tolerance %q expanded: %q", huge, got)
+	}
+	if _, err := trimScaledObject(so); err != nil {
+		t.Fatal(err)
+	}
+}
