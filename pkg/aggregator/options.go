@@ -91,6 +91,24 @@ func (o *Options) Validate() error {
 		// failed for ever, with nothing said at the start.
 		errs = append(errs, errors.New("--ingest-managed-tls needs --ca-configmap: the agents trust the managed CA, which rotates, only as published there"))
 	}
+	if o.AgentAuth.Mode == "tokenreview" && !o.IngestTLS.Managed && o.IngestTLS.CertFile == "" {
+		// An agent sends its token over TLS alone, and a relay refuses to
+		// forward one in plaintext: every stream was refused, for ever.
+		errs = append(errs, errors.New("--agent-auth=tokenreview needs TLS on the ingest port (--ingest-tls-cert-file or --ingest-managed-tls): agents and relays never send a token in plaintext, and every stream would be refused"))
+	}
+	if !o.Certs.Enabled {
+		// --manage-certs' own: without it nothing was made or published,
+		// and nothing said so.
+		for _, f := range []struct {
+			flag string
+			set  bool
+		}{{"--relay-cert-secret", o.Certs.RelaySecret != "" || len(o.Certs.RelayDNSNames) > 0},
+			{"--relay-cert-secret-retired", o.Certs.RetiredRelaySecret != ""}, {"--ca-configmap", o.Certs.CAConfigMap != ""}} {
+			if f.set {
+				errs = append(errs, fmt.Errorf("%s needs --manage-certs: without it nothing is made or published there", f.flag))
+			}
+		}
+	}
 	if o.Certs.Enabled && o.ScalerTLS.CertFile != "" {
 		errs = append(errs, errors.New("--manage-certs and --tls-cert-file exclude each other"))
 	}

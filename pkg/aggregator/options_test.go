@@ -77,3 +77,51 @@ func TestGCPercentIsBounded(t *testing.T) {
 		t.Errorf("default --gc-percent %d, want 50", NewOptions().Store.GCPercent)
 	}
 }
+
+// TestTokenReviewNeedsTLSOnTheIngestPort: --agent-auth=tokenreview on a
+// plaintext ingest port started, and no stream could ever be
+// authenticated: an agent sends its --token-file only over TLS (its
+// --aggregator-ca-file, required with it), and a pulse-relay refuses to
+// forward a stream carrying a token in plaintext (FailedPrecondition).
+// Every agent was refused for ever, with nothing said at the start (the
+// chart refuses the combination; the binary took it).
+func TestTokenReviewNeedsTLSOnTheIngestPort(t *testing.T) {
+	o := NewOptions()
+	o.AgentAuth.Mode = "tokenreview"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--agent-auth=tokenreview needs TLS on the ingest port") {
+		t.Errorf("--agent-auth=tokenreview on a plaintext ingest port: Validate() = %v, want it refused", err)
+	}
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile = "tls.crt", "tls.key"
+	if err := o.Validate(); err != nil {
+		t.Errorf("--agent-auth=tokenreview with --ingest-tls-cert-file: %v", err)
+	}
+	o.IngestTLS.CertFile, o.IngestTLS.KeyFile, o.IngestTLS.Managed = "", "", true
+	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames, o.Certs.CAConfigMap = true, "pulse-system", []string{"pulse-aggregator.pulse-system.svc"}, "pulse-aggregator-ca"
+	if err := o.Validate(); err != nil {
+		t.Errorf("--agent-auth=tokenreview with --ingest-managed-tls: %v", err)
+	}
+}
+
+// TestManagedCertFlagsNeedManageCerts: --relay-cert-secret (with its
+// --relay-cert-dns-name), --relay-cert-secret-retired and --ca-configmap
+// are --manage-certs' and did nothing without it, silently: the relays
+// waited for ever on a Secret never made, the agents on a CA ConfigMap
+// never published.
+func TestManagedCertFlagsNeedManageCerts(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		set  func(*Options)
+	}{
+		{"--relay-cert-secret", func(o *Options) {
+			o.Certs.RelaySecret, o.Certs.RelayDNSNames = "pulse-relay-tls", []string{"pulse-relay.pulse-system.svc"}
+		}},
+		{"--relay-cert-secret-retired", func(o *Options) { o.Certs.RetiredRelaySecret = "pulse-relay-tls" }},
+		{"--ca-configmap", func(o *Options) { o.Certs.CAConfigMap = "pulse-aggregator-ca" }},
+	} {
+		o := NewOptions()
+		c.set(o)
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), c.flag) || !strings.Contains(err.Error(), "needs --manage-certs") {
+			t.Errorf("%s without --manage-certs: Validate() = %v, want it refused", c.flag, err)
+		}
+	}
+}
