@@ -270,6 +270,12 @@ func TestInvalidMetadata(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestValidMetadata: what TestInvalidMetadata's keys look like when they
+// are not refused.
+func TestValidMetadata(t *testing.T) {
+	f := newFixture(t)
 	// The two names of a key agreeing are one key given twice.
 	for _, md := range []map[string]string{
 		{"workspace": "a", "namespace": "demo", "workspaceNamespace": "demo"},
