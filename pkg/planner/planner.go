@@ -448,6 +448,7 @@ func (p *Plan) tolerate(cfg Config) {
 func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st := prev
 	st.peaks = append([]peak(nil), prev.peaks...)
+	st.rebase(in.At)
 	if !in.RefusedAt.IsZero() {
 		st.endRuns()
 		return Plan{}, st, fmt.Errorf("%w: %s", ErrLost, RoomRefused)
@@ -512,6 +513,44 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 	st.regret(p.Replicas, p.Ready+p.Starting+p.Stuck, in.At, cfg)
 	p.learned(&st, cfg)
 	return p, st, nil
+}
+
+// rebase takes every time st keeps that is ahead of now back to now (st's
+// peaks are its own copy; its runs and knees are copied before they change).
+// A snapshot stamped ahead of the clock (a clock stepped forward and back,
+// a garbled caller) left its marks ahead: nothing was observed until the
+// clock caught up with its observation (no capacity, surge or lead time
+// learned), and its peak, never past its hold, was held as long.
+func (st *State) rebase(now time.Time) {
+	if !st.lastObserve.After(now) && !st.Since.After(now) && !st.surgeAt.After(now) && !st.healthyAt.After(now) {
+		return
+	}
+	back := func(t *time.Time) {
+		if t.After(now) {
+			*t = now
+		}
+	}
+	for _, t := range [...]*time.Time{&st.Since, &st.LastBreak, &st.releasedAt, &st.lastRegret, &st.startupsTo, &st.lastObserve,
+		&st.loneSince, &st.loneSeen, &st.riseAt, &st.healthyAt, &st.lastProbe, &st.healthySince, &st.ITLMetAt, &st.surgeAt} {
+		back(t)
+	}
+	for i := range st.peaks {
+		back(&st.peaks[i].at)
+	}
+	st.breakRuns = slices.Clone(st.breakRuns)
+	for i := range st.breakRuns {
+		r := &st.breakRuns[i]
+		back(&r.seen)
+		r.obs = slices.Clone(r.obs)
+		for j := range r.obs {
+			back(&r.obs[j].at)
+		}
+	}
+	st.knees = slices.Clone(st.knees)
+	for i := range st.knees {
+		back(&st.knees[i].at)
+		back(&st.knees[i].seen)
+	}
 }
 
 // floor keeps p's replicas where the plan may not go below those listed:

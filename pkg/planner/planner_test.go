@@ -2757,3 +2757,25 @@ func TestAQueueHandedToAReplicaJustReadyIsNoArrival(t *testing.T) {
 		t.Errorf("5 minutes of the same load on: plan %d after the hand-over, %d after the gateway held them (%s)", h.Replicas, g.Replicas, h.Reason)
 	}
 }
+
+// TestOneSnapshotAheadOfTheClockCorruptsNothing: one snapshot stamped a
+// day ahead (a clock stepped forward and back, a garbled caller), then the
+// clock as before, the load unchanged. Its observation's time became the
+// last observation's, and its need a peak a day ahead: nothing was observed
+// for the day (no capacity, surge or lead time learned) and its peak, never
+// past its hold, was held for the day and a hold.
+func TestOneSnapshotAheadOfTheClockCorruptsNothing(t *testing.T) {
+	cfg := Default(0)
+	a, b := serving("a", 4000, 0.01), serving("b", 4000, 0.01)
+	_, st, at := run(t, State{}, cfg, t0, 20*time.Minute, a, b)
+	before := st.Observations
+	var err error
+	if _, st, err = Make(snap(at.Add(24*time.Hour), a, b), st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, st, end := run(t, st, cfg, at.Add(5*time.Second), 2*time.Hour, a, b)
+	if p.HeldUntil.After(end.Add(st.hold(cfg))) || st.Observations < before+1000 {
+		t.Fatalf("two hours back on the clock: %d observations since (want the observations going on, 1,440 of them), a peak held until %s, %s after the last plan (want within a hold, %s)",
+			st.Observations-before, p.HeldUntil.UTC().Format(time.RFC3339), p.HeldUntil.Sub(end), st.hold(cfg))
+	}
+}
