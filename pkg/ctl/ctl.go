@@ -792,7 +792,7 @@ func readToken(file string) (string, error) {
 // redacted is url as it is shown: a password in it as xxxxx
 // (--debug http://user:pass@host).
 func redacted(url string) string {
-	if u, err := neturl.Parse(url); err == nil && !atPastAuthority(url) {
+	if u, err := neturl.Parse(url); err == nil && (u.User != nil || !strings.Contains(url, "@")) && !atPastAuthority(url) {
 		return u.Redacted()
 	}
 	// Not parsed (a password's % not an escape, its / or #), or parsed

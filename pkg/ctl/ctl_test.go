@@ -988,3 +988,21 @@ func TestTopShowsNoPasswordAfterAUserNameWithAnAt(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactedHidesAPasswordOfAURLWithoutScheme: --debug without its
+// http:// ("alice:s3cret@host:8082") parses (scheme "alice", the rest
+// opaque) with no user; atPastAuthority finds no / ? or # before the @,
+// and u.Redacted(), having no password to hide, showed it whole in the
+// refusal "--debug ...: want http://HOST:PORT". Before 00f83a4 a parse
+// with no user and an @ went to the last-@ redaction.
+func TestRedactedHidesAPasswordOfAURLWithoutScheme(t *testing.T) {
+	for _, url := range []string{"alice:s3cret@127.0.0.1:8082", "alice:s3cret@127.0.0.1:8082/x"} {
+		if got := redacted(url); strings.Contains(got, "s3cret") {
+			t.Errorf("redacted(%q) = %q: the password shown", url, got)
+		}
+		code, out, errs := run("top", "--debug", url, "-n", "1")
+		if strings.Contains(out+errs, "s3cret") {
+			t.Errorf("--debug %s: exit %d, the password shown: %s%s", url, code, out, errs)
+		}
+	}
+}

@@ -522,7 +522,15 @@ func Make(in Input, prev State, cfg Config) (Plan, State, error) {
 // clock caught up with its observation (no capacity, surge or lead time
 // learned), and its peak, never past its hold, was held as long.
 func (st *State) rebase(now time.Time) {
-	if !st.lastObserve.After(now) && !st.Since.After(now) && !st.surgeAt.After(now) && !st.healthyAt.After(now) {
+	scalars := [...]*time.Time{&st.Since, &st.LastBreak, &st.releasedAt, &st.lastRegret, &st.startupsTo, &st.lastObserve,
+		&st.loneSince, &st.loneSeen, &st.riseAt, &st.healthyAt, &st.lastProbe, &st.healthySince, &st.ITLMetAt, &st.surgeAt}
+	ahead := slices.ContainsFunc(scalars[:], func(t *time.Time) bool { return t.After(now) }) ||
+		slices.ContainsFunc(st.peaks, func(p peak) bool { return p.at.After(now) }) ||
+		slices.ContainsFunc(st.knees, func(k knee) bool { return k.at.After(now) || k.seen.After(now) }) ||
+		slices.ContainsFunc(st.breakRuns, func(r breakRun) bool {
+			return r.seen.After(now) || slices.ContainsFunc(r.obs, func(o breakObs) bool { return o.at.After(now) })
+		})
+	if !ahead {
 		return
 	}
 	back := func(t *time.Time) {
@@ -530,8 +538,7 @@ func (st *State) rebase(now time.Time) {
 			*t = now
 		}
 	}
-	for _, t := range [...]*time.Time{&st.Since, &st.LastBreak, &st.releasedAt, &st.lastRegret, &st.startupsTo, &st.lastObserve,
-		&st.loneSince, &st.loneSeen, &st.riseAt, &st.healthyAt, &st.lastProbe, &st.healthySince, &st.ITLMetAt, &st.surgeAt} {
+	for _, t := range scalars {
 		back(t)
 	}
 	for i := range st.peaks {

@@ -2779,3 +2779,28 @@ func TestOneSnapshotAheadOfTheClockCorruptsNothing(t *testing.T) {
 			st.Observations-before, p.HeldUntil.UTC().Format(time.RFC3339), p.HeldUntil.Sub(end), st.hold(cfg))
 	}
 }
+
+// TestASnapshotAheadWithNoFreshPodLearnsStartupsAfter: a snapshot stamped
+// an hour ahead whose ready pods have no fresh sample (ErrStale, its state
+// kept by the scaler) still counts their startups: startupsTo an hour
+// ahead. rebase returns early unless lastObserve, Since, surgeAt or
+// healthyAt is ahead, none of which that path sets, so startupsTo stays
+// ahead and every startup ready before it less lateListing is passed over:
+// no lead time learned for the hour.
+func TestASnapshotAheadWithNoFreshPodLearnsStartupsAfter(t *testing.T) {
+	cfg := Default(0)
+	_, st, at := run(t, State{}, cfg, t0, time.Minute, serving("a", 4000, 0.01))
+	stale := store.PodLoad{Name: "s", State: store.PodMissing, Startup: 2 * time.Minute, Age: 2 * time.Minute}
+	var err error
+	if _, st, err = Make(snap(at.Add(time.Hour), stale), st, cfg); !errors.Is(err, ErrStale) {
+		t.Fatalf("an hour ahead with no fresh pod: %v, want ErrStale", err)
+	}
+	startups := st.Startups
+	fresh := store.PodLoad{Name: "new", State: store.PodMissing, Startup: 3 * time.Minute, Age: 3*time.Minute + 10*time.Second}
+	if _, st, err = Make(snap(at.Add(5*time.Second), serving("a", 4000, 0.01), fresh), st, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st.Startups != startups+1 || st.startupsTo.After(at.Add(5*time.Second)) {
+		t.Fatalf("back on the clock: %d startups counted (want %d), startupsTo %s ahead", st.Startups-startups, 1, st.startupsTo.Sub(at.Add(5*time.Second)))
+	}
+}
