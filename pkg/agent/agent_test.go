@@ -419,16 +419,25 @@ func TestALargePageWaitingToParseHoldsNoLargeReadForLong(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(withTenant(context.Background(), fmt.Sprintf("team-%d", i)), 5*time.Second)
+			// Long enough for a machine under load (CI's race
+			// detector beside other packages): the test is of what
+			// waits, not of how long a read takes.
+			ctx, cancel := context.WithTimeout(withTenant(context.Background(), fmt.Sprintf("team-%d", i)), 60*time.Second)
 			defer cancel()
 			_, errs[i] = sc.Scrape(ctx, srv.URL+"/big", nil, nil)
 		}()
 	}
-	waitUntil(t, "four large pages read whole, waiting to parse", func() bool {
+	for deadline := time.Now().Add(50 * time.Second); ; time.Sleep(time.Millisecond) {
 		sc.parses.mu.Lock()
-		defer sc.parses.mu.Unlock()
-		return sc.parses.waiting == largeSlots
-	})
+		n := sc.parses.waiting
+		sc.parses.mu.Unlock()
+		if n == largeSlots {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 50 s, %d large pages read whole and waiting to parse, want %d", n, largeSlots)
+		}
+	}
 	ctx, cancel := context.WithTimeout(withTenant(context.Background(), "victim"), time.Second) // 50 holds
 	defer cancel()
 	_, err := sc.Scrape(ctx, srv.URL+"/big", nil, nil)
