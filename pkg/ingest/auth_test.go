@@ -1074,15 +1074,50 @@ func TestANodesTokenHoldsFewStreams(t *testing.T) {
 		t.Fatalf("another node's stream: %v", err)
 	}
 	cancels[0]()
+	f.waitForAPlace(t, "token-node-1", "a stream after one of the node's ended")
+}
+
+// waitForAPlace waits up to 5 s for a stream of token to be taken, the
+// node's places full until then.
+func (f *fixture) waitForAPlace(t *testing.T, token, what string) {
+	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		err := f.runAs(t, "token-node-1", hello())
+		err := f.runAs(t, token, hello())
 		if err == nil {
-			break
+			return
 		}
 		if status.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
-			t.Fatalf("a stream after one of the node's ended: %v", err)
+			t.Fatalf("%s: %v", what, err)
 		}
 	}
+}
+
+// TestAStreamWithoutAHelloGivesItsPlaceBack: a stream that never sent its
+// hello kept one of its node's maxStreamsPerNode places until its
+// connection aged out (an hour), and the node's agent was refused. It
+// now ends once helloWait has passed, and its place is given back.
+func TestAStreamWithoutAHelloGivesItsPlaceBack(t *testing.T) {
+	f := newFixtureWith(t, runningReviewer(t, fakeAPI()))
+	f.srv.helloWait = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer token-node-1"))
+	defer cancel()
+	// Without the wait the streams would hang: the test ends them then.
+	stop := time.AfterFunc(30*time.Second, cancel)
+	defer stop.Stop()
+	for range maxStreamsPerNode {
+		s, err := f.client.Report(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Recv()
+		if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no hello within") {
+			t.Fatalf("a stream sending no hello ended with %v; want DeadlineExceeded, no hello", err)
+		}
+	}
+	if got := testutil.ToFloat64(f.srv.m.rejected.WithLabelValues("invalid_hello")); got != maxStreamsPerNode {
+		t.Fatalf("rejected invalid_hello = %v, want %d", got, maxStreamsPerNode)
+	}
+	f.waitForAPlace(t, "token-node-1", "the node's agent after streams without a hello")
 }
 
 // TestARefusedHeldEntryKeepsTheDecoderInStep: a pod held, listed again

@@ -78,7 +78,16 @@ type Server struct {
 	opened  atomic.Int64 // agent streams open now (the streams gauge's value)
 
 	nodes slots.Slots // open streams by the node their token is bound to
+	// helloWait is how long a stream may take to send its hello
+	// (helloTimeout; shorter in tests).
+	helloWait time.Duration
 }
+
+// helloTimeout: how long after its token is reviewed a stream may take
+// to send its hello, which an agent sends at once. A stream that sent
+// none kept its node's slot (one of maxStreamsPerNode) until its
+// connection aged out, an hour.
+const helloTimeout = 30 * time.Second
 
 // maxStreamsPerNode: the agent streams one node may hold open at once,
 // whatever tokens its agents' pods hold (an agent rolled out shares them
@@ -134,6 +143,7 @@ func New(st *store.Store, o Options) *Server {
 			[]string{"reason"}),
 	}}
 	s.m.ok, s.m.missing = s.m.samples.WithLabelValues("ok"), s.m.samples.WithLabelValues("missing")
+	s.helloWait = helloTimeout
 	// Every reason exists from the start, at 0, so that rates and alerts on
 	// it need no absent() guard.
 	for _, r := range rejectReasons {
@@ -195,7 +205,7 @@ func checkHello(h *pulsev1.Hello) error {
 // hello reads a stream's first message, a hello, and checks it: its
 // protocol, its node (the token's, when bound) and its strings.
 func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*pulsev1.Hello, error) {
-	first, err := stream.Recv()
+	first, err := s.firstMessage(stream)
 	if errors.Is(err, io.EOF) {
 		// gRPC would end it with Unknown, "EOF".
 		return nil, status.Error(codes.InvalidArgument, "the stream ended before its hello")
@@ -227,6 +237,30 @@ func (s *Server) hello(stream pulsev1.Ingest_ReportServer, boundNode string) (*p
 	// UnmarshalVT keeps, up to the 4 MiB of a message) are not.
 	hello.ProtoReflect().SetUnknown(nil)
 	return hello, nil
+}
+
+// firstMessage is the stream's first message, or an error once
+// helloWait has passed without one. Its Recv ends once Report returns:
+// gRPC then cancels the stream.
+func (s *Server) firstMessage(stream pulsev1.Ingest_ReportServer) (*pulsev1.AgentMessage, error) {
+	type received struct {
+		m   *pulsev1.AgentMessage
+		err error
+	}
+	got := make(chan received, 1)
+	go func() {
+		m, err := stream.Recv()
+		got <- received{m, err}
+	}()
+	timer := time.NewTimer(s.helloWait)
+	defer timer.Stop()
+	select {
+	case r := <-got:
+		return r.m, r.err
+	case <-timer.C:
+		s.m.rejected.WithLabelValues("invalid_hello").Inc()
+		return nil, status.Errorf(codes.DeadlineExceeded, "no hello within %s of the stream's start", s.helloWait)
+	}
 }
 
 // ReviewedHeader is the header Report sends once it has reviewed a
