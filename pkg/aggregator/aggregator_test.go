@@ -242,6 +242,26 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	}
 }
 
+// TestAnAgentDaemonSetThatCannotExistIsRefused: --agent-daemonset a/b/c
+// (or a name the API refuses) was taken, and the warm-up waited its whole
+// time for a DaemonSet that cannot exist.
+func TestAnAgentDaemonSetThatCannotExistIsRefused(t *testing.T) {
+	for _, v := range []string{"a/b/c", "pulse-system/", "/pulse-agent", "pulse-agent", "Pulse/agent", "pulse.system/agent", "pulse-system/agent_1"} {
+		o := NewOptions()
+		o.Warmup.AgentDaemonSet = v
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--agent-daemonset") {
+			t.Errorf("--agent-daemonset %q: Validate() = %v, want it refused", v, err)
+		}
+	}
+	for _, v := range []string{"pulse-system/pulse-agent", "kube-system/pulse.agent"} {
+		o := NewOptions()
+		o.Warmup.AgentDaemonSet = v
+		if err := o.Validate(); err != nil {
+			t.Errorf("--agent-daemonset %q: %v", v, err)
+		}
+	}
+}
+
 // TestWarnsWhenMaxPodsOutgrowMemory: --forward-histograms took a pod held
 // from 27 to 81 KB, 796 MiB at the chart's default maxPods against its
 // 512Mi limit, without a word until the OOM kill. The aggregator now warns,

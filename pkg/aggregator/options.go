@@ -335,8 +335,12 @@ func (o *WarmupOptions) Validate() error {
 		errs = append(errs, errors.New("--warmup and --expected-agents must not be negative"))
 	}
 	if o.AgentDaemonSet != "" {
-		if ns, name, ok := strings.Cut(o.AgentDaemonSet, "/"); !ok || ns == "" || name == "" {
-			errs = append(errs, fmt.Errorf("--agent-daemonset %q: want namespace/name", o.AgentDaemonSet))
+		ns, name, ok := strings.Cut(o.AgentDaemonSet, "/")
+		// Neither may be a name the API refuses: "a/b/c" waited out the
+		// warm-up, reading a DaemonSet that cannot exist.
+		msgs := append(validation.IsDNS1123Label(ns), validation.IsDNS1123Subdomain(name)...)
+		if !ok || len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--agent-daemonset %q: want namespace/name, a namespace's and a DaemonSet's names", wire.CleanText(o.AgentDaemonSet, 64)))
 		}
 		if o.ExpectedAgents > 0 {
 			errs = append(errs, errors.New("--expected-agents and --agent-daemonset exclude each other: the DaemonSet's count replaces the number every second"))
