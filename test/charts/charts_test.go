@@ -23,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	pulserelay "github.com/pulse-io/pulse/pkg/relay"
 )
 
 // root is the repository root, from this package's directory.
@@ -474,11 +476,13 @@ func TestTheRelayTheAgentsNameCarriesTheirStreams(t *testing.T) {
 		t.Errorf("relay --streams-per-connection %v, aggregator --max-ingest-streams-per-connection %v: want them equal", s, flagValues(aggregator.Args, "--max-ingest-streams-per-connection"))
 	}
 	// Every connection one relay's agents take to a replica (from one pod
-	// address), twice over for the replacement of an aged one, is let in.
+	// address), with relay.MaxStreamsPerReplica streams an agent, twice
+	// over for the replacement of an aged one, is let in.
 	maxConns, _ := strconv.Atoi(flagValues(relay.Args, "--max-connections")[0])
 	streams, _ := strconv.Atoi(flagValues(relay.Args, "--streams-per-connection")[0])
-	if perAddr, _ := strconv.Atoi(flagValues(aggregator.Args, "--max-ingest-connections-per-address")[0]); perAddr < 2*((maxConns+streams-1)/streams) {
-		t.Errorf("aggregator --max-ingest-connections-per-address %d, below twice a relay's %d agents over %d streams a connection", perAddr, maxConns, streams)
+	want := 2 * ((maxConns*pulserelay.MaxStreamsPerReplica + streams - 1) / streams)
+	if perAddr, _ := strconv.Atoi(flagValues(aggregator.Args, "--max-ingest-connections-per-address")[0]); perAddr < want {
+		t.Errorf("aggregator --max-ingest-connections-per-address %d, below %d: twice a relay's %d agents' %d streams each over %d streams a connection", perAddr, want, maxConns, pulserelay.MaxStreamsPerReplica, streams)
 	}
 	// The relay dials a name the ingest certificate carries, and trusts
 	// the bundle its Secret holds.
