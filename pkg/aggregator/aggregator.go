@@ -297,6 +297,9 @@ func (a *Aggregator) stop() {
 		if srv == nil {
 			continue
 		}
+		// A second past the deadline (README: --shutdown-timeout): the
+		// scaler's drain may have taken it all, and a scrape begun then
+		// is let finish.
 		sctx, cancel := context.WithDeadline(context.Background(), deadline.Add(time.Second))
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close() // a download still running (a profile, a debug page): cut
