@@ -232,6 +232,11 @@ func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tal
 				c.drainingReady++
 			}
 		case store.PodUndefined:
+			if p.Truncated {
+				// Not "none finished": what finished may lie in the part
+				// of the window the samples kept do not reach.
+				return c, status.Error(codes.InvalidArgument, truncated(t, p.Name, p.Samples, p.SpanMs))
+			}
 			c.undefined++
 			if p.Reason == store.NoHistograms {
 				c.noHist++

@@ -313,16 +313,9 @@ func TestNoReadyPodIsAnError(t *testing.T) {
 // naming the key, the interval and the flag to raise.
 func TestWindowPastKeptSamples(t *testing.T) {
 	f := newFixture(t)
-	f.store = store.New(store.Options{Retention: time.Minute, MaxSamples: 128, Now: f.clock.Now})
-	f.server.store = f.store
-	f.pods("a")
-	for i := range 240 {
-		f.ms += 250
-		r := store.Report{UID: "uid-a"}
-		r.TimeMs = f.ms
-		r.Values.Set(metric.Waiting, float64(100*(1-i/120)))
-		f.store.Add([]store.Report{r})
-	}
+	f.keepSamples(128, "a", 240, 250, func(i int, v *metric.Values) {
+		v.Set(metric.Waiting, float64(100*(1-i/120)))
+	})
 	_, err := f.metric(t, map[string]string{"workspace": "llama", "window": "1m"})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"window"`) ||
 		!strings.Contains(err.Error(), "--max-samples-per-pod to at least 242") {
@@ -339,6 +332,41 @@ func TestWindowPastKeptSamples(t *testing.T) {
 	}
 	if got, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "replicas", "window": "30s"}); err != nil || got != 1 {
 		t.Fatalf("a plan over a window within the kept samples: %v, %v; want the one ready replica", got, err)
+	}
+}
+
+// TestAnUndefinedWindowPastKeptSamplesSaysSo: a mean TTFT whose requests
+// all finished in the part of the window the kept samples do not reach
+// was refused as "not defined ... none finished in the window", where
+// some had: the refusal now names the window and the flag, as a defined
+// one's does.
+func TestAnUndefinedWindowPastKeptSamplesSaysSo(t *testing.T) {
+	f := newFixture(t)
+	f.keepSamples(10, "a", 31, 1000, func(i int, v *metric.Values) {
+		v.Set(metric.Running, 1)
+		// Ten requests finished in the first 5 s, 2 s each; none since.
+		n := float64(min(i, 5) * 2)
+		v.Set(metric.TTFTCount, n)
+		v.Set(metric.TTFTSum, 2*n)
+	})
+	_, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "ttftSeconds", "threshold": "1", "window": "30s"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--max-samples-per-pod to at least") {
+		t.Fatalf("error %v: want InvalidArgument naming window and --max-samples-per-pod", err)
+	}
+}
+
+// keepSamples gives f a store that keeps kept samples a pod, lists pod and
+// adds n samples of it, everyMs apart, their values set by set.
+func (f *fixture) keepSamples(kept int, pod string, n int, everyMs int64, set func(i int, v *metric.Values)) {
+	f.store = store.New(store.Options{Retention: time.Minute, MaxSamples: kept, Now: f.clock.Now})
+	f.server.store = f.store
+	f.pods(pod)
+	for i := range n {
+		f.ms += everyMs
+		r := store.Report{UID: "uid-" + pod}
+		r.TimeMs = f.ms
+		set(i, &r.Values)
+		f.store.Add([]store.Report{r})
 	}
 }
 
