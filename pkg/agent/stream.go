@@ -158,7 +158,7 @@ func (s *streamer) run(ctx context.Context) {
 		defer func() { _ = c.Close() }()
 		client = pulsev1.NewIngestClient(c)
 	}
-	delay := 100 * time.Millisecond
+	delay := firstBackoff
 	down := time.Now() // not connected since
 	var lastWarn time.Time
 	attempts := 0
@@ -181,15 +181,30 @@ func (s *streamer) run(ctx context.Context) {
 				lastWarn = time.Now()
 			}
 		}
-		if time.Since(start) > 10*time.Second {
-			delay = 100 * time.Millisecond // it was healthy for a while
-		}
+		delay = backoffAfter(delay, wasUp, time.Since(start))
 		// Full jitter: a fleet of agents does not reconnect in lockstep.
 		if !sleep(ctx, time.Duration(mrand.Int64N(int64(delay))+1)) { //nolint:gosec // G404: reconnect jitter, not a secret
 			return
 		}
 		delay = min(delay*2, s.agent.opts.ReconnectMaxBackoff)
 	}
+}
+
+// firstBackoff is the reconnect delay's bound at first, and again after a
+// stream up for healthyFor.
+const firstBackoff, healthyFor = 100 * time.Millisecond, 10 * time.Second
+
+// backoffAfter is the reconnect delay's bound after a session that took
+// took: the first again once a stream was up for a while, else delay. A
+// session never up that took as long (a welcome not sent within its
+// wait, a dial to an address that drops packets) reset it too, and a
+// fleet whose streams failed together retried every 10 s with 100 ms of
+// jitter, in lockstep, where the backoff would have spread them.
+func backoffAfter(delay time.Duration, wasUp bool, took time.Duration) time.Duration {
+	if wasUp && took > healthyFor {
+		return firstBackoff
+	}
+	return delay
 }
 
 // session runs one stream until it fails or ctx ends.
