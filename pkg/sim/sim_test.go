@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-io/pulse/pkg/scaler"
+	"github.com/pulse-io/pulse/pkg/sim/hpa"
 	"github.com/pulse-io/pulse/pkg/sim/replica"
 	"github.com/pulse-io/pulse/pkg/sim/trace"
 )
@@ -711,5 +713,52 @@ func TestKaitoReadsEveryReplicaOfAWorkspace(t *testing.T) {
 	ws, is := got[0], got[1]
 	if ws.SLOAttainment != is.SLOAttainment || ws.GPUHours != is.GPUHours || !slices.Equal(ws.Series.Replicas, is.Series.Replicas) {
 		t.Fatalf("kaito on a Workspace: %.4f at %.3f GPU-h; on an InferenceSet %.4f at %.3f: want the same", ws.SLOAttainment, ws.GPUHours, is.SLOAttainment, is.GPUHours)
+	}
+}
+
+// TestALoadRiseOfAValueTargetIsTheHPAs: the load rise FirstScaleUpSeconds
+// is measured from is the first second the true value asks for more
+// replicas than run, as the HPA reads it: for metricType Value that is
+// ceil(value / target × ready pods), not ceil(value / target) (the
+// AverageValue rule), which with 2 replicas found no rise until the mean
+// per pod was twice the target, and none at all when the scale-up came
+// first (FirstScaleUpSeconds null).
+func TestALoadRiseOfAValueTargetIsTheHPAs(t *testing.T) {
+	so := seedSO(t, "metric: waiting", "metric: waiting\n      valueType: average",
+		"- type: external-push", "- type: external-push\n    metricType: Value", "minReplicaCount: 1", "minReplicaCount: 2")
+	cfg := Config{Trace: load(t, "poisson:rate=1,duration=20m", 1), ScaledObject: so, Profile: profile(t), Seed: 1, Pipelines: []string{"oracle"}}
+	if err := cfg.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(&cfg, &oracle{})
+	w.warmFleet(2)
+	for _, rp := range w.ready {
+		for i := range 16 { // one admitted, fifteen waiting
+			rp.r.Enqueue(0, replica.NewRequest(i, 8000, 10, 0))
+		}
+	}
+	v := trueValue(w)
+	res := hpa.New(hpa.Spec{MinReplicas: 2, MaxReplicas: 10}, hpa.DefaultOptions()).
+		Sync(0, hpa.State{SpecReplicas: 2, StatusReplicas: 2, ReadyPods: 2}, []hpa.Reading{{Target: w.target, Milli: scaler.KEDAMilli(v)}})
+	if v != 15 || res.Proposal != 3 {
+		t.Fatalf("the mean waiting is %g, the HPA's proposal %d: want 15 and 3 (ceil(15 / 10 × 2))", v, res.Proposal)
+	}
+	w.watchLoadRise()
+	if w.st.loadRise != 0 {
+		t.Fatalf("the true value asks the HPA for 3 replicas with 2 running, and no load rise was found (loadRise %v)", w.st.loadRise)
+	}
+}
+
+// TestAnEmptyPolicyListReachesTheHPAAsTheDefaults: a ScaledObject's
+// "policies: []" is read as an empty list (not left out), which the HPA
+// took as no policy (pkg/sim/hpa's TestAnEmptyPolicyListIsTheDefaults).
+func TestAnEmptyPolicyListReachesTheHPAAsTheDefaults(t *testing.T) {
+	so := seedSO(t, "policies:\n          - type: Pods\n            value: 1\n            periodSeconds: 300", "policies: []")
+	if p := so.Behavior().ScaleUp.Policies; p == nil || len(p) != 0 {
+		t.Fatalf("policies: [] read as %#v", p)
+	}
+	c := hpa.New(hpa.Spec{MinReplicas: so.HPAMinReplicas(), MaxReplicas: so.MaxReplicas(), Behavior: so.Behavior()}, hpa.DefaultOptions())
+	if n := len(c.Spec().Behavior.ScaleUp.Policies); n != 2 {
+		t.Fatalf("the HPA's scale-up has %d policies: want the 2 defaults", n)
 	}
 }

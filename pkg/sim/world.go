@@ -755,8 +755,13 @@ func (w *world) watchLoadRise() {
 	if w.st.loadRise >= 0 || w.st.firstUp >= 0 {
 		return
 	}
-	v := trueValue(w)
-	if want := int32(math.Ceil(float64(scaler.KEDAMilli(v)) / float64(w.target.Milli))); want > w.spec {
+	ratio := float64(scaler.KEDAMilli(trueValue(w))) / float64(w.target.Milli)
+	if !w.target.AverageValue && w.spec > 0 {
+		// metricType Value: the HPA asks for ratio × its ready pods
+		// (GetExternalMetricReplicas); ceil(ratio) is AverageValue's.
+		ratio *= float64(len(w.ready))
+	}
+	if want := int32(math.Ceil(ratio)); want > w.spec {
 		w.st.loadRise = w.now
 	}
 }

@@ -150,7 +150,9 @@ func completeRules(from, to *autoscalingv2.HPAScalingRules) *autoscalingv2.HPASc
 	if from.StabilizationWindowSeconds != nil {
 		to.StabilizationWindowSeconds = from.StabilizationWindowSeconds
 	}
-	if from.Policies != nil {
+	// An empty list is none: Policies is omitempty, so KEDA's HPA reaches
+	// the API server without it, and the defaults fill it in.
+	if len(from.Policies) > 0 {
 		to.Policies = from.Policies
 	}
 	if from.Tolerance != nil {

@@ -1,6 +1,7 @@
 package hpa
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -290,5 +291,39 @@ func TestSyncSpecialCases(t *testing.T) {
 	low := []Reading{{Target: average(1000), Milli: 1000}, {Target: average(1000), Err: errors.New("x")}}
 	if r := c.Sync(now+time.Hour, State{SpecReplicas: 3, StatusReplicas: 3}, low); r.Rescale {
 		t.Errorf("one failing of two, scaling down: %+v, want no change", r)
+	}
+}
+
+// TestAnEmptyPolicyListIsTheDefaults: a behavior's "policies: []" never
+// reaches the API server (HPAScalingRules.Policies is omitempty: KEDA's
+// HPA carries no policies), which fills in the defaults as for a list left
+// out (copyHPAScalingRules). Taken as a list of no policy, the HPA could
+// never scale in that direction (scaleUpLimit's Max of nothing is MinInt32,
+// held at the current count).
+func TestAnEmptyPolicyListIsTheDefaults(t *testing.T) {
+	rules := &autoscalingv2.HPAScalingRules{Policies: []autoscalingv2.HPAScalingPolicy{}}
+	sent, err := json.Marshal(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got autoscalingv2.HPAScalingRules
+	if err := json.Unmarshal(sent, &got); err != nil || got.Policies != nil {
+		t.Fatalf("the API server gets %s (policies %v): want none", sent, got.Policies)
+	}
+	for dir, b := range map[string]*autoscalingv2.HorizontalPodAutoscalerBehavior{
+		"up":   {ScaleUp: rules.DeepCopy()},
+		"down": {ScaleDown: rules.DeepCopy()},
+	} {
+		c := New(Spec{MinReplicas: 1, MaxReplicas: 20, Behavior: b}, DefaultOptions())
+		current, usage, want := int32(2), int64(6000), int32(6) // up: 2 + 4 Pods (the default's Max)
+		if dir == "down" {
+			c.spec.Behavior.ScaleDown.StabilizationWindowSeconds = new(int32)
+			current, usage, want = 6, 2000, 2 // down: 100 % per 15 s
+		}
+		res := c.Sync(0, State{SpecReplicas: current, StatusReplicas: current, ReadyPods: current},
+			[]Reading{{Target: Target{AverageValue: true, Milli: 1000}, Milli: usage}})
+		if res.Desired != want {
+			t.Errorf("scale%s with policies: []: %d → %d, want %d (the default policies)", dir, current, res.Desired, want)
+		}
 	}
 }
