@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -34,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/pulse-io/pulse/pkg/discovery"
+	"github.com/pulse-io/pulse/pkg/framed"
 	"github.com/pulse-io/pulse/pkg/metric"
 	"github.com/pulse-io/pulse/pkg/store"
 	"github.com/pulse-io/pulse/pkg/wire"
@@ -1118,6 +1120,47 @@ func TestAStreamWithoutAHelloGivesItsPlaceBack(t *testing.T) {
 		t.Fatalf("rejected invalid_hello = %v, want %d", got, maxStreamsPerNode)
 	}
 	f.waitForAPlace(t, "token-node-1", "the node's agent after streams without a hello")
+}
+
+// TestAFramedStreamWithoutAHelloEnds: the framed transport serves a
+// stream through the same Report; its read of the hello, left running
+// once the wait is past, ends with the connection, which the transport
+// closes when Report returns.
+func TestAFramedStreamWithoutAHelloEnds(t *testing.T) {
+	f := newFixtureWith(t, nil)
+	f.srv.helloWait = 200 * time.Millisecond
+	fs := framed.NewServer(f.srv.Report, framed.ServerOptions{Codec: Codec()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err == nil {
+			fs.ServeConn(c)
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); fs.Close() })
+	c, err := framed.NewClient(ln.Addr().String(), framed.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := c.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no hello within") {
+		t.Fatalf("a framed stream sending no hello ended with %v; want DeadlineExceeded, no hello", err)
+	}
+	select {
+	case <-served:
+	case <-ctx.Done():
+		t.Fatal("the framed connection is still served")
+	}
 }
 
 // TestARefusedHeldEntryKeepsTheDecoderInStep: a pod held, listed again
