@@ -232,9 +232,10 @@ func tallyPods(t Trigger, def metric.Def, r *store.Reading, vals []float64) (tal
 				c.drainingReady++
 			}
 		case store.PodUndefined:
-			if p.Truncated {
+			if p.Truncated && p.Reason != store.NoHistograms {
 				// Not "none finished": what finished may lie in the part
-				// of the window the samples kept do not reach.
+				// of the window the samples kept do not reach. A pod with
+				// no histogram needs --forward-histograms, not more.
 				return c, status.Error(codes.InvalidArgument, truncated(t, p.Name, p.Samples, p.SpanMs))
 			}
 			c.undefined++

@@ -355,6 +355,21 @@ func TestAnUndefinedWindowPastKeptSamplesSaysSo(t *testing.T) {
 	}
 }
 
+// TestNoHistogramsPastKeptSamplesNamesForwardHistograms: a quantile
+// whose pods' agents forward no histogram is no window's matter: raising
+// --max-samples-per-pod, as the truncated window's refusal said, would
+// only have led to the refusal naming --forward-histograms.
+func TestNoHistogramsPastKeptSamplesNamesForwardHistograms(t *testing.T) {
+	f := newFixture(t)
+	f.keepSamples(10, "a", 31, 1000, func(_ int, v *metric.Values) {
+		v.Set(metric.Running, 1)
+	})
+	_, err := f.metric(t, map[string]string{"workspace": "llama", "metric": "ttftP90Seconds", "threshold": "2", "window": "30s"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--forward-histograms") {
+		t.Fatalf("error %v: want Unavailable naming --forward-histograms", err)
+	}
+}
+
 // keepSamples gives f a store that keeps kept samples a pod, lists pod and
 // adds n samples of it, everyMs apart, their values set by set.
 func (f *fixture) keepSamples(kept int, pod string, n int, everyMs int64, set func(i int, v *metric.Values)) {

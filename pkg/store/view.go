@@ -245,8 +245,8 @@ type PodValue struct {
 	// Idle (PodUndefined): no request is waiting or running on the pod, so
 	// an undefined rate or ratio means no load, not an unknown one.
 	Idle bool
-	// Truncated (PodCounted): the window reaches back past the samples kept
-	// (MaxSamples), so the value covers only SpanMs of it.
+	// Truncated (PodCounted, PodUndefined): the window reaches back past
+	// the samples kept (MaxSamples), so the value covers only SpanMs of it.
 	Truncated bool
 	SpanMs    int64
 	// Samples is the number of samples held for the pod.

@@ -475,15 +475,7 @@ func TestTheRelayTheAgentsNameCarriesTheirStreams(t *testing.T) {
 	if s := flagValues(relay.Args, "--streams-per-connection"); !slices.Equal(flagValues(aggregator.Args, "--max-ingest-streams-per-connection"), s) || len(s) != 1 {
 		t.Errorf("relay --streams-per-connection %v, aggregator --max-ingest-streams-per-connection %v: want them equal", s, flagValues(aggregator.Args, "--max-ingest-streams-per-connection"))
 	}
-	// Every connection one relay's agents take to a replica (from one pod
-	// address), with relay.MaxStreamsPerReplica streams an agent, twice
-	// over for the replacement of an aged one, is let in.
-	maxConns, _ := strconv.Atoi(flagValues(relay.Args, "--max-connections")[0])
-	streams, _ := strconv.Atoi(flagValues(relay.Args, "--streams-per-connection")[0])
-	want := 2 * ((maxConns*pulserelay.MaxStreamsPerReplica + streams - 1) / streams)
-	if perAddr, _ := strconv.Atoi(flagValues(aggregator.Args, "--max-ingest-connections-per-address")[0]); perAddr < want {
-		t.Errorf("aggregator --max-ingest-connections-per-address %d, below %d: twice a relay's %d agents' %d streams each over %d streams a connection", perAddr, want, maxConns, pulserelay.MaxStreamsPerReplica, streams)
-	}
+	relayConnectionsLetIn(t, aggregator.Args, relay.Args)
 	// The relay dials a name the ingest certificate carries, and trusts
 	// the bundle its Secret holds.
 	dial := flagValues(relay.Args, "--aggregator")
@@ -524,6 +516,19 @@ func TestTheRelayTheAgentsNameCarriesTheirStreams(t *testing.T) {
 	must(t, yaml.Unmarshal([]byte(agg["Service/pulse-aggregator"]), &aggSvc))
 	if labels.SelectorFromSet(aggSvc.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)) || labels.SelectorFromSet(aggSvc.Labels).Matches(labels.Set(svc.Labels)) && len(aggSvc.Labels) > 0 {
 		t.Errorf("the aggregator's Service selects the relay's pods, or its labels are the relay Service's (a ServiceMonitor would scrape both)")
+	}
+}
+
+// relayConnectionsLetIn: every connection one relay's agents take to a
+// replica (from one pod address), with relay.MaxStreamsPerReplica streams
+// an agent, twice over for the replacement of an aged one, is let in.
+func relayConnectionsLetIn(t *testing.T, aggregator, relay []string) {
+	t.Helper()
+	maxConns, _ := strconv.Atoi(flagValues(relay, "--max-connections")[0])
+	streams, _ := strconv.Atoi(flagValues(relay, "--streams-per-connection")[0])
+	want := 2 * ((maxConns*pulserelay.MaxStreamsPerReplica + streams - 1) / streams)
+	if perAddr, _ := strconv.Atoi(flagValues(aggregator, "--max-ingest-connections-per-address")[0]); perAddr < want {
+		t.Errorf("aggregator --max-ingest-connections-per-address %d, below %d: twice a relay's %d agents' %d streams each over %d streams a connection", perAddr, want, maxConns, pulserelay.MaxStreamsPerReplica, streams)
 	}
 }
 
