@@ -250,7 +250,11 @@ func (m *Managed) Run(ctx context.Context) error {
 	for {
 		wait := every
 		last = time.Now()
-		if err := m.Ensure(ctx); err != nil {
+		switch err := m.Ensure(ctx); {
+		case errors.Is(err, errStale):
+			m.o.Log.Info("ensure managed certificates: again", logging.KeyErr, err)
+			wait = m.gap
+		case err != nil:
 			m.o.Log.Warn("ensure managed certificates", logging.KeyErr, err)
 			wait = 10 * time.Second
 		}
@@ -503,11 +507,18 @@ func (m *Managed) awaitRunning(ctx context.Context) error {
 // running one to make a deleted Secret again before it makes a new one.
 const madeGrace = 30 * time.Second
 
+// errStale: publish's copy of the Secret is no longer its current
+// version; Run tries again after copyGap.
+var errStale = errors.New("the certificate secret changed while it was published: published again from the newer version")
+
 // publish serves sec's pair and trust, and publishes the CAs' bundle and
 // KEDA's credentials, unless sec is no longer the Secret's current
-// version: the watch then has (or will have) the newer one, which this
-// copy loaded over, serving the older pair and bundle until the next
-// event or check, up to an hour.
+// version (errStale): the watch then has (or will have) the newer one,
+// which this copy loaded over, serving the older pair and bundle. The
+// newer one is published at the next try. Left to the next check, a
+// version not written by a replica (a label added by hand, the garbage
+// collector's) left the copies unpublished for up to an hour, a renewed
+// CA among them.
 func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	m.loading.Lock()
 	// The watch's load of this Secret waits for the check: bounded here,
@@ -519,8 +530,11 @@ func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 		err = m.load(sec)
 	}
 	m.loading.Unlock()
-	if err != nil || stale {
+	if err != nil {
 		return err
+	}
+	if stale {
+		return errStale
 	}
 	if err := m.ensureCA(ctx, sec); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -464,12 +465,48 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 	if err := m.load(newer); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.publish(ctx, old); err != nil {
-		t.Fatal(err)
+	if err := m.publish(ctx, old); !errors.Is(err, errStale) {
+		t.Fatalf("publish of an older copy: %v, want errStale (Run tries again)", err)
 	}
 	served := m.served.Load().ingest.Certificates[0].Certificate[0]
 	if want, _ := parseCert(newer.Data[KeyServerCert]); !bytes.Equal(served, want.Raw) {
 		t.Fatal("an older copy of the Secret was loaded over the newer pair the watch had loaded")
+	}
+}
+
+// TestACopyFoundStaleIsPublishedAgainSoon: a version of the Secret
+// written by no replica (a label added by hand, the garbage collector's)
+// between a replica's write and its publish left the copies (the CAs'
+// bundle, KEDA's credentials) unpublished until the next check, an hour
+// (a renewed CA among them). Run now tries again after copyGap.
+func TestACopyFoundStaleIsPublishedAgainSoon(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	var gets atomic.Int32
+	client.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != "pulse-aggregator-certs" || gets.Add(1) != 2 {
+			return false, nil, nil
+		}
+		// publish's check, after the Secret was made: another writer's
+		// version stands.
+		sec, err := client.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}, "pulse-system", "pulse-aggregator-certs")
+		if err != nil {
+			return true, nil, err
+		}
+		other := sec.(*corev1.Secret).DeepCopy()
+		other.ResourceVersion = "written-by-another"
+		return true, other, nil
+	})
+	ctx := running(t, m)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the CAs' bundle was not published after a copy found stale")
+		}
+	}
+	if gets.Load() < 3 {
+		t.Fatalf("%d reads of the Secret: want the stale check and another Ensure", gets.Load())
 	}
 }
 
