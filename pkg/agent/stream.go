@@ -62,6 +62,7 @@ type streamer struct {
 
 	// connected: a stream is open and welcomed (readiness reads it).
 	connected atomic.Bool
+	upAt      time.Time // when the stream was welcomed (the loop's own: open runs in it)
 }
 
 // An aggregator the agent cannot reach is reported, never waited on in
@@ -163,7 +164,6 @@ func (s *streamer) run(ctx context.Context) {
 	var lastWarn time.Time
 	attempts := 0
 	for {
-		start := time.Now()
 		err := s.session(ctx, client)
 		wasUp := s.connected.Swap(false)
 		s.agent.m.connected.WithLabelValues(s.addr).Set(0)
@@ -181,7 +181,11 @@ func (s *streamer) run(ctx context.Context) {
 				lastWarn = time.Now()
 			}
 		}
-		delay = backoffAfter(delay, wasUp, time.Since(start))
+		upFor := time.Duration(0)
+		if wasUp {
+			upFor = time.Since(s.upAt)
+		}
+		delay = backoffAfter(delay, upFor)
 		// Full jitter: a fleet of agents does not reconnect in lockstep.
 		if !sleep(ctx, time.Duration(mrand.Int64N(int64(delay))+1)) { //nolint:gosec // G404: reconnect jitter, not a secret
 			return
@@ -194,14 +198,14 @@ func (s *streamer) run(ctx context.Context) {
 // stream up for healthyFor.
 const firstBackoff, healthyFor = 100 * time.Millisecond, 10 * time.Second
 
-// backoffAfter is the reconnect delay's bound after a session that took
-// took: the first again once a stream was up for a while, else delay. A
-// session never up that took as long (a welcome not sent within its
-// wait, a dial to an address that drops packets) reset it too, and a
-// fleet whose streams failed together retried every 10 s with 100 ms of
-// jitter, in lockstep, where the backoff would have spread them.
-func backoffAfter(delay time.Duration, wasUp bool, took time.Duration) time.Duration {
-	if wasUp && took > healthyFor {
+// backoffAfter is the reconnect delay's bound after a stream up for
+// upFor (0: never welcomed): the first again once it was up for a while,
+// else delay. A session never up that took as long (a welcome not sent
+// within its wait, a dial to an address that drops packets) reset it
+// too, and a fleet whose streams failed together retried every 10 s with
+// 100 ms of jitter, in lockstep, where the backoff would have spread them.
+func backoffAfter(delay, upFor time.Duration) time.Duration {
+	if upFor > healthyFor {
 		return firstBackoff
 	}
 	return delay
@@ -422,6 +426,7 @@ func (s *streamer) open(ctx context.Context, cancel context.CancelCauseFunc, cli
 	if welcome.GetWelcome() == nil {
 		return nil, errors.New("aggregator did not answer the hello with a welcome")
 	}
+	s.upAt = time.Now()
 	s.connected.Store(true)
 	s.agent.m.connected.WithLabelValues(s.addr).Set(1)
 	s.agent.log.Info("aggregator stream open", logging.KeyAggregator, s.addr, logging.KeyVersion, welcome.GetWelcome().AggregatorVersion)
