@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -88,7 +89,10 @@ type object struct {
 			Kind string `json:"kind"`
 			Name string `json:"name"`
 		} `json:"scaleTargetRef"`
-		Triggers []struct {
+		MinReplicaCount  *int32 `json:"minReplicaCount"`
+		MaxReplicaCount  *int32 `json:"maxReplicaCount"`
+		IdleReplicaCount *int32 `json:"idleReplicaCount"`
+		Triggers         []struct {
 			Type       string            `json:"type"`
 			Name       string            `json:"name"`
 			MetricType string            `json:"metricType"`
@@ -134,8 +138,66 @@ func readObjects(path string) (objs []object, bad []error, err error) {
 			bad = append(bad, fmt.Errorf("%s: document %d: %w", path, i, err))
 			continue
 		}
+		if err := notString(doc); err != nil {
+			bad = append(bad, fmt.Errorf("%s: document %d: %w", path, i, err))
+			continue
+		}
 		objs = append(objs, listed(o)...)
 	}
+}
+
+// notString is the first value of a trigger's metadata or an object's
+// annotations that doc writes as no string (threshold: 10, enableTLS:
+// true): kubectl sends it as a number or a boolean, which the API server
+// refuses (each is a map of strings), where yaml.Unmarshal read it into
+// the string "10" and check called it valid.
+func notString(doc []byte) error {
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return err
+	}
+	var v any
+	if err := json.Unmarshal(j, &v); err != nil {
+		return err
+	}
+	return notStringIn(v, "")
+}
+
+func notStringIn(v any, at string) error {
+	m, _ := v.(map[string]any)
+	if md, ok := m["metadata"].(map[string]any); ok {
+		if err := stringsOnly(md["annotations"], at+"metadata.annotations"); err != nil {
+			return err
+		}
+	}
+	if spec, ok := m["spec"].(map[string]any); ok {
+		ts, _ := spec["triggers"].([]any)
+		for i, t := range ts {
+			tm, _ := t.(map[string]any)
+			if err := stringsOnly(tm["metadata"], fmt.Sprintf("%sspec.triggers[%d].metadata", at, i)); err != nil {
+				return err
+			}
+		}
+	}
+	items, _ := m["items"].([]any)
+	for i, it := range items {
+		if err := notStringIn(it, fmt.Sprintf("%sitems[%d].", at, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func stringsOnly(v any, at string) error {
+	m, _ := v.(map[string]any)
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch x := m[k].(type) {
+		case string, nil:
+		default:
+			return fmt.Errorf("%s.%s: %v is not a string, which the API server refuses: quote it", at, k, x)
+		}
+	}
+	return nil
 }
 
 // listed is o, or the objects of a List or typed list (kubectl get -o
@@ -222,6 +284,25 @@ func (p pulseTrigger) metricTypeProblem() string {
 	return ""
 }
 
+// kedaProblem is why KEDA refuses the trigger before the aggregator sees
+// it ("" when it does not): a metricType but AverageValue (its default) or
+// Value (Utilization it refuses for an external-push trigger, and another
+// it writes into the HPA, which the API server refuses), or no
+// scalerAddress (required by its external-push scaler).
+func (p pulseTrigger) kedaProblem() string {
+	switch p.metricType {
+	case "", "AverageValue", "Value":
+	case "Utilization":
+		return "metricType Utilization: KEDA refuses it for an external-push trigger (cpu and memory alone take it); AverageValue (the default) or Value"
+	default:
+		return fmt.Sprintf("metricType %s: the HPA takes AverageValue (KEDA's default) or Value", p.metricType)
+	}
+	if strings.TrimSpace(p.ref.ScalerMetadata["scalerAddress"]) == "" {
+		return "no scalerAddress: KEDA's external-push trigger requires it (the aggregator's scaler address, host:port)"
+	}
+	return ""
+}
+
 func check(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pulsectl check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -285,67 +366,33 @@ func check(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// boundsProblem is why KEDA refuses the ScaledObject's replica bounds
+// ("" when it does not), as its CheckReplicaCountBoundsAreValid (and its
+// CRD's rule) reads them: the HPA's minimum (minReplicaCount, at least 1,
+// when set; else 0) above maxReplicaCount (100 when left out), or an
+// idleReplicaCount not below that minimum.
+func (o *object) boundsProblem() string {
+	lo, hi := int32(0), int32(100)
+	if m := o.Spec.MinReplicaCount; m != nil {
+		lo = max(*m, 1)
+	}
+	if m := o.Spec.MaxReplicaCount; m != nil {
+		hi = *m
+	}
+	if lo > hi {
+		return fmt.Sprintf("the HPA's minimum %d (minReplicaCount, at least 1) above maxReplicaCount %d (100 left out): KEDA refuses the ScaledObject", lo, hi)
+	}
+	if idle := o.Spec.IdleReplicaCount; idle != nil && *idle >= lo {
+		return fmt.Sprintf("idleReplicaCount %d not below the HPA's minimum %d (minReplicaCount, at least 1; 0 left out): KEDA refuses the ScaledObject", *idle, lo)
+	}
+	return ""
+}
+
 // checkObject checks one document: "" for each valid trigger or annotated
 // workload, else the problem.
 func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas int64) []finding {
-	var out []finding
 	if o.Kind == "ScaledObject" {
-		res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
-		pts := o.pulseTriggers()
-		for _, pt := range pts {
-			ref, i := pt.ref, pt.pos
-			// Parsed as the aggregator gets it: in the namespace it is
-			// applied in (KEDA sends it), each key from the environment
-			// left out (KEDA sends its value, which the file does not hold).
-			env := scaler.FromEnvKeys(ref.ScalerMetadata)
-			md := maps.Clone(ref.ScalerMetadata)
-			for _, k := range env {
-				delete(md, k+"FromEnv")
-			}
-			// The metric's last: it is inferred from the other keys, their
-			// stand-ins too.
-			last := slices.Clone(env)
-			slices.SortStableFunc(last, func(a, b string) int { return cmp.Compare(isMetricKey(a), isMetricKey(b)) })
-			for _, k := range last {
-				if v := standIn(md, k); v != "" {
-					md[k] = v
-				}
-			}
-			t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
-			problem := ""
-			if !slices.Contains(env, "valueType") {
-				problem = pt.metricTypeProblem()
-			}
-			msg := ""
-			switch {
-			case err != nil:
-				msg = fmt.Sprintf("trigger %d: %v", i, err)
-			case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
-				msg = fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace)
-			case !crossNS && ref.Namespace == "" && cmp.Or(md["namespace"], md["workspaceNamespace"]) != "":
-				// Most manifests name no namespace (applied with -n), and
-				// KEDA sends the one they are applied in: such a trigger
-				// was called valid, and refused wherever else it went.
-				msg = fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace))
-			case problem != "":
-				msg = fmt.Sprintf("trigger %d: %s", i, problem)
-			}
-			valid := "valid"
-			if len(env) > 0 {
-				valid += fmt.Sprintf(" (%sFromEnv read from the scale target's environment by KEDA: not checked)", strings.Join(env, "FromEnv, "))
-			}
-			switch {
-			case msg != "":
-				out = append(out, finding{text: msg, problem: true})
-			case len(pts) > 1:
-				// Beside another trigger's problem, a bare "valid" read as
-				// the whole ScaledObject's.
-				out = append(out, finding{text: fmt.Sprintf("trigger %d: %s", i, valid)})
-			default:
-				out = append(out, finding{text: valid})
-			}
-		}
-		return out
+		return checkScaledObject(o, maxWindow, crossNS)
 	}
 	kind, ok := workloadKinds[o.Kind]
 	if !ok || !hasPulseAnnotation(o.Metadata.Annotations) {
@@ -362,6 +409,82 @@ func checkObject(o *object, maxWindow time.Duration, crossNS bool, maxReplicas i
 		return []finding{{text: err.Error(), problem: true}}
 	}
 	return []finding{{text: "valid"}}
+}
+
+// checkScaledObject checks a ScaledObject's replica bounds, when it has
+// a pulse trigger, and each pulse trigger.
+func checkScaledObject(o *object, maxWindow time.Duration, crossNS bool) []finding {
+	var out []finding
+	res := targetResolver{kind: o.Spec.ScaleTargetRef.Kind, name: o.Spec.ScaleTargetRef.Name}
+	pts := o.pulseTriggers()
+	bounds := ""
+	if len(pts) > 0 {
+		bounds = o.boundsProblem()
+	}
+	if bounds != "" {
+		out = append(out, finding{text: bounds, problem: true})
+	}
+	for _, pt := range pts {
+		msg, valid := checkTrigger(pt, maxWindow, crossNS, res)
+		switch {
+		case msg != "":
+			out = append(out, finding{text: msg, problem: true})
+		case len(pts) > 1 || bounds != "":
+			// Beside another trigger's problem (or the bounds'), a bare
+			// "valid" read as the whole ScaledObject's.
+			out = append(out, finding{text: fmt.Sprintf("trigger %d: %s", pt.pos, valid)})
+		default:
+			out = append(out, finding{text: valid})
+		}
+	}
+	return out
+}
+
+// checkTrigger is pt's problem ("" for none) and what "valid" says of it.
+func checkTrigger(pt pulseTrigger, maxWindow time.Duration, crossNS bool, res targetResolver) (msg, valid string) {
+	ref, i := pt.ref, pt.pos
+	// Parsed as the aggregator gets it: in the namespace it is applied in
+	// (KEDA sends it), each key from the environment left out (KEDA sends
+	// its value, which the file does not hold).
+	env := scaler.FromEnvKeys(ref.ScalerMetadata)
+	md := maps.Clone(ref.ScalerMetadata)
+	for _, k := range env {
+		delete(md, k+"FromEnv")
+	}
+	// The metric's last: it is inferred from the other keys, their
+	// stand-ins too.
+	last := slices.Clone(env)
+	slices.SortStableFunc(last, func(a, b string) int { return cmp.Compare(isMetricKey(a), isMetricKey(b)) })
+	for _, k := range last {
+		if v := standIn(md, k); v != "" {
+			md[k] = v
+		}
+	}
+	t, err := scaler.ParseTrigger(&externalscaler.ScaledObjectRef{Name: ref.Name, Namespace: cmp.Or(ref.Namespace, appliedIn), ScalerMetadata: md}, maxWindow, res)
+	problem := ""
+	if !slices.Contains(env, "valueType") {
+		problem = pt.metricTypeProblem()
+	}
+	switch {
+	case err != nil:
+		msg = fmt.Sprintf("trigger %d: %v", i, err)
+	case pt.kedaProblem() != "":
+		msg = fmt.Sprintf("trigger %d: %s", i, pt.kedaProblem())
+	case !crossNS && ref.Namespace != "" && t.Workload.Namespace != ref.Namespace:
+		msg = fmt.Sprintf("trigger %d: namespace %s: a ScaledObject may read only its own namespace (%s) unless the aggregator runs with --allow-cross-namespace-triggers", i, t.Workload.Namespace, ref.Namespace)
+	case !crossNS && ref.Namespace == "" && cmp.Or(md["namespace"], md["workspaceNamespace"]) != "":
+		// Most manifests name no namespace (applied with -n), and KEDA
+		// sends the one they are applied in: such a trigger was called
+		// valid, and refused wherever else it went.
+		msg = fmt.Sprintf("trigger %d: namespace %s: the ScaledObject names no namespace, and may read only the one it is applied in unless the aggregator runs with --allow-cross-namespace-triggers; set its metadata.namespace to check it", i, wire.Printable(t.Workload.Namespace))
+	case problem != "":
+		msg = fmt.Sprintf("trigger %d: %s", i, problem)
+	}
+	valid = "valid"
+	if len(env) > 0 {
+		valid += fmt.Sprintf(" (%sFromEnv read from the scale target's environment by KEDA: not checked)", strings.Join(env, "FromEnv, "))
+	}
+	return msg, valid
 }
 
 // unaskable is why query cannot ask the scaler as KEDA would of ref: ""

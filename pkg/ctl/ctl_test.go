@@ -1006,3 +1006,77 @@ func TestRedactedHidesAPasswordOfAURLWithoutScheme(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesAMetricTypeKEDAWould: a pulse trigger's metricType is
+// AverageValue (KEDA's default, when left out) or Value. KEDA refuses an
+// external-push trigger of Utilization (GetMetricTargetType), and writes
+// any other into the HPA, which the API server refuses (and pulse-sim
+// refuses both); check called them valid.
+func TestCheckRefusesAMetricTypeKEDAWould(t *testing.T) {
+	for _, mt := range []string{"Utilization", "value", "Bogus"} {
+		so := strings.Replace(goodSO, "  - type: external-push\n", "  - type: external-push\n    metricType: "+mt+"\n", 1)
+		if code, out, _ := run("check", write(t, so)); code != 1 || !strings.Contains(out, "metricType "+mt) {
+			t.Errorf("metricType %s: exit %d, want 1 naming it\n%s", mt, code, out)
+		}
+	}
+	for _, mt := range []string{"AverageValue"} {
+		so := strings.Replace(goodSO, "  - type: external-push\n", "  - type: external-push\n    metricType: "+mt+"\n", 1)
+		if code, out, _ := run("check", write(t, so)); code != 0 {
+			t.Errorf("metricType %s: exit %d, want 0\n%s", mt, code, out)
+		}
+	}
+}
+
+// TestCheckRefusesATriggerWithNoScalerAddress: KEDA's external-push
+// scaler requires scalerAddress (externalScalerMetadata, not optional; a
+// blank one is missing too): without it the trigger never reaches the
+// aggregator, and KEDA's ScaledObject is not ready. check called it valid.
+func TestCheckRefusesATriggerWithNoScalerAddress(t *testing.T) {
+	for _, addr := range []string{``, `scalerAddress: "  ", `} {
+		so := strings.Replace(goodSO, `scalerAddress: "x:9090", `, addr, 1)
+		if code, out, _ := run("check", write(t, so)); code != 1 || !strings.Contains(out, "scalerAddress") {
+			t.Errorf("%q: exit %d, want 1 naming scalerAddress\n%s", addr, code, out)
+		}
+	}
+}
+
+// TestCheckRefusesAnUnquotedValueAsTheAPIServerWould: a trigger's
+// metadata and an object's annotations are maps of strings. kubectl sends
+// `threshold: 10` as a number, which the API server refuses (KEDA's CRD:
+// additionalProperties of type string); yaml.Unmarshal read it into the
+// string "10", and check called the trigger valid.
+func TestCheckRefusesAnUnquotedValueAsTheAPIServerWould(t *testing.T) {
+	for _, c := range []struct{ body, key string }{
+		{strings.Replace(goodSO, `threshold: "10"`, `threshold: 10`, 1), "spec.triggers[0].metadata.threshold"},
+		{strings.Replace(goodSO, `scalerAddress: "x:9090", `, `scalerAddress: "x:9090", enableTLS: true, `, 1), "spec.triggers[0].metadata.enableTLS"},
+		{"apiVersion: v1\nkind: List\nitems:\n- apiVersion: apps/v1\n  kind: Deployment\n  metadata:\n    name: big\n    namespace: demo\n    annotations: {pulse.io/autoscale: \"true\", pulse.io/max-replicas: 500}\n",
+			"items[0].metadata.annotations.pulse.io/max-replicas"},
+	} {
+		code, out, _ := run("check", write(t, c.body))
+		if code != 1 || !strings.Contains(out, c.key) || strings.Contains(out, ": valid") {
+			t.Errorf("%s unquoted: exit %d, want 1 naming it, and nothing valid\n%s", c.key, code, out)
+		}
+	}
+}
+
+// TestCheckRefusesReplicaBoundsKEDAWould: KEDA's CRD refuses a
+// minReplicaCount above maxReplicaCount (100 when left out), and its
+// webhook an idleReplicaCount not below the HPA's minimum
+// (CheckReplicaCountBoundsAreValid); check read neither and called the
+// ScaledObject valid.
+func TestCheckRefusesReplicaBoundsKEDAWould(t *testing.T) {
+	with := func(bounds string) string {
+		return strings.Replace(goodSO, "  triggers:\n", "  "+strings.ReplaceAll(bounds, ", ", "\n  ")+"\n  triggers:\n", 1)
+	}
+	for _, bounds := range []string{"{minReplicaCount: 5, maxReplicaCount: 2}", "{minReplicaCount: 101}", "{minReplicaCount: 3, idleReplicaCount: 3}", "{idleReplicaCount: 0}"} {
+		code, out, _ := run("check", write(t, with(strings.Trim(bounds, "{}"))))
+		if code != 1 || !strings.Contains(out, "ReplicaCount") || strings.Contains(out, "demo/llama-so: valid") {
+			t.Errorf("%s: exit %d, want 1 naming the bounds, and no bare valid\n%s", bounds, code, out)
+		}
+	}
+	for _, bounds := range []string{"{minReplicaCount: 2, maxReplicaCount: 2}", "{minReplicaCount: 1, idleReplicaCount: 0, maxReplicaCount: 8}", "{maxReplicaCount: 200}"} {
+		if code, out, _ := run("check", write(t, with(strings.Trim(bounds, "{}")))); code != 0 {
+			t.Errorf("%s: exit %d, want 0\n%s", bounds, code, out)
+		}
+	}
+}
