@@ -1117,3 +1117,56 @@ func TestTheRelaysGraceHoldsItsDelay(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEmptyAgentDaemonSetIsTheDefault: warmup.agentDaemonSet written
+// empty in a values file (`agentDaemonSet:`, YAML's null) is the default,
+// as "" is, and as every other name of the chart's left empty is; it
+// failed the render with a template error ("invalid value; expected
+// string") naming neither the value nor what to give.
+func TestAnEmptyAgentDaemonSetIsTheDefault(t *testing.T) {
+	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "-f", valuesFile(t, "warmup:\n  agentDaemonSet:\n"))
+	if err != nil {
+		t.Fatalf("warmup.agentDaemonSet null: %v\n%s", err, lastLines(out, 3))
+	}
+	if !strings.Contains(out, "- --agent-daemonset=pulse-system/pulse-agent\n") {
+		t.Errorf("warmup.agentDaemonSet null: the default DaemonSet not read:\n%s", out)
+	}
+}
+
+// TestTheAgentsTokenCarriesAnAudience: with auth.enabled, an empty
+// auth.audience rendered a projected token of no audience, which the API
+// server gives its own; the aggregator reviews every token for its
+// agentAuth.audience (never empty: its chart refuses that), so every
+// agent was refused, each DaemonSet pod unready, and the render said
+// nothing. It is refused, as the aggregator chart refuses an empty
+// agentAuth.audience.
+func TestTheAgentsTokenCarriesAnAudience(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "daemonset")
+	for _, v := range []string{"auth:\n  audience: \"\"\n", "auth:\n  audience:\n"} {
+		out, err := render(t, chart, "-f", valuesFile(t, v))
+		if err == nil || !strings.Contains(out, "auth.audience") {
+			t.Errorf("%q: %v, want it refused naming auth.audience\n%s", v, err, lastLines(out, 3))
+		}
+	}
+	// Without the token the audience is not read.
+	if out, err := render(t, chart, "--set", "auth.enabled=false,auth.audience="); err != nil {
+		t.Errorf("auth.enabled=false with no audience: %v\n%s", err, lastLines(out, 3))
+	}
+}
+
+// TestARelayBudgetWithNoBoundIsRefused: relay.podDisruptionBudget's
+// maxUnavailable given "" or null rendered a budget of neither bound,
+// which keeps no relay up: the drain it was made for was not bounded.
+func TestARelayBudgetWithNoBoundIsRefused(t *testing.T) {
+	chart := filepath.Join(root, "deploy", "aggregator")
+	for _, v := range []string{"\"\"", ""} {
+		vals := "relay:\n  enabled: true\n  replicaCount: 2\n  podDisruptionBudget:\n    maxUnavailable: " + v + "\n"
+		out, err := render(t, chart, "-f", valuesFile(t, vals))
+		if err == nil || !strings.Contains(out, "relay.podDisruptionBudget.maxUnavailable") {
+			t.Errorf("maxUnavailable %q: %v, want it refused naming the value\n%s", v, err, lastLines(out, 3))
+		}
+	}
+	if out, err := render(t, chart, "-f", valuesFile(t, "relay:\n  enabled: true\n  replicaCount: 2\n  podDisruptionBudget:\n    maxUnavailable: 50%\n")); err != nil {
+		t.Errorf("maxUnavailable 50%%: %v\n%s", err, lastLines(out, 3))
+	}
+}
