@@ -25,6 +25,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/grpclog"
 	"k8s.io/klog/v2"
 
 	"github.com/pulse-io/pulse/pkg/logging"
@@ -103,6 +104,8 @@ func run(o Options, build func(*slog.Logger) (Runner, error)) error {
 	}
 	// client-go's own lines (leader election, watches) in the same format.
 	klog.SetSlogLogger(log.With(logging.KeyComponent, "client-go"))
+	// gRPC's, before any gRPC call (SetLoggerV2 is not safe beside one).
+	grpclog.SetLoggerV2(logging.GRPC(log.With(logging.KeyComponent, "grpc")))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := SetMemoryLimit(ctx, memlimit.FromCgroup, log); err != nil {
