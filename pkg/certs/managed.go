@@ -524,17 +524,14 @@ func (m *Managed) publish(ctx context.Context, sec *corev1.Secret) error {
 	// The watch's load of this Secret waits for the check: bounded here,
 	// as the client sets no timeout of its own.
 	sctx, cancel := context.WithTimeout(ctx, staleCheckTimeout)
-	stale, err := m.stale(sctx, sec)
+	err := m.current(sctx, sec)
 	cancel()
-	if err == nil && !stale {
+	if err == nil {
 		err = m.load(sec)
 	}
 	m.loading.Unlock()
 	if err != nil {
 		return err
-	}
-	if stale {
-		return errStale
 	}
 	if err := m.ensureCA(ctx, sec); err != nil {
 		return err
@@ -588,7 +585,8 @@ func (m *Managed) ensureRelay(ctx context.Context, sec *corev1.Secret) error {
 
 // ensureCopy creates or updates the Secret ns/name to hold data (of type
 // typ, which an existing Secret keeps: it cannot change), unless sec is
-// no longer the managed Secret's current version (its Ensure writes it).
+// no longer the managed Secret's current version (errStale: Run tries
+// again from the newer one).
 func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name string, typ corev1.SecretType, data map[string][]byte) error {
 	ss := m.o.Client.CoreV1().Secrets(ns)
 	cur, err := ss.Get(ctx, name, metav1.GetOptions{})
@@ -605,8 +603,8 @@ func (m *Managed) ensureCopy(ctx context.Context, sec *corev1.Secret, ns, name s
 	case err == nil && m.notOurs("Secret", ns+"/"+name, cur) != nil:
 		return m.notOurs("Secret", ns+"/"+name, cur)
 	case err == nil && (!equalData(cur.Data, data) || m.unowned(cur.OwnerReferences)):
-		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
-			return serr
+		if err := m.current(ctx, sec); err != nil {
+			return err
 		}
 		cur.Data = data
 		cur.OwnerReferences = m.owners(cur.OwnerReferences)
@@ -639,8 +637,8 @@ func (m *Managed) ensureCA(ctx context.Context, sec *corev1.Secret) error {
 	case err == nil && m.notOurs("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur) != nil:
 		return m.notOurs("ConfigMap", m.o.Namespace+"/"+m.o.CAConfigMap, cur)
 	case err == nil && (cur.Data[KeyCACert] != want[KeyCACert] || m.unowned(cur.OwnerReferences)):
-		if stale, serr := m.stale(ctx, sec); serr != nil || stale {
-			return serr // a newer Secret: its Ensure publishes it
+		if err := m.current(ctx, sec); err != nil {
+			return err
 		}
 		cur.Data = want
 		cur.OwnerReferences = m.owners(cur.OwnerReferences)
@@ -1045,13 +1043,26 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 // stale reports whether sec is no longer the Secret's current version:
 // a replica slow between its read and its write once put an older CA
 // bundle (and KEDA's older credentials) back over a newer replica's, for
-// up to an hour. The write is then left to the Ensure of the newer copy.
+// up to an hour. The write is then left to the next Ensure (errStale:
+// Run tries again after copyGap).
 func (m *Managed) stale(ctx context.Context, sec *corev1.Secret) (bool, error) {
 	now, err := m.o.Client.CoreV1().Secrets(m.o.Namespace).Get(ctx, m.o.SecretName, metav1.GetOptions{})
 	if err != nil {
 		return false, fmt.Errorf("get certificate secret: %w", err)
 	}
 	return now.ResourceVersion != sec.ResourceVersion, nil
+}
+
+// current is errStale when sec is no longer the Secret's current version
+// (a copy is then not written from it), or the read's error. It was nil
+// for a stale copy, and a version written by no replica between publish's
+// check and a copy's left that copy unwritten until the next check.
+func (m *Managed) current(ctx context.Context, sec *corev1.Secret) error {
+	stale, err := m.stale(ctx, sec)
+	if err == nil && stale {
+		err = errStale
+	}
+	return err
 }
 
 // staleCheckTimeout bounds publish's read of the Secret, made while the

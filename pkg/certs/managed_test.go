@@ -442,11 +442,11 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 	if _, err := keda.Update(ctx, ks, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ensureCA(ctx, old); err != nil {
-		t.Fatal(err)
+	if err := m.ensureCA(ctx, old); !errors.Is(err, errStale) {
+		t.Fatalf("ensureCA of an older copy: %v, want errStale", err)
 	}
-	if err := m.ensureKEDA(ctx, old); err != nil {
-		t.Fatal(err)
+	if err := m.ensureKEDA(ctx, old); !errors.Is(err, errStale) {
+		t.Fatalf("ensureKEDA of an older copy: %v, want errStale", err)
 	}
 	cm, _ = cms.Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
 	ks, _ = keda.Get(ctx, "pulse-creds", metav1.GetOptions{})
@@ -474,20 +474,14 @@ func TestAnOlderCopyDoesNotUndoANewerOne(t *testing.T) {
 	}
 }
 
-// TestACopyFoundStaleIsPublishedAgainSoon: a version of the Secret
-// written by no replica (a label added by hand, the garbage collector's)
-// between a replica's write and its publish left the copies (the CAs'
-// bundle, KEDA's credentials) unpublished until the next check, an hour
-// (a renewed CA among them). Run now tries again after copyGap.
-func TestACopyFoundStaleIsPublishedAgainSoon(t *testing.T) {
-	m, client, _, _ := managed(t, 0)
+// anotherWriterAtRead answers the n-th read of the managed Secret with
+// another writer's version of it; it counts the reads.
+func anotherWriterAtRead(client *fake.Clientset, n int32) *atomic.Int32 {
 	var gets atomic.Int32
 	client.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() != "pulse-aggregator-certs" || gets.Add(1) != 2 {
+		if a.(k8stesting.GetAction).GetName() != "pulse-aggregator-certs" || gets.Add(1) != n {
 			return false, nil, nil
 		}
-		// publish's check, after the Secret was made: another writer's
-		// version stands.
 		sec, err := client.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}, "pulse-system", "pulse-aggregator-certs")
 		if err != nil {
 			return true, nil, err
@@ -496,6 +490,19 @@ func TestACopyFoundStaleIsPublishedAgainSoon(t *testing.T) {
 		other.ResourceVersion = "written-by-another"
 		return true, other, nil
 	})
+	return &gets
+}
+
+// TestACopyFoundStaleIsPublishedAgainSoon: a version of the Secret
+// written by no replica (a label added by hand, the garbage collector's)
+// between a replica's write and its publish left the copies (the CAs'
+// bundle, KEDA's credentials) unpublished until the next check, an hour
+// (a renewed CA among them). Run now tries again after copyGap.
+func TestACopyFoundStaleIsPublishedAgainSoon(t *testing.T) {
+	m, client, _, _ := managed(t, 0)
+	// publish's check, after the Secret was made: another writer's
+	// version stands.
+	gets := anotherWriterAtRead(client, 2)
 	ctx := running(t, m)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := client.CoreV1().ConfigMaps("pulse-system").Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{}); err == nil {
@@ -1867,5 +1874,53 @@ func TestACopyIsNotMadeForAnOwnerGoneOrBeingDeleted(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("owner %s: Ensure %v, want the API's answer (%q)", how, err, why)
 		}
+	}
+}
+
+// TestACopyFoundStaleAtItsWriteIsPublishedAgainSoon: publish's check found
+// its copy current, then a version written by no replica (a label added
+// by hand) landed before ensureCA's or ensureCopy's own check. That check
+// left the copy unwritten and Ensure returned nil: Run waited for the
+// next check, up to an hour, the bundle or KEDA's credentials (a renewed
+// CA among them) unpublished. It is errStale, which Run tries again.
+func TestACopyFoundStaleAtItsWriteIsPublishedAgainSoon(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(ctx context.Context, client *fake.Clientset) error
+	}{
+		{"the CAs' bundle", func(ctx context.Context, client *fake.Clientset) error {
+			cms := client.CoreV1().ConfigMaps("pulse-system")
+			cm, err := cms.Get(ctx, "pulse-aggregator-ca", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cm.Data[KeyCACert] = "an older bundle"
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+			return err
+		}},
+		{"KEDA's credentials", func(ctx context.Context, client *fake.Clientset) error {
+			ss := client.CoreV1().Secrets("keda")
+			s, err := ss.Get(ctx, "pulse-creds", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			s.Data["ca.crt"] = []byte("an older bundle")
+			_, err = ss.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, client, _ := ensured(t)
+			ctx := context.Background()
+			if err := c.edit(ctx, client); err != nil {
+				t.Fatal(err)
+			}
+			// Ensure's read, publish's check, then the copy's own check:
+			// another writer's version stands by then.
+			anotherWriterAtRead(client, 3)
+			if err := m.Ensure(ctx); !errors.Is(err, errStale) {
+				t.Fatalf("a copy found stale at its write: Ensure %v, want errStale (Run tries again)", err)
+			}
+		})
 	}
 }

@@ -60,7 +60,8 @@ full name cut to make room).
 The agent DaemonSet the warm-up waits for: namespace/name, or empty.
 */}}
 {{- define "pulse-aggregator.agentDaemonSet" -}}
-{{- /* null (agentDaemonSet: left empty in a values file) is the default, as "" */ -}}
+{{- /* null (agentDaemonSet: left empty in a values file) is the default,
+as "" is */ -}}
 {{- $ds := .Values.warmup.agentDaemonSet | default "" -}}
 {{- if eq $ds "" -}}
 {{- printf "%s/pulse-agent" .Release.Namespace -}}
