@@ -119,12 +119,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	o := NewOptions()
 	o.Certs.Enabled, o.Certs.Namespace, o.ScalerTLS.CertFile, o.AgentAuth.Mode, o.IngestTLS.CertFile = true, "", "x", "maybe", "y"
 	o.Serving.MaxIngestStreamsPerConnection, o.ScalerTLS.ClientName = 0, "keda-operator"
-	err := o.Validate()
-	for _, want := range []string{"--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together", "--max-ingest-streams-per-connection", "--tls-client-name needs --tls-client-ca-file"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to name %s", err, want)
-		}
-	}
+	refusedNaming(t, o, "--manage-certs and --tls-cert-file", "--namespace", "--cert-dns-name", "--ingest-tls", "--agent-auth", "go together", "--max-ingest-streams-per-connection", "--tls-client-name needs --tls-client-ca-file")
 	// Names of what --manage-certs writes, empty (each write failed every
 	// 10 s and the replica never became ready), an account that names no
 	// namespace (refused only once the listeners were open), and every
@@ -134,13 +129,8 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	o.Certs.Secret, o.Certs.KEDANamespace, o.Certs.TriggerAuthName, o.Certs.CAConfigMap = "", "", "", "Bad_Name"
 	o.AgentAuth.Mode, o.AgentAuth.Audience, o.AgentAuth.Accounts = "maybe", "", []string{"pulse-agent", "a/b/c"}
 	o.IngestTLS.Managed, o.IngestTLS.CertFile = true, "c"
-	err = o.Validate()
-	for _, want := range []string{"--cert-secret", "--keda-namespace", "--trigger-auth-name", "--ca-configmap", `--agent-service-account "pulse-agent"`,
-		`--agent-service-account "a/b/c"`, "--agent-auth \"maybe\"", "go together", "choose one"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to name %s", err, want)
-		}
-	}
+	refusedNaming(t, o, "--cert-secret", "--keda-namespace", "--trigger-auth-name", "--ca-configmap", `--agent-service-account "pulse-agent"`,
+		`--agent-service-account "a/b/c"`, "--agent-auth \"maybe\"", "go together", "choose one")
 	// A namespace is a label, not a subdomain: keda.system passed, and
 	// every certificate write failed.
 	o = NewOptions()
@@ -157,21 +147,21 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	o.Certs.DNSNames = []string{"pulse-aggregator.pulse-system.svc", "*.pulse-system.svc", "impulsé.example", "pulse-aggregator.pulse-system.svc:9090"}
 	o.Provision.Enabled, o.Provision.ScalerAddress = true, "pulse-aggregator.pulse-system.svc:9090"
 	o.Provision.LeaseName, o.Provision.LeaseNamespace = "Pulse_Lease", "Pulse-System"
-	err = o.Validate()
-	for _, want := range []string{`--cert-dns-name "impulsé.example"`, `--cert-dns-name "pulse-aggregator.pulse-system.svc:9090"`,
-		`--leader-elect-lease-name "Pulse_Lease"`, `--leader-elect-namespace "Pulse-System"`} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to name %s", err, want)
-		}
-	}
+	said := refusedNaming(t, o, `--cert-dns-name "impulsé.example"`, `--cert-dns-name "pulse-aggregator.pulse-system.svc:9090"`,
+		`--leader-elect-lease-name "Pulse_Lease"`, `--leader-elect-namespace "Pulse-System"`)
 	for _, taken := range []string{`"pulse-aggregator.pulse-system.svc"`, `"*.pulse-system.svc"`} {
-		if err != nil && strings.Contains(err.Error(), taken) {
-			t.Errorf("Validate() = %v, refused %s", err, taken)
+		if strings.Contains(said, taken) {
+			t.Errorf("Validate() = %s, refused %s", said, taken)
 		}
 	}
+}
+
+// TestValidateNamesEveryProblemOfSizesAndPairs: the sizes and the flags
+// that go in pairs, each problem named.
+func TestValidateNamesEveryProblemOfSizesAndPairs(t *testing.T) {
 	// Below the replicas trigger's default window, every workload
 	// provisioned with the planner would be refused.
-	o = NewOptions()
+	o := NewOptions()
 	o.Store.MaxWindow = 20 * time.Second
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--max-window must be at least 30s") {
 		t.Errorf("Validate() = %v, want --max-window 20s refused", err)
@@ -181,12 +171,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		t.Errorf("--max-window 30s: %v", err)
 	}
 	o.Serving.MaxScalerStreams, o.Serving.MaxScalerStreamsPerNamespace = 0, -1
-	err = o.Validate()
-	for _, want := range []string{"--max-scaler-streams must be at least 1", "--max-scaler-streams-per-namespace must be 0"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to name %s", err, want)
-		}
-	}
+	refusedNaming(t, o, "--max-scaler-streams must be at least 1", "--max-scaler-streams-per-namespace must be 0")
 	o.Serving.MaxScalerStreams, o.Serving.MaxScalerStreamsPerNamespace = 5, 0
 	if err := o.Validate(); err != nil || o.Serving.ScalerStreamsPerNamespace() != 2 {
 		t.Errorf("--max-scaler-streams 5: %v, %d a namespace; want no error and 2 (half)", err, o.Serving.ScalerStreamsPerNamespace())
@@ -216,12 +201,7 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	// append, or every catalogue refused.
 	o = NewOptions()
 	o.Store.MaxSamplesPerPod, o.Store.MaxPodsPerAgent = 1<<55, 1<<62
-	err = o.Validate()
-	for _, want := range []string{"--max-samples-per-pod 36028797018963968: at most 16777216", "--max-pods-per-agent 4611686018427387904: at most 16777216"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to name %s", err, want)
-		}
-	}
+	refusedNaming(t, o, "--max-samples-per-pod 36028797018963968: at most 16777216", "--max-pods-per-agent 4611686018427387904: at most 16777216")
 	o.Store.MaxSamplesPerPod, o.Store.MaxPodsPerAgent = 1<<24, 1<<24
 	if err := o.Validate(); err != nil {
 		t.Errorf("--max-samples-per-pod and --max-pods-per-agent at 16777216: %v", err)
@@ -234,12 +214,23 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	o.Certs.Enabled, o.Certs.Namespace, o.Certs.DNSNames, o.Certs.Validity = true, "pulse-system", []string{"a"}, 876000*time.Hour
 	o.Serving.DebugAddr = "localhost"
 	o.Provision.Enabled, o.ScalerTLS.CertFile, o.ScalerTLS.KeyFile = true, "c", "k"
-	err = o.Validate()
-	for _, want := range []string{"--provision-trigger-auth", "--agent-audience", "--expected-agents and --agent-daemonset", "--cert-validity 876000h0m0s: from 1h to 87600h0m0s", `--debug-addr "localhost"`} {
+	refusedNaming(t, o, "--provision-trigger-auth", "--agent-audience", "--expected-agents and --agent-daemonset", "--cert-validity 876000h0m0s: from 1h to 87600h0m0s", `--debug-addr "localhost"`)
+}
+
+// refusedNaming checks that o.Validate() names each of wants, and returns
+// what it says ("" when nothing).
+func refusedNaming(t *testing.T, o *Options, wants ...string) string {
+	t.Helper()
+	err := o.Validate()
+	for _, want := range wants {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, want)
 		}
 	}
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // TestAnAgentDaemonSetThatCannotExistIsRefused: --agent-daemonset a/b/c
