@@ -1126,7 +1126,7 @@ func TestTheRelaysGraceHoldsItsDelay(t *testing.T) {
 func TestAnEmptyAgentDaemonSetIsTheDefault(t *testing.T) {
 	out, err := render(t, filepath.Join(root, "deploy", "aggregator"), "-f", valuesFile(t, "warmup:\n  agentDaemonSet:\n"))
 	if err != nil {
-		t.Fatalf("warmup.agentDaemonSet null: %v\n%s", err, lastLines(out, 3))
+		t.Fatalf("warmup.agentDaemonSet null: %v\n%s", err, lastLines(out))
 	}
 	if !strings.Contains(out, "- --agent-daemonset=pulse-system/pulse-agent\n") {
 		t.Errorf("warmup.agentDaemonSet null: the default DaemonSet not read:\n%s", out)
@@ -1145,12 +1145,12 @@ func TestTheAgentsTokenCarriesAnAudience(t *testing.T) {
 	for _, v := range []string{"auth:\n  audience: \"\"\n", "auth:\n  audience:\n"} {
 		out, err := render(t, chart, "-f", valuesFile(t, v))
 		if err == nil || !strings.Contains(out, "auth.audience") {
-			t.Errorf("%q: %v, want it refused naming auth.audience\n%s", v, err, lastLines(out, 3))
+			t.Errorf("%q: %v, want it refused naming auth.audience\n%s", v, err, lastLines(out))
 		}
 	}
 	// Without the token the audience is not read.
 	if out, err := render(t, chart, "--set", "auth.enabled=false,auth.audience="); err != nil {
-		t.Errorf("auth.enabled=false with no audience: %v\n%s", err, lastLines(out, 3))
+		t.Errorf("auth.enabled=false with no audience: %v\n%s", err, lastLines(out))
 	}
 }
 
@@ -1163,10 +1163,10 @@ func TestARelayBudgetWithNoBoundIsRefused(t *testing.T) {
 		vals := "relay:\n  enabled: true\n  replicaCount: 2\n  podDisruptionBudget:\n    maxUnavailable: " + v + "\n"
 		out, err := render(t, chart, "-f", valuesFile(t, vals))
 		if err == nil || !strings.Contains(out, "relay.podDisruptionBudget.maxUnavailable") {
-			t.Errorf("maxUnavailable %q: %v, want it refused naming the value\n%s", v, err, lastLines(out, 3))
+			t.Errorf("maxUnavailable %q: %v, want it refused naming the value\n%s", v, err, lastLines(out))
 		}
 	}
 	if out, err := render(t, chart, "-f", valuesFile(t, "relay:\n  enabled: true\n  replicaCount: 2\n  podDisruptionBudget:\n    maxUnavailable: 50%\n")); err != nil {
-		t.Errorf("maxUnavailable 50%%: %v\n%s", err, lastLines(out, 3))
+		t.Errorf("maxUnavailable 50%%: %v\n%s", err, lastLines(out))
 	}
 }

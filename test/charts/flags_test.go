@@ -257,11 +257,11 @@ func TestEveryRenderRunsItsBinaries(t *testing.T) {
 		case rendered && err != nil:
 			t.Errorf("%s %v rendered, and the binary refuses it: %v", c.chart, args, err)
 		case !c.refused && !rendered:
-			t.Errorf("%s %v: refused, want it rendered (the binaries take it):\n%s", c.chart, args, lastLines(out, 3))
+			t.Errorf("%s %v: refused, want it rendered (the binaries take it):\n%s", c.chart, args, lastLines(out))
 		case c.refused && rendered:
 			t.Errorf("%s %v rendered, want it refused", c.chart, args)
 		case c.refused && !strings.Contains(out, c.key) && !strings.Contains(out, pointer):
-			t.Errorf("%s %v: refused without naming %s:\n%s", c.chart, args, c.key, lastLines(out, 3))
+			t.Errorf("%s %v: refused without naming %s:\n%s", c.chart, args, c.key, lastLines(out))
 		}
 	}
 }
@@ -274,9 +274,10 @@ func valuesArgs(files []string) [][]string {
 	return out
 }
 
-func lastLines(s string, n int) string {
+// lastLines is s's last three lines: what a failed render says.
+func lastLines(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+	return strings.Join(lines[max(len(lines)-3, 0):], "\n")
 }
 
 // TestTheAgentsSchemaKnowsPulsesOwnMetrics: the agent refuses to forward
