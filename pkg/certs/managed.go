@@ -1040,29 +1040,22 @@ func (m *Managed) ensureKEDA(ctx context.Context, sec *corev1.Secret) error {
 	return nil
 }
 
-// stale reports whether sec is no longer the Secret's current version:
-// a replica slow between its read and its write once put an older CA
-// bundle (and KEDA's older credentials) back over a newer replica's, for
-// up to an hour. The write is then left to the next Ensure (errStale:
-// Run tries again after copyGap).
-func (m *Managed) stale(ctx context.Context, sec *corev1.Secret) (bool, error) {
-	now, err := m.o.Client.CoreV1().Secrets(m.o.Namespace).Get(ctx, m.o.SecretName, metav1.GetOptions{})
-	if err != nil {
-		return false, fmt.Errorf("get certificate secret: %w", err)
-	}
-	return now.ResourceVersion != sec.ResourceVersion, nil
-}
-
-// current is errStale when sec is no longer the Secret's current version
-// (a copy is then not written from it), or the read's error. It was nil
-// for a stale copy, and a version written by no replica between publish's
-// check and a copy's left that copy unwritten until the next check.
+// current is errStale when sec is no longer the Secret's current version,
+// or the read's error. A replica slow between its read and its write once
+// put an older CA bundle (and KEDA's older credentials) back over a newer
+// replica's, for up to an hour: the write is left to the next Ensure (Run
+// tries again after copyGap). It was left to the next check, and a
+// version written by no replica between publish's check and a copy's
+// left that copy unwritten until then.
 func (m *Managed) current(ctx context.Context, sec *corev1.Secret) error {
-	stale, err := m.stale(ctx, sec)
-	if err == nil && stale {
-		err = errStale
+	now, err := m.o.Client.CoreV1().Secrets(m.o.Namespace).Get(ctx, m.o.SecretName, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		return fmt.Errorf("get certificate secret: %w", err)
+	case now.ResourceVersion != sec.ResourceVersion:
+		return errStale
 	}
-	return err
+	return nil
 }
 
 // staleCheckTimeout bounds publish's read of the Secret, made while the
